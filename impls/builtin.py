@@ -1,0 +1,6 @@
+"""The list of modules that define built-in impls. Importing this module registers them all.
+
+Add a module here when it defines a ``@builtin_factory``; the registry imports nothing else.
+"""
+
+import impls.eager  # noqa: F401

@@ -1,0 +1,180 @@
+"""Capability probes: "does this device and dtype support X", answered by trying X once.
+
+Versions lie: ``torch.addmm(..., out_dtype=torch.float32)`` exists from torch 2.8 but raises
+NotImplementedError on CPU even in 2.13; eager casts to ``float8_e4m3fn`` saturate only in newer releases;
+``float8_e8m0fnu`` does not exist in 2.6. So every path choice in :mod:`impls` asks a probe here, and each
+probe runs a tiny instance of the operation on the device in question, once per process (cached).
+
+Tests (and ``--force-capability``-style experiments) can pin any probe with :func:`forced`, so fallback
+paths are exercised on releases where the capability exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Callable, Iterator
+
+import torch
+
+_overrides: dict[str, bool] = {}
+_lock = threading.Lock()
+
+
+def _device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def _probe(name: str) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
+    """Decorate a probe: cache its answer per arguments; an exception means "no"; :func:`forced` wins."""
+
+    def wrap(fn: Callable[..., bool]) -> Callable[..., bool]:
+        @functools.lru_cache(maxsize=None)
+        def cached(*args: object) -> bool:
+            try:
+                return bool(fn(*args))
+            except Exception:
+                return False
+
+        @functools.wraps(fn)
+        def probe(*args: object) -> bool:
+            args = tuple(_device_type(a) if isinstance(a, torch.device) else a for a in args)
+            if name in _overrides:
+                return _overrides[name]
+            return cached(*args)
+
+        probe.probe_name = name  # type: ignore[attr-defined]
+        probe.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        PROBES[name] = probe
+        return probe
+
+    return wrap
+
+
+PROBES: dict[str, Callable[..., bool]] = {}
+
+
+@contextlib.contextmanager
+def forced(**values: bool) -> Iterator[None]:
+    """Pin probes by name (``forced(addmm_out_dtype=False)``) inside the block."""
+    unknown = set(values) - set(PROBES)
+    if unknown:
+        raise ValueError(f"unknown capability probe(s) {sorted(unknown)}; known: {sorted(PROBES)}")
+    with _lock:
+        saved = dict(_overrides)
+        _overrides.update(values)
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.clear()
+            _overrides.update(saved)
+
+
+@_probe("addmm_out_dtype")
+def addmm_out_dtype(device: str, dtype: torch.dtype) -> bool:
+    """``torch.addmm(acc_fp32, a, b, out_dtype=torch.float32, out=acc_fp32)`` with ``dtype`` operands works."""
+    dev = _device_type(device)
+    acc = torch.zeros(2, 2, dtype=torch.float32, device=dev)
+    a = torch.ones(2, 3, dtype=dtype, device=dev)
+    b = torch.ones(3, 2, dtype=dtype, device=dev)
+    torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    return bool((acc == 3).all())
+
+
+@_probe("dtype_exists")
+def dtype_exists(name: str) -> bool:
+    """``torch.<name>`` exists and is a dtype (``float8_e8m0fnu`` is missing in torch 2.6)."""
+    return isinstance(getattr(torch, name, None), torch.dtype)
+
+
+@_probe("fp8_dtype")
+def fp8_dtype(device: str, name: str) -> bool:
+    """Tensors of ``torch.<name>`` can be created on ``device`` and cast back to float32."""
+    dt = getattr(torch, name)
+    t = torch.tensor([1.0, 2.0, 0.5], device=_device_type(device)).to(dt)
+    return bool((t.to(torch.float32).cpu() == torch.tensor([1.0, 2.0, 0.5])).all())
+
+
+@_probe("eager_fp8_cast_saturates")
+def eager_fp8_cast_saturates(device: str, name: str) -> bool:
+    """An eager ``.to(torch.<name>)`` of an out-of-range finite value gives ±max rather than NaN/inf."""
+    dt = getattr(torch, name)
+    fmax = torch.finfo(dt).max
+    t = torch.tensor([fmax * 4.0], device=_device_type(device)).to(dt).to(torch.float32)
+    return bool(t.item() == fmax)
+
+
+def _scaled_mm_try(device: str, mode: str) -> bool:
+    dev = _device_type(device)
+    e4 = torch.float8_e4m3fn
+    M, K, N = 16, 128 if mode.startswith("block") else 32, 16
+    a = torch.ones(M, K, device=dev).to(e4)
+    b = torch.ones(N, K, device=dev).to(e4).t()  # column-major [K, N]
+    one = torch.ones((), device=dev, dtype=torch.float32)
+    if mode == "tensorwise":
+        sa, sb = one, one
+    elif mode == "rowwise":
+        sa = torch.ones(M, 1, device=dev, dtype=torch.float32)
+        sb = torch.ones(1, N, device=dev, dtype=torch.float32)
+    elif mode == "blockwise_1x128":
+        sa = torch.ones(M, K // 128, device=dev, dtype=torch.float32)
+        sb = torch.ones(K // 128, N, device=dev, dtype=torch.float32)
+    elif mode == "blockwise_128x128":
+        sa = torch.ones(M, K // 128, device=dev, dtype=torch.float32)
+        sb = torch.ones(K // 128, max(1, N // 128), device=dev, dtype=torch.float32)
+    else:
+        raise ValueError(f"unknown _scaled_mm mode {mode!r}")
+    out = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    return bool((out == K).all())
+
+
+@_probe("scaled_mm")
+def scaled_mm(device: str, mode: str) -> bool:
+    """``torch._scaled_mm`` runs and is right with E4M3 operands and the given scaling ``mode``:
+    ``tensorwise``, ``rowwise``, ``blockwise_1x128`` (1×128 × 1×128) or ``blockwise_128x128``
+    (1×128 × 128×128)."""
+    return _scaled_mm_try(device, mode)
+
+
+@_probe("autocast_dtype")
+def autocast_dtype(device: str, dtype: torch.dtype) -> bool:
+    """``torch.autocast(device, dtype)`` turns an fp32 matmul into ``dtype``."""
+    dev = _device_type(device)
+    a = torch.ones(2, 2, device=dev)
+    with torch.autocast(dev, dtype=dtype):
+        out = a @ a
+    return out.dtype == dtype
+
+
+@_probe("linear_cross_entropy")
+def linear_cross_entropy(device: str) -> bool:
+    """``torch.nn.functional.linear_cross_entropy`` exists and runs on ``device`` (torch >= 2.13)."""
+    import torch.nn.functional as F
+
+    dev = _device_type(device)
+    x = torch.ones(2, 3, device=dev)
+    w = torch.ones(4, 3, device=dev)
+    out = F.linear_cross_entropy(x, w, torch.zeros(2, dtype=torch.long, device=dev))
+    return bool(torch.isfinite(out))
+
+
+def summary(device: str | torch.device = "cpu") -> dict[str, bool]:
+    """Every probe's answer for ``device``, as a flat ``{label: bool}`` (for ``numcheck list`` and reports)."""
+    dev = _device_type(device)
+    out: dict[str, bool] = {}
+    for dt in (torch.bfloat16, torch.float16):
+        out[f"addmm_out_dtype[{dt}]"] = addmm_out_dtype(dev, dt)
+        out[f"autocast[{dt}]"] = autocast_dtype(dev, dt)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
+        out[f"dtype_exists[{name}]"] = dtype_exists(name)
+        if dtype_exists(name):
+            out[f"fp8_dtype[{name}]"] = fp8_dtype(dev, name)
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        if dtype_exists(name):
+            out[f"eager_fp8_cast_saturates[{name}]"] = eager_fp8_cast_saturates(dev, name)
+    for mode in ("tensorwise", "rowwise", "blockwise_1x128", "blockwise_128x128"):
+        out[f"scaled_mm[{mode}]"] = scaled_mm(dev, mode)
+    out["linear_cross_entropy"] = linear_cross_entropy(dev)
+    return out

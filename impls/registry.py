@@ -1,0 +1,177 @@
+"""Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
+
+An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
+a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
+registered name instead of a spec.
+
+Loading never raises for one bad impl: a spec that fails to import, names nothing, or yields an object that
+breaks the protocol becomes a :class:`BrokenImpl` entry that carries the error, so the rest still load and
+the suite reports the broken one by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import traceback
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable, Iterable, Sequence
+
+from impls.protocol import validate_impl
+
+ENV_VAR = "NUMCHECK_IMPLS"
+ENTRY_POINT_GROUP = "numcheck.impls"
+
+
+@dataclass(frozen=True)
+class ImplEntry:
+    """One loaded implementation and where it came from (``built-in``, ``--impl``, env var, entry point)."""
+
+    impl: Any
+    origin: str
+
+    @property
+    def name(self) -> str:
+        return self.impl.name
+
+    @property
+    def kind(self) -> str:
+        return self.impl.kind
+
+
+@dataclass(frozen=True)
+class BrokenImpl:
+    """A spec that could not be turned into an impl; ``error`` says why, ``origin`` where it was named."""
+
+    spec: str
+    origin: str
+    error: str
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+
+_BUILTIN_FACTORIES: list[Callable[[], Iterable[Any]]] = []
+
+
+def builtin_factory(fn: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[Any]]:
+    """Register a function that yields built-in impls (called lazily, once per :func:`builtin_impls`)."""
+    _BUILTIN_FACTORIES.append(fn)
+    return fn
+
+
+def _import_builtin_modules() -> None:
+    # Importing these modules runs their @builtin_factory decorators. Listed here, in one place.
+    import impls.builtin  # noqa: F401
+
+
+def builtin_impls() -> list[ImplEntry | BrokenImpl]:
+    """Every built-in impl, in registration order."""
+    _import_builtin_modules()
+    out: list[ImplEntry | BrokenImpl] = []
+    for factory in _BUILTIN_FACTORIES:
+        label = f"{factory.__module__}.{factory.__name__}"
+        try:
+            produced = list(factory())
+        except Exception as exc:
+            out.append(BrokenImpl(label, "built-in", _describe(exc)))
+            continue
+        for impl in produced:
+            out.append(_checked(impl, label, "built-in"))
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _checked(impl: Any, spec: str, origin: str) -> ImplEntry | BrokenImpl:
+    try:
+        validate_impl(impl, f"{origin} {spec}")
+    except TypeError as exc:
+        return BrokenImpl(spec, origin, str(exc))
+    return ImplEntry(impl, origin)
+
+
+def load_spec(spec: str, origin: str) -> list[ImplEntry | BrokenImpl]:
+    """Load ``package.module:attr`` (or ``package.module`` + ``:attr``-less default ``IMPLS``)."""
+    spec = spec.strip()
+    if not spec:
+        return [BrokenImpl(spec, origin, "empty impl spec")]
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        return [BrokenImpl(spec, origin, f"cannot import module {module_name!r}: {_describe(exc)}")]
+    attr = attr or "IMPLS"
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        return [BrokenImpl(spec, origin, f"module {module_name!r} has no attribute {attr!r}")]
+    if callable(obj) and not hasattr(obj, "kind"):
+        try:
+            obj = obj()
+        except Exception as exc:
+            return [BrokenImpl(spec, origin, f"factory {spec} raised {_describe(exc)}")]
+    items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    if not items:
+        return [BrokenImpl(spec, origin, f"{spec} yielded no impls")]
+    return [_checked(item, spec, origin) for item in items]
+
+
+def env_specs() -> list[str]:
+    """The specs named in ``NUMCHECK_IMPLS`` (comma separated)."""
+    return [s.strip() for s in os.environ.get(ENV_VAR, "").split(",") if s.strip()]
+
+
+def entry_point_impls() -> list[ImplEntry | BrokenImpl]:
+    """Impls advertised by installed distributions under the ``numcheck.impls`` entry-point group."""
+    out: list[ImplEntry | BrokenImpl] = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        out.extend(load_spec(ep.value, f"entry point {ep.name}"))
+    return out
+
+
+def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
+    """All impls of this run.
+
+    Without ``cli_specs``: built-ins, then ``NUMCHECK_IMPLS``, then entry points. With ``cli_specs`` (the
+    ``--impl`` options): exactly those, each either a built-in name or a ``module:attr`` spec.
+    Duplicate names are reported as broken entries rather than silently shadowed.
+    """
+    if cli_specs:
+        builtins = {e.name: e for e in builtin_impls() if isinstance(e, ImplEntry)}
+        found: list[ImplEntry | BrokenImpl] = []
+        for spec in cli_specs:
+            if spec in builtins:
+                found.append(builtins[spec])
+            elif ":" in spec or "." in spec:
+                found.extend(load_spec(spec, "--impl"))
+            else:
+                found.append(BrokenImpl(spec, "--impl", f"no built-in impl named {spec!r} and not a module:attr spec; built-ins: {sorted(builtins)}"))
+    else:
+        found = builtin_impls()
+        for spec in env_specs():
+            found.extend(load_spec(spec, f"${ENV_VAR}"))
+        found.extend(entry_point_impls())
+    seen: dict[str, str] = {}
+    out: list[ImplEntry | BrokenImpl] = []
+    for entry in found:
+        if isinstance(entry, ImplEntry):
+            if entry.name in seen:
+                out.append(BrokenImpl(entry.name, entry.origin, f"duplicate impl name {entry.name!r} (also from {seen[entry.name]})"))
+                continue
+            seen[entry.name] = entry.origin
+        out.append(entry)
+    return out
+
+
+def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
+    """The loaded entries of one kind (``"linear_ce"`` or ``"quant_linear"``)."""
+    return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]

@@ -1,0 +1,1 @@
+"""The property library shared by the tests and the reports: problems, harness, tolerances, properties."""

@@ -1,0 +1,109 @@
+"""Running an impl on a problem, and the oracle on the same problem, the same way every time.
+
+:func:`run_impl` calls the impl (inside autocast when the problem asks for AMP), checks what it returned
+against the protocol, back-propagates the problem's upstream gradient and collects every output.
+:func:`run_oracle` evaluates the float64 oracle on exactly the operands the impl's matmuls see (rounded to
+the autocast dtype under AMP) with the impl's declared all-ignored convention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from properties.problems import Problem, Tensors, build
+from reference.linear_ce import BlockObserver, LinearCEResult, linear_ce
+
+
+class ProtocolViolation(AssertionError):
+    """The impl returned something the protocol forbids (wrong shape, no autograd graph, ...)."""
+
+
+@dataclass
+class ImplOutputs:
+    """What an impl produced. Tensors are detached, in the dtype the impl returned."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None
+    grad_x: torch.Tensor | None
+    grad_weight: torch.Tensor | None
+    grad_bias: torch.Tensor | None
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return getattr(self, name)
+
+
+OUTPUTS: tuple[str, ...] = ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
+
+
+def autocast_context(p: Problem) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` for the problem's AMP dtype, or a no-op."""
+    if p.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(p.device).type, dtype=p.compute_dtype)
+
+
+def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None) -> ImplOutputs:
+    """Forward and backward of ``impl`` on problem ``p``.
+
+    ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it).
+    Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type.
+    """
+    t = t if t is not None else build(p)
+    x = (x_override if x_override is not None else t.x).detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+    kwargs = t.options.call_kwargs()
+    with autocast_context(p):
+        out = impl(x, w, t.target, b, **kwargs)
+    if impl.support.returns_z_loss:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ProtocolViolation(f"impl {impl.name!r} declares returns_z_loss but returned {type(out).__name__}")
+        loss, z = out
+    else:
+        loss, z = out, None
+    if not isinstance(loss, torch.Tensor):
+        raise ProtocolViolation(f"impl {impl.name!r} returned {type(loss).__name__}, expected a tensor")
+    want = (p.N,) if p.reduction == "none" else ()
+    if tuple(loss.shape) != want:
+        raise ProtocolViolation(
+            f"impl {impl.name!r} returned loss of shape {tuple(loss.shape)} for reduction={p.reduction!r}; expected {want}"
+        )
+    if not loss.is_floating_point():
+        raise ProtocolViolation(f"impl {impl.name!r} returned a loss of dtype {loss.dtype}")
+    if not loss.requires_grad:
+        raise ProtocolViolation(f"impl {impl.name!r} returned a loss with no autograd graph (requires_grad=False)")
+    up = t.upstream
+    grad = torch.ones_like(loss) if up is None else up.to(device=loss.device, dtype=loss.dtype).expand_as(loss)
+    loss.backward(grad)
+    return ImplOutputs(
+        loss=loss.detach(),
+        z_loss=z.detach() if isinstance(z, torch.Tensor) else None,
+        grad_x=x.grad,
+        grad_weight=w.grad,
+        grad_bias=b.grad if b is not None else None,
+    )
+
+
+def oracle_operands(p: Problem, t: Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``x, weight, bias`` as the impl's matmul sees them: rounded to the autocast dtype under AMP."""
+    if p.autocast is None:
+        return t.x, t.weight, t.bias
+    c = p.compute_dtype
+    return t.x.to(c), t.weight.to(c), t.bias.to(c) if t.bias is not None else None
+
+
+def run_oracle(
+    p: Problem, t: Tensors | None = None, *, all_ignored: str = "nan", observer: BlockObserver | None = None,
+    x_override: torch.Tensor | None = None,
+) -> LinearCEResult:
+    """The float64 oracle on problem ``p`` (operands as in :func:`oracle_operands`)."""
+    t = t if t is not None else build(p)
+    if x_override is not None:
+        t = t._replace(x=x_override)
+    x, w, b = oracle_operands(p, t)
+    return linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored=all_ignored,  # type: ignore[arg-type]
+                     observer=observer)

@@ -1,0 +1,214 @@
+"""A linear+CE problem as one value: shapes, dtypes, options, value regime and seed.
+
+A :class:`Problem` is small, hashable and printable: its ``repr`` is valid Python, which is what the
+one-line reproduction commands carry. :func:`build` turns it into tensors, deterministically, from a
+``torch.Generator`` seeded with ``problem.seed`` (on CPU, then moved), so a problem means the same tensors
+on every machine and device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from reference.options import CEOptions
+
+Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows"]
+REGIMES: tuple[str, ...] = ("ordinary", "confident", "large", "tiny", "outlier_rows")
+Upstream = Literal["one", "scalar", "per_row"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def dtype_of(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` → ``torch.bfloat16`` (``None`` stays ``None``); names an unknown dtype in the error."""
+    if name is None:
+        return None
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype name {name!r}; known: {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One linear+CE case.
+
+    Attributes:
+        N, H, V: tokens, hidden size, vocabulary.
+        dtype: dtype name of ``x`` and ``weight`` (the parameters' dtype; ``"float32"`` under AMP).
+        autocast: autocast dtype name (``"bfloat16"``/``"float16"``) or ``None``.
+        bias: whether a bias is passed; ``bias_dtype`` its dtype name (defaults to ``dtype``).
+        ignored: fraction of rows whose target is ``ignore_index`` (0 none, 1 all).
+        reduction, label_smoothing, class_weights (bool: draw [V] weights), softcap, z_loss_scale,
+        ignore_index: the CE options.
+        upstream: ``"one"`` (backward of 1), ``"scalar"`` (a random scalar) or ``"per_row"`` (``none`` only).
+        regime: how values are drawn (see :func:`build`).
+        seed: the generator seed.
+        device: where the tensors live.
+    """
+
+    N: int
+    H: int
+    V: int
+    dtype: str = "float32"
+    autocast: str | None = None
+    bias: bool = False
+    bias_dtype: str | None = None
+    ignored: float = 0.0
+    reduction: str = "mean"
+    label_smoothing: float = 0.0
+    class_weights: bool = False
+    softcap: float | None = None
+    z_loss_scale: float = 0.0
+    ignore_index: int = -100
+    upstream: str = "one"
+    regime: str = "ordinary"
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("N", "H", "V"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"Problem.{name} must be a positive int, got {v!r}")
+        dtype_of(self.dtype)
+        dtype_of(self.autocast)
+        dtype_of(self.bias_dtype)
+        if self.autocast is not None and self.dtype != "float32":
+            raise ValueError(f"Problem.autocast={self.autocast!r} needs dtype='float32' parameters, got {self.dtype!r}")
+        if not 0.0 <= self.ignored <= 1.0:
+            raise ValueError(f"Problem.ignored must be in [0, 1], got {self.ignored!r}")
+        if self.regime not in REGIMES:
+            raise ValueError(f"Problem.regime must be one of {REGIMES}, got {self.regime!r}")
+        if self.upstream not in ("one", "scalar", "per_row"):
+            raise ValueError(f"Problem.upstream must be 'one', 'scalar' or 'per_row', got {self.upstream!r}")
+        if self.upstream == "per_row" and self.reduction != "none":
+            raise ValueError("Problem.upstream='per_row' needs reduction='none'")
+        if self.ignore_index >= 0 and self.ignore_index < self.V:
+            raise ValueError(f"Problem.ignore_index={self.ignore_index} collides with a class in [0, V={self.V})")
+        self.options_template()  # validates the CE options
+
+    # -- derived -------------------------------------------------------------------------------------
+    def options_template(self) -> CEOptions:
+        """The options without the class-weight tensor (a placeholder flag only)."""
+        return CEOptions(reduction=self.reduction, ignore_index=self.ignore_index,
+                         label_smoothing=self.label_smoothing, softcap=self.softcap, z_loss_scale=self.z_loss_scale)
+
+    @property
+    def n_ignored(self) -> int:
+        """How many rows are ignored (rounded; ``ignored > 0`` ignores at least one row)."""
+        k = int(round(self.ignored * self.N))
+        if self.ignored > 0 and k == 0:
+            k = 1
+        if self.ignored < 1 and k == self.N:
+            k = self.N - 1
+        return k
+
+    @property
+    def all_ignored(self) -> bool:
+        return self.n_ignored == self.N
+
+    @property
+    def features(self) -> frozenset[str]:
+        """Option names (as in :data:`impls.protocol.LINEAR_CE_OPTIONS`) this problem uses."""
+        out = set(self.options_template().features)
+        if self.class_weights:
+            out.add("class_weights")
+        if self.bias:
+            out.add("bias")
+        if self.n_ignored:
+            out.add("ignore_index")
+        return frozenset(out)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return dtype_of(self.dtype)  # type: ignore[return-value]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls run in: the autocast dtype, else the parameters' dtype."""
+        return dtype_of(self.autocast) or self.param_dtype  # type: ignore[return-value]
+
+    def replace(self, **changes: Any) -> "Problem":
+        return replace(self, **changes)
+
+    def short(self) -> str:
+        """Compact label for test ids and tables."""
+        amp = f"+amp-{self.autocast}" if self.autocast else ""
+        opts = ",".join(sorted(self.features)) or "plain"
+        return f"N{self.N}H{self.H}V{self.V}-{self.dtype}{amp}-{self.reduction}-{opts}-{self.regime}-s{self.seed}"
+
+
+class Tensors(NamedTuple):
+    """The tensors of a problem. ``upstream`` is exactly representable in bf16 and fp16."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    target: torch.Tensor
+    bias: torch.Tensor | None
+    class_weights: torch.Tensor | None
+    upstream: torch.Tensor | None
+    options: CEOptions
+
+
+def _round_to_all_low_precisions(t: torch.Tensor) -> torch.Tensor:
+    # A value exact in bf16 and in fp16 (and so in fp32): round through bf16, clamp into fp16's normal range.
+    t = t.to(torch.bfloat16).to(torch.float32)
+    t = t.clamp(-60000.0, 60000.0)
+    return torch.where(t.abs() < 2.0**-14, torch.zeros_like(t), t).to(torch.float16).to(torch.float32)
+
+
+def build(p: Problem) -> Tensors:
+    """Materialize ``p``'s tensors.
+
+    Regimes (logit scale σ is the typical |z|):
+        ``ordinary``: x ~ N(0,1), W ~ N(0, σ²/H) with σ ≈ 2; ``large``: σ ≈ 40;
+        ``tiny``: σ ≈ 1e-3; ``confident``: each target logit raised by ≈ 8 + log V so p_target ≈ 0.999+;
+        ``outlier_rows``: ordinary, with a few rows of x scaled by 64.
+    """
+    g = torch.Generator(device="cpu").manual_seed(p.seed)
+    N, H, V = p.N, p.H, p.V
+    sigma = {"ordinary": 2.0, "confident": 1.0, "large": 40.0, "tiny": 1e-3, "outlier_rows": 2.0}[p.regime]
+    x = torch.randn(N, H, generator=g, dtype=torch.float64)
+    w = torch.randn(V, H, generator=g, dtype=torch.float64) * (sigma / math.sqrt(H))
+    target = torch.randint(0, V, (N,), generator=g)
+    b = torch.randn(V, generator=g, dtype=torch.float64) * (0.5 * sigma) if p.bias else None
+    if p.regime == "confident":
+        # Push x_i along W[y_i] so z_{i,y_i} grows by `lift` while other logits barely move.
+        lift = 8.0 + math.log(V)
+        wy = w[target]
+        x = x + wy * (lift / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
+    if p.regime == "outlier_rows" and N > 1:
+        k = max(1, N // 8)
+        rows = torch.randperm(N, generator=g)[:k]
+        x[rows] *= 64.0
+    n_ign = p.n_ignored
+    if n_ign:
+        rows = torch.randperm(N, generator=g)[:n_ign]
+        target[rows] = p.ignore_index
+    cw = (torch.rand(V, generator=g, dtype=torch.float64) * 1.5 + 0.25) if p.class_weights else None
+    if p.upstream == "one":
+        up = None
+    elif p.upstream == "scalar":
+        up = _round_to_all_low_precisions(torch.rand((), generator=g, dtype=torch.float32) * 3.0 + 0.25)
+    else:
+        up = _round_to_all_low_precisions(torch.randn(N, generator=g, dtype=torch.float32) * 2.0)
+    dt = p.param_dtype
+    bdt = dtype_of(p.bias_dtype) or dt
+    dev = torch.device(p.device)
+    opts = CEOptions(reduction=p.reduction, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
+                     class_weights=cw.to(dev, torch.float32) if cw is not None else None,
+                     softcap=p.softcap, z_loss_scale=p.z_loss_scale)
+    return Tensors(
+        x=x.to(dt).to(dev),
+        weight=w.to(dt).to(dev),
+        target=target.to(dev),
+        bias=b.to(bdt).to(dev) if b is not None else None,
+        class_weights=opts.class_weights,
+        upstream=up.to(dev) if up is not None else None,
+        options=opts,
+    )

@@ -1,0 +1,1 @@
+"""Report, checklist and command-line front ends built on :mod:`properties`."""

@@ -1,0 +1,63 @@
+"""``numcheck list``: every impl found, where it comes from, and what it supports on this machine."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from impls import capabilities
+from impls.registry import BrokenImpl, discover
+
+HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points, --impl) and what it supports here"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                   help="only these impls: a built-in name or package.module:attr (repeatable)")
+    p.add_argument("--device", default="cpu", help="device to report support for (default: cpu)")
+    p.add_argument("--probes", action="store_true", help="also print the capability probes for the device")
+
+
+def _names(dtypes) -> str:
+    return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "-"
+
+
+def describe_support(impl, device: str) -> list[str]:
+    """Lines describing an impl's declaration and whether it can run on ``device``."""
+    s = impl.support
+    lines = []
+    reason = s.unavailable_reason() if hasattr(s, "unavailable_reason") else None
+    dev_type = torch.device(device).type
+    if reason is None and dev_type not in s.devices:
+        reason = f"device {dev_type} not declared"
+    lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
+    if impl.kind == "linear_ce":
+        lines.append(f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}")
+        lines.append(f"    options: {','.join(sorted(s.options)) or '-'}; reductions: {','.join(sorted(s.reductions))}")
+        lines.append(f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
+                     + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else ""))
+        if s.option_combinations_excluded:
+            lines.append("    excluded combinations: " + "; ".join("+".join(sorted(c)) for c in s.option_combinations_excluded))
+    else:
+        lines.extend("    " + line for line in s.describe().splitlines())
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    entries = discover(args.impl)
+    broken = 0
+    for e in entries:
+        if isinstance(e, BrokenImpl):
+            broken += 1
+            print(f"{e.name}  [BROKEN, from {e.origin}]\n    error: {e.error}")
+            continue
+        desc = getattr(e.impl, "description", "")
+        print(f"{e.name}  [{e.kind}, from {e.origin}]" + (f"\n    {desc}" if desc else ""))
+        for line in describe_support(e.impl, args.device):
+            print(line)
+    if args.probes:
+        print(f"\ncapability probes on {args.device}:")
+        for k, v in capabilities.summary(args.device).items():
+            print(f"    {k}: {'yes' if v else 'no'}")
+    return 1 if broken else 0
