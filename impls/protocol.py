@@ -106,6 +106,10 @@ class LinearCESupport:
             ``None`` for one pass over all rows.
         logits_dtype: ``"compute"`` when logits are materialized in the compute dtype (bf16/fp16) before
             the softmax (every impl that calls a bf16 matmul), ``"float32"`` when they are kept in fp32.
+        ce_dtype: ``"float32"`` when the softmax and the gradient w.r.t. the logits are formed in fp32 (from
+            possibly low-precision logits), ``"compute"`` when that arithmetic itself runs in bf16/fp16 (as
+            ``F.cross_entropy`` on bf16 logits does). ``"compute"`` loses the true-class gradient p_y − 1 of
+            confident rows entirely; declaring it widens the bound instead of failing.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
         requires: a callable returning ``None`` when the impl can run here, else the reason it cannot
             (missing package, missing torch feature). Checked before every use.
@@ -121,6 +125,7 @@ class LinearCESupport:
     grad_accumulation: GradAccumulation = "fp32"
     chunk_rows: int | None = None
     logits_dtype: Literal["compute", "float32"] = "compute"
+    ce_dtype: Literal["float32", "compute"] = "float32"
     returns_z_loss: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
     option_combinations_excluded: frozenset[frozenset[str]] = frozenset()
@@ -142,6 +147,10 @@ class LinearCESupport:
             raise ValueError(
                 "LinearCESupport.grad_accumulation must be 'fp32', 'per_chunk_rounding' or 'param_dtype', "
                 f"got {self.grad_accumulation!r}"
+            )
+        if self.logits_dtype not in ("compute", "float32") or self.ce_dtype not in ("compute", "float32"):
+            raise ValueError(
+                f"LinearCESupport.logits_dtype / ce_dtype must be 'compute' or 'float32', got {self.logits_dtype!r} / {self.ce_dtype!r}"
             )
         if self.chunk_rows is not None and self.chunk_rows < 1:
             raise ValueError(f"LinearCESupport.chunk_rows must be >= 1 or None, got {self.chunk_rows}")

@@ -24,6 +24,15 @@ ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
 
 
+_SPECS: dict[str, str] = {}
+
+
+def spec_of(name: str) -> str | None:
+    """How the impl called ``name`` was named when it was loaded in this process (a ``module:attr`` spec for
+    outside impls, the name itself for built-ins), for reproduction commands."""
+    return _SPECS.get(name)
+
+
 @dataclass(frozen=True)
 class ImplEntry:
     """One loaded implementation and where it came from (``built-in``, ``--impl``, env var, entry point)."""
@@ -94,6 +103,7 @@ def _checked(impl: Any, spec: str, origin: str) -> ImplEntry | BrokenImpl:
         validate_impl(impl, f"{origin} {spec}")
     except TypeError as exc:
         return BrokenImpl(spec, origin, str(exc))
+    _SPECS.setdefault(impl.name, impl.name if origin == "built-in" else spec)
     return ImplEntry(impl, origin)
 
 

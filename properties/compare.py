@@ -1,0 +1,101 @@
+"""Comparing one output of an impl with the oracle under an element-wise bound, and saying so clearly."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Error metrics of one output against the oracle, and whether every element is within its bound.
+
+    ``ratio`` is max over elements of |impl − oracle| / bound (0/0 counts as 0); ``ok`` is ``ratio ≤ 1`` with
+    NaN/inf exactly where the oracle has them. ``worst`` is the index of the element with the largest ratio.
+    """
+
+    output: str
+    ok: bool
+    ratio: float
+    max_abs: float
+    max_rel: float
+    rmse: float
+    max_ulp: float
+    worst: tuple[int, ...]
+    impl_value: float
+    oracle_value: float
+    bound_value: float
+    n_bad: int
+    numel: int
+    nonfinite: str = ""
+    dtype: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """Multi-line text in the style of ``torch.testing`` for failure messages."""
+        if self.nonfinite:
+            return f"{self.output}: {self.nonfinite}"
+        return (
+            f"{self.output} ({self.dtype}): {self.n_bad} / {self.numel} elements beyond bound; "
+            f"worst at index {list(self.worst)}: impl {self.impl_value:.9g}, oracle {self.oracle_value:.9g}, "
+            f"|error| {abs(self.impl_value - self.oracle_value):.3g} > bound {self.bound_value:.3g} "
+            f"(error/bound {self.ratio:.3g}); max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g}, "
+            f"RMSE {self.rmse:.3g}, max ULP {self.max_ulp:.3g}"
+        )
+
+
+def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at each value (float64), subnormal spacing below the smallest normal."""
+    fi = torch.finfo(dtype)
+    a = values.abs().to(torch.float64).clamp_min(fi.tiny)
+    return torch.exp2(torch.floor(torch.log2(a))) * fi.eps
+
+
+def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor) -> Comparison:
+    """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``."""
+    if impl is None:
+        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, (), math.nan, math.nan,
+                          math.nan, oracle.numel(), oracle.numel(), nonfinite="the impl produced no value (gradient missing: not connected to autograd?)")
+    if tuple(impl.shape) != tuple(oracle.shape):
+        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, (), math.nan, math.nan,
+                          math.nan, oracle.numel(), oracle.numel(), dtype=str(impl.dtype),
+                          nonfinite=f"shape {tuple(impl.shape)} differs from the oracle's {tuple(oracle.shape)}")
+    dt = impl.dtype
+    a = impl.detach().to(device=oracle.device, dtype=torch.float64)
+    o = oracle.to(torch.float64)
+    b = bound.to(device=o.device, dtype=torch.float64).expand_as(o)
+    fin_o, fin_a = torch.isfinite(o), torch.isfinite(a)
+    mismatch = (fin_o != fin_a) | (~fin_o & ~fin_a & ~((torch.isnan(o) & torch.isnan(a)) | (o == a)))
+    if bool(mismatch.any()):
+        idx = tuple(int(i) for i in mismatch.nonzero()[0])
+        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, idx,
+                          float(a[idx]), float(o[idx]), float(b[idx]), int(mismatch.sum()), o.numel(),
+                          dtype=str(dt), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
+                          f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
+    err = torch.where(fin_o, (a - o).abs(), torch.zeros_like(o))
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
+    if o.numel() == 0:
+        return Comparison(output, True, 0.0, 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0.0, 0, 0, dtype=str(dt))
+    flat = int(torch.argmax(ratio.reshape(-1)))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
+    rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    ulp = err / ulp_of(o, dt if dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else torch.float32)
+    worst_ratio = float(ratio.reshape(-1)[flat])
+    return Comparison(
+        output=output,
+        ok=bool(worst_ratio <= 1.0),
+        ratio=worst_ratio,
+        max_abs=float(err.max()),
+        max_rel=float(torch.where(err > 0, rel, torch.zeros_like(rel)).max()),
+        rmse=float(err.square().mean().sqrt()),
+        max_ulp=float(ulp.max()),
+        worst=idx,
+        impl_value=float(a.reshape(-1)[flat]),
+        oracle_value=float(o.reshape(-1)[flat]),
+        bound_value=float(b.reshape(-1)[flat]),
+        n_bad=int((ratio > 1.0).sum()),
+        numel=o.numel(),
+        dtype=str(dt),
+    )

@@ -1,0 +1,138 @@
+"""Hypothesis strategies for linear+CE problems, drawn as a whole and only within what an impl declares.
+
+Shapes lean to the edges (N = 1, N not a multiple of a chunk, V of 1, 2, odd, prime, V ≫ H and V < H, H not a
+multiple of 16/32/128); dtypes fp32/bf16/fp16 and AMP; bias on/off and its dtype; ignored fraction from none to
+all; every option alone and combined; value regimes ordinary, confident, large, tiny, outlier rows.
+Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V`` (defaults 96 / 80 / 160).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from impls import capabilities
+from properties.problems import REGIMES, Problem
+
+
+def _cap(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
+    if v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return v
+
+
+MAX_N = _cap("NUMCHECK_MAX_N", 96)
+MAX_H = _cap("NUMCHECK_MAX_H", 80)
+MAX_V = _cap("NUMCHECK_MAX_V", 160)
+
+_PRIMES = (2, 3, 5, 7, 11, 13, 31, 61, 127, 131, 157)
+
+
+def sizes(cap: int, edges: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """Integers in [1, cap], leaning to ``edges`` (those ≤ cap) and to the ends."""
+    pinned = sorted({e for e in edges if 1 <= e <= cap} | {1, cap})
+    return st.one_of(st.sampled_from(pinned), st.integers(1, cap))
+
+
+def n_sizes() -> st.SearchStrategy[int]:
+    """Token counts: 1, around chunk sizes (7, 8, 9, 17, 33, 64, 65) and anything up to the cap."""
+    return sizes(MAX_N, (1, 2, 7, 8, 9, 17, 33, 64, 65))
+
+
+def h_sizes() -> st.SearchStrategy[int]:
+    """Hidden sizes, including ones not a multiple of 16/32/128."""
+    return sizes(MAX_H, (1, 3, 16, 17, 33, 48, 63, 64))
+
+
+def v_sizes() -> st.SearchStrategy[int]:
+    """Vocabulary sizes: 1, 2, odd, prime, powers of two ± 1."""
+    return sizes(MAX_V, _PRIMES + (1, 2, 9, 63, 64, 65, 128, 129))
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@st.composite
+def problems(draw: st.DrawFn, support=None, device: str = "cpu", *, regimes: tuple[str, ...] = REGIMES,
+             reductions: tuple[str, ...] | None = None, allow_all_ignored: bool = True,
+             force: dict | None = None) -> Problem:
+    """A :class:`Problem` inside ``support`` (a :class:`impls.protocol.LinearCESupport`; ``None`` = everything).
+
+    ``force`` pins fields (e.g. ``{"dtype": "float32"}``); pinned fields are still checked against the support.
+    """
+    from impls.protocol import LinearCESupport
+
+    s = support if support is not None else LinearCESupport()
+    force = dict(force or {})
+    dev_type = torch.device(device).type
+    dtypes = [_DTYPE_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in s.dtypes]
+    amp = [d for d in (torch.bfloat16, torch.float16) if d in s.autocast and torch.float32 in s.dtypes
+           and capabilities.autocast_dtype(dev_type, d)]
+    modes = [("plain", d) for d in dtypes] + [("amp", _DTYPE_NAMES[d]) for d in amp]
+    if "dtype" in force or "autocast" in force:
+        mode = ("amp", force["autocast"]) if force.get("autocast") else ("plain", force.get("dtype", "float32"))
+    else:
+        if not modes:
+            raise ValueError(f"support declares no dtype usable on {device}: {s.dtypes}")
+        mode = draw(st.sampled_from(modes), label="dtype mode")
+    dtype, autocast = ("float32", mode[1]) if mode[0] == "amp" else (mode[1], None)
+    reds = [r for r in (reductions or ("mean", "sum", "none")) if r in s.reductions]
+    reduction = force.get("reduction") or draw(st.sampled_from(reds), label="reduction")
+    opts = set(s.options)
+
+    def maybe(name: str, strat: st.SearchStrategy, off):
+        if name in force:
+            return force[name]
+        if name not in opts:
+            return off
+        return draw(st.one_of(st.just(off), strat), label=name)
+
+    N = force.get("N") or draw(n_sizes(), label="N")
+    H = force.get("H") or draw(h_sizes(), label="H")
+    V = force.get("V") or draw(v_sizes(), label="V")
+    bias = maybe("bias", st.just(True), False)
+    bias_dtype = None
+    if bias and "bias_dtype" not in force:
+        choices = [None] + ([n for n in ("float32", "bfloat16") if n != dtype] if autocast or dtype != "float32" else [])
+        bias_dtype = draw(st.sampled_from(choices), label="bias_dtype")
+    elif "bias_dtype" in force:
+        bias_dtype = force["bias_dtype"]
+    ignored = 0.0
+    if "ignored" in force:
+        ignored = force["ignored"]
+    elif "ignore_index" in opts:
+        hi = 1.0 if (allow_all_ignored and s.all_ignored is not None) else 0.99
+        ignored = draw(st.one_of(st.just(0.0), st.sampled_from([0.1, 0.5, hi]), st.floats(0.0, hi)), label="ignored")
+    ls = maybe("label_smoothing", st.sampled_from([0.1, 0.5, 1.0]) | st.floats(0.0, 1.0), 0.0)
+    cw = maybe("class_weights", st.just(True), False)
+    sc = maybe("softcap", st.sampled_from([1.0, 5.0, 30.0]) | st.floats(0.5, 50.0), None)
+    zl = maybe("z_loss", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0)
+    if "z_loss_scale" in force:
+        zl = force["z_loss_scale"]
+    upstream = force.get("upstream") or draw(
+        st.sampled_from(["one", "scalar", "per_row"] if reduction == "none" else ["one", "scalar"]), label="upstream")
+    regime = force.get("regime") or draw(st.sampled_from(regimes), label="regime")
+    seed = force.get("seed", draw(st.integers(0, 2**31 - 1), label="seed"))
+    p = Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, bias=bias, bias_dtype=bias_dtype, ignored=ignored,
+                reduction=reduction, label_smoothing=ls, class_weights=cw, softcap=sc, z_loss_scale=zl,
+                upstream=upstream, regime=regime, seed=seed, device=device)
+    reason = refusal(s, p)
+    assume(reason is None)
+    return p
+
+
+def refusal(support, p: Problem) -> str | None:
+    """Why ``support`` excludes problem ``p`` (None when it is declared supported)."""
+    return support.refuses(dtype=p.param_dtype, device=torch.device(p.device).type, options=p.features,
+                           reduction=p.reduction, autocast=p.compute_dtype if p.autocast else None,
+                           all_ignored=p.all_ignored)

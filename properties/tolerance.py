@@ -1,0 +1,294 @@
+"""The tolerance model for linear+CE: an element-wise error bound for every output, derived by first-order
+floating-point error analysis and evaluated in float64 next to the oracle.
+
+Notation (``../shared/notes/error-analysis.md``): u_c = unit roundoff of the compute (matmul operand) dtype,
+u_a = 2⁻²⁴ (matmuls accumulate in fp32: bf16/fp16 products are exact in fp32, fp32 GEMMs accumulate in
+fp32), u_L = precision the impl stores logits and log-probabilities in (u_c when it materializes the logits
+chunk in the compute dtype, which every impl calling a low-precision matmul does), u_G = precision of the
+stored gradient w.r.t. the logits (u_c likewise), u_out = precision of each returned output.
+γ_n = n·u/(1−n·u) is Higham's worst-case constant for a length-n reduction (the *hard ceiling*);
+the *expected level* replaces it with √n·u (Higham & Mary 2019, λ = 1), all else equal.
+
+Derivation, one output at a time (all |·| element-wise, all quantities from the float64 oracle):
+
+1. Logits (reduction length H, +1 with bias):
+   e_z = γ_{H+1}(u_a)·(|x||W|ᵀ + |b|) + (u_L + 2u_a)·|z| [+ u_c·|b| when a bias may be rounded to the compute dtype].
+   Softcap z' = s·tanh(z/s): e_z' = sech²(z/s)·e_z + 3u_L·|z'| (tanh, divide and multiply each round once).
+2. Row statistics: first order, δlse_i = Σ_j p_ij δz'_ij, so |δlse_i| ≤ E_i + R_i with E_i = Σ_j p_ij e'_ij and
+   R_i = γ_V(u_a) + 3u_a(1 + |lse_i|) for evaluating lse in fp32 (sum of V positive terms, exp, log, shift).
+   δ log p_ij = (1 − p_ij)δz'_ij − Σ_{k≠j} p_ik δz'_ik, so |δ log p_ij| ≤ E_i + (1 − 2p_ij)·e'_ij + R_i + ρ_ij
+   (the first two terms are never negative together); ρ_ij = u_L·|log p_ij| + 2u_a covers p recomputed from
+   log-probabilities stored at u_L (eager's log_softmax backward does exactly that). Keeping (1 − p_ij) rather
+   than the triangle inequality is what makes confident rows (p_y → 1) tight: the true-class gradient p_y − 1
+   is bounded relative to itself, so an impl that forms it in bf16 (100% error) is caught.
+3. Per-row loss ℓ_i = C_i·lse_i − Σ_j q_ij z'_ij with C_i = (1−ε)w_{y_i} + (ε/V)S_w and
+   q_ij = (1−ε)w_{y_i}δ_{j,y_i} + (ε/V)w_j, so δℓ_i = Σ_j (C_i p_ij − q_ij)δz'_ij:
+   |δℓ_i| ≤ Σ_j |C_i p_ij − q_ij|·e'_ij + C_i R_i + (u_L + 4u_a)|ℓ_i| (log-probabilities stored at u_L, the
+   final products and sums) [+ 3u_c|ℓ_i| when class weights may be rounded to the compute dtype: the weight
+   itself and the normalizer D]. z-loss ζ_i = λ·lse_i²: |δζ_i| ≤ 2λ|lse_i|(E_i + R_i) + 4u_a ζ_i.
+   Reductions add γ_N(u_a)·Σ|terms| and the final rounding u_out·|L|.
+4. Gradient w.r.t. the logits, g_ij = c_i(C_i p_ij − q_ij) + c^z_i·2λ·lse_i·p_ij (c = upstream / normalizer):
+   |δg_ij| ≤ |c_i|C_i p_ij|δ log p_ij| + |c^z_i|2λ(|lse_i| p_ij |δ log p_ij| + p_ij|δlse_i|)
+            + 3u_ce(|c_i|(C_i p_ij + q_ij) + |c^z_i|2λ|lse_i|p_ij) [+ 2u_c|g_ij| for rounded class weights],
+   u_ce = u_a when the impl forms g in fp32, u_c when it declares ``ce_dtype="compute"`` (then p_y − 1 of a
+   confident row may round to 0: the term 3u_c·C·p_y is what allows it).
+   Through softcap G = g·d, d = 1 − tanh²: |δG| ≤ d|δg| + |g|(2|tanh|·d·e_z/s + 3u_L); then the stored G
+   rounds once more: + u_G|G|.
+5. grad_x = G·W (length V): |δgx| ≤ |δG||W| + γ_V(u_a)|G||W| + u_out|gx|.
+6. grad_W = Gᵀx and grad_b = Σ_i G_i (length N): |δgW| ≤ |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x| + u_out|gW|,
+   where the declared accumulation path adds a_path: ``fp32`` 0; ``per_chunk_rounding`` u_c (each chunk's
+   partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
+   rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/chunk_rows⌉, N when undeclared).
+
+These are worst-case first-order bounds: second-order terms are O(u²) relative and far below the slack of
+the γ constants at the sizes the suite draws. The relative judgement (b) lives in :mod:`properties.accuracy`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from properties.problems import Problem, Tensors
+from reference.linear_ce import Block, LinearCEResult, RowStats, linear_ce
+
+Level = Literal["hard", "expected"]
+
+UNIT_ROUNDOFF: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+U_ACC = UNIT_ROUNDOFF[torch.float32]
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the spacing of ``dtype`` at 1 (u). Raises ValueError for a dtype without an entry."""
+    try:
+        return UNIT_ROUNDOFF[dtype]
+    except KeyError:
+        raise ValueError(f"no unit roundoff known for dtype {dtype}") from None
+
+
+def gamma(n: int, u: float, level: Level = "hard") -> float:
+    """Error constant of a length-``n`` reduction at unit roundoff ``u``: γ_n (hard) or √n·u (expected)."""
+    if level == "expected":
+        return math.sqrt(max(n, 1)) * u
+    nu = n * u
+    return math.inf if nu >= 1 else nu / (1 - nu)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """The precisions and path that parametrize the bounds of one impl on one problem.
+
+    Attributes:
+        u_c: compute (matmul operand) dtype. u_L: logits / log-probability storage. u_G: stored gradient of
+        the logits. u_ce: precision of the softmax / gradient arithmetic (declared ``ce_dtype``). u_out: per-output precision of what the impl returned. grad_accumulation, chunks, u_p:
+        the declared grad_weight path, its chunk count K and the parameter dtype's u. bias_rounding /
+        class_weight_rounding: whether those may legitimately be rounded to the compute dtype.
+        level: ``"hard"`` (γ_n) or ``"expected"`` (√n·u).
+    """
+
+    u_c: float
+    u_L: float
+    u_G: float
+    u_ce: float
+    u_out: dict[str, float]
+    grad_accumulation: str
+    chunks: int
+    u_p: float
+    bias_rounding: bool
+    class_weight_rounding: bool
+    level: Level = "hard"
+
+    def path_term(self) -> float:
+        """a_path of step 6 in the module docstring."""
+        if self.grad_accumulation == "fp32":
+            return 0.0
+        if self.grad_accumulation == "per_chunk_rounding":
+            return self.u_c
+        if self.grad_accumulation == "param_dtype":
+            return self.chunks * self.u_p
+        raise ValueError(f"unknown grad_accumulation {self.grad_accumulation!r}")
+
+
+def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: Level = "hard") -> ErrorModel:
+    """The :class:`ErrorModel` for an impl's declaration ``support`` on problem ``p``.
+
+    ``out_dtypes`` maps each output name to the dtype the impl returned it in (its last rounding).
+    """
+    c = p.compute_dtype
+    u_c = unit_roundoff(c)
+    low = c != torch.float32
+    u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
+    chunk_rows = getattr(support, "chunk_rows", None)
+    K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N
+    return ErrorModel(
+        u_c=u_c,
+        u_L=u_L,
+        u_G=u_c,
+        u_ce=u_c if getattr(support, "ce_dtype", "float32") == "compute" else U_ACC,
+        u_out={k: unit_roundoff(v) for k, v in out_dtypes.items()},
+        grad_accumulation=support.grad_accumulation,
+        chunks=K,
+        u_p=unit_roundoff(p.param_dtype),
+        bias_rounding=bool(p.bias) and (low or p.bias_dtype not in (None, p.dtype)),
+        class_weight_rounding=bool(p.class_weights) and low,
+        level=level,
+    )
+
+
+class _Sweep:
+    """Observer of the oracle's block sweep; ``phase`` 1 accumulates E_i and loss sums, phase 2 the
+    gradient bounds (it needs the finished E_i)."""
+
+    def __init__(self, p: Problem, t: Tensors, m: ErrorModel, N: int, H: int, V: int, dev: torch.device) -> None:
+        f64 = torch.float64
+        self.p, self.m, self.V = p, m, V
+        o = t.options
+        self.eps = float(o.label_smoothing)
+        self.lam = float(o.z_loss_scale)
+        self.s = o.softcap
+        self.cw = o.class_weights.to(dev, f64) if o.class_weights is not None else None
+        self.S_w = float(self.cw.sum()) if self.cw is not None else float(V)
+        valid = t.target != o.ignore_index
+        self.tgt = torch.where(valid, t.target, torch.zeros_like(t.target)).long().to(dev)
+        self.g_H = gamma(H + (1 if t.bias is not None else 0), U_ACC, m.level)
+        self.g_V = gamma(V, U_ACC, m.level)
+        self.g_N = gamma(N, U_ACC, m.level)
+        self.phase = 1
+        self.E = torch.zeros(N, dtype=f64, device=dev)
+        self.S_ce = torch.zeros(N, dtype=f64, device=dev)
+        self.gx = torch.zeros(N, H, dtype=f64, device=dev)
+        self.gw = torch.zeros(V, H, dtype=f64, device=dev)
+        self.gb = torch.zeros(V, dtype=f64, device=dev)
+
+    def _logit_error(self, blk: Block) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.m
+        mag = blk.x.abs() @ blk.w.abs().T
+        if blk.b is not None:
+            mag = mag + blk.b.abs()
+        e_z = self.g_H * mag + (m.u_L + 2 * U_ACC) * blk.z.abs()
+        if m.bias_rounding and blk.b is not None:
+            e_z = e_z + m.u_c * blk.b.abs()
+        if blk.dzc_dz is None:
+            return e_z, e_z
+        return e_z, blk.dzc_dz * e_z + 3 * m.u_L * blk.zc.abs()
+
+    def _row_terms(self, blk: Block, rows: RowStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r, c = blk.rows, blk.cols
+        eps, V = self.eps, self.V
+        w_t = rows.w_target[r]
+        C = (1 - eps) * w_t + (eps / V) * self.S_w
+        q = (eps / V) * (self.cw[c][None, :] if self.cw is not None else torch.ones_like(blk.p))
+        q = q.expand_as(blk.p).clone()
+        t_r = self.tgt[r]
+        inside = (t_r >= c.start) & (t_r < c.stop) & rows.valid[r]
+        if bool(inside.any()):
+            idx = inside.nonzero().squeeze(1)
+            q[idx, t_r[idx] - c.start] += (1 - eps) * w_t[idx]
+        q = q * rows.valid[r][:, None]
+        return C, q, rows.valid[r]
+
+    def block(self, blk: Block, rows: RowStats) -> None:
+        m = self.m
+        r = blk.rows
+        e_z, e_zc = self._logit_error(blk)
+        C, q, valid = self._row_terms(blk, rows)
+        p = blk.p * valid[:, None]
+        lse = rows.lse[r]
+        if self.phase == 1:
+            self.E[r] += (p * e_zc).sum(dim=1)
+            self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
+            return
+        R = self.g_V + 3 * U_ACC * (1 + lse.abs())
+        E = self.E[r]
+        logp = blk.zc - lse[:, None]
+        rho = m.u_L * logp.abs() + 2 * U_ACC
+        dlogp = (E[:, None] + (1 - 2 * p) * e_zc).clamp_min(0) + R[:, None] + rho
+        dlse = E + R
+        cc = rows.coef_ce[r].abs()[:, None]
+        cz = rows.coef_z[r].abs()[:, None]
+        lam2 = 2 * self.lam
+        if blk.dzc_dz is not None:  # |g| = |G| / d where d > 0 (d underflows only where G does too)
+            d = blk.dzc_dz
+            g_abs = torch.where(d > 0, blk.G.abs() / d.clamp_min(1e-300), torch.zeros_like(d))
+        else:
+            g_abs = blk.G.abs()
+        dg = cc * C[:, None] * p * dlogp
+        if self.lam:
+            dg = dg + cz * lam2 * (lse.abs()[:, None] * p * dlogp + p * dlse[:, None])
+        dg = dg + 3 * m.u_ce * (cc * (C[:, None] * p + q) + cz * lam2 * lse.abs()[:, None] * p)
+        if m.class_weight_rounding:
+            dg = dg + 2 * m.u_c * g_abs
+        if blk.dzc_dz is not None:
+            t = (blk.zc / self.s).abs()
+            dG = blk.dzc_dz * dg + g_abs * (2 * t * blk.dzc_dz * e_z / self.s + 3 * m.u_L)
+        else:
+            dG = dg
+        G_abs = blk.G.abs()
+        dG = (dG + m.u_G * G_abs) * valid[:, None]
+        self.gx[r] += dG @ blk.w.abs() + self.g_V * (G_abs @ blk.w.abs())
+        acc = self.g_N + m.path_term()
+        self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())
+        self.gb[blk.cols] += dG.sum(dim=0) + acc * G_abs.sum(dim=0)
+
+
+def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
+    """Element-wise absolute error bounds for ``loss``, ``z_loss``, ``grad_x``, ``grad_weight``, ``grad_bias``.
+
+    ``oracle`` must be the oracle on the same operands (:func:`properties.harness.run_oracle`); the sweep
+    re-walks its blocks twice through the oracle's observer hook.
+    """
+    from properties.harness import oracle_operands
+
+    x, w, b = oracle_operands(p, t)
+    N, H = x.shape
+    V = w.shape[0]
+    sweep = _Sweep(p, t, m, N, H, V, x.device)
+    for phase in (1, 2):
+        sweep.phase = phase
+        linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero", observer=sweep)
+    st = oracle.stats
+    lse = st.lse
+    valid = st.valid
+    R = sweep.g_V + 3 * U_ACC * (1 + lse.abs())
+    ce_row = oracle.per_row - torch.where(valid, t.options.z_loss_scale * lse * lse, torch.zeros_like(lse))
+    C = (1 - sweep.eps) * st.w_target + (sweep.eps / V) * sweep.S_w
+    d_ce = sweep.S_ce + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
+    if m.class_weight_rounding:
+        d_ce = d_ce + 3 * m.u_c * ce_row.abs()
+    z_row = oracle.per_row - ce_row
+    d_z = 2 * sweep.lam * lse.abs() * (sweep.E + R) + 4 * U_ACC * z_row.abs()
+    d_ce, d_z = d_ce * valid, d_z * valid
+    red = t.options.reduction
+    u_loss = m.u_out.get("loss", U_ACC)
+    u_z = m.u_out.get("z_loss", U_ACC)
+    if red == "none":
+        loss_b = d_ce + d_z + u_loss * oracle.loss.abs()
+        z_b = d_z + u_z * oracle.z_loss.abs()
+    elif red == "sum":
+        loss_b = (d_ce + d_z).sum() + sweep.g_N * oracle.per_row.abs().sum() + u_loss * oracle.loss.abs()
+        z_b = d_z.sum() + sweep.g_N * z_row.abs().sum() + u_z * oracle.z_loss.abs()
+    else:
+        n = max(st.n_valid, 1)
+        D = st.normalizer if st.normalizer else 1.0
+        loss_b = (d_ce.sum() + sweep.g_N * ce_row.abs().sum()) / D + (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n
+        if m.class_weight_rounding:
+            loss_b = loss_b + m.u_c * (ce_row.sum() / D).abs()
+        loss_b = loss_b + u_loss * oracle.loss.abs().nan_to_num(0.0)
+        z_b = (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n + u_z * oracle.z_loss.abs().nan_to_num(0.0)
+    out = {
+        "loss": loss_b,
+        "z_loss": z_b,
+        "grad_x": sweep.gx + m.u_out.get("grad_x", U_ACC) * oracle.grad_x.abs(),
+        "grad_weight": sweep.gw + m.u_out.get("grad_weight", U_ACC) * oracle.grad_weight.abs(),
+    }
+    if oracle.grad_bias is not None:
+        out["grad_bias"] = sweep.gb + m.u_out.get("grad_bias", U_ACC) * oracle.grad_bias.abs()
+    return out
