@@ -4,3 +4,5 @@ Add a module here when it defines a ``@builtin_factory``; the registry imports n
 """
 
 import impls.eager  # noqa: F401
+import impls.chunked  # noqa: F401
+import impls.recompute  # noqa: F401

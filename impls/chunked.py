@@ -1,0 +1,311 @@
+"""Chunked fused linear + cross-entropy (the Liger design), registered once per grad_weight accumulation path.
+
+Forward loops over chunks of ``chunk_rows`` tokens. For each chunk it computes the logits ``x_c·Wᵀ + b`` in
+the compute dtype (the autocast dtype under AMP, else the inputs' dtype), runs cross-entropy on them in fp32
+math (:func:`impls.ce_block.ce_block_`, or the Triton kernel of :mod:`impls.triton_ce`), which overwrites
+the chunk with the gradient G, and then at once computes ``grad_x_c = G·W`` and accumulates
+``grad_W += Gᵀ·x_c``, ``grad_b += Σ G`` through the chosen step of :mod:`impls.grad_accum`. The [N, V] logits
+never exist; the [V, H] grad_W accumulator is held from forward to backward, and backward only multiplies
+the stored gradients by the scalar ``grad_output`` (``mean``/``sum``).
+
+``reduction='none'``: the per-row upstream gradient u must scale the rows of G *before* the matmuls
+(grad_W = Gᵀ·diag(u)·x cannot be recovered from Gᵀ·x), and u is unknown during forward. So for ``none`` this
+impl defers all gradient work to backward: forward computes the per-row losses and lse only, backward
+recomputes the logits chunk by chunk with the coefficients c_i = u_i and accumulates through the same path
+(:class:`impls.recompute.RecomputeFunction`, the ``recompute`` algorithm). Exact; costs 8·N·H·V flops instead
+of 6·N·H·V, and holds only O(N) between forward and backward.
+
+Conventions declared by every impl here:
+
+* all-ignored ``mean``: PyTorch's (NaN loss = 0/0, zero gradients); ``sum``/``none`` give 0.
+* the loss (and z_loss) is returned in fp32, whatever the compute dtype; gradients in the dtype of the
+  tensor they belong to (``x``, ``weight``, ``bias``), also under autocast with fp32 parameters and a bias
+  of another dtype. The call returns ``(loss, z_loss)`` (z_loss reduced like loss, not differentiable).
+* G is rounded to the compute dtype before the grad_x/grad_W matmuls (``logits_dtype="compute"``).
+* no host synchronisation inside the chunk loop (targets are range-checked once per call: a ValueError on
+  CPU, a device-side assert elsewhere).
+
+Default chunk: :data:`DEFAULT_CHUNK_ROWS` = 2048 tokens, the chunk of the seed's measurement. At V=131072 a
+bf16 logits chunk is 512 MiB and the torch CE path's fp32 working copies about 1 GiB each, comfortable on an
+80–141 GiB GPU, while few chunks keep the per-chunk read-modify-write of the fp32 [V, H] accumulator cheap
+(``../shared/notes/accumulation-and-memory.md``). Tests pick small chunks with :meth:`ChunkedLinearCE.with_chunk_rows`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from impls import grad_accum
+from impls.ce_block import CEKernel, Coefficients, ce_block_, reduction_coefficients, row_weights
+from impls.protocol import FLOAT_DTYPES, LinearCESupport
+from impls.registry import builtin_factory
+from reference.options import CEOptions, options_from_kwargs
+
+DEFAULT_CHUNK_ROWS = 2048
+
+
+# -- operands ---------------------------------------------------------------------------------------------
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """Autocast disabled for ``device_type`` (a no-op where autocast does not exist, e.g. ``meta``): inside the
+    autograd functions every cast is explicit, and fp32 helper matmuls must stay fp32."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the matmuls run in: the autocast dtype when autocast is on for ``x``'s device, else the
+    inputs' dtype (``x`` and ``weight`` must then agree)."""
+    dev = x.device.type
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x has dtype {x.dtype} but weight has {weight.dtype}; outside autocast they must agree")
+    return x.dtype
+
+
+def check_call(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+               opts: CEOptions) -> None:
+    """Validate shapes and dtypes (metadata only), and the target range once per call: a ValueError naming
+    the row on CPU, a device-side assert on accelerators (no host synchronisation), nothing on ``meta``."""
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t))}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    N, H = x.shape
+    V, H2 = weight.shape
+    if H != H2:
+        raise ValueError(f"x has H={H} columns but weight has {H2} (weight must be [V, H])")
+    if not isinstance(target, torch.Tensor) or tuple(target.shape) != (N,):
+        raise ValueError(f"target must have shape [N]=[{N}], got {getattr(target, 'shape', type(target))}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError(f"target must hold integer class indices, got dtype {target.dtype}")
+    if bias is not None and (tuple(bias.shape) != (V,) or bias.dtype not in FLOAT_DTYPES):
+        raise ValueError(f"bias must be a float tensor of shape [V]=[{V}], got {tuple(bias.shape)} {bias.dtype}")
+    cw = opts.class_weights
+    if cw is not None and tuple(cw.shape) != (V,):
+        raise ValueError(f"class_weights must have shape [V]=[{V}], got {tuple(cw.shape)}")
+    for name, t in (("weight", weight), ("target", target), ("bias", bias), ("class_weights", cw)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    bad = (target != opts.ignore_index) & ((target < 0) | (target >= V))
+    if target.device.type == "cpu":
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"target[{i}]={int(target[i])} is outside [0, V={V}) and is not ignore_index={opts.ignore_index}")
+    elif target.device.type != "meta":
+        torch._assert_async(~bad.any(), f"target outside [0, V={V}) and not ignore_index={opts.ignore_index}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about one call that is not a tensor: options, path, chunking, kernel, compute dtype."""
+
+    options: CEOptions
+    path: str
+    chunk_rows: int
+    kernel: CEKernel
+    compute_dtype: torch.dtype
+
+
+def operands(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``x, weight, bias`` in the compute dtype (no copy when they already are; one [V, H] cast of fp32
+    parameters under autocast, as autocast's own linear would make)."""
+    c = plan.compute_dtype
+    return x.to(c), weight.to(c), bias.to(c) if bias is not None else None
+
+
+# -- the chunk loop ---------------------------------------------------------------------------------------
+def sweep(
+    plan: Plan,
+    xc: torch.Tensor,
+    wc: torch.Tensor,
+    bc: torch.Tensor | None,
+    target: torch.Tensor,
+    *,
+    coef: Coefficients | None = None,
+    lse: torch.Tensor | None = None,
+    want_loss: bool = True,
+    gx: torch.Tensor | None = None,
+    gw: torch.Tensor | None = None,
+    gb: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """One pass over the token chunks.
+
+    Each chunk's logits are computed in the compute dtype and handed to ``plan.kernel``. With ``coef``, the
+    kernel writes G into the chunk and the sweep computes ``gx[chunk] = G·W`` (when ``gx`` is given) and
+    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` through ``plan.path``'s step (when given). ``lse`` (fp32
+    ``[N]``) is reused instead of recomputed when given. Returns per-row fp32 ``(ce, z, lse)``; ``ce`` and
+    ``z`` are ``None`` without ``want_loss``. The loop bound is a Python int: no host synchronisation.
+    """
+    o = plan.options
+    N = xc.shape[0]
+    f32 = torch.float32
+    dev = xc.device
+    step = grad_accum.PATHS[plan.path]
+    ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
+    z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
+    lse_rows = lse if lse is not None else torch.empty(N, dtype=f32, device=dev)
+    if coef is None:
+        zeros = torch.zeros(N, dtype=f32, device=dev)
+        cc, cz = zeros, zeros
+    else:
+        cc, cz = coef.coef_ce, coef.coef_z
+    wt = wc.t()
+    for start in range(0, N, plan.chunk_rows):
+        r = slice(start, min(N, start + plan.chunk_rows))
+        x_r = xc[r]
+        logits = torch.mm(x_r, wt) if bc is None else torch.addmm(bc, x_r, wt)
+        res = plan.kernel(
+            logits, target[r], cc[r], cz[r], ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
+            class_weights=o.class_weights, softcap=o.softcap, z_loss_scale=o.z_loss_scale,
+            lse=lse[r] if lse is not None else None, want_loss=want_loss, want_grad=coef is not None,
+        )
+        if want_loss:
+            ce_rows[r] = res.ce  # type: ignore[index]
+            z_rows[r] = res.z  # type: ignore[index]
+        if lse is None:
+            lse_rows[r] = res.lse
+        if coef is not None:
+            if gx is not None:
+                torch.mm(logits, wc, out=gx[r])
+            if gw is not None:
+                step(gw, logits, x_r)
+            if gb is not None:
+                grad_accum.accumulate_bias(step, gb, logits)
+    return ce_rows, z_rows, lse_rows
+
+
+def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, z_loss)`` from per-row fp32 CE parts and z-losses: ``mean`` divides Σ CE by D and Σ z by |M|
+    (0/0 = NaN when every row is ignored), ``sum`` adds, ``none`` keeps rows."""
+    if reduction == "mean":
+        zl = z.sum() / coef.n_valid
+        return ce.sum() / coef.D + zl, zl
+    if reduction == "sum":
+        zl = z.sum()
+        return ce.sum() + zl, zl
+    return ce + z, z
+
+
+def scaled(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``)."""
+    if buf.dtype.itemsize >= dtype.itemsize:
+        return (buf * g).to(dtype)
+    return buf.to(dtype).mul_(g)
+
+
+# -- the fused autograd function --------------------------------------------------------------------------
+class FusedFunction(torch.autograd.Function):
+    """``mean``/``sum``: every gradient computed during forward, scaled by the scalar grad_output in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+        o = plan.options
+        if o.reduction == "none":
+            raise ValueError("FusedFunction handles reduction 'mean' and 'sum'; 'none' is deferred (RecomputeFunction)")
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        with autocast_off(x.device.type):
+            xc, wc, bc = operands(plan, x, weight, bias)
+            valid, _, w_t = row_weights(target, o.class_weights, o.ignore_index)
+            coef = reduction_coefficients(valid, w_t, o.reduction)
+            N, H = x.shape
+            V = weight.shape[0]
+            gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
+            gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(plan.path, weight.dtype), device=x.device) if need_w else None
+            gb = (torch.zeros(V, dtype=grad_accum.accumulator_dtype(plan.path, bias.dtype), device=x.device)
+                  if need_b and bias is not None else None)
+            ce, z, _ = sweep(plan, xc, wc, bc, target, coef=coef, gx=gx, gw=gw, gb=gb)
+            loss, z_loss = reduce_rows(o.reduction, ce, z, coef)  # type: ignore[arg-type]
+        ctx.save_for_backward(gx, gw, gb)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.mark_non_differentiable(z_loss)
+        return loss, z_loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
+        gx, gw, gb = ctx.saved_tensors
+        dx, dw, db = ctx.dtypes
+        g = grad_loss.to(torch.float32)
+        with autocast_off(grad_loss.device.type):
+            return (scaled(gx, g, dx) if gx is not None else None,
+                    scaled(gw, g, dw) if gw is not None else None,
+                    scaled(gb, g, db) if gb is not None else None,
+                    None, None)
+
+
+# -- the impl object --------------------------------------------------------------------------------------
+class ChunkedLinearCE:
+    """A chunked linear+CE impl following :mod:`impls.protocol`.
+
+    Args:
+        name: registered name.
+        path: grad_weight accumulation path, a key of :data:`impls.grad_accum.PATHS`.
+        chunk_rows: tokens per chunk (>= 1).
+        kernel: the per-chunk CE (:func:`impls.ce_block.ce_block_` or the Triton one).
+        recompute: defer every gradient to backward for every reduction (the ``recompute`` impl); otherwise
+            only ``none`` is deferred.
+        support: the declaration (``chunk_rows`` and ``grad_accumulation`` are filled in here).
+        description: one line for listings.
+    """
+
+    kind = "linear_ce"
+
+    def __init__(self, name: str, *, path: str, chunk_rows: int = DEFAULT_CHUNK_ROWS, kernel: CEKernel = ce_block_,
+                 recompute: bool = False, support: LinearCESupport | None = None, description: str = "") -> None:
+        if path not in grad_accum.PATHS:
+            raise ValueError(f"path must be one of {sorted(grad_accum.PATHS)}, got {path!r}")
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        base = support if support is not None else LinearCESupport(returns_z_loss=True, all_ignored="nan")
+        self.name = name
+        self.path = path
+        self.chunk_rows = chunk_rows
+        self.kernel = kernel
+        self.recompute = recompute
+        self.description = description
+        self.support = dataclasses.replace(
+            base, chunk_rows=chunk_rows, grad_accumulation=grad_accum.GRAD_ACCUMULATION[path])  # type: ignore[arg-type]
+
+    def with_chunk_rows(self, n: int) -> "ChunkedLinearCE":
+        """A copy with ``n`` tokens per chunk (same name, path, kernel and declaration otherwise)."""
+        return ChunkedLinearCE(self.name, path=self.path, chunk_rows=n, kernel=self.kernel, recompute=self.recompute,
+                               support=self.support, description=self.description)
+
+    def __repr__(self) -> str:
+        return f"ChunkedLinearCE({self.name!r}, path={self.path!r}, chunk_rows={self.chunk_rows})"
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
+                 **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, z_loss)`` of linear + CE (see the module docstring for conventions)."""
+        opts = options_from_kwargs(**options)
+        check_call(x, weight, target, bias, opts)
+        plan = Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
+                    compute_dtype=compute_dtype(x, weight))
+        if self.recompute or opts.reduction == "none":
+            from impls.recompute import RecomputeFunction  # recompute imports this module: import at call time
+
+            return RecomputeFunction.apply(x, weight, bias, target, plan)
+        return FusedFunction.apply(x, weight, bias, target, plan)
+
+
+def chunked(path: str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
+    """The built-in ``chunked[<path>]`` impl."""
+    return ChunkedLinearCE(
+        f"chunked[{path}]", path=path, chunk_rows=chunk_rows,
+        description=f"chunked FLCE (Liger design, torch CE), grad_weight via {path}",
+    )
+
+
+@builtin_factory
+def chunked_impls() -> list[ChunkedLinearCE]:
+    """``chunked[addmm_out_dtype]``, ``chunked[fallback]``, ``chunked[fp32_operands]``, ``chunked[lowp_accum]``."""
+    return [chunked(p) for p in ("addmm_out_dtype", "fallback", "fp32_operands", "lowp_accum")]
