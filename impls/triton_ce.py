@@ -1,0 +1,221 @@
+"""A Triton cross-entropy kernel for one logits chunk, and the ``chunked_triton`` impl that uses it.
+
+:func:`ce_block_triton_` has exactly the contract of :func:`impls.ce_block.ce_block_` (same options, same
+per-row outputs, gradient G written in place of the logits chunk in its dtype) and every option: ignore_index,
+per-row coefficients (so every reduction and a per-row upstream), label smoothing, class weights, softcap,
+z-loss, and a known lse (recompute). Each program takes ``ROWS`` rows and sweeps the vocabulary in blocks of
+``BLOCK_V`` twice: pass 1 is an online softmax (running max and rescaled sum) that also gathers the target
+logit and Σ_j w_j z'_ij; pass 2 forms G in fp32 and stores it over the logits. Padded vocabulary lanes are
+set to −inf *after* the softcap (s·tanh(−inf/s) = −s would otherwise leak into the softmax).
+
+tanh is computed here (Triton's libdevice is not available under the interpreter): tanh(a) = sign(a)·(1−e)/(1+e)
+with e = exp(−2|a|) for |a| ≥ 0.15, and the odd Taylor polynomial to a⁷ below (truncation < 0.022·a⁸·|a| ≤
+6e-9·|a|, under one fp32 ulp), so it is within a few fp32 ulps of torch.tanh everywhere.
+
+It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which this module sets (``setdefault``)
+before defining the kernel when CUDA is absent. The interpreter is slow: small shapes only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    _IMPORT_ERROR: str | None = None
+except Exception as exc:  # pragma: no cover - depends on the installation
+    triton = None  # type: ignore[assignment]
+    tl = None  # type: ignore[assignment]
+    _IMPORT_ERROR = f"triton cannot be imported: {type(exc).__name__}: {exc}"
+
+from impls.ce_block import BlockResult, _check_block
+from impls.chunked import ChunkedLinearCE
+from impls.protocol import LinearCESupport
+from impls.registry import builtin_factory
+
+#: Whether the kernel runs in Triton's interpreter (decided when this module was imported).
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def unavailable_reason() -> str | None:
+    """Why the Triton kernel cannot run here, or ``None``."""
+    if _IMPORT_ERROR is not None:
+        return _IMPORT_ERROR
+    if not INTERPRET and not torch.cuda.is_available():
+        return "no CUDA device and TRITON_INTERPRET was off when impls.triton_ce was imported"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tanh(a):
+        aa = tl.abs(a)
+        e = tl.exp(-2.0 * aa)
+        big = (1.0 - e) / (1.0 + e)
+        a2 = aa * aa
+        small = aa * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * -0.05396825396825397)))
+        r = tl.where(aa < 0.15, small, big)
+        return tl.where(a < 0.0, -r, r)
+
+    @triton.jit
+    def _ce_kernel(
+        L, stride_l, T, CC, CZ, CW, SW, LSE_IN, CE_OUT, Z_OUT, LSE_OUT,
+        C, V, ignore_index, eps, lam, softcap,
+        HAS_CW: tl.constexpr, HAS_EPS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_LSE: tl.constexpr,
+        WANT_LOSS: tl.constexpr, WANT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        rmask = rows < C
+        rows_s = tl.minimum(rows, C - 1)  # rows past the chunk read row C-1 and store nothing
+        y = tl.load(T + rows_s).to(tl.int64)
+        valid = (y != ignore_index) & rmask
+        ys = tl.where(valid, y, 0)
+        if HAS_CW:
+            w_t = tl.where(valid, tl.load(CW + ys).to(tl.float32), 0.0)
+            s_w = tl.load(SW).to(tl.float32)
+        else:
+            w_t = tl.where(valid, 1.0, 0.0)
+            s_w = V * 1.0
+        row_ptr = L + rows_s.to(tl.int64)[:, None] * stride_l
+        cols0 = tl.arange(0, BLOCK_V)
+
+        if HAS_LSE:
+            lse = tl.load(LSE_IN + rows_s)
+        else:
+            lse = tl.zeros([ROWS], dtype=tl.float32)
+        if WANT_LOSS or not HAS_LSE:
+            m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+            s = tl.zeros([ROWS], dtype=tl.float32)
+            zy = tl.zeros([ROWS], dtype=tl.float32)
+            wz = tl.zeros([ROWS], dtype=tl.float32)
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + cols0
+                cm = cols < V
+                z = tl.load(row_ptr + cols[None, :], mask=cm[None, :], other=0.0).to(tl.float32)
+                if HAS_SOFTCAP:
+                    z = softcap * _tanh(z / softcap)
+                zm = tl.where(cm[None, :], z, float("-inf"))
+                m_new = tl.maximum(m, tl.max(zm, 1))
+                s = s * tl.exp(m - m_new) + tl.sum(tl.exp(zm - m_new[:, None]), 1)
+                m = m_new
+                zy += tl.sum(tl.where(cols[None, :] == ys[:, None], z, 0.0), 1)
+                if HAS_EPS:
+                    if HAS_CW:
+                        w = tl.load(CW + cols, mask=cm, other=0.0).to(tl.float32)
+                        wz += tl.sum(tl.where(cm[None, :], z * w[None, :], 0.0), 1)
+                    else:
+                        wz += tl.sum(tl.where(cm[None, :], z, 0.0), 1)
+            if not HAS_LSE:
+                lse = m + tl.log(s)
+            if WANT_LOSS:
+                ce = (1.0 - eps) * w_t * (lse - zy)
+                if HAS_EPS:
+                    ce += (eps / V) * (s_w * lse - wz)
+                tl.store(CE_OUT + rows, tl.where(valid, ce, 0.0), mask=rmask)
+                tl.store(Z_OUT + rows, tl.where(valid, lam * lse * lse, 0.0), mask=rmask)
+        tl.store(LSE_OUT + rows, lse, mask=rmask)
+
+        if WANT_GRAD:
+            c = tl.where(valid, tl.load(CC + rows_s), 0.0)
+            cz = tl.where(valid, tl.load(CZ + rows_s), 0.0)
+            a = (1.0 - eps) * c * w_t
+            e = (eps / V) * c
+            coef_p = a + e * s_w + 2.0 * lam * cz * lse
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + cols0
+                cm = cols < V
+                z = tl.load(row_ptr + cols[None, :], mask=cm[None, :], other=0.0).to(tl.float32)
+                if HAS_SOFTCAP:
+                    t = _tanh(z / softcap)
+                    z = softcap * t
+                p = tl.exp(z - lse[:, None])
+                g = coef_p[:, None] * p - tl.where(cols[None, :] == ys[:, None], a[:, None], 0.0)
+                if HAS_EPS:
+                    if HAS_CW:
+                        w = tl.load(CW + cols, mask=cm, other=0.0).to(tl.float32)
+                        g -= e[:, None] * w[None, :]
+                    else:
+                        g -= e[:, None]
+                if HAS_SOFTCAP:
+                    g = g * (1.0 - t * t)
+                tl.store(row_ptr + cols[None, :], g.to(L.dtype.element_ty), mask=rmask[:, None] & cm[None, :])
+
+
+def _launch_shape(C: int, V: int) -> tuple[int, int, int]:
+    """``(ROWS, BLOCK_V, num_warps)``: one row per program with wide vocabulary blocks when compiled;
+    many rows per program under the interpreter, whose cost is per operation, not per element."""
+    bv = triton.next_power_of_2(V)
+    if INTERPRET:
+        return min(triton.next_power_of_2(C), 32), min(bv, 1024), 4
+    bv = min(bv, 8192)
+    return 1, bv, 16 if bv >= 4096 else 8
+
+
+def ce_block_triton_(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    *,
+    ignore_index: int,
+    label_smoothing: float = 0.0,
+    class_weights: torch.Tensor | None = None,
+    softcap: float | None = None,
+    z_loss_scale: float = 0.0,
+    lse: torch.Tensor | None = None,
+    want_loss: bool = True,
+    want_grad: bool = True,
+) -> BlockResult:
+    """The Triton equivalent of :func:`impls.ce_block.ce_block_` (same arguments and result; G replaces
+    ``logits``, which must have unit stride along the vocabulary)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"ce_block_triton_: {reason}")
+    _check_block(logits, target, coef_ce, coef_z, class_weights, lse)
+    if logits.stride(1) != 1:
+        raise ValueError(f"logits must have unit stride along V, got strides {logits.stride()}")
+    C, V = logits.shape
+    dev = logits.device
+    f32 = torch.float32
+    lse_out = torch.empty(C, dtype=f32, device=dev)
+    ce = torch.empty(C, dtype=f32, device=dev) if want_loss else lse_out
+    z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse_out
+    cw = class_weights.to(f32).contiguous() if class_weights is not None else None
+    sw = cw.sum().reshape(1) if cw is not None else lse_out  # a pointer only read when HAS_CW
+    if C == 0:
+        return BlockResult(ce if want_loss else None, z if want_loss else None, lse_out)
+    rows, block_v, warps = _launch_shape(C, V)
+    _ce_kernel[(triton.cdiv(C, rows),)](
+        logits, logits.stride(0), target.contiguous(), coef_ce.to(f32).contiguous(), coef_z.to(f32).contiguous(),
+        cw if cw is not None else lse_out, sw, lse.to(f32).contiguous() if lse is not None else lse_out,
+        ce, z, lse_out, C, V, int(ignore_index), float(label_smoothing), float(z_loss_scale),
+        float(softcap) if softcap is not None else 1.0,
+        HAS_CW=cw is not None, HAS_EPS=bool(label_smoothing), HAS_SOFTCAP=softcap is not None,
+        HAS_LSE=lse is not None, WANT_LOSS=want_loss, WANT_GRAD=want_grad, ROWS=rows, BLOCK_V=block_v,
+        num_warps=warps,
+    )
+    return BlockResult(ce if want_loss else None, z if want_loss else None, lse_out)
+
+
+@builtin_factory
+def triton_impls() -> list[ChunkedLinearCE]:
+    """``chunked_triton``: the chunked FLCE with the Triton CE kernel and fp32 (addmm_out_dtype) accumulation."""
+    devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
+    return [
+        ChunkedLinearCE(
+            "chunked_triton", path="addmm_out_dtype", kernel=ce_block_triton_,
+            support=LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
+                                    requires=unavailable_reason),
+            description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
+                        "grad_weight via addmm_out_dtype" + (" [Triton interpreter]" if INTERPRET else ""),
+        )
+    ]
