@@ -28,6 +28,8 @@ def eager_linear_ce(
     z_loss_scale: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager linear + CE; returns ``(loss, z_loss)`` with the z-loss already included in ``loss``."""
+    if bias is not None and bias.dtype != weight.dtype:
+        bias = bias.to(weight.dtype)  # F.linear wants one dtype; autocast then casts all three alike
     logits = F.linear(x, weight, bias)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)

@@ -88,6 +88,8 @@ class Problem:
             raise ValueError(f"Problem.upstream must be 'one', 'scalar' or 'per_row', got {self.upstream!r}")
         if self.upstream == "per_row" and self.reduction != "none":
             raise ValueError("Problem.upstream='per_row' needs reduction='none'")
+        if self.upstream == "scalar" and self.reduction == "none":
+            raise ValueError("Problem.upstream='scalar' needs reduction 'mean' or 'sum' ('none' takes 'per_row')")
         if self.ignore_index >= 0 and self.ignore_index < self.V:
             raise ValueError(f"Problem.ignore_index={self.ignore_index} collides with a class in [0, V={self.V})")
         self.options_template()  # validates the CE options

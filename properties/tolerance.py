@@ -15,7 +15,9 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    e_z = γ_{H+1}(u_a)·(|x||W|ᵀ + |b|) + (u_L + 2u_a)·|z| [+ u_c·|b| when a bias may be rounded to the compute dtype].
    Softcap z' = s·tanh(z/s): e_z' = sech²(z/s)·e_z + 3u_L·|z'| (tanh, divide and multiply each round once).
 2. Row statistics: first order, δlse_i = Σ_j p_ij δz'_ij, so |δlse_i| ≤ E_i + R_i with E_i = Σ_j p_ij e'_ij and
-   R_i = γ_V(u_a) + 3u_a(1 + |lse_i|) for evaluating lse in fp32 (sum of V positive terms, exp, log, shift).
+   R_i = γ_V(u_a) + 3u_a + 3u_ce|lse_i| for evaluating lse (a sum of V positive terms in fp32, then exp, log and
+   the shift by the max, each rounded at u_ce: u_a, or u_c for an impl declaring ``ce_dtype="compute"``, whose
+   kernels keep the max and lse in the logits dtype).
    δ log p_ij = (1 − p_ij)δz'_ij − Σ_{k≠j} p_ik δz'_ik, so |δ log p_ij| ≤ E_i + (1 − 2p_ij)·e'_ij + R_i + ρ_ij
    (the first two terms are never negative together); ρ_ij = u_L·|log p_ij| + 2u_a covers p recomputed from
    log-probabilities stored at u_L (eager's log_softmax backward does exactly that). Keeping (1 − p_ij) rather
@@ -65,6 +67,16 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
 }
 U_ACC = UNIT_ROUNDOFF[torch.float32]
 
+#: Absolute error of rounding a value below the normal range: half the smallest subnormal spacing.
+#: Every "u·|v|" rounding term of the model becomes "u·|v| + η" (fp16's η = 2⁻²⁵ ≈ 3e-8 is what matters:
+#: a gradient of the logits of 1e-7 stored in fp16 is a subnormal with 50% relative error).
+UNDERFLOW: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-1075,
+    torch.float32: 2.0**-150,
+    torch.float16: 2.0**-25,
+    torch.bfloat16: 2.0**-134,
+}
+
 
 def unit_roundoff(dtype: torch.dtype) -> float:
     """Half the spacing of ``dtype`` at 1 (u). Raises ValueError for a dtype without an entry."""
@@ -99,6 +111,8 @@ class ErrorModel:
     u_G: float
     u_ce: float
     u_out: dict[str, float]
+    eta_c: float
+    eta_out: dict[str, float]
     grad_accumulation: str
     chunks: int
     u_p: float
@@ -134,6 +148,8 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         u_G=u_c,
         u_ce=u_c if getattr(support, "ce_dtype", "float32") == "compute" else U_ACC,
         u_out={k: unit_roundoff(v) for k, v in out_dtypes.items()},
+        eta_c=UNDERFLOW[c],
+        eta_out={k: UNDERFLOW[v] for k, v in out_dtypes.items()},
         grad_accumulation=support.grad_accumulation,
         chunks=K,
         u_p=unit_roundoff(p.param_dtype),
@@ -173,7 +189,7 @@ class _Sweep:
         mag = blk.x.abs() @ blk.w.abs().T
         if blk.b is not None:
             mag = mag + blk.b.abs()
-        e_z = self.g_H * mag + (m.u_L + 2 * U_ACC) * blk.z.abs()
+        e_z = self.g_H * mag + (m.u_L + 2 * U_ACC) * blk.z.abs() + m.eta_c
         if m.bias_rounding and blk.b is not None:
             e_z = e_z + m.u_c * blk.b.abs()
         if blk.dzc_dz is None:
@@ -206,7 +222,7 @@ class _Sweep:
             self.E[r] += (p * e_zc).sum(dim=1)
             self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
             return
-        R = self.g_V + 3 * U_ACC * (1 + lse.abs())
+        R = self.g_V + 3 * U_ACC + 3 * m.u_ce * lse.abs()
         E = self.E[r]
         logp = blk.zc - lse[:, None]
         rho = m.u_L * logp.abs() + 2 * U_ACC
@@ -232,7 +248,7 @@ class _Sweep:
         else:
             dG = dg
         G_abs = blk.G.abs()
-        dG = (dG + m.u_G * G_abs) * valid[:, None]
+        dG = (dG + m.u_G * G_abs + m.eta_c) * valid[:, None]
         self.gx[r] += dG @ blk.w.abs() + self.g_V * (G_abs @ blk.w.abs())
         acc = self.g_N + m.path_term()
         self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())
@@ -257,7 +273,7 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     st = oracle.stats
     lse = st.lse
     valid = st.valid
-    R = sweep.g_V + 3 * U_ACC * (1 + lse.abs())
+    R = sweep.g_V + 3 * U_ACC + 3 * m.u_ce * lse.abs()
     ce_row = oracle.per_row - torch.where(valid, t.options.z_loss_scale * lse * lse, torch.zeros_like(lse))
     C = (1 - sweep.eps) * st.w_target + (sweep.eps / V) * sweep.S_w
     d_ce = sweep.S_ce + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
@@ -283,12 +299,16 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
             loss_b = loss_b + m.u_c * (ce_row.sum() / D).abs()
         loss_b = loss_b + u_loss * oracle.loss.abs().nan_to_num(0.0)
         z_b = (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n + u_z * oracle.z_loss.abs().nan_to_num(0.0)
+    def final(name: str, acc: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        # The last rounding, into the dtype the impl returned the output in.
+        return acc + m.u_out.get(name, U_ACC) * value.abs().nan_to_num(0.0) + m.eta_out.get(name, 0.0)
+
     out = {
-        "loss": loss_b,
-        "z_loss": z_b,
-        "grad_x": sweep.gx + m.u_out.get("grad_x", U_ACC) * oracle.grad_x.abs(),
-        "grad_weight": sweep.gw + m.u_out.get("grad_weight", U_ACC) * oracle.grad_weight.abs(),
+        "loss": loss_b + m.eta_out.get("loss", 0.0) + (m.eta_c if red != "mean" else 0.0),
+        "z_loss": z_b + m.eta_out.get("z_loss", 0.0),
+        "grad_x": final("grad_x", sweep.gx, oracle.grad_x),
+        "grad_weight": final("grad_weight", sweep.gw, oracle.grad_weight),
     }
     if oracle.grad_bias is not None:
-        out["grad_bias"] = sweep.gb + m.u_out.get("grad_bias", U_ACC) * oracle.grad_bias.abs()
+        out["grad_bias"] = final("grad_bias", sweep.gb, oracle.grad_bias)
     return out

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 
 from impls.registry import BrokenImpl, ImplEntry, discover
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
                print_blob=True)
 settings.register_profile("ci", max_examples=int(os.environ.get("NUMCHECK_CI_EXAMPLES", "12")), derandomize=True, **_COMMON)
 settings.register_profile("dev", max_examples=60, **_COMMON)

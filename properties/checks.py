@@ -1,0 +1,233 @@
+"""The linear+CE properties, one function each: ``prop(impl, problem) -> metrics`` raising
+:class:`properties.failures.PropertyFailure` when the property does not hold.
+
+Each returns a dict of metrics (for ``hypothesis.target`` and the reports). :data:`PROPERTIES` maps the name
+used in failure messages and ``numcheck repro --property`` to the function, and :func:`applicable` says
+whether a property can say anything about an impl on a problem (the tests skip or re-draw otherwise).
+
+"Within bounds" for two runs of an impl a and b of the same quantity means |a − b| ≤ bound_a + bound_b,
+each bound being the tolerance model's bound of that run against the (shared) oracle value: the triangle
+inequality through the oracle, so no new tolerance is invented for metamorphic checks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from properties.accuracy import check_accuracy
+from properties.compare import compare
+from properties.failures import fail
+from properties.harness import OUTPUTS, ImplOutputs, run_impl, run_oracle
+from properties.problems import Problem, Tensors, build
+from properties.tolerance import error_model, linear_ce_bounds
+
+Metrics = dict[str, float]
+
+
+def _dtypes(out: ImplOutputs) -> dict[str, torch.dtype]:
+    return {k: v.dtype for k in OUTPUTS if isinstance(v := out.get(k), torch.Tensor)}
+
+
+def _bounds(impl: Any, p: Problem, t: Tensors, out: ImplOutputs):
+    ref = run_oracle(p, t, all_ignored=impl.support.all_ignored or "nan")
+    return ref, linear_ce_bounds(p, t, ref, error_model(impl.support, p, _dtypes(out)))
+
+
+def accuracy(impl: Any, p: Problem) -> Metrics:
+    """Every output within the analytic bound of the oracle and within k× eager's error (both judgements)."""
+    res = check_accuracy(impl, p)
+    if not res.ok:
+        fail(impl, "accuracy", p, *res.failure_lines())
+    return {"error/bound": res.worst_ratio}
+
+
+def ignored_rows(impl: Any, p: Problem) -> Metrics:
+    """Ignored rows get exactly zero grad_x, and changing x in ignored rows changes no output, bitwise."""
+    t = build(p)
+    ign = t.target == p.ignore_index
+    if not bool(ign.any()):
+        return {}
+    out = run_impl(impl, p, t)
+    gx = out.grad_x
+    if gx is None:
+        fail(impl, "ignored_rows", p, "grad_x is missing")
+    nz = (gx[ign] != 0).any(dim=1)
+    if bool(nz.any()):
+        row = int(ign.nonzero().squeeze(1)[nz.nonzero()[0, 0]])
+        fail(impl, "ignored_rows", p, f"grad_x row {row} (ignored) is not exactly zero: max |value| "
+             f"{float(gx[row].abs().max()):.3g}")
+    g = torch.Generator().manual_seed(p.seed + 1)
+    x2 = t.x.clone()
+    x2[ign] = (torch.randn(int(ign.sum()), p.H, generator=g, dtype=torch.float64) * 2).to(x2.dtype).to(x2.device)
+    out2 = run_impl(impl, p, t, x_override=x2)
+    for name in OUTPUTS:
+        a, b = out.get(name), out2.get(name)
+        if a is None or b is None:
+            continue
+        if name == "grad_x":
+            a, b = a[~ign], b[~ign]
+        if not torch.equal(torch.nan_to_num(a, nan=1.2345), torch.nan_to_num(b, nan=1.2345)):
+            diff = (a.double() - b.double()).abs().nan_to_num(math.inf)
+            idx = [int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)] if diff.dim() else []
+            fail(impl, "ignored_rows", p, f"{name} changed when only ignored rows of x changed: "
+                 f"max |difference| {float(diff.max()):.3g} at {idx}")
+    return {}
+
+
+def _pair_check(impl: Any, prop: str, p: Problem, a: ImplOutputs, ba: dict, b: ImplOutputs, bb: dict,
+                names=OUTPUTS, transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> float:
+    worst = 0.0
+    for name in names:
+        va, vb = a.get(name), b.get(name)
+        if va is None or vb is None or name not in ba or name not in bb:
+            continue
+        if transform is not None:
+            vb = transform(name, vb)
+        c = compare(name, va, vb.to(torch.float64), ba[name] + (transform(name, bb[name]) if transform else bb[name]))
+        worst = max(worst, c.ratio)
+        if not c.ok:
+            fail(impl, prop, p, c.describe() + " (bound = sum of both runs' bounds)")
+    return worst
+
+
+def permutation(impl: Any, p: Problem) -> Metrics:
+    """Permuting the tokens permutes per-row loss and grad_x rows and leaves grad_W, grad_b and a reduced loss
+    unchanged, within the two runs' bounds."""
+    t = build(p)
+    g = torch.Generator().manual_seed(p.seed + 2)
+    perm = torch.randperm(p.N, generator=g).to(t.x.device)
+    tp = t._replace(x=t.x[perm], target=t.target[perm],
+                    upstream=t.upstream[perm] if (t.upstream is not None and t.upstream.dim()) else t.upstream)
+    a, b = run_impl(impl, p, t), run_impl(impl, p, tp)
+    _, ba = _bounds(impl, p, t, a)
+    _, bp = _bounds(impl, p, tp, b)
+    inv = torch.argsort(perm)
+
+    def unpermute(name: str, v: torch.Tensor) -> torch.Tensor:
+        if name == "grad_x" or (name in ("loss", "z_loss") and v.dim() == 1):
+            return v[inv]
+        return v
+
+    return {"error/bound": _pair_check(impl, "permutation", p, a, ba, b, bp, transform=unpermute)}
+
+
+def shift_invariance(impl: Any, p: Problem) -> Metrics:
+    """Adding a constant to every logit through the bias (no softcap) changes nothing, within bounds."""
+    if p.softcap is not None or not p.bias:
+        return {}
+    t = build(p)
+    shift = 3.0
+    ts = t._replace(bias=(t.bias.double() + shift).to(t.bias.dtype))
+    # The shifted bias is rounded in its dtype; only an exactly representable shift keeps the oracle equal.
+    if not torch.equal(ts.bias.double() - shift, t.bias.double()):
+        ts = t._replace(bias=t.bias + torch.tensor(shift, dtype=t.bias.dtype))
+        if not torch.equal(ts.bias.double() - shift, t.bias.double()):
+            return {}
+    a, b = run_impl(impl, p, t), run_impl(impl, p, ts)
+    _, ba = _bounds(impl, p, t, a)
+    _, bs = _bounds(impl, p, ts, b)
+    names = ("loss", "grad_x", "grad_weight", "grad_bias")  # z-loss depends on lse, which shifts
+    return {"error/bound": _pair_check(impl, "shift_invariance", p, a, ba, b, bs, names=names)}
+
+
+def option_identities(impl: Any, p: Problem) -> Metrics:
+    """label_smoothing=0, all-ones class weights, z_loss_scale=0 and softcap → ∞, passed explicitly, each give
+    the plain result within bounds."""
+    if p.label_smoothing or p.class_weights or p.z_loss_scale or p.softcap is not None:
+        return {}
+    t = build(p)
+    base = run_impl(impl, p, t)
+    _, bb = _bounds(impl, p, t, base)
+    V = p.V
+    worst = 0.0
+    neutral: list[tuple[str, dict]] = []
+    opts = impl.support.options
+    if "label_smoothing" in opts:
+        neutral.append(("label_smoothing", {"label_smoothing": 0.0}))
+    if "class_weights" in opts:
+        neutral.append(("class_weights", {"class_weights": torch.ones(V, dtype=torch.float32, device=t.x.device)}))
+    if "z_loss" in opts:
+        neutral.append(("z_loss", {"z_loss_scale": 0.0}))
+    if "softcap" in opts and p.compute_dtype != torch.float16:
+        # "→ ∞": s·tanh(z/s) − z ≈ z³/(3s²) is far below u|z| at s = 1e8. Not in fp16: the backward multiplies
+        # by s, and no s large enough to be the identity keeps that product finite in fp16.
+        neutral.append(("softcap", {"softcap": 1e8}))
+    for label, extra in neutral:
+        impl_call = _with_kwargs(impl, extra)
+        out = run_impl(impl_call, p, t)
+        worst = max(worst, _pair_check(impl, f"option_identities[{label}]", p, out, bb, base, bb,
+                                       names=("loss", "grad_x", "grad_weight", "grad_bias")))
+    return {"error/bound": worst}
+
+
+class _with_kwargs:
+    """An impl view that adds fixed keyword arguments to every call."""
+
+    def __init__(self, impl: Any, extra: dict) -> None:
+        self._impl, self._extra = impl, extra
+        self.name, self.kind, self.support = impl.name, impl.kind, impl.support
+
+    def __call__(self, *args: Any, **kw: Any):
+        kw.update(self._extra)
+        return self._impl(*args, **kw)
+
+
+def determinism(impl: Any, p: Problem) -> Metrics:
+    """Two runs on the same inputs are bitwise equal, every output."""
+    t = build(p)
+    a, b = run_impl(impl, p, t), run_impl(impl, p, t)
+    for name in OUTPUTS:
+        va, vb = a.get(name), b.get(name)
+        if (va is None) != (vb is None):
+            fail(impl, "determinism", p, f"{name} present in one run only")
+        if va is not None and not torch.equal(torch.nan_to_num(va, nan=0.5), torch.nan_to_num(vb, nan=0.5)):
+            d = (va.double() - vb.double()).abs().nan_to_num(math.inf)
+            fail(impl, "determinism", p, f"{name} differs between two identical runs: max |difference| {float(d.max()):.3g}")
+    return {}
+
+
+def chunk_invariance(impl: Any, p: Problem) -> Metrics:
+    """Where an impl exposes ``with_chunk_rows``, chunk sizes 1, 3 and N+1 give results within bounds of each other."""
+    if not hasattr(impl, "with_chunk_rows"):
+        return {}
+    t = build(p)
+    runs = []
+    for c in sorted({1, 3, p.N + 1}):
+        variant = impl.with_chunk_rows(c)
+        out = run_impl(variant, p, t)
+        runs.append((out, _bounds(variant, p, t, out)[1]))
+    worst = 0.0
+    for out, b in runs[1:]:
+        worst = max(worst, _pair_check(impl, "chunk_invariance", p, runs[0][0], runs[0][1], out, b))
+    return {"error/bound": worst}
+
+
+def grad_dtypes(impl: Any, p: Problem) -> Metrics:
+    """Gradients come back in the parameters' dtypes (fp32 params under AMP), every one present."""
+    t = build(p)
+    out = run_impl(impl, p, t)
+    want = {"grad_x": t.x.dtype, "grad_weight": t.weight.dtype}
+    if t.bias is not None:
+        want["grad_bias"] = t.bias.dtype
+    for name, dt in want.items():
+        v = out.get(name)
+        if v is None:
+            fail(impl, "grad_dtypes", p, f"{name} is missing (the loss is not connected to it)")
+        if v.dtype != dt:
+            fail(impl, "grad_dtypes", p, f"{name} has dtype {v.dtype}, the parameter is {dt}")
+    return {}
+
+
+PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
+    "accuracy": accuracy,
+    "ignored_rows": ignored_rows,
+    "permutation": permutation,
+    "shift_invariance": shift_invariance,
+    "option_identities": option_identities,
+    "determinism": determinism,
+    "chunk_invariance": chunk_invariance,
+    "grad_dtypes": grad_dtypes,
+}

@@ -1,0 +1,67 @@
+"""Small deliberately wrong linear+CE impls the suite must catch (tests/test_mutants.py runs them).
+
+Each is a plausible mistake built on the eager composition, declared as if it were correct.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from impls.protocol import FunctionImpl, LinearCESupport
+
+
+def _fp32_ce(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    logits = F.linear(x, weight, bias).float()
+    return F.cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index)
+
+
+def _bf16_grad_weight_accumulation(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Chunked over tokens; grad_weight summed across 4-row chunks in bf16 while declaring fp32 accumulation."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return _fp32_ce(x, w, target, reduction=reduction, ignore_index=ignore_index)
+
+        @staticmethod
+        def backward(ctx, g):
+            xs, ws = ctx.saved_tensors
+            with torch.enable_grad():
+                logits = (xs.detach().float() @ ws.detach().float().T).requires_grad_()
+                loss = F.cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index)
+                (G,) = torch.autograd.grad(loss, logits, g)
+            gx = (G @ ws.detach().float()).to(xs.dtype)
+            gw = torch.zeros(ws.shape, dtype=torch.bfloat16)
+            for s in range(0, G.shape[0], 4):
+                gw += (G[s:s + 4].T @ xs.detach().float()[s:s + 4]).to(torch.bfloat16)
+            return gx, gw.to(ws.dtype)
+
+    return Fn.apply(x, weight)
+
+
+def _mean_over_all_rows(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """`mean` divides by N instead of the number of non-ignored rows."""
+    if reduction != "mean":
+        return _fp32_ce(x, weight, target, bias, reduction=reduction, ignore_index=ignore_index)
+    s = _fp32_ce(x, weight, target, bias, reduction="sum", ignore_index=ignore_index)
+    return s / target.numel()
+
+
+def _loss_rounded_to_bf16(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Computes in fp32 but rounds the loss through bf16 before returning it as fp32."""
+    loss = _fp32_ce(x, weight, target, bias, reduction=reduction, ignore_index=ignore_index)
+    return loss + (loss.detach().to(torch.bfloat16).float() - loss.detach())
+
+
+_SUPPORT = LinearCESupport(options=frozenset({"bias", "ignore_index"}), all_ignored="nan",
+                           logits_dtype="float32", dtypes=frozenset({torch.float32, torch.bfloat16}))
+
+MUTANTS = [
+    FunctionImpl("mutant_bf16_grad_weight_accum", _bf16_grad_weight_accumulation,
+                 LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
+                                 dtypes=frozenset({torch.float32}), autocast=frozenset())),
+    FunctionImpl("mutant_mean_over_N", _mean_over_all_rows, _SUPPORT),
+    FunctionImpl("mutant_loss_bf16", _loss_rounded_to_bf16, _SUPPORT),
+]
