@@ -9,3 +9,4 @@ import impls.chunked  # noqa: F401
 import impls.recompute  # noqa: F401
 import impls.torch_native  # noqa: F401
 import impls.triton_ce  # noqa: F401
+import impls.quant_linear  # noqa: F401

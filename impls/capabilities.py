@@ -106,36 +106,58 @@ def eager_fp8_cast_saturates(device: str, name: str) -> bool:
     return bool(t.item() == fmax)
 
 
-def _scaled_mm_try(device: str, mode: str) -> bool:
+def _scaled_mm_try(device: str, mode: str, a_dtype: str = "float8_e4m3fn", b_dtype: str = "float8_e4m3fn") -> bool:
+    # Two scale blocks along K (and two 128x128 tiles along N) so that a wrong scale layout cannot pass;
+    # small-integer operands and power-of-2 scales make every product and sum exact in fp32, whatever the
+    # summation order, so the result must equal the float64 product exactly.
     dev = _device_type(device)
-    e4 = torch.float8_e4m3fn
-    M, K, N = 16, 128 if mode.startswith("block") else 32, 16
-    a = torch.ones(M, K, device=dev).to(e4)
-    b = torch.ones(N, K, device=dev).to(e4).t()  # column-major [K, N]
-    one = torch.ones((), device=dev, dtype=torch.float32)
+    M, K, N = 32, 256, 256
+    g = torch.Generator().manual_seed(0)
+    a_int = torch.randint(-4, 5, (M, K), generator=g).to(torch.float64)
+    b_int = torch.randint(-4, 5, (N, K), generator=g).to(torch.float64)
+    a = a_int.to(torch.float32).to(dev).to(getattr(torch, a_dtype))
+    b = b_int.to(torch.float32).to(dev).to(getattr(torch, b_dtype))
+
+    def pow2(*shape: int) -> torch.Tensor:
+        return torch.exp2(torch.randint(-2, 3, shape, generator=g).to(torch.float64))
+
     if mode == "tensorwise":
-        sa, sb = one, one
+        sa64, sb64 = pow2(1, 1), pow2(1, 1)
+        sa, sb = sa64.reshape(()), sb64.reshape(())
+        fa, fb = sa64.expand(M, K), sb64.expand(N, K)
     elif mode == "rowwise":
-        sa = torch.ones(M, 1, device=dev, dtype=torch.float32)
-        sb = torch.ones(1, N, device=dev, dtype=torch.float32)
-    elif mode == "blockwise_1x128":
-        sa = torch.ones(M, K // 128, device=dev, dtype=torch.float32)
-        sb = torch.ones(K // 128, N, device=dev, dtype=torch.float32)
-    elif mode == "blockwise_128x128":
-        sa = torch.ones(M, K // 128, device=dev, dtype=torch.float32)
-        sb = torch.ones(K // 128, max(1, N // 128), device=dev, dtype=torch.float32)
+        sa64, sb64 = pow2(M, 1), pow2(N, 1)
+        sa, sb = sa64, sb64.t()
+        fa, fb = sa64.expand(M, K), sb64.expand(N, K)
+    elif mode in ("blockwise_1x128", "blockwise_128x128"):
+        sa64 = pow2(M, K // 128)  # one scale per 1x128 block of a, passed outer-dim-major
+        sa = sa64.t().contiguous().t()
+        fa = sa64.repeat_interleave(128, dim=1)
+        if mode == "blockwise_1x128":
+            sb64 = pow2(N, K // 128)
+            sb = sb64.t().contiguous()  # [K/128, N]
+            fb = sb64.repeat_interleave(128, dim=1)
+        else:
+            sb64 = pow2(N // 128, K // 128)  # one scale per 128x128 tile of b
+            sb = sb64.t()  # [K/128, N/128], a transposed view
+            fb = sb64.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
     else:
         raise ValueError(f"unknown _scaled_mm mode {mode!r}")
-    out = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
-    return bool((out == K).all())
+    expected = (a_int * fa) @ (b_int * fb).t()
+    sa = sa.to(dev, torch.float32)
+    sb = sb.to(dev, torch.float32)
+    out = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    return bool(torch.equal(out.cpu().to(torch.float64), expected))
 
 
 @_probe("scaled_mm")
-def scaled_mm(device: str, mode: str) -> bool:
-    """``torch._scaled_mm`` runs and is right with E4M3 operands and the given scaling ``mode``:
-    ``tensorwise``, ``rowwise``, ``blockwise_1x128`` (1×128 × 1×128) or ``blockwise_128x128``
-    (1×128 × 128×128)."""
-    return _scaled_mm_try(device, mode)
+def scaled_mm(device: str, mode: str, a_dtype: str = "float8_e4m3fn", b_dtype: str = "float8_e4m3fn") -> bool:
+    """``torch._scaled_mm`` runs and is exactly right with ``a_dtype`` × ``b_dtype`` operands (E4M3 by
+    default) and the given scaling ``mode``: ``tensorwise``, ``rowwise``, ``blockwise_1x128`` (1×128 ×
+    1×128) or ``blockwise_128x128`` (1×128 × 128×128). Scale layouts: tensorwise 0-d; rowwise ``[M, 1]`` and
+    ``[1, N]``; blockwise ``scale_a`` ``[M, K/128]`` outer-dim-major, ``scale_b`` ``[K/128, N]`` row-major
+    (1×128) or ``[K/128, N/128]`` as the transpose of a row-major ``[N/128, K/128]`` (128×128)."""
+    return _scaled_mm_try(device, mode, a_dtype, b_dtype)
 
 
 @_probe("autocast_dtype")

@@ -1,0 +1,382 @@
+"""The public protocol for a quantized-linear (FP8) implementation under test.
+
+A quantized-linear implementation is any object with
+
+``name: str``
+    Unique, short, printable (``"fp8_linear[mxfp8]"``, ``"mymod_fp8"``).
+``kind: str``
+    ``"quant_linear"``.
+``support: QuantLinearSupport``
+    What it claims to handle: the recipes (each an :class:`~reference.fp8_recipes.Fp8Recipe` with all its
+    parameters), input dtypes, devices, ``save_original_input`` values, bias, and the unit roundoff of its
+    GEMM accumulation. The suite checks everything declared and nothing else.
+``__call__(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None) -> y``
+    ``x`` ``[M, K]`` and ``weight`` ``[N, K]`` of one dtype in ``support.dtypes`` (both ``requires_grad``),
+    ``bias`` ``[N]`` or ``None``. Returns ``y = Q(x)·Q(W)ᵀ + b`` ``[M, N]`` in ``x``'s dtype, connected
+    to autograd; ``y.backward(dy)`` must fill ``x.grad`` (dgrad), ``weight.grad`` (wgrad) and
+    ``bias.grad`` in their own dtypes. Semantics — formats, blocks, scales, the rounded cast, which
+    operand is quantized along which dimension in each GEMM, shapes not divisible by blocks — are those of
+    the float64 oracle :func:`reference.fp8_linear.quantized_linear`; the module docstrings of
+    :mod:`reference.fp8_recipes` and :mod:`reference.fp8_scaling` state them.
+``quantize(t, *, recipe, role, usage) -> QuantizedTensor`` (only when ``support.exposes_quantize``)
+    The impl's own quantizer, for bitwise checks: ``role`` in ``"x" | "w" | "dy"``, ``usage`` in
+    ``"rowwise" | "columnwise"``. Results are in ``t``'s orientation (see :class:`QuantizedTensor`).
+
+``save_original_input`` (TransformerEngine PR #1865):
+
+* ``False``: forward quantizes x rowwise (for fprop) and columnwise (kept for wgrad) and saves the
+  columnwise FP8 copy — never x itself.
+* ``True``: forward quantizes x rowwise only and saves **x itself** (the caller's tensor, same storage);
+  backward quantizes it columnwise. ``y``, ``dgrad``, ``wgrad`` and ``bgrad`` must be bitwise identical
+  to the ``False`` run.
+* With a ``delayed`` recipe, ``True`` must raise ``ValueError`` whose message names ``save_original_input``
+  (the amax history changes between forward and backward, so the backward could not reproduce the bits).
+
+**What is held for backward** (checked by :func:`held_for_backward`): everything the impl keeps from
+forward to backward must be visible to the suite: saved through autograd (``ctx.save_for_backward``, or
+by autograd-recorded ops — both pass through ``torch.autograd.graph.saved_tensors_hooks``) or stored as
+tensor attributes of the ``ctx`` of a custom ``autograd.Function`` (the suite scans those too). The bytes
+held are those of the distinct storages seen, leaving out the storages of the caller's x, weight and
+bias. The recipe predicts the difference between the two modes exactly: held(False) − held(True) =
+the columnwise copy of x = ``M·K`` bytes of FP8 data plus its scales, unpadded —
+4 bytes for the one fp32 scale of per-tensor recipes, ``4·K·ceil(M/128)`` for blockwise,
+``K·ceil(M/32)`` E8M0 bytes for MXFP8 (:func:`predicted_columnwise_x_bytes`). Nothing else may differ.
+
+**Delayed scaling** needs state across steps; the suite owns it as a :class:`DelayedScalingState` and
+passes it as ``scaling_state``. The impl quantizes role ``r`` with ``scaling_state.scale(r)`` (a binary32
+value; :meth:`DelayedScalingState.scale_tensor` gives it as a tensor) and records the amax it observed
+(max |t| over the tensor, NaN ignored) with ``scaling_state.record(r, amax)`` exactly once per step and
+role: x and W in forward, dy in backward. The suite calls :meth:`DelayedScalingState.update` between
+steps (the rule is :func:`reference.fp8_scaling.delayed_scale_update`).
+
+**Non-finite inputs.** NaN elements are ignored by amax and quantize to NaN; ±inf makes amax inf (scale 1
+for per-tensor and blockwise scaling, E8M0 code 254 for MXFP8) and saturates to ±max. Outputs whose
+reduction contains a NaN operand must be NaN. Outputs whose reduction contains an operand whose
+dequantized value lies beyond binary32's range (only an MXFP8 block with an inf, dequantized at 2^127)
+are unspecified. Every other output is compared with the oracle as usual.
+
+The simplest way to write one is :class:`QuantFunctionImpl`::
+
+    from impls.quant_protocol import QuantFunctionImpl, QuantLinearSupport
+    from reference.fp8_recipes import Fp8Recipe
+
+    IMPLS = [QuantFunctionImpl(name="mine", fn=my_fp8_linear,
+                               support=QuantLinearSupport(recipes=(Fp8Recipe("current"),)))]
+
+and name it with ``--impl mypkg.mymod:IMPLS`` or ``NUMCHECK_IMPLS``, or an entry point in the
+``numcheck.impls`` group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from reference.fp8_formats import FP32_MAX, F64, round_to_fp32
+from reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
+from reference.fp8_scaling import block_grid, delayed_scale_update
+
+__all__ = [
+    "DelayedScalingState", "Fp8Recipe", "QuantFunctionImpl", "QuantLinearSupport", "QuantizedTensor",
+    "held_for_backward", "predicted_columnwise_x_bytes", "standard_recipes", "validate_quant_impl",
+]
+
+QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """What an impl's ``quantize`` returns, in the source tensor's orientation ``[R, C]``.
+
+    Attributes:
+        data: the FP8 codes ``[R, C]``, as a ``torch.float8_*`` tensor or ``uint8``.
+        scale_inv: fp32 dequantization scales ``[ceil(R/br), ceil(C/bc)]`` (one element for per-tensor).
+        scale_code: for MXFP8, the E8M0 codes (``uint8``, same shape as ``scale_inv``); else ``None``.
+    """
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    scale_code: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class QuantLinearSupport:
+    """What a quantized-linear implementation declares.
+
+    Attributes:
+        recipes: the recipes it implements (exact parameter sets; the suite runs each).
+        dtypes: dtypes of x and weight (also of y and the gradients).
+        devices: device types.
+        save_original_input: the values of ``save_original_input`` it accepts.
+        bias: whether a bias may be passed.
+        accum_unit_roundoff: unit roundoff of its GEMM accumulation (2⁻²⁴ for fp32 accumulation; larger
+            for reduced-precision "fast" accumulation). Sets the accuracy bound.
+        exposes_quantize: it has a ``quantize`` method (enables the bitwise quantizer properties).
+        requires: returns ``None`` when it can run here, else the reason (checked before every use).
+    """
+
+    recipes: tuple[Fp8Recipe, ...] = field(default_factory=standard_recipes)
+    dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16})
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    save_original_input: frozenset[bool] = frozenset({False, True})
+    bias: bool = True
+    accum_unit_roundoff: float = 2.0**-24
+    exposes_quantize: bool = False
+    requires: Callable[[], str | None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        recipes = tuple(self.recipes)
+        if not recipes:
+            raise ValueError("QuantLinearSupport.recipes must name at least one recipe")
+        bad = [r for r in recipes if not isinstance(r, Fp8Recipe)]
+        if bad:
+            raise ValueError(f"QuantLinearSupport.recipes must hold Fp8Recipe objects, got {bad!r}")
+        object.__setattr__(self, "recipes", recipes)
+        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        bad_dt = {d for d in self.dtypes if d not in QUANT_DTYPES}
+        if bad_dt or not self.dtypes:
+            raise ValueError(f"QuantLinearSupport.dtypes must be a non-empty subset of {QUANT_DTYPES}, got {self.dtypes}")
+        object.__setattr__(self, "save_original_input", frozenset(bool(v) for v in self.save_original_input))
+        if not self.save_original_input:
+            raise ValueError("QuantLinearSupport.save_original_input must contain False and/or True")
+        if not (0.0 < self.accum_unit_roundoff < 0.5):
+            raise ValueError(f"QuantLinearSupport.accum_unit_roundoff must be in (0, 0.5), got {self.accum_unit_roundoff}")
+
+    def unavailable_reason(self) -> str | None:
+        """Why the impl cannot run on this machine at all, or ``None``."""
+        if self.requires is None:
+            return None
+        try:
+            return self.requires()
+        except Exception as exc:  # a broken requirement check is itself a reason
+            return f"requirement check raised {type(exc).__name__}: {exc}"
+
+    def refuses(self, *, recipe: Fp8Recipe, dtype: torch.dtype, device: str, save_original_input: bool = False,
+                bias: bool = False) -> str | None:
+        """The reason this declaration excludes a case, or ``None`` when the case is declared supported.
+
+        Delayed scaling with ``save_original_input=True`` is *not* refused here: the impl must raise
+        ``ValueError`` for it (a property checks that).
+        """
+        if recipe not in self.recipes:
+            return f"recipe {recipe.name} not declared"
+        if dtype not in self.dtypes:
+            return f"dtype {dtype} not declared"
+        if torch.device(device).type not in self.devices:
+            return f"device {device} not declared"
+        if bool(save_original_input) not in self.save_original_input:
+            return f"save_original_input={save_original_input} not declared"
+        if bias and not self.bias:
+            return "bias not declared"
+        return None
+
+    def describe(self) -> str:
+        """Multi-line description for ``numcheck list``."""
+        dts = ",".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
+        soi = ",".join(str(v) for v in sorted(self.save_original_input))
+        lines = [
+            f"dtypes: {dts}; devices: {','.join(sorted(self.devices))}; bias: {'yes' if self.bias else 'no'}",
+            f"save_original_input: {soi}; accumulation unit roundoff: 2^{_log2(self.accum_unit_roundoff)}; "
+            f"quantize exposed: {'yes' if self.exposes_quantize else 'no'}",
+            "recipes: " + ", ".join(r.name for r in self.recipes),
+        ]
+        return "\n".join(lines)
+
+
+def _log2(v: float) -> str:
+    import math
+
+    e = math.log2(v)
+    return f"{e:.0f}" if e == int(e) else f"{e:.2f}"
+
+
+class DelayedScalingState:
+    """The amax histories and stored scales of one delayed-scaling linear, owned by the suite.
+
+    Roles ``x``, ``w``, ``dy``; initial scale 1. Per step the impl calls :meth:`record` once per role;
+    :meth:`update` then appends the recorded amaxes to the windows and recomputes the scales.
+    """
+
+    def __init__(self, recipe: Fp8Recipe) -> None:
+        if recipe.kind != "delayed":
+            raise ValueError(f"DelayedScalingState needs a delayed recipe, got {recipe.name}")
+        self.recipe = recipe
+        self._scales: dict[str, float] = {r: 1.0 for r in ROLES}
+        self.history: dict[str, list[float]] = {r: [] for r in ROLES}
+        self.pending: dict[str, float] = {}
+
+    def scale(self, role: str) -> float:
+        """The stored scale of ``role`` (a binary32 value)."""
+        if role not in ROLES:
+            raise ValueError(f"role={role!r} is not one of {ROLES}")
+        return self._scales[role]
+
+    def scale_tensor(self, role: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The stored scale as a 0-d float32 tensor on ``device``."""
+        return torch.tensor(self.scale(role), dtype=torch.float32, device=device)
+
+    def set_scale(self, role: str, value: float) -> None:
+        """Set a stored scale (tests use it to start from a chosen state); rounded to binary32."""
+        v = float(round_to_fp32(torch.tensor(float(value), dtype=F64)))
+        if not (v > 0 and v <= FP32_MAX):
+            raise ValueError(f"scale for {role!r} must be positive and finite in binary32, got {value!r}")
+        self.scale(role)
+        self._scales[role] = v
+
+    def record(self, role: str, amax: float | torch.Tensor) -> None:
+        """Record the amax the impl observed for ``role`` in this step (once per role and step)."""
+        self.scale(role)
+        if role in self.pending:
+            raise RuntimeError(f"delayed scaling: amax of {role!r} recorded twice in one step")
+        self.pending[role] = float(amax.detach().float().cpu()) if isinstance(amax, torch.Tensor) else float(amax)
+
+    def update(self) -> None:
+        """End of step: append the recorded amaxes to the windows, recompute the scales, clear pending."""
+        r = self.recipe
+        for role, amax in self.pending.items():
+            h = self.history[role]
+            h.append(amax)
+            del h[: max(0, len(h) - r.amax_history_len)]
+            fmax = r.format_of(role).max_finite
+            self._scales[role] = delayed_scale_update(h, self._scales[role], fmax, margin=r.margin,
+                                                      algo=r.amax_compute_algo)
+        self.pending = {}
+
+
+def predicted_columnwise_x_bytes(recipe: Fp8Recipe, M: int, K: int) -> int:
+    """Bytes of the columnwise FP8 copy of ``x`` ``[M, K]``: data plus unpadded scales (protocol docstring)."""
+    if M < 1 or K < 1:
+        raise ValueError(f"M and K must be positive, got M={M}, K={K}")
+    block = recipe.block_of("x", "columnwise")
+    nr, nc = block_grid((M, K), block)
+    per_scale = 1 if recipe.scale_is_e8m0 else 4
+    return M * K + nr * nc * per_scale
+
+
+@dataclass
+class HeldTensors:
+    """What an autograd graph holds for backward (see :func:`held_for_backward`).
+
+    Attributes:
+        storages: ``{storage pointer: nbytes}`` of every distinct storage seen.
+        tensors: ``(description, tensor)`` for every saved tensor or ctx tensor attribute seen.
+    """
+
+    storages: dict[int, int] = field(default_factory=dict)
+    tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+    def add(self, desc: str, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            return
+        st = t.untyped_storage()
+        self.storages.setdefault(st.data_ptr(), st.nbytes())
+        self.tensors.append((desc, t))
+
+    def new_bytes(self, exclude: Iterable[torch.Tensor | None]) -> int:
+        """Bytes of the storages held, leaving out those of ``exclude`` (the caller's own tensors)."""
+        skip = {t.untyped_storage().data_ptr() for t in exclude if t is not None}
+        return sum(n for p, n in self.storages.items() if p not in skip)
+
+    def holds_storage_of(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in self.storages
+
+    def aliases(self, t: torch.Tensor) -> list[str]:
+        """Descriptions of held tensors that are views of ``t``'s storage."""
+        p = t.untyped_storage().data_ptr()
+        return [d for d, s in self.tensors if s.untyped_storage().data_ptr() == p]
+
+
+class held_for_backward:
+    """Context manager recording what the forward inside it keeps for backward.
+
+    ``with held_for_backward() as held: y = impl(...)`` then ``held.scan(y)`` adds the tensor attributes of
+    custom-Function ctx objects reachable from ``y.grad_fn``; ``held.result`` is the :class:`HeldTensors`.
+    """
+
+    def __init__(self) -> None:
+        self.result = HeldTensors()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._n = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._n += 1
+        self.result.add(f"saved#{self._n} {tuple(t.shape)} {t.dtype}", t)
+        return t
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def __enter__(self) -> "held_for_backward":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+    def scan(self, out: torch.Tensor) -> HeldTensors:
+        """Add tensors held as attributes of custom-Function nodes reachable from ``out.grad_fn``."""
+        seen: set[int] = set()
+        stack = [out.grad_fn] if out.grad_fn is not None else []
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            attrs = getattr(node, "__dict__", {}) or {}
+            for k, v in attrs.items():
+                vals = v if isinstance(v, (list, tuple)) else [v]
+                for i, t in enumerate(vals):
+                    if isinstance(t, torch.Tensor):
+                        self.result.add(f"ctx.{k}" + (f"[{i}]" if isinstance(v, (list, tuple)) else "")
+                                        + f" {tuple(t.shape)} {t.dtype}", t)
+            for nxt, _ in getattr(node, "next_functions", ()) or ():
+                stack.append(nxt)
+        return self.result
+
+
+@dataclass(frozen=True)
+class QuantFunctionImpl:
+    """A quantized-linear impl made from a plain function (and optionally a quantizer)."""
+
+    name: str
+    fn: Callable[..., torch.Tensor] = field(repr=False)
+    support: QuantLinearSupport = field(default_factory=QuantLinearSupport)
+    quantize_fn: Callable[..., QuantizedTensor] | None = field(default=None, repr=False)
+    kind: str = "quant_linear"
+    description: str = ""
+
+    def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):  # noqa: D102
+        return self.fn(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
+                       scaling_state=scaling_state)
+
+    def quantize(self, t, *, recipe, role, usage):  # noqa: D102 - see the module docstring
+        if self.quantize_fn is None:
+            raise NotImplementedError(f"impl {self.name!r} does not expose quantize")
+        return self.quantize_fn(t, recipe=recipe, role=role, usage=usage)
+
+
+def validate_quant_impl(obj: Any, origin: str) -> None:
+    """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
+    if getattr(obj, "kind", None) != "quant_linear":
+        raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected 'quant_linear'")
+    sup = getattr(obj, "support", None)
+    if not isinstance(sup, QuantLinearSupport):
+        raise TypeError(f"{origin}: quant_linear impl {name!r} needs 'support' of type impls.quant_protocol.QuantLinearSupport, "
+                        f"got {type(sup).__name__}")
+    for attr in ("unavailable_reason", "describe"):
+        if not callable(getattr(sup, attr, None)):
+            raise TypeError(f"{origin}: quant_linear impl {name!r}: support lacks {attr}()")
+    if not callable(obj):
+        raise TypeError(f"{origin}: quant_linear impl {name!r} is not callable")
+    if sup.exposes_quantize and not callable(getattr(obj, "quantize", None)):
+        raise TypeError(f"{origin}: quant_linear impl {name!r} declares exposes_quantize but has no callable 'quantize'")
+    unknown = [r for r in sup.recipes if r.kind not in RECIPE_KINDS]
+    if unknown:
+        raise TypeError(f"{origin}: quant_linear impl {name!r} declares unknown recipes {unknown!r}")
+    _ = USAGES  # roles/usages are validated by Fp8Recipe when the suite calls quantize
