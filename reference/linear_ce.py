@@ -98,6 +98,8 @@ def _check_inputs(
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D tensor [V, H], got {getattr(weight, 'shape', type(weight))}")
     for name, t in (("x", x), ("weight", weight), ("bias", bias), ("class_weights", opts.class_weights)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor or None, got {type(t).__name__}")
         if t is not None and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         if t is not None and t.is_complex():
