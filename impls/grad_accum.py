@@ -97,7 +97,8 @@ def addmm_out_dtype(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor) -> None:
     _check(gw, G, x, fp32_gw=True)
     dt = operand_dtype(G, x)
     if resolved_path("addmm_out_dtype", gw.device, dt) != "addmm_out_dtype":
-        torch.addmm(gw, G.t().float(), x.float(), out=gw)
+        # Same operand values as the out_dtype call (aligned to `dt`), multiplied in fp32.
+        torch.addmm(gw, G.t().to(dt).float(), x.to(dt).float(), out=gw)
         return
     torch.addmm(gw, G.t().to(dt), x.to(dt), out_dtype=torch.float32, out=gw)
 
