@@ -19,8 +19,9 @@
   itself and quantizes it columnwise in backward. Delayed scaling with ``True`` raises ``ValueError``.
   The weight is saved as the caller's tensor and requantized columnwise in backward in both modes.
 
-The two methods :meth:`Fp8Linear.columnwise_x_source` and :meth:`Fp8Linear.mx_scale_code` are the seams
-the suite's mutants (``tests/fp8_mutants.py``) override.
+The methods :meth:`Fp8Linear.original_x_to_save`, :meth:`Fp8Linear.columnwise_x_source`,
+:meth:`Fp8Linear.mx_scale_code` and :meth:`Fp8Linear.quantize_operand` are the seams the suite's mutants
+(``tests/fp8_mutants.py``) override.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.x_dtype = x.dtype
         if save_original_input:
-            ctx.save_for_backward(weight, x)
+            ctx.save_for_backward(weight, impl.original_x_to_save(x))
         else:
             qxc = impl.quantize_operand(x, recipe, "x", "columnwise", state, record=False)
             ctx.qxc_meta = (qxc.block, qxc.fmt, qxc.code is not None)
@@ -264,7 +265,11 @@ class Fp8Linear:
             return QuantizedTensor(q.data.t(), si.reshape(1, 1) if q.per_tensor else si, code)
         return QuantizedTensor(q.data, q.scale_inv.reshape(1, 1) if q.per_tensor else q.scale_inv, q.code)
 
-    # -- pieces (mutants override the two seams) -----------------------------------------------------
+    # -- pieces (mutants override these seams) -----------------------------------------------------
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        """What ``save_original_input=True`` keeps for backward: the caller's x itself (same storage)."""
+        return x
+
     def columnwise_x_source(self, x_saved: torch.Tensor, recipe: Fp8Recipe,
                             state: DelayedScalingState | None) -> torch.Tensor:
         """The tensor the backward pass quantizes columnwise when ``save_original_input=True``: x itself."""

@@ -14,13 +14,15 @@ A quantized-linear implementation is any object with
     ``x`` ``[M, K]`` and ``weight`` ``[N, K]`` of one dtype in ``support.dtypes`` (both ``requires_grad``),
     ``bias`` ``[N]`` or ``None``. Returns ``y = Q(x)·Q(W)ᵀ + b`` ``[M, N]`` in ``x``'s dtype, connected
     to autograd; ``y.backward(dy)`` must fill ``x.grad`` (dgrad), ``weight.grad`` (wgrad) and
-    ``bias.grad`` in their own dtypes. Semantics — formats, blocks, scales, the rounded cast, which
+    ``bias.grad`` in their own dtypes (``bias.grad`` = Σ_i dy_i of the unquantized dy, summed in at least
+    fp32). Only 2-D ``x`` is passed. Semantics — formats, blocks, scales, the rounded cast, which
     operand is quantized along which dimension in each GEMM, shapes not divisible by blocks — are those of
     the float64 oracle :func:`reference.fp8_linear.quantized_linear`; the module docstrings of
     :mod:`reference.fp8_recipes` and :mod:`reference.fp8_scaling` state them.
-``quantize(t, *, recipe, role, usage) -> QuantizedTensor`` (only when ``support.exposes_quantize``)
+``quantize(t, *, recipe, role, usage, scaling_state=None) -> QuantizedTensor`` (only when ``support.exposes_quantize``)
     The impl's own quantizer, for bitwise checks: ``role`` in ``"x" | "w" | "dy"``, ``usage`` in
-    ``"rowwise" | "columnwise"``. Results are in ``t``'s orientation (see :class:`QuantizedTensor`).
+    ``"rowwise" | "columnwise"``; for delayed recipes the scale is ``scaling_state.scale(role)`` and
+    nothing is recorded. Results are in ``t``'s orientation (see :class:`QuantizedTensor`).
 
 ``save_original_input`` (TransformerEngine PR #1865):
 
@@ -75,7 +77,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from reference.fp8_formats import FP32_MAX, F64, round_to_fp32
-from reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
+from reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from reference.fp8_scaling import block_grid, delayed_scale_update
 
 __all__ = [
@@ -352,10 +354,10 @@ class QuantFunctionImpl:
         return self.fn(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
                        scaling_state=scaling_state)
 
-    def quantize(self, t, *, recipe, role, usage):  # noqa: D102 - see the module docstring
+    def quantize(self, t, *, recipe, role, usage, scaling_state=None):  # noqa: D102 - see the module docstring
         if self.quantize_fn is None:
             raise NotImplementedError(f"impl {self.name!r} does not expose quantize")
-        return self.quantize_fn(t, recipe=recipe, role=role, usage=usage)
+        return self.quantize_fn(t, recipe=recipe, role=role, usage=usage, scaling_state=scaling_state)
 
 
 def validate_quant_impl(obj: Any, origin: str) -> None:
@@ -379,4 +381,3 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     unknown = [r for r in sup.recipes if r.kind not in RECIPE_KINDS]
     if unknown:
         raise TypeError(f"{origin}: quant_linear impl {name!r} declares unknown recipes {unknown!r}")
-    _ = USAGES  # roles/usages are validated by Fp8Recipe when the suite calls quantize

@@ -1,0 +1,141 @@
+"""A quantized-linear case as one printable value, and the tensors it stands for.
+
+:class:`QuantCase`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope),
+which is what reproduction commands carry. :func:`build_quant` makes the tensors deterministically from a
+CPU ``torch.Generator`` seeded with ``(seed, step)``, in float64, then rounds them to the case's dtype and
+moves them to its device — so a case means the same tensors everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+
+from reference.fp8_recipes import Fp8Recipe
+
+QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf")
+#: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
+NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class QuantCase:
+    """One quantized-linear case.
+
+    Attributes:
+        recipe: the FP8 recipe.
+        M, K, N: tokens, input features, output features (x ``[M, K]``, W ``[N, K]``, dy ``[M, N]``).
+        dtype: name of the dtype of x, W, dy and bias.
+        bias: whether a bias is passed.
+        regime: how values are drawn (:func:`build_quant`).
+        seed: generator seed.
+        save_original_input: the mode to run (properties that compare modes run both).
+        steps: delayed scaling: how many steps to run with one state (each with its own inputs).
+        device: where the tensors live.
+    """
+
+    recipe: Fp8Recipe
+    M: int
+    K: int
+    N: int
+    dtype: str = "float32"
+    bias: bool = False
+    regime: str = "normal"
+    seed: int = 0
+    save_original_input: bool = False
+    steps: int = 1
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recipe, Fp8Recipe):
+            raise ValueError(f"QuantCase.recipe must be an Fp8Recipe, got {self.recipe!r}")
+        for name in ("M", "K", "N", "steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"QuantCase.{name} must be a positive int, got {v!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"QuantCase.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+        if self.regime not in QUANT_REGIMES:
+            raise ValueError(f"QuantCase.regime={self.regime!r} is not one of {QUANT_REGIMES}")
+        if self.steps > 1 and self.recipe.kind != "delayed":
+            raise ValueError("QuantCase.steps > 1 applies to delayed scaling only")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def replace(self, **changes: Any) -> "QuantCase":
+        return replace(self, **changes)
+
+    def short(self) -> str:
+        """Compact label for ids and tables."""
+        b = "+b" if self.bias else ""
+        soi = "-soi" if self.save_original_input else ""
+        return f"{self.recipe.name}-M{self.M}K{self.K}N{self.N}-{self.dtype}{b}-{self.regime}{soi}-s{self.seed}"
+
+
+class QuantTensors(NamedTuple):
+    """The tensors of one step of a case, in the case's dtype and device."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    dy: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _one_per_block(t: torch.Tensor, g: torch.Generator, width: int, factor: float) -> torch.Tensor:
+    """Multiply one random element in every run of ``width`` consecutive elements of each row by ``factor``."""
+    R, C = t.shape
+    out = t.clone()
+    for c0 in range(0, C, width):
+        w = min(width, C - c0)
+        cols = c0 + torch.randint(0, w, (R,), generator=g)
+        out[torch.arange(R), cols] *= factor
+    return out
+
+
+def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
+    """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
+
+    Regimes (x, W and dy are N(0,1) scaled by 1, 1/√K and 1/√N unless said otherwise):
+        ``normal``; ``wide``: every element times 2^U(−12, 12) (many block scales, FP8 subnormals);
+        ``outlier``: one element of every 32 along each row of x and dy times 2^10 (the block's amax is
+        the outlier, the rest lose precision); ``zeros``: x and dy all zero (amax 0 → scale 1);
+        ``tiny``: x times 2^−128 (fp16: 2^−16), so amax·scale leaves binary32's range and the scale rule's
+        inf branch is taken; ``nan``: two NaN in x and one in dy; ``inf``: +inf in x, −inf in dy.
+    Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data.
+    """
+    g = torch.Generator(device="cpu").manual_seed(case.seed * 1009 + step)
+    M, K, N = case.M, case.K, case.N
+    x = torch.randn(M, K, generator=g, dtype=torch.float64)
+    w = torch.randn(N, K, generator=g, dtype=torch.float64) / math.sqrt(K)
+    dy = torch.randn(M, N, generator=g, dtype=torch.float64) / math.sqrt(N)
+    b = torch.randn(N, generator=g, dtype=torch.float64) * 0.5 if case.bias else None
+    r = case.regime
+    if r == "wide":
+        x = x * torch.exp2(torch.randint(-12, 13, (M, K), generator=g).to(torch.float64))
+        w = w * torch.exp2(torch.randint(-12, 13, (N, K), generator=g).to(torch.float64))
+        dy = dy * torch.exp2(torch.randint(-12, 13, (M, N), generator=g).to(torch.float64))
+    elif r == "outlier":
+        x = _one_per_block(x, g, 32, 2.0**10)
+        dy = _one_per_block(dy, g, 32, 2.0**10)
+    elif r == "zeros":
+        x = torch.zeros_like(x)
+        dy = torch.zeros_like(dy)
+    elif r == "tiny":
+        x = x * (2.0**-16 if case.dtype == "float16" else 2.0**-128)
+    elif r == "nan":
+        x.view(-1)[torch.randint(0, M * K, (2,), generator=g)] = float("nan")
+        dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("nan")
+    elif r == "inf":
+        x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
+        dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")
+    if case.recipe.kind == "delayed" and step:
+        x = x * 2.0 ** (3 * step)
+        dy = dy * 2.0 ** (-2 * step)
+    dt, dev = case.torch_dtype, torch.device(case.device)
+    return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)

@@ -1,0 +1,464 @@
+"""FP8 quantized-linear properties and the measurement library the reports use.
+
+Library API:
+
+* :func:`run_quant_impl` — forward + backward of an impl on a case; outputs, and what it held for backward.
+* :func:`measure_case` — one recipe case: per output (y, dgrad, wgrad, bgrad) the comparison with both
+  references under the bounds of :mod:`properties.fp8_tolerance` (max error, error/bound, worst element),
+  relative Frobenius errors, SQNR against the original reference, and a verdict
+  (:class:`Fp8CaseResult`). Delayed scaling runs ``case.steps`` steps with one state.
+* :func:`held_bytes` — bytes held across backward in each ``save_original_input`` mode, the prediction,
+  and whether x is aliased.
+
+Properties (each raises :class:`~properties.failures.PropertyFailure` with impl, case, output, error,
+bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
+
+* ``accuracy`` — every output within both bounds; delayed-scaling amax records exact.
+* ``save_original_input`` — True and False give bitwise identical y, dgrad, wgrad, bgrad; for delayed
+  recipes, True raises ``ValueError`` naming ``save_original_input``.
+* ``saved_tensors`` — True holds x itself, False does not; held(False) − held(True) equals the predicted
+  columnwise copy of x.
+* ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
+  usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from impls.quant_protocol import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
+from properties.compare import Comparison, compare
+from properties.failures import PropertyFailure
+from properties.fp8_cases import QuantCase, QuantTensors, build_quant
+from properties.fp8_tolerance import output_bounds
+from reference.fp8_formats import F64, decode_fp8, same_codes
+from reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
+from reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
+from reference.fp8_scaling import block_grid, quantize_operand
+
+
+# -- failures -----------------------------------------------------------------------------------------
+def repro_command(impl: Any, prop: str, case: QuantCase) -> str:
+    """One shell line re-running ``prop`` on ``case`` for ``impl``."""
+    try:
+        from impls.registry import spec_of
+
+        spec = spec_of(impl.name)
+    except ImportError:  # pragma: no cover - older registry
+        spec = None
+    env = f"NUMCHECK_IMPLS={shlex.quote(spec)} " if spec and spec != impl.name else ""
+    text = repr(case)
+    quoted = f'"{text}"' if not any(ch in text for ch in '"$`\\!') else shlex.quote(text)
+    return f"{env}python -m properties.fp8_checks --impl {shlex.quote(impl.name)} --property {prop} --case {quoted}"
+
+
+def fail(impl: Any, prop: str, case: QuantCase, *lines: str) -> None:
+    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command."""
+    __tracebackhide__ = True
+    body = "\n".join(f"  {line}" for line in lines)
+    raise PropertyFailure(f"property {prop!r} fails for impl {impl.name!r}\n  case: {case!r}\n{body}\n"
+                          f"  reproduce: {repro_command(impl, prop, case)}")
+
+
+# -- running an impl ----------------------------------------------------------------------------------
+@dataclass
+class QuantRunOutputs:
+    """What one forward + backward produced (detached), and what the forward held for backward."""
+
+    y: torch.Tensor
+    dgrad: torch.Tensor | None
+    wgrad: torch.Tensor | None
+    bgrad: torch.Tensor | None
+    held: HeldTensors | None = None
+    held_new_bytes: int | None = None
+    x_aliased: bool | None = None
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return getattr(self, name)
+
+
+def run_quant_impl(impl: Any, case: QuantCase, t: QuantTensors | None = None, *, save_original_input: bool | None = None,
+                   state: DelayedScalingState | None = None, track_saved: bool = False) -> QuantRunOutputs:
+    """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_quant(case)``).
+
+    Protocol violations (wrong shape, dtype, no autograd graph) raise :class:`PropertyFailure`.
+    """
+    t = t if t is not None else build_quant(case)
+    soi = case.save_original_input if save_original_input is None else save_original_input
+    x = t.x.detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+    if case.recipe.kind == "delayed" and state is None:
+        state = DelayedScalingState(case.recipe)
+    kw = dict(recipe=case.recipe, save_original_input=soi, scaling_state=state)
+    held = None
+    if track_saved:
+        with held_for_backward() as h:
+            y = impl(x, w, b, **kw)
+        held = h.scan(y) if isinstance(y, torch.Tensor) else h.result
+    else:
+        y = impl(x, w, b, **kw)
+    if not isinstance(y, torch.Tensor):
+        fail(impl, "protocol", case, f"returned {type(y).__name__}, expected a tensor")
+    if tuple(y.shape) != (case.M, case.N) or y.dtype != case.torch_dtype:
+        fail(impl, "protocol", case, f"y has shape {tuple(y.shape)} and dtype {y.dtype}; expected ({case.M}, {case.N}) {case.torch_dtype}")
+    if not y.requires_grad:
+        fail(impl, "protocol", case, "y is not connected to autograd (requires_grad=False)")
+    new_bytes = held.new_bytes([x, w, b]) if held is not None else None
+    aliased = held.holds_storage_of(x) if held is not None else None
+    y.backward(t.dy)
+    return QuantRunOutputs(y.detach(), x.grad, w.grad, b.grad if b is not None else None, held, new_bytes, aliased)
+
+
+# -- measuring ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutputMetrics:
+    """One output against both references.
+
+    Attributes:
+        output: ``y``, ``dgrad``, ``wgrad`` or ``bgrad`` (``@stepN`` appended for later delayed steps).
+        dq, true: comparisons with the dequantized and the original reference under their bounds.
+        rel_fro_dq, rel_fro_true: ‖impl − ref‖_F / ‖ref‖_F over the compared elements.
+        sqnr_db: 10·log10(Σ ref_true² / Σ (impl − ref_true)²) (inf when exact).
+        expected_ratio_dq: max |impl − ref_dq| / (√n·u_a·Σ|â||b̂|) — how the error sits against the
+            expected (probabilistic) level; reported, not enforced.
+        n_unspecified: elements the non-finite contract leaves free.
+    """
+
+    output: str
+    dq: Comparison
+    true: Comparison
+    rel_fro_dq: float
+    rel_fro_true: float
+    sqnr_db: float
+    expected_ratio_dq: float
+    n_unspecified: int
+
+    @property
+    def ok(self) -> bool:
+        return self.dq.ok and self.true.ok
+
+
+@dataclass
+class Fp8CaseResult:
+    """The measurement of one case: per-output metrics, protocol notes, and the verdict."""
+
+    impl: str
+    case: QuantCase
+    outputs: dict[str, OutputMetrics] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.notes and all(m.ok for m in self.outputs.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Flat rows for tables: one per output."""
+        return [dict(impl=self.impl, recipe=self.case.recipe.name, case=self.case.short(), output=k,
+                     max_err_dq=m.dq.max_abs, ratio_dq=m.dq.ratio, max_err_true=m.true.max_abs, ratio_true=m.true.ratio,
+                     rel_fro_dq=m.rel_fro_dq, rel_fro_true=m.rel_fro_true, sqnr_db=m.sqnr_db,
+                     expected_ratio_dq=m.expected_ratio_dq, ok=m.ok) for k, m in self.outputs.items()]
+
+
+def _masked(impl_out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, skip: torch.Tensor):
+    a = impl_out.detach().to("cpu").clone()  # keeps the impl's dtype (ULPs are reported in it)
+    o, b = ref.clone(), bound.clone()
+    a[skip], o[skip], b[skip] = 0.0, 0.0, 1.0
+    return a, o, b
+
+
+def _rel_fro(a: torch.Tensor, o: torch.Tensor) -> float:
+    fin = torch.isfinite(a) & torch.isfinite(o)
+    num = float((a[fin] - o[fin]).norm())
+    den = float(o[fin].norm())
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _sqnr(a: torch.Tensor, o: torch.Tensor) -> float:
+    fin = torch.isfinite(a) & torch.isfinite(o)
+    noise = float((a[fin] - o[fin]).square().sum())
+    sig = float(o[fin].square().sum())
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(sig / noise) if sig > 0 else -math.inf
+
+
+def _out_dtypes(case: QuantCase) -> dict[str, torch.dtype]:
+    return {k: case.torch_dtype for k in QUANT_OUTPUTS}
+
+
+def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str,
+                  result: Fp8CaseResult) -> None:
+    for name in QUANT_OUTPUTS:
+        if name not in ref.dq:
+            continue
+        got = out.get(name)
+        label = name + suffix
+        if got is None:
+            miss = compare(label, None, ref.dq[name], ref.dq[name])
+            result.outputs[label] = OutputMetrics(label, miss, miss, math.inf, math.inf, -math.inf, math.inf, 0)
+            continue
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype,
+                            accum_u=impl.support.accum_unit_roundoff)
+        skip_dq = bnd.unspecified
+        skip_true = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
+        cdq = compare(label, *_masked(got, ref.dq[name], bnd.dq, skip_dq))
+        ctrue = compare(label, *_masked(got, ref.true[name], bnd.true, skip_true))
+        a = got.detach().to("cpu", F64)
+        keep_dq = ~skip_dq
+        keep_t = ~skip_true
+        exp_level = bnd.expected_dq[keep_dq]
+        err = (a[keep_dq] - ref.dq[name][keep_dq]).abs()
+        fin = torch.isfinite(err) & (exp_level > 0)
+        exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
+        result.outputs[label] = OutputMetrics(
+            label, cdq, ctrue, _rel_fro(a[keep_dq], ref.dq[name][keep_dq]), _rel_fro(a[keep_t], ref.true[name][keep_t]),
+            _sqnr(a[keep_t], ref.true[name][keep_t]), exp_ratio, int(skip_dq.sum()))
+
+
+def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:
+    """Run ``case`` (all its delayed-scaling steps) and measure every output against both references."""
+    result = Fp8CaseResult(impl.name, case)
+    state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
+    for step in range(case.steps):
+        t = build_quant(case, step)
+        scales = {r: state.scale(r) for r in ROLES} if state is not None else None
+        out = run_quant_impl(impl, case, t, state=state)
+        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales)
+        _measure_step(impl, case, t, out, ref, f"@step{step}" if step else "", result)
+        if state is not None:
+            for role in ROLES:
+                got = state.pending.get(role)
+                want = ref.amax[role]
+                if got is None:
+                    result.notes.append(f"step {step}: amax of {role!r} was not recorded (expected {want!r})")
+                elif not (got == want or (math.isnan(got) and math.isnan(want))):
+                    result.notes.append(f"step {step}: recorded amax of {role!r} is {got!r}, expected {want!r}")
+            state.update()
+    return result
+
+
+# -- properties ---------------------------------------------------------------------------------------
+def accuracy(impl: Any, case: QuantCase) -> Fp8CaseResult:
+    """Property: every output within both bounds (and exact amax records for delayed scaling)."""
+    __tracebackhide__ = True
+    r = measure_case(impl, case)
+    if not r.ok:
+        bad = [m for m in r.outputs.values() if not m.ok]
+        lines = list(r.notes)
+        for m in bad:
+            if not m.dq.ok:
+                lines.append("vs dequantized-operand reference (accumulation error): " + m.dq.describe())
+            if not m.true.ok:
+                lines.append("vs original-operand reference (total error): " + m.true.describe())
+        fail(impl, "accuracy", case, *lines)
+    return r
+
+
+def _bits(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.detach().cpu().contiguous()
+    return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def save_original_input(impl: Any, case: QuantCase) -> None:
+    """Property: save_original_input True and False give bitwise identical outputs; delayed + True raises."""
+    __tracebackhide__ = True
+    if True not in impl.support.save_original_input:
+        return
+    if not case.recipe.allows_save_original_input:
+        delayed_rejects_save_original_input(impl, case)
+        return
+    t = build_quant(case)
+    a = run_quant_impl(impl, case, t, save_original_input=False)
+    b = run_quant_impl(impl, case, t, save_original_input=True)
+    for name in QUANT_OUTPUTS:
+        ba, bb = _bits(a.get(name)), _bits(b.get(name))
+        if ba is None and bb is None:
+            continue
+        if ba is None or bb is None or ba.shape != bb.shape:
+            fail(impl, "save_original_input", case, f"{name}: present/shape differs between modes")
+        diff = ba != bb
+        if bool(diff.any()):
+            idx = tuple(int(i) for i in diff.nonzero()[0])
+            va, vb = a.get(name), b.get(name)
+            fail(impl, "save_original_input", case,
+                 f"{name} differs bitwise between save_original_input=False and True in {int(diff.sum())} / {diff.numel()} elements",
+                 f"first at index {list(idx)}: False gives {float(va[idx]):.9g}, True gives {float(vb[idx]):.9g} "
+                 f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)")
+
+
+def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
+    """Property: a delayed recipe with save_original_input=True raises ValueError naming the option."""
+    __tracebackhide__ = True
+    t = build_quant(case)
+    x = t.x.detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    try:
+        impl(x, w, None, recipe=case.recipe, save_original_input=True, scaling_state=DelayedScalingState(case.recipe))
+    except ValueError as exc:
+        if "save_original_input" not in str(exc):
+            fail(impl, "save_original_input", case, f"ValueError raised but its message does not name save_original_input: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - any other type is the failure being reported
+        fail(impl, "save_original_input", case, f"raised {type(exc).__name__} ({exc}); expected ValueError")
+    fail(impl, "save_original_input", case, "delayed scaling with save_original_input=True did not raise ValueError")
+
+
+@dataclass(frozen=True)
+class HeldBytes:
+    """Bytes held across backward per mode (``None`` where the mode was not run) and the prediction."""
+
+    false_bytes: int | None
+    true_bytes: int | None
+    predicted_difference: int
+    x_aliased_false: bool | None
+    x_aliased_true: bool | None
+    held_false: list[str]
+    held_true: list[str]
+
+
+def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
+    """Measure what each declared (and allowed) save_original_input mode holds for backward."""
+    t = build_quant(case)
+    res: dict[bool, QuantRunOutputs] = {}
+    for soi in (False, True):
+        if soi in impl.support.save_original_input and (not soi or case.recipe.allows_save_original_input):
+            res[soi] = run_quant_impl(impl, case, t, save_original_input=soi, track_saved=True)
+    pred = predicted_columnwise_x_bytes(case.recipe, case.M, case.K)
+    f, tr = res.get(False), res.get(True)
+    desc = lambda r: [d for d, _ in r.held.tensors] if r is not None and r.held is not None else []  # noqa: E731
+    return HeldBytes(f.held_new_bytes if f else None, tr.held_new_bytes if tr else None, pred,
+                     f.x_aliased if f else None, tr.x_aliased if tr else None, desc(f), desc(tr))
+
+
+def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
+    """Property: True holds x itself, False does not, and held(False) − held(True) is the predicted copy."""
+    __tracebackhide__ = True
+    h = held_bytes(impl, case)
+    if h.x_aliased_true is False:
+        fail(impl, "saved_tensors", case, "save_original_input=True: the tensors held for backward do not include x's storage",
+             "held: " + "; ".join(h.held_true))
+    if h.x_aliased_false:
+        fail(impl, "saved_tensors", case, "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
+             "held: " + "; ".join(h.held_false))
+    if h.false_bytes is not None and h.true_bytes is not None:
+        diff = h.false_bytes - h.true_bytes
+        if diff != h.predicted_difference:
+            fail(impl, "saved_tensors", case,
+                 f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes; the recipe predicts "
+                 f"{h.predicted_difference} (columnwise x: {case.M}·{case.K} FP8 bytes + scales)",
+                 "held with False: " + "; ".join(h.held_false), "held with True: " + "; ".join(h.held_true))
+    elif h.false_bytes is not None and h.false_bytes < h.predicted_difference:
+        fail(impl, "saved_tensors", case, f"save_original_input=False holds {h.false_bytes} new bytes, less than the "
+             f"columnwise copy of x ({h.predicted_difference})", "held: " + "; ".join(h.held_false))
+    return h
+
+
+def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
+    R, C = t.shape
+    return QuantCase(recipe, R, C, max(1, R), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
+                                                     torch.float16: "float16"}[t.dtype])
+
+
+def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "") -> None:
+    """Property: ``impl.quantize`` equals the oracle bitwise for every role and usage of ``recipe`` on ``t``
+    (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ."""
+    __tracebackhide__ = True
+    case = _quant_case_for(recipe, t)
+    what = f"input {label or 'tensor'} {tuple(t.shape)} {t.dtype}"
+    state = None
+    if recipe.kind == "delayed":
+        state = DelayedScalingState(recipe)
+        for r in ROLES:
+            state.set_scale(r, delayed_scale)
+    for role in ROLES:
+        for usage in USAGES:
+            got = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
+            ref = quantize_operand(t, recipe, role, usage, stored_scale=delayed_scale if state else None)
+            fmt = ref.fmt
+            where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
+            grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))
+            if tuple(got.data.shape) != tuple(t.shape):
+                fail(impl, "quantizer", case, f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}")
+            codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
+            ok = same_codes(codes.cpu(), ref.codes, fmt)
+            if not bool(ok.all()):
+                idx = tuple(int(i) for i in (~ok).nonzero()[0])
+                fail(impl, "quantizer", case, f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
+                     f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
+                     f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
+                     f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
+                     f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}")
+            si = got.scale_inv.detach().to("cpu", F64)
+            if tuple(si.shape) != grid:
+                fail(impl, "quantizer", case, f"{where}: scale_inv has shape {tuple(si.shape)}, expected {grid}")
+            same = (si == ref.scale_inv) | (torch.isnan(si) & torch.isnan(ref.scale_inv))
+            if not bool(same.all()):
+                idx = tuple(int(i) for i in (~same).nonzero()[0])
+                fail(impl, "quantizer", case, f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
+                     f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})")
+            if ref.scale_code is not None:
+                if got.scale_code is None or not torch.equal(got.scale_code.cpu().to(torch.int64), ref.scale_code):
+                    fail(impl, "quantizer", case, f"{where}: E8M0 scale codes differ from the oracle "
+                         f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
+                         f"oracle {ref.scale_code.flatten()[:8].tolist()})")
+        col = impl.quantize(t, recipe=recipe, role=role, usage="columnwise", scaling_state=state)
+        row_t = impl.quantize(t.t().contiguous(), recipe=recipe, role=role, usage="rowwise", scaling_state=state)
+        ca = col.data.view(torch.uint8) if col.data.dtype != torch.uint8 else col.data
+        rb = row_t.data.view(torch.uint8) if row_t.data.dtype != torch.uint8 else row_t.data
+        if not (torch.equal(ca.cpu(), rb.t().cpu()) and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))):
+            fail(impl, "quantizer", case, f"{what}, role {role!r}: columnwise(t) differs from rowwise(tᵀ)ᵀ")
+
+
+def _scale_at(s: torch.Tensor, idx: tuple[int, ...], block: tuple[int, int]) -> float:
+    s = s.detach().cpu().reshape(s.shape[0] if s.dim() == 2 else 1, -1)
+    i, j = min(idx[0] // block[0], s.shape[0] - 1), min(idx[1] // block[1], s.shape[1] - 1)
+    return float(s[i, j])
+
+
+#: The properties a repro command can name; each takes (impl, case).
+FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
+    "accuracy": accuracy,
+    "save_original_input": save_original_input,
+    "saved_tensors": saved_tensors,
+    "quantizer": lambda impl, case: quantizer(impl, case.recipe, build_quant(case).x),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m properties.fp8_checks --impl NAME --property P --case 'QuantCase(...)'``: rerun one property."""
+    from impls.registry import BrokenImpl, discover
+
+    ap = argparse.ArgumentParser(prog="python -m properties.fp8_checks", description=main.__doc__)
+    ap.add_argument("--impl", required=True, help="impl name (built-in, or loaded through NUMCHECK_IMPLS)")
+    ap.add_argument("--property", required=True, choices=sorted(FP8_PROPERTIES))
+    ap.add_argument("--case", required=True, help="a QuantCase(...) expression, as printed in failures")
+    args = ap.parse_args(argv)
+    entries = [e for e in discover() if not isinstance(e, BrokenImpl) and e.name == args.impl]
+    if not entries:
+        print(f"no impl named {args.impl!r} (set NUMCHECK_IMPLS for outside impls)", file=sys.stderr)
+        return 2
+    case = eval(args.case, {"QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe})  # noqa: S307 - a repro expression
+    try:
+        out = FP8_PROPERTIES[args.property](entries[0].impl, case)
+    except PropertyFailure as exc:
+        print(exc)
+        return 1
+    if isinstance(out, Fp8CaseResult):
+        for row in out.rows():
+            print(row)
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

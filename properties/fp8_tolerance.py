@@ -1,0 +1,170 @@
+"""Element-wise error bounds for a quantized linear, derived from the FP8 unit roundoff and the
+accumulation precision, against both references of :mod:`reference.fp8_linear`.
+
+Notation: one output element is ``o = Σ_{k=1..n} a_k·b_k`` (+ bias for y); ``â, b̂`` are the dequantized
+operands (exactly known to the oracle), ``a, b`` the original ones; ``u_a`` the unit roundoff of the impl's
+accumulation (declared; 2⁻²⁴ for fp32), ``u_o`` that of the output dtype, ``η_o`` half its smallest
+subnormal spacing, ``γ_m(u) = m·u/(1 − m·u)`` (Higham, *Accuracy and Stability*, §3.1).
+
+**Against the dequantized reference (accumulation alone).** Every path an impl may take rounds each term
+``â_k·b̂_k`` at most ``n + 4`` times at ``u_a``: dequantizing each operand to fp32 (2 roundings, exact for
+power-of-2 scales), the product (1; exact for FP8×FP8 codes), the ``n − 1`` additions in any order or
+blocking, applying ``scale_a·scale_b`` after the sum (``_scaled_mm``: 2) and the bias add (1) — blockwise
+GEMMs that scale each 128-long partial sum before adding it fit in the same count. Hence (the bound
+holds for every summation order; products of ``1 + δ`` factors compose into ``γ``)::
+
+    |S − o_dq| ≤ E := γ_{n+4}(u_a)·Σ_k |â_k||b̂_k| + (n + 4)·2⁻¹⁵⁰          (fp32 underflow, per op)
+    |ô − o_dq| ≤ B_dq := E + u_o·(|o_dq| + E) + η_o                        (rounding S to the output)
+
+This is the hard (worst-case) ceiling. The expected level for independent rounding errors is
+``√n·u_a`` instead of ``n·u_a`` (Higham & Mary 2019); it is reported, not enforced.
+
+**Against the original reference (total error).** For one element ``t`` of an operand quantized with
+scale ``s`` (dequantization ``s_inv``), the cast computes ``v = fp32(t·s)`` then RNE-saturates to FP8:
+``|v − t·s| ≤ u₃₂·|t·s| + 2⁻¹⁵⁰``; the FP8 rounding of ``v`` errs by at most ``u_q·|v|`` in the normal
+range (``u_q = 2^−(mbits+1)``: 2⁻⁴ for E4M3, 2⁻³ for E5M2) or half the subnormal spacing ``h`` below it,
+plus ``|v| − fp8_max`` if it saturates. So, with ``v⁺ = |t|·s·(1 + u₃₂) + 2⁻¹⁵⁰``::
+
+    ρ(t) := s_inv·( max(u_q·v⁺, h) + max(0, v⁺ − fp8_max) + u₃₂·|t|·s + 2⁻¹⁵⁰ ) + |t|·|s·s_inv − 1|
+    |deq(Q(t)) − t| ≤ ρ(t)
+
+and ``|o_dq − o_true| ≤ Q := Σ_k (ρ(a_k)|b_k| + |a_k|ρ(b_k) + ρ(a_k)ρ(b_k))``, giving
+``B_true := E + Q + u_o·(|o_true| + E + Q) + η_o``. In the normal range this is
+``≈ (2u_q + u_q²)·Σ|a||b|``: the FP8 unit roundoff per operand. Saturation (MXFP8 FLOOR clips blocks
+whose amax mantissa exceeds 1.75) and FP8 subnormals enter through ``ρ`` exactly as they occur.
+
+``bgrad = Σ_i dy_i`` is summed from the unquantized dy in fp32: ``B = γ_M(2⁻²⁴)·Σ|dy_i| + u_o·(|o| + ·) + η_o``
+against both references.
+
+**Non-finite operands** (the protocol's contract): outputs whose reduction meets a dequantized operand
+beyond binary32's range (an MXFP8 block holding inf, dequantized at 2^127) are unspecified; so are outputs
+whose reference magnitude reaches the output dtype's overflow threshold. NaN in the reference must be
+NaN in the impl.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from reference.fp8_formats import F64, FP32_MAX
+from reference.fp8_linear import QuantLinearReference
+from reference.fp8_scaling import Quantized, expand_blocks, round_to_fp32
+
+U32 = 2.0**-24
+ETA32 = 2.0**-150
+#: Unit roundoff and underflow half-spacing of the output dtypes.
+OUT_U: dict[torch.dtype, float] = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+OUT_ETA: dict[torch.dtype, float] = {torch.float32: 2.0**-150, torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
+#: Extra roundings per term beyond the n − 1 additions (see the module docstring).
+EXTRA_ROUNDINGS = 4
+
+
+def gamma(m: int, u: float) -> float:
+    """γ_m(u) = m·u / (1 − m·u); inf once m·u ≥ 1 (no bound)."""
+    mu = m * u
+    return math.inf if mu >= 1 else mu / (1 - mu)
+
+
+def quantization_error_bound(q: Quantized, t: torch.Tensor) -> torch.Tensor:
+    """ρ(t) elementwise (float64, ``t``'s shape): a bound on |deq(Q(t)) − t| (module docstring)."""
+    t64 = round_to_fp32(t.detach().to("cpu", F64)).abs()
+    shape = tuple(t64.shape)
+    s = expand_blocks(q.scale, shape, q.block)
+    si = expand_blocks(q.scale_inv, shape, q.block)
+    f = q.fmt
+    v_plus = t64 * s * (1 + U32) + ETA32
+    rounding = torch.maximum(f.unit_roundoff * v_plus, torch.full_like(v_plus, f.min_subnormal / 2))
+    saturation = torch.clamp(v_plus - f.max_finite, min=0.0)
+    return si * (rounding + saturation + U32 * t64 * s + ETA32) + t64 * (s * si - 1.0).abs()
+
+
+@dataclass(frozen=True)
+class GemmOperands:
+    """One GEMM output's operands in K-major float64 form: ``o = A·Bᵀ`` with the reduction along dim 1.
+
+    ``A_dq, B_dq`` dequantized; ``A, B`` original; ``rho_A, rho_B`` their quantization-error bounds.
+    """
+
+    A_dq: torch.Tensor
+    B_dq: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    rho_A: torch.Tensor
+    rho_B: torch.Tensor
+
+
+def gemm_operands(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor,
+                  dy: torch.Tensor) -> GemmOperands:
+    """The K-major operands behind ``output`` (``"y"``, ``"dgrad"`` or ``"wgrad"``)."""
+    def f64(t: torch.Tensor) -> torch.Tensor:
+        return round_to_fp32(t.detach().to("cpu", F64))
+
+    def parts(role: str, usage: str, src: torch.Tensor, transpose: bool):
+        q = ref.operand(role, usage)
+        d, o, r = q.dequantized, f64(src), quantization_error_bound(q, src)
+        return (d.t(), o.t(), r.t()) if transpose else (d, o, r)
+
+    if output == "y":
+        a, b = parts("x", "rowwise", x, False), parts("w", "rowwise", weight, False)
+    elif output == "dgrad":
+        a, b = parts("dy", "rowwise", dy, False), parts("w", "columnwise", weight, True)
+    elif output == "wgrad":
+        a, b = parts("dy", "columnwise", dy, True), parts("x", "columnwise", x, True)
+    else:
+        raise ValueError(f"output={output!r} must be 'y', 'dgrad' or 'wgrad'")
+    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2])
+
+
+@dataclass(frozen=True)
+class OutputBounds:
+    """Bounds and masks for one output.
+
+    Attributes:
+        dq, true: element-wise bounds against the dequantized and the original reference.
+        unspecified: elements the contract leaves free (see the module docstring).
+        expected_dq: the expected (√n) level of the accumulation error, for reports.
+    """
+
+    dq: torch.Tensor
+    true: torch.Tensor
+    unspecified: torch.Tensor
+    expected_dq: torch.Tensor
+
+
+def _nan0(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+
+
+def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
+                  bias: torch.Tensor | None, *, out_dtype: torch.dtype, accum_u: float) -> OutputBounds:
+    """The bounds of ``output`` for an impl accumulating at ``accum_u`` and returning ``out_dtype``."""
+    u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
+    out_max = float(torch.finfo(out_dtype).max)
+    ref_dq, ref_true = ref.dq[output], ref.true[output]
+    n = ref.reduction[output]
+    if output == "bgrad":
+        E = gamma(n, U32) * _nan0(ref.abs_products[output]) + n * ETA32
+        bdq = E + u_o * (ref_dq.abs() + E) + eta_o
+        unspec = ref_dq.abs() * (1 + u_o) + bdq >= out_max
+        return OutputBounds(bdq, bdq, unspec, math.sqrt(n) * U32 * _nan0(ref.abs_products[output]))
+    ops = gemm_operands(ref, output, x, weight, dy)
+    absA, absB = _nan0(ops.A_dq.abs()), _nan0(ops.B_dq.abs())
+    A_abs = absA @ absB.t()
+    if output == "y" and bias is not None:
+        A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
+    m = n + EXTRA_ROUNDINGS
+    E = gamma(m, accum_u) * A_abs + m * ETA32
+    bdq = E + u_o * (_nan0(ref_dq.abs()) + E) + eta_o
+    oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
+    rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
+    Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
+    btrue = E + Q + u_o * (_nan0(ref_true.abs()) + E + Q) + eta_o
+    big_a = (ops.A_dq.abs() > FP32_MAX).any(dim=1)
+    big_b = (ops.B_dq.abs() > FP32_MAX).any(dim=1)
+    unspec = big_a[:, None] | big_b[None, :]
+    unspec = unspec | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max) | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
+    expected = math.sqrt(m) * accum_u * A_abs
+    return OutputBounds(bdq, btrue, unspec, expected)

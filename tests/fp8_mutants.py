@@ -1,0 +1,90 @@
+"""Deliberately broken FP8 quantized linears: the FP8 properties must flag every one of them.
+
+Each mutant is the built-in :class:`impls.quant_linear.Fp8Linear` with one seam overridden, declared for
+the recipes where its bug is observable, and loadable like any outside impl
+(``--impl tests.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from impls.quant_linear import Fp8Linear, QTensor
+from impls.quant_protocol import DelayedScalingState
+from reference.fp8_formats import Fp8Format
+from reference.fp8_recipes import Fp8Recipe, standard_recipes
+
+
+def _recipes(kind: str) -> tuple[Fp8Recipe, ...]:
+    return tuple(r for r in standard_recipes() if r.kind == kind)
+
+
+class ColumnwiseFromRowwiseQuantized(Fp8Linear):
+    """save_original_input=True quantizes x columnwise in backward from the *rowwise-quantized* x
+    (dequantized) instead of the original x: double quantization, visible wherever blocks differ by usage."""
+
+    def columnwise_x_source(self, x_saved: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> torch.Tensor:
+        return self.quantize_operand(x_saved, recipe, "x", "rowwise", state, record=False).dequantize()
+
+
+class MXScaleRoundedWrongWay(Fp8Linear):
+    """MXFP8 scale rounded the wrong way: RCEIL takes floor(log2(amax/fp8_max)) (the descale rounded down, so
+    block maxima overflow and saturate) and FLOOR takes ceil(log2 amax) − emax."""
+
+    def mx_scale_code(self, amax: torch.Tensor, fmt: Fp8Format, rounding: str) -> torch.Tensor:
+        if rounding == "rceil":
+            d = amax * torch.tensor(1.0 / fmt.max_finite, dtype=torch.float32, device=amax.device)
+            code = (d.view(torch.int32) >> 23) & 0xFF  # exponent field: floor(log2 d) + 127, no round-up
+        else:
+            bits = amax.view(torch.int32)
+            code = torch.clamp(((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) > 0).to(torch.int32) - fmt.mx_emax, 0, 254)
+        code = torch.where(amax == 0, torch.zeros_like(code), code)
+        code = torch.where(torch.isinf(amax), torch.full_like(code, 254), code)
+        return torch.where(torch.isnan(amax), torch.full_like(code, 255), code)
+
+
+class SavesCopyOfX(Fp8Linear):
+    """save_original_input=True keeps a private copy of x instead of x itself (no memory saved)."""
+
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().clone()
+
+
+class DelayedUsesCurrentAmax(Fp8Linear):
+    """Delayed scaling that ignores the stored scale and scales by the current amax (records amax correctly)."""
+
+    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
+                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+        if recipe.kind == "delayed" and state is not None:
+            if record:
+                state.record(role, float(t.detach().float().abs().nan_to_num(0.0).max()))
+            current = Fp8Recipe("current", fp8_format=recipe.fp8_format)
+            return super().quantize_operand(t, current, role, usage, None, record=False)
+        return super().quantize_operand(t, recipe, role, usage, state, record=record)
+
+
+class DelayedAllowsSaveOriginalInput(Fp8Linear):
+    """Delayed scaling that accepts save_original_input=True instead of raising."""
+
+    def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        return self.function.apply(x, weight, bias, self, recipe, bool(save_original_input), scaling_state)
+
+
+MUTANTS: list[Fp8Linear] = [
+    ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
+    ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")),
+    MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")),
+    SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")),
+    DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")),
+    DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")),
+]
+
+#: mutant name → the property (in :data:`properties.fp8_checks.FP8_PROPERTIES`) that must flag it.
+CAUGHT_BY: dict[str, str] = {
+    "mutant_colwise_from_rowwise[blockwise]": "save_original_input",
+    "mutant_colwise_from_rowwise[mxfp8]": "save_original_input",
+    "mutant_mx_scale_wrong_way": "accuracy",
+    "mutant_saves_copy_of_x": "saved_tensors",
+    "mutant_delayed_current_amax": "accuracy",
+    "mutant_delayed_allows_soi": "save_original_input",
+}

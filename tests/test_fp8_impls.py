@@ -1,0 +1,185 @@
+"""Every FP8 quantized-linear property against every registered quant_linear impl (built-in and plugged in).
+
+Cases are drawn inside each impl's declaration (properties/fp8_strategies.py); failures carry the impl,
+the case, the output, error, bound, worst element and a repro command (properties/fp8_checks.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, target
+from hypothesis import strategies as st
+
+from impls import capabilities
+from impls.quant_protocol import QuantLinearSupport, validate_quant_impl
+from properties import fp8_checks as checks
+from properties.fp8_cases import QuantCase
+from properties.fp8_strategies import fp8_test_tensors, quant_cases
+from reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
+
+_FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _first_dtype(impl) -> str:
+    for d, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        if d in impl.support.dtypes:
+            return name
+    raise AssertionError(f"{impl.name} declares no dtype")
+
+
+def _target(result: checks.Fp8CaseResult) -> None:
+    for m in result.outputs.values():
+        target(min(m.dq.ratio, 1e6), label=f"{m.output} error/bound (dequantized reference)")
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_accuracy_against_both_references(quant_impl, data):
+    """Every output is within the accumulation bound of the dequantized reference and the fp8 bound of the original."""
+    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier")), label="case")
+    _target(checks.accuracy(quant_impl, case))
+
+
+def test_edge_inputs_every_recipe(quant_impl):
+    """All-zero, outlier-per-block, NaN, inf, tiny and wide inputs follow the oracle's defined behaviour, K = 40
+    (not a multiple of 16, 32 or 128), for every declared recipe."""
+    bias = quant_impl.support.bias
+    for recipe in quant_impl.support.recipes:
+        for regime in EDGE_REGIMES:
+            steps = 2 if recipe.kind == "delayed" else 1
+            checks.accuracy(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl), bias=bias,
+                                                  regime=regime, seed=11, steps=steps))
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_save_original_input_is_bitwise_identical(quant_impl, data):
+    """save_original_input True and False give bitwise identical y, dgrad, wgrad and bgrad (delayed: True raises)."""
+    if True not in quant_impl.support.save_original_input:
+        pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
+    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier", "nan")), label="case")
+    checks.save_original_input(quant_impl, case)
+
+
+def test_save_original_input_on_edge_regimes(quant_impl):
+    """Bitwise identical modes also where FP8 subnormals and outliers make double quantization visible
+    (wide and outlier inputs), for every recipe that allows save_original_input."""
+    if True not in quant_impl.support.save_original_input:
+        pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
+    for recipe in quant_impl.support.recipes:
+        for regime in ("wide", "outlier", "zeros", "inf"):
+            checks.save_original_input(quant_impl, QuantCase(recipe, 64, 72, 40, dtype=_first_dtype(quant_impl),
+                                                             bias=quant_impl.support.bias, regime=regime, seed=5))
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_saved_tensor_aliasing_and_bytes(quant_impl, data):
+    """True holds x itself, False holds the FP8 copy instead, and held(False) − held(True) is the predicted copy."""
+    case = data.draw(quant_cases(quant_impl.support, regimes=("normal",)), label="case")
+    checks.saved_tensors(quant_impl, case)
+
+
+def test_delayed_scaling_over_steps(quant_impl):
+    """Delayed scaling quantizes with the stored scales while inputs grow 8× per step, and records exact amaxes."""
+    delayed = [r for r in quant_impl.support.recipes if r.kind == "delayed"]
+    if not delayed:
+        pytest.skip(f"{quant_impl.name} declares no delayed recipe")
+    for recipe in delayed:
+        checks.accuracy(quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=4, seed=2))
+
+
+def _needs_quantize(impl) -> None:
+    if not impl.support.exposes_quantize:
+        pytest.skip(f"{impl.name} does not expose quantize (support.exposes_quantize=False)")
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_quantizer_bitwise_on_random_tensors(quant_impl, data):
+    """The impl's quantizer equals the oracle bitwise on random tensors (codes, scales, E8M0), columnwise = rowwise(ᵀ)ᵀ."""
+    _needs_quantize(quant_impl)
+    recipe = data.draw(st.sampled_from(quant_impl.support.recipes), label="recipe")
+    t = data.draw(fp8_test_tensors(), label="t")
+    dtype = data.draw(st.sampled_from(sorted(quant_impl.support.dtypes, key=str)), label="dtype")
+    scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
+    checks.quantizer(quant_impl, recipe, t.to(dtype), delayed_scale=scale, label="random")
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
+def test_quantizer_bitwise_on_all_256_codes(quant_impl, fmt):
+    """Quantizing a tensor of all 256 values of a format (saturation, NaN, subnormals, signed zero) matches the oracle."""
+    _needs_quantize(quant_impl)
+    t = decode_fp8(all_codes(), fmt).to(torch.float32).reshape(8, 32)
+    for recipe in quant_impl.support.recipes:
+        checks.quantizer(quant_impl, recipe, t, label=f"all {fmt.name} codes")
+        checks.quantizer(quant_impl, recipe, t.t().contiguous(), label=f"all {fmt.name} codes, transposed")
+
+
+def test_fp8_values_round_trip_under_unit_scale(quant_impl):
+    """With current scaling, a tensor holding every finite value of its format (amax = fp8_max, scale 1) quantizes
+    to exactly those codes; ±inf saturate to ±max and NaN stays NaN."""
+    _needs_quantize(quant_impl)
+    cur = [r for r in quant_impl.support.recipes if r.kind == "current" and not r.power_of_2_scales]
+    if not cur:
+        pytest.skip(f"{quant_impl.name} declares no current-scaling recipe with fp32 scales")
+    for recipe in cur:
+        for role in ("x", "dy"):
+            fmt = recipe.format_of(role)
+            codes = all_codes()
+            v = decode_fp8(codes, fmt)
+            keep = torch.isfinite(v)
+            q = quant_impl.quantize(v[keep].to(torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise")
+            got = q.data.view(torch.uint8).reshape(-1)
+            assert torch.equal(got, codes[keep]), f"{quant_impl.name} {recipe.name} {fmt.name}: codes do not round-trip"
+            assert float(q.scale_inv.reshape(-1)[0]) == 1.0
+
+
+def test_emulated_gemms_match_native(quant_impl):
+    """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and the modes stay bitwise equal."""
+    with capabilities.forced(scaled_mm=False):
+        for recipe in quant_impl.support.recipes:
+            case = QuantCase(recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4)
+            checks.accuracy(quant_impl, case)
+            if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
+                checks.save_original_input(quant_impl, case)
+
+
+# -- protocol ------------------------------------------------------------------------------------------
+def test_protocol_rejects_malformed_impls():
+    """validate_quant_impl names the origin and the problem for objects that break the protocol."""
+    class NoSupport:
+        name, kind = "bad", "quant_linear"
+
+        def __call__(self, *a, **k):
+            return None
+
+    with pytest.raises(TypeError, match="origin-x.*support"):
+        validate_quant_impl(NoSupport(), "origin-x")
+
+    class NoQuantize(NoSupport):
+        support = QuantLinearSupport(exposes_quantize=True)
+
+    with pytest.raises(TypeError, match="exposes_quantize"):
+        validate_quant_impl(NoQuantize(), "origin-y")
+    with pytest.raises(ValueError, match="recipes"):
+        QuantLinearSupport(recipes=())
+
+
+def test_mutants_load_as_outside_impls():
+    """The mutants load through the registry's spec path like any outside impl, and describe themselves."""
+    from impls.registry import ImplEntry, load_spec
+
+    entries = load_spec("tests.fp8_mutants:MUTANTS", "--impl")
+    assert entries and all(isinstance(e, ImplEntry) for e in entries), entries
+    assert all("recipes:" in e.impl.support.describe() for e in entries)
