@@ -10,6 +10,7 @@ import sys
 
 #: subcommand name -> module. Add a line here for a new subcommand.
 COMMANDS: dict[str, str] = {
+    "memory": "reports.memory_cmd",
     "list": "reports.list_impls",
 }
 
