@@ -26,8 +26,13 @@ by ``tests/test_torch_native.py``:
   (acc_dtype) product into it, so the running sum is rounded to the parameter dtype after every chunk:
   ``"param_dtype"``. Chunk rows come from ``chunking_method='auto'`` (shape, device and dtype dependent), so
   ``chunk_rows`` stays undeclared (the tolerance model then assumes the worst case).
-- Logits: ``accurate`` keeps them in acc_dtype (fp32); ``balanced``/``compact``/``auto`` may keep fp16 logits
-  for fp16 inputs, so they declare ``"compute"``.
+- Logits and softmax: the reference path runs ``F.cross_entropy`` on logits in the input dtype (in bf16/fp16
+  arithmetic outside autocast: ``ce_dtype="compute"``). In the chunked path ``accurate`` keeps logits and
+  softmax in acc_dtype (fp32: ``logits_dtype="float32"``); ``balanced``/``compact``/``auto`` keep fp16 logits
+  and exponentiate them in place for fp16 inputs (``"compute"``). Every chunked policy accumulates the scalar
+  loss across chunks in the input dtype for bf16 inputs (``output_dtype = dtype`` unless fp16), even with
+  ``acc_dtype=float32``: two bf16 roundings per chunk, so all declare ``ce_dtype="compute"`` (without it the
+  suite flags ``accurate``'s bf16 loss at ~1.4–1.8× the fp32-softmax bound).
 - All rows ignored under ``mean``: the reference path returns NaN with zero gradients (``"nan"``). The
   chunked path returns NaN too, but divides its per-row weights by a NaN normalizer, so its gradients are
   NaN as well — a divergence from the reference path that PyTorch does not document. It is declared
@@ -102,6 +107,8 @@ def reference(
     """``F.linear_cross_entropy(..., options=None)``."""
     _no_unsupported(softcap, z_loss_scale)
     cw = _class_weights_for(x, class_weights)
+    if bias is not None and bias.dtype != weight.dtype:
+        bias = bias.to(weight.dtype)  # F.linear wants one dtype (as a user must align it); autocast then casts all
     return F.linear_cross_entropy(x, weight, target, linear_bias=bias, weight=cw, reduction=reduction,
                                   ignore_index=ignore_index, label_smoothing=label_smoothing, options=None)
 
@@ -154,7 +161,7 @@ def torch_native_impls() -> list[FunctionImpl]:
             fn=reference,
             support=make_support(options=("bias", "ignore_index", "label_smoothing", "class_weights"),
                                  autocast=("bfloat16", "float16"), grad_accumulation="fp32",
-                                 logits_dtype="compute", requires=available, **common),
+                                 logits_dtype="compute", ce_dtype="compute", requires=available, **common),
             description="torch F.linear_cross_entropy(options=None): F.linear then F.cross_entropy "
                         "(no softcap, no z-loss in PyTorch)",
         )
@@ -167,6 +174,7 @@ def torch_native_impls() -> list[FunctionImpl]:
             support=make_support(options=("bias", "ignore_index", "class_weights"), autocast=(),
                                  grad_accumulation="param_dtype",
                                  logits_dtype="float32" if policy == "accurate" else "compute",
+                                 ce_dtype="compute",
                                  requires=chunked_available, **common),
             description=f"torch F.linear_cross_entropy chunked path, acc_policy={policy}, {acc}; not declared: "
                         "label_smoothing (PyTorch falls back to the reference path with a warning; the adapter "
