@@ -3,7 +3,8 @@
 Shapes lean to the edges (N = 1, N not a multiple of a chunk, V of 1, 2, odd, prime, V ≫ H and V < H, H not a
 multiple of 16/32/128); dtypes fp32/bf16/fp16 and AMP; bias on/off and its dtype; ignored fraction from none to
 all; every option alone and combined; value regimes ordinary, confident, large, tiny, outlier rows.
-Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V`` (defaults 96 / 80 / 160).
+Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V`` (defaults 96 / 80 / 160);
+``NUMCHECK_DEVICE`` (default ``cpu``) picks the device problems live on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def _cap(name: str, default: int) -> int:
         raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return v
 
+
+#: Device the property suite draws problems on (``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU).
+DEVICE = os.environ.get("NUMCHECK_DEVICE", "cpu")
 
 MAX_N = _cap("NUMCHECK_MAX_N", 96)
 MAX_H = _cap("NUMCHECK_MAX_H", 80)
@@ -63,7 +67,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 
 @st.composite
-def problems(draw: st.DrawFn, support=None, device: str = "cpu", *, regimes: tuple[str, ...] = REGIMES,
+def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regimes: tuple[str, ...] = REGIMES,
              reductions: tuple[str, ...] | None = None, allow_all_ignored: bool = True,
              force: dict | None = None) -> Problem:
     """A :class:`Problem` inside ``support`` (a :class:`impls.protocol.LinearCESupport`; ``None`` = everything).
@@ -73,6 +77,7 @@ def problems(draw: st.DrawFn, support=None, device: str = "cpu", *, regimes: tup
     from impls.protocol import LinearCESupport
 
     s = support if support is not None else LinearCESupport()
+    device = device or DEVICE
     force = dict(force or {})
     dev_type = torch.device(device).type
     dtypes = [_DTYPE_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in s.dtypes]
