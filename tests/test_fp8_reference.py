@@ -259,3 +259,48 @@ def test_oracle_original_reference_matches_float64_autograd(recipe):
     xq, wq = ref.operand("x", "rowwise").dequantized, ref.operand("w", "rowwise").dequantized
     assert torch.equal(ref.dq["y"], xq @ wq.t() + b.double())
     assert ref.operand("dy", "rowwise").fmt is recipe.format_of("dy")
+
+
+def test_block_amax_ignores_nan_and_counts_inf():
+    """Block amax drops NaN elements (an all-NaN block has amax 0) and an inf element makes it inf."""
+    t = torch.tensor([[float("nan"), -3.0, 2.0, float("nan")], [float("nan")] * 4, [1.0, float("-inf"), 0.0, 5.0]])
+    assert block_amax(t, (1, 4)).flatten().tolist() == [3.0, 0.0, float("inf")]
+    assert block_amax(t, (1, 2)).tolist() == [[3.0, 2.0], [0.0, 0.0], [float("inf"), 5.0]]
+    assert block_amax(t, None).tolist() == [[float("inf")]]
+
+
+def test_recipe_table():
+    """Formats and block shapes per recipe, role and usage are the documented ones (TE's recipes)."""
+    B, X = 128, 32
+    expect = {
+        "delayed": {("x", "rowwise"): None, ("w", "columnwise"): None, ("dy", "columnwise"): None},
+        "current": {("x", "columnwise"): None, ("w", "rowwise"): None},
+        "blockwise": {("x", "rowwise"): (1, B), ("x", "columnwise"): (B, 1), ("dy", "rowwise"): (1, B),
+                      ("dy", "columnwise"): (B, 1), ("w", "rowwise"): (B, B), ("w", "columnwise"): (B, B)},
+        "mxfp8": {("x", "rowwise"): (1, X), ("x", "columnwise"): (X, 1), ("w", "rowwise"): (1, X),
+                  ("w", "columnwise"): (X, 1), ("dy", "rowwise"): (1, X), ("dy", "columnwise"): (X, 1)},
+    }
+    for kind, table in expect.items():
+        r = Fp8Recipe(kind)
+        for (role, usage), block in table.items():
+            assert r.block_of(role, usage) == block, (kind, role, usage)
+        hybrid = kind in ("delayed", "current")
+        assert r.format_of("dy") is (E5M2 if hybrid else E4M3) and r.format_of("x") is E4M3 and r.format_of("w") is E4M3
+        assert r.allows_save_original_input is (kind != "delayed")
+    assert Fp8Recipe("blockwise").power_of_2_scales and not Fp8Recipe("current").power_of_2_scales
+    with pytest.raises(ValueError, match="mx_scale_rounding"):
+        Fp8Recipe("current", mx_scale_rounding="floor")
+    with pytest.raises(ValueError, match="kind"):
+        Fp8Recipe("nvfp4")
+
+
+def test_cast_rounds_through_binary32_first():
+    """q = fp8(fp32(x·s)): x·s just below the E4M3 tie 1.1875 becomes the tie in binary32, which rounds to even
+    1.25 — direct rounding of the exact product would give 1.125. The oracle follows the kernels (and torch)."""
+    target_ = torch.tensor(1.1875 / 3, dtype=torch.float64)
+    x = torch.nextafter(target_.to(torch.float32), torch.tensor(0.0)).reshape(1, 1)
+    assert float(x.double() * 3) < 1.1875 and float((x * 3).double()) == 1.1875  # the binary32 product is the tie
+    q = quantize(x, E4M3, None, scaling="stored", stored_scale=3.0)
+    assert float(q.values) == 1.25
+    assert float(decode_fp8(encode_fp8(x.double() * 3, E4M3), E4M3)) == 1.125  # direct rounding differs
+    assert float((x * 3).to(torch.float8_e4m3fn).float()) == 1.25
