@@ -165,14 +165,20 @@ def ce_block_(
         cz = torch.where(valid, coef_z.to(torch.float32), zero)
         a = (1.0 - eps) * c * w_t  # weight on (p − onehot)
         e = (eps / V) * c  # weight on (S_w·p − w)
+        b = e * S_w + 2.0 * lam * cz * lse  # weight on p alone (smoothing's S_w·p and the z-loss)
+        # g = a·(p − δ_y) + b·p − e·w, formed as (a + b)·(p − δ_y) + b·δ_y − e·w: p_y − 1 is exact in fp32
+        # (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its relative accuracy
+        # (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a).
         g = zc.sub_(lse[:, None]).exp_()  # p, in place of the fp32 working copy
-        g.mul_((a + e * S_w + 2.0 * lam * cz * lse)[:, None])
+        idx = safe[:, None]
+        g.scatter_add_(1, idx, torch.full_like(b, -1.0)[:, None])
+        g.mul_((a + b)[:, None])
+        g.scatter_add_(1, idx, b[:, None])
         if cw is not None:
             if eps:
                 g.addr_(e, cw, alpha=-1.0)
         elif eps:
             g.sub_(e[:, None])
-        g.scatter_add_(1, safe[:, None], (-a)[:, None])
         if t is not None:
             g.mul_(t.mul_(t).neg_().add_(1.0))  # 1 − tanh²
         if g is not logits:  # `.float()` and the in-place ops return `logits` itself when it is fp32

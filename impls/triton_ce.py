@@ -5,7 +5,8 @@ per-row outputs, gradient G written in place of the logits chunk in its dtype) a
 per-row coefficients (so every reduction and a per-row upstream), label smoothing, class weights, softcap,
 z-loss, and a known lse (recompute). Each program takes ``ROWS`` rows and sweeps the vocabulary in blocks of
 ``BLOCK_V`` twice: pass 1 is an online softmax (running max and rescaled sum) that also gathers the target
-logit and Σ_j w_j z'_ij; pass 2 forms G in fp32 and stores it over the logits. Padded vocabulary lanes are
+logit and Σ_j w_j z'_ij; pass 2 forms G in fp32 and stores it over the logits, with the true-class term
+p_y − 1 formed exactly before it is scaled (as in the torch block). Padded vocabulary lanes are
 set to −inf *after* the softcap (s·tanh(−inf/s) = −s would otherwise leak into the softmax).
 
 tanh is computed here (Triton's libdevice is not available under the interpreter): tanh(a) = sign(a)·(1−e)/(1+e)
@@ -129,7 +130,7 @@ if triton is not None:
             cz = tl.where(valid, tl.load(CZ + rows_s), 0.0)
             a = (1.0 - eps) * c * w_t
             e = (eps / V) * c
-            coef_p = a + e * s_w + 2.0 * lam * cz * lse
+            b = e * s_w + 2.0 * lam * cz * lse
             for v0 in range(0, V, BLOCK_V):
                 cols = v0 + cols0
                 cm = cols < V
@@ -138,7 +139,9 @@ if triton is not None:
                     t = _tanh(z / softcap)
                     z = softcap * t
                 p = tl.exp(z - lse[:, None])
-                g = coef_p[:, None] * p - tl.where(cols[None, :] == ys[:, None], a[:, None], 0.0)
+                # a·(p − δ_y) + b·p as (a + b)·(p − δ_y) + b·δ_y: p_y − 1 is exact before it is scaled
+                is_y = cols[None, :] == ys[:, None]
+                g = (a + b)[:, None] * (p - tl.where(is_y, 1.0, 0.0)) + tl.where(is_y, b[:, None], 0.0)
                 if HAS_EPS:
                     if HAS_CW:
                         w = tl.load(CW + cols, mask=cm, other=0.0).to(tl.float32)

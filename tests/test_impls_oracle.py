@@ -62,12 +62,19 @@ IMPLS = _impls()
 IMPL_IDS = [i.name for i in IMPLS]
 
 
+def device_of(impl: Any) -> str:
+    """Where to run ``impl``: CPU when it declares CPU (the Triton one does only under the interpreter),
+    else CUDA."""
+    return "cpu" if "cpu" in impl.support.devices else "cuda"
+
+
 def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.Tensor]:
     """Element-wise fp32 error bounds of every output (the derivation is in the module docstring)."""
     f = torch.float64
     x, w, b = (a.to(f) if a is not None else None for a in oracle_operands(p, t))
     N, H = x.shape
     V = w.shape[0]
+    dev = x.device
     o = t.options
     Z = x.abs() @ w.abs().T + (b.abs() if b is not None else 0.0)
     zmax = Z.amax(dim=1)
@@ -77,13 +84,13 @@ def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.
     lse = st.lse
     p_ = torch.exp(zc - lse[:, None])
     eps, lam = float(o.label_smoothing), float(o.z_loss_scale)
-    cw = o.class_weights.to(f) if o.class_weights is not None else torch.ones(V, dtype=f)
+    cw = o.class_weights.to(f) if o.class_weights is not None else torch.ones(V, dtype=f, device=dev)
     S_w = float(cw.sum())
     C = (1 - eps) * st.w_target + (eps / V) * S_w * st.valid
     safe_t = torch.where(st.valid, t.target, torch.zeros_like(t.target))
     q = (eps / V) * cw[None, :] * st.valid[:, None].to(f)
     q = q.clone()
-    q[torch.arange(N), safe_t] += (1 - eps) * st.w_target
+    q[torch.arange(N, device=dev), safe_t] += (1 - eps) * st.w_target
     Gabs = st.coef_ce.abs()[:, None] * (C[:, None] * p_ + q) + (st.coef_z.abs() * 2 * lam * lse.abs())[:, None] * p_
     e = 2 * gamma(H + 1) * zmax + gamma(V + 4) * (1 + lse.abs()) + 3 * U * zmax
     de = e + 5 * U
@@ -107,19 +114,19 @@ def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.
         out["z_loss"] = d_z + U * zeta
     elif o.reduction == "sum":
         zsum = float(zeta.sum())
-        out["z_loss"] = torch.tensor(float(d_z.sum()) + gamma(N) * zsum + U * zsum, dtype=f)
+        out["z_loss"] = torch.tensor(float(d_z.sum()) + gamma(N) * zsum + U * zsum, dtype=f, device=dev)
         out["loss"] = torch.tensor(float((d_ce + d_z).sum()) + gamma(N) * float(ref.per_row.abs().sum())
-                                   + U * float(ref.loss.abs()), dtype=f)
+                                   + U * float(ref.loss.abs()), dtype=f, device=dev)
     else:
         D, M = float(st.w_target.sum()), float(st.valid.sum())
         if M == 0:  # all ignored: the result is NaN by convention, compared exactly
-            out["loss"] = out["z_loss"] = torch.zeros((), dtype=f)
+            out["loss"] = out["z_loss"] = torch.zeros((), dtype=f, device=dev)
         else:
             zl = float(zeta.sum()) / M
             dz = float(d_z.sum()) / M + 2 * gamma(N) * zl + U * zl
-            out["z_loss"] = torch.tensor(dz, dtype=f)
+            out["z_loss"] = torch.tensor(dz, dtype=f, device=dev)
             out["loss"] = torch.tensor(float(d_ce.sum()) / D + 2 * gamma(N) * float(ce_abs.sum()) / D + dz
-                                       + U * float(ref.loss.abs()), dtype=f)
+                                       + U * float(ref.loss.abs()), dtype=f, device=dev)
     return {k: SAFETY * v for k, v in out.items()}
 
 
@@ -173,7 +180,7 @@ def test_matches_oracle(impl, case, p, request):
     reason = impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"{impl.name} unavailable: {reason}")
-    check_against_oracle(impl, p, case, repro=f"pytest '{request.node.nodeid}'")
+    check_against_oracle(impl, p.replace(device=device_of(impl)), case, repro=f"pytest '{request.node.nodeid}'")
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
@@ -201,14 +208,14 @@ AMP_BIAS = [("no-bias", False, None), ("bias-bf16", True, "bfloat16"), ("bias-fp
 @pytest.mark.parametrize("bias_case,bias,bias_dtype", AMP_BIAS, ids=[a[0] for a in AMP_BIAS])
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_amp_smoke(impl, bias_case, bias, bias_dtype, reduction):
-    """Under CPU bf16 autocast with fp32 params (any bias dtype) the impl runs and returns finite gradients in
+    """Under bf16 autocast (CPU; CUDA for a CUDA-only impl) with fp32 params (any bias dtype) the impl runs and returns finite gradients in
     the params' dtypes."""
     reason = impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"{impl.name} unavailable: {reason}")
     assert torch.bfloat16 in impl.support.autocast, f"{impl.name} does not declare bf16 autocast"
     p = Problem(N=19, H=16, V=33, autocast="bfloat16", bias=bias, bias_dtype=bias_dtype, reduction=reduction,
-                ignored=0.2, upstream="per_row" if reduction == "none" else "one")
+                ignored=0.2, upstream="per_row" if reduction == "none" else "one", device=device_of(impl))
     out = run_impl(impl, p)
     want = {"grad_x": torch.float32, "grad_weight": torch.float32, "grad_bias": getattr(torch, bias_dtype) if bias else None}
     for name, dt in want.items():
@@ -287,7 +294,8 @@ def test_no_per_chunk_host_sync(impl, reduction):
     if reason:
         pytest.skip(f"{impl.name} unavailable: {reason}")
     p = Problem(N=48, H=8, V=17, ignored=0.2, label_smoothing=0.1, class_weights=True, softcap=5.0,
-                z_loss_scale=1e-3, reduction=reduction, upstream="per_row" if reduction == "none" else "one")
+                z_loss_scale=1e-3, reduction=reduction, upstream="per_row" if reduction == "none" else "one",
+                device=device_of(impl))
     one, six = _syncs(impl.with_chunk_rows(48), p), _syncs(impl.with_chunk_rows(8), p)
     assert six == one, f"{impl.name} {reduction}: {one} host reads with 1 chunk, {six} with 6 ({p!r})"
 

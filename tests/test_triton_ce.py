@@ -28,6 +28,7 @@ from impls.ce_block import ce_block_, reduction_coefficients, row_weights
 U, UB = 2.0**-24, 2.0**-8
 SAFETY = 2.0
 IGN = -100
+DEVICE = "cpu" if triton_ce.INTERPRET else "cuda"  # the interpreter runs on CPU tensors
 
 pytestmark = pytest.mark.skipif(triton_ce.unavailable_reason() is not None,
                                 reason=f"Triton kernel unavailable: {triton_ce.unavailable_reason()}")
@@ -49,12 +50,17 @@ def _case(C: int, V: int, dtype: torch.dtype, *, ignored: int, cw: bool, seed: i
     weights = torch.rand(V, generator=g) + 0.25 if cw else None
     upstream = torch.randn(C, generator=g)  # a non-uniform per-row upstream, folded into the coefficients
     valid, _, w_t = row_weights(target, weights, IGN)
-    coef = reduction_coefficients(valid, w_t, "none", upstream=upstream)
+    logits, target = logits.to(DEVICE), target.to(DEVICE)
+    weights = weights.to(DEVICE) if weights is not None else None
+    coef = reduction_coefficients(valid.to(DEVICE), w_t.to(DEVICE), "none", upstream=upstream.to(DEVICE))
     return logits, target, weights, coef
 
 
 def _bounds(logits, target, weights, coef, *, eps, softcap, lam, lse_given):
     f = torch.float64
+    logits, target = logits.cpu(), target.cpu()
+    weights = weights.cpu() if weights is not None else None
+    coef = type(coef)(*(c.cpu() for c in coef))
     z = logits.to(f)
     C, V = z.shape
     zc = softcap * torch.tanh(z / softcap) if softcap is not None else z
@@ -121,7 +127,8 @@ def test_triton_equals_torch_block(opts, dtype, V, mode, request):
     else:
         assert torch.equal(b, logits), "the kernel wrote the logits although want_grad=False"
     for name, (x_t, x_k) in pairs.items():
-        diff = (x_k.double() - x_t.double()).abs()
+        x_t, x_k = x_t.double().cpu(), x_k.double().cpu()
+        diff = (x_k - x_t).abs()
         bound = SAFETY * bounds[name]
         ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / bound)
         worst = int(ratio.argmax())
@@ -139,7 +146,7 @@ def test_ignored_rows_get_exact_zero_gradient():
     r = triton_ce.ce_block_triton_(b, target, coef.coef_ce, coef.coef_z, ignore_index=IGN, label_smoothing=0.1,
                                    class_weights=weights, softcap=3.0, z_loss_scale=1e-2)
     assert torch.equal(b[:4], torch.zeros_like(b[:4])), "non-zero gradient on ignored rows"
-    assert torch.equal(r.ce[:4], torch.zeros(4)) and torch.equal(r.z[:4], torch.zeros(4))
+    assert torch.equal(r.ce[:4].cpu(), torch.zeros(4)) and torch.equal(r.z[:4].cpu(), torch.zeros(4))
 
 
 def test_non_unit_stride_rejected():
