@@ -4,9 +4,12 @@
     expected level is recorded for reports).
 (b) *Relative to eager* (PyTorch Inductor's rule): RMSE(impl − oracle) ≤ k·RMSE(eager − oracle) + slack,
     eager being the ``eager`` built-in run on the same problem in the same dtype. k = 2 for fp32 and 3 for
-    bf16/fp16 results (Inductor's multipliers); slack = 2·u_out·RMS(oracle) (two roundings of the result in
-    its own dtype are always allowed, which absorbs a different but equally accurate summation order when
-    eager happens to be exact). Outputs an impl declares less accurate (grad_weight and grad_bias under
+    bf16/fp16 results (Inductor's multipliers); slack = 2·u_out·RMS(oracle) + RMS(hard bound)/2: two
+    roundings of the result in its own dtype are always allowed, and half the analytic bound's RMS absorbs a
+    different but equally valid evaluation order when eager happens to be (nearly) exact — measured: on
+    N=1, V=2 fp32 a correct chunked impl had 4× eager's RMSE, and with V=1 eager is exact (error 0) while
+    a correct fp16 impl is not. So (b) fails only an impl whose errors are, in RMS, both well above eager's
+    and above half of what the analysis allows everywhere. Outputs an impl declares less accurate (grad_weight and grad_bias under
     ``per_chunk_rounding`` or ``param_dtype`` accumulation) are recorded but not judged by (b), and (b) is
     skipped for an all-ignored ``mean`` (a convention, not a rounding).
 
@@ -30,6 +33,7 @@ from properties.tolerance import Level, error_model, linear_ce_bounds, unit_roun
 
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
 RELATIVE_SLACK_ROUNDINGS = 2.0
+RELATIVE_SLACK_BOUND = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,11 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     res = AccuracyResult(problem=p)
     dtypes = _out_dtypes(out)
     names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)]
-    for level in levels:
+    hard_bounds: dict[str, torch.Tensor] = {}
+    for level in dict.fromkeys(("hard",) + tuple(levels)):
         bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))
+        if level == "hard":
+            hard_bounds = bounds
         target = res.analytic if level == "hard" else res.expected
         for n in names:
             target[n] = compare(n, out.get(n), refs[n], bounds[n])
@@ -128,6 +135,7 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
             e_rmse, e_dtype = eager_err[n]
             k = RELATIVE_K.get(v.dtype, 3.0)
             slack = RELATIVE_SLACK_ROUNDINGS * unit_roundoff(v.dtype) * float(o.nan_to_num(0.0).square().mean().sqrt())
+            slack += RELATIVE_SLACK_BOUND * float(hard_bounds[n].to(torch.float64).nan_to_num(0.0).square().mean().sqrt())
             allowed = k * e_rmse + slack
             judged = not (lowp_path and n in ("grad_weight", "grad_bias"))
             note = "" if judged else f"not judged: declares {impl.support.grad_accumulation} accumulation"

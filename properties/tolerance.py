@@ -248,7 +248,9 @@ class _Sweep:
         else:
             dG = dg
         G_abs = blk.G.abs()
-        dG = (dG + m.u_G * G_abs + m.eta_c) * valid[:, None]
+        # Stored G rounds once (u_G|G| + η); with CE arithmetic in the compute dtype p is stored too, a second η.
+        eta_G = m.eta_c * (2 if m.u_ce != U_ACC else 1)
+        dG = (dG + m.u_G * G_abs + eta_G) * valid[:, None]
         self.gx[r] += dG @ blk.w.abs() + self.g_V * (G_abs @ blk.w.abs())
         acc = self.g_N + m.path_term()
         self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())

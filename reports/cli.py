@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "memory": "reports.memory_cmd",
     "list": "reports.list_impls",
+    "bench": "reports.bench",
 }
 
 
