@@ -71,7 +71,9 @@ and name it with ``--impl mypkg.mymod:IMPLS`` or ``NUMCHECK_IMPLS``, or an entry
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
 import torch
@@ -113,8 +115,10 @@ class QuantLinearSupport:
         devices: device types.
         save_original_input: the values of ``save_original_input`` it accepts.
         bias: whether a bias may be passed.
-        accum_unit_roundoff: unit roundoff of its GEMM accumulation (2⁻²⁴ for fp32 accumulation; larger
-            for reduced-precision "fast" accumulation). Sets the accuracy bound.
+        accum_unit_roundoff: unit roundoff of its GEMM accumulation — one float for every device, or
+            ``{device_type: float}`` when it differs by device (2⁻²⁴ for fp32 accumulation; Hopper's FP8
+            tensor cores keep about 14 bits, so native CUDA FP8 GEMMs declare about 2⁻¹³). Sets the
+            accuracy bound (:mod:`properties.fp8_tolerance`).
         exposes_quantize: it has a ``quantize`` method (enables the bitwise quantizer properties).
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
@@ -124,7 +128,7 @@ class QuantLinearSupport:
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
     save_original_input: frozenset[bool] = frozenset({False, True})
     bias: bool = True
-    accum_unit_roundoff: float = 2.0**-24
+    accum_unit_roundoff: float | Mapping[str, float] = 2.0**-24
     exposes_quantize: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
@@ -143,8 +147,17 @@ class QuantLinearSupport:
         object.__setattr__(self, "save_original_input", frozenset(bool(v) for v in self.save_original_input))
         if not self.save_original_input:
             raise ValueError("QuantLinearSupport.save_original_input must contain False and/or True")
-        if not (0.0 < self.accum_unit_roundoff < 0.5):
-            raise ValueError(f"QuantLinearSupport.accum_unit_roundoff must be in (0, 0.5), got {self.accum_unit_roundoff}")
+        us = self.accum_unit_roundoff
+        if isinstance(us, Mapping):
+            object.__setattr__(self, "accum_unit_roundoff", MappingProxyType(dict(us)))
+            vals = list(us.values())
+            missing = set(self.devices) - set(us)
+            if missing:
+                raise ValueError(f"QuantLinearSupport.accum_unit_roundoff has no entry for declared devices {sorted(missing)}")
+        else:
+            vals = [us]
+        if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):
+            raise ValueError(f"QuantLinearSupport.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}")
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -154,6 +167,16 @@ class QuantLinearSupport:
             return self.requires()
         except Exception as exc:  # a broken requirement check is itself a reason
             return f"requirement check raised {type(exc).__name__}: {exc}"
+
+    def accum_u(self, device: str | torch.device) -> float:
+        """The declared accumulation unit roundoff on ``device``."""
+        us = self.accum_unit_roundoff
+        if not isinstance(us, Mapping):
+            return float(us)
+        dev = torch.device(device).type
+        if dev not in us:
+            raise ValueError(f"accum_unit_roundoff declares no entry for device {dev!r} (has {sorted(us)})")
+        return float(us[dev])
 
     def refuses(self, *, recipe: Fp8Recipe, dtype: torch.dtype, device: str, save_original_input: bool = False,
                 bias: bool = False) -> str | None:
@@ -180,11 +203,18 @@ class QuantLinearSupport:
         soi = ",".join(str(v) for v in sorted(self.save_original_input))
         lines = [
             f"dtypes: {dts}; devices: {','.join(sorted(self.devices))}; bias: {'yes' if self.bias else 'no'}",
-            f"save_original_input: {soi}; accumulation unit roundoff: 2^{_log2(self.accum_unit_roundoff)}; "
+            f"save_original_input: {soi}; accumulation unit roundoff: {self._accum_text()}; "
             f"quantize exposed: {'yes' if self.exposes_quantize else 'no'}",
             "recipes: " + ", ".join(r.name for r in self.recipes),
         ]
         return "\n".join(lines)
+
+
+    def _accum_text(self) -> str:
+        us = self.accum_unit_roundoff
+        if isinstance(us, Mapping):
+            return ", ".join(f"{d} 2^{_log2(v)}" for d, v in sorted(us.items()))
+        return f"2^{_log2(us)}"
 
 
 def _log2(v: float) -> str:

@@ -206,7 +206,7 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
             result.outputs[label] = OutputMetrics(label, miss, miss, math.inf, math.inf, -math.inf, math.inf, 0)
             continue
         bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype,
-                            accum_u=impl.support.accum_unit_roundoff)
+                            accum_u=impl.support.accum_u(case.device))
         skip_dq = bnd.unspecified
         skip_true = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
         cdq = compare(label, *_masked(got, ref.dq[name], bnd.dq, skip_dq))

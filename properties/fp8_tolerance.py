@@ -125,7 +125,8 @@ class OutputBounds:
     Attributes:
         dq, true: element-wise bounds against the dequantized and the original reference.
         unspecified: elements the contract leaves free (see the module docstring).
-        expected_dq: the expected (√n) level of the accumulation error, for reports.
+        expected_dq: the expected level √(n+4)·u_a·Σ|â||b̂| + u_o·|o_dq| (probabilistic accumulation error plus
+            output rounding), for reports.
     """
 
     dq: torch.Tensor
@@ -149,7 +150,7 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
         E = gamma(n, U32) * _nan0(ref.abs_products[output]) + n * ETA32
         bdq = E + u_o * (ref_dq.abs() + E) + eta_o
         unspec = ref_dq.abs() * (1 + u_o) + bdq >= out_max
-        return OutputBounds(bdq, bdq, unspec, math.sqrt(n) * U32 * _nan0(ref.abs_products[output]))
+        return OutputBounds(bdq, bdq, unspec, math.sqrt(n) * U32 * _nan0(ref.abs_products[output]) + u_o * ref_dq.abs())
     ops = gemm_operands(ref, output, x, weight, dy)
     absA, absB = _nan0(ops.A_dq.abs()), _nan0(ops.B_dq.abs())
     A_abs = absA @ absB.t()
@@ -166,5 +167,5 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
     big_b = (ops.B_dq.abs() > FP32_MAX).any(dim=1)
     unspec = big_a[:, None] | big_b[None, :]
     unspec = unspec | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max) | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
-    expected = math.sqrt(m) * accum_u * A_abs
+    expected = math.sqrt(m) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)
