@@ -222,7 +222,11 @@ def interpreter_failure(feature: str) -> str | None:
     except Exception as exc:
         if _is_interpreter_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return f"fails under TRITON_INTERPRET=1 ({type(exc).__name__}: {first[:120]})"
+            why = f"fails under TRITON_INTERPRET=1 ({type(exc).__name__}: {first[:120]})"
+            if "outside of the scope of a kernel" in first:
+                why += ("; triton was imported before TRITON_INTERPRET=1 was set, so its own language functions "
+                        "are not interpreted: set TRITON_INTERPRET=1 in the environment, or import impls first")
+            return why
         return None
     return None
 

@@ -367,6 +367,7 @@ class ImplMemory:
     saved_hook_bytes: int = 0
     opaque: frozenset[str] = frozenset()
     error: str = ""
+    cuda_peak: int | None = None  # torch.cuda.max_memory_allocated rise over fwd+bwd (CUDA only)
 
     @property
     def total_peak(self) -> int:
@@ -374,7 +375,16 @@ class ImplMemory:
         return max(self.forward_peak, self.held + self.backward_peak)
 
 
-def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = None) -> ImplMemory:
+def _fresh(inp: Inputs) -> Inputs:
+    """New leaves over the same storages (no copy), so gradients never accumulate across impls."""
+    def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.detach().requires_grad_(True)
+
+    return Inputs(leaf(inp.x), leaf(inp.weight), inp.target, leaf(inp.bias), dict(inp.kwargs), inp.upstream)
+
+
+def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = None,
+                inputs: Inputs | None = None) -> ImplMemory:
     """Forward peak, bytes held across backward and backward peak of ``impl`` on ``problem``.
 
     Under AMP problems the call runs inside ``torch.autocast``. Exceptions become ``error`` (an impl that
@@ -385,21 +395,29 @@ def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = Non
     from impls import capabilities
 
     dev = torch.device(device if device is not None else problem.device)
+    reason = impl.support.unavailable_reason() if hasattr(impl.support, "unavailable_reason") else None
+    if reason:
+        return ImplMemory(impl.name, error=f"unavailable here: {reason}")
     if dev.type == "meta":
         with capabilities.forced(addmm_out_dtype=True):
-            return _impl_memory(impl, problem, dev)
-    return _impl_memory(impl, problem, dev)
+            return _impl_memory(impl, problem, dev, inputs)
+    return _impl_memory(impl, problem, dev, inputs)
 
 
-def _impl_memory(impl: Any, problem: Any, dev: torch.device) -> ImplMemory:
+def _impl_memory(impl: Any, problem: Any, dev: torch.device, inputs: Inputs | None) -> ImplMemory:
     try:
-        inp = make_inputs(problem, dev)
+        inp = _fresh(inputs) if inputs is not None else make_inputs(problem, dev)
     except Exception as exc:
         return ImplMemory(impl.name, error=f"inputs: {type(exc).__name__}: {exc}")
     amp = contextlib.nullcontext()
     if getattr(problem, "autocast", None):
         amp = torch.autocast(dev.type, dtype=problem.compute_dtype)
     hooks = _SavedBytes({id(s) for s in _storages([inp.x, inp.weight, inp.bias, inp.target])})
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        cuda_before = torch.cuda.memory_allocated(dev)
     try:
         with tracking() as t:
             with amp, torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
@@ -413,11 +431,14 @@ def _impl_memory(impl: Any, problem: Any, dev: torch.device) -> ImplMemory:
             loss.backward(grad.to(loss.dtype))
             bwd_peak = t.peak - start
             opaque = frozenset(t.opaque)
+            if cuda:
+                torch.cuda.synchronize(dev)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return ImplMemory(impl.name, error=f"{type(exc).__name__}: {first[:160]}")
+    cuda_peak = torch.cuda.max_memory_allocated(dev) - cuda_before if cuda else None
     return ImplMemory(impl.name, forward_peak=fwd_peak, held=held, backward_peak=bwd_peak,
-                      saved_hook_bytes=hooks.bytes, opaque=opaque)
+                      saved_hook_bytes=hooks.bytes, opaque=opaque, cuda_peak=cuda_peak)
 
 
 def held_across_backward(impl: Any, problem: Any, device: str | torch.device | None = None) -> int:
@@ -465,8 +486,10 @@ def saved_tensor_bytes(impl: Any, problem: Any, device: str | torch.device | Non
 
 
 def memory_table(impls: Iterable[Any], problem: Any, device: str | torch.device = "meta") -> list[ImplMemory]:
-    """:func:`impl_memory` for each impl (in order) on ``problem``, on ``device`` (``meta`` by default)."""
-    return [impl_memory(impl, problem, device) for impl in impls]
+    """:func:`impl_memory` for each impl (in order) on ``problem``, on ``device`` (``meta`` by default); the
+    inputs are made once and shared (fresh autograd leaves over the same storages)."""
+    inputs = make_inputs(problem, device)
+    return [impl_memory(impl, problem, device, inputs) for impl in impls]
 
 
 # -- CUDA cross-check -----------------------------------------------------------------------------------------

@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         line = (f"  {m.name:38s} {_mib(m.forward_peak)} {_mib(m.held)} {m.held / N:10.1f} "
                 f"{_mib(m.backward_peak)} {_mib(m.total_peak)}")
+        if m.cuda_peak is not None:
+            line += f"  cuda max_memory_allocated: {m.cuda_peak / memory.MiB:.1f}"
         if m.opaque:
             line += f"  [opaque ops, insides not counted: {', '.join(sorted(m.opaque))}]"
         print(line)

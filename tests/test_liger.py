@@ -21,6 +21,8 @@ from properties.problems import Problem
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
+#: Liger runs on CPU under the Triton interpreter, or compiled on CUDA where a GPU is present.
+DEVICE = "cpu" if liger.interpreted() or not torch.cuda.is_available() else "cuda"
 
 #: Hand-picked cases: every option the oracle has, each reduction, ``none`` with a non-uniform per-row
 #: upstream gradient, the all-ignored batch (Liger's convention: zero), and low precision and AMP.
@@ -41,6 +43,7 @@ CASES: list[Problem] = [
     Problem(N=40, H=32, V=67, autocast="bfloat16", ignored=0.1, seed=12),
     Problem(N=40, H=32, V=67, autocast="bfloat16", bias=True, ignored=0.1, seed=12),
 ]
+CASES = [p.replace(device=DEVICE) for p in CASES]
 
 #: Cases that fail for reasons outside the adapter, reported to the tolerance model's owner (strict: when the
 #: model is fixed these pass, the marker must go). Under AMP with an fp32 bias Liger adds the bias in fp32
@@ -182,6 +185,23 @@ def test_older_signature_is_mapped_by_name() -> None:
     assert {"bias", "softcap", "z_loss", "label_smoothing"} <= set(support.options)
     fp32 = liger.build_impl("liger[accum=fp32]", torch.float32, info)
     assert "no accum_dtype" in (fp32.support.unavailable_reason() or "")
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
+def test_triton_imported_too_early_is_reported() -> None:
+    """If triton was imported before TRITON_INTERPRET=1 (so the interpreter cannot run Liger), the adapters
+    register as unavailable with a reason saying so, instead of failing inside every test."""
+    if torch.cuda.is_available():
+        pytest.skip("compiled Triton: the interpreter is not used")
+    import os
+    import subprocess
+    import sys
+
+    code = ("import triton, impls.liger as L; impl = L.liger_impls()[0]; "
+            "print('REASON:', impl.support.unavailable_reason())")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "imported before TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr
 
 
 def test_absent_liger_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
