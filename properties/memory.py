@@ -238,6 +238,20 @@ def extra_peak(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 
 
 # -- the seed's one-chunk arithmetic ------------------------------------------------------------------------
+def _one_chunk_operands(path: str, V: int, H: int, C: int, dtype: torch.dtype, dev: torch.device):
+    from impls import grad_accum
+
+    if path not in grad_accum.PATHS:
+        raise ValueError(f"unknown path {path!r}; known: {sorted(grad_accum.PATHS)}")
+    for name, v in (("V", V), ("H", H), ("C", C)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(path, dtype), device=dev)
+    G = torch.empty(C, V, dtype=dtype, device=dev)
+    x = torch.empty(C, H, dtype=dtype, device=dev)
+    return grad_accum.PATHS[path], gw, G, x
+
+
 def one_chunk_extra(path: str, V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16,
                     device: str | torch.device = "meta") -> int:
     """Extra peak of one grad_weight accumulation step ``PATHS[path](gw, G, x)`` with ``G`` ``[C, V]`` and
@@ -248,22 +262,21 @@ def one_chunk_extra(path: str, V: int, H: int, C: int, *, dtype: torch.dtype = t
     forcing it asks what the path allocates on a device where it is supported (CUDA), which depends on
     shapes and dtypes only. Elsewhere the probe decides, as in the impls.
     """
-    from impls import capabilities, grad_accum
+    from impls import capabilities
 
-    if path not in grad_accum.PATHS:
-        raise ValueError(f"unknown path {path!r}; known: {sorted(grad_accum.PATHS)}")
-    for name, v in (("V", V), ("H", H), ("C", C)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
     dev = torch.device(device)
-    gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(path, dtype), device=dev)
-    G = torch.empty(C, V, dtype=dtype, device=dev)
-    x = torch.empty(C, H, dtype=dtype, device=dev)
+    step, gw, G, x = _one_chunk_operands(path, V, H, C, dtype, dev)
     force = contextlib.nullcontext()
     if dev.type == "meta" and path == "addmm_out_dtype":
         force = capabilities.forced(addmm_out_dtype=True)
     with force:
-        return extra_peak(grad_accum.PATHS[path], gw, G, x)
+        return extra_peak(step, gw, G, x)
+
+
+def one_chunk_cuda(path: str, V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """``(tracked extra peak, torch.cuda.max_memory_allocated rise)`` of one step on CUDA (after a warm-up)."""
+    step, gw, G, x = _one_chunk_operands(path, V, H, C, dtype, torch.device("cuda"))
+    return cuda_cross_check(lambda: step(gw, G, x))
 
 
 @dataclass(frozen=True)
@@ -274,6 +287,7 @@ class ChunkRow:
     runs_as: str
     extra_bytes: int
     formula: str
+    cuda_bytes: int | None = None  # torch.cuda.max_memory_allocated rise, on CUDA
 
 
 _FORMULAS = {
@@ -295,8 +309,12 @@ def one_chunk_table(V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat
         force = capabilities.forced(addmm_out_dtype=True) if dev.type == "meta" else contextlib.nullcontext()
         with force:
             runs_as = grad_accum.resolved_path(path, dev, dtype)
-        rows.append(ChunkRow(path, runs_as, one_chunk_extra(path, V, H, C, dtype=dtype, device=dev),
-                             _FORMULAS.get(path, "")))
+        if dev.type == "cuda":
+            tracked, cuda = one_chunk_cuda(path, V, H, C, dtype=dtype)
+            rows.append(ChunkRow(path, runs_as, tracked, _FORMULAS.get(path, ""), cuda))
+        else:
+            rows.append(ChunkRow(path, runs_as, one_chunk_extra(path, V, H, C, dtype=dtype, device=dev),
+                                 _FORMULAS.get(path, "")))
     return rows
 
 
@@ -395,7 +413,8 @@ def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = Non
     from impls import capabilities
 
     dev = torch.device(device if device is not None else problem.device)
-    reason = impl.support.unavailable_reason() if hasattr(impl.support, "unavailable_reason") else None
+    support = getattr(impl, "support", None)
+    reason = support.unavailable_reason() if hasattr(support, "unavailable_reason") else None
     if reason:
         return ImplMemory(impl.name, error=f"unavailable here: {reason}")
     if dev.type == "meta":

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
           f"accumulator fp32 (lowp_accum: {args.dtype}), on {dev.type}")
     print(f"  {'path':18s} {'runs as':18s} {'extra MiB':>10s}  formula")
     for r in memory.one_chunk_table(V, H, C, dtype=dtype, device=dev):
-        print(f"  {r.path:18s} {r.runs_as:18s} {_mib(r.extra_bytes)}  {r.formula}")
+        cuda = f"  (cuda max_memory_allocated: {r.cuda_bytes / memory.MiB:.1f})" if r.cuda_bytes is not None else ""
+        print(f"  {r.path:18s} {r.runs_as:18s} {_mib(r.extra_bytes)}  {r.formula}{cuda}")
     if dev.type == "meta":
         print("  (meta has no values, so addmm_out_dtype is measured with its capability forced on: the "
               "allocation pattern where the device supports it)")
