@@ -107,11 +107,13 @@ def eager_fp8_cast_saturates(device: str, name: str) -> bool:
 
 
 def _scaled_mm_try(device: str, mode: str, a_dtype: str = "float8_e4m3fn", b_dtype: str = "float8_e4m3fn") -> bool:
-    # Two scale blocks along K (and two 128x128 tiles along N) so that a wrong scale layout cannot pass;
+    # Several scale blocks along K (and two 128x128 tiles along N) so that a wrong scale layout cannot pass;
     # small-integer operands and power-of-2 scales make every product and sum exact in fp32, whatever the
     # summation order, so the result must equal the float64 product exactly.
     dev = _device_type(device)
-    M, K, N = 32, 256, 256
+    # K = 512: K/128 = 4 blocks, a multiple of 4, so releases that pad the 128x128 scale stride to 4 and
+    # those that do not accept the same layout (impls use the block paths only for such K).
+    M, K, N = 32, 512, 256
     g = torch.Generator().manual_seed(0)
     a_int = torch.randint(-4, 5, (M, K), generator=g).to(torch.float64)
     b_int = torch.randint(-4, 5, (N, K), generator=g).to(torch.float64)

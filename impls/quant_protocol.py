@@ -117,8 +117,11 @@ class QuantLinearSupport:
         bias: whether a bias may be passed.
         accum_unit_roundoff: unit roundoff of its GEMM accumulation — one float for every device, or
             ``{device_type: float}`` when it differs by device (2⁻²⁴ for fp32 accumulation; Hopper's FP8
-            tensor cores keep about 14 bits, so native CUDA FP8 GEMMs declare about 2⁻¹³). Sets the
-            accuracy bound (:mod:`properties.fp8_tolerance`).
+            tensor cores keep about 14 bits, so native CUDA FP8 GEMMs declare 2⁻¹³).
+        accum_chunk: partial sums over at most this many consecutive products are accumulated at
+            ``accum_unit_roundoff`` and then added in fp32 (promotion interval); ``None`` when the whole
+            reduction runs at ``accum_unit_roundoff``. A scalar or ``{device_type: int | None}``.
+            Together they set the accuracy bound (:mod:`properties.fp8_tolerance`).
         exposes_quantize: it has a ``quantize`` method (enables the bitwise quantizer properties).
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
@@ -129,6 +132,7 @@ class QuantLinearSupport:
     save_original_input: frozenset[bool] = frozenset({False, True})
     bias: bool = True
     accum_unit_roundoff: float | Mapping[str, float] = 2.0**-24
+    accum_chunk: int | None | Mapping[str, int | None] = None
     exposes_quantize: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
@@ -158,6 +162,17 @@ class QuantLinearSupport:
             vals = [us]
         if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):
             raise ValueError(f"QuantLinearSupport.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}")
+        ch = self.accum_chunk
+        if isinstance(ch, Mapping):
+            object.__setattr__(self, "accum_chunk", MappingProxyType(dict(ch)))
+            missing = set(self.devices) - set(ch)
+            if missing:
+                raise ValueError(f"QuantLinearSupport.accum_chunk has no entry for declared devices {sorted(missing)}")
+            cvals = list(ch.values())
+        else:
+            cvals = [ch]
+        if not all(c is None or (isinstance(c, int) and c >= 1) for c in cvals):
+            raise ValueError(f"QuantLinearSupport.accum_chunk must be positive ints or None, got {ch!r}")
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -168,15 +183,18 @@ class QuantLinearSupport:
         except Exception as exc:  # a broken requirement check is itself a reason
             return f"requirement check raised {type(exc).__name__}: {exc}"
 
-    def accum_u(self, device: str | torch.device) -> float:
-        """The declared accumulation unit roundoff on ``device``."""
-        us = self.accum_unit_roundoff
-        if not isinstance(us, Mapping):
-            return float(us)
+    def accumulation(self, device: str | torch.device) -> tuple[float, int | None]:
+        """``(unit roundoff, promotion chunk or None)`` of the GEMM accumulation declared for ``device``."""
         dev = torch.device(device).type
-        if dev not in us:
-            raise ValueError(f"accum_unit_roundoff declares no entry for device {dev!r} (has {sorted(us)})")
-        return float(us[dev])
+        out = []
+        for name in ("accum_unit_roundoff", "accum_chunk"):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                if dev not in v:
+                    raise ValueError(f"{name} declares no entry for device {dev!r} (has {sorted(v)})")
+                v = v[dev]
+            out.append(v)
+        return float(out[0]), out[1]
 
     def refuses(self, *, recipe: Fp8Recipe, dtype: torch.dtype, device: str, save_original_input: bool = False,
                 bias: bool = False) -> str | None:
@@ -211,10 +229,14 @@ class QuantLinearSupport:
 
 
     def _accum_text(self) -> str:
-        us = self.accum_unit_roundoff
-        if isinstance(us, Mapping):
-            return ", ".join(f"{d} 2^{_log2(v)}" for d, v in sorted(us.items()))
-        return f"2^{_log2(us)}"
+        parts = []
+        for d in sorted(self.devices):
+            try:
+                u, c = self.accumulation(d)
+            except ValueError:
+                continue
+            parts.append(f"{d} 2^{_log2(u)}" + (f" promoted to fp32 every {c}" if c else ""))
+        return ", ".join(parts)
 
 
 def _log2(v: float) -> str:

@@ -205,8 +205,8 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
             miss = compare(label, None, ref.dq[name], ref.dq[name])
             result.outputs[label] = OutputMetrics(label, miss, miss, math.inf, math.inf, -math.inf, math.inf, 0)
             continue
-        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype,
-                            accum_u=impl.support.accum_u(case.device))
+        u_a, chunk = impl.support.accumulation(case.device)
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
         skip_dq = bnd.unspecified
         skip_true = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
         cdq = compare(label, *_masked(got, ref.dq[name], bnd.dq, skip_dq))

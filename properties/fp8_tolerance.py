@@ -16,6 +16,11 @@ holds for every summation order; products of ``1 + δ`` factors compose into ``�
     |S − o_dq| ≤ E := γ_{n+4}(u_a)·Σ_k |â_k||b̂_k| + (n + 4)·2⁻¹⁵⁰          (fp32 underflow, per op)
     |ô − o_dq| ≤ B_dq := E + u_o·(|o_dq| + E) + η_o                        (rounding S to the output)
 
+With *promotion* (Hopper FP8 tensor cores keep ~14 bits and are promoted to fp32 every ``c`` products,
+declared as ``accum_chunk``), each term sees at most ``c + 4`` roundings at ``u_a`` inside its chunk and
+then ``⌈n/c⌉ − 1`` fp32 additions of chunk sums: ``E := (γ_{c+4}(u_a) + (1 + γ_{c+4}(u_a))·γ_{⌈n/c⌉}(2⁻²⁴))
+·Σ|â||b̂| + (n + 4)·2⁻¹⁵⁰``.
+
 This is the hard (worst-case) ceiling. The expected level for independent rounding errors is
 ``√n·u_a`` instead of ``n·u_a`` (Higham & Mary 2019); it is reported, not enforced.
 
@@ -139,9 +144,19 @@ def _nan0(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
 
+def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
+    """The relative factor of the accumulation bound E (module docstring) for a length-``n`` reduction."""
+    if chunk is None or chunk >= n:
+        return gamma(n + EXTRA_ROUNDINGS, accum_u)
+    g_in = gamma(chunk + EXTRA_ROUNDINGS, accum_u)
+    return g_in + (1 + g_in) * gamma(-(-n // chunk), U32)
+
+
 def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
-                  bias: torch.Tensor | None, *, out_dtype: torch.dtype, accum_u: float) -> OutputBounds:
-    """The bounds of ``output`` for an impl accumulating at ``accum_u`` and returning ``out_dtype``."""
+                  bias: torch.Tensor | None, *, out_dtype: torch.dtype, accum_u: float,
+                  accum_chunk: int | None = None) -> OutputBounds:
+    """The bounds of ``output`` for an impl accumulating at ``accum_u`` (promoted to fp32 every
+    ``accum_chunk`` products, if given) and returning ``out_dtype``."""
     u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
     out_max = float(torch.finfo(out_dtype).max)
     ref_dq, ref_true = ref.dq[output], ref.true[output]
@@ -157,7 +172,7 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
     if output == "y" and bias is not None:
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
     m = n + EXTRA_ROUNDINGS
-    E = gamma(m, accum_u) * A_abs + m * ETA32
+    E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
     bdq = E + u_o * (_nan0(ref_dq.abs()) + E) + eta_o
     oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
@@ -167,5 +182,5 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
     big_b = (ops.B_dq.abs() > FP32_MAX).any(dim=1)
     unspec = big_a[:, None] | big_b[None, :]
     unspec = unspec | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max) | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
-    expected = math.sqrt(m) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
+    expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)

@@ -304,3 +304,16 @@ def test_cast_rounds_through_binary32_first():
     assert float(q.values) == 1.25
     assert float(decode_fp8(encode_fp8(x.double() * 3, E4M3), E4M3)) == 1.125  # direct rounding differs
     assert float((x * 3).to(torch.float8_e4m3fn).float()) == 1.25
+
+
+def test_accumulation_bound_model():
+    """The chunked (promoted) accumulation factor equals γ_{n+4} without promotion, stays finite for long
+    reductions at 14-bit precision, and grows with n only through the fp32 level."""
+    from properties.fp8_tolerance import U32, accumulation_gamma, gamma
+
+    assert accumulation_gamma(100, 2.0**-24, None) == gamma(104, 2.0**-24)
+    assert accumulation_gamma(100, 2.0**-13, 128) == gamma(104, 2.0**-13)
+    big = accumulation_gamma(1 << 20, 2.0**-13, 128)
+    assert math.isfinite(big) and big < 0.02 and gamma((1 << 20) + 4, 2.0**-13) == math.inf
+    g = gamma(132, 2.0**-13)
+    assert accumulation_gamma(4096, 2.0**-13, 128) == g + (1 + g) * gamma(32, U32)
