@@ -363,7 +363,7 @@ def accumulation_declaration(kind: str) -> dict[str, dict[str, Any]]:
     CPU: ``_scaled_mm`` (tensorwise) and the emulation accumulate exact FP8 products in fp32: (2⁻²⁴, one
     level). CUDA: MXFP8 is emulated in fp32. Per-tensor and blockwise GEMMs run natively on Hopper, whose
     FP8 tensor cores keep about 14 accumulator bits and are promoted to fp32 every 128 products
-    (DeepSeek-V3 report §3.3.2; cuBLAS without fast accumulation does the same): (2⁻¹³ — a chopping
+    (DeepSeek-V3 report §3.3.2; our H200 measurements of cuBLAS without fast accumulation fit this): (2⁻¹³ — a chopping
     14-bit accumulator — over chunks of 128, then fp32). Measured on an H200 (torch 2.11, fp32 output,
     M=N=256, K from 128 to 32768, N(0,1) inputs and one 1024× outlier per row): the worst error against the
     dequantized reference was 0.13 of this bound for tensorwise GEMMs and 0.12 for 1×128 × 128×128 block

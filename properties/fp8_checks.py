@@ -16,8 +16,8 @@ bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
 * ``accuracy`` — every output within both bounds; delayed-scaling amax records exact.
 * ``save_original_input`` — True and False give bitwise identical y, dgrad, wgrad, bgrad; for delayed
   recipes, True raises ``ValueError`` naming ``save_original_input``.
-* ``saved_tensors`` — True holds x itself, False does not; held(False) − held(True) equals the predicted
-  columnwise copy of x.
+* ``saved_tensors`` — True holds x itself; False does not, and holds a 1-byte tensor of M·K elements (the
+  FP8 copy); held(False) − held(True) equals the predicted columnwise copy of x (data + scales).
 * ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
   usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
 """
@@ -324,6 +324,7 @@ class HeldBytes:
     x_aliased_true: bool | None
     held_false: list[str]
     held_true: list[str]
+    fp8_copy_false: bool | None = None
 
 
 def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
@@ -336,8 +337,11 @@ def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
     pred = predicted_columnwise_x_bytes(case.recipe, case.M, case.K)
     f, tr = res.get(False), res.get(True)
     desc = lambda r: [d for d, _ in r.held.tensors] if r is not None and r.held is not None else []  # noqa: E731
+    copy = None
+    if f is not None and f.held is not None:
+        copy = any(t.element_size() == 1 and t.numel() == case.M * case.K for _, t in f.held.tensors)
     return HeldBytes(f.held_new_bytes if f else None, tr.held_new_bytes if tr else None, pred,
-                     f.x_aliased if f else None, tr.x_aliased if tr else None, desc(f), desc(tr))
+                     f.x_aliased if f else None, tr.x_aliased if tr else None, desc(f), desc(tr), copy)
 
 
 def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
@@ -350,6 +354,9 @@ def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
     if h.x_aliased_false:
         fail(impl, "saved_tensors", case, "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
              "held: " + "; ".join(h.held_false))
+    if h.false_bytes is not None and not h.fp8_copy_false:
+        fail(impl, "saved_tensors", case, f"save_original_input=False holds no 1-byte tensor of M·K = {case.M * case.K} "
+             "elements (the columnwise FP8 copy of x)", "held: " + "; ".join(h.held_false))
     if h.false_bytes is not None and h.true_bytes is not None:
         diff = h.false_bytes - h.true_bytes
         if diff != h.predicted_difference:

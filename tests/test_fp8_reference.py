@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from properties.fp8_strategies import amaxes, fp8_test_tensors
 from properties.fp8_tolerance import quantization_error_bound
 from reference.fp8_formats import (
-    E4M3, E5M2, FORMATS, FP32_MAX, all_codes, decode_e8m0, decode_fp8, encode_fp8, is_nan_code, round_to_fp32,
+    E4M3, E5M2, FP32_MAX, all_codes, decode_e8m0, decode_fp8, encode_fp8, is_nan_code, round_to_fp32,
     same_codes,
 )
 from reference.fp8_linear import quantized_linear
@@ -181,7 +181,10 @@ def test_rceil_and_floor_differ_exactly_when_amax_mantissa_exceeds_1_75(amax):
 @pytest.mark.parametrize("mode", ["floor", "rceil"])
 def test_mx_scales_agree_with_torchao_to_mx(fmt, mode):
     """torchao's to_mx (an independent MX implementation) gives the same E8M0 scales and element codes."""
-    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor", reason="torchao is not installed")
+    try:
+        import torchao.prototype.mx_formats.mx_tensor as mx
+    except Exception as exc:  # absent, or a release that does not import with this torch
+        pytest.skip(f"torchao's MX formats are not importable here ({type(exc).__name__}: {exc})")
     g = torch.Generator().manual_seed(7)
     # Rows over 60 binades; every 32-block has a normal amax (codes in 1..253, where the rules are defined alike).
     x = (torch.randn(64, 256, generator=g) * torch.exp2(torch.randint(-30, 31, (64, 1), generator=g).float())).float()
