@@ -54,8 +54,9 @@ steps (the rule is :func:`reference.fp8_scaling.delayed_scale_update`).
 **Non-finite inputs.** NaN elements are ignored by amax and quantize to NaN; ±inf makes amax inf (scale 1
 for per-tensor and blockwise scaling, E8M0 code 254 for MXFP8) and saturates to ±max. Outputs whose
 reduction contains a NaN operand must be NaN. Outputs whose reduction contains an operand whose
-dequantized value lies beyond binary32's range (only an MXFP8 block with an inf, dequantized at 2^127)
-are unspecified. Every other output is compared with the oracle as usual.
+dequantized value lies beyond binary32's range (only an MXFP8 block with an inf, dequantized at 2^127),
+or a nonzero element of an MXFP8 block whose E8M0 code is 0 (amax below about 2^−118, where TE, torchao
+and the OCP rule differ), are unspecified. Every other output is compared with the oracle as usual.
 
 The simplest way to write one is :class:`QuantFunctionImpl`::
 

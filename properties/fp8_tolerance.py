@@ -41,10 +41,10 @@ whose amax mantissa exceeds 1.75) and FP8 subnormals enter through ``ρ`` exactl
 ``bgrad = Σ_i dy_i`` is summed from the unquantized dy in fp32: ``B = γ_M(2⁻²⁴)·Σ|dy_i| + u_o·(|o| + ·) + η_o``
 against both references.
 
-**Non-finite operands** (the protocol's contract): outputs whose reduction meets a dequantized operand
-beyond binary32's range (an MXFP8 block holding inf, dequantized at 2^127) are unspecified; so are outputs
-whose reference magnitude reaches the output dtype's overflow threshold. NaN in the reference must be
-NaN in the impl.
+**Unspecified outputs** (the protocol's contract): outputs whose reduction meets a *free* operand element
+(:func:`free_elements`: dequantized beyond binary32's range — an MXFP8 block holding inf, at 2^127 — or
+nonzero in an MXFP8 block of E8M0 code 0) are unspecified; so are outputs whose reference magnitude
+reaches the output dtype's overflow threshold. NaN in the reference must be NaN in the impl.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def quantization_error_bound(q: Quantized, t: torch.Tensor) -> torch.Tensor:
 class GemmOperands:
     """One GEMM output's operands in K-major float64 form: ``o = A·Bᵀ`` with the reduction along dim 1.
 
-    ``A_dq, B_dq`` dequantized; ``A, B`` original; ``rho_A, rho_B`` their quantization-error bounds.
+    ``A_dq, B_dq`` dequantized; ``A, B`` original; ``rho_A, rho_B`` their quantization-error bounds;
+    ``free_A, free_B`` the elements whose quantization the contract leaves open (:func:`free_elements`).
     """
 
     A_dq: torch.Tensor
@@ -99,6 +100,21 @@ class GemmOperands:
     B: torch.Tensor
     rho_A: torch.Tensor
     rho_B: torch.Tensor
+    free_A: torch.Tensor
+    free_B: torch.Tensor
+
+
+def free_elements(q: Quantized) -> torch.Tensor:
+    """Elements whose quantization implementations legitimately disagree on, so the contract leaves free:
+    those dequantized beyond binary32's range (an MXFP8 block holding inf, at 2^127), and the nonzero
+    elements of MXFP8 blocks with E8M0 code 0 (amax below about 2^−118: TE and torchao RCEIL multiply by 1
+    there and flush them to zero, torchao FLOOR divides by 2^−126, the oracle divides by exactly 2^−127)."""
+    shape = tuple(q.codes.shape)
+    free = q.dequantized.abs() > FP32_MAX
+    if q.scale_code is not None:
+        zero_code = expand_blocks((q.scale_code == 0).to(F64), shape, q.block) > 0
+        free = free | (zero_code & (q.values != 0))
+    return free
 
 
 def gemm_operands(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor,
@@ -109,8 +125,8 @@ def gemm_operands(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
 
     def parts(role: str, usage: str, src: torch.Tensor, transpose: bool):
         q = ref.operand(role, usage)
-        d, o, r = q.dequantized, f64(src), quantization_error_bound(q, src)
-        return (d.t(), o.t(), r.t()) if transpose else (d, o, r)
+        d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
+        return (d.t(), o.t(), r.t(), fr.t()) if transpose else (d, o, r, fr)
 
     if output == "y":
         a, b = parts("x", "rowwise", x, False), parts("w", "rowwise", weight, False)
@@ -120,7 +136,7 @@ def gemm_operands(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
         a, b = parts("dy", "columnwise", dy, True), parts("x", "columnwise", x, True)
     else:
         raise ValueError(f"output={output!r} must be 'y', 'dgrad' or 'wgrad'")
-    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2])
+    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3])
 
 
 @dataclass(frozen=True)
@@ -178,9 +194,7 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
     btrue = E + Q + u_o * (_nan0(ref_true.abs()) + E + Q) + eta_o
-    big_a = (ops.A_dq.abs() > FP32_MAX).any(dim=1)
-    big_b = (ops.B_dq.abs() > FP32_MAX).any(dim=1)
-    unspec = big_a[:, None] | big_b[None, :]
+    unspec = ops.free_A.any(dim=1)[:, None] | ops.free_B.any(dim=1)[None, :]
     unspec = unspec | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max) | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
     expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)
