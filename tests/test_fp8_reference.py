@@ -27,6 +27,11 @@ ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FMTS = [E4M3, E5M2]
 
 
+def _at_least(n: int) -> int:
+    """These oracle checks are cheap: at least ``n`` examples, more when the profile asks for more."""
+    return max(n, settings.default.max_examples)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     n = torch.get_num_threads()
@@ -77,7 +82,7 @@ def test_rounding_ties_match_ml_dtypes(fmt):
     assert bool(same_codes(encode_fp8(mids, fmt, saturate=False), _ml_codes(mids, fmt), fmt).all())
 
 
-@settings(max_examples=40)
+@settings(max_examples=_at_least(40))
 @given(t=fp8_test_tensors())
 def test_encode_matches_ml_dtypes_on_random_values(t):
     """Non-saturating RNE encoding of binary32 values equals ml_dtypes' cast bit for bit (NaN as NaN)."""
@@ -100,7 +105,7 @@ def test_saturation_specials_and_signed_zero():
     assert encode_fp8(torch.tensor([61440.0]), E5M2, saturate=False).tolist() == [0x7C]  # IEEE: tie to even 65536 → inf
 
 
-@settings(max_examples=60)
+@settings(max_examples=_at_least(60))
 @given(v=st.floats(allow_nan=True, allow_infinity=True, width=64))
 def test_round_to_fp32_matches_ieee_conversion(v):
     """The hand-written binary32 rounding equals the IEEE float64→float32 conversion, subnormals included."""
@@ -126,7 +131,7 @@ def test_scale_rule_on_special_amax():
     assert float(scale_inverse(torch.tensor(FP32_MAX))) == float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP32_MAX, dtype=torch.float32))
 
 
-@settings(max_examples=80)
+@settings(max_examples=_at_least(80))
 @given(amax=amaxes())
 def test_scale_rule_matches_fp32_division(amax):
     """For normal amax the scale is the binary32 quotient fp8_max/amax, its pow2 variant the largest 2^k ≤ it."""
@@ -163,7 +168,7 @@ def test_mx_scale_codes_on_special_amax():
     assert decode_e8m0(torch.tensor([0, 127, 254, 255])).tolist()[:3] == [2.0**-127, 1.0, 2.0**127]
 
 
-@settings(max_examples=80)
+@settings(max_examples=_at_least(80))
 @given(amax=st.floats(min_value=2.0**-100, max_value=2.0**100, width=32))
 def test_rceil_and_floor_differ_exactly_when_amax_mantissa_exceeds_1_75(amax):
     """RCEIL = FLOOR + 1 iff the mantissa of amax exceeds 1.75 (fp8_max = 1.75·2^emax), else they agree."""
@@ -196,7 +201,7 @@ def test_mx_scales_agree_with_torchao_to_mx(fmt, mode):
 
 
 # -- blocks ---------------------------------------------------------------------------------------------
-@settings(max_examples=30)
+@settings(max_examples=_at_least(30))
 @given(t=fp8_test_tensors(), recipe=st.sampled_from(standard_recipes()), role=st.sampled_from(["x", "w", "dy"]))
 def test_columnwise_equals_transposed_rowwise(t, recipe, role):
     """Columnwise quantization of t equals the rowwise quantization of tᵀ, transposed back (codes and scales)."""
@@ -206,7 +211,7 @@ def test_columnwise_equals_transposed_rowwise(t, recipe, role):
     assert torch.equal(col.scale_inv, row.scale_inv.t())
 
 
-@settings(max_examples=30)
+@settings(max_examples=_at_least(30))
 @given(t=fp8_test_tensors(), block=st.sampled_from([(1, 32), (32, 1), (1, 128), (128, 1), (128, 128)]),
        mode=st.sampled_from(["amax", "mx"]))
 def test_partial_blocks_mean_zero_padding(t, block, mode):
@@ -222,7 +227,7 @@ def test_partial_blocks_mean_zero_padding(t, block, mode):
     assert torch.equal(a.amax, block_amax(padded, block))
 
 
-@settings(max_examples=30)
+@settings(max_examples=_at_least(30))
 @given(t=fp8_test_tensors(), recipe=st.sampled_from(standard_recipes()))
 def test_quantization_error_within_derived_bound(t, recipe):
     """|deq(Q(t)) − t| ≤ ρ(t), the per-element bound the total-error tolerance is built from; the bound is
