@@ -83,6 +83,18 @@ def addmm_out_dtype(device: str, dtype: torch.dtype) -> bool:
     return bool((acc == 3).all())
 
 
+@_probe("addmm_out_dtype_meta")
+def addmm_out_dtype_meta(dtype: torch.dtype) -> bool:
+    """On the ``meta`` device, ``torch.addmm(acc_fp32, a, b, out_dtype=torch.float32, out=acc_fp32)`` with
+    ``dtype`` operands traces: it runs and leaves ``acc`` fp32 ``[M, N]`` (meta has shapes, no values). Memory
+    accounting needs it to measure the out_dtype path on meta (torch 2.11 decomposes it wrongly there)."""
+    acc = torch.empty(2, 5, dtype=torch.float32, device="meta")
+    a = torch.empty(2, 3, dtype=dtype, device="meta")
+    b = torch.empty(3, 5, dtype=dtype, device="meta")
+    out = torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    return out.dtype == torch.float32 and tuple(out.shape) == (2, 5) and out.device.type == "meta"
+
+
 @_probe("dtype_exists")
 def dtype_exists(name: str) -> bool:
     """``torch.<name>`` exists and is a dtype (``float8_e8m0fnu`` is missing in torch 2.6)."""

@@ -238,6 +238,17 @@ def extra_peak(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 
 
 # -- the seed's one-chunk arithmetic ------------------------------------------------------------------------
+def meta_capabilities() -> contextlib.AbstractContextManager[None]:
+    """Capabilities to assume when measuring on ``meta``: ``addmm_out_dtype`` forced on where this torch can
+    trace it on meta (:func:`impls.capabilities.addmm_out_dtype_meta`); otherwise nothing is forced and the
+    out_dtype path runs as its fp32-operand fallback there (the tables say so in "runs as")."""
+    from impls import capabilities
+
+    if capabilities.addmm_out_dtype_meta(torch.bfloat16):
+        return capabilities.forced(addmm_out_dtype=True)
+    return contextlib.nullcontext()
+
+
 def _one_chunk_operands(path: str, V: int, H: int, C: int, dtype: torch.dtype, dev: torch.device):
     from impls import grad_accum
 
@@ -257,19 +268,14 @@ def one_chunk_extra(path: str, V: int, H: int, C: int, *, dtype: torch.dtype = t
     """Extra peak of one grad_weight accumulation step ``PATHS[path](gw, G, x)`` with ``G`` ``[C, V]`` and
     ``x`` ``[C, H]`` in ``dtype`` and ``gw`` ``[V, H]`` in the path's accumulator dtype.
 
-    On ``meta`` the ``addmm_out_dtype`` path is measured under ``capabilities.forced(addmm_out_dtype=True)``:
-    the probe checks the values an addmm produced, which ``meta`` does not have, so it answers "no" there;
-    forcing it asks what the path allocates on a device where it is supported (CUDA), which depends on
-    shapes and dtypes only. Elsewhere the probe decides, as in the impls.
+    On ``meta`` the ``addmm_out_dtype`` path is measured under :func:`meta_capabilities`: the probe checks the
+    values an addmm produced, which ``meta`` does not have, so it answers "no" there; forcing it asks what the
+    path allocates on a device where it is supported (CUDA), which depends on shapes and dtypes only (and is
+    possible only where torch can trace the op on meta). Elsewhere the probe decides, as in the impls.
     """
-    from impls import capabilities
-
     dev = torch.device(device)
     step, gw, G, x = _one_chunk_operands(path, V, H, C, dtype, dev)
-    force = contextlib.nullcontext()
-    if dev.type == "meta" and path == "addmm_out_dtype":
-        force = capabilities.forced(addmm_out_dtype=True)
-    with force:
+    with meta_capabilities() if dev.type == "meta" else contextlib.nullcontext():
         return extra_peak(step, gw, G, x)
 
 
@@ -306,8 +312,7 @@ def one_chunk_table(V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat
     rows = []
     dev = torch.device(device)
     for path in grad_accum.PATHS:
-        force = capabilities.forced(addmm_out_dtype=True) if dev.type == "meta" else contextlib.nullcontext()
-        with force:
+        with meta_capabilities() if dev.type == "meta" else contextlib.nullcontext():
             runs_as = grad_accum.resolved_path(path, dev, dtype)
         if dev.type == "cuda":
             tracked, cuda = one_chunk_cuda(path, V, H, C, dtype=dtype)
@@ -407,18 +412,16 @@ def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = Non
 
     Under AMP problems the call runs inside ``torch.autocast``. Exceptions become ``error`` (an impl that
     cannot run on ``meta``, e.g. one that reads values with ``.item()``, says so instead of a number).
-    On ``meta`` the ``addmm_out_dtype`` capability is forced on, as in :func:`one_chunk_extra`: impls are
-    measured as on a device that supports it.
+    On ``meta`` the capabilities of :func:`meta_capabilities` are assumed, as in :func:`one_chunk_extra`:
+    impls are measured as on a device that supports addmm(out_dtype).
     """
-    from impls import capabilities
-
     dev = torch.device(device if device is not None else problem.device)
     support = getattr(impl, "support", None)
     reason = support.unavailable_reason() if hasattr(support, "unavailable_reason") else None
     if reason:
         return ImplMemory(impl.name, error=f"unavailable here: {reason}")
     if dev.type == "meta":
-        with capabilities.forced(addmm_out_dtype=True):
+        with meta_capabilities():
             return _impl_memory(impl, problem, dev, inputs)
     return _impl_memory(impl, problem, dev, inputs)
 

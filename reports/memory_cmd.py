@@ -68,8 +68,14 @@ def run(args: argparse.Namespace) -> int:
         cuda = f"  (cuda max_memory_allocated: {r.cuda_bytes / memory.MiB:.1f})" if r.cuda_bytes is not None else ""
         print(f"  {r.path:18s} {r.runs_as:18s} {_mib(r.extra_bytes)}  {r.formula}{cuda}")
     if dev.type == "meta":
-        print("  (meta has no values, so addmm_out_dtype is measured with its capability forced on: the "
-              "allocation pattern where the device supports it)")
+        from impls import capabilities
+
+        if capabilities.addmm_out_dtype_meta(dtype):
+            print("  (meta has no values, so addmm_out_dtype is measured with its capability forced on: the "
+                  "allocation pattern where the device supports it)")
+        else:
+            print("  (this torch cannot trace addmm(out_dtype=) on meta, so addmm_out_dtype runs as its "
+                  "fp32_operands fallback here; measure it on CUDA)")
 
     problem = Problem(N=N, H=H, V=V, dtype=args.dtype, bias=args.bias, reduction=args.reduction,
                       upstream="per_row" if args.reduction == "none" else "one", device="cpu")

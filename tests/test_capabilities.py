@@ -94,6 +94,20 @@ def test_paths_follow_the_probe() -> None:
         assert grad_accum.resolved_path("addmm_out_dtype", "cpu", torch.bfloat16) == "fp32_operands"
 
 
+@pytest.mark.parametrize("dtype", LOWP, ids=str)
+def test_addmm_out_dtype_meta_matches_reality(dtype: torch.dtype) -> None:
+    """addmm_out_dtype_meta says whether addmm(out_dtype=fp32, out=) traces on meta to an fp32 result of the
+    right shape (another shape here than the probe's)."""
+    acc = torch.empty(7, 4, device="meta")
+    try:
+        out = torch.addmm(acc, torch.empty(7, 9, dtype=dtype, device="meta"), torch.empty(9, 4, dtype=dtype, device="meta"),
+                          out_dtype=torch.float32, out=acc)
+        real = out.dtype == torch.float32 and tuple(out.shape) == (7, 4)
+    except (RuntimeError, NotImplementedError, TypeError):
+        real = False
+    assert cap.addmm_out_dtype_meta(dtype) == real
+
+
 def test_meta_device_answers_no() -> None:
     """On meta (no values to check) the addmm probe answers False, which is why memory accounting forces it."""
     assert cap.addmm_out_dtype("meta", torch.bfloat16) is False

@@ -143,9 +143,24 @@ def test_seed_one_chunk_on_meta() -> None:
     fp32_operands 4·(V·C + C·H) = 1056 MiB, addmm_out_dtype 0 (measured as where supported)."""
     V, H, C = 131072, 4096, 2048
     want = {"fallback": (2 + 4) * V * H, "fp32_operands": 4 * (V * C + C * H), "addmm_out_dtype": 0}
+    if not capabilities.addmm_out_dtype_meta(torch.bfloat16):
+        want["addmm_out_dtype"] = want["fp32_operands"]  # runs as its fallback where meta cannot trace it
     got = {path: memory.one_chunk_extra(path, V, H, C) for path in want}
     assert got == want, {k: v / memory.MiB for k, v in got.items()}
-    assert {k: v // memory.MiB for k, v in got.items()} == {"fallback": 3072, "fp32_operands": 1056, "addmm_out_dtype": 0}
+    mib = {"fallback": 3072, "fp32_operands": 1056, "addmm_out_dtype": 0}
+    assert {k: got[k] // memory.MiB for k in ("fallback", "fp32_operands")} == {"fallback": 3072, "fp32_operands": 1056}
+    if capabilities.addmm_out_dtype_meta(torch.bfloat16):
+        assert got["addmm_out_dtype"] // memory.MiB == mib["addmm_out_dtype"]
+
+
+def test_meta_without_out_dtype_tracing_says_so() -> None:
+    """Where torch cannot trace addmm(out_dtype=) on meta (torch 2.11), the out_dtype path is reported as running
+    as fp32_operands with that path's bytes, not as a made-up 0."""
+    V, H, C = 512, 64, 32
+    with capabilities.forced(addmm_out_dtype_meta=False):
+        rows = {r.path: r for r in memory.one_chunk_table(V, H, C)}
+    assert rows["addmm_out_dtype"].runs_as == "fp32_operands"
+    assert rows["addmm_out_dtype"].extra_bytes == 4 * (V * C + C * H)
 
 
 def test_one_chunk_on_cpu_follows_the_probe() -> None:
