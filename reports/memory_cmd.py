@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{_mib(m.backward_peak)} {_mib(m.total_peak)}")
         if m.cuda_peak is not None:
             line += f"  cuda max_memory_allocated: {m.cuda_peak / memory.MiB:.1f}"
+            if m.cuda_peak > m.total_peak + memory.MiB:
+                line += " (more: temporaries inside single ops, invisible to the tracker)"
         if m.opaque:
             line += f"  [opaque ops, insides not counted: {', '.join(sorted(m.opaque))}]"
         print(line)
