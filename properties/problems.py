@@ -169,7 +169,8 @@ def build(p: Problem) -> Tensors:
 
     Regimes (logit scale σ is the typical |z|):
         ``ordinary``: x ~ N(0,1), W ~ N(0, σ²/H) with σ ≈ 2; ``large``: σ ≈ 40;
-        ``tiny``: σ ≈ 1e-3; ``confident``: each target logit raised by ≈ 8 + log V so p_target ≈ 0.999+;
+        ``tiny``: σ ≈ 1e-3; ``confident``: x pushed along W[target] until every row's target logit leads by 8 + log V,
+        so p_target > 0.9996 (targets W cannot make confident are replaced);
         ``outlier_rows``: ordinary, with a few rows of x scaled by 64.
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
@@ -180,10 +181,26 @@ def build(p: Problem) -> Tensors:
     target = torch.randint(0, V, (N,), generator=g)
     b = torch.randn(V, generator=g, dtype=torch.float64) * (0.5 * sigma) if p.bias else None
     if p.regime == "confident":
-        # Push x_i along W[y_i] so z_{i,y_i} grows by `lift` while other logits barely move.
-        lift = 8.0 + math.log(V)
+        # Every row gets margin z_{i,y} − z_ij ≥ T = 8 + log V over all j ≠ y, so p_target ≥ 1 − (V−1)e^{−T}
+        # > 0.9996. Pushing x_i along W_y by lift/|W_y|² raises z_{i,y} by lift and z_ij by lift·c_jy,
+        # c_jy = W_j·W_y/|W_y|²: any margin is reached iff every c_jy < 1. Targets with some c_jy > 1/2
+        # (likely when H is small; they would need lifts of many T) are replaced, deterministically, by
+        # classes with none (else by the class of largest slack, which the largest-norm row nearly attains).
+        T = 8.0 + math.log(V)
+        lift = torch.full((N,), T, dtype=torch.float64)
+        if V > 1:
+            c = (w @ w.T) / (w * w).sum(dim=1).clamp_min(1e-30)[None, :]
+            slack = 1.0 - c.fill_diagonal_(-math.inf).max(dim=0).values  # per class y
+            good = (slack > 0.5).nonzero().squeeze(1)
+            if good.numel() == 0:
+                good = slack.argmax().reshape(1)
+            target = torch.where(slack[target] <= 0.5, good[target % good.numel()], target)
+            z0 = x @ w.T + (b if b is not None else 0.0)
+            margin = z0.gather(1, target[:, None]) - z0  # [N, V], 0 at the target
+            one_minus_c = (1.0 - c[:, target].T).clamp_min(1e-12)  # [N, V]; +inf at the target (c_yy = −inf)
+            lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
         wy = w[target]
-        x = x + wy * (lift / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
+        x = x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
     if p.regime == "outlier_rows" and N > 1:
         k = max(1, N // 8)
         rows = torch.randperm(N, generator=g)[:k]
