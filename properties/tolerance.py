@@ -67,14 +67,17 @@ UNIT_ROUNDOFF: dict[torch.dtype, float] = {
 }
 U_ACC = UNIT_ROUNDOFF[torch.float32]
 
-#: Absolute error of rounding a value below the normal range: half the smallest subnormal spacing.
-#: Every "u·|v|" rounding term of the model becomes "u·|v| + η" (fp16's η = 2⁻²⁵ ≈ 3e-8 is what matters:
-#: a gradient of the logits of 1e-7 stored in fp16 is a subnormal with 50% relative error).
+#: Absolute error allowed for a value below the normal range, per rounding. fp32 and bf16 (same exponent
+#: range): the smallest normal 2⁻¹²⁶, because flushing subnormals to zero (FTZ/DAZ) is common in GPU kernels,
+#: fast-math builds and Triton's interpreter alike, and a flushed value is off by up to that much. fp16 keeps
+#: its subnormals on every backend numcheck knows, so only half its smallest spacing, 2⁻²⁵ ≈ 3e-8 (a
+#: gradient of the logits of 1e-7 stored in fp16 is a subnormal with 50% relative error).
+#: Every "u·|v|" rounding term of the model becomes "u·|v| + η".
 UNDERFLOW: dict[torch.dtype, float] = {
-    torch.float64: 2.0**-1075,
-    torch.float32: 2.0**-150,
+    torch.float64: 2.0**-1022,
+    torch.float32: 2.0**-126,
     torch.float16: 2.0**-25,
-    torch.bfloat16: 2.0**-134,
+    torch.bfloat16: 2.0**-126,
 }
 
 

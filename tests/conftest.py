@@ -27,6 +27,13 @@ settings.load_profile(os.environ.get("NUMCHECK_HYPOTHESIS_PROFILE", "ci"))
 
 _ENTRIES_KEY = pytest.StashKey[list]()
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One intra-op thread per xdist worker: the workers already fill the cores, and small tensor ops were
+    # measured up to 40x slower with two threads contending on a loaded 2-core machine.
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--impl", action="append", default=[], metavar="SPEC",
