@@ -136,6 +136,12 @@ def test_declaration_follows_installed_release() -> None:
     for name in liger.VARIANTS:
         assert _impl(name).support.all_ignored == "zero"
     assert _impl("liger[accum=None]").support.grad_accumulation == "param_dtype"
+    if INFO.has("return_z_loss"):  # the declared z-loss really comes back, as a tensor
+        impl = _impl("liger[accum=None]")
+        x, w = torch.randn(4, 8, device=DEVICE, requires_grad=True), torch.randn(16, 8, device=DEVICE, requires_grad=True)
+        out = impl(x, w, torch.zeros(4, dtype=torch.long, device=DEVICE), None, reduction="sum", ignore_index=-100,
+                   z_loss_scale=0.5)
+        assert isinstance(out, tuple) and isinstance(out[1], torch.Tensor) and float(out[1]) > 0, out
     assert _impl("liger[accum=fp32]").support.grad_accumulation in ("fp32", "per_chunk_rounding")
 
 
