@@ -1,0 +1,160 @@
+"""Running every loaded impl over the report grid, through the property library's judgements
+(:func:`properties.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8_checks.measure_case` for
+quantized linear), with a plain-text progress bar on stderr.
+
+Nothing is dropped: an impl that failed to load is listed as ``broken`` with its error, one that cannot run
+here as ``unavailable`` with its reason, cases its declaration excludes are counted per reason, and a case
+on which the impl raises is a failing record carrying the error.
+
+The sweep runs with one torch thread: summation order inside CPU matmuls can depend on the thread count,
+and the report must not (it is compared with a committed baseline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, TextIO
+
+import torch
+
+from impls.registry import BrokenImpl, ImplEntry
+from reports.report_grid import GridCase, GridSpec, linear_ce_cases, quant_cases
+from reports.report_schema import declaration, error_record, linear_ce_record, quant_record
+
+
+class Progress:
+    """A progress bar on a text stream: redrawn in place on a terminal, a line every 10% otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, label: str = "report", enabled: bool = True) -> None:
+        self.total, self.done, self.label = max(total, 0), 0, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled and self.total > 0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.monotonic()
+        self._next_line = 0.0
+
+    def step(self, note: str = "") -> None:
+        """Count one unit of work done (``note``: what it was)."""
+        self.done += 1
+        if not self.enabled:
+            return
+        frac = self.done / self.total
+        el = time.monotonic() - self.t0
+        eta = el / frac - el if frac > 0 else 0.0
+        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
+        text = f"{self.label} [{bar}] {self.done}/{self.total} {el:5.0f}s elapsed, ~{eta:4.0f}s left  {note[:60]}"
+        if self.tty:
+            self.stream.write("\r" + text.ljust(150)[:150])
+            if self.done == self.total:
+                self.stream.write("\n")
+        elif frac >= self._next_line or self.done == self.total:
+            self.stream.write(text + "\n")
+            self._next_line = frac + 0.1
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch with one intra-op thread inside the block (restored after)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@dataclass
+class SweepResult:
+    """The impl entries and the case records of one sweep."""
+
+    impls: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, Any], bool]:
+    if isinstance(entry, BrokenImpl):
+        return ({"name": entry.name, "kind": None, "origin": entry.origin, "status": "broken", "reason": entry.error,
+                 "description": "", "declaration": {}, "not_declared": {}}, False)
+    impl = entry.impl
+    reason = impl.support.unavailable_reason()
+    dev = torch.device(device).type
+    if reason is None and dev not in impl.support.devices:
+        reason = f"device {dev} not declared (declares {sorted(impl.support.devices)})"
+    info = {"name": impl.name, "kind": impl.kind, "origin": entry.origin, "status": "unavailable" if reason else "ran",
+            "reason": reason or "", "description": getattr(impl, "description", "") or "",
+            "declaration": declaration(impl), "not_declared": {}}
+    return info, reason is None
+
+
+def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
+    """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason."""
+    from properties.strategies import refusal
+
+    infos, work = [], []
+    lin = linear_ce_cases(spec, device)
+    for entry in entries:
+        info, runs = _impl_entry(entry, device)
+        infos.append(info)
+        if not runs:
+            continue
+        impl = entry.impl
+        if impl.kind == "linear_ce":
+            skipped: Counter[str] = Counter()
+            for gc in lin:
+                why = refusal(impl.support, gc.case)
+                if why:
+                    skipped[why] += 1
+                else:
+                    work.append((impl, gc))
+            info["not_declared"] = dict(skipped)
+        else:
+            try:
+                cases = quant_cases(spec, impl.support, device)
+            except ValueError as exc:
+                info["status"], info["reason"] = "unavailable", str(exc)
+                continue
+            work.extend((impl, gc) for gc in cases)
+    return infos, work
+
+
+def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
+    """One (impl, case) record; an exception from the impl becomes an ``error`` record."""
+    t0 = time.perf_counter()
+    try:
+        if impl.kind == "linear_ce":
+            from properties.accuracy import check_accuracy
+
+            res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
+            return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
+        from properties.fp8_checks import measure_case
+
+        res = measure_case(impl, gc.case)
+        return quant_record(impl, gc, res, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - any exception is the impl's failure, recorded with its message
+        return error_record(impl, gc, exc, time.perf_counter() - t0)
+
+
+def sweep(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str = "cpu", *,
+          progress: bool = True, stream: TextIO | None = None) -> SweepResult:
+    """Run every runnable impl on every case of ``spec`` it declares (module docstring)."""
+    infos, work = plan(entries, spec, device)
+    # Cases in the outer loop (eager's error on each problem is computed once, shared by every impl).
+    order: dict[str, int] = {}
+    for i, (_, gc) in enumerate(work):
+        order.setdefault(repr(gc.case), i)
+    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[repr(w[1].case)]))
+    bar = Progress(len(work), stream, label=f"numcheck report ({spec.name})", enabled=progress)
+    records = []
+    with one_thread():
+        for impl, gc in work:
+            rec = run_case(impl, gc)
+            records.append(rec)
+            bar.step(f"{impl.name} {gc.case.short()}")
+    rank = {info["name"]: i for i, info in enumerate(infos)}
+    records.sort(key=lambda r: (rank.get(r["impl"], 0), order.get(r["case"], 0)))
+    return SweepResult(infos, records)

@@ -1,0 +1,301 @@
+"""``numcheck report``: the grid, the schema, the Markdown and plots, atomic writes and baseline protection,
+and ``--compare`` catching an injected regression (an impl switched to bf16 grad_weight accumulation while
+still declaring fp32).
+
+Reports here run on tiny grids (:data:`reports.report_grid.SMOKE` or smaller) and few impls, so the module
+costs a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reports import cli, report_compare, report_schema
+from reports.report import build_report, resolve_out_dir, write_atomically, write_report
+from reports.report_grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, linear_ce_cases, quant_cases, random_problems, \
+    reduction_length, span_decades
+
+OUTPUT_FIELDS = ("max_abs", "max_rel", "rmse", "max_ulp", "ratio_hard", "ratio_expected", "verdicts", "reduction_length")
+
+#: A grid smaller than SMOKE, in bf16 where a bf16 grad_weight accumulator shows.
+TINY_BF16 = GridSpec(name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("bfloat16",), option_shape=(9, 5, 7),
+                     option_modes=(), options=(), n_random=0, quant_ladder=(2, 200), quant_base=(8, 8, 8),
+                     quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(), quant_extras=False)
+
+IMPL_MODULE = '''
+import dataclasses
+from impls.chunked import ChunkedLinearCE
+from impls.protocol import FunctionImpl, LinearCESupport
+
+# fp32 grad_weight accumulation over chunks of 4 rows: the baseline impl.
+good = ChunkedLinearCE("acc_impl", path="fp32_operands", chunk_rows=4)
+_lowp = ChunkedLinearCE("inner", path="lowp_accum", chunk_rows=4)
+# The injected regression: the same name, now accumulating grad_weight in bf16, still declaring fp32.
+regressed = FunctionImpl(name="acc_impl", fn=lambda x, w, t, b=None, **kw: _lowp(x, w, t, b, **kw),
+                         support=dataclasses.replace(_lowp.support, grad_accumulation="fp32"))
+
+def _needs_gpu():
+    return "needs a GPU named Zeta (test impl)"
+
+unavailable = FunctionImpl(name="needs_zeta", fn=lambda *a, **k: None, support=LinearCESupport(requires=_needs_gpu))
+
+def _boom(x, w, t, b=None, **kw):
+    raise RuntimeError("kernel exploded on purpose")
+
+raising = FunctionImpl(name="raises", fn=_boom, support=LinearCESupport(dtypes=frozenset({__import__("torch").float32})))
+'''
+
+
+@pytest.fixture(scope="module")
+def impl_module(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("impls")
+    (d / "report_test_impls.py").write_text(IMPL_MODULE)
+    import sys
+
+    sys.path.insert(0, str(d))
+    yield "report_test_impls"
+    sys.path.remove(str(d))
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory) -> Path:
+    """One smoke report (eager and one FP8 impl) written by the CLI, shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("report") / "out"
+    rc = cli.main(["report", "--grid", "smoke", "--impl", "eager", "--impl", "fp8_linear[current]", "--out", str(out),
+                   "--no-progress"])
+    assert rc == 0, "numcheck report --grid smoke exited non-zero on correct built-ins"
+    return out
+
+
+# -- the grid ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_every_output_reduction_length_spans_two_decades(name):
+    """In every preset each linear+CE and FP8 output's reduction length spans at least two decades."""
+    spec = GRIDS[name]
+    cases = [gc.case for gc in linear_ce_cases(spec)]
+    for out in ("loss", "grad_x", "grad_weight"):
+        span = span_decades(reduction_length(out, p) for p in cases)
+        assert span >= 2.0, f"grid {name}: {out} reduction lengths span only {span:.2f} decades"
+    from reference.fp8_recipes import Fp8Recipe
+    from impls.quant_protocol import QuantLinearSupport
+
+    support = QuantLinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
+    q = [gc.case for gc in quant_cases(spec, support)]
+    for out in ("y", "dgrad", "wgrad", "bgrad"):
+        span = span_decades(reduction_length(out, c) for c in q if c.recipe == support.recipes[0])
+        assert span >= 2.0, f"grid {name}: FP8 {out} reduction lengths span only {span:.2f} decades"
+
+
+def test_grid_is_deterministic_and_quick_is_part_of_full():
+    """The grid is the same on every call, random cases come from one seeded sequence, and quick's are full's first."""
+    assert linear_ce_cases(QUICK) == linear_ce_cases(QUICK)
+    full = [p for _, p in random_problems(FULL.n_random, FULL.seed)]
+    quick = [p for _, p in random_problems(QUICK.n_random, QUICK.seed)]
+    assert quick == full[:len(quick)]
+    labels = {gc.case.short() for gc in linear_ce_cases(QUICK)}
+    assert {"N400H40V40-float32-mean-plain-ordinary-s1400", "N40H40V400-bfloat16-mean-plain-ordinary-s1400"} <= labels
+
+
+def test_grid_spec_rejects_a_ladder_under_two_decades():
+    """A ladder spanning less than 100× is refused with the field named."""
+    with pytest.raises(ValueError, match="ladder"):
+        GridSpec(name="x", ladder=(4, 40), base=(4, 4, 4), ladder_modes=("float32",), option_shape=(4, 4, 4),
+                 option_modes=(), options=(), n_random=0, quant_ladder=(2, 200), quant_base=(8, 8, 8),
+                 quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(), quant_extras=False)
+
+
+# -- what a report holds --------------------------------------------------------------------------------------------
+def test_report_json_has_environment_and_every_metric(smoke_dir):
+    """report.json is strict JSON of the versioned schema with the environment and, per case and output, every metric."""
+    text = (smoke_dir / "report.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"report.json holds the non-JSON constant {c}"))
+    rep = report_schema.load(smoke_dir / "report.json")
+    assert rep["schema"] == report_schema.SCHEMA
+    env = rep["environment"]
+    for key in ("device", "torch", "triton", "python", "numcheck", "git_commit"):
+        assert key in env, f"environment lacks {key}"
+    assert env["torch"] and env["python"]
+    kinds = {c["kind"] for c in rep["cases"]}
+    assert kinds == {"linear_ce", "quant_linear"}, f"expected both kinds of case, got {kinds}"
+    for c in rep["cases"]:
+        assert c["status"] == "pass", f"{c['impl']} on {c['label']}: {c.get('failures')}"
+        assert c["outputs"], f"{c['impl']} on {c['label']} recorded no outputs"
+        want = {"analytic", "relative"} if c["kind"] == "linear_ce" else {"accumulation", "total"}
+        assert set(c["verdicts"]) == want, f"{c['label']}: verdicts {c['verdicts']}"
+        for name, o in c["outputs"].items():
+            missing = [f for f in OUTPUT_FIELDS if f not in o]
+            assert not missing, f"{c['impl']} {c['label']} {name} lacks {missing}"
+            assert 0 <= o["ratio_hard"] <= 1, f"{c['label']} {name}: ratio {o['ratio_hard']}"
+
+
+def test_report_md_reads_on_its_own(smoke_dir):
+    """report.md explains how to read it and holds the verdicts, per-output tables, accumulation and memory tables."""
+    md = (smoke_dir / "report.md").read_text()
+    for heading in ("How to read this", "## Verdict per impl", "per impl × dtype × output",
+                    "## grad_weight accumulation", "## Memory", "## Coverage"):
+        assert heading in md, f"report.md lacks {heading!r}"
+    assert "`eager`" in md and "`fp8_linear[current]`" in md
+    for path in ("addmm_out_dtype", "fallback", "fp32_operands", "lowp_accum"):
+        assert f"| `{path}` |" in md, f"accumulation/memory tables lack the {path} row"
+
+
+def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monkeypatch):
+    """The PNG plots exist; without matplotlib the report is still written and says how to get them."""
+    for name in ("error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png", "accumulation.png"):
+        data = (smoke_dir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+    from reports import plots
+
+    def no_matplotlib():
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(plots, "_plt", no_matplotlib)
+    rep = report_schema.load(smoke_dir / "report.json")
+    out = tmp_path / "noplots"
+    assert write_report(rep, out) == []
+    assert plots.MISSING_MESSAGE in (out / "report.md").read_text()
+    assert not list(out.glob("*.png"))
+
+
+def test_unavailable_broken_and_raising_impls_are_listed(impl_module):
+    """An unavailable impl is listed with its reason, a broken spec with its error, and a raising impl fails with it."""
+    rep = build_report(SMOKE, [f"{impl_module}:unavailable", f"{impl_module}:raising", "no_such_module_xyz:impl"], "cpu",
+                       progress=False, memory=False, accumulation=False)
+    status = {i["name"]: i for i in rep["impls"]}
+    assert status["needs_zeta"]["status"] == "unavailable" and "Zeta" in status["needs_zeta"]["reason"]
+    assert status["no_such_module_xyz:impl"]["status"] == "broken"
+    assert "no_such_module_xyz" in status["no_such_module_xyz:impl"]["reason"]
+    raised = [c for c in rep["cases"] if c["impl"] == "raises"]
+    assert raised and all(c["status"] == "error" for c in raised)
+    assert all("kernel exploded on purpose" in c["error"] and not any(c["verdicts"].values()) for c in raised)
+    assert all(c["repro"].startswith("NUMCHECK_IMPLS=") for c in raised), "repro must name the outside impl's spec"
+    from reports.report_md import render
+
+    md = render(rep)
+    assert "needs a GPU named Zeta" in md and "kernel exploded on purpose" in md and "broken" in md
+
+
+# -- compare --------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def accumulation_reports(impl_module, tmp_path_factory) -> tuple[Path, Path]:
+    """(baseline, regressed) report files of one impl name before and after switching to bf16 accumulation."""
+    d = tmp_path_factory.mktemp("cmp")
+    base = build_report(TINY_BF16, [f"{impl_module}:good"], "cpu", progress=False, memory=False, accumulation=False)
+    new = build_report(TINY_BF16, [f"{impl_module}:regressed"], "cpu", progress=False, memory=False, accumulation=False)
+    (d / "base.json").write_text(report_schema.dumps(base))
+    (d / "new.json").write_text(report_schema.dumps(new))
+    return d / "base.json", d / "new.json"
+
+
+def test_compare_catches_switch_to_bf16_accumulation(accumulation_reports):
+    """An impl switched to bf16 grad_weight accumulation (declaring fp32) is a regression, and --compare exits 1."""
+    base_p, new_p = accumulation_reports
+    base, new = report_schema.load(base_p), report_schema.load(new_p)
+    assert all(c["status"] == "pass" for c in base["cases"]), "the fp32-accumulating baseline impl must pass"
+    diff = report_compare.compare_reports(base, new)
+    hit = [f for f in diff.regressions if f.output == "grad_weight"]
+    assert hit, f"no grad_weight regression found; findings: {diff.findings}"
+    assert any(f.case.startswith("N200") for f in hit), "the 50-chunk case (N=200, 4 rows per chunk) must regress"
+    assert cli.main(["report", "--compare", str(base_p), "--current", str(new_p)]) == 1
+    assert cli.main(["report", "--compare", str(base_p), "--current", str(base_p)]) == 0
+
+
+def test_compare_flags_growth_above_the_floor_from_an_edited_baseline(accumulation_reports, tmp_path):
+    """A baseline whose error/bound was 10× smaller flags growth once the new ratio exceeds the floor, not below it."""
+    base_p, _ = accumulation_reports
+    rep = report_schema.load(base_p)
+    edited = json.loads(json.dumps(report_schema._encode(rep)))
+    case = max(edited["cases"], key=lambda c: c["outputs"]["grad_x"]["ratio_hard"])
+    new_ratio = case["outputs"]["grad_x"]["ratio_hard"]
+    case["outputs"]["grad_x"]["ratio_hard"] = new_ratio / 10
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    edited = report_schema.load(tmp_path / "edited.json")
+    found = report_compare.compare_reports(edited, rep, factor=2.0, floor=new_ratio / 2).regressions
+    assert [(f.case, f.output) for f in found] == [(case["label"], "grad_x")]
+    assert not report_compare.compare_reports(edited, rep, factor=2.0, floor=new_ratio * 1.01).regressions
+    assert "1 regression" in report_compare.to_markdown(report_compare.compare_reports(edited, rep, floor=0.0))
+
+
+def test_compare_lists_coverage_differences_as_notes(accumulation_reports):
+    """Impls or cases in one report only are notes, never regressions; a broken impl that ran before is a regression."""
+    base = report_schema.load(accumulation_reports[0])
+    new = json.loads(json.dumps(report_schema._encode(base)))
+    new["cases"] = new["cases"][1:]
+    new["impls"].append({"name": "newcomer", "kind": "linear_ce", "status": "ran", "reason": ""})
+    diff = report_compare.compare_reports(base, report_schema._decode(new))
+    assert not diff.regressions
+    notes = " ".join(f.message for f in diff.of("note"))
+    assert "not in this run" in notes and "no baseline" in notes
+    new["impls"][0]["status"], new["impls"][0]["reason"] = "broken", "ImportError: gone"
+    assert report_compare.compare_reports(base, report_schema._decode(new)).regressions
+
+
+# -- writing --------------------------------------------------------------------------------------------------------
+def test_atomic_write_replaces_whole_directory_or_nothing(tmp_path):
+    """A report directory is replaced as a whole; a failure while writing leaves the old one and no temp dirs."""
+    out = tmp_path / "rep"
+    write_atomically(out, {"report.json": "{}", "old.txt": "x"})
+    write_atomically(out, {"report.json": "{\"v\": 2}"})
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+
+    def boom(_tmp):
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomically(out, {"report.json": "{\"v\": 3}"}, extra=boom)
+    assert (out / "report.json").read_text() == "{\"v\": 2}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"], "a temporary directory was left behind"
+
+
+def _git_repo_with_baseline(root: Path) -> Path:
+    out = root / "reports" / "cpu-torchX"
+    out.mkdir(parents=True)
+    (out / "report.json").write_text("{}")
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "b"]):
+        subprocess.run(["git", "-C", str(root), *cmd], check=True, capture_output=True)
+    return out
+
+
+def test_committed_baseline_is_never_overwritten_unless_asked(tmp_path, monkeypatch):
+    """A git-tracked report.json is refused as --out without --update-baseline; by default the report goes to build/."""
+    import argparse
+
+    from reports import report as report_mod
+
+    out = _git_repo_with_baseline(tmp_path)
+    ns = dict(device="cpu", force=False)
+    with pytest.raises(ValueError, match="committed baseline"):
+        resolve_out_dir(argparse.Namespace(out=out, **ns))
+    assert resolve_out_dir(argparse.Namespace(out=out, **{**ns, "force": True}))[0] == out
+    monkeypatch.setattr(report_mod, "default_out_dir", lambda device: out)
+    monkeypatch.setattr(report_mod, "REPO", tmp_path)
+    where, message = resolve_out_dir(argparse.Namespace(out=None, **ns))
+    assert where == tmp_path / "build" / "numcheck-report" / out.name and "committed baseline" in message
+    rc = cli.main(["report", "--grid", "smoke", "--impl", "eager", "--out", str(out), "--no-progress"])
+    assert rc == 2 and (out / "report.json").read_text() == "{}"
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    with pytest.raises(ValueError, match="not a numcheck report directory"):
+        resolve_out_dir(argparse.Namespace(out=other, **ns))
+
+
+def test_schema_roundtrip_and_bad_files(tmp_path):
+    """Non-finite floats survive a round trip as strict JSON; a file that is not a report is refused by name."""
+    rep = {"schema": report_schema.SCHEMA, "environment": {}, "impls": [],
+           "cases": [{"outputs": {"loss": {"ratio_hard": math.inf, "max_abs": math.nan}}, "label": "inf"}]}
+    p = tmp_path / "r.json"
+    p.write_text(report_schema.dumps(rep))
+    back = report_schema.load(p)
+    o = back["cases"][0]["outputs"]["loss"]
+    assert o["ratio_hard"] == math.inf and math.isnan(o["max_abs"]) and back["cases"][0]["label"] == "inf"
+    (tmp_path / "x.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="x.json"):
+        report_schema.load(tmp_path / "x.json")
+    with pytest.raises(ValueError, match="does not exist"):
+        report_schema.load(tmp_path / "missing.json")
