@@ -12,6 +12,9 @@ import sys
 COMMANDS: dict[str, str] = {
     "memory": "reports.memory_cmd",
     "list": "reports.list_impls",
+    "report": "reports.report",
+    "repro": "reports.repro",
+    "premerge": "reports.premerge",
     "bench": "reports.bench",
 }
 

@@ -1,0 +1,108 @@
+"""``numcheck repro``: rerun one property on one case for one impl — the command every failure message prints.
+
+``--problem`` is the ``repr`` of a :class:`~properties.problems.Problem` (linear+CE; the property is looked up
+in :data:`properties.checks.PROPERTIES`) or of a :class:`~properties.fp8_cases.QuantCase` (quantized linear;
+:data:`properties.fp8_checks.FP8_PROPERTIES`). It is evaluated with only those constructors (and
+``Fp8Recipe``) in scope and no builtins. A property label with a ``[...]`` suffix, as failure messages print
+for sub-checks (``option_identities[softcap]``), runs the whole property.
+
+Exit status: 0 PASS, 1 the property fails (its message is printed) or the impl raises (with the traceback),
+2 bad arguments or an impl that cannot be loaded or run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = "rerun one property on one case for one impl: numcheck repro --impl NAME --property PROP --problem 'Problem(...)'"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", required=True, metavar="NAME",
+                   help="impl name (built-in, or loaded through NUMCHECK_IMPLS / entry points) or package.module:attr")
+    p.add_argument("--property", required=True, metavar="PROP",
+                   help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]")
+    p.add_argument("--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure")
+
+
+def parse_case(text: str) -> Any:
+    """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
+    from properties.fp8_cases import QuantCase
+    from properties.problems import Problem
+    from reference.fp8_recipes import Fp8Recipe
+
+    try:
+        case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe})  # noqa: S307
+    except Exception as exc:  # noqa: BLE001 - reported as a bad argument
+        raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
+                         f"QuantCase(...) as printed in a failure message") from None
+    if not isinstance(case, (Problem, QuantCase)):
+        raise ValueError(f"--problem must evaluate to a Problem or QuantCase, got {type(case).__name__}")
+    return case
+
+
+def find_impl(name: str) -> Any:
+    """The loaded impl called ``name`` (or loaded from the spec ``name``); ValueError saying what was found."""
+    from impls.registry import BrokenImpl, discover
+
+    entries = discover()
+    for e in entries:
+        if e.name == name:
+            if isinstance(e, BrokenImpl):
+                raise ValueError(f"impl {name!r} could not be loaded ({e.origin}): {e.error}")
+            return e.impl
+    if ":" in name:
+        loaded = discover([name])
+        good = [e for e in loaded if not isinstance(e, BrokenImpl)]
+        if len(good) == 1:
+            return good[0].impl
+        bad = [e for e in loaded if isinstance(e, BrokenImpl)]
+        if bad:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {bad[0].error}")
+        raise ValueError(f"impl spec {name!r} yields {len(good)} impls; name one of {[e.name for e in good]}")
+    names = sorted(e.name for e in entries)
+    raise ValueError(f"no impl named {name!r}; loaded: {names} (outside impls: set NUMCHECK_IMPLS=module:attr)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from properties.failures import PropertyFailure
+    from properties.fp8_cases import QuantCase
+
+    prop = args.property.split("[", 1)[0]
+    try:
+        case = parse_case(args.problem)
+        impl = find_impl(args.impl)
+    except ValueError as exc:
+        print(f"numcheck repro: {exc}", file=sys.stderr)
+        return 2
+    quant = isinstance(case, QuantCase)
+    if quant:
+        from properties.fp8_checks import FP8_PROPERTIES as table
+    else:
+        from properties.checks import PROPERTIES as table
+    want = "quant_linear" if quant else "linear_ce"
+    if impl.kind != want:
+        print(f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}", file=sys.stderr)
+        return 2
+    if prop not in table:
+        print(f"numcheck repro: unknown property {args.property!r} for {want}; known: {sorted(table)}", file=sys.stderr)
+        return 2
+    reason = impl.support.unavailable_reason()
+    if reason:
+        print(f"numcheck repro: impl {impl.name!r} cannot run here: {reason}", file=sys.stderr)
+        return 2
+    try:
+        table[prop](impl, case)
+    except PropertyFailure as exc:
+        print(f"FAIL\n{exc}")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - an impl that raises on a declared case fails the property
+        import traceback
+
+        print(f"FAIL: impl {impl.name!r} raised {type(exc).__name__}: {exc} while checking {prop!r} on {case!r}")
+        traceback.print_exc()
+        return 1
+    print(f"PASS: property {prop!r} holds for impl {impl.name!r} on {case!r}")
+    return 0
