@@ -14,6 +14,12 @@ z the logits chunk, z' = s·tanh(z/s) under softcap (else z' = z), lse_i = log �
 The logits chunk may be low precision (bf16/fp16, as a bf16 matmul produces it); all math runs in fp32 and the
 gradient G is written back **in place of the logits chunk**, in its dtype, ready to be the operand of the
 grad_x and grad_W matmuls (the Liger design). The Triton kernel in :mod:`impls.triton_ce` has the same contract.
+
+Accuracy: the row statistics are kept as the pair (m_i = max_j z'_ij, log s_i = log Σ_j exp(z'_ij − m_i)) rather
+than lse_i alone, and every quantity is formed from non-negative parts, like ``log_softmax``: the loss as
+(m_i − z'_{i,y}) + log s_i and Σ_j w_j (m_i − z'_ij) + S_w·log s_i, the softmax as exp((z' − m) − log s), the
+true-class gradient from p_y − 1 (exact in fp32 by Sterbenz) before it is scaled. Forming lse_i − z'_{i,y} in
+fp32 instead would lose a confident row's small loss to the rounding of lse_i (u·|lse_i| absolute).
 """
 
 from __future__ import annotations
@@ -23,13 +29,22 @@ from typing import NamedTuple, Protocol
 import torch
 
 
+class RowStats(NamedTuple):
+    """Per-row softmax statistics, fp32 ``[C]``: ``m`` = max_j z'_ij, ``log_s`` = log Σ_j exp(z'_ij − m_i);
+    lse = m + log_s. What the recompute path keeps from forward to backward."""
+
+    m: torch.Tensor
+    log_s: torch.Tensor
+
+
 class BlockResult(NamedTuple):
-    """Per-row fp32 outputs of one chunk: CE part ``ce`` (ℓ_i), z-loss ``z`` (ζ_i) and ``lse`` (``[C]`` each;
-    ``ce``/``z`` are ``None`` when the loss was not asked for)."""
+    """Per-row fp32 outputs of one chunk: CE part ``ce`` (ℓ_i), z-loss ``z`` (ζ_i), ``lse`` and the row
+    statistics ``stats`` (``[C]`` each; ``ce``/``z`` are ``None`` when the loss was not asked for)."""
 
     ce: torch.Tensor | None
     z: torch.Tensor | None
     lse: torch.Tensor
+    stats: RowStats
 
 
 class CEKernel(Protocol):
@@ -47,7 +62,7 @@ class CEKernel(Protocol):
         class_weights: torch.Tensor | None = None,
         softcap: float | None = None,
         z_loss_scale: float = 0.0,
-        lse: torch.Tensor | None = None,
+        stats: RowStats | None = None,
         want_loss: bool = True,
         want_grad: bool = True,
     ) -> BlockResult: ...
@@ -96,11 +111,12 @@ def reduction_coefficients(valid: torch.Tensor, w_t: torch.Tensor, reduction: st
 
 
 def _check_block(logits: torch.Tensor, target: torch.Tensor, coef_ce: torch.Tensor, coef_z: torch.Tensor,
-                 class_weights: torch.Tensor | None, lse: torch.Tensor | None) -> None:
+                 class_weights: torch.Tensor | None, stats: RowStats | None) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a 2-D floating chunk [C, V], got {tuple(logits.shape)} {logits.dtype}")
     C, V = logits.shape
-    for name, t in (("target", target), ("coef_ce", coef_ce), ("coef_z", coef_z), ("lse", lse)):
+    m, log_s = stats if stats is not None else (None, None)
+    for name, t in (("target", target), ("coef_ce", coef_ce), ("coef_z", coef_z), ("stats.m", m), ("stats.log_s", log_s)):
         if t is not None and tuple(t.shape) != (C,):
             raise ValueError(f"{name} must have shape [C]=[{C}], got {tuple(t.shape)}")
     if class_weights is not None and tuple(class_weights.shape) != (V,):
@@ -118,45 +134,53 @@ def ce_block_(
     class_weights: torch.Tensor | None = None,
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
-    lse: torch.Tensor | None = None,
+    stats: RowStats | None = None,
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
     """CE of one logits chunk ``[C, V]`` in fp32 math; with ``want_grad`` the gradient G replaces ``logits``.
 
     Args:
-        logits: the chunk (any float dtype); overwritten with G when ``want_grad``.
+        logits: the chunk (any float dtype). It is scratch: overwritten with G when ``want_grad``, otherwise
+            its contents afterwards are unspecified.
         target: ``[C]`` integer classes (``ignore_index`` marks ignored rows).
         coef_ce, coef_z: ``[C]`` fp32 gradient coefficients (see :func:`reduction_coefficients`).
-        lse: ``[C]`` fp32 row log-sum-exp already known (recompute backward); computed when ``None``.
+        stats: the rows' (m, log s) already known (recompute backward); computed when ``None``.
         want_loss: compute ``ce`` and ``z`` of the result.
         want_grad: write G into ``logits``.
     """
-    _check_block(logits, target, coef_ce, coef_z, class_weights, lse)
+    _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     V = logits.shape[1]
     eps = float(label_smoothing)
     lam = float(z_loss_scale)
-    # fp32 working copy; it aliases `logits` when that is already fp32, which is fine: the chunk is overwritten
-    # with G at the end anyway, and nothing below reads the original after the in-place steps start.
+    # fp32 working copy; it aliases `logits` when that is already fp32, which is fine: the chunk is scratch,
+    # and nothing below reads the original after the in-place steps start.
     zc = logits.float()
     t = None
     if softcap is not None:
         t = torch.tanh(zc / softcap)
         zc = t * softcap
-    if lse is None:
-        lse = torch.logsumexp(zc, dim=1)
+    if stats is None:
+        m = zc.amax(dim=1)
+        d = zc.sub_(m[:, None])  # z' − m ≤ 0, in place
+        log_s = torch.logsumexp(d, dim=1)  # log Σ exp(z' − m) ≥ 0
+        stats = RowStats(m, log_s)
+    else:
+        m, log_s = stats
+        d = zc.sub_(m[:, None])
+    lse = m + log_s
     valid, safe, w_t = row_weights(target, class_weights, ignore_index)
     cw = class_weights.to(torch.float32) if class_weights is not None else None
     S_w = cw.sum() if cw is not None else float(V)
     zero = torch.zeros((), dtype=torch.float32, device=logits.device)
+    idx = safe[:, None]
 
     ce = z = None
     if want_loss:
-        z_y = zc.gather(1, safe[:, None]).squeeze(1)
-        ce = (1.0 - eps) * w_t * (lse - z_y)
+        ce = (1.0 - eps) * w_t * (log_s - d.gather(1, idx).squeeze(1))  # lse − z'_y from non-negative parts
         if eps:
-            wz = torch.mv(zc, cw) if cw is not None else zc.sum(dim=1)
-            ce = ce + (eps / V) * (S_w * lse - wz)
+            neg_wd = torch.mv(d, cw) if cw is not None else d.sum(dim=1)  # −Σ_j w_j (m − z'_j) ≤ 0
+            ce = ce + (eps / V) * (S_w * log_s - neg_wd)
         ce = torch.where(valid, ce, zero)
         z = torch.where(valid, lam * lse * lse, zero)
 
@@ -169,8 +193,7 @@ def ce_block_(
         # g = a·(p − δ_y) + b·p − e·w, formed as (a + b)·(p − δ_y) + b·δ_y − e·w: p_y − 1 is exact in fp32
         # (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its relative accuracy
         # (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a).
-        g = zc.sub_(lse[:, None]).exp_()  # p, in place of the fp32 working copy
-        idx = safe[:, None]
+        g = d.sub_(log_s[:, None]).exp_()  # p = exp((z' − m) − log s), in place of the working copy
         g.scatter_add_(1, idx, torch.full_like(b, -1.0)[:, None])
         g.mul_((a + b)[:, None])
         g.scatter_add_(1, idx, b[:, None])
@@ -183,4 +206,4 @@ def ce_block_(
             g.mul_(t.mul_(t).neg_().add_(1.0))  # 1 − tanh²
         if g is not logits:  # `.float()` and the in-place ops return `logits` itself when it is fp32
             logits.copy_(g)
-    return BlockResult(ce, z, lse)
+    return BlockResult(ce, z, lse, stats)

@@ -10,10 +10,10 @@ the stored gradients by the scalar ``grad_output`` (``mean``/``sum``).
 
 ``reduction='none'``: the per-row upstream gradient u must scale the rows of G *before* the matmuls
 (grad_W = Gᵀ·diag(u)·x cannot be recovered from Gᵀ·x), and u is unknown during forward. So for ``none`` this
-impl defers all gradient work to backward: forward computes the per-row losses and lse only, backward
-recomputes the logits chunk by chunk with the coefficients c_i = u_i and accumulates through the same path
-(:class:`impls.recompute.RecomputeFunction`, the ``recompute`` algorithm). Exact; costs 8·N·H·V flops instead
-of 6·N·H·V, and holds only O(N) between forward and backward.
+impl defers all gradient work to backward: forward computes the per-row losses and softmax statistics only,
+backward recomputes the logits chunk by chunk with the coefficients c_i = u_i and accumulates through the same
+path (:class:`impls.recompute.RecomputeFunction`, the ``recompute`` algorithm). Exact; costs 8·N·H·V flops
+instead of 6·N·H·V, and holds only O(N) between forward and backward.
 
 Conventions declared by every impl here:
 
@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 
 from impls import grad_accum
-from impls.ce_block import CEKernel, Coefficients, ce_block_, reduction_coefficients, row_weights
+from impls.ce_block import CEKernel, Coefficients, RowStats, ce_block_, reduction_coefficients, row_weights
 from impls.protocol import FLOAT_DTYPES, LinearCESupport
 from impls.registry import builtin_factory
 from reference.options import CEOptions, options_from_kwargs
@@ -131,19 +131,20 @@ def sweep(
     target: torch.Tensor,
     *,
     coef: Coefficients | None = None,
-    lse: torch.Tensor | None = None,
+    stats: RowStats | None = None,
     want_loss: bool = True,
     gx: torch.Tensor | None = None,
     gw: torch.Tensor | None = None,
     gb: torch.Tensor | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None, RowStats]:
     """One pass over the token chunks.
 
     Each chunk's logits are computed in the compute dtype and handed to ``plan.kernel``. With ``coef``, the
     kernel writes G into the chunk and the sweep computes ``gx[chunk] = G·W`` (when ``gx`` is given) and
-    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` through ``plan.path``'s step (when given). ``lse`` (fp32
-    ``[N]``) is reused instead of recomputed when given. Returns per-row fp32 ``(ce, z, lse)``; ``ce`` and
-    ``z`` are ``None`` without ``want_loss``. The loop bound is a Python int: no host synchronisation.
+    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` through ``plan.path``'s step (when given). ``stats`` (the rows'
+    fp32 (m, log s), ``[N]`` each) are reused instead of recomputed when given. Returns per-row fp32
+    ``(ce, z, stats)``; ``ce`` and ``z`` are ``None`` without ``want_loss``. The loop bound is a Python int:
+    no host synchronisation.
     """
     o = plan.options
     N = xc.shape[0]
@@ -152,7 +153,8 @@ def sweep(
     step = grad_accum.PATHS[plan.path]
     ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
     z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    lse_rows = lse if lse is not None else torch.empty(N, dtype=f32, device=dev)
+    rows = stats if stats is not None else RowStats(torch.empty(N, dtype=f32, device=dev),
+                                                    torch.empty(N, dtype=f32, device=dev))
     if coef is None:
         zeros = torch.zeros(N, dtype=f32, device=dev)
         cc, cz = zeros, zeros
@@ -166,13 +168,15 @@ def sweep(
         res = plan.kernel(
             logits, target[r], cc[r], cz[r], ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
             class_weights=o.class_weights, softcap=o.softcap, z_loss_scale=o.z_loss_scale,
-            lse=lse[r] if lse is not None else None, want_loss=want_loss, want_grad=coef is not None,
+            stats=RowStats(stats.m[r], stats.log_s[r]) if stats is not None else None, want_loss=want_loss,
+            want_grad=coef is not None,
         )
         if want_loss:
             ce_rows[r] = res.ce  # type: ignore[index]
             z_rows[r] = res.z  # type: ignore[index]
-        if lse is None:
-            lse_rows[r] = res.lse
+        if stats is None:
+            rows.m[r] = res.stats.m
+            rows.log_s[r] = res.stats.log_s
         if coef is not None:
             if gx is not None:
                 torch.mm(logits, wc, out=gx[r])
@@ -180,7 +184,7 @@ def sweep(
                 step(gw, logits, x_r)
             if gb is not None:
                 grad_accum.accumulate_bias(step, gb, logits)
-    return ce_rows, z_rows, lse_rows
+    return ce_rows, z_rows, rows
 
 
 def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,8 +2,9 @@
 
 The fused chunked design (:mod:`impls.chunked`) computes grad_x and grad_W during forward and keeps them —
 an fp32 [V, H] buffer — until backward, for the whole pipeline stage (seed 002). Here forward keeps only what
-autograd already has (x, W, target, bias, class weights: inputs, no copies) plus the per-row fp32 lse
-(4·N bytes); backward recomputes the logits chunk by chunk, turns each chunk into G with the lse from forward
+autograd already has (x, W, target, bias, class weights: inputs, no copies) plus the per-row fp32 softmax
+statistics (m, log s), lse = m + log s (8·N bytes); backward recomputes the logits chunk by chunk, turns each
+chunk into G with the statistics from forward
 and the upstream gradient folded into the per-row coefficients, and accumulates grad_x, grad_W, grad_b.
 Nothing of size [V, H] or [N, V] is held across backward (under autocast the [V, H] compute-dtype copy of W
 is made again in backward, not kept). Cost: 8·N·H·V flops instead of 6·N·H·V.
@@ -22,13 +23,13 @@ from typing import Any
 import torch
 
 from impls import grad_accum
-from impls.ce_block import reduction_coefficients, row_weights
+from impls.ce_block import RowStats, reduction_coefficients, row_weights
 from impls.chunked import DEFAULT_CHUNK_ROWS, ChunkedLinearCE, Plan, autocast_off, operands, reduce_rows, sweep
 from impls.registry import builtin_factory
 
 
 class RecomputeFunction(torch.autograd.Function):
-    """Forward: per-row losses and lse only. Backward: recompute each logits chunk, G with the upstream
+    """Forward: per-row losses and softmax statistics only. Backward: recompute each logits chunk, G with the upstream
     gradient (scalar or per-row) in the coefficients, and accumulate the gradients."""
 
     @staticmethod
@@ -39,16 +40,16 @@ class RecomputeFunction(torch.autograd.Function):
             xc, wc, bc = operands(plan, x, weight, bias)
             valid, _, w_t = row_weights(target, o.class_weights, o.ignore_index)
             coef = reduction_coefficients(valid, w_t, o.reduction)
-            ce, z, lse = sweep(plan, xc, wc, bc, target)
+            ce, z, stats = sweep(plan, xc, wc, bc, target)
             loss, z_loss = reduce_rows(o.reduction, ce, z, coef)  # type: ignore[arg-type]
-        ctx.save_for_backward(x, weight, bias, target, lse)
+        ctx.save_for_backward(x, weight, bias, target, stats.m, stats.log_s)
         ctx.plan = plan
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
-        x, weight, bias, target, lse = ctx.saved_tensors
+        x, weight, bias, target, m, log_s = ctx.saved_tensors
         plan: Plan = ctx.plan
         o = plan.options
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -62,7 +63,7 @@ class RecomputeFunction(torch.autograd.Function):
             gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(plan.path, weight.dtype), device=x.device) if need_w else None
             gb = (torch.zeros(V, dtype=grad_accum.accumulator_dtype(plan.path, bias.dtype), device=x.device)
                   if need_b and bias is not None else None)
-            sweep(plan, xc, wc, bc, target, coef=coef, lse=lse, want_loss=False, gx=gx, gw=gw, gb=gb)
+            sweep(plan, xc, wc, bc, target, coef=coef, stats=RowStats(m, log_s), want_loss=False, gx=gx, gw=gw, gb=gb)
             return (gx.to(x.dtype) if gx is not None else None,
                     gw.to(weight.dtype) if gw is not None else None,
                     gb.to(bias.dtype) if gb is not None else None,
@@ -73,7 +74,7 @@ def recompute(*, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
     """The built-in ``recompute`` impl."""
     return ChunkedLinearCE(
         "recompute", path="addmm_out_dtype", chunk_rows=chunk_rows, recompute=True,
-        description="forward keeps x, W, target, bias and per-row lse; backward recomputes the logits chunk by chunk",
+        description="forward keeps x, W, target, bias and per-row (max, log-sum); backward recomputes the logits chunk by chunk",
     )
 
 

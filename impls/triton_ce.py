@@ -3,10 +3,11 @@
 :func:`ce_block_triton_` has exactly the contract of :func:`impls.ce_block.ce_block_` (same options, same
 per-row outputs, gradient G written in place of the logits chunk in its dtype) and every option: ignore_index,
 per-row coefficients (so every reduction and a per-row upstream), label smoothing, class weights, softcap,
-z-loss, and a known lse (recompute). Each program takes ``ROWS`` rows and sweeps the vocabulary in blocks of
-``BLOCK_V`` twice: pass 1 is an online softmax (running max and rescaled sum) that also gathers the target
-logit and Σ_j w_j z'_ij; pass 2 forms G in fp32 and stores it over the logits, with the true-class term
-p_y − 1 formed exactly before it is scaled (as in the torch block). Padded vocabulary lanes are
+z-loss, and known row statistics (recompute). Each program takes ``ROWS`` rows and sweeps the vocabulary in blocks of
+``BLOCK_V`` twice: pass 1 is an online softmax (running max m and rescaled sum s) that also gathers the target
+logit and Σ_j w_j (m − z'_ij) (re-based as m grows); pass 2 forms G in fp32 and stores it over the logits.
+Every quantity is formed from non-negative parts exactly as in the torch block (see :mod:`impls.ce_block`):
+loss (m − z'_y) + log s, softmax exp((z' − m) − log s), true-class term p_y − 1 before it is scaled. Padded vocabulary lanes are
 set to −inf *after* the softcap (s·tanh(−inf/s) = −s would otherwise leak into the softmax).
 
 tanh is computed here (Triton's libdevice is not available under the interpreter): tanh(a) = sign(a)·(1−e)/(1+e)
@@ -36,7 +37,7 @@ except Exception as exc:  # pragma: no cover - depends on the installation
     tl = None  # type: ignore[assignment]
     _IMPORT_ERROR = f"triton cannot be imported: {type(exc).__name__}: {exc}"
 
-from impls.ce_block import BlockResult, _check_block
+from impls.ce_block import BlockResult, RowStats, _check_block
 from impls.chunked import ChunkedLinearCE
 from impls.protocol import LinearCESupport
 from impls.registry import builtin_factory
@@ -68,9 +69,9 @@ if triton is not None:
 
     @triton.jit
     def _ce_kernel(
-        L, stride_l, T, CC, CZ, CW, SW, LSE_IN, CE_OUT, Z_OUT, LSE_OUT,
+        L, stride_l, T, CC, CZ, CW, SW, M_IN, LOGS_IN, CE_OUT, Z_OUT, LSE_OUT, M_OUT, LOGS_OUT,
         C, V, ignore_index, eps, lam, softcap,
-        HAS_CW: tl.constexpr, HAS_EPS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_LSE: tl.constexpr,
+        HAS_CW: tl.constexpr, HAS_EPS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_STATS: tl.constexpr,
         WANT_LOSS: tl.constexpr, WANT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -89,41 +90,58 @@ if triton is not None:
         row_ptr = L + rows_s.to(tl.int64)[:, None] * stride_l
         cols0 = tl.arange(0, BLOCK_V)
 
-        if HAS_LSE:
-            lse = tl.load(LSE_IN + rows_s)
+        if HAS_STATS:
+            m = tl.load(M_IN + rows_s)
+            log_s = tl.load(LOGS_IN + rows_s)
         else:
-            lse = tl.zeros([ROWS], dtype=tl.float32)
-        if WANT_LOSS or not HAS_LSE:
             m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+            log_s = tl.zeros([ROWS], dtype=tl.float32)
+        if WANT_LOSS or not HAS_STATS:
+            # Pass 1, online: running max m, Σ exp(z' − m), the target's z', and for smoothing
+            # Σ_j w_j (m − z'_j) (non-negative terms; re-based by (m_new − m)·Σ w when m grows).
             s = tl.zeros([ROWS], dtype=tl.float32)
             zy = tl.zeros([ROWS], dtype=tl.float32)
-            wz = tl.zeros([ROWS], dtype=tl.float32)
+            wd = tl.zeros([ROWS], dtype=tl.float32)
+            wsum = tl.zeros([ROWS], dtype=tl.float32)
+            if HAS_STATS:
+                m_run = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+            else:
+                m_run = m
             for v0 in range(0, V, BLOCK_V):
                 cols = v0 + cols0
                 cm = cols < V
                 z = tl.load(row_ptr + cols[None, :], mask=cm[None, :], other=0.0).to(tl.float32)
                 if HAS_SOFTCAP:
                     z = softcap * _tanh(z / softcap)
-                zm = tl.where(cm[None, :], z, float("-inf"))
-                m_new = tl.maximum(m, tl.max(zm, 1))
-                s = s * tl.exp(m - m_new) + tl.sum(tl.exp(zm - m_new[:, None]), 1)
-                m = m_new
+                zm = tl.where(cm[None, :], z, float("-inf"))  # padded lanes stay out, also after the softcap
+                m_new = tl.maximum(m_run, tl.max(zm, 1))
+                s = s * tl.exp(m_run - m_new) + tl.sum(tl.exp(zm - m_new[:, None]), 1)
                 zy += tl.sum(tl.where(cols[None, :] == ys[:, None], z, 0.0), 1)
                 if HAS_EPS:
                     if HAS_CW:
                         w = tl.load(CW + cols, mask=cm, other=0.0).to(tl.float32)
-                        wz += tl.sum(tl.where(cm[None, :], z * w[None, :], 0.0), 1)
                     else:
-                        wz += tl.sum(tl.where(cm[None, :], z, 0.0), 1)
-            if not HAS_LSE:
-                lse = m + tl.log(s)
-            if WANT_LOSS:
-                ce = (1.0 - eps) * w_t * (lse - zy)
+                        w = tl.where(cm, 1.0, 0.0)
+                    m_prev = tl.where(wsum > 0.0, m_run, m_new)  # nothing to re-base before the first block
+                    wd += (m_new - m_prev) * wsum
+                    wd += tl.sum(tl.where(cm[None, :], (m_new[:, None] - z) * w[None, :], 0.0), 1)
+                    wsum += tl.sum(w, 0)
+                m_run = m_new
+            log_s_run = tl.log(s)
+            if not HAS_STATS:
+                m = m_run
+                log_s = log_s_run
+            if WANT_LOSS:  # from this pass's own statistics, with which zy and wd were formed
+                ce = (1.0 - eps) * w_t * ((m_run - zy) + log_s_run)
                 if HAS_EPS:
-                    ce += (eps / V) * (s_w * lse - wz)
+                    ce += (eps / V) * (wd + s_w * log_s_run)
+                lse_l = m_run + log_s_run
                 tl.store(CE_OUT + rows, tl.where(valid, ce, 0.0), mask=rmask)
-                tl.store(Z_OUT + rows, tl.where(valid, lam * lse * lse, 0.0), mask=rmask)
+                tl.store(Z_OUT + rows, tl.where(valid, lam * lse_l * lse_l, 0.0), mask=rmask)
+        lse = m + log_s
         tl.store(LSE_OUT + rows, lse, mask=rmask)
+        tl.store(M_OUT + rows, m, mask=rmask)
+        tl.store(LOGS_OUT + rows, log_s, mask=rmask)
 
         if WANT_GRAD:
             c = tl.where(valid, tl.load(CC + rows_s), 0.0)
@@ -138,7 +156,7 @@ if triton is not None:
                 if HAS_SOFTCAP:
                     t = _tanh(z / softcap)
                     z = softcap * t
-                p = tl.exp(z - lse[:, None])
+                p = tl.exp((z - m[:, None]) - log_s[:, None])
                 # a·(p − δ_y) + b·p as (a + b)·(p − δ_y) + b·δ_y: p_y − 1 is exact before it is scaled
                 is_y = cols[None, :] == ys[:, None]
                 g = (a + b)[:, None] * (p - tl.where(is_y, 1.0, 0.0)) + tl.where(is_y, b[:, None], 0.0)
@@ -174,39 +192,45 @@ def ce_block_triton_(
     class_weights: torch.Tensor | None = None,
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
-    lse: torch.Tensor | None = None,
+    stats: RowStats | None = None,
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
     """The Triton equivalent of :func:`impls.ce_block.ce_block_` (same arguments and result; G replaces
-    ``logits``, which must have unit stride along the vocabulary)."""
+    ``logits``, which must have unit stride along the vocabulary; without ``want_grad`` the logits are left
+    untouched)."""
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"ce_block_triton_: {reason}")
-    _check_block(logits, target, coef_ce, coef_z, class_weights, lse)
+    _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     if logits.stride(1) != 1:
         raise ValueError(f"logits must have unit stride along V, got strides {logits.stride()}")
     C, V = logits.shape
     dev = logits.device
     f32 = torch.float32
-    lse_out = torch.empty(C, dtype=f32, device=dev)
-    ce = torch.empty(C, dtype=f32, device=dev) if want_loss else lse_out
-    z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse_out
+    lse = torch.empty(C, dtype=f32, device=dev)
+    m_out = torch.empty(C, dtype=f32, device=dev)
+    logs_out = torch.empty(C, dtype=f32, device=dev)
+    ce = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
+    z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
     cw = class_weights.to(f32).contiguous() if class_weights is not None else None
-    sw = cw.sum().reshape(1) if cw is not None else lse_out  # a pointer only read when HAS_CW
+    sw = cw.sum().reshape(1) if cw is not None else lse  # a pointer only read when HAS_CW
+    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, RowStats(m_out, logs_out))
     if C == 0:
-        return BlockResult(ce if want_loss else None, z if want_loss else None, lse_out)
+        return result
+    m_in, logs_in = ((stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None
+                     else (lse, lse))
     rows, block_v, warps = _launch_shape(C, V)
     _ce_kernel[(triton.cdiv(C, rows),)](
         logits, logits.stride(0), target.contiguous(), coef_ce.to(f32).contiguous(), coef_z.to(f32).contiguous(),
-        cw if cw is not None else lse_out, sw, lse.to(f32).contiguous() if lse is not None else lse_out,
-        ce, z, lse_out, C, V, int(ignore_index), float(label_smoothing), float(z_loss_scale),
+        cw if cw is not None else lse, sw, m_in, logs_in, ce, z, lse, m_out, logs_out,
+        C, V, int(ignore_index), float(label_smoothing), float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
         HAS_CW=cw is not None, HAS_EPS=bool(label_smoothing), HAS_SOFTCAP=softcap is not None,
-        HAS_LSE=lse is not None, WANT_LOSS=want_loss, WANT_GRAD=want_grad, ROWS=rows, BLOCK_V=block_v,
+        HAS_STATS=stats is not None, WANT_LOSS=want_loss, WANT_GRAD=want_grad, ROWS=rows, BLOCK_V=block_v,
         num_warps=warps,
     )
-    return BlockResult(ce if want_loss else None, z if want_loss else None, lse_out)
+    return result
 
 
 @builtin_factory

@@ -7,7 +7,8 @@ Bound on the difference (both read the same stored logits z; u = 2⁻²⁴, γ_n
   of impls/triton_ce.py: ≤ 3u below |a| = 0.15, and e/(1−e) ≤ 2.9 times exp's ≤ 2u plus two roundings above)
   with /s and ·s: ≤ 10u|z'|. So |Δz'| ≤ 14u·Zmax_i, Zmax_i = max_j |z'_ij| (0 without softcap).
 * each side's lse has error ≤ its δz' + R_i, R_i = γ_{V+4}(1 + |lse_i|) (a length-V sum of exponentials, the
-  shift, exp, log), so |Δlse_i|, |Δ log p_ij| ≤ e_i = 2·14u·Zmax_i + 2R_i.
+  shift, exp, log), so |Δlse_i|, |Δ log s_i|, |Δ log p_ij| ≤ e_i = 2·14u·Zmax_i + 2R_i; the row maxima differ by
+  at most |Δz'| (not at all without softcap). Given row statistics pass through both unchanged (bound 0).
 * G (fp32 math on both sides): |ΔG_ij| ≤ Gabs_ij·(e_i + 10u) (the few products of each side), + 30u·Gabs_ij
   under softcap (d = 1 − t² with t off by ≤ 12u|t| on each side), Gabs = |c|(C·p + q) + |c^z|·2λ|lse|·p as in
   tests/test_impls_oracle.py (without the factor d, which is ≤ 1); stored bf16 adds each side's rounding,
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from impls import triton_ce
-from impls.ce_block import ce_block_, reduction_coefficients, row_weights
+from impls.ce_block import RowStats, ce_block_, reduction_coefficients, row_weights
 
 U, UB = 2.0**-24, 2.0**-8
 SAFETY = 2.0
@@ -56,7 +57,7 @@ def _case(C: int, V: int, dtype: torch.dtype, *, ignored: int, cw: bool, seed: i
     return logits, target, weights, coef
 
 
-def _bounds(logits, target, weights, coef, *, eps, softcap, lam, lse_given):
+def _bounds(logits, target, weights, coef, *, eps, softcap, lam, stats_given):
     f = torch.float64
     logits, target = logits.cpu(), target.cpu()
     weights = weights.cpu() if weights is not None else None
@@ -82,7 +83,9 @@ def _bounds(logits, target, weights, coef, *, eps, softcap, lam, lse_given):
         dG = dG + 2 * UB * Gabs * (1 + e)[:, None]
     zeta = lam * lse * lse * valid
     return {
-        "lse": torch.zeros(C, dtype=f) if lse_given else e,
+        "lse": torch.zeros(C, dtype=f) if stats_given else e,
+        "m": torch.zeros(C, dtype=f) if stats_given else 14 * U * zmax,
+        "log_s": torch.zeros(C, dtype=f) if stats_given else e,
         "ce": (Cc * e + 2 * gamma(V + 4) * (Cc * lse.abs() + (q * zc.abs()).sum(1))) * valid,
         "z": 2 * lam * lse.abs() * e * valid + 6 * U * zeta,
         "G": dG,
@@ -99,27 +102,29 @@ OPTION_SETS = {
 }
 
 
-@pytest.mark.parametrize("mode", ["loss+grad", "lse-given-grad-only", "loss-only"])
+@pytest.mark.parametrize("mode", ["loss+grad", "stats-given-grad-only", "loss-only"])
 @pytest.mark.parametrize("V", [37, 1500], ids=["V37", "V1500-two-blocks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("opts", list(OPTION_SETS), ids=list(OPTION_SETS))
 def test_triton_equals_torch_block(opts, dtype, V, mode, request):
-    """ce_block_triton_ gives the same per-row CE, z-loss, lse and in-place gradient as ce_block_."""
+    """ce_block_triton_ gives the same per-row CE, z-loss, lse, row statistics and in-place gradient as ce_block_."""
     o = OPTION_SETS[opts]
     eps, softcap, lam = o.get("eps", 0.0), o.get("softcap"), o.get("lam", 0.0)
     C = 13  # not a multiple of the interpreter's rows per program
     logits, target, weights, coef = _case(C, V, dtype, ignored=3, cw=o.get("cw", False), seed=list(OPTION_SETS).index(opts) * 7 + V)
-    lse = None
-    if mode == "lse-given-grad-only":
+    stats = None
+    if mode == "stats-given-grad-only":
         zc = logits.float()
-        lse = torch.logsumexp(softcap * torch.tanh(zc / softcap) if softcap is not None else zc, dim=1)
+        zc = softcap * torch.tanh(zc / softcap) if softcap is not None else zc
+        m = zc.amax(dim=1)
+        stats = RowStats(m, torch.logsumexp(zc - m[:, None], dim=1))
     kw = dict(ignore_index=IGN, label_smoothing=eps, class_weights=weights, softcap=softcap, z_loss_scale=lam,
-              lse=lse, want_loss=mode != "lse-given-grad-only", want_grad=mode != "loss-only")
+              stats=stats, want_loss=mode != "stats-given-grad-only", want_grad=mode != "loss-only")
     a, b = logits.clone(), logits.clone()
     ra = ce_block_(a, target, coef.coef_ce, coef.coef_z, **kw)
     rb = triton_ce.ce_block_triton_(b, target, coef.coef_ce, coef.coef_z, **kw)
-    bounds = _bounds(logits, target, weights, coef, eps=eps, softcap=softcap, lam=lam, lse_given=lse is not None)
-    pairs = {"lse": (ra.lse, rb.lse)}
+    bounds = _bounds(logits, target, weights, coef, eps=eps, softcap=softcap, lam=lam, stats_given=stats is not None)
+    pairs = {"lse": (ra.lse, rb.lse), "m": (ra.stats.m, rb.stats.m), "log_s": (ra.stats.log_s, rb.stats.log_s)}
     if kw["want_loss"]:
         pairs.update(ce=(ra.ce, rb.ce), z=(ra.z, rb.z))
     if kw["want_grad"]:
