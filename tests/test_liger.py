@@ -45,13 +45,12 @@ CASES: list[Problem] = [
 ]
 CASES = [p.replace(device=DEVICE) for p in CASES]
 
-#: Cases that fail for reasons outside the adapter, reported to the tolerance model's owner (strict: when the
-#: model is fixed these pass, the marker must go). Under AMP with an fp32 bias Liger adds the bias in fp32
-#: after the bf16 matmul, while the oracle (and eager) round it to bf16: (b) then compares Liger with an
-#: eager that shares the oracle's rounding. And with fp32 params Liger's grad_weight adds a bf16-rounded
-#: product per chunk into an fp32 accumulator, whose u_c·|G|ᵀ|x| term "param_dtype" (K·u_p) lacks.
-KNOWN = {(p, name): "AMP + fp32 bias: bias-rounding convention in judgement (b); per-chunk product rounding "
-         "missing from the param_dtype term" for name in ("liger[accum=None]", "liger[accum=fp32]")
+#: Cases that fail for a reason outside the adapter, reported to the tolerance model's owner (strict: when the
+#: model is fixed this passes and the marker must go). With fp32 params under AMP, Liger's accum_dtype=None
+#: path adds each chunk's product, rounded to bf16 by the autocast mm, into the fp32 accumulator: an
+#: u_c·|G|ᵀ|x| term that "param_dtype" (K·u_p with u_p = fp32's) does not contain. grad_weight lands at 1.02×
+#: its bound on this case.
+KNOWN = {(p, "liger[accum=None]"): "per-chunk bf16 product rounding missing from the param_dtype bound under AMP"
          for p in CASES if p.autocast and p.bias}
 
 
