@@ -76,9 +76,25 @@ def _decode(v: Any, key: str = "") -> Any:
     return v
 
 
+def _rounded(v: Any) -> Any:
+    # 7 significant digits: enough for every ratio and error, and a committed report stays small.
+    if isinstance(v, float) and math.isfinite(v):
+        return float(f"{v:.7g}")
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items() if x != "" or k in ("reason", "error")}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return v
+
+
 def dumps(report: dict) -> str:
-    """Strict JSON text of a report."""
-    return json.dumps(_encode(report), indent=1, sort_keys=False, allow_nan=False) + "\n"
+    """Strict JSON text of a report: floats to 7 significant digits, empty strings left out, one case per line
+    (so two reports diff line by line)."""
+    data = _encode(_rounded(report))
+    cases = data.pop("cases", [])
+    head = json.dumps(data, indent=1, allow_nan=False)
+    body = ",\n".join(json.dumps(c, separators=(",", ":"), allow_nan=False) for c in cases)
+    return head[:-2] + ',\n "cases": [\n' + body + "\n ]\n}\n"
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -298,7 +314,24 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
     return rec
 
 
+def case_text(case: Any) -> str:
+    """A case as valid Python naming only the fields that differ from their defaults (``Problem(N=4, H=40, V=40,
+    seed=1004)``): what the report's ``case`` field holds and what ``--compare`` matches on."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(case):
+        return repr(case)
+    parts = []
+    for f in dataclasses.fields(case):
+        v = getattr(case, f.name)
+        has_default = f.default is not dataclasses.MISSING
+        if has_default and v == f.default:
+            continue
+        parts.append(repr(v) if not has_default and not parts and f.name == "recipe" else f"{f.name}={v!r}")
+    return f"{type(case).__name__}({', '.join(parts)})"
+
+
 def _base(impl: Any, grid_case: Any, status: str, seconds: float) -> dict[str, Any]:
     c = grid_case.case
-    return {"impl": impl.name, "kind": impl.kind, "case": repr(c), "label": c.short(), "group": grid_case.group,
+    return {"impl": impl.name, "kind": impl.kind, "case": case_text(c), "label": c.short(), "group": grid_case.group,
             "mode": grid_case.mode, "status": status, "seconds": round(seconds, 3)}

@@ -23,7 +23,7 @@ import torch
 
 from impls.registry import BrokenImpl, ImplEntry
 from reports.report_grid import GridCase, GridSpec, linear_ce_cases, quant_cases
-from reports.report_schema import declaration, error_record, linear_ce_record, quant_record
+from reports.report_schema import case_text, declaration, error_record, linear_ce_record, quant_record
 
 
 class Progress:
@@ -146,8 +146,8 @@ def sweep(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str = "
     # Cases in the outer loop (eager's error on each problem is computed once, shared by every impl).
     order: dict[str, int] = {}
     for i, (_, gc) in enumerate(work):
-        order.setdefault(repr(gc.case), i)
-    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[repr(w[1].case)]))
+        order.setdefault(case_text(gc.case), i)
+    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[case_text(w[1].case)]))
     bar = Progress(len(work), stream, label=f"numcheck report ({spec.name})", enabled=progress)
     records = []
     with one_thread():
