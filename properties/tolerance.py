@@ -12,7 +12,8 @@ the *expected level* replaces it with √n·u (Higham & Mary 2019, λ = 1), all 
 Derivation, one output at a time (all |·| element-wise, all quantities from the float64 oracle):
 
 1. Logits (reduction length H, +1 with bias):
-   e_z = γ_{H+1}(u_a)·(|x||W|ᵀ + |b|) + (u_L + 2u_a)·|z| [+ u_c·|b| when a bias may be rounded to the compute dtype].
+   e_z = γ_{H+1}(u_a)·(|x||W|ᵀ + |b|) + (u_L + 2u_a)·|z| [+ u_L·(|z| + |b|) with a bias: the matmul output may be
+   rounded before the bias is added] [+ u_c·|b| when a bias may be rounded to the compute dtype].
    Softcap z' = s·tanh(z/s): e_z' = sech²(z/s)·e_z + 3u_L·|z'| (tanh, divide and multiply each round once).
 2. Row statistics: first order, δlse_i = Σ_j p_ij δz'_ij, so |δlse_i| ≤ E_i + R_i with E_i = Σ_j p_ij e'_ij and
    R_i = γ_V(u_a) + 3u_a + 3u_ce|lse_i| for evaluating lse (a sum of V positive terms in fp32, then exp, log and
@@ -193,6 +194,10 @@ class _Sweep:
         if blk.b is not None:
             mag = mag + blk.b.abs()
         e_z = self.g_H * mag + (m.u_L + 2 * U_ACC) * blk.z.abs() + m.eta_c
+        if blk.b is not None:
+            # The matmul's output may be rounded to the logits dtype before the bias is added (Liger adds it
+            # in place after the bf16 matmul): one more rounding of |x·Wᵀ| ≤ |z| + |b|.
+            e_z = e_z + m.u_L * (blk.z.abs() + blk.b.abs())
         if m.bias_rounding and blk.b is not None:
             e_z = e_z + m.u_c * blk.b.abs()
         if blk.dzc_dz is None:
