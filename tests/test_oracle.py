@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.autograd.gradcheck import GradcheckError
 
 from reference.linear_ce import LinearCEResult, forward_autograd, linear_ce
 from reference.options import CEOptions
@@ -396,7 +397,8 @@ class AnalyticLinearCE(torch.autograd.Function):
 
 #: gradcheck tolerances. Central differences with step h = 1e-6 err by ≤ h²/6·|f'''| + 2u·|f|/h ≈
 #: 1e-13·|f'''| + 2.2e-10·|f|; on these cases |f| ≲ 10 and |f'''| ≲ 1e2 (logits O(2), softcap 1.5), so
-#: atol = 1e-8 has ≥ 4x headroom; rtol = 1e-6 covers large Jacobian entries the same way.
+#: atol = 1e-8 has ≥ 4x headroom; rtol = 1e-6 covers large Jacobian entries the same way. (Measured: every
+#: case still passes at 10x tighter tolerances, and some fail at 100x, where finite differences run out.)
 GRADCHECK = dict(eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
@@ -423,7 +425,7 @@ def test_gradcheck(reduction, option_set, ignored):
     for name, fn in (("forward_autograd", via_autograd), ("analytic backward", via_analytic)):
         try:
             torch.autograd.gradcheck(fn, inputs, **GRADCHECK)
-        except torch.autograd.gradcheck.GradcheckError as exc:
+        except GradcheckError as exc:
             raise AssertionError(f"gradcheck of the oracle's {name} failed on [{c.label}] "
                                  f"(tolerances {GRADCHECK}): {exc}; repro: {_repro()}") from None
 
