@@ -45,15 +45,6 @@ CASES: list[Problem] = [
 ]
 CASES = [p.replace(device=DEVICE) for p in CASES]
 
-#: Cases that fail for a reason outside the adapter, reported to the tolerance model's owner (strict: when the
-#: model is fixed this passes and the marker must go). With fp32 params under AMP, Liger's accum_dtype=None
-#: path adds each chunk's product, rounded to bf16 by the autocast mm, into the fp32 accumulator: an
-#: u_c·|G|ᵀ|x| term that "param_dtype" (K·u_p with u_p = fp32's) does not contain. grad_weight lands at 1.02×
-#: its bound on this case.
-KNOWN = {(p, "liger[accum=None]"): "per-chunk bf16 product rounding missing from the param_dtype bound under AMP"
-         for p in CASES if p.autocast and p.bias}
-
-
 def _impl(name: str):
     for e in builtin_impls():
         if e.name == name:
@@ -69,9 +60,7 @@ def _refusal(impl, p: Problem) -> str | None:
 def _params():
     for name in liger.VARIANTS:
         for p in CASES:
-            why = KNOWN.get((p, name))
-            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-            yield pytest.param(name, p, id=f"{name}-{p.short()}", marks=marks)
+            yield pytest.param(name, p, id=f"{name}-{p.short()}")
 
 
 @pytest.mark.parametrize("name,p", list(_params()))
