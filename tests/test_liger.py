@@ -73,10 +73,7 @@ def test_matches_oracle(name: str, p: Problem) -> None:
     refused = _refusal(impl, p)
     if refused:
         pytest.skip(f"{name} does not declare this case: {refused}; {impl.description}")
-    # The relative-to-eager judgement is left out on the confident case: Liger forms the loss as
-    # (m + log d) − z_y, whose absolute error is u·|lse| where eager's log_softmax gets u·|loss|; on rows
-    # with p_y → 1 that is ~10× eager's error while inside the analytic bound (R_i = 3u(1 + |lse|)).
-    res = check_accuracy(impl, p, relative=p.regime != "confident")
+    res = check_accuracy(impl, p)
     if not res.ok:
         fail(impl, "accuracy", p, *res.failure_lines())
 
