@@ -24,6 +24,9 @@ Conventions declared by every impl here:
 * G is rounded to the compute dtype before the grad_x/grad_W matmuls (``logits_dtype="compute"``).
 * no host synchronisation inside the chunk loop (targets are range-checked once per call: a ValueError on
   CPU, a device-side assert elsewhere).
+* ``mean``/``sum`` backward scales the stored gradients in place (no [V, H] temporary), so it may run once
+  per graph: a second backward with ``retain_graph=True`` raises (``recompute`` and ``none`` have no such
+  limit).
 
 Default chunk: :data:`DEFAULT_CHUNK_ROWS` = 2048 tokens, the chunk of the seed's measurement. At V=131072 a
 bf16 logits chunk is 512 MiB and the torch CE path's fp32 working copies about 1 GiB each, comfortable on an
@@ -161,6 +164,7 @@ def sweep(
     else:
         cc, cz = coef.coef_ce, coef.coef_z
     wt = wc.t()
+    ones = torch.ones((min(N, plan.chunk_rows), 1), dtype=wc.dtype, device=dev) if gb is not None else None
     for start in range(0, N, plan.chunk_rows):
         r = slice(start, min(N, start + plan.chunk_rows))
         x_r = xc[r]
@@ -183,7 +187,7 @@ def sweep(
             if gw is not None:
                 step(gw, logits, x_r)
             if gb is not None:
-                grad_accum.accumulate_bias(step, gb, logits)
+                grad_accum.accumulate_bias(step, gb, logits, ones)
     return ce_rows, z_rows, rows
 
 
@@ -199,10 +203,12 @@ def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coeffic
     return ce + z, z
 
 
-def scaled(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``)."""
+def scaled_(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``).
+    ``buf`` is consumed: when it is the wider one it is scaled in place (no [V, H] fp32 temporary in backward;
+    no copy at all when it already has ``dtype``)."""
     if buf.dtype.itemsize >= dtype.itemsize:
-        return (buf * g).to(dtype)
+        return buf.mul_(g).to(dtype)
     return buf.to(dtype).mul_(g)
 
 
@@ -236,13 +242,18 @@ class FusedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
+        if getattr(ctx, "consumed", False):
+            raise RuntimeError("the fused chunked linear+CE backward ran twice on one graph: its stored gradients are "
+                               "scaled in place by the first backward (retain_graph=True is not supported; use the "
+                               "'recompute' impl for that)")
+        ctx.consumed = True
         gx, gw, gb = ctx.saved_tensors
         dx, dw, db = ctx.dtypes
         g = grad_loss.to(torch.float32)
         with autocast_off(grad_loss.device.type):
-            return (scaled(gx, g, dx) if gx is not None else None,
-                    scaled(gw, g, dw) if gw is not None else None,
-                    scaled(gb, g, db) if gb is not None else None,
+            return (scaled_(gx, g, dx) if gx is not None else None,
+                    scaled_(gw, g, dw) if gw is not None else None,
+                    scaled_(gb, g, db) if gb is not None else None,
                     None, None)
 
 

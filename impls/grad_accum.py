@@ -147,10 +147,15 @@ def accumulator_dtype(path: str, param_dtype: torch.dtype) -> torch.dtype:
     return param_dtype if path == "lowp_accum" else torch.float32
 
 
-def accumulate_bias(step: Step, gb: torch.Tensor, G: torch.Tensor) -> None:
+def accumulate_bias(step: Step, gb: torch.Tensor, G: torch.Tensor, ones: torch.Tensor | None = None) -> None:
     """``gb += Σ_rows G`` through ``step`` (a ``[V, 1]`` view of ``gb`` against a ``[C, 1]`` column of ones),
-    so grad_bias follows the same accumulation path as grad_weight. ``gb`` must be contiguous ``[V]``."""
+    so grad_bias follows the same accumulation path as grad_weight. ``gb`` must be contiguous ``[V]``.
+    ``ones``: a ``[≥C, 1]`` column of ones in ``G``'s dtype to reuse across chunks (made here when ``None``)."""
     if gb.dim() != 1 or gb.shape[0] != G.shape[1]:
         raise ValueError(f"gb must have shape [V]=[{G.shape[1]}], got {tuple(gb.shape)}")
-    ones = torch.ones((G.shape[0], 1), dtype=G.dtype, device=G.device)
-    step(gb.view(-1, 1), G, ones)
+    C = G.shape[0]
+    if ones is None:
+        ones = torch.ones((C, 1), dtype=G.dtype, device=G.device)
+    elif ones.dim() != 2 or ones.shape[0] < C or ones.shape[1] != 1:
+        raise ValueError(f"ones must have shape [>= {C}, 1], got {tuple(ones.shape)}")
+    step(gb.view(-1, 1), G, ones[:C])

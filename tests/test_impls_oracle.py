@@ -314,3 +314,21 @@ def test_bad_input_names_argument():
         impl.with_chunk_rows(0)
     with pytest.raises(ValueError, match="reduction"):
         impl(x, w, torch.zeros(4, dtype=torch.long), reduction="avg", ignore_index=-100)
+
+
+def test_second_backward():
+    """The fused path consumes its stored gradients (a second backward raises, naming retain_graph);
+    recompute can run backward twice and gives the same gradients."""
+    t = build(Problem(N=12, H=8, V=17, bias=True))
+    for impl, twice_ok in ((chunked("fallback").with_chunk_rows(CHUNK), False), (recompute().with_chunk_rows(CHUNK), True)):
+        w = t.weight.clone().requires_grad_(True)
+        loss, _ = impl(t.x, w, t.target, t.bias, **t.options.call_kwargs())
+        loss.backward(retain_graph=True)
+        first = w.grad.clone()
+        if twice_ok:
+            w.grad = None
+            loss.backward()
+            assert torch.equal(w.grad, first), f"{impl.name}: second backward differs"
+        else:
+            with pytest.raises(RuntimeError, match="retain_graph"):
+                loss.backward()
