@@ -296,6 +296,7 @@ def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | N
         logits_dtype="compute",
         returns_z_loss=info.has("return_z_loss"),
         requires=(lambda r=base_reason: r),
+        slow=interpreted(),  # the Triton interpreter runs the kernel element by element in numpy
     )
     return support, notes
 

@@ -111,6 +111,8 @@ class LinearCESupport:
             ``F.cross_entropy`` on bf16 logits does). ``"compute"`` loses the true-class gradient p_y − 1 of
             confident rows entirely; declaring it widens the bound instead of failing.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
+        slow: the impl is costly to run here (an interpreter, a large compile per shape): property tests
+            give it a quarter of the profile's examples (at least 2), so CI stays inside its budget.
         requires: a callable returning ``None`` when the impl can run here, else the reason it cannot
             (missing package, missing torch feature). Checked before every use.
         option_combinations_excluded: pairs of options that are not supported together.
@@ -127,6 +129,7 @@ class LinearCESupport:
     logits_dtype: Literal["compute", "float32"] = "compute"
     ce_dtype: Literal["float32", "compute"] = "float32"
     returns_z_loss: bool = False
+    slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
     option_combinations_excluded: frozenset[frozenset[str]] = frozenset()
 

@@ -241,7 +241,7 @@ def triton_impls() -> list[ChunkedLinearCE]:
         ChunkedLinearCE(
             "chunked_triton", path="addmm_out_dtype", kernel=ce_block_triton_,
             support=LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
-                                    requires=unavailable_reason),
+                                    requires=unavailable_reason, slow=INTERPRET),
             description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
                         "grad_weight via addmm_out_dtype" + (" [Triton interpreter]" if INTERPRET else ""),
         )

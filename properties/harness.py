@@ -63,6 +63,9 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ProtocolViolation(f"impl {impl.name!r} declares returns_z_loss but returned {type(out).__name__}")
         loss, z = out
+        if not isinstance(z, torch.Tensor):
+            raise ProtocolViolation(
+                f"impl {impl.name!r} declares returns_z_loss but returned {type(z).__name__} as the z-loss")
     else:
         loss, z = out, None
     if not isinstance(loss, torch.Tensor):

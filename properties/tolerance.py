@@ -38,6 +38,10 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    Through softcap G = g·d, d = 1 − tanh²: |δG| ≤ d|δg| + |g|(2|tanh|·d·e_z/s + 3u_L); then the stored G
    rounds once more: + u_G|G|.
 5. grad_x = G·W (length V): |δgx| ≤ |δG||W| + γ_V(u_a)|G||W| + u_out|gx|.
+Under autocast, gradient matmuls return compute-dtype results (u_out ≥ u_c, and each grad_weight chunk is
+rounded: at least ``per_chunk_rounding``); with an upstream gradient ≠ 1, gradients formed in forward and
+scaled in backward round twice (2·u_out).
+
 6. grad_W = Gᵀx and grad_b = Σ_i G_i (length N): |δgW| ≤ |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x| + u_out|gW|,
    where the declared accumulation path adds a_path: ``fp32`` 0; ``per_chunk_rounding`` u_c (each chunk's
    partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
@@ -143,6 +147,21 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
     c = p.compute_dtype
     u_c = unit_roundoff(c)
     low = c != torch.float32
+    out = {k: unit_roundoff(v) for k, v in out_dtypes.items()}
+    eta_out = {k: UNDERFLOW[v] for k, v in out_dtypes.items()}
+    if p.autocast is not None:
+        # Under autocast the gradient matmuls themselves produce compute-dtype results, cast to the fp32
+        # parameters' dtype only afterwards: the last rounding is at u_c whatever dtype comes back.
+        for k in ("grad_x", "grad_weight", "grad_bias"):
+            if k in out:
+                out[k] = max(out[k], u_c)
+                eta_out[k] = max(eta_out[k], UNDERFLOW[c])
+    if p.upstream != "one":
+        # Gradients formed in forward and scaled by the upstream gradient in backward round twice.
+        for k in ("grad_x", "grad_weight", "grad_bias"):
+            if k in out:
+                out[k] = 2 * out[k]
+                eta_out[k] = 2 * eta_out[k]
     u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
     chunk_rows = getattr(support, "chunk_rows", None)
     K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N
@@ -151,10 +170,13 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         u_L=u_L,
         u_G=u_c,
         u_ce=u_c if getattr(support, "ce_dtype", "float32") == "compute" else U_ACC,
-        u_out={k: unit_roundoff(v) for k, v in out_dtypes.items()},
+        u_out=out,
         eta_c=UNDERFLOW[c],
-        eta_out={k: UNDERFLOW[v] for k, v in out_dtypes.items()},
-        grad_accumulation=support.grad_accumulation,
+        eta_out=eta_out,
+        # Under autocast each chunk's grad_weight product comes out of the matmul in the compute dtype:
+        # at least per-chunk rounding, whatever the declared path.
+        grad_accumulation=("per_chunk_rounding" if (p.autocast is not None and support.grad_accumulation == "fp32")
+                           else support.grad_accumulation),
         chunks=K,
         u_p=unit_roundoff(p.param_dtype),
         bias_rounding=bool(p.bias) and (low or p.bias_dtype not in (None, p.dtype)),
