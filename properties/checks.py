@@ -221,7 +221,57 @@ def grad_dtypes(impl: Any, p: Problem) -> Metrics:
     return {}
 
 
+def reduction_consistency(impl: Any, p: Problem) -> Metrics:
+    """``sum`` = ``mean`` × normalizer (no z-loss), the ``none`` rows add up to ``sum``, a scalar upstream
+    gradient scales every gradient linearly, and a per-row one scales grad_x rows — each within the runs' bounds."""
+    need = {"mean", "sum", "none"}
+    if not need <= set(impl.support.reductions) or p.all_ignored:
+        return {}
+    base = p.replace(upstream="one")
+    runs: dict[str, tuple[ImplOutputs, dict, Any, Tensors]] = {}
+    for red in ("mean", "sum", "none"):
+        q = base.replace(reduction=red)
+        t = build(q)
+        out = run_impl(impl, q, t)
+        ref, b = _bounds(impl, q, t, out)
+        runs[red] = (out, b, ref, t)
+    worst = 0.0
+    s_out, s_b, s_ref, _ = runs["sum"]
+    n_out, n_b, _, _ = runs["none"]
+    c = compare("loss", s_out.loss, n_out.loss.double().sum(), s_b["loss"] + n_b["loss"].sum())
+    worst = max(worst, c.ratio)
+    if not c.ok:
+        fail(impl, "reduction_consistency", p, "sum of the 'none' rows vs 'sum': " + c.describe())
+    if not p.z_loss_scale:
+        m_out, m_b, m_ref, _ = runs["mean"]
+        D = m_ref.stats.normalizer
+        c = compare("loss", m_out.loss.double() * D, s_out.loss.double(), m_b["loss"] * D + s_b["loss"])
+        worst = max(worst, c.ratio)
+        if not c.ok:
+            fail(impl, "reduction_consistency", p, f"'mean' × normalizer {D:.6g} vs 'sum': " + c.describe())
+    for red, kind in (("sum", "scalar"), ("none", "per_row")):
+        q1 = base.replace(reduction=red)
+        qu = q1.replace(upstream=kind)
+        t1, tu = build(q1), build(qu)
+        o1, ou = runs[red][0], run_impl(impl, qu, tu)
+        b1 = runs[red][1]
+        _, bu = _bounds(impl, qu, tu, ou)
+        u = tu.upstream.double()
+        for name in ("grad_x", "grad_weight", "grad_bias") if kind == "scalar" else ("grad_x",):
+            v1, vu = o1.get(name), ou.get(name)
+            if v1 is None or vu is None:
+                continue
+            scale = u if kind == "scalar" else u[:, None]
+            c = compare(name, vu, v1.double() * scale, bu[name] + b1[name] * scale.abs())
+            worst = max(worst, c.ratio)
+            if not c.ok:
+                fail(impl, "reduction_consistency", p,
+                     f"{kind} upstream gradient with reduction={red!r} does not scale {name} linearly: " + c.describe())
+    return {"error/bound": worst}
+
+
 PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
+    "reduction_consistency": reduction_consistency,
     "accuracy": accuracy,
     "ignored_rows": ignored_rows,
     "permutation": permutation,

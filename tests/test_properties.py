@@ -91,6 +91,13 @@ def test_option_identities(linear_ce_impl):
     _check(checks.option_identities, linear_ce_impl, _draw(linear_ce_impl, force=force))
 
 
+def test_reduction_consistency(linear_ce_impl):
+    """sum = mean × normalizer, 'none' rows add to 'sum', upstream gradients scale gradients linearly."""
+    if not {"mean", "sum", "none"} <= set(linear_ce_impl.support.reductions):
+        pytest.skip(f"{linear_ce_impl.name} does not declare all three reductions")
+    _check(checks.reduction_consistency, linear_ce_impl, _draw(linear_ce_impl, allow_all_ignored=False))
+
+
 def test_determinism(linear_ce_impl):
     """Two runs on the same inputs are bitwise equal."""
     _check(checks.determinism, linear_ce_impl, _draw(linear_ce_impl))
