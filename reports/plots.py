@@ -70,7 +70,13 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
             ax.set_xlabel(f"reduction length ({axis})", fontsize=8)
             ax.set_ylabel("error / bound", fontsize=8)
             ax.tick_params(labelsize=7)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    legend: dict[str, Any] = {}
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(lab, h)
+    labels = [n for n in impls if n in legend]
+    handles = [legend[n] for n in labels]
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels) or 1), fontsize=7)
     fig.tight_layout(rect=(0, 0.04 + 0.02 * math.ceil(len(labels) / 4), 1, 1))
     name = "error_vs_length.png" if kind == "linear_ce" else "fp8_error_vs_length.png"
