@@ -179,11 +179,16 @@ def check_report(report: dict, grid: str) -> Check:
     return Check("report", passed == n and n > 0, figure if n else figure + " — no case ran", details + not_run)
 
 
-def check_baseline(report: dict, baseline: Path | None, factor: float, floor: float) -> Check:
+def check_baseline(report: dict, baseline: Path | None, factor: float, floor: float, *, restricted: bool = False) -> Check:
+    """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run."""
     if baseline is None:
         return Check("vs committed baseline", True, "no committed baseline for this device — nothing to compare")
     try:
         base = report_schema.load(baseline)
+        if restricted:
+            names = {i["name"] for i in report["impls"]}
+            base = dict(base, impls=[i for i in base["impls"] if i["name"] in names],
+                        cases=[c for c in base["cases"] if c["impl"] in names])
         diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=str(baseline))
     except ValueError as exc:
         return Check("vs committed baseline", False, str(exc))
@@ -252,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(GRIDS[args.grid], specs, args.device, progress=True)
     checks.append(check_report(report, args.grid))
     baseline = args.baseline if args.baseline is not None else committed_baseline(default_out_dir(args.device))
-    checks.append(check_baseline(report, baseline, args.factor, args.floor))
+    checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs)))
     checks.append(check_memory(report))
     if args.out is not None:
         if committed_baseline(args.out) is not None:

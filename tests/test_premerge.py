@@ -92,3 +92,26 @@ def test_checklist_marks_failures_and_regressions():
     assert not c.ok and "0/1" in c.figure and any("numcheck repro --impl m" in d for d in c.details)
     assert premerge.check_baseline(rep, None, 2.0, 0.25).ok
     assert "❌" in premerge.render({"device_name": "cpu", "device": "cpu", "torch": "t", "python": "p"}, [], [c])
+
+
+def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path):
+    """Against a baseline, a verdict flip is ❌; with --impl, impls not selected are not compared (no notes)."""
+    from reports import report_schema
+
+    def case(status, ratio):
+        return {"impl": "m", "kind": "linear_ce", "case": "P", "label": "L", "group": "g", "mode": "float32",
+                "status": status, "verdicts": {"analytic": status == "pass"}, "ratio_hard": ratio,
+                "outputs": {"grad_x": {"ratio_hard": ratio, "verdicts": {"analytic": status == "pass"}}}}
+
+    impls = [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""},
+             {"name": "other", "kind": "linear_ce", "status": "ran", "reason": ""}]
+    base = {"schema": report_schema.SCHEMA, "environment": {}, "impls": impls, "cases": [case("pass", 0.1)]}
+    p = tmp_path / "base.json"
+    p.write_text(report_schema.dumps(base))
+    same = {"grid": {"seconds": 0}, "impls": impls[:1], "cases": [case("pass", 0.1)]}
+    restricted = premerge.check_baseline(same, p, 2.0, 0.25, restricted=True)
+    assert restricted.ok and "0 note(s)" in restricted.figure
+    assert "1 note(s)" in premerge.check_baseline(same, p, 2.0, 0.25).figure
+    flipped = dict(same, cases=[case("fail", 1.5)])
+    c = premerge.check_baseline(flipped, p, 2.0, 0.25, restricted=True)
+    assert not c.ok and "1 regression" in c.figure and any("pass → fail" in d for d in c.details)
