@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "repro": "reports.repro",
     "premerge": "reports.premerge",
     "bench": "reports.bench",
+    "versions": "reports.versions",
 }
 
 
