@@ -36,7 +36,9 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    u_ce = u_a when the impl forms g in fp32, u_c when it declares ``ce_dtype="compute"`` (then p_y − 1 of a
    confident row may round to 0: the term 3u_c·C·p_y is what allows it).
    Through softcap G = g·d, d = 1 − tanh²: |δG| ≤ d|δg| + |g|(2|tanh|·d·e_z/s + 3u_L); then the stored G
-   rounds once more: + u_G|G|.
+   rounds once more, or twice (formed, then scaled by the normalizer or upstream gradient in the compute
+   dtype): + u_G|G| + η_G with u_G = 2u_c, and η_G = η_c·(1 + max|u|) when an upstream u ≠ 1 scales an already
+   underflowed G.
 5. grad_x = G·W (length V): |δgx| ≤ |δG||W| + γ_V(u_a)|G||W| + u_out|gx|.
 Under autocast, gradient matmuls return compute-dtype results (u_out ≥ u_c, and each grad_weight chunk is
 rounded: at least ``per_chunk_rounding``); with an upstream gradient ≠ 1, gradients formed in forward and
@@ -122,6 +124,7 @@ class ErrorModel:
     eta_c: float
     eta_out: dict[str, float]
     grad_accumulation: str
+    upstream_scale: float
     chunks: int
     u_p: float
     bias_rounding: bool
@@ -137,6 +140,13 @@ class ErrorModel:
         if self.grad_accumulation == "param_dtype":
             return self.chunks * self.u_p
         raise ValueError(f"unknown grad_accumulation {self.grad_accumulation!r}")
+
+
+def _upstream_max(p: Problem) -> float:
+    from properties.problems import build
+
+    u = build(p).upstream
+    return float(u.abs().max()) if u is not None and u.numel() else 1.0
 
 
 def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: Level = "hard") -> ErrorModel:
@@ -168,7 +178,10 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
     return ErrorModel(
         u_c=u_c,
         u_L=u_L,
-        u_G=u_c,
+        # G may be rounded when formed and again when scaled by the reduction's normalizer or the upstream
+        # gradient in the compute dtype (Liger divides by the token count after forming p − y): two roundings.
+        u_G=2 * u_c,
+        upstream_scale=(1.0 if p.upstream == "one" else 1.0 + _upstream_max(p)),
         u_ce=u_c if getattr(support, "ce_dtype", "float32") == "compute" else U_ACC,
         u_out=out,
         eta_c=UNDERFLOW[c],
@@ -279,7 +292,8 @@ class _Sweep:
             dG = dg
         G_abs = blk.G.abs()
         # Stored G rounds once (u_G|G| + η); with CE arithmetic in the compute dtype p is stored too, a second η.
-        eta_G = m.eta_c * (2 if m.u_ce != U_ACC else 1)
+        # An underflowed G scaled afterwards by the upstream gradient u carries |u|·η, then rounds again.
+        eta_G = m.eta_c * (2 if m.u_ce != U_ACC else 1) * m.upstream_scale
         dG = (dG + m.u_G * G_abs + eta_G) * valid[:, None]
         self.gx[r] += dG @ blk.w.abs() + self.g_V * (G_abs @ blk.w.abs())
         acc = self.g_N + m.path_term()

@@ -18,7 +18,7 @@ from properties.problems import Problem
 
 @dataclass(frozen=True)
 class KnownDivergence:
-    impls: str
+    impls: str  # fnmatch pattern over impl names ("[[]" matches a literal "[")
     properties: tuple[str, ...]
     applies: Callable[[Problem], bool]
     reason: str
@@ -36,6 +36,24 @@ KNOWN: list[KnownDivergence] = [
         reason=("PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
                 "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."),
         example=Problem(N=8, H=16, V=24, ignored=1.0, reduction="mean"),
+    ),
+    KnownDivergence(
+        impls="eager",
+        properties=("accuracy",),
+        applies=lambda p: (p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0 and p.regime in ("confident", "large")),
+        reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
+                "rows and classes in fp16; with logits of ~100 (confident rows at small H, the large regime) the "
+                "sum passes fp16's 65504 and the loss is inf where the true mean is ~9."),
+        example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
+    ),
+    KnownDivergence(
+        impls="torch_native[[]reference[]]",
+        properties=("accuracy",),
+        applies=lambda p: (p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0 and p.regime in ("confident", "large")),
+        reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
+                "rows and classes in fp16; with logits of ~100 (confident rows at small H, the large regime) the "
+                "sum passes fp16's 65504 and the loss is inf where the true mean is ~9."),
+        example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
     ),
 ]
 
