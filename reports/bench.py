@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if len(s) != 3:
             raise SystemExit(f"--shape wants BT,H,V, got {s}")
     entries = discover(args.impl)
-    impls = by_kind(entries, "linear_ce")
+    impls = [e.impl for e in by_kind(entries, "linear_ce")]
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": [], "skipped": [],
