@@ -33,7 +33,7 @@ def _bf16_grad_weight_accumulation(x, weight, target, bias=None, *, reduction="m
                 loss = F.cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index)
                 (G,) = torch.autograd.grad(loss, logits, g)
             gx = (G @ ws.detach().float()).to(xs.dtype)
-            gw = torch.zeros(ws.shape, dtype=torch.bfloat16)
+            gw = torch.zeros(ws.shape, dtype=torch.bfloat16, device=ws.device)
             for s in range(0, G.shape[0], 4):
                 gw += (G[s:s + 4].T @ xs.detach().float()[s:s + 4]).to(torch.bfloat16)
             return gx, gw.to(ws.dtype)
