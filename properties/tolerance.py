@@ -167,11 +167,13 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
                 out[k] = max(out[k], u_c)
                 eta_out[k] = max(eta_out[k], UNDERFLOW[c])
     if p.upstream != "one":
-        # Gradients formed in forward and scaled by the upstream gradient in backward round twice.
+        # Gradients formed in forward and scaled by the upstream gradient u in backward round twice; an
+        # underflowed one carries |u|·η from the first rounding, then η from the second.
+        scale = 1.0 + _upstream_max(p)
         for k in ("grad_x", "grad_weight", "grad_bias"):
             if k in out:
                 out[k] = 2 * out[k]
-                eta_out[k] = 2 * eta_out[k]
+                eta_out[k] = scale * eta_out[k]
     u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
     chunk_rows = getattr(support, "chunk_rows", None)
     K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N

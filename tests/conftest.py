@@ -21,6 +21,8 @@ from impls.registry import BrokenImpl, ImplEntry, discover
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
                print_blob=True)
 settings.register_profile("ci", max_examples=int(os.environ.get("NUMCHECK_CI_EXAMPLES", "12")), derandomize=True, **_COMMON)
+# "ci" without derandomization: with --hypothesis-seed, checks that ci verdicts do not hang on one seed.
+settings.register_profile("ci-seeded", max_examples=int(os.environ.get("NUMCHECK_CI_EXAMPLES", "12")), **_COMMON)
 settings.register_profile("dev", max_examples=60, **_COMMON)
 settings.register_profile("thorough", max_examples=1000, **_COMMON)
 settings.load_profile(os.environ.get("NUMCHECK_HYPOTHESIS_PROFILE", "ci"))

@@ -30,7 +30,7 @@ def test_divergence_still_present(entry):
                                    reduction=entry.example.reduction) is None]
     if not impls:
         pytest.skip(f"no impl matching {entry.impls!r} can run here")
-    for prop in entry.properties:
+    for prop in (("accuracy",) if "*" in entry.properties else entry.properties):
         for impl in impls:
             with pytest.raises(AssertionError):
                 checks.PROPERTIES[prop](impl, entry.example)

@@ -131,6 +131,8 @@ PINNED = [
     "Problem(N=65, H=1, V=31, dtype='float32', autocast='bfloat16', bias=True, bias_dtype='bfloat16', regime='confident')",
     # AMP: gradient matmuls return bf16 before the cast to the fp32 parameters.
     "Problem(N=1, H=1, V=3, dtype='float32', autocast='bfloat16')",
+    # Liger fp16: a subnormal grad_x formed in forward, then scaled by the upstream scalar in backward.
+    "Problem(N=33, H=63, V=2, dtype='float16', bias=True, upstream='scalar', seed=0)",
 ]
 
 
