@@ -158,7 +158,9 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
     u_c = unit_roundoff(c)
     low = c != torch.float32
     out = {k: unit_roundoff(v) for k, v in out_dtypes.items()}
-    eta_out = {k: UNDERFLOW[v] for k, v in out_dtypes.items()}
+    # A gradient may be summed from partials (vocabulary or token chunks) each rounded in the output dtype
+    # before the last rounding: below the normal range that is η per rounding, so 2η for gradients.
+    eta_out = {k: UNDERFLOW[v] * (2 if k.startswith("grad_") else 1) for k, v in out_dtypes.items()}
     if p.autocast is not None:
         # Under autocast the gradient matmuls themselves produce compute-dtype results, cast to the fp32
         # parameters' dtype only afterwards: the last rounding is at u_c whatever dtype comes back.

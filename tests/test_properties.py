@@ -79,10 +79,11 @@ def test_permutation(linear_ce_impl):
 
 
 def test_shift_invariance(linear_ce_impl):
-    """A constant added to every logit through the bias changes nothing, within bounds (no softcap)."""
+    """A constant added to every logit through the bias changes nothing, within bounds (no softcap, no z-loss)."""
     if "bias" not in linear_ce_impl.support.options:
         pytest.skip(f"{linear_ce_impl.name} declares no bias")
-    _check(checks.shift_invariance, linear_ce_impl, _draw(linear_ce_impl, force={"bias": True, "softcap": None}))
+    force = {"bias": True, "softcap": None, "z_loss_scale": 0.0}
+    _check(checks.shift_invariance, linear_ce_impl, _draw(linear_ce_impl, force=force))
 
 
 def test_option_identities(linear_ce_impl):
@@ -133,6 +134,9 @@ PINNED = [
     "Problem(N=1, H=1, V=3, dtype='float32', autocast='bfloat16')",
     # Liger fp16: a subnormal grad_x formed in forward, then scaled by the upstream scalar in backward.
     "Problem(N=33, H=63, V=2, dtype='float16', bias=True, upstream='scalar', seed=0)",
+    # Found by the five-seed runs: fp16 gradients summed from rounded partials below the normal range (2η).
+    "Problem(N=17, H=16, V=2, dtype='float16', regime='tiny', seed=0)",
+    "Problem(N=1, H=10, V=131, dtype='float16', bias=True, reduction='sum', class_weights=True, regime='confident')",
 ]
 
 
