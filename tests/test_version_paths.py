@@ -17,7 +17,9 @@ release's path is checked on the old one where it can be emulated:
 - ``autocast_dtype`` off → the strategies draw no autocast cases.
 
 ``scaled_mm`` forced off is covered by ``tests/test_fp8_impls.py::test_emulated_gemms_match_native``.
-Cost: about 10 s on one core (the MXFP8 and delayed quantizers under the emulated cast dominate).
+Cost: about 4 s on one core (the quantizers under the emulated cast and the two chunked runs dominate).
+The emulated addmm(out_dtype=) was checked against the real op on an H200 (torch 2.11): same accepted
+dtype combinations, values within fp32 summation-order rounding (``test_addmm_emulation_matches_the_real_op``).
 """
 
 from __future__ import annotations
