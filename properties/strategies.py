@@ -69,10 +69,12 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 @st.composite
 def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regimes: tuple[str, ...] = REGIMES,
              reductions: tuple[str, ...] | None = None, allow_all_ignored: bool = True,
-             force: dict | None = None) -> Problem:
+             force: dict | None = None, require: frozenset[str] = frozenset()) -> Problem:
     """A :class:`Problem` inside ``support`` (a :class:`impls.protocol.LinearCESupport`; ``None`` = everything).
 
     ``force`` pins fields (e.g. ``{"dtype": "float32"}``); pinned fields are still checked against the support.
+    ``require`` names options (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the
+    support declares them — "every declared option at once", where interaction bugs live.
     """
     from impls.protocol import LinearCESupport
 
@@ -100,6 +102,8 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
             return force[name]
         if name not in opts:
             return off
+        if name in require:
+            return draw(strat, label=name)
         return draw(st.one_of(st.just(off), strat), label=name)
 
     N = force.get("N") or draw(n_sizes(), label="N")
@@ -117,6 +121,8 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     ignored = 0.0
     if "ignored" in force:
         ignored = force["ignored"]
+    elif "ignore_index" in opts and "ignore_index" in require:
+        ignored = draw(st.sampled_from([0.1, 0.5, 0.9]), label="ignored")
     elif "ignore_index" in opts:
         hi = 1.0 if (allow_all_ignored and s.all_ignored is not None) else 0.99
         ignored = draw(st.one_of(st.just(0.0), st.sampled_from([0.1, 0.5, hi]), st.floats(0.0, hi)), label="ignored")

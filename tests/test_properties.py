@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
+import torch
 from hypothesis import assume, given, settings, target
 from hypothesis import strategies as st
 
@@ -54,6 +55,17 @@ def test_accuracy_fp32_sharp(linear_ce_impl):
     if "float32" not in {str(d).replace("torch.", "") for d in linear_ce_impl.support.dtypes}:
         pytest.skip(f"{linear_ce_impl.name} declares no float32")
     _check(checks.accuracy, linear_ce_impl, _draw(linear_ce_impl, force={"dtype": "float32", "autocast": None}))
+
+
+def test_all_options_combined(linear_ce_impl):
+    """Every declared option on at once (bias, ignored rows, smoothing, class weights, softcap, z-loss), in fp32
+    where declared: interactions such as the z-loss normalizer under class weights are judged at fp32 sharpness."""
+    from impls.protocol import LINEAR_CE_OPTIONS
+
+    s = linear_ce_impl.support
+    force = {"dtype": "float32", "autocast": None} if torch.float32 in s.dtypes else {}
+    _check(checks.accuracy, linear_ce_impl,
+           _draw(linear_ce_impl, force=force, require=frozenset(LINEAR_CE_OPTIONS), allow_all_ignored=False))
 
 
 def test_confident_rows(linear_ce_impl):
