@@ -55,6 +55,29 @@ def _loss_rounded_to_bf16(x, weight, target, bias=None, *, reduction="mean", ign
     return loss + (loss.detach().to(torch.bfloat16).float() - loss.detach())
 
 
+def _zloss_over_weight_sum(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100,
+                           class_weights=None, z_loss_scale=0.0, **_):
+    """`mean` divides the z-loss by the class-weight sum D (the CE normalizer) instead of the row count |M|."""
+    logits = F.linear(x, weight, bias).float()
+    loss = F.cross_entropy(logits, target, weight=class_weights, reduction=reduction, ignore_index=ignore_index)
+    valid = target != ignore_index
+    lse = torch.logsumexp(logits, dim=-1)
+    z = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
+    if reduction == "mean":
+        D = (class_weights[target.clamp_min(0)] * valid).sum() if class_weights is not None else valid.sum()
+        return loss + z.sum() / D
+    return loss + (z.sum() if reduction == "sum" else z)
+
+
+def _softcap_without_chain_rule(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100,
+                                softcap=None, **_):
+    """Caps the logits in forward but back-propagates as if uncapped (the tanh derivative dropped)."""
+    z = F.linear(x, weight, bias).float()
+    if softcap is not None:
+        z = z + (softcap * torch.tanh(z / softcap) - z).detach()
+    return F.cross_entropy(z, target, reduction=reduction, ignore_index=ignore_index)
+
+
 _SUPPORT = LinearCESupport(options=frozenset({"bias", "ignore_index"}), all_ignored="nan",
                            logits_dtype="float32", dtypes=frozenset({torch.float32, torch.bfloat16}))
 
@@ -64,4 +87,11 @@ MUTANTS = [
                                  dtypes=frozenset({torch.float32}), autocast=frozenset())),
     FunctionImpl("mutant_mean_over_N", _mean_over_all_rows, _SUPPORT),
     FunctionImpl("mutant_loss_bf16", _loss_rounded_to_bf16, _SUPPORT),
+    FunctionImpl("mutant_zloss_over_weight_sum", _zloss_over_weight_sum,
+                 LinearCESupport(options=frozenset({"bias", "ignore_index", "class_weights", "z_loss"}),
+                                 all_ignored=None, logits_dtype="float32", dtypes=frozenset({torch.float32}),
+                                 autocast=frozenset())),
+    FunctionImpl("mutant_softcap_no_chain_rule", _softcap_without_chain_rule,
+                 LinearCESupport(options=frozenset({"bias", "ignore_index", "softcap"}), all_ignored="nan",
+                                 logits_dtype="float32", dtypes=frozenset({torch.float32}), autocast=frozenset())),
 ]
