@@ -182,6 +182,15 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
     return out
 
 
+def builtin(name: str) -> Any:
+    """The built-in impl registered under ``name``; LookupError naming the known ones otherwise."""
+    entries = [e for e in builtin_impls() if isinstance(e, ImplEntry)]
+    for e in entries:
+        if e.name == name:
+            return e.impl
+    raise LookupError(f"no built-in impl named {name!r}; built-ins: {sorted(e.name for e in entries)}")
+
+
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
     """The loaded entries of one kind (``"linear_ce"`` or ``"quant_linear"``)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from impls.registry import ImplEntry, builtin_impls
+from impls.registry import builtin as _impl
 from properties import checks
 from properties.harness import run_impl, run_oracle
 from properties.problems import Problem, build
@@ -22,11 +22,6 @@ ALPHA = 1e-3
 DRAWS = 20
 
 
-def _impl(name: str):
-    for e in builtin_impls():
-        if isinstance(e, ImplEntry) and e.name == name:
-            return e.impl
-    raise LookupError(name)
 
 
 @settings(max_examples=6)

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import impls.liger as liger
-from impls.registry import builtin_impls
+from impls.registry import builtin as _impl
 from properties.accuracy import check_accuracy
 from properties.failures import fail
 from properties.problems import Problem
+from properties.strategies import refusal as _refusal
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -45,16 +46,8 @@ CASES: list[Problem] = [
 ]
 CASES = [p.replace(device=DEVICE) for p in CASES]
 
-def _impl(name: str):
-    for e in builtin_impls():
-        if e.name == name:
-            return e.impl
-    raise LookupError(f"built-in {name!r} not registered")
 
 
-def _refusal(impl, p: Problem) -> str | None:
-    return impl.support.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=p.reduction,
-                                autocast=p.compute_dtype if p.autocast else None, all_ignored=p.all_ignored)
 
 
 def _params():
@@ -70,7 +63,7 @@ def test_matches_oracle(name: str, p: Problem) -> None:
     reason = impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"{name}: {reason}")
-    refused = _refusal(impl, p)
+    refused = _refusal(impl.support, p)
     if refused:
         pytest.skip(f"{name} does not declare this case: {refused}; {impl.description}")
     res = check_accuracy(impl, p)

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import impls.torch_native as tn
-from impls.registry import builtin_impls
+from impls.registry import builtin as _impl
 from properties.accuracy import check_accuracy
 from properties.failures import fail
 from properties.harness import run_impl
 from properties.problems import Problem
+from properties.strategies import refusal as _refusal
 
 NAMES = ["torch_native[reference]"] + [f"torch_native[chunked,acc={p}]" for p in tn.ACC_POLICIES]
 
@@ -38,16 +39,8 @@ CASES: list[Problem] = [
 ]
 
 
-def _impl(name: str):
-    for e in builtin_impls():
-        if e.name == name:
-            return e.impl
-    raise LookupError(f"built-in {name!r} not registered")
 
 
-def _refusal(impl, p: Problem) -> str | None:
-    return impl.support.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=p.reduction,
-                                autocast=p.compute_dtype if p.autocast else None, all_ignored=p.all_ignored)
 
 
 def _param(name: str, p: Problem):
@@ -67,7 +60,7 @@ def test_matches_oracle(name: str, p: Problem) -> None:
     reason = impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"{name}: {reason}")
-    refused = _refusal(impl, p)
+    refused = _refusal(impl.support, p)
     if refused:
         pytest.skip(f"{name} does not declare this case: {refused}")
     res = check_accuracy(impl, p)
