@@ -101,7 +101,7 @@ class Tracker:
         self.opaque: set[str] = set()
         self._acct: dict[int, _Account] = {}
         self._refs: dict[int, weakref.ref] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a weakref callback (_freed) can fire inside _see
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _freed(self, key: int) -> None:
