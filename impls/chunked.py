@@ -137,14 +137,14 @@ def sweep(
     stats: RowStats | None = None,
     want_loss: bool = True,
     gx: torch.Tensor | None = None,
-    gw: torch.Tensor | None = None,
-    gb: torch.Tensor | None = None,
+    gw: grad_accum.Accumulator | None = None,
+    gb: grad_accum.Accumulator | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, RowStats]:
     """One pass over the token chunks.
 
     Each chunk's logits are computed in the compute dtype and handed to ``plan.kernel``. With ``coef``, the
     kernel writes G into the chunk and the sweep computes ``gx[chunk] = G·W`` (when ``gx`` is given) and
-    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` through ``plan.path``'s step (when given). ``stats`` (the rows'
+    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` (accumulators of ``plan.path``, when given). ``stats`` (the rows'
     fp32 (m, log s), ``[N]`` each) are reused instead of recomputed when given. Returns per-row fp32
     ``(ce, z, stats)``; ``ce`` and ``z`` are ``None`` without ``want_loss``. The loop bound is a Python int:
     no host synchronisation.
@@ -153,7 +153,6 @@ def sweep(
     N = xc.shape[0]
     f32 = torch.float32
     dev = xc.device
-    step = grad_accum.PATHS[plan.path]
     ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
     z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
     rows = stats if stats is not None else RowStats(torch.empty(N, dtype=f32, device=dev),
@@ -185,9 +184,10 @@ def sweep(
             if gx is not None:
                 torch.mm(logits, wc, out=gx[r])
             if gw is not None:
-                step(gw, logits, x_r)
+                gw.add_(logits, x_r)
             if gb is not None:
-                grad_accum.accumulate_bias(step, gb, logits, ones)
+                gb.add_(logits, ones)
+        del logits, res  # released before the next chunk's logits exist: one [C, V] chunk alive, not two
     return ce_rows, z_rows, rows
 
 
@@ -201,15 +201,6 @@ def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coeffic
         zl = z.sum()
         return ce.sum() + zl, zl
     return ce + z, z
-
-
-def scaled_(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``).
-    ``buf`` is consumed: when it is the wider one it is scaled in place (no [V, H] fp32 temporary in backward;
-    no copy at all when it already has ``dtype``)."""
-    if buf.dtype.itemsize >= dtype.itemsize:
-        return buf.mul_(g).to(dtype)
-    return buf.to(dtype).mul_(g)
 
 
 # -- the fused autograd function --------------------------------------------------------------------------
@@ -230,12 +221,13 @@ class FusedFunction(torch.autograd.Function):
             N, H = x.shape
             V = weight.shape[0]
             gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
-            gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(plan.path, weight.dtype), device=x.device) if need_w else None
-            gb = (torch.zeros(V, dtype=grad_accum.accumulator_dtype(plan.path, bias.dtype), device=x.device)
+            gw = grad_accum.make_accumulator(plan.path, (V, H), weight.dtype, x.device) if need_w else None
+            gb = (grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
                   if need_b and bias is not None else None)
             ce, z, _ = sweep(plan, xc, wc, bc, target, coef=coef, gx=gx, gw=gw, gb=gb)
             loss, z_loss = reduce_rows(o.reduction, ce, z, coef)  # type: ignore[arg-type]
-        ctx.save_for_backward(gx, gw, gb)
+        ctx.save_for_backward(gx)
+        ctx.accumulators = (gw, gb)  # not tensors: kept on ctx, released with it after backward
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
@@ -247,13 +239,15 @@ class FusedFunction(torch.autograd.Function):
                                "scaled in place by the first backward (retain_graph=True is not supported; use the "
                                "'recompute' impl for that)")
         ctx.consumed = True
-        gx, gw, gb = ctx.saved_tensors
+        (gx,) = ctx.saved_tensors
+        gw, gb = ctx.accumulators
+        ctx.accumulators = (None, None)
         dx, dw, db = ctx.dtypes
         g = grad_loss.to(torch.float32)
         with autocast_off(grad_loss.device.type):
-            return (scaled_(gx, g, dx) if gx is not None else None,
-                    scaled_(gw, g, dw) if gw is not None else None,
-                    scaled_(gb, g, db) if gb is not None else None,
+            return (grad_accum.scaled_(gx, g, dx) if gx is not None else None,
+                    gw.finish(g, dw) if gw is not None else None,
+                    gb.finish(g, db) if gb is not None else None,
                     None, None)
 
 
@@ -276,8 +270,8 @@ class ChunkedLinearCE:
 
     def __init__(self, name: str, *, path: str, chunk_rows: int = DEFAULT_CHUNK_ROWS, kernel: CEKernel = ce_block_,
                  recompute: bool = False, support: LinearCESupport | None = None, description: str = "") -> None:
-        if path not in grad_accum.PATHS:
-            raise ValueError(f"path must be one of {sorted(grad_accum.PATHS)}, got {path!r}")
+        if path not in grad_accum.ALL_PATHS:
+            raise ValueError(f"path must be one of {sorted(grad_accum.ALL_PATHS)}, got {path!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
         base = support if support is not None else LinearCESupport(returns_z_loss=True, all_ignored="nan")

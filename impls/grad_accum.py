@@ -27,6 +27,15 @@ an fp32 ``gw``, V=131072, H=4096, C=2048):
     ``torch.addmm(gw, Gᵀ, x, out=gw)`` with ``gw`` in the parameter dtype (Liger's ``accum_dtype=None``): the
     running sum is rounded to that dtype after every chunk (grad_accumulation ``"param_dtype"``). Operands
     are aligned to ``gw``'s dtype.
+``split_fp32``
+    Not a step on a buffer: an :class:`Accumulator` (:func:`make_accumulator`) holding the exact fp32 sum as
+    the bf16 gradient's storage plus an int16 lower half, added to by one Triton GEMM per chunk
+    (:mod:`impls.split_accum`); extra V·H·2 bytes in all = 1024 MiB, instead of an fp32 buffer's 2048 MiB.
+    Declares ``"fp32"``. For parameters that are not bf16, and for biases, it is the ``addmm_out_dtype``
+    buffer.
+
+The chunked impls hold their gradients in :class:`Accumulator` objects (:func:`make_accumulator`), which
+pair a buffer with its step and finish it into the gradient (:func:`scaled_`, one rounding).
 
 With fp32 operands (no low-precision dtype among ``G_chunk``/``x_chunk``) every path is the plain fp32
 ``torch.addmm(gw, Gᵀ, x, out=gw)``.
@@ -34,7 +43,7 @@ With fp32 operands (no low-precision dtype among ``G_chunk``/``x_chunk``) every 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -130,12 +139,21 @@ PATHS: dict[str, Step] = {
     "lowp_accum": lowp_accum,
 }
 
+#: The accumulator that is not a buffer plus a step: an exact fp32 sum held as the bf16 gradient plus a
+#: 16-bit lower half (:mod:`impls.split_accum`); for non-bf16 parameters and for biases it is the fp32
+#: ``addmm_out_dtype`` buffer.
+SPLIT = "split_fp32"
+
+#: Every accumulation a chunked impl may name.
+ALL_PATHS: tuple[str, ...] = (*PATHS, SPLIT)
+
 #: What each path declares as :attr:`impls.protocol.LinearCESupport.grad_accumulation`.
 GRAD_ACCUMULATION: dict[str, str] = {
     "addmm_out_dtype": "fp32",
     "fallback": "per_chunk_rounding",
     "fp32_operands": "fp32",
     "lowp_accum": "param_dtype",
+    SPLIT: "fp32",
 }
 
 
@@ -159,3 +177,93 @@ def accumulate_bias(step: Step, gb: torch.Tensor, G: torch.Tensor, ones: torch.T
     elif ones.dim() != 2 or ones.shape[0] < C or ones.shape[1] != 1:
         raise ValueError(f"ones must have shape [>= {C}, 1], got {tuple(ones.shape)}")
     step(gb.view(-1, 1), G, ones[:C])
+
+
+def scaled_(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``).
+    ``buf`` is consumed: when it is the wider one it is scaled in place (no [V, H] fp32 temporary in backward;
+    no copy at all when it already has ``dtype``)."""
+    if buf.dtype.itemsize >= dtype.itemsize:
+        return buf.mul_(g).to(dtype)
+    return buf.to(dtype).mul_(g)
+
+
+class Accumulator(Protocol):
+    """A running ``Σ_chunks G_cᵀ·x_c`` (``[V, H]``) or ``Σ_chunks Σ_rows G_c`` (``[V]``, a bias)."""
+
+    def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:
+        """Add one chunk: ``G`` ``[C, V]`` with ``x`` ``[C, H]``, or (a bias accumulator) ``x`` a ``[≥C, 1]``
+        column of ones or ``None``."""
+
+    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The gradient in ``dtype``: the sum times ``scale`` (when given), the accumulator consumed."""
+
+
+class BufferAccumulator:
+    """A buffer of :func:`accumulator_dtype` and the step of one path of :data:`PATHS`.
+
+    Args:
+        path: a key of :data:`PATHS`.
+        shape: ``(V, H)`` for grad_weight or ``(V,)`` for grad_bias.
+        param_dtype: the dtype of the parameter the gradient belongs to.
+        device: where the buffer lives.
+    """
+
+    def __init__(self, path: str, shape: tuple[int, ...], param_dtype: torch.dtype, device: torch.device | str) -> None:
+        if len(shape) not in (1, 2):
+            raise ValueError(f"an accumulator is [V, H] or [V], got shape {shape}")
+        self.path = path
+        self.step = PATHS[path]
+        self.buf = torch.zeros(shape, dtype=accumulator_dtype(path, param_dtype), device=device)
+
+    def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:
+        """``buf += Gᵀ·x`` through the path's step (a bias: ``buf += Σ_rows G``, ``x`` the ones column)."""
+        if self.buf.dim() == 1:
+            accumulate_bias(self.step, self.buf, G, x)
+        elif x is None:
+            raise ValueError("a [V, H] accumulator needs x_chunk")
+        else:
+            self.step(self.buf, G, x)
+
+    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """``buf·scale`` in ``dtype`` (:func:`scaled_`), or ``buf`` in ``dtype`` without a scale."""
+        buf, self.buf = self.buf, None  # type: ignore[assignment]
+        if buf is None:
+            raise RuntimeError("the accumulator was already finished")
+        return scaled_(buf, scale, dtype) if scale is not None else buf.to(dtype)
+
+
+class _SplitWeightAccumulator:
+    """:class:`impls.split_accum.SplitAccumulator` behind the :class:`Accumulator` interface (bf16 only)."""
+
+    def __init__(self, shape: tuple[int, int], device: torch.device | str) -> None:
+        from impls.split_accum import SplitAccumulator
+
+        self.acc = SplitAccumulator(shape, device)
+
+    def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:
+        """``acc += Gᵀ·x`` with operands aligned to one dtype (as :func:`operand_dtype` picks)."""
+        if x is None:
+            raise ValueError("a [V, H] accumulator needs x_chunk")
+        dt = operand_dtype(G, x)
+        self.acc.add_(G.to(dt), x.to(dt))
+
+    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The bf16 gradient, rounded once from the exact fp32 sum (times ``scale``)."""
+        if dtype != torch.bfloat16:
+            raise ValueError(f"the split fp32 accumulator yields a bfloat16 gradient, not {dtype}")
+        return self.acc.finish(scale)
+
+
+def make_accumulator(path: str, shape: tuple[int, ...], param_dtype: torch.dtype,
+                     device: torch.device | str) -> Accumulator:
+    """A zeroed accumulator for a gradient of ``shape`` and ``param_dtype`` that adds chunks the way ``path``
+    (a name of :data:`ALL_PATHS`) says. ``split_fp32``: the split accumulator for a bf16 ``[V, H]``
+    gradient, else the ``addmm_out_dtype`` buffer (same fp32 accumulation, full fp32 buffer)."""
+    if path not in ALL_PATHS:
+        raise ValueError(f"unknown grad_weight accumulation path {path!r}; known: {sorted(ALL_PATHS)}")
+    if path == SPLIT:
+        if len(shape) == 2 and param_dtype == torch.bfloat16:
+            return _SplitWeightAccumulator(shape, device)  # type: ignore[arg-type]
+        return BufferAccumulator("addmm_out_dtype", shape, param_dtype, device)
+    return BufferAccumulator(path, shape, param_dtype, device)

@@ -60,13 +60,13 @@ class RecomputeFunction(torch.autograd.Function):
             N, H = x.shape
             V = weight.shape[0]
             gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
-            gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(plan.path, weight.dtype), device=x.device) if need_w else None
-            gb = (torch.zeros(V, dtype=grad_accum.accumulator_dtype(plan.path, bias.dtype), device=x.device)
+            gw = grad_accum.make_accumulator(plan.path, (V, H), weight.dtype, x.device) if need_w else None
+            gb = (grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
                   if need_b and bias is not None else None)
             sweep(plan, xc, wc, bc, target, coef=coef, stats=RowStats(m, log_s), want_loss=False, gx=gx, gw=gw, gb=gb)
             return (gx.to(x.dtype) if gx is not None else None,
-                    gw.to(weight.dtype) if gw is not None else None,
-                    gb.to(bias.dtype) if gb is not None else None,
+                    gw.finish(None, weight.dtype) if gw is not None else None,
+                    gb.finish(None, bias.dtype) if gb is not None else None,
                     None, None)
 
 

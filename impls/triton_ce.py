@@ -233,16 +233,40 @@ def ce_block_triton_(
     return result
 
 
+#: Tokens per chunk of the ``split_fp32`` impls: at V=131072 a bf16 logits chunk of 640 rows is 160 MiB, which
+#: with the 1024 MiB lower half of the split accumulator stays under the 1200 MiB extra-peak target of the GPU
+#: tier, while the accumulator's per-chunk read and write (8 bytes per [V, H] element, 4 GiB) stays close to
+#: the time of the chunk's grad_W GEMM on an H200 (``reports/h200-torch2.11/``).
+SPLIT_CHUNK_ROWS = 640
+
+
 @builtin_factory
 def triton_impls() -> list[ChunkedLinearCE]:
-    """``chunked_triton``: the chunked FLCE with the Triton CE kernel and fp32 (addmm_out_dtype) accumulation."""
+    """``chunked_triton`` (fp32 [V, H] accumulator via addmm_out_dtype), and ``chunked_triton[split_fp32]`` /
+    ``recompute_triton[split_fp32]`` (the exact fp32 sum held as the bf16 gradient plus a 16-bit lower half)."""
     devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
+    where = " [Triton interpreter]" if INTERPRET else ""
+
+    def support() -> LinearCESupport:
+        return LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
+                               requires=unavailable_reason, slow=INTERPRET)
+
     return [
         ChunkedLinearCE(
-            "chunked_triton", path="addmm_out_dtype", kernel=ce_block_triton_,
-            support=LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
-                                    requires=unavailable_reason, slow=INTERPRET),
+            "chunked_triton", path="addmm_out_dtype", kernel=ce_block_triton_, support=support(),
             description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
-                        "grad_weight via addmm_out_dtype" + (" [Triton interpreter]" if INTERPRET else ""),
-        )
+                        "grad_weight via addmm_out_dtype" + where,
+        ),
+        ChunkedLinearCE(
+            "chunked_triton[split_fp32]", path="split_fp32", kernel=ce_block_triton_, chunk_rows=SPLIT_CHUNK_ROWS,
+            support=support(),
+            description="chunked FLCE with the Triton CE kernel; grad_weight's exact fp32 sum kept as the bf16 "
+                        "gradient plus an int16 lower half, added by a Triton GEMM (impls.split_accum)" + where,
+        ),
+        ChunkedLinearCE(
+            "recompute_triton[split_fp32]", path="split_fp32", kernel=ce_block_triton_,
+            chunk_rows=SPLIT_CHUNK_ROWS, recompute=True, support=support(),
+            description="recompute (O(N) held across backward) with the Triton CE kernel and the split fp32 "
+                        "accumulator" + where,
+        ),
     ]

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from impls.chunked import DEFAULT_CHUNK_ROWS, chunked
 from impls.recompute import recompute
-from impls.triton_ce import triton_impls
+from impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from properties.compare import compare
 from properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
 from properties.problems import Problem, Tensors, build
@@ -185,13 +185,15 @@ def test_matches_oracle(impl, case, p, request):
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_default_chunk_is_declared(impl):
-    """The registered impls declare the documented default chunk, and with_chunk_rows changes only that."""
+    """The registered impls declare their documented default chunk (DEFAULT_CHUNK_ROWS; SPLIT_CHUNK_ROWS for the
+    split_fp32 ones), and with_chunk_rows changes only that."""
     base = {i.name: i for i in _registered()}[impl.name]
-    assert base.support.chunk_rows == base.chunk_rows == DEFAULT_CHUNK_ROWS, f"{impl.name}: {base.support.chunk_rows}"
+    default = SPLIT_CHUNK_ROWS if base.path == "split_fp32" else DEFAULT_CHUNK_ROWS
+    assert base.support.chunk_rows == base.chunk_rows == default, f"{impl.name}: {base.support.chunk_rows}"
     assert impl.support.chunk_rows == impl.chunk_rows == CHUNK, f"{impl.name}: {impl.support.chunk_rows}"
     import dataclasses
 
-    assert dataclasses.replace(impl.support, chunk_rows=DEFAULT_CHUNK_ROWS) == base.support, impl.name
+    assert dataclasses.replace(impl.support, chunk_rows=default) == base.support, impl.name
 
 
 def _registered() -> list[Any]:
@@ -249,16 +251,25 @@ def _held_across_backward(impl: Any, p: Problem) -> list[tuple[tuple[int, ...], 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_recompute_holds_o_n(reduction):
     """recompute (and chunked for `none`) keeps nothing but inputs and O(N) fp32 across backward; chunked for
-    `mean` keeps its [V, H] grad_W accumulator."""
-    p = Problem(N=24, H=16, V=40, bias=True, reduction=reduction)
-    for impl in (recompute().with_chunk_rows(CHUNK), chunked("addmm_out_dtype").with_chunk_rows(CHUNK)):
-        held = _held_across_backward(impl, p)
-        own = [s for s, alias in held if not alias]
-        fused = impl.name != "recompute" and reduction != "none"
+    `mean` keeps its [V, H] grad_W accumulator (fp32 buffer, or bf16 gradient plus int16 lower half)."""
+    from properties import memory
+
+    p = Problem(N=24, H=16, V=40, bias=True, reduction=reduction, dtype="bfloat16")
+    by_name = {i.name: i for i in IMPLS}
+    from impls import triton_ce
+
+    # Under Triton's interpreter the last chunk's kernel arguments (its [C, V] logits and five [C] row vectors,
+    # measured) stay alive after the launch, so the Triton impls' O(N) claim is checked where they compile.
+    triton = () if triton_ce.INTERPRET else ("chunked_triton[split_fp32]", "recompute_triton[split_fp32]")
+    for impl in [by_name[n] for n in ("recompute", "chunked[addmm_out_dtype]", *triton)]:
+        if impl.support.unavailable_reason():
+            continue
+        held = memory.held_across_backward(impl, p.replace(device=device_of(impl)))
+        fused = not impl.name.startswith("recompute") and reduction != "none"
         if fused:
-            assert (p.V, p.H) in own, f"{impl.name} {reduction}: expected the [V, H] accumulator among {own}"
+            assert held >= p.V * p.H * 4, f"{impl.name} {reduction}: holds {held} B, less than a [V, H] accumulator"
         else:
-            assert all(math.prod(s) <= p.N for s in own), f"{impl.name} {reduction}: holds {own} beyond O(N)"
+            assert held <= 16 * p.N, f"{impl.name} {reduction}: holds {held} B across backward, beyond O(N) (16·N)"
 
 
 class _SyncCounter(TorchDispatchMode):
