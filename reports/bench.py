@@ -5,7 +5,7 @@ For each registered linear+CE impl that runs on CUDA in bf16, forward+backward a
 median time over CUDA events (``triton.testing.do_bench``), extra peak memory above the inputs
 (``torch.cuda.max_memory_allocated``), and the time as a share of the floor 6·BT·H·V / R, R being the bf16
 matmul rate measured in the same run. Then the seed's one-chunk grad_weight micro-benchmark (V=131072,
-H=4096, C=2048; the three paths' time and extra peak). Results go to ``--out`` as JSON and Markdown.
+H=4096, C=2048, and C=512; every accumulation path's time, extra peak, and bytes held beyond the gradient). Results go to ``--out`` as JSON and Markdown.
 """
 
 from __future__ import annotations
@@ -58,51 +58,119 @@ def _case(BT: int, H: int, V: int, dev: torch.device, seed: int = 0):
 
 
 def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: float) -> dict[str, Any]:
-    """Median fwd+bwd time and extra peak of one impl at one shape."""
+    """Median fwd+bwd time, extra peak, and bytes held from forward to backward of one impl at one shape.
+
+    Extra peak: above the inputs and the previous step's .grad buffers (freed at the start of a step, so a
+    gradient that reuses them costs nothing). Held across backward: allocated bytes when forward has
+    returned, above those just before it (the .grad buffers already freed)."""
     x, w, t = _case(BT, H, V, dev)
     xr = x.clone().requires_grad_()
     wr = w.clone().requires_grad_()
+    record: dict[str, int] = {}
 
-    def step() -> None:
+    def step(measure: bool = False) -> None:
         xr.grad = None
         wr.grad = None
+        if measure:
+            torch.cuda.synchronize()
+            record["before"] = torch.cuda.memory_allocated(dev)
         out = impl(xr, wr, t, None, reduction="mean", ignore_index=-100)
         loss = out[0] if isinstance(out, tuple) else out
+        if measure:
+            torch.cuda.synchronize()
+            record["held"] = torch.cuda.memory_allocated(dev) - record["before"]
         loss.backward()
 
     step()  # warm-up / compile, and allocate the .grad buffers so they are not counted as extra
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    step()
+    step(measure=True)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated(dev) - base
     ms = _bench_ms(step, rep_ms)
-    return {"ms": ms, "extra_peak_mib": extra / 2**20}
+    return {"ms": ms, "extra_peak_mib": extra / 2**20, "held_mib": record["held"] / 2**20}
 
 
-def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H: int = 4096, C: int = 2048) -> list[dict]:
-    """The seed's one-chunk micro-benchmark: time and extra peak of each accumulation step."""
+#: Bytes per [V, H] element an accumulation holds beyond the bf16 gradient it yields (fp32 buffer: 4; the
+#: parameter-dtype buffer is the gradient: 0; split fp32: the int16 lower half, 2).
+ACC_BYTES_BEYOND_GRAD = {"fallback": 4, "fp32_operands": 4, "addmm_out_dtype": 4, "lowp_accum": 0, "split_fp32": 2}
+
+
+def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H: int = 4096,
+                            chunks: tuple[int, ...] = (2048, 512)) -> list[dict]:
+    """The seed's one-chunk micro-benchmark (C=2048), and the same at C=512: time and extra peak of each
+    accumulation step into an existing accumulator, and what the accumulator holds beyond the bf16 gradient."""
     from impls import grad_accum
 
-    G = torch.randn(C, V, device=dev, dtype=torch.bfloat16)
-    xc = torch.randn(C, H, device=dev, dtype=torch.bfloat16)
-    gw = torch.zeros(V, H, device=dev, dtype=torch.float32)
     rows = []
-    for path in ("fallback", "fp32_operands", "addmm_out_dtype", "lowp_accum"):
-        step = grad_accum.PATHS[path]
-        acc = gw if path != "lowp_accum" else torch.zeros(V, H, device=dev, dtype=torch.bfloat16)
-        step(acc, G, xc)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev)
-        step(acc, G, xc)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated(dev) - base
-        ms = _bench_ms(lambda: step(acc, G, xc), rep_ms)
-        rows.append({"path": path, "resolved": grad_accum.resolved_path(path, dev, torch.bfloat16),
-                     "ms": ms, "extra_peak_mib": extra / 2**20})
+    for C in chunks:
+        G = torch.randn(C, V, device=dev, dtype=torch.bfloat16)
+        xc = torch.randn(C, H, device=dev, dtype=torch.bfloat16)
+        for path in ("fallback", "fp32_operands", "addmm_out_dtype", "lowp_accum", grad_accum.SPLIT):
+            acc = grad_accum.make_accumulator(path, (V, H), torch.bfloat16, dev)
+            acc.add_(G, xc)  # warm-up (and, for the Triton GEMM, autotuning)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            acc.add_(G, xc)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated(dev) - base
+            ms = _bench_ms(lambda: acc.add_(G, xc), rep_ms)
+            resolved = path if path == grad_accum.SPLIT else grad_accum.resolved_path(path, dev, torch.bfloat16)
+            rows.append({"path": path, "resolved": resolved, "C": C, "ms": ms, "extra_peak_mib": extra / 2**20,
+                         "tflops": 2 * C * V * H / (ms * 1e-3) / 1e12,
+                         "held_beyond_grad_mib": ACC_BYTES_BEYOND_GRAD[path] * V * H / 2**20})
+            del acc
+            torch.cuda.empty_cache()
     return rows
+
+
+def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: int = 4096, C: int = 640) -> list[dict]:
+    """Time of each step of one chunk of the chunked FLCE at the split impls' chunk size: the logits GEMM, the
+    Triton CE kernel (G in place), the grad_x GEMM, and the grad_W accumulation by the split accumulator and
+    by ``addmm(out_dtype=float32)`` into an fp32 buffer. Each with its FLOP rate where it is a GEMM."""
+    from impls import grad_accum
+    from impls.ce_block import reduction_coefficients, row_weights
+    from impls.triton_ce import ce_block_triton_
+
+    g = torch.Generator(device=dev).manual_seed(1)
+    xr = torch.randn(C, H, device=dev, dtype=torch.bfloat16, generator=g)
+    w = (torch.randn(V, H, device=dev, dtype=torch.bfloat16, generator=g) * (2.0 / math.sqrt(H))).to(torch.bfloat16)
+    t = torch.randint(0, V, (C,), device=dev, generator=g)
+    valid, _, w_t = row_weights(t, None, -100)
+    coef = reduction_coefficients(valid, w_t, "mean")
+    logits = torch.mm(xr, w.t())
+    gx = torch.empty(C, H, device=dev, dtype=torch.bfloat16)
+    split = grad_accum.make_accumulator(grad_accum.SPLIT, (V, H), torch.bfloat16, dev)
+    plain = grad_accum.make_accumulator("addmm_out_dtype", (V, H), torch.bfloat16, dev)
+    flop = 2 * C * H * V
+    steps: list[tuple[str, Callable[[], Any], int]] = [
+        ("logits = x_c·Wᵀ (cuBLAS)", lambda: torch.mm(xr, w.t(), out=logits), flop),
+        ("CE kernel, G in place (Triton)", lambda: ce_block_triton_(logits, t, coef.coef_ce, coef.coef_z, ignore_index=-100), 0),
+        ("grad_x = G·W (cuBLAS)", lambda: torch.mm(logits, w, out=gx), flop),
+        ("grad_W += Gᵀ·x_c, split fp32 (Triton)", lambda: split.add_(logits, xr), flop),
+        ("grad_W += Gᵀ·x_c, addmm out_dtype fp32 (cuBLAS)", lambda: plain.add_(logits, xr), flop),
+    ]
+    rows = []
+    for name, fn, fl in steps:
+        fn()
+        ms = _bench_ms(fn, rep_ms)
+        rows.append({"step": name, "C": C, "ms": ms, "tflops": fl / (ms * 1e-3) / 1e12 if fl else None})
+    del split, plain
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _split_config() -> str | None:
+    """The config Triton's autotuner chose for the split accumulator's GEMM (after a bench ran it)."""
+    try:
+        from impls import split_accum
+
+        cfgs = getattr(split_accum._addmm_split_kernel, "cache", {})
+        return "; ".join(f"{k}: {v}" for k, v in cfgs.items()) or None
+    except Exception:  # pragma: no cover - figures only
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,24 +213,44 @@ def run(args: argparse.Namespace) -> int:
             r.update(impl=impl.name, shape=[BT, H, V], floor_ms=floor_ms, share_of_floor=floor_ms / r["ms"])
             res["cases"].append(r)
             print(f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
-                  f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB", flush=True)
+                  f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
+                  f"{r['held_mib']:.1f} MiB", flush=True)
             torch.cuda.empty_cache()
     res["grad_weight_paths"] = bench_grad_weight_paths(dev, args.rep_ms)
+    res["chunk_anatomy"] = bench_chunk_anatomy(dev, args.rep_ms)
+    for row in res["chunk_anatomy"]:
+        rate = f" ({row['tflops']:.0f} TFLOP/s)" if row["tflops"] else ""
+        print(f"chunk anatomy C={row['C']}: {row['step']:48s} {row['ms']:.3f} ms{rate}")
+    res["split_gemm_configs"] = _split_config()
     for row in res["grad_weight_paths"]:
-        print(f"one chunk {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms, extra {row['extra_peak_mib']:.0f} MiB")
+        print(f"one chunk C={row['C']} {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms "
+              f"({row['tflops']:.0f} TFLOP/s), extra {row['extra_peak_mib']:.0f} MiB, holds "
+              f"{row['held_beyond_grad_mib']:.0f} MiB beyond the gradient")
+    print(f"split GEMM autotuned configs: {res['split_gemm_configs']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.json").write_text(json.dumps(res, indent=1))
         lines = [f"# numcheck bench — {res['device']}, torch {res['torch']}", "",
                  f"bf16 matmul rate measured in this run: {res['bf16_matmul_tflops']:.0f} TFLOP/s.", "",
-                 "| impl | BT | H | V | median ms | share of floor | extra peak MiB |", "|---|---|---|---|---|---|---|"]
+                 "| impl | BT | H | V | median ms | share of floor | extra peak MiB | held across backward MiB |",
+                 "|---|---|---|---|---|---|---|---|"]
         for c in res["cases"]:
             BT, H, V = c["shape"]
-            lines.append(f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | {c['extra_peak_mib']:.0f} |")
-        lines += ["", "One chunk of grad_weight accumulation (V=131072, H=4096, C=2048, bf16 operands, fp32 accumulator):", "",
-                  "| path | runs | ms | extra peak MiB |", "|---|---|---|---|"]
-        lines += [f"| {r['path']} | {r['resolved']} | {r['ms']:.2f} | {r['extra_peak_mib']:.0f} |" for r in res["grad_weight_paths"]]
+            lines.append(f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | {c['extra_peak_mib']:.0f} | "
+                         f"{c['held_mib']:.1f} |")
+        lines += ["", "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
+                  "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:", "",
+                  "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
+                  f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |" for r in res["grad_weight_paths"]]
+        lines += ["", f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):", "",
+                  "| step | ms | TFLOP/s |", "|---|---|---|"]
+        lines += [f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |" if r["tflops"] else f"| {r['step']} | {r['ms']:.3f} | — |"
+                  for r in res["chunk_anatomy"]]
+        if res.get("split_gemm_configs"):
+            lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
         if res["skipped"]:
             lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
         (out / "bench.md").write_text("\n".join(lines) + "\n")
