@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
     p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--render", type=Path, metavar="REPORT.json",
+                   help="run nothing: write report.md and the plots of this report.json (made elsewhere, e.g. on a "
+                        "GPU machine without matplotlib) into --out (default: the JSON's own directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -222,8 +225,23 @@ def print_summary(report: dict, out: Path | None) -> None:
             print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")
 
 
+def render(path: Path, out: Path | None, *, plots: bool = True) -> int:
+    """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``."""
+    try:
+        report = report_schema.load(path)
+    except (OSError, ValueError) as exc:
+        print(f"numcheck report --render: {path}: {exc}", file=sys.stderr)
+        return 2
+    dest = out if out is not None else path.parent
+    write_report(report, dest, plots=plots)
+    print_summary(report, dest)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     spec = GRIDS[args.grid or "full"]
+    if args.render is not None:
+        return render(args.render, args.out, plots=not args.no_plots)
     if args.current is not None:
         if args.compare is None:
             print("numcheck report: --current needs --compare BASE.json", file=sys.stderr)

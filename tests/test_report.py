@@ -144,6 +144,17 @@ def test_report_md_reads_on_its_own(smoke_dir):
         assert f"| `{path}` |" in md, f"accumulation/memory tables lack the {path} row"
 
 
+def test_render_rewrites_markdown_and_plots_from_json(smoke_dir, tmp_path):
+    """--render writes the same report.md and the plots from a report.json alone; a bad JSON is a clear error."""
+    out = tmp_path / "rendered"
+    assert cli.main(["report", "--render", str(smoke_dir / "report.json"), "--out", str(out)]) == 0
+    assert (out / "report.md").read_text() == (smoke_dir / "report.md").read_text()
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in smoke_dir.glob("*.png"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert cli.main(["report", "--render", str(bad), "--out", str(tmp_path / "x")]) == 2
+
+
 def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monkeypatch):
     """The PNG plots exist; without matplotlib the report is still written and says how to get them."""
     for name in ("error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png", "accumulation.png"):
