@@ -47,10 +47,11 @@ def unavailable_reason() -> str | None:
 
 if triton is not None:
 
+    #: The one launch configuration under the interpreter (no autotuning there: Triton 3.2's autotuner needs
+    #: an active GPU driver even to be constructed).
+    INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "PREFETCH": True}
+
     def _configs() -> list["triton.Config"]:
-        if INTERPRET:
-            return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "PREFETCH": True},
-                                  num_warps=4)]
         # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, PREFETCH). The accumulator's 8 bytes per element dominate
         # at short C, so the candidates either load the (hi, lo) tile before the main loop (its latency hidden
         # behind the MMAs) or use a shared-memory footprint small enough for two CTAs per SM (one CTA's
@@ -61,10 +62,8 @@ if triton is not None:
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "PREFETCH": pf},
                               num_warps=w, num_stages=st) for bm, bn, bk, w, st, pf in cands]
 
-    # restore_value: tuning runs the kernel several times on the live accumulator; each trial starts from a copy.
-    @triton.autotune(configs=_configs(), key=["V", "H", "C", "IEEE", "UPCAST"], restore_value=["HI", "LO"])
     @triton.jit
-    def _addmm_split_kernel(
+    def _addmm_split_jit(
         G, X, HI, LO, V, H, C, stride_g, stride_x, stride_acc,
         IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PREFETCH: tl.constexpr,
@@ -110,6 +109,13 @@ if triton is not None:
         bits = (run + acc).to(tl.int32, bitcast=True)
         tl.store(HI + offs, (bits >> 16).to(tl.int16), mask=msk)
         tl.store(LO + offs, (bits & 0xFFFF).to(tl.int16), mask=msk)
+
+    if INTERPRET:
+        _addmm_split_kernel = _addmm_split_jit
+    else:
+        # restore_value: tuning runs the kernel several times on the live accumulator; each trial starts from a copy.
+        _addmm_split_kernel = triton.autotune(configs=_configs(), key=["V", "H", "C", "IEEE", "UPCAST"],
+                                              restore_value=["HI", "LO"])(_addmm_split_jit)
 
     @triton.jit
     def _finish_kernel(HI, LO, SCALE, n, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
@@ -194,9 +200,9 @@ class SplitAccumulator:
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(V, meta["BLOCK_M"]) * triton.cdiv(H, meta["BLOCK_N"]),)
 
+        fixed = INTERPRETER_CONFIG if INTERPRET else {}
         _addmm_split_kernel[grid](G, x, self.hi.view(torch.int16), self.lo, V, H, C, G.stride(0), x.stride(0),
-                                  self.hi.stride(0), IEEE=G.dtype == torch.float32,
-                                  UPCAST=INTERPRET)
+                                  self.hi.stride(0), IEEE=G.dtype == torch.float32, UPCAST=INTERPRET, **fixed)
 
     def finish(self, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The gradient: ``bf16(fp32_sum · scale)`` (one rounding to bf16; ``scale`` a 0-d or 1-element tensor

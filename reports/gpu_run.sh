@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
-# the property suite on CUDA, then the benchmark. Liger-Kernel comes as a carried wheel (.wheels/).
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|bench|all "$OUT"
-# ("all" fits both in one 10-minute call: suite capped at 300 s, bench at 260 s).
+# the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
+# carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|bench|all "$OUT"
+# ("all" fits the three in one 10-minute call: suite capped at 200 s, report at 120 s, bench at 250 s).
+# The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
+#   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
-what="${1:?suite or bench}"
+what="${1:?suite, report, bench or all}"
 out="${2:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
 if ls .wheels/*.whl >/dev/null 2>&1; then
@@ -20,12 +23,19 @@ case "$what" in
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"
     ;;
+  report)
+    timeout "${REPORT_S:-540}" python3 -m reports.cli report --grid "${GRID:-quick}" --device cuda --no-plots --no-progress \
+      --out "$out/report" > "$out/report.txt" 2>&1
+    echo "numcheck report exit $?" >> "$out/report.txt"
+    tail -20 "$out/report.txt"
+    ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
     ;;
   all)
-    SUITE_S=300 bash "$0" suite "$out" > /dev/null 2>&1
-    BENCH_S=260 REP_MS=150 bash "$0" bench "$out" > /dev/null 2>&1
-    tail -12 "$out/suite.txt"; tail -25 "$out/bench.txt"
+    SUITE_S=200 bash "$0" suite "$out" > /dev/null 2>&1
+    REPORT_S=120 bash "$0" report "$out" > /dev/null 2>&1
+    BENCH_S=250 REP_MS=100 bash "$0" bench "$out" > /dev/null 2>&1
+    tail -12 "$out/suite.txt"; tail -6 "$out/report.txt"; tail -40 "$out/bench.txt"
     ;;
 esac
