@@ -5,6 +5,7 @@ Add a module here when it defines a ``@builtin_factory``; the registry imports n
 
 import impls.eager  # noqa: F401
 import impls.liger  # noqa: F401
+import impls.cce  # noqa: F401
 import impls.chunked  # noqa: F401
 import impls.recompute  # noqa: F401
 import impls.torch_native  # noqa: F401
