@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -162,6 +161,113 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     return rows
 
 
+def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int = 4096, N: int = 4096) -> list[dict]:
+    """Each registered quantized linear, per declared recipe and ``save_original_input`` value, against a bf16
+    ``F.linear``: median fwd+bwd time (``y.backward(dy)``), extra peak, and bytes held from forward to backward
+    (allocated when forward has returned, above just before it, less ``y``)."""
+    import torch.nn.functional as F
+
+    from impls.quant_protocol import DelayedScalingState
+    from impls.registry import by_kind, discover
+
+    g = torch.Generator(device=dev).manual_seed(2)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = (torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g) / math.sqrt(K)).requires_grad_()
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16, generator=g)
+    y_bytes = M * N * 2
+
+    def measure(name: str, recipe: str, soi: Any, fwd: Callable[[], torch.Tensor], after: Callable[[], None]) -> dict:
+        rec: dict[str, int] = {}
+
+        def step(m: bool = False) -> None:
+            x.grad = None
+            w.grad = None
+            if m:
+                torch.cuda.synchronize()
+                rec["before"] = torch.cuda.memory_allocated(dev)
+            y = fwd()
+            if m:
+                torch.cuda.synchronize()
+                rec["held"] = torch.cuda.memory_allocated(dev) - rec["before"] - y_bytes
+            y.backward(dy)
+            after()
+
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        step(True)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated(dev) - base
+        ms = _bench_ms(step, rep_ms)
+        return {"impl": name, "recipe": recipe, "save_original_input": soi, "shape": [M, K, N], "ms": ms,
+                "extra_peak_mib": extra / 2**20, "held_mib": rec["held"] / 2**20}
+
+    rows = [measure("F.linear (bf16)", "-", "-", lambda: F.linear(x, w), lambda: None)]
+    for impl in by_kind(discover([]), "quant_linear"):
+        q = impl.impl
+        s = q.support
+        if s.unavailable_reason() or "cuda" not in s.devices or torch.bfloat16 not in s.dtypes:
+            continue
+        for recipe in s.recipes[:1]:  # the impl's first (default-parameter) recipe: one per recipe kind
+            for soi in sorted(s.save_original_input):
+                if soi and not recipe.allows_save_original_input:
+                    continue
+                state = DelayedScalingState(recipe) if recipe.kind == "delayed" else None
+                try:
+                    rows.append(measure(q.name, repr(recipe), soi,
+                                        lambda: q(x, w, None, recipe=recipe, save_original_input=soi, scaling_state=state),
+                                        (lambda: state.update()) if state is not None else (lambda: None)))
+                except Exception as exc:  # recorded, not hidden
+                    rows.append({"impl": q.name, "recipe": repr(recipe), "save_original_input": soi,
+                                 "error": f"{type(exc).__name__}: {exc}"[:300]})
+                torch.cuda.empty_cache()
+    return rows
+
+
+def write_results(res: dict[str, Any], out: Path) -> None:
+    """``bench.json`` and ``bench.md`` from what has been measured so far (called after every section, so a
+    run cut short by a time limit still leaves its figures)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    lines = [f"# numcheck bench — {res['device']}, torch {res['torch']}", "",
+             f"bf16 matmul rate measured in this run: {res['bf16_matmul_tflops']:.0f} TFLOP/s.", "",
+             "| impl | BT | H | V | median ms | share of floor | extra peak MiB | held across backward MiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in res["cases"]:
+        BT, H, V = c["shape"]
+        lines.append(f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | "
+                     f"{c['extra_peak_mib']:.0f} | {c['held_mib']:.1f} |")
+    if res.get("grad_weight_paths"):
+        lines += ["", "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
+                  "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:", "",
+                  "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
+                  f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |" for r in res["grad_weight_paths"]]
+    if res.get("chunk_anatomy"):
+        lines += ["", f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):", "",
+                  "| step | ms | TFLOP/s |", "|---|---|---|"]
+        lines += [f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |" if r["tflops"] else f"| {r['step']} | {r['ms']:.3f} | — |"
+                  for r in res["chunk_anatomy"]]
+    if res.get("split_gemm_configs"):
+        lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
+    if res.get("quant_linear"):
+        M, K, N = next((r["shape"] for r in res["quant_linear"] if "shape" in r), ["?"] * 3)
+        lines += ["", f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:", "",
+                  "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
+                  "|---|---|---|---|---|---|"]
+        for r in res["quant_linear"]:
+            if "error" in r:
+                lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
+            else:
+                lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | {r['ms']:.2f} | "
+                             f"{r['extra_peak_mib']:.0f} | {r['held_mib']:.1f} |")
+    if res["skipped"]:
+        lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+
+
 def _split_config() -> str | None:
     """The config Triton's autotuner chose for the split accumulator's GEMM (after a bench ran it)."""
     try:
@@ -193,9 +299,32 @@ def run(args: argparse.Namespace) -> int:
     for e in entries:
         if isinstance(e, BrokenImpl):
             res["skipped"].append({"impl": e.name, "reason": f"broken: {e.error}"})
+    out = Path(args.out) if args.out else None
     rate = matmul_rate(dev, args.rep_ms)
     res["bf16_matmul_tflops"] = rate / 1e12
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s", flush=True)
+    res["grad_weight_paths"] = bench_grad_weight_paths(dev, args.rep_ms)
+    res["chunk_anatomy"] = bench_chunk_anatomy(dev, args.rep_ms)
+    for row in res["chunk_anatomy"]:
+        speed = f" ({row['tflops']:.0f} TFLOP/s)" if row["tflops"] else ""
+        print(f"chunk anatomy C={row['C']}: {row['step']:48s} {row['ms']:.3f} ms{speed}")
+    res["split_gemm_configs"] = _split_config()
+    for row in res["grad_weight_paths"]:
+        print(f"one chunk C={row['C']} {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms "
+              f"({row['tflops']:.0f} TFLOP/s), extra {row['extra_peak_mib']:.0f} MiB, holds "
+              f"{row['held_beyond_grad_mib']:.0f} MiB beyond the gradient")
+    print(f"split GEMM autotuned configs: {res['split_gemm_configs']}")
+    if out is not None:
+        write_results(res, out)
+    res["quant_linear"] = bench_quant_linear(dev, args.rep_ms)
+    for row in res["quant_linear"]:
+        if "error" in row:
+            print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")
+        else:
+            print(f"quant {row['impl']:24s} {row['recipe'][:40]:40s} soi={row['save_original_input']!s:5s}: "
+                  f"{row['ms']:.2f} ms, extra {row['extra_peak_mib']:.0f} MiB, held {row['held_mib']:.1f} MiB")
+    if out is not None:
+        write_results(res, out)
     for BT, H, V in shapes:
         floor_ms = 6 * BT * H * V / rate * 1e3
         for impl in impls:
@@ -212,46 +341,12 @@ def run(args: argparse.Namespace) -> int:
                 continue
             r.update(impl=impl.name, shape=[BT, H, V], floor_ms=floor_ms, share_of_floor=floor_ms / r["ms"])
             res["cases"].append(r)
+            if out is not None:
+                write_results(res, out)
             print(f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
                   f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
                   f"{r['held_mib']:.1f} MiB", flush=True)
             torch.cuda.empty_cache()
-    res["grad_weight_paths"] = bench_grad_weight_paths(dev, args.rep_ms)
-    res["chunk_anatomy"] = bench_chunk_anatomy(dev, args.rep_ms)
-    for row in res["chunk_anatomy"]:
-        rate = f" ({row['tflops']:.0f} TFLOP/s)" if row["tflops"] else ""
-        print(f"chunk anatomy C={row['C']}: {row['step']:48s} {row['ms']:.3f} ms{rate}")
-    res["split_gemm_configs"] = _split_config()
-    for row in res["grad_weight_paths"]:
-        print(f"one chunk C={row['C']} {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms "
-              f"({row['tflops']:.0f} TFLOP/s), extra {row['extra_peak_mib']:.0f} MiB, holds "
-              f"{row['held_beyond_grad_mib']:.0f} MiB beyond the gradient")
-    print(f"split GEMM autotuned configs: {res['split_gemm_configs']}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps(res, indent=1))
-        lines = [f"# numcheck bench — {res['device']}, torch {res['torch']}", "",
-                 f"bf16 matmul rate measured in this run: {res['bf16_matmul_tflops']:.0f} TFLOP/s.", "",
-                 "| impl | BT | H | V | median ms | share of floor | extra peak MiB | held across backward MiB |",
-                 "|---|---|---|---|---|---|---|---|"]
-        for c in res["cases"]:
-            BT, H, V = c["shape"]
-            lines.append(f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | {c['extra_peak_mib']:.0f} | "
-                         f"{c['held_mib']:.1f} |")
-        lines += ["", "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
-                  "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:", "",
-                  "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
-                  f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |" for r in res["grad_weight_paths"]]
-        lines += ["", f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):", "",
-                  "| step | ms | TFLOP/s |", "|---|---|---|"]
-        lines += [f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |" if r["tflops"] else f"| {r['step']} | {r['ms']:.3f} | — |"
-                  for r in res["chunk_anatomy"]]
-        if res.get("split_gemm_configs"):
-            lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
-        if res["skipped"]:
-            lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
-        (out / "bench.md").write_text("\n".join(lines) + "\n")
+    if out is not None:
+        write_results(res, out)
     return 0
