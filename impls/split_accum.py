@@ -50,6 +50,11 @@ if triton is not None:
     #: The one launch configuration under the interpreter (no autotuning there: Triton 3.2's autotuner needs
     #: an active GPU driver even to be constructed).
     INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "PREFETCH": True}
+    #: Compiled, below this many accumulator elements one fixed configuration runs (autotuning every small shape
+    #: a test draws costs more than it could save); at and above it Triton's autotuner picks per (V, H, C).
+    AUTOTUNE_MIN_ELEMENTS = 1 << 22
+    SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "PREFETCH": True, "num_warps": 4,
+                    "num_stages": 2}
 
     def _configs() -> list["triton.Config"]:
         # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, PREFETCH). The accumulator's 8 bytes per element dominate
@@ -200,8 +205,13 @@ class SplitAccumulator:
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(V, meta["BLOCK_M"]) * triton.cdiv(H, meta["BLOCK_N"]),)
 
-        fixed = INTERPRETER_CONFIG if INTERPRET else {}
-        _addmm_split_kernel[grid](G, x, self.hi.view(torch.int16), self.lo, V, H, C, G.stride(0), x.stride(0),
+        if INTERPRET:
+            kernel, fixed = _addmm_split_jit, INTERPRETER_CONFIG
+        elif V * H < AUTOTUNE_MIN_ELEMENTS:
+            kernel, fixed = _addmm_split_jit, SMALL_CONFIG
+        else:
+            kernel, fixed = _addmm_split_kernel, {}
+        kernel[grid](G, x, self.hi.view(torch.int16), self.lo, V, H, C, G.stride(0), x.stride(0),
                                   self.hi.stride(0), IEEE=G.dtype == torch.float32, UPCAST=INTERPRET, **fixed)
 
     def finish(self, scale: torch.Tensor | None = None) -> torch.Tensor:

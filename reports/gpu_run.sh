@@ -3,7 +3,7 @@
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
 # Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|bench|all "$OUT"
-# ("all" fits the three in one 10-minute call: suite capped at 200 s, report at 120 s, bench at 250 s).
+# ("all" fits the three in one 10-minute call: suite capped at 250 s, report at 90 s, bench at 200 s).
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
@@ -18,7 +18,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 case "$what" in
   suite)
     python3 -m reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
-    NUMCHECK_DEVICE=cuda timeout "${SUITE_S:-540}" python3 -m pytest tests -q -n 8 -p no:cacheprovider \
+    # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures
+    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest tests -v -n 8 -p no:cacheprovider -p no:benchmark \
       --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"
@@ -33,9 +34,9 @@ case "$what" in
     timeout "${BENCH_S:-560}" python3 -m reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
     ;;
   all)
-    SUITE_S=200 bash "$0" suite "$out" > /dev/null 2>&1
-    REPORT_S=120 bash "$0" report "$out" > /dev/null 2>&1
-    BENCH_S=250 REP_MS=100 bash "$0" bench "$out" > /dev/null 2>&1
-    tail -12 "$out/suite.txt"; tail -6 "$out/report.txt"; tail -40 "$out/bench.txt"
+    SUITE_S=250 bash "$0" suite "$out" > /dev/null 2>&1
+    REPORT_S=90 bash "$0" report "$out" > /dev/null 2>&1
+    BENCH_S=200 REP_MS=60 bash "$0" bench "$out" > /dev/null 2>&1
+    grep -E "FAILED|ERROR" "$out/suite.txt" | tail -30; tail -3 "$out/suite.txt"; tail -6 "$out/report.txt"; tail -40 "$out/bench.txt"
     ;;
 esac
