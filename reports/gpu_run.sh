@@ -3,7 +3,7 @@
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
 # Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|bench|all "$OUT"
-# ("all" fits the three in one 10-minute call: suite capped at 250 s, report at 90 s, bench at 200 s).
+# ("all" fits the three in one 10-minute call: suite capped at 250 s, report at 110 s, bench at 180 s).
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
@@ -35,8 +35,8 @@ case "$what" in
     ;;
   all)
     SUITE_S=250 bash "$0" suite "$out" > /dev/null 2>&1
-    REPORT_S=90 bash "$0" report "$out" > /dev/null 2>&1
-    BENCH_S=200 REP_MS=60 bash "$0" bench "$out" > /dev/null 2>&1
+    REPORT_S=110 bash "$0" report "$out" > /dev/null 2>&1
+    BENCH_S=180 REP_MS=50 bash "$0" bench "$out" > /dev/null 2>&1
     grep -E "FAILED|ERROR" "$out/suite.txt" | tail -30; tail -3 "$out/suite.txt"; tail -6 "$out/report.txt"; tail -40 "$out/bench.txt"
     ;;
 esac
