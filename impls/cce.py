@@ -321,6 +321,9 @@ def declare(info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None
         chunk_rows=info.backward_block_rows,
         logits_dtype="float32",
         ce_dtype="float32",
+        # indexed_dot.py:64 rounds each x·w product of the target logit to the operand dtype (the release read;
+        # a later release is judged at the strict default until its source is read)
+        target_logit="rounded_products" if info.version == SOURCE_READ else "logits",
         requires=(lambda r=kernel_reason: r),
         slow=on_cpu,
     )

@@ -110,6 +110,11 @@ class LinearCESupport:
             possibly low-precision logits), ``"compute"`` when that arithmetic itself runs in bf16/fp16 (as
             ``F.cross_entropy`` on bf16 logits does). ``"compute"`` loses the true-class gradient p_y − 1 of
             confident rows entirely; declaring it widens the bound instead of failing.
+        target_logit: ``"logits"`` when the loss's target logit z_y is read from the same logits as the
+            log-sum-exp; ``"rounded_products"`` when it is a separate dot product Σ_k x_k·w_{y,k} whose
+            products are each rounded to the compute dtype before an fp32 sum (cut-cross-entropy 25.1.1's
+            ``indexed_dot``): the loss then carries an extra u_c·Σ_k |x_k·w_{y,k}| per row, which the
+            tolerance model adds; gradients are unaffected.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
         slow: the impl is costly to run here (an interpreter, a large compile per shape): property tests
             give it a quarter of the profile's examples (at least 2), so CI stays inside its budget.
@@ -128,6 +133,7 @@ class LinearCESupport:
     chunk_rows: int | None = None
     logits_dtype: Literal["compute", "float32"] = "compute"
     ce_dtype: Literal["float32", "compute"] = "float32"
+    target_logit: Literal["logits", "rounded_products"] = "logits"
     returns_z_loss: bool = False
     slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
@@ -155,6 +161,8 @@ class LinearCESupport:
             raise ValueError(
                 f"LinearCESupport.logits_dtype / ce_dtype must be 'compute' or 'float32', got {self.logits_dtype!r} / {self.ce_dtype!r}"
             )
+        if self.target_logit not in ("logits", "rounded_products"):
+            raise ValueError(f"LinearCESupport.target_logit must be 'logits' or 'rounded_products', got {self.target_logit!r}")
         if self.chunk_rows is not None and self.chunk_rows < 1:
             raise ValueError(f"LinearCESupport.chunk_rows must be >= 1 or None, got {self.chunk_rows}")
 

@@ -28,7 +28,9 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    q_ij = (1−ε)w_{y_i}δ_{j,y_i} + (ε/V)w_j, so δℓ_i = Σ_j (C_i p_ij − q_ij)δz'_ij:
    |δℓ_i| ≤ Σ_j |C_i p_ij − q_ij|·e'_ij + C_i R_i + (u_L + 4u_a)|ℓ_i| (log-probabilities stored at u_L, the
    final products and sums) [+ 3u_c|ℓ_i| when class weights may be rounded to the compute dtype: the weight
-   itself and the normalizer D]. z-loss ζ_i = λ·lse_i²: |δζ_i| ≤ 2λ|lse_i|(E_i + R_i) + 4u_a ζ_i.
+   itself and the normalizer D] [+ (1−ε)w_{y_i}(u_c·Σ_k |x_ik w_{y_i}k| + H·η_c) when the impl declares
+   ``target_logit="rounded_products"``: its z_y is a separate dot product whose H products are each rounded to
+   the compute dtype]. z-loss ζ_i = λ·lse_i²: |δζ_i| ≤ 2λ|lse_i|(E_i + R_i) + 4u_a ζ_i.
    Reductions add γ_N(u_a)·Σ|terms| and the final rounding u_out·|L|.
 4. Gradient w.r.t. the logits, g_ij = c_i(C_i p_ij − q_ij) + c^z_i·2λ·lse_i·p_ij (c = upstream / normalizer):
    |δg_ij| ≤ |c_i|C_i p_ij|δ log p_ij| + |c^z_i|2λ(|lse_i| p_ij |δ log p_ij| + p_ij|δlse_i|)
@@ -130,6 +132,7 @@ class ErrorModel:
     bias_rounding: bool
     class_weight_rounding: bool
     level: Level = "hard"
+    target_products: bool = False
 
     def path_term(self) -> float:
         """a_path of step 6 in the module docstring."""
@@ -199,6 +202,7 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         bias_rounding=bool(p.bias) and (low or p.bias_dtype not in (None, p.dtype)),
         class_weight_rounding=bool(p.class_weights) and low,
         level=level,
+        target_products=getattr(support, "target_logit", "logits") == "rounded_products",
     )
 
 
@@ -329,6 +333,13 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     d_ce = sweep.S_ce + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
     if m.class_weight_rounding:
         d_ce = d_ce + 3 * m.u_c * ce_row.abs()
+    if m.target_products:
+        # Declared target_logit="rounded_products": z_y = Σ_k fl_c(x_k·w_yk) summed in fp32, beside the lse's
+        # own logits. Each product rounds at u_c (η_c below the normal range); the fp32 sum is within the
+        # logits' own term. It enters ℓ_i with the target's coefficient (1−ε)·w_{y_i}.
+        tgt = torch.where(valid, t.target, torch.zeros_like(t.target))
+        prod = (x * w[tgt]).abs().sum(-1)
+        d_ce = d_ce + (1 - sweep.eps) * st.w_target * (m.u_c * prod + H * m.eta_c)
     z_row = oracle.per_row - ce_row
     d_z = 2 * sweep.lam * lse.abs() * (sweep.E + R) + 4 * U_ACC * z_row.abs()
     d_ce, d_z = d_ce * valid, d_z * valid

@@ -56,6 +56,25 @@ KNOWN: list[KnownDivergence] = [
                 "at H=1 does) the loss is inf where the true mean is ~6.5."),
         example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
     ),
+    KnownDivergence(
+        impls="cce[[]filter_eps=*",
+        properties=("*",),
+        applies=lambda p: p.softcap is not None,
+        reason=("cut-cross-entropy 25.1.1's kernels with softcap: at N=H=V=1, softcap=1 (exact loss 0, zero "
+                "gradients) they returned loss 4.57 and gradients 0.28 / -0.74 on an H200, as if the padded "
+                "vocabulary lanes of a block, capped at s·tanh(-inf/s) = -s, entered the log-sum-exp; with "
+                "softcap=5 at V=37 the same leak is e^-5-sized and passes the bounds."),
+        example=Problem(N=1, H=1, V=1, dtype="bfloat16", softcap=1.0),
+    ),
+    KnownDivergence(
+        impls="cce[[]filter_eps=default[]]",
+        properties=("accuracy",),
+        applies=lambda p: p.regime == "confident",
+        reason=("cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
+                "every backward block whose |softmax - onehot| are all below it: on confident rows all are, and "
+                "grad_x / grad_weight come back zero (inexact by design; filter_eps=None is exact)."),
+        example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
+    ),
 ]
 
 
