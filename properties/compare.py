@@ -13,7 +13,8 @@ class Comparison:
     """Error metrics of one output against the oracle, and whether every element is within its bound.
 
     ``ratio`` is max over elements of |impl − oracle| / bound (0/0 counts as 0); ``ok`` is ``ratio ≤ 1`` with
-    NaN/inf exactly where the oracle has them. ``worst`` is the index of the element with the largest ratio.
+    NaN/inf exactly where the oracle has them — or ±inf where a value within the bound of the exact one
+    overflows the impl's dtype (correct rounding; such elements count as error 0). ``worst`` is the index of the element with the largest ratio.
     """
 
     output: str
@@ -68,13 +69,21 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
     b = bound.to(device=o.device, dtype=torch.float64).expand_as(o)
     fin_o, fin_a = torch.isfinite(o), torch.isfinite(a)
     mismatch = (fin_o != fin_a) | (~fin_o & ~fin_a & ~((torch.isnan(o) & torch.isnan(a)) | (o == a)))
+    if dt.is_floating_point and dt != torch.float64:
+        # Overflow is a rounding: ±inf is the correct result in ``dt`` when some value within the bound of the
+        # exact one rounds to it (magnitude ≥ max + half an ulp of max, the round-to-nearest threshold).
+        fi = torch.finfo(dt)
+        threshold = fi.max + float(ulp_of(torch.tensor(fi.max, dtype=torch.float64), dt)) / 2
+        overflow = fin_o & torch.isinf(a) & (torch.sign(a) == torch.sign(o)) & (o.abs() + b >= threshold)
+        mismatch = mismatch & ~overflow
+        fin_a = fin_a | overflow
     if bool(mismatch.any()):
         idx = tuple(int(i) for i in mismatch.nonzero()[0])
         return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, idx,
                           float(a[idx]), float(o[idx]), float(b[idx]), int(mismatch.sum()), o.numel(),
                           dtype=str(dt), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
                           f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
-    err = torch.where(fin_o, (a - o).abs(), torch.zeros_like(o))
+    err = torch.where(fin_o & torch.isfinite(a), (a - o).abs(), torch.zeros_like(o))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
     if o.numel() == 0:
         return Comparison(output, True, 0.0, 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0.0, 0, 0, dtype=str(dt))

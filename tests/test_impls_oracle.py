@@ -345,3 +345,16 @@ def test_second_backward():
         else:
             with pytest.raises(RuntimeError, match="retain_graph"):
                 loss.backward()
+
+
+def test_compare_accepts_overflow_only_as_correct_rounding():
+    """±inf matches a finite oracle only when a value within the bound rounds to it in the output dtype."""
+    big = torch.tensor([87983.0, -70000.0, 65519.0], dtype=torch.float64)
+    b = torch.tensor([1.0, 1.0, 16.0], dtype=torch.float64)
+    assert compare("loss", big.to(torch.float16), big, b).ok  # 87983, -70000 -> ±inf; 65519 -> 65504 (half ulp 16)
+    assert not compare("loss", torch.tensor([float("-inf")], dtype=torch.float16), big[:1], b[:1]).ok  # wrong sign
+    assert not compare("loss", torch.tensor([float("inf")], dtype=torch.float16),
+                       torch.tensor([43.0], dtype=torch.float64), b[:1]).ok  # a representable mean: inf is wrong
+    near = torch.tensor([65500.0], dtype=torch.float64)
+    assert compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([30.0])).ok
+    assert not compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([10.0])).ok

@@ -77,6 +77,32 @@ def test_all_options_combined(linear_ce_impl):
            every=every)
 
 
+def test_many_chunks(linear_ce_impl):
+    """With many chunks — every row its own chunk where the impl exposes with_chunk_rows, else 3 declared chunks and
+    a ragged one (2049 rows when none is declared) — every output is within bounds in each declared dtype (the
+    coarsest only for slow impls): grad_weight's accumulation across chunks is exercised (an accumulator that loses
+    its low bits fails here)."""
+    s = linear_ce_impl.support
+    impl = linear_ce_impl
+    if hasattr(impl, "with_chunk_rows"):
+        impl, N = impl.with_chunk_rows(1), 129
+    else:
+        N = min(3 * s.chunk_rows + 1, 8193) if s.chunk_rows else 2049
+    dtypes = [d for d in (torch.bfloat16, torch.float16, torch.float32) if d in s.dtypes]
+    if s.slow:  # an interpreter: the dtype with the coarsest accumulation only (bf16 where declared)
+        dtypes = dtypes[:1]
+    for dtype in dtypes:
+        name = str(dtype).replace("torch.", "")
+
+        def draw(data: Any, name: str = name):
+            H = data.draw(st.integers(1, 8), label="H")
+            V = data.draw(st.integers(2, 24), label="V")
+            force = {"N": N, "H": H, "V": V, "dtype": name, "autocast": None}
+            return data.draw(problems(s, force=force, allow_all_ignored=False), label="problem")
+
+        _check(checks.accuracy, impl, draw)
+
+
 def test_confident_rows(linear_ce_impl):
     """Confident predictions (p_target → 1) keep the true-class gradient accurate relative to itself."""
     _check(checks.accuracy, linear_ce_impl, _draw(linear_ce_impl, regimes=("confident",)),
