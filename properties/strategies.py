@@ -9,6 +9,8 @@ Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V``
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 
 import torch
@@ -144,6 +146,18 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     reason = refusal(s, p)
     assume(reason is None)
     return p
+
+
+def why_not_run(impl: Any, p: Problem) -> str | None:
+    """Why ``impl`` is not run on ``p`` here: it is unavailable (its reason), or ``p`` is outside what it
+    declares (:func:`refusal`). ``None`` when it runs."""
+    reason = impl.support.unavailable_reason()
+    if reason:
+        return f"{impl.name}: {reason}"
+    refused = refusal(impl.support, p)
+    if refused:
+        return f"{impl.name} does not declare this case: {refused}"
+    return None
 
 
 def refusal(support, p: Problem) -> str | None:

@@ -83,3 +83,15 @@ def linear_ce_impl(request: pytest.FixtureRequest):
 def quant_impl(request: pytest.FixtureRequest):
     """A loaded quantized-linear impl (skipped when it cannot run here, failed when it could not be loaded)."""
     return _unwrap(request)
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """torch's intra-op threads set to 1 for a module, restored after it (modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread_per_module")``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -29,6 +29,9 @@ class KnownDivergence:
         return fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and self.applies(p)
 
 
+#: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
+F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
+
 KNOWN: list[KnownDivergence] = [
     KnownDivergence(
         impls="torch_native[[]chunked,*",
@@ -38,24 +41,15 @@ KNOWN: list[KnownDivergence] = [
                 "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."),
         example=Problem(N=8, H=16, V=24, ignored=1.0, reduction="mean"),
     ),
-    KnownDivergence(
-        impls="eager",
+    *[KnownDivergence(
+        impls=pattern,
         properties=("*",),
         applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
         reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
                 "rows and classes in fp16: once N·V·|log p| passes fp16's 65504 (N=96, V=127 with ordinary logits "
                 "at H=1 does) the loss is inf where the true mean is ~6.5."),
         example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
-    ),
-    KnownDivergence(
-        impls="torch_native[[]reference[]]",
-        properties=("*",),
-        applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
-        reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
-                "rows and classes in fp16: once N·V·|log p| passes fp16's 65504 (N=96, V=127 with ordinary logits "
-                "at H=1 does) the loss is inf where the true mean is ~6.5."),
-        example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
-    ),
+    ) for pattern in F_CROSS_ENTROPY_IMPLS],
     *[KnownDivergence(
         impls=pattern,
         properties=("accuracy",),
@@ -65,7 +59,7 @@ KNOWN: list[KnownDivergence] = [
                 "losses passes fp16's 65504, though the mean is representable: 2049 rows of loss 43 give inf "
                 "(the same logits in fp32 give 43)."),
         example=Problem(N=2049, H=1, V=2, dtype="float16", regime="large", seed=0),
-    ) for pattern in ("eager", "torch_native[[]reference[]]")],
+    ) for pattern in F_CROSS_ENTROPY_IMPLS],
     KnownDivergence(
         impls="cce[[]filter_eps=*",
         properties=("*",),

@@ -24,7 +24,7 @@ from properties.accuracy import check_accuracy
 from properties.failures import fail
 from properties.harness import run_impl
 from properties.problems import Problem, build
-from properties.strategies import refusal as _refusal
+from properties.strategies import why_not_run
 from tests.known_divergences import known
 
 INFO = cce.load()
@@ -63,12 +63,9 @@ def test_matches_oracle(name: str, p: Problem) -> None:
     """Each variant is within the tolerance model of the float64 oracle for its declaration (25.1.1's kernels declare
     target_logit="rounded_products")."""
     impl = _impl(name)
-    reason = impl.support.unavailable_reason()
-    if reason:
-        pytest.skip(f"{name}: {reason}")
-    refused = _refusal(impl.support, p)
-    if refused:
-        pytest.skip(f"{name} does not declare this case: {refused}")
+    why = why_not_run(impl, p)
+    if why:
+        pytest.skip(why)
     k = known(name, "accuracy", p)
     if k is not None:
         pytest.skip(f"known divergence: {k.reason}")

@@ -22,12 +22,8 @@ _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixtur
 EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def _first_dtype(impl) -> str:

@@ -17,12 +17,8 @@ _FIND = settings(max_examples=60, derandomize=True, database=None, deadline=None
                  suppress_health_check=list(HealthCheck))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def _fails(prop, impl, case: QuantCase) -> bool:

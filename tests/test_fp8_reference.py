@@ -32,12 +32,8 @@ def _at_least(n: int) -> int:
     return max(n, settings.default.max_examples)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def _ml_codes(v: torch.Tensor, fmt) -> torch.Tensor:

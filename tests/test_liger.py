@@ -18,7 +18,7 @@ from impls.registry import builtin as _impl
 from properties.accuracy import check_accuracy
 from properties.failures import fail
 from properties.problems import Problem
-from properties.strategies import refusal as _refusal
+from properties.strategies import why_not_run
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -60,12 +60,9 @@ def _params():
 def test_matches_oracle(name: str, p: Problem) -> None:
     """Each Liger variant matches the float64 oracle within the tolerance model on every declared case."""
     impl = _impl(name)
-    reason = impl.support.unavailable_reason()
-    if reason:
-        pytest.skip(f"{name}: {reason}")
-    refused = _refusal(impl.support, p)
-    if refused:
-        pytest.skip(f"{name} does not declare this case: {refused}; {impl.description}")
+    why = why_not_run(impl, p)
+    if why:
+        pytest.skip(f"{why}; {impl.description}")
     res = check_accuracy(impl, p)
     if not res.ok:
         fail(impl, "accuracy", p, *res.failure_lines())

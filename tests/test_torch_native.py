@@ -16,7 +16,7 @@ from properties.accuracy import check_accuracy
 from properties.failures import fail
 from properties.harness import run_impl
 from properties.problems import Problem
-from properties.strategies import refusal as _refusal
+from properties.strategies import why_not_run
 
 NAMES = ["torch_native[reference]"] + [f"torch_native[chunked,acc={p}]" for p in tn.ACC_POLICIES]
 
@@ -57,12 +57,9 @@ def _param(name: str, p: Problem):
 def test_matches_oracle(name: str, p: Problem) -> None:
     """Each torch_native impl matches the float64 oracle within the tolerance model on every declared case."""
     impl = _impl(name)
-    reason = impl.support.unavailable_reason()
-    if reason:
-        pytest.skip(f"{name}: {reason}")
-    refused = _refusal(impl.support, p)
-    if refused:
-        pytest.skip(f"{name} does not declare this case: {refused}")
+    why = why_not_run(impl, p)
+    if why:
+        pytest.skip(why)
     res = check_accuracy(impl, p)
     if not res.ok:
         fail(impl, "accuracy", p, *res.failure_lines())
