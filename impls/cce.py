@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 import torch
 
-from impls.protocol import FunctionImpl, LinearCESupport, make_support
+from impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from impls.registry import builtin_factory
 
 NOT_INSTALLED = "cut-cross-entropy is not installed"
@@ -371,31 +371,15 @@ def build_impl(variant: Variant, info: CCEInfo | str | None = None, *, kernel_re
         elif variant.filter_eps is not DEFAULT and not info.has("filter_eps"):
             reason = f"cut-cross-entropy {info.version} has no filter_eps parameter"
     if reason is not None:
-        return FunctionImpl(name=variant.name, fn=_unavailable(reason), description=f"cut-cross-entropy — unavailable: {reason}",
+        return FunctionImpl(name=variant.name, fn=unavailable_fn("cce adapter", reason), description=f"cut-cross-entropy — unavailable: {reason}",
                             support=make_support(options=(), reductions=("mean",), autocast=(), all_ignored=None,
                                                  requires=lambda r=reason: r))
     assert isinstance(info, CCEInfo)
     if variant.kernels and probe:
         kernel_reason = kernel_failure()
     support, notes = declare(info, variant, kernel_reason=kernel_reason if variant.kernels else None)
-    fn = functools.partial(_call_with, info, variant)
+    fn = functools.partial(call_cce, info, variant)
     return FunctionImpl(name=variant.name, fn=fn, support=support, description=_describe(info, variant, notes, kernel_reason))
-
-
-def _call_with(info: CCEInfo, variant: Variant, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-               bias: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
-    """The registered call: :func:`call_cce` with ``info`` and ``variant`` bound."""
-    return call_cce(info, variant, x, weight, target, bias, **options)
-
-
-def _unavailable(reason: str) -> Callable[..., Any]:
-    """A call that raises RuntimeError with ``reason`` (the impl of an unusable variant)."""
-
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        """Raise: the variant cannot run here."""
-        raise RuntimeError(f"cce adapter unavailable: {reason}")
-
-    return fn
 
 
 @builtin_factory

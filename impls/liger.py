@@ -42,11 +42,11 @@ import importlib.util
 import inspect
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from impls.protocol import FunctionImpl, LinearCESupport, make_support
+from impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from impls.registry import builtin_factory
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.
@@ -308,26 +308,15 @@ def build_impl(name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str
     info = load() if info is None else info
     if isinstance(info, str) or (accum_dtype is not None and not info.has("accum_dtype")):
         reason = info if isinstance(info, str) else f"liger-kernel {info.version} has no accum_dtype parameter"
-        return FunctionImpl(name=name, fn=_unavailable(reason), support=_not_installed_support(reason),
+        return FunctionImpl(name=name, fn=unavailable_fn("liger adapter", reason), support=_not_installed_support(reason),
                             description=f"Liger-Kernel FLCE, accum_dtype={accum_dtype} — unavailable: {reason}")
     support, notes = declare(info, accum_dtype, probe=probe)
     where = "Triton interpreter on CPU" if interpreted() else "compiled Triton on CUDA"
     desc = f"Liger-Kernel {info.version} LigerFusedLinearCrossEntropyFunction, accum_dtype={accum_dtype} ({where})"
     if notes:
         desc += "; not declared here: " + "; ".join(notes)
-    fn = functools.partial(_call_with, info, accum_dtype)
+    fn = functools.partial(call_liger, info, accum_dtype)
     return FunctionImpl(name=name, fn=fn, support=support, description=desc)
-
-
-def _call_with(info: LigerInfo, accum_dtype: torch.dtype | None, x, weight, target, bias=None, **options):
-    return call_liger(info, accum_dtype, x, weight, target, bias, **options)
-
-
-def _unavailable(reason: str) -> Callable[..., Any]:
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"liger adapter unavailable: {reason}")
-
-    return fn
 
 
 @builtin_factory

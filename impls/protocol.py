@@ -237,6 +237,17 @@ class FunctionImpl:
         return dataclasses.replace(self, support=dataclasses.replace(self.support, **changes))
 
 
+def unavailable_fn(label: str, reason: str) -> Callable[..., Any]:
+    """The call of an impl that cannot run here: raises RuntimeError naming ``label`` and ``reason`` (its
+    ``support.requires`` says the same, so the suite never calls it)."""
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        """Raise: the impl cannot run here."""
+        raise RuntimeError(f"{label} unavailable: {reason}")
+
+    return fn
+
+
 def make_support(
     *,
     dtypes: Iterable[torch.dtype | str] | None = None,
