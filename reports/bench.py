@@ -56,31 +56,31 @@ def _case(BT: int, H: int, V: int, dev: torch.device, seed: int = 0):
     return x, w, t
 
 
-def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: float) -> dict[str, Any]:
-    """Median fwd+bwd time, extra peak, and bytes held from forward to backward of one impl at one shape.
+def measure_fwd_bwd(leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor],
+                    backward: Callable[[torch.Tensor], None], dev: torch.device, rep_ms: float,
+                    returned_bytes: int = 0) -> dict[str, float]:
+    """Median time, extra peak and bytes held across backward of one forward+backward step.
 
-    Extra peak: above the inputs and the previous step's .grad buffers (freed at the start of a step, so a
-    gradient that reuses them costs nothing). Held across backward: allocated bytes when forward has
-    returned, above those just before it (the .grad buffers already freed)."""
-    x, w, t = _case(BT, H, V, dev)
-    xr = x.clone().requires_grad_()
-    wr = w.clone().requires_grad_()
+    Each step clears the ``leaves``' .grad first. A warm-up step runs (compiles, and allocates the .grad
+    buffers). Extra peak: above the inputs and the previous step's .grad buffers (freed at the start of a
+    step, so a gradient that reuses them costs nothing). Held across backward: allocated bytes when forward
+    has returned, above those just before it (the .grad buffers already freed), less ``returned_bytes`` (the
+    forward's own output)."""
     record: dict[str, int] = {}
 
     def step(measure: bool = False) -> None:
-        xr.grad = None
-        wr.grad = None
+        for t in leaves:
+            t.grad = None
         if measure:
             torch.cuda.synchronize()
             record["before"] = torch.cuda.memory_allocated(dev)
-        out = impl(xr, wr, t, None, reduction="mean", ignore_index=-100)
-        loss = out[0] if isinstance(out, tuple) else out
+        out = forward()
         if measure:
             torch.cuda.synchronize()
-            record["held"] = torch.cuda.memory_allocated(dev) - record["before"]
-        loss.backward()
+            record["held"] = torch.cuda.memory_allocated(dev) - record["before"] - returned_bytes
+        backward(out)
 
-    step()  # warm-up / compile, and allocate the .grad buffers so they are not counted as extra
+    step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
@@ -89,6 +89,20 @@ def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: fl
     extra = torch.cuda.max_memory_allocated(dev) - base
     ms = _bench_ms(step, rep_ms)
     return {"ms": ms, "extra_peak_mib": extra / 2**20, "held_mib": record["held"] / 2**20}
+
+
+def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: float) -> dict[str, Any]:
+    """Median fwd+bwd time, extra peak, and bytes held from forward to backward of one impl at one shape
+    (:func:`measure_fwd_bwd`)."""
+    x, w, t = _case(BT, H, V, dev)
+    xr = x.clone().requires_grad_()
+    wr = w.clone().requires_grad_()
+
+    def forward() -> torch.Tensor:
+        out = impl(xr, wr, t, None, reduction="mean", ignore_index=-100)
+        return out[0] if isinstance(out, tuple) else out
+
+    return measure_fwd_bwd([xr, wr], forward, lambda loss: loss.backward(), dev, rep_ms)
 
 
 #: Bytes per [V, H] element an accumulation holds beyond the bf16 gradient it yields (fp32 buffer: 4; the
@@ -177,31 +191,12 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
     y_bytes = M * N * 2
 
     def measure(name: str, recipe: str, soi: Any, fwd: Callable[[], torch.Tensor], after: Callable[[], None]) -> dict:
-        rec: dict[str, int] = {}
-
-        def step(m: bool = False) -> None:
-            x.grad = None
-            w.grad = None
-            if m:
-                torch.cuda.synchronize()
-                rec["before"] = torch.cuda.memory_allocated(dev)
-            y = fwd()
-            if m:
-                torch.cuda.synchronize()
-                rec["held"] = torch.cuda.memory_allocated(dev) - rec["before"] - y_bytes
+        def backward(y: torch.Tensor) -> None:
             y.backward(dy)
             after()
 
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(dev)
-        base = torch.cuda.memory_allocated(dev)
-        step(True)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated(dev) - base
-        ms = _bench_ms(step, rep_ms)
-        return {"impl": name, "recipe": recipe, "save_original_input": soi, "shape": [M, K, N], "ms": ms,
-                "extra_peak_mib": extra / 2**20, "held_mib": rec["held"] / 2**20}
+        r = measure_fwd_bwd([x, w], fwd, backward, dev, rep_ms, returned_bytes=y_bytes)
+        return {"impl": name, "recipe": recipe, "save_original_input": soi, "shape": [M, K, N], **r}
 
     rows = [measure("F.linear (bf16)", "-", "-", lambda: F.linear(x, w), lambda: None)]
     for impl in by_kind(discover([]), "quant_linear"):
