@@ -2,19 +2,26 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|bench|all "$OUT"
-# ("all" fits the three in one 10-minute call: suite capped at 250 s, report at 110 s, bench at 180 s).
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|bench|all "$OUT"
+# "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
+# and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
+# "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
+# bench is timed: run it alone.
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
 what="${1:?suite, report, bench or all}"
 out="${2:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
-if ls .wheels/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/carried"
+if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then  # once per call, not once per mode (numerics runs two at once)
+  if ls .wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
+  export NUMCHECK_SETUP_DONE=1
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
+[ -d /tmp/carried ] && export PYTHONPATH="$PYTHONPATH:/tmp/carried"
 case "$what" in
   suite)
     python3 -m reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
@@ -29,6 +36,13 @@ case "$what" in
       --out "$out/report" > "$out/report.txt" 2>&1
     echo "numcheck report exit $?" >> "$out/report.txt"
     tail -20 "$out/report.txt"
+    ;;
+  numerics)
+    REPORT_S="${REPORT_S:-400}" bash "$0" report "$out" > /dev/null 2>&1 &
+    SUITE_S="${SUITE_S:-480}" bash "$0" suite "$out" > /dev/null 2>&1
+    wait
+    tar czf "$out/report.tgz" -C "$out" report && rm -rf "$out/report"
+    grep -E "FAILED|ERROR" "$out/suite.txt" | tail -40; tail -3 "$out/suite.txt"; tail -8 "$out/report.txt"
     ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
