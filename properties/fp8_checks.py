@@ -373,7 +373,7 @@ def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
 def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
     R, C = t.shape
     return QuantCase(recipe, R, C, max(1, R), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
-                                                     torch.float16: "float16"}[t.dtype])
+                                                     torch.float16: "float16"}[t.dtype], device=t.device.type)
 
 
 def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "") -> None:
@@ -390,7 +390,7 @@ def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: f
     for role in ROLES:
         for usage in USAGES:
             got = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
-            ref = quantize_operand(t, recipe, role, usage, stored_scale=delayed_scale if state else None)
+            ref = quantize_operand(t.cpu(), recipe, role, usage, stored_scale=delayed_scale if state else None)
             fmt = ref.fmt
             where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
             grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))

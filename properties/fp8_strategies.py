@@ -12,6 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.fp8_cases import QUANT_REGIMES, QuantCase
+from properties.strategies import DEVICE
 from reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))
@@ -30,12 +31,14 @@ def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_REGIMES, device: str = "cpu",
+def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_REGIMES, device: str | None = None,
                 save_original_input: bool | None = None, require_soi: bool = False) -> QuantCase:
     """A :class:`QuantCase` inside ``support`` (recipe, dtype, bias, mode all declared).
 
     ``require_soi`` draws only recipes that allow save_original_input (for the mode-comparison properties).
+    ``device``: where the case's tensors live; the suite's device (``NUMCHECK_DEVICE``) when not given.
     """
+    device = device or DEVICE
     recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
     if not recipes:
         raise ValueError("quant_cases: the support declares no recipe that allows save_original_input")

@@ -36,6 +36,8 @@ def _cap(name: str, default: int) -> int:
 
 #: Device the property suite draws problems on (``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU).
 DEVICE = os.environ.get("NUMCHECK_DEVICE", "cpu")
+#: Its type ("cpu", "cuda"), for comparing with declared devices.
+DEVICE_TYPE = torch.device(DEVICE).type
 
 MAX_N = _cap("NUMCHECK_MAX_N", 96)
 MAX_H = _cap("NUMCHECK_MAX_H", 80)

@@ -1,8 +1,10 @@
 """Known divergences: real, reported differences of third-party impls that the property suite must not keep
 re-finding on every run, and must notice when they go away.
 
-Each entry names the impls (fnmatch pattern), the properties it affects, the cases it covers (a predicate on the
-Problem), the reason, and one example Problem. tests/test_properties.py leaves matching cases out of its draws;
+Each entry names the impls (fnmatch pattern), the properties it affects, the devices it was seen on, the cases it
+covers (a predicate on the Problem), the reason, and one example Problem. An entry covers a case only on its
+devices, so a divergence seen on CPU is still looked for on CUDA, and the example runs on the suite's device
+(``NUMCHECK_DEVICE``). tests/test_properties.py leaves matching cases out of its draws;
 tests/test_known_divergences.py runs every entry's example as a strict xfail, so a fix upstream turns CI red
 until the entry is removed, and an entry that matches no registered impl is reported.
 """
@@ -13,6 +15,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from properties.problems import Problem
 
 
@@ -20,13 +24,21 @@ from properties.problems import Problem
 class KnownDivergence:
     impls: str  # fnmatch pattern over impl names ("[[]" matches a literal "[")
     properties: tuple[str, ...]  # property names, or ("*",) for every property
+    devices: tuple[str, ...]  # device types it was seen on ("cpu", "cuda")
     applies: Callable[[Problem], bool]
     reason: str
     example: Problem
 
+    def __post_init__(self) -> None:
+        bad = set(self.devices) - {"cpu", "cuda"}
+        if not self.devices or bad:
+            raise ValueError(f"known divergence {self.impls!r}: devices must be a non-empty subset of "
+                             f"('cpu', 'cuda'), got {self.devices!r}")
+
     def matches(self, impl_name: str, prop: str, p: Problem) -> bool:
         props_ok = "*" in self.properties or prop in self.properties
-        return fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and self.applies(p)
+        on_device = torch.device(p.device).type in self.devices
+        return fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device and self.applies(p)
 
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
@@ -36,6 +48,7 @@ KNOWN: list[KnownDivergence] = [
     KnownDivergence(
         impls="torch_native[[]chunked,*",
         properties=("accuracy",),
+        devices=("cpu",),
         applies=lambda p: p.all_ignored and p.reduction == "mean",
         reason=("PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
                 "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."),
@@ -44,6 +57,7 @@ KNOWN: list[KnownDivergence] = [
     *[KnownDivergence(
         impls=pattern,
         properties=("*",),
+        devices=("cpu", "cuda"),
         applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
         reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
                 "rows and classes in fp16: once N·V·|log p| passes fp16's 65504 (N=96, V=127 with ordinary logits "
@@ -53,6 +67,7 @@ KNOWN: list[KnownDivergence] = [
     *[KnownDivergence(
         impls=pattern,
         properties=("accuracy",),
+        devices=("cpu",),
         # whether the row losses sum past 65504 depends on the draw; every fp16 'mean' over >= 1024 rows may
         applies=lambda p: p.dtype == "float16" and p.autocast is None and p.reduction == "mean" and p.N >= 1024,
         reason=("F.cross_entropy on CPU fp16 logits with reduction='mean' returns inf once the sum of the row "
@@ -63,6 +78,7 @@ KNOWN: list[KnownDivergence] = [
     KnownDivergence(
         impls="cce[[]filter_eps=*",
         properties=("*",),
+        devices=("cuda",),
         applies=lambda p: p.softcap is not None,
         reason=("cut-cross-entropy 25.1.1's kernels with softcap: at N=H=V=1, softcap=1 (exact loss 0, zero "
                 "gradients) they returned loss 4.57 and gradients 0.28 / -0.74 on an H200, as if the padded "
@@ -73,6 +89,7 @@ KNOWN: list[KnownDivergence] = [
     KnownDivergence(
         impls="cce[[]filter_eps=default[]]",
         properties=("accuracy",),
+        devices=("cuda",),
         applies=lambda p: p.regime == "confident",
         reason=("cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
                 "every backward block whose |softmax - onehot| are all below it: on confident rows all are, and "

@@ -13,7 +13,7 @@ from impls.registry import builtin as _impl
 from properties import checks
 from properties.harness import run_impl, run_oracle
 from properties.problems import Problem, build
-from properties.strategies import problems
+from properties.strategies import DEVICE, problems
 
 #: False-alarm rate of the accumulation-order decision: the probability of declaring "addmm_out_dtype is less
 #: accurate" when its errors are in fact distributed like the fallback's or better (one-sided Wilcoxon
@@ -50,7 +50,8 @@ def _alarm(candidate: str, baseline: str) -> tuple[bool, float, list[float], lis
     base = _impl(baseline).with_chunk_rows(8)
     ec, eb = [], []
     for seed in range(DRAWS):
-        p = Problem(N=256, H=24, V=40, dtype="bfloat16", seed=seed)  # 32 chunks of 8 rows
+        # 32 chunks of 8 rows, on the suite's device: on CUDA addmm_out_dtype is the real out_dtype kernel
+        p = Problem(N=256, H=24, V=40, dtype="bfloat16", seed=seed, device=DEVICE)
         ec.append(_grad_weight_error(cand, p))
         eb.append(_grad_weight_error(base, p))
     diff = torch.tensor(ec) - torch.tensor(eb)

@@ -16,6 +16,7 @@ from impls.quant_protocol import QuantLinearSupport, validate_quant_impl
 from properties import fp8_checks as checks
 from properties.fp8_cases import QuantCase
 from properties.fp8_strategies import fp8_test_tensors, quant_cases
+from properties.strategies import DEVICE
 from reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -54,7 +55,7 @@ def test_edge_inputs_every_recipe(quant_impl):
         for regime in EDGE_REGIMES:
             steps = 2 if recipe.kind == "delayed" else 1
             checks.accuracy(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl), bias=bias,
-                                                  regime=regime, seed=11, steps=steps))
+                                                  regime=regime, seed=11, steps=steps, device=DEVICE))
 
 
 @_FIXTURE_OK
@@ -75,7 +76,8 @@ def test_save_original_input_on_edge_regimes(quant_impl):
     for recipe in quant_impl.support.recipes:
         for regime in ("wide", "outlier", "zeros", "inf"):
             checks.save_original_input(quant_impl, QuantCase(recipe, 64, 72, 40, dtype=_first_dtype(quant_impl),
-                                                             bias=quant_impl.support.bias, regime=regime, seed=5))
+                                                             bias=quant_impl.support.bias, regime=regime, seed=5,
+                                                             device=DEVICE))
 
 
 @_FIXTURE_OK
@@ -93,7 +95,8 @@ def test_delayed_scaling_over_steps(quant_impl):
     if not delayed:
         pytest.skip(f"{quant_impl.name} declares no delayed recipe")
     for recipe in delayed:
-        checks.accuracy(quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2))
+        checks.accuracy(quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2,
+                                              device=DEVICE))
 
 
 def _needs_quantize(impl) -> None:
@@ -110,14 +113,14 @@ def test_quantizer_bitwise_on_random_tensors(quant_impl, data):
     t = data.draw(fp8_test_tensors(), label="t")
     dtype = data.draw(st.sampled_from(sorted(quant_impl.support.dtypes, key=str)), label="dtype")
     scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
-    checks.quantizer(quant_impl, recipe, t.to(dtype), delayed_scale=scale, label="random")
+    checks.quantizer(quant_impl, recipe, t.to(DEVICE, dtype), delayed_scale=scale, label="random")
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
 def test_quantizer_bitwise_on_all_256_codes(quant_impl, fmt):
     """Quantizing a tensor of all 256 values of a format (saturation, NaN, subnormals, signed zero) matches the oracle."""
     _needs_quantize(quant_impl)
-    t = decode_fp8(all_codes(), fmt).to(torch.float32).reshape(8, 32)
+    t = decode_fp8(all_codes(), fmt).to(DEVICE, torch.float32).reshape(8, 32)
     for recipe in quant_impl.support.recipes:
         checks.quantizer(quant_impl, recipe, t, label=f"all {fmt.name} codes")
         checks.quantizer(quant_impl, recipe, t.t().contiguous(), label=f"all {fmt.name} codes, transposed")
@@ -136,8 +139,8 @@ def test_fp8_values_round_trip_under_unit_scale(quant_impl):
             codes = all_codes()
             v = decode_fp8(codes, fmt)
             keep = torch.isfinite(v)
-            q = quant_impl.quantize(v[keep].to(torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise")
-            got = q.data.view(torch.uint8).reshape(-1)
+            q = quant_impl.quantize(v[keep].to(DEVICE, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise")
+            got = q.data.view(torch.uint8).reshape(-1).cpu()
             assert torch.equal(got, codes[keep]), f"{quant_impl.name} {recipe.name} {fmt.name}: codes do not round-trip"
             assert float(q.scale_inv.reshape(-1)[0]) == 1.0
 
@@ -146,7 +149,8 @@ def test_emulated_gemms_match_native(quant_impl):
     """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and the modes stay bitwise equal."""
     with capabilities.forced(scaled_mm=False):
         for recipe in quant_impl.support.recipes:
-            case = QuantCase(recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4)
+            case = QuantCase(recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4,
+                             device=DEVICE)
             checks.accuracy(quant_impl, case)
             if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
                 checks.save_original_input(quant_impl, case)

@@ -39,6 +39,7 @@ from impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from properties.compare import compare
 from properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
 from properties.problems import Problem, Tensors, build
+from properties.strategies import DEVICE_TYPE
 from reference.linear_ce import LinearCEResult
 
 U = 2.0**-24
@@ -63,9 +64,12 @@ IMPL_IDS = [i.name for i in IMPLS]
 
 
 def device_of(impl: Any) -> str:
-    """Where to run ``impl``: CPU when it declares CPU (the Triton one does only under the interpreter),
-    else CUDA."""
-    return "cpu" if "cpu" in impl.support.devices else "cuda"
+    """Where to run ``impl``: the suite's device (``NUMCHECK_DEVICE``) when it declares it, else CPU when it
+    declares CPU (the Triton one does only under the interpreter), else CUDA."""
+    devices = impl.support.devices
+    if DEVICE_TYPE in devices:
+        return DEVICE_TYPE
+    return "cpu" if "cpu" in devices else "cuda"
 
 
 def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.Tensor]:

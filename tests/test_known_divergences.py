@@ -8,6 +8,7 @@ import pytest
 
 from impls.registry import ImplEntry, builtin_impls
 from properties import checks
+from properties.strategies import DEVICE_TYPE as DEVICE
 from tests.known_divergences import KNOWN
 
 
@@ -24,13 +25,27 @@ def test_entry_names_registered_impls(entry):
 
 @pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
 def test_divergence_still_present(entry):
-    """The entry's example still fails its property on every matching, available impl (strict)."""
+    """The entry's example still fails its property on every matching, available impl (strict), on this device."""
+    if DEVICE not in entry.devices:
+        pytest.skip(f"{entry.impls!r} was seen on {', '.join(entry.devices)}; this suite runs on {DEVICE}")
+    example = entry.example.replace(device=DEVICE)
     impls = [i for i in _builtin(entry.impls) if i.support.unavailable_reason() is None
-             and i.support.refuses(dtype=entry.example.param_dtype, device="cpu", options=entry.example.features,
-                                   reduction=entry.example.reduction) is None]
+             and i.support.refuses(dtype=example.param_dtype, device=DEVICE, options=example.features,
+                                   reduction=example.reduction) is None]
     if not impls:
-        pytest.skip(f"no impl matching {entry.impls!r} can run here")
+        pytest.skip(f"no impl matching {entry.impls!r} can run on {DEVICE} here")
     for prop in (("accuracy",) if "*" in entry.properties else entry.properties):
         for impl in impls:
             with pytest.raises(AssertionError):
-                checks.PROPERTIES[prop](impl, entry.example)
+                checks.PROPERTIES[prop](impl, example)
+
+
+@pytest.mark.parametrize("devices", [(), ("gpu",), ("cpu", "tpu")])
+def test_entry_rejects_unknown_devices(devices):
+    """A known-divergence entry must name the device types it was seen on, from cpu and cuda only."""
+    from properties.problems import Problem
+    from tests.known_divergences import KnownDivergence
+
+    with pytest.raises(ValueError, match="devices must be a non-empty subset"):
+        KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
+                        reason="r", example=Problem(N=1, H=1, V=1))

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from properties import checks
 from properties.problems import Problem
-from properties.strategies import problems
+from properties.strategies import DEVICE, problems
 from tests.known_divergences import known
 
 
@@ -71,7 +71,7 @@ def test_all_options_combined(linear_ce_impl):
 
     s = linear_ce_impl.support
     force = {"dtype": "float32", "autocast": None} if torch.float32 in s.dtypes else {}
-    every = Problem(N=1, H=1, V=1, softcap=1.0) if "softcap" in s.options else None
+    every = Problem(N=1, H=1, V=1, softcap=1.0, device=DEVICE) if "softcap" in s.options else None
     _check(checks.accuracy, linear_ce_impl,
            _draw(linear_ce_impl, force=force, require=frozenset(LINEAR_CE_OPTIONS), allow_all_ignored=False),
            every=every)
@@ -106,7 +106,7 @@ def test_many_chunks(linear_ce_impl):
 def test_confident_rows(linear_ce_impl):
     """Confident predictions (p_target → 1) keep the true-class gradient accurate relative to itself."""
     _check(checks.accuracy, linear_ce_impl, _draw(linear_ce_impl, regimes=("confident",)),
-           every=Problem(N=1, H=1, V=1, regime="confident"))
+           every=Problem(N=1, H=1, V=1, regime="confident", device=DEVICE))
 
 
 def test_ignored_rows(linear_ce_impl):
@@ -194,7 +194,7 @@ def test_pinned_cases(linear_ce_impl, case):
     from properties.problems import Problem
     from properties.strategies import refusal
 
-    p = eval(case, {"__builtins__": {}}, {"Problem": Problem})  # noqa: S307 - a literal from this file
+    p = eval(case, {"__builtins__": {}}, {"Problem": Problem}).replace(device=DEVICE)  # noqa: S307 - a literal here
     why = refusal(linear_ce_impl.support, p)
     if why:
         pytest.skip(f"{linear_ce_impl.name} does not declare this case: {why}")

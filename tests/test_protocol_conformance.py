@@ -14,6 +14,7 @@ import torch
 from impls.protocol import LINEAR_CE_OPTIONS
 from properties.harness import ProtocolViolation, run_impl
 from properties.problems import Problem
+from properties.strategies import DEVICE
 
 #: Options this tiny case turns on when declared, with values that make each one matter.
 _OPTION_VALUES = {"label_smoothing": 0.1, "softcap": 8.0, "z_loss_scale": 1e-3}
@@ -25,7 +26,7 @@ def _dtype_name(support) -> str:
 
 
 def _problem(support, reduction: str) -> Problem:
-    """A tiny problem using every option the impl declares (minus excluded combinations)."""
+    """A tiny problem using every option the impl declares (minus excluded combinations), on the suite's device."""
     opts = set(support.options)
     for combo in support.option_combinations_excluded:
         if combo <= opts:
@@ -36,7 +37,7 @@ def _problem(support, reduction: str) -> Problem:
         label_smoothing=_OPTION_VALUES["label_smoothing"] if "label_smoothing" in opts else 0.0,
         class_weights="class_weights" in opts, softcap=_OPTION_VALUES["softcap"] if "softcap" in opts else None,
         z_loss_scale=_OPTION_VALUES["z_loss_scale"] if "z_loss" in opts else 0.0,
-        upstream="per_row" if reduction == "none" else "scalar", seed=7)
+        upstream="per_row" if reduction == "none" else "scalar", seed=7, device=DEVICE)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
