@@ -11,6 +11,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+#: Every file name the plots below may write (a rewritten report replaces or removes exactly these).
+PLOT_FILES: frozenset[str] = frozenset({"error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png",
+                                        "accumulation.png"})
+
 MISSING_MESSAGE = "matplotlib is not installed, so no plots were drawn (pip install 'numcheck[plots]' to get them)"
 
 

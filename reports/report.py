@@ -102,10 +102,18 @@ def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
                  f"--current {alt / 'report.json'})")
 
 
-def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None) -> None:
-    """Write ``files`` (name → text or bytes) as the whole directory ``out``, atomically (temp dir + rename).
+#: The files a report writes into its directory. Rewriting a report replaces or removes these (a stale plot
+#: does not survive); anything else in the directory (a README, benchmark results, logs) is kept.
+REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.md"})
+
+
+def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,
+                     owned: frozenset[str] = frozenset()) -> None:
+    """Write ``files`` (name → text or bytes) into the directory ``out``, atomically (temp dir + rename).
 
     ``extra``, when given, is called with the temporary directory to add files (plots) before the rename.
+    Entries of an existing ``out`` that are neither written now nor named in ``owned`` are carried over into
+    the new directory, so writing a report into a folder never deletes what else the folder holds.
     """
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +123,14 @@ def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None
             (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
         if extra is not None:
             extra(tmp)
+        if out.exists():
+            for entry in out.iterdir():
+                if entry.name in owned or (tmp / entry.name).exists():
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
         os.chmod(tmp, 0o755)
         old = None
         if out.exists():
@@ -202,7 +218,9 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
     files = {"report.json": report_schema.dumps(report)}
     if comparison_md:
         files["compare.md"] = comparison_md
-    write_atomically(out, files, extra=add_plots)
+    from reports.plots import PLOT_FILES
+
+    write_atomically(out, files, extra=add_plots, owned=REPORT_FILES | PLOT_FILES)
     return drawn
 
 

@@ -155,6 +155,26 @@ def test_render_rewrites_markdown_and_plots_from_json(smoke_dir, tmp_path):
     assert cli.main(["report", "--render", str(bad), "--out", str(tmp_path / "x")]) == 2
 
 
+def test_render_in_place_keeps_the_folders_other_files(smoke_dir, tmp_path):
+    """--render next to a report.json (no --out) rewrites the report's files and keeps the rest of the folder
+    (a GPU run's README, bench results and logs live beside its report)."""
+    import shutil
+
+    from reports.plots import PLOT_FILES
+    from reports.report import REPORT_FILES
+
+    folder = tmp_path / "gpu-run"
+    folder.mkdir()
+    shutil.copy(smoke_dir / "report.json", folder / "report.json")
+    for name in ("README.md", "bench.json", "suite.txt"):
+        (folder / name).write_text(name)
+    assert cli.main(["report", "--render", str(folder / "report.json")]) == 0
+    names = {p.name for p in folder.iterdir()}
+    assert {"README.md", "bench.json", "suite.txt", "report.md"} <= names, sorted(names)
+    assert all((folder / n).read_text() == n for n in ("README.md", "bench.json", "suite.txt"))
+    assert names - {"README.md", "bench.json", "suite.txt"} <= REPORT_FILES | PLOT_FILES, sorted(names)
+
+
 def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monkeypatch):
     """The PNG plots exist; without matplotlib the report is still written and says how to get them."""
     for name in ("error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png", "accumulation.png"):
@@ -247,12 +267,17 @@ def test_compare_lists_coverage_differences_as_notes(accumulation_reports):
 
 
 # -- writing --------------------------------------------------------------------------------------------------------
-def test_atomic_write_replaces_whole_directory_or_nothing(tmp_path):
-    """A report directory is replaced as a whole; a failure while writing leaves the old one and no temp dirs."""
+def test_atomic_write_replaces_its_files_or_nothing(tmp_path):
+    """A report's own files are replaced as a whole (a stale one is removed), other files in the directory are
+    kept; a failure while writing leaves the old directory and no temp dirs."""
     out = tmp_path / "rep"
-    write_atomically(out, {"report.json": "{}", "old.txt": "x"})
-    write_atomically(out, {"report.json": "{\"v\": 2}"})
-    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+    write_atomically(out, {"report.json": "{}", "stale.png": "p"})
+    (out / "README.md").write_text("mine")
+    (out / "runs").mkdir()
+    (out / "runs" / "bench.json").write_text("b")
+    write_atomically(out, {"report.json": "{\"v\": 2}"}, owned=frozenset({"report.json", "stale.png"}))
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "report.json", "runs"]
+    assert (out / "README.md").read_text() == "mine" and (out / "runs" / "bench.json").read_text() == "b"
 
     def boom(_tmp):
         raise RuntimeError("disk full")
