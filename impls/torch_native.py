@@ -61,8 +61,10 @@ class ChunkedFallback(RuntimeError):
 
 def available() -> str | None:
     """``None`` when ``F.linear_cross_entropy`` runs on CPU here, else the reason."""
+    if not hasattr(torch.nn.functional, "linear_cross_entropy"):
+        return f"torch.nn.functional.linear_cross_entropy is absent in torch {torch.__version__} (needs torch >= 2.13)"
     if not capabilities.linear_cross_entropy("cpu"):
-        return "torch.nn.functional.linear_cross_entropy is absent or fails on cpu (needs torch >= 2.13)"
+        return "torch.nn.functional.linear_cross_entropy exists but fails its probe on cpu"
     return None
 
 
