@@ -150,6 +150,26 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     return p
 
 
+def many_chunk_layout(impl: Any) -> tuple[Any, int]:
+    """``(impl, N)`` for a many-chunk run: every row its own chunk (``N`` = 129) where ``impl`` exposes
+    ``with_chunk_rows``; else 3 of its declared chunks and a ragged one (capped at 8193 rows), or 2049 rows when
+    it declares no chunk size."""
+    if hasattr(impl, "with_chunk_rows"):
+        return impl.with_chunk_rows(1), 129
+    s = impl.support
+    return impl, (min(3 * s.chunk_rows + 1, 8193) if s.chunk_rows else 2049)
+
+
+@st.composite
+def many_chunk_problems(draw: st.DrawFn, support, N: int, dtype: str) -> Problem:
+    """Problems of ``N`` rows in ``dtype`` (no autocast, not all ignored) with small H ≤ 8 and V ≤ 24, so that
+    the error of grad_weight comes from its accumulation across chunks rather than from long dot products."""
+    H = draw(st.integers(1, 8), label="H")
+    V = draw(st.integers(2, 24), label="V")
+    force = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}
+    return draw(problems(support, force=force, allow_all_ignored=False), label="problem")
+
+
 def why_not_run(impl: Any, p: Problem) -> str | None:
     """Why ``impl`` is not run on ``p`` here: it is unavailable (its reason), or ``p`` is outside what it
     declares (:func:`refusal`). ``None`` when it runs."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 
 from properties.checks import accuracy
 from properties.failures import PropertyFailure
-from properties.strategies import problems
+from properties.problems import Problem
+from properties.strategies import DEVICE, problems
 from tests.mutants import MUTANTS
 
 
@@ -31,3 +32,30 @@ def test_mutant_is_caught(mutant):
                  settings=settings(max_examples=200, derandomize=True, database=None, deadline=None,
                                    suppress_health_check=list(HealthCheck)))
     assert _fails(mutant, found)
+
+
+@pytest.mark.parametrize("name", ["chunked_triton[split_fp32]", "recompute_triton[split_fp32]"])
+def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
+    """The split fp32 accumulator with its int16 lower half zeroed after every chunk (a bf16 running sum that
+    still declares fp32 accumulation) fails the many-chunks accuracy property on its first bf16 draws."""
+    from impls import split_accum
+    from impls.registry import builtin
+    from properties.strategies import many_chunk_layout, many_chunk_problems, why_not_run
+
+    impl, N = many_chunk_layout(builtin(name))
+    probe = Problem(N=N, H=1, V=2, dtype="bfloat16", device=DEVICE)
+    why = why_not_run(impl, probe)
+    if why:
+        pytest.skip(why)
+    add = split_accum.SplitAccumulator.add_
+
+    def add_then_drop_low_half(self, G, x):
+        add(self, G, x)
+        self.lo.zero_()
+
+    monkeypatch.setattr(split_accum.SplitAccumulator, "add_", add_then_drop_low_half)
+    # generate only (no shrinking: each draw runs N chunks, under the interpreter on CPU)
+    found = find(many_chunk_problems(impl.support, N, "bfloat16"), lambda p: _fails(impl, p),
+                 settings=settings(max_examples=5, phases=[Phase.generate], derandomize=True, database=None,
+                                   deadline=None, suppress_health_check=list(HealthCheck)))
+    assert _fails(impl, found)

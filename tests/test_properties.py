@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from properties import checks
 from properties.problems import Problem
-from properties.strategies import DEVICE, problems
+from properties.strategies import DEVICE, many_chunk_layout, many_chunk_problems, problems
 from tests.known_divergences import known
 
 
@@ -83,11 +83,7 @@ def test_many_chunks(linear_ce_impl):
     coarsest only for slow impls): grad_weight's accumulation across chunks is exercised (an accumulator that loses
     its low bits fails here)."""
     s = linear_ce_impl.support
-    impl = linear_ce_impl
-    if hasattr(impl, "with_chunk_rows"):
-        impl, N = impl.with_chunk_rows(1), 129
-    else:
-        N = min(3 * s.chunk_rows + 1, 8193) if s.chunk_rows else 2049
+    impl, N = many_chunk_layout(linear_ce_impl)
     dtypes = [d for d in (torch.bfloat16, torch.float16, torch.float32) if d in s.dtypes]
     if s.slow:  # an interpreter: the dtype with the coarsest accumulation only (bf16 where declared)
         dtypes = dtypes[:1]
@@ -95,10 +91,7 @@ def test_many_chunks(linear_ce_impl):
         name = str(dtype).replace("torch.", "")
 
         def draw(data: Any, name: str = name):
-            H = data.draw(st.integers(1, 8), label="H")
-            V = data.draw(st.integers(2, 24), label="V")
-            force = {"N": N, "H": H, "V": V, "dtype": name, "autocast": None}
-            return data.draw(problems(s, force=force, allow_all_ignored=False), label="problem")
+            return data.draw(many_chunk_problems(s, N, name), label="problem")
 
         _check(checks.accuracy, impl, draw)
 
