@@ -106,10 +106,11 @@ def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
 
 
 def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
-                   t: Tensors | None = None) -> AccuracyResult:
-    """Run ``impl`` and the oracle on ``p`` and judge every output (see the module docstring)."""
+                   t: Tensors | None = None, layout: str = "contiguous") -> AccuracyResult:
+    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.harness.strided_copy`) and the
+    oracle on ``p`` and judge every output (see the module docstring)."""
     t = t if t is not None else build(p)
-    out = run_impl(impl, p, t)
+    out = run_impl(impl, p, t, layout=layout)
     conv = impl.support.all_ignored or "nan"
     ref = run_oracle(p, t, all_ignored=conv)
     refs = _oracle_outputs(ref)

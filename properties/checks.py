@@ -44,6 +44,23 @@ def accuracy(impl: Any, p: Problem) -> Metrics:
     return {"error/bound": res.worst_ratio}
 
 
+def strided_inputs(impl: Any, p: Problem) -> Metrics:
+    """Inputs passed as non-contiguous tensors of the same values (a column slice of x, a transposed weight,
+    every other element of bias and target; :func:`properties.harness.strided_copy`) give every output within
+    the analytic bound of the oracle. Refusing them with an exception is allowed (loud, not wrong); reading
+    the wrong elements is not."""
+    try:
+        res = check_accuracy(impl, p, relative=False, layout="strided")
+    except AssertionError:  # PropertyFailure, ProtocolViolation: the suite's own verdicts
+        raise
+    except Exception:  # noqa: BLE001 - an impl may refuse non-contiguous inputs, loudly
+        return {"refused": 1.0}
+    if not res.ok:
+        fail(impl, "strided_inputs", p, "inputs passed non-contiguous: x a column slice (row stride H+3), weight "
+             "transposed storage, bias and target every other element", *res.failure_lines())
+    return {"error/bound": res.worst_ratio}
+
+
 def ignored_rows(impl: Any, p: Problem) -> Metrics:
     """Ignored rows get exactly zero grad_x, and changing x in ignored rows changes no output, bitwise."""
     t = build(p)
@@ -273,6 +290,7 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
 PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
     "reduction_consistency": reduction_consistency,
     "accuracy": accuracy,
+    "strided_inputs": strided_inputs,
     "ignored_rows": ignored_rows,
     "permutation": permutation,
     "shift_invariance": shift_invariance,

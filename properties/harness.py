@@ -9,6 +9,7 @@ the autocast dtype under AMP) with the impl's declared all-ignored convention.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,19 +47,58 @@ def autocast_context(p: Problem) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast(torch.device(p.device).type, dtype=p.compute_dtype)
 
 
-def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None) -> ImplOutputs:
+#: How the input tensors are laid out in memory (:func:`strided_copy`).
+LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
+
+
+def strided_copy(t: torch.Tensor, role: str) -> torch.Tensor:
+    """A non-contiguous tensor with ``t``'s values, as real callers pass them.
+
+    ``x``: a column slice of a wider buffer (a sliced hidden state: row stride H + 3). ``weight``: the
+    transpose of a contiguous [H, V] buffer (an lm_head kept as [H, V]). ``bias``: every other element of a
+    longer buffer. ``target``: every other element, the skipped ones class 0. The float buffers' unused
+    elements are NaN, so a kernel that reads them as if the tensor were contiguous cannot go unnoticed."""
+    if role == "weight":
+        return t.detach().t().contiguous().t()
+    if role == "x":
+        buf = torch.full((t.shape[0], t.shape[1] + 3), math.nan, dtype=t.dtype, device=t.device)
+        buf[:, : t.shape[1]] = t.detach()
+        return buf[:, : t.shape[1]]
+    if role in ("bias", "target"):
+        fill = 0 if role == "target" else math.nan
+        buf = torch.full((2 * t.shape[0],), fill, dtype=t.dtype, device=t.device)
+        buf[::2] = t.detach()
+        return buf[::2]
+    raise ValueError(f"strided_copy: role must be 'x', 'weight', 'bias' or 'target', got {role!r}")
+
+
+def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
+             layout: str = "contiguous") -> ImplOutputs:
     """Forward and backward of ``impl`` on problem ``p``.
 
-    ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it).
+    ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
+    ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
     Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
     t = t if t is not None else build(p)
-    x = (x_override if x_override is not None else t.x).detach().clone().requires_grad_(True)
-    w = t.weight.detach().clone().requires_grad_(True)
-    b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+    x0 = x_override if x_override is not None else t.x
+    if layout == "strided":
+        x, w = strided_copy(x0, "x"), strided_copy(t.weight, "weight")
+        b = strided_copy(t.bias, "bias") if t.bias is not None else None
+        target = strided_copy(t.target, "target")
+        for leaf in (x, w, b):
+            if leaf is not None:
+                leaf.requires_grad_(True)
+    else:
+        x = x0.detach().clone().requires_grad_(True)
+        w = t.weight.detach().clone().requires_grad_(True)
+        b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+        target = t.target
     kwargs = t.options.call_kwargs()
     with autocast_context(p):
-        out = impl(x, w, t.target, b, **kwargs)
+        out = impl(x, w, target, b, **kwargs)
     if impl.support.returns_z_loss:
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ProtocolViolation(f"impl {impl.name!r} declares returns_z_loss but returned {type(out).__name__}")

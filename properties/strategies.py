@@ -138,16 +138,50 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     zl = maybe("z_loss", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0)
     if "z_loss_scale" in force:
         zl = force["z_loss_scale"]
+    # Which value marks ignored rows: -100 (the default, where shrinking ends), -1, or V (one past the classes);
+    # a kernel that compares with a hard-coded -100 is wrong on the other two.
+    ignore_index = force.get("ignore_index", -100)
+    if "ignore_index" not in force and ignored > 0:
+        ignore_index = draw(st.sampled_from([-100, -1, V]), label="ignore_index")
     upstream = force.get("upstream") or draw(
         st.sampled_from(["one", "per_row"] if reduction == "none" else ["one", "scalar"]), label="upstream")
     regime = force.get("regime") or draw(st.sampled_from(regimes), label="regime")
     seed = force.get("seed", draw(st.integers(0, 2**31 - 1), label="seed"))
     p = Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, bias=bias, bias_dtype=bias_dtype, ignored=ignored,
                 reduction=reduction, label_smoothing=ls, class_weights=cw, softcap=sc, z_loss_scale=zl,
-                upstream=upstream, regime=regime, seed=seed, device=device)
+                ignore_index=ignore_index, upstream=upstream, regime=regime, seed=seed, device=device)
     reason = refusal(s, p)
     assume(reason is None)
     return p
+
+
+#: Vocabulary sizes beyond any single block of a V-tiled kernel (blocks of 128 to 4096 columns): one past a
+#: power of two, one short, and primes between, so an online log-sum-exp must combine several blocks.
+LARGE_V: tuple[int, ...] = (1025, 2047, 2049, 3001, 4097, 4099)
+#: Token counts past the integers bf16 holds exactly (256) and fp16 (2048): a token count or normalizer
+#: kept in the compute dtype rounds there.
+LONG_N: tuple[int, ...] = (257, 259, 513, 2049, 2051)
+
+
+@st.composite
+def large_vocab_problems(draw: st.DrawFn, support) -> Problem:
+    """Problems with V in :data:`LARGE_V` (or any V in 1000..4100), few rows (N ≤ 12) and small H ≤ 16, every
+    other field drawn as usual: a V-blocked softmax or gradient must be right across block boundaries."""
+    V = draw(st.one_of(st.sampled_from(LARGE_V), st.integers(1000, 4100)), label="V")
+    force = {"N": draw(st.integers(1, 12), label="N"), "H": draw(st.integers(1, 16), label="H"), "V": V}
+    return draw(problems(support, force=force), label="problem")
+
+
+@st.composite
+def long_batch_problems(draw: st.DrawFn, support) -> Problem:
+    """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype where declared
+    (else as drawn): token counts and normalizers must not be rounded to the compute dtype."""
+    lowp = [n for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
+    force: dict[str, Any] = {"N": draw(st.sampled_from(LONG_N), label="N"), "H": draw(st.integers(1, 8), label="H"),
+                             "V": draw(st.integers(2, 24), label="V")}
+    if lowp:
+        force.update(dtype=draw(st.sampled_from(lowp), label="dtype"), autocast=None)
+    return draw(problems(support, force=force), label="problem")
 
 
 def many_chunk_layout(impl: Any) -> tuple[Any, int]:
