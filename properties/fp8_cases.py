@@ -16,7 +16,7 @@ import torch
 
 from reference.fp8_recipes import Fp8Recipe
 
-QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf")
+QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing")
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,8 +106,11 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         ``outlier``: one element of every 32 along each row of x and dy times 2^10 (the block's amax is
         the outlier, the rest lose precision); ``zeros``: x and dy all zero (amax 0 → scale 1);
         ``tiny``: x times 2^−128 (fp16: 2^−16), so amax·scale leaves binary32's range and the scale rule's
-        inf branch is taken; ``nan``: two NaN in x and one in dy; ``inf``: +inf in x, −inf in dy.
-    Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data.
+        inf branch is taken; ``nan``: two NaN in x, one in dy and one in W; ``inf``: +inf in x, −inf in dy
+        and +inf in W; ``growing``: normal values, but delayed-scaling steps shrink x and grow dy (below).
+    Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
+    ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
+    cast must saturate (a gradient spike).
     """
     g = torch.Generator(device="cpu").manual_seed(case.seed * 1009 + step)
     M, K, N = case.M, case.K, case.N
@@ -131,11 +134,14 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
     elif r == "nan":
         x.view(-1)[torch.randint(0, M * K, (2,), generator=g)] = float("nan")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("nan")
+        w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("nan")
     elif r == "inf":
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")
+        w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("inf")
     if case.recipe.kind == "delayed" and step:
-        x = x * 2.0 ** (3 * step)
-        dy = dy * 2.0 ** (-2 * step)
+        gx, gdy = (-2, 4) if r == "growing" else (3, -2)
+        x = x * 2.0 ** (gx * step)
+        dy = dy * 2.0 ** (gdy * step)
     dt, dev = case.torch_dtype, torch.device(case.device)
     return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)

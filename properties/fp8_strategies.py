@@ -6,6 +6,7 @@ dimension) capped by ``NUMCHECK_FP8_MAX_DIM`` (default 208) to keep the float64 
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -63,7 +64,10 @@ def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_RE
 
 @st.composite
 def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96) -> torch.Tensor:
-    """2-D float32 tensors whose rows span many binades, with zeros, signed zeros, ties and specials."""
+    """2-D float32 tensors whose rows span many binades, with zeros, signed zeros, ties and specials, and
+    sometimes one element a few ulps either side of an FP8 format's largest finite value times a power of two
+    (448·2^k, 57344·2^k): as a block's amax it lands a scale's log2 just beside an integer, where an E8M0 or
+    power-of-2 scale computed through a rounded log2 or a division picks the wrong exponent."""
     R = draw(st.integers(1, max_rows), label="rows")
     C = draw(st.integers(1, max_cols), label="cols")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
@@ -80,6 +84,19 @@ def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96)
         v = draw(st.sampled_from(specials), label="special")
         i, j = draw(st.integers(0, R - 1)), draw(st.integers(0, C - 1))
         t[i, j] = v
+    if draw(st.booleans(), label="amax_at_scale_boundary"):
+        fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
+        v = torch.tensor(fmt_max * 2.0 ** draw(st.integers(-20, 20), label="boundary_exp"), dtype=torch.float32)
+        ulps = draw(st.sampled_from([-2, -1, 1, 2]), label="boundary_ulps")
+        toward = torch.tensor(math.copysign(math.inf, ulps), dtype=torch.float32)
+        for _ in range(abs(ulps)):
+            v = torch.nextafter(v, toward)
+        finite = t[torch.isfinite(t)].abs()
+        m = float(finite.max()) if finite.numel() else 0.0
+        if m > 0:  # every other finite element below half of it, so it is its block's amax
+            t = torch.where(torch.isfinite(t), t * (float(v) / (2 * m)), t)
+        i, j = draw(st.integers(0, R - 1), label="boundary_row"), draw(st.integers(0, C - 1), label="boundary_col")
+        t[i, j] = float(v) * draw(st.sampled_from([1.0, -1.0]), label="boundary_sign")
     return t
 
 

@@ -43,7 +43,7 @@ def _target(result: checks.Fp8CaseResult) -> None:
 @given(data=st.data())
 def test_accuracy_against_both_references(quant_impl, data):
     """Every output is within the accumulation bound of the dequantized reference and the fp8 bound of the original."""
-    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier")), label="case")
+    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier", "growing")), label="case")
     _target(checks.accuracy(quant_impl, case))
 
 
@@ -56,6 +56,18 @@ def test_edge_inputs_every_recipe(quant_impl):
             steps = 2 if recipe.kind == "delayed" else 1
             checks.accuracy(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl), bias=bias,
                                                   regime=regime, seed=11, steps=steps, device=DEVICE))
+
+
+def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
+    """Shapes the draws seldom reach, for every recipe: a 3×3 grid of 128×128 W tiles with a binade spread (so
+    tile scales differ and a transposed scale grid shows), and K = 1040 in bf16 where declared (partial sums of a
+    long reduction must stay fp32 until the end)."""
+    low = "bfloat16" if torch.bfloat16 in quant_impl.support.dtypes else _first_dtype(quant_impl)
+    for recipe in quant_impl.support.recipes:
+        steps = 2 if recipe.kind == "delayed" else 1
+        for M, K, N, dtype, regime in ((16, 264, 257, _first_dtype(quant_impl), "wide"), (8, 1040, 24, low, "normal")):
+            checks.accuracy(quant_impl, QuantCase(recipe, M, K, N, dtype=dtype, bias=quant_impl.support.bias,
+                                                  regime=regime, seed=12, steps=steps, device=DEVICE))
 
 
 @_FIXTURE_OK
