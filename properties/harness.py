@@ -72,13 +72,26 @@ def strided_copy(t: torch.Tensor, role: str) -> torch.Tensor:
     raise ValueError(f"strided_copy: role must be 'x', 'weight', 'bias' or 'target', got {role!r}")
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as integers of the same width (floats by their bit patterns: NaN equals NaN)."""
+    if t.is_floating_point():
+        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold bitwise the same elements (shape and dtype included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a.detach()), _bits(b.detach()))
+
+
 def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
              layout: str = "contiguous") -> ImplOutputs:
     """Forward and backward of ``impl`` on problem ``p``.
 
     ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
     ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
-    Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type.
+    Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
+    (x, weight, bias, target, class weights) that forward + backward changed in place.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
@@ -97,6 +110,8 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
         target = t.target
     kwargs = t.options.call_kwargs()
+    inputs = {"x": x, "weight": w, "bias": b, "target": target, "class_weights": kwargs.get("class_weights")}
+    before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     with autocast_context(p):
         out = impl(x, w, target, b, **kwargs)
     if impl.support.returns_z_loss:
@@ -122,6 +137,11 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
     up = t.upstream
     grad = torch.ones_like(loss) if up is None else up.to(device=loss.device, dtype=loss.dtype).expand_as(loss)
     loss.backward(grad)
+    for k, v in before.items():
+        if not same_bits(inputs[k], v):
+            changed = int((_bits(inputs[k].detach()) != _bits(v)).sum())
+            raise ProtocolViolation(f"impl {impl.name!r} modified its input {k!r} in place ({changed} of {v.numel()} "
+                                    f"elements changed by forward + backward); the caller's tensors must be left as given")
     return ImplOutputs(
         loss=loss.detach(),
         z_loss=z.detach() if isinstance(z, torch.Tensor) else None,

@@ -78,6 +78,17 @@ def _softcap_without_chain_rule(x, weight, target, bias=None, *, reduction="mean
     return F.cross_entropy(z, target, reduction=reduction, ignore_index=ignore_index)
 
 
+def _clamps_target_in_place(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Masks the ignored rows, then overwrites their targets with class 0 in place to make the gather safe: every
+    output is right, but the caller's target tensor has lost its ignored rows."""
+    valid = target != ignore_index
+    target.masked_fill_(~valid, 0)
+    losses = F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction="none") * valid
+    if reduction == "none":
+        return losses
+    return losses.sum() if reduction == "sum" else losses.sum() / valid.sum()
+
+
 _SUPPORT = LinearCESupport(options=frozenset({"bias", "ignore_index"}), all_ignored="nan",
                            logits_dtype="float32", dtypes=frozenset({torch.float32, torch.bfloat16}))
 
@@ -87,6 +98,7 @@ MUTANTS = [
                                  dtypes=frozenset({torch.float32}), autocast=frozenset())),
     FunctionImpl("mutant_mean_over_N", _mean_over_all_rows, _SUPPORT),
     FunctionImpl("mutant_loss_bf16", _loss_rounded_to_bf16, _SUPPORT),
+    FunctionImpl("mutant_target_clamped_in_place", _clamps_target_in_place, _SUPPORT),
     FunctionImpl("mutant_zloss_over_weight_sum", _zloss_over_weight_sum,
                  LinearCESupport(options=frozenset({"bias", "ignore_index", "class_weights", "z_loss"}),
                                  all_ignored=None, logits_dtype="float32", dtypes=frozenset({torch.float32}),

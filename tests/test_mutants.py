@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from properties.checks import accuracy
 from properties.failures import PropertyFailure
+from properties.harness import ProtocolViolation
 from properties.problems import Problem
 from properties.strategies import DEVICE, problems
 from tests.mutants import MUTANTS
@@ -16,7 +17,7 @@ from tests.mutants import MUTANTS
 def _fails(impl, p) -> bool:
     try:
         accuracy(impl, p)
-    except PropertyFailure:
+    except (PropertyFailure, ProtocolViolation):
         return True
     return False
 
