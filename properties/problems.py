@@ -44,7 +44,8 @@ class Problem:
         bias: whether a bias is passed; ``bias_dtype`` its dtype name (defaults to ``dtype``).
         ignored: fraction of rows whose target is ``ignore_index`` (0 none, 1 all).
         reduction, label_smoothing, class_weights (bool: draw [V] weights), softcap, z_loss_scale,
-        ignore_index: the CE options.
+        ignore_index: the CE options; ``ignore_index`` may be a class id in [0, V) (a pad token), and then no
+            row that is not ignored targets that class.
         upstream: ``"one"`` (backward of 1), ``"scalar"`` (a random scalar) or ``"per_row"`` (``none`` only).
         regime: how values are drawn (see :func:`build`).
         seed: the generator seed.
@@ -90,8 +91,9 @@ class Problem:
             raise ValueError("Problem.upstream='per_row' needs reduction='none'")
         if self.upstream == "scalar" and self.reduction == "none":
             raise ValueError("Problem.upstream='scalar' needs reduction 'mean' or 'sum' ('none' takes 'per_row')")
-        if self.ignore_index >= 0 and self.ignore_index < self.V:
-            raise ValueError(f"Problem.ignore_index={self.ignore_index} collides with a class in [0, V={self.V})")
+        if 0 <= self.ignore_index < self.V and self.V < 2:
+            raise ValueError(f"Problem.ignore_index={self.ignore_index} is the only class of V={self.V}: no class is "
+                             "left for the rows that are not ignored")
         self.options_template()  # validates the CE options
 
     # -- derived -------------------------------------------------------------------------------------
@@ -179,6 +181,9 @@ def build(p: Problem) -> Tensors:
     x = torch.randn(N, H, generator=g, dtype=torch.float64)
     w = torch.randn(V, H, generator=g, dtype=torch.float64) * (sigma / math.sqrt(H))
     target = torch.randint(0, V, (N,), generator=g)
+    pad_class = 0 <= p.ignore_index < V  # a class id used as ignore_index (a pad token): no live row targets it
+    if pad_class:
+        target = torch.where(target == p.ignore_index, (target + 1) % V, target)
     b = torch.randn(V, generator=g, dtype=torch.float64) * (0.5 * sigma) if p.bias else None
     if p.regime == "confident":
         # Every row gets margin z_{i,y} − z_ij ≥ T = 8 + log V over all j ≠ y, so p_target ≥ 1 − (V−1)e^{−T}
@@ -191,6 +196,8 @@ def build(p: Problem) -> Tensors:
         if V > 1:
             c = (w @ w.T) / (w * w).sum(dim=1).clamp_min(1e-30)[None, :]
             slack = 1.0 - c.fill_diagonal_(-math.inf).max(dim=0).values  # per class y
+            if pad_class:
+                slack[p.ignore_index] = -math.inf  # never a replacement target
             good = (slack > 0.5).nonzero().squeeze(1)
             if good.numel() == 0:
                 good = slack.argmax().reshape(1)

@@ -138,11 +138,12 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     zl = maybe("z_loss", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0)
     if "z_loss_scale" in force:
         zl = force["z_loss_scale"]
-    # Which value marks ignored rows: -100 (the default, where shrinking ends), -1, or V (one past the classes);
-    # a kernel that compares with a hard-coded -100 is wrong on the other two.
+    # Which value marks ignored rows: -100 (the default, where shrinking ends), -1, V (one past the classes) or
+    # class 0 (a pad token id): a kernel that compares with a hard-coded -100, or that treats every target
+    # outside [0, V) as ignored, is wrong on one of them.
     ignore_index = force.get("ignore_index", -100)
     if "ignore_index" not in force and ignored > 0:
-        ignore_index = draw(st.sampled_from([-100, -1, V]), label="ignore_index")
+        ignore_index = draw(st.sampled_from([-100, -1, V] + ([0] if V >= 2 else [])), label="ignore_index")
     upstream = force.get("upstream") or draw(
         st.sampled_from(["one", "per_row"] if reduction == "none" else ["one", "scalar"]), label="upstream")
     regime = force.get("regime") or draw(st.sampled_from(regimes), label="regime")
@@ -161,6 +162,8 @@ LARGE_V: tuple[int, ...] = (1025, 2047, 2049, 3001, 4097, 4099)
 #: Token counts past the integers bf16 holds exactly (256) and fp16 (2048): a token count or normalizer
 #: kept in the compute dtype rounds there.
 LONG_N: tuple[int, ...] = (257, 259, 513, 2049, 2051)
+#: Hidden sizes past the draws' cap, where kernels switch to a split or tiled reduction over H.
+WIDE_H: tuple[int, ...] = (256, 257, 512, 1031)
 
 
 @st.composite
@@ -173,15 +176,33 @@ def large_vocab_problems(draw: st.DrawFn, support) -> Problem:
 
 
 @st.composite
+def wide_hidden_problems(draw: st.DrawFn, support) -> Problem:
+    """Problems with H in :data:`WIDE_H` (or any H in 200..1100), few rows (N ≤ 8) and V ≤ 24, every other field
+    drawn as usual: a reduction over H that is split or tiled must still add the bias once and combine exactly."""
+    H = draw(st.one_of(st.sampled_from(WIDE_H), st.integers(200, 1100)), label="H")
+    force = {"N": draw(st.integers(1, 8), label="N"), "H": H, "V": draw(st.integers(1, 24), label="V")}
+    return draw(problems(support, force=force), label="problem")
+
+
+@st.composite
 def long_batch_problems(draw: st.DrawFn, support) -> Problem:
-    """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype where declared
-    (else as drawn): token counts and normalizers must not be rounded to the compute dtype."""
-    lowp = [n for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
+    """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype or an AMP mode where
+    declared (else as drawn), with a bias where declared: token counts, normalizers and the running sums of
+    grad_weight and grad_bias must not be kept in the compute dtype."""
+    modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
+             if d in support.dtypes]
+    if torch.float32 in support.dtypes:
+        modes += [("amp", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
+                  if d in support.autocast and capabilities.autocast_dtype(DEVICE_TYPE, d)]
     force: dict[str, Any] = {"N": draw(st.sampled_from(LONG_N), label="N"), "H": draw(st.integers(1, 8), label="H"),
                              "V": draw(st.integers(2, 24), label="V")}
-    if lowp:
-        force.update(dtype=draw(st.sampled_from(lowp), label="dtype"), autocast=None)
-    return draw(problems(support, force=force), label="problem")
+    if modes:
+        kind, name = draw(st.sampled_from(modes), label="precision")
+        if kind == "plain":
+            force.update(dtype=name, autocast=None)
+        else:
+            force.update(dtype="float32", autocast=name)
+    return draw(problems(support, force=force, require=frozenset({"bias"})), label="problem")
 
 
 def many_chunk_layout(impl: Any) -> tuple[Any, int]:

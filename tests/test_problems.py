@@ -26,7 +26,7 @@ F64 = torch.float64
     (dict(upstream="vector"), "upstream"),
     (dict(upstream="per_row", reduction="mean"), "per_row"),
     (dict(upstream="scalar", reduction="none"), "scalar"),
-    (dict(ignore_index=3), "ignore_index"),
+    (dict(V=1, ignore_index=0), "ignore_index"),
     (dict(label_smoothing=1.5), "label_smoothing"),
     (dict(softcap=0.0), "softcap"),
     (dict(reduction="avg"), "reduction"),
@@ -171,3 +171,14 @@ def test_cuda_device_matches_cpu():
     p = SAMPLE[1]
     a, b = build(p), build(p.replace(device="cuda"))
     assert torch.equal(a.x, b.x.cpu()) and torch.equal(a.target, b.target.cpu())
+
+
+@pytest.mark.parametrize("regime", ["ordinary", "confident"])
+def test_pad_class_as_ignore_index(regime):
+    """ignore_index may be a class id (a pad token): exactly the drawn rows are ignored and no other row
+    targets that class, in every regime."""
+    for seed in range(5):
+        p = Problem(N=40, H=6, V=5, ignored=0.25, ignore_index=0, regime=regime, seed=seed)
+        t = build(p)
+        assert int((t.target == 0).sum()) == p.n_ignored, (p, t.target.tolist())
+        assert bool(((t.target >= 0) & (t.target < p.V)).all())
