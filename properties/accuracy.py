@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from properties.compare import Comparison, compare
-from properties.harness import OUTPUTS, ImplOutputs, run_impl, run_oracle
+from properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from properties.problems import Problem, Tensors, build
 from properties.tolerance import Level, error_model, linear_ce_bounds, unit_roundoff
 
@@ -106,17 +106,21 @@ def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
 
 
 def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
-                   t: Tensors | None = None, layout: str = "contiguous") -> AccuracyResult:
-    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.harness.strided_copy`) and the
-    oracle on ``p`` and judge every output (see the module docstring)."""
+                   t: Tensors | None = None, layout: str = "contiguous",
+                   frozen: frozenset[str] = frozenset()) -> AccuracyResult:
+    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.harness.strided_copy`; the inputs
+    in ``frozen`` without gradients) and the oracle on ``p`` and judge every output (see the module docstring);
+    the gradients of frozen inputs are not judged."""
     t = t if t is not None else build(p)
-    out = run_impl(impl, p, t, layout=layout)
+    out = run_impl(impl, p, t, layout=layout, frozen=frozen)
     conv = impl.support.all_ignored or "nan"
     ref = run_oracle(p, t, all_ignored=conv)
     refs = _oracle_outputs(ref)
     res = AccuracyResult(problem=p)
     dtypes = _out_dtypes(out)
-    names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)]
+    skip = {FROZEN_GRADS[k] for k in frozen}
+    names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)
+             and n not in skip]
     hard_bounds: dict[str, torch.Tensor] = {}
     for level in dict.fromkeys(("hard",) + tuple(levels)):
         bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))

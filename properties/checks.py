@@ -61,6 +61,25 @@ def strided_inputs(impl: Any, p: Problem) -> Metrics:
     return {"error/bound": res.worst_ratio}
 
 
+def _frozen(impl: Any, p: Problem, name: str) -> Metrics:
+    res = check_accuracy(impl, p, relative=False, frozen=frozenset({name}))
+    if not res.ok:
+        fail(impl, f"frozen_{name}", p, f"with {name} frozen (requires_grad=False)", *res.failure_lines())
+    return {"error/bound": res.worst_ratio}
+
+
+def frozen_weight(impl: Any, p: Problem) -> Metrics:
+    """With the weight frozen (``requires_grad=False``: a frozen lm_head, as under LoRA) grad_x and grad_bias are
+    within the analytic bound: an impl must follow each input's own ``requires_grad``."""
+    return _frozen(impl, p, "weight")
+
+
+def frozen_x(impl: Any, p: Problem) -> Metrics:
+    """With x frozen (features from a frozen backbone, as in linear probing) grad_weight and grad_bias are within
+    the analytic bound: an impl must follow each input's own ``requires_grad``."""
+    return _frozen(impl, p, "x")
+
+
 def ignored_rows(impl: Any, p: Problem) -> Metrics:
     """Ignored rows get exactly zero grad_x, and changing x in ignored rows changes no output, bitwise."""
     t = build(p)
@@ -291,6 +310,8 @@ PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
     "reduction_consistency": reduction_consistency,
     "accuracy": accuracy,
     "strided_inputs": strided_inputs,
+    "frozen_weight": frozen_weight,
+    "frozen_x": frozen_x,
     "ignored_rows": ignored_rows,
     "permutation": permutation,
     "shift_invariance": shift_invariance,

@@ -84,31 +84,38 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a.detach()), _bits(b.detach()))
 
 
+#: The inputs that may be frozen (``requires_grad=False``), and the gradient each one then lacks.
+FROZEN_GRADS: dict[str, str] = {"x": "grad_x", "weight": "grad_weight", "bias": "grad_bias"}
+
+
 def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
-             layout: str = "contiguous") -> ImplOutputs:
+             layout: str = "contiguous", frozen: frozenset[str] = frozenset()) -> ImplOutputs:
     """Forward and backward of ``impl`` on problem ``p``.
 
     ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
     ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
+    ``frozen`` names inputs (of :data:`FROZEN_GRADS`) passed with ``requires_grad=False`` (a frozen lm_head);
+    their gradients come back ``None``.
     Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
     (x, weight, bias, target, class weights) that forward + backward changed in place.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
+    if not set(frozen) <= set(FROZEN_GRADS):
+        raise ValueError(f"run_impl: frozen must name inputs of {sorted(FROZEN_GRADS)}, got {sorted(frozen)}")
     t = t if t is not None else build(p)
     x0 = x_override if x_override is not None else t.x
     if layout == "strided":
         x, w = strided_copy(x0, "x"), strided_copy(t.weight, "weight")
         b = strided_copy(t.bias, "bias") if t.bias is not None else None
         target = strided_copy(t.target, "target")
-        for leaf in (x, w, b):
-            if leaf is not None:
-                leaf.requires_grad_(True)
     else:
-        x = x0.detach().clone().requires_grad_(True)
-        w = t.weight.detach().clone().requires_grad_(True)
-        b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+        x, w = x0.detach().clone(), t.weight.detach().clone()
+        b = t.bias.detach().clone() if t.bias is not None else None
         target = t.target
+    for name, leaf in (("x", x), ("weight", w), ("bias", b)):
+        if leaf is not None and name not in frozen:
+            leaf.requires_grad_(True)
     kwargs = t.options.call_kwargs()
     inputs = {"x": x, "weight": w, "bias": b, "target": target, "class_weights": kwargs.get("class_weights")}
     before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}

@@ -67,6 +67,17 @@ KNOWN: list[KnownDivergence] = [
                 "cancelled before the sum over rows."),
         example=Problem(N=2049, H=4, V=2, regime="confident", seed=0),
     ),
+    KnownDivergence(
+        impls="liger[[]*",
+        properties=("frozen_x",),
+        devices=("cpu", "cuda"),
+        applies=lambda p: True,
+        reason=("Liger-Kernel 0.8.5's fused linear cross-entropy computes every gradient only when the input "
+                "requires grad (ops/fused_linear_cross_entropy.py: input_requires_grad gates the chunk loop): "
+                "with x frozen and the weight trainable (linear probing on a frozen backbone) the loss has a "
+                "graph but weight.grad stays None, silently."),
+        example=Problem(N=1, H=1, V=1),
+    ),
     *[KnownDivergence(
         impls=pattern,
         properties=("*",),

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from properties import checks
 from properties.problems import Problem
 from properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, many_chunk_layout,
-                                   many_chunk_problems, problems)
+                                   many_chunk_problems, problems, wide_hidden_problems)
 from tests.known_divergences import known
 
 
@@ -105,16 +105,30 @@ def test_large_vocab(linear_ce_impl):
 
 
 def test_long_batch(linear_ce_impl):
-    """With N past 256 (bf16's exact integers) or 2048 (fp16's), in a declared low-precision dtype, every output
-    is within bounds: a token count or normalizer kept in the compute dtype fails."""
+    """With N past 256 (bf16's exact integers) or 2048 (fp16's), in a declared low-precision dtype or AMP mode and
+    with a bias, every output is within bounds: a token count, normalizer or running gradient sum kept in the
+    compute dtype fails."""
     _check(checks.accuracy, linear_ce_impl,
            lambda data: data.draw(long_batch_problems(linear_ce_impl.support), label="problem"))
+
+
+def test_wide_hidden(linear_ce_impl):
+    """With H past the draws' cap (256, 257, 512, 1031, ... up to 1100) every output is within bounds: a split or
+    tiled reduction over H must add the bias once and combine its parts exactly."""
+    _check(checks.accuracy, linear_ce_impl,
+           lambda data: data.draw(wide_hidden_problems(linear_ce_impl.support), label="problem"))
 
 
 def test_strided_inputs(linear_ce_impl):
     """Non-contiguous inputs (a column slice of x, a transposed weight, strided bias and target) give outputs
     within bounds, or a loud refusal; never values read from the wrong elements."""
     _check(checks.strided_inputs, linear_ce_impl, _draw(linear_ce_impl))
+
+
+@pytest.mark.parametrize("prop", [checks.frozen_weight, checks.frozen_x], ids=["weight", "x"])
+def test_frozen_inputs(linear_ce_impl, prop):
+    """With the weight frozen grad_x (and grad_bias) stay within bounds; with x frozen grad_weight does."""
+    _check(prop, linear_ce_impl, _draw(linear_ce_impl), every=Problem(N=1, H=1, V=1, device=DEVICE))
 
 
 def test_confident_rows(linear_ce_impl):
