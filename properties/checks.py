@@ -20,7 +20,7 @@ import torch
 from properties.accuracy import check_accuracy
 from properties.compare import compare
 from properties.failures import fail
-from properties.harness import OUTPUTS, ImplOutputs, run_impl, run_oracle
+from properties.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
 from properties.problems import Problem, Tensors, build
 from properties.tolerance import error_model, linear_ce_bounds
 
@@ -78,6 +78,54 @@ def frozen_x(impl: Any, p: Problem) -> Metrics:
     """With x frozen (features from a frozen backbone, as in linear probing) grad_weight and grad_bias are within
     the analytic bound: an impl must follow each input's own ``requires_grad``."""
     return _frozen(impl, p, "x")
+
+
+def two_calls(impl: Any, p: Problem) -> Metrics:
+    """Two calls in one autograd graph (two heads, or micro-batches summed before one backward): the two halves
+    of a ``sum`` batch, as two calls sharing W and bias whose losses are added, give what the halves' oracles add
+    up to, within the sum of their bounds plus one rounding of the accumulated gradients. An impl that keeps one
+    call's gradients in state the next call overwrites fails. Applies to ``sum`` with an even N ≥ 2."""
+    if p.reduction != "sum" or p.N < 2 or p.N % 2:
+        return {}
+    t = build(p)
+    k = p.N // 2
+    parts = [slice(0, k), slice(k, p.N)]
+    x = t.x.detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+    kwargs = t.options.call_kwargs()
+    with autocast_context(p):
+        outs = [impl(x[s], w, t.target[s], b, **kwargs) for s in parts]
+    losses = [o[0] if impl.support.returns_z_loss else o for o in outs]
+    total = losses[0] + losses[1]
+    total.backward(t.upstream.to(total.dtype) if t.upstream is not None else torch.ones_like(total))
+    got = {"loss": total.detach(), "grad_x": x.grad, "grad_weight": w.grad, "grad_bias": b.grad if b is not None else None}
+    dtypes = {n: v.dtype for n, v in got.items() if v is not None}
+    halves = []
+    for s in parts:
+        ph, th = p.replace(N=k), t._replace(x=t.x[s], target=t.target[s])
+        ref = run_oracle(ph, th, all_ignored=impl.support.all_ignored or "nan")
+        halves.append((ref, linear_ce_bounds(ph, th, ref, error_model(impl.support, ph, dtypes))))
+    lines, worst = [], 0.0
+    for name in ("loss", "grad_x", "grad_weight", "grad_bias"):
+        refs = [getattr(r, name) for r, _ in halves]
+        if refs[0] is None:
+            continue
+        bnds = [bd[name] for _, bd in halves]
+        if name == "grad_x":  # each row has one contribution: no accumulation rounding
+            o, bound = torch.cat(refs), torch.cat([bd.expand_as(r) for r, bd in zip(refs, bnds)])
+        else:  # the two contributions are added once more, in the output's dtype
+            u = torch.finfo(dtypes[name]).eps / 2
+            o = refs[0] + refs[1]
+            bound = bnds[0] + bnds[1] + u * (refs[0].abs() + refs[1].abs() + bnds[0] + bnds[1])
+        c = compare(name, got[name], o, bound)
+        worst = max(worst, c.ratio)
+        if not c.ok:
+            lines.append(c.describe())
+    if lines:
+        fail(impl, "two_calls", p, f"two calls of {k} rows each in one graph (sharing W and bias), losses added",
+             *lines)
+    return {"error/bound": worst}
 
 
 def ignored_rows(impl: Any, p: Problem) -> Metrics:
@@ -312,6 +360,7 @@ PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
     "strided_inputs": strided_inputs,
     "frozen_weight": frozen_weight,
     "frozen_x": frozen_x,
+    "two_calls": two_calls,
     "ignored_rows": ignored_rows,
     "permutation": permutation,
     "shift_invariance": shift_invariance,

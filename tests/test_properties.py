@@ -131,6 +131,20 @@ def test_frozen_inputs(linear_ce_impl, prop):
     _check(prop, linear_ce_impl, _draw(linear_ce_impl), every=Problem(N=1, H=1, V=1, device=DEVICE))
 
 
+def test_two_calls(linear_ce_impl):
+    """Two calls sharing W and bias in one graph (a batch's halves, `sum`, losses added, one backward) give the
+    halves' summed oracle values within bounds: no call's state is overwritten by the next."""
+    s = linear_ce_impl.support
+    if "sum" not in s.reductions:
+        pytest.skip(f"{linear_ce_impl.name} declares no 'sum' reduction")
+
+    def draw(data: Any):
+        half = data.draw(st.integers(1, 48), label="rows per call")
+        return data.draw(problems(s, force={"N": 2 * half, "reduction": "sum"}), label="problem")
+
+    _check(checks.two_calls, linear_ce_impl, draw)
+
+
 def test_confident_rows(linear_ce_impl):
     """Confident predictions (p_target → 1) keep the true-class gradient accurate relative to itself."""
     _check(checks.accuracy, linear_ce_impl, _draw(linear_ce_impl, regimes=("confident",)),
