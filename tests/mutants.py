@@ -107,3 +107,79 @@ MUTANTS = [
                  LinearCESupport(options=frozenset({"bias", "ignore_index", "softcap"}), all_ignored="nan",
                                  logits_dtype="float32", dtypes=frozenset({torch.float32}), autocast=frozenset())),
 ]
+
+
+# -- bugs that plain accuracy cannot see: each fails the property written for its class ---------------------
+def _assumes_contiguous_x(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Reads x as a row-major [N, H] block from its first element (a kernel indexing x_ptr + i·H + j): right for
+    a contiguous x, wrong for a column slice of a wider buffer."""
+    xs = torch.as_strided(x, x.shape, (x.shape[1], 1))
+    return F.cross_entropy(F.linear(xs, weight).float(), target, reduction=reduction, ignore_index=ignore_index)
+
+
+class _GradXIfWeightNeedsGrad(torch.autograd.Function):
+    """x·Wᵀ whose backward forms both gradients only when the *weight* needs one (the wrong needs_input_grad
+    index)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x.float() @ w.float().T
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None
+        return (g @ w.float()).to(x.dtype), (g.T @ x.float()).to(w.dtype)
+
+
+def _grad_x_needs_weight_grad(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Linear + CE in fp32 whose grad_x is lost when the weight is frozen."""
+    return F.cross_entropy(_GradXIfWeightNeedsGrad.apply(x, weight), target, reduction=reduction,
+                           ignore_index=ignore_index)
+
+
+#: One gradient workspace per input shape, shared by every call (the bug: a second call of the same shape
+#: overwrites the first call's gradients before its backward runs).
+_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+class _SharedWorkspaceCE(torch.autograd.Function):
+    """Fused linear + CE that forms its gradients in forward into a per-shape workspace."""
+
+    @staticmethod
+    def forward(ctx, x, w, target, reduction, ignore_index):
+        with torch.enable_grad():
+            xf, wf = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+            loss = F.cross_entropy(xf @ wf.T, target, reduction=reduction, ignore_index=ignore_index)
+            gx, gw = torch.autograd.grad(loss, (xf, wf))
+        ctx.key = (tuple(x.shape), tuple(w.shape))
+        _WORKSPACE[ctx.key] = (gx, gw)
+        ctx.dtypes = (x.dtype, w.dtype)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        gx, gw = _WORKSPACE[ctx.key]
+        return (g * gx).to(ctx.dtypes[0]), (g * gw).to(ctx.dtypes[1]), None, None, None
+
+
+def _shared_workspace(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Correct for one call per backward; two calls of one shape in one graph get the second call's gradients."""
+    return _SharedWorkspaceCE.apply(x, weight, target, reduction, ignore_index)
+
+
+_PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
+                              dtypes=frozenset({torch.float32}), autocast=frozenset(),
+                              reductions=frozenset({"mean", "sum"}))
+
+#: (mutant, the property that must catch it, a case on which plain accuracy passes and that property fails).
+DIRECTED = [
+    (FunctionImpl("mutant_assumes_contiguous_x", _assumes_contiguous_x, _PLAIN_FP32), "strided_inputs",
+     "Problem(N=8, H=16, V=24, seed=1)"),
+    (FunctionImpl("mutant_grad_x_needs_weight_grad", _grad_x_needs_weight_grad, _PLAIN_FP32), "frozen_weight",
+     "Problem(N=8, H=16, V=24, seed=2)"),
+    (FunctionImpl("mutant_shared_workspace", _shared_workspace, _PLAIN_FP32), "two_calls",
+     "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
+]

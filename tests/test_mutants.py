@@ -11,7 +11,7 @@ from properties.failures import PropertyFailure
 from properties.harness import ProtocolViolation
 from properties.problems import Problem
 from properties.strategies import DEVICE, problems
-from tests.mutants import MUTANTS
+from tests.mutants import DIRECTED, MUTANTS
 
 
 def _fails(impl, p) -> bool:
@@ -60,3 +60,15 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
                  settings=settings(max_examples=5, phases=[Phase.generate], derandomize=True, database=None,
                                    deadline=None, suppress_health_check=list(HealthCheck)))
     assert _fails(impl, found)
+
+
+@pytest.mark.parametrize("mutant,prop,case", DIRECTED, ids=[m.name for m, _, _ in DIRECTED])
+def test_directed_mutant_fails_its_property(mutant, prop, case):
+    """A bug plain accuracy cannot see (it passes accuracy on the case) fails the property written for its
+    class: a contiguity assumption, a wrong needs_input_grad index, a workspace shared across calls."""
+    from properties.checks import PROPERTIES
+
+    p = eval(case, {"__builtins__": {}}, {"Problem": Problem}).replace(device="cpu")  # noqa: S307 - a literal
+    accuracy(mutant, p)
+    with pytest.raises((PropertyFailure, ProtocolViolation)):
+        PROPERTIES[prop](mutant, p)
