@@ -72,3 +72,13 @@ def test_directed_mutant_fails_its_property(mutant, prop, case):
     accuracy(mutant, p)
     with pytest.raises((PropertyFailure, ProtocolViolation)):
         PROPERTIES[prop](mutant, p)
+
+
+def test_input_modified_in_place_is_named():
+    """run_impl names an input that forward + backward changed in place (here the mutant's target), whatever
+    the outputs: the caller's tensors must come back as given."""
+    from properties.harness import run_impl
+
+    mutant = next(m for m in MUTANTS if m.name == "mutant_target_clamped_in_place")
+    with pytest.raises(ProtocolViolation, match="modified its input 'target' in place"):
+        run_impl(mutant, Problem(N=8, H=16, V=24, ignored=0.5, seed=1))
