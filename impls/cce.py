@@ -34,7 +34,9 @@ default, a frozen-classifier path and the classifier cast to the embedding dtype
   grad_x / grad_weight accumulators *of that dtype* (lines 54, 272, 276; ``tl_utils.py:46``): grad_weight is a
   running sum in the parameter dtype over ⌈n_valid/128⌉ row blocks (``grad_accumulation="param_dtype"``,
   ``chunk_rows`` = the backward's BLOCK_B, ``tl_autotune.py:400``, unless ``CCE_AUTOTUNE`` picks one per
-  shape). grad_x is likewise a running sum over ⌈V/128⌉ vocabulary blocks, which the protocol cannot declare.
+  shape). grad_x is likewise a running sum in the embedding dtype over ⌈V/128⌉ vocabulary blocks (declared
+  ``grad_x_accumulation="param_dtype"``, ``chunk_cols`` = BLOCK_V): at V=4097 in fp16 that is 33 roundings,
+  which an H200 run showed beyond the single-matmul bound (grad_x 1.04× it).
   Lock order and fp32 atomics make results run-to-run nondeterministic once a reduction spans several blocks.
 - Gradient filtering (``filter_eps``, ``utils._handle_eps`` lines 16-23): ``"high"``/``"auto"`` is
   ``finfo(dtype).eps/32`` (2⁻¹² for bf16, 2⁻¹⁵ for fp16); a backward block whose |softmax − onehot| are *all*
@@ -109,13 +111,15 @@ def interpreted() -> bool:
 @dataclass(frozen=True)
 class CCEInfo:
     """What the installed release offers: version, ``linear_cross_entropy``'s parameters and defaults, the
-    ``impl`` names it knows, the rows per backward block (``None`` when autotuned per shape) and the function."""
+    ``impl`` names it knows, the rows and vocabulary classes per backward block (``None`` when autotuned per
+    shape) and the function."""
 
     version: str
     params: tuple[str, ...]
     defaults: dict[str, Any] = field(compare=False)
     impl_names: frozenset[str] = frozenset()
     backward_block_rows: int | None = None
+    backward_block_cols: int | None = None
     function: Callable[..., Any] | None = field(default=None, compare=False)
 
     def has(self, param: str) -> bool:
@@ -124,25 +128,28 @@ class CCEInfo:
 
 
 def info_from(function: Callable[..., Any], version: str, impl_names: frozenset[str],
-              backward_block_rows: int | None) -> CCEInfo:
+              backward_block_rows: int | None, backward_block_cols: int | None = None) -> CCEInfo:
     """A :class:`CCEInfo` read from ``function``'s signature (also used by the tests with stand-ins)."""
     sig = inspect.signature(function)
     defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
     return CCEInfo(version=version, params=tuple(sig.parameters), defaults=defaults, impl_names=impl_names,
-                   backward_block_rows=backward_block_rows, function=function)
+                   backward_block_rows=backward_block_rows, backward_block_cols=backward_block_cols,
+                   function=function)
 
 
-def _backward_block_rows() -> int | None:
-    """Rows per backward block of the installed release (``None`` when ``CCE_AUTOTUNE`` tunes it per shape or
-    the private config cannot be read: the tolerance model then assumes one block per row)."""
+def _backward_blocks() -> tuple[int | None, int | None]:
+    """(rows, vocabulary classes) per backward block of the installed release (``None`` when ``CCE_AUTOTUNE``
+    tunes them per shape or the private config cannot be read: the tolerance model then assumes one block per
+    row, and per class)."""
     try:
         from cut_cross_entropy import tl_autotune
 
         if getattr(tl_autotune, "_AUTOTUNE", True):
-            return None
-        return int(tl_autotune._cce_backward_best_config().kwargs["BLOCK_B"])
+            return None, None
+        kw = tl_autotune._cce_backward_best_config().kwargs
+        return int(kw["BLOCK_B"]), int(kw["BLOCK_V"])
     except Exception:
-        return None
+        return None, None
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,7 +169,7 @@ def load() -> CCEInfo | str:
         return f"cut-cross-entropy {version} failed to import: {type(exc).__name__}: {exc}"
     enum = getattr(cce, "LinearCrossEntropyImpl", None)
     names = frozenset(m.name.lower() for m in enum) if enum is not None else frozenset({"cce"})
-    return info_from(cce.linear_cross_entropy, version, names, _backward_block_rows())
+    return info_from(cce.linear_cross_entropy, version, names, *_backward_blocks())
 
 
 def call_cce(
@@ -319,6 +326,8 @@ def declare(info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None
         all_ignored=None,
         grad_accumulation="param_dtype",
         chunk_rows=info.backward_block_rows,
+        grad_x_accumulation="param_dtype",
+        chunk_cols=info.backward_block_cols,
         logits_dtype="float32",
         ce_dtype="float32",
         # indexed_dot.py:64 rounds each x·w product of the target logit to the operand dtype (the release read;

@@ -104,6 +104,11 @@ class LinearCESupport:
         grad_accumulation: the grad_weight accumulation path, see :data:`GradAccumulation`.
         chunk_rows: rows per chunk for a chunked impl (sets the chunk count of the grad_weight bound);
             ``None`` for one pass over all rows.
+        grad_x_accumulation: the same paths for grad_x = G·W when it is summed over vocabulary chunks
+            (cut-cross-entropy's kernels add each 128-class block's product into a grad_x of the input dtype):
+            ``"fp32"`` (default) when grad_x is one fp32-accumulated matmul over all V classes.
+        chunk_cols: vocabulary classes per chunk of that sum (sets its chunk count ⌈V/chunk_cols⌉; ``None``
+            with a non-fp32 ``grad_x_accumulation`` assumes one chunk per class, the worst case).
         logits_dtype: ``"compute"`` when logits are materialized in the compute dtype (bf16/fp16) before
             the softmax (every impl that calls a bf16 matmul), ``"float32"`` when they are kept in fp32.
         ce_dtype: ``"float32"`` when the softmax and the gradient w.r.t. the logits are formed in fp32 (from
@@ -131,6 +136,8 @@ class LinearCESupport:
     autocast: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
     grad_accumulation: GradAccumulation = "fp32"
     chunk_rows: int | None = None
+    grad_x_accumulation: GradAccumulation = "fp32"
+    chunk_cols: int | None = None
     logits_dtype: Literal["compute", "float32"] = "compute"
     ce_dtype: Literal["float32", "compute"] = "float32"
     target_logit: Literal["logits", "rounded_products"] = "logits"
@@ -152,19 +159,22 @@ class LinearCESupport:
             raise ValueError(f"LinearCESupport.dtypes has unsupported dtypes {bad_dt}; allowed: {FLOAT_DTYPES}")
         if self.all_ignored not in ("nan", "zero", None):
             raise ValueError(f"LinearCESupport.all_ignored must be 'nan', 'zero' or None, got {self.all_ignored!r}")
-        if self.grad_accumulation not in ("fp32", "per_chunk_rounding", "param_dtype"):
-            raise ValueError(
-                "LinearCESupport.grad_accumulation must be 'fp32', 'per_chunk_rounding' or 'param_dtype', "
-                f"got {self.grad_accumulation!r}"
-            )
+        for name in ("grad_accumulation", "grad_x_accumulation"):
+            if getattr(self, name) not in ("fp32", "per_chunk_rounding", "param_dtype"):
+                raise ValueError(
+                    f"LinearCESupport.{name} must be 'fp32', 'per_chunk_rounding' or 'param_dtype', "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.logits_dtype not in ("compute", "float32") or self.ce_dtype not in ("compute", "float32"):
             raise ValueError(
                 f"LinearCESupport.logits_dtype / ce_dtype must be 'compute' or 'float32', got {self.logits_dtype!r} / {self.ce_dtype!r}"
             )
         if self.target_logit not in ("logits", "rounded_products"):
             raise ValueError(f"LinearCESupport.target_logit must be 'logits' or 'rounded_products', got {self.target_logit!r}")
-        if self.chunk_rows is not None and self.chunk_rows < 1:
-            raise ValueError(f"LinearCESupport.chunk_rows must be >= 1 or None, got {self.chunk_rows}")
+        for name in ("chunk_rows", "chunk_cols"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"LinearCESupport.{name} must be an int >= 1 or None, got {value!r}")
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""

@@ -10,7 +10,8 @@
     N=1, V=2 fp32 a correct chunked impl had 4× eager's RMSE, and with V=1 eager is exact (error 0) while
     a correct fp16 impl is not. So (b) fails only an impl whose errors are, in RMS, both well above eager's
     and above half of what the analysis allows everywhere. Outputs an impl declares less accurate (grad_weight and grad_bias under
-    ``per_chunk_rounding`` or ``param_dtype`` accumulation; the loss under ``target_logit="rounded_products"``)
+    ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``; the loss
+    under ``target_logit="rounded_products"``)
     are recorded but not judged by (b), and (b) is
     skipped for an all-ignored ``mean`` (a convention, not a rounding).
 
@@ -132,6 +133,7 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     if relative and not (p.all_ignored and p.reduction == "mean"):
         eager_err = _eager_errors(p)
         lowp_path = impl.support.grad_accumulation != "fp32"
+        x_path = getattr(impl.support, "grad_x_accumulation", "fp32")
         products = getattr(impl.support, "target_logit", "logits") == "rounded_products"
         for n in names:
             v = out.get(n)
@@ -147,6 +149,8 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
             # A declared deviation eager does not share is judged by (a) alone (its derived term is in the bound).
             if lowp_path and n in ("grad_weight", "grad_bias"):
                 judged, note = False, f"not judged: declares {impl.support.grad_accumulation} accumulation"
+            elif x_path != "fp32" and n == "grad_x":
+                judged, note = False, f"not judged: declares {x_path} accumulation of grad_x"
             elif products and n == "loss":
                 judged, note = False, "not judged: declares target_logit='rounded_products'"
             else:

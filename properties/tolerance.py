@@ -43,7 +43,9 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    rounds once more, or twice (formed, then scaled by the normalizer or upstream gradient in the compute
    dtype): + u_G|G| + η_G with u_G = 2u_c, and η_G = η_c·(1 + max|u|) when an upstream u ≠ 1 scales an already
    underflowed G.
-5. grad_x = G·W (length V): |δgx| ≤ |δG||W| + γ_V(u_a)|G||W| + u_out|gx|.
+5. grad_x = G·W (length V): |δgx| ≤ |δG||W| + (γ_V(u_a) + a_x)|G||W| + u_out|gx|, where a_x is step 6's a_path for
+   the declared ``grad_x_accumulation`` over K_V = ⌈V/chunk_cols⌉ vocabulary chunks (``param_dtype``: the
+   running sum lives in x's dtype, K_V·u_p; cut-cross-entropy's kernels add 128-class blocks that way).
 Under autocast, gradient matmuls return compute-dtype results (u_out ≥ u_c, and each grad_weight chunk is
 rounded: at least ``per_chunk_rounding``); with an upstream gradient ≠ 1, gradients formed in forward and
 scaled in backward round twice (2·u_out).
@@ -115,7 +117,8 @@ class ErrorModel:
     Attributes:
         u_c: compute (matmul operand) dtype. u_L: logits / log-probability storage. u_G: stored gradient of
         the logits. u_ce: precision of the softmax / gradient arithmetic (declared ``ce_dtype``). u_out: per-output precision of what the impl returned. grad_accumulation, chunks, u_p:
-        the declared grad_weight path, its chunk count K and the parameter dtype's u. bias_rounding /
+        the declared grad_weight path, its chunk count K and the parameter dtype's u; grad_x_accumulation, chunks_x:
+        grad_x's path over K_V vocabulary chunks. bias_rounding /
         class_weight_rounding: whether those may legitimately be rounded to the compute dtype.
         level: ``"hard"`` (γ_n) or ``"expected"`` (√n·u).
     """
@@ -136,15 +139,25 @@ class ErrorModel:
     level: Level = "hard"
     target_products: bool = False
 
-    def path_term(self) -> float:
-        """a_path of step 6 in the module docstring."""
-        if self.grad_accumulation == "fp32":
+    grad_x_accumulation: str = "fp32"
+    chunks_x: int = 1
+
+    def _path(self, path: str, chunks: int) -> float:
+        if path == "fp32":
             return 0.0
-        if self.grad_accumulation == "per_chunk_rounding":
+        if path == "per_chunk_rounding":
             return self.u_c
-        if self.grad_accumulation == "param_dtype":
-            return self.chunks * self.u_p
-        raise ValueError(f"unknown grad_accumulation {self.grad_accumulation!r}")
+        if path == "param_dtype":
+            return chunks * self.u_p
+        raise ValueError(f"unknown accumulation path {path!r}")
+
+    def path_term(self) -> float:
+        """a_path of step 6 in the module docstring (grad_weight and grad_bias over K token chunks)."""
+        return self._path(self.grad_accumulation, self.chunks)
+
+    def path_term_x(self) -> float:
+        """a_x of step 5 (grad_x over K_V vocabulary chunks)."""
+        return self._path(self.grad_x_accumulation, self.chunks_x)
 
 
 def _upstream_max(p: Problem) -> float:
@@ -184,6 +197,9 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
     u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
     chunk_rows = getattr(support, "chunk_rows", None)
     K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N
+    chunk_cols = getattr(support, "chunk_cols", None)
+    K_V = math.ceil(p.V / chunk_cols) if chunk_cols else p.V
+    x_path = getattr(support, "grad_x_accumulation", "fp32")
     return ErrorModel(
         u_c=u_c,
         u_L=u_L,
@@ -205,6 +221,10 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         class_weight_rounding=bool(p.class_weights) and low,
         level=level,
         target_products=getattr(support, "target_logit", "logits") == "rounded_products",
+        # Under autocast a vocabulary-chunked grad_x's partial products come out in the compute dtype too.
+        grad_x_accumulation=("per_chunk_rounding" if (p.autocast is not None and x_path == "fp32" and chunk_cols)
+                             else x_path),
+        chunks_x=K_V,
     )
 
 
@@ -305,7 +325,7 @@ class _Sweep:
         # An underflowed G scaled afterwards by the upstream gradient u carries |u|·η, then rounds again.
         eta_G = m.eta_c * (2 if m.u_ce != U_ACC else 1) * m.upstream_scale
         dG = (dG + m.u_G * G_abs + eta_G) * valid[:, None]
-        self.gx[r] += dG @ blk.w.abs() + self.g_V * (G_abs @ blk.w.abs())
+        self.gx[r] += dG @ blk.w.abs() + (self.g_V + m.path_term_x()) * (G_abs @ blk.w.abs())
         acc = self.g_N + m.path_term()
         self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())
         self.gb[blk.cols] += dG.sum(dim=0) + acc * G_abs.sum(dim=0)

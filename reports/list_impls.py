@@ -36,7 +36,10 @@ def describe_support(impl, device: str) -> list[str]:
         lines.append(f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}")
         lines.append(f"    options: {','.join(sorted(s.options)) or '-'}; reductions: {','.join(sorted(s.reductions))}")
         lines.append(f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
-                     + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else ""))
+                     + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else "")
+                     + (f"; grad_x accumulation: {s.grad_x_accumulation}"
+                        + (f" (chunk classes {s.chunk_cols})" if s.chunk_cols else "")
+                        if s.grad_x_accumulation != "fp32" else ""))
         if s.option_combinations_excluded:
             lines.append("    excluded combinations: " + "; ".join("+".join(sorted(c)) for c in s.option_combinations_excluded))
     else:

@@ -46,6 +46,9 @@ def why(info: dict) -> str:
                "param_dtype": "grad_W running sum kept in the parameter dtype (bound + K·u_p)"}.get(d.get("grad_accumulation"), "")
         if d.get("grad_accumulation") == "param_dtype" and d.get("chunk_rows") is None:
             acc += ", chunk count undeclared (K = N assumed)"
+        if d.get("grad_x_accumulation", "fp32") != "fp32":
+            acc += (f"; grad_x summed over vocabulary chunks ({d['grad_x_accumulation']}, "
+                    + (f"{d['chunk_cols']} classes each)" if d.get("chunk_cols") else "one per class assumed)"))
         logits = "logits in fp32" if d.get("logits_dtype") == "float32" else "logits in the compute dtype"
         ce = "; softmax/gradient arithmetic in the compute dtype" if d.get("ce_dtype") == "compute" else ""
         return f"{acc}; {logits}{ce}"

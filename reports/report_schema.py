@@ -208,6 +208,7 @@ def declaration(impl: Any) -> dict[str, Any]:
         return {"dtypes": _names(s.dtypes), "autocast": _names(s.autocast), "devices": sorted(s.devices),
                 "options": sorted(s.options), "reductions": sorted(s.reductions), "all_ignored": s.all_ignored,
                 "grad_accumulation": s.grad_accumulation, "chunk_rows": s.chunk_rows,
+                "grad_x_accumulation": s.grad_x_accumulation, "chunk_cols": s.chunk_cols,
                 "logits_dtype": s.logits_dtype, "ce_dtype": s.ce_dtype}
     accum = s.accum_unit_roundoff
     return {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "recipes": [r.name for r in s.recipes],
