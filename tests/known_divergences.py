@@ -41,6 +41,40 @@ class KnownDivergence:
         return fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device and self.applies(p)
 
 
+def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
+    """Whether cut-cross-entropy's default gradient filtering can skip a backward block of ``p``
+    (``block_cols``: classes per block; default the installed release's).
+
+    The backward kernel tiles (valid rows) × classes into blocks of the release's declared size (128 × 128 in
+    25.1.1; one class wide, the worst case, when autotuned or unknown) and skips a block only when *every*
+    |softmax − onehot| in it is below filter_eps = finfo(dtype).eps/32 (padded lanes are 0). Which rows share
+    a block depends on the call (two_calls' halves, a permutation), so this asks whether some valid row is
+    below it across a whole class block, which every skip needs; on the float64 softmax of the problem's own
+    operands, with a 2× margin for the kernel's fp32 evaluation. It depends on the data (confident rows, or V
+    past ~1/filter_eps), not on a regime name."""
+    from impls import cce
+    from properties.problems import build
+
+    rows = 1  # the blocks' rows depend on the call (two_calls' halves, a permutation): one valid row suffices
+    cols = block_cols or getattr(cce.load(), "backward_block_cols", None) or 1
+    t = build(p)
+    valid = t.target != p.ignore_index
+    if not bool(valid.any()):
+        return False
+    x, w = t.x[valid].double(), t.weight.double()
+    z = x @ w.T + (t.bias.double() if t.bias is not None else 0.0)
+    if p.softcap is not None:
+        z = p.softcap * torch.tanh(z / p.softcap)
+    g = z.softmax(dim=-1)
+    g[torch.arange(g.shape[0]), t.target[valid].long()] -= 1.0
+    small = g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32
+    n, v = small.shape
+    padded = torch.ones(-(-n // rows) * rows, -(-v // cols) * cols, dtype=torch.bool, device=small.device)
+    padded[:n, :v] = small
+    blocks = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
+    return bool(blocks.all(dim=3).all(dim=1).any())
+
+
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
 F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
 
@@ -112,12 +146,14 @@ KNOWN: list[KnownDivergence] = [
     ),
     KnownDivergence(
         impls="cce[[]filter_eps=default[]]",
-        properties=("accuracy",),
+        properties=("*",),
         devices=("cuda",),
-        applies=lambda p: p.regime == "confident",
+        applies=cce_filtering_may_skip,
         reason=("cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
                 "every backward block whose |softmax - onehot| are all below it: on confident rows all are, and "
-                "grad_x / grad_weight come back zero (inexact by design; filter_eps=None is exact)."),
+                "grad_x / grad_weight come back zero; at V=1025 with ordinary logits 640 of 1025 grad_weight rows "
+                "were (inexact by design; filter_eps=None is exact). Every property compares against the exact "
+                "gradients, so the entry covers each case where some entry is below the threshold."),
         example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
     ),
 ]

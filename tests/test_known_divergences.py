@@ -24,6 +24,12 @@ def test_entry_names_registered_impls(entry):
 
 
 @pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
+def test_example_is_covered(entry):
+    """An entry's example is one of the cases it covers (else the draws would still reach what it shows)."""
+    assert entry.applies(entry.example.replace(device=DEVICE)), f"{entry.impls!r}: its example fails its predicate"
+
+
+@pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
 def test_divergence_still_present(entry):
     """The entry's example still fails its property on every matching, available impl (strict), on this device."""
     if DEVICE not in entry.devices:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pytest
 import torch
 from hypothesis import assume, given, settings, target
+from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
 
 from properties import checks
@@ -46,7 +47,11 @@ def _check(prop: Callable, impl: Any, draw_problem: Callable[[Any], Any], *, eve
         for label, value in prop(impl, p).items():
             target(float(value), label=label)
 
-    inner()
+    try:
+        inner()
+    except Unsatisfiable:
+        # A data-dependent known divergence (cut-cross-entropy's gradient filtering) can cover every draw.
+        pytest.skip(f"every case drawn for {impl.name} is a known divergence (tests/known_divergences.py)")
 
 
 def _draw(impl: Any, **kw: Any) -> Callable[[Any], Any]:
