@@ -45,17 +45,19 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
     """Whether cut-cross-entropy's default gradient filtering can skip a backward block of ``p``
     (``block_cols``: classes per block; default the installed release's).
 
-    The backward kernel tiles (valid rows) × classes into blocks of the release's declared size (128 × 128 in
-    25.1.1; one class wide, the worst case, when autotuned or unknown) and skips a block only when *every*
-    |softmax − onehot| in it is below filter_eps = finfo(dtype).eps/32 (padded lanes are 0). Which rows share
-    a block depends on the call (two_calls' halves, a permutation), so this asks whether some valid row is
-    below it across a whole class block, which every skip needs; on the float64 softmax of the problem's own
-    operands, with a 2× margin for the kernel's fp32 evaluation. It depends on the data (confident rows, or V
-    past ~1/filter_eps), not on a regime name."""
+    The backward kernel tiles (valid rows) × classes into blocks (128 × 128 in 25.1.1; one class wide, the worst
+    case, when autotuned or unknown) and skips a block only when *every* |softmax − onehot| in it is below
+    filter_eps = finfo(dtype).eps/32 (padded lanes are 0). The classes of a block are not contiguous: with
+    filtering on, the forward averages each class's logit over the call's rows and the backward takes the
+    classes in that order (``cce.py:31,87``: ``argsort(logit_avg)``), so that low classes share blocks. Which
+    rows and classes share a block therefore depends on the call (two_calls' halves, a permutation). Every
+    skip needs one valid row with at least as many entries below the threshold as the smallest block has
+    classes (V mod 128, else 128), and this asks exactly that, on the float64 softmax of the problem's own
+    operands with a 2× margin for the kernel's fp32 evaluation: it follows the data (confident rows, V past
+    ~1/filter_eps), not a regime name."""
     from impls import cce
     from properties.problems import build
 
-    rows = 1  # the blocks' rows depend on the call (two_calls' halves, a permutation): one valid row suffices
     cols = block_cols or getattr(cce.load(), "backward_block_cols", None) or 1
     t = build(p)
     valid = t.target != p.ignore_index
@@ -67,12 +69,9 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
         z = p.softcap * torch.tanh(z / p.softcap)
     g = z.softmax(dim=-1)
     g[torch.arange(g.shape[0]), t.target[valid].long()] -= 1.0
-    small = g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32
-    n, v = small.shape
-    padded = torch.ones(-(-n // rows) * rows, -(-v // cols) * cols, dtype=torch.bool, device=small.device)
-    padded[:n, :v] = small
-    blocks = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
-    return bool(blocks.all(dim=3).all(dim=1).any())
+    small = (g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32).sum(dim=1)
+    smallest_block = p.V % cols or cols
+    return bool((small >= min(smallest_block, p.V)).any())
 
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
