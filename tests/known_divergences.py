@@ -28,6 +28,9 @@ class KnownDivergence:
     applies: Callable[[Problem], bool]
     reason: str
     example: Problem
+    #: ``applies`` reads the problem's data (its tensors), not only its fields: a problem carrying some fields
+    #: then says nothing about every draw with those fields (see :func:`covers_every`).
+    by_data: bool = False
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -154,8 +157,17 @@ KNOWN: list[KnownDivergence] = [
                 "were (inexact by design; filter_eps=None is exact). Every property compares against the exact "
                 "gradients, so the entry covers each case where some entry is below the threshold."),
         example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
+        by_data=True,
     ),
 ]
+
+
+def covers_every(impl_name: str, prop: str, fields: Problem) -> KnownDivergence | None:
+    """The entry that covers every draw sharing the forced ``fields`` of a test (one decided by fields alone)."""
+    for k in KNOWN:
+        if not k.by_data and k.matches(impl_name, prop, fields):
+            return k
+    return None
 
 
 def known(impl_name: str, prop: str, p: Problem) -> KnownDivergence | None:

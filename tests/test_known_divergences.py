@@ -55,3 +55,14 @@ def test_entry_rejects_unknown_devices(devices):
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
         KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
                         reason="r", example=Problem(N=1, H=1, V=1))
+
+
+def test_data_predicates_do_not_cover_a_whole_test():
+    """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
+    rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
+    from properties.problems import Problem
+    from tests.known_divergences import covers_every
+
+    fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
+    assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
+    assert covers_every("liger[accum=None]", "frozen_x", fields) is not None

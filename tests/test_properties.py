@@ -20,7 +20,7 @@ from properties import checks
 from properties.problems import Problem
 from properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, many_chunk_layout,
                                    many_chunk_problems, problems, wide_hidden_problems)
-from tests.known_divergences import known
+from tests.known_divergences import covers_every, known
 
 
 def _examples(impl: Any) -> int:
@@ -32,11 +32,12 @@ def _check(prop: Callable, impl: Any, draw_problem: Callable[[Any], Any], *, eve
     """Run ``prop`` on problems drawn by ``draw_problem``, with the impl's example budget.
 
     ``every``: a problem carrying only the fields this test forces on every draw (e.g. softcap, the confident
-    regime); when a known divergence covers it, it covers every draw, and the test is skipped with its reason
-    instead of rejecting every example."""
+    regime); when a known divergence decided by those fields covers it, it covers every draw, and the test is
+    skipped with its reason instead of rejecting every example. One decided by the data (``by_data``) rejects
+    the draws it covers; if it covers them all, the test is skipped too."""
 
     name = prop.__name__
-    if every is not None and (k := known(impl.name, name, every)) is not None:
+    if every is not None and (k := covers_every(impl.name, name, every)) is not None:
         pytest.skip(f"every case this test draws is a known divergence (tests/known_divergences.py): {k.reason}")
 
     @settings(max_examples=_examples(impl))
