@@ -121,6 +121,10 @@ class LinearCESupport:
             ``indexed_dot``): the loss then carries an extra u_c·Σ_k |x_k·w_{y,k}| per row, which the
             tolerance model adds; gradients are unaffected.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
+        loss_dtype: the least precise dtype the loss (and z-loss) may come back in. ``"input"`` (default): the
+            parameters' dtype, so fp32 under autocast, as autocast's own ``cross_entropy`` gives (it runs in
+            fp32); ``"compute"``: the compute dtype, bf16/fp16 under autocast too. A more precise dtype is always
+            allowed; a less precise one fails ``loss_dtype``.
         slow: the impl is costly to run here (an interpreter, a large compile per shape): property tests
             give it a quarter of the profile's examples (at least 2), so CI stays inside its budget.
         requires: a callable returning ``None`` when the impl can run here, else the reason it cannot
@@ -142,6 +146,7 @@ class LinearCESupport:
     ce_dtype: Literal["float32", "compute"] = "float32"
     target_logit: Literal["logits", "rounded_products"] = "logits"
     returns_z_loss: bool = False
+    loss_dtype: Literal["input", "compute"] = "input"
     slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
     option_combinations_excluded: frozenset[frozenset[str]] = frozenset()
@@ -169,6 +174,8 @@ class LinearCESupport:
             raise ValueError(
                 f"LinearCESupport.logits_dtype / ce_dtype must be 'compute' or 'float32', got {self.logits_dtype!r} / {self.ce_dtype!r}"
             )
+        if self.loss_dtype not in ("input", "compute"):
+            raise ValueError(f"LinearCESupport.loss_dtype must be 'input' or 'compute', got {self.loss_dtype!r}")
         if self.target_logit not in ("logits", "rounded_products"):
             raise ValueError(f"LinearCESupport.target_logit must be 'logits' or 'rounded_products', got {self.target_logit!r}")
         for name in ("chunk_rows", "chunk_cols"):

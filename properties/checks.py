@@ -305,6 +305,23 @@ def grad_dtypes(impl: Any, p: Problem) -> Metrics:
     return {}
 
 
+def loss_dtype(impl: Any, p: Problem) -> Metrics:
+    """The loss (and z-loss) come back at least as precise as declared (``LinearCESupport.loss_dtype``): the
+    parameters' dtype by default, so fp32 under autocast. The accuracy bound takes the returned dtype as the
+    last rounding, so a loss handed back in bf16 under AMP would pass it: this is what catches that."""
+    declared = getattr(impl.support, "loss_dtype", "input")
+    want = p.compute_dtype if declared == "compute" else p.param_dtype
+    out = run_impl(impl, p)
+    for name in ("loss", "z_loss"):
+        v = out.get(name)
+        if v is None:
+            continue
+        if not v.dtype.is_floating_point or torch.finfo(v.dtype).eps > torch.finfo(want).eps:
+            fail(impl, "loss_dtype", p, f"{name} has dtype {v.dtype}, less precise than {want} "
+                 f"(declared loss_dtype={declared!r}{', under autocast' if p.autocast else ''})")
+    return {}
+
+
 def reduction_consistency(impl: Any, p: Problem) -> Metrics:
     """``sum`` = ``mean`` × normalizer (no z-loss), the ``none`` rows add up to ``sum``, a scalar upstream
     gradient scales every gradient linearly, and a per-row one scales grad_x rows — each within the runs' bounds."""
@@ -368,4 +385,5 @@ PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
     "determinism": determinism,
     "chunk_invariance": chunk_invariance,
     "grad_dtypes": grad_dtypes,
+    "loss_dtype": loss_dtype,
 }

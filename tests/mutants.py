@@ -5,6 +5,8 @@ Each is a plausible mistake built on the eager composition, declared as if it we
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -170,6 +172,14 @@ def _shared_workspace(x, weight, target, bias=None, *, reduction="mean", ignore_
     return _SharedWorkspaceCE.apply(x, weight, target, reduction, ignore_index)
 
 
+def _bf16_loss_under_amp(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Under autocast, hands the (fp32-computed) loss back in the autocast dtype, where autocast's own
+    cross_entropy returns fp32: the accuracy bound, which trusts the returned dtype, allows its rounding."""
+    loss = F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction, ignore_index=ignore_index)
+    dev = x.device.type
+    return loss.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else loss
+
+
 _PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
                               dtypes=frozenset({torch.float32}), autocast=frozenset(),
                               reductions=frozenset({"mean", "sum"}))
@@ -182,4 +192,7 @@ DIRECTED = [
      "Problem(N=8, H=16, V=24, seed=2)"),
     (FunctionImpl("mutant_shared_workspace", _shared_workspace, _PLAIN_FP32), "two_calls",
      "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
+    (FunctionImpl("mutant_bf16_loss_under_amp", _bf16_loss_under_amp,
+                  replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
+     "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)"),
 ]

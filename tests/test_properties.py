@@ -212,6 +212,11 @@ def test_grad_dtypes(linear_ce_impl):
     _check(checks.grad_dtypes, linear_ce_impl, _draw(linear_ce_impl))
 
 
+def test_loss_dtype(linear_ce_impl):
+    """The loss comes back at least as precise as declared: the parameters' dtype, so fp32 under AMP, by default."""
+    _check(checks.loss_dtype, linear_ce_impl, _draw(linear_ce_impl))
+
+
 #: Cases the suite once judged wrongly or that exposed a real bug: each stays pinned (hypothesis' @example role,
 #: here across every impl that declares the case), with what it taught.
 PINNED = [
