@@ -10,8 +10,8 @@
     N=1, V=2 fp32 a correct chunked impl had 4× eager's RMSE, and with V=1 eager is exact (error 0) while
     a correct fp16 impl is not. So (b) fails only an impl whose errors are, in RMS, both well above eager's
     and above half of what the analysis allows everywhere. Outputs an impl declares less accurate (grad_weight and grad_bias under
-    ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``; the loss
-    under ``target_logit="rounded_products"``)
+    ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
+    gradient under a loss-scale upstream; the loss under ``target_logit="rounded_products"``)
     are recorded but not judged by (b), and (b) is
     skipped for an all-ignored ``mean`` (a convention, not a rounding).
 
@@ -149,6 +149,11 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
             # A declared deviation eager does not share is judged by (a) alone (its derived term is in the bound).
             if lowp_path and n in ("grad_weight", "grad_bias"):
                 judged, note = False, f"not judged: declares {impl.support.grad_accumulation} accumulation"
+            elif p.upstream == "loss_scale" and n.startswith("grad_"):
+                # An impl that forms gradients in forward (before the scale is known) loses what underflows
+                # there and multiplies it by 2^17 afterwards: the bound's η·(1+|u|) term allows it, and eager,
+                # which forms them in backward, is not the yardstick for that.
+                judged, note = False, "not judged: under a loss scale (gradients formed before it, η·(1+|u|))"
             elif x_path != "fp32" and n == "grad_x":
                 judged, note = False, f"not judged: declares {x_path} accumulation of grad_x"
             elif products and n == "loss":

@@ -33,6 +33,15 @@ def dtype_of(name: str | None) -> torch.dtype | None:
         raise ValueError(f"unknown dtype name {name!r}; known: {sorted(_DTYPES)}") from None
 
 
+#: Upstream gradients a problem can take (see :class:`Problem`).
+UPSTREAMS = ("one", "scalar", "loss_scale", "per_row")
+
+#: The loss scale of ``upstream="loss_scale"``: torch.amp.GradScaler starts at 2^16 and doubles after 2000
+#: steps without overflow. A gradient of the logits multiplied by it *before* the 1/N of ``mean`` leaves
+#: fp16's range (65504) wherever |p − y| > 1/2, though the scaled gradient itself, at most 2^17/N, fits.
+LOSS_SCALE = 2.0**17
+
+
 @dataclass(frozen=True)
 class Problem:
     """One linear+CE case.
@@ -46,7 +55,8 @@ class Problem:
         reduction, label_smoothing, class_weights (bool: draw [V] weights), softcap, z_loss_scale,
         ignore_index: the CE options; ``ignore_index`` may be a class id in [0, V) (a pad token), and then no
             row that is not ignored targets that class.
-        upstream: ``"one"`` (backward of 1), ``"scalar"`` (a random scalar) or ``"per_row"`` (``none`` only).
+        upstream: ``"one"`` (backward of 1), ``"scalar"`` (a random scalar), ``"loss_scale"`` (the scalar
+            :data:`LOSS_SCALE`, a mixed-precision loss scale; ``mean`` only) or ``"per_row"`` (``none`` only).
         regime: how values are drawn (see :func:`build`).
         seed: the generator seed.
         device: where the tensors live.
@@ -85,8 +95,15 @@ class Problem:
             raise ValueError(f"Problem.ignored must be in [0, 1], got {self.ignored!r}")
         if self.regime not in REGIMES:
             raise ValueError(f"Problem.regime must be one of {REGIMES}, got {self.regime!r}")
-        if self.upstream not in ("one", "scalar", "per_row"):
-            raise ValueError(f"Problem.upstream must be 'one', 'scalar' or 'per_row', got {self.upstream!r}")
+        if self.upstream not in UPSTREAMS:
+            raise ValueError(f"Problem.upstream must be one of {UPSTREAMS}, got {self.upstream!r}")
+        if self.upstream == "loss_scale" and (self.reduction != "mean" or self.autocast is None):
+            raise ValueError("Problem.upstream='loss_scale' needs reduction='mean' under autocast (a loss scale "
+                             "belongs to mixed precision; under 'sum' the scaled gradients themselves leave "
+                             "fp16's range, and the scaler would skip the step)")
+        if self.upstream == "loss_scale" and self.softcap is not None:
+            raise ValueError("Problem.upstream='loss_scale' excludes softcap: s·tanh(z/s) carries ∂L/∂z'·s in the "
+                             "compute dtype between its ops, past fp16's range where the gradients themselves fit")
         if self.upstream == "per_row" and self.reduction != "none":
             raise ValueError("Problem.upstream='per_row' needs reduction='none'")
         if self.upstream == "scalar" and self.reduction == "none":
@@ -219,6 +236,8 @@ def build(p: Problem) -> Tensors:
     cw = (torch.rand(V, generator=g, dtype=torch.float64) * 1.5 + 0.25) if p.class_weights else None
     if p.upstream == "one":
         up = None
+    elif p.upstream == "loss_scale":
+        up = torch.tensor(LOSS_SCALE, dtype=torch.float32)
     elif p.upstream == "scalar":
         up = _round_to_all_low_precisions(torch.rand((), generator=g, dtype=torch.float32) * 3.0 + 0.25)
     else:

@@ -144,8 +144,12 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     ignore_index = force.get("ignore_index", -100)
     if "ignore_index" not in force and ignored > 0:
         ignore_index = draw(st.sampled_from([-100, -1, V] + ([0] if V >= 2 else [])), label="ignore_index")
-    upstream = force.get("upstream") or draw(
-        st.sampled_from(["one", "per_row"] if reduction == "none" else ["one", "scalar"]), label="upstream")
+    # A loss scale where mixed precision uses one: AMP fp16, 'mean' (see scaled_gradients_fit).
+    # Not with a softcap (Problem says why: eager overflowed at s=30 while G itself was 1e4).
+    ups = (["one", "per_row"] if reduction == "none"
+           else ["one", "scalar"] + (["loss_scale"] if autocast == "float16" and reduction == "mean" and sc is None
+                                     else []))
+    upstream = force.get("upstream") or draw(st.sampled_from(ups), label="upstream")
     regime = force.get("regime") or draw(st.sampled_from(regimes), label="regime")
     seed = force.get("seed", draw(st.integers(0, 2**31 - 1), label="seed"))
     p = Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, bias=bias, bias_dtype=bias_dtype, ignored=ignored,
@@ -153,7 +157,35 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
                 ignore_index=ignore_index, upstream=upstream, regime=regime, seed=seed, device=device)
     reason = refusal(s, p)
     assume(reason is None)
+    if p.upstream == "loss_scale":
+        assume(scaled_gradients_fit(p))
     return p
+
+
+#: Headroom kept below the compute dtype's largest finite value by a loss-scaled problem's exact gradients.
+LOSS_SCALE_HEADROOM = 4.0
+
+
+def scaled_gradients_fit(p: Problem) -> bool:
+    """Whether every exact gradient of ``p`` — of the logits, x, W and b, all carrying the loss scale — stays
+    below the compute dtype's largest value / :data:`LOSS_SCALE_HEADROOM`. A loss scale is right for a step
+    only then: where they do not fit, inf is the correct fp16 answer and GradScaler skips the step; where they
+    do, an impl that scales before it normalizes (|p − y|·2^17 > 65504) overflows on its own account. The
+    headroom covers the rounding of values near the top and the (C·p, q) parts of G formed apart."""
+    from properties.harness import run_oracle
+
+    class _MaxG:
+        g = 0.0
+
+        def block(self, blk: Any, rows: Any) -> None:
+            if blk.G.numel():
+                self.g = max(self.g, float(blk.G.abs().max()))
+
+    obs = _MaxG()
+    ref = run_oracle(p, all_ignored="zero", observer=obs)
+    top = torch.finfo(p.compute_dtype).max / LOSS_SCALE_HEADROOM
+    grads = [g for g in (ref.grad_x, ref.grad_weight, ref.grad_bias) if g is not None and g.numel()]
+    return obs.g <= top and all(float(g.abs().max()) <= top for g in grads)
 
 
 #: Vocabulary sizes beyond any single block of a V-tiled kernel (blocks of 128 to 4096 columns): one past a
@@ -203,6 +235,25 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
         else:
             force.update(dtype="float32", autocast=name)
     return draw(problems(support, force=force, require=frozenset({"bias"})), label="problem")
+
+
+def loss_scale_available(support) -> bool:
+    """Whether ``support`` declares AMP fp16 and ``mean``, where :func:`loss_scale_problems` draws."""
+    return (torch.float16 in support.autocast and torch.float32 in support.dtypes and "mean" in support.reductions
+            and capabilities.autocast_dtype(DEVICE_TYPE, torch.float16))
+
+
+@st.composite
+def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
+    """AMP fp16 ``mean`` problems under the loss scale :data:`properties.problems.LOSS_SCALE`, with N ≥ 16 and
+    at most a quarter of the rows ignored, so the scaled gradients fit fp16 (:func:`scaled_gradients_fit`) and
+    |p − y|·2^17 passes 65504 on some element of most draws: an impl that applies the scale before it
+    normalizes overflows there."""
+    force: dict[str, Any] = {"dtype": "float32", "autocast": "float16", "reduction": "mean",
+                             "upstream": "loss_scale", "softcap": None,
+                             "N": draw(st.integers(16, max(16, MAX_N)), label="N"),
+                             "ignored": draw(st.sampled_from([0.0, 0.1, 0.25]), label="ignored")}
+    return draw(problems(support, force=force), label="problem")
 
 
 def many_chunk_layout(impl: Any) -> tuple[Any, int]:

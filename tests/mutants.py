@@ -91,6 +91,43 @@ def _clamps_target_in_place(x, weight, target, bias=None, *, reduction="mean", i
     return losses.sum() if reduction == "sum" else losses.sum() / valid.sum()
 
 
+def _upstream_before_mean_in_compute_dtype(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """Backward multiplies p − y by the upstream gradient, rounds that to the compute dtype, and only then divides
+    by the row count: right for small upstreams, inf in fp16 under a mixed-precision loss scale (2^17·|p − y|
+    passes 65504 once |p − y| > 1/2), though the scaled gradient itself fits."""
+
+    dev = x.device.type
+    c = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            z = (x.to(c) @ w.to(c).T).float()
+            ctx.save_for_backward(x, w, z)
+            return F.cross_entropy(z, target, reduction=reduction, ignore_index=ignore_index)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w, z = ctx.saved_tensors
+            valid = target != ignore_index
+            d = z.softmax(-1)
+            d[valid, target[valid]] -= 1.0
+            d = d * valid[:, None]
+            G = (d * g).to(c)  # scaled before it is normalized
+            if reduction == "mean":
+                G = G / valid.sum().to(c)
+            return (G @ w.to(c)).to(x.dtype), (G.T @ x.to(c)).to(w.dtype)
+
+    return Fn.apply(x, weight)
+
+
+#: Caught by the loss-scale draws only (tests/test_mutants.py), so not in MUTANTS' general draws.
+upstream_before_mean = FunctionImpl(
+    "mutant_upstream_before_mean", _upstream_before_mean_in_compute_dtype,
+    LinearCESupport(options=frozenset({"ignore_index"}), all_ignored=None, logits_dtype="compute",
+                    dtypes=frozenset({torch.float32}), autocast=frozenset({torch.float16}),
+                    reductions=frozenset({"mean", "sum"})))
+
 _SUPPORT = LinearCESupport(options=frozenset({"bias", "ignore_index"}), all_ignored="nan",
                            logits_dtype="float32", dtypes=frozenset({torch.float32, torch.bfloat16}))
 

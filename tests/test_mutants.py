@@ -35,6 +35,19 @@ def test_mutant_is_caught(mutant):
     assert _fails(mutant, found)
 
 
+def test_upstream_before_mean_is_caught_by_loss_scale_draws():
+    """The loss-scale draws find where scaling p − y by 2^17 before dividing by N overflows fp16 (the scaled
+    gradient itself fits): a held-out bug that every other draw passes."""
+    from properties.strategies import loss_scale_problems
+    from tests.mutants import upstream_before_mean
+
+    found = find(loss_scale_problems(upstream_before_mean.support), lambda p: _fails(upstream_before_mean, p),
+                 settings=settings(max_examples=30, derandomize=True, database=None, deadline=None,
+                                   suppress_health_check=list(HealthCheck)))
+    assert _fails(upstream_before_mean, found)
+    assert not _fails(upstream_before_mean, found.replace(upstream="scalar")), "the bug shows only under the scale"
+
+
 @pytest.mark.parametrize("name", ["chunked_triton[split_fp32]", "recompute_triton[split_fp32]"])
 def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     """The split fp32 accumulator with its int16 lower half zeroed after every chunk (a bf16 running sum that

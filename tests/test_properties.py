@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from properties import checks
 from properties.problems import Problem
-from properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, many_chunk_layout,
-                                   many_chunk_problems, problems, wide_hidden_problems)
+from properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, loss_scale_available,
+                                   loss_scale_problems, many_chunk_layout, many_chunk_problems, problems,
+                                   wide_hidden_problems)
 from tests.known_divergences import covers_every, known
 
 
@@ -123,6 +124,15 @@ def test_wide_hidden(linear_ce_impl):
     tiled reduction over H must add the bias once and combine its parts exactly."""
     _check(checks.accuracy, linear_ce_impl,
            lambda data: data.draw(wide_hidden_problems(linear_ce_impl.support), label="problem"))
+
+
+def test_loss_scale(linear_ce_impl):
+    """Under a mixed-precision loss scale (2^17, AMP fp16, mean), where the scaled gradients fit fp16, every
+    output is within bounds: no intermediate may leave fp16's range that the result itself does not."""
+    if not loss_scale_available(linear_ce_impl.support):
+        pytest.skip(f"{linear_ce_impl.name} declares no AMP fp16 with 'mean' here")
+    _check(checks.accuracy, linear_ce_impl,
+           lambda data: data.draw(loss_scale_problems(linear_ce_impl.support), label="problem"))
 
 
 def test_strided_inputs(linear_ce_impl):
