@@ -16,7 +16,8 @@ import torch
 
 from reference.fp8_recipes import Fp8Recipe
 
-QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing")
+QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing",
+                                  "tail_outlier", "pruned", "scale_floor")
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,7 +108,13 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         the outlier, the rest lose precision); ``zeros``: x and dy all zero (amax 0 → scale 1);
         ``tiny``: x times 2^−128 (fp16: 2^−16), so amax·scale leaves binary32's range and the scale rule's
         inf branch is taken; ``nan``: two NaN in x, one in dy and one in W; ``inf``: +inf in x, −inf in dy
-        and +inf in W; ``growing``: normal values, but delayed-scaling steps shrink x and grow dy (below).
+        and +inf in W; ``growing``: normal values, but delayed-scaling steps shrink x and grow dy (below);
+        ``tail_outlier``: the last element of x, W and dy (in memory order) times 2^8, so a tensor's amax sits in
+        its last chunk or block (an amax reduction that drops a partial tail saturates it); ``pruned``: W's first
+        ⌈N/2⌉ rows zero (pruned or zero-initialised outputs: all-zero W blocks and, for N ≥ 256, whole 128×128
+        tiles, whose amax 0 must give scale 1); ``scale_floor``: x times 2^−119 (fp16: zero), so block amaxes
+        sit near 2^−118 and an MXFP8 E8M0 scale at the bottom of its range, where a descale flushed to zero
+        (fast-math FTZ) moves the code.
     Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
     ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
     cast must saturate (a gradient spike).
@@ -135,6 +142,13 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         x.view(-1)[torch.randint(0, M * K, (2,), generator=g)] = float("nan")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("nan")
         w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("nan")
+    elif r == "tail_outlier":
+        for t in (x, w, dy):
+            t.view(-1)[-1] *= 2.0**8
+    elif r == "pruned":
+        w[: (N + 1) // 2] = 0.0
+    elif r == "scale_floor":
+        x = x * 2.0**-119
     elif r == "inf":
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")

@@ -20,6 +20,8 @@ bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
   FP8 copy); held(False) − held(True) equals the predicted columnwise copy of x (data + scales).
 * ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
   usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
+* ``usage`` — as a layer in training: micro-batches accumulate into ``weight.grad``, two layers of one shape
+  keep their own gradients, and non-contiguous operands (a transposed weight leaf) give the same outputs.
 """
 
 from __future__ import annotations
@@ -296,6 +298,119 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
                  f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)")
 
 
+# -- usage as a layer: accumulation, several layers, non-contiguous operands -------------------------
+#: What :func:`usage` checks, each a way real training calls a linear layer.
+USAGES_CHECKED = ("accumulate", "two_layers", "strided")
+
+
+def _strided(t: torch.Tensor, pad: int = 3) -> torch.Tensor:
+    """``t``'s values as a column slice of a wider buffer whose unused columns are NaN."""
+    buf = torch.full((t.shape[0], t.shape[1] + pad), math.nan, dtype=t.dtype, device=t.device)
+    buf[:, : t.shape[1]] = t.detach()
+    return buf[:, : t.shape[1]]
+
+
+def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tensor | None,
+               parts: list[tuple[Any, QuantTensors]]) -> None:
+    """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
+    sum of their bounds plus one rounding of the sum in the output dtype."""
+    __tracebackhide__ = True
+    if got is None:
+        fail(impl, "usage", case, f"{how}: {name} is missing (None)")
+    u_a, chunk = impl.support.accumulation(case.device)
+    dq = true = bdq = btrue = None
+    skip = None
+    for ref, t in parts:
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a,
+                            accum_chunk=chunk)
+        un = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
+        dq = ref.dq[name] if dq is None else dq + ref.dq[name]
+        true = ref.true[name] if true is None else true + ref.true[name]
+        bdq = bnd.dq if bdq is None else bdq + bnd.dq
+        btrue = bnd.true if btrue is None else btrue + bnd.true
+        skip = un if skip is None else skip | un
+    if len(parts) > 1:  # the accumulated gradient is rounded once more, in its own dtype
+        u_o = float(torch.finfo(got.dtype).eps) / 2
+        bdq = bdq + u_o * dq.abs().nan_to_num(0.0)
+        btrue = btrue + u_o * true.abs().nan_to_num(0.0)
+    label = f"{name} ({how})"
+    for which, ref, b in (("dequantized-operand", dq, bdq), ("original-operand", true, btrue)):
+        c = compare(label, *_masked(got, ref, b, skip))
+        if not c.ok:
+            fail(impl, "usage", case, f"{how}: vs the {which} reference: " + c.describe())
+
+
+def usage(impl: Any, case: QuantCase) -> None:
+    """Property: the layer behaves as autograd expects where training uses it, each output within the sum of its
+    calls' bounds. ``accumulate``: two micro-batches on one weight and bias, a backward after each, add up in
+    ``weight.grad`` / ``bias.grad`` (an impl writing the gradient instead of adding it fails). ``two_layers``:
+    two layers of one shape, forward, forward, then one backward, each get their own gradients (per-shape
+    workspaces shared between calls fail). ``strided``: x and dy as column slices of wider NaN-padded buffers,
+    the weight the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other
+    element of a longer buffer give the single-call outputs, the weight's gradient landing on the leaf;
+    refusing them with an exception is allowed (loud, not wrong). Delayed scaling is not covered (its state is
+    per call and the caller's to update)."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    kw = dict(recipe=case.recipe, save_original_input=case.save_original_input, scaling_state=None)
+    tA = build_quant(case)
+    tB = build_quant(case.replace(seed=case.seed + 1))
+    refB_sameW = tB._replace(weight=tA.weight, bias=tA.bias)
+
+    def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+        return t.detach().clone().requires_grad_(True) if t is not None else None
+
+    def ref_of(t: QuantTensors) -> Any:
+        return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
+
+    # accumulate: one weight, two micro-batches, a backward after each
+    w, b = leaf(tA.weight), leaf(tA.bias)
+    xs = []
+    for t in (tA, refB_sameW):
+        x = leaf(t.x)
+        impl(x, w, b, **kw).backward(t.dy)
+        xs.append(x)
+    parts = [(ref_of(tA), tA), (ref_of(refB_sameW), refB_sameW)]
+    _judge_sum(impl, case, "accumulate", "wgrad", w.grad, parts)
+    if b is not None:
+        _judge_sum(impl, case, "accumulate", "bgrad", b.grad, parts)
+    for x, part in zip(xs, parts):
+        _judge_sum(impl, case, "accumulate", "dgrad", x.grad, [part])
+
+    # two layers of one shape: forward, forward, then one backward
+    leaves = [(leaf(t.x), leaf(t.weight), leaf(t.bias)) for t in (tA, tB)]
+    ys = [impl(x, w, b, **kw) for x, w, b in leaves]
+    torch.autograd.backward(ys, [tA.dy, tB.dy])
+    for (x, w, b), t in zip(leaves, (tA, tB)):
+        part = [(ref_of(t), t)]
+        for name, got in (("dgrad", x.grad), ("wgrad", w.grad), ("bgrad", b.grad if b is not None else None)):
+            if name != "bgrad" or b is not None:
+                _judge_sum(impl, case, "two_layers", name, got, part)
+
+    # strided operands, the weight a transposed leaf
+    w_leaf = tA.weight.detach().t().contiguous().requires_grad_(True)  # [K, N]
+    x = _strided(tA.x).requires_grad_(True)
+    b = None
+    if tA.bias is not None:
+        buf = torch.full((2 * tA.bias.shape[0],), math.nan, dtype=tA.bias.dtype, device=tA.bias.device)
+        buf[::2] = tA.bias.detach()
+        b = buf[::2].requires_grad_(True)
+    try:
+        y = impl(x, w_leaf.t(), b, **kw)
+        y.backward(_strided(tA.dy))
+    except AssertionError:
+        raise
+    except Exception:  # noqa: BLE001 - refusing non-contiguous operands loudly is allowed
+        return
+    part = [(ref_of(tA), tA)]
+    _judge_sum(impl, case, "strided", "y", y.detach(), part)
+    _judge_sum(impl, case, "strided", "dgrad", x.grad, part)
+    _judge_sum(impl, case, "strided", "wgrad", w_leaf.grad.t() if w_leaf.grad is not None else None, part)
+    if b is not None:
+        _judge_sum(impl, case, "strided", "bgrad", b.grad, part)
+
+
 def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
     """Property: a delayed recipe with save_original_input=True raises ValueError naming the option."""
     __tracebackhide__ = True
@@ -438,6 +553,7 @@ FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
     "save_original_input": save_original_input,
     "saved_tensors": saved_tensors,
     "quantizer": lambda impl, case: quantizer(impl, case.recipe, build_quant(case).x),
+    "usage": usage,
 }
 
 

@@ -70,6 +70,27 @@ class DelayedAllowsSaveOriginalInput(Fp8Linear):
         return self.function.apply(x, weight, bias, self, recipe, bool(save_original_input), scaling_state)
 
 
+class AssumesContiguousX(Fp8Linear):
+    """Reads x as a dense row-major [M, K] block from its first element (a kernel indexing x_ptr + i·K + k): right
+    for a contiguous x, wrong for a column slice of a wider buffer."""
+
+    def __call__(self, x, weight, bias=None, **kw):
+        return super().__call__(torch.as_strided(x, x.shape, (x.shape[1], 1)), weight, bias, **kw)
+
+
+class SharedSavedXWorkspace(Fp8Linear):
+    """save_original_input=True keeps x for backward in a workspace per shape on the impl (to avoid holding the
+    caller's tensor): the next forward of the same shape, another layer's, overwrites it."""
+
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        ws = self.__dict__.setdefault("_workspace", {})
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key not in ws:
+            ws[key] = torch.empty_like(x)
+        ws[key].data.copy_(x.detach())  # a kernel's write: autograd's version counter does not see it
+        return ws[key]
+
+
 MUTANTS: list[Fp8Linear] = [
     ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
     ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")),
@@ -77,6 +98,8 @@ MUTANTS: list[Fp8Linear] = [
     SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")),
     DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")),
     DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")),
+    AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")),
+    SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")),
 ]
 
 #: mutant name → the property (in :data:`properties.fp8_checks.FP8_PROPERTIES`) that must flag it.
@@ -87,4 +110,6 @@ CAUGHT_BY: dict[str, str] = {
     "mutant_saves_copy_of_x": "saved_tensors",
     "mutant_delayed_current_amax": "accuracy",
     "mutant_delayed_allows_soi": "save_original_input",
+    "mutant_assumes_contiguous_x": "usage",
+    "mutant_shared_saved_x_workspace": "usage",
 }

@@ -20,7 +20,7 @@ from properties.strategies import DEVICE
 from reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide")
+EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
 
 
 #: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
@@ -58,16 +58,46 @@ def test_edge_inputs_every_recipe(quant_impl):
                                                   regime=regime, seed=11, steps=steps, device=DEVICE))
 
 
+#: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes in test_multi_tile_and_long_reduction_every_recipe.
+LARGE_CASES = (
+    (16, 264, 257, "first", "wide"),  # a 3×3 grid of 128×128 W tiles, tile scales apart
+    (16, 264, 257, "first", "pruned"),  # three all-zero 128×128 W tiles
+    (8, 1040, 24, "low", "normal"),  # K = 1040: partial sums must stay fp32
+    (16, 4096, 32, "low", "normal"),  # y reduces over K = 4096: past a 2048 split-K
+    (2304, 64, 32, "low", "normal"),  # wgrad reduces over M = 2304: past a 2048 split
+    (300, 256, 64, "first", "tail_outlier"),  # x of 76800 elements, W and dy too, the amax in the last element
+)
+
+
 def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
-    """Shapes the draws seldom reach, for every recipe: a 3×3 grid of 128×128 W tiles with a binade spread (so
-    tile scales differ and a transposed scale grid shows), and K = 1040 in bf16 where declared (partial sums of a
-    long reduction must stay fp32 until the end)."""
+    """Shapes the draws seldom reach, for every recipe (:data:`LARGE_CASES`): a 3×3 grid of 128×128 W tiles with
+    a binade spread (a transposed scale grid shows) or with zero tiles (amax 0), K = 1040 and K = 4096 and a
+    2304-token wgrad in bf16 where declared (partial sums of a long or split reduction must stay fp32 with each
+    split's own scales), and a 76800-element x whose amax is its last element (an amax reduction must cover a
+    partial tail)."""
     low = "bfloat16" if torch.bfloat16 in quant_impl.support.dtypes else _first_dtype(quant_impl)
     for recipe in quant_impl.support.recipes:
         steps = 2 if recipe.kind == "delayed" else 1
-        for M, K, N, dtype, regime in ((16, 264, 257, _first_dtype(quant_impl), "wide"), (8, 1040, 24, low, "normal")):
+        for M, K, N, which, regime in LARGE_CASES:
+            dtype = low if which == "low" else _first_dtype(quant_impl)
             checks.accuracy(quant_impl, QuantCase(recipe, M, K, N, dtype=dtype, bias=quant_impl.support.bias,
                                                   regime=regime, seed=12, steps=steps, device=DEVICE))
+
+
+@pytest.mark.parametrize("soi", [False, True], ids=["copy", "original"])
+def test_usage_as_a_layer_every_recipe(quant_impl, soi):
+    """Used as training uses a layer, for every current-scaling recipe: two micro-batches accumulate into
+    weight.grad, two layers of one shape keep their own gradients, and sliced x / dy with a transposed weight
+    leaf give the single-call outputs (or a loud refusal)."""
+    if soi not in quant_impl.support.save_original_input:
+        pytest.skip(f"{quant_impl.name} does not declare save_original_input={soi}")
+    recipes = [r for r in quant_impl.support.recipes if r.kind != "delayed" and (r.allows_save_original_input or not soi)]
+    if not recipes:
+        pytest.skip(f"{quant_impl.name} declares no recipe this applies to (delayed scaling keeps per-call state)")
+    for recipe in recipes:
+        checks.usage(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl),
+                                           bias=quant_impl.support.bias, seed=13, save_original_input=soi,
+                                           device=DEVICE))
 
 
 @_FIXTURE_OK

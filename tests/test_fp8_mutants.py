@@ -34,7 +34,9 @@ def test_mutant_is_caught(mutant):
     """Hypothesis finds a case inside the mutant's declaration on which its property fails."""
     prop = checks.FP8_PROPERTIES[CAUGHT_BY[mutant.name]]
     soi = CAUGHT_BY[mutant.name] == "save_original_input" and mutant.recipe_kind != "delayed"
-    strategy = quant_cases(mutant.support, regimes=("normal", "wide", "outlier"), require_soi=soi)
+    mode = True if mutant.name == "mutant_shared_saved_x_workspace" else None  # its workspace holds the original x
+    strategy = quant_cases(mutant.support, regimes=("normal", "wide", "outlier"), require_soi=soi,
+                           save_original_input=mode)
     found = find(strategy, lambda c: _fails(prop, mutant, c), settings=_FIND)
     assert _fails(prop, mutant, found)
 
