@@ -82,14 +82,19 @@ def frozen_x(impl: Any, p: Problem) -> Metrics:
 
 def two_calls(impl: Any, p: Problem) -> Metrics:
     """Two calls in one autograd graph (two heads, or micro-batches summed before one backward): the two halves
-    of a ``sum`` batch, as two calls sharing W and bias whose losses are added, give what the halves' oracles add
-    up to, within the sum of their bounds plus one rounding of the accumulated gradients. An impl that keeps one
-    call's gradients in state the next call overwrites fails. Applies to ``sum`` with an even N ≥ 2."""
-    if p.reduction != "sum" or p.N < 2 or p.N % 2:
+    of a batch, as two calls sharing W and bias whose losses are added, give what the halves' oracles add up to
+    (under ``mean`` each half with its own normalizer), within the sum of their bounds plus one rounding of the
+    accumulated gradients. An impl that keeps one call's gradients, or its token count, in state the next call
+    reuses fails. Applies to ``sum`` and ``mean`` with an even N ≥ 2 (``mean``: neither half all-ignored unless
+    the impl declares that convention)."""
+    if p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2:
         return {}
     t = build(p)
     k = p.N // 2
     parts = [slice(0, k), slice(k, p.N)]
+    valid = t.target != t.options.ignore_index
+    if p.reduction == "mean" and impl.support.all_ignored is None and any(not bool(valid[s].any()) for s in parts):
+        return {}
     x = t.x.detach().clone().requires_grad_(True)
     w = t.weight.detach().clone().requires_grad_(True)
     b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
@@ -123,8 +128,9 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
         if not c.ok:
             lines.append(c.describe())
     if lines:
-        fail(impl, "two_calls", p, f"two calls of {k} rows each in one graph (sharing W and bias), losses added",
-             *lines)
+        counts = ", ".join(str(int(valid[s].sum())) for s in parts)
+        fail(impl, "two_calls", p, f"two calls of {k} rows each ({counts} not ignored) in one graph (sharing W and "
+             f"bias), {p.reduction} losses added", *lines)
     return {"error/bound": worst}
 
 

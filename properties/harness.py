@@ -97,7 +97,8 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
     ``frozen`` names inputs (of :data:`FROZEN_GRADS`) passed with ``requires_grad=False`` (a frozen lm_head);
     their gradients come back ``None``.
     Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
-    (x, weight, bias, target, class weights) that forward + backward changed in place.
+    (x, weight, bias, target, class weights, the upstream gradient handed to backward) that forward + backward
+    changed in place.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
@@ -143,6 +144,8 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         raise ProtocolViolation(f"impl {impl.name!r} returned a loss with no autograd graph (requires_grad=False)")
     up = t.upstream
     grad = torch.ones_like(loss) if up is None else up.to(device=loss.device, dtype=loss.dtype).expand_as(loss)
+    inputs["upstream gradient"] = grad
+    before["upstream gradient"] = grad.detach().clone()
     loss.backward(grad)
     for k, v in before.items():
         if not same_bits(inputs[k], v):

@@ -217,6 +217,46 @@ def _bf16_loss_under_amp(x, weight, target, bias=None, *, reduction="mean", igno
     return loss.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else loss
 
 
+_TOKEN_COUNTS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _cached_token_count(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    """`mean` divides by a token count cached per (N, ignore_index), computed on the first batch of that shape and
+    reused after: right for the first call, wrong for the next batch whose ignored rows differ."""
+    losses = F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction="none", ignore_index=ignore_index)
+    if reduction != "mean":
+        return losses.sum() if reduction == "sum" else losses
+    key = (target.shape[0], ignore_index)
+    if key not in _TOKEN_COUNTS:
+        _TOKEN_COUNTS[key] = (target != ignore_index).sum()
+    return losses.sum() / _TOKEN_COUNTS[key]
+
+
+class _UpstreamDividedInPlace(torch.autograd.Function):
+    """fp32 CE whose backward scales the incoming gradient by 1/count in place (saving an allocation)."""
+
+    @staticmethod
+    def forward(ctx, x, w, target, ignore_index):
+        ctx.save_for_backward(x, w, target)
+        ctx.ignore_index = ignore_index
+        return F.cross_entropy(x.float() @ w.float().T, target, reduction="sum", ignore_index=ignore_index) \
+            / (target != ignore_index).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, target = ctx.saved_tensors
+        valid = target != ctx.ignore_index
+        g.div_(valid.sum())  # the caller's tensor
+        d = (x.float() @ w.float().T).softmax(-1)
+        d[valid, target[valid]] -= 1.0
+        d = d * valid[:, None] * g
+        return (d @ w.float()).to(x.dtype), (d.T @ x.float()).to(w.dtype), None, None
+
+
+def _upstream_divided_in_place(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+    return _UpstreamDividedInPlace.apply(x, weight, target, ignore_index)
+
+
 _PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
                               dtypes=frozenset({torch.float32}), autocast=frozenset(),
                               reductions=frozenset({"mean", "sum"}))
@@ -229,7 +269,15 @@ DIRECTED = [
      "Problem(N=8, H=16, V=24, seed=2)"),
     (FunctionImpl("mutant_shared_workspace", _shared_workspace, _PLAIN_FP32), "two_calls",
      "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
+    (FunctionImpl("mutant_cached_token_count", _cached_token_count, _PLAIN_FP32), "two_calls",
+     "Problem(N=8, H=16, V=24, ignored=0.5, reduction='mean', seed=5)"),
     (FunctionImpl("mutant_bf16_loss_under_amp", _bf16_loss_under_amp,
                   replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
      "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)"),
 ]
+
+
+#: Right outputs, but backward divides the caller's upstream gradient in place (run_impl must name it).
+upstream_divided_in_place = FunctionImpl(
+    "mutant_upstream_divided_in_place", _upstream_divided_in_place,
+    replace(_PLAIN_FP32, reductions=frozenset({"mean"})))

@@ -95,3 +95,14 @@ def test_input_modified_in_place_is_named():
     mutant = next(m for m in MUTANTS if m.name == "mutant_target_clamped_in_place")
     with pytest.raises(ProtocolViolation, match="modified its input 'target' in place"):
         run_impl(mutant, Problem(N=8, H=16, V=24, ignored=0.5, seed=1))
+
+
+def test_upstream_gradient_modified_in_place_is_named():
+    """run_impl names an upstream gradient that backward changed in place, though every output is right for the
+    call (a caller reusing that tensor, as a loss scaler does, gets a wrong one)."""
+    from properties.harness import run_impl
+    from tests.mutants import upstream_divided_in_place
+
+    p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
+    with pytest.raises(ProtocolViolation, match="modified its input 'upstream gradient' in place"):
+        run_impl(upstream_divided_in_place, p)
