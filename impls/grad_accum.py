@@ -179,13 +179,26 @@ def accumulate_bias(step: Step, gb: torch.Tensor, G: torch.Tensor, ones: torch.T
     step(gb.view(-1, 1), G, ones[:C])
 
 
+#: Rows of a low-precision buffer widened at a time by :func:`scaled_` (bounds its fp32 temporary).
+SCALE_BLOCK_ROWS = 1024
+
+
 def scaled_(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``buf·g`` returned in ``dtype``, multiplied in the wider of the two dtypes (one rounding to ``dtype``).
-    ``buf`` is consumed: when it is the wider one it is scaled in place (no [V, H] fp32 temporary in backward;
-    no copy at all when it already has ``dtype``)."""
-    if buf.dtype.itemsize >= dtype.itemsize:
+    """``buf·g`` returned in ``dtype``, multiplied in fp32 (``g`` is fp32; one rounding to ``dtype``).
+    ``buf`` is consumed: an fp32 buffer is scaled in place (no [V, H] fp32 temporary in backward); a bf16/fp16
+    buffer bound for its own dtype is widened :data:`SCALE_BLOCK_ROWS` rows at a time and written back. (Its
+    own in-place ``mul_`` would round g to bf16/fp16 first on CUDA: a loss scale of 2^17 becomes inf in fp16,
+    and a zero gradient NaN.)"""
+    if buf.dtype.itemsize >= 4:  # fp32 (or wider): scaled in place, in its own dtype
         return buf.mul_(g).to(dtype)
-    return buf.to(dtype).mul_(g)
+    if dtype.itemsize > buf.dtype.itemsize:
+        return buf.to(dtype).mul_(g)
+    out = buf if buf.dtype == dtype else torch.empty(buf.shape, dtype=dtype, device=buf.device)
+    rows = buf.shape[0] if buf.dim() else 1
+    flat_in, flat_out = buf.reshape(rows, -1), out.reshape(rows, -1)
+    for i in range(0, rows, SCALE_BLOCK_ROWS):
+        flat_out[i:i + SCALE_BLOCK_ROWS] = (flat_in[i:i + SCALE_BLOCK_ROWS].to(torch.float32) * g).to(dtype)
+    return out
 
 
 class Accumulator(Protocol):

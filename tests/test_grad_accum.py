@@ -173,3 +173,17 @@ def test_bad_input_names_argument():
         grad_accum.lowp_accum(torch.zeros(V, H), G, x[:-1])
     with pytest.raises(ValueError, match="path"):
         grad_accum.resolved_path("nope", "cpu", torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_scaling_multiplies_in_fp32(dtype):
+    """A stored gradient times the upstream gradient is computed in fp32 and rounded once, whatever the buffer's
+    dtype: a loss scale of 2^17 must not round to inf in fp16 first (0·inf = NaN: seen on the H200, where a
+    bf16/fp16 tensor's in-place mul rounds an fp32 scalar to its own dtype), nor 1 + 2^-10 to 1 in bf16."""
+    from properties.strategies import DEVICE
+
+    buf = torch.tensor([[0.0, 1e-3, -2.0**-20], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
+    for g in (2.0**17, 1.0 + 2.0**-10):
+        want = (buf.double() * g).to(dtype)
+        got = grad_accum.scaled_(buf.clone(), torch.tensor(g, dtype=torch.float32, device=DEVICE), dtype)
+        assert got.dtype == dtype and torch.equal(got, want), f"{dtype}, g={g}: {got.tolist()} != {want.tolist()}"
