@@ -190,13 +190,14 @@ def ce_block_(
         a = (1.0 - eps) * c * w_t  # weight on (p − onehot)
         e = (eps / V) * c  # weight on (S_w·p − w)
         b = e * S_w + 2.0 * lam * cz * lse  # weight on p alone (smoothing's S_w·p and the z-loss)
-        # g = a·(p − δ_y) + b·p − e·w, formed as (a + b)·(p − δ_y) + b·δ_y − e·w: p_y − 1 is exact in fp32
-        # (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its relative accuracy
-        # (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a).
+        # g = a·(p − δ_y) + b·p − e·w: off the target (a + b)·p; at the target a·(p_y − 1) + b·p_y, with p_y − 1
+        # exact in fp32 (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its
+        # relative accuracy (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a), and b·p_y
+        # added as its own term ((a + b)·(p_y − 1) + b would leave u·b, which a z-loss makes large: b ∝ λ·lse).
         g = d.sub_(log_s[:, None]).exp_()  # p = exp((z' − m) − log s), in place of the working copy
-        g.scatter_add_(1, idx, torch.full_like(b, -1.0)[:, None])
+        p_y = g.gather(1, idx).squeeze(1)
         g.mul_((a + b)[:, None])
-        g.scatter_add_(1, idx, b[:, None])
+        g.scatter_(1, idx, (a * (p_y - 1.0) + b * p_y)[:, None])
         if cw is not None:
             if eps:
                 g.addr_(e, cw, alpha=-1.0)

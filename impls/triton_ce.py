@@ -157,9 +157,10 @@ if triton is not None:
                     t = _tanh(z / softcap)
                     z = softcap * t
                 p = tl.exp((z - m[:, None]) - log_s[:, None])
-                # a·(p − δ_y) + b·p as (a + b)·(p − δ_y) + b·δ_y: p_y − 1 is exact before it is scaled
+                # a·(p − δ_y) + b·p: at the target a·(p_y − 1) + b·p_y, p_y − 1 exact before it is scaled and b·p_y
+                # its own term ((a + b)·(p_y − 1) + b leaves u·b, large under a z-loss: see impls/ce_block.py)
                 is_y = cols[None, :] == ys[:, None]
-                g = (a + b)[:, None] * (p - tl.where(is_y, 1.0, 0.0)) + tl.where(is_y, b[:, None], 0.0)
+                g = a[:, None] * (p - tl.where(is_y, 1.0, 0.0)) + b[:, None] * p
                 if HAS_EPS:
                     if HAS_CW:
                         w = tl.load(CW + cols, mask=cm, other=0.0).to(tl.float32)

@@ -255,6 +255,11 @@ PINNED = [
     # Found by the five-seed runs: fp16 gradients summed from rounded partials below the normal range (2η).
     "Problem(N=17, H=16, V=2, dtype='float16', regime='tiny', seed=0)",
     "Problem(N=1, H=10, V=131, dtype='float16', bias=True, reduction='sum', class_weights=True, regime='confident')",
+    # Other derandomized draws (a changed example-database key): the built-ins' fused CE formed the target's
+    # gradient as (a + b)·(p_y − 1) + b, leaving u·b where a z-loss makes b ∝ λ·lse large: 28× the fp32 bound.
+    "Problem(N=7, H=1, V=3, dtype='float32', z_loss_scale=0.5, regime='large', seed=0)",
+    "Problem(N=3, H=1, V=1025, dtype='float32', z_loss_scale=0.5, regime='outlier_rows', seed=0)",
+    "Problem(N=1, H=256, V=2, dtype='float32', label_smoothing=0.1, z_loss_scale=0.5, regime='large', seed=0)",
     # Held-out review (round 3): a log-sum-exp shifted by the first 128-class block's max overflows exp where a
     # later block's logits exceed it by > 88 (outlier rows at V = 1025); the draws reach it in ~1 of 8.
     "Problem(N=12, H=16, V=1025, regime='outlier_rows', seed=3)",
