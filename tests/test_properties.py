@@ -8,6 +8,7 @@ profile's examples (at least 2).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import pytest
@@ -49,6 +50,13 @@ def _check(prop: Callable, impl: Any, draw_problem: Callable[[Any], Any], *, eve
         for label, value in prop(impl, p).items():
             target(float(value), label=label)
 
+    # One example-database key per (test, impl): every test runs this same inner function, so without it the
+    # seeded profiles would replay one impl's saved failures in every other test. The key mechanism is the one
+    # hypothesis' pytest plugin uses for parametrized tests.
+    node = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    inner_test = getattr(getattr(inner, "hypothesis", None), "inner_test", None)
+    if inner_test is not None:
+        inner_test._hypothesis_internal_add_digest = f"{node}|{name}|{impl.name}".encode()
     try:
         inner()
     except Unsatisfiable:
