@@ -83,7 +83,7 @@ F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
 KNOWN: list[KnownDivergence] = [
     KnownDivergence(
         impls="torch_native[[]chunked,*",
-        properties=("accuracy",),
+        properties=("*",),  # every property that judges gradients (strided and frozen inputs showed it too)
         devices=("cpu",),
         applies=lambda p: p.all_ignored and p.reduction == "mean",
         reason=("PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
@@ -102,6 +102,19 @@ KNOWN: list[KnownDivergence] = [
                 "subtracting reproduces a 20% error ((p - y)^T x: 1e-4), so the two parts are likely not "
                 "cancelled before the sum over rows."),
         example=Problem(N=2049, H=4, V=2, regime="confident", seed=0),
+    ),
+    KnownDivergence(
+        impls="torch_native[[]chunked,*",
+        properties=("*",),
+        devices=("cpu",),
+        # measured worst loss error/bound at H=1, V=65 (acc=accurate, 4 seeds): N=32 0.71, N=64 1.34, N=96 1.05;
+        # (acc=balanced, 8 seeds): N=32 0.55, N=64 1.13; fp16 ≤ 0.19. Seed 4 at N=64 fails every acc policy.
+        applies=lambda p: p.dtype == "bfloat16" and p.autocast is None and p.N >= 32,
+        reason=("PyTorch's chunked F.linear_cross_entropy (2.13, bf16, mean and sum, every acc_policy) returns a "
+                "loss up to 2.2% off at N=64 (5.8125 for 5.9426 with acc=accurate: 1.34x the bound, which allows "
+                "one bf16 rounding of an fp32-accumulated sum), where its reference path and eager sit at 0.04x "
+                "and its gradients are within bounds: consistent with the row losses being summed in bf16."),
+        example=Problem(N=64, H=1, V=65, dtype="bfloat16", seed=4),
     ),
     KnownDivergence(
         impls="liger[[]*",
