@@ -40,6 +40,7 @@ from properties.compare import Comparison, compare
 from properties.failures import PropertyFailure
 from properties.fp8_cases import QuantCase, QuantTensors, build_quant
 from properties.fp8_tolerance import output_bounds
+from properties.harness import strided_copy
 from reference.fp8_formats import F64, decode_fp8, same_codes
 from reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
 from reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
@@ -303,13 +304,6 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
 USAGES_CHECKED = ("accumulate", "two_layers", "strided")
 
 
-def _strided(t: torch.Tensor, pad: int = 3) -> torch.Tensor:
-    """``t``'s values as a column slice of a wider buffer whose unused columns are NaN."""
-    buf = torch.full((t.shape[0], t.shape[1] + pad), math.nan, dtype=t.dtype, device=t.device)
-    buf[:, : t.shape[1]] = t.detach()
-    return buf[:, : t.shape[1]]
-
-
 def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tensor | None,
                parts: list[tuple[Any, QuantTensors]]) -> None:
     """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
@@ -390,15 +384,11 @@ def usage(impl: Any, case: QuantCase) -> None:
 
     # strided operands, the weight a transposed leaf
     w_leaf = tA.weight.detach().t().contiguous().requires_grad_(True)  # [K, N]
-    x = _strided(tA.x).requires_grad_(True)
-    b = None
-    if tA.bias is not None:
-        buf = torch.full((2 * tA.bias.shape[0],), math.nan, dtype=tA.bias.dtype, device=tA.bias.device)
-        buf[::2] = tA.bias.detach()
-        b = buf[::2].requires_grad_(True)
+    x = strided_copy(tA.x, "x").requires_grad_(True)
+    b = strided_copy(tA.bias, "bias").requires_grad_(True) if tA.bias is not None else None
     try:
         y = impl(x, w_leaf.t(), b, **kw)
-        y.backward(_strided(tA.dy))
+        y.backward(strided_copy(tA.dy, "x"))  # a column slice, like x
     except AssertionError:
         raise
     except Exception:  # noqa: BLE001 - refusing non-contiguous operands loudly is allowed
