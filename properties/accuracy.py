@@ -108,12 +108,14 @@ def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
 
 def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
                    t: Tensors | None = None, layout: str = "contiguous",
-                   frozen: frozenset[str] = frozenset()) -> AccuracyResult:
+                   frozen: frozenset[str] = frozenset(),
+                   leaves: dict[str, torch.Tensor] | None = None) -> AccuracyResult:
     """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.harness.strided_copy`; the inputs
-    in ``frozen`` without gradients) and the oracle on ``p`` and judge every output (see the module docstring);
-    the gradients of frozen inputs are not judged."""
+    in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.harness.run_impl`) and the
+    oracle on ``p`` and judge every output (see the module docstring); the gradients of frozen inputs are not
+    judged."""
     t = t if t is not None else build(p)
-    out = run_impl(impl, p, t, layout=layout, frozen=frozen)
+    out = run_impl(impl, p, t, layout=layout, frozen=frozen, leaves=leaves)
     conv = impl.support.all_ignored or "nan"
     ref = run_oracle(p, t, all_ignored=conv)
     refs = _oracle_outputs(ref)

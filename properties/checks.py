@@ -12,6 +12,7 @@ inequality through the oracle, so no new tolerance is invented for metamorphic c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -21,7 +22,7 @@ from properties.accuracy import check_accuracy
 from properties.compare import compare
 from properties.failures import fail
 from properties.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
-from properties.problems import Problem, Tensors, build
+from properties.problems import Problem, Tensors, build, dtype_of
 from properties.tolerance import error_model, linear_ce_bounds
 
 Metrics = dict[str, float]
@@ -132,6 +133,71 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
         fail(impl, "two_calls", p, f"two calls of {k} rows each ({counts} not ignored) in one graph (sharing W and "
              f"bias), {p.reduction} losses added", *lines)
     return {"error/bound": worst}
+
+
+#: The AMP dtype a call under the other one is preceded by in :func:`earlier_calls`.
+OTHER_AMP = {"bfloat16": "float16", "float16": "bfloat16"}
+
+
+def class_rotation(t: Tensors) -> Tensors | None:
+    """``t`` with its classes relabelled: weight rows, bias and class weights rotated by one class and the
+    targets mapped to follow, so the new problem is the old one with its classes renamed (same loss and grad_x,
+    grad_weight and grad_bias rotated) while every weight row holds another row's values. What an optimizer
+    step that moves every weight does to a cache of the weight, without leaving the problem's regime or any
+    condition a draw was made under (a fitting loss scale, a filtering predicate). An ``ignore_index`` that is a
+    class id keeps its row (no valid target may become it); ``None`` when fewer than two classes can move."""
+    V = t.weight.shape[0]
+    dev = t.weight.device
+    movable = torch.tensor([c for c in range(V) if c != t.options.ignore_index], dtype=torch.long, device=dev)
+    if movable.numel() < 2:
+        return None
+    perm = torch.arange(V, device=dev)
+    perm[movable] = movable.roll(-1)  # new class movable[i] holds old class movable[i + 1]
+    inv = torch.argsort(perm)
+    valid = t.target != t.options.ignore_index
+    target = torch.where(valid, inv[t.target.clamp(0, V - 1).long()].to(t.target.dtype), t.target)
+    cw = t.class_weights[perm] if t.class_weights is not None else None
+    options = dataclasses.replace(t.options, class_weights=cw) if t.options.class_weights is not None else t.options
+    return t._replace(weight=t.weight[perm], bias=t.bias[perm] if t.bias is not None else None, target=target,
+                      class_weights=cw, options=options)
+
+
+def earlier_calls(impl: Any, p: Problem) -> Metrics:
+    """A call's outputs depend on its own inputs, not on earlier calls, with the same x, weight and bias tensors
+    across calls as in training. (1) Under AMP, after a call under the other AMP dtype (where declared): a graph
+    compiled, or a cast weight cached, under one autocast dtype and reused under the other fails. (2) After the
+    weight and bias are changed in place, as an optimizer step changes them (their classes rotated,
+    :func:`class_rotation`): a cache keyed on the tensor, its address or its shape, blind to its version, fails.
+    Each judged call is within the analytic bound of the oracle for its own inputs (and, for (1), within k×
+    eager's error: same tensors as eager's run)."""
+    t = build(p)
+    x = t.x.detach().clone()
+    leaves = {"x": x, "weight": t.weight.detach().clone()}
+    if t.bias is not None:
+        leaves["bias"] = t.bias.detach().clone()
+    worst = 0.0
+    other = OTHER_AMP.get(p.autocast or "")
+    if other is not None and dtype_of(other) in impl.support.autocast:
+        run_impl(impl, p.replace(autocast=other), t, leaves=leaves)
+        res = check_accuracy(impl, p, t=t, leaves=leaves)
+        if not res.ok:
+            fail(impl, "earlier_calls", p, f"after a call on the same tensors under autocast {other}",
+                 *res.failure_lines())
+        worst = res.worst_ratio
+    else:
+        run_impl(impl, p, t, leaves=leaves)
+    t2 = class_rotation(t)
+    if t2 is None:  # fewer than two classes a valid target can take: nothing to rotate
+        return {"error/bound": worst}
+    with torch.no_grad():
+        leaves["weight"].copy_(t2.weight)
+        if "bias" in leaves:
+            leaves["bias"].copy_(t2.bias)
+    res = check_accuracy(impl, p, t=t2, leaves=leaves, relative=False)
+    if not res.ok:
+        fail(impl, "earlier_calls", p, "after the weight and bias were changed in place since the previous call "
+             "(classes rotated by one, targets following: properties.checks.class_rotation)", *res.failure_lines())
+    return {"error/bound": max(worst, res.worst_ratio)}
 
 
 def ignored_rows(impl: Any, p: Problem) -> Metrics:
@@ -384,6 +450,7 @@ PROPERTIES: dict[str, Callable[[Any, Problem], Metrics]] = {
     "frozen_weight": frozen_weight,
     "frozen_x": frozen_x,
     "two_calls": two_calls,
+    "earlier_calls": earlier_calls,
     "ignored_rows": ignored_rows,
     "permutation": permutation,
     "shift_invariance": shift_invariance,

@@ -301,7 +301,7 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
 
 # -- usage as a layer: accumulation, several layers, non-contiguous operands -------------------------
 #: What :func:`usage` checks, each a way real training calls a linear layer.
-USAGES_CHECKED = ("accumulate", "two_layers", "strided")
+USAGES_CHECKED = ("accumulate", "optimizer_step", "two_layers", "strided")
 
 
 def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tensor | None,
@@ -337,7 +337,9 @@ def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tenso
 def usage(impl: Any, case: QuantCase) -> None:
     """Property: the layer behaves as autograd expects where training uses it, each output within the sum of its
     calls' bounds. ``accumulate``: two micro-batches on one weight and bias, a backward after each, add up in
-    ``weight.grad`` / ``bias.grad`` (an impl writing the gradient instead of adding it fails). ``two_layers``:
+    ``weight.grad`` / ``bias.grad`` (an impl writing the gradient instead of adding it fails). ``optimizer_step``:
+    after that, the weight and bias are changed in place to another draw's values (an optimizer step) and the
+    next micro-batch must see them (a quantized weight cached per tensor, blind to its version, fails). ``two_layers``:
     two layers of one shape, forward, forward, then one backward, each get their own gradients (per-shape
     workspaces shared between calls fail). ``strided``: x and dy as column slices of wider NaN-padded buffers,
     the weight the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other
@@ -371,6 +373,24 @@ def usage(impl: Any, case: QuantCase) -> None:
         _judge_sum(impl, case, "accumulate", "bgrad", b.grad, parts)
     for x, part in zip(xs, parts):
         _judge_sum(impl, case, "accumulate", "dgrad", x.grad, [part])
+
+    # optimizer_step: the same weight and bias tensors, changed in place, then another micro-batch
+    with torch.no_grad():
+        w.copy_(tB.weight)
+        if b is not None:
+            b.copy_(tB.bias)
+    w.grad = None
+    if b is not None:
+        b.grad = None
+    x = leaf(tB.x)
+    y = impl(x, w, b, **kw)
+    y.backward(tB.dy)
+    part = [(ref_of(tB), tB)]
+    _judge_sum(impl, case, "optimizer_step", "y", y.detach(), part)
+    _judge_sum(impl, case, "optimizer_step", "dgrad", x.grad, part)
+    _judge_sum(impl, case, "optimizer_step", "wgrad", w.grad, part)
+    if b is not None:
+        _judge_sum(impl, case, "optimizer_step", "bgrad", b.grad, part)
 
     # two layers of one shape: forward, forward, then one backward
     leaves = [(leaf(t.x), leaf(t.weight), leaf(t.bias)) for t in (tA, tB)]

@@ -89,13 +89,17 @@ FROZEN_GRADS: dict[str, str] = {"x": "grad_x", "weight": "grad_weight", "bias": 
 
 
 def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
-             layout: str = "contiguous", frozen: frozenset[str] = frozenset()) -> ImplOutputs:
+             layout: str = "contiguous", frozen: frozenset[str] = frozenset(),
+             leaves: dict[str, torch.Tensor] | None = None) -> ImplOutputs:
     """Forward and backward of ``impl`` on problem ``p``.
 
     ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
     ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
     ``frozen`` names inputs (of :data:`FROZEN_GRADS`) passed with ``requires_grad=False`` (a frozen lm_head);
     their gradients come back ``None``.
+    ``leaves`` passes the caller's own tensors for ``x``, ``weight`` and ``bias`` (any of them) instead of fresh
+    copies of ``t``'s, their ``.grad`` cleared first: a property that calls an impl several times on one
+    parameter, as training does, uses it (their values must equal ``t``'s, which the oracle sees).
     Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
     (x, weight, bias, target, class weights, the upstream gradient handed to backward) that forward + backward
     changed in place.
@@ -104,6 +108,10 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
     if not set(frozen) <= set(FROZEN_GRADS):
         raise ValueError(f"run_impl: frozen must name inputs of {sorted(FROZEN_GRADS)}, got {sorted(frozen)}")
+    leaves = leaves or {}
+    if not set(leaves) <= {"x", "weight", "bias"} or (leaves and layout != "contiguous"):
+        raise ValueError(f"run_impl: leaves must name x, weight or bias, with the contiguous layout; got "
+                         f"{sorted(leaves)} with layout {layout!r}")
     t = t if t is not None else build(p)
     x0 = x_override if x_override is not None else t.x
     if layout == "strided":
@@ -114,6 +122,9 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         x, w = x0.detach().clone(), t.weight.detach().clone()
         b = t.bias.detach().clone() if t.bias is not None else None
         target = t.target
+        x, w, b = leaves.get("x", x), leaves.get("weight", w), leaves.get("bias", b)
+        for leaf in leaves.values():
+            leaf.grad = None
     for name, leaf in (("x", x), ("weight", w), ("bias", b)):
         if leaf is not None and name not in frozen:
             leaf.requires_grad_(True)

@@ -91,6 +91,23 @@ class SharedSavedXWorkspace(Fp8Linear):
         return ws[key]
 
 
+class StaleWeightCache(Fp8Linear):
+    """Quantizes each weight once and reuses it for every later forward (the caching of FP8 weights across
+    micro-batches), keyed on the weight tensor but blind to its version: after an optimizer step changes the
+    weight in place, forward still uses the old one while backward quantizes the new one."""
+
+    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
+                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+        if role != "w" or usage != "rowwise":
+            return super().quantize_operand(t, recipe, role, usage, state, record=record)
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        cache = self.__dict__.setdefault("_weight_cache", WeakIdKeyDictionary())
+        if t not in cache:
+            cache[t] = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        return cache[t]
+
+
 MUTANTS: list[Fp8Linear] = [
     ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
     ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")),
@@ -100,6 +117,7 @@ MUTANTS: list[Fp8Linear] = [
     DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")),
     AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")),
     SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")),
+    StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")),
 ]
 
 #: mutant name → the property (in :data:`properties.fp8_checks.FP8_PROPERTIES`) that must flag it.
@@ -112,4 +130,5 @@ CAUGHT_BY: dict[str, str] = {
     "mutant_delayed_allows_soi": "save_original_input",
     "mutant_assumes_contiguous_x": "usage",
     "mutant_shared_saved_x_workspace": "usage",
+    "mutant_stale_weight_cache": "usage",
 }

@@ -6,6 +6,7 @@ Each is a plausible mistake built on the eager composition, declared as if it we
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -257,6 +258,58 @@ def _upstream_divided_in_place(x, weight, target, bias=None, *, reduction="mean"
     return _UpstreamDividedInPlace.apply(x, weight, target, ignore_index)
 
 
+class _CachedCastCE(torch.autograd.Function):
+    """fp32 CE over logits formed from x and a low-precision copy of the weight handed in by a cache (the matmul
+    operands rounded as autocast would, the products summed in fp32)."""
+
+    @staticmethod
+    def forward(ctx, x, w, w_lp, target, reduction, ignore_index):
+        x_lp = x.detach().to(w_lp.dtype)
+        ctx.save_for_backward(x_lp, w_lp, target)
+        ctx.reduction, ctx.ignore_index, ctx.dtypes = reduction, ignore_index, (x.dtype, w.dtype)
+        dev = x.device.type
+        with torch.autocast(dev, enabled=False):
+            return F.cross_entropy(x_lp.float() @ w_lp.float().T, target, reduction=reduction,
+                                   ignore_index=ignore_index)
+
+    @staticmethod
+    def backward(ctx, g):
+        x_lp, w_lp, target = ctx.saved_tensors
+        with torch.enable_grad(), torch.autocast(g.device.type, enabled=False):
+            logits = (x_lp.float() @ w_lp.float().T).requires_grad_()
+            loss = F.cross_entropy(logits, target, reduction=ctx.reduction, ignore_index=ctx.ignore_index)
+            (G,) = torch.autograd.grad(loss, logits, g)
+        return ((G @ w_lp.float()).to(ctx.dtypes[0]), (G.T @ x_lp.float()).to(ctx.dtypes[1]),
+                None, None, None, None)
+
+
+def _cached_cast(key: Callable[[torch.Tensor, torch.dtype], tuple]) -> Callable[..., torch.Tensor]:
+    """An impl that casts the weight to the compute dtype once and reuses the cast while ``key(weight, dtype)``
+    is unchanged (the cache holds each weight tensor weakly, so a freed weight takes its entry with it)."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
+        dev = x.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+        k = key(weight, dt)
+        hit = cache.get(weight)
+        if hit is None or hit[0] != k:
+            hit = (k, weight.detach().to(dt).clone())
+            cache[weight] = hit
+        return _CachedCastCE.apply(x, weight, hit[1], target, reduction, ignore_index)
+
+    return impl
+
+
+#: A cast weight cached per (tensor, compute dtype), blind to in-place updates (no version in the key): an
+#: optimizer step leaves the cache serving the old weights.
+_cast_cache_ignores_update = _cached_cast(lambda w, dt: (dt,))
+#: A cast weight cached per (tensor, version), blind to the autocast dtype: the first AMP dtype's cast serves both.
+_cast_cache_ignores_dtype = _cached_cast(lambda w, dt: (w._version,))
+
+
 _PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
                               dtypes=frozenset({torch.float32}), autocast=frozenset(),
                               reductions=frozenset({"mean", "sum"}))
@@ -271,6 +324,11 @@ DIRECTED = [
      "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
     (FunctionImpl("mutant_cached_token_count", _cached_token_count, _PLAIN_FP32), "two_calls",
      "Problem(N=8, H=16, V=24, ignored=0.5, reduction='mean', seed=5)"),
+    (FunctionImpl("mutant_cast_cache_ignores_update", _cast_cache_ignores_update, _PLAIN_FP32), "earlier_calls",
+     "Problem(N=8, H=16, V=24, seed=2)"),
+    (FunctionImpl("mutant_cast_cache_ignores_dtype", _cast_cache_ignores_dtype,
+                  replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16, torch.float16}))), "earlier_calls",
+     "Problem(N=8, H=16, V=24, dtype='float32', autocast='float16', seed=2)"),
     (FunctionImpl("mutant_bf16_loss_under_amp", _bf16_loss_under_amp,
                   replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
      "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)"),

@@ -40,7 +40,8 @@ def test_divergence_still_present(entry):
                                    reduction=example.reduction) is None]
     if not impls:
         pytest.skip(f"no impl matching {entry.impls!r} can run on {DEVICE} here")
-    for prop in (("accuracy",) if "*" in entry.properties else entry.properties):
+    shown_by = (entry.shown_by,) if entry.shown_by else ("accuracy",) if "*" in entry.properties else entry.properties
+    for prop in shown_by:
         for impl in impls:
             with pytest.raises(AssertionError):
                 checks.PROPERTIES[prop](impl, example)
@@ -55,6 +56,13 @@ def test_entry_rejects_unknown_devices(devices):
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
         KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
                         reason="r", example=Problem(N=1, H=1, V=1))
+
+
+@pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
+def test_shown_by_names_a_property(entry):
+    """An entry's ``shown_by`` names a property the suite has (else its strict xfail could not run)."""
+    assert entry.shown_by is None or entry.shown_by in checks.PROPERTIES, \
+        f"{entry.impls!r}: shown_by {entry.shown_by!r} is not one of {sorted(checks.PROPERTIES)}"
 
 
 def test_data_predicates_do_not_cover_a_whole_test():

@@ -176,6 +176,22 @@ def test_two_calls(linear_ce_impl):
     _check(checks.two_calls, linear_ce_impl, draw)
 
 
+def test_earlier_calls(linear_ce_impl):
+    """A call's outputs depend on its own inputs only: after a call under the other AMP dtype, and after an
+    in-place update of the weight and bias, on the same tensors, they are within bounds (no compiled graph or
+    cast weight is reused stale)."""
+    s = linear_ce_impl.support
+    amp = sorted(str(d).replace("torch.", "") for d in s.autocast) if torch.float32 in s.dtypes else []
+
+    def draw(data: Any):
+        # most draws under AMP where declared: where a compiled graph or a cast weight is keyed by the autocast dtype
+        mode = data.draw(st.sampled_from([None, *amp]), label="autocast") if amp else None
+        force = {"dtype": "float32", "autocast": mode} if mode else {}
+        return data.draw(problems(s, force=force), label="problem")
+
+    _check(checks.earlier_calls, linear_ce_impl, draw)
+
+
 def test_confident_rows(linear_ce_impl):
     """Confident predictions (p_target → 1) keep the true-class gradient accurate relative to itself."""
     _check(checks.accuracy, linear_ce_impl, _draw(linear_ce_impl, regimes=("confident",)),
