@@ -184,8 +184,8 @@ KNOWN: list[KnownDivergence] = [
         reason=("cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) under "
                 "autocast fp16, after the same process called it under autocast bf16, ran the bf16 graph: on an "
                 "H200 with torch 2.11 the fp16 call's loss and grad_x equal bf16 eager's (to 1e-6) and sit 3.4e-3 "
-                "from fp16 eager's (reports/probes/cce_compile_autocast.py; a fresh process, or fp16 first, is "
-                "right, and torch 2.13 on CPU recompiles). The suite found it as test_loss_scale failing 2.5x its "
+                "from fp16 eager's (reports/probes/cce_compile_autocast.py; in a fresh process it is right, and "
+                "so is a bf16 call after an fp16 one; torch 2.13 on CPU recompiles). The suite found it as test_loss_scale failing 2.5x its "
                 "bound in a worker that had run bf16 draws."),
         example=Problem(N=35, H=16, V=61, dtype="float32", autocast="float16", seed=0),
         shown_by="earlier_calls",
