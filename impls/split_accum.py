@@ -13,7 +13,11 @@ once to bf16 (round to nearest even) and writes it over ``hi``; ``lo`` is releas
 The step is one Triton GEMM, ``acc += Gᵀ·x`` with ``G`` ``[C, V]`` and ``x`` ``[C, H]`` in a 16-bit dtype
 (or fp32, multiplied in IEEE fp32, not TF32): each program computes a ``[BLOCK_M, BLOCK_N]`` tile of the
 product in fp32 (``tl.dot``'s accumulator) and, in the same kernel, reads the two halves of that tile, adds,
-and writes them back. Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
+and writes them back. Two kernels do this: a persistent one that moves every tile (G, x and both halves)
+through TMA descriptors, for 16-bit operands whose rows are 16-byte aligned where Triton has tensor
+descriptors (Hopper and later, and the interpreter); and a pointer-based one for the rest. On the H200 at
+C=640, V=131072, H=4096 the TMA kernel took 1.99 ms and the pointer kernel's autotuned best 2.73 ms
+(``reports/probes/split_gemm_variants.py``; cuBLAS' fp32 ``addmm`` with the same accumulator traffic: 1.84 ms). Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
 ``addmm`` with β = 1, and no ``[V, H]`` temporary exists. The fp32 product inside one tile is a sum of C
 bf16×bf16 products (exact in fp32) accumulated in fp32, as cuBLAS does, so the error model is the one of
 :data:`impls.grad_accum.GRAD_ACCUMULATION` ``"fp32"``.
@@ -36,6 +40,10 @@ triton = triton_ce.triton
 tl = triton_ce.tl
 INTERPRET = triton_ce.INTERPRET
 
+TensorDescriptor = None  # triton.tools.tensor_descriptor's, where this Triton has it (set below)
+
+#: The GEMM kernels :meth:`SplitAccumulator.add_` can be asked for.
+KERNELS: tuple[str, ...] = ("auto", "tma", "pointer")
 #: Dtypes the GEMM operands may have.
 OPERAND_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -122,6 +130,46 @@ if triton is not None:
         _addmm_split_kernel = triton.autotune(configs=_configs(), key=["V", "H", "C", "IEEE", "UPCAST"],
                                               restore_value=["HI", "LO"])(_addmm_split_jit)
 
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # Triton before tensor descriptors (3.2, with torch 2.6): the pointer kernel only
+        pass
+
+    #: The TMA kernel's tiles: compiled (the probe's fastest at C=640 on the H200; 3 stages fit its shared
+    #: memory, 4 do not) and under the interpreter (small, so CPU tests cover several tiles and a K tail).
+    TMA_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    TMA_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}
+
+    @triton.jit
+    def _addmm_split_tma_jit(
+        g_desc, x_desc, hi_desc, lo_desc, V, H, C, NUM_PROGS,
+        UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
+        # Persistent: program p takes tiles p, p + NUM_PROGS, ... of acc[V, H] += G[C, V]ᵀ · X[C, H] in grouped
+        # order. TMA zero-fills loads past the edges (a K tail adds zeros) and clips stores to the tensor.
+        n_m = tl.cdiv(V, BLOCK_M)
+        n_n = tl.cdiv(H, BLOCK_N)
+        per_group = GROUP_M * n_n
+        for tile in range(tl.program_id(0), n_m * n_n, NUM_PROGS):
+            first_m = (tile // per_group) * GROUP_M
+            size_m = tl.minimum(n_m - first_m, GROUP_M)
+            om = (first_m + (tile % per_group) % size_m) * BLOCK_M
+            on = ((tile % per_group) // size_m) * BLOCK_N
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, C, BLOCK_K):
+                a = g_desc.load([k0, om])  # [BLOCK_K, BLOCK_M] of G; Gᵀ's tile is its transpose
+                b = x_desc.load([k0, on])
+                if UPCAST:  # the interpreter's 16-bit dot is wrong; the fp32 product of 16-bit values is exact
+                    acc = tl.dot(a.T.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a.T, b, acc)
+            hi = hi_desc.load([om, on]).to(tl.int32)
+            lo = lo_desc.load([om, on]).to(tl.int32)
+            bits = (((hi << 16) | (lo & 0xFFFF)).to(tl.float32, bitcast=True) + acc).to(tl.int32, bitcast=True)
+            hi_desc.store([om, on], (bits >> 16).to(tl.int16))
+            lo_desc.store([om, on], (bits & 0xFFFF).to(tl.int16))
+
     @triton.jit
     def _finish_kernel(HI, LO, SCALE, n, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
         # hi <- bf16(fp32(hi, lo) · scale), round to nearest even, in place.
@@ -173,9 +221,13 @@ class SplitAccumulator:
         lo = self.lo.to(torch.int32) & 0xFFFF
         return ((hi << 16) | lo).view(torch.float32)
 
-    def add_(self, G: torch.Tensor, x: torch.Tensor) -> None:
+    def add_(self, G: torch.Tensor, x: torch.Tensor, *, kernel: str = "auto") -> None:
         """``acc += Gᵀ·x`` (``G`` ``[C, V]``, ``x`` ``[C, H]``, one dtype of :data:`OPERAND_DTYPES`), the product
-        in fp32 and one fp32 rounding of the sum, in place, no host synchronisation."""
+        in fp32 and one fp32 rounding of the sum, in place, no host synchronisation. ``kernel``: ``"auto"``
+        (the TMA kernel where :meth:`tma_eligible`, else the pointer one), ``"tma"`` or ``"pointer"`` (tests
+        compare the two)."""
+        if kernel not in KERNELS:
+            raise ValueError(f"SplitAccumulator.add_: kernel must be one of {KERNELS}, got {kernel!r}")
         if self.lo is None:
             raise RuntimeError("SplitAccumulator.add_: finish() already ran; the accumulator is spent")
         for name, t in (("G_chunk", G), ("x_chunk", x)):
@@ -201,6 +253,13 @@ class SplitAccumulator:
             raise RuntimeError(f"SplitAccumulator: {reason}")
         G = G if G.stride(1) == 1 else G.contiguous()
         x = x if x.stride(1) == 1 else x.contiguous()
+        tma_ok = self.tma_eligible(G, x)
+        if kernel == "tma" and not tma_ok:
+            raise ValueError("SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
+                             "and 16-byte-aligned rows and bases (see tma_eligible)")
+        if kernel == "tma" or (kernel == "auto" and tma_ok):
+            self._add_tma(G, x)
+            return
 
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(V, meta["BLOCK_M"]) * triton.cdiv(H, meta["BLOCK_N"]),)
@@ -213,6 +272,30 @@ class SplitAccumulator:
             kernel, fixed = _addmm_split_kernel, {}
         kernel[grid](G, x, self.hi.view(torch.int16), self.lo, V, H, C, G.stride(0), x.stride(0),
                                   self.hi.stride(0), IEEE=G.dtype == torch.float32, UPCAST=INTERPRET, **fixed)
+
+    def tma_eligible(self, G: torch.Tensor, x: torch.Tensor) -> bool:
+        """Whether the TMA kernel can take ``G`` and ``x``: Triton has tensor descriptors, the device has TMA
+        (compute capability 9 or later) or the interpreter runs, both operands are 16-bit, and every row
+        stride and base address is a multiple of 16 bytes (a TMA descriptor's requirement)."""
+        if TensorDescriptor is None or G.dtype not in (torch.bfloat16, torch.float16) or self.lo is None:
+            return False
+        if not INTERPRET and (self.device.type != "cuda" or torch.cuda.get_device_capability(self.device)[0] < 9):
+            return False
+        ts = (G, x, self.hi, self.lo)
+        return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+                   for t in ts)
+
+    def _add_tma(self, G: torch.Tensor, x: torch.Tensor) -> None:
+        cfg = dict(TMA_INTERPRETER_CONFIG if INTERPRET else TMA_CONFIG)
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        V, H = self.shape
+        C = G.shape[0]
+        tiles = triton.cdiv(V, bm) * triton.cdiv(H, bn)
+        progs = min(tiles, 4 if INTERPRET else torch.cuda.get_device_properties(self.device).multi_processor_count)
+        descs = (TensorDescriptor.from_tensor(G, [bk, bm]), TensorDescriptor.from_tensor(x, [bk, bn]),
+                 TensorDescriptor.from_tensor(self.hi.view(torch.int16), [bm, bn]),
+                 TensorDescriptor.from_tensor(self.lo, [bm, bn]))
+        _addmm_split_tma_jit[(progs,)](*descs, V, H, C, progs, UPCAST=INTERPRET, **cfg)
 
     def finish(self, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The gradient: ``bf16(fp32_sum · scale)`` (one rounding to bf16; ``scale`` a 0-d or 1-element tensor
