@@ -137,27 +137,32 @@ if triton is not None:
 
     #: The TMA kernel's tiles: compiled (the probe's fastest at C=640 on the H200; 3 stages fit its shared
     #: memory, 4 do not) and under the interpreter (small, so CPU tests cover several tiles and a K tail).
-    TMA_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
-    TMA_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}
+    TMA_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "STAGES": 3}
+    #: Compiled, the TMA kernel takes accumulators of at least this many elements. Measured on the H200 (bench
+    #: run N): at V·H = 2^29 (131072 × 4096) a chunk's step fell from 2.73 to 1.97 ms, but at V·H = 2^26
+    #: (32768 × 2048) the whole split FLCE was 1.6× slower than with the autotuned pointer kernel; and at
+    #: V=8, H=16 its tiles did not fit shared memory.
+    TMA_MIN_ELEMENTS = 1 << 28
+    TMA_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4, "STAGES": 1}
 
     @triton.jit
     def _addmm_split_tma_jit(
         g_desc, x_desc, hi_desc, lo_desc, V, H, C, NUM_PROGS,
         UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
+        GROUP_M: tl.constexpr, STAGES: tl.constexpr,
     ):
         # Persistent: program p takes tiles p, p + NUM_PROGS, ... of acc[V, H] += G[C, V]ᵀ · X[C, H] in grouped
         # order. TMA zero-fills loads past the edges (a K tail adds zeros) and clips stores to the tensor.
         n_m = tl.cdiv(V, BLOCK_M)
         n_n = tl.cdiv(H, BLOCK_N)
         per_group = GROUP_M * n_n
-        for tile in range(tl.program_id(0), n_m * n_n, NUM_PROGS):
+        for tile in tl.range(tl.program_id(0), n_m * n_n, NUM_PROGS, flatten=False):  # as the probe measured
             first_m = (tile // per_group) * GROUP_M
             size_m = tl.minimum(n_m - first_m, GROUP_M)
             om = (first_m + (tile % per_group) % size_m) * BLOCK_M
             on = ((tile % per_group) // size_m) * BLOCK_N
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, C, BLOCK_K):
+            for k0 in tl.range(0, C, BLOCK_K, num_stages=STAGES):
                 a = g_desc.load([k0, om])  # [BLOCK_K, BLOCK_M] of G; Gᵀ's tile is its transpose
                 b = x_desc.load([k0, on])
                 if UPCAST:  # the interpreter's 16-bit dot is wrong; the fp32 product of 16-bit values is exact
@@ -224,8 +229,8 @@ class SplitAccumulator:
     def add_(self, G: torch.Tensor, x: torch.Tensor, *, kernel: str = "auto") -> None:
         """``acc += Gᵀ·x`` (``G`` ``[C, V]``, ``x`` ``[C, H]``, one dtype of :data:`OPERAND_DTYPES`), the product
         in fp32 and one fp32 rounding of the sum, in place, no host synchronisation. ``kernel``: ``"auto"``
-        (the TMA kernel where :meth:`tma_eligible`, else the pointer one), ``"tma"`` or ``"pointer"`` (tests
-        compare the two)."""
+        (the TMA kernel where :meth:`tma_eligible` and, compiled, from :data:`TMA_MIN_ELEMENTS` accumulator
+        elements; else the pointer one), ``"tma"`` or ``"pointer"`` (tests compare the two)."""
         if kernel not in KERNELS:
             raise ValueError(f"SplitAccumulator.add_: kernel must be one of {KERNELS}, got {kernel!r}")
         if self.lo is None:
@@ -257,7 +262,8 @@ class SplitAccumulator:
         if kernel == "tma" and not tma_ok:
             raise ValueError("SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
                              "and 16-byte-aligned rows and bases (see tma_eligible)")
-        if kernel == "tma" or (kernel == "auto" and tma_ok):
+        big = INTERPRET or V * H >= TMA_MIN_ELEMENTS
+        if kernel == "tma" or (kernel == "auto" and tma_ok and big):
             self._add_tma(G, x)
             return
 
