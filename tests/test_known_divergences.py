@@ -40,6 +40,8 @@ def test_divergence_still_present(entry):
                                    reduction=example.reduction) is None]
     if not impls:
         pytest.skip(f"no impl matching {entry.impls!r} can run on {DEVICE} here")
+    if entry.setup is not None:
+        entry.setup()
     shown_by = (entry.shown_by,) if entry.shown_by else ("accuracy",) if "*" in entry.properties else entry.properties
     for prop in shown_by:
         for impl in impls:
