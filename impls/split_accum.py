@@ -138,8 +138,8 @@ if triton is not None:
     #: The TMA kernel's tiles: compiled (the probe's fastest at C=640 on the H200; 3 stages fit its shared
     #: memory, 4 do not) and under the interpreter (small, so CPU tests cover several tiles and a K tail).
     TMA_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "STAGES": 3}
-    #: Compiled, the TMA kernel takes accumulators of at least this many elements. Measured on the H200 (bench
-    #: run N): at V·H = 2^29 (131072 × 4096) a chunk's step fell from 2.73 to 1.97 ms, but at V·H = 2^26
+    #: Compiled, the TMA kernel takes accumulators of at least this many elements. Measured on the H200 (run O,
+    #: reports/h200-torch2.11/README.md): at V·H = 2^29 (131072 × 4096) a chunk's step fell from 2.73 to 1.97 ms, but at V·H = 2^26
     #: (32768 × 2048) the whole split FLCE was 1.6× slower than with the autotuned pointer kernel; and at
     #: V=8, H=16 its tiles did not fit shared memory.
     TMA_MIN_ELEMENTS = 1 << 28

@@ -31,12 +31,9 @@ class KnownDivergence:
     #: ``applies`` reads the problem's data (its tensors), not only its fields: a problem carrying some fields
     #: then says nothing about every draw with those fields (see :func:`covers_every`).
     by_data: bool = False
-    #: The property whose failure on ``example`` shows the divergence, where it is not one of ``properties``
-    #: (a ``"*"`` entry otherwise shows it by ``accuracy``): a divergence that needs an earlier call to appear.
-    shown_by: str | None = None
-    #: Run before the example's strict check, for a divergence that depends on process state (a compile
-    #: cache): puts that state where the divergence shows.
-    setup: Callable[[], None] | None = None
+    #: Set (to where it is shown instead) for a divergence that depends on the process's history (a compile
+    #: cache), which no single example in a test worker reproduces: its strict check is skipped, naming this.
+    history_dependent: str | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -189,12 +186,13 @@ KNOWN: list[KnownDivergence] = [
                 "H200 with torch 2.11 the fp16 call's loss and grad_x equal bf16 eager's (to 1e-6) and sit 3.4e-3 "
                 "from fp16 eager's (reports/probes/cce_compile_autocast.py; in a fresh process it is right; torch "
                 "2.13 on CPU recompiles). The suite found it as test_loss_scale failing 2.5x its bound in a worker "
-                "that had run bf16 draws; earlier_calls then found a bf16 call after an fp16 one wrong too (N=1, "
+                "that had run bf16 draws; earlier_calls (run Q) then found a bf16 call after an fp16 one wrong too (N=1, "
                 "V=3, large logits: grad_weight 2.3x its bound) in a worker with other graphs compiled: which "
                 "graph a call gets depends on the process's compile history, so every AMP case is covered."),
         example=Problem(N=35, H=16, V=61, dtype="float32", autocast="float16", seed=0),
-        shown_by="earlier_calls",
-        setup=lambda: torch._dynamo.reset(),  # the probe's failing order: bf16 compiled first, in a fresh cache
+        history_dependent=("reports/probes/cce_compile_autocast.py (run M: a fresh process, bf16 then fp16, "
+                           "wrong); on the H200, this example under earlier_calls after torch._dynamo.reset() "
+                           "passed (run R), as it did in a worker of run Q"),
     ),
 ]
 
