@@ -31,8 +31,9 @@ class KnownDivergence:
     #: ``applies`` reads the problem's data (its tensors), not only its fields: a problem carrying some fields
     #: then says nothing about every draw with those fields (see :func:`covers_every`).
     by_data: bool = False
-    #: Set (to where it is shown instead) for a divergence that depends on the process's history (a compile
-    #: cache), which no single example in a test worker reproduces: its strict check is skipped, naming this.
+    #: For a divergence that depends on the process's history (a compile cache), which no single example in a
+    #: test worker reproduces: the committed probe (a path from the repo root) that shows it. Its strict check
+    #: is skipped, naming the probe.
     history_dependent: str | None = None
 
     def __post_init__(self) -> None:
@@ -184,15 +185,15 @@ KNOWN: list[KnownDivergence] = [
         reason=("cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) under "
                 "autocast fp16, after the same process called it under autocast bf16, ran the bf16 graph: on an "
                 "H200 with torch 2.11 the fp16 call's loss and grad_x equal bf16 eager's (to 1e-6) and sit 3.4e-3 "
-                "from fp16 eager's (reports/probes/cce_compile_autocast.py; in a fresh process it is right; torch "
+                "from fp16 eager's (reports/probes/cce_compile_autocast.py; a lone fp16 call in a fresh process is right; torch "
                 "2.13 on CPU recompiles). The suite found it as test_loss_scale failing 2.5x its bound in a worker "
                 "that had run bf16 draws; earlier_calls (run Q) then found a bf16 call after an fp16 one wrong too (N=1, "
                 "V=3, large logits: grad_weight 2.3x its bound) in a worker with other graphs compiled: which "
-                "graph a call gets depends on the process's compile history, so every AMP case is covered."),
+                "graph a call gets depends on the process's compile history, so every AMP case is covered. The probe "
+                "shows it in a fresh process, bf16 then fp16 (run M); this example under earlier_calls passed right after "
+                "torch._dynamo.reset() (run R), as it did in a worker of run Q."),
         example=Problem(N=35, H=16, V=61, dtype="float32", autocast="float16", seed=0),
-        history_dependent=("reports/probes/cce_compile_autocast.py (run M: a fresh process, bf16 then fp16, "
-                           "wrong); on the H200, this example under earlier_calls after torch._dynamo.reset() "
-                           "passed (run R), as it did in a worker of run Q"),
+        history_dependent="reports/probes/cce_compile_autocast.py",
     ),
 ]
 
