@@ -16,8 +16,9 @@ product in fp32 (``tl.dot``'s accumulator) and, in the same kernel, reads the tw
 and writes them back. Two kernels do this: a persistent one that moves every tile (G, x and both halves)
 through TMA descriptors, for 16-bit operands whose rows are 16-byte aligned where Triton has tensor
 descriptors (Hopper and later, and the interpreter); and a pointer-based one for the rest. On the H200 at
-C=640, V=131072, H=4096 the TMA kernel took 1.99 ms and the pointer kernel's autotuned best 2.73 ms
-(``reports/probes/split_gemm_variants.py``; cuBLAS' fp32 ``addmm`` with the same accumulator traffic: 1.84 ms). Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
+C=640, V=131072, H=4096 the TMA kernel took 1.99–2.04 ms and the pointer kernel's autotuned best 2.71–2.73 ms
+(``reports/probes/split_gemm_variants.py``; cuBLAS' fp32 ``addmm`` with the same accumulator traffic: 1.84–1.87
+ms; the logs are in ``reports/h200-torch2.11/``). Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
 ``addmm`` with β = 1, and no ``[V, H]`` temporary exists. The fp32 product inside one tile is a sum of C
 bf16×bf16 products (exact in fp32) accumulated in fp32, as cuBLAS does, so the error model is the one of
 :data:`impls.grad_accum.GRAD_ACCUMULATION` ``"fp32"``.
