@@ -344,7 +344,6 @@ def main(cs: list[int]) -> None:
                       f"{'bit-identical' if same else f'DIFFERS (max {ulp:.1f} ulp)'}", flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe: report the configuration that fails, go on
                 print(f"C={C} {name} FAILED {type(exc).__name__}: {str(exc)[:600]}", flush=True)
-        del G, x, acc
 
 
 def once() -> None:

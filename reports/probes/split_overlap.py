@@ -156,7 +156,6 @@ def main(cs: list[int]) -> None:
                     except Exception as exc:  # noqa: BLE001 - a probe: report and go on
                         print(f"C={C} {kind}[{progs}, {first}] FAILED {type(exc).__name__}: {str(exc)[:300]}",
                               flush=True)
-        del G, x, gx, acc
 
 
 if __name__ == "__main__":
