@@ -17,9 +17,10 @@ then timed like split_overlap.py. ``--compile-only`` compiles for sm_90 without 
 fit, registers and spills); ``--once`` launches the first configuration and the impl's kernel once each, for
 Nsight Compute.
 
-Result (runs T and U in reports/h200-torch2.11/README.md): every configuration is exact and none is faster than
-the impl's kernel; the main loop and the accumulator traffic still take turns, because the warps that issue the
-MMAs also run the epilogue.
+Result (runs T–X in reports/h200-torch2.11/README.md): every configuration is exact, and none is faster than the
+impl's kernel. The best, with the halves joined and split by byte permutes (``prmt``) and the ring positions
+carried instead of divided (``inc``), or with the epilogue deferred under the next tile's first MMAs
+(``split_gluon_deferred_kernel``), tie with it at about 2.0 ms.
 
 Usage (device): python -m reports.probes.split_gluon [C ...]
         (here): python -m reports.probes.split_gluon --compile-only
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,19 +40,63 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, warps, EPI) candidates; shared memory is STAGES·BK·(BM+BN)·2 + BM·BN·4
-#: bytes.
-CONFIGS = ((128, 128, 64, 4, 8, 0), (128, 128, 64, 4, 8, 1), (128, 128, 64, 4, 8, 2), (128, 128, 64, 4, 8, 3),
-           (128, 256, 32, 4, 8, 1), (128, 256, 32, 4, 8, 2), (128, 256, 64, 2, 8, 1),
-           (128, 128, 64, 3, 4, 4), (128, 128, 64, 2, 4, 4), (128, 128, 32, 4, 4, 4), (64, 128, 64, 3, 4, 4))
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration of :func:`split_gluon_kernel` (shared memory: STAGES·BK·(BM+BN)·2 bytes for
+    the operand ring plus BM·BN·4 for the accumulator tile, unless ``epi`` is 4)."""
 
-#: Programs per SM where more than one fits (shared memory and registers; ptxas figures from --compile-only).
-PROGRAMS_PER_SM = {(128, 128, 64, 3, 4, 4): 2, (128, 128, 64, 2, 4, 4): 2, (128, 128, 32, 4, 4, 4): 2,
-                   (64, 128, 64, 3, 4, 4): 3}
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    warps: int
+    epi: int
+    per_sm: int = 1  # programs per SM (more than one where shared memory and registers allow)
+    prmt: bool = False
+    inc: bool = False
+    deferred: bool = False  # split_gluon_deferred_kernel (TMA epilogue with prmt, incremental ring positions)
+    do_mma: bool = True  # the three below only for the diagnostics
+    do_epi: bool = True
+    do_loads: bool = True
 
-#: (BM, BN, BK, STAGES, warps, DO_MMA, DO_EPI, DO_LOADS) runs that time one half of the work alone.
-DIAGNOSTICS = ((128, 128, 64, 4, 8, True, False, True), (128, 128, 64, 4, 8, False, True, True),
-               (128, 128, 64, 4, 8, True, False, False), (128, 128, 64, 4, 8, True, True, False))
+    @property
+    def name(self) -> str:
+        """The configuration in the probe's output."""
+        extra = "".join(f", {f}" for f in ("prmt", "inc", "deferred") if getattr(self, f))
+        return (f"gluon[{self.bm}x{self.bn}x{self.bk}, {self.stages} stages, {self.warps} warps, epilogue {self.epi},"
+                f" {self.per_sm}/SM{extra}]")
+
+    def constexprs(self) -> dict:
+        """The kernel's constexpr arguments."""
+        if self.deferred:
+            return {"GROUP_M": 8, "STAGES": self.stages, "num_warps": self.warps}
+        return {"GROUP_M": 8, "STAGES": self.stages, "EPI": self.epi, "num_warps": self.warps, "DO_MMA": self.do_mma,
+                "DO_EPI": self.do_epi, "DO_LOADS": self.do_loads, "PRMT": self.prmt, "INC": self.inc}
+
+
+#: Run T's configurations (reports/h200-torch2.11/README.md), then the cheaper epilogue and index arithmetic.
+CONFIGS = (Config(128, 128, 64, 4, 8, 0), Config(128, 128, 64, 4, 8, 1), Config(128, 128, 64, 4, 8, 2),
+           Config(128, 128, 64, 4, 8, 3), Config(128, 256, 32, 4, 8, 1), Config(128, 256, 32, 4, 8, 2),
+           Config(128, 256, 64, 2, 8, 1), Config(128, 128, 64, 3, 4, 4, per_sm=2),
+           Config(128, 128, 64, 2, 4, 4, per_sm=2), Config(128, 128, 32, 4, 4, 4, per_sm=2),
+           Config(64, 128, 64, 3, 4, 4, per_sm=3),
+           Config(128, 128, 64, 4, 8, 0, prmt=True), Config(128, 128, 64, 4, 8, 0, inc=True),
+           Config(128, 128, 64, 4, 8, 0, prmt=True, inc=True), Config(128, 128, 64, 4, 8, 1, prmt=True, inc=True),
+           Config(128, 256, 64, 2, 8, 0, prmt=True, inc=True), Config(128, 256, 32, 4, 8, 0, prmt=True, inc=True),
+           Config(128, 128, 64, 4, 8, 0, deferred=True), Config(128, 128, 32, 8, 8, 0, deferred=True),
+           Config(128, 128, 64, 3, 8, 0, deferred=True), Config(128, 256, 64, 2, 8, 0, deferred=True),
+           Config(128, 256, 32, 4, 8, 0, deferred=True))
+
+#: Only the configurations whose name holds this (``--only WORD``); every one when empty.
+ONLY = ""
+
+#: Runs that time one half of the work alone (the results are then wrong).
+DIAGNOSTICS = (Config(128, 128, 64, 4, 8, 0, do_epi=False), Config(128, 128, 64, 4, 8, 0, do_mma=False),
+               Config(128, 128, 64, 4, 8, 0, do_epi=False, do_loads=False),
+               Config(128, 128, 64, 4, 8, 0, do_loads=False),
+               Config(128, 128, 64, 4, 8, 0, prmt=True, inc=True, do_loads=False))
+# (Run V also timed prmt+inc with neither the epilogue nor the loads: 0.39 ms, faster than the tensor cores can
+# go, so the compiler had dropped the unused MMAs. That diagnostic is not repeated.)
 
 
 @gluon.jit
@@ -82,13 +128,59 @@ def _issue(step, total, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b
 
 
 @gluon.jit
+def _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc,
+                a_bufs, b_bufs, bars, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    # The operand loads of the step at (local tile ld_i, k block ld_kk), then the position one step on; no
+    # divisions except one tile origin per tile.
+    BK: gl.constexpr = g_desc.block_type.shape[0]
+    BM: gl.constexpr = g_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    pred = ld_i < my_tiles
+    bar = bars.index(ld_slot)
+    mbarrier.expect(bar, g_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(g_desc, [ld_kk * BK, ld_om], bar, a_bufs.index(ld_slot), pred)
+    tma.async_copy_global_to_shared(x_desc, [ld_kk * BK, ld_on], bar, b_bufs.index(ld_slot), pred)
+    ld_kk += 1
+    if ld_kk == k_tiles:
+        ld_kk = 0
+        ld_i += 1
+        ld_om, ld_on = _origin(pid + ld_i * nprog, n_m, n_n, GROUP_M, BM, BN)
+    ld_slot += 1
+    if ld_slot == STAGES:
+        ld_slot = 0
+    return ld_i, ld_kk, ld_om, ld_on, ld_slot
+
+
+@gluon.jit
+def _combine(hi, lo, acc):
+    # (hi, lo) <- split(fp32(hi, lo) + acc) for two elements per instance: each 32-bit register holds two int16
+    # of hi (or lo), element 0 in the low half; acc comes as two fp32 registers.
+    return gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 f0, f1;
+        prmt.b32 f0, $3, $2, 0x5410;
+        prmt.b32 f1, $3, $2, 0x7632;
+        add.f32 f0, f0, $4;
+        add.f32 f1, f1, $5;
+        prmt.b32 $0, f0, f1, 0x7632;
+        prmt.b32 $1, f0, f1, 0x5410;
+        }
+        """,
+        constraints="=r,=r,r,r,r,r", args=[hi, lo, acc], dtype=(gl.int16, gl.int16), is_pure=True, pack=2)
+
+
+@gluon.jit
 def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_M: gl.constexpr,
                        STAGES: gl.constexpr, EPI: gl.constexpr, num_warps: gl.constexpr, DO_MMA: gl.constexpr = True,
-                       DO_EPI: gl.constexpr = True, DO_LOADS: gl.constexpr = True):
+                       DO_EPI: gl.constexpr = True, DO_LOADS: gl.constexpr = True, PRMT: gl.constexpr = False,
+                       INC: gl.constexpr = False):
     # EPI, how the (hi, lo) tile moves: 0 TMA load at tile start, TMA store; 1 cp.async load (not through the
     # TMA unit, so the operand loads do not queue behind it), TMA store; 2 cp.async load, plain vector stores;
     # 3 plain loads into registers at tile start, plain stores; 4 plain loads after the main loop, plain stores
     # (no shared memory for the tile: small enough for two programs per SM, one's epilogue under the other's MMAs).
+    # INC: the ring's positions carried from step to step instead of divided out of a step counter.
+    # PRMT: join and split the halves two elements at a time with byte permutes (6 instructions a pair).
     # DO_MMA / DO_EPI / DO_LOADS (diagnostics only; the result is then wrong): without the main loop, without
     # the accumulator tile's traffic, or with the main loop's MMAs on whatever shared memory holds (no operand
     # loads from L2).
@@ -128,8 +220,22 @@ def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_
     total = my_tiles * k_tiles
     if not DO_MMA or not DO_LOADS:
         total = 0
+    ld_i = 0
+    ld_kk = 0
+    ld_slot = 0
+    ld_om, ld_on = _origin(pid, n_m, n_n, GROUP_M, BM, BN)
+    if not DO_MMA or not DO_LOADS:
+        ld_i = my_tiles
     for first in gl.static_range(STAGES - 1):
-        _issue(first, total, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs, bars, GROUP_M, STAGES)
+        if INC:
+            ld_i, ld_kk, ld_om, ld_on, ld_slot = _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles, k_tiles,
+                                                             pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs,
+                                                             bars, GROUP_M, STAGES)
+        else:
+            _issue(first, total, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs, bars, GROUP_M,
+                   STAGES)
+    c_slot = 0
+    c_phase = 0
 
     acc = gl.zeros((BM, BN), gl.float32, layout)
     hi_r = gl.zeros((BM, BN), gl.int16, layout)
@@ -156,15 +262,29 @@ def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_
                 hi_r = gl.load(HI + moffs)
                 lo_r = gl.load(LO + moffs)
         for kk in range(k_tiles if DO_MMA else 0):
-            slot = g % STAGES
+            if INC:
+                slot = c_slot
+                phase = c_phase
+                c_slot += 1
+                if c_slot == STAGES:
+                    c_slot = 0
+                    c_phase ^= 1
+            else:
+                slot = g % STAGES
+                phase = (g // STAGES) & 1
             if DO_LOADS:
-                mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+                mbarrier.wait(bars.index(slot), phase)
             acc = warpgroup_mma(a_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, use_acc=kk > 0,
                                 is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             # step g-1's wgmma is done: its slot, (g + STAGES - 1) % STAGES, takes the load STAGES - 1 ahead
-            _issue(g + STAGES - 1, total, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs, bars,
-                   GROUP_M, STAGES)
+            if INC:
+                ld_i, ld_kk, ld_om, ld_on, ld_slot = _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles,
+                                                                 k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc,
+                                                                 a_bufs, b_bufs, bars, GROUP_M, STAGES)
+            else:
+                _issue(g + STAGES - 1, total, k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs, bars,
+                       GROUP_M, STAGES)
             g += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if DO_EPI:
@@ -173,18 +293,21 @@ def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_
             elif EPI == 1 or EPI == 2:
                 async_copy.wait_group(0)
                 gl.thread_barrier()
-            if EPI == 3:
-                hi = hi_r.to(gl.int32)
-                lo = lo_r.to(gl.int32)
-            elif EPI == 4:
-                hi = gl.load(HI + moffs).to(gl.int32)
-                lo = gl.load(LO + moffs).to(gl.int32)
+            if PRMT and EPI <= 2:
+                new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
             else:
-                hi = hi_s.load(layout).to(gl.int32)
-                lo = lo_s.load(layout).to(gl.int32)
-            bits = (((hi << 16) | (lo & 0xFFFF)).to(gl.float32, bitcast=True) + acc).to(gl.int32, bitcast=True)
-            new_hi = (bits >> 16).to(gl.int16)
-            new_lo = (bits & 0xFFFF).to(gl.int16)
+                if EPI == 3:
+                    hi = hi_r.to(gl.int32)
+                    lo = lo_r.to(gl.int32)
+                elif EPI == 4:
+                    hi = gl.load(HI + moffs).to(gl.int32)
+                    lo = gl.load(LO + moffs).to(gl.int32)
+                else:
+                    hi = hi_s.load(layout).to(gl.int32)
+                    lo = lo_s.load(layout).to(gl.int32)
+                bits = (((hi << 16) | (lo & 0xFFFF)).to(gl.float32, bitcast=True) + acc).to(gl.int32, bitcast=True)
+                new_hi = (bits >> 16).to(gl.int16)
+                new_lo = (bits & 0xFFFF).to(gl.int16)
             if EPI == 0 or EPI == 1:
                 hi_s.store(new_hi)
                 lo_s.store(new_lo)
@@ -201,6 +324,121 @@ def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_
             else:
                 gl.store(HI + moffs, new_hi)
                 gl.store(LO + moffs, new_lo)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _epilogue(acc, hi_s, lo_s, hi_desc, lo_desc, om, on, acc_bar, phase, layout: gl.constexpr):
+    # hi:lo of tile (om, on) += acc: the halves from shared memory (TMA-loaded under acc_bar), back by TMA store.
+    mbarrier.wait(acc_bar, phase)
+    new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
+    hi_s.store(new_hi)
+    lo_s.store(new_lo)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
+    tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
+
+
+@gluon.jit
+def split_gluon_deferred_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP_M: gl.constexpr,
+                                STAGES: gl.constexpr, num_warps: gl.constexpr):
+    # Tile i's epilogue runs after tile i+1's first STAGES-1 wgmmas are issued, so the tensor cores work through
+    # it; two accumulators live at once. The operand ring is refilled by catching up to STAGES-1 steps ahead of
+    # the newest issued wgmma. Needs ceil(C / BK) >= STAGES - 1. The (hi, lo) tile of tile i is fetched once
+    # tile i-1's epilogue has stored its own.
+    BK: gl.constexpr = g_desc.block_type.shape[0]
+    BM: gl.constexpr = g_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    dtype: gl.constexpr = g_desc.dtype
+    P: gl.constexpr = STAGES - 1
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BN, 16])
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], g_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], x_desc.layout)
+    hi_s = gl.allocate_shared_memory(gl.int16, [BM, BN], hi_desc.layout)
+    lo_s = gl.allocate_shared_memory(gl.int16, [BM, BN], lo_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    acc_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    mbarrier.init(acc_bar, count=1)
+
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    n_m = gl.cdiv(V, BM)
+    n_n = gl.cdiv(H, BN)
+    my_tiles = gl.cdiv(n_m * n_n - pid, nprog)
+    k_tiles = gl.cdiv(C, BK)
+    total = my_tiles * k_tiles
+    ld_i = 0
+    ld_kk = 0
+    ld_slot = 0
+    ld_pos = 0
+    ld_om, ld_on = _origin(pid, n_m, n_n, GROUP_M, BM, BN)
+    for first in gl.static_range(STAGES):  # every slot: (a) issues P steps without refilling, (c) waits on the next
+        ld_i, ld_kk, ld_om, ld_on, ld_slot = _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles, k_tiles, pid,
+                                                         nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs, bars,
+                                                         GROUP_M, STAGES)
+    ld_pos = STAGES
+    om, on = _origin(pid, n_m, n_n, GROUP_M, BM, BN)
+    mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(hi_desc, [om, on], acc_bar, hi_s)
+    tma.async_copy_global_to_shared(lo_desc, [om, on], acc_bar, lo_s)
+
+    acc = gl.zeros((BM, BN), gl.float32, layout)
+    prev = gl.zeros((BM, BN), gl.float32, layout)
+    prev_om = om
+    prev_on = on
+    c_slot = 0
+    c_phase = 0
+    g = 0
+    for i in range(my_tiles):
+        om, on = _origin(pid + i * nprog, n_m, n_n, GROUP_M, BM, BN)
+        # (a) the tile's first P wgmmas, on operands already requested
+        for kk in gl.static_range(P):
+            mbarrier.wait(bars.index(c_slot), c_phase)
+            acc = warpgroup_mma(a_bufs.index(c_slot).permute((1, 0)), b_bufs.index(c_slot), acc, use_acc=kk > 0,
+                                is_async=True)
+            c_slot += 1
+            if c_slot == STAGES:
+                c_slot = 0
+                c_phase ^= 1
+            g += 1
+        # no wait in effect (exactly P are outstanding): it gives the loop below a plain tensor to carry
+        acc = warpgroup_mma_wait(num_outstanding=P, deps=(acc, ))
+        # (b) the previous tile's epilogue under them; then this tile's (hi, lo) is requested
+        if i > 0:
+            _epilogue(prev, hi_s, lo_s, hi_desc, lo_desc, prev_om, prev_on, acc_bar, (i - 1) & 1, layout)
+            tma.store_wait(pendings=0)
+            mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(hi_desc, [om, on], acc_bar, hi_s)
+            tma.async_copy_global_to_shared(lo_desc, [om, on], acc_bar, lo_s)
+        # (c) the rest of the tile, refilling freed slots up to P steps ahead of the newest wgmma
+        for kk in range(P, k_tiles):
+            mbarrier.wait(bars.index(c_slot), c_phase)
+            acc = warpgroup_mma(a_bufs.index(c_slot).permute((1, 0)), b_bufs.index(c_slot), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            c_slot += 1
+            if c_slot == STAGES:
+                c_slot = 0
+                c_phase ^= 1
+            while (ld_pos < g + STAGES) & (ld_pos < total):
+                ld_i, ld_kk, ld_om, ld_on, ld_slot = _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles,
+                                                                 k_tiles, pid, nprog, n_m, n_n, g_desc, x_desc,
+                                                                 a_bufs, b_bufs, bars, GROUP_M, STAGES)
+                ld_pos += 1
+            g += 1
+        prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = prev
+        prev_om = om
+        prev_on = on
+        while (ld_pos < g + STAGES) & (ld_pos < total):  # every slot is free: up to STAGES steps ahead
+            ld_i, ld_kk, ld_om, ld_on, ld_slot = _issue_next(ld_i, ld_kk, ld_om, ld_on, ld_slot, my_tiles, k_tiles,
+                                                             pid, nprog, n_m, n_n, g_desc, x_desc, a_bufs, b_bufs,
+                                                             bars, GROUP_M, STAGES)
+            ld_pos += 1
+    if my_tiles > 0:
+        _epilogue(prev, hi_s, lo_s, hi_desc, lo_desc, prev_om, prev_on, acc_bar, (my_tiles - 1) & 1, layout)
     tma.store_wait(pendings=0)
 
 
@@ -231,7 +469,7 @@ def _ptxas_usage(ptx: str) -> str:
                     if "registers" in line or "spill" in line)
 
 
-def compile_only() -> None:
+def compile_only(configs: tuple[Config, ...] = CONFIGS) -> None:
     """Compile every configuration for sm_90 here (no GPU): print shared memory, registers and spills."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -242,28 +480,32 @@ def compile_only() -> None:
     x = torch.empty(C, H, dtype=torch.bfloat16)
     hi = torch.empty(V, H, dtype=torch.int16)
     lo = torch.empty(V, H, dtype=torch.int16)
-    for bm, bn, bk, stages, warps, epi in CONFIGS:
-        descs = descriptors(G, x, hi, lo, bm, bn, bk)
-        names = ("g_desc", "x_desc", "hi_desc", "lo_desc")
-        sig = {n: mangle_type(d) for n, d in zip(names, descs)}
-        sig.update(HI="*i16", LO="*i16", V="i32", H="i32", C="i32", GROUP_M="constexpr", STAGES="constexpr",
-                   EPI="constexpr", num_warps="constexpr", DO_LOADS="constexpr",
-                   DO_MMA="constexpr", DO_EPI="constexpr")
-        consts = {"GROUP_M": 8, "STAGES": stages, "EPI": epi, "num_warps": warps, "DO_MMA": True, "DO_EPI": True,
-                  "DO_LOADS": True}
-        name = f"[{bm}x{bn}x{bk}, {stages} stages, {warps} warps, epilogue {epi}]"
+    for cfg in configs:
+        descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
+        kernel = split_gluon_deferred_kernel if cfg.deferred else split_gluon_kernel
+        names = kernel.arg_names
+        sig = {n: mangle_type(d) for n, d in zip(("g_desc", "x_desc", "hi_desc", "lo_desc"), descs)}
+        sig.update(V="i32", H="i32", C="i32")
+        if not cfg.deferred:
+            sig.update(HI="*i16", LO="*i16")
+        consts = cfg.constexprs()
+        sig.update({k: "constexpr" for k in consts})
+        # what the launcher would specialise on: 16-byte aligned pointers, H a multiple of 16
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("HI", "LO", "H") if n in names}
         try:
-            # what the launcher would specialise on: 16-byte aligned pointers, H a multiple of 16
-            names = split_gluon_kernel.arg_names
-            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("HI", "LO", "H")}
-            src = GluonASTSource(split_gluon_kernel, sig, consts, attrs)
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-            print(f"{name}: shared {k.metadata.shared} B, compiled OK", flush=True)
-            print(f"    wgmma instructions in PTX: {k.asm['ptx'].count('wgmma.mma_async')}; "
-                  f"ptxas: {_ptxas_usage(k.asm['ptx'])}", flush=True)
+            k = triton.compile(GluonASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": cfg.warps})
+            print(f"{cfg.name}: shared {k.metadata.shared} B; {_ptxas_usage(k.asm['ptx'])}", flush=True)
         except Exception as exc:  # noqa: BLE001 - a probe: report the configuration that fails, go on
-            import traceback; traceback.print_exc()
-            print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+            print(f"{cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:1500]}", flush=True)
+
+
+def _launch(cfg: Config, descs: tuple, hi: torch.Tensor, lo: torch.Tensor, V: int, H: int, C: int, sms: int) -> None:
+    progs = min(cfg.per_sm * sms, triton.cdiv(V, cfg.bm) * triton.cdiv(H, cfg.bn))
+    if cfg.deferred:
+        split_gluon_deferred_kernel[(progs,)](*descs, V, H, C, **cfg.constexprs())
+    else:
+        split_gluon_kernel[(progs,)](*descs, hi, lo, V, H, C, **cfg.constexprs())
 
 
 def _time(fn, reps: int = 15) -> float:
@@ -283,7 +525,7 @@ def _time(fn, reps: int = 15) -> float:
 
 
 def main(cs: list[int]) -> None:
-    """Per C and configuration: ms, TFLOP/s, registers/spills, and whether the sum equals the impl kernel's."""
+    """Per C and configuration: ms, TFLOP/s, and whether the sum equals the impl kernel's."""
     from impls import split_accum
 
     dev = "cuda"
@@ -310,56 +552,44 @@ def main(cs: list[int]) -> None:
         ms = _time(lambda: (hi.add_(1), lo.add_(1)))
         print(f"C={C} streaming read+write of hi and lo (torch add_): {ms:.3f} ms, "
               f"{4 * 2 * V * H / ms / 1e6:.0f} GB/s", flush=True)
-        for diag in DIAGNOSTICS:
-            bm, bn, bk, stages, warps, do_mma, do_epi, do_loads = diag
-            descs = descriptors(G, x, hi, lo, bm, bn, bk)
-            progs = min(sms, triton.cdiv(V, bm) * triton.cdiv(H, bn))
-            ms = _time(lambda: split_gluon_kernel[(progs,)](*descs, hi, lo, V, H, C, GROUP_M=8, STAGES=stages,
-                                                            EPI=0, num_warps=warps, DO_MMA=do_mma, DO_EPI=do_epi,
-                                                            DO_LOADS=do_loads))
-            print(f"C={C} diagnostic gluon[{bm}x{bn}x{bk}, {stages} stages, {warps} warps] "
-                  f"{'main loop' if do_mma else ''}{' + ' if do_mma and do_epi else ''}"
-                  f"{'accumulator traffic' if do_epi else ''}{'' if do_loads else ' (no operand loads)'} only: "
-                  f"{ms:.3f} ms", flush=True)
-        for bm, bn, bk, stages, warps, epi in CONFIGS:
-            per_sm = PROGRAMS_PER_SM.get((bm, bn, bk, stages, warps, epi), 1)
-            name = f"gluon[{bm}x{bn}x{bk}, {stages} stages, {warps} warps, epilogue {epi}, {per_sm}/SM]"
+        for cfg in DIAGNOSTICS if not ONLY else ():
+            descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
+            ms = _time(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
+            parts = [p for p, on in (("main loop", cfg.do_mma), ("accumulator traffic", cfg.do_epi)) if on]
+            print(f"C={C} diagnostic {cfg.name} {' + '.join(parts)}"
+                  f"{'' if cfg.do_loads else ' (no operand loads)'} only: {ms:.3f} ms", flush=True)
+        for cfg in CONFIGS:
+            if ONLY and ONLY not in cfg.name:
+                continue
             try:
-                descs = descriptors(G, x, hi, lo, bm, bn, bk)
-                progs = min(per_sm * sms, triton.cdiv(V, bm) * triton.cdiv(H, bn))
-
-                def run() -> None:
-                    split_gluon_kernel[(progs,)](*descs, hi, lo, V, H, C, GROUP_M=8, STAGES=stages, EPI=epi,
-                                                 num_warps=warps)
-
+                descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
                 hi.copy_(hi0)
                 lo.copy_(lo0)
-                run()
+                _launch(cfg, descs, hi, lo, V, H, C, sms)
                 torch.cuda.synchronize()
                 got = acc.value()
                 same = torch.equal(got, want)
                 ulp = ((got - want).abs() / (want.abs() * 2.0**-23).clamp_min(2.0**-149)).max().item()
-                ms = _time(run)
-                print(f"C={C} {name} {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s, "
+                ms = _time(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
+                print(f"C={C} {cfg.name} {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s, "
                       f"{'bit-identical' if same else f'DIFFERS (max {ulp:.1f} ulp)'}", flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe: report the configuration that fails, go on
-                print(f"C={C} {name} FAILED {type(exc).__name__}: {str(exc)[:600]}", flush=True)
+                print(f"C={C} {cfg.name} FAILED {type(exc).__name__}: {str(exc)[:600]}", flush=True)
 
 
-def once() -> None:
-    """One launch of the first configuration and of the impl's TMA kernel, for a profiler (ncu)."""
+def once(cfg: Config = CONFIGS[0]) -> None:
+    """One launch of ``cfg`` and of the impl's TMA kernel (after one warm-up each), for a profiler (ncu)."""
     from impls import split_accum
 
     V, H, C = 131072, 4096, 640
     G = (torch.randn(C, V, device="cuda") * 1e-3).to(torch.bfloat16)
     x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
     acc = split_accum.SplitAccumulator((V, H), "cuda")
-    bm, bn, bk, stages, warps, epi = CONFIGS[0]
-    descs = descriptors(G, x, acc.hi.view(torch.int16), acc.lo, bm, bn, bk)
-    progs = min(torch.cuda.get_device_properties(0).multi_processor_count, triton.cdiv(V, bm) * triton.cdiv(H, bn))
+    hi = acc.hi.view(torch.int16)
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for _ in range(2):
-        split_gluon_kernel[(progs,)](*descs, acc.hi.view(torch.int16), acc.lo, V, H, C, GROUP_M=8, STAGES=stages,
-                                     EPI=epi, num_warps=warps)
+        _launch(cfg, descs, hi, acc.lo, V, H, C, sms)
         acc.add_(G, x, kernel="tma")
     torch.cuda.synchronize()
 
@@ -368,6 +598,11 @@ if __name__ == "__main__":
     if "--compile-only" in sys.argv:
         compile_only()
     elif "--once" in sys.argv:
-        once()
+        once(CONFIGS[int(sys.argv[sys.argv.index("--once") + 1])] if len(sys.argv) > sys.argv.index("--once") + 1
+             else CONFIGS[0])
     else:
-        main([int(c) for c in sys.argv[1:]] or [640])
+        args = sys.argv[1:]
+        if "--only" in args:
+            ONLY = args[args.index("--only") + 1]
+            del args[args.index("--only"):args.index("--only") + 2]
+        main([int(c) for c in args] or [640])
