@@ -74,7 +74,8 @@ class Config:
         if self.deferred:
             return {"GROUP_M": 8, "STAGES": self.stages, "num_warps": self.warps}
         if self.pingpong:
-            return {"GROUP_M": 8, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4}
+            return {"GROUP_M": 8, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4, "NCONS": 2,
+                    "EPI_ON": True}
         return {"GROUP_M": 8, "STAGES": self.stages, "EPI": self.epi, "num_warps": self.warps, "DO_MMA": self.do_mma,
                 "DO_EPI": self.do_epi, "DO_LOADS": self.do_loads, "PRMT": self.prmt, "INC": self.inc}
 
@@ -458,12 +459,13 @@ def split_gluon_deferred_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
 @gluon.jit
 def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars, turn,
                  pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                 WG: gl.constexpr):
+                 WG: gl.constexpr, NCONS: gl.constexpr, EPI_ON: gl.constexpr):
     # One of two consumer warpgroups: local tiles WG, WG + 2, ... . Per tile: request the (hi, lo) tile into this
     # warpgroup's staging, run the k steps from the shared operand ring (freeing each slot once the wgmma that
     # read it is done), then the epilogue, while the other warpgroup's wgmmas keep the tensor cores busy.
     # The two take turns at the ring (turn barriers): a parity wait tells only adjacent phases apart, so a
     # consumer must not wait on a slot more than one phase ahead of it, which the other's tile would be.
+    # NCONS=1 / EPI_ON=False (to find where it hangs): warpgroup 0 takes every tile; no (hi, lo) traffic.
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -472,13 +474,14 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
     acc_bar = acc_bars.index(WG)
     acc = gl.zeros((BM, BN), gl.float32, layout)
     n = 0
-    for j in range(WG, my_tiles, 2):
+    for j in range(WG, my_tiles if NCONS == 2 or WG == 0 else 0, NCONS):
         om, on = _origin(pid + j * nprog, n_m, n_n, GROUP_M, BM, BN)
-        tma.store_wait(pendings=0)
-        mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(hi_desc, [om, on], acc_bar, hi_s)
-        tma.async_copy_global_to_shared(lo_desc, [om, on], acc_bar, lo_s)
-        if j > 0:
+        if EPI_ON:
+            tma.store_wait(pendings=0)
+            mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(hi_desc, [om, on], acc_bar, hi_s)
+            tma.async_copy_global_to_shared(lo_desc, [om, on], acc_bar, lo_s)
+        if NCONS == 2 and j > 0:
             mbarrier.wait(turn.index(WG), (n - (1 - WG)) & 1)
         step = j * k_tiles
         slot = step % STAGES
@@ -497,14 +500,16 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
                 phase ^= 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(prev_slot))
-        mbarrier.arrive(turn.index(1 - WG))
-        mbarrier.wait(acc_bar, n & 1)
-        new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
-        hi_s.store(new_hi)
-        lo_s.store(new_lo)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
-        tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
+        if NCONS == 2:
+            mbarrier.arrive(turn.index(1 - WG))
+        if EPI_ON:
+            mbarrier.wait(acc_bar, n & 1)
+            new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
+            hi_s.store(new_hi)
+            lo_s.store(new_lo)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
+            tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
         n += 1
     tma.store_wait(pendings=0)
 
@@ -540,7 +545,8 @@ def _pp_producer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
 
 @gluon.jit
 def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP_M: gl.constexpr,
-                                STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                                NCONS: gl.constexpr = 2, EPI_ON: gl.constexpr = True):
     # Ping-pong warp specialisation: two consumer warpgroups (the default partition, 4 warps, and a worker)
     # take alternate tiles; a one-warp producer fills the shared operand ring. Launch with num_warps=4.
     BK: gl.constexpr = g_desc.block_type.shape[0]
@@ -572,9 +578,9 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     # (spelled out: a tuple concatenated in the kernel loses its constexprs)
     gl.warp_specialize([
         (_pp_consumer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
-                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG0)),
+                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG0, NCONS, EPI_ON)),
         (_pp_consumer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
-                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG1)),
+                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG1, NCONS, EPI_ON)),
         (_pp_producer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
                         turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])
@@ -735,8 +741,54 @@ def once(cfg: Config = CONFIGS[0]) -> None:
     torch.cuda.synchronize()
 
 
+def pp_one(ncons: int, epi_on: bool) -> None:
+    """One ping-pong variant at C=640: launch, check against the impl's kernel (with the epilogue), time."""
+    from impls import split_accum
+
+    V, H, C = 131072, 4096, 640
+    torch.manual_seed(0)
+    G = (torch.randn(C, V, device="cuda") * 1e-3).to(torch.bfloat16)
+    x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
+    ref = split_accum.SplitAccumulator((V, H), "cuda")
+    ref.add_(G, x, kernel="tma")
+    acc = split_accum.SplitAccumulator((V, H), "cuda")
+    hi = acc.hi.view(torch.int16)
+    cfg = PINGPONG[0]
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    progs = min(sms, triton.cdiv(V, cfg.bm) * triton.cdiv(H, cfg.bn))
+
+    def run() -> None:
+        split_gluon_pingpong_kernel[(progs,)](*descs, V, H, C, **dict(cfg.constexprs(), NCONS=ncons, EPI_ON=epi_on))
+
+    run()
+    torch.cuda.synchronize()
+    verdict = ("bit-identical" if torch.equal(acc.value(), ref.value()) else "DIFFERS") if epi_on else "not checked"
+    print(f"{cfg.name} consumers={ncons} epilogue={epi_on}: finished, {verdict}, {_time(run, reps=5):.3f} ms",
+          flush=True)
+
+
+def pp_debug(timeout_s: float = 40.0) -> None:
+    """Each ping-pong variant in its own process, cut after ``timeout_s``: which part hangs."""
+    import subprocess
+
+    for ncons, epi_on in ((1, False), (1, True), (2, False), (2, True)):
+        try:
+            out = subprocess.run([sys.executable, "-m", "reports.probes.split_gluon", "--pp-one", str(ncons),
+                                  str(int(epi_on))], capture_output=True, text=True, timeout=timeout_s)
+            lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "Warning" not in ln]
+            print("\n".join(lines[-3:]) or f"consumers={ncons} epilogue={epi_on}: exit {out.returncode}", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"consumers={ncons} epilogue={epi_on}: HUNG (killed after {timeout_s:.0f} s)", flush=True)
+
+
 if __name__ == "__main__":
-    if "--compile-only" in sys.argv:
+    if "--pp-debug" in sys.argv:
+        pp_debug()
+    elif "--pp-one" in sys.argv:
+        at = sys.argv.index("--pp-one")
+        pp_one(int(sys.argv[at + 1]), bool(int(sys.argv[at + 2])))
+    elif "--compile-only" in sys.argv:
         compile_only()
     elif "--once" in sys.argv:
         once(CONFIGS[int(sys.argv[sys.argv.index("--once") + 1])] if len(sys.argv) > sys.argv.index("--once") + 1
