@@ -12,18 +12,24 @@ schedule is explicit (Gluon, Hopper):
   of that tile run; the epilogue adds from shared memory and TMA-stores the halves back without waiting;
 - one wgmma stays in flight while the next slot is refilled.
 
+Three kernels: ``split_gluon_kernel`` (the schedule above, with switches for the (hi, lo) path, ``prmt`` and
+``inc``), ``split_gluon_deferred_kernel`` (tile i's epilogue after tile i+1's first wgmmas are issued) and
+``split_gluon_pingpong_kernel`` (two consumer warpgroups on alternate tiles and a producer warp). Their barrier
+protocols are simulated by reports/probes/split_gluon_protocol.py.
+
 Checked against the impl's kernel bit for bit (the same fp32 sum per tile: K order within a tile is the same),
-then timed like split_overlap.py. ``--compile-only`` compiles for sm_90 without a GPU (syntax, shared-memory
-fit, registers and spills); ``--once`` launches the first configuration and the impl's kernel once each, for
-Nsight Compute.
+then timed like split_overlap.py.
 
-Result (runs T–X in reports/h200-torch2.11/README.md): every configuration is exact, and none is faster than the
-impl's kernel. The best, with the halves joined and split by byte permutes (``prmt``) and the ring positions
-carried instead of divided (``inc``), or with the epilogue deferred under the next tile's first MMAs
-(``split_gluon_deferred_kernel``), tie with it at about 2.0 ms.
+Result (runs T–AB in reports/h200-torch2.11/README.md): every configuration that finishes is exact, and none is
+faster than the impl's kernel. The best tie with it at about 2.0 ms: the halves joined and split by byte
+permutes (``prmt``) with the ring positions carried instead of divided (``inc``), or the deferred epilogue.
+The ping-pong kernel hangs on the H200, even cut down to one consumer without the epilogue (run AB).
 
-Usage (device): python -m reports.probes.split_gluon [C ...]
-        (here): python -m reports.probes.split_gluon --compile-only
+Usage (device): python -m reports.probes.split_gluon [--only 'WORD|WORD'] [C ...]
+                python -m reports.probes.split_gluon --once [INDEX]     (one launch each, for Nsight Compute)
+                python -m reports.probes.split_gluon --pp-debug         (ping-pong reductions, 40 s each)
+        (here): python -m reports.probes.split_gluon --compile-only     (sm_90 without a GPU: shared memory,
+                                                                          registers and spills)
 """
 from __future__ import annotations
 
