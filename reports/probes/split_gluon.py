@@ -619,8 +619,10 @@ def _ptxas_usage(ptx: str) -> str:
                     if "registers" in line or "spill" in line)
 
 
-def compile_only(configs: tuple[Config, ...] = CONFIGS) -> None:
-    """Compile every configuration for sm_90 here (no GPU): print shared memory, registers and spills."""
+def compile_only(configs: tuple[Config, ...] | None = None) -> None:
+    """Compile every configuration (``CONFIGS`` and ``PINGPONG`` unless given) for sm_90 here (no GPU): print
+    shared memory, registers and spills."""
+    configs = CONFIGS + PINGPONG if configs is None else configs
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
