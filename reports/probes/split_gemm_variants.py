@@ -18,26 +18,11 @@ Usage (device): python -m reports.probes.split_gemm_variants [C ...]
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
 
-
-def _time(fn, reps: int = 15) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` runs, CUDA events, after two warm-up runs."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from reports.probes.timing import median_ms
 
 
 def main(cs: list[int]) -> None:
@@ -107,7 +92,7 @@ def main(cs: list[int]) -> None:
         flops = 2.0 * C * V * H
 
         acc32 = start32.clone()
-        ms = _time(lambda: torch.addmm(acc32, G.t(), x, out_dtype=torch.float32, out=acc32))
+        ms = median_ms(lambda: torch.addmm(acc32, G.t(), x, out_dtype=torch.float32, out=acc32))
         print(f"C={C} cublas_fp32 {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
 
         ref = split_accum.SplitAccumulator((V, H), dev)
@@ -116,7 +101,7 @@ def main(cs: list[int]) -> None:
         ref.add_(G, x)
         want = ref.value().clone()
         acc = split_accum.SplitAccumulator((V, H), dev)
-        ms = _time(lambda: acc.add_(G, x))
+        ms = median_ms(lambda: acc.add_(G, x))
         print(f"C={C} pointer {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
         del acc
 
@@ -151,7 +136,7 @@ def main(cs: list[int]) -> None:
                 run()
                 got = ((hi.to(torch.int32) << 16) | (lo.to(torch.int32) & 0xFFFF)).view(torch.float32)
                 ulp = ((got - want).abs() / (want.abs() * 2.0**-23).clamp_min(2.0**-149)).max().item()
-                ms = _time(run)
+                ms = median_ms(run)
                 print(f"C={C} {name} {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s max diff {ulp:.1f} ulp", flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe: report the variant that does not compile, go on
                 print(f"C={C} {name} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)

@@ -33,7 +33,6 @@ Usage (device): python -m reports.probes.split_gluon [--only 'WORD|WORD'] [C ...
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from dataclasses import dataclass
 
@@ -45,6 +44,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from reports.probes.timing import median_ms
+
 
 @dataclass(frozen=True)
 class Config:
@@ -663,22 +665,6 @@ def _launch(cfg: Config, descs: tuple, hi: torch.Tensor, lo: torch.Tensor, V: in
         split_gluon_kernel[(progs,)](*descs, hi, lo, V, H, C, **cfg.constexprs())
 
 
-def _time(fn, reps: int = 15) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` runs, CUDA events, after two warm-ups."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
-
-
 def main(cs: list[int]) -> None:
     """Per C and configuration: ms, TFLOP/s, and whether the sum equals the impl kernel's."""
     from impls import split_accum
@@ -702,14 +688,14 @@ def main(cs: list[int]) -> None:
         lo.copy_(lo0)
         acc.add_(G, x, kernel="tma")
         want = acc.value().clone()
-        ms = _time(lambda: acc.add_(G, x, kernel="tma"))
+        ms = median_ms(lambda: acc.add_(G, x, kernel="tma"))
         print(f"C={C} impl tma kernel {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
-        ms = _time(lambda: (hi.add_(1), lo.add_(1)))
+        ms = median_ms(lambda: (hi.add_(1), lo.add_(1)))
         print(f"C={C} streaming read+write of hi and lo (torch add_): {ms:.3f} ms, "
               f"{4 * 2 * V * H / ms / 1e6:.0f} GB/s", flush=True)
         for cfg in DIAGNOSTICS if not ONLY else ():
             descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
-            ms = _time(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
+            ms = median_ms(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
             parts = [p for p, on in (("main loop", cfg.do_mma), ("accumulator traffic", cfg.do_epi)) if on]
             print(f"C={C} diagnostic {cfg.name} {' + '.join(parts)}"
                   f"{'' if cfg.do_loads else ' (no operand loads)'} only: {ms:.3f} ms", flush=True)
@@ -725,7 +711,7 @@ def main(cs: list[int]) -> None:
                 got = acc.value()
                 same = torch.equal(got, want)
                 ulp = ((got - want).abs() / (want.abs() * 2.0**-23).clamp_min(2.0**-149)).max().item()
-                ms = _time(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
+                ms = median_ms(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
                 print(f"C={C} {cfg.name} {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s, "
                       f"{'bit-identical' if same else f'DIFFERS (max {ulp:.1f} ulp)'}", flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe: report the configuration that fails, go on
@@ -772,7 +758,7 @@ def pp_one(ncons: int, epi_on: bool) -> None:
     run()
     torch.cuda.synchronize()
     verdict = ("bit-identical" if torch.equal(acc.value(), ref.value()) else "DIFFERS") if epi_on else "not checked"
-    print(f"{cfg.name} consumers={ncons} epilogue={epi_on}: finished, {verdict}, {_time(run, reps=5):.3f} ms",
+    print(f"{cfg.name} consumers={ncons} epilogue={epi_on}: finished, {verdict}, {median_ms(run, reps=5):.3f} ms",
           flush=True)
 
 

@@ -20,26 +20,11 @@ Usage (device): python -m reports.probes.split_overlap [C ...]
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
 
-
-def _time(fn, reps: int = 15) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` runs, CUDA events on the current stream, after two warm-ups."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from reports.probes.timing import median_ms
 
 
 def main(cs: list[int]) -> None:
@@ -141,9 +126,9 @@ def main(cs: list[int]) -> None:
             gx_same = torch.equal(gx, gx_want)
             return f"split {'identical' if same else 'DIFFERS'}, grad_x {'identical' if gx_same else 'DIFFERS'}"
 
-        print(f"C={C} grad_x {_time(grad_x):.3f} ms", flush=True)
-        print(f"C={C} split {_time(lambda: split_static(min(tiles, sms))):.3f} ms", flush=True)
-        print(f"C={C} split+grad_x in sequence {_time(lambda: (grad_x(), split_static(min(tiles, sms)))):.3f} ms",
+        print(f"C={C} grad_x {median_ms(grad_x):.3f} ms", flush=True)
+        print(f"C={C} split {median_ms(lambda: split_static(min(tiles, sms))):.3f} ms", flush=True)
+        print(f"C={C} split+grad_x in sequence {median_ms(lambda: (grad_x(), split_static(min(tiles, sms)))):.3f} ms",
               flush=True)
         for progs in (sms, sms - 16, sms - 32, sms - 48, sms - 66):
             for first in ("gx", "split"):
@@ -151,7 +136,7 @@ def main(cs: list[int]) -> None:
                     run = forked(lambda p=progs, f=fn: f(p), first)
                     try:
                         verdict = check(run)
-                        ms = _time(run)
+                        ms = median_ms(run)
                         print(f"C={C} {kind}[{progs} programs, {first} first] {ms:.3f} ms ({verdict})", flush=True)
                     except Exception as exc:  # noqa: BLE001 - a probe: report and go on
                         print(f"C={C} {kind}[{progs}, {first}] FAILED {type(exc).__name__}: {str(exc)[:300]}",
