@@ -104,8 +104,9 @@ CONFIGS = (Config(128, 128, 64, 4, 8, 0), Config(128, 128, 64, 4, 8, 1), Config(
            Config(128, 128, 32, 2, 4, 0, prmt=True, inc=True, per_sm=2),
            Config(128, 128, 64, 2, 4, 0, prmt=True, inc=True, per_sm=1))
 
-#: The ping-pong kernel's configurations. They deadlocked on the H200 (runs Y and Z; not found why), so main()
-#: runs them only when asked: ``--only ping-pong``.
+#: The ping-pong kernel's configurations. They hung on the H200 in runs Y, Z and AB (the consumer freed every
+#: ring slot through the tile's first one: reports/probes/triton_carry.py), so main() runs them only when asked:
+#: ``--only ping-pong``.
 PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6, 4, 0, pingpong=232),
             Config(128, 128, 64, 3, 4, 0, pingpong=208))
 
@@ -494,20 +495,22 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
         step = j * k_tiles
         slot = step % STAGES
         phase = (step // STAGES) & 1
-        prev_slot = slot
         for kk in range(k_tiles):
             mbarrier.wait(ready.index(slot), phase)
             acc = warpgroup_mma(a_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, use_acc=kk > 0,
                                 is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index(prev_slot), pred=kk > 0)  # the previous step's wgmma is done
-            prev_slot = slot
+            # The previous step's wgmma is done: free its slot. Worked out from `slot`, not kept as
+            # `prev_slot = slot`: Triton's frontend does not carry a name whose in-loop value is another
+            # carried name's entry value, so every arrive went to the tile's first slot (runs Y-AB hung;
+            # reports/probes/triton_carry.py shows the miscompile in six lines).
+            mbarrier.arrive(empty.index((slot + STAGES - 1) % STAGES), pred=kk > 0)
             slot += 1
             if slot == STAGES:
                 slot = 0
                 phase ^= 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(prev_slot))
+        mbarrier.arrive(empty.index((slot + STAGES - 1) % STAGES))
         if NCONS == 2:
             mbarrier.arrive(turn.index(1 - WG))
         if EPI_ON:
