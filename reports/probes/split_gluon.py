@@ -64,6 +64,7 @@ class Config:
     inc: bool = False
     deferred: bool = False  # split_gluon_deferred_kernel (TMA epilogue with prmt, incremental ring positions)
     pingpong: int = 0  # split_gluon_pingpong_kernel with this many registers per consumer thread (warps: 4 + 4 + 1)
+    halves: bool = False  # ping-pong only: the epilogue on column halves (no spills)
     do_mma: bool = True  # the three below only for the diagnostics
     do_epi: bool = True
     do_loads: bool = True
@@ -73,7 +74,7 @@ class Config:
         """The configuration in the probe's output."""
         extra = "".join(f", {f}" for f in ("prmt", "inc", "deferred") if getattr(self, f))
         if self.pingpong:
-            extra += f", ping-pong {self.pingpong} regs"
+            extra += f", ping-pong {self.pingpong} regs" + (", epilogue halves" if self.halves else "")
         return (f"gluon[{self.bm}x{self.bn}x{self.bk}, {self.stages} stages, {self.warps} warps, epilogue {self.epi},"
                 f" {self.per_sm}/SM{extra}]")
 
@@ -83,7 +84,7 @@ class Config:
             return {"GROUP_M": 8, "STAGES": self.stages, "num_warps": self.warps}
         if self.pingpong:
             return {"GROUP_M": 8, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4, "NCONS": 2,
-                    "EPI_ON": True}
+                    "EPI_ON": True, "EPI_HALVES": self.halves}
         return {"GROUP_M": 8, "STAGES": self.stages, "EPI": self.epi, "num_warps": self.warps, "DO_MMA": self.do_mma,
                 "DO_EPI": self.do_epi, "DO_LOADS": self.do_loads, "PRMT": self.prmt, "INC": self.inc}
 
@@ -108,7 +109,8 @@ CONFIGS = (Config(128, 128, 64, 4, 8, 0), Config(128, 128, 64, 4, 8, 1), Config(
 #: ring slot through the tile's first one: reports/probes/triton_carry.py), so main() runs them only when asked:
 #: ``--only ping-pong``.
 PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6, 4, 0, pingpong=232),
-            Config(128, 128, 64, 3, 4, 0, pingpong=208))
+            Config(128, 128, 64, 3, 4, 0, pingpong=208), Config(128, 128, 64, 3, 4, 0, pingpong=232, halves=True),
+            Config(128, 128, 32, 6, 4, 0, pingpong=232, halves=True))
 
 #: Only the configurations whose name holds one of these ``|``-separated words (``--only 'A|B'``); all when empty.
 ONLY = ""
@@ -466,15 +468,37 @@ def split_gluon_deferred_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
 
 
 @gluon.jit
+def _combine_halves(acc, hi_s, lo_s):
+    # The epilogue on column halves of the tile: the accumulator is split in registers (its halves are registers
+    # it already holds), so only half of the (hi, lo) tile is live at a time (the whole one spills at 232 registers).
+    BM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1]))
+    h0 = hi_s.slice(0, BN // 2, dim=1)
+    l0 = lo_s.slice(0, BN // 2, dim=1)
+    n_hi, n_lo = _combine(h0.load(a0.type.layout), l0.load(a0.type.layout), a0)
+    h0.store(n_hi)
+    l0.store(n_lo)
+    h1 = hi_s.slice(BN // 2, BN // 2, dim=1)
+    l1 = lo_s.slice(BN // 2, BN // 2, dim=1)
+    n_hi, n_lo = _combine(h1.load(a1.type.layout), l1.load(a1.type.layout), a1)
+    h1.store(n_hi)
+    l1.store(n_lo)
+
+
+@gluon.jit
 def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars, turn,
                  pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                 WG: gl.constexpr, NCONS: gl.constexpr, EPI_ON: gl.constexpr):
+                 WG: gl.constexpr, NCONS: gl.constexpr, EPI_ON: gl.constexpr, EPI_PART: gl.constexpr,
+                 EPI_HALVES: gl.constexpr):
     # One of two consumer warpgroups: local tiles WG, WG + 2, ... . Per tile: request the (hi, lo) tile into this
     # warpgroup's staging, run the k steps from the shared operand ring (freeing each slot once the wgmma that
     # read it is done), then the epilogue, while the other warpgroup's wgmmas keep the tensor cores busy.
     # The two take turns at the ring (turn barriers): a parity wait tells only adjacent phases apart, so a
     # consumer must not wait on a slot more than one phase ahead of it, which the other's tile would be.
     # NCONS=1 / EPI_ON=False (to find where it hangs): warpgroup 0 takes every tile; no (hi, lo) traffic.
+    # EPI_PART (diagnostics, wrong results): 1 = the epilogue's work in the SM only (no TMA load or store of the
+    # (hi, lo) tile); 2 = its memory traffic only (the tile loaded and stored back unchanged, no combine).
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -485,7 +509,7 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
     n = 0
     for j in range(WG, my_tiles if NCONS == 2 or WG == 0 else 0, NCONS):
         om, on = _origin(pid + j * nprog, n_m, n_n, GROUP_M, BM, BN)
-        if EPI_ON:
+        if EPI_ON and EPI_PART != 1:
             tma.store_wait(pendings=0)
             mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(hi_desc, [om, on], acc_bar, hi_s)
@@ -514,13 +538,19 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
         if NCONS == 2:
             mbarrier.arrive(turn.index(1 - WG))
         if EPI_ON:
-            mbarrier.wait(acc_bar, n & 1)
-            new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
-            hi_s.store(new_hi)
-            lo_s.store(new_lo)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
-            tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
+            if EPI_PART != 1:
+                mbarrier.wait(acc_bar, n & 1)
+            if EPI_PART != 2:
+                if EPI_HALVES:
+                    _combine_halves(acc, hi_s, lo_s)
+                else:
+                    new_hi, new_lo = _combine(hi_s.load(layout), lo_s.load(layout), acc)
+                    hi_s.store(new_hi)
+                    lo_s.store(new_lo)
+                fence_async_shared()
+            if EPI_PART != 1:
+                tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
+                tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
         n += 1
     tma.store_wait(pendings=0)
 
@@ -557,7 +587,8 @@ def _pp_producer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
 @gluon.jit
 def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP_M: gl.constexpr,
                                 STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                NCONS: gl.constexpr = 2, EPI_ON: gl.constexpr = True):
+                                NCONS: gl.constexpr = 2, EPI_ON: gl.constexpr = True, EPI_PART: gl.constexpr = 0,
+                                EPI_HALVES: gl.constexpr = False):
     # Ping-pong warp specialisation: two consumer warpgroups (the default partition, 4 warps, and a worker)
     # take alternate tiles; a one-warp producer fills the shared operand ring. Launch with num_warps=4.
     BK: gl.constexpr = g_desc.block_type.shape[0]
@@ -589,9 +620,11 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     # (spelled out: a tuple concatenated in the kernel loses its constexprs)
     gl.warp_specialize([
         (_pp_consumer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
-                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG0, NCONS, EPI_ON)),
+                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG0, NCONS, EPI_ON,
+                        EPI_PART, EPI_HALVES)),
         (_pp_consumer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
-                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG1, NCONS, EPI_ON)),
+                        turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES, WG1, NCONS, EPI_ON,
+                        EPI_PART, EPI_HALVES)),
         (_pp_producer, (g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars,
                         turn, pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])
@@ -738,8 +771,8 @@ def once(cfg: Config = CONFIGS[0]) -> None:
     torch.cuda.synchronize()
 
 
-def pp_one(ncons: int, epi_on: bool) -> None:
-    """One ping-pong variant at C=640: launch, check against the impl's kernel (with the epilogue), time."""
+def pp_one(ncons: int, epi_on: bool, epi_part: int = 0, cfg: Config = PINGPONG[0]) -> None:
+    """One ping-pong variant at C=640: launch, check against the impl's kernel (full epilogue only), time."""
     from impls import split_accum
 
     V, H, C = 131072, 4096, 640
@@ -750,33 +783,43 @@ def pp_one(ncons: int, epi_on: bool) -> None:
     ref.add_(G, x, kernel="tma")
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
-    cfg = PINGPONG[0]
     descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs = min(sms, triton.cdiv(V, cfg.bm) * triton.cdiv(H, cfg.bn))
+    consts = dict(cfg.constexprs(), NCONS=ncons, EPI_ON=epi_on, EPI_PART=epi_part)
 
     def run() -> None:
-        split_gluon_pingpong_kernel[(progs,)](*descs, V, H, C, **dict(cfg.constexprs(), NCONS=ncons, EPI_ON=epi_on))
+        split_gluon_pingpong_kernel[(progs,)](*descs, V, H, C, **consts)
 
     run()
     torch.cuda.synchronize()
-    verdict = ("bit-identical" if torch.equal(acc.value(), ref.value()) else "DIFFERS") if epi_on else "not checked"
-    print(f"{cfg.name} consumers={ncons} epilogue={epi_on}: finished, {verdict}, {median_ms(run, reps=5):.3f} ms",
-          flush=True)
+    full = epi_on and not epi_part
+    verdict = ("bit-identical" if torch.equal(acc.value(), ref.value()) else "DIFFERS") if full else "not checked"
+    part = {0: "", 1: " (in-SM work only)", 2: " (memory traffic only)"}[epi_part] if epi_on else ""
+    print(f"{cfg.name} consumers={ncons} epilogue={epi_on}{part}: finished, {verdict}, "
+          f"{median_ms(run, reps=5):.3f} ms", flush=True)
 
 
-def pp_debug(timeout_s: float = 40.0) -> None:
-    """Each ping-pong variant in its own process, cut after ``timeout_s``: which part hangs."""
+#: pp_debug's variants (consumers, epilogue on, epilogue part, index in PINGPONG): run AB's reductions, then the
+#: epilogue's in-SM work and its memory traffic each alone, with the whole-tile epilogue and with halves.
+PP_VARIANTS = ((1, False, 0, 0), (1, True, 0, 0), (2, False, 0, 0), (2, True, 0, 0), (2, True, 1, 0), (2, True, 2, 0),
+               (1, True, 0, 3), (2, True, 1, 3))
+
+
+def pp_debug(variants: tuple[tuple[int, bool, int, int], ...] = PP_VARIANTS, timeout_s: float = 40.0) -> None:
+    """Each ping-pong variant in its own process, cut after ``timeout_s`` (a hang costs no more)."""
     import subprocess
 
-    for ncons, epi_on in ((1, False), (1, True), (2, False), (2, True)):
+    for ncons, epi_on, part, idx in variants:
         try:
             out = subprocess.run([sys.executable, "-m", "reports.probes.split_gluon", "--pp-one", str(ncons),
-                                  str(int(epi_on))], capture_output=True, text=True, timeout=timeout_s)
+                                  str(int(epi_on)), str(part), str(idx)], capture_output=True, text=True,
+                                 timeout=timeout_s)
             lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "Warning" not in ln]
             print("\n".join(lines[-3:]) or f"consumers={ncons} epilogue={epi_on}: exit {out.returncode}", flush=True)
         except subprocess.TimeoutExpired:
-            print(f"consumers={ncons} epilogue={epi_on}: HUNG (killed after {timeout_s:.0f} s)", flush=True)
+            print(f"consumers={ncons} epilogue={epi_on} part={part}: HUNG (killed after {timeout_s:.0f} s)",
+                  flush=True)
 
 
 if __name__ == "__main__":
@@ -784,7 +827,8 @@ if __name__ == "__main__":
         pp_debug()
     elif "--pp-one" in sys.argv:
         at = sys.argv.index("--pp-one")
-        pp_one(int(sys.argv[at + 1]), bool(int(sys.argv[at + 2])))
+        rest = [int(a) for a in sys.argv[at + 3:at + 5]] + [0, 0]
+        pp_one(int(sys.argv[at + 1]), bool(int(sys.argv[at + 2])), rest[0], PINGPONG[rest[1]])
     elif "--compile-only" in sys.argv:
         compile_only()
     elif "--once" in sys.argv:

@@ -26,7 +26,7 @@ N = 6
 
 
 @triton.jit
-def carry_kernel(out, n):
+def carry_kernel(out, n: tl.constexpr):  # constexpr: Triton 3.6's interpreter cannot range() over an i32 arg
     """Stores, at step i, the value ``s`` had at step i-1 (0 at step 0)."""
     s = 0
     prev = s
@@ -53,7 +53,7 @@ def compiled_store_operands() -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    k = triton.compile(ASTSource(carry_kernel, {"out": "*i32", "n": "i32"}, {}), target=GPUTarget("cuda", 90, 32))
+    k = triton.compile(ASTSource(carry_kernel, {"out": "*i32", "n": "constexpr"}, {"n": N}), target=GPUTarget("cuda", 90, 32))
     return [line.split("tt.store")[1].split(":")[0].strip() for line in k.asm["ttir"].splitlines() if "tt.store" in line]
 
 
