@@ -110,7 +110,9 @@ CONFIGS = (Config(128, 128, 64, 4, 8, 0), Config(128, 128, 64, 4, 8, 1), Config(
 #: ``--only ping-pong``.
 PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6, 4, 0, pingpong=232),
             Config(128, 128, 64, 3, 4, 0, pingpong=208), Config(128, 128, 64, 3, 4, 0, pingpong=232, halves=True),
-            Config(128, 128, 32, 6, 4, 0, pingpong=232, halves=True))
+            Config(128, 128, 32, 6, 4, 0, pingpong=232, halves=True),
+            Config(128, 128, 16, 12, 4, 0, pingpong=232, halves=True),
+            Config(128, 128, 32, 5, 4, 0, pingpong=232, halves=True))
 
 #: Only the configurations whose name holds one of these ``|``-separated words (``--only 'A|B'``); all when empty.
 ONLY = ""
@@ -803,7 +805,8 @@ def pp_one(ncons: int, epi_on: bool, epi_part: int = 0, cfg: Config = PINGPONG[0
 #: pp_debug's variants (consumers, epilogue on, epilogue part, index in PINGPONG): run AB's reductions, then the
 #: epilogue's in-SM work and its memory traffic each alone, with the whole-tile epilogue and with halves.
 PP_VARIANTS = ((1, False, 0, 0), (1, True, 0, 0), (2, False, 0, 0), (2, True, 0, 0), (2, True, 1, 0), (2, True, 2, 0),
-               (1, True, 0, 3), (2, True, 1, 3))
+               (1, True, 0, 3), (2, True, 1, 3), (2, False, 0, 4), (2, True, 2, 4), (2, True, 1, 4),
+               (2, False, 0, 5), (2, True, 2, 5))
 
 
 def pp_debug(variants: tuple[tuple[int, bool, int, int], ...] = PP_VARIANTS, timeout_s: float = 40.0) -> None:
@@ -823,8 +826,10 @@ def pp_debug(variants: tuple[tuple[int, bool, int, int], ...] = PP_VARIANTS, tim
 
 
 if __name__ == "__main__":
-    if "--pp-debug" in sys.argv:
-        pp_debug()
+    if "--pp-debug" in sys.argv:  # optionally followed by comma-separated indices into PP_VARIANTS
+        at = sys.argv.index("--pp-debug") + 1
+        pick = [int(i) for i in sys.argv[at].split(",")] if len(sys.argv) > at else range(len(PP_VARIANTS))
+        pp_debug(tuple(PP_VARIANTS[i] for i in pick))
     elif "--pp-one" in sys.argv:
         at = sys.argv.index("--pp-one")
         rest = [int(a) for a in sys.argv[at + 3:at + 5]] + [0, 0]
