@@ -1,0 +1,87 @@
+"""Probe: the bench's large case of the split_fp32 impls with their split step on the ping-pong Gluon kernel.
+
+``numcheck bench`` times ``chunked_triton[split_fp32]`` and ``recompute_triton[split_fp32]`` with the impl's TMA
+kernel. This probe times the same cases (``reports.bench.bench_impl``: BT=8192, H=4096, V=131072, bf16, mean,
+10% ignored) in one process, first as registered, then with ``SplitAccumulator._add_tma`` replaced by the
+ping-pong kernel of ``split_gluon.py`` (a probe kernel: Gluon has no interpreter, so the CPU tier could not test
+it as an impl), and with 704-row chunks (the most that keeps a bf16 logits chunk and the lower half under
+1200 MiB). The gradients of the patched run are compared bit for bit with the registered ones; the share of
+the floor uses the best bf16 matmul rate measured before and after, as the bench does.
+
+    python -m reports.probes.bench_pingpong [CONFIG_INDEX]   # index into split_gluon.PINGPONG (default 4)
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+
+from impls import registry, split_accum
+from reports import bench
+from reports.probes import split_gluon
+
+BT, H, V = 8192, 4096, 131072
+REP_MS = 400.0
+
+
+def pingpong_add(cfg: split_gluon.Config):
+    """A replacement for ``SplitAccumulator._add_tma`` that runs the ping-pong kernel with ``cfg``."""
+
+    def add(self: split_accum.SplitAccumulator, G: torch.Tensor, x: torch.Tensor) -> None:
+        v, h = self.shape
+        descs = split_gluon.descriptors(G, x, self.hi.view(torch.int16), self.lo, cfg.bm, cfg.bn, cfg.bk)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        progs = min(sms, triton.cdiv(v, cfg.bm) * triton.cdiv(h, cfg.bn))
+        split_gluon.split_gluon_pingpong_kernel[(progs,)](*descs, v, h, G.shape[0], **cfg.constexprs())
+
+    return add
+
+
+def grads(impl) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_w) of one forward+backward of the bench case."""
+    x, w, t = bench._case(BT, H, V, torch.device("cuda"))
+    xr, wr = x.requires_grad_(), w.requires_grad_()
+    out = impl(xr, wr, t, None, reduction="mean", ignore_index=-100)
+    (out[0] if isinstance(out, tuple) else out).backward()
+    return xr.grad, wr.grad
+
+
+def main(idx: int) -> None:
+    """Print each case's ms, share of the floor and extra peak, as registered and on the ping-pong kernel."""
+    dev = torch.device("cuda")
+    cfg = split_gluon.PINGPONG[idx]
+    rates = bench.matmul_rates(dev, REP_MS)
+    print(f"torch {torch.__version__} triton {triton.__version__}; ping-pong config {cfg.name}", flush=True)
+    impls = [registry.builtin("chunked_triton[split_fp32]"), registry.builtin("recompute_triton[split_fp32]")]
+    rows = []
+    want = {im.name: grads(im) for im in impls}
+    original = split_accum.SplitAccumulator._add_tma
+    for label, patch, chunk in (("impl TMA kernel", False, None), ("ping-pong", True, None),
+                                ("ping-pong, 704-row chunks", True, 704)):
+        split_accum.SplitAccumulator._add_tma = pingpong_add(cfg) if patch else original
+        try:
+            for im in impls:
+                run = im.with_chunk_rows(chunk) if chunk else im
+                if patch and not chunk:
+                    got = grads(run)
+                    same = all(torch.equal(a, b) for a, b in zip(got, want[im.name]))
+                    print(f"{im.name} on ping-pong: gradients {'bit-identical' if same else 'DIFFER'} "
+                          f"to the impl kernel's", flush=True)
+                    del got
+                r = bench.bench_impl(run, BT, H, V, dev, REP_MS)
+                rows.append((im.name, label, r))
+                print(f"{im.name} [{label}]: {r['ms']:.2f} ms, extra peak {r['extra_peak_mib']:.0f} MiB", flush=True)
+        finally:
+            split_accum.SplitAccumulator._add_tma = original
+    rates += bench.matmul_rates(dev, REP_MS)
+    rate = max(rates)
+    floor_ms = 6 * BT * H * V / rate * 1e3
+    print(f"bf16 matmul rate: best {rate / 1e12:.0f} TFLOP/s of {[round(r / 1e12) for r in rates]}; "
+          f"floor {floor_ms:.2f} ms")
+    for name, label, r in rows:
+        print(f"| {name} | {label} | {r['ms']:.2f} | {floor_ms / r['ms']:.2f} | {r['extra_peak_mib']:.0f} |")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4)
