@@ -65,6 +65,7 @@ class Config:
     deferred: bool = False  # split_gluon_deferred_kernel (TMA epilogue with prmt, incremental ring positions)
     pingpong: int = 0  # split_gluon_pingpong_kernel with this many registers per consumer thread (warps: 4 + 4 + 1)
     halves: bool = False  # ping-pong only: the epilogue on column halves (no spills)
+    half_stage: bool = False  # ping-pong with halves only: (hi, lo) staged half a tile at a time
     do_mma: bool = True  # the three below only for the diagnostics
     do_epi: bool = True
     do_loads: bool = True
@@ -75,6 +76,7 @@ class Config:
         extra = "".join(f", {f}" for f in ("prmt", "inc", "deferred") if getattr(self, f))
         if self.pingpong:
             extra += f", ping-pong {self.pingpong} regs" + (", epilogue halves" if self.halves else "")
+            extra += ", half staging" if self.half_stage else ""
         return (f"gluon[{self.bm}x{self.bn}x{self.bk}, {self.stages} stages, {self.warps} warps, epilogue {self.epi},"
                 f" {self.per_sm}/SM{extra}]")
 
@@ -84,7 +86,7 @@ class Config:
             return {"GROUP_M": 8, "STAGES": self.stages, "num_warps": self.warps}
         if self.pingpong:
             return {"GROUP_M": 8, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4, "NCONS": 2,
-                    "EPI_ON": True, "EPI_HALVES": self.halves}
+                    "EPI_ON": True, "EPI_PART": 0, "EPI_HALVES": self.halves}
         return {"GROUP_M": 8, "STAGES": self.stages, "EPI": self.epi, "num_warps": self.warps, "DO_MMA": self.do_mma,
                 "DO_EPI": self.do_epi, "DO_LOADS": self.do_loads, "PRMT": self.prmt, "INC": self.inc}
 
@@ -112,7 +114,10 @@ PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6,
             Config(128, 128, 64, 3, 4, 0, pingpong=208), Config(128, 128, 64, 3, 4, 0, pingpong=232, halves=True),
             Config(128, 128, 32, 6, 4, 0, pingpong=232, halves=True),
             Config(128, 128, 16, 12, 4, 0, pingpong=232, halves=True),
-            Config(128, 128, 32, 5, 4, 0, pingpong=232, halves=True))
+            Config(128, 128, 32, 5, 4, 0, pingpong=232, halves=True),
+            Config(128, 128, 32, 10, 4, 0, pingpong=232, halves=True, half_stage=True),
+            Config(128, 128, 32, 8, 4, 0, pingpong=232, halves=True, half_stage=True),
+            Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, half_stage=True))
 
 #: Only the configurations whose name holds one of these ``|``-separated words (``--only 'A|B'``); all when empty.
 ONLY = ""
@@ -470,22 +475,29 @@ def split_gluon_deferred_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
 
 
 @gluon.jit
-def _combine_halves(acc, hi_s, lo_s):
-    # The epilogue on column halves of the tile: the accumulator is split in registers (its halves are registers
-    # it already holds), so only half of the (hi, lo) tile is live at a time (the whole one spills at 232 registers).
+def _column_halves(acc):
+    # The accumulator's column halves, split in registers (their registers are ones it already holds).
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
-    a0, a1 = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1]))
-    h0 = hi_s.slice(0, BN // 2, dim=1)
-    l0 = lo_s.slice(0, BN // 2, dim=1)
-    n_hi, n_lo = _combine(h0.load(a0.type.layout), l0.load(a0.type.layout), a0)
-    h0.store(n_hi)
-    l0.store(n_lo)
-    h1 = hi_s.slice(BN // 2, BN // 2, dim=1)
-    l1 = lo_s.slice(BN // 2, BN // 2, dim=1)
-    n_hi, n_lo = _combine(h1.load(a1.type.layout), l1.load(a1.type.layout), a1)
-    h1.store(n_hi)
-    l1.store(n_lo)
+    return gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def _combine_into(a, hi_s, lo_s):
+    # (hi_s, lo_s) <- split(fp32(hi_s, lo_s) + a), in shared memory, in a's layout.
+    n_hi, n_lo = _combine(hi_s.load(a.type.layout), lo_s.load(a.type.layout), a)
+    hi_s.store(n_hi)
+    lo_s.store(n_lo)
+
+
+@gluon.jit
+def _combine_halves(acc, hi_s, lo_s):
+    # The epilogue on column halves of the tile, so only half of the (hi, lo) tile is live in registers at a
+    # time (the whole one spills at 232 registers).
+    BN: gl.constexpr = acc.shape[1]
+    a0, a1 = _column_halves(acc)
+    _combine_into(a0, hi_s.slice(0, BN // 2, dim=1), lo_s.slice(0, BN // 2, dim=1))
+    _combine_into(a1, hi_s.slice(BN // 2, BN // 2, dim=1), lo_s.slice(BN // 2, BN // 2, dim=1))
 
 
 @gluon.jit
@@ -501,8 +513,12 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
     # NCONS=1 / EPI_ON=False (to find where it hangs): warpgroup 0 takes every tile; no (hi, lo) traffic.
     # EPI_PART (diagnostics, wrong results): 1 = the epilogue's work in the SM only (no TMA load or store of the
     # (hi, lo) tile); 2 = its memory traffic only (the tile loaded and stored back unchanged, no combine).
+    # Half staging (hi_desc's blocks half a tile wide): the staging holds one column half; the second half is
+    # requested once the first is stored, which frees shared memory for a deeper operand ring.
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
+    BNS: gl.constexpr = hi_desc.block_type.shape[1]
+    gl.static_assert((BNS == BN) | ((2 * BNS == BN) & (EPI_PART == 0)), "half staging: full epilogue only")
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     hi_s = hi_bufs.index(WG)
     lo_s = lo_bufs.index(WG)
@@ -539,7 +555,23 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
         mbarrier.arrive(empty.index((slot + STAGES - 1) % STAGES))
         if NCONS == 2:
             mbarrier.arrive(turn.index(1 - WG))
-        if EPI_ON:
+        if EPI_ON and BNS < BN:
+            a0, a1 = _column_halves(acc)
+            mbarrier.wait(acc_bar, 0)  # two completions per tile: parities 0, 1
+            _combine_into(a0, hi_s, lo_s)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
+            tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
+            tma.store_wait(pendings=0)
+            mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(hi_desc, [om, on + BNS], acc_bar, hi_s)
+            tma.async_copy_global_to_shared(lo_desc, [om, on + BNS], acc_bar, lo_s)
+            mbarrier.wait(acc_bar, 1)
+            _combine_into(a1, hi_s, lo_s)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(hi_desc, [om, on + BNS], hi_s)
+            tma.async_copy_shared_to_global(lo_desc, [om, on + BNS], lo_s)
+        elif EPI_ON:
             if EPI_PART != 1:
                 mbarrier.wait(acc_bar, n & 1)
             if EPI_PART != 2:
@@ -599,8 +631,8 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     dtype: gl.constexpr = g_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], g_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], x_desc.layout)
-    hi_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, BN], hi_desc.layout)
-    lo_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, BN], lo_desc.layout)
+    hi_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, hi_desc.block_type.shape[1]], hi_desc.layout)
+    lo_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, lo_desc.block_type.shape[1]], lo_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -632,13 +664,15 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def descriptors(G: torch.Tensor, x: torch.Tensor, hi16: torch.Tensor, lo: torch.Tensor, bm: int, bn: int, bk: int):
-    """Gluon TMA descriptors of the four operands for tiles (bm, bn, bk)."""
+def descriptors(G: torch.Tensor, x: torch.Tensor, hi16: torch.Tensor, lo: torch.Tensor, bm: int, bn: int, bk: int,
+                half: bool = False):
+    """Gluon TMA descriptors of the four operands for tiles (bm, bn, bk); ``half``: (hi, lo) blocks bn/2 wide."""
+    bs = bn // 2 if half else bn
     gdt = gl.bfloat16 if G.dtype == torch.bfloat16 else gl.float16
     return (TensorDescriptor.from_tensor(G, [bk, bm], gl.NVMMASharedLayout.get_default_for([bk, bm], gdt)),
             TensorDescriptor.from_tensor(x, [bk, bn], gl.NVMMASharedLayout.get_default_for([bk, bn], gdt)),
-            TensorDescriptor.from_tensor(hi16, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], gl.int16)),
-            TensorDescriptor.from_tensor(lo, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], gl.int16)))
+            TensorDescriptor.from_tensor(hi16, [bm, bs], gl.NVMMASharedLayout.get_default_for([bm, bs], gl.int16)),
+            TensorDescriptor.from_tensor(lo, [bm, bs], gl.NVMMASharedLayout.get_default_for([bm, bs], gl.int16)))
 
 
 def _ptxas_usage(ptx: str) -> str:
@@ -673,7 +707,7 @@ def compile_only(configs: tuple[Config, ...] | None = None) -> None:
     hi = torch.empty(V, H, dtype=torch.int16)
     lo = torch.empty(V, H, dtype=torch.int16)
     for cfg in configs:
-        descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
+        descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
         kernel = (split_gluon_pingpong_kernel if cfg.pingpong else split_gluon_deferred_kernel if cfg.deferred
                   else split_gluon_kernel)
         names = kernel.arg_names
@@ -732,7 +766,7 @@ def main(cs: list[int]) -> None:
         print(f"C={C} streaming read+write of hi and lo (torch add_): {ms:.3f} ms, "
               f"{4 * 2 * V * H / ms / 1e6:.0f} GB/s", flush=True)
         for cfg in DIAGNOSTICS if not ONLY else ():
-            descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
+            descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
             ms = median_ms(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
             parts = [p for p, on in (("main loop", cfg.do_mma), ("accumulator traffic", cfg.do_epi)) if on]
             print(f"C={C} diagnostic {cfg.name} {' + '.join(parts)}"
@@ -741,7 +775,7 @@ def main(cs: list[int]) -> None:
             if ONLY and not any(word in cfg.name for word in ONLY.split("|")):
                 continue
             try:
-                descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk)
+                descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
                 hi.copy_(hi0)
                 lo.copy_(lo0)
                 _launch(cfg, descs, hi, lo, V, H, C, sms)
@@ -765,7 +799,7 @@ def once(cfg: Config = CONFIGS[0]) -> None:
     x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
-    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk)
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for _ in range(2):
         _launch(cfg, descs, hi, acc.lo, V, H, C, sms)
@@ -785,7 +819,7 @@ def pp_one(ncons: int, epi_on: bool, epi_part: int = 0, cfg: Config = PINGPONG[0
     ref.add_(G, x, kernel="tma")
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
-    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk)
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs = min(sms, triton.cdiv(V, cfg.bm) * triton.cdiv(H, cfg.bn))
     consts = dict(cfg.constexprs(), NCONS=ncons, EPI_ON=epi_on, EPI_PART=epi_part)
