@@ -65,7 +65,7 @@ class Config:
     deferred: bool = False  # split_gluon_deferred_kernel (TMA epilogue with prmt, incremental ring positions)
     pingpong: int = 0  # split_gluon_pingpong_kernel with this many registers per consumer thread (warps: 4 + 4 + 1)
     halves: bool = False  # ping-pong only: the epilogue on column halves (no spills)
-    half_stage: bool = False  # ping-pong with halves only: (hi, lo) staged half a tile at a time
+    pieces: int = 1  # ping-pong with halves only: (hi, lo) staged 1/pieces of a tile at a time (1, 2 or 4)
     do_mma: bool = True  # the three below only for the diagnostics
     do_epi: bool = True
     do_loads: bool = True
@@ -76,7 +76,7 @@ class Config:
         extra = "".join(f", {f}" for f in ("prmt", "inc", "deferred") if getattr(self, f))
         if self.pingpong:
             extra += f", ping-pong {self.pingpong} regs" + (", epilogue halves" if self.halves else "")
-            extra += ", half staging" if self.half_stage else ""
+            extra += f", staged in {self.pieces} pieces" if self.pieces > 1 else ""
         return (f"gluon[{self.bm}x{self.bn}x{self.bk}, {self.stages} stages, {self.warps} warps, epilogue {self.epi},"
                 f" {self.per_sm}/SM{extra}]")
 
@@ -108,16 +108,17 @@ CONFIGS = (Config(128, 128, 64, 4, 8, 0), Config(128, 128, 64, 4, 8, 1), Config(
            Config(128, 128, 64, 2, 4, 0, prmt=True, inc=True, per_sm=1))
 
 #: The ping-pong kernel's configurations. They hung on the H200 in runs Y, Z and AB (the consumer freed every
-#: ring slot through the tile's first one: reports/probes/triton_carry.py), so main() runs them only when asked:
-#: ``--only ping-pong``.
+#: ring slot through the tile's first one: reports/probes/triton_carry.py), so main() runs them only with
+#: ``--only`` (``--only ping-pong`` for all of them).
 PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6, 4, 0, pingpong=232),
             Config(128, 128, 64, 3, 4, 0, pingpong=208), Config(128, 128, 64, 3, 4, 0, pingpong=232, halves=True),
             Config(128, 128, 32, 6, 4, 0, pingpong=232, halves=True),
             Config(128, 128, 16, 12, 4, 0, pingpong=232, halves=True),
             Config(128, 128, 32, 5, 4, 0, pingpong=232, halves=True),
-            Config(128, 128, 32, 10, 4, 0, pingpong=232, halves=True, half_stage=True),
-            Config(128, 128, 32, 8, 4, 0, pingpong=232, halves=True, half_stage=True),
-            Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, half_stage=True))
+            Config(128, 128, 32, 10, 4, 0, pingpong=232, halves=True, pieces=2),
+            Config(128, 128, 32, 8, 4, 0, pingpong=232, halves=True, pieces=2),
+            Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, pieces=2),
+            Config(128, 128, 32, 12, 4, 0, pingpong=232, halves=True, pieces=4))
 
 #: Only the configurations whose name holds one of these ``|``-separated words (``--only 'A|B'``); all when empty.
 ONLY = ""
@@ -491,6 +492,22 @@ def _combine_into(a, hi_s, lo_s):
 
 
 @gluon.jit
+def _staged_piece(a, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, col, parity, NEXT: gl.constexpr, next_col):
+    # One staged piece of the tile's columns: combine it into the staging, store it and, when another piece
+    # follows, request that one into the same staging once the store has read it.
+    mbarrier.wait(acc_bar, parity)
+    _combine_into(a, hi_s, lo_s)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(hi_desc, [om, col], hi_s)
+    tma.async_copy_shared_to_global(lo_desc, [om, col], lo_s)
+    if NEXT:
+        tma.store_wait(pendings=0)
+        mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(hi_desc, [om, next_col], acc_bar, hi_s)
+        tma.async_copy_global_to_shared(lo_desc, [om, next_col], acc_bar, lo_s)
+
+
+@gluon.jit
 def _combine_halves(acc, hi_s, lo_s):
     # The epilogue on column halves of the tile, so only half of the (hi, lo) tile is live in registers at a
     # time (the whole one spills at 232 registers).
@@ -513,12 +530,13 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
     # NCONS=1 / EPI_ON=False (to find where it hangs): warpgroup 0 takes every tile; no (hi, lo) traffic.
     # EPI_PART (diagnostics, wrong results): 1 = the epilogue's work in the SM only (no TMA load or store of the
     # (hi, lo) tile); 2 = its memory traffic only (the tile loaded and stored back unchanged, no combine).
-    # Half staging (hi_desc's blocks half a tile wide): the staging holds one column half; the second half is
-    # requested once the first is stored, which frees shared memory for a deeper operand ring.
+    # Staging in pieces (hi_desc's blocks a half or a quarter of a tile wide): the staging holds one piece; the
+    # next is requested once the previous is stored, which frees shared memory for a deeper operand ring.
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     BNS: gl.constexpr = hi_desc.block_type.shape[1]
-    gl.static_assert((BNS == BN) | ((2 * BNS == BN) & (EPI_PART == 0)), "half staging: full epilogue only")
+    gl.static_assert((BNS == BN) | (((2 * BNS == BN) | (4 * BNS == BN)) & (EPI_PART == 0)),
+                     "staging in pieces: halves or quarters, full epilogue only")
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     hi_s = hi_bufs.index(WG)
     lo_s = lo_bufs.index(WG)
@@ -555,22 +573,18 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
         mbarrier.arrive(empty.index((slot + STAGES - 1) % STAGES))
         if NCONS == 2:
             mbarrier.arrive(turn.index(1 - WG))
-        if EPI_ON and BNS < BN:
+        if EPI_ON and 2 * BNS == BN:  # two completions of acc_bar per tile: parities 0, 1
             a0, a1 = _column_halves(acc)
-            mbarrier.wait(acc_bar, 0)  # two completions per tile: parities 0, 1
-            _combine_into(a0, hi_s, lo_s)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(hi_desc, [om, on], hi_s)
-            tma.async_copy_shared_to_global(lo_desc, [om, on], lo_s)
-            tma.store_wait(pendings=0)
-            mbarrier.expect(acc_bar, hi_desc.block_type.nbytes + lo_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(hi_desc, [om, on + BNS], acc_bar, hi_s)
-            tma.async_copy_global_to_shared(lo_desc, [om, on + BNS], acc_bar, lo_s)
-            mbarrier.wait(acc_bar, 1)
-            _combine_into(a1, hi_s, lo_s)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(hi_desc, [om, on + BNS], hi_s)
-            tma.async_copy_shared_to_global(lo_desc, [om, on + BNS], lo_s)
+            _staged_piece(a0, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on, 0, True, on + BNS)
+            _staged_piece(a1, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on + BNS, 1, False, on)
+        elif EPI_ON and 4 * BNS == BN:  # four: 0, 1, 0, 1
+            a0, a1 = _column_halves(acc)
+            a00, a01 = _column_halves(a0)
+            a10, a11 = _column_halves(a1)
+            _staged_piece(a00, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on, 0, True, on + BNS)
+            _staged_piece(a01, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on + BNS, 1, True, on + 2 * BNS)
+            _staged_piece(a10, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on + 2 * BNS, 0, True, on + 3 * BNS)
+            _staged_piece(a11, hi_s, lo_s, hi_desc, lo_desc, acc_bar, om, on + 3 * BNS, 1, False, on)
         elif EPI_ON:
             if EPI_PART != 1:
                 mbarrier.wait(acc_bar, n & 1)
@@ -665,9 +679,9 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
 
 
 def descriptors(G: torch.Tensor, x: torch.Tensor, hi16: torch.Tensor, lo: torch.Tensor, bm: int, bn: int, bk: int,
-                half: bool = False):
-    """Gluon TMA descriptors of the four operands for tiles (bm, bn, bk); ``half``: (hi, lo) blocks bn/2 wide."""
-    bs = bn // 2 if half else bn
+                pieces: int = 1):
+    """Gluon TMA descriptors of the four operands for tiles (bm, bn, bk), the (hi, lo) blocks bn/pieces wide."""
+    bs = bn // pieces
     gdt = gl.bfloat16 if G.dtype == torch.bfloat16 else gl.float16
     return (TensorDescriptor.from_tensor(G, [bk, bm], gl.NVMMASharedLayout.get_default_for([bk, bm], gdt)),
             TensorDescriptor.from_tensor(x, [bk, bn], gl.NVMMASharedLayout.get_default_for([bk, bn], gdt)),
@@ -707,7 +721,7 @@ def compile_only(configs: tuple[Config, ...] | None = None) -> None:
     hi = torch.empty(V, H, dtype=torch.int16)
     lo = torch.empty(V, H, dtype=torch.int16)
     for cfg in configs:
-        descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
+        descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
         kernel = (split_gluon_pingpong_kernel if cfg.pingpong else split_gluon_deferred_kernel if cfg.deferred
                   else split_gluon_kernel)
         names = kernel.arg_names
@@ -766,16 +780,16 @@ def main(cs: list[int]) -> None:
         print(f"C={C} streaming read+write of hi and lo (torch add_): {ms:.3f} ms, "
               f"{4 * 2 * V * H / ms / 1e6:.0f} GB/s", flush=True)
         for cfg in DIAGNOSTICS if not ONLY else ():
-            descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
+            descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
             ms = median_ms(lambda: _launch(cfg, descs, hi, lo, V, H, C, sms))
             parts = [p for p, on in (("main loop", cfg.do_mma), ("accumulator traffic", cfg.do_epi)) if on]
             print(f"C={C} diagnostic {cfg.name} {' + '.join(parts)}"
                   f"{'' if cfg.do_loads else ' (no operand loads)'} only: {ms:.3f} ms", flush=True)
-        for cfg in CONFIGS + (PINGPONG if "ping-pong" in ONLY else ()):
+        for cfg in CONFIGS + (PINGPONG if ONLY else ()):
             if ONLY and not any(word in cfg.name for word in ONLY.split("|")):
                 continue
             try:
-                descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
+                descs = descriptors(G, x, hi, lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
                 hi.copy_(hi0)
                 lo.copy_(lo0)
                 _launch(cfg, descs, hi, lo, V, H, C, sms)
@@ -799,7 +813,7 @@ def once(cfg: Config = CONFIGS[0]) -> None:
     x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
-    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for _ in range(2):
         _launch(cfg, descs, hi, acc.lo, V, H, C, sms)
@@ -819,7 +833,7 @@ def pp_one(ncons: int, epi_on: bool, epi_part: int = 0, cfg: Config = PINGPONG[0
     ref.add_(G, x, kernel="tma")
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
-    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.half_stage)
+    descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs = min(sms, triton.cdiv(V, cfg.bm) * triton.cdiv(H, cfg.bn))
     consts = dict(cfg.constexprs(), NCONS=ncons, EPI_ON=epi_on, EPI_PART=epi_part)
