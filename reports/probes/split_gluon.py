@@ -66,6 +66,7 @@ class Config:
     pingpong: int = 0  # split_gluon_pingpong_kernel with this many registers per consumer thread (warps: 4 + 4 + 1)
     halves: bool = False  # ping-pong only: the epilogue on column halves (no spills)
     pieces: int = 1  # ping-pong with halves only: (hi, lo) staged 1/pieces of a tile at a time (1, 2 or 4)
+    group_m: int = 8  # ping-pong only: tiles of GROUP_M row blocks run column by column (L2 reuse of G)
     do_mma: bool = True  # the three below only for the diagnostics
     do_epi: bool = True
     do_loads: bool = True
@@ -77,6 +78,7 @@ class Config:
         if self.pingpong:
             extra += f", ping-pong {self.pingpong} regs" + (", epilogue halves" if self.halves else "")
             extra += f", staged in {self.pieces} pieces" if self.pieces > 1 else ""
+            extra += f", GROUP_M {self.group_m}" if self.group_m != 8 else ""
         return (f"gluon[{self.bm}x{self.bn}x{self.bk}, {self.stages} stages, {self.warps} warps, epilogue {self.epi},"
                 f" {self.per_sm}/SM{extra}]")
 
@@ -85,7 +87,7 @@ class Config:
         if self.deferred:
             return {"GROUP_M": 8, "STAGES": self.stages, "num_warps": self.warps}
         if self.pingpong:
-            return {"GROUP_M": 8, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4, "NCONS": 2,
+            return {"GROUP_M": self.group_m, "STAGES": self.stages, "CONSUMER_REGS": self.pingpong, "num_warps": 4, "NCONS": 2,
                     "EPI_ON": True, "EPI_PART": 0, "EPI_HALVES": self.halves}
         return {"GROUP_M": 8, "STAGES": self.stages, "EPI": self.epi, "num_warps": self.warps, "DO_MMA": self.do_mma,
                 "DO_EPI": self.do_epi, "DO_LOADS": self.do_loads, "PRMT": self.prmt, "INC": self.inc}
@@ -118,7 +120,11 @@ PINGPONG = (Config(128, 128, 64, 3, 4, 0, pingpong=232), Config(128, 128, 32, 6,
             Config(128, 128, 32, 10, 4, 0, pingpong=232, halves=True, pieces=2),
             Config(128, 128, 32, 8, 4, 0, pingpong=232, halves=True, pieces=2),
             Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, pieces=2),
-            Config(128, 128, 32, 12, 4, 0, pingpong=232, halves=True, pieces=4))
+            Config(128, 128, 32, 12, 4, 0, pingpong=232, halves=True, pieces=4),
+            Config(128, 128, 64, 6, 4, 0, pingpong=232, halves=True, pieces=4),
+            Config(128, 128, 64, 4, 4, 0, pingpong=232, halves=True, pieces=2),
+            Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, pieces=2, group_m=4),
+            Config(128, 128, 64, 5, 4, 0, pingpong=232, halves=True, pieces=2, group_m=16))
 
 #: Only the configurations whose name holds one of these ``|``-separated words (``--only 'A|B'``); all when empty.
 ONLY = ""
