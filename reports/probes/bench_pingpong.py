@@ -8,7 +8,7 @@ it as an impl), and with 704-row chunks (the most that keeps a bf16 logits chunk
 1200 MiB). The gradients of the patched run are compared bit for bit with the registered ones; the share of
 the floor uses the best bf16 matmul rate measured before and after, as the bench does.
 
-    python -m reports.probes.bench_pingpong [CONFIG_INDEX]   # index into split_gluon.PINGPONG (default 4)
+    python -m reports.probes.bench_pingpong [I ...]   # indices into split_gluon.PINGPONG (default 9)
 """
 from __future__ import annotations
 
@@ -47,33 +47,36 @@ def grads(impl) -> tuple[torch.Tensor, torch.Tensor]:
     return xr.grad, wr.grad
 
 
-def main(idx: int) -> None:
-    """Print each case's ms, share of the floor and extra peak, as registered and on the ping-pong kernel."""
+def main(indices: list[int]) -> None:
+    """Print ms, share of the floor and extra peak of ``chunked_triton[split_fp32]`` as registered and on each
+    ping-pong configuration (``recompute_triton[split_fp32]``, and 704-row chunks, on the first only), one
+    process, one machine."""
     dev = torch.device("cuda")
-    cfg = split_gluon.PINGPONG[idx]
+    cfgs = [split_gluon.PINGPONG[i] for i in indices]
     rates = bench.matmul_rates(dev, REP_MS)
-    print(f"torch {torch.__version__} triton {triton.__version__}; ping-pong config {cfg.name}", flush=True)
-    impls = [registry.builtin("chunked_triton[split_fp32]"), registry.builtin("recompute_triton[split_fp32]")]
+    print(f"torch {torch.__version__} triton {triton.__version__}", flush=True)
+    chunked = registry.builtin("chunked_triton[split_fp32]")
+    recompute = registry.builtin("recompute_triton[split_fp32]")
+    want = {im.name: grads(im) for im in (chunked, recompute)}
+    runs = [("impl TMA kernel", None, chunked), ("impl TMA kernel", None, recompute)]
+    for k, cfg in enumerate(cfgs):
+        runs.append((cfg.name, cfg, chunked))
+        if k == 0:
+            runs += [(cfg.name, cfg, recompute), (cfg.name + ", 704-row chunks", cfg, chunked.with_chunk_rows(704))]
     rows = []
-    want = {im.name: grads(im) for im in impls}
     original = split_accum.SplitAccumulator._add_tma
-    for label, patch, chunk in (("impl TMA kernel", False, None), ("ping-pong", True, None),
-                                ("ping-pong, 704-row chunks", True, 704)):
-        split_accum.SplitAccumulator._add_tma = pingpong_add(cfg) if patch else original
+    for label, cfg, im in runs:
+        split_accum.SplitAccumulator._add_tma = pingpong_add(cfg) if cfg else original
         try:
-            for im in impls:
-                run = im.with_chunk_rows(chunk) if chunk else im
-                if patch and not chunk:
-                    got = grads(run)
-                    same = all(torch.equal(a, b) for a, b in zip(got, want[im.name]))
-                    print(f"{im.name} on ping-pong: gradients {'bit-identical' if same else 'DIFFER'} "
-                          f"to the impl kernel's", flush=True)
-                    del got
-                r = bench.bench_impl(run, BT, H, V, dev, REP_MS)
-                rows.append((im.name, label, r))
-                print(f"{im.name} [{label}]: {r['ms']:.2f} ms, extra peak {r['extra_peak_mib']:.0f} MiB", flush=True)
+            if cfg and im.chunk_rows == chunked.chunk_rows:
+                same = all(torch.equal(a, b) for a, b in zip(grads(im), want[im.name]))
+                print(f"{im.name} on {label}: gradients {'bit-identical' if same else 'DIFFER'} to the impl "
+                      f"kernel's", flush=True)
+            r = bench.bench_impl(im, BT, H, V, dev, REP_MS)
         finally:
             split_accum.SplitAccumulator._add_tma = original
+        rows.append((im.name, label, r))
+        print(f"{im.name} [{label}]: {r['ms']:.2f} ms, extra peak {r['extra_peak_mib']:.0f} MiB", flush=True)
     rates += bench.matmul_rates(dev, REP_MS)
     rate = max(rates)
     floor_ms = 6 * BT * H * V / rate * 1e3
@@ -84,4 +87,4 @@ def main(idx: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4)
+    main([int(a) for a in sys.argv[1:]] or [9])
