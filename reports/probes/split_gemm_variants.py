@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from reports.probes import split_case
 from reports.probes.timing import median_ms
 
 
@@ -78,17 +79,13 @@ def main(cs: list[int]) -> None:
                 lo_desc.store([om, on], (bits & 0xFFFF).to(tl.int16))
 
     dev = "cuda"
-    V, H = 131072, 4096
+    V, H = split_case.V, split_case.H
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
-    start32 = (torch.randn(V, H, device=dev) * 0.01)
-    bits0 = start32.view(torch.int32)
-    hi0 = (bits0 >> 16).to(torch.int16)
-    lo0 = (bits0 & 0xFFFF).to(torch.int16)
+    start32, hi0, lo0 = split_case.start_halves(dev)
     print(f"V={V} H={H} SMs={sms} torch {torch.__version__} triton {triton.__version__}", flush=True)
     for C in cs:
-        G = (torch.randn(C, V, device=dev) * 1e-3).to(torch.bfloat16)
-        x = torch.randn(C, H, device=dev).to(torch.bfloat16)
+        G, x = split_case.chunk(C, dev)
         flops = 2.0 * C * V * H
 
         acc32 = start32.clone()

@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from reports.probes import split_case
 from reports.probes.timing import median_ms
 
 
@@ -612,8 +613,8 @@ def _pp_consumer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
 @gluon.jit
 def _pp_producer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_bufs, ready, empty, acc_bars, turn,
                  pid, nprog, n_m, n_n, my_tiles, k_tiles, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    # One warp: every operand step of this program in order, each into the next ring slot once it is free.
-    BK: gl.constexpr = g_desc.block_type.shape[0]
+    # One warp: every operand step of this program in order, each into the next ring slot once it is free
+    # (the single-partition kernels' _issue_next, with a wait on the slot's release before it).
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     slot = 0
@@ -623,18 +624,9 @@ def _pp_producer(g_desc, x_desc, hi_desc, lo_desc, a_bufs, b_bufs, hi_bufs, lo_b
     om, on = _origin(pid, n_m, n_n, GROUP_M, BM, BN)
     for _ in range(my_tiles * k_tiles):
         mbarrier.wait(empty.index(slot), phase ^ 1)  # a fresh barrier passes parity 1 at once
-        bar = ready.index(slot)
-        mbarrier.expect(bar, g_desc.block_type.nbytes + x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(g_desc, [kk * BK, om], bar, a_bufs.index(slot))
-        tma.async_copy_global_to_shared(x_desc, [kk * BK, on], bar, b_bufs.index(slot))
-        kk += 1
-        if kk == k_tiles:
-            kk = 0
-            t += 1
-            om, on = _origin(pid + t * nprog, n_m, n_n, GROUP_M, BM, BN)
-        slot += 1
-        if slot == STAGES:
-            slot = 0
+        t, kk, om, on, slot = _issue_next(t, kk, om, on, slot, my_tiles, k_tiles, pid, nprog, n_m, n_n, g_desc,
+                                          x_desc, a_bufs, b_bufs, ready, GROUP_M, STAGES)
+        if slot == 0:
             phase ^= 1
 
 
@@ -762,17 +754,13 @@ def main(cs: list[int]) -> None:
     from impls import split_accum
 
     dev = "cuda"
-    V, H = 131072, 4096
+    V, H = split_case.V, split_case.H
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     torch.manual_seed(0)
-    start32 = torch.randn(V, H, device=dev) * 0.01
-    bits0 = start32.view(torch.int32)
-    hi0 = (bits0 >> 16).to(torch.int16)
-    lo0 = (bits0 & 0xFFFF).to(torch.int16)
+    start32, hi0, lo0 = split_case.start_halves(dev)
     print(f"V={V} H={H} SMs={sms} torch {torch.__version__} triton {triton.__version__}", flush=True)
     for C in cs:
-        G = (torch.randn(C, V, device=dev) * 1e-3).to(torch.bfloat16)
-        x = torch.randn(C, H, device=dev).to(torch.bfloat16)
+        G, x = split_case.chunk(C, dev)
         flops = 2.0 * C * V * H
         acc = split_accum.SplitAccumulator((V, H), dev)
         hi, lo = acc.hi.view(torch.int16), acc.lo
@@ -814,9 +802,8 @@ def once(cfg: Config = CONFIGS[0]) -> None:
     """One launch of ``cfg`` and of the impl's TMA kernel (after one warm-up each), for a profiler (ncu)."""
     from impls import split_accum
 
-    V, H, C = 131072, 4096, 640
-    G = (torch.randn(C, V, device="cuda") * 1e-3).to(torch.bfloat16)
-    x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
+    V, H, C = split_case.V, split_case.H, 640
+    G, x = split_case.chunk(C)
     acc = split_accum.SplitAccumulator((V, H), "cuda")
     hi = acc.hi.view(torch.int16)
     descs = descriptors(G, x, hi, acc.lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
@@ -831,10 +818,9 @@ def pp_one(ncons: int, epi_on: bool, epi_part: int = 0, cfg: Config = PINGPONG[0
     """One ping-pong variant at C=640: launch, check against the impl's kernel (full epilogue only), time."""
     from impls import split_accum
 
-    V, H, C = 131072, 4096, 640
+    V, H, C = split_case.V, split_case.H, 640
     torch.manual_seed(0)
-    G = (torch.randn(C, V, device="cuda") * 1e-3).to(torch.bfloat16)
-    x = torch.randn(C, H, device="cuda").to(torch.bfloat16)
+    G, x = split_case.chunk(C)
     ref = split_accum.SplitAccumulator((V, H), "cuda")
     ref.add_(G, x, kernel="tma")
     acc = split_accum.SplitAccumulator((V, H), "cuda")

@@ -24,6 +24,7 @@ import sys
 
 import torch
 
+from reports.probes import split_case
 from reports.probes.timing import median_ms
 
 
@@ -62,21 +63,17 @@ def main(cs: list[int]) -> None:
             tile = tl.atomic_add(COUNTER, 1)
 
     dev = "cuda"
-    V, H = 131072, 4096
+    V, H = split_case.V, split_case.H
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = dict(split_accum.TMA_CONFIG)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     torch.manual_seed(0)
-    start32 = torch.randn(V, H, device=dev) * 0.01
-    bits0 = start32.view(torch.int32)
-    hi0 = (bits0 >> 16).to(torch.int16)
-    lo0 = (bits0 & 0xFFFF).to(torch.int16)
+    start32, hi0, lo0 = split_case.start_halves(dev)
     W = (torch.randn(V, H, device=dev) * 0.02).to(torch.bfloat16)
     side = torch.cuda.Stream()
     print(f"V={V} H={H} SMs={sms} torch {torch.__version__} triton {triton.__version__} split tiles {cfg}", flush=True)
     for C in cs:
-        G = (torch.randn(C, V, device=dev) * 1e-3).to(torch.bfloat16)
-        x = torch.randn(C, H, device=dev).to(torch.bfloat16)
+        G, x = split_case.chunk(C, dev)
         gx = torch.empty(C, H, device=dev, dtype=torch.bfloat16)
         acc = split_accum.SplitAccumulator((V, H), dev)
         hi, lo = acc.hi.view(torch.int16), acc.lo
