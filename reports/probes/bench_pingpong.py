@@ -30,10 +30,10 @@ def pingpong_add(cfg: split_gluon.Config):
 
     def add(self: split_accum.SplitAccumulator, G: torch.Tensor, x: torch.Tensor) -> None:
         v, h = self.shape
-        descs = split_gluon.descriptors(G, x, self.hi.view(torch.int16), self.lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
+        hi = self.hi.view(torch.int16)
+        descs = split_gluon.descriptors(G, x, hi, self.lo, cfg.bm, cfg.bn, cfg.bk, cfg.pieces)
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        progs = min(sms, triton.cdiv(v, cfg.bm) * triton.cdiv(h, cfg.bn))
-        split_gluon.split_gluon_pingpong_kernel[(progs,)](*descs, v, h, G.shape[0], **cfg.constexprs())
+        split_gluon._launch(cfg, descs, hi, self.lo, v, h, G.shape[0], sms)
 
     return add
 
