@@ -211,6 +211,31 @@ def _combine(hi, lo, acc):
 
 
 @gluon.jit
+def _schedule(V, H, C, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    # This program's place in the persistent schedule: (pid, programs, row and column tiles, its tile count,
+    # k blocks per tile).
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    n_m = gl.cdiv(V, BM)
+    n_n = gl.cdiv(H, BN)
+    return pid, nprog, n_m, n_n, gl.cdiv(n_m * n_n - pid, nprog), gl.cdiv(C, BK)
+
+
+@gluon.jit
+def _operand_ring(g_desc, x_desc, STAGES: gl.constexpr):
+    # The operand ring: STAGES slots of G and x blocks, and one initialised barrier a slot.
+    BK: gl.constexpr = g_desc.block_type.shape[0]
+    BM: gl.constexpr = g_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(g_desc.dtype, [STAGES, BK, BM], g_desc.layout)
+    b_bufs = gl.allocate_shared_memory(g_desc.dtype, [STAGES, BK, BN], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    return a_bufs, b_bufs, bars
+
+
+@gluon.jit
 def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_M: gl.constexpr,
                        STAGES: gl.constexpr, EPI: gl.constexpr, num_warps: gl.constexpr, DO_MMA: gl.constexpr = True,
                        DO_EPI: gl.constexpr = True, DO_LOADS: gl.constexpr = True, PRMT: gl.constexpr = False,
@@ -227,36 +252,26 @@ def split_gluon_kernel(g_desc, x_desc, hi_desc, lo_desc, HI, LO, V, H, C, GROUP_
     BK: gl.constexpr = g_desc.block_type.shape[0]
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
-    dtype: gl.constexpr = g_desc.dtype
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BN, 16])
     # 16-byte vectors per thread, a row of BN int16 across BN // 8 threads.
     vec: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BN // 8), BN // 8],
                                          warps_per_cta=[num_warps, 1], order=[1, 0])
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], g_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], x_desc.layout)
+    a_bufs, b_bufs, bars = _operand_ring(g_desc, x_desc, STAGES)
     if EPI == 4:  # a token allocation: the tile never passes through shared memory
         hi_s = gl.allocate_shared_memory(gl.int16, [8, 64], hi_desc.layout)
         lo_s = hi_s
     else:
         hi_s = gl.allocate_shared_memory(gl.int16, [BM, BN], hi_desc.layout)
         lo_s = gl.allocate_shared_memory(gl.int16, [BM, BN], lo_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
     mbarrier.init(acc_bar, count=1)
     vrows = gl.arange(0, BM, layout=gl.SliceLayout(1, vec))
     vcols = gl.arange(0, BN, layout=gl.SliceLayout(0, vec))
     mrows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
     mcols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
 
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    n_m = gl.cdiv(V, BM)
-    n_n = gl.cdiv(H, BN)
-    my_tiles = gl.cdiv(n_m * n_n - pid, nprog)
-    k_tiles = gl.cdiv(C, BK)
+    pid, nprog, n_m, n_n, my_tiles, k_tiles = _schedule(V, H, C, BM, BN, BK)
     total = my_tiles * k_tiles
     if not DO_MMA or not DO_LOADS:
         total = 0
@@ -389,26 +404,16 @@ def split_gluon_deferred_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     BK: gl.constexpr = g_desc.block_type.shape[0]
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
-    dtype: gl.constexpr = g_desc.dtype
     P: gl.constexpr = STAGES - 1
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BN, 16])
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], g_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], x_desc.layout)
+    a_bufs, b_bufs, bars = _operand_ring(g_desc, x_desc, STAGES)
     hi_s = gl.allocate_shared_memory(gl.int16, [BM, BN], hi_desc.layout)
     lo_s = gl.allocate_shared_memory(gl.int16, [BM, BN], lo_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
     mbarrier.init(acc_bar, count=1)
 
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    n_m = gl.cdiv(V, BM)
-    n_n = gl.cdiv(H, BN)
-    my_tiles = gl.cdiv(n_m * n_n - pid, nprog)
-    k_tiles = gl.cdiv(C, BK)
+    pid, nprog, n_m, n_n, my_tiles, k_tiles = _schedule(V, H, C, BM, BN, BK)
     total = my_tiles * k_tiles
     ld_i = 0
     ld_kk = 0
@@ -640,27 +645,18 @@ def split_gluon_pingpong_kernel(g_desc, x_desc, hi_desc, lo_desc, V, H, C, GROUP
     BK: gl.constexpr = g_desc.block_type.shape[0]
     BM: gl.constexpr = g_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
-    dtype: gl.constexpr = g_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BM], g_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BK, BN], x_desc.layout)
+    a_bufs, b_bufs, ready = _operand_ring(g_desc, x_desc, STAGES)
     hi_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, hi_desc.block_type.shape[1]], hi_desc.layout)
     lo_bufs = gl.allocate_shared_memory(gl.int16, [2, BM, lo_desc.block_type.shape[1]], lo_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(acc_bars.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    n_m = gl.cdiv(V, BM)
-    n_n = gl.cdiv(H, BN)
-    my_tiles = gl.cdiv(n_m * n_n - pid, nprog)
-    k_tiles = gl.cdiv(C, BK)
+    pid, nprog, n_m, n_n, my_tiles, k_tiles = _schedule(V, H, C, BM, BN, BK)
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     # (spelled out: a tuple concatenated in the kernel loses its constexprs)
