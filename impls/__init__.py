@@ -5,16 +5,11 @@
 - :mod:`impls.builtin`: the modules that hold the built-in impls.
 """
 
-import os
+if __name__ != "numcheck.impls":  # one copy of every module: the folder impls/ is importable only as numcheck.impls
+    raise ImportError(f"{__name__!r} is numcheck's impls/ folder imported under the wrong name; import "
+                      f"numcheck.impls instead (install numcheck, e.g. `pip install -e .` in its checkout)")
 
-import torch
 
-# Triton kernels (Liger's, impls.triton_ce's) run on CPU only under TRITON_INTERPRET=1, and triton reads it
-# when its own language module is imported, which torch does as a side effect of entering a dispatch mode or
-# torch.compile. Decide it here, before anything in numcheck can cause that import.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support  # noqa: E402
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
 
 __all__ = ["FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"]

@@ -68,8 +68,8 @@ from typing import Any, Callable
 
 import torch
 
-from impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from impls.registry import builtin_factory
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
+from numcheck.impls.registry import builtin_factory
 
 NOT_INSTALLED = "cut-cross-entropy is not installed"
 #: The release whose source the declarations were read from.

@@ -43,11 +43,11 @@ from typing import Any, Callable
 
 import torch
 
-from impls import grad_accum
-from impls.ce_block import CEKernel, Coefficients, RowStats, ce_block_, reduction_coefficients, row_weights
-from impls.protocol import FLOAT_DTYPES, LinearCESupport
-from impls.registry import builtin_factory
-from reference.options import CEOptions, options_from_kwargs
+from numcheck.impls import grad_accum
+from numcheck.impls.ce_block import CEKernel, Coefficients, RowStats, ce_block_, reduction_coefficients, row_weights
+from numcheck.impls.protocol import FLOAT_DTYPES, LinearCESupport
+from numcheck.impls.registry import builtin_factory
+from numcheck.reference.options import CEOptions, options_from_kwargs
 
 DEFAULT_CHUNK_ROWS = 2048
 
@@ -300,7 +300,7 @@ class ChunkedLinearCE:
         plan = Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
                     compute_dtype=compute_dtype(x, weight))
         if self.recompute or opts.reduction == "none":
-            from impls.recompute import RecomputeFunction  # recompute imports this module: import at call time
+            from numcheck.impls.recompute import RecomputeFunction  # recompute imports this module: import at call time
 
             return RecomputeFunction.apply(x, weight, bias, target, plan)
         return FusedFunction.apply(x, weight, bias, target, plan)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from impls.protocol import FunctionImpl, LinearCESupport
-from impls.registry import builtin_factory
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport
+from numcheck.impls.registry import builtin_factory
 
 
 def eager_linear_ce(

@@ -47,7 +47,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from impls import capabilities
+from numcheck.impls import capabilities
 
 #: Low-precision dtypes a matmul operand may have.
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -250,7 +250,7 @@ class _SplitWeightAccumulator:
     """:class:`impls.split_accum.SplitAccumulator` behind the :class:`Accumulator` interface (bf16 only)."""
 
     def __init__(self, shape: tuple[int, int], device: torch.device | str) -> None:
-        from impls.split_accum import SplitAccumulator
+        from numcheck.impls.split_accum import SplitAccumulator
 
         self.acc = SplitAccumulator(shape, device)
 

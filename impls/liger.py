@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from impls.registry import builtin_factory
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
+from numcheck.impls.registry import builtin_factory
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.
 OPTION_PARAMS: dict[str, str] = {
@@ -242,7 +242,7 @@ def _grad_accumulation(info: LigerInfo, accum_dtype: torch.dtype | None) -> str:
     mod = sys.modules.get(info.function.__module__)
     gate = bool(getattr(mod, "_ADDMM_SUPPORTS_OUT_DTYPE", False))
     major = torch.cuda.get_device_capability()[0]
-    from impls import capabilities
+    from numcheck.impls import capabilities
 
     if gate and major >= 8 and capabilities.addmm_out_dtype("cuda", torch.bfloat16):
         return "fp32"

@@ -35,7 +35,7 @@ The exact semantics (PyTorch's for the CE part, Liger's for z-loss) are those of
 
 The simplest way to write one is :func:`linear_ce_impl`::
 
-    from impls.protocol import linear_ce_impl
+    from numcheck.impls.protocol import linear_ce_impl
 
     @linear_ce_impl(name="mine", dtypes=("float32",), options=("bias",))
     def mine(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
@@ -315,7 +315,7 @@ def validate_impl(obj: Any, origin: str) -> None:
         if not callable(obj):
             raise TypeError(f"{origin}: linear_ce impl {name!r} is not callable")
     elif kind == "quant_linear":
-        from impls.quant_protocol import validate_quant_impl
+        from numcheck.impls.quant_protocol import validate_quant_impl
 
         validate_quant_impl(obj, origin)
     else:

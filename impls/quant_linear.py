@@ -32,11 +32,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from impls import capabilities
-from impls.quant_protocol import DelayedScalingState, QuantizedTensor, QuantLinearSupport
-from impls.registry import builtin_factory
-from reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
-from reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+from numcheck.impls import capabilities
+from numcheck.impls.quant_protocol import DelayedScalingState, QuantizedTensor, QuantLinearSupport
+from numcheck.impls.registry import builtin_factory
+from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32: keep sign and exponent bits (round a scale down to 2^k)
 

@@ -60,8 +60,8 @@ and the OCP rule differ), are unspecified. Every other output is compared with t
 
 The simplest way to write one is :class:`QuantFunctionImpl`::
 
-    from impls.quant_protocol import QuantFunctionImpl, QuantLinearSupport
-    from reference.fp8_recipes import Fp8Recipe
+    from numcheck.impls.quant_protocol import QuantFunctionImpl, QuantLinearSupport
+    from numcheck.reference.fp8_recipes import Fp8Recipe
 
     IMPLS = [QuantFunctionImpl(name="mine", fn=my_fp8_linear,
                                support=QuantLinearSupport(recipes=(Fp8Recipe("current"),)))]
@@ -79,9 +79,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from reference.fp8_formats import FP32_MAX, F64, round_to_fp32
-from reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
-from reference.fp8_scaling import block_grid, delayed_scale_update
+from numcheck.reference.fp8_formats import FP32_MAX, F64, round_to_fp32
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
 
 __all__ = [
     "DelayedScalingState", "Fp8Recipe", "QuantFunctionImpl", "QuantLinearSupport", "QuantizedTensor",

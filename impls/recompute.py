@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from impls import grad_accum
-from impls.ce_block import RowStats, reduction_coefficients, row_weights
-from impls.chunked import DEFAULT_CHUNK_ROWS, ChunkedLinearCE, Plan, autocast_off, operands, reduce_rows, sweep
-from impls.registry import builtin_factory
+from numcheck.impls import grad_accum
+from numcheck.impls.ce_block import RowStats, reduction_coefficients, row_weights
+from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, ChunkedLinearCE, Plan, autocast_off, operands, reduce_rows, sweep
+from numcheck.impls.registry import builtin_factory
 
 
 class RecomputeFunction(torch.autograd.Function):

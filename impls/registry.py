@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
-from impls.protocol import validate_impl
+from numcheck.impls.protocol import validate_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
@@ -73,7 +73,7 @@ def builtin_factory(fn: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[An
 
 def _import_builtin_modules() -> None:
     # Importing these modules runs their @builtin_factory decorators. Listed here, in one place.
-    import impls.builtin  # noqa: F401
+    import numcheck.impls.builtin  # noqa: F401
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from impls import triton_ce  # sets TRITON_INTERPRET before triton is imported when there is no GPU
+from numcheck.impls import triton_ce  # sets TRITON_INTERPRET before triton is imported when there is no GPU
 
 triton = triton_ce.triton
 tl = triton_ce.tl

@@ -47,9 +47,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from impls import capabilities
-from impls.protocol import FunctionImpl, make_support
-from impls.registry import builtin_factory
+from numcheck.impls import capabilities
+from numcheck.impls.protocol import FunctionImpl, make_support
+from numcheck.impls.registry import builtin_factory
 
 ACC_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact", "auto")
 _FALLBACK_MARKER = "``options`` ignored"

@@ -14,8 +14,8 @@ tanh is computed here (Triton's libdevice is not available under the interpreter
 with e = exp(−2|a|) for |a| ≥ 0.15, and the odd Taylor polynomial to a⁷ below (truncation < 0.022·a⁸·|a| ≤
 6e-9·|a|, under one fp32 ulp), so it is within a few fp32 ulps of torch.tanh everywhere.
 
-It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which this module sets (``setdefault``)
-before defining the kernel when CUDA is absent. The interpreter is slow: small shapes only.
+It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which numcheck's entry points set
+(:mod:`impls.interpreter`) before this module is imported when CUDA is absent. The interpreter is slow: small shapes only.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from __future__ import annotations
 import os
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import triton
@@ -37,10 +34,10 @@ except Exception as exc:  # pragma: no cover - depends on the installation
     tl = None  # type: ignore[assignment]
     _IMPORT_ERROR = f"triton cannot be imported: {type(exc).__name__}: {exc}"
 
-from impls.ce_block import BlockResult, RowStats, _check_block
-from impls.chunked import ChunkedLinearCE
-from impls.protocol import LinearCESupport
-from impls.registry import builtin_factory
+from numcheck.impls.ce_block import BlockResult, RowStats, _check_block
+from numcheck.impls.chunked import ChunkedLinearCE
+from numcheck.impls.protocol import LinearCESupport
+from numcheck.impls.registry import builtin_factory
 
 #: Whether the kernel runs in Triton's interpreter (decided when this module was imported).
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from properties.compare import Comparison, compare
-from properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
-from properties.problems import Problem, Tensors, build
-from properties.tolerance import Level, error_model, linear_ce_bounds, unit_roundoff
+from numcheck.properties.compare import Comparison, compare
+from numcheck.properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
+from numcheck.properties.problems import Problem, Tensors, build
+from numcheck.properties.tolerance import Level, error_model, linear_ce_bounds, unit_roundoff
 
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
 RELATIVE_SLACK_ROUNDINGS = 2.0
@@ -86,7 +86,7 @@ def _out_dtypes(out: ImplOutputs) -> dict[str, torch.dtype]:
 @functools.lru_cache(maxsize=64)
 def _eager_errors(p: Problem) -> dict[str, tuple[float, torch.dtype]]:
     """RMSE of the eager built-in against the oracle per output, with eager's output dtype (cached)."""
-    from impls.eager import eager_impls
+    from numcheck.impls.eager import eager_impls
 
     eager = eager_impls()[0]
     t = build(p)

@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import torch
 
-from properties.accuracy import check_accuracy
-from properties.compare import compare
-from properties.failures import fail
-from properties.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
-from properties.problems import Problem, Tensors, build, dtype_of
-from properties.tolerance import error_model, linear_ce_bounds
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.compare import compare
+from numcheck.properties.failures import fail
+from numcheck.properties.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
+from numcheck.properties.problems import Problem, Tensors, build, dtype_of
+from numcheck.properties.tolerance import error_model, linear_ce_bounds
 
 Metrics = dict[str, float]
 

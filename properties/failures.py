@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, Iterable
 
-from impls.registry import spec_of
-from properties.problems import Problem
+from numcheck.impls.registry import spec_of
+from numcheck.properties.problems import Problem
 
 
 class PropertyFailure(AssertionError):

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.fp8_recipes import Fp8Recipe
 
 QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing",
                                   "tail_outlier", "pruned", "scale_floor")

@@ -35,23 +35,23 @@ from typing import Any, Callable
 
 import torch
 
-from impls.quant_protocol import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
-from properties.compare import Comparison, compare
-from properties.failures import PropertyFailure
-from properties.fp8_cases import QuantCase, QuantTensors, build_quant
-from properties.fp8_tolerance import output_bounds
-from properties.harness import strided_copy
-from reference.fp8_formats import F64, decode_fp8, same_codes
-from reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
-from reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
-from reference.fp8_scaling import block_grid, quantize_operand
+from numcheck.impls.quant_protocol import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
+from numcheck.properties.compare import Comparison, compare
+from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.fp8_cases import QuantCase, QuantTensors, build_quant
+from numcheck.properties.fp8_tolerance import output_bounds
+from numcheck.properties.harness import strided_copy
+from numcheck.reference.fp8_formats import F64, decode_fp8, same_codes
+from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
+from numcheck.reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
+from numcheck.reference.fp8_scaling import block_grid, quantize_operand
 
 
 # -- failures -----------------------------------------------------------------------------------------
 def repro_command(impl: Any, prop: str, case: QuantCase) -> str:
     """One shell line re-running ``prop`` on ``case`` for ``impl``."""
     try:
-        from impls.registry import spec_of
+        from numcheck.impls.registry import spec_of
 
         spec = spec_of(impl.name)
     except ImportError:  # pragma: no cover - older registry
@@ -569,7 +569,7 @@ FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m properties.fp8_checks --impl NAME --property P --case 'QuantCase(...)'``: rerun one property."""
-    from impls.registry import BrokenImpl, discover
+    from numcheck.impls.registry import BrokenImpl, discover
 
     ap = argparse.ArgumentParser(prog="python -m properties.fp8_checks", description=main.__doc__)
     ap.add_argument("--impl", required=True, help="impl name (built-in, or loaded through NUMCHECK_IMPLS)")

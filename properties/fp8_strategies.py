@@ -12,9 +12,9 @@ import os
 import torch
 from hypothesis import strategies as st
 
-from properties.fp8_cases import QUANT_REGIMES, QuantCase
-from properties.strategies import DEVICE
-from reference.fp8_formats import FP32_MAX
+from numcheck.properties.fp8_cases import QUANT_REGIMES, QuantCase
+from numcheck.properties.strategies import DEVICE
+from numcheck.reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))
 if MAX_DIM < 16:

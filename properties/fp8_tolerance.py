@@ -54,9 +54,9 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.fp8_formats import F64, FP32_MAX
-from reference.fp8_linear import QuantLinearReference
-from reference.fp8_scaling import Quantized, expand_blocks, round_to_fp32
+from numcheck.reference.fp8_formats import F64, FP32_MAX
+from numcheck.reference.fp8_linear import QuantLinearReference
+from numcheck.reference.fp8_scaling import Quantized, expand_blocks, round_to_fp32
 
 U32 = 2.0**-24
 ETA32 = 2.0**-150

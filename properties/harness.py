@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from properties.problems import Problem, Tensors, build
-from reference.linear_ce import BlockObserver, LinearCEResult, linear_ce
+from numcheck.properties.problems import Problem, Tensors, build
+from numcheck.reference.linear_ce import BlockObserver, LinearCEResult, linear_ce
 
 
 class ProtocolViolation(AssertionError):

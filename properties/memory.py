@@ -247,7 +247,7 @@ def meta_capabilities() -> contextlib.AbstractContextManager[None]:
     """Capabilities to assume when measuring on ``meta``: ``addmm_out_dtype`` forced on where this torch can
     trace it on meta (:func:`impls.capabilities.addmm_out_dtype_meta`); otherwise nothing is forced and the
     out_dtype path runs as its fp32-operand fallback there (the tables say so in "runs as")."""
-    from impls import capabilities
+    from numcheck.impls import capabilities
 
     if capabilities.addmm_out_dtype_meta(torch.bfloat16):
         return capabilities.forced(addmm_out_dtype=True)
@@ -255,7 +255,7 @@ def meta_capabilities() -> contextlib.AbstractContextManager[None]:
 
 
 def _one_chunk_operands(path: str, V: int, H: int, C: int, dtype: torch.dtype, dev: torch.device):
-    from impls import grad_accum
+    from numcheck.impls import grad_accum
 
     if path not in grad_accum.PATHS:
         raise ValueError(f"unknown path {path!r}; known: {sorted(grad_accum.PATHS)}")
@@ -312,7 +312,7 @@ _FORMULAS = {
 def one_chunk_table(V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16,
                     device: str | torch.device = "meta") -> list[ChunkRow]:
     """Every grad_weight path's one-chunk extra peak (see :func:`one_chunk_extra`)."""
-    from impls import capabilities, grad_accum
+    from numcheck.impls import capabilities, grad_accum
 
     rows = []
     dev = torch.device(device)
@@ -348,13 +348,13 @@ def make_inputs(problem: Any, device: str | torch.device | None = None) -> Input
     shape is affordable; ``ignored`` and the option values do not change what is allocated. Elsewhere the
     problem is built with :func:`properties.problems.build` (real values) and moved to ``device``.
     """
-    from properties.problems import build
+    from numcheck.properties.problems import build
 
     dev = torch.device(device if device is not None else problem.device)
     if dev.type == "meta":
         p = problem
         dt = p.param_dtype
-        from properties.problems import dtype_of
+        from numcheck.properties.problems import dtype_of
 
         bdt = dtype_of(p.bias_dtype) or dt
         x = torch.empty(p.N, p.H, dtype=dt, device=dev, requires_grad=True)

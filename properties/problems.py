@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from reference.options import CEOptions
+from numcheck.reference.options import CEOptions
 
 Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows"]
 REGIMES: tuple[str, ...] = ("ordinary", "confident", "large", "tiny", "outlier_rows")

@@ -17,8 +17,8 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from impls import capabilities
-from properties.problems import REGIMES, Problem
+from numcheck.impls import capabilities
+from numcheck.properties.problems import REGIMES, Problem
 
 
 def _cap(name: str, default: int) -> int:
@@ -80,7 +80,7 @@ def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regime
     ``require`` names options (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the
     support declares them — "every declared option at once", where interaction bugs live.
     """
-    from impls.protocol import LinearCESupport
+    from numcheck.impls.protocol import LinearCESupport
 
     s = support if support is not None else LinearCESupport()
     device = device or DEVICE
@@ -172,7 +172,7 @@ def scaled_gradients_fit(p: Problem) -> bool:
     only then: where they do not fit, inf is the correct fp16 answer and GradScaler skips the step; where they
     do, an impl that scales before it normalizes (|p − y|·2^17 > 65504) overflows on its own account. The
     headroom covers the rounding of values near the top and the (C·p, q) parts of G formed apart."""
-    from properties.harness import run_oracle
+    from numcheck.properties.harness import run_oracle
 
     class _MaxG:
         g = 0.0

@@ -67,8 +67,8 @@ from typing import Literal
 
 import torch
 
-from properties.problems import Problem, Tensors
-from reference.linear_ce import Block, LinearCEResult, RowStats, linear_ce
+from numcheck.properties.problems import Problem, Tensors
+from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, linear_ce
 
 Level = Literal["hard", "expected"]
 
@@ -161,7 +161,7 @@ class ErrorModel:
 
 
 def _upstream_max(p: Problem) -> float:
-    from properties.problems import build
+    from numcheck.properties.problems import build
 
     u = build(p).upstream
     return float(u.abs().max()) if u is not None and u.numel() else 1.0
@@ -337,7 +337,7 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     ``oracle`` must be the oracle on the same operands (:func:`properties.harness.run_oracle`); the sweep
     re-walks its blocks twice through the oracle's observer hook.
     """
-    from properties.harness import oracle_operands
+    from numcheck.properties.harness import oracle_operands
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.fp8_formats import F64, round_to_fp32
-from reference.fp8_recipes import GEMMS, Fp8Recipe
-from reference.fp8_scaling import Quantized, quantize_operand, tensor_amax
+from numcheck.reference.fp8_formats import F64, round_to_fp32
+from numcheck.reference.fp8_recipes import GEMMS, Fp8Recipe
+from numcheck.reference.fp8_scaling import Quantized, quantize_operand, tensor_amax
 
 #: The outputs of a quantized linear, in the order reports list them.
 QUANT_OUTPUTS: tuple[str, ...] = ("y", "dgrad", "wgrad", "bgrad")

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from reference.fp8_formats import E4M3, E5M2, Fp8Format
+from numcheck.reference.fp8_formats import E4M3, E5M2, Fp8Format
 
 RecipeKind = Literal["delayed", "current", "blockwise", "mxfp8"]
 RECIPE_KINDS: tuple[str, ...] = ("delayed", "current", "blockwise", "mxfp8")

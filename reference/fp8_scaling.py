@@ -47,10 +47,10 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.fp8_formats import (
+from numcheck.reference.fp8_formats import (
     DTYPE_MAX, E8M0_BIAS, E8M0_NAN, F64, FP32_MAX, Fp8Format, decode_fp8, encode_fp8, get_format, round_to_fp32,
 )
-from reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.fp8_recipes import Fp8Recipe
 
 Block = tuple[int, int]
 

@@ -26,7 +26,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from reference.options import CEOptions
+from numcheck.reference.options import CEOptions
 
 AllIgnored = Literal["nan", "zero"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from impls import grad_accum
+from numcheck.impls import grad_accum
 
 _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

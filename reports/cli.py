@@ -10,13 +10,13 @@ import sys
 
 #: subcommand name -> module. Add a line here for a new subcommand.
 COMMANDS: dict[str, str] = {
-    "memory": "reports.memory_cmd",
-    "list": "reports.list_impls",
-    "report": "reports.report",
-    "repro": "reports.repro",
-    "premerge": "reports.premerge",
-    "bench": "reports.bench",
-    "versions": "reports.versions",
+    "memory": "numcheck.reports.memory_cmd",
+    "list": "numcheck.reports.list_impls",
+    "report": "numcheck.reports.report",
+    "repro": "numcheck.reports.repro",
+    "premerge": "numcheck.reports.premerge",
+    "bench": "numcheck.reports.bench",
+    "versions": "numcheck.reports.versions",
 }
 
 

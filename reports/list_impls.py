@@ -6,8 +6,8 @@ import argparse
 
 import torch
 
-from impls import capabilities
-from impls.registry import BrokenImpl, discover
+from numcheck.impls import capabilities
+from numcheck.impls.registry import BrokenImpl, discover
 
 HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points, --impl) and what it supports here"
 

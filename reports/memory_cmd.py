@@ -8,9 +8,9 @@ import argparse
 
 import torch
 
-from impls.registry import BrokenImpl, by_kind, discover
-from properties import memory
-from properties.problems import Problem
+from numcheck.impls.registry import BrokenImpl, by_kind, discover
+from numcheck.properties import memory
+from numcheck.properties.problems import Problem
 
 HELP = ("memory per linear+CE impl (extra peak, bytes held from forward to backward) and the one-chunk "
         "grad_weight accumulation table; default: the seed's shapes on the meta device")
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         cuda = f"  (cuda max_memory_allocated: {r.cuda_bytes / memory.MiB:.1f})" if r.cuda_bytes is not None else ""
         print(f"  {r.path:18s} {r.runs_as:18s} {_mib(r.extra_bytes)}  {r.formula}{cuda}")
     if dev.type == "meta":
-        from impls import capabilities
+        from numcheck.impls import capabilities
 
         if capabilities.addmm_out_dtype_meta(dtype):
             print("  (meta has no values, so addmm_out_dtype is measured with its capability forced on: the "

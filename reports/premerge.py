@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports import report_compare, report_schema
-from reports.report_grid import GRIDS
-from reports.report_schema import REPO
+from numcheck.reports import report_compare, report_schema
+from numcheck.reports.report_grid import GRIDS
+from numcheck.reports.report_schema import REPO
 
 HELP = ("pre-merge checklist for a pull request: property suite (ci profile), quick report vs the committed "
         "baseline, memory table, capability probes; Markdown on stdout, exit 1 if any check fails")
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- checks -----------------------------------------------------------------------------------------------
 def check_impls(entries: list[Any]) -> Check:
-    from impls.registry import BrokenImpl
+    from numcheck.impls.registry import BrokenImpl
 
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     good = [e for e in entries if not isinstance(e, BrokenImpl)]
@@ -90,7 +90,7 @@ def check_impls(entries: list[Any]) -> Check:
 
 
 def check_probes(device: str) -> Check:
-    from impls import capabilities
+    from numcheck.impls import capabilities
 
     try:
         caps = capabilities.summary(device)
@@ -162,7 +162,7 @@ def check_property_suite(specs: list[str], jobs: int) -> Check:
 
 
 def check_report(report: dict, grid: str) -> Check:
-    from reports.report_md import failures, impl_overview
+    from numcheck.reports.report_md import failures, impl_overview
 
     rows = [r for r in impl_overview(report) if r["status"] == "ran"]
     n = sum(r["n"] for r in rows)
@@ -207,7 +207,7 @@ def check_memory(report: dict) -> Check:
         return Check("memory", True, "no linear+CE impl ran, nothing to measure")
     if mem.get("error"):
         return Check("memory", False, f"the measurement failed: {mem['error']}")
-    from properties.memory import MiB
+    from numcheck.properties.memory import MiB
 
     N, H, V = mem["impl_shape"]
     measured = [r for r in mem["impls"] if not r.get("error")]
@@ -240,8 +240,8 @@ def render(env: dict, specs: list[str], checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from impls.registry import discover
-    from reports.report import build_report, default_out_dir, committed_baseline, write_report
+    from numcheck.impls.registry import discover
+    from numcheck.reports.report import build_report, default_out_dir, committed_baseline, write_report
 
     t0 = time.monotonic()
     specs = list(args.impl)

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reports import report_compare, report_schema
-from reports.report_grid import GRIDS, GridSpec
-from reports.report_schema import REPO, SCHEMA, device_label, torch_release
+from numcheck.reports import report_compare, report_schema
+from numcheck.reports.report_grid import GRIDS, GridSpec
+from numcheck.reports.report_schema import REPO, SCHEMA, device_label, torch_release
 
 HELP = ("sweep every impl over a documented grid and write report.json, report.md and plots under "
         "reports/<device>-torch<version>/ (--quick: the small grid; --compare BASE.json: list regressions)")
@@ -153,8 +153,8 @@ def memory_section(impls: list[Any]) -> dict[str, Any]:
     """The memory table of :mod:`properties.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
     import torch
 
-    from properties import memory
-    from properties.problems import Problem
+    from numcheck.properties import memory
+    from numcheck.properties.problems import Problem
 
     try:
         N, H, V = memory.SEED_SHAPE
@@ -176,9 +176,9 @@ def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: boo
     """Run the sweep, the accumulation comparison and the memory table; the report dictionary.
 
     ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
-    from impls.registry import by_kind, discover
-    from reports.accumulation import accumulation_table
-    from reports.report_sweep import one_thread, sweep
+    from numcheck.impls.registry import by_kind, discover
+    from numcheck.reports.accumulation import accumulation_table
+    from numcheck.reports.report_sweep import one_thread, sweep
 
     t0 = time.monotonic()
     entries = discover(specs)
@@ -199,7 +199,7 @@ def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: boo
 
 def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: str = "") -> list[str]:
     """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names."""
-    from reports import report_md
+    from numcheck.reports import report_md
 
     drawn: list[str] = []
     note = "Plots skipped (--no-plots)."
@@ -207,7 +207,7 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
     def add_plots(tmp: Path) -> None:
         nonlocal note
         if plots:
-            from reports.plots import write_plots
+            from numcheck.reports.plots import write_plots
 
             names, note = write_plots(report, tmp)
             drawn.extend(names)
@@ -218,7 +218,7 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
     files = {"report.json": report_schema.dumps(report)}
     if comparison_md:
         files["compare.md"] = comparison_md
-    from reports.plots import PLOT_FILES
+    from numcheck.reports.plots import PLOT_FILES
 
     write_atomically(out, files, extra=add_plots, owned=REPORT_FILES | PLOT_FILES)
     return drawn
@@ -226,7 +226,7 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
 
 def print_summary(report: dict, out: Path | None) -> None:
     """A few lines on stdout: where the report is and which impls failed."""
-    from reports.report_md import impl_overview
+    from numcheck.reports.report_md import impl_overview
 
     rows = impl_overview(report)
     bad = [r for r in rows if r["status"] == "ran" and (r["fail"] or r["error"])]

@@ -33,8 +33,8 @@ from typing import Any, Iterable
 
 import torch
 
-from properties.fp8_cases import QuantCase
-from properties.problems import Problem
+from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.problems import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {

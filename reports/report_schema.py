@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from reports.report_grid import reduction_length
+from numcheck.reports.report_grid import reduction_length
 
 SCHEMA = "numcheck-report/1"
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def torch_release() -> str:
 
 def environment(device: str) -> dict[str, Any]:
     """Everything that identifies where and with what a report was made."""
-    from impls import capabilities
+    from numcheck.impls import capabilities
 
     try:
         caps = capabilities.summary(device)
@@ -230,7 +230,7 @@ def _comparison_fields(c: Any) -> dict[str, Any]:
 
 def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
     """The record of one linear+CE case from :func:`properties.accuracy.check_accuracy`'s result."""
-    from properties.failures import repro_command
+    from numcheck.properties.failures import repro_command
 
     p = grid_case.case
     outputs: dict[str, Any] = {}
@@ -265,7 +265,7 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
 
 def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
     """The record of one quantized-linear case from :func:`properties.fp8_checks.measure_case`'s result."""
-    from properties.fp8_checks import repro_command
+    from numcheck.properties.fp8_checks import repro_command
 
     case = grid_case.case
     outputs: dict[str, Any] = {}
@@ -305,11 +305,11 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
     rec.update(error=f"{type(exc).__name__}: {exc}".strip(), verdicts={j: False for j in judgements}, outputs={},
                ratio_hard=math.inf, ratio_expected=math.inf, failures=[f"raised {type(exc).__name__}: {exc}"])
     if impl.kind == "linear_ce":
-        from properties.failures import repro_command
+        from numcheck.properties.failures import repro_command
 
         rec["repro"] = repro_command(impl, "accuracy", grid_case.case)
     else:
-        from properties.fp8_checks import repro_command as quant_repro
+        from numcheck.properties.fp8_checks import repro_command as quant_repro
 
         rec["repro"] = quant_repro(impl, "accuracy", grid_case.case)
     return rec

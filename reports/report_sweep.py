@@ -21,9 +21,9 @@ from typing import Any, Iterator, TextIO
 
 import torch
 
-from impls.registry import BrokenImpl, ImplEntry
-from reports.report_grid import GridCase, GridSpec, linear_ce_cases, quant_cases
-from reports.report_schema import case_text, declaration, error_record, linear_ce_record, quant_record
+from numcheck.impls.registry import BrokenImpl, ImplEntry
+from numcheck.reports.report_grid import GridCase, GridSpec, linear_ce_cases, quant_cases
+from numcheck.reports.report_schema import case_text, declaration, error_record, linear_ce_record, quant_record
 
 
 class Progress:
@@ -93,7 +93,7 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
 
 def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason."""
-    from properties.strategies import refusal
+    from numcheck.properties.strategies import refusal
 
     infos, work = [], []
     lin = linear_ce_cases(spec, device)
@@ -127,11 +127,11 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         if impl.kind == "linear_ce":
-            from properties.accuracy import check_accuracy
+            from numcheck.properties.accuracy import check_accuracy
 
             res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
             return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
-        from properties.fp8_checks import measure_case
+        from numcheck.properties.fp8_checks import measure_case
 
         res = measure_case(impl, gc.case)
         return quant_record(impl, gc, res, time.perf_counter() - t0)

@@ -29,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
-    from properties.fp8_cases import QuantCase
-    from properties.problems import Problem
-    from reference.fp8_recipes import Fp8Recipe
+    from numcheck.properties.fp8_cases import QuantCase
+    from numcheck.properties.problems import Problem
+    from numcheck.reference.fp8_recipes import Fp8Recipe
 
     try:
         case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe})  # noqa: S307
@@ -45,7 +45,7 @@ def parse_case(text: str) -> Any:
 
 def find_impl(name: str) -> Any:
     """The loaded impl called ``name`` (or loaded from the spec ``name``); ValueError saying what was found."""
-    from impls.registry import BrokenImpl, discover
+    from numcheck.impls.registry import BrokenImpl, discover
 
     entries = discover()
     for e in entries:
@@ -67,8 +67,8 @@ def find_impl(name: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from properties.failures import PropertyFailure
-    from properties.fp8_cases import QuantCase
+    from numcheck.properties.failures import PropertyFailure
+    from numcheck.properties.fp8_cases import QuantCase
 
     prop = args.property.split("[", 1)[0]
     try:
@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     quant = isinstance(case, QuantCase)
     if quant:
-        from properties.fp8_checks import FP8_PROPERTIES as table
+        from numcheck.properties.fp8_checks import FP8_PROPERTIES as table
     else:
-        from properties.checks import PROPERTIES as table
+        from numcheck.properties.checks import PROPERTIES as table
     want = "quant_linear" if quant else "linear_ce"
     if impl.kind != want:
         print(f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}", file=sys.stderr)

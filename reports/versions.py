@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.report_schema import REPO, SCHEMA, load
+from numcheck.reports.report_schema import REPO, SCHEMA, load
 
 HELP = ("compare the verdicts of reports made under different torch releases (default: the committed "
         "reports/*/report.json), per device: capabilities, impl status, cases whose verdicts differ")

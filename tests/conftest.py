@@ -16,7 +16,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from impls.registry import BrokenImpl, ImplEntry, discover
+from numcheck.impls import interpreter
+
+interpreter.arrange()  # before anything below can import triton
+
+from numcheck.impls.registry import BrokenImpl, ImplEntry, discover  # noqa: E402
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
                print_blob=True)

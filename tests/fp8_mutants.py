@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from impls.quant_linear import Fp8Linear, QTensor
-from impls.quant_protocol import DelayedScalingState
-from reference.fp8_formats import Fp8Format
-from reference.fp8_recipes import Fp8Recipe, standard_recipes
+from numcheck.impls.quant_linear import Fp8Linear, QTensor
+from numcheck.impls.quant_protocol import DelayedScalingState
+from numcheck.reference.fp8_formats import Fp8Format
+from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
 
 
 def _recipes(kind: str) -> tuple[Fp8Recipe, ...]:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from properties.problems import Problem
+from numcheck.properties.problems import Problem
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
     classes (V mod 128, else 128), and this asks exactly that, on the float64 softmax of the problem's own
     operands with a 2× margin for the kernel's fp32 evaluation: it follows the data (confident rows, V past
     ~1/filter_eps), not a regime name."""
-    from impls import cce
-    from properties.problems import build
+    from numcheck.impls import cce
+    from numcheck.properties.problems import build
 
     cols = block_cols or getattr(cce.load(), "backward_block_cols", None) or 1
     t = build(p)

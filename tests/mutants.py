@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from impls.protocol import FunctionImpl, LinearCESupport
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport
 
 
 def _fp32_ce(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):

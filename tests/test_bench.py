@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from reports import bench, cli
+from numcheck.reports import bench, cli
 
 
 def _res() -> dict:

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from impls import capabilities as cap
-from impls import grad_accum
+from numcheck.impls import capabilities as cap
+from numcheck.impls import grad_accum
 
 LOWP = (torch.bfloat16, torch.float16)
 

@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-import impls.cce as cce
-from impls.registry import builtin as _impl
-from properties.accuracy import check_accuracy
-from properties.failures import fail
-from properties.harness import run_impl
-from properties.problems import Problem, build
-from properties.strategies import why_not_run
-from tests.known_divergences import known
+import numcheck.impls.cce as cce
+from numcheck.impls.registry import builtin as _impl
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.failures import fail
+from numcheck.properties.harness import run_impl
+from numcheck.properties.problems import Problem, build
+from numcheck.properties.strategies import why_not_run
+from numcheck.tests.known_divergences import known
 
 INFO = cce.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -207,7 +207,7 @@ def test_kernels_unavailable_on_cpu_with_reason(capsys: pytest.CaptureFixture[st
     """Without CUDA the kernel variants declare CUDA only and say why (a real failure), and ``numcheck list`` shows it."""
     if CUDA:
         pytest.skip("CUDA present: the kernels run compiled")
-    from reports.cli import main
+    from numcheck.reports.cli import main
 
     names = [v.name for v in cce.VARIANTS if v.kernels]
     for name in names:
@@ -267,7 +267,7 @@ def test_target_logit_is_summed_from_rounded_products(dtype: torch.dtype) -> Non
 def test_filtering_predicate(p: Problem, skips: bool) -> None:
     """The known divergence's data predicate says a 128-class block may be skipped where some valid row has as
     many |softmax − onehot| below eps/32 as the smallest block has classes (cases seen on the H200 either way)."""
-    from tests.known_divergences import cce_filtering_may_skip
+    from numcheck.tests.known_divergences import cce_filtering_may_skip
 
     assert cce_filtering_may_skip(p, block_cols=128) is skips
 

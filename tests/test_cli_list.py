@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-from impls.registry import ENV_VAR, ImplEntry, builtin_impls
-from reports import cli
+from numcheck.impls.registry import ENV_VAR, ImplEntry, builtin_impls
+from numcheck.reports import cli
 
 CUDA_ONLY_AND_MISSING_PACKAGE = """
 import torch.nn.functional as F
-from impls.protocol import linear_ce_impl
+from numcheck.impls.protocol import linear_ce_impl
 
 def _ce(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
@@ -105,7 +105,7 @@ def test_env_var_impls_are_listed_with_their_origin(capsys, outside, monkeypatch
 
 def test_probes_are_printed(capsys, monkeypatch):
     """--probes adds every capability probe of the device with yes/no."""
-    from impls import capabilities
+    from numcheck.impls import capabilities
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     rc, out, _ = _list(capsys, "--impl", "eager", "--probes")

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from impls.registry import builtin as _impl
-from properties import checks
-from properties.harness import run_impl, run_oracle
-from properties.problems import Problem, build
-from properties.strategies import DEVICE, problems
+from numcheck.impls.registry import builtin as _impl
+from numcheck.properties import checks
+from numcheck.properties.harness import run_impl, run_oracle
+from numcheck.properties.problems import Problem, build
+from numcheck.properties.strategies import DEVICE, problems
 
 #: False-alarm rate of the accumulation-order decision: the probability of declaring "addmm_out_dtype is less
 #: accurate" when its errors are in fact distributed like the fallback's or better (one-sided Wilcoxon

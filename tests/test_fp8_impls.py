@@ -11,13 +11,13 @@ import torch
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from impls import capabilities
-from impls.quant_protocol import QuantLinearSupport, validate_quant_impl
-from properties import fp8_checks as checks
-from properties.fp8_cases import QuantCase
-from properties.fp8_strategies import fp8_test_tensors, quant_cases
-from properties.strategies import DEVICE
-from reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
+from numcheck.impls import capabilities
+from numcheck.impls.quant_protocol import QuantLinearSupport, validate_quant_impl
+from numcheck.properties import fp8_checks as checks
+from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.fp8_strategies import fp8_test_tensors, quant_cases
+from numcheck.properties.strategies import DEVICE
+from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
@@ -221,8 +221,8 @@ def test_protocol_rejects_malformed_impls():
 
 def test_mutants_load_as_outside_impls():
     """The mutants load through the registry's spec path like any outside impl, and describe themselves."""
-    from impls.registry import ImplEntry, load_spec
+    from numcheck.impls.registry import ImplEntry, load_spec
 
-    entries = load_spec("tests.fp8_mutants:MUTANTS", "--impl")
+    entries = load_spec("numcheck.tests.fp8_mutants:MUTANTS", "--impl")
     assert entries and all(isinstance(e, ImplEntry) for e in entries), entries
     assert all("recipes:" in e.impl.support.describe() for e in entries)

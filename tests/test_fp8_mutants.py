@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, settings
 
-from properties import fp8_checks as checks
-from properties.failures import PropertyFailure
-from properties.fp8_cases import QuantCase
-from properties.fp8_strategies import quant_cases
-from tests.fp8_mutants import CAUGHT_BY, MUTANTS
+from numcheck.properties import fp8_checks as checks
+from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.fp8_strategies import quant_cases
+from numcheck.tests.fp8_mutants import CAUGHT_BY, MUTANTS
 
 # No shrinking: the first failing case is enough to show the mutant is caught (shrinking only costs time).
 _FIND = settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
@@ -53,9 +53,9 @@ def test_mx_scale_mutant_fails_the_quantizer_property():
 def test_colwise_from_rowwise_mutant_is_invisible_to_per_tensor_scaling():
     """Documented limit: with one scale per tensor, requantizing the rowwise-quantized x gives the same bits,
     so this mutant is only observable for block-scaled recipes (which the suite therefore always draws)."""
-    from impls.quant_linear import Fp8Linear
-    from reference.fp8_recipes import Fp8Recipe
-    from tests.fp8_mutants import ColumnwiseFromRowwiseQuantized
+    from numcheck.impls.quant_linear import Fp8Linear
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+    from numcheck.tests.fp8_mutants import ColumnwiseFromRowwiseQuantized
 
     per_tensor = ColumnwiseFromRowwiseQuantized("per_tensor_variant", (Fp8Recipe("current", power_of_2_scales=True, fp8_format="E4M3"),))
     case = QuantCase(per_tensor.support.recipes[0], 32, 64, 16, seed=1)

@@ -10,15 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties.fp8_strategies import amaxes, fp8_test_tensors
-from properties.fp8_tolerance import quantization_error_bound
-from reference.fp8_formats import (
+from numcheck.properties.fp8_strategies import amaxes, fp8_test_tensors
+from numcheck.properties.fp8_tolerance import quantization_error_bound
+from numcheck.reference.fp8_formats import (
     E4M3, E5M2, FP32_MAX, all_codes, decode_e8m0, decode_fp8, encode_fp8, is_nan_code, round_to_fp32,
     same_codes,
 )
-from reference.fp8_linear import quantized_linear
-from reference.fp8_recipes import Fp8Recipe, standard_recipes
-from reference.fp8_scaling import (
+from numcheck.reference.fp8_linear import quantized_linear
+from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_scaling import (
     block_amax, delayed_scale_update, mx_scale_code, quantize, quantize_operand, scale_from_amax, scale_inverse,
 )
 
@@ -313,7 +313,7 @@ def test_cast_rounds_through_binary32_first():
 def test_accumulation_bound_model():
     """The chunked (promoted) accumulation factor equals γ_{n+4} without promotion, stays finite for long
     reductions at 14-bit precision, and grows with n only through the fp32 level."""
-    from properties.fp8_tolerance import U32, accumulation_gamma, gamma
+    from numcheck.properties.fp8_tolerance import U32, accumulation_gamma, gamma
 
     assert accumulation_gamma(100, 2.0**-24, None) == gamma(104, 2.0**-24)
     assert accumulation_gamma(100, 2.0**-13, 128) == gamma(104, 2.0**-13)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls import capabilities, grad_accum
+from numcheck.impls import capabilities, grad_accum
 
 U32, UB = 2.0**-24, 2.0**-8
 K, C, V, H = 64, 16, 48, 24
@@ -180,7 +180,7 @@ def test_scaling_multiplies_in_fp32(dtype):
     """A stored gradient times the upstream gradient is computed in fp32 and rounded once, whatever the buffer's
     dtype: a loss scale of 2^17 must not round to inf in fp16 first (0·inf = NaN: seen on the H200, where a
     bf16/fp16 tensor's in-place mul rounds an fp32 scalar to its own dtype), nor 1 + 2^-10 to 1 in bf16."""
-    from properties.strategies import DEVICE
+    from numcheck.properties.strategies import DEVICE
 
     buf = torch.tensor([[0.0, 1e-3, -2.0**-20], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
     for g in (2.0**17, 1.0 + 2.0**-10):

@@ -33,14 +33,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from impls.chunked import DEFAULT_CHUNK_ROWS, chunked
-from impls.recompute import recompute
-from impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
-from properties.compare import compare
-from properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
-from properties.problems import Problem, Tensors, build
-from properties.strategies import DEVICE_TYPE
-from reference.linear_ce import LinearCEResult
+from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, chunked
+from numcheck.impls.recompute import recompute
+from numcheck.impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
+from numcheck.properties.compare import compare
+from numcheck.properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
+from numcheck.properties.problems import Problem, Tensors, build
+from numcheck.properties.strategies import DEVICE_TYPE
+from numcheck.reference.linear_ce import LinearCEResult
 
 U = 2.0**-24
 SAFETY = 2.0
@@ -201,7 +201,7 @@ def test_default_chunk_is_declared(impl):
 
 
 def _registered() -> list[Any]:
-    from impls.registry import builtin_impls
+    from numcheck.impls.registry import builtin_impls
 
     return [e.impl for e in builtin_impls() if getattr(e, "name", "") in IMPL_IDS]
 
@@ -256,11 +256,11 @@ def _held_across_backward(impl: Any, p: Problem) -> list[tuple[tuple[int, ...], 
 def test_recompute_holds_o_n(reduction):
     """recompute (and chunked for `none`) keeps nothing but inputs and O(N) fp32 across backward; chunked for
     `mean` keeps its [V, H] grad_W accumulator (fp32 buffer, or bf16 gradient plus int16 lower half)."""
-    from properties import memory
+    from numcheck.properties import memory
 
     p = Problem(N=24, H=16, V=40, bias=True, reduction=reduction, dtype="bfloat16")
     by_name = {i.name: i for i in IMPLS}
-    from impls import triton_ce
+    from numcheck.impls import triton_ce
 
     # Under Triton's interpreter the last chunk's kernel arguments (its [C, V] logits and five [C] row vectors,
     # measured) stay alive after the launch, so the Triton impls' O(N) claim is checked where they compile.

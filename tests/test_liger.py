@@ -13,12 +13,12 @@ import importlib.util
 import pytest
 import torch
 
-import impls.liger as liger
-from impls.registry import builtin as _impl
-from properties.accuracy import check_accuracy
-from properties.failures import fail
-from properties.problems import Problem
-from properties.strategies import why_not_run
+import numcheck.impls.liger as liger
+from numcheck.impls.registry import builtin as _impl
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.failures import fail
+from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import why_not_run
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -92,7 +92,7 @@ def test_interpreter_exclusions_are_real_and_shown() -> None:
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
 def test_numcheck_list_shows_reasons(capsys: pytest.CaptureFixture[str]) -> None:
     """``numcheck list`` prints, for each Liger variant, the reason for every option it does not declare."""
-    from reports.cli import main
+    from numcheck.reports.cli import main
 
     main(["list", "--impl", "liger[accum=None]", "--impl", "liger[accum=fp32]"])
     out = capsys.readouterr().out

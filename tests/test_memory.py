@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from impls import capabilities
-from impls.registry import builtin_impls
-from properties import memory
-from properties.problems import Problem
+from numcheck.impls import capabilities
+from numcheck.impls.registry import builtin_impls
+from numcheck.properties import memory
+from numcheck.properties.problems import Problem
 
 F32 = 4
 
@@ -195,7 +195,7 @@ def test_chunked_holds_fp32_grad_weight(name: str) -> None:
 
 def test_numcheck_memory_prints_tables(capsys: pytest.CaptureFixture[str]) -> None:
     """``numcheck memory`` prints the one-chunk paths and a row per impl, recompute's held bytes O(N)."""
-    from reports.cli import main
+    from numcheck.reports.cli import main
 
     N, H, V, C = 256, 64, 1024, 32
     rc = main(["memory", "--shape", f"{N},{H},{V}", "--chunk", str(C), "--impl", "recompute", "--impl", "eager"])
@@ -210,7 +210,7 @@ def test_numcheck_memory_prints_tables(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_numcheck_memory_rejects_bad_shape(capsys: pytest.CaptureFixture[str]) -> None:
     """A malformed --shape is an argument error that names --shape."""
-    from reports.cli import main
+    from numcheck.reports.cli import main
 
     with pytest.raises(SystemExit):
         main(["memory", "--shape", "12,34"])
@@ -224,7 +224,7 @@ def test_cuda_agrees_with_max_memory_allocated() -> None:
     gw = torch.zeros(V, H, device="cuda")
     G = torch.randn(C, V, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(C, H, device="cuda", dtype=torch.bfloat16)
-    from impls.grad_accum import PATHS
+    from numcheck.impls.grad_accum import PATHS
 
     for path in ("fallback", "fp32_operands"):
         tracked, cuda = memory.cuda_cross_check(lambda: PATHS[path](gw, G, x))

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 
-from properties.checks import accuracy
-from properties.failures import PropertyFailure
-from properties.harness import ProtocolViolation
-from properties.problems import Problem
-from properties.strategies import DEVICE, problems
-from tests.mutants import DIRECTED, MUTANTS
+from numcheck.properties.checks import accuracy
+from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.harness import ProtocolViolation
+from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import DEVICE, problems
+from numcheck.tests.mutants import DIRECTED, MUTANTS
 
 
 def _fails(impl, p) -> bool:
@@ -25,7 +25,7 @@ def _fails(impl, p) -> bool:
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught(mutant):
     """Hypothesis finds a problem, inside what the mutant declares, on which the accuracy property fails."""
-    from impls.protocol import LINEAR_CE_OPTIONS
+    from numcheck.impls.protocol import LINEAR_CE_OPTIONS
 
     every = frozenset(LINEAR_CE_OPTIONS)
     strategy = st.one_of(problems(mutant.support), problems(mutant.support, require=every, allow_all_ignored=False))
@@ -38,8 +38,8 @@ def test_mutant_is_caught(mutant):
 def test_upstream_before_mean_is_caught_by_loss_scale_draws():
     """The loss-scale draws find where scaling p − y by 2^17 before dividing by N overflows fp16 (the scaled
     gradient itself fits): a held-out bug that every other draw passes."""
-    from properties.strategies import loss_scale_problems
-    from tests.mutants import upstream_before_mean
+    from numcheck.properties.strategies import loss_scale_problems
+    from numcheck.tests.mutants import upstream_before_mean
 
     found = find(loss_scale_problems(upstream_before_mean.support), lambda p: _fails(upstream_before_mean, p),
                  settings=settings(max_examples=30, derandomize=True, database=None, deadline=None,
@@ -52,9 +52,9 @@ def test_upstream_before_mean_is_caught_by_loss_scale_draws():
 def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     """The split fp32 accumulator with its int16 lower half zeroed after every chunk (a bf16 running sum that
     still declares fp32 accumulation) fails the many-chunks accuracy property on its first bf16 draws."""
-    from impls import split_accum
-    from impls.registry import builtin
-    from properties.strategies import many_chunk_layout, many_chunk_problems, why_not_run
+    from numcheck.impls import split_accum
+    from numcheck.impls.registry import builtin
+    from numcheck.properties.strategies import many_chunk_layout, many_chunk_problems, why_not_run
 
     impl, N = many_chunk_layout(builtin(name))
     probe = Problem(N=N, H=1, V=2, dtype="bfloat16", device=DEVICE)
@@ -79,7 +79,7 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
 def test_directed_mutant_fails_its_property(mutant, prop, case):
     """A bug plain accuracy cannot see (it passes accuracy on the case) fails the property written for its
     class: a contiguity assumption, a wrong needs_input_grad index, a workspace shared across calls."""
-    from properties.checks import PROPERTIES
+    from numcheck.properties.checks import PROPERTIES
 
     p = eval(case, {"__builtins__": {}}, {"Problem": Problem}).replace(device="cpu")  # noqa: S307 - a literal
     accuracy(mutant, p)
@@ -90,7 +90,7 @@ def test_directed_mutant_fails_its_property(mutant, prop, case):
 def test_input_modified_in_place_is_named():
     """run_impl names an input that forward + backward changed in place (here the mutant's target), whatever
     the outputs: the caller's tensors must come back as given."""
-    from properties.harness import run_impl
+    from numcheck.properties.harness import run_impl
 
     mutant = next(m for m in MUTANTS if m.name == "mutant_target_clamped_in_place")
     with pytest.raises(ProtocolViolation, match="modified its input 'target' in place"):
@@ -100,8 +100,8 @@ def test_input_modified_in_place_is_named():
 def test_upstream_gradient_modified_in_place_is_named():
     """run_impl names an upstream gradient that backward changed in place, though every output is right for the
     call (a caller reusing that tensor, as a loss scaler does, gets a wrong one)."""
-    from properties.harness import run_impl
-    from tests.mutants import upstream_divided_in_place
+    from numcheck.properties.harness import run_impl
+    from numcheck.tests.mutants import upstream_divided_in_place
 
     p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
     with pytest.raises(ProtocolViolation, match="modified its input 'upstream gradient' in place"):

@@ -30,8 +30,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from reference.linear_ce import LinearCEResult, forward_autograd, linear_ce
-from reference.options import CEOptions
+from numcheck.reference.linear_ce import LinearCEResult, forward_autograd, linear_ce
+from numcheck.reference.options import CEOptions
 
 F64 = torch.float64
 U = 2.0**-53  # float64 unit roundoff

@@ -7,8 +7,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from reference.linear_ce import forward_autograd, linear_ce
-from reference.options import CEOptions, options_from_kwargs
+from numcheck.reference.linear_ce import forward_autograd, linear_ce
+from numcheck.reference.options import CEOptions, options_from_kwargs
 
 F64 = torch.float64
 N, H, V = 4, 3, 5

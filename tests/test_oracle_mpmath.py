@@ -15,8 +15,8 @@ from typing import Callable
 import pytest
 import torch
 
-from reference.linear_ce import linear_ce
-from reference.options import CEOptions
+from numcheck.reference.linear_ce import linear_ce
+from numcheck.reference.options import CEOptions
 
 mpmath = pytest.importorskip("mpmath")
 mp = mpmath.mp

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 
-from reports import premerge
+from numcheck.reports import premerge
 
 GOOD = '''
 import torch.nn.functional as F
-from impls.protocol import linear_ce_impl
+from numcheck.impls.protocol import linear_ce_impl
 
 @linear_ce_impl(name="mymod_fp32_ce", dtypes=("float32", "bfloat16"), autocast=(), options=("bias", "ignore_index"),
                 logits_dtype="float32", all_ignored="nan")
@@ -37,7 +37,7 @@ def _premerge(tmp_path: Path, module: str, source: str, *extra: str) -> subproce
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
                NUMCHECK_CI_EXAMPLES="1")
     env.pop("NUMCHECK_IMPLS", None)
-    return subprocess.run([sys.executable, "-m", "reports.cli", "premerge", "--impl", f"{module}:impl", "--grid", "smoke",
+    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", f"{module}:impl", "--grid", "smoke",
                            *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -96,7 +96,7 @@ def test_checklist_marks_failures_and_regressions():
 
 def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path):
     """Against a baseline, a verdict flip is ❌; with --impl, impls not selected are not compared (no notes)."""
-    from reports import report_schema
+    from numcheck.reports import report_schema
 
     def case(status, ratio):
         return {"impl": "m", "kind": "linear_ce", "case": "P", "label": "L", "group": "g", "mode": "float32",

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from properties.problems import REGIMES, Problem, build, dtype_of
+from numcheck.properties.problems import REGIMES, Problem, build, dtype_of
 
 F64 = torch.float64
 

@@ -17,12 +17,12 @@ from hypothesis import assume, given, settings, target
 from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
 
-from properties import checks
-from properties.problems import Problem
-from properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, loss_scale_available,
+from numcheck.properties import checks
+from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, loss_scale_available,
                                    loss_scale_problems, many_chunk_layout, many_chunk_problems, problems,
                                    wide_hidden_problems)
-from tests.known_divergences import covers_every, known
+from numcheck.tests.known_divergences import covers_every, known
 
 
 def _examples(impl: Any) -> int:
@@ -83,7 +83,7 @@ def test_accuracy_fp32_sharp(linear_ce_impl):
 def test_all_options_combined(linear_ce_impl):
     """Every declared option on at once (bias, ignored rows, smoothing, class weights, softcap, z-loss), in fp32
     where declared: interactions such as the z-loss normalizer under class weights are judged at fp32 sharpness."""
-    from impls.protocol import LINEAR_CE_OPTIONS
+    from numcheck.impls.protocol import LINEAR_CE_OPTIONS
 
     s = linear_ce_impl.support
     force = {"dtype": "float32", "autocast": None} if torch.float32 in s.dtypes else {}
@@ -300,8 +300,8 @@ PINNED = [
 @pytest.mark.parametrize("case", PINNED)
 def test_pinned_cases(linear_ce_impl, case):
     """Every pinned case that the impl declares passes the accuracy property."""
-    from properties.problems import Problem
-    from properties.strategies import refusal
+    from numcheck.properties.problems import Problem
+    from numcheck.properties.strategies import refusal
 
     p = eval(case, {"__builtins__": {}}, {"Problem": Problem}).replace(device=DEVICE)  # noqa: S307 - a literal here
     why = refusal(linear_ce_impl.support, p)

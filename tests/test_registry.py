@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from impls import registry
-from impls.protocol import (FunctionImpl, LinearCESupport, linear_ce_impl, make_support, validate_impl)
-from impls.registry import ENTRY_POINT_GROUP, ENV_VAR, BrokenImpl, ImplEntry, builtin_impls, discover, load_spec
+from numcheck.impls import registry
+from numcheck.impls.protocol import (FunctionImpl, LinearCESupport, linear_ce_impl, make_support, validate_impl)
+from numcheck.impls.registry import ENTRY_POINT_GROUP, ENV_VAR, BrokenImpl, ImplEntry, builtin_impls, discover, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "outside_impl.py"
@@ -30,7 +30,7 @@ _counter = itertools.count()
 
 GOOD_IMPL = """
 import torch.nn.functional as F
-from impls.protocol import linear_ce_impl
+from numcheck.impls.protocol import linear_ce_impl
 
 @linear_ce_impl(name={name!r}, dtypes=("float32",), options=("bias",))
 def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
@@ -111,7 +111,7 @@ def test_spec_loads_a_list_a_factory_and_the_default_attr(modules):
     """``attr`` may be a list/tuple of impls, a factory returning one or a list; without ``:attr``, ``IMPLS``."""
     mod = modules("""
         import torch.nn.functional as F
-        from impls.protocol import FunctionImpl, LinearCESupport
+        from numcheck.impls.protocol import FunctionImpl, LinearCESupport
 
         def _ce(x, w, t, b=None, **kw):
             return F.cross_entropy(F.linear(x, w, b), t, reduction=kw["reduction"], ignore_index=kw["ignore_index"])
@@ -180,7 +180,7 @@ def test_missing_module_and_empty_spec_are_broken():
 def test_one_bad_item_in_a_list_keeps_the_good_ones(modules):
     """In a list, a protocol-breaking item is broken and the valid items still load."""
     mod = modules("""
-        from impls.protocol import FunctionImpl
+        from numcheck.impls.protocol import FunctionImpl
         IMPLS = [FunctionImpl(name="ok", fn=lambda *a, **k: None), object()]
     """)
     entries = load_spec(mod, "$NUMCHECK_IMPLS")
@@ -316,7 +316,7 @@ def test_unavailable_reason_reports_requirements():
 
 BAD_SUM_FOR_NONE = """
 import torch.nn.functional as F
-from impls.protocol import linear_ce_impl
+from numcheck.impls.protocol import linear_ce_impl
 
 @linear_ce_impl(name="bad_sum_for_none", dtypes=("float32",), options=("bias", "ignore_index"), autocast=())
 def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
@@ -376,7 +376,7 @@ def test_outside_modules_under_env_var_good_bad_and_broken(outside_dir):
 
 def test_outside_module_appears_in_numcheck_list(outside_dir):
     """``numcheck list`` with NUMCHECK_IMPLS shows the outside impl, its origin and that it runs here."""
-    r = _run(["-m", "reports.cli", "list"], outside_dir, env_impls="mymod:impl")
+    r = _run(["-m", "numcheck.reports.cli", "list"], outside_dir, env_impls="mymod:impl")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert f"{EXAMPLE_NAME}  [linear_ce, from ${ENV_VAR}]" in out, out

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import cli, report_compare, report_schema
-from reports.report import build_report, resolve_out_dir, write_atomically, write_report
-from reports.report_grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, linear_ce_cases, quant_cases, random_problems, \
+from numcheck.reports import cli, report_compare, report_schema
+from numcheck.reports.report import build_report, resolve_out_dir, write_atomically, write_report
+from numcheck.reports.report_grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, linear_ce_cases, quant_cases, random_problems, \
     reduction_length, span_decades
 
 OUTPUT_FIELDS = ("max_abs", "max_rel", "rmse", "max_ulp", "ratio_hard", "ratio_expected", "verdicts", "reduction_length")
@@ -29,8 +29,8 @@ TINY_BF16 = GridSpec(name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes
 
 IMPL_MODULE = '''
 import dataclasses
-from impls.chunked import ChunkedLinearCE
-from impls.protocol import FunctionImpl, LinearCESupport
+from numcheck.impls.chunked import ChunkedLinearCE
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport
 
 # fp32 grad_weight accumulation over chunks of 4 rows: the baseline impl.
 good = ChunkedLinearCE("acc_impl", path="fp32_operands", chunk_rows=4)
@@ -81,8 +81,8 @@ def test_every_output_reduction_length_spans_two_decades(name):
     for out in ("loss", "grad_x", "grad_weight"):
         span = span_decades(reduction_length(out, p) for p in cases)
         assert span >= 2.0, f"grid {name}: {out} reduction lengths span only {span:.2f} decades"
-    from reference.fp8_recipes import Fp8Recipe
-    from impls.quant_protocol import QuantLinearSupport
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+    from numcheck.impls.quant_protocol import QuantLinearSupport
 
     support = QuantLinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
     q = [gc.case for gc in quant_cases(spec, support)]
@@ -160,8 +160,8 @@ def test_render_in_place_keeps_the_folders_other_files(smoke_dir, tmp_path):
     (a GPU run's README, bench results and logs live beside its report)."""
     import shutil
 
-    from reports.plots import PLOT_FILES
-    from reports.report import REPORT_FILES
+    from numcheck.reports.plots import PLOT_FILES
+    from numcheck.reports.report import REPORT_FILES
 
     folder = tmp_path / "gpu-run"
     folder.mkdir()
@@ -180,7 +180,7 @@ def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monk
     for name in ("error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png", "accumulation.png"):
         data = (smoke_dir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
-    from reports import plots
+    from numcheck.reports import plots
 
     def no_matplotlib():
         raise ImportError("No module named 'matplotlib'")
@@ -205,7 +205,7 @@ def test_unavailable_broken_and_raising_impls_are_listed(impl_module):
     assert raised and all(c["status"] == "error" for c in raised)
     assert all("kernel exploded on purpose" in c["error"] and not any(c["verdicts"].values()) for c in raised)
     assert all(c["repro"].startswith("NUMCHECK_IMPLS=") for c in raised), "repro must name the outside impl's spec"
-    from reports.report_md import render
+    from numcheck.reports.report_md import render
 
     md = render(rep)
     assert "needs a GPU named Zeta" in md and "kernel exploded on purpose" in md and "broken" in md
@@ -301,7 +301,7 @@ def test_committed_baseline_is_never_overwritten_unless_asked(tmp_path, monkeypa
     """A git-tracked report.json is refused as --out without --update-baseline; by default the report goes to build/."""
     import argparse
 
-    from reports import report as report_mod
+    from numcheck.reports import report as report_mod
 
     out = _git_repo_with_baseline(tmp_path)
     ns = dict(device="cpu", force=False)

@@ -8,14 +8,14 @@ import shlex
 
 import pytest
 
-from properties.failures import PropertyFailure
-from reports import cli
+from numcheck.properties.failures import PropertyFailure
+from numcheck.reports import cli
 
 PLAIN = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
 
 MUTANT = '''
 import torch.nn.functional as F
-from impls.protocol import linear_ce_impl
+from numcheck.impls.protocol import linear_ce_impl
 
 @linear_ce_impl(name="repro_loss_off", dtypes=("float32",), autocast=(), options=("bias", "ignore_index"),
                 logits_dtype="float32")
@@ -50,9 +50,9 @@ def test_failing_case_prints_the_failure_and_exits_1(mutant, monkeypatch, capsys
 
 def test_printed_repro_command_round_trips(mutant, monkeypatch, capsys):
     """The command in a property failure, run as printed (env prefix included), reproduces the failure."""
-    from impls.registry import discover
-    from properties import checks
-    from properties.problems import Problem
+    from numcheck.impls.registry import discover
+    from numcheck.properties import checks
+    from numcheck.properties.problems import Problem
 
     impl = [e.impl for e in discover([mutant])][0]
     with pytest.raises(PropertyFailure) as info:

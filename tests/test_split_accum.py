@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls import grad_accum, split_accum
-from properties import memory
+from numcheck.impls import grad_accum, split_accum
+from numcheck.properties import memory
 
 pytestmark = pytest.mark.skipif(split_accum.unavailable_reason() is not None,
                                 reason=f"Triton kernels unavailable: {split_accum.unavailable_reason()}")

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from impls.protocol import FunctionImpl, LinearCESupport, make_support
-from properties.accuracy import check_accuracy
-from properties.problems import Problem
-from properties.strategies import DEVICE
+from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import DEVICE
 
 #: Classes per chunk of the test impl's grad_x sum: 1025 classes make 129 roundings in the input dtype.
 CHUNK_COLS = 8

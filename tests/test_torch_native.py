@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import impls.torch_native as tn
-from impls.registry import builtin as _impl
-from properties.accuracy import check_accuracy
-from properties.failures import fail
-from properties.harness import run_impl
-from properties.problems import Problem
-from properties.strategies import why_not_run
+import numcheck.impls.torch_native as tn
+from numcheck.impls.registry import builtin as _impl
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.failures import fail
+from numcheck.properties.harness import run_impl
+from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import why_not_run
 
 NAMES = ["torch_native[reference]"] + [f"torch_native[chunked,acc={p}]" for p in tn.ACC_POLICIES]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls import triton_ce
-from impls.ce_block import RowStats, ce_block_, reduction_coefficients, row_weights
+from numcheck.impls import triton_ce
+from numcheck.impls.ce_block import RowStats, ce_block_, reduction_coefficients, row_weights
 
 U, UB = 2.0**-24, 2.0**-8
 SAFETY = 2.0

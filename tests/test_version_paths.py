@@ -37,16 +37,16 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from impls import capabilities, grad_accum
-from impls.registry import builtin_impls
-from properties import fp8_checks
-from properties.accuracy import check_accuracy
-from properties.failures import fail
-from properties.harness import run_impl
-from properties.fp8_cases import QuantCase
-from properties.problems import Problem, build
-from properties.strategies import problems
-from reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8, encode_fp8, same_codes
+from numcheck.impls import capabilities, grad_accum
+from numcheck.impls.registry import builtin_impls
+from numcheck.properties import fp8_checks
+from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.failures import fail
+from numcheck.properties.harness import run_impl
+from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.problems import Problem, build
+from numcheck.properties.strategies import problems
+from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8, encode_fp8, same_codes
 
 REPO = Path(__file__).resolve().parents[1]
 LOWP = (torch.bfloat16, torch.float16)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import versions
-from reports.cli import main
-from reports.report_schema import REPO, SCHEMA, load
+from numcheck.reports import versions
+from numcheck.reports.cli import main
+from numcheck.reports.report_schema import REPO, SCHEMA, load
 
 
 def _report(torch_v: str, *, device: str = "cpu", caps: dict | None = None, impls: list | None = None,
