@@ -1,6 +1,6 @@
 """Cross-entropy on one chunk of logits, in torch: per-row loss, lse, z-loss and the gradient w.r.t. the logits.
 
-Semantics are exactly those of :func:`reference.linear_ce.linear_ce` (``../shared/notes/linear-ce.md``), with
+Semantics are exactly those of :func:`reference.linear_ce.linear_ce` (``docs/linear-ce.md``), with
 z the logits chunk, z' = s·tanh(z/s) under softcap (else z' = z), lse_i = log Σ_j exp(z'_ij), p = exp(z' − lse):
 
 * CE part of row i:  ℓ_i = (1−ε)·w_{y_i}·(lse_i − z'_{i,y_i}) + (ε/V)·(S_w·lse_i − Σ_j w_j z'_ij),

@@ -31,7 +31,7 @@ Conventions declared by every impl here:
 Default chunk: :data:`DEFAULT_CHUNK_ROWS` = 2048 tokens, the chunk of the seed's measurement. At V=131072 a
 bf16 logits chunk is 512 MiB and the torch CE path's fp32 working copies about 1 GiB each, comfortable on an
 80–141 GiB GPU, while few chunks keep the per-chunk read-modify-write of the fp32 [V, H] accumulator cheap
-(``../shared/notes/accumulation-and-memory.md``). Tests pick small chunks with :meth:`ChunkedLinearCE.with_chunk_rows`.
+(``docs/accumulation-and-memory.md``). Tests pick small chunks with :meth:`ChunkedLinearCE.with_chunk_rows`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A chunked FLCE accumulates ``grad_W = Σ_chunks G_cᵀ·x_c`` into a ``[V, H]`` 
 ``[C, H]``) into ``gw`` in place, with no host synchronisation. The same steps accumulate ``grad_b`` when
 called with ``x_chunk`` a ``[C, 1]`` column of ones (see :func:`accumulate_bias`).
 
-Paths (``../shared/notes/accumulation-and-memory.md``; the extra peak is for one chunk with bf16 operands and
+Paths (``docs/accumulation-and-memory.md``; the extra peak is for one chunk with bf16 operands and
 an fp32 ``gw``, V=131072, H=4096, C=2048):
 
 ``addmm_out_dtype``

@@ -31,7 +31,7 @@ A linear+CE implementation is any object with
     ``loss.backward(upstream)``; they must reach ``x``, ``weight`` and ``bias``.
 
 The exact semantics (PyTorch's for the CE part, Liger's for z-loss) are those of the float64 oracle
-:func:`reference.linear_ce.linear_ce`; ``../shared/notes/linear-ce.md`` has the formulas.
+:func:`reference.linear_ce.linear_ce`; ``docs/linear-ce.md`` derives the formulas.
 
 The simplest way to write one is :func:`linear_ce_impl`::
 

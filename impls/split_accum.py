@@ -17,8 +17,8 @@ and writes them back. Two kernels do this: a persistent one that moves every til
 through TMA descriptors, for 16-bit operands whose rows are 16-byte aligned where Triton has tensor
 descriptors (Hopper and later, and the interpreter); and a pointer-based one for the rest. On the H200 at
 C=640, V=131072, H=4096 the TMA kernel took 1.99–2.04 ms and the pointer kernel's autotuned best 2.71–2.73 ms
-(``reports/probes/split_gemm_variants.py``; cuBLAS' fp32 ``addmm`` with the same accumulator traffic: 1.84–1.87
-ms; the logs are in ``reports/h200-torch2.11/``). Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
+(cuBLAS' fp32 ``addmm`` with the same accumulator traffic: 1.84–1.87 ms; ``docs/accumulation-and-memory.md``,
+"Speed on one H200"). Per chunk the accumulator traffic is 4 + 4 bytes per element, the same as an fp32
 ``addmm`` with β = 1, and no ``[V, H]`` temporary exists. The fp32 product inside one tile is a sum of C
 bf16×bf16 products (exact in fp32) accumulated in fp32, as cuBLAS does, so the error model is the one of
 :data:`impls.grad_accum.GRAD_ACCUMULATION` ``"fp32"``.
@@ -139,8 +139,8 @@ if triton is not None:
     #: The TMA kernel's tiles: compiled (the probe's fastest at C=640 on the H200; 3 stages fit its shared
     #: memory, 4 do not) and under the interpreter (small, so CPU tests cover several tiles and a K tail).
     TMA_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "STAGES": 3}
-    #: Compiled, the TMA kernel takes accumulators of at least this many elements. Measured on the H200 (run O,
-    #: reports/h200-torch2.11/README.md): at V·H = 2^29 (131072 × 4096) a chunk's step fell from 2.73 to 1.97 ms, but at V·H = 2^26
+    #: Compiled, the TMA kernel takes accumulators of at least this many elements. Measured on the H200 (``docs/accumulation-and-memory.md``,
+    #: "Speed on one H200"): at V·H = 2^29 (131072 × 4096) a chunk's step fell from 2.73 to 1.97 ms, but at V·H = 2^26
     #: (32768 × 2048) the whole split FLCE was 1.6× slower than with the autotuned pointer kernel; and at
     #: V=8, H=16 its tiles did not fit shared memory.
     TMA_MIN_ELEMENTS = 1 << 28

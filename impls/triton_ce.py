@@ -234,7 +234,7 @@ def ce_block_triton_(
 #: Tokens per chunk of the ``split_fp32`` impls: at V=131072 a bf16 logits chunk of 640 rows is 160 MiB, which
 #: with the 1024 MiB lower half of the split accumulator stays under the 1200 MiB extra-peak target of the GPU
 #: tier, while the accumulator's per-chunk read and write (8 bytes per [V, H] element, 4 GiB) stays close to
-#: the time of the chunk's grad_W GEMM on an H200 (``reports/h200-torch2.11/``).
+#: the time of the chunk's grad_W GEMM on an H200 (``docs/accumulation-and-memory.md``, "Speed on one H200").
 SPLIT_CHUNK_ROWS = 640
 
 

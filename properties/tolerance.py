@@ -1,7 +1,7 @@
 """The tolerance model for linear+CE: an element-wise error bound for every output, derived by first-order
 floating-point error analysis and evaluated in float64 next to the oracle.
 
-Notation (``../shared/notes/error-analysis.md``): u_c = unit roundoff of the compute (matmul operand) dtype,
+Notation (``docs/error-analysis.md``): u_c = unit roundoff of the compute (matmul operand) dtype,
 u_a = 2⁻²⁴ (matmuls accumulate in fp32: bf16/fp16 products are exact in fp32, fp32 GEMMs accumulate in
 fp32), u_L = precision the impl stores logits and log-probabilities in (u_c when it materializes the logits
 chunk in the compute dtype, which every impl calling a low-precision matmul does), u_G = precision of the

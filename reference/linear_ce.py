@@ -1,6 +1,6 @@
 """Float64 oracle for linear + cross-entropy: forward and analytic backward, chunked.
 
-Semantics (``../shared/notes/linear-ce.md``): z = x·Wᵀ + b; with softcap z' = s·tanh(z/s);
+Semantics (``docs/linear-ce.md``): z = x·Wᵀ + b; with softcap z' = s·tanh(z/s);
 lse_i = log Σ_j exp(z'_ij); per-row loss
 ℓ_i = (1−ε)·w_{y_i}·(lse_i − z'_{i,y_i}) + (ε/V)·Σ_j w_j·(lse_i − z'_ij), z-loss ζ_i = λ·lse_i².
 ``mean`` divides Σ ℓ by D = Σ_{i∈M} w_{y_i} (PyTorch) and Σ ζ by |M| (Liger); ``sum`` adds; ``none`` keeps

@@ -1,7 +1,7 @@
 """The grad_weight-accumulation comparison of the report: how far each chunked accumulation path of
 :mod:`impls.grad_accum` drifts from float64 as chunks pile up.
 
-Setup (``../shared/notes/accumulation-and-memory.md`` measured the same on an H200 after 64 chunks with
+Setup (``docs/accumulation-and-memory.md`` records the same on an H200 after 64 chunks with
 V=4096, H=1024, C=256): K chunks of C rows, G_k ``[C, V]`` and x_k ``[C, H]`` drawn N(0, 1) and rounded to
 the low-precision dtype, accumulated by each path's own step function (the code the chunked impls run)
 into its accumulator (fp32; the parameter dtype for ``lowp_accum``). The exact answer is the float64 sum

@@ -6,7 +6,8 @@
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
-# bench is timed: run it alone. SUITE_TESTS="tests/test_x.py ..." runs part of the suite.
+# bench is timed: run it alone. The suite is every test module under numcheck/tests (the shipped suite, numcheck's own
+# tests and the adapter tests: all of them take NUMCHECK_DEVICE); SUITE_TESTS="numcheck/tests/suite ..." runs part of it.
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
@@ -24,15 +25,15 @@ fi
 [ -d /tmp/carried ] && export PYTHONPATH="$PYTHONPATH:/tmp/carried"
 case "$what" in
   suite)
-    python3 -m reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
+    python3 -m numcheck.reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
     # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures
-    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-tests} -v -n 8 -p no:cacheprovider -p no:benchmark \
+    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-numcheck/tests} -v -n 8 -p no:cacheprovider -p no:benchmark \
       --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"
     ;;
   report)
-    timeout "${REPORT_S:-540}" python3 -m reports.cli report --grid "${GRID:-quick}" --device cuda --no-plots --no-progress \
+    timeout "${REPORT_S:-540}" python3 -m numcheck.reports.cli report --grid "${GRID:-quick}" --device cuda --no-plots --no-progress \
       --out "$out/report" > "$out/report.txt" 2>&1
     echo "numcheck report exit $?" >> "$out/report.txt"
     tail -20 "$out/report.txt"
@@ -45,7 +46,7 @@ case "$what" in
     grep -E "FAILED|ERROR" "$out/suite.txt" | tail -40; tail -3 "$out/suite.txt"; tail -8 "$out/report.txt"
     ;;
   bench)
-    timeout "${BENCH_S:-560}" python3 -m reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
+    timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
     ;;
   all)
     SUITE_S=250 bash "$0" suite "$out" > /dev/null 2>&1

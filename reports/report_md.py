@@ -232,7 +232,7 @@ def _accumulation_section(acc: dict | None) -> list[str]:
     out += ["", "fp32 accumulation stays at fp32 rounding level; `fallback` rounds each chunk's product to the operand "
             "dtype once (a flat error of a fraction of u_c = 2⁻⁸ for bf16, whatever K); `lowp_accum` (Liger's "
             "default `accum_dtype=None`) rounds the running sum after every chunk, so its error grows like √K. "
-            "For comparison, `../shared/notes/accumulation-and-memory.md` measured after 64 chunks on an H200 "
+            "For comparison, `docs/accumulation-and-memory.md` records after 64 chunks on an H200 "
             "(V=4096, H=1024, C=256): fallback 1.7e-3, fp32 operands 1.8e-7, out_dtype 2.7e-7, bf16 accumulation "
             "9.8e-3.", ""]
     return out

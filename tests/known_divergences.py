@@ -100,11 +100,10 @@ KNOWN: list[KnownDivergence] = [
         devices=("cpu",),
         applies=lambda p: p.regime == "confident" and p.N >= 1024,
         reason=("PyTorch's chunked F.linear_cross_entropy (2.13, every acc_policy) loses grad_weight on confident "
-                "rows over long batches: fp32, N=2049, H=4, V=2, p_target > 0.9996 gives a 23% error, 1.6x the "
-                "hard bound, where its own reference path, eager and every other impl sit at 0.002x; the ratio "
-                "grows with N (0.06x at N=64, 0.32x at 1024). Summing softmax^T x and onehot^T x separately and "
-                "subtracting reproduces a 20% error ((p - y)^T x: 1e-4), so the two parts are likely not "
-                "cancelled before the sum over rows."),
+                "rows over long batches: the example (fp32, N=2049, H=4, V=2, p_target > 0.9996) gives a 23% "
+                "error, 1.6x the hard bound, where its reference path and eager sit at 0.002x, and the ratio grows "
+                "with N. Summing softmax^T x and onehot^T x apart and subtracting reproduces it ((p - y)^T x does "
+                "not), so the two parts are likely not cancelled before the sum over rows."),
         example=Problem(N=2049, H=4, V=2, regime="confident", seed=0),
     ),
     KnownDivergence(
@@ -115,9 +114,9 @@ KNOWN: list[KnownDivergence] = [
         # (acc=balanced, 8 seeds): N=32 0.55, N=64 1.13; fp16 ≤ 0.19. Seed 4 at N=64 fails every acc policy.
         applies=lambda p: p.dtype == "bfloat16" and p.autocast is None and p.N >= 32,
         reason=("PyTorch's chunked F.linear_cross_entropy (2.13, bf16, mean and sum, every acc_policy) returns a "
-                "loss up to 2.2% off at N=64 (5.8125 for 5.9426 with acc=accurate: 1.34x the bound, which allows "
-                "one bf16 rounding of an fp32-accumulated sum), where its reference path and eager sit at 0.04x "
-                "and its gradients are within bounds: consistent with the row losses being summed in bf16."),
+                "loss up to 2.2% off: the example (N=64) gives 5.8125 for 5.9426, 1.34x a bound that allows one "
+                "bf16 rounding of an fp32-accumulated sum, where its reference path and eager sit at 0.04x and its "
+                "gradients are within bounds: consistent with the row losses being summed in bf16."),
         example=Problem(N=64, H=1, V=65, dtype="bfloat16", seed=4),
     ),
     KnownDivergence(
@@ -157,10 +156,12 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.softcap is not None,
-        reason=("cut-cross-entropy 25.1.1's kernels with softcap: at N=H=V=1, softcap=1 (exact loss 0, zero "
-                "gradients) they returned loss 4.57 and gradients 0.28 / -0.74 on an H200, as if the padded "
-                "vocabulary lanes of a block, capped at s·tanh(-inf/s) = -s, entered the log-sum-exp; with "
-                "softcap=5 at V=37 the same leak is e^-5-sized and passes the bounds."),
+        reason=("cut-cross-entropy 25.1.1's kernels with softcap let the padded vocabulary lanes of a 128-class "
+                "block, capped at s·tanh(-inf/s) = -s, into the log-sum-exp: the example (N=H=V=1, softcap=1; "
+                "exact loss 0, zero gradients) gave loss 4.57 and gradients 0.28 / -0.74 on an H200; the loss is off "
+                "at every V not a multiple of 128 (4.4 at V=1, 0.22 at V=129, 0.002 at V=127) and right at V=128 "
+                "and 256 (docs/evidence/cce_softcap.txt). With softcap=5 the leak is e^-5-sized and can pass the "
+                "bounds."),
         example=Problem(N=1, H=1, V=1, dtype="bfloat16", softcap=1.0),
     ),
     KnownDivergence(
@@ -169,10 +170,10 @@ KNOWN: list[KnownDivergence] = [
         devices=("cuda",),
         applies=cce_filtering_may_skip,
         reason=("cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
-                "every backward block whose |softmax - onehot| are all below it: on confident rows all are, and "
-                "grad_x / grad_weight come back zero; at V=1025 with ordinary logits 640 of 1025 grad_weight rows "
-                "were (inexact by design; filter_eps=None is exact). Every property compares against the exact "
-                "gradients, so the entry covers each case where some entry is below the threshold."),
+                "every backward block whose |softmax - onehot| are all below it, so those grad_x / grad_weight "
+                "entries come back zero: on confident rows (the example), and at V=1025 with ordinary logits for "
+                "640 of 1025 grad_weight rows. Inexact by design (filter_eps=None is exact); every property "
+                "compares against exact gradients, so each case with some entry below the threshold is covered."),
         example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
         by_data=True,
     ),
@@ -182,18 +183,15 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.autocast is not None,
-        reason=("cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) under "
-                "autocast fp16, after the same process called it under autocast bf16, ran the bf16 graph: on an "
-                "H200 with torch 2.11 the fp16 call's loss and grad_x equal bf16 eager's (to 1e-6) and sit 3.4e-3 "
-                "from fp16 eager's (reports/probes/cce_compile_autocast.py; a lone fp16 call in a fresh process is right; torch "
-                "2.13 on CPU recompiles). The suite found it as test_loss_scale failing 2.5x its bound in a worker "
-                "that had run bf16 draws; earlier_calls (run Q) then found a bf16 call after an fp16 one wrong too (N=1, "
-                "V=3, large logits: grad_weight 2.3x its bound) in a worker with other graphs compiled: which "
-                "graph a call gets depends on the process's compile history, so every AMP case is covered. The probe "
-                "shows it in a fresh process, bf16 then fp16 (run M); this example under earlier_calls passed right after "
-                "torch._dynamo.reset() (run R), as it did in a worker of run Q."),
+        reason=("cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) reuses "
+                "the graph compiled under one autocast dtype when the same process calls it under the other: on "
+                "an H200 with torch 2.11 an fp16 call after a bf16 one returns bf16 eager's loss and grad_x (to "
+                "1e-6), 3.4e-3 from fp16 eager's (torch 2.13 on CPU recompiles). Which graph a call finds depends "
+                "on the process's compile history (a bf16 call after an fp16 one was wrong too, in a worker with "
+                "other graphs compiled), so every AMP case is covered and no single example reproduces it in a "
+                "test worker. docs/evidence/cce_compile_autocast.py shows it in a fresh process."),
         example=Problem(N=35, H=16, V=61, dtype="float32", autocast="float16", seed=0),
-        history_dependent="reports/probes/cce_compile_autocast.py",
+        history_dependent="docs/evidence/cce_compile_autocast.py",
     ),
 ]
 
