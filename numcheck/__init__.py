@@ -7,9 +7,9 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 
 >>> import numcheck
 >>> @numcheck.linear_ce_impl(name="doc_eager", dtypes=("float32",), options=(), autocast=())
-... def impl(x, weight, target, bias=None, *, reduction="mean"):
+... def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 ...     import torch.nn.functional as F
-...     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction)
+...     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
 >>> impl.name
 'doc_eager'
 """
