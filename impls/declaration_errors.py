@@ -54,6 +54,8 @@ def did_you_mean(word: str, known: Iterable[str], aliases: dict[str, str] | None
     known = list(known)
     guess = (aliases or {}).get(word.lower()) if isinstance(word, str) else None
     if guess is None and isinstance(word, str):
+        guess = {k.lower(): k for k in known}.get(word.lower())
+    if guess is None and isinstance(word, str):
         close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
         guess = close[0] if close else None
     return f" Did you mean {guess!r}?" if guess is not None else ""
