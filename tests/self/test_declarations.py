@@ -100,6 +100,7 @@ def test_bad_declaration_in_an_outside_module_names_its_line(tmp_path, monkeypat
         sys.modules.pop(name, None)
     assert isinstance(entry, BrokenImpl), entry
     assert f"{path}:4: " in entry.error and "Did you mean 'cuda'?" in entry.error, entry.error
+    assert "impls/" not in entry.error, f"the error points into numcheck, not only at the user's line: {entry.error}"
 
 
 def test_undeclared_options_follow_the_signature() -> None:
