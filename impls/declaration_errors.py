@@ -43,6 +43,13 @@ def declaration_site() -> str:
         del frame
 
 
+def defined_at(fn: object) -> str:
+    """``file:line`` where ``fn`` (a function, or an object's ``__call__``) is defined, or ``"?"``."""
+    target = inspect.unwrap(fn) if inspect.isroutine(fn) else type(fn).__call__  # type: ignore[arg-type]
+    code = getattr(target, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "?"
+
+
 def invalid(what: str, fix: str, *, site: str | None = None) -> InvalidDeclaration:
     """An :class:`InvalidDeclaration` reading ``"<site>: <what>\\n  <fix>"`` (``site`` defaults to
     :func:`declaration_site`)."""
@@ -61,7 +68,7 @@ def did_you_mean(word: str, known: Iterable[str], aliases: dict[str, str] | None
     return f" Did you mean {guess!r}?" if guess is not None else ""
 
 
-def _collection(owner: str, field: str, value: object, example: str) -> list:
+def collection(owner: str, field: str, value: object, example: str) -> list:
     """``value`` as a list of entries; a bare string or a non-iterable is refused with a fix-it."""
     if isinstance(value, (str, bytes)):
         raise invalid(f"{owner}.{field}={value!r} is one string, not a collection of names",
@@ -81,7 +88,7 @@ DEVICE_ALIASES: dict[str, str] = {"gpu": "cuda", "nvidia": "cuda", "rocm": "cuda
 
 def device_types(owner: str, value: object) -> frozenset[str]:
     """The declared ``devices``: a non-empty collection of :data:`DEVICE_TYPES`."""
-    items = _collection(owner, "devices", value, "('cpu', 'cuda')")
+    items = collection(owner, "devices", value, "('cpu', 'cuda')")
     if not items:
         raise invalid(f"{owner}.devices is empty: the suite could run the impl nowhere",
                       f"Declare at least one device type of {DEVICE_TYPES}, e.g. devices=('cpu',).")
@@ -103,7 +110,7 @@ def dtypes(owner: str, field: str, value: object, allowed: tuple, *, empty_ok: b
     """The declared dtypes of ``field``: ``torch.dtype`` objects or their names, each one of ``allowed``."""
     by_name = {str(d).removeprefix("torch."): d for d in allowed}
     shown = tuple(by_name)
-    items = _collection(owner, field, value, repr(shown[:1]))
+    items = collection(owner, field, value, repr(shown[:1]))
     if not items and not empty_ok:
         raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
                       f"Declare at least one of {shown}, e.g. {field}=({shown[0]!r},).")
@@ -122,7 +129,7 @@ def dtypes(owner: str, field: str, value: object, allowed: tuple, *, empty_ok: b
 def known_names(owner: str, field: str, value: object, known: tuple[str, ...], *, empty_ok: bool,
                 aliases: dict[str, str] | None = None, note: str = "") -> frozenset[str]:
     """The declared names of ``field``, each one of ``known``, with a did-you-mean for the first unknown one."""
-    items = _collection(owner, field, value, repr(known[:2]))
+    items = collection(owner, field, value, repr(known[:2]))
     if not items and not empty_ok:
         raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
                       f"Declare at least one of {known}.")

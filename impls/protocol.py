@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Literal, Protocol, runtime_checkable
 import torch
 
 from numcheck.impls import declaration_errors as decl
-from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, invalid
+from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, defined_at, invalid
 from numcheck.impls.quant_protocol import validate_quant_impl
 
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
@@ -168,7 +168,7 @@ class LinearCESupport:
                                          note=" (options name features of the call; the reductions are declared with reductions=)"))
         set_("reductions", decl.known_names(own, "reductions", self.reductions, REDUCTIONS, empty_ok=False,
                                             aliases=REDUCTION_ALIASES))
-        combos = decl._collection(own, "option_combinations_excluded", self.option_combinations_excluded,
+        combos = decl.collection(own, "option_combinations_excluded", self.option_combinations_excluded,
                                   "[('softcap', 'z_loss')]")
         set_("option_combinations_excluded", frozenset(
             decl.known_names(own, "option_combinations_excluded", c, LINEAR_CE_OPTIONS, empty_ok=False,
@@ -267,13 +267,6 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
         return inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C callable: the suite finds out by calling it
         return None
-
-
-def defined_at(fn: Any) -> str:
-    """``file:line`` where ``fn`` (a function, or an object's ``__call__``) is defined, or ``"?"``."""
-    target = inspect.unwrap(fn) if inspect.isroutine(fn) else type(fn).__call__
-    code = getattr(target, "__code__", None)
-    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "?"
 
 
 def call_refusal(fn: Callable[..., Any], options: Iterable[str]) -> str | None:

@@ -83,7 +83,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from numcheck.impls import declaration_errors as decl
-from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, invalid
+from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, defined_at, invalid
 from numcheck.reference.fp8_formats import FP32_MAX, F64, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
@@ -148,7 +148,7 @@ class QuantLinearSupport:
     def __post_init__(self) -> None:
         own = "QuantLinearSupport"
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
-        recipes = decl._collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
+        recipes = decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
         if not recipes:
             raise invalid(f"{own}.recipes is empty: the suite could draw no case for the impl",
                           "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).")
@@ -167,7 +167,7 @@ class QuantLinearSupport:
         set_("recipes", tuple(out))
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
-        soi = decl._collection(own, "save_original_input", self.save_original_input, "(False, True)")
+        soi = decl.collection(own, "save_original_input", self.save_original_input, "(False, True)")
         if not soi or any(not isinstance(v, bool) for v in soi):
             raise invalid(f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
                           f"False and/or True", "e.g. save_original_input=(False, True), or (False,) without PR #1865.")
@@ -429,12 +429,6 @@ CALL_KEYWORDS: tuple[str, ...] = ("recipe", "save_original_input", "scaling_stat
 QUANTIZE_KEYWORDS: tuple[str, ...] = ("recipe", "role", "usage", "scaling_state")
 
 
-def _defined_at(fn: Any) -> str:
-    target = inspect.unwrap(fn) if inspect.isroutine(fn) else type(fn).__call__
-    code = getattr(target, "__code__", None)
-    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "?"
-
-
 def call_refusal(fn: Callable[..., Any], positional: int, keywords: tuple[str, ...]) -> str | None:
     """Why ``fn`` cannot be called with ``positional`` positional arguments and ``keywords``, with a fix; ``None``
     when it can, or when its signature cannot be read (a C callable: calling it will tell)."""
@@ -486,7 +480,7 @@ class QuantFunctionImpl:
                 raise invalid(f"impl {self.name!r}: {label}={fn!r} is not callable", "Pass a function.")
             why = call_refusal(fn, positional, keywords)
             if why:
-                raise invalid(f"impl {self.name!r}: its {label} (defined at {_defined_at(fn)}) cannot take the calls "
+                raise invalid(f"impl {self.name!r}: its {label} (defined at {defined_at(fn)}) cannot take the calls "
                               f"the suite makes", why)
         if self.support.exposes_quantize and self.quantize_fn is None:
             raise invalid(f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
@@ -556,7 +550,7 @@ def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..
                                                ("quantize", quantize, 1, QUANTIZE_KEYWORDS)):
             why = call_refusal(f, positional, keywords) if f is not None else None
             if why:
-                raise invalid(f"quant_linear_impl(name={name!r}): its {label} (defined at {_defined_at(f)}) cannot "
+                raise invalid(f"quant_linear_impl(name={name!r}): its {label} (defined at {defined_at(f)}) cannot "
                               f"take the calls the suite makes", why, site=site)
         if declared.exposes_quantize and quantize is None:
             raise invalid(f"quant_linear_impl(name={name!r}) declares exposes_quantize=True without quantize=",
@@ -596,5 +590,5 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     for label, fn, positional, keywords in calls:
         why = call_refusal(fn, positional, keywords)
         if why:
-            raise TypeError(f"{origin}: quant_linear impl {name!r}: its {label} (defined at {_defined_at(fn)}) cannot "
+            raise TypeError(f"{origin}: quant_linear impl {name!r}: its {label} (defined at {defined_at(fn)}) cannot "
                             f"take the calls the suite makes: {why}")
