@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Literal, Protocol, runtime_checkable
 import torch
 
 from numcheck.impls import declaration_errors as decl
-from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, defined_at, invalid
+from numcheck.impls.declaration_errors import declaration_site, defined_at, invalid
 from numcheck.impls.quant_protocol import validate_quant_impl
 
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
@@ -312,7 +312,7 @@ class FunctionImpl:
     """A linear+CE implementation made from a plain function and a support declaration.
 
     Built, it has checked that ``fn`` can take every call its declared options lead to
-    (:func:`call_refusal`); an :class:`InvalidDeclaration` names the line that built it otherwise."""
+    (:func:`call_refusal`); an :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` names the line that built it otherwise."""
 
     name: str
     fn: Callable[..., Any] = field(repr=False)
@@ -363,7 +363,7 @@ def make_support(**fields: Any) -> LinearCESupport:
 
     Collections may be any iterable (tuples, lists), dtypes ``torch.dtype`` objects or their names
     (``"bfloat16"``), ``option_combinations_excluded`` an iterable of pairs. Every value is checked here and an
-    :class:`InvalidDeclaration` names the calling line, what is wrong and how to fix it (unknown keywords,
+    :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` names the calling line, what is wrong and how to fix it (unknown keywords,
     device types, dtype or option names; empty ``dtypes``, ``devices`` or ``reductions``).
 
     >>> make_support(dtypes=("float32",), devices=("cpu",), options=("bias",)).options
@@ -378,7 +378,7 @@ def linear_ce_impl(*, name: str, description: str = "", **support: Any) -> Calla
 
     ``support`` keywords are the fields of :class:`LinearCESupport` (:func:`make_support`; dtype names may be
     strings). The declaration is checked where it is written: a bad keyword, device type, dtype or option name,
-    an empty ``dtypes``, or an option the function's signature cannot take raise :class:`InvalidDeclaration`
+    an empty ``dtypes``, or an option the function's signature cannot take raise :class:`~numcheck.impls.declaration_errors.InvalidDeclaration`
     naming the decorator's ``file:line``.
 
     When ``options`` is not given it is what the signature accepts (:func:`inferred_options`): ``bias`` and
