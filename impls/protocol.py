@@ -47,10 +47,15 @@ The simplest way to write one is :func:`linear_ce_impl`::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Protocol, runtime_checkable
 
 import torch
+
+from numcheck.impls import declaration_errors as decl
+from numcheck.impls.declaration_errors import declaration_site, defined_at, invalid
+from numcheck.impls.quant_protocol import validate_quant_impl
 
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
 LINEAR_CE_OPTIONS: tuple[str, ...] = (
@@ -77,16 +82,17 @@ GradAccumulation = Literal["fp32", "per_chunk_rounding", "param_dtype"]
 AllIgnoredConvention = Literal["nan", "zero"]
 
 
-def _dtype(d: torch.dtype | str) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    try:
-        out = getattr(torch, d)
-    except AttributeError:
-        raise ValueError(f"unknown dtype name {d!r}; use e.g. 'float32', 'bfloat16', 'float16'") from None
-    if not isinstance(out, torch.dtype):
-        raise ValueError(f"{d!r} is not a torch dtype")
-    return out
+#: Names a user may write for an option that the declaration calls otherwise (the call's keyword, Liger's name).
+OPTION_ALIASES: dict[str, str] = {"z_loss_scale": "z_loss", "lse_square_scale": "z_loss", "weight": "class_weights",
+                                  "weights": "class_weights", "logit_softcapping": "softcap",
+                                  "final_logit_softcapping": "softcap", "smoothing": "label_smoothing"}
+REDUCTION_ALIASES: dict[str, str] = {"avg": "mean", "average": "mean", "elementwise_mean": "mean", "batchmean": "mean"}
+
+#: The keyword each option reaches the call with (``bias`` is the fourth positional argument, always passed;
+#: ``reduction`` and ``ignore_index`` are always passed as keywords).
+OPTION_KEYWORDS: dict[str, str] = {"label_smoothing": "label_smoothing", "class_weights": "class_weights",
+                                   "softcap": "softcap", "z_loss": "z_loss_scale"}
+ALWAYS_PASSED: tuple[str, ...] = ("reduction", "ignore_index")
 
 
 @dataclass(frozen=True)
@@ -152,36 +158,47 @@ class LinearCESupport:
     option_combinations_excluded: frozenset[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
-        for name, allowed, given in (
-            ("options", LINEAR_CE_OPTIONS, self.options),
-            ("reductions", REDUCTIONS, self.reductions),
-        ):
-            bad = set(given) - set(allowed)
-            if bad:
-                raise ValueError(f"LinearCESupport.{name} has unknown entries {sorted(bad)}; allowed: {allowed}")
-        bad_dt = {d for d in self.dtypes if d not in FLOAT_DTYPES}
-        if bad_dt:
-            raise ValueError(f"LinearCESupport.dtypes has unsupported dtypes {bad_dt}; allowed: {FLOAT_DTYPES}")
-        if self.all_ignored not in ("nan", "zero", None):
-            raise ValueError(f"LinearCESupport.all_ignored must be 'nan', 'zero' or None, got {self.all_ignored!r}")
-        for name in ("grad_accumulation", "grad_x_accumulation"):
-            if getattr(self, name) not in ("fp32", "per_chunk_rounding", "param_dtype"):
-                raise ValueError(
-                    f"LinearCESupport.{name} must be 'fp32', 'per_chunk_rounding' or 'param_dtype', "
-                    f"got {getattr(self, name)!r}"
-                )
-        if self.logits_dtype not in ("compute", "float32") or self.ce_dtype not in ("compute", "float32"):
-            raise ValueError(
-                f"LinearCESupport.logits_dtype / ce_dtype must be 'compute' or 'float32', got {self.logits_dtype!r} / {self.ce_dtype!r}"
-            )
-        if self.loss_dtype not in ("input", "compute"):
-            raise ValueError(f"LinearCESupport.loss_dtype must be 'input' or 'compute', got {self.loss_dtype!r}")
-        if self.target_logit not in ("logits", "rounded_products"):
-            raise ValueError(f"LinearCESupport.target_logit must be 'logits' or 'rounded_products', got {self.target_logit!r}")
+        own = "LinearCESupport"
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
+        set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, FLOAT_DTYPES, empty_ok=False))
+        set_("autocast", decl.dtypes(own, "autocast", self.autocast, (torch.bfloat16, torch.float16), empty_ok=True))
+        set_("devices", decl.device_types(own, self.devices))
+        set_("options", decl.known_names(own, "options", self.options, LINEAR_CE_OPTIONS, empty_ok=True,
+                                         aliases=OPTION_ALIASES,
+                                         note=" (options name features of the call; the reductions are declared with reductions=)"))
+        set_("reductions", decl.known_names(own, "reductions", self.reductions, REDUCTIONS, empty_ok=False,
+                                            aliases=REDUCTION_ALIASES))
+        combos = decl.collection(own, "option_combinations_excluded", self.option_combinations_excluded,
+                                  "[('softcap', 'z_loss')]")
+        set_("option_combinations_excluded", frozenset(
+            decl.known_names(own, "option_combinations_excluded", c, LINEAR_CE_OPTIONS, empty_ok=False,
+                             aliases=OPTION_ALIASES) for c in combos))
+        choices: tuple[tuple[str, tuple[Any, ...]], ...] = (
+            ("all_ignored", ("nan", "zero", None)),
+            ("grad_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
+            ("grad_x_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
+            ("logits_dtype", ("compute", "float32")),
+            ("ce_dtype", ("float32", "compute")),
+            ("target_logit", ("logits", "rounded_products")),
+            ("loss_dtype", ("input", "compute")),
+        )
+        for name, allowed in choices:
+            value = getattr(self, name)
+            if value not in allowed:
+                raise invalid(f"{own}.{name}={value!r} is not one of {allowed}",
+                              f"See LinearCESupport's docstring for what each value means."
+                              f"{decl.did_you_mean(value, [a for a in allowed if a], None) if isinstance(value, str) else ''}")
         for name in ("chunk_rows", "chunk_cols"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"LinearCESupport.{name} must be an int >= 1 or None, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
+                              f"Give the rows (classes) per chunk, or None for one pass.")
+        for name in ("returns_z_loss", "slow"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(f"{own}.{name} must be True or False, got {getattr(self, name)!r}", "Pass a bool.")
+        if self.requires is not None and not callable(self.requires):
+            raise invalid(f"{own}.requires must be a zero-argument callable or None, got {self.requires!r}",
+                          "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -236,15 +253,87 @@ class LinearCEImpl(Protocol):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
+def _accepts(sig: inspect.Signature, keyword: str) -> bool:
+    """Whether a call with ``signature`` can take ``keyword=...``."""
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return True
+    p = sig.parameters.get(keyword)
+    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: the suite finds out by calling it
+        return None
+
+
+def call_refusal(fn: Callable[..., Any], options: Iterable[str]) -> str | None:
+    """Why ``fn`` cannot take the calls the suite makes for ``options`` (a set of :data:`LINEAR_CE_OPTIONS`),
+    with a fix, or ``None``.
+
+    The suite calls ``fn(x, weight, target, bias, reduction=..., ignore_index=..., **declared)`` where
+    ``declared`` holds the keyword of every declared option (:data:`OPTION_KEYWORDS`: ``z_loss`` is passed as
+    ``z_loss_scale``). ``None`` too when the signature cannot be read (a C callable): calling it will tell."""
+    sig = _signature(fn)
+    if sig is None:
+        return None
+    declared = [o for o in LINEAR_CE_OPTIONS if o in set(options) and o in OPTION_KEYWORDS]
+    keywords = [*ALWAYS_PASSED, *(OPTION_KEYWORDS[o] for o in declared)]
+    try:
+        sig.bind(None, None, None, None, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        label = f"{getattr(fn, '__name__', type(fn).__name__)}{sig}"
+        always = [k for k in ALWAYS_PASSED if not _accepts(sig, k)]
+        missing = [o for o in declared if not _accepts(sig, OPTION_KEYWORDS[o])]
+        if always:
+            return (f"{label} takes no keyword {' or '.join(always)}, which every call passes. "
+                    f"Add {', '.join(f'{k}=...' for k in always)} to the signature (or **options).")
+        if missing:
+            kws = ", ".join(f"{OPTION_KEYWORDS[o]}=..." for o in missing)
+            return (f"{label} cannot take {kws}, which the declared option(s) {missing} pass. Add the keyword(s) "
+                    f"to the signature, or leave {missing} out of options= (or declare options= explicitly).")
+        return (f"{label} cannot be called as fn(x, weight, target, bias, reduction=..., ignore_index=...): {exc}. "
+                f"Give it four positional parameters and keyword defaults for the rest.")
+    return None
+
+
+def inferred_options(fn: Callable[..., Any]) -> frozenset[str]:
+    """The options a function declares by its signature: ``bias`` and ``ignore_index`` (always passed), and each
+    option whose keyword it can take (all of them with ``**options``, or when the signature cannot be read)."""
+    sig = _signature(fn)
+    return frozenset(o for o in LINEAR_CE_OPTIONS
+                     if o not in OPTION_KEYWORDS or sig is None or _accepts(sig, OPTION_KEYWORDS[o]))
+
+
 @dataclass(frozen=True)
 class FunctionImpl:
-    """A linear+CE implementation made from a plain function and a support declaration."""
+    """A linear+CE implementation made from a plain function and a support declaration.
+
+    Built, it has checked that ``fn`` can take every call its declared options lead to
+    (:func:`call_refusal`); an :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` names the line that built it otherwise."""
 
     name: str
     fn: Callable[..., Any] = field(repr=False)
     support: LinearCESupport = field(default_factory=LinearCESupport)
     kind: str = "linear_ce"
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
+                          "Give a short printable name, e.g. name='mymod_flce'.")
+        if not callable(self.fn):
+            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable",
+                          "Pass the function computing the loss (x, weight, target, bias=None, **options).")
+        if not isinstance(self.support, LinearCESupport):
+            raise invalid(f"impl {self.name!r}: support must be a LinearCESupport, got {type(self.support).__name__}",
+                          "Build it with numcheck.make_support(...) or LinearCESupport(...).")
+        why = call_refusal(self.fn, self.support.options)
+        if why:
+            raise invalid(f"impl {self.name!r} (function defined at {defined_at(self.fn)}) cannot take the calls its "
+                          f"declaration leads to", why)
 
     def __call__(self, x, weight, target, bias=None, **options):  # noqa: D102 - documented on the protocol
         return self.fn(x, weight, target, bias, **options)
@@ -265,46 +354,72 @@ def unavailable_fn(label: str, reason: str) -> Callable[..., Any]:
     return fn
 
 
-def make_support(
-    *,
-    dtypes: Iterable[torch.dtype | str] | None = None,
-    devices: Iterable[str] | None = None,
-    options: Iterable[str] | None = None,
-    reductions: Iterable[str] | None = None,
-    autocast: Iterable[torch.dtype | str] | None = None,
-    **rest: Any,
-) -> LinearCESupport:
-    """Build a :class:`LinearCESupport`, accepting dtype names as strings; omitted fields keep defaults."""
-    kw: dict[str, Any] = dict(rest)
-    if dtypes is not None:
-        kw["dtypes"] = frozenset(_dtype(d) for d in dtypes)
-    if devices is not None:
-        kw["devices"] = frozenset(devices)
-    if options is not None:
-        kw["options"] = frozenset(options)
-    if reductions is not None:
-        kw["reductions"] = frozenset(reductions)
-    if autocast is not None:
-        kw["autocast"] = frozenset(_dtype(d) for d in autocast)
-    if "option_combinations_excluded" in kw:
-        kw["option_combinations_excluded"] = frozenset(frozenset(c) for c in kw["option_combinations_excluded"])
-    return LinearCESupport(**kw)
+#: The keywords :func:`make_support` and :func:`linear_ce_impl` take for the declaration.
+SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LinearCESupport))
+
+
+def make_support(**fields: Any) -> LinearCESupport:
+    """Build a :class:`LinearCESupport` from its field names; omitted fields keep their defaults.
+
+    Collections may be any iterable (tuples, lists), dtypes ``torch.dtype`` objects or their names
+    (``"bfloat16"``), ``option_combinations_excluded`` an iterable of pairs. Every value is checked here and an
+    :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` names the calling line, what is wrong and how to fix it (unknown keywords,
+    device types, dtype or option names; empty ``dtypes``, ``devices`` or ``reductions``).
+
+    >>> make_support(dtypes=("float32",), devices=("cpu",), options=("bias",)).options
+    frozenset({'bias'})
+    """
+    decl.unknown_keywords("make_support()", fields, SUPPORT_FIELDS)
+    return LinearCESupport(**fields)
 
 
 def linear_ce_impl(*, name: str, description: str = "", **support: Any) -> Callable[[Callable[..., Any]], FunctionImpl]:
-    """Decorator turning a function into a registered-ready linear+CE impl.
+    """Decorator turning a function into a linear+CE impl the suite can load (``--impl mymod:impl``).
 
-    ``support`` keywords are those of :func:`make_support` (dtype names may be strings).
+    ``support`` keywords are the fields of :class:`LinearCESupport` (:func:`make_support`; dtype names may be
+    strings). The declaration is checked where it is written: a bad keyword, device type, dtype or option name,
+    an empty ``dtypes``, or an option the function's signature cannot take raise :class:`~numcheck.impls.declaration_errors.InvalidDeclaration`
+    naming the decorator's ``file:line``.
+
+    When ``options`` is not given it is what the signature accepts (:func:`inferred_options`): ``bias`` and
+    ``ignore_index`` (always passed) plus each of ``label_smoothing``, ``class_weights``, ``softcap`` and
+    ``z_loss`` whose keyword (``z_loss_scale`` for ``z_loss``) the function takes, all of them with
+    ``**options``. Declared explicitly, every declared option's keyword must be accepted.
+
+    >>> import torch.nn.functional as F
+    >>> @linear_ce_impl(name="doc_plain", dtypes=("float32",), autocast=())
+    ... def plain(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    ...     logits = F.linear(x, weight, bias)
+    ...     return F.cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index,
+    ...                            label_smoothing=label_smoothing)
+    >>> sorted(plain.support.options)
+    ['bias', 'ignore_index', 'label_smoothing']
     """
+    site = declaration_site()
+    if not isinstance(name, str) or not name.strip():
+        raise invalid(f"linear_ce_impl(name={name!r}): the name must be a non-empty string",
+                      "Give a short printable name, e.g. name='mymod_flce'.", site=site)
+    decl.unknown_keywords(f"linear_ce_impl(name={name!r})", support, SUPPORT_FIELDS)
+    declared = make_support(**support)
 
     def wrap(fn: Callable[..., Any]) -> FunctionImpl:
-        return FunctionImpl(name=name, fn=fn, support=make_support(**support), description=description or (fn.__doc__ or "").strip().split("\n")[0])
+        if not callable(fn):
+            raise invalid(f"linear_ce_impl(name={name!r}) decorates {fn!r}, which is not callable",
+                          "Put the decorator on the function computing the loss.", site=site)
+        sup = declared if "options" in support else dataclasses.replace(declared, options=inferred_options(fn))
+        why = call_refusal(fn, sup.options)
+        if why:
+            raise invalid(f"linear_ce_impl(name={name!r}): {fn.__name__} (defined at {defined_at(fn)}) cannot take "
+                          f"the calls its declaration leads to", why, site=site)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        return FunctionImpl(name=name, fn=fn, support=sup, description=doc)
 
     return wrap
 
 
 def validate_impl(obj: Any, origin: str) -> None:
-    """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow the protocol of its kind."""
+    """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow the protocol of its kind (for a linear+CE
+    impl, including a call its declared options lead to that its signature cannot take: :func:`call_refusal`)."""
     kind = getattr(obj, "kind", None)
     name = getattr(obj, "name", None)
     if not isinstance(name, str) or not name:
@@ -314,9 +429,12 @@ def validate_impl(obj: Any, origin: str) -> None:
             raise TypeError(f"{origin}: linear_ce impl {name!r} needs 'support' of type impls.protocol.LinearCESupport")
         if not callable(obj):
             raise TypeError(f"{origin}: linear_ce impl {name!r} is not callable")
+        fn = obj.fn if isinstance(obj, FunctionImpl) else obj
+        why = call_refusal(fn, obj.support.options)
+        if why:
+            raise TypeError(f"{origin}: linear_ce impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
+                            f"its declaration leads to: {why}")
     elif kind == "quant_linear":
-        from numcheck.impls.quant_protocol import validate_quant_impl
-
         validate_quant_impl(obj, origin)
     else:
         raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected 'linear_ce' or 'quant_linear'")

@@ -58,20 +58,23 @@ dequantized value lies beyond binary32's range (only an MXFP8 block with an inf,
 or a nonzero element of an MXFP8 block whose E8M0 code is 0 (amax below about 2^−118, where TE, torchao
 and the OCP rule differ), are unspecified. Every other output is compared with the oracle as usual.
 
-The simplest way to write one is :class:`QuantFunctionImpl`::
+The simplest way to write one is :func:`quant_linear_impl` (or :class:`QuantFunctionImpl` directly); the
+declaration is checked where it is written (:class:`~numcheck.impls.declaration_errors.InvalidDeclaration`)::
 
-    from numcheck.impls.quant_protocol import QuantFunctionImpl, QuantLinearSupport
-    from numcheck.reference.fp8_recipes import Fp8Recipe
+    from numcheck import quant_linear_impl
 
-    IMPLS = [QuantFunctionImpl(name="mine", fn=my_fp8_linear,
-                               support=QuantLinearSupport(recipes=(Fp8Recipe("current"),)))]
+    @quant_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",))
+    def mine(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        ...
 
-and name it with ``--impl mypkg.mymod:IMPLS`` or ``NUMCHECK_IMPLS``, or an entry point in the
+and name it with ``--impl mypkg.mymod:mine`` or ``NUMCHECK_IMPLS``, or an entry point in the
 ``numcheck.impls`` group.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -79,16 +82,21 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from numcheck.impls import declaration_errors as decl
+from numcheck.impls.declaration_errors import InvalidDeclaration, declaration_site, defined_at, invalid
 from numcheck.reference.fp8_formats import FP32_MAX, F64, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
 
 __all__ = [
-    "DelayedScalingState", "Fp8Recipe", "QuantFunctionImpl", "QuantLinearSupport", "QuantizedTensor",
-    "held_for_backward", "predicted_columnwise_x_bytes", "standard_recipes", "validate_quant_impl",
+    "DelayedScalingState", "Fp8Recipe", "InvalidDeclaration", "QuantFunctionImpl", "QuantLinearSupport",
+    "QuantizedTensor", "held_for_backward", "make_quant_support", "predicted_columnwise_x_bytes",
+    "quant_linear_impl", "standard_recipes", "validate_quant_impl",
 ]
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+_RECIPE_ALIASES: dict[str, str] = {"tensorwise": "current", "per_tensor": "current", "mx": "mxfp8",
+                                   "blockwise_fp8": "blockwise", "block": "blockwise"}
 
 
 @dataclass(frozen=True)
@@ -138,42 +146,66 @@ class QuantLinearSupport:
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        recipes = tuple(self.recipes)
+        own = "QuantLinearSupport"
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
+        recipes = decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
         if not recipes:
-            raise ValueError("QuantLinearSupport.recipes must name at least one recipe")
-        bad = [r for r in recipes if not isinstance(r, Fp8Recipe)]
-        if bad:
-            raise ValueError(f"QuantLinearSupport.recipes must hold Fp8Recipe objects, got {bad!r}")
-        object.__setattr__(self, "recipes", recipes)
-        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
-        bad_dt = {d for d in self.dtypes if d not in QUANT_DTYPES}
-        if bad_dt or not self.dtypes:
-            raise ValueError(f"QuantLinearSupport.dtypes must be a non-empty subset of {QUANT_DTYPES}, got {self.dtypes}")
-        object.__setattr__(self, "save_original_input", frozenset(bool(v) for v in self.save_original_input))
-        if not self.save_original_input:
-            raise ValueError("QuantLinearSupport.save_original_input must contain False and/or True")
+            raise invalid(f"{own}.recipes is empty: the suite could draw no case for the impl",
+                          "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).")
+        out = []
+        for r in recipes:
+            if isinstance(r, str):  # a recipe kind with its default parameters
+                if r not in RECIPE_KINDS:
+                    raise invalid(f"{own}.recipes names {r!r}, which is not a recipe kind",
+                                  f"Recipe kinds are {RECIPE_KINDS}; give Fp8Recipe(kind, ...) for other "
+                                  f"parameters.{decl.did_you_mean(r, RECIPE_KINDS, _RECIPE_ALIASES)}")
+                r = Fp8Recipe(r)
+            if not isinstance(r, Fp8Recipe):
+                raise invalid(f"{own}.recipes must hold Fp8Recipe objects (or recipe kind names), got {r!r}",
+                              f"e.g. recipes=(Fp8Recipe('current'), Fp8Recipe('mxfp8')); kinds: {RECIPE_KINDS}.")
+            out.append(r)
+        set_("recipes", tuple(out))
+        set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
+        set_("devices", decl.device_types(own, self.devices))
+        soi = decl.collection(own, "save_original_input", self.save_original_input, "(False, True)")
+        if not soi or any(not isinstance(v, bool) for v in soi):
+            raise invalid(f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
+                          f"False and/or True", "e.g. save_original_input=(False, True), or (False,) without PR #1865.")
+        set_("save_original_input", frozenset(soi))
+        for name in ("bias", "exposes_quantize"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(f"{own}.{name} must be True or False, got {getattr(self, name)!r}", "Pass a bool.")
+        if self.requires is not None and not callable(self.requires):
+            raise invalid(f"{own}.requires must be a zero-argument callable or None, got {self.requires!r}",
+                          "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
         us = self.accum_unit_roundoff
         if isinstance(us, Mapping):
-            object.__setattr__(self, "accum_unit_roundoff", MappingProxyType(dict(us)))
+            set_("accum_unit_roundoff", MappingProxyType(dict(us)))
             vals = list(us.values())
             missing = set(self.devices) - set(us)
             if missing:
-                raise ValueError(f"QuantLinearSupport.accum_unit_roundoff has no entry for declared devices {sorted(missing)}")
+                raise invalid(f"{own}.accum_unit_roundoff has no entry for declared devices {sorted(missing)}",
+                              f"Give one float per declared device, e.g. {{'cpu': 2.0**-24, 'cuda': 2.0**-13}}.")
         else:
             vals = [us]
         if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):
-            raise ValueError(f"QuantLinearSupport.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}")
+            raise invalid(f"{own}.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}",
+                          "Give the GEMM accumulation's unit roundoff: 2.0**-24 for fp32, 2.0**-13 for Hopper's FP8 "
+                          "tensor cores.")
         ch = self.accum_chunk
         if isinstance(ch, Mapping):
-            object.__setattr__(self, "accum_chunk", MappingProxyType(dict(ch)))
+            set_("accum_chunk", MappingProxyType(dict(ch)))
             missing = set(self.devices) - set(ch)
             if missing:
-                raise ValueError(f"QuantLinearSupport.accum_chunk has no entry for declared devices {sorted(missing)}")
+                raise invalid(f"{own}.accum_chunk has no entry for declared devices {sorted(missing)}",
+                              "Give one entry per declared device (an int, or None for no promotion).")
             cvals = list(ch.values())
         else:
             cvals = [ch]
-        if not all(c is None or (isinstance(c, int) and c >= 1) for c in cvals):
-            raise ValueError(f"QuantLinearSupport.accum_chunk must be positive ints or None, got {ch!r}")
+        if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in cvals):
+            raise invalid(f"{own}.accum_chunk must be positive ints or None, got {ch!r}",
+                          "Give the promotion interval in products, or None when the whole reduction runs at "
+                          "accum_unit_roundoff.")
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -392,9 +424,39 @@ class held_for_backward:
         return self.result
 
 
+#: The keywords every quantized-linear call passes (after ``x, weight, bias``), and every ``quantize`` call (after ``t``).
+CALL_KEYWORDS: tuple[str, ...] = ("recipe", "save_original_input", "scaling_state")
+QUANTIZE_KEYWORDS: tuple[str, ...] = ("recipe", "role", "usage", "scaling_state")
+
+
+def call_refusal(fn: Callable[..., Any], positional: int, keywords: tuple[str, ...]) -> str | None:
+    """Why ``fn`` cannot be called with ``positional`` positional arguments and ``keywords``, with a fix; ``None``
+    when it can, or when its signature cannot be read (a C callable: calling it will tell)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*([None] * positional), **dict.fromkeys(keywords))
+    except TypeError as exc:
+        label = f"{getattr(fn, '__name__', type(fn).__name__)}{sig}"
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+        missing = [k for k in keywords if not var_kw and (k not in sig.parameters or sig.parameters[k].kind not in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))]
+        if missing:
+            return f"{label} takes no keyword {', '.join(missing)}, which every call passes: add it to the signature."
+        return (f"{label} cannot be called with {positional} positional arguments and the keywords "
+                f"{', '.join(keywords)}: {exc}.")
+    return None
+
+
 @dataclass(frozen=True)
 class QuantFunctionImpl:
-    """A quantized-linear impl made from a plain function (and optionally a quantizer)."""
+    """A quantized-linear impl made from a plain function (and optionally a quantizer).
+
+    Built, it has checked that ``fn`` takes ``(x, weight, bias, *, recipe, save_original_input, scaling_state)``,
+    that ``quantize_fn`` (if any) takes ``(t, *, recipe, role, usage, scaling_state)``, and that
+    ``support.exposes_quantize`` has a ``quantize_fn``; an :class:`InvalidDeclaration` names the building line."""
 
     name: str
     fn: Callable[..., torch.Tensor] = field(repr=False)
@@ -402,6 +464,27 @@ class QuantFunctionImpl:
     quantize_fn: Callable[..., QuantizedTensor] | None = field(default=None, repr=False)
     kind: str = "quant_linear"
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
+                          "Give a short printable name, e.g. name='mymod_fp8'.")
+        if not isinstance(self.support, QuantLinearSupport):
+            raise invalid(f"impl {self.name!r}: support must be a QuantLinearSupport, got {type(self.support).__name__}",
+                          "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).")
+        for label, fn, positional, keywords in (("fn", self.fn, 3, CALL_KEYWORDS),
+                                                ("quantize_fn", self.quantize_fn, 1, QUANTIZE_KEYWORDS)):
+            if fn is None and label == "quantize_fn":
+                continue
+            if not callable(fn):
+                raise invalid(f"impl {self.name!r}: {label}={fn!r} is not callable", "Pass a function.")
+            why = call_refusal(fn, positional, keywords)
+            if why:
+                raise invalid(f"impl {self.name!r}: its {label} (defined at {defined_at(fn)}) cannot take the calls "
+                              f"the suite makes", why)
+        if self.support.exposes_quantize and self.quantize_fn is None:
+            raise invalid(f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
+                          "Pass quantize_fn=... (quantize= to quant_linear_impl), or declare exposes_quantize=False.")
 
     def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):  # noqa: D102
         return self.fn(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
@@ -413,8 +496,74 @@ class QuantFunctionImpl:
         return self.quantize_fn(t, recipe=recipe, role=role, usage=usage, scaling_state=scaling_state)
 
 
+#: The keywords :func:`make_quant_support` and :func:`quant_linear_impl` take for the declaration.
+SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QuantLinearSupport))
+
+
+def make_quant_support(**fields: Any) -> QuantLinearSupport:
+    """Build a :class:`QuantLinearSupport` from its field names; omitted fields keep their defaults.
+
+    ``recipes`` may hold :class:`Fp8Recipe` objects or recipe kind names (``"current"``: that kind's default
+    parameters), ``dtypes`` ``torch.dtype`` objects or their names. Every value is checked here and an
+    :class:`InvalidDeclaration` names the calling line, what is wrong and how to fix it.
+
+    >>> sorted(r.name for r in make_quant_support(recipes=("current", "mxfp8"), dtypes=("bfloat16",)).recipes)
+    ['current-hybrid', 'mxfp8-e4m3-rceil']
+    """
+    decl.unknown_keywords("make_quant_support()", fields, SUPPORT_FIELDS)
+    return QuantLinearSupport(**fields)
+
+
+def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..., QuantizedTensor] | None = None,
+                      **support: Any) -> Callable[[Callable[..., torch.Tensor]], QuantFunctionImpl]:
+    """Decorator turning a function into a quantized-linear impl the suite can load (the counterpart of
+    :func:`numcheck.impls.protocol.linear_ce_impl`).
+
+    The function is called ``fn(x, weight, bias, *, recipe, save_original_input, scaling_state)``; ``quantize``,
+    when given, is the impl's own quantizer ``(t, *, recipe, role, usage, scaling_state)`` and sets
+    ``exposes_quantize`` unless that is declared. ``support`` keywords are the fields of
+    :class:`QuantLinearSupport` (:func:`make_quant_support`). The declaration is checked where it is written: a
+    bad keyword, recipe, device type or dtype name, an empty ``recipes``/``dtypes``/``devices``, or a function
+    that cannot take the suite's calls raise :class:`InvalidDeclaration` naming the decorator's ``file:line``.
+
+    >>> import torch.nn.functional as F
+    >>> @quant_linear_impl(name="doc_unquantized", recipes=("current",), dtypes=("float32",))
+    ... def unquantized(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+    ...     return F.linear(x, weight, bias)
+    >>> unquantized.kind, [r.name for r in unquantized.support.recipes]
+    ('quant_linear', ['current-hybrid'])
+    """
+    site = declaration_site()
+    if not isinstance(name, str) or not name.strip():
+        raise invalid(f"quant_linear_impl(name={name!r}): the name must be a non-empty string",
+                      "Give a short printable name, e.g. name='mymod_fp8'.", site=site)
+    decl.unknown_keywords(f"quant_linear_impl(name={name!r})", support, SUPPORT_FIELDS)
+    if quantize is not None and "exposes_quantize" not in support:
+        support = {**support, "exposes_quantize": True}
+    declared = make_quant_support(**support)
+
+    def wrap(fn: Callable[..., torch.Tensor]) -> QuantFunctionImpl:
+        if not callable(fn):
+            raise invalid(f"quant_linear_impl(name={name!r}) decorates {fn!r}, which is not callable",
+                          "Put the decorator on the function computing y = Q(x)·Q(W)ᵀ + b.", site=site)
+        for label, f, positional, keywords in (("function", fn, 3, CALL_KEYWORDS),
+                                               ("quantize", quantize, 1, QUANTIZE_KEYWORDS)):
+            why = call_refusal(f, positional, keywords) if f is not None else None
+            if why:
+                raise invalid(f"quant_linear_impl(name={name!r}): its {label} (defined at {defined_at(f)}) cannot "
+                              f"take the calls the suite makes", why, site=site)
+        if declared.exposes_quantize and quantize is None:
+            raise invalid(f"quant_linear_impl(name={name!r}) declares exposes_quantize=True without quantize=",
+                          "Pass quantize=my_quantizer, or leave exposes_quantize out.", site=site)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        return QuantFunctionImpl(name=name, fn=fn, support=declared, quantize_fn=quantize, description=doc)
+
+    return wrap
+
+
 def validate_quant_impl(obj: Any, origin: str) -> None:
-    """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol."""
+    """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol (including a call or
+    ``quantize`` signature that cannot take the suite's calls: :func:`call_refusal`)."""
     name = getattr(obj, "name", None)
     if not isinstance(name, str) or not name:
         raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
@@ -434,3 +583,12 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     unknown = [r for r in sup.recipes if r.kind not in RECIPE_KINDS]
     if unknown:
         raise TypeError(f"{origin}: quant_linear impl {name!r} declares unknown recipes {unknown!r}")
+    calls = [("call", obj.fn if isinstance(obj, QuantFunctionImpl) else obj, 3, CALL_KEYWORDS)]
+    if sup.exposes_quantize:
+        q = obj.quantize_fn if isinstance(obj, QuantFunctionImpl) else obj.quantize
+        calls.append(("quantize", q, 1, QUANTIZE_KEYWORDS))
+    for label, fn, positional, keywords in calls:
+        why = call_refusal(fn, positional, keywords)
+        if why:
+            raise TypeError(f"{origin}: quant_linear impl {name!r}: its {label} (defined at {defined_at(fn)}) cannot "
+                            f"take the calls the suite makes: {why}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
+from numcheck.impls.declaration_errors import InvalidDeclaration
 from numcheck.impls.protocol import validate_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
@@ -93,6 +94,8 @@ def builtin_impls() -> list[ImplEntry | BrokenImpl]:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, InvalidDeclaration):  # its message starts at the declaring line; where it was raised is noise
+        return f"{type(exc).__name__}: {exc}"
     last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -7,16 +7,27 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 
 >>> import numcheck
 >>> @numcheck.linear_ce_impl(name="doc_eager", dtypes=("float32",), options=(), autocast=())
-... def impl(x, weight, target, bias=None, *, reduction="mean"):
+... def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 ...     import torch.nn.functional as F
-...     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction)
+...     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
 >>> impl.name
 'doc_eager'
 """
 
+from numcheck.impls.declaration_errors import InvalidDeclaration
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-from numcheck.impls.quant_protocol import QuantLinearSupport
+from numcheck.impls.quant_protocol import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
+                                           quant_linear_impl)
+from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, assert_quant_linear
+from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.problems import Problem
+from numcheck.reference.fp8_recipes import Fp8Recipe
 
 __version__ = "0.1.0"
 
-__all__ = ["FunctionImpl", "LinearCESupport", "QuantLinearSupport", "linear_ce_impl", "make_support"]
+__all__ = [
+    "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport", "Problem",
+    "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "assert_linear_ce",
+    "assert_quant_linear", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
+]
