@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+#: What a :class:`Comparison` compared: ``"compared"`` (element-wise, under the bound), ``"missing"`` (the impl
+#: produced no value), ``"shape_differs"`` (no element-wise comparison possible) or ``"nonfinite_mismatch"``
+#: (NaN/inf where the oracle has none, or the other way round).
+COMPARISON_STATES: tuple[str, ...] = ("compared", "missing", "shape_differs", "nonfinite_mismatch")
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Error metrics of one output against the oracle, and whether every element is within its bound.
@@ -15,6 +21,8 @@ class Comparison:
     ``ratio`` is max over elements of |impl − oracle| / bound (0/0 counts as 0); ``ok`` is ``ratio ≤ 1`` with
     NaN/inf exactly where the oracle has them — or ±inf where a value within the bound of the exact one
     overflows the impl's dtype (correct rounding; such elements count as error 0). ``worst`` is the index of the element with the largest ratio.
+    ``state`` (one of :data:`COMPARISON_STATES`) says what was compared; ``nonfinite`` describes a non-finite
+    mismatch (empty otherwise); ``impl_shape`` / ``oracle_shape`` are the two shapes.
     """
 
     output: str
@@ -30,13 +38,24 @@ class Comparison:
     bound_value: float
     n_bad: int
     numel: int
+    state: str = "compared"
     nonfinite: str = ""
+    impl_shape: tuple[int, ...] | None = None
+    oracle_shape: tuple[int, ...] = ()
     dtype: str = ""
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.state not in COMPARISON_STATES:
+            raise ValueError(f"Comparison.state must be one of {COMPARISON_STATES}, got {self.state!r}")
+
     def describe(self) -> str:
         """Multi-line text in the style of ``torch.testing`` for failure messages."""
-        if self.nonfinite:
+        if self.state == "missing":
+            return f"{self.output}: the impl produced no value (gradient missing: not connected to autograd?)"
+        if self.state == "shape_differs":
+            return f"{self.output}: shape {self.impl_shape} differs from the oracle's {self.oracle_shape}"
+        if self.state == "nonfinite_mismatch":
             return f"{self.output}: {self.nonfinite}"
         return (
             f"{self.output} ({self.dtype}): {self.n_bad} / {self.numel} elements beyond bound; "
@@ -45,6 +64,16 @@ class Comparison:
             f"(error/bound {self.ratio:.3g}); max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g}, "
             f"RMSE {self.rmse:.3g}, max ULP {self.max_ulp:.3g}"
         )
+
+
+def _not_compared(output: str, state: str, oracle: torch.Tensor, impl: torch.Tensor | None) -> Comparison:
+    """The failed :class:`Comparison` of an output that could not be compared element-wise (``state``
+    ``"missing"`` or ``"shape_differs"``): every error infinite, every value NaN, every element counted bad."""
+    return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
+                      max_ulp=math.inf, worst=(), impl_value=math.nan, oracle_value=math.nan, bound_value=math.nan,
+                      n_bad=oracle.numel(), numel=oracle.numel(), state=state,
+                      impl_shape=tuple(impl.shape) if impl is not None else None,
+                      oracle_shape=tuple(oracle.shape), dtype=str(impl.dtype) if impl is not None else "")
 
 
 def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -57,12 +86,9 @@ def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor) -> Comparison:
     """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``."""
     if impl is None:
-        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, (), math.nan, math.nan,
-                          math.nan, oracle.numel(), oracle.numel(), nonfinite="the impl produced no value (gradient missing: not connected to autograd?)")
+        return _not_compared(output, "missing", oracle, impl)
     if tuple(impl.shape) != tuple(oracle.shape):
-        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, (), math.nan, math.nan,
-                          math.nan, oracle.numel(), oracle.numel(), dtype=str(impl.dtype),
-                          nonfinite=f"shape {tuple(impl.shape)} differs from the oracle's {tuple(oracle.shape)}")
+        return _not_compared(output, "shape_differs", oracle, impl)
     dt = impl.dtype
     a = impl.detach().to(device=oracle.device, dtype=torch.float64)
     o = oracle.to(torch.float64)
@@ -79,14 +105,18 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         fin_a = fin_a | overflow
     if bool(mismatch.any()):
         idx = tuple(int(i) for i in mismatch.nonzero()[0])
-        return Comparison(output, False, math.inf, math.inf, math.inf, math.inf, math.inf, idx,
-                          float(a[idx]), float(o[idx]), float(b[idx]), int(mismatch.sum()), o.numel(),
+        return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
+                          max_ulp=math.inf, worst=idx, impl_value=float(a[idx]), oracle_value=float(o[idx]),
+                          bound_value=float(b[idx]), n_bad=int(mismatch.sum()), numel=o.numel(),
+                          state="nonfinite_mismatch", impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape),
                           dtype=str(dt), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
                           f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
     err = torch.where(fin_o & torch.isfinite(a), (a - o).abs(), torch.zeros_like(o))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
     if o.numel() == 0:
-        return Comparison(output, True, 0.0, 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0.0, 0, 0, dtype=str(dt))
+        return Comparison(output=output, ok=True, ratio=0.0, max_abs=0.0, max_rel=0.0, rmse=0.0, max_ulp=0.0, worst=(),
+                          impl_value=0.0, oracle_value=0.0, bound_value=0.0, n_bad=0, numel=0,
+                          impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape), dtype=str(dt))
     flat = int(torch.argmax(ratio.reshape(-1)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
     rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)
@@ -106,5 +136,7 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         bound_value=float(b.reshape(-1)[flat]),
         n_bad=int((ratio > 1.0).sum()),
         numel=o.numel(),
+        impl_shape=tuple(impl.shape),
+        oracle_shape=tuple(o.shape),
         dtype=str(dt),
     )

@@ -20,8 +20,10 @@ bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
   FP8 copy); held(False) − held(True) equals the predicted columnwise copy of x (data + scales).
 * ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
   usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
-* ``usage`` — as a layer in training: micro-batches accumulate into ``weight.grad``, two layers of one shape
-  keep their own gradients, and non-contiguous operands (a transposed weight leaf) give the same outputs.
+* as a layer in training (:data:`LAYER_PROPERTIES`): ``accumulate`` — micro-batches accumulate into
+  ``weight.grad``; ``optimizer_step`` — a weight changed in place is seen by the next call; ``two_layers`` —
+  two layers of one shape keep their own gradients; ``strided`` — non-contiguous operands (a transposed
+  weight leaf) give the same outputs.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def run_quant_impl(impl: Any, case: QuantCase, t: QuantTensors | None = None, *,
     new_bytes = held.new_bytes([x, w, b]) if held is not None else None
     aliased = held.holds_storage_of(x) if held is not None else None
     y.backward(t.dy)
-    return QuantRunOutputs(y.detach(), x.grad, w.grad, b.grad if b is not None else None, held, new_bytes, aliased)
+    return QuantRunOutputs(y=y.detach(), dgrad=x.grad, wgrad=w.grad, bgrad=b.grad if b is not None else None,
+                           held=held, held_new_bytes=new_bytes, x_aliased=aliased)
 
 
 # -- measuring ----------------------------------------------------------------------------------------
@@ -206,7 +209,9 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
         label = name + suffix
         if got is None:
             miss = compare(label, None, ref.dq[name], ref.dq[name])
-            result.outputs[label] = OutputMetrics(label, miss, miss, math.inf, math.inf, -math.inf, math.inf, 0)
+            result.outputs[label] = OutputMetrics(output=label, dq=miss, true=miss, rel_fro_dq=math.inf,
+                                                  rel_fro_true=math.inf, sqnr_db=-math.inf, expected_ratio_dq=math.inf,
+                                                  n_unspecified=0)
             continue
         u_a, chunk = impl.support.accumulation(case.device)
         bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
@@ -222,13 +227,14 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
         fin = torch.isfinite(err) & (exp_level > 0)
         exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
         result.outputs[label] = OutputMetrics(
-            label, cdq, ctrue, _rel_fro(a[keep_dq], ref.dq[name][keep_dq]), _rel_fro(a[keep_t], ref.true[name][keep_t]),
-            _sqnr(a[keep_t], ref.true[name][keep_t]), exp_ratio, int(skip_dq.sum()))
+            output=label, dq=cdq, true=ctrue, rel_fro_dq=_rel_fro(a[keep_dq], ref.dq[name][keep_dq]),
+            rel_fro_true=_rel_fro(a[keep_t], ref.true[name][keep_t]), sqnr_db=_sqnr(a[keep_t], ref.true[name][keep_t]),
+            expected_ratio_dq=exp_ratio, n_unspecified=int(skip_dq.sum()))
 
 
 def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:
     """Run ``case`` (all its delayed-scaling steps) and measure every output against both references."""
-    result = Fp8CaseResult(impl.name, case)
+    result = Fp8CaseResult(impl=impl.name, case=case)
     state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
     for step in range(case.steps):
         t = build_quant(case, step)
@@ -299,18 +305,18 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
                  f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)")
 
 
-# -- usage as a layer: accumulation, several layers, non-contiguous operands -------------------------
-#: What :func:`usage` checks, each a way real training calls a linear layer.
-USAGES_CHECKED = ("accumulate", "optimizer_step", "two_layers", "strided")
+# -- as a layer in training: accumulation, optimizer step, several layers, non-contiguous operands ----------
+#: The four properties of a layer used as training uses it (each its own name in verdicts and reports).
+LAYER_PROPERTIES: tuple[str, ...] = ("accumulate", "optimizer_step", "two_layers", "strided")
 
 
-def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tensor | None,
+def _judge_sum(impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tensor | None,
                parts: list[tuple[Any, QuantTensors]]) -> None:
     """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
-    sum of their bounds plus one rounding of the sum in the output dtype."""
+    sum of their bounds plus one rounding of the sum in the output dtype; a failure names property ``prop``."""
     __tracebackhide__ = True
     if got is None:
-        fail(impl, "usage", case, f"{how}: {name} is missing (None)")
+        fail(impl, prop, case, f"{prop}: {name} is missing (None)")
     u_a, chunk = impl.support.accumulation(case.device)
     dq = true = bdq = btrue = None
     skip = None
@@ -327,98 +333,139 @@ def _judge_sum(impl: Any, case: QuantCase, how: str, name: str, got: torch.Tenso
         u_o = float(torch.finfo(got.dtype).eps) / 2
         bdq = bdq + u_o * dq.abs().nan_to_num(0.0)
         btrue = btrue + u_o * true.abs().nan_to_num(0.0)
-    label = f"{name} ({how})"
+    label = f"{name} ({prop})"
     for which, ref, b in (("dequantized-operand", dq, bdq), ("original-operand", true, btrue)):
         c = compare(label, *_masked(got, ref, b, skip))
         if not c.ok:
-            fail(impl, "usage", case, f"{how}: vs the {which} reference: " + c.describe())
+            fail(impl, prop, case, f"{prop}: vs the {which} reference: " + c.describe())
 
 
-def usage(impl: Any, case: QuantCase) -> None:
-    """Property: the layer behaves as autograd expects where training uses it, each output within the sum of its
-    calls' bounds. ``accumulate``: two micro-batches on one weight and bias, a backward after each, add up in
-    ``weight.grad`` / ``bias.grad`` (an impl writing the gradient instead of adding it fails). ``optimizer_step``:
-    after that, the weight and bias are changed in place to another draw's values (an optimizer step) and the
-    next micro-batch must see them (a quantized weight cached per tensor, blind to its version, fails). ``two_layers``:
-    two layers of one shape, forward, forward, then one backward, each get their own gradients (per-shape
-    workspaces shared between calls fail). ``strided``: x and dy as column slices of wider NaN-padded buffers,
-    the weight the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other
-    element of a longer buffer give the single-call outputs, the weight's gradient landing on the leaf;
-    refusing them with an exception is allowed (loud, not wrong). Delayed scaling is not covered (its state is
-    per call and the caller's to update)."""
+def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh leaf tensor with ``t``'s values that requires grad (``None`` stays ``None``)."""
+    return t.detach().clone().requires_grad_(True) if t is not None else None
+
+
+@dataclass(frozen=True)
+class _LayerSetup:
+    """What the layer properties share: the call keywords, draw A, draw B and B's inputs on A's weight and bias."""
+
+    kw: dict[str, Any]
+    tA: QuantTensors
+    tB: QuantTensors
+    tB_on_A: QuantTensors
+
+    def ref(self, t: QuantTensors, case: QuantCase) -> Any:
+        """The two references of one call on ``t``."""
+        return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
+
+
+def _layer_setup(case: QuantCase) -> _LayerSetup:
+    """Draws A and B (seed + 1) of ``case`` and the keywords of a current-scaling call."""
+    tA = build_quant(case)
+    tB = build_quant(case.replace(seed=case.seed + 1))
+    kw = dict(recipe=case.recipe, save_original_input=case.save_original_input, scaling_state=None)
+    return _LayerSetup(kw=kw, tA=tA, tB=tB, tB_on_A=tB._replace(weight=tA.weight, bias=tA.bias))
+
+
+def _two_micro_batches(impl: Any, su: _LayerSetup) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """One weight and bias leaf (A's), two micro-batches (A's and B's inputs) with a backward after each:
+    ``(weight, bias, [x_A, x_B])`` with their accumulated gradients."""
+    w, b = _leaf(su.tA.weight), _leaf(su.tA.bias)
+    xs = []
+    for t in (su.tA, su.tB_on_A):
+        x = _leaf(t.x)
+        impl(x, w, b, **su.kw).backward(t.dy)
+        xs.append(x)
+    return w, b, xs
+
+
+def accumulate(impl: Any, case: QuantCase) -> None:
+    """Property: two micro-batches on one weight and bias, a backward after each, add up in ``weight.grad`` /
+    ``bias.grad`` (an impl writing the gradient instead of adding it fails); each x gets its own dgrad.
+    Delayed scaling is not covered (its state is per call and the caller's to update)."""
     __tracebackhide__ = True
     if case.recipe.kind == "delayed":
         return
-    kw = dict(recipe=case.recipe, save_original_input=case.save_original_input, scaling_state=None)
-    tA = build_quant(case)
-    tB = build_quant(case.replace(seed=case.seed + 1))
-    refB_sameW = tB._replace(weight=tA.weight, bias=tA.bias)
-
-    def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
-        return t.detach().clone().requires_grad_(True) if t is not None else None
-
-    def ref_of(t: QuantTensors) -> Any:
-        return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
-
-    # accumulate: one weight, two micro-batches, a backward after each
-    w, b = leaf(tA.weight), leaf(tA.bias)
-    xs = []
-    for t in (tA, refB_sameW):
-        x = leaf(t.x)
-        impl(x, w, b, **kw).backward(t.dy)
-        xs.append(x)
-    parts = [(ref_of(tA), tA), (ref_of(refB_sameW), refB_sameW)]
-    _judge_sum(impl, case, "accumulate", "wgrad", w.grad, parts)
+    su = _layer_setup(case)
+    w, b, xs = _two_micro_batches(impl, su)
+    parts = [(su.ref(su.tA, case), su.tA), (su.ref(su.tB_on_A, case), su.tB_on_A)]
+    _judge_sum(impl, "accumulate", case, "wgrad", w.grad, parts)
     if b is not None:
-        _judge_sum(impl, case, "accumulate", "bgrad", b.grad, parts)
+        _judge_sum(impl, "accumulate", case, "bgrad", b.grad, parts)
     for x, part in zip(xs, parts):
-        _judge_sum(impl, case, "accumulate", "dgrad", x.grad, [part])
+        _judge_sum(impl, "accumulate", case, "dgrad", x.grad, [part])
 
-    # optimizer_step: the same weight and bias tensors, changed in place, then another micro-batch
+
+def optimizer_step(impl: Any, case: QuantCase) -> None:
+    """Property: after two micro-batches, the weight and bias tensors are changed in place to another draw's
+    values (an optimizer step) and the next micro-batch must see them (a quantized weight cached per tensor,
+    blind to its version, fails). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    w, b, _ = _two_micro_batches(impl, su)
     with torch.no_grad():
-        w.copy_(tB.weight)
+        w.copy_(su.tB.weight)
         if b is not None:
-            b.copy_(tB.bias)
+            b.copy_(su.tB.bias)
     w.grad = None
     if b is not None:
         b.grad = None
-    x = leaf(tB.x)
-    y = impl(x, w, b, **kw)
-    y.backward(tB.dy)
-    part = [(ref_of(tB), tB)]
-    _judge_sum(impl, case, "optimizer_step", "y", y.detach(), part)
-    _judge_sum(impl, case, "optimizer_step", "dgrad", x.grad, part)
-    _judge_sum(impl, case, "optimizer_step", "wgrad", w.grad, part)
+    x = _leaf(su.tB.x)
+    y = impl(x, w, b, **su.kw)
+    y.backward(su.tB.dy)
+    part = [(su.ref(su.tB, case), su.tB)]
+    _judge_sum(impl, "optimizer_step", case, "y", y.detach(), part)
+    _judge_sum(impl, "optimizer_step", case, "dgrad", x.grad, part)
+    _judge_sum(impl, "optimizer_step", case, "wgrad", w.grad, part)
     if b is not None:
-        _judge_sum(impl, case, "optimizer_step", "bgrad", b.grad, part)
+        _judge_sum(impl, "optimizer_step", case, "bgrad", b.grad, part)
 
-    # two layers of one shape: forward, forward, then one backward
-    leaves = [(leaf(t.x), leaf(t.weight), leaf(t.bias)) for t in (tA, tB)]
-    ys = [impl(x, w, b, **kw) for x, w, b in leaves]
-    torch.autograd.backward(ys, [tA.dy, tB.dy])
-    for (x, w, b), t in zip(leaves, (tA, tB)):
-        part = [(ref_of(t), t)]
+
+def two_layers(impl: Any, case: QuantCase) -> None:
+    """Property: two layers of one shape, forward, forward, then one backward, each get their own gradients
+    (per-shape workspaces shared between calls fail). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    leaves = [(_leaf(t.x), _leaf(t.weight), _leaf(t.bias)) for t in (su.tA, su.tB)]
+    ys = [impl(x, w, b, **su.kw) for x, w, b in leaves]
+    torch.autograd.backward(ys, [su.tA.dy, su.tB.dy])
+    for (x, w, b), t in zip(leaves, (su.tA, su.tB)):
+        part = [(su.ref(t, case), t)]
         for name, got in (("dgrad", x.grad), ("wgrad", w.grad), ("bgrad", b.grad if b is not None else None)):
             if name != "bgrad" or b is not None:
-                _judge_sum(impl, case, "two_layers", name, got, part)
+                _judge_sum(impl, "two_layers", case, name, got, part)
 
-    # strided operands, the weight a transposed leaf
+
+def strided(impl: Any, case: QuantCase) -> None:
+    """Property: x and dy as column slices of wider NaN-padded buffers, the weight the transpose of a contiguous
+    [K, N] leaf (a tied or transposed weight) and the bias every other element of a longer buffer give the
+    single-call outputs, the weight's gradient landing on the leaf; refusing them with an exception is allowed
+    (loud, not wrong). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    tA = su.tA
     w_leaf = tA.weight.detach().t().contiguous().requires_grad_(True)  # [K, N]
     x = strided_copy(tA.x, "x").requires_grad_(True)
     b = strided_copy(tA.bias, "bias").requires_grad_(True) if tA.bias is not None else None
     try:
-        y = impl(x, w_leaf.t(), b, **kw)
+        y = impl(x, w_leaf.t(), b, **su.kw)
         y.backward(strided_copy(tA.dy, "x"))  # a column slice, like x
     except AssertionError:
         raise
     except Exception:  # noqa: BLE001 - refusing non-contiguous operands loudly is allowed
         return
-    part = [(ref_of(tA), tA)]
-    _judge_sum(impl, case, "strided", "y", y.detach(), part)
-    _judge_sum(impl, case, "strided", "dgrad", x.grad, part)
-    _judge_sum(impl, case, "strided", "wgrad", w_leaf.grad.t() if w_leaf.grad is not None else None, part)
+    part = [(su.ref(tA, case), tA)]
+    _judge_sum(impl, "strided", case, "y", y.detach(), part)
+    _judge_sum(impl, "strided", case, "dgrad", x.grad, part)
+    _judge_sum(impl, "strided", case, "wgrad", w_leaf.grad.t() if w_leaf.grad is not None else None, part)
     if b is not None:
-        _judge_sum(impl, case, "strided", "bgrad", b.grad, part)
+        _judge_sum(impl, "strided", case, "bgrad", b.grad, part)
 
 
 def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
@@ -465,8 +512,10 @@ def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
     copy = None
     if f is not None and f.held is not None:
         copy = any(t.element_size() == 1 and t.numel() == case.M * case.K for _, t in f.held.tensors)
-    return HeldBytes(f.held_new_bytes if f else None, tr.held_new_bytes if tr else None, pred,
-                     f.x_aliased if f else None, tr.x_aliased if tr else None, desc(f), desc(tr), copy)
+    return HeldBytes(false_bytes=f.held_new_bytes if f else None, true_bytes=tr.held_new_bytes if tr else None,
+                     predicted_difference=pred, x_aliased_false=f.x_aliased if f else None,
+                     x_aliased_true=tr.x_aliased if tr else None, held_false=desc(f), held_true=desc(tr),
+                     fp8_copy_false=copy)
 
 
 def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
@@ -563,7 +612,10 @@ FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
     "save_original_input": save_original_input,
     "saved_tensors": saved_tensors,
     "quantizer": lambda impl, case: quantizer(impl, case.recipe, build_quant(case).x),
-    "usage": usage,
+    "accumulate": accumulate,
+    "optimizer_step": optimizer_step,
+    "two_layers": two_layers,
+    "strided": strided,
 }
 
 

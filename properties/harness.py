@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -88,32 +88,30 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 FROZEN_GRADS: dict[str, str] = {"x": "grad_x", "weight": "grad_weight", "bias": "grad_bias"}
 
 
-def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
-             layout: str = "contiguous", frozen: frozenset[str] = frozenset(),
-             leaves: dict[str, torch.Tensor] | None = None) -> ImplOutputs:
-    """Forward and backward of ``impl`` on problem ``p``.
+class _Inputs(NamedTuple):
+    """The tensors one impl call receives (``bias`` may be ``None``)."""
 
-    ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
-    ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
-    ``frozen`` names inputs (of :data:`FROZEN_GRADS`) passed with ``requires_grad=False`` (a frozen lm_head);
-    their gradients come back ``None``.
-    ``leaves`` passes the caller's own tensors for ``x``, ``weight`` and ``bias`` (any of them) instead of fresh
-    copies of ``t``'s, their ``.grad`` cleared first: a property that calls an impl several times on one
-    parameter, as training does, uses it (their values must equal ``t``'s, which the oracle sees).
-    Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
-    (x, weight, bias, target, class weights, the upstream gradient handed to backward) that forward + backward
-    changed in place.
-    """
+    x: torch.Tensor
+    weight: torch.Tensor
+    target: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _check_run_args(layout: str, frozen: frozenset[str], leaves: dict[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` naming the argument of :func:`run_impl` that is malformed."""
     if layout not in LAYOUTS:
         raise ValueError(f"run_impl: layout must be one of {LAYOUTS}, got {layout!r}")
     if not set(frozen) <= set(FROZEN_GRADS):
         raise ValueError(f"run_impl: frozen must name inputs of {sorted(FROZEN_GRADS)}, got {sorted(frozen)}")
-    leaves = leaves or {}
     if not set(leaves) <= {"x", "weight", "bias"} or (leaves and layout != "contiguous"):
         raise ValueError(f"run_impl: leaves must name x, weight or bias, with the contiguous layout; got "
                          f"{sorted(leaves)} with layout {layout!r}")
-    t = t if t is not None else build(p)
-    x0 = x_override if x_override is not None else t.x
+
+
+def _prepare_inputs(t: Tensors, x0: torch.Tensor, layout: str, frozen: frozenset[str],
+                    leaves: dict[str, torch.Tensor]) -> _Inputs:
+    """Fresh copies of the inputs in ``layout`` (or the caller's ``leaves``, their ``.grad`` cleared), the ones
+    not ``frozen`` requiring grad."""
     if layout == "strided":
         x, w = strided_copy(x0, "x"), strided_copy(t.weight, "weight")
         b = strided_copy(t.bias, "bias") if t.bias is not None else None
@@ -128,11 +126,11 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
     for name, leaf in (("x", x), ("weight", w), ("bias", b)):
         if leaf is not None and name not in frozen:
             leaf.requires_grad_(True)
-    kwargs = t.options.call_kwargs()
-    inputs = {"x": x, "weight": w, "bias": b, "target": target, "class_weights": kwargs.get("class_weights")}
-    before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    with autocast_context(p):
-        out = impl(x, w, target, b, **kwargs)
+    return _Inputs(x=x, weight=w, target=target, bias=b)
+
+
+def _validated_result(impl: Any, p: Problem, out: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(loss, z_loss)`` from what ``impl`` returned, or :class:`ProtocolViolation` saying what is wrong."""
     if impl.support.returns_z_loss:
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ProtocolViolation(f"impl {impl.name!r} declares returns_z_loss but returned {type(out).__name__}")
@@ -153,16 +151,50 @@ def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: tor
         raise ProtocolViolation(f"impl {impl.name!r} returned a loss of dtype {loss.dtype}")
     if not loss.requires_grad:
         raise ProtocolViolation(f"impl {impl.name!r} returned a loss with no autograd graph (requires_grad=False)")
-    up = t.upstream
-    grad = torch.ones_like(loss) if up is None else up.to(device=loss.device, dtype=loss.dtype).expand_as(loss)
-    inputs["upstream gradient"] = grad
-    before["upstream gradient"] = grad.detach().clone()
-    loss.backward(grad)
+    return loss, z
+
+
+def _check_unmodified(impl: Any, inputs: dict[str, Any], before: dict[str, torch.Tensor]) -> None:
+    """:class:`ProtocolViolation` naming the first input whose bits differ from its copy taken before the call."""
     for k, v in before.items():
         if not same_bits(inputs[k], v):
             changed = int((_bits(inputs[k].detach()) != _bits(v)).sum())
             raise ProtocolViolation(f"impl {impl.name!r} modified its input {k!r} in place ({changed} of {v.numel()} "
                                     f"elements changed by forward + backward); the caller's tensors must be left as given")
+
+
+def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
+             layout: str = "contiguous", frozen: frozenset[str] = frozenset(),
+             leaves: dict[str, torch.Tensor] | None = None) -> ImplOutputs:
+    """Forward and backward of ``impl`` on problem ``p``.
+
+    ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
+    ``layout="strided"`` passes every input as a non-contiguous tensor of the same values (:func:`strided_copy`).
+    ``frozen`` names inputs (of :data:`FROZEN_GRADS`) passed with ``requires_grad=False`` (a frozen lm_head);
+    their gradients come back ``None``.
+    ``leaves`` passes the caller's own tensors for ``x``, ``weight`` and ``bias`` (any of them) instead of fresh
+    copies of ``t``'s, their ``.grad`` cleared first: a property that calls an impl several times on one
+    parameter, as training does, uses it (their values must equal ``t``'s, which the oracle sees).
+    Raises :class:`ProtocolViolation` naming the impl for a result of the wrong shape or type, and for an input
+    (x, weight, bias, target, class weights, the upstream gradient handed to backward) that forward + backward
+    changed in place.
+    """
+    leaves = leaves or {}
+    _check_run_args(layout, frozen, leaves)
+    t = t if t is not None else build(p)
+    x, w, target, b = _prepare_inputs(t, x_override if x_override is not None else t.x, layout, frozen, leaves)
+    kwargs = t.options.call_kwargs()
+    inputs = {"x": x, "weight": w, "bias": b, "target": target, "class_weights": kwargs.get("class_weights")}
+    before = {k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    with autocast_context(p):
+        out = impl(x, w, target, b, **kwargs)
+    loss, z = _validated_result(impl, p, out)
+    up = t.upstream
+    grad = torch.ones_like(loss) if up is None else up.to(device=loss.device, dtype=loss.dtype).expand_as(loss)
+    inputs["upstream gradient"] = grad
+    before["upstream gradient"] = grad.detach().clone()
+    loss.backward(grad)
+    _check_unmodified(impl, inputs, before)
     return ImplOutputs(
         loss=loss.detach(),
         z_loss=z.detach() if isinstance(z, torch.Tensor) else None,

@@ -9,15 +9,18 @@ Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V``
 
 from __future__ import annotations
 
-from typing import Any
-
+import dataclasses
+import difflib
 import os
+from typing import Any, Iterable
 
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from numcheck.impls import capabilities
+from numcheck.impls.protocol import LINEAR_CE_OPTIONS, LinearCESupport
+from numcheck.properties.harness import run_oracle
 from numcheck.properties.problems import REGIMES, Problem
 
 
@@ -69,94 +72,154 @@ def v_sizes() -> st.SearchStrategy[int]:
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
+#: The fields of :class:`Problem` that ``problems(force=...)`` can pin (the device is its own argument).
+FORCEABLE: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Problem) if f.name != "device")
 
-@st.composite
-def problems(draw: st.DrawFn, support=None, device: str | None = None, *, regimes: tuple[str, ...] = REGIMES,
-             reductions: tuple[str, ...] | None = None, allow_all_ignored: bool = True,
-             force: dict | None = None, require: frozenset[str] = frozenset()) -> Problem:
-    """A :class:`Problem` inside ``support`` (a :class:`impls.protocol.LinearCESupport`; ``None`` = everything).
 
-    ``force`` pins fields (e.g. ``{"dtype": "float32"}``); pinned fields are still checked against the support.
-    ``require`` names options (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the
-    support declares them — "every declared option at once", where interaction bugs live.
-    """
-    from numcheck.impls.protocol import LinearCESupport
+def _check_names(what: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """``ValueError`` naming each unknown key of ``what``, with the closest known names and the full list."""
+    known = tuple(known)
+    for name in sorted(set(given) - set(known)):
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"problems: {what} has unknown key {name!r}{hint} (known: {', '.join(known)})")
 
-    s = support if support is not None else LinearCESupport()
-    device = device or DEVICE
-    force = dict(force or {})
-    dev_type = torch.device(device).type
-    dtypes = [_DTYPE_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in s.dtypes]
-    amp = [d for d in (torch.bfloat16, torch.float16) if d in s.autocast and torch.float32 in s.dtypes
-           and capabilities.autocast_dtype(dev_type, d)]
-    modes = [("plain", d) for d in dtypes] + [("amp", _DTYPE_NAMES[d]) for d in amp]
+
+class _Fields:
+    """One draw of a problem: the strategy's ``draw``, the support's options, and the caller's ``force`` (pinned
+    :class:`Problem` fields) and ``require`` (options that must be on where declared)."""
+
+    def __init__(self, draw: st.DrawFn, options: frozenset[str], force: dict[str, Any],
+                 require: frozenset[str]) -> None:
+        self.draw, self.options, self.force, self.require = draw, options, force, require
+
+    def pinned_or(self, name: str, strat: st.SearchStrategy, label: str | None = None) -> Any:
+        """The pinned value of field ``name``, else one drawn from ``strat``."""
+        return self.force[name] if name in self.force else self.draw(strat, label=label or name)
+
+    def option(self, option: str, field: str, strat: st.SearchStrategy, off: Any) -> Any:
+        """Field ``field`` of option ``option``: pinned, else ``off`` where the support lacks the option, else
+        drawn from ``strat`` (``off`` included unless the option is required)."""
+        if field in self.force:
+            return self.force[field]
+        if option not in self.options:
+            return off
+        if option in self.require:
+            return self.draw(strat, label=option)
+        return self.draw(st.one_of(st.just(off), strat), label=option)
+
+
+def _precision(f: _Fields, s: LinearCESupport, device: str) -> tuple[str, str | None]:
+    """``(dtype, autocast)``: pinned, else a plain dtype or an AMP mode the support declares and the device runs."""
+    force = f.force
     if "dtype" in force or "autocast" in force:
         mode = ("amp", force["autocast"]) if force.get("autocast") else ("plain", force.get("dtype", "float32"))
     else:
+        dev_type = torch.device(device).type
+        dtypes = [_DTYPE_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in s.dtypes]
+        amp = [d for d in (torch.bfloat16, torch.float16) if d in s.autocast and torch.float32 in s.dtypes
+               and capabilities.autocast_dtype(dev_type, d)]
+        modes = [("plain", d) for d in dtypes] + [("amp", _DTYPE_NAMES[d]) for d in amp]
         if not modes:
             raise ValueError(f"support declares no dtype usable on {device}: {s.dtypes}")
-        mode = draw(st.sampled_from(modes), label="dtype mode")
-    dtype, autocast = ("float32", mode[1]) if mode[0] == "amp" else (mode[1], None)
+        mode = f.draw(st.sampled_from(modes), label="dtype mode")
+    return ("float32", mode[1]) if mode[0] == "amp" else (mode[1], None)
+
+
+def _bias(f: _Fields, autocast: str | None) -> tuple[bool, str | None]:
+    """``(bias, bias_dtype)``. A bias of another dtype is an AMP situation (fp32 parameters, bias in the autocast
+    dtype or fp32); outside autocast the bias has the parameters' dtype, as F.linear requires."""
+    bias = f.option("bias", "bias", st.just(True), False)
+    if "bias_dtype" in f.force:
+        return bias, f.force["bias_dtype"]
+    if not bias:
+        return bias, None
+    choices = [None, autocast] if autocast else [None]
+    return bias, f.draw(st.sampled_from(choices), label="bias_dtype")
+
+
+def _ignored(f: _Fields, s: LinearCESupport, allow_all_ignored: bool) -> float:
+    """The fraction of ignored rows: pinned, else from none to all (all only where the support has a convention
+    for it and the caller allows it), at least one where ``ignore_index`` is required."""
+    if "ignored" in f.force:
+        return f.force["ignored"]
+    if "ignore_index" not in f.options:
+        return 0.0
+    if "ignore_index" in f.require:
+        return f.draw(st.sampled_from([0.1, 0.5, 0.9]), label="ignored")
+    hi = 1.0 if (allow_all_ignored and s.all_ignored is not None) else 0.99
+    return f.draw(st.one_of(st.just(0.0), st.sampled_from([0.1, 0.5, hi]), st.floats(0.0, hi)), label="ignored")
+
+
+def _loss_options(f: _Fields) -> dict[str, Any]:
+    """``label_smoothing``, ``class_weights``, ``softcap`` and ``z_loss_scale``, each off or drawn where declared.
+    Smoothing is 0 or at least 1e-4: smaller values are no training setting, and below fp32's normal range
+    Triton specializes a Python float argument as fp64 (Liger's kernel then fails to compile on CUDA)."""
+    return dict(
+        label_smoothing=f.option("label_smoothing", "label_smoothing",
+                                 st.sampled_from([0.1, 0.5, 1.0]) | st.floats(1e-4, 1.0), 0.0),
+        class_weights=f.option("class_weights", "class_weights", st.just(True), False),
+        softcap=f.option("softcap", "softcap", st.sampled_from([1.0, 5.0, 30.0]) | st.floats(0.5, 50.0), None),
+        z_loss_scale=f.option("z_loss", "z_loss_scale", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0),
+    )
+
+
+def _ignore_index(f: _Fields, ignored: float, V: int) -> int:
+    """Which value marks ignored rows: -100 (the default, where shrinking ends), -1, V (one past the classes) or
+    class 0 (a pad token id): a kernel that compares with a hard-coded -100, or that treats every target outside
+    [0, V) as ignored, is wrong on one of them. -100 when no row is ignored."""
+    if "ignore_index" in f.force or ignored == 0:
+        return f.force.get("ignore_index", -100)
+    return f.draw(st.sampled_from([-100, -1, V] + ([0] if V >= 2 else [])), label="ignore_index")
+
+
+def _upstream(f: _Fields, reduction: str, autocast: str | None, softcap: float | None) -> str:
+    """The upstream gradient: one, a scalar, a per-row vector for ``none``, or a loss scale where mixed precision
+    uses one: AMP fp16, 'mean' (see :func:`scaled_gradients_fit`), not with a softcap (Problem says why: eager
+    overflowed at s=30 while G itself was 1e4)."""
+    if reduction == "none":
+        ups = ["one", "per_row"]
+    else:
+        loss_scale = autocast == "float16" and reduction == "mean" and softcap is None
+        ups = ["one", "scalar"] + (["loss_scale"] if loss_scale else [])
+    return f.pinned_or("upstream", st.sampled_from(ups))
+
+
+@st.composite
+def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: str | None = None, *,
+             regimes: tuple[str, ...] = REGIMES, reductions: tuple[str, ...] | None = None,
+             allow_all_ignored: bool = True, force: dict[str, Any] | None = None,
+             require: frozenset[str] = frozenset()) -> Problem:
+    """A :class:`Problem` inside ``support`` (a :class:`impls.protocol.LinearCESupport`; ``None`` = everything).
+
+    ``force`` pins :class:`Problem` fields by their names (:data:`FORCEABLE`, e.g. ``{"dtype": "float32",
+    "z_loss_scale": 0.0}``); pinned fields are still checked against the support. ``require`` names options
+    (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the support declares them — "every
+    declared option at once", where interaction bugs live. An unknown key of either raises ``ValueError``.
+    """
+    force = dict(force or {})
+    _check_names("force", force, FORCEABLE)
+    _check_names("require", require, LINEAR_CE_OPTIONS)
+    s = support if support is not None else LinearCESupport()
+    device = device or DEVICE
+    f = _Fields(draw, frozenset(s.options), force, frozenset(require))
+    dtype, autocast = _precision(f, s, device)
     reds = [r for r in (reductions or ("mean", "sum", "none")) if r in s.reductions]
-    reduction = force.get("reduction") or draw(st.sampled_from(reds), label="reduction")
-    opts = set(s.options)
-
-    def maybe(name: str, strat: st.SearchStrategy, off):
-        if name in force:
-            return force[name]
-        if name not in opts:
-            return off
-        if name in require:
-            return draw(strat, label=name)
-        return draw(st.one_of(st.just(off), strat), label=name)
-
-    N = force.get("N") or draw(n_sizes(), label="N")
-    H = force.get("H") or draw(h_sizes(), label="H")
-    V = force.get("V") or draw(v_sizes(), label="V")
-    bias = maybe("bias", st.just(True), False)
-    bias_dtype = None
-    if bias and "bias_dtype" not in force:
-        # A bias of another dtype is an AMP situation (fp32 parameters, bias in the autocast dtype or fp32);
-        # outside autocast the bias has the parameters' dtype, as F.linear requires.
-        choices = [None, autocast] if autocast else [None]
-        bias_dtype = draw(st.sampled_from(choices), label="bias_dtype")
-    elif "bias_dtype" in force:
-        bias_dtype = force["bias_dtype"]
-    ignored = 0.0
-    if "ignored" in force:
-        ignored = force["ignored"]
-    elif "ignore_index" in opts and "ignore_index" in require:
-        ignored = draw(st.sampled_from([0.1, 0.5, 0.9]), label="ignored")
-    elif "ignore_index" in opts:
-        hi = 1.0 if (allow_all_ignored and s.all_ignored is not None) else 0.99
-        ignored = draw(st.one_of(st.just(0.0), st.sampled_from([0.1, 0.5, hi]), st.floats(0.0, hi)), label="ignored")
-    # Smoothing is 0 or at least 1e-4: smaller values are no training setting, and below fp32's normal range
-    # Triton specializes a Python float argument as fp64 (Liger's kernel then fails to compile on CUDA).
-    ls = maybe("label_smoothing", st.sampled_from([0.1, 0.5, 1.0]) | st.floats(1e-4, 1.0), 0.0)
-    cw = maybe("class_weights", st.just(True), False)
-    sc = maybe("softcap", st.sampled_from([1.0, 5.0, 30.0]) | st.floats(0.5, 50.0), None)
-    zl = maybe("z_loss", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0)
-    if "z_loss_scale" in force:
-        zl = force["z_loss_scale"]
-    # Which value marks ignored rows: -100 (the default, where shrinking ends), -1, V (one past the classes) or
-    # class 0 (a pad token id): a kernel that compares with a hard-coded -100, or that treats every target
-    # outside [0, V) as ignored, is wrong on one of them.
-    ignore_index = force.get("ignore_index", -100)
-    if "ignore_index" not in force and ignored > 0:
-        ignore_index = draw(st.sampled_from([-100, -1, V] + ([0] if V >= 2 else [])), label="ignore_index")
-    # A loss scale where mixed precision uses one: AMP fp16, 'mean' (see scaled_gradients_fit).
-    # Not with a softcap (Problem says why: eager overflowed at s=30 while G itself was 1e4).
-    ups = (["one", "per_row"] if reduction == "none"
-           else ["one", "scalar"] + (["loss_scale"] if autocast == "float16" and reduction == "mean" and sc is None
-                                     else []))
-    upstream = force.get("upstream") or draw(st.sampled_from(ups), label="upstream")
-    regime = force.get("regime") or draw(st.sampled_from(regimes), label="regime")
-    seed = force.get("seed", draw(st.integers(0, 2**31 - 1), label="seed"))
+    reduction = f.pinned_or("reduction", st.sampled_from(reds))
+    N = f.pinned_or("N", n_sizes())
+    H = f.pinned_or("H", h_sizes())
+    V = f.pinned_or("V", v_sizes())
+    bias, bias_dtype = _bias(f, autocast)
+    ignored = _ignored(f, s, allow_all_ignored)
+    opts = _loss_options(f)
+    ignore_index = _ignore_index(f, ignored, V)
+    upstream = _upstream(f, reduction, autocast, opts["softcap"])
+    regime = f.pinned_or("regime", st.sampled_from(regimes))
+    seed = f.pinned_or("seed", st.integers(0, 2**31 - 1))
     p = Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, bias=bias, bias_dtype=bias_dtype, ignored=ignored,
-                reduction=reduction, label_smoothing=ls, class_weights=cw, softcap=sc, z_loss_scale=zl,
-                ignore_index=ignore_index, upstream=upstream, regime=regime, seed=seed, device=device)
-    reason = refusal(s, p)
-    assume(reason is None)
+                reduction=reduction, ignore_index=ignore_index, upstream=upstream, regime=regime, seed=seed,
+                device=device, **opts)
+    assume(refusal(s, p) is None)
     if p.upstream == "loss_scale":
         assume(scaled_gradients_fit(p))
     return p
@@ -172,8 +235,6 @@ def scaled_gradients_fit(p: Problem) -> bool:
     only then: where they do not fit, inf is the correct fp16 answer and GradScaler skips the step; where they
     do, an impl that scales before it normalizes (|p − y|·2^17 > 65504) overflows on its own account. The
     headroom covers the rounding of values near the top and the (C·p, q) parts of G formed apart."""
-    from numcheck.properties.harness import run_oracle
-
     class _MaxG:
         g = 0.0
 

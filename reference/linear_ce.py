@@ -93,6 +93,7 @@ class LinearCEResult:
 def _check_inputs(
     x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, opts: CEOptions
 ) -> None:
+    """Raise ``ValueError`` naming the argument for bad shapes, dtypes or targets."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D tensor [N, H], got {getattr(x, 'shape', type(x))}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -128,6 +129,7 @@ def _check_inputs(
 
 
 def _check_upstream(upstream: torch.Tensor | float | None, opts: CEOptions, N: int, device: torch.device) -> torch.Tensor:
+    """The upstream gradient as ``[N]`` float64 (a scalar broadcast), checked against the reduction."""
     if upstream is None:
         return torch.ones((N,), dtype=torch.float64, device=device)
     u = torch.as_tensor(upstream, dtype=torch.float64, device=device)
@@ -141,7 +143,184 @@ def _check_upstream(upstream: torch.Tensor | float | None, opts: CEOptions, N: i
 
 
 def _blocks(n: int, size: int) -> list[slice]:
+    """``[0, n)`` cut into consecutive slices of ``size`` (the last one shorter)."""
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """The oracle's float64 operands on the inputs' device and the per-row quantities both passes share."""
+
+    X: torch.Tensor  # [N, H]
+    W: torch.Tensor  # [V, H]
+    B: torch.Tensor | None  # [V]
+    cw: torch.Tensor | None  # class weights [V]
+    eps: float  # label smoothing ε
+    lam: float  # z-loss scale λ
+    softcap: float | None
+    upstream: torch.Tensor  # u_i, [N]
+    valid: torch.Tensor  # bool [N], row not ignored
+    safe_t: torch.Tensor  # targets with ignored rows set to class 0
+    w_t: torch.Tensor  # w_{y_i}, 0 on ignored rows
+    S_w: float  # Σ_j w_j
+    row_blocks: list[slice]
+    col_blocks: list[slice]
+
+    def logits(self, r: slice, c: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Block ``(r, c)`` of the logits: ``z``, after softcap ``z'`` and the softcap derivative (``None``
+        without softcap, when ``z'`` is ``z`` itself)."""
+        z = self.X[r] @ self.W[c].T
+        if self.B is not None:
+            z = z + self.B[c]
+        s = self.softcap
+        if s is None:
+            return z, z, None
+        t = torch.tanh(z / s)
+        return z, s * t, 1.0 - t * t
+
+
+def _operands(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+              opts: CEOptions, upstream: torch.Tensor | float | None, row_chunk: int, vocab_chunk: int) -> _Operands:
+    """Upcast the (already checked) inputs to float64 on ``x``'s device and derive the per-row target data."""
+    dev = x.device
+    f64 = torch.float64
+    N = x.shape[0]
+    V = weight.shape[0]
+    cw = opts.class_weights.detach().to(dev, f64) if opts.class_weights is not None else None
+    tgt = target.to(dev)
+    valid = tgt != opts.ignore_index
+    safe_t = torch.where(valid, tgt, torch.zeros_like(tgt)).long()
+    w_t = (cw[safe_t] if cw is not None else torch.ones(N, dtype=f64, device=dev)) * valid
+    return _Operands(
+        X=x.detach().to(f64),
+        W=weight.detach().to(dev, f64),
+        B=bias.detach().to(dev, f64) if bias is not None else None,
+        cw=cw,
+        eps=float(opts.label_smoothing),
+        lam=float(opts.z_loss_scale),
+        softcap=opts.softcap,
+        upstream=_check_upstream(upstream, opts, N, dev),
+        valid=valid,
+        safe_t=safe_t,
+        w_t=w_t,
+        S_w=float(cw.sum()) if cw is not None else float(V),
+        row_blocks=_blocks(N, row_chunk),
+        col_blocks=_blocks(V, vocab_chunk),
+    )
+
+
+def _row_pass(ops: _Operands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pass 1: per row, ``lse`` by an online log-sum-exp over vocabulary blocks, the target logit z'_{i,y_i}
+    (0 on ignored rows) and Σ_j w_j·z'_ij."""
+    X, cw = ops.X, ops.cw
+    N, dev, f64 = X.shape[0], X.device, torch.float64
+    lse = torch.empty(N, dtype=f64, device=dev)
+    z_tgt = torch.zeros(N, dtype=f64, device=dev)
+    wz_sum = torch.zeros(N, dtype=f64, device=dev)
+    for r in ops.row_blocks:
+        m = torch.full((r.stop - r.start,), -math.inf, dtype=f64, device=dev)
+        acc = torch.zeros_like(m)
+        zt = torch.zeros_like(m)
+        wz = torch.zeros_like(m)
+        t_r = ops.safe_t[r]
+        for c in ops.col_blocks:
+            _, zc, _ = ops.logits(r, c)
+            m_new = torch.maximum(m, zc.max(dim=1).values)
+            acc = acc * torch.exp(m - m_new) + torch.exp(zc - m_new[:, None]).sum(dim=1)
+            m = m_new
+            inside = (t_r >= c.start) & (t_r < c.stop)
+            local = (t_r - c.start).clamp(0, c.stop - c.start - 1)
+            zt = zt + torch.where(inside, zc.gather(1, local[:, None]).squeeze(1), torch.zeros_like(zt))
+            wz = wz + (zc @ cw[c] if cw is not None else zc.sum(dim=1))
+        lse[r] = m + torch.log(acc)
+        z_tgt[r] = zt
+        wz_sum[r] = wz
+    return lse, z_tgt * ops.valid, wz_sum
+
+
+@dataclass(frozen=True)
+class _Reduced:
+    """The forward's results: per-row losses, the reduced loss and z-loss, and the backward's row statistics."""
+
+    per_row: torch.Tensor
+    loss: torch.Tensor
+    z_loss: torch.Tensor
+    stats: RowStats
+
+
+def _reduce(ops: _Operands, lse: torch.Tensor, z_tgt: torch.Tensor, wz_sum: torch.Tensor, reduction: str,
+            all_ignored: AllIgnored) -> _Reduced:
+    """Per-row ℓ_i and ζ_i, their reduction, and the backward's coefficients c_i and c^z_i."""
+    valid, w_t, eps, lam, u = ops.valid, ops.w_t, ops.eps, ops.lam, ops.upstream
+    N, V, dev, f64 = lse.shape[0], ops.W.shape[0], lse.device, torch.float64
+    nll = torch.where(valid, lse - z_tgt, torch.zeros_like(lse))
+    smooth = torch.where(valid, ops.S_w * lse - wz_sum, torch.zeros_like(lse))
+    ce_row = (1.0 - eps) * w_t * nll + (eps / V) * smooth
+    z_row = torch.where(valid, lam * lse * lse, torch.zeros_like(lse))
+    per_row = ce_row + z_row
+    n_valid = int(valid.sum())
+    D = float(w_t.sum())
+    if reduction == "mean":
+        if n_valid == 0:
+            fill = math.nan if all_ignored == "nan" else 0.0
+            loss = torch.tensor(fill, dtype=f64, device=dev)
+            z_loss = torch.tensor(fill, dtype=f64, device=dev)
+            coef_ce = torch.zeros(N, dtype=f64, device=dev)
+            coef_z = torch.zeros(N, dtype=f64, device=dev)
+        else:
+            loss = ce_row.sum() / D + z_row.sum() / n_valid
+            z_loss = z_row.sum() / n_valid
+            coef_ce = u / D
+            coef_z = u / n_valid
+        normalizer = D
+    elif reduction == "sum":
+        loss, z_loss = per_row.sum(), z_row.sum()
+        coef_ce = coef_z = u
+        normalizer = 1.0
+    else:
+        loss, z_loss = per_row.clone(), z_row.clone()
+        coef_ce = coef_z = u
+        normalizer = 1.0
+    stats = RowStats(lse=lse, z_target=z_tgt, valid=valid, w_target=w_t, coef_ce=coef_ce * valid,
+                     coef_z=coef_z * valid, normalizer=normalizer, n_valid=n_valid)
+    return _Reduced(per_row=per_row, loss=loss, z_loss=z_loss, stats=stats)
+
+
+def _backward(ops: _Operands, stats: RowStats,
+              observer: BlockObserver | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Pass 2: recompute every block, form G (the gradient w.r.t. z) and accumulate grad_x, grad_W, grad_b."""
+    X, W, B, cw, eps = ops.X, ops.W, ops.B, ops.cw, ops.eps
+    (N, H), V, dev, f64 = X.shape, W.shape[0], X.device, torch.float64
+    lse, S_w = stats.lse, ops.S_w
+    gx = torch.zeros(N, H, dtype=f64, device=dev)
+    gw = torch.zeros(V, H, dtype=f64, device=dev)
+    gb = torch.zeros(V, dtype=f64, device=dev) if B is not None else None
+    a = (1.0 - eps) * stats.coef_ce * ops.w_t  # weight on (p − onehot)
+    e = (eps / V) * stats.coef_ce  # weight on (S_w p − w)
+    zz = 2.0 * ops.lam * stats.coef_z * lse  # weight on p from z-loss
+    for r in ops.row_blocks:
+        t_r = ops.safe_t[r]
+        for c in ops.col_blocks:
+            z, zc, d = ops.logits(r, c)
+            p = torch.exp(zc - lse[r, None])
+            g = (a[r] + e[r] * S_w + zz[r])[:, None] * p
+            if cw is not None:
+                g = g - e[r][:, None] * cw[c][None, :]
+            elif eps:
+                g = g - e[r][:, None]
+            inside = (t_r >= c.start) & (t_r < c.stop)
+            if bool(inside.any()):
+                idx = inside.nonzero().squeeze(1)
+                g[idx, t_r[idx] - c.start] -= a[r][idx]
+            G = g * d if d is not None else g
+            gx[r] += G @ W[c]
+            gw[c] += G.T @ X[r]
+            if gb is not None:
+                gb[c] += G.sum(dim=0)
+            if observer is not None:
+                observer.block(Block(rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None,
+                                     z=z, zc=zc, p=p, G=G, dzc_dz=d), stats)
+    return gx, gw, gb
 
 
 def linear_ce(
@@ -181,128 +360,12 @@ def linear_ce(
         raise ValueError(f"all_ignored must be 'nan' or 'zero', got {all_ignored!r}")
     if row_chunk < 1 or vocab_chunk < 1:
         raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
-    dev = x.device
-    f64 = torch.float64
-    N, H = x.shape
-    V = weight.shape[0]
-    X = x.detach().to(f64)
-    W = weight.detach().to(dev, f64)
-    B = bias.detach().to(dev, f64) if bias is not None else None
-    cw = opts.class_weights.detach().to(dev, f64) if opts.class_weights is not None else None
-    eps = float(opts.label_smoothing)
-    lam = float(opts.z_loss_scale)
-    s = opts.softcap
-    u = _check_upstream(upstream, opts, N, dev)
-
-    tgt = target.to(dev)
-    valid = tgt != opts.ignore_index
-    safe_t = torch.where(valid, tgt, torch.zeros_like(tgt)).long()
-    w_t = (cw[safe_t] if cw is not None else torch.ones(N, dtype=f64, device=dev)) * valid
-    S_w = float(cw.sum()) if cw is not None else float(V)
-
-    row_blocks = _blocks(N, row_chunk)
-    col_blocks = _blocks(V, vocab_chunk)
-
-    def logits(r: slice, c: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        z = X[r] @ W[c].T
-        if B is not None:
-            z = z + B[c]
-        if s is None:
-            return z, z, None
-        t = torch.tanh(z / s)
-        return z, s * t, 1.0 - t * t
-
-    # Pass 1: online lse, the target logit and Σ_j w_j z'_ij, per row.
-    lse = torch.empty(N, dtype=f64, device=dev)
-    z_tgt = torch.zeros(N, dtype=f64, device=dev)
-    wz_sum = torch.zeros(N, dtype=f64, device=dev)
-    for r in row_blocks:
-        m = torch.full((r.stop - r.start,), -math.inf, dtype=f64, device=dev)
-        acc = torch.zeros_like(m)
-        zt = torch.zeros_like(m)
-        wz = torch.zeros_like(m)
-        t_r = safe_t[r]
-        for c in col_blocks:
-            _, zc, _ = logits(r, c)
-            m_new = torch.maximum(m, zc.max(dim=1).values)
-            acc = acc * torch.exp(m - m_new) + torch.exp(zc - m_new[:, None]).sum(dim=1)
-            m = m_new
-            inside = (t_r >= c.start) & (t_r < c.stop)
-            local = (t_r - c.start).clamp(0, c.stop - c.start - 1)
-            zt = zt + torch.where(inside, zc.gather(1, local[:, None]).squeeze(1), torch.zeros_like(zt))
-            wz = wz + (zc @ cw[c] if cw is not None else zc.sum(dim=1))
-        lse[r] = m + torch.log(acc)
-        z_tgt[r] = zt
-        wz_sum[r] = wz
-    z_tgt = z_tgt * valid
-
-    nll = torch.where(valid, lse - z_tgt, torch.zeros_like(lse))
-    smooth = torch.where(valid, S_w * lse - wz_sum, torch.zeros_like(lse))
-    ce_row = (1.0 - eps) * w_t * nll + (eps / V) * smooth
-    z_row = torch.where(valid, lam * lse * lse, torch.zeros_like(lse))
-    per_row = ce_row + z_row
-
-    n_valid = int(valid.sum())
-    D = float(w_t.sum())
-    red = opts.reduction
-    if red == "mean":
-        if n_valid == 0:
-            fill = math.nan if all_ignored == "nan" else 0.0
-            loss = torch.tensor(fill, dtype=f64, device=dev)
-            z_loss = torch.tensor(fill, dtype=f64, device=dev)
-            coef_ce = torch.zeros(N, dtype=f64, device=dev)
-            coef_z = torch.zeros(N, dtype=f64, device=dev)
-        else:
-            loss = ce_row.sum() / D + z_row.sum() / n_valid
-            z_loss = z_row.sum() / n_valid
-            coef_ce = u / D
-            coef_z = u / n_valid
-        normalizer = D
-    elif red == "sum":
-        loss, z_loss = per_row.sum(), z_row.sum()
-        coef_ce = coef_z = u
-        normalizer = 1.0
-    else:
-        loss, z_loss = per_row.clone(), z_row.clone()
-        coef_ce = coef_z = u
-        normalizer = 1.0
-    coef_ce = coef_ce * valid
-    coef_z = coef_z * valid
-    stats = RowStats(lse=lse, z_target=z_tgt, valid=valid, w_target=w_t, coef_ce=coef_ce, coef_z=coef_z,
-                     normalizer=normalizer, n_valid=n_valid)
-
-    # Pass 2: gradients, block by block.
-    gx = torch.zeros(N, H, dtype=f64, device=dev)
-    gw = torch.zeros(V, H, dtype=f64, device=dev)
-    gb = torch.zeros(V, dtype=f64, device=dev) if B is not None else None
-    a = (1.0 - eps) * coef_ce * w_t  # weight on (p − onehot)
-    e = (eps / V) * coef_ce  # weight on (S_w p − w)
-    zz = 2.0 * lam * coef_z * lse  # weight on p from z-loss
-    for r in row_blocks:
-        t_r = safe_t[r]
-        for c in col_blocks:
-            z, zc, d = logits(r, c)
-            p = torch.exp(zc - lse[r, None])
-            g = (a[r] + e[r] * S_w + zz[r])[:, None] * p
-            if cw is not None:
-                g = g - e[r][:, None] * cw[c][None, :]
-            elif eps:
-                g = g - e[r][:, None]
-            inside = (t_r >= c.start) & (t_r < c.stop)
-            if bool(inside.any()):
-                idx = inside.nonzero().squeeze(1)
-                g[idx, t_r[idx] - c.start] -= a[r][idx]
-            G = g * d if d is not None else g
-            gx[r] += G @ W[c]
-            gw[c] += G.T @ X[r]
-            if gb is not None:
-                gb[c] += G.sum(dim=0)
-            if observer is not None:
-                observer.block(Block(rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None,
-                                     z=z, zc=zc, p=p, G=G, dzc_dz=d), stats)
-
-    return LinearCEResult(loss=loss, per_row=per_row, lse=lse, z_loss=z_loss, grad_x=gx, grad_weight=gw,
-                          grad_bias=gb, stats=stats, options=opts)
+    ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
+    lse, z_tgt, wz_sum = _row_pass(ops)
+    fwd = _reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored)
+    gx, gw, gb = _backward(ops, fwd.stats, observer)
+    return LinearCEResult(loss=fwd.loss, per_row=fwd.per_row, lse=lse, z_loss=fwd.z_loss, grad_x=gx,
+                          grad_weight=gw, grad_bias=gb, stats=fwd.stats, options=opts)
 
 
 def forward_autograd(

@@ -16,7 +16,7 @@ so the file is strict JSON; :func:`load` turns them back)::
                 "ratio_expected", "seconds", "failures": [str], "repro",
                 "outputs": {name: {"dtype", "reduction_length", "numel", "max_abs", "max_rel", "rmse",
                                    "max_ulp", "ratio_hard", "ratio_expected", "worst_index", "impl_value",
-                                   "oracle_value", "bound_at_worst", "nonfinite", "verdicts": {judgement: bool},
+                                   "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
                                    ... kind-specific fields}}}],
      "accumulation": {...} (see reports.accumulation), "memory": {...}}
 
@@ -225,7 +225,7 @@ def _comparison_fields(c: Any) -> dict[str, Any]:
     return {"max_abs": _f(c.max_abs), "max_rel": _f(c.max_rel), "rmse": _f(c.rmse), "max_ulp": _f(c.max_ulp),
             "worst_index": list(c.worst), "impl_value": _f(c.impl_value), "oracle_value": _f(c.oracle_value),
             "bound_at_worst": _f(c.bound_value), "n_beyond": int(c.n_bad), "numel": int(c.numel),
-            "nonfinite": c.nonfinite, "dtype": c.dtype.replace("torch.", "")}
+            "state": c.state, "nonfinite": c.nonfinite, "dtype": c.dtype.replace("torch.", "")}
 
 
 def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:

@@ -128,7 +128,7 @@ CAUGHT_BY: dict[str, str] = {
     "mutant_saves_copy_of_x": "saved_tensors",
     "mutant_delayed_current_amax": "accuracy",
     "mutant_delayed_allows_soi": "save_original_input",
-    "mutant_assumes_contiguous_x": "usage",
-    "mutant_shared_saved_x_workspace": "usage",
-    "mutant_stale_weight_cache": "usage",
+    "mutant_assumes_contiguous_x": "strided",
+    "mutant_shared_saved_x_workspace": "two_layers",
+    "mutant_stale_weight_cache": "optimizer_step",
 }

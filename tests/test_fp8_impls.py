@@ -84,20 +84,21 @@ def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
                                                   regime=regime, seed=12, steps=steps, device=DEVICE))
 
 
+@pytest.mark.parametrize("prop", checks.LAYER_PROPERTIES)
 @pytest.mark.parametrize("soi", [False, True], ids=["copy", "original"])
-def test_usage_as_a_layer_every_recipe(quant_impl, soi):
-    """Used as training uses a layer, for every current-scaling recipe: two micro-batches accumulate into
-    weight.grad, two layers of one shape keep their own gradients, and sliced x / dy with a transposed weight
-    leaf give the single-call outputs (or a loud refusal)."""
+def test_usage_as_a_layer_every_recipe(quant_impl, soi, prop):
+    """Used as training uses a layer, for every current-scaling recipe, property ``prop``: two micro-batches
+    accumulate into weight.grad, a weight changed in place is seen, two layers of one shape keep their own
+    gradients, or sliced x / dy with a transposed weight leaf give the single-call outputs (or a loud refusal)."""
     if soi not in quant_impl.support.save_original_input:
         pytest.skip(f"{quant_impl.name} does not declare save_original_input={soi}")
     recipes = [r for r in quant_impl.support.recipes if r.kind != "delayed" and (r.allows_save_original_input or not soi)]
     if not recipes:
         pytest.skip(f"{quant_impl.name} declares no recipe this applies to (delayed scaling keeps per-call state)")
     for recipe in recipes:
-        checks.usage(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl),
-                                           bias=quant_impl.support.bias, seed=13, save_original_input=soi,
-                                           device=DEVICE))
+        checks.FP8_PROPERTIES[prop](quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl),
+                                                          bias=quant_impl.support.bias, seed=13,
+                                                          save_original_input=soi, device=DEVICE))
 
 
 @_FIXTURE_OK

@@ -362,3 +362,17 @@ def test_compare_accepts_overflow_only_as_correct_rounding():
     near = torch.tensor([65500.0], dtype=torch.float64)
     assert compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([30.0])).ok
     assert not compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([10.0])).ok
+
+
+@pytest.mark.parametrize("impl_value, state, words", [
+    (None, "missing", "produced no value"),
+    (torch.zeros(2), "shape_differs", "shape (2,) differs from the oracle's (3,)"),
+    (torch.tensor([0.0, float("nan"), 0.0]), "nonfinite_mismatch", "non-finite mismatch at index [1]"),
+    (torch.tensor([0.0, 2.0, 0.0]), "compared", "1 / 3 elements beyond bound"),
+])
+def test_compare_names_what_it_could_compare(impl_value, state, words):
+    """A missing output, a shape that differs and a non-finite mismatch each get their own state and message."""
+    c = compare("grad_x", impl_value, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+    assert (c.ok, c.state) == (False, state)
+    assert words in c.describe()
+    assert bool(c.nonfinite) == (state == "nonfinite_mismatch")

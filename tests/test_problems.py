@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+from hypothesis import find, settings
 
 from numcheck.properties.problems import REGIMES, Problem, build, dtype_of
+from numcheck.properties.strategies import problems
 
 F64 = torch.float64
 
@@ -182,3 +184,25 @@ def test_pad_class_as_ignore_index(regime):
         t = build(p)
         assert int((t.target == 0).sum()) == p.n_ignored, (p, t.target.tolist())
         assert bool(((t.target >= 0) & (t.target < p.V)).all())
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"force": {"z_loss": 0.0}}, ["force", "'z_loss'", "did you mean 'z_loss_scale'"]),
+    ({"force": {"dtpye": "float32"}}, ["force", "'dtpye'", "did you mean 'dtype'"]),
+    ({"require": frozenset({"softcaps"})}, ["require", "'softcaps'", "did you mean 'softcap'"]),
+])
+def test_problems_rejects_unknown_force_and_require_keys(kwargs, words):
+    """problems() refuses a force/require key it does not know, naming it and the closest known name."""
+    with pytest.raises(ValueError) as info:
+        find(problems(**kwargs), lambda p: True, settings=settings(database=None, derandomize=True))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_problems_honours_forced_fields():
+    """Every field problems() is forced to take comes back as forced, z_loss_scale by its field name."""
+    force = {"N": 3, "H": 5, "V": 7, "dtype": "bfloat16", "reduction": "sum", "z_loss_scale": 0.25, "softcap": None,
+             "label_smoothing": 0.0, "class_weights": False, "bias": True, "bias_dtype": None, "ignored": 0.0,
+             "upstream": "one", "regime": "tiny", "seed": 11}
+    p = find(problems(force=force), lambda p: True, settings=settings(database=None, derandomize=True))
+    assert {k: getattr(p, k) for k in force} == force

@@ -225,7 +225,7 @@ def test_shift_invariance(linear_ce_impl):
 
 def test_option_identities(linear_ce_impl):
     """Neutral option values passed explicitly (ε=0, unit class weights, λ=0, softcap→∞) equal the plain call."""
-    force = {"label_smoothing": 0.0, "class_weights": False, "z_loss": 0.0, "softcap": None}
+    force = {"label_smoothing": 0.0, "class_weights": False, "z_loss_scale": 0.0, "softcap": None}
     _check(checks.option_identities, linear_ce_impl, _draw(linear_ce_impl, force=force))
 
 
