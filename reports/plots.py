@@ -211,8 +211,12 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             per = data[r].get(out, {})
             present = [(k, n) for k, n in enumerate(names, start=1) if per.get(n)]
             if present:
-                bp = ax.boxplot([per[n] for _, n in present], positions=[k for k, _ in present], vert=False,
-                                whis=(0, 100), widths=0.6, patch_artist=True, manage_ticks=False)
+                kw = dict(positions=[k for k, _ in present], whis=(0, 100), widths=0.6, patch_artist=True,
+                          manage_ticks=False)
+                try:
+                    bp = ax.boxplot([per[n] for _, n in present], orientation="horizontal", **kw)
+                except TypeError:  # matplotlib < 3.10 has no `orientation`
+                    bp = ax.boxplot([per[n] for _, n in present], vert=False, **kw)
                 for box, (_, n) in zip(bp["boxes"], present):
                     box.set_facecolor(styles[n].color)
                     box.set_alpha(0.8)

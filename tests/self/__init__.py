@@ -1,0 +1,1 @@
+"""numcheck's own tests (not shipped in the wheel)."""
