@@ -27,6 +27,7 @@ or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib.util
 import math
 import os
@@ -45,8 +46,9 @@ from numcheck.reports import baselines, report_compare, report_schema
 from numcheck.reports.report_grid import GRIDS
 from numcheck.reports.report_schema import Traversable
 
-HELP = ("pre-merge checklist for a pull request: property suite (ci profile), quick report vs the committed "
-        "baseline, memory table, capability probes; Markdown on stdout, exit 1 if any check fails")
+HELP = ("pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
+        "baseline shipped for this device, memory table, capability probes; Markdown on stdout, exit 1 if any check "
+        "fails, 2 on bad input")
 
 #: The installed suite the property-suite check runs, as ``pytest --pyargs`` names (the one list of it).
 SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
@@ -151,17 +153,27 @@ def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
 
 
 def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
-    """Run ``cmd``, copying each line of its output to ``sink`` (stderr) as it comes; (exit status, the lines)."""
+    """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
+    only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
     sink = sink if sink is not None else sys.stderr
-    lines: list[str] = []
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          bufsize=1) as proc:
+    chunks: list[str] = []
+    at_line_start = True
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            sink.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = os.read(proc.stdout.fileno(), 4096)
+            text = decoder.decode(data, final=not data)
+            for piece in text.splitlines(keepends=True):
+                sink.write((prefix if at_line_start else "") + piece)
+                at_line_start = piece.endswith("\n")
             sink.flush()
-    return proc.returncode, lines
+            chunks.append(text)
+            if not data:
+                break
+    if not at_line_start:
+        sink.write("\n")
+    return proc.returncode, "".join(chunks).splitlines()
 
 
 def check_property_suite(specs: list[str], jobs: int) -> Check:

@@ -221,6 +221,10 @@ def test_premerge_runs_the_installed_suite_and_streams_it():
     code = "import sys, time; print('first', flush=True); time.sleep(0.2); print('second'); sys.exit(3)"
     rc, lines = premerge.stream([sys.executable, "-c", code], env=dict(os.environ), prefix="> ", sink=sink)
     assert rc == 3 and lines == ["first", "second"] and sink.getvalue() == "> first\n> second\n"
+    dots = "import sys, time\nfor _ in range(3):\n    sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.1)\nprint(' [100%]')"
+    sink = io.StringIO()
+    rc, lines = premerge.stream([sys.executable, "-c", dots], env=dict(os.environ), prefix="> ", sink=sink)
+    assert rc == 0 and lines == ["... [100%]"] and sink.getvalue() == "> ... [100%]\n", "pytest's dots are one line"
 
 
 # -- repro by spec, from the user's directory -----------------------------------------------------------------------
