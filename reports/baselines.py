@@ -56,7 +56,8 @@ def baseline_for(device: str) -> Traversable | None:
     """The shipped baseline for ``device`` under this torch release, or None (then there is nothing to compare).
 
     A folder named :func:`report_dir_name` is preferred; otherwise every shipped baseline's environment is read
-    (a GPU folder is named after its GPU, ``h200-torch2.11``, not after the device label)."""
+    (a GPU folder is named after its GPU, ``h200-torch2.11``, not after the device label). Raises ValueError,
+    naming the file, when a shipped baseline read on the way is not a complete report."""
     shipped = shipped_baselines()
     name = report_dir_name(device)
     ordered = sorted(shipped, key=lambda t: _parent_name(t) != name)
