@@ -1,12 +1,20 @@
 """The ``numcheck`` command line. Each subcommand lives in its own module under :mod:`reports`;
 this file only lists them. A subcommand module defines ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status)."""
+``run(args) -> int`` (the exit status).
+
+Every command works from any directory: before a subcommand is imported, Triton's interpreter is arranged where
+there is no CUDA (:func:`numcheck.impls.interpreter.arrange`), and the current directory is put at the end of
+``sys.path`` so that an impl named ``mymod:impl`` in the user's repository imports as it does under
+``python -m`` (at the end: an installed package of the same name wins)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from numcheck.impls import interpreter
 
 #: subcommand name -> module. Add a line here for a new subcommand.
 COMMANDS: dict[str, str] = {
@@ -22,6 +30,10 @@ COMMANDS: dict[str, str] = {
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numcheck`` console script."""
+    interpreter.arrange()  # before any subcommand can import triton
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
     parser = argparse.ArgumentParser(prog="numcheck", description="Verify linear+CE and FP8 linear kernels against float64 oracles.")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -6,25 +6,33 @@ Checks, each ✅ or ❌ with its key figure:
    included) loads and follows its protocol.
 2. **capability probes** — :func:`impls.capabilities.summary` on the device (informative: ❌ only if the
    probes themselves cannot run).
-3. **property suite** — the ci hypothesis profile of the impl-parametrized tests (``tests/test_properties.py``,
-   ``tests/test_fp8_impls.py``, ``tests/test_protocol_conformance.py``) in a pytest subprocess with the same
-   ``--impl`` flags; failures are listed with the repro command their message carries.
+3. **property suite** — the installed suite, exactly as a user runs it: ``python -m pytest --pyargs
+   numcheck.tests.suite --impl ...`` (:data:`SUITE_MODULES`; the plugin ``numcheck.tests.plugin`` gives it
+   ``--impl`` and its ``numcheck-ci`` hypothesis profile) in a subprocess in the current directory, so no checkout
+   is needed; pytest's progress is streamed to stderr line by line while it runs; failures are listed with the
+   repro command their message carries.
 4. **quick report** — the report grid (``--grid``, default quick) for the selected impls: every case passes both
    verdicts.
-5. **vs baseline** — that report compared with the committed baseline for this device
-   (``reports/<device>-torch<version>/report.json``) when there is one (:mod:`reports.report_compare`).
+5. **vs baseline** — that report compared (:mod:`reports.report_compare`) with ``--baseline BASE.json``, or
+   else with the baseline shipped in the package for this device and torch release
+   (:func:`reports.baselines.baseline_for`); without one it says "no baseline for this device" — information,
+   not a failure.
 6. **memory** — the memory table at the seed's shapes on ``meta`` (informative: ❌ only if the measurement
    itself breaks; an impl that cannot run on ``meta`` is listed with its reason).
 
-It prints a Markdown checklist (environment first) and exits 1 if any check fails.
+It prints a Markdown checklist (environment first) and exits 1 if any check fails, 2 on bad input (an unreadable
+or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import importlib.util
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,17 +40,18 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from numcheck.reports import report_compare, report_schema
+from numcheck.reports import baselines, report_compare, report_schema
 from numcheck.reports.report_grid import GRIDS
-from numcheck.reports.report_schema import REPO
+from numcheck.reports.report_schema import Traversable
 
-HELP = ("pre-merge checklist for a pull request: property suite (ci profile), quick report vs the committed "
-        "baseline, memory table, capability probes; Markdown on stdout, exit 1 if any check fails")
+HELP = ("pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
+        "baseline shipped for this device, memory table, capability probes; Markdown on stdout, exit 1 if any check "
+        "fails, 2 on bad input")
 
-#: The impl-parametrized test modules the property-suite check runs.
-PROPERTY_TESTS = ("tests/test_properties.py", "tests/test_fp8_impls.py", "tests/test_protocol_conformance.py")
+#: The installed suite the property-suite check runs, as ``pytest --pyargs`` names (the one list of it).
+SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 
 
 @dataclass
@@ -64,11 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="device (default cpu)")
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help="report grid (default quick)")
     p.add_argument("--baseline", type=Path, metavar="BASE.json",
-                   help="baseline report (default: the committed one for this device, if any)")
+                   help="baseline report (default: the one shipped with numcheck for this device and torch, if any)")
     p.add_argument("--factor", type=float, default=report_compare.DEFAULT_FACTOR, help="--compare factor (see numcheck report)")
     p.add_argument("--floor", type=float, default=report_compare.DEFAULT_FLOOR, help="--compare floor (see numcheck report)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="pytest-xdist workers for the property suite (default 1)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="also write the report (report.json, report.md) here")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="also write the report (report.json, report.md) here (a new folder, or one without a report)")
     p.add_argument("--skip-tests", action="store_true", help="leave out the property suite (the checklist says so)")
 
 
@@ -131,34 +141,67 @@ def _junit_failures(path: Path) -> tuple[dict[str, int], list[str]]:
     return counts, details
 
 
+def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
+    """The pytest command line of the property-suite check: the installed suite, the impls, JUnit XML out."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "-o", "junit_logging=no"]
+    for s in specs:
+        cmd += ["--impl", s]
+    if jobs > 1:
+        cmd += ["-n", str(jobs)]
+    return cmd
+
+
+def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
+    """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
+    only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
+    sink = sink if sink is not None else sys.stderr
+    chunks: list[str] = []
+    at_line_start = True
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = os.read(proc.stdout.fileno(), 4096)
+            text = decoder.decode(data, final=not data)
+            for piece in text.splitlines(keepends=True):
+                sink.write((prefix if at_line_start else "") + piece)
+                at_line_start = piece.endswith("\n")
+            sink.flush()
+            chunks.append(text)
+            if not data:
+                break
+    if not at_line_start:
+        sink.write("\n")
+    return proc.returncode, "".join(chunks).splitlines()
+
+
 def check_property_suite(specs: list[str], jobs: int) -> Check:
-    tests = [t for t in PROPERTY_TESTS if (REPO / t).exists()]
-    if not tests:
-        return Check("property suite (ci profile)", False, f"the test modules {PROPERTY_TESTS} are not in {REPO} "
-                     "(run premerge from a checkout of numcheck)")
+    title = "property suite (ci profile)"
+    missing = [m for m in SUITE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return Check(title, False, f"the installed numcheck has no suite module {', '.join(missing)} "
+                     f"(a broken install: reinstall numcheck)")
     with tempfile.TemporaryDirectory(prefix="numcheck-premerge-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-               "-o", "junit_logging=no"]
-        for s in specs:
-            cmd += ["--impl", s]
-        if jobs > 1:
-            cmd += ["-n", str(jobs)]
-        env = dict(os.environ, NUMCHECK_HYPOTHESIS_PROFILE="ci")
+        cmd = suite_command(specs, jobs, junit)
+        print(f"numcheck premerge: running the property suite: {shlex.join(cmd)}",
+              file=sys.stderr)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        rc, lines = stream(cmd, env=env)
         secs = time.monotonic() - t0
         if not junit.exists():
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-            return Check("property suite (ci profile)", False, f"pytest exited {proc.returncode} without results",
-                         [f"`{' '.join(cmd)}`"] + [f"    {t}" for t in tail])
+            tail = [t for t in lines if t.strip()][-5:]
+            return Check(title, False, f"pytest exited {rc} without results",
+                         [f"`{shlex.join(cmd)}`"] + [f"    {t}" for t in tail])
         counts, details = _junit_failures(junit)
-    ok = proc.returncode in (0, 5) and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
+    ok = rc in (0, 5) and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
     figure = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
               f"{counts['skipped']} skipped in {secs:.0f} s")
     if counts["passed"] == 0 and not details:
         figure += " — no test ran for these impls"
-    return Check("property suite (ci profile)", ok, figure, details)
+    return Check(title, ok, figure, details)
 
 
 def check_report(report: dict, grid: str) -> Check:
@@ -179,26 +222,37 @@ def check_report(report: dict, grid: str) -> Check:
     return Check("report", passed == n and n > 0, figure if n else figure + " — no case ran", details + not_run)
 
 
-def check_baseline(report: dict, baseline: Path | None, factor: float, floor: float, *, restricted: bool = False) -> Check:
-    """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run."""
+def check_baseline(report: dict, baseline: Path | Traversable | None, factor: float, floor: float, *,
+                   restricted: bool = False, label: str | None = None) -> Check:
+    """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run.
+    ``baseline`` None: there is none for this device, which is information, not a failure."""
+    title = "vs committed baseline"
     if baseline is None:
-        return Check("vs committed baseline", True, "no committed baseline for this device — nothing to compare")
+        env = report.get("environment", {})
+        return Check(title, True, f"no baseline for this device ({env.get('device', '?')}, torch "
+                     f"{env.get('torch', '?')}) — nothing to compare (information, not a failure)")
+    label = label or str(baseline)
     try:
         base = report_schema.load(baseline)
         if restricted:
             names = {i["name"] for i in report["impls"]}
             base = dict(base, impls=[i for i in base["impls"] if i["name"] in names],
                         cases=[c for c in base["cases"] if c["impl"] in names])
-        diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=str(baseline))
+        diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=label)
     except ValueError as exc:
-        return Check("vs committed baseline", False, str(exc))
+        return Check(title, False, str(exc))
     regs = diff.regressions
-    rel = os.path.relpath(baseline, REPO) if baseline.is_absolute() else str(baseline)
-    figure = (f"{len(regs)} regression(s) against {rel} (factor {factor:g}, floor {floor:g}); "
+    figure = (f"{len(regs)} regression(s) against {label} (factor {factor:g}, floor {floor:g}); "
               f"{len(diff.of('improvement'))} improvement(s), {len(diff.of('note'))} note(s)")
     details = [f"`{f.impl}` `{f.case}` {f.output}: {f.message}" for f in regs]
     details += [f"note: `{f.impl}`: {f.message}" for f in diff.of("note")][:10]
-    return Check("vs committed baseline", not regs, figure, details)
+    return Check(title, not regs, figure, details)
+
+
+def shipped_label(resource: Traversable) -> str:
+    """How the checklist names a shipped baseline: ``the shipped baseline cpu-torch2.13.0/report.json``."""
+    p = Path(str(resource))
+    return f"the shipped baseline {p.parent.name}/{p.name}"
 
 
 def check_memory(report: dict) -> Check:
@@ -241,9 +295,18 @@ def render(env: dict, specs: list[str], checks: list[Check]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from numcheck.impls.registry import discover
-    from numcheck.reports.report import build_report, default_out_dir, committed_baseline, write_report
+    from numcheck.reports.report import build_report, check_writable_here, write_report
 
     t0 = time.monotonic()
+    try:  # bad input first, before minutes of work
+        if args.baseline is not None:
+            report_schema.load(args.baseline)
+        if args.out is not None:
+            check_writable_here(args.out, force=False)
+    except ValueError as exc:
+        print(f"numcheck premerge: {exc}", file=sys.stderr)
+        print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+        return 2
     specs = list(args.impl)
     entries = discover(specs)
     env = report_schema.environment(args.device)
@@ -251,22 +314,30 @@ def run(args: argparse.Namespace) -> int:
     if args.skip_tests:
         checks.append(Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"))
     else:
-        print("numcheck premerge: running the property suite (ci profile)…", file=sys.stderr)
         checks.append(check_property_suite(specs, args.jobs))
     print(f"numcheck premerge: running the {args.grid} report…", file=sys.stderr)
     report = build_report(GRIDS[args.grid], specs, args.device, progress=True)
     checks.append(check_report(report, args.grid))
-    baseline = args.baseline if args.baseline is not None else committed_baseline(default_out_dir(args.device))
-    checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs)))
+    if args.baseline is not None:
+        baseline, label = args.baseline, str(args.baseline)
+    else:
+        try:
+            baseline = baselines.baseline_for(args.device)
+        except ValueError as exc:  # a shipped baseline that does not load: a broken install, said as such
+            baseline = None
+            checks.append(Check("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
+        label = shipped_label(baseline) if baseline is not None else None
+    if not any(c.title == "vs committed baseline" for c in checks):
+        checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
     checks.append(check_memory(report))
     if args.out is not None:
-        if committed_baseline(args.out) is not None:
-            print(f"numcheck premerge: --out {args.out} holds a committed baseline; not writing there", file=sys.stderr)
-        else:
-            try:
-                write_report(report, args.out, plots=True)
-            except OSError as exc:
-                print(f"numcheck premerge: could not write the report to {args.out}: {exc}", file=sys.stderr)
+        try:
+            write_report(report, args.out, plots=True)
+            print(f"numcheck premerge: report written to {args.out}", file=sys.stderr)
+        except OSError as exc:
+            print(f"numcheck premerge: could not write the report to {args.out}: {exc}", file=sys.stderr)
     print(render(env, specs, checks))
-    print(f"numcheck premerge: {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    return 0 if all(c.ok for c in checks) else 1
+    failed = [c.title for c in checks if not c.ok]
+    print(f"numcheck premerge: {time.monotonic() - t0:.0f} s; "
+          + (f"FAIL (exit 1): {', '.join(failed)}" if failed else "PASS (exit 0): every check passes"), file=sys.stderr)
+    return 1 if failed else 0

@@ -1,16 +1,25 @@
 """``numcheck report``: sweep every registered impl over the report grid and write the tolerance report.
 
-Output directory (``--out``, default ``reports/<device>-torch<version>/`` of this checkout, e.g.
-``reports/cpu-torch2.13.0/``) holds ``report.json`` (:mod:`reports.report_schema`), ``report.md``
-(:mod:`reports.report_md`) and PNG plots (:mod:`reports.plots`). The directory is written atomically: built in
-a temporary sibling and renamed into place, so a crash never leaves half a report.
+Where it writes. By default ``./numcheck-report/<device>-torch<version>/`` under the current directory (e.g.
+``./numcheck-report/cpu-torch2.13.0/``), or ``--out DIR``; never into the installed package (refused, exit 2).
+The folder holds ``report.json`` (:mod:`reports.report_schema`), ``report.md`` (:mod:`reports.report_md`) and PNG
+plots (:mod:`reports.plots`); it is written atomically (built in a temporary sibling and renamed into place, so a
+crash never leaves half a report). A folder that already holds a report is not replaced unless ``--force`` is
+given: the command says so and exits 2.
 
-A ``report.json`` tracked by git is a *committed baseline*: it is never overwritten unless
-``--update-baseline`` (alias ``--force``) is given. When the default directory holds one, the new report goes to
-``build/numcheck-report/<device>-torch<version>/`` instead (git-ignored), and the command says so.
+Baselines. The committed baselines ``reports/<device>-torch<version>/report.json`` ship as package data
+(:mod:`reports.baselines`); a user's baseline is a path (``--compare BASE.json``). Maintainers regenerate a
+committed baseline with ``--update-baseline``, which writes into the checkout's ``reports/`` folder and is refused
+by an installed numcheck.
 
-``--compare BASE.json`` lists regressions against a baseline (:mod:`reports.report_compare`) and exits 1 if there
-are any; with ``--current NEW.json`` it compares two existing reports without running anything.
+``--compare BASE.json`` lists regressions against a baseline (:mod:`reports.report_compare`); with ``--current
+NEW.json`` it compares two existing reports without running anything.
+
+Exit status: 0 when every declared case of every impl passes; 1 when a case fails or raises, an impl is broken
+(fails to load or breaks the protocol), or ``--compare`` finds a regression; 2 on bad input (an unreadable,
+corrupt or incomplete report or baseline — the message names the file and what is missing —, an output folder
+that would be overwritten or lies inside the package). An impl merely unavailable here (its declared requirement
+unmet, e.g. cut-cross-entropy without CUDA) is listed, not a failure. The last line says which.
 """
 
 from __future__ import annotations
@@ -18,22 +27,24 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from numcheck.reports import report_compare, report_schema
+from numcheck.reports import baselines, report_compare, report_schema
 from numcheck.reports.report_grid import GRIDS, GridSpec
-from numcheck.reports.report_schema import REPO, SCHEMA, device_label, torch_release
+from numcheck.reports.report_schema import SCHEMA
 
 HELP = ("sweep every impl over a documented grid and write report.json, report.md and plots under "
-        "reports/<device>-torch<version>/ (--quick: the small grid; --compare BASE.json: list regressions)")
+        "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
+        "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input")
 
 #: Max chunks of the accumulation comparison per grid.
 ACCUMULATION_CHUNKS = {"quick": 64, "full": 256, "smoke": 8}
+#: The folder under the current directory that ``numcheck report`` writes into by default.
+DEFAULT_ROOT = "numcheck-report"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,9 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quick", action="store_const", const="quick", dest="grid",
                    help="the quick grid (at most 3 minutes on a 2-core CPU)")
     g.add_argument("--grid", choices=sorted(GRIDS), help="grid preset: full (default), quick, or smoke (tiny, for tests)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default reports/<device>-torch<version>/)")
-    p.add_argument("--update-baseline", "--force", action="store_true", dest="force",
-                   help="allow replacing a committed baseline report")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/ under the current directory)")
+    p.add_argument("--force", action="store_true", help="replace a report already in the output directory")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="maintainers, in numcheck's checkout: write the committed baseline reports/<device>-torch<version>/ "
+                        "(refused by an installed numcheck)")
     p.add_argument("--compare", type=Path, metavar="BASE.json", help="list regressions against this report; exit 1 if any")
     p.add_argument("--current", type=Path, metavar="NEW.json",
                    help="with --compare: compare this existing report instead of running a new one")
@@ -62,44 +76,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def default_out_dir(device: str) -> Path:
-    """``reports/<device label>-torch<release>/`` of this checkout."""
-    return REPO / "reports" / f"{device_label(device)}-torch{torch_release()}"
+    """``./numcheck-report/<device label>-torch<release>/`` under the current directory."""
+    return Path.cwd() / DEFAULT_ROOT / baselines.report_dir_name(device)
 
 
-def committed_baseline(path: Path) -> Path | None:
-    """``path``'s committed baseline report (``path/report.json`` tracked by git), if it exists there."""
-    rj = path / "report.json"
-    if not rj.exists():
-        return None
-    try:
-        r = subprocess.run(["git", "-C", str(path), "ls-files", "--error-unmatch", "report.json"],
-                           capture_output=True, text=True, timeout=20)
-        return rj if r.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        # No git: a report inside the package's reports/ folder is taken to be a committed one.
-        return rj if (REPO / "reports") in path.resolve().parents else None
+def check_writable_here(out: Path, *, force: bool, baseline: bool = False) -> None:
+    """Raise ValueError when ``out`` must not be written: inside the installed package (unless ``baseline``, the
+    checkout's baseline folder), holding a report already (unless ``force``), or a folder that is no report."""
+    pkg = baselines.inside_package(out)
+    if pkg is not None and not baseline:
+        raise ValueError(f"{out} lies inside numcheck's package folder {pkg}; a report is never written into the "
+                         f"package (choose another --out; maintainers regenerate a committed baseline with "
+                         f"--update-baseline from a checkout)")
+    if (out / "report.json").exists() and not (force or baseline):
+        raise ValueError(f"{out} already holds a report ({out / 'report.json'}); pass --force to replace it, or "
+                         f"choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (out / "report.json").exists():
+        raise ValueError(f"{out} exists and is not a numcheck report directory (no report.json); refusing to "
+                         f"write into it")
 
 
 def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
     """Where to write, and a message when the choice needs explaining. Raises ValueError when refused."""
-    if args.out is not None:
-        out = args.out
-        base = committed_baseline(out)
-        if base is not None and not args.force:
-            raise ValueError(f"--out {out} holds the committed baseline {base}; pass --update-baseline to replace it, "
-                             "or choose another --out")
-        if out.exists() and any(out.iterdir()) and not (out / "report.json").exists():
-            raise ValueError(f"--out {out} exists and is not a numcheck report directory (no report.json); "
-                             "refusing to replace it")
-        return out, ""
-    out = default_out_dir(args.device)
-    base = committed_baseline(out)
-    if base is None or args.force:
-        return out, ("replacing the committed baseline " + str(base)) if base else ""
-    alt = REPO / "build" / "numcheck-report" / out.name
-    return alt, (f"{base} is the committed baseline for this device; writing to {alt} instead "
-                 f"(--update-baseline replaces the baseline; compare with: numcheck report --compare {base} "
-                 f"--current {alt / 'report.json'})")
+    if getattr(args, "update_baseline", False):
+        if args.out is not None:
+            raise ValueError("--update-baseline writes the checkout's reports/<device>-torch<version>/; "
+                             "it takes no --out")
+        out = baselines.baseline_dir_to_update(args.device)
+        check_writable_here(out, force=True, baseline=True)
+        return out, f"updating the committed baseline {out}" + (" (new)" if not out.exists() else "")
+    out = args.out if args.out is not None else default_out_dir(args.device)
+    check_writable_here(out, force=args.force)
+    return out, ("replacing the report in " + str(out)) if (out / "report.json").exists() else ""
 
 
 #: The files a report writes into its directory. Rewriting a report replaces or removes these (a stale plot
@@ -243,42 +253,94 @@ def print_summary(report: dict, out: Path | None) -> None:
             print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")
 
 
+def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
+    """The exit status of a report (module docstring) and the last line that says why.
+
+    1 when a case fails or raises, an impl is broken, or there are ``regressions``; else 0. Impls unavailable
+    here are named in the line as not a failure."""
+    from numcheck.reports.report_md import impl_overview
+
+    rows = impl_overview(report)
+    ran = [r for r in rows if r["status"] == "ran"]
+    failing = [r for r in ran if r["fail"] or r["error"]]
+    broken = [r["name"] for r in rows if r["status"] == "broken"]
+    unavailable = [r["name"] for r in rows if r["status"] == "unavailable"]
+    n, ok = sum(r["n"] for r in ran), sum(r["pass"] for r in ran)
+    problems = []
+    if failing:
+        problems.append(f"{n - ok} of {n} case(s) fail or raise in {len(failing)} impl(s) "
+                        f"({', '.join(r['name'] for r in failing)})")
+    if broken:
+        problems.append(f"{len(broken)} impl(s) broken — fail to load or break the protocol ({', '.join(broken)})")
+    if regressions:
+        problems.append(f"{regressions} regression(s) against the baseline")
+    tail = (f"; {len(unavailable)} impl(s) unavailable here, listed above, not a failure ({', '.join(unavailable)})"
+            if unavailable else "")
+    if problems:
+        return 1, "numcheck report: FAIL (exit 1) — " + "; ".join(problems) + tail
+    if not n:
+        return 0, f"numcheck report: PASS (exit 0) — no case ran: nothing was checked here{tail}"
+    return 0, f"numcheck report: PASS (exit 0) — all {n} case(s) of {len(ran)} impl(s) pass both verdicts{tail}"
+
+
 def render(path: Path, out: Path | None, *, plots: bool = True) -> int:
-    """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``."""
+    """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``.
+
+    Exit 0 once written (rendering judges nothing; the summary says what the report holds), 2 when the JSON is
+    not a complete report or the destination is inside an installed package."""
     try:
         report = report_schema.load(path)
+        dest = out if out is not None else path.parent
+        if baselines.inside_package(dest) is not None and baselines.checkout_root() is None:
+            raise ValueError(f"{dest} lies inside the installed package; pass --out DIR to render elsewhere")
     except (OSError, ValueError) as exc:
-        print(f"numcheck report --render: {path}: {exc}", file=sys.stderr)
+        print(f"numcheck report --render: {exc}", file=sys.stderr)
         return 2
-    dest = out if out is not None else path.parent
     write_report(report, dest, plots=plots)
     print_summary(report, dest)
     return 0
 
 
+class _BadInput(Exception):
+    """Bad input to ``numcheck report``: printed as one line, exit 2."""
+
+
+def _load_or_exit(path: Path) -> dict:
+    """The report at ``path``, or :class:`_BadInput` naming the file and what is wrong with it."""
+    try:
+        return report_schema.load(path)
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except _BadInput as exc:
+        print(f"numcheck report: {exc}", file=sys.stderr)
+        print("numcheck report: bad input (exit 2) — nothing was run", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     spec = GRIDS[args.grid or "full"]
     if args.render is not None:
         return render(args.render, args.out, plots=not args.no_plots)
+    if not (args.factor >= 1.0 and args.floor >= 0.0):
+        raise _BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
     if args.current is not None:
         if args.compare is None:
-            print("numcheck report: --current needs --compare BASE.json", file=sys.stderr)
-            return 2
-        try:
-            base, new = report_schema.load(args.compare), report_schema.load(args.current)
-            diff = report_compare.compare_reports(base, new, factor=args.factor, floor=args.floor,
-                                                  base_label=str(args.compare))
-        except ValueError as exc:
-            print(f"numcheck report: {exc}", file=sys.stderr)
-            return 2
+            raise _BadInput("--current needs --compare BASE.json")
+        base, new = _load_or_exit(args.compare), _load_or_exit(args.current)
+        diff = report_compare.compare_reports(base, new, factor=args.factor, floor=args.floor,
+                                              base_label=str(args.compare))
         print(report_compare.to_markdown(diff))
         return 1 if diff.regressions else 0
+    base = _load_or_exit(args.compare) if args.compare is not None else None
     try:
         out, message = resolve_out_dir(args)
-        base = report_schema.load(args.compare) if args.compare is not None else None
     except ValueError as exc:
-        print(f"numcheck report: {exc}", file=sys.stderr)
-        return 2
+        raise _BadInput(str(exc)) from None
     if message:
         print(f"numcheck report: {message}", file=sys.stderr)
     report = build_report(spec, list(args.impl), args.device, progress=not args.no_progress)
@@ -292,4 +354,6 @@ def run(args: argparse.Namespace) -> int:
     print_summary(report, out)
     if comparison_md:
         print(comparison_md)
-    return 1 if regressions else 0
+    status, line = verdict(report, regressions)
+    print(line)
+    return status

@@ -105,7 +105,8 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
         judgements = sorted({j for _, o in items for j in o["verdicts"]})
         worst_c, worst_o = max(items, key=lambda it: it[1]["ratio_hard"])
         row = {"impl": impl, "recipe": recipe, "mode": mode, "output": out, "n": len(items),
-               "passes": {j: sum(1 for _, o in items if o["verdicts"].get(j, True)) for j in judgements},
+               # An output not judged on j (relative, where declared less accurate) is neither a pass nor a fail of j.
+               "passes": {j: sum(1 for _, o in items if o["verdicts"].get(j) is True) for j in judgements},
                "judged": {j: sum(1 for _, o in items if j in o["verdicts"]) for j in judgements},
                "worst": worst_o["ratio_hard"], "worst_case": worst_c["label"],
                "median": _median(o["ratio_hard"] for _, o in items),
@@ -124,6 +125,11 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: (impl_rank.get(r["impl"], 0), r["recipe"], r["mode"],
                              order.index(r["output"]) if r["output"] in order else 99))
     return rows
+
+
+def all_judged_pass(row: dict[str, Any]) -> bool:
+    """Whether every judged output of an :func:`output_summary` row passes every judgement made on it."""
+    return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
 
 
 def failures(report: dict) -> list[dict]:
@@ -189,8 +195,7 @@ def _summary_tables(report: dict) -> list[str]:
         for r in lin:
             a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
             rel = f"{r['passes'].get('relative', 0)}/{r['judged'].get('relative', 0)}" if r["judged"].get("relative") else "not judged"
-            flag = "" if r["passes"].get("analytic", 0) == r["judged"].get("analytic", 0) and \
-                r["passes"].get("relative", 0) == r["judged"].get("relative", 0) else " ❌"
+            flag = "" if all_judged_pass(r) else " ❌"
             out.append(f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {rel} | {_g(r['worst'])} | "
                        f"{_g(r['median'])} | {_g(r['median_expected'])} | {_g(r['max_ulp'])} | {_g(r['rmse_vs_eager'])} | "
                        f"`{r['worst_case']}` |")
@@ -208,7 +213,7 @@ def _summary_tables(report: dict) -> list[str]:
         for r in q:
             acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
             tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            flag = "" if acc.split("/")[0] == acc.split("/")[1] and tot.split("/")[0] == tot.split("/")[1] else " ❌"
+            flag = "" if all_judged_pass(r) else " ❌"
             out.append(f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
                        f"{_g(r['worst'])} | {_g(r['median_dq'])} | {_g(r['median_true'])} | {_g(r['median_expected'])} | "
                        f"{_g(r['sqnr_db'])} | {_g(r['rel_fro_true'])} |")
@@ -308,11 +313,16 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
     if plots:
         captions = {
             "error_vs_length.png": "Linear+CE error/bound against each output's reduction length (grad_x: V; "
-                                   "grad_weight, reduced loss: N). Filled: hard bound; hollow: expected level. The line "
-                                   "at 1 is the bound.",
+                                   "grad_weight, reduced loss: N), one panel per output and dtype. Each impl has its own "
+                                   "colour (shades of one colour per family, e.g. every `chunked[...]` green) and marker. "
+                                   "Filled marks on solid lines: the hard bound (the verdict); hollow marks on dashed "
+                                   "lines: the expected level. The black line at 1 is the bound.",
             "fp8_error_vs_length.png": "FP8 error/bound against each output's reduction length (y: K, dgrad: N, "
-                                       "wgrad: M). Filled: against the dequantized operands; hollow: against the originals.",
-            "ratio_distribution.png": "Distribution of error/bound (hard) over every case and output, per impl.",
+                                       "wgrad: M). Filled, solid: against the dequantized operands; hollow, dashed: "
+                                       "against the originals.",
+            "ratio_distribution.png": "Distribution of error/bound (hard) per impl over the grid's cases, one panel per "
+                                      "dtype (rows) and output (columns); box: quartiles, whiskers: min to max, red "
+                                      "line: the bound.",
             "accumulation.png": "Relative Frobenius error of the grad_weight accumulation paths against the number of chunks.",
         }
         for p in plots:

@@ -37,11 +37,17 @@ import math
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
+
+if sys.version_info >= (3, 11):
+    from importlib.resources.abc import Traversable
+else:  # Python 3.10
+    from importlib.abc import Traversable
 
 from numcheck.reports.report_grid import reduction_length
 
@@ -97,23 +103,71 @@ def dumps(report: dict) -> str:
     return head[:-2] + ',\n "cases": [\n' + body + "\n ]\n}\n"
 
 
-def load(path: str | os.PathLike) -> dict:
-    """Read a report, checking its schema; raises ValueError naming the file when it is not one."""
-    p = Path(path)
+#: What every report (and so every baseline) must hold, per part: the keys :mod:`reports.report_compare`,
+#: :mod:`reports.versions` and the premerge checklist read. A file lacking one is refused by :func:`load`, by name.
+REQUIRED_IMPL_KEYS: tuple[str, ...] = ("name", "status")
+REQUIRED_CASE_KEYS: tuple[str, ...] = ("impl", "case", "label", "status", "verdicts")
+IMPL_STATUSES: frozenset[str] = frozenset({"ran", "unavailable", "broken"})
+CASE_STATUSES: frozenset[str] = frozenset({"pass", "fail", "error"})
+
+
+def _where(i: int, part: str, item: Any) -> str:
+    named = item.get("name") or item.get("label") or item.get("case") if isinstance(item, dict) else None
+    return f"{part}[{i}]" + (f" ({named})" if isinstance(named, str) and named else "")
+
+
+def validate(data: Any, source: str) -> None:
+    """Raise ValueError naming ``source`` and the first thing missing or malformed in the report ``data``.
+
+    Checks the schema tag, the ``environment``/``impls``/``cases`` sections, and in every impl entry and case
+    record the keys of :data:`REQUIRED_IMPL_KEYS` / :data:`REQUIRED_CASE_KEYS` with values of the right kind.
+    """
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not isinstance(schema, str) or not schema.startswith("numcheck-report/"):
+        raise ValueError(f"{source!r} is not a numcheck report (schema {schema!r}, expected {SCHEMA!r})")
+    if schema.split("/")[1].split(".")[0] != SCHEMA.split("/")[1]:
+        raise ValueError(f"{source!r} has schema {schema!r}; this numcheck reads {SCHEMA!r}")
+    for key, kind in (("environment", dict), ("impls", list), ("cases", list)):
+        if key not in data:
+            raise ValueError(f"{source!r} lacks the {key!r} section of schema {SCHEMA}")
+        if not isinstance(data[key], kind):
+            raise ValueError(f"{source!r}: {key!r} must be a JSON {'object' if kind is dict else 'array'}, "
+                             f"got {type(data[key]).__name__}")
+    for part, required, statuses in (("impls", REQUIRED_IMPL_KEYS, IMPL_STATUSES),
+                                     ("cases", REQUIRED_CASE_KEYS, CASE_STATUSES)):
+        for i, item in enumerate(data[part]):
+            where = _where(i, part, item)
+            if not isinstance(item, dict):
+                raise ValueError(f"{source!r}: {where} must be a JSON object, got {type(item).__name__}")
+            missing = [k for k in required if k not in item]
+            if missing:
+                raise ValueError(f"{source!r}: {where} lacks the key(s) {', '.join(map(repr, missing))} "
+                                 f"(every entry of {part!r} in schema {SCHEMA} has {', '.join(required)})")
+            if item["status"] not in statuses:
+                raise ValueError(f"{source!r}: {where} has status {item['status']!r}; expected one of {sorted(statuses)}")
+            if part == "cases":
+                if not isinstance(item["verdicts"], dict):
+                    raise ValueError(f"{source!r}: {where}: 'verdicts' must be an object of judgement -> bool")
+                outputs = item.get("outputs", {})
+                if not isinstance(outputs, dict) or not all(isinstance(o, dict) and "ratio_hard" in o
+                                                            for o in outputs.values()):
+                    raise ValueError(f"{source!r}: {where}: 'outputs' must map each output to an object with "
+                                     f"'ratio_hard'")
+
+
+def load(path: str | os.PathLike | Traversable) -> dict:
+    """Read a report (a path, or a packaged resource), checking it with :func:`validate`; raises ValueError naming
+    the file and what is wrong when it is not a complete report."""
+    p = path if isinstance(path, Traversable) and not isinstance(path, Path) else Path(path)
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         raise ValueError(f"report file {str(p)!r} does not exist") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"report file {str(p)!r} is not JSON: {exc}") from None
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if not isinstance(schema, str) or not schema.startswith("numcheck-report/"):
-        raise ValueError(f"{str(p)!r} is not a numcheck report (schema {schema!r}, expected {SCHEMA!r})")
-    if schema.split("/")[1].split(".")[0] != SCHEMA.split("/")[1]:
-        raise ValueError(f"{str(p)!r} has schema {schema!r}; this numcheck reads {SCHEMA!r}")
-    for key in ("environment", "impls", "cases"):
-        if key not in data:
-            raise ValueError(f"{str(p)!r} lacks the {key!r} section of schema {SCHEMA}")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"report file {str(p)!r} cannot be read: {exc}") from None
+    validate(data, str(p))
     return _decode(data)
 
 

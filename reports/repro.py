@@ -20,8 +20,9 @@ HELP = "rerun one property on one case for one impl: numcheck repro --impl NAME 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", required=True, metavar="NAME",
-                   help="impl name (built-in, or loaded through NUMCHECK_IMPLS / entry points) or package.module:attr")
+    p.add_argument("--impl", required=True, metavar="NAME|SPEC",
+                   help="package.module:attr (imported with the current directory on the path), or an impl name "
+                        "(built-in, or loaded through NUMCHECK_IMPLS / entry points)")
     p.add_argument("--property", required=True, metavar="PROP",
                    help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]")
     p.add_argument("--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure")
@@ -44,26 +45,32 @@ def parse_case(text: str) -> Any:
 
 
 def find_impl(name: str) -> Any:
-    """The loaded impl called ``name`` (or loaded from the spec ``name``); ValueError saying what was found."""
+    """The impl named ``name``: a ``module:attr`` spec (loaded as ``--impl`` loads it, the current directory on
+    the path), a built-in, or one loaded through ``NUMCHECK_IMPLS`` / entry points. ValueError saying what was
+    found otherwise, including why a ``NUMCHECK_IMPLS`` spec that should have provided it failed to load."""
     from numcheck.impls.registry import BrokenImpl, discover
 
+    if ":" in name:
+        loaded = discover([name])
+        good = [e for e in loaded if not isinstance(e, BrokenImpl)]
+        bad = [e for e in loaded if isinstance(e, BrokenImpl)]
+        if bad:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {bad[0].error}")
+        if len(good) == 1:
+            return good[0].impl
+        raise ValueError(f"impl spec {name!r} yields {len(good)} impls ({[e.name for e in good]}); rerun with "
+                         f"NUMCHECK_IMPLS={name} and --impl NAME, one of them")
     entries = discover()
     for e in entries:
         if e.name == name:
             if isinstance(e, BrokenImpl):
                 raise ValueError(f"impl {name!r} could not be loaded ({e.origin}): {e.error}")
             return e.impl
-    if ":" in name:
-        loaded = discover([name])
-        good = [e for e in loaded if not isinstance(e, BrokenImpl)]
-        if len(good) == 1:
-            return good[0].impl
-        bad = [e for e in loaded if isinstance(e, BrokenImpl)]
-        if bad:
-            raise ValueError(f"impl spec {name!r} could not be loaded: {bad[0].error}")
-        raise ValueError(f"impl spec {name!r} yields {len(good)} impls; name one of {[e.name for e in good]}")
-    names = sorted(e.name for e in entries)
-    raise ValueError(f"no impl named {name!r}; loaded: {names} (outside impls: set NUMCHECK_IMPLS=module:attr)")
+    names = sorted(e.name for e in entries if not isinstance(e, BrokenImpl))
+    broken = [f"{e.spec!r} ({e.origin}): {e.error}" for e in entries if isinstance(e, BrokenImpl)]
+    hint = (f"; these specs failed to load, one may be it: {'; '.join(broken)}" if broken
+            else " (an outside impl: --impl module:attr, or NUMCHECK_IMPLS=module:attr)")
+    raise ValueError(f"no impl named {name!r}; loaded: {names}{hint}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``numcheck report``: the grid, the schema, the Markdown and plots, atomic writes and baseline protection,
+"""``numcheck report``: the grid, the schema, the Markdown and plots, atomic writes and overwrite protection,
 and ``--compare`` catching an injected regression (an impl switched to bf16 grad_weight accumulation while
 still declaring fp32).
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -288,43 +287,31 @@ def test_atomic_write_replaces_its_files_or_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"], "a temporary directory was left behind"
 
 
-def _git_repo_with_baseline(root: Path) -> Path:
-    out = root / "reports" / "cpu-torchX"
-    out.mkdir(parents=True)
-    (out / "report.json").write_text("{}")
-    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "b"]):
-        subprocess.run(["git", "-C", str(root), *cmd], check=True, capture_output=True)
-    return out
-
-
-def test_committed_baseline_is_never_overwritten_unless_asked(tmp_path, monkeypatch):
-    """A git-tracked report.json is refused as --out without --update-baseline; by default the report goes to build/."""
+def test_existing_reports_and_foreign_folders_are_not_overwritten(tmp_path):
+    """An --out holding a report is refused without --force; a folder that is no report is refused always."""
     import argparse
 
-    from numcheck.reports import report as report_mod
-
-    out = _git_repo_with_baseline(tmp_path)
-    ns = dict(device="cpu", force=False)
-    with pytest.raises(ValueError, match="committed baseline"):
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    ns = dict(device="cpu", force=False, update_baseline=False)
+    with pytest.raises(ValueError, match="already holds a report.*--force"):
         resolve_out_dir(argparse.Namespace(out=out, **ns))
     assert resolve_out_dir(argparse.Namespace(out=out, **{**ns, "force": True}))[0] == out
-    monkeypatch.setattr(report_mod, "default_out_dir", lambda device: out)
-    monkeypatch.setattr(report_mod, "REPO", tmp_path)
-    where, message = resolve_out_dir(argparse.Namespace(out=None, **ns))
-    assert where == tmp_path / "build" / "numcheck-report" / out.name and "committed baseline" in message
     rc = cli.main(["report", "--grid", "smoke", "--impl", "eager", "--out", str(out), "--no-progress"])
     assert rc == 2 and (out / "report.json").read_text() == "{}"
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("keep")
     with pytest.raises(ValueError, match="not a numcheck report directory"):
-        resolve_out_dir(argparse.Namespace(out=other, **ns))
+        resolve_out_dir(argparse.Namespace(out=other, **{**ns, "force": True}))
 
 
 def test_schema_roundtrip_and_bad_files(tmp_path):
     """Non-finite floats survive a round trip as strict JSON; a file that is not a report is refused by name."""
     rep = {"schema": report_schema.SCHEMA, "environment": {}, "impls": [],
-           "cases": [{"outputs": {"loss": {"ratio_hard": math.inf, "max_abs": math.nan}}, "label": "inf"}]}
+           "cases": [{"impl": "i", "case": "P()", "status": "error", "verdicts": {},
+                      "outputs": {"loss": {"ratio_hard": math.inf, "max_abs": math.nan}}, "label": "inf"}]}
     p = tmp_path / "r.json"
     p.write_text(report_schema.dumps(rep))
     back = report_schema.load(p)
