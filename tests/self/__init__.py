@@ -1,0 +1,1 @@
+"""numcheck's tests of itself (not shipped): the layering, the registry, the reports, the oracles."""
