@@ -69,7 +69,6 @@ from typing import Any, Callable
 import torch
 
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from numcheck.impls.registry import builtin_factory
 
 NOT_INSTALLED = "cut-cross-entropy is not installed"
 #: The release whose source the declarations were read from.
@@ -391,7 +390,6 @@ def build_impl(variant: Variant, info: CCEInfo | str | None = None, *, kernel_re
     return FunctionImpl(name=variant.name, fn=fn, support=support, description=_describe(info, variant, notes, kernel_reason))
 
 
-@builtin_factory
 def cce_impls() -> list[FunctionImpl]:
     """Every :data:`VARIANTS` entry (unavailable, with the reason, when cut-cross-entropy is absent)."""
     return [build_impl(v) for v in VARIANTS]

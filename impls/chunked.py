@@ -46,7 +46,6 @@ import torch
 from numcheck.impls import grad_accum
 from numcheck.impls.ce_block import CEKernel, Coefficients, RowStats, ce_block_, reduction_coefficients, row_weights
 from numcheck.impls.protocol import FLOAT_DTYPES, LinearCESupport
-from numcheck.impls.registry import builtin_factory
 from numcheck.reference.options import CEOptions, options_from_kwargs
 
 DEFAULT_CHUNK_ROWS = 2048
@@ -314,7 +313,6 @@ def chunked(path: str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinear
     )
 
 
-@builtin_factory
 def chunked_impls() -> list[ChunkedLinearCE]:
     """``chunked[addmm_out_dtype]``, ``chunked[fallback]``, ``chunked[fp32_operands]``, ``chunked[lowp_accum]``."""
     return [chunked(p) for p in ("addmm_out_dtype", "fallback", "fp32_operands", "lowp_accum")]

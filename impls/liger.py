@@ -47,7 +47,6 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from numcheck.impls.registry import builtin_factory
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.
 OPTION_PARAMS: dict[str, str] = {
@@ -319,7 +318,6 @@ def build_impl(name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str
     return FunctionImpl(name=name, fn=fn, support=support, description=desc)
 
 
-@builtin_factory
 def liger_impls() -> list[FunctionImpl]:
     """``liger[accum=None]`` and ``liger[accum=fp32]`` (unavailable, with the reason, when Liger is absent)."""
     return [build_impl(name, acc) for name, acc in VARIANTS.items()]

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 
 from numcheck.impls import capabilities
 from numcheck.impls.quant_protocol import DelayedScalingState, QuantizedTensor, QuantLinearSupport
-from numcheck.impls.registry import builtin_factory
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 
@@ -383,7 +382,6 @@ _DESCRIPTIONS = {
 }
 
 
-@builtin_factory
 def quant_linear_impls() -> list[Fp8Linear]:
     """One built-in per recipe kind, each declaring that kind's standard variants."""
     out = []

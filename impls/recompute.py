@@ -25,7 +25,6 @@ import torch
 from numcheck.impls import grad_accum
 from numcheck.impls.ce_block import RowStats, reduction_coefficients, row_weights
 from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, ChunkedLinearCE, Plan, autocast_off, operands, reduce_rows, sweep
-from numcheck.impls.registry import builtin_factory
 
 
 class RecomputeFunction(torch.autograd.Function):
@@ -78,7 +77,6 @@ def recompute(*, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
     )
 
 
-@builtin_factory
 def recompute_impls() -> list[ChunkedLinearCE]:
     """``recompute``."""
     return [recompute()]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
+from numcheck.impls.builtin import FACTORIES
 from numcheck.impls.protocol import validate_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
@@ -62,23 +63,12 @@ class BrokenImpl:
         return self.spec
 
 
-_BUILTIN_FACTORIES: list[Callable[[], Iterable[Any]]] = []
-
-
-def builtin_factory(fn: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[Any]]:
-    """Register a function that yields built-in impls (called lazily, once per :func:`builtin_impls`)."""
-    _BUILTIN_FACTORIES.append(fn)
-    return fn
-
-
-def _import_builtin_modules() -> None:
-    # Importing these modules runs their @builtin_factory decorators. Listed here, in one place.
-    import numcheck.impls.builtin  # noqa: F401
+#: The factories of the built-in impls (:data:`impls.builtin.FACTORIES`), each called once per :func:`builtin_impls`.
+_BUILTIN_FACTORIES: Sequence[Callable[[], Iterable[Any]]] = FACTORIES
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:
-    """Every built-in impl, in registration order."""
-    _import_builtin_modules()
+    """Every built-in impl, in the order of :data:`impls.builtin.FACTORIES`."""
     out: list[ImplEntry | BrokenImpl] = []
     for factory in _BUILTIN_FACTORIES:
         label = f"{factory.__module__}.{factory.__name__}"

@@ -49,7 +49,6 @@ import torch.nn.functional as F
 
 from numcheck.impls import capabilities
 from numcheck.impls.protocol import FunctionImpl, make_support
-from numcheck.impls.registry import builtin_factory
 
 ACC_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact", "auto")
 _FALLBACK_MARKER = "``options`` ignored"
@@ -153,7 +152,6 @@ def chunked(policy: str) -> Callable[..., torch.Tensor]:
     return call
 
 
-@builtin_factory
 def torch_native_impls() -> list[FunctionImpl]:
     """``torch_native[reference]`` and one ``torch_native[chunked,acc=<policy>]`` per acc_policy."""
     common: dict[str, Any] = dict(reductions=("mean", "sum", "none"), all_ignored="nan")

@@ -37,7 +37,6 @@ except Exception as exc:  # pragma: no cover - depends on the installation
 from numcheck.impls.ce_block import BlockResult, RowStats, _check_block
 from numcheck.impls.chunked import ChunkedLinearCE
 from numcheck.impls.protocol import LinearCESupport
-from numcheck.impls.registry import builtin_factory
 
 #: Whether the kernel runs in Triton's interpreter (decided when this module was imported).
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -238,7 +237,6 @@ def ce_block_triton_(
 SPLIT_CHUNK_ROWS = 640
 
 
-@builtin_factory
 def triton_impls() -> list[ChunkedLinearCE]:
     """``chunked_triton`` (fp32 [V, H] accumulator via addmm_out_dtype), and ``chunked_triton[split_fp32]`` /
     ``recompute_triton[split_fp32]`` (the exact fp32 sum held as the bf16 gradient plus a 16-bit lower half)."""
