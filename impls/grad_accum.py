@@ -48,6 +48,7 @@ from typing import Callable, Protocol
 import torch
 
 from numcheck.impls import capabilities
+from numcheck.impls.split_accum import SplitAccumulator
 
 #: Low-precision dtypes a matmul operand may have.
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -250,8 +251,6 @@ class _SplitWeightAccumulator:
     """:class:`impls.split_accum.SplitAccumulator` behind the :class:`Accumulator` interface (bf16 only)."""
 
     def __init__(self, shape: tuple[int, int], device: torch.device | str) -> None:
-        from numcheck.impls.split_accum import SplitAccumulator
-
         self.acc = SplitAccumulator(shape, device)
 
     def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:

@@ -20,36 +20,12 @@ It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which numchec
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-try:
-    import triton
-    import triton.language as tl
-
-    _IMPORT_ERROR: str | None = None
-except Exception as exc:  # pragma: no cover - depends on the installation
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    _IMPORT_ERROR = f"triton cannot be imported: {type(exc).__name__}: {exc}"
 
 from numcheck.impls.ce_block import BlockResult, RowStats, _check_block
 from numcheck.impls.chunked import ChunkedLinearCE
 from numcheck.impls.protocol import LinearCESupport
-
-#: Whether the kernel runs in Triton's interpreter (decided when this module was imported).
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def unavailable_reason() -> str | None:
-    """Why the Triton kernel cannot run here, or ``None``."""
-    if _IMPORT_ERROR is not None:
-        return _IMPORT_ERROR
-    if not INTERPRET and not torch.cuda.is_available():
-        return "no CUDA device and TRITON_INTERPRET was off when impls.triton_ce was imported"
-    return None
-
+from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
 
 if triton is not None:
 
