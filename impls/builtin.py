@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from numcheck.impls.cce import cce_impls
-from numcheck.impls.chunked import chunked_impls
+from numcheck.impls.chunked import chunked_impls, recompute_impls
 from numcheck.impls.eager import eager_impls
 from numcheck.impls.liger import liger_impls
 from numcheck.impls.quant_linear import quant_linear_impls
-from numcheck.impls.recompute import recompute_impls
 from numcheck.impls.torch_native import torch_native_impls
 from numcheck.impls.triton_ce import triton_impls
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from numcheck.impls.ce_block import BlockResult, RowStats, _check_block
+from numcheck.impls.ce_block import BlockResult, SoftmaxStats, _check_block
 from numcheck.impls.chunked import ChunkedLinearCE
 from numcheck.impls.protocol import LinearCESupport
 from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
@@ -165,7 +165,7 @@ def ce_block_triton_(
     class_weights: torch.Tensor | None = None,
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
-    stats: RowStats | None = None,
+    stats: SoftmaxStats | None = None,
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
@@ -188,7 +188,7 @@ def ce_block_triton_(
     z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
     cw = class_weights.to(f32).contiguous() if class_weights is not None else None
     sw = cw.sum().reshape(1) if cw is not None else lse  # a pointer only read when HAS_CW
-    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, RowStats(m_out, logs_out))
+    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, SoftmaxStats(m_out, logs_out))
     if C == 0:
         return result
     m_in, logs_in = ((stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None

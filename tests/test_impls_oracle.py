@@ -33,8 +33,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, chunked
-from numcheck.impls.recompute import recompute
+from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, chunked, recompute
 from numcheck.impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from numcheck.properties.compare import compare
 from numcheck.properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
