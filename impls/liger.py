@@ -49,7 +49,8 @@ from typing import Any
 
 import torch
 
-from numcheck.impls import capabilities, interpreter
+from numcheck.impls import interpreter
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.

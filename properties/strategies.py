@@ -17,7 +17,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.properties.problems import REGIMES, Problem
 
 
