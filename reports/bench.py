@@ -20,8 +20,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
+from numcheck.impls import grad_accum, split_accum
+from numcheck.impls.ce_block import reduction_coefficients, row_weights
 from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
+from numcheck.impls.quant_protocol import DelayedScalingState
+from numcheck.impls.registry import BrokenImpl, by_kind, discover
+from numcheck.impls.triton_ce import ce_block_triton_
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
 
@@ -76,8 +82,6 @@ def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H
                             chunks: tuple[int, ...] = (2048, 512)) -> list[dict]:
     """The seed's one-chunk micro-benchmark (C=2048), and the same at C=512: time and extra peak of each
     accumulation step into an existing accumulator, and what the accumulator holds beyond the bf16 gradient."""
-    from numcheck.impls import grad_accum
-
     rows = []
     for C in chunks:
         G = torch.randn(C, V, device=dev, dtype=torch.bfloat16)
@@ -105,10 +109,6 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     """Time of each step of one chunk of the chunked FLCE at the split impls' chunk size: the logits GEMM, the
     Triton CE kernel (G in place), the grad_x GEMM, and the grad_W accumulation by the split accumulator and
     by ``addmm(out_dtype=float32)`` into an fp32 buffer. Each with its FLOP rate where it is a GEMM."""
-    from numcheck.impls import grad_accum
-    from numcheck.impls.ce_block import reduction_coefficients, row_weights
-    from numcheck.impls.triton_ce import ce_block_triton_
-
     g = torch.Generator(device=dev).manual_seed(1)
     xr = torch.randn(C, H, device=dev, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(V, H, device=dev, dtype=torch.bfloat16, generator=g) * (2.0 / math.sqrt(H))).to(torch.bfloat16)
@@ -141,11 +141,6 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
     """Each registered quantized linear, per declared recipe and ``save_original_input`` value, against a bf16
     ``F.linear``: median fwd+bwd time (``y.backward(dy)``), extra peak, and bytes held from forward to backward
     (allocated when forward has returned, above just before it, less ``y``)."""
-    import torch.nn.functional as F
-
-    from numcheck.impls.quant_protocol import DelayedScalingState
-    from numcheck.impls.registry import by_kind, discover
-
     g = torch.Generator(device=dev).manual_seed(2)
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g) / math.sqrt(K)).requires_grad_()
@@ -236,8 +231,6 @@ def write_results(res: dict[str, Any], out: Path) -> None:
 def _split_config() -> str | None:
     """The config Triton's autotuner chose for the split accumulator's GEMM (after a bench ran it)."""
     try:
-        from numcheck.impls import split_accum
-
         cfgs = getattr(split_accum._addmm_split_kernel, "cache", {})
         return "; ".join(f"{k}: {v}" for k, v in cfgs.items()) or None
     except Exception:  # pragma: no cover - figures only
@@ -245,8 +238,6 @@ def _split_config() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from numcheck.impls.registry import BrokenImpl, by_kind, discover
-
     if not torch.cuda.is_available():
         print("numcheck bench needs a CUDA device; none is available here", file=sys.stderr)
         return 2
