@@ -50,7 +50,7 @@ def operands(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return x.to(c), weight.to(c), bias.to(c) if bias is not None else None
 
 
-# -- one pass ---------------------------------------------------------------------------------------
+# -- one pass ---------------------------------------------------------------------------------------------
 def sweep(
     plan: Plan,
     xc: torch.Tensor,

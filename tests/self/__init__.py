@@ -1,1 +1,3 @@
-"""numcheck's tests of itself (not shipped): the layering, the registry, the reports, the oracles."""
+if __name__ != "numcheck.tests.self":  # one copy of every module (see numcheck/tests/__init__.py)
+    raise ImportError(f"{__name__!r} is numcheck's tests/self/ folder imported under the wrong name; import "
+                      f"numcheck.tests.self instead (install numcheck, e.g. `pip install -e .` in its checkout)")
