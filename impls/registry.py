@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
-from numcheck.impls.builtin import FACTORIES
 from numcheck.impls.protocol import validate_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
@@ -63,14 +62,22 @@ class BrokenImpl:
         return self.spec
 
 
-#: The factories of the built-in impls (:data:`impls.builtin.FACTORIES`), each called once per :func:`builtin_impls`.
-_BUILTIN_FACTORIES: Sequence[Callable[[], Iterable[Any]]] = FACTORIES
+def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
+    """The factories of the built-in impls, :data:`impls.builtin.FACTORIES`.
+
+    Imported when first asked for, not with this module: the built-in modules import triton, which must come
+    after :func:`impls.interpreter.arrange`, and the entry points import the registry before they arrange
+    (the pytest plugin, for one). No cycle is involved: no impl module imports the registry.
+    """
+    from numcheck.impls.builtin import FACTORIES  # deferred for the interpreter's sake (see above)
+
+    return FACTORIES
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:
-    """Every built-in impl, in the order of :data:`impls.builtin.FACTORIES`."""
+    """Every built-in impl, in the order of :data:`impls.builtin.FACTORIES`, each factory called once."""
     out: list[ImplEntry | BrokenImpl] = []
-    for factory in _BUILTIN_FACTORIES:
+    for factory in builtin_factories():
         label = f"{factory.__module__}.{factory.__name__}"
         try:
             produced = list(factory())
