@@ -30,7 +30,7 @@ minus the returned tensors themselves: what autograd (saved tensors, and tensors
 new allocations and are not counted. :func:`saved_tensor_bytes` gives the part visible to saved-tensor
 hooks (``save_for_backward`` and autograd's own saved tensors) as a cross-check.
 
-Seed arithmetic (``../shared/notes/accumulation-and-memory.md``): one chunk of the grad_weight accumulation
+Seed arithmetic (``docs/accumulation-and-memory.md``): one chunk of the grad_weight accumulation
 at V=131072, H=4096, C=2048 with bf16 operands into an fp32 accumulator, via the steps of
 :mod:`impls.grad_accum`: ``fallback`` allocates mm's bf16 [V,H] (2·V·H bytes) and then its fp32 copy
 (4·V·H) while the first is alive: 6·V·H = 3072 MiB; ``fp32_operands`` allocates the fp32 copies of Gᵀ
