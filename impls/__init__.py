@@ -2,7 +2,8 @@
 
 - :mod:`impls.protocol`: the linear+CE protocol (:class:`LinearCESupport`, :func:`linear_ce_impl`).
 - :mod:`impls.registry`: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
-- :mod:`impls.builtin`: the modules that hold the built-in impls.
+- :mod:`impls.builtin`: the factories of the built-in impls, one per module that defines some.
+- :mod:`impls.measure`: capability probes and measurement (memory, timing, accumulation error).
 """
 
 if __name__ != "numcheck.impls":  # one copy of every module: the folder impls/ is importable only as numcheck.impls

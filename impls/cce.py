@@ -58,18 +58,19 @@ interpreter (once per process); when it fails the variant is unavailable with th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
-import os
 import traceback
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable
 
 import torch
 
+from numcheck.impls import interpreter
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from numcheck.impls.registry import builtin_factory
 
 NOT_INSTALLED = "cut-cross-entropy is not installed"
 #: The release whose source the declarations were read from.
@@ -104,8 +105,8 @@ VARIANTS: tuple[Variant, ...] = (
 
 
 def interpreted() -> bool:
-    """Whether Triton kernels run under the Triton interpreter here."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton kernels run under the Triton interpreter here (:func:`impls.interpreter.active`)."""
+    return interpreter.active()
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,6 @@ def load() -> CCEInfo | str:
     if importlib.util.find_spec("cut_cross_entropy") is None:
         return NOT_INSTALLED
     try:
-        from importlib import metadata
-
         version = metadata.version("cut-cross-entropy")
     except Exception:  # a source tree without metadata
         version = "unknown"
@@ -228,8 +227,6 @@ def _recompile_headroom() -> Any:
     calls it with one dtype, reduction and softcap; the suite draws every dtype, reduction, autocast mode and
     the 0/1 sizes dynamo specializes on, so it needs more than 8 specializations. Numerics are unaffected.
     """
-    import contextlib
-
     try:
         import torch._dynamo.config as dynamo_config
     except Exception:  # no dynamo: nothing to raise
@@ -253,7 +250,8 @@ def kernel_failure() -> str | None:
     if torch.cuda.is_available() and not interpreted():
         return None
     if not interpreted():
-        return "no CUDA device, and TRITON_INTERPRET is not 1 (CCE's Triton kernels need one or the other)"
+        return ("no CUDA device, and TRITON_INTERPRET is not 1 (CCE's Triton kernels need one or the other; numcheck's "
+                "entry points set it through numcheck.impls.interpreter.arrange())")
     N, H, V = _PROBE_SHAPE
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, H, generator=g).to(torch.bfloat16).requires_grad_(True)
@@ -391,7 +389,6 @@ def build_impl(variant: Variant, info: CCEInfo | str | None = None, *, kernel_re
     return FunctionImpl(name=variant.name, fn=fn, support=support, description=_describe(info, variant, notes, kernel_reason))
 
 
-@builtin_factory
 def cce_impls() -> list[FunctionImpl]:
     """Every :data:`VARIANTS` entry (unavailable, with the reason, when cut-cross-entropy is absent)."""
     return [build_impl(v) for v in VARIANTS]

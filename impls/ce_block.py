@@ -29,7 +29,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 
-class RowStats(NamedTuple):
+class SoftmaxStats(NamedTuple):
     """Per-row softmax statistics, fp32 ``[C]``: ``m`` = max_j z'_ij, ``log_s`` = log Σ_j exp(z'_ij − m_i);
     lse = m + log_s. What the recompute path keeps from forward to backward."""
 
@@ -44,7 +44,7 @@ class BlockResult(NamedTuple):
     ce: torch.Tensor | None
     z: torch.Tensor | None
     lse: torch.Tensor
-    stats: RowStats
+    stats: SoftmaxStats
 
 
 class CEKernel(Protocol):
@@ -62,7 +62,7 @@ class CEKernel(Protocol):
         class_weights: torch.Tensor | None = None,
         softcap: float | None = None,
         z_loss_scale: float = 0.0,
-        stats: RowStats | None = None,
+        stats: SoftmaxStats | None = None,
         want_loss: bool = True,
         want_grad: bool = True,
     ) -> BlockResult: ...
@@ -111,7 +111,7 @@ def reduction_coefficients(valid: torch.Tensor, w_t: torch.Tensor, reduction: st
 
 
 def _check_block(logits: torch.Tensor, target: torch.Tensor, coef_ce: torch.Tensor, coef_z: torch.Tensor,
-                 class_weights: torch.Tensor | None, stats: RowStats | None) -> None:
+                 class_weights: torch.Tensor | None, stats: SoftmaxStats | None) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a 2-D floating chunk [C, V], got {tuple(logits.shape)} {logits.dtype}")
     C, V = logits.shape
@@ -134,7 +134,7 @@ def ce_block_(
     class_weights: torch.Tensor | None = None,
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
-    stats: RowStats | None = None,
+    stats: SoftmaxStats | None = None,
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
@@ -164,7 +164,7 @@ def ce_block_(
         m = zc.amax(dim=1)
         d = zc.sub_(m[:, None])  # z' − m ≤ 0, in place
         log_s = torch.logsumexp(d, dim=1)  # log Σ exp(z' − m) ≥ 0
-        stats = RowStats(m, log_s)
+        stats = SoftmaxStats(m, log_s)
     else:
         m, log_s = stats
         d = zc.sub_(m[:, None])

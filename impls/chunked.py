@@ -36,31 +36,22 @@ bf16 logits chunk is 512 MiB and the torch CE path's fp32 working copies about 1
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from numcheck.impls import grad_accum
-from numcheck.impls.ce_block import CEKernel, Coefficients, RowStats, ce_block_, reduction_coefficients, row_weights
+from numcheck.impls.ce_block import CEKernel, ce_block_
+from numcheck.impls.chunk_sweep import Plan, autocast_off, reduce_rows, run_sweep
 from numcheck.impls.protocol import FLOAT_DTYPES, LinearCESupport
-from numcheck.impls.registry import builtin_factory
+from numcheck.impls.recompute import RecomputeFunction
 from numcheck.reference.options import CEOptions, options_from_kwargs
 
 DEFAULT_CHUNK_ROWS = 2048
 
 
-# -- operands ---------------------------------------------------------------------------------------------
-def autocast_off(device_type: str) -> contextlib.AbstractContextManager[Any]:
-    """Autocast disabled for ``device_type`` (a no-op where autocast does not exist, e.g. ``meta``): inside the
-    autograd functions every cast is explicit, and fp32 helper matmuls must stay fp32."""
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
+# -- the call -------------------------------------------------------------------------------------------
 def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype the matmuls run in: the autocast dtype when autocast is on for ``x``'s device, else the
     inputs' dtype (``x`` and ``weight`` must then agree)."""
@@ -106,103 +97,6 @@ def check_call(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias
         torch._assert_async(~bad.any(), f"target outside [0, V={V}) and not ignore_index={opts.ignore_index}")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Everything about one call that is not a tensor: options, path, chunking, kernel, compute dtype."""
-
-    options: CEOptions
-    path: str
-    chunk_rows: int
-    kernel: CEKernel
-    compute_dtype: torch.dtype
-
-
-def operands(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``x, weight, bias`` in the compute dtype (no copy when they already are; one [V, H] cast of fp32
-    parameters under autocast, as autocast's own linear would make)."""
-    c = plan.compute_dtype
-    return x.to(c), weight.to(c), bias.to(c) if bias is not None else None
-
-
-# -- the chunk loop ---------------------------------------------------------------------------------------
-def sweep(
-    plan: Plan,
-    xc: torch.Tensor,
-    wc: torch.Tensor,
-    bc: torch.Tensor | None,
-    target: torch.Tensor,
-    *,
-    coef: Coefficients | None = None,
-    stats: RowStats | None = None,
-    want_loss: bool = True,
-    gx: torch.Tensor | None = None,
-    gw: grad_accum.Accumulator | None = None,
-    gb: grad_accum.Accumulator | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, RowStats]:
-    """One pass over the token chunks.
-
-    Each chunk's logits are computed in the compute dtype and handed to ``plan.kernel``. With ``coef``, the
-    kernel writes G into the chunk and the sweep computes ``gx[chunk] = G·W`` (when ``gx`` is given) and
-    accumulates ``gw += Gᵀ·x_c``, ``gb += Σ G`` (accumulators of ``plan.path``, when given). ``stats`` (the rows'
-    fp32 (m, log s), ``[N]`` each) are reused instead of recomputed when given. Returns per-row fp32
-    ``(ce, z, stats)``; ``ce`` and ``z`` are ``None`` without ``want_loss``. The loop bound is a Python int:
-    no host synchronisation.
-    """
-    o = plan.options
-    N = xc.shape[0]
-    f32 = torch.float32
-    dev = xc.device
-    ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    rows = stats if stats is not None else RowStats(torch.empty(N, dtype=f32, device=dev),
-                                                    torch.empty(N, dtype=f32, device=dev))
-    if coef is None:
-        zeros = torch.zeros(N, dtype=f32, device=dev)
-        cc, cz = zeros, zeros
-    else:
-        cc, cz = coef.coef_ce, coef.coef_z
-    wt = wc.t()
-    ones = torch.ones((min(N, plan.chunk_rows), 1), dtype=wc.dtype, device=dev) if gb is not None else None
-    for start in range(0, N, plan.chunk_rows):
-        r = slice(start, min(N, start + plan.chunk_rows))
-        x_r = xc[r]
-        logits = torch.mm(x_r, wt) if bc is None else torch.addmm(bc, x_r, wt)
-        res = plan.kernel(
-            logits, target[r], cc[r], cz[r], ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
-            class_weights=o.class_weights, softcap=o.softcap, z_loss_scale=o.z_loss_scale,
-            stats=RowStats(stats.m[r], stats.log_s[r]) if stats is not None else None, want_loss=want_loss,
-            want_grad=coef is not None,
-        )
-        if want_loss:
-            ce_rows[r] = res.ce  # type: ignore[index]
-            z_rows[r] = res.z  # type: ignore[index]
-        if stats is None:
-            rows.m[r] = res.stats.m
-            rows.log_s[r] = res.stats.log_s
-        if coef is not None:
-            if gx is not None:
-                torch.mm(logits, wc, out=gx[r])
-            if gw is not None:
-                gw.add_(logits, x_r)
-            if gb is not None:
-                gb.add_(logits, ones)
-        del logits, res  # released before the next chunk's logits exist: one [C, V] chunk alive, not two
-    return ce_rows, z_rows, rows
-
-
-def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, z_loss)`` from per-row fp32 CE parts and z-losses: ``mean`` divides Σ CE by D and Σ z by |M|
-    (0/0 = NaN when every row is ignored), ``sum`` adds, ``none`` keeps rows."""
-    if reduction == "mean":
-        zl = z.sum() / coef.n_valid
-        return ce.sum() / coef.D + zl, zl
-    if reduction == "sum":
-        zl = z.sum()
-        return ce.sum() + zl, zl
-    return ce + z, z
-
-
 # -- the fused autograd function --------------------------------------------------------------------------
 class FusedFunction(torch.autograd.Function):
     """``mean``/``sum``: every gradient computed during forward, scaled by the scalar grad_output in backward."""
@@ -213,21 +107,12 @@ class FusedFunction(torch.autograd.Function):
         o = plan.options
         if o.reduction == "none":
             raise ValueError("FusedFunction handles reduction 'mean' and 'sum'; 'none' is deferred (RecomputeFunction)")
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         with autocast_off(x.device.type):
-            xc, wc, bc = operands(plan, x, weight, bias)
-            valid, _, w_t = row_weights(target, o.class_weights, o.ignore_index)
-            coef = reduction_coefficients(valid, w_t, o.reduction)
-            N, H = x.shape
-            V = weight.shape[0]
-            gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
-            gw = grad_accum.make_accumulator(plan.path, (V, H), weight.dtype, x.device) if need_w else None
-            gb = (grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
-                  if need_b and bias is not None else None)
-            ce, z, _ = sweep(plan, xc, wc, bc, target, coef=coef, gx=gx, gw=gw, gb=gb)
-            loss, z_loss = reduce_rows(o.reduction, ce, z, coef)  # type: ignore[arg-type]
-        ctx.save_for_backward(gx)
-        ctx.accumulators = (gw, gb)  # not tensors: kept on ctx, released with it after backward
+            res = run_sweep(plan, x, weight, bias, target, needs=tuple(ctx.needs_input_grad[:3]))
+            loss, z_loss = reduce_rows(o.reduction, res.ce, res.z, res.coef)  # type: ignore[arg-type]
+        grads = res.grads  # never None: needs was given
+        ctx.save_for_backward(grads.x)  # type: ignore[union-attr]
+        ctx.accumulators = (grads.weight, grads.bias)  # type: ignore[union-attr]  # not tensors: released with ctx
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
@@ -300,8 +185,6 @@ class ChunkedLinearCE:
         plan = Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
                     compute_dtype=compute_dtype(x, weight))
         if self.recompute or opts.reduction == "none":
-            from numcheck.impls.recompute import RecomputeFunction  # recompute imports this module: import at call time
-
             return RecomputeFunction.apply(x, weight, bias, target, plan)
         return FusedFunction.apply(x, weight, bias, target, plan)
 
@@ -314,7 +197,19 @@ def chunked(path: str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinear
     )
 
 
-@builtin_factory
 def chunked_impls() -> list[ChunkedLinearCE]:
     """``chunked[addmm_out_dtype]``, ``chunked[fallback]``, ``chunked[fp32_operands]``, ``chunked[lowp_accum]``."""
     return [chunked(p) for p in ("addmm_out_dtype", "fallback", "fp32_operands", "lowp_accum")]
+
+
+def recompute(*, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
+    """The built-in ``recompute`` impl (:class:`impls.recompute.RecomputeFunction` for every reduction)."""
+    return ChunkedLinearCE(
+        "recompute", path="addmm_out_dtype", chunk_rows=chunk_rows, recompute=True,
+        description="forward keeps x, W, target, bias and per-row (max, log-sum); backward recomputes the logits chunk by chunk",
+    )
+
+
+def recompute_impls() -> list[ChunkedLinearCE]:
+    """``recompute``."""
+    return [recompute()]

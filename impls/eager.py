@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport
-from numcheck.impls.registry import builtin_factory
 
 
 def eager_linear_ce(
@@ -51,7 +50,6 @@ def eager_linear_ce(
     return loss, z
 
 
-@builtin_factory
 def eager_impls() -> list[FunctionImpl]:
     """The eager baseline, declared for everything."""
     return [

@@ -12,7 +12,7 @@ an fp32 ``gw``, V=131072, H=4096, C=2048):
     ``torch.addmm(gw, Gᵀ, x, out_dtype=float32, out=gw)``: low-precision multiply, fp32 accumulation straight
     into ``gw``; extra peak 0. ``out=`` ops are not autocast, so both operands are aligned by hand to one
     low-precision dtype (:func:`operand_dtype`). Used only where
-    :func:`impls.capabilities.addmm_out_dtype` says it works for that device and dtype; elsewhere (CPU,
+    :func:`impls.measure.capabilities.addmm_out_dtype` says it works for that device and dtype; elsewhere (CPU,
     torch < 2.8, fp32 operands) the step runs the ``fp32_operands`` path instead, so the path's declared
     fp32 accumulation stays true. :func:`resolved_path` says which one runs. On the ``meta`` device the probe
     cannot check values and answers False; measure this path there under
@@ -47,7 +47,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
+from numcheck.impls.split_accum import SplitAccumulator
 
 #: Low-precision dtypes a matmul operand may have.
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -250,8 +251,6 @@ class _SplitWeightAccumulator:
     """:class:`impls.split_accum.SplitAccumulator` behind the :class:`Accumulator` interface (bf16 only)."""
 
     def __init__(self, shape: tuple[int, int], device: torch.device | str) -> None:
-        from numcheck.impls.split_accum import SplitAccumulator
-
         self.acc = SplitAccumulator(shape, device)
 
     def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:

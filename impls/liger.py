@@ -26,8 +26,10 @@ checked against :func:`reference.linear_ce.linear_ce` by ``tests/test_liger.py``
 - Chunking: rows per chunk = min(N, next_pow2(⌈N / ⌈V/(chunk_mem_const·H)⌉⌉)), shape dependent, so
   ``chunk_rows`` stays undeclared (the tolerance model then assumes the worst case, one chunk per row).
 
-Where no GPU is present the adapter sets ``TRITON_INTERPRET=1`` (``os.environ.setdefault``) before importing
-``liger_kernel``, so its Triton kernels run on CPU. Some kernel paths fail under the interpreter (Liger calls
+Where no GPU is present Liger's Triton kernels run on CPU under Triton's interpreter, which numcheck's entry
+points ask for (:func:`impls.interpreter.arrange`) before triton is imported; the adapter reads that choice and
+sets nothing. Without CUDA and without the interpreter (or with triton imported before it was asked for) both
+variants register as unavailable, with the reason. Some kernel paths fail under the interpreter (Liger calls
 ``.to(tl.float32)`` on Python-float kernel arguments, which only compiled Triton turns into tensors: softcap
 and class weights). Each option is tried once on a tiny CPU problem (cached per process); an option that
 raises an interpreter error is left out of the declaration and the reason is put in the impl's
@@ -40,14 +42,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import os
+import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 import torch
 
+from numcheck.impls import interpreter
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from numcheck.impls.registry import builtin_factory
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.
 OPTION_PARAMS: dict[str, str] = {
@@ -65,8 +69,8 @@ _PROBE_SHAPE = (4, 8, 16)  # N, H, V of the tiny problems the interpreter probes
 
 
 def interpreted() -> bool:
-    """Whether Liger's Triton kernels run under the Triton interpreter (no CUDA device here)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Liger's Triton kernels run under the Triton interpreter (:func:`impls.interpreter.active`)."""
+    return interpreter.active()
 
 
 @dataclass(frozen=True)
@@ -85,15 +89,18 @@ class LigerInfo:
 
 @functools.lru_cache(maxsize=None)
 def load() -> LigerInfo | str:
-    """Import Liger-Kernel's FLCE Function (setting ``TRITON_INTERPRET=1`` first when CUDA is absent);
-    the :class:`LigerInfo`, or the reason it cannot be used."""
+    """Import Liger-Kernel's FLCE Function; the :class:`LigerInfo`, or the reason it cannot be used (also when
+    there is no CUDA device and Triton's interpreter was not asked for in time)."""
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel not installed"
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if not torch.cuda.is_available() and not interpreter.active():
+        if interpreter.too_late():
+            return ("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so Liger's Triton "
+                    "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
+                    "environment, or call numcheck.impls.interpreter.arrange() before triton is imported")
+        return ("no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
+                "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())")
     try:
-        from importlib import metadata
-
         version = metadata.version("liger-kernel")
     except Exception:  # installed from a source tree without metadata
         version = "unknown"
@@ -225,7 +232,8 @@ def interpreter_failure(feature: str) -> str | None:
             why = f"fails under TRITON_INTERPRET=1 ({type(exc).__name__}: {first[:120]})"
             if "outside of the scope of a kernel" in first:
                 why += ("; triton was imported before TRITON_INTERPRET=1 was set, so its own language functions "
-                        "are not interpreted: set TRITON_INTERPRET=1 in the environment, or import impls first")
+                        "are not interpreted: set TRITON_INTERPRET=1 in the environment, or call "
+                        "numcheck.impls.interpreter.arrange() before triton is imported")
             return why
         return None
     return None
@@ -237,13 +245,9 @@ def _grad_accumulation(info: LigerInfo, accum_dtype: torch.dtype | None) -> str:
         return "param_dtype"
     if interpreted() or not torch.cuda.is_available():
         return "per_chunk_rounding"
-    import sys
-
     mod = sys.modules.get(info.function.__module__)
     gate = bool(getattr(mod, "_ADDMM_SUPPORTS_OUT_DTYPE", False))
     major = torch.cuda.get_device_capability()[0]
-    from numcheck.impls import capabilities
-
     if gate and major >= 8 and capabilities.addmm_out_dtype("cuda", torch.bfloat16):
         return "fp32"
     return "per_chunk_rounding"
@@ -319,7 +323,6 @@ def build_impl(name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str
     return FunctionImpl(name=name, fn=fn, support=support, description=desc)
 
 
-@builtin_factory
 def liger_impls() -> list[FunctionImpl]:
     """``liger[accum=None]`` and ``liger[accum=fp32]`` (unavailable, with the reason, when Liger is absent)."""
     return [build_impl(name, acc) for name, acc in VARIANTS.items()]

@@ -11,7 +11,7 @@
 * Every operand is stored "K-major": a :class:`QTensor` whose scaling blocks run along its last
   dimension. A columnwise quantization of ``t`` is computed as the rowwise quantization of ``tᵀ``
   (so it is held transposed, as TE holds it), and every GEMM is ``A·Bᵀ`` of two K-major operands.
-* GEMMs go through ``torch._scaled_mm`` where :func:`impls.capabilities.scaled_mm` says the device runs
+* GEMMs go through ``torch._scaled_mm`` where :func:`impls.measure.capabilities.scaled_mm` says the device runs
   that scaling mode for that pair of FP8 dtypes and the shapes meet its alignment (every dimension a
   multiple of 16, K a multiple of 128 for block scales); otherwise exact emulation: dequantize to fp32
   and multiply in fp32. MXFP8 is always emulated (native MX GEMMs are Blackwell-only).
@@ -32,9 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.quant_protocol import DelayedScalingState, QuantizedTensor, QuantLinearSupport
-from numcheck.impls.registry import builtin_factory
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 
@@ -348,7 +347,7 @@ def _native_mode(a: QTensor, b: QTensor) -> str | None:
 
 
 def _native_scales(mode: str, a: QTensor, b: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale tensors in the layouts :func:`impls.capabilities.scaled_mm` probes."""
+    """Scale tensors in the layouts :func:`impls.measure.capabilities.scaled_mm` probes."""
     if mode == "tensorwise":
         return a.scale_inv, b.scale_inv
     sa = a.scale_inv.t().contiguous().t()  # [m, k/128], outer-dim-major
@@ -383,7 +382,6 @@ _DESCRIPTIONS = {
 }
 
 
-@builtin_factory
 def quant_linear_impls() -> list[Fp8Linear]:
     """One built-in per recipe kind, each declaring that kind's standard variants."""
     out = []

@@ -12,8 +12,10 @@ is made again in backward, not kept). Cost: 8·N·H·V flops instead of 6·N·H�
 :class:`RecomputeFunction` is also the ``reduction='none'`` path of every chunked impl, because a per-row
 upstream gradient must scale G's rows before the matmuls (see :mod:`impls.chunked`).
 
-grad_weight accumulates through the ``addmm_out_dtype`` step (fp32 accumulation; the fp32-operand addmm where
-the capability probe says out_dtype does not work). Same options and conventions as the chunked impls.
+The built-in ``recompute`` impl (:func:`impls.chunked.recompute`) is a :class:`impls.chunked.ChunkedLinearCE`
+that uses this function for every reduction; its grad_weight accumulates through the ``addmm_out_dtype`` step
+(fp32 accumulation; the fp32-operand addmm where the capability probe says out_dtype does not work). Same
+options and conventions as the chunked impls. Both passes are :func:`impls.chunk_sweep.run_sweep`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,8 @@ from typing import Any
 
 import torch
 
-from numcheck.impls import grad_accum
-from numcheck.impls.ce_block import RowStats, reduction_coefficients, row_weights
-from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, ChunkedLinearCE, Plan, autocast_off, operands, reduce_rows, sweep
-from numcheck.impls.registry import builtin_factory
+from numcheck.impls.ce_block import SoftmaxStats
+from numcheck.impls.chunk_sweep import Plan, autocast_off, reduce_rows, run_sweep
 
 
 class RecomputeFunction(torch.autograd.Function):
@@ -35,14 +35,10 @@ class RecomputeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
                 plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        o = plan.options
         with autocast_off(x.device.type):
-            xc, wc, bc = operands(plan, x, weight, bias)
-            valid, _, w_t = row_weights(target, o.class_weights, o.ignore_index)
-            coef = reduction_coefficients(valid, w_t, o.reduction)
-            ce, z, stats = sweep(plan, xc, wc, bc, target)
-            loss, z_loss = reduce_rows(o.reduction, ce, z, coef)  # type: ignore[arg-type]
-        ctx.save_for_backward(x, weight, bias, target, stats.m, stats.log_s)
+            res = run_sweep(plan, x, weight, bias, target)
+            loss, z_loss = reduce_rows(plan.options.reduction, res.ce, res.z, res.coef)  # type: ignore[arg-type]
+        ctx.save_for_backward(x, weight, bias, target, res.stats.m, res.stats.log_s)
         ctx.plan = plan
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
@@ -51,34 +47,11 @@ class RecomputeFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
         x, weight, bias, target, m, log_s = ctx.saved_tensors
         plan: Plan = ctx.plan
-        o = plan.options
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         with autocast_off(x.device.type):
-            xc, wc, bc = operands(plan, x, weight, bias)
-            valid, _, w_t = row_weights(target, o.class_weights, o.ignore_index)
-            coef = reduction_coefficients(valid, w_t, o.reduction, upstream=grad_loss)
-            N, H = x.shape
-            V = weight.shape[0]
-            gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
-            gw = grad_accum.make_accumulator(plan.path, (V, H), weight.dtype, x.device) if need_w else None
-            gb = (grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
-                  if need_b and bias is not None else None)
-            sweep(plan, xc, wc, bc, target, coef=coef, stats=RowStats(m, log_s), want_loss=False, gx=gx, gw=gw, gb=gb)
-            return (gx.to(x.dtype) if gx is not None else None,
-                    gw.finish(None, weight.dtype) if gw is not None else None,
-                    gb.finish(None, bias.dtype) if gb is not None else None,
+            res = run_sweep(plan, x, weight, bias, target, needs=tuple(ctx.needs_input_grad[:3]), upstream=grad_loss,
+                            stats=SoftmaxStats(m, log_s), want_loss=False)
+            g = res.grads  # never None: needs was given
+            return (g.x.to(x.dtype) if g.x is not None else None,  # type: ignore[union-attr]
+                    g.weight.finish(None, weight.dtype) if g.weight is not None else None,  # type: ignore[union-attr]
+                    g.bias.finish(None, bias.dtype) if g.bias is not None else None,  # type: ignore[union-attr]
                     None, None)
-
-
-def recompute(*, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
-    """The built-in ``recompute`` impl."""
-    return ChunkedLinearCE(
-        "recompute", path="addmm_out_dtype", chunk_rows=chunk_rows, recompute=True,
-        description="forward keeps x, W, target, bias and per-row (max, log-sum); backward recomputes the logits chunk by chunk",
-    )
-
-
-@builtin_factory
-def recompute_impls() -> list[ChunkedLinearCE]:
-    """``recompute``."""
-    return [recompute()]

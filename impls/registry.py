@@ -63,25 +63,22 @@ class BrokenImpl:
         return self.spec
 
 
-_BUILTIN_FACTORIES: list[Callable[[], Iterable[Any]]] = []
+def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
+    """The factories of the built-in impls, :data:`impls.builtin.FACTORIES`.
 
+    Imported when first asked for, not with this module: the built-in modules import triton, which must come
+    after :func:`impls.interpreter.arrange`, and the entry points import the registry before they arrange
+    (the pytest plugin, for one). No cycle is involved: no impl module imports the registry.
+    """
+    from numcheck.impls.builtin import FACTORIES  # deferred for the interpreter's sake (see above)
 
-def builtin_factory(fn: Callable[[], Iterable[Any]]) -> Callable[[], Iterable[Any]]:
-    """Register a function that yields built-in impls (called lazily, once per :func:`builtin_impls`)."""
-    _BUILTIN_FACTORIES.append(fn)
-    return fn
-
-
-def _import_builtin_modules() -> None:
-    # Importing these modules runs their @builtin_factory decorators. Listed here, in one place.
-    import numcheck.impls.builtin  # noqa: F401
+    return FACTORIES
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:
-    """Every built-in impl, in registration order."""
-    _import_builtin_modules()
+    """Every built-in impl, in the order of :data:`impls.builtin.FACTORIES`, each factory called once."""
     out: list[ImplEntry | BrokenImpl] = []
-    for factory in _BUILTIN_FACTORIES:
+    for factory in builtin_factories():
         label = f"{factory.__module__}.{factory.__name__}"
         try:
             produced = list(factory())

@@ -26,20 +26,16 @@ bf16×bf16 products (exact in fp32) accumulated in fp32, as cuBLAS does, so the 
 Only a bf16 gradient has an fp32 upper half. For any other parameter dtype (fp32 parameters under AMP, fp16)
 :func:`impls.grad_accum.make_accumulator` uses a plain fp32 buffer with the ``addmm_out_dtype`` step.
 
-Runs compiled on CUDA and on CPU under ``TRITON_INTERPRET=1`` (set by :mod:`impls.triton_ce` when CUDA is
-absent; this module imports that one first). On ``meta`` tensors the kernels are not launched (shapes and
-allocations only, for memory accounting).
+Runs compiled on CUDA and on CPU under ``TRITON_INTERPRET=1`` (which numcheck's entry points set through
+:func:`impls.interpreter.arrange` when CUDA is absent; :mod:`impls.triton_lang` reads the mode). On ``meta``
+tensors the kernels are not launched (shapes and allocations only, for memory accounting).
 """
 
 from __future__ import annotations
 
 import torch
 
-from numcheck.impls import triton_ce  # sets TRITON_INTERPRET before triton is imported when there is no GPU
-
-triton = triton_ce.triton
-tl = triton_ce.tl
-INTERPRET = triton_ce.INTERPRET
+from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
 
 TensorDescriptor = None  # triton.tools.tensor_descriptor's, where this Triton has it (set below)
 
@@ -47,11 +43,6 @@ TensorDescriptor = None  # triton.tools.tensor_descriptor's, where this Triton h
 KERNELS: tuple[str, ...] = ("auto", "tma", "pointer")
 #: Dtypes the GEMM operands may have.
 OPERAND_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def unavailable_reason() -> str | None:
-    """Why the split-accumulator kernels cannot run here, or ``None``."""
-    return triton_ce.unavailable_reason()
 
 
 if triton is not None:

@@ -7,7 +7,7 @@ policies ``acc_dtype=torch.float32`` is passed, since a policy only changes anyt
 differs from a bf16/fp16 input dtype (with ``acc_dtype=None`` an explicit policy resolves to the input
 dtype); ``auto`` keeps ``acc_dtype=None``, which resolves to fp32 on CPU and sm80+ CUDA.
 
-Availability is probed (:func:`impls.capabilities.linear_cross_entropy`, and the options class for the
+Availability is probed (:func:`impls.measure.capabilities.linear_cross_entropy`, and the options class for the
 chunked path), never read from a version string.
 
 Declarations, from the source of ``torch/nn/modules/linear_cross_entropy.py`` and checked against the oracle
@@ -47,9 +47,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import FunctionImpl, make_support
-from numcheck.impls.registry import builtin_factory
 
 ACC_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact", "auto")
 _FALLBACK_MARKER = "``options`` ignored"
@@ -153,7 +152,6 @@ def chunked(policy: str) -> Callable[..., torch.Tensor]:
     return call
 
 
-@builtin_factory
 def torch_native_impls() -> list[FunctionImpl]:
     """``torch_native[reference]`` and one ``torch_native[chunked,acc=<policy>]`` per acc_policy."""
     common: dict[str, Any] = dict(reductions=("mean", "sum", "none"), all_ignored="nan")

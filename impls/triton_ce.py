@@ -20,37 +20,12 @@ It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which numchec
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    _IMPORT_ERROR: str | None = None
-except Exception as exc:  # pragma: no cover - depends on the installation
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    _IMPORT_ERROR = f"triton cannot be imported: {type(exc).__name__}: {exc}"
-
-from numcheck.impls.ce_block import BlockResult, RowStats, _check_block
+from numcheck.impls.ce_block import BlockResult, SoftmaxStats, _check_block
 from numcheck.impls.chunked import ChunkedLinearCE
 from numcheck.impls.protocol import LinearCESupport
-from numcheck.impls.registry import builtin_factory
-
-#: Whether the kernel runs in Triton's interpreter (decided when this module was imported).
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def unavailable_reason() -> str | None:
-    """Why the Triton kernel cannot run here, or ``None``."""
-    if _IMPORT_ERROR is not None:
-        return _IMPORT_ERROR
-    if not INTERPRET and not torch.cuda.is_available():
-        return "no CUDA device and TRITON_INTERPRET was off when impls.triton_ce was imported"
-    return None
-
+from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
 
 if triton is not None:
 
@@ -190,7 +165,7 @@ def ce_block_triton_(
     class_weights: torch.Tensor | None = None,
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
-    stats: RowStats | None = None,
+    stats: SoftmaxStats | None = None,
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
@@ -213,7 +188,7 @@ def ce_block_triton_(
     z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
     cw = class_weights.to(f32).contiguous() if class_weights is not None else None
     sw = cw.sum().reshape(1) if cw is not None else lse  # a pointer only read when HAS_CW
-    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, RowStats(m_out, logs_out))
+    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, SoftmaxStats(m_out, logs_out))
     if C == 0:
         return result
     m_in, logs_in = ((stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None
@@ -238,7 +213,6 @@ def ce_block_triton_(
 SPLIT_CHUNK_ROWS = 640
 
 
-@builtin_factory
 def triton_impls() -> list[ChunkedLinearCE]:
     """``chunked_triton`` (fp32 [V, H] accumulator via addmm_out_dtype), and ``chunked_triton[split_fp32]`` /
     ``recompute_triton[split_fp32]`` (the exact fp32 sum held as the bf16 gradient plus a 16-bit lower half)."""

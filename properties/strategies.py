@@ -18,7 +18,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import LINEAR_CE_OPTIONS, LinearCESupport
 from numcheck.properties.harness import run_oracle
 from numcheck.properties.problems import REGIMES, Problem

@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
+
+from numcheck.impls import grad_accum, split_accum
+from numcheck.impls.ce_block import reduction_coefficients, row_weights
+from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
+from numcheck.impls.quant_protocol import DelayedScalingState
+from numcheck.impls.registry import BrokenImpl, by_kind, discover
+from numcheck.impls.triton_ce import ce_block_triton_
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
 
@@ -30,25 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shapes to time (repeatable; default 8192,4096,131072 and 2048,2048,32768)")
     p.add_argument("--out", default=None, help="directory for bench.json and bench.md (default: print only)")
     p.add_argument("--rep-ms", type=float, default=400.0, help="milliseconds of timed repetitions per case")
-
-
-def _bench_ms(fn: Callable[[], Any], rep_ms: float) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=max(25.0, rep_ms / 4), rep=rep_ms, return_mode="median"))
-
-
-#: How many times the matmul rate is measured at each end of a run.
-RATE_SAMPLES = 3
-
-
-def matmul_rates(dev: torch.device, rep_ms: float, samples: int = RATE_SAMPLES) -> list[float]:
-    """Measured bf16 matmul rates in FLOP/s (8192³, random data; inputs 128 MiB each, beyond L2), ``samples``
-    median-of-``rep_ms`` measurements one after the other."""
-    n = 8192
-    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    return [2 * n**3 / (_bench_ms(lambda: a @ b, rep_ms) * 1e-3) for _ in range(samples)]
 
 
 def rescale_to_rate(res: dict[str, Any], rate: float) -> None:
@@ -68,41 +57,6 @@ def _case(BT: int, H: int, V: int, dev: torch.device, seed: int = 0):
     ign = torch.rand(BT, device=dev, generator=g) < 0.1
     t[ign] = -100
     return x, w, t
-
-
-def measure_fwd_bwd(leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor],
-                    backward: Callable[[torch.Tensor], None], dev: torch.device, rep_ms: float,
-                    returned_bytes: int = 0) -> dict[str, float]:
-    """Median time, extra peak and bytes held across backward of one forward+backward step.
-
-    Each step clears the ``leaves``' .grad first. A warm-up step runs (compiles, and allocates the .grad
-    buffers). Extra peak: above the inputs and the previous step's .grad buffers (freed at the start of a
-    step, so a gradient that reuses them costs nothing). Held across backward: allocated bytes when forward
-    has returned, above those just before it (the .grad buffers already freed), less ``returned_bytes`` (the
-    forward's own output)."""
-    record: dict[str, int] = {}
-
-    def step(measure: bool = False) -> None:
-        for t in leaves:
-            t.grad = None
-        if measure:
-            torch.cuda.synchronize()
-            record["before"] = torch.cuda.memory_allocated(dev)
-        out = forward()
-        if measure:
-            torch.cuda.synchronize()
-            record["held"] = torch.cuda.memory_allocated(dev) - record["before"] - returned_bytes
-        backward(out)
-
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(dev)
-    base = torch.cuda.memory_allocated(dev)
-    step(measure=True)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated(dev) - base
-    ms = _bench_ms(step, rep_ms)
-    return {"ms": ms, "extra_peak_mib": extra / 2**20, "held_mib": record["held"] / 2**20}
 
 
 def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: float) -> dict[str, Any]:
@@ -128,8 +82,6 @@ def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H
                             chunks: tuple[int, ...] = (2048, 512)) -> list[dict]:
     """The seed's one-chunk micro-benchmark (C=2048), and the same at C=512: time and extra peak of each
     accumulation step into an existing accumulator, and what the accumulator holds beyond the bf16 gradient."""
-    from numcheck.impls import grad_accum
-
     rows = []
     for C in chunks:
         G = torch.randn(C, V, device=dev, dtype=torch.bfloat16)
@@ -143,7 +95,7 @@ def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H
             acc.add_(G, xc)
             torch.cuda.synchronize()
             extra = torch.cuda.max_memory_allocated(dev) - base
-            ms = _bench_ms(lambda: acc.add_(G, xc), rep_ms)
+            ms = median_ms(lambda: acc.add_(G, xc), rep_ms)
             resolved = path if path == grad_accum.SPLIT else grad_accum.resolved_path(path, dev, torch.bfloat16)
             rows.append({"path": path, "resolved": resolved, "C": C, "ms": ms, "extra_peak_mib": extra / 2**20,
                          "tflops": 2 * C * V * H / (ms * 1e-3) / 1e12,
@@ -157,10 +109,6 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     """Time of each step of one chunk of the chunked FLCE at the split impls' chunk size: the logits GEMM, the
     Triton CE kernel (G in place), the grad_x GEMM, and the grad_W accumulation by the split accumulator and
     by ``addmm(out_dtype=float32)`` into an fp32 buffer. Each with its FLOP rate where it is a GEMM."""
-    from numcheck.impls import grad_accum
-    from numcheck.impls.ce_block import reduction_coefficients, row_weights
-    from numcheck.impls.triton_ce import ce_block_triton_
-
     g = torch.Generator(device=dev).manual_seed(1)
     xr = torch.randn(C, H, device=dev, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(V, H, device=dev, dtype=torch.bfloat16, generator=g) * (2.0 / math.sqrt(H))).to(torch.bfloat16)
@@ -182,7 +130,7 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     rows = []
     for name, fn, fl in steps:
         fn()
-        ms = _bench_ms(fn, rep_ms)
+        ms = median_ms(fn, rep_ms)
         rows.append({"step": name, "C": C, "ms": ms, "tflops": fl / (ms * 1e-3) / 1e12 if fl else None})
     del split, plain
     torch.cuda.empty_cache()
@@ -193,11 +141,6 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
     """Each registered quantized linear, per declared recipe and ``save_original_input`` value, against a bf16
     ``F.linear``: median fwd+bwd time (``y.backward(dy)``), extra peak, and bytes held from forward to backward
     (allocated when forward has returned, above just before it, less ``y``)."""
-    import torch.nn.functional as F
-
-    from numcheck.impls.quant_protocol import DelayedScalingState
-    from numcheck.impls.registry import by_kind, discover
-
     g = torch.Generator(device=dev).manual_seed(2)
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g).requires_grad_()
     w = (torch.randn(N, K, device=dev, dtype=torch.bfloat16, generator=g) / math.sqrt(K)).requires_grad_()
@@ -288,8 +231,6 @@ def write_results(res: dict[str, Any], out: Path) -> None:
 def _split_config() -> str | None:
     """The config Triton's autotuner chose for the split accumulator's GEMM (after a bench ran it)."""
     try:
-        from numcheck.impls import split_accum
-
         cfgs = getattr(split_accum._addmm_split_kernel, "cache", {})
         return "; ".join(f"{k}: {v}" for k, v in cfgs.items()) or None
     except Exception:  # pragma: no cover - figures only
@@ -297,8 +238,6 @@ def _split_config() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from numcheck.impls.registry import BrokenImpl, by_kind, discover
-
     if not torch.cuda.is_available():
         print("numcheck bench needs a CUDA device; none is available here", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import BrokenImpl, discover
 
 HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points, --impl) and what it supports here"

@@ -1,6 +1,6 @@
 """``numcheck memory``: extra peak and bytes held across backward per linear+CE impl, and the one-chunk table
-of the grad_weight accumulation paths — measured by :mod:`properties.memory`, on ``meta`` by default so the
-seed's shapes cost nothing."""
+of the grad_weight accumulation paths — measured by :mod:`impls.measure.memory` (the impls on a Problem
+through :mod:`properties.memory`), on ``meta`` by default so the seed's shapes cost nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import argparse
 
 import torch
 
+from numcheck.impls.measure import capabilities, memory
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
-from numcheck.properties import memory
+from numcheck.properties.memory import memory_table
 from numcheck.properties.problems import Problem
 
 HELP = ("memory per linear+CE impl (extra peak, bytes held from forward to backward) and the one-chunk "
@@ -68,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         cuda = f"  (cuda max_memory_allocated: {r.cuda_bytes / memory.MiB:.1f})" if r.cuda_bytes is not None else ""
         print(f"  {r.path:18s} {r.runs_as:18s} {_mib(r.extra_bytes)}  {r.formula}{cuda}")
     if dev.type == "meta":
-        from numcheck.impls import capabilities
-
         if capabilities.addmm_out_dtype_meta(dtype):
             print("  (meta has no values, so addmm_out_dtype is measured with its capability forced on: the "
                   "allocation pattern where the device supports it)")
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
           f"{', bias' if args.bias else ''}, on {dev.type}; V·H·4 = {vh4 / memory.MiB:.1f} MiB")
     print(f"  {'impl':38s} {'fwd peak':>10s} {'held':>10s} {'held B/tok':>10s} {'bwd peak':>10s} {'total':>10s}"
           "  (MiB above the inputs)")
-    for m in memory.memory_table(impls, problem, dev):
+    for m in memory_table(impls, problem, dev):
         if m.error:
             print(f"  {m.name:38s} cannot run on {dev.type}: {m.error}")
             continue

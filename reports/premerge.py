@@ -4,7 +4,7 @@ Checks, each ✅ or ❌ with its key figure:
 
 1. **impls load** — every selected impl (default all; ``--impl`` restricts, outside ``module:attr`` specs
    included) loads and follows its protocol.
-2. **capability probes** — :func:`impls.capabilities.summary` on the device (informative: ❌ only if the
+2. **capability probes** — :func:`impls.measure.capabilities.summary` on the device (informative: ❌ only if the
    probes themselves cannot run).
 3. **property suite** — the installed suite, exactly as a user runs it: ``python -m pytest --pyargs
    numcheck.tests.suite --impl ...`` (:data:`SUITE_MODULES`; the plugin ``numcheck.tests.plugin`` gives it
@@ -100,7 +100,7 @@ def check_impls(entries: list[Any]) -> Check:
 
 
 def check_probes(device: str) -> Check:
-    from numcheck.impls import capabilities
+    from numcheck.impls.measure import capabilities
 
     try:
         caps = capabilities.summary(device)
@@ -261,7 +261,7 @@ def check_memory(report: dict) -> Check:
         return Check("memory", True, "no linear+CE impl ran, nothing to measure")
     if mem.get("error"):
         return Check("memory", False, f"the measurement failed: {mem['error']}")
-    from numcheck.properties.memory import MiB
+    from numcheck.impls.measure.memory import MiB
 
     N, H, V = mem["impl_shape"]
     measured = [r for r in mem["impls"] if not r.get("error")]

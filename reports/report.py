@@ -163,7 +163,8 @@ def memory_section(impls: list[Any]) -> dict[str, Any]:
     """The memory table of :mod:`properties.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
     import torch
 
-    from numcheck.properties import memory
+    from numcheck.impls.measure import memory
+    from numcheck.properties.memory import memory_table
     from numcheck.properties.problems import Problem
 
     try:
@@ -171,7 +172,7 @@ def memory_section(impls: list[Any]) -> dict[str, Any]:
         C = memory.SEED_CHUNK
         chunk = memory.one_chunk_table(V, H, C, dtype=torch.bfloat16, device="meta")
         p = Problem(N=N, H=H, V=V, dtype="bfloat16", device="cpu")
-        rows = memory.memory_table(impls, p, "meta")
+        rows = memory_table(impls, p, "meta")
     except Exception as exc:  # noqa: BLE001 - the report still stands without it; the failure is shown
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"one_chunk_shape": [V, H, C], "impl_shape": [N, H, V], "dtype": "bfloat16", "device": "meta",
@@ -187,7 +188,7 @@ def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: boo
 
     ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
     from numcheck.impls.registry import by_kind, discover
-    from numcheck.reports.accumulation import accumulation_table
+    from numcheck.impls.measure.accumulation import accumulation_table
     from numcheck.reports.report_sweep import one_thread, sweep
 
     t0 = time.monotonic()

@@ -11,7 +11,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable
 
-from numcheck.properties.memory import MiB
+from numcheck.impls.measure.memory import MiB
 
 LINEAR_OUTPUTS = ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
 QUANT_OUTPUTS = ("y", "dgrad", "wgrad", "bgrad")

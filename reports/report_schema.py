@@ -18,7 +18,7 @@ so the file is strict JSON; :func:`load` turns them back)::
                                    "max_ulp", "ratio_hard", "ratio_expected", "worst_index", "impl_value",
                                    "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
                                    ... kind-specific fields}}}],
-     "accumulation": {...} (see reports.accumulation), "memory": {...}}
+     "accumulation": {...} (see impls.measure.accumulation), "memory": {...}}
 
 Judgements. linear+CE: ``analytic`` (every element within the hard first-order bound of
 :mod:`properties.tolerance`) and ``relative`` (RMSE within k× eager's, :mod:`properties.accuracy`; absent
@@ -226,7 +226,7 @@ def torch_release() -> str:
 
 def environment(device: str) -> dict[str, Any]:
     """Everything that identifies where and with what a report was made."""
-    from numcheck.impls import capabilities
+    from numcheck.impls.measure import capabilities
 
     try:
         caps = capabilities.summary(device)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls import capabilities as cap
+from numcheck.impls.measure import capabilities as cap
 from numcheck.impls import grad_accum
 
 LOWP = (torch.bfloat16, torch.float16)

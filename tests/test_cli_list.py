@@ -105,7 +105,7 @@ def test_env_var_impls_are_listed_with_their_origin(capsys, outside, monkeypatch
 
 def test_probes_are_printed(capsys, monkeypatch):
     """--probes adds every capability probe of the device with yes/no."""
-    from numcheck.impls import capabilities
+    from numcheck.impls.measure import capabilities
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     rc, out, _ = _list(capsys, "--impl", "eager", "--probes")

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.quant_protocol import QuantLinearSupport, validate_quant_impl
 from numcheck.properties import fp8_checks as checks
 from numcheck.properties.fp8_cases import QuantCase

@@ -21,7 +21,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.impls import capabilities, grad_accum
+from numcheck.impls import grad_accum
+from numcheck.impls.measure import capabilities
 
 U32, UB = 2.0**-24, 2.0**-8
 K, C, V, H = 64, 16, 48, 24

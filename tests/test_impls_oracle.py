@@ -33,8 +33,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, chunked
-from numcheck.impls.recompute import recompute
+from numcheck.impls.chunked import DEFAULT_CHUNK_ROWS, chunked, recompute
 from numcheck.impls.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from numcheck.properties.compare import compare
 from numcheck.properties.harness import ImplOutputs, oracle_operands, run_impl, run_oracle
@@ -256,7 +255,8 @@ def _held_across_backward(impl: Any, p: Problem) -> list[tuple[tuple[int, ...], 
 def test_recompute_holds_o_n(reduction):
     """recompute (and chunked for `none`) keeps nothing but inputs and O(N) fp32 across backward; chunked for
     `mean` keeps its [V, H] grad_W accumulator (fp32 buffer, or bf16 gradient plus int16 lower half)."""
-    from numcheck.properties import memory
+    from numcheck.impls.measure import memory
+    from numcheck.properties.memory import held_across_backward
 
     p = Problem(N=24, H=16, V=40, bias=True, reduction=reduction, dtype="bfloat16")
     by_name = {i.name: i for i in IMPLS}
@@ -268,7 +268,7 @@ def test_recompute_holds_o_n(reduction):
     for impl in [by_name[n] for n in ("recompute", "chunked[addmm_out_dtype]", *triton)]:
         if impl.support.unavailable_reason():
             continue
-        held = memory.held_across_backward(impl, p.replace(device=device_of(impl)))
+        held = held_across_backward(impl, p.replace(device=device_of(impl)))
         fused = not impl.name.startswith("recompute") and reduction != "none"
         if fused:
             assert held >= p.V * p.H * 4, f"{impl.name} {reduction}: holds {held} B, less than a [V, H] accumulator"

@@ -1,4 +1,4 @@
-"""Memory accounting (properties/memory.py): exact on hand-countable callables on CPU, meta and under
+"""Memory accounting (impls/measure/memory.py, and properties/memory.py for impls on a Problem): exact on hand-countable callables on CPU, meta and under
 FakeTensorMode; the seed's one-chunk arithmetic (3072 / 1056 / 0 MiB) on meta; O(N) bytes held across
 backward by recompute against ≥ V·H·4 for the chunked impls; ``numcheck memory``.
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities, memory
 from numcheck.impls.registry import builtin_impls
-from numcheck.properties import memory
+from numcheck.properties import memory as problem_memory
 from numcheck.properties.problems import Problem
 
 F32 = 4
@@ -132,7 +132,7 @@ def test_held_across_backward_sees_ctx_and_saved(monkeypatch: pytest.MonkeyPatch
             return _Stash.apply(x)
 
     p = Problem(N=6, H=5, V=7)
-    m = memory.impl_memory(Impl(), p, "cpu")
+    m = problem_memory.impl_memory(Impl(), p, "cpu")
     assert m.error == "", m.error
     assert m.held == p.N * p.H * F32 + p.N * F32, m
     assert m.saved_hook_bytes == p.N * F32, m
@@ -174,7 +174,7 @@ def test_one_chunk_on_cpu_follows_the_probe() -> None:
 
 
 def _held(name: str, N: int, H: int, V: int) -> int:
-    return memory.held_across_backward(_impl(name), Problem(N=N, H=H, V=V, dtype="bfloat16"), "meta")
+    return problem_memory.held_across_backward(_impl(name), Problem(N=N, H=H, V=V, dtype="bfloat16"), "meta")
 
 
 def test_recompute_holds_O_N() -> None:

@@ -89,7 +89,8 @@ def test_builtin_factory_that_raises_is_broken_not_fatal(monkeypatch):
     def exploding_factory():
         raise RuntimeError("no such kernel")
 
-    monkeypatch.setattr(registry, "_BUILTIN_FACTORIES", [*registry._BUILTIN_FACTORIES, exploding_factory])
+    factories = [*registry.builtin_factories(), exploding_factory]
+    monkeypatch.setattr(registry, "builtin_factories", lambda: factories)
     entries = builtin_impls()
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     assert len(broken) == 1 and "exploding_factory" in broken[0].spec and "no such kernel" in broken[0].error

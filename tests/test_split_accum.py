@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from numcheck.impls import grad_accum, split_accum
-from numcheck.properties import memory
+from numcheck.impls.measure import memory
 
 pytestmark = pytest.mark.skipif(split_accum.unavailable_reason() is not None,
                                 reason=f"Triton kernels unavailable: {split_accum.unavailable_reason()}")

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from numcheck.impls import triton_ce
-from numcheck.impls.ce_block import RowStats, ce_block_, reduction_coefficients, row_weights
+from numcheck.impls.ce_block import SoftmaxStats, ce_block_, reduction_coefficients, row_weights
 
 U, UB = 2.0**-24, 2.0**-8
 SAFETY = 2.0
@@ -117,7 +117,7 @@ def test_triton_equals_torch_block(opts, dtype, V, mode, request):
         zc = logits.float()
         zc = softcap * torch.tanh(zc / softcap) if softcap is not None else zc
         m = zc.amax(dim=1)
-        stats = RowStats(m, torch.logsumexp(zc - m[:, None], dim=1))
+        stats = SoftmaxStats(m, torch.logsumexp(zc - m[:, None], dim=1))
     kw = dict(ignore_index=IGN, label_smoothing=eps, class_weights=weights, softcap=softcap, z_loss_scale=lam,
               stats=stats, want_loss=mode != "stats-given-grad-only", want_grad=mode != "loss-only")
     a, b = logits.clone(), logits.clone()

@@ -1,7 +1,7 @@
 """Version-dependent paths, exercised on every torch release CI runs.
 
 Each capability that differs between the oldest supported torch (2.6) and the newest (2.13) is pinned
-through :func:`impls.capabilities.forced` — off, and on where an emulation of the missing behaviour exists —
+through :func:`impls.measure.capabilities.forced` — off, and on where an emulation of the missing behaviour exists —
 so the path the old release takes also runs (and is judged against the oracle) on the new one, and the new
 release's path is checked on the old one where it can be emulated:
 
@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from numcheck.impls import capabilities, grad_accum
+from numcheck.impls import grad_accum
+from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import builtin_impls
 from numcheck.properties import fp8_checks
 from numcheck.properties.accuracy import check_accuracy

@@ -1,0 +1,229 @@
+"""The package reads as its architecture: ``reference → impls → properties → tests → reports``, imports only go
+down and no module takes part in an import cycle.
+
+Every import of every module is read from its source (:mod:`ast`, function-level and ``TYPE_CHECKING`` imports
+included: an import moved into a function still ties the two modules together). ``numcheck/__init__.py`` (the
+public API) may import any layer. numcheck's own test modules (``test_*.py``, ``conftest.py`` and everything under
+``numcheck.tests.self`` / ``numcheck.tests.adapters``) sit above the layers: they may import any of them, and
+nothing may import them. The shipped suite (``numcheck.tests.suite``) is part of the ``tests`` layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numcheck
+
+#: The layers, lowest first: a module may import its own layer and the ones before it.
+LAYERS: tuple[str, ...] = ("reference", "impls", "properties", "tests", "reports")
+#: Subpackages of numcheck.tests that hold numcheck's own tests (never imported by the product).
+OWN_TEST_PACKAGES: tuple[str, ...] = ("numcheck.tests.self", "numcheck.tests.adapters")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``importer`` imports ``imported`` at ``path:line``."""
+
+    importer: str
+    imported: str
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.importer} -> {self.imported} ({self.path}:{self.line})"
+
+
+def package_modules(root: Path, package: str = "numcheck") -> dict[str, Path]:
+    """Every module of ``package`` below ``root`` (its folder; links followed), by dotted name. Folders without an
+    ``__init__.py`` are not packages and are skipped, with everything under them."""
+    modules: dict[str, Path] = {}
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        here = Path(folder)
+        if "__init__.py" not in files:
+            dirs[:] = []
+            continue
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        prefix = ".".join((package, *here.relative_to(root).parts))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                modules[prefix if name == "__init__.py" else f"{prefix}.{name[:-3]}"] = here / name
+    return modules
+
+
+def _absolute(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute module named by a relative ``from`` import of ``level`` dots inside ``module``."""
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    base = parts[: len(parts) - (level - 1)] if level > 1 else parts
+    return ".".join([*base, name] if name else base)
+
+
+def imports_of(module: str, path: Path, source: str, known: set[str]) -> list[Edge]:
+    """The imports of ``module`` (source text ``source``) that name a module of ``known``, anywhere in the file.
+
+    ``from a.b import c`` is an import of ``a.b.c`` when that is a module, else of ``a.b``; ``import a.b.c`` is an
+    import of ``a.b.c``. Imports of modules outside ``known`` (torch, the standard library) are left out."""
+    tree = ast.parse(source, filename=str(path))
+    is_package = path.name == "__init__.py"
+    edges: list[Edge] = []
+
+    def add(target: str, node: ast.stmt) -> None:
+        while target and target not in known:  # `import numcheck.x.y` where y is an attribute: its module
+            target = target.rpartition(".")[0]
+        if target and target != module:
+            edges.append(Edge(module, target, str(path), node.lineno))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "numcheck":
+                    add(alias.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node.level, node.module) if node.level else (node.module or "")
+            if base.split(".")[0] != "numcheck":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                add(sub if sub in known else base, node)
+    return edges
+
+
+def import_graph(root: Path) -> list[Edge]:
+    """Every import between numcheck's modules (the package folder ``root``)."""
+    modules = package_modules(root)
+    known = set(modules)
+    edges: list[Edge] = []
+    for name, path in modules.items():
+        edges.extend(imports_of(name, path, path.read_text(encoding="utf-8"), known))
+    return edges
+
+
+def layer(module: str) -> int | None:
+    """The index of ``module``'s layer in :data:`LAYERS`; ``None`` for the public API (``numcheck`` itself);
+    ``len(LAYERS)`` for numcheck's own tests, above every layer."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if parts[1] == "tests" and (parts[-1].startswith("test_") or parts[-1] == "conftest"
+                                or any(module == p or module.startswith(p + ".") for p in OWN_TEST_PACKAGES)):
+        return len(LAYERS)
+    return LAYERS.index(parts[1])
+
+
+def upward(edges: list[Edge]) -> list[Edge]:
+    """The imports of a higher layer (or of numcheck's own tests) by a lower one; the public API is exempt."""
+    out = []
+    for e in edges:
+        a, b = layer(e.importer), layer(e.imported)
+        if a is not None and b is not None and b > a:
+            out.append(e)
+    return out
+
+
+def cycles(edges: list[Edge]) -> list[tuple[list[str], list[Edge]]]:
+    """Each strongly connected group of modules (Tarjan: every one reaches every other through imports), sorted,
+    with one shortest cycle through it as the edges that close it; empty when the imports form a directed
+    acyclic graph."""
+    succ: dict[str, list[Edge]] = {}
+    for e in edges:
+        succ.setdefault(e.importer, []).append(e)
+        succ.setdefault(e.imported, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def connect(v: str) -> None:  # recursion depth is bounded by the number of modules (~100)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for e in succ[v]:
+            w = e.imported
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(succ):
+        if v not in index:
+            connect(v)
+    return [(sorted(group), _cycle_in(group, succ)) for group in groups]
+
+
+def _cycle_in(group: set[str], succ: dict[str, list[Edge]]) -> list[Edge]:
+    """A shortest cycle through the smallest-named module of a strongly connected ``group`` (breadth first)."""
+    start = min(group)
+    came: dict[str, Edge] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for e in succ[v]:
+                if e.imported not in group:
+                    continue
+                if e.imported == start:
+                    path = [e]
+                    while path[0].importer != start:
+                        path.insert(0, came[path[0].importer])
+                    return path
+                if e.imported not in came:
+                    came[e.imported] = e
+                    nxt.append(e.imported)
+        frontier = nxt
+    raise AssertionError(f"{sorted(group)} is not strongly connected")  # pragma: no cover - Tarjan's groups are
+
+
+def _tree_edges() -> list[Edge]:
+    return import_graph(Path(numcheck.__file__).parent)
+
+
+def test_no_import_cycles() -> None:
+    """No two numcheck modules import each other, directly or through others (function-level imports count)."""
+    found = cycles(_tree_edges())
+    assert not found, (
+        f"{len(found)} group(s) of modules that import each other; break each cycle by moving what both sides need "
+        "into a module below them (an import inside a function does not break a cycle):\n"
+        + "\n".join(f"  {len(group)} modules: {', '.join(group)}\n  one cycle:\n    " + "\n    ".join(map(str, cyc))
+                    for group, cyc in found))
+
+
+def test_imports_only_go_down() -> None:
+    """No module imports a layer above its own (reference → impls → properties → tests → reports)."""
+    bad = upward(_tree_edges())
+    assert not bad, (
+        f"{len(bad)} upward import(s); a module may import only its own layer and those before it in "
+        f"{' → '.join(LAYERS)} (numcheck's own tests and the public API may import any):\n"
+        + "\n".join(f"  {e}  [{LAYERS[layer(e.importer)] if layer(e.importer) < len(LAYERS) else 'own tests'} imports "
+                    f"{LAYERS[layer(e.imported)] if layer(e.imported) < len(LAYERS) else 'own tests'}]" for e in bad))
+
+
+def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
+    """A cycle closed by an import inside a function, and an upward import, are found (the checks can fail)."""
+    pkg = tmp_path / "numcheck"
+    for sub in ("", "impls", "properties"):
+        (pkg / sub).mkdir(exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "impls" / "a.py").write_text("from numcheck.impls import b\n")
+    (pkg / "impls" / "b.py").write_text("def f():\n    from numcheck.impls.a import g\n")
+    (pkg / "impls" / "c.py").write_text("from . import a\nfrom ..properties.p import h\n")
+    (pkg / "properties" / "p.py").write_text("import numcheck.impls.c\n")
+    edges = import_graph(pkg)
+    found = cycles(edges)
+    assert sorted(group for group, _ in found) == [
+        ["numcheck.impls.a", "numcheck.impls.b"],
+        ["numcheck.impls.c", "numcheck.properties.p"]]
+    assert [(e.importer, e.imported) for e in upward(edges)] == [("numcheck.impls.c", "numcheck.properties.p")]
