@@ -144,11 +144,11 @@ BROKEN_MODULES = {
     "syntax_error": ("def (:\n", "impl", "SyntaxError"),
     "missing_attr": ("x = 1\n", "impl", "has no attribute 'impl'"),
     "no_name": ("class I:\n    kind = 'linear_ce'\nimpl = I()\n", "impl", "'name'"),
-    "wrong_kind": ("from impls.protocol import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
+    "wrong_kind": ("from numcheck.impls.protocol import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
                    "    support = LinearCESupport()\n    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "kind 'softmax'"),
     "bad_support": ("class I:\n    name = 's'\n    kind = 'linear_ce'\n    support = {'dtypes': ()}\n"
                     "    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "LinearCESupport"),
-    "not_callable": ("from impls.protocol import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
+    "not_callable": ("from numcheck.impls.protocol import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
                      "    support = LinearCESupport()\nimpl = I()\n", "impl", "not callable"),
     "factory_raises": ("def impl():\n    raise ValueError('needs CUDA 12.9')\n", "impl", "needs CUDA 12.9"),
     "empty_list": ("impl = []\n", "impl", "yielded no impls"),
