@@ -6,8 +6,8 @@ Checks, each ✅ or ❌ with its key figure:
    included) loads and follows its protocol.
 2. **capability probes** — :func:`impls.capabilities.summary` on the device (informative: ❌ only if the
    probes themselves cannot run).
-3. **property suite** — the ci hypothesis profile of the impl-parametrized tests (``tests/test_properties.py``,
-   ``tests/test_fp8_impls.py``, ``tests/test_protocol_conformance.py``) in a pytest subprocess with the same
+3. **property suite** — the ci hypothesis profile of the impl-parametrized tests (``tests/suite/test_properties.py``,
+   ``tests/suite/test_fp8_impls.py``, ``tests/suite/test_protocol_conformance.py``) in a pytest subprocess with the same
    ``--impl`` flags; failures are listed with the repro command their message carries.
 4. **quick report** — the report grid (``--grid``, default quick) for the selected impls: every case passes both
    verdicts.
@@ -42,7 +42,7 @@ HELP = ("pre-merge checklist for a pull request: property suite (ci profile), qu
         "baseline, memory table, capability probes; Markdown on stdout, exit 1 if any check fails")
 
 #: The impl-parametrized test modules the property-suite check runs.
-PROPERTY_TESTS = ("tests/test_properties.py", "tests/test_fp8_impls.py", "tests/test_protocol_conformance.py")
+PROPERTY_TESTS = ("tests/suite/test_properties.py", "tests/suite/test_fp8_impls.py", "tests/suite/test_protocol_conformance.py")
 
 
 @dataclass
