@@ -16,7 +16,9 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
 from numcheck.impls.quant_protocol import QuantLinearSupport
+from numcheck.properties.suite_check import CheckResult, Verdict, check
 
 __version__ = "0.1.0"
 
-__all__ = ["FunctionImpl", "LinearCESupport", "QuantLinearSupport", "linear_ce_impl", "make_support"]
+__all__ = ["CheckResult", "FunctionImpl", "LinearCESupport", "QuantLinearSupport", "Verdict", "check", "linear_ce_impl",
+           "make_support"]

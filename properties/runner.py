@@ -8,6 +8,7 @@ problems for an impl, and when it does not apply. The table of them is :data:`nu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -95,3 +96,13 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Problem
         assume(known(variant.name, prop.property_name, p) is None)  # covered by tests/adapters/test_known_divergences.py
         out.append((p, prop.check(variant, p)))
     return out
+
+
+def target_scores(results: Sequence[tuple[Problem, Metrics]]) -> Metrics:
+    """One score per metric label for ``hypothesis.target`` (which takes each label once per example): the
+    largest over the example's variants."""
+    scores: Metrics = {}
+    for _, metrics in results:
+        for label, value in metrics.items():
+            scores[label] = max(float(value), scores.get(label, -math.inf))
+    return scores

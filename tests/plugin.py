@@ -12,9 +12,9 @@ Run the suite against your impl from any directory::
   (discovery is deterministic). An impl that failed to load is still collected: its tests fail with the load
   error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
   skipped with the reason.
-- Hypothesis profiles ``numcheck-ci`` (derandomized, bounded; ``NUMCHECK_CI_EXAMPLES`` examples, default 12),
-  ``numcheck-ci-seeded`` (the same, not derandomized: for ``--hypothesis-seed``), ``numcheck-dev`` and
-  ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
+- Hypothesis profiles (:mod:`numcheck.properties.profiles`) ``numcheck-ci`` (derandomized, bounded;
+  ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
+  ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
   it is one of these, else the one ``NUMCHECK_HYPOTHESIS_PROFILE`` names (``ci``, ``dev``, ... or the full
   name), else ``numcheck-ci``. No profile is ever loaded for the process: a user's own tests keep theirs.
 
@@ -31,38 +31,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry
+from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
 from numcheck.properties.runner import budget
-
-#: numcheck's hypothesis profiles, and the short names ``NUMCHECK_HYPOTHESIS_PROFILE`` has always accepted.
-PROFILES: tuple[str, ...] = ("numcheck-ci", "numcheck-ci-seeded", "numcheck-dev", "numcheck-thorough")
-DEFAULT_PROFILE = "numcheck-ci"
-
-_COMMON: dict[str, Any] = dict(
-    deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture,
-                           HealthCheck.filter_too_much])
-
-
-def _ci_examples() -> int:
-    raw = os.environ.get("NUMCHECK_CI_EXAMPLES", "12")
-    try:
-        return int(raw)
-    except ValueError:
-        raise pytest.UsageError(f"NUMCHECK_CI_EXAMPLES must be an integer number of examples, got {raw!r}") from None
-
-
-settings.register_profile("numcheck-ci", max_examples=_ci_examples(), derandomize=True, **_COMMON)
-# numcheck-ci without derandomization: with --hypothesis-seed, checks that ci verdicts do not hang on one seed.
-settings.register_profile("numcheck-ci-seeded", max_examples=_ci_examples(), **_COMMON)
-settings.register_profile("numcheck-dev", max_examples=60, **_COMMON)
-settings.register_profile("numcheck-thorough", max_examples=1000, **_COMMON)
 
 _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
@@ -87,11 +64,10 @@ def profile_name() -> str:
     env = os.environ.get("NUMCHECK_HYPOTHESIS_PROFILE")
     if not env:
         return DEFAULT_PROFILE
-    name = env if env.startswith("numcheck-") else f"numcheck-{env}"
-    if name not in PROFILES:
-        raise pytest.UsageError(f"NUMCHECK_HYPOTHESIS_PROFILE={env!r} names no numcheck profile; use one of "
-                                f"{', '.join(PROFILES)} (or ci, ci-seeded, dev, thorough)")
-    return name
+    try:
+        return numcheck_name(env)
+    except ValueError as exc:
+        raise pytest.UsageError(f"NUMCHECK_HYPOTHESIS_PROFILE: {exc}") from None
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from numcheck.properties import checks
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
-from numcheck.properties.runner import run_example, skip_reason
+from numcheck.properties.runner import run_example, skip_reason, target_scores
 from numcheck.properties.strategies import DEVICE, refusal
 
 
@@ -35,9 +35,8 @@ def _run(name: str, impl: Any, data: Any) -> None:
     why = skip_reason(prop, impl)
     if why:
         pytest.skip(why)
-    for _, metrics in run_example(prop, impl, data):
-        for label, value in metrics.items():
-            target(float(value), label=label)
+    for label, value in target_scores(run_example(prop, impl, data)).items():
+        target(value, label=label)
 
 
 @given(data=st.data())
