@@ -74,7 +74,7 @@ def test_printed_repro_command_round_trips(mutant, monkeypatch, capsys):
 def test_raising_impl_is_a_failure(tmp_path, monkeypatch, capsys):
     """An impl that raises on a declared case fails the property (exit 1), with the exception named."""
     (tmp_path / "repro_raiser.py").write_text(
-        "from impls.protocol import linear_ce_impl\n"
+        "from numcheck.impls.protocol import linear_ce_impl\n"
         "@linear_ce_impl(name='repro_raiser', dtypes=('float32',), autocast=(), options=())\n"
         "def impl(x, w, t, b=None, **kw):\n    raise RuntimeError('kernel launch failed')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
