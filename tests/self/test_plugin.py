@@ -39,10 +39,13 @@ settings.register_profile("ci", max_examples=7, derandomize=True, database=None)
 settings.load_profile("ci")
 '''
 USER_TEST = '''
+import os
+import sys
 from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 def test_own_hypothesis_test_keeps_own_profile():
+    assert "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules  # numcheck did nothing here
     calls = []
 
     @given(st.integers())
@@ -75,7 +78,7 @@ def _bin() -> Path:
 def _env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: this venv's scripts on PATH, nothing of numcheck's test run."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS")) and k != "PYTHONPATH"}
+           if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS")) and k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     env["PATH"] = os.pathsep.join([str(_bin()), env.get("PATH", "")])
     env.update(extra)
     return env
@@ -117,7 +120,8 @@ def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
 
 def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
     """With numcheck installed, a user's own hypothesis tests run under the user's own ``ci`` profile: 7
-    examples for a test decorated at call time and one decorated at import, no numcheck profile loaded."""
+    examples for a test decorated at call time and one decorated at import, no numcheck profile loaded, and
+    nothing of numcheck's set up (no Triton interpreter asked for, no triton imported)."""
     (tmp_path / "conftest.py").write_text(USER_CONFTEST)
     (tmp_path / "test_user.py").write_text(USER_TEST)
     r = _pytest(tmp_path, "-q")
