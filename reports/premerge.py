@@ -42,7 +42,8 @@ HELP = ("pre-merge checklist for a pull request: property suite (ci profile), qu
         "baseline, memory table, capability probes; Markdown on stdout, exit 1 if any check fails")
 
 #: The impl-parametrized test modules the property-suite check runs.
-PROPERTY_TESTS = ("tests/suite/test_properties.py", "tests/suite/test_fp8_impls.py", "tests/suite/test_protocol_conformance.py")
+PROPERTY_TESTS = ("numcheck/tests/suite/test_properties.py", "numcheck/tests/suite/test_fp8_impls.py",
+                  "numcheck/tests/suite/test_protocol_conformance.py")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from numcheck.impls import registry
 from numcheck.impls.protocol import (FunctionImpl, LinearCESupport, linear_ce_impl, make_support, validate_impl)
 from numcheck.impls.registry import ENTRY_POINT_GROUP, ENV_VAR, BrokenImpl, ImplEntry, builtin_impls, discover, load_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "outside_impl.py"
 EXAMPLE_NAME = "outside_fp32_logits"
 _counter = itertools.count()
@@ -143,11 +143,11 @@ BROKEN_MODULES = {
     "syntax_error": ("def (:\n", "impl", "SyntaxError"),
     "missing_attr": ("x = 1\n", "impl", "has no attribute 'impl'"),
     "no_name": ("class I:\n    kind = 'linear_ce'\nimpl = I()\n", "impl", "'name'"),
-    "wrong_kind": ("from impls.protocol import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
+    "wrong_kind": ("from numcheck.impls.protocol import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
                    "    support = LinearCESupport()\n    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "kind 'softmax'"),
     "bad_support": ("class I:\n    name = 's'\n    kind = 'linear_ce'\n    support = {'dtypes': ()}\n"
                     "    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "LinearCESupport"),
-    "not_callable": ("from impls.protocol import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
+    "not_callable": ("from numcheck.impls.protocol import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
                      "    support = LinearCESupport()\nimpl = I()\n", "impl", "not callable"),
     "factory_raises": ("def impl():\n    raise ValueError('needs CUDA 12.9')\n", "impl", "needs CUDA 12.9"),
     "empty_list": ("impl = []\n", "impl", "yielded no impls"),
@@ -343,7 +343,7 @@ def outside_dir(tmp_path) -> Path:
     return tmp_path
 
 
-CONFORMANCE = "tests/suite/test_protocol_conformance.py"
+CONFORMANCE = "numcheck/tests/suite/test_protocol_conformance.py"
 
 
 def test_outside_module_runs_under_pytest_impl(outside_dir):

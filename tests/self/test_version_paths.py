@@ -48,7 +48,7 @@ from numcheck.properties.problems import Problem, build
 from numcheck.properties.strategies import problems
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8, encode_fp8, same_codes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOWP = (torch.bfloat16, torch.float16)
 FP8_FORMATS = {"float8_e4m3fn": E4M3, "float8_e5m2": E5M2}
 
