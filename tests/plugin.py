@@ -31,15 +31,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
-from numcheck.impls.registry import BrokenImpl, ImplEntry
+from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
+from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
 from numcheck.properties.runner import budget
+from numcheck.properties.strategies import problems
 
 _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
@@ -95,8 +98,6 @@ def _arrange(config: pytest.Config) -> None:
     config.stash[_ARRANGED_KEY] = True
     interpreter.arrange()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
-
         torch.set_num_threads(1)
 
 
@@ -114,9 +115,7 @@ def impl_entries(config: pytest.Config, kind: str | None) -> list[ImplEntry | Br
     """Loaded entries of ``kind`` (every kind for ``None``) plus every broken entry (whose kind is unknown);
     discovered once per session, on first use."""
     if _ENTRIES_KEY not in config.stash:
-        _arrange(config)
-        from numcheck.impls.registry import discover  # noqa: PLC0415 - after _arrange: discovery imports triton
-
+        _arrange(config)  # before discovery: the built-ins import triton
         config.stash[_ENTRIES_KEY] = discover(config.getoption("--impl"))
     return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl) or kind is None or e.kind == kind]
 
@@ -191,9 +190,6 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     (:func:`numcheck.properties.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8_strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
-    from numcheck.properties.fp8_strategies import quant_cases  # noqa: PLC0415 - after _arrange (via numcheck_impl)
-    from numcheck.properties.strategies import problems  # noqa: PLC0415 - idem
-
     if numcheck_impl.kind == "quant_linear":
         return quant_cases(numcheck_impl.support)
     return problems(numcheck_impl.support)
@@ -203,8 +199,6 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
 def one_thread_per_module() -> Iterator[None]:
     """torch's intra-op threads set to 1 for a module, restored after it (modules opt in with
     ``pytestmark = pytest.mark.usefixtures("one_thread_per_module")``)."""
-    import torch
-
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
