@@ -22,12 +22,14 @@ from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, a
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.fp8_cases import QuantCase
 from numcheck.properties.problems import Problem
+from numcheck.properties.suite_check import CheckResult, Verdict, check
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport", "Problem",
-    "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "assert_linear_ce",
-    "assert_quant_linear", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
+    "CheckResult", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
+    "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "Verdict",
+    "assert_linear_ce", "assert_quant_linear", "check", "linear_ce_impl", "make_quant_support", "make_support",
+    "quant_linear_impl",
 ]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,7 +38,7 @@ import torch
 
 from numcheck.impls.quant_protocol import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
 from numcheck.properties.compare import Comparison, compare
-from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.failures import PropertyFailure, repro_command
 from numcheck.properties.fp8_cases import QuantCase, QuantTensors, build_quant
 from numcheck.properties.fp8_tolerance import output_bounds
 from numcheck.properties.harness import strided_copy
@@ -50,20 +49,6 @@ from numcheck.reference.fp8_scaling import block_grid, quantize_operand
 
 
 # -- failures -----------------------------------------------------------------------------------------
-def repro_command(impl: Any, prop: str, case: QuantCase) -> str:
-    """One shell line re-running ``prop`` on ``case`` for ``impl``."""
-    try:
-        from numcheck.impls.registry import spec_of
-
-        spec = spec_of(impl.name)
-    except ImportError:  # pragma: no cover - older registry
-        spec = None
-    env = f"NUMCHECK_IMPLS={shlex.quote(spec)} " if spec and spec != impl.name else ""
-    text = repr(case)
-    quoted = f'"{text}"' if not any(ch in text for ch in '"$`\\!') else shlex.quote(text)
-    return f"{env}python -m properties.fp8_checks --impl {shlex.quote(impl.name)} --property {prop} --case {quoted}"
-
-
 def fail(impl: Any, prop: str, case: QuantCase, *lines: str) -> None:
     """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command."""
     __tracebackhide__ = True

@@ -4,8 +4,8 @@ re-finding on every run, and must notice when they go away.
 Each entry names the impls (fnmatch pattern), the properties it affects, the devices it was seen on, the cases it
 covers (a predicate on the Problem), the reason, and one example Problem. An entry covers a case only on its
 devices, so a divergence seen on CPU is still looked for on CUDA, and the example runs on the suite's device
-(``NUMCHECK_DEVICE``). tests/test_properties.py leaves matching cases out of its draws;
-tests/test_known_divergences.py runs every entry's example as a strict xfail, so a fix upstream turns CI red
+(``NUMCHECK_DEVICE``). tests/suite/test_properties.py leaves matching cases out of its draws;
+tests/adapters/test_known_divergences.py runs every entry's example as a strict xfail, so a fix upstream turns CI red
 until the entry is removed, and an entry that matches no registered impl is reported.
 """
 

@@ -77,7 +77,7 @@ def test_paths_within_bounds_and_ordered(device):
         ratio = (err / bounds[path]).max()
         worst = divmod(int((err / bounds[path]).argmax()), H)
         assert ratio <= 1, (f"path {path} (runs as {grad_accum.resolved_path(path, device, torch.bfloat16)} on {device}): "
-                            f"error/bound {float(ratio):.3g} at {worst}; repro: pytest tests/test_grad_accum.py -k ordered")
+                            f"error/bound {float(ratio):.3g} at {worst}; repro: pytest tests/self/test_grad_accum.py -k ordered")
         rel[path] = float((gw.double() - exact).norm() / exact.norm())
     fp32 = max(rel["fp32_operands"], rel["addmm_out_dtype"])
     assert fp32 < rel["fallback"] < rel["lowp_accum"], f"expected fp32 < fallback < lowp_accum, got {rel}"

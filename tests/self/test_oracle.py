@@ -174,7 +174,7 @@ def pair_bounds(*cases: Case) -> dict[str, float]:
 
 
 def _repro() -> str:
-    test = os.environ.get("PYTEST_CURRENT_TEST", "tests/test_oracle.py").rsplit(" ", 1)[0]
+    test = os.environ.get("PYTEST_CURRENT_TEST", "tests/self/test_oracle.py").rsplit(" ", 1)[0]
     return f"pytest '{test}' -q"
 
 

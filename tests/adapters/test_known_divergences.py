@@ -9,7 +9,7 @@ import pytest
 from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties import checks
 from numcheck.properties.strategies import DEVICE_TYPE as DEVICE
-from numcheck.tests.known_divergences import KNOWN
+from numcheck.properties.known_divergences import KNOWN
 
 
 def _builtin(pattern: str):
@@ -52,7 +52,7 @@ def test_divergence_still_present(entry):
 def test_entry_rejects_unknown_devices(devices):
     """A known-divergence entry must name the device types it was seen on, from cpu and cuda only."""
     from numcheck.properties.problems import Problem
-    from numcheck.tests.known_divergences import KnownDivergence
+    from numcheck.properties.known_divergences import KnownDivergence
 
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
         KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
@@ -75,7 +75,7 @@ def test_data_predicates_do_not_cover_a_whole_test():
     """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
     rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
     from numcheck.properties.problems import Problem
-    from numcheck.tests.known_divergences import covers_every
+    from numcheck.properties.known_divergences import covers_every
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None

@@ -16,7 +16,7 @@ release's path is checked on the old one where it can be emulated:
   a reason, never failures.
 - ``autocast_dtype`` off → the strategies draw no autocast cases.
 
-``scaled_mm`` forced off is covered by ``tests/test_fp8_impls.py::test_emulated_gemms_match_native``.
+``scaled_mm`` forced off is covered by ``tests/suite/test_fp8_impls.py::test_emulated_gemms_match_native``.
 Cost: about 4 s on one core (the quantizers under the emulated cast and the two chunked runs dominate).
 The emulated addmm(out_dtype=) was checked against the real op on an H200 (torch 2.11): same accepted
 dtype combinations, values within fp32 summation-order rounding (``test_addmm_emulation_matches_the_real_op``).
@@ -49,7 +49,7 @@ from numcheck.properties.problems import Problem, build
 from numcheck.properties.strategies import problems
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8, encode_fp8, same_codes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOWP = (torch.bfloat16, torch.float16)
 FP8_FORMATS = {"float8_e4m3fn": E4M3, "float8_e5m2": E5M2}
 
@@ -207,7 +207,7 @@ def test_addmm_out_dtype_off_and_on_agree_and_meet_the_oracle(p: Problem, monkey
             f"chunked[addmm_out_dtype] {name} on {p.short()}: fallback (probe off) and out_dtype call (probe on) differ"
             + ("" if a is None or b is None else f" by up to {float((a.double() - b.double()).abs().max()):.3g} "
                f"at {[int(i) for i in (a != b).nonzero()[0]]}")
-            + f"; repro: pytest tests/test_version_paths.py -k 'off_and_on and {p.seed}'")
+            + f"; repro: pytest tests/self/test_version_paths.py -k 'off_and_on and {p.seed}'")
 
 
 @pytest.mark.parametrize("mats,out_dtype", [

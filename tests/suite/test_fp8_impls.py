@@ -23,7 +23,7 @@ _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixtur
 EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
 
 
-#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
@@ -219,11 +219,3 @@ def test_protocol_rejects_malformed_impls():
     with pytest.raises(ValueError, match="recipes"):
         QuantLinearSupport(recipes=())
 
-
-def test_mutants_load_as_outside_impls():
-    """The mutants load through the registry's spec path like any outside impl, and describe themselves."""
-    from numcheck.impls.registry import ImplEntry, load_spec
-
-    entries = load_spec("numcheck.tests.fp8_mutants:MUTANTS", "--impl")
-    assert entries and all(isinstance(e, ImplEntry) for e in entries), entries
-    assert all("recipes:" in e.impl.support.describe() for e in entries)

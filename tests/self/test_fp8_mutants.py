@@ -1,4 +1,4 @@
-"""The FP8 suite's own sharpness: each mutant in tests/fp8_mutants.py must fail the property meant to catch it."""
+"""The FP8 suite's own sharpness: each mutant in tests/self/fp8_mutants.py must fail the property meant to catch it."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from numcheck.properties import fp8_checks as checks
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.fp8_cases import QuantCase
 from numcheck.properties.fp8_strategies import quant_cases
-from numcheck.tests.fp8_mutants import CAUGHT_BY, MUTANTS
+from numcheck.tests.self.fp8_mutants import CAUGHT_BY, MUTANTS
 
 # No shrinking: the first failing case is enough to show the mutant is caught (shrinking only costs time).
 _FIND = settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
                  suppress_health_check=list(HealthCheck))
 
 
-#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
@@ -55,9 +55,18 @@ def test_colwise_from_rowwise_mutant_is_invisible_to_per_tensor_scaling():
     so this mutant is only observable for block-scaled recipes (which the suite therefore always draws)."""
     from numcheck.impls.quant_linear import Fp8Linear
     from numcheck.reference.fp8_recipes import Fp8Recipe
-    from numcheck.tests.fp8_mutants import ColumnwiseFromRowwiseQuantized
+    from numcheck.tests.self.fp8_mutants import ColumnwiseFromRowwiseQuantized
 
     per_tensor = ColumnwiseFromRowwiseQuantized("per_tensor_variant", (Fp8Recipe("current", power_of_2_scales=True, fp8_format="E4M3"),))
     case = QuantCase(per_tensor.support.recipes[0], 32, 64, 16, seed=1)
     checks.save_original_input(per_tensor, case)  # passes: pow2 per-tensor requantization is idempotent
     assert isinstance(per_tensor, Fp8Linear)
+
+
+def test_mutants_load_as_outside_impls():
+    """The mutants load through the registry's spec path like any outside impl, and describe themselves."""
+    from numcheck.impls.registry import ImplEntry, load_spec
+
+    entries = load_spec("numcheck.tests.self.fp8_mutants:MUTANTS", "--impl")
+    assert entries and all(isinstance(e, ImplEntry) for e in entries), entries
+    assert all("recipes:" in e.impl.support.describe() for e in entries)

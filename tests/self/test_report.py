@@ -203,7 +203,8 @@ def test_unavailable_broken_and_raising_impls_are_listed(impl_module):
     raised = [c for c in rep["cases"] if c["impl"] == "raises"]
     assert raised and all(c["status"] == "error" for c in raised)
     assert all("kernel exploded on purpose" in c["error"] and not any(c["verdicts"].values()) for c in raised)
-    assert all(c["repro"].startswith("NUMCHECK_IMPLS=") for c in raised), "repro must name the outside impl's spec"
+    assert all(f"numcheck repro --impl {impl_module}:raising " in c["repro"] for c in raised), \
+        "repro must name the outside impl's spec"
     from numcheck.reports.report_md import render
 
     md = render(rep)

@@ -32,7 +32,7 @@ def _at_least(n: int) -> int:
     return max(n, settings.default.max_examples)
 
 
-#: One intra-op thread while this module runs (the fixture is in tests/conftest.py).
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 

@@ -1,4 +1,4 @@
-"""Small deliberately wrong linear+CE impls the suite must catch (tests/test_mutants.py runs them).
+"""Small deliberately wrong linear+CE impls the suite must catch (tests/self/test_mutants.py runs them).
 
 Each is a plausible mistake built on the eager composition, declared as if it were correct.
 """
@@ -122,7 +122,7 @@ def _upstream_before_mean_in_compute_dtype(x, weight, target, bias=None, *, redu
     return Fn.apply(x, weight)
 
 
-#: Caught by the loss-scale draws only (tests/test_mutants.py), so not in MUTANTS' general draws.
+#: Caught by the loss-scale draws only (tests/self/test_mutants.py), so not in MUTANTS' general draws.
 upstream_before_mean = FunctionImpl(
     "mutant_upstream_before_mean", _upstream_before_mean_in_compute_dtype,
     LinearCESupport(options=frozenset({"ignore_index"}), all_ignored=None, logits_dtype="compute",

@@ -1,4 +1,4 @@
-"""The suite's own sharpness: each in-repo mutant (tests/mutants.py) must fail the accuracy property."""
+"""The suite's own sharpness: each in-repo mutant (tests/self/mutants.py) must fail the accuracy property."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.harness import ProtocolViolation
 from numcheck.properties.problems import Problem
 from numcheck.properties.strategies import DEVICE, problems
-from numcheck.tests.mutants import DIRECTED, MUTANTS
+from numcheck.tests.self.mutants import DIRECTED, MUTANTS
 
 
 def _fails(impl, p) -> bool:
@@ -39,7 +39,7 @@ def test_upstream_before_mean_is_caught_by_loss_scale_draws():
     """The loss-scale draws find where scaling p − y by 2^17 before dividing by N overflows fp16 (the scaled
     gradient itself fits): a held-out bug that every other draw passes."""
     from numcheck.properties.strategies import loss_scale_problems
-    from numcheck.tests.mutants import upstream_before_mean
+    from numcheck.tests.self.mutants import upstream_before_mean
 
     found = find(loss_scale_problems(upstream_before_mean.support), lambda p: _fails(upstream_before_mean, p),
                  settings=settings(max_examples=30, derandomize=True, database=None, deadline=None,
@@ -101,7 +101,7 @@ def test_upstream_gradient_modified_in_place_is_named():
     """run_impl names an upstream gradient that backward changed in place, though every output is right for the
     call (a caller reusing that tensor, as a loss scaler does, gets a wrong one)."""
     from numcheck.properties.harness import run_impl
-    from numcheck.tests.mutants import upstream_divided_in_place
+    from numcheck.tests.self.mutants import upstream_divided_in_place
 
     p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
     with pytest.raises(ProtocolViolation, match="modified its input 'upstream gradient' in place"):

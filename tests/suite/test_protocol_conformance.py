@@ -49,7 +49,7 @@ def test_protocol_structure(linear_ce_impl, reduction):
     why = s.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=reduction)
     if why:
         pytest.skip(f"{linear_ce_impl.name}: {why}")
-    repro = f"pytest 'tests/test_protocol_conformance.py::test_protocol_structure[{linear_ce_impl.name}-{reduction}]'"
+    repro = f"pytest 'tests/suite/test_protocol_conformance.py::test_protocol_structure[{linear_ce_impl.name}-{reduction}]'"
     try:
         out = run_impl(linear_ce_impl, p)
     except ProtocolViolation as exc:

@@ -23,7 +23,7 @@ from numcheck.impls import registry
 from numcheck.impls.protocol import (FunctionImpl, LinearCESupport, linear_ce_impl, make_support, validate_impl)
 from numcheck.impls.registry import ENTRY_POINT_GROUP, ENV_VAR, BrokenImpl, ImplEntry, builtin_impls, discover, load_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "outside_impl.py"
 EXAMPLE_NAME = "outside_fp32_logits"
 _counter = itertools.count()
@@ -344,7 +344,7 @@ def outside_dir(tmp_path) -> Path:
     return tmp_path
 
 
-CONFORMANCE = "tests/test_protocol_conformance.py"
+CONFORMANCE = "numcheck/tests/suite/test_protocol_conformance.py"
 
 
 def test_outside_module_runs_under_pytest_impl(outside_dir):

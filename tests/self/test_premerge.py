@@ -61,7 +61,7 @@ def test_wrong_outside_impl_fails_with_repro_commands(tmp_path):
     assert proc.returncode == 1, f"premerge exited {proc.returncode}\n{out}\n{proc.stderr[-2000:]}"
     assert "❌ **property suite (ci profile)**" in out, out
     assert "❌ **report**" in out, out
-    assert "reproduce: `NUMCHECK_IMPLS=mybad:impl numcheck repro --impl mymod_no_bias" in out, out
+    assert "numcheck repro --impl mybad:impl --property" in out, out
 
 
 def test_junit_parsing_counts_and_extracts_repro(tmp_path):

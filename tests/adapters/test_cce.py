@@ -25,7 +25,7 @@ from numcheck.properties.failures import fail
 from numcheck.properties.harness import run_impl
 from numcheck.properties.problems import Problem, build
 from numcheck.properties.strategies import why_not_run
-from numcheck.tests.known_divergences import known
+from numcheck.properties.known_divergences import known
 
 INFO = cce.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -267,7 +267,7 @@ def test_target_logit_is_summed_from_rounded_products(dtype: torch.dtype) -> Non
 def test_filtering_predicate(p: Problem, skips: bool) -> None:
     """The known divergence's data predicate says a 128-class block may be skipped where some valid row has as
     many |softmax − onehot| below eps/32 as the smallest block has classes (cases seen on the H200 either way)."""
-    from numcheck.tests.known_divergences import cce_filtering_may_skip
+    from numcheck.properties.known_divergences import cce_filtering_may_skip
 
     assert cce_filtering_may_skip(p, block_cols=128) is skips
 

@@ -4,7 +4,7 @@ the memory it saves, and clear errors.
 Exactness: with integer-valued bf16 operands every product and every partial sum below 2²⁴ is exact in fp32,
 whatever the summation order, so the accumulator must equal the float64 sum bit for bit — and such sums need
 more than bf16's 8 significant bits, so the lower half carries information. With random operands the
-accumulator must stay within fp32 accumulation's bound γ_{KC}·Σ|G|ᵀ|x| (tests/test_grad_accum.py derives it)
+accumulator must stay within fp32 accumulation's bound γ_{KC}·Σ|G|ᵀ|x| (tests/self/test_grad_accum.py derives it)
 and must beat a bf16 running sum by orders of magnitude.
 """
 
@@ -46,7 +46,7 @@ def test_integer_sums_are_exact(shape: tuple[int, int, int, int]) -> None:
     assert lo_used > 0, "test data did not exercise the lower half"
     diff = (got - exact).abs()
     assert torch.equal(got, exact), (f"split accumulator differs from the exact integer sum by {diff.max():g} at "
-                                     f"{divmod(int(diff.argmax()), H)}; repro: pytest tests/test_split_accum.py -k integer")
+                                     f"{divmod(int(diff.argmax()), H)}; repro: pytest tests/self/test_split_accum.py -k integer")
 
 
 @pytest.mark.parametrize("kernel", ["tma", "pointer"])
@@ -69,7 +69,7 @@ def test_each_kernel_sums_integers_exactly(kernel: str) -> None:
     assert int((probe.lo != 0).sum()) > 0, "test data did not exercise the lower half"
     got = probe.value().cpu().double()
     assert torch.equal(got, exact), (f"kernel {kernel!r}: differs from the exact integer sum by "
-                                     f"{(got - exact).abs().max():g}; repro: pytest tests/test_split_accum.py -k {kernel}")
+                                     f"{(got - exact).abs().max():g}; repro: pytest tests/self/test_split_accum.py -k {kernel}")
 
 
 def test_tma_kernel_refuses_unaligned_rows() -> None:
@@ -103,7 +103,7 @@ def test_random_sums_within_fp32_bound(dtype: torch.dtype) -> None:
     bound = n * U32 / (1 - n * U32) * A
     got = acc.value().cpu().double()
     ratio = ((got - exact).abs() / bound).max()
-    assert ratio <= 1, f"{dtype}: error/bound {float(ratio):.3g}; repro: pytest tests/test_split_accum.py -k random"
+    assert ratio <= 1, f"{dtype}: error/bound {float(ratio):.3g}; repro: pytest tests/self/test_split_accum.py -k random"
     rel = float((got - exact).norm() / exact.norm())
     rel_lowp = float((lowp.double() - exact).norm() / exact.norm())
     assert rel * 100 < rel_lowp, f"split {rel:.3g} is not ≫ better than a bf16 running sum {rel_lowp:.3g}"

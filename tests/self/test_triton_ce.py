@@ -11,7 +11,7 @@ Bound on the difference (both read the same stored logits z; u = 2⁻²⁴, γ_n
   at most |Δz'| (not at all without softcap). Given row statistics pass through both unchanged (bound 0).
 * G (fp32 math on both sides): |ΔG_ij| ≤ Gabs_ij·(e_i + 10u) (the few products of each side), + 30u·Gabs_ij
   under softcap (d = 1 − t² with t off by ≤ 12u|t| on each side), Gabs = |c|(C·p + q) + |c^z|·2λ|lse|·p as in
-  tests/test_impls_oracle.py (without the factor d, which is ≤ 1); stored bf16 adds each side's rounding,
+  tests/self/test_impls_oracle.py (without the factor d, which is ≤ 1); stored bf16 adds each side's rounding,
   2u_b·Gabs·(1 + e_i).
 * per-row CE: |Δℓ_i| ≤ C_i·e_i + 2γ_{V+4}·(C_i|lse_i| + Σ_j q_ij|z'_ij|); z-loss: 2λ|lse_i|·e_i + 6u·ζ_i.
 

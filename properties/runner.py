@@ -1,0 +1,108 @@
+"""The one runner of the suite's drawn properties, shared by the pytest suite (``numcheck.tests.suite``) and
+:func:`numcheck.check`: an impl's example budget, when a property is skipped for an impl, and one example
+(draw the problems, reject the known divergences, run the property, hand back its metrics).
+
+A :class:`SuiteProperty` is one test of the suite: the property function it judges with, how it draws its
+problems for an impl, and when it does not apply. The table of them is :data:`numcheck.properties.linear_ce_suite.SUITE`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from hypothesis import assume
+
+from numcheck.properties.known_divergences import covers_every, known
+from numcheck.properties.problems import Problem
+
+Metrics = dict[str, float]
+#: ``draw(impl, data) -> Problem``: one problem for ``impl`` from a hypothesis ``st.data()`` object.
+Draw = Callable[[Any, Any], Problem]
+
+
+def _never(impl: Any) -> str | None:
+    """No reason to skip."""
+    return None
+
+
+def _no_fields(impl: Any) -> Problem | None:
+    """No field forced on every draw."""
+    return None
+
+
+@dataclass(frozen=True)
+class SuiteProperty:
+    """One drawn test of the suite, as both the plugin and :func:`numcheck.check` run it.
+
+    ``name``: the verdict's name (the test's name without ``test_``, plus ``[id]`` for a parametrized one).
+    ``check``: the property function (``check(impl, problem) -> metrics``, raising ``PropertyFailure``); its
+    ``__name__`` is the property name known divergences and ``numcheck repro`` use. ``draw``: one problem.
+    ``skip``: why the test says nothing about an impl (``None`` when it applies). ``every``: a problem carrying
+    only the fields the test forces on every draw: a known divergence decided by those fields covers every draw,
+    and the test is skipped with its reason. ``cases``: for a test that runs several variants of the impl in one
+    example (each with its own draw), ``impl -> [(impl variant, draw)]``, in place of ``draw``; by default
+    ``[(impl, draw)]``."""
+
+    def __post_init__(self) -> None:
+        if (self.draw is None) == (self.cases is None):
+            raise ValueError(f"suite property {self.name!r}: give exactly one of draw and cases")
+
+    name: str
+    check: Callable[[Any, Problem], Metrics]
+    draw: Draw | None
+    skip: Callable[[Any], str | None] = _never
+    every: Callable[[Any], Problem | None] = _no_fields
+    cases: Callable[[Any], Sequence[tuple[Any, Draw]]] | None = field(default=None)
+
+    @property
+    def property_name(self) -> str:
+        """The property function's name (``accuracy``, ``frozen_x``, ...)."""
+        return self.check.__name__
+
+    def variants(self, impl: Any) -> Sequence[tuple[Any, Draw]]:
+        """The ``(impl, draw)`` pairs one example runs."""
+        if self.cases is not None:
+            return self.cases(impl)
+        assert self.draw is not None  # __post_init__
+        return [(impl, self.draw)]
+
+
+def budget(impl: Any, max_examples: int) -> int:
+    """The examples an impl gets out of a profile's ``max_examples``: a quarter (at least 2) for impls that
+    declare ``slow`` (interpreters), all of them otherwise."""
+    return max(2, max_examples // 4) if getattr(impl.support, "slow", False) else max_examples
+
+
+def skip_reason(prop: SuiteProperty, impl: Any) -> str | None:
+    """Why ``prop`` is skipped for ``impl``: it does not apply, or a known divergence covers every draw."""
+    why = prop.skip(impl)
+    if why:
+        return why
+    every = prop.every(impl)
+    if every is not None and (k := covers_every(impl.name, prop.property_name, every)) is not None:
+        return f"every case this test draws is a known divergence (numcheck.properties.known_divergences): {k.reason}"
+    return None
+
+
+def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Problem, Metrics]]:
+    """One example of ``prop`` on ``impl``: each variant's problem drawn from ``data``, rejected (hypothesis'
+    ``assume``) when a known divergence covers it, then judged; the problems with their metrics. Raises what the
+    property raises (``PropertyFailure``, or the impl's own exception)."""
+    out: list[tuple[Problem, Metrics]] = []
+    for variant, draw in prop.variants(impl):
+        p = draw(variant, data)
+        assume(known(variant.name, prop.property_name, p) is None)  # covered by tests/adapters/test_known_divergences.py
+        out.append((p, prop.check(variant, p)))
+    return out
+
+
+def target_scores(results: Sequence[tuple[Problem, Metrics]]) -> Metrics:
+    """One score per metric label for ``hypothesis.target`` (which takes each label once per example): the
+    largest over the example's variants."""
+    scores: Metrics = {}
+    for _, metrics in results:
+        for label, value in metrics.items():
+            scores[label] = max(float(value), scores.get(label, -math.inf))
+    return scores

@@ -1,0 +1,217 @@
+"""The linear+CE suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
+:class:`CheckResult` it returns.
+
+Each drawn test of :data:`numcheck.properties.linear_ce_suite.SUITE` runs through the same runner as the pytest
+suite (:mod:`numcheck.properties.runner`: the impl's example budget, the skips, the known divergences' rejection),
+under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
+``pinned_cases`` runs every pinned case the impl declares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from hypothesis import given, settings, target
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from numcheck.impls import interpreter
+from numcheck.impls.registry import BrokenImpl, discover
+from numcheck.properties import checks, profiles
+from numcheck.properties.failures import PropertyFailure
+from numcheck.properties.known_divergences import known
+from numcheck.properties.linear_ce_suite import PINNED, SUITE
+from numcheck.properties.problems import Problem
+from numcheck.properties.runner import SuiteProperty, budget, run_example, skip_reason, target_scores
+from numcheck.properties.strategies import DEVICE, refusal
+
+#: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
+PINNED_CASES = "pinned_cases"
+#: Every property :func:`check` knows, in the suite's order.
+PROPERTY_NAMES: tuple[str, ...] = (*SUITE, PINNED_CASES)
+
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One property's outcome for one impl.
+
+    ``status``: ``passed``, ``failed`` or ``skipped``. ``examples``: how many cases were judged. ``worst_ratio``:
+    the largest error/bound any judged case reached (``None`` for a property that reports none, e.g. a bitwise
+    one), ``worst_case`` the case it was reached on. ``message``: the failure message (as the suite prints it,
+    repro line included) or the reason for the skip."""
+
+    property: str
+    status: Status
+    examples: int = 0
+    worst_ratio: float | None = None
+    worst_case: Problem | None = None
+    message: str = ""
+
+    def __str__(self) -> str:
+        worst = "" if self.worst_ratio is None else f", worst error/bound {self.worst_ratio:.3g}"
+        head = f"{self.property}: {self.status} ({self.examples} cases{worst})"
+        return f"{head}\n  {self.message}" if self.message and self.status != "passed" else head
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What :func:`check` found: one :class:`Verdict` per property, by name. ``ok`` when none failed."""
+
+    impl: str
+    profile: str
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether no property failed (skipped ones do not count against the impl)."""
+        return not self.failed
+
+    @property
+    def failed(self) -> list[Verdict]:
+        """The failed verdicts."""
+        return [v for v in self.verdicts.values() if v.status == "failed"]
+
+    def __str__(self) -> str:
+        lines = [f"numcheck.check({self.impl!r}, profile={self.profile!r}): "
+                 f"{'ok' if self.ok else f'{len(self.failed)} failed'}"]
+        return "\n".join([*lines, *(f"  {v}" for v in self.verdicts.values())])
+
+
+class _Worst:
+    """The running count and worst error/bound of one property's judged cases."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.ratio: float | None = None
+        self.case: Problem | None = None
+
+    def add(self, p: Problem, metrics: dict[str, float]) -> None:
+        self.examples += 1
+        r = metrics.get("error/bound")
+        if r is not None and not math.isnan(r) and (self.ratio is None or r > self.ratio):
+            self.ratio, self.case = float(r), p
+
+
+def _verdict(name: str, worst: _Worst, status: Status, message: str = "") -> Verdict:
+    return Verdict(name, status, worst.examples, worst.ratio, worst.case, message)
+
+
+def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict:
+    if isinstance(exc, PropertyFailure):
+        return _verdict(name, worst, "failed", str(exc))
+    return _verdict(name, worst, "failed", f"impl {impl.name!r} raised {type(exc).__name__}: {exc}")
+
+
+def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
+    """``prop`` on ``impl`` under ``base``'s settings (and the impl's budget), through the suite's runner."""
+    why = skip_reason(prop, impl)
+    worst = _Worst()
+    if why:
+        return _verdict(prop.name, worst, "skipped", why)
+
+    @settings(base, max_examples=budget(impl, base.max_examples))
+    @given(data=st.data())
+    def run(data: Any) -> None:
+        results = run_example(prop, impl, data)
+        for p, metrics in results:
+            worst.add(p, metrics)
+        for label, value in target_scores(results).items():
+            target(value, label=label)
+
+    # One example-database key and derandomized seed per (property, impl): every property runs this same
+    # function, so without it they would share draws and replay each other's saved failures. The mechanism is
+    # the one hypothesis' pytest plugin uses for parametrized tests.
+    run.hypothesis.inner_test._hypothesis_internal_add_digest = f"numcheck.check|{prop.name}|{impl.name}".encode()
+    try:
+        run()
+    except Unsatisfiable:
+        return _verdict(prop.name, worst, "skipped", f"every case drawn for {impl.name} is a known divergence "
+                                                     f"(numcheck.properties.known_divergences)")
+    except Exception as exc:  # noqa: BLE001 - a failing property or a raising impl is the verdict
+        return _failure(prop.name, impl, worst, exc)
+    return _verdict(prop.name, worst, "passed")
+
+
+def _run_pinned(impl: Any) -> Verdict:
+    """Every pinned case ``impl`` declares, under the accuracy property (the suite's ``test_pinned_cases``)."""
+    worst = _Worst()
+    for case in PINNED.values():
+        p = case.replace(device=DEVICE)
+        if refusal(impl.support, p) or known(impl.name, "accuracy", p):
+            continue
+        try:
+            worst.add(p, checks.accuracy(impl, p))
+        except Exception as exc:  # noqa: BLE001 - as in _run_drawn
+            return _failure(PINNED_CASES, impl, worst, exc)
+    if not worst.examples:
+        return _verdict(PINNED_CASES, worst, "skipped", f"{impl.name} declares no pinned case")
+    return _verdict(PINNED_CASES, worst, "passed")
+
+
+def _load(impl: Any) -> Any:
+    """``impl`` itself, or the one impl a spec string (built-in name or ``module:attr``) names."""
+    if not isinstance(impl, str):
+        return impl
+    entries = discover([impl])
+    broken = [e for e in entries if isinstance(e, BrokenImpl)]
+    if broken:
+        raise ValueError(f"numcheck.check: impl {impl!r} could not be loaded: {broken[0].error}")
+    if len(entries) != 1:
+        raise ValueError(f"numcheck.check: impl spec {impl!r} yields {len(entries)} impls "
+                         f"({[e.name for e in entries]}); pass one of them")
+    return entries[0].impl
+
+
+def _selected(properties: Iterable[str] | str | None) -> list[str]:
+    if properties is None:
+        return list(PROPERTY_NAMES)
+    names = [properties] if isinstance(properties, str) else list(properties)
+    unknown = [n for n in names if n not in PROPERTY_NAMES]
+    if unknown:
+        raise ValueError(f"numcheck.check: unknown properties {unknown}; known: {list(PROPERTY_NAMES)}")
+    return names
+
+
+def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: str = profiles.DEFAULT_PROFILE,
+          max_examples: int | None = None) -> CheckResult:
+    """Run the linear+CE property suite on ``impl`` in this process, without pytest, and return the verdicts.
+
+    ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or its spec, a built-in name or
+    ``package.module:attr``. ``properties``: names from :data:`PROPERTY_NAMES` (the suite's tests without
+    ``test_``, e.g. ``"accuracy"``, ``"frozen_inputs[x]"``, ``"pinned_cases"``); ``None`` runs them all.
+    ``profile``: one of numcheck's hypothesis profiles (``numcheck-ci``, ``numcheck-dev``, ... or ``ci``,
+    ``dev``, ...); ``max_examples`` overrides its example count (slow impls still get a quarter, at least 2).
+    Failures do not raise: each is a ``failed`` verdict carrying the suite's message and repro line; use
+    ``assert result.ok, result`` in a test. Where there is no CUDA, Triton kernels are set to run under
+    Triton's interpreter first (``TRITON_INTERPRET=1``, unless already set).
+
+    >>> import numcheck
+    >>> result = numcheck.check("eager", ["determinism"], max_examples=2)
+    >>> result.ok, result.verdicts["determinism"].status
+    (True, 'passed')
+    """
+    interpreter.arrange()
+    loaded = _load(impl)
+    if getattr(loaded, "kind", None) != "linear_ce":
+        raise ValueError(f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is a "
+                         f"{getattr(loaded, 'kind', type(loaded).__name__)} impl; check runs the linear+CE suite "
+                         f"(run the quantized-linear suite with pytest --pyargs numcheck.tests.suite)")
+    name = profiles.numcheck_name(profile)
+    names = _selected(properties)
+    base = settings.get_profile(name)
+    if max_examples is not None:
+        base = settings(base, max_examples=max_examples)
+    reason = loaded.support.unavailable_reason()
+    verdicts: dict[str, Verdict] = {}
+    for n in names:
+        if reason:
+            verdicts[n] = Verdict(n, "skipped", message=f"impl {loaded.name!r} unavailable here: {reason}")
+        elif n == PINNED_CASES:
+            verdicts[n] = _run_pinned(loaded)
+        else:
+            verdicts[n] = _run_drawn(SUITE[n], loaded, base)
+    return CheckResult(loaded.name, name, verdicts)

@@ -1,0 +1,205 @@
+"""numcheck's pytest plugin (entry point ``pytest11: numcheck``): which impls run, numcheck's hypothesis profiles,
+and the fixtures of the property suite and of users' own tests.
+
+Run the suite against your impl from any directory::
+
+    pytest -n auto --pyargs numcheck.tests.suite --impl mypkg.flce:impl
+
+- ``--impl SPEC`` (repeatable) restricts the run to those impls: built-in names or ``package.module:attr``.
+  Without it: every built-in, plus ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
+- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, or a user's ``numcheck_impl``) is parametrized over
+  every loaded impl of that kind, ids are the impl names, and collection is identical on every xdist worker
+  (discovery is deterministic). An impl that failed to load is still collected: its tests fail with the load
+  error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
+  skipped with the reason.
+- Hypothesis profiles (:mod:`numcheck.properties.profiles`) ``numcheck-ci`` (derandomized, bounded;
+  ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
+  ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
+  it is one of these, else the one ``NUMCHECK_HYPOTHESIS_PROFILE`` names (``ci``, ``dev``, ... or the full
+  name), else ``numcheck-ci``. No profile is ever loaded for the process: a user's own tests keep theirs.
+
+Inert for every other pytest run: the options are registered, but nothing is discovered, imported (no triton),
+parametrized, or set (threads, ``TRITON_INTERPRET``) until a numcheck test module is collected or a test asks
+for one of the fixtures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+import numcheck.tests as _tests_package
+from numcheck.impls import interpreter
+from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
+from numcheck.properties.fp8_strategies import quant_cases
+from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
+from numcheck.properties.runner import budget
+from numcheck.properties.strategies import problems
+
+_ENTRIES_KEY = pytest.StashKey[list]()
+_ARRANGED_KEY = pytest.StashKey[bool]()
+_TESTS_DIR = Path(_tests_package.__file__).resolve().parent
+_SUITE_DIR = _TESTS_DIR / "suite"
+_IMPL_FIXTURES = {"linear_ce_impl": "linear_ce", "quant_impl": "quant_linear", "numcheck_impl": None}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("numcheck", "numcheck property suite")
+    group.addoption("--impl", action="append", default=[], metavar="SPEC",
+                    help="run numcheck's suite (and the numcheck_impl fixture) on these impls only: built-in name "
+                         "or package.module:attr (repeatable)")
+
+
+def profile_name() -> str:
+    """The numcheck profile numcheck's tests run under: the loaded hypothesis profile if it is a numcheck one
+    (``--hypothesis-profile numcheck-dev``), else ``NUMCHECK_HYPOTHESIS_PROFILE``'s, else ``numcheck-ci``."""
+    current = settings.get_current_profile_name()
+    if current in PROFILES:
+        return current
+    env = os.environ.get("NUMCHECK_HYPOTHESIS_PROFILE")
+    if not env:
+        return DEFAULT_PROFILE
+    try:
+        return numcheck_name(env)
+    except ValueError as exc:
+        raise pytest.UsageError(f"NUMCHECK_HYPOTHESIS_PROFILE: {exc}") from None
+
+
+@contextlib.contextmanager
+def numcheck_profile() -> Iterator[None]:
+    """numcheck's profile as hypothesis' default while a numcheck test module is imported (its ``@given`` and
+    ``@settings`` take their defaults then), the caller's profile back afterwards: never left loaded."""
+    before = settings.get_current_profile_name()
+    settings.load_profile(profile_name())
+    try:
+        yield
+    finally:
+        settings.load_profile(before)
+
+
+def _is_numcheck(path: Path) -> bool:
+    return path.resolve().is_relative_to(_TESTS_DIR)
+
+
+def _arrange(config: pytest.Config) -> None:
+    """What numcheck's tests need before anything imports triton: Triton's interpreter where there is no CUDA,
+    and one intra-op thread per xdist worker (the workers already fill the cores; small tensor ops were measured
+    up to 40x slower with two threads contending on a loaded 2-core machine). Once per session."""
+    if config.stash.get(_ARRANGED_KEY, False):
+        return
+    config.stash[_ARRANGED_KEY] = True
+    interpreter.arrange()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    """numcheck's test modules are imported under numcheck's profile, after :func:`_arrange`."""
+    if not (isinstance(collector, pytest.Module) and _is_numcheck(collector.path)):
+        return (yield)
+    _arrange(collector.config)
+    with numcheck_profile():
+        return (yield)
+
+
+def impl_entries(config: pytest.Config, kind: str | None) -> list[ImplEntry | BrokenImpl]:
+    """Loaded entries of ``kind`` (every kind for ``None``) plus every broken entry (whose kind is unknown);
+    discovered once per session, on first use."""
+    if _ENTRIES_KEY not in config.stash:
+        _arrange(config)  # before discovery: the built-ins import triton
+        config.stash[_ENTRIES_KEY] = discover(config.getoption("--impl"))
+    return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl) or kind is None or e.kind == kind]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    for fixture, kind in _IMPL_FIXTURES.items():
+        if fixture in metafunc.fixturenames:
+            entries = impl_entries(metafunc.config, kind)
+            metafunc.parametrize(fixture, entries, ids=[e.name for e in entries], indirect=True)
+
+
+def _impl_of(item: pytest.Item) -> Any:
+    funcargs = getattr(item, "funcargs", {})
+    return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """For the suite's ``@given`` tests: the impl's example budget (slow impls a quarter, at least 2), and a
+    skip, not an error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``)."""
+    fn = getattr(item, "obj", None)
+    impl = _impl_of(item)
+    own = getattr(fn, "_hypothesis_internal_use_settings", None)
+    if own is None or impl is None or not _is_numcheck(item.path) or not item.path.resolve().is_relative_to(_SUITE_DIR):
+        return (yield)
+    # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).
+    fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples))
+    try:
+        return (yield)
+    except Unsatisfiable:
+        pytest.skip(f"every case drawn for {impl.name} is a known divergence "
+                    f"(numcheck.properties.known_divergences)")
+    finally:
+        fn._hypothesis_internal_use_settings = own
+
+
+def _unwrap(request: pytest.FixtureRequest) -> Any:
+    if not hasattr(request, "param"):
+        raise pytest.UsageError(f"fixture {request.fixturename!r} is parametrized by numcheck's plugin; "
+                                f"request it as a test argument, not through getfixturevalue")
+    entry = request.param
+    if isinstance(entry, BrokenImpl):
+        pytest.fail(f"impl {entry.spec!r} (from {entry.origin}) could not be loaded: {entry.error}", pytrace=False)
+    reason = entry.impl.support.unavailable_reason()
+    if reason:
+        pytest.skip(f"impl {entry.name!r} unavailable here: {reason}")
+    return entry.impl
+
+
+@pytest.fixture
+def linear_ce_impl(request: pytest.FixtureRequest) -> Any:
+    """A loaded linear+CE impl (skipped when it cannot run here, failed when it could not be loaded)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def quant_impl(request: pytest.FixtureRequest) -> Any:
+    """A loaded quantized-linear impl (skipped when it cannot run here, failed when it could not be loaded)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def numcheck_impl(request: pytest.FixtureRequest) -> Any:
+    """For users' own tests: each impl named by ``--impl`` (else every discovered one), of either kind, with the
+    suite's skip and failure rules. Its declaration is ``numcheck_impl.support``."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
+    """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
+    (:func:`numcheck.properties.strategies.problems` for linear+CE impls,
+    :func:`numcheck.properties.fp8_strategies.quant_cases` for quantized-linear ones); draw it with
+    ``data.draw(numcheck_problems)``."""
+    if numcheck_impl.kind == "quant_linear":
+        return quant_cases(numcheck_impl.support)
+    return problems(numcheck_impl.support)
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module() -> Iterator[None]:
+    """torch's intra-op threads set to 1 for a module, restored after it (modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread_per_module")``)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
