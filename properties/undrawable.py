@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from numcheck.impls import capabilities
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import LinearCESupport
 from numcheck.properties.problems import Problem
 from numcheck.properties.strategies import DEVICE, refusal
