@@ -192,7 +192,7 @@ class LinearCESupport:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
-                              f"Give the rows (classes) per chunk, or None for one pass.")
+                              "Give the rows (classes) per chunk, or None for one pass.")
         for name in ("returns_z_loss", "slow"):
             if not isinstance(getattr(self, name), bool):
                 raise invalid(f"{own}.{name} must be True or False, got {getattr(self, name)!r}", "Pass a bool.")

@@ -185,7 +185,7 @@ class QuantLinearSupport:
             missing = set(self.devices) - set(us)
             if missing:
                 raise invalid(f"{own}.accum_unit_roundoff has no entry for declared devices {sorted(missing)}",
-                              f"Give one float per declared device, e.g. {{'cpu': 2.0**-24, 'cuda': 2.0**-13}}.")
+                              "Give one float per declared device, e.g. {'cpu': 2.0**-24, 'cuda': 2.0**-13}.")
         else:
             vals = [us]
         if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):

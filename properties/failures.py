@@ -76,8 +76,8 @@ def repro_command(impl: Any, prop: str, problem: Any) -> str:
             f"--problem {shlex.quote(repr(problem))}")
 
 
-def failure_message(impl: Any, prop: str, problem: Problem, lines: Iterable[str]) -> str:
-    """The full text of a :class:`PropertyFailure`."""
+def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str]) -> str:
+    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``)."""
     body = "\n".join(f"  {line}" for line in lines)
     return (
         f"property {prop!r} fails for impl {impl.name!r}\n"

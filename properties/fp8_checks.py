@@ -28,9 +28,7 @@ bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,7 +36,7 @@ import torch
 
 from numcheck.impls.quant_protocol import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
 from numcheck.properties.compare import Comparison, compare
-from numcheck.properties.failures import PropertyFailure, repro_command
+from numcheck.properties.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8_cases import QuantCase, QuantTensors, build_quant
 from numcheck.properties.fp8_tolerance import output_bounds
 from numcheck.properties.harness import strided_copy
@@ -50,11 +48,10 @@ from numcheck.reference.fp8_scaling import block_grid, quantize_operand
 
 # -- failures -----------------------------------------------------------------------------------------
 def fail(impl: Any, prop: str, case: QuantCase, *lines: str) -> None:
-    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command."""
+    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command
+    (:func:`properties.failures.failure_message`, the same text as for linear+CE)."""
     __tracebackhide__ = True
-    body = "\n".join(f"  {line}" for line in lines)
-    raise PropertyFailure(f"property {prop!r} fails for impl {impl.name!r}\n  case: {case!r}\n{body}\n"
-                          f"  reproduce: {repro_command(impl, prop, case)}")
+    raise PropertyFailure(failure_message(impl, prop, case, lines))
 
 
 # -- running an impl ----------------------------------------------------------------------------------
@@ -602,33 +599,3 @@ FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
     "two_layers": two_layers,
     "strided": strided,
 }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m properties.fp8_checks --impl NAME --property P --case 'QuantCase(...)'``: rerun one property."""
-    from numcheck.impls.registry import BrokenImpl, discover
-
-    ap = argparse.ArgumentParser(prog="python -m properties.fp8_checks", description=main.__doc__)
-    ap.add_argument("--impl", required=True, help="impl name (built-in, or loaded through NUMCHECK_IMPLS)")
-    ap.add_argument("--property", required=True, choices=sorted(FP8_PROPERTIES))
-    ap.add_argument("--case", required=True, help="a QuantCase(...) expression, as printed in failures")
-    args = ap.parse_args(argv)
-    entries = [e for e in discover() if not isinstance(e, BrokenImpl) and e.name == args.impl]
-    if not entries:
-        print(f"no impl named {args.impl!r} (set NUMCHECK_IMPLS for outside impls)", file=sys.stderr)
-        return 2
-    case = eval(args.case, {"QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe})  # noqa: S307 - a repro expression
-    try:
-        out = FP8_PROPERTIES[args.property](entries[0].impl, case)
-    except PropertyFailure as exc:
-        print(exc)
-        return 1
-    if isinstance(out, Fp8CaseResult):
-        for row in out.rows():
-            print(row)
-    print("ok")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ on every machine and device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 import torch

@@ -319,7 +319,7 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
 
 def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
     """The record of one quantized-linear case from :func:`properties.fp8_checks.measure_case`'s result."""
-    from numcheck.properties.fp8_checks import repro_command
+    from numcheck.properties.failures import repro_command
 
     case = grid_case.case
     outputs: dict[str, Any] = {}
@@ -363,7 +363,7 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
 
         rec["repro"] = repro_command(impl, "accuracy", grid_case.case)
     else:
-        from numcheck.properties.fp8_checks import repro_command as quant_repro
+        from numcheck.properties.failures import repro_command as quant_repro
 
         rec["repro"] = quant_repro(impl, "accuracy", grid_case.case)
     return rec
