@@ -6,7 +6,7 @@
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
-# bench is timed: run it alone. SUITE_TESTS="tests/test_x.py ..." runs part of the suite.
+# bench is timed: run it alone. SUITE_TESTS="numcheck/tests/suite/test_x.py ..." runs part of the suite.
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render reports/h200-torch2.11/report.json
 set -uo pipefail
@@ -25,8 +25,9 @@ fi
 case "$what" in
   suite)
     python3 -m reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
-    # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures
-    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-tests} -v -n 8 -p no:cacheprovider -p no:benchmark \
+    # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures.
+    # numcheck is not installed there, so its pytest11 entry point is not either: -p loads the plugin by module.
+    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-numcheck/tests} -v -n 8 -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
       --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"
