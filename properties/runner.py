@@ -45,16 +45,16 @@ class SuiteProperty:
     example (each with its own draw), ``impl -> [(impl variant, draw)]``, in place of ``draw``; by default
     ``[(impl, draw)]``."""
 
-    def __post_init__(self) -> None:
-        if (self.draw is None) == (self.cases is None):
-            raise ValueError(f"suite property {self.name!r}: give exactly one of draw and cases")
-
     name: str
     check: Callable[[Any, Problem], Metrics]
     draw: Draw | None
     skip: Callable[[Any], str | None] = _never
     every: Callable[[Any], Problem | None] = _no_fields
     cases: Callable[[Any], Sequence[tuple[Any, Draw]]] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if (self.draw is None) == (self.cases is None):
+            raise ValueError(f"suite property {self.name!r}: give exactly one of draw and cases")
 
     @property
     def property_name(self) -> str:

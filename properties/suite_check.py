@@ -90,6 +90,7 @@ class _Worst:
         self.case: Problem | None = None
 
     def add(self, p: Problem, metrics: dict[str, float]) -> None:
+        """Count one judged case and keep it if its error/bound is the worst so far."""
         self.examples += 1
         r = metrics.get("error/bound")
         if r is not None and not math.isnan(r) and (self.ratio is None or r > self.ratio):
@@ -97,10 +98,12 @@ class _Worst:
 
 
 def _verdict(name: str, worst: _Worst, status: Status, message: str = "") -> Verdict:
+    """A verdict carrying ``worst``'s count and worst case."""
     return Verdict(name, status, worst.examples, worst.ratio, worst.case, message)
 
 
 def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict:
+    """The failed verdict for ``exc``: the property's message, or what the impl raised."""
     if isinstance(exc, PropertyFailure):
         return _verdict(name, worst, "failed", str(exc))
     return _verdict(name, worst, "failed", f"impl {impl.name!r} raised {type(exc).__name__}: {exc}")
@@ -167,6 +170,7 @@ def _load(impl: Any) -> Any:
 
 
 def _selected(properties: Iterable[str] | str | None) -> list[str]:
+    """The property names to run; ValueError naming unknown ones."""
     if properties is None:
         return list(PROPERTY_NAMES)
     names = [properties] if isinstance(properties, str) else list(properties)

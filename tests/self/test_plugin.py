@@ -72,6 +72,7 @@ def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):
 
 
 def _bin() -> Path:
+    """This interpreter's scripts folder (its ``pytest`` and ``numcheck``)."""
     return Path(sys.executable).parent
 
 
@@ -85,6 +86,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """This venv's ``pytest`` run in ``cwd`` as a user would, with ``env`` added to :func:`_env`."""
     return subprocess.run([str(_bin() / "pytest"), "-p", "no:cacheprovider", *args], cwd=cwd, env=_env(**env),
                           capture_output=True, text=True, timeout=600)
 
