@@ -23,6 +23,7 @@ from numcheck.properties.strategies import (DEVICE, large_vocab_problems, long_b
 
 
 def _dtype_names(support: Any) -> set[str]:
+    """The declared dtypes by name (``"float32"``, ...)."""
     return {str(d).replace("torch.", "") for d in support.dtypes}
 
 
@@ -32,10 +33,12 @@ def drawn(strategy: Any, **kw: Any) -> Draw:
 
 
 def _fp32_sharp(impl: Any, data: Any) -> Problem:
+    """A problem in plain fp32, where bounds are tightest."""
     return data.draw(problems(impl.support, force={"dtype": "float32", "autocast": None}), label="problem")
 
 
 def _all_options(impl: Any, data: Any) -> Problem:
+    """A problem with every declared option on, in fp32 where declared, not all rows ignored."""
     force = {"dtype": "float32", "autocast": None} if torch.float32 in impl.support.dtypes else {}
     return data.draw(problems(impl.support, force=force, require=frozenset(LINEAR_CE_OPTIONS),
                               allow_all_ignored=False), label="problem")
@@ -52,6 +55,7 @@ def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
 
 
 def _two_calls(impl: Any, data: Any) -> Problem:
+    """An even-N problem in ``sum`` or ``mean`` (rows ignored under ``mean`` where declared), split in halves."""
     s = impl.support
     reds = [r for r in ("sum", "mean") if r in s.reductions]
     half = data.draw(st.integers(1, 48), label="rows per call")
@@ -63,6 +67,7 @@ def _two_calls(impl: Any, data: Any) -> Problem:
 
 
 def _earlier_calls(impl: Any, data: Any) -> Problem:
+    """A problem, under a declared AMP dtype in most draws where fp32 and AMP are declared."""
     s = impl.support
     amp = sorted(str(d).replace("torch.", "") for d in s.autocast) if torch.float32 in s.dtypes else []
     # most draws under AMP where declared: where a compiled graph or a cast weight is keyed by the autocast dtype
@@ -72,6 +77,7 @@ def _earlier_calls(impl: Any, data: Any) -> Problem:
 
 
 def _ignored_rows(impl: Any, data: Any) -> Problem:
+    """A problem with a quarter, half or 90% of its rows ignored."""
     ign = data.draw(st.sampled_from([0.25, 0.5, 0.9]), label="ignored")
     return data.draw(problems(impl.support, force={"ignored": ign}), label="problem")
 

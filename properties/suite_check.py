@@ -1,10 +1,12 @@
-"""The linear+CE suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
+"""The property suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
 :class:`CheckResult` it returns.
 
-Each drawn test of :data:`numcheck.properties.linear_ce_suite.SUITE` runs through the same runner as the pytest
-suite (:mod:`numcheck.properties.runner`: the impl's example budget, the skips, the known divergences' rejection),
+Each drawn test of :data:`numcheck.properties.linear_ce_suite.SUITE` (linear+CE impls) or
+:data:`numcheck.properties.quant_linear_suite.QUANT_SUITE` (quantized-linear impls) runs through the same runner
+as the pytest suite (:mod:`numcheck.properties.runner`: the impl's example budget, the skips, the known divergences' rejection),
 under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
-``pinned_cases`` runs every pinned case the impl declares.
+``pinned_cases`` runs every pinned linear+CE case the impl declares. (The FP8 suite's fixed-case tests run
+under pytest only.)
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from numcheck.properties import checks, profiles
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
-from numcheck.properties.problems import Problem
+from numcheck.properties.quant_linear_suite import QUANT_SUITE
 from numcheck.properties.runner import SuiteProperty, budget, run_example, skip_reason, target_scores
 from numcheck.properties.strategies import DEVICE, refusal
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"
-#: Every property :func:`check` knows, in the suite's order.
-PROPERTY_NAMES: tuple[str, ...] = (*SUITE, PINNED_CASES)
+#: Every property :func:`check` knows for each kind of impl, in the suite's order.
+PROPERTY_NAMES: dict[str, tuple[str, ...]] = {"linear_ce": (*SUITE, PINNED_CASES), "quant_linear": tuple(QUANT_SUITE)}
+_TABLES: dict[str, dict[str, SuiteProperty]] = {"linear_ce": SUITE, "quant_linear": QUANT_SUITE}
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -48,7 +51,7 @@ class Verdict:
     status: Status
     examples: int = 0
     worst_ratio: float | None = None
-    worst_case: Problem | None = None
+    worst_case: Any = None
     message: str = ""
 
     def __str__(self) -> str:
@@ -87,20 +90,24 @@ class _Worst:
     def __init__(self) -> None:
         self.examples = 0
         self.ratio: float | None = None
-        self.case: Problem | None = None
+        self.case: Any = None
 
-    def add(self, p: Problem, metrics: dict[str, float]) -> None:
+    def add(self, p: Any, metrics: dict[str, float]) -> None:
+        """Count one judged case and keep it if its error/bound (the largest of its ``error/bound`` metrics) is
+        the worst so far."""
         self.examples += 1
-        r = metrics.get("error/bound")
-        if r is not None and not math.isnan(r) and (self.ratio is None or r > self.ratio):
-            self.ratio, self.case = float(r), p
+        ratios = [float(v) for k, v in metrics.items() if "error/bound" in k and not math.isnan(v)]
+        if ratios and (self.ratio is None or max(ratios) > self.ratio):
+            self.ratio, self.case = max(ratios), p
 
 
 def _verdict(name: str, worst: _Worst, status: Status, message: str = "") -> Verdict:
+    """A verdict carrying ``worst``'s count and worst case."""
     return Verdict(name, status, worst.examples, worst.ratio, worst.case, message)
 
 
 def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict:
+    """The failed verdict for ``exc``: the property's message, or what the impl raised."""
     if isinstance(exc, PropertyFailure):
         return _verdict(name, worst, "failed", str(exc))
     return _verdict(name, worst, "failed", f"impl {impl.name!r} raised {type(exc).__name__}: {exc}")
@@ -166,23 +173,26 @@ def _load(impl: Any) -> Any:
     return entries[0].impl
 
 
-def _selected(properties: Iterable[str] | str | None) -> list[str]:
+def _selected(properties: Iterable[str] | str | None, kind: str) -> list[str]:
+    """The property names to run for an impl of ``kind``; ValueError naming unknown ones."""
+    known_names = PROPERTY_NAMES[kind]
     if properties is None:
-        return list(PROPERTY_NAMES)
+        return list(known_names)
     names = [properties] if isinstance(properties, str) else list(properties)
-    unknown = [n for n in names if n not in PROPERTY_NAMES]
+    unknown = [n for n in names if n not in known_names]
     if unknown:
-        raise ValueError(f"numcheck.check: unknown properties {unknown}; known: {list(PROPERTY_NAMES)}")
+        raise ValueError(f"numcheck.check: unknown properties {unknown} for a {kind} impl; known: {list(known_names)}")
     return names
 
 
 def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: str = profiles.DEFAULT_PROFILE,
           max_examples: int | None = None) -> CheckResult:
-    """Run the linear+CE property suite on ``impl`` in this process, without pytest, and return the verdicts.
+    """Run the property suite on ``impl`` in this process, without pytest, and return the verdicts.
 
-    ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or its spec, a built-in name or
-    ``package.module:attr``. ``properties``: names from :data:`PROPERTY_NAMES` (the suite's tests without
-    ``test_``, e.g. ``"accuracy"``, ``"frozen_inputs[x]"``, ``"pinned_cases"``); ``None`` runs them all.
+    ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or a quantized-linear one, or its
+    spec, a built-in name or ``package.module:attr``. ``properties``: names from :data:`PROPERTY_NAMES` for its
+    kind (the suite's drawn tests without ``test_``, e.g. ``"accuracy"``, ``"frozen_inputs[x]"``,
+    ``"pinned_cases"``; ``"accuracy_against_both_references"`` for quantized linear); ``None`` runs them all.
     ``profile``: one of numcheck's hypothesis profiles (``numcheck-ci``, ``numcheck-dev``, ... or ``ci``,
     ``dev``, ...); ``max_examples`` overrides its example count (slow impls still get a quarter, at least 2).
     Failures do not raise: each is a ``failed`` verdict carrying the suite's message and repro line; use
@@ -196,12 +206,12 @@ def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: 
     """
     interpreter.arrange()
     loaded = _load(impl)
-    if getattr(loaded, "kind", None) != "linear_ce":
-        raise ValueError(f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is a "
-                         f"{getattr(loaded, 'kind', type(loaded).__name__)} impl; check runs the linear+CE suite "
-                         f"(run the quantized-linear suite with pytest --pyargs numcheck.tests.suite)")
+    kind = getattr(loaded, "kind", None)
+    if kind not in _TABLES:
+        raise ValueError(f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is not an impl (kind {kind!r}); "
+                         f"make one with numcheck.linear_ce_impl or the quantized-linear protocol")
     name = profiles.numcheck_name(profile)
-    names = _selected(properties)
+    names = _selected(properties, kind)
     base = settings.get_profile(name)
     if max_examples is not None:
         base = settings(base, max_examples=max_examples)
@@ -213,5 +223,5 @@ def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: 
         elif n == PINNED_CASES:
             verdicts[n] = _run_pinned(loaded)
         else:
-            verdicts[n] = _run_drawn(SUITE[n], loaded, base)
+            verdicts[n] = _run_drawn(_TABLES[kind][n], loaded, base)
     return CheckResult(loaded.name, name, verdicts)

@@ -26,8 +26,9 @@ fi
 case "$what" in
   suite)
     python3 -m numcheck.reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
-    # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures
-    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-numcheck/tests} -v -n 8 -p no:cacheprovider -p no:benchmark \
+    # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures.
+    # numcheck is not installed there, so its pytest11 entry point is not either: -p loads the plugin by module.
+    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-numcheck/tests} -v -n 8 -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
       --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"

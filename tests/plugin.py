@@ -86,6 +86,7 @@ def numcheck_profile() -> Iterator[None]:
 
 
 def _is_numcheck(path: Path) -> bool:
+    """Whether ``path`` is inside numcheck's tests/ (through any link)."""
     return path.resolve().is_relative_to(_TESTS_DIR)
 
 
@@ -128,6 +129,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _impl_of(item: pytest.Item) -> Any:
+    """The impl an item was parametrized with through one of the impl fixtures, or ``None``."""
     funcargs = getattr(item, "funcargs", {})
     return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
 
@@ -153,6 +155,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 
 def _unwrap(request: pytest.FixtureRequest) -> Any:
+    """The impl of a parametrized impl fixture: failed if broken, skipped if unavailable here."""
     if not hasattr(request, "param"):
         raise pytest.UsageError(f"fixture {request.fixturename!r} is parametrized by numcheck's plugin; "
                                 f"request it as a test argument, not through getfixturevalue")

@@ -178,7 +178,7 @@ def test_triton_imported_too_early_is_reported() -> None:
     import subprocess
     import sys
 
-    code = ("import triton, impls.liger as L; impl = L.liger_impls()[0]; "
+    code = ("import triton, numcheck.impls.liger as L; impl = L.liger_impls()[0]; "
             "print('REASON:', impl.support.unavailable_reason())")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

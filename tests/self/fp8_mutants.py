@@ -2,7 +2,7 @@
 
 Each mutant is the built-in :class:`impls.quant_linear.Fp8Linear` with one seam overridden, declared for
 the recipes where its bug is observable, and loadable like any outside impl
-(``--impl tests.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail.
+(``--impl numcheck.tests.self.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):
 
 
 def _bin() -> Path:
+    """This interpreter's scripts folder (its ``pytest`` and ``numcheck``)."""
     return Path(sys.executable).parent
 
 
@@ -85,6 +86,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """This venv's ``pytest`` run in ``cwd`` as a user would, with ``env`` added to :func:`_env`."""
     return subprocess.run([str(_bin() / "pytest"), "-p", "no:cacheprovider", *args], cwd=cwd, env=_env(**env),
                           capture_output=True, text=True, timeout=600)
 
@@ -188,3 +190,18 @@ def test_repro_line_names_the_spec_of_an_impl_passed_as_an_object(user_repo, mon
     words = shlex.split(line)
     assert words[0] == f"PYTHONPATH={user_repo.resolve()}" and words[1:5] == ["numcheck", "repro", "--impl",
                                                                               "myflce:impl"], line
+
+
+def test_check_runs_the_quantized_linear_suite():
+    """numcheck.check runs the drawn FP8 tests for a quantized-linear impl: the built-in passes and a mutant that
+    saves a copy of x where it declares the original fails the saved-tensor property with the suite's message."""
+    from numcheck.tests.self.fp8_mutants import MUTANTS
+
+    name = "saved_tensor_aliasing_and_bytes"
+    good = numcheck.check("fp8_linear[current]", [name], max_examples=2)
+    assert good.ok and good.verdicts[name].status == "passed", good
+    mutant = next(m for m in MUTANTS if m.name == "mutant_saves_copy_of_x")
+    bad = numcheck.check(mutant, [name], max_examples=4)
+    assert bad.verdicts[name].status == "failed" and "mutant_saves_copy_of_x" in bad.verdicts[name].message, bad
+    with pytest.raises(ValueError, match="unknown properties.*for a quant_linear impl"):
+        numcheck.check("fp8_linear[current]", ["pinned_cases"])

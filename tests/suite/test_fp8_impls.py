@@ -1,6 +1,8 @@
 """Every FP8 quantized-linear property against every registered quant_linear impl (built-in and plugged in).
 
-Cases are drawn inside each impl's declaration (properties/fp8_strategies.py); failures carry the impl,
+Cases are drawn inside each impl's declaration (properties/fp8_strategies.py); the drawn tests are
+:data:`numcheck.properties.quant_linear_suite.QUANT_SUITE`, run by the runner :func:`numcheck.check` uses too
+(one ``@given`` per test, at test level). Failures carry the impl,
 the case, the output, error, bound, worst element and a repro command (properties/fp8_checks.py).
 """
 
@@ -8,16 +10,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, target
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.quant_protocol import QuantLinearSupport, validate_quant_impl
 from numcheck.properties import fp8_checks as checks
 from numcheck.properties.fp8_cases import QuantCase
-from numcheck.properties.fp8_strategies import fp8_test_tensors, quant_cases
+from numcheck.properties.quant_linear_suite import QUANT_SUITE
 from numcheck.properties.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
+from numcheck.tests.suite.drawn import run_drawn
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
@@ -34,17 +37,11 @@ def _first_dtype(impl) -> str:
     raise AssertionError(f"{impl.name} declares no dtype")
 
 
-def _target(result: checks.Fp8CaseResult) -> None:
-    for m in result.outputs.values():
-        target(min(m.dq.ratio, 1e6), label=f"{m.output} error/bound (dequantized reference)")
-
-
 @_FIXTURE_OK
 @given(data=st.data())
 def test_accuracy_against_both_references(quant_impl, data):
     """Every output is within the accumulation bound of the dequantized reference and the fp8 bound of the original."""
-    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier", "growing")), label="case")
-    _target(checks.accuracy(quant_impl, case))
+    run_drawn(QUANT_SUITE["accuracy_against_both_references"], quant_impl, data)
 
 
 def test_edge_inputs_every_recipe(quant_impl):
@@ -105,10 +102,7 @@ def test_usage_as_a_layer_every_recipe(quant_impl, soi, prop):
 @given(data=st.data())
 def test_save_original_input_is_bitwise_identical(quant_impl, data):
     """save_original_input True and False give bitwise identical y, dgrad, wgrad and bgrad (delayed: True raises)."""
-    if True not in quant_impl.support.save_original_input:
-        pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
-    case = data.draw(quant_cases(quant_impl.support, regimes=("normal", "wide", "outlier", "nan")), label="case")
-    checks.save_original_input(quant_impl, case)
+    run_drawn(QUANT_SUITE["save_original_input_is_bitwise_identical"], quant_impl, data)
 
 
 def test_save_original_input_on_edge_regimes(quant_impl):
@@ -127,8 +121,7 @@ def test_save_original_input_on_edge_regimes(quant_impl):
 @given(data=st.data())
 def test_saved_tensor_aliasing_and_bytes(quant_impl, data):
     """True holds x itself, False holds the FP8 copy instead, and held(False) − held(True) is the predicted copy."""
-    case = data.draw(quant_cases(quant_impl.support, regimes=("normal",)), label="case")
-    checks.saved_tensors(quant_impl, case)
+    run_drawn(QUANT_SUITE["saved_tensor_aliasing_and_bytes"], quant_impl, data)
 
 
 def test_delayed_scaling_over_steps(quant_impl):
@@ -151,12 +144,7 @@ def _needs_quantize(impl) -> None:
 @given(data=st.data())
 def test_quantizer_bitwise_on_random_tensors(quant_impl, data):
     """The impl's quantizer equals the oracle bitwise on random tensors (codes, scales, E8M0), columnwise = rowwise(ᵀ)ᵀ."""
-    _needs_quantize(quant_impl)
-    recipe = data.draw(st.sampled_from(quant_impl.support.recipes), label="recipe")
-    t = data.draw(fp8_test_tensors(), label="t")
-    dtype = data.draw(st.sampled_from(sorted(quant_impl.support.dtypes, key=str)), label="dtype")
-    scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
-    checks.quantizer(quant_impl, recipe, t.to(DEVICE, dtype), delayed_scale=scale, label="random")
+    run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], quant_impl, data)
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)

@@ -17,26 +17,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, target
+from hypothesis import given
 from hypothesis import strategies as st
 
 from numcheck.properties import checks
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
-from numcheck.properties.runner import run_example, skip_reason, target_scores
 from numcheck.properties.strategies import DEVICE, refusal
+from numcheck.tests.suite.drawn import run_drawn
 
 
 def _run(name: str, impl: Any, data: Any) -> None:
-    """One example of the suite's test ``name`` on ``impl``: skipped where it does not apply, its metrics
-    handed to ``target``."""
+    """One example of the suite's test ``name`` on ``impl``."""
     __tracebackhide__ = True
-    prop = SUITE[name]
-    why = skip_reason(prop, impl)
-    if why:
-        pytest.skip(why)
-    for label, value in target_scores(run_example(prop, impl, data)).items():
-        target(value, label=label)
+    run_drawn(SUITE[name], impl, data)
 
 
 @given(data=st.data())
