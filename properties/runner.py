@@ -16,6 +16,8 @@ from hypothesis import assume
 
 from numcheck.properties.known_divergences import covers_every, known
 from numcheck.properties.problems import Problem
+from numcheck.properties.strategies import DEVICE
+from numcheck.properties.undrawable import undrawable_reason
 
 Metrics = dict[str, float]
 #: ``draw(impl, data) -> case``: one case for ``impl`` (a linear+CE :class:`Problem`, a ``QuantCase``, ...) from a
@@ -77,14 +79,24 @@ def budget(impl: Any, max_examples: int) -> int:
 
 
 def skip_reason(prop: SuiteProperty, impl: Any) -> str | None:
-    """Why ``prop`` is skipped for ``impl``: it does not apply, or a known divergence covers every draw."""
+    """Why ``prop`` is skipped for ``impl``: it does not apply, the impl declares no case this run can draw (its
+    real reason, e.g. a device it does not declare), or a known divergence covers every draw."""
     why = prop.skip(impl)
     if why:
         return why
+    if getattr(impl, "kind", None) == "linear_ce" and (why := undrawable_reason(impl.support, DEVICE)):
+        return f"no case this test draws is declared by {impl.name}: {why}"
     every = prop.every(impl)
     if every is not None and (k := covers_every(impl.name, prop.property_name, every)) is not None:
         return f"every case this test draws is a known divergence (numcheck.properties.known_divergences): {k.reason}"
     return None
+
+
+def unsatisfiable_reason(impl: Any) -> str:
+    """What a hypothesis ``Unsatisfiable`` means once :func:`skip_reason` let the test run: every case drawn was
+    rejected by a data-dependent filter (a known divergence decided by the data, or the test's own filter)."""
+    return (f"every case drawn for {impl.name} was rejected by a data-dependent filter: a known divergence decided "
+            f"by the data (numcheck.properties.known_divergences) or this test's own condition on the drawn values")
 
 
 def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Metrics]]:

@@ -26,7 +26,8 @@ from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
 from numcheck.properties.quant_linear_suite import QUANT_SUITE
-from numcheck.properties.runner import SuiteProperty, budget, run_example, skip_reason, target_scores
+from numcheck.properties.runner import (SuiteProperty, budget, run_example, skip_reason, target_scores,
+                                       unsatisfiable_reason)
 from numcheck.properties.strategies import DEVICE, refusal
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
@@ -136,8 +137,7 @@ def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
     try:
         run()
     except Unsatisfiable:
-        return _verdict(prop.name, worst, "skipped", f"every case drawn for {impl.name} is a known divergence "
-                                                     f"(numcheck.properties.known_divergences)")
+        return _verdict(prop.name, worst, "skipped", unsatisfiable_reason(impl))
     except Exception as exc:  # noqa: BLE001 - a failing property or a raising impl is the verdict
         return _failure(prop.name, impl, worst, exc)
     return _verdict(prop.name, worst, "passed")

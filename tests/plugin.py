@@ -41,7 +41,7 @@ from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
 from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
-from numcheck.properties.runner import budget
+from numcheck.properties.runner import budget, unsatisfiable_reason
 from numcheck.properties.strategies import problems
 
 _ENTRIES_KEY = pytest.StashKey[list]()
@@ -148,8 +148,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     try:
         return (yield)
     except Unsatisfiable:
-        pytest.skip(f"every case drawn for {impl.name} is a known divergence "
-                    f"(numcheck.properties.known_divergences)")
+        pytest.skip(unsatisfiable_reason(impl))
     finally:
         fn._hypothesis_internal_use_settings = own
 

@@ -173,3 +173,22 @@ def test_drawable_case_has_no_reason() -> None:
     assert undrawable_reason(make_support(), "cpu", force={"dtype": "float32", "autocast": None},
                              require=frozenset(LinearCESupport().options)) is None
     assert undrawable_reason(make_support(dtypes=("bfloat16",)), "cpu", force={"reduction": "none"}) is None
+
+
+def test_undeclared_device_is_skipped_with_its_reason_not_as_a_known_divergence():
+    """A test that can draw no case for an impl (here: it declares only CUDA and the run draws on CPU) is skipped
+    with that real reason, never reported as "every case drawn is a known divergence"."""
+    import numcheck
+    from numcheck.properties.strategies import DEVICE
+
+    if DEVICE != "cpu":
+        pytest.skip("the run draws on the impl's device")
+
+    @numcheck.linear_ce_impl(name="cuda_only_doc", dtypes=("float32",), devices=("cuda",), options=())
+    def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+        raise AssertionError("never called: no case is drawn on a device the impl does not declare")
+
+    result = numcheck.check(impl, ["accuracy", "determinism"], max_examples=2)
+    for verdict in result.verdicts.values():
+        assert verdict.status == "skipped", verdict
+        assert "declares devices ['cuda']" in verdict.message and "known divergence" not in verdict.message, verdict
