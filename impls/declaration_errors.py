@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -148,3 +148,28 @@ def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str]) -> 
         if k not in known:
             raise invalid(f"{owner} got an unknown keyword argument {k!r}",
                           f"Keywords it takes: {', '.join(known)}.{did_you_mean(k, known)}")
+
+
+def bools(owner: str, obj: object, names: Iterable[str]) -> None:
+    """Each of the declaration's fields ``names`` is ``True`` or ``False``."""
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise invalid(f"{owner}.{name} must be True or False, got {getattr(obj, name)!r}", "Pass a bool.")
+
+
+def requirement(owner: str, requires: object) -> None:
+    """``requires`` is ``None`` or a zero-argument callable (the impl's check that it can run here)."""
+    if requires is not None and not callable(requires):
+        raise invalid(f"{owner}.requires must be a zero-argument callable or None, got {requires!r}",
+                      "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
+
+
+def requirement_unmet(requires: Callable[[], str | None] | None) -> str | None:
+    """What a declaration's ``requires`` says keeps the impl from running here, or ``None``; a requirement check
+    that raises is itself the reason."""
+    if requires is None:
+        return None
+    try:
+        return requires()
+    except Exception as exc:  # noqa: BLE001 - a broken requirement check is itself a reason
+        return f"requirement check raised {type(exc).__name__}: {exc}"

@@ -193,21 +193,12 @@ class LinearCESupport:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
                               "Give the rows (classes) per chunk, or None for one pass.")
-        for name in ("returns_z_loss", "slow"):
-            if not isinstance(getattr(self, name), bool):
-                raise invalid(f"{own}.{name} must be True or False, got {getattr(self, name)!r}", "Pass a bool.")
-        if self.requires is not None and not callable(self.requires):
-            raise invalid(f"{own}.requires must be a zero-argument callable or None, got {self.requires!r}",
-                          "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
+        decl.bools(own, self, ("returns_z_loss", "slow"))
+        decl.requirement(own, self.requires)
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
-        if self.requires is None:
-            return None
-        try:
-            return self.requires()
-        except Exception as exc:  # a broken requirement check is itself a reason
-            return f"requirement check raised {type(exc).__name__}: {exc}"
+        return decl.requirement_unmet(self.requires)
 
     def refuses(
         self,

@@ -172,12 +172,8 @@ class QuantLinearSupport:
             raise invalid(f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
                           f"False and/or True", "e.g. save_original_input=(False, True), or (False,) without PR #1865.")
         set_("save_original_input", frozenset(soi))
-        for name in ("bias", "exposes_quantize"):
-            if not isinstance(getattr(self, name), bool):
-                raise invalid(f"{own}.{name} must be True or False, got {getattr(self, name)!r}", "Pass a bool.")
-        if self.requires is not None and not callable(self.requires):
-            raise invalid(f"{own}.requires must be a zero-argument callable or None, got {self.requires!r}",
-                          "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
+        decl.bools(own, self, ("bias", "exposes_quantize"))
+        decl.requirement(own, self.requires)
         us = self.accum_unit_roundoff
         if isinstance(us, Mapping):
             set_("accum_unit_roundoff", MappingProxyType(dict(us)))
@@ -209,12 +205,7 @@ class QuantLinearSupport:
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
-        if self.requires is None:
-            return None
-        try:
-            return self.requires()
-        except Exception as exc:  # a broken requirement check is itself a reason
-            return f"requirement check raised {type(exc).__name__}: {exc}"
+        return decl.requirement_unmet(self.requires)
 
     def accumulation(self, device: str | torch.device) -> tuple[float, int | None]:
         """``(unit roundoff, promotion chunk or None)`` of the GEMM accumulation declared for ``device``."""
