@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import BrokenImpl, discover
 
@@ -47,9 +48,19 @@ def describe_support(impl, device: str) -> list[str]:
     return lines
 
 
+#: What each Triton mode means for the kernels listed (printed first, as a ``#`` comment line).
+TRITON_MODES = {
+    "compiled": "Triton kernels run compiled (CUDA)",
+    "interpreter": "Triton kernels run under Triton's interpreter (no CUDA here; TRITON_INTERPRET=1, set by numcheck "
+                   "before triton was imported unless you set it): a kernel's Python runs, compiled-only bugs need CUDA",
+    "none": "Triton kernels cannot run: no CUDA here and TRITON_INTERPRET is off",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     entries = discover(args.impl)
     broken = 0
+    print(f"# {TRITON_MODES[interpreter.mode()]}")
     for e in entries:
         if isinstance(e, BrokenImpl):
             broken += 1

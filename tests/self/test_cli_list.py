@@ -43,6 +43,8 @@ def _list(capsys, *args: str) -> tuple[int, str, dict[str, list[str]]]:
     blocks: dict[str, list[str]] = {}
     current = None
     for line in out.splitlines():
+        if line.startswith("# "):  # the Triton mode line
+            continue
         if line and not line.startswith(" "):
             current = line.split("  [", 1)[0]
             blocks[current] = [line]
@@ -61,6 +63,16 @@ def test_lists_every_builtin_with_origin_and_status(capsys, monkeypatch):
         assert blocks[e.name][0] == f"{e.name}  [{e.kind}, from built-in]", blocks[e.name]
         assert any(line.startswith("    here: ") for line in blocks[e.name]), blocks[e.name]
     assert "    here: runs" in blocks["eager"]
+
+
+def test_says_how_triton_kernels_run(capsys):
+    """The first line says whether Triton kernels run compiled or under the interpreter (arranged by the CLI)."""
+    import torch
+
+    rc, out, _ = _list(capsys, "--impl", "eager")
+    first = out.splitlines()[0]
+    want = "compiled (CUDA)" if torch.cuda.is_available() else "under Triton's interpreter"
+    assert rc == 0 and first.startswith("# Triton kernels") and want in first, out
 
 
 def test_impl_option_restricts_and_shows_support(capsys, outside):
