@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
 
 import torch
+from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
 from numcheck.reports.report_grid import GridCase, GridSpec, linear_ce_cases, quant_cases
@@ -27,34 +28,21 @@ from numcheck.reports.report_schema import case_text, declaration, error_record,
 
 
 class Progress:
-    """A progress bar on a text stream: redrawn in place on a terminal, a line every 10% otherwise."""
+    """A tqdm progress bar on a text stream, one step per (impl, case): redrawn in place on a terminal, a line at
+    most every 15 s otherwise (CI logs)."""
 
     def __init__(self, total: int, stream: TextIO | None = None, label: str = "report", enabled: bool = True) -> None:
-        self.total, self.done, self.label = max(total, 0), 0, label
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled and self.total > 0
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.monotonic()
-        self._next_line = 0.0
+        stream = stream if stream is not None else sys.stderr
+        tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.bar = tqdm(total=max(total, 0), desc=label, file=stream, disable=not enabled or total <= 0,
+                        mininterval=0.2 if tty else 15.0, dynamic_ncols=tty, ascii=not tty)
 
     def step(self, note: str = "") -> None:
         """Count one unit of work done (``note``: what it was)."""
-        self.done += 1
-        if not self.enabled:
-            return
-        frac = self.done / self.total
-        el = time.monotonic() - self.t0
-        eta = el / frac - el if frac > 0 else 0.0
-        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-        text = f"{self.label} [{bar}] {self.done}/{self.total} {el:5.0f}s elapsed, ~{eta:4.0f}s left  {note[:60]}"
-        if self.tty:
-            self.stream.write("\r" + text.ljust(150)[:150])
-            if self.done == self.total:
-                self.stream.write("\n")
-        elif frac >= self._next_line or self.done == self.total:
-            self.stream.write(text + "\n")
-            self._next_line = frac + 0.1
-        self.stream.flush()
+        self.bar.set_postfix_str(note[:60], refresh=False)
+        self.bar.update(1)
+        if self.bar.n >= (self.bar.total or 0):
+            self.bar.close()
 
 
 @contextlib.contextmanager
