@@ -3,8 +3,13 @@ prints PASS or the failure, and exits 0 / 1 (2 for bad arguments)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +112,24 @@ def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
     """Bad expressions (no builtins reachable), unknown impls or properties, or a kind mismatch exit 2 and say why."""
     assert cli.main(["repro", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
+    """`numcheck repro --impl mymod:impl` run in the user's directory (no checkout, the console script's sys.path:
+    the current directory not on it) finds mymod and reproduces the failure (exit 1); so does the printed form
+    NUMCHECK_IMPLS=mymod:impl numcheck repro --impl NAME."""
+    (tmp_path / "cwd_mutant.py").write_text(MUTANT)
+    tree = Path(str(resources.files("numcheck"))).parent
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("NUMCHECK_IMPLS", None)
+    problem = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
+    # -P: the current directory is not put on sys.path, as for an installed console script.
+    base = [sys.executable, "-P", "-c", "import sys; from numcheck.reports.cli import main; sys.exit(main())", "repro",
+            "--property", "accuracy", "--problem", problem]
+    proc = subprocess.run(base + ["--impl", "cwd_mutant:impl"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("FAIL") and "repro_loss_off" in proc.stdout
+    proc = subprocess.run(base + ["--impl", "repro_loss_off"], cwd=tmp_path, env=dict(env, NUMCHECK_IMPLS="cwd_mutant:impl"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
