@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.properties import records
 from numcheck.properties.accuracy import check_accuracy
 from numcheck.properties.compare import compare
 from numcheck.properties.failures import fail
@@ -40,6 +41,7 @@ def _bounds(impl: Any, p: Problem, t: Tensors, out: ImplOutputs):
 def accuracy(impl: Any, p: Problem) -> Metrics:
     """Every output within the analytic bound of the oracle and within k× eager's error (both judgements)."""
     res = check_accuracy(impl, p)
+    records.note(impl, "accuracy", p, res)
     if not res.ok:
         fail(impl, "accuracy", p, *res.failure_lines())
     return {"error/bound": res.worst_ratio}
@@ -56,6 +58,7 @@ def strided_inputs(impl: Any, p: Problem) -> Metrics:
         raise
     except Exception:  # noqa: BLE001 - an impl may refuse non-contiguous inputs, loudly
         return {"refused": 1.0}
+    records.note(impl, "strided_inputs", p, res)
     if not res.ok:
         fail(impl, "strided_inputs", p, "inputs passed non-contiguous: x a column slice (row stride H+3), weight "
              "transposed storage, bias and target every other element", *res.failure_lines())

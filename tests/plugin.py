@@ -39,6 +39,7 @@ from hypothesis.errors import Unsatisfiable
 import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
+from numcheck.properties import records
 from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
 from numcheck.properties.runner import budget, unsatisfiable_reason
@@ -56,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--impl", action="append", default=[], metavar="SPEC",
                     help="run numcheck's suite (and the numcheck_impl fixture) on these impls only: built-in name "
                          "or package.module:attr (repeatable)")
+    group.addoption("--numcheck-record", type=Path, default=None, metavar="DIR",
+                    help="write the observed error/bound of every accuracy judgement to DIR/records-<worker>.jsonl "
+                         "(one file per xdist worker; numcheck sweep reads them)")
 
 
 def profile_name() -> str:
@@ -205,3 +209,29 @@ def one_thread_per_module() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
+    ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`)."""
+    folder = config.getoption("--numcheck-record", None)
+    if folder is not None:
+        records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The record file closed at the end of the session."""
+    if records.recording():
+        records.stop()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """While recording, the records that follow belong to ``item``."""
+    if records.recording():
+        records.set_test(item.nodeid, getattr(item, "originalname", item.name))
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Records made outside a test belong to none."""
+    if records.recording():
+        records.set_test()

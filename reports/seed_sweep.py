@@ -1,0 +1,378 @@
+"""``numcheck sweep``: the property suite over several hypothesis seeds — its failures and the bounds' tightness.
+
+For each seed of ``--seeds`` (``0-9``, ``0,3,7`` or ``5``) it runs the installed suite
+(:data:`reports.premerge.SUITE_MODULES`, the impl-parametrized modules) in a subprocess, exactly as a user runs
+it — ``python -m pytest --pyargs numcheck.tests.suite`` in the current directory — plus
+
+- ``--hypothesis-profile numcheck-ci-seeded`` (``--profile``; a derandomized profile is refused: every seed would
+  draw the same examples) and ``--hypothesis-seed=<seed>``;
+- ``--numcheck-record=DIR`` (numcheck's plugin; :mod:`properties.records`): every accuracy and strided-inputs
+  judgement's error/bound per output, one JSON-lines file per xdist worker;
+- ``--junitxml``: pass, fail, error or skip per (test, impl);
+- a fresh ``HYPOTHESIS_STORAGE_DIRECTORY`` per seed, so no seed replays another's failing examples from
+  hypothesis' example database;
+- ``--impl``, ``-k`` and ``-n`` passed through.
+
+It prints (Markdown, stdout; pytest's progress goes to stderr, one prefixed line per seed) every failure of every
+seed — test id, impl and the first line of its message, with the case, the first judgement line and the repro
+command — the total failure count, and the tightness table: per output × dtype (:func:`properties.records.
+dtype_label`) the number of judgements, how many were exact (error 0), the median, 90th percentile and maximum of
+error/bound under the hard bound, across all impls and seeds (per impl too with ``--per-impl``; always in the JSON).
+Non-finite ratios (a NaN or inf where the oracle has none) are failures, counted apart and left out of the
+quantiles. ``--compare BASE/sweep.json`` puts a baseline's 90th percentiles beside these and flags every output ×
+dtype whose 90th percentile fell by more than :data:`TIGHTNESS_FALL_LIMIT` (issue 19: a model made right by
+loosening it shows there).
+
+The suite cannot know whether an impl is correct: run it on impls believed correct, and every failure is a false
+alarm of the model. It writes ``sweep.json`` and ``sweep.md`` into ``--out`` (default
+``./numcheck-sweep/<device>-torch<version>/``; an existing sweep is replaced only with ``--force``).
+
+Exit status: 0 when no test failed on any seed (and no 90th percentile fell past the limit under ``--compare``);
+1 when any test failed or errored; 2 on bad input (malformed ``--seeds``, an unknown or derandomized profile, an
+output folder that would be overwritten, an unreadable ``--compare`` file) or when pytest ran nothing useful: exit
+status 5 (no test collected: the selection is named) or an internal or usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from numcheck.properties import records
+from numcheck.reports import baselines, premerge, report, report_schema
+
+HELP = ("run the property suite over several hypothesis seeds (ci-seeded profile) and print every failure, the "
+        "failure count and the tightness table (median and 90th percentile of error/bound per output and dtype); "
+        "writes sweep.json and sweep.md; exit 1 if any test failed, 2 on bad input")
+
+#: The folder under the current directory that ``numcheck sweep`` writes into by default.
+DEFAULT_ROOT = "numcheck-sweep"
+#: The files a sweep owns in its folder.
+SWEEP_FILES: frozenset[str] = frozenset({"sweep.json", "sweep.md"})
+#: Issue 19: the 90th percentile of error/bound may not fall by more than this factor from the baseline's.
+TIGHTNESS_FALL_LIMIT = 2.0
+#: The quantiles of the tightness table, in percent.
+QUANTILES: dict[str, float] = {"median": 50.0, "p90": 90.0}
+SCHEMA = "numcheck-sweep/1"
+
+
+class BadInput(ValueError):
+    """Input the sweep cannot run with (exit 2); the message names what and where."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-9"`` → 0..9, ``"0,3,7"`` → those, ``"5"`` → [5] (ranges and lists mix: ``"0-2,7"``); BadInput else."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise BadInput(f"--seeds {text!r}: {part!r} is not a seed or an increasing range A-B of non-negative "
+                           f"integers (e.g. 0-9, or 0,3,7)")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+    return seeds
+
+
+def profile_name(name: str) -> str:
+    """The full numcheck profile for ``name``; BadInput for an unknown or derandomized one."""
+    from hypothesis import settings
+
+    from numcheck.properties.profiles import numcheck_name
+
+    try:
+        full = numcheck_name(name)
+    except ValueError as exc:
+        raise BadInput(f"--profile: {exc}") from None
+    if settings.get_profile(full).derandomize:
+        raise BadInput(f"--profile {name!r}: {full} is derandomized, so every seed would draw the same examples; "
+                       f"use numcheck-ci-seeded (or dev, thorough)")
+    return full
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", default="0-9", help="hypothesis seeds: A-B, a comma-separated list, or both (default 0-9)")
+    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
+    p.add_argument("--profile", default="ci-seeded",
+                   help="numcheck hypothesis profile, not derandomized (default ci-seeded: NUMCHECK_CI_EXAMPLES examples)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k expression selecting tests (passed through)")
+    p.add_argument("-n", dest="jobs", type=int, default=1, metavar="N", help="pytest-xdist workers per seed (default 1)")
+    p.add_argument("--device", default="cpu", help="device the suite draws problems on (NUMCHECK_DEVICE; default cpu)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)")
+    p.add_argument("--force", action="store_true", help="replace a sweep already in the output directory")
+    p.add_argument("--per-impl", action="store_true", help="also print the tightness table of each impl")
+    p.add_argument("--compare", type=Path, metavar="BASE.json",
+                   help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
+                        f"{TIGHTNESS_FALL_LIMIT:g}× below the baseline's (exit 1 if any)")
+
+
+# -- running one seed -------------------------------------------------------------------------------------
+def sweep_command(seed: int, args: argparse.Namespace, profile: str, junit: Path, record_dir: Path) -> list[str]:
+    """The pytest command line of one seed: the installed suite under ``profile`` and ``seed``, recorded."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", *premerge.SUITE_MODULES, "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "-o", "junit_logging=no", f"--hypothesis-profile={profile}",
+           f"--hypothesis-seed={seed}", f"--numcheck-record={record_dir}"]
+    for spec in args.impl:
+        cmd += ["--impl", spec]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    if args.jobs > 1:
+        cmd += ["-n", str(args.jobs)]
+    return cmd
+
+
+@dataclass
+class SeedRun:
+    """What one seed's pytest run gave: exit status, seconds, every (test, impl) verdict, every record."""
+
+    seed: int
+    exit_status: int
+    seconds: float
+    cases: list[dict[str, str]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Number of (test, impl) cases per status."""
+        out = {s: 0 for s in ("passed", "failed", "error", "skipped")}
+        for c in self.cases:
+            out[c["status"]] += 1
+        return out
+
+    def failures(self) -> list[dict[str, str]]:
+        return [c for c in self.cases if c["status"] in ("failed", "error")]
+
+
+def _message_parts(text: str) -> dict[str, str]:
+    """The first line, the case, the first judgement line and the repro command of a failure message."""
+    lines = [re.sub(r"^E\s+", "", ln.strip()) for ln in text.strip().splitlines()]  # pytest's "E   " prefix
+    lines = [ln for ln in lines if ln and ln != "E"]
+
+    def first(pattern: str) -> str:
+        return next((m.group(1) for ln in lines if (m := re.match(pattern, ln))), "")
+
+    return {"message": lines[0][:400] if lines else "", "case": first(r"case: (.+)"),
+            "detail": first(r"(\((?:a|b)\) .+)")[:600], "reproduce": first(r"reproduce: (.+)")}
+
+
+def _split_name(classname: str, name: str) -> tuple[str, str]:
+    """(``module::test``, impl) of a JUnit test case (``test_accuracy[chunked[fp32_operands]]`` → impl
+    ``chunked[fp32_operands]``; impl ``""`` for a test without parameters)."""
+    base, bracket, rest = name.partition("[")
+    test = f"{classname.rsplit('.', 1)[-1]}::{base}" if classname else base
+    return test, rest[:-1] if bracket and rest.endswith("]") else rest
+
+
+def junit_cases(path: Path) -> list[dict[str, str]]:
+    """Every test case of a JUnit XML file: test, impl, status (passed, failed, error, skipped) and, for a
+    failure or error, the parts of its message (:func:`_message_parts`)."""
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test, impl = _split_name(case.get("classname", ""), case.get("name", ""))
+        row = {"test": test, "impl": impl, "status": "passed"}
+        for tag, status in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            el = case.find(tag)
+            if el is not None:
+                row["status"] = status
+                if status != "skipped":
+                    row.update(_message_parts((el.get("message") or "") + "\n" + (el.text or "")))
+                break
+        cases.append(row)
+    return cases
+
+
+def _selection(args: argparse.Namespace) -> str:
+    impls = ", ".join(args.impl) if args.impl else "every registered impl"
+    return f"{' '.join(premerge.SUITE_MODULES)} on {impls}" + (f", -k {args.keyword!r}" if args.keyword else "")
+
+
+def run_seed(seed: int, args: argparse.Namespace, profile: str) -> SeedRun:
+    """Run the suite for ``seed`` and read its verdicts and records; BadInput when pytest ran nothing usable."""
+    with tempfile.TemporaryDirectory(prefix=f"numcheck-sweep-{seed}-") as tmp:
+        junit, record_dir = Path(tmp) / "junit.xml", Path(tmp) / "records"
+        cmd = sweep_command(seed, args, profile, junit, record_dir)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NUMCHECK_DEVICE=args.device,
+                   HYPOTHESIS_STORAGE_DIRECTORY=str(Path(tmp) / "hypothesis"))
+        print(f"numcheck sweep: seed {seed}: {shlex.join(cmd)}", file=sys.stderr)
+        t0 = time.monotonic()
+        rc, lines = premerge.stream(cmd, env=env, prefix=f"  seed {seed} | ")
+        secs = time.monotonic() - t0
+        if rc == 5:
+            raise BadInput(f"seed {seed}: pytest collected no test (exit 5) for the selection {_selection(args)}")
+        if rc not in (0, 1, 2) or not junit.exists():
+            tail = "\n".join(f"    {t}" for t in [t for t in lines if t.strip()][-8:])
+            raise BadInput(f"seed {seed}: pytest exited {rc} without results for {_selection(args)}:\n{tail}")
+        rows = [r for f in sorted(record_dir.glob("records-*.jsonl")) for r in records.read(f)]
+        return SeedRun(seed, rc, secs, junit_cases(junit), rows)
+
+
+# -- tightness --------------------------------------------------------------------------------------------
+def _stats(ratios: list[float]) -> dict[str, Any]:
+    finite = np.array([r for r in ratios if math.isfinite(r)], dtype=np.float64)
+    row: dict[str, Any] = {"count": len(ratios), "exact": int((finite == 0).sum()),
+                           "nonfinite": len(ratios) - int(finite.size)}
+    for name, q in QUANTILES.items():
+        row[name] = float(np.percentile(finite, q)) if finite.size else None
+    row["max"] = float(finite.max()) if finite.size else None
+    return row
+
+
+def tightness(rows: Iterable[dict[str, Any]], keys: tuple[str, ...] = ("output", "dtype")) -> list[dict[str, Any]]:
+    """Per distinct value of ``keys``: count, exact (error 0), nonfinite, median, p90 and max of error/bound."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r["ratio"])
+    return [dict(zip(keys, k), **_stats(v)) for k, v in sorted(groups.items())]
+
+
+def compare_tightness(now: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per output × dtype in both: the baseline's and today's p90, their ratio base/now and whether it fell by
+    more than :data:`TIGHTNESS_FALL_LIMIT` (a p90 of 0 in the baseline cannot fall and is not judged)."""
+    before = {(r["output"], r["dtype"]): r["p90"] for r in base}
+    out = []
+    for r in now:
+        b = before.get((r["output"], r["dtype"]))
+        if b is None or r["p90"] is None:
+            continue
+        fall = (b / r["p90"]) if r["p90"] > 0 else (math.inf if b > 0 else 1.0)
+        out.append({"output": r["output"], "dtype": r["dtype"], "base_p90": b, "p90": r["p90"],
+                    "fall": fall if math.isfinite(fall) else "inf", "too_loose": fall > TIGHTNESS_FALL_LIMIT})
+    return out
+
+
+# -- the result -------------------------------------------------------------------------------------------
+def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: dict[str, Any],
+              base: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON of a sweep (``sweep.json``)."""
+    from numcheck.properties.profiles import ci_examples
+
+    all_rows = [r for run in runs for r in run.records]
+    table = tightness(all_rows)
+    return {
+        "schema": SCHEMA,
+        "environment": env,
+        "selection": {"modules": list(premerge.SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
+                      "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device},
+        "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
+                   "counts": r.counts(), "failures": r.failures(), "records": len(r.records),
+                   "tightness": tightness(r.records)} for r in runs],
+        "failures": sum(len(r.failures()) for r in runs),
+        "tightness": table,
+        "tightness_per_impl": tightness(all_rows, ("impl", "output", "dtype")),
+        "compare": ({"baseline": str(args.compare), "limit": TIGHTNESS_FALL_LIMIT,
+                     "rows": compare_tightness(table, base["tightness"])} if base is not None else None),
+    }
+
+
+def _num(v: Any) -> str:
+    return "—" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    cols = keys + ("count", "exact", "median", "p90", "max", "nonfinite")
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    return lines + ["| " + " | ".join(_num(r[c]) for c in cols) + " |" for r in rows]
+
+
+def render_md(summary: dict[str, Any], per_impl: bool) -> str:
+    """``sweep.md``: the selection, per seed its counts and failures, the total, the tightness table(s)."""
+    sel, env = summary["selection"], summary["environment"]
+    out = ["## numcheck seed sweep", "",
+           f"{sel['device']}, torch {env.get('torch')}, liger-kernel {env.get('liger_kernel') or '—'}, commit "
+           f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}; profile "
+           f"{sel['profile']} ({sel['ci_examples']} examples), impls: {', '.join(sel['impls']) or 'all registered'}"
+           + (f", -k `{sel['keyword']}`" if sel["keyword"] else "") + f", -n {sel['jobs']}", "",
+           "| seed | passed | failed | error | skipped | seconds |", "| --- | --- | --- | --- | --- | --- |"]
+    for s in summary["seeds"]:
+        c = s["counts"]
+        out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | {s['seconds']:.0f} |")
+    out += ["", f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
+                f"is a false alarm of the model)", ""]
+    for s in summary["seeds"]:
+        for f in s["failures"]:
+            out.append(f"- seed {s['seed']}: `{f['test']}[{f['impl']}]` ({f['status']}): {f.get('message', '')}")
+            for part in ("case", "detail", "reproduce"):
+                if f.get(part):
+                    out.append(f"  - {part}: `{f[part]}`")
+    out += ["", "### Tightness: error/bound under the hard bound, every accuracy and strided-inputs judgement", ""]
+    out += _table(summary["tightness"], ("output", "dtype"))
+    if per_impl:
+        out += ["", "### Tightness per impl", ""] + _table(summary["tightness_per_impl"], ("impl", "output", "dtype"))
+    cmp = summary.get("compare")
+    if cmp:
+        out += ["", f"### 90th percentile vs {cmp['baseline']} (may fall at most {cmp['limit']:g}×)", "",
+                "| output | dtype | baseline p90 | p90 | baseline/now | |", "| --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {r['output']} | {r['dtype']} | {_num(r['base_p90'])} | {_num(r['p90'])} | {_num(r['fall'])} | "
+                f"{'❌ fell' if r['too_loose'] else '✅'} |" for r in cmp["rows"]]
+    return "\n".join(out) + "\n"
+
+
+# -- the command ------------------------------------------------------------------------------------------
+def _out_dir(args: argparse.Namespace) -> Path:
+    """Where to write; BadInput when it would replace a sweep without --force or is not a directory."""
+    out = args.out if args.out is not None else Path.cwd() / DEFAULT_ROOT / baselines.report_dir_name(args.device)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} exists and is not a directory")
+    if (out / "sweep.json").exists() and not args.force:
+        raise BadInput(f"{out} already holds a sweep ({out / 'sweep.json'}); pass --force to replace it, or "
+                       f"choose another --out")
+    return out
+
+
+def _baseline(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BadInput(f"--compare {path}: cannot read a sweep.json ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tightness"), list):
+        raise BadInput(f"--compare {path}: not a {SCHEMA} sweep.json (no schema or tightness table)")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the sweep (module docstring); the exit status."""
+    try:
+        seeds = parse_seeds(args.seeds)
+        profile = profile_name(args.profile)
+        if args.jobs < 1:
+            raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
+        out, base = _out_dir(args), _baseline(args.compare)
+        runs = []
+        for i, seed in enumerate(seeds, 1):
+            r = run_seed(seed, args, profile)
+            c = r.counts()
+            print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}): {c['passed']} passed, {c['failed']} failed, "
+                  f"{c['error']} errors, {c['skipped']} skipped, {len(r.records)} judgements recorded in "
+                  f"{r.seconds:.0f} s", file=sys.stderr)
+            runs.append(r)
+    except BadInput as exc:
+        print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)
+        return 2
+    summary = summarize(runs, args, profile, report_schema.environment(args.device), base)
+    text = render_md(summary, args.per_impl)
+    report.write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
+                            owned=SWEEP_FILES)
+    print(text)
+    loose = [r for r in (summary["compare"] or {}).get("rows", []) if r["too_loose"]]
+    status = 1 if summary["failures"] or loose else 0
+    why = (f"{summary['failures']} failure(s)" if summary["failures"] else "no failure") + \
+          (f", {len(loose)} 90th percentile(s) fell more than {TIGHTNESS_FALL_LIMIT:g}×" if loose else "")
+    print(f"numcheck sweep: {'FAIL' if status else 'PASS'} (exit {status}) — {why} over {len(seeds)} seed(s); "
+          f"wrote {out}", file=sys.stderr)
+    return status

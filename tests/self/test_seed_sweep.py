@@ -1,0 +1,148 @@
+"""``numcheck sweep``: the suite over several hypothesis seeds, its failures and the tightness table.
+
+End-to-end runs are subprocesses of the real console entry on a tiny selection (one fast impl, ``-k`` on the
+accuracy tests, 2 examples per test through ``NUMCHECK_CI_EXAMPLES``): about 15 s per seed on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numcheck.reports import seed_sweep
+
+#: The tiny selection: the two tests that call the accuracy property directly.
+KEYWORD = "test_accuracy and not sharp or test_strided_inputs"
+
+MUTANT = '''
+from numcheck.tests.self.mutants import MUTANTS
+
+impl = next(m for m in MUTANTS if m.name == "mutant_loss_bf16")
+'''
+
+
+def _sweep(tmp_path: Path, *extra: str, examples: str = "2") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+               NUMCHECK_CI_EXAMPLES=examples)
+    env.pop("NUMCHECK_IMPLS", None)
+    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "sweep", *extra], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
+    """Two seeds of eager on the accuracy tests: exit 0, both seeds in sweep.json with their (test, impl) counts,
+    0 failures, a tightness row per output × dtype whose quantiles are ordered and below 1, and the same table in
+    sweep.md and on stdout."""
+    out = tmp_path / "out"
+    proc = _sweep(tmp_path, "--seeds", "0-1", "--impl", "eager", "-k", KEYWORD, "--out", str(out))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["schema"] == seed_sweep.SCHEMA and data["failures"] == 0
+    assert data["selection"]["profile"] == "numcheck-ci-seeded" and data["selection"]["ci_examples"] == 2
+    assert [s["seed"] for s in data["seeds"]] == [0, 1]
+    for s in data["seeds"]:
+        assert s["counts"]["passed"] == 2 and s["counts"]["failed"] == s["counts"]["error"] == 0, s
+        assert s["records"] > 0 and s["seconds"] > 0
+    rows = data["tightness"]
+    assert rows and {r["output"] for r in rows} >= {"loss", "grad_x", "grad_weight"}
+    assert sum(r["count"] for r in rows) == sum(s["records"] for s in data["seeds"])
+    for r in rows:
+        assert r["nonfinite"] == 0 and 0 <= r["median"] <= r["p90"] <= r["max"] <= 1, r
+    assert {r["impl"] for r in data["tightness_per_impl"]} == {"eager"}
+    md = (out / "sweep.md").read_text()
+    assert "**failures: 0** over 2 seed(s)" in md and "| output | dtype | count | exact | median | p90 |" in md
+    assert md in proc.stdout
+    assert "seed 0 (1/2)" in proc.stderr and "seed 1 (2/2)" in proc.stderr
+
+
+def test_sweep_of_a_mutant_counts_its_failures(tmp_path):
+    """A mutant that rounds the loss through bf16 (tests/self/mutants.py), named as an outside impl, gets
+    failures with its test id, message, case and repro command on stdout and in sweep.json, and exit 1; the
+    failing judgements are in the tightness table with error/bound above 1."""
+    (tmp_path / "mutmod.py").write_text(MUTANT)
+    out = tmp_path / "out"
+    proc = _sweep(tmp_path, "--seeds", "3", "--impl", "mutmod:impl", "-k", KEYWORD, "--out", str(out))
+    assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    data = json.loads((out / "sweep.json").read_text())
+    fails = data["seeds"][0]["failures"]
+    assert data["failures"] == len(fails) > 0
+    assert all(f["impl"] == "mutant_loss_bf16" and f["status"] == "failed" for f in fails)
+    assert any("loss" in f["detail"] and f["reproduce"].startswith("PYTHONPATH=") for f in fails), fails
+    loss = [r for r in data["tightness"] if r["output"] == "loss"]
+    assert max(r["max"] for r in loss) > 1
+    assert f"`test_properties::test_accuracy[mutant_loss_bf16]` (failed)" in proc.stdout
+
+
+def test_sweep_that_selects_nothing_is_bad_input(tmp_path):
+    """A -k expression no test matches: pytest's exit 5 becomes exit 2 with the selection named, and nothing is
+    written."""
+    out = tmp_path / "out"
+    proc = _sweep(tmp_path, "--seeds", "0", "--impl", "eager", "-k", "no_such_test_anywhere", "--out", str(out))
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert "collected no test (exit 5)" in proc.stderr and "'no_such_test_anywhere'" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text, seeds", [("0-9", list(range(10))), ("5", [5]), ("0-2,7", [0, 1, 2, 7]),
+                                         ("3,1,3", [3, 1])])
+def test_seeds_parse(text, seeds):
+    """--seeds takes ranges, lists and both, in the order given, each seed once."""
+    assert seed_sweep.parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "-2", "1-", "1,,2"])
+def test_bad_seeds_are_refused(text):
+    """A malformed --seeds is bad input naming the part that is wrong."""
+    with pytest.raises(seed_sweep.BadInput, match="--seeds"):
+        seed_sweep.parse_seeds(text)
+
+
+def test_derandomized_or_unknown_profile_is_refused():
+    """numcheck-ci (derandomized: every seed the same draws) and an unknown profile are bad input."""
+    with pytest.raises(seed_sweep.BadInput, match="derandomized"):
+        seed_sweep.profile_name("ci")
+    with pytest.raises(seed_sweep.BadInput, match="names no numcheck hypothesis profile"):
+        seed_sweep.profile_name("fast")
+    assert seed_sweep.profile_name("ci-seeded") == "numcheck-ci-seeded"
+
+
+def test_existing_sweep_is_not_replaced_without_force(tmp_path):
+    """An --out holding a sweep.json is refused unless --force is given."""
+    (tmp_path / "sweep.json").write_text("{}")
+    args = argparse.Namespace(out=tmp_path, device="cpu", force=False)
+    with pytest.raises(seed_sweep.BadInput, match="--force"):
+        seed_sweep._out_dir(args)
+    assert seed_sweep._out_dir(argparse.Namespace(out=tmp_path, device="cpu", force=True)) == tmp_path
+
+
+def test_tightness_quantiles_and_nonfinite():
+    """Per output × dtype: count, exact zeros, median and 90th percentile (numpy's linear interpolation: of 0, 1,
+    2, 3 and an inf, the finite four give 1.5 and 2.7), max; a non-finite ratio is counted apart."""
+    rows = [{"output": "loss", "dtype": "float32", "ratio": r} for r in (3.0, 0.0, 2.0, 1.0, math.inf)]
+    rows.append({"output": "grad_x", "dtype": "float32", "ratio": 0.5})
+    table = {r["output"]: r for r in seed_sweep.tightness(rows)}
+    assert table["loss"] == {"output": "loss", "dtype": "float32", "count": 5, "exact": 1, "nonfinite": 1,
+                             "median": 1.5, "p90": pytest.approx(2.7), "max": 3.0}
+    assert table["grad_x"]["median"] == table["grad_x"]["p90"] == 0.5
+
+
+def test_p90_falling_past_the_limit_is_flagged():
+    """--compare flags an output × dtype whose p90 fell by more than 2× from the baseline's, not one within it."""
+    base = [{"output": "loss", "dtype": "float32", "p90": 0.4}, {"output": "grad_x", "dtype": "float32", "p90": 0.4}]
+    now = [{"output": "loss", "dtype": "float32", "p90": 0.1}, {"output": "grad_x", "dtype": "float32", "p90": 0.25}]
+    flags = {r["output"]: r["too_loose"] for r in seed_sweep.compare_tightness(now, base)}
+    assert flags == {"loss": True, "grad_x": False}
+
+
+def test_junit_names_with_bracketed_impls():
+    """A JUnit case name splits into module::test and the impl, brackets inside the impl name kept."""
+    assert seed_sweep._split_name("numcheck.tests.suite.test_properties", "test_accuracy[chunked[fp32_operands]]") == \
+        ("test_properties::test_accuracy", "chunked[fp32_operands]")
+    assert seed_sweep._split_name("m", "test_plain") == ("m::test_plain", "")
