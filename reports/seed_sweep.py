@@ -353,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
         out, base = _out_dir(args), _baseline(args.compare)
+        env = report_schema.environment(args.device)  # before the run: the commit and tree it ran on
         runs = []
         for i, seed in enumerate(seeds, 1):
             r = run_seed(seed, args, profile)
@@ -364,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)
         return 2
-    summary = summarize(runs, args, profile, report_schema.environment(args.device), base)
+    summary = summarize(runs, args, profile, env, base)
     text = render_md(summary, args.per_impl)
     report.write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
                             owned=SWEEP_FILES)
