@@ -12,6 +12,8 @@ Run the suite against your impl from any directory::
   (discovery is deterministic). An impl that failed to load is still collected: its tests fail with the load
   error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
   skipped with the reason.
+- ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
+  ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`; ``numcheck sweep`` reads them).
 - Hypothesis profiles (:mod:`numcheck.properties.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
   ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
