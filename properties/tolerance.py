@@ -326,9 +326,12 @@ class _Sweep:
         cc = rows.coef_ce[r].abs()[:, None]
         cz = rows.coef_z[r].abs()[:, None]
         lam2 = 2 * self.lam
-        if blk.dzc_dz is not None:  # |g| = |G| / d where d > 0 (d underflows only where G does too)
-            d = blk.dzc_dz
-            g_abs = torch.where(d > 0, blk.G.abs() / d.clamp_min(1e-300), torch.zeros_like(d))
+        if blk.dzc_dz is not None:
+            # |g| from its terms, not |G|/d: the oracle's d = 1 − tanh² cancels to exactly 0 once |z/s| ≳ 18.7
+            # (and underflows past ~355) while a correct fp32 d is off by up to 3u_L there (docs/error-analysis.md,
+            # "Outputs whose exact value is zero"): the |g|·3u_L term below must see the true |g|.
+            g_abs = (rows.coef_ce[r][:, None] * (C[:, None] * p - q)
+                     + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p).abs()
         else:
             g_abs = blk.G.abs()
         dg = cc * C[:, None] * p * dlogp
