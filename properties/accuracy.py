@@ -31,7 +31,7 @@ import torch
 from numcheck.properties.compare import Comparison, compare
 from numcheck.properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.problems import Problem, Tensors, build
-from numcheck.properties.tolerance import Level, error_model, linear_ce_bounds, unit_roundoff
+from numcheck.properties.tolerance import Level, error_model, linear_ce_bounds, range_dtypes, unit_roundoff
 
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
 RELATIVE_SLACK_ROUNDINGS = 2.0
@@ -125,13 +125,14 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)
              and n not in skip]
     hard_bounds: dict[str, torch.Tensor] = {}
+    ranges = range_dtypes(p, dtypes)  # ±inf judged against the format each output was held in
     for level in dict.fromkeys(("hard",) + tuple(levels)):
         bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))
         if level == "hard":
             hard_bounds = bounds
         target = res.analytic if level == "hard" else res.expected
         for n in names:
-            target[n] = compare(n, out.get(n), refs[n], bounds[n])
+            target[n] = compare(n, out.get(n), refs[n], bounds[n], range_dtype=ranges.get(n))
     if relative and not (p.all_ignored and p.reduction == "mean"):
         eager_err = _eager_errors(p)
         lowp_path = impl.support.grad_accumulation != "fp32"

@@ -20,7 +20,9 @@ class Comparison:
 
     ``ratio`` is max over elements of |impl − oracle| / bound (0/0 counts as 0); ``ok`` is ``ratio ≤ 1`` with
     NaN/inf exactly where the oracle has them — or ±inf where a value within the bound of the exact one
-    overflows the impl's dtype (correct rounding; such elements count as error 0). ``worst`` is the index of the element with the largest ratio.
+    overflows the format the value was held in (the impl's dtype, or the narrower ``range_dtype`` given to
+    :func:`compare`: correct rounding; such elements count as error 0 and ``extra["overflowed"]`` counts them).
+    ``worst`` is the index of the element with the largest ratio.
     ``state`` (one of :data:`COMPARISON_STATES`) says what was compared; ``nonfinite`` describes a non-finite
     mismatch (empty otherwise); ``impl_shape`` / ``oracle_shape`` are the two shapes.
     """
@@ -83,8 +85,42 @@ def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(a))) * fi.eps
 
 
-def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor) -> Comparison:
-    """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``."""
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The magnitude from which round-to-nearest gives ±inf in ``dtype``: its max plus half an ulp of the max."""
+    fi = torch.finfo(dtype)
+    return fi.max + float(ulp_of(torch.tensor(fi.max, dtype=torch.float64), dtype)) / 2
+
+
+def _narrowest(dt: torch.dtype, range_dtype: torch.dtype | None) -> torch.dtype:
+    """Of the returned dtype and the format the value was held in before its last cast, the one of smaller range."""
+    if range_dtype is None or not range_dtype.is_floating_point:
+        return dt
+    return range_dtype if torch.finfo(range_dtype).max < torch.finfo(dt).max else dt
+
+
+def legitimate_overflow(impl: torch.Tensor, oracle: torch.Tensor, bound: torch.Tensor,
+                        range_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Where ``impl`` is ±inf as a correct rounding: the oracle is finite, the sign agrees, and some value within
+    ``bound`` of the exact one reaches the overflow threshold of the format the value was held in whole
+    (``range_dtype``, e.g. the fp16 output of a GEMM under autocast cast to fp32 afterwards; default: ``impl``'s
+    own dtype). Elements of an impl whose dtype is not a narrower float never qualify."""
+    dt = _narrowest(impl.dtype, range_dtype)
+    a = impl.detach().to(device=oracle.device, dtype=torch.float64)
+    o = oracle.to(torch.float64)
+    if not dt.is_floating_point or dt == torch.float64:
+        return torch.zeros_like(o, dtype=torch.bool)
+    b = bound.to(device=o.device, dtype=torch.float64).expand_as(o)
+    return torch.isfinite(o) & torch.isinf(a) & (torch.sign(a) == torch.sign(o)) & (o.abs() + b >= overflow_threshold(dt))
+
+
+def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor, *,
+            range_dtype: torch.dtype | None = None) -> Comparison:
+    """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``.
+
+    ``range_dtype``: the narrowest format the output was held in whole before its last cast (the compute dtype of
+    a gradient GEMM under autocast, whose result is cast to the fp32 parameters' dtype only afterwards): ±inf is
+    accepted where a value within the bound of the exact one overflows *that* format (:func:`legitimate_overflow`).
+    ``extra["overflowed"]`` counts the elements so accepted."""
     if impl is None:
         return _not_compared(output, "missing", oracle, impl)
     if tuple(impl.shape) != tuple(oracle.shape):
@@ -95,14 +131,10 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
     b = bound.to(device=o.device, dtype=torch.float64).expand_as(o)
     fin_o, fin_a = torch.isfinite(o), torch.isfinite(a)
     mismatch = (fin_o != fin_a) | (~fin_o & ~fin_a & ~((torch.isnan(o) & torch.isnan(a)) | (o == a)))
-    if dt.is_floating_point and dt != torch.float64:
-        # Overflow is a rounding: ±inf is the correct result in ``dt`` when some value within the bound of the
-        # exact one rounds to it (magnitude ≥ max + half an ulp of max, the round-to-nearest threshold).
-        fi = torch.finfo(dt)
-        threshold = fi.max + float(ulp_of(torch.tensor(fi.max, dtype=torch.float64), dt)) / 2
-        overflow = fin_o & torch.isinf(a) & (torch.sign(a) == torch.sign(o)) & (o.abs() + b >= threshold)
-        mismatch = mismatch & ~overflow
-        fin_a = fin_a | overflow
+    # Overflow is a rounding: ±inf is the correct result when some value within the bound of the exact one
+    # rounds to it in the format the value was held in (magnitude ≥ max + half an ulp of max).
+    overflow = legitimate_overflow(impl, o, b, range_dtype) if dt.is_floating_point else torch.zeros_like(mismatch)
+    mismatch = mismatch & ~overflow
     if bool(mismatch.any()):
         idx = tuple(int(i) for i in mismatch.nonzero()[0])
         return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
@@ -117,6 +149,7 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         return Comparison(output=output, ok=True, ratio=0.0, max_abs=0.0, max_rel=0.0, rmse=0.0, max_ulp=0.0, worst=(),
                           impl_value=0.0, oracle_value=0.0, bound_value=0.0, n_bad=0, numel=0,
                           impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape), dtype=str(dt))
+    extra = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
     flat = int(torch.argmax(ratio.reshape(-1)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
     rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)
@@ -139,4 +172,5 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         impl_shape=tuple(impl.shape),
         oracle_shape=tuple(o.shape),
         dtype=str(dt),
+        extra=extra,
     )

@@ -228,6 +228,28 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
     )
 
 
+#: The outputs a gradient GEMM produces whole (grad_x = G·W, grad_W = Gᵀx, grad_b = Σ_i G_i).
+GEMM_OUTPUTS: tuple[str, ...] = ("grad_x", "grad_weight", "grad_bias")
+
+
+def range_dtypes(p: Problem, out_dtypes: dict[str, torch.dtype]) -> dict[str, torch.dtype]:
+    """The narrowest format each output is held in whole before its last cast, whose range its ±inf is judged
+    against (:func:`properties.compare.legitimate_overflow`).
+
+    Under autocast the gradient GEMMs return compute-dtype results, cast to the parameters' dtype only afterwards
+    (the same fact :func:`error_model` charges as u_out ≥ u_c): an fp16 grad_weight whose exact value exceeds
+    65504 comes back as ±inf in fp32, which is what AMP does and what a loss scaler exists to catch. The loss is
+    held in the dtype it is returned in (autocast runs cross_entropy in fp32). Elsewhere: the returned dtype.
+    """
+    out = dict(out_dtypes)
+    c = p.compute_dtype
+    if p.autocast is not None:
+        for k in GEMM_OUTPUTS:
+            if k in out and out[k].is_floating_point and torch.finfo(c).max < torch.finfo(out[k]).max:
+                out[k] = c
+    return out
+
+
 class _Sweep:
     """Observer of the oracle's block sweep; ``phase`` 1 accumulates E_i and loss sums, phase 2 the
     gradient bounds (it needs the finished E_i)."""
@@ -304,9 +326,12 @@ class _Sweep:
         cc = rows.coef_ce[r].abs()[:, None]
         cz = rows.coef_z[r].abs()[:, None]
         lam2 = 2 * self.lam
-        if blk.dzc_dz is not None:  # |g| = |G| / d where d > 0 (d underflows only where G does too)
-            d = blk.dzc_dz
-            g_abs = torch.where(d > 0, blk.G.abs() / d.clamp_min(1e-300), torch.zeros_like(d))
+        if blk.dzc_dz is not None:
+            # |g| from its terms, not |G|/d: the oracle's d = 1 − tanh² cancels to exactly 0 once |z/s| ≳ 18.7
+            # (and underflows past ~355) while a correct fp32 d is off by up to 3u_L there (docs/error-analysis.md,
+            # "Outputs whose exact value is zero"): the |g|·3u_L term below must see the true |g|.
+            g_abs = (rows.coef_ce[r][:, None] * (C[:, None] * p - q)
+                     + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p).abs()
         else:
             g_abs = blk.G.abs()
         dg = cc * C[:, None] * p * dlogp
