@@ -71,3 +71,32 @@ def test_correct_impls_pass_where_logit_errors_are_order_one(name: str) -> None:
     """Correct built-ins are within the bound on the bf16 case whose logit errors are about 1."""
     res = check_accuracy(builtin(name), LARGE_LOGITS)
     assert res.ok, "\n".join(res.failure_lines())
+
+
+@pytest.mark.parametrize("field,value", [("exp", -1), ("tanh", float("nan")), ("log", "2"), ("expo", 2)])
+def test_bad_elementary_error_is_named(field: str, value: object) -> None:
+    """An elementary_error entry that is not a number of ulps >= 0, or an unknown function, is refused by name."""
+    from numcheck.impls.declaration_errors import InvalidDeclaration
+    from numcheck.impls.protocol import make_support
+
+    with pytest.raises(InvalidDeclaration, match=field):
+        make_support(elementary_error={field: value})
+
+
+def test_declared_elementary_error_widens_only_its_terms() -> None:
+    """Declaring exp/log/tanh ulps never narrows a bound and widens each output's bound of a softcap problem."""
+    from numcheck.properties.harness import run_oracle
+    from numcheck.properties.problems import build
+    from numcheck.properties.tolerance import error_model, linear_ce_bounds
+    from numcheck.impls.protocol import make_support
+
+    plain, declared = make_support(), make_support(elementary_error={"exp": 2, "exp_per_arg": 0.6, "log": 2,
+                                                                      "tanh": 13})
+    p = Problem(N=6, H=8, V=65, dtype="float32", softcap=2.0, seed=4, device=DEVICE)
+    t = build(p)
+    ref = run_oracle(p, t, all_ignored="nan")
+    dts = {k: torch.float32 for k in ("loss", "grad_x", "grad_weight")}
+    b0 = linear_ce_bounds(p, t, ref, error_model(plain, p, dts))
+    b1 = linear_ce_bounds(p, t, ref, error_model(declared, p, dts))
+    for k in ("loss", "grad_x", "grad_weight"):
+        assert bool((b1[k] >= b0[k]).all()) and bool((b1[k] > b0[k]).any()), k
