@@ -71,6 +71,7 @@ import torch
 
 from numcheck.impls import interpreter
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
+from numcheck.impls.triton_ce import triton_library_elementary
 
 NOT_INSTALLED = "cut-cross-entropy is not installed"
 #: The release whose source the declarations were read from.
@@ -328,6 +329,7 @@ def declare(info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None
         chunk_cols=info.backward_block_cols,
         logits_dtype="float32",
         ce_dtype="float32",
+        elementary_error=triton_library_elementary(on_cpu, softmax_divides=False),  # tl.exp, tl.log, libdevice tanh
         # indexed_dot.py:64 rounds each x·w product of the target logit to the operand dtype (the release read;
         # a later release is judged at the strict default until its source is read)
         target_logit="rounded_products" if info.version == SOURCE_READ else "logits",

@@ -173,3 +173,31 @@ def requirement_unmet(requires: Callable[[], str | None] | None) -> str | None:
         return requires()
     except Exception as exc:  # noqa: BLE001 - a broken requirement check is itself a reason
         return f"requirement check raised {type(exc).__name__}: {exc}"
+
+
+def elementary_mapping(owner: str, value: object, known: tuple[str, ...]) -> dict[str, object]:
+    """``value`` (an ``elementary_error`` declaration) as a dict whose keys are all among ``known``."""
+    example = '{"exp": 2, "exp_per_arg": 1.0, "log": 1, "tanh": 2}'
+    if not isinstance(value, dict):
+        raise invalid(f"{owner}={value!r} is not a mapping of ulps per function",
+                      f"Write e.g. elementary_error={example} (ulps from the correctly rounded result, as the CUDA "
+                      f"C++ Programming Guide states them), or numcheck.impls.protocol.ElementaryError(...).")
+    for k in value:
+        if k not in known:
+            hint = did_you_mean(k, known) if isinstance(k, str) else ""
+            raise invalid(f"{owner} has an unknown key {k!r}", f"Keys it takes: {', '.join(known)}.{hint}")
+    return dict(value)
+
+
+def elementary_ulps(owner: str, fields: dict[str, object], known: tuple[str, ...]) -> dict[str, float]:
+    """Each of ``known`` in ``fields`` as a finite float >= 0 (ulps), or raise naming the field."""
+    out: dict[str, float] = {}
+    for name in known:
+        v = fields[name]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v != float("inf")
+        if not ok:
+            raise invalid(f"{owner}.{name}={v!r} is not a number of ulps >= 0",
+                          "Give the function's maximum error in ulps from the correctly rounded result (0 for a "
+                          "correctly rounded one), e.g. 2 for CUDA's expf.")
+        out[name] = float(v)
+    return out

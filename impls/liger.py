@@ -52,6 +52,7 @@ import torch
 from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, make_support, unavailable_fn
+from numcheck.impls.triton_ce import triton_library_elementary
 
 #: Our option name -> the Liger ``forward`` parameter that carries it.
 OPTION_PARAMS: dict[str, str] = {
@@ -298,6 +299,7 @@ def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | N
         all_ignored="zero",
         grad_accumulation=_grad_accumulation(info, accum_dtype),
         logits_dtype="compute",
+        elementary_error=triton_library_elementary(interpreted(), softmax_divides=True),  # exp2(…)/d, tl.log, tanh
         returns_z_loss=info.has("return_z_loss"),
         requires=(lambda r=base_reason: r),
         slow=interpreted(),  # the Triton interpreter runs the kernel element by element in numpy

@@ -82,6 +82,42 @@ GradAccumulation = Literal["fp32", "per_chunk_rounding", "param_dtype"]
 AllIgnoredConvention = Literal["nan", "zero"]
 
 
+@dataclass(frozen=True)
+class ElementaryError:
+    """How far an impl's exp, log and tanh may be from the correctly rounded result, in ulps of the dtype they
+    are evaluated in (the CE arithmetic: fp32 for ``ce_dtype="float32"``), counted as the CUDA C++ Programming
+    Guide's "Mathematical Functions" appendix counts them: 0 is a correctly rounded function (the default, the
+    tolerance model's assumption), 2 is CUDA's ``expf``. The model charges n ulps as a relative error 2n·u on
+    top of the one rounding it already counts (an ulp of y is at most 2u·|y|).
+
+    Attributes:
+        exp: ulps of exp(x), apart from ``exp_per_arg``.
+        exp_per_arg: further ulps per unit of |x|, for an exp whose error grows with its argument: exp evaluated
+            as 2^(x·log2 e) with the product and the constant each rounded to fp32 adds u·|x| twice, so 1.0
+            (Triton's ``tl.exp`` on CUDA); CUDA's intrinsic ``__expf`` documents 2 + floor(|1.173·x|) ulps, so
+            ``exp=2, exp_per_arg=1.173``.
+        log: ulps of log(x); for an implementation with an absolute error bound ε (``lg2.approx.f32``), ε in ulps
+            of 1 (the model applies it to max(|log x|, 1)).
+        tanh: ulps of tanh(x) as the impl evaluates it, including any division or exp inside a composite tanh.
+
+    Example: a kernel calling CUDA's libdevice functions declares
+    ``elementary_error={"exp": 2, "log": 1, "tanh": 2}`` (expf 2 ulp, logf 1 ulp, tanhf 2 ulp).
+    """
+
+    exp: float = 0.0
+    exp_per_arg: float = 0.0
+    log: float = 0.0
+    tanh: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in decl.elementary_ulps("ElementaryError", vars(self), ELEMENTARY_FUNCTIONS).items():
+            object.__setattr__(self, name, value)
+
+
+#: The fields of :class:`ElementaryError`, the keys a declaration's ``elementary_error`` mapping may hold.
+ELEMENTARY_FUNCTIONS: tuple[str, ...] = ("exp", "exp_per_arg", "log", "tanh")
+
+
 #: Names a user may write for an option that the declaration calls otherwise (the call's keyword, Liger's name).
 OPTION_ALIASES: dict[str, str] = {"z_loss_scale": "z_loss", "lse_square_scale": "z_loss", "weight": "class_weights",
                                   "weights": "class_weights", "logit_softcapping": "softcap",
@@ -126,6 +162,8 @@ class LinearCESupport:
             products are each rounded to the compute dtype before an fp32 sum (cut-cross-entropy 25.1.1's
             ``indexed_dot``): the loss then carries an extra u_c·Σ_k |x_k·w_{y,k}| per row, which the
             tolerance model adds; gradients are unaffected.
+        elementary_error: how accurate the impl's exp, log and tanh are (:class:`ElementaryError`, or a mapping
+            of its fields, e.g. ``{"exp": 2, "exp_per_arg": 1.0, "log": 1}``); default: correctly rounded.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
         loss_dtype: the least precise dtype the loss (and z-loss) may come back in. ``"input"`` (default): the
             parameters' dtype, so fp32 under autocast, as autocast's own ``cross_entropy`` gives (it runs in
@@ -151,6 +189,7 @@ class LinearCESupport:
     logits_dtype: Literal["compute", "float32"] = "compute"
     ce_dtype: Literal["float32", "compute"] = "float32"
     target_logit: Literal["logits", "rounded_products"] = "logits"
+    elementary_error: ElementaryError = ElementaryError()
     returns_z_loss: bool = False
     loss_dtype: Literal["input", "compute"] = "input"
     slow: bool = False
@@ -193,6 +232,7 @@ class LinearCESupport:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
                               "Give the rows (classes) per chunk, or None for one pass.")
+        set_("elementary_error", _elementary(own, self.elementary_error))
         decl.bools(own, self, ("returns_z_loss", "slow"))
         decl.requirement(own, self.requires)
 
@@ -229,6 +269,14 @@ class LinearCESupport:
         if all_ignored and self.all_ignored is None:
             return "all-ignored batches not declared"
         return None
+
+
+def _elementary(owner: str, value: object) -> ElementaryError:
+    """A declaration's ``elementary_error`` as an :class:`ElementaryError` (it may be given as a mapping)."""
+    if isinstance(value, ElementaryError):
+        return value
+    fields = decl.elementary_mapping(f"{owner}.elementary_error", value, ELEMENTARY_FUNCTIONS)
+    return ElementaryError(**fields)
 
 
 @runtime_checkable

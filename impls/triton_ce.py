@@ -24,7 +24,7 @@ import torch
 
 from numcheck.impls.ce_block import BlockResult, SoftmaxStats, _check_block
 from numcheck.impls.chunked import ChunkedLinearCE
-from numcheck.impls.protocol import LinearCESupport
+from numcheck.impls.protocol import ElementaryError, LinearCESupport
 from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
 
 if triton is not None:
@@ -144,6 +144,74 @@ if triton is not None:
                 tl.store(row_ptr + cols[None, :], g.to(L.dtype.element_ty), mask=rmask[:, None] & cm[None, :])
 
 
+#: fp32's log2(e), as Triton's tl.exp multiplies by it on CUDA (2^(x·log2 e), ElementwiseOpToLLVM.cpp).
+_LOG2E_F32 = float(torch.tensor(1.4426950408889634, dtype=torch.float32))
+_U32 = 2.0**-24
+
+
+def exp2_arg_ulps() -> float:
+    """Ulps per unit |x| of exp(x) evaluated as 2^fl(x·fl(log2 e)): the exponent errs by |x|·(|fl(log2 e) − log2 e|
+    + u·log2 e), which moves the result relatively by ln 2 times that; one ulp is at least 2u relative."""
+    import math
+
+    rel = math.log(2) * (abs(_LOG2E_F32 - 1 / math.log(2)) + _U32 / math.log(2))
+    return rel / (2 * _U32)
+
+
+def composite_tanh_ulps(exp: ElementaryError, div_ulps: float, arg_div: bool = True) -> float:
+    """Ulps beyond correct rounding of :func:`_tanh` applied to fl(z/s), first order, worst over its argument:
+    what a declaration's ``tanh`` field is for this kernel, given the accuracy of its exp and of fp32 division.
+
+    Relative errors in units of u. For |a| ≥ 0.15, t = (1 − e)/(1 + e) with e = exp(−2|a|): e's error
+    (1 + 2·n_exp + 2·n_arg·2|a|) is amplified by 2e/(1 − e²); 1 − e is exact for e ≥ 1/2 (Sterbenz), else one
+    rounding; 1 + e one rounding; the division 1 + 2·n_div; the caller's a = z/s another 1 + 2·n_div, damped by
+    2a/sinh(2a). Below 0.15 the Taylor polynomial: its Horner steps ≈ 1.03, the product with a 1, truncation
+    0.094 (< 0.022·a⁸·|a|), and the caller's division. The model already counts one rounding each for tanh and
+    the division (2u); the rest, halved, is in ulps."""
+    import math
+
+    div = 1 + 2 * div_ulps
+    worst = 1.03 + 1 + 0.094 + (div if arg_div else 1)
+    for k in range(0, 4000):
+        a = 0.15 + k * 0.005
+        e = math.exp(-2 * a)
+        eps_e = 1 + 2 * exp.exp + 2 * exp.exp_per_arg * 2 * a
+        total = 2 * e / (1 - e * e) * eps_e + (0 if e >= 0.5 else 1) + 1 + div
+        total += (2 * a / math.sinh(2 * a)) * (div if arg_div else 1)
+        worst = max(worst, total)
+    return max(worst - 2, 0.0) / 2
+
+
+def elementary_error(interpreted: bool) -> ElementaryError:
+    """The accuracy of the exp, log and tanh the CE kernel evaluates (``docs/error-analysis.md``, "Elementary
+    functions"). Compiled for CUDA: tl.exp is ex2.approx.f32 of x·log2 e (2 ulps, PTX ISA, plus
+    :func:`exp2_arg_ulps` per |x|), tl.log libdevice's logf (1 ulp) or lg2.approx.f32 times ln 2 (absolute
+    error ≈ 1 ulp of 1, plus the product): 2; fp32 ``/`` is div.full.f32 (2 ulps). Interpreted on CPU: numpy's
+    float32 exp and log (at most 2.52 and 3.83 ulps, numpy's SIMD implementations; measured 2.43 and 2.99 here),
+    IEEE division. tanh is this module's :func:`_tanh` (:func:`composite_tanh_ulps`)."""
+    if interpreted:
+        exp = ElementaryError(exp=3.0, log=4.0)
+        div = 0.0
+    else:
+        exp = ElementaryError(exp=2.0, exp_per_arg=exp2_arg_ulps(), log=2.0)
+        div = 2.0
+    return ElementaryError(exp=exp.exp, exp_per_arg=exp.exp_per_arg, log=exp.log,
+                           tanh=composite_tanh_ulps(exp, div))
+
+
+def triton_library_elementary(interpreted: bool, *, softmax_divides: bool) -> ElementaryError:
+    """The accuracy of a third-party Triton CE kernel built from tl.exp/tl.exp2 of an fp32 product, tl.log and
+    libdevice's tanh of x/softcap (Liger-Kernel, cut-cross-entropy). On CUDA: exp 2 ulps plus
+    :func:`exp2_arg_ulps` per |x| (also when the kernel multiplies by log2 e itself for tl.exp2), + 2 where the
+    softmax is exp(…)/d (div.full.f32, 2 ulps); log 2 (as :func:`elementary_error`); tanh libdevice's tanhf 2 ulps
+    + 2 for div.full in x/softcap. Interpreted: numpy's float32 exp 3, log 4, tanh 2 (measured 1.37 here), IEEE
+    division, and the kernel's own product by log2 e."""
+    if interpreted:
+        return ElementaryError(exp=3.0, exp_per_arg=exp2_arg_ulps(), log=4.0, tanh=2.0)
+    return ElementaryError(exp=2.0 + (2.0 if softmax_divides else 0.0), exp_per_arg=exp2_arg_ulps(), log=2.0,
+                           tanh=4.0)
+
+
 def _launch_shape(C: int, V: int) -> tuple[int, int, int]:
     """``(ROWS, BLOCK_V, num_warps)``: one row per program with wide vocabulary blocks when compiled;
     many rows per program under the interpreter, whose cost is per operation, not per element."""
@@ -221,7 +289,8 @@ def triton_impls() -> list[ChunkedLinearCE]:
 
     def support() -> LinearCESupport:
         return LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
-                               requires=unavailable_reason, slow=INTERPRET)
+                               elementary_error=elementary_error(INTERPRET), requires=unavailable_reason,
+                               slow=INTERPRET)
 
     return [
         ChunkedLinearCE(

@@ -1,5 +1,6 @@
-"""The tolerance model for linear+CE: an element-wise error bound for every output, derived by first-order
-floating-point error analysis and evaluated in float64 next to the oracle.
+"""The tolerance model for linear+CE: an element-wise error bound for every output, derived by floating-point
+error analysis (first order in the roundings u; exact in the logits' errors, which reach O(1) for bf16 logits
+of a few hundred) and evaluated in float64 next to the oracle.
 
 Notation (``docs/error-analysis.md``): u_c = unit roundoff of the compute (matmul operand) dtype,
 u_a = 2⁻²⁴ (matmuls accumulate in fp32: bf16/fp16 products are exact in fp32, fp32 GEMMs accumulate in
@@ -14,32 +15,48 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
 1. Logits (reduction length H, +1 with bias):
    e_z = γ_{H+1}(u_a)·(|x||W|ᵀ + |b|) + (u_L + 2u_a)·|z| [+ u_L·(|z| + |b|) with a bias: the matmul output may be
    rounded before the bias is added] [+ u_c·|b| when a bias may be rounded to the compute dtype].
-   Softcap z' = s·tanh(z/s): e_z' = sech²(z/s)·e_z + 3u_L·|z'| (tanh, divide and multiply each round once).
-2. Row statistics: first order, δlse_i = Σ_j p_ij δz'_ij, so |δlse_i| ≤ E_i + R_i with E_i = Σ_j p_ij e'_ij and
-   R_i = γ_V(u_a) + 3u_a + u_ce(1 + 3|lse_i|) for evaluating lse (a sum of V positive terms in fp32, then exp, log and
-   the shift by the max, each rounded at u_ce: u_a, or u_c for an impl declaring ``ce_dtype="compute"``, whose
-   kernels keep the max and lse in the logits dtype; the sum s ≥ 1 rounded at u_ce moves log s by u_ce
-   absolutely, whatever |lse|: torch's CPU bf16 log_softmax rounds s to bf16, measured at N=2049, H=V=2
-   (s = 1.0117 → 1.0156, loss 0.0155 for 0.0117)).
-   δ log p_ij = (1 − p_ij)δz'_ij − Σ_{k≠j} p_ik δz'_ik, so |δ log p_ij| ≤ E_i + (1 − 2p_ij)·e'_ij + R_i + ρ_ij
-   (the first two terms are never negative together); ρ_ij = u_L·|log p_ij| + 2u_a covers p recomputed from
-   log-probabilities stored at u_L (eager's log_softmax backward does exactly that). Keeping (1 − p_ij) rather
-   than the triangle inequality is what makes confident rows (p_y → 1) tight: the true-class gradient p_y − 1
-   is bounded relative to itself, so an impl that forms it in bf16 (100% error) is caught.
+   Softcap z' = s·tanh(z/s): tanh' = sech² falls in |t|, so over |δz| ≤ e_z
+   e_z' = sech²(t_lo)·e_z + (3u_L + κ_tanh)·|z'|, t_lo = max(|z| − e_z, 0)/s (tanh, divide and multiply each round
+   once; κ_tanh = 2·n_tanh·u_ce for a tanh declared n_tanh ulps from correct rounding, ``elementary_error``).
+2. Row statistics, exact for any logit errors |δ_j| ≤ e'_j (not first order: bf16 logits near 320 carry e' ≈ 1,
+   and p moves by e^δ). lse(z' + δ) − lse(z') = log Σ_j p_j e^{δ_j}, so |δlse_i| ≤ E*_i + R_i with
+   E*_i = max(log1p(T⁺_i), −log1p(T⁻_i)), T^±_i = Σ_j p_ij·expm1(±e'_ij) (E*_i ≥ Σ_j p_ij e'_ij by Jensen, equal to
+   first order) and R_i = γ_V(u_a) + 3u_a + u_ce(1 + 3|lse_i|) for evaluating lse (a sum of V positive terms in fp32,
+   then exp, log and the shift by the max, each rounded at u_ce: u_a, or u_c for an impl declaring
+   ``ce_dtype="compute"``, whose kernels keep the max and lse in the logits dtype; the sum s ≥ 1 rounded at u_ce
+   moves log s by u_ce absolutely, whatever |lse|: torch's CPU bf16 log_softmax rounds s to bf16, measured at
+   N=2049, H=V=2 (s = 1.0117 → 1.0156, loss 0.0155 for 0.0117)); a declared ``elementary_error`` adds
+   2u_ce·(n_exp + n_arg·(H_i − log s_i)) for the exps of the sum (their arguments z' − m and the online rescales
+   add up along each term's path to m − z'_j; Σ_j p_j(m − z'_j) = H_i − log s_i with H_i the row's entropy and
+   log s_i = lse_i − max_j z'_ij) and 2u_ce·n_log·max(log s_i, 1) for log s.
+   δ log p_j = δ_j − δlse exactly. With S_j = Σ_{k≠j} p_k e^{δ_k} = 1 − p_j + D_j, D_j ∈ [D⁻_j, D⁺_j],
+   D⁺_j = T⁺ − p_j expm1(e'_j) ≥ 0, D⁻_j = T⁻ − p_j expm1(−e'_j) ≤ 0:
+   δ log p_j = −log1p((1 − p_j)·expm1(−δ_j) + D_j·e^{−δ_j}), decreasing in δ_j and increasing in D_j, so
+   |δ log p_ij| ≤ L_ij = max(log1p((1−p)expm1(e') + D⁺e^{e'}), −log1p((1−p)expm1(−e') + D⁻e^{−e'})), the second
+   side at most −log p (p̂ ≤ 1); to first order L = E_i + (1 − 2p_ij)·e'_ij. Keeping (1 − p_ij) rather than the
+   triangle inequality is what makes confident rows (p_y → 1) tight: the true-class gradient p_y − 1 is bounded
+   relative to itself, so an impl that forms it in bf16 (100% error) is caught. Then
+   |δ log p_ij| ≤ L_ij + R_i + ρ_ij, ρ_ij = u_L·|log p_ij| + 2u_a [+ 2u_ce(n_exp + n_arg·|log p_ij|) for p =
+   exp(log p) under a declared ``elementary_error``] covers p recomputed from log-probabilities stored at u_L
+   (eager's log_softmax backward does exactly that), and |δp_ij| ≤ p_ij·expm1(|δ log p_ij|).
 3. Per-row loss ℓ_i = C_i·lse_i − Σ_j q_ij z'_ij with C_i = (1−ε)w_{y_i} + (ε/V)S_w and
-   q_ij = (1−ε)w_{y_i}δ_{j,y_i} + (ε/V)w_j, so δℓ_i = Σ_j (C_i p_ij − q_ij)δz'_ij:
-   |δℓ_i| ≤ Σ_j |C_i p_ij − q_ij|·e'_ij + C_i R_i + (u_L + 4u_a)|ℓ_i| (log-probabilities stored at u_L, the
-   final products and sums) [+ 3u_c|ℓ_i| when class weights may be rounded to the compute dtype: the weight
-   itself and the normalizer D] [+ (1−ε)w_{y_i}(u_c·Σ_k |x_ik w_{y_i}k| + H·η_c) when the impl declares
-   ``target_logit="rounded_products"``: its z_y is a separate dot product whose H products are each rounded to
-   the compute dtype]. z-loss ζ_i = λ·lse_i²: |δζ_i| ≤ 2λ|lse_i|(E_i + R_i) + 4u_a ζ_i.
+   q_ij = (1−ε)w_{y_i}δ_{j,y_i} + (ε/V)w_j, so by the mean value theorem δℓ_i = Σ_j (C_i p̃_ij − q_ij)δz'_ij with p̃
+   the softmax at an intermediate point, |p̃ − p| ≤ p·expm1(L):
+   |δℓ_i| ≤ Σ_j (|C_i p_ij − q_ij| + C_i p_ij expm1(L_ij))·e'_ij + C_i R_i + (u_L + 4u_a)|ℓ_i| (log-probabilities
+   stored at u_L, the final products and sums) [+ 3u_c|ℓ_i| when class weights may be rounded to the compute
+   dtype: the weight itself and the normalizer D] [+ (1−ε)w_{y_i}(u_c·Σ_k |x_ik w_{y_i}k| + H·η_c) when the impl
+   declares ``target_logit="rounded_products"``: its z_y is a separate dot product whose H products are each
+   rounded to the compute dtype]. z-loss ζ_i = λ·lse_i²: δζ = λ(2·lse·δlse + δlse²), so
+   |δζ_i| ≤ λ(2|lse_i|·Δ_i + Δ_i²) + 4u_a ζ_i with Δ_i = E*_i + R_i.
    Reductions add γ_N(u_a)·Σ|terms| and the final rounding u_out·|L|.
 4. Gradient w.r.t. the logits, g_ij = c_i(C_i p_ij − q_ij) + c^z_i·2λ·lse_i·p_ij (c = upstream / normalizer):
-   |δg_ij| ≤ |c_i|C_i p_ij|δ log p_ij| + |c^z_i|2λ(|lse_i| p_ij |δ log p_ij| + p_ij|δlse_i|)
+   |δg_ij| ≤ |c_i|C_i|δp_ij| + |c^z_i|2λ(|lse_i|·|δp_ij| + Δ_i·(p_ij + |δp_ij|))
             + 3u_ce(|c_i|(C_i p_ij + q_ij) + |c^z_i|2λ|lse_i|p_ij) [+ 2u_c|g_ij| for rounded class weights],
    u_ce = u_a when the impl forms g in fp32, u_c when it declares ``ce_dtype="compute"`` (then p_y − 1 of a
    confident row may round to 0: the term 3u_c·C·p_y is what allows it).
-   Through softcap G = g·d, d = 1 − tanh²: |δG| ≤ d|δg| + |g|(2|tanh|·d·e_z/s + 3u_L); then the stored G
+   Through softcap G = g·d, d = 1 − tanh²: d moves by |δd| ≤ 2·tanh(t_hi)·sech²(t_lo)·e_z/s (mean value theorem),
+   t_hi = (|z| + e_z)/s, and d̂ ≤ sech²(t_lo), so |δG| ≤ |δg|·min(d + |δd|, sech²(t_lo)) + |g|(|δd| + 3u_L
+   + 2κ_tanh·tanh²) (d = 1 − t̂² doubles tanh's relative error in the square); then the stored G
    rounds once more, or twice (formed, then scaled by the normalizer or upstream gradient in the compute
    dtype): + u_G|G| + η_G with u_G = 2u_c, and η_G = η_c·(1 + max|u|) when an upstream u ≠ 1 scales an already
    underflowed G.
@@ -55,8 +72,9 @@ scaled in backward round twice (2·u_out).
    partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
    rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/chunk_rows⌉, N when undeclared).
 
-These are worst-case first-order bounds: second-order terms are O(u²) relative and far below the slack of
-the γ constants at the sizes the suite draws. The relative judgement (b) lives in :mod:`properties.accuracy`.
+These are worst-case bounds, first order in the roundings: second-order terms in u are O(u²) relative and far
+below the slack of the γ constants at the sizes the suite draws. In the logits' errors e' they are exact (steps
+2–4), and reduce to the first-order terms as e' → 0, so small errors are bounded as tightly as before. The relative judgement (b) lives in :mod:`properties.accuracy`.
 """
 
 from __future__ import annotations
@@ -120,7 +138,8 @@ class ErrorModel:
         the declared grad_weight path, its chunk count K and the parameter dtype's u; grad_x_accumulation, chunks_x:
         grad_x's path over K_V vocabulary chunks. bias_rounding /
         class_weight_rounding: whether those may legitimately be rounded to the compute dtype.
-        level: ``"hard"`` (γ_n) or ``"expected"`` (√n·u).
+        level: ``"hard"`` (γ_n) or ``"expected"`` (√n·u). exp_ulps, exp_arg_ulps, log_ulps, tanh_ulps: the
+        declared ``elementary_error`` (ulps beyond correct rounding; 0 when undeclared).
     """
 
     u_c: float
@@ -141,6 +160,14 @@ class ErrorModel:
 
     grad_x_accumulation: str = "fp32"
     chunks_x: int = 1
+    exp_ulps: float = 0.0
+    exp_arg_ulps: float = 0.0
+    log_ulps: float = 0.0
+    tanh_ulps: float = 0.0
+
+    def kappa_tanh(self) -> float:
+        """The declared extra relative error of one tanh, 2·ulps·u_ce (an ulp of y is at most 2u·|y|)."""
+        return 2 * self.tanh_ulps * self.u_ce
 
     def _path(self, path: str, chunks: int) -> float:
         if path == "fp32":
@@ -225,6 +252,7 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         grad_x_accumulation=("per_chunk_rounding" if (p.autocast is not None and x_path == "fp32" and chunk_cols)
                              else x_path),
         chunks_x=K_V,
+        **_elementary_fields(support),
     )
 
 
@@ -250,9 +278,51 @@ def range_dtypes(p: Problem, out_dtypes: dict[str, torch.dtype]) -> dict[str, to
     return out
 
 
+def _elementary_fields(support) -> dict[str, float]:
+    """The :class:`ErrorModel` fields of a declaration's ``elementary_error`` (all 0 when it has none)."""
+    el = getattr(support, "elementary_error", None)
+    if el is None:
+        return {}
+    return {"exp_ulps": el.exp, "exp_arg_ulps": el.exp_per_arg, "log_ulps": el.log, "tanh_ulps": el.tanh}
+
+
+#: Arguments of exp beyond which float64 overflows; a logit error this large leaves a bound of no use anyway.
+_EXP_MAX = 700.0
+
+
+def _sech2(t: torch.Tensor) -> torch.Tensor:
+    """sech²(t), 0 where cosh overflows."""
+    return torch.cosh(t).reciprocal().square()
+
+
+def _p_expm1(p: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """p·(e^a − 1), exactly 0 where p = 0 (a clamped below float64's overflow: beyond it the bound says nothing)."""
+    return torch.where(p > 0, p * torch.expm1(a.clamp(max=_EXP_MAX)), torch.zeros_like(p))
+
+
+def lse_error_bound(T_plus: torch.Tensor, T_minus: torch.Tensor) -> torch.Tensor:
+    """E* = max(log1p(T⁺), −log1p(T⁻)): |lse(z + δ) − lse(z)| for any |δ_j| ≤ e_j, given the row totals
+    T^± = Σ_j p_j·expm1(±e_j) (step 2 of the module docstring; attained at δ = ±e)."""
+    return torch.maximum(torch.log1p(T_plus), -torch.log1p(T_minus))
+
+
+def logp_error_bound(p: torch.Tensor, e: torch.Tensor, T_plus: torch.Tensor, T_minus: torch.Tensor) -> torch.Tensor:
+    """The bound on |δ log p_j| for any logit errors |δ_k| ≤ e_k of the row (step 2), element-wise:
+    max(log1p((1−p)(e^e − 1) + D⁺e^e), −log1p((1−p)(e^{−e} − 1) + D⁻e^{−e})) with D^± = T^± − p·expm1(±e), the
+    second side at most −log p (p cannot pass 1). Attained at δ_j = ∓e_j, δ_k = ±e_k (k ≠ j)."""
+    em1_p, em1_m = torch.expm1(e), torch.expm1(-e)
+    Dp = (T_plus - _p_expm1(p, e)).clamp_min(0)
+    Dm = (T_minus - _p_expm1(p, -e)).clamp_max(0)
+    up = torch.log1p((1 - p) * em1_p + Dp * torch.exp(e))
+    lo_arg = ((1 - p) * em1_m + Dm * torch.exp(-e)).clamp_min(-1.0)
+    down = torch.minimum(-torch.log1p(lo_arg), -torch.log(p))
+    return torch.maximum(up, down).clamp_min(0)
+
+
 class _Sweep:
-    """Observer of the oracle's block sweep; ``phase`` 1 accumulates E_i and loss sums, phase 2 the
-    gradient bounds (it needs the finished E_i)."""
+    """Observer of the oracle's block sweep; ``phase`` 1 accumulates the row totals T⁺_i, T⁻_i (step 2), the
+    entropy and row maximum (for the declared elementary-function errors) and the first-order loss sums; phase 2
+    the gradient bounds and the loss's second-order term (they need the finished row totals)."""
 
     def __init__(self, p: Problem, t: Tensors, m: ErrorModel, N: int, H: int, V: int, dev: torch.device) -> None:
         f64 = torch.float64
@@ -269,11 +339,13 @@ class _Sweep:
         self.g_V = gamma(V, U_ACC, m.level)
         self.g_N = gamma(N, U_ACC, m.level)
         self.phase = 1
-        self.E = torch.zeros(N, dtype=f64, device=dev)
-        self.S_ce = torch.zeros(N, dtype=f64, device=dev)
-        self.gx = torch.zeros(N, H, dtype=f64, device=dev)
-        self.gw = torch.zeros(V, H, dtype=f64, device=dev)
-        self.gb = torch.zeros(V, dtype=f64, device=dev)
+        zeros = lambda *shape: torch.zeros(*shape, dtype=f64, device=dev)  # noqa: E731
+        self.T_plus, self.T_minus = zeros(N), zeros(N)
+        self.entropy = zeros(N)
+        self.zmax = torch.full((N,), -math.inf, dtype=f64, device=dev)
+        self.S_ce, self.S_2 = zeros(N), zeros(N)
+        self.R = self.dlse = zeros(N)
+        self.gx, self.gw, self.gb = zeros(N, H), zeros(V, H), zeros(V)
 
     def _logit_error(self, blk: Block) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.m
@@ -289,7 +361,9 @@ class _Sweep:
             e_z = e_z + m.u_c * blk.b.abs()
         if blk.dzc_dz is None:
             return e_z, e_z
-        return e_z, blk.dzc_dz * e_z + 3 * m.u_L * blk.zc.abs()
+        # tanh' = sech² decreases in |t|: over |δz| ≤ e_z the softcap's slope is at most sech²(t_lo).
+        t_lo = (blk.z.abs() - e_z).clamp_min(0) / self.s
+        return e_z, _sech2(t_lo) * e_z + (3 * m.u_L + m.kappa_tanh()) * blk.zc.abs()
 
     def _row_terms(self, blk: Block, rows: RowStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r, c = blk.rows, blk.cols
@@ -306,6 +380,20 @@ class _Sweep:
         q = q * rows.valid[r][:, None]
         return C, q, rows.valid[r]
 
+    def finish_rows(self, lse: torch.Tensor) -> None:
+        """After phase 1: R_i (evaluating lse, with the declared elementary errors) and the bound
+        |δlse_i| ≤ E*_i + R_i, E*_i = max(log1p(T⁺_i), −log1p(T⁻_i))."""
+        m = self.m
+        R = self.g_V + 3 * U_ACC + m.u_ce * (1 + 3 * lse.abs())
+        log_s = (lse - self.zmax).clamp_min(0).nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        ex = 2 * m.u_ce
+        # Each term exp(z' − m) (and each online rescale of a partial sum) errs relatively by the declared ulps;
+        # the argument-proportional part sums along a term's path to m − z'_j, weighted by p: H − log s.
+        R = R + ex * (m.exp_ulps + m.exp_arg_ulps * (self.entropy - log_s).clamp_min(0))
+        R = R + ex * m.log_ulps * log_s.clamp_min(1.0)
+        self.R = R
+        self.dlse = lse_error_bound(self.T_plus, self.T_minus) + R
+
     def block(self, blk: Block, rows: RowStats) -> None:
         m = self.m
         r = blk.rows
@@ -313,16 +401,24 @@ class _Sweep:
         C, q, valid = self._row_terms(blk, rows)
         p = blk.p * valid[:, None]
         lse = rows.lse[r]
+        ecl = e_zc.clamp(max=_EXP_MAX)
         if self.phase == 1:
-            self.E[r] += (p * e_zc).sum(dim=1)
+            self.T_plus[r] += _p_expm1(p, ecl).sum(dim=1)
+            self.T_minus[r] += _p_expm1(p, -ecl).sum(dim=1)
+            self.entropy[r] += torch.where(p > 0, p * (lse[:, None] - blk.zc), torch.zeros_like(p)).sum(dim=1)
+            zc = torch.where(valid[:, None], blk.zc, torch.full_like(blk.zc, -math.inf))
+            self.zmax[r] = torch.maximum(self.zmax[r], zc.amax(dim=1))
             self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
             return
-        R = self.g_V + 3 * U_ACC + m.u_ce * (1 + 3 * lse.abs())
-        E = self.E[r]
+        R, dlse = self.R[r], self.dlse[r]
         logp = blk.zc - lse[:, None]
-        rho = m.u_L * logp.abs() + 2 * U_ACC
-        dlogp = (E[:, None] + (1 - 2 * p) * e_zc).clamp_min(0) + R[:, None] + rho
-        dlse = E + R
+        L = logp_error_bound(p, ecl, self.T_plus[r][:, None], self.T_minus[r][:, None])
+        ex = 2 * m.u_ce
+        rho = m.u_L * logp.abs() + 2 * U_ACC + ex * (m.exp_ulps + m.exp_arg_ulps * logp.abs())
+        dlogp = L + R[:, None] + rho
+        dp = _p_expm1(p, dlogp)  # |δp| ≤ p·(e^{|δ log p|} − 1)
+        # Loss (mean value theorem): |C p̃ − q| ≤ |C p − q| + C·|δp| at the intermediate point.
+        self.S_2[r] += (C[:, None] * _p_expm1(p, L) * e_zc).sum(dim=1)
         cc = rows.coef_ce[r].abs()[:, None]
         cz = rows.coef_z[r].abs()[:, None]
         lam2 = 2 * self.lam
@@ -334,17 +430,13 @@ class _Sweep:
                      + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p).abs()
         else:
             g_abs = blk.G.abs()
-        dg = cc * C[:, None] * p * dlogp
-        if self.lam:
-            dg = dg + cz * lam2 * (lse.abs()[:, None] * p * dlogp + p * dlse[:, None])
+        dg = cc * C[:, None] * dp
+        if self.lam:  # δ(lse·p) ≤ |lse|·|δp| + |δlse|·(p + |δp|)
+            dg = dg + cz * lam2 * (lse.abs()[:, None] * dp + dlse[:, None] * (p + dp))
         dg = dg + 3 * m.u_ce * (cc * (C[:, None] * p + q) + cz * lam2 * lse.abs()[:, None] * p)
         if m.class_weight_rounding:
             dg = dg + 2 * m.u_c * g_abs
-        if blk.dzc_dz is not None:
-            t = (blk.zc / self.s).abs()
-            dG = blk.dzc_dz * dg + g_abs * (2 * t * blk.dzc_dz * e_z / self.s + 3 * m.u_L)
-        else:
-            dG = dg
+        dG = self._through_softcap(blk, dg, g_abs, e_z) if blk.dzc_dz is not None else dg
         G_abs = blk.G.abs()
         # Stored G rounds once (u_G|G| + η); with CE arithmetic in the compute dtype p is stored too, a second η.
         # An underflowed G scaled afterwards by the upstream gradient u carries |u|·η, then rounds again.
@@ -354,6 +446,19 @@ class _Sweep:
         acc = self.g_N + m.path_term()
         self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())
         self.gb[blk.cols] += dG.sum(dim=0) + acc * G_abs.sum(dim=0)
+
+    def _through_softcap(self, blk: Block, dg: torch.Tensor, g_abs: torch.Tensor, e_z: torch.Tensor) -> torch.Tensor:
+        """|δG| for G = g·d, d = 1 − tanh²(z/s) (step 4): |δG| ≤ |δg|·min(d + |δd|, sech²(t_lo)) + |g|·(|δd| +
+        roundings of d), |δd| ≤ 2·tanh(t_hi)·sech²(t_lo)·e_z/s (mean value theorem; sech² falls and tanh rises
+        in |t|), t_lo = max(|z| − e_z, 0)/s, t_hi = (|z| + e_z)/s."""
+        m, s = self.m, self.s
+        d = blk.dzc_dz
+        sech2_lo = _sech2((blk.z.abs() - e_z).clamp_min(0) / s)
+        dd = 2 * torch.tanh((blk.z.abs() + e_z) / s) * sech2_lo * e_z / s
+        t = (blk.zc / s).abs()
+        # d = 1 − t̂²: tanh's declared extra error κ doubles in the square and enters d absolutely (2κ·t²).
+        rounding = 3 * m.u_L + 2 * m.kappa_tanh() * t * t
+        return dg * torch.minimum(d + dd, sech2_lo) + g_abs * (dd + rounding)
 
 
 def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
@@ -368,16 +473,18 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     N, H = x.shape
     V = w.shape[0]
     sweep = _Sweep(p, t, m, N, H, V, x.device)
+    st = oracle.stats
     for phase in (1, 2):
         sweep.phase = phase
         linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero", observer=sweep)
-    st = oracle.stats
+        if phase == 1:
+            sweep.finish_rows(st.lse)
     lse = st.lse
     valid = st.valid
-    R = sweep.g_V + 3 * U_ACC + m.u_ce * (1 + 3 * lse.abs())
+    R = sweep.R
     ce_row = oracle.per_row - torch.where(valid, t.options.z_loss_scale * lse * lse, torch.zeros_like(lse))
     C = (1 - sweep.eps) * st.w_target + (sweep.eps / V) * sweep.S_w
-    d_ce = sweep.S_ce + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
+    d_ce = sweep.S_ce + sweep.S_2 + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
     if m.class_weight_rounding:
         d_ce = d_ce + 3 * m.u_c * ce_row.abs()
     if m.target_products:
@@ -388,7 +495,9 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
         prod = (x * w[tgt]).abs().sum(-1)
         d_ce = d_ce + (1 - sweep.eps) * st.w_target * (m.u_c * prod + H * m.eta_c)
     z_row = oracle.per_row - ce_row
-    d_z = 2 * sweep.lam * lse.abs() * (sweep.E + R) + 4 * U_ACC * z_row.abs()
+    # ζ = λ·lse²: δζ = λ(2·lse·δlse + δlse²), exactly.
+    dlse = sweep.dlse
+    d_z = sweep.lam * (2 * lse.abs() * dlse + dlse * dlse) + 4 * U_ACC * z_row.abs()
     d_ce, d_z = d_ce * valid, d_z * valid
     red = t.options.reduction
     u_loss = m.u_out.get("loss", U_ACC)
