@@ -4,6 +4,15 @@
 ``numcheck-ci``: derandomized, ``NUMCHECK_CI_EXAMPLES`` examples (default 12); ``numcheck-ci-seeded``: the same,
 not derandomized (with ``--hypothesis-seed``, checks that ci verdicts do not hang on one seed); ``numcheck-dev``:
 60 examples; ``numcheck-thorough``: 1000. None has a deadline: an impl under Triton's interpreter takes seconds.
+
+Every setting that decides what is drawn is given here, so no profile inherits it from whatever hypothesis
+profile happens to be loaded when this module is imported (hypothesis loads its ``ci`` profile, derandomized,
+whenever a ``CI`` variable is set: ``numcheck-ci-seeded`` would then ignore ``--hypothesis-seed``; and a user's
+own profile loaded before ``import numcheck`` would otherwise leak in through :func:`numcheck.check`). The ci
+profiles keep no example database, so a verdict never depends on what an earlier run in the same directory saw;
+``numcheck-dev`` and ``numcheck-thorough`` keep hypothesis' default one (under ``.hypothesis/`` in the current
+directory, none under ``CI``), replaying an earlier failure first. Which cases are drawn is also kept
+independent of the loaded modules (:mod:`numcheck.properties.draw_isolation`).
 """
 
 from __future__ import annotations
@@ -11,14 +20,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 #: numcheck's hypothesis profiles, the first the default.
 PROFILES: tuple[str, ...] = ("numcheck-ci", "numcheck-ci-seeded", "numcheck-dev", "numcheck-thorough")
 DEFAULT_PROFILE = PROFILES[0]
 
 _COMMON: dict[str, Any] = dict(
-    deadline=None, print_blob=True,
+    deadline=None, print_blob=True, phases=tuple(Phase), backend="hypothesis", report_multiple_bugs=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture,
                            HealthCheck.filter_too_much])
 
@@ -44,7 +53,8 @@ def numcheck_name(name: str) -> str:
     return full
 
 
-settings.register_profile("numcheck-ci", max_examples=ci_examples(), derandomize=True, **_COMMON)
-settings.register_profile("numcheck-ci-seeded", max_examples=ci_examples(), **_COMMON)
-settings.register_profile("numcheck-dev", max_examples=60, **_COMMON)
-settings.register_profile("numcheck-thorough", max_examples=1000, **_COMMON)
+settings.register_profile("numcheck-ci", max_examples=ci_examples(), derandomize=True, database=None, **_COMMON)
+settings.register_profile("numcheck-ci-seeded", max_examples=ci_examples(), derandomize=False, database=None,
+                          **_COMMON)
+settings.register_profile("numcheck-dev", max_examples=60, derandomize=False, **_COMMON)
+settings.register_profile("numcheck-thorough", max_examples=1000, derandomize=False, **_COMMON)

@@ -22,6 +22,7 @@ from hypothesis.errors import Unsatisfiable
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties import checks, profiles
+from numcheck.properties.draw_isolation import isolated_draws
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
@@ -135,7 +136,8 @@ def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
     # the one hypothesis' pytest plugin uses for parametrized tests.
     run.hypothesis.inner_test._hypothesis_internal_add_digest = f"numcheck.check|{prop.name}|{impl.name}".encode()
     try:
-        run()
+        with isolated_draws():  # the plugin's draws do not depend on the loaded modules either
+            run()
     except Unsatisfiable:
         return _verdict(prop.name, worst, "skipped", unsatisfiable_reason(impl))
     except Exception as exc:  # noqa: BLE001 - a failing property or a raising impl is the verdict

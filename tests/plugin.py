@@ -42,6 +42,7 @@ import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
 from numcheck.properties import records
+from numcheck.properties.draw_isolation import draw_key, isolated_draws
 from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
 from numcheck.properties.runner import budget, unsatisfiable_reason
@@ -157,6 +158,21 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         pytest.skip(unsatisfiable_reason(impl))
     finally:
         fn._hypothesis_internal_use_settings = own
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """numcheck's ``@given`` tests draw the same cases however they were collected: each is keyed (its
+    derandomized seed, its example-database entry) by :func:`~numcheck.properties.draw_isolation.draw_key`, set
+    here after hypothesis' plugin set the node id, which carries the invocation's rootdir; and it draws no
+    constant of the loaded local modules (:func:`~numcheck.properties.draw_isolation.isolated_draws`)."""
+    inner = getattr(getattr(pyfuncitem.obj, "hypothesis", None), "inner_test", None)
+    if inner is None or not _is_numcheck(pyfuncitem.path):
+        return (yield)
+    rel = pyfuncitem.path.resolve().relative_to(_TESTS_DIR).as_posix()
+    inner._hypothesis_internal_add_digest = draw_key(rel, pyfuncitem.nodeid)
+    with isolated_draws():
+        return (yield)
 
 
 def _unwrap(request: pytest.FixtureRequest) -> Any:
