@@ -6,7 +6,12 @@ Releases differ in the positional signature of ``forward`` (``ce_weight`` was in
 what ``apply`` returns (a tensor, or a tuple whose first element is the loss). So the adapter reads the
 installed function's signature with :mod:`inspect`, passes every argument positionally by name (``apply``
 takes no keywords), declares only the options whose parameters exist, and takes ``out[0]`` / ``out[1]`` as
-loss / z-loss when a tuple comes back.
+loss / z-loss when a tuple comes back. Every option or reduction whose parameter the release lacks is left out
+of the declaration with that reason ("liger-kernel 0.5.8's forward has no ... parameter", :func:`signature_gaps`),
+which ``numcheck list`` prints. The version is that of the distribution whose installed files hold the imported
+FLCE module (:func:`imported_release`), not the first metadata on the path: a namespace-package wheel (0.2.1)
+first on the path is shadowed by a regular package later on it. Known divergences of a release are keyed on that
+version (``properties.known_divergences.Releases``).
 
 Semantics, read from Liger's source (``ops/fused_linear_cross_entropy.py``, ``ops/cross_entropy.py``) and
 checked against :func:`reference.linear_ce.linear_ce` by ``tests/test_liger.py``:
