@@ -6,7 +6,12 @@ Releases differ in the positional signature of ``forward`` (``ce_weight`` was in
 what ``apply`` returns (a tensor, or a tuple whose first element is the loss). So the adapter reads the
 installed function's signature with :mod:`inspect`, passes every argument positionally by name (``apply``
 takes no keywords), declares only the options whose parameters exist, and takes ``out[0]`` / ``out[1]`` as
-loss / z-loss when a tuple comes back.
+loss / z-loss when a tuple comes back. Every option or reduction whose parameter the release lacks is left out
+of the declaration with that reason ("liger-kernel 0.5.8's forward has no ... parameter", :func:`signature_gaps`),
+which ``numcheck list`` prints. The version is that of the distribution whose installed files hold the imported
+FLCE module (:func:`imported_release`), not the first metadata on the path: a namespace-package wheel (0.2.1)
+first on the path is shadowed by a regular package later on it. Known divergences of a release are keyed on that
+version (``properties.known_divergences.Releases``).
 
 Semantics, read from Liger's source (``ops/fused_linear_cross_entropy.py``, ``ops/cross_entropy.py``) and
 checked against :func:`reference.linear_ce.linear_ce` by ``tests/test_liger.py``:
@@ -45,6 +50,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -76,13 +82,15 @@ def interpreted() -> bool:
 
 @dataclass(frozen=True)
 class LigerInfo:
-    """What the installed release offers: its version, ``forward``'s parameter names (after ``ctx``) with
-    defaults, and the Function itself."""
+    """What the installed release offers: its version (that of the distribution whose files hold the imported
+    module, :func:`imported_release`), ``forward``'s parameter names (after ``ctx``) with defaults, the Function
+    itself, and a note when other liger-kernel distributions on the path make the version ambiguous."""
 
     version: str
     params: tuple[str, ...]
     defaults: dict[str, Any] = field(compare=False)
     function: Any = field(compare=False)
+    release_note: str | None = field(default=None, compare=False)
 
     def has(self, param: str) -> bool:
         return param in self.params
@@ -102,17 +110,58 @@ def load() -> LigerInfo | str:
         return ("no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
                 "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())")
     try:
-        version = metadata.version("liger-kernel")
-    except Exception:  # installed from a source tree without metadata
-        version = "unknown"
-    try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     except Exception as exc:
-        return f"liger-kernel {version} failed to import its FLCE op: {type(exc).__name__}: {exc}"
+        return f"liger-kernel failed to import its FLCE op: {type(exc).__name__}: {exc}"
+    module_file = getattr(sys.modules.get(LigerFusedLinearCrossEntropyFunction.__module__), "__file__", None)
+    version, note = imported_release(Path(module_file)) if module_file else ("unknown", "the FLCE module has no file")
     sig = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward)
     names = tuple(sig.parameters)[1:]  # drop ctx
     defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
-    return LigerInfo(version=version, params=names, defaults=defaults, function=LigerFusedLinearCrossEntropyFunction)
+    return LigerInfo(version=version, params=names, defaults=defaults, function=LigerFusedLinearCrossEntropyFunction,
+                     release_note=note)
+
+
+def _owns(dist: metadata.Distribution, module_file: Path) -> bool:
+    """Whether ``dist``'s installed-files record lists ``module_file``."""
+    root = Path(str(dist.locate_file(""))).resolve()
+    try:
+        rel = module_file.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return False
+    return any(f.as_posix() == rel for f in (dist.files or ()))
+
+
+def _where(dist: metadata.Distribution) -> str:
+    return f"{dist.version} at {Path(str(dist.locate_file(''))).resolve()}"
+
+
+def imported_release(module_file: Path) -> tuple[str, str | None]:
+    """The version of the liger-kernel distribution whose files hold ``module_file`` (the imported FLCE module),
+    and a note naming the other liger-kernel distributions on the path, if any; ``"unknown"`` with the reason
+    when none or several own it.
+
+    Metadata alone can name the wrong release: ``metadata.version`` reads the first ``.dist-info`` on
+    ``sys.path``, while the import system prefers a regular package anywhere on the path over an earlier
+    namespace portion (liger-kernel 0.2.1's wheel has no ``liger_kernel/__init__.py``), so 0.2.1 first on the
+    path reports 0.2.1 while a later 0.8.5 is imported."""
+    dists = [d for d in metadata.distributions()
+             if (d.metadata["Name"] or "").lower().replace("_", "-") == "liger-kernel"]
+    owners = [d for d in dists if _owns(d, module_file)]
+    others = [d for d in dists if d not in owners]
+    also = ("; also on the path, not imported: " + ", ".join(_where(d) for d in others)) if others else ""
+    if len(owners) == 1:
+        return owners[0].version, (f"imported from {module_file}{also}" if others else None)
+    if owners:
+        return "unknown", f"{module_file} is listed by several liger-kernel distributions: " + ", ".join(
+            _where(d) for d in owners)
+    return "unknown", f"no installed liger-kernel distribution lists the imported {module_file}{also}"
+
+
+def release() -> str | None:
+    """The imported liger-kernel release's version, or ``None`` when it is unknown or Liger is unusable here."""
+    info = load()
+    return None if isinstance(info, str) or info.version == "unknown" else info.version
 
 
 def _positional(info: LigerInfo, given: dict[str, Any]) -> list[Any]:
@@ -258,19 +307,36 @@ def _not_installed_support(reason: str) -> LinearCESupport:
     return LinearCESupport(requires=lambda: reason, all_ignored="zero")
 
 
-def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | None = None) -> tuple[LinearCESupport, list[str]]:
-    """The support declaration for ``info``'s release and ``accum_dtype``, and the notes on what was left out.
+def signature_gaps(info: LigerInfo) -> dict[str, str]:
+    """Each feature the installed release's ``forward`` has no parameter for (an option, ``reduction=sum`` /
+    ``reduction=none``, the separate z-loss), with the reason, e.g. ``"liger-kernel 0.5.8's forward has no
+    softcap parameter"``."""
+    def no(param: str) -> str:
+        return f"liger-kernel {info.version}'s forward has no {param} parameter"
 
-    Options are those whose parameters exist in the installed ``forward``. With ``probe`` (default: when
-    running under the Triton interpreter) each option, reduction and low-precision dtype is tried once and
-    left out, with the reason, if the interpreter cannot run it; a failing plain call makes the whole impl
-    unavailable (``requires``).
+    gaps = {opt: no(param) for opt, param in OPTION_PARAMS.items() if not info.has(param)}
+    if not info.has("reduction"):
+        for red in ("sum", "none"):
+            gaps[f"reduction={red}"] = no("reduction") + " (it returns the mean)"
+    if info.has("lse_square_scale") and not info.has("return_z_loss"):
+        gaps["z_loss returned separately"] = no("return_z_loss") + " (the z-loss is only part of the loss)"
+    return gaps
+
+
+def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | None = None) -> tuple[LinearCESupport, list[str]]:
+    """The support declaration for ``info``'s release and ``accum_dtype``, and the notes on what was left out
+    (``"feature: reason"``, one per feature).
+
+    Options are those whose parameters exist in the installed ``forward``; each absent one is noted with
+    :func:`signature_gaps`' reason. With ``probe`` (default: when running under the Triton interpreter) each
+    remaining option, reduction and low-precision dtype is tried once and left out, with the reason, if the
+    interpreter cannot run it; a failing plain call makes the whole impl unavailable (``requires``).
     """
     probe = interpreted() if probe is None else probe
     options = {opt for opt, param in OPTION_PARAMS.items() if info.has(param)}
     reductions = {"mean", "sum", "none"} if info.has("reduction") else {"mean"}
     dtypes = {"float32", "bfloat16", "float16"}
-    notes: list[str] = []
+    notes: list[str] = [f"{feature}: {why}" for feature, why in signature_gaps(info).items()]
     base_reason: str | None = None
     if probe:
         base_reason = interpreter_failure("plain")
@@ -313,12 +379,14 @@ def build_impl(name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str
     release, :func:`load`). When Liger is unusable the impl still exists and ``support.requires`` says why."""
     info = load() if info is None else info
     if isinstance(info, str) or (accum_dtype is not None and not info.has("accum_dtype")):
-        reason = info if isinstance(info, str) else f"liger-kernel {info.version} has no accum_dtype parameter"
+        reason = info if isinstance(info, str) else f"liger-kernel {info.version}'s forward has no accum_dtype parameter"
         return FunctionImpl(name=name, fn=unavailable_fn("liger adapter", reason), support=_not_installed_support(reason),
                             description=f"Liger-Kernel FLCE, accum_dtype={accum_dtype} — unavailable: {reason}")
     support, notes = declare(info, accum_dtype, probe=probe)
     where = "Triton interpreter on CPU" if interpreted() else "compiled Triton on CUDA"
     desc = f"Liger-Kernel {info.version} LigerFusedLinearCrossEntropyFunction, accum_dtype={accum_dtype} ({where})"
+    if info.release_note:
+        desc += f" [release: {info.release_note}]"
     if notes:
         desc += "; not declared here: " + "; ".join(notes)
     fn = functools.partial(call_liger, info, accum_dtype)

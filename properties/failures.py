@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import sysconfig
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
@@ -91,3 +92,50 @@ def fail(impl: Any, prop: str, problem: Problem, *lines: str) -> None:
     """Raise :class:`PropertyFailure` with :func:`failure_message`."""
     __tracebackhide__ = True
     raise PropertyFailure(failure_message(impl, prop, problem, lines))
+
+
+def _innermost_module(exc: BaseException) -> str:
+    """The ``__name__`` of the module whose code raised ``exc`` (its traceback's last frame; ``""`` if none)."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+
+
+def _numcheck_module(name: str) -> bool:
+    return name == "numcheck" or name.startswith("numcheck.")
+
+
+def raised_by_suite(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the suite's own verdicts: a :class:`PropertyFailure`, or an ``AssertionError``
+    raised by numcheck's own code (its innermost frame in a ``numcheck.*`` module: a protocol check, a judgement).
+    An ``AssertionError`` from an impl's own ``assert`` (a third-party kernel's argument check) is not."""
+    if isinstance(exc, PropertyFailure):
+        return True
+    return isinstance(exc, AssertionError) and _numcheck_module(_innermost_module(exc))
+
+
+def exception_lines(exc: BaseException) -> list[str]:
+    """What was raised, for a failure message: its type and first message line, and the innermost frame (file,
+    line, function, source line). Raised by an impl (or the third-party code it calls) unless that frame is in
+    numcheck's own judging code (``numcheck.*`` outside ``numcheck.impls``), which is then named instead."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    more = " [...]" if len(text.splitlines()) > 1 else ""
+    kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
+    module = _innermost_module(exc)
+    who = ("numcheck's own code (a suite bug, not a verdict on the impl)"
+           if _numcheck_module(module) and not module.startswith("numcheck.impls.") else "the impl")
+    lines = [f"{who} raised {kind}: {first}{more}"]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        f = frames[-1]
+        lines.append(f"raised at {f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else ""))
+    return lines
+
+
+def impl_raised(impl: Any, prop: str, problem: Any, exc: BaseException) -> PropertyFailure:
+    """The :class:`PropertyFailure` for an impl that raised ``exc`` while ``prop`` ran it on ``problem`` (to be
+    raised ``from exc``, so the original traceback stays attached and hypothesis tells failures of different
+    origins apart)."""
+    return PropertyFailure(failure_message(impl, prop, problem, exception_lines(exc)))

@@ -2,22 +2,65 @@
 re-finding on every run, and must notice when they go away.
 
 Each entry names the impls (fnmatch pattern), the properties it affects, the devices it was seen on, the cases it
-covers (a predicate on the Problem), the reason, and one example Problem. An entry covers a case only on its
-devices, so a divergence seen on CPU is still looked for on CUDA, and the example runs on the suite's device
-(``NUMCHECK_DEVICE``). tests/suite/test_properties.py leaves matching cases out of its draws;
+covers (a predicate on the Problem), the reason, and one example Problem; an entry about a third-party library also
+names the releases it holds for (:class:`Releases`, a version range over the release the adapter imported). An
+entry covers a case only on its devices and releases, so a divergence seen on CPU is still looked for on CUDA, a
+divergence of 0.8.5 is still looked for on 0.5.8 (and reported there if present), and the example runs on the
+suite's device (``NUMCHECK_DEVICE``). tests/suite/test_properties.py leaves matching cases out of its draws;
 tests/adapters/test_known_divergences.py runs every entry's example as a strict xfail, so a fix upstream turns CI red
-until the entry is removed, and an entry that matches no registered impl is reported.
+until the entry is removed, an entry that matches no registered impl is reported, and on an installed release
+outside an entry's range the example must pass (so the range is exact where it has been measured).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from numcheck.properties.problems import Problem
+
+
+@dataclass(frozen=True)
+class Releases:
+    """The releases of a third-party package an entry holds for: ``specifier`` (PEP 440, e.g. ``">=0.6.3"``) over
+    the version ``installed()`` reads, that of the module the adapter actually imported (``None`` when unknown).
+    An unknown release is in no range: the entry then covers nothing, so the draws still test those cases."""
+
+    package: str
+    specifier: str
+    installed: Callable[[], str | None]
+
+    def __post_init__(self) -> None:
+        SpecifierSet(self.specifier)  # raises InvalidSpecifier naming the bad text
+
+    def version(self) -> Version | None:
+        """The installed release as a :class:`Version`, ``None`` when unknown or not a PEP 440 version."""
+        text = self.installed()
+        try:
+            return Version(text) if text else None
+        except InvalidVersion:
+            return None
+
+    def hold(self) -> bool:
+        """Whether the installed release is known and inside the range."""
+        v = self.version()
+        return v is not None and SpecifierSet(self.specifier).contains(v, prereleases=True)
+
+    def describe(self) -> str:
+        return f"{self.package}{self.specifier} (installed: {self.installed() or 'unknown'})"
+
+
+def liger_release() -> str | None:
+    """The liger-kernel release the adapter imported (:func:`numcheck.impls.liger.release`)."""
+    from numcheck.impls import liger
+
+    return liger.release()
 
 
 @dataclass(frozen=True)
@@ -35,6 +78,8 @@ class KnownDivergence:
     #: test worker reproduces: the committed probe (a path from the repo root) that shows it. Its strict check
     #: is skipped, naming the probe.
     history_dependent: str | None = None
+    #: For a divergence of a third-party release: the releases it holds for (``None``: every release).
+    releases: Releases | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -45,7 +90,9 @@ class KnownDivergence:
     def matches(self, impl_name: str, prop: str, p: Problem) -> bool:
         props_ok = "*" in self.properties or prop in self.properties
         on_device = torch.device(p.device).type in self.devices
-        return fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device and self.applies(p)
+        if not (fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device):
+            return False
+        return (self.releases is None or self.releases.hold()) and self.applies(p)
 
 
 def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
@@ -79,6 +126,44 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
     small = (g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32).sum(dim=1)
     smallest_block = p.V % cols or cols
     return bool((small >= min(smallest_block, p.V)).any())
+
+
+def liger_fp16_z_loss_buffer(p: Problem) -> tuple[float, float]:
+    """``(unbuffered, buffered)`` returned z-loss of ``p`` on the logits Liger computes (the fp16 product of the
+    problem's own fp16 operands, softcap applied): the float64 sum of the rows' ``λ·lse²`` (divided by the
+    non-ignored count under ``mean``), and what Liger's fp16 buffer makes of it (each row rounded to fp16, their
+    sum taken in fp32 and rounded to fp16, as ``torch.sum`` of an fp16 tensor does). The buffered value equals
+    Liger's output bit for bit on the measured cases (docs/evidence/liger_fp16_z_loss.py)."""
+    from numcheck.properties.problems import build
+
+    t = build(p)
+    valid = t.target != p.ignore_index
+    n = int(valid.sum())
+    z = t.x[valid].double() @ t.weight.double().T + (t.bias.double() if t.bias is not None else 0.0)
+    z = z.half().double()
+    if p.softcap is not None:
+        z = p.softcap * torch.tanh(z / p.softcap)
+    rows = p.z_loss_scale * z.logsumexp(dim=-1) ** 2 / (max(n, 1) if p.reduction == "mean" else 1)
+    return float(rows.sum()), float(rows.half().float().sum().half())
+
+
+def liger_fp16_z_loss_leaves_fp16(p: Problem) -> bool:
+    """Whether Liger's fp16 z-loss buffer leaves fp16's normal range on ``p``: the buffered value
+    (:func:`liger_fp16_z_loss_buffer`) not finite where the unbuffered one is (a sum past 65504), or off it by more
+    than normal rows allow. With every row normal each is rounded to within u = 2^-11 of itself (rows are
+    positive, so together within u·Σ), the fp32 sum adds at most n·2^-24·Σ and the fp16 result one more u: a
+    difference beyond (2u + n·2^-24)·Σ needs rows below fp16's smallest normal 2^-14, kept to an absolute 2^-25
+    (the ``mean`` of many rows). fp16 parameters only (under AMP the input, and so the buffer, stay fp32);
+    ``none`` returns the rows themselves, each rounded once."""
+    if p.dtype != "float16" or p.autocast is not None or p.z_loss_scale == 0 or p.reduction == "none":
+        return False
+    if p.ignored >= 1.0:
+        return False
+    exact, buffered = liger_fp16_z_loss_buffer(p)
+    if not math.isfinite(buffered):
+        return math.isfinite(exact)
+    u = 2.0**-11
+    return abs(buffered - exact) > (2 * u + p.N * 2.0**-24) * abs(exact)
 
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
@@ -124,11 +209,33 @@ KNOWN: list[KnownDivergence] = [
         properties=("frozen_x",),
         devices=("cpu", "cuda"),
         applies=lambda p: True,
-        reason=("Liger-Kernel 0.8.5's fused linear cross-entropy computes every gradient only when the input "
-                "requires grad (ops/fused_linear_cross_entropy.py: input_requires_grad gates the chunk loop): "
-                "with x frozen and the weight trainable (linear probing on a frozen backbone) the loss has a "
-                "graph but weight.grad stays None, silently."),
+        reason=("Liger-Kernel's fused linear cross-entropy (0.6.3 on, since its #906 'Filter out redundant "
+                "ops/allocations in no_grad mode') computes every gradient only when the input requires grad "
+                "(ops/fused_linear_cross_entropy.py: input_requires_grad gates the grad_weight / grad_bias "
+                "buffers): with x frozen and the weight trainable (linear probing on a frozen backbone) the loss "
+                "has a graph but weight.grad stays None, silently. Measured on 0.7.0, 0.8.2 and 0.8.5; 0.2.1 and "
+                "0.5.8 give the right gradients."),
         example=Problem(N=1, H=1, V=1),
+        releases=Releases("liger-kernel", ">=0.6.3", liger_release),
+    ),
+    KnownDivergence(
+        impls="liger[[]*",
+        properties=("*",),
+        devices=("cpu", "cuda"),
+        applies=liger_fp16_z_loss_leaves_fp16,
+        reason=("Liger-Kernel (0.5.3 on, since return_z_loss was added) keeps the returned z-loss in the input "
+                "dtype: each row's lse_square_scale*lse^2 (divided by the non-ignored count under 'mean') is "
+                "stored in an fp16 buffer (ops/fused_linear_cross_entropy.py: z_loss_1d = torch.zeros(BT, "
+                "dtype=_input.dtype)) and torch.sum of that buffer gives an fp16 result, while the loss itself "
+                "is kept in fp32. Under 'mean' over many rows the per-row values are fp16 subnormals: the example "
+                "(N=256, z_loss_scale=1e-4) returns 4.7565e-5 for 4.9871e-5 (4.6% off), N=2049 7.9155e-4 for "
+                "7.9632e-4 (3.7x the bound), and the per-row values rounded to fp16 and summed give Liger's "
+                "numbers bit for bit; under 'sum' the z-loss overflows to inf (N=2049, z_loss_scale=0.5, "
+                "regime='large': exact 3.19e6, the fp32 loss finite). Measured on 0.5.8, 0.7.0, 0.8.2 and 0.8.5 "
+                "(docs/evidence/liger_fp16_z_loss.py)."),
+        example=Problem(N=256, H=1, V=2, dtype="float16", z_loss_scale=1e-4, seed=0),
+        by_data=True,
+        releases=Releases("liger-kernel", ">=0.5.3", liger_release),
     ),
     *[KnownDivergence(
         impls=pattern,

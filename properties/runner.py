@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hypothesis import assume
+from hypothesis.errors import HypothesisException
 
+from numcheck.properties.failures import impl_raised, raised_by_suite
 from numcheck.properties.known_divergences import covers_every, known
 from numcheck.properties.problems import Problem
 from numcheck.properties.strategies import DEVICE
@@ -102,14 +104,31 @@ def unsatisfiable_reason(impl: Any) -> str:
 def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Metrics]]:
     """One example of ``prop`` on ``impl``: each variant's problem drawn from ``data``, rejected (hypothesis'
     ``assume``) when a known divergence covers it, then judged; the problems with their metrics. Raises what the
-    property raises (``PropertyFailure``, or the impl's own exception)."""
+    property raises when it is the suite's verdict (``PropertyFailure``, numcheck's own ``AssertionError``);
+    any other exception (the impl's own: a ``ZeroDivisionError`` in a kernel wrapper, a third-party ``assert``)
+    becomes a ``PropertyFailure`` naming impl, property, case, the exception and its innermost frame, with the
+    repro line, chained ``from`` the original (hypothesis still shrinks it, and keeps failures of different
+    origins apart). Hypothesis' own exceptions (a rejected draw) pass through."""
     out: list[tuple[Any, Metrics]] = []
     for variant, draw in prop.variants(impl):
         p = draw(variant, data)
         if isinstance(p, Problem):  # known divergences are of linear+CE impls
             assume(known(variant.name, prop.property_name, p) is None)  # covered by tests/adapters/test_known_divergences.py
-        out.append((p, prop.check(variant, p)))
+        out.append((p, _judged(prop, variant, p)))
     return out
+
+
+def _judged(prop: SuiteProperty, impl: Any, p: Any) -> Metrics:
+    """``prop.check(impl, p)`` with an impl's exception turned into the suite's failure (see :func:`run_example`)."""
+    __tracebackhide__ = True
+    try:
+        return prop.check(impl, p)
+    except HypothesisException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every exception is reported, the suite's verdicts as they are
+        if raised_by_suite(exc):
+            raise
+        raise impl_raised(impl, prop.property_name, p, exc) from exc
 
 
 def target_scores(results: Sequence[tuple[Any, Metrics]]) -> Metrics:

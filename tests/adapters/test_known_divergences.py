@@ -1,4 +1,6 @@
-"""Every known divergence still exists (strict xfail on its example) and names at least one registered impl."""
+"""Every known divergence still exists (strict xfail on its example) where it is declared (its devices and, for a
+third-party release, its release range), is absent on an installed release outside that range, and names at least
+one registered impl."""
 
 from __future__ import annotations
 
@@ -12,26 +14,29 @@ from numcheck.properties.strategies import DEVICE_TYPE as DEVICE
 from numcheck.properties.known_divergences import KNOWN
 
 
+def _ids(entries) -> list[str]:
+    return [f"{k.impls}:{k.example.short()}" for k in entries]
+
+
 def _builtin(pattern: str):
     return [e.impl for e in builtin_impls()
             if isinstance(e, ImplEntry) and e.kind == "linear_ce" and fnmatch.fnmatchcase(e.name, pattern)]
 
 
-@pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
+@pytest.mark.parametrize("entry", KNOWN, ids=_ids(KNOWN))
 def test_entry_names_registered_impls(entry):
     """A known-divergence entry matches at least one built-in impl (else it is stale)."""
     assert _builtin(entry.impls), f"known divergence {entry.impls!r} matches no built-in impl: remove it"
 
 
-@pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
+@pytest.mark.parametrize("entry", KNOWN, ids=_ids(KNOWN))
 def test_example_is_covered(entry):
     """An entry's example is one of the cases it covers (else the draws would still reach what it shows)."""
     assert entry.applies(entry.example.replace(device=DEVICE)), f"{entry.impls!r}: its example fails its predicate"
 
 
-@pytest.mark.parametrize("entry", KNOWN, ids=[k.impls for k in KNOWN])
-def test_divergence_still_present(entry):
-    """The entry's example still fails its property on every matching, available impl (strict), on this device."""
+def _runnable(entry) -> tuple[object, list]:
+    """The entry's example on this device and the matching built-ins that can run it here (skips when none)."""
     if DEVICE not in entry.devices:
         pytest.skip(f"{entry.impls!r} was seen on {', '.join(entry.devices)}; this suite runs on {DEVICE}")
     example = entry.example.replace(device=DEVICE)
@@ -39,13 +44,46 @@ def test_divergence_still_present(entry):
              and i.support.refuses(dtype=example.param_dtype, device=DEVICE, options=example.features,
                                    reduction=example.reduction) is None]
     if not impls:
-        pytest.skip(f"no impl matching {entry.impls!r} can run on {DEVICE} here")
+        pytest.skip(f"no impl matching {entry.impls!r} can run its example on {DEVICE} here")
+    return example, impls
+
+
+def _properties(entry) -> tuple[str, ...]:
+    return ("accuracy",) if "*" in entry.properties else entry.properties
+
+
+@pytest.mark.parametrize("entry", KNOWN, ids=_ids(KNOWN))
+def test_divergence_still_present(entry):
+    """The entry's example still fails its property on every matching, available impl (strict), on this device
+    and, for a third-party divergence, on the installed release when it is inside the entry's range."""
+    if entry.releases is not None and not entry.releases.hold():
+        pytest.skip(f"{entry.impls!r} holds for {entry.releases.describe()}: outside its range "
+                    f"(test_divergence_absent_outside_its_releases checks it is gone)")
+    example, impls = _runnable(entry)
     if entry.history_dependent:
         pytest.skip(f"{entry.impls!r} depends on the process's history; shown by {entry.history_dependent}")
-    for prop in (("accuracy",) if "*" in entry.properties else entry.properties):
+    for prop in _properties(entry):
         for impl in impls:
             with pytest.raises(AssertionError):
                 checks.PROPERTIES[prop](impl, example)
+
+
+RELEASE_KEYED = [k for k in KNOWN if k.releases is not None]
+
+
+@pytest.mark.parametrize("entry", RELEASE_KEYED, ids=_ids(RELEASE_KEYED))
+def test_divergence_absent_outside_its_releases(entry):
+    """On an installed release outside an entry's range (a known version) the entry's example passes its property
+    on every matching impl: the range says exactly where the divergence is."""
+    assert entry.releases is not None
+    if entry.releases.version() is None:
+        pytest.skip(f"{entry.impls!r}: the installed {entry.releases.package} release is unknown here")
+    if entry.releases.hold():
+        pytest.skip(f"{entry.impls!r} holds for {entry.releases.describe()} (test_divergence_still_present)")
+    example, impls = _runnable(entry)
+    for prop in _properties(entry):
+        for impl in impls:
+            checks.PROPERTIES[prop](impl, example)
 
 
 @pytest.mark.parametrize("devices", [(), ("gpu",), ("cpu", "tpu")])
@@ -79,4 +117,20 @@ def test_data_predicates_do_not_cover_a_whole_test():
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
-    assert covers_every("liger[accum=None]", "frozen_x", fields) is not None
+    frozen = covers_every("liger[accum=None]", "frozen_x", fields)
+    (entry,) = [k for k in KNOWN if k.properties == ("frozen_x",)]
+    assert (frozen is entry) == entry.releases.hold(), entry.releases.describe()  # a field-decided entry, where it holds
+
+
+@pytest.mark.parametrize("installed, holds", [("0.6.2", False), ("0.6.3", True), ("0.8.5", True), (None, False),
+                                              ("not-a-version", False)])
+def test_release_range_follows_installed_release(installed, holds):
+    """An entry keyed on a release range matches only when the installed release is known and inside the range."""
+    from numcheck.properties.known_divergences import KnownDivergence, Releases
+    from numcheck.properties.problems import Problem
+
+    entry = KnownDivergence(impls="liger[[]*", properties=("frozen_x",), devices=("cpu", "cuda"), applies=lambda p: True,
+                            reason="r", example=Problem(N=1, H=1, V=1),
+                            releases=Releases("liger-kernel", ">=0.6.3", lambda: installed))
+    assert entry.releases.hold() is holds
+    assert entry.matches("liger[accum=None]", "frozen_x", Problem(N=1, H=1, V=1)) is holds

@@ -16,7 +16,7 @@ import torch
 import numcheck.impls.liger as liger
 from numcheck.impls.registry import builtin as _impl
 from numcheck.properties.accuracy import check_accuracy
-from numcheck.properties.failures import fail
+from numcheck.properties.failures import fail, impl_raised, raised_by_suite
 from numcheck.properties.problems import Problem
 from numcheck.properties.strategies import why_not_run
 
@@ -63,27 +63,46 @@ def test_matches_oracle(name: str, p: Problem) -> None:
     why = why_not_run(impl, p)
     if why:
         pytest.skip(f"{why}; {impl.description}")
-    res = check_accuracy(impl, p)
+    try:
+        res = check_accuracy(impl, p)
+    except Exception as exc:  # the impl's own exception, reported as the suite reports it (properties.runner)
+        if raised_by_suite(exc):
+            raise
+        raise impl_raised(impl, "accuracy", p, exc) from exc
     if not res.ok:
         fail(impl, "accuracy", p, *res.failure_lines())
 
 
+def _exclusion_reasons(name: str) -> dict[str, str]:
+    """Each option the variant ``name`` does not declare, with the reason its description must give: the
+    installed release's signature has no parameter for it, or the interpreter cannot run it."""
+    impl = _impl(name)
+    gaps = liger.signature_gaps(INFO)
+    return {opt: gaps.get(opt, "fails under TRITON_INTERPRET=1")
+            for opt in set(liger.OPTION_PARAMS) - set(impl.support.options)}
+
+
+def _available_variants() -> list[str]:
+    return [n for n in liger.VARIANTS if _impl(n).support.unavailable_reason() is None]
+
+
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
-def test_interpreter_exclusions_are_real_and_shown() -> None:
-    """Every option left out under the interpreter really fails there, and its reason is in the description."""
-    if not liger.interpreted():
-        pytest.skip("Liger runs compiled (CUDA present): nothing is probed")
-    for name, acc in liger.VARIANTS.items():
+def test_exclusions_are_real_and_shown() -> None:
+    """Every option a variant leaves out has its reason in the description: the installed release's forward has
+    no parameter for it (named), or it really fails under the interpreter (an interpreter error, not Liger's)."""
+    for name in _available_variants():
         impl = _impl(name)
-        absent = set(liger.OPTION_PARAMS) - set(impl.support.options)
-        for opt in absent:
-            assert opt in impl.description and "TRITON_INTERPRET" in impl.description, (
+        for opt, why in _exclusion_reasons(name).items():
+            assert f"{opt}: {why}" in impl.description, (
                 f"{name}: option {opt!r} is not declared but the description does not say why: {impl.description!r}")
+        if not liger.interpreted():
+            continue
         kwargs = {"class_weights": {"class_weights": torch.ones(16)}, "softcap": {"softcap": 3.0}}
-        for opt in absent & set(kwargs):
+        probed = {o for o in _exclusion_reasons(name) if o not in liger.signature_gaps(INFO)}
+        for opt in probed & set(kwargs):
             x, w = torch.randn(4, 8, requires_grad=True), torch.randn(16, 8, requires_grad=True)
             with pytest.raises(Exception) as info:
-                liger.call_liger(INFO, acc, x, w, torch.zeros(4, dtype=torch.long), **kwargs[opt])
+                liger.call_liger(INFO, liger.VARIANTS[name], x, w, torch.zeros(4, dtype=torch.long), **kwargs[opt])
             assert liger._is_interpreter_error(info.value), (
                 f"{name}: {opt} excluded as an interpreter limitation but raised {type(info.value).__name__}: "
                 f"{info.value} — a Liger error must stay declared so the suite reports it")
@@ -91,16 +110,21 @@ def test_interpreter_exclusions_are_real_and_shown() -> None:
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
 def test_numcheck_list_shows_reasons(capsys: pytest.CaptureFixture[str]) -> None:
-    """``numcheck list`` prints, for each Liger variant, the reason for every option it does not declare."""
+    """``numcheck list`` prints, for each Liger variant, the installed release and the reason for every option
+    it does not declare (or, for a variant the release cannot offer, why it is unavailable)."""
     from numcheck.reports.cli import main
 
     main(["list", "--impl", "liger[accum=None]", "--impl", "liger[accum=fp32]"])
     out = capsys.readouterr().out
+    assert f"Liger-Kernel {INFO.version} " in out, out
     for name in liger.VARIANTS:
-        impl = _impl(name)
         assert name in out
-        for opt in set(liger.OPTION_PARAMS) - set(impl.support.options):
-            assert f"{opt}: fails under TRITON_INTERPRET=1" in out, f"{name}: no reason for {opt} in:\n{out}"
+        why_not = _impl(name).support.unavailable_reason()
+        if why_not:
+            assert why_not in out, f"{name}: unavailable, but the reason is not shown in:\n{out}"
+            continue
+        for opt, why in _exclusion_reasons(name).items():
+            assert f"{opt}: {why}" in out, f"{name}: no reason for {opt} in:\n{out}"
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
@@ -161,11 +185,66 @@ def test_older_signature_is_mapped_by_name() -> None:
         liger.call_liger(info, None, x, w, y, class_weights=torch.ones(5))
     with pytest.raises(ValueError, match="accum_dtype"):
         liger.call_liger(info, torch.float32, x, w, y)
-    support, _ = liger.declare(info, None, probe=False)
+    support, notes = liger.declare(info, None, probe=False)
     assert "class_weights" not in support.options and not support.returns_z_loss
     assert {"bias", "softcap", "z_loss", "label_smoothing"} <= set(support.options)
+    assert "class_weights: liger-kernel 0.3-like's forward has no ce_weight parameter" in notes, notes
+    assert any(n.startswith("z_loss returned separately: ") and "return_z_loss" in n for n in notes), notes
     fp32 = liger.build_impl("liger[accum=fp32]", torch.float32, info)
-    assert "no accum_dtype" in (fp32.support.unavailable_reason() or "")
+    assert "liger-kernel 0.3-like's forward has no accum_dtype parameter" == fp32.support.unavailable_reason()
+
+
+def test_release_without_reduction_declares_mean_only_with_reasons() -> None:
+    """A release whose forward has no reduction (0.2.1: ``(_input, weight, target, bias, ignore_index)``)
+    declares mean only, and every option and reduction it lacks is noted with the parameter it lacks."""
+    def forward(ctx, _input, weight, target, bias=None, ignore_index=-100):
+        raise AssertionError("not called")
+
+    info = liger.LigerInfo(version="0.2.1", params=("_input", "weight", "target", "bias", "ignore_index"),
+                           defaults={"bias": None, "ignore_index": -100}, function=None)
+    support, notes = liger.declare(info, None, probe=False)
+    assert support.reductions == frozenset({"mean"}) and set(support.options) == {"bias", "ignore_index"}
+    for feature, param in [("class_weights", "ce_weight"), ("label_smoothing", "label_smoothing"),
+                           ("softcap", "softcap"), ("z_loss", "lse_square_scale"), ("reduction=sum", "reduction"),
+                           ("reduction=none", "reduction")]:
+        assert any(n.startswith(f"{feature}: liger-kernel 0.2.1's forward has no {param} parameter") for n in notes), (
+            feature, notes)
+
+
+def _fake_dist(root, version: str, files: list[str], *, init: bool) -> None:
+    """A liger-kernel distribution installed under ``root``: its dist-info (RECORD listing ``files``) and files;
+    ``init=False`` leaves out liger_kernel/__init__.py, as the 0.2.1 wheel does (a namespace package)."""
+    info = root / f"liger_kernel-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: liger_kernel\nVersion: {version}\n")
+    listed = files + (["liger_kernel/__init__.py"] if init else [])
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in listed))
+    for f in listed:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text("")
+
+
+def test_version_is_the_imported_modules_release(tmp_path, monkeypatch) -> None:
+    """With 0.2.1 (a namespace-package wheel) first on the path and 0.8.5 (a regular package) after it, 0.8.5's
+    module is the one imported; the release read is the one whose files hold it (0.8.5), and the note names the
+    shadowed 0.2.1; a module no distribution lists gives "unknown", naming both."""
+    op = "liger_kernel/ops/fused_linear_cross_entropy.py"
+    old, new = tmp_path / "old", tmp_path / "new"
+    _fake_dist(old, "0.2.1", [op], init=False)
+    _fake_dist(new, "0.8.5", [op], init=True)
+    monkeypatch.syspath_prepend(str(new))
+    monkeypatch.syspath_prepend(str(old))  # first on the path, as PYTHONPATH=<0.2.1 target> puts it
+    from importlib import metadata
+
+    assert metadata.version("liger-kernel") == "0.2.1"  # what metadata alone says
+    version, note = liger.imported_release(new / op)
+    assert version == "0.8.5" and note is not None and f"0.2.1 at {old.resolve()}" in note, (version, note)
+    assert liger.imported_release(old / op)[0] == "0.2.1"
+    stray = tmp_path / "src" / op
+    stray.parent.mkdir(parents=True)
+    stray.write_text("")
+    version, note = liger.imported_release(stray)
+    assert version == "unknown" and "0.2.1" in note and "0.8.5" in note, (version, note)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")

@@ -1,0 +1,92 @@
+"""Evidence that the suite's ``strided_inputs`` property catches Liger-Kernel's transposed-weight bug on every
+release that has it and passes on the release that fixed it.
+
+The bug: with the weight stored transposed (an lm_head kept as [H, V], passed as its ``.t()``) and an upstream
+gradient other than 1, grad_weight comes back wrong (0.2.1 through 0.8.2; fixed in 0.8.5). For each release the
+script runs, in a fresh process with that release first on ``PYTHONPATH`` (after this checkout), the suite's
+``strided_inputs`` property (:func:`numcheck.properties.checks.strided_inputs`) on one problem with a scalar
+upstream gradient, and on the same problem with upstream 1 as the control, for every Liger variant the release
+offers, and prints the verdict with the worst error/bound. ``liger_releases.txt`` beside this file is its output
+on CPU (Triton interpreter, torch 2.13).
+
+Usage: python docs/evidence/liger_releases.py [DIR ...]
+  each DIR a folder holding one release (``pip install --no-deps --target DIR liger_kernel-X.whl``); the
+  literal ``installed`` runs the release installed in this environment. liger-kernel 0.2.1's wheel has no
+  liger_kernel/__init__.py (a namespace package), which a regular package later on the path shadows: give its
+  folder an empty liger_kernel/__init__.py to run it (the adapter names the release whose files it imported).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = "Problem(N=11, H=16, V=37, upstream={!r}, seed=4)"
+
+
+def per_release(script: str, folders: list[str]) -> int:
+    """Run ``script --here`` once per release folder (``installed``: none added), that folder first on the path."""
+    rc = 0
+    for folder in folders:
+        extra = [] if folder == "installed" else [folder]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *extra, os.environ.get("PYTHONPATH", "")]))
+        print(f"== {folder}", flush=True)
+        proc = subprocess.run([sys.executable, script, "--here"], env=env, capture_output=True, text=True, timeout=900)
+        print(proc.stdout, end="", flush=True)
+        if proc.returncode:
+            print(proc.stderr[-3000:])
+            rc = 1
+    return rc
+
+
+def release_line() -> str:
+    """The release the adapter imported, and its note when other releases are on the path."""
+    from numcheck.impls import liger
+
+    info = liger.load()
+    if isinstance(info, str):
+        return f"liger unusable here: {info}"
+    return f"liger-kernel {info.version}" + (f" ({info.release_note})" if info.release_note else "")
+
+
+def verdict(check, impl, p) -> str:
+    """``PASS (error/bound r)`` or ``FAIL (worst error/bound r, output)`` of one property on one problem."""
+    try:
+        metrics = check(impl, p)
+    except AssertionError as exc:
+        ratios = [(float(r), out) for out, r in re.findall(r"\(a\) analytic bound: (\w+).*?error/bound ([\d.e+-]+)\)",
+                                                           str(exc))]
+        worst = max(ratios, default=(float("nan"), "?"))
+        return f"FAIL (worst error/bound {worst[0]:.3g}, {worst[1]})"
+    return f"PASS (error/bound {metrics.get('error/bound', float('nan')):.3g})"
+
+
+def here() -> None:
+    from numcheck.impls import interpreter
+
+    interpreter.arrange()
+    from numcheck.impls import liger
+    from numcheck.impls.registry import builtin
+    from numcheck.properties import checks
+    from numcheck.properties.problems import Problem
+
+    print(release_line())
+    for name in liger.VARIANTS:
+        impl = builtin(name)
+        if why := impl.support.unavailable_reason():
+            print(f"  {name}: unavailable ({why})")
+            continue
+        for upstream in ("scalar", "one"):
+            p = eval(PROBLEM.format(upstream), {"Problem": Problem})  # noqa: S307 - our own literal
+            print(f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(checks.strided_inputs, impl, p)}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--here"]:
+        here()
+    else:
+        sys.exit(per_release(__file__, sys.argv[1:] or ["installed"]))
