@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "premerge": "numcheck.reports.premerge",
     "bench": "numcheck.reports.bench",
     "versions": "numcheck.reports.versions",
+    "detection": "numcheck.reports.detection",
 }
 
 
