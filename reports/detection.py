@@ -2,22 +2,20 @@
 much, and how soon (issue 19's detection table).
 
 Every mutant (``tests/self/mutants.py``, ``tests/self/fp8_mutants.py``: a passing built-in with one bug of one
-class, declared as the built-in is) runs through the installed suite exactly as a user's CI runs it, one mutant
-per process, one after another::
+class, declared as the built-in is) is loaded by its spec, as ``--impl`` loads it, and each property of its
+class (:data:`ROWS`) runs through the suite's own runner (:mod:`numcheck.properties.runner`, what both the pytest
+suite and :func:`numcheck.check` run) under the ci profile, with ``numcheck.check``'s draws (same example
+budget, same derandomized seed per property and impl), one fresh process per mutant. The shrink phase is left
+out: the verdict is decided by the first failing draw, and shrinking it (which took minutes per property here)
+would change neither the verdict nor how soon CI turns red. Per mutant it records the properties that failed,
+the margin of each (the first error/bound of the failing draw's message, else the kind of failure: "differs
+between two identical runs", "codes differ from the oracle", ...), the seconds from the start of its run to the
+end of the first failing property, and whether it was caught at all; it prints a Markdown table and writes
+``detection.json`` and ``detection.md``.
 
-    python -m pytest --pyargs numcheck.tests.suite --impl <spec> -n 0 -p no:cacheprovider \\
-        --hypothesis-profile numcheck-ci -k <the properties of its class>
-
-in a fresh empty directory (no example database to replay). The junit XML of that run gives, per mutant: the
-properties that failed, the margin of each failure (the first error/bound its message states, else the kind
-of failure: "differs between two identical runs", "codes differ from the oracle", ...), the seconds from the
-start of the run to the end of the first failing test (what a ``-x`` CI run takes to turn red, shrinking
-included) and whether it was caught at all. It prints a Markdown table and writes ``detection.json`` and
-``detection.md``.
-
-The mutants live in numcheck's own tests, which a wheel does not ship: the command needs a checkout (it names
-them by spec and never imports them). ``-k`` restricts each run to the properties that matter for its class
-(:data:`ROWS`); ``--all-properties`` runs the whole suite for each mutant instead (much slower).
+The mutants are numcheck's own tests, which a wheel does not ship: the command needs a checkout (it names them
+by spec and never imports them itself). ``--all-properties`` runs every drawn property of the suite per mutant
+instead of its class's (much slower).
 """
 
 from __future__ import annotations
@@ -29,9 +27,7 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,21 +37,23 @@ HELP = "run every in-repo mutant through the suite under the ci profile and tabu
 _LINEAR = "numcheck.tests.self.mutants"
 _FP8 = "numcheck.tests.self.fp8_mutants"
 
-#: -k selections per bug class: the suite's properties that judge what the class breaks.
-_ACCUMULATOR = "accuracy or many_chunks or long_batch or large_vocab"
-_NONDETERMINISM = "determinism or chunk_invariance or ignored_rows or two_calls"
-_NARROW = "accuracy or confident_rows or reduction_consistency"
-_QUANTIZER = "quantizer or accuracy_against or edge_inputs"
+#: The suite properties (names of numcheck.check) that judge what each bug class breaks.
+#: (Kept to the two or three that matter per class: the whole run stays near 20 minutes on a loaded 2-core machine.)
+_ACCUMULATOR = ("accuracy_fp32_sharp", "many_chunks")
+_LOWP_ONLY = ("accuracy", "many_chunks", "large_vocab")
+_NONDETERMINISM = ("determinism", "ignored_rows", "chunk_invariance")
+_NARROW = ("accuracy", "accuracy_fp32_sharp")
+_QUANTIZER = ("quantizer_bitwise_on_random_tensors", "accuracy_against_both_references")
 
 
 @dataclass(frozen=True)
 class Row:
-    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the ``-k`` selection."""
+    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the properties run."""
 
     bug_class: str
     spec: str
     change: str
-    select: str
+    select: tuple[str, ...]
 
 
 ROWS: tuple[Row, ...] = (
@@ -63,10 +61,10 @@ ROWS: tuple[Row, ...] = (
     Row("narrow accumulator", f"{_LINEAR}:gb_bf16_sum", "grad_bias's running sum across chunks in bf16", _ACCUMULATOR),
     Row("narrow accumulator", f"{_LINEAR}:gx_bf16_sum", "grad_x summed over 128-class blocks in bf16", _ACCUMULATOR),
     Row("narrow accumulator", f"{_LINEAR}:loss_bf16_sum", "the chunks' loss sums added in bf16", _ACCUMULATOR),
-    Row("narrow accumulator", f"{_LINEAR}:gw_bf16_sum_bf16_only", "as gw_bf16_sum, declaring bf16 only", _ACCUMULATOR),
+    Row("narrow accumulator", f"{_LINEAR}:gw_bf16_sum_bf16_only", "as gw_bf16_sum, declaring bf16 only", _LOWP_ONLY),
     Row("narrow accumulator", f"{_LINEAR}:gw_fp16_sum_fp16_only", "grad_weight's running sum in fp16, declaring fp16 only",
-        _ACCUMULATOR),
-    Row("narrow accumulator", f"{_LINEAR}:gx_bf16_sum_bf16_only", "as gx_bf16_sum, declaring bf16 only", _ACCUMULATOR),
+        _LOWP_ONLY),
+    Row("narrow accumulator", f"{_LINEAR}:gx_bf16_sum_bf16_only", "as gx_bf16_sum, declaring bf16 only", _LOWP_ONLY),
     Row("narrow accumulator", f"{_LINEAR}:bf16_grad_weight_accum",
         "eager-based: grad_weight summed over 4-row chunks in bf16 (predates issue 19)", _ACCUMULATOR),
     Row("nondeterminism", f"{_LINEAR}:chunk_order_per_call", "full chunks processed in a per-call random order",
@@ -88,13 +86,12 @@ ROWS: tuple[Row, ...] = (
 )
 
 _RATIO = re.compile(r"error/bound (inf|nan|[0-9.]+(?:e[+-]?\d+)?)", re.IGNORECASE)
-_TEST_ID = re.compile(r"^test_(?P<name>[^\[]+)(?:\[(?P<params>.*)\])?$")
 
 
 @dataclass
 class Catch:
-    """One failing test: the property (the test's name without ``test_``, its parameter if any), the margin
-    (error/bound, ``None`` when the failure states none) and the failure's first line."""
+    """One failing property: its name, the margin (error/bound, ``None`` when the failure states none) and the
+    failure's first line after the case."""
 
     property: str
     ratio: float | None
@@ -109,26 +106,19 @@ class Detection:
     bug_class: str
     change: str
     spec: str
-    select: str
+    select: list[str]
     caught: bool
     catches: list[Catch] = field(default_factory=list)
     seconds_to_first_failure: float | None = None
     passed: list[str] = field(default_factory=list)
     skipped: int = 0
     seconds: float = 0.0
-    exit_status: int = 0
     note: str = ""
 
 
-def _property_of(testcase_name: str, impl: str) -> str:
-    """The property a suite test id names: ``test_frozen_inputs[<impl>-weight]`` → ``frozen_inputs[weight]``,
-    ``test_accuracy[<impl>]`` → ``accuracy``, ``test_pinned_cases[<impl>-Problem(...)]`` → ``pinned_cases``."""
-    m = _TEST_ID.match(testcase_name)
-    if not m:
-        return testcase_name
-    name, params = m.group("name"), m.group("params") or ""
-    rest = params[len(impl):].lstrip("-") if params.startswith(impl) else params
-    return name if not rest or name == "pinned_cases" else f"{name}[{rest}]"
+def _cell(text: str) -> str:
+    """``text`` safe inside a Markdown table cell."""
+    return text.replace("|", "\\|")
 
 
 def _failure_kind(text: str) -> str:
@@ -147,70 +137,63 @@ def _margin(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def parse_junit(path: Path, impl_name: str) -> tuple[list[Catch], list[str], int, float | None]:
-    """``(catches, passed properties, skipped count, seconds to the end of the first failing test)`` of one
-    mutant's junit XML, tests in run order."""
-    root = ET.parse(path).getroot()
-    catches: list[Catch] = []
-    passed: list[str] = []
-    skipped, elapsed, first = 0, 0.0, None
-    for tc in root.iter("testcase"):
-        elapsed += float(tc.get("time", 0.0))
-        name = tc.get("name", "")
-        bad = tc.find("failure")
-        if bad is None:
-            bad = tc.find("error")
-        if bad is not None:
-            text = (bad.get("message") or "") + "\n" + (bad.text or "")
-            catches.append(Catch(_property_of(name, impl_name), _margin(text), _failure_kind(text)))
-            first = elapsed if first is None else first
-        elif tc.find("skipped") is not None:
-            skipped += 1
-        elif impl_name in name:
-            passed.append(_property_of(name, impl_name))
-    return catches, passed, skipped, first
+def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:
+    """Run ``properties`` (all of the impl's kind when ``None``) on the one impl ``spec`` loads, under the ci
+    profile without shrinking; the raw findings as a dict (``name``, per property status, message, seconds)."""
+    from hypothesis import Phase, settings
+
+    from numcheck.properties.suite_check import _TABLES, _load, _run_drawn
+
+    impl = _load(spec)
+    table = _TABLES[impl.kind]
+    names = list(properties) if properties is not None else list(table)
+    base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    out = []
+    for name in names:
+        t0 = time.monotonic()
+        v = _run_drawn(table[name], impl, base)
+        out.append({"property": name, "status": v.status, "message": v.message,
+                    "seconds": round(time.monotonic() - t0, 2)})
+    return {"name": impl.name, "results": out}
 
 
-def _impl_name(xml_path: Path) -> str:
-    """The mutant's name as the suite's test ids carry it: the shortest parameter of a suite test (every suite test
-    is parametrized by the impl first; ``NOTSET`` marks the other kind's tests, which have no impl)."""
-    root = ET.parse(xml_path).getroot()
-    params = [m.group("params") for tc in root.iter("testcase")
-              if (m := _TEST_ID.match(tc.get("name", ""))) and m.group("params")
-              and not m.group("params").startswith("NOTSET")]
-    return min(params, key=len) if params else ""
+def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str]) -> Detection:
+    """The table row of one mutant from :func:`detect_in_process`'s findings."""
+    det = Detection(mutant=raw["name"], bug_class=row.bug_class, change=row.change, spec=row.spec, select=select,
+                    caught=False, seconds=round(seconds, 1))
+    elapsed = 0.0
+    for r in raw["results"]:
+        elapsed += r["seconds"]
+        if r["status"] == "failed":
+            det.catches.append(Catch(r["property"], _margin(r["message"]), _failure_kind(r["message"])))
+            if det.seconds_to_first_failure is None:
+                det.seconds_to_first_failure = round(elapsed, 1)
+        elif r["status"] == "passed":
+            det.passed.append(r["property"])
+        else:
+            det.skipped += 1
+    det.caught = bool(det.catches)
+    return det
 
 
 def run_mutant(row: Row, *, all_properties: bool, timeout: float) -> Detection:
-    """One mutant through the installed suite under the ci profile, in a fresh directory."""
-    with tempfile.TemporaryDirectory(prefix="numcheck-detection-") as tmp:
-        xml = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "--pyargs", "numcheck.tests.suite", "--impl", row.spec, "-n", "0",
-               "-p", "no:cacheprovider", "-q", "--hypothesis-profile", "numcheck-ci", f"--junitxml={xml}"]
-        if not all_properties:
-            cmd += ["-k", row.select]
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMCHECK_HYPOTHESIS_PROFILE", "NUMCHECK_CI_EXAMPLES")}
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
-            status, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired:
-            status, out = -1, f"timed out after {timeout:.0f} s"
-        seconds = time.monotonic() - t0
-        det = Detection(mutant=row.spec.rsplit(":", 1)[1], bug_class=row.bug_class, change=row.change, spec=row.spec,
-                        select="(all)" if all_properties else row.select, caught=False, seconds=round(seconds, 1),
-                        exit_status=status)
-        if not xml.is_file():
-            det.note = f"no junit XML (exit {status}): {out.strip().splitlines()[-1] if out.strip() else ''}"[:300]
-            return det
-        name = _impl_name(xml) or det.mutant
-        det.mutant = name
-        det.catches, det.passed, det.skipped, first = parse_junit(xml, name)
-        det.caught = bool(det.catches)
-        det.seconds_to_first_failure = round(first, 1) if first is not None else None
-        if status not in (0, 1):
-            det.note = f"pytest exit status {status}"
-        return det
+    """One mutant in a fresh process (``python -m numcheck.reports.detection SPEC [PROPERTY ...]``)."""
+    select = [] if all_properties else list(row.select)
+    cmd = [sys.executable, "-m", "numcheck.reports.detection", row.spec, *select]
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMCHECK_HYPOTHESIS_PROFILE", "NUMCHECK_CI_EXAMPLES")}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Detection(row.spec.rsplit(":", 1)[1], row.bug_class, row.change, row.spec, select, caught=False,
+                         seconds=round(time.monotonic() - t0, 1), note=f"timed out after {timeout:.0f} s")
+    seconds = time.monotonic() - t0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        return Detection(row.spec.rsplit(":", 1)[1], row.bug_class, row.change, row.spec, select, caught=False,
+                         seconds=round(seconds, 1), note=f"exit {proc.returncode}: {tail}"[:300])
+    return _detection(row, json.loads(lines[-1]), seconds, select or ["(all)"])
 
 
 def _fmt_ratio(r: float | None) -> str:
@@ -220,11 +203,11 @@ def _fmt_ratio(r: float | None) -> str:
 def to_markdown(dets: list[Detection], header: str) -> str:
     """The detection table: one row per mutant."""
     lines = [header, "",
-             "| class | mutant | change | caught | caught by (margin: error/bound, or the failure) | s to first failure "
-             "| passed (not caught by) |",
+             "| class | mutant | change | caught | caught by (margin: error/bound of the first failing draw, or the "
+             "failure) | s to first failure | passed (ran, did not catch it) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for d in dets:
-        by = "<br>".join(f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({c.kind})")
+        by = "<br>".join(f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({_cell(c.kind)})")
                          for c in d.catches) or "—"
         first = "—" if d.seconds_to_first_failure is None else f"{d.seconds_to_first_failure:.1f}"
         lines.append(f"| {d.bug_class} | `{d.mutant}` | {d.change} | {'yes' if d.caught else '**NO**'} | {by} | "
@@ -237,7 +220,8 @@ def to_markdown(dets: list[Detection], header: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mutant", action="append", default=[], metavar="NAME",
                    help="only this mutant (its spec's attribute, e.g. gw_bf16_sum; repeatable)")
-    p.add_argument("--all-properties", action="store_true", help="run the whole suite per mutant, not its class's -k")
+    p.add_argument("--all-properties", action="store_true",
+                   help="run every drawn property of the suite per mutant, not only its class's")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's run (default 600)")
     p.add_argument("--out", type=Path, default=Path("numcheck-detection"), metavar="DIR",
                    help="where detection.json and detection.md go (default ./numcheck-detection)")
@@ -262,9 +246,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{d.mutant}: {'caught by ' + ', '.join(c.property for c in d.catches) if d.caught else 'NOT caught'} "
               f"({d.seconds:.0f} s)", file=sys.stderr, flush=True)
         dets.append(d)
-    header = (f"Detection under the ci profile (numcheck-ci, derandomized, {os.environ.get('NUMCHECK_CI_EXAMPLES', '12')} "
-              f"examples), torch {torch.__version__}, {'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; "
-              "one pytest run per mutant (`numcheck detection`, reports/detection.py).")
+    header = (f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
+              f"shrink phase left out), torch {torch.__version__}, "
+              f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
+              "running the properties of its class (`numcheck detection`, reports/detection.py).")
     md = to_markdown(dets, header)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -272,3 +257,10 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "detection.json").write_text(json.dumps(
         {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}, indent=1) + "\n")
     return 0 if all(d.caught for d in dets) else 1
+
+
+if __name__ == "__main__":  # one mutant, in the process run_mutant starts: its findings as one JSON line
+    from numcheck.impls import interpreter
+
+    interpreter.arrange()
+    print(json.dumps(detect_in_process(sys.argv[1], tuple(sys.argv[2:]) or None)))
