@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench": "numcheck.reports.bench",
     "versions": "numcheck.reports.versions",
     "sweep": "numcheck.reports.seed_sweep",
+    "detection": "numcheck.reports.detection",
 }
 
 

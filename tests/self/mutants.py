@@ -339,3 +339,258 @@ DIRECTED = [
 upstream_divided_in_place = FunctionImpl(
     "mutant_upstream_divided_in_place", _upstream_divided_in_place,
     replace(_PLAIN_FP32, reductions=frozenset({"mean"})))
+
+
+# -- issue 19's bug classes, each one change to a passing built-in -------------------------------------------
+# Every mutant below is the built-in ``chunked[fp32_operands]`` (or ``recompute``) with one thing changed, and
+# declares exactly what that built-in declares (:func:`_builtin_twin`), so a suite that passes the built-in and
+# fails the mutant has caught that one thing. The change sits in the fused ``mean``/``sum`` pass (every gradient
+# formed in forward), except where a class says otherwise; ``reduction='none'`` runs the built-in's recompute
+# path unchanged.
+import dataclasses as _dc
+import itertools as _it
+from typing import Any as _Any
+
+from numcheck.impls import chunk_sweep as _sweep
+from numcheck.impls import grad_accum as _acc
+from numcheck.impls.ce_block import reduction_coefficients as _coefficients
+from numcheck.impls.ce_block import row_weights as _row_weights
+from numcheck.impls.chunked import ChunkedLinearCE, FusedFunction, check_call, compute_dtype
+from numcheck.impls.chunked import recompute as _builtin_recompute
+from numcheck.impls.recompute import RecomputeFunction
+from numcheck.reference.options import options_from_kwargs
+
+#: Classes per block of the vocabulary-blocked grad_x sum (a Triton kernel's BLOCK_V).
+GRAD_X_BLOCK = 128
+
+
+@_dc.dataclass(frozen=True)
+class Mutation:
+    """What one mutant changes in its built-in twin (``None``: as the built-in).
+
+    ``grad_weight``/``grad_bias``: the dtype of the running sum across chunks (the built-in's is fp32).
+    ``grad_x``: grad_x = G·W summed over :data:`GRAD_X_BLOCK`-class blocks with its running sum in this dtype
+    (the built-in: one fp32-accumulated matmul over V). ``loss``: the per-chunk fp32 sums of the per-row losses
+    added in this dtype. ``row_loss``: each per-row loss rounded through this dtype before the reduction.
+    ``stats``: the recompute path's per-row softmax statistics (m, log s) kept in this dtype between forward
+    and backward. ``order``: ``"chunks"`` processes the full chunks in an order drawn afresh on every call,
+    ``"rows"`` assigns the rows to chunks in such an order (split-K/atomics-like: each row's contribution to
+    grad_weight and the loss added in a per-call order); fp32 partial sums either way."""
+
+    grad_weight: torch.dtype | None = None
+    grad_bias: torch.dtype | None = None
+    grad_x: torch.dtype | None = None
+    loss: torch.dtype | None = None
+    row_loss: torch.dtype | None = None
+    stats: torch.dtype | None = None
+    order: str | None = None
+
+
+class NarrowSum:
+    """An accumulator (:class:`impls.grad_accum.Accumulator`) whose running sum is held in ``dtype``: each chunk's
+    fp32 product Gᵀ·x is added in fp32 and the sum rounded back to ``dtype`` (a bias: x is the ones column)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.buf = torch.zeros(shape, dtype=dtype, device=device)
+
+    def add_(self, G: torch.Tensor, x: torch.Tensor | None = None) -> None:
+        """``buf = round(buf + Gᵀ·x)`` (``x`` ``[C, H]``, or a bias's ``[≥C, 1]`` ones column)."""
+        C = G.shape[0]
+        part = G.t().float() @ (x[:C].float() if x is not None else torch.ones(C, 1, device=G.device))
+        self.buf.copy_((self.buf.float() + part.reshape(self.buf.shape)).to(self.buf.dtype))
+
+    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """The gradient in ``dtype``: the sum times ``scale``, multiplied in fp32 (as the built-in's)."""
+        return _acc.scaled_(self.buf, scale, dtype) if scale is not None else self.buf.to(dtype)
+
+
+class _BlockedGradX:
+    """The plan's CE kernel, then grad_x of the chunk it was handed as Σ over class blocks of G_b·W_b, the
+    running sum rounded to ``dtype`` after each block, written into ``gx`` (chunks arrive in row order)."""
+
+    def __init__(self, kernel: _Any, wc: torch.Tensor, gx: torch.Tensor, dtype: torch.dtype) -> None:
+        self.kernel, self.wc, self.gx, self.dtype, self.row = kernel, wc, gx, dtype, 0
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor, *args: _Any, **kw: _Any) -> _Any:
+        res = self.kernel(logits, target, *args, **kw)
+        C, V = logits.shape
+        acc = torch.zeros(C, self.wc.shape[1], dtype=self.dtype, device=logits.device)
+        for s in range(0, V, GRAD_X_BLOCK):
+            acc = (acc.float() + logits[:, s:s + GRAD_X_BLOCK].float() @ self.wc[s:s + GRAD_X_BLOCK].float()).to(self.dtype)
+        self.gx[self.row:self.row + C] = acc.to(self.gx.dtype)
+        self.row += C
+        return res
+
+
+def _gradient(m: Mutation, which: str, plan: _Any, shape: tuple[int, ...], dtype: torch.dtype, device: _Any) -> _Any:
+    """The accumulator of ``which`` gradient: a :class:`NarrowSum` where ``m`` narrows it, else the built-in's."""
+    narrow = getattr(m, which)
+    if narrow is not None:
+        return NarrowSum(shape, narrow, device)
+    return _acc.make_accumulator(plan.path, shape, dtype, device)
+
+
+def _reduce(m: Mutation, plan: _Any, ce: torch.Tensor, z: torch.Tensor, coef: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The built-in's :func:`impls.chunk_sweep.reduce_rows`, with the chunks' loss sums added in ``m.loss``."""
+    if m.row_loss is not None:
+        ce = ce.to(m.row_loss).float()
+    if m.loss is None:
+        return _sweep.reduce_rows(plan.options.reduction, ce, z, coef)
+    total = torch.zeros((), dtype=m.loss, device=ce.device)
+    for s in range(0, ce.shape[0], plan.chunk_rows):
+        total = (total.float() + ce[s:s + plan.chunk_rows].sum()).to(m.loss)
+    zl = z.sum() / coef.n_valid if plan.options.reduction == "mean" else z.sum()
+    return (total.float() / coef.D if plan.options.reduction == "mean" else total.float()) + zl, zl
+
+
+class _MutatedFused(FusedFunction):
+    """The built-in fused pass (:class:`impls.chunked.FusedFunction` with :func:`impls.chunk_sweep.run_sweep`'s
+    body inlined) with the gradient buffers, grad_x and the reduction taken from a :class:`Mutation`."""
+
+    @staticmethod
+    def forward(ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                plan: _Any, m: Mutation) -> tuple[torch.Tensor, torch.Tensor]:
+        o = plan.options
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        with _sweep.autocast_off(x.device.type):
+            xc, wc, bc = _sweep.operands(plan, x, weight, bias)
+            valid, _, w_t = _row_weights(target, o.class_weights, o.ignore_index)
+            coef = _coefficients(valid, w_t, o.reduction)
+            (N, H), V = x.shape, weight.shape[0]
+            gx = torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None
+            gw = _gradient(m, "grad_weight", plan, (V, H), weight.dtype, x.device) if need_w else None
+            gb = _gradient(m, "grad_bias", plan, (V,), bias.dtype, x.device) if need_b and bias is not None else None
+            sweep_gx = gx
+            if m.grad_x is not None and gx is not None:
+                plan, sweep_gx = _dc.replace(plan, kernel=_BlockedGradX(plan.kernel, wc, gx, m.grad_x)), None
+            ce, z, _ = _sweep.sweep(plan, xc, wc, bc, target, coef=coef, gx=sweep_gx, gw=gw, gb=gb)
+            loss, z_loss = _reduce(m, plan, ce, z, coef)
+        ctx.save_for_backward(gx)
+        ctx.accumulators = (gw, gb)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.mark_non_differentiable(z_loss)
+        return loss, z_loss
+
+    @staticmethod
+    def backward(ctx: _Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
+        return (*FusedFunction.backward(ctx, grad_loss, grad_z), None)
+
+
+class _NarrowStatsRecompute(RecomputeFunction):
+    """The built-in recompute pass with the per-row statistics (m, log s) stored in ``plan``'s mutation dtype
+    between forward and backward instead of fp32 (backward's p = exp(z − m − log s) reads them back)."""
+
+    dtype = torch.bfloat16
+
+    @staticmethod
+    def forward(ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                plan: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+        with _sweep.autocast_off(x.device.type):
+            res = _sweep.run_sweep(plan, x, weight, bias, target)
+            loss, z_loss = _sweep.reduce_rows(plan.options.reduction, res.ce, res.z, res.coef)
+        narrow = _NarrowStatsRecompute.dtype
+        ctx.save_for_backward(x, weight, bias, target, res.stats.m.to(narrow).float(),
+                              res.stats.log_s.to(narrow).float())
+        ctx.plan = plan
+        ctx.mark_non_differentiable(z_loss)
+        return loss, z_loss
+
+
+#: Calls so far of the reordering mutants: call k draws its order from a generator seeded with k, so
+#: consecutive identical calls differ while a whole run is reproducible.
+_ORDER_CALLS = _it.count()
+
+
+def _call_order(N: int, chunk_rows: int, order: str, device: torch.device) -> torch.Tensor:
+    """A row order for one call: the full chunks of ``chunk_rows`` rows shuffled (the ragged last chunk stays
+    last, so chunk boundaries are the built-in's), or every row shuffled (``"rows"``)."""
+    g = torch.Generator().manual_seed(next(_ORDER_CALLS))
+    if order == "rows":
+        return torch.randperm(N, generator=g).to(device)
+    full = N // chunk_rows
+    perm = torch.randperm(full, generator=g) if full else torch.zeros(0, dtype=torch.long)
+    idx = (perm[:, None] * chunk_rows + torch.arange(chunk_rows)).reshape(-1)
+    return torch.cat([idx, torch.arange(full * chunk_rows, N)]).to(device)
+
+
+class MutantChunked(ChunkedLinearCE):
+    """A built-in chunked impl with one :class:`Mutation`; same declaration, name of its own."""
+
+    def __init__(self, name: str, *, mutation: Mutation, **kw: _Any) -> None:
+        super().__init__(name, **kw)
+        self.mutation = mutation
+
+    def with_chunk_rows(self, n: int) -> "MutantChunked":
+        """A copy with ``n`` tokens per chunk (the mutation kept)."""
+        return MutantChunked(self.name, mutation=self.mutation, path=self.path, chunk_rows=n, kernel=self.kernel,
+                             recompute=self.recompute, support=self.support, description=self.description)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
+                 **options: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.mutation
+        if m.order is not None:
+            return self._reordered(x, weight, target, bias, **options)
+        opts = options_from_kwargs(**options)
+        check_call(x, weight, target, bias, opts)
+        plan = _sweep.Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
+                           compute_dtype=compute_dtype(x, weight))
+        if self.recompute or opts.reduction == "none":
+            fn = _NarrowStatsRecompute if m.stats is not None else RecomputeFunction
+            return fn.apply(x, weight, bias, target, plan)
+        return _MutatedFused.apply(x, weight, bias, target, plan, m)
+
+    def _reordered(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+                   **options: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The built-in on this call's row order; per-row outputs put back in the caller's order."""
+        idx = _call_order(x.shape[0], self.chunk_rows, self.mutation.order, x.device)  # type: ignore[arg-type]
+        loss, z = super().__call__(x[idx], weight, target[idx], bias, **options)
+        if options.get("reduction") == "none":
+            inv = torch.argsort(idx)
+            return loss[inv], z[inv]
+        return loss, z
+
+
+def _builtin_twin(name: str, mutation: Mutation, *, dtypes: tuple[torch.dtype, ...] | None = None,
+                  recompute: bool = False) -> MutantChunked:
+    """``chunked[fp32_operands]`` (or ``recompute``) with ``mutation``, declaring what the built-in declares
+    (only ``dtypes`` when given, with no AMP then: an impl that declares only bf16 or only fp16)."""
+    twin = _builtin_recompute() if recompute else None
+    path = "addmm_out_dtype" if recompute else "fp32_operands"
+    support = LinearCESupport(returns_z_loss=True, all_ignored="nan")
+    if dtypes is not None:
+        support = replace(support, dtypes=frozenset(dtypes), autocast=frozenset())
+    return MutantChunked(name, mutation=mutation, path=path, recompute=recompute, support=support,
+                         description=f"{twin.name if twin else 'chunked[fp32_operands]'} with {mutation}")
+
+
+#: An accumulator narrower than declared (each declares fp32 accumulation, as its twin does).
+gw_bf16_sum = _builtin_twin("mutant_gw_bf16_sum", Mutation(grad_weight=torch.bfloat16))
+gb_bf16_sum = _builtin_twin("mutant_gb_bf16_sum", Mutation(grad_bias=torch.bfloat16))
+gx_bf16_sum = _builtin_twin("mutant_gx_bf16_sum", Mutation(grad_x=torch.bfloat16))
+loss_bf16_sum = _builtin_twin("mutant_loss_bf16_sum", Mutation(loss=torch.bfloat16))
+gw_bf16_sum_bf16_only = _builtin_twin("mutant_gw_bf16_sum[bf16_only]", Mutation(grad_weight=torch.bfloat16),
+                                      dtypes=(torch.bfloat16,))
+gw_fp16_sum_fp16_only = _builtin_twin("mutant_gw_fp16_sum[fp16_only]", Mutation(grad_weight=torch.float16),
+                                      dtypes=(torch.float16,))
+gx_bf16_sum_bf16_only = _builtin_twin("mutant_gx_bf16_sum[bf16_only]", Mutation(grad_x=torch.bfloat16),
+                                      dtypes=(torch.bfloat16,))
+#: Nondeterminism: an order that changes between identical calls, fp32 partial sums.
+chunk_order_per_call = _builtin_twin("mutant_chunk_order_per_call", Mutation(order="chunks"))
+row_order_per_call = _builtin_twin("mutant_row_order_per_call", Mutation(order="rows"))
+#: A per-row loss or an intermediate rounded through a narrower dtype than declared.
+row_loss_bf16 = _builtin_twin("mutant_row_loss_bf16", Mutation(row_loss=torch.bfloat16))
+stats_bf16 = _builtin_twin("mutant_stats_bf16", Mutation(stats=torch.bfloat16), recompute=True)
+
+#: Issue 19's classes → the mutants of each (the detection table's rows, in order); ``mutant_bf16_grad_weight_accum``
+#: and ``mutant_loss_bf16`` (above, on the eager composition) predate them and are listed too.
+CLASSES: dict[str, list[_Any]] = {
+    "accumulator narrower than declared": [gw_bf16_sum, gb_bf16_sum, gx_bf16_sum, loss_bf16_sum, gw_bf16_sum_bf16_only,
+                                           gw_fp16_sum_fp16_only, gx_bf16_sum_bf16_only, MUTANTS[0]],
+    "nondeterminism": [chunk_order_per_call, row_order_per_call],
+    "intermediate rounded through a narrower dtype": [row_loss_bf16, stats_bf16, MUTANTS[2]],
+}
+
+#: Module-level names of the two eager-based mutants above, so ``--impl numcheck.tests.self.mutants:<name>`` loads
+#: each alone.
+bf16_grad_weight_accum = MUTANTS[0]
+loss_bf16 = MUTANTS[2]

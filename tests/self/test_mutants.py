@@ -106,3 +106,90 @@ def test_upstream_gradient_modified_in_place_is_named():
     p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
     with pytest.raises(ProtocolViolation, match="modified its input 'upstream gradient' in place"):
         run_impl(upstream_divided_in_place, p)
+
+
+# -- issue 19's bug classes: each mutant is caught by the ci profile (numcheck.check, one property) ------------
+from numcheck.tests.self import mutants as _m  # noqa: E402
+
+def ci_verdict(mutant, prop: str):
+    """``numcheck.check``'s verdict of suite property ``prop`` on ``mutant`` under the ci profile (same draws, same
+    budget), without the shrink phase: the first failing draw decides, and shrinking it only costs time."""
+    from hypothesis import settings
+
+    from numcheck.properties.linear_ce_suite import SUITE
+    from numcheck.properties.suite_check import _run_drawn
+
+    base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    return _run_drawn(SUITE[prop], mutant, base)
+
+
+#: mutant → the property of the suite that catches it under the ci profile (the detection table, docs/detection.md).
+CI_CATCHES = {
+    _m.gw_bf16_sum: "accuracy_fp32_sharp",
+    _m.gb_bf16_sum: "accuracy_fp32_sharp",
+    _m.gx_bf16_sum: "accuracy_fp32_sharp",
+    _m.loss_bf16_sum: "accuracy_fp32_sharp",
+    _m.gw_bf16_sum_bf16_only: "many_chunks",
+    _m.row_order_per_call: "determinism",
+    _m.row_loss_bf16: "accuracy_fp32_sharp",
+    _m.stats_bf16: "accuracy_fp32_sharp",
+}
+
+#: Findings: mutants the ci profile does not catch today (issue 19), with the property that should, and why not.
+CI_MISSES = {
+    _m.chunk_order_per_call: ("determinism", "the determinism property draws one chunk at the default chunk size "
+                              "(2048 rows), where a per-call chunk order changes nothing; it needs several chunks"),
+    _m.gw_fp16_sum_fp16_only: ("many_chunks", "12 draws of one row per chunk in fp16 stay within the bound: the "
+                               "partial sums cancel (zero-mean features) and N stays small"),
+    _m.gx_bf16_sum_bf16_only: ("large_vocab", "bf16 only: one rounding per 128-class block of grad_x hides under the "
+                               "bf16 bound at V <= 4100 on the drawn activations"),
+}
+
+
+@pytest.mark.parametrize("mutant", list(CI_CATCHES), ids=[m.name for m in CI_CATCHES])
+def test_ci_profile_catches_issue19_mutant(mutant):
+    """The ci profile's run of the one property that judges the mutant's bug class fails it."""
+    v = ci_verdict(mutant, CI_CATCHES[mutant])
+    assert v.status == "failed", v
+
+
+@pytest.mark.parametrize("mutant", list(CI_MISSES), ids=[m.name for m in CI_MISSES])
+def test_ci_profile_misses_issue19_mutant(mutant, request):
+    """A finding stays recorded: the ci profile misses the mutant today (strict xfail: catching it turns this red,
+    and the mutant moves to CI_CATCHES)."""
+    prop, why = CI_MISSES[mutant]
+    request.applymarker(pytest.mark.xfail(strict=True, reason=f"finding (issue 19): {why}"))
+    v = ci_verdict(mutant, prop)
+    assert v.status == "failed", v
+
+
+def test_chunk_order_per_call_is_caught_on_several_chunks():
+    """What would catch the per-call chunk order: determinism on a layout of several chunks (4 rows a chunk)."""
+    from numcheck.properties.checks import determinism
+
+    p = Problem(N=16, H=16, V=24, seed=1)
+    mutant = _m.chunk_order_per_call.with_chunk_rows(4)
+    accuracy(mutant, p)
+    with pytest.raises(PropertyFailure, match="differs between two identical runs"):
+        determinism(mutant, p)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_unmutated_twin_is_the_builtin(reduction, dtype):
+    """With no mutation, a mutant's twin gives the built-in's outputs bitwise (each mutant changes one thing)."""
+    import torch
+
+    from numcheck.impls.registry import builtin
+    from numcheck.properties.harness import OUTPUTS, run_impl
+
+    p = Problem(N=10, H=16, V=300, dtype=dtype, bias=True, reduction=reduction, ignored=0.25,
+                upstream="per_row" if reduction == "none" else "scalar", seed=3)
+    for name, twin in (("chunked[fp32_operands]", _m._builtin_twin("twin", _m.Mutation())),
+                       ("recompute", _m._builtin_twin("twin", _m.Mutation(), recompute=True))):
+        ours, theirs = run_impl(twin.with_chunk_rows(3), p), run_impl(builtin(name).with_chunk_rows(3), p)
+        assert twin.support == builtin(name).support
+        for k in OUTPUTS:
+            assert (ours.get(k) is None) == (theirs.get(k) is None), (name, k)
+            if theirs.get(k) is not None:
+                assert torch.equal(ours.get(k), theirs.get(k)), (name, k)
