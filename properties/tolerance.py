@@ -452,7 +452,9 @@ class _Sweep:
         roundings of d), |δd| ≤ 2·tanh(t_hi)·sech²(t_lo)·e_z/s (mean value theorem; sech² falls and tanh rises
         in |t|), t_lo = max(|z| − e_z, 0)/s, t_hi = (|z| + e_z)/s."""
         m, s = self.m, self.s
-        d = blk.dzc_dz
+        # d from sech² rather than the oracle's 1 − tanh², whose float64 cancellation is 1e-16 absolute: more than
+        # d itself once |z/s| > 17, which would let the first term stand on a wrong d.
+        d = _sech2(blk.z.abs() / s)
         sech2_lo = _sech2((blk.z.abs() - e_z).clamp_min(0) / s)
         dd = 2 * torch.tanh((blk.z.abs() + e_z) / s) * sech2_lo * e_z / s
         t = (blk.zc / s).abs()
