@@ -182,9 +182,10 @@ def _tiny_problems(support) -> st.SearchStrategy[Problem]:
     return force.flatmap(lambda f: problems(support, force=f))
 
 
-def probe(draws: int, impls: tuple[str, ...] = PROBE_IMPLS) -> ProbeResult:
+def probe(draws: int, impls: tuple[str, ...] = PROBE_IMPLS, progress: bool = False) -> ProbeResult:
     """Run each correct built-in in ``impls`` on ``draws`` derandomized problems (a third each: ordinary draws,
-    large vocabularies, one- or two-token tensors) and collect the worst (b) ratios."""
+    large vocabularies, one- or two-token tensors) and collect the worst (b) ratios; ``progress`` names each impl on
+    stderr as it finishes."""
     result = ProbeResult()
     for name in impls:
         impl = builtin(name)
@@ -200,6 +201,8 @@ def probe(draws: int, impls: tuple[str, ...] = PROBE_IMPLS) -> ProbeResult:
                 result.add(name, p, check_accuracy(impl, p))
 
         run()
+        if progress:
+            print(f"{name}: done, {result.cases} runs so far", file=sys.stderr, flush=True)
     return result
 
 
@@ -216,4 +219,4 @@ if __name__ == "__main__":
     from numcheck.impls import interpreter
 
     interpreter.arrange()  # before the first Triton impl is built (builtin imports triton)
-    print(probe(int(sys.argv[1]) if len(sys.argv) > 1 else 300).table())
+    print(probe(int(sys.argv[1]) if len(sys.argv) > 1 else 300, progress=True).table())
