@@ -2,21 +2,32 @@
 
 (a) *Analytic*: every element within the bound of :mod:`properties.tolerance` (the hard ceiling gates; the
     expected level is recorded for reports).
-(b) *Relative to eager* (PyTorch Inductor's rule): RMSE(impl − oracle) ≤ k·RMSE(eager − oracle) + slack,
-    eager being the ``eager`` built-in run on the same problem in the same dtype. k = 2 for fp32 and 3 for
-    bf16/fp16 results (Inductor's multipliers); slack = 2·u_out·RMS(oracle) + RMS(hard bound)/2: two
-    roundings of the result in its own dtype are always allowed, and half the analytic bound's RMS absorbs a
-    different but equally valid evaluation order when eager happens to be (nearly) exact — measured: on
-    N=1, V=2 fp32 a correct chunked impl had 4× eager's RMSE, and with V=1 eager is exact (error 0) while
-    a correct fp16 impl is not. So (b) fails only an impl whose errors are, in RMS, both well above eager's
-    and above half of what the analysis allows everywhere. Outputs an impl declares less accurate (grad_weight and grad_bias under
-    ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
-    gradient under a loss-scale upstream; the loss under ``target_logit="rounded_products"``)
-    are recorded but not judged by (b), and (b) is
-    skipped for an all-ignored ``mean`` (a convention, not a rounding).
+(b) *Relative to eager*: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(eager − oracle) + λ(α)·RMS(E), eager being the
+    ``eager`` built-in on the same problem, E the expected-level bound (√n·u per reduction) of
+    :mod:`properties.tolerance` for the impl's declaration with each output's last rounding at the finer of the
+    impl's and eager's dtypes. A correct impl fails it with probability at most α = :data:`RELATIVE_ALPHA` per
+    output, under either of the two ways it can be correct:
 
-(b) is what catches an impl that returns an output rounded to a lower precision than eager keeps (a loss
-rounded to bf16 under AMP, say) where (a), which trusts the dtype the impl returns, cannot.
+    * *it errs as eager does* (the ratio half): with independent errors whose element scales are E's, the ratio
+      RMSE²(impl)/RMSE²(eager) is F(n_eff, n_eff)-distributed, n_eff = (ΣE²)²/ΣE⁴ (Satterthwaite's degrees of
+      freedom of ΣE_i²χ²₁: the number of elements that carry the error). k = √F⁻¹(1 − α; n_eff, n_eff), never
+      below Inductor's 2 (fp32) / 3 (bf16, fp16). One number against one number says almost nothing: k is
+      6.4e5 at n_eff = 1, 1000 at 2, 6.3 at 10, 2.0 at 50.
+    * *it evaluates in another order* (the order half): each element's error is then sub-Gaussian at scale
+      E_i (Higham & Mary 2019), and for the RMS over elements, however they are coupled, Jensen over the
+      weights E_i²/ΣE² and Chernoff's bound give P(RMS(e) > λ·RMS(E)) ≤ λ·exp(−(λ² − 1)/2); λ(1e-6) = 5.67
+      (:func:`rms_lambda`). This half is what covers tiny tensors and an exact eager.
+
+    The allowance is the sum of the halves (each alone holds its rate under its own hypothesis). The last
+    rounding at the finer dtype is what makes (b) see an output handed back coarser than eager keeps it; (a)
+    takes the returned dtype as given. Outputs an impl declares less accurate (grad_weight and grad_bias under
+    ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
+    gradient under a loss-scale upstream; the loss under ``target_logit="rounded_products"``) are recorded but
+    not judged by (b), and (b) is skipped for an all-ignored ``mean`` (a convention, not a rounding).
+
+Its power: an output rounded r times coarser than eager's is caught when r exceeds about k(n_eff) + λ·RMS(E)/
+RMSE(eager): a per-row loss (n_eff ≈ N) rounded through bf16 at 170× its allowance, while a scalar loss
+(n_eff = 1) is left to (a), which holds it to the returned dtype, and to the ``loss_dtype`` property.
 """
 
 from __future__ import annotations
@@ -27,20 +38,68 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from scipy import optimize, stats
 
 from numcheck.properties.compare import Comparison, compare
 from numcheck.properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.problems import Problem, Tensors, build
 from numcheck.properties.tolerance import Level, error_model, linear_ce_bounds, range_dtypes, unit_roundoff
 
+#: Inductor's multipliers (``torch._dynamo.utils.same``): the floor of the ratio half's k, per result dtype.
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
-RELATIVE_SLACK_ROUNDINGS = 2.0
-RELATIVE_SLACK_BOUND = 0.5
+#: The false-alarm rate of judgement (b) per judged output: the probability, under the model of the module
+#: docstring, that a correct impl fails it. A case judges at most five outputs, so at most 5·α per case.
+RELATIVE_ALPHA = 1e-6
+
+
+def effective_count(bound: torch.Tensor) -> float:
+    """n_eff of an output: the participation ratio (Σb²)²/Σb⁴ of its element-wise bound ``bound``.
+
+    It is the number of elements that carry the error: n for a flat bound, 1 when one element dominates.
+    (Satterthwaite's degrees of freedom of Σ b_i²·χ²₁, the sum of squared errors whose scales are the bounds.)
+    An all-zero bound gives 1; infinite elements, where there are any, are the ones counted."""
+    b = bound.detach().to(torch.float64).nan_to_num(0.0, posinf=math.inf).abs().flatten()
+    if bool(torch.isinf(b).any()):
+        return float(torch.isinf(b).sum())
+    top = float(b.max()) if b.numel() else 0.0
+    if top == 0.0:
+        return 1.0
+    b2 = (b / top).square()
+    return float(b2.sum().square() / b2.square().sum())
+
+
+@functools.lru_cache(maxsize=4096)
+def ratio_multiplier(n_eff: float, dtype: torch.dtype, alpha: float = RELATIVE_ALPHA) -> float:
+    """k of the ratio half: √F⁻¹(1 − α; n_eff, n_eff), and never below Inductor's k for ``dtype``.
+
+    If impl and eager err alike (independent errors of one distribution, element scales as the bound's),
+    RMSE²(impl)/RMSE²(eager) is F(n_eff, n_eff)-distributed, so the ratio exceeds k² with probability α."""
+    if not n_eff >= 1.0:
+        raise ValueError(f"ratio_multiplier: n_eff must be ≥ 1, got {n_eff!r}")
+    return max(RELATIVE_K.get(dtype, 3.0), math.sqrt(float(stats.f.isf(alpha, n_eff, n_eff))))
+
+
+@functools.lru_cache(maxsize=16)
+def rms_lambda(alpha: float = RELATIVE_ALPHA) -> float:
+    """λ of the order half: the root above 1 of λ·exp(−(λ² − 1)/2) = α (5.67 at α = 1e-6).
+
+    Each element's error is sub-Gaussian with scale its expected-level bound E_i (Higham & Mary 2019: a sum
+    of independent mean-zero roundings; their λ = √(2 ln(2/α)) = 5.39 holds for one element). For the RMS over
+    elements, however dependent, Jensen over the weights E_i²/ΣE² and Chernoff's bound give
+    P(RMS(e) > λ·RMS(E)) ≤ λ·exp(−(λ² − 1)/2)."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"rms_lambda: alpha must be in (0, 1), got {alpha!r}")
+    return float(optimize.brentq(lambda lam: math.log(lam) - (lam * lam - 1) / 2 - math.log(alpha), 1.0 + 1e-12,
+                                 100.0))
 
 
 @dataclass(frozen=True)
 class RelativeJudgement:
-    """Judgement (b) for one output."""
+    """Judgement (b) for one output: ``allowed`` = ``multiplier``·``rmse_eager`` + ``slack``.
+
+    ``n_eff`` is the effective element count (:func:`effective_count`) that sets ``multiplier`` at
+    false-alarm rate ``alpha``; ``slack`` = ``lam``·``rms_expected``, the expected-level bound's RMS (at the
+    finer of the impl's and eager's output precision) scaled for the same rate."""
 
     output: str
     ok: bool
@@ -49,10 +108,23 @@ class RelativeJudgement:
     rmse_eager: float
     allowed: float
     note: str = ""
+    n_eff: float = math.nan
+    multiplier: float = math.nan
+    alpha: float = RELATIVE_ALPHA
+    rms_expected: float = math.nan
+    lam: float = math.nan
+
+    @property
+    def slack(self) -> float:
+        """The order half of the allowance, λ·RMS(expected-level bound)."""
+        return self.lam * self.rms_expected
 
     def describe(self) -> str:
+        """One line: both RMSEs, the allowance and its two halves with n_eff, k, α and λ."""
         return (f"{self.output}: RMSE {self.rmse_impl:.3g} vs eager RMSE {self.rmse_eager:.3g}; allowed "
-                f"{self.allowed:.3g} (k·eager + slack){' — ' + self.note if self.note else ''}")
+                f"{self.allowed:.3g} = k·eager {self.multiplier * self.rmse_eager:.3g} (k {self.multiplier:.3g} "
+                f"at n_eff {self.n_eff:.3g}, α {self.alpha:.0e}) + slack {self.slack:.3g} (λ {self.lam:.3g} × "
+                f"RMS of the expected-level bound {self.rms_expected:.3g}){' — ' + self.note if self.note else ''}")
 
 
 @dataclass
@@ -97,13 +169,70 @@ def _eager_errors(p: Problem) -> dict[str, tuple[float, torch.dtype]]:
         v = out.get(name)
         if v is None or o is None:
             continue
-        res[name] = (float((v.to(torch.float64) - o).nan_to_num(0.0).square().mean().sqrt()), v.dtype)
+        res[name] = (_rms(v.to(torch.float64) - o), v.dtype)
     return res
 
 
 def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
     return {"loss": ref.loss, "z_loss": ref.z_loss, "grad_x": ref.grad_x, "grad_weight": ref.grad_weight,
             "grad_bias": ref.grad_bias}
+
+
+def _finer(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The more precise of two output dtypes (the smaller unit roundoff)."""
+    return a if unit_roundoff(a) <= unit_roundoff(b) else b
+
+
+def _rms(v: torch.Tensor) -> float:
+    return float(v.to(torch.float64).nan_to_num(0.0).square().mean().sqrt())
+
+
+def _not_judged_reason(impl: Any, p: Problem, n: str) -> str:
+    """Why (b) records output ``n`` without judging it ("" when it judges it): a declared deviation eager does
+    not share is judged by (a) alone (its derived term is in the bound)."""
+    s = impl.support
+    x_path = getattr(s, "grad_x_accumulation", "fp32")
+    if s.grad_accumulation != "fp32" and n in ("grad_weight", "grad_bias"):
+        return f"not judged: declares {s.grad_accumulation} accumulation"
+    if p.upstream == "loss_scale" and n.startswith("grad_"):
+        # An impl that forms gradients in forward (before the scale is known) loses what underflows there and
+        # multiplies it by 2^17 afterwards: the bound's η·(1+|u|) term allows it, and eager, which forms them in
+        # backward, is not the yardstick for that.
+        return "not judged: under a loss scale (gradients formed before it, η·(1+|u|))"
+    if x_path != "fp32" and n == "grad_x":
+        return f"not judged: declares {x_path} accumulation of grad_x"
+    if getattr(s, "target_logit", "logits") == "rounded_products" and n == "loss":
+        return "not judged: declares target_logit='rounded_products'"
+    return ""
+
+
+def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutputs,
+                    names: list[str]) -> dict[str, RelativeJudgement]:
+    """Judgement (b) of every output in ``names`` (see the module docstring)."""
+    eager_err = _eager_errors(p)
+    refs = _oracle_outputs(ref)
+    dtypes = _out_dtypes(out)
+    # The order half models an impl as precise as eager but evaluated in another order: each output's last
+    # rounding at the finer of the impl's and eager's dtypes, so a coarser returned dtype is not allowed for.
+    slack_dtypes = {n: _finer(d, eager_err[n][1]) if n in eager_err else d for n, d in dtypes.items()}
+    expected = linear_ce_bounds(p, t, ref, error_model(impl.support, p, slack_dtypes, "expected"))
+    lam = rms_lambda(RELATIVE_ALPHA)
+    res = {}
+    for n in names:
+        v = out.get(n)
+        if v is None or n not in eager_err:
+            continue
+        rmse = _rms(v.to(torch.float64) - refs[n])
+        e_rmse = eager_err[n][0]
+        n_eff = effective_count(expected[n])
+        k = ratio_multiplier(n_eff, v.dtype, RELATIVE_ALPHA)
+        rms_e = _rms(expected[n])
+        allowed = k * e_rmse + lam * rms_e
+        note = _not_judged_reason(impl, p, n)
+        ok = (rmse <= allowed) or bool(note) or math.isnan(rmse) and math.isnan(e_rmse)
+        res[n] = RelativeJudgement(n, ok, not note, rmse, e_rmse, allowed, note, n_eff=n_eff, multiplier=k,
+                                   alpha=RELATIVE_ALPHA, rms_expected=rms_e, lam=lam)
+    return res
 
 
 def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
@@ -124,45 +253,12 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     skip = {FROZEN_GRADS[k] for k in frozen}
     names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)
              and n not in skip]
-    hard_bounds: dict[str, torch.Tensor] = {}
     ranges = range_dtypes(p, dtypes)  # ±inf judged against the format each output was held in
     for level in dict.fromkeys(("hard",) + tuple(levels)):
         bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))
-        if level == "hard":
-            hard_bounds = bounds
         target = res.analytic if level == "hard" else res.expected
         for n in names:
             target[n] = compare(n, out.get(n), refs[n], bounds[n], range_dtype=ranges.get(n))
     if relative and not (p.all_ignored and p.reduction == "mean"):
-        eager_err = _eager_errors(p)
-        lowp_path = impl.support.grad_accumulation != "fp32"
-        x_path = getattr(impl.support, "grad_x_accumulation", "fp32")
-        products = getattr(impl.support, "target_logit", "logits") == "rounded_products"
-        for n in names:
-            v = out.get(n)
-            if v is None or n not in eager_err:
-                continue
-            o = refs[n]
-            rmse = float((v.to(torch.float64) - o).nan_to_num(0.0).square().mean().sqrt())
-            e_rmse, e_dtype = eager_err[n]
-            k = RELATIVE_K.get(v.dtype, 3.0)
-            slack = RELATIVE_SLACK_ROUNDINGS * unit_roundoff(v.dtype) * float(o.nan_to_num(0.0).square().mean().sqrt())
-            slack += RELATIVE_SLACK_BOUND * float(hard_bounds[n].to(torch.float64).nan_to_num(0.0).square().mean().sqrt())
-            allowed = k * e_rmse + slack
-            # A declared deviation eager does not share is judged by (a) alone (its derived term is in the bound).
-            if lowp_path and n in ("grad_weight", "grad_bias"):
-                judged, note = False, f"not judged: declares {impl.support.grad_accumulation} accumulation"
-            elif p.upstream == "loss_scale" and n.startswith("grad_"):
-                # An impl that forms gradients in forward (before the scale is known) loses what underflows
-                # there and multiplies it by 2^17 afterwards: the bound's η·(1+|u|) term allows it, and eager,
-                # which forms them in backward, is not the yardstick for that.
-                judged, note = False, "not judged: under a loss scale (gradients formed before it, η·(1+|u|))"
-            elif x_path != "fp32" and n == "grad_x":
-                judged, note = False, f"not judged: declares {x_path} accumulation of grad_x"
-            elif products and n == "loss":
-                judged, note = False, "not judged: declares target_logit='rounded_products'"
-            else:
-                judged, note = True, ""
-            ok = (rmse <= allowed) or not judged or math.isnan(rmse) and math.isnan(e_rmse)
-            res.relative[n] = RelativeJudgement(n, ok, judged, rmse, e_rmse, allowed, note)
+        res.relative = _judge_relative(impl, p, t, ref, out, names)
     return res
