@@ -2,7 +2,7 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|bench|all "$OUT"
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
@@ -45,6 +45,21 @@ case "$what" in
     wait
     tar czf "$out/report.tgz" -C "$out" report && rm -rf "$out/report"
     grep -E "FAILED|ERROR" "$out/suite.txt" | tail -40; tail -3 "$out/suite.txt"; tail -8 "$out/report.txt"
+    ;;
+  evidence)
+    # issue 19's CUDA evidence: the elementary functions' accuracy against their declared budgets, and the CUDA
+    # false alarms of 7d1b306 re-judged by the current model.
+    for f in elementary_accuracy cuda_false_alarms; do
+      timeout 240 python3 docs/evidence/$f.py > "$out/$f.txt" 2>&1; echo "exit $?" >> "$out/$f.txt"; tail -25 "$out/$f.txt"
+    done
+    ;;
+  sweep)
+    # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
+    # so pytest loads the plugin from PYTEST_PLUGINS.
+    PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
+      --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
+    echo "numcheck sweep exit $?" >> "$out/sweep.txt"
+    tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
     ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
