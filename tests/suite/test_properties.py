@@ -1,8 +1,8 @@
 """Every linear+CE property against every registered impl (built-in and plugged in), on hypothesis-drawn problems.
 
 One ``@given`` per test, at test level, so hypothesis' statistics, ``@reproduce_failure`` advice and example
-database work as for any hypothesis test (one database key per (test, impl): hypothesis' pytest plugin keys
-parametrized tests by node id). What each test draws and when it is skipped is data,
+database work as for any hypothesis test (one key per (test, impl), free of the path the module was collected by:
+numcheck's plugin sets it, numcheck.properties.draw_isolation.draw_key). What each test draws and when it is skipped is data,
 :data:`numcheck.properties.linear_ce_suite.SUITE`, run by :mod:`numcheck.properties.runner`, the same runner
 :func:`numcheck.check` uses. Problems are drawn only inside what each impl declares; a property that needs a
 feature the impl does not declare is skipped with the reason; a draw a known divergence covers is rejected
