@@ -9,10 +9,12 @@ Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from hypothesis import assume
@@ -185,6 +187,22 @@ def _upstream(f: _Fields, reduction: str, autocast: str | None, softcap: float |
     return f.pinned_or("upstream", st.sampled_from(ups))
 
 
+#: The covering row (:class:`numcheck.properties.coverage.Row`) the draws are inside, if any (see :func:`pinned_row`).
+_ROW: contextvars.ContextVar[Any] = contextvars.ContextVar("numcheck_covering_row", default=None)
+
+
+@contextlib.contextmanager
+def pinned_row(row: Any) -> Iterator[None]:
+    """Inside this block every :func:`problems` draw pins ``row.force``'s fields and requires ``row.require``'s
+    options (the caller's own ``force`` wins where both pin a field): a covering row run through a property's own
+    draw (:func:`numcheck.properties.runner.run_rows`)."""
+    token = _ROW.set(row)
+    try:
+        yield
+    finally:
+        _ROW.reset(token)
+
+
 @st.composite
 def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: str | None = None, *,
              regimes: tuple[str, ...] = REGIMES, reductions: tuple[str, ...] | None = None,
@@ -196,10 +214,15 @@ def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: st
     "z_loss_scale": 0.0}``); pinned fields are still checked against the support. ``require`` names options
     (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the support declares them — "every
     declared option at once", where interaction bugs live. An unknown key of either raises ``ValueError``.
+    Inside :func:`pinned_row` the row's fields are pinned too.
     """
     force = dict(force or {})
     _check_names("force", force, FORCEABLE)
     _check_names("require", require, LINEAR_CE_OPTIONS)
+    row = _ROW.get()
+    if row is not None:
+        force = {**row.force, **force}
+        require = frozenset(require) | row.require
     s = support if support is not None else LinearCESupport()
     device = device or DEVICE
     f = _Fields(draw, frozenset(s.options), force, frozenset(require))
