@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from random import Random
@@ -151,8 +152,29 @@ def covering_rows(dimensions: Sequence[str], support: Any, device: str) -> tuple
     if not names:
         return ()
     ok = _valid(names, support)
-    combos = [[v] for v in params[names[0]]] if len(names) == 1 else AllPairs(params, filter_func=ok)
-    return tuple(_row(names, list(c)) for c in combos if ok(list(c)))
+    if len(names) == 1:
+        return tuple(_row(names, [v]) for v in params[names[0]])
+    combos = [tuple(c) for c in AllPairs(params, filter_func=ok) if ok(list(c))]
+    return tuple(_row(names, list(c)) for c in _complete(names, params, ok, combos))
+
+
+def _pairs(names: Sequence[str], combo: Sequence[str]) -> set[tuple[tuple[str, str], tuple[str, str]]]:
+    return set(itertools.combinations(tuple(zip(names, combo)), 2))
+
+
+def _complete(names: Sequence[str], params: OrderedDict[str, list[str]], ok: Callable[[Sequence[str]], bool],
+              combos: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """``combos`` with rows added until every valid pair is covered: allpairspy stops once a row adds no new pair,
+    which under constraints can leave valid pairs out (a loss scale with a bias, AMP fp16 with a scalar). Each
+    added row is the valid full row, first in product order, that covers the most pairs still missing."""
+    valid = [c for c in itertools.product(*params.values()) if ok(c)]
+    missing = set().union(*(_pairs(names, c) for c in valid)) - set().union(set(), *(_pairs(names, c) for c in combos))
+    out = list(combos)
+    while missing:
+        best = max(valid, key=lambda c: len(_pairs(names, c) & missing))
+        out.append(best)
+        missing -= _pairs(names, best)
+    return out
 
 
 def _row(names: Sequence[str], values: Sequence[str]) -> Row:
@@ -173,8 +195,6 @@ def uncovered_pairs(dimensions: Sequence[str], support: Any, device: str,
                     rows: Sequence[Row]) -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """The pairs of values (of two dimensions) that some valid full row holds but no row of ``rows`` does:
     empty for a covering design (checked by the tests, by enumerating the full product)."""
-    import itertools
-
     params = _params(dimensions, support, device)
     names = list(params)
     ok = _valid(names, support)

@@ -18,9 +18,9 @@ from numcheck.properties import checks
 from numcheck.properties.coverage import EVERY_DIMENSION
 from numcheck.properties.problems import Problem
 from numcheck.properties.runner import Draw, SuiteProperty
-from numcheck.properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, loss_scale_available,
-                                            loss_scale_problems, many_chunk_layout, many_chunk_problems, problems,
-                                            wide_hidden_problems)
+from numcheck.properties.strategies import (DEVICE, determinism_layout, determinism_problems, large_vocab_problems,
+                                            long_batch_problems, loss_scale_available, loss_scale_problems,
+                                            many_chunk_layout, many_chunk_problems, problems, wide_hidden_problems)
 
 
 def _dtype_names(support: Any) -> set[str]:
@@ -53,6 +53,12 @@ def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
     if s.slow:
         dtypes = dtypes[:1]
     return [(chunked, drawn(many_chunk_problems, N=N, dtype=str(d).replace("torch.", ""))) for d in dtypes]
+
+
+def _determinism_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
+    """The impl (its variant of 7-row chunks where it exposes with_chunk_rows) on problems spanning several chunks."""
+    variant, min_n, min_v = determinism_layout(impl)
+    return [(variant, drawn(determinism_problems, min_n=min_n, min_v=min_v))]
 
 
 def _two_calls(impl: Any, data: Any) -> Problem:
@@ -134,7 +140,7 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty("reduction_consistency", checks.reduction_consistency, drawn(problems, allow_all_ignored=False),
                   skip=_unless(lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
                                "{name} does not declare all three reductions")),
-    SuiteProperty("determinism", checks.determinism, drawn(problems), dimensions=("reduction", "precision")),
+    SuiteProperty("determinism", checks.determinism, None, cases=_determinism_cases, dimensions=("reduction",)),
     SuiteProperty("chunk_invariance", checks.chunk_invariance, drawn(problems),
                   skip=_unless(lambda i: hasattr(i, "with_chunk_rows"),
                                "{name} exposes no chunk size (with_chunk_rows)")),

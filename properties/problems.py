@@ -198,8 +198,11 @@ def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torc
     trained transformers). Every column of x then has one sign in most rows, so Σ_i G_ij·x_ik (grad_weight),
     Σ_i G_ij (grad_bias) and the loss grow with N instead of cancelling: an accumulator narrower than declared
     shows. W: the drawn W scaled so the logits' typical size is the regime's σ on these rows (the outlier channels
-    would otherwise set it). Targets: drawn from the head's own softmax, as a trained head's targets mostly sit
-    where it puts mass (``pad``, a class id used as ignore_index, is never a target)."""
+    would otherwise set it). Targets: token frequencies, Zipf's 1/rank over a random order of the classes, drawn
+    apart from the logits (a head mid-training, not yet fitted to the batch): Σ_i (p_ij − y_ij) has one sign per
+    frequent class, and times x's column offsets it adds up in grad_weight (targets drawn from the head's own
+    softmax would make E[G] = 0, the sums would cancel again). ``pad``, a class id used as ignore_index, is
+    never a target."""
     N, H = x.shape
     mu = torch.randn(H, generator=g, dtype=torch.float64)
     h = x + mu
@@ -211,11 +214,11 @@ def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torc
     gain[channels] = lo + (hi - lo) * torch.rand(k, generator=g, dtype=torch.float64)
     x = h * gain
     w = w * math.sqrt(H / float(x.pow(2).sum(dim=1).mean()))
-    z = x @ w.T + (b if b is not None else 0.0)
-    probs = torch.softmax(z, dim=1)
+    V = w.shape[0]
+    freq = 1.0 / (torch.randperm(V, generator=g).to(torch.float64) + 1.0)
     if pad is not None:
-        probs[:, pad] = 0.0
-    target = torch.multinomial(probs, 1, generator=g).squeeze(1)
+        freq[pad] = 0.0
+    target = torch.multinomial(freq.expand(N, V), 1, replacement=True, generator=g).squeeze(1)
     return x, w, target
 
 
@@ -229,7 +232,7 @@ def build(p: Problem) -> Tensors:
         ``outlier_rows``: ordinary, with a few rows of x scaled by 64;
         ``post_norm``: hidden states as a norm layer hands them to the head (:func:`_post_norm`): per-feature
         mean offsets, rows RMS-normalised, a few outlier channels with gains 10–100, σ ≈ 3 measured on those
-        rows, targets sampled from the head's own softmax.
+        rows, targets at Zipf token frequencies.
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
     N, H, V = p.N, p.H, p.V

@@ -367,6 +367,38 @@ def many_chunk_problems(draw: st.DrawFn, support, N: int, dtype: str) -> Problem
     return draw(problems(support, force=force, allow_all_ignored=False), label="problem")
 
 
+#: Rows per chunk of the determinism draws' variant of an impl that exposes ``with_chunk_rows``: N up to the cap
+#: then spans up to ⌈MAX_N/7⌉ chunks, whose partial sums an impl may combine in any order.
+DETERMINISM_CHUNK_ROWS = 7
+
+
+def determinism_layout(impl: Any) -> tuple[Any, int, int]:
+    """``(impl, min N, min V)`` for determinism draws that span several chunks: the variant with
+    :data:`DETERMINISM_CHUNK_ROWS` rows per chunk where ``impl`` exposes ``with_chunk_rows`` (N > 7); else more rows
+    than its declared ``chunk_rows`` (capped at 4097) and more classes than its ``chunk_cols`` where declared."""
+    s = impl.support
+    if hasattr(impl, "with_chunk_rows"):
+        return impl.with_chunk_rows(DETERMINISM_CHUNK_ROWS), DETERMINISM_CHUNK_ROWS + 1, 1
+    n = min(s.chunk_rows + 1, 4097) if s.chunk_rows else 1
+    v = s.chunk_cols + 1 if s.chunk_cols else 1
+    return impl, n, v
+
+
+@st.composite
+def determinism_problems(draw: st.DrawFn, support, min_n: int = 1, min_v: int = 1) -> Problem:
+    """Problems where a nondeterministic order shows: N ≥ ``min_n`` and V ≥ ``min_v`` (several chunks, from
+    :func:`determinism_layout`), plain fp32 in two draws of three where declared (fp32 keeps the low bits that a
+    reordered sum changes; a bf16 result often rounds them away), every reduction and option drawn as usual."""
+    force: dict[str, Any] = {}
+    if min_n > 1:
+        force["N"] = draw(st.one_of(st.just(min_n), st.integers(min_n, max(min_n, MAX_N, 2 * min_n - 1))), label="N")
+    if min_v > 1:
+        force["V"] = draw(st.integers(min_v, 2 * min_v), label="V")
+    if torch.float32 in support.dtypes and draw(st.sampled_from([True, True, False]), label="fp32"):
+        force.update(dtype="float32", autocast=None)
+    return draw(problems(support, force=force), label="problem")
+
+
 def why_not_run(impl: Any, p: Problem) -> str | None:
     """Why ``impl`` is not run on ``p`` here: it is unavailable (its reason), or ``p`` is outside what it
     declares (:func:`refusal`). ``None`` when it runs."""
