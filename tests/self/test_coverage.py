@@ -209,3 +209,24 @@ def test_determinism_draws_span_several_chunks():
             continue
     assert len(drawn) >= 30 and all(p.N >= 17 and p.V >= 33 for p in drawn)
     assert sum(p.dtype == "float32" and p.autocast is None for p in drawn) >= len(drawn) // 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("fmt_max", [448.0, 57344.0])
+def test_scale_edges_sit_beside_fp8_max_times_a_power_of_two(dtype, fmt_max):
+    """plant_scale_edges: every 32-run of every row has its amax within 2 ulps (of dtype) of fp8_max·2^k, exact in
+    dtype, and every other element of the row below half of it."""
+    from numcheck.properties.fp8_cases import EDGE_RUN, MANTISSA_BITS, plant_scale_edges
+
+    g = torch.Generator().manual_seed(7)
+    t = plant_scale_edges(torch.randn(9, 70, generator=g, dtype=torch.float64), g, fmt_max, dtype)
+    for c0 in range(0, 70, EDGE_RUN):
+        amax = t[:, c0:c0 + EDGE_RUN].abs().amax(dim=1)
+        assert torch.equal(amax.to(getattr(torch, dtype)).double(), amax), "edge values not exact in the dtype"
+        k = torch.round(torch.log2(amax / fmt_max))
+        base = fmt_max * torch.exp2(k)
+        ulp = torch.exp2(torch.floor(torch.log2(base)) - MANTISSA_BITS[dtype])
+        assert bool(((amax - base).abs() <= 2 * ulp).all())
+    row_max = t.abs().amax(dim=1, keepdim=True)
+    near = t.abs() > 0.51 * row_max
+    assert int(near.sum()) == 9 * 3  # one edge value per 32-run, every other element at most half of the row amax
