@@ -53,6 +53,8 @@ class SuiteProperty:
     ``dimensions``: the dimensions of :data:`numcheck.properties.coverage.DIMENSIONS` the property varies through
     :func:`~numcheck.properties.strategies.problems` (and does not pin itself): a pairwise covering design over
     them (:func:`rows`) runs before the random draws, so a small budget still meets every pair of their values.
+    ``slow_dimensions``: the dimensions of its rows for impls that declare ``slow`` (each of their examples costs
+    seconds under an interpreter): ``None`` (the default) runs no rows for them, only their random share.
     ``budget_scale``: how many times the profile's examples the property gets, for a property whose example
     costs far less than a linear+CE call (a quantizer on one tensor: hundreds of examples in seconds); 1 for
     the rest. See :func:`budget`."""
@@ -64,6 +66,7 @@ class SuiteProperty:
     every: Callable[[Any], Problem | None] = _no_fields
     cases: Callable[[Any], Sequence[tuple[Any, Draw]]] | None = field(default=None)
     dimensions: tuple[str, ...] = ()
+    slow_dimensions: tuple[str, ...] | None = None
     budget_scale: int = 1
 
     def __post_init__(self) -> None:
@@ -105,12 +108,14 @@ def budget(impl: Any, max_examples: int, prop: SuiteProperty | None = None) -> i
 
 
 def rows(prop: SuiteProperty, impl: Any) -> tuple[Row, ...]:
-    """``prop``'s covering rows for ``impl`` on the suite's device: a pairwise design over ``prop.dimensions`` as
-    the impl declares them (:func:`numcheck.properties.coverage.covering_rows`); none for a property that names no
-    dimension, or for an impl that is not linear+CE."""
-    if not prop.dimensions or getattr(impl, "kind", None) != "linear_ce":
+    """``prop``'s covering rows for ``impl`` on the suite's device: a pairwise design over ``prop.dimensions``
+    (``prop.slow_dimensions`` for a slow impl) as the impl declares them
+    (:func:`numcheck.properties.coverage.covering_rows`); none where those name no dimension, or for an impl that
+    is not linear+CE."""
+    if getattr(impl, "kind", None) != "linear_ce":
         return ()
-    return covering_rows(prop.dimensions, impl.support, DEVICE)
+    dims = prop.slow_dimensions if getattr(impl.support, "slow", False) else prop.dimensions
+    return covering_rows(dims, impl.support, DEVICE) if dims else ()
 
 
 #: Seeded draws tried per covering row before it counts as rejected (every draw covered by a known divergence,

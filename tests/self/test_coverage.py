@@ -164,6 +164,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     assert budget(_TRANSPOSED_BUG, 12, prop) == MIN_RANDOM
     assert budget(_TRANSPOSED_BUG, 1000, prop) == 250 - n_rows
     assert budget(_TRANSPOSED_BUG, 12, SUITE["grad_dtypes"]) == 3
+    assert not rows(SUITE["determinism"], _TRANSPOSED_BUG) and budget(_TRANSPOSED_BUG, 12, SUITE["determinism"]) == 3
     cheap = QUANT_SUITE["save_original_input_is_bitwise_identical"]
     assert cheap.budget_scale > 1
     assert budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "quant_linear"})(), 12,

@@ -8,8 +8,10 @@ parametrized tests by node id). What each test draws and when it is skipped is d
 feature the impl does not declare is skipped with the reason; a draw a known divergence covers is rejected
 (``assume``), and a test all of whose draws are covered is skipped (numcheck's plugin turns hypothesis'
 ``Unsatisfiable`` into that skip). Failures carry the impl, the case, the output, error, bound, worst element and
-a one-line repro command (see properties/failures.py). Impls declaring ``slow`` get a quarter of the profile's
-examples (at least 2): numcheck's plugin sets that budget per call.
+a one-line repro command (see properties/failures.py). Before its random draws each test runs its covering rows
+(:mod:`numcheck.properties.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
+declaring ``slow`` get a quarter of the profile's examples (at least 2), less the rows, at least 2 random draws
+left: numcheck's plugin runs the rows and sets that budget per call (:func:`numcheck.properties.runner.budget`).
 """
 
 from __future__ import annotations
