@@ -170,7 +170,8 @@ class LinearCESupport:
             fp32); ``"compute"``: the compute dtype, bf16/fp16 under autocast too. A more precise dtype is always
             allowed; a less precise one fails ``loss_dtype``.
         slow: the impl is costly to run here (an interpreter, a large compile per shape): property tests
-            give it a quarter of the profile's examples (at least 2), so CI stays inside its budget.
+            give it a quarter of the profile's examples (at least 2; its covering rows run beside them, see
+            :func:`numcheck.properties.runner.budget`), so CI stays inside its budget.
         requires: a callable returning ``None`` when the impl can run here, else the reason it cannot
             (missing package, missing torch feature). Checked before every use.
         option_combinations_excluded: pairs of options that are not supported together.

@@ -17,10 +17,17 @@ import torch
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing",
-                                  "tail_outlier", "pruned", "scale_floor")
+                                  "tail_outlier", "pruned", "scale_floor", "scale_edge")
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Stored mantissa bits of each input dtype (its ulp at 2^e is 2^(e − bits)).
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+#: Width of the runs that :func:`plant_scale_edges` puts one edge value in: an MXFP8 block (1×32), four per
+#: 1×128 block and per 128-wide row of a 128×128 tile.
+EDGE_RUN = 32
+#: The ulps (of the input dtype) an edge value sits from fp8_max·2^k.
+EDGE_ULPS = (-2, -1, 0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,37 @@ def _one_per_block(t: torch.Tensor, g: torch.Generator, width: int, factor: floa
     return out
 
 
+def edge_exponents(fmt_max: float, dtype: str) -> tuple[int, int]:
+    """The k of fp8_max·2^k that ``dtype`` holds as a normal number, with :data:`EDGE_ULPS` above it: [−20, 20] in
+    fp32 and bf16; in fp16 from −12 up to the largest k with fp8_max·2^k ≤ 60000 (2 ulps above stay below 65504)."""
+    if dtype != "float16":
+        return -20, 20
+    return -12, int(math.floor(math.log2(60000.0 / fmt_max)))
+
+
+def plant_scale_edges(t: torch.Tensor, g: torch.Generator, fmt_max: float, dtype: str) -> torch.Tensor:
+    """``t`` (float64, 2-D) with one value within :data:`EDGE_ULPS` ulps of ``dtype`` of ±fp8_max·2^k_i in every run
+    of :data:`EDGE_RUN` elements of row i (k_i drawn per row in :func:`edge_exponents`' range), and the row's other
+    elements scaled below half of it: every row-wise block's amax (1×32, 1×128, a 128×128 tile, the tensor) sits
+    a few ulps beside fp8_max times a power of two. There a scale's exponent comes from a rounded log2 or a
+    division (E8M0 rounding, power-of-2 scales picks the neighbouring exponent), and amax·scale lands on or just
+    past fp8_max (saturation at the format's maximum). Exact in ``dtype``."""
+    R, C = t.shape
+    lo, hi = edge_exponents(fmt_max, dtype)
+    k = torch.randint(lo, hi + 1, (R, 1), generator=g).to(torch.float64)
+    base = fmt_max * torch.exp2(k)
+    ulp = torch.exp2(torch.floor(torch.log2(base)) - MANTISSA_BITS[dtype])
+    out = t * (0.5 * base / t.abs().amax(dim=1, keepdim=True).clamp_min(1e-300))
+    ulps = torch.tensor(EDGE_ULPS, dtype=torch.float64)
+    for c0 in range(0, C, EDGE_RUN):
+        w = min(EDGE_RUN, C - c0)
+        cols = c0 + torch.randint(0, w, (R,), generator=g)
+        off = ulps[torch.randint(0, len(EDGE_ULPS), (R,), generator=g)]
+        sign = torch.where(torch.rand(R, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+        out[torch.arange(R), cols] = sign * (base[:, 0] + off * ulp[:, 0])
+    return out
+
+
 def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
     """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
 
@@ -114,7 +152,9 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         ⌈N/2⌉ rows zero (pruned or zero-initialised outputs: all-zero W blocks and, for N ≥ 256, whole 128×128
         tiles, whose amax 0 must give scale 1); ``scale_floor``: x times 2^−119 (fp16: zero), so block amaxes
         sit near 2^−118 and an MXFP8 E8M0 scale at the bottom of its range, where a descale flushed to zero
-        (fast-math FTZ) moves the code.
+        (fast-math FTZ) moves the code; ``scale_edge``: x, W and dy with every block's amax a few ulps beside
+        fp8_max·2^k of the role's format (:func:`plant_scale_edges`): E8M0 and power-of-2 scale rounding,
+        saturation at the format maximum.
     Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
     ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
     cast must saturate (a gradient spike).
@@ -149,6 +189,10 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         w[: (N + 1) // 2] = 0.0
     elif r == "scale_floor":
         x = x * 2.0**-119
+    elif r == "scale_edge":
+        x = plant_scale_edges(x, g, case.recipe.format_of("x").max_finite, case.dtype)
+        w = plant_scale_edges(w, g, case.recipe.format_of("w").max_finite, case.dtype)
+        dy = plant_scale_edges(dy, g, case.recipe.format_of("dy").max_finite, case.dtype)
     elif r == "inf":
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")

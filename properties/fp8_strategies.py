@@ -12,7 +12,7 @@ import os
 import torch
 from hypothesis import strategies as st
 
-from numcheck.properties.fp8_cases import QUANT_REGIMES, QuantCase
+from numcheck.properties.fp8_cases import QUANT_REGIMES, QuantCase, plant_scale_edges
 from numcheck.properties.strategies import DEVICE
 from numcheck.reference.fp8_formats import FP32_MAX
 
@@ -63,11 +63,16 @@ def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_RE
 
 
 @st.composite
-def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96) -> torch.Tensor:
-    """2-D float32 tensors whose rows span many binades, with zeros, signed zeros, ties and specials, and
-    sometimes one element a few ulps either side of an FP8 format's largest finite value times a power of two
-    (448·2^k, 57344·2^k): as a block's amax it lands a scale's log2 just beside an integer, where an E8M0 or
-    power-of-2 scale computed through a rounded log2 or a division picks the wrong exponent."""
+def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
+                     dtype: str = "float32") -> torch.Tensor:
+    """2-D float32 tensors (exact in ``dtype``, which they will be cast to, where edge values are planted) whose
+    rows span many binades, with zeros, signed zeros, ties and specials, and in two draws of three values a few
+    ulps either side of an FP8 format's largest finite value times a power of two (448·2^k, 57344·2^k): one
+    element, or one in every 32-element run of every row with the rest of the row below half of it
+    (:func:`numcheck.properties.fp8_cases.plant_scale_edges`: every block's amax at an edge). As a block's amax
+    such a value lands a scale's log2 just beside an integer, where an E8M0 or power-of-2 scale computed through
+    a rounded log2 or a division picks the wrong exponent, and amax·scale on or just past the format maximum,
+    where the cast must saturate."""
     R = draw(st.integers(1, max_rows), label="rows")
     C = draw(st.integers(1, max_cols), label="cols")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
@@ -84,7 +89,13 @@ def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96)
         v = draw(st.sampled_from(specials), label="special")
         i, j = draw(st.integers(0, R - 1)), draw(st.integers(0, C - 1))
         t[i, j] = v
-    if draw(st.booleans(), label="amax_at_scale_boundary"):
+    edges = draw(st.sampled_from(["none", "one element", "every block"]), label="amax_at_scale_boundary")
+    if edges == "every block":
+        fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
+        finite = torch.isfinite(t)
+        planted = plant_scale_edges(torch.where(finite, t, 0.0).double(), g, fmt_max, dtype)
+        t = torch.where(finite, planted.to(torch.float32), t)
+    elif edges == "one element":
         fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
         v = torch.tensor(fmt_max * 2.0 ** draw(st.integers(-20, 20), label="boundary_exp"), dtype=torch.float32)
         ulps = draw(st.sampled_from([-2, -1, 1, 2]), label="boundary_ulps")

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 
 from numcheck.impls.protocol import LINEAR_CE_OPTIONS
 from numcheck.properties import checks
+from numcheck.properties.coverage import EVERY_DIMENSION
 from numcheck.properties.problems import Problem
 from numcheck.properties.runner import Draw, SuiteProperty
-from numcheck.properties.strategies import (DEVICE, large_vocab_problems, long_batch_problems, loss_scale_available,
-                                            loss_scale_problems, many_chunk_layout, many_chunk_problems, problems,
-                                            wide_hidden_problems)
+from numcheck.properties.strategies import (DEVICE, determinism_layout, determinism_problems, large_vocab_problems,
+                                            long_batch_problems, loss_scale_available, loss_scale_problems,
+                                            many_chunk_layout, many_chunk_problems, problems, wide_hidden_problems)
 
 
 def _dtype_names(support: Any) -> set[str]:
@@ -52,6 +53,12 @@ def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
     if s.slow:
         dtypes = dtypes[:1]
     return [(chunked, drawn(many_chunk_problems, N=N, dtype=str(d).replace("torch.", ""))) for d in dtypes]
+
+
+def _determinism_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
+    """The impl (its variant of 7-row chunks where it exposes with_chunk_rows) on problems spanning several chunks."""
+    variant, min_n, min_v = determinism_layout(impl)
+    return [(variant, drawn(determinism_problems, min_n=min_n, min_v=min_v))]
 
 
 def _two_calls(impl: Any, data: Any) -> Problem:
@@ -89,9 +96,22 @@ def _unless(cond: Any, why: str) -> Any:
 
 _TINY = dict(N=1, H=1, V=1, device=DEVICE)
 
+# Dimensions of the covering rows (numcheck.properties.coverage) of the tests whose draws vary them.
+#: accuracy_fp32_sharp pins fp32: everything else.
+_IN_FP32 = tuple(d for d in EVERY_DIMENSION if d != "precision")
+#: strided_inputs: the upstream gradient meets the transposed weight (Liger 0.2.1–0.8.2's grad_weight was wrong
+#: exactly there), in each reduction and precision, with a strided bias and a strided target with ignored rows.
+_STRIDED = ("precision", "reduction", "upstream", "bias", "ignore_index")
+#: ... for slow impls without the precision (a stride bug is one of indexing; precision × reduction alone takes 15
+#: rows): 7 rows instead of 18. Slow impls run rows only here and in accuracy (every dimension), at ~1 s a row.
+_STRIDED_SLOW = ("reduction", "upstream", "bias", "ignore_index")
+#: frozen_inputs: each gradient that is still formed, under each reduction and upstream, with and without bias.
+_GRADIENT_SCALE = ("reduction", "upstream", "bias")
+
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("accuracy", checks.accuracy, drawn(problems)),
-    SuiteProperty("accuracy_fp32_sharp", checks.accuracy, _fp32_sharp,
+    SuiteProperty("accuracy", checks.accuracy, drawn(problems), dimensions=EVERY_DIMENSION,
+                  slow_dimensions=EVERY_DIMENSION),
+    SuiteProperty("accuracy_fp32_sharp", checks.accuracy, _fp32_sharp, dimensions=_IN_FP32,
                   skip=_unless(lambda i: "float32" in _dtype_names(i.support), "{name} declares no float32")),
     SuiteProperty("all_options_combined", checks.accuracy, _all_options,
                   every=lambda i: Problem(**_TINY, softcap=1.0) if "softcap" in i.support.options else None),
@@ -101,9 +121,12 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty("wide_hidden", checks.accuracy, drawn(wide_hidden_problems)),
     SuiteProperty("loss_scale", checks.accuracy, drawn(loss_scale_problems),
                   skip=_unless(lambda i: loss_scale_available(i.support), "{name} declares no AMP fp16 with 'mean' here")),
-    SuiteProperty("strided_inputs", checks.strided_inputs, drawn(problems)),
-    SuiteProperty("frozen_inputs[weight]", checks.frozen_weight, drawn(problems), every=lambda i: Problem(**_TINY)),
-    SuiteProperty("frozen_inputs[x]", checks.frozen_x, drawn(problems), every=lambda i: Problem(**_TINY)),
+    SuiteProperty("strided_inputs", checks.strided_inputs, drawn(problems), dimensions=_STRIDED,
+                  slow_dimensions=_STRIDED_SLOW),
+    SuiteProperty("frozen_inputs[weight]", checks.frozen_weight, drawn(problems), every=lambda i: Problem(**_TINY),
+                  dimensions=_GRADIENT_SCALE),
+    SuiteProperty("frozen_inputs[x]", checks.frozen_x, drawn(problems), every=lambda i: Problem(**_TINY),
+                  dimensions=_GRADIENT_SCALE),
     SuiteProperty("two_calls", checks.two_calls, _two_calls,
                   skip=_unless(lambda i: {"sum", "mean"} & set(i.support.reductions),
                                "{name} declares neither 'sum' nor 'mean'")),
@@ -122,7 +145,7 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty("reduction_consistency", checks.reduction_consistency, drawn(problems, allow_all_ignored=False),
                   skip=_unless(lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
                                "{name} does not declare all three reductions")),
-    SuiteProperty("determinism", checks.determinism, drawn(problems)),
+    SuiteProperty("determinism", checks.determinism, None, cases=_determinism_cases, dimensions=("reduction",)),
     SuiteProperty("chunk_invariance", checks.chunk_invariance, drawn(problems),
                   skip=_unless(lambda i: hasattr(i, "with_chunk_rows"),
                                "{name} exposes no chunk size (with_chunk_rows)")),

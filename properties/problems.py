@@ -16,8 +16,8 @@ import torch
 
 from numcheck.reference.options import CEOptions
 
-Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows"]
-REGIMES: tuple[str, ...] = ("ordinary", "confident", "large", "tiny", "outlier_rows")
+Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows", "post_norm"]
+REGIMES: tuple[str, ...] = ("ordinary", "confident", "large", "tiny", "outlier_rows", "post_norm")
 Upstream = Literal["one", "scalar", "per_row"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -183,6 +183,45 @@ def _round_to_all_low_precisions(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.abs() < 2.0**-14, torch.zeros_like(t), t).to(torch.float16).to(torch.float32)
 
 
+#: post_norm: outlier channels per hidden size (at least one) and the range of their gains.
+POST_NORM_OUTLIER_FRACTION = 1 / 32
+POST_NORM_OUTLIER_GAIN = (10.0, 100.0)
+
+
+def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torch.Generator,
+               pad: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, w, target)`` of the ``post_norm`` regime from the drawn noise ``x`` and ``w``.
+
+    x: noise plus a per-feature offset μ_k ~ N(0, 1) shared by every row (features after a norm layer are not
+    zero-mean), each row divided by its RMS (RMSNorm), then a few channels (:data:`POST_NORM_OUTLIER_FRACTION`
+    of H, at least one) multiplied by gains drawn in :data:`POST_NORM_OUTLIER_GAIN` (the outlier channels of
+    trained transformers). Every column of x then has one sign in most rows, so Σ_i G_ij·x_ik (grad_weight),
+    Σ_i G_ij (grad_bias) and the loss grow with N instead of cancelling: an accumulator narrower than declared
+    shows. W: the drawn W scaled so the logits' typical size is the regime's σ on these rows (the outlier channels
+    would otherwise set it). Targets: token frequencies, Zipf's 1/rank over a random order of the classes, drawn
+    apart from the logits (a head mid-training, not yet fitted to the batch): Σ_i (p_ij − y_ij) has one sign per
+    frequent class, and times x's column offsets it adds up in grad_weight (targets drawn from the head's own
+    softmax would make E[G] = 0, the sums would cancel again). ``pad``, a class id used as ignore_index, is
+    never a target."""
+    N, H = x.shape
+    mu = torch.randn(H, generator=g, dtype=torch.float64)
+    h = x + mu
+    h = h / h.pow(2).mean(dim=1, keepdim=True).sqrt().clamp_min(1e-30)
+    k = max(1, int(H * POST_NORM_OUTLIER_FRACTION))
+    channels = torch.randperm(H, generator=g)[:k]
+    lo, hi = POST_NORM_OUTLIER_GAIN
+    gain = torch.ones(H, dtype=torch.float64)
+    gain[channels] = lo + (hi - lo) * torch.rand(k, generator=g, dtype=torch.float64)
+    x = h * gain
+    w = w * math.sqrt(H / float(x.pow(2).sum(dim=1).mean()))
+    V = w.shape[0]
+    freq = 1.0 / (torch.randperm(V, generator=g).to(torch.float64) + 1.0)
+    if pad is not None:
+        freq[pad] = 0.0
+    target = torch.multinomial(freq.expand(N, V), 1, replacement=True, generator=g).squeeze(1)
+    return x, w, target
+
+
 def build(p: Problem) -> Tensors:
     """Materialize ``p``'s tensors.
 
@@ -190,11 +229,15 @@ def build(p: Problem) -> Tensors:
         ``ordinary``: x ~ N(0,1), W ~ N(0, σ²/H) with σ ≈ 2; ``large``: σ ≈ 40;
         ``tiny``: σ ≈ 1e-3; ``confident``: x pushed along W[target] until every row's target logit leads by 8 + log V,
         so p_target > 0.9996 (targets W cannot make confident are replaced);
-        ``outlier_rows``: ordinary, with a few rows of x scaled by 64.
+        ``outlier_rows``: ordinary, with a few rows of x scaled by 64;
+        ``post_norm``: hidden states as a norm layer hands them to the head (:func:`_post_norm`): per-feature
+        mean offsets, rows RMS-normalised, a few outlier channels with gains 10–100, σ ≈ 3 measured on those
+        rows, targets at Zipf token frequencies.
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
     N, H, V = p.N, p.H, p.V
-    sigma = {"ordinary": 2.0, "confident": 1.0, "large": 40.0, "tiny": 1e-3, "outlier_rows": 2.0}[p.regime]
+    sigma = {"ordinary": 2.0, "confident": 1.0, "large": 40.0, "tiny": 1e-3, "outlier_rows": 2.0,
+             "post_norm": 3.0}[p.regime]
     x = torch.randn(N, H, generator=g, dtype=torch.float64)
     w = torch.randn(V, H, generator=g, dtype=torch.float64) * (sigma / math.sqrt(H))
     target = torch.randint(0, V, (N,), generator=g)
@@ -225,6 +268,8 @@ def build(p: Problem) -> Tensors:
             lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
         wy = w[target]
         x = x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
+    if p.regime == "post_norm":
+        x, w, target = _post_norm(x, w, b, g, p.ignore_index if pad_class else None)
     if p.regime == "outlier_rows" and N > 1:
         k = max(1, N // 8)
         rows = torch.randperm(N, generator=g)[:k]

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hypothesis import assume
-from hypothesis.errors import HypothesisException
+from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
+from numcheck.properties.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.failures import impl_raised, raised_by_suite
 from numcheck.properties.known_divergences import covers_every, known
 from numcheck.properties.problems import Problem
-from numcheck.properties.strategies import DEVICE
+from numcheck.properties.strategies import DEVICE, pinned_row
 from numcheck.properties.undrawable import undrawable_reason
 
 Metrics = dict[str, float]
@@ -48,7 +49,16 @@ class SuiteProperty:
     only the fields the test forces on every draw: a known divergence decided by those fields covers every draw,
     and the test is skipped with its reason. ``cases``: for a test that runs several variants of the impl in one
     example (each with its own draw), ``impl -> [(impl variant, draw)]``, in place of ``draw``; by default
-    ``[(impl, draw)]``."""
+    ``[(impl, draw)]``.
+
+    ``dimensions``: the dimensions of :data:`numcheck.properties.coverage.DIMENSIONS` the property varies through
+    :func:`~numcheck.properties.strategies.problems` (and does not pin itself): a pairwise covering design over
+    them (:func:`rows`) runs before the random draws, so a small budget still meets every pair of their values.
+    ``slow_dimensions``: the dimensions of its rows for impls that declare ``slow`` (each of their examples costs
+    seconds under an interpreter): ``None`` (the default) runs no rows for them, only their random share.
+    ``budget_scale``: how many times the profile's examples the property gets, for a property whose example
+    costs far less than a linear+CE call (a quantizer on one tensor: hundreds of examples in seconds); 1 for
+    the rest. See :func:`budget`."""
 
     name: str
     check: Callable[[Any, Any], Metrics]
@@ -56,10 +66,16 @@ class SuiteProperty:
     skip: Callable[[Any], str | None] = _never
     every: Callable[[Any], Problem | None] = _no_fields
     cases: Callable[[Any], Sequence[tuple[Any, Draw]]] | None = field(default=None)
+    dimensions: tuple[str, ...] = ()
+    slow_dimensions: tuple[str, ...] | None = None
+    budget_scale: int = 1
 
     def __post_init__(self) -> None:
         if (self.draw is None) == (self.cases is None):
             raise ValueError(f"suite property {self.name!r}: give exactly one of draw and cases")
+        if isinstance(self.budget_scale, bool) or not isinstance(self.budget_scale, int) or self.budget_scale < 1:
+            raise ValueError(f"suite property {self.name!r}: budget_scale must be an int >= 1, got "
+                             f"{self.budget_scale!r}")
 
     @property
     def property_name(self) -> str:
@@ -74,10 +90,72 @@ class SuiteProperty:
         return [(impl, self.draw)]
 
 
-def budget(impl: Any, max_examples: int) -> int:
-    """The examples an impl gets out of a profile's ``max_examples``: a quarter (at least 2) for impls that
-    declare ``slow`` (interpreters), all of them otherwise."""
-    return max(2, max_examples // 4) if getattr(impl.support, "slow", False) else max_examples
+#: Random draws every (property, impl) keeps after its covering rows, however many rows it has.
+MIN_RANDOM = 2
+
+
+def budget(impl: Any, max_examples: int, prop: SuiteProperty | None = None) -> int:
+    """The random (hypothesis) examples ``prop`` gets on ``impl`` out of a profile's ``max_examples``.
+
+    The impl's share first: ``max_examples × prop.budget_scale``, a quarter of it (at least 2) for impls that
+    declare ``slow`` (interpreters). Its covering rows (:func:`rows`, run first by :func:`run_rows`) are taken
+    out of that share, and at least :data:`MIN_RANDOM` random draws are left: a (property, impl) runs
+    ``max(share, rows + MIN_RANDOM)`` examples in all when it has rows, ``share`` otherwise."""
+    share = max_examples * (prop.budget_scale if prop is not None else 1)
+    if getattr(impl.support, "slow", False):
+        share = max(2, share // 4)
+    n_rows = len(rows(prop, impl)) if prop is not None else 0
+    return max(share - n_rows, MIN_RANDOM) if n_rows else share
+
+
+def rows(prop: SuiteProperty, impl: Any) -> tuple[Row, ...]:
+    """``prop``'s covering rows for ``impl`` on the suite's device: a pairwise design over ``prop.dimensions``
+    (``prop.slow_dimensions`` for a slow impl) as the impl declares them
+    (:func:`numcheck.properties.coverage.covering_rows`); none where those name no dimension, or for an impl that
+    is not linear+CE."""
+    if getattr(impl, "kind", None) != "linear_ce":
+        return ()
+    dims = prop.slow_dimensions if getattr(impl.support, "slow", False) else prop.dimensions
+    return covering_rows(dims, impl.support, DEVICE) if dims else ()
+
+
+#: Seeded draws tried per covering row before it counts as rejected (every draw covered by a known divergence,
+#: or by the draw's own data-dependent filter).
+ROW_ATTEMPTS = 8
+
+
+@dataclass
+class RowsRun:
+    """What :func:`run_rows` ran: each example's problems with their metrics, and the rows none of whose
+    :data:`ROW_ATTEMPTS` seeded draws got past the rejections (a known divergence that covers the row)."""
+
+    results: list[tuple[Any, Metrics]] = field(default_factory=list)
+    rejected: list[Row] = field(default_factory=list)
+
+
+def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
+    """``prop``'s covering rows on ``impl``, in order, each one example through :func:`run_example` with its
+    other fields drawn by ``prop``'s own draw from :func:`~numcheck.properties.coverage.seeded_data` (keyed by
+    property, impl, row and attempt: the same draws in every process). Call it only where :func:`skip_reason`
+    gave none. Raises what the property raises, with a note naming the row."""
+    run = RowsRun()
+    design = rows(prop, impl)
+    for i, row in enumerate(design):
+        for attempt in range(ROW_ATTEMPTS):
+            key = f"{prop.name}|{impl.name}|row {i}|attempt {attempt}"
+            try:
+                with pinned_row(row), seeded_data(key) as data:
+                    run.results.extend(run_example(prop, impl, data))
+            except UnsatisfiedAssumption:
+                continue
+            except BaseException as exc:
+                exc.add_note(f"numcheck: covering row {i + 1} of {len(design)} of {prop.name} for {impl.name} "
+                             f"({row.label()}; numcheck.properties.coverage)")
+                raise
+            break
+        else:
+            run.rejected.append(row)
+    return run
 
 
 def skip_reason(prop: SuiteProperty, impl: Any) -> str | None:

@@ -9,10 +9,12 @@ Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from hypothesis import assume
@@ -185,6 +187,22 @@ def _upstream(f: _Fields, reduction: str, autocast: str | None, softcap: float |
     return f.pinned_or("upstream", st.sampled_from(ups))
 
 
+#: The covering row (:class:`numcheck.properties.coverage.Row`) the draws are inside, if any (see :func:`pinned_row`).
+_ROW: contextvars.ContextVar[Any] = contextvars.ContextVar("numcheck_covering_row", default=None)
+
+
+@contextlib.contextmanager
+def pinned_row(row: Any) -> Iterator[None]:
+    """Inside this block every :func:`problems` draw pins ``row.force``'s fields and requires ``row.require``'s
+    options (the caller's own ``force`` wins where both pin a field): a covering row run through a property's own
+    draw (:func:`numcheck.properties.runner.run_rows`)."""
+    token = _ROW.set(row)
+    try:
+        yield
+    finally:
+        _ROW.reset(token)
+
+
 @st.composite
 def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: str | None = None, *,
              regimes: tuple[str, ...] = REGIMES, reductions: tuple[str, ...] | None = None,
@@ -196,10 +214,15 @@ def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: st
     "z_loss_scale": 0.0}``); pinned fields are still checked against the support. ``require`` names options
     (of :data:`impls.protocol.LINEAR_CE_OPTIONS`) that must be on wherever the support declares them — "every
     declared option at once", where interaction bugs live. An unknown key of either raises ``ValueError``.
+    Inside :func:`pinned_row` the row's fields are pinned too.
     """
     force = dict(force or {})
     _check_names("force", force, FORCEABLE)
     _check_names("require", require, LINEAR_CE_OPTIONS)
+    row = _ROW.get()
+    if row is not None:
+        force = {**row.force, **force}
+        require = frozenset(require) | row.require
     s = support if support is not None else LinearCESupport()
     device = device or DEVICE
     f = _Fields(draw, frozenset(s.options), force, frozenset(require))
@@ -342,6 +365,38 @@ def many_chunk_problems(draw: st.DrawFn, support, N: int, dtype: str) -> Problem
     V = draw(st.integers(2, 24), label="V")
     force = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}
     return draw(problems(support, force=force, allow_all_ignored=False), label="problem")
+
+
+#: Rows per chunk of the determinism draws' variant of an impl that exposes ``with_chunk_rows``: N up to the cap
+#: then spans up to ⌈MAX_N/7⌉ chunks, whose partial sums an impl may combine in any order.
+DETERMINISM_CHUNK_ROWS = 7
+
+
+def determinism_layout(impl: Any) -> tuple[Any, int, int]:
+    """``(impl, min N, min V)`` for determinism draws that span several chunks: the variant with
+    :data:`DETERMINISM_CHUNK_ROWS` rows per chunk where ``impl`` exposes ``with_chunk_rows`` (N > 7); else more rows
+    than its declared ``chunk_rows`` (capped at 4097) and more classes than its ``chunk_cols`` where declared."""
+    s = impl.support
+    if hasattr(impl, "with_chunk_rows"):
+        return impl.with_chunk_rows(DETERMINISM_CHUNK_ROWS), DETERMINISM_CHUNK_ROWS + 1, 1
+    n = min(s.chunk_rows + 1, 4097) if s.chunk_rows else 1
+    v = s.chunk_cols + 1 if s.chunk_cols else 1
+    return impl, n, v
+
+
+@st.composite
+def determinism_problems(draw: st.DrawFn, support, min_n: int = 1, min_v: int = 1) -> Problem:
+    """Problems where a nondeterministic order shows: N ≥ ``min_n`` and V ≥ ``min_v`` (several chunks, from
+    :func:`determinism_layout`), plain fp32 in two draws of three where declared (fp32 keeps the low bits that a
+    reordered sum changes; a bf16 result often rounds them away), every reduction and option drawn as usual."""
+    force: dict[str, Any] = {}
+    if min_n > 1:
+        force["N"] = draw(st.one_of(st.just(min_n), st.integers(min_n, max(min_n, MAX_N, 2 * min_n - 1))), label="N")
+    if min_v > 1:
+        force["V"] = draw(st.integers(min_v, 2 * min_v), label="V")
+    if torch.float32 in support.dtypes and draw(st.sampled_from([True, True, False]), label="fp32"):
+        force.update(dtype="float32", autocast=None)
+    return draw(problems(support, force=force), label="problem")
 
 
 def why_not_run(impl: Any, p: Problem) -> str | None:

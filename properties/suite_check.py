@@ -27,7 +27,7 @@ from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
 from numcheck.properties.quant_linear_suite import QUANT_SUITE
-from numcheck.properties.runner import (SuiteProperty, budget, run_example, skip_reason, target_scores,
+from numcheck.properties.runner import (SuiteProperty, budget, run_example, run_rows, skip_reason, target_scores,
                                        unsatisfiable_reason)
 from numcheck.properties.strategies import DEVICE, refusal
 
@@ -122,7 +122,7 @@ def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
     if why:
         return _verdict(prop.name, worst, "skipped", why)
 
-    @settings(base, max_examples=budget(impl, base.max_examples))
+    @settings(base, max_examples=budget(impl, base.max_examples, prop))
     @given(data=st.data())
     def run(data: Any) -> None:
         results = run_example(prop, impl, data)
@@ -137,6 +137,8 @@ def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
     run.hypothesis.inner_test._hypothesis_internal_add_digest = f"numcheck.check|{prop.name}|{impl.name}".encode()
     try:
         with isolated_draws():  # the plugin's draws do not depend on the loaded modules either
+            for p, metrics in run_rows(prop, impl).results:  # the covering rows first, as the pytest suite runs them
+                worst.add(p, metrics)
             run()
     except Unsatisfiable:
         return _verdict(prop.name, worst, "skipped", unsatisfiable_reason(impl))

@@ -45,7 +45,7 @@ from numcheck.properties import records
 from numcheck.properties.draw_isolation import draw_key, isolated_draws
 from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
-from numcheck.properties.runner import budget, unsatisfiable_reason
+from numcheck.properties.runner import SuiteProperty, budget, run_rows, skip_reason, unsatisfiable_reason
 from numcheck.properties.strategies import problems
 
 _ENTRIES_KEY = pytest.StashKey[list]()
@@ -141,18 +141,34 @@ def _impl_of(item: pytest.Item) -> Any:
     return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
 
 
+def _suite_property(item: pytest.Item) -> SuiteProperty | None:
+    """The suite entry a drawn test runs: in its module's ``NUMCHECK_SUITE`` table, the test's name without
+    ``test_``, with ``[value]`` of its parameter other than the impl's (``frozen_inputs[x]``)."""
+    suite = getattr(getattr(item, "module", None), "NUMCHECK_SUITE", None)
+    if suite is None:
+        return None
+    callspec = getattr(item, "callspec", None)
+    params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _IMPL_FIXTURES]
+    base = getattr(item, "originalname", item.name).removeprefix("test_")
+    return suite.get(f"{base}[{'-'.join(params)}]" if params else base)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    """For the suite's ``@given`` tests: the impl's example budget (slow impls a quarter, at least 2), and a
-    skip, not an error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``)."""
+    """For the suite's ``@given`` tests: the test's covering rows first (:func:`numcheck.properties.runner.run_rows`),
+    then the impl's budget of random examples (:func:`numcheck.properties.runner.budget`), and a skip, not an
+    error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``)."""
     fn = getattr(item, "obj", None)
     impl = _impl_of(item)
     own = getattr(fn, "_hypothesis_internal_use_settings", None)
     if own is None or impl is None or not _is_numcheck(item.path) or not item.path.resolve().is_relative_to(_SUITE_DIR):
         return (yield)
+    prop = _suite_property(item)
     # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).
-    fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples))
+    fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples, prop))
     try:
+        if prop is not None and skip_reason(prop, impl) is None:
+            run_rows(prop, impl)
         return (yield)
     except Unsatisfiable:
         pytest.skip(unsatisfiable_reason(impl))

@@ -22,6 +22,9 @@ from numcheck.properties.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 from numcheck.tests.suite.drawn import run_drawn
 
+#: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
+NUMCHECK_SUITE = QUANT_SUITE
+
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
 

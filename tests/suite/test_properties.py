@@ -8,8 +8,10 @@ numcheck's plugin sets it, numcheck.properties.draw_isolation.draw_key). What ea
 feature the impl does not declare is skipped with the reason; a draw a known divergence covers is rejected
 (``assume``), and a test all of whose draws are covered is skipped (numcheck's plugin turns hypothesis'
 ``Unsatisfiable`` into that skip). Failures carry the impl, the case, the output, error, bound, worst element and
-a one-line repro command (see properties/failures.py). Impls declaring ``slow`` get a quarter of the profile's
-examples (at least 2): numcheck's plugin sets that budget per call.
+a one-line repro command (see properties/failures.py). Before its random draws each test runs its covering rows
+(:mod:`numcheck.properties.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
+declaring ``slow`` get a quarter of the profile's examples (at least 2), less the rows, at least 2 random draws
+left: numcheck's plugin runs the rows and sets that budget per call (:func:`numcheck.properties.runner.budget`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from numcheck.properties.known_divergences import known
 from numcheck.properties.linear_ce_suite import PINNED, SUITE
 from numcheck.properties.strategies import DEVICE, refusal
 from numcheck.tests.suite.drawn import run_drawn
+
+#: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
+NUMCHECK_SUITE = SUITE
 
 
 def _run(name: str, impl: Any, data: Any) -> None:
