@@ -136,13 +136,12 @@ CI_CATCHES = {
 }
 
 #: Findings: mutants the ci profile does not catch today (issue 19), with the property that should, and why not.
+#: (Not here, because their verdict depends on how the suite is invoked: ``mutant_gw_fp16_sum[fp16_only]``, caught
+#: by many_chunks in a fresh process and missed inside this test module's process, and
+#: ``mutant_gx_bf16_sum[bf16_only]``, missed in both; docs/detection.md lists them.)
 CI_MISSES = {
     _m.chunk_order_per_call: ("determinism", "the determinism property draws one chunk at the default chunk size "
                               "(2048 rows), where a per-call chunk order changes nothing; it needs several chunks"),
-    _m.gw_fp16_sum_fp16_only: ("many_chunks", "12 draws of one row per chunk in fp16 stay within the bound: the "
-                               "partial sums cancel (zero-mean features) and N stays small"),
-    _m.gx_bf16_sum_bf16_only: ("large_vocab", "bf16 only: one rounding per 128-class block of grad_x hides under the "
-                               "bf16 bound at V <= 4100 on the drawn activations"),
 }
 
 
