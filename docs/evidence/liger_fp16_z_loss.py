@@ -9,7 +9,7 @@ it; the result is ``torch.sum(z_loss_1d)``, an fp16 tensor. ``loss_1d`` is fp32.
 
 For each case the script prints Liger's returned z-loss and loss, the float64 z-loss on the exact logits (the
 oracle's), the emulation of the buffer on Liger's fp16 logits
-(:func:`numcheck.properties.known_divergences.liger_fp16_z_loss_buffer`: rows rounded to fp16, summed in fp32,
+(:func:`numcheck.properties.known_divergences.liger_z_loss_buffer`: rows rounded to fp16, summed in fp32,
 rounded to fp16), whether Liger equals the emulation bit for bit, how many rows are fp16 subnormals, and whether
 the known divergence's predicate covers the case. ``liger_fp16_z_loss.txt`` beside this file is its output for
 0.5.8, 0.7.0, 0.8.2 and 0.8.5 on CPU (Triton interpreter).
@@ -38,7 +38,7 @@ def here() -> None:
     import torch
 
     from numcheck.impls.registry import builtin
-    from numcheck.properties.known_divergences import liger_fp16_z_loss_buffer, liger_fp16_z_loss_leaves_fp16
+    from numcheck.properties.known_divergences import liger_z_loss_buffer, liger_z_loss_buffer_diverges
     from numcheck.properties.problems import Problem, build
 
     print(release_line())
@@ -54,12 +54,12 @@ def here() -> None:
         logits = t.x.double() @ t.weight.double().T
         rows = p.z_loss_scale * logits.logsumexp(-1) ** 2 / (p.N if p.reduction == "mean" else 1)
         exact = float(rows.sum())
-        _, emulated = liger_fp16_z_loss_buffer(p)
+        _, emulated = liger_z_loss_buffer(p)
         sub = int((rows.abs() < torch.finfo(torch.float16).smallest_normal).sum())
         print(f"  {p.short()}: liger z_loss {float(z):.6g} ({z.dtype}), exact {exact:.6g}, rel. error "
               f"{(float(z) - exact) / exact:+.3g}; buffer emulated {emulated:.6g} (equal: {float(z) == emulated}); "
               f"{sub}/{p.N} rows subnormal; loss {float(loss):.6g} ({loss.dtype}); covered: "
-              f"{liger_fp16_z_loss_leaves_fp16(p)}", flush=True)
+              f"{liger_z_loss_buffer_diverges(p)}", flush=True)
 
 
 if __name__ == "__main__":
