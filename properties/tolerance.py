@@ -178,6 +178,20 @@ class ErrorModel:
             return chunks * self.u_p
         raise ValueError(f"unknown accumulation path {path!r}")
 
+    def path_eta(self, path: str, chunks: int) -> float:
+        """The absolute part of a declared path's roundings below the normal range: each of the K partials
+        (``per_chunk_rounding``: rounded in the compute dtype, η_c) or running sums (``param_dtype``: η of the
+        parameter dtype, taken as η_c's when that is the coarser) may underflow or flush: K·η."""
+        if path == "fp32":
+            return 0.0
+        return chunks * self.eta_c
+
+    @property
+    def eta_ce(self) -> float:
+        """η of the softmax / gradient arithmetic: fp32's (2⁻¹²⁶, flushed subnormals) unless the impl declares
+        ``ce_dtype="compute"``."""
+        return self.eta_c if self.u_ce != U_ACC else UNDERFLOW[torch.float32]
+
     def path_term(self) -> float:
         """a_path of step 6 in the module docstring (grad_weight and grad_bias over K token chunks)."""
         return self._path(self.grad_accumulation, self.chunks)
@@ -434,6 +448,9 @@ class _Sweep:
         if self.lam:  # δ(lse·p) ≤ |lse|·|δp| + |δlse|·(p + |δp|)
             dg = dg + cz * lam2 * (lse.abs()[:, None] * dp + dlse[:, None] * (p + dp))
         dg = dg + 3 * m.u_ce * (cc * (C[:, None] * p + q) + cz * lam2 * lse.abs()[:, None] * p)
+        # p below the normal range may flush to 0 before it is scaled by the row's coefficients (Liger multiplies
+        # p by 1 + 2λ·lse, then by the upstream scalar: seen on CUDA, grad_weight 0 for 3.6e-37 at λ = 0.5).
+        dg = dg + m.eta_ce * (cc * C[:, None] + cz * lam2 * lse.abs()[:, None])
         if m.class_weight_rounding:
             dg = dg + 2 * m.u_c * g_abs
         dG = self._through_softcap(blk, dg, g_abs, e_z) if blk.dzc_dz is not None else dg
@@ -518,9 +535,14 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
             loss_b = loss_b + m.u_c * (ce_row.sum() / D).abs()
         loss_b = loss_b + u_loss * oracle.loss.abs().nan_to_num(0.0)
         z_b = (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n + u_z * oracle.z_loss.abs().nan_to_num(0.0)
+    chunk_eta = {"grad_x": m.path_eta(m.grad_x_accumulation, m.chunks_x),
+                 "grad_weight": m.path_eta(m.grad_accumulation, m.chunks),
+                 "grad_bias": m.path_eta(m.grad_accumulation, m.chunks)}
+
     def final(name: str, acc: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        # The last rounding, into the dtype the impl returned the output in.
-        return acc + m.u_out.get(name, U_ACC) * value.abs().nan_to_num(0.0) + m.eta_out.get(name, 0.0)
+        # The last rounding, into the dtype the impl returned the output in, and the chunk partials' underflow.
+        return (acc + m.u_out.get(name, U_ACC) * value.abs().nan_to_num(0.0) + m.eta_out.get(name, 0.0)
+                + chunk_eta.get(name, 0.0))
 
     out = {
         "loss": loss_b + m.eta_out.get("loss", 0.0) + (m.eta_c if red != "mean" else 0.0),
