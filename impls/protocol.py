@@ -99,6 +99,9 @@ class ElementaryError:
         log: ulps of log(x); for an implementation with an absolute error bound ε (``lg2.approx.f32``), ε in ulps
             of 1 (the model applies it to max(|log x|, 1)).
         tanh: ulps of tanh(x) as the impl evaluates it, including any division or exp inside a composite tanh.
+        bf16_store: ulps beyond correct rounding of an fp32 value the impl's kernels store into a bf16 buffer
+            (the logits' gradient, per-row losses): 0 for a round-to-nearest store; 0.5 under Triton's
+            interpreter, which truncates toward zero (an error below one ulp where rounding leaves half of one).
 
     Example: a kernel calling CUDA's libdevice functions declares
     ``elementary_error={"exp": 2, "log": 1, "tanh": 2}`` (expf 2 ulp, logf 1 ulp, tanhf 2 ulp).
@@ -108,6 +111,7 @@ class ElementaryError:
     exp_per_arg: float = 0.0
     log: float = 0.0
     tanh: float = 0.0
+    bf16_store: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in decl.elementary_ulps("ElementaryError", vars(self), ELEMENTARY_FUNCTIONS).items():
@@ -115,7 +119,7 @@ class ElementaryError:
 
 
 #: The fields of :class:`ElementaryError`, the keys a declaration's ``elementary_error`` mapping may hold.
-ELEMENTARY_FUNCTIONS: tuple[str, ...] = ("exp", "exp_per_arg", "log", "tanh")
+ELEMENTARY_FUNCTIONS: tuple[str, ...] = ("exp", "exp_per_arg", "log", "tanh", "bf16_store")
 
 
 #: Names a user may write for an option that the declaration calls otherwise (the call's keyword, Liger's name).

@@ -188,7 +188,8 @@ def elementary_error(interpreted: bool) -> ElementaryError:
     :func:`exp2_arg_ulps` per |x|), tl.log libdevice's logf (1 ulp) or lg2.approx.f32 times ln 2 (absolute
     error ≈ 1 ulp of 1, plus the product): 2; fp32 ``/`` is div.full.f32 (2 ulps). Interpreted on CPU: numpy's
     float32 exp and log (at most 2.52 and 3.83 ulps, numpy's SIMD implementations; measured 2.43 and 2.99 here),
-    IEEE division. tanh is this module's :func:`_tanh` (:func:`composite_tanh_ulps`)."""
+    IEEE division, and bf16 stores that truncate (``bf16_store``). tanh is this module's :func:`_tanh`
+    (:func:`composite_tanh_ulps`)."""
     if interpreted:
         exp = ElementaryError(exp=3.0, log=4.0)
         div = 0.0
@@ -196,18 +197,19 @@ def elementary_error(interpreted: bool) -> ElementaryError:
         exp = ElementaryError(exp=2.0, exp_per_arg=exp2_arg_ulps(), log=2.0)
         div = 2.0
     return ElementaryError(exp=exp.exp, exp_per_arg=exp.exp_per_arg, log=exp.log,
-                           tanh=composite_tanh_ulps(exp, div))
+                           tanh=composite_tanh_ulps(exp, div), bf16_store=0.5 if interpreted else 0.0)
 
 
 def triton_library_elementary(interpreted: bool, *, softmax_divides: bool) -> ElementaryError:
     """The accuracy of a third-party Triton CE kernel built from tl.exp/tl.exp2 of an fp32 product, tl.log and
-    libdevice's tanh of x/softcap (Liger-Kernel, cut-cross-entropy). On CUDA: exp 2 ulps plus
+    libdevice's tanh of x/softcap (Liger-Kernel, cut-cross-entropy); interpreted, bf16 stores truncate
+    (``bf16_store``, measured: :func:`properties.known_divergences._kernel_store`). On CUDA: exp 2 ulps plus
     :func:`exp2_arg_ulps` per |x| (also when the kernel multiplies by log2 e itself for tl.exp2), + 2 where the
     softmax is exp(…)/d (div.full.f32, 2 ulps); log 2 (as :func:`elementary_error`); tanh libdevice's tanhf 2 ulps
     + 2 for div.full in x/softcap. Interpreted: numpy's float32 exp 3, log 4, tanh 2 (measured 1.37 here), IEEE
     division, and the kernel's own product by log2 e."""
     if interpreted:
-        return ElementaryError(exp=3.0, exp_per_arg=exp2_arg_ulps(), log=4.0, tanh=2.0)
+        return ElementaryError(exp=3.0, exp_per_arg=exp2_arg_ulps(), log=4.0, tanh=2.0, bf16_store=0.5)
     return ElementaryError(exp=2.0 + (2.0 if softmax_divides else 0.0), exp_per_arg=exp2_arg_ulps(), log=2.0,
                            tanh=4.0)
 

@@ -5,7 +5,8 @@
 (b) *Relative to eager*: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(eager − oracle) + λ(α)·RMS(E), eager being the
     ``eager`` built-in on the same problem, E the expected-level bound (√n·u per reduction) of
     :mod:`properties.tolerance` for the impl's declaration with each output's last rounding at the finer of the
-    impl's and eager's dtypes. A correct impl fails it with probability at most α = :data:`RELATIVE_ALPHA` per
+    impl's and eager's dtypes (the loss and z-loss at the returned one where the impl declares it: ``loss_dtype``).
+    A correct impl fails it with probability at most α = :data:`RELATIVE_ALPHA` per
     output, under either of the two ways it can be correct:
 
     * *it errs as eager does* (the ratio half): with independent errors whose element scales are E's, the ratio
@@ -19,8 +20,9 @@
       (:func:`rms_lambda`). This half is what covers tiny tensors and an exact eager.
 
     The allowance is the sum of the halves (each alone holds its rate under its own hypothesis). The last
-    rounding at the finer dtype is what makes (b) see an output handed back coarser than eager keeps it; (a)
-    takes the returned dtype as given. Outputs an impl declares less accurate (grad_weight and grad_bias under
+    rounding at the finer dtype is what makes (b) see a gradient handed back coarser than eager keeps it; (a)
+    takes the returned dtype as given, and so does (b) for a loss returned in the dtype its ``loss_dtype``
+    declares (eager's fp32 z-loss is eager's choice, not a yardstick). Outputs an impl declares less accurate (grad_weight and grad_bias under
     ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
     gradient under a loss-scale upstream; the loss under ``target_logit="rounded_products"``) are recorded but
     not judged by (b), and (b) is skipped for an all-ignored ``mean`` (a convention, not a rounding).
@@ -43,7 +45,8 @@ from scipy import optimize, stats
 from numcheck.properties.compare import Comparison, compare
 from numcheck.properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.problems import Problem, Tensors, build
-from numcheck.properties.tolerance import Level, error_model, linear_ce_bounds, range_dtypes, unit_roundoff
+from numcheck.properties.tolerance import (Level, error_model, linear_ce_bounds, range_dtypes, unit_roundoff,
+                                          upstream_overflow)
 
 #: Inductor's multipliers (``torch._dynamo.utils.same``): the floor of the ratio half's k, per result dtype.
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
@@ -178,6 +181,16 @@ def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
             "grad_bias": ref.grad_bias}
 
 
+#: The outputs whose least precise dtype an impl declares (``LinearCESupport.loss_dtype``).
+LOSS_OUTPUTS = ("loss", "z_loss")
+
+
+def declared_loss_dtype(support: Any, p: Problem) -> torch.dtype:
+    """The least precise dtype ``support`` lets the loss and z-loss of ``p`` come back in: the compute dtype under
+    ``loss_dtype="compute"``, else the parameters' dtype (fp32 under autocast)."""
+    return p.compute_dtype if getattr(support, "loss_dtype", "input") == "compute" else p.param_dtype
+
+
 def _finer(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     """The more precise of two output dtypes (the smaller unit roundoff)."""
     return a if unit_roundoff(a) <= unit_roundoff(b) else b
@@ -214,7 +227,13 @@ def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutput
     dtypes = _out_dtypes(out)
     # The order half models an impl as precise as eager but evaluated in another order: each output's last
     # rounding at the finer of the impl's and eager's dtypes, so a coarser returned dtype is not allowed for.
-    slack_dtypes = {n: _finer(d, eager_err[n][1]) if n in eager_err else d for n, d in dtypes.items()}
+    # The loss and z-loss are the exception: their returned dtype is a declaration (``loss_dtype``, enforced by
+    # its own property), so one that comes back in it is judged at that rounding, as (a) does. Eager keeps the
+    # z-loss in fp32 whatever the parameters (its lse is taken in fp32), an artifact of eager, not a yardstick:
+    # per-row z-losses handed back in bf16 parameters' own dtype are what ``loss_dtype="input"`` allows.
+    declared = declared_loss_dtype(impl.support, p)
+    slack_dtypes = {n: d if n in LOSS_OUTPUTS and unit_roundoff(d) <= unit_roundoff(declared)
+                    else _finer(d, eager_err[n][1]) if n in eager_err else d for n, d in dtypes.items()}
     expected = linear_ce_bounds(p, t, ref, error_model(impl.support, p, slack_dtypes, "expected"))
     lam = rms_lambda(RELATIVE_ALPHA)
     res = {}
@@ -254,11 +273,13 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)
              and n not in skip]
     ranges = range_dtypes(p, dtypes)  # ±inf judged against the format each output was held in
+    up_overflow = upstream_overflow(p, t)
     for level in dict.fromkeys(("hard",) + tuple(levels)):
         bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))
         target = res.analytic if level == "hard" else res.expected
         for n in names:
-            target[n] = compare(n, out.get(n), refs[n], bounds[n], range_dtype=ranges.get(n))
+            target[n] = compare(n, out.get(n), refs[n], bounds[n], range_dtype=ranges.get(n),
+                                overflow_upstream=up_overflow if n.startswith("grad_") else "")
     if relative and not (p.all_ignored and p.reduction == "mean"):
         res.relative = _judge_relative(impl, p, t, ref, out, names)
     return res

@@ -19,12 +19,12 @@ from typing import Any, Callable
 import torch
 
 from numcheck.properties import records
-from numcheck.properties.accuracy import check_accuracy
+from numcheck.properties.accuracy import check_accuracy, declared_loss_dtype
 from numcheck.properties.compare import compare, legitimate_overflow
 from numcheck.properties.failures import fail
 from numcheck.properties.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
 from numcheck.properties.problems import Problem, Tensors, build, dtype_of
-from numcheck.properties.tolerance import error_model, linear_ce_bounds, range_dtypes
+from numcheck.properties.tolerance import error_model, linear_ce_bounds, range_dtypes, upstream_overflow
 
 Metrics = dict[str, float]
 
@@ -139,7 +139,8 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
             u = torch.finfo(dtypes[name]).eps / 2
             o = refs[0] + refs[1]
             bound = bnds[0] + bnds[1] + u * (refs[0].abs() + refs[1].abs() + bnds[0] + bnds[1])
-        c = compare(name, got[name], o, bound, range_dtype=range_dtypes(p, dtypes).get(name))
+        c = compare(name, got[name], o, bound, range_dtype=range_dtypes(p, dtypes).get(name),
+                    overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "")
         worst = max(worst, c.ratio)
         if not c.ok:
             lines.append(c.describe())
@@ -263,7 +264,8 @@ def _pair_check(impl: Any, prop: str, p: Problem, a: ImplOutputs, ba: dict, b: I
         vb, bnd_b = same(name, vb), same(name, bb[name])
         ob = getattr(ref_b, name, None) if ref_b is not None else None
         ref = _reference(vb, same(name, ob) if ob is not None else None, bnd_b, ranges.get(name))
-        c = compare(name, va, ref, ba[name] + bnd_b, range_dtype=ranges.get(name))
+        c = compare(name, va, ref, ba[name] + bnd_b, range_dtype=ranges.get(name),
+                    overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "")
         worst = max(worst, c.ratio)
         if not c.ok:
             fail(impl, prop, p, c.describe() + " (bound = sum of both runs' bounds)")
@@ -403,7 +405,7 @@ def loss_dtype(impl: Any, p: Problem) -> Metrics:
     parameters' dtype by default, so fp32 under autocast. The accuracy bound takes the returned dtype as the
     last rounding, so a loss handed back in bf16 under AMP would pass it: this is what catches that."""
     declared = getattr(impl.support, "loss_dtype", "input")
-    want = p.compute_dtype if declared == "compute" else p.param_dtype
+    want = declared_loss_dtype(impl.support, p)
     out = run_impl(impl, p)
     for name in ("loss", "z_loss"):
         v = out.get(name)
@@ -460,7 +462,8 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
                 continue
             scale = u if kind == "scalar" else u[:, None]
             r1 = _reference(v1, getattr(ref1, name), b1[name], ranges.get(name))
-            c = compare(name, vu, r1 * scale, bu[name] + b1[name] * scale.abs(), range_dtype=ranges.get(name))
+            c = compare(name, vu, r1 * scale, bu[name] + b1[name] * scale.abs(), range_dtype=ranges.get(name),
+                        overflow_upstream=upstream_overflow(qu, tu))
             worst = max(worst, c.ratio)
             if not c.ok:
                 fail(impl, "reduction_consistency", p,

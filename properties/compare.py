@@ -114,13 +114,18 @@ def legitimate_overflow(impl: torch.Tensor, oracle: torch.Tensor, bound: torch.T
 
 
 def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor, *,
-            range_dtype: torch.dtype | None = None) -> Comparison:
+            range_dtype: torch.dtype | None = None, overflow_upstream: str = "") -> Comparison:
     """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``.
 
     ``range_dtype``: the narrowest format the output was held in whole before its last cast (the compute dtype of
     a gradient GEMM under autocast, whose result is cast to the fp32 parameters' dtype only afterwards): ±inf is
     accepted where a value within the bound of the exact one overflows *that* format (:func:`legitimate_overflow`).
-    ``extra["overflowed"]`` counts the elements so accepted."""
+    ``extra["overflowed"]`` counts the elements so accepted.
+
+    ``overflow_upstream``: why an intermediate of the backward legitimately overflows on this problem (see
+    :func:`properties.tolerance.upstream_overflow`; "" where none does): then every non-finite element of
+    ``impl`` where the oracle is finite is accepted too (an inf formed upstream propagates as ±inf and NaN), and
+    counted in ``extra["overflowed"]``; finite elements are judged as always."""
     if impl is None:
         return _not_compared(output, "missing", oracle, impl)
     if tuple(impl.shape) != tuple(oracle.shape):
@@ -134,6 +139,8 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
     # Overflow is a rounding: ±inf is the correct result when some value within the bound of the exact one
     # rounds to it in the format the value was held in (magnitude ≥ max + half an ulp of max).
     overflow = legitimate_overflow(impl, o, b, range_dtype) if dt.is_floating_point else torch.zeros_like(mismatch)
+    if overflow_upstream and dt.is_floating_point:
+        overflow = overflow | (fin_o & ~fin_a)
     mismatch = mismatch & ~overflow
     if bool(mismatch.any()):
         idx = tuple(int(i) for i in mismatch.nonzero()[0])
@@ -149,7 +156,9 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         return Comparison(output=output, ok=True, ratio=0.0, max_abs=0.0, max_rel=0.0, rmse=0.0, max_ulp=0.0, worst=(),
                           impl_value=0.0, oracle_value=0.0, bound_value=0.0, n_bad=0, numel=0,
                           impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape), dtype=str(dt))
-    extra = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
+    extra: dict = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
+    if overflow_upstream and bool(overflow.any()):
+        extra["overflow_upstream"] = overflow_upstream
     flat = int(torch.argmax(ratio.reshape(-1)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
     rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)

@@ -8,7 +8,7 @@ covering design (allpairspy) over the values its declaration admits: every pair 
 appears in some row, under the constraints of :class:`~numcheck.properties.problems.Problem` (``per_row`` only
 with ``none``, a loss scale only under AMP fp16 ``mean`` without a softcap, excluded option pairs). A row pins
 some :class:`Problem` fields (``force``) and turns some options on (``require``); every other field (shapes,
-regime, seed, option values) is drawn as usual, from hypothesis' engine seeded per (property, impl, row)
+seed, option values, the regime unless the property names ``regime``) is drawn as usual, from hypothesis' engine seeded per (property, impl, row)
 (:func:`seeded_data`). The design is a function of the declaration and the device only: the same rows in every
 scope, process and xdist worker.
 """
@@ -32,6 +32,7 @@ from hypothesis.internal.conjecture.providers import HypothesisProvider
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import LINEAR_CE_OPTIONS
+from numcheck.properties.problems import REGIMES
 
 _NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -108,9 +109,13 @@ DIMENSIONS: dict[str, Dimension] = {
     "upstream": Dimension(_upstreams, lambda v: ({"upstream": v}, frozenset())),
     **{o: Dimension(lambda s, d, o=o: ["off", "on"] if o in s.options else [], _option_fields(o))
        for o in LINEAR_CE_OPTIONS},
+    # The inputs' regime (properties.problems.REGIMES): a property whose bug shows only on some inputs (partial
+    # sums that grow on post-norm activations) names it to meet each regime once.
+    "regime": Dimension(lambda s, d: list(REGIMES), lambda v: ({"regime": v}, frozenset())),
 }
-#: All of them: a property that varies every field of the default draw.
-EVERY_DIMENSION: tuple[str, ...] = tuple(DIMENSIONS)
+#: Every dimension of the declaration: a property that varies every declared field of the default draw (the
+#: regime, a property of the inputs rather than of the declaration, is drawn at random there).
+EVERY_DIMENSION: tuple[str, ...] = tuple(d for d in DIMENSIONS if d != "regime")
 
 
 def _valid(names: Sequence[str], support: Any) -> Callable[[Sequence[str]], bool]:

@@ -85,6 +85,7 @@ from typing import Literal
 
 import torch
 
+from numcheck.properties.compare import overflow_threshold
 from numcheck.properties.problems import Problem, Tensors
 from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, linear_ce
 
@@ -236,6 +237,14 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
                 out[k] = 2 * out[k]
                 eta_out[k] = scale * eta_out[k]
     u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
+    # A bf16 store that is not rounded to nearest (Triton's interpreter truncates: elementary_error.bf16_store)
+    # errs by up to 2·(1/2 + bf16_store)·u: it applies to every bf16 output and to G held in bf16.
+    store = getattr(getattr(support, "elementary_error", None), "bf16_store", 0.0)
+    if store:
+        for k, v in out_dtypes.items():
+            if v == torch.bfloat16:
+                out[k] += 2 * store * unit_roundoff(v)
+    u_G_store = 2 * store * u_c if c == torch.bfloat16 else 0.0
     chunk_rows = getattr(support, "chunk_rows", None)
     K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N
     chunk_cols = getattr(support, "chunk_cols", None)
@@ -246,7 +255,7 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         u_L=u_L,
         # G may be rounded when formed and again when scaled by the reduction's normalizer or the upstream
         # gradient in the compute dtype (Liger divides by the token count after forming p − y): two roundings.
-        u_G=2 * u_c,
+        u_G=2 * u_c + u_G_store,
         upstream_scale=(1.0 if p.upstream == "one" else 1.0 + _upstream_max(p)),
         u_ce=u_c if getattr(support, "ce_dtype", "float32") == "compute" else U_ACC,
         u_out=out,
@@ -272,6 +281,42 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
 
 #: The outputs a gradient GEMM produces whole (grad_x = G·W, grad_W = Gᵀx, grad_b = Σ_i G_i).
 GEMM_OUTPUTS: tuple[str, ...] = ("grad_x", "grad_weight", "grad_bias")
+
+
+def upstream_overflow(p: Problem, t: Tensors | None = None) -> str:
+    """Why the backward of ``p`` legitimately overflows its compute dtype before any gradient is formed ("" where
+    it does not): the upstream gradient u times a row's coefficient c_i (1/n under ``mean``, w_{y_i}/Σ_j w_{y_j}
+    with class weights, 1 under ``sum``), scaled by the target's share 1 − ε + ε/V of the smoothed label, is the
+    exact gradient of that row's log p_{y_i}. Eager under CUDA autocast evaluates ``cross_entropy``'s
+    log-softmax in fp16 (``cross_entropy`` passes the logits' dtype to ``log_softmax`` explicitly, which
+    autocast's fp32 policy then leaves alone), so that gradient is an fp16 value: with a loss scale of 2^17 and
+    N = 1 it is 131072, inf in fp16, and every gradient after it ±inf or NaN, however small the exact ones
+    (``docs/evidence/amp_loss_scale.py``). A correct evaluation may hold it in the compute dtype; one whose exact
+    value overflows that format overflows legitimately, as a GradScaler expects."""
+    from numcheck.properties.problems import build
+
+    c = p.compute_dtype
+    if c == torch.float32 or p.upstream != "loss_scale" or p.N == 0:
+        return ""
+    t = t if t is not None else build(p)
+    valid = t.target != p.ignore_index
+    if not bool(valid.any()):
+        return ""
+    if p.reduction == "sum":
+        coef = torch.ones(int(valid.sum()), dtype=torch.float64)
+    elif t.options.class_weights is not None:
+        w = t.options.class_weights.double().cpu()[t.target[valid].long().cpu()]
+        coef = w / w.sum()
+    else:
+        coef = torch.full((int(valid.sum()),), 1.0 / float(valid.sum()), dtype=torch.float64)
+    share = 1.0 - p.label_smoothing + p.label_smoothing / p.V
+    top = float(coef.max()) * share * float(t.upstream.abs().max())
+    limit = overflow_threshold(c)
+    if top < limit:
+        return ""
+    return (f"the upstream gradient times the largest row coefficient, |u·c_i|·(1 − ε + ε/V) = {top:.6g}, reaches "
+            f"{c}'s overflow threshold {limit:.6g}: the gradient of that row's log-probability overflows before "
+            f"any other gradient is formed")
 
 
 def range_dtypes(p: Problem, out_dtypes: dict[str, torch.dtype]) -> dict[str, torch.dtype]:

@@ -4,10 +4,13 @@
 grad_x rows are 0 while a correct fp32 evaluation, whose tanh may be one rounding below 1, gives d = 2^-23: the
 bound must keep |g|·3u_L there. (2) Under autocast fp16 the gradient GEMMs return fp16: an exact gradient past
 65504 comes back ±inf, which is correct rounding; an overflow the exact computation does not imply still fails.
+(3) Under a loss scale the gradient of a row's log-probability, −u·c_i, can itself pass 65504 (one row, u = 2^17):
+an fp16 log-softmax backward (eager's on CUDA) then turns every gradient non-finite, legitimately.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -20,6 +23,7 @@ from numcheck.properties.checks import reduction_consistency
 from numcheck.properties.harness import run_impl, run_oracle
 from numcheck.properties.problems import Problem, build
 from numcheck.properties.strategies import DEVICE
+from numcheck.properties.tolerance import upstream_overflow
 
 #: Liger's CUDA false alarm of issue 19: 87 of its 2049 rows have |z/s| > 18.7 for both classes.
 SATURATED = Problem(N=2049, H=1, V=2, dtype="float32", ignored=0.1, softcap=3.96, regime="large", seed=0,
@@ -181,3 +185,55 @@ def test_needless_gradient_overflow_fails() -> None:
     res = check_accuracy(PRESCALED_GRAD_WEIGHT, NEEDLESS, relative=False)
     assert not res.ok and res.analytic["grad_weight"].state == "nonfinite_mismatch"
     assert check_accuracy(builtin("eager"), NEEDLESS).ok
+
+
+def _fp16_log_softmax_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
+                         *, reduction: str = "mean", ignore_index: int = -100,
+                         class_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Linear + CE whose log-softmax runs in the logits' fp16 under autocast, as eager's does on CUDA; its
+    backward holds ∂L/∂log p = −u·c_i in fp16."""
+    logits = F.linear(x, weight, bias)
+    with torch.autocast(logits.device.type, enabled=False):
+        logp = torch.log_softmax(logits, dim=-1)
+        return F.nll_loss(logp.float(), target, weight=class_weights, reduction=reduction, ignore_index=ignore_index)
+
+
+FP16_LOG_SOFTMAX = FunctionImpl(
+    name="fp16_log_softmax_ce", fn=_fp16_log_softmax_ce,
+    support=LinearCESupport(options=("class_weights",), autocast=("float16",), grad_accumulation="fp32",
+                            ce_dtype="compute"),
+    description="log-softmax in fp16 under autocast (CUDA eager's cross_entropy)")
+#: Issue 19, CUDA seed 12: a loss scale of 2^17 over one row: ∂L/∂log p_y = −131072, inf in fp16.
+ONE_ROW_SCALED = Problem(N=1, H=16, V=44, dtype="float32", autocast="float16", bias=True, class_weights=True,
+                         upstream="loss_scale", regime="confident", seed=305, device=DEVICE)
+
+
+def test_upstream_overflow_before_the_gradients_is_accepted() -> None:
+    """A backward whose −u·c_i itself overflows fp16 may return non-finite gradients; with 64 rows it may not."""
+    assert upstream_overflow(ONE_ROW_SCALED), "the one-row loss-scaled case no longer overflows"
+    out = run_impl(FP16_LOG_SOFTMAX, ONE_ROW_SCALED)
+    assert not bool(torch.isfinite(out.grad_weight).any()), "the fp16 log-softmax did not overflow"
+    res = check_accuracy(FP16_LOG_SOFTMAX, ONE_ROW_SCALED, relative=False)
+    assert res.ok, "\n".join(res.failure_lines())
+    assert res.analytic["grad_x"].extra.get("overflow_upstream"), "the overflow was not recorded"
+    many = ONE_ROW_SCALED.replace(N=64, class_weights=False)
+    assert not upstream_overflow(many)
+    broken = FunctionImpl(name="nan_grads", fn=lambda *a, **k: _nan_grad(_fp16_log_softmax_ce(*a, **k)),
+                          support=FP16_LOG_SOFTMAX.support)
+    assert not check_accuracy(broken, many, relative=False).ok, "non-finite gradients passed without an overflow"
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity whose backward returns NaN: a gradient that goes non-finite with no overflow to explain it."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return v.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.full_like(g, math.nan)
+
+
+def _nan_grad(v: torch.Tensor) -> torch.Tensor:
+    return _NanGrad.apply(v)
