@@ -21,13 +21,14 @@ def accuracy_lines(p: dict[str, Any]) -> list[str]:
     a = p["accuracy"]
     n = a["n_both"]
     lines = [f"**Accuracy** — {n} problems both declare ({a['grid']} grid; {a['seconds']:.0f} s): "
-             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. Growth is flagged above "
-             f"{a['factor']:g}× where NEW's worst error/bound is at least {a['floor']:g}.", "",
-             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | |",
-             "| --- | --- | --- | --- | --- |"]
+             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when its growth "
+             f"exceeds its factor (the spread of a correct impl over seeds, ×1.5) where NEW's worst error/bound is at "
+             f"least {a['floor']:g}.", "",
+             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | factor | |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for o in a["outputs"]:
         mark = "❌ worse" if o["flagged"] else ("below the floor" if o["new"] < a["floor"] else "✅")
-        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {mark} |")
+        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {o['factor']:g} | {mark} |")
     lines.append("")
     for side, key in (("NEW", "new_failures"), ("BASE", "base_failures")):
         for f in a[key][:10]:

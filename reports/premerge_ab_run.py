@@ -33,9 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", action="append", default=[], metavar="PYTHON",
                    help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
                         "check the claims about it there (repeatable)")
-    p.add_argument("--growth-factor", type=float, default=ab.DEFAULT_GROWTH_FACTOR,
-                   help=f"A/B mode: flag an output whose worst error/bound grows more than this (default "
-                        f"{ab.DEFAULT_GROWTH_FACTOR:g}, from the seed spread: docs/premerge-ab.md)")
+    p.add_argument("--growth-factor", type=float, default=None,
+                   help="A/B mode: flag an output whose worst error/bound grows more than this (default: one factor "
+                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_GROWTH_FACTORS.items())
+                        + ", from the seed spread: docs/premerge-ab.md)")
     p.add_argument("--growth-floor", type=float, default=ab.DEFAULT_GROWTH_FLOOR,
                    help=f"A/B mode: judge growth only where NEW's worst error/bound is at least this (default "
                         f"{ab.DEFAULT_GROWTH_FLOOR:g})")
@@ -94,7 +95,8 @@ def run_ab(args: argparse.Namespace) -> int:
     try:
         pairs = ab.pairs_from(list(args.impl), list(args.base))
         claims, source = _claims(args)
-        if not (args.growth_factor >= 1.0 and args.growth_floor >= 0.0 and args.repeats >= 1):
+        if not ((args.growth_factor is None or args.growth_factor >= 1.0) and args.growth_floor >= 0.0
+                and args.repeats >= 1):
             raise ValueError(f"--growth-factor must be >= 1, --growth-floor >= 0 and --repeats >= 1 (got "
                              f"{args.growth_factor}, {args.growth_floor}, {args.repeats})")
         if args.out is not None and (args.out / "ab.json").exists():

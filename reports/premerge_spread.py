@@ -6,7 +6,7 @@ more than ``--growth-factor`` times BASE's. Two runs of the *same* impl on probl
 regimes but other random values (another ``seed`` of each :class:`~properties.problems.Problem`) differ in that
 worst ratio too, and that difference is noise a change must not be blamed for. :func:`seed_spread` measures it:
 for each impl and output, the worst ratio over the grid for each of several seeds, and the spread
-max/min over the seeds. The default factor (:data:`reports.premerge_ab.DEFAULT_GROWTH_FACTOR`) is chosen above the
+max/min over the seeds. The default factors (:data:`reports.premerge_ab.DEFAULT_GROWTH_FACTORS`) are chosen above the
 largest spread of the correct built-ins; its docstring gives the run.
 
 Run it from a checkout (about a minute on a 2-core CPU for the default impls and 8 seeds of the quick grid)::
