@@ -56,8 +56,9 @@ def _claims(args: argparse.Namespace) -> tuple[list[claims_mod.Claim], str]:
 
 
 def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[list[str], dict[str, Any], bool]:
-    """The convergence section: ``properties.convergence.run`` where this build has it (the Markdown lines, its JSON,
-    whether it passed); otherwise a section saying it is not in this build (not a failure)."""
+    """The convergence section: ``properties.convergence.run({"new": NEW, "base": BASE}, device=...)`` where this
+    build has it (h-conv's API: a result with ``.ok``, ``.markdown()``, ``.to_json()``, ``.plot(dir)``), its
+    Markdown, JSON and whether it passed; otherwise a section saying it is not in this build (not a failure)."""
     try:
         from numcheck.properties import convergence as conv
     except ImportError:
@@ -67,20 +68,23 @@ def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[li
         return (["**Convergence**: the convergence run (`numcheck converge`) is not in this build of numcheck; "
                  "nothing was trained", ""], {"status": "not in this build"}, True)
     lines, data, ok = ["**Convergence**", ""], {"pairs": []}, True
-    for p in pairs:
+    for i, p in enumerate(pairs):
         try:
-            res = run(impls=[p.new, p.base], device=device, out=out)
+            res = run({"new": ab.load_one(p.new), "base": ab.load_one(p.base)}, device=device)
         except Exception as exc:  # noqa: BLE001 - shown as the failure it is
             lines.append(f"- ❌ `{p.new}` vs `{p.base}`: the convergence run raised {type(exc).__name__}: {exc}")
             ok = False
             continue
-        good = bool(getattr(res, "ok", False))
-        ok &= good
-        text = getattr(res, "markdown", None)
-        lines += (text() if callable(text) else [str(res)]) if text is not None else [str(res)]
-        to_json = getattr(res, "to_json", None)
-        data["pairs"].append(to_json() if callable(to_json) else {"repr": repr(res)})
-    return lines + [""], data, ok
+        ok &= bool(res.ok)
+        lines += [f"`{p.new}` (new) vs `{p.base}` (base):", "", res.markdown(), ""]
+        entry = {"new": p.new, "base": p.base, "result": res.to_json()}
+        if out is not None:
+            try:
+                entry["plots"] = [str(x) for x in res.plot(out / f"convergence-{i}")]
+            except ModuleNotFoundError as exc:
+                entry["plots_error"] = str(exc)
+        data["pairs"].append(entry)
+    return lines, data, ok
 
 
 def _bad(msg: str) -> int:
