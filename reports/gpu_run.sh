@@ -2,7 +2,7 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|all "$OUT"
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|premerge|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
@@ -63,6 +63,16 @@ case "$what" in
     ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
+    ;;
+  premerge)
+    # issue 23: the example A/B pair (examples/accumulation_change.py) and its claims on CUDA: the addmm(out_dtype=) path
+    # is live here, so the "3072 MiB -> 0 MiB" claim is measured where it holds; about 1-2 minutes (accuracy on the
+    # quick grid, memory and 5 interleaved timing repeats at the seed's shapes). Writes premerge-ab/ab.md and ab.json.
+    PYTHONPATH="$PYTHONPATH:$PWD/examples" timeout "${PREMERGE_S:-170}" python3 -m numcheck.reports.cli premerge \
+      --impl accumulation_change:new --base accumulation_change:old --claims examples/numcheck-claims.toml \
+      --device cuda --no-convergence --out "$out/premerge-ab" > "$out/premerge.txt" 2>&1
+    echo "numcheck premerge exit $? (1 expected only if a claim is false or the comparison fails)" >> "$out/premerge.txt"
+    tail -60 "$out/premerge.txt"
     ;;
   all)
     SUITE_S=250 bash "$0" suite "$out" > /dev/null 2>&1

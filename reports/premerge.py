@@ -22,6 +22,10 @@ Checks, each ✅ or ❌ with its key figure:
 
 It prints a Markdown checklist (environment first) and exits 1 if any check fails, 2 on bad input (an unreadable
 or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package).
+
+With ``--base SPEC`` (one per ``--impl``, in the same order) it runs the A/B mode instead: each change judged
+against the impl it replaces on the same problems, its memory, time and code paths side by side, and the claims
+of ``--claims FILE`` checked (:mod:`reports.premerge_ab_run`, ``docs/premerge-ab.md``).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from numcheck.reports.report_grid import GRIDS
 from numcheck.reports.report_schema import Traversable
 
 HELP = ("pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
-        "baseline shipped for this device, memory table, capability probes; Markdown on stdout, exit 1 if any check "
-        "fails, 2 on bad input")
+        "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
+        "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input")
 
 #: The installed suite the property-suite check runs, as ``pytest --pyargs`` names (the one list of it).
 SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
@@ -80,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="also write the report (report.json, report.md) here (a new folder, or one without a report)")
     p.add_argument("--skip-tests", action="store_true", help="leave out the property suite (the checklist says so)")
+    from numcheck.reports import premerge_ab_run
+
+    premerge_ab_run.add_arguments(p)
 
 
 # -- checks -----------------------------------------------------------------------------------------------
@@ -297,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
     from numcheck.impls.registry import discover
     from numcheck.reports.report import build_report, check_writable_here, write_report
 
+    if args.base:
+        from numcheck.reports.premerge_ab_run import run_ab
+
+        return run_ab(args)
     t0 = time.monotonic()
     try:  # bad input first, before minutes of work
         if args.baseline is not None:

@@ -1,0 +1,463 @@
+"""``numcheck premerge --impl NEW --base OLD``: a change judged against what it replaces, on the same problems.
+
+For each pair (``--impl`` and ``--base`` given in the same order; several pairs allowed), :func:`measure_pair`:
+
+* **accuracy**: every linear+CE case of the report grid (``--grid``, default quick) that *both* declare runs on
+  both (:func:`reports.report_sweep.run_case`: the hard bound and the relative judgement); the cases only one of
+  them declares are listed with the other's reason. Per output: the worst error/bound of each side and the growth
+  NEW/BASE. An output is flagged when its growth exceeds ``--growth-factor`` (default
+  :data:`DEFAULT_GROWTH_FACTORS`, one per output, derived below) while NEW's worst is at least ``--growth-floor`` (default
+  :data:`DEFAULT_GROWTH_FLOOR`), even when both pass.
+* **memory** at the seed's shapes (BT=8192, H=4096, V=131072, bf16, ``mean``): extra peak above the inputs over
+  forward+backward and bytes held from forward to backward (:mod:`impls.measure.memory`). On a CPU run the
+  calls run on the ``meta`` device (nothing is allocated) with every capability probe pinned to the CPU's own
+  answer, so each impl takes the code path the CPU takes; on CUDA they run for real and the figure is
+  ``torch.cuda.max_memory_allocated`` (the tracker's beside it).
+* **time** (CUDA only): forward+backward at the seed's shapes, NEW and BASE interleaved ``--repeats`` times, each
+  a median over CUDA events (:func:`impls.measure.timing.median_ms`); the ratio NEW/BASE is the median of the
+  per-repeat ratios, its spread the range over the repeats. On CPU: "not measured here".
+* **code paths here**: the capability probes that gate accumulation paths (``addmm(out_dtype=)`` on this device,
+  :mod:`impls.measure.capabilities`), the path a built-in chunked impl resolves to
+  (:func:`impls.grad_accum.resolved_path`), and the matmul-family ops each impl actually dispatches in one small
+  bf16 forward+backward on this device (op, operand dtypes, ``out_dtype``, result dtype).
+
+:func:`measure` returns everything as JSON; ``python -m numcheck.reports.premerge_ab`` prints that JSON, which is
+how ``premerge --python OTHER`` measures in another environment (another torch release) and checks the claims
+about it (:mod:`reports.claims`). :func:`render` writes the Markdown section a contributor pastes into the PR, in
+the shape of a "Memory Benchmark" section of a pull request.
+
+Growth factors (:data:`DEFAULT_GROWTH_FACTORS`, one per output). The same correct impl's worst error/bound of an
+output moves when only the problems' random values change. :mod:`reports.premerge_spread` reran the quick grid
+with 16 seeds for eager and chunked[fallback|fp32_operands|lowp_accum] (addmm_out_dtype and recompute give
+fp32_operands' values on CPU): the largest max/min over the seeds, per output, was loss 2.27, z_loss 7.61, grad_x
+1.64, grad_weight 1.39, grad_bias 3.71 (docs/premerge-ab.md has the table). A change that moves an output by less
+than that cannot be told from another draw of the values. Each factor is that spread times 1.5: going from 8 to 16
+seeds raised the spreads by 1.1–1.2× for most outputs (2× for eager's grad_bias), so 1.5 covers a grid and draws
+the spread run did not cover for all but the least sampled output, where the margin is stated as thin.
+``--growth-factor K`` replaces them all. Below the floor (:data:`DEFAULT_GROWTH_FLOOR`, 0.05 of the budget)
+growth is not judged: an output exact on one side (ratio 0, growth ∞) or far inside its bound says nothing;
+every output of the correct built-ins stayed above 0.057 in the spread run, so the floor never hides them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: Flag an output whose worst error/bound grows by more than its factor here: 1.5 × the largest max/min over 16
+#: seeds of a correct built-in's worst error/bound of that output (module docstring; docs/premerge-ab.md).
+DEFAULT_GROWTH_FACTORS: dict[str, float] = {"loss": 3.4, "z_loss": 11.4, "grad_x": 2.5, "grad_weight": 2.1,
+                                           "grad_bias": 5.6}
+#: Growth is judged only where NEW's worst error/bound is at least this (module docstring).
+DEFAULT_GROWTH_FLOOR = 0.05
+#: Interleaved timing repeats (NEW, BASE, NEW, BASE, ...) on CUDA, each a median over ``TIME_REP_MS`` of calls.
+DEFAULT_REPEATS = 5
+TIME_REP_MS = 100.0
+#: The problem of the code-path trace (small, bf16, runs on the device itself).
+TRACE_SHAPE = (64, 32, 96)
+#: Matmul-family ops whose dtypes show the accumulation path.
+MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_mm", "linear", "addmv", "mv", "dot")
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One A/B pair: the ``--impl`` spec of the change and the ``--base`` spec it replaces."""
+
+    new: str
+    base: str
+
+
+def pairs_from(impls: list[str], bases: list[str]) -> list[Pair]:
+    """The pairs of ``--impl`` and ``--base`` given in the same order. Raises ValueError when counts differ."""
+    if len(impls) != len(bases) or not impls:
+        raise ValueError(f"A/B mode pairs each --impl with the --base given in the same position: got "
+                         f"{len(impls)} --impl ({', '.join(impls) or 'none'}) and {len(bases)} --base "
+                         f"({', '.join(bases) or 'none'})")
+    return [Pair(n, b) for n, b in zip(impls, bases)]
+
+
+def load_one(spec: str) -> Any:
+    """The one linear+CE impl named by ``spec``. Raises ValueError saying why it cannot be used as a side."""
+    from numcheck.impls.registry import BrokenImpl, discover
+
+    entries = discover([spec])
+    broken = [e for e in entries if isinstance(e, BrokenImpl)]
+    if broken:
+        raise ValueError(f"{spec}: {broken[0].error}")
+    lin = [e for e in entries if e.kind == "linear_ce"]
+    if len(lin) != 1:
+        raise ValueError(f"{spec} names {len(lin)} linear+CE impls ({', '.join(e.name for e in lin) or 'none'}); an "
+                         f"A/B side is exactly one")
+    reason = lin[0].impl.support.unavailable_reason()
+    if reason:
+        raise ValueError(f"{spec} ({lin[0].name}) cannot run here: {reason}")
+    return lin[0].impl
+
+
+# -- environment ------------------------------------------------------------------------------------------
+def environment(device: str) -> dict[str, Any]:
+    """What a claim's ``device`` and ``torch`` are matched against, and how the run is named."""
+    import torch
+
+    from numcheck.reports.report_schema import device_name
+
+    return {"device": torch.device(device).type, "device_name": device_name(device), "torch": torch.__version__,
+            "cuda_available": bool(torch.cuda.is_available()), "python": sys.executable,
+            "python_version": sys.version.split()[0]}
+
+
+# -- accuracy ---------------------------------------------------------------------------------------------
+def split_cases(new: Any, base: Any, cases: list[Any]) -> tuple[list[Any], list[dict], list[dict]]:
+    """(cases both declare, cases only NEW declares, cases only BASE declares); one-sided ones as
+    ``{"case", "label", "why"}`` with the other side's refusal."""
+    from numcheck.properties.strategies import refusal
+    from numcheck.reports.report_schema import case_text
+
+    both, only_new, only_base = [], [], []
+    for gc in cases:
+        rn, rb = refusal(new.support, gc.case), refusal(base.support, gc.case)
+        if not rn and not rb:
+            both.append(gc)
+        elif not rn:
+            only_new.append({"case": case_text(gc.case), "label": gc.case.short(), "why": f"BASE: {rb}"})
+        elif not rb:
+            only_base.append({"case": case_text(gc.case), "label": gc.case.short(), "why": f"NEW: {rn}"})
+    return both, only_new, only_base
+
+
+def _worst(records: list[dict]) -> dict[str, dict[str, Any]]:
+    worst: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        for name, o in rec.get("outputs", {}).items():
+            r = o.get("ratio_hard", math.nan)
+            if not math.isnan(r) and r >= worst.get(name, {"ratio": -1.0})["ratio"]:
+                worst[name] = {"ratio": r, "case": rec["case"]}
+    return worst
+
+
+def growth(new: float, base: float) -> float:
+    """NEW's worst error/bound over BASE's (inf when BASE is exact and NEW is not; 1 when both are exact)."""
+    if base > 0:
+        return new / base
+    return math.inf if new > 0 else 1.0
+
+
+def factor_for(output: str, factor: float | None) -> float:
+    """The growth factor of ``output``: ``factor`` when given (``--growth-factor``), else its default (the largest
+    default for an output not in the table)."""
+    if factor is not None:
+        return factor
+    return DEFAULT_GROWTH_FACTORS.get(output, max(DEFAULT_GROWTH_FACTORS.values()))
+
+
+def accuracy_ab(new: Any, base: Any, grid: str, device: str, factor: float | None, floor: float) -> dict[str, Any]:
+    """Both impls on the grid's cases both declare; per output the worst error/bound of each side, growth, flags."""
+    from numcheck.reports.report_grid import GRIDS, linear_ce_cases
+    from numcheck.reports.report_sweep import one_thread, run_case
+
+    t0 = time.monotonic()
+    both, only_new, only_base = split_cases(new, base, linear_ce_cases(GRIDS[grid], device))
+    with one_thread():
+        recs = [(run_case(new, gc), run_case(base, gc)) for gc in both]
+    new_recs, base_recs = [r[0] for r in recs], [r[1] for r in recs]
+    wn, wb = _worst(new_recs), _worst(base_recs)
+    outputs = []
+    for name in [n for n in wn if n in wb]:
+        g, k = growth(wn[name]["ratio"], wb[name]["ratio"]), factor_for(name, factor)
+        outputs.append({"output": name, "base": wb[name]["ratio"], "base_case": wb[name]["case"],
+                        "new": wn[name]["ratio"], "new_case": wn[name]["case"], "growth": g, "factor": k,
+                        "flagged": bool(g > k and wn[name]["ratio"] >= floor)})
+
+    def fails(records: list[dict]) -> list[dict]:
+        return [{"case": r["case"], "label": r["label"], "detail": (r.get("error") or "; ".join(r.get("failures", [])[:1]))[:300],
+                 "repro": r.get("repro", "")} for r in records if r["status"] != "pass"]
+
+    return {"grid": grid, "factor": factor, "floor": floor, "n_both": len(both), "only_new": only_new,
+            "only_base": only_base, "new_pass": sum(r["status"] == "pass" for r in new_recs),
+            "base_pass": sum(r["status"] == "pass" for r in base_recs), "new_failures": fails(new_recs),
+            "base_failures": fails(base_recs), "outputs": outputs, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def accuracy_ok(acc: dict[str, Any]) -> bool:
+    """NEW passes every case both declare, none of its outputs is flagged, and at least one case ran."""
+    return acc["n_both"] > 0 and not acc["new_failures"] and not any(o["flagged"] for o in acc["outputs"])
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+def pinned_probes(device: str) -> contextlib.AbstractContextManager[None]:
+    """Every accumulation-gating probe pinned to ``device``'s own answer (for calls traced on ``meta``, whose
+    tensors have no values, so a probe run there would answer "no" for reasons of its own)."""
+    import torch
+
+    from numcheck.impls.measure import capabilities
+
+    return capabilities.forced(addmm_out_dtype=capabilities.addmm_out_dtype(device, torch.bfloat16))
+
+
+def _seed_problem() -> Any:
+    from numcheck.impls.measure.memory import SEED_SHAPE
+    from numcheck.properties.problems import Problem
+
+    N, H, V = SEED_SHAPE
+    return Problem(N=N, H=H, V=V, dtype="bfloat16", device="cpu")
+
+
+def _device_inputs(device: str, shape: tuple[int, int, int], seed: int = 0) -> Any:
+    """Random bf16 inputs of ``shape`` made on ``device`` itself (the seed's shapes: no float64 oracle needed)."""
+    import torch
+
+    from numcheck.impls.measure.memory import Inputs
+
+    N, H, V = shape
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(N, H, device=device, dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    w = (torch.randn(V, H, device=device, dtype=torch.bfloat16, generator=g) * H ** -0.5).requires_grad_(True)
+    t = torch.randint(0, V, (N,), device=device, generator=g)
+    return Inputs(x, w, t, None, {"reduction": "mean", "ignore_index": -100}, None)
+
+
+def memory_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
+    """Extra peak and bytes held across backward of both at the seed's shapes (module docstring)."""
+    import torch
+
+    from numcheck.impls.measure.memory import SEED_SHAPE, call_memory, fresh
+    from numcheck.properties.memory import make_inputs
+
+    dev = torch.device(device).type
+    rows = {}
+    if dev == "cuda":
+        inputs = _device_inputs(device, SEED_SHAPE)
+        for side, impl in (("base", base), ("new", new)):
+            call_memory(impl, fresh(_device_inputs(device, TRACE_SHAPE)), device)  # warm-up: cuBLAS workspaces
+            m = call_memory(impl, fresh(inputs), device)
+            rows[side] = _mem_row(m, m.cuda_peak)
+        del inputs
+        torch.cuda.empty_cache()
+        where = f"cuda ({torch.cuda.get_device_name()}), torch.cuda.max_memory_allocated"
+    else:
+        with pinned_probes(device):
+            inputs = make_inputs(_seed_problem(), "meta")
+            for side, impl in (("base", base), ("new", new)):
+                rows[side] = _mem_row(call_memory(impl, fresh(inputs), "meta"), None)
+        where = f"meta (allocations traced, nothing allocated), probes pinned to {dev}'s answers"
+    N, H, V = SEED_SHAPE
+    return {"shape": [N, H, V], "dtype": "bfloat16", "reduction": "mean", "where": where, **rows}
+
+
+def _mem_row(m: Any, cuda_peak: int | None) -> dict[str, Any]:
+    if m.error:
+        return {"error": m.error}
+    peak = cuda_peak if cuda_peak is not None else m.total_peak
+    return {"peak_mib": peak / MiB, "held_mib": m.held / MiB, "tracked_peak_mib": m.total_peak / MiB,
+            "forward_peak_mib": m.forward_peak / MiB, "opaque": sorted(m.opaque)}
+
+
+# -- time -------------------------------------------------------------------------------------------------
+def _step(impl: Any, inputs: Any) -> Callable[[], None]:
+    def step() -> None:
+        inputs.x.grad = None
+        inputs.weight.grad = None
+        out = impl(inputs.x, inputs.weight, inputs.target, inputs.bias, **inputs.kwargs)
+        (out[0] if isinstance(out, tuple) else out).backward()
+    return step
+
+
+def time_ab(new: Any, base: Any, device: str, repeats: int) -> dict[str, Any]:
+    """CUDA: NEW/BASE forward+backward time, interleaved repeats (module docstring); elsewhere not measured."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return {"measured": False, "reason": f"not measured here ({torch.device(device).type}: time is measured on CUDA)"}
+    from numcheck.impls.measure.memory import SEED_SHAPE
+    from numcheck.impls.measure.timing import median_ms
+
+    inputs = _device_inputs(device, SEED_SHAPE)
+    steps = {"new": _step(new, inputs), "base": _step(base, inputs)}
+    ms: dict[str, list[float]] = {"new": [], "base": []}
+    for _ in range(repeats):
+        for side in ("new", "base"):
+            ms[side].append(median_ms(steps[side], TIME_REP_MS))
+    ratios = [a / b for a, b in zip(ms["new"], ms["base"])]
+    return {"measured": True, "repeats": repeats, "rep_ms": TIME_REP_MS, "new_ms": ms["new"], "base_ms": ms["base"],
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "new_median_ms": statistics.median(ms["new"]), "base_median_ms": statistics.median(ms["base"])}
+
+
+# -- code paths -------------------------------------------------------------------------------------------
+def _dt(v: Any) -> str:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return str(v.dtype).replace("torch.", "")
+    return str(v).replace("torch.", "")
+
+
+def matmul_ops(impl: Any, device: str) -> dict[str, int]:
+    """The matmul-family ops one bf16 forward+backward of ``impl`` dispatches on ``device`` (TRACE_SHAPE), as
+    ``"aten.addmm(bfloat16, bfloat16, out_dtype=float32) -> float32": count``. Kernels launched outside the
+    dispatcher (Triton) do not appear."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from numcheck.impls.measure.memory import fresh
+
+    seen: dict[str, int] = {}
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            base = func.name().split("::")[-1].split(".")[0]
+            if base in MATMUL_OPS:
+                ins = ", ".join(_dt(a) for a in args if isinstance(a, torch.Tensor))
+                extra = f", out_dtype={_dt(kwargs['out_dtype'])}" if kwargs.get("out_dtype") is not None else ""
+                res = out[0] if isinstance(out, (tuple, list)) else out
+                key = f"aten.{base}({ins}{extra}) -> {_dt(res)}"
+                seen[key] = seen.get(key, 0) + 1
+            return out
+
+    inputs = fresh(_device_inputs(device, TRACE_SHAPE))
+    with Ops():
+        _step(impl, inputs)()
+    return seen
+
+
+def paths_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
+    """The gating probes on ``device``, and per side its declared accumulation, resolved built-in path and ops."""
+    import torch
+
+    from numcheck.impls import grad_accum
+    from numcheck.impls.measure import capabilities
+
+    probes = {f"addmm_out_dtype[{d}]": capabilities.addmm_out_dtype(device, getattr(torch, d))
+              for d in ("bfloat16", "float16")}
+    out: dict[str, Any] = {"device": torch.device(device).type, "probes": probes}
+    for side, impl in (("base", base), ("new", new)):
+        row: dict[str, Any] = {"declared": impl.support.grad_accumulation}
+        path = getattr(impl, "path", None)
+        if path in grad_accum.PATHS:
+            row["resolved"] = f"{path} runs as {grad_accum.resolved_path(path, device, torch.bfloat16)} (bf16)"
+        try:
+            row["ops"] = matmul_ops(impl, device)
+        except Exception as exc:  # noqa: BLE001 - the trace is information; its failure is shown, not fatal
+            row["ops_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        out[side] = row
+    return out
+
+
+# -- one pair, all environments -----------------------------------------------------------------------------
+def metrics_of(pair: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """The claim metrics of a measured pair (:data:`reports.claims.METRICS`), and why any is missing."""
+    m: dict[str, float] = {}
+    missing: dict[str, str] = {}
+    mem = pair.get("memory", {})
+    nb, bb = mem.get("new", {}), mem.get("base", {})
+    if "peak_mib" in nb and "peak_mib" in bb:
+        m.update(peak_change_mib=nb["peak_mib"] - bb["peak_mib"], held_change_mib=nb["held_mib"] - bb["held_mib"])
+    if "peak_mib" in nb:
+        m.update(new_peak_mib=nb["peak_mib"], new_held_mib=nb["held_mib"])
+    for k in ("peak_change_mib", "held_change_mib", "new_peak_mib", "new_held_mib"):
+        if k not in m:
+            missing[k] = f"memory not measured: {nb.get('error') or bb.get('error') or mem.get('error', '?')}"
+    t = pair.get("time", {})
+    if t.get("measured"):
+        m["time_ratio"] = t["ratio"]
+    else:
+        missing["time_ratio"] = t.get("reason", "time not measured")
+    outs = [o["growth"] for o in pair.get("accuracy", {}).get("outputs", []) if o["new"] >= pair["accuracy"]["floor"]]
+    if outs:
+        m["error_growth"] = max(outs)
+    else:
+        missing["error_growth"] = "no output of NEW reaches the growth floor on the problems both declare"
+    return m, missing
+
+
+def measure_pair(pair: Pair, device: str, grid: str, factor: float | None, floor: float, repeats: int) -> dict[str, Any]:
+    """Everything the A/B section shows for one pair (module docstring), JSON-ready."""
+    out: dict[str, Any] = {"new": pair.new, "base": pair.base}
+    try:
+        new, base = load_one(pair.new), load_one(pair.base)
+    except ValueError as exc:
+        out["error"] = str(exc)
+        out["metrics"], out["unmeasured"] = {}, {}
+        return out
+    out.update(new_name=new.name, base_name=base.name)
+    out["accuracy"] = accuracy_ab(new, base, grid, device, factor, floor)
+    for key, fn in (("memory", lambda: memory_ab(new, base, device)), ("time", lambda: time_ab(new, base, device, repeats)),
+                    ("paths", lambda: paths_ab(new, base, device))):
+        try:
+            out[key] = fn()
+        except Exception as exc:  # noqa: BLE001 - a measurement that breaks is shown with its error
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    out["metrics"], out["unmeasured"] = metrics_of(out)
+    return out
+
+
+def measure(pairs: list[Pair], device: str, grid: str = "quick", factor: float | None = None,
+            floor: float = DEFAULT_GROWTH_FLOOR, repeats: int = DEFAULT_REPEATS) -> dict[str, Any]:
+    """``{"env", "pairs"}``: every pair measured in this environment (what :func:`reports.claims.judge` reads)."""
+    return {"env": environment(device), "pairs": [measure_pair(p, device, grid, factor, floor, repeats) for p in pairs]}
+
+
+def measure_elsewhere(python: str, pairs: list[Pair], device: str, grid: str, factor: float | None, floor: float,
+                      repeats: int) -> dict[str, Any]:
+    """:func:`measure` run by another interpreter (``--python``: another venv, another torch), from the current
+    directory with this process's environment. Raises RuntimeError with its output when it fails."""
+    import os
+    import subprocess
+
+    cmd = [python, "-m", "numcheck.reports.premerge_ab", "--device", device, "--grid", grid,
+           "--growth-floor", str(floor), "--repeats", str(repeats)]
+    if factor is not None:
+        cmd += ["--growth-factor", str(factor)]
+    for p in pairs:
+        cmd += ["--impl", p.new, "--base", p.base]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{' '.join(cmd)} printed no JSON:\n{proc.stdout[-1000:]}\n{proc.stderr[-1000:]}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m numcheck.reports.premerge_ab``: :func:`measure` as JSON on stdout (for ``premerge --python``)."""
+    from numcheck.impls import interpreter
+
+    interpreter.arrange()
+    p = argparse.ArgumentParser(prog="python -m numcheck.reports.premerge_ab", description=main.__doc__)
+    p.add_argument("--impl", action="append", default=[])
+    p.add_argument("--base", action="append", default=[])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--grid", default="quick")
+    p.add_argument("--growth-factor", type=float, default=None)
+    p.add_argument("--growth-floor", type=float, default=DEFAULT_GROWTH_FLOOR)
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    a = p.parse_args(argv)
+    import os
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    res = measure(pairs_from(a.impl, a.base), a.device, a.grid, a.growth_factor, a.growth_floor, a.repeats)
+    print(json.dumps(res, default=_json_default))
+    return 0
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The Markdown of ``numcheck premerge --base``: per pair the verdicts, the side-by-side worst error/bound per output,
+a "Memory Benchmark" section in the shape of a pull request's (one line per torch release measured), the time
+ratio, the code paths, then the claims and the convergence run."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _r(v: float) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
+
+
+def _g(v: float) -> str:
+    return "∞" if v == math.inf else f"{v:.2f}×"
+
+
+def accuracy_lines(p: dict[str, Any]) -> list[str]:
+    """The verdicts and the per-output table of one pair."""
+    a = p["accuracy"]
+    n = a["n_both"]
+    lines = [f"**Accuracy** — {n} problems both declare ({a['grid']} grid; {a['seconds']:.0f} s): "
+             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when its growth "
+             f"exceeds its factor (the spread of a correct impl over seeds, ×1.5) where NEW's worst error/bound is at "
+             f"least {a['floor']:g}.", "",
+             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | factor | |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for o in a["outputs"]:
+        mark = "❌ worse" if o["flagged"] else ("below the floor" if o["new"] < a["floor"] else "✅")
+        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {o['factor']:g} | {mark} |")
+    lines.append("")
+    for side, key in (("NEW", "new_failures"), ("BASE", "base_failures")):
+        for f in a[key][:10]:
+            lines.append(f"- {side} fails `{f['label']}`: {f['detail']}" + (f" — reproduce: `{f['repro']}`" if f["repro"] else ""))
+        if len(a[key]) > 10:
+            lines.append(f"- … {len(a[key]) - 10} more failures of {side}")
+    for side, key in (("NEW", "only_new"), ("BASE", "only_base")):
+        if a[key]:
+            whys: dict[str, int] = {}
+            for c in a[key]:
+                whys[c["why"]] = whys.get(c["why"], 0) + 1
+            lines.append(f"- {len(a[key])} problems only {side} declares (not compared): "
+                         + "; ".join(f"{k} ({v})" for k, v in whys.items()))
+    return lines
+
+
+def _mem(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"cannot be measured: {row['error']}"
+    return f"extra peak {row['peak_mib']:.0f} MiB, held across backward {row['held_mib']:.0f} MiB"
+
+
+def memory_lines(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
+    """The "Memory Benchmark" section: one block per environment (torch release) the pair was measured in."""
+    m = p["memory"]
+    if "shape" not in m:
+        return ["**Memory Benchmark** — the measurement failed: " + m.get("error", "?")]
+    N, H, V = m["shape"]
+    lines = ["**Memory Benchmark**", "",
+             f"The seed's case: BT={N}, H={H}, V={V}, {m['dtype']} inputs, `{m['reduction']}`; extra peak above the "
+             "inputs over forward+backward.", "", "```"]
+    for env, pe in runs:
+        me = pe.get("memory", {})
+        lines.append(f"PyTorch {env['torch']} on {me.get('where', env['device'])}:")
+        if "base" not in me:
+            lines.append(f"  the measurement failed: {me.get('error', '?')}")
+            continue
+        w = max(len(pe['base_name']), len(pe['new_name'])) + 8
+        lines.append(f"  {('BASE ' + pe['base_name'] + ':'):{w}s} {_mem(me['base'])}")
+        lines.append(f"  {('NEW  ' + pe['new_name'] + ':'):{w}s} {_mem(me['new'])}")
+        mt = pe.get("metrics", {})
+        if "peak_change_mib" in mt:
+            lines.append(f"  {'change:':{w}s} {mt['peak_change_mib']:+.0f} MiB peak, {mt['held_change_mib']:+.0f} MiB held")
+        lines.append("")
+    lines[-1] = "```"
+    return lines
+
+
+def time_lines(p: dict[str, Any]) -> list[str]:
+    """The fwd+bwd time ratio, or why it was not measured."""
+    t = p.get("time", {})
+    if "error" in t:
+        return [f"**Time** (fwd+bwd NEW/BASE): the measurement failed: {t['error']}"]
+    if not t.get("measured"):
+        return [f"**Time** (fwd+bwd NEW/BASE): {t.get('reason', 'not measured here')}"]
+    return [f"**Time** (fwd+bwd NEW/BASE, seed's case): {t['ratio']:.3f} (median of {t['repeats']} interleaved "
+            f"repeats; range {t['ratio_min']:.3f}–{t['ratio_max']:.3f}); NEW {t['new_median_ms']:.2f} ms, BASE "
+            f"{t['base_median_ms']:.2f} ms (each repeat a median over {t['rep_ms']:.0f} ms of calls)"]
+
+
+def path_lines(p: dict[str, Any]) -> list[str]:
+    """The gating probes and each side's matmul ops here."""
+    pa = p.get("paths", {})
+    if "error" in pa:
+        return [f"**Code paths here**: the trace failed: {pa['error']}"]
+    probes = ", ".join(f"`{k}` {'yes' if v else 'no'}" for k, v in pa["probes"].items())
+    lines = [f"**Code paths here** ({pa['device']}; probes: {probes})", ""]
+    for side, name in (("base", p["base_name"]), ("new", p["new_name"])):
+        row = pa[side]
+        ops = row.get("ops")
+        desc = "; ".join(f"`{k}` ×{v}" for k, v in ops.items()) if ops else (row.get("ops_error") or "no matmul op dispatched (a kernel outside the dispatcher)")
+        extra = f"; {row['resolved']}" if "resolved" in row else ""
+        lines.append(f"- {side.upper()} `{name}` (declares grad_weight accumulation `{row['declared']}`{extra}): {desc}")
+    return lines
+
+
+def pair_section(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
+    """Everything of one pair; ``runs``: (environment, this pair's measurement there) for each environment."""
+    head = f"### `{p['new']}` (NEW) vs `{p['base']}` (BASE)"
+    if "error" in p:
+        return [head, "", f"❌ cannot compare: {p['error']}", ""]
+    return [head, "", *accuracy_lines(p), "", *memory_lines(p, runs), "", *time_lines(p), "", *path_lines(p), ""]
+
+
+def claim_lines(verdicts: list[Any], source: str) -> list[str]:
+    """The claims table (:class:`reports.claims.Verdict`)."""
+    if not verdicts:
+        return [f"**Claims**: {source}", ""]
+    icon = {"true": "✅ true", "false": "❌ FALSE", "not verified": "➖ not verified here"}
+    lines = [f"**Claims** ({source})", "", "| # | claim | metric | claimed | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+    for v in verdicts:
+        c = v.claim
+        measured = f"{v.value:.4g} ({v.where})" if v.value is not None else v.reason
+        lines.append(f"| {c.index} (line {c.line}) | {c.says} | `{c.metric}` {c.condition()} | {c.bound()} | {measured} | "
+                     f"{icon[v.status]} |")
+    return lines + [""]
+
+
+def render(env: dict, pairs_md: list[list[str]], claims_md: list[str], convergence_md: list[str],
+           ok: bool, failed: list[str]) -> str:
+    """The whole A/B checklist."""
+    lines = ["## numcheck pre-merge A/B", "",
+             f"**Result: {'✅ every comparison and claim holds' if ok else '❌ ' + '; '.join(failed)}**", "",
+             f"- Hardware: {env['device_name']} ({env['device']}); torch {env['torch']}, Python {env['python_version']}", ""]
+    for sec in pairs_md:
+        lines += sec
+    lines += claims_md
+    lines += convergence_md
+    return "\n".join(lines) + "\n"

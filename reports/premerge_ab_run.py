@@ -1,0 +1,152 @@
+"""``numcheck premerge --impl NEW --base OLD [--claims FILE] [--python OTHER ...]``: the A/B run and its exit status.
+
+Exit 1 when a pair cannot be compared (a side fails to load), NEW fails a problem both declare, an output's
+error/bound grows past the factor (:mod:`reports.premerge_ab`), a claim is measured false (:mod:`reports.claims`),
+or the convergence run fails; 2 on bad input (pairs that do not match up, a claims file with an unknown key or
+bad value, an ``--out`` that holds a result, an unusable ``--python``); else 0. Claims that cannot be measured here
+are listed as not verified, with the reason, and do not fail the run.
+
+``--out DIR`` writes ``ab.json`` (everything measured, every environment, the claim verdicts) and ``ab.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from numcheck.reports import claims as claims_mod
+from numcheck.reports import premerge_ab as ab
+from numcheck.reports import premerge_ab_md as md
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The A/B options of ``numcheck premerge`` (``--impl`` and ``--out`` are premerge's own)."""
+    p.add_argument("--base", action="append", default=[], metavar="SPEC",
+                   help="A/B mode: the impl the --impl in the same position replaces (repeatable: several pairs)")
+    p.add_argument("--claims", type=Path, metavar="FILE",
+                   help=f"A/B mode: the change's claims (TOML; default ./{claims_mod.DEFAULT_FILE} if present; "
+                        "docs/premerge-ab.md lists the keys)")
+    p.add_argument("--python", action="append", default=[], metavar="PYTHON",
+                   help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
+                        "check the claims about it there (repeatable)")
+    p.add_argument("--growth-factor", type=float, default=None,
+                   help="A/B mode: flag an output whose worst error/bound grows more than this (default: one factor "
+                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_GROWTH_FACTORS.items())
+                        + ", from the seed spread: docs/premerge-ab.md)")
+    p.add_argument("--growth-floor", type=float, default=ab.DEFAULT_GROWTH_FLOOR,
+                   help=f"A/B mode: judge growth only where NEW's worst error/bound is at least this (default "
+                        f"{ab.DEFAULT_GROWTH_FLOOR:g})")
+    p.add_argument("--repeats", type=int, default=ab.DEFAULT_REPEATS,
+                   help=f"A/B mode, CUDA: interleaved timing repeats (default {ab.DEFAULT_REPEATS})")
+    p.add_argument("--no-convergence", action="store_true", help="A/B mode: leave out the convergence run")
+
+
+def _claims(args: argparse.Namespace) -> tuple[list[claims_mod.Claim], str]:
+    path = args.claims
+    if path is None:
+        default = Path.cwd() / claims_mod.DEFAULT_FILE
+        if not default.exists():
+            return [], f"no claims file (none given, no ./{claims_mod.DEFAULT_FILE})"
+        path = default
+    return claims_mod.load(path), f"from {path}"
+
+
+def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[list[str], dict[str, Any], bool]:
+    """The convergence section: ``properties.convergence.run({"new": NEW, "base": BASE}, device=...)`` where this
+    build has it (h-conv's API: a result with ``.ok``, ``.markdown()``, ``.to_json()``, ``.plot(dir)``), its
+    Markdown, JSON and whether it passed; otherwise a section saying it is not in this build (not a failure)."""
+    try:
+        from numcheck.properties import convergence as conv
+    except ImportError:
+        conv = None
+    run = getattr(conv, "run", None)
+    if run is None:
+        return (["**Convergence**: the convergence run (`numcheck converge`) is not in this build of numcheck; "
+                 "nothing was trained", ""], {"status": "not in this build"}, True)
+    lines, data, ok = ["**Convergence**", ""], {"pairs": []}, True
+    for i, p in enumerate(pairs):
+        try:
+            res = run({"new": ab.load_one(p.new), "base": ab.load_one(p.base)}, device=device)
+        except Exception as exc:  # noqa: BLE001 - shown as the failure it is
+            lines.append(f"- ❌ `{p.new}` vs `{p.base}`: the convergence run raised {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        ok &= bool(res.ok)
+        lines += [f"`{p.new}` (new) vs `{p.base}` (base):", "", res.markdown(), ""]
+        entry = {"new": p.new, "base": p.base, "result": res.to_json()}
+        if out is not None:
+            try:
+                entry["plots"] = [str(x) for x in res.plot(out / f"convergence-{i}")]
+            except ModuleNotFoundError as exc:
+                entry["plots_error"] = str(exc)
+        data["pairs"].append(entry)
+    return lines, data, ok
+
+
+def _bad(msg: str) -> int:
+    print(f"numcheck premerge: {msg}", file=sys.stderr)
+    print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+    return 2
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    """The A/B mode of ``numcheck premerge`` (module docstring)."""
+    t0 = time.monotonic()
+    try:
+        pairs = ab.pairs_from(list(args.impl), list(args.base))
+        claims, source = _claims(args)
+        if not ((args.growth_factor is None or args.growth_factor >= 1.0) and args.growth_floor >= 0.0
+                and args.repeats >= 1):
+            raise ValueError(f"--growth-factor must be >= 1, --growth-floor >= 0 and --repeats >= 1 (got "
+                             f"{args.growth_factor}, {args.growth_floor}, {args.repeats})")
+        if args.out is not None and (args.out / "ab.json").exists():
+            raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
+        for py in args.python:
+            if not Path(py).exists():
+                raise ValueError(f"--python {py}: no such interpreter")
+    except ValueError as exc:  # ClaimsError is a ValueError
+        return _bad(str(exc))
+    print(f"numcheck premerge: A/B of {len(pairs)} pair(s) on {args.device}…", file=sys.stderr)
+    here = ab.measure(pairs, args.device, args.grid, args.growth_factor, args.growth_floor, args.repeats)
+    runs = [here]
+    for py in args.python:
+        print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
+        try:
+            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.growth_factor,
+                                             args.growth_floor, args.repeats))
+        except RuntimeError as exc:
+            print(f"numcheck premerge: {exc}", file=sys.stderr)
+            return _bad(f"--python {py} could not measure (is numcheck importable there?)")
+    verdicts = claims_mod.judge(claims, runs)
+    conv_md, conv_json, conv_ok = (["**Convergence**: left out (--no-convergence)", ""], {"status": "left out"}, True) \
+        if args.no_convergence else convergence(pairs, args.device, args.out)
+    failed = []
+    sections = []
+    for i, p in enumerate(here["pairs"]):
+        env_runs = [(r["env"], r["pairs"][i]) for r in runs if "memory" in r["pairs"][i]]
+        sections.append(md.pair_section(p, env_runs))
+        if "error" in p:
+            failed.append(f"`{p['new']}` vs `{p['base']}` cannot be compared")
+        elif not ab.accuracy_ok(p["accuracy"]):
+            failed.append(f"accuracy of `{p['new']}` against `{p['base']}`")
+    false = [v for v in verdicts if v.status == "false"]
+    if false:
+        failed.append(f"{len(false)} claim(s) measured false ({', '.join(f'#{v.claim.index}' for v in false)})")
+    if not conv_ok:
+        failed.append("convergence")
+    text = md.render(here["env"], sections, md.claim_lines(verdicts, source), conv_md, not failed, failed)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "ab.md").write_text(text)
+        (args.out / "ab.json").write_text(json.dumps({"runs": runs, "claims": [v.to_json() for v in verdicts],
+                                                      "convergence": conv_json, "failed": failed},
+                                                     indent=1, default=str))
+        print(f"numcheck premerge: wrote {args.out / 'ab.md'} and {args.out / 'ab.json'}", file=sys.stderr)
+    print(f"numcheck premerge: A/B {time.monotonic() - t0:.0f} s; "
+          + (f"FAIL (exit 1): {'; '.join(failed)}" if failed else "PASS (exit 0)"), file=sys.stderr)
+    return 1 if failed else 0
