@@ -250,7 +250,7 @@ def build(p: Problem) -> Tensors:
         # > 0.9996. Pushing x_i along W_y by lift/|W_y|² raises z_{i,y} by lift and z_ij by lift·c_jy,
         # c_jy = W_j·W_y/|W_y|²: any margin is reached iff every c_jy < 1. Targets with some c_jy > 1/2
         # (likely when H is small; they would need lifts of many T) are replaced, deterministically, by
-        # classes with none (else by the class of largest slack, which the largest-norm row nearly attains).
+        # classes with none (else by the class of largest slack, whose rows may then fall short of the margin).
         T = 8.0 + math.log(V)
         lift = torch.full((N,), T, dtype=torch.float64)
         if V > 1:
@@ -264,7 +264,13 @@ def build(p: Problem) -> Tensors:
             target = torch.where(slack[target] <= 0.5, good[target % good.numel()], target)
             z0 = x @ w.T + (b if b is not None else 0.0)
             margin = z0.gather(1, target[:, None]) - z0  # [N, V], 0 at the target
-            one_minus_c = (1.0 - c[:, target].T).clamp_min(1e-12)  # [N, V]; +inf at the target (c_yy = −inf)
+            # [N, V]; +inf at the target (c_yy = −inf). A class with c_jy ≥ 1 gains at least as much as the target
+            # from any lift: no lift reaches its margin, so it sets none (+inf). Only a fallback target meets one
+            # (V = 2 with the other class a pad: seed 1055, N=2049, V=2, ignore_index=0, lifted by 1e12·T before,
+            # logits of 1e13); its rows then fall short of the margin.
+            one_minus_c = 1.0 - c[:, target].T
+            one_minus_c = torch.where(one_minus_c > 0, one_minus_c.clamp_min(1e-12),
+                                      torch.full_like(one_minus_c, math.inf))
             lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
         wy = w[target]
         x = x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
