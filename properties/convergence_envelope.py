@@ -11,10 +11,20 @@ all of them) — with the multiplier and the floor derived instead of fixed:
   u_master·RMS(θ64(t)) for the parameters (u of the master dtype they are kept in). Every low-precision run is
   at least this far from float64 in the worst case, whatever its arithmetic.
 * **Distances in rounding units** a(t) = (d(t) + ℓ(t)) / ℓ(t) ≥ 1 (a run that only rounded once has a ≈ 1).
-* **Multiplier** k: eager in the same dtype is trained on the judged seed and on further data seeds (each a
-  different problem and a different realization of the rounding), and k is the largest ratio, at any step,
-  between the largest and the smallest a(t) eager draws across those seeds: a correct impl whose rounding is of
-  eager's kind lands somewhere in eager's range, so its a(t) is at most k times eager's on the judged seed.
+* **Multiplier** k = K·s, two factors:
+
+  - K, how much more a correct *head* may err than eager's: the multiplier of the suite's per-call relative
+    judgement (b) (:func:`numcheck.properties.accuracy.ratio_multiplier`) at the head gradients' element count
+    (n_eff = min(N·H, V·H) for a flat error profile; thousands here, so K is Inductor's 2 for fp32, 3 for
+    bf16/fp16). To first order a run's deviation is the body's rounding and the head's, independent, so
+    d_impl² = d_body² + d_head² ≤ d_body² + K²·d_head,eager² ≤ K²·d_eager² for K ≥ 1.
+  - s, how much one arithmetic's deviation varies by itself: eager in the same dtype is trained on the judged
+    seed and on further data seeds (each a different problem and rounding realization), and s is the largest
+    ratio, at any step, between the largest and the smallest a(t) eager draws across them.
+
+  s alone, the first version of this envelope, was a false alarm for ``liger[accum=fp32]`` in bf16 (its
+  parameters 1.19× eager's rounding units at step 1 of a 32-row run, s = 1.17): a different correct arithmetic is
+  not a draw of eager's; the head factor K is the missing term.
 * **Test** per step: r(t) = (d_impl(t) + ℓ(t)) / (d_eager(t) + ℓ(t)) ≤ k, that is
   d_impl(t) ≤ k·d_eager(t) + (k − 1)·ℓ(t): k times eager's distance plus a floor of (k − 1) rounding levels.
 """
@@ -27,6 +37,7 @@ from typing import Any, Sequence
 
 import torch
 
+from numcheck.properties.accuracy import ratio_multiplier
 from numcheck.properties.convergence_model import Trajectory
 from numcheck.properties.tolerance import unit_roundoff
 
@@ -58,24 +69,37 @@ class MetricEnvelope:
     """k of one metric and what it was derived from.
 
     Attributes:
-        k: the multiplier (≥ 1).
-        spread: per step, max/min across seeds of eager's a(t); k is its maximum.
+        k: the multiplier, ``head·s``.
+        head: K, judgement (b)'s multiplier at ``n_eff``.
+        n_eff: the head gradients' element count K was taken at.
+        spread: per step, max/min across seeds of eager's a(t); s is its maximum.
         seeds: the data seeds eager was run on (the judged seed first).
         worst_step: the step where the spread is largest.
     """
 
     k: float
+    head: float
+    n_eff: int
     spread: list[float]
     seeds: tuple[int, ...]
     worst_step: int
 
+    @property
+    def s(self) -> float:
+        """s, the largest spread."""
+        return self.spread[self.worst_step]
+
     def to_json(self) -> dict[str, Any]:
         """The JSON form."""
-        return {"k": self.k, "worst_step": self.worst_step, "seeds": list(self.seeds), "spread_per_step": self.spread}
+        return {"k": self.k, "K_head": self.head, "n_eff": self.n_eff, "s": self.s, "s_worst_step": self.worst_step,
+                "seeds": list(self.seeds), "spread_per_step": self.spread}
 
 
-def envelope(eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int]) -> dict[str, MetricEnvelope]:
-    """The envelope of every metric from eager's a(t) on each seed (``eager_units[i]`` belongs to ``seeds[i]``)."""
+def envelope(eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int], *, dtype: torch.dtype,
+             n_eff: int) -> dict[str, MetricEnvelope]:
+    """The envelope of every metric from eager's a(t) on each seed (``eager_units[i]`` belongs to ``seeds[i]``) and
+    the head factor K of ``dtype`` at ``n_eff``."""
+    head = ratio_multiplier(float(n_eff), dtype)
     if len(eager_units) < 2:
         raise ValueError("envelope: eager's spread needs at least two seeds")
     out: dict[str, MetricEnvelope] = {}
@@ -83,7 +107,8 @@ def envelope(eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int]
         per_step = list(zip(*(u[m] for u in eager_units)))
         spread = [max(s) / min(s) if all(map(math.isfinite, s)) else math.inf for s in per_step]
         worst = max(range(len(spread)), key=spread.__getitem__)
-        out[m] = MetricEnvelope(k=spread[worst], spread=spread, seeds=tuple(seeds), worst_step=worst)
+        out[m] = MetricEnvelope(k=head * spread[worst], head=head, n_eff=n_eff, spread=spread, seeds=tuple(seeds),
+                                worst_step=worst)
     return out
 
 

@@ -20,8 +20,9 @@ def markdown(result: Any) -> str:
             f"SGD with momentum on a Markov source of entropy {result.entropy:.2f} nats, {c['ignored']:.0%} of rows "
             f"padded) trained with each head, eager in {c['dtype']} and float64. Each run's per-step distance from "
             f"float64 (the loss; the RMSE of the master parameters) is judged Inductor-style against eager's: "
-            f"r(t) = (d + ℓ)/(d_eager + ℓ) ≤ k, with ℓ one rounding of the float64 value and k the largest spread "
-            f"of eager's own distance across seeds {[c['seed'], *c['envelope_seeds']]} "
+            f"r(t) = (d + ℓ)/(d_eager + ℓ) ≤ k, with ℓ one rounding of the float64 value and k = K·s: K = "
+            f"{_fmt(env['params'].head)}, the per-call relative judgement's multiplier for the head's gradients, "
+            f"times s, the largest spread of eager's own distance across seeds {[c['seed'], *c['envelope_seeds']]} "
             f"(k = {_fmt(env['params'].k)} for the parameters, {_fmt(env['loss'].k)} for the loss). "
             f"Verdict: {verdict} the envelope.")
     rows = ["| run | impl | loss first → last | params distance (last) | loss distance (last) | worst r/k params | "
