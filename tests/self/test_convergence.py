@@ -45,7 +45,7 @@ def _report(result: convergence.ConvergenceResult) -> str:
 def test_fast_builtins_stay_inside(dtype):
     """Every correct built-in head that runs natively on CPU stays inside eager's envelope for the default 30 steps."""
     impls = _builtins(dtype, slow=False)
-    assert len(impls) >= 8, sorted(impls)
+    assert {"chunked[fp32_operands]", "recompute"} <= set(impls), sorted(impls)  # torch_native's need torch >= 2.12
     result = convergence.run(impls, dtype=dtype)
     assert result.ok, _report(result)
     assert result.runs["float64"].loss[-1] < result.runs["float64"].loss[0] - 1.0  # it trains
