@@ -199,7 +199,7 @@ def _check_impl(call: str, label: Any, impl: Any, s: dict[str, Any]) -> None:
     why = impl.support.refuses(dtype=s["dtype"], device=torch.device(s["device"]).type, options=opts, reduction="mean")
     if why:
         raise _fail(call, f"impl {impl.name!r} does not declare the run's case: {why}",
-                    f"Pick a declared dtype (dtype=...), or ignored=0 when it does not declare ignore_index.")
+                    "Pick a declared dtype (dtype=...), or ignored=0 when it does not declare ignore_index.")
 
 
 def _record(label: str, impl: str, traj: Any, ref: Any) -> RunRecord:

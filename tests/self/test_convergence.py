@@ -12,7 +12,6 @@ import doctest
 import json
 
 import pytest
-import torch
 
 import numcheck
 from numcheck.impls.registry import ImplEntry, builtin_impls
