@@ -19,6 +19,7 @@ from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_imp
 from numcheck.impls.quant_protocol import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
                                            quant_linear_impl)
 from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, assert_quant_linear
+from numcheck.properties.convergence import ConvergenceResult, assert_converges
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.fp8_cases import QuantCase
 from numcheck.properties.problems import Problem
@@ -28,8 +29,8 @@ from numcheck.reference.fp8_recipes import Fp8Recipe
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckResult", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
+    "CheckResult", "ConvergenceResult", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
     "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "Verdict",
-    "assert_linear_ce", "assert_quant_linear", "check", "linear_ce_impl", "make_quant_support", "make_support",
+    "assert_converges", "assert_linear_ce", "assert_quant_linear", "check", "linear_ce_impl", "make_quant_support", "make_support",
     "quant_linear_impl",
 ]
