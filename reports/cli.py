@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "versions": "numcheck.reports.versions",
     "sweep": "numcheck.reports.seed_sweep",
     "detection": "numcheck.reports.detection",
+    "scale": "numcheck.reports.scale",
 }
 
 
