@@ -121,6 +121,16 @@ def _append(out: Path, event: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _retry_not_run(out: Path) -> None:
+    """Drop the ``not_run`` results of an earlier run from the progress file, so that this run does them."""
+    path = out / PROGRESS
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines()
+            if ln.strip() and '"status": "not_run"' not in ln]
+    path.write_text("".join(ln + "\n" for ln in keep))
+
+
 def _done(events: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(e["case"], e["impl"]) for e in events if e.get("event") == "result"}
 
@@ -327,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
     if args.worker:
         return _work(args)
     t0 = time.time()
+    if not args.assemble:
+        _retry_not_run(args.out)
     if args.assemble:
         if not (args.out / PROGRESS).exists():
             print(f"numcheck scale: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)
