@@ -18,6 +18,13 @@ property (:func:`properties.accuracy.check_accuracy`: judgements (a) and (b), th
   beside the first row an int32 element offset reaches 2³¹ (:func:`int32_first_row`): a kernel that forms
   offsets in int32 fails exactly from there.
 
+Cost, in float64 GEMMs of 2·N·H·V flops (8.8e12 at the first shape, 0.16 s at the H200's measured 56 TFLOP/s):
+the oracle 4 per case (pass 1 recomputes the logits; pass 2 the logits, grad_x and grad_W); eager's errors
+reuse it; :func:`properties.tolerance.linear_ce_bounds` 14 per distinct error model (it re-runs the oracle twice,
+8, and adds |x||W|ᵀ in each phase and four magnitude products in the second, 6), and judgement (a) and (b) need
+two models per declaration and output dtypes. So a case costs about 4 + 28·D GEMMs for D distinct declarations:
+2.2 s per declaration-pair before the element-wise work; the impls' own time is small beside it.
+
 A case's reproduction is ``numcheck scale`` restricted to it (:func:`repro_command`): its tensors are drawn on the
 device, not by :func:`properties.problems.build`, so ``numcheck repro`` does not rebuild them.
 """
