@@ -199,9 +199,11 @@ class CaseContext:
     case: Case
     t: Tensors
     oracle: LinearCEResult
-    eager: EagerErrors
+    eager: EagerErrors | None
     bounds: BoundCache
     times: dict[str, float] = field(default_factory=dict)
+    #: Why eager could not run on the case (then judgement (b), which needs its errors, is not made).
+    eager_failure: str = ""
 
     @staticmethod
     def build(case: Case) -> "CaseContext":
@@ -217,10 +219,16 @@ class CaseContext:
         _sync(p.device)
         times["oracle_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        eager = eager_errors(p, t, ref)
+        eager: EagerErrors | None = None
+        failure = ""
+        try:
+            eager = eager_errors(p, t, ref)
+        except Exception as exc:  # eager itself breaks at this size: judge (a) alone, and say why
+            failure = " ".join(exception_lines(exc))
+            _release(p)
         _sync(p.device)
         times["eager_s"] = time.perf_counter() - t0
-        return CaseContext(case, t, ref, eager, BoundCache(p, t, ref), times)
+        return CaseContext(case, t, ref, eager, BoundCache(p, t, ref), times, failure)
 
 
 def repro_command(impl: Any, case: Case, shapes: str | None = None) -> str:
@@ -299,7 +307,10 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
     rec.update(impl_s=round(seconds, 4), extra_peak_bytes=peak)
     ctx.bounds.start()
     t0 = time.perf_counter()
-    res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds)
+    res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds,
+                         relative=ctx.eager is not None)
+    if ctx.eager is None:
+        rec["note"] = f"judgement (b) not made: eager failed on this case ({ctx.eager_failure})"
     _sync(p.device)
     rec.update(judge_s=round(time.perf_counter() - t0, 4), bound_s=round(ctx.bounds.spent, 4),
                bound_hits=ctx.bounds.hits)

@@ -182,6 +182,8 @@ def _work(args: argparse.Namespace) -> int:
                 torch.cuda.empty_cache()
             continue
         info = {"note": case.shape.note, "problem": repr(case.problem), **ctx.times}
+        if ctx.eager_failure:
+            info["eager_failure"] = ctx.eager_failure
         if case.shape.crosses_int32:
             info["int32_first_row"] = int32_first_row(case.shape.V)
         _append(out, {"event": "case", "case": case.label, **info})
