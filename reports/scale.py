@@ -248,7 +248,7 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
     """Run workers until every item has a result (see the module docstring)."""
     cases, impls, _ = _plan(args)
     total = {(c.label, i.name) for c in cases for i in impls}
-    deadline = time.time() + args.budget_s if args.budget_s else math.inf
+    deadline = time.time() + args.budget_s if args.budget_s is not None else math.inf
     attempt = 0
     while not total <= _done(_events(args.out)):
         attempt += 1
@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"numcheck scale: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)
             return 2
     elif args.in_process or not (args.isolate or _device(args).startswith("cuda")):
-        args.deadline = t0 + args.budget_s if args.budget_s else None
+        args.deadline = t0 + args.budget_s if args.budget_s is not None else None
         _work(args)
     else:
         _supervise(args, _worker_argv(args))

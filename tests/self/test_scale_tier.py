@@ -176,3 +176,13 @@ def test_bad_precision_is_a_clear_error(tmp_path):
     """An unknown --precisions value exits 2 naming it."""
     r = _scale(tmp_path, "--precisions", "fp8")
     assert r.returncode == 2 and "fp8" in r.stderr
+
+
+def test_resume_reruns_only_what_did_not_finish(tmp_path):
+    """A second run on the same --out keeps the finished items and runs the ones recorded not_run."""
+    r = _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager", "--budget-s", "0")
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert [rec["status"] for rec in data["records"]] == ["not_run"], r.stdout + r.stderr
+    _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager")
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert [rec["status"] for rec in data["records"]] == ["pass"]
