@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from scipy import optimize, stats
@@ -45,8 +45,15 @@ from scipy import optimize, stats
 from numcheck.properties.compare import Comparison, compare
 from numcheck.properties.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.problems import Problem, Tensors, build
-from numcheck.properties.tolerance import (Level, error_model, linear_ce_bounds, range_dtypes, unit_roundoff,
-                                          upstream_overflow)
+from numcheck.reference.linear_ce import LinearCEResult
+from numcheck.properties.tolerance import (ErrorModel, Level, error_model, linear_ce_bounds, range_dtypes,
+                                           unit_roundoff, upstream_overflow)
+
+#: How the element-wise bounds of one error model are evaluated on the problem at hand (the default is
+#: :func:`properties.tolerance.linear_ce_bounds`; the production-shape tier passes a cached, timed one).
+BoundsFn = Callable[[ErrorModel], dict[str, torch.Tensor]]
+#: Eager's RMSE against the oracle and its dtype, per output (what judgement (b) divides by).
+EagerErrors = dict[str, tuple[float, torch.dtype]]
 
 #: Inductor's multipliers (``torch._dynamo.utils.same``): the floor of the ratio half's k, per result dtype.
 RELATIVE_K = {torch.float32: 2.0, torch.float64: 2.0, torch.bfloat16: 3.0, torch.float16: 3.0}
@@ -159,14 +166,18 @@ def _out_dtypes(out: ImplOutputs) -> dict[str, torch.dtype]:
 
 
 @functools.lru_cache(maxsize=64)
-def _eager_errors(p: Problem) -> dict[str, tuple[float, torch.dtype]]:
+def _eager_errors(p: Problem) -> EagerErrors:
     """RMSE of the eager built-in against the oracle per output, with eager's output dtype (cached)."""
+    t = build(p)
+    return eager_errors(p, t, run_oracle(p, t, all_ignored="nan"))
+
+
+def eager_errors(p: Problem, t: Tensors, ref: LinearCEResult) -> EagerErrors:
+    """Run the eager built-in on ``t`` and return its RMSE against the oracle ``ref`` per output, with eager's
+    output dtype: judgement (b)'s yardstick for tensors that are not ``build(p)``'s."""
     from numcheck.impls.eager import eager_impls
 
-    eager = eager_impls()[0]
-    t = build(p)
-    out = run_impl(eager, p, t)
-    ref = run_oracle(p, t, all_ignored="nan")
+    out = run_impl(eager_impls()[0], p, t)
     res = {}
     for name, o in _oracle_outputs(ref).items():
         v = out.get(name)
@@ -220,9 +231,12 @@ def _not_judged_reason(impl: Any, p: Problem, n: str) -> str:
 
 
 def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutputs,
-                    names: list[str]) -> dict[str, RelativeJudgement]:
-    """Judgement (b) of every output in ``names`` (see the module docstring)."""
-    eager_err = _eager_errors(p)
+                    names: list[str], eager_err: EagerErrors | None = None,
+                    bounds: BoundsFn | None = None) -> dict[str, RelativeJudgement]:
+    """Judgement (b) of every output in ``names`` (see the module docstring); ``eager_err`` and ``bounds`` as in
+    :func:`check_accuracy`."""
+    eager_err = eager_err if eager_err is not None else _eager_errors(p)
+    bounds = bounds if bounds is not None else functools.partial(linear_ce_bounds, p, t, ref)
     refs = _oracle_outputs(ref)
     dtypes = _out_dtypes(out)
     # The order half models an impl as precise as eager but evaluated in another order: each output's last
@@ -234,7 +248,7 @@ def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutput
     declared = declared_loss_dtype(impl.support, p)
     slack_dtypes = {n: d if n in LOSS_OUTPUTS and unit_roundoff(d) <= unit_roundoff(declared)
                     else _finer(d, eager_err[n][1]) if n in eager_err else d for n, d in dtypes.items()}
-    expected = linear_ce_bounds(p, t, ref, error_model(impl.support, p, slack_dtypes, "expected"))
+    expected = bounds(error_model(impl.support, p, slack_dtypes, "expected"))
     lam = rms_lambda(RELATIVE_ALPHA)
     res = {}
     for n in names:
@@ -257,15 +271,27 @@ def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutput
 def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
                    t: Tensors | None = None, layout: str = "contiguous",
                    frozen: frozenset[str] = frozenset(),
-                   leaves: dict[str, torch.Tensor] | None = None) -> AccuracyResult:
+                   leaves: dict[str, torch.Tensor] | None = None, out: ImplOutputs | None = None,
+                   oracle: LinearCEResult | None = None, eager_err: EagerErrors | None = None,
+                   bounds: BoundsFn | None = None) -> AccuracyResult:
     """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.harness.strided_copy`; the inputs
     in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.harness.run_impl`) and the
     oracle on ``p`` and judge every output (see the module docstring); the gradients of frozen inputs are not
-    judged."""
+    judged.
+
+    For tensors ``t`` that are not ``build(p)``'s, or to share work between impls on one problem (the
+    production-shape tier, :mod:`properties.scale_tier`): ``out`` is the impl's outputs already run on ``t``;
+    ``oracle`` the oracle on ``t`` (one with live rows: the all-ignored convention then does not matter);
+    ``eager_err`` eager's errors on ``t`` (:func:`eager_errors`); ``bounds`` evaluates an error model's bounds on
+    ``t`` (default :func:`properties.tolerance.linear_ce_bounds`)."""
     t = t if t is not None else build(p)
-    out = run_impl(impl, p, t, layout=layout, frozen=frozen, leaves=leaves)
+    out = out if out is not None else run_impl(impl, p, t, layout=layout, frozen=frozen, leaves=leaves)
     conv = impl.support.all_ignored or "nan"
-    ref = run_oracle(p, t, all_ignored=conv)
+    if oracle is not None and p.all_ignored:
+        raise ValueError("check_accuracy: a shared oracle needs a problem with live rows (all rows are ignored, so "
+                         "the impl's all-ignored convention decides the oracle)")
+    ref = oracle if oracle is not None else run_oracle(p, t, all_ignored=conv)
+    bounds = bounds if bounds is not None else functools.partial(linear_ce_bounds, p, t, ref)
     refs = _oracle_outputs(ref)
     res = AccuracyResult(problem=p)
     dtypes = _out_dtypes(out)
@@ -275,11 +301,11 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     ranges = range_dtypes(p, dtypes)  # ±inf judged against the format each output was held in
     up_overflow = upstream_overflow(p, t)
     for level in dict.fromkeys(("hard",) + tuple(levels)):
-        bounds = linear_ce_bounds(p, t, ref, error_model(impl.support, p, dtypes, level))
+        b = bounds(error_model(impl.support, p, dtypes, level))
         target = res.analytic if level == "hard" else res.expected
         for n in names:
-            target[n] = compare(n, out.get(n), refs[n], bounds[n], range_dtype=ranges.get(n),
+            target[n] = compare(n, out.get(n), refs[n], b[n], range_dtype=ranges.get(n),
                                 overflow_upstream=up_overflow if n.startswith("grad_") else "")
     if relative and not (p.all_ignored and p.reduction == "mean"):
-        res.relative = _judge_relative(impl, p, t, ref, out, names)
+        res.relative = _judge_relative(impl, p, t, ref, out, names, eager_err, bounds)
     return res

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "numcheck.reports.seed_sweep",
     "detection": "numcheck.reports.detection",
     "converge": "numcheck.reports.converge",
+    "scale": "numcheck.reports.scale",
 }
 
 

@@ -2,7 +2,7 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|premerge|all "$OUT"
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|premerge|scale|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
@@ -60,6 +60,21 @@ case "$what" in
       --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"
     tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
+    ;;
+  scale)
+    # The production-shape tier (issue 21): every registered linear+CE impl plus the int32-offset mutant, at the
+    # three production shapes, bf16 then AMP. numcheck scale runs the items in a worker it restarts after a crash
+    # or hang, writes progress.jsonl as it goes and scale.json/scale.md at the end; SCALE_BUDGET_S stops starting
+    # new items (those left are recorded not_run), SCALE_CAP_S caps one (case, impl) item, and the outer timeout
+    # is the last resort (progress.jsonl still holds what finished: numcheck scale --assemble --out DIR writes the report from it).
+    # SCALE_RESUME=path/to/progress.jsonl (a committed earlier run) resumes it: its finished items are not rerun.
+    mkdir -p "$out/scale"
+    [ -n "${SCALE_RESUME:-}" ] && cp "$SCALE_RESUME" "$out/scale/progress.jsonl"
+    NUMCHECK_IMPLS="${NUMCHECK_IMPLS:+$NUMCHECK_IMPLS,}numcheck.tests.self.scale_mutants:int32_offsets" \
+      timeout -s KILL "${SCALE_S:-560}" python3 -m numcheck.reports.cli scale --device cuda --out "$out/scale" \
+      --budget-s "${SCALE_BUDGET_S:-440}" --time-cap-s "${SCALE_CAP_S:-120}" ${SCALE_ARGS:-} > "$out/scale.txt" 2>&1
+    echo "numcheck scale exit $?" >> "$out/scale.txt"
+    tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/scale.md" 2>/dev/null | head -80
     ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40

@@ -73,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run nothing: write report.md and the plots of this report.json (made elsewhere, e.g. on a "
                         "GPU machine without matplotlib) into --out (default: the JSON's own directory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--include-scale", type=Path, metavar="SCALE.json",
+                   help="append the production-shape tier of this numcheck scale run (its scale.json) to report.md")
 
 
 def default_out_dir(device: str) -> Path:
@@ -208,8 +210,9 @@ def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: boo
             "impls": result.impls, "cases": result.cases, "accumulation": acc, "memory": mem}
 
 
-def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: str = "") -> list[str]:
-    """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names."""
+def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", scale_md: str = "") -> list[str]:
+    """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names. ``scale_md``
+    (the production-shape tier's section, :mod:`reports.scale_md`) is appended to report.md."""
     from numcheck.reports import report_md
 
     drawn: list[str] = []
@@ -224,7 +227,8 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
             drawn.extend(names)
             if note:
                 print(f"numcheck report: {note}", file=sys.stderr)
-        (tmp / "report.md").write_text(report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md))
+        (tmp / "report.md").write_text(report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md)
+                                       + (f"\n{scale_md}" if scale_md else ""))
 
     files = {"report.json": report_schema.dumps(report)}
     if comparison_md:
@@ -284,7 +288,20 @@ def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
     return 0, f"numcheck report: PASS (exit 0) — all {n} case(s) of {len(ran)} impl(s) pass both verdicts{tail}"
 
 
-def render(path: Path, out: Path | None, *, plots: bool = True) -> int:
+def _scale_section(path: Path | None) -> str:
+    """The Markdown of a ``numcheck scale`` run's scale.json, or ``""`` without one; :class:`_BadInput` naming the
+    file when it is not one."""
+    if path is None:
+        return ""
+    from numcheck.reports import scale_md
+
+    try:
+        return scale_md.render(scale_md.load(path), heading="##")
+    except ValueError as exc:
+        raise _BadInput(f"--include-scale: {exc}") from None
+
+
+def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: str = "") -> int:
     """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``.
 
     Exit 0 once written (rendering judges nothing; the summary says what the report holds), 2 when the JSON is
@@ -297,7 +314,7 @@ def render(path: Path, out: Path | None, *, plots: bool = True) -> int:
     except (OSError, ValueError) as exc:
         print(f"numcheck report --render: {exc}", file=sys.stderr)
         return 2
-    write_report(report, dest, plots=plots)
+    write_report(report, dest, plots=plots, scale_md=scale_section)
     print_summary(report, dest)
     return 0
 
@@ -325,8 +342,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     spec = GRIDS[args.grid or "full"]
+    scale_section = _scale_section(getattr(args, "include_scale", None))
     if args.render is not None:
-        return render(args.render, args.out, plots=not args.no_plots)
+        return render(args.render, args.out, plots=not args.no_plots, scale_section=scale_section)
     if not (args.factor >= 1.0 and args.floor >= 0.0):
         raise _BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
     if args.current is not None:
@@ -351,7 +369,7 @@ def _run(args: argparse.Namespace) -> int:
                                               base_label=str(args.compare))
         comparison_md = report_compare.to_markdown(diff)
         regressions = len(diff.regressions)
-    write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md)
+    write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md, scale_md=scale_section)
     print_summary(report, out)
     if comparison_md:
         print(comparison_md)

@@ -14,6 +14,8 @@ Run the suite against your impl from any directory::
   skipped with the reason.
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
   ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`; ``numcheck sweep`` reads them).
+- ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_scale``, marker
+  ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.scale_tier`). Off by default.
 - Hypothesis profiles (:mod:`numcheck.properties.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
   ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
@@ -63,6 +65,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--numcheck-record", type=Path, default=None, metavar="DIR",
                     help="write the observed error/bound of every accuracy judgement to DIR/records-<worker>.jsonl "
                          "(one file per xdist worker; numcheck sweep reads them)")
+    group.addoption("--numcheck-scale", action="store_true", default=False,
+                    help="also run the production-shape tier (tests marked numcheck_scale; CUDA only, minutes)")
 
 
 def profile_name() -> str:
@@ -248,6 +252,8 @@ def one_thread_per_module() -> Iterator[None]:
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
     ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`)."""
+    config.addinivalue_line("markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, "
+                                       "on CUDA)")
     folder = config.getoption("--numcheck-record", None)
     if folder is not None:
         records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
@@ -260,7 +266,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """While recording, the records that follow belong to ``item``."""
+    """A ``numcheck_scale`` test is skipped without ``--numcheck-scale``; while recording, the records that follow
+    belong to ``item``."""
+    if item.get_closest_marker("numcheck_scale") is not None and not item.config.getoption("--numcheck-scale"):
+        pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
     if records.recording():
         records.set_test(item.nodeid, getattr(item, "originalname", item.name))
 

@@ -1,0 +1,368 @@
+"""The production-shape tier: every linear+CE impl at the shapes users train at, judged against the float64 oracle.
+
+The property suite draws small problems; bugs of scale are never drawn there: int32 offsets that wrap once
+N·V passes 2³¹, chunk and block tails at vocabularies that are not powers of two, an allocator blow-up at real
+sizes. This module runs one impl on one production-shape case and judges it with the suite's own accuracy
+property (:func:`properties.accuracy.check_accuracy`: judgements (a) and (b), the same bounds of
+:mod:`properties.tolerance`, the same :class:`properties.compare.Comparison` lines), on realistic inputs
+(:mod:`properties.scale_inputs`). What it adds is what a size makes necessary:
+
+* work shared between the impls of one case (:class:`CaseContext`): the inputs, the float64 oracle (chunked over
+  rows and vocabulary, :mod:`reference.linear_ce`: no [N, V] float64 tensor exists), eager's errors (judgement
+  (b)'s yardstick) and the bounds of each distinct error model (:class:`BoundCache`; impls of one declaration
+  share them);
+* the time of the impl, of the oracle and of the bounds, and the impl's extra peak memory
+  (``torch.cuda.max_memory_allocated`` over forward + backward, less what was allocated before), beside each
+  verdict;
+* for an output whose first index is the token (grad_x; the loss under ``none``), the first row beyond its bound,
+  beside the first row an int32 element offset reaches 2³¹ (:func:`int32_first_row`): a kernel that forms
+  offsets in int32 fails exactly from there.
+
+Cost, in float64 GEMMs of 2·N·H·V flops (8.8e12 at the first shape, 0.16 s at the H200's measured 56 TFLOP/s):
+the oracle 4 per case (pass 1 recomputes the logits; pass 2 the logits, grad_x and grad_W); eager's errors
+reuse it; :func:`properties.tolerance.linear_ce_bounds` 14 per distinct error model (it re-runs the oracle twice,
+8, and adds |x||W|ᵀ in each phase and four magnitude products in the second, 6), and judgement (a) and (b) need
+two models per declaration and output dtypes. So a case costs about 4 + 28·D GEMMs for D distinct declarations:
+2.2 s per declaration-pair before the element-wise work; the impls' own time is small beside it.
+
+A case's reproduction is ``numcheck scale`` restricted to it (:func:`repro_command`): its tensors are drawn on the
+device, not by :func:`properties.problems.build`, so ``numcheck repro`` does not rebuild them.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from numcheck.properties.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
+from numcheck.properties.failures import exception_lines, impl_invocation
+from numcheck.properties.harness import ImplOutputs, run_impl, run_oracle
+from numcheck.properties.known_divergences import covers_every
+from numcheck.properties.problems import Problem, Tensors
+from numcheck.properties.scale_inputs import scale_tensors
+from numcheck.properties.strategies import refusal
+from numcheck.properties.tolerance import ErrorModel, linear_ce_bounds
+from numcheck.reference.linear_ce import LinearCEResult
+
+#: Elements an int32 offset can address: an element offset row·V + col wraps from 2³¹ on.
+INT32_LIMIT = 2**31
+#: The property name the tier's verdicts carry (its judgement is the suite's ``accuracy``).
+PROPERTY = "scale_accuracy"
+#: Fraction of ignored rows in every case (in runs, :func:`properties.scale_inputs._ignored_runs`).
+IGNORED = 0.1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One production shape: ``N`` tokens (batch × sequence), hidden size ``H``, vocabulary ``V``."""
+
+    name: str
+    N: int
+    H: int
+    V: int
+    note: str = ""
+
+    @property
+    def crosses_int32(self) -> bool:
+        """Whether the [N, V] logits have more elements than an int32 offset addresses."""
+        return self.N * self.V > INT32_LIMIT
+
+
+#: Shape presets. ``production``: the seeds' shape (000_1e3efc084b4da987: V=131072, H=4096, BT=8192), Llama 3's
+#: vocabulary (128256 = 15·8192 + 5376: a ragged last block for every power-of-two vocabulary block up to 8192, and
+#: for the oracle's), and Qwen3-1.7B's head at 16384 tokens (V=151936, ragged too, N·V = 2.49e9 > 2³¹; H=2048 keeps
+#: the float64 work at 1.16× the first shape's). ``smoke``: the same roles at sizes a CPU and Triton's interpreter run
+#: in seconds (the int32 boundary is not reached there).
+SHAPES: dict[str, tuple[Shape, ...]] = {
+    "production": (
+        Shape("seed-131072", 8192, 4096, 131072, "the seeds' shape (BT=8192, H=4096, V=131072)"),
+        Shape("ragged-128256", 8192, 4096, 128256, "Llama 3's vocabulary: ragged last vocabulary block"),
+        Shape("int32-151936", 16384, 2048, 151936, "N·V = 2.49e9 > 2^31 (Qwen3-1.7B's head, 16384 tokens)"),
+    ),
+    "smoke": (
+        Shape("seed-small", 64, 32, 256, "smoke: power-of-two vocabulary"),
+        Shape("ragged-small", 50, 24, 203, "smoke: ragged vocabulary and rows"),
+        Shape("int32-small", 40, 16, 333, "smoke: the int32 shape's role, far below 2^31"),
+    ),
+}
+
+#: The precisions of the tier: bf16 parameters, and fp32 parameters under bf16 autocast (AMP).
+DTYPES: dict[str, dict[str, Any]] = {
+    "bf16": {"dtype": "bfloat16", "autocast": None},
+    "amp": {"dtype": "float32", "autocast": "bfloat16"},
+}
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+    """``"production"``/``"smoke"``, or a comma-separated list of ``NAME=NxHxV`` (e.g. ``a=8x4x10,b=5x3x7``)."""
+    if text in SHAPES:
+        return SHAPES[text]
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        name, _, dims = item.partition("=")
+        try:
+            N, H, V = (int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--shapes: {item!r} is neither a preset ({sorted(SHAPES)}) nor NAME=NxHxV") from None
+        if min(N, H, V) < 1:
+            raise ValueError(f"--shapes: {item!r}: N, H and V must be positive")
+        out.append(Shape(name or dims, N, H, V, "custom"))
+    if not out:
+        raise ValueError(f"--shapes: nothing given (presets: {sorted(SHAPES)})")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape at one precision on one device."""
+
+    shape: Shape
+    precision: str
+    device: str
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape.name}/{self.precision}"
+
+    @property
+    def problem(self) -> Problem:
+        """The :class:`Problem` the judgements read (shapes, dtypes, options; the tensors are
+        :func:`properties.scale_inputs.scale_tensors`')."""
+        d = DTYPES[self.precision]
+        return Problem(N=self.shape.N, H=self.shape.H, V=self.shape.V, dtype=d["dtype"], autocast=d["autocast"],
+                       ignored=IGNORED, regime="post_norm", seed=self.seed, device=self.device)
+
+
+def int32_first_row(V: int) -> int:
+    """The first row of a row-major [N, V] tensor with an element at offset ≥ 2³¹: the first with (row+1)·V > 2³¹."""
+    return INT32_LIMIT // V if (INT32_LIMIT // V + 1) * V > INT32_LIMIT else INT32_LIMIT // V + 1
+
+
+def first_row_beyond(impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor) -> int | None:
+    """The first index along dim 0 where some element of ``impl`` is beyond ``bound`` of ``oracle`` (a non-finite
+    value where the oracle is finite counts), or ``None``; ``None`` too for a scalar or a missing output."""
+    if impl is None or oracle.dim() == 0 or tuple(impl.shape) != tuple(oracle.shape):
+        return None
+    a = impl.detach().to(device=oracle.device, dtype=torch.float64)
+    bad = ~((a - oracle).abs() <= bound.to(oracle.device, torch.float64).expand_as(oracle))
+    bad &= torch.isfinite(oracle) | ~(torch.isnan(a) & torch.isnan(oracle))
+    rows = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero()
+    return int(rows[0, 0]) if rows.numel() else None
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class BoundCache:
+    """Bounds per error model on one case, the ``capacity`` most recent kept (a [V, H] float64 bound is 4 GiB at
+    the production shapes). ``spent`` is the time spent evaluating since :meth:`start` (0 for a hit): the
+    bound's time of the impl being judged."""
+
+    def __init__(self, p: Problem, t: Tensors, oracle: LinearCEResult, capacity: int = 4) -> None:
+        self.p, self.t, self.oracle, self.capacity = p, t, oracle, capacity
+        self.entries: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self.spent = 0.0
+        self.hits = 0
+
+    def start(self) -> None:
+        self.spent, self.hits = 0.0, 0
+
+    def __call__(self, model: ErrorModel) -> dict[str, torch.Tensor]:
+        key = repr(model)
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return self.entries[key]
+        t0 = time.perf_counter()
+        b = linear_ce_bounds(self.p, self.t, self.oracle, model)
+        _sync(self.p.device)
+        self.spent += time.perf_counter() - t0
+        self.entries[key] = b
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+        return b
+
+
+@dataclass
+class CaseContext:
+    """What every impl of one case shares: tensors, oracle, eager's errors, the bound cache, and their times."""
+
+    case: Case
+    t: Tensors
+    oracle: LinearCEResult
+    eager: EagerErrors | None
+    bounds: BoundCache
+    times: dict[str, float] = field(default_factory=dict)
+    #: Why eager could not run on the case (then judgement (b), which needs its errors, is not made).
+    eager_failure: str = ""
+
+    @staticmethod
+    def build(case: Case) -> "CaseContext":
+        """Draw the tensors, run the oracle and eager (timed: ``inputs_s``, ``oracle_s``, ``eager_s``)."""
+        p = case.problem
+        times = {}
+        t0 = time.perf_counter()
+        t = scale_tensors(p)
+        _sync(p.device)
+        times["inputs_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref = run_oracle(p, t, all_ignored="nan")
+        _sync(p.device)
+        times["oracle_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        eager: EagerErrors | None = None
+        failure = ""
+        try:
+            eager = eager_errors(p, t, ref)
+        except Exception as exc:  # eager itself breaks at this size: judge (a) alone, and say why
+            failure = " ".join(exception_lines(exc))
+            _release(p)
+        _sync(p.device)
+        times["eager_s"] = time.perf_counter() - t0
+        return CaseContext(case, t, ref, eager, BoundCache(p, t, ref), times, failure)
+
+
+def repro_command(impl: Any, case: Case, shapes: str | None = None) -> str:
+    """The ``numcheck scale`` line that reruns exactly this impl on exactly this case."""
+    env, name = impl_invocation(impl)
+    s = case.shape
+    shape_arg = shapes or f"{s.name}={s.N}x{s.H}x{s.V}"
+    return (f"{env}numcheck scale --impl {shlex.quote(name)} --shapes {shlex.quote(shape_arg)} "
+            f"--precisions {case.precision} --device {torch.device(case.device).type}")
+
+
+def failure_text(impl: Any, case: Case, lines: list[str], shapes: str | None = None) -> str:
+    """The suite's failure format (:func:`properties.failures.failure_message`) with the tier's repro line."""
+    body = "\n".join(f"  {line}" for line in lines)
+    return (f"property {PROPERTY!r} fails for impl {impl.name!r}\n  case: {case.label}: {case.problem!r} "
+            f"(tensors: properties.scale_inputs.scale_tensors)\n{body}\n  reproduce: {repro_command(impl, case, shapes)}")
+
+
+def _measured_run(impl: Any, p: Problem, t: Tensors) -> tuple[ImplOutputs, float, int | None]:
+    """``(outputs, seconds, extra peak bytes)`` of forward + backward (the peak on CUDA only)."""
+    cuda = torch.device(p.device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    out = run_impl(impl, p, t)
+    _sync(p.device)
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - before if cuda else None
+    return out, seconds, peak
+
+
+def _output_record(res: AccuracyResult, name: str, first_row: int | None) -> dict[str, Any]:
+    c = res.analytic[name]
+    rec: dict[str, Any] = {"ok": c.ok, "ratio": c.ratio, "n_bad": c.n_bad, "numel": c.numel, "worst": list(c.worst),
+                           "max_abs": c.max_abs, "rmse": c.rmse, "dtype": c.dtype, "state": c.state}
+    if name in res.relative:
+        r = res.relative[name]
+        rec["relative"] = {"ok": r.ok, "judged": r.judged, "rmse": r.rmse_impl, "eager_rmse": r.rmse_eager,
+                           "allowed": r.allowed, "note": r.note}
+    if first_row is not None:
+        rec["first_row_beyond"] = first_row
+    return rec
+
+
+def _row_lines(res: AccuracyResult, rows: dict[str, int], shape: Shape) -> list[str]:
+    """One line per row-indexed output beyond its bound: its first such row, against the int32 boundary."""
+    lines = []
+    for name, r in rows.items():
+        if res.analytic[name].ok:
+            continue
+        edge = int32_first_row(shape.V)
+        where = (f"; the first row with (row+1)·V > 2^31 is {edge}" +
+                 (" (this one: int32 offsets)" if r == edge else "")) if shape.crosses_int32 else ""
+        lines.append(f"{name}: first wrong row {r} of {shape.N}{where}")
+    return lines
+
+
+def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[str, Any]:
+    """Run and judge ``impl`` on the context's case; a record (JSON-ready) with verdict, per-output figures, times
+    and extra peak memory. An impl that raises (an OOM included) gets status ``error`` with the suite's
+    description of the exception; nothing propagates but :class:`KeyboardInterrupt`-like exits."""
+    case, p = ctx.case, ctx.case.problem
+    rec: dict[str, Any] = {"case": case.label, "shape": case.shape.name, "precision": case.precision,
+                           "impl": impl.name, "problem": repr(p), **{k: round(v, 4) for k, v in ctx.times.items()}}
+    why = refusal(impl.support, p)
+    if why is not None:
+        return {**rec, "status": "unsupported", "reason": why}
+    try:
+        out, seconds, peak = _measured_run(impl, p, ctx.t)
+    except Exception as exc:  # an impl's failure is a verdict on it, never the end of the tier
+        _release(p)
+        lines = exception_lines(exc)
+        return {**rec, "status": "error", "reason": lines[0], "failure": failure_text(impl, case, lines, shapes)}
+    rec.update(impl_s=round(seconds, 4), extra_peak_bytes=peak)
+    ctx.bounds.start()
+    t0 = time.perf_counter()
+    res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds,
+                         relative=ctx.eager is not None)
+    if ctx.eager is None:
+        rec["note"] = f"judgement (b) not made: eager failed on this case ({ctx.eager_failure})"
+    _sync(p.device)
+    rec.update(judge_s=round(time.perf_counter() - t0, 4), bound_s=round(ctx.bounds.spent, 4),
+               bound_hits=ctx.bounds.hits)
+    rows = {}
+    bounds = ctx.bounds(_hard_model(impl, p, out))
+    oracle_outputs = {"grad_x": ctx.oracle.grad_x}
+    for name, o in oracle_outputs.items():
+        if name in res.analytic:
+            r = first_row_beyond(out.get(name), o, bounds[name])
+            if r is not None:
+                rows[name] = r
+    rec["outputs"] = {n: _output_record(res, n, rows.get(n)) for n in res.analytic}
+    if case.shape.crosses_int32:
+        rec["int32_first_row"] = int32_first_row(case.shape.V)
+    if res.ok:
+        return {**rec, "status": "pass"}
+    lines = res.failure_lines() + _row_lines(res, rows, case.shape)
+    known = covers_every(impl.name, "accuracy", p)
+    rec.update(status="known" if known else "fail", failure=failure_text(impl, case, lines, shapes))
+    if known:
+        rec["known_divergence"] = known.reason
+    return rec
+
+
+def _hard_model(impl: Any, p: Problem, out: ImplOutputs) -> ErrorModel:
+    """The hard-level error model check_accuracy judged ``out`` under (a cache hit in :class:`BoundCache`)."""
+    from numcheck.properties.tolerance import error_model
+
+    dtypes = {k: v.dtype for k in ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
+              if isinstance(v := out.get(k), torch.Tensor)}
+    return error_model(impl.support, p, dtypes, "hard")
+
+
+def _release(p: Problem) -> None:
+    """Give cached allocator blocks back after a failed impl (an OOM leaves its partial allocations cached)."""
+    if torch.device(p.device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def summary_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """How many records have each status."""
+    out: dict[str, int] = {}
+    for r in records:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def fmt_bytes(n: int | None) -> str:
+    """``n`` bytes in MiB (``-`` when unknown)."""
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def finite_or_none(v: float) -> float | None:
+    """JSON has no inf/NaN: such a figure is written as null."""
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None

@@ -1,0 +1,365 @@
+"""``numcheck scale``: the production-shape tier (:mod:`properties.scale_tier`) for every linear+CE impl.
+
+The run is cut into items, one per (case, impl), cases outer so that the impls of a case share its inputs,
+oracle, eager's errors and bounds. A worker process runs the items and appends each event to
+``progress.jsonl`` as it happens (``case`` when a case's shared work is done, ``start`` before an impl,
+``result`` after it), so a run cut short still reports every finished item. The parent process runs no impl:
+it restarts the worker when it dies (a CUDA fault is sticky: it ends every later CUDA call of that
+process) or when an item outlives its cap by :data:`GRACE_S` (a kernel that hangs cannot be interrupted from
+Python), records that item as ``crashed`` or ``timeout``, and goes on with the rest. Inside the worker an item
+past ``--time-cap-s`` is interrupted between kernel launches (``timeout``); an impl that raises, an OOM included,
+is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written from the progress file.
+
+Exit status: 0 when every record passes or is unsupported or a known divergence, 1 when one fails, errs, times
+out or crashes, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = ("the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
+        "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md")
+
+PROGRESS = "progress.jsonl"
+#: Seconds an item may outlive its cap before the parent kills the worker.
+GRACE_S = 60.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                   help="impl name or module:attr spec (repeatable; default: every registered linear+CE impl)")
+    p.add_argument("--shapes", default=None,
+                   help="preset 'production' (default on CUDA) or 'smoke' (default elsewhere), or NAME=NxHxV,...")
+    p.add_argument("--precisions", default="bf16,amp", help="comma-separated of bf16, amp (default both)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--out", type=Path, default=Path("numcheck-scale"), metavar="DIR",
+                   help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed")
+    p.add_argument("--time-cap-s", type=float, default=150.0, help="seconds per (case, impl) item (default 150)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall seconds for the whole run; items not started by then are recorded as not_run")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--in-process", action="store_true",
+                   help="run the items in this process (no restart after a CUDA fault; the default on CPU)")
+    g.add_argument("--isolate", action="store_true",
+                   help="run the items in a worker process restarted after a crash or hang (the default on CUDA)")
+    p.add_argument("--assemble", action="store_true",
+                   help="run nothing: write scale.json and scale.md from the progress.jsonl in --out (a run cut short)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+
+
+# -- the plan -------------------------------------------------------------------------------------------------
+
+def _device(args: argparse.Namespace) -> str:
+    import torch
+
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _shapes_arg(args: argparse.Namespace, device: str) -> str:
+    return args.shapes or ("production" if device.startswith("cuda") else "smoke")
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
+    """``(cases, impls, broken)``: the cases in run order (every shape at bf16, then at AMP) and the impls."""
+    from numcheck.impls.registry import BrokenImpl, by_kind, discover
+    from numcheck.properties.scale_tier import DTYPES, Case, parse_shapes
+
+    device = _device(args)
+    precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    bad = [s for s in precisions if s not in DTYPES]
+    if bad or not precisions:
+        raise ValueError(f"--precisions: unknown {bad} (known: {sorted(DTYPES)})")
+    shapes = parse_shapes(_shapes_arg(args, device))
+    cases = [Case(s, prec, device) for prec in precisions for s in shapes]
+    entries = discover(args.impl)
+    broken = [e for e in entries if isinstance(e, BrokenImpl)]
+    impls = [e.impl for e in by_kind(entries, "linear_ce")]
+    return cases, impls, broken
+
+
+# -- progress file --------------------------------------------------------------------------------------------
+
+def _events(out: Path) -> list[dict[str, Any]]:
+    path = out / PROGRESS
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a killed worker
+    return events
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe: non-finite floats as the strings 'inf', '-inf', 'nan'."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _append(out: Path, event: dict[str, Any]) -> None:
+    with open(out / PROGRESS, "a") as f:
+        f.write(json.dumps(_clean(event)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _retry_not_run(out: Path) -> None:
+    """Drop the ``not_run`` results of an earlier run from the progress file, so that this run does them."""
+    path = out / PROGRESS
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines()
+            if ln.strip() and '"status": "not_run"' not in ln]
+    path.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _done(events: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(e["case"], e["impl"]) for e in events if e.get("event") == "result"}
+
+
+# -- the worker -----------------------------------------------------------------------------------------------
+
+class ItemTimeout(BaseException):
+    """An item ran past ``--time-cap-s`` (a BaseException, so that no impl's ``except Exception`` swallows it)."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise ItemTimeout()
+
+
+def _work(args: argparse.Namespace) -> int:
+    """Run every item not yet in the progress file, appending events; stop at the deadline."""
+    import torch
+
+    from numcheck.properties.scale_tier import CaseContext, int32_first_row, judge_impl
+
+    cases, impls, _ = _plan(args)
+    out = args.out
+    done = _done(_events(out))
+    deadline = args.deadline if args.deadline is not None else math.inf
+    shapes = _shapes_arg(args, _device(args))
+    use_alarm = hasattr(signal, "SIGALRM")
+    if use_alarm:
+        signal.signal(signal.SIGALRM, _on_alarm)
+    for case in cases:
+        todo = [i for i in impls if (case.label, i.name) not in done]
+        if not todo:
+            continue
+        if time.time() > deadline:
+            for impl in todo:
+                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
+                              "precision": case.precision, "status": "not_run", "reason": "the run's budget was spent"})
+            continue
+        _append(out, {"event": "case-start", "case": case.label, "t": time.time()})
+        try:
+            ctx = CaseContext.build(case)
+        except Exception as exc:  # the case's own work (inputs, oracle, eager) failed: no impl can be judged on it
+            from numcheck.properties.failures import exception_lines
+
+            why = "the case's inputs, oracle or eager run failed: " + " ".join(exception_lines(exc))
+            for impl in todo:
+                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
+                              "precision": case.precision, "status": "error", "reason": why})
+            if torch.device(case.device).type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        info = {"note": case.shape.note, "problem": repr(case.problem), **ctx.times}
+        if ctx.eager_failure:
+            info["eager_failure"] = ctx.eager_failure
+        if case.shape.crosses_int32:
+            info["int32_first_row"] = int32_first_row(case.shape.V)
+        _append(out, {"event": "case", "case": case.label, **info})
+        for impl in todo:
+            if time.time() > deadline:
+                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
+                              "precision": case.precision, "status": "not_run", "reason": "the run's budget was spent"})
+                continue
+            _append(out, {"event": "start", "case": case.label, "impl": impl.name, "t": time.time(),
+                          "cap": args.time_cap_s})
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, args.time_cap_s)
+            try:
+                rec = judge_impl(impl, ctx, shapes)
+            except ItemTimeout:
+                rec = {"case": case.label, "impl": impl.name, "shape": case.shape.name, "precision": case.precision,
+                       "status": "timeout", "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s"}
+            finally:
+                if use_alarm:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            _append(out, {"event": "result", **rec})
+            if torch.device(case.device).type == "cuda":
+                torch.cuda.empty_cache()
+        del ctx
+    return 0
+
+
+# -- the parent -----------------------------------------------------------------------------------------------
+
+def _in_flight(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last ``start`` or ``case-start`` event with no result after it."""
+    done = _done(events)
+    for e in reversed(events):
+        if e.get("event") == "start":
+            return None if (e["case"], e["impl"]) in done else e
+        if e.get("event") == "case-start":
+            return e
+        if e.get("event") in ("result", "case"):
+            return None
+    return None
+
+
+def _tail(path: Path, n: int = 6) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def _mark_lost(out: Path, e: dict[str, Any], status: str, why: str, impls: list[Any]) -> None:
+    """Record the item (or, for a case that died while being set up, every item of it) the worker lost."""
+    names = [e["impl"]] if e.get("event") == "start" else [i.name for i in impls]
+    done = _done(_events(out))
+    for name in names:
+        if (e["case"], name) not in done:
+            _append(out, {"event": "result", "case": e["case"], "impl": name, "status": status, "reason": why,
+                          "shape": e["case"].split("/")[0], "precision": e["case"].split("/")[-1]})
+
+
+def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
+    """Run workers until every item has a result (see the module docstring)."""
+    cases, impls, _ = _plan(args)
+    total = {(c.label, i.name) for c in cases for i in impls}
+    deadline = time.time() + args.budget_s if args.budget_s is not None else math.inf
+    attempt = 0
+    while not total <= _done(_events(args.out)):
+        attempt += 1
+        log = args.out / f"worker-{attempt}.log"
+        cmd = [sys.executable, "-m", "numcheck.reports.cli", "scale", *argv, "--worker"]
+        if math.isfinite(deadline):
+            cmd += ["--deadline", repr(deadline)]
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            killed = ""
+            while proc.poll() is None:
+                time.sleep(1.0)
+                e = _in_flight(_events(args.out))
+                if e is not None and e.get("event") == "start" and time.time() > e["t"] + e["cap"] + GRACE_S:
+                    killed = f"killed: no result {e['cap'] + GRACE_S:g} s after it started (a hung kernel?)"
+                elif e is not None and time.time() > deadline + GRACE_S:
+                    killed = "killed: the run's budget was spent"
+                if killed:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        e = _in_flight(_events(args.out))
+        if e is not None:
+            status = "timeout" if killed else "crashed"
+            why = killed or f"the worker exited with status {proc.returncode}: {_tail(log)}"
+            _mark_lost(args.out, e, status, why, impls)
+        elif proc.returncode != 0 and not total <= _done(_events(args.out)):
+            # It died between items (the case context, an import): nothing is in flight to blame.
+            for c in cases:
+                _mark_lost(args.out, {"event": "case-start", "case": c.label}, "crashed",
+                           f"the worker exited with status {proc.returncode}: {_tail(log)}", impls)
+            break
+        if attempt > len(total) + 2:
+            break
+
+
+# -- results --------------------------------------------------------------------------------------------------
+
+def _assemble(args: argparse.Namespace, broken: list[Any], wall: float) -> dict[str, Any]:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # no triton here: say so in the report
+        triton_version = "absent"
+    events = _events(args.out)
+    device = _device(args)
+    name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    cases = {e["case"]: {k: v for k, v in e.items() if k not in ("event", "case")}
+             for e in events if e.get("event") == "case"}
+    records = {}
+    for e in events:
+        if e.get("event") == "result":
+            records[(e["case"], e["impl"])] = {k: v for k, v in e.items() if k != "event"}
+    recs = list(records.values())
+    for b in broken:
+        recs.append({"case": "-", "impl": b.name, "status": "error", "reason": f"failed to load: {b.error}"})
+    meta = {"device": name, "torch": torch.__version__, "triton": triton_version,
+            "shapes": _shapes_arg(args, device), "precisions": args.precisions.split(","), "wall_s": round(wall, 1),
+            "time_cap_s": args.time_cap_s, "budget_s": args.budget_s}
+    return {"meta": meta, "cases": cases, "records": recs}
+
+
+def _write(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    from numcheck.reports import scale_md
+
+    (args.out / "scale.json").write_text(json.dumps(_clean(data), indent=1) + "\n")
+    (args.out / "scale.md").write_text(scale_md.render(data))
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The options a worker is started with: this run's, without its budget (the worker gets a deadline)."""
+    argv = [f"--impl={s}" for s in args.impl]
+    if args.shapes:
+        argv.append(f"--shapes={args.shapes}")
+    argv += [f"--precisions={args.precisions}", f"--device={_device(args)}", f"--out={args.out}",
+             f"--time-cap-s={args.time_cap_s!r}"]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cases, impls, broken = _plan(args)
+    except ValueError as exc:
+        print(f"numcheck scale: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        return _work(args)
+    t0 = time.time()
+    if not args.assemble:
+        _retry_not_run(args.out)
+    if args.assemble:
+        if not (args.out / PROGRESS).exists():
+            print(f"numcheck scale: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)
+            return 2
+    elif args.in_process or not (args.isolate or _device(args).startswith("cuda")):
+        args.deadline = t0 + args.budget_s if args.budget_s is not None else None
+        _work(args)
+    else:
+        _supervise(args, _worker_argv(args))
+    data = _assemble(args, broken, time.time() - t0)
+    _write(args, data)
+    from numcheck.reports.scale_md import FAILING
+
+    bad = [r for r in data["records"] if r["status"] in FAILING]
+    counts: dict[str, int] = {}
+    for r in data["records"]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"numcheck scale: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
+          f"{args.out / 'scale.md'}")
+    for r in bad:
+        print(f"  {r['status']}: {r['impl']} on {r['case']}: {r.get('reason') or r.get('failure', '').splitlines()[0]}")
+    return 1 if bad else 0

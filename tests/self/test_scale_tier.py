@@ -1,0 +1,188 @@
+"""The production-shape tier's own logic, on CPU at small shapes (the tier itself runs on CUDA, reports/scale-h200/).
+
+Covered here: the int32 boundary and the first-wrong-row naming, the int32 mutant's offset arithmetic and guard at
+the production shape (without allocating it), that the mutant is correct below 2³¹ (Triton's interpreter), that a
+wrong impl fails with its first wrong row named, the realistic inputs, the chunked oracle at the tier's default
+blocks against float64 autograd, the crash/hang isolation of ``numcheck scale`` and its JSON/Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from numcheck.impls.eager import eager_impls
+from numcheck.impls.protocol import FunctionImpl
+from numcheck.properties.accuracy import AccuracyResult
+from numcheck.properties.compare import compare
+from numcheck.properties.scale_inputs import logit_profile, scale_tensors
+from numcheck.properties.scale_tier import (INT32_LIMIT, SHAPES, Case, CaseContext, Shape, _row_lines,
+                                            first_row_beyond, int32_first_row, judge_impl, parse_shapes)
+from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, DEFAULT_VOCAB_CHUNK
+from numcheck.tests.self import scale_mutants
+from numcheck.tests.self.test_oracle import (assert_all_close, autograd_outputs, make_case, oracle_outputs,
+                                             pair_bounds)
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = SHAPES["smoke"]
+
+
+@pytest.mark.parametrize("V", [1, 2, 3, 50304, 128256, 131072, 151936, INT32_LIMIT, INT32_LIMIT + 1])
+def test_int32_first_row_is_the_first_row_past_2_31(V):
+    """int32_first_row(V) is the smallest row r with (r+1)·V > 2³¹ (checked against its definition)."""
+    r = int32_first_row(V)
+    assert (r + 1) * V > INT32_LIMIT and (r == 0 or r * V <= INT32_LIMIT)
+
+
+def test_int32_first_row_of_the_issue_shapes():
+    """At V=131072 the first wrapped row is 16384 (so BT ≥ 16385 crosses); at V=151936 it is 14134 (< 16384)."""
+    assert int32_first_row(131072) == 16384 and int32_first_row(151936) == 14134
+    assert [s.crosses_int32 for s in SHAPES["production"]] == [False, False, True]
+
+
+def test_mutant_offsets_wrap_at_the_named_row_and_stay_in_the_guard():
+    """The mutant's int32 offsets row·V + col (numpy int32, as the kernel forms them) first go negative in row
+    int32_first_row(V), and every wrapped offset lands inside the guard in front of the logits."""
+    shape = SHAPES["production"][2]
+    V, N = shape.V, shape.N
+    rows = np.arange(N, dtype=np.int32)
+    with np.errstate(over="ignore"):
+        last_col = rows * np.int32(V) + np.int32(V - 1)  # the row's largest offset, in int32 as the kernel's
+        first_col = rows * np.int32(V)
+    wrapped = np.nonzero(last_col < 0)[0]
+    assert wrapped[0] == int32_first_row(V)
+    lowest = int(first_col[first_col < 0].min()) if (first_col < 0).any() else int(last_col.min())
+    assert scale_mutants.GUARD + lowest >= 0 and scale_mutants.GUARD + int(last_col[wrapped].max()) < scale_mutants.GUARD
+
+
+def test_first_row_beyond_names_the_first_bad_row():
+    """first_row_beyond returns the first row with an element beyond its bound, NaN where the oracle is finite
+    included, and None for a clean tensor or a scalar."""
+    o = torch.zeros(6, 3, dtype=torch.float64)
+    b = torch.full_like(o, 0.1)
+    a = o.clone().float()
+    assert first_row_beyond(a, o, b) is None
+    a[4, 1] = 0.5
+    a[5, 0] = 0.2
+    assert first_row_beyond(a, o, b) == 4
+    a[2, 2] = math.nan
+    assert first_row_beyond(a, o, b) == 2
+    assert first_row_beyond(torch.tensor(1.0), torch.tensor(0.0, dtype=torch.float64), torch.tensor(0.1)) is None
+
+
+def test_failure_line_names_the_int32_row():
+    """A failing grad_x at an N·V > 2³¹ shape gets a line naming its first wrong row and the int32 row."""
+    shape = Shape("int32", 16384, 4, 151936)
+    o = torch.zeros(3, dtype=torch.float64)
+    res = AccuracyResult(problem=None)  # type: ignore[arg-type]
+    res.analytic["grad_x"] = compare("grad_x", torch.tensor([0.0, 1.0, 0.0]), o, torch.full_like(o, 0.1))
+    line = _row_lines(res, {"grad_x": 14134}, shape)
+    assert line == ["grad_x: first wrong row 14134 of 16384; the first row with (row+1)·V > 2^31 is 14134 "
+                    "(this one: int32 offsets)"]
+
+
+def test_parse_shapes():
+    """--shapes takes the presets and NAME=NxHxV lists; anything else is a clear error."""
+    assert parse_shapes("smoke") == SMOKE
+    assert parse_shapes("a=8x4x10,b=5x3x7")[1] == Shape("b", 5, 3, 7, "custom")
+    with pytest.raises(ValueError, match="neither a preset"):
+        parse_shapes("a=8x4")
+
+
+def test_realistic_inputs():
+    """scale_tensors draws ignored rows in runs, a long-tailed logit spread, a few confident rows, and is
+    reproducible from the seed."""
+    p = Case(Shape("t", 2048, 64, 4099), "bf16", "cpu").problem
+    t = scale_tensors(p)
+    ign = (t.target == p.ignore_index).numpy()
+    assert ign.sum() == p.n_ignored
+    runs = np.count_nonzero(np.diff(ign.astype(int)) == 1) + int(ign[0])
+    assert runs < p.n_ignored / 8  # runs, not scattered rows
+    prof = logit_profile(t, rows=2048)
+    assert prof["span"] > 10  # the top of a row sits well above its median: a long upper tail
+    assert 0 < prof["confident_rows"] < 0.1
+    assert torch.equal(scale_tensors(p).x, t.x)
+
+
+def test_oracle_at_the_tiers_blocks_matches_autograd():
+    """The chunked oracle with its default blocks (the tier's), N and V ragged over them, equals float64 autograd
+    over the whole [N, V] within the oracle tests' derived float64 bounds."""
+    c = make_case(N=DEFAULT_ROW_CHUNK + 7, H=6, V=DEFAULT_VOCAB_CHUNK + 9, bias=False, ignored="some")
+    got = oracle_outputs(c)
+    assert_all_close(got, autograd_outputs(c), pair_bounds(c), c, "autograd (default blocks)")
+
+
+def _case(shape: Shape, precision: str = "bf16") -> CaseContext:
+    return CaseContext.build(Case(shape, precision, "cpu"))
+
+
+def test_mutant_passes_below_2_31():
+    """The int32 mutant is a correct impl below 2³¹ elements (only the tier's int32 shape can catch it)."""
+    ctx = _case(SMOKE[1])
+    rec = judge_impl(scale_mutants.int32_offsets, ctx)
+    assert rec["status"] == "pass", rec.get("failure")
+
+
+def _rows_from(k: int):
+    def impl(x, weight, target, bias=None, **options):
+        x2 = x + 0
+        x2.register_hook(lambda g: torch.cat([g[:k], 1.5 * g[k:]]))
+        return eager_impls()[0](x2, weight, target, bias, **options)
+    return impl
+
+
+def test_wrong_rows_fail_with_the_first_named():
+    """An impl whose grad_x is wrong from row k on fails the tier, in the suite's failure format, naming row k."""
+    k = 37
+    eager = eager_impls()[0]
+    bad = FunctionImpl("rows_from_37", _rows_from(k), eager.support)
+    rec = judge_impl(bad, _case(SMOKE[0]))
+    assert rec["status"] == "fail"
+    assert rec["outputs"]["grad_x"]["first_row_beyond"] == k
+    text = rec["failure"]
+    assert text.startswith("property 'scale_accuracy' fails for impl 'rows_from_37'")
+    assert f"grad_x: first wrong row {k} of 64" in text and "reproduce: " in text and "numcheck scale" in text
+
+
+def _scale(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "scale", "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+
+
+def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
+    """With --isolate, an impl that kills its process and one that hangs past its cap are recorded (crashed,
+    timeout) and every other item still runs; scale.json and scale.md say so; exit 1."""
+    r = _scale(tmp_path, "--isolate", "--shapes", "a=16x8x40", "--precisions", "bf16", "--time-cap-s", "3",
+               "--impl", "eager", "--impl", "numcheck.tests.self.scale_bad_impls:crashes",
+               "--impl", "numcheck.tests.self.scale_bad_impls:hangs", "--impl", "chunked[fp32_operands]")
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads((tmp_path / "scale.json").read_text())
+    status = {rec["impl"]: rec["status"] for rec in data["records"]}
+    assert status == {"eager": "pass", "crashes": "crashed", "hangs": "timeout", "chunked[fp32_operands]": "pass"}
+    md = (tmp_path / "scale.md").read_text()
+    assert "| `crashes` | crashed" in md and "| `eager` | pass" in md
+
+
+def test_bad_precision_is_a_clear_error(tmp_path):
+    """An unknown --precisions value exits 2 naming it."""
+    r = _scale(tmp_path, "--precisions", "fp8")
+    assert r.returncode == 2 and "fp8" in r.stderr
+
+
+def test_resume_reruns_only_what_did_not_finish(tmp_path):
+    """A second run on the same --out keeps the finished items and runs the ones recorded not_run."""
+    r = _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager", "--budget-s", "0")
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert [rec["status"] for rec in data["records"]] == ["not_run"], r.stdout + r.stderr
+    _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager")
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert [rec["status"] for rec in data["records"]] == ["pass"]
