@@ -287,11 +287,10 @@ def upstream_overflow(p: Problem, t: Tensors | None = None) -> str:
     """Why the backward of ``p`` legitimately overflows its compute dtype before any gradient is formed ("" where
     it does not): the upstream gradient u times a row's coefficient c_i (1/n under ``mean``, w_{y_i}/Σ_j w_{y_j}
     with class weights, 1 under ``sum``), scaled by the target's share 1 − ε + ε/V of the smoothed label, is the
-    exact gradient of that row's log p_{y_i}. Eager under CUDA autocast evaluates ``cross_entropy``'s
-    log-softmax in fp16 (``cross_entropy`` passes the logits' dtype to ``log_softmax`` explicitly, which
-    autocast's fp32 policy then leaves alone), so that gradient is an fp16 value: with a loss scale of 2^17 and
-    N = 1 it is 131072, inf in fp16, and every gradient after it ±inf or NaN, however small the exact ones
-    (``docs/evidence/amp_loss_scale.py``). A correct evaluation may hold it in the compute dtype; one whose exact
+    exact gradient of that row's log p_{y_i}. Eager under CUDA autocast holds it in fp16: with a loss scale
+    of 2^17 and N = 1 it is 131072, past fp16's range, and on the H200 the logits' gradient and every gradient
+    after it came back NaN though each exact gradient fits fp16 with 4× headroom (CPU autocast keeps it in fp32
+    and stays finite: ``docs/evidence/amp_loss_scale.txt``). A correct evaluation may hold it in the compute dtype; one whose exact
     value overflows that format overflows legitimately, as a GradScaler expects."""
     from numcheck.properties.problems import build
 
