@@ -55,7 +55,9 @@ case "$what" in
     ;;
   sweep)
     # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
-    # so pytest loads the plugin from PYTEST_PLUGINS.
+    # so pytest loads the plugin from PYTEST_PLUGINS. SWEEP_FROM: a committed sweep folder whose kept seeds
+    # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls.
+    if [ -n "${SWEEP_FROM:-}" ]; then mkdir -p "$out/sweep" && cp -r "$SWEEP_FROM"/. "$out/sweep"/; fi
     PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
       --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"

@@ -27,6 +27,12 @@ The suite cannot know whether an impl is correct: run it on impls believed corre
 alarm of the model. It writes ``sweep.json`` and ``sweep.md`` into ``--out`` (default
 ``./numcheck-sweep/<device>-torch<version>/``; an existing sweep is replaced only with ``--force``).
 
+Each seed is kept as it finishes, in ``--out``'s ``seeds/seed-<S>.json.gz`` (its verdicts, its judgements'
+records, the commit and environment it ran on): a sweep cut short (a device call's time limit, a session's
+end) keeps its finished seeds, and a later run into the same folder takes those seeds from there instead of
+running them again, so one sweep can be assembled from several runs (``--force`` runs every seed afresh). The
+summary lists the commit each seed ran on, and says so when they differ.
+
 Exit status: 0 when no test failed on any seed (and no 90th percentile fell past the limit under ``--compare``);
 1 when any test failed or errored; 2 on bad input (malformed ``--seeds``, an unknown or derandomized profile, an
 output folder that would be overwritten, an unreadable ``--compare`` file) or when pytest ran nothing useful: exit
@@ -36,6 +42,7 @@ status 5 (no test collected: the selection is named) or an internal or usage err
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -60,8 +67,11 @@ HELP = ("run the property suite over several hypothesis seeds (ci-seeded profile
 
 #: The folder under the current directory that ``numcheck sweep`` writes into by default.
 DEFAULT_ROOT = "numcheck-sweep"
-#: The files a sweep owns in its folder.
+#: The files a sweep owns in its folder (``seeds/`` holds one file per finished seed, see :func:`save_seed`).
 SWEEP_FILES: frozenset[str] = frozenset({"sweep.json", "sweep.md"})
+#: The folder of ``--out`` that holds one ``seed-<S>.json.gz`` per finished seed.
+SEEDS_DIR = "seeds"
+SEED_SCHEMA = "numcheck-sweep-seed/1"
 #: Issue 19: the 90th percentile of error/bound may not fall by more than this factor from the baseline's.
 TIGHTNESS_FALL_LIMIT = 2.0
 #: The quantiles of the tightness table, in percent.
@@ -114,7 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="device the suite draws problems on (NUMCHECK_DEVICE; default cpu)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)")
-    p.add_argument("--force", action="store_true", help="replace a sweep already in the output directory")
+    p.add_argument("--force", action="store_true",
+                   help="run every seed afresh (by default a seed kept in DIR/seeds/ from an earlier run is reused)")
     p.add_argument("--per-impl", action="store_true", help="also print the tightness table of each impl")
     p.add_argument("--compare", type=Path, metavar="BASE.json",
                    help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
@@ -145,6 +156,8 @@ class SeedRun:
     seconds: float
     cases: list[dict[str, str]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    resumed: bool = False
 
     def counts(self) -> dict[str, int]:
         """Number of (test, impl) cases per status."""
@@ -220,6 +233,45 @@ def run_seed(seed: int, args: argparse.Namespace, profile: str) -> SeedRun:
         return SeedRun(seed, rc, secs, junit_cases(junit), rows)
 
 
+def seed_path(out: Path, seed: int) -> Path:
+    """Where the finished ``seed`` of the sweep in ``out`` is kept."""
+    return out / SEEDS_DIR / f"seed-{seed}.json.gz"
+
+
+def _selection_key(args: argparse.Namespace, profile: str) -> dict[str, Any]:
+    """What a kept seed must share with this run to be taken instead of run again."""
+    return {"modules": list(premerge.SUITE_MODULES), "impls": sorted(args.impl), "keyword": args.keyword,
+            "profile": profile, "device": args.device}
+
+
+def save_seed(out: Path, run: SeedRun, key: dict[str, Any]) -> None:
+    """Keep ``run`` in ``out/seeds/`` (gzipped JSON, written to a temporary name and renamed)."""
+    path = seed_path(out, run.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"schema": SEED_SCHEMA, "selection": key, "seed": run.seed, "exit_status": run.exit_status,
+            "seconds": run.seconds, "environment": run.environment, "cases": run.cases, "records": run.records}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
+    tmp.replace(path)
+
+
+def load_seed(out: Path, seed: int, key: dict[str, Any]) -> SeedRun | None:
+    """The kept ``seed`` of ``out`` (``None`` when there is none); BadInput when it is unreadable or was run
+    on another selection (other modules, impls, -k, profile or device: it cannot join this sweep)."""
+    path = seed_path(out, seed)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path}: cannot read a kept seed ({exc}); delete it or pass --force") from None
+    if data.get("schema") != SEED_SCHEMA or data.get("selection") != key:
+        raise BadInput(f"{path}: seed {seed} was run on another selection ({data.get('selection')}, this run: "
+                       f"{key}); choose another --out or pass --force")
+    return SeedRun(seed, data["exit_status"], data["seconds"], data["cases"], data["records"],
+                   data.get("environment", {}), resumed=True)
+
+
 # -- tightness --------------------------------------------------------------------------------------------
 def _stats(ratios: list[float]) -> dict[str, Any]:
     finite = np.array([r for r in ratios if math.isfinite(r)], dtype=np.float64)
@@ -269,7 +321,8 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
                       "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device},
         "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
                    "counts": r.counts(), "failures": r.failures(), "records": len(r.records),
-                   "tightness": tightness(r.records)} for r in runs],
+                   "commit": r.environment.get("git_commit"), "dirty": r.environment.get("git_dirty"),
+                   "resumed": r.resumed, "tightness": tightness(r.records)} for r in runs],
         "failures": sum(len(r.failures()) for r in runs),
         "tightness": table,
         "tightness_per_impl": tightness(all_rows, ("impl", "output", "dtype")),
@@ -296,10 +349,17 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
            f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}; profile "
            f"{sel['profile']} ({sel['ci_examples']} examples), impls: {', '.join(sel['impls']) or 'all registered'}"
            + (f", -k `{sel['keyword']}`" if sel["keyword"] else "") + f", -n {sel['jobs']}", "",
-           "| seed | passed | failed | error | skipped | seconds |", "| --- | --- | --- | --- | --- | --- |"]
+           "| seed | passed | failed | error | skipped | seconds | commit |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in summary["seeds"]:
         c = s["counts"]
-        out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | {s['seconds']:.0f} |")
+        commit = (s.get("commit") or "?")[:9] + (" (dirty)" if s.get("dirty") else "")
+        out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
+                   f"{s['seconds']:.0f} | {commit} |")
+    commits = {(s.get("commit"), bool(s.get("dirty"))) for s in summary["seeds"]}
+    if len(commits) > 1:
+        out += ["", f"The seeds ran on {len(commits)} different trees (commits above): the sweep is assembled from "
+                    f"runs kept in seeds/."]
     out += ["", f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
                 f"is a false alarm of the model)", ""]
     for s in summary["seeds"]:
@@ -323,13 +383,10 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
 
 # -- the command ------------------------------------------------------------------------------------------
 def _out_dir(args: argparse.Namespace) -> Path:
-    """Where to write; BadInput when it would replace a sweep without --force or is not a directory."""
+    """Where to write; BadInput when it is not a directory."""
     out = args.out if args.out is not None else Path.cwd() / DEFAULT_ROOT / baselines.report_dir_name(args.device)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} exists and is not a directory")
-    if (out / "sweep.json").exists() and not args.force:
-        raise BadInput(f"{out} already holds a sweep ({out / 'sweep.json'}); pass --force to replace it, or "
-                       f"choose another --out")
     return out
 
 
@@ -354,13 +411,18 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
         out, base = _out_dir(args), _baseline(args.compare)
         env = report_schema.environment(args.device)  # before the run: the commit and tree it ran on
+        key = _selection_key(args, profile)
         runs = []
         for i, seed in enumerate(seeds, 1):
-            r = run_seed(seed, args, profile)
+            r = None if args.force else load_seed(out, seed, key)
+            if r is None:
+                r = run_seed(seed, args, profile)
+                r.environment = env
+                save_seed(out, r, key)
             c = r.counts()
-            print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}): {c['passed']} passed, {c['failed']} failed, "
-                  f"{c['error']} errors, {c['skipped']} skipped, {len(r.records)} judgements recorded in "
-                  f"{r.seconds:.0f} s", file=sys.stderr)
+            print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}){' (kept from an earlier run)' if r.resumed else ''}"
+                  f": {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
+                  f"{len(r.records)} judgements recorded in {r.seconds:.0f} s", file=sys.stderr)
             runs.append(r)
     except BadInput as exc:
         print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)

@@ -113,13 +113,45 @@ def test_derandomized_or_unknown_profile_is_refused():
     assert seed_sweep.profile_name("ci-seeded") == "numcheck-ci-seeded"
 
 
-def test_existing_sweep_is_not_replaced_without_force(tmp_path):
-    """An --out holding a sweep.json is refused unless --force is given."""
-    (tmp_path / "sweep.json").write_text("{}")
-    args = argparse.Namespace(out=tmp_path, device="cpu", force=False)
-    with pytest.raises(seed_sweep.BadInput, match="--force"):
-        seed_sweep._out_dir(args)
-    assert seed_sweep._out_dir(argparse.Namespace(out=tmp_path, device="cpu", force=True)) == tmp_path
+def _args(out: Path, **kw) -> argparse.Namespace:
+    base = dict(seeds="0-1", impl=["eager"], profile="ci-seeded", keyword="test_accuracy", jobs=1, device="cpu",
+                out=out, force=False, per_impl=False, compare=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _fake_seed(calls: list[int], commit: str):
+    def run_seed(seed, args, profile):
+        calls.append(seed)
+        return seed_sweep.SeedRun(seed, 0, 1.0, [{"test": "m::t", "impl": "eager", "status": "passed"}],
+                                  [{"output": "loss", "dtype": "float32", "ratio": 0.1 * (seed + 1), "impl": "eager"}])
+    return run_seed
+
+
+def test_kept_seeds_are_reused_and_their_commits_listed(tmp_path, monkeypatch):
+    """A seed kept in --out/seeds/ by an earlier run is taken, not run again (unless --force); the summary
+    lists each seed's commit and says when they differ."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls, "a"))
+    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"git_commit": "aaaaaaaaaaaa"})
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    assert calls == [0] and seed_sweep.seed_path(tmp_path, 0).exists()
+    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"git_commit": "bbbbbbbbbbbb"})
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1")) == 0
+    assert calls == [0, 1], "seed 0 was run again though it was kept"
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(s["seed"], s["commit"], s["resumed"]) for s in summary["seeds"]] == \
+        [(0, "aaaaaaaaaaaa", True), (1, "bbbbbbbbbbbb", False)]
+    assert summary["tightness"][0]["count"] == 2, "the kept seed's records are not in the table"
+    assert "2 different trees" in (tmp_path / "sweep.md").read_text()
+    assert seed_sweep.run(_args(tmp_path, seeds="0", force=True)) == 0
+    assert calls == [0, 1, 0]
+
+
+def test_kept_seed_of_another_selection_is_refused(tmp_path, monkeypatch):
+    """A kept seed run with other impls (or -k, profile, device) cannot join the sweep: bad input naming it."""
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed([], "a"))
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    assert seed_sweep.run(_args(tmp_path, seeds="0", impl=["recompute"])) == 2
 
 
 def test_tightness_quantiles_and_nonfinite():
