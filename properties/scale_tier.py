@@ -201,9 +201,13 @@ class BoundCache:
         """The models the judgement of each of ``impls`` (in run order) asks for: its declaration at the hard and
         the expected level (the returned dtypes do not change a sweep, :func:`properties.tolerance.sweep_key`)."""
         p = self.p
-        self.planned = [(impl.name, error_model(impl.support, p, {}, level)) for impl in impls
-                        if impl.support.unavailable_reason() is None and refusal(impl.support, p) is None
-                        for level in ("hard", "expected")]
+        self.planned = []
+        for impl in impls:
+            try:
+                if impl.support.unavailable_reason() is None and refusal(impl.support, p) is None:
+                    self.planned += [(impl.name, error_model(impl.support, p, {}, lv)) for lv in ("hard", "expected")]
+            except Exception:  # a declaration that cannot be read is the impl's own error, when it is judged
+                continue
 
     def start(self, impl: Any = None) -> None:
         """Begin judging ``impl`` (its place in the plan decides what is still needed)."""
