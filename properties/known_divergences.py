@@ -23,7 +23,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from numcheck.properties.problems import Problem
+from numcheck.properties.problems import Problem, Tensors
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,10 @@ class KnownDivergence:
     history_dependent: str | None = None
     #: For a divergence of a third-party release: the releases it holds for (``None``: every release).
     releases: Releases | None = None
+    #: For a ``by_data`` entry: the same predicate on given tensors (``applies`` reads those
+    #: :func:`properties.problems.build` draws), for callers whose tensors are not ``build(p)``'s (the
+    #: production-shape tier's, :mod:`properties.scale_inputs`). ``None``: decidable on ``build(p)`` only.
+    applies_to_tensors: Callable[[Problem, Tensors], bool] | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -94,10 +98,23 @@ class KnownDivergence:
             return False
         return (self.releases is None or self.releases.hold()) and self.applies(p)
 
+    def matches_tensors(self, impl_name: str, prop: str, p: Problem, t: Tensors) -> bool:
+        """:meth:`matches` for a case whose tensors are ``t`` (not ``build(p)``): a ``by_data`` entry decides on
+        ``t`` with :attr:`applies_to_tensors`, and covers nothing when it has none (its data cannot be read)."""
+        if not self.by_data:
+            return self.matches(impl_name, prop, p)
+        if self.applies_to_tensors is None:
+            return False
+        props_ok = "*" in self.properties or prop in self.properties
+        on_device = torch.device(p.device).type in self.devices
+        return (fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device
+                and (self.releases is None or self.releases.hold()) and self.applies_to_tensors(p, t))
 
-def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
+
+def cce_filtering_may_skip(p: Problem, block_cols: int | None = None, t: Tensors | None = None) -> bool:
     """Whether cut-cross-entropy's default gradient filtering can skip a backward block of ``p``
-    (``block_cols``: classes per block; default the installed release's).
+    (``block_cols``: classes per block; default the installed release's) on tensors ``t`` (default
+    ``build(p)``'s).
 
     The backward kernel tiles (valid rows) × classes into blocks (128 × 128 in 25.1.1; one class wide, the worst
     case, when autotuned or unknown) and skips a block only when *every* |softmax − onehot| in it is below
@@ -108,24 +125,35 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None) -> bool:
     skip needs one valid row with at least as many entries below the threshold as the smallest block has
     classes (V mod 128, else 128), and this asks exactly that, on the float64 softmax of the problem's own
     operands with a 2× margin for the kernel's fp32 evaluation: it follows the data (confident rows, V past
-    ~1/filter_eps), not a regime name."""
+    ~1/filter_eps), not a regime name. The rows are taken :data:`FILTER_ROW_ELEMENTS` logits at a time
+    (one block for every drawn problem of the suite; a production shape never forms [N, V] in float64), and
+    the answer is the first block's that has such a row."""
     from numcheck.impls import cce
     from numcheck.properties.problems import build
 
     cols = block_cols or getattr(cce.load(), "backward_block_cols", None) or 1
-    t = build(p)
+    t = build(p) if t is None else t
     valid = t.target != p.ignore_index
     if not bool(valid.any()):
         return False
-    x, w = t.x[valid].double(), t.weight.double()
-    z = x @ w.T + (t.bias.double() if t.bias is not None else 0.0)
-    if p.softcap is not None:
-        z = p.softcap * torch.tanh(z / p.softcap)
-    g = z.softmax(dim=-1)
-    g[torch.arange(g.shape[0]), t.target[valid].long()] -= 1.0
-    small = (g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32).sum(dim=1)
-    smallest_block = p.V % cols or cols
-    return bool((small >= min(smallest_block, p.V)).any())
+    x, w = t.x[valid], t.weight.double()
+    y = t.target[valid].long()
+    need = min(p.V % cols or cols, p.V)  # the smallest block's classes
+    step = max(1, FILTER_ROW_ELEMENTS // p.V)
+    for r0 in range(0, x.shape[0], step):
+        z = x[r0:r0 + step].double() @ w.T + (t.bias.double() if t.bias is not None else 0.0)
+        if p.softcap is not None:
+            z = p.softcap * torch.tanh(z / p.softcap)
+        g = z.softmax(dim=-1)
+        g[torch.arange(g.shape[0], device=g.device), y[r0:r0 + step]] -= 1.0
+        small = (g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32).sum(dim=1)
+        if bool((small >= need).any()):
+            return True
+    return False
+
+
+#: Logits (rows × V) :func:`cce_filtering_may_skip` forms in float64 at once (1 GiB).
+FILTER_ROW_ELEMENTS = 2**27
 
 
 def liger_z_loss_buffer(p: Problem) -> tuple[float, float]:
@@ -332,6 +360,7 @@ KNOWN: list[KnownDivergence] = [
                 "compares against exact gradients, so each case with some entry below the threshold is covered."),
         example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
         by_data=True,
+        applies_to_tensors=lambda p, t: cce_filtering_may_skip(p, t=t),
     ),
     KnownDivergence(
         impls="cce[[]impl=torch_compile[]]",
@@ -364,5 +393,13 @@ def known(impl_name: str, prop: str, p: Problem) -> KnownDivergence | None:
     """The entry covering this impl, property and case, if any."""
     for k in KNOWN:
         if k.matches(impl_name, prop, p):
+            return k
+    return None
+
+
+def known_on_tensors(impl_name: str, prop: str, p: Problem, t: Tensors) -> KnownDivergence | None:
+    """The entry covering this impl, property and case whose tensors are ``t`` (:meth:`KnownDivergence.matches_tensors`)."""
+    for k in KNOWN:
+        if k.matches_tensors(impl_name, prop, p, t):
             return k
     return None

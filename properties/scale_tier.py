@@ -20,10 +20,12 @@ property (:func:`properties.accuracy.check_accuracy`: judgements (a) and (b), th
 
 Cost, in float64 GEMMs of 2·N·H·V flops (8.8e12 at the first shape, 0.16 s at the H200's measured 56 TFLOP/s):
 the oracle 4 per case (pass 1 recomputes the logits; pass 2 the logits, grad_x and grad_W); eager's errors
-reuse it; :func:`properties.tolerance.linear_ce_bounds` 14 per distinct error model (it re-runs the oracle twice,
-8, and adds |x||W|ᵀ in each phase and four magnitude products in the second, 6), and judgement (a) and (b) need
-two models per declaration and output dtypes. So a case costs about 4 + 28·D GEMMs for D distinct declarations:
-2.2 s per declaration-pair before the element-wise work; the impls' own time is small beside it.
+reuse it. The bounds (:class:`BoundCache`) are swept for many error models at once
+(:func:`properties.tolerance.sweep_bounds`): 7 per sweep (pass 1, the logits of two walks, |x||W|ᵀ in each,
+|G||W| and |G|ᵀ|x|) plus 2 per gradient key (|δG||W|, |δG|ᵀ|x|), where one model alone costs 14. A sweep holds
+each model's float64 grad_x and grad_W bounds, so a case's models are swept in groups that fit
+:data:`BOUND_MEMORY_FRACTION` of the device: 3–4 groups a case at the production shapes instead of one sweep
+per model (28 at the first shape on the H200: 68 s of its 75 s in the first run).
 
 A case's reproduction is ``numcheck scale`` restricted to it (:func:`repro_command`): its tensors are drawn on the
 device, not by :func:`properties.problems.build`, so ``numcheck repro`` does not rebuild them.
@@ -43,11 +45,11 @@ import torch
 from numcheck.properties.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
 from numcheck.properties.failures import exception_lines, impl_invocation
 from numcheck.properties.harness import ImplOutputs, run_impl, run_oracle
-from numcheck.properties.known_divergences import covers_every
+from numcheck.properties.known_divergences import known_on_tensors
 from numcheck.properties.problems import Problem, Tensors
 from numcheck.properties.scale_inputs import scale_tensors
 from numcheck.properties.strategies import refusal
-from numcheck.properties.tolerance import ErrorModel, linear_ce_bounds
+from numcheck.properties.tolerance import ErrorModel, SweepResult, error_model, finish_bounds, sweep_bounds, sweep_key
 from numcheck.reference.linear_ce import LinearCEResult
 
 #: Elements an int32 offset can address: an element offset row·V + col wraps from 2³¹ on.
@@ -162,33 +164,90 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-class BoundCache:
-    """Bounds per error model on one case, the ``capacity`` most recent kept (a [V, H] float64 bound is 4 GiB at
-    the production shapes). ``spent`` is the time spent evaluating since :meth:`start` (0 for a hit): the
-    bound's time of the impl being judged."""
+#: Fraction of the device's memory the bound sweeps of one case may hold at once on CUDA (a sweep holds grad_x's
+#: and grad_W's bounds in float64: 4.6 GB at 8192×4096×131072); impls still run beside it (eager's extra peak
+#: reaches 41 GB at the int32 shape under AMP).
+BOUND_MEMORY_FRACTION = 0.3
+#: The same budget in bytes off CUDA.
+BOUND_MEMORY_CPU = 2**31
 
-    def __init__(self, p: Problem, t: Tensors, oracle: LinearCEResult, capacity: int = 4) -> None:
-        self.p, self.t, self.oracle, self.capacity = p, t, oracle, capacity
-        self.entries: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+
+def _bound_budget(device: str) -> int:
+    if torch.device(device).type == "cuda":
+        return int(BOUND_MEMORY_FRACTION * torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return BOUND_MEMORY_CPU
+
+
+class BoundCache:
+    """Bounds per error model on one case. What costs is the block sweep (:func:`properties.tolerance.sweep_bounds`):
+    given the case's plan (:meth:`plan`: the models each impl's judgement will ask for, in run order), a miss sweeps
+    the missing model together with the next planned ones that fit in ``budget`` bytes, sharing each block's
+    products between them, and drops sweeps no later impl needs; a model's bounds are then finished from its sweep
+    (:func:`properties.tolerance.finish_bounds`: cheap). The bounds are those of
+    :func:`properties.tolerance.linear_ce_bounds`, bit for bit. ``spent`` is the time spent on bounds since
+    :meth:`start` (an impl whose miss sweeps a group carries the group's time); ``hits`` the calls whose sweep
+    was there."""
+
+    def __init__(self, p: Problem, t: Tensors, oracle: LinearCEResult, budget: int | None = None) -> None:
+        self.p, self.t, self.oracle = p, t, oracle
+        self.budget = budget if budget is not None else _bound_budget(p.device)
+        self.swept: dict[str, SweepResult] = {}
+        self.planned: list[tuple[str, ErrorModel]] = []  # (impl name, model) in run order
+        self.position = 0
         self.spent = 0.0
         self.hits = 0
 
-    def start(self) -> None:
+    def plan(self, impls: list[Any]) -> None:
+        """The models the judgement of each of ``impls`` (in run order) asks for: its declaration at the hard and
+        the expected level (the returned dtypes do not change a sweep, :func:`properties.tolerance.sweep_key`)."""
+        p = self.p
+        self.planned = []
+        for impl in impls:
+            try:
+                if impl.support.unavailable_reason() is None and refusal(impl.support, p) is None:
+                    self.planned += [(impl.name, error_model(impl.support, p, {}, lv)) for lv in ("hard", "expected")]
+            except Exception:  # a declaration that cannot be read is the impl's own error, when it is judged
+                continue
+
+    def start(self, impl: Any = None) -> None:
+        """Begin judging ``impl`` (its place in the plan decides what is still needed)."""
         self.spent, self.hits = 0.0, 0
+        names = [n for n, _ in self.planned]
+        if impl is not None and impl.name in names:
+            self.position = names.index(impl.name)
+
+    def _needed_later(self) -> set[str]:
+        return {repr(sweep_key(m)) for _, m in self.planned[self.position:]}
+
+    def _sweep_for(self, model: ErrorModel) -> None:
+        per = 8 * (self.p.N * self.p.H + self.p.V * self.p.H + self.p.V)  # one sweep's float64 gradient bounds
+        if self.planned:
+            needed = self._needed_later()
+            for key in [k for k in self.swept if k not in needed]:
+                del self.swept[key]
+        while self.swept and per * (len(self.swept) + 1) > self.budget:
+            del self.swept[next(iter(self.swept))]  # the oldest
+        room = max(self.budget - per * len(self.swept), per)
+        group: dict[str, ErrorModel] = {repr(sweep_key(model)): model}
+        for _, m in self.planned[self.position:]:
+            key = repr(sweep_key(m))
+            if per * (len(group) + 1) > room:
+                break
+            if key not in self.swept:
+                group.setdefault(key, m)
+        self.swept.update(sweep_bounds(self.p, self.t, self.oracle, list(group.values())))
+        _release(self.p)
 
     def __call__(self, model: ErrorModel) -> dict[str, torch.Tensor]:
-        key = repr(model)
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            self.hits += 1
-            return self.entries[key]
         t0 = time.perf_counter()
-        b = linear_ce_bounds(self.p, self.t, self.oracle, model)
+        key = repr(sweep_key(model))
+        if key in self.swept:
+            self.hits += 1
+        else:
+            self._sweep_for(model)
+        b = finish_bounds(self.p, self.t, self.oracle, model, self.swept[key])
         _sync(self.p.device)
         self.spent += time.perf_counter() - t0
-        self.entries[key] = b
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
         return b
 
 
@@ -295,6 +354,9 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
     case, p = ctx.case, ctx.case.problem
     rec: dict[str, Any] = {"case": case.label, "shape": case.shape.name, "precision": case.precision,
                            "impl": impl.name, "problem": repr(p), **{k: round(v, 4) for k, v in ctx.times.items()}}
+    unavailable = impl.support.unavailable_reason()  # as the suite decides it (strategies.why_not_run)
+    if unavailable:
+        return {**rec, "status": "unavailable", "reason": unavailable}
     why = refusal(impl.support, p)
     if why is not None:
         return {**rec, "status": "unsupported", "reason": why}
@@ -305,7 +367,7 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
         lines = exception_lines(exc)
         return {**rec, "status": "error", "reason": lines[0], "failure": failure_text(impl, case, lines, shapes)}
     rec.update(impl_s=round(seconds, 4), extra_peak_bytes=peak)
-    ctx.bounds.start()
+    ctx.bounds.start(impl)
     t0 = time.perf_counter()
     res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds,
                          relative=ctx.eager is not None)
@@ -328,7 +390,7 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
     if res.ok:
         return {**rec, "status": "pass"}
     lines = res.failure_lines() + _row_lines(res, rows, case.shape)
-    known = covers_every(impl.name, "accuracy", p)
+    known = known_on_tensors(impl.name, "accuracy", p, ctx.t)  # a data predicate decides on the tier's tensors
     rec.update(status="known" if known else "fail", failure=failure_text(impl, case, lines, shapes))
     if known:
         rec["known_divergence"] = known.reason
@@ -337,8 +399,6 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
 
 def _hard_model(impl: Any, p: Problem, out: ImplOutputs) -> ErrorModel:
     """The hard-level error model check_accuracy judged ``out`` under (a cache hit in :class:`BoundCache`)."""
-    from numcheck.properties.tolerance import error_model
-
     dtypes = {k: v.dtype for k in ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
               if isinstance(v := out.get(k), torch.Tensor)}
     return error_model(impl.support, p, dtypes, "hard")

@@ -80,14 +80,15 @@ below the slack of the γ constants at the sizes the suite draws. In the logits'
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
 from numcheck.properties.compare import overflow_threshold
 from numcheck.properties.problems import Problem, Tensors
-from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, linear_ce
+from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, block_walker, linear_ce
 
 Level = Literal["hard", "expected"]
 
@@ -377,12 +378,87 @@ def logp_error_bound(p: torch.Tensor, e: torch.Tensor, T_plus: torch.Tensor, T_m
     return torch.maximum(up, down).clamp_min(0)
 
 
-class _Sweep:
-    """Observer of the oracle's block sweep; ``phase`` 1 accumulates the row totals T⁺_i, T⁻_i (step 2), the
-    entropy and row maximum (for the declared elementary-function errors) and the first-order loss sums; phase 2
-    the gradient bounds and the loss's second-order term (they need the finished row totals)."""
+def sweep_key(m: ErrorModel) -> ErrorModel:
+    """The part of ``m`` the block sweep reads: ``m`` without the returned outputs' roundings (``u_out``,
+    ``eta_out``) and the target-product term, which only the finish (:func:`_finish`) adds. Models with one
+    sweep key share every accumulated tensor."""
+    return dataclasses.replace(m, u_out={}, eta_out={}, target_products=False)
 
-    def __init__(self, p: Problem, t: Tensors, m: ErrorModel, N: int, H: int, V: int, dev: torch.device) -> None:
+
+def _gradient_key(m: ErrorModel) -> ErrorModel:
+    """The part of ``m`` that |δG| reads (everything of :func:`sweep_key` but the accumulation paths, which only
+    scale the shared |G||W| and |G|ᵀ|x|): models with one gradient key share |δG| and its two products."""
+    return dataclasses.replace(sweep_key(m), grad_accumulation="fp32", chunks=1, grad_x_accumulation="fp32",
+                               chunks_x=1, u_p=0.0)
+
+
+class _BlockShared:
+    """A block's products that no error model changes, each formed once however many models a sweep
+    evaluates: |x|, |W|, |x||W|ᵀ + |b|, |G|, |G||W|, |G|ᵀ|x| and Σ_i |G_i| (the same operations, so the same bits,
+    as forming them per model)."""
+
+    def __init__(self, blk: Block) -> None:
+        self.blk = blk
+        self._got: dict[str, torch.Tensor] = {}
+
+    def _once(self, name: str, make) -> torch.Tensor:
+        if name not in self._got:
+            self._got[name] = make()
+        return self._got[name]
+
+    @property
+    def x_abs(self) -> torch.Tensor:
+        return self._once("x_abs", lambda: self.blk.x.abs())
+
+    @property
+    def w_abs(self) -> torch.Tensor:
+        return self._once("w_abs", lambda: self.blk.w.abs())
+
+    @property
+    def mag(self) -> torch.Tensor:
+        """|x||W|ᵀ (+ |b|): the logits' magnitude of step 1."""
+        def make() -> torch.Tensor:
+            mag = self.x_abs @ self.w_abs.T
+            return mag + self.blk.b.abs() if self.blk.b is not None else mag
+        return self._once("mag", make)
+
+    @property
+    def G_abs(self) -> torch.Tensor:
+        return self._once("G_abs", lambda: self.blk.G.abs())
+
+    @property
+    def GW(self) -> torch.Tensor:
+        return self._once("GW", lambda: self.G_abs @ self.w_abs)
+
+    @property
+    def GX(self) -> torch.Tensor:
+        return self._once("GX", lambda: self.G_abs.T @ self.x_abs)
+
+    @property
+    def G_sum(self) -> torch.Tensor:
+        return self._once("G_sum", lambda: self.G_abs.sum(dim=0))
+
+
+@dataclass
+class _Accumulator:
+    """The gradient bounds of one sweep key, summed block by block: grad_x over vocabulary blocks with the factor
+    ``s_x`` = γ_V + a_x on |G||W|, grad_W and grad_b over row blocks with ``s_w`` = γ_N + a_path on |G|ᵀ|x|."""
+
+    s_x: float
+    s_w: float
+    gx: torch.Tensor
+    gw: torch.Tensor
+    gb: torch.Tensor
+
+
+class _Sweep:
+    """Observer of the oracle's block sweep for the error models of one gradient key (:func:`_gradient_key`; the
+    first is ``m``); ``phase`` 1 accumulates the row totals T⁺_i, T⁻_i (step 2), the entropy and row maximum
+    (for the declared elementary-function errors) and the first-order loss sums; phase 2 the gradient bounds (one
+    :class:`_Accumulator` per sweep key) and the loss's second-order term (they need the finished row totals)."""
+
+    def __init__(self, p: Problem, t: Tensors, m: ErrorModel, N: int, H: int, V: int, dev: torch.device,
+                 models: Sequence[ErrorModel] = ()) -> None:
         f64 = torch.float64
         self.p, self.m, self.V = p, m, V
         o = t.options
@@ -403,13 +479,20 @@ class _Sweep:
         self.zmax = torch.full((N,), -math.inf, dtype=f64, device=dev)
         self.S_ce, self.S_2 = zeros(N), zeros(N)
         self.R = self.dlse = zeros(N)
-        self.gx, self.gw, self.gb = zeros(N, H), zeros(V, H), zeros(V)
+        self.accumulators: dict[str, _Accumulator] = {}
+        for model in (m, *models):
+            key = repr(sweep_key(model))
+            if key not in self.accumulators:
+                self.accumulators[key] = _Accumulator(self.g_V + model.path_term_x(), self.g_N + model.path_term(),
+                                                      zeros(N, H), zeros(V, H), zeros(V))
 
-    def _logit_error(self, blk: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    def accumulator(self, m: ErrorModel) -> _Accumulator:
+        """The accumulated gradient bounds of model ``m`` (one of this sweep's)."""
+        return self.accumulators[repr(sweep_key(m))]
+
+    def _logit_error(self, blk: Block, sh: _BlockShared) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.m
-        mag = blk.x.abs() @ blk.w.abs().T
-        if blk.b is not None:
-            mag = mag + blk.b.abs()
+        mag = sh.mag
         e_z = self.g_H * mag + (m.u_L + 2 * U_ACC) * blk.z.abs() + m.eta_c
         if blk.b is not None:
             # The matmul's output may be rounded to the logits dtype before the bias is added (Liger adds it
@@ -452,10 +535,11 @@ class _Sweep:
         self.R = R
         self.dlse = lse_error_bound(self.T_plus, self.T_minus) + R
 
-    def block(self, blk: Block, rows: RowStats) -> None:
+    def block(self, blk: Block, rows: RowStats, sh: _BlockShared | None = None) -> None:
         m = self.m
         r = blk.rows
-        e_z, e_zc = self._logit_error(blk)
+        sh = sh if sh is not None else _BlockShared(blk)
+        e_z, e_zc = self._logit_error(blk, sh)
         C, q, valid = self._row_terms(blk, rows)
         p = blk.p * valid[:, None]
         lse = rows.lse[r]
@@ -487,7 +571,7 @@ class _Sweep:
             g_abs = (rows.coef_ce[r][:, None] * (C[:, None] * p - q)
                      + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p).abs()
         else:
-            g_abs = blk.G.abs()
+            g_abs = sh.G_abs
         dg = cc * C[:, None] * dp
         if self.lam:  # δ(lse·p) ≤ |lse|·|δp| + |δlse|·(p + |δp|)
             dg = dg + cz * lam2 * (lse.abs()[:, None] * dp + dlse[:, None] * (p + dp))
@@ -498,15 +582,16 @@ class _Sweep:
         if m.class_weight_rounding:
             dg = dg + 2 * m.u_c * g_abs
         dG = self._through_softcap(blk, dg, g_abs, e_z) if blk.dzc_dz is not None else dg
-        G_abs = blk.G.abs()
+        G_abs = sh.G_abs
         # Stored G rounds once (u_G|G| + η); with CE arithmetic in the compute dtype p is stored too, a second η.
         # An underflowed G scaled afterwards by the upstream gradient u carries |u|·η, then rounds again.
         eta_G = m.eta_c * (2 if m.u_ce != U_ACC else 1) * m.upstream_scale
         dG = (dG + m.u_G * G_abs + eta_G) * valid[:, None]
-        self.gx[r] += dG @ blk.w.abs() + (self.g_V + m.path_term_x()) * (G_abs @ blk.w.abs())
-        acc = self.g_N + m.path_term()
-        self.gw[blk.cols] += dG.T @ blk.x.abs() + acc * (G_abs.T @ blk.x.abs())
-        self.gb[blk.cols] += dG.sum(dim=0) + acc * G_abs.sum(dim=0)
+        dGW, dGX, dG_sum = dG @ sh.w_abs, dG.T @ sh.x_abs, dG.sum(dim=0)
+        for a in self.accumulators.values():
+            a.gx[r] += dGW + a.s_x * sh.GW
+            a.gw[blk.cols] += dGX + a.s_w * sh.GX
+            a.gb[blk.cols] += dG_sum + a.s_w * sh.G_sum
 
     def _through_softcap(self, blk: Block, dg: torch.Tensor, g_abs: torch.Tensor, e_z: torch.Tensor) -> torch.Tensor:
         """|δG| for G = g·d, d = 1 − tanh²(z/s) (step 4): |δG| ≤ |δg|·min(d + |δd|, sech²(t_lo)) + |g|·(|δd| +
@@ -524,24 +609,105 @@ class _Sweep:
         return dg * torch.minimum(d + dd, sech2_lo) + g_abs * (dd + rounding)
 
 
+class _Batch:
+    """Shows every block to each sweep, with the block's shared products (:class:`_BlockShared`) formed once."""
+
+    def __init__(self, sweeps: Sequence[_Sweep]) -> None:
+        self.sweeps = sweeps
+
+    def block(self, blk: Block, rows: RowStats) -> None:
+        sh = _BlockShared(blk)
+        for s in self.sweeps:
+            s.block(blk, rows, sh)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What the block sweep accumulated for one error model: everything :func:`finish_bounds` needs."""
+
+    sweep: _Sweep
+    acc: _Accumulator
+
+    @property
+    def nbytes(self) -> int:
+        """The memory its accumulated gradient bounds hold."""
+        return sum(v.numel() * v.element_size() for v in (self.acc.gx, self.acc.gw, self.acc.gb))
+
+
+def sweep_bounds(p: Problem, t: Tensors, oracle: LinearCEResult,
+                 models: Sequence[ErrorModel]) -> dict[str, SweepResult]:
+    """The block sweep of every model in ``models`` at once, keyed by ``repr(sweep_key(m))``: the oracle's pass 1
+    once (:func:`reference.linear_ce.block_walker`), its blocks walked twice (phase 1, phase 2) without
+    re-accumulating the oracle's gradients, the model-independent products of each block formed once
+    (:class:`_BlockShared`), |δG| and its two products once per gradient key. Every figure is the one a sweep of
+    that model alone gives, bit for bit (tests/self/test_tolerance_paths.py)."""
+    from numcheck.properties.harness import oracle_operands
+
+    x, w, b = oracle_operands(p, t)
+    N, H = x.shape
+    V = w.shape[0]
+    groups: dict[str, list[ErrorModel]] = {}
+    for m in models:
+        groups.setdefault(repr(_gradient_key(m)), []).append(m)
+    sweeps = [_Sweep(p, t, ms[0], N, H, V, x.device, ms[1:]) for ms in groups.values()]
+    _, walk = block_walker(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero")
+    batch = _Batch(sweeps)
+    for phase in (1, 2):
+        for s in sweeps:
+            s.phase = phase
+        walk(batch)
+        if phase == 1:
+            for s in sweeps:
+                s.finish_rows(oracle.stats.lse)
+    out = {}
+    for s, ms in zip(sweeps, groups.values()):
+        for m in ms:
+            out[repr(sweep_key(m))] = SweepResult(s, s.accumulator(m))
+    return out
+
+
 def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
     """Element-wise absolute error bounds for ``loss``, ``z_loss``, ``grad_x``, ``grad_weight``, ``grad_bias``.
 
     ``oracle`` must be the oracle on the same operands (:func:`properties.harness.run_oracle`); the sweep
-    re-walks its blocks twice through the oracle's observer hook.
+    walks its blocks twice (:func:`sweep_bounds`).
     """
+    return linear_ce_bounds_many(p, t, oracle, [m])[0]
+
+
+def linear_ce_bounds_many(p: Problem, t: Tensors, oracle: LinearCEResult,
+                          models: Sequence[ErrorModel]) -> list[dict[str, torch.Tensor]]:
+    """:func:`linear_ce_bounds` of each model, from one shared sweep (:func:`sweep_bounds`)."""
+    swept = sweep_bounds(p, t, oracle, models)
+    return [finish_bounds(p, t, oracle, m, swept[repr(sweep_key(m))]) for m in models]
+
+
+def _linear_ce_bounds_two_runs(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
+    """The straightforward evaluation :func:`sweep_bounds` is tested against: the whole oracle run twice with
+    one model's sweep as its observer, every product of a block formed for that model alone."""
     from numcheck.properties.harness import oracle_operands
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
     V = w.shape[0]
     sweep = _Sweep(p, t, m, N, H, V, x.device)
-    st = oracle.stats
     for phase in (1, 2):
         sweep.phase = phase
         linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero", observer=sweep)
         if phase == 1:
-            sweep.finish_rows(st.lse)
+            sweep.finish_rows(oracle.stats.lse)
+    return finish_bounds(p, t, oracle, m, SweepResult(sweep, sweep.accumulator(m)))
+
+
+def finish_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel,
+                  swept: SweepResult) -> dict[str, torch.Tensor]:
+    """The bounds of ``m`` from its sweep (:func:`sweep_bounds`): the loss and z-loss from the row sums, the last
+    roundings of every output."""
+    from numcheck.properties.harness import oracle_operands
+
+    H, V = t.x.shape[1], t.weight.shape[0]
+    sweep, acc = swept.sweep, swept.acc
+    st = oracle.stats
     lse = st.lse
     valid = st.valid
     R = sweep.R
@@ -554,6 +720,7 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
         # Declared target_logit="rounded_products": z_y = Σ_k fl_c(x_k·w_yk) summed in fp32, beside the lse's
         # own logits. Each product rounds at u_c (η_c below the normal range); the fp32 sum is within the
         # logits' own term. It enters ℓ_i with the target's coefficient (1−ε)·w_{y_i}.
+        x, w, _ = oracle_operands(p, t)
         tgt = torch.where(valid, t.target, torch.zeros_like(t.target))
         prod = (x * w[tgt]).abs().sum(-1)
         d_ce = d_ce + (1 - sweep.eps) * st.w_target * (m.u_c * prod + H * m.eta_c)
@@ -591,9 +758,9 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     out = {
         "loss": loss_b + m.eta_out.get("loss", 0.0) + (m.eta_c if red != "mean" else 0.0),
         "z_loss": z_b + m.eta_out.get("z_loss", 0.0),
-        "grad_x": final("grad_x", sweep.gx, oracle.grad_x),
-        "grad_weight": final("grad_weight", sweep.gw, oracle.grad_weight),
+        "grad_x": final("grad_x", acc.gx, oracle.grad_x),
+        "grad_weight": final("grad_weight", acc.gw, oracle.grad_weight),
     }
     if oracle.grad_bias is not None:
-        out["grad_bias"] = final("grad_bias", sweep.gb, oracle.grad_bias)
+        out["grad_bias"] = final("grad_bias", acc.gb, oracle.grad_bias)
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Callable, Iterator, Literal, Protocol
 
 import torch
 
@@ -286,15 +286,12 @@ def _reduce(ops: _Operands, lse: torch.Tensor, z_tgt: torch.Tensor, wz_sum: torc
     return _Reduced(per_row=per_row, loss=loss, z_loss=z_loss, stats=stats)
 
 
-def _backward(ops: _Operands, stats: RowStats,
-              observer: BlockObserver | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Pass 2: recompute every block, form G (the gradient w.r.t. z) and accumulate grad_x, grad_W, grad_b."""
+def _pass2_blocks(ops: _Operands, stats: RowStats) -> Iterator[Block]:
+    """Pass 2's blocks in order (rows outer, vocabulary inner): each recomputed, with p and G (the gradient
+    w.r.t. z)."""
     X, W, B, cw, eps = ops.X, ops.W, ops.B, ops.cw, ops.eps
-    (N, H), V, dev, f64 = X.shape, W.shape[0], X.device, torch.float64
+    V = W.shape[0]
     lse, S_w = stats.lse, ops.S_w
-    gx = torch.zeros(N, H, dtype=f64, device=dev)
-    gw = torch.zeros(V, H, dtype=f64, device=dev)
-    gb = torch.zeros(V, dtype=f64, device=dev) if B is not None else None
     a = (1.0 - eps) * stats.coef_ce * ops.w_t  # weight on (p − onehot)
     e = (eps / V) * stats.coef_ce  # weight on (S_w p − w)
     zz = 2.0 * ops.lam * stats.coef_z * lse  # weight on p from z-loss
@@ -313,13 +310,26 @@ def _backward(ops: _Operands, stats: RowStats,
                 idx = inside.nonzero().squeeze(1)
                 g[idx, t_r[idx] - c.start] -= a[r][idx]
             G = g * d if d is not None else g
-            gx[r] += G @ W[c]
-            gw[c] += G.T @ X[r]
-            if gb is not None:
-                gb[c] += G.sum(dim=0)
-            if observer is not None:
-                observer.block(Block(rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None,
-                                     z=z, zc=zc, p=p, G=G, dzc_dz=d), stats)
+            yield Block(rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None, z=z, zc=zc, p=p, G=G,
+                        dzc_dz=d)
+
+
+def _backward(ops: _Operands, stats: RowStats,
+              observer: BlockObserver | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Pass 2: recompute every block, form G (the gradient w.r.t. z) and accumulate grad_x, grad_W, grad_b."""
+    X, W, B = ops.X, ops.W, ops.B
+    (N, H), V, dev, f64 = X.shape, W.shape[0], X.device, torch.float64
+    gx = torch.zeros(N, H, dtype=f64, device=dev)
+    gw = torch.zeros(V, H, dtype=f64, device=dev)
+    gb = torch.zeros(V, dtype=f64, device=dev) if B is not None else None
+    for blk in _pass2_blocks(ops, stats):
+        r, c, G = blk.rows, blk.cols, blk.G
+        gx[r] += G @ W[c]
+        gw[c] += G.T @ X[r]
+        if gb is not None:
+            gb[c] += G.sum(dim=0)
+        if observer is not None:
+            observer.block(blk, stats)
     return gx, gw, gb
 
 
@@ -366,6 +376,39 @@ def linear_ce(
     gx, gw, gb = _backward(ops, fwd.stats, observer)
     return LinearCEResult(loss=fwd.loss, per_row=fwd.per_row, lse=lse, z_loss=fwd.z_loss, grad_x=gx,
                           grad_weight=gw, grad_bias=gb, stats=fwd.stats, options=opts)
+
+
+def block_walker(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    options: CEOptions | None = None,
+    upstream: torch.Tensor | float | None = None,
+    all_ignored: AllIgnored = "nan",
+    row_chunk: int = DEFAULT_ROW_CHUNK,
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+) -> tuple[RowStats, Callable[[BlockObserver], None]]:
+    """Pass 1 of :func:`linear_ce` once, and a function that shows an observer every block of pass 2 (the same
+    blocks, bit for bit, as :func:`linear_ce` shows its observer) without accumulating the gradients: for a
+    caller that sweeps the blocks several times (the tolerance model's two phases) and needs no second oracle.
+    Arguments as :func:`linear_ce`'s."""
+    opts = options if options is not None else CEOptions()
+    _check_inputs(x, weight, target, bias, opts)
+    if all_ignored not in ("nan", "zero"):
+        raise ValueError(f"all_ignored must be 'nan' or 'zero', got {all_ignored!r}")
+    if row_chunk < 1 or vocab_chunk < 1:
+        raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
+    ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
+    lse, z_tgt, wz_sum = _row_pass(ops)
+    stats = _reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored).stats
+
+    def walk(observer: BlockObserver) -> None:
+        for blk in _pass2_blocks(ops, stats):
+            observer.block(blk, stats)
+
+    return stats, walk
 
 
 def forward_autograd(

@@ -73,8 +73,8 @@ case "$what" in
     mkdir -p "$out/scale"
     [ -n "${SCALE_RESUME:-}" ] && cp "$SCALE_RESUME" "$out/scale/progress.jsonl"
     NUMCHECK_IMPLS="${NUMCHECK_IMPLS:+$NUMCHECK_IMPLS,}numcheck.tests.self.scale_mutants:int32_offsets" \
-      timeout -s KILL "${SCALE_S:-560}" python3 -m numcheck.reports.cli scale --device cuda --out "$out/scale" \
-      --budget-s "${SCALE_BUDGET_S:-440}" --time-cap-s "${SCALE_CAP_S:-120}" ${SCALE_ARGS:-} > "$out/scale.txt" 2>&1
+      timeout -s KILL "${SCALE_S:-315}" python3 -m numcheck.reports.cli scale --device cuda --out "$out/scale" \
+      --budget-s "${SCALE_BUDGET_S:-240}" --time-cap-s "${SCALE_CAP_S:-90}" ${SCALE_ARGS:-} > "$out/scale.txt" 2>&1
     echo "numcheck scale exit $?" >> "$out/scale.txt"
     tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/scale.md" 2>/dev/null | head -80
     ;;

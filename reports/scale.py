@@ -10,7 +10,7 @@ Python), records that item as ``crashed`` or ``timeout``, and goes on with the r
 past ``--time-cap-s`` is interrupted between kernel launches (``timeout``); an impl that raises, an OOM included,
 is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written from the progress file.
 
-Exit status: 0 when every record passes or is unsupported or a known divergence, 1 when one fails, errs, times
+Exit status: 0 when every record passes, is unavailable here, unsupported or a known divergence, 1 when one fails, errs, times
 out or crashes, 2 on bad input.
 """
 
@@ -181,6 +181,7 @@ def _work(args: argparse.Namespace) -> int:
             if torch.device(case.device).type == "cuda":
                 torch.cuda.empty_cache()
             continue
+        ctx.bounds.plan(todo)
         info = {"note": case.shape.note, "problem": repr(case.problem), **ctx.times}
         if ctx.eager_failure:
             info["eager_failure"] = ctx.eager_failure
@@ -362,4 +363,6 @@ def run(args: argparse.Namespace) -> int:
           f"{args.out / 'scale.md'}")
     for r in bad:
         print(f"  {r['status']}: {r['impl']} on {r['case']}: {r.get('reason') or r.get('failure', '').splitlines()[0]}")
+    for r in (r for r in data["records"] if r["status"] == "known"):
+        print(f"  known divergence: {r['impl']} on {r['case']}: {r.get('known_divergence', '')[:160]}")
     return 1 if bad else 0

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: Statuses that are a verdict against the impl (``known``: a recorded known divergence; ``unsupported`` and
-#: ``not_run`` judge nothing).
+#: Statuses that are a verdict against the impl (``known``: a recorded known divergence; ``unavailable`` (the
+#: impl's ``support.requires`` unmet here), ``unsupported`` and ``not_run`` judge nothing).
 FAILING = ("fail", "error", "timeout", "crashed")
 
 
@@ -39,6 +39,13 @@ def _worst(rec: dict[str, Any]) -> tuple[str, str, str]:
     return f"{_g(ratios[name])} ({name})", rel_s, ", ".join(rows) or "-"
 
 
+def _verdict(rec: dict[str, Any]) -> str:
+    """A record's verdict in words: its status, with its reason (a known divergence's recorded reason)."""
+    if rec["status"] == "known":
+        return f"known divergence: {rec.get('known_divergence', '?')}"
+    return rec["status"] + (f": {rec['reason']}" if rec.get("reason") and rec["status"] != "fail" else "")
+
+
 def render(data: dict[str, Any], heading: str = "#") -> str:
     """The tier's Markdown: one table per case (verdict, worst ratios, first wrong row, times, extra peak), the
     failure texts, and the run's totals."""
@@ -48,8 +55,9 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
              f"shapes `{meta.get('shapes', '?')}`, precisions {', '.join(meta.get('precisions', []))}; "
              f"wall {_g(meta.get('wall_s'))} s. Each impl is judged by the property suite's accuracy property "
              "(judgements (a) and (b), the bounds of properties/tolerance.py) against the chunked float64 oracle; "
-             "times in seconds (bound: the bounds this impl needed, 0 when an impl of the same declaration "
-             "already had them evaluated), extra peak = torch.cuda.max_memory_allocated over forward + backward "
+             "times in seconds (bound: time spent on bounds while judging this impl; the impl whose bounds were "
+             "missing carries the shared sweep of every planned declaration that fit beside them, the others "
+             "only their finishing), extra peak = torch.cuda.max_memory_allocated over forward + backward "
              "less what was allocated before.", ""]
     records = data.get("records", [])
     cases = data.get("cases", {})
@@ -63,7 +71,7 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
                   "bound s | extra peak MiB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in (r for r in records if r["case"] == label):
             a, b, row = _worst(r)
-            verdict = r["status"] + (f": {r['reason']}" if r.get("reason") and r["status"] != "fail" else "")
+            verdict = _verdict(r)
             lines.append(f"| `{r['impl']}` | {verdict.replace('|', '/')} | {a} | {b} | {row} | {_g(r.get('impl_s'))} | "
                          f"{_g(r.get('bound_s'))} | {_mib(r.get('extra_peak_bytes'))} |")
         lines.append("")
@@ -71,8 +79,7 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
     if failing:
         lines += [f"{heading}# Failures", ""]
         for r in failing:
-            extra = f" (known divergence: {r['known_divergence']})" if r.get("known_divergence") else ""
-            lines += [f"`{r['impl']}` on {r['case']}: {r['status']}{extra}", "", "```", r["failure"], "```", ""]
+            lines += [f"`{r['impl']}` on {r['case']}: {_verdict(r)}", "", "```", r["failure"], "```", ""]
     counts: dict[str, int] = {}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

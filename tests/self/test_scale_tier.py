@@ -8,6 +8,7 @@ blocks against float64 autograd, the crash/hang isolation of ``numcheck scale`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from numcheck.impls.eager import eager_impls
 from numcheck.impls.protocol import FunctionImpl
 from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
+from numcheck.properties.problems import Problem, build
 from numcheck.properties.scale_inputs import logit_profile, scale_tensors
 from numcheck.properties.scale_tier import (INT32_LIMIT, SHAPES, Case, CaseContext, Shape, _row_lines,
                                             first_row_beyond, int32_first_row, judge_impl, parse_shapes)
@@ -186,3 +188,82 @@ def test_resume_reruns_only_what_did_not_finish(tmp_path):
     _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager")
     data = json.loads((tmp_path / "scale.json").read_text())
     assert [rec["status"] for rec in data["records"]] == ["pass"]
+
+
+def _never_called(x, weight, target, bias=None, **options):
+    raise AssertionError("an unavailable impl was called")
+
+
+def test_unavailable_impl_is_recorded_not_run():
+    """An impl whose support.requires is unmet here is recorded 'unavailable' with its reason and never called."""
+    eager = eager_impls()[0]
+    gone = FunctionImpl("gone", _never_called, dataclasses.replace(eager.support, requires=lambda: "no such op here"))
+    rec = judge_impl(gone, _case(SMOKE[0]))
+    assert (rec["status"], rec["reason"]) == ("unavailable", "no such op here")
+
+
+def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
+    """A failure covered by a data-decided known divergence is 'known' when the entry's predicate holds on the
+    tier's own tensors (not build(p)'s), keeping its numbers; an entry that cannot read given tensors covers
+    nothing, so the failure stays a failure."""
+    from numcheck.properties import known_divergences as kd
+
+    ctx = _case(SMOKE[0])
+    seen = []
+
+    def on_tensors(p, t):
+        seen.append(t)
+        return True
+
+    entry = kd.KnownDivergence(impls="rows_from_37", properties=("accuracy",), devices=("cpu",),
+                               applies=lambda p: False, reason="a test entry", example=Problem(N=1, H=1, V=1),
+                               by_data=True, applies_to_tensors=on_tensors)
+    bad = FunctionImpl("rows_from_37", _rows_from(37), eager_impls()[0].support)
+    monkeypatch.setattr(kd, "KNOWN", [entry])
+    rec = judge_impl(bad, ctx)
+    assert rec["status"] == "known" and rec["known_divergence"] == "a test entry"
+    assert seen and seen[0] is ctx.t
+    assert rec["outputs"]["grad_x"]["ratio"] > 1 and "first wrong row 37" in rec["failure"]
+    monkeypatch.setattr(kd, "KNOWN", [dataclasses.replace(entry, applies_to_tensors=None)])
+    assert judge_impl(bad, ctx)["status"] == "fail"
+
+
+@pytest.mark.parametrize("p", [Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
+                               Problem(N=11, H=16, V=37, dtype="bfloat16", seed=1),
+                               Problem(N=40, H=48, V=67, dtype="float16", ignored=0.1, seed=5)])
+def test_cce_filtering_predicate_on_given_tensors(p, monkeypatch):
+    """CCE's filtering predicate on build(p)'s tensors passed in equals its answer on p; taking the rows a few at a
+    time (as at a production shape) changes nothing; other tensors give their own answer."""
+    from numcheck.properties import known_divergences as kd
+
+    want = kd.cce_filtering_may_skip(p, block_cols=128)
+    assert kd.cce_filtering_may_skip(p, block_cols=128, t=build(p)) is want
+    monkeypatch.setattr(kd, "FILTER_ROW_ELEMENTS", 3 * p.V)
+    assert kd.cce_filtering_may_skip(p, block_cols=128) is want
+    t = build(p)
+    x = t.x.double() * 1e3  # every row confident in its own argmax: every |softmax − onehot| tiny
+    top = (x @ t.weight.double().T).argmax(dim=1)
+    confident = t._replace(x=x.to(t.x.dtype), target=torch.where(t.target == p.ignore_index, t.target, top))
+    assert kd.cce_filtering_may_skip(p, block_cols=128, t=confident) is True
+
+
+def test_bound_cache_shares_sweeps_within_its_budget():
+    """The case's bound cache, planned for every registered impl and given room for two sweeps, returns every
+    planned model's bounds bit for bit as linear_ce_bounds does, and never holds more than two sweeps."""
+    from numcheck.impls.registry import by_kind, discover
+    from numcheck.properties.scale_tier import BoundCache
+    from numcheck.properties.tolerance import linear_ce_bounds
+
+    ctx = _case(SMOKE[1])
+    p = ctx.case.problem
+    impls = [e.impl for e in by_kind(discover([]), "linear_ce")]
+    per = 8 * (p.N * p.H + p.V * p.H + p.V)
+    cache = BoundCache(p, ctx.t, ctx.oracle, budget=2 * per)
+    cache.plan(impls)
+    assert len({repr(m) for _, m in cache.planned}) > 2
+    for name, m in cache.planned:
+        cache.start(impls[[i.name for i in impls].index(name)])
+        got = cache(m)
+        assert len(cache.swept) <= 2
+        want = linear_ce_bounds(p, ctx.t, ctx.oracle, m)
+        assert all(torch.equal(got[k], want[k]) for k in want), (name, m)
