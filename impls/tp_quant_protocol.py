@@ -21,8 +21,8 @@ gradient, ``bias.grad`` the rank's bias gradient — for row-parallel with SP th
 (the all-reduce of a sequence-parallel bias gradient is the optimizer's, Megatron's ``finalize_model_grads``).
 
 **The call** ``impl(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group,
-scale_log, scaling_state=None) -> y``. ``group`` is the rank's ``torch.distributed`` process group (or, in numcheck's
-self tests, an in-process simulation with the same collectives: :func:`collectives` hides which);
+scale_log, scaling_state=None) -> y``. ``group`` is the rank's ``torch.distributed`` process group (one made for the call by
+:class:`~properties.dist_harness.DistPool`);
 ``scale_log`` a :class:`ScaleLog` the impl reports every scale it quantized a GEMM operand with;
 ``scaling_state`` the rank's :class:`~impls.quant_protocol.DelayedScalingState` (delayed recipes).
 
@@ -200,7 +200,9 @@ class Collectives:
         import torch.distributed as dist
 
         out = torch.empty((t.shape[0] * self.world, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.all_gather_into_tensor(out, t.contiguous(), group=self.group)
+        # all_gather_single is the name from torch 2.13 on (all_gather_into_tensor is deprecated there)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, t.contiguous(), group=self.group)
         return out
 
     def reduce_scatter(self, t: torch.Tensor) -> torch.Tensor:
@@ -208,15 +210,13 @@ class Collectives:
         import torch.distributed as dist
 
         out = torch.empty((t.shape[0] // self.world, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.reduce_scatter_tensor(out, t.contiguous(), group=self.group)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # as all_gather_single
+        scatter(out, t.contiguous(), group=self.group)
         return out
 
 
-def collectives(group: Any) -> Any:
-    """The collectives of ``group``: the object itself when it already provides them (numcheck's in-process
-    simulation), else :class:`Collectives` over the ``torch.distributed`` group."""
-    if all(callable(getattr(group, m, None)) for m in ("all_reduce", "all_gather", "reduce_scatter")):
-        return group
+def collectives(group: Any) -> Collectives:
+    """The collectives of the ``torch.distributed`` group ``group``."""
     return Collectives(group)
 
 
