@@ -30,16 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
+    from numcheck.properties.dist_fp8_cases import TPQuantCase
     from numcheck.properties.fp8_cases import QuantCase
     from numcheck.properties.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     try:
-        case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe})  # noqa: S307
+        case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe,  # noqa: S307
+                                                 "TPQuantCase": TPQuantCase})
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
                          f"QuantCase(...) as printed in a failure message") from None
-    if not isinstance(case, (Problem, QuantCase)):
+    if not isinstance(case, (Problem, QuantCase, TPQuantCase)):
         raise ValueError(f"--problem must evaluate to a Problem or QuantCase, got {type(case).__name__}")
     return case
 
@@ -73,23 +75,47 @@ def find_impl(name: str) -> Any:
     raise ValueError(f"no impl named {name!r}; loaded: {names}{hint}")
 
 
+def find_tp_impl(name: str) -> Any:
+    """A tensor-parallel FP8 impl (:mod:`impls.tp_fp8_linear`, issue 20): a built-in by name, or ``module:attr``
+    naming one impl. ValueError naming the built-ins otherwise."""
+    import importlib
+
+    from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
+
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+        return obj
+    for impl in tp_fp8_linear_impls():
+        if impl.name == name:
+            return impl
+    raise ValueError(f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}")
+
+
 def run(args: argparse.Namespace) -> int:
     from numcheck.properties.failures import PropertyFailure
     from numcheck.properties.fp8_cases import QuantCase
 
+    from numcheck.properties.dist_fp8_cases import TPQuantCase
+
     prop = args.property.split("[", 1)[0]
     try:
         case = parse_case(args.problem)
-        impl = find_impl(args.impl)
+        impl = find_tp_impl(args.impl) if isinstance(case, TPQuantCase) else find_impl(args.impl)
     except ValueError as exc:
         print(f"numcheck repro: {exc}", file=sys.stderr)
         return 2
     quant = isinstance(case, QuantCase)
-    if quant:
+    if isinstance(case, TPQuantCase):
+        from numcheck.properties.dist_fp8_checks import DIST_FP8_PROPERTIES as table
+    elif quant:
         from numcheck.properties.fp8_checks import FP8_PROPERTIES as table
     else:
         from numcheck.properties.checks import PROPERTIES as table
-    want = "quant_linear" if quant else "linear_ce"
+    want = "tp_quant_linear" if isinstance(case, TPQuantCase) else "quant_linear" if quant else "linear_ce"
     if impl.kind != want:
         print(f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}", file=sys.stderr)
         return 2

@@ -1,0 +1,232 @@
+"""The protocol of a tensor/sequence-parallel FP8 linear (issue 20): called on every rank with its shards.
+
+With the global layer ``y = Q(x)·Q(W)ᵀ + b`` (x ``[M, K]``, W ``[N, K]``, b ``[N]``, dy ``[M, N]``) on ``P``
+ranks, rank ``r`` holds (Megatron-LM's layouts; ``M_r = M/P`` etc. are contiguous, rank-ordered slices):
+
+==========  =====  ======================  ==================  ===========================  =====================
+parallel    SP     x given                 W, b given          y returned                   dx returned
+==========  =====  ======================  ==================  ===========================  =====================
+column      off    x ``[M, K]`` (full)     W_r ``[N/P, K]``,   y_r ``[M, N/P]``              dx ``[M, K]`` (all-
+                                           b_r ``[N/P]``                                     reduced, full)
+column      on     x_r ``[M/P, K]``        W_r, b_r            y_r ``[M, N/P]`` (x all-      dx_r ``[M/P, K]``
+                                                               gathered)                     (reduce-scattered)
+row         off    x_r ``[M, K/P]``        W_r ``[N, K/P]``,   y ``[M, N]`` (partials all-  dx_r ``[M, K/P]``
+                                           b ``[N]`` (full)    reduced, then + b)
+row         on     x_r ``[M, K/P]``        W_r, b              y_r ``[M/P, N]`` (partials   dx_r ``[M, K/P]``
+                                                               reduce-scattered, then + b)
+==========  =====  ======================  ==================  ===========================  =====================
+
+``y.backward(dy_local)`` gets the rank's share of dy in y's layout; ``weight.grad`` is the rank's shard's
+gradient, ``bias.grad`` the rank's bias gradient — for row-parallel with SP the partial ``Σ_{i∈rows r} dy_i``
+(the all-reduce of a sequence-parallel bias gradient is the optimizer's, Megatron's ``finalize_model_grads``).
+
+**The call** ``impl(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group,
+scale_log, scaling_state=None) -> y``. ``group`` is the rank's ``torch.distributed`` process group (one made for the call by
+:class:`~properties.dist_harness.DistPool`);
+``scale_log`` a :class:`ScaleLog` the impl reports every scale it quantized a GEMM operand with;
+``scaling_state`` the rank's :class:`~impls.quant_protocol.DelayedScalingState` (delayed recipes).
+
+**Quantization semantics: the unsharded layer's.** The suite judges the assembled outputs against the float64
+oracle :func:`reference.fp8_linear.quantized_linear` run on the *global* tensors, so every operand must be
+quantized exactly as the global tensor would be:
+
+* *Per-tensor scales* (delayed, current): the amax of every operand (x, W, dy) is all-reduced (max) over the
+  group before the scale is computed, so every rank quantizes with the one global scale. Delayed scaling records
+  the reduced amax. (TransformerEngine's current scaling reduces only the input and grad-output amaxes and keeps
+  each weight shard's own scale; that layer is not the unsharded one and is outside this protocol.)
+* *Block scales* (blockwise 1×128 / 128×1 / 128×128, MXFP8 1×32 / 32×1) are legitimately local where a block
+  lies inside one rank's shard. The suite only draws sharded weight dimensions (N/P for column, K/P for row)
+  that are multiples of the recipe's block edge, so W's and the local dy's and x's blocks never cross a shard.
+  The sequence dimension M/P is drawn freely: a columnwise block (b×1, along M) of a gathered tensor may
+  straddle ranks, so it must be computed from the gathered tensor (or locally only when M/P is a multiple of b).
+* *Sequence parallel*: x (column) and dy (row) are all-gathered; the impl may gather them already quantized
+  (with the global scale, or with row-wise blocks, which never cross ranks) or in high precision and quantize
+  after. ``save_original_input=True`` saves the local original shard and, in backward, quantizes the
+  *gathered* original columnwise; the outputs must be bitwise those of ``False``.
+
+Partial sums of a sharded reduction (dgrad of column-parallel, y of row-parallel) are rounded to the dtype
+declared as ``partial_dtype`` and reduced in it (:mod:`properties.dist_fp8_tolerance` derives the bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from numcheck.impls import declaration_errors as decl
+from numcheck.impls.declaration_errors import invalid
+from numcheck.impls.quant_protocol import QUANT_DTYPES
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
+
+PARALLEL_MODES: tuple[str, ...] = ("column", "row")
+PARTIAL_DTYPES: tuple[str, ...] = ("output", "float32")
+#: The keywords every call passes after ``x, weight, bias``.
+TP_CALL_KEYWORDS: tuple[str, ...] = ("recipe", "parallel", "sequence_parallel", "save_original_input", "group",
+                                     "scale_log", "scaling_state")
+
+
+@dataclass(frozen=True)
+class TPQuantSupport:
+    """What a tensor-parallel quantized linear declares.
+
+    Attributes:
+        recipes: the recipes it implements.
+        dtypes: dtypes of x, weight, bias, y and the gradients.
+        parallel: ``"column"`` and/or ``"row"``.
+        sequence_parallel: the SP values it accepts.
+        save_original_input: the values it accepts (``True`` is refused with ValueError for delayed recipes).
+        bias: whether a bias may be passed.
+        world_sizes: the group sizes it runs at.
+        accum_unit_roundoff: unit roundoff of its GEMM accumulation (2⁻²⁴: fp32).
+        partial_dtype: ``"output"`` (partials of a sharded reduction are rounded to the output dtype and reduced in
+            it, Megatron's way) or ``"float32"`` (reduced in fp32, rounded once after).
+        deterministic: repeated calls at one world size give bitwise equal outputs.
+        requires: ``None`` when it can run here, else the reason.
+    """
+
+    recipes: tuple[Fp8Recipe, ...] = field(default_factory=standard_recipes)
+    dtypes: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16})
+    parallel: frozenset[str] = frozenset(PARALLEL_MODES)
+    sequence_parallel: frozenset[bool] = frozenset({False, True})
+    save_original_input: frozenset[bool] = frozenset({False, True})
+    bias: bool = True
+    world_sizes: tuple[int, ...] = (1, 2, 4)
+    accum_unit_roundoff: float = 2.0**-24
+    partial_dtype: str = "output"
+    deterministic: bool = True
+    requires: Callable[[], str | None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        own = "TPQuantSupport"
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
+        recipes = tuple(Fp8Recipe(r) if isinstance(r, str) and r in RECIPE_KINDS else r
+                        for r in decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)"))
+        if not recipes or not all(isinstance(r, Fp8Recipe) for r in recipes):
+            raise invalid(f"{own}.recipes={self.recipes!r} must be a non-empty collection of Fp8Recipe (or kind names)",
+                          f"e.g. recipes=(Fp8Recipe('current'),); kinds: {RECIPE_KINDS}.")
+        set_("recipes", recipes)
+        set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
+        for name, allowed in (("parallel", PARALLEL_MODES), ("sequence_parallel", (False, True)),
+                              ("save_original_input", (False, True))):
+            vals = decl.collection(own, name, getattr(self, name), repr(allowed))
+            if not vals or any(v not in allowed or type(v) is not type(allowed[0]) for v in vals):
+                raise invalid(f"{own}.{name}={getattr(self, name)!r} must be a non-empty collection of {allowed}",
+                              f"e.g. {name}={allowed!r}.")
+            set_(name, frozenset(vals))
+        ws = tuple(self.world_sizes)
+        if not ws or any(not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in ws):
+            raise invalid(f"{own}.world_sizes={self.world_sizes!r} must be positive ints", "e.g. world_sizes=(1, 2, 4).")
+        set_("world_sizes", ws)
+        if self.partial_dtype not in PARTIAL_DTYPES:
+            raise invalid(f"{own}.partial_dtype={self.partial_dtype!r} is not one of {PARTIAL_DTYPES}",
+                          "'output': partials rounded to the output dtype and reduced in it; 'float32': reduced in fp32.")
+        if not (isinstance(self.accum_unit_roundoff, float) and 0.0 < self.accum_unit_roundoff < 0.5):
+            raise invalid(f"{own}.accum_unit_roundoff={self.accum_unit_roundoff!r} must be a float in (0, 0.5)",
+                          "2.0**-24 for fp32 accumulation.")
+        decl.bools(own, self, ("bias", "deterministic"))
+        decl.requirement(own, self.requires)
+
+    def unavailable_reason(self) -> str | None:
+        """Why the impl cannot run here at all, or ``None``."""
+        return decl.requirement_unmet(self.requires)
+
+    def accumulation(self, device: str | torch.device) -> tuple[float, int | None]:
+        """``(unit roundoff, promotion chunk)`` of the GEMM accumulation (one fp32 level: no chunk)."""
+        return float(self.accum_unit_roundoff), None
+
+    def describe(self) -> str:
+        """Multi-line description for ``numcheck list``."""
+        dts = ",".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
+        return "\n".join([
+            f"parallel: {','.join(sorted(self.parallel))}; sequence_parallel: "
+            f"{','.join(str(v) for v in sorted(self.sequence_parallel))}; world sizes: "
+            f"{','.join(map(str, self.world_sizes))}; backend: torch.distributed (gloo on CPU, nccl on CUDA)",
+            f"dtypes: {dts}; bias: {'yes' if self.bias else 'no'}; save_original_input: "
+            f"{','.join(str(v) for v in sorted(self.save_original_input))}; partials reduced in: {self.partial_dtype}",
+            "recipes: " + ", ".join(r.name for r in self.recipes),
+        ])
+
+
+@dataclass
+class ScaleLog:
+    """The scales a rank quantized its GEMM operands with, as the impl reports them.
+
+    ``scales[(role, usage)]`` is the fp32 ``scale_inv`` of the operand as it entered the rank's GEMM, in the
+    source tensor's orientation: 0-d for per-tensor recipes, the block grid ``[ceil(R/br), ceil(C/bc)]`` of the
+    rank's operand (local shard or gathered tensor) otherwise. Recorded once per (role, usage) and step.
+    """
+
+    scales: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+    def record(self, role: str, usage: str, scale_inv: torch.Tensor) -> None:
+        """Report the ``scale_inv`` of operand ``(role, usage)``; a second report for the same pair is an error."""
+        if role not in ROLES or usage not in USAGES:
+            raise ValueError(f"ScaleLog.record: role {role!r} / usage {usage!r} not in {ROLES} / {USAGES}")
+        if (role, usage) in self.scales:
+            raise RuntimeError(f"ScaleLog: scale of {(role, usage)} recorded twice in one step")
+        self.scales[(role, usage)] = scale_inv.detach().to("cpu", torch.float32).clone()
+
+
+class Collectives:
+    """The four collectives the built-in impls use, over a ``torch.distributed`` group (every tensor contiguous,
+    gathers and scatters along dim 0)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    @property
+    def world(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group)
+
+    def all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        """``op`` ∈ {"sum", "max"} over the group, in place and returned."""
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """The ranks' ``t`` concatenated along dim 0, rank order."""
+        import torch.distributed as dist
+
+        out = torch.empty((t.shape[0] * self.world, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        # all_gather_single is the name from torch 2.13 on (all_gather_into_tensor is deprecated there)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, t.contiguous(), group=self.group)
+        return out
+
+    def reduce_scatter(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of ``t``, rank ``r`` keeping rows ``[r·R/P, (r+1)·R/P)``."""
+        import torch.distributed as dist
+
+        out = torch.empty((t.shape[0] // self.world, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # as all_gather_single
+        scatter(out, t.contiguous(), group=self.group)
+        return out
+
+
+def collectives(group: Any) -> Collectives:
+    """The collectives of the ``torch.distributed`` group ``group``."""
+    return Collectives(group)
+
+
+def validate_tp_quant_impl(obj: Any, origin: str) -> None:
+    """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
+    if not isinstance(getattr(obj, "support", None), TPQuantSupport):
+        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} needs 'support' of type "
+                        f"impls.tp_quant_protocol.TPQuantSupport, got {type(getattr(obj, 'support', None)).__name__}")
+    if not callable(obj):
+        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} is not callable")

@@ -1,0 +1,20 @@
+"""The TP FP8 suite's sharpness: the ci profile's draws of the suite test named in CAUGHT_BY fail every mutant."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+
+from numcheck.properties.dist_fp8_suite import run_drawn
+from numcheck.properties.failures import PropertyFailure
+from numcheck.tests.self.dist_fp8_mutants import CAUGHT_BY, MUTANTS
+
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_is_caught_by_the_ci_profile(mutant):
+    """The ci profile's draws (unshrunk: the first failure is enough) of the mutant's suite test fail it."""
+    base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    with pytest.raises(PropertyFailure):
+        run_drawn(mutant, CAUGHT_BY[mutant.name], base=base)

@@ -1,0 +1,58 @@
+"""Tensor/sequence-parallel FP8 linears (issue 20) on gloo ranks, judged against the unsharded float64 oracle.
+
+Parametrized over every built-in TP impl (:func:`numcheck.impls.tp_fp8_linear.tp_fp8_linear_impls`); cases are
+drawn inside each declaration (:mod:`numcheck.properties.dist_fp8_suite`), the ranks are the harness's persistent
+pools (:mod:`numcheck.properties.dist_harness`). Failures name impl, case, output, error, bound, worst element and
+the repro line (:mod:`numcheck.properties.dist_fp8_checks`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
+from numcheck.properties import dist_fp8_checks as checks
+from numcheck.properties.dist_fp8_cases import TPQuantCase
+from numcheck.properties.dist_fp8_suite import run_drawn
+
+IMPLS = tp_fp8_linear_impls()
+_ids = [i.name for i in IMPLS]
+
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+
+@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
+def test_dist_accuracy_and_same_scale(tp_impl):
+    """At P = 2 and 4 the assembled outputs are within the sharded bounds of both references, replicated outputs
+    agree on every rank, and every rank quantizes each operand with the oracle's global scale (or its blocks)."""
+    run_drawn(tp_impl, "dist_accuracy_and_same_scale")
+
+
+@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
+def test_world_size_invariance(tp_impl):
+    """The outputs at P = 1, 2 and 4 agree within the sum of their bounds against the dequantized reference."""
+    run_drawn(tp_impl, "world_size_invariance")
+
+
+@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
+def test_save_original_input_bitwise_under_sp(tp_impl):
+    """Column-parallel with SP: save_original_input True (the gathered original requantized in backward) and False
+    give bitwise identical outputs on every rank."""
+    if True not in tp_impl.support.save_original_input or not any(r.allows_save_original_input
+                                                                   for r in tp_impl.support.recipes):
+        pytest.skip(f"{tp_impl.name} declares no recipe with save_original_input=True")
+    run_drawn(tp_impl, "dist_save_original_input")
+
+
+@pytest.mark.parametrize("parallel", ["column", "row"])
+@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
+def test_determinism(tp_impl, parallel):
+    """Declared deterministic: two runs of one SP case at P = 4 agree bitwise on every rank."""
+    if not tp_impl.support.deterministic:
+        pytest.skip(f"{tp_impl.name} does not declare deterministic")
+    r = tp_impl.support.recipes[0]
+    edge = {"blockwise": 128, "mxfp8": 32}.get(r.kind, 1) * 4
+    M, K, N = (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
+    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, 4, parallel, True, "bfloat16", True, "normal", 7,
+                                                 False, 2 if r.kind == "delayed" else 1))
