@@ -4,11 +4,17 @@ accumulation a pull request changes, the way the seed's PR did (``examples/numch
 ``old``: every chunk adds ``torch.mm(Gᵀ, x).float()`` into the fp32 grad_weight buffer: the bf16 product [V, H] and
 its fp32 copy exist at once (V·H·(2+4) bytes: 3072 MiB at V=131072, H=4096).
 
-``new``: ``torch.addmm(gw, Gᵀ, x, out_dtype=torch.float32, out=gw)`` where that works — torch ≥ 2.8, a CUDA
-tensor, bf16/fp16 operands into an fp32 buffer — so nothing of size [V, H] is allocated; everywhere else the
-unchanged ``mm(...).float()`` line. The gate is the PR's own: a module-level version constant and the tensor's
-device. So on CPU (and on the ``meta`` device premerge measures on there) ``new`` takes the old path and saves
-nothing, which is what premerge measures and the claims file's "everywhere" claim gets wrong.
+``new``: ``torch.addmm(gw, Gᵀ, x, out_dtype=torch.float32, out=gw)`` where that works — torch ≥ 2.8, a device
+whose addmm takes ``out_dtype`` (CUDA; not the CPU, even in 2.13), bf16/fp16 operands into an fp32 buffer — so
+nothing of size [V, H] is allocated; everywhere else the unchanged ``mm(...).float()`` line. The gate is the PR's
+module-level version constant plus the device's answer to numcheck's ``addmm_out_dtype`` probe (the PR's "is it
+CUDA", asked of the device; premerge pins the probe to the CPU's answer when it traces on ``meta``). So on CPU
+``new`` takes the old path and saves nothing, which is what premerge measures and the claims file's "everywhere"
+claim gets wrong.
+
+Both expose their grad_weight accumulation step as ``accumulation_step(gw, G, x)`` on the wrapped function
+(``new.fn.accumulation_step``), so premerge measures the step the claim is about (one chunk's update) on its own:
+``step_extra_mib`` in ``numcheck-claims.toml``.
 
 Both declare what they do: bf16 or fp32 inputs (no autocast), ``mean``/``sum``, ``ignore_index``, logits and G in
 the compute dtype, 2048-row chunks, grad_weight rounded per chunk (``per_chunk_rounding``: ``old``'s path, and the
@@ -23,6 +29,7 @@ from __future__ import annotations
 import torch
 from packaging.version import Version
 
+from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import linear_ce_impl
 
 CHUNK_ROWS = 2048
@@ -37,8 +44,10 @@ def accumulate_old(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor) -> None:
 
 
 def accumulate_new(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor) -> None:
-    """``addmm(out_dtype=float32, out=gw)`` on CUDA with torch ≥ 2.8 and low-precision operands; else the old line."""
-    if _ADDMM_SUPPORTS_OUT_DTYPE and gw.is_cuda and gw.dtype == torch.float32 and G.dtype in _LOW:
+    """``addmm(out_dtype=float32, out=gw)`` with torch ≥ 2.8 on a device that supports it (CUDA) and low-precision
+    operands; else the old line."""
+    if (_ADDMM_SUPPORTS_OUT_DTYPE and gw.dtype == torch.float32 and G.dtype in _LOW
+            and capabilities.addmm_out_dtype(gw.device.type, G.dtype)):
         torch.addmm(gw, G.t(), x.to(G.dtype), out_dtype=torch.float32, out=gw)
     else:
         accumulate_old(gw, G, x)
@@ -105,3 +114,8 @@ def new(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     """Chunked FLCE, grad_weight by addmm(out_dtype=float32, out=gw) where supported (the change)."""
     _check(x, weight)
     return _ChunkedLinearCE.apply(x, weight, target, reduction, ignore_index, accumulate_new)
+
+
+# The grad_weight accumulation step of each side, for premerge's step-level memory metric (docs/premerge-ab.md).
+old.fn.accumulation_step = accumulate_old
+new.fn.accumulation_step = accumulate_new

@@ -11,6 +11,10 @@ one ``[[claim]]`` table per promise. Keys of a ``[[claim]]`` table (:data:`CLAIM
     * ``peak_change_mib``: NEW's forward+backward extra peak (above its inputs) minus BASE's, MiB, at the seed's
       shapes (BT=8192, H=4096, V=131072, bf16): on a CPU run measured on the ``meta`` device (the code path the
       CPU takes; nothing allocated), on CUDA by ``torch.cuda.max_memory_allocated``. Negative is a saving.
+    * ``step_extra_mib``: NEW's grad_weight accumulation step's extra peak, MiB: one ``accumulation_step(gw, G,
+      x)`` call at the seed's chunk (fp32 ``gw`` [131072, 4096], bf16 ``G`` [2048, 131072] and ``x`` [2048, 4096]),
+      measured as the peaks are; not verified for an impl that exposes no step
+      (:func:`reports.premerge_ab.step_ab`). ``step_change_mib``: NEW's step extra minus BASE's.
     * ``held_change_mib``: the same for the bytes held from forward to backward.
     * ``new_peak_mib``, ``new_held_mib``: NEW's own extra peak / bytes held, MiB (``extra peak ≤ N MiB``).
     * ``time_ratio``: NEW's forward+backward time over BASE's, the median of interleaved repeats (CUDA only).
@@ -56,6 +60,8 @@ DEFAULT_FILE = "numcheck-claims.toml"
 #: metric → (what it is, where it is measured: "any" or "cuda").
 METRICS: dict[str, tuple[str, str]] = {
     "peak_change_mib": ("NEW's fwd+bwd extra peak minus BASE's at the seed's shapes, MiB", "any"),
+    "step_extra_mib": ("NEW's grad_weight accumulation step's extra peak at the seed's chunk, MiB", "any"),
+    "step_change_mib": ("NEW's grad_weight step extra peak minus BASE's at the seed's chunk, MiB", "any"),
     "held_change_mib": ("NEW's bytes held across backward minus BASE's at the seed's shapes, MiB", "any"),
     "new_peak_mib": ("NEW's fwd+bwd extra peak at the seed's shapes, MiB", "any"),
     "new_held_mib": ("NEW's bytes held across backward at the seed's shapes, MiB", "any"),

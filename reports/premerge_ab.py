@@ -13,6 +13,12 @@ For each pair (``--impl`` and ``--base`` given in the same order; several pairs 
   calls run on the ``meta`` device (nothing is allocated) with every capability probe pinned to the CPU's own
   answer, so each impl takes the code path the CPU takes; on CUDA they run for real and the figure is
   ``torch.cuda.max_memory_allocated`` (the tracker's beside it).
+* **the grad_weight accumulation step** (:func:`step_ab`): where a side exposes ``accumulation_step(gw, G, x)``
+  (on the impl object, or on the function a :class:`impls.protocol.FunctionImpl` wraps; optional), the extra
+  peak of one call at the seed's chunk: ``gw`` fp32 ``[V, H]``, ``G`` bf16 ``[C, V]``, ``x`` bf16 ``[C, H]``
+  (V=131072, H=4096, C=2048) — the step a claim like "extra peak 3072 MiB → 0 MiB" is about. Measured as the
+  memory is (``meta`` with the probes pinned on CPU; ``torch.cuda.max_memory_allocated`` on CUDA). A side without
+  the attribute: "not measurable for this impl", and the step metrics are not verified.
 * **time** (CUDA only): forward+backward at the seed's shapes, NEW and BASE interleaved ``--repeats`` times, each
   a median over CUDA events (:func:`impls.measure.timing.median_ms`); the ratio NEW/BASE is the median of the
   per-repeat ratios, its spread the range over the repeats. On CPU: "not measured here".
@@ -261,6 +267,63 @@ def _mem_row(m: Any, cuda_peak: int | None) -> dict[str, Any]:
             "forward_peak_mib": m.forward_peak / MiB, "opaque": sorted(m.opaque)}
 
 
+# -- the grad_weight accumulation step ----------------------------------------------------------------------
+def accumulation_step(impl: Any) -> Callable[..., Any] | None:
+    """The ``accumulation_step(gw, G, x)`` an impl exposes (on itself or on the function it wraps), else None."""
+    for owner in (impl, getattr(impl, "fn", None)):
+        step = getattr(owner, "accumulation_step", None)
+        if callable(step):
+            return step
+    return None
+
+
+def _step_bytes(step: Callable[..., Any], V: int, H: int, C: int, device: str) -> int:
+    """Extra peak bytes of one ``step(gw, G, x)``: traced on meta with the probes pinned to ``device``'s answers
+    on a non-CUDA device; ``torch.cuda.max_memory_allocated``'s rise (after a warm-up call) on CUDA."""
+    import torch
+
+    from numcheck.impls.measure.memory import cuda_cross_check, extra_peak
+
+    if torch.device(device).type == "cuda":
+        gw = torch.zeros(V, H, dtype=torch.float32, device=device)
+        G = torch.zeros(C, V, dtype=torch.bfloat16, device=device)
+        x = torch.zeros(C, H, dtype=torch.bfloat16, device=device)
+        try:
+            return cuda_cross_check(lambda: step(gw, G, x))[1]
+        finally:
+            del gw, G, x
+            torch.cuda.empty_cache()
+    with pinned_probes(device):
+        gw = torch.zeros(V, H, dtype=torch.float32, device="meta")
+        G = torch.empty(C, V, dtype=torch.bfloat16, device="meta")
+        x = torch.empty(C, H, dtype=torch.bfloat16, device="meta")
+        return extra_peak(step, gw, G, x)
+
+
+def step_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
+    """Each side's grad_weight accumulation step's extra peak at the seed's chunk (module docstring), MiB."""
+    import torch
+
+    from numcheck.impls.measure.memory import SEED_CHUNK, SEED_SHAPE
+
+    _, H, V = SEED_SHAPE
+    dev = torch.device(device).type
+    out: dict[str, Any] = {"V": V, "H": H, "chunk": SEED_CHUNK,
+                           "where": "cuda, torch.cuda.max_memory_allocated" if dev == "cuda"
+                           else f"meta, probes pinned to {dev}'s answers"}
+    for side, impl in (("base", base), ("new", new)):
+        step = accumulation_step(impl)
+        if step is None:
+            out[side] = {"error": f"not measurable for this impl: {impl.name} exposes no accumulation_step(gw, G, x) "
+                                  f"(docs/premerge-ab.md)"}
+            continue
+        try:
+            out[side] = {"extra_mib": _step_bytes(step, V, H, SEED_CHUNK, device) / MiB}
+        except Exception as exc:  # noqa: BLE001 - a step that breaks is shown with its error, not fatal
+            out[side] = {"error": f"{impl.name}'s accumulation_step failed: {type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
 # -- time -------------------------------------------------------------------------------------------------
 def _step(impl: Any, inputs: Any) -> Callable[[], None]:
     def step() -> None:
@@ -368,6 +431,17 @@ def metrics_of(pair: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     for k in ("peak_change_mib", "held_change_mib", "new_peak_mib", "new_held_mib"):
         if k not in m:
             missing[k] = f"memory not measured: {nb.get('error') or bb.get('error') or mem.get('error', '?')}"
+    st = pair.get("step", {})
+    sn, sb = st.get("new", {}), st.get("base", {})
+    if "extra_mib" in sn:
+        m["step_extra_mib"] = sn["extra_mib"]
+        if "extra_mib" in sb:
+            m["step_change_mib"] = sn["extra_mib"] - sb["extra_mib"]
+    for k in ("step_extra_mib", "step_change_mib"):
+        if k not in m:
+            missing[k] = (f"step not measured: NEW {sn.get('error')}" if "error" in sn else
+                          f"step not measured: BASE {sb.get('error')}" if "error" in sb else
+                          f"step not measured: {st.get('error', '?')}")
     t = pair.get("time", {})
     if t.get("measured"):
         m["time_ratio"] = t["ratio"]
@@ -392,7 +466,8 @@ def measure_pair(pair: Pair, device: str, grid: str, factor: float | None, floor
         return out
     out.update(new_name=new.name, base_name=base.name)
     out["accuracy"] = accuracy_ab(new, base, grid, device, factor, floor)
-    for key, fn in (("memory", lambda: memory_ab(new, base, device)), ("time", lambda: time_ab(new, base, device, repeats)),
+    for key, fn in (("memory", lambda: memory_ab(new, base, device)), ("step", lambda: step_ab(new, base, device)),
+                    ("time", lambda: time_ab(new, base, device, repeats)),
                     ("paths", lambda: paths_ab(new, base, device))):
         try:
             out[key] = fn()

@@ -72,9 +72,24 @@ def memory_lines(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
         mt = pe.get("metrics", {})
         if "peak_change_mib" in mt:
             lines.append(f"  {'change:':{w}s} {mt['peak_change_mib']:+.0f} MiB peak, {mt['held_change_mib']:+.0f} MiB held")
+        lines += step_lines(pe.get("step", {}))
         lines.append("")
     lines[-1] = "```"
     return lines
+
+
+def _step(row: dict[str, Any]) -> str:
+    return f"{row['extra_mib']:.0f} MiB" if "extra_mib" in row else row.get("error", "?")
+
+
+def step_lines(st: dict[str, Any]) -> list[str]:
+    """The grad_weight accumulation step's extra peak of each side, one chunk at the seed's shapes."""
+    if "base" not in st:
+        return [f"  grad_weight step: the measurement failed: {st.get('error', '?')}"] if st else []
+    head = f"  grad_weight step (one chunk, V={st['V']}, H={st['H']}, C={st['chunk']}; {st['where']}):"
+    if "extra_mib" in st["base"] and "extra_mib" in st["new"]:
+        return [f"{head} BASE {_step(st['base'])}, NEW {_step(st['new'])}"]
+    return [head, f"    BASE: {_step(st['base'])}", f"    NEW:  {_step(st['new'])}"]
 
 
 def time_lines(p: dict[str, Any]) -> list[str]:

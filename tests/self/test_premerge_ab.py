@@ -6,12 +6,14 @@ seconds each)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -166,6 +168,54 @@ def test_code_paths_show_the_matmul_each_side_dispatches():
     assert "fp32_operands" in p["base"]["resolved"]
 
 
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("accumulation_change_under_test", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _step_claim_verdict(new: Any, base: Any) -> claims.Verdict:
+    """Claim #1 of the example's claims file judged on the step measured here (CPU: meta, probes pinned)."""
+    pair = {"new": "n:new", "new_name": new.name, "step": premerge_ab.step_ab(new, base, "cpu")}
+    pair["metrics"], pair["unmeasured"] = premerge_ab.metrics_of(pair)
+    env = {"device": "cpu", "torch": torch.__version__, "cuda_available": False, "python": "py"}
+    return claims.judge([claims.load(CLAIMS)[0]], [{"env": env, "pairs": [pair]}])[0]
+
+
+def test_step_claim_is_false_on_the_fallback_path():
+    """On CPU the example's NEW step takes mm(...).float(): V·H·(2+4) bytes = 3072 MiB extra, as OLD's, so the claim
+    step_extra_mib ≤ 0 is measured false."""
+    ex = _example()
+    v = _step_claim_verdict(ex.new, ex.old)
+    assert v.claim.metric == "step_extra_mib" and v.status == "false", v
+    assert v.value == 131072 * 4096 * 6 / MiB == 3072.0, v
+
+
+def test_step_claim_is_true_with_the_probe_live():
+    """With addmm(out_dtype=) forced live (as on CUDA with torch ≥ 2.8), the example's NEW step writes into gw:
+    0 MiB extra, and the claim is true; OLD's step is still 3072 MiB (step_change_mib -3072)."""
+    from numcheck.impls.measure import capabilities
+
+    if not capabilities.addmm_out_dtype_meta(torch.bfloat16):
+        pytest.skip("this torch cannot trace addmm(out_dtype=) on meta")
+    ex = _example()
+    with capabilities.forced(addmm_out_dtype=True):
+        v = _step_claim_verdict(ex.new, ex.old)
+        st = premerge_ab.step_ab(ex.new, ex.old, "cpu")
+    assert v.status == "true" and v.value == 0.0, v
+    assert premerge_ab.metrics_of({"step": st})[0]["step_change_mib"] == -3072.0, st
+
+
+def test_step_claim_is_not_verified_for_an_impl_without_a_step():
+    """A NEW that exposes no accumulation_step: its step is 'not measurable for this impl' and the claim is not
+    verified, naming the reason; nothing crashes."""
+    ex = _example()
+    v = _step_claim_verdict(premerge_ab.load_one("chunked[fallback]"), ex.old)
+    assert v.status == "not verified", v
+    assert "not measurable for this impl" in v.reason and "accumulation_step" in v.reason, v.reason
+
+
 def test_time_is_not_measured_on_cpu():
     """Without CUDA the time ratio is 'not measured here', never a number."""
     t = premerge_ab.time_ab(None, None, "cpu", 3)
@@ -187,7 +237,8 @@ def _other_venv() -> Path | None:
 
 def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     """The example's "extra peak 3072 MiB → 0 MiB" claim, stated for every device, is measured false here: on CPU
-    NEW takes mm(...).float() as OLD does, so the peak changes by 0 MiB; the CUDA time claim is not verified here;
+    NEW's grad_weight step takes mm(...).float() as OLD's does (3072 MiB each), and the whole call's peak changes
+    by 0 MiB; the CUDA time claim is not verified here;
     the older-torch claim is verified in a torch < 2.8 environment (this one or --python the other venv);
     exit 1; ab.json holds it all."""
     shutil.copy(EXAMPLE, tmp_path / "accumulation_change.py")
@@ -202,9 +253,12 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     out = proc.stdout
     assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"
     assert "**Memory Benchmark**" in out and "change:" in out and "+0 MiB peak" in out, out
+    assert "BASE 3072 MiB, NEW 3072 MiB" in out, out
     data = json.loads((tmp_path / "ab" / "ab.json").read_text())
     verdicts = {c["claim"]: c for c in data["claims"]}
-    assert verdicts[1]["status"] == "false" and verdicts[1]["value"] == 0.0, verdicts[1]
+    assert verdicts[1]["status"] == "false" and verdicts[1]["value"] == 3072.0, verdicts[1]
+    step = data["runs"][0]["pairs"][0]["step"]
+    assert step["new"] == step["base"] == {"extra_mib": 3072.0}, step
     assert verdicts[3]["status"] == "not verified" and "no CUDA device" in verdicts[3]["reason"]
     old_torch_here = claims.torch_release(torch.__version__) < claims.torch_release("2.8")
     assert verdicts[2]["status"] == ("true" if (old_torch_here or other is not None) else "not verified"), verdicts[2]
