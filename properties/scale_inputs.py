@@ -65,6 +65,18 @@ def _zipf(V: int, g: torch.Generator, dev: torch.device) -> torch.Tensor:
     return 1.0 / (torch.randperm(V, generator=g, device=dev).to(torch.float32) + 1.0)
 
 
+def _draw_classes(freq: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` classes drawn with probabilities ∝ ``freq`` (int64, on ``freq``'s device), by inverting the
+    cumulative distribution: uniforms from ``g``, the distribution summed on the CPU in float64. Not
+    ``torch.multinomial``: with replacement on CUDA it sums the distribution with a cumsum that is not
+    bit-reproducible (pytorch/pytorch#152854), so a few rows' targets changed between two H200 runs of one case
+    (reports/scale/h200-torch2.11-run2/README.md)."""
+    cdf = freq.detach().to("cpu", torch.float64).cumsum(0)
+    u = torch.rand(n, generator=g, device=freq.device, dtype=torch.float64) * float(cdf[-1])
+    idx = torch.searchsorted(cdf.to(freq.device), u, right=True)
+    return idx.clamp_max(freq.numel() - 1)
+
+
 def _ignored_runs(N: int, n_ignored: int, g: torch.Generator, dev: torch.device) -> torch.Tensor:
     """A bool mask [N] with ``n_ignored`` rows set, in runs of :data:`IGNORED_RUN` lengths at random starts."""
     mask = torch.zeros(N, dtype=torch.bool, device=dev)
@@ -98,7 +110,7 @@ def scale_tensors(p: Problem) -> Tensors:
     prior = freq.log()
     prior = (prior - prior.median()) * (PRIOR_SPAN / float(prior.max() - prior.median()))
     w.add_(torch.outer(prior / along, mu_dir))
-    target = torch.multinomial(freq, N, replacement=True, generator=g)
+    target = _draw_classes(freq, N, g)
     n_conf = max(1, int(N * CONFIDENT_FRACTION))
     rows = torch.randperm(N, generator=g, device=dev)[:n_conf]
     wy = w[target[rows]]

@@ -267,3 +267,17 @@ def test_bound_cache_shares_sweeps_within_its_budget():
         assert len(cache.swept) <= 2
         want = linear_ce_bounds(p, ctx.t, ctx.oracle, m)
         assert all(torch.equal(got[k], want[k]) for k in want), (name, m)
+
+
+def test_class_draw_follows_the_frequencies_and_repeats():
+    """The tier's target draw (inverse CDF, no torch.multinomial) gives each class about its share of the draws
+    and the same classes from the same generator seed."""
+    from numcheck.properties.scale_inputs import _draw_classes
+
+    freq = torch.tensor([8.0, 4.0, 2.0, 1.0, 1.0, 0.0])
+    draw = lambda: _draw_classes(freq, 20000, torch.Generator().manual_seed(3))  # noqa: E731
+    got = draw()
+    assert torch.equal(got, draw())
+    share = torch.bincount(got, minlength=6).double() / got.numel()
+    assert torch.allclose(share, freq.double() / freq.sum(), atol=0.01)
+    assert share[5] == 0  # a zero-frequency class is never drawn
