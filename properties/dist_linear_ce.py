@@ -42,20 +42,30 @@ OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
 @dataclass(frozen=True)
 class DistCase:
     """One distributed case: ``problem`` run at ``world_size`` on ``backend`` with the targets ``placement``
-    (:data:`PLACEMENTS`) puts them at; ``owner``: the rank owning every target under ``"one_rank"``."""
+    (:data:`PLACEMENTS`) puts them at; ``owner``: the rank owning every target under ``"one_rank"``;
+    ``placement_world_size``: the world size whose shard layout the placement follows (``None``: ``world_size``;
+    world-size invariance runs one case at P = 1, 2, 4 with the targets of the largest P's layout, so that every
+    P sees the same problem)."""
 
     problem: Problem
     world_size: int
     backend: str = "gloo"
     placement: str = "as_built"
     owner: int = 0
+    placement_world_size: int | None = None
+
+    @property
+    def layout_world_size(self) -> int:
+        """The world size whose shards ``placement`` and ``owner`` refer to."""
+        return self.placement_world_size or self.world_size
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"DistCase.placement={self.placement!r} is not one of {PLACEMENTS}")
-        if not 0 <= self.owner < self.world_size:
-            raise ValueError(f"DistCase.owner={self.owner} is outside world size {self.world_size}")
+        if not 0 <= self.owner < self.layout_world_size:
+            raise ValueError(f"DistCase.owner={self.owner} is outside world size {self.layout_world_size}")
         shard_bounds(self.problem.V, self.world_size, 0)  # V >= world size
+        shard_bounds(self.problem.V, self.layout_world_size, 0)
 
 
 def place_targets(t: Tensors, case: DistCase) -> Tensors:
@@ -63,7 +73,7 @@ def place_targets(t: Tensors, case: DistCase) -> Tensors:
     [0, V), is never chosen)."""
     if case.placement == "as_built":
         return t
-    V, P = case.problem.V, case.world_size
+    V, P = case.problem.V, case.layout_world_size
     ii = t.options.ignore_index
     if case.placement == "boundary":
         cand = sorted({c for r in range(P) for c in (shard_bounds(V, P, r)[0], shard_bounds(V, P, r)[1] - 1)})
@@ -199,32 +209,33 @@ def dist_accuracy(impl: Any, case: DistCase, latch: FailureLatch | None = None) 
     return {"error/bound": judge(impl, case, run)}
 
 
+def invariance_cases(impl: Any, case: DistCase) -> list[DistCase]:
+    """``case`` at every world size the impl declares that it fits (at most V, dividing V where the impl needs
+    it), all with the targets of ``case``'s own layout."""
+    V, layout = case.problem.V, case.layout_world_size
+    sizes = [w for w in impl.dist.world_sizes if w <= V and (impl.dist.uneven_vocab or V % w == 0)]
+    return [replace(case, world_size=w, placement_world_size=layout) for w in sizes]
+
+
 def dist_world_size_invariance(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:
-    """The case at every declared world size (dividing V where the impl needs it): each within bound, and each
-    pair within the sum of their bounds (the triangle inequality through the oracle)."""
-    sizes = [w for w in impl.dist.world_sizes if w <= case.problem.V and (impl.dist.uneven_vocab or case.problem.V % w == 0)]
-    runs = {}
-    for w in sizes:
-        c = replace(case, world_size=w, owner=min(case.owner, w - 1))
+    """The case at every declared world size (:func:`invariance_cases`: the same targets at each): each within
+    bound, and each pair within the sum of their bounds (the triangle inequality through the oracle)."""
+    runs = []
+    for c in invariance_cases(impl, case):
         run = run_case(impl, c, latch)
         if run is None:
             return {}
         judge(impl, c, run, "dist_world_size_invariance")
-        runs[w] = (c, run.assembled())
-    ref_case = replace(case, world_size=sizes[0], owner=0)
-    for a in sizes:
-        for b in sizes:
-            if a >= b:
-                continue
-            _, ba = _bounds(impl, runs[a][0], runs[a][1])
-            _, bb = _bounds(impl, runs[b][0], runs[b][1])
+        out = run.assembled()
+        runs.append((c, out, _bounds(impl, c, out)[1]))
+    for i, (ca, va, ba) in enumerate(runs):
+        for cb, vb, bb in runs[i + 1:]:
             for n in OUTPUT_NAMES:
-                va, vb = runs[a][1][n], runs[b][1][n]
-                if va is None or vb is None:
+                if va[n] is None or vb[n] is None:
                     continue
-                c = compare(f"{n} (P={b} against P={a})", vb, va.double(), ba[n] + bb[n])
+                c = compare(f"{n} (P={cb.world_size} against P={ca.world_size})", vb[n], va[n].double(), ba[n] + bb[n])
                 if not c.ok:
-                    fail(impl, "dist_world_size_invariance", replace(ref_case, world_size=b), c.describe())
+                    fail(impl, "dist_world_size_invariance", case, c.describe())
     return {}
 
 

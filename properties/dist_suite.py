@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from numcheck.properties.dist_harness import FailureLatch
-from numcheck.properties.dist_linear_ce import DistCase
+from numcheck.properties.dist_linear_ce import DistCase, dist_world_size_invariance, invariance_cases
 from numcheck.properties.dist_strategies import draw_case
 
 #: Known divergences of distributed impls: ``(impl name, reason, covers(case) -> bool)``; the evidence is named in
@@ -33,8 +33,9 @@ def known_divergence(impl: Any, case: DistCase) -> str | None:
 
 def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: int, profile: str,
                  share: float = 1.0) -> None:
-    """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size``; raises
-    the first failure (a latched one after hypothesis' loop)."""
+    """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size`` (for
+    world-size invariance: the layout its targets follow); raises the first failure (a latched one after
+    hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs."""
     latch = FailureLatch()
     base = settings.get_profile(profile)
 
@@ -42,7 +43,8 @@ def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: i
     @given(data=st.data())
     def body(data: Any) -> None:
         case = draw_case(impl, data, world_size)
-        assume(known_divergence(impl, case) is None)
+        runs = invariance_cases(impl, case) if prop is dist_world_size_invariance else [case]
+        assume(all(known_divergence(impl, c) is None for c in runs))
         prop(impl, case, latch)
 
     body()
