@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hypothesis import assume, given, settings
+from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from numcheck.properties.dist_harness import FailureLatch
@@ -32,14 +32,16 @@ def known_divergence(impl: Any, case: DistCase) -> str | None:
 
 
 def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: int, profile: str,
-                 share: float = 1.0) -> None:
+                 share: float = 1.0, shrink: bool = True) -> None:
     """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size`` (for
     world-size invariance: the layout its targets follow); raises the first failure (a latched one after
-    hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs."""
+    hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs.
+    ``shrink=False`` leaves out hypothesis' shrink phase (a self test that only asserts a failure is found)."""
     latch = FailureLatch()
     base = settings.get_profile(profile)
+    phases = base.phases if shrink else tuple(p for p in base.phases if p is not Phase.shrink)
 
-    @settings(base, max_examples=max(2, int(base.max_examples * share)))
+    @settings(base, max_examples=max(2, int(base.max_examples * share)), phases=phases)
     @given(data=st.data())
     def body(data: Any) -> None:
         case = draw_case(impl, data, world_size)

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any
 
@@ -65,7 +66,9 @@ def preload(modules: tuple[str, ...]) -> list[str]:
             left.append(f"{name}: not installed")
             continue
         try:
-            importlib.import_module(name)
+            with warnings.catch_warnings():  # an import's warnings (megatron's about missing TE/apex) are not ours
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - a preload is an optimisation; the rank will raise it in its call
             left.append(f"{name}: {type(exc).__name__}: {exc}")
     return left
