@@ -150,8 +150,14 @@ def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
 def repro_command(impl: Any, prop: str, case: DistCase) -> str:
     """The one line that re-runs ``prop`` on ``case`` for ``impl`` (:func:`main`)."""
     spec = f"{getattr(impl, 'spec_module', 'numcheck.impls.dist_registry')}:{impl.name}"
-    return (f"python -m numcheck.properties.dist_linear_ce --impl {shlex.quote(spec)} --property {prop} "
-            f"--case {shlex.quote(repr(case))}")
+    return (f"python -m numcheck.properties.dist_linear_ce --impl {_quote(spec)} --property {prop} "
+            f"--case {_quote(repr(case))}")
+
+
+def _quote(text: str) -> str:
+    """``text`` as one shell word: in double quotes where nothing in it is special there (a repr's single quotes
+    stay readable), else :func:`shlex.quote`."""
+    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
 
 
 def fail(impl: Any, prop: str, case: DistCase, *lines: str) -> None:
@@ -289,4 +295,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main, not this __main__ copy: the ranks unpickle rank_run by its module's name,
+    # and in a rank ``__main__`` is another program.
+    from numcheck.properties import dist_linear_ce
+
+    sys.exit(dist_linear_ce.main())

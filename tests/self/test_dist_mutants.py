@@ -1,9 +1,13 @@
 """Every distributed mutant (one vocabulary-parallel bug each, numcheck/tests/self/dist_mutants.py) is caught by
 the ci profile's dist_accuracy at world size 4 with a house-format failure naming the impl, world size and
-backend, and a repro line; a deadlocking impl fails one case within its timeout without stopping the run."""
+backend, and a repro line that runs as printed; a deadlocking impl fails one case within its timeout without
+stopping the run."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -56,3 +60,22 @@ def test_deadlocking_impl_fails_one_case_within_timeout(monkeypatch):
     assert info.value.kind == "timeout" and info.value.rebuilt
     assert any("case: DistCase(" in n for n in info.value.__notes__)
     assert time.monotonic() - t0 < 5.0 + 60.0
+
+
+def test_printed_repro_line_runs_as_printed(monkeypatch):
+    """A distributed failure's printed repro line, run in a shell as printed (``python`` being this interpreter),
+    fails again with the same failure header."""
+    monkeypatch.setenv("NUMCHECK_DIST_PRELOAD", "numcheck.properties.dist_linear_ce")  # no megatron: a quick start
+    mutant = next(m for m in MUTANTS if "TargetOffset" in m.name)
+    with pytest.raises(PropertyFailure) as info:
+        run_property(dist_accuracy, mutant, 4, "numcheck-ci", shrink=False)
+    msg = str(info.value)
+    line = msg.rsplit("reproduce: ", 1)[1].strip()
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if not os.path.exists(os.path.join(bindir, "python")):
+        pytest.skip(f"no `python` beside {sys.executable}")
+    out = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert msg.splitlines()[0] in out.stdout
