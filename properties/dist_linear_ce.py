@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from numcheck.impls.dist_protocol import shard_bounds
+from numcheck.properties import records
+from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
 from numcheck.properties.dist_harness import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend
 from numcheck.properties.failures import PropertyFailure
@@ -191,7 +193,7 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
              f"({[float(l.double().sum()) for l in losses]}); every rank must return the same loss")
     out = run.assembled()
     ref, bounds = _bounds(impl, case, out)
-    lines, worst = [], 0.0
+    lines, worst, recorded = [], 0.0, {}
     pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)]
     for name, value in pairs:
         key = name.split("[")[0]
@@ -200,8 +202,13 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
             continue
         c = compare(name, value, oracle, bounds[key])
         worst = max(worst, c.ratio)
+        if name in OUTPUT_NAMES:
+            recorded[f"{name} (P={case.world_size})"] = c
         if not c.ok:
             lines.append(c.describe())
+    # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
+    # grow with P) and from the single-device suite's outputs.
+    records.note(impl, prop, case.problem, AccuracyResult(problem=case.problem, analytic=recorded))
     if lines:
         fail(impl, prop, case, *lines)
     return worst
