@@ -12,8 +12,8 @@ API (stable: later additions only add)::
 
 ``fn`` must be picklable by reference (a module-level function); ``per_rank_args`` is a sequence of one
 picklable argument per rank, or ``None`` (each rank gets ``None``). Each call runs on a process group made for
-that call alone (``group``, over every rank) and destroyed after it, so no collective of one case can pair with
-one of the next, and no group an impl creates lives on in the ranks: after each call the worker checks that no
+that call alone (``group``, over every rank) and destroyed before the next call, so no collective of one case can
+pair with one of the next, and no group an impl creates lives on in the ranks: after each call the worker checks that no
 other group is left.
 
 Failures raise :class:`RankFailure`, naming the rank, the world size and backend, and what happened: the rank's

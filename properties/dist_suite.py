@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from numcheck.properties.dist_harness import FailureLatch
 from numcheck.properties.dist_linear_ce import DistCase, dist_world_size_invariance, invariance_cases
 from numcheck.properties.dist_strategies import draw_case
+from numcheck.properties.problems import build
 
 #: Known divergences of distributed impls: ``(impl name, reason, covers(case) -> bool)``; the evidence is named in
 #: the reason.
@@ -23,7 +25,21 @@ DIST_KNOWN: tuple[tuple[str, str, Callable[[DistCase], bool]], ...] = (
      "(vocab_size = exp_logits.size(-1), log_probs.mean(-1), never all-reduced): at world size > 1 with "
      "label_smoothing each rank returns a different loss (docs/evidence/megatron_smoothing.txt)",
      lambda c: c.world_size > 1 and c.problem.label_smoothing > 0),
+    ("megatron_vocab_parallel",
+     "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with torch.log of its fp32 softmax: a class whose "
+     "probability underflows to 0 gives log 0 = -inf and an infinite loss, where Σ −log p_j = Σ (lse − z_j) is "
+     "finite (docs/evidence/megatron_smoothing_underflow.txt)",
+     lambda c: c.problem.label_smoothing > 0 and softmax_underflows(c)),
 )
+
+
+def softmax_underflows(case: DistCase) -> bool:
+    """Whether a non-ignored row of ``case``'s logits (in the compute dtype, upcast to fp32 as the adapter does) has
+    a class whose fp32 softmax probability is exactly 0."""
+    t = build(case.problem)
+    z = torch.nn.functional.linear(t.x, t.weight, t.bias.to(t.weight.dtype) if t.bias is not None else None).float()
+    valid = t.target != t.options.ignore_index
+    return bool((torch.softmax(z[valid], dim=-1) == 0).any())
 
 
 def known_divergence(impl: Any, case: DistCase) -> str | None:

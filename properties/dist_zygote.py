@@ -12,8 +12,9 @@ says ``ready``, and then answers its owner's requests, one pickled tuple each:
 - ``("poll", [pid, ...])``: ``("ok", {pid: exit code or None while it runs})``; codes as ``subprocess.Popen``'s
   ``returncode`` (−N for signal N). The zygote reaps its children itself.
 
-It never runs a torch operation and never initialises CUDA or a process group before forking (forking a process
-whose OpenMP pool or CUDA context exists is unsafe); the ranks do that after the fork. When its owner's connection
+It starts no helper thread or process and never initialises CUDA or a process group before forking (a forked child
+inherits the locks of threads it does not have): OpenMP is held to one thread, inductor's compile workers are off
+(:func:`main`); the ranks initialise the rest after the fork. When its owner's connection
 closes (the owner exited or died), it kills every child it forked that still runs, and exits.
 """
 
@@ -152,6 +153,13 @@ def main(argv: list[str]) -> None:
     sock.connect(argv[0])
     owner = Connection(sock.detach())
     answer_challenge(owner, bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    # No helper threads or children before a fork: a forked rank inherits a held lock of a thread that does not exist
+    # in it. OpenMP's pool (libgomp reads OMP_NUM_THREADS when torch loads it; an op run by an import would start the
+    # pool, and under torch 2.6 a forked rank then hung in its first parallel op) and inductor's compile-worker pool
+    # (torch 2.6 starts one when megatron-core is imported). The ranks run one intra-op thread anyway
+    # (dist_worker.serve) and never compile.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:
         import torch  # noqa: F401 - imported once here, inherited by every rank
         import torch.distributed  # noqa: F401

@@ -31,7 +31,7 @@ def test_mutant_caught_by_ci_profile(mutant):
         run_property(dist_accuracy, mutant, 4, "numcheck-ci", shrink=False)
     msg = str(info.value)
     assert f"fails for impl {mutant.name!r} (world size 4, gloo)" in msg
-    assert "reproduce: python -m numcheck.properties.dist_linear_ce --impl 'numcheck.tests.self.dist_mutants:" in msg
+    assert 'reproduce: python -m numcheck.properties.dist_linear_ce --impl "numcheck.tests.self.dist_mutants:' in msg
 
 
 class _Deadlock(VocabParallelCE):
