@@ -12,8 +12,8 @@ API (stable: later additions only add)::
 
 ``fn`` must be picklable by reference (a module-level function); ``per_rank_args`` is a sequence of one
 picklable argument per rank, or ``None`` (each rank gets ``None``). Each call runs on a process group made for
-that call alone (``group``, over every rank) and destroyed after it, so no collective of one case can pair with
-one of the next, and no group an impl creates lives on in the ranks: after each call the worker checks that no
+that call alone (``group``, over every rank) and destroyed before the next call, so no collective of one case can
+pair with one of the next, and no group an impl creates lives on in the ranks: after each call the worker checks that no
 other group is left.
 
 Failures raise :class:`RankFailure`, naming the rank, the world size and backend, and what happened: the rank's
@@ -24,8 +24,12 @@ rebuilt on next use (``RankFailure.rebuilt`` is then true); a call in which ever
 standing. A rank that died is reported before the errors it caused in the others. Pools are torn down at
 interpreter exit; a rank whose parent dies exits when its connection closes. Ranks are their own programs
 (:mod:`numcheck.properties.dist_worker`, started with this process's ``sys.path``), not multiprocessing's
-spawn children, so no ``__main__`` of the parent is imported again in them; a pool of 4 ranks takes about 17 s to
-start on the loaded 2-core machine (a numcheck import in each), a call's round trip about 0.06 s.
+spawn children, so no ``__main__`` of the parent is imported again in them. On Linux the ranks are forked from a
+per-process fork server (:mod:`numcheck.properties.dist_zygote`, started on first use) that imported torch,
+numcheck's rank-side modules and megatron-core once: a pool then starts in about a second instead of a Python
+start and a torch import per rank (17–57 s for 4 ranks on the loaded 2-core machine), and a rebuild after a failure
+costs the same second. ``NUMCHECK_DIST_START=exec`` (the only way elsewhere) starts each rank as a fresh program
+instead. A call's round trip is about 0.06 s.
 
 A timeout or a killed rank must fail its case once, without hypothesis shrinking through further timeouts
 (each costs the full timeout plus a pool rebuild). :class:`FailureLatch` does that: inside the ``@given`` body,
@@ -55,6 +59,7 @@ from multiprocessing.connection import Connection, deliver_challenge, wait
 from typing import Any, Callable, Literal, Sequence
 
 from numcheck.properties.dist_worker import AUTHKEY_ENV, qualname, rank_device, to_cpu
+from numcheck.properties.dist_zygote import Zygote, ZygoteError
 
 __all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "WORLD_SIZES", "DistPool", "FailureLatch", "RankFailure",
            "default_backend", "rank_device", "to_cpu"]
@@ -64,10 +69,13 @@ BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 #: The world sizes the suite runs (CI: gloo at 2 and 4; 1 is the unsharded baseline through the same path).
 WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 BACKEND_ENV = "NUMCHECK_DIST_BACKEND"
+#: ``NUMCHECK_DIST_START``: ``fork`` (the default on Linux: ranks forked from the zygote) or ``exec``.
+START_ENV = "NUMCHECK_DIST_START"
 
-#: Seconds one call may take before it fails as a timeout. The distributed cases are small (at most a few
-#: thousand rows and classes); the suite's measured worst call at world size 4 on the loaded 2-core machine is
-#: given in numcheck/tests/suite/test_distributed.py, far below this.
+#: Seconds one call may take before it fails as a timeout. The distributed cases are small (N ≤ 40, H ≤ 24,
+#: V ≤ 48): measured with two suite processes at once on the 2-core machine (load average ~5, 8 ranks at world
+#: size 4 plus their owners), the worst call of every impl's accuracy and invariance examples took 0.26 s, a margin
+#: of ~460x; a hung call costs this timeout once (the latch), so the margin is kept wide.
 DEFAULT_TIMEOUT_S = 120.0
 #: Seconds a pool's ranks are given to start and join their first process group (a cold torch import on each).
 STARTUP_TIMEOUT_S = 180.0
@@ -85,6 +93,17 @@ def default_backend() -> str:
             raise ValueError(f"{BACKEND_ENV}={raw!r} is not one of {BACKENDS}")
         return raw
     return "nccl" if os.environ.get("NUMCHECK_DEVICE", "cpu").startswith("cuda") else "gloo"
+
+
+def start_method() -> str:
+    """``NUMCHECK_DIST_START`` if set, else ``"fork"`` on Linux and ``"exec"`` elsewhere. ValueError naming the
+    variable for another value."""
+    raw = os.environ.get(START_ENV)
+    if raw:
+        if raw not in ("fork", "exec"):
+            raise ValueError(f"{START_ENV}={raw!r} is not 'fork' or 'exec'")
+        return raw
+    return "fork" if sys.platform.startswith("linux") else "exec"
 
 
 class RankFailure(Exception):
@@ -116,16 +135,17 @@ def _rebuild_failure(*a: Any) -> RankFailure:
 
 @dataclass
 class _Rank:
-    process: subprocess.Popen
+    process: Any  # subprocess.Popen, or a dist_zygote.ForkedRank (the same interface)
     conn: Connection
 
 
-def _worker_env(key: str) -> dict[str, str]:
-    """The ranks' environment: this process's, its ``sys.path`` as ``PYTHONPATH`` (so a rank imports every
-    module the parent can, test modules included), the pool's key."""
+def _worker_env(key: str | None) -> dict[str, str]:
+    """The ranks' (and the zygote's) environment: this process's, its ``sys.path`` as ``PYTHONPATH`` (so a rank
+    imports every module the parent can, test modules included), the pool's key."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    env[AUTHKEY_ENV] = key
+    if key is not None:
+        env[AUTHKEY_ENV] = key
     return env
 
 
@@ -174,16 +194,27 @@ class DistPool:
             listener.bind(address)
             listener.listen(self.world_size)
             listener.settimeout(STARTUP_TIMEOUT_S)  # accept() must not wait forever for a rank that died
-            procs = [subprocess.Popen([sys.executable, "-m", "numcheck.properties.dist_worker", str(rank),
-                                       str(self.world_size), self.backend, store, address], env=_worker_env(key),
-                                      stdin=subprocess.DEVNULL)
-                     for rank in range(self.world_size)]
+            procs = self._launch([[str(rank), str(self.world_size), self.backend, store, address]
+                                  for rank in range(self.world_size)], _worker_env(key))
             conns = self._accept(listener, procs, bytes.fromhex(key))
         self.ranks = [_Rank(p, c) for p, c in zip(procs, conns)]
         replies = self._collect("DistPool startup", STARTUP_TIMEOUT_S)
         if len(replies) < self.world_size or any(s != "ready" for s, _ in replies.values()):
             self.close()
             raise self._failure_from(replies, "DistPool startup", STARTUP_TIMEOUT_S, rebuilt=True)
+
+    def _launch(self, argvs: list[list[str]], env: dict[str, str]) -> list[Any]:
+        """The rank processes, forked from this process's zygote or started as programs (:func:`start_method`)."""
+        if start_method() == "fork":
+            try:
+                return Zygote.get(_worker_env(None), STARTUP_TIMEOUT_S).spawn(argvs, env)
+            except ZygoteError as exc:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise RankFailure(rank=0, kind="died", detail=str(exc), world_size=self.world_size,
+                                  backend=self.backend, fn="DistPool startup", timeout_s=STARTUP_TIMEOUT_S,
+                                  rebuilt=True) from exc
+        return [subprocess.Popen([sys.executable, "-m", "numcheck.properties.dist_worker", *a], env=env,
+                                 stdin=subprocess.DEVNULL) for a in argvs]
 
     def _accept(self, listener: socket.socket, procs: list[subprocess.Popen], key: bytes) -> list[Connection]:
         """One authenticated connection per rank, in rank order (ranks connect in any order; each first sends
@@ -297,6 +328,7 @@ class DistPool:
                            f"{timeout_s:g} s (a deadlock, or a rank far slower than the others)", **common)
 
 
+atexit.register(Zygote.close_all)  # registered first, so it runs after the pools are closed
 atexit.register(DistPool.close_all)
 
 

@@ -4,7 +4,7 @@ in ``NUMCHECK_DIST_AUTHKEY``), which joins the pool's process group and then run
 pool until the connection closes. Started as its own program, not through multiprocessing's spawn, so that no
 ``__main__`` of the parent (a script, a CLI) is imported again in the rank.
 
-Each call runs on a process group made for it alone and destroyed after it; a call that leaves another group of
+Each call runs on a process group made for it alone and destroyed before the next call runs; a call that leaves another group of
 its own behind fails (:func:`leaked_groups`). Every tensor of a result is detached and moved to the CPU.
 """
 
@@ -59,16 +59,32 @@ def leaked_groups(dist: Any) -> int:
     return max(len(pg_map) - 1, 0) if pg_map is not None else 0
 
 
+#: The previous call's group, destroyed when the next call arrives (see :func:`_call`).
+_finished: list[Any] = []
+
+
+def _destroy_finished(dist: Any) -> None:
+    """Destroy the previous call's group. Not at the end of its own call: gloo's worker threads drop their last
+    reference to a collective's tensor (a decref needing the GIL) just after the collective completed, and the
+    group's destructor joins those threads with the GIL held; destroyed at once, that deadlocked (seen under torch
+    2.6: a rank hung in destroy_process_group). By the next call the rank has waited for its message with the GIL
+    released, so the threads are idle."""
+    while _finished:
+        dist.destroy_process_group(_finished.pop())
+
+
 def _call(dist: Any, world_size: int, rank: int, fn: Callable[..., Any], args: Any) -> tuple[str, Any]:
-    """One call on a fresh group: ``("ok", result)`` or ``("err", traceback text)``."""
+    """One call on a fresh group (the previous call's destroyed first): ``("ok", result)`` or ``("err", traceback
+    text)``."""
+    _destroy_finished(dist)
     group = dist.new_group(list(range(world_size)), timeout=COLLECTIVE_TIMEOUT)
     try:
         result: tuple[str, Any] = ("ok", to_cpu(fn(rank, world_size, group, args)))
     except BaseException:  # noqa: BLE001 - everything a rank raises is reported with its traceback
         result = ("err", traceback.format_exc())
     finally:
-        dist.destroy_process_group(group)
-    leaked = leaked_groups(dist)
+        _finished.append(group)
+    leaked = leaked_groups(dist) - len(_finished)
     if result[0] == "ok" and leaked:
         result = ("err", f"{qualname(fn)} left {leaked} process group(s) it created undestroyed; a group must not "
                          f"outlive its call (destroy it with torch.distributed.destroy_process_group)")
@@ -101,6 +117,7 @@ def serve(rank: int, world_size: int, backend: str, store_path: str, conn: Conne
         except Exception:  # noqa: BLE001 - an unpicklable result is the call's failure, said as such
             payload = pickle.dumps(("err", f"the result of {qualname(fn)} cannot be pickled:\n{traceback.format_exc()}"))
         conn.send_bytes(payload)
+    _destroy_finished(dist)
     dist.destroy_process_group()
 
 

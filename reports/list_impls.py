@@ -33,7 +33,13 @@ def describe_support(impl, device: str) -> list[str]:
     if reason is None and dev_type not in s.devices:
         reason = f"device {dev_type} not declared"
     lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
-    if impl.kind == "linear_ce":
+    if impl.kind == "dist_linear_ce":
+        d = impl.dist
+        lines.append(f"    distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
+                     f"{','.join(map(str, d.world_sizes))}; uneven vocab: {'yes' if d.uneven_vocab else 'no'}; "
+                     f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
+                     f"grad_x all-reduce in: {d.grad_x_reduce_dtype}")
+    if impl.kind in ("linear_ce", "dist_linear_ce"):
         lines.append(f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}")
         lines.append(f"    options: {','.join(sorted(s.options)) or '-'}; reductions: {','.join(sorted(s.reductions))}")
         lines.append(f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
@@ -58,7 +64,11 @@ TRITON_MODES = {
 
 
 def run(args: argparse.Namespace) -> int:
-    entries = discover(args.impl)
+    from numcheck.impls.dist_registry import dist_impls
+
+    dist = [d for d in dist_impls() if not args.impl or d.name in args.impl]
+    named = [a for a in args.impl if a not in {d.name for d in dist}]
+    entries = discover(named) if named or not args.impl else []
     broken = 0
     print(f"# {TRITON_MODES[interpreter.mode()]}")
     for e in entries:
@@ -69,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
         desc = getattr(e.impl, "description", "")
         print(f"{e.name}  [{e.kind}, from {e.origin}]" + (f"\n    {desc}" if desc else ""))
         for line in describe_support(e.impl, args.device):
+            print(line)
+    for d in dist:  # the distributed impls (numcheck.impls.dist_registry), run by the distributed suite
+        print(f"{d.name}  [{d.kind}, from {getattr(d, 'spec_module', 'numcheck.impls.dist_registry')}]"
+              + (f"\n    {d.description}" if d.description else ""))
+        for line in describe_support(d, args.device):
             print(line)
     if args.probes:
         print(f"\ncapability probes on {args.device}:")

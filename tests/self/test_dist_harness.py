@@ -1,9 +1,11 @@
 """The distributed harness (numcheck.properties.dist_harness): persistent gloo ranks, results per rank on the CPU,
 a raising, hung or killed rank failing its call within its timeout with the rank named, the pool rebuilt after
-it, no process group outliving its call, and the latch that fails a timed-out case once outside hypothesis."""
+it, no process group outliving its call, the latch that fails a timed-out case once outside hypothesis, and the
+ranks' two start methods (forked from the zygote, or programs)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties import dist_harness as dh
 from numcheck.properties.dist_harness import DistPool, FailureLatch, RankFailure
+from numcheck.properties.dist_zygote import PRELOAD_ENV, Zygote
 from numcheck.tests.self import dist_fns
 
 #: Seconds beyond a call's timeout (or the grace after a raise) its failure may take to come back: killing the
@@ -149,3 +152,44 @@ def test_correct_calls_keep_a_wide_margin():
     per_call = (time.monotonic() - t0) / 5
     print(f"world size 4 all-reduce call: {per_call:.3f} s; timeout {dh.DEFAULT_TIMEOUT_S:g} s")
     assert per_call * 100 < dh.DEFAULT_TIMEOUT_S
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(dh.start_method() != "fork", reason="ranks are forked from the zygote on Linux only")
+def test_ranks_are_forked_from_this_process_zygote():
+    """Under the fork start method every rank is a child of this process's zygote, not a fresh program."""
+    pool = DistPool.get(2, "gloo")
+    zygote = Zygote.get(dh._worker_env(None), dh.STARTUP_TIMEOUT_S)
+    assert [_parent_pid(r.process.pid) for r in pool.ranks] == [zygote.process.pid] * 2
+
+
+@pytest.mark.skipif(dh.start_method() != "fork", reason="the zygote runs on Linux only")
+def test_dead_zygote_is_restarted(monkeypatch):
+    """A zygote that died is started again on the next pool start, and that pool works."""
+    monkeypatch.setenv(PRELOAD_ENV, "numcheck.properties.dist_worker")  # a quick restart
+    old = Zygote.get(dh._worker_env(None), dh.STARTUP_TIMEOUT_S)
+    old.process.kill()
+    old.process.wait()
+    DistPool.close_all()
+    pool = DistPool.get(2, "gloo")
+    assert Zygote.get(dh._worker_env(None), dh.STARTUP_TIMEOUT_S).process.pid != old.process.pid
+    assert pool.run(dist_fns.allreduce_rank, None)[0].item() == 3.0
+
+
+def test_exec_start_method_runs_ranks_as_programs(monkeypatch):
+    """NUMCHECK_DIST_START=exec starts each rank as its own program (subprocess), and the pool works; an unknown
+    start method is refused by name."""
+    monkeypatch.setenv(dh.START_ENV, "exec")
+    pool = DistPool(2, "gloo")
+    try:
+        assert all(isinstance(r.process, subprocess.Popen) for r in pool.ranks)
+        assert pool.run(dist_fns.allreduce_rank, None)[1].item() == 3.0
+    finally:
+        pool.close()
+    monkeypatch.setenv(dh.START_ENV, "spawn")
+    with pytest.raises(ValueError, match="NUMCHECK_DIST_START='spawn'"):
+        dh.start_method()

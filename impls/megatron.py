@@ -1,0 +1,107 @@
+"""Adapter for Megatron-core's vocabulary-parallel cross-entropy (``megatron-core``, installed with
+``pip install --no-deps megatron-core==0.16.1``, which ``.ci/setup`` does), read from the installed release.
+
+``megatron_vocab_parallel``: ``megatron.core.tensor_parallel.vocab_parallel_cross_entropy`` (label smoothing,
+Megatron's convention ε/(V−1) over the other classes, declared ``smoothing="megatron"``). It reads its group
+from ``megatron.core.parallel_state``; the adapter points that module's tensor-parallel group at the call's
+group for the call only and restores it after (no group is created). ``megatron_fused_vocab_parallel``:
+``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`` (group passed explicitly; no
+smoothing), run with its ``torch.jit.script`` fuser as the release ships it.
+
+Both take the rank's logits shard and return per-token losses: the adapter computes the shard's logits with
+F.linear in the inputs' dtype, feeds x through Megatron's own ``copy_to_tensor_model_parallel_region`` (identity
+forward, grad_x all-reduced in x's dtype backward), upcasts the logits to fp32 as Megatron's GPT loss does
+(``logits.float()``), masks ignored rows (their target replaced by class 0 and their loss multiplied by 0, as
+Megatron's loss mask does) and reduces (``mean`` over the non-ignored rows, ``sum``, ``none``). Megatron splits the
+vocabulary evenly (``VocabUtility``): declared ``uneven_vocab=False``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from numcheck.impls.dist_protocol import DIST_KIND, DistSupport
+from numcheck.impls.protocol import LinearCESupport
+from numcheck.reference.options import options_from_kwargs
+
+DISTRIBUTION = "megatron-core"
+
+
+def megatron_version() -> str | None:
+    """The installed megatron-core release, or ``None``."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def megatron_missing() -> str | None:
+    """Why the adapter cannot run here, or ``None``."""
+    if importlib.util.find_spec("megatron") is None or megatron_version() is None:
+        return "megatron-core is not installed (pip install --no-deps megatron-core==0.16.1)"
+    return None
+
+
+class MegatronVocabParallel:
+    """One Megatron-core entry point behind the distributed protocol (``fused`` picks the fused one)."""
+
+    kind = DIST_KIND
+    spec_module = "numcheck.impls.dist_registry"
+
+    def __init__(self, fused: bool) -> None:
+        self.fused = fused
+        self.name = "megatron_fused_vocab_parallel" if fused else "megatron_vocab_parallel"
+        options = ("bias", "ignore_index") if fused else ("bias", "ignore_index", "label_smoothing")
+        self.support = LinearCESupport(options=frozenset(options), autocast=frozenset(), all_ignored="nan",
+                                       dtypes=frozenset({torch.float32, torch.bfloat16}), grad_accumulation="fp32",
+                                       logits_dtype="compute", ce_dtype="float32", requires=megatron_missing)
+        self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
+        self.description = (f"Megatron-core {megatron_version() or '(not installed)'} "
+                            f"{'fused_' if fused else ''}vocab_parallel_cross_entropy")
+
+    def __repr__(self) -> str:
+        return f"MegatronVocabParallel(fused={self.fused})"
+
+    def rank_call(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
+                  *, group: Any, vocab_start: int, vocab_size: int, **options: Any) -> torch.Tensor:
+        """This rank's part through Megatron-core (module docstring)."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+        o = options_from_kwargs(**options)
+        xin = copy_to_tensor_model_parallel_region(x, group=group)
+        logits = torch.nn.functional.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None).float()
+        valid = target != o.ignore_index
+        tgt = torch.where(valid, target, torch.zeros_like(target))
+        if self.fused:
+            from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+
+            per_row = fused_vocab_parallel_cross_entropy(logits[None], tgt[None], group)[0]
+        else:
+            from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+            saved = (ps._TENSOR_MODEL_PARALLEL_GROUP, ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
+                     ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE)
+            ps._TENSOR_MODEL_PARALLEL_GROUP = group
+            ps._MPU_TENSOR_MODEL_PARALLEL_RANK = None
+            ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE = None
+            try:
+                per_row = vocab_parallel_cross_entropy(logits, tgt, o.label_smoothing)
+            finally:
+                (ps._TENSOR_MODEL_PARALLEL_GROUP, ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
+                 ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE) = saved
+        per_row = torch.where(valid, per_row, torch.zeros_like(per_row))  # a masked 0, not 0·(1/0) in backward
+        if o.reduction == "none":
+            return per_row
+        if o.reduction == "sum":
+            return per_row.sum()
+        return per_row.sum() / valid.sum()
+
+
+def megatron_impls() -> list[MegatronVocabParallel]:
+    """The unfused and fused adapters (each unavailable, with the reason, where megatron-core is not installed)."""
+    return [MegatronVocabParallel(fused=False), MegatronVocabParallel(fused=True)]

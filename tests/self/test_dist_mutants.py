@@ -1,0 +1,81 @@
+"""Every distributed mutant (one vocabulary-parallel bug each, numcheck/tests/self/dist_mutants.py) is caught by
+the ci profile's dist_accuracy at world size 4 with a house-format failure naming the impl, world size and
+backend, and a repro line that runs as printed; a deadlocking impl fails one case within its timeout without
+stopping the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from numcheck.impls.vocab_parallel import VocabParallelCE
+from numcheck.properties import dist_harness as dh
+from numcheck.properties.dist_harness import RankFailure
+from numcheck.properties.dist_linear_ce import dist_accuracy
+from numcheck.properties.dist_suite import run_property
+from numcheck.properties.failures import PropertyFailure
+from numcheck.tests.self.dist_mutants import dist_impls
+
+MUTANTS = dist_impls()
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_caught_by_ci_profile(mutant):
+    """The ci profile's dist_accuracy at world size 4 fails on the mutant, in the house format (found in the
+    generate phase; not shrunk, which only minimises the case)."""
+    with pytest.raises(PropertyFailure) as info:
+        run_property(dist_accuracy, mutant, 4, "numcheck-ci", shrink=False)
+    msg = str(info.value)
+    assert f"fails for impl {mutant.name!r} (world size 4, gloo)" in msg
+    assert 'reproduce: python -m numcheck.properties.dist_linear_ce --impl "numcheck.tests.self.dist_mutants:' in msg
+
+
+class _Deadlock(VocabParallelCE):
+    """Rank 1 never joins the max all-reduce: every call deadlocks."""
+
+    def rank_call(self, x, weight, target, bias=None, *, group, vocab_start, vocab_size, **options):
+        import torch.distributed as dist
+
+        if dist.get_rank(group) == 1:
+            time.sleep(3600)
+        return super().rank_call(x, weight, target, bias, group=group, vocab_start=vocab_start,
+                                 vocab_size=vocab_size, **options)
+
+
+DEADLOCK = _Deadlock("deadlock_dist", "nan")
+
+
+def test_deadlocking_impl_fails_one_case_within_timeout(monkeypatch):
+    """A deadlocking impl fails its first case as a timeout, once (no shrinking through timeouts), within the
+    timeout plus one pool rebuild."""
+    monkeypatch.setattr("numcheck.properties.dist_linear_ce.DEFAULT_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(DEADLOCK, "spec_module", __name__, raising=False)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_property(dist_accuracy, DEADLOCK, 2, "numcheck-ci")
+    assert info.value.kind == "timeout" and info.value.rebuilt
+    assert any("case: DistCase(" in n for n in info.value.__notes__)
+    assert time.monotonic() - t0 < 5.0 + 60.0
+
+
+def test_printed_repro_line_runs_as_printed(monkeypatch):
+    """A distributed failure's printed repro line, run in a shell as printed (``python`` being this interpreter),
+    fails again with the same failure header."""
+    monkeypatch.setenv("NUMCHECK_DIST_PRELOAD", "numcheck.properties.dist_linear_ce")  # no megatron: a quick start
+    mutant = next(m for m in MUTANTS if "TargetOffset" in m.name)
+    with pytest.raises(PropertyFailure) as info:
+        run_property(dist_accuracy, mutant, 4, "numcheck-ci", shrink=False)
+    msg = str(info.value)
+    line = msg.rsplit("reproduce: ", 1)[1].strip()
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if not os.path.exists(os.path.join(bindir, "python")):
+        pytest.skip(f"no `python` beside {sys.executable}")
+    out = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert msg.splitlines()[0] in out.stdout

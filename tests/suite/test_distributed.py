@@ -1,0 +1,56 @@
+"""The distributed (vocabulary-parallel) linear+CE properties, on every impl of numcheck.impls.dist_registry, on
+the backend of numcheck.properties.dist_harness.default_backend (gloo on CPU): accuracy against the unsharded
+float64 oracle at every declared world size (targets on shard boundaries and ranks owning no target drawn on
+purpose, ignored rows, every rank's loss the same), world-size invariance, determinism where declared. The
+ci profile's example count applies per (test, impl, world size); a timeout fails its case once."""
+
+from __future__ import annotations
+
+import pytest
+
+from numcheck.impls.dist_registry import dist_impls
+from numcheck.properties.dist_harness import default_backend
+from numcheck.properties.dist_linear_ce import dist_accuracy, dist_determinism, dist_world_size_invariance
+from numcheck.properties.dist_suite import run_property
+from numcheck.tests.plugin import profile_name
+
+IMPLS = dist_impls()
+
+
+def _usable(impl, world_size: int) -> None:
+    """Skip where the impl cannot run here or does not declare this world size or backend."""
+    why = impl.support.unavailable_reason()
+    if why:
+        pytest.skip(f"impl {impl.name!r} unavailable here: {why}")
+    if world_size not in impl.dist.world_sizes or default_backend() not in impl.dist.backends:
+        pytest.skip(f"{impl.name} declares world sizes {impl.dist.world_sizes} on {impl.dist.backends}")
+
+
+def _profile() -> str:
+    return profile_name()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
+def test_dist_accuracy(impl, world_size):
+    """Every output (every rank's grad_x, the assembled grad_W and grad_b shards) within the sharded model's bound
+    of the float64 oracle, and every rank's loss bitwise equal."""
+    _usable(impl, world_size)
+    run_property(dist_accuracy, impl, world_size, _profile())
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
+def test_dist_world_size_invariance(impl):
+    """The same case (targets placed on world size 4's shards) at world sizes 1, 2 and 4 agrees pairwise within the
+    sum of the bounds."""
+    _usable(impl, 4)
+    run_property(dist_world_size_invariance, impl, 4, _profile(), share=1 / 3)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
+def test_dist_determinism(impl):
+    """Two calls at world size 4 are bitwise equal, for impls declaring determinism."""
+    if not impl.dist.deterministic:
+        pytest.skip(f"{impl.name} does not declare deterministic")
+    _usable(impl, 4)
+    run_property(dist_determinism, impl, 4, _profile(), share=1 / 3)
