@@ -25,7 +25,7 @@ def draw_case(impl: Any, data: Any, world_size: int) -> DistCase:
     V = data.draw(st.integers(max(P, 2), 48), label="V")
     if not impl.dist.uneven_vocab:
         V = max(P, V - V % P)
-    dtypes = sorted(_DTYPE_NAMES[d] for d in s.dtypes if d in _DTYPE_NAMES and d != torch.float16)
+    dtypes = sorted(_DTYPE_NAMES[d] for d in s.dtypes if d in _DTYPE_NAMES)
     reductions = sorted(s.reductions)
     reduction = data.draw(st.sampled_from(reductions), label="reduction")
     kw: dict[str, Any] = dict(
