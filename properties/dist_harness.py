@@ -62,7 +62,7 @@ from numcheck.properties.dist_worker import AUTHKEY_ENV, qualname, rank_device, 
 from numcheck.properties.dist_zygote import Zygote, ZygoteError
 
 __all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "WORLD_SIZES", "DistPool", "FailureLatch", "RankFailure",
-           "default_backend", "rank_device", "to_cpu"]
+           "default_backend", "rank_device", "to_cpu", "world_size_unavailable"]
 
 Backend = Literal["gloo", "nccl"]
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -93,6 +93,23 @@ def default_backend() -> str:
             raise ValueError(f"{BACKEND_ENV}={raw!r} is not one of {BACKENDS}")
         return raw
     return "nccl" if os.environ.get("NUMCHECK_DEVICE", "cpu").startswith("cuda") else "gloo"
+
+
+def world_size_unavailable(world_size: int, backend: str) -> str | None:
+    """Why ``world_size`` ranks cannot run on ``backend`` here, or ``None``: nccl needs one GPU per rank (NCCL
+    refuses a communicator with two ranks on one device), so world sizes above the visible GPU count cannot run.
+
+    >>> world_size_unavailable(4, "gloo") is None
+    True
+    """
+    if backend != "nccl":
+        return None
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if world_size > gpus:
+        return f"nccl needs one GPU per rank: world size {world_size}, {gpus} GPU(s) visible"
+    return None
 
 
 def start_method() -> str:

@@ -29,7 +29,7 @@ from numcheck.impls.dist_protocol import shard_bounds
 from numcheck.properties import records
 from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
-from numcheck.properties.dist_harness import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend
+from numcheck.properties.dist_harness import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend, rank_device
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.harness import run_oracle, same_bits
 from numcheck.properties.problems import Problem, Tensors, build
@@ -98,10 +98,16 @@ def oracle_tensors(impl: Any, case: DistCase) -> Tensors:
 
 def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, torch.Tensor | None]:
     """A rank's forward and backward of ``impl.rank_call`` on its shard (run by the pool)."""
+    import torch.distributed as dist
+
     impl, x, w, b, target, kwargs, upstream, start, V = args
-    x = x.clone().requires_grad_(True)
-    w = w.clone().requires_grad_(True)
-    b = b.clone().requires_grad_(True) if b is not None else None
+    device = rank_device(dist.get_backend(group), rank)  # the CPU for gloo, the rank's GPU for nccl
+    x = x.to(device).clone().requires_grad_(True)
+    w = w.to(device).clone().requires_grad_(True)
+    b = b.to(device).clone().requires_grad_(True) if b is not None else None
+    target = target.to(device)
+    upstream = upstream.to(device) if upstream is not None else None
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     loss = impl.rank_call(x, w, target, b, group=group, vocab_start=start, vocab_size=V, **kwargs)
     grad = torch.ones_like(loss) if upstream is None else upstream.to(loss.dtype).expand_as(loss)
     loss.backward(grad)

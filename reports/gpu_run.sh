@@ -2,7 +2,7 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|bench|premerge|scale|all "$OUT"
+# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|dist|bench|premerge|scale|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
@@ -77,6 +77,20 @@ case "$what" in
       --budget-s "${SCALE_BUDGET_S:-240}" --time-cap-s "${SCALE_CAP_S:-90}" ${SCALE_ARGS:-} > "$out/scale.txt" 2>&1
     echo "numcheck scale exit $?" >> "$out/scale.txt"
     tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/scale.md" 2>/dev/null | head -80
+    ;;
+  dist)
+    # issue 22: the distributed tier under nccl (one GPU per rank: world sizes above the visible GPU count are
+    # skipped with the reason), the suite's two distributed modules and the distributed mutant self tests, with
+    # megatron-core carried in .wheels (installed --no-deps above). -v names each verdict as it finishes; the
+    # summary line and the wall time end the log.
+    start=$(date +%s)
+    NUMCHECK_DEVICE=cuda NUMCHECK_DIST_BACKEND=nccl timeout -s INT -k 15 "${DIST_S:-540}" python3 -m pytest \
+      numcheck/tests/suite/test_distributed.py numcheck/tests/suite/test_distributed_fp8.py \
+      numcheck/tests/self/test_dist_mutants.py numcheck/tests/self/test_dist_fp8_mutants.py \
+      numcheck/tests/self/test_dist_harness.py -v -rs -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
+      --hypothesis-profile=numcheck-ci --junitxml="$out/junit-dist.xml" > "$out/dist.txt" 2>&1
+    echo "pytest exit $? after $(( $(date +%s) - start )) s on $(nvidia-smi -L | wc -l) GPU(s)" >> "$out/dist.txt"
+    grep -E "PASSED|FAILED|ERROR|SKIPPED" "$out/dist.txt" | tail -60; tail -3 "$out/dist.txt"
     ;;
   bench)
     timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40

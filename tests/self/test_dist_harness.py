@@ -119,6 +119,16 @@ def test_backend_switch(monkeypatch):
         dh.default_backend()
 
 
+def test_nccl_runs_one_rank_per_visible_gpu(monkeypatch):
+    """Under nccl a world size above the visible GPU count cannot run (named with both counts); gloo runs any."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert dh.world_size_unavailable(2, "nccl") is None
+    assert dh.world_size_unavailable(4, "nccl") == "nccl needs one GPU per rank: world size 4, 2 GPU(s) visible"
+    assert dh.world_size_unavailable(4, "gloo") is None
+
+
 def test_latch_fails_a_timeout_once_outside_hypothesis():
     """Under hypothesis, a timed-out example is run once: later examples run nothing, no shrinking re-runs the
     timeout, and the failure (with its case note) is raised after hypothesis' loop."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from numcheck.impls.dist_registry import dist_impls
-from numcheck.properties.dist_harness import default_backend
+from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 from numcheck.properties.dist_linear_ce import dist_accuracy, dist_determinism, dist_world_size_invariance
 from numcheck.properties.dist_suite import run_property
 from numcheck.tests.plugin import profile_name
@@ -18,12 +18,16 @@ IMPLS = dist_impls()
 
 
 def _usable(impl, world_size: int) -> None:
-    """Skip where the impl cannot run here or does not declare this world size or backend."""
+    """Skip where the impl cannot run here, does not declare this world size or backend, or the backend cannot run
+    that many ranks here (nccl: one GPU per rank)."""
     why = impl.support.unavailable_reason()
     if why:
         pytest.skip(f"impl {impl.name!r} unavailable here: {why}")
     if world_size not in impl.dist.world_sizes or default_backend() not in impl.dist.backends:
         pytest.skip(f"{impl.name} declares world sizes {impl.dist.world_sizes} on {impl.dist.backends}")
+    why = world_size_unavailable(world_size, default_backend())
+    if why:
+        pytest.skip(why)
 
 
 def _profile() -> str:

@@ -14,9 +14,24 @@ from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
 from numcheck.properties import dist_fp8_checks as checks
 from numcheck.properties.dist_fp8_cases import TPQuantCase
 from numcheck.properties.dist_fp8_suite import run_drawn
+from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 
 IMPLS = tp_fp8_linear_impls()
 _ids = [i.name for i in IMPLS]
+
+def _sizes(tp_impl) -> list[int]:
+    """The impl's declared world sizes the backend can run here (nccl: at most one rank per visible GPU)."""
+    return [p for p in tp_impl.support.world_sizes if world_size_unavailable(p, default_backend()) is None]
+
+
+def _pinned(tp_impl) -> dict:
+    """No pin where every declared size can run; else the world size pinned to the largest that can (on one GPU
+    under nccl that is P = 1, the smoke check), skipping when none can."""
+    sizes = _sizes(tp_impl)
+    if not sizes:
+        pytest.skip(world_size_unavailable(min(tp_impl.support.world_sizes), default_backend()))
+    return {} if sizes == list(tp_impl.support.world_sizes) else {"world": max(sizes)}
+
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -26,12 +41,15 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 def test_dist_accuracy_and_same_scale(tp_impl):
     """At P = 2 and 4 the assembled outputs are within the sharded bounds of both references, replicated outputs
     agree on every rank, and every rank quantizes each operand with the oracle's global scale (or its blocks)."""
-    run_drawn(tp_impl, "dist_accuracy_and_same_scale")
+    run_drawn(tp_impl, "dist_accuracy_and_same_scale", **_pinned(tp_impl))
 
 
 @pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
 def test_world_size_invariance(tp_impl):
     """The outputs at P = 1, 2 and 4 agree within the sum of their bounds against the dequantized reference."""
+    if len(_sizes(tp_impl)) < 2:
+        pytest.skip(f"fewer than two of world sizes {tp_impl.support.world_sizes} can run here: "
+                    f"{world_size_unavailable(max(tp_impl.support.world_sizes), default_backend())}")
     run_drawn(tp_impl, "world_size_invariance")
 
 
@@ -42,17 +60,21 @@ def test_save_original_input_bitwise_under_sp(tp_impl):
     if True not in tp_impl.support.save_original_input or not any(r.allows_save_original_input
                                                                    for r in tp_impl.support.recipes):
         pytest.skip(f"{tp_impl.name} declares no recipe with save_original_input=True")
-    run_drawn(tp_impl, "dist_save_original_input")
+    run_drawn(tp_impl, "dist_save_original_input", **_pinned(tp_impl))
 
 
 @pytest.mark.parametrize("parallel", ["column", "row"])
 @pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
 def test_determinism(tp_impl, parallel):
-    """Declared deterministic: two runs of one SP case at P = 4 agree bitwise on every rank."""
+    """Declared deterministic: two runs of one SP case at P = 4 (the most ranks the backend runs here) agree bitwise
+    on every rank."""
     if not tp_impl.support.deterministic:
         pytest.skip(f"{tp_impl.name} does not declare deterministic")
+    P = max([p for p in _sizes(tp_impl) if p > 1], default=None)
+    if P is None:
+        pytest.skip(f"determinism runs at P > 1: {world_size_unavailable(2, default_backend())}")
     r = tp_impl.support.recipes[0]
     edge = {"blockwise": 128, "mxfp8": 32}.get(r.kind, 1) * 4
     M, K, N = (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
-    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, 4, parallel, True, "bfloat16", True, "normal", 7,
+    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, P, parallel, True, "bfloat16", True, "normal", 7,
                                                  False, 2 if r.kind == "delayed" else 1))
