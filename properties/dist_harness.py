@@ -25,7 +25,8 @@ standing. A rank that died is reported before the errors it caused in the others
 interpreter exit; a rank whose parent dies exits when its connection closes. Ranks are their own programs
 (:mod:`numcheck.properties.dist_worker`, started with this process's ``sys.path``), not multiprocessing's
 spawn children, so no ``__main__`` of the parent is imported again in them. On Linux the ranks are forked from a
-per-process fork server (:mod:`numcheck.properties.dist_zygote`, started on first use) that imported torch,
+per-process fork server (:mod:`numcheck.properties.dist_zygote`, started on first use; gloo only: nccl ranks,
+which must initialise CUDA, always start as programs) that imported torch,
 numcheck's rank-side modules and megatron-core once: a pool then starts in about a second instead of a Python
 start and a torch import per rank (17–57 s for 4 ranks on the loaded 2-core machine), and a rebuild after a failure
 costs the same second. ``NUMCHECK_DIST_START=exec`` (the only way elsewhere) starts each rank as a fresh program
@@ -112,15 +113,22 @@ def world_size_unavailable(world_size: int, backend: str) -> str | None:
     return None
 
 
-def start_method() -> str:
-    """``NUMCHECK_DIST_START`` if set, else ``"fork"`` on Linux and ``"exec"`` elsewhere. ValueError naming the
-    variable for another value."""
+def start_method(backend: str = "gloo") -> str:
+    """``NUMCHECK_DIST_START`` if set, else ``"fork"`` for gloo on Linux and ``"exec"`` elsewhere and for nccl.
+    ValueError naming the variable for another value, or for ``fork`` with nccl.
+
+    nccl ranks are always started as programs: a rank forked from the zygote cannot initialise CUDA once anything
+    the zygote imported touched it (seen on the H200: every nccl rank failed with "Cannot re-initialize CUDA in
+    forked subprocess"), and forking a process that holds a CUDA context is not supported by CUDA at all."""
     raw = os.environ.get(START_ENV)
     if raw:
         if raw not in ("fork", "exec"):
             raise ValueError(f"{START_ENV}={raw!r} is not 'fork' or 'exec'")
+        if raw == "fork" and backend == "nccl":
+            raise ValueError(f"{START_ENV}=fork cannot start nccl ranks (CUDA cannot be initialised in a forked "
+                             f"child); unset it or use {START_ENV}=exec")
         return raw
-    return "fork" if sys.platform.startswith("linux") else "exec"
+    return "fork" if sys.platform.startswith("linux") and backend != "nccl" else "exec"
 
 
 class RankFailure(Exception):
@@ -222,7 +230,7 @@ class DistPool:
 
     def _launch(self, argvs: list[list[str]], env: dict[str, str]) -> list[Any]:
         """The rank processes, forked from this process's zygote or started as programs (:func:`start_method`)."""
-        if start_method() == "fork":
+        if start_method(self.backend) == "fork":
             try:
                 return Zygote.get(_worker_env(None), STARTUP_TIMEOUT_S).spawn(argvs, env)
             except ZygoteError as exc:

@@ -203,3 +203,13 @@ def test_exec_start_method_runs_ranks_as_programs(monkeypatch):
     monkeypatch.setenv(dh.START_ENV, "spawn")
     with pytest.raises(ValueError, match="NUMCHECK_DIST_START='spawn'"):
         dh.start_method()
+
+
+def test_nccl_ranks_always_start_as_programs(monkeypatch):
+    """nccl ranks are never forked from the zygote (CUDA cannot initialise in a forked child): exec by default,
+    and NUMCHECK_DIST_START=fork with nccl is refused by name."""
+    monkeypatch.delenv(dh.START_ENV, raising=False)
+    assert dh.start_method("nccl") == "exec"
+    monkeypatch.setenv(dh.START_ENV, "fork")
+    with pytest.raises(ValueError, match="NUMCHECK_DIST_START=fork cannot start nccl ranks"):
+        dh.start_method("nccl")
