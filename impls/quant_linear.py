@@ -20,8 +20,10 @@
   The weight is saved as the caller's tensor and requantized columnwise in backward in both modes.
 
 The methods :meth:`Fp8Linear.original_x_to_save`, :meth:`Fp8Linear.columnwise_x_source`,
-:meth:`Fp8Linear.mx_scale_code` and :meth:`Fp8Linear.quantize_operand` are the seams the suite's mutants
-(``tests/fp8_mutants.py``) override.
+:meth:`Fp8Linear.scale_from_amax`, :meth:`Fp8Linear.mx_scale_code`, :meth:`Fp8Linear.cast` and
+:meth:`Fp8Linear.quantize_operand` are the seams the suite's mutants (``tests/self/fp8_mutants.py``) override.
+The per-tensor step (:meth:`Fp8Linear.quantize_per_tensor`) and the call's recipe checks
+(:func:`check_recipe_call`) are shared with the tensor-parallel built-in (:mod:`impls.tp_fp8_linear`).
 """
 
 from __future__ import annotations
@@ -145,6 +147,38 @@ def _expand(s: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> 
     return s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: shape[0], : shape[1]]
 
 
+def k_major_fp32(t: torch.Tensor, usage: str) -> torch.Tensor:
+    """``t`` (detached) as the contiguous fp32 K-major source of a quantization for ``usage``: ``tᵀ`` columnwise."""
+    src = t.detach().t() if usage == "columnwise" else t.detach()
+    return src.to(torch.float32).contiguous()
+
+
+def tensor_amax(t32: torch.Tensor) -> torch.Tensor:
+    """fp32 0-d max |t| of a 2-D fp32 tensor, NaN ignored (:func:`_block_amax` with one block)."""
+    return _block_amax(t32, (max(1, t32.shape[0]), max(1, t32.shape[1]))).reshape(())
+
+
+def recipes_kind(recipes: tuple[Fp8Recipe, ...], owner: str) -> str:
+    """The one recipe kind ``recipes`` share; ``ValueError`` naming ``owner`` (the impl) when they mix kinds."""
+    kinds = {r.kind for r in recipes}
+    if len(kinds) != 1:
+        raise ValueError(f"{owner}: recipes must share one kind, got {sorted(kinds)}")
+    return kinds.pop()
+
+
+def check_recipe_call(name: str, kind: str, recipe: Any, save_original_input: bool,
+                      scaling_state: DelayedScalingState | None) -> None:
+    """A protocol call's recipe arguments for impl ``name`` (recipes of ``kind``): ``ValueError`` for a recipe of
+    another kind, ``save_original_input=True`` under delayed scaling, or delayed scaling without a state."""
+    if not isinstance(recipe, Fp8Recipe) or recipe.kind != kind:
+        raise ValueError(f"{name}: recipe must be an Fp8Recipe of kind {kind!r}, got {recipe!r}")
+    if save_original_input and not recipe.allows_save_original_input:
+        raise ValueError(f"{name}: save_original_input=True is not supported with delayed scaling "
+                         "(the amax history changes between forward and backward)")
+    if recipe.kind == "delayed" and not isinstance(scaling_state, DelayedScalingState):
+        raise ValueError(f"{name}: delayed scaling needs scaling_state=DelayedScalingState(recipe)")
+
+
 class _QuantLinearFunction(torch.autograd.Function):
     """Forward and backward of y = Q(x)·Q(W)ᵀ + b; subclasses pin the recipe kind."""
 
@@ -221,11 +255,8 @@ class Fp8Linear:
     kind = "quant_linear"
 
     def __init__(self, name: str, recipes: tuple[Fp8Recipe, ...], description: str = "") -> None:
-        kinds = {r.kind for r in recipes}
-        if len(kinds) != 1:
-            raise ValueError(f"Fp8Linear {name!r}: recipes must share one kind, got {sorted(kinds)}")
         self.name = name
-        self.recipe_kind = kinds.pop()
+        self.recipe_kind = recipes_kind(recipes, f"Fp8Linear {name!r}")
         self.function = FUNCTIONS[self.recipe_kind]
         self.description = description
         self.support = QuantLinearSupport(
@@ -241,13 +272,7 @@ class Fp8Linear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  recipe: Fp8Recipe, save_original_input: bool, scaling_state: DelayedScalingState | None = None
                  ) -> torch.Tensor:
-        if not isinstance(recipe, Fp8Recipe) or recipe.kind != self.recipe_kind:
-            raise ValueError(f"{self.name}: recipe must be an Fp8Recipe of kind {self.recipe_kind!r}, got {recipe!r}")
-        if save_original_input and not recipe.allows_save_original_input:
-            raise ValueError(f"{self.name}: save_original_input=True is not supported with delayed scaling "
-                             "(the amax history changes between forward and backward)")
-        if recipe.kind == "delayed" and not isinstance(scaling_state, DelayedScalingState):
-            raise ValueError(f"{self.name}: delayed scaling needs scaling_state=DelayedScalingState(recipe)")
+        check_recipe_call(self.name, self.recipe_kind, recipe, save_original_input, scaling_state)
         if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
             raise ValueError(f"{self.name}: x must be [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
@@ -274,47 +299,61 @@ class Fp8Linear:
         """The tensor the backward pass quantizes columnwise when ``save_original_input=True``: x itself."""
         return x_saved
 
+    def scale_from_amax(self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
+                        value_for_inf: float) -> torch.Tensor:
+        """The fp32 scale of a tensor or of each block from its amax (TE's rule, :func:`_scale_from_amax`)."""
+        return _scale_from_amax(amax, fp8_max, power_of_2=power_of_2, epsilon=epsilon, value_for_inf=value_for_inf)
+
     def mx_scale_code(self, amax: torch.Tensor, fmt: Fp8Format, rounding: str) -> torch.Tensor:
         """E8M0 code of an MXFP8 block from its amax (fp32), ``rceil`` or ``floor``."""
         return mx_scale_code_rceil(amax, fmt) if rounding == "rceil" else mx_scale_code_floor(amax, fmt)
 
+    def cast(self, t32: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+        """fp8(t·s), saturating at ±fp8_max (:func:`_cast`)."""
+        return _cast(t32, scale, fmt)
+
+    def quantize_per_tensor(self, t32: torch.Tensor, amax: torch.Tensor, recipe: Fp8Recipe, role: str,
+                            state: DelayedScalingState | None, *, record: bool) -> QTensor:
+        """Per-tensor (delayed, current) quantization of the K-major fp32 ``t32`` whose amax is ``amax`` (0-d):
+        delayed scaling takes the stored scale (and records ``amax`` if asked), current scaling the scale from
+        ``amax``; then the saturating cast."""
+        fmt = recipe.format_of(role)
+        if recipe.kind == "delayed":
+            if state is None:
+                raise ValueError("delayed scaling needs a DelayedScalingState")
+            scale = state.scale_tensor(role, t32.device)
+            if record:
+                state.record(role, amax)
+        else:
+            scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
+                                         epsilon=recipe.amax_epsilon, value_for_inf=FP32_MAX).reshape(())
+        data = self.cast(t32, scale, fmt)
+        scale_inv = torch.ones_like(scale) / scale
+        return QTensor(data, scale_inv.reshape(()).clone(), None, (t32.shape[0], t32.shape[1]), fmt)
+
     def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
                          state: DelayedScalingState | None, *, record: bool) -> QTensor:
         """K-major quantization of ``t`` for (role, usage); records the amax for delayed scaling if asked."""
-        fmt = recipe.format_of(role)
-        src = t.detach()
-        block = recipe.block_of(role, usage)
-        if usage == "columnwise":
-            src = src.t()
-            block = (block[1], block[0]) if block is not None else None
-        t32 = src.to(torch.float32).contiguous()
+        t32 = k_major_fp32(t, usage)
         if recipe.kind in ("delayed", "current"):
-            amax = _block_amax(t32, (max(1, t32.shape[0]), max(1, t32.shape[1])))
-            if recipe.kind == "delayed":
-                if state is None:
-                    raise ValueError("delayed scaling needs a DelayedScalingState")
-                scale = state.scale_tensor(role, t32.device)
-                if record:
-                    state.record(role, amax.reshape(()))
-            else:
-                scale = _scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                         epsilon=recipe.amax_epsilon, value_for_inf=FP32_MAX).reshape(())
-            data = _cast(t32, scale, fmt)
-            scale_inv = torch.ones_like(scale) / scale
-            return QTensor(data, scale_inv.reshape(()).clone(), None, (t32.shape[0], t32.shape[1]), fmt)
+            return self.quantize_per_tensor(t32, tensor_amax(t32), recipe, role, state, record=record)
+        fmt = recipe.format_of(role)
+        block = recipe.block_of(role, usage)
         assert block is not None
+        if usage == "columnwise":
+            block = (block[1], block[0])
         amax = _block_amax(t32, block)
         shape = (t32.shape[0], t32.shape[1])
         if recipe.kind == "blockwise":
             vfi = DTYPE_MAX.get(t.dtype, FP32_MAX)
-            scale = _scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                     epsilon=recipe.amax_epsilon, value_for_inf=vfi)
-            data = _cast(t32, _expand(scale, shape, block), fmt)
+            scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
+                                         epsilon=recipe.amax_epsilon, value_for_inf=vfi)
+            data = self.cast(t32, _expand(scale, shape, block), fmt)
             return QTensor(data, (torch.ones_like(scale) / scale).contiguous(), None, block, fmt)
         code = self.mx_scale_code(amax, fmt, recipe.mx_scale_rounding)
         scale = torch.where(code == 255, torch.full_like(amax, float("nan")), _pow2_f32(127 - code))
         scale_inv = _e8m0_scale_inv(code)
-        data = _cast(t32, _expand(scale, shape, block), fmt)
+        data = self.cast(t32, _expand(scale, shape, block), fmt)
         return QTensor(data, scale_inv, code.to(torch.uint8), block, fmt)
 
     def gemm_nt(self, a: QTensor, b: QTensor) -> torch.Tensor:

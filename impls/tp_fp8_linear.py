@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.quant_linear import Fp8Linear, QTensor, _block_amax, _cast, _scale_from_amax
+from numcheck.impls.quant_linear import (Fp8Linear, QTensor, check_recipe_call, k_major_fp32, recipes_kind,
+                                         tensor_amax)
 from numcheck.impls.quant_protocol import DelayedScalingState
 from numcheck.impls.tp_quant_protocol import ScaleLog, TPQuantSupport, collectives
-from numcheck.reference.fp8_formats import FP32_MAX
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 
 
@@ -141,11 +141,8 @@ class TPFp8Linear:
     kind = "tp_quant_linear"
 
     def __init__(self, name: str, recipes: tuple[Fp8Recipe, ...], description: str = "") -> None:
-        kinds = {r.kind for r in recipes}
-        if len(kinds) != 1:
-            raise ValueError(f"TPFp8Linear {name!r}: recipes must share one kind, got {sorted(kinds)}")
         self.name, self.description = name, description
-        self.recipe_kind = kinds.pop()
+        self.recipe_kind = recipes_kind(recipes, f"TPFp8Linear {name!r}")
         self.base = Fp8Linear(f"{name}/local", recipes)
         self.support = TPQuantSupport(recipes=recipes, dtypes=frozenset({torch.float32, torch.bfloat16}),
                                       world_sizes=(1, 2, 4), partial_dtype="output")
@@ -161,15 +158,9 @@ class TPFp8Linear:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  recipe: Fp8Recipe, parallel: str, sequence_parallel: bool, save_original_input: bool, group: Any,
                  scale_log: ScaleLog, scaling_state: DelayedScalingState | None = None) -> torch.Tensor:
-        if not isinstance(recipe, Fp8Recipe) or recipe.kind != self.recipe_kind:
-            raise ValueError(f"{self.name}: recipe must be an Fp8Recipe of kind {self.recipe_kind!r}, got {recipe!r}")
+        check_recipe_call(self.name, self.recipe_kind, recipe, save_original_input, scaling_state)
         if parallel not in ("column", "row"):
             raise ValueError(f"{self.name}: parallel={parallel!r} must be 'column' or 'row'")
-        if save_original_input and not recipe.allows_save_original_input:
-            raise ValueError(f"{self.name}: save_original_input=True is not supported with delayed scaling "
-                             "(the amax history changes between forward and backward)")
-        if recipe.kind == "delayed" and not isinstance(scaling_state, DelayedScalingState):
-            raise ValueError(f"{self.name}: delayed scaling needs scaling_state=DelayedScalingState(recipe)")
         if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
             raise ValueError(f"{self.name}: x must be [M, K_local] and weight [N_local, K_local]; got "
                              f"{tuple(x.shape)}, {tuple(weight.shape)}")
@@ -188,26 +179,16 @@ class TPFp8Linear:
 
     def quantize(self, t: torch.Tensor, role: str, usage: str, cfg: CallConfig, *, record: bool = True,
                  amax: torch.Tensor | None = None) -> QTensor:
-        """K-major quantization of ``t`` for (role, usage): per-tensor recipes with the group's amax (``amax``, or
-        ``t``'s reduced over the group), recording it for delayed scaling (x and w in forward, dy in backward,
-        rowwise only); block recipes locally."""
+        """K-major quantization of ``t`` for (role, usage): per-tensor recipes by the single-device step with the
+        group's amax (``amax``, or ``t``'s reduced over the group), recording it for delayed scaling (x and w in
+        forward, dy in backward, rowwise only); block recipes locally."""
         recipe = cfg.recipe
         if recipe.kind not in ("delayed", "current"):
             return self.base.quantize_operand(t, recipe, role, usage, None, record=False)
-        src = t.detach().t() if usage == "columnwise" else t.detach()
-        t32 = src.to(torch.float32).contiguous()
+        t32 = k_major_fp32(t, usage)
         if amax is None:
-            amax = self.reduce_amax(_block_amax(t32, (max(1, t32.shape[0]), max(1, t32.shape[1]))).reshape(()), cfg)
-        fmt = recipe.format_of(role)
-        if recipe.kind == "delayed":
-            scale = cfg.state.scale_tensor(role, t32.device)  # type: ignore[union-attr]
-            if record and usage == "rowwise":
-                cfg.state.record(role, amax)  # type: ignore[union-attr]
-        else:
-            scale = _scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                     epsilon=recipe.amax_epsilon, value_for_inf=FP32_MAX).reshape(())
-        data = _cast(t32, scale, fmt)
-        return QTensor(data, (torch.ones_like(scale) / scale).reshape(()).clone(), None, tuple(t32.shape), fmt)
+            amax = self.reduce_amax(tensor_amax(t32), cfg)
+        return self.base.quantize_per_tensor(t32, amax, recipe, role, cfg.state, record=record and usage == "rowwise")
 
     def gather_qtensor(self, q: QTensor, usage: str, cfg: CallConfig) -> QTensor:
         """All-gather a local quantization along the source's dim 0 (the sequence): codes as bytes, and the block

@@ -7,40 +7,28 @@ contiguous, rank-ordered slices (the layouts of :mod:`impls.tp_quant_protocol`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from numcheck.properties.fp8_cases import QuantCase, QuantTensors, build_quant
-from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.properties.fp8_cases import QuantCase, QuantCaseFields, QuantTensors, build_quant
 
 #: The block edge a sharded weight dimension's local size must be a multiple of, per recipe kind (a shard never
 #: splits a 128×128 tile, a 1×128 or a 1×32 block).
 SHARD_EDGE: dict[str, int] = {"delayed": 1, "current": 1, "blockwise": 128, "mxfp8": 32}
 
 
-@dataclass(frozen=True)
-class TPQuantCase:
-    """One tensor-parallel quantized-linear case: the global shape and values, the layout and the world size.
+@dataclass(frozen=True, kw_only=True)
+class TPQuantCase(QuantCaseFields):
+    """One tensor-parallel quantized-linear case: the global shape and values (:class:`QuantCaseFields`), and,
+    by keyword, the world size and the layout.
 
-    ``steps``: delayed scaling runs this many steps with one state per rank (2 by default, so the second step
-    quantizes with the scales the first step's reduced amaxes gave).
+    ``steps``: delayed scaling runs this many steps with one state per rank (the drawn suite runs 2, so the second
+    step quantizes with the scales the first step's reduced amaxes gave).
     """
 
-    recipe: Fp8Recipe
-    M: int
-    K: int
-    N: int
     world: int
     parallel: str = "column"
     sequence_parallel: bool = False
-    dtype: str = "float32"
-    bias: bool = False
-    regime: str = "normal"
-    seed: int = 0
-    save_original_input: bool = False
-    steps: int = 1
 
     def __post_init__(self) -> None:
         if self.parallel not in ("column", "row"):
@@ -61,9 +49,6 @@ class TPQuantCase:
         """The single-device case of the same global tensors."""
         return QuantCase(self.recipe, self.M, self.K, self.N, dtype=self.dtype, bias=self.bias, regime=self.regime,
                          seed=self.seed, steps=self.steps)
-
-    def replace(self, **changes: Any) -> "TPQuantCase":
-        return replace(self, **changes)
 
     def short(self) -> str:
         sp = "-sp" if self.sequence_parallel else ""

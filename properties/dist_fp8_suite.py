@@ -45,8 +45,9 @@ def tp_quant_cases(draw: st.DrawFn, support: Any, *, world: int | None = None, p
     K, N = (free, split) if par == "column" else (split, free)
     dtype = draw(st.sampled_from(sorted(_DTYPES[str(d)] for d in support.dtypes)), label="dtype")
     bias = draw(st.booleans(), label="bias") if support.bias else False
-    return TPQuantCase(recipe, M, K, N, P, par, sp, dtype, bias, draw(st.sampled_from(REGIMES), label="regime"),
-                       draw(st.integers(0, 2**16), label="seed"), soi, 2 if recipe.kind == "delayed" else 1)
+    return TPQuantCase(recipe, M, K, N, dtype, bias, draw(st.sampled_from(REGIMES), label="regime"),
+                       draw(st.integers(0, 2**16), label="seed"), soi, 2 if recipe.kind == "delayed" else 1,
+                       world=P, parallel=par, sequence_parallel=sp)
 
 
 def accuracy_and_scale(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:

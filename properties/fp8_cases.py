@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -30,9 +30,13 @@ EDGE_RUN = 32
 EDGE_ULPS = (-2, -1, 0, 1, 2)
 
 
+_Case = TypeVar("_Case", bound="QuantCaseFields")
+
+
 @dataclass(frozen=True)
-class QuantCase:
-    """One quantized-linear case.
+class QuantCaseFields:
+    """What a single-device :class:`QuantCase` and a tensor-parallel case
+    (:class:`~properties.dist_fp8_cases.TPQuantCase`) share: the recipe, the global tensors and the mode.
 
     Attributes:
         recipe: the FP8 recipe.
@@ -43,7 +47,6 @@ class QuantCase:
         seed: generator seed.
         save_original_input: the mode to run (properties that compare modes run both).
         steps: delayed scaling: how many steps to run with one state (each with its own inputs).
-        device: where the tensors live.
     """
 
     recipe: Fp8Recipe
@@ -56,6 +59,16 @@ class QuantCase:
     seed: int = 0
     save_original_input: bool = False
     steps: int = 1
+
+    def replace(self: _Case, **changes: Any) -> _Case:
+        """A copy of this case with ``changes`` (validated again)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class QuantCase(QuantCaseFields):
+    """One quantized-linear case: the fields of :class:`QuantCaseFields`, and ``device``, where the tensors live."""
+
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -75,9 +88,6 @@ class QuantCase:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
-
-    def replace(self, **changes: Any) -> "QuantCase":
-        return replace(self, **changes)
 
     def short(self) -> str:
         """Compact label for ids and tables."""

@@ -314,15 +314,51 @@ def _pass2_blocks(ops: _Operands, stats: RowStats) -> Iterator[Block]:
                         dzc_dz=d)
 
 
-def _backward(ops: _Operands, stats: RowStats,
+@dataclass(frozen=True)
+class _Prepared:
+    """The oracle after pass 1 and the reduction (its options, operands, lse and forward results), with pass 2's
+    blocks on demand: the one walk that both :func:`linear_ce` and :func:`block_walker` make."""
+
+    options: CEOptions
+    ops: _Operands
+    lse: torch.Tensor
+    forward: _Reduced
+
+    def blocks(self) -> Iterator[Block]:
+        """Pass 2's blocks in order (:func:`_pass2_blocks`)."""
+        return _pass2_blocks(self.ops, self.forward.stats)
+
+    def walk(self, observer: BlockObserver) -> None:
+        """Show ``observer`` every block of pass 2, in order, with the row statistics."""
+        for blk in self.blocks():
+            observer.block(blk, self.forward.stats)
+
+
+def _prepare(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+             options: CEOptions | None, upstream: torch.Tensor | float | None, all_ignored: AllIgnored,
+             row_chunk: int, vocab_chunk: int) -> _Prepared:
+    """Check the arguments (:func:`linear_ce`'s), upcast the operands and run pass 1 and the reduction."""
+    opts = options if options is not None else CEOptions()
+    _check_inputs(x, weight, target, bias, opts)
+    if all_ignored not in ("nan", "zero"):
+        raise ValueError(f"all_ignored must be 'nan' or 'zero', got {all_ignored!r}")
+    if row_chunk < 1 or vocab_chunk < 1:
+        raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
+    ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
+    lse, z_tgt, wz_sum = _row_pass(ops)
+    return _Prepared(options=opts, ops=ops, lse=lse,
+                     forward=_reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored))
+
+
+def _backward(prep: _Prepared,
               observer: BlockObserver | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Pass 2: recompute every block, form G (the gradient w.r.t. z) and accumulate grad_x, grad_W, grad_b."""
-    X, W, B = ops.X, ops.W, ops.B
+    """Pass 2: walk every block and accumulate grad_x, grad_W, grad_b from its G (the gradient w.r.t. z)."""
+    X, W, B, stats = prep.ops.X, prep.ops.W, prep.ops.B, prep.forward.stats
     (N, H), V, dev, f64 = X.shape, W.shape[0], X.device, torch.float64
     gx = torch.zeros(N, H, dtype=f64, device=dev)
     gw = torch.zeros(V, H, dtype=f64, device=dev)
     gb = torch.zeros(V, dtype=f64, device=dev) if B is not None else None
-    for blk in _pass2_blocks(ops, stats):
+    for blk in prep.blocks():
         r, c, G = blk.rows, blk.cols, blk.G
         gx[r] += G @ W[c]
         gw[c] += G.T @ X[r]
@@ -364,18 +400,11 @@ def linear_ce(
     Raises:
         ValueError: naming the argument, for bad shapes, dtypes, targets or options.
     """
-    opts = options if options is not None else CEOptions()
-    _check_inputs(x, weight, target, bias, opts)
-    if all_ignored not in ("nan", "zero"):
-        raise ValueError(f"all_ignored must be 'nan' or 'zero', got {all_ignored!r}")
-    if row_chunk < 1 or vocab_chunk < 1:
-        raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
-    ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
-    lse, z_tgt, wz_sum = _row_pass(ops)
-    fwd = _reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored)
-    gx, gw, gb = _backward(ops, fwd.stats, observer)
-    return LinearCEResult(loss=fwd.loss, per_row=fwd.per_row, lse=lse, z_loss=fwd.z_loss, grad_x=gx,
-                          grad_weight=gw, grad_bias=gb, stats=fwd.stats, options=opts)
+    prep = _prepare(x, weight, target, bias, options, upstream, all_ignored, row_chunk, vocab_chunk)
+    gx, gw, gb = _backward(prep, observer)
+    fwd = prep.forward
+    return LinearCEResult(loss=fwd.loss, per_row=fwd.per_row, lse=prep.lse, z_loss=fwd.z_loss, grad_x=gx,
+                          grad_weight=gw, grad_bias=gb, stats=fwd.stats, options=prep.options)
 
 
 def block_walker(
@@ -394,21 +423,8 @@ def block_walker(
     blocks, bit for bit, as :func:`linear_ce` shows its observer) without accumulating the gradients: for a
     caller that sweeps the blocks several times (the tolerance model's two phases) and needs no second oracle.
     Arguments as :func:`linear_ce`'s."""
-    opts = options if options is not None else CEOptions()
-    _check_inputs(x, weight, target, bias, opts)
-    if all_ignored not in ("nan", "zero"):
-        raise ValueError(f"all_ignored must be 'nan' or 'zero', got {all_ignored!r}")
-    if row_chunk < 1 or vocab_chunk < 1:
-        raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
-    ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
-    lse, z_tgt, wz_sum = _row_pass(ops)
-    stats = _reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored).stats
-
-    def walk(observer: BlockObserver) -> None:
-        for blk in _pass2_blocks(ops, stats):
-            observer.block(blk, stats)
-
-    return stats, walk
+    prep = _prepare(x, weight, target, bias, options, upstream, all_ignored, row_chunk, vocab_chunk)
+    return prep.forward.stats, prep.walk
 
 
 def forward_autograd(

@@ -1,5 +1,6 @@
 """Deliberately broken tensor-parallel FP8 linears: each is :class:`impls.tp_fp8_linear.TPFp8Linear` with one seam
-overridden, declared where its bug shows; :data:`PINNED` says which layout its draws need (the bug lives there)."""
+overridden, declared where its bug shows; :data:`CAUGHT_BY` names the drawn suite test that must fail it (the tables
+of :mod:`tests.self.mutant_table`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,15 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.quant_linear import _block_amax
+from numcheck.impls.quant_linear import tensor_amax
 from numcheck.impls.tp_fp8_linear import CallConfig, Dequantized, TPFp8Linear, _logged
-from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
-
-
-def _recipes(*kinds: str) -> tuple[Fp8Recipe, ...]:
-    return tuple(r for r in standard_recipes() if r.kind in kinds)
+from numcheck.tests.self.mutant_table import caught_by_table
+from numcheck.tests.self.mutant_table import recipes_of as _recipes
 
 
 def _local_amax(t: torch.Tensor) -> torch.Tensor:
-    t32 = t.detach().to(torch.float32)
-    return _block_amax(t32, (max(1, t32.shape[0]), max(1, t32.shape[1]))).reshape(())
+    """The rank's own amax of ``t`` (not reduced over the group)."""
+    return tensor_amax(t.detach().to(torch.float32))
 
 
 class AmaxNotReduced(TPFp8Linear):
@@ -59,21 +57,12 @@ class RowOutputNotReduced(TPFp8Linear):
         return partial[cfg.comm.rank * m:(cfg.comm.rank + 1) * m].contiguous()
 
 
-MUTANTS: list[TPFp8Linear] = [
-    AmaxNotReduced("mutant_tp_amax_not_reduced", _recipes("current")),
-    AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", _recipes("delayed")),
-    SPGatherLocalScale("mutant_tp_sp_gather_local_scale", _recipes("current")),
-    SoiRequantizesLocalShard("mutant_tp_soi_local_shard", _recipes("current")),
-    SoiRequantizesLocalShard("mutant_tp_soi_local_shard[mxfp8]", _recipes("mxfp8")),
-    RowOutputNotReduced("mutant_tp_row_output_not_reduced", _recipes("current")),
-]
-
-#: The drawn suite test that must catch each mutant.
-CAUGHT_BY: dict[str, str] = {
-    "mutant_tp_amax_not_reduced": "dist_accuracy_and_same_scale",
-    "mutant_tp_amax_not_reduced[delayed]": "dist_accuracy_and_same_scale",
-    "mutant_tp_sp_gather_local_scale": "dist_accuracy_and_same_scale",
-    "mutant_tp_soi_local_shard": "dist_save_original_input",
-    "mutant_tp_soi_local_shard[mxfp8]": "dist_save_original_input",
-    "mutant_tp_row_output_not_reduced": "dist_accuracy_and_same_scale",
-}
+#: The mutants, each with the drawn suite test that must catch it.
+MUTANTS, CAUGHT_BY = caught_by_table([
+    (AmaxNotReduced("mutant_tp_amax_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
+    (AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", _recipes("delayed")), "dist_accuracy_and_same_scale"),
+    (SPGatherLocalScale("mutant_tp_sp_gather_local_scale", _recipes("current")), "dist_accuracy_and_same_scale"),
+    (SoiRequantizesLocalShard("mutant_tp_soi_local_shard", _recipes("current")), "dist_save_original_input"),
+    (SoiRequantizesLocalShard("mutant_tp_soi_local_shard[mxfp8]", _recipes("mxfp8")), "dist_save_original_input"),
+    (RowOutputNotReduced("mutant_tp_row_output_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
+])

@@ -2,21 +2,21 @@
 
 Each mutant is the built-in :class:`impls.quant_linear.Fp8Linear` with one seam overridden, declared for
 the recipes where its bug is observable, and loadable like any outside impl
-(``--impl numcheck.tests.self.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail.
+(``--impl numcheck.tests.self.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail
+(the tables of :mod:`tests.self.mutant_table`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from numcheck.impls import quant_linear as _ql
 from numcheck.impls.quant_linear import Fp8Linear, QTensor
 from numcheck.impls.quant_protocol import DelayedScalingState
 from numcheck.reference.fp8_formats import Fp8Format
-from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
-
-
-def _recipes(kind: str) -> tuple[Fp8Recipe, ...]:
-    return tuple(r for r in standard_recipes() if r.kind == kind)
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.self.mutant_table import caught_by_table
+from numcheck.tests.self.mutant_table import recipes_of as _recipes
 
 
 class ColumnwiseFromRowwiseQuantized(Fp8Linear):
@@ -108,87 +108,26 @@ class StaleWeightCache(Fp8Linear):
         return cache[t]
 
 
-MUTANTS: list[Fp8Linear] = [
-    ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
-    ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")),
-    MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")),
-    SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")),
-    DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")),
-    DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")),
-    AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")),
-    SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")),
-    StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")),
-]
-
-#: mutant name → the property (in :data:`properties.fp8_checks.FP8_PROPERTIES`) that must flag it.
-CAUGHT_BY: dict[str, str] = {
-    "mutant_colwise_from_rowwise[blockwise]": "save_original_input",
-    "mutant_colwise_from_rowwise[mxfp8]": "save_original_input",
-    "mutant_mx_scale_wrong_way": "accuracy",
-    "mutant_saves_copy_of_x": "saved_tensors",
-    "mutant_delayed_current_amax": "accuracy",
-    "mutant_delayed_allows_soi": "save_original_input",
-    "mutant_assumes_contiguous_x": "strided",
-    "mutant_shared_saved_x_workspace": "two_layers",
-    "mutant_stale_weight_cache": "optimizer_step",
-}
+#: The mutants, each with the property (in :data:`properties.fp8_checks.FP8_PROPERTIES`) that must flag it.
+MUTANTS, CAUGHT_BY = caught_by_table([
+    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
+     "save_original_input"),
+    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")), "save_original_input"),
+    (MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")), "accuracy"),
+    (SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")), "saved_tensors"),
+    (DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")), "accuracy"),
+    (DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")), "save_original_input"),
+    (AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")), "strided"),
+    (SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")), "two_layers"),
+    (StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")), "optimizer_step"),
+])
 
 
-# -- quantizer edges (issue 19): each one change to the built-in's quantizer ----------------------------------
-from numcheck.impls import quant_linear as _ql  # noqa: E402
+# -- quantizer edges (issue 19): each one change to one of the built-in quantizer's seams (scale_from_amax,
+# mx_scale_code, cast) ------------------------------------------------------------------------------------------
 
 
-class SeamedQuantizer(Fp8Linear):
-    """The built-in :meth:`Fp8Linear.quantize_operand` with its two module helpers, the scale rule
-    (``_scale_from_amax``) and the saturating cast (``_cast``), called through the methods :meth:`scale_from_amax`
-    and :meth:`cast`; with neither overridden it is the built-in, bit for bit (tests/self/test_fp8_mutants.py)."""
-
-    def scale_from_amax(self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
-                        value_for_inf: float) -> torch.Tensor:
-        """The scale of a tensor or block from its amax (the built-in's rule)."""
-        return _ql._scale_from_amax(amax, fp8_max, power_of_2=power_of_2, epsilon=epsilon, value_for_inf=value_for_inf)
-
-    def cast(self, t32: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
-        """fp8(t·s), saturating at ±fp8_max (the built-in's cast)."""
-        return _ql._cast(t32, scale, fmt)
-
-    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
-                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
-        fmt = recipe.format_of(role)
-        block = recipe.block_of(role, usage)
-        src = t.detach().t() if usage == "columnwise" else t.detach()
-        if usage == "columnwise" and block is not None:
-            block = (block[1], block[0])
-        t32 = src.to(torch.float32).contiguous()
-        shape = (t32.shape[0], t32.shape[1])
-        pow2, eps = bool(recipe.power_of_2_scales), recipe.amax_epsilon
-        if recipe.kind in ("delayed", "current"):
-            amax = _ql._block_amax(t32, (max(1, shape[0]), max(1, shape[1])))
-            if recipe.kind == "delayed":
-                if state is None:
-                    raise ValueError("delayed scaling needs a DelayedScalingState")
-                scale = state.scale_tensor(role, t32.device)
-                if record:
-                    state.record(role, amax.reshape(()))
-            else:
-                scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=pow2, epsilon=eps,
-                                             value_for_inf=_ql.FP32_MAX).reshape(())
-            data = self.cast(t32, scale, fmt)
-            return QTensor(data, (torch.ones_like(scale) / scale).reshape(()).clone(), None, shape, fmt)
-        assert block is not None
-        amax = _ql._block_amax(t32, block)
-        if recipe.kind == "blockwise":
-            scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=pow2, epsilon=eps,
-                                         value_for_inf=_ql.DTYPE_MAX.get(t.dtype, _ql.FP32_MAX))
-            data = self.cast(t32, _ql._expand(scale, shape, block), fmt)
-            return QTensor(data, (torch.ones_like(scale) / scale).contiguous(), None, block, fmt)
-        code = self.mx_scale_code(amax, fmt, recipe.mx_scale_rounding)
-        scale = torch.where(code == 255, torch.full_like(amax, float("nan")), _ql._pow2_f32(127 - code))
-        data = self.cast(t32, _ql._expand(scale, shape, block), fmt)
-        return QTensor(data, _ql._e8m0_scale_inv(code), code.to(torch.uint8), block, fmt)
-
-
-class Pow2ScaleThroughLog2(SeamedQuantizer):
+class Pow2ScaleThroughLog2(Fp8Linear):
     """A power-of-2 scale taken as 2^floor(log2(fp8_max/amax)) through fp32 ``log2`` instead of from the bits of
     fp8_max/amax: where that ratio is a few ulps below 2^k, log2 rounds up to k exactly and the scale is twice too
     large (the block's amax then lands on the format maximum); elsewhere the same scale."""
@@ -203,7 +142,7 @@ class Pow2ScaleThroughLog2(SeamedQuantizer):
         return torch.where(ok, _ql._pow2_f32(e), s)
 
 
-class MXRceilThroughLog2(SeamedQuantizer):
+class MXRceilThroughLog2(Fp8Linear):
     """The MXFP8 RCEIL code as ceil(log2(amax·fp32(1/fp8_max))) + 127 through fp32 ``log2`` instead of from the
     exponent and mantissa bits: a descale a few ulps above 2^k has an fp32 log2 of exactly k (for |k| ≥ 2), so
     the code is one too small and the block's amax overflows (saturates); FLOOR as the built-in."""
@@ -219,7 +158,7 @@ class MXRceilThroughLog2(SeamedQuantizer):
         return torch.where(torch.isnan(d), torch.full_like(code, 255), code)
 
 
-class MXRceilRoundsUpPowersOfTwo(SeamedQuantizer):
+class MXRceilRoundsUpPowersOfTwo(Fp8Linear):
     """The MXFP8 RCEIL code rounding up when the descale's mantissa is ``>= 0`` instead of ``> 0`` (a non-strict
     comparison): a descale that is exactly 2^k (an amax of fp8_max·2^k, or 1 ulp below it) gets the code of 2^(k+1),
     half the resolution; every other block as the built-in."""
@@ -234,7 +173,7 @@ class MXRceilRoundsUpPowersOfTwo(SeamedQuantizer):
         return torch.where(exact & (code < 254), code + 1, code)
 
 
-class NoSaturation(SeamedQuantizer):
+class NoSaturation(Fp8Linear):
     """A cast that does not saturate: a scaled value that rounds past the format maximum becomes NaN (E4M3, which
     has no inf) or ±inf (E5M2), as a non-saturating hardware cast gives, instead of ±fp8_max. Round-to-nearest-even
     decides the edge: E4M3's 464 still rounds to 448 (the tie goes to the even 448), E5M2's 61440 overflows."""
@@ -250,23 +189,19 @@ class NoSaturation(SeamedQuantizer):
 
 #: The quantizer-edge mutants (the detection table's FP8 rows with ``mutant_mx_scale_wrong_way`` above), each
 #: declared for the recipes where its change is observable.
-EDGE_MUTANTS: list[Fp8Linear] = [
-    Pow2ScaleThroughLog2("mutant_pow2_scale_log2[current]", tuple(r for r in _recipes("current") if r.power_of_2_scales)),
-    Pow2ScaleThroughLog2("mutant_pow2_scale_log2[blockwise]", tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)),
-    MXRceilThroughLog2("mutant_mx_rceil_log2", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")),
-    MXRceilRoundsUpPowersOfTwo("mutant_mx_rceil_nonstrict",
-                               tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")),
-    NoSaturation("mutant_no_saturation[mxfp8]", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "floor")),
-    NoSaturation("mutant_no_saturation[delayed]", _recipes("delayed")),
-]
-CAUGHT_BY.update({
-    "mutant_pow2_scale_log2[current]": "quantizer",
-    "mutant_pow2_scale_log2[blockwise]": "quantizer",
-    "mutant_mx_rceil_log2": "quantizer",
-    "mutant_mx_rceil_nonstrict": "quantizer",
-    "mutant_no_saturation[mxfp8]": "accuracy",
-    "mutant_no_saturation[delayed]": "accuracy",
-})
+EDGE_MUTANTS, CAUGHT_BY = caught_by_table([
+    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[current]",
+                          tuple(r for r in _recipes("current") if r.power_of_2_scales)), "quantizer"),
+    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[blockwise]",
+                          tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)), "quantizer"),
+    (MXRceilThroughLog2("mutant_mx_rceil_log2", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")),
+     "quantizer"),
+    (MXRceilRoundsUpPowersOfTwo("mutant_mx_rceil_nonstrict",
+                                tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")), "quantizer"),
+    (NoSaturation("mutant_no_saturation[mxfp8]", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "floor")),
+     "accuracy"),
+    (NoSaturation("mutant_no_saturation[delayed]", _recipes("delayed")), "accuracy"),
+], after=CAUGHT_BY)
 
 #: Module-level names, so ``--impl numcheck.tests.self.fp8_mutants:<name>`` loads each mutant alone.
 mx_scale_wrong_way = MUTANTS[2]

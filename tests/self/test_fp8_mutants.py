@@ -73,42 +73,7 @@ def test_mutants_load_as_outside_impls():
 
 
 # -- issue 19's quantizer edges ---------------------------------------------------------------------------------
-from numcheck.tests.self.fp8_mutants import EDGE_MUTANTS, SeamedQuantizer  # noqa: E402
-
-
-@pytest.mark.parametrize("kind", ["delayed", "current", "blockwise", "mxfp8"])
-def test_seamed_quantizer_is_the_builtin(kind):
-    """With no seam overridden, the edge mutants' quantizer gives the built-in's codes and scales bitwise, for
-    every standard recipe of a kind, role and usage, on drawn tensors (boundary amaxes, specials, binade spread)."""
-    from hypothesis import given
-    from hypothesis import strategies as st
-
-    from numcheck.impls.quant_linear import Fp8Linear
-    from numcheck.impls.quant_protocol import DelayedScalingState
-    from numcheck.properties.fp8_strategies import fp8_test_tensors
-    from numcheck.reference.fp8_recipes import ROLES, USAGES, standard_recipes
-
-    recipes = tuple(r for r in standard_recipes() if r.kind == kind)
-    ours, theirs = SeamedQuantizer("seamed", recipes), Fp8Linear("builtin", recipes)
-
-    @settings(_FIND, max_examples=40)
-    @given(recipe=st.sampled_from(recipes), t=fp8_test_tensors())
-    def same(recipe, t):
-        for role in ROLES:
-            for usage in USAGES:
-                got = []
-                for impl in (ours, theirs):
-                    state = DelayedScalingState(recipe) if kind == "delayed" else None
-                    if state is not None:
-                        for r in ROLES:
-                            state.set_scale(r, 2.0**20)
-                    q = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
-                    got.append(q)
-                a, b = got
-                assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
-                assert torch.equal(a.scale_inv.nan_to_num(7.0), b.scale_inv.nan_to_num(7.0))
-
-    same()
+from numcheck.tests.self.fp8_mutants import EDGE_MUTANTS  # noqa: E402
 
 
 #: Findings: edge mutants the ci profile's 12 quantizer draws miss today (issue 19), and why.
@@ -136,3 +101,16 @@ def test_ci_profile_catches_quantizer_edge_mutant(mutant, request):
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"finding (issue 19): {CI_MISSES[mutant.name]}"))
     v = _quantizer_verdict(mutant)
     assert v.status == "failed", v
+
+
+def test_mutant_table_rejects_a_name_given_twice():
+    """A mutant table refuses a name given twice, within one section or across two, and names it."""
+    from numcheck.impls.quant_linear import Fp8Linear
+    from numcheck.tests.self.mutant_table import caught_by_table, recipes_of
+
+    a, b = (Fp8Linear("mutant_twice", recipes_of("current")) for _ in range(2))
+    with pytest.raises(ValueError, match="'mutant_twice' is named twice"):
+        caught_by_table([(a, "accuracy"), (b, "strided")])
+    _, first = caught_by_table([(a, "accuracy")])
+    with pytest.raises(ValueError, match="'mutant_twice' is named twice"):
+        caught_by_table([(b, "strided")], after=first)
