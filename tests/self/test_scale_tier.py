@@ -190,8 +190,78 @@ def test_resume_reruns_only_what_did_not_finish(tmp_path):
     assert [rec["status"] for rec in data["records"]] == ["pass"]
 
 
+def test_resume_retries_failed_and_crashed_items(tmp_path):
+    """On resume, an earlier run's fail, error, timeout and crashed results are run again (with their stale
+    start markers dropped) and a pass is kept, not rerun."""
+    from numcheck.reports import scale
+
+    case = "a/bf16"
+    old = [{"event": "case", "case": case},
+           *({"event": "result", "case": case, "impl": i, "status": st}
+             for i, st in [("e1", "fail"), ("e2", "error"), ("e3", "timeout"), ("e4", "crashed"), ("ok", "pass")]),
+           {"event": "start", "case": case, "impl": "e5", "t": 0.0, "cap": 1.0}]
+    (tmp_path / scale.PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in old))
+    assert scale._retry_unsettled(tmp_path) == 4
+    events = scale._events(tmp_path)
+    assert scale._done(events) == {(case, "ok")} and scale._in_flight(events) is None
+    assert [e["event"] for e in events] == ["case", "result"]
+
+
+WRONG_GRAD_X = """
+from numcheck.impls.eager import eager_impls
+from numcheck.impls.protocol import FunctionImpl
+
+
+def _wrong(x, weight, target, bias=None, **options):
+    x2 = x + 0
+    x2.register_hook(lambda g: 1.5 * g)
+    return eager_impls()[0](x2, weight, target, bias, **options)
+
+
+impl = FunctionImpl("wrong_grad_x", _wrong, eager_impls()[0].support)
+"""
+
+
+def test_repro_line_reruns_the_one_case_afresh(tmp_path, monkeypatch):
+    """The repro line of a failure names the single shape as NAME=NxHxV, its precision, device and a fresh --out
+    with --force; run where that folder already holds a result for the item, it runs the item again (fail)
+    rather than reassembling the old one (pass)."""
+    import shlex
+
+    from numcheck.impls.registry import discover
+    from numcheck.properties.scale_tier import REPRO_OUT, repro_command
+
+    (tmp_path / "wrongmod.py").write_text(WRONG_GRAD_X)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    case = Case(SMOKE[1], "bf16", "cpu")
+    line = repro_command(discover(["wrongmod:impl"])[0].impl, case)
+    assert f"--shapes ragged-small=50x24x203 --precisions bf16 --device cpu --out {REPRO_OUT} --force" in line
+    out = tmp_path / REPRO_OUT
+    out.mkdir()
+    (out / "progress.jsonl").write_text(json.dumps({"event": "result", "case": case.label, "impl": "wrong_grad_x",
+                                                    "status": "pass"}) + "\n")
+    argv = shlex.split(line[line.index("numcheck scale") + len("numcheck scale"):])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "scale", *argv], capture_output=True,
+                       text=True, env=env, timeout=400, cwd=tmp_path)
+    recs = json.loads((out / "scale.json").read_text())["records"]
+    assert [(x["case"], x["status"]) for x in recs] == [(case.label, "fail")], r.stdout + r.stderr
+    assert r.returncode == 1
+
+
 def _never_called(x, weight, target, bias=None, **options):
     raise AssertionError("an unavailable impl was called")
+
+
+def test_broken_declaration_is_an_error_record_not_an_exception():
+    """A support forced past validation (chunk_rows="x") raises inside the judgement; judge_impl records status
+    'error' with the exception and a repro line instead of raising out of the tier."""
+    eager = eager_impls()[0]
+    support = dataclasses.replace(eager.support)
+    object.__setattr__(support, "chunk_rows", "x")
+    rec = judge_impl(FunctionImpl("bad_chunks", eager, support), _case(SMOKE[0]))
+    assert rec["status"] == "error" and "TypeError" in rec["reason"], rec
+    assert "fails for impl 'bad_chunks'" in rec["failure"] and "reproduce: " in rec["failure"]
 
 
 def test_unavailable_impl_is_recorded_not_run():
