@@ -234,3 +234,12 @@ def test_envelope_is_undefined_when_eager_diverges():
                                            seconds=0.0)
     lines = result.failure_lines("new")
     assert not result.ok and len(lines) == 2 and all("envelope undefined" in line for line in lines)
+
+
+def test_no_impl_declaring_the_dtype_is_bad_input(capsys):
+    """numcheck converge with no impl declaring the requested dtype judges nothing: exit 2, saying so."""
+    from numcheck.reports.cli import main
+
+    rc = main(["converge", "--impl", "numcheck.tests.self.mutants:bf16_grad_weight_accum", "--dtype", "float16"])
+    out = capsys.readouterr().out
+    assert rc == 2 and "no impl declares any requested dtype (float16)" in out, out
