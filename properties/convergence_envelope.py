@@ -27,6 +27,9 @@ all of them) — with the multiplier and the floor derived instead of fixed:
   not a draw of eager's; the head factor K is the missing term.
 * **Test** per step: r(t) = (d_impl(t) + ℓ(t)) / (d_eager(t) + ℓ(t)) ≤ k, that is
   d_impl(t) ≤ k·d_eager(t) + (k − 1)·ℓ(t): k times eager's distance plus a floor of (k − 1) rounding levels.
+  r must be finite: a run whose loss or parameters turn NaN or inf is outside. When eager itself is not finite
+  on some seed (s = ∞, k = ∞) the envelope is **undefined** and no run is inside: a diverging reference cannot
+  vouch for anything.
 """
 
 from __future__ import annotations
@@ -121,9 +124,14 @@ class MetricVerdict:
     worst_step: int
 
     @property
+    def defined(self) -> bool:
+        """Whether the envelope is defined: k finite (eager finite on every seed)."""
+        return math.isfinite(self.k)
+
+    @property
     def inside(self) -> bool:
-        """Whether r(t) ≤ k at every step (a NaN ratio is outside)."""
-        return all(r <= self.k for r in self.ratio)
+        """Whether the envelope is defined and r(t) is finite and ≤ k at every step."""
+        return self.defined and all(math.isfinite(r) and r <= self.k for r in self.ratio)
 
     @property
     def worst_ratio(self) -> float:
@@ -132,7 +140,7 @@ class MetricVerdict:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form."""
-        return {"inside": self.inside, "k": self.k, "worst_step": self.worst_step, "worst_ratio": self.worst_ratio,
+        return {"inside": self.inside, "envelope_defined": self.defined, "k": self.k, "worst_step": self.worst_step, "worst_ratio": self.worst_ratio,
                 "ratio_per_step": self.ratio}
 
 

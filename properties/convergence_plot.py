@@ -41,8 +41,9 @@ def plot(result: Any, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     c = result.config
     title = f"{c['dtype']}, seed {c['seed']}"
+    runs = {label: r for label, r in result.runs.items() if r.error is None}  # a run that raised has no curve
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, r in result.runs.items():
+    for label, r in runs.items():
         ax.plot(range(len(r.loss)), r.loss, label=f"{label} ({r.impl})" if label != r.impl else label, **_style(label))
     ax.set(xlabel="step", ylabel="training loss (nats)", title=f"Tiny LM loss curves ({title})")
     ax.axhline(result.entropy, color="green", linewidth=0.8, linestyle=":", label="source entropy")
@@ -58,11 +59,11 @@ def plot(result: Any, directory: Path) -> list[Path]:
         k, lvl = result.envelope[m].k, result.level[m]
         bound = [k * d + (k - 1) * l for d, l in zip(eager.distance[m], lvl)]
         steps = range(len(bound))
-        shown = [v for r in result.runs.values() for v in r.distance[m] + lvl if _positive(v) == v]
+        shown = [v for r in runs.values() for v in r.distance[m] + lvl if _positive(v) == v]
         low = 0.5 * min(shown) if shown else 1e-30  # a log axis has no 0: shade from below every point drawn
         ax.fill_between(steps, [low] * len(bound), [_positive(b) for b in bound], color="gray", alpha=0.2,
                         label=f"inside: ≤ k·d_eager + (k−1)·ℓ, k={k:.3g}")
-        for label, r in result.runs.items():
+        for label, r in runs.items():
             if label != "float64":
                 ax.plot(steps, [_positive(v) for v in r.distance[m]], label=label, **_style(label))
         ax.plot(steps, lvl, color="green", linewidth=0.8, linestyle=":", label="rounding level ℓ")

@@ -6,6 +6,7 @@ from typing import Any
 
 
 def _fmt(v: float) -> str:
+    """A figure to three significant digits."""
     return f"{v:.3g}"
 
 
@@ -17,7 +18,7 @@ def markdown(result: Any) -> str:
     verdict = "every impl under test stays inside" if result.ok else "**an impl under test leaves**"
     head = (f"**Convergence** ({c['dtype']}, {c['steps']} steps, seed {c['seed']}, {result.seconds:.1f} s): a tiny "
             f"language model (2-token context embedding, one residual tanh MLP, the impl as the linear+CE head; "
-            f"SGD with momentum on a Markov source of entropy {result.entropy:.2f} nats, {c['ignored']:.0%} of rows "
+            f"SGD with momentum on a Markov source of entropy {result.entropy:.2f} nats, {100 * c['ignored']:g}% of rows "
             f"padded) trained with each head, eager in {c['dtype']} and float64. Each run's per-step distance from "
             f"float64 (the loss; the RMSE of the master parameters) is judged Inductor-style against eager's: "
             f"r(t) = (d + ℓ)/(d_eager + ℓ) ≤ k, with ℓ one rounding of the float64 value and k = K·s: K = "
@@ -28,6 +29,9 @@ def markdown(result: Any) -> str:
     rows = ["| run | impl | loss first → last | params distance (last) | loss distance (last) | worst r/k params | "
             "worst r/k loss | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, r in result.runs.items():
+        if r.error is not None:
+            rows.append(f"| {label} | `{r.impl}` | — | — | — | | | **error**: {r.error.replace('|', '/')} |")
+            continue
         v = r.verdict
         cells = ([f"{_fmt(v['params'].worst_ratio)}/{_fmt(v['params'].k)} (step {v['params'].worst_step})",
                   f"{_fmt(v['loss'].worst_ratio)}/{_fmt(v['loss'].k)} (step {v['loss'].worst_step})",

@@ -14,9 +14,9 @@ property (:func:`properties.accuracy.check_accuracy`: judgements (a) and (b), th
 * the time of the impl, of the oracle and of the bounds, and the impl's extra peak memory
   (``torch.cuda.max_memory_allocated`` over forward + backward, less what was allocated before), beside each
   verdict;
-* for an output whose first index is the token (grad_x; the loss under ``none``), the first row beyond its bound,
-  beside the first row an int32 element offset reaches 2³¹ (:func:`int32_first_row`): a kernel that forms
-  offsets in int32 fails exactly from there.
+* for grad_x (its first index is the token; the tier's cases reduce the loss to a scalar), the first row beyond
+  its bound, beside the first row an int32 element offset reaches 2³¹ (:func:`int32_first_row`): a kernel that
+  forms offsets in int32 fails exactly from there.
 
 Cost, in float64 GEMMs of 2·N·H·V flops (8.8e12 at the first shape, 0.16 s at the H200's measured 56 TFLOP/s):
 the oracle 4 per case (pass 1 recomputes the logits; pass 2 the logits, grad_x and grad_W); eager's errors
@@ -27,8 +27,9 @@ each model's float64 grad_x and grad_W bounds, so a case's models are swept in g
 :data:`BOUND_MEMORY_FRACTION` of the device: 3–4 groups a case at the production shapes instead of one sweep
 per model (28 at the first shape on the H200: 68 s of its 75 s in the first run).
 
-A case's reproduction is ``numcheck scale`` restricted to it (:func:`repro_command`): its tensors are drawn on the
-device, not by :func:`properties.problems.build`, so ``numcheck repro`` does not rebuild them.
+A case's reproduction is ``numcheck scale`` restricted to it (:func:`repro_command`: its one shape, precision and
+impl, into a folder of its own started afresh): its tensors are drawn on the device, not by
+:func:`properties.problems.build`, so ``numcheck repro`` does not rebuild them.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class Case:
 
     @property
     def label(self) -> str:
+        """``shape/precision``: the case's name in records, progress events and tables."""
         return f"{self.shape.name}/{self.precision}"
 
     @property
@@ -143,8 +145,9 @@ class Case:
 
 
 def int32_first_row(V: int) -> int:
-    """The first row of a row-major [N, V] tensor with an element at offset ≥ 2³¹: the first with (row+1)·V > 2³¹."""
-    return INT32_LIMIT // V if (INT32_LIMIT // V + 1) * V > INT32_LIMIT else INT32_LIMIT // V + 1
+    """The first row of a row-major [N, V] tensor with an element at offset ≥ 2³¹: the first with (row+1)·V > 2³¹,
+    i.e. row + 1 > 2³¹/V, whose smallest solution is ⌊2³¹/V⌋."""
+    return INT32_LIMIT // V
 
 
 def first_row_beyond(impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor) -> int | None:
@@ -160,6 +163,7 @@ def first_row_beyond(impl: torch.Tensor | None, oracle: torch.Tensor, bound: tor
 
 
 def _sync(device: str) -> None:
+    """Wait for ``device``'s queued kernels (CUDA), so that a time taken after it covers them."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
@@ -173,6 +177,8 @@ BOUND_MEMORY_CPU = 2**31
 
 
 def _bound_budget(device: str) -> int:
+    """Bytes the bound sweeps of one case may hold on ``device`` (:data:`BOUND_MEMORY_FRACTION`, or
+    :data:`BOUND_MEMORY_CPU` off CUDA)."""
     if torch.device(device).type == "cuda":
         return int(BOUND_MEMORY_FRACTION * torch.cuda.get_device_properties(torch.device(device)).total_memory)
     return BOUND_MEMORY_CPU
@@ -217,9 +223,13 @@ class BoundCache:
             self.position = names.index(impl.name)
 
     def _needed_later(self) -> set[str]:
+        """The sweep keys the models of the plan from the current impl on ask for."""
         return {repr(sweep_key(m)) for _, m in self.planned[self.position:]}
 
     def _sweep_for(self, model: ErrorModel) -> None:
+        """Sweep ``model`` together with the next planned models that fit the budget, first dropping sweeps no
+        later impl needs and then the oldest until there is room (each :class:`SweepResult` holds only its own
+        gradient bounds, so dropping one frees them)."""
         per = 8 * (self.p.N * self.p.H + self.p.V * self.p.H + self.p.V)  # one sweep's float64 gradient bounds
         if self.planned:
             needed = self._needed_later()
@@ -239,6 +249,8 @@ class BoundCache:
         _release(self.p)
 
     def __call__(self, model: ErrorModel) -> dict[str, torch.Tensor]:
+        """The bounds of ``model`` (:func:`properties.tolerance.linear_ce_bounds`'), from its sweep (swept now on a
+        miss); its time is added to ``spent``."""
         t0 = time.perf_counter()
         key = repr(sweep_key(model))
         if key in self.swept:
@@ -290,20 +302,25 @@ class CaseContext:
         return CaseContext(case, t, ref, eager, BoundCache(p, t, ref), times, failure)
 
 
-def repro_command(impl: Any, case: Case, shapes: str | None = None) -> str:
-    """The ``numcheck scale`` line that reruns exactly this impl on exactly this case."""
+#: The folder :func:`repro_command`'s line writes into (started afresh by its ``--force``).
+REPRO_OUT = "numcheck-scale-repro"
+
+
+def repro_command(impl: Any, case: Case) -> str:
+    """The ``numcheck scale`` line that reruns exactly this impl on exactly this case, afresh: the one shape as
+    ``NAME=NxHxV``, the one precision, the device, and its own ``--out`` (:data:`REPRO_OUT`) with ``--force``, so
+    that no progress an earlier run left there is reassembled instead of running."""
     env, name = impl_invocation(impl)
     s = case.shape
-    shape_arg = shapes or f"{s.name}={s.N}x{s.H}x{s.V}"
-    return (f"{env}numcheck scale --impl {shlex.quote(name)} --shapes {shlex.quote(shape_arg)} "
-            f"--precisions {case.precision} --device {torch.device(case.device).type}")
+    return (f"{env}numcheck scale --impl {shlex.quote(name)} --shapes {shlex.quote(f'{s.name}={s.N}x{s.H}x{s.V}')} "
+            f"--precisions {case.precision} --device {torch.device(case.device).type} --out {REPRO_OUT} --force")
 
 
-def failure_text(impl: Any, case: Case, lines: list[str], shapes: str | None = None) -> str:
+def failure_text(impl: Any, case: Case, lines: list[str]) -> str:
     """The suite's failure format (:func:`properties.failures.failure_message`) with the tier's repro line."""
     body = "\n".join(f"  {line}" for line in lines)
     return (f"property {PROPERTY!r} fails for impl {impl.name!r}\n  case: {case.label}: {case.problem!r} "
-            f"(tensors: properties.scale_inputs.scale_tensors)\n{body}\n  reproduce: {repro_command(impl, case, shapes)}")
+            f"(tensors: properties.scale_inputs.scale_tensors)\n{body}\n  reproduce: {repro_command(impl, case)}")
 
 
 def _measured_run(impl: Any, p: Problem, t: Tensors) -> tuple[ImplOutputs, float, int | None]:
@@ -322,6 +339,8 @@ def _measured_run(impl: Any, p: Problem, t: Tensors) -> tuple[ImplOutputs, float
 
 
 def _output_record(res: AccuracyResult, name: str, first_row: int | None) -> dict[str, Any]:
+    """The JSON figures of output ``name``: judgement (a)'s verdict, ratio, worst element and error sizes,
+    judgement (b)'s where it was made, and the first row beyond the bound where one was found."""
     c = res.analytic[name]
     rec: dict[str, Any] = {"ok": c.ok, "ratio": c.ratio, "n_bad": c.n_bad, "numel": c.numel, "worst": list(c.worst),
                            "max_abs": c.max_abs, "rmse": c.rmse, "dtype": c.dtype, "state": c.state}
@@ -347,26 +366,34 @@ def _row_lines(res: AccuracyResult, rows: dict[str, int], shape: Shape) -> list[
     return lines
 
 
-def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[str, Any]:
+def judge_impl(impl: Any, ctx: CaseContext) -> dict[str, Any]:
     """Run and judge ``impl`` on the context's case; a record (JSON-ready) with verdict, per-output figures, times
-    and extra peak memory. An impl that raises (an OOM included) gets status ``error`` with the suite's
-    description of the exception; nothing propagates but :class:`KeyboardInterrupt`-like exits."""
+    and extra peak memory. An impl that raises (an OOM included), or whose judgement raises (a declaration the
+    bounds cannot read), gets status ``error`` with the suite's description of the exception; nothing propagates
+    but :class:`KeyboardInterrupt`-like exits."""
     case, p = ctx.case, ctx.case.problem
     rec: dict[str, Any] = {"case": case.label, "shape": case.shape.name, "precision": case.precision,
                            "impl": impl.name, "problem": repr(p), **{k: round(v, 4) for k, v in ctx.times.items()}}
-    unavailable = impl.support.unavailable_reason()  # as the suite decides it (strategies.why_not_run)
-    if unavailable:
-        return {**rec, "status": "unavailable", "reason": unavailable}
-    why = refusal(impl.support, p)
-    if why is not None:
-        return {**rec, "status": "unsupported", "reason": why}
     try:
+        unavailable = impl.support.unavailable_reason()  # as the suite decides it (strategies.why_not_run)
+        if unavailable:
+            return {**rec, "status": "unavailable", "reason": unavailable}
+        why = refusal(impl.support, p)
+        if why is not None:
+            return {**rec, "status": "unsupported", "reason": why}
         out, seconds, peak = _measured_run(impl, p, ctx.t)
+        rec.update(impl_s=round(seconds, 4), extra_peak_bytes=peak)
+        return _judge(impl, ctx, out, rec)
     except Exception as exc:  # an impl's failure is a verdict on it, never the end of the tier
         _release(p)
         lines = exception_lines(exc)
-        return {**rec, "status": "error", "reason": lines[0], "failure": failure_text(impl, case, lines, shapes)}
-    rec.update(impl_s=round(seconds, 4), extra_peak_bytes=peak)
+        return {**rec, "status": "error", "reason": lines[0], "failure": failure_text(impl, case, lines)}
+
+
+def _judge(impl: Any, ctx: CaseContext, out: ImplOutputs, rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` completed with the judgement of ``out``: the accuracy property's verdict, each output's figures,
+    grad_x's first row beyond its bound, the bound times; ``known`` where a known divergence covers a failure."""
+    case, p = ctx.case, ctx.case.problem
     ctx.bounds.start(impl)
     t0 = time.perf_counter()
     res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds,
@@ -377,13 +404,10 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
     rec.update(judge_s=round(time.perf_counter() - t0, 4), bound_s=round(ctx.bounds.spent, 4),
                bound_hits=ctx.bounds.hits)
     rows = {}
-    bounds = ctx.bounds(_hard_model(impl, p, out))
-    oracle_outputs = {"grad_x": ctx.oracle.grad_x}
-    for name, o in oracle_outputs.items():
-        if name in res.analytic:
-            r = first_row_beyond(out.get(name), o, bounds[name])
-            if r is not None:
-                rows[name] = r
+    if "grad_x" in res.analytic:
+        r = first_row_beyond(out.get("grad_x"), ctx.oracle.grad_x, ctx.bounds(_hard_model(impl, p, out))["grad_x"])
+        if r is not None:
+            rows["grad_x"] = r
     rec["outputs"] = {n: _output_record(res, n, rows.get(n)) for n in res.analytic}
     if case.shape.crosses_int32:
         rec["int32_first_row"] = int32_first_row(case.shape.V)
@@ -391,7 +415,7 @@ def judge_impl(impl: Any, ctx: CaseContext, shapes: str | None = None) -> dict[s
         return {**rec, "status": "pass"}
     lines = res.failure_lines() + _row_lines(res, rows, case.shape)
     known = known_on_tensors(impl.name, "accuracy", p, ctx.t)  # a data predicate decides on the tier's tensors
-    rec.update(status="known" if known else "fail", failure=failure_text(impl, case, lines, shapes))
+    rec.update(status="known" if known else "fail", failure=failure_text(impl, case, lines))
     if known:
         rec["known_divergence"] = known.reason
     return rec

@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
@@ -401,17 +401,20 @@ class _BlockShared:
         self.blk = blk
         self._got: dict[str, torch.Tensor] = {}
 
-    def _once(self, name: str, make) -> torch.Tensor:
+    def _once(self, name: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The product ``name``, made by ``make`` on first use and kept for the block's other sweeps."""
         if name not in self._got:
             self._got[name] = make()
         return self._got[name]
 
     @property
     def x_abs(self) -> torch.Tensor:
+        """|x| of the block's rows."""
         return self._once("x_abs", lambda: self.blk.x.abs())
 
     @property
     def w_abs(self) -> torch.Tensor:
+        """|W| of the block's vocabulary rows."""
         return self._once("w_abs", lambda: self.blk.w.abs())
 
     @property
@@ -424,18 +427,22 @@ class _BlockShared:
 
     @property
     def G_abs(self) -> torch.Tensor:
+        """|G|: the oracle's gradient of the loss w.r.t. the block's logits, in magnitude."""
         return self._once("G_abs", lambda: self.blk.G.abs())
 
     @property
     def GW(self) -> torch.Tensor:
+        """|G||W|: the block's share of grad_x's magnitude."""
         return self._once("GW", lambda: self.G_abs @ self.w_abs)
 
     @property
     def GX(self) -> torch.Tensor:
+        """|G|ᵀ|x|: the block's share of grad_W's magnitude."""
         return self._once("GX", lambda: self.G_abs.T @ self.x_abs)
 
     @property
     def G_sum(self) -> torch.Tensor:
+        """Σ_i |G_i|: the block's share of grad_b's magnitude."""
         return self._once("G_sum", lambda: self.G_abs.sum(dim=0))
 
 
@@ -623,7 +630,9 @@ class _Batch:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What the block sweep accumulated for one error model: everything :func:`finish_bounds` needs."""
+    """What the block sweep accumulated for one error model: everything :func:`finish_bounds` needs. ``acc`` is
+    the model's own gradient bounds; ``sweep`` gives the row figures (O(N)) shared by its gradient key, and after
+    :func:`sweep_bounds` holds no accumulator, so a result keeps no sibling's gradient bounds alive."""
 
     sweep: _Sweep
     acc: _Accumulator
@@ -662,7 +671,9 @@ def sweep_bounds(p: Problem, t: Tensors, oracle: LinearCEResult,
     out = {}
     for s, ms in zip(sweeps, groups.values()):
         for m in ms:
-            out[repr(sweep_key(m))] = SweepResult(s, s.accumulator(m))
+            key = repr(sweep_key(m))
+            if key not in out:  # each accumulator handed to its own result only: dropping one frees it
+                out[key] = SweepResult(s, s.accumulators.pop(key))
     return out
 
 

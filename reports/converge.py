@@ -1,10 +1,16 @@
 """``numcheck converge``: the tiny-model convergence run (:mod:`numcheck.properties.convergence`) from the command
 line — each ``--impl`` as the head of a small language model, judged against the envelope eager's deviation from
-float64 draws; Markdown on stdout, and with ``--out`` the JSON, the Markdown and the PNGs."""
+float64 draws; Markdown on stdout, and with ``--out`` the JSON, the Markdown and the PNGs.
+
+Exit status: 0 when every impl run stays inside; 1 when one leaves the envelope (or raises while training), or an
+impl spec is broken; 2 on bad input: no linear+CE impl among the specs, no impl declaring any requested dtype (so
+nothing could be judged), or a setting the run refuses.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,7 @@ import torch
 
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties import convergence
+from numcheck.properties.convergence_model import ModelShape
 from numcheck.properties.convergence_plot import MISSING
 from numcheck.properties.problems import dtype_of
 
@@ -21,6 +28,7 @@ HELP = ("tiny language-model convergence run: each impl as the linear+CE head, i
 
 
 def _nonneg(text: str) -> int:
+    """argparse type: a non-negative integer."""
     try:
         v = int(text)
     except ValueError:
@@ -30,7 +38,16 @@ def _nonneg(text: str) -> int:
     return v
 
 
+def _shape(text: str) -> ModelShape:
+    """argparse type: a model shape ``KEY=VALUE,...`` (:func:`numcheck.properties.convergence.parse_shape`)."""
+    try:
+        return convergence.parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``numcheck converge``: the impls, dtypes, and every setting of the run."""
     p.add_argument("--impl", action="append", default=[], metavar="SPEC", required=True,
                    help="impl under test: a built-in name or package.module:attr (repeatable)")
     p.add_argument("--dtype", action="append", choices=convergence.DTYPES, metavar="DTYPE",
@@ -43,10 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignored", type=float, default=convergence.DEFAULT_IGNORED,
                    help=f"padded fraction of each batch (default {convergence.DEFAULT_IGNORED}; 0 for impls without ignore_index)")
     p.add_argument("--device", default="cpu", help="device (default cpu)")
+    p.add_argument("--shape", type=_shape, default=ModelShape(), metavar="KEY=VALUE,...",
+                   help=f"model shape and optimizer, any of {convergence.shape_text(dataclasses.asdict(ModelShape()))} "
+                        f"(these are the defaults)")
     p.add_argument("--out", type=Path, metavar="DIR", help="write convergence.json, convergence.md and <dtype>/*.png here")
 
 
 def _label(name: str) -> str:
+    """The run label of impl ``name`` (one named like a reference run is told apart)."""
     return f"{name} (under test)" if name in convergence.RESERVED_LABELS else name
 
 
@@ -80,6 +101,7 @@ def _write(out: Path, results: dict[str, Any], text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the convergence run per dtype (module docstring); the exit status."""
     entries = discover(args.impl)
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     for b in broken:
@@ -98,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             parts.append(f"**Convergence ({name})**: no impl declares this case.\n" + "\n".join(left) + "\n")
             continue
         try:
-            r = convergence.run(chosen, dtype=name, steps=args.steps, seed=args.seed,
+            r = convergence.run(chosen, dtype=name, steps=args.steps, seed=args.seed, shape=args.shape,
                                 envelope_seeds=args.envelope_seeds, ignored=args.ignored, device=args.device)
         except convergence.InvalidAssertion as exc:
             print(f"numcheck converge: {exc}")
@@ -111,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
                                         f"- reproduce: `{convergence.repro_command(r.impls[rec.label], r.config)}`"]) + "\n")
     text = "\n".join(parts)
     print(text)
+    if not results:
+        print(f"numcheck converge: no impl declares any requested dtype ({', '.join(args.dtype or ['float32'])}): "
+              f"nothing was judged (exit 2)")
+        return 2
     if args.out is not None:
         for note in _write(args.out, results, text):
             print(note)

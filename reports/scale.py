@@ -10,6 +10,10 @@ Python), records that item as ``crashed`` or ``timeout``, and goes on with the r
 past ``--time-cap-s`` is interrupted between kernel launches (``timeout``); an impl that raises, an OOM included,
 is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written from the progress file.
 
+A run into an ``--out`` that holds an earlier run's progress resumes it: the items that passed, were unavailable,
+unsupported or a known divergence are kept; those that failed, erred, timed out, crashed or were not run are run
+again (:data:`RETRIED`). ``--force`` starts afresh, discarding the earlier progress.
+
 Exit status: 0 when every record passes, is unavailable here, unsupported or a known divergence, 1 when one fails, errs, times
 out or crashes, 2 on bad input.
 """
@@ -31,6 +35,8 @@ HELP = ("the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131
         "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md")
 
 PROGRESS = "progress.jsonl"
+#: The statuses an earlier run's item is run again for on resume (every other status is a settled verdict).
+RETRIED = ("fail", "error", "timeout", "crashed", "not_run")
 #: Seconds an item may outlive its cap before the parent kills the worker.
 GRACE_S = 60.0
 
@@ -43,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", default="bf16,amp", help="comma-separated of bf16, amp (default both)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--out", type=Path, default=Path("numcheck-scale"), metavar="DIR",
-                   help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed")
+                   help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed: "
+                        "its failed, erred, timed-out, crashed and not-run items run again")
+    p.add_argument("--force", action="store_true",
+                   help="start afresh: discard the progress.jsonl (and worker logs) an earlier run left in --out")
     p.add_argument("--time-cap-s", type=float, default=150.0, help="seconds per (case, impl) item (default 150)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall seconds for the whole run; items not started by then are recorded as not_run")
@@ -61,12 +70,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- the plan -------------------------------------------------------------------------------------------------
 
 def _device(args: argparse.Namespace) -> str:
+    """The device of the run: ``--device``, else cuda where available, else cpu."""
     import torch
 
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _shapes_arg(args: argparse.Namespace, device: str) -> str:
+    """``--shapes``, or its default for ``device`` (production on CUDA, smoke elsewhere)."""
     return args.shapes or ("production" if device.startswith("cuda") else "smoke")
 
 
@@ -91,6 +102,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
 # -- progress file --------------------------------------------------------------------------------------------
 
 def _events(out: Path) -> list[dict[str, Any]]:
+    """The events of ``out``'s progress file in order (none without one), a line cut by a killed worker skipped."""
     path = out / PROGRESS
     if not path.exists():
         return []
@@ -121,17 +133,26 @@ def _append(out: Path, event: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _retry_not_run(out: Path) -> None:
-    """Drop the ``not_run`` results of an earlier run from the progress file, so that this run does them."""
-    path = out / PROGRESS
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines()
-            if ln.strip() and '"status": "not_run"' not in ln]
-    path.write_text("".join(ln + "\n" for ln in keep))
+def _retry_unsettled(out: Path) -> int:
+    """Drop from the progress file an earlier run's results whose status is in :data:`RETRIED`, so that this run
+    does those items again, and its ``start``/``case-start`` markers (they only tell a supervisor what is in
+    flight now); the number of results dropped."""
+    events = _events(out)
+    keep = [e for e in events if e.get("event") not in ("start", "case-start")
+            and not (e.get("event") == "result" and e.get("status") in RETRIED)]
+    if len(keep) != len(events):
+        (out / PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in keep))
+    return sum(1 for e in events if e.get("event") == "result" and e.get("status") in RETRIED)
+
+
+def _start_afresh(out: Path) -> None:
+    """``--force``: remove what an earlier run left in ``out`` (progress, worker logs, scale.json/md)."""
+    for path in [out / PROGRESS, out / "scale.json", out / "scale.md", *out.glob("worker-*.log")]:
+        path.unlink(missing_ok=True)
 
 
 def _done(events: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The (case, impl) items that have a result."""
     return {(e["case"], e["impl"]) for e in events if e.get("event") == "result"}
 
 
@@ -155,7 +176,6 @@ def _work(args: argparse.Namespace) -> int:
     out = args.out
     done = _done(_events(out))
     deadline = args.deadline if args.deadline is not None else math.inf
-    shapes = _shapes_arg(args, _device(args))
     use_alarm = hasattr(signal, "SIGALRM")
     if use_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -198,7 +218,7 @@ def _work(args: argparse.Namespace) -> int:
             if use_alarm:
                 signal.setitimer(signal.ITIMER_REAL, args.time_cap_s)
             try:
-                rec = judge_impl(impl, ctx, shapes)
+                rec = judge_impl(impl, ctx)
             except ItemTimeout:
                 rec = {"case": case.label, "impl": impl.name, "shape": case.shape.name, "precision": case.precision,
                        "status": "timeout", "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s"}
@@ -331,17 +351,26 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the tier (module docstring); the exit status."""
     try:
         cases, impls, broken = _plan(args)
     except ValueError as exc:
         print(f"numcheck scale: {exc}", file=sys.stderr)
         return 2
+    if args.force and args.assemble:
+        print("numcheck scale: --force discards the progress --assemble would write from: pass one", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.worker:
         return _work(args)
     t0 = time.time()
-    if not args.assemble:
-        _retry_not_run(args.out)
+    if args.force:
+        _start_afresh(args.out)
+    elif not args.assemble:
+        n = _retry_unsettled(args.out)
+        if n:
+            print(f"numcheck scale: resuming {args.out / PROGRESS}: {n} item(s) recorded {'/'.join(RETRIED)} run "
+                  f"again", file=sys.stderr)
     if args.assemble:
         if not (args.out / PROGRESS).exists():
             print(f"numcheck scale: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)

@@ -25,17 +25,22 @@ loosening it shows there).
 
 The suite cannot know whether an impl is correct: run it on impls believed correct, and every failure is a false
 alarm of the model. It writes ``sweep.json`` and ``sweep.md`` into ``--out`` (default
-``./numcheck-sweep/<device>-torch<version>/``; an existing sweep is replaced only with ``--force``).
+``./numcheck-sweep/<device>-torch<version>/``), replacing the two files of an earlier sweep there and keeping
+everything else the folder holds.
 
 Each seed is kept as it finishes, in ``--out``'s ``seeds/seed-<S>.json.gz`` (its verdicts, its judgements'
-records, the commit and environment it ran on): a sweep cut short (a device call's time limit, a session's
+records, the code and environment it ran on): a sweep cut short (a device call's time limit, a session's
 end) keeps its finished seeds, and a later run into the same folder takes those seeds from there instead of
-running them again, so one sweep can be assembled from several runs (``--force`` runs every seed afresh). The
-summary lists the commit each seed ran on, and says so when they differ.
+running them again, so one sweep can be assembled from several runs (``--force`` runs every seed afresh). A kept
+seed is taken only when it ran on the same code as this run — :func:`code_identity`: a hash of every ``.py`` file
+of the imported numcheck package, and torch's version — otherwise it is run again, and the progress output says
+why; ``--keep-stale`` takes it anyway, and ``sweep.md`` marks its row with the code it ran on. A seed kept by a
+numcheck without this hash counts as stale (code unknown). A seed whose pytest exited 2 (interrupted, or a
+collection error) is reported but never kept. The summary lists the code hash and commit each seed ran on.
 
 Exit status: 0 when no test failed on any seed (and no 90th percentile fell past the limit under ``--compare``);
-1 when any test failed or errored; 2 on bad input (malformed ``--seeds``, an unknown or derandomized profile, an
-output folder that would be overwritten, an unreadable ``--compare`` file) or when pytest ran nothing useful: exit
+1 when any test failed or errored; 2 on bad input (malformed ``--seeds``, an unknown or derandomized profile, a
+kept seed of another selection, an unreadable ``--compare`` file) or when pytest ran nothing useful: exit
 status 5 (no test collected: the selection is named) or an internal or usage error.
 """
 
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -72,6 +78,8 @@ SWEEP_FILES: frozenset[str] = frozenset({"sweep.json", "sweep.md"})
 #: The folder of ``--out`` that holds one ``seed-<S>.json.gz`` per finished seed.
 SEEDS_DIR = "seeds"
 SEED_SCHEMA = "numcheck-sweep-seed/1"
+#: pytest's exit status for an interrupted session or a collection error: such a seed is reported, never kept.
+PYTEST_INTERRUPTED = 2
 #: Issue 19: the 90th percentile of error/bound may not fall by more than this factor from the baseline's.
 TIGHTNESS_FALL_LIMIT = 2.0
 #: The quantiles of the tightness table, in percent.
@@ -125,7 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)")
     p.add_argument("--force", action="store_true",
-                   help="run every seed afresh (by default a seed kept in DIR/seeds/ from an earlier run is reused)")
+                   help="run every seed afresh (by default a seed kept in DIR/seeds/ from an earlier run on the same "
+                        "code and torch is reused)")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="also reuse kept seeds that ran on other numcheck code or another torch (sweep.md marks "
+                        "each with the code it ran on); by default they are run again")
     p.add_argument("--per-impl", action="store_true", help="also print the tightness table of each impl")
     p.add_argument("--compare", type=Path, metavar="BASE.json",
                    help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
@@ -158,6 +170,10 @@ class SeedRun:
     records: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
+    #: The :func:`code_identity` it ran on (``None``: kept by a numcheck that did not record it).
+    code: dict[str, Any] | None = None
+    #: Why a kept seed does not match this run's code (set only when ``--keep-stale`` took it anyway).
+    stale: str | None = None
 
     def counts(self) -> dict[str, int]:
         """Number of (test, impl) cases per status."""
@@ -167,6 +183,7 @@ class SeedRun:
         return out
 
     def failures(self) -> list[dict[str, str]]:
+        """The (test, impl) cases that failed or errored."""
         return [c for c in self.cases if c["status"] in ("failed", "error")]
 
 
@@ -209,6 +226,7 @@ def junit_cases(path: Path) -> list[dict[str, str]]:
 
 
 def _selection(args: argparse.Namespace) -> str:
+    """The selection in words, for messages: the modules, the impls and the -k expression."""
     impls = ", ".join(args.impl) if args.impl else "every registered impl"
     return f"{' '.join(premerge.SUITE_MODULES)} on {impls}" + (f", -k {args.keyword!r}" if args.keyword else "")
 
@@ -238,8 +256,60 @@ def seed_path(out: Path, seed: int) -> Path:
     return out / SEEDS_DIR / f"seed-{seed}.json.gz"
 
 
+def _package_root() -> Path:
+    """The folder of the imported numcheck package (a checkout's or a wheel's)."""
+    import numcheck
+
+    return Path(numcheck.__file__).parent
+
+
+def code_hash(root: Path | None = None) -> str:
+    """SHA-256 over every ``.py`` file under ``root`` (default: the imported numcheck package): each file's path
+    relative to ``root`` and its bytes, length-prefixed, in path order. Symlinked folders are followed (a checkout
+    links its top-level folders into the package); ``__pycache__`` and hidden folders are skipped. Needs no git."""
+    root = root or _package_root()
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    digest = hashlib.sha256()
+    for rel, path in sorted((f.relative_to(root).as_posix(), f) for f in files):
+        data = path.read_bytes()
+        digest.update(len(rel).to_bytes(8, "little") + rel.encode() + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def code_identity() -> dict[str, Any]:
+    """What a kept seed's verdicts depend on besides its selection: numcheck's code (:func:`code_hash`) and
+    torch's version. A kept seed is reused only when this matches (or under ``--keep-stale``)."""
+    import torch
+
+    return {"code": code_hash(), "torch": torch.__version__}
+
+
+def _short_code(code: dict[str, Any] | None, environment: dict[str, Any]) -> str:
+    """``code <hash12>, commit <commit9>`` of a seed (``unknown`` for what was not recorded)."""
+    h = (code or {}).get("code")
+    commit = environment.get("git_commit")
+    dirty = " (dirty)" if environment.get("git_dirty") else ""
+    return f"code {h[:12] if h else 'unknown'}, commit {commit[:9] + dirty if commit else 'unknown'}"
+
+
+def stale_reason(run: SeedRun, code: dict[str, Any]) -> str | None:
+    """Why the kept ``run`` did not run on this run's ``code`` (:func:`code_identity`); ``None`` when it did."""
+    if run.code is None:
+        return f"was kept without a code hash ({_short_code(None, run.environment)}), so its code is unknown"
+    if run.code.get("code") != code["code"]:
+        return f"ran on other numcheck code ({_short_code(run.code, run.environment)}; this run: code " \
+               f"{code['code'][:12]})"
+    if run.code.get("torch") != code["torch"]:
+        return f"ran on torch {run.code.get('torch')} (this run: torch {code['torch']})"
+    return None
+
+
 def _selection_key(args: argparse.Namespace, profile: str) -> dict[str, Any]:
-    """What a kept seed must share with this run to be taken instead of run again."""
+    """What a kept seed must share with this run to be taken instead of run again (its code aside: see
+    :func:`stale_reason`)."""
     return {"modules": list(premerge.SUITE_MODULES), "impls": sorted(args.impl), "keyword": args.keyword,
             "profile": profile, "device": args.device}
 
@@ -248,8 +318,12 @@ def save_seed(out: Path, run: SeedRun, key: dict[str, Any]) -> None:
     """Keep ``run`` in ``out/seeds/`` (gzipped JSON, written to a temporary name and renamed)."""
     path = seed_path(out, run.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"schema": SEED_SCHEMA, "selection": key, "seed": run.seed, "exit_status": run.exit_status,
-            "seconds": run.seconds, "environment": run.environment, "cases": run.cases, "records": run.records}
+    if run.exit_status == PYTEST_INTERRUPTED:
+        raise ValueError(f"seed {run.seed}: pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection "
+                         f"error); such a seed is never kept")
+    data = {"schema": SEED_SCHEMA, "selection": key, "code": run.code, "seed": run.seed,
+            "exit_status": run.exit_status, "seconds": run.seconds, "environment": run.environment,
+            "cases": run.cases, "records": run.records}
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
     tmp.replace(path)
@@ -269,7 +343,7 @@ def load_seed(out: Path, seed: int, key: dict[str, Any]) -> SeedRun | None:
         raise BadInput(f"{path}: seed {seed} was run on another selection ({data.get('selection')}, this run: "
                        f"{key}); choose another --out or pass --force")
     return SeedRun(seed, data["exit_status"], data["seconds"], data["cases"], data["records"],
-                   data.get("environment", {}), resumed=True)
+                   data.get("environment", {}), resumed=True, code=data.get("code"))
 
 
 # -- tightness --------------------------------------------------------------------------------------------
@@ -308,8 +382,8 @@ def compare_tightness(now: list[dict[str, Any]], base: list[dict[str, Any]]) -> 
 
 # -- the result -------------------------------------------------------------------------------------------
 def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: dict[str, Any],
-              base: dict[str, Any] | None) -> dict[str, Any]:
-    """The JSON of a sweep (``sweep.json``)."""
+              base: dict[str, Any] | None, code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON of a sweep (``sweep.json``); ``code`` is this run's :func:`code_identity`."""
     from numcheck.properties.profiles import ci_examples
 
     all_rows = [r for run in runs for r in run.records]
@@ -317,12 +391,14 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
     return {
         "schema": SCHEMA,
         "environment": env,
+        "code": code,
         "selection": {"modules": list(premerge.SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
                       "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device},
         "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
                    "counts": r.counts(), "failures": r.failures(), "records": len(r.records),
                    "commit": r.environment.get("git_commit"), "dirty": r.environment.get("git_dirty"),
-                   "resumed": r.resumed, "tightness": tightness(r.records)} for r in runs],
+                   "code": (r.code or {}).get("code"), "torch": (r.code or {}).get("torch"),
+                   "resumed": r.resumed, "stale": r.stale, "tightness": tightness(r.records)} for r in runs],
         "failures": sum(len(r.failures()) for r in runs),
         "tightness": table,
         "tightness_per_impl": tightness(all_rows, ("impl", "output", "dtype")),
@@ -332,10 +408,12 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
 
 
 def _num(v: Any) -> str:
+    """A table cell: ``—`` for none, three significant digits for a float."""
     return "—" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def _table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    """The Markdown tightness table of ``rows``, keyed by ``keys``."""
     cols = keys + ("count", "exact", "median", "p90", "max", "nonfinite")
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     return lines + ["| " + " | ".join(_num(r[c]) for c in cols) + " |" for r in rows]
@@ -344,22 +422,29 @@ def _table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
 def render_md(summary: dict[str, Any], per_impl: bool) -> str:
     """``sweep.md``: the selection, per seed its counts and failures, the total, the tightness table(s)."""
     sel, env = summary["selection"], summary["environment"]
+    code = (summary.get("code") or {}).get("code")
     out = ["## numcheck seed sweep", "",
            f"{sel['device']}, torch {env.get('torch')}, liger-kernel {env.get('liger_kernel') or '—'}, commit "
-           f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}; profile "
+           f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}, numcheck code "
+           f"{code[:12] if code else '?'}; profile "
            f"{sel['profile']} ({sel['ci_examples']} examples), impls: {', '.join(sel['impls']) or 'all registered'}"
            + (f", -k `{sel['keyword']}`" if sel["keyword"] else "") + f", -n {sel['jobs']}", "",
-           "| seed | passed | failed | error | skipped | seconds | commit |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| seed | passed | failed | error | skipped | seconds | commit | code |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in summary["seeds"]:
         c = s["counts"]
         commit = (s.get("commit") or "?")[:9] + (" (dirty)" if s.get("dirty") else "")
+        mark = f"{(s.get('code') or 'unknown')[:12]}" + (" ⚠ stale, kept by --keep-stale" if s.get("stale") else "")
         out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
-                   f"{s['seconds']:.0f} | {commit} |")
+                   f"{s['seconds']:.0f} | {commit} | {mark} |")
+    stale = [s for s in summary["seeds"] if s.get("stale")]
+    if stale:
+        out += [""] + [f"- ⚠ seed {s['seed']} {s['stale']}: its verdicts and tightness are that code's, not this "
+                       f"run's" for s in stale]
     commits = {(s.get("commit"), bool(s.get("dirty"))) for s in summary["seeds"]}
-    if len(commits) > 1:
-        out += ["", f"The seeds ran on {len(commits)} different trees (commits above): the sweep is assembled from "
-                    f"runs kept in seeds/."]
+    if len(commits) > 1 and not stale:
+        out += ["", f"The seeds ran on {len(commits)} different commits with the same numcheck code and torch: the "
+                    f"sweep is assembled from runs kept in seeds/."]
     out += ["", f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
                 f"is a false alarm of the model)", ""]
     for s in summary["seeds"]:
@@ -391,6 +476,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _baseline(path: Path | None) -> dict[str, Any] | None:
+    """The ``--compare`` sweep.json (``None`` without one); BadInput when it is not a readable sweep.json."""
     if path is None:
         return None
     try:
@@ -402,6 +488,38 @@ def _baseline(path: Path | None) -> dict[str, Any] | None:
     return data
 
 
+def _say(seed: int, text: str) -> None:
+    """One progress line about ``seed`` on stderr."""
+    print(f"numcheck sweep: seed {seed}: {text}", file=sys.stderr)
+
+
+def _seed(seed: int, out: Path, args: argparse.Namespace, profile: str, key: dict[str, Any],
+          env: dict[str, Any], code: dict[str, Any]) -> SeedRun:
+    """``seed``'s run: the kept one when it ran on this ``code`` (or ``--keep-stale``), else a fresh run, kept
+    unless pytest exited :data:`PYTEST_INTERRUPTED`."""
+    kept = None if args.force else load_seed(out, seed, key)
+    if kept is not None and kept.exit_status == PYTEST_INTERRUPTED:
+        _say(seed, f"the kept seed's pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection error): "
+                   f"running it again")
+        kept = None
+    why = stale_reason(kept, code) if kept is not None else None
+    if why and not args.keep_stale:
+        _say(seed, f"the kept seed {why}: running it again (--keep-stale would keep it)")
+        kept = None
+    if kept is not None:
+        kept.stale = why
+        if why:
+            _say(seed, f"keeping the stale kept seed (--keep-stale): it {why}")
+        return kept
+    r = run_seed(seed, args, profile)
+    r.environment, r.code = env, code
+    if r.exit_status == PYTEST_INTERRUPTED:
+        _say(seed, f"pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection error): reported, not kept")
+    else:
+        save_seed(out, r, key)
+    return r
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the sweep (module docstring); the exit status."""
     try:
@@ -410,15 +528,14 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
         out, base = _out_dir(args), _baseline(args.compare)
+        if args.force and args.keep_stale:
+            raise BadInput("--force runs every seed afresh and --keep-stale reuses stale kept seeds: pass one")
         env = report_schema.environment(args.device)  # before the run: the commit and tree it ran on
+        code = code_identity()
         key = _selection_key(args, profile)
         runs = []
         for i, seed in enumerate(seeds, 1):
-            r = None if args.force else load_seed(out, seed, key)
-            if r is None:
-                r = run_seed(seed, args, profile)
-                r.environment = env
-                save_seed(out, r, key)
+            r = _seed(seed, out, args, profile, key, env, code)
             c = r.counts()
             print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}){' (kept from an earlier run)' if r.resumed else ''}"
                   f": {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
@@ -427,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)
         return 2
-    summary = summarize(runs, args, profile, env, base)
+    summary = summarize(runs, args, profile, env, base, code)
     text = render_md(summary, args.per_impl)
     report.write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
                             owned=SWEEP_FILES)

@@ -115,41 +115,138 @@ def test_derandomized_or_unknown_profile_is_refused():
 
 def _args(out: Path, **kw) -> argparse.Namespace:
     base = dict(seeds="0-1", impl=["eager"], profile="ci-seeded", keyword="test_accuracy", jobs=1, device="cpu",
-                out=out, force=False, per_impl=False, compare=None)
+                out=out, force=False, keep_stale=False, per_impl=False, compare=None)
     return argparse.Namespace(**{**base, **kw})
 
 
-def _fake_seed(calls: list[int], commit: str):
+def _fake_seed(calls: list[int], exit_status: int = 0):
     def run_seed(seed, args, profile):
         calls.append(seed)
-        return seed_sweep.SeedRun(seed, 0, 1.0, [{"test": "m::t", "impl": "eager", "status": "passed"}],
+        return seed_sweep.SeedRun(seed, exit_status, 1.0, [{"test": "m::t", "impl": "eager", "status": "passed"}],
                                   [{"output": "loss", "dtype": "float32", "ratio": 0.1 * (seed + 1), "impl": "eager"}])
     return run_seed
 
 
+def _on_code(monkeypatch, code: str, torch: str = "2.13.0", commit: str = "aaaaaaaaaaaa") -> None:
+    """Make the sweep see numcheck code ``code``, torch ``torch`` and git commit ``commit``."""
+    monkeypatch.setattr(seed_sweep, "code_identity", lambda: {"code": code * 64, "torch": torch})
+    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"git_commit": commit})
+
+
 def test_kept_seeds_are_reused_and_their_commits_listed(tmp_path, monkeypatch):
-    """A seed kept in --out/seeds/ by an earlier run is taken, not run again (unless --force); the summary
-    lists each seed's commit and says when they differ."""
+    """A seed kept in --out/seeds/ by an earlier run on the same code is taken, not run again (unless --force),
+    even across commits; the summary lists each seed's commit and code hash."""
     calls: list[int] = []
-    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls, "a"))
-    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"git_commit": "aaaaaaaaaaaa"})
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls))
+    _on_code(monkeypatch, "c", commit="aaaaaaaaaaaa")
     assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
     assert calls == [0] and seed_sweep.seed_path(tmp_path, 0).exists()
-    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"git_commit": "bbbbbbbbbbbb"})
+    _on_code(monkeypatch, "c", commit="bbbbbbbbbbbb")
     assert seed_sweep.run(_args(tmp_path, seeds="0-1")) == 0
-    assert calls == [0, 1], "seed 0 was run again though it was kept"
+    assert calls == [0, 1], "seed 0 was run again though it was kept on the same code"
     summary = json.loads((tmp_path / "sweep.json").read_text())
-    assert [(s["seed"], s["commit"], s["resumed"]) for s in summary["seeds"]] == \
-        [(0, "aaaaaaaaaaaa", True), (1, "bbbbbbbbbbbb", False)]
+    assert [(s["seed"], s["commit"], s["code"], s["resumed"], s["stale"]) for s in summary["seeds"]] == \
+        [(0, "aaaaaaaaaaaa", "c" * 64, True, None), (1, "bbbbbbbbbbbb", "c" * 64, False, None)]
     assert summary["tightness"][0]["count"] == 2, "the kept seed's records are not in the table"
-    assert "2 different trees" in (tmp_path / "sweep.md").read_text()
+    md = (tmp_path / "sweep.md").read_text()
+    assert "2 different commits with the same numcheck code" in md and "| aaaaaaaaa | cccccccccccc |" in md
     assert seed_sweep.run(_args(tmp_path, seeds="0", force=True)) == 0
     assert calls == [0, 1, 0]
 
 
+@pytest.mark.parametrize("code, torch", [("d", "2.13.0"), ("c", "2.6.0")])
+def test_kept_seed_of_other_code_or_torch_is_run_again(tmp_path, monkeypatch, capsys, code, torch):
+    """A kept seed whose numcheck code hash or torch differs from this run's is run again, and the progress
+    output says why; its new run replaces the kept file."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls))
+    _on_code(monkeypatch, "c")
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    _on_code(monkeypatch, code, torch)
+    capsys.readouterr()
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    assert calls == [0, 0], "a kept seed of other code was reused"
+    err = capsys.readouterr().err
+    assert "seed 0: the kept seed ran on" in err and "running it again" in err
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert summary["seeds"][0]["code"] == code * 64 and summary["seeds"][0]["torch"] == torch
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    assert calls == [0, 0], "the rerun seed was not kept"
+
+
+def test_keep_stale_keeps_and_marks_the_stale_seed(tmp_path, monkeypatch):
+    """--keep-stale takes a kept seed of other code, and sweep.md marks that seed's row with the code hash and
+    commit it ran on; --force with --keep-stale is bad input."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls))
+    _on_code(monkeypatch, "c", commit="aaaaaaaaaaaa")
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    _on_code(monkeypatch, "d", commit="bbbbbbbbbbbb")
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1", keep_stale=True)) == 0
+    assert calls == [0, 1]
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert [bool(s["stale"]) for s in summary["seeds"]] == [True, False]
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 0 | 1 | 0 | 0 | 0 | 1 | aaaaaaaaa | cccccccccccc ⚠ stale, kept by --keep-stale |" in md
+    assert "| 1 | 1 | 0 | 0 | 0 | 1 | bbbbbbbbb | dddddddddddd |" in md
+    assert "seed 0 ran on other numcheck code (code cccccccccccc, commit aaaaaaaaa" in md
+    assert seed_sweep.run(_args(tmp_path, seeds="0", keep_stale=True, force=True)) == 2
+
+
+def test_seed_kept_without_a_code_hash_is_stale(tmp_path, monkeypatch):
+    """A seed kept by a numcheck that did not record its code hash (the committed sweeps' seeds) is stale: run
+    again by default, kept and marked "unknown" under --keep-stale."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls))
+    _on_code(monkeypatch, "c")
+    key = seed_sweep._selection_key(_args(tmp_path), "numcheck-ci-seeded")
+    seed_sweep.save_seed(tmp_path, seed_sweep.SeedRun(0, 0, 1.0, [], [], {"git_commit": "0123456789ab"}), key)
+    assert seed_sweep.run(_args(tmp_path, seeds="0", keep_stale=True)) == 0
+    assert calls == []
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 012345678 | unknown ⚠ stale, kept by --keep-stale |" in md
+    assert "code unknown, commit 012345678" in md
+    assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
+    assert calls == [0]
+
+
+def test_interrupted_seed_is_reported_but_never_kept(tmp_path, monkeypatch):
+    """A seed whose pytest exited 2 (interrupted or a collection error) is in the summary but not kept, so the
+    next run runs it again."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls, exit_status=2))
+    _on_code(monkeypatch, "c")
+    seed_sweep.run(_args(tmp_path, seeds="0"))
+    assert not seed_sweep.seed_path(tmp_path, 0).exists()
+    assert json.loads((tmp_path / "sweep.json").read_text())["seeds"][0]["exit_status"] == 2
+    seed_sweep.run(_args(tmp_path, seeds="0"))
+    assert calls == [0, 0]
+
+
+def test_code_hash_covers_every_py_file(tmp_path):
+    """The code hash changes when a .py file's bytes or name change, or one is added, and ignores
+    __pycache__ and other files."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
+    h0 = seed_sweep.code_hash(tmp_path / "pkg")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "c.py").write_text("z")
+    (tmp_path / "pkg" / "notes.txt").write_text("z")
+    assert seed_sweep.code_hash(tmp_path / "pkg") == h0
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
+    h1 = seed_sweep.code_hash(tmp_path / "pkg")
+    (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "sub" / "c.py")
+    h2 = seed_sweep.code_hash(tmp_path / "pkg")
+    (tmp_path / "pkg" / "d.py").write_text("")
+    assert len({h0, h1, h2, seed_sweep.code_hash(tmp_path / "pkg")}) == 4
+    assert len(seed_sweep.code_hash()) == 64
+
+
 def test_kept_seed_of_another_selection_is_refused(tmp_path, monkeypatch):
     """A kept seed run with other impls (or -k, profile, device) cannot join the sweep: bad input naming it."""
-    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed([], "a"))
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed([]))
+    _on_code(monkeypatch, "c")
     assert seed_sweep.run(_args(tmp_path, seeds="0")) == 0
     assert seed_sweep.run(_args(tmp_path, seeds="0", impl=["recompute"])) == 2
 
