@@ -1,5 +1,9 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
+Every kind loads the same way and is checked against its own protocol (:func:`impls.protocol.validate_impl`):
+``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.dist_protocol`) and
+``tp_quant_linear`` (:mod:`impls.tp_quant_protocol`).
+
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
 registered name instead of a spec.
@@ -192,5 +196,6 @@ def builtin(name: str) -> Any:
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
-    """The loaded entries of one kind (``"linear_ce"`` or ``"quant_linear"``)."""
+    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"dist_linear_ce"``,
+    ``"tp_quant_linear"``)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]
