@@ -1,7 +1,8 @@
 """Distributed impls declared as a user declares them (``numcheck.dist_linear_ce_impl``,
 ``numcheck.tp_quant_linear_impl`` on module-level functions), for the self tests that run the distributed suites
-on them through ``--impl``: a correct vocabulary-parallel one, the same with grad_x left unreduced (the suite must
-catch it: it ran this impl, not a built-in), and a tensor-parallel FP8 linear."""
+on them through ``--impl``: a correct vocabulary-parallel one, the same with grad_x left unreduced, one whose ranks
+raise (the suite's failure must carry its message: it ran this impl, not a built-in), and a tensor-parallel FP8
+linear."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ def declared_no_grad_x_all_reduce(x, weight_shard, target, bias_shard=None, *, g
     """grad_x left as the rank's partial (no all-reduce), behind a user's declaration."""
     return _BUGGY.rank_call(x, weight_shard, target, bias_shard, group=group, vocab_start=vocab_start,
                             vocab_size=vocab_size, reduction=reduction, ignore_index=ignore_index)
+
+
+#: What :func:`declared_raises` raises on every rank.
+RAISED = "declared_raises ran on this rank"
+
+
+@numcheck.dist_linear_ce_impl(name="declared_raises", **_RANK)
+def declared_raises(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean",
+                    ignore_index=-100):
+    """Raises :data:`RAISED` on every rank."""
+    raise RuntimeError(RAISED)
 
 
 @numcheck.tp_quant_linear_impl(name="declared_tp_fp8", recipes=_TP.support.recipes, world_sizes=(1, 2),
