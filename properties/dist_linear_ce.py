@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.dist_protocol import shard_bounds
+from numcheck.impls.registry import spec_of
 from numcheck.properties import records
 from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
@@ -157,7 +158,8 @@ def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
 
 def repro_command(impl: Any, prop: str, case: DistCase) -> str:
     """The one line that re-runs ``prop`` on ``case`` for ``impl`` (:func:`main`)."""
-    spec = f"{getattr(impl, 'spec_module', 'numcheck.impls.dist_registry')}:{impl.name}"
+    loaded = spec_of(impl.name)  # a user's impl: the module:attr spec it was loaded by
+    spec = loaded if loaded and ":" in loaded else f"{getattr(impl, 'spec_module', 'numcheck.impls.dist_registry')}:{impl.name}"
     return (f"python -m numcheck.properties.dist_linear_ce --impl {_quote(spec)} --property {prop} "
             f"--case {_quote(repr(case))}")
 
