@@ -480,11 +480,5 @@ def validate_impl(obj: Any, origin: str) -> None:
                             f"its declaration leads to: {why}")
     elif kind == "quant_linear":
         validate_quant_impl(obj, origin)
-    elif kind in ("dist_linear_ce", "tp_quant_linear"):  # the distributed protocols build on this module's
-        from numcheck.impls.dist_protocol import validate_dist_impl
-        from numcheck.impls.tp_quant_protocol import validate_tp_quant_impl
-
-        (validate_dist_impl if kind == "dist_linear_ce" else validate_tp_quant_impl)(obj, origin)
     else:
-        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected one of 'linear_ce', 'quant_linear', "
-                        f"'dist_linear_ce' (impls.dist_protocol), 'tp_quant_linear' (impls.tp_quant_protocol)")
+        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected 'linear_ce' or 'quant_linear'")
