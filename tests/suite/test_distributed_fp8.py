@@ -80,5 +80,6 @@ def test_determinism(tp_quant_impl, parallel):
     r = s.recipes[0]
     edge = {"blockwise": 128, "mxfp8": 32}.get(r.kind, 1) * 4
     M, K, N = (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
-    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, P, parallel, sp, dtype, s.bias, "normal", 7,
-                                                 False, 2 if r.kind == "delayed" else 1))
+    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, dtype=dtype, bias=s.bias, regime="normal", seed=7,
+                                                 save_original_input=False, steps=2 if r.kind == "delayed" else 1,
+                                                 world=P, parallel=parallel, sequence_parallel=sp))
