@@ -19,6 +19,7 @@ import torch
 #: (A dataclass's generated ``__init__`` runs with its defining module's globals, so it is skipped with them.)
 DECLARING_MODULES: frozenset[str] = frozenset({
     "numcheck.impls.protocol", "numcheck.impls.quant_protocol", "numcheck.impls.declaration_errors", "dataclasses",
+    "numcheck.impls.dist_protocol", "numcheck.impls.tp_quant_protocol",
 })
 
 

@@ -1,5 +1,9 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
+Every kind loads the same way and is checked against its own protocol (:func:`validate`):
+``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.dist_protocol`) and
+``tp_quant_linear`` (:mod:`impls.tp_quant_protocol`).
+
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
 registered name instead of a spec.
@@ -19,7 +23,9 @@ from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
 from numcheck.impls.declaration_errors import InvalidDeclaration
+from numcheck.impls.dist_protocol import DIST_KIND, validate_dist_impl
 from numcheck.impls.protocol import validate_impl
+from numcheck.impls.tp_quant_protocol import TP_KIND, validate_tp_quant_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
@@ -98,9 +104,22 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def validate(impl: Any, origin: str) -> None:
+    """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the distributed ones
+    (:func:`impls.dist_protocol.validate_dist_impl`, :func:`impls.tp_quant_protocol.validate_tp_quant_impl`), else
+    :func:`impls.protocol.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
+    kind = getattr(impl, "kind", None)
+    if kind == DIST_KIND:
+        validate_dist_impl(impl, origin)
+    elif kind == TP_KIND:
+        validate_tp_quant_impl(impl, origin)
+    else:
+        validate_impl(impl, origin)
+
+
 def _checked(impl: Any, spec: str, origin: str) -> ImplEntry | BrokenImpl:
     try:
-        validate_impl(impl, f"{origin} {spec}")
+        validate(impl, f"{origin} {spec}")
     except TypeError as exc:
         return BrokenImpl(spec, origin, str(exc))
     _SPECS.setdefault(impl.name, impl.name if origin == "built-in" else spec)
@@ -192,5 +211,6 @@ def builtin(name: str) -> Any:
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
-    """The loaded entries of one kind (``"linear_ce"`` or ``"quant_linear"``)."""
+    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"dist_linear_ce"``,
+    ``"tp_quant_linear"``)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]

@@ -50,16 +50,20 @@ declared as ``partial_dtype`` and reduced in it (:mod:`properties.dist_fp8_toler
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from numcheck.impls import declaration_errors as decl
-from numcheck.impls.declaration_errors import invalid
-from numcheck.impls.quant_protocol import QUANT_DTYPES
+from numcheck.impls.declaration_errors import declaration_site, defined_at, invalid
+from numcheck.impls.dist_protocol import _by_reference, _module_binding
+from numcheck.impls.quant_protocol import QUANT_DTYPES, call_refusal
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
 
+TP_KIND = "tp_quant_linear"
 PARALLEL_MODES: tuple[str, ...] = ("column", "row")
 PARTIAL_DTYPES: tuple[str, ...] = ("output", "float32")
 #: The keywords every call passes after ``x, weight, bias``.
@@ -220,6 +224,87 @@ def collectives(group: Any) -> Collectives:
     return Collectives(group)
 
 
+@dataclass(frozen=True)
+class TPQuantFunctionImpl:
+    """A tensor-parallel quantized linear from a module-level function with the call's signature (module
+    docstring). Built, it has checked that the function takes ``(x, weight, bias, *,`` :data:`TP_CALL_KEYWORDS`
+    ``)``; the ranks receive it pickled, as its module-level name where it is bound to one."""
+
+    name: str
+    fn: Callable[..., torch.Tensor] = field(repr=False)
+    support: TPQuantSupport = field(default_factory=TPQuantSupport)
+    description: str = ""
+    kind: str = TP_KIND
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
+                          "Give a short printable name, e.g. name='mymod_tp_fp8'.")
+        if not isinstance(self.support, TPQuantSupport):
+            raise invalid(f"impl {self.name!r}: support must be a TPQuantSupport, got {type(self.support).__name__}",
+                          "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).")
+        if not callable(self.fn):
+            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable", "Pass a function.")
+        why = call_refusal(self.fn, 3, TP_CALL_KEYWORDS)
+        if why:
+            raise invalid(f"impl {self.name!r}: its function (defined at {defined_at(self.fn)}) cannot take the calls "
+                          f"the suite makes", why)
+
+    def __call__(self, x, weight, bias=None, **kwargs):  # noqa: D102 - the call of the module docstring
+        return self.fn(x, weight, bias, **kwargs)
+
+    def __reduce__(self) -> Any:
+        bound = _module_binding(self, getattr(self.fn, "__module__", None))
+        if bound is not None:
+            return (_by_reference, bound)
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+
+#: The keywords :func:`tp_quant_linear_impl` takes for the declaration.
+TP_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TPQuantSupport))
+
+
+def tp_quant_linear_impl(*, name: str, description: str = "",
+                         **support: Any) -> Callable[[Callable[..., torch.Tensor]], TPQuantFunctionImpl]:
+    """Decorator turning a module-level function into a tensor/sequence-parallel quantized linear the distributed
+    FP8 suite runs (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
+
+    Every rank calls ``fn(x, weight, bias, *, recipe, parallel, sequence_parallel, save_original_input, group,
+    scale_log, scaling_state)`` with its shards (module docstring: the layouts, the quantization semantics, what
+    it reports to ``scale_log``). ``support`` keywords are the fields of :class:`TPQuantSupport` (``recipes``
+    may be kind names). A bad keyword or value, or a function that cannot take the calls, raises
+    :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` naming the decorator's ``file:line``. Bind the
+    result at module level: the ranks unpickle it by that name.
+
+    >>> @tp_quant_linear_impl(name="doc_tp", recipes=("current",), parallel=("column",), world_sizes=(1, 2))
+    ... def doc_tp(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group,
+    ...            scale_log, scaling_state=None):
+    ...     ...
+    >>> doc_tp.kind, sorted(doc_tp.support.parallel)
+    ('tp_quant_linear', ['column'])
+    """
+    site = declaration_site()
+    if not isinstance(name, str) or not name.strip():
+        raise invalid(f"tp_quant_linear_impl(name={name!r}): the name must be a non-empty string",
+                      "Give a short printable name, e.g. name='mymod_tp_fp8'.", site=site)
+    owner = f"tp_quant_linear_impl(name={name!r})"
+    decl.unknown_keywords(owner, support, TP_SUPPORT_FIELDS)
+    declared = TPQuantSupport(**support)
+
+    def wrap(fn: Callable[..., torch.Tensor]) -> TPQuantFunctionImpl:
+        if not callable(fn):
+            raise invalid(f"{owner} decorates {fn!r}, which is not callable",
+                          "Put the decorator on the function each rank calls.", site=site)
+        why = call_refusal(fn, 3, TP_CALL_KEYWORDS)
+        if why:
+            raise invalid(f"{owner}: {fn.__name__} (defined at {defined_at(fn)}) cannot take the calls the suite "
+                          f"makes", why, site=site)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        return TPQuantFunctionImpl(name=name, fn=fn, support=declared, description=doc)
+
+    return wrap
+
+
 def validate_tp_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
     name = getattr(obj, "name", None)
@@ -230,3 +315,14 @@ def validate_tp_quant_impl(obj: Any, origin: str) -> None:
                         f"impls.tp_quant_protocol.TPQuantSupport, got {type(getattr(obj, 'support', None)).__name__}")
     if not callable(obj):
         raise TypeError(f"{origin}: tp_quant_linear impl {name!r} is not callable")
+    fn = obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj
+    why = call_refusal(fn, 3, TP_CALL_KEYWORDS)
+    if why:
+        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
+                        f"the suite makes: {why}")
+    try:
+        pickle.dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
+        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the "
+                        f"ranks receive it pickled: bind it at module level (tp_quant_linear_impl on a module-level "
+                        f"function) or make its class picklable") from None

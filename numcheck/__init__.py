@@ -15,6 +15,7 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 """
 
 from numcheck.impls.declaration_errors import InvalidDeclaration
+from numcheck.impls.dist_protocol import DistFunctionImpl, DistSupport, dist_linear_ce_impl
 from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
 from numcheck.impls.quant_protocol import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
                                            quant_linear_impl)
@@ -24,13 +25,15 @@ from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.fp8_cases import QuantCase
 from numcheck.properties.problems import Problem
 from numcheck.properties.suite_check import CheckResult, Verdict, check
+from numcheck.impls.tp_quant_protocol import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckResult", "ConvergenceResult", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
-    "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "Verdict",
-    "assert_converges", "assert_linear_ce", "assert_quant_linear", "check", "linear_ce_impl", "make_quant_support", "make_support",
-    "quant_linear_impl",
+    "CheckResult", "ConvergenceResult", "DistFunctionImpl", "DistSupport", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
+    "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "TPQuantFunctionImpl",
+    "TPQuantSupport", "Verdict", "assert_converges", "assert_linear_ce", "assert_quant_linear", "check",
+    "dist_linear_ce_impl", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
+    "tp_quant_linear_impl",
 ]

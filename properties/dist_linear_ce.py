@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.dist_protocol import shard_bounds
+from numcheck.impls.registry import spec_of
 from numcheck.properties import records
 from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
@@ -60,6 +61,10 @@ class DistCase:
     def layout_world_size(self) -> int:
         """The world size whose shards ``placement`` and ``owner`` refer to."""
         return self.placement_world_size or self.world_size
+
+    def short(self) -> str:
+        """Compact label for tables: world size, backend, placement and the problem's label."""
+        return f"P{self.world_size}-{self.backend}-{self.placement}-{self.problem.short()}"
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -158,6 +163,13 @@ def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
 def repro_command(impl: Any, prop: str, case: DistCase) -> str:
     """The one line that re-runs ``prop`` on ``case`` for ``impl`` (:func:`main`)."""
     spec = f"{getattr(impl, 'spec_module', 'numcheck.impls.dist_registry')}:{impl.name}"
+    loaded = spec_of(impl.name)  # a user's impl: the module:attr spec it was loaded by, if that names it alone
+    if loaded and ":" in loaded:
+        module, _, attr = loaded.partition(":")
+        target: Any = sys.modules.get(module)
+        for part in attr.split("."):
+            target = getattr(target, part, None)
+        spec = loaded if target is impl else f"{module}:{impl.name}"  # else :func:`load_impl` finds it by name
     return (f"python -m numcheck.properties.dist_linear_ce --impl {_quote(spec)} --property {prop} "
             f"--case {_quote(repr(case))}")
 
@@ -218,6 +230,29 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
     if lines:
         fail(impl, prop, case, *lines)
     return worst
+
+
+def measure(impl: Any, case: DistCase) -> tuple[dict[str, Any], list[str]]:
+    """``case`` run on its ranks and every output compared with the oracle, failing nothing (for ``numcheck
+    report``): the comparisons by output (``grad_x@rank1`` … for the other ranks' grad_x) and the failure lines
+    (every output beyond its bound, and ranks returning a loss that differs from rank 0's)."""
+    run = run_case(impl, case)
+    losses = [r["loss"] for r in run.ranks]
+    lines = [f"loss: ranks {[i for i, l in enumerate(losses) if not same_bits(l, losses[0])]} return a loss differing "
+             f"from rank 0's; every rank must return the same loss"] if any(not same_bits(l, losses[0]) for l in losses) else []
+    out = run.assembled()
+    ref, bounds = _bounds(impl, case, out)
+    comps: dict[str, Any] = {}
+    pairs = [(n, n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x@rank{i}", "grad_x", r["grad_x"])
+                                                      for i, r in enumerate(run.ranks[1:], 1)]
+    for name, key, value in pairs:
+        oracle = _oracle_value(ref, key)
+        if oracle is None and value is None:
+            continue
+        comps[name] = c = compare(name, value, oracle, bounds[key])
+        if not c.ok:
+            lines.append(c.describe())
+    return comps, lines
 
 
 def dist_accuracy(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:

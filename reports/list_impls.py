@@ -30,7 +30,7 @@ def describe_support(impl, device: str) -> list[str]:
     lines = []
     reason = s.unavailable_reason() if hasattr(s, "unavailable_reason") else None
     dev_type = torch.device(device).type
-    if reason is None and dev_type not in s.devices:
+    if reason is None and hasattr(s, "devices") and dev_type not in s.devices:
         reason = f"device {dev_type} not declared"
     lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
     if impl.kind == "dist_linear_ce":
@@ -64,11 +64,7 @@ TRITON_MODES = {
 
 
 def run(args: argparse.Namespace) -> int:
-    from numcheck.impls.dist_registry import dist_impls
-
-    dist = [d for d in dist_impls() if not args.impl or d.name in args.impl]
-    named = [a for a in args.impl if a not in {d.name for d in dist}]
-    entries = discover(named) if named or not args.impl else []
+    entries = discover(args.impl)
     broken = 0
     print(f"# {TRITON_MODES[interpreter.mode()]}")
     for e in entries:
@@ -79,11 +75,6 @@ def run(args: argparse.Namespace) -> int:
         desc = getattr(e.impl, "description", "")
         print(f"{e.name}  [{e.kind}, from {e.origin}]" + (f"\n    {desc}" if desc else ""))
         for line in describe_support(e.impl, args.device):
-            print(line)
-    for d in dist:  # the distributed impls (numcheck.impls.dist_registry), run by the distributed suite
-        print(f"{d.name}  [{d.kind}, from {getattr(d, 'spec_module', 'numcheck.impls.dist_registry')}]"
-              + (f"\n    {d.description}" if d.description else ""))
-        for line in describe_support(d, args.device):
             print(line)
     if args.probes:
         print(f"\ncapability probes on {args.device}:")

@@ -20,6 +20,11 @@ ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regime
 ``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
 ``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
 
+Distributed linear+CE (:class:`~properties.dist_linear_ce.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
+plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
+world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; the world sizes it
+does not declare or the backend cannot run here are counted with the reason. About 0.1 s a case.
+
 Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
 :data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
 """
@@ -63,6 +68,16 @@ RANDOM_SIZES = {"N": (1, 2, 7, 8, 9, 17, 33, 64, 65, 96, 130), "H": (1, 3, 16, 1
 RANDOM_IGNORED = (0.0, 0.0, 0.1, 0.5, 0.9)
 RANDOM_REGIMES = ("ordinary", "ordinary", "confident", "large", "tiny", "outlier_rows")
 
+#: Distributed cases: label → (Problem fields at :data:`DIST_SHAPE`, target placement). V = 52 is divisible by 1, 2
+#: and 4, so impls that need even shards run every world size.
+DIST_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "plain": (dict(dtype="float32"), "as_built"),
+    "bias+ignored+sum": (dict(dtype="bfloat16", bias=True, ignored=0.25, reduction="sum"), "as_built"),
+    "smoothing+boundary": (dict(dtype="float32", label_smoothing=0.1), "boundary"),
+}
+DIST_SHAPE: tuple[int, int, int] = (33, 24, 52)
+DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
+
 #: Which reduction each output's error accumulates over, by problem field (see :func:`reduction_length`).
 QUANT_REDUCTION_AXIS = {"y": "K", "dgrad": "N", "wgrad": "M", "bgrad": "M"}
 
@@ -102,6 +117,7 @@ class GridSpec:
     quant_all_dtypes: bool
     quant_regimes: tuple[str, ...]
     quant_extras: bool
+    dist_cases: tuple[str, ...] = tuple(DIST_CASES)
     seed: int = 20250601
     notes: str = field(default="", compare=False)
 
@@ -112,6 +128,9 @@ class GridSpec:
         bad = [m for m in self.ladder_modes + self.option_modes if m not in MODES]
         if bad:
             raise ValueError(f"GridSpec modes {bad} unknown; known: {sorted(MODES)}")
+        bad = [o for o in self.dist_cases if o not in DIST_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.dist_cases {bad} unknown; known: {sorted(DIST_CASES)}")
         bad = [o for o in self.options if o not in OPTION_CASES]
         if bad:
             raise ValueError(f"GridSpec.options {bad} unknown; known: {sorted(OPTION_CASES)}")
@@ -126,7 +145,9 @@ class GridSpec:
                 f"{self.quant_base} for {'every recipe' if self.quant_all_recipes_ladder else 'the first recipe of each impl'}"
                 f", regimes {', '.join(self.quant_regimes)} for every recipe"
                 f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
-                f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}.")
+                f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
+                f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
+                f"{', '.join(map(str, DIST_WORLD_SIZES))}.")
 
 
 QUICK = GridSpec(
@@ -143,7 +164,7 @@ SMOKE = GridSpec(
     name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
     option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
     quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
-    quant_extras=False)
+    quant_extras=False, dist_cases=("plain",))
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
 
@@ -248,6 +269,37 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
     return out
 
 
+def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
+    """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES`, and the
+    others counted per reason (an undeclared option or dtype, world size or backend, or ranks the backend cannot
+    run here)."""
+    from numcheck.properties.dist_harness import default_backend, world_size_unavailable
+    from numcheck.properties.dist_linear_ce import DistCase
+    from numcheck.properties.strategies import refusal
+
+    backend = default_backend()
+    out: list[GridCase] = []
+    skipped: dict[str, int] = {}
+
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
+    N, H, V = DIST_SHAPE
+    for P in DIST_WORLD_SIZES:
+        for i, label in enumerate(spec.dist_cases):
+            fields, placement = DIST_CASES[label]
+            p = Problem(N=N, H=H, V=V, seed=4000 + i, device=device, **fields)
+            why = (refusal(impl.support, p) or
+                   (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
+                   (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
+                   world_size_unavailable(P, backend))
+            if why:
+                skip(why)
+            else:
+                out.append(GridCase(f"dist:{label}", f"P={P} {p.dtype}", DistCase(p, P, backend, placement)))
+    return out, skipped
+
+
 def reduction_length(output: str, case: Any) -> int:
     """The length of the reduction an output's error grows with.
 
@@ -256,6 +308,7 @@ def reduction_length(output: str, case: Any) -> int:
     wgrad and bgrad over M. (H, the logits' dot-product length, enters every linear+CE output.)
     """
     base = output.split("@", 1)[0]
+    case = getattr(case, "problem", case)  # a DistCase: its problem's lengths
     if isinstance(case, QuantCase):
         try:
             return int(getattr(case, QUANT_REDUCTION_AXIS[base]))

@@ -52,6 +52,10 @@ def why(info: dict) -> str:
         logits = "logits in fp32" if d.get("logits_dtype") == "float32" else "logits in the compute dtype"
         ce = "; softmax/gradient arithmetic in the compute dtype" if d.get("ce_dtype") == "compute" else ""
         return f"{acc}; {logits}{ce}"
+    if info.get("kind") == "dist_linear_ce":
+        return (f"vocabulary sharded over world sizes {d.get('world_sizes')} on {', '.join(d.get('backends', []))}; "
+                f"grad_x all-reduced in {d.get('grad_x_reduce_dtype')}; smoothing convention {d.get('smoothing')}; "
+                f"logits in {'fp32' if d.get('logits_dtype') == 'float32' else 'the compute dtype'}")
     if info.get("kind") == "quant_linear":
         u = d.get("accum_unit_roundoff")
 
@@ -99,7 +103,7 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
         for name, o in c.get("outputs", {}).items():
             key = (c["impl"], c.get("recipe", ""), c["mode"], _base_output(name))
             groups[key].append((c, o))
-    order = LINEAR_OUTPUTS if kind == "linear_ce" else QUANT_OUTPUTS
+    order = LINEAR_OUTPUTS if kind in ("linear_ce", "dist_linear_ce") else QUANT_OUTPUTS
     rows = []
     for (impl, recipe, mode, out), items in groups.items():
         judgements = sorted({j for _, o in items for j in o["verdicts"]})
@@ -115,7 +119,7 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
         if kind == "linear_ce":
             row["rmse_vs_eager"] = _median(o["relative"]["rmse_impl"] / o["relative"]["rmse_eager"]
                                            for _, o in items if "relative" in o and o["relative"]["rmse_eager"] > 0)
-        else:
+        elif kind == "quant_linear":
             row["median_dq"] = _median(o["ratio_dq"] for _, o in items)
             row["median_true"] = _median(o["ratio_true"] for _, o in items)
             row["sqnr_db"] = _median(o["sqnr_db"] for _, o in items if math.isfinite(o["sqnr_db"]))
@@ -201,6 +205,20 @@ def _summary_tables(report: dict) -> list[str]:
             out.append(f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {rel} | {_g(r['worst'])} | "
                        f"{_g(r['median'])} | {_g(r['median_expected'])} | {_g(r['max_ulp'])} | {_g(r['rmse_vs_eager'])} | "
                        f"`{r['worst_case']}` |")
+        out.append("")
+    dist = output_summary(report, "dist_linear_ce")
+    if dist:
+        out += ["### Distributed linear + cross-entropy: per impl × world size × dtype × output", "",
+                "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
+                "against the unsharded float64 oracle under the sharded model's bound (`properties/dist_tolerance.py`); "
+                "every rank's loss must also be bitwise rank 0's.", "",
+                "| impl | world size, dtype | output | cases | analytic pass | worst error/bound | median | max ULP | "
+                "worst case |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in dist:
+            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
+            flag = "" if all_judged_pass(r) else " ❌"
+            out.append(f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {_g(r['worst'])} | "
+                       f"{_g(r['median'])} | {_g(r['max_ulp'])} | `{r['worst_case']}` |")
         out.append("")
     q = output_summary(report, "quant_linear")
     if q:

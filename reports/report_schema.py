@@ -264,7 +264,17 @@ def declaration(impl: Any) -> dict[str, Any]:
                 "grad_accumulation": s.grad_accumulation, "chunk_rows": s.chunk_rows,
                 "grad_x_accumulation": s.grad_x_accumulation, "chunk_cols": s.chunk_cols,
                 "logits_dtype": s.logits_dtype, "ce_dtype": s.ce_dtype}
+    if impl.kind == "dist_linear_ce":
+        d = impl.dist
+        return {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "options": sorted(s.options),
+                "reductions": sorted(s.reductions), "all_ignored": s.all_ignored, "logits_dtype": s.logits_dtype,
+                "ce_dtype": s.ce_dtype, "world_sizes": list(d.world_sizes), "backends": list(d.backends),
+                "uneven_vocab": d.uneven_vocab, "smoothing": d.smoothing, "grad_x_reduce_dtype": d.grad_x_reduce_dtype}
     accum = s.accum_unit_roundoff
+    if impl.kind == "tp_quant_linear":
+        return {"dtypes": _names(s.dtypes), "recipes": [r.name for r in s.recipes], "parallel": sorted(s.parallel),
+                "sequence_parallel": sorted(s.sequence_parallel), "world_sizes": list(s.world_sizes),
+                "partial_dtype": s.partial_dtype, "accum_unit_roundoff": accum}
     return {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "recipes": [r.name for r in s.recipes],
             "save_original_input": sorted(s.save_original_input), "bias": s.bias,
             "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum}
@@ -352,13 +362,41 @@ def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[st
     return rec
 
 
+def dist_record(impl: Any, grid_case: Any, comps: dict[str, Any], lines: list[str], seconds: float) -> dict[str, Any]:
+    """The record of one distributed linear+CE case from :func:`properties.dist_linear_ce.measure`: every output
+    (the other ranks' grad_x as ``grad_x@rankR``) with its error/bound; judged ``analytic`` only (there is no
+    eager counterpart at P ranks for the relative judgement)."""
+    from numcheck.properties.dist_linear_ce import repro_command
+
+    case = grid_case.case
+    outputs: dict[str, Any] = {}
+    for name, c in comps.items():
+        o = _comparison_fields(c)
+        o.update(reduction_length=reduction_length(name, case), ratio_hard=_f(c.ratio), ratio_expected=math.nan,
+                 verdicts={"analytic": bool(c.ok)})
+        outputs[name] = o
+    ok = not lines
+    rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
+    rec.update(verdicts={"analytic": ok}, outputs=outputs, world_size=case.world_size,
+               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0), ratio_expected=math.nan)
+    if not ok:
+        rec["failures"] = list(lines)
+        rec["repro"] = repro_command(impl, "dist_accuracy", case)
+    return rec
+
+
 def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) -> dict[str, Any]:
     """The record of a case on which the impl (or the harness on its output) raised: a failure with the error."""
     rec = _base(impl, grid_case, "error", seconds)
-    judgements = ("analytic", "relative") if impl.kind == "linear_ce" else ("accumulation", "total")
+    judgements = {"linear_ce": ("analytic", "relative"), "dist_linear_ce": ("analytic",)}.get(
+        impl.kind, ("accumulation", "total"))
     rec.update(error=f"{type(exc).__name__}: {exc}".strip(), verdicts={j: False for j in judgements}, outputs={},
                ratio_hard=math.inf, ratio_expected=math.inf, failures=[f"raised {type(exc).__name__}: {exc}"])
-    if impl.kind == "linear_ce":
+    if impl.kind == "dist_linear_ce":
+        from numcheck.properties.dist_linear_ce import repro_command as dist_repro
+
+        rec["repro"] = dist_repro(impl, "dist_accuracy", grid_case.case)
+    elif impl.kind == "linear_ce":
         from numcheck.properties.failures import repro_command
 
         rec["repro"] = repro_command(impl, "accuracy", grid_case.case)

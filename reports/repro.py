@@ -3,7 +3,9 @@
 ``--problem`` is the ``repr`` of a :class:`~properties.problems.Problem` (linear+CE; the property is looked up
 in :data:`properties.checks.PROPERTIES`) or of a :class:`~properties.fp8_cases.QuantCase` (quantized linear;
 :data:`properties.fp8_checks.FP8_PROPERTIES`). It is evaluated with only those constructors (and
-``Fp8Recipe``) in scope and no builtins. A property label with a ``[...]`` suffix, as failure messages print
+``Fp8Recipe``) in scope and no builtins. A :class:`~properties.dist_fp8_cases.TPQuantCase` runs a tensor-parallel
+FP8 property (:data:`properties.dist_fp8_checks.DIST_FP8_PROPERTIES`), a :class:`~properties.dist_linear_ce.DistCase`
+a distributed linear+CE one (:data:`properties.dist_linear_ce.PROPERTIES`) on that case's ranks. A property label with a ``[...]`` suffix, as failure messages print
 for sub-checks (``option_identities[softcap]``), runs the whole property.
 
 Exit status: 0 PASS, 1 the property fails (its message is printed) or the impl raises (with the traceback),
@@ -30,19 +32,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
+    import math
+
     from numcheck.properties.dist_fp8_cases import TPQuantCase
+    from numcheck.properties.dist_linear_ce import DistCase
     from numcheck.properties.fp8_cases import QuantCase
     from numcheck.properties.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     try:
         case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe,  # noqa: S307
-                                                 "TPQuantCase": TPQuantCase})
+                                                 "TPQuantCase": TPQuantCase, "DistCase": DistCase, "inf": math.inf,
+                                                 "nan": math.nan})
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
                          f"QuantCase(...) as printed in a failure message") from None
-    if not isinstance(case, (Problem, QuantCase, TPQuantCase)):
-        raise ValueError(f"--problem must evaluate to a Problem or QuantCase, got {type(case).__name__}")
+    if not isinstance(case, (Problem, QuantCase, TPQuantCase, DistCase)):
+        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, TPQuantCase or DistCase, got "
+                         f"{type(case).__name__}")
     return case
 
 
@@ -95,27 +102,63 @@ def find_tp_impl(name: str) -> Any:
     raise ValueError(f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}")
 
 
-def run(args: argparse.Namespace) -> int:
-    from numcheck.properties.failures import PropertyFailure
+def find_dist_impl(name: str) -> Any:
+    """A distributed linear+CE impl: ``module:NAME`` as its failure's own repro line names it (one of the module's
+    ``dist_impls()``, or the attribute), or the name of a built-in or of one loaded through ``NUMCHECK_IMPLS`` /
+    entry points. ValueError saying what was found otherwise."""
+    from numcheck.impls.dist_protocol import DIST_KIND
+
+    if ":" in name:
+        from numcheck.properties.dist_linear_ce import load_impl
+
+        try:
+            return load_impl(name)
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+    impl = find_impl(name)
+    if impl.kind != DIST_KIND:
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a DistCase")
+    return impl
+
+
+def _table(case: Any) -> tuple[str, dict[str, Any]]:
+    """The impl kind a case is for and its property table."""
+    from numcheck.properties.dist_fp8_cases import TPQuantCase
+    from numcheck.properties.dist_linear_ce import DistCase
     from numcheck.properties.fp8_cases import QuantCase
 
+    if isinstance(case, DistCase):
+        from numcheck.properties.dist_linear_ce import PROPERTIES as dist_table
+
+        return "dist_linear_ce", dist_table
+    if isinstance(case, TPQuantCase):
+        from numcheck.properties.dist_fp8_checks import DIST_FP8_PROPERTIES
+
+        return "tp_quant_linear", DIST_FP8_PROPERTIES
+    if isinstance(case, QuantCase):
+        from numcheck.properties.fp8_checks import FP8_PROPERTIES
+
+        return "quant_linear", FP8_PROPERTIES
+    from numcheck.properties.checks import PROPERTIES
+
+    return "linear_ce", PROPERTIES
+
+
+def run(args: argparse.Namespace) -> int:
     from numcheck.properties.dist_fp8_cases import TPQuantCase
+    from numcheck.properties.dist_linear_ce import DistCase
+    from numcheck.properties.failures import PropertyFailure
 
     prop = args.property.split("[", 1)[0]
     try:
         case = parse_case(args.problem)
-        impl = find_tp_impl(args.impl) if isinstance(case, TPQuantCase) else find_impl(args.impl)
+        finder = (find_tp_impl if isinstance(case, TPQuantCase) else find_dist_impl if isinstance(case, DistCase)
+                  else find_impl)
+        impl = finder(args.impl)
     except ValueError as exc:
         print(f"numcheck repro: {exc}", file=sys.stderr)
         return 2
-    quant = isinstance(case, QuantCase)
-    if isinstance(case, TPQuantCase):
-        from numcheck.properties.dist_fp8_checks import DIST_FP8_PROPERTIES as table
-    elif quant:
-        from numcheck.properties.fp8_checks import FP8_PROPERTIES as table
-    else:
-        from numcheck.properties.checks import PROPERTIES as table
-    want = "tp_quant_linear" if isinstance(case, TPQuantCase) else "quant_linear" if quant else "linear_ce"
+    want, table = _table(case)
     if impl.kind != want:
         print(f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}", file=sys.stderr)
         return 2

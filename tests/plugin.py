@@ -7,9 +7,11 @@ Run the suite against your impl from any directory::
 
 - ``--impl SPEC`` (repeatable) restricts the run to those impls: built-in names or ``package.module:attr``.
   Without it: every built-in, plus ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
-- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, or a user's ``numcheck_impl``) is parametrized over
-  every loaded impl of that kind, ids are the impl names, and collection is identical on every xdist worker
-  (discovery is deterministic). An impl that failed to load is still collected: its tests fail with the load
+- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``dist_linear_ce_impl``, ``tp_quant_impl``, or a
+  user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
+  collection is identical on every xdist worker (discovery is deterministic). A test of a kind that no selected
+  impl has is not collected (deselected; the summary says so): ``--impl`` naming only linear+CE impls runs no
+  FP8 or distributed test, never the built-ins in their place. An impl that failed to load is still collected: its tests fail with the load
   error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
   skipped with the reason.
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
@@ -54,7 +56,12 @@ _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
 _TESTS_DIR = Path(_tests_package.__file__).resolve().parent
 _SUITE_DIR = _TESTS_DIR / "suite"
-_IMPL_FIXTURES = {"linear_ce_impl": "linear_ce", "quant_impl": "quant_linear", "numcheck_impl": None}
+#: Each impl fixture and the kinds it is parametrized over.
+_IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
+    "linear_ce_impl": ("linear_ce",), "quant_impl": ("quant_linear",), "dist_linear_ce_impl": ("dist_linear_ce",),
+    "tp_quant_impl": ("tp_quant_linear",), "numcheck_impl": ("linear_ce", "quant_linear")}
+_NO_IMPL_MARK = "numcheck_no_impl"
+_NOT_COLLECTED_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -123,20 +130,52 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
         return (yield)
 
 
-def impl_entries(config: pytest.Config, kind: str | None) -> list[ImplEntry | BrokenImpl]:
-    """Loaded entries of ``kind`` (every kind for ``None``) plus every broken entry (whose kind is unknown);
+def impl_entries(config: pytest.Config, kinds: tuple[str, ...] | None) -> list[ImplEntry | BrokenImpl]:
+    """Loaded entries of ``kinds`` (every kind for ``None``) plus every broken entry (whose kind is unknown);
     discovered once per session, on first use."""
     if _ENTRIES_KEY not in config.stash:
         _arrange(config)  # before discovery: the built-ins import triton
         config.stash[_ENTRIES_KEY] = discover(config.getoption("--impl"))
-    return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl) or kind is None or e.kind == kind]
+    return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl) or kinds is None or e.kind in kinds]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    for fixture, kind in _IMPL_FIXTURES.items():
+    """Each impl fixture over the loaded impls of its kinds. Where none is loaded (``--impl`` named only impls of
+    other kinds) the test gets one placeholder marked :data:`_NO_IMPL_MARK`, which
+    :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
+    for fixture, kinds in _IMPL_FIXTURES.items():
         if fixture in metafunc.fixturenames:
-            entries = impl_entries(metafunc.config, kind)
-            metafunc.parametrize(fixture, entries, ids=[e.name for e in entries], indirect=True)
+            entries = impl_entries(metafunc.config, kinds)
+            if entries:
+                metafunc.parametrize(fixture, entries, ids=[e.name for e in entries], indirect=True)
+            else:
+                mark = getattr(pytest.mark, _NO_IMPL_MARK)(" or ".join(kinds))
+                metafunc.parametrize(fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"],
+                                     indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of a kind no selected impl has are not collected: deselected (pytest counts them), and the terminal
+    summary says which kinds and how many tests (:func:`pytest_terminal_summary`)."""
+    left: dict[str, int] = {}
+    keep = []
+    for item in items:
+        mark = item.get_closest_marker(_NO_IMPL_MARK)
+        if mark is None:
+            keep.append(item)
+        else:
+            left[mark.args[0]] = left.get(mark.args[0], 0) + 1
+    if left:
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker(_NO_IMPL_MARK) is not None])
+        items[:] = keep
+        config.stash[_NOT_COLLECTED_KEY] = left
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line per impl kind whose tests were left out because no selected impl has it."""
+    for kind, n in sorted(config.stash.get(_NOT_COLLECTED_KEY, {}).items()):
+        terminalreporter.write_line(f"numcheck: {n} test(s) for {kind} impls not collected: --impl selected none "
+                                    f"of that kind")
 
 
 def _impl_of(item: pytest.Item) -> Any:
@@ -222,9 +261,23 @@ def quant_impl(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
+def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
+    """A loaded distributed (vocabulary-parallel) linear+CE impl (:mod:`numcheck.impls.dist_protocol`; skipped
+    when it cannot run here, failed when it could not be loaded)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.tp_quant_protocol`; skipped when it cannot
+    run here, failed when it could not be loaded)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
 def numcheck_impl(request: pytest.FixtureRequest) -> Any:
-    """For users' own tests: each impl named by ``--impl`` (else every discovered one), of either kind, with the
-    suite's skip and failure rules. Its declaration is ``numcheck_impl.support``."""
+    """For users' own tests: each single-device impl (linear+CE or quantized linear) named by ``--impl`` (else
+    every discovered one), with the suite's skip and failure rules. Its declaration is ``numcheck_impl.support``."""
     return _unwrap(request)
 
 
@@ -254,6 +307,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`)."""
     config.addinivalue_line("markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, "
                                        "on CUDA)")
+    config.addinivalue_line("markers", f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has "
+                                       f"(deselected by numcheck's plugin)")
     folder = config.getoption("--numcheck-record", None)
     if folder is not None:
         records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")

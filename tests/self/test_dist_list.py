@@ -24,4 +24,15 @@ def test_list_one_distributed_impl_by_name(capsys):
     assert cli.main(["list", "--impl", name]) == 0
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line and not line.startswith((" ", "#"))]
-    assert headers == [f"{name}  [dist_linear_ce, from numcheck.impls.dist_registry]"]
+    assert headers == [f"{name}  [dist_linear_ce, from built-in]"]
+
+
+def test_list_shows_tensor_parallel_world_sizes(capsys):
+    """Each tensor-parallel FP8 impl is listed once, with its world sizes and backend."""
+    from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
+
+    cli.main(["list"])
+    out = capsys.readouterr().out
+    for impl in tp_fp8_linear_impls():
+        assert out.count(f"{impl.name}  [tp_quant_linear, from built-in]") == 1
+        assert f"world sizes: {','.join(map(str, impl.support.world_sizes))}; backend: torch.distributed" in out

@@ -81,7 +81,7 @@ def test_builtins_load():
     assert len(names) == len(set(names)), f"duplicate built-in names: {names}"
     for e in entries:
         assert e.origin == "built-in"
-        validate_impl(e.impl, f"built-in {e.name}")
+        registry.validate(e.impl, f"built-in {e.name}")
 
 
 def test_builtin_factory_that_raises_is_broken_not_fatal(monkeypatch):

@@ -133,3 +133,24 @@ def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
     proc = subprocess.run(base + ["--impl", "repro_loss_off"], cwd=tmp_path, env=dict(env, NUMCHECK_IMPLS="cwd_mutant:impl"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
+    """A distributed mutant's failure (grad_x not all-reduced, P = 2) gives impl spec and DistCase; ``numcheck repro``
+    with them prints FAIL and the same failure (exit 1), and on the built-in it replaces, PASS (exit 0)."""
+    from numcheck.properties.dist_linear_ce import DistCase, dist_accuracy
+    from numcheck.properties.problems import Problem
+    from numcheck.tests.self.dist_mutants import dist_impls
+
+    (mutant,) = [m for m in dist_impls() if "NoGradXAllReduce" in m.name]
+    with pytest.raises(PropertyFailure) as info:
+        dist_accuracy(mutant, DistCase(Problem(N=6, H=5, V=9, dtype="float32", seed=4), world_size=2))
+    printed = str(info.value)
+    spec = re.search(r'--impl "([^"]+)"', printed).group(1)
+    case = re.search(r"^  case: (DistCase\(.*\))$", printed, re.M).group(1)
+    assert cli.main(["repro", "--impl", spec, "--property", "dist_accuracy", "--problem", case]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL\n") and f"property 'dist_accuracy' fails for impl {mutant.name!r}" in out
+    assert "grad_x" in out and f"case: {case}" in out
+    assert cli.main(["repro", "--impl", "vocab_parallel[nan]", "--property", "dist_accuracy", "--problem", case]) == 0
+    assert capsys.readouterr().out.startswith("PASS: property 'dist_accuracy' holds for impl 'vocab_parallel[nan]'")

@@ -34,10 +34,10 @@ INTS = [101 + 37 * i for i in range(120)] + [1_000_003 + 7_919 * i for i in rang
 FLOATS = [0.013 + 0.0071 * i for i in range(130)] + [0.61 + 0.37 * i for i in range(130)]
 
 #: The (test, impl) pairs run under every scope: fast impls, a test parametrized by a marker besides the impl
-#: (hypothesis keys those by the full node id), and an FP8 quantizer test (wide seed and exponent draws).
-#: (The distributed FP8 suite's ``test_determinism`` runs its own built-ins whatever ``--impl`` says: left out.)
-SELECT = ("(test_determinism or test_ignored_rows or test_frozen_inputs and not weight"
-          " or test_quantizer_bitwise_on_random_tensors) and not tp_fp8_linear")
+#: (hypothesis keys those by the full node id), and an FP8 quantizer test (wide seed and exponent draws). Tests of
+#: the kinds no ``--impl`` here names (the distributed suites' ``test_determinism``, for one) are not collected.
+SELECT = ("test_determinism or test_ignored_rows or test_frozen_inputs and not weight"
+          " or test_quantizer_bitwise_on_random_tensors")
 IMPLS = ("--impl", "eager", "--impl", "fp8_linear[current]")
 #: The selected tests, by name.
 SELECTED = ("test_determinism[eager]", "test_ignored_rows[eager]", "test_frozen_inputs[eager-x]",

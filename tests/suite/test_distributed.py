@@ -1,4 +1,5 @@
-"""The distributed (vocabulary-parallel) linear+CE properties, on every impl of numcheck.impls.dist_registry, on
+"""The distributed (vocabulary-parallel) linear+CE properties, on every loaded impl of kind ``dist_linear_ce`` (the
+plugin's ``dist_linear_ce_impl`` fixture: the built-ins of numcheck.impls.dist_registry, or those ``--impl`` names), on
 the backend of numcheck.properties.dist_harness.default_backend (gloo on CPU): accuracy against the unsharded
 float64 oracle at every declared world size (targets on shard boundaries and ranks owning no target drawn on
 purpose, ignored rows, every rank's loss the same), world-size invariance, determinism where declared. The
@@ -8,21 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.impls.dist_registry import dist_impls
 from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 from numcheck.properties.dist_linear_ce import dist_accuracy, dist_determinism, dist_world_size_invariance
 from numcheck.properties.dist_suite import run_property
 from numcheck.tests.plugin import profile_name
 
-IMPLS = dist_impls()
-
 
 def _usable(impl, world_size: int) -> None:
-    """Skip where the impl cannot run here, does not declare this world size or backend, or the backend cannot run
-    that many ranks here (nccl: one GPU per rank)."""
-    why = impl.support.unavailable_reason()
-    if why:
-        pytest.skip(f"impl {impl.name!r} unavailable here: {why}")
+    """Skip where the impl does not declare this world size or backend, or the backend cannot run that many ranks
+    here (nccl: one GPU per rank); the fixture already skipped an impl that cannot run here at all."""
     if world_size not in impl.dist.world_sizes or default_backend() not in impl.dist.backends:
         pytest.skip(f"{impl.name} declares world sizes {impl.dist.world_sizes} on {impl.dist.backends}")
     why = world_size_unavailable(world_size, default_backend())
@@ -35,25 +30,25 @@ def _profile() -> str:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
-def test_dist_accuracy(impl, world_size):
+def test_dist_accuracy(dist_linear_ce_impl, world_size):
     """Every output (every rank's grad_x, the assembled grad_W and grad_b shards) within the sharded model's bound
     of the float64 oracle, and every rank's loss bitwise equal."""
+    impl = dist_linear_ce_impl
     _usable(impl, world_size)
     run_property(dist_accuracy, impl, world_size, _profile())
 
 
-@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
-def test_dist_world_size_invariance(impl):
+def test_dist_world_size_invariance(dist_linear_ce_impl):
     """The same case (targets placed on world size 4's shards) at world sizes 1, 2 and 4 agrees pairwise within the
     sum of the bounds."""
+    impl = dist_linear_ce_impl
     _usable(impl, 4)
     run_property(dist_world_size_invariance, impl, 4, _profile(), share=1 / 3)
 
 
-@pytest.mark.parametrize("impl", IMPLS, ids=[i.name for i in IMPLS])
-def test_dist_determinism(impl):
+def test_dist_determinism(dist_linear_ce_impl):
     """Two calls at world size 4 are bitwise equal, for impls declaring determinism."""
+    impl = dist_linear_ce_impl
     if not impl.dist.deterministic:
         pytest.skip(f"{impl.name} does not declare deterministic")
     _usable(impl, 4)

@@ -1,6 +1,7 @@
 """Tensor/sequence-parallel FP8 linears (issue 20) on gloo ranks, judged against the unsharded float64 oracle.
 
-Parametrized over every built-in TP impl (:func:`numcheck.impls.tp_fp8_linear.tp_fp8_linear_impls`); cases are
+Parametrized over every loaded impl of kind ``tp_quant_linear`` (the plugin's ``tp_quant_impl`` fixture: the built-ins
+of :func:`numcheck.impls.tp_fp8_linear.tp_fp8_linear_impls`, or those ``--impl`` names); cases are
 drawn inside each declaration (:mod:`numcheck.properties.dist_fp8_suite`), the ranks are the harness's persistent
 pools (:mod:`numcheck.properties.dist_harness`). Failures name impl, case, output, error, bound, worst element and
 the repro line (:mod:`numcheck.properties.dist_fp8_checks`).
@@ -9,15 +10,13 @@ the repro line (:mod:`numcheck.properties.dist_fp8_checks`).
 from __future__ import annotations
 
 import pytest
+import torch
 
-from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
 from numcheck.properties import dist_fp8_checks as checks
 from numcheck.properties.dist_fp8_cases import TPQuantCase
 from numcheck.properties.dist_fp8_suite import run_drawn
 from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 
-IMPLS = tp_fp8_linear_impls()
-_ids = [i.name for i in IMPLS]
 
 def _sizes(tp_impl) -> list[int]:
     """The impl's declared world sizes the backend can run here (nccl: at most one rank per visible GPU)."""
@@ -37,26 +36,26 @@ def _pinned(tp_impl) -> dict:
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
-@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
-def test_dist_accuracy_and_same_scale(tp_impl):
+def test_dist_accuracy_and_same_scale(tp_quant_impl):
     """At P = 2 and 4 the assembled outputs are within the sharded bounds of both references, replicated outputs
     agree on every rank, and every rank quantizes each operand with the oracle's global scale (or its blocks)."""
+    tp_impl = tp_quant_impl
     run_drawn(tp_impl, "dist_accuracy_and_same_scale", **_pinned(tp_impl))
 
 
-@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
-def test_world_size_invariance(tp_impl):
+def test_world_size_invariance(tp_quant_impl):
     """The outputs at P = 1, 2 and 4 agree within the sum of their bounds against the dequantized reference."""
+    tp_impl = tp_quant_impl
     if len(_sizes(tp_impl)) < 2:
         pytest.skip(f"fewer than two of world sizes {tp_impl.support.world_sizes} can run here: "
                     f"{world_size_unavailable(max(tp_impl.support.world_sizes), default_backend())}")
     run_drawn(tp_impl, "world_size_invariance")
 
 
-@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
-def test_save_original_input_bitwise_under_sp(tp_impl):
+def test_save_original_input_bitwise_under_sp(tp_quant_impl):
     """Column-parallel with SP: save_original_input True (the gathered original requantized in backward) and False
     give bitwise identical outputs on every rank."""
+    tp_impl = tp_quant_impl
     if True not in tp_impl.support.save_original_input or not any(r.allows_save_original_input
                                                                    for r in tp_impl.support.recipes):
         pytest.skip(f"{tp_impl.name} declares no recipe with save_original_input=True")
@@ -64,18 +63,23 @@ def test_save_original_input_bitwise_under_sp(tp_impl):
 
 
 @pytest.mark.parametrize("parallel", ["column", "row"])
-@pytest.mark.parametrize("tp_impl", IMPLS, ids=_ids)
-def test_determinism(tp_impl, parallel):
-    """Declared deterministic: two runs of one SP case at P = 4 (the most ranks the backend runs here) agree bitwise
-    on every rank."""
+def test_determinism(tp_quant_impl, parallel):
+    """Declared deterministic: two runs of one case (sequence-parallel where declared, bfloat16 where declared) at
+    P = 4 (the most ranks the backend runs here) agree bitwise on every rank."""
+    tp_impl = tp_quant_impl
     if not tp_impl.support.deterministic:
         pytest.skip(f"{tp_impl.name} does not declare deterministic")
     P = max([p for p in _sizes(tp_impl) if p > 1], default=None)
     if P is None:
         pytest.skip(f"determinism runs at P > 1: {world_size_unavailable(2, default_backend())}")
-    r = tp_impl.support.recipes[0]
+    s = tp_impl.support
+    if parallel not in s.parallel:
+        pytest.skip(f"{tp_impl.name} does not declare {parallel}-parallel")
+    sp = True in s.sequence_parallel  # SP where declared: its gathers are where nondeterminism would enter
+    dtype = "bfloat16" if torch.bfloat16 in s.dtypes else str(sorted(s.dtypes, key=str)[0]).removeprefix("torch.")
+    r = s.recipes[0]
     edge = {"blockwise": 128, "mxfp8": 32}.get(r.kind, 1) * 4
     M, K, N = (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
-    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, "bfloat16", True, "normal", 7, False,
-                                                 2 if r.kind == "delayed" else 1, world=P, parallel=parallel,
-                                                 sequence_parallel=True))
+    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, dtype=dtype, bias=s.bias, regime="normal", seed=7,
+                                                 save_original_input=False, steps=2 if r.kind == "delayed" else 1,
+                                                 world=P, parallel=parallel, sequence_parallel=sp))
