@@ -128,6 +128,14 @@ def pair_section(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
     return [head, "", *accuracy_lines(p), "", *memory_lines(p, runs), "", *time_lines(p), "", *path_lines(p), ""]
 
 
+def failed_env_lines(env: dict[str, Any]) -> list[str]:
+    """An environment (``--python``) whose measurement failed, with its stderr's tail."""
+    tail = "\n".join(env.get("failed", "").strip().splitlines()[-12:])
+    return [f"### ❌ `{env['python']}`: the measurement failed", "",
+            "Nothing of this environment is compared; its claims are not verified there. The error's tail:", "",
+            "```", tail, "```", ""]
+
+
 def claim_lines(verdicts: list[Any], source: str) -> list[str]:
     """The claims table (:class:`reports.claims.Verdict`)."""
     if not verdicts:
@@ -136,7 +144,9 @@ def claim_lines(verdicts: list[Any], source: str) -> list[str]:
     lines = [f"**Claims** ({source})", "", "| # | claim | metric | claimed | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
         c = v.claim
-        measured = f"{v.value:.4g} ({v.where})" if v.value is not None else v.reason
+        measured = "; ".join(f"{m.value:.4g} ({m.where}){'' if m.holds else ' ❌'}" for m in v.measured) or v.reason
+        if v.measured and v.reason:
+            measured += f"; not judged in: {v.reason}"
         lines.append(f"| {c.index} (line {c.line}) | {c.says} | `{c.metric}` {c.condition()} | {c.bound()} | {measured} | "
                      f"{icon[v.status]} |")
     return lines + [""]

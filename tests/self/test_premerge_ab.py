@@ -107,6 +107,41 @@ device = "cuda"
     assert [x.status for x in v] == ["true", "not verified", "true"]
 
 
+def test_claim_without_condition_is_judged_in_every_environment():
+    """A claim stated for everywhere is judged in each environment that measures it: true in one and false in
+    another is false, and both figures are reported (the torch 2.6 run is not skipped because 2.11 came first)."""
+    cs = claims.parse('[[claim]]\nsays = "3072 MiB -> 0 MiB"\nmetric = "step_extra_mib"\nmax = 0\n')
+    runs = [_run("cuda", "2.11.0+cu130", step_extra_mib=0.0), _run("cuda", "2.6.0+cu124", step_extra_mib=3072.0)]
+    (v,) = claims.judge(cs, runs)
+    assert v.status == "false" and v.value == 3072.0 and "2.6.0" in v.where, v
+    assert [(m.value, m.holds) for m in v.measured] == [(0.0, True), (3072.0, False)], v.measured
+    (v,) = claims.judge(cs, runs[:1])
+    assert v.status == "true" and len(v.measured) == 1, v
+
+
+def test_pairs_with_the_same_new_are_judged_apart():
+    """Two pairs sharing a NEW spec (against two BASEs) get a verdict each, named by their BASE."""
+    cs = claims.parse('[[claim]]\nsays = "a"\nmetric = "peak_change_mib"\nmax = 0\n')
+    run = _run("cpu", "2.13.0", peak_change_mib=-5.0)
+    run["pairs"].append({"new": "m:new", "base": "m:other", "new_name": "new", "metrics": {"peak_change_mib": 7.0},
+                         "unmeasured": {}})
+    run["pairs"][0]["base"] = "m:old"
+    v = claims.judge(cs, [run])
+    assert [(x.pair, x.status) for x in v] == [("m:new (vs m:old)", "true"), ("m:new (vs m:other)", "false")], v
+
+
+def test_failed_environment_leaves_its_claims_not_verified():
+    """An environment whose measurement failed judges nothing: a claim only it could verify is not verified, with
+    the failure's last line as the reason."""
+    from numcheck.reports.premerge_ab_run import failed_run
+
+    cs = claims.parse('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.8"\n')
+    bad = failed_run("/venv/bin/python", "cpu", "Traceback ...\nModuleNotFoundError: No module named 'numcheck'")
+    (v,) = claims.judge(cs, [_run("cpu", "2.13.0", peak_change_mib=0.0), bad])
+    assert v.status == "not verified", v
+    assert "measurement failed there: ModuleNotFoundError: No module named 'numcheck'" in v.reason, v.reason
+
+
 # -- accuracy ---------------------------------------------------------------------------------------------
 def test_mutant_new_fails_the_accuracy_comparison():
     """NEW = the built-in chunked[fp32_operands] with grad_weight's running sum in bf16 (a twin of tests/self/mutants)
