@@ -310,3 +310,63 @@ def test_claims_file_error_is_bad_input(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:11: unknown key 'speed'" in proc.stderr
+
+
+def test_failed_python_is_recorded_not_bad_input(tmp_path):
+    """A --python interpreter that fails after the local measurement ran: the run goes on, ab.json records that
+    environment as failed with its stderr's tail, the claim only it could judge is not verified, exit 1 (not 2)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numcheck'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "c.toml").write_text('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.0"\n')
+    proc = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", "chunked[fallback]",
+                           "--base", "chunked[fp32_operands]", "--grid", "smoke", "--no-convergence", "--claims",
+                           str(tmp_path / "c.toml"), "--python", str(fake), "--out", str(tmp_path / "ab")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "could not measure" in proc.stdout and "No module named 'numcheck'" in proc.stdout, proc.stdout
+    data = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert "No module named 'numcheck'" in data["runs"][1]["env"]["failed"], data["runs"][1]
+    assert data["runs"][0]["pairs"][0]["accuracy"]["n_both"] > 0
+    (v,) = data["claims"]
+    assert v["status"] == "not verified" and "measurement failed there" in v["reason"], v
+
+
+# -- convergence ------------------------------------------------------------------------------------------
+def _declaring(name: str, **support: Any) -> Any:
+    """A plain F.linear + F.cross_entropy impl declaring ``support`` (only what the convergence case reads)."""
+    import torch.nn.functional as F
+
+    from numcheck.impls.protocol import linear_ce_impl
+
+    @linear_ce_impl(name=name, autocast=(), **support)
+    def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+        return F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction,
+                               ignore_index=ignore_index)
+    return impl
+
+
+def test_convergence_runs_in_a_case_both_declare():
+    """The A/B convergence run takes a dtype both sides declare and no padding when one lacks ignore_index
+    (cce[impl=torch_compile]'s case: bf16/fp16, no options); with no dtype in common it is 'not run', saying why."""
+    from numcheck.reports.premerge_ab_run import convergence_case
+
+    eager = premerge_ab.load_one("eager")
+    lowp = _declaring("lowp_no_options", dtypes=("bfloat16", "float16"), options=())
+    assert convergence_case(lowp, eager, "cpu") == ({"dtype": "bfloat16", "ignored": 0.0}, "")
+    assert convergence_case(eager, eager, "cpu") == ({"dtype": "float32", "ignored": 0.125}, "")
+    settings, why = convergence_case(_declaring("fp16_only", dtypes=("float16",)),
+                                     _declaring("fp32_only", dtypes=("float32",)), "cpu")
+    assert settings is None and "no dtype both sides declare" in why and "fp32_only" in why, why
+
+
+def test_base_outside_the_envelope_is_not_judged():
+    """A BASE that itself leaves the convergence envelope does not fail the change ("BASE itself fails: not
+    judged"); the same mutant as NEW against eager fails."""
+    from numcheck.reports.premerge_ab_run import convergence
+
+    mut = "numcheck.tests.self.mutants:loss_bf16"
+    _, data, ok = convergence([premerge_ab.Pair("eager", mut)], "cpu", None)
+    assert ok and data["pairs"][0]["status"].startswith("BASE itself fails"), data["pairs"][0]["status"]
+    _, data, ok = convergence([premerge_ab.Pair(mut, "eager")], "cpu", None)
+    assert not ok and "NEW outside" in data["pairs"][0]["status"], data["pairs"][0]["status"]
