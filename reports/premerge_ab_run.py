@@ -3,8 +3,9 @@
 Exit 1 when a pair cannot be compared (a side fails to load), NEW fails a problem both declare, an output is
 flagged as materially worse (:mod:`reports.premerge_ab`), a claim is measured false (:mod:`reports.claims`), an
 environment named with ``--python`` fails to measure (recorded with its stderr tail; its claims not verified), or
-NEW leaves the convergence envelope while BASE stays inside; 2 on bad input (pairs that do not match up, a claims file with an unknown key or
-bad value, an ``--out`` that holds a result, an unusable ``--python``); else 0. Claims that cannot be measured here
+NEW leaves the convergence envelope while BASE stays inside; 2 on bad input, before anything runs (pairs that do
+not match up, a claims file with an unknown key or bad value, an ``--out`` that holds a result, a ``--python`` that
+does not exist); else 0. Claims that cannot be measured here
 are listed as not verified, with the reason, and do not fail the run.
 
 ``--out DIR`` writes ``ab.json`` (everything measured, every environment, the claim verdicts) and ``ab.md``.
@@ -34,12 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", action="append", default=[], metavar="PYTHON",
                    help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
                         "check the claims about it there (repeatable)")
-    p.add_argument("--growth-factor", type=float, default=None,
-                   help="A/B mode: flag an output whose worst error/bound grows more than this (default: one factor "
-                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_GROWTH_FACTORS.items())
-                        + ", from the seed spread: docs/premerge-ab.md)")
+    p.add_argument("--headroom", type=float, default=None, metavar="H",
+                   help="A/B mode: flag an output when NEW takes more than this share of the headroom BASE's worst "
+                        "error/bound leaves below the bound, (NEW-BASE)/(1-BASE), for every output (default: one "
+                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_HEADROOM.items())
+                        + ", from correct pairs: docs/premerge-ab.md)")
     p.add_argument("--growth-floor", type=float, default=ab.DEFAULT_GROWTH_FLOOR,
-                   help=f"A/B mode: judge growth only where NEW's worst error/bound is at least this (default "
+                   help=f"A/B mode: the error_growth claim counts outputs where NEW's worst error/bound is at least this (default "
                         f"{ab.DEFAULT_GROWTH_FLOOR:g})")
     p.add_argument("--repeats", type=int, default=ab.DEFAULT_REPEATS,
                    help=f"A/B mode, CUDA: interleaved timing repeats (default {ab.DEFAULT_REPEATS})")
@@ -143,10 +145,10 @@ def run_ab(args: argparse.Namespace) -> int:
     try:
         pairs = ab.pairs_from(list(args.impl), list(args.base))
         claims, source = _claims(args)
-        if not ((args.growth_factor is None or args.growth_factor >= 1.0) and args.growth_floor >= 0.0
+        if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0
                 and args.repeats >= 1):
-            raise ValueError(f"--growth-factor must be >= 1, --growth-floor >= 0 and --repeats >= 1 (got "
-                             f"{args.growth_factor}, {args.growth_floor}, {args.repeats})")
+            raise ValueError(f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
+                             f"{args.headroom}, {args.growth_floor}, {args.repeats})")
         if args.out is not None and (args.out / "ab.json").exists():
             raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
         for py in args.python:
@@ -155,12 +157,12 @@ def run_ab(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ClaimsError is a ValueError
         return _bad(str(exc))
     print(f"numcheck premerge: A/B of {len(pairs)} pair(s) on {args.device}…", file=sys.stderr)
-    here = ab.measure(pairs, args.device, args.grid, args.growth_factor, args.growth_floor, args.repeats)
+    here = ab.measure(pairs, args.device, args.grid, args.headroom, args.growth_floor, args.repeats)
     runs = [here]
     for py in args.python:
         print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
         try:
-            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.growth_factor,
+            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom,
                                              args.growth_floor, args.repeats))
         except RuntimeError as exc:
             print(f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -145,7 +146,7 @@ def test_failed_environment_leaves_its_claims_not_verified():
 # -- accuracy ---------------------------------------------------------------------------------------------
 def test_mutant_new_fails_the_accuracy_comparison():
     """NEW = the built-in chunked[fp32_operands] with grad_weight's running sum in bf16 (a twin of tests/self/mutants)
-    against the built-in: NEW fails problems BASE passes and grad_weight's growth is flagged."""
+    against the built-in: NEW fails problems BASE passes and grad_weight is flagged as materially worse."""
     base = premerge_ab.load_one("chunked[fp32_operands]")
     a = premerge_ab.accuracy_ab(mutants.gw_bf16_sum, base, "quick", "cpu", None, premerge_ab.DEFAULT_GROWTH_FLOOR)
     assert a["base_pass"] == a["n_both"] > 0 and a["new_failures"], a
@@ -154,19 +155,38 @@ def test_mutant_new_fails_the_accuracy_comparison():
     assert not premerge_ab.accuracy_ok(a)
 
 
-def test_growth_is_flagged_while_both_pass():
+def test_headroom_is_flagged_while_both_pass():
     """The bf16-running-sum twin declaring bf16 only (the suite's ci profile misses it, docs/detection.md), in 4-row
-    chunks: it passes every problem both declare, yet grad_weight's worst error/bound more than doubles (past its
-    factor, 2.1) and the comparison fails; the unmutated twin in the same chunks is not flagged."""
+    chunks: it passes every problem both declare, yet takes nearly all the headroom grad_weight had below its bound
+    (past its threshold, 0.63) and the comparison fails; the unmutated twin in the same chunks is not flagged."""
     base = premerge_ab.load_one("chunked[fp32_operands]")
     floor = premerge_ab.DEFAULT_GROWTH_FLOOR
     a = premerge_ab.accuracy_ab(mutants.gw_bf16_sum_bf16_only.with_chunk_rows(4), base, "quick", "cpu", None, floor)
     assert a["new_pass"] == a["n_both"] > 0, a["new_failures"]
     gw = next(o for o in a["outputs"] if o["output"] == "grad_weight")
-    assert gw["flagged"] and gw["growth"] > premerge_ab.DEFAULT_GROWTH_FACTORS["grad_weight"], gw
+    assert gw["flagged"] and gw["headroom"] > premerge_ab.DEFAULT_HEADROOM["grad_weight"], gw
+    assert [o["output"] for o in a["outputs"] if o["flagged"]] == ["grad_weight"], a["outputs"]
     assert not premerge_ab.accuracy_ok(a)
     same = premerge_ab.accuracy_ab(base.with_chunk_rows(4), base, "quick", "cpu", None, floor)
     assert premerge_ab.accuracy_ok(same), same["outputs"]
+
+
+@pytest.mark.parametrize("new, base", [(n, b) for c in ("chunked[fallback]", "chunked[fp32_operands]",
+                                                         "chunked[lowp_accum]") for n, b in (("eager", c), (c, "eager"))])
+def test_correct_refactor_is_not_flagged(new, base):
+    """eager and each chunked path, either way round, are a correct change: nothing is flagged although their worst
+    error/bounds differ up to 3.4× (the ratio the old growth factors failed on)."""
+    a = premerge_ab.accuracy_ab(premerge_ab.load_one(new), premerge_ab.load_one(base), "quick", "cpu", None,
+                                premerge_ab.DEFAULT_GROWTH_FLOOR)
+    assert premerge_ab.accuracy_ok(a), [(o["output"], o["new"], o["base"], o["headroom"]) for o in a["outputs"]]
+
+
+def test_headroom_taken():
+    """(NEW − BASE)/(1 − BASE): 0 when no worse, 1 at NEW's bound, small far inside the bound, NaN when BASE fails."""
+    h = premerge_ab.headroom_taken
+    assert h(0.4, 0.4) == 0.0 and h(1.0, 0.2) == 1.0 and h(0.2, 0.6) < 0
+    assert h(0.03, 0.01) == pytest.approx(0.02 / 0.99)
+    assert math.isnan(h(1.5, 1.0))
 
 
 def test_cases_only_one_side_declares_are_listed():
