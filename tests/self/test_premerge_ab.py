@@ -390,3 +390,12 @@ def test_base_outside_the_envelope_is_not_judged():
     assert ok and data["pairs"][0]["status"].startswith("BASE itself fails"), data["pairs"][0]["status"]
     _, data, ok = convergence([premerge_ab.Pair(mut, "eager")], "cpu", None)
     assert not ok and "NEW outside" in data["pairs"][0]["status"], data["pairs"][0]["status"]
+
+
+def test_spread_refuses_a_mistyped_impl():
+    """premerge_spread does not skip a spec that does not load: it is bad input naming the spec (exit 2)."""
+    from numcheck.reports import premerge_spread
+
+    with pytest.raises(ValueError, match="no_such_impl"):
+        premerge_spread.load_impls(("eager", "no_such_impl"))
+    assert premerge_spread.main(["--impl", "no_such_impl", "--seeds", "1"]) == 2
