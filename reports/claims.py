@@ -30,9 +30,11 @@ one ``[[claim]]`` table per promise. Keys of a ``[[claim]]`` table (:data:`CLAIM
 ``pair`` (optional)
     The ``--impl`` spec (or impl name) of the NEW side the claim is about (default: every pair of the run).
 
-A claim is verified where its ``device`` and ``torch`` match an environment of the run (this one, and any named
-with ``--python``) and its metric is measured there; else it is "not verified here" with the reason (no CUDA
-device, another torch release, the metric not measured on this device). A claim measured false makes premerge
+A claim is judged in every environment of the run (this one, and each named with ``--python``) whose device and
+torch match its ``device`` and ``torch`` and that measures its metric: false if it fails in any of them, true if it
+holds in all of them (each environment's figure is reported), else "not verified here" with each environment's
+reason (no CUDA device, another torch release, the metric not measured on this device, the environment's
+measurement failed). A claim measured false makes premerge
 exit 1. An unknown key, a missing required key or a value of the wrong type is an error naming the file, the
 line and the table (:class:`ClaimsError`; premerge exits 2).
 """
@@ -172,6 +174,8 @@ def parse(text: str, path: str = DEFAULT_FILE) -> list[Claim]:
 
 
 def _claim(table: Any, index: int, line: int, text: str, path: str) -> Claim:
+    """The ``index``-th ``[[claim]]`` table (header on ``line`` of ``text``) validated into a :class:`Claim`; raises
+    :class:`ClaimsError` naming ``path``, the offending key's line and the table."""
     where = f"[[claim]] #{index}"
     if not isinstance(table, dict):
         raise ClaimsError(f"{path}:{line}: {where} is not a table")
@@ -226,8 +230,24 @@ def torch_release(version: str) -> Version:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """A claim's metric as measured in one environment of the run: the value, where, and whether it holds."""
+
+    where: str
+    value: float
+    holds: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {"where": self.where, "value": self.value, "holds": self.holds}
+
+
+@dataclass(frozen=True)
 class Verdict:
-    """A claim judged on one pair: ``status`` ``true``, ``false`` or ``not verified``; the measured value and where."""
+    """A claim judged on one pair: ``status`` ``true`` (it holds in every environment that measured it), ``false``
+    (it fails in at least one) or ``not verified`` (none measured it); ``measured``: each environment's figure;
+    ``value``/``where``: the deciding one (the first false, else the first); ``reason``: why each other environment
+    could not judge it."""
 
     claim: Claim
     pair: str
@@ -235,16 +255,26 @@ class Verdict:
     value: float | None = None
     where: str = ""
     reason: str = ""
+    measured: tuple[Measurement, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """The JSON form (``ab.json``'s ``claims``)."""
         c = self.claim
         return {"claim": c.index, "line": c.line, "says": c.says, "metric": c.metric, "max": c.max, "min": c.min,
                 "device": c.device, "torch": c.torch, "pair": self.pair, "status": self.status, "value": self.value,
-                "where": self.where, "reason": self.reason}
+                "where": self.where, "reason": self.reason, "measured": [m.to_json() for m in self.measured]}
+
+
+def _where(env: dict[str, Any]) -> str:
+    """How an environment is named in a verdict: device, torch release, interpreter."""
+    return f"{env.get('device', '?')}, torch {env.get('torch', '?')} ({env.get('python', '?')})"
 
 
 def _mismatch(claim: Claim, env: dict[str, Any]) -> str:
-    """Why ``env`` (``device``, ``torch``, ``cuda_available``) cannot verify ``claim``; "" when it can."""
+    """Why ``env`` (``device``, ``torch``, ``cuda_available``; ``failed`` when its measurement failed) cannot verify
+    ``claim``; "" when it can."""
+    if env.get("failed"):
+        return f"the measurement failed there: {env['failed'].strip().splitlines()[-1][:200] if env['failed'].strip() else '?'}"
     if claim.device and env["device"] != claim.device:
         if claim.device == "cuda" and not env.get("cuda_available"):
             return f"claim is about cuda; no CUDA device here (this run is on {env['device']})"
@@ -260,36 +290,47 @@ def _mismatch(claim: Claim, env: dict[str, Any]) -> str:
 def judge(claims: list[Claim], runs: list[dict[str, Any]]) -> list[Verdict]:
     """Every claim on every pair it names, against the measured ``runs``.
 
-    Each run is ``{"env": {device, torch, cuda_available, python}, "pairs": [{"new", "new_name", "metrics":
-    {metric: value}}]}`` (:func:`reports.premerge_ab.measure`); a claim is judged in the first run that can verify it,
-    else reported not verified with every run's reason."""
+    Each run is ``{"env": {device, torch, cuda_available, python[, failed]}, "pairs": [{"new", "base", "new_name",
+    "metrics": {metric: value}}]}`` (:func:`reports.premerge_ab.measure`). A claim is judged in *every* run that
+    matches its device and torch and measures its metric: false if it fails in any of them, true if it holds in all
+    (each environment's figure kept), else not verified with every run's reason. Pairs are told apart by position,
+    so two pairs with the same NEW spec are judged separately."""
     out: list[Verdict] = []
-    pairs = {p["new"]: p.get("new_name", p["new"]) for r in runs for p in r["pairs"]}
+    first = next((r for r in runs if not r["env"].get("failed")), runs[0] if runs else {"pairs": []})
+    pairs = [(i, p["new"], p.get("new_name", p["new"]), p.get("base", "")) for i, p in enumerate(first["pairs"])]
+    specs = [s for _, s, _, _ in pairs]
     for c in claims:
-        targets = [s for s, n in pairs.items() if c.pair in (None, s, n)]
+        targets = [(i, s, b) for i, s, n, b in pairs if c.pair in (None, s, n)]
         if not targets:
             out.append(Verdict(c, c.pair or "", "not verified",
-                               reason=f"no pair of this run has NEW {c.pair!r} (pairs: {', '.join(pairs) or 'none'})"))
+                               reason=f"no pair of this run has NEW {c.pair!r} (pairs: {', '.join(specs) or 'none'})"))
             continue
-        for spec in targets:
-            out.append(_judge_one(c, spec, runs))
+        for i, spec, base in targets:
+            label = spec if specs.count(spec) == 1 else f"{spec} (vs {base})"
+            out.append(_judge_one(c, i, label, runs))
     return out
 
 
-def _judge_one(c: Claim, spec: str, runs: list[dict[str, Any]]) -> Verdict:
-    reasons = []
+def _judge_one(c: Claim, index: int, label: str, runs: list[dict[str, Any]]) -> Verdict:
+    """Claim ``c`` on pair number ``index`` of each run (:func:`judge`)."""
+    reasons, measured = [], []
     for r in runs:
         env = r["env"]
-        where = f"{env['device']}, torch {env['torch']} ({env.get('python', '?')})"
+        where = _where(env)
         why = _mismatch(c, env)
-        pair = next((p for p in r["pairs"] if p["new"] == spec), None)
+        pair = r["pairs"][index] if not why and index < len(r["pairs"]) else None
         if not why and pair is None:
             why = "the pair was not measured in this environment"
         if not why:
-            value = pair["metrics"].get(c.metric)
+            value = pair.get("metrics", {}).get(c.metric)
             if value is None or (isinstance(value, float) and math.isnan(value)):
-                why = pair.get("unmeasured", {}).get(c.metric, f"{c.metric} was not measured")
+                why = pair.get("unmeasured", {}).get(c.metric, pair.get("error") or f"{c.metric} was not measured")
             else:
-                return Verdict(c, spec, "true" if c.holds(value) else "false", float(value), where)
+                measured.append(Measurement(where, float(value), c.holds(value)))
+                continue
         reasons.append(f"{where}: {why}")
-    return Verdict(c, spec, "not verified", reason="; ".join(reasons))
+    if not measured:
+        return Verdict(c, label, "not verified", reason="; ".join(reasons))
+    deciding = next((m for m in measured if not m.holds), measured[0])
+    return Verdict(c, label, "true" if deciding.holds else "false", deciding.value, deciding.where,
+                   "; ".join(reasons), tuple(measured))

@@ -21,14 +21,15 @@ def accuracy_lines(p: dict[str, Any]) -> list[str]:
     a = p["accuracy"]
     n = a["n_both"]
     lines = [f"**Accuracy** — {n} problems both declare ({a['grid']} grid; {a['seconds']:.0f} s): "
-             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when its growth "
-             f"exceeds its factor (the spread of a correct impl over seeds, ×1.5) where NEW's worst error/bound is at "
-             f"least {a['floor']:g}.", "",
-             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | factor | |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when NEW takes more "
+             "than its threshold of the headroom BASE's worst error/bound leaves below the bound, (NEW − BASE)/(1 − "
+             "BASE); the thresholds are 1.5× the most a correct change took (docs/premerge-ab.md).", "",
+             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | headroom taken | threshold | |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for o in a["outputs"]:
-        mark = "❌ worse" if o["flagged"] else ("below the floor" if o["new"] < a["floor"] else "✅")
-        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {o['factor']:g} | {mark} |")
+        mark = ("BASE itself fails: not judged" if o["base_fails"] else "❌ materially worse" if o["flagged"] else "✅")
+        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {_r(o['headroom'])} | "
+                     f"{o['threshold']:g} | {mark} |")
     lines.append("")
     for side, key in (("NEW", "new_failures"), ("BASE", "base_failures")):
         for f in a[key][:10]:
@@ -128,6 +129,14 @@ def pair_section(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
     return [head, "", *accuracy_lines(p), "", *memory_lines(p, runs), "", *time_lines(p), "", *path_lines(p), ""]
 
 
+def failed_env_lines(env: dict[str, Any]) -> list[str]:
+    """An environment (``--python``) whose measurement failed, with its stderr's tail."""
+    tail = "\n".join(env.get("failed", "").strip().splitlines()[-12:])
+    return [f"### ❌ `{env['python']}`: the measurement failed", "",
+            "Nothing of this environment is compared; its claims are not verified there. The error's tail:", "",
+            "```", tail, "```", ""]
+
+
 def claim_lines(verdicts: list[Any], source: str) -> list[str]:
     """The claims table (:class:`reports.claims.Verdict`)."""
     if not verdicts:
@@ -136,7 +145,9 @@ def claim_lines(verdicts: list[Any], source: str) -> list[str]:
     lines = [f"**Claims** ({source})", "", "| # | claim | metric | claimed | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
         c = v.claim
-        measured = f"{v.value:.4g} ({v.where})" if v.value is not None else v.reason
+        measured = "; ".join(f"{m.value:.4g} ({m.where}){'' if m.holds else ' ❌'}" for m in v.measured) or v.reason
+        if v.measured and v.reason:
+            measured += f"; not judged in: {v.reason}"
         lines.append(f"| {c.index} (line {c.line}) | {c.says} | `{c.metric}` {c.condition()} | {c.bound()} | {measured} | "
                      f"{icon[v.status]} |")
     return lines + [""]

@@ -1,9 +1,11 @@
 """``numcheck premerge --impl NEW --base OLD [--claims FILE] [--python OTHER ...]``: the A/B run and its exit status.
 
-Exit 1 when a pair cannot be compared (a side fails to load), NEW fails a problem both declare, an output's
-error/bound grows past the factor (:mod:`reports.premerge_ab`), a claim is measured false (:mod:`reports.claims`),
-or the convergence run fails; 2 on bad input (pairs that do not match up, a claims file with an unknown key or
-bad value, an ``--out`` that holds a result, an unusable ``--python``); else 0. Claims that cannot be measured here
+Exit 1 when a pair cannot be compared (a side fails to load), NEW fails a problem both declare, an output is
+flagged as materially worse (:mod:`reports.premerge_ab`), a claim is measured false (:mod:`reports.claims`), an
+environment named with ``--python`` fails to measure (recorded with its stderr tail; its claims not verified), or
+NEW leaves the convergence envelope while BASE stays inside; 2 on bad input, before anything runs (pairs that do
+not match up, a claims file with an unknown key or bad value, an ``--out`` that holds a result, a ``--python`` that
+does not exist); else 0. Claims that cannot be measured here
 are listed as not verified, with the reason, and do not fail the run.
 
 ``--out DIR`` writes ``ab.json`` (everything measured, every environment, the claim verdicts) and ``ab.md``.
@@ -33,12 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", action="append", default=[], metavar="PYTHON",
                    help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
                         "check the claims about it there (repeatable)")
-    p.add_argument("--growth-factor", type=float, default=None,
-                   help="A/B mode: flag an output whose worst error/bound grows more than this (default: one factor "
-                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_GROWTH_FACTORS.items())
-                        + ", from the seed spread: docs/premerge-ab.md)")
+    p.add_argument("--headroom", type=float, default=None, metavar="H",
+                   help="A/B mode: flag an output when NEW takes more than this share of the headroom BASE's worst "
+                        "error/bound leaves below the bound, (NEW-BASE)/(1-BASE), for every output (default: one "
+                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_HEADROOM.items())
+                        + ", from correct pairs: docs/premerge-ab.md)")
     p.add_argument("--growth-floor", type=float, default=ab.DEFAULT_GROWTH_FLOOR,
-                   help=f"A/B mode: judge growth only where NEW's worst error/bound is at least this (default "
+                   help=f"A/B mode: the error_growth claim counts outputs where NEW's worst error/bound is at least this (default "
                         f"{ab.DEFAULT_GROWTH_FLOOR:g})")
     p.add_argument("--repeats", type=int, default=ab.DEFAULT_REPEATS,
                    help=f"A/B mode, CUDA: interleaved timing repeats (default {ab.DEFAULT_REPEATS})")
@@ -55,36 +58,79 @@ def _claims(args: argparse.Namespace) -> tuple[list[claims_mod.Claim], str]:
     return claims_mod.load(path), f"from {path}"
 
 
+def convergence_case(new: Any, base: Any, device: str) -> tuple[dict[str, Any] | None, str]:
+    """The :func:`properties.convergence.run` settings both sides declare — the first of its dtypes (float32,
+    bfloat16, float16) both declare, with padded rows (``ignored``) where both declare ``ignore_index``, else
+    ``ignored=0`` — or ``None`` and why there is none."""
+    import torch
+
+    from numcheck.properties import convergence as conv
+    from numcheck.properties.problems import dtype_of
+
+    dev = torch.device(device).type
+    reasons = []
+    for dt in conv.DTYPES:
+        for ignored in (conv.DEFAULT_IGNORED, 0.0):
+            opts = ("ignore_index",) if ignored else ()
+            why = [f"{side} `{impl.name}`: {r}" for side, impl in (("NEW", new), ("BASE", base))
+                   if (r := impl.support.refuses(dtype=dtype_of(dt), device=dev, options=opts, reduction="mean"))]
+            if not why:
+                return {"dtype": dt, "ignored": ignored}, ""
+        reasons.append(f"{dt}: {'; '.join(why)}")
+    return None, f"no dtype both sides declare for a mean-reduced run on {dev} ({' | '.join(reasons)})"
+
+
 def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[list[str], dict[str, Any], bool]:
-    """The convergence section: ``properties.convergence.run({"new": NEW, "base": BASE}, device=...)`` where this
-    build has it (h-conv's API: a result with ``.ok``, ``.markdown()``, ``.to_json()``, ``.plot(dir)``), its
-    Markdown, JSON and whether it passed; otherwise a section saying it is not in this build (not a failure)."""
-    try:
-        from numcheck.properties import convergence as conv
-    except ImportError:
-        conv = None
-    run = getattr(conv, "run", None)
-    if run is None:
-        return (["**Convergence**: the convergence run (`numcheck converge`) is not in this build of numcheck; "
-                 "nothing was trained", ""], {"status": "not in this build"}, True)
+    """The convergence section: per pair ``properties.convergence.run({"new": NEW, "base": BASE}, ...)`` in a case
+    both declare (:func:`convergence_case`; "not run" with the reason when there is none), its Markdown, JSON and
+    whether it passed. NEW outside eager's envelope fails; BASE outside it is "BASE itself fails: not judged" (the
+    change is not at fault), not a failure."""
+    from numcheck.properties import convergence as conv
+
     lines, data, ok = ["**Convergence**", ""], {"pairs": []}, True
     for i, p in enumerate(pairs):
+        entry: dict[str, Any] = {"new": p.new, "base": p.base}
+        data["pairs"].append(entry)
         try:
-            res = run({"new": ab.load_one(p.new), "base": ab.load_one(p.base)}, device=device)
+            new, base = ab.load_one(p.new), ab.load_one(p.base)
+        except ValueError as exc:
+            lines.append(f"- `{p.new}` vs `{p.base}`: not run: {exc}")
+            entry["status"] = f"not run: {exc}"
+            continue
+        settings, why = convergence_case(new, base, device)
+        if settings is None:
+            lines.append(f"- `{p.new}` vs `{p.base}`: not run: {why}")
+            entry["status"] = f"not run: {why}"
+            continue
+        try:
+            res = conv.run({"new": new, "base": base}, device=device, **settings)
         except Exception as exc:  # noqa: BLE001 - shown as the failure it is
             lines.append(f"- ❌ `{p.new}` vs `{p.base}`: the convergence run raised {type(exc).__name__}: {exc}")
+            entry["status"] = f"raised {type(exc).__name__}: {exc}"[:300]
             ok = False
             continue
-        ok &= bool(res.ok)
-        lines += [f"`{p.new}` (new) vs `{p.base}` (base):", "", res.markdown(), ""]
-        entry = {"new": p.new, "base": p.base, "result": res.to_json()}
+        if not res.runs["base"].inside:
+            verdict = "BASE itself fails (outside eager's envelope): not judged"
+        elif not res.runs["new"].inside:
+            verdict, ok = "❌ NEW outside eager's envelope (BASE inside)", False
+        else:
+            verdict = "✅ both inside eager's envelope"
+        entry.update(status=verdict, settings=settings, result=res.to_json())
+        lines += [f"`{p.new}` (new) vs `{p.base}` (base), {settings['dtype']}, ignored {settings['ignored']:g}: "
+                  f"{verdict}", "", res.markdown(), ""]
         if out is not None:
             try:
                 entry["plots"] = [str(x) for x in res.plot(out / f"convergence-{i}")]
             except ModuleNotFoundError as exc:
                 entry["plots_error"] = str(exc)
-        data["pairs"].append(entry)
     return lines, data, ok
+
+
+def failed_run(python: str, device: str, error: str) -> dict[str, Any]:
+    """The run of an environment whose measurement failed: no pairs, ``env["failed"]`` its error's tail (what
+    :func:`reports.claims.judge` gives as the reason its claims are not verified there)."""
+    return {"env": {"python": python, "device": device, "torch": "unknown (the measurement failed)",
+                    "cuda_available": False, "failed": error[-2000:]}, "pairs": []}
 
 
 def _bad(msg: str) -> int:
@@ -99,10 +145,10 @@ def run_ab(args: argparse.Namespace) -> int:
     try:
         pairs = ab.pairs_from(list(args.impl), list(args.base))
         claims, source = _claims(args)
-        if not ((args.growth_factor is None or args.growth_factor >= 1.0) and args.growth_floor >= 0.0
+        if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0
                 and args.repeats >= 1):
-            raise ValueError(f"--growth-factor must be >= 1, --growth-floor >= 0 and --repeats >= 1 (got "
-                             f"{args.growth_factor}, {args.growth_floor}, {args.repeats})")
+            raise ValueError(f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
+                             f"{args.headroom}, {args.growth_floor}, {args.repeats})")
         if args.out is not None and (args.out / "ab.json").exists():
             raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
         for py in args.python:
@@ -111,28 +157,33 @@ def run_ab(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ClaimsError is a ValueError
         return _bad(str(exc))
     print(f"numcheck premerge: A/B of {len(pairs)} pair(s) on {args.device}…", file=sys.stderr)
-    here = ab.measure(pairs, args.device, args.grid, args.growth_factor, args.growth_floor, args.repeats)
+    here = ab.measure(pairs, args.device, args.grid, args.headroom, args.growth_floor, args.repeats)
     runs = [here]
     for py in args.python:
         print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
         try:
-            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.growth_factor,
+            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom,
                                              args.growth_floor, args.repeats))
         except RuntimeError as exc:
-            print(f"numcheck premerge: {exc}", file=sys.stderr)
-            return _bad(f"--python {py} could not measure (is numcheck importable there?)")
+            print(f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}",
+                  file=sys.stderr)
+            runs.append(failed_run(py, args.device, str(exc)))
     verdicts = claims_mod.judge(claims, runs)
     conv_md, conv_json, conv_ok = (["**Convergence**: left out (--no-convergence)", ""], {"status": "left out"}, True) \
         if args.no_convergence else convergence(pairs, args.device, args.out)
     failed = []
     sections = []
     for i, p in enumerate(here["pairs"]):
-        env_runs = [(r["env"], r["pairs"][i]) for r in runs if "memory" in r["pairs"][i]]
+        env_runs = [(r["env"], r["pairs"][i]) for r in runs if i < len(r["pairs"]) and "memory" in r["pairs"][i]]
         sections.append(md.pair_section(p, env_runs))
         if "error" in p:
             failed.append(f"`{p['new']}` vs `{p['base']}` cannot be compared")
         elif not ab.accuracy_ok(p["accuracy"]):
             failed.append(f"accuracy of `{p['new']}` against `{p['base']}`")
+    for r in runs:
+        if r["env"].get("failed"):
+            failed.append(f"--python {r['env']['python']} could not measure")
+            sections.append(md.failed_env_lines(r["env"]))
     false = [v for v in verdicts if v.status == "false"]
     if false:
         failed.append(f"{len(false)} claim(s) measured false ({', '.join(f'#{v.claim.index}' for v in false)})")

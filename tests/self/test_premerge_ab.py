@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -107,10 +108,45 @@ device = "cuda"
     assert [x.status for x in v] == ["true", "not verified", "true"]
 
 
+def test_claim_without_condition_is_judged_in_every_environment():
+    """A claim stated for everywhere is judged in each environment that measures it: true in one and false in
+    another is false, and both figures are reported (the torch 2.6 run is not skipped because 2.11 came first)."""
+    cs = claims.parse('[[claim]]\nsays = "3072 MiB -> 0 MiB"\nmetric = "step_extra_mib"\nmax = 0\n')
+    runs = [_run("cuda", "2.11.0+cu130", step_extra_mib=0.0), _run("cuda", "2.6.0+cu124", step_extra_mib=3072.0)]
+    (v,) = claims.judge(cs, runs)
+    assert v.status == "false" and v.value == 3072.0 and "2.6.0" in v.where, v
+    assert [(m.value, m.holds) for m in v.measured] == [(0.0, True), (3072.0, False)], v.measured
+    (v,) = claims.judge(cs, runs[:1])
+    assert v.status == "true" and len(v.measured) == 1, v
+
+
+def test_pairs_with_the_same_new_are_judged_apart():
+    """Two pairs sharing a NEW spec (against two BASEs) get a verdict each, named by their BASE."""
+    cs = claims.parse('[[claim]]\nsays = "a"\nmetric = "peak_change_mib"\nmax = 0\n')
+    run = _run("cpu", "2.13.0", peak_change_mib=-5.0)
+    run["pairs"].append({"new": "m:new", "base": "m:other", "new_name": "new", "metrics": {"peak_change_mib": 7.0},
+                         "unmeasured": {}})
+    run["pairs"][0]["base"] = "m:old"
+    v = claims.judge(cs, [run])
+    assert [(x.pair, x.status) for x in v] == [("m:new (vs m:old)", "true"), ("m:new (vs m:other)", "false")], v
+
+
+def test_failed_environment_leaves_its_claims_not_verified():
+    """An environment whose measurement failed judges nothing: a claim only it could verify is not verified, with
+    the failure's last line as the reason."""
+    from numcheck.reports.premerge_ab_run import failed_run
+
+    cs = claims.parse('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.8"\n')
+    bad = failed_run("/venv/bin/python", "cpu", "Traceback ...\nModuleNotFoundError: No module named 'numcheck'")
+    (v,) = claims.judge(cs, [_run("cpu", "2.13.0", peak_change_mib=0.0), bad])
+    assert v.status == "not verified", v
+    assert "measurement failed there: ModuleNotFoundError: No module named 'numcheck'" in v.reason, v.reason
+
+
 # -- accuracy ---------------------------------------------------------------------------------------------
 def test_mutant_new_fails_the_accuracy_comparison():
     """NEW = the built-in chunked[fp32_operands] with grad_weight's running sum in bf16 (a twin of tests/self/mutants)
-    against the built-in: NEW fails problems BASE passes and grad_weight's growth is flagged."""
+    against the built-in: NEW fails problems BASE passes and grad_weight is flagged as materially worse."""
     base = premerge_ab.load_one("chunked[fp32_operands]")
     a = premerge_ab.accuracy_ab(mutants.gw_bf16_sum, base, "quick", "cpu", None, premerge_ab.DEFAULT_GROWTH_FLOOR)
     assert a["base_pass"] == a["n_both"] > 0 and a["new_failures"], a
@@ -119,19 +155,38 @@ def test_mutant_new_fails_the_accuracy_comparison():
     assert not premerge_ab.accuracy_ok(a)
 
 
-def test_growth_is_flagged_while_both_pass():
+def test_headroom_is_flagged_while_both_pass():
     """The bf16-running-sum twin declaring bf16 only (the suite's ci profile misses it, docs/detection.md), in 4-row
-    chunks: it passes every problem both declare, yet grad_weight's worst error/bound more than doubles (past its
-    factor, 2.1) and the comparison fails; the unmutated twin in the same chunks is not flagged."""
+    chunks: it passes every problem both declare, yet takes nearly all the headroom grad_weight had below its bound
+    (past its threshold, 0.63) and the comparison fails; the unmutated twin in the same chunks is not flagged."""
     base = premerge_ab.load_one("chunked[fp32_operands]")
     floor = premerge_ab.DEFAULT_GROWTH_FLOOR
     a = premerge_ab.accuracy_ab(mutants.gw_bf16_sum_bf16_only.with_chunk_rows(4), base, "quick", "cpu", None, floor)
     assert a["new_pass"] == a["n_both"] > 0, a["new_failures"]
     gw = next(o for o in a["outputs"] if o["output"] == "grad_weight")
-    assert gw["flagged"] and gw["growth"] > premerge_ab.DEFAULT_GROWTH_FACTORS["grad_weight"], gw
+    assert gw["flagged"] and gw["headroom"] > premerge_ab.DEFAULT_HEADROOM["grad_weight"], gw
+    assert [o["output"] for o in a["outputs"] if o["flagged"]] == ["grad_weight"], a["outputs"]
     assert not premerge_ab.accuracy_ok(a)
     same = premerge_ab.accuracy_ab(base.with_chunk_rows(4), base, "quick", "cpu", None, floor)
     assert premerge_ab.accuracy_ok(same), same["outputs"]
+
+
+@pytest.mark.parametrize("new, base", [(n, b) for c in ("chunked[fallback]", "chunked[fp32_operands]",
+                                                         "chunked[lowp_accum]") for n, b in (("eager", c), (c, "eager"))])
+def test_correct_refactor_is_not_flagged(new, base):
+    """eager and each chunked path, either way round, are a correct change: nothing is flagged although their worst
+    error/bounds differ up to 3.4× (the ratio the old growth factors failed on)."""
+    a = premerge_ab.accuracy_ab(premerge_ab.load_one(new), premerge_ab.load_one(base), "quick", "cpu", None,
+                                premerge_ab.DEFAULT_GROWTH_FLOOR)
+    assert premerge_ab.accuracy_ok(a), [(o["output"], o["new"], o["base"], o["headroom"]) for o in a["outputs"]]
+
+
+def test_headroom_taken():
+    """(NEW − BASE)/(1 − BASE): 0 when no worse, 1 at NEW's bound, small far inside the bound, NaN when BASE fails."""
+    h = premerge_ab.headroom_taken
+    assert h(0.4, 0.4) == 0.0 and h(1.0, 0.2) == 1.0 and h(0.2, 0.6) < 0
+    assert h(0.03, 0.01) == pytest.approx(0.02 / 0.99)
+    assert math.isnan(h(1.5, 1.0))
 
 
 def test_cases_only_one_side_declares_are_listed():
@@ -275,3 +330,72 @@ def test_claims_file_error_is_bad_input(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:11: unknown key 'speed'" in proc.stderr
+
+
+def test_failed_python_is_recorded_not_bad_input(tmp_path):
+    """A --python interpreter that fails after the local measurement ran: the run goes on, ab.json records that
+    environment as failed with its stderr's tail, the claim only it could judge is not verified, exit 1 (not 2)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numcheck'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "c.toml").write_text('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.0"\n')
+    proc = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", "chunked[fallback]",
+                           "--base", "chunked[fp32_operands]", "--grid", "smoke", "--no-convergence", "--claims",
+                           str(tmp_path / "c.toml"), "--python", str(fake), "--out", str(tmp_path / "ab")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "could not measure" in proc.stdout and "No module named 'numcheck'" in proc.stdout, proc.stdout
+    data = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert "No module named 'numcheck'" in data["runs"][1]["env"]["failed"], data["runs"][1]
+    assert data["runs"][0]["pairs"][0]["accuracy"]["n_both"] > 0
+    (v,) = data["claims"]
+    assert v["status"] == "not verified" and "measurement failed there" in v["reason"], v
+
+
+# -- convergence ------------------------------------------------------------------------------------------
+def _declaring(name: str, **support: Any) -> Any:
+    """A plain F.linear + F.cross_entropy impl declaring ``support`` (only what the convergence case reads)."""
+    import torch.nn.functional as F
+
+    from numcheck.impls.protocol import linear_ce_impl
+
+    @linear_ce_impl(name=name, autocast=(), **support)
+    def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+        return F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction,
+                               ignore_index=ignore_index)
+    return impl
+
+
+def test_convergence_runs_in_a_case_both_declare():
+    """The A/B convergence run takes a dtype both sides declare and no padding when one lacks ignore_index
+    (cce[impl=torch_compile]'s case: bf16/fp16, no options); with no dtype in common it is 'not run', saying why."""
+    from numcheck.reports.premerge_ab_run import convergence_case
+
+    eager = premerge_ab.load_one("eager")
+    lowp = _declaring("lowp_no_options", dtypes=("bfloat16", "float16"), options=())
+    assert convergence_case(lowp, eager, "cpu") == ({"dtype": "bfloat16", "ignored": 0.0}, "")
+    assert convergence_case(eager, eager, "cpu") == ({"dtype": "float32", "ignored": 0.125}, "")
+    settings, why = convergence_case(_declaring("fp16_only", dtypes=("float16",)),
+                                     _declaring("fp32_only", dtypes=("float32",)), "cpu")
+    assert settings is None and "no dtype both sides declare" in why and "fp32_only" in why, why
+
+
+def test_base_outside_the_envelope_is_not_judged():
+    """A BASE that itself leaves the convergence envelope does not fail the change ("BASE itself fails: not
+    judged"); the same mutant as NEW against eager fails."""
+    from numcheck.reports.premerge_ab_run import convergence
+
+    mut = "numcheck.tests.self.mutants:loss_bf16"
+    _, data, ok = convergence([premerge_ab.Pair("eager", mut)], "cpu", None)
+    assert ok and data["pairs"][0]["status"].startswith("BASE itself fails"), data["pairs"][0]["status"]
+    _, data, ok = convergence([premerge_ab.Pair(mut, "eager")], "cpu", None)
+    assert not ok and "NEW outside" in data["pairs"][0]["status"], data["pairs"][0]["status"]
+
+
+def test_spread_refuses_a_mistyped_impl():
+    """premerge_spread does not skip a spec that does not load: it is bad input naming the spec (exit 2)."""
+    from numcheck.reports import premerge_spread
+
+    with pytest.raises(ValueError, match="no_such_impl"):
+        premerge_spread.load_impls(("eager", "no_such_impl"))
+    assert premerge_spread.main(["--impl", "no_such_impl", "--seeds", "1"]) == 2
