@@ -12,8 +12,8 @@ losses taken back (the layout Megatron's ``compute_language_model_loss`` uses, s
 here: the function works row by row).
 
 The fused variant's backward rounds the gradient of the logits to bf16 whatever their dtype
-(``calculate_gradients``: ``grad_input.to(torch.bfloat16)``, also in the 0.8.0 and 0.12.0 source; autograd casts it to the
-logits' dtype). For bf16 parameters that is the rounding the logits' own dtype makes anyway (its grad_x, grad_W
+(``calculate_gradients``: ``grad_input.to(torch.bfloat16)``, also in the 0.8.0 and 0.12.0 source; autograd casts
+it to the logits' dtype). For bf16 parameters that is the rounding the logits' own dtype makes anyway (its grad_x, grad_W
 and grad_b are bitwise the unfused variant's); for fp32 it is a defect of the release: measured on 0.16.1 (P = 1,
 2, 4, Problem(N=7, H=5, V=16, bias=True, ignored=0.3, seed=3)) the fused gradient of the logits is bitwise the
 unfused one rounded to bf16, off the float64 one by up to 3.5e-3 relative element-wise (bf16's u = 2⁻⁸ = 3.9e-3)

@@ -211,7 +211,8 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
         if name in OUTPUT_NAMES and key not in known:  # the tightness table is the impl's own model's
             recorded[f"{name} (P={case.world_size})"] = c
         if not c.ok:
-            lines.append(c.describe() + (f" (bound of the known divergence: {known[key].reason})" if key in known else ""))
+            why = f" (bound of the known divergence: {known[key].reason})" if key in known else ""
+            lines.append(c.describe() + why)
     # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
     # grow with P) and from the single-device suite's outputs.
     records.note(impl, prop, case.problem, AccuracyResult(problem=case.problem, analytic=recorded))
