@@ -6,7 +6,21 @@ Megatron's convention ε/(V−1) over the other classes, declared ``smoothing="m
 from ``megatron.core.parallel_state``; the adapter points that module's tensor-parallel group at the call's
 group for the call only and restores it after (no group is created). ``megatron_fused_vocab_parallel``:
 ``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`` (group passed explicitly; no
-smoothing), run with its ``torch.jit.script`` fuser as the release ships it.
+smoothing), run with its fuser as the release ships it (``megatron.core.jit.jit_fuser``: ``torch.compile`` on
+torch >= 2.2, ``torch.jit.script`` before), fed [s=1, b=N, V/P] logits and [1, N] targets, its [1, N] per-token
+losses taken back (the layout Megatron's ``compute_language_model_loss`` uses, s and b being interchangeable
+here: the function works row by row).
+
+The fused variant's backward rounds the gradient of the logits to bf16 whatever their dtype
+(``calculate_gradients``: ``grad_input.to(torch.bfloat16)``, also in the 0.8.0 and 0.12.0 source; autograd casts
+it to the logits' dtype). For bf16 parameters that is the rounding the logits' own dtype makes anyway (its grad_x, grad_W
+and grad_b are bitwise the unfused variant's); for fp32 it is a defect of the release: measured on 0.16.1 (P = 1,
+2, 4, Problem(N=7, H=5, V=16, bias=True, ignored=0.3, seed=3)) the fused gradient of the logits is bitwise the
+unfused one rounded to bf16, off the float64 one by up to 3.5e-3 relative element-wise (bf16's u = 2⁻⁸ = 3.9e-3)
+where the unfused fp32 one is within 5.2e-7, and grad_x, grad_W and grad_b lie 578–2490 times beyond their fp32
+bounds (max abs errors 3e-4–1.1e-3 on values ~0.3; the loss is untouched, 9.6e-7 off). Recorded as a known
+divergence (:data:`numcheck.properties.dist_known.OUTPUT_KNOWN`, docs/evidence/megatron_fused_bf16_grad.txt):
+the suite judges those gradients under one extra bf16 rounding of G, and the loss under the normal model.
 
 Both take the rank's logits shard and return per-token losses: the adapter computes the shard's logits with
 F.linear in the inputs' dtype, feeds x through Megatron's own ``copy_to_tensor_model_parallel_region`` (identity

@@ -166,8 +166,11 @@ class _Rank:
 
 def _worker_env(key: str | None) -> dict[str, str]:
     """The ranks' (and the zygote's) environment: this process's, its ``sys.path`` as ``PYTHONPATH`` (so a rank
-    imports every module the parent can, test modules included), the pool's key."""
+    imports every module the parent can, test modules included), the pool's key. Inductor compiles in the rank
+    itself (``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set: with torch 2.6 its compile-worker pool never answered
+    in a forked rank, so a torch.compile'd impl, Megatron's fused CE, timed out on every call)."""
     env = dict(os.environ)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     if key is not None:
         env[AUTHKEY_ENV] = key

@@ -1,0 +1,120 @@
+"""Megatron-core's fused vocab-parallel cross-entropy and its known divergence (numcheck.properties.dist_known):
+every entry's example still diverges where the entry holds (strict, so a fixed release is noticed) and in its
+covered outputs only, passes on a release outside the range, and a covered case still has every output judged
+(the covered gradients under the divergence's model, the loss under the impl's own)."""
+
+from __future__ import annotations
+
+import pytest
+
+from numcheck.impls.dist_registry import dist_impls
+from numcheck.impls.megatron import MegatronVocabParallel
+from numcheck.properties import dist_known
+from numcheck.properties.dist_known import OUTPUT_KNOWN
+from numcheck.properties.dist_linear_ce import OUTPUT_NAMES, DistCase, dist_accuracy
+from numcheck.properties.failures import PropertyFailure
+
+IDS = [f"{d.impl}:{d.example.short()}" for d in OUTPUT_KNOWN]
+
+
+class FusedNoGradXAllReduce(MegatronVocabParallel):
+    """The fused adapter with grad_x left as the rank's partial (x fed to the shard's matmul without Megatron's copy
+    region, so its backward has no all-reduce): a defect in a covered output."""
+
+    def __init__(self) -> None:
+        super().__init__(fused=True)
+
+    def rank_call(self, x, weight, target, bias=None, *, group, vocab_start, vocab_size, **options):
+        import megatron.core.tensor_parallel.mappings as mappings
+
+        saved = mappings.copy_to_tensor_model_parallel_region
+        mappings.copy_to_tensor_model_parallel_region = lambda t, group=None: t
+        try:
+            return super().rank_call(x, weight, target, bias, group=group, vocab_start=vocab_start,
+                                     vocab_size=vocab_size, **options)
+        finally:
+            mappings.copy_to_tensor_model_parallel_region = saved
+
+
+class FusedLossScaled(MegatronVocabParallel):
+    """The fused adapter with its loss scaled by 1 + 1e-4 (the gradients too, by far less than bf16's 2⁻⁸): a
+    defect in the output the divergence does not cover."""
+
+    def __init__(self) -> None:
+        super().__init__(fused=True)
+
+    def rank_call(self, *args, **kwargs):
+        return super().rank_call(*args, **kwargs) * (1 + 1e-4)
+
+
+def _case(entry) -> DistCase:
+    return DistCase(problem=entry.example, world_size=entry.example_world_size, placement="boundary")
+
+
+def _impl(name: str):
+    impl = next(i for i in dist_impls() if i.name == name)
+    why = impl.support.unavailable_reason()
+    if why:
+        pytest.skip(f"impl {name!r} unavailable here: {why}")
+    return impl
+
+
+def _failing_outputs(exc: PropertyFailure) -> set[str]:
+    """The outputs a house-format failure names (``grad_x[rank 1]`` counted as ``grad_x``)."""
+    heads = [ln.strip().split(" ", 1)[0].split("[", 1)[0].rstrip(":") for ln in str(exc).splitlines()[1:]]
+    return {h for h in heads if h in OUTPUT_NAMES}
+
+
+@pytest.mark.parametrize("entry", OUTPUT_KNOWN, ids=IDS)
+def test_entry_names_a_registered_impl_and_its_outputs(entry):
+    """An entry names a registered distributed impl and outputs the suite judges, and covers its own example."""
+    assert entry.impl in {i.name for i in dist_impls()}, f"{entry.impl!r} is not in dist_impls(): remove the entry"
+    assert set(entry.outputs) < set(OUTPUT_NAMES), f"{entry.impl!r}: outputs {entry.outputs} (a whole-case " \
+        "divergence belongs in dist_suite.DIST_KNOWN)"
+    assert entry.covers(_case(entry)), f"{entry.impl!r}: its example is not a case it covers"
+
+
+def test_bf16_is_not_covered():
+    """The fused variant's bf16 cases are judged under the impl's own model (bf16 rounds G anyway)."""
+    (entry,) = [d for d in OUTPUT_KNOWN if d.impl == "megatron_fused_vocab_parallel"]
+    assert not entry.covers(DistCase(problem=entry.example.replace(dtype="bfloat16"), world_size=2))
+
+
+@pytest.mark.parametrize("entry", OUTPUT_KNOWN, ids=IDS)
+def test_divergence_still_present(entry, monkeypatch):
+    """On a release inside the entry's range its example fails the impl's own model in exactly the covered outputs
+    (strict: a fixed release turns this red), and holds as the suite judges it."""
+    impl = _impl(entry.impl)
+    if not entry.releases.hold():
+        pytest.skip(f"{entry.impl!r} holds for {entry.releases.describe()}: outside its range")
+    case = _case(entry)
+    assert dist_accuracy(impl, case)["error/bound"] <= 1.0
+    monkeypatch.setattr(dist_known, "OUTPUT_KNOWN", ())
+    with pytest.raises(PropertyFailure) as info:
+        dist_accuracy(impl, case)
+    assert _failing_outputs(info.value) == {o for o in entry.outputs if o != "grad_bias" or entry.example.bias}
+
+
+@pytest.mark.parametrize("entry", OUTPUT_KNOWN, ids=IDS)
+def test_divergence_absent_outside_its_releases(entry):
+    """On a known release outside the entry's range its example passes under the impl's own model."""
+    impl = _impl(entry.impl)
+    if entry.releases.version() is None or entry.releases.hold():
+        pytest.skip(f"{entry.impl!r}: installed release inside the range or unknown ({entry.releases.describe()})")
+    assert not dist_known.output_divergences(impl, _case(entry))
+    dist_accuracy(impl, _case(entry))
+
+
+@pytest.mark.parametrize("mutant, output", [(FusedNoGradXAllReduce(), "grad_x"), (FusedLossScaled(), "loss")],
+                         ids=["no_grad_x_all_reduce", "loss_scaled"])
+def test_covered_case_still_judges_every_output(mutant, output):
+    """On the divergence's own fp32 example a further defect is caught: in a covered output (grad_x without its
+    all-reduce) under the divergence's model, in the loss under the impl's own."""
+    _impl(mutant.name)
+    (entry,) = [d for d in OUTPUT_KNOWN if d.impl == mutant.name]
+    if not entry.releases.hold():
+        pytest.skip(f"{entry.impl!r} holds for {entry.releases.describe()}: outside its range")
+    assert entry.example.dtype == "float32" and entry.example_world_size > 1
+    with pytest.raises(PropertyFailure) as info:
+        dist_accuracy(mutant, _case(entry))
+    assert output in _failing_outputs(info.value)
