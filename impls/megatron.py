@@ -6,8 +6,11 @@ Megatron's convention ε/(V−1) over the other classes, declared ``smoothing="m
 from ``megatron.core.parallel_state``; the adapter points that module's tensor-parallel group at the call's
 group for the call only and restores it after (no group is created). ``megatron_fused_vocab_parallel``:
 ``megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`` (group passed explicitly; no
-smoothing), run with its fuser as the release ships it (``megatron.core.jit.jit_fuser``: ``torch.compile`` on
-torch >= 2.2, ``torch.jit.script`` before), fed [s=1, b=N, V/P] logits and [1, N] targets, its [1, N] per-token
+smoothing), run on CUDA with its fuser as the release ships it (``megatron.core.jit.jit_fuser``: ``torch.compile`` on
+torch >= 2.2, ``torch.jit.script`` before) and on the CPU with the four fused steps uncompiled (the same Python
+functions, as ``megatron.core.jit.disable_jit_fuser`` would give them: inductor's CPU compile of them cost 15–40 s
+per shape in every rank on the loaded 2-core machine, about 12 minutes of the torch 2.6 suite, while the CPU path
+is not what any training run executes; the defect below is in that Python code, compiled or not), fed [s=1, b=N, V/P] logits and [1, N] targets, its [1, N] per-token
 losses taken back (the layout Megatron's ``compute_language_model_loss`` uses, s and b being interchangeable
 here: the function works row by row).
 
@@ -92,7 +95,11 @@ class MegatronVocabParallel:
         valid = target != o.ignore_index
         tgt = torch.where(valid, target, torch.zeros_like(target))
         if self.fused:
-            from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+            from megatron.core.fusions import fused_cross_entropy as fce
+
+            if logits.device.type == "cpu":
+                _uncompile_steps(fce)
+            fused_vocab_parallel_cross_entropy = fce.fused_vocab_parallel_cross_entropy
 
             per_row = fused_vocab_parallel_cross_entropy(logits[None], tgt[None], group)[0]
         else:
@@ -114,6 +121,22 @@ class MegatronVocabParallel:
         if o.reduction == "sum":
             return per_row.sum()
         return per_row.sum() / valid.sum()
+
+
+#: The fused module's ``jit_fuser`` steps, looked up by name when its forward and backward run.
+FUSED_STEPS = ("calculate_logits_max", "calculate_predicted_logits", "calculate_cross_entropy_loss",
+               "calculate_gradients")
+
+
+def _uncompile_steps(module: Any) -> None:
+    """Point ``module``'s fused steps at the functions ``torch.compile`` wrapped (``_torchdynamo_orig_callable``), for
+    the rest of this (rank) process: the backward runs after the call returns, so the swap cannot be scoped to it.
+    A step that is not a ``torch.compile`` wrapper (``torch.jit.script`` on old torch, or already swapped) is left."""
+    for name in FUSED_STEPS:
+        step = getattr(module, name)
+        orig = getattr(step, "_torchdynamo_orig_callable", None)
+        if orig is not None:
+            setattr(module, name, orig)
 
 
 def megatron_impls() -> list[MegatronVocabParallel]:
