@@ -219,6 +219,33 @@ def liger_z_loss_buffer_diverges(p: Problem) -> bool:
     return abs(buffered - exact) > (slack + p.N * 2.0**-24) * abs(exact)
 
 
+def liger_unit_upstream_overflow(p: Problem, t: Tensors | None = None) -> bool:
+    """Whether a gradient of ``p`` for a unit upstream gradient overflows fp16 where Liger keeps it: Liger's
+    forward computes grad_x, grad_W and grad_b for an upstream of 1 and stores them in the parameters' dtype
+    (``grad_weight.to(weight.dtype)`` after its fp32 accumulator, with ``accum_dtype=torch.float32`` too); its
+    backward then multiplies them by the upstream u (``element_mul_kernel``). For fp16 parameters an entry whose
+    exact unit-upstream value |g/u| passes fp16's overflow threshold is ±inf before the multiplication, though the
+    exact u·(g/u) may fit: on the H200, ``Problem(N=2049, H=8, V=2, dtype='float16', reduction='sum',
+    class_weights=True, upstream='scalar', regime='post_norm', seed=336811)`` (u = 0.648) gave grad_W −inf where
+    the oracle's value is −48199 (its unit-upstream value −74335). Scalar upstream of ``mean``/``sum`` only (``none``
+    has a per-row upstream Liger does not pre-multiply in the same way); fp16 parameters only (bf16 has fp32's
+    range; under AMP the parameters, and so the stored gradients, are fp32)."""
+    from numcheck.properties.compare import overflow_threshold
+    from numcheck.properties.harness import run_oracle
+    from numcheck.properties.problems import build
+
+    if p.dtype != "float16" or p.autocast is not None or p.upstream == "one" or p.reduction == "none" or p.N == 0:
+        return False
+    t = t if t is not None else build(p)
+    u = float(t.upstream.double().abs().max())
+    if not (u > 0 and math.isfinite(u)):
+        return False
+    ref = run_oracle(p, t)
+    limit = overflow_threshold(torch.float16)
+    grads = [g for g in (ref.grad_x, ref.grad_weight, ref.grad_bias) if g is not None]
+    return any(bool(((g.abs() / u >= limit) & (g.abs() < limit)).any()) for g in grads)  # inf where it fits
+
+
 def half_all_ignored_mean(p: Problem) -> bool:
     """Whether one of the two halves :func:`properties.checks.two_calls` splits ``p`` into (rows [0, N/2) and
     [N/2, N)) is an all-ignored ``mean`` call."""
@@ -230,6 +257,11 @@ def half_all_ignored_mean(p: Problem) -> bool:
     k = p.N // 2
     return not bool(valid[:k].any()) or not bool(valid[k:].any())
 
+
+#: The example of :func:`liger_unit_upstream_overflow` (no class weights: Liger's weighted path does not run under
+#: the Triton interpreter, and the strict check runs on the CPU too).
+EXAMPLE_UNIT_UPSTREAM = Problem(N=2049, H=8, V=2, dtype="float16", reduction="sum", upstream="scalar",
+                                regime="post_norm", seed=22)
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
 F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
@@ -335,6 +367,23 @@ KNOWN: list[KnownDivergence] = [
                 "(the same logits in fp32 give 43)."),
         example=Problem(N=2049, H=1, V=2, dtype="float16", regime="large", seed=0),
     ) for pattern in F_CROSS_ENTROPY_IMPLS],
+    KnownDivergence(
+        impls="liger[[]accum=fp32[]]",
+        properties=("*",),
+        devices=("cpu", "cuda"),
+        applies=liger_unit_upstream_overflow,
+        reason=("Liger-Kernel computes the gradients for an upstream gradient of 1 in its forward and stores them in "
+                "the parameters' dtype, multiplying by the real upstream u only in backward: with accum_dtype=fp32 "
+                "and fp16 parameters the fp32 accumulator's unit-upstream grad_W is cast to fp16 first, so an entry "
+                "past 65504 is ±inf though u times it fits (seen on the H200, CUDA seed 0: grad_W −inf for an exact "
+                "−48199 with u = 0.648; the example, on the CPU too: −inf for −59586, u = 0.723; "
+                ":func:`liger_unit_upstream_overflow`). With accum_dtype=None the fp16 accumulator is declared, and "
+                "its overflowing running sum is the model's legitimate overflow."),
+        example=EXAMPLE_UNIT_UPSTREAM,
+        by_data=True,
+        applies_to_tensors=liger_unit_upstream_overflow,
+        releases=Releases("liger-kernel", ">=0.8.5", liger_release),
+    ),
     KnownDivergence(
         impls="cce[[]filter_eps=*",
         properties=("*",),
