@@ -70,7 +70,8 @@ scaled in backward round twice (2·u_out).
 6. grad_W = Gᵀx and grad_b = Σ_i G_i (length N): |δgW| ≤ |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x| + u_out|gW|,
    where the declared accumulation path adds a_path: ``fp32`` 0; ``per_chunk_rounding`` u_c (each chunk's
    partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
-   rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/chunk_rows⌉, N when undeclared).
+   rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/chunk_rows⌉, N when undeclared; grad_b's
+   running sum lives in the bias's own dtype, K·u_pb, which differs from u_p for an fp16 bias beside fp32 weights).
 
 These are worst-case bounds, first order in the roundings: second-order terms in u are O(u²) relative and far
 below the slack of the γ constants at the sizes the suite draws. In the logits' errors e' they are exact (steps
@@ -87,7 +88,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from numcheck.properties.compare import overflow_threshold
-from numcheck.properties.problems import Problem, Tensors
+from numcheck.properties.problems import Problem, Tensors, dtype_of
 from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, block_walker, linear_ce
 
 Level = Literal["hard", "expected"]
@@ -166,6 +167,10 @@ class ErrorModel:
     exp_arg_ulps: float = 0.0
     log_ulps: float = 0.0
     tanh_ulps: float = 0.0
+    #: u of grad_bias's running sum on the ``param_dtype`` path: the bias's own dtype, which may differ from the
+    #: weight's (an fp16 bias beside fp32 parameters under AMP: Liger's accumulator is ``zeros_like(bias)``);
+    #: ``None``: u_p.
+    u_pb: float | None = None
 
     def kappa_tanh(self) -> float:
         """The declared extra relative error of one tanh, 2·ulps·u_ce (an ulp of y is at most 2u·|y|)."""
@@ -197,6 +202,13 @@ class ErrorModel:
     def path_term(self) -> float:
         """a_path of step 6 in the module docstring (grad_weight and grad_bias over K token chunks)."""
         return self._path(self.grad_accumulation, self.chunks)
+
+    def path_term_b(self) -> float:
+        """a_path of step 6 for grad_bias: the same path, its ``param_dtype`` running sum in the bias's dtype
+        (K·u_pb: Σ_k u_pb|S_k| ≤ K·u_pb·Σ_i|G_i|)."""
+        if self.grad_accumulation == "param_dtype" and self.u_pb is not None:
+            return self.chunks * self.u_pb
+        return self.path_term()
 
     def path_term_x(self) -> float:
         """a_x of step 5 (grad_x over K_V vocabulary chunks)."""
@@ -268,6 +280,7 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
                            else support.grad_accumulation),
         chunks=K,
         u_p=unit_roundoff(p.param_dtype),
+        u_pb=unit_roundoff(dtype_of(p.bias_dtype)) if p.bias and p.bias_dtype else None,
         bias_rounding=bool(p.bias) and (low or p.bias_dtype not in (None, p.dtype)),
         class_weight_rounding=bool(p.class_weights) and low,
         level=level,
@@ -389,7 +402,7 @@ def _gradient_key(m: ErrorModel) -> ErrorModel:
     """The part of ``m`` that |δG| reads (everything of :func:`sweep_key` but the accumulation paths, which only
     scale the shared |G||W| and |G|ᵀ|x|): models with one gradient key share |δG| and its two products."""
     return dataclasses.replace(sweep_key(m), grad_accumulation="fp32", chunks=1, grad_x_accumulation="fp32",
-                               chunks_x=1, u_p=0.0)
+                               chunks_x=1, u_p=0.0, u_pb=None)
 
 
 class _BlockShared:
@@ -449,13 +462,15 @@ class _BlockShared:
 @dataclass
 class _Accumulator:
     """The gradient bounds of one sweep key, summed block by block: grad_x over vocabulary blocks with the factor
-    ``s_x`` = γ_V + a_x on |G||W|, grad_W and grad_b over row blocks with ``s_w`` = γ_N + a_path on |G|ᵀ|x|."""
+    ``s_x`` = γ_V + a_x on |G||W|, grad_W over row blocks with ``s_w`` = γ_N + a_path on |G|ᵀ|x|, grad_b with
+    ``s_b`` = γ_N + a_path,b on Σ_i|G_i|."""
 
     s_x: float
     s_w: float
     gx: torch.Tensor
     gw: torch.Tensor
     gb: torch.Tensor
+    s_b: float = 0.0
 
 
 class _Sweep:
@@ -491,7 +506,8 @@ class _Sweep:
             key = repr(sweep_key(model))
             if key not in self.accumulators:
                 self.accumulators[key] = _Accumulator(self.g_V + model.path_term_x(), self.g_N + model.path_term(),
-                                                      zeros(N, H), zeros(V, H), zeros(V))
+                                                      zeros(N, H), zeros(V, H), zeros(V),
+                                                      self.g_N + model.path_term_b())
 
     def accumulator(self, m: ErrorModel) -> _Accumulator:
         """The accumulated gradient bounds of model ``m`` (one of this sweep's)."""
@@ -598,7 +614,7 @@ class _Sweep:
         for a in self.accumulators.values():
             a.gx[r] += dGW + a.s_x * sh.GW
             a.gw[blk.cols] += dGX + a.s_w * sh.GX
-            a.gb[blk.cols] += dG_sum + a.s_w * sh.G_sum
+            a.gb[blk.cols] += dG_sum + a.s_b * sh.G_sum
 
     def _through_softcap(self, blk: Block, dg: torch.Tensor, g_abs: torch.Tensor, e_z: torch.Tensor) -> torch.Tensor:
         """|δG| for G = g·d, d = 1 − tanh²(z/s) (step 4): |δG| ≤ |δg|·min(d + |δd|, sech²(t_lo)) + |g|·(|δd| +

@@ -85,3 +85,35 @@ def test_bad_grad_x_declaration_is_named(field: str, value: Any) -> None:
     """A grad_x path or chunk size outside the protocol is refused with the field's name."""
     with pytest.raises(ValueError, match=f"LinearCESupport.{field}"):
         LinearCESupport(**{field: value})
+
+
+#: CPU sweep seed 6 (torch 2.13): Liger accum=None's grad_bias at 1.45× a bound that took its running sum in the
+#: weight's dtype (fp32 under AMP), while Liger sums it in the bias's (fp16 here, ``zeros_like(bias)``).
+FP16_BIAS_CASE = Problem(N=10, H=13, V=2489, dtype="float32", autocast="float16", bias=True, bias_dtype="float16",
+                         reduction="sum", label_smoothing=0.4160358913809393, upstream="scalar", regime="ordinary",
+                         seed=59238163, device=DEVICE)
+
+
+def test_param_dtype_path_sums_grad_bias_in_the_bias_dtype():
+    """On the ``param_dtype`` path grad_b's running sum is charged the bias's own u (K·u_fp16 for an fp16 bias beside
+    fp32 weights), grad_W's the weight's; with no separate bias dtype both are K·u_p."""
+    from numcheck.properties.tolerance import error_model
+
+    support = make_support(dtypes=("float32",), options=("bias",), autocast=("float16",),
+                           grad_accumulation="param_dtype")
+    m = error_model(support, FP16_BIAS_CASE, {"grad_bias": torch.float16, "grad_weight": torch.float32})
+    assert m.path_term() == 10 * 2.0**-24
+    assert m.path_term_b() == 10 * 2.0**-11
+    same = error_model(support, FP16_BIAS_CASE.replace(bias_dtype=None), {"grad_bias": torch.float32})
+    assert same.path_term_b() == same.path_term() == 10 * 2.0**-24
+
+
+def test_liger_fp16_bias_beside_fp32_weights_is_within_bound():
+    """The sweep's case: Liger (accum_dtype=None) is within the bound that charges its fp16 bias accumulator."""
+    from numcheck.impls.registry import builtin_impls
+
+    impl = next((e.impl for e in builtin_impls() if getattr(e, "name", "") == "liger[accum=None]"), None)
+    if impl is None or impl.support.unavailable_reason():
+        pytest.skip("liger[accum=None] unavailable here")
+    res = check_accuracy(impl, FP16_BIAS_CASE)
+    assert res.ok, "\n".join(res.failure_lines())
