@@ -271,10 +271,11 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
 
 def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
     """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES`, and the
-    others counted per reason (an undeclared option or dtype, world size or backend, or ranks the backend cannot
-    run here)."""
+    others counted per reason (an undeclared option or dtype, world size or backend, ranks the backend cannot
+    run here, or a recorded known divergence of the impl, :data:`properties.dist_suite.DIST_KNOWN`)."""
     from numcheck.properties.dist_harness import default_backend, world_size_unavailable
     from numcheck.properties.dist_linear_ce import DistCase
+    from numcheck.properties.dist_suite import known_divergence
     from numcheck.properties.strategies import refusal
 
     backend = default_backend()
@@ -293,10 +294,14 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
                    (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
                    (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
                    world_size_unavailable(P, backend))
+            case = None if why else DistCase(p, P, backend, placement)
+            known = known_divergence(impl, case) if case is not None else None
             if why:
                 skip(why)
+            elif known:  # a recorded defect of the impl, as the suite leaves it out of its draws: counted, not run
+                skip(f"known divergence: {known}")
             else:
-                out.append(GridCase(f"dist:{label}", f"P={P} {p.dtype}", DistCase(p, P, backend, placement)))
+                out.append(GridCase(f"dist:{label}", f"P={P} {p.dtype}", case))
     return out, skipped
 
 
