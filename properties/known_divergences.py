@@ -261,7 +261,7 @@ def half_all_ignored_mean(p: Problem) -> bool:
 #: The example of :func:`liger_unit_upstream_overflow` (no class weights: Liger's weighted path does not run under
 #: the Triton interpreter, and the strict check runs on the CPU too).
 EXAMPLE_UNIT_UPSTREAM = Problem(N=2049, H=8, V=2, dtype="float16", reduction="sum", upstream="scalar",
-                                regime="post_norm", seed=22)
+                                regime="post_norm", seed=790)
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
 F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
@@ -376,7 +376,8 @@ KNOWN: list[KnownDivergence] = [
                 "the parameters' dtype, multiplying by the real upstream u only in backward: with accum_dtype=fp32 "
                 "and fp16 parameters the fp32 accumulator's unit-upstream grad_W is cast to fp16 first, so an entry "
                 "past 65504 is ±inf though u times it fits (seen on the H200, CUDA seed 0: grad_W −inf for an exact "
-                "−48199 with u = 0.648; the example, on the CPU too: −inf for −59586, u = 0.723; "
+                "−48199 with u = 0.648; the example, seed 790, covered under torch 2.6 and 2.13, whose upstream "
+                "draws differ, on the CPU too: −inf for −20447, u = 0.275; "
                 ":func:`liger_unit_upstream_overflow`). With accum_dtype=None the fp16 accumulator is declared, and "
                 "its overflowing running sum is the model's legitimate overflow."),
         example=EXAMPLE_UNIT_UPSTREAM,
