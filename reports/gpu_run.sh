@@ -23,6 +23,9 @@ if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then  # once per call, not once per mode (
   export NUMCHECK_SETUP_DONE=1
 fi
 [ -d /tmp/carried ] && export PYTHONPATH="$PYTHONPATH:/tmp/carried"
+# Triton's compiled kernels in an ignored folder of the tree, which the device keeps between the calls of one lease,
+# so a second call (the next sweep seed) does not compile them again.
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.triton-cache}"
 case "$what" in
   suite)
     python3 -m numcheck.reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
@@ -56,10 +59,11 @@ case "$what" in
   sweep)
     # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
     # so pytest loads the plugin from PYTEST_PLUGINS. SWEEP_FROM: a committed sweep folder whose kept seeds
-    # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls.
+    # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls;
+    # KEEP_STALE=1 keeps those that ran on other code too (marked stale in sweep.md with their code hash).
     if [ -n "${SWEEP_FROM:-}" ]; then mkdir -p "$out/sweep" && cp -r "$SWEEP_FROM"/. "$out/sweep"/; fi
     PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
-      --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
+      --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl ${KEEP_STALE:+--keep-stale} > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"
     tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
     ;;
