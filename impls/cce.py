@@ -37,7 +37,9 @@ default, a frozen-classifier path and the classifier cast to the embedding dtype
   shape). grad_x is likewise a running sum in the embedding dtype over ⌈V/128⌉ vocabulary blocks (declared
   ``grad_x_accumulation="param_dtype"``, ``chunk_cols`` = BLOCK_V): at V=4097 in fp16 that is 33 roundings,
   which an H200 run showed beyond the single-matmul bound (grad_x 1.04× it).
-  Lock order and fp32 atomics make results run-to-run nondeterministic once a reduction spans several blocks.
+  Lock order and fp32 atomics make results run-to-run nondeterministic once a reduction spans several blocks:
+  the kernel variants declare ``deterministic=False`` (seen on an H200: grad_x of two identical calls differing by
+  1.9e-06 at N=129, V=258 in fp16).
 - Gradient filtering (``filter_eps``, ``utils._handle_eps`` lines 16-23): ``"high"``/``"auto"`` is
   ``finfo(dtype).eps/32`` (2⁻¹² for bf16, 2⁻¹⁵ for fp16); a backward block whose |softmax − onehot| are *all*
   below it is skipped (``cce_backward.py:168``). That is inexact by design; ``filter_eps=None`` turns it off.
@@ -333,6 +335,7 @@ def declare(info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None
         # indexed_dot.py:64 rounds each x·w product of the target logit to the operand dtype (the release read;
         # a later release is judged at the strict default until its source is read)
         target_logit="rounded_products" if info.version == SOURCE_READ else "logits",
+        deterministic=False,  # lock-ordered block adds (tl_utils.py:42-49) and tl.atomic_add (indexed_dot.py:66)
         requires=(lambda r=kernel_reason: r),
         slow=on_cpu,
     )

@@ -169,6 +169,9 @@ class LinearCESupport:
         elementary_error: how accurate the impl's exp, log and tanh are (:class:`ElementaryError`, or a mapping
             of its fields, e.g. ``{"exp": 2, "exp_per_arg": 1.0, "log": 1}``); default: correctly rounded.
         returns_z_loss: the call returns ``(loss, z_loss)`` instead of ``loss``.
+        deterministic: repeated calls on the same inputs give bitwise equal outputs (the ``determinism``
+            property). ``False`` for kernels whose reductions end in atomics or lock-ordered adds (their order,
+            so their rounding, changes from run to run); each run is still judged against the oracle.
         loss_dtype: the least precise dtype the loss (and z-loss) may come back in. ``"input"`` (default): the
             parameters' dtype, so fp32 under autocast, as autocast's own ``cross_entropy`` gives (it runs in
             fp32); ``"compute"``: the compute dtype, bf16/fp16 under autocast too. A more precise dtype is always
@@ -196,6 +199,7 @@ class LinearCESupport:
     target_logit: Literal["logits", "rounded_products"] = "logits"
     elementary_error: ElementaryError = ElementaryError()
     returns_z_loss: bool = False
+    deterministic: bool = True
     loss_dtype: Literal["input", "compute"] = "input"
     slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
@@ -238,7 +242,7 @@ class LinearCESupport:
                 raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
                               "Give the rows (classes) per chunk, or None for one pass.")
         set_("elementary_error", _elementary(own, self.elementary_error))
-        decl.bools(own, self, ("returns_z_loss", "slow"))
+        decl.bools(own, self, ("returns_z_loss", "slow", "deterministic"))
         decl.requirement(own, self.requires)
 
     def unavailable_reason(self) -> str | None:

@@ -107,10 +107,12 @@ def test_declaration_follows_the_signature() -> None:
             assert s.dtypes == {torch.bfloat16, torch.float16} and not s.autocast and s.all_ignored is None
             assert (s.grad_accumulation, s.chunk_rows, s.logits_dtype, s.ce_dtype) == ("param_dtype", 128, "float32", "float32")
             assert (s.grad_x_accumulation, s.chunk_cols) == ("param_dtype", 128)
+            assert not s.deterministic  # lock-ordered block adds and atomics
             assert s.devices == {"cuda"} and s.unavailable_reason() == "kernels fail here"
         else:
             assert s.dtypes == {torch.float32, torch.bfloat16, torch.float16} and s.all_ignored == "nan"
             assert (s.grad_accumulation, s.logits_dtype, s.ce_dtype) == ("fp32", "compute", "float32")
+            assert s.deterministic
             assert s.devices == {"cpu", "cuda"} and s.unavailable_reason() is None
     s, _ = cce.declare(info, BY_NAME["cce[filter_eps=None]"], kernel_reason=None, on_cpu=False)
     assert s.devices == {"cuda"} and s.unavailable_reason() is None

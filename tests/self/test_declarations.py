@@ -50,6 +50,7 @@ BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
     "option_kwarg_name": (lambda: make_support(options=("z_loss_scale",)), ("['z_loss_scale']", "Did you mean 'z_loss'?")),
     "combination_typo": (lambda: make_support(option_combinations_excluded=[("softcap", "zloss")]), ("option_combinations_excluded", "'z_loss'")),
     "empty_reductions": (lambda: make_support(reductions=()), ("reductions is empty",)),
+    "deterministic_not_bool": (lambda: make_support(deterministic="no"), ("deterministic", "must be True or False")),
     "reduction_alias": (lambda: make_support(reductions=("avg",)), ("['avg']", "Did you mean 'mean'?")),
     "decorator_keyword": (lambda: linear_ce_impl(name="m", dtype=("float32",))(_ce), ("unknown keyword argument 'dtype'", "Did you mean 'dtypes'?")),
     "make_support_keyword": (lambda: make_support(device=("cpu",)), ("make_support() got an unknown keyword argument 'device'", "Did you mean 'devices'?")),
@@ -192,3 +193,14 @@ def test_undeclared_device_is_skipped_with_its_reason_not_as_a_known_divergence(
     for verdict in result.verdicts.values():
         assert verdict.status == "skipped", verdict
         assert "declares devices ['cuda']" in verdict.message and "known divergence" not in verdict.message, verdict
+
+
+def test_nondeterministic_declaration_skips_only_the_determinism_property() -> None:
+    """An impl declaring deterministic=False is skipped by the determinism test with that reason, and by no other."""
+    from numcheck.properties.linear_ce_suite import SUITE
+
+    nondet = linear_ce_impl(name="nd", options=("ignore_index",), deterministic=False)(_ce)
+    det = linear_ce_impl(name="d", options=("ignore_index",))(_ce)
+    assert "declares deterministic=False" in (SUITE["determinism"].skip(nondet) or "")
+    assert SUITE["determinism"].skip(det) is None
+    assert SUITE["accuracy"].skip(nondet) is None
