@@ -106,8 +106,10 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
     for c in report["cases"]:
         if c["kind"] != kind:
             continue
+        # Tensor-parallel rows: the layouts of one world size and dtype together (the worst case names its layout).
+        mode = f"P={c.get('world_size')} {c['mode'].split()[-1]}" if kind == "tp_quant_linear" else c["mode"]
         for name, o in c.get("outputs", {}).items():
-            key = (c["impl"], c.get("recipe", ""), c["mode"], _base_output(name))
+            key = (c["impl"], c.get("recipe", ""), mode, _base_output(name))
             groups[key].append((c, o))
     order = LINEAR_OUTPUTS if kind in ("linear_ce", "dist_linear_ce") else QUANT_OUTPUTS
     rows = []
@@ -237,13 +239,15 @@ def _summary_tables(report: dict) -> list[str]:
         out.append("")
     tp = output_summary(report, "tp_quant_linear")
     if tp:
-        out += ["### Tensor-parallel FP8 linear: per impl × recipe × world size, layout, dtype × output", "",
+        out += ["### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output", "",
                 "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
                 "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
                 "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
                 "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
-                "all quantized with the unsharded tensor's scales (`properties/dist_fp8_checks.py`).", "",
-                "| impl | recipe | world size, layout, dtype | output | cases | accumulation pass | total pass | "
+                "all quantized with the unsharded tensor's scales (`properties/dist_fp8_checks.py`). One row holds every "
+                "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
+                "output over cases and ranks.", "",
+                "| impl | recipe | world size, dtype | output | outputs judged | accumulation pass | total pass | "
                 "same scale | worst error/bound | median vs dequantized | median vs original | worst case |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in tp:

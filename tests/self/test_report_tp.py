@@ -133,3 +133,17 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     assert any(c["kind"] == "tp_quant_linear" and math.isnan(c["ratio_expected"]) for c in back["cases"])
     md = (tmp_path / "r" / "report.md").read_text()
     assert "### Tensor-parallel FP8 linear" in md and "`mutant_tp_amax_not_reduced`" in md
+
+
+def test_a_rank_whose_replicated_copy_differs_gets_its_own_failing_row():
+    """Column-parallel dgrad is replicated: a rank 1 copy pushed off the oracle shows as ``dgrad@rank1`` beyond its
+    bound and as a ranks' line, while rank 0's ``dgrad`` row stays within bound (the suite fails on the line)."""
+    from numcheck.properties.dist_fp8_checks import run_case, step_judgements
+
+    case = _case(parallel="column", sequence_parallel=False)
+    results = run_case(CURRENT, case, "dist_accuracy")
+    results[1][0]["dgrad"] = results[1][0]["dgrad"] * 2 + 1
+    judged, problems = step_judgements(CURRENT, case, results, strict=False, per_rank=True)
+    rows = {label: (d, t) for label, d, t in judged}
+    assert rows["dgrad"][0].ok and not rows["dgrad@rank1"][0].ok
+    assert any("rank 1 holds other values than rank 0" in p for p in problems)
