@@ -106,7 +106,8 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     """A report with a correct TP impl, the mutants and an impl that raises: the correct impl's rows pass at every
     world size with same_scale, a mutant's rows fail with a numcheck repro line whose impl numcheck repro finds, the
     raising impl's rows are error rows and the others still ran; the report writes, reloads under the schema check
-    and renders the TP table."""
+    and renders the TP table; numcheck premerge's report check counts and lists them."""
+    from numcheck.reports.premerge import check_report
     from numcheck.reports.repro import find_tp_impl
 
     specs = ["tp_fp8_linear[current]", "numcheck.tests.self.dist_fp8_mutants:MUTANTS",
@@ -128,6 +129,9 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     assert {c["impl"] for c in rep["cases"]} >= {"tp_fp8_linear[current]", "mutant_tp_row_output_not_reduced"}
     info = next(i for i in rep["impls"] if i["name"] == "tp_raises")
     assert info["status"] == "ran" and sum(info["not_declared"].values()) == 6 - len(raised)
+    chk = check_report(rep, "smoke")  # numcheck premerge's report line: the TP rows counted, the failures listed
+    assert not chk.ok and sum(c["kind"] == "tp_quant_linear" for c in rep["cases"]) == int(chk.figure.split("/")[1].split()[0])
+    assert any("mutant_tp_amax_not_reduced" in d and "numcheck repro" in d for d in chk.details)
     write_report(rep, tmp_path / "r", plots=False)
     back = report_schema.load(tmp_path / "r" / "report.json")
     assert any(c["kind"] == "tp_quant_linear" and math.isnan(c["ratio_expected"]) for c in back["cases"])
