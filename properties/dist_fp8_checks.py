@@ -9,11 +9,15 @@ and judged in this process against the unsharded float64 oracle.
   every rank, delayed amax records the group's), ``dist_same_scale`` (every rank reports the oracle's global scale
   for each per-tensor operand, the oracle's blocks for block-scaled ones), ``world_size_invariance``,
   ``dist_save_original_input`` and ``dist_determinism`` (bitwise).
+* :func:`measure` — for ``numcheck report``: one run judged as ``dist_accuracy`` and ``dist_same_scale`` judge it
+  (the same helpers: :func:`step_judgements`, :func:`scale_problems`), every comparison and failure line kept
+  instead of raising at the first (:class:`TPMeasurement`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -84,31 +88,46 @@ def run_case(impl: Any, case: TPQuantCase, prop: str, latch: FailureLatch | None
 
 
 # -- assembling and judging ---------------------------------------------------------------------------------------
-def assemble(impl: Any, prop: str, case: TPQuantCase, ranks: list[dict], output: str) -> Any:
-    """The global ``output`` from every rank's (concatenated, or one replicated copy after checking that every rank
-    holds the same bits); a list of the ranks' partials for ``"partial"``."""
-    __tracebackhide__ = True
+def assembly(case: TPQuantCase, ranks: list[dict], output: str) -> tuple[Any, str | None]:
+    """The global ``output`` from every rank's (concatenated, or rank 0's copy of a replicated one; a list of the
+    ranks' partials for ``"partial"``) and, without raising, why the ranks' values do not assemble (missing on some
+    ranks, a replicated output whose copies differ), or ``None``."""
     vals = [r[output] for r in ranks]
     if any(v is None for v in vals):
         if all(v is None for v in vals):
-            return None
-        fail(impl, prop, case, f"{output}: missing on ranks {[i for i, v in enumerate(vals) if v is None]}")
+            return None, None
+        return None, f"{output}: missing on ranks {[i for i, v in enumerate(vals) if v is None]}"
     where = placement(case, output)
     if where == "partial":
-        return vals
+        return vals, None
     if where == "same":
         for r, v in enumerate(vals[1:], start=1):
-            if v.shape != vals[0].shape or not torch.equal(_bits(v), _bits(vals[0])):
-                fail(impl, prop, case, f"{output} is replicated ({case.parallel}-parallel, SP "
-                     f"{'on' if case.sequence_parallel else 'off'}) but rank {r} holds other values than rank 0 "
-                     f"(max |difference| {float((v.double() - vals[0].double()).abs().max()):.3g}): every rank must "
-                     f"return the same reduced result")
-        return vals[0]
-    return torch.cat(vals, dim=where[1])
+            if v.shape != vals[0].shape:
+                return vals[0], (f"{output} is replicated but rank {r} returns shape {tuple(v.shape)}, rank 0 "
+                                 f"{tuple(vals[0].shape)}: every rank must return the same reduced result")
+            if not torch.equal(_bits(v), _bits(vals[0])):
+                return vals[0], (f"{output} is replicated ({case.parallel}-parallel, SP "
+                                 f"{'on' if case.sequence_parallel else 'off'}) but rank {r} holds other values than "
+                                 f"rank 0 (max |difference| {float((v.double() - vals[0].double()).abs().max()):.3g}): "
+                                 f"every rank must return the same reduced result")
+        return vals[0], None
+    return torch.cat(vals, dim=where[1]), None
 
 
-def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: torch.Tensor) -> list[Any]:
-    """``[(label, Comparison vs dq, Comparison vs true)]`` of one assembled output (bgrad partials: one per rank)."""
+def assemble(impl: Any, prop: str, case: TPQuantCase, ranks: list[dict], output: str) -> Any:
+    """:func:`assembly`'s global ``output``; a house-format failure of ``prop`` where the ranks' values do not
+    assemble."""
+    __tracebackhide__ = True
+    got, why = assembly(case, ranks, output)
+    if why:
+        fail(impl, prop, case, why)
+    return got
+
+
+def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any,
+                     label: str | None = None) -> list[Any]:
+    """``[(rank or None, Comparison vs dq, Comparison vs true)]`` of one assembled output (bgrad partials: one per
+    rank, each Comparison named for its rank; the others named ``label``, default ``name``)."""
     u_a, _ = impl.support.accumulation("cpu")
     dt = case.single().torch_dtype
     if isinstance(got, list):  # row-parallel SP partial bias gradients
@@ -116,7 +135,7 @@ def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, 
         for r, (g, rows) in enumerate(zip(got, row_parts(case))):
             p, bnd = partial_bias_grad_bound(t.dy, rows, dt)
             c = compare(f"bgrad (rank {r}'s partial)", g.cpu(), p, bnd)
-            res.append((c.output, c, c))
+            res.append((r, c, c))
         return res
     parts = reduction_parts(case, name)
     if parts is not None:
@@ -128,32 +147,74 @@ def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, 
         b1 = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a)
         bdq, btrue, unspec = b1.dq, b1.true, b1.unspecified
     skip_true = unspec | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
-    cdq = compare(name, *_masked(got, ref.dq[name], bdq, unspec))
-    ctrue = compare(name, *_masked(got, ref.true[name], btrue, skip_true))
-    return [(name, cdq, ctrue)]
+    cdq = compare(label or name, *_masked(got, ref.dq[name], bdq, unspec))
+    ctrue = compare(label or name, *_masked(got, ref.true[name], btrue, skip_true))
+    return [(None, cdq, ctrue)]
 
 
-def judged_steps(impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str) -> list[tuple[str, Any, Any]]:
-    """Every step's outputs assembled and compared with both references: ``[(label, dq, true)]``."""
-    glob = steps_tensors(case)
+def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, strict: bool,
+                    per_rank: bool = False) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+    """Every step's outputs assembled and compared with both references, without raising: ``[(label, dq, true)]``
+    and the lines saying where the ranks' outputs do not assemble (:func:`assembly`) or are missing on every rank.
+    ``strict``: stop at the first such line (the suite fails there). ``per_rank``: label partials
+    ``bgrad@rankR`` and also compare every other rank's copy of a replicated output (``y@rankR``; a copy bitwise
+    equal to rank 0's has rank 0's comparison); the report's records. Later steps carry ``@stepS``."""
     scales = {r: 1.0 for r in ROLES}
-    out = []
-    for step, t in enumerate(glob):
+    out: list[tuple[str, Any, Any]] = []
+    problems: list[str] = []
+    for step, t in enumerate(steps_tensors(case)):
         ranks = [res[step] for res in results]
         ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
                                delayed_scales=scales if case.recipe.kind == "delayed" else None)
+        suffix = f"@step{step}" if step else ""
         for name in QUANT_OUTPUTS:
             if name not in ref.dq:
                 continue
-            got = assemble(impl, prop, case, ranks, name)
+            got, why = assembly(case, ranks, name)
+            if why is None and got is None:
+                why = f"{name}: missing on every rank (not connected to autograd?)"
+            if why is not None:
+                problems.append(why)
+                if strict:
+                    return out, problems
             if got is None:
-                fail(impl, prop, case, f"{name}: missing on every rank (not connected to autograd?)")
-            for label, cdq, ctrue in output_judgement(impl, case, t, ref, name, got):
-                suffix = f"@step{step}" if step else ""
+                continue
+            for rank, cdq, ctrue in output_judgement(impl, case, t, ref, name, got):
+                label = cdq.output if rank is None or not per_rank else f"{name}@rank{rank}"
                 out.append((label + suffix, cdq, ctrue))
+            if per_rank and placement(case, name) == "same":
+                first = out[-1]
+                for r in range(1, case.world):
+                    v = ranks[r][name]
+                    if v.shape != got.shape:  # the problem line says so; no element-wise comparison
+                        continue
+                    same = torch.equal(_bits(v), _bits(got))
+                    _, cdq, ctrue = first if same else output_judgement(impl, case, t, ref, name, v, f"{name}@rank{r}")[0]
+                    out.append((f"{name}@rank{r}{suffix}", cdq, ctrue))
         if case.recipe.kind == "delayed":
             scales = _next_delayed_scales(case, ref, scales)
+    return out, problems
+
+
+def judged_steps(impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str) -> list[tuple[str, Any, Any]]:
+    """Every step's outputs assembled and compared with both references: ``[(label, dq, true)]``; a house-format
+    failure of ``prop`` at the first output whose ranks' values do not assemble."""
+    __tracebackhide__ = True
+    out, problems = step_judgements(impl, case, results, strict=True)
+    if problems:
+        fail(impl, prop, case, problems[0])
     return out
+
+
+def beyond_bound_lines(judged: list[tuple[str, Any, Any]]) -> list[str]:
+    """The failure line of every comparison of ``judged`` beyond its bound (dequantized, then original reference)."""
+    lines = []
+    for _, cdq, ctrue in judged:
+        if not cdq.ok:
+            lines.append("vs dequantized-operand reference (accumulation and sharded reduction): " + cdq.describe())
+        if not ctrue.ok:
+            lines.append("vs original-operand reference (total error): " + ctrue.describe())
+    return lines
 
 
 def _next_delayed_scales(case: TPQuantCase, ref: Any, scales: dict[str, float]) -> dict[str, float]:
@@ -173,14 +234,9 @@ def dist_accuracy(impl: Any, case: TPQuantCase, results: list[list[dict]] | None
     results = results if results is not None else run_case(impl, case, "dist_accuracy")
     if results is None:
         return {}
-    lines, metrics = [], {}
-    for label, cdq, ctrue in judged_steps(impl, case, results, "dist_accuracy"):
-        metrics[f"{label} error/bound (dequantized reference)"] = min(cdq.ratio, 1e6)
-        if not cdq.ok:
-            lines.append("vs dequantized-operand reference (accumulation and sharded reduction): " + cdq.describe())
-        if not ctrue.ok:
-            lines.append("vs original-operand reference (total error): " + ctrue.describe())
-    lines += _amax_notes(case, results)
+    judged = judged_steps(impl, case, results, "dist_accuracy")
+    metrics = {f"{label} error/bound (dequantized reference)": min(cdq.ratio, 1e6) for label, cdq, _ in judged}
+    lines = beyond_bound_lines(judged) + _amax_notes(case, results)
     if lines:
         fail(impl, "dist_accuracy", case, *lines)
     return metrics
@@ -203,6 +259,26 @@ def _amax_notes(case: TPQuantCase, results: list[list[dict]]) -> list[str]:
     return notes
 
 
+def scale_problems(case: TPQuantCase, results: list[list[dict]], *, strict: bool) -> list[str]:
+    """Without raising, one line per (step, operand) whose ranks did not quantize with the oracle's scales (the
+    judgement of :func:`dist_same_scale`); ``strict``: stop at the first."""
+    scales = {r: 1.0 for r in ROLES}
+    problems: list[str] = []
+    for step, t in enumerate(steps_tensors(case)):
+        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
+                               delayed_scales=scales if case.recipe.kind == "delayed" else None)
+        for role in ROLES:
+            for usage in USAGES:
+                why = _scale_problem(case, step, role, usage, ref, [res[step]["scales"].get((role, usage)) for res in results])
+                if why is not None:
+                    problems.append(why)
+                    if strict:
+                        return problems
+        if case.recipe.kind == "delayed":
+            scales = _next_delayed_scales(case, ref, scales)
+    return problems
+
+
 def dist_same_scale(impl: Any, case: TPQuantCase, results: list[list[dict]] | None = None) -> dict[str, float]:
     """Property: every rank reports, for every GEMM operand, the oracle's scale_inv of the unsharded tensor —
     one value, the same on every rank, for per-tensor recipes; the oracle's blocks over the rank's operand for
@@ -211,33 +287,28 @@ def dist_same_scale(impl: Any, case: TPQuantCase, results: list[list[dict]] | No
     results = results if results is not None else run_case(impl, case, "dist_same_scale")
     if results is None:
         return {}
-    scales = {r: 1.0 for r in ROLES}
-    for step, t in enumerate(steps_tensors(case)):
-        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
-                               delayed_scales=scales if case.recipe.kind == "delayed" else None)
-        for role in ROLES:
-            for usage in USAGES:
-                _judge_scale(impl, case, step, role, usage, ref, [res[step]["scales"].get((role, usage)) for res in results])
-        if case.recipe.kind == "delayed":
-            scales = _next_delayed_scales(case, ref, scales)
+    problems = scale_problems(case, results, strict=True)
+    if problems:
+        fail(impl, "dist_same_scale", case, problems[0])
     return {}
 
 
-def _judge_scale(impl: Any, case: TPQuantCase, step: int, role: str, usage: str, ref: Any, got: list[Any]) -> None:
-    __tracebackhide__ = True
+def _scale_problem(case: TPQuantCase, step: int, role: str, usage: str, ref: Any, got: list[Any]) -> str | None:
+    """Why the ranks' reported scales ``got`` of operand (role, usage) are not the oracle's (the first rank that
+    differs), or ``None``."""
     q = ref.operand(role, usage)
     where = f"step {step}, operand ({role}, {usage})"
     missing = [r for r, g in enumerate(got) if g is None]
     if missing:
-        fail(impl, "dist_same_scale", case, f"{where}: ranks {missing} reported no scale (ScaleLog.record)")
+        return f"{where}: ranks {missing} reported no scale (ScaleLog.record)"
     per_tensor = q.scale_inv.numel() == 1 and case.recipe.block_of(role, usage) is None
     for r, g in enumerate(got):
         if per_tensor:
             if g.numel() != 1 or not torch.equal(g.reshape(()).double(), q.scale_inv.reshape(())):
                 v = [float(s.reshape(-1)[0]) for s in got]
-                fail(impl, "dist_same_scale", case, f"{where}: rank {r} quantized with scale_inv {v[r]:.9g}; the "
-                     f"group's (unsharded) scale_inv is {float(q.scale_inv.reshape(())):.9g} (ranks report {v}): "
-                     f"every rank must quantize with the scale of the all-reduced amax")
+                return (f"{where}: rank {r} quantized with scale_inv {v[r]:.9g}; the group's (unsharded) scale_inv "
+                        f"is {float(q.scale_inv.reshape(())):.9g} (ranks report {v}): every rank must quantize with "
+                        f"the scale of the all-reduced amax")
             continue
         rows, cols = operand_slices(case, role, r)
         br, bc = q.block
@@ -247,8 +318,52 @@ def _judge_scale(impl: Any, case: TPQuantCase, step: int, role: str, usage: str,
         want = q.scale_inv[r0 // br: -(-r1 // br), c0 // bc: -(-c1 // bc)]
         same = (g.double() == want) | (torch.isnan(g.double()) & torch.isnan(want)) if g.shape == want.shape else None
         if same is None or not bool(same.all()):
-            fail(impl, "dist_same_scale", case, f"{where}: rank {r}'s block scales (grid {tuple(g.shape)}) differ from "
-                 f"the oracle's blocks over its operand (grid {tuple(want.shape)}, rows {r0}:{r1}, cols {c0}:{c1})")
+            return (f"{where}: rank {r}'s block scales (grid {tuple(g.shape)}) differ from the oracle's blocks over "
+                    f"its operand (grid {tuple(want.shape)}, rows {r0}:{r1}, cols {c0}:{c1})")
+    return None
+
+
+@dataclass(frozen=True)
+class TPMeasurement:
+    """One tensor-parallel case measured without raising (for ``numcheck report``): what :func:`dist_accuracy`
+    and :func:`dist_same_scale` judge, every part of it kept.
+
+    Attributes:
+        outputs: label → (Comparison against the dequantized-operand reference, against the original operands):
+            ``y``, ``dgrad``, ``wgrad``, ``bgrad`` as assembled; ``NAME@rankR`` for every other rank's copy of a
+            replicated output and for each rank's partial bias gradient (row-parallel SP); ``@stepS`` for a
+            delayed recipe's later steps.
+        rank_lines: where the ranks' outputs do not assemble (missing on some, replicated copies that differ)
+            and delayed amaxes that are not the group's: dist_accuracy's failure lines beside the bounds.
+        scale_lines: dist_same_scale's failure lines, one per (step, operand); empty when every rank used the
+            oracle's scales.
+    """
+
+    outputs: dict[str, tuple[Any, Any]]
+    rank_lines: list[str]
+    scale_lines: list[str]
+
+    @property
+    def accuracy_lines(self) -> list[str]:
+        """dist_accuracy's failure lines: :attr:`rank_lines`, then every comparison beyond its bound (a replicated
+        copy bitwise rank 0's shares rank 0's comparison, so its line once); empty when dist_accuracy holds."""
+        beyond = beyond_bound_lines([(label, cdq, ctrue) for label, (cdq, ctrue) in self.outputs.items()])
+        return self.rank_lines + list(dict.fromkeys(beyond))
+
+    @property
+    def same_scale(self) -> bool:
+        """Whether every rank quantized every operand with the oracle's (the unsharded tensor's) scales."""
+        return not self.scale_lines
+
+
+def measure(impl: Any, case: TPQuantCase) -> TPMeasurement:
+    """``case`` run once on its ranks and judged as :func:`dist_accuracy` and :func:`dist_same_scale` judge it,
+    without failing (:class:`TPMeasurement`); a rank that raises or times out still raises the house-format
+    :class:`PropertyFailure`."""
+    results = run_case(impl, case, "dist_accuracy")
+    judged, problems = step_judgements(impl, case, results, strict=False, per_rank=True)
+    return TPMeasurement({label: (cdq, ctrue) for label, cdq, ctrue in judged}, problems + _amax_notes(case, results),
+                         scale_problems(case, results, strict=False))
 
 
 def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:

@@ -25,6 +25,15 @@ plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing wi
 world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; the world sizes it
 does not declare or the backend cannot run here are counted with the reason. About 0.1 s a case.
 
+Tensor-parallel FP8 linear (:class:`~properties.dist_fp8_cases.TPQuantCase`), per impl and recipe it declares (the
+first recipe of each impl in the quick grid, every recipe in the full one): the cases of :data:`TP_CASES` (plain;
+bias; sequence parallel with bias; and that with ``save_original_input=True``) in both parallel modes, at world sizes
+1, 2 and 4 on the default backend, M = 64 (M/P a multiple of MXFP8's 32-row blocks at P = 2, blocks straddling
+ranks at P = 4) and a sharded dimension of 4·edge, times 6 for per-tensor recipes (whole blocks in every shard at
+P = 4); delayed recipes run two steps. What a declaration leaves out (dtype, parallel mode, SP,
+``save_original_input``, bias, world size) or the backend cannot run here is counted with the reason; the distributed
+FP8 suite records no known divergence to leave out. About 0.2 s a case.
+
 Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
 :data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
 """
@@ -38,7 +47,7 @@ from typing import Any, Iterable
 
 import torch
 
-from numcheck.properties.fp8_cases import QuantCase
+from numcheck.properties.fp8_cases import QuantCase, QuantCaseFields
 from numcheck.properties.problems import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
@@ -78,6 +87,18 @@ DIST_CASES: dict[str, tuple[dict[str, Any], str]] = {
 DIST_SHAPE: tuple[int, int, int] = (33, 24, 52)
 DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 
+#: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`tp_cases`).
+TP_CASES: dict[str, dict[str, Any]] = {
+    "plain": dict(bias=False, sequence_parallel=False, save_original_input=False),
+    "bias": dict(bias=True, sequence_parallel=False, save_original_input=False),
+    "sp+bias": dict(bias=True, sequence_parallel=True, save_original_input=False),
+    "sp+bias+soi": dict(bias=True, sequence_parallel=True, save_original_input=True),
+}
+TP_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
+#: Tokens M, and the unsharded dimension (K of a column-parallel layer, N of a row-parallel one).
+TP_M = 64
+TP_FREE: dict[str, int] = {"column": 40, "row": 24}
+
 #: Which reduction each output's error accumulates over, by problem field (see :func:`reduction_length`).
 QUANT_REDUCTION_AXIS = {"y": "K", "dgrad": "N", "wgrad": "M", "bgrad": "M"}
 
@@ -100,6 +121,9 @@ class GridSpec:
         quant_all_dtypes: every declared dtype (else bfloat16, or the first declared).
         quant_regimes: regimes at the base shape for every recipe.
         quant_extras: add ``save_original_input=True`` and 3-step delayed cases.
+        dist_cases: labels of :data:`DIST_CASES` to run.
+        tp_cases: labels of :data:`TP_CASES` to run.
+        tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
         seed: seed of the random cases.
     """
 
@@ -118,6 +142,8 @@ class GridSpec:
     quant_regimes: tuple[str, ...]
     quant_extras: bool
     dist_cases: tuple[str, ...] = tuple(DIST_CASES)
+    tp_cases: tuple[str, ...] = tuple(TP_CASES)
+    tp_all_recipes: bool = False
     seed: int = 20250601
     notes: str = field(default="", compare=False)
 
@@ -131,6 +157,9 @@ class GridSpec:
         bad = [o for o in self.dist_cases if o not in DIST_CASES]
         if bad:
             raise ValueError(f"GridSpec.dist_cases {bad} unknown; known: {sorted(DIST_CASES)}")
+        bad = [o for o in self.tp_cases if o not in TP_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.tp_cases {bad} unknown; known: {sorted(TP_CASES)}")
         bad = [o for o in self.options if o not in OPTION_CASES]
         if bad:
             raise ValueError(f"GridSpec.options {bad} unknown; known: {sorted(OPTION_CASES)}")
@@ -147,7 +176,9 @@ class GridSpec:
                 f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
                 f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
                 f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
-                f"{', '.join(map(str, DIST_WORLD_SIZES))}.")
+                f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
+                f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
+                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}.")
 
 
 QUICK = GridSpec(
@@ -159,12 +190,13 @@ FULL = GridSpec(
     name="full", ladder=(4, 16, 64, 256, 1024), base=(48, 48, 48), ladder_modes=tuple(MODES),
     option_shape=(33, 24, 50), option_modes=tuple(MODES), options=tuple(OPTION_CASES), n_random=40,
     quant_ladder=(4, 16, 64, 256, 1024), quant_base=(40, 40, 40), quant_all_recipes_ladder=True,
-    quant_all_dtypes=True, quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"), quant_extras=True)
+    quant_all_dtypes=True, quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"), quant_extras=True,
+    tp_all_recipes=True)
 SMOKE = GridSpec(
     name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
     option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
     quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
-    quant_extras=False, dist_cases=("plain",))
+    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",))
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
 
@@ -305,16 +337,76 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     return out, skipped
 
 
+def tp_refusal(support: Any, case: Any) -> str | None:
+    """Why a :class:`~impls.tp_quant_protocol.TPQuantSupport` leaves out a tensor-parallel case (its fields
+    against the declaration), or ``None``."""
+    dtypes = {str(d).replace("torch.", "") for d in support.dtypes}
+    checks = (
+        (case.dtype in dtypes, f"dtype {case.dtype} not declared"),
+        (case.parallel in support.parallel, f"{case.parallel}-parallel not declared"),
+        (case.sequence_parallel in support.sequence_parallel, f"sequence_parallel={case.sequence_parallel} not declared"),
+        (case.save_original_input in support.save_original_input,
+         f"save_original_input={case.save_original_input} not declared"),
+        (not case.save_original_input or case.recipe.allows_save_original_input,
+         f"save_original_input=True not allowed by recipe {case.recipe.name}"),
+        (not case.bias or support.bias, "bias not declared"),
+        (case.world in support.world_sizes, f"world size {case.world} not declared"),
+    )
+    return next((why for ok, why in checks if not ok), None)
+
+
+def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
+    declared = [name for d, name in _DT.items() if d in support.dtypes]
+    if not declared:
+        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
+    return declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+
+
+def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]:
+    """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
+    counted per reason (:func:`tp_refusal`, a world size the backend cannot run here, a shape the recipe's blocks
+    do not fit)."""
+    from numcheck.properties.dist_fp8_cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.dist_harness import default_backend, world_size_unavailable
+
+    backend = default_backend()
+    support = impl.support
+    out: list[GridCase] = []
+    skipped: dict[str, int] = {}
+    for recipe in support.recipes if spec.tp_all_recipes else support.recipes[:1]:
+        split = 4 * SHARD_EDGE[recipe.kind] * (6 if SHARD_EDGE[recipe.kind] == 1 else 1)
+        for dtype in _tp_dtypes(spec, support):
+            for P in TP_WORLD_SIZES:
+                for parallel in ("column", "row"):
+                    K, N = (TP_FREE["column"], split) if parallel == "column" else (split, TP_FREE["row"])
+                    for i, label in enumerate(spec.tp_cases):
+                        try:
+                            case = TPQuantCase(recipe, TP_M, K, N, dtype=dtype, regime="normal", seed=5000 + i,
+                                               steps=2 if recipe.kind == "delayed" else 1, world=P,
+                                               parallel=parallel, **TP_CASES[label])
+                        except ValueError as exc:
+                            why: str | None = f"shape not buildable: {exc}"
+                        else:
+                            why = tp_refusal(support, case) or world_size_unavailable(P, backend)
+                        if why:
+                            skipped[why] = skipped.get(why, 0) + 1
+                        else:
+                            sp = " SP" if case.sequence_parallel else ""
+                            out.append(GridCase(f"tp:{label}", f"P={P} {parallel}{sp} {dtype}", case))
+    return out, skipped
+
+
 def reduction_length(output: str, case: Any) -> int:
     """The length of the reduction an output's error grows with.
 
     Linear+CE: grad_x sums over V; grad_weight and grad_bias over the N rows; a reduced loss (and z-loss)
     over N rows, a per-row (``none``) one over V (its log-sum-exp). Quantized linear: y over K, dgrad over N,
-    wgrad and bgrad over M. (H, the logits' dot-product length, enters every linear+CE output.)
+    wgrad and bgrad over M, of the global (unsharded) tensors for a tensor-parallel case. (H, the logits'
+    dot-product length, enters every linear+CE output.)
     """
     base = output.split("@", 1)[0]
     case = getattr(case, "problem", case)  # a DistCase: its problem's lengths
-    if isinstance(case, QuantCase):
+    if isinstance(case, QuantCaseFields):  # a QuantCase, or a TPQuantCase: its global lengths
         try:
             return int(getattr(case, QUANT_REDUCTION_AXIS[base]))
         except KeyError:

@@ -56,14 +56,20 @@ def why(info: dict) -> str:
         return (f"vocabulary sharded over world sizes {d.get('world_sizes')} on {', '.join(d.get('backends', []))}; "
                 f"grad_x all-reduced in {d.get('grad_x_reduce_dtype')}; smoothing convention {d.get('smoothing')}; "
                 f"logits in {'fp32' if d.get('logits_dtype') == 'float32' else 'the compute dtype'}")
-    if info.get("kind") == "quant_linear":
+    if info.get("kind") in ("quant_linear", "tp_quant_linear"):
         u = d.get("accum_unit_roundoff")
 
         def p2(v: Any) -> str:
             return f"2^{math.log2(v):.0f}" if isinstance(v, float) and v > 0 else str(v)
 
         us = ", ".join(f"{k}: {p2(v)}" for k, v in sorted(u.items())) if isinstance(u, dict) else p2(u)
-        return f"FP8 operands (E4M3 u = 2^-4, E5M2 u = 2^-3) per recipe; GEMM accumulation u = {us}"
+        text = f"FP8 operands (E4M3 u = 2^-4, E5M2 u = 2^-3) per recipe; GEMM accumulation u = {us}"
+        if info.get("kind") == "tp_quant_linear":
+            sp = "with and without SP" if len(d.get("sequence_parallel", [])) > 1 else f"SP {d.get('sequence_parallel')}"
+            text = (f"{'/'.join(d.get('parallel', []))}-parallel {sp} over world sizes {d.get('world_sizes')}, "
+                    f"amaxes reduced over the group; partials of a sharded reduction in "
+                    f"{'the output dtype' if d.get('partial_dtype') == 'output' else 'fp32'}; {text}")
+        return text
     return ""
 
 
@@ -100,8 +106,10 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
     for c in report["cases"]:
         if c["kind"] != kind:
             continue
+        # Tensor-parallel rows: the layouts of one world size and dtype together (the worst case names its layout).
+        mode = f"P={c.get('world_size')} {c['mode'].split()[-1]}" if kind == "tp_quant_linear" else c["mode"]
         for name, o in c.get("outputs", {}).items():
-            key = (c["impl"], c.get("recipe", ""), c["mode"], _base_output(name))
+            key = (c["impl"], c.get("recipe", ""), mode, _base_output(name))
             groups[key].append((c, o))
     order = LINEAR_OUTPUTS if kind in ("linear_ce", "dist_linear_ce") else QUANT_OUTPUTS
     rows = []
@@ -119,9 +127,13 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
         if kind == "linear_ce":
             row["rmse_vs_eager"] = _median(o["relative"]["rmse_impl"] / o["relative"]["rmse_eager"]
                                            for _, o in items if "relative" in o and o["relative"]["rmse_eager"] > 0)
-        elif kind == "quant_linear":
+        if kind == "tp_quant_linear":
+            cases = {id(c): c for c, _ in items}.values()
+            row["same_scale"] = (sum(bool(c.get("same_scale")) for c in cases), len(cases))
+        if kind in ("quant_linear", "tp_quant_linear"):
             row["median_dq"] = _median(o["ratio_dq"] for _, o in items)
             row["median_true"] = _median(o["ratio_true"] for _, o in items)
+        if kind == "quant_linear":
             row["sqnr_db"] = _median(o["sqnr_db"] for _, o in items if math.isfinite(o["sqnr_db"]))
             row["rel_fro_true"] = _median(o["rel_fro_true"] for _, o in items)
         rows.append(row)
@@ -169,6 +181,11 @@ path, the dtype it keeps logits in). The derivation is in `properties/tolerance.
   bound is essentially the output's own rounding (u·|value|), and some element always rounds by nearly
   that much. What is informative there is the ratio against the original operands (how much of the FP8
   budget is used) and the SQNR.
+* Tensor-parallel FP8 cases run on P ranks (gloo on CPU) and are judged against the same float64 oracle run on
+  the unsharded tensors, with the sharded reduction's partial sums in the bound (`properties/dist_fp8_tolerance.py`):
+  *accumulation* and *total* as above, per output (another rank's copy of a replicated output and a rank's partial
+  bias gradient as `NAME@rankR`), and *same scale*: every rank quantized every operand with the scale of the
+  unsharded tensor (the all-reduced amax), or with its blocks.
 * Compare numbers only within one dtype row: bf16 errors are ~65,000× fp32's by construction.
 """
 
@@ -219,6 +236,28 @@ def _summary_tables(report: dict) -> list[str]:
             flag = "" if all_judged_pass(r) else " ❌"
             out.append(f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {_g(r['worst'])} | "
                        f"{_g(r['median'])} | {_g(r['max_ulp'])} | `{r['worst_case']}` |")
+        out.append("")
+    tp = output_summary(report, "tp_quant_linear")
+    if tp:
+        out += ["### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output", "",
+                "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
+                "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
+                "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
+                "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
+                "all quantized with the unsharded tensor's scales (`properties/dist_fp8_checks.py`). One row holds every "
+                "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
+                "output over cases and ranks.", "",
+                "| impl | recipe | world size, dtype | output | outputs judged | accumulation pass | total pass | "
+                "same scale | worst error/bound | median vs dequantized | median vs original | worst case |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in tp:
+            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
+            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
+            same, n_same = r["same_scale"]
+            flag = "" if all_judged_pass(r) else " ❌"
+            out.append(f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
+                       f"{same}/{n_same}{'' if same == n_same else ' ❌'} | {_g(r['worst'])} | {_g(r['median_dq'])} | "
+                       f"{_g(r['median_true'])} | `{r['worst_case']}` |")
         out.append("")
     q = output_summary(report, "quant_linear")
     if q:

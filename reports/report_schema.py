@@ -28,6 +28,16 @@ dequantized-operand reference) and ``total`` (within the bound against the origi
 ``ratio_hard`` is the larger of the two ratios, ``ratio_expected`` the error against the dequantized
 reference over its expected level (√n accumulation error plus the output's rounding,
 :mod:`properties.fp8_tolerance`).
+
+Distributed records (extensions of the same schema, no new required key). Distributed linear+CE (``kind``
+``dist_linear_ce``, :func:`dist_record`): ``world_size``; outputs ``loss`` … and ``grad_x@rankR``; judged
+``analytic``. Tensor-parallel FP8 (``tp_quant_linear``, :func:`tp_record`): ``recipe``, ``world_size``,
+``parallel``, ``sequence_parallel``, ``same_scale`` (bool) and ``scale_failures``; outputs ``y``, ``dgrad``,
+``wgrad``, ``bgrad`` assembled, ``NAME@rankR`` for another rank's copy of a replicated output or a rank's partial
+bias gradient, ``@stepS`` for a delayed recipe's later step, each with ``ratio_dq``, ``ratio_true`` and the worst
+element of the larger (``worst_vs``: ``dequantized`` or ``original``); judged ``accumulation``, ``total`` (as the
+quantized linear) and ``same_scale`` (every rank quantized with the unsharded tensor's scales);
+``ratio_expected`` is NaN (no expected level is derived for the sharded reduction).
 """
 
 from __future__ import annotations
@@ -385,11 +395,43 @@ def dist_record(impl: Any, grid_case: Any, comps: dict[str, Any], lines: list[st
     return rec
 
 
+def tp_record(impl: Any, grid_case: Any, m: Any, seconds: float) -> dict[str, Any]:
+    """The record of one tensor-parallel FP8 case from :func:`properties.dist_fp8_checks.measure`
+    (:class:`~properties.dist_fp8_checks.TPMeasurement`): every output with both error/bound ratios and the worst
+    element of the larger, and the case's ``same_scale``."""
+    from numcheck.properties.failures import repro_command
+
+    case = grid_case.case
+    outputs: dict[str, Any] = {}
+    for name, (cdq, ctrue) in m.outputs.items():
+        worst_dq = _f(cdq.ratio) >= _f(ctrue.ratio)
+        o = _comparison_fields(cdq if worst_dq else ctrue)
+        o.update(reduction_length=reduction_length(name, case), ratio_dq=_f(cdq.ratio), ratio_true=_f(ctrue.ratio),
+                 ratio_hard=max(_f(cdq.ratio), _f(ctrue.ratio)), ratio_expected=math.nan, max_abs_dq=_f(cdq.max_abs),
+                 worst_vs="dequantized" if worst_dq else "original",
+                 verdicts={"accumulation": bool(cdq.ok), "total": bool(ctrue.ok)})
+        outputs[name] = o
+    lines = m.accuracy_lines
+    verdicts = {"accumulation": all(o["verdicts"]["accumulation"] for o in outputs.values()) and not m.rank_lines,
+                "total": all(o["verdicts"]["total"] for o in outputs.values()),
+                "same_scale": bool(m.same_scale)}
+    ok = all(verdicts.values())
+    rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
+    rec.update(recipe=case.recipe.name, world_size=case.world, parallel=case.parallel,
+               sequence_parallel=case.sequence_parallel, same_scale=bool(m.same_scale),
+               scale_failures=list(m.scale_lines), verdicts=verdicts, outputs=outputs,
+               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0), ratio_expected=math.nan)
+    if not ok:
+        rec["failures"] = lines + list(m.scale_lines)
+        rec["repro"] = repro_command(impl, "dist_accuracy" if lines else "dist_same_scale", case)
+    return rec
+
+
 def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) -> dict[str, Any]:
     """The record of a case on which the impl (or the harness on its output) raised: a failure with the error."""
     rec = _base(impl, grid_case, "error", seconds)
-    judgements = {"linear_ce": ("analytic", "relative"), "dist_linear_ce": ("analytic",)}.get(
-        impl.kind, ("accumulation", "total"))
+    judgements = {"linear_ce": ("analytic", "relative"), "dist_linear_ce": ("analytic",),
+                  "tp_quant_linear": ("accumulation", "total", "same_scale")}.get(impl.kind, ("accumulation", "total"))
     rec.update(error=f"{type(exc).__name__}: {exc}".strip(), verdicts={j: False for j in judgements}, outputs={},
                ratio_hard=math.inf, ratio_expected=math.inf, failures=[f"raised {type(exc).__name__}: {exc}"])
     if impl.kind == "dist_linear_ce":
@@ -403,7 +445,8 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
     else:
         from numcheck.properties.failures import repro_command as quant_repro
 
-        rec["repro"] = quant_repro(impl, "accuracy", grid_case.case)
+        prop = "dist_accuracy" if impl.kind == "tp_quant_linear" else "accuracy"
+        rec["repro"] = quant_repro(impl, prop, grid_case.case)
     return rec
 
 

@@ -1,8 +1,8 @@
 """Running every loaded impl over the report grid, through the property library's judgements
 (:func:`properties.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8_checks.measure_case` for
-quantized linear, :func:`properties.dist_linear_ce.measure` for distributed linear+CE on its ranks), with a
-plain-text progress bar on stderr. Tensor-parallel FP8 impls are listed, not swept: the grid has no
-tensor-parallel cases (the distributed FP8 suite judges them).
+quantized linear, :func:`properties.dist_linear_ce.measure` for distributed linear+CE and
+:func:`properties.dist_fp8_checks.measure` for tensor-parallel FP8 linears on their ranks), with a plain-text progress
+bar on stderr.
 
 Nothing is dropped: an impl that failed to load is listed as ``broken`` with its error, one that cannot run
 here as ``unavailable`` with its reason, cases its declaration excludes are counted per reason, and a case
@@ -25,13 +25,9 @@ import torch
 from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
-from numcheck.reports.report_grid import GridCase, GridSpec, dist_cases, linear_ce_cases, quant_cases
+from numcheck.reports.report_grid import GridCase, GridSpec, dist_cases, linear_ce_cases, quant_cases, tp_cases
 from numcheck.reports.report_schema import (case_text, declaration, dist_record, error_record, linear_ce_record,
-                                            quant_record)
-
-#: Why a tensor-parallel FP8 impl is listed without cases.
-TP_NOT_SWEPT = ("the report grid has no tensor-parallel FP8 cases; the distributed FP8 suite judges it "
-                "(pytest --pyargs numcheck.tests.suite --impl NAME)")
+                                            quant_record, tp_record)
 
 
 class Progress:
@@ -78,8 +74,6 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
     impl = entry.impl
     reason = impl.support.unavailable_reason()
     dev = torch.device(device).type
-    if reason is None and impl.kind == "tp_quant_linear":
-        reason = TP_NOT_SWEPT
     if reason is None and hasattr(impl.support, "devices") and dev not in impl.support.devices:
         reason = f"device {dev} not declared (declares {sorted(impl.support.devices)})"
     info = {"name": impl.name, "kind": impl.kind, "origin": entry.origin, "status": "unavailable" if reason else "ran",
@@ -109,8 +103,12 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
                 else:
                     work.append((impl, gc))
             info["not_declared"] = dict(skipped)
-        elif impl.kind == "dist_linear_ce":
-            cases, refused = dist_cases(spec, impl, device)
+        elif impl.kind in ("dist_linear_ce", "tp_quant_linear"):
+            try:
+                cases, refused = dist_cases(spec, impl, device) if impl.kind == "dist_linear_ce" else tp_cases(spec, impl)
+            except ValueError as exc:
+                info["status"], info["reason"] = "unavailable", str(exc)
+                continue
             work.extend((impl, gc) for gc in cases)
             info["not_declared"] = refused
         else:
@@ -137,6 +135,10 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
 
             comps, lines = measure(impl, gc.case)
             return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
+        if impl.kind == "tp_quant_linear":
+            from numcheck.properties.dist_fp8_checks import measure as tp_measure
+
+            return tp_record(impl, gc, tp_measure(impl, gc.case), time.perf_counter() - t0)
         from numcheck.properties.fp8_checks import measure_case
 
         res = measure_case(impl, gc.case)

@@ -83,8 +83,9 @@ def find_impl(name: str) -> Any:
 
 
 def find_tp_impl(name: str) -> Any:
-    """A tensor-parallel FP8 impl (:mod:`impls.tp_fp8_linear`, issue 20): a built-in by name, or ``module:attr``
-    naming one impl. ValueError naming the built-ins otherwise."""
+    """A tensor-parallel FP8 impl (:mod:`impls.tp_fp8_linear`, issue 20): a built-in by name, ``module:attr``
+    naming one impl, or the name of one loaded through ``NUMCHECK_IMPLS`` / entry points. ValueError naming the
+    built-ins otherwise."""
     import importlib
 
     from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
@@ -99,7 +100,14 @@ def find_tp_impl(name: str) -> Any:
     for impl in tp_fp8_linear_impls():
         if impl.name == name:
             return impl
-    raise ValueError(f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}")
+    try:  # one loaded through NUMCHECK_IMPLS or an entry point (the repro line of a spec naming several impls)
+        impl = find_impl(name)
+    except ValueError as exc:
+        raise ValueError(f"no tensor-parallel impl named {name!r}; built-ins: "
+                         f"{[i.name for i in tp_fp8_linear_impls()]}; {exc}") from None
+    if impl.kind != "tp_quant_linear":
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPQuantCase")
+    return impl
 
 
 def find_dist_impl(name: str) -> Any:
