@@ -37,6 +37,9 @@ of the imported numcheck package, and torch's version — otherwise it is run ag
 why; ``--keep-stale`` takes it anyway, and ``sweep.md`` marks its row with the code it ran on. A seed kept by a
 numcheck without this hash counts as stale (code unknown). A seed whose pytest exited 2 (interrupted, or a
 collection error) is reported but never kept. The summary lists the code hash and commit each seed ran on.
+``--assemble`` runs nothing: it writes the summary of the kept seeds of ``--seeds`` alone (stale ones marked), with
+the environment the seeds recorded, so seeds run in several device calls (each with its own output folder) are
+joined on another machine: copy their ``seed-<S>.json.gz`` into one ``DIR/seeds/`` and assemble there.
 
 Exit status: 0 when no test failed on any seed (and no 90th percentile fell past the limit under ``--compare``);
 1 when any test failed or errored; 2 on bad input (malformed ``--seeds``, an unknown or derandomized profile, a
@@ -138,6 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-stale", action="store_true",
                    help="also reuse kept seeds that ran on other numcheck code or another torch (sweep.md marks "
                         "each with the code it ran on); by default they are run again")
+    p.add_argument("--assemble", action="store_true",
+                   help="run nothing: summarize the kept seeds of --seeds in DIR/seeds/ (each must be there; stale ones "
+                        "are marked), with the environment they recorded (seeds run on another machine, e.g. a GPU)")
     p.add_argument("--per-impl", action="store_true", help="also print the tightness table of each impl")
     p.add_argument("--compare", type=Path, metavar="BASE.json",
                    help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
@@ -188,15 +194,29 @@ class SeedRun:
 
 
 def _message_parts(text: str) -> dict[str, str]:
-    """The first line, the case, the first judgement line and the repro command of a failure message."""
-    lines = [re.sub(r"^E\s+", "", ln.strip()) for ln in text.strip().splitlines()]  # pytest's "E   " prefix
+    """The first line, the case, the first judgement line and the repro command of a failure message.
+
+    A message that is an exception's repr on one line (``PropertyFailure('...\\n  case: ...')``, as JUnit
+    records a failure hypothesis raised in a group) is read with its line breaks and quotes unescaped. The
+    judgement line is the first ``(a)``/``(b)`` one, else the first naming a bound or a difference (two_calls,
+    determinism), else the line after the case."""
+    text = text.strip()
+    head = re.match(r"^(\w+)\(['\"]", text)
+    if head and "\n" not in text and "\\n" in text:
+        text = f"{head.group(1)}: {text[head.end():]}"
+        text = text[:-2] if text.endswith(("')", '")')) else text
+        text = text.replace("\\n", "\n").replace("\\'", "'").replace('\\"', '"')
+    lines = [re.sub(r"^E\s+", "", ln.strip()) for ln in text.splitlines()]  # pytest's "E   " prefix
     lines = [ln for ln in lines if ln and ln != "E"]
 
     def first(pattern: str) -> str:
         return next((m.group(1) for ln in lines if (m := re.match(pattern, ln))), "")
 
+    after_case = next((lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.startswith("case: ")), "")
+    detail = (first(r"(\((?:a|b)\) .+)") or first(r"(.*(?:beyond bound|error/bound|differs|mismatch).*)")
+              or ("" if after_case.startswith("reproduce: ") else after_case))
     return {"message": lines[0][:400] if lines else "", "case": first(r"case: (.+)"),
-            "detail": first(r"(\((?:a|b)\) .+)")[:600], "reproduce": first(r"reproduce: (.+)")}
+            "detail": detail[:600], "reproduce": first(r"reproduce: (.+)")}
 
 
 def _split_name(classname: str, name: str) -> tuple[str, str]:
@@ -493,6 +513,24 @@ def _say(seed: int, text: str) -> None:
     print(f"numcheck sweep: seed {seed}: {text}", file=sys.stderr)
 
 
+def _assembled(seeds: list[int], out: Path, key: dict[str, Any], code: dict[str, Any]) -> tuple[list[SeedRun], dict[str, Any]]:
+    """``--assemble``: the kept runs of ``seeds`` (stale ones marked) and the environment they ran in; BadInput
+    when a seed is missing or the seeds ran on different devices or torch releases (one sweep, one environment)."""
+    runs = []
+    for seed in seeds:
+        kept = load_seed(out, seed, key)
+        if kept is None:
+            raise BadInput(f"--assemble: seed {seed} is not kept in {seed_path(out, seed)}; run it, or leave it out "
+                           f"of --seeds")
+        kept.stale = stale_reason(kept, code)
+        runs.append(kept)
+    envs = {(r.environment.get("device"), r.environment.get("torch")) for r in runs}
+    if len(envs) > 1:
+        raise BadInput(f"--assemble: the seeds ran in different environments (device, torch): {sorted(map(str, envs))}; "
+                       f"assemble each environment into its own folder")
+    return runs, dict(runs[0].environment)
+
+
 def _seed(seed: int, out: Path, args: argparse.Namespace, profile: str, key: dict[str, Any],
           env: dict[str, Any], code: dict[str, Any]) -> SeedRun:
     """``seed``'s run: the kept one when it ran on this ``code`` (or ``--keep-stale``), else a fresh run, kept
@@ -528,13 +566,16 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
         out, base = _out_dir(args), _baseline(args.compare)
-        if args.force and args.keep_stale:
-            raise BadInput("--force runs every seed afresh and --keep-stale reuses stale kept seeds: pass one")
-        env = report_schema.environment(args.device)  # before the run: the commit and tree it ran on
+        if args.force and (args.keep_stale or args.assemble):
+            raise BadInput(f"--force runs every seed afresh and {'--assemble runs none' if args.assemble else '--keep-stale reuses stale kept seeds'}: pass one")
         code = code_identity()
         key = _selection_key(args, profile)
         runs = []
-        for i, seed in enumerate(seeds, 1):
+        if args.assemble:
+            runs, env = _assembled(seeds, out, key, code)
+        else:
+            env = report_schema.environment(args.device)  # before the run: the commit and tree it ran on
+        for i, seed in enumerate([] if args.assemble else seeds, 1):
             r = _seed(seed, out, args, profile, key, env, code)
             c = r.counts()
             print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}){' (kept from an earlier run)' if r.resumed else ''}"

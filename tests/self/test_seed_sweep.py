@@ -115,7 +115,7 @@ def test_derandomized_or_unknown_profile_is_refused():
 
 def _args(out: Path, **kw) -> argparse.Namespace:
     base = dict(seeds="0-1", impl=["eager"], profile="ci-seeded", keyword="test_accuracy", jobs=1, device="cpu",
-                out=out, force=False, keep_stale=False, per_impl=False, compare=None)
+                out=out, force=False, keep_stale=False, assemble=False, per_impl=False, compare=None)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -191,6 +191,48 @@ def test_keep_stale_keeps_and_marks_the_stale_seed(tmp_path, monkeypatch):
     assert "| 1 | 1 | 0 | 0 | 0 | 1 | bbbbbbbbb | dddddddddddd |" in md
     assert "seed 0 ran on other numcheck code (code cccccccccccc, commit aaaaaaaaa" in md
     assert seed_sweep.run(_args(tmp_path, seeds="0", keep_stale=True, force=True)) == 2
+
+
+def test_assemble_summarizes_kept_seeds_without_running_any(tmp_path, monkeypatch):
+    """--assemble writes the summary of the kept seeds alone, in the environment they recorded, marking those of
+    other code; a seed not kept, seeds of two environments, or --force with it are bad input."""
+    calls: list[int] = []
+    monkeypatch.setattr(seed_sweep, "run_seed", _fake_seed(calls))
+    _on_code(monkeypatch, "c", commit="aaaaaaaaaaaa")
+    monkeypatch.setattr(seed_sweep.report_schema, "environment", lambda d: {"device": "cuda", "torch": "2.11.0"})
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1")) == 0
+    _on_code(monkeypatch, "d", commit="bbbbbbbbbbbb")  # the assembling machine: other code, another environment
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1", assemble=True)) == 0
+    assert calls == [0, 1], "--assemble ran a seed"
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert summary["environment"]["device"] == "cuda" and summary["environment"]["torch"] == "2.11.0"
+    assert [bool(s["stale"]) for s in summary["seeds"]] == [True, True]
+    assert seed_sweep.run(_args(tmp_path, seeds="0-2", assemble=True)) == 2  # seed 2 was never run
+    assert seed_sweep.run(_args(tmp_path, seeds="0", assemble=True, force=True)) == 2
+    path = seed_sweep.seed_path(tmp_path, 1)  # seed 1 as if run on another torch release
+    import gzip
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    data["environment"]["torch"] = "2.13.0"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1", assemble=True)) == 2
+
+
+@pytest.mark.parametrize("text, detail", [
+    ("PropertyFailure('property \\'determinism\\' fails for impl \\'x\\'\\n  case: Problem(N=1)\\n  grad_x differs "
+     "between two identical runs: max |difference| 1.9e-06\\n  reproduce: numcheck repro --impl x')",
+     "grad_x differs between two identical runs: max |difference| 1.9e-06"),
+    ("numcheck.properties.failures.PropertyFailure: property 'two_calls' fails for impl 'x'\nE   case: Problem(N=2)\n"
+     "E   two calls of 1 rows each (1, 1 not ignored) in one graph\nE   grad_x (torch.bfloat16): 1 / 4 elements beyond "
+     "bound; worst at index [0, 0] (error/bound 1.61)\nE   reproduce: numcheck repro --impl x",
+     "grad_x (torch.bfloat16): 1 / 4 elements beyond bound; worst at index [0, 0] (error/bound 1.61)"),
+])
+def test_failure_message_parts(text, detail):
+    """A failure message gives its case, judgement line and repro command, also when JUnit recorded it as the
+    exception's one-line repr (a failure hypothesis raised in a group) or its judgement has no (a)/(b) label."""
+    parts = seed_sweep._message_parts(text)
+    assert parts["detail"] == detail and parts["case"].startswith("Problem(N=")
+    assert parts["reproduce"] == "numcheck repro --impl x" and parts["message"].startswith(("PropertyFailure: ",
+                                                                                            "numcheck.properties"))
 
 
 def test_seed_kept_without_a_code_hash_is_stale(tmp_path, monkeypatch):
