@@ -413,7 +413,8 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
         "environment": env,
         "code": code,
         "selection": {"modules": list(premerge.SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
-                      "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device},
+                      "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device,
+                      "assembled": bool(getattr(args, "assemble", False))},
         "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
                    "counts": r.counts(), "failures": r.failures(), "records": len(r.records),
                    "commit": r.environment.get("git_commit"), "dirty": r.environment.get("git_dirty"),
@@ -454,7 +455,8 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
     for s in summary["seeds"]:
         c = s["counts"]
         commit = (s.get("commit") or "?")[:9] + (" (dirty)" if s.get("dirty") else "")
-        mark = f"{(s.get('code') or 'unknown')[:12]}" + (" ⚠ stale, kept by --keep-stale" if s.get("stale") else "")
+        mark = f"{(s.get('code') or 'unknown')[:12]}" + (f" ⚠ stale, kept by {'--assemble' if summary['selection'].get('assembled') else '--keep-stale'}"
+                                                       if s.get("stale") else "")
         out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
                    f"{s['seconds']:.0f} | {commit} | {mark} |")
     stale = [s for s in summary["seeds"] if s.get("stale")]
