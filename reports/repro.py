@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--property", required=True, metavar="PROP",
                    help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]")
     p.add_argument("--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure")
+    p.add_argument("--undeclared", action="store_true",
+                   help="run a linear+CE case the impl's declaration excludes (the suite never draws it; by default "
+                        "repro names the reason and exits 2)")
 
 
 def parse_case(text: str) -> Any:
@@ -152,6 +155,14 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
     return "linear_ce", PROPERTIES
 
 
+def _undeclared(impl: Any, case: Any) -> str | None:
+    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.strategies.refusal`), or ``None``."""
+    from numcheck.properties.problems import Problem
+    from numcheck.properties.strategies import refusal
+
+    return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == "linear_ce" else None
+
+
 def run(args: argparse.Namespace) -> int:
     from numcheck.properties.dist_fp8_cases import TPQuantCase
     from numcheck.properties.dist_linear_ce import DistCase
@@ -176,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
     reason = impl.support.unavailable_reason()
     if reason:
         print(f"numcheck repro: impl {impl.name!r} cannot run here: {reason}", file=sys.stderr)
+        return 2
+    excluded = _undeclared(impl, case)
+    if excluded and not getattr(args, "undeclared", False):
+        print(f"numcheck repro: impl {impl.name!r} does not declare this case: {excluded}. The suite never draws it; "
+              f"pass --undeclared to run it anyway.", file=sys.stderr)
         return 2
     try:
         table[prop](impl, case)

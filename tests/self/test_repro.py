@@ -114,6 +114,16 @@ def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+def test_undeclared_case_names_the_reason_and_runs_only_on_request(mutant, capsys):
+    """A case outside the impl's declaration exits 2 naming why (the suite never draws it); --undeclared runs it."""
+    bf16 = "Problem(N=5, H=4, V=7, dtype='bfloat16', seed=3)"  # the mutant declares float32 only
+    assert cli.main(["repro", "--impl", mutant, "--property", "accuracy", "--problem", bf16]) == 2
+    err = capsys.readouterr().err
+    assert "does not declare this case: dtype torch.bfloat16 not declared" in err and "--undeclared" in err
+    assert cli.main(["repro", "--impl", mutant, "--property", "accuracy", "--problem", bf16, "--undeclared"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(("PASS", "FAIL"))
+
+
 def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
     """`numcheck repro --impl mymod:impl` run in the user's directory (no checkout, the console script's sys.path:
     the current directory not on it) finds mymod and reproduces the failure (exit 1); so does the printed form
