@@ -73,7 +73,8 @@ case "$what" in
     # or hang, writes progress.jsonl as it goes and scale.json/scale.md at the end; SCALE_BUDGET_S stops starting
     # new items (those left are recorded not_run), SCALE_CAP_S caps one (case, impl) item, and the outer timeout
     # is the last resort (progress.jsonl still holds what finished: numcheck scale --assemble --out DIR writes the report from it).
-    # SCALE_RESUME=path/to/progress.jsonl (a committed earlier run) resumes it: its finished items are not rerun.
+    # SCALE_RESUME=path/to/progress.jsonl (a committed earlier run) resumes it: its finished items of the same numcheck
+    # code and torch are not rerun (SCALE_ARGS=--keep-stale keeps those of other code too).
     mkdir -p "$out/scale"
     [ -n "${SCALE_RESUME:-}" ] && cp "$SCALE_RESUME" "$out/scale/progress.jsonl"
     NUMCHECK_IMPLS="${NUMCHECK_IMPLS:+$NUMCHECK_IMPLS,}numcheck.tests.self.scale_mutants:int32_offsets" \

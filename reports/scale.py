@@ -12,7 +12,9 @@ is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written f
 
 A run into an ``--out`` that holds an earlier run's progress resumes it: the items that passed, were unavailable,
 unsupported or a known divergence are kept; those that failed, erred, timed out, crashed or were not run are run
-again (:data:`RETRIED`). ``--force`` starts afresh, discarding the earlier progress.
+again (:data:`RETRIED`). ``--force`` starts afresh, discarding the earlier progress. Every recorded result (and
+case) carries the numcheck code and torch release it ran on (:func:`reports.seed_sweep.code_identity`); on resume
+those of other code, or recorded without it, are run again too, unless ``--keep-stale``.
 
 Exit status: 0 when every record passes, is unavailable here, unsupported or a known divergence, 1 when one fails, errs, times
 out or crashes, 2 on bad input.
@@ -53,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its failed, erred, timed-out, crashed and not-run items run again")
     p.add_argument("--force", action="store_true",
                    help="start afresh: discard the progress.jsonl (and worker logs) an earlier run left in --out")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="on resume, keep the items an earlier run recorded on other numcheck code or torch (by default "
+                        "they run again)")
     p.add_argument("--time-cap-s", type=float, default=150.0, help="seconds per (case, impl) item (default 150)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall seconds for the whole run; items not started by then are recorded as not_run")
@@ -126,23 +131,47 @@ def _clean(v: Any) -> Any:
     return v
 
 
+_CODE: list[str] = []
+
+
+def _code() -> str:
+    """This process's numcheck code hash and torch release, ``HASH@TORCH`` (computed once)."""
+    if not _CODE:
+        from numcheck.reports.seed_sweep import code_identity
+
+        ident = code_identity()
+        _CODE.append(f"{ident['code']}@{ident['torch']}")
+    return _CODE[0]
+
+
+#: The events whose content depends on the code that made them (a result, a case's shared work).
+_CODED = ("result", "case")
+
+
 def _append(out: Path, event: dict[str, Any]) -> None:
+    """Append ``event`` to the progress file (a result or case event tagged with :func:`_code`), synced."""
+    if event.get("event") in _CODED:
+        event = {**event, "code": _code()}
     with open(out / PROGRESS, "a") as f:
         f.write(json.dumps(_clean(event)) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def _retry_unsettled(out: Path) -> int:
-    """Drop from the progress file an earlier run's results whose status is in :data:`RETRIED`, so that this run
-    does those items again, and its ``start``/``case-start`` markers (they only tell a supervisor what is in
-    flight now); the number of results dropped."""
+def _retry_unsettled(out: Path, keep_stale: bool = False) -> tuple[int, int]:
+    """Drop from the progress file an earlier run's results whose status is in :data:`RETRIED`, and (unless
+    ``keep_stale``) its results and cases recorded on other code than this run's (:func:`_code`), so that this
+    run does those items again; and its ``start``/``case-start`` markers (they only tell a supervisor what is in
+    flight now). ``(results retried for their status, results retried for their code)``."""
     events = _events(out)
+    stale = (lambda e: e.get("event") in _CODED and e.get("code") != _code()) if not keep_stale else (lambda e: False)
+    retried = [e for e in events if e.get("event") == "result" and e.get("status") in RETRIED]
+    old = [e for e in events if e.get("event") == "result" and e.get("status") not in RETRIED and stale(e)]
     keep = [e for e in events if e.get("event") not in ("start", "case-start")
-            and not (e.get("event") == "result" and e.get("status") in RETRIED)]
+            and not (e.get("event") == "result" and e.get("status") in RETRIED) and not stale(e)]
     if len(keep) != len(events):
         (out / PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in keep))
-    return sum(1 for e in events if e.get("event") == "result" and e.get("status") in RETRIED)
+    return len(retried), len(old)
 
 
 def _start_afresh(out: Path) -> None:
@@ -367,10 +396,13 @@ def run(args: argparse.Namespace) -> int:
     if args.force:
         _start_afresh(args.out)
     elif not args.assemble:
-        n = _retry_unsettled(args.out)
+        n, old = _retry_unsettled(args.out, args.keep_stale)
         if n:
             print(f"numcheck scale: resuming {args.out / PROGRESS}: {n} item(s) recorded {'/'.join(RETRIED)} run "
                   f"again", file=sys.stderr)
+        if old:
+            print(f"numcheck scale: resuming {args.out / PROGRESS}: {old} item(s) recorded on other numcheck code or "
+                  f"torch run again (--keep-stale would keep them)", file=sys.stderr)
     if args.assemble:
         if not (args.out / PROGRESS).exists():
             print(f"numcheck scale: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)

@@ -203,16 +203,36 @@ def test_resume_retries_failed_and_crashed_items(tmp_path):
     start markers dropped) and a pass is kept, not rerun."""
     from numcheck.reports import scale
 
-    case = "a/bf16"
-    old = [{"event": "case", "case": case},
-           *({"event": "result", "case": case, "impl": i, "status": st}
+    case, code = "a/bf16", scale._code()
+    old = [{"event": "case", "case": case, "code": code},
+           *({"event": "result", "case": case, "impl": i, "status": st, "code": code}
              for i, st in [("e1", "fail"), ("e2", "error"), ("e3", "timeout"), ("e4", "crashed"), ("ok", "pass")]),
            {"event": "start", "case": case, "impl": "e5", "t": 0.0, "cap": 1.0}]
     (tmp_path / scale.PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in old))
-    assert scale._retry_unsettled(tmp_path) == 4
+    assert scale._retry_unsettled(tmp_path) == (4, 0)
     events = scale._events(tmp_path)
     assert scale._done(events) == {(case, "ok")} and scale._in_flight(events) is None
     assert [e["event"] for e in events] == ["case", "result"]
+
+
+def test_resume_reruns_items_of_other_code_unless_keep_stale(tmp_path):
+    """On resume, a pass recorded on other numcheck code (or with no code recorded) is run again, with its case's
+    shared work; --keep-stale keeps it; an item of this code is kept either way."""
+    from numcheck.reports import scale
+
+    here = scale._code()
+    events = [{"event": "case", "case": "a", "code": "other@2.6.0"},
+              {"event": "result", "case": "a", "impl": "old", "status": "pass", "code": "other@2.6.0"},
+              {"event": "result", "case": "a", "impl": "unknown", "status": "pass"},
+              {"event": "case", "case": "b", "code": here},
+              {"event": "result", "case": "b", "impl": "new", "status": "pass", "code": here}]
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    (tmp_path / scale.PROGRESS).write_text(text)
+    assert scale._retry_unsettled(tmp_path, keep_stale=True) == (0, 0)
+    assert len(scale._events(tmp_path)) == 5
+    assert scale._retry_unsettled(tmp_path) == (0, 2)
+    assert scale._done(scale._events(tmp_path)) == {("b", "new")}
+    assert [e["event"] for e in scale._events(tmp_path)] == ["case", "result"]
 
 
 WRONG_GRAD_X = """
