@@ -231,10 +231,21 @@ def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torc
     return x, w, target
 
 
-#: anisotropic_head: |m| / RMS_c |W_c|, the length of the mean direction m added to every row of the head
-#: against the drawn rows' RMS length (MEASUREMENTS PENDING).
+#: anisotropic_head, a construction for detection: the head's rows share a mean direction m (trained unembeddings
+#: occupy a narrow cone around a common mean, the "representation degeneration" of Gao et al., ICLR 2019; a
+#: modelling assumption, no trained head is loaded here), |m| = HEAD_MEAN_RATIO × the RMS length of the drawn
+#: rows, so two rows have cosine ≈ r²/(1 + r²) = 0.5. m is orthogonal to every row of x (:func:`head_mean`), so
+#: every logit, p, G and target is the isotropic draw's: what changes is only that grad_x's partial sums over
+#: classes Σ_{c ≤ k} G_ic·W_c carry s·(p-mass so far − [target passed])·m, up to s·|m|, where the exact grad_x
+#: (Σ_c G_ic = 0 under plain CE) has none of it. Still a valid input: a correct impl must be right on any W, and
+#: x·m = 0 only makes m the one direction the softmax cannot see. Measured on the bf16-block-summed mutant
+#: (tests/self/mutants.py, N=3, H=9, V=128256, seeds 0–7, grad_x error/bound min/median): r = 1: 6.22/7.65;
+#: without the projection off x: 6.41/7.11 (the softmax is shift-invariant; only the logits' |z| changes).
+#: docs/detection.md derives the margin.
 HEAD_MEAN_RATIO = 1.0
-#: anisotropic_head: the logits' typical size (the σ of :func:`build`).
+#: anisotropic_head: the logits' typical size σ. A spread softmax (effective classes ≈ V·e^{−σ²}, a third of
+#: V at σ = 1; post_norm's σ = 3 leaves ≈ V/8000) puts comparable p-mass in every 128-class block, which is
+#: what makes a running sum's increments small against it. Measured as above: σ = 1: 6.22/7.65; σ = 3: 3.60/5.92.
 HEAD_SIGMA = 1.0
 
 
@@ -273,8 +284,10 @@ def build(p: Problem) -> Tensors:
         ``post_norm``: hidden states as a norm layer hands them to the head (:func:`_post_norm`): per-feature
         mean offsets, rows RMS-normalised, a few outlier channels with gains 10–100, σ ≈ 3 measured on those
         rows, targets at Zipf token frequencies;
-        ``anisotropic_head``: post_norm's rows and targets, with a head whose rows share a mean direction
-        (:func:`_anisotropic_head`, trained unembeddings): the same softmax, a per-row logit offset x_i·m.
+        ``anisotropic_head`` (needs N < H): post_norm's rows and targets at σ = :data:`HEAD_SIGMA` (a spread
+        softmax), with a head whose rows share a mean direction m orthogonal to every row of x
+        (:func:`head_mean`, :data:`HEAD_MEAN_RATIO`): the isotropic draw's logits and softmax, grad_x's partial
+        sums over classes carrying m.
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
     N, H, V = p.N, p.H, p.V
