@@ -137,8 +137,8 @@ CI_CATCHES = {
     # covering row make the running sum's K roundings show (strategies.MANY_CHUNKS).
     _m.gw_bf16_sum_bf16_only: "many_chunks",
     _m.gw_fp16_sum_fp16_only: "many_chunks",
-    # grad_x's running sum over 128-class blocks: large_vocab's head row (a tokenizer's V ≥ 32000, ≥ 250 blocks,
-    # rows sharing a mean direction: problems.HEAD_MEAN_RATIO, strategies.HEAD_V).
+    # grad_x's running sum over 128-class blocks: large_vocab's bf16 head row (a tokenizer's V ≥ 128256, ≥ 1002
+    # blocks, past bf16's stagnation; rows sharing a mean direction: problems.HEAD_MEAN_RATIO, strategies.HEAD_V).
     _m.gx_bf16_sum_bf16_only: "large_vocab",
 }
 
