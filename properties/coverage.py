@@ -94,7 +94,7 @@ def _option_fields(option: str) -> Callable[[str], tuple[dict[str, Any], frozens
 
 #: The precisions of the ``head`` dimension's rows, where declared: a bf16 running sum over a tokenizer's
 #: vocabulary (≥ 1000 blocks of 128 classes) stagnates after ~2/u = 256–512 of them; an fp16 one only after
-#: 2048–4096 (V past 2^19), an fp32 one never, and under AMP a vocabulary-chunked grad_x may round each chunk's
+#: 2048–4096 (V past 2^18–2^19), an fp32 one never, and under AMP a vocabulary-chunked grad_x may round each chunk's
 #: partial by its declaration (tolerance.error_model). A head row elsewhere would cost a V ≈ 10^5 example and
 #: show no narrow sum.
 HEAD_PRECISIONS: tuple[str, ...] = ("bfloat16",)

@@ -303,8 +303,10 @@ def large_vocab_problems(draw: st.DrawFn, support) -> Problem:
 
     Inside a covering row that pins :data:`HEAD_REGIME` (coverage dimension ``head``), a trained head's shape
     instead: V in :data:`HEAD_V`, N and H in :data:`HEAD_N`, :data:`HEAD_H`, every other field drawn as usual
-    but an all-ignored batch (its grad_x is 0 whatever the arithmetic): grad_x = G·W summed over vocabulary
-    blocks in bf16 loses the share of the head's mean direction that each late block adds."""
+    but three, each shown to hide what the row is for (docs/detection.md): no label smoothing (ε/V per class
+    cancels each block's share of a spread softmax), :data:`HEAD_REDUCTIONS` where declared, and no all-ignored
+    batch (its grad_x is 0 whatever the arithmetic). grad_x = G·W summed over vocabulary blocks in bf16 then
+    loses the share of the head's mean direction that each late block adds."""
     row = _ROW.get()
     if row is not None and row.force.get("regime") == HEAD_REGIME:
         force = {"N": draw(st.integers(*HEAD_N), label="N"), "H": draw(st.integers(*HEAD_H), label="H"),
