@@ -32,7 +32,7 @@ from hypothesis.internal.conjecture.providers import HypothesisProvider
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import LINEAR_CE_OPTIONS
-from numcheck.properties.problems import REGIMES
+from numcheck.properties.problems import HEAD_REGIME, REGIMES
 
 _NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -92,6 +92,28 @@ def _option_fields(option: str) -> Callable[[str], tuple[dict[str, Any], frozens
     return fields
 
 
+#: The precisions of the ``head`` dimension's rows, where declared: a bf16 running sum over a tokenizer's
+#: vocabulary (≥ 1000 blocks of 128 classes) stagnates after ~2/u = 256–512 of them; an fp16 one only after
+#: 2048–4096 (V past 2^18–2^19), an fp32 one never, and under AMP a vocabulary-chunked grad_x may round each chunk's
+#: partial by its declaration (tolerance.error_model). A head row elsewhere would cost a V ≈ 10^5 example and
+#: show no narrow sum.
+HEAD_PRECISIONS: tuple[str, ...] = ("bfloat16",)
+
+
+def _head_values(support: Any, device: str) -> list[str]:
+    """``off`` (a plain draw: a dimension of one value is left out of a design) and each declared precision
+    of :data:`HEAD_PRECISIONS`."""
+    return ["off", *(v for v in _precisions(support, device) if v in HEAD_PRECISIONS)]
+
+
+def _head_fields(value: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """``off``: nothing pinned; a precision: that precision with the :data:`HEAD_REGIME` regime."""
+    if value == "off":
+        return {}, frozenset()
+    force, require = _precision_fields(value)
+    return {**force, "regime": HEAD_REGIME}, require
+
+
 @dataclass(frozen=True)
 class Dimension:
     """A dimension of a design: its values for a support on a device, and the fields one value pins."""
@@ -112,10 +134,13 @@ DIMENSIONS: dict[str, Dimension] = {
     # The inputs' regime (properties.problems.REGIMES): a property whose bug shows only on some inputs (partial
     # sums that grow on post-norm activations) names it to meet each regime once.
     "regime": Dimension(lambda s, d: list(REGIMES), lambda v: ({"regime": v}, frozenset())),
+    # A trained head's shape (large_vocab): bf16, where declared, with the anisotropic head (HEAD_PRECISIONS),
+    # and one row without it ("off", a plain draw: a dimension of one value would be left out of the design).
+    "head": Dimension(_head_values, _head_fields),
 }
 #: Every dimension of the declaration: a property that varies every declared field of the default draw (the
 #: regime, a property of the inputs rather than of the declaration, is drawn at random there).
-EVERY_DIMENSION: tuple[str, ...] = tuple(d for d in DIMENSIONS if d != "regime")
+EVERY_DIMENSION: tuple[str, ...] = tuple(d for d in DIMENSIONS if d not in ("regime", "head"))
 
 
 def _valid(names: Sequence[str], support: Any) -> Callable[[Sequence[str]], bool]:

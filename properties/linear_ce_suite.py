@@ -116,7 +116,7 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty("all_options_combined", checks.accuracy, _all_options,
                   every=lambda i: Problem(**_TINY, softcap=1.0) if "softcap" in i.support.options else None),
     SuiteProperty("many_chunks", checks.accuracy, None, cases=_many_chunk_cases, dimensions=("regime",)),
-    SuiteProperty("large_vocab", checks.accuracy, drawn(large_vocab_problems)),
+    SuiteProperty("large_vocab", checks.accuracy, drawn(large_vocab_problems), dimensions=("head",)),
     SuiteProperty("long_batch", checks.accuracy, drawn(long_batch_problems)),
     SuiteProperty("wide_hidden", checks.accuracy, drawn(wide_hidden_problems)),
     SuiteProperty("loss_scale", checks.accuracy, drawn(loss_scale_problems),

@@ -16,8 +16,14 @@ import torch
 
 from numcheck.reference.options import CEOptions
 
-Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows", "post_norm"]
+Regime = Literal["ordinary", "confident", "large", "tiny", "outlier_rows", "post_norm", "anisotropic_head"]
+#: The regimes every draw picks from (``strategies.problems``' default, coverage dimension ``regime``).
 REGIMES: tuple[str, ...] = ("ordinary", "confident", "large", "tiny", "outlier_rows", "post_norm")
+#: The regime of a trained head's draws, drawn only by ``large_vocab``'s covering rows (coverage dimension
+#: ``head``, where N < H): it needs a direction orthogonal to every row of x (:func:`head_mean`).
+HEAD_REGIME = "anisotropic_head"
+#: Every regime :func:`build` takes.
+ALL_REGIMES: tuple[str, ...] = (*REGIMES, HEAD_REGIME)
 Upstream = Literal["one", "scalar", "per_row"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -93,8 +99,11 @@ class Problem:
             raise ValueError(f"Problem.autocast={self.autocast!r} needs dtype='float32' parameters, got {self.dtype!r}")
         if not 0.0 <= self.ignored <= 1.0:
             raise ValueError(f"Problem.ignored must be in [0, 1], got {self.ignored!r}")
-        if self.regime not in REGIMES:
-            raise ValueError(f"Problem.regime must be one of {REGIMES}, got {self.regime!r}")
+        if self.regime not in ALL_REGIMES:
+            raise ValueError(f"Problem.regime must be one of {ALL_REGIMES}, got {self.regime!r}")
+        if self.regime == HEAD_REGIME and self.N >= self.H:
+            raise ValueError(f"Problem.regime={HEAD_REGIME!r} needs N < H (its head's mean direction is orthogonal "
+                             f"to every row of x), got N={self.N}, H={self.H}")
         if self.upstream not in UPSTREAMS:
             raise ValueError(f"Problem.upstream must be one of {UPSTREAMS}, got {self.upstream!r}")
         if self.upstream == "loss_scale" and (self.reduction != "mean" or self.autocast is None):
@@ -222,6 +231,48 @@ def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torc
     return x, w, target
 
 
+#: anisotropic_head, a construction for detection: the head's rows share a mean direction m (trained unembeddings
+#: occupy a narrow cone around a common mean, the "representation degeneration" of Gao et al., ICLR 2019; a
+#: modelling assumption, no trained head is loaded here), |m| = HEAD_MEAN_RATIO × the RMS length of the drawn
+#: rows, so two rows have cosine ≈ r²/(1 + r²) = 0.5. m is orthogonal to every row of x (:func:`head_mean`), so
+#: every logit, p, G and target is the isotropic draw's: what changes is only that grad_x's partial sums over
+#: classes Σ_{c ≤ k} G_ic·W_c carry s·(p-mass so far − [target passed])·m, up to s·|m|, where the exact grad_x
+#: (Σ_c G_ic = 0 under plain CE) has none of it. Still a valid input: a correct impl must be right on any W, and
+#: x·m = 0 only makes m the one direction the softmax cannot see. Measured on the bf16-block-summed mutant
+#: (tests/self/mutants.py, N=3, H=9, V=128256, seeds 0–7, grad_x error/bound min/median): r = 1: 6.22/7.65;
+#: without the projection off x: 6.41/7.11 (the softmax is shift-invariant; only the logits' |z| changes).
+#: docs/detection.md derives the margin.
+HEAD_MEAN_RATIO = 1.0
+#: anisotropic_head: the logits' typical size σ. A spread softmax (effective classes ≈ V·e^{−σ²}, a third of
+#: V at σ = 1; post_norm's σ = 3 leaves ≈ V/8000) puts comparable p-mass in every 128-class block, which is
+#: what makes a running sum's increments small against it. Measured as above: σ = 1: 6.22/7.65; σ = 3: 3.60/5.92.
+HEAD_SIGMA = 1.0
+
+
+def operand_rows(p: Problem, x: torch.Tensor) -> torch.Tensor:
+    """x [N, H] (float64) as ``p``'s matmul reads it: rounded to the parameters' dtype, then to the compute
+    dtype (autocast's cast of the stored x), back in float64."""
+    return x.to(p.param_dtype).to(p.compute_dtype).to(torch.float64)
+
+
+def head_mean(rows: torch.Tensor, w: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """The mean direction m [H] of ``anisotropic_head``: a random direction projected (float64, twice, so the
+    residual is at float64's rounding) off the span of ``rows`` [N, H] (x as the impl's matmul reads it), of length
+    :data:`HEAD_MEAN_RATIO` × the RMS length of ``w``'s rows. Raises ``ValueError`` when the rows span every
+    direction (N ≥ H)."""
+    N, H = rows.shape
+    q, _ = torch.linalg.qr(rows.T.to(torch.float64))  # [H, N]: an orthonormal basis of the rows' span
+    m = torch.randn(H, generator=g, dtype=torch.float64)
+    for _ in range(2):
+        m = m - q @ (q.T @ m)
+    norm = float(m.norm())
+    if N >= H or norm < 1e-6:
+        raise ValueError(f"anisotropic_head: the {N} rows of x span all H={H} directions; no mean direction is "
+                         "orthogonal to them (needs N < H)")
+    rms = float(w.pow(2).sum(dim=1).mean().sqrt())
+    return m * (HEAD_MEAN_RATIO * rms / norm)
+
+
 def build(p: Problem) -> Tensors:
     """Materialize ``p``'s tensors.
 
@@ -232,12 +283,16 @@ def build(p: Problem) -> Tensors:
         ``outlier_rows``: ordinary, with a few rows of x scaled by 64;
         ``post_norm``: hidden states as a norm layer hands them to the head (:func:`_post_norm`): per-feature
         mean offsets, rows RMS-normalised, a few outlier channels with gains 10–100, σ ≈ 3 measured on those
-        rows, targets at Zipf token frequencies.
+        rows, targets at Zipf token frequencies;
+        ``anisotropic_head`` (needs N < H): post_norm's rows and targets at σ = :data:`HEAD_SIGMA` (a spread
+        softmax), with a head whose rows share a mean direction m orthogonal to every row of x
+        (:func:`head_mean`, :data:`HEAD_MEAN_RATIO`): the isotropic draw's logits and softmax, grad_x's partial
+        sums over classes carrying m.
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
     N, H, V = p.N, p.H, p.V
     sigma = {"ordinary": 2.0, "confident": 1.0, "large": 40.0, "tiny": 1e-3, "outlier_rows": 2.0,
-             "post_norm": 3.0}[p.regime]
+             "post_norm": 3.0, HEAD_REGIME: HEAD_SIGMA}[p.regime]
     x = torch.randn(N, H, generator=g, dtype=torch.float64)
     w = torch.randn(V, H, generator=g, dtype=torch.float64) * (sigma / math.sqrt(H))
     target = torch.randint(0, V, (N,), generator=g)
@@ -274,8 +329,10 @@ def build(p: Problem) -> Tensors:
             lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
         wy = w[target]
         x = x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
-    if p.regime == "post_norm":
+    if p.regime in ("post_norm", HEAD_REGIME):
         x, w, target = _post_norm(x, w, b, g, p.ignore_index if pad_class else None)
+    if p.regime == HEAD_REGIME:
+        w = w + head_mean(operand_rows(p, x), w, g)
     if p.regime == "outlier_rows" and N > 1:
         k = max(1, N // 8)
         rows = torch.randperm(N, generator=g)[:k]

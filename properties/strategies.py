@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocol import LINEAR_CE_OPTIONS, LinearCESupport
 from numcheck.properties.harness import run_oracle
-from numcheck.properties.problems import REGIMES, Problem
+from numcheck.properties.problems import HEAD_REGIME, REGIMES, Problem
 
 
 def _cap(name: str, default: int) -> int:
@@ -282,11 +282,37 @@ LONG_N: tuple[int, ...] = (257, 259, 513, 2049, 2051)
 WIDE_H: tuple[int, ...] = (256, 257, 512, 1031)
 
 
+#: Vocabularies of trained tokenizers (Llama 3: 128256; Qwen2's padded 151936): over 128-class blocks a
+#: running sum takes 1002 or 1187 roundings, past the ~2/u_bf16 = 256–512 after which a bf16 one stagnates (a
+#: block's share of a spread softmax falls under half an ulp of the sum; docs/detection.md derives it).
+HEAD_V: tuple[int, ...] = (128256, 151936)
+#: Rows and hidden size of :data:`HEAD_V`'s draws (ranges; N < H, as the ``anisotropic_head`` regime needs): the
+#: float64 oracle and bounds cost O(N·V·H).
+HEAD_N, HEAD_H = (2, 4), (8, 16)
+#: Reductions of :data:`HEAD_V`'s draws, where declared: a fused pass forms grad_x in forward only for a scalar
+#: loss (the built-ins, Liger and cut-cross-entropy alike; under 'none' they recompute in backward), and the
+#: head row is there for that pass's grad_x sum.
+HEAD_REDUCTIONS: tuple[str, ...] = ("mean", "sum")
+
+
 @st.composite
 def large_vocab_problems(draw: st.DrawFn, support) -> Problem:
     """Problems with V in :data:`LARGE_V` (or any V in 1000..4100), few rows (N ≤ 12) and small H ≤ 16, every
     other field drawn as usual but the regime, which is one where blocks disagree (a wide logit spread, or a
-    confident target anywhere): a V-blocked softmax or gradient must be right across block boundaries."""
+    confident target anywhere): a V-blocked softmax or gradient must be right across block boundaries.
+
+    Inside a covering row that pins :data:`HEAD_REGIME` (coverage dimension ``head``), a trained head's shape
+    instead: V in :data:`HEAD_V`, N and H in :data:`HEAD_N`, :data:`HEAD_H`, every other field drawn as usual
+    but three, each shown to hide what the row is for (docs/detection.md): no label smoothing (ε/V per class
+    cancels each block's share of a spread softmax), :data:`HEAD_REDUCTIONS` where declared, and no all-ignored
+    batch (its grad_x is 0 whatever the arithmetic). grad_x = G·W summed over vocabulary blocks in bf16 then
+    loses the share of the head's mean direction that each late block adds."""
+    row = _ROW.get()
+    if row is not None and row.force.get("regime") == HEAD_REGIME:
+        force = {"N": draw(st.integers(*HEAD_N), label="N"), "H": draw(st.integers(*HEAD_H), label="H"),
+                 "V": draw(st.sampled_from(HEAD_V), label="V"), "label_smoothing": 0.0}
+        reds = HEAD_REDUCTIONS if set(HEAD_REDUCTIONS) & set(support.reductions) else None
+        return draw(problems(support, force=force, reductions=reds, allow_all_ignored=False), label="problem")
     V = draw(st.one_of(st.sampled_from(LARGE_V), st.integers(1000, 4100)), label="V")
     force = {"N": draw(st.integers(1, 12), label="N"), "H": draw(st.integers(1, 16), label="H"), "V": V}
     return draw(problems(support, force=force, regimes=LARGE_V_REGIMES), label="problem")
