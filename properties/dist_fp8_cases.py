@@ -116,3 +116,21 @@ def reduction_parts(case: TPQuantCase, output: str) -> list[slice] | None:
     if case.parallel == "row" and output == "y":
         return [_part(case.K, case.world, r) for r in range(case.world)]
     return None
+
+
+def refusal(support: Any, case: TPQuantCase) -> str | None:
+    """Why a :class:`~impls.tp_quant_protocol.TPQuantSupport` leaves out a tensor-parallel case (its fields
+    against the declaration), or ``None``."""
+    dtypes = {str(d).replace("torch.", "") for d in support.dtypes}
+    checks = (
+        (case.dtype in dtypes, f"dtype {case.dtype} not declared"),
+        (case.parallel in support.parallel, f"{case.parallel}-parallel not declared"),
+        (case.sequence_parallel in support.sequence_parallel, f"sequence_parallel={case.sequence_parallel} not declared"),
+        (case.save_original_input in support.save_original_input,
+         f"save_original_input={case.save_original_input} not declared"),
+        (not case.save_original_input or case.recipe.allows_save_original_input,
+         f"save_original_input=True not allowed by recipe {case.recipe.name}"),
+        (not case.bias or support.bias, "bias not declared"),
+        (case.world in support.world_sizes, f"world size {case.world} not declared"),
+    )
+    return next((why for ok, why in checks if not ok), None)

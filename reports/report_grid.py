@@ -337,24 +337,6 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     return out, skipped
 
 
-def tp_refusal(support: Any, case: Any) -> str | None:
-    """Why a :class:`~impls.tp_quant_protocol.TPQuantSupport` leaves out a tensor-parallel case (its fields
-    against the declaration), or ``None``."""
-    dtypes = {str(d).replace("torch.", "") for d in support.dtypes}
-    checks = (
-        (case.dtype in dtypes, f"dtype {case.dtype} not declared"),
-        (case.parallel in support.parallel, f"{case.parallel}-parallel not declared"),
-        (case.sequence_parallel in support.sequence_parallel, f"sequence_parallel={case.sequence_parallel} not declared"),
-        (case.save_original_input in support.save_original_input,
-         f"save_original_input={case.save_original_input} not declared"),
-        (not case.save_original_input or case.recipe.allows_save_original_input,
-         f"save_original_input=True not allowed by recipe {case.recipe.name}"),
-        (not case.bias or support.bias, "bias not declared"),
-        (case.world in support.world_sizes, f"world size {case.world} not declared"),
-    )
-    return next((why for ok, why in checks if not ok), None)
-
-
 def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
     declared = [name for d, name in _DT.items() if d in support.dtypes]
     if not declared:
@@ -364,8 +346,10 @@ def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
 
 def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]:
     """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
-    counted per reason (:func:`tp_refusal`, a world size the backend cannot run here, a shape the recipe's blocks
+    counted per reason (:func:`properties.dist_fp8_cases.refusal`, a world size the backend cannot run here, a shape the recipe's blocks
     do not fit)."""
+    from numcheck.properties.dist_fp8_cases import refusal as tp_case_refusal
+
     from numcheck.properties.dist_fp8_cases import SHARD_EDGE, TPQuantCase
     from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 
@@ -387,7 +371,7 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]
                         except ValueError as exc:
                             why: str | None = f"shape not buildable: {exc}"
                         else:
-                            why = tp_refusal(support, case) or world_size_unavailable(P, backend)
+                            why = tp_case_refusal(support, case) or world_size_unavailable(P, backend)
                         if why:
                             skipped[why] = skipped.get(why, 0) + 1
                         else:

@@ -15,7 +15,8 @@ from numcheck.properties.dist_fp8_checks import measure
 from numcheck.properties.dist_harness import default_backend, world_size_unavailable
 from numcheck.reports import report_schema
 from numcheck.reports.report import build_report, write_report
-from numcheck.reports.report_grid import FULL, QUICK, SMOKE, TP_CASES, TP_WORLD_SIZES, tp_cases, tp_refusal
+from numcheck.reports.report_grid import FULL, QUICK, SMOKE, TP_CASES, TP_WORLD_SIZES, tp_cases
+from numcheck.properties.dist_fp8_cases import refusal as tp_refusal
 from numcheck.tests.self.dist_declared import declared_tp_fp8
 from numcheck.tests.self.dist_fp8_mutants import AmaxNotReduced, RowOutputNotReduced
 from numcheck.tests.self.mutant_table import recipes_of
