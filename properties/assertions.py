@@ -18,6 +18,7 @@ import torch
 
 from numcheck.impls.declaration_errors import did_you_mean
 from numcheck.impls.protocol import LinearCESupport, validate_impl
+from numcheck.properties import matmul_precision
 from numcheck.properties.checks import PROPERTIES, Metrics
 from numcheck.properties.fp8_cases import QuantCase
 from numcheck.properties.fp8_checks import FP8_PROPERTIES
@@ -137,7 +138,8 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     why = inapplicable(prop.split("[", 1)[0], impl, p)
     if why:
         raise InvalidAssertion(f"{call}: property {prop!r} says nothing about this case: {why}\n  case: {p!r}")
-    return fn(impl, p)
+    with matmul_precision.pinned():  # the GEMM precision the model assumes (properties.matmul_precision)
+        return fn(impl, p)
 
 
 def _recipe(call: str, value: Any) -> Any:
@@ -188,4 +190,5 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
     if prop == "save_original_input" and True not in impl.support.save_original_input:
         raise InvalidAssertion(f"{call}: property 'save_original_input' says nothing about {impl.name!r}: it "
                                f"declares save_original_input={sorted(impl.support.save_original_input)} only")
-    return fn(impl, c)
+    with matmul_precision.pinned():
+        return fn(impl, c)

@@ -27,7 +27,7 @@ import torch
 
 from numcheck.impls.dist_protocol import shard_bounds
 from numcheck.impls.registry import spec_of
-from numcheck.properties import records
+from numcheck.properties import matmul_precision, records
 from numcheck.properties.accuracy import AccuracyResult
 from numcheck.properties.compare import compare
 from numcheck.properties.dist_harness import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend, rank_device
@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     impl = load_impl(a.impl)
     case = eval(a.case, {"DistCase": DistCase, "Problem": Problem, "inf": math.inf, "nan": math.nan})  # noqa: S307
     try:
-        metrics = PROPERTIES[a.property](impl, case)
+        with matmul_precision.pinned():
+            metrics = PROPERTIES[a.property](impl, case)
     except PropertyFailure as exc:
         print(exc)
         return 1

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.properties import matmul_precision
+
 AUTHKEY_ENV = "NUMCHECK_DIST_AUTHKEY"
 #: The timeout of the collectives inside the ranks. The pool's own timeout is what fails a case; this only keeps
 #: a rank orphaned by a dead parent from waiting forever.
@@ -79,7 +81,9 @@ def _call(dist: Any, world_size: int, rank: int, fn: Callable[..., Any], args: A
     _destroy_finished(dist)
     group = dist.new_group(list(range(world_size)), timeout=COLLECTIVE_TIMEOUT)
     try:
-        result: tuple[str, Any] = ("ok", to_cpu(fn(rank, world_size, group, args)))
+        with matmul_precision.pinned():
+            out = fn(rank, world_size, group, args)
+        result: tuple[str, Any] = ("ok", to_cpu(out))
     except BaseException:  # noqa: BLE001 - everything a rank raises is reported with its traceback
         result = ("err", traceback.format_exc())
     finally:

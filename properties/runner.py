@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from hypothesis import assume
 from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
+from numcheck.properties import matmul_precision
 from numcheck.properties.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.failures import impl_raised, raised_by_suite
 from numcheck.properties.known_divergences import covers_every, known
@@ -200,7 +201,8 @@ def _judged(prop: SuiteProperty, impl: Any, p: Any) -> Metrics:
     """``prop.check(impl, p)`` with an impl's exception turned into the suite's failure (see :func:`run_example`)."""
     __tracebackhide__ = True
     try:
-        return prop.check(impl, p)
+        with matmul_precision.pinned():
+            return prop.check(impl, p)
     except HypothesisException:
         raise
     except Exception as exc:  # noqa: BLE001 - every exception is reported, the suite's verdicts as they are

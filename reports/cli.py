@@ -35,6 +35,8 @@ COMMANDS: dict[str, str] = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numcheck`` console script."""
     interpreter.arrange()  # before any subcommand can import triton
+    from numcheck.properties import matmul_precision
+
     here = os.getcwd()
     if here not in sys.path and "" not in sys.path:
         sys.path.append(here)
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
     args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    with matmul_precision.pinned():  # every subcommand judges under numcheck's GEMM precision
+        return int(modules[args.command].run(args) or 0)
 
 
 if __name__ == "__main__":

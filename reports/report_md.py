@@ -343,7 +343,8 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
              f"{n_cases - n_pass} do not**."
              + (f" {len(rows) - len(ran)} impl(s) did not run here (listed below with the reason)." if len(rows) > len(ran) else ""), "",
              "| environment | |", "| --- | --- |"]
-    for k in ("device_name", "torch", "triton", "python", "numcheck", "git_commit", "liger_kernel", "platform"):
+    for k in ("device_name", "torch", "triton", "python", "numcheck", "git_commit", "liger_kernel", "platform",
+              "matmul_precision"):
         v = env.get(k)
         if k == "git_commit" and v and env.get("git_dirty"):
             v = f"{v} (with uncommitted changes)"

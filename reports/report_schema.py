@@ -7,7 +7,8 @@ so the file is strict JSON; :func:`load` turns them back)::
 
     {"schema": "numcheck-report/1",
      "environment": {"device", "device_name", "torch", "triton", "python", "numcheck", "git_commit",
-                     "git_dirty", "liger_kernel", "platform", "torch_threads", "capabilities": {probe: bool}},
+                     "git_dirty", "liger_kernel", "platform", "torch_threads", "matmul_precision",
+                     "capabilities": {probe: bool}},
      "grid": {"name", "description", "seconds"},
      "impls": [{"name", "kind", "origin", "status": "ran" | "unavailable" | "broken", "reason",
                 "description", "declaration", "not_declared": {reason: count}}],
@@ -237,6 +238,7 @@ def torch_release() -> str:
 def environment(device: str) -> dict[str, Any]:
     """Everything that identifies where and with what a report was made."""
     from numcheck.impls.measure import capabilities
+    from numcheck.properties import matmul_precision
 
     try:
         caps = capabilities.summary(device)
@@ -256,6 +258,7 @@ def environment(device: str) -> dict[str, Any]:
         "liger_kernel": _version("liger-kernel"),
         "platform": platform.platform(),
         "torch_threads": torch.get_num_threads(),
+        "matmul_precision": matmul_precision.describe(),
         "capabilities": caps,
     }
 

@@ -45,7 +45,7 @@ from hypothesis.errors import Unsatisfiable
 import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
-from numcheck.properties import records
+from numcheck.properties import matmul_precision, records
 from numcheck.properties.draw_isolation import draw_key, isolated_draws
 from numcheck.properties.fp8_strategies import quant_cases
 from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
@@ -200,11 +200,21 @@ def _suite_property(item: pytest.Item) -> SuiteProperty | None:
 def pytest_runtest_call(item: pytest.Item) -> Any:
     """For the suite's ``@given`` tests: the test's covering rows first (:func:`numcheck.properties.runner.run_rows`),
     then the impl's budget of random examples (:func:`numcheck.properties.runner.budget`), and a skip, not an
-    error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``)."""
+    error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``). Every numcheck test runs
+    under numcheck's GEMM precision (:func:`numcheck.properties.matmul_precision.pinned`); other tests of the
+    session keep their own."""
+    if not _is_numcheck(item.path):
+        return (yield)
+    with matmul_precision.pinned():
+        return (yield from _suite_call(item))
+
+
+def _suite_call(item: pytest.Item) -> Any:
+    """The body of :func:`pytest_runtest_call` for a numcheck test."""
     fn = getattr(item, "obj", None)
     impl = _impl_of(item)
     own = getattr(fn, "_hypothesis_internal_use_settings", None)
-    if own is None or impl is None or not _is_numcheck(item.path) or not item.path.resolve().is_relative_to(_SUITE_DIR):
+    if own is None or impl is None or not item.path.resolve().is_relative_to(_SUITE_DIR):
         return (yield)
     prop = _suite_property(item)
     # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).

@@ -54,3 +54,10 @@ def leak_group(rank: int, world_size: int, group: Any, args: Any) -> int:
     """Create a process group and leave it undestroyed."""
     dist.new_group(list(range(world_size)))
     return rank
+
+
+def matmul_flags_rank(rank: int, world_size: int, group: Any, args: Any) -> dict[str, Any]:
+    """The GEMM precision flags as the rank's call sees them (numcheck.properties.matmul_precision)."""
+    from numcheck.properties.matmul_precision import _flags
+
+    return {**_flags(), "float32": torch.get_float32_matmul_precision()}
