@@ -524,7 +524,10 @@ def _assembled(seeds: list[int], out: Path, key: dict[str, Any], code: dict[str,
         if kept is None:
             raise BadInput(f"--assemble: seed {seed} is not kept in {seed_path(out, seed)}; run it, or leave it out "
                            f"of --seeds")
-        kept.stale = stale_reason(kept, code)
+        # Assembling runs nothing: a seed is stale for other numcheck code, not for this machine's torch (the
+        # seeds' own torch must agree among themselves, below).
+        seeds_torch = (kept.code or {}).get("torch", code["torch"])
+        kept.stale = stale_reason(kept, {**code, "torch": seeds_torch})
         runs.append(kept)
     envs = {(r.environment.get("device"), r.environment.get("torch")) for r in runs}
     if len(envs) > 1:

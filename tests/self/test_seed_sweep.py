@@ -207,6 +207,11 @@ def test_assemble_summarizes_kept_seeds_without_running_any(tmp_path, monkeypatc
     summary = json.loads((tmp_path / "sweep.json").read_text())
     assert summary["environment"]["device"] == "cuda" and summary["environment"]["torch"] == "2.11.0"
     assert [bool(s["stale"]) for s in summary["seeds"]] == [True, True]
+    _on_code(monkeypatch, "c", torch="2.6.0")  # their code, on a machine with another torch: not stale
+    assert seed_sweep.run(_args(tmp_path, seeds="0-1", assemble=True)) == 0
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert [s["stale"] for s in summary["seeds"]] == [None, None]
+    _on_code(monkeypatch, "d", commit="bbbbbbbbbbbb")
     assert seed_sweep.run(_args(tmp_path, seeds="0-2", assemble=True)) == 2  # seed 2 was never run
     assert seed_sweep.run(_args(tmp_path, seeds="0", assemble=True, force=True)) == 2
     path = seed_sweep.seed_path(tmp_path, 1)  # seed 1 as if run on another torch release
