@@ -14,8 +14,9 @@ matmul precision ``high``/``medium``) rounds fp32 operands to 10 mantissa bits: 
 conftest may turn it on.
 
 So numcheck verifies the impl's own arithmetic under full-precision GEMM reductions: :func:`pinned` sets the flags
-below for the duration of a judgement (each suite example, ``assert_linear_ce`` / ``assert_quant_linear``, the
-command line, every distributed rank) and restores the caller's afterwards. A kernel that accumulates in bf16 itself
+below for the duration of a judgement (each numcheck test, ``assert_linear_ce`` / ``assert_quant_linear``, every
+judging subcommand of the command line, every distributed rank; ``bench`` and ``memory`` measure under the caller's
+settings) and restores the caller's afterwards. A kernel that accumulates in bf16 itself
 (its own Triton or CUDA code, or a ``torch.mm`` on bf16 partials) is judged as before: the flags only stop cuBLAS
 from doing so behind the impl's back. Use :func:`describe` to record the state in an environment header.
 

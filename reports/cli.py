@@ -10,6 +10,7 @@ there is no CUDA (:func:`numcheck.impls.interpreter.arrange`), and the current d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -30,6 +31,9 @@ COMMANDS: dict[str, str] = {
     "converge": "numcheck.reports.converge",
     "scale": "numcheck.reports.scale",
 }
+#: Subcommands that measure speed or memory rather than judge: they run under the caller's GEMM settings (what a
+#: user's training gets), not numcheck's pinned precision (:mod:`numcheck.properties.matmul_precision`).
+MEASURING: frozenset[str] = frozenset({"bench", "memory"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
     args = parser.parse_args(argv)
-    with matmul_precision.pinned():  # every subcommand judges under numcheck's GEMM precision
+    pin = contextlib.nullcontext() if args.command in MEASURING else matmul_precision.pinned()
+    with pin:  # every judging subcommand runs under numcheck's GEMM precision
         return int(modules[args.command].run(args) or 0)
 
 

@@ -105,19 +105,24 @@ def test_suite_runner_judges_pinned():
 
 
 def test_command_line_runs_pinned(monkeypatch):
-    """Every numcheck subcommand runs pinned."""
-    with permissive() as before:
-        from numcheck.reports import cli
+    """Every judging numcheck subcommand runs pinned; bench and memory, which measure, run under the caller's
+    settings."""
+    from numcheck.reports import cli
 
-        seen: list[dict[str, Any]] = []
-        fake = types.ModuleType("numcheck_fake_command")
-        fake.HELP = "records the flags"
-        fake.add_arguments = lambda p: None
-        fake.run = lambda args: seen.append(_state()) or 0
-        monkeypatch.setitem(sys.modules, fake.__name__, fake)
-        monkeypatch.setattr(cli, "COMMANDS", {"fake": fake.__name__})
-        assert cli.main(["fake"]) == 0
-        assert seen == [PINNED_STATE]
+    with permissive() as before:
+        seen: dict[str, dict[str, Any]] = {}
+        commands = {}
+        for name in ("fake", "bench", "memory"):
+            fake = types.ModuleType(f"numcheck_fake_{name}")
+            fake.HELP = "records the flags"
+            fake.add_arguments = lambda p: None
+            fake.run = lambda args: seen.__setitem__(args.command, _state()) or 0
+            monkeypatch.setitem(sys.modules, fake.__name__, fake)
+            commands[name] = fake.__name__
+        monkeypatch.setattr(cli, "COMMANDS", commands)
+        for name in commands:
+            assert cli.main([name]) == 0
+        assert seen == {"fake": PINNED_STATE, "bench": before, "memory": before}
         assert _state() == before
 
 
