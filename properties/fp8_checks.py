@@ -423,10 +423,10 @@ def two_layers(impl: Any, case: QuantCase) -> None:
 
 
 def strided(impl: Any, case: QuantCase) -> None:
-    """Property: x and dy as column slices of wider padded buffers (:data:`properties.harness.PAD`), the weight the transpose of a contiguous
-    [K, N] leaf (a tied or transposed weight) and the bias every other element of a longer buffer give the
-    single-call outputs, the weight's gradient landing on the leaf; refusing them with an exception is allowed
-    (loud, not wrong). Delayed scaling is not covered."""
+    """Property: x and dy as column slices of wider padded buffers (:data:`properties.harness.PAD`), the weight
+    the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other element of a
+    longer buffer give the single-call outputs, the weight's gradient landing on the leaf; refusing them with an
+    exception is allowed (loud, not wrong). Delayed scaling is not covered."""
     __tracebackhide__ = True
     if case.recipe.kind == "delayed":
         return

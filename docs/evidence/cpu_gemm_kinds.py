@@ -35,9 +35,11 @@ def strided_bf16(n: int, h: int, v: int, fill: float | None) -> tuple[int, float
     """(NaN count, max |error| against float64) of x @ w.T with x a column slice padded with ``fill``
     (``None``: x contiguous)."""
     g = torch.Generator().manual_seed(0)
-    buf = torch.full((n, h + 3), 0.0 if fill is None else fill, dtype=torch.bfloat16)
-    x = buf[:, :h] if fill is not None else torch.empty(n, h, dtype=torch.bfloat16)
-    x.copy_(torch.randn(n, h, generator=g))
+    x = torch.randn(n, h, generator=g).to(torch.bfloat16)
+    if fill is not None:
+        buf = torch.full((n, h + 3), fill, dtype=torch.bfloat16)
+        buf[:, :h] = x
+        x = buf[:, :h]
     w = torch.randn(v, h, generator=g).to(torch.bfloat16)
     y = x @ w.t()
     err = (y.double() - x.double() @ w.double().t()).abs().max().item()

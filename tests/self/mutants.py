@@ -310,27 +310,27 @@ _cast_cache_ignores_update = _cached_cast(lambda w, dt: (dt,))
 _cast_cache_ignores_dtype = _cached_cast(lambda w, dt: (w._version,))
 
 
-_PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
-                              dtypes=frozenset({torch.float32}), autocast=frozenset(),
-                              reductions=frozenset({"mean", "sum"}))
+PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
+                             dtypes=frozenset({torch.float32}), autocast=frozenset(),
+                             reductions=frozenset({"mean", "sum"}))
 
 #: (mutant, the property that must catch it, a case on which plain accuracy passes and that property fails).
 DIRECTED = [
-    (FunctionImpl("mutant_assumes_contiguous_x", _assumes_contiguous_x, _PLAIN_FP32), "strided_inputs",
+    (FunctionImpl("mutant_assumes_contiguous_x", _assumes_contiguous_x, PLAIN_FP32), "strided_inputs",
      "Problem(N=8, H=16, V=24, seed=1)"),
-    (FunctionImpl("mutant_grad_x_needs_weight_grad", _grad_x_needs_weight_grad, _PLAIN_FP32), "frozen_weight",
+    (FunctionImpl("mutant_grad_x_needs_weight_grad", _grad_x_needs_weight_grad, PLAIN_FP32), "frozen_weight",
      "Problem(N=8, H=16, V=24, seed=2)"),
-    (FunctionImpl("mutant_shared_workspace", _shared_workspace, _PLAIN_FP32), "two_calls",
+    (FunctionImpl("mutant_shared_workspace", _shared_workspace, PLAIN_FP32), "two_calls",
      "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
-    (FunctionImpl("mutant_cached_token_count", _cached_token_count, _PLAIN_FP32), "two_calls",
+    (FunctionImpl("mutant_cached_token_count", _cached_token_count, PLAIN_FP32), "two_calls",
      "Problem(N=8, H=16, V=24, ignored=0.5, reduction='mean', seed=5)"),
-    (FunctionImpl("mutant_cast_cache_ignores_update", _cast_cache_ignores_update, _PLAIN_FP32), "earlier_calls",
+    (FunctionImpl("mutant_cast_cache_ignores_update", _cast_cache_ignores_update, PLAIN_FP32), "earlier_calls",
      "Problem(N=8, H=16, V=24, seed=2)"),
     (FunctionImpl("mutant_cast_cache_ignores_dtype", _cast_cache_ignores_dtype,
-                  replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16, torch.float16}))), "earlier_calls",
+                  replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16, torch.float16}))), "earlier_calls",
      "Problem(N=8, H=16, V=24, dtype='float32', autocast='float16', seed=2)"),
     (FunctionImpl("mutant_bf16_loss_under_amp", _bf16_loss_under_amp,
-                  replace(_PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
+                  replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
      "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)"),
 ]
 
@@ -338,7 +338,7 @@ DIRECTED = [
 #: Right outputs, but backward divides the caller's upstream gradient in place (run_impl must name it).
 upstream_divided_in_place = FunctionImpl(
     "mutant_upstream_divided_in_place", _upstream_divided_in_place,
-    replace(_PLAIN_FP32, reductions=frozenset({"mean"})))
+    replace(PLAIN_FP32, reductions=frozenset({"mean"})))
 
 
 # -- issue 19's bug classes, each one change to a passing built-in -------------------------------------------

@@ -10,16 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls.protocol import FunctionImpl, LinearCESupport
+from numcheck.impls.protocol import FunctionImpl
 from numcheck.properties import checks
 from numcheck.properties.failures import PropertyFailure
 from numcheck.properties.harness import PAD, strided_copy
 from numcheck.properties.problems import Problem
-
-_SUPPORT = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
-                           dtypes=frozenset({torch.float32}), autocast=frozenset(),
-                           reductions=frozenset({"mean", "sum"}))
-
+from numcheck.tests.self.mutants import PLAIN_FP32
 
 def _row_past_its_end(x: torch.Tensor, weight: torch.Tensor, pad_weight: float) -> torch.Tensor:
     """x·Wᵀ over each x row read ``stride`` wide (into the buffer's padding), the weight padded with
@@ -61,11 +57,11 @@ def test_padding_is_finite_in_every_float_format():
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
 def test_zero_weighted_reads_past_a_row_pass(p):
     """An impl that reads the padding only to multiply it by zero is within every bound (a NaN fill failed it)."""
-    checks.strided_inputs(FunctionImpl("zero_weighted_padding", _zero_weighted, _SUPPORT), p)
+    checks.strided_inputs(FunctionImpl("zero_weighted_padding", _zero_weighted, PLAIN_FP32), p)
 
 
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
 def test_padding_read_as_data_fails(p):
     """An impl that lets the padding into its arithmetic, even at a weight of 1e-3, fails strided_inputs."""
     with pytest.raises(PropertyFailure, match="strided_inputs"):
-        checks.strided_inputs(FunctionImpl("padding_as_data", _padding_as_data, _SUPPORT), p)
+        checks.strided_inputs(FunctionImpl("padding_as_data", _padding_as_data, PLAIN_FP32), p)
