@@ -51,7 +51,11 @@ Derivation, one output at a time (all |·| element-wise, all quantities from the
    Reductions add γ_N(u_a)·Σ|terms| and the final rounding u_out·|L|.
 4. Gradient w.r.t. the logits, g_ij = c_i(C_i p_ij − q_ij) + c^z_i·2λ·lse_i·p_ij (c = upstream / normalizer):
    |δg_ij| ≤ |c_i|C_i|δp_ij| + |c^z_i|2λ(|lse_i|·|δp_ij| + Δ_i·(p_ij + |δp_ij|))
-            + 3u_ce(|c_i|(C_i p_ij + q_ij) + |c^z_i|2λ|lse_i|p_ij) [+ 2u_c|g_ij| for rounded class weights],
+            + 3u_ce(|c_i|(C_i p_ij + q_ij) + |c^z_i|2λ|lse_i|p_ij) [+ 2u_c|g_ij| for rounded class weights]
+            + |δε|·|c_i|·|∂C_i/∂ε·p_ij − ∂q_ij/∂ε| (ε itself held at u_ce, as a Triton kernel's fp32 argument:
+            δε = fl_ce(ε) − ε, up to u·ε, and 1 − fl(ε) is exact, so (1−ε) errs relatively by up to u·ε/(1−ε);
+            ∂C/∂ε = S_w/V − w_y, ∂q_ij/∂ε = w_j/V − w_yδ_{j,y}; the loss likewise takes
+            |δε|·|Σ_j ∂q_ij/∂ε·(lse_i − z'_ij)|),
    u_ce = u_a when the impl forms g in fp32, u_c when it declares ``ce_dtype="compute"`` (then p_y − 1 of a
    confident row may round to 0: the term 3u_c·C·p_y is what allows it).
    Through softcap G = g·d, d = 1 − tanh²: d moves by |δd| ≤ 2·tanh(t_hi)·sech²(t_lo)·e_z/s (mean value theorem),
@@ -121,6 +125,20 @@ def unit_roundoff(dtype: torch.dtype) -> float:
         return UNIT_ROUNDOFF[dtype]
     except KeyError:
         raise ValueError(f"no unit roundoff known for dtype {dtype}") from None
+
+
+def round_at(v: float, u: float) -> float:
+    """``v`` rounded to nearest (ties to even) in the binary format of unit roundoff ``u`` = 2⁻ᵗ (t significand
+    bits: 24 for fp32, 11 for fp16, 8 for bf16), ignoring its exponent range.
+
+    >>> round_at(0.1, 2.0**-8)  # bf16's 0.1
+    0.10009765625
+    """
+    if v == 0 or not math.isfinite(v):
+        return v
+    t = round(-math.log2(u))
+    mant, e = math.frexp(v)  # v = mant·2^e, 0.5 ≤ |mant| < 1
+    return math.ldexp(round(math.ldexp(mant, t)), e - t)
 
 
 def gamma(n: int, u: float, level: Level = "hard") -> float:
@@ -485,6 +503,7 @@ class _Sweep:
         self.p, self.m, self.V = p, m, V
         o = t.options
         self.eps = float(o.label_smoothing)
+        self.d_eps = abs(round_at(self.eps, m.u_ce) - self.eps)  # ε as the CE arithmetic holds it (step 4)
         self.lam = float(o.z_loss_scale)
         self.s = o.softcap
         self.cw = o.class_weights.to(dev, f64) if o.class_weights is not None else None
@@ -500,6 +519,7 @@ class _Sweep:
         self.entropy = zeros(N)
         self.zmax = torch.full((N,), -math.inf, dtype=f64, device=dev)
         self.S_ce, self.S_2 = zeros(N), zeros(N)
+        self.S_eps = zeros(N)  # ∂ℓ_i/∂ε = Σ_j ∂q_ij/∂ε·(lse_i − z'_ij): the loss's slope in the smoothing factor
         self.R = self.dlse = zeros(N)
         self.accumulators: dict[str, _Accumulator] = {}
         for model in (m, *models):
@@ -544,6 +564,23 @@ class _Sweep:
         q = q * rows.valid[r][:, None]
         return C, q, rows.valid[r]
 
+    def _smoothing_slope(self, blk: Block, rows: RowStats) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(∂C_i/∂ε, ∂q_ij/∂ε)``: C_i = (1−ε)w_{y_i} + (ε/V)S_w and q_ij = (1−ε)w_{y_i}δ_{j,y_i} + (ε/V)w_j are
+        linear in ε, so their slopes are S_w/V − w_{y_i} and w_j/V − w_{y_i}δ_{j,y_i} (0 on ignored rows)."""
+        r, c = blk.rows, blk.cols
+        V = self.V
+        w_t = rows.w_target[r]
+        dC = self.S_w / V - w_t
+        w = self.cw[c][None, :] if self.cw is not None else torch.ones_like(blk.p)
+        dq = (w / V).expand_as(blk.p).clone()
+        t_r = self.tgt[r]
+        inside = (t_r >= c.start) & (t_r < c.stop) & rows.valid[r]
+        if bool(inside.any()):
+            idx = inside.nonzero().squeeze(1)
+            dq[idx, t_r[idx] - c.start] -= w_t[idx]
+        valid = rows.valid[r]
+        return dC * valid, dq * valid[:, None]
+
     def finish_rows(self, lse: torch.Tensor) -> None:
         """After phase 1: R_i (evaluating lse, with the declared elementary errors) and the bound
         |δlse_i| ≤ E*_i + R_i, E*_i = max(log1p(T⁺_i), −log1p(T⁻_i))."""
@@ -574,6 +611,10 @@ class _Sweep:
             zc = torch.where(valid[:, None], blk.zc, torch.full_like(blk.zc, -math.inf))
             self.zmax[r] = torch.maximum(self.zmax[r], zc.amax(dim=1))
             self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
+            if self.eps:
+                _, dq = self._smoothing_slope(blk, rows)
+                gap = torch.where(valid[:, None], lse[:, None] - blk.zc, torch.zeros_like(blk.zc))
+                self.S_eps[r] += (dq * gap).sum(dim=1)
             return
         R, dlse = self.R[r], self.dlse[r]
         logp = blk.zc - lse[:, None]
@@ -599,6 +640,13 @@ class _Sweep:
         if self.lam:  # δ(lse·p) ≤ |lse|·|δp| + |δlse|·(p + |δp|)
             dg = dg + cz * lam2 * (lse.abs()[:, None] * dp + dlse[:, None] * (p + dp))
         dg = dg + 3 * m.u_ce * (cc * (C[:, None] * p + q) + cz * lam2 * lse.abs()[:, None] * p)
+        if self.d_eps:
+            # The smoothing factor itself held at u_ce (a Triton kernel's float argument is fp32): fl(ε) − ε is
+            # up to u·ε, and 1 − fl(ε) is exact, so (1−ε)'s relative error is up to u·ε/(1−ε), 211u at ε = 0.9953
+            # (seen on CUDA: chunked_triton's true-class grad_weight at 1.36× the bound without this term).
+            # g moves by c·(∂C/∂ε·p − ∂q/∂ε)·δε: c·(1 − 1/V)·δε at the target, c·δε/V elsewhere.
+            dC, dq = self._smoothing_slope(blk, rows)
+            dg = dg + self.d_eps * cc * (dC[:, None] * p - dq).abs()
         # p below the normal range may flush to 0 before it is scaled by the row's coefficients (Liger multiplies
         # p by 1 + 2λ·lse, then by the upstream scalar: seen on CUDA, grad_weight 0 for 3.6e-37 at λ = 0.5).
         dg = dg + m.eta_ce * (cc * C[:, None] + cz * lam2 * lse.abs()[:, None])
@@ -741,6 +789,8 @@ def finish_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel,
     ce_row = oracle.per_row - torch.where(valid, t.options.z_loss_scale * lse * lse, torch.zeros_like(lse))
     C = (1 - sweep.eps) * st.w_target + (sweep.eps / V) * sweep.S_w
     d_ce = sweep.S_ce + sweep.S_2 + C * R + (m.u_L + 4 * U_ACC) * ce_row.abs()
+    # ε held at u_ce (step 4's smoothing term): δℓ_i = ∂ℓ_i/∂ε·δε, δε = fl(ε) − ε.
+    d_ce = d_ce + sweep.d_eps * sweep.S_eps.abs()
     if m.class_weight_rounding:
         d_ce = d_ce + 3 * m.u_c * ce_row.abs()
     if m.target_products:
