@@ -30,7 +30,7 @@ import torch
 from packaging.version import Version
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocol import linear_ce_impl
+from numcheck.impls.protocols.linear_ce import linear_ce_impl
 
 CHUNK_ROWS = 2048
 #: ``addmm(..., out_dtype=)`` exists from torch 2.8 (checked once, at import).

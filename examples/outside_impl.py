@@ -6,7 +6,7 @@ Copy it anywhere (say /tmp/mymod.py), put that directory on PYTHONPATH, and no e
 """
 import torch.nn.functional as F
 
-from numcheck.impls.protocol import linear_ce_impl
+from numcheck.impls.protocols.linear_ce import linear_ce_impl
 
 
 @linear_ce_impl(name="outside_fp32_logits", dtypes=("float32", "bfloat16", "float16"), autocast=(),

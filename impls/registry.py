@@ -1,8 +1,8 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
 Every kind loads the same way and is checked against its own protocol (:func:`validate`):
-``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.dist_protocol`) and
-``tp_quant_linear`` (:mod:`impls.tp_quant_protocol`).
+``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and
+``tp_quant_linear`` (:mod:`impls.protocols.tp_fp8_linear`).
 
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
-from numcheck.impls.declaration_errors import InvalidDeclaration
-from numcheck.impls.dist_protocol import DIST_KIND, validate_dist_impl
-from numcheck.impls.protocol import validate_impl
-from numcheck.impls.tp_quant_protocol import TP_KIND, validate_tp_quant_impl
+from numcheck.impls.protocols.declaration import InvalidDeclaration
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, validate_dist_impl
+from numcheck.impls.protocols.linear_ce import validate_impl
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, validate_tp_quant_impl
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
@@ -70,19 +70,41 @@ class BrokenImpl:
 
 
 def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
-    """The factories of the built-in impls, :data:`impls.builtin.FACTORIES`.
+    """The factories of the built-in impls, one per module that defines some, in listing order: linear+CE impls
+    first, then the FP8 linear ones, then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
+    linear). This list is the only place that names them; no impl module imports the registry.
 
     Imported when first asked for, not with this module: the built-in modules import triton, which must come
     after :func:`impls.interpreter.arrange`, and the entry points import the registry before they arrange
-    (the pytest plugin, for one). No cycle is involved: no impl module imports the registry.
+    (the pytest plugin, for one).
     """
-    from numcheck.impls.builtin import FACTORIES  # deferred for the interpreter's sake (see above)
+    # deferred for the interpreter's sake (see above)
+    from numcheck.impls.adapters.cce import cce_impls
+    from numcheck.impls.adapters.liger import liger_impls
+    from numcheck.impls.adapters.torch_native import torch_native_impls
+    from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
+    from numcheck.impls.builtin.eager import eager_impls
+    from numcheck.impls.builtin.fp8_linear import quant_linear_impls
+    from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
+    from numcheck.impls.builtin.triton_ce import triton_impls
 
-    return FACTORIES
+    return (eager_impls, liger_impls, cce_impls, chunked_impls, recompute_impls, torch_native_impls, triton_impls,
+            quant_linear_impls, dist_impls, tp_fp8_linear_impls)
+
+
+def dist_impls() -> list[Any]:
+    """Every distributed (vocabulary-parallel) linear+CE impl numcheck knows, built-in first, then the third-party
+    adapters: the distributed suite, ``numcheck list`` and the repro command read this list. Megatron's fused
+    variant's bf16 gradient of fp32 logits is a known divergence of the release
+    (:data:`numcheck.properties.distributed.linear_ce.known.OUTPUT_KNOWN`)."""
+    from numcheck.impls.adapters.megatron import megatron_impls
+    from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls
+
+    return [*vocab_parallel_impls(), *megatron_impls()]
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:
-    """Every built-in impl, in the order of :data:`impls.builtin.FACTORIES`, each factory called once."""
+    """Every built-in impl, in the order of :func:`builtin_factories`, each factory called once."""
     out: list[ImplEntry | BrokenImpl] = []
     for factory in builtin_factories():
         label = f"{factory.__module__}.{factory.__name__}"
@@ -106,8 +128,8 @@ def _describe(exc: BaseException) -> str:
 
 def validate(impl: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the distributed ones
-    (:func:`impls.dist_protocol.validate_dist_impl`, :func:`impls.tp_quant_protocol.validate_tp_quant_impl`), else
-    :func:`impls.protocol.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
+    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), else
+    :func:`impls.protocols.linear_ce.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
     kind = getattr(impl, "kind", None)
     if kind == DIST_KIND:
         validate_dist_impl(impl, origin)

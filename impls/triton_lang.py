@@ -1,7 +1,7 @@
 """Triton as numcheck's kernels see it: the modules (or why they cannot be imported) and whether they run
 interpreted.
 
-:mod:`impls.triton_ce` and :mod:`impls.split_accum` take ``triton``/``tl`` from here. The mode is read once,
+:mod:`impls.builtin.triton_ce` and :mod:`impls.builtin.split_accum` take ``triton``/``tl`` from here. The mode is read once,
 when this module is first imported: ``TRITON_INTERPRET`` must be set by then, which numcheck's entry points do
 through :func:`impls.interpreter.arrange` when CUDA is absent (this module does not set it).
 """

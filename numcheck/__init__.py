@@ -14,18 +14,18 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 'doc_eager'
 """
 
-from numcheck.impls.declaration_errors import InvalidDeclaration
-from numcheck.impls.dist_protocol import DistFunctionImpl, DistSupport, dist_linear_ce_impl
-from numcheck.impls.protocol import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-from numcheck.impls.quant_protocol import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
+from numcheck.impls.protocols.declaration import InvalidDeclaration
+from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
+from numcheck.impls.protocols.fp8_linear import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
                                            quant_linear_impl)
 from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, assert_quant_linear
-from numcheck.properties.convergence import ConvergenceResult, assert_converges
-from numcheck.properties.failures import PropertyFailure
-from numcheck.properties.fp8_cases import QuantCase
-from numcheck.properties.problems import Problem
-from numcheck.properties.suite_check import CheckResult, Verdict, check
-from numcheck.impls.tp_quant_protocol import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
+from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.check import CheckResult, Verdict, check
+from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """One property on one case, as an assertion any test can call: :func:`assert_linear_ce`, :func:`assert_quant_linear`.
 
 Like ``torch.testing.assert_close``, they return quietly when the property holds and raise
-:class:`~numcheck.properties.failures.PropertyFailure` (an ``AssertionError``) with the suite's own failure
+:class:`~numcheck.properties.core.failures.PropertyFailure` (an ``AssertionError``) with the suite's own failure
 message — impl, property, case, output, error, bound, worst element, a reproduction line — when it does not.
 Their arguments are checked first, and a bad one raises ``ValueError``/``TypeError`` saying what was wrong and
 how to fix it, before anything runs. The case must be one the impl declares (the suite never judges an impl
@@ -16,14 +16,14 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from numcheck.impls.declaration_errors import did_you_mean
-from numcheck.impls.protocol import LinearCESupport, validate_impl
-from numcheck.properties import matmul_precision
-from numcheck.properties.checks import PROPERTIES, Metrics
-from numcheck.properties.fp8_cases import QuantCase
-from numcheck.properties.fp8_checks import FP8_PROPERTIES
-from numcheck.properties.problems import Problem
-from numcheck.properties.strategies import refusal
+from numcheck.impls.protocols.declaration import did_you_mean
+from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
+from numcheck.properties.core import matmul_precision
+from numcheck.properties.core.props import PROPERTIES, Metrics
+from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.props import FP8_PROPERTIES
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.strategies import refusal
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -81,7 +81,7 @@ def _impl(call: str, impl: Any, kind: str) -> None:
 
 def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
     """Why linear+CE property ``prop`` says nothing about ``impl`` on ``p`` (it would return without judging),
-    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.checks`."""
+    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.core.props`."""
     s: LinearCESupport = impl.support
     if prop == "two_calls" and (p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2):
         return "it needs reduction 'sum' or 'mean' and an even N >= 2 (two halves)"
@@ -101,11 +101,11 @@ def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
 def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "accuracy", **fields: Any) -> Metrics:
     """Assert that linear+CE property ``prop`` holds for ``impl`` on one problem; return its metrics.
 
-    ``problem`` is a :class:`~numcheck.properties.problems.Problem`, or its fields are given as keywords
+    ``problem`` is a :class:`~numcheck.properties.core.problems.Problem`, or its fields are given as keywords
     (``N=8, H=16, V=32, dtype="bfloat16"``). ``prop`` is a name of
-    :data:`numcheck.properties.checks.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
+    :data:`numcheck.properties.core.props.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
     the float64 oracle and within k× eager's error). Raises
-    :class:`~numcheck.properties.failures.PropertyFailure` (an ``AssertionError``) with the suite's message when
+    :class:`~numcheck.properties.core.failures.PropertyFailure` (an ``AssertionError``) with the suite's message when
     the property fails, :class:`InvalidAssertion` before running when an argument is wrong: not a linear+CE
     impl, an impl unavailable here, an unknown property or field, a case the impl does not declare, or one the
     property says nothing about.
@@ -124,7 +124,7 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     >>> numcheck.assert_linear_ce(sum_for_none, N=8, H=16, V=32, reduction="none", upstream="per_row")
     Traceback (most recent call last):
     ...
-    numcheck.properties.harness.ProtocolViolation: impl 'doc_sum_for_none' returned loss of shape () for reduction='none'; expected (8,)
+    numcheck.properties.core.harness.ProtocolViolation: impl 'doc_sum_for_none' returned loss of shape () for reduction='none'; expected (8,)
     """
     call = "assert_linear_ce"
     _impl(call, impl, "linear_ce")
@@ -138,7 +138,7 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     why = inapplicable(prop.split("[", 1)[0], impl, p)
     if why:
         raise InvalidAssertion(f"{call}: property {prop!r} says nothing about this case: {why}\n  case: {p!r}")
-    with matmul_precision.pinned():  # the GEMM precision the model assumes (properties.matmul_precision)
+    with matmul_precision.pinned():  # the GEMM precision the model assumes (properties.core.matmul_precision)
         return fn(impl, p)
 
 
@@ -155,16 +155,16 @@ def _recipe(call: str, value: Any) -> Any:
 def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str = "accuracy", **fields: Any) -> Any:
     """Assert that quantized-linear property ``prop`` holds for ``impl`` on one case; return its result.
 
-    ``case`` is a :class:`~numcheck.properties.fp8_cases.QuantCase`, or its fields are given as keywords
+    ``case`` is a :class:`~numcheck.properties.fp8.cases.QuantCase`, or its fields are given as keywords
     (``recipe="current", M=32, K=64, N=16``; ``recipe`` an :class:`Fp8Recipe` or a recipe kind name). ``prop``
-    is a name of :data:`numcheck.properties.fp8_checks.FP8_PROPERTIES` (``"accuracy"``: every output within the
+    is a name of :data:`numcheck.properties.fp8.props.FP8_PROPERTIES` (``"accuracy"``: every output within the
     bounds against both references; it returns the measurement, an ``Fp8CaseResult``). Raises
-    :class:`~numcheck.properties.failures.PropertyFailure` with the suite's message when the property fails,
+    :class:`~numcheck.properties.core.failures.PropertyFailure` with the suite's message when the property fails,
     :class:`InvalidAssertion` before running when an argument is wrong (not a quantized-linear impl, unavailable
     here, an unknown property or field, a case the impl does not declare, ``quantizer`` without a ``quantize``).
 
     >>> import numcheck
-    >>> from numcheck.impls.quant_linear import Fp8Linear
+    >>> from numcheck.impls.builtin.fp8_linear import Fp8Linear
     >>> from numcheck.reference.fp8_recipes import Fp8Recipe
     >>> impl = Fp8Linear("doc_fp8", (Fp8Recipe("current"),))
     >>> result = numcheck.assert_quant_linear(impl, recipe=impl.support.recipes[0], M=16, K=32, N=8)

@@ -33,7 +33,7 @@ fp8_max / FLT_MAX) is replaced by FLT_MAX, as current scaling does (TE's delayed
   c = 0 (TE and torchao multiply by 1 there, flushing blocks with amax < ~2^-118 to zero) and for c = 254
   from an inf amax (TE's pre-Blackwell path multiplies by 0, making the block NaN; torchao RCEIL uses
   2^-127 like this oracle); torchao FLOOR derives 2^120 for an inf amax from the exponent bits.
-  The properties only draw such blocks where the contract in :mod:`impls.quant_protocol` says so.
+  The properties only draw such blocks where the contract in :mod:`impls.protocols.fp8_linear` says so.
 
 **Shapes not divisible by the block.** Blocks tile the tensor from index 0; the last block along a
 dimension is partial and covers the remainder. Its amax is taken over the elements present — the same

@@ -55,7 +55,7 @@ class CEOptions:
 
     @property
     def features(self) -> frozenset[str]:
-        """The optional features in effect, named as :data:`impls.protocol.LINEAR_CE_OPTIONS` names them
+        """The optional features in effect, named as :data:`impls.protocols.linear_ce.LINEAR_CE_OPTIONS` names them
         (``bias`` and ``ignore_index`` depend on the tensors and are added by the caller)."""
         out = set()
         if self.label_smoothing != 0.0:

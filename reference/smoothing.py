@@ -8,7 +8,7 @@ spread over all V classes. ``"megatron"`` (Megatron-core's ``vocab_parallel_cros
     ℓ_megatron(ε) = (1 − ε − ε/(V−1))·(−log p_y) + (ε/(V−1))·Σ_j (−log p_j) = ℓ_torch(ε'),  ε' = ε·V/(V−1),
 
 since ε'/V = ε/(V−1) and 1 − ε' = 1 − ε − ε/(V−1). So the megatron convention is the oracle's with ε' (exactly,
-without class weights; ε' ≤ 1 needs ε ≤ (V−1)/V). tests/self/test_smoothing_convention.py checks the identity
+without class weights; ε' ≤ 1 needs ε ≤ (V−1)/V). tests/self/reference/test_smoothing_convention.py checks the identity
 against the formula summed directly in float64.
 """
 

@@ -22,12 +22,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls import grad_accum, split_accum
-from numcheck.impls.ce_block import reduction_coefficients, row_weights
+from numcheck.impls.builtin import grad_accum, split_accum
+from numcheck.impls.builtin.ce_block import reduction_coefficients, row_weights
 from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
-from numcheck.impls.quant_protocol import DelayedScalingState
+from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
-from numcheck.impls.triton_ce import ce_block_triton_
+from numcheck.impls.builtin.triton_ce import ce_block_triton_
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
 

@@ -21,25 +21,28 @@ from numcheck.impls import interpreter
 COMMANDS: dict[str, str] = {
     "memory": "numcheck.reports.memory_cmd",
     "list": "numcheck.reports.list_impls",
-    "report": "numcheck.reports.report",
+    "report": "numcheck.reports.report.command",
     "repro": "numcheck.reports.repro",
-    "premerge": "numcheck.reports.premerge",
+    "premerge": "numcheck.reports.premerge.command",
     "bench": "numcheck.reports.bench",
     "versions": "numcheck.reports.versions",
-    "sweep": "numcheck.reports.seed_sweep",
+    "sweep": "numcheck.reports.sweep.command",
     "detection": "numcheck.reports.detection",
-    "converge": "numcheck.reports.converge",
-    "scale": "numcheck.reports.scale",
+    "converge": "numcheck.reports.convergence.command",
+    "production": "numcheck.reports.production.command",
 }
+#: Old names kept working: ``scale`` was the production-shape tier's command before "scale" came to mean only FP8
+#: scale factors.
+ALIASES: dict[str, tuple[str, ...]] = {"production": ("scale",)}
 #: Subcommands that measure speed or memory rather than judge: they run under the caller's GEMM settings (what a
-#: user's training gets), not numcheck's pinned precision (:mod:`numcheck.properties.matmul_precision`).
+#: user's training gets), not numcheck's pinned precision (:mod:`numcheck.properties.core.matmul_precision`).
 MEASURING: frozenset[str] = frozenset({"bench", "memory"})
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numcheck`` console script."""
     interpreter.arrange()  # before any subcommand can import triton
-    from numcheck.properties import matmul_precision
+    from numcheck.properties.core import matmul_precision
 
     here = os.getcwd()
     if here not in sys.path and "" not in sys.path:
@@ -50,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(modname)
         modules[name] = mod
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP, aliases=ALIASES.get(name, ()))
         mod.add_arguments(p)
+        for alias in ALIASES.get(name, ()):
+            modules[alias] = mod
     args = parser.parse_args(argv)
     pin = contextlib.nullcontext() if args.command in MEASURING else matmul_precision.pinned()
     with pin:  # every judging subcommand runs under numcheck's GEMM precision

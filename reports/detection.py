@@ -1,9 +1,9 @@
 """``numcheck detection``: which of the suite's properties catch each in-repo mutant under the ci profile, by how
 much, and how soon (issue 19's detection table).
 
-Every mutant (``tests/self/mutants.py``, ``tests/self/fp8_mutants.py``: a passing built-in with one bug of one
+Every mutant (``tests/self/helpers/mutants.py``, ``tests/self/helpers/fp8_mutants.py``: a passing built-in with one bug of one
 class, declared as the built-in is) is loaded by its spec, as ``--impl`` loads it, and each property of its
-class (:data:`ROWS`) runs through the suite's own runner (:mod:`numcheck.properties.runner`, what both the pytest
+class (:data:`ROWS`) runs through the suite's own runner (:mod:`numcheck.properties.core.runner`, what both the pytest
 suite and :func:`numcheck.check` run) under the ci profile, with ``numcheck.check``'s draws (same example
 budget, same derandomized seed per property and impl), one fresh process per mutant. The shrink phase is left
 out: the verdict is decided by the first failing draw, and shrinking it (which took minutes per property here)
@@ -34,8 +34,8 @@ from typing import Any
 
 HELP = "run every in-repo mutant through the suite under the ci profile and tabulate which properties catch it"
 
-_LINEAR = "numcheck.tests.self.mutants"
-_FP8 = "numcheck.tests.self.fp8_mutants"
+_LINEAR = "numcheck.tests.self.helpers.mutants"
+_FP8 = "numcheck.tests.self.helpers.fp8_mutants"
 
 #: The suite properties (names of numcheck.check) that judge what each bug class breaks.
 #: (Kept to the two or three that matter per class: the whole run stays near 20 minutes on a loaded 2-core machine.)
@@ -142,7 +142,7 @@ def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str
     profile without shrinking; the raw findings as a dict (``name``, per property status, message, seconds)."""
     from hypothesis import Phase, settings
 
-    from numcheck.properties.suite_check import _TABLES, _load, _run_drawn
+    from numcheck.properties.check import _TABLES, _load, _run_drawn
 
     impl = _load(spec)
     table = _TABLES[impl.kind]

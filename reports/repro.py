@@ -1,11 +1,11 @@
 """``numcheck repro``: rerun one property on one case for one impl — the command every failure message prints.
 
-``--problem`` is the ``repr`` of a :class:`~properties.problems.Problem` (linear+CE; the property is looked up
-in :data:`properties.checks.PROPERTIES`) or of a :class:`~properties.fp8_cases.QuantCase` (quantized linear;
-:data:`properties.fp8_checks.FP8_PROPERTIES`). It is evaluated with only those constructors (and
-``Fp8Recipe``) in scope and no builtins. A :class:`~properties.dist_fp8_cases.TPQuantCase` runs a tensor-parallel
-FP8 property (:data:`properties.dist_fp8_checks.DIST_FP8_PROPERTIES`), a :class:`~properties.dist_linear_ce.DistCase`
-a distributed linear+CE one (:data:`properties.dist_linear_ce.PROPERTIES`) on that case's ranks. A property label with a ``[...]`` suffix, as failure messages print
+``--problem`` is the ``repr`` of a :class:`~properties.core.problems.Problem` (linear+CE; the property is looked up
+in :data:`properties.core.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
+:data:`properties.fp8.props.FP8_PROPERTIES`). It is evaluated with only those constructors (and
+``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a tensor-parallel
+FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a :class:`~properties.distributed.linear_ce.props.DistCase`
+a distributed linear+CE one (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]`` suffix, as failure messages print
 for sub-checks (``option_identities[softcap]``), runs the whole property.
 
 Exit status: 0 PASS, 1 the property fails (its message is printed) or the impl raises (with the traceback),
@@ -37,10 +37,10 @@ def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
     import math
 
-    from numcheck.properties.dist_fp8_cases import TPQuantCase
-    from numcheck.properties.dist_linear_ce import DistCase
-    from numcheck.properties.fp8_cases import QuantCase
-    from numcheck.properties.problems import Problem
+    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.core.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     try:
@@ -86,12 +86,12 @@ def find_impl(name: str) -> Any:
 
 
 def find_tp_impl(name: str) -> Any:
-    """A tensor-parallel FP8 impl (:mod:`impls.tp_fp8_linear`, issue 20): a built-in by name, ``module:attr``
+    """A tensor-parallel FP8 impl (:mod:`impls.builtin.tp_fp8_linear`, issue 20): a built-in by name, ``module:attr``
     naming one impl, or the name of one loaded through ``NUMCHECK_IMPLS`` / entry points. ValueError naming the
     built-ins otherwise."""
     import importlib
 
-    from numcheck.impls.tp_fp8_linear import tp_fp8_linear_impls
+    from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
 
     if ":" in name:
         module, _, attr = name.partition(":")
@@ -117,10 +117,10 @@ def find_dist_impl(name: str) -> Any:
     """A distributed linear+CE impl: ``module:NAME`` as its failure's own repro line names it (one of the module's
     ``dist_impls()``, or the attribute), or the name of a built-in or of one loaded through ``NUMCHECK_IMPLS`` /
     entry points. ValueError saying what was found otherwise."""
-    from numcheck.impls.dist_protocol import DIST_KIND
+    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 
     if ":" in name:
-        from numcheck.properties.dist_linear_ce import load_impl
+        from numcheck.properties.distributed.linear_ce.props import load_impl
 
         try:
             return load_impl(name)
@@ -134,39 +134,39 @@ def find_dist_impl(name: str) -> Any:
 
 def _table(case: Any) -> tuple[str, dict[str, Any]]:
     """The impl kind a case is for and its property table."""
-    from numcheck.properties.dist_fp8_cases import TPQuantCase
-    from numcheck.properties.dist_linear_ce import DistCase
-    from numcheck.properties.fp8_cases import QuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.fp8.cases import QuantCase
 
     if isinstance(case, DistCase):
-        from numcheck.properties.dist_linear_ce import PROPERTIES as dist_table
+        from numcheck.properties.distributed.linear_ce.props import PROPERTIES as dist_table
 
         return "dist_linear_ce", dist_table
     if isinstance(case, TPQuantCase):
-        from numcheck.properties.dist_fp8_checks import DIST_FP8_PROPERTIES
+        from numcheck.properties.distributed.tp_fp8.props import DIST_FP8_PROPERTIES
 
         return "tp_quant_linear", DIST_FP8_PROPERTIES
     if isinstance(case, QuantCase):
-        from numcheck.properties.fp8_checks import FP8_PROPERTIES
+        from numcheck.properties.fp8.props import FP8_PROPERTIES
 
         return "quant_linear", FP8_PROPERTIES
-    from numcheck.properties.checks import PROPERTIES
+    from numcheck.properties.core.props import PROPERTIES
 
     return "linear_ce", PROPERTIES
 
 
 def _undeclared(impl: Any, case: Any) -> str | None:
-    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.strategies.refusal`), or ``None``."""
-    from numcheck.properties.problems import Problem
-    from numcheck.properties.strategies import refusal
+    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.core.strategies.refusal`), or ``None``."""
+    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.core.strategies import refusal
 
     return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == "linear_ce" else None
 
 
 def run(args: argparse.Namespace) -> int:
-    from numcheck.properties.dist_fp8_cases import TPQuantCase
-    from numcheck.properties.dist_linear_ce import DistCase
-    from numcheck.properties.failures import PropertyFailure
+    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.core.failures import PropertyFailure
 
     prop = args.property.split("[", 1)[0]
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from numcheck.reports.baselines import shipped_baselines
-from numcheck.reports.report_schema import REPO, SCHEMA, load
+from numcheck.reports.report.schema import REPO, SCHEMA, load
 
 HELP = ("compare the verdicts of reports made under different torch releases (default: the baselines shipped with "
         "numcheck), per device: capabilities, impl status, cases whose verdicts differ")

@@ -15,10 +15,10 @@ Run the suite against your impl from any directory::
   error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
   skipped with the reason.
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
-  ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`; ``numcheck sweep`` reads them).
-- ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_scale``, marker
-  ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.scale_tier`). Off by default.
-- Hypothesis profiles (:mod:`numcheck.properties.profiles`) ``numcheck-ci`` (derandomized, bounded;
+  ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`; ``numcheck sweep`` reads them).
+- ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
+  ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
+- Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
   ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
   it is one of these, else the one ``NUMCHECK_HYPOTHESIS_PROFILE`` names (``ci``, ``dev``, ... or the full
@@ -45,12 +45,12 @@ from hypothesis.errors import Unsatisfiable
 import numcheck.tests as _tests_package
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
-from numcheck.properties import matmul_precision, records
-from numcheck.properties.draw_isolation import draw_key, isolated_draws
-from numcheck.properties.fp8_strategies import quant_cases
-from numcheck.properties.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
-from numcheck.properties.runner import SuiteProperty, budget, run_rows, skip_reason, unsatisfiable_reason
-from numcheck.properties.strategies import problems
+from numcheck.properties.core import matmul_precision, records
+from numcheck.properties.core.draw_isolation import draw_key, isolated_draws
+from numcheck.properties.fp8.strategies import quant_cases
+from numcheck.properties.core.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
+from numcheck.properties.core.runner import SuiteProperty, budget, run_rows, skip_reason, unsatisfiable_reason
+from numcheck.properties.core.strategies import problems
 
 _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
@@ -198,10 +198,10 @@ def _suite_property(item: pytest.Item) -> SuiteProperty | None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    """For the suite's ``@given`` tests: the test's covering rows first (:func:`numcheck.properties.runner.run_rows`),
-    then the impl's budget of random examples (:func:`numcheck.properties.runner.budget`), and a skip, not an
+    """For the suite's ``@given`` tests: the test's covering rows first (:func:`numcheck.properties.core.runner.run_rows`),
+    then the impl's budget of random examples (:func:`numcheck.properties.core.runner.budget`), and a skip, not an
     error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``). Every numcheck test runs
-    under numcheck's GEMM precision (:func:`numcheck.properties.matmul_precision.pinned`); other tests of the
+    under numcheck's GEMM precision (:func:`numcheck.properties.core.matmul_precision.pinned`); other tests of the
     session keep their own."""
     if not _is_numcheck(item.path):
         return (yield)
@@ -232,9 +232,9 @@ def _suite_call(item: pytest.Item) -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     """numcheck's ``@given`` tests draw the same cases however they were collected: each is keyed (its
-    derandomized seed, its example-database entry) by :func:`~numcheck.properties.draw_isolation.draw_key`, set
+    derandomized seed, its example-database entry) by :func:`~numcheck.properties.core.draw_isolation.draw_key`, set
     here after hypothesis' plugin set the node id, which carries the invocation's rootdir; and it draws no
-    constant of the loaded local modules (:func:`~numcheck.properties.draw_isolation.isolated_draws`)."""
+    constant of the loaded local modules (:func:`~numcheck.properties.core.draw_isolation.isolated_draws`)."""
     inner = getattr(getattr(pyfuncitem.obj, "hypothesis", None), "inner_test", None)
     if inner is None or not _is_numcheck(pyfuncitem.path):
         return (yield)
@@ -272,14 +272,14 @@ def quant_impl(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
-    """A loaded distributed (vocabulary-parallel) linear+CE impl (:mod:`numcheck.impls.dist_protocol`; skipped
+    """A loaded distributed (vocabulary-parallel) linear+CE impl (:mod:`numcheck.impls.protocols.dist_linear_ce`; skipped
     when it cannot run here, failed when it could not be loaded)."""
     return _unwrap(request)
 
 
 @pytest.fixture
 def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
-    """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.tp_quant_protocol`; skipped when it cannot
+    """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.protocols.tp_fp8_linear`; skipped when it cannot
     run here, failed when it could not be loaded)."""
     return _unwrap(request)
 
@@ -294,8 +294,8 @@ def numcheck_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
-    (:func:`numcheck.properties.strategies.problems` for linear+CE impls,
-    :func:`numcheck.properties.fp8_strategies.quant_cases` for quantized-linear ones); draw it with
+    (:func:`numcheck.properties.core.strategies.problems` for linear+CE impls,
+    :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
     if numcheck_impl.kind == "quant_linear":
         return quant_cases(numcheck_impl.support)
@@ -314,7 +314,7 @@ def one_thread_per_module() -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
-    ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.records`)."""
+    ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`)."""
     config.addinivalue_line("markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, "
                                        "on CUDA)")
     config.addinivalue_line("markers", f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has "

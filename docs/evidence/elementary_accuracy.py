@@ -1,6 +1,6 @@
 """Measure the accuracy of the exp, log and tanh paths numcheck's Triton kernels and torch's ops use, against
 float64, over the arguments the CE kernels see, and compare it with what the Triton impls declare
-(``elementary_error``, impls/triton_ce.py).
+(``elementary_error``, impls/builtin/triton_ce.py).
 
 Run from the repository root: ``PYTHONPATH=. python docs/evidence/elementary_accuracy.py``. With CUDA the Triton
 kernels run compiled and torch's ops on the GPU; without it the kernels run under Triton's interpreter (numpy)
@@ -25,7 +25,7 @@ arrange()
 
 import torch  # noqa: E402
 
-from numcheck.impls.triton_ce import _tanh, elementary_error, triton_library_elementary  # noqa: E402
+from numcheck.impls.builtin.triton_ce import _tanh, elementary_error, triton_library_elementary  # noqa: E402
 from numcheck.impls.triton_lang import INTERPRET, tl, triton  # noqa: E402
 
 U = 2.0**-24

@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.megatron import MegatronVocabParallel, megatron_version
-from numcheck.impls.dist_protocol import shard_bounds
-from numcheck.properties import dist_known
-from numcheck.properties.dist_harness import DistPool
-from numcheck.properties.dist_linear_ce import DistCase, dist_accuracy
-from numcheck.properties.failures import PropertyFailure
-from numcheck.properties.problems import Problem, build
+from numcheck.impls.adapters.megatron import MegatronVocabParallel, megatron_version
+from numcheck.impls.protocols.dist_linear_ce import shard_bounds
+from numcheck.properties.distributed.linear_ce import known as dist_known
+from numcheck.properties.distributed.pool.pool import DistPool
+from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.properties.core.problems import Problem, build
 
 PROBLEM = Problem(N=7, H=5, V=16, bias=True, ignored=0.3, seed=3)
 TIMEOUT_S = 300.0

@@ -17,11 +17,11 @@ import sys
 
 import torch
 
-import numcheck.properties.tolerance as T
-from numcheck.impls import triton_ce
+import numcheck.properties.core.tolerance as T
+from numcheck.impls.builtin import triton_ce
 from numcheck.impls.registry import builtin
-from numcheck.properties.harness import run_oracle
-from numcheck.properties.problems import Problem, build
+from numcheck.properties.core.harness import run_oracle
+from numcheck.properties.core.problems import Problem, build
 
 #: (problem as recorded on CUDA, output, recorded error/bound) for chunked_triton, seed 9 at 1f58b2b.
 RECORDED = (

@@ -1,5 +1,5 @@
 """The grad_weight-accumulation comparison of the report: how far each chunked accumulation path of
-:mod:`impls.grad_accum` drifts from float64 as chunks pile up.
+:mod:`impls.builtin.grad_accum` drifts from float64 as chunks pile up.
 
 Setup (``docs/accumulation-and-memory.md`` records the same on an H200 after 64 chunks with
 V=4096, H=1024, C=256): K chunks of C rows, G_k ``[C, V]`` and x_k ``[C, H]`` drawn N(0, 1) and rounded to
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from numcheck.impls import grad_accum
+from numcheck.impls.builtin import grad_accum
 
 _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -32,7 +32,7 @@ hooks (``save_for_backward`` and autograd's own saved tensors) as a cross-check.
 
 Seed arithmetic (``docs/accumulation-and-memory.md``): one chunk of the grad_weight accumulation
 at V=131072, H=4096, C=2048 with bf16 operands into an fp32 accumulator, via the steps of
-:mod:`impls.grad_accum`: ``fallback`` allocates mm's bf16 [V,H] (2·V·H bytes) and then its fp32 copy
+:mod:`impls.builtin.grad_accum`: ``fallback`` allocates mm's bf16 [V,H] (2·V·H bytes) and then its fp32 copy
 (4·V·H) while the first is alive: 6·V·H = 3072 MiB; ``fp32_operands`` allocates the fp32 copies of Gᵀ
 (4·V·C) and x (4·C·H): 1056 MiB; ``addmm_out_dtype`` writes into the accumulator: 0.
 """
@@ -49,7 +49,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from numcheck.impls import grad_accum
+from numcheck.impls.builtin import grad_accum
 from numcheck.impls.measure import capabilities
 
 MiB = 2**20

@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-import numcheck.impls.cce as cce
+import numcheck.impls.adapters.cce as cce
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.accuracy import check_accuracy
-from numcheck.properties.failures import fail
-from numcheck.properties.harness import run_impl
-from numcheck.properties.problems import Problem, build
-from numcheck.properties.strategies import why_not_run
-from numcheck.properties.known_divergences import known
+from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.core.failures import fail
+from numcheck.properties.core.harness import run_impl
+from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.core.strategies import why_not_run
+from numcheck.properties.core.known import known
 
 INFO = cce.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -92,7 +92,7 @@ def _release_with_bias(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, 
 
 
 def _stand_in(fn: Callable[..., Any], names: frozenset[str] = frozenset({"cce", "torch_compile"})) -> cce.CCEInfo:
-    """A :class:`impls.cce.CCEInfo` for a stand-in function, with 128-row backward blocks."""
+    """A :class:`impls.adapters.cce.CCEInfo` for a stand-in function, with 128-row backward blocks."""
     return cce.info_from(fn, "stand-in", names, 128, 128)
 
 
@@ -269,7 +269,7 @@ def test_target_logit_is_summed_from_rounded_products(dtype: torch.dtype) -> Non
 def test_filtering_predicate(p: Problem, skips: bool) -> None:
     """The known divergence's data predicate says a 128-class block may be skipped where some valid row has as
     many |softmax − onehot| below eps/32 as the smallest block has classes (cases seen on the H200 either way)."""
-    from numcheck.properties.known_divergences import cce_filtering_may_skip
+    from numcheck.properties.core.known import cce_filtering_may_skip
 
     assert cce_filtering_may_skip(p, block_cols=128) is skips
 

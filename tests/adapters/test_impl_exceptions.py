@@ -15,17 +15,17 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 from numcheck.impls.registry import discover
-from numcheck.properties import checks
-from numcheck.properties.failures import PropertyFailure, raised_by_suite
-from numcheck.properties.problems import Problem
-from numcheck.properties.runner import SuiteProperty, run_example
+from numcheck.properties.core import props as checks
+from numcheck.properties.core.failures import PropertyFailure, raised_by_suite
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.runner import SuiteProperty, run_example
 from numcheck.reports import cli
 
 #: Right on every batch with a non-ignored row; divides by their count in Python, as liger-kernel 0.2.1's
 #: wrapper does, so an all-ignored batch raises ZeroDivisionError where it should give zero.
 RAISER = '''
 import torch.nn.functional as F
-from numcheck.impls.protocol import linear_ce_impl
+from numcheck.impls.protocols.linear_ce import linear_ce_impl
 
 @linear_ce_impl(name="raises_on_all_ignored", dtypes=("float32",), autocast=(), options=("ignore_index",),
                 logits_dtype="float32", all_ignored="zero")
@@ -115,7 +115,7 @@ def test_suite_verdicts_pass_through_untouched():
 
     assert raised_by_suite(raise_in("numcheck.properties.assertions", AssertionError))
     assert not raised_by_suite(raise_in("liger_kernel.ops.fused_linear_cross_entropy", AssertionError))
-    assert not raised_by_suite(raise_in("numcheck.impls.liger", ValueError))
+    assert not raised_by_suite(raise_in("numcheck.impls.adapters.liger", ValueError))
 
 
 def test_a_verdict_and_a_rejected_draw_are_not_wrapped():

@@ -9,9 +9,9 @@ import fnmatch
 import pytest
 
 from numcheck.impls.registry import ImplEntry, builtin_impls
-from numcheck.properties import checks
-from numcheck.properties.strategies import DEVICE_TYPE as DEVICE
-from numcheck.properties.known_divergences import KNOWN
+from numcheck.properties.core import props as checks
+from numcheck.properties.core.strategies import DEVICE_TYPE as DEVICE
+from numcheck.properties.core.known import KNOWN
 
 
 def _ids(entries) -> list[str]:
@@ -89,8 +89,8 @@ def test_divergence_absent_outside_its_releases(entry):
 @pytest.mark.parametrize("devices", [(), ("gpu",), ("cpu", "tpu")])
 def test_entry_rejects_unknown_devices(devices):
     """A known-divergence entry must name the device types it was seen on, from cpu and cuda only."""
-    from numcheck.properties.problems import Problem
-    from numcheck.properties.known_divergences import KnownDivergence
+    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.core.known import KnownDivergence
 
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
         KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
@@ -112,8 +112,8 @@ def test_history_dependent_entries_name_a_shown_place():
 def test_data_predicates_do_not_cover_a_whole_test():
     """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
     rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
-    from numcheck.properties.problems import Problem
-    from numcheck.properties.known_divergences import covers_every
+    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.core.known import covers_every
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
@@ -126,8 +126,8 @@ def test_data_predicates_do_not_cover_a_whole_test():
                                               ("not-a-version", False)])
 def test_release_range_follows_installed_release(installed, holds):
     """An entry keyed on a release range matches only when the installed release is known and inside the range."""
-    from numcheck.properties.known_divergences import KnownDivergence, Releases
-    from numcheck.properties.problems import Problem
+    from numcheck.properties.core.known import KnownDivergence, Releases
+    from numcheck.properties.core.problems import Problem
 
     entry = KnownDivergence(impls="liger[[]*", properties=("frozen_x",), devices=("cpu", "cuda"), applies=lambda p: True,
                             reason="r", example=Problem(N=1, H=1, V=1),

@@ -13,12 +13,12 @@ import importlib.util
 import pytest
 import torch
 
-import numcheck.impls.liger as liger
+import numcheck.impls.adapters.liger as liger
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.accuracy import check_accuracy
-from numcheck.properties.failures import fail, impl_raised, raised_by_suite
-from numcheck.properties.problems import Problem
-from numcheck.properties.strategies import why_not_run
+from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.core.failures import fail, impl_raised, raised_by_suite
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.strategies import why_not_run
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -65,7 +65,7 @@ def test_matches_oracle(name: str, p: Problem) -> None:
         pytest.skip(f"{why}; {impl.description}")
     try:
         res = check_accuracy(impl, p)
-    except Exception as exc:  # the impl's own exception, reported as the suite reports it (properties.runner)
+    except Exception as exc:  # the impl's own exception, reported as the suite reports it (properties.core.runner)
         if raised_by_suite(exc):
             raise
         raise impl_raised(impl, "accuracy", p, exc) from exc
@@ -257,7 +257,7 @@ def test_triton_imported_too_early_is_reported() -> None:
     import subprocess
     import sys
 
-    code = ("import triton, numcheck.impls.liger as L; impl = L.liger_impls()[0]; "
+    code = ("import triton, numcheck.impls.adapters.liger as L; impl = L.liger_impls()[0]; "
             "print('REASON:', impl.support.unavailable_reason())")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -1,4 +1,4 @@
-"""Megatron-core's fused vocab-parallel cross-entropy and its known divergence (numcheck.properties.dist_known):
+"""Megatron-core's fused vocab-parallel cross-entropy and its known divergence (numcheck.properties.distributed.linear_ce.known):
 every entry's example still diverges where the entry holds (strict, so a fixed release is noticed) and in its
 covered outputs only, passes on a release outside the range, and a covered case still has every output judged
 (the covered gradients under the divergence's model, the loss under the impl's own)."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.impls.dist_registry import dist_impls
-from numcheck.impls.megatron import MegatronVocabParallel
-from numcheck.properties import dist_known
-from numcheck.properties.dist_known import OUTPUT_KNOWN
-from numcheck.properties.dist_linear_ce import OUTPUT_NAMES, DistCase, dist_accuracy
-from numcheck.properties.failures import PropertyFailure
+from numcheck.impls.registry import dist_impls
+from numcheck.impls.adapters.megatron import MegatronVocabParallel
+from numcheck.properties.distributed.linear_ce import known as dist_known
+from numcheck.properties.distributed.linear_ce.known import OUTPUT_KNOWN
+from numcheck.properties.distributed.linear_ce.props import OUTPUT_NAMES, DistCase, dist_accuracy
+from numcheck.properties.core.failures import PropertyFailure
 
 IDS = [f"{d.impl}:{d.example.short()}" for d in OUTPUT_KNOWN]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import numcheck.impls.torch_native as tn
+import numcheck.impls.adapters.torch_native as tn
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.accuracy import check_accuracy
-from numcheck.properties.failures import fail
-from numcheck.properties.harness import run_impl
-from numcheck.properties.problems import Problem
-from numcheck.properties.strategies import why_not_run
+from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.core.failures import fail
+from numcheck.properties.core.harness import run_impl
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.strategies import why_not_run
 
 NAMES = ["torch_native[reference]"] + [f"torch_native[chunked,acc={p}]" for p in tn.ACC_POLICIES]
 

@@ -3,7 +3,7 @@ its metrics handed to ``hypothesis.target`` (used by the suite's test modules).
 
 With ``NUMCHECK_DRAWN_LOG=DIR`` set, every example also appends what it drew (one JSON line: the test, the impl
 and each drawn value, tensors by shape, dtype and a hash of their bytes) to ``DIR/drawn-<pid>.jsonl``, one file
-per process (xdist workers included); tests/self/test_scope_independence.py compares these across invocations.
+per process (xdist workers included); tests/self/properties/test_scope_independence.py compares these across invocations.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import target
 
-from numcheck.properties.runner import SuiteProperty, run_example, skip_reason, target_scores
+from numcheck.properties.core.runner import SuiteProperty, run_example, skip_reason, target_scores
 
 #: The environment variable naming the folder drawn cases are recorded in (unset: nothing is recorded).
 DRAWN_LOG_ENV = "NUMCHECK_DRAWN_LOG"

@@ -1,6 +1,6 @@
 """The distributed (vocabulary-parallel) linear+CE properties, on every loaded impl of kind ``dist_linear_ce`` (the
-plugin's ``dist_linear_ce_impl`` fixture: the built-ins of numcheck.impls.dist_registry, or those ``--impl`` names), on
-the backend of numcheck.properties.dist_harness.default_backend (gloo on CPU): accuracy against the unsharded
+plugin's ``dist_linear_ce_impl`` fixture: the built-ins of numcheck.impls.registry, or those ``--impl`` names), on
+the backend of numcheck.properties.distributed.pool.pool.default_backend (gloo on CPU): accuracy against the unsharded
 float64 oracle at every declared world size (targets on shard boundaries and ranks owning no target drawn on
 purpose, ignored rows, every rank's loss the same), world-size invariance, determinism where declared. The
 ci profile's example count applies per (test, impl, world size); a timeout fails its case once."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.properties.dist_harness import default_backend, world_size_unavailable
-from numcheck.properties.dist_linear_ce import dist_accuracy, dist_determinism, dist_world_size_invariance
-from numcheck.properties.dist_suite import run_property
+from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy, dist_determinism, dist_world_size_invariance
+from numcheck.properties.distributed.linear_ce.suite import run_property
 from numcheck.tests.plugin import profile_name
 
 

@@ -1,10 +1,10 @@
 """Tensor/sequence-parallel FP8 linears (issue 20) on gloo ranks, judged against the unsharded float64 oracle.
 
 Parametrized over every loaded impl of kind ``tp_quant_linear`` (the plugin's ``tp_quant_impl`` fixture: the built-ins
-of :func:`numcheck.impls.tp_fp8_linear.tp_fp8_linear_impls`, or those ``--impl`` names); cases are
-drawn inside each declaration (:mod:`numcheck.properties.dist_fp8_suite`), the ranks are the harness's persistent
-pools (:mod:`numcheck.properties.dist_harness`). Failures name impl, case, output, error, bound, worst element and
-the repro line (:mod:`numcheck.properties.dist_fp8_checks`).
+of :func:`numcheck.impls.builtin.tp_fp8_linear.tp_fp8_linear_impls`, or those ``--impl`` names); cases are
+drawn inside each declaration (:mod:`numcheck.properties.distributed.tp_fp8.suite`), the ranks are the harness's persistent
+pools (:mod:`numcheck.properties.distributed.pool.pool`). Failures name impl, case, output, error, bound, worst element and
+the repro line (:mod:`numcheck.properties.distributed.tp_fp8.props`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.properties import dist_fp8_checks as checks
-from numcheck.properties.dist_fp8_cases import TPQuantCase
-from numcheck.properties.dist_fp8_suite import run_drawn
-from numcheck.properties.dist_harness import default_backend, world_size_unavailable
+from numcheck.properties.distributed.tp_fp8 import props as checks
+from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+from numcheck.properties.distributed.tp_fp8.suite import run_drawn
+from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 
 
 def _sizes(tp_impl) -> list[int]:

@@ -1,9 +1,9 @@
 """Every FP8 quantized-linear property against every registered quant_linear impl (built-in and plugged in).
 
-Cases are drawn inside each impl's declaration (properties/fp8_strategies.py); the drawn tests are
-:data:`numcheck.properties.quant_linear_suite.QUANT_SUITE`, run by the runner :func:`numcheck.check` uses too
+Cases are drawn inside each impl's declaration (properties/fp8/strategies.py); the drawn tests are
+:data:`numcheck.properties.fp8.suite.QUANT_SUITE`, run by the runner :func:`numcheck.check` uses too
 (one ``@given`` per test, at test level). Failures carry the impl,
-the case, the output, error, bound, worst element and a repro command (properties/fp8_checks.py).
+the case, the output, error, bound, worst element and a repro command (properties/fp8/props.py).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.quant_protocol import QuantLinearSupport, validate_quant_impl
-from numcheck.properties import fp8_checks as checks
-from numcheck.properties.fp8_cases import QuantCase
-from numcheck.properties.quant_linear_suite import QUANT_SUITE
-from numcheck.properties.strategies import DEVICE
+from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
+from numcheck.properties.fp8 import props as checks
+from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 from numcheck.tests.suite.drawn import run_drawn
 

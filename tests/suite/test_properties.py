@@ -2,16 +2,16 @@
 
 One ``@given`` per test, at test level, so hypothesis' statistics, ``@reproduce_failure`` advice and example
 database work as for any hypothesis test (one key per (test, impl), free of the path the module was collected by:
-numcheck's plugin sets it, numcheck.properties.draw_isolation.draw_key). What each test draws and when it is skipped is data,
-:data:`numcheck.properties.linear_ce_suite.SUITE`, run by :mod:`numcheck.properties.runner`, the same runner
+numcheck's plugin sets it, numcheck.properties.core.draw_isolation.draw_key). What each test draws and when it is skipped is data,
+:data:`numcheck.properties.core.suite.SUITE`, run by :mod:`numcheck.properties.core.runner`, the same runner
 :func:`numcheck.check` uses. Problems are drawn only inside what each impl declares; a property that needs a
 feature the impl does not declare is skipped with the reason; a draw a known divergence covers is rejected
 (``assume``), and a test all of whose draws are covered is skipped (numcheck's plugin turns hypothesis'
 ``Unsatisfiable`` into that skip). Failures carry the impl, the case, the output, error, bound, worst element and
-a one-line repro command (see properties/failures.py). Before its random draws each test runs its covering rows
-(:mod:`numcheck.properties.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
+a one-line repro command (see properties/core/failures.py). Before its random draws each test runs its covering rows
+(:mod:`numcheck.properties.core.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
 declaring ``slow`` get a quarter of the profile's examples (at least 2), less the rows, at least 2 random draws
-left: numcheck's plugin runs the rows and sets that budget per call (:func:`numcheck.properties.runner.budget`).
+left: numcheck's plugin runs the rows and sets that budget per call (:func:`numcheck.properties.core.runner.budget`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numcheck.properties import checks
-from numcheck.properties.known_divergences import known
-from numcheck.properties.linear_ce_suite import PINNED, SUITE
-from numcheck.properties.strategies import DEVICE, refusal
+from numcheck.properties.core import props as checks
+from numcheck.properties.core.known import known
+from numcheck.properties.core.suite import PINNED, SUITE
+from numcheck.properties.core.strategies import DEVICE, refusal
 from numcheck.tests.suite.drawn import run_drawn
 
 #: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
@@ -172,5 +172,5 @@ def test_pinned_cases(linear_ce_impl, case):
     if why:
         pytest.skip(f"{linear_ce_impl.name} does not declare this case: {why}")
     if known(linear_ce_impl.name, "accuracy", p):
-        pytest.skip("a known divergence (numcheck.properties.known_divergences)")
+        pytest.skip("a known divergence (numcheck.properties.core.known)")
     checks.accuracy(linear_ce_impl, p)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.impls.protocol import LINEAR_CE_OPTIONS
-from numcheck.properties.harness import ProtocolViolation, run_impl
-from numcheck.properties.problems import Problem
-from numcheck.properties.strategies import DEVICE
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
+from numcheck.properties.core.harness import ProtocolViolation, run_impl
+from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.strategies import DEVICE
 
 #: Options this tiny case turns on when declared, with values that make each one matter.
 _OPTION_VALUES = {"label_smoothing": 0.1, "softcap": 8.0, "z_loss_scale": 1e-3}

@@ -1,0 +1,1 @@
+"""Adapters for third-party implementations: Liger-Kernel, Cut Cross-Entropy, Megatron-core, torch's own, TransformerEngine."""

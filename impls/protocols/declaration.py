@@ -1,0 +1,204 @@
+"""Errors in an impl's declaration, reported where the declaration is written.
+
+A declaration (:func:`numcheck.impls.protocols.linear_ce.linear_ce_impl`, ``make_support``, ``LinearCESupport``, their
+quantized-linear counterparts) is checked when it is made. What is wrong is raised as
+:class:`InvalidDeclaration` whose message starts with the ``file:line`` of the user's call — the first frame
+outside the declaring modules — then says what was wrong and how to fix it, as hypothesis' ``InvalidArgument``
+does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Callable, Iterable
+
+import torch
+
+#: Modules whose frames are the declaration machinery, never the place a declaration was written.
+#: (A dataclass's generated ``__init__`` runs with its defining module's globals, so it is skipped with them.)
+DECLARING_MODULES: frozenset[str] = frozenset({
+    "numcheck.impls.protocols.linear_ce", "numcheck.impls.protocols.fp8_linear", "numcheck.impls.protocols.declaration", "dataclasses",
+    "numcheck.impls.protocols.dist_linear_ce", "numcheck.impls.protocols.tp_fp8_linear",
+})
+
+
+class InvalidDeclaration(ValueError, TypeError):
+    """A declaration of what an impl supports is malformed. Its message names the declaring ``file:line``.
+
+    It is a ``ValueError`` (a bad value) and a ``TypeError`` (a bad keyword, a call the impl cannot take), so
+    callers catching either one, as the registry catches ``TypeError`` from a protocol check, keep working.
+    """
+
+
+def declaration_site() -> str:
+    """``file:line`` of the innermost frame outside :data:`DECLARING_MODULES`: the user's declaring call."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_globals.get("__name__") not in DECLARING_MODULES:
+                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "<unknown location>"
+    finally:
+        del frame
+
+
+def defined_at(fn: object) -> str:
+    """``file:line`` where ``fn`` (a function, or an object's ``__call__``) is defined, or ``"?"``."""
+    target = inspect.unwrap(fn) if inspect.isroutine(fn) else type(fn).__call__  # type: ignore[arg-type]
+    code = getattr(target, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "?"
+
+
+def invalid(what: str, fix: str, *, site: str | None = None) -> InvalidDeclaration:
+    """An :class:`InvalidDeclaration` reading ``"<site>: <what>\\n  <fix>"`` (``site`` defaults to
+    :func:`declaration_site`)."""
+    return InvalidDeclaration(f"{site or declaration_site()}: {what}\n  {fix}")
+
+
+def did_you_mean(word: str, known: Iterable[str], aliases: dict[str, str] | None = None) -> str:
+    """``" Did you mean 'x'?"`` for the closest of ``known`` (an ``aliases`` entry first), or ``""``."""
+    known = list(known)
+    guess = (aliases or {}).get(word.lower()) if isinstance(word, str) else None
+    if guess is None and isinstance(word, str):
+        guess = {k.lower(): k for k in known}.get(word.lower())
+    if guess is None and isinstance(word, str):
+        close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    return f" Did you mean {guess!r}?" if guess is not None else ""
+
+
+def collection(owner: str, field: str, value: object, example: str) -> list:
+    """``value`` as a list of entries; a bare string or a non-iterable is refused with a fix-it."""
+    if isinstance(value, (str, bytes)):
+        raise invalid(f"{owner}.{field}={value!r} is one string, not a collection of names",
+                      f"Write {field}=({value!r},) (a tuple), e.g. {field}={example}.")
+    try:
+        return list(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise invalid(f"{owner}.{field}={value!r} is not a collection", f"Write e.g. {field}={example}.") from None
+
+
+#: Device types a declaration may name: those the suite draws problems on (``NUMCHECK_DEVICE``). A ROCm GPU is
+#: ``"cuda"`` to torch.
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+DEVICE_ALIASES: dict[str, str] = {"gpu": "cuda", "nvidia": "cuda", "rocm": "cuda", "hip": "cuda", "amd": "cuda",
+                                  "cuda:0": "cuda", "host": "cpu"}
+
+
+def device_types(owner: str, value: object) -> frozenset[str]:
+    """The declared ``devices``: a non-empty collection of :data:`DEVICE_TYPES`."""
+    items = collection(owner, "devices", value, "('cpu', 'cuda')")
+    if not items:
+        raise invalid(f"{owner}.devices is empty: the suite could run the impl nowhere",
+                      f"Declare at least one device type of {DEVICE_TYPES}, e.g. devices=('cpu',).")
+    for d in items:
+        if d not in DEVICE_TYPES:
+            hint = did_you_mean(d, DEVICE_TYPES, DEVICE_ALIASES) if isinstance(d, str) else ""
+            raise invalid(f"{owner}.devices={tuple(items)!r} names an unknown device type {d!r}",
+                          f"Device types are {DEVICE_TYPES} (torch.device(...).type; a ROCm GPU is 'cuda').{hint}")
+    return frozenset(items)
+
+
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "f32": "float32", "single": "float32", "bf16": "bfloat16",
+                                 "fp16": "float16", "f16": "float16"}
+#: torch's other names of the same dtypes (``torch.float``, ``torch.half``), accepted as they are.
+TORCH_DTYPE_NAMES: dict[str, str] = {"float": "float32", "half": "float16"}
+
+
+def dtypes(owner: str, field: str, value: object, allowed: tuple, *, empty_ok: bool) -> frozenset:
+    """The declared dtypes of ``field``: ``torch.dtype`` objects or their names, each one of ``allowed``."""
+    by_name = {str(d).removeprefix("torch."): d for d in allowed}
+    shown = tuple(by_name)
+    items = collection(owner, field, value, repr(shown[:1]))
+    if not items and not empty_ok:
+        raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
+                      f"Declare at least one of {shown}, e.g. {field}=({shown[0]!r},).")
+    out = set()
+    for d in items:
+        name = TORCH_DTYPE_NAMES.get(d, d) if isinstance(d, str) else str(d).removeprefix("torch.")
+        if name not in by_name or not (isinstance(d, str) or d in allowed):
+            a_dtype = isinstance(d, torch.dtype) or isinstance(getattr(torch, str(d), None), torch.dtype)
+            hint = "" if a_dtype else did_you_mean(str(d), shown, DTYPE_ALIASES)
+            raise invalid(f"{owner}.{field}={tuple(items)!r} names {d!r}, which is not a dtype {field} may hold",
+                          f"Use torch dtypes or names of {shown}.{hint}")
+        out.add(by_name[name])
+    return frozenset(out)
+
+
+def known_names(owner: str, field: str, value: object, known: tuple[str, ...], *, empty_ok: bool,
+                aliases: dict[str, str] | None = None, note: str = "") -> frozenset[str]:
+    """The declared names of ``field``, each one of ``known``, with a did-you-mean for the first unknown one."""
+    items = collection(owner, field, value, repr(known[:2]))
+    if not items and not empty_ok:
+        raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
+                      f"Declare at least one of {known}.")
+    for n in items:
+        if n not in known:
+            hint = did_you_mean(n, known, aliases) if isinstance(n, str) else ""
+            raise invalid(f"{owner}.{field}={tuple(items)!r} has unknown entries {sorted(set(map(str, items)) - set(known))}",
+                          f"Allowed: {known}.{hint}{note}")
+    return frozenset(items)
+
+
+def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Raise for the first of ``given`` not in ``known``, suggesting the closest known keyword."""
+    known = sorted(known)
+    for k in given:
+        if k not in known:
+            raise invalid(f"{owner} got an unknown keyword argument {k!r}",
+                          f"Keywords it takes: {', '.join(known)}.{did_you_mean(k, known)}")
+
+
+def bools(owner: str, obj: object, names: Iterable[str]) -> None:
+    """Each of the declaration's fields ``names`` is ``True`` or ``False``."""
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise invalid(f"{owner}.{name} must be True or False, got {getattr(obj, name)!r}", "Pass a bool.")
+
+
+def requirement(owner: str, requires: object) -> None:
+    """``requires`` is ``None`` or a zero-argument callable (the impl's check that it can run here)."""
+    if requires is not None and not callable(requires):
+        raise invalid(f"{owner}.requires must be a zero-argument callable or None, got {requires!r}",
+                      "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
+
+
+def requirement_unmet(requires: Callable[[], str | None] | None) -> str | None:
+    """What a declaration's ``requires`` says keeps the impl from running here, or ``None``; a requirement check
+    that raises is itself the reason."""
+    if requires is None:
+        return None
+    try:
+        return requires()
+    except Exception as exc:  # noqa: BLE001 - a broken requirement check is itself a reason
+        return f"requirement check raised {type(exc).__name__}: {exc}"
+
+
+def elementary_mapping(owner: str, value: object, known: tuple[str, ...]) -> dict[str, object]:
+    """``value`` (an ``elementary_error`` declaration) as a dict whose keys are all among ``known``."""
+    example = '{"exp": 2, "exp_per_arg": 1.0, "log": 1, "tanh": 2}'
+    if not isinstance(value, dict):
+        raise invalid(f"{owner}={value!r} is not a mapping of ulps per function",
+                      f"Write e.g. elementary_error={example} (ulps from the correctly rounded result, as the CUDA "
+                      f"C++ Programming Guide states them), or numcheck.impls.protocols.linear_ce.ElementaryError(...).")
+    for k in value:
+        if k not in known:
+            hint = did_you_mean(k, known) if isinstance(k, str) else ""
+            raise invalid(f"{owner} has an unknown key {k!r}", f"Keys it takes: {', '.join(known)}.{hint}")
+    return dict(value)
+
+
+def elementary_ulps(owner: str, fields: dict[str, object], known: tuple[str, ...]) -> dict[str, float]:
+    """Each of ``known`` in ``fields`` as a finite float >= 0 (ulps), or raise naming the field."""
+    out: dict[str, float] = {}
+    for name in known:
+        v = fields[name]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v != float("inf")
+        if not ok:
+            raise invalid(f"{owner}.{name}={v!r} is not a number of ulps >= 0",
+                          "Give the function's maximum error in ulps from the correctly rounded result (0 for a "
+                          "correctly rounded one), e.g. 2 for CUDA's expf.")
+        out[name] = float(v)
+    return out

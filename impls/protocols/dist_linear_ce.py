@@ -1,0 +1,270 @@
+"""The protocol of a distributed (vocabulary-parallel) linear+CE implementation.
+
+A distributed impl is an object with ``name``, ``kind = "dist_linear_ce"``, ``support`` (a
+:class:`~numcheck.impls.protocols.linear_ce.LinearCESupport`: the numerics of one rank's part, read by the tolerance
+model exactly as for a single-device impl), ``dist`` (a :class:`DistSupport`: what is sharded, the world sizes
+and backends, the label-smoothing convention, determinism) and
+
+``rank_call(x, weight_shard, target, bias_shard, *, group, vocab_start, vocab_size, **options) -> loss``
+    called on every rank of ``group`` with the full ``x`` [N, H] and ``target`` [N], the rank's vocabulary
+    shard ``weight_shard`` [V_r, H] (classes ``vocab_start … vocab_start + V_r − 1`` of ``vocab_size``) and its
+    bias shard (or ``None``); the options are the single-device protocol's (``class_weights`` is the full [V]
+    tensor). It returns the loss (the same on every rank), connected to autograd; after
+    ``loss.backward(upstream)`` on every rank, ``x.grad`` must be the *full* grad_x (the impl all-reduces it)
+    and ``weight_shard.grad`` / ``bias_shard.grad`` the rank's shards of grad_W / grad_b.
+
+Shard rule (:func:`shard_bounds`): rank r of P owns ⌊V/P⌋ classes, one more for r < V mod P, in rank order:
+contiguous, sizes differing by at most one. An impl declaring ``uneven_vocab=False`` is only given V divisible
+by P.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pickle
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from numcheck.impls.protocols import declaration as decl
+from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
+from numcheck.impls.protocols.linear_ce import SUPPORT_FIELDS, LinearCESupport, call_refusal, inferred_options, make_support
+
+DIST_KIND = "dist_linear_ce"
+#: The torch.distributed backends a declaration may name.
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+#: The keywords every ``rank_call`` passes besides the single-device protocol's.
+RANK_KEYWORDS: tuple[str, ...] = ("group", "vocab_start", "vocab_size")
+
+
+def shard_bounds(V: int, world_size: int, rank: int) -> tuple[int, int]:
+    """``(start, stop)`` of rank ``rank``'s classes under the shard rule of the module docstring."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    if V < world_size:
+        raise ValueError(f"V={V} classes cannot give each of {world_size} ranks at least one")
+    base, extra = divmod(V, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+@dataclass(frozen=True)
+class DistSupport:
+    """What a distributed impl declares beyond one rank's numerics.
+
+    Attributes:
+        sharded: what is split across ranks (``"vocab"``: the output projection's classes).
+        world_sizes: the world sizes it runs at.
+        backends: the torch.distributed backends it runs on (``"gloo"``, ``"nccl"``).
+        uneven_vocab: whether V need not be divisible by the world size.
+        smoothing: the label-smoothing convention (:mod:`numcheck.reference.smoothing`): ``"torch"`` (ε/V over
+            all classes) or ``"megatron"`` (ε/(V−1) over the others); judged against the oracle with it.
+        deterministic: repeated calls at one world size give bitwise equal outputs.
+        grad_x_reduce_dtype: ``"input"`` when each rank's grad_x partial is rounded to x's dtype and all-reduced
+            in it (the model charges P roundings: :mod:`numcheck.properties.distributed.linear_ce.tolerance`), ``"float32"`` when
+            the partials are reduced in fp32 and rounded once.
+    """
+
+    sharded: Literal["vocab"] = "vocab"
+    world_sizes: tuple[int, ...] = (1, 2, 4)
+    backends: tuple[str, ...] = ("gloo", "nccl")
+    uneven_vocab: bool = True
+    smoothing: Literal["torch", "megatron"] = "torch"
+    deterministic: bool = True
+    grad_x_reduce_dtype: Literal["input", "float32"] = "input"
+
+    def __post_init__(self) -> None:
+        own = "DistSupport"
+        if self.sharded != "vocab":
+            raise invalid(f"{own}.sharded={self.sharded!r}: only 'vocab' is known for linear+CE",
+                          "Shard the output projection's classes across the ranks and declare sharded='vocab'.")
+        ws = decl.collection(own, "world_sizes", self.world_sizes, "(1, 2, 4)")
+        if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
+            raise invalid(f"{own}.world_sizes={self.world_sizes!r} must be a non-empty collection of positive ints",
+                          "e.g. world_sizes=(1, 2, 4).")
+        object.__setattr__(self, "world_sizes", tuple(ws))
+        backends = decl.collection(own, "backends", self.backends, "('gloo', 'nccl')")
+        bad = [b for b in backends if b not in BACKENDS]
+        if bad or not backends:
+            hint = decl.did_you_mean(bad[0], BACKENDS) if bad and isinstance(bad[0], str) else ""
+            raise invalid(f"{own}.backends={self.backends!r} must be a non-empty collection of {BACKENDS}",
+                          f"'gloo' runs on CPU, 'nccl' on CUDA (one GPU per rank).{hint}")
+        object.__setattr__(self, "backends", tuple(backends))
+        if self.smoothing not in ("torch", "megatron"):
+            raise invalid(f"{own}.smoothing={self.smoothing!r} is not 'torch' or 'megatron'",
+                          "'torch': ε/V over all classes (F.cross_entropy); 'megatron': ε/(V−1) over the others "
+                          "(Megatron-LM, NeMo).")
+        if self.grad_x_reduce_dtype not in ("input", "float32"):
+            raise invalid(f"{own}.grad_x_reduce_dtype={self.grad_x_reduce_dtype!r} is not 'input' or 'float32'",
+                          "'input': each rank's grad_x rounded to x's dtype and all-reduced in it; 'float32': "
+                          "reduced in fp32 and rounded once.")
+        decl.bools(own, self, ("uneven_vocab", "deterministic"))
+
+
+def _by_reference(module: str, attr: str) -> Any:
+    """The object bound to ``module.attr`` (how a rank unpickles a module-level impl)."""
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _module_binding(obj: Any, module_name: str | None) -> tuple[str, str] | None:
+    """``(module, attr)`` of a module-level name bound to ``obj`` in ``module_name``, or ``None``."""
+    module = sys.modules.get(module_name or "")
+    if module is None or module_name == "__main__":
+        return None
+    return next(((module_name, a) for a, v in vars(module).items() if v is obj), None)
+
+
+def rank_call_refusal(fn: Callable[..., Any], options: frozenset[str]) -> str | None:
+    """Why ``fn`` cannot take the calls a rank makes (``fn(x, weight_shard, target, bias_shard, group=...,
+    vocab_start=..., vocab_size=..., reduction=..., ignore_index=..., **declared options)``), with a fix; ``None``
+    when it can or its signature cannot be read."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = sig.parameters
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [k for k in RANK_KEYWORDS if not var_kw and (k not in params or params[k].kind not in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))]
+    if missing:
+        return (f"{getattr(fn, '__name__', type(fn).__name__)}{sig} takes no keyword {', '.join(missing)}, which "
+                f"every rank's call passes: add {', '.join(f'{k}' for k in missing)} as keyword-only parameters.")
+    stripped = sig.replace(parameters=[p for n, p in params.items() if n not in RANK_KEYWORDS])
+    probe = lambda *a, **k: None  # noqa: E731 - a stand-in carrying the signature without the rank keywords
+    probe.__signature__ = stripped  # type: ignore[attr-defined]
+    probe.__name__ = getattr(fn, "__name__", type(fn).__name__)
+    return call_refusal(probe, options)
+
+
+@dataclass(frozen=True)
+class DistFunctionImpl:
+    """A distributed impl from a module-level function ``fn`` with ``rank_call``'s signature.
+
+    Built, it has checked that ``fn`` takes every call its declaration leads to (:func:`rank_call_refusal`). The
+    ranks receive it pickled: bound at module level (what :func:`dist_linear_ce_impl` gives) it pickles as that
+    module-level name, else by its fields (``fn`` by reference)."""
+
+    name: str
+    fn: Callable[..., Any] = field(repr=False)
+    support: LinearCESupport = field(default_factory=LinearCESupport)
+    dist: DistSupport = field(default_factory=DistSupport)
+    description: str = ""
+    kind: str = DIST_KIND
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
+                          "Give a short printable name, e.g. name='mymod_vocab_parallel'.")
+        if not callable(self.fn):
+            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable",
+                          "Pass the function each rank calls (x, weight_shard, target, bias_shard, *, group, "
+                          "vocab_start, vocab_size, **options).")
+        if not isinstance(self.support, LinearCESupport):
+            raise invalid(f"impl {self.name!r}: support must be a LinearCESupport, got {type(self.support).__name__}",
+                          "Build it with numcheck.make_support(...): one rank's numerics.")
+        if not isinstance(self.dist, DistSupport):
+            raise invalid(f"impl {self.name!r}: dist must be a DistSupport, got {type(self.dist).__name__}",
+                          "Build it with DistSupport(world_sizes=..., backends=..., smoothing=...).")
+        why = rank_call_refusal(self.fn, self.support.options)
+        if why:
+            raise invalid(f"impl {self.name!r} (function defined at {defined_at(self.fn)}) cannot take the calls "
+                          f"its declaration leads to", why)
+
+    def rank_call(self, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``: see the module docstring."""
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        bound = _module_binding(self, getattr(self.fn, "__module__", None))
+        if bound is not None:
+            return (_by_reference, bound)
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+
+#: The keywords of :func:`dist_linear_ce_impl`'s distributed declaration (the rest are one rank's numerics).
+DIST_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DistSupport))
+
+
+def dist_linear_ce_impl(*, name: str, description: str = "",
+                        **declared: Any) -> Callable[[Callable[..., Any]], DistFunctionImpl]:
+    """Decorator turning a module-level function into a distributed (vocabulary-parallel) linear+CE impl the
+    distributed suite runs (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
+
+    Every rank calls ``fn(x, weight_shard, target, bias_shard, *, group, vocab_start, vocab_size, reduction,
+    ignore_index, **options)`` (module docstring: the shard rule, what it returns, which gradients it leaves).
+    Keywords: the fields of :class:`DistSupport` (``world_sizes``, ``backends``, ``uneven_vocab``, ``smoothing``,
+    ``deterministic``, ``grad_x_reduce_dtype``, ``sharded``) and those of
+    :class:`~numcheck.impls.protocols.linear_ce.LinearCESupport` (one rank's numerics: ``dtypes``, ``options``, ...;
+    :func:`~numcheck.impls.protocols.linear_ce.make_support`). ``options`` defaults to what the signature accepts, as for
+    :func:`~numcheck.impls.protocols.linear_ce.linear_ce_impl`. A bad keyword or value, or a function that cannot take the
+    calls its declaration leads to, raises :class:`~numcheck.impls.protocols.declaration.InvalidDeclaration` naming
+    the decorator's ``file:line``. Bind the result at module level: the ranks unpickle it by that name.
+
+    >>> import torch
+    >>> import torch.distributed as dist
+    >>> @dist_linear_ce_impl(name="doc_vocab_parallel", dtypes=("float32",), options=(), autocast=(),
+    ...                      world_sizes=(1, 2), backends=("gloo",))
+    ... def doc_vocab_parallel(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size,
+    ...                        reduction="mean", ignore_index=-100):
+    ...     ...
+    >>> doc_vocab_parallel.kind, doc_vocab_parallel.dist.world_sizes
+    ('dist_linear_ce', (1, 2))
+    """
+    site = declaration_site()
+    if not isinstance(name, str) or not name.strip():
+        raise invalid(f"dist_linear_ce_impl(name={name!r}): the name must be a non-empty string",
+                      "Give a short printable name, e.g. name='mymod_vocab_parallel'.", site=site)
+    owner = f"dist_linear_ce_impl(name={name!r})"
+    decl.unknown_keywords(owner, declared, (*DIST_FIELDS, *SUPPORT_FIELDS))
+    dist_kw = {k: v for k, v in declared.items() if k in DIST_FIELDS}
+    support_kw = {k: v for k, v in declared.items() if k not in DIST_FIELDS}
+    dist = DistSupport(**dist_kw)
+    support = make_support(**support_kw)
+
+    def wrap(fn: Callable[..., Any]) -> DistFunctionImpl:
+        if not callable(fn):
+            raise invalid(f"{owner} decorates {fn!r}, which is not callable",
+                          "Put the decorator on the function each rank calls.", site=site)
+        sup = support if "options" in support_kw else dataclasses.replace(support, options=inferred_options(fn))
+        why = rank_call_refusal(fn, sup.options)
+        if why:
+            raise invalid(f"{owner}: {fn.__name__} (defined at {defined_at(fn)}) cannot take the calls its "
+                          f"declaration leads to", why, site=site)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        return DistFunctionImpl(name=name, fn=fn, support=sup, dist=dist, description=doc)
+
+    return wrap
+
+
+def validate_dist_impl(obj: Any, origin: str) -> None:
+    """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol: its name, ``support``
+    (:class:`LinearCESupport`), ``dist`` (:class:`DistSupport`), a ``rank_call`` that cannot take the ranks' calls,
+    or an impl that does not pickle (the ranks receive it pickled)."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
+    if not isinstance(getattr(obj, "support", None), LinearCESupport):
+        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} needs 'support' of type impls.protocols.linear_ce.LinearCESupport "
+                        f"(one rank's numerics), got {type(getattr(obj, 'support', None)).__name__}")
+    if not isinstance(getattr(obj, "dist", None), DistSupport):
+        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} needs 'dist' of type impls.protocols.dist_linear_ce.DistSupport, "
+                        f"got {type(getattr(obj, 'dist', None)).__name__}")
+    call = getattr(obj, "rank_call", None)
+    if not callable(call):
+        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} has no callable rank_call")
+    fn = obj.fn if isinstance(obj, DistFunctionImpl) else call
+    why = rank_call_refusal(fn, obj.support.options)
+    if why:
+        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
+                        f"its declaration leads to: {why}")
+    try:
+        pickle.dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
+        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the ranks "
+                        f"receive it pickled: bind it at module level (dist_linear_ce_impl on a module-level "
+                        f"function) or make its class picklable") from None

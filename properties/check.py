@@ -1,0 +1,231 @@
+"""The property suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
+:class:`CheckResult` it returns.
+
+Each drawn test of :data:`numcheck.properties.core.suite.SUITE` (linear+CE impls) or
+:data:`numcheck.properties.fp8.suite.QUANT_SUITE` (quantized-linear impls) runs through the same runner
+as the pytest suite (:mod:`numcheck.properties.core.runner`: the impl's example budget, the skips, the known divergences' rejection),
+under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
+``pinned_cases`` runs every pinned linear+CE case the impl declares. (The FP8 suite's fixed-case tests run
+under pytest only.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from hypothesis import given, settings, target
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from numcheck.impls import interpreter
+from numcheck.impls.registry import BrokenImpl, discover
+from numcheck.properties.core import props as checks, profiles
+from numcheck.properties.core.draw_isolation import isolated_draws
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.properties.core.known import known
+from numcheck.properties.core.suite import PINNED, SUITE
+from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.core.runner import (SuiteProperty, budget, run_example, run_rows, skip_reason, target_scores,
+                                       unsatisfiable_reason)
+from numcheck.properties.core.strategies import DEVICE, refusal
+
+#: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
+PINNED_CASES = "pinned_cases"
+#: Every property :func:`check` knows for each kind of impl, in the suite's order.
+PROPERTY_NAMES: dict[str, tuple[str, ...]] = {"linear_ce": (*SUITE, PINNED_CASES), "quant_linear": tuple(QUANT_SUITE)}
+_TABLES: dict[str, dict[str, SuiteProperty]] = {"linear_ce": SUITE, "quant_linear": QUANT_SUITE}
+
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One property's outcome for one impl.
+
+    ``status``: ``passed``, ``failed`` or ``skipped``. ``examples``: how many cases were judged. ``worst_ratio``:
+    the largest error/bound any judged case reached (``None`` for a property that reports none, e.g. a bitwise
+    one), ``worst_case`` the case it was reached on. ``message``: the failure message (as the suite prints it,
+    repro line included) or the reason for the skip."""
+
+    property: str
+    status: Status
+    examples: int = 0
+    worst_ratio: float | None = None
+    worst_case: Any = None
+    message: str = ""
+
+    def __str__(self) -> str:
+        worst = "" if self.worst_ratio is None else f", worst error/bound {self.worst_ratio:.3g}"
+        head = f"{self.property}: {self.status} ({self.examples} cases{worst})"
+        return f"{head}\n  {self.message}" if self.message and self.status != "passed" else head
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What :func:`check` found: one :class:`Verdict` per property, by name. ``ok`` when none failed."""
+
+    impl: str
+    profile: str
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether no property failed (skipped ones do not count against the impl)."""
+        return not self.failed
+
+    @property
+    def failed(self) -> list[Verdict]:
+        """The failed verdicts."""
+        return [v for v in self.verdicts.values() if v.status == "failed"]
+
+    def __str__(self) -> str:
+        lines = [f"numcheck.check({self.impl!r}, profile={self.profile!r}): "
+                 f"{'ok' if self.ok else f'{len(self.failed)} failed'}"]
+        return "\n".join([*lines, *(f"  {v}" for v in self.verdicts.values())])
+
+
+class _Worst:
+    """The running count and worst error/bound of one property's judged cases."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.ratio: float | None = None
+        self.case: Any = None
+
+    def add(self, p: Any, metrics: dict[str, float]) -> None:
+        """Count one judged case and keep it if its error/bound (the largest of its ``error/bound`` metrics) is
+        the worst so far."""
+        self.examples += 1
+        ratios = [float(v) for k, v in metrics.items() if "error/bound" in k and not math.isnan(v)]
+        if ratios and (self.ratio is None or max(ratios) > self.ratio):
+            self.ratio, self.case = max(ratios), p
+
+
+def _verdict(name: str, worst: _Worst, status: Status, message: str = "") -> Verdict:
+    """A verdict carrying ``worst``'s count and worst case."""
+    return Verdict(name, status, worst.examples, worst.ratio, worst.case, message)
+
+
+def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict:
+    """The failed verdict for ``exc``: the property's message, or what the impl raised."""
+    if isinstance(exc, PropertyFailure):
+        return _verdict(name, worst, "failed", str(exc))
+    return _verdict(name, worst, "failed", f"impl {impl.name!r} raised {type(exc).__name__}: {exc}")
+
+
+def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
+    """``prop`` on ``impl`` under ``base``'s settings (and the impl's budget), through the suite's runner."""
+    why = skip_reason(prop, impl)
+    worst = _Worst()
+    if why:
+        return _verdict(prop.name, worst, "skipped", why)
+
+    @settings(base, max_examples=budget(impl, base.max_examples, prop))
+    @given(data=st.data())
+    def run(data: Any) -> None:
+        results = run_example(prop, impl, data)
+        for p, metrics in results:
+            worst.add(p, metrics)
+        for label, value in target_scores(results).items():
+            target(value, label=label)
+
+    # One example-database key and derandomized seed per (property, impl): every property runs this same
+    # function, so without it they would share draws and replay each other's saved failures. The mechanism is
+    # the one hypothesis' pytest plugin uses for parametrized tests.
+    run.hypothesis.inner_test._hypothesis_internal_add_digest = f"numcheck.check|{prop.name}|{impl.name}".encode()
+    try:
+        with isolated_draws():  # the plugin's draws do not depend on the loaded modules either
+            for p, metrics in run_rows(prop, impl).results:  # the covering rows first, as the pytest suite runs them
+                worst.add(p, metrics)
+            run()
+    except Unsatisfiable:
+        return _verdict(prop.name, worst, "skipped", unsatisfiable_reason(impl))
+    except Exception as exc:  # noqa: BLE001 - a failing property or a raising impl is the verdict
+        return _failure(prop.name, impl, worst, exc)
+    return _verdict(prop.name, worst, "passed")
+
+
+def _run_pinned(impl: Any) -> Verdict:
+    """Every pinned case ``impl`` declares, under the accuracy property (the suite's ``test_pinned_cases``)."""
+    worst = _Worst()
+    for case in PINNED.values():
+        p = case.replace(device=DEVICE)
+        if refusal(impl.support, p) or known(impl.name, "accuracy", p):
+            continue
+        try:
+            worst.add(p, checks.accuracy(impl, p))
+        except Exception as exc:  # noqa: BLE001 - as in _run_drawn
+            return _failure(PINNED_CASES, impl, worst, exc)
+    if not worst.examples:
+        return _verdict(PINNED_CASES, worst, "skipped", f"{impl.name} declares no pinned case")
+    return _verdict(PINNED_CASES, worst, "passed")
+
+
+def _load(impl: Any) -> Any:
+    """``impl`` itself, or the one impl a spec string (built-in name or ``module:attr``) names."""
+    if not isinstance(impl, str):
+        return impl
+    entries = discover([impl])
+    broken = [e for e in entries if isinstance(e, BrokenImpl)]
+    if broken:
+        raise ValueError(f"numcheck.check: impl {impl!r} could not be loaded: {broken[0].error}")
+    if len(entries) != 1:
+        raise ValueError(f"numcheck.check: impl spec {impl!r} yields {len(entries)} impls "
+                         f"({[e.name for e in entries]}); pass one of them")
+    return entries[0].impl
+
+
+def _selected(properties: Iterable[str] | str | None, kind: str) -> list[str]:
+    """The property names to run for an impl of ``kind``; ValueError naming unknown ones."""
+    known_names = PROPERTY_NAMES[kind]
+    if properties is None:
+        return list(known_names)
+    names = [properties] if isinstance(properties, str) else list(properties)
+    unknown = [n for n in names if n not in known_names]
+    if unknown:
+        raise ValueError(f"numcheck.check: unknown properties {unknown} for a {kind} impl; known: {list(known_names)}")
+    return names
+
+
+def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: str = profiles.DEFAULT_PROFILE,
+          max_examples: int | None = None) -> CheckResult:
+    """Run the property suite on ``impl`` in this process, without pytest, and return the verdicts.
+
+    ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or a quantized-linear one, or its
+    spec, a built-in name or ``package.module:attr``. ``properties``: names from :data:`PROPERTY_NAMES` for its
+    kind (the suite's drawn tests without ``test_``, e.g. ``"accuracy"``, ``"frozen_inputs[x]"``,
+    ``"pinned_cases"``; ``"accuracy_against_both_references"`` for quantized linear); ``None`` runs them all.
+    ``profile``: one of numcheck's hypothesis profiles (``numcheck-ci``, ``numcheck-dev``, ... or ``ci``,
+    ``dev``, ...); ``max_examples`` overrides its example count (slow impls still get a quarter, at least 2).
+    Failures do not raise: each is a ``failed`` verdict carrying the suite's message and repro line; use
+    ``assert result.ok, result`` in a test. Where there is no CUDA, Triton kernels are set to run under
+    Triton's interpreter first (``TRITON_INTERPRET=1``, unless already set).
+
+    >>> import numcheck
+    >>> result = numcheck.check("eager", ["determinism"], max_examples=2)
+    >>> result.ok, result.verdicts["determinism"].status
+    (True, 'passed')
+    """
+    interpreter.arrange()
+    loaded = _load(impl)
+    kind = getattr(loaded, "kind", None)
+    if kind not in _TABLES:
+        raise ValueError(f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is not an impl (kind {kind!r}); "
+                         f"make one with numcheck.linear_ce_impl or the quantized-linear protocol")
+    name = profiles.numcheck_name(profile)
+    names = _selected(properties, kind)
+    base = settings.get_profile(name)
+    if max_examples is not None:
+        base = settings(base, max_examples=max_examples)
+    reason = loaded.support.unavailable_reason()
+    verdicts: dict[str, Verdict] = {}
+    for n in names:
+        if reason:
+            verdicts[n] = Verdict(n, "skipped", message=f"impl {loaded.name!r} unavailable here: {reason}")
+        elif n == PINNED_CASES:
+            verdicts[n] = _run_pinned(loaded)
+        else:
+            verdicts[n] = _run_drawn(_TABLES[kind][n], loaded, base)
+    return CheckResult(loaded.name, name, verdicts)

@@ -1,0 +1,1 @@
+"""The tiny-model convergence run: data, model, envelope and the run itself."""

@@ -1,0 +1,141 @@
+"""Failure messages: which impl, which property, which case, which output, how far off, and how to rerun it."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable
+
+from numcheck.impls.registry import spec_of
+from numcheck.properties.core.problems import Problem
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold for an impl on a problem; the message carries everything to act on it."""
+
+
+def _module_root(module: ModuleType) -> Path | None:
+    """The ``sys.path`` entry ``module`` was imported from (the folder holding its top-level package)."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    return Path(file).resolve().parents[depth]
+
+
+def _installed(root: Path) -> bool:
+    """Whether a fresh interpreter finds modules under ``root`` without ``PYTHONPATH`` (site-packages, stdlib)."""
+    paths = sysconfig.get_paths()
+    return any(root == Path(paths[k]).resolve() for k in ("purelib", "platlib", "stdlib") if k in paths)
+
+
+def _spec_in_module(impl: Any) -> str | None:
+    """``module:attr`` of a module-level name bound to ``impl`` (an impl passed as an object, not by spec)."""
+    fn = getattr(impl, "fn", None)
+    for module_name in (getattr(fn, "__module__", None), type(impl).__module__):
+        module = sys.modules.get(module_name or "")
+        if module is None or module_name == "__main__":
+            continue
+        for attr, value in vars(module).items():
+            if value is impl:
+                return f"{module_name}:{attr}"
+    return None
+
+
+def impl_invocation(impl: Any) -> tuple[str, str]:
+    """``(environment prefix, --impl argument)`` with which a fresh ``numcheck`` process in any directory loads
+    ``impl``: its name for a built-in; else the spec it was loaded by (or a module-level name bound to it),
+    directly when the spec names this impl alone, through ``NUMCHECK_IMPLS`` (and its name) when the spec names
+    several; ``PYTHONPATH`` names the module's folder when it is not installed (pytest's ``pythonpath``, a
+    conftest's folder, the current directory of ``python -m pytest``: none of them is on a console script's path)."""
+    spec = spec_of(impl.name) or _spec_in_module(impl)
+    if not spec or spec == impl.name:
+        return "", impl.name
+    module_name, _, attr = spec.partition(":")
+    module = sys.modules.get(module_name)
+    env = ""
+    root = _module_root(module) if module is not None else None
+    if root is not None and not _installed(root):
+        env = f"PYTHONPATH={shlex.quote(str(root))} "
+    target: Any = module
+    for part in (attr or "IMPLS").split("."):
+        target = getattr(target, part, None)
+    if target is impl:
+        return env, spec
+    return f"{env}NUMCHECK_IMPLS={shlex.quote(spec)} ", impl.name
+
+
+def repro_command(impl: Any, prop: str, problem: Any) -> str:
+    """One shell line that re-runs exactly this property on exactly this problem (a :class:`Problem` or a
+    ``QuantCase``) for this impl, as printed, from any directory: ``numcheck repro``."""
+    env, name = impl_invocation(impl)
+    return (f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} "
+            f"--problem {shlex.quote(repr(problem))}")
+
+
+def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str]) -> str:
+    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``)."""
+    body = "\n".join(f"  {line}" for line in lines)
+    return (
+        f"property {prop!r} fails for impl {impl.name!r}\n"
+        f"  case: {problem!r}\n"
+        f"{body}\n"
+        f"  reproduce: {repro_command(impl, prop, problem)}"
+    )
+
+
+def fail(impl: Any, prop: str, problem: Problem, *lines: str) -> None:
+    """Raise :class:`PropertyFailure` with :func:`failure_message`."""
+    __tracebackhide__ = True
+    raise PropertyFailure(failure_message(impl, prop, problem, lines))
+
+
+def _innermost_module(exc: BaseException) -> str:
+    """The ``__name__`` of the module whose code raised ``exc`` (its traceback's last frame; ``""`` if none)."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+
+
+def _numcheck_module(name: str) -> bool:
+    return name == "numcheck" or name.startswith("numcheck.")
+
+
+def raised_by_suite(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the suite's own verdicts: a :class:`PropertyFailure`, or an ``AssertionError``
+    raised by numcheck's own code (its innermost frame in a ``numcheck.*`` module: a protocol check, a judgement).
+    An ``AssertionError`` from an impl's own ``assert`` (a third-party kernel's argument check) is not."""
+    if isinstance(exc, PropertyFailure):
+        return True
+    return isinstance(exc, AssertionError) and _numcheck_module(_innermost_module(exc))
+
+
+def exception_lines(exc: BaseException) -> list[str]:
+    """What was raised, for a failure message: its type and first message line, and the innermost frame (file,
+    line, function, source line). Raised by an impl (or the third-party code it calls) unless that frame is in
+    numcheck's own judging code (``numcheck.*`` outside ``numcheck.impls``), which is then named instead."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    more = " [...]" if len(text.splitlines()) > 1 else ""
+    kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
+    module = _innermost_module(exc)
+    who = ("numcheck's own code (a suite bug, not a verdict on the impl)"
+           if _numcheck_module(module) and not module.startswith("numcheck.impls.") else "the impl")
+    lines = [f"{who} raised {kind}: {first}{more}"]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        f = frames[-1]
+        lines.append(f"raised at {f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else ""))
+    return lines
+
+
+def impl_raised(impl: Any, prop: str, problem: Any, exc: BaseException) -> PropertyFailure:
+    """The :class:`PropertyFailure` for an impl that raised ``exc`` while ``prop`` ran it on ``problem`` (to be
+    raised ``from exc``, so the original traceback stays attached and hypothesis tells failures of different
+    origins apart)."""
+    return PropertyFailure(failure_message(impl, prop, problem, exception_lines(exc)))

@@ -1,0 +1,1 @@
+"""The distributed families: the process pool, vocabulary-parallel linear+CE and tensor/sequence-parallel FP8 linear."""

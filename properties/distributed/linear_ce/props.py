@@ -1,0 +1,358 @@
+"""Distributed linear+CE: one case run on every rank of a :class:`~numcheck.properties.distributed.pool.pool.DistPool`,
+assembled (loss from rank 0, every rank's grad_x, the shards of grad_W and grad_b concatenated) and judged
+against the float64 oracle run unsharded here, under :mod:`numcheck.properties.distributed.linear_ce.tolerance`.
+
+A :class:`DistCase` is a single-device :class:`Problem`, a world size, a backend and a target placement:
+``"as_built"`` (the problem's own targets), ``"boundary"`` (every non-ignored target on the first or last class of
+some shard) or ``"one_rank"`` (every target in one rank's shard: the others own none). The smoothing the oracle
+sees is the impl's declared convention's (:mod:`numcheck.reference.smoothing`).
+
+Properties (each raising :class:`~numcheck.properties.core.failures.PropertyFailure` in the house format, whose repro
+line runs ``python -m numcheck.properties.distributed.linear_ce.props``): :func:`dist_accuracy` (every output within bound,
+and every rank's loss bitwise equal to rank 0's), :func:`dist_world_size_invariance` (P = 1, 2, 4 pairwise within
+the sum of their bounds), :func:`dist_determinism` (two calls bitwise equal where declared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from numcheck.impls.protocols.dist_linear_ce import shard_bounds
+from numcheck.impls.registry import spec_of
+from numcheck.properties.core import matmul_precision, records
+from numcheck.properties.core.accuracy import AccuracyResult
+from numcheck.properties.core.compare import compare
+from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend, rank_device
+from numcheck.properties.distributed.linear_ce.known import output_divergences
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.properties.core.harness import run_oracle, same_bits
+from numcheck.properties.core.problems import Problem, Tensors, build
+from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model
+from numcheck.properties.core.tolerance import linear_ce_bounds
+from numcheck.reference.smoothing import oracle_smoothing
+
+PLACEMENTS: tuple[str, ...] = ("as_built", "boundary", "one_rank")
+OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
+
+
+@dataclass(frozen=True)
+class DistCase:
+    """One distributed case: ``problem`` run at ``world_size`` on ``backend`` with the targets ``placement``
+    (:data:`PLACEMENTS`) puts them at; ``owner``: the rank owning every target under ``"one_rank"``;
+    ``placement_world_size``: the world size whose shard layout the placement follows (``None``: ``world_size``;
+    world-size invariance runs one case at P = 1, 2, 4 with the targets of the largest P's layout, so that every
+    P sees the same problem)."""
+
+    problem: Problem
+    world_size: int
+    backend: str = "gloo"
+    placement: str = "as_built"
+    owner: int = 0
+    placement_world_size: int | None = None
+
+    @property
+    def layout_world_size(self) -> int:
+        """The world size whose shards ``placement`` and ``owner`` refer to."""
+        return self.placement_world_size or self.world_size
+
+    def short(self) -> str:
+        """Compact label for tables: world size, backend, placement and the problem's label."""
+        return f"P{self.world_size}-{self.backend}-{self.placement}-{self.problem.short()}"
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"DistCase.placement={self.placement!r} is not one of {PLACEMENTS}")
+        if not 0 <= self.owner < self.layout_world_size:
+            raise ValueError(f"DistCase.owner={self.owner} is outside world size {self.layout_world_size}")
+        shard_bounds(self.problem.V, self.world_size, 0)  # V >= world size
+        shard_bounds(self.problem.V, self.layout_world_size, 0)
+
+
+def place_targets(t: Tensors, case: DistCase) -> Tensors:
+    """``t`` with its non-ignored targets moved as ``case.placement`` says (the pad class, an ``ignore_index`` in
+    [0, V), is never chosen)."""
+    if case.placement == "as_built":
+        return t
+    V, P = case.problem.V, case.layout_world_size
+    ii = t.options.ignore_index
+    if case.placement == "boundary":
+        cand = sorted({c for r in range(P) for c in (shard_bounds(V, P, r)[0], shard_bounds(V, P, r)[1] - 1)})
+    else:
+        lo, hi = shard_bounds(V, P, case.owner)
+        cand = list(range(lo, hi))
+    cand = [c for c in cand if c != ii] or [c for c in range(V) if c != ii]
+    valid = t.target != ii
+    pick = torch.tensor(cand, dtype=t.target.dtype)[torch.arange(t.target.numel()) % len(cand)]
+    return t._replace(target=torch.where(valid, pick.to(t.target.device), t.target))
+
+
+def oracle_tensors(impl: Any, case: DistCase) -> Tensors:
+    """The case's tensors as the oracle sees them: targets placed, smoothing in PyTorch's terms for the impl's
+    declared convention."""
+    t = place_targets(build(case.problem), case)
+    eps = oracle_smoothing(t.options.label_smoothing, case.problem.V, impl.dist.smoothing)
+    return t._replace(options=t.options.replace(label_smoothing=eps)) if eps != t.options.label_smoothing else t
+
+
+def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, torch.Tensor | None]:
+    """A rank's forward and backward of ``impl.rank_call`` on its shard (run by the pool)."""
+    import torch.distributed as dist
+
+    impl, x, w, b, target, kwargs, upstream, start, V = args
+    device = rank_device(dist.get_backend(group), rank)  # the CPU for gloo, the rank's GPU for nccl
+    x = x.to(device).clone().requires_grad_(True)
+    w = w.to(device).clone().requires_grad_(True)
+    b = b.to(device).clone().requires_grad_(True) if b is not None else None
+    target = target.to(device)
+    upstream = upstream.to(device) if upstream is not None else None
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    loss = impl.rank_call(x, w, target, b, group=group, vocab_start=start, vocab_size=V, **kwargs)
+    grad = torch.ones_like(loss) if upstream is None else upstream.to(loss.dtype).expand_as(loss)
+    loss.backward(grad)
+    return {"loss": loss.detach(), "grad_x": x.grad, "grad_weight": w.grad,
+            "grad_bias": b.grad if b is not None else None}
+
+
+def rank_args(impl: Any, case: DistCase, t: Tensors) -> list[tuple]:
+    """One :func:`rank_run` argument per rank: the full x and targets, the rank's shards, the call's options
+    (smoothing as the case states it: the impl applies its own convention)."""
+    kwargs = build(case.problem).options.call_kwargs()
+    out = []
+    for r in range(case.world_size):
+        lo, hi = shard_bounds(case.problem.V, case.world_size, r)
+        b = t.bias[lo:hi].contiguous() if t.bias is not None else None
+        out.append((impl, t.x, t.weight[lo:hi].contiguous(), b, t.target, kwargs, t.upstream, lo, case.problem.V))
+    return out
+
+
+@dataclass
+class DistRun:
+    """A case's per-rank results and their assembly (loss and grad_x from rank 0)."""
+
+    ranks: list[dict[str, Any]]
+
+    def assembled(self) -> dict[str, torch.Tensor | None]:
+        """loss and grad_x of rank 0, grad_W and grad_b as the ranks' shards in rank order."""
+        r0 = self.ranks[0]
+        cat = lambda k: None if any(r[k] is None for r in self.ranks) else torch.cat([r[k] for r in self.ranks])  # noqa: E731
+        return {"loss": r0["loss"], "grad_x": r0["grad_x"], "grad_weight": cat("grad_weight"),
+                "grad_bias": cat("grad_bias")}
+
+
+def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
+             timeout_s: float | None = None) -> DistRun | None:
+    """``case`` on every rank (through ``latch`` when given: ``None`` once it holds a failure), within
+    ``timeout_s`` (default :data:`~numcheck.properties.distributed.pool.pool.DEFAULT_TIMEOUT_S`, read at call time)."""
+    timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
+    t = place_targets(build(case.problem), case)
+    args = rank_args(impl, case, t)
+    pool = lambda: DistPool.get(case.world_size, case.backend)  # noqa: E731
+    if latch is None:
+        return DistRun(pool().run(rank_run, args, timeout_s))
+    res = latch.run(pool, rank_run, args, timeout_s, note=f"case: {case!r}\n  reproduce: {repro_command(impl, 'dist_accuracy', case)}")
+    return DistRun(res) if res is not None else None
+
+
+def repro_command(impl: Any, prop: str, case: DistCase) -> str:
+    """The one line that re-runs ``prop`` on ``case`` for ``impl`` (:func:`main`)."""
+    spec = f"{getattr(impl, 'spec_module', 'numcheck.impls.registry')}:{impl.name}"
+    loaded = spec_of(impl.name)  # a user's impl: the module:attr spec it was loaded by, if that names it alone
+    if loaded and ":" in loaded:
+        module, _, attr = loaded.partition(":")
+        target: Any = sys.modules.get(module)
+        for part in attr.split("."):
+            target = getattr(target, part, None)
+        spec = loaded if target is impl else f"{module}:{impl.name}"  # else :func:`load_impl` finds it by name
+    return (f"python -m numcheck.properties.distributed.linear_ce.props --impl {_quote(spec)} --property {prop} "
+            f"--case {_quote(repr(case))}")
+
+
+def _quote(text: str) -> str:
+    """``text`` as one shell word: in double quotes where nothing in it is special there (a repr's single quotes
+    stay readable), else :func:`shlex.quote`."""
+    return f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
+
+
+def fail(impl: Any, prop: str, case: DistCase, *lines: str) -> None:
+    """Raise the house-format failure for a distributed case."""
+    __tracebackhide__ = True
+    body = "\n".join(f"  {line}" for line in lines)
+    raise PropertyFailure(f"property {prop!r} fails for impl {impl.name!r} (world size {case.world_size}, "
+                          f"{case.backend})\n  case: {case!r}\n{body}\n  reproduce: {repro_command(impl, prop, case)}")
+
+
+def _bounds(impl: Any, case: DistCase, out: dict[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+    t = oracle_tensors(impl, case)
+    ref = run_oracle(case.problem, t, all_ignored=impl.support.all_ignored or "nan")
+    dtypes = {k: v.dtype for k, v in out.items() if isinstance(v, torch.Tensor)}
+    m = dist_error_model(impl, case.problem, dtypes, case.world_size)
+    bounds = linear_ce_bounds(case.problem, t, ref, m)
+    for d in output_divergences(impl, case):  # covered outputs: under the model of what the release computes
+        known = linear_ce_bounds(case.problem, t, ref, d.model(m))
+        bounds.update({k: known[k] for k in d.outputs if k in known})
+    return ref, bounds
+
+
+def _oracle_value(ref: Any, name: str) -> torch.Tensor | None:
+    return getattr(ref, name)
+
+
+def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") -> float:
+    """Every assembled output and every rank's grad_x within bound, every rank's loss bitwise rank 0's; the worst
+    error/bound. Raises the house-format failure otherwise."""
+    __tracebackhide__ = True
+    losses = [r["loss"] for r in run.ranks]
+    differ = [i for i, l in enumerate(losses) if not same_bits(l, losses[0])]
+    if differ:
+        fail(impl, prop, case, f"loss: ranks {differ} return a loss differing from rank 0's "
+             f"({[float(l.double().sum()) for l in losses]}); every rank must return the same loss")
+    out = run.assembled()
+    ref, bounds = _bounds(impl, case, out)
+    known = {k: d for d in output_divergences(impl, case) for k in d.outputs}
+    lines, worst, recorded = [], 0.0, {}
+    pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)]
+    for name, value in pairs:
+        key = name.split("[")[0]
+        oracle = _oracle_value(ref, key)
+        if oracle is None and value is None:
+            continue
+        c = compare(name, value, oracle, bounds[key])
+        worst = max(worst, c.ratio)
+        if name in OUTPUT_NAMES and key not in known:  # the tightness table is the impl's own model's
+            recorded[f"{name} (P={case.world_size})"] = c
+        if not c.ok:
+            why = f" (bound of the known divergence: {known[key].reason})" if key in known else ""
+            lines.append(c.describe() + why)
+    # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
+    # grow with P) and from the single-device suite's outputs.
+    records.note(impl, prop, case.problem, AccuracyResult(problem=case.problem, analytic=recorded))
+    if lines:
+        fail(impl, prop, case, *lines)
+    return worst
+
+
+def measure(impl: Any, case: DistCase) -> tuple[dict[str, Any], list[str]]:
+    """``case`` run on its ranks and every output compared with the oracle, failing nothing (for ``numcheck
+    report``): the comparisons by output (``grad_x@rank1`` … for the other ranks' grad_x) and the failure lines
+    (every output beyond its bound, and ranks returning a loss that differs from rank 0's)."""
+    run = run_case(impl, case)
+    losses = [r["loss"] for r in run.ranks]
+    lines = [f"loss: ranks {[i for i, l in enumerate(losses) if not same_bits(l, losses[0])]} return a loss differing "
+             f"from rank 0's; every rank must return the same loss"] if any(not same_bits(l, losses[0]) for l in losses) else []
+    out = run.assembled()
+    ref, bounds = _bounds(impl, case, out)
+    comps: dict[str, Any] = {}
+    pairs = [(n, n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x@rank{i}", "grad_x", r["grad_x"])
+                                                      for i, r in enumerate(run.ranks[1:], 1)]
+    for name, key, value in pairs:
+        oracle = _oracle_value(ref, key)
+        if oracle is None and value is None:
+            continue
+        comps[name] = c = compare(name, value, oracle, bounds[key])
+        if not c.ok:
+            lines.append(c.describe())
+    return comps, lines
+
+
+def dist_accuracy(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:
+    """Every output within the sharded model's bound of the float64 oracle; every rank's loss the same."""
+    run = run_case(impl, case, latch)
+    if run is None:
+        return {}
+    return {"error/bound": judge(impl, case, run)}
+
+
+def invariance_cases(impl: Any, case: DistCase) -> list[DistCase]:
+    """``case`` at every world size the impl declares that it fits (at most V, dividing V where the impl needs
+    it), all with the targets of ``case``'s own layout."""
+    V, layout = case.problem.V, case.layout_world_size
+    sizes = [w for w in impl.dist.world_sizes if w <= V and (impl.dist.uneven_vocab or V % w == 0)]
+    return [replace(case, world_size=w, placement_world_size=layout) for w in sizes]
+
+
+def dist_world_size_invariance(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:
+    """The case at every declared world size (:func:`invariance_cases`: the same targets at each): each within
+    bound, and each pair within the sum of their bounds (the triangle inequality through the oracle)."""
+    runs = []
+    for c in invariance_cases(impl, case):
+        run = run_case(impl, c, latch)
+        if run is None:
+            return {}
+        judge(impl, c, run, "dist_world_size_invariance")
+        out = run.assembled()
+        runs.append((c, out, _bounds(impl, c, out)[1]))
+    for i, (ca, va, ba) in enumerate(runs):
+        for cb, vb, bb in runs[i + 1:]:
+            for n in OUTPUT_NAMES:
+                if va[n] is None or vb[n] is None:
+                    continue
+                c = compare(f"{n} (P={cb.world_size} against P={ca.world_size})", vb[n], va[n].double(), ba[n] + bb[n])
+                if not c.ok:
+                    fail(impl, "dist_world_size_invariance", case, c.describe())
+    return {}
+
+
+def dist_determinism(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:
+    """Two calls at one world size give bitwise equal outputs (only for impls declaring ``deterministic``)."""
+    first = run_case(impl, case, latch)
+    second = run_case(impl, case, latch) if first is not None else None
+    if second is None:
+        return {}
+    for n in OUTPUT_NAMES:
+        a, b = first.assembled()[n], second.assembled()[n]
+        if (a is None) != (b is None) or (a is not None and not same_bits(a, b)):
+            fail(impl, "dist_determinism", case, f"{n}: a second call is not bitwise equal to the first")
+    return {}
+
+
+PROPERTIES = {f.__name__: f for f in (dist_accuracy, dist_world_size_invariance, dist_determinism)}
+
+
+def load_impl(spec: str) -> Any:
+    """``module:name``: the distributed impl called ``name`` among ``module``'s ``DIST_IMPLS`` (or the attribute)."""
+    mod_name, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"--impl {spec!r}: give module:name (e.g. numcheck.impls.registry:vocab_parallel[nan])")
+    mod = importlib.import_module(mod_name)
+    for impl in getattr(mod, "dist_impls", lambda: [])():
+        if impl.name == name:
+            return impl
+    obj = getattr(mod, name, None)
+    if obj is None:
+        raise ValueError(f"--impl {spec!r}: {mod_name} has no distributed impl called {name!r}")
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m numcheck.properties.distributed.linear_ce.props --impl MODULE:NAME --property P --case 'DistCase(...)'``."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--impl", required=True)
+    ap.add_argument("--property", required=True, choices=sorted(PROPERTIES))
+    ap.add_argument("--case", required=True)
+    a = ap.parse_args(argv)
+    impl = load_impl(a.impl)
+    case = eval(a.case, {"DistCase": DistCase, "Problem": Problem, "inf": math.inf, "nan": math.nan})  # noqa: S307
+    try:
+        with matmul_precision.pinned():
+            metrics = PROPERTIES[a.property](impl, case)
+    except PropertyFailure as exc:
+        print(exc)
+        return 1
+    print(f"property {a.property!r} holds for impl {impl.name!r} on {case!r}: {metrics}")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the importable module's main, not this __main__ copy: the ranks unpickle rank_run by its module's name,
+    # and in a rank ``__main__`` is another program.
+    from numcheck.properties.distributed.linear_ce import props as dist_linear_ce
+
+    sys.exit(dist_linear_ce.main())

@@ -1,0 +1,215 @@
+"""A quantized-linear case as one printable value, and the tensors it stands for.
+
+:class:`QuantCase`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope),
+which is what reproduction commands carry. :func:`build_quant` makes the tensors deterministically from a
+CPU ``torch.Generator`` seeded with ``(seed, step)``, in float64, then rounds them to the case's dtype and
+moves them to its device — so a case means the same tensors everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, TypeVar
+
+import torch
+
+from numcheck.reference.fp8_recipes import Fp8Recipe
+
+QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing",
+                                  "tail_outlier", "pruned", "scale_floor", "scale_edge")
+#: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
+NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Stored mantissa bits of each input dtype (its ulp at 2^e is 2^(e − bits)).
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+#: Width of the runs that :func:`plant_scale_edges` puts one edge value in: an MXFP8 block (1×32), four per
+#: 1×128 block and per 128-wide row of a 128×128 tile.
+EDGE_RUN = 32
+#: The ulps (of the input dtype) an edge value sits from fp8_max·2^k.
+EDGE_ULPS = (-2, -1, 0, 1, 2)
+
+
+_Case = TypeVar("_Case", bound="QuantCaseFields")
+
+
+@dataclass(frozen=True)
+class QuantCaseFields:
+    """What a single-device :class:`QuantCase` and a tensor-parallel case
+    (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`) share: the recipe, the global tensors and the mode.
+
+    Attributes:
+        recipe: the FP8 recipe.
+        M, K, N: tokens, input features, output features (x ``[M, K]``, W ``[N, K]``, dy ``[M, N]``).
+        dtype: name of the dtype of x, W, dy and bias.
+        bias: whether a bias is passed.
+        regime: how values are drawn (:func:`build_quant`).
+        seed: generator seed.
+        save_original_input: the mode to run (properties that compare modes run both).
+        steps: delayed scaling: how many steps to run with one state (each with its own inputs).
+    """
+
+    recipe: Fp8Recipe
+    M: int
+    K: int
+    N: int
+    dtype: str = "float32"
+    bias: bool = False
+    regime: str = "normal"
+    seed: int = 0
+    save_original_input: bool = False
+    steps: int = 1
+
+    def replace(self: _Case, **changes: Any) -> _Case:
+        """A copy of this case with ``changes`` (validated again)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class QuantCase(QuantCaseFields):
+    """One quantized-linear case: the fields of :class:`QuantCaseFields`, and ``device``, where the tensors live."""
+
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recipe, Fp8Recipe):
+            raise ValueError(f"QuantCase.recipe must be an Fp8Recipe, got {self.recipe!r}")
+        for name in ("M", "K", "N", "steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"QuantCase.{name} must be a positive int, got {v!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"QuantCase.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+        if self.regime not in QUANT_REGIMES:
+            raise ValueError(f"QuantCase.regime={self.regime!r} is not one of {QUANT_REGIMES}")
+        if self.steps > 1 and self.recipe.kind != "delayed":
+            raise ValueError("QuantCase.steps > 1 applies to delayed scaling only")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def short(self) -> str:
+        """Compact label for ids and tables."""
+        b = "+b" if self.bias else ""
+        soi = "-soi" if self.save_original_input else ""
+        return f"{self.recipe.name}-M{self.M}K{self.K}N{self.N}-{self.dtype}{b}-{self.regime}{soi}-s{self.seed}"
+
+
+class QuantTensors(NamedTuple):
+    """The tensors of one step of a case, in the case's dtype and device."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    dy: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _one_per_block(t: torch.Tensor, g: torch.Generator, width: int, factor: float) -> torch.Tensor:
+    """Multiply one random element in every run of ``width`` consecutive elements of each row by ``factor``."""
+    R, C = t.shape
+    out = t.clone()
+    for c0 in range(0, C, width):
+        w = min(width, C - c0)
+        cols = c0 + torch.randint(0, w, (R,), generator=g)
+        out[torch.arange(R), cols] *= factor
+    return out
+
+
+def edge_exponents(fmt_max: float, dtype: str) -> tuple[int, int]:
+    """The k of fp8_max·2^k that ``dtype`` holds as a normal number, with :data:`EDGE_ULPS` above it: [−20, 20] in
+    fp32 and bf16; in fp16 from −12 up to the largest k with fp8_max·2^k ≤ 60000 (2 ulps above stay below 65504)."""
+    if dtype != "float16":
+        return -20, 20
+    return -12, int(math.floor(math.log2(60000.0 / fmt_max)))
+
+
+def plant_scale_edges(t: torch.Tensor, g: torch.Generator, fmt_max: float, dtype: str) -> torch.Tensor:
+    """``t`` (float64, 2-D) with one value within :data:`EDGE_ULPS` ulps of ``dtype`` of ±fp8_max·2^k_i in every run
+    of :data:`EDGE_RUN` elements of row i (k_i drawn per row in :func:`edge_exponents`' range), and the row's other
+    elements scaled below half of it: every row-wise block's amax (1×32, 1×128, a 128×128 tile, the tensor) sits
+    a few ulps beside fp8_max times a power of two. There a scale's exponent comes from a rounded log2 or a
+    division (E8M0 rounding, power-of-2 scales picks the neighbouring exponent), and amax·scale lands on or just
+    past fp8_max (saturation at the format's maximum). Exact in ``dtype``."""
+    R, C = t.shape
+    lo, hi = edge_exponents(fmt_max, dtype)
+    k = torch.randint(lo, hi + 1, (R, 1), generator=g).to(torch.float64)
+    base = fmt_max * torch.exp2(k)
+    ulp = torch.exp2(torch.floor(torch.log2(base)) - MANTISSA_BITS[dtype])
+    out = t * (0.5 * base / t.abs().amax(dim=1, keepdim=True).clamp_min(1e-300))
+    ulps = torch.tensor(EDGE_ULPS, dtype=torch.float64)
+    for c0 in range(0, C, EDGE_RUN):
+        w = min(EDGE_RUN, C - c0)
+        cols = c0 + torch.randint(0, w, (R,), generator=g)
+        off = ulps[torch.randint(0, len(EDGE_ULPS), (R,), generator=g)]
+        sign = torch.where(torch.rand(R, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+        out[torch.arange(R), cols] = sign * (base[:, 0] + off * ulp[:, 0])
+    return out
+
+
+def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
+    """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
+
+    Regimes (x, W and dy are N(0,1) scaled by 1, 1/√K and 1/√N unless said otherwise):
+        ``normal``; ``wide``: every element times 2^U(−12, 12) (many block scales, FP8 subnormals);
+        ``outlier``: one element of every 32 along each row of x and dy times 2^10 (the block's amax is
+        the outlier, the rest lose precision); ``zeros``: x and dy all zero (amax 0 → scale 1);
+        ``tiny``: x times 2^−128 (fp16: 2^−16), so amax·scale leaves binary32's range and the scale rule's
+        inf branch is taken; ``nan``: two NaN in x, one in dy and one in W; ``inf``: +inf in x, −inf in dy
+        and +inf in W; ``growing``: normal values, but delayed-scaling steps shrink x and grow dy (below);
+        ``tail_outlier``: the last element of x, W and dy (in memory order) times 2^8, so a tensor's amax sits in
+        its last chunk or block (an amax reduction that drops a partial tail saturates it); ``pruned``: W's first
+        ⌈N/2⌉ rows zero (pruned or zero-initialised outputs: all-zero W blocks and, for N ≥ 256, whole 128×128
+        tiles, whose amax 0 must give scale 1); ``scale_floor``: x times 2^−119 (fp16: zero), so block amaxes
+        sit near 2^−118 and an MXFP8 E8M0 scale at the bottom of its range, where a descale flushed to zero
+        (fast-math FTZ) moves the code; ``scale_edge``: x, W and dy with every block's amax a few ulps beside
+        fp8_max·2^k of the role's format (:func:`plant_scale_edges`): E8M0 and power-of-2 scale rounding,
+        saturation at the format maximum.
+    Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
+    ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
+    cast must saturate (a gradient spike).
+    """
+    g = torch.Generator(device="cpu").manual_seed(case.seed * 1009 + step)
+    M, K, N = case.M, case.K, case.N
+    x = torch.randn(M, K, generator=g, dtype=torch.float64)
+    w = torch.randn(N, K, generator=g, dtype=torch.float64) / math.sqrt(K)
+    dy = torch.randn(M, N, generator=g, dtype=torch.float64) / math.sqrt(N)
+    b = torch.randn(N, generator=g, dtype=torch.float64) * 0.5 if case.bias else None
+    r = case.regime
+    if r == "wide":
+        x = x * torch.exp2(torch.randint(-12, 13, (M, K), generator=g).to(torch.float64))
+        w = w * torch.exp2(torch.randint(-12, 13, (N, K), generator=g).to(torch.float64))
+        dy = dy * torch.exp2(torch.randint(-12, 13, (M, N), generator=g).to(torch.float64))
+    elif r == "outlier":
+        x = _one_per_block(x, g, 32, 2.0**10)
+        dy = _one_per_block(dy, g, 32, 2.0**10)
+    elif r == "zeros":
+        x = torch.zeros_like(x)
+        dy = torch.zeros_like(dy)
+    elif r == "tiny":
+        x = x * (2.0**-16 if case.dtype == "float16" else 2.0**-128)
+    elif r == "nan":
+        x.view(-1)[torch.randint(0, M * K, (2,), generator=g)] = float("nan")
+        dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("nan")
+        w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("nan")
+    elif r == "tail_outlier":
+        for t in (x, w, dy):
+            t.view(-1)[-1] *= 2.0**8
+    elif r == "pruned":
+        w[: (N + 1) // 2] = 0.0
+    elif r == "scale_floor":
+        x = x * 2.0**-119
+    elif r == "scale_edge":
+        x = plant_scale_edges(x, g, case.recipe.format_of("x").max_finite, case.dtype)
+        w = plant_scale_edges(w, g, case.recipe.format_of("w").max_finite, case.dtype)
+        dy = plant_scale_edges(dy, g, case.recipe.format_of("dy").max_finite, case.dtype)
+    elif r == "inf":
+        x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
+        dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")
+        w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("inf")
+    if case.recipe.kind == "delayed" and step:
+        gx, gdy = (-2, 4) if r == "growing" else (3, -2)
+        x = x * 2.0 ** (gx * step)
+        dy = dy * 2.0 ** (gdy * step)
+    dt, dev = case.torch_dtype, torch.device(case.device)
+    return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)

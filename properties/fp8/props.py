@@ -1,0 +1,601 @@
+"""FP8 quantized-linear properties and the measurement library the reports use.
+
+Library API:
+
+* :func:`run_quant_impl` — forward + backward of an impl on a case; outputs, and what it held for backward.
+* :func:`measure_case` — one recipe case: per output (y, dgrad, wgrad, bgrad) the comparison with both
+  references under the bounds of :mod:`properties.fp8.tolerance` (max error, error/bound, worst element),
+  relative Frobenius errors, SQNR against the original reference, and a verdict
+  (:class:`Fp8CaseResult`). Delayed scaling runs ``case.steps`` steps with one state.
+* :func:`held_bytes` — bytes held across backward in each ``save_original_input`` mode, the prediction,
+  and whether x is aliased.
+
+Properties (each raises :class:`~properties.core.failures.PropertyFailure` with impl, case, output, error,
+bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
+
+* ``accuracy`` — every output within both bounds; delayed-scaling amax records exact.
+* ``save_original_input`` — True and False give bitwise identical y, dgrad, wgrad, bgrad; for delayed
+  recipes, True raises ``ValueError`` naming ``save_original_input``.
+* ``saved_tensors`` — True holds x itself; False does not, and holds a 1-byte tensor of M·K elements (the
+  FP8 copy); held(False) − held(True) equals the predicted columnwise copy of x (data + scales).
+* ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
+  usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
+* as a layer in training (:data:`LAYER_PROPERTIES`): ``accumulate`` — micro-batches accumulate into
+  ``weight.grad``; ``optimizer_step`` — a weight changed in place is seen by the next call; ``two_layers`` —
+  two layers of one shape keep their own gradients; ``strided`` — non-contiguous operands (a transposed
+  weight leaf) give the same outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from numcheck.impls.protocols.fp8_linear import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
+from numcheck.properties.core.compare import Comparison, compare
+from numcheck.properties.core.failures import PropertyFailure, failure_message
+from numcheck.properties.fp8.cases import QuantCase, QuantTensors, build_quant
+from numcheck.properties.fp8.tolerance import output_bounds
+from numcheck.properties.core.harness import strided_copy
+from numcheck.reference.fp8_formats import F64, decode_fp8, same_codes
+from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
+from numcheck.reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
+from numcheck.reference.fp8_scaling import block_grid, quantize_operand
+
+
+# -- failures -----------------------------------------------------------------------------------------
+def fail(impl: Any, prop: str, case: QuantCase, *lines: str) -> None:
+    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command
+    (:func:`properties.core.failures.failure_message`, the same text as for linear+CE)."""
+    __tracebackhide__ = True
+    raise PropertyFailure(failure_message(impl, prop, case, lines))
+
+
+# -- running an impl ----------------------------------------------------------------------------------
+@dataclass
+class QuantRunOutputs:
+    """What one forward + backward produced (detached), and what the forward held for backward."""
+
+    y: torch.Tensor
+    dgrad: torch.Tensor | None
+    wgrad: torch.Tensor | None
+    bgrad: torch.Tensor | None
+    held: HeldTensors | None = None
+    held_new_bytes: int | None = None
+    x_aliased: bool | None = None
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return getattr(self, name)
+
+
+def run_quant_impl(impl: Any, case: QuantCase, t: QuantTensors | None = None, *, save_original_input: bool | None = None,
+                   state: DelayedScalingState | None = None, track_saved: bool = False) -> QuantRunOutputs:
+    """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_quant(case)``).
+
+    Protocol violations (wrong shape, dtype, no autograd graph) raise :class:`PropertyFailure`.
+    """
+    t = t if t is not None else build_quant(case)
+    soi = case.save_original_input if save_original_input is None else save_original_input
+    x = t.x.detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
+    if case.recipe.kind == "delayed" and state is None:
+        state = DelayedScalingState(case.recipe)
+    kw = dict(recipe=case.recipe, save_original_input=soi, scaling_state=state)
+    held = None
+    if track_saved:
+        with held_for_backward() as h:
+            y = impl(x, w, b, **kw)
+        held = h.scan(y) if isinstance(y, torch.Tensor) else h.result
+    else:
+        y = impl(x, w, b, **kw)
+    if not isinstance(y, torch.Tensor):
+        fail(impl, "protocol", case, f"returned {type(y).__name__}, expected a tensor")
+    if tuple(y.shape) != (case.M, case.N) or y.dtype != case.torch_dtype:
+        fail(impl, "protocol", case, f"y has shape {tuple(y.shape)} and dtype {y.dtype}; expected ({case.M}, {case.N}) {case.torch_dtype}")
+    if not y.requires_grad:
+        fail(impl, "protocol", case, "y is not connected to autograd (requires_grad=False)")
+    new_bytes = held.new_bytes([x, w, b]) if held is not None else None
+    aliased = held.holds_storage_of(x) if held is not None else None
+    y.backward(t.dy)
+    return QuantRunOutputs(y=y.detach(), dgrad=x.grad, wgrad=w.grad, bgrad=b.grad if b is not None else None,
+                           held=held, held_new_bytes=new_bytes, x_aliased=aliased)
+
+
+# -- measuring ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutputMetrics:
+    """One output against both references.
+
+    Attributes:
+        output: ``y``, ``dgrad``, ``wgrad`` or ``bgrad`` (``@stepN`` appended for later delayed steps).
+        dq, true: comparisons with the dequantized and the original reference under their bounds.
+        rel_fro_dq, rel_fro_true: ‖impl − ref‖_F / ‖ref‖_F over the compared elements.
+        sqnr_db: 10·log10(Σ ref_true² / Σ (impl − ref_true)²) (inf when exact).
+        expected_ratio_dq: max |impl − ref_dq| / (√n·u_a·Σ|â||b̂|) — how the error sits against the
+            expected (probabilistic) level; reported, not enforced.
+        n_unspecified: elements the non-finite contract leaves free.
+    """
+
+    output: str
+    dq: Comparison
+    true: Comparison
+    rel_fro_dq: float
+    rel_fro_true: float
+    sqnr_db: float
+    expected_ratio_dq: float
+    n_unspecified: int
+
+    @property
+    def ok(self) -> bool:
+        return self.dq.ok and self.true.ok
+
+
+@dataclass
+class Fp8CaseResult:
+    """The measurement of one case: per-output metrics, protocol notes, and the verdict."""
+
+    impl: str
+    case: QuantCase
+    outputs: dict[str, OutputMetrics] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.notes and all(m.ok for m in self.outputs.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Flat rows for tables: one per output."""
+        return [dict(impl=self.impl, recipe=self.case.recipe.name, case=self.case.short(), output=k,
+                     max_err_dq=m.dq.max_abs, ratio_dq=m.dq.ratio, max_err_true=m.true.max_abs, ratio_true=m.true.ratio,
+                     rel_fro_dq=m.rel_fro_dq, rel_fro_true=m.rel_fro_true, sqnr_db=m.sqnr_db,
+                     expected_ratio_dq=m.expected_ratio_dq, ok=m.ok) for k, m in self.outputs.items()]
+
+
+def _masked(impl_out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, skip: torch.Tensor):
+    a = impl_out.detach().to("cpu").clone()  # keeps the impl's dtype (ULPs are reported in it)
+    o, b = ref.clone(), bound.clone()
+    a[skip], o[skip], b[skip] = 0.0, 0.0, 1.0
+    return a, o, b
+
+
+def _rel_fro(a: torch.Tensor, o: torch.Tensor) -> float:
+    fin = torch.isfinite(a) & torch.isfinite(o)
+    num = float((a[fin] - o[fin]).norm())
+    den = float(o[fin].norm())
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def _sqnr(a: torch.Tensor, o: torch.Tensor) -> float:
+    fin = torch.isfinite(a) & torch.isfinite(o)
+    noise = float((a[fin] - o[fin]).square().sum())
+    sig = float(o[fin].square().sum())
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(sig / noise) if sig > 0 else -math.inf
+
+
+def _out_dtypes(case: QuantCase) -> dict[str, torch.dtype]:
+    return {k: case.torch_dtype for k in QUANT_OUTPUTS}
+
+
+def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str,
+                  result: Fp8CaseResult) -> None:
+    for name in QUANT_OUTPUTS:
+        if name not in ref.dq:
+            continue
+        got = out.get(name)
+        label = name + suffix
+        if got is None:
+            miss = compare(label, None, ref.dq[name], ref.dq[name])
+            result.outputs[label] = OutputMetrics(output=label, dq=miss, true=miss, rel_fro_dq=math.inf,
+                                                  rel_fro_true=math.inf, sqnr_db=-math.inf, expected_ratio_dq=math.inf,
+                                                  n_unspecified=0)
+            continue
+        u_a, chunk = impl.support.accumulation(case.device)
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
+        skip_dq = bnd.unspecified
+        skip_true = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
+        cdq = compare(label, *_masked(got, ref.dq[name], bnd.dq, skip_dq))
+        ctrue = compare(label, *_masked(got, ref.true[name], bnd.true, skip_true))
+        a = got.detach().to("cpu", F64)
+        keep_dq = ~skip_dq
+        keep_t = ~skip_true
+        exp_level = bnd.expected_dq[keep_dq]
+        err = (a[keep_dq] - ref.dq[name][keep_dq]).abs()
+        fin = torch.isfinite(err) & (exp_level > 0)
+        exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
+        result.outputs[label] = OutputMetrics(
+            output=label, dq=cdq, true=ctrue, rel_fro_dq=_rel_fro(a[keep_dq], ref.dq[name][keep_dq]),
+            rel_fro_true=_rel_fro(a[keep_t], ref.true[name][keep_t]), sqnr_db=_sqnr(a[keep_t], ref.true[name][keep_t]),
+            expected_ratio_dq=exp_ratio, n_unspecified=int(skip_dq.sum()))
+
+
+def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:
+    """Run ``case`` (all its delayed-scaling steps) and measure every output against both references."""
+    result = Fp8CaseResult(impl=impl.name, case=case)
+    state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
+    for step in range(case.steps):
+        t = build_quant(case, step)
+        scales = {r: state.scale(r) for r in ROLES} if state is not None else None
+        out = run_quant_impl(impl, case, t, state=state)
+        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales)
+        _measure_step(impl, case, t, out, ref, f"@step{step}" if step else "", result)
+        if state is not None:
+            for role in ROLES:
+                got = state.pending.get(role)
+                want = ref.amax[role]
+                if got is None:
+                    result.notes.append(f"step {step}: amax of {role!r} was not recorded (expected {want!r})")
+                elif not (got == want or (math.isnan(got) and math.isnan(want))):
+                    result.notes.append(f"step {step}: recorded amax of {role!r} is {got!r}, expected {want!r}")
+            state.update()
+    return result
+
+
+# -- properties ---------------------------------------------------------------------------------------
+def accuracy(impl: Any, case: QuantCase) -> Fp8CaseResult:
+    """Property: every output within both bounds (and exact amax records for delayed scaling)."""
+    __tracebackhide__ = True
+    r = measure_case(impl, case)
+    if not r.ok:
+        bad = [m for m in r.outputs.values() if not m.ok]
+        lines = list(r.notes)
+        for m in bad:
+            if not m.dq.ok:
+                lines.append("vs dequantized-operand reference (accumulation error): " + m.dq.describe())
+            if not m.true.ok:
+                lines.append("vs original-operand reference (total error): " + m.true.describe())
+        fail(impl, "accuracy", case, *lines)
+    return r
+
+
+def _bits(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.detach().cpu().contiguous()
+    return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def save_original_input(impl: Any, case: QuantCase) -> None:
+    """Property: save_original_input True and False give bitwise identical outputs; delayed + True raises."""
+    __tracebackhide__ = True
+    if True not in impl.support.save_original_input:
+        return
+    if not case.recipe.allows_save_original_input:
+        delayed_rejects_save_original_input(impl, case)
+        return
+    t = build_quant(case)
+    a = run_quant_impl(impl, case, t, save_original_input=False)
+    b = run_quant_impl(impl, case, t, save_original_input=True)
+    for name in QUANT_OUTPUTS:
+        ba, bb = _bits(a.get(name)), _bits(b.get(name))
+        if ba is None and bb is None:
+            continue
+        if ba is None or bb is None or ba.shape != bb.shape:
+            fail(impl, "save_original_input", case, f"{name}: present/shape differs between modes")
+        diff = ba != bb
+        if bool(diff.any()):
+            idx = tuple(int(i) for i in diff.nonzero()[0])
+            va, vb = a.get(name), b.get(name)
+            fail(impl, "save_original_input", case,
+                 f"{name} differs bitwise between save_original_input=False and True in {int(diff.sum())} / {diff.numel()} elements",
+                 f"first at index {list(idx)}: False gives {float(va[idx]):.9g}, True gives {float(vb[idx]):.9g} "
+                 f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)")
+
+
+# -- as a layer in training: accumulation, optimizer step, several layers, non-contiguous operands ----------
+#: The four properties of a layer used as training uses it (each its own name in verdicts and reports).
+LAYER_PROPERTIES: tuple[str, ...] = ("accumulate", "optimizer_step", "two_layers", "strided")
+
+
+def _judge_sum(impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tensor | None,
+               parts: list[tuple[Any, QuantTensors]]) -> None:
+    """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
+    sum of their bounds plus one rounding of the sum in the output dtype; a failure names property ``prop``."""
+    __tracebackhide__ = True
+    if got is None:
+        fail(impl, prop, case, f"{prop}: {name} is missing (None)")
+    u_a, chunk = impl.support.accumulation(case.device)
+    dq = true = bdq = btrue = None
+    skip = None
+    for ref, t in parts:
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a,
+                            accum_chunk=chunk)
+        un = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
+        dq = ref.dq[name] if dq is None else dq + ref.dq[name]
+        true = ref.true[name] if true is None else true + ref.true[name]
+        bdq = bnd.dq if bdq is None else bdq + bnd.dq
+        btrue = bnd.true if btrue is None else btrue + bnd.true
+        skip = un if skip is None else skip | un
+    if len(parts) > 1:  # the accumulated gradient is rounded once more, in its own dtype
+        u_o = float(torch.finfo(got.dtype).eps) / 2
+        bdq = bdq + u_o * dq.abs().nan_to_num(0.0)
+        btrue = btrue + u_o * true.abs().nan_to_num(0.0)
+    label = f"{name} ({prop})"
+    for which, ref, b in (("dequantized-operand", dq, bdq), ("original-operand", true, btrue)):
+        c = compare(label, *_masked(got, ref, b, skip))
+        if not c.ok:
+            fail(impl, prop, case, f"{prop}: vs the {which} reference: " + c.describe())
+
+
+def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A fresh leaf tensor with ``t``'s values that requires grad (``None`` stays ``None``)."""
+    return t.detach().clone().requires_grad_(True) if t is not None else None
+
+
+@dataclass(frozen=True)
+class _LayerSetup:
+    """What the layer properties share: the call keywords, draw A, draw B and B's inputs on A's weight and bias."""
+
+    kw: dict[str, Any]
+    tA: QuantTensors
+    tB: QuantTensors
+    tB_on_A: QuantTensors
+
+    def ref(self, t: QuantTensors, case: QuantCase) -> Any:
+        """The two references of one call on ``t``."""
+        return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
+
+
+def _layer_setup(case: QuantCase) -> _LayerSetup:
+    """Draws A and B (seed + 1) of ``case`` and the keywords of a current-scaling call."""
+    tA = build_quant(case)
+    tB = build_quant(case.replace(seed=case.seed + 1))
+    kw = dict(recipe=case.recipe, save_original_input=case.save_original_input, scaling_state=None)
+    return _LayerSetup(kw=kw, tA=tA, tB=tB, tB_on_A=tB._replace(weight=tA.weight, bias=tA.bias))
+
+
+def _two_micro_batches(impl: Any, su: _LayerSetup) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """One weight and bias leaf (A's), two micro-batches (A's and B's inputs) with a backward after each:
+    ``(weight, bias, [x_A, x_B])`` with their accumulated gradients."""
+    w, b = _leaf(su.tA.weight), _leaf(su.tA.bias)
+    xs = []
+    for t in (su.tA, su.tB_on_A):
+        x = _leaf(t.x)
+        impl(x, w, b, **su.kw).backward(t.dy)
+        xs.append(x)
+    return w, b, xs
+
+
+def accumulate(impl: Any, case: QuantCase) -> None:
+    """Property: two micro-batches on one weight and bias, a backward after each, add up in ``weight.grad`` /
+    ``bias.grad`` (an impl writing the gradient instead of adding it fails); each x gets its own dgrad.
+    Delayed scaling is not covered (its state is per call and the caller's to update)."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    w, b, xs = _two_micro_batches(impl, su)
+    parts = [(su.ref(su.tA, case), su.tA), (su.ref(su.tB_on_A, case), su.tB_on_A)]
+    _judge_sum(impl, "accumulate", case, "wgrad", w.grad, parts)
+    if b is not None:
+        _judge_sum(impl, "accumulate", case, "bgrad", b.grad, parts)
+    for x, part in zip(xs, parts):
+        _judge_sum(impl, "accumulate", case, "dgrad", x.grad, [part])
+
+
+def optimizer_step(impl: Any, case: QuantCase) -> None:
+    """Property: after two micro-batches, the weight and bias tensors are changed in place to another draw's
+    values (an optimizer step) and the next micro-batch must see them (a quantized weight cached per tensor,
+    blind to its version, fails). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    w, b, _ = _two_micro_batches(impl, su)
+    with torch.no_grad():
+        w.copy_(su.tB.weight)
+        if b is not None:
+            b.copy_(su.tB.bias)
+    w.grad = None
+    if b is not None:
+        b.grad = None
+    x = _leaf(su.tB.x)
+    y = impl(x, w, b, **su.kw)
+    y.backward(su.tB.dy)
+    part = [(su.ref(su.tB, case), su.tB)]
+    _judge_sum(impl, "optimizer_step", case, "y", y.detach(), part)
+    _judge_sum(impl, "optimizer_step", case, "dgrad", x.grad, part)
+    _judge_sum(impl, "optimizer_step", case, "wgrad", w.grad, part)
+    if b is not None:
+        _judge_sum(impl, "optimizer_step", case, "bgrad", b.grad, part)
+
+
+def two_layers(impl: Any, case: QuantCase) -> None:
+    """Property: two layers of one shape, forward, forward, then one backward, each get their own gradients
+    (per-shape workspaces shared between calls fail). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    leaves = [(_leaf(t.x), _leaf(t.weight), _leaf(t.bias)) for t in (su.tA, su.tB)]
+    ys = [impl(x, w, b, **su.kw) for x, w, b in leaves]
+    torch.autograd.backward(ys, [su.tA.dy, su.tB.dy])
+    for (x, w, b), t in zip(leaves, (su.tA, su.tB)):
+        part = [(su.ref(t, case), t)]
+        for name, got in (("dgrad", x.grad), ("wgrad", w.grad), ("bgrad", b.grad if b is not None else None)):
+            if name != "bgrad" or b is not None:
+                _judge_sum(impl, "two_layers", case, name, got, part)
+
+
+def strided(impl: Any, case: QuantCase) -> None:
+    """Property: x and dy as column slices of wider padded buffers (:data:`properties.core.harness.PAD`), the weight
+    the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other element of a
+    longer buffer give the single-call outputs, the weight's gradient landing on the leaf; refusing them with an
+    exception is allowed (loud, not wrong). Delayed scaling is not covered."""
+    __tracebackhide__ = True
+    if case.recipe.kind == "delayed":
+        return
+    su = _layer_setup(case)
+    tA = su.tA
+    w_leaf = tA.weight.detach().t().contiguous().requires_grad_(True)  # [K, N]
+    x = strided_copy(tA.x, "x").requires_grad_(True)
+    b = strided_copy(tA.bias, "bias").requires_grad_(True) if tA.bias is not None else None
+    try:
+        y = impl(x, w_leaf.t(), b, **su.kw)
+        y.backward(strided_copy(tA.dy, "x"))  # a column slice, like x
+    except AssertionError:
+        raise
+    except Exception:  # noqa: BLE001 - refusing non-contiguous operands loudly is allowed
+        return
+    part = [(su.ref(tA, case), tA)]
+    _judge_sum(impl, "strided", case, "y", y.detach(), part)
+    _judge_sum(impl, "strided", case, "dgrad", x.grad, part)
+    _judge_sum(impl, "strided", case, "wgrad", w_leaf.grad.t() if w_leaf.grad is not None else None, part)
+    if b is not None:
+        _judge_sum(impl, "strided", case, "bgrad", b.grad, part)
+
+
+def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
+    """Property: a delayed recipe with save_original_input=True raises ValueError naming the option."""
+    __tracebackhide__ = True
+    t = build_quant(case)
+    x = t.x.detach().clone().requires_grad_(True)
+    w = t.weight.detach().clone().requires_grad_(True)
+    try:
+        impl(x, w, None, recipe=case.recipe, save_original_input=True, scaling_state=DelayedScalingState(case.recipe))
+    except ValueError as exc:
+        if "save_original_input" not in str(exc):
+            fail(impl, "save_original_input", case, f"ValueError raised but its message does not name save_original_input: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - any other type is the failure being reported
+        fail(impl, "save_original_input", case, f"raised {type(exc).__name__} ({exc}); expected ValueError")
+    fail(impl, "save_original_input", case, "delayed scaling with save_original_input=True did not raise ValueError")
+
+
+@dataclass(frozen=True)
+class HeldBytes:
+    """Bytes held across backward per mode (``None`` where the mode was not run) and the prediction."""
+
+    false_bytes: int | None
+    true_bytes: int | None
+    predicted_difference: int
+    x_aliased_false: bool | None
+    x_aliased_true: bool | None
+    held_false: list[str]
+    held_true: list[str]
+    fp8_copy_false: bool | None = None
+
+
+def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
+    """Measure what each declared (and allowed) save_original_input mode holds for backward."""
+    t = build_quant(case)
+    res: dict[bool, QuantRunOutputs] = {}
+    for soi in (False, True):
+        if soi in impl.support.save_original_input and (not soi or case.recipe.allows_save_original_input):
+            res[soi] = run_quant_impl(impl, case, t, save_original_input=soi, track_saved=True)
+    pred = predicted_columnwise_x_bytes(case.recipe, case.M, case.K)
+    f, tr = res.get(False), res.get(True)
+    desc = lambda r: [d for d, _ in r.held.tensors] if r is not None and r.held is not None else []  # noqa: E731
+    copy = None
+    if f is not None and f.held is not None:
+        copy = any(t.element_size() == 1 and t.numel() == case.M * case.K for _, t in f.held.tensors)
+    return HeldBytes(false_bytes=f.held_new_bytes if f else None, true_bytes=tr.held_new_bytes if tr else None,
+                     predicted_difference=pred, x_aliased_false=f.x_aliased if f else None,
+                     x_aliased_true=tr.x_aliased if tr else None, held_false=desc(f), held_true=desc(tr),
+                     fp8_copy_false=copy)
+
+
+def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
+    """Property: True holds x itself, False does not, and held(False) − held(True) is the predicted copy."""
+    __tracebackhide__ = True
+    h = held_bytes(impl, case)
+    if h.x_aliased_true is False:
+        fail(impl, "saved_tensors", case, "save_original_input=True: the tensors held for backward do not include x's storage",
+             "held: " + "; ".join(h.held_true))
+    if h.x_aliased_false:
+        fail(impl, "saved_tensors", case, "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
+             "held: " + "; ".join(h.held_false))
+    if h.false_bytes is not None and not h.fp8_copy_false:
+        fail(impl, "saved_tensors", case, f"save_original_input=False holds no 1-byte tensor of M·K = {case.M * case.K} "
+             "elements (the columnwise FP8 copy of x)", "held: " + "; ".join(h.held_false))
+    if h.false_bytes is not None and h.true_bytes is not None:
+        diff = h.false_bytes - h.true_bytes
+        if diff != h.predicted_difference:
+            fail(impl, "saved_tensors", case,
+                 f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes; the recipe predicts "
+                 f"{h.predicted_difference} (columnwise x: {case.M}·{case.K} FP8 bytes + scales)",
+                 "held with False: " + "; ".join(h.held_false), "held with True: " + "; ".join(h.held_true))
+    elif h.false_bytes is not None and h.false_bytes < h.predicted_difference:
+        fail(impl, "saved_tensors", case, f"save_original_input=False holds {h.false_bytes} new bytes, less than the "
+             f"columnwise copy of x ({h.predicted_difference})", "held: " + "; ".join(h.held_false))
+    return h
+
+
+def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
+    R, C = t.shape
+    return QuantCase(recipe, R, C, max(1, R), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
+                                                     torch.float16: "float16"}[t.dtype], device=t.device.type)
+
+
+def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "") -> None:
+    """Property: ``impl.quantize`` equals the oracle bitwise for every role and usage of ``recipe`` on ``t``
+    (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ."""
+    __tracebackhide__ = True
+    case = _quant_case_for(recipe, t)
+    what = f"input {label or 'tensor'} {tuple(t.shape)} {t.dtype}"
+    state = None
+    if recipe.kind == "delayed":
+        state = DelayedScalingState(recipe)
+        for r in ROLES:
+            state.set_scale(r, delayed_scale)
+    for role in ROLES:
+        for usage in USAGES:
+            got = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
+            ref = quantize_operand(t.cpu(), recipe, role, usage, stored_scale=delayed_scale if state else None)
+            fmt = ref.fmt
+            where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
+            grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))
+            if tuple(got.data.shape) != tuple(t.shape):
+                fail(impl, "quantizer", case, f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}")
+            codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
+            ok = same_codes(codes.cpu(), ref.codes, fmt)
+            if not bool(ok.all()):
+                idx = tuple(int(i) for i in (~ok).nonzero()[0])
+                fail(impl, "quantizer", case, f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
+                     f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
+                     f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
+                     f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
+                     f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}")
+            si = got.scale_inv.detach().to("cpu", F64)
+            if tuple(si.shape) != grid:
+                fail(impl, "quantizer", case, f"{where}: scale_inv has shape {tuple(si.shape)}, expected {grid}")
+            same = (si == ref.scale_inv) | (torch.isnan(si) & torch.isnan(ref.scale_inv))
+            if not bool(same.all()):
+                idx = tuple(int(i) for i in (~same).nonzero()[0])
+                fail(impl, "quantizer", case, f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
+                     f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})")
+            if ref.scale_code is not None:
+                if got.scale_code is None or not torch.equal(got.scale_code.cpu().to(torch.int64), ref.scale_code):
+                    fail(impl, "quantizer", case, f"{where}: E8M0 scale codes differ from the oracle "
+                         f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
+                         f"oracle {ref.scale_code.flatten()[:8].tolist()})")
+        col = impl.quantize(t, recipe=recipe, role=role, usage="columnwise", scaling_state=state)
+        row_t = impl.quantize(t.t().contiguous(), recipe=recipe, role=role, usage="rowwise", scaling_state=state)
+        ca = col.data.view(torch.uint8) if col.data.dtype != torch.uint8 else col.data
+        rb = row_t.data.view(torch.uint8) if row_t.data.dtype != torch.uint8 else row_t.data
+        if not (torch.equal(ca.cpu(), rb.t().cpu()) and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))):
+            fail(impl, "quantizer", case, f"{what}, role {role!r}: columnwise(t) differs from rowwise(tᵀ)ᵀ")
+
+
+def _scale_at(s: torch.Tensor, idx: tuple[int, ...], block: tuple[int, int]) -> float:
+    s = s.detach().cpu().reshape(s.shape[0] if s.dim() == 2 else 1, -1)
+    i, j = min(idx[0] // block[0], s.shape[0] - 1), min(idx[1] // block[1], s.shape[1] - 1)
+    return float(s[i, j])
+
+
+#: The properties a repro command can name; each takes (impl, case).
+FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
+    "accuracy": accuracy,
+    "save_original_input": save_original_input,
+    "saved_tensors": saved_tensors,
+    "quantizer": lambda impl, case: quantizer(impl, case.recipe, build_quant(case).x),
+    "accumulate": accumulate,
+    "optimizer_step": optimizer_step,
+    "two_layers": two_layers,
+    "strided": strided,
+}

@@ -1,0 +1,119 @@
+"""Hypothesis strategies for the FP8 properties: cases inside an impl's declaration, tensors, amaxes.
+
+Sizes are drawn from edge-heavy lists (K not a multiple of 16, 32 or 128, partial blocks in every
+dimension) capped by ``NUMCHECK_FP8_MAX_DIM`` (default 208) to keep the float64 oracle cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from hypothesis import strategies as st
+
+from numcheck.properties.fp8.cases import QUANT_REGIMES, QuantCase, plant_scale_edges
+from numcheck.properties.core.strategies import DEVICE
+from numcheck.reference.fp8_formats import FP32_MAX
+
+MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))
+if MAX_DIM < 16:
+    raise ValueError(f"NUMCHECK_FP8_MAX_DIM={MAX_DIM} must be at least 16")
+
+#: Dimension edges: 1, below/at/above 16, 32 and 128, and odd sizes.
+_M_EDGES = (1, 3, 16, 31, 32, 33, 64, 127, 128, 130, 160)
+_K_EDGES = (8, 16, 24, 32, 40, 48, 72, 96, 128, 136, 160, 200)
+_N_EDGES = (1, 8, 16, 17, 32, 48, 96, 128, 129, 144)
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
+    return st.sampled_from(tuple(e for e in edges if e <= MAX_DIM) or (MAX_DIM,))
+
+
+@st.composite
+def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_REGIMES, device: str | None = None,
+                save_original_input: bool | None = None, require_soi: bool = False) -> QuantCase:
+    """A :class:`QuantCase` inside ``support`` (recipe, dtype, bias, mode all declared).
+
+    ``require_soi`` draws only recipes that allow save_original_input (for the mode-comparison properties).
+    ``device``: where the case's tensors live; the suite's device (``NUMCHECK_DEVICE``) when not given.
+    """
+    device = device or DEVICE
+    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
+    if not recipes:
+        raise ValueError("quant_cases: the support declares no recipe that allows save_original_input")
+    recipe = draw(st.sampled_from(recipes), label="recipe")
+    dtypes = sorted((d for d in support.dtypes if d in _DTYPE_NAMES), key=str)
+    dtype = draw(st.sampled_from([_DTYPE_NAMES[d] for d in dtypes]), label="dtype")
+    M = draw(_dims(_M_EDGES), label="M")
+    K = draw(_dims(_K_EDGES), label="K")
+    N = draw(_dims(_N_EDGES), label="N")
+    bias = draw(st.booleans(), label="bias") if support.bias else False
+    regime = draw(st.sampled_from(regimes), label="regime")
+    seed = draw(st.integers(0, 2**16), label="seed")
+    if save_original_input is None:
+        modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]
+        soi = draw(st.sampled_from(modes), label="save_original_input")
+    else:
+        soi = save_original_input
+    steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
+    return QuantCase(recipe, M, K, N, dtype=dtype, bias=bias, regime=regime, seed=seed, save_original_input=soi,
+                     steps=steps, device=device)
+
+
+@st.composite
+def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
+                     dtype: str = "float32") -> torch.Tensor:
+    """2-D float32 tensors (exact in ``dtype``, which they will be cast to, where edge values are planted) whose
+    rows span many binades, with zeros, signed zeros, ties and specials, and in two draws of three values a few
+    ulps either side of an FP8 format's largest finite value times a power of two (448·2^k, 57344·2^k): one
+    element, or one in every 32-element run of every row with the rest of the row below half of it
+    (:func:`numcheck.properties.fp8.cases.plant_scale_edges`: every block's amax at an edge). As a block's amax
+    such a value lands a scale's log2 just beside an integer, where an E8M0 or power-of-2 scale computed through
+    a rounded log2 or a division picks the wrong exponent, and amax·scale on or just past the format maximum,
+    where the cast must saturate."""
+    R = draw(st.integers(1, max_rows), label="rows")
+    C = draw(st.integers(1, max_cols), label="cols")
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(R, C, generator=g, dtype=torch.float64)
+    spread = draw(st.sampled_from([0, 6, 20, 60]), label="binade_spread")
+    if spread:
+        t = t * torch.exp2(torch.randint(-spread, spread + 1, (R, C), generator=g).to(torch.float64))
+    t = t * 2.0 ** draw(st.integers(-140, 120), label="magnitude_exp")
+    t = t.clamp(-FP32_MAX, FP32_MAX).to(torch.float32)
+    n_special = draw(st.integers(0, 3), label="n_special")
+    specials = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 448.0, 464.0, 57344.0, 61440.0]
+    for _ in range(n_special):
+        v = draw(st.sampled_from(specials), label="special")
+        i, j = draw(st.integers(0, R - 1)), draw(st.integers(0, C - 1))
+        t[i, j] = v
+    edges = draw(st.sampled_from(["none", "one element", "every block"]), label="amax_at_scale_boundary")
+    if edges == "every block":
+        fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
+        finite = torch.isfinite(t)
+        planted = plant_scale_edges(torch.where(finite, t, 0.0).double(), g, fmt_max, dtype)
+        t = torch.where(finite, planted.to(torch.float32), t)
+    elif edges == "one element":
+        fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
+        v = torch.tensor(fmt_max * 2.0 ** draw(st.integers(-20, 20), label="boundary_exp"), dtype=torch.float32)
+        ulps = draw(st.sampled_from([-2, -1, 1, 2]), label="boundary_ulps")
+        toward = torch.tensor(math.copysign(math.inf, ulps), dtype=torch.float32)
+        for _ in range(abs(ulps)):
+            v = torch.nextafter(v, toward)
+        finite = t[torch.isfinite(t)].abs()
+        m = float(finite.max()) if finite.numel() else 0.0
+        if m > 0:  # every other finite element below half of it, so it is its block's amax
+            t = torch.where(torch.isfinite(t), t * (float(v) / (2 * m)), t)
+        i, j = draw(st.integers(0, R - 1), label="boundary_row"), draw(st.integers(0, C - 1), label="boundary_col")
+        t[i, j] = float(v) * draw(st.sampled_from([1.0, -1.0]), label="boundary_sign")
+    return t
+
+
+def amaxes() -> st.SearchStrategy[float]:
+    """amax values for the scale rules: 0, inf, NaN, binary32 subnormals, and positive binary32 floats."""
+    return st.one_of(
+        st.sampled_from([0.0, float("inf"), float("nan"), 1e-45, 2.0**-149, 2.0**-127, 1.17e-38, FP32_MAX, 448.0, 57344.0]),
+        st.floats(min_value=0.0, max_value=FP32_MAX, allow_nan=False, allow_infinity=False, width=32),
+    )

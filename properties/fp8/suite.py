@@ -1,0 +1,89 @@
+"""The drawn quantized-linear tests of the suite, as data: :data:`QUANT_SUITE` (name → :class:`SuiteProperty`).
+``numcheck.tests.suite.test_fp8_impls`` runs one pytest test per entry and :func:`numcheck.check` runs the same
+entries without pytest, through :mod:`numcheck.properties.core.runner`. (The suite's fixed-case FP8 tests, edge
+inputs, large shapes, all 256 codes and so on, run under pytest only.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from numcheck.properties.fp8 import props as checks
+from numcheck.properties.fp8.strategies import fp8_test_tensors, quant_cases
+from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
+from numcheck.properties.core.strategies import DEVICE
+
+
+def _cases(*regimes: str) -> Draw:
+    """A draw of a :class:`QuantCase` inside the impl's declaration, in one of ``regimes``."""
+    return lambda impl, data: data.draw(quant_cases(impl.support, regimes=regimes), label="case")
+
+
+def accuracy(impl: Any, case: Any) -> Metrics:
+    """:func:`fp8_checks.accuracy`, its error/bound against the dequantized reference per output as metrics."""
+    result = checks.accuracy(impl, case)
+    return {f"{m.output} error/bound (dequantized reference)": min(m.dq.ratio, 1e6) for m in result.outputs.values()}
+
+
+def save_original_input(impl: Any, case: Any) -> Metrics:
+    """:func:`fp8_checks.save_original_input` (bitwise: no metrics)."""
+    checks.save_original_input(impl, case)
+    return {}
+
+
+def saved_tensors(impl: Any, case: Any) -> Metrics:
+    """:func:`fp8_checks.saved_tensors` (exact byte counts: no metrics)."""
+    checks.saved_tensors(impl, case)
+    return {}
+
+
+def quantizer(impl: Any, case: tuple[Any, Any, float]) -> Metrics:
+    """:func:`fp8_checks.quantizer` on a drawn ``(recipe, tensor, delayed scale)`` (bitwise: no metrics)."""
+    recipe, t, scale = case
+    checks.quantizer(impl, recipe, t, delayed_scale=scale, label="random")
+    return {}
+
+
+def _quantizer_case(impl: Any, data: Any) -> tuple[Any, Any, float]:
+    """A declared recipe, a random tensor in a declared dtype on the suite's device, and a delayed scale."""
+    recipe = data.draw(st.sampled_from(impl.support.recipes), label="recipe")
+    dtype = data.draw(st.sampled_from(sorted(impl.support.dtypes, key=str)), label="dtype")
+    t = data.draw(fp8_test_tensors(dtype=str(dtype).removeprefix("torch.")), label="t")
+    scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
+    return recipe, t.to(DEVICE, dtype), scale
+
+
+def _declares_soi(impl: Any) -> str | None:
+    """Why save_original_input=True says nothing about ``impl`` (it does not declare it)."""
+    if True not in impl.support.save_original_input:
+        return f"{impl.name} does not declare save_original_input=True"
+    return None
+
+
+def _exposes_quantize(impl: Any) -> str | None:
+    """Why the quantizer tests say nothing about ``impl`` (it exposes no quantize)."""
+    if not impl.support.exposes_quantize:
+        return f"{impl.name} does not expose quantize (support.exposes_quantize=False)"
+    return None
+
+
+# Example budgets by cost (SuiteProperty.budget_scale), measured per example on CPU, torch 2.13, one thread, a
+# loaded 2-core machine: accuracy 310–670 ms (two references in float64: the profile's examples); the mode
+# comparison 10–55 ms and the saved-tensor accounting 20–55 ms (one small forward and backward, no oracle):
+# 10× and 5× (120 and 60 examples in ci, 1–7 s per impl); the quantizer on one tensor 100–130 ms (impl and
+# oracle quantizers, both usages): 10× (120 examples, 12–16 s per impl), so its edges (planted in two draws of
+# three, every block's amax at an edge in one of three) come in every ci run.
+_ENTRIES: tuple[SuiteProperty, ...] = (
+    SuiteProperty("accuracy_against_both_references", accuracy,
+                  _cases("normal", "wide", "outlier", "growing", "scale_edge")),
+    SuiteProperty("save_original_input_is_bitwise_identical", save_original_input,
+                  _cases("normal", "wide", "outlier", "nan"), skip=_declares_soi, budget_scale=10),
+    SuiteProperty("saved_tensor_aliasing_and_bytes", saved_tensors, _cases("normal"), budget_scale=5),
+    SuiteProperty("quantizer_bitwise_on_random_tensors", quantizer, _quantizer_case, skip=_exposes_quantize,
+                  budget_scale=10),
+)
+
+#: Every drawn quantized-linear test of the suite by verdict name.
+QUANT_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}

@@ -1,0 +1,1 @@
+"""``numcheck converge``: the tiny-model convergence run from the command line."""

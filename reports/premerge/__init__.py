@@ -1,0 +1,1 @@
+"""``numcheck premerge``: the checklist, and its A/B mode with claims."""

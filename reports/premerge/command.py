@@ -1,0 +1,354 @@
+"""``numcheck premerge``: the checklist a contributor pastes into a pull request.
+
+Checks, each ✅ or ❌ with its key figure:
+
+1. **impls load** — every selected impl (default all; ``--impl`` restricts, outside ``module:attr`` specs
+   included) loads and follows its protocol.
+2. **capability probes** — :func:`impls.measure.capabilities.summary` on the device (informative: ❌ only if the
+   probes themselves cannot run).
+3. **property suite** — the installed suite, exactly as a user runs it: ``python -m pytest --pyargs
+   numcheck.tests.suite --impl ...`` (:data:`SUITE_MODULES`; the plugin ``numcheck.tests.plugin`` gives it
+   ``--impl`` and its ``numcheck-ci`` hypothesis profile) in a subprocess in the current directory, so no checkout
+   is needed; pytest's progress is streamed to stderr line by line while it runs; failures are listed with the
+   repro command their message carries.
+4. **quick report** — the report grid (``--grid``, default quick) for the selected impls: every case passes both
+   verdicts.
+5. **vs baseline** — that report compared (:mod:`reports.report.compare`) with ``--baseline BASE.json``, or
+   else with the baseline shipped in the package for this device and torch release
+   (:func:`reports.baselines.baseline_for`); without one it says "no baseline for this device" — information,
+   not a failure.
+6. **memory** — the memory table at the seed's shapes on ``meta`` (informative: ❌ only if the measurement
+   itself breaks; an impl that cannot run on ``meta`` is listed with its reason).
+
+It prints a Markdown checklist (environment first) and exits 1 if any check fails, 2 on bad input (an unreadable
+or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package).
+
+With ``--base SPEC`` (one per ``--impl``, in the same order) it runs the A/B mode instead: each change judged
+against the impl it replaces on the same problems, its memory, time and code paths side by side, and the claims
+of ``--claims FILE`` checked (:mod:`reports.premerge.ab_run`, ``docs/premerge-ab.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import importlib.util
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from numcheck.reports import baselines
+
+from numcheck.reports.report import compare as report_compare, schema as report_schema
+from numcheck.reports.report.grid import GRIDS
+from numcheck.reports.report.schema import Traversable
+
+HELP = ("pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
+        "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
+        "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input")
+
+#: The installed suite the property-suite check runs, as ``pytest --pyargs`` names (the one list of it).
+SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
+
+
+@dataclass
+class Check:
+    """One checklist line: ``ok``, a title, its key figure, and details (failures with repro commands)."""
+
+    title: str
+    ok: bool
+    figure: str
+    details: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"- [{'x' if self.ok else ' '}] {'✅' if self.ok else '❌'} **{self.title}** — {self.figure}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
+    p.add_argument("--device", default="cpu", help="device (default cpu)")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help="report grid (default quick)")
+    p.add_argument("--baseline", type=Path, metavar="BASE.json",
+                   help="baseline report (default: the one shipped with numcheck for this device and torch, if any)")
+    p.add_argument("--factor", type=float, default=report_compare.DEFAULT_FACTOR, help="--compare factor (see numcheck report)")
+    p.add_argument("--floor", type=float, default=report_compare.DEFAULT_FLOOR, help="--compare floor (see numcheck report)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="pytest-xdist workers for the property suite (default 1)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="also write the report (report.json, report.md) here (a new folder, or one without a report)")
+    p.add_argument("--skip-tests", action="store_true", help="leave out the property suite (the checklist says so)")
+    from numcheck.reports.premerge import ab_run as premerge_ab_run
+    premerge_ab_run.add_arguments(p)
+
+
+# -- checks -----------------------------------------------------------------------------------------------
+def check_impls(entries: list[Any]) -> Check:
+    from numcheck.impls.registry import BrokenImpl
+
+    broken = [e for e in entries if isinstance(e, BrokenImpl)]
+    good = [e for e in entries if not isinstance(e, BrokenImpl)]
+    unavailable = [(e.name, e.impl.support.unavailable_reason()) for e in good if e.impl.support.unavailable_reason()]
+    details = [f"`{e.name}` ({e.origin}): {e.error}" for e in broken]
+    details += [f"`{n}` cannot run here: {r}" for n, r in unavailable]
+    kinds = {}
+    for e in good:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    figure = (f"{len(good)} loaded ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}), "
+              f"{len(broken)} broken, {len(unavailable)} unavailable here")
+    return Check("impls load", not broken and bool(good), figure if good else figure + " — nothing to check", details)
+
+
+def check_probes(device: str) -> Check:
+    from numcheck.impls.measure import capabilities
+
+    try:
+        caps = capabilities.summary(device)
+    except Exception as exc:  # noqa: BLE001 - the probe machinery itself broke
+        return Check("capability probes", False, f"probes raised {type(exc).__name__}: {exc}")
+    yes = [k for k, v in caps.items() if v]
+    no = [k for k, v in caps.items() if not v]
+    return Check("capability probes", True, f"{len(yes)}/{len(caps)} available on {device}",
+                 [f"yes: {', '.join(yes) or '—'}", f"no: {', '.join(no) or '—'}"])
+
+
+_REPRO = re.compile(r"reproduce: (.+)")
+
+
+def _junit_failures(path: Path) -> tuple[dict[str, int], list[str]]:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    details: list[str] = []
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+            kind = "errors"
+        else:
+            kind = "failed"
+        if bad is not None:
+            counts[kind] += 1
+            text = (bad.get("message") or "") + "\n" + (bad.text or "")
+            repro = _REPRO.search(text)
+            head = (bad.get("message") or "").strip().splitlines()
+            summary = head[0][:300] if head else ""
+            details.append(f"`{name}`: {summary}" + (f"\n  - reproduce: `{repro.group(1).strip()}`" if repro else ""))
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts, details
+
+
+def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
+    """The pytest command line of the property-suite check: the installed suite, the impls, JUnit XML out."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "-o", "junit_logging=no"]
+    for s in specs:
+        cmd += ["--impl", s]
+    if jobs > 1:
+        cmd += ["-n", str(jobs)]
+    return cmd
+
+
+def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
+    """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
+    only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
+    sink = sink if sink is not None else sys.stderr
+    chunks: list[str] = []
+    at_line_start = True
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = os.read(proc.stdout.fileno(), 4096)
+            text = decoder.decode(data, final=not data)
+            for piece in text.splitlines(keepends=True):
+                sink.write((prefix if at_line_start else "") + piece)
+                at_line_start = piece.endswith("\n")
+            sink.flush()
+            chunks.append(text)
+            if not data:
+                break
+    if not at_line_start:
+        sink.write("\n")
+    return proc.returncode, "".join(chunks).splitlines()
+
+
+def check_property_suite(specs: list[str], jobs: int) -> Check:
+    title = "property suite (ci profile)"
+    missing = [m for m in SUITE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return Check(title, False, f"the installed numcheck has no suite module {', '.join(missing)} "
+                     f"(a broken install: reinstall numcheck)")
+    with tempfile.TemporaryDirectory(prefix="numcheck-premerge-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = suite_command(specs, jobs, junit)
+        print(f"numcheck premerge: running the property suite: {shlex.join(cmd)}",
+              file=sys.stderr)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        t0 = time.monotonic()
+        rc, lines = stream(cmd, env=env)
+        secs = time.monotonic() - t0
+        if not junit.exists():
+            tail = [t for t in lines if t.strip()][-5:]
+            return Check(title, False, f"pytest exited {rc} without results",
+                         [f"`{shlex.join(cmd)}`"] + [f"    {t}" for t in tail])
+        counts, details = _junit_failures(junit)
+    ok = rc in (0, 5) and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
+    figure = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
+              f"{counts['skipped']} skipped in {secs:.0f} s")
+    if counts["passed"] == 0 and not details:
+        figure += " — no test ran for these impls"
+    return Check(title, ok, figure, details)
+
+
+def check_report(report: dict, grid: str) -> Check:
+    from numcheck.reports.report.md import failures, impl_overview
+
+    rows = [r for r in impl_overview(report) if r["status"] == "ran"]
+    n = sum(r["n"] for r in rows)
+    passed = sum(r["pass"] for r in rows)
+    worst = max(rows, key=lambda r: r["worst_ratio"] if not math.isnan(r["worst_ratio"]) else -1, default=None)
+    figure = f"{passed}/{n} cases pass both verdicts ({grid} grid, {report['grid']['seconds']:.0f} s)"
+    if worst is not None and worst["n"]:
+        figure += f"; worst error/bound {worst['worst_ratio']:.3g} ({worst['name']}, {worst['worst_output']})"
+    details = []
+    for c in failures(report):
+        detail = c.get("error") or "; ".join(c.get("failures", [])[:1])
+        details.append(f"`{c['impl']}` on `{c['label']}`: {detail[:300]}" + (f"\n  - reproduce: `{c['repro']}`" if c.get("repro") else ""))
+    not_run = [f"`{i['name']}`: {i['status']} — {i['reason']}" for i in report["impls"] if i["status"] != "ran"]
+    return Check("report", passed == n and n > 0, figure if n else figure + " — no case ran", details + not_run)
+
+
+def check_baseline(report: dict, baseline: Path | Traversable | None, factor: float, floor: float, *,
+                   restricted: bool = False, label: str | None = None) -> Check:
+    """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run.
+    ``baseline`` None: there is none for this device, which is information, not a failure."""
+    title = "vs committed baseline"
+    if baseline is None:
+        env = report.get("environment", {})
+        return Check(title, True, f"no baseline for this device ({env.get('device', '?')}, torch "
+                     f"{env.get('torch', '?')}) — nothing to compare (information, not a failure)")
+    label = label or str(baseline)
+    try:
+        base = report_schema.load(baseline)
+        if restricted:
+            names = {i["name"] for i in report["impls"]}
+            base = dict(base, impls=[i for i in base["impls"] if i["name"] in names],
+                        cases=[c for c in base["cases"] if c["impl"] in names])
+        diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=label)
+    except ValueError as exc:
+        return Check(title, False, str(exc))
+    regs = diff.regressions
+    figure = (f"{len(regs)} regression(s) against {label} (factor {factor:g}, floor {floor:g}); "
+              f"{len(diff.of('improvement'))} improvement(s), {len(diff.of('note'))} note(s)")
+    details = [f"`{f.impl}` `{f.case}` {f.output}: {f.message}" for f in regs]
+    details += [f"note: `{f.impl}`: {f.message}" for f in diff.of("note")][:10]
+    return Check(title, not regs, figure, details)
+
+
+def shipped_label(resource: Traversable) -> str:
+    """How the checklist names a shipped baseline: ``the shipped baseline cpu-torch2.13.0/report.json``."""
+    p = Path(str(resource))
+    return f"the shipped baseline {p.parent.name}/{p.name}"
+
+
+def check_memory(report: dict) -> Check:
+    mem = report.get("memory")
+    if mem is None:
+        return Check("memory", True, "no linear+CE impl ran, nothing to measure")
+    if mem.get("error"):
+        return Check("memory", False, f"the measurement failed: {mem['error']}")
+    from numcheck.impls.measure.memory import MiB
+
+    N, H, V = mem["impl_shape"]
+    measured = [r for r in mem["impls"] if not r.get("error")]
+    figure = f"N={N}, H={H}, V={V} {mem['dtype']} on meta: " + "; ".join(
+        f"{r['name']} held {r['held'] / MiB:.0f} MiB, peak {r['total_peak'] / MiB:.0f} MiB" for r in measured[:4])
+    if len(measured) > 4:
+        figure += f"; … ({len(measured)} impls)"
+    details = [f"`{r['name']}` cannot run on meta: {r['error']}" for r in mem["impls"] if r.get("error")]
+    return Check("memory", True, figure, details)
+
+
+# -- output -----------------------------------------------------------------------------------------------
+def render(env: dict, specs: list[str], checks: list[Check]) -> str:
+    """The Markdown checklist."""
+    ok = all(c.ok for c in checks)
+    lines = ["## numcheck pre-merge checklist", "",
+             f"**Result: {'✅ all checks pass' if ok else '❌ ' + str(sum(not c.ok for c in checks)) + ' check(s) fail'}**", "",
+             f"- Hardware: {env['device_name']} ({env['device']})",
+             f"- torch {env['torch']}, triton {env.get('triton') or '—'}, Python {env['python']}, numcheck "
+             f"{env.get('numcheck') or '—'} @ {(env.get('git_commit') or '—')[:12]}"
+             + (" (uncommitted changes)" if env.get("git_dirty") else ""),
+             f"- Impls: {', '.join(f'`{s}`' for s in specs) if specs else 'all registered'}", ""]
+    for c in checks:
+        lines.append(c.line())
+        for d in c.details:
+            first, *rest = d.split("\n")
+            lines.append(f"  - {first}")
+            lines += [f"  {r}" for r in rest]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    from numcheck.impls.registry import discover
+    from numcheck.reports.report.command import build_report, check_writable_here, write_report
+    if args.base:
+        from numcheck.reports.premerge.ab_run import run_ab
+
+        return run_ab(args)
+    t0 = time.monotonic()
+    try:  # bad input first, before minutes of work
+        if args.baseline is not None:
+            report_schema.load(args.baseline)
+        if args.out is not None:
+            check_writable_here(args.out, force=False)
+    except ValueError as exc:
+        print(f"numcheck premerge: {exc}", file=sys.stderr)
+        print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+        return 2
+    specs = list(args.impl)
+    entries = discover(specs)
+    env = report_schema.environment(args.device)
+    checks = [check_impls(entries), check_probes(args.device)]
+    if args.skip_tests:
+        checks.append(Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"))
+    else:
+        checks.append(check_property_suite(specs, args.jobs))
+    print(f"numcheck premerge: running the {args.grid} report…", file=sys.stderr)
+    report = build_report(GRIDS[args.grid], specs, args.device, progress=True)
+    checks.append(check_report(report, args.grid))
+    if args.baseline is not None:
+        baseline, label = args.baseline, str(args.baseline)
+    else:
+        try:
+            baseline = baselines.baseline_for(args.device)
+        except ValueError as exc:  # a shipped baseline that does not load: a broken install, said as such
+            baseline = None
+            checks.append(Check("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
+        label = shipped_label(baseline) if baseline is not None else None
+    if not any(c.title == "vs committed baseline" for c in checks):
+        checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
+    checks.append(check_memory(report))
+    if args.out is not None:
+        try:
+            write_report(report, args.out, plots=True)
+            print(f"numcheck premerge: report written to {args.out}", file=sys.stderr)
+        except OSError as exc:
+            print(f"numcheck premerge: could not write the report to {args.out}: {exc}", file=sys.stderr)
+    print(render(env, specs, checks))
+    failed = [c.title for c in checks if not c.ok]
+    print(f"numcheck premerge: {time.monotonic() - t0:.0f} s; "
+          + (f"FAIL (exit 1): {', '.join(failed)}" if failed else "PASS (exit 0): every check passes"), file=sys.stderr)
+    return 1 if failed else 0

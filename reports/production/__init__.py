@@ -1,0 +1,1 @@
+"""``numcheck production`` (alias ``scale``): the production-shape tier from the command line."""

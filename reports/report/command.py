@@ -1,0 +1,378 @@
+"""``numcheck report``: sweep every registered impl over the report grid and write the tolerance report.
+
+Where it writes. By default ``./numcheck-report/<device>-torch<version>/`` under the current directory (e.g.
+``./numcheck-report/cpu-torch2.13.0/``), or ``--out DIR``; never into the installed package (refused, exit 2).
+The folder holds ``report.json`` (:mod:`reports.report.schema`), ``report.md`` (:mod:`reports.report.md`) and PNG
+plots (:mod:`reports.report.plots`); it is written atomically (built in a temporary sibling and renamed into place, so a
+crash never leaves half a report). A folder that already holds a report is not replaced unless ``--force`` is
+given: the command says so and exits 2.
+
+Baselines. The committed baselines ``reports/<device>-torch<version>/report.json`` ship as package data
+(:mod:`reports.baselines`); a user's baseline is a path (``--compare BASE.json``). Maintainers regenerate a
+committed baseline with ``--update-baseline``, which writes into the checkout's ``reports/`` folder and is refused
+by an installed numcheck.
+
+``--compare BASE.json`` lists regressions against a baseline (:mod:`reports.report.compare`); with ``--current
+NEW.json`` it compares two existing reports without running anything.
+
+Exit status: 0 when every declared case of every impl passes; 1 when a case fails or raises, an impl is broken
+(fails to load or breaks the protocol), or ``--compare`` finds a regression; 2 on bad input (an unreadable,
+corrupt or incomplete report or baseline — the message names the file and what is missing —, an output folder
+that would be overwritten or lies inside the package). An impl merely unavailable here (its declared requirement
+unmet, e.g. cut-cross-entropy without CUDA) is listed, not a failure. The last line says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from numcheck.reports import baselines
+
+from numcheck.reports.report import compare as report_compare, schema as report_schema
+from numcheck.reports.report.grid import GRIDS, GridSpec
+from numcheck.reports.report.schema import SCHEMA
+
+HELP = ("sweep every impl over a documented grid and write report.json, report.md and plots under "
+        "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
+        "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input")
+
+#: Max chunks of the accumulation comparison per grid.
+ACCUMULATION_CHUNKS = {"quick": 64, "full": 256, "smoke": 8}
+#: The folder under the current directory that ``numcheck report`` writes into by default.
+DEFAULT_ROOT = "numcheck-report"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_const", const="quick", dest="grid",
+                   help="the quick grid (at most 3 minutes on a 2-core CPU)")
+    g.add_argument("--grid", choices=sorted(GRIDS), help="grid preset: full (default), quick, or smoke (tiny, for tests)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/ under the current directory)")
+    p.add_argument("--force", action="store_true", help="replace a report already in the output directory")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="maintainers, in numcheck's checkout: write the committed baseline reports/<device>-torch<version>/ "
+                        "(refused by an installed numcheck)")
+    p.add_argument("--compare", type=Path, metavar="BASE.json", help="list regressions against this report; exit 1 if any")
+    p.add_argument("--current", type=Path, metavar="NEW.json",
+                   help="with --compare: compare this existing report instead of running a new one")
+    p.add_argument("--factor", type=float, default=report_compare.DEFAULT_FACTOR,
+                   help=f"--compare: error/bound growth that counts as a regression (default {report_compare.DEFAULT_FACTOR:g})")
+    p.add_argument("--floor", type=float, default=report_compare.DEFAULT_FLOOR,
+                   help=f"--compare: growth counts only once error/bound exceeds this (default {report_compare.DEFAULT_FLOOR:g})")
+    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
+                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
+    p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--render", type=Path, metavar="REPORT.json",
+                   help="run nothing: write report.md and the plots of this report.json (made elsewhere, e.g. on a "
+                        "GPU machine without matplotlib) into --out (default: the JSON's own directory)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--include-scale", type=Path, metavar="SCALE.json",
+                   help="append the production-shape tier of this numcheck production run (its scale.json) to report.md")
+
+
+def default_out_dir(device: str) -> Path:
+    """``./numcheck-report/<device label>-torch<release>/`` under the current directory."""
+    return Path.cwd() / DEFAULT_ROOT / baselines.report_dir_name(device)
+
+
+def check_writable_here(out: Path, *, force: bool, baseline: bool = False) -> None:
+    """Raise ValueError when ``out`` must not be written: inside the installed package (unless ``baseline``, the
+    checkout's baseline folder), holding a report already (unless ``force``), or a folder that is no report."""
+    pkg = baselines.inside_package(out)
+    if pkg is not None and not baseline:
+        raise ValueError(f"{out} lies inside numcheck's package folder {pkg}; a report is never written into the "
+                         f"package (choose another --out; maintainers regenerate a committed baseline with "
+                         f"--update-baseline from a checkout)")
+    if (out / "report.json").exists() and not (force or baseline):
+        raise ValueError(f"{out} already holds a report ({out / 'report.json'}); pass --force to replace it, or "
+                         f"choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (out / "report.json").exists():
+        raise ValueError(f"{out} exists and is not a numcheck report directory (no report.json); refusing to "
+                         f"write into it")
+
+
+def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
+    """Where to write, and a message when the choice needs explaining. Raises ValueError when refused."""
+    if getattr(args, "update_baseline", False):
+        if args.out is not None:
+            raise ValueError("--update-baseline writes the checkout's reports/<device>-torch<version>/; "
+                             "it takes no --out")
+        out = baselines.baseline_dir_to_update(args.device)
+        check_writable_here(out, force=True, baseline=True)
+        return out, f"updating the committed baseline {out}" + (" (new)" if not out.exists() else "")
+    out = args.out if args.out is not None else default_out_dir(args.device)
+    check_writable_here(out, force=args.force)
+    return out, ("replacing the report in " + str(out)) if (out / "report.json").exists() else ""
+
+
+#: The files a report writes into its directory. Rewriting a report replaces or removes these (a stale plot
+#: does not survive); anything else in the directory (a README, benchmark results, logs) is kept.
+REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.md"})
+
+
+def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,
+                     owned: frozenset[str] = frozenset()) -> None:
+    """Write ``files`` (name → text or bytes) into the directory ``out``, atomically (temp dir + rename).
+
+    ``extra``, when given, is called with the temporary directory to add files (plots) before the rename.
+    Entries of an existing ``out`` that are neither written now nor named in ``owned`` are carried over into
+    the new directory, so writing a report into a folder never deletes what else the folder holds.
+    """
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+        if extra is not None:
+            extra(tmp)
+        if out.exists():
+            for entry in out.iterdir():
+                if entry.name in owned or (tmp / entry.name).exists():
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if old is not None:
+                old.rename(out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def memory_section(impls: list[Any]) -> dict[str, Any]:
+    """The memory table of :mod:`properties.core.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
+    import torch
+
+    from numcheck.impls.measure import memory
+    from numcheck.properties.core.memory import memory_table
+    from numcheck.properties.core.problems import Problem
+
+    try:
+        N, H, V = memory.SEED_SHAPE
+        C = memory.SEED_CHUNK
+        chunk = memory.one_chunk_table(V, H, C, dtype=torch.bfloat16, device="meta")
+        p = Problem(N=N, H=H, V=V, dtype="bfloat16", device="cpu")
+        rows = memory_table(impls, p, "meta")
+    except Exception as exc:  # noqa: BLE001 - the report still stands without it; the failure is shown
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"one_chunk_shape": [V, H, C], "impl_shape": [N, H, V], "dtype": "bfloat16", "device": "meta",
+            "one_chunk": [{"path": r.path, "runs_as": r.runs_as, "extra_bytes": r.extra_bytes, "formula": r.formula}
+                          for r in chunk],
+            "impls": [{"name": m.name, "forward_peak": m.forward_peak, "held": m.held, "backward_peak": m.backward_peak,
+                       "total_peak": m.total_peak, "opaque": sorted(m.opaque), "error": m.error} for m in rows]}
+
+
+def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: bool = True, memory: bool = True,
+                 accumulation: bool = True) -> dict[str, Any]:
+    """Run the sweep, the accumulation comparison and the memory table; the report dictionary.
+
+    ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
+    from numcheck.impls.registry import by_kind, discover
+    from numcheck.impls.measure.accumulation import accumulation_table
+    from numcheck.reports.report.run import one_thread, sweep
+    t0 = time.monotonic()
+    entries = discover(specs)
+    env = report_schema.environment(device)
+    result = sweep(entries, spec, device, progress=progress)
+    acc = None
+    if accumulation:
+        with one_thread():
+            acc = accumulation_table(max_chunks=ACCUMULATION_CHUNKS.get(spec.name, 64), device=device).to_json()
+    ran = {i["name"] for i in result.impls if i["status"] == "ran"}
+    lin = [e.impl for e in by_kind(entries, "linear_ce") if e.name in ran]
+    mem = memory_section(lin) if (lin and memory) else None
+    return {"schema": SCHEMA, "environment": env,
+            "grid": {"name": spec.name, "description": spec.describe(), "seconds": round(time.monotonic() - t0, 1),
+                     "impl_specs": list(specs)},
+            "impls": result.impls, "cases": result.cases, "accumulation": acc, "memory": mem}
+
+
+def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", scale_md: str = "") -> list[str]:
+    """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names. ``scale_md``
+    (the production-shape tier's section, :mod:`reports.production.md`) is appended to report.md."""
+    from numcheck.reports.report import md as report_md
+    drawn: list[str] = []
+    note = "Plots skipped (--no-plots)."
+
+    def add_plots(tmp: Path) -> None:
+        nonlocal note
+        if plots:
+            from numcheck.reports.report.plots import write_plots
+
+            names, note = write_plots(report, tmp)
+            drawn.extend(names)
+            if note:
+                print(f"numcheck report: {note}", file=sys.stderr)
+        (tmp / "report.md").write_text(report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md)
+                                       + (f"\n{scale_md}" if scale_md else ""))
+
+    files = {"report.json": report_schema.dumps(report)}
+    if comparison_md:
+        files["compare.md"] = comparison_md
+    from numcheck.reports.report.plots import PLOT_FILES
+
+    write_atomically(out, files, extra=add_plots, owned=REPORT_FILES | PLOT_FILES)
+    return drawn
+
+
+def print_summary(report: dict, out: Path | None) -> None:
+    """A few lines on stdout: where the report is and which impls failed."""
+    from numcheck.reports.report.md import impl_overview
+
+    rows = impl_overview(report)
+    bad = [r for r in rows if r["status"] == "ran" and (r["fail"] or r["error"])]
+    n = sum(r["n"] for r in rows)
+    ok = sum(r["pass"] for r in rows)
+    if out is not None:
+        print(f"numcheck report ({report['grid']['name']} grid, {report['grid']['seconds']:.0f} s): {out}")
+    print(f"  {ok}/{n} (impl, case) runs pass both verdicts over {sum(r['status'] == 'ran' for r in rows)} impls")
+    for r in bad:
+        print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; worst error/bound {r['worst_ratio']:.3g} "
+              f"({r['worst_output']}, {r['worst_case']})")
+    for r in rows:
+        if r["status"] != "ran":
+            print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")
+
+
+def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
+    """The exit status of a report (module docstring) and the last line that says why.
+
+    1 when a case fails or raises, an impl is broken, or there are ``regressions``; else 0. Impls unavailable
+    here are named in the line as not a failure."""
+    from numcheck.reports.report.md import impl_overview
+
+    rows = impl_overview(report)
+    ran = [r for r in rows if r["status"] == "ran"]
+    failing = [r for r in ran if r["fail"] or r["error"]]
+    broken = [r["name"] for r in rows if r["status"] == "broken"]
+    unavailable = [r["name"] for r in rows if r["status"] == "unavailable"]
+    n, ok = sum(r["n"] for r in ran), sum(r["pass"] for r in ran)
+    problems = []
+    if failing:
+        problems.append(f"{n - ok} of {n} case(s) fail or raise in {len(failing)} impl(s) "
+                        f"({', '.join(r['name'] for r in failing)})")
+    if broken:
+        problems.append(f"{len(broken)} impl(s) broken — fail to load or break the protocol ({', '.join(broken)})")
+    if regressions:
+        problems.append(f"{regressions} regression(s) against the baseline")
+    tail = (f"; {len(unavailable)} impl(s) unavailable here, listed above, not a failure ({', '.join(unavailable)})"
+            if unavailable else "")
+    if problems:
+        return 1, "numcheck report: FAIL (exit 1) — " + "; ".join(problems) + tail
+    if not n:
+        return 0, f"numcheck report: PASS (exit 0) — no case ran: nothing was checked here{tail}"
+    return 0, f"numcheck report: PASS (exit 0) — all {n} case(s) of {len(ran)} impl(s) pass both verdicts{tail}"
+
+
+def _scale_section(path: Path | None) -> str:
+    """The Markdown of a ``numcheck production`` run's scale.json, or ``""`` without one; :class:`_BadInput` naming the
+    file when it is not one."""
+    if path is None:
+        return ""
+    from numcheck.reports.production import md as scale_md
+
+    try:
+        return scale_md.render(scale_md.load(path), heading="##")
+    except ValueError as exc:
+        raise _BadInput(f"--include-scale: {exc}") from None
+
+
+def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: str = "") -> int:
+    """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``.
+
+    Exit 0 once written (rendering judges nothing; the summary says what the report holds), 2 when the JSON is
+    not a complete report or the destination is inside an installed package."""
+    try:
+        report = report_schema.load(path)
+        dest = out if out is not None else path.parent
+        if baselines.inside_package(dest) is not None and baselines.checkout_root() is None:
+            raise ValueError(f"{dest} lies inside the installed package; pass --out DIR to render elsewhere")
+    except (OSError, ValueError) as exc:
+        print(f"numcheck report --render: {exc}", file=sys.stderr)
+        return 2
+    write_report(report, dest, plots=plots, scale_md=scale_section)
+    print_summary(report, dest)
+    return 0
+
+
+class _BadInput(Exception):
+    """Bad input to ``numcheck report``: printed as one line, exit 2."""
+
+
+def _load_or_exit(path: Path) -> dict:
+    """The report at ``path``, or :class:`_BadInput` naming the file and what is wrong with it."""
+    try:
+        return report_schema.load(path)
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except _BadInput as exc:
+        print(f"numcheck report: {exc}", file=sys.stderr)
+        print("numcheck report: bad input (exit 2) — nothing was run", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = GRIDS[args.grid or "full"]
+    scale_section = _scale_section(getattr(args, "include_scale", None))
+    if args.render is not None:
+        return render(args.render, args.out, plots=not args.no_plots, scale_section=scale_section)
+    if not (args.factor >= 1.0 and args.floor >= 0.0):
+        raise _BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
+    if args.current is not None:
+        if args.compare is None:
+            raise _BadInput("--current needs --compare BASE.json")
+        base, new = _load_or_exit(args.compare), _load_or_exit(args.current)
+        diff = report_compare.compare_reports(base, new, factor=args.factor, floor=args.floor,
+                                              base_label=str(args.compare))
+        print(report_compare.to_markdown(diff))
+        return 1 if diff.regressions else 0
+    base = _load_or_exit(args.compare) if args.compare is not None else None
+    try:
+        out, message = resolve_out_dir(args)
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
+    if message:
+        print(f"numcheck report: {message}", file=sys.stderr)
+    report = build_report(spec, list(args.impl), args.device, progress=not args.no_progress)
+    comparison_md, regressions = "", 0
+    if base is not None:
+        diff = report_compare.compare_reports(base, report, factor=args.factor, floor=args.floor,
+                                              base_label=str(args.compare))
+        comparison_md = report_compare.to_markdown(diff)
+        regressions = len(diff.regressions)
+    write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md, scale_md=scale_section)
+    print_summary(report, out)
+    if comparison_md:
+        print(comparison_md)
+    status, line = verdict(report, regressions)
+    print(line)
+    return status

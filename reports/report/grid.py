@@ -1,0 +1,410 @@
+"""The cases ``numcheck report`` sweeps: a documented grid plus seeded random draws over the same axes.
+
+Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of the grid:
+
+* **Size ladders** — one axis at a time around a base shape, so every output's reduction length spans at
+  least two decades: N (the reduction of grad_weight, grad_bias and a reduced loss), H (the logits' dot
+  products, felt by every output) and V (grad_x, and the log-sum-exp of each row's loss). Plain options.
+* **Option cases** at an off-round shape: bias with ignored rows and ``sum``; label smoothing with class
+  weights; softcap with z-loss and ``none`` (per-row upstream); every row ignored; and the value regimes
+  ``confident``, ``large``, ``tiny`` and ``outlier_rows`` (scalar upstream).
+* **Random cases** drawn by a seeded :class:`random.Random` (not hypothesis: the report must be the same on
+  every run) over the same axes: edge-leaning N/H/V, dtype mode, bias, ignored fraction, reduction,
+  label smoothing, class weights, softcap, z-loss, regime and upstream.
+
+Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
+counted per impl with the reason, never dropped silently.
+
+Quantized linear (:class:`~properties.fp8.cases.QuantCase`), per impl and recipe it declares: an (M, K, N)
+ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regimes ``wide`` and
+``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
+``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
+
+Distributed linear+CE (:class:`~properties.distributed.linear_ce.props.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
+plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
+world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; the world sizes it
+does not declare or the backend cannot run here are counted with the reason. About 0.1 s a case.
+
+Tensor-parallel FP8 linear (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`), per impl and recipe it declares (the
+first recipe of each impl in the quick grid, every recipe in the full one): the cases of :data:`TP_CASES` (plain;
+bias; sequence parallel with bias; and that with ``save_original_input=True``) in both parallel modes, at world sizes
+1, 2 and 4 on the default backend, M = 64 (M/P a multiple of MXFP8's 32-row blocks at P = 2, blocks straddling
+ranks at P = 4) and a sharded dimension of 4·edge, times 6 for per-tensor recipes (whole blocks in every shard at
+P = 4); delayed recipes run two steps. What a declaration leaves out (dtype, parallel mode, SP,
+``save_original_input``, bias, world size) or the backend cannot run here is counted with the reason; the distributed
+FP8 suite records no known divergence to leave out. About 0.2 s a case.
+
+Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
+:data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields
+from numcheck.properties.core.problems import Problem
+
+#: dtype modes: (parameter dtype, autocast dtype or None).
+MODES: dict[str, tuple[str, str | None]] = {
+    "float32": ("float32", None),
+    "bfloat16": ("bfloat16", None),
+    "float16": ("float16", None),
+    "amp-bfloat16": ("float32", "bfloat16"),
+    "amp-float16": ("float32", "float16"),
+}
+
+#: Option cases: label → Problem fields (at :attr:`GridSpec.option_shape`).
+OPTION_CASES: dict[str, dict[str, Any]] = {
+    "bias+ignored+sum": dict(bias=True, ignored=0.25, reduction="sum"),
+    "smoothing+class_weights": dict(label_smoothing=0.1, class_weights=True),
+    "softcap+z_loss+none": dict(softcap=30.0, z_loss_scale=1e-4, reduction="none", upstream="per_row"),
+    "all_ignored": dict(ignored=1.0),
+    "confident": dict(regime="confident"),
+    "large+bias": dict(regime="large", bias=True),
+    "tiny": dict(regime="tiny"),
+    "outlier_rows+scalar": dict(regime="outlier_rows", upstream="scalar"),
+}
+
+#: Axes of the random draws.
+RANDOM_SIZES = {"N": (1, 2, 7, 8, 9, 17, 33, 64, 65, 96, 130), "H": (1, 3, 16, 17, 33, 48, 63, 64, 80),
+                "V": (1, 2, 3, 7, 31, 61, 64, 65, 127, 129, 160)}
+RANDOM_IGNORED = (0.0, 0.0, 0.1, 0.5, 0.9)
+RANDOM_REGIMES = ("ordinary", "ordinary", "confident", "large", "tiny", "outlier_rows")
+
+#: Distributed cases: label → (Problem fields at :data:`DIST_SHAPE`, target placement). V = 52 is divisible by 1, 2
+#: and 4, so impls that need even shards run every world size.
+DIST_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "plain": (dict(dtype="float32"), "as_built"),
+    "bias+ignored+sum": (dict(dtype="bfloat16", bias=True, ignored=0.25, reduction="sum"), "as_built"),
+    "smoothing+boundary": (dict(dtype="float32", label_smoothing=0.1), "boundary"),
+}
+DIST_SHAPE: tuple[int, int, int] = (33, 24, 52)
+DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
+
+#: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`tp_cases`).
+TP_CASES: dict[str, dict[str, Any]] = {
+    "plain": dict(bias=False, sequence_parallel=False, save_original_input=False),
+    "bias": dict(bias=True, sequence_parallel=False, save_original_input=False),
+    "sp+bias": dict(bias=True, sequence_parallel=True, save_original_input=False),
+    "sp+bias+soi": dict(bias=True, sequence_parallel=True, save_original_input=True),
+}
+TP_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
+#: Tokens M, and the unsharded dimension (K of a column-parallel layer, N of a row-parallel one).
+TP_M = 64
+TP_FREE: dict[str, int] = {"column": 40, "row": 24}
+
+#: Which reduction each output's error accumulates over, by problem field (see :func:`reduction_length`).
+QUANT_REDUCTION_AXIS = {"y": "K", "dgrad": "N", "wgrad": "M", "bgrad": "M"}
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """One preset of the report grid.
+
+    Attributes:
+        name: ``quick``, ``full`` or ``smoke``.
+        ladder: sizes of each axis's ladder (min to max must span ≥ 100×).
+        base: (N, H, V) of the ladders.
+        ladder_modes: dtype modes (keys of :data:`MODES`) the ladders run in.
+        option_shape: (N, H, V) of the option cases.
+        option_modes: dtype modes of the option cases.
+        options: labels of :data:`OPTION_CASES` to run.
+        n_random: random cases (the first ``n_random`` of one seeded sequence: quick ⊂ full).
+        quant_ladder: (M, K, N) values of the quantized ladder; ``quant_base`` its base.
+        quant_all_recipes_ladder: run the ladder for every recipe (else the first recipe of each impl).
+        quant_all_dtypes: every declared dtype (else bfloat16, or the first declared).
+        quant_regimes: regimes at the base shape for every recipe.
+        quant_extras: add ``save_original_input=True`` and 3-step delayed cases.
+        dist_cases: labels of :data:`DIST_CASES` to run.
+        tp_cases: labels of :data:`TP_CASES` to run.
+        tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
+        seed: seed of the random cases.
+    """
+
+    name: str
+    ladder: tuple[int, ...]
+    base: tuple[int, int, int]
+    ladder_modes: tuple[str, ...]
+    option_shape: tuple[int, int, int]
+    option_modes: tuple[str, ...]
+    options: tuple[str, ...]
+    n_random: int
+    quant_ladder: tuple[int, ...]
+    quant_base: tuple[int, int, int]
+    quant_all_recipes_ladder: bool
+    quant_all_dtypes: bool
+    quant_regimes: tuple[str, ...]
+    quant_extras: bool
+    dist_cases: tuple[str, ...] = tuple(DIST_CASES)
+    tp_cases: tuple[str, ...] = tuple(TP_CASES)
+    tp_all_recipes: bool = False
+    seed: int = 20250601
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for label, values in (("ladder", self.ladder), ("quant_ladder", self.quant_ladder)):
+            if not values or min(values) < 1 or max(values) / min(values) < 100:
+                raise ValueError(f"GridSpec.{label}={values} must span at least two decades (max/min ≥ 100)")
+        bad = [m for m in self.ladder_modes + self.option_modes if m not in MODES]
+        if bad:
+            raise ValueError(f"GridSpec modes {bad} unknown; known: {sorted(MODES)}")
+        bad = [o for o in self.dist_cases if o not in DIST_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.dist_cases {bad} unknown; known: {sorted(DIST_CASES)}")
+        bad = [o for o in self.tp_cases if o not in TP_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.tp_cases {bad} unknown; known: {sorted(TP_CASES)}")
+        bad = [o for o in self.options if o not in OPTION_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.options {bad} unknown; known: {sorted(OPTION_CASES)}")
+
+    def describe(self) -> str:
+        """One paragraph for the report: what this grid holds."""
+        n, h, v = self.base
+        return (f"`{self.name}` grid — size ladders N, H, V ∈ {list(self.ladder)} (one axis at a time around "
+                f"N={n}, H={h}, V={v}) in {', '.join(self.ladder_modes)}; option cases {', '.join(self.options)} at "
+                f"N,H,V={self.option_shape} in {', '.join(self.option_modes)}; {self.n_random} seeded random cases "
+                f"(seed {self.seed}). Quantized linear: (M, K, N) ladder {list(self.quant_ladder)} around "
+                f"{self.quant_base} for {'every recipe' if self.quant_all_recipes_ladder else 'the first recipe of each impl'}"
+                f", regimes {', '.join(self.quant_regimes)} for every recipe"
+                f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
+                f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
+                f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
+                f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
+                f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
+                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}.")
+
+
+QUICK = GridSpec(
+    name="quick", ladder=(4, 40, 400), base=(40, 40, 40), ladder_modes=("float32", "bfloat16", "amp-bfloat16"),
+    option_shape=(33, 24, 50), option_modes=("amp-bfloat16",), options=tuple(OPTION_CASES),
+    n_random=4, quant_ladder=(4, 40, 400), quant_base=(40, 40, 40), quant_all_recipes_ladder=False,
+    quant_all_dtypes=False, quant_regimes=("wide", "outlier"), quant_extras=False)
+FULL = GridSpec(
+    name="full", ladder=(4, 16, 64, 256, 1024), base=(48, 48, 48), ladder_modes=tuple(MODES),
+    option_shape=(33, 24, 50), option_modes=tuple(MODES), options=tuple(OPTION_CASES), n_random=40,
+    quant_ladder=(4, 16, 64, 256, 1024), quant_base=(40, 40, 40), quant_all_recipes_ladder=True,
+    quant_all_dtypes=True, quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"), quant_extras=True,
+    tp_all_recipes=True)
+SMOKE = GridSpec(
+    name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
+    option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
+    quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
+    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",))
+GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
+
+
+@dataclass(frozen=True)
+class GridCase:
+    """One case of the grid and the part of the grid it comes from (``ladder:N``, ``options:tiny``, ...)."""
+
+    group: str
+    mode: str
+    case: Any  # Problem or QuantCase
+
+
+def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields: Any) -> Problem:
+    dtype, autocast = MODES[mode]
+    return Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, seed=seed, device=device, **fields)
+
+
+def linear_ce_cases(spec: GridSpec, device: str = "cpu") -> list[GridCase]:
+    """Every linear+CE case of ``spec`` (before any impl's declaration filters them), in a fixed order."""
+    out: list[GridCase] = []
+    seen: set[Problem] = set()
+
+    def add(group: str, mode: str, p: Problem) -> None:
+        if p not in seen:
+            seen.add(p)
+            out.append(GridCase(group, mode, p))
+
+    n0, h0, v0 = spec.base
+    for mode in spec.ladder_modes:
+        for axis in ("N", "H", "V"):
+            for size in spec.ladder:
+                shape = {"N": n0, "H": h0, "V": v0, axis: size}
+                group = "ladder:base" if (shape["N"], shape["H"], shape["V"]) == spec.base else f"ladder:{axis}"
+                add(group, mode, _problem(shape["N"], shape["H"], shape["V"], mode, 1000 + size, device))
+    n, h, v = spec.option_shape
+    for mode in spec.option_modes:
+        for i, label in enumerate(spec.options):
+            add(f"options:{label}", mode, _problem(n, h, v, mode, 2000 + i, device, **OPTION_CASES[label]))
+    for mode, p in random_problems(spec.n_random, spec.seed, device):
+        add("random", mode, p)
+    return out
+
+
+def random_problems(n: int, seed: int, device: str = "cpu") -> list[tuple[str, Problem]]:
+    """The first ``n`` problems of the seeded random sequence (mode, problem)."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        mode = rng.choice(tuple(MODES))
+        N, H, V = (rng.choice(RANDOM_SIZES[a]) for a in ("N", "H", "V"))
+        reduction = rng.choice(("mean", "sum", "none"))
+        upstream = rng.choice(("one", "per_row")) if reduction == "none" else rng.choice(("one", "scalar"))
+        fields = dict(
+            bias=rng.random() < 0.5, ignored=rng.choice(RANDOM_IGNORED), reduction=reduction,
+            label_smoothing=rng.choice((0.0, 0.0, 0.1, 0.5)), class_weights=rng.random() < 0.3,
+            softcap=rng.choice((None, None, 5.0, 30.0)), z_loss_scale=rng.choice((0.0, 0.0, 1e-4, 1e-2)),
+            upstream=upstream, regime=rng.choice(RANDOM_REGIMES))
+        out.append((mode, _problem(N, H, V, mode, 3000 + len(out), device, **fields)))
+    return out
+
+
+_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
+    """Every quantized-linear case of ``spec`` for an impl declaring ``support``, in a fixed order."""
+    declared = [name for d, name in _DT.items() if d in support.dtypes]
+    if not declared:
+        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
+    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+    bias = bool(support.bias)
+    out: list[GridCase] = []
+    seen: set[QuantCase] = set()
+
+    def add(group: str, c: QuantCase) -> None:
+        if c not in seen:
+            seen.add(c)
+            out.append(GridCase(group, c.dtype, c))
+
+    m0, k0, n0 = spec.quant_base
+    for r_i, recipe in enumerate(support.recipes):
+        for dtype in dtypes:
+            if spec.quant_all_recipes_ladder or r_i == 0:
+                for axis in ("M", "K", "N"):
+                    for size in spec.quant_ladder:
+                        shape = {"M": m0, "K": k0, "N": n0, axis: size}
+                        group = "ladder:base" if (shape["M"], shape["K"], shape["N"]) == spec.quant_base else f"ladder:{axis}"
+                        add(group, QuantCase(recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias,
+                                             seed=100 + size, device=device))
+            else:
+                add("base", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
+            for regime in spec.quant_regimes:
+                add(f"regime:{regime}", QuantCase(recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime,
+                                                  seed=200, device=device))
+            if spec.quant_extras:
+                if recipe.allows_save_original_input and True in support.save_original_input:
+                    add("save_original_input", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300,
+                                                         save_original_input=True, device=device))
+                if recipe.kind == "delayed":
+                    add("delayed_steps", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3,
+                                                   device=device))
+    return out
+
+
+def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
+    """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES`, and the
+    others counted per reason (an undeclared option or dtype, world size or backend, ranks the backend cannot
+    run here, or a recorded known divergence of the impl, :data:`properties.distributed.linear_ce.suite.DIST_KNOWN`)."""
+    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.suite import known_divergence
+    from numcheck.properties.core.strategies import refusal
+
+    backend = default_backend()
+    out: list[GridCase] = []
+    skipped: dict[str, int] = {}
+
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
+    N, H, V = DIST_SHAPE
+    for P in DIST_WORLD_SIZES:
+        for i, label in enumerate(spec.dist_cases):
+            fields, placement = DIST_CASES[label]
+            p = Problem(N=N, H=H, V=V, seed=4000 + i, device=device, **fields)
+            why = (refusal(impl.support, p) or
+                   (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
+                   (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
+                   world_size_unavailable(P, backend))
+            case = None if why else DistCase(p, P, backend, placement)
+            known = known_divergence(impl, case) if case is not None else None
+            if why:
+                skip(why)
+            elif known:  # a recorded defect of the impl, as the suite leaves it out of its draws: counted, not run
+                skip(f"known divergence: {known}")
+            else:
+                out.append(GridCase(f"dist:{label}", f"P={P} {p.dtype}", case))
+    return out, skipped
+
+
+def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
+    declared = [name for d, name in _DT.items() if d in support.dtypes]
+    if not declared:
+        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
+    return declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+
+
+def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]:
+    """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
+    counted per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend cannot run here, a shape the recipe's blocks
+    do not fit)."""
+    from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
+
+    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+
+    backend = default_backend()
+    support = impl.support
+    out: list[GridCase] = []
+    skipped: dict[str, int] = {}
+    for recipe in support.recipes if spec.tp_all_recipes else support.recipes[:1]:
+        split = 4 * SHARD_EDGE[recipe.kind] * (6 if SHARD_EDGE[recipe.kind] == 1 else 1)
+        for dtype in _tp_dtypes(spec, support):
+            for P in TP_WORLD_SIZES:
+                for parallel in ("column", "row"):
+                    K, N = (TP_FREE["column"], split) if parallel == "column" else (split, TP_FREE["row"])
+                    for i, label in enumerate(spec.tp_cases):
+                        try:
+                            case = TPQuantCase(recipe, TP_M, K, N, dtype=dtype, regime="normal", seed=5000 + i,
+                                               steps=2 if recipe.kind == "delayed" else 1, world=P,
+                                               parallel=parallel, **TP_CASES[label])
+                        except ValueError as exc:
+                            why: str | None = f"shape not buildable: {exc}"
+                        else:
+                            why = tp_case_refusal(support, case) or world_size_unavailable(P, backend)
+                        if why:
+                            skipped[why] = skipped.get(why, 0) + 1
+                        else:
+                            sp = " SP" if case.sequence_parallel else ""
+                            out.append(GridCase(f"tp:{label}", f"P={P} {parallel}{sp} {dtype}", case))
+    return out, skipped
+
+
+def reduction_length(output: str, case: Any) -> int:
+    """The length of the reduction an output's error grows with.
+
+    Linear+CE: grad_x sums over V; grad_weight and grad_bias over the N rows; a reduced loss (and z-loss)
+    over N rows, a per-row (``none``) one over V (its log-sum-exp). Quantized linear: y over K, dgrad over N,
+    wgrad and bgrad over M, of the global (unsharded) tensors for a tensor-parallel case. (H, the logits'
+    dot-product length, enters every linear+CE output.)
+    """
+    base = output.split("@", 1)[0]
+    case = getattr(case, "problem", case)  # a DistCase: its problem's lengths
+    if isinstance(case, QuantCaseFields):  # a QuantCase, or a TPQuantCase: its global lengths
+        try:
+            return int(getattr(case, QUANT_REDUCTION_AXIS[base]))
+        except KeyError:
+            raise ValueError(f"unknown quantized-linear output {output!r}") from None
+    if base == "grad_x":
+        return case.V
+    if base in ("grad_weight", "grad_bias"):
+        return case.N
+    if base in ("loss", "z_loss"):
+        return case.V if case.reduction == "none" else case.N
+    raise ValueError(f"unknown linear+CE output {output!r}")
+
+
+def span_decades(lengths: Iterable[int]) -> float:
+    """log10(max/min) of some reduction lengths (0 for fewer than two)."""
+    vals = [v for v in lengths if v > 0]
+    return math.log10(max(vals) / min(vals)) if len(vals) > 1 else 0.0

@@ -1,0 +1,168 @@
+"""Running every loaded impl over the report grid, through the property library's judgements
+(:func:`properties.core.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8.props.measure_case` for
+quantized linear, :func:`properties.distributed.linear_ce.props.measure` for distributed linear+CE and
+:func:`properties.distributed.tp_fp8.props.measure` for tensor-parallel FP8 linears on their ranks), with a plain-text progress
+bar on stderr.
+
+Nothing is dropped: an impl that failed to load is listed as ``broken`` with its error, one that cannot run
+here as ``unavailable`` with its reason, cases its declaration excludes are counted per reason, and a case
+on which the impl raises is a failing record carrying the error.
+
+The sweep runs with one torch thread: summation order inside CPU matmuls can depend on the thread count,
+and the report must not (it is compared with a committed baseline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, TextIO
+
+import torch
+from tqdm import tqdm
+
+from numcheck.impls.registry import BrokenImpl, ImplEntry
+from numcheck.reports.report.grid import GridCase, GridSpec, dist_cases, linear_ce_cases, quant_cases, tp_cases
+from numcheck.reports.report.schema import (case_text, declaration, dist_record, error_record, linear_ce_record,
+                                            quant_record, tp_record)
+
+
+class Progress:
+    """A tqdm progress bar on a text stream, one step per (impl, case): redrawn in place on a terminal, a line at
+    most every 15 s otherwise (CI logs)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, label: str = "report", enabled: bool = True) -> None:
+        stream = stream if stream is not None else sys.stderr
+        tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.bar = tqdm(total=max(total, 0), desc=label, file=stream, disable=not enabled or total <= 0,
+                        mininterval=0.2 if tty else 15.0, dynamic_ncols=tty, ascii=not tty)
+
+    def step(self, note: str = "") -> None:
+        """Count one unit of work done (``note``: what it was)."""
+        self.bar.set_postfix_str(note[:60], refresh=False)
+        self.bar.update(1)
+        if self.bar.n >= (self.bar.total or 0):
+            self.bar.close()
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch with one intra-op thread inside the block (restored after)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@dataclass
+class SweepResult:
+    """The impl entries and the case records of one sweep."""
+
+    impls: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, Any], bool]:
+    if isinstance(entry, BrokenImpl):
+        return ({"name": entry.name, "kind": None, "origin": entry.origin, "status": "broken", "reason": entry.error,
+                 "description": "", "declaration": {}, "not_declared": {}}, False)
+    impl = entry.impl
+    reason = impl.support.unavailable_reason()
+    dev = torch.device(device).type
+    if reason is None and hasattr(impl.support, "devices") and dev not in impl.support.devices:
+        reason = f"device {dev} not declared (declares {sorted(impl.support.devices)})"
+    info = {"name": impl.name, "kind": impl.kind, "origin": entry.origin, "status": "unavailable" if reason else "ran",
+            "reason": reason or "", "description": getattr(impl, "description", "") or "",
+            "declaration": declaration(impl), "not_declared": {}}
+    return info, reason is None
+
+
+def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
+    """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason."""
+    from numcheck.properties.core.strategies import refusal
+
+    infos, work = [], []
+    lin = linear_ce_cases(spec, device)
+    for entry in entries:
+        info, runs = _impl_entry(entry, device)
+        infos.append(info)
+        if not runs:
+            continue
+        impl = entry.impl
+        if impl.kind == "linear_ce":
+            skipped: Counter[str] = Counter()
+            for gc in lin:
+                why = refusal(impl.support, gc.case)
+                if why:
+                    skipped[why] += 1
+                else:
+                    work.append((impl, gc))
+            info["not_declared"] = dict(skipped)
+        elif impl.kind in ("dist_linear_ce", "tp_quant_linear"):
+            try:
+                cases, refused = dist_cases(spec, impl, device) if impl.kind == "dist_linear_ce" else tp_cases(spec, impl)
+            except ValueError as exc:
+                info["status"], info["reason"] = "unavailable", str(exc)
+                continue
+            work.extend((impl, gc) for gc in cases)
+            info["not_declared"] = refused
+        else:
+            try:
+                cases = quant_cases(spec, impl.support, device)
+            except ValueError as exc:
+                info["status"], info["reason"] = "unavailable", str(exc)
+                continue
+            work.extend((impl, gc) for gc in cases)
+    return infos, work
+
+
+def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
+    """One (impl, case) record; an exception from the impl becomes an ``error`` record."""
+    t0 = time.perf_counter()
+    try:
+        if impl.kind == "linear_ce":
+            from numcheck.properties.core.accuracy import check_accuracy
+
+            res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
+            return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
+        if impl.kind == "dist_linear_ce":
+            from numcheck.properties.distributed.linear_ce.props import measure
+
+            comps, lines = measure(impl, gc.case)
+            return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
+        if impl.kind == "tp_quant_linear":
+            from numcheck.properties.distributed.tp_fp8.props import measure as tp_measure
+
+            return tp_record(impl, gc, tp_measure(impl, gc.case), time.perf_counter() - t0)
+        from numcheck.properties.fp8.props import measure_case
+
+        res = measure_case(impl, gc.case)
+        return quant_record(impl, gc, res, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - any exception is the impl's failure, recorded with its message
+        return error_record(impl, gc, exc, time.perf_counter() - t0)
+
+
+def sweep(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str = "cpu", *,
+          progress: bool = True, stream: TextIO | None = None) -> SweepResult:
+    """Run every runnable impl on every case of ``spec`` it declares (module docstring)."""
+    infos, work = plan(entries, spec, device)
+    # Cases in the outer loop (eager's error on each problem is computed once, shared by every impl).
+    order: dict[str, int] = {}
+    for i, (_, gc) in enumerate(work):
+        order.setdefault(case_text(gc.case), i)
+    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[case_text(w[1].case)]))
+    bar = Progress(len(work), stream, label=f"numcheck report ({spec.name})", enabled=progress)
+    records = []
+    with one_thread():
+        for impl, gc in work:
+            rec = run_case(impl, gc)
+            records.append(rec)
+            bar.step(f"{impl.name} {gc.case.short()}")
+    rank = {info["name"]: i for i, info in enumerate(infos)}
+    records.sort(key=lambda r: (rank.get(r["impl"], 0), order.get(r["case"], 0)))
+    return SweepResult(infos, records)

@@ -1,0 +1,1 @@
+"""``numcheck sweep``: the property suite over several hypothesis seeds."""

@@ -1,0 +1,52 @@
+"""Distributed mutants: each the built-in vocab_parallel[nan] with exactly one step replaced by a known class of
+vocabulary-parallel bug (issue 20). Module level, so the ranks can unpickle them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from numcheck.impls.builtin.vocab_parallel import VocabParallelCE
+
+
+class LocalVocabSmoothing(VocabParallelCE):
+    """Label smoothing normalised by the local shard's vocabulary (ε/V_r instead of ε/V)."""
+
+    def smoothing_weight(self, eps: float, vocab_size: int, shard_size: int) -> float:
+        return eps / shard_size
+
+
+class NoGradXAllReduce(VocabParallelCE):
+    """grad_x left as the rank's partial: the copy of x into the shard's matmul has no all-reduce in backward."""
+
+    def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
+        return x
+
+
+class TargetOffsetOffByOne(VocabParallelCE):
+    """A target on the first class of the next shard also counted by this rank (``<=`` for ``<``)."""
+
+    def owns_target(self, local: torch.Tensor, size: int) -> torch.Tensor:
+        return (local >= 0) & (local <= size)
+
+
+class LocalLseZLoss(VocabParallelCE):
+    """z-loss λ·lse² from the rank's local lse instead of the global one."""
+
+    def z_loss_lse(self, lse: torch.Tensor, local_lse: torch.Tensor) -> torch.Tensor:
+        return local_lse
+
+
+class _Mutant:
+    spec_module = "numcheck.tests.self.helpers.dist_mutants"
+
+
+def dist_impls() -> list[VocabParallelCE]:
+    """The four mutants, named ``mutant_dist[...]``."""
+    out = []
+    for cls in (LocalVocabSmoothing, NoGradXAllReduce, TargetOffsetOffByOne, LocalLseZLoss):
+        m = cls(f"mutant_dist[{cls.__name__}]", "nan", cls.__doc__.strip().split("\n")[0])
+        m.spec_module = _Mutant.spec_module
+        out.append(m)
+    return out

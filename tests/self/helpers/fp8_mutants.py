@@ -1,0 +1,209 @@
+"""Deliberately broken FP8 quantized linears: the FP8 properties must flag every one of them.
+
+Each mutant is the built-in :class:`impls.builtin.fp8_linear.Fp8Linear` with one seam overridden, declared for
+the recipes where its bug is observable, and loadable like any outside impl
+(``--impl numcheck.tests.self.helpers.fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property that must fail
+(the tables of :mod:`tests.self.helpers.mutant_table`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from numcheck.impls.builtin import fp8_linear as _ql
+from numcheck.impls.builtin.fp8_linear import Fp8Linear, QTensor
+from numcheck.impls.protocols.fp8_linear import DelayedScalingState
+from numcheck.reference.fp8_formats import Fp8Format
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.self.helpers.mutant_table import caught_by_table
+from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
+
+
+class ColumnwiseFromRowwiseQuantized(Fp8Linear):
+    """save_original_input=True quantizes x columnwise in backward from the *rowwise-quantized* x
+    (dequantized) instead of the original x: double quantization, visible wherever blocks differ by usage."""
+
+    def columnwise_x_source(self, x_saved: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> torch.Tensor:
+        return self.quantize_operand(x_saved, recipe, "x", "rowwise", state, record=False).dequantize()
+
+
+class MXScaleRoundedWrongWay(Fp8Linear):
+    """MXFP8 scale rounded the wrong way: RCEIL takes floor(log2(amax/fp8_max)) (the descale rounded down, so
+    block maxima overflow and saturate) and FLOOR takes ceil(log2 amax) − emax."""
+
+    def mx_scale_code(self, amax: torch.Tensor, fmt: Fp8Format, rounding: str) -> torch.Tensor:
+        if rounding == "rceil":
+            d = amax * torch.tensor(1.0 / fmt.max_finite, dtype=torch.float32, device=amax.device)
+            code = (d.view(torch.int32) >> 23) & 0xFF  # exponent field: floor(log2 d) + 127, no round-up
+        else:
+            bits = amax.view(torch.int32)
+            code = torch.clamp(((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) > 0).to(torch.int32) - fmt.mx_emax, 0, 254)
+        code = torch.where(amax == 0, torch.zeros_like(code), code)
+        code = torch.where(torch.isinf(amax), torch.full_like(code, 254), code)
+        return torch.where(torch.isnan(amax), torch.full_like(code, 255), code)
+
+
+class SavesCopyOfX(Fp8Linear):
+    """save_original_input=True keeps a private copy of x instead of x itself (no memory saved)."""
+
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().clone()
+
+
+class DelayedUsesCurrentAmax(Fp8Linear):
+    """Delayed scaling that ignores the stored scale and scales by the current amax (records amax correctly)."""
+
+    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
+                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+        if recipe.kind == "delayed" and state is not None:
+            if record:
+                state.record(role, float(t.detach().float().abs().nan_to_num(0.0).max()))
+            current = Fp8Recipe("current", fp8_format=recipe.fp8_format)
+            return super().quantize_operand(t, current, role, usage, None, record=False)
+        return super().quantize_operand(t, recipe, role, usage, state, record=record)
+
+
+class DelayedAllowsSaveOriginalInput(Fp8Linear):
+    """Delayed scaling that accepts save_original_input=True instead of raising."""
+
+    def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        return self.function.apply(x, weight, bias, self, recipe, bool(save_original_input), scaling_state)
+
+
+class AssumesContiguousX(Fp8Linear):
+    """Reads x as a dense row-major [M, K] block from its first element (a kernel indexing x_ptr + i·K + k): right
+    for a contiguous x, wrong for a column slice of a wider buffer."""
+
+    def __call__(self, x, weight, bias=None, **kw):
+        return super().__call__(torch.as_strided(x, x.shape, (x.shape[1], 1)), weight, bias, **kw)
+
+
+class SharedSavedXWorkspace(Fp8Linear):
+    """save_original_input=True keeps x for backward in a workspace per shape on the impl (to avoid holding the
+    caller's tensor): the next forward of the same shape, another layer's, overwrites it."""
+
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        ws = self.__dict__.setdefault("_workspace", {})
+        key = (tuple(x.shape), x.dtype, x.device)
+        if key not in ws:
+            ws[key] = torch.empty_like(x)
+        ws[key].data.copy_(x.detach())  # a kernel's write: autograd's version counter does not see it
+        return ws[key]
+
+
+class StaleWeightCache(Fp8Linear):
+    """Quantizes each weight once and reuses it for every later forward (the caching of FP8 weights across
+    micro-batches), keyed on the weight tensor but blind to its version: after an optimizer step changes the
+    weight in place, forward still uses the old one while backward quantizes the new one."""
+
+    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
+                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+        if role != "w" or usage != "rowwise":
+            return super().quantize_operand(t, recipe, role, usage, state, record=record)
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        cache = self.__dict__.setdefault("_weight_cache", WeakIdKeyDictionary())
+        if t not in cache:
+            cache[t] = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        return cache[t]
+
+
+#: The mutants, each with the property (in :data:`properties.fp8.props.FP8_PROPERTIES`) that must flag it.
+MUTANTS, CAUGHT_BY = caught_by_table([
+    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
+     "save_original_input"),
+    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")), "save_original_input"),
+    (MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")), "accuracy"),
+    (SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")), "saved_tensors"),
+    (DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")), "accuracy"),
+    (DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")), "save_original_input"),
+    (AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")), "strided"),
+    (SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")), "two_layers"),
+    (StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")), "optimizer_step"),
+])
+
+
+# -- quantizer edges (issue 19): each one change to one of the built-in quantizer's seams (scale_from_amax,
+# mx_scale_code, cast) ------------------------------------------------------------------------------------------
+
+
+class Pow2ScaleThroughLog2(Fp8Linear):
+    """A power-of-2 scale taken as 2^floor(log2(fp8_max/amax)) through fp32 ``log2`` instead of from the bits of
+    fp8_max/amax: where that ratio is a few ulps below 2^k, log2 rounds up to k exactly and the scale is twice too
+    large (the block's amax then lands on the format maximum); elsewhere the same scale."""
+
+    def scale_from_amax(self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
+                        value_for_inf: float) -> torch.Tensor:
+        s = super().scale_from_amax(amax, fp8_max, power_of_2=False, epsilon=epsilon, value_for_inf=value_for_inf)
+        if not power_of_2:
+            return s
+        ok = torch.isfinite(s) & (s > 0)
+        e = torch.floor(torch.log2(torch.where(ok, s, torch.ones_like(s)))).clamp(-126, 127)
+        return torch.where(ok, _ql._pow2_f32(e), s)
+
+
+class MXRceilThroughLog2(Fp8Linear):
+    """The MXFP8 RCEIL code as ceil(log2(amax·fp32(1/fp8_max))) + 127 through fp32 ``log2`` instead of from the
+    exponent and mantissa bits: a descale a few ulps above 2^k has an fp32 log2 of exactly k (for |k| ≥ 2), so
+    the code is one too small and the block's amax overflows (saturates); FLOOR as the built-in."""
+
+    def mx_scale_code(self, amax: torch.Tensor, fmt: Fp8Format, rounding: str) -> torch.Tensor:
+        if rounding != "rceil":
+            return super().mx_scale_code(amax, fmt, rounding)
+        d = amax * torch.tensor(1.0 / fmt.max_finite, dtype=torch.float32, device=amax.device)
+        ok = torch.isfinite(d) & (d > 0)
+        code = (torch.ceil(torch.log2(torch.where(ok, d, torch.ones_like(d)))) + 127).clamp(0, 254).to(torch.int32)
+        code = torch.where(d == 0, torch.zeros_like(code), code)
+        code = torch.where(torch.isinf(d), torch.full_like(code, 254), code)
+        return torch.where(torch.isnan(d), torch.full_like(code, 255), code)
+
+
+class MXRceilRoundsUpPowersOfTwo(Fp8Linear):
+    """The MXFP8 RCEIL code rounding up when the descale's mantissa is ``>= 0`` instead of ``> 0`` (a non-strict
+    comparison): a descale that is exactly 2^k (an amax of fp8_max·2^k, or 1 ulp below it) gets the code of 2^(k+1),
+    half the resolution; every other block as the built-in."""
+
+    def mx_scale_code(self, amax: torch.Tensor, fmt: Fp8Format, rounding: str) -> torch.Tensor:
+        code = super().mx_scale_code(amax, fmt, rounding)
+        if rounding != "rceil":
+            return code
+        d = amax * torch.tensor(1.0 / fmt.max_finite, dtype=torch.float32, device=amax.device)
+        bits = d.view(torch.int32)
+        exact = torch.isfinite(d) & (d > 0) & ((bits & 0x7FFFFF) == 0) & (((bits >> 23) & 0xFF) > 0)
+        return torch.where(exact & (code < 254), code + 1, code)
+
+
+class NoSaturation(Fp8Linear):
+    """A cast that does not saturate: a scaled value that rounds past the format maximum becomes NaN (E4M3, which
+    has no inf) or ±inf (E5M2), as a non-saturating hardware cast gives, instead of ±fp8_max. Round-to-nearest-even
+    decides the edge: E4M3's 464 still rounds to 448 (the tie goes to the even 448), E5M2's 61440 overflows."""
+
+    def cast(self, t32: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+        v = t32 * scale
+        ulp = 2.0 ** (int(torch.tensor(fmt.max_finite).log2().floor()) - fmt.mbits)
+        edge = fmt.max_finite + ulp / 2
+        over = (v.abs() >= edge) if fmt.has_inf else (v.abs() > edge)
+        big = torch.copysign(torch.full_like(v, float("inf") if fmt.has_inf else float("nan")), v)
+        return super().cast(torch.where(over, big, v), torch.ones_like(scale), fmt)
+
+
+#: The quantizer-edge mutants (the detection table's FP8 rows with ``mutant_mx_scale_wrong_way`` above), each
+#: declared for the recipes where its change is observable.
+EDGE_MUTANTS, CAUGHT_BY = caught_by_table([
+    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[current]",
+                          tuple(r for r in _recipes("current") if r.power_of_2_scales)), "quantizer"),
+    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[blockwise]",
+                          tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)), "quantizer"),
+    (MXRceilThroughLog2("mutant_mx_rceil_log2", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")),
+     "quantizer"),
+    (MXRceilRoundsUpPowersOfTwo("mutant_mx_rceil_nonstrict",
+                                tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")), "quantizer"),
+    (NoSaturation("mutant_no_saturation[mxfp8]", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "floor")),
+     "accuracy"),
+    (NoSaturation("mutant_no_saturation[delayed]", _recipes("delayed")), "accuracy"),
+], after=CAUGHT_BY)
+
+#: Module-level names, so ``--impl numcheck.tests.self.helpers.fp8_mutants:<name>`` loads each mutant alone.
+mx_scale_wrong_way = MUTANTS[2]
+pow2_scale_log2_current, pow2_scale_log2_blockwise, mx_rceil_log2, mx_rceil_nonstrict, no_saturation_mxfp8, \
+    no_saturation_delayed = EDGE_MUTANTS

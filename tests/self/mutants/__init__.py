@@ -1,0 +1,1 @@
+"""The suite against mutants: every deliberately broken impl must be caught, every correct one must pass."""

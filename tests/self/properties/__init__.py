@@ -1,0 +1,1 @@
+"""Tests of the property library: tolerances, judgements, strategies, harness (numcheck.properties)."""

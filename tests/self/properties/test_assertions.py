@@ -1,0 +1,103 @@
+"""numcheck.assert_linear_ce / assert_quant_linear: one property on one case, the suite's message, arguments checked first."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import numcheck
+from numcheck import InvalidAssertion, Problem, PropertyFailure, QuantCase, assert_linear_ce, assert_quant_linear
+from numcheck.impls.builtin.fp8_linear import Fp8Linear
+from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
+from numcheck.properties import assertions
+from numcheck.properties.core.props import accuracy
+from numcheck.reference.fp8_recipes import Fp8Recipe
+
+
+@numcheck.linear_ce_impl(name="assert_fp32", dtypes=("float32",), autocast=())
+def fp32(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+    """fp32 logits and F.cross_entropy."""
+    return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
+
+
+@numcheck.linear_ce_impl(name="assert_loss_off", dtypes=("float32",), autocast=())
+def loss_off(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+    """The loss 0.1% too large: far past fp32's bound."""
+    return fp32(x, weight, target, bias, reduction=reduction, ignore_index=ignore_index) * 1.001
+
+
+CASE = dict(N=8, H=16, V=32, bias=True, seed=3)
+CURRENT = Fp8Recipe("current")
+FP8 = Fp8Linear("assert_fp8", (CURRENT,))
+
+
+def _y_off(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+    return FP8(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
+               scaling_state=scaling_state) * 1.01
+
+
+FP8_OFF = QuantFunctionImpl(name="assert_fp8_y_off", fn=_y_off, support=FP8.support.__class__(
+    recipes=(CURRENT,), dtypes=frozenset({torch.float32}), accum_unit_roundoff=FP8.support.accum_unit_roundoff))
+
+
+def test_holding_property_returns_its_metrics():
+    """A correct impl passes, and a Problem or its fields as keywords give the same metrics."""
+    a = assert_linear_ce(fp32, **CASE)
+    b = assert_linear_ce(fp32, Problem(**CASE), prop="accuracy")
+    assert a == b and 0.0 <= a["error/bound"] <= 1.0
+
+
+def test_failing_property_raises_the_suites_message():
+    """A wrong loss raises PropertyFailure carrying exactly the message the suite's own property raises."""
+    with pytest.raises(PropertyFailure) as got:
+        assert_linear_ce(loss_off, **CASE)
+    with pytest.raises(PropertyFailure) as suite:
+        accuracy(loss_off, Problem(**CASE))
+    assert str(got.value) == str(suite.value)
+    assert "property 'accuracy' fails for impl 'assert_loss_off'" in str(got.value) and "loss" in str(got.value)
+
+
+def test_quant_linear_holds_and_fails():
+    """The built-in current-scaling FP8 linear passes on one case (a recipe kind name accepted); y 1% off fails it."""
+    assert assert_quant_linear(FP8, recipe="current", M=16, K=32, N=8, bias=True).ok
+    with pytest.raises(PropertyFailure, match="property 'accuracy' fails for impl 'assert_fp8_y_off'"):
+        assert_quant_linear(FP8_OFF, QuantCase(CURRENT, 16, 32, 8))
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: assert_linear_ce(fp32, prop="acuracy", **CASE), ("unknown property 'acuracy'", "Did you mean 'accuracy'?")),
+    (lambda: assert_linear_ce(fp32, n=8, H=16, V=32), ("'n' is not a field of Problem", "Did you mean 'N'?")),
+    (lambda: assert_linear_ce(fp32, Problem(**CASE), N=4), ("a Problem and the fields ['N']",)),
+    (lambda: assert_linear_ce(fp32), ("no case given",)),
+    (lambda: assert_linear_ce(fp32, H=16, V=32), ("missing", "N")),
+    (lambda: assert_linear_ce(fp32, "Problem(N=1, H=1, V=1)"), ("must be a Problem, got str",)),
+    (lambda: assert_linear_ce(fp32, N=8, H=16, V=32, dtype="bfloat16"), ("does not declare this case", "dtype torch.bfloat16")),
+    (lambda: assert_linear_ce(fp32, prop="shift_invariance", N=8, H=16, V=32), ("says nothing about this case", "bias=True")),
+    (lambda: assert_linear_ce(fp32, prop="ignored_rows", N=8, H=16, V=32), ("says nothing", "ignored rows")),
+    (lambda: assert_linear_ce(FP8, **CASE), ("quant_linear impl", "numcheck.assert_quant_linear")),
+    (lambda: assert_linear_ce(object(), **CASE), ("non-empty string attribute 'name'",)),
+    (lambda: assert_linear_ce(fp32.with_support(requires=lambda: "needs fastce"), **CASE), ("cannot run here: needs fastce",)),
+    (lambda: assert_quant_linear(fp32, recipe="current", M=4, K=8, N=4), ("linear_ce impl", "numcheck.assert_linear_ce")),
+    (lambda: assert_quant_linear(FP8, recipe="mxfp8", M=4, K=32, N=4), ("does not declare this case", "recipe mxfp8")),
+    (lambda: assert_quant_linear(FP8, recipe="mx", M=4, K=32, N=4), ("Fp8Recipe.kind='mx'",)),
+    (lambda: assert_quant_linear(FP8_OFF, prop="quantizer", recipe="current", M=4, K=32, N=4), ("exposes_quantize=False",)),
+], ids=["prop_typo", "field_typo", "case_and_fields", "no_case", "missing_field", "case_type", "undeclared", "inapplicable",
+        "inapplicable_ignored", "quant_impl", "not_an_impl", "unavailable", "linear_impl", "quant_undeclared",
+        "bad_recipe", "no_quantizer"])
+def test_bad_arguments_are_refused_before_running(call, words):
+    """Each misuse raises InvalidAssertion (a ValueError and TypeError) saying what was wrong and how to fix it."""
+    with pytest.raises(InvalidAssertion) as excinfo:
+        call()
+    assert isinstance(excinfo.value, ValueError) and isinstance(excinfo.value, TypeError)
+    for w in words:
+        assert w in str(excinfo.value), f"{str(excinfo.value)!r} lacks {w!r}"
+
+
+@pytest.mark.parametrize("module", [assertions, numcheck], ids=["assertions", "numcheck"])
+def test_public_examples_run_as_doctests(module):
+    """The public API's >>> examples run and give what they show."""
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, result

@@ -1,0 +1,1 @@
+"""Tests of the float64 oracles (numcheck.reference)."""

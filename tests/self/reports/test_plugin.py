@@ -1,0 +1,209 @@
+"""numcheck's pytest plugin as users meet it: the suite run with ``--pyargs`` outside any checkout, the repro line it
+prints rerunning the failure as printed, a user's own hypothesis tests and ``ci`` profile untouched, and the
+user fixtures; and :func:`numcheck.check` agreeing with the plugin's verdicts.
+
+Each plugin run is a pytest subprocess in a temporary directory (the installed entry point, an outside module
+found only through the user's ``pythonpath`` ini setting), one or two hypothesis examples per test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import numcheck
+
+#: Correct except that the loss is 0.1% (and 1e-3) too large: fails accuracy on every draw with a row counted.
+LOSS_OFF = '''
+import torch.nn.functional as F
+from numcheck.impls.protocols.linear_ce import linear_ce_impl
+
+@linear_ce_impl(name="plugin_loss_off", dtypes=("float32",), autocast=(), options=("bias", "ignore_index"),
+                logits_dtype="float32")
+def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+    """Correct except that the loss is 0.1% (and 1e-3) too large."""
+    loss = F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction, ignore_index=ignore_index)
+    return loss * 1.001 + 1e-3
+'''
+
+#: A user's own conftest and hypothesis test, with their own ``ci`` profile, and a test using numcheck's fixtures.
+USER_CONFTEST = '''
+from hypothesis import settings
+settings.register_profile("ci", max_examples=7, derandomize=True, database=None)
+settings.load_profile("ci")
+'''
+USER_TEST = '''
+import os
+import sys
+from pathlib import Path
+from hypothesis import given, settings, strategies as st
+
+def test_own_hypothesis_test_keeps_own_profile():
+    assert "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules  # numcheck did nothing here
+    calls = []
+
+    @given(st.integers())
+    def inner(n):
+        calls.append(n)
+
+    inner()
+    assert settings.get_current_profile_name() == "ci"
+    Path("examples_run.txt").write_text(str(len(calls)))
+
+@given(st.integers())
+def test_decorated_at_import(n):
+    with open("decorated_calls.txt", "a") as f:
+        f.write("x")
+'''
+USER_FIXTURE_TEST = '''
+from hypothesis import given, strategies as st
+from numcheck.properties.core.props import accuracy
+
+@given(data=st.data())
+def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):
+    accuracy(numcheck_impl, data.draw(numcheck_problems))
+'''
+
+
+def _bin() -> Path:
+    """This interpreter's scripts folder (its ``pytest`` and ``numcheck``)."""
+    return Path(sys.executable).parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell: this venv's scripts on PATH, nothing of numcheck's test run."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS")) and k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["PATH"] = os.pathsep.join([str(_bin()), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def _pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """This venv's ``pytest`` run in ``cwd`` as a user would, with ``env`` added to :func:`_env`."""
+    return subprocess.run([str(_bin() / "pytest"), "-p", "no:cacheprovider", *args], cwd=cwd, env=_env(**env),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def user_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's repository: an outside impl module found through pytest's ``pythonpath`` ini setting only (and
+    not yet imported in this process)."""
+    monkeypatch.delitem(sys.modules, "myflce", raising=False)
+    (tmp_path / "myflce.py").write_text(LOSS_OFF)
+    (tmp_path / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    return tmp_path
+
+
+def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
+    """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
+    wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
+    r = _pytest(user_repo, "-q", "--pyargs", "numcheck.tests.suite", "--impl", "myflce:impl",
+                "-k", "test_accuracy and not sharp", NUMCHECK_CI_EXAMPLES="2")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    # The failing case is a covering row (run before hypothesis' draws, so no @reproduce_failure blob): the
+    # suite's repro line is what reruns it.
+    assert "test_accuracy[plugin_loss_off]" in out and "covering row" in out, out
+    lines = re.findall(r"reproduce: (.+)", out)
+    assert lines, out
+    line = lines[0].strip()
+    assert "numcheck repro --impl myflce:impl --property accuracy" in line, line
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    rerun = subprocess.run(["bash", "-c", line], cwd=elsewhere, env=_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 1, f"{line}\n{rerun.stdout}\n{rerun.stderr}"
+    assert rerun.stdout.startswith("FAIL") and "plugin_loss_off" in rerun.stdout, rerun.stdout
+
+
+def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
+    """With numcheck installed, a user's own hypothesis tests run under the user's own ``ci`` profile: 7
+    examples for a test decorated at call time and one decorated at import, no numcheck profile loaded, and
+    nothing of numcheck's set up (no Triton interpreter asked for, no triton imported)."""
+    (tmp_path / "conftest.py").write_text(USER_CONFTEST)
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    r = _pytest(tmp_path, "-q")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert (tmp_path / "examples_run.txt").read_text() == "7", out
+    assert len((tmp_path / "decorated_calls.txt").read_text()) == 7, out
+
+
+def test_user_fixtures_run_the_users_own_property(user_repo):
+    """A user's own test taking ``numcheck_impl`` and ``numcheck_problems`` runs once per ``--impl`` impl and
+    fails the wrong one with the suite's failure message."""
+    (user_repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
+    r = _pytest(user_repo, "-q", "-rA", "test_mine.py", "--impl", "eager", "--impl", "myflce:impl",
+                "--hypothesis-profile", "numcheck-ci", NUMCHECK_CI_EXAMPLES="2")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "PASSED test_mine.py::test_my_impl_is_accurate[eager]" in out, out
+    assert "FAILED test_mine.py::test_my_impl_is_accurate[plugin_loss_off]" in out, out
+    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in out, out
+
+
+def test_check_agrees_with_the_plugin(user_repo, monkeypatch):
+    """numcheck.check gives the verdicts the plugin's suite gives: a correct impl passes what the suite passes,
+    the wrong impl fails accuracy with the suite's message, and a property that does not apply is skipped."""
+    monkeypatch.syspath_prepend(str(user_repo))
+    names = ["accuracy", "determinism", "chunk_invariance"]
+    good = numcheck.check("eager", names, max_examples=2)
+    bad = numcheck.check("myflce:impl", names, max_examples=2)
+    assert good.ok and [good.verdicts[n].status for n in names] == ["passed", "passed", "skipped"], good
+    assert good.verdicts["accuracy"].worst_ratio is not None and good.verdicts["accuracy"].worst_ratio <= 1, good
+    assert not bad.ok and bad.verdicts["accuracy"].status == "failed", bad
+    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in bad.verdicts["accuracy"].message, bad
+    r = _pytest(user_repo, "-v", "--pyargs", "numcheck.tests.suite", "--impl", "eager", "--impl", "myflce:impl",
+                "-k", "test_accuracy and not sharp or test_determinism or test_chunk_invariance",
+                NUMCHECK_CI_EXAMPLES="2")
+    out = r.stdout + r.stderr
+    for result in (good, bad):
+        for n in names:
+            status = result.verdicts[n].status.upper()
+            assert re.search(rf"::test_{n}\[{re.escape(result.impl)}\] {status}", out), \
+                f"{n} for {result.impl}: check says {status}\n{out}"
+
+
+def test_check_rejects_bad_arguments():
+    """Unknown property names, a profile that is not numcheck's and an unloadable spec are named in the error."""
+    with pytest.raises(ValueError, match="unknown properties.*'acuracy'"):
+        numcheck.check("eager", ["acuracy"])
+    with pytest.raises(ValueError, match="'ci-fast' names no numcheck hypothesis profile"):
+        numcheck.check("eager", ["determinism"], profile="ci-fast")
+    with pytest.raises(ValueError, match="no_such_module_xyz"):
+        numcheck.check("no_such_module_xyz:impl")
+
+
+def test_repro_line_names_the_spec_of_an_impl_passed_as_an_object(user_repo, monkeypatch):
+    """An impl handed to the suite as an object (numcheck.check(impl)) still gets a repro line that loads it by
+    its module-level name, with the module's folder on PYTHONPATH."""
+    monkeypatch.syspath_prepend(str(user_repo))
+    import importlib
+
+    impl = importlib.import_module("myflce").impl
+    bad = numcheck.check(impl, ["accuracy"], max_examples=1)
+    line = re.search(r"reproduce: (.+)", bad.verdicts["accuracy"].message).group(1)
+    words = shlex.split(line)
+    assert words[0] == f"PYTHONPATH={user_repo.resolve()}" and words[1:5] == ["numcheck", "repro", "--impl",
+                                                                              "myflce:impl"], line
+
+
+def test_check_runs_the_quantized_linear_suite():
+    """numcheck.check runs the drawn FP8 tests for a quantized-linear impl: the built-in passes and a mutant that
+    saves a copy of x where it declares the original fails the saved-tensor property with the suite's message."""
+    from numcheck.tests.self.helpers.fp8_mutants import MUTANTS
+
+    name = "saved_tensor_aliasing_and_bytes"
+    good = numcheck.check("fp8_linear[current]", [name], max_examples=2)
+    assert good.ok and good.verdicts[name].status == "passed", good
+    mutant = next(m for m in MUTANTS if m.name == "mutant_saves_copy_of_x")
+    bad = numcheck.check(mutant, [name], max_examples=4)
+    assert bad.verdicts[name].status == "failed" and "mutant_saves_copy_of_x" in bad.verdicts[name].message, bad
+    with pytest.raises(ValueError, match="unknown properties.*for a quant_linear impl"):
+        numcheck.check("fp8_linear[current]", ["pinned_cases"])

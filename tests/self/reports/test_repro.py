@@ -1,0 +1,166 @@
+"""``numcheck repro``: the one-line command every failure prints reruns exactly that property on that case,
+prints PASS or the failure, and exits 0 / 1 (2 for bad arguments)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.reports import cli
+
+PLAIN = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
+
+MUTANT = '''
+import torch.nn.functional as F
+from numcheck.impls.protocols.linear_ce import linear_ce_impl
+
+@linear_ce_impl(name="repro_loss_off", dtypes=("float32",), autocast=(), options=("bias", "ignore_index"),
+                logits_dtype="float32")
+def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
+    """Correct except that the loss is 0.1% too large."""
+    loss = F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction, ignore_index=ignore_index)
+    return loss * 1.001
+'''
+
+
+@pytest.fixture
+def mutant(tmp_path, monkeypatch) -> str:
+    (tmp_path / "repro_mutant.py").write_text(MUTANT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "repro_mutant:impl"
+
+
+def test_passing_case_prints_pass(capsys):
+    """A property that holds prints PASS and exits 0."""
+    assert cli.main(["repro", "--impl", "eager", "--property", "accuracy", "--problem", PLAIN]) == 0
+    assert capsys.readouterr().out.startswith("PASS")
+
+
+def test_failing_case_prints_the_failure_and_exits_1(mutant, monkeypatch, capsys):
+    """An outside impl with a 0.1% loss error fails accuracy: FAIL, the failure text, exit 1 (by spec or by name)."""
+    assert cli.main(["repro", "--impl", mutant, "--property", "accuracy", "--problem", PLAIN]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "repro_loss_off" in out and "loss" in out and "bound" in out
+    monkeypatch.setenv("NUMCHECK_IMPLS", mutant)
+    assert cli.main(["repro", "--impl", "repro_loss_off", "--property", "accuracy", "--problem", PLAIN]) == 1
+
+
+def test_printed_repro_command_round_trips(mutant, monkeypatch, capsys):
+    """The command in a property failure, run as printed (env prefix included), reproduces the failure."""
+    from numcheck.impls.registry import discover
+    from numcheck.properties.core import props as checks
+    from numcheck.properties.core.problems import Problem
+
+    impl = [e.impl for e in discover([mutant])][0]
+    with pytest.raises(PropertyFailure) as info:
+        checks.accuracy(impl, Problem(N=6, H=3, V=5, seed=11))
+    line = str(info.value).split("reproduce: ", 1)[1].strip()
+    words = shlex.split(line)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    argv = words
+    assert argv[:2] == ["numcheck", "repro"], f"unexpected repro command {line!r}"
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(argv[1:]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_raising_impl_is_a_failure(tmp_path, monkeypatch, capsys):
+    """An impl that raises on a declared case fails the property (exit 1), with the exception named."""
+    (tmp_path / "repro_raiser.py").write_text(
+        "from numcheck.impls.protocols.linear_ce import linear_ce_impl\n"
+        "@linear_ce_impl(name='repro_raiser', dtypes=('float32',), autocast=(), options=())\n"
+        "def impl(x, w, t, b=None, **kw):\n    raise RuntimeError('kernel launch failed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["repro", "--impl", "repro_raiser:impl", "--property", "accuracy", "--problem", PLAIN]) == 1
+    assert "raised RuntimeError: kernel launch failed" in capsys.readouterr().out
+
+
+def test_property_suffix_is_stripped():
+    """``option_identities[softcap]`` as printed for a sub-check runs the option_identities property."""
+    problem = "Problem(N=6, H=4, V=5, dtype='float32', seed=2)"
+    assert cli.main(["repro", "--impl", "eager", "--property", "option_identities[softcap]", "--problem", problem]) == 0
+
+
+def test_quant_case_reruns_an_fp8_property(capsys):
+    """A QuantCase(...) problem runs the FP8 property table."""
+    case = "QuantCase(Fp8Recipe('current'), 8, 40, 16, dtype='bfloat16', bias=True, seed=1)"
+    assert cli.main(["repro", "--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", case]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--impl", "eager", "--property", "accuracy", "--problem", "__import__('os').getcwd()"], "could not be evaluated"),
+    (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
+    (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
+    (["--impl", "no_such_impl", "--property", "accuracy", "--problem", PLAIN], "no impl named 'no_such_impl'"),
+    (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
+    (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
+])
+def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
+    """Bad expressions (no builtins reachable), unknown impls or properties, or a kind mismatch exit 2 and say why."""
+    assert cli.main(["repro", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_undeclared_case_names_the_reason_and_runs_only_on_request(mutant, capsys):
+    """A case outside the impl's declaration exits 2 naming why (the suite never draws it); --undeclared runs it."""
+    bf16 = "Problem(N=5, H=4, V=7, dtype='bfloat16', seed=3)"  # the mutant declares float32 only
+    assert cli.main(["repro", "--impl", mutant, "--property", "accuracy", "--problem", bf16]) == 2
+    err = capsys.readouterr().err
+    assert "does not declare this case: dtype torch.bfloat16 not declared" in err and "--undeclared" in err
+    assert cli.main(["repro", "--impl", mutant, "--property", "accuracy", "--problem", bf16, "--undeclared"]) in (0, 1)
+    assert capsys.readouterr().out.startswith(("PASS", "FAIL"))
+
+
+def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
+    """`numcheck repro --impl mymod:impl` run in the user's directory (no checkout, the console script's sys.path:
+    the current directory not on it) finds mymod and reproduces the failure (exit 1); so does the printed form
+    NUMCHECK_IMPLS=mymod:impl numcheck repro --impl NAME."""
+    (tmp_path / "cwd_mutant.py").write_text(MUTANT)
+    tree = Path(str(resources.files("numcheck"))).parent
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("NUMCHECK_IMPLS", None)
+    problem = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
+    # -P: the current directory is not put on sys.path, as for an installed console script.
+    base = [sys.executable, "-P", "-c", "import sys; from numcheck.reports.cli import main; sys.exit(main())", "repro",
+            "--property", "accuracy", "--problem", problem]
+    proc = subprocess.run(base + ["--impl", "cwd_mutant:impl"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("FAIL") and "repro_loss_off" in proc.stdout
+    proc = subprocess.run(base + ["--impl", "repro_loss_off"], cwd=tmp_path, env=dict(env, NUMCHECK_IMPLS="cwd_mutant:impl"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
+    """A distributed mutant's failure (grad_x not all-reduced, P = 2) gives impl spec and DistCase; ``numcheck repro``
+    with them prints FAIL and the same failure (exit 1), and on the built-in it replaces, PASS (exit 0)."""
+    from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
+    from numcheck.properties.core.problems import Problem
+    from numcheck.tests.self.helpers.dist_mutants import dist_impls
+
+    (mutant,) = [m for m in dist_impls() if "NoGradXAllReduce" in m.name]
+    with pytest.raises(PropertyFailure) as info:
+        dist_accuracy(mutant, DistCase(Problem(N=6, H=5, V=9, dtype="float32", seed=4), world_size=2))
+    printed = str(info.value)
+    spec = re.search(r'--impl "([^"]+)"', printed).group(1)
+    case = re.search(r"^  case: (DistCase\(.*\))$", printed, re.M).group(1)
+    assert cli.main(["repro", "--impl", spec, "--property", "dist_accuracy", "--problem", case]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL\n") and f"property 'dist_accuracy' fails for impl {mutant.name!r}" in out
+    assert "grad_x" in out and f"case: {case}" in out
+    assert cli.main(["repro", "--impl", "vocab_parallel[nan]", "--property", "dist_accuracy", "--problem", case]) == 0
+    assert capsys.readouterr().out.startswith("PASS: property 'dist_accuracy' holds for impl 'vocab_parallel[nan]'")
