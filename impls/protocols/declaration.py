@@ -9,8 +9,12 @@ does.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import importlib
 import inspect
+import pickle
+import sys
 from typing import Callable, Iterable
 
 import torch
@@ -202,3 +206,116 @@ def elementary_ulps(owner: str, fields: dict[str, object], known: tuple[str, ...
                           "correctly rounded one), e.g. 2 for CUDA's expf.")
         out[name] = float(v)
     return out
+
+
+# -- the machinery every protocol's decorator, built impl and conformance check shares ---------------------------
+#: One call an impl must be able to take: (label in messages, the callable or None, why it cannot take the call).
+Call = tuple[str, object, Callable[[object], "str | None"]]
+
+
+def bad_name(name: object) -> bool:
+    """Whether ``name`` is not a usable impl name (a non-empty, non-blank string)."""
+    return not isinstance(name, str) or not name.strip()
+
+
+def opening(decorator: str, name: object, declared: Iterable[str], fields: Iterable[str],
+            example: str) -> tuple[str, str]:
+    """What every decorator checks before it sees the function: the name and the declaration's keywords.
+    Returns ``(site, owner)``: the user's ``file:line`` and ``"<decorator>(name=...)"`` for later messages."""
+    site = declaration_site()
+    if bad_name(name):
+        raise invalid(f"{decorator}(name={name!r}): the name must be a non-empty string",
+                      f"Give a short printable name, e.g. name={example!r}.", site=site)
+    owner = f"{decorator}(name={name!r})"
+    unknown_keywords(owner, declared, fields)
+    return site, owner
+
+
+def decorated(owner: str, site: str, fn: object, hint: str, calls: Iterable[Call], takes: str,
+              description: str) -> str:
+    """What every decorator checks of the function it decorates: callable, and able to take each call in
+    ``calls`` (``takes`` says which: "the calls the suite makes", ...). Returns the impl's description."""
+    if not callable(fn):
+        raise invalid(f"{owner} decorates {fn!r}, which is not callable", hint, site=site)
+    refused(calls, f"{owner}: {{label}} (defined at {{at}}) cannot take {takes}", site=site)
+    return description or (getattr(fn, "__doc__", None) or "").strip().split("\n")[0]
+
+
+def refused(calls: Iterable[Call], what: str, *, site: str | None = None) -> None:
+    """Raise :class:`InvalidDeclaration` for the first call of ``calls`` its callable cannot take; ``what`` is the
+    message with ``{label}`` and ``{at}`` (where the callable is defined) to fill."""
+    for label, fn, refusal in calls:
+        why = refusal(fn) if fn is not None else None
+        if why:
+            raise invalid(what.format(label=label, at=defined_at(fn)), why, site=site)
+
+
+def built(impl: object, support_type: type, fix: str, example: str, calls: Iterable[Call], takes: str,
+          *, support: object = None) -> None:
+    """What a built impl (``FunctionImpl`` and its counterparts) checks in ``__post_init__``: its name, its
+    support's type (``fix`` says how to build one), each callable of ``calls`` callable and able to take its call."""
+    name = getattr(impl, "name", None)
+    if bad_name(name):
+        raise invalid(f"an impl's name must be a non-empty string, got {name!r}",
+                      f"Give a short printable name, e.g. name={example!r}.")
+    support = getattr(impl, "support", None) if support is None else support
+    if not isinstance(support, support_type):
+        raise invalid(f"impl {name!r}: support must be a {support_type.__name__}, got {type(support).__name__}", fix)
+    calls = list(calls)
+    for i, (label, fn, _) in enumerate(calls):  # the first call is the impl's own function: never optional
+        if (fn is not None or i == 0) and not callable(fn):
+            raise invalid(f"impl {name!r}: {label}={fn!r} is not callable", "Pass a function.")
+    refused(calls, f"impl {name!r}: its {{label}} (defined at {{at}}) cannot take {takes}")
+
+
+def conformance(obj: object, origin: str, kind: str, checks: Iterable[tuple[bool, str]],
+                calls: Iterable[Call], takes: str, *, pickled: bool = False, decorator: str = "") -> str:
+    """The protocol check every kind shares, raising ``TypeError`` naming ``origin``: a name, then each of
+    ``checks`` (``(holds, what is wrong)`` in order), each call of ``calls``, and (``pickled``) that the impl
+    pickles, as the ranks receive it. Returns the impl's name."""
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
+    for holds, what in checks:
+        if not holds:
+            raise TypeError(f"{origin}: {kind} impl {name!r} {what}")
+    for label, fn, refusal in calls:
+        why = refusal(fn) if fn is not None else None
+        if why:
+            raise TypeError(f"{origin}: {kind} impl {name!r}{label} (defined at {defined_at(fn)}) cannot take "
+                            f"{takes}: {why}")
+    if pickled:
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
+            raise TypeError(f"{origin}: {kind} impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the ranks "
+                            f"receive it pickled: bind it at module level ({decorator} on a module-level "
+                            f"function) or make its class picklable") from None
+    return name
+
+
+def _by_reference(module: str, attr: str) -> object:
+    """The object bound to ``module.attr`` (how a rank unpickles a module-level impl)."""
+    obj: object = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def module_binding(obj: object, module_name: str | None) -> tuple[str, str] | None:
+    """``(module, attr)`` of a module-level name bound to ``obj`` in ``module_name``, or ``None``."""
+    module = sys.modules.get(module_name or "")
+    if module is None or module_name == "__main__":
+        return None
+    return next(((module_name, a) for a, v in vars(module).items() if v is obj), None)
+
+
+class PickledByReference:
+    """Mixin of the impls the ranks receive pickled: bound at module level (what the decorators give), an impl
+    pickles as that module-level name, else by its dataclass fields (``fn`` by reference)."""
+
+    def __reduce__(self) -> object:
+        bound = module_binding(self, getattr(getattr(self, "fn", None), "__module__", None))
+        if bound is not None:
+            return (_by_reference, bound)
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))  # type: ignore[arg-type]

@@ -103,22 +103,6 @@ class DistSupport:
         decl.bools(own, self, ("uneven_vocab", "deterministic"))
 
 
-def _by_reference(module: str, attr: str) -> Any:
-    """The object bound to ``module.attr`` (how a rank unpickles a module-level impl)."""
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _module_binding(obj: Any, module_name: str | None) -> tuple[str, str] | None:
-    """``(module, attr)`` of a module-level name bound to ``obj`` in ``module_name``, or ``None``."""
-    module = sys.modules.get(module_name or "")
-    if module is None or module_name == "__main__":
-        return None
-    return next(((module_name, a) for a, v in vars(module).items() if v is obj), None)
-
-
 def rank_call_refusal(fn: Callable[..., Any], options: frozenset[str]) -> str | None:
     """Why ``fn`` cannot take the calls a rank makes (``fn(x, weight_shard, target, bias_shard, group=...,
     vocab_start=..., vocab_size=..., reduction=..., ignore_index=..., **declared options)``), with a fix; ``None``
@@ -142,7 +126,7 @@ def rank_call_refusal(fn: Callable[..., Any], options: frozenset[str]) -> str | 
 
 
 @dataclass(frozen=True)
-class DistFunctionImpl:
+class DistFunctionImpl(decl.PickledByReference):
     """A distributed impl from a module-level function ``fn`` with ``rank_call``'s signature.
 
     Built, it has checked that ``fn`` takes every call its declaration leads to (:func:`rank_call_refusal`). The
@@ -157,33 +141,20 @@ class DistFunctionImpl:
     kind: str = DIST_KIND
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
-                          "Give a short printable name, e.g. name='mymod_vocab_parallel'.")
-        if not callable(self.fn):
-            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable",
-                          "Pass the function each rank calls (x, weight_shard, target, bias_shard, *, group, "
-                          "vocab_start, vocab_size, **options).")
-        if not isinstance(self.support, LinearCESupport):
-            raise invalid(f"impl {self.name!r}: support must be a LinearCESupport, got {type(self.support).__name__}",
-                          "Build it with numcheck.make_support(...): one rank's numerics.")
+        decl.built(self, LinearCESupport, "Build it with numcheck.make_support(...): one rank's numerics.",
+                   "mymod_vocab_parallel", [], "")
         if not isinstance(self.dist, DistSupport):
             raise invalid(f"impl {self.name!r}: dist must be a DistSupport, got {type(self.dist).__name__}",
                           "Build it with DistSupport(world_sizes=..., backends=..., smoothing=...).")
-        why = rank_call_refusal(self.fn, self.support.options)
-        if why:
-            raise invalid(f"impl {self.name!r} (function defined at {defined_at(self.fn)}) cannot take the calls "
-                          f"its declaration leads to", why)
+        decl.built(self, LinearCESupport, "", "", [("function", self.fn, self._refusal)],
+                   "the calls its declaration leads to")
+
+    def _refusal(self, fn: Callable[..., Any]) -> str | None:
+        return rank_call_refusal(fn, self.support.options)
 
     def rank_call(self, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``: see the module docstring."""
         return self.fn(*args, **kwargs)
-
-    def __reduce__(self) -> Any:
-        bound = _module_binding(self, getattr(self.fn, "__module__", None))
-        if bound is not None:
-            return (_by_reference, bound)
-        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
 
 #: The keywords of :func:`dist_linear_ce_impl`'s distributed declaration (the rest are one rank's numerics).
@@ -215,27 +186,20 @@ def dist_linear_ce_impl(*, name: str, description: str = "",
     >>> doc_vocab_parallel.kind, doc_vocab_parallel.dist.world_sizes
     ('dist_linear_ce', (1, 2))
     """
-    site = declaration_site()
-    if not isinstance(name, str) or not name.strip():
-        raise invalid(f"dist_linear_ce_impl(name={name!r}): the name must be a non-empty string",
-                      "Give a short printable name, e.g. name='mymod_vocab_parallel'.", site=site)
-    owner = f"dist_linear_ce_impl(name={name!r})"
-    decl.unknown_keywords(owner, declared, (*DIST_FIELDS, *SUPPORT_FIELDS))
+    site, owner = decl.opening("dist_linear_ce_impl", name, declared, (*DIST_FIELDS, *SUPPORT_FIELDS),
+                               "mymod_vocab_parallel")
     dist_kw = {k: v for k, v in declared.items() if k in DIST_FIELDS}
     support_kw = {k: v for k, v in declared.items() if k not in DIST_FIELDS}
     dist = DistSupport(**dist_kw)
     support = make_support(**support_kw)
 
     def wrap(fn: Callable[..., Any]) -> DistFunctionImpl:
-        if not callable(fn):
-            raise invalid(f"{owner} decorates {fn!r}, which is not callable",
-                          "Put the decorator on the function each rank calls.", site=site)
-        sup = support if "options" in support_kw else dataclasses.replace(support, options=inferred_options(fn))
-        why = rank_call_refusal(fn, sup.options)
-        if why:
-            raise invalid(f"{owner}: {fn.__name__} (defined at {defined_at(fn)}) cannot take the calls its "
-                          f"declaration leads to", why, site=site)
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        sup = support
+        if "options" not in support_kw and callable(fn):
+            sup = dataclasses.replace(support, options=inferred_options(fn))
+        doc = decl.decorated(owner, site, fn, "Put the decorator on the function each rank calls.",
+                             [(getattr(fn, "__name__", "the function"), fn, lambda f: rank_call_refusal(f, sup.options))],
+                             "the calls its declaration leads to", description)
         return DistFunctionImpl(name=name, fn=fn, support=sup, dist=dist, description=doc)
 
     return wrap
@@ -245,26 +209,12 @@ def validate_dist_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol: its name, ``support``
     (:class:`LinearCESupport`), ``dist`` (:class:`DistSupport`), a ``rank_call`` that cannot take the ranks' calls,
     or an impl that does not pickle (the ranks receive it pickled)."""
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
-    if not isinstance(getattr(obj, "support", None), LinearCESupport):
-        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} needs 'support' of type impls.protocols.linear_ce.LinearCESupport "
-                        f"(one rank's numerics), got {type(getattr(obj, 'support', None)).__name__}")
-    if not isinstance(getattr(obj, "dist", None), DistSupport):
-        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} needs 'dist' of type impls.protocols.dist_linear_ce.DistSupport, "
-                        f"got {type(getattr(obj, 'dist', None)).__name__}")
-    call = getattr(obj, "rank_call", None)
-    if not callable(call):
-        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} has no callable rank_call")
-    fn = obj.fn if isinstance(obj, DistFunctionImpl) else call
-    why = rank_call_refusal(fn, obj.support.options)
-    if why:
-        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
-                        f"its declaration leads to: {why}")
-    try:
-        pickle.dumps(obj)
-    except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
-        raise TypeError(f"{origin}: {DIST_KIND} impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the ranks "
-                        f"receive it pickled: bind it at module level (dist_linear_ce_impl on a module-level "
-                        f"function) or make its class picklable") from None
+    support, dist, call = (getattr(obj, a, None) for a in ("support", "dist", "rank_call"))
+    decl.conformance(obj, origin, DIST_KIND, [
+        (isinstance(support, LinearCESupport), f"needs 'support' of type impls.protocols.linear_ce.LinearCESupport "
+                                               f"(one rank's numerics), got {type(support).__name__}"),
+        (isinstance(dist, DistSupport), f"needs 'dist' of type impls.protocols.dist_linear_ce.DistSupport, "
+                                        f"got {type(dist).__name__}"),
+        (callable(call), "has no callable rank_call"),
+    ], [("", obj.fn if isinstance(obj, DistFunctionImpl) else call, lambda f: rank_call_refusal(f, support.options))],
+        "the calls its declaration leads to", pickled=True, decorator="dist_linear_ce_impl")

@@ -457,22 +457,8 @@ class QuantFunctionImpl:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
-                          "Give a short printable name, e.g. name='mymod_fp8'.")
-        if not isinstance(self.support, QuantLinearSupport):
-            raise invalid(f"impl {self.name!r}: support must be a QuantLinearSupport, got {type(self.support).__name__}",
-                          "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).")
-        for label, fn, positional, keywords in (("fn", self.fn, 3, CALL_KEYWORDS),
-                                                ("quantize_fn", self.quantize_fn, 1, QUANTIZE_KEYWORDS)):
-            if fn is None and label == "quantize_fn":
-                continue
-            if not callable(fn):
-                raise invalid(f"impl {self.name!r}: {label}={fn!r} is not callable", "Pass a function.")
-            why = call_refusal(fn, positional, keywords)
-            if why:
-                raise invalid(f"impl {self.name!r}: its {label} (defined at {defined_at(fn)}) cannot take the calls "
-                              f"the suite makes", why)
+        decl.built(self, QuantLinearSupport, "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).",
+                   "mymod_fp8", _calls(self.fn, self.quantize_fn, "fn", "quantize_fn"), "the calls the suite makes")
         if self.support.exposes_quantize and self.quantize_fn is None:
             raise invalid(f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
                           "Pass quantize_fn=... (quantize= to quant_linear_impl), or declare exposes_quantize=False.")
@@ -524,62 +510,46 @@ def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..
     >>> unquantized.kind, [r.name for r in unquantized.support.recipes]
     ('quant_linear', ['current-hybrid'])
     """
-    site = declaration_site()
-    if not isinstance(name, str) or not name.strip():
-        raise invalid(f"quant_linear_impl(name={name!r}): the name must be a non-empty string",
-                      "Give a short printable name, e.g. name='mymod_fp8'.", site=site)
-    decl.unknown_keywords(f"quant_linear_impl(name={name!r})", support, SUPPORT_FIELDS)
+    site, owner = decl.opening("quant_linear_impl", name, support, SUPPORT_FIELDS, "mymod_fp8")
     if quantize is not None and "exposes_quantize" not in support:
         support = {**support, "exposes_quantize": True}
     declared = make_quant_support(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> QuantFunctionImpl:
-        if not callable(fn):
-            raise invalid(f"quant_linear_impl(name={name!r}) decorates {fn!r}, which is not callable",
-                          "Put the decorator on the function computing y = Q(x)·Q(W)ᵀ + b.", site=site)
-        for label, f, positional, keywords in (("function", fn, 3, CALL_KEYWORDS),
-                                               ("quantize", quantize, 1, QUANTIZE_KEYWORDS)):
-            why = call_refusal(f, positional, keywords) if f is not None else None
-            if why:
-                raise invalid(f"quant_linear_impl(name={name!r}): its {label} (defined at {defined_at(f)}) cannot "
-                              f"take the calls the suite makes", why, site=site)
+        doc = decl.decorated(owner, site, fn, "Put the decorator on the function computing y = Q(x)·Q(W)ᵀ + b.",
+                             _calls(fn, quantize, "its function", "its quantize"), "the calls the suite makes",
+                             description)
         if declared.exposes_quantize and quantize is None:
-            raise invalid(f"quant_linear_impl(name={name!r}) declares exposes_quantize=True without quantize=",
+            raise invalid(f"{owner} declares exposes_quantize=True without quantize=",
                           "Pass quantize=my_quantizer, or leave exposes_quantize out.", site=site)
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         return QuantFunctionImpl(name=name, fn=fn, support=declared, quantize_fn=quantize, description=doc)
 
     return wrap
+
+
+def _calls(fn: object, quantize: object, fn_label: str, quantize_label: str) -> list[decl.Call]:
+    """The two calls a quantized linear must take: the linear itself and (when it has one) its quantizer."""
+    return [(fn_label, fn, lambda f: call_refusal(f, 3, CALL_KEYWORDS)),
+            (quantize_label, quantize, lambda f: call_refusal(f, 1, QUANTIZE_KEYWORDS))]
 
 
 def validate_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol (including a call or
     ``quantize`` signature that cannot take the suite's calls: :func:`call_refusal`)."""
     name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
-    if getattr(obj, "kind", None) != "quant_linear":
+    if isinstance(name, str) and name and getattr(obj, "kind", None) != "quant_linear":
         raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected 'quant_linear'")
     sup = getattr(obj, "support", None)
-    if not isinstance(sup, QuantLinearSupport):
-        raise TypeError(f"{origin}: quant_linear impl {name!r} needs 'support' of type impls.protocols.fp8_linear.QuantLinearSupport, "
-                        f"got {type(sup).__name__}")
-    for attr in ("unavailable_reason", "describe"):
-        if not callable(getattr(sup, attr, None)):
-            raise TypeError(f"{origin}: quant_linear impl {name!r}: support lacks {attr}()")
-    if not callable(obj):
-        raise TypeError(f"{origin}: quant_linear impl {name!r} is not callable")
-    if sup.exposes_quantize and not callable(getattr(obj, "quantize", None)):
-        raise TypeError(f"{origin}: quant_linear impl {name!r} declares exposes_quantize but has no callable 'quantize'")
-    unknown = [r for r in sup.recipes if r.kind not in RECIPE_KINDS]
-    if unknown:
-        raise TypeError(f"{origin}: quant_linear impl {name!r} declares unknown recipes {unknown!r}")
-    calls = [("call", obj.fn if isinstance(obj, QuantFunctionImpl) else obj, 3, CALL_KEYWORDS)]
-    if sup.exposes_quantize:
-        q = obj.quantize_fn if isinstance(obj, QuantFunctionImpl) else obj.quantize
-        calls.append(("quantize", q, 1, QUANTIZE_KEYWORDS))
-    for label, fn, positional, keywords in calls:
-        why = call_refusal(fn, positional, keywords)
-        if why:
-            raise TypeError(f"{origin}: quant_linear impl {name!r}: its {label} (defined at {defined_at(fn)}) cannot "
-                            f"take the calls the suite makes: {why}")
+    typed = isinstance(sup, QuantLinearSupport)
+    checks = [(typed, f"needs 'support' of type impls.protocols.fp8_linear.QuantLinearSupport, got {type(sup).__name__}")]
+    checks += [(callable(getattr(sup, a, None)), f"support lacks {a}()") for a in ("unavailable_reason", "describe")]
+    checks += [(callable(obj), "is not callable"),
+               (not (typed and sup.exposes_quantize) or callable(getattr(obj, "quantize", None)),
+                "declares exposes_quantize but has no callable 'quantize'"),
+               (not typed or all(r.kind in RECIPE_KINDS for r in sup.recipes),
+                f"declares unknown recipes {[r for r in getattr(sup, 'recipes', ()) if r.kind not in RECIPE_KINDS]!r}")]
+    own = isinstance(obj, QuantFunctionImpl)
+    quantize = (obj.quantize_fn if own else getattr(obj, "quantize", None)) if typed and sup.exposes_quantize else None
+    decl.conformance(obj, origin, "quant_linear", checks,
+                     _calls(obj.fn if own else obj, quantize, ": its call", ": its quantize"),
+                     "the calls the suite makes")

@@ -369,19 +369,11 @@ class FunctionImpl:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
-                          "Give a short printable name, e.g. name='mymod_flce'.")
-        if not callable(self.fn):
-            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable",
-                          "Pass the function computing the loss (x, weight, target, bias=None, **options).")
-        if not isinstance(self.support, LinearCESupport):
-            raise invalid(f"impl {self.name!r}: support must be a LinearCESupport, got {type(self.support).__name__}",
-                          "Build it with numcheck.make_support(...) or LinearCESupport(...).")
-        why = call_refusal(self.fn, self.support.options)
-        if why:
-            raise invalid(f"impl {self.name!r} (function defined at {defined_at(self.fn)}) cannot take the calls its "
-                          f"declaration leads to", why)
+        decl.built(self, LinearCESupport, "Build it with numcheck.make_support(...) or LinearCESupport(...).",
+                   "mymod_flce", [("function", self.fn, self._refusal)], "the calls its declaration leads to")
+
+    def _refusal(self, fn: Callable[..., Any]) -> str | None:
+        return call_refusal(fn, self.support.options)
 
     def __call__(self, x, weight, target, bias=None, **options):  # noqa: D102 - documented on the protocol
         return self.fn(x, weight, target, bias, **options)
@@ -443,23 +435,16 @@ def linear_ce_impl(*, name: str, description: str = "", **support: Any) -> Calla
     >>> sorted(plain.support.options)
     ['bias', 'ignore_index', 'label_smoothing']
     """
-    site = declaration_site()
-    if not isinstance(name, str) or not name.strip():
-        raise invalid(f"linear_ce_impl(name={name!r}): the name must be a non-empty string",
-                      "Give a short printable name, e.g. name='mymod_flce'.", site=site)
-    decl.unknown_keywords(f"linear_ce_impl(name={name!r})", support, SUPPORT_FIELDS)
+    site, owner = decl.opening("linear_ce_impl", name, support, SUPPORT_FIELDS, "mymod_flce")
     declared = make_support(**support)
 
     def wrap(fn: Callable[..., Any]) -> FunctionImpl:
-        if not callable(fn):
-            raise invalid(f"linear_ce_impl(name={name!r}) decorates {fn!r}, which is not callable",
-                          "Put the decorator on the function computing the loss.", site=site)
-        sup = declared if "options" in support else dataclasses.replace(declared, options=inferred_options(fn))
-        why = call_refusal(fn, sup.options)
-        if why:
-            raise invalid(f"linear_ce_impl(name={name!r}): {fn.__name__} (defined at {defined_at(fn)}) cannot take "
-                          f"the calls its declaration leads to", why, site=site)
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        sup = declared
+        if "options" not in support and callable(fn):
+            sup = dataclasses.replace(declared, options=inferred_options(fn))
+        doc = decl.decorated(owner, site, fn, "Put the decorator on the function computing the loss.",
+                             [(getattr(fn, "__name__", "the function"), fn, lambda f: call_refusal(f, sup.options))],
+                             "the calls its declaration leads to", description)
         return FunctionImpl(name=name, fn=fn, support=sup, description=doc)
 
     return wrap
@@ -469,20 +454,15 @@ def validate_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow the protocol of its kind (for a linear+CE
     impl, including a call its declared options lead to that its signature cannot take: :func:`call_refusal`)."""
     kind = getattr(obj, "kind", None)
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
-    if kind == "linear_ce":
-        if not isinstance(getattr(obj, "support", None), LinearCESupport):
-            raise TypeError(f"{origin}: linear_ce impl {name!r} needs 'support' of type impls.protocols.linear_ce.LinearCESupport")
-        if not callable(obj):
-            raise TypeError(f"{origin}: linear_ce impl {name!r} is not callable")
-        fn = obj.fn if isinstance(obj, FunctionImpl) else obj
-        why = call_refusal(fn, obj.support.options)
-        if why:
-            raise TypeError(f"{origin}: linear_ce impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
-                            f"its declaration leads to: {why}")
-    elif kind == "quant_linear":
+    if kind == "quant_linear":
         validate_quant_impl(obj, origin)
-    else:
+        return
+    name = getattr(obj, "name", None)
+    if kind != "linear_ce" and isinstance(name, str) and name:
         raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected 'linear_ce' or 'quant_linear'")
+    support = getattr(obj, "support", None)
+    fn = obj.fn if isinstance(obj, FunctionImpl) else obj
+    decl.conformance(obj, origin, "linear_ce", [
+        (isinstance(support, LinearCESupport), "needs 'support' of type impls.protocols.linear_ce.LinearCESupport"),
+        (callable(obj), "is not callable"),
+    ], [("", fn, lambda f: call_refusal(f, support.options))], "the calls its declaration leads to")

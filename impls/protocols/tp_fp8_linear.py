@@ -59,7 +59,6 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
-from numcheck.impls.protocols.dist_linear_ce import _by_reference, _module_binding
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
 
@@ -225,7 +224,7 @@ def collectives(group: Any) -> Collectives:
 
 
 @dataclass(frozen=True)
-class TPQuantFunctionImpl:
+class TPQuantFunctionImpl(decl.PickledByReference):
     """A tensor-parallel quantized linear from a module-level function with the call's signature (module
     docstring). Built, it has checked that the function takes ``(x, weight, bias, *,`` :data:`TP_CALL_KEYWORDS`
     ``)``; the ranks receive it pickled, as its module-level name where it is bound to one."""
@@ -237,27 +236,11 @@ class TPQuantFunctionImpl:
     kind: str = TP_KIND
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
-                          "Give a short printable name, e.g. name='mymod_tp_fp8'.")
-        if not isinstance(self.support, TPQuantSupport):
-            raise invalid(f"impl {self.name!r}: support must be a TPQuantSupport, got {type(self.support).__name__}",
-                          "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).")
-        if not callable(self.fn):
-            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable", "Pass a function.")
-        why = call_refusal(self.fn, 3, TP_CALL_KEYWORDS)
-        if why:
-            raise invalid(f"impl {self.name!r}: its function (defined at {defined_at(self.fn)}) cannot take the calls "
-                          f"the suite makes", why)
+        decl.built(self, TPQuantSupport, "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).",
+                   "mymod_tp_fp8", [("function", self.fn, _refusal)], "the calls the suite makes")
 
     def __call__(self, x, weight, bias=None, **kwargs):  # noqa: D102 - the call of the module docstring
         return self.fn(x, weight, bias, **kwargs)
-
-    def __reduce__(self) -> Any:
-        bound = _module_binding(self, getattr(self.fn, "__module__", None))
-        if bound is not None:
-            return (_by_reference, bound)
-        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
 
 #: The keywords :func:`tp_quant_linear_impl` takes for the declaration.
@@ -283,46 +266,29 @@ def tp_quant_linear_impl(*, name: str, description: str = "",
     >>> doc_tp.kind, sorted(doc_tp.support.parallel)
     ('tp_quant_linear', ['column'])
     """
-    site = declaration_site()
-    if not isinstance(name, str) or not name.strip():
-        raise invalid(f"tp_quant_linear_impl(name={name!r}): the name must be a non-empty string",
-                      "Give a short printable name, e.g. name='mymod_tp_fp8'.", site=site)
-    owner = f"tp_quant_linear_impl(name={name!r})"
-    decl.unknown_keywords(owner, support, TP_SUPPORT_FIELDS)
+    site, owner = decl.opening("tp_quant_linear_impl", name, support, TP_SUPPORT_FIELDS, "mymod_tp_fp8")
     declared = TPQuantSupport(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> TPQuantFunctionImpl:
-        if not callable(fn):
-            raise invalid(f"{owner} decorates {fn!r}, which is not callable",
-                          "Put the decorator on the function each rank calls.", site=site)
-        why = call_refusal(fn, 3, TP_CALL_KEYWORDS)
-        if why:
-            raise invalid(f"{owner}: {fn.__name__} (defined at {defined_at(fn)}) cannot take the calls the suite "
-                          f"makes", why, site=site)
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        doc = decl.decorated(owner, site, fn, "Put the decorator on the function each rank calls.",
+                             [(getattr(fn, "__name__", "the function"), fn, _refusal)], "the calls the suite makes",
+                             description)
         return TPQuantFunctionImpl(name=name, fn=fn, support=declared, description=doc)
 
     return wrap
 
 
+def _refusal(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot take a rank's call ``fn(x, weight, bias, *,`` :data:`TP_CALL_KEYWORDS` ``)``, or ``None``."""
+    return call_refusal(fn, 3, TP_CALL_KEYWORDS)
+
+
 def validate_tp_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
-    if not isinstance(getattr(obj, "support", None), TPQuantSupport):
-        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} needs 'support' of type "
-                        f"impls.protocols.tp_fp8_linear.TPQuantSupport, got {type(getattr(obj, 'support', None)).__name__}")
-    if not callable(obj):
-        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} is not callable")
-    fn = obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj
-    why = call_refusal(fn, 3, TP_CALL_KEYWORDS)
-    if why:
-        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} (defined at {defined_at(fn)}) cannot take the calls "
-                        f"the suite makes: {why}")
-    try:
-        pickle.dumps(obj)
-    except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
-        raise TypeError(f"{origin}: tp_quant_linear impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the "
-                        f"ranks receive it pickled: bind it at module level (tp_quant_linear_impl on a module-level "
-                        f"function) or make its class picklable") from None
+    support = getattr(obj, "support", None)
+    decl.conformance(obj, origin, "tp_quant_linear", [
+        (isinstance(support, TPQuantSupport), f"needs 'support' of type impls.protocols.tp_fp8_linear.TPQuantSupport, "
+                                              f"got {type(support).__name__}"),
+        (callable(obj), "is not callable"),
+    ], [("", obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj, _refusal)], "the calls the suite makes",
+        pickled=True, decorator="tp_quant_linear_impl")
