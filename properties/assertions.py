@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
 from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision
@@ -27,9 +28,6 @@ from numcheck.properties.core.strategies import refusal
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
-class InvalidAssertion(ValueError, TypeError):
-    """A bad argument to :func:`assert_linear_ce` or :func:`assert_quant_linear` (a ``ValueError`` and a
-    ``TypeError``, as hypothesis' ``InvalidArgument`` is one kind of error for every misuse)."""
 
 
 def _case(cls: type, call: str, case: Any, fields: Mapping[str, Any], example: str) -> Any:

@@ -2,20 +2,16 @@
 this file only lists them. A subcommand module defines ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int`` (the exit status).
 
-Every command works from any directory: before a subcommand is imported, Triton's interpreter is arranged where
-there is no CUDA (:func:`numcheck.impls.interpreter.arrange`), and the current directory is put at the end of
-``sys.path`` so that an impl named ``mymod:impl`` in the user's repository imports as it does under
-``python -m`` (at the end: an installed package of the same name wins)."""
+Every command works from any directory: before a subcommand is imported, :func:`numcheck.reports.common.prepare`
+arranges Triton's interpreter where there is no CUDA and puts the current directory at the end of ``sys.path``."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import os
 import sys
 
-from numcheck.impls import interpreter
+from numcheck.reports import common
 
 #: subcommand name -> module. Add a line here for a new subcommand.
 COMMANDS: dict[str, str] = {
@@ -27,7 +23,6 @@ COMMANDS: dict[str, str] = {
     "bench": "numcheck.reports.bench",
     "versions": "numcheck.reports.versions",
     "sweep": "numcheck.reports.sweep.command",
-    "detection": "numcheck.reports.detection",
     "converge": "numcheck.reports.convergence.command",
     "production": "numcheck.reports.production.command",
 }
@@ -41,12 +36,7 @@ MEASURING: frozenset[str] = frozenset({"bench", "memory"})
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numcheck`` console script."""
-    interpreter.arrange()  # before any subcommand can import triton
-    from numcheck.properties.core import matmul_precision
-
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
+    common.prepare()  # before any subcommand can import triton
     parser = argparse.ArgumentParser(prog="numcheck", description="Verify linear+CE and FP8 linear kernels against float64 oracles.")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
@@ -58,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         for alias in ALIASES.get(name, ()):
             modules[alias] = mod
     args = parser.parse_args(argv)
-    pin = contextlib.nullcontext() if args.command in MEASURING else matmul_precision.pinned()
-    with pin:  # every judging subcommand runs under numcheck's GEMM precision
-        return int(modules[args.command].run(args) or 0)
+    return common.execute(modules[args.command], args, measuring=args.command in MEASURING)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,6 @@ class MegatronVocabParallel:
     """One Megatron-core entry point behind the distributed protocol (``fused`` picks the fused one)."""
 
     kind = DIST_KIND
-    spec_module = "numcheck.impls.registry"
 
     def __init__(self, fused: bool) -> None:
         self.fused = fused

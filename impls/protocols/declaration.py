@@ -8,6 +8,7 @@ does.
 """
 
 from __future__ import annotations
+from numcheck.errors import InvalidDeclaration
 
 import dataclasses
 import difflib
@@ -19,28 +20,21 @@ from typing import Callable, Iterable
 
 import torch
 
-#: Modules whose frames are the declaration machinery, never the place a declaration was written.
-#: (A dataclass's generated ``__init__`` runs with its defining module's globals, so it is skipped with them.)
-DECLARING_MODULES: frozenset[str] = frozenset({
-    "numcheck.impls.protocols.linear_ce", "numcheck.impls.protocols.fp8_linear", "numcheck.impls.protocols.declaration", "dataclasses",
-    "numcheck.impls.protocols.dist_linear_ce", "numcheck.impls.protocols.tp_fp8_linear",
-})
+#: Modules whose frames are the declaration machinery, never the place a declaration was written: this package's
+#: modules, and ``dataclasses`` (a dataclass's generated ``__init__`` runs with its defining module's globals).
+PROTOCOLS_PACKAGE = __name__.rpartition(".")[0]
 
 
-class InvalidDeclaration(ValueError, TypeError):
-    """A declaration of what an impl supports is malformed. Its message names the declaring ``file:line``.
-
-    It is a ``ValueError`` (a bad value) and a ``TypeError`` (a bad keyword, a call the impl cannot take), so
-    callers catching either one, as the registry catches ``TypeError`` from a protocol check, keep working.
-    """
+def _declaring(module: object) -> bool:
+    return module == "dataclasses" or (isinstance(module, str) and module.startswith(PROTOCOLS_PACKAGE + "."))
 
 
 def declaration_site() -> str:
-    """``file:line`` of the innermost frame outside :data:`DECLARING_MODULES`: the user's declaring call."""
+    """``file:line`` of the innermost frame outside the declaring modules (:data:`PROTOCOLS_PACKAGE`): the user's declaring call."""
     frame = inspect.currentframe()
     try:
         while frame is not None:
-            if frame.f_globals.get("__name__") not in DECLARING_MODULES:
+            if not _declaring(frame.f_globals.get("__name__")):
                 return f"{frame.f_code.co_filename}:{frame.f_lineno}"
             frame = frame.f_back
         return "<unknown location>"

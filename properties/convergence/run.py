@@ -33,7 +33,7 @@ from numcheck.impls.protocols.declaration import did_you_mean
 from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.properties.convergence import envelope as env_
-from numcheck.properties.assertions import InvalidAssertion
+from numcheck.errors import InvalidAssertion
 from numcheck.properties.convergence.data import MarkovSource
 from numcheck.properties.convergence.model import ModelShape, float64_head, impl_head, initial_parameters, train
 from numcheck.properties.core.failures import PropertyFailure, exception_lines, impl_invocation

@@ -10,12 +10,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import spec_of
 from numcheck.properties.core.problems import Problem
 
 
-class PropertyFailure(AssertionError):
-    """A property does not hold for an impl on a problem; the message carries everything to act on it."""
 
 
 def _module_root(module: ModuleType) -> Path | None:

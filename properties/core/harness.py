@@ -14,12 +14,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from numcheck.errors import ProtocolViolation
 from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.reference.linear_ce import BlockObserver, LinearCEResult, linear_ce
 
 
-class ProtocolViolation(AssertionError):
-    """The impl returned something the protocol forbids (wrong shape, no autograd graph, ...)."""
 
 
 @dataclass

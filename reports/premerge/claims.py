@@ -40,6 +40,7 @@ line and the table (:class:`ClaimsError`; premerge exits 2).
 """
 
 from __future__ import annotations
+from numcheck.errors import ClaimsError
 
 import math
 import re
@@ -85,8 +86,6 @@ CLAIM_KEYS: dict[str, tuple[bool, tuple[type, ...]]] = {
 DEVICES = ("cpu", "cuda")
 
 
-class ClaimsError(ValueError):
-    """A claims file that cannot be used: the message names the file, the line and the table."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from numcheck.reports import baselines
+from numcheck.reports.common import stream
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.grid import GRIDS
@@ -160,28 +161,6 @@ def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     return cmd
 
 
-def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
-    """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
-    only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
-    sink = sink if sink is not None else sys.stderr
-    chunks: list[str] = []
-    at_line_start = True
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        assert proc.stdout is not None
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        while True:
-            data = os.read(proc.stdout.fileno(), 4096)
-            text = decoder.decode(data, final=not data)
-            for piece in text.splitlines(keepends=True):
-                sink.write((prefix if at_line_start else "") + piece)
-                at_line_start = piece.endswith("\n")
-            sink.flush()
-            chunks.append(text)
-            if not data:
-                break
-    if not at_line_start:
-        sink.write("\n")
-    return proc.returncode, "".join(chunks).splitlines()
 
 
 def check_property_suite(specs: list[str], jobs: int) -> Check:

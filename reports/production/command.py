@@ -13,7 +13,7 @@ is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written f
 A run into an ``--out`` that holds an earlier run's progress resumes it: the items that passed, were unavailable,
 unsupported or a known divergence are kept; those that failed, erred, timed out, crashed or were not run are run
 again (:data:`RETRIED`). ``--force`` starts afresh, discarding the earlier progress. Every recorded result (and
-case) carries the numcheck code and torch release it ran on (:func:`reports.sweep.command.code_identity`); on resume
+case) carries the numcheck code and torch release it ran on (:func:`reports.common.code_identity`); on resume
 those of other code, or recorded without it, are run again too, unless ``--keep-stale``.
 
 Exit status: 0 when every record passes, is unavailable here, unsupported or a known divergence, 1 when one fails, errs, times
@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from numcheck.reports import common
 
 HELP = ("the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
         "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md")
@@ -137,7 +139,7 @@ _CODE: list[str] = []
 def _code() -> str:
     """This process's numcheck code hash and torch release, ``HASH@TORCH`` (computed once)."""
     if not _CODE:
-        from numcheck.reports.sweep.command import code_identity
+        from numcheck.reports.common import code_identity
 
         ident = code_identity()
         _CODE.append(f"{ident['code']}@{ident['torch']}")
@@ -303,7 +305,7 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
     while not total <= _done(_events(args.out)):
         attempt += 1
         log = args.out / f"worker-{attempt}.log"
-        cmd = [sys.executable, "-m", "numcheck.reports.cli", "production", *argv, "--worker"]
+        cmd = [sys.executable, "-m", "numcheck.reports.production.command", *argv, "--worker"]
         if math.isfinite(deadline):
             cmd += ["--deadline", repr(deadline)]
         with open(log, "w") as f:
@@ -427,3 +429,19 @@ def run(args: argparse.Namespace) -> int:
     for r in (r for r in data["records"] if r["status"] == "known"):
         print(f"  known divergence: {r['impl']} on {r['case']}: {r.get('known_divergence', '')[:160]}")
     return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m numcheck.reports.production.command ARGS``: the command as ``numcheck production ARGS`` runs it
+    (how the supervisor starts its workers)."""
+    common.prepare()
+    parser = argparse.ArgumentParser(prog="numcheck production", description=HELP)
+    add_arguments(parser)
+    return common.execute(sys.modules[__name__], parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    # Run the importable module's main, not this __main__ copy (its dataclasses and pickles name the module).
+    from numcheck.reports.production import command
+
+    sys.exit(command.main())

@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from numcheck.errors import BadInput
 from numcheck.reports import baselines
+from numcheck.reports.common import write_atomically
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.grid import GRIDS, GridSpec
@@ -121,46 +123,6 @@ def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
 REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.md"})
 
 
-def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,
-                     owned: frozenset[str] = frozenset()) -> None:
-    """Write ``files`` (name → text or bytes) into the directory ``out``, atomically (temp dir + rename).
-
-    ``extra``, when given, is called with the temporary directory to add files (plots) before the rename.
-    Entries of an existing ``out`` that are neither written now nor named in ``owned`` are carried over into
-    the new directory, so writing a report into a folder never deletes what else the folder holds.
-    """
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        for name, data in files.items():
-            (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
-        if extra is not None:
-            extra(tmp)
-        if out.exists():
-            for entry in out.iterdir():
-                if entry.name in owned or (tmp / entry.name).exists():
-                    continue
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
-                else:
-                    shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
-        os.chmod(tmp, 0o755)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-        try:
-            tmp.rename(out)
-        except OSError:
-            if old is not None:
-                old.rename(out)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def memory_section(impls: list[Any]) -> dict[str, Any]:
@@ -289,7 +251,7 @@ def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
 
 
 def _scale_section(path: Path | None) -> str:
-    """The Markdown of a ``numcheck production`` run's scale.json, or ``""`` without one; :class:`_BadInput` naming the
+    """The Markdown of a ``numcheck production`` run's scale.json, or ``""`` without one; :class:`BadInput` naming the
     file when it is not one."""
     if path is None:
         return ""
@@ -298,7 +260,7 @@ def _scale_section(path: Path | None) -> str:
     try:
         return scale_md.render(scale_md.load(path), heading="##")
     except ValueError as exc:
-        raise _BadInput(f"--include-scale: {exc}") from None
+        raise BadInput(f"--include-scale: {exc}") from None
 
 
 def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: str = "") -> int:
@@ -319,22 +281,20 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
     return 0
 
 
-class _BadInput(Exception):
-    """Bad input to ``numcheck report``: printed as one line, exit 2."""
 
 
 def _load_or_exit(path: Path) -> dict:
-    """The report at ``path``, or :class:`_BadInput` naming the file and what is wrong with it."""
+    """The report at ``path``, or :class:`BadInput` naming the file and what is wrong with it."""
     try:
         return report_schema.load(path)
     except ValueError as exc:
-        raise _BadInput(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except _BadInput as exc:
+    except BadInput as exc:
         print(f"numcheck report: {exc}", file=sys.stderr)
         print("numcheck report: bad input (exit 2) — nothing was run", file=sys.stderr)
         return 2
@@ -346,10 +306,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.render is not None:
         return render(args.render, args.out, plots=not args.no_plots, scale_section=scale_section)
     if not (args.factor >= 1.0 and args.floor >= 0.0):
-        raise _BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
+        raise BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
     if args.current is not None:
         if args.compare is None:
-            raise _BadInput("--current needs --compare BASE.json")
+            raise BadInput("--current needs --compare BASE.json")
         base, new = _load_or_exit(args.compare), _load_or_exit(args.current)
         diff = report_compare.compare_reports(base, new, factor=args.factor, floor=args.floor,
                                               base_label=str(args.compare))
@@ -359,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         out, message = resolve_out_dir(args)
     except ValueError as exc:
-        raise _BadInput(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if message:
         print(f"numcheck report: {message}", file=sys.stderr)
     report = build_report(spec, list(args.impl), args.device, progress=not args.no_progress)

@@ -67,10 +67,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
-from numcheck.reports.premerge import command as premerge
-from numcheck.reports.report import command as report, schema as report_schema
+from numcheck.reports.common import code_hash, code_identity, stream, write_atomically
+from numcheck.reports.report import schema as report_schema
 HELP = ("run the property suite over several hypothesis seeds (ci-seeded profile) and print every failure, the "
         "failure count and the tightness table (median and 90th percentile of error/bound per output and dtype); "
         "writes sweep.json and sweep.md; exit 1 if any test failed, 2 on bad input")
@@ -91,8 +92,6 @@ QUANTILES: dict[str, float] = {"median": 50.0, "p90": 90.0}
 SCHEMA = "numcheck-sweep/1"
 
 
-class BadInput(ValueError):
-    """Input the sweep cannot run with (exit 2); the message names what and where."""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -261,7 +260,7 @@ def run_seed(seed: int, args: argparse.Namespace, profile: str) -> SeedRun:
                    HYPOTHESIS_STORAGE_DIRECTORY=str(Path(tmp) / "hypothesis"))
         print(f"numcheck sweep: seed {seed}: {shlex.join(cmd)}", file=sys.stderr)
         t0 = time.monotonic()
-        rc, lines = premerge.stream(cmd, env=env, prefix=f"  seed {seed} | ")
+        rc, lines = stream(cmd, env=env, prefix=f"  seed {seed} | ")
         secs = time.monotonic() - t0
         if rc == 5:
             raise BadInput(f"seed {seed}: pytest collected no test (exit 5) for the selection {_selection(args)}")
@@ -277,35 +276,10 @@ def seed_path(out: Path, seed: int) -> Path:
     return out / SEEDS_DIR / f"seed-{seed}.json.gz"
 
 
-def _package_root() -> Path:
-    """The folder of the imported numcheck package (a checkout's or a wheel's)."""
-    import numcheck
-
-    return Path(numcheck.__file__).parent
 
 
-def code_hash(root: Path | None = None) -> str:
-    """SHA-256 over every ``.py`` file under ``root`` (default: the imported numcheck package): each file's path
-    relative to ``root`` and its bytes, length-prefixed, in path order. Symlinked folders are followed (a checkout
-    links its top-level folders into the package); ``__pycache__`` and hidden folders are skipped. Needs no git."""
-    root = root or _package_root()
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
-        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
-    digest = hashlib.sha256()
-    for rel, path in sorted((f.relative_to(root).as_posix(), f) for f in files):
-        data = path.read_bytes()
-        digest.update(len(rel).to_bytes(8, "little") + rel.encode() + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()
 
 
-def code_identity() -> dict[str, Any]:
-    """What a kept seed's verdicts depend on besides its selection: numcheck's code (:func:`code_hash`) and
-    torch's version. A kept seed is reused only when this matches (or under ``--keep-stale``)."""
-    import torch
-
-    return {"code": code_hash(), "torch": torch.__version__}
 
 
 def _short_code(code: dict[str, Any] | None, environment: dict[str, Any]) -> str:
@@ -593,7 +567,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     summary = summarize(runs, args, profile, env, base, code)
     text = render_md(summary, args.per_impl)
-    report.write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
+    write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
                             owned=SWEEP_FILES)
     print(text)
     loose = [r for r in (summary["compare"] or {}).get("rows", []) if r["too_loose"]]

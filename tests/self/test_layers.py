@@ -1,5 +1,9 @@
-"""The package reads as its architecture: ``reference → impls → properties → tests → reports``, imports only go
-down and no module takes part in an import cycle.
+"""The package reads as its architecture: ``errors → reference → impls → properties → tests → reports``, imports
+only go down, no module takes part in an import cycle, and inside properties/ each feature family imports only the
+core and the families it is built on (:data:`FAMILY_BASES`).
+
+A module name given as a string (``python -m numcheck...`` command lines, preload lists, ``module:attr`` specs)
+counts as an import of that module, and must name one that exists.
 
 Every import of every module is read from its source (:mod:`ast`, function-level and ``TYPE_CHECKING`` imports
 included: an import moved into a function still ties the two modules together). ``numcheck/__init__.py`` (the
@@ -11,14 +15,29 @@ nothing may import them. The shipped suite (``numcheck.tests.suite``) is part of
 from __future__ import annotations
 
 import ast
+import importlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numcheck
 
 #: The layers, lowest first: a module may import its own layer and the ones before it.
-LAYERS: tuple[str, ...] = ("reference", "impls", "properties", "tests", "reports")
+LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests", "reports")
+#: The feature families of numcheck.properties and the families each may import (its bases). ``assertions`` and
+#: ``check`` (the public front of the property library) may import every family.
+FAMILY_BASES: dict[str, tuple[str, ...]] = {
+    "core": (),
+    "fp8": ("core",),
+    "distributed.pool": ("core",),
+    "distributed.linear_ce": ("core", "distributed.pool"),
+    "distributed.tp_fp8": ("core", "distributed.pool", "fp8"),
+    "convergence": ("core",),
+    "production": ("core",),
+}
+#: A string naming a numcheck module, optionally with ``:attr`` (a spec) — counted as an import of that module.
+MODULE_STRING = re.compile(r"^numcheck(\.[A-Za-z_][A-Za-z0-9_]*)+(:[^\s]+)?$")
 #: Subpackages of numcheck.tests that hold numcheck's own tests (never imported by the product).
 OWN_TEST_PACKAGES: tuple[str, ...] = ("numcheck.tests.self", "numcheck.tests.adapters")
 
@@ -76,6 +95,12 @@ def imports_of(module: str, path: Path, source: str, known: set[str]) -> list[Ed
             edges.append(Edge(module, target, str(path), node.lineno))
 
     for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.match(node.value):
+            target = node.value.partition(":")[0]
+            while target not in known and "." in target:  # numcheck.x.y.attr: an attribute of module numcheck.x.y
+                target = target.rpartition(".")[0]
+            if target != module:
+                edges.append(Edge(module, target, str(path), node.lineno))
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "numcheck":
@@ -211,6 +236,56 @@ def test_imports_only_go_down() -> None:
                     f"{LAYERS[layer(e.imported)] if layer(e.imported) < len(LAYERS) else 'own tests'}]" for e in bad))
 
 
+def family(module: str) -> str | None:
+    """The properties family of ``module`` (a key of :data:`FAMILY_BASES`, or ``assertions``/``check``), or None
+    outside numcheck.properties."""
+    parts = module.split(".")
+    if parts[:2] != ["numcheck", "properties"] or len(parts) < 3:
+        return None
+    return ".".join(parts[2:4]) if parts[2] == "distributed" and len(parts) > 3 else parts[2]
+
+
+def across_families(edges: list[Edge]) -> list[Edge]:
+    """Imports from one properties family into another that is not among its :data:`FAMILY_BASES`."""
+    out = []
+    for e in edges:
+        a, b = family(e.importer), family(e.imported)
+        if a is None or b is None or a == b or a in ("assertions", "check"):
+            continue
+        if b not in FAMILY_BASES.get(a, ()):
+            out.append(e)
+    return out
+
+
+def test_families_import_only_their_bases() -> None:
+    """Inside numcheck.properties a family imports only the core and the families it is built on."""
+    bad = across_families(_tree_edges())
+    assert not bad, (f"{len(bad)} import(s) across properties families outside {FAMILY_BASES}; move what both need "
+                     "into properties/core or name the base in FAMILY_BASES:\n" + "\n".join(f"  {e}" for e in bad))
+
+
+def test_module_strings_name_modules() -> None:
+    """Every module or ``module:attr`` named in a string (``-m`` command lines, preload lists, specs) exists."""
+    modules = set(package_modules(Path(numcheck.__file__).parent))
+    dangling = []
+    for name, path in package_modules(Path(numcheck.__file__).parent).items():
+        if layer(name) == len(LAYERS):  # numcheck's own tests name made-up modules in their fixtures
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.match(node.value):
+                named, _, attr = node.value.partition(":")
+                target, rest = named, []
+                while target not in modules and "." in target:
+                    target, _, last = target.rpartition(".")
+                    rest.insert(0, last)
+                obj = importlib.import_module(target)
+                for part in [*rest, *([attr] if attr and "[" not in attr else [])]:
+                    obj = getattr(obj, part, None)
+                if obj is None:
+                    dangling.append(f"{path}:{node.lineno}: {node.value!r}")
+    assert not dangling, "strings naming no numcheck module or attribute:\n" + "\n".join(f"  {d}" for d in dangling)
+
+
 def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     """A cycle closed by an import inside a function, and an upward import, are found (the checks can fail)."""
     pkg = tmp_path / "numcheck"
@@ -221,9 +296,19 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     (pkg / "impls" / "b.py").write_text("def f():\n    from numcheck.impls.a import g\n")
     (pkg / "impls" / "c.py").write_text("from . import a\nfrom ..properties.p import h\n")
     (pkg / "properties" / "p.py").write_text("import numcheck.impls.c\n")
+    (pkg / "impls" / "d.py").write_text('SPEC = "numcheck.properties.p:thing"\n')
+    (pkg / "properties" / "fp8").mkdir()
+    (pkg / "properties" / "fp8" / "__init__.py").write_text("")
+    (pkg / "properties" / "fp8" / "f.py").write_text("CMD = ['-m', 'numcheck.properties.convergence.run']\n")
+    (pkg / "properties" / "convergence").mkdir()
+    (pkg / "properties" / "convergence" / "__init__.py").write_text("")
+    (pkg / "properties" / "convergence" / "run.py").write_text("")
     edges = import_graph(pkg)
     found = cycles(edges)
     assert sorted(group for group, _ in found) == [
         ["numcheck.impls.a", "numcheck.impls.b"],
         ["numcheck.impls.c", "numcheck.properties.p"]]
-    assert [(e.importer, e.imported) for e in upward(edges)] == [("numcheck.impls.c", "numcheck.properties.p")]
+    assert sorted((e.importer, e.imported) for e in upward(edges)) == [
+        ("numcheck.impls.c", "numcheck.properties.p"), ("numcheck.impls.d", "numcheck.properties.p")]
+    assert [(e.importer, e.imported) for e in across_families(edges)] == [
+        ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")]

@@ -30,6 +30,7 @@ from numcheck.impls.registry import spec_of
 from numcheck.properties.core import matmul_precision, records
 from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
+from numcheck.properties.distributed.pool import zygote
 from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend, rank_device
 from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.core.failures import PropertyFailure
@@ -38,6 +39,11 @@ from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model
 from numcheck.properties.core.tolerance import linear_ce_bounds
 from numcheck.reference.smoothing import oracle_smoothing
+
+# Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules.
+zygote.warm(__name__, "numcheck.impls.registry", "numcheck.impls.builtin.vocab_parallel",
+            "numcheck.impls.adapters.megatron", "megatron.core.tensor_parallel.cross_entropy",
+            "megatron.core.tensor_parallel.mappings", "megatron.core.fusions.fused_cross_entropy")
 
 PLACEMENTS: tuple[str, ...] = ("as_built", "boundary", "one_rank")
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")

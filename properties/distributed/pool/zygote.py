@@ -38,23 +38,29 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 AUTHKEY_ENV = "NUMCHECK_DIST_AUTHKEY"
-#: ``NUMCHECK_DIST_PRELOAD``: a comma-separated module list replacing :data:`DEFAULT_PRELOAD`.
+#: ``NUMCHECK_DIST_PRELOAD``: a comma-separated module list replacing the warm list (a user's override).
 PRELOAD_ENV = "NUMCHECK_DIST_PRELOAD"
-#: Imported once in the zygote, so that no rank imports them again: numcheck's rank-side modules and, where it is
-#: installed, megatron-core's entry points (its import alone is ~5 s of CPU per process).
-DEFAULT_PRELOAD: tuple[str, ...] = (
-    "numcheck.properties.distributed.pool.worker", "numcheck.properties.distributed.linear_ce.props", "numcheck.impls.registry", "numcheck.impls.builtin.vocab_parallel", "numcheck.impls.adapters.megatron",
-    "megatron.core.tensor_parallel.cross_entropy", "megatron.core.tensor_parallel.mappings",
-    "megatron.core.fusions.fused_cross_entropy")
+#: How the owner hands its warm list (:func:`warm`) to the zygote it starts.
+WARM_ENV = "NUMCHECK_DIST_WARM"
+#: Imported once in the zygote, so that no rank imports them again: the pool's rank-side module, and what each
+#: family that runs on the pool adds with :func:`warm` when it is imported (its rank-side modules and, for
+#: vocabulary-parallel linear+CE, megatron-core's entry points: their import alone is ~5 s of CPU per process).
+_WARM: list[str] = ["numcheck.properties.distributed.pool.worker"]
 #: Seconds between reaping passes while no request comes.
 POLL_S = 0.5
 
 
+def warm(*modules: str) -> None:
+    """Have every zygote this process starts from now on import ``modules`` before it forks (an optimisation: a
+    module missing there is imported by the rank that needs it)."""
+    _WARM.extend(m for m in modules if m not in _WARM)
+
+
 def preload_modules() -> tuple[str, ...]:
-    """The modules the zygote imports before forking: ``NUMCHECK_DIST_PRELOAD``'s list, else
-    :data:`DEFAULT_PRELOAD`."""
-    raw = os.environ.get(PRELOAD_ENV)
-    return tuple(m.strip() for m in raw.split(",") if m.strip()) if raw is not None else DEFAULT_PRELOAD
+    """The modules the zygote imports before forking: ``NUMCHECK_DIST_PRELOAD``'s list, else the owner's warm
+    list (:func:`warm`), else the pool's own rank-side module."""
+    raw = os.environ.get(PRELOAD_ENV, os.environ.get(WARM_ENV))
+    return tuple(m.strip() for m in raw.split(",") if m.strip()) if raw is not None else tuple(_WARM)
 
 
 def preload(modules: tuple[str, ...]) -> list[str]:
@@ -226,7 +232,8 @@ class Zygote:
             listener.listen(1)
             listener.settimeout(startup_timeout_s)
             self.process = subprocess.Popen([sys.executable, "-m", "numcheck.properties.distributed.pool.zygote", address],
-                                            env={**env, AUTHKEY_ENV: key}, stdin=subprocess.DEVNULL)
+                                            env={**env, AUTHKEY_ENV: key, WARM_ENV: ",".join(_WARM)},
+                                            stdin=subprocess.DEVNULL)
             try:
                 sock, _ = listener.accept()
             except OSError as exc:

@@ -1,5 +1,6 @@
-"""``numcheck detection``: which of the suite's properties catch each in-repo mutant under the ci profile, by how
-much, and how soon (issue 19's detection table).
+"""The detection table: which of the suite's properties catch each in-repo mutant under the ci profile, by how
+much, and how soon. A tool of numcheck's checkout (the mutants are numcheck's own tests, never shipped):
+``python tools/detection.py [--mutant NAME ...] [--out DIR]``.
 
 Every mutant (``tests/self/helpers/mutants.py``, ``tests/self/helpers/fp8_mutants.py``: a passing built-in with one bug of one
 class, declared as the built-in is) is loaded by its spec, as ``--impl`` loads it, and each property of its
@@ -177,9 +178,9 @@ def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str])
 
 
 def run_mutant(row: Row, *, all_properties: bool, timeout: float) -> Detection:
-    """One mutant in a fresh process (``python -m numcheck.reports.detection SPEC [PROPERTY ...]``)."""
+    """One mutant in a fresh process (``python tools/detection.py --one SPEC [PROPERTY ...]``)."""
     select = [] if all_properties else list(row.select)
-    cmd = [sys.executable, "-m", "numcheck.reports.detection", row.spec, *select]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", row.spec, *select]
     env = {k: v for k, v in os.environ.items() if k not in ("NUMCHECK_HYPOTHESIS_PROFILE", "NUMCHECK_CI_EXAMPLES")}
     t0 = time.monotonic()
     try:
@@ -229,13 +230,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec(_LINEAR) is None:
-        print(f"numcheck detection: {_LINEAR} is not importable: the mutants are numcheck's own tests, shipped only "
+        print(f"detection: {_LINEAR} is not importable: the mutants are numcheck's own tests, shipped only "
               "in a checkout (run from one, with it on PYTHONPATH)", file=sys.stderr)
         return 2
     known = {r.spec.rsplit(":", 1)[1]: r for r in ROWS}
     unknown = [m for m in args.mutant if m not in known]
     if unknown:
-        print(f"numcheck detection: unknown mutant(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
+        print(f"detection: unknown mutant(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
         return 2
     rows = [known[m] for m in args.mutant] if args.mutant else list(ROWS)
     import torch
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     header = (f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
               f"shrink phase left out), torch {torch.__version__}, "
               f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
-              "running the properties of its class (`numcheck detection`, reports/detection.py).")
+              "running the properties of its class (`python tools/detection.py`).")
     md = to_markdown(dets, header)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -259,8 +260,22 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(d.caught for d in dets) else 1
 
 
-if __name__ == "__main__":  # one mutant, in the process run_mutant starts: its findings as one JSON line
+def main(argv: list[str]) -> int:
+    """``--one SPEC [PROPERTY ...]``: one mutant, in the process :func:`run_mutant` starts (its findings as one JSON
+    line); otherwise the table (:func:`add_arguments`)."""
     from numcheck.impls import interpreter
 
     interpreter.arrange()
-    print(json.dumps(detect_in_process(sys.argv[1], tuple(sys.argv[2:]) or None)))
+    if argv[:1] == ["--one"]:
+        print(json.dumps(detect_in_process(argv[1], tuple(argv[2:]) or None)))
+        return 0
+    p = argparse.ArgumentParser(prog="python tools/detection.py", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    from numcheck.properties.core import matmul_precision
+
+    with matmul_precision.pinned():
+        return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

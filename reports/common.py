@@ -1,0 +1,142 @@
+"""The floor every ``numcheck`` command stands on: how a command is run (:func:`prepare`, :func:`execute`),
+streaming a child process's output, writing a folder atomically, and the identity of numcheck's code. Commands
+import this and the layers below, never each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from numcheck.errors import BadInput
+
+__all__ = ["BadInput", "code_hash", "code_identity", "execute", "prepare", "stream", "write_atomically"]
+
+
+def prepare() -> None:
+    """What every command does before it imports its module: arrange Triton's interpreter where there is no CUDA
+    (:func:`numcheck.impls.interpreter.arrange`), and put the current directory at the end of ``sys.path`` so that
+    an impl named ``mymod:impl`` in the user's repository imports as it does under ``python -m`` (at the end: an
+    installed package of the same name wins)."""
+    from numcheck.impls import interpreter
+
+    interpreter.arrange()  # before any command can import triton
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+
+
+def execute(module: Any, args: argparse.Namespace, *, measuring: bool = False) -> int:
+    """Run a command module's ``run(args)``: a judging command under numcheck's GEMM precision
+    (:mod:`numcheck.properties.core.matmul_precision`), a ``measuring`` one (speed, memory) under the caller's."""
+    from numcheck.properties.core import matmul_precision
+
+    pin = contextlib.nullcontext() if measuring else matmul_precision.pinned()
+    with pin:
+        return int(module.run(args) or 0)
+
+
+def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,
+                     owned: frozenset[str] = frozenset()) -> None:
+    """Write ``files`` (name → text or bytes) into the directory ``out``, atomically (temp dir + rename).
+
+    ``extra``, when given, is called with the temporary directory to add files (plots) before the rename.
+    Entries of an existing ``out`` that are neither written now nor named in ``owned`` are carried over into
+    the new directory, so writing a report into a folder never deletes what else the folder holds.
+    """
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+        if extra is not None:
+            extra(tmp)
+        if out.exists():
+            for entry in out.iterdir():
+                if entry.name in owned or (tmp / entry.name).exists():
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, tmp / entry.name, symlinks=True)
+                else:
+                    shutil.copy2(entry, tmp / entry.name, follow_symlinks=False)
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if old is not None:
+                old.rename(out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
+    """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
+    only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
+    sink = sink if sink is not None else sys.stderr
+    chunks: list[str] = []
+    at_line_start = True
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            data = os.read(proc.stdout.fileno(), 4096)
+            text = decoder.decode(data, final=not data)
+            for piece in text.splitlines(keepends=True):
+                sink.write((prefix if at_line_start else "") + piece)
+                at_line_start = piece.endswith("\n")
+            sink.flush()
+            chunks.append(text)
+            if not data:
+                break
+    if not at_line_start:
+        sink.write("\n")
+    return proc.returncode, "".join(chunks).splitlines()
+
+
+def _package_root() -> Path:
+    """The folder of the imported numcheck package (a checkout's or a wheel's)."""
+    import numcheck
+
+    return Path(numcheck.__file__).parent
+
+
+def code_hash(root: Path | None = None) -> str:
+    """SHA-256 over every ``.py`` file under ``root`` (default: the imported numcheck package): each file's path
+    relative to ``root`` and its bytes, length-prefixed, in path order. Symlinked folders are followed (a checkout
+    links its top-level folders into the package); ``__pycache__`` and hidden folders are skipped. Needs no git."""
+    root = root or _package_root()
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    digest = hashlib.sha256()
+    for rel, path in sorted((f.relative_to(root).as_posix(), f) for f in files):
+        data = path.read_bytes()
+        digest.update(len(rel).to_bytes(8, "little") + rel.encode() + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def code_identity() -> dict[str, Any]:
+    """What a kept seed's verdicts depend on besides its selection: numcheck's code (:func:`code_hash`) and
+    torch's version. A kept seed is reused only when this matches (or under ``--keep-stale``)."""
+    import torch
+
+    return {"code": code_hash(), "torch": torch.__version__}
