@@ -56,12 +56,6 @@ def case_ratios(impl: Any, cases: list[Any]) -> list[CaseRatios]:
     return out
 
 
-def worst_per_output(impl: Any, cases: list[Any], floor: float) -> dict[str, float]:
-    """Worst error/bound (hard) per output of ``impl`` over the ``cases`` it declares; outputs whose worst is below
-    ``floor`` are left out."""
-    return {k: v for k, v in _worst([r for r in case_ratios(impl, cases) if r is not None]).items() if v >= floor}
-
-
 def _worst(rows: list[dict[str, float]]) -> dict[str, float]:
     """The largest value per output over ``rows``."""
     worst: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""The two Liger CUDA sweep failures left open (reports/sweeps/cuda-h200-torch2.11/README.md, classes 2 and 3),
+"""The two Liger CUDA sweep failures left open (results/sweeps/h200-torch2.11/README.md, classes 2 and 3),
 rerun on the device with what tells their causes apart.
 
 A. ``liger[accum=fp32]`` two_calls, bf16, softcap 1, regime large (grad_x 1.61x, grad_W 1.78x the bound).

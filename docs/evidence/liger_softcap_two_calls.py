@@ -1,6 +1,6 @@
 """Liger FLCE's arithmetic (bf16 operands, softcap, ``mean``, fp32 grad_W accumulator) emulated on the CPU with
 correctly rounded fp32 math, judged by numcheck's ``accuracy`` and ``two_calls`` properties, on the case where the
-H200 sweep failed ``liger[accum=fp32]`` at 1.61x (reports/sweeps/cuda-h200-torch2.11/README.md). Liger's softcap
+H200 sweep failed ``liger[accum=fp32]`` at 1.61x (results/sweeps/h200-torch2.11/README.md). Liger's softcap
 does not run under the CPU interpreter, so this asks only: does a correct evaluation of what Liger computes pass
 the bound? tanh is also pushed up to 32 ulps toward +-1.
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 
@@ -286,19 +286,6 @@ def _elementary(owner: str, value: object) -> ElementaryError:
         return value
     fields = decl.elementary_mapping(f"{owner}.elementary_error", value, ELEMENTARY_FUNCTIONS)
     return ElementaryError(**fields)
-
-
-@runtime_checkable
-class LinearCEImpl(Protocol):
-    """Structural type of a linear+CE implementation (see the module docstring)."""
-
-    name: str
-    kind: str
-    support: LinearCESupport
-
-    def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None, **options: Any
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def _accepts(sig: inspect.Signature, keyword: str) -> bool:

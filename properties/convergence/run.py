@@ -149,19 +149,6 @@ class ConvergenceResult:
                 "level": self.level, "envelope": {m: e.to_json() for m, e in self.envelope.items()},
                 "runs": {k: r.to_json() for k, r in self.runs.items()}}
 
-    def markdown(self) -> str:
-        """A paragraph (and a small table) for a pull request or a report."""
-        from numcheck.properties.convergence.text import markdown
-
-        return markdown(self)
-
-    def plot(self, directory: str | Path) -> list[Path]:
-        """Write the PNGs (loss curves; each run's distance from float64 per step) into ``directory``; return
-        their paths. Needs matplotlib (the ``plots`` extra): ``ModuleNotFoundError`` saying how to get it."""
-        from numcheck.properties.convergence.plot import plot
-
-        return plot(self, Path(directory))
-
 
 def _fail(call: str, msg: str, fix: str) -> InvalidAssertion:
     """The :class:`InvalidAssertion` of ``call``: what was wrong, then how to fix it."""

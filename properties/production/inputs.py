@@ -70,7 +70,7 @@ def _draw_classes(freq: torch.Tensor, n: int, g: torch.Generator) -> torch.Tenso
     cumulative distribution: uniforms from ``g``, the distribution summed on the CPU in float64. Not
     ``torch.multinomial``: with replacement on CUDA it sums the distribution with a cumsum that is not
     bit-reproducible (pytorch/pytorch#152854), so a few rows' targets changed between two H200 runs of one case
-    (reports/scale/h200-torch2.11-run2/README.md)."""
+    (results/production/h200-torch2.11-run2/README.md)."""
     cdf = freq.detach().to("cpu", torch.float64).cumsum(0)
     u = torch.rand(n, generator=g, device=freq.device, dtype=torch.float64) * float(cdf[-1])
     idx = torch.searchsorted(cdf.to(freq.device), u, right=True)

@@ -433,20 +433,3 @@ def _release(p: Problem) -> None:
     if torch.device(p.device).type == "cuda":
         torch.cuda.empty_cache()
 
-
-def summary_counts(records: list[dict[str, Any]]) -> dict[str, int]:
-    """How many records have each status."""
-    out: dict[str, int] = {}
-    for r in records:
-        out[r["status"]] = out.get(r["status"], 0) + 1
-    return out
-
-
-def fmt_bytes(n: int | None) -> str:
-    """``n`` bytes in MiB (``-`` when unknown)."""
-    return "-" if n is None else f"{n / 2**20:.0f} MiB"
-
-
-def finite_or_none(v: float) -> float | None:
-    """JSON has no inf/NaN: such a figure is written as null."""
-    return v if isinstance(v, (int, float)) and math.isfinite(v) else None

@@ -20,7 +20,8 @@ import torch
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
-from numcheck.properties.convergence.plot import MISSING
+from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
+from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
 
 HELP = ("tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "
@@ -92,7 +93,7 @@ def _write(out: Path, results: dict[str, Any], text: str) -> list[str]:
     (out / "convergence.md").write_text(text)
     try:
         for d, r in results.items():
-            r.plot(out / d)
+            convergence_plot.plot(r, out / d)
     except ModuleNotFoundError as exc:
         if str(exc) != MISSING:
             raise
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"numcheck converge: {exc}")
             return 2
         results[name] = r
-        parts.append(r.markdown() + ("\n" + "\n".join(left) + "\n" if left else ""))
+        parts.append(convergence_text.markdown(r) + ("\n" + "\n".join(left) + "\n" if left else ""))
         for rec in r.judged:
             if not rec.inside:
                 parts.append("\n".join([f"`{rec.impl}` outside ({name}):", *(f"- {x}" for x in r.failure_lines(rec.label)),

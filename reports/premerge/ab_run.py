@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
 from numcheck.reports.premerge import claims as claims_mod
 from numcheck.reports.premerge import ab
 from numcheck.reports.premerge import ab_md as md
@@ -114,10 +115,10 @@ def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[li
             verdict = "✅ both inside eager's envelope"
         entry.update(status=verdict, settings=settings, result=res.to_json())
         lines += [f"`{p.new}` (new) vs `{p.base}` (base), {settings['dtype']}, ignored {settings['ignored']:g}: "
-                  f"{verdict}", "", res.markdown(), ""]
+                  f"{verdict}", "", convergence_text.markdown(res), ""]
         if out is not None:
             try:
-                entry["plots"] = [str(x) for x in res.plot(out / f"convergence-{i}")]
+                entry["plots"] = [str(x) for x in convergence_plot.plot(res, out / f"convergence-{i}")]
             except ModuleNotFoundError as exc:
                 entry["plots_error"] = str(exc)
     return lines, data, ok

@@ -2,14 +2,14 @@
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
 # carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
-# Usage (from the repo root on the device): bash reports/gpu_run.sh suite|report|numerics|evidence|sweep|dist|bench|premerge|scale|all "$OUT"
+# Usage (from the repo root on the device): bash tools/gpu/run.sh suite|report|numerics|evidence|sweep|dist|bench|premerge|scale|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
 # bench is timed: run it alone. The suite is every test module under numcheck/tests (the shipped suite, numcheck's own
 # tests and the adapter tests: all of them take NUMCHECK_DEVICE); SUITE_TESTS="numcheck/tests/suite ..." runs part of it.
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
-#   numcheck report --render reports/h200-torch2.11/report.json
+#   numcheck report --render results/reports/h200-torch2.11/report.json
 set -uo pipefail
 what="${1:?suite, report, bench or all}"
 out="${2:?output dir}"

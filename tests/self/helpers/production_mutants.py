@@ -12,7 +12,7 @@ ends the process (or writes over another tensor), the wrapper places the logits 
 buffer of zeros: the wrapped reads find zeros there, the wrapped writes land there, and the rows from the first
 wrapped one on come back with wrong losses and gradients. The property suite's shapes never reach 2³¹ elements,
 so only ``numcheck production`` at its ``int32-*`` shape catches it, and its failure names that row
-(``tests/self/properties/test_production_tier.py``; the CUDA run in ``reports/scale-h200/``).
+(``tests/self/properties/test_production_tier.py``; the CUDA run in ``results/production/``).
 
 Load it with ``--impl numcheck.tests.self.helpers.production_mutants:int32_offsets`` (from a checkout).
 """

@@ -18,6 +18,7 @@ import pytest
 import numcheck
 from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties.convergence import run as convergence
+from numcheck.reports.convergence import text as convergence_text
 from numcheck.properties.convergence.model import ModelShape
 from numcheck.properties.core.problems import dtype_of
 from numcheck.tests.self.helpers import mutants
@@ -39,7 +40,7 @@ def _builtins(dtype: str, slow: bool) -> dict[str, object]:
 
 
 def _report(result: convergence.ConvergenceResult) -> str:
-    return result.markdown() + "\n".join(l for r in result.judged for l in result.failure_lines(r.label))
+    return convergence_text.markdown(result) + "\n".join(l for r in result.judged for l in result.failure_lines(r.label))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -204,7 +205,7 @@ def test_a_head_that_raises_is_an_error_verdict_not_the_end(tmp_path, capsys):
     assert [r.label for r in result.judged] == ["broken", "good"]
     assert result.runs["good"].inside and result.runs["broken"].inside is False and not result.ok
     assert "RuntimeError: this head is broken" in result.failure_lines("broken")[0]
-    assert "**error**" in result.markdown() and json.loads(json.dumps(result.to_json()))["runs"]["broken"]["error"]
+    assert "**error**" in convergence_text.markdown(result) and json.loads(json.dumps(result.to_json()))["runs"]["broken"]["error"]
     with pytest.raises(numcheck.PropertyFailure, match="(?s)broken_head.*this head is broken.*reproduce: "):
         numcheck.assert_converges(broken, steps=3, envelope_seeds=1)
 

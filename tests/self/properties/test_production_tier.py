@@ -1,4 +1,4 @@
-"""The production-shape tier's own logic, on CPU at small shapes (the tier itself runs on CUDA, reports/scale-h200/).
+"""The production-shape tier's own logic, on CPU at small shapes (the tier itself runs on CUDA, results/production/).
 
 Covered here: the int32 boundary and the first-wrong-row naming, the int32 mutant's offset arithmetic and guard at
 the production shape (without allocating it), that the mutant is correct below 2³¹ (Triton's interpreter), that a
