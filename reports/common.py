@@ -19,7 +19,10 @@ from typing import Any, TextIO
 
 from numcheck.errors import BadInput
 
-__all__ = ["BadInput", "code_hash", "code_identity", "execute", "prepare", "stream", "write_atomically"]
+#: The suite modules premerge and the sweep run in a subprocess (``pytest --pyargs ...``), as a user does.
+SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
+
+__all__ = ["BadInput", "SUITE_MODULES", "code_hash", "code_identity", "execute", "prepare", "stream", "write_atomically"]
 
 
 def prepare() -> None:

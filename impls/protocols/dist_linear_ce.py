@@ -21,15 +21,12 @@ by P.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import pickle
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
+from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.linear_ce import SUPPORT_FIELDS, LinearCESupport, call_refusal, inferred_options, make_support
 
 DIST_KIND = "dist_linear_ce"

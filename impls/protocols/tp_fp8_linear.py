@@ -51,14 +51,13 @@ declared as ``partial_dtype`` and reduced in it (:mod:`properties.distributed.tp
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
+from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
 

@@ -24,7 +24,6 @@ import numbers
 import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch

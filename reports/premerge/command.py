@@ -31,23 +31,21 @@ of ``--claims FILE`` checked (:mod:`reports.premerge.ab_run`, ``docs/premerge-ab
 from __future__ import annotations
 
 import argparse
-import codecs
 import importlib.util
 import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from numcheck.reports import baselines
-from numcheck.reports.common import stream
+from numcheck.reports.common import SUITE_MODULES, stream
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.grid import GRIDS
@@ -57,8 +55,6 @@ HELP = ("pre-merge checklist for a pull request: the installed property suite (c
         "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
         "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input")
 
-#: The installed suite the property-suite check runs, as ``pytest --pyargs`` names (the one list of it).
-SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 
 
 @dataclass

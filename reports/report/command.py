@@ -25,10 +25,7 @@ unmet, e.g. cut-cross-entropy without CUDA) is listed, not a failure. The last l
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any

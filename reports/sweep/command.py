@@ -1,7 +1,7 @@
 """``numcheck sweep``: the property suite over several hypothesis seeds — its failures and the bounds' tightness.
 
 For each seed of ``--seeds`` (``0-9``, ``0,3,7`` or ``5``) it runs the installed suite
-(:data:`reports.premerge.command.SUITE_MODULES`, the impl-parametrized modules) in a subprocess, exactly as a user runs
+(:data:`reports.common.SUITE_MODULES`, the impl-parametrized modules) in a subprocess, exactly as a user runs
 it — ``python -m pytest --pyargs numcheck.tests.suite`` in the current directory — plus
 
 - ``--hypothesis-profile numcheck-ci-seeded`` (``--profile``; a derandomized profile is refused: every seed would
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -70,7 +69,7 @@ import numpy as np
 from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
-from numcheck.reports.common import code_hash, code_identity, stream, write_atomically
+from numcheck.reports.common import SUITE_MODULES, code_identity, stream, write_atomically
 from numcheck.reports.report import schema as report_schema
 HELP = ("run the property suite over several hypothesis seeds (ci-seeded profile) and print every failure, the "
         "failure count and the tightness table (median and 90th percentile of error/bound per output and dtype); "
@@ -153,7 +152,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- running one seed -------------------------------------------------------------------------------------
 def sweep_command(seed: int, args: argparse.Namespace, profile: str, junit: Path, record_dir: Path) -> list[str]:
     """The pytest command line of one seed: the installed suite under ``profile`` and ``seed``, recorded."""
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", *premerge.SUITE_MODULES, "-q", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider",
            f"--junitxml={junit}", "-o", "junit_logging=no", f"--hypothesis-profile={profile}",
            f"--hypothesis-seed={seed}", f"--numcheck-record={record_dir}"]
     for spec in args.impl:
@@ -248,7 +247,7 @@ def junit_cases(path: Path) -> list[dict[str, str]]:
 def _selection(args: argparse.Namespace) -> str:
     """The selection in words, for messages: the modules, the impls and the -k expression."""
     impls = ", ".join(args.impl) if args.impl else "every registered impl"
-    return f"{' '.join(premerge.SUITE_MODULES)} on {impls}" + (f", -k {args.keyword!r}" if args.keyword else "")
+    return f"{' '.join(SUITE_MODULES)} on {impls}" + (f", -k {args.keyword!r}" if args.keyword else "")
 
 
 def run_seed(seed: int, args: argparse.Namespace, profile: str) -> SeedRun:
@@ -305,7 +304,7 @@ def stale_reason(run: SeedRun, code: dict[str, Any]) -> str | None:
 def _selection_key(args: argparse.Namespace, profile: str) -> dict[str, Any]:
     """What a kept seed must share with this run to be taken instead of run again (its code aside: see
     :func:`stale_reason`)."""
-    return {"modules": list(premerge.SUITE_MODULES), "impls": sorted(args.impl), "keyword": args.keyword,
+    return {"modules": list(SUITE_MODULES), "impls": sorted(args.impl), "keyword": args.keyword,
             "profile": profile, "device": args.device}
 
 
@@ -387,7 +386,7 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
         "schema": SCHEMA,
         "environment": env,
         "code": code,
-        "selection": {"modules": list(premerge.SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
+        "selection": {"modules": list(SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
                       "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device,
                       "assembled": bool(getattr(args, "assemble", False))},
         "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
