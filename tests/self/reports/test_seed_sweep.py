@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from numcheck.reports import common
 from numcheck.reports.sweep import command as seed_sweep
 
 #: The tiny selection: the two tests that call the accuracy property directly.
@@ -276,18 +277,18 @@ def test_code_hash_covers_every_py_file(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
     (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
     (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
-    h0 = seed_sweep.code_hash(tmp_path / "pkg")
+    h0 = common.code_hash(tmp_path / "pkg")
     (tmp_path / "pkg" / "__pycache__").mkdir()
     (tmp_path / "pkg" / "__pycache__" / "c.py").write_text("z")
     (tmp_path / "pkg" / "notes.txt").write_text("z")
-    assert seed_sweep.code_hash(tmp_path / "pkg") == h0
+    assert common.code_hash(tmp_path / "pkg") == h0
     (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
-    h1 = seed_sweep.code_hash(tmp_path / "pkg")
+    h1 = common.code_hash(tmp_path / "pkg")
     (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "sub" / "c.py")
-    h2 = seed_sweep.code_hash(tmp_path / "pkg")
+    h2 = common.code_hash(tmp_path / "pkg")
     (tmp_path / "pkg" / "d.py").write_text("")
-    assert len({h0, h1, h2, seed_sweep.code_hash(tmp_path / "pkg")}) == 4
-    assert len(seed_sweep.code_hash()) == 64
+    assert len({h0, h1, h2, common.code_hash(tmp_path / "pkg")}) == 4
+    assert len(common.code_hash()) == 64
 
 
 def test_kept_seed_of_another_selection_is_refused(tmp_path, monkeypatch):
