@@ -15,14 +15,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from numcheck.errors import BadInput
 
 #: The suite modules premerge and the sweep run in a subprocess (``pytest --pyargs ...``), as a user does.
 SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 
-__all__ = ["BadInput", "SUITE_MODULES", "code_hash", "code_identity", "execute", "prepare", "stream", "write_atomically"]
+__all__ = ["BadInput", "SUITE_MODULES", "code_hash", "code_identity", "execute", "int_at_least", "prepare", "stream",
+           "write_atomically"]
 
 
 def prepare() -> None:
@@ -46,6 +47,21 @@ def execute(module: Any, args: argparse.Namespace, *, measuring: bool = False) -
     pin = contextlib.nullcontext() if measuring else matmul_precision.pinned()
     with pin:
         return int(module.run(args) or 0)
+
+
+def int_at_least(least: int, message: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer ``>= least``; anything else is refused as ``"{message}, got {text!r}"``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
+        return v
+
+    return parse
 
 
 def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,

@@ -12,6 +12,7 @@ from numcheck.impls.measure import capabilities, memory
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.core.memory import memory_table
 from numcheck.properties.core.problems import Problem
+from numcheck.reports.common import int_at_least
 
 HELP = ("memory per linear+CE impl (extra peak, bytes held from forward to backward) and the one-chunk "
         "grad_weight accumulation table; default: the seed's shapes on the meta device")
@@ -28,14 +29,7 @@ def _shape(text: str) -> tuple[int, int, int]:
     return vals  # type: ignore[return-value]
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--chunk must be a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"--chunk must be a positive integer, got {text!r}")
-    return v
+_positive = int_at_least(1, "--chunk must be a positive integer")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -150,9 +150,23 @@ def ce_block_(
         want_grad: write G into ``logits``.
     """
     _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
-    V = logits.shape[1]
     eps = float(label_smoothing)
     lam = float(z_loss_scale)
+    t, d, stats = _centred(logits, softcap, stats)
+    lse = stats.m + stats.log_s
+    wts = _weights(logits, target, class_weights, ignore_index)
+    ce = z = None
+    if want_loss:
+        ce, z = _row_losses(d, stats.log_s, lse, wts, eps, lam)
+    if want_grad:
+        _gradient_(logits, d, t, stats.log_s, lse, wts, coef_ce, coef_z, eps, lam)
+    return BlockResult(ce, z, lse, stats)
+
+
+def _centred(logits: torch.Tensor, softcap: float | None,
+             stats: SoftmaxStats | None) -> tuple[torch.Tensor | None, torch.Tensor, SoftmaxStats]:
+    """``(t, d, stats)``: t = tanh(z/s) under softcap (else ``None``), d = z' − m in an fp32 working copy of the
+    chunk (in place of ``logits`` when that is fp32), and the rows' statistics (computed when not given)."""
     # fp32 working copy; it aliases `logits` when that is already fp32, which is fine: the chunk is scratch,
     # and nothing below reads the original after the in-place steps start.
     zc = logits.float()
@@ -168,43 +182,70 @@ def ce_block_(
     else:
         m, log_s = stats
         d = zc.sub_(m[:, None])
-    lse = m + log_s
+    return t, d, stats
+
+
+class _Weights(NamedTuple):
+    """A chunk's weights in fp32: the non-ignored mask ``valid``, the targets as a gather index ``idx`` (``[C, 1]``,
+    ignored rows at class 0), w_{y_i} ``w_t``, the class weights ``cw`` (``None`` without) and their sum ``S_w``
+    (V without), and a 0-dim zero."""
+
+    valid: torch.Tensor
+    idx: torch.Tensor
+    w_t: torch.Tensor
+    cw: torch.Tensor | None
+    S_w: torch.Tensor | float
+    zero: torch.Tensor
+
+
+def _weights(logits: torch.Tensor, target: torch.Tensor, class_weights: torch.Tensor | None,
+             ignore_index: int) -> _Weights:
     valid, safe, w_t = row_weights(target, class_weights, ignore_index)
     cw = class_weights.to(torch.float32) if class_weights is not None else None
-    S_w = cw.sum() if cw is not None else float(V)
+    S_w = cw.sum() if cw is not None else float(logits.shape[1])
     zero = torch.zeros((), dtype=torch.float32, device=logits.device)
-    idx = safe[:, None]
+    return _Weights(valid, safe[:, None], w_t, cw, S_w, zero)
 
-    ce = z = None
-    if want_loss:
-        ce = (1.0 - eps) * w_t * (log_s - d.gather(1, idx).squeeze(1))  # lse − z'_y from non-negative parts
+
+def _row_losses(d: torch.Tensor, log_s: torch.Tensor, lse: torch.Tensor, wts: _Weights, eps: float,
+                lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' CE parts ℓ_i and z-losses ζ_i from d = z' − m (read, not changed); 0 on ignored rows."""
+    valid, idx, w_t, cw, S_w, zero = wts
+    V = d.shape[1]
+    ce = (1.0 - eps) * w_t * (log_s - d.gather(1, idx).squeeze(1))  # lse − z'_y from non-negative parts
+    if eps:
+        neg_wd = torch.mv(d, cw) if cw is not None else d.sum(dim=1)  # −Σ_j w_j (m − z'_j) ≤ 0
+        ce = ce + (eps / V) * (S_w * log_s - neg_wd)
+    ce = torch.where(valid, ce, zero)
+    z = torch.where(valid, lam * lse * lse, zero)
+    return ce, z
+
+
+def _gradient_(logits: torch.Tensor, d: torch.Tensor, t: torch.Tensor | None, log_s: torch.Tensor,
+               lse: torch.Tensor, wts: _Weights, coef_ce: torch.Tensor, coef_z: torch.Tensor, eps: float,
+               lam: float) -> None:
+    """G written into ``logits``, formed in place of d = z' − m (and of t = tanh(z/s) under softcap)."""
+    valid, idx, w_t, cw, S_w, zero = wts
+    V = d.shape[1]
+    c = torch.where(valid, coef_ce.to(torch.float32), zero)
+    cz = torch.where(valid, coef_z.to(torch.float32), zero)
+    a = (1.0 - eps) * c * w_t  # weight on (p − onehot)
+    e = (eps / V) * c  # weight on (S_w·p − w)
+    b = e * S_w + 2.0 * lam * cz * lse  # weight on p alone (smoothing's S_w·p and the z-loss)
+    # g = a·(p − δ_y) + b·p − e·w: off the target (a + b)·p; at the target a·(p_y − 1) + b·p_y, with p_y − 1
+    # exact in fp32 (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its
+    # relative accuracy (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a), and b·p_y
+    # added as its own term ((a + b)·(p_y − 1) + b would leave u·b, which a z-loss makes large: b ∝ λ·lse).
+    g = d.sub_(log_s[:, None]).exp_()  # p = exp((z' − m) − log s), in place of the working copy
+    p_y = g.gather(1, idx).squeeze(1)
+    g.mul_((a + b)[:, None])
+    g.scatter_(1, idx, (a * (p_y - 1.0) + b * p_y)[:, None])
+    if cw is not None:
         if eps:
-            neg_wd = torch.mv(d, cw) if cw is not None else d.sum(dim=1)  # −Σ_j w_j (m − z'_j) ≤ 0
-            ce = ce + (eps / V) * (S_w * log_s - neg_wd)
-        ce = torch.where(valid, ce, zero)
-        z = torch.where(valid, lam * lse * lse, zero)
-
-    if want_grad:
-        c = torch.where(valid, coef_ce.to(torch.float32), zero)
-        cz = torch.where(valid, coef_z.to(torch.float32), zero)
-        a = (1.0 - eps) * c * w_t  # weight on (p − onehot)
-        e = (eps / V) * c  # weight on (S_w·p − w)
-        b = e * S_w + 2.0 * lam * cz * lse  # weight on p alone (smoothing's S_w·p and the z-loss)
-        # g = a·(p − δ_y) + b·p − e·w: off the target (a + b)·p; at the target a·(p_y − 1) + b·p_y, with p_y − 1
-        # exact in fp32 (Sterbenz) before it is scaled, so a confident row's true-class gradient keeps its
-        # relative accuracy (a·p_y − a would leave an absolute error u·a in a value a·(1 − p_y) ≪ a), and b·p_y
-        # added as its own term ((a + b)·(p_y − 1) + b would leave u·b, which a z-loss makes large: b ∝ λ·lse).
-        g = d.sub_(log_s[:, None]).exp_()  # p = exp((z' − m) − log s), in place of the working copy
-        p_y = g.gather(1, idx).squeeze(1)
-        g.mul_((a + b)[:, None])
-        g.scatter_(1, idx, (a * (p_y - 1.0) + b * p_y)[:, None])
-        if cw is not None:
-            if eps:
-                g.addr_(e, cw, alpha=-1.0)
-        elif eps:
-            g.sub_(e[:, None])
-        if t is not None:
-            g.mul_(t.mul_(t).neg_().add_(1.0))  # 1 − tanh²
-        if g is not logits:  # `.float()` and the in-place ops return `logits` itself when it is fp32
-            logits.copy_(g)
-    return BlockResult(ce, z, lse, stats)
+            g.addr_(e, cw, alpha=-1.0)
+    elif eps:
+        g.sub_(e[:, None])
+    if t is not None:
+        g.mul_(t.mul_(t).neg_().add_(1.0))  # 1 − tanh²
+    if g is not logits:  # `.float()` and the in-place ops return `logits` itself when it is fp32
+        logits.copy_(g)

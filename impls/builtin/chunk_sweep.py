@@ -76,14 +76,10 @@ def sweep(
     """
     o = plan.options
     N = xc.shape[0]
-    f32 = torch.float32
     dev = xc.device
-    ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    rows = stats if stats is not None else SoftmaxStats(torch.empty(N, dtype=f32, device=dev),
-                                                    torch.empty(N, dtype=f32, device=dev))
+    ce_rows, z_rows, rows = _row_buffers(N, dev, want_loss, stats)
     if coef is None:
-        zeros = torch.zeros(N, dtype=f32, device=dev)
+        zeros = torch.zeros(N, dtype=torch.float32, device=dev)
         cc, cz = zeros, zeros
     else:
         cc, cz = coef.coef_ce, coef.coef_z
@@ -106,14 +102,34 @@ def sweep(
             rows.m[r] = res.stats.m
             rows.log_s[r] = res.stats.log_s
         if coef is not None:
-            if gx is not None:
-                torch.mm(logits, wc, out=gx[r])
-            if gw is not None:
-                gw.add_(logits, x_r)
-            if gb is not None:
-                gb.add_(logits, ones)
+            _chunk_gradients(logits, x_r, wc, gx[r] if gx is not None else None, gw, gb, ones)
         del logits, res  # released before the next chunk's logits exist: one [C, V] chunk alive, not two
     return ce_rows, z_rows, rows
+
+
+def _row_buffers(N: int, dev: torch.device, want_loss: bool, stats: SoftmaxStats | None
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, SoftmaxStats]:
+    """The per-row fp32 outputs :func:`sweep` fills: ``ce`` and ``z`` (``None`` without ``want_loss``), and the
+    rows' statistics (``stats`` itself when given, only read then)."""
+    f32 = torch.float32
+    ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
+    z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
+    rows = stats if stats is not None else SoftmaxStats(torch.empty(N, dtype=f32, device=dev),
+                                                    torch.empty(N, dtype=f32, device=dev))
+    return ce_rows, z_rows, rows
+
+
+def _chunk_gradients(G: torch.Tensor, x_r: torch.Tensor, wc: torch.Tensor, gx_r: torch.Tensor | None,
+                     gw: grad_accum.Accumulator | None, gb: grad_accum.Accumulator | None,
+                     ones: torch.Tensor | None) -> None:
+    """One chunk's share of the gradients from its G: ``gx_r = G·W`` (the chunk's rows of grad_x), ``gw += Gᵀ·x_r``
+    and ``gb += Σ G``, each where its buffer is given."""
+    if gx_r is not None:
+        torch.mm(G, wc, out=gx_r)
+    if gw is not None:
+        gw.add_(G, x_r)
+    if gb is not None:
+        gb.add_(G, ones)
 
 
 def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ The per-tensor step (:meth:`Fp8Linear.quantize_per_tensor`) and the call's recip
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,8 @@ from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState, QuantizedTensor, QuantLinearSupport
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+
+_Impl = TypeVar("_Impl")
 
 _SIGN_EXP_MASK = -8388608  # 0xFF800000 as int32: keep sign and exponent bits (round a scale down to 2^k)
 
@@ -421,10 +423,14 @@ _DESCRIPTIONS = {
 }
 
 
+def one_per_recipe_kind(make: Callable[[str, tuple[Fp8Recipe, ...], str], _Impl], family: str,
+                        descriptions: dict[str, str]) -> list[_Impl]:
+    """One built-in per recipe kind, ``make("family[kind]", the kind's standard recipes, descriptions[kind])``,
+    in :data:`RECIPE_KINDS`' order."""
+    return [make(f"{family}[{k}]", tuple(r for r in standard_recipes() if r.kind == k), descriptions[k])
+            for k in RECIPE_KINDS]
+
+
 def quant_linear_impls() -> list[Fp8Linear]:
     """One built-in per recipe kind, each declaring that kind's standard variants."""
-    out = []
-    for kind in RECIPE_KINDS:
-        recipes = tuple(r for r in standard_recipes() if r.kind == kind)
-        out.append(Fp8Linear(f"fp8_linear[{kind}]", recipes, _DESCRIPTIONS[kind]))
-    return out
+    return one_per_recipe_kind(Fp8Linear, "fp8_linear", _DESCRIPTIONS)

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin.fp8_linear import (Fp8Linear, QTensor, check_recipe_call, k_major_fp32, recipes_kind,
-                                         tensor_amax)
+from numcheck.impls.builtin.fp8_linear import (Fp8Linear, QTensor, check_recipe_call, k_major_fp32,
+                                               one_per_recipe_kind, recipes_kind, tensor_amax)
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog, TPQuantSupport, collectives
-from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
 @dataclass(frozen=True)
@@ -248,5 +248,4 @@ _DESCRIPTIONS = {
 
 def tp_fp8_linear_impls() -> list[TPFp8Linear]:
     """One built-in per recipe kind, each declaring that kind's standard variants."""
-    return [TPFp8Linear(f"tp_fp8_linear[{k}]", tuple(r for r in standard_recipes() if r.kind == k), _DESCRIPTIONS[k])
-            for k in RECIPE_KINDS]
+    return one_per_recipe_kind(TPFp8Linear, "tp_fp8_linear", _DESCRIPTIONS)

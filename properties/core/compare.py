@@ -143,13 +143,7 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
         overflow = overflow | (fin_o & ~fin_a)
     mismatch = mismatch & ~overflow
     if bool(mismatch.any()):
-        idx = tuple(int(i) for i in mismatch.nonzero()[0])
-        return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
-                          max_ulp=math.inf, worst=idx, impl_value=float(a[idx]), oracle_value=float(o[idx]),
-                          bound_value=float(b[idx]), n_bad=int(mismatch.sum()), numel=o.numel(),
-                          state="nonfinite_mismatch", impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape),
-                          dtype=str(dt), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
-                          f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
+        return _nonfinite_mismatch(output, impl, a, o, b, mismatch)
     err = torch.where(fin_o & torch.isfinite(a), (a - o).abs(), torch.zeros_like(o))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
     if o.numel() == 0:
@@ -159,6 +153,27 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
     extra: dict = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
     if overflow_upstream and bool(overflow.any()):
         extra["overflow_upstream"] = overflow_upstream
+    return _measured(output, impl, a, o, b, err, ratio, extra)
+
+
+def _nonfinite_mismatch(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor, b: torch.Tensor,
+                        mismatch: torch.Tensor) -> Comparison:
+    """The failed :class:`Comparison` of an output with NaN/inf where the oracle has none (or the other way round)
+    at the elements ``mismatch`` marks: ``a`` the impl's values, ``o`` the oracle's, ``b`` the bound (float64)."""
+    idx = tuple(int(i) for i in mismatch.nonzero()[0])
+    return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
+                      max_ulp=math.inf, worst=idx, impl_value=float(a[idx]), oracle_value=float(o[idx]),
+                      bound_value=float(b[idx]), n_bad=int(mismatch.sum()), numel=o.numel(),
+                      state="nonfinite_mismatch", impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape),
+                      dtype=str(impl.dtype), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
+                      f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
+
+
+def _measured(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor, b: torch.Tensor, err: torch.Tensor,
+              ratio: torch.Tensor, extra: dict) -> Comparison:
+    """The :class:`Comparison` of a non-empty output compared element-wise: ``a`` the impl's values, ``o`` the
+    oracle's, ``b`` the bound, ``err`` |a − o| (0 where not finite) and ``ratio`` err/b (float64)."""
+    dt = impl.dtype
     flat = int(torch.argmax(ratio.reshape(-1)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
     rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)

@@ -301,34 +301,7 @@ def build(p: Problem) -> Tensors:
         target = torch.where(target == p.ignore_index, (target + 1) % V, target)
     b = torch.randn(V, generator=g, dtype=torch.float64) * (0.5 * sigma) if p.bias else None
     if p.regime == "confident":
-        # Every row gets margin z_{i,y} − z_ij ≥ T = 8 + log V over all j ≠ y, so p_target ≥ 1 − (V−1)e^{−T}
-        # > 0.9996. Pushing x_i along W_y by lift/|W_y|² raises z_{i,y} by lift and z_ij by lift·c_jy,
-        # c_jy = W_j·W_y/|W_y|²: any margin is reached iff every c_jy < 1. Targets with some c_jy > 1/2
-        # (likely when H is small; they would need lifts of many T) are replaced, deterministically, by
-        # classes with none (else by the class of largest slack, whose rows may then fall short of the margin).
-        T = 8.0 + math.log(V)
-        lift = torch.full((N,), T, dtype=torch.float64)
-        if V > 1:
-            c = (w @ w.T) / (w * w).sum(dim=1).clamp_min(1e-30)[None, :]
-            slack = 1.0 - c.fill_diagonal_(-math.inf).max(dim=0).values  # per class y
-            if pad_class:
-                slack[p.ignore_index] = -math.inf  # never a replacement target
-            good = (slack > 0.5).nonzero().squeeze(1)
-            if good.numel() == 0:
-                good = slack.argmax().reshape(1)
-            target = torch.where(slack[target] <= 0.5, good[target % good.numel()], target)
-            z0 = x @ w.T + (b if b is not None else 0.0)
-            margin = z0.gather(1, target[:, None]) - z0  # [N, V], 0 at the target
-            # [N, V]; +inf at the target (c_yy = −inf). A class with c_jy ≥ 1 gains at least as much as the target
-            # from any lift: no lift reaches its margin, so it sets none (+inf). Only a fallback target meets one
-            # (V = 2 with the other class a pad: seed 1055, N=2049, V=2, ignore_index=0, lifted by 1e12·T before,
-            # logits of 1e13); its rows then fall short of the margin.
-            one_minus_c = 1.0 - c[:, target].T
-            one_minus_c = torch.where(one_minus_c > 0, one_minus_c.clamp_min(1e-12),
-                                      torch.full_like(one_minus_c, math.inf))
-            lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
-        wy = w[target]
-        x = x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30))
+        x, target = _confident(x, w, b, target, p.ignore_index if pad_class else None)
     if p.regime in ("post_norm", HEAD_REGIME):
         x, w, target = _post_norm(x, w, b, g, p.ignore_index if pad_class else None)
     if p.regime == HEAD_REGIME:
@@ -342,14 +315,58 @@ def build(p: Problem) -> Tensors:
         rows = torch.randperm(N, generator=g)[:n_ign]
         target[rows] = p.ignore_index
     cw = (torch.rand(V, generator=g, dtype=torch.float64) * 1.5 + 0.25) if p.class_weights else None
+    return _tensors(p, x, w, target, b, cw, _upstream(p, g))
+
+
+def _confident(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+               pad: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, target)`` of the ``confident`` regime: every row's target logit made to lead by 8 + log V (targets W
+    cannot make confident replaced); ``pad``, a class id used as ignore_index, is never a replacement target."""
+    # Every row gets margin z_{i,y} − z_ij ≥ T = 8 + log V over all j ≠ y, so p_target ≥ 1 − (V−1)e^{−T}
+    # > 0.9996. Pushing x_i along W_y by lift/|W_y|² raises z_{i,y} by lift and z_ij by lift·c_jy,
+    # c_jy = W_j·W_y/|W_y|²: any margin is reached iff every c_jy < 1. Targets with some c_jy > 1/2
+    # (likely when H is small; they would need lifts of many T) are replaced, deterministically, by
+    # classes with none (else by the class of largest slack, whose rows may then fall short of the margin).
+    N, V = x.shape[0], w.shape[0]
+    T = 8.0 + math.log(V)
+    lift = torch.full((N,), T, dtype=torch.float64)
+    if V > 1:
+        c = (w @ w.T) / (w * w).sum(dim=1).clamp_min(1e-30)[None, :]
+        slack = 1.0 - c.fill_diagonal_(-math.inf).max(dim=0).values  # per class y
+        if pad is not None:
+            slack[pad] = -math.inf  # never a replacement target
+        good = (slack > 0.5).nonzero().squeeze(1)
+        if good.numel() == 0:
+            good = slack.argmax().reshape(1)
+        target = torch.where(slack[target] <= 0.5, good[target % good.numel()], target)
+        z0 = x @ w.T + (b if b is not None else 0.0)
+        margin = z0.gather(1, target[:, None]) - z0  # [N, V], 0 at the target
+        # [N, V]; +inf at the target (c_yy = −inf). A class with c_jy ≥ 1 gains at least as much as the target
+        # from any lift: no lift reaches its margin, so it sets none (+inf). Only a fallback target meets one
+        # (V = 2 with the other class a pad: seed 1055, N=2049, V=2, ignore_index=0, lifted by 1e12·T before,
+        # logits of 1e13); its rows then fall short of the margin.
+        one_minus_c = 1.0 - c[:, target].T
+        one_minus_c = torch.where(one_minus_c > 0, one_minus_c.clamp_min(1e-12),
+                                  torch.full_like(one_minus_c, math.inf))
+        lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
+    wy = w[target]
+    return x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30)), target
+
+
+def _upstream(p: Problem, g: torch.Generator) -> torch.Tensor | None:
+    """The upstream gradient of ``p`` (``None`` for ``"one"``), exact in bf16 and fp16; drawn last from ``g``."""
     if p.upstream == "one":
-        up = None
-    elif p.upstream == "loss_scale":
-        up = torch.tensor(LOSS_SCALE, dtype=torch.float32)
-    elif p.upstream == "scalar":
-        up = _round_to_all_low_precisions(torch.rand((), generator=g, dtype=torch.float32) * 3.0 + 0.25)
-    else:
-        up = _round_to_all_low_precisions(torch.randn(N, generator=g, dtype=torch.float32) * 2.0)
+        return None
+    if p.upstream == "loss_scale":
+        return torch.tensor(LOSS_SCALE, dtype=torch.float32)
+    if p.upstream == "scalar":
+        return _round_to_all_low_precisions(torch.rand((), generator=g, dtype=torch.float32) * 3.0 + 0.25)
+    return _round_to_all_low_precisions(torch.randn(p.N, generator=g, dtype=torch.float32) * 2.0)
+
+
+def _tensors(p: Problem, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
+             cw: torch.Tensor | None, up: torch.Tensor | None) -> Tensors:
+    """The drawn float64 values in ``p``'s dtypes, on its device, with its CE options."""
     dt = p.param_dtype
     bdt = dtype_of(p.bias_dtype) or dt
     dev = torch.device(p.device)

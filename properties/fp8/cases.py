@@ -175,6 +175,20 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
     w = torch.randn(N, K, generator=g, dtype=torch.float64) / math.sqrt(K)
     dy = torch.randn(M, N, generator=g, dtype=torch.float64) / math.sqrt(N)
     b = torch.randn(N, generator=g, dtype=torch.float64) * 0.5 if case.bias else None
+    x, w, dy = _regime_values(case, g, x, w, dy)
+    r = case.regime
+    if case.recipe.kind == "delayed" and step:
+        gx, gdy = (-2, 4) if r == "growing" else (3, -2)
+        x = x * 2.0 ** (gx * step)
+        dy = dy * 2.0 ** (gdy * step)
+    dt, dev = case.torch_dtype, torch.device(case.device)
+    return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)
+
+
+def _regime_values(case: QuantCase, g: torch.Generator, x: torch.Tensor, w: torch.Tensor,
+                   dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, w, dy)`` (float64, as drawn) changed as ``case.regime`` says (:func:`build_quant`), drawing from ``g``."""
+    M, K, N = case.M, case.K, case.N
     r = case.regime
     if r == "wide":
         x = x * torch.exp2(torch.randint(-12, 13, (M, K), generator=g).to(torch.float64))
@@ -207,9 +221,4 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")
         w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("inf")
-    if case.recipe.kind == "delayed" and step:
-        gx, gdy = (-2, 4) if r == "growing" else (3, -2)
-        x = x * 2.0 ** (gx * step)
-        dy = dy * 2.0 ** (gdy * step)
-    dt, dev = case.torch_dtype, torch.device(case.device)
-    return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)
+    return x, w, dy

@@ -21,6 +21,7 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
 from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
+from numcheck.reports.common import int_at_least
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
 
@@ -28,15 +29,8 @@ HELP = ("tiny language-model convergence run: each impl as the linear+CE head, i
         "from float64 judged against eager's envelope; exit 1 if an impl leaves it")
 
 
-def _nonneg(text: str) -> int:
-    """argparse type: a non-negative integer."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return v
+#: argparse type: a non-negative integer.
+_nonneg = int_at_least(0, "expected a non-negative integer")
 
 
 def _shape(text: str) -> ModelShape:

@@ -10,7 +10,6 @@ reduction, ~3-7 s each: about a minute). On CUDA: a few seconds of kernel compil
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 from typing import Any, Callable, Iterator
@@ -26,6 +25,7 @@ from numcheck.properties.core.harness import run_impl
 from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.core.strategies import why_not_run
 from numcheck.properties.core.known import known
+from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
 INFO = cce.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -158,21 +158,7 @@ def test_missing_impl_name_makes_the_variant_unavailable() -> None:
 
 def test_absent_package_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without cut-cross-entropy every variant registers, unavailable with "cut-cross-entropy is not installed"."""
-    real = importlib.util.find_spec
-
-    def fake(name: str, *a: Any, **k: Any) -> Any:
-        """find_spec that finds no cut_cross_entropy."""
-        return None if name == "cut_cross_entropy" else real(name, *a, **k)
-
-    cce.load.cache_clear()
-    cce.kernel_failure.cache_clear()
-    monkeypatch.setattr(importlib.util, "find_spec", fake)
-    try:
-        impls = cce.cce_impls()
-    finally:
-        monkeypatch.undo()
-        cce.load.cache_clear()
-        cce.kernel_failure.cache_clear()
+    impls = impls_while_uninstalled(monkeypatch, "cut_cross_entropy", cce.cce_impls, (cce.load, cce.kernel_failure))
     assert [i.name for i in impls] == [v.name for v in cce.VARIANTS]
     for impl in impls:
         assert impl.support.unavailable_reason() == "cut-cross-entropy is not installed"

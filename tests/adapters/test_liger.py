@@ -8,8 +8,6 @@ liger_kernel once per process (~1.5 s): under 10 s in all.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail, impl_raised, raised_by_suite
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import why_not_run
+from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
 INFO = liger.load()
 SKIP_REASON = INFO if isinstance(INFO, str) else None
@@ -266,18 +265,7 @@ def test_triton_imported_too_early_is_reported() -> None:
 
 def test_absent_liger_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without liger-kernel both variants still register, and requires() says "liger-kernel not installed"."""
-    real = importlib.util.find_spec
-
-    def fake(name, *a, **k):
-        return None if name == "liger_kernel" else real(name, *a, **k)
-
-    liger.load.cache_clear()
-    monkeypatch.setattr(importlib.util, "find_spec", fake)
-    try:
-        impls = liger.liger_impls()
-    finally:
-        monkeypatch.undo()
-        liger.load.cache_clear()
+    impls = impls_while_uninstalled(monkeypatch, "liger_kernel", liger.liger_impls, (liger.load,))
     assert [i.name for i in impls] == list(liger.VARIANTS)
     for impl in impls:
         assert impl.support.unavailable_reason() == "liger-kernel not installed"

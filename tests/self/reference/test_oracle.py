@@ -123,24 +123,13 @@ def rounding_bounds(c: Case) -> dict[str, float]:
     Everything is multiplied by :data:`SAFETY`. Two evaluations that both obey the bound differ by at most
     twice it (:func:`pair_bounds`).
     """
-    x, W, b, o = c.x.to(F64), c.weight.to(F64), c.bias, c.options
+    x, W, o = c.x.to(F64), c.weight.to(F64), c.options
     N, H = x.shape
     V = W.shape[0]
-    zabs = x.abs() @ W.abs().T
-    if b is not None:
-        zabs = zabs + b.to(F64).abs()
-    Zmag = float(zabs.max()) if zabs.numel() else 0.0
-    L = Zmag + math.log(V) + 1.0
+    L = _logit_magnitude(c)
     e = (H + V + 4) * U * L
-    cw = o.class_weights.to(F64) if o.class_weights is not None else torch.ones(V, dtype=F64)
-    wmax, S_w = float(cw.max()), float(cw.sum())
     eps, lam = float(o.label_smoothing), float(o.z_loss_scale)
-    A = (1 - eps) * wmax + eps * S_w / V
-    valid = c.target != o.ignore_index
-    n_valid = int(valid.sum())
-    safe_t = torch.where(valid, c.target, torch.zeros_like(c.target))
-    D = float((cw[safe_t] * valid).sum())
-    divisor = min(D, n_valid) if (o.reduction == "mean" and n_valid) else 1.0
+    A, valid, n_valid, divisor = _weights_and_divisor(c)
     up = c.upstream if c.upstream is not None else torch.tensor(1.0, dtype=F64)
     u_rows = (up.abs() * torch.ones(N, dtype=F64)) * valid
     Lam = A * (2 * e + 8 * U * L) + lam * (2 * L * e + 4 * U * L * L)
@@ -162,6 +151,33 @@ def rounding_bounds(c: Case) -> dict[str, float]:
         "grad_weight": SAFETY * (rho + (N + 2) * U) * gsum * xmax,
         "grad_bias": SAFETY * (rho + (N + 2) * U) * gsum,
     }
+
+
+def _logit_magnitude(c: Case) -> float:
+    """L = Zmag + log V + 1 of :func:`rounding_bounds`, with Zmag = max_ij (|x|·|W|ᵀ + |b|)_ij: at least every
+    |z'|, |lse| and |lse − z'|/2."""
+    x, W, b = c.x.to(F64), c.weight.to(F64), c.bias
+    zabs = x.abs() @ W.abs().T
+    if b is not None:
+        zabs = zabs + b.to(F64).abs()
+    Zmag = float(zabs.max()) if zabs.numel() else 0.0
+    return Zmag + math.log(W.shape[0]) + 1.0
+
+
+def _weights_and_divisor(c: Case) -> tuple[float, torch.Tensor, int, float]:
+    """``(A, valid, n_valid, divisor)`` of :func:`rounding_bounds`: A = (1−ε)·w_max + ε·S_w/V, the non-ignored
+    rows and their count, and the reduction's smallest normaliser min(D, |M|) under ``mean`` (1 otherwise)."""
+    o, V = c.options, c.weight.shape[0]
+    cw = o.class_weights.to(F64) if o.class_weights is not None else torch.ones(V, dtype=F64)
+    wmax, S_w = float(cw.max()), float(cw.sum())
+    eps = float(o.label_smoothing)
+    A = (1 - eps) * wmax + eps * S_w / V
+    valid = c.target != o.ignore_index
+    n_valid = int(valid.sum())
+    safe_t = torch.where(valid, c.target, torch.zeros_like(c.target))
+    D = float((cw[safe_t] * valid).sum())
+    divisor = min(D, n_valid) if (o.reduction == "mean" and n_valid) else 1.0
+    return A, valid, n_valid, divisor
 
 
 def pair_bounds(*cases: Case) -> dict[str, float]:
