@@ -22,7 +22,9 @@ class Comparison:
     NaN/inf exactly where the oracle has them — or ±inf where a value within the bound of the exact one
     overflows the format the value was held in (the impl's dtype, or the narrower ``range_dtype`` given to
     :func:`compare`: correct rounding; such elements count as error 0 and ``extra["overflowed"]`` counts them).
-    ``worst`` is the index of the element with the largest ratio.
+    ``worst`` is the index of the element with the largest ratio. ``max_rel`` is taken over the elements whose
+    oracle value is not 0 (a relative error is undefined there); ``max_abs_zero`` is the largest |error| over those
+    whose oracle value is 0.
     ``state`` (one of :data:`COMPARISON_STATES`) says what was compared; ``nonfinite`` describes a non-finite
     mismatch (empty otherwise); ``impl_shape`` / ``oracle_shape`` are the two shapes.
     """
@@ -46,6 +48,7 @@ class Comparison:
     oracle_shape: tuple[int, ...] = ()
     dtype: str = ""
     extra: dict = field(default_factory=dict)
+    max_abs_zero: float = 0.0
 
     def __post_init__(self) -> None:
         if self.state not in COMPARISON_STATES:
@@ -63,9 +66,16 @@ class Comparison:
             f"{self.output} ({self.dtype}): {self.n_bad} / {self.numel} elements beyond bound; "
             f"worst at index {list(self.worst)}: impl {self.impl_value:.9g}, oracle {self.oracle_value:.9g}, "
             f"|error| {abs(self.impl_value - self.oracle_value):.3g} > bound {self.bound_value:.3g} "
-            f"(error/bound {self.ratio:.3g}); max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g}, "
+            f"(error/bound {self.ratio:.3g}); max abs error {self.max_abs:.3g}, {self.rel_text()}, "
             f"RMSE {self.rmse:.3g}, max ULP {self.max_ulp:.3g}"
         )
+
+    def rel_text(self) -> str:
+        """The largest relative error where the oracle is not 0, and the largest absolute one where it is."""
+        zero = f"where the oracle is 0 max abs error {self.max_abs_zero:.3g}" if self.max_abs_zero > 0 else ""
+        if self.max_rel == 0 and zero:
+            return zero
+        return f"max rel error {self.max_rel:.3g}" + (f" ({zero})" if zero else "")
 
 
 def _not_compared(output: str, state: str, oracle: torch.Tensor, impl: torch.Tensor | None) -> Comparison:
@@ -176,7 +186,8 @@ def _measured(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor,
     dt = impl.dtype
     flat = int(torch.argmax(ratio.reshape(-1)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), o.shape)) if o.dim() else ()
-    rel = err / o.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    nonzero = o != 0
+    rel = torch.where(nonzero, err / torch.where(nonzero, o.abs(), torch.ones_like(o)), torch.zeros_like(o))
     ulp = err / ulp_of(o, dt if dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else torch.float32)
     worst_ratio = float(ratio.reshape(-1)[flat])
     return Comparison(
@@ -184,7 +195,8 @@ def _measured(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor,
         ok=bool(worst_ratio <= 1.0),
         ratio=worst_ratio,
         max_abs=float(err.max()),
-        max_rel=float(torch.where(err > 0, rel, torch.zeros_like(rel)).max()),
+        max_rel=float(rel.max()),
+        max_abs_zero=float(torch.where(nonzero, torch.zeros_like(err), err).max()),
         rmse=float(err.square().mean().sqrt()),
         max_ulp=float(ulp.max()),
         worst=idx,

@@ -187,7 +187,21 @@ def check_property_suite(specs: list[str], jobs: int) -> Check:
     return Check(title, ok, figure, details)
 
 
-def check_report(report: dict, grid: str) -> Check:
+def unreached_note(report: dict, grid: str) -> str:
+    """Why the report can pass where the suite fails: the declared behaviours its grid did not reach per impl
+    (:mod:`reports.report.coverage`), or that it reached them all."""
+    missed = [f"{i['name']}: {', '.join(i['unreached'])}" for i in report["impls"]
+              if i["status"] == "ran" and i.get("unreached")]
+    if missed:
+        return (f"the property suite failed where this report passed: the {grid} grid did not reach these declared "
+                f"behaviours, which the suite draws — {'; '.join(missed)}")
+    return (f"the property suite failed where this report passed, though the {grid} grid reached every behaviour "
+            f"the impls declare: the suite's failing cases (listed under it) lie beyond the grid's shapes and values")
+
+
+def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Check:
+    """The report's line; ``suite_failed`` (the property suite ran and failed): a passing report says which
+    declared behaviours its grid did not reach, so the two lines never disagree unexplained."""
     from numcheck.reports.report.md import failures, impl_overview
 
     rows = [r for r in impl_overview(report) if r["status"] == "ran"]
@@ -197,12 +211,17 @@ def check_report(report: dict, grid: str) -> Check:
     figure = f"{passed}/{n} cases pass both verdicts ({grid} grid, {report['grid']['seconds']:.0f} s)"
     if worst is not None and worst["n"]:
         figure += f"; worst error/bound {worst['worst_ratio']:.3g} ({worst['name']}, {worst['worst_output']})"
+    ok = passed == n and n > 0
+    if ok and suite_failed:
+        figure += f" — {unreached_note(report, grid)}"
     details = []
     for c in failures(report):
         detail = c.get("error") or "; ".join(c.get("failures", [])[:1])
         details.append(f"`{c['impl']}` on `{c['label']}`: {detail[:300]}" + (f"\n  - reproduce: `{c['repro']}`" if c.get("repro") else ""))
     not_run = [f"`{i['name']}`: {i['status']} — {i['reason']}" for i in report["impls"] if i["status"] != "ran"]
-    return Check("report", passed == n and n > 0, figure if n else figure + " — no case ran", details + not_run)
+    not_run += [f"`{i['name']}`: declared, reached by no case of the {grid} grid: {', '.join(i['unreached'])}"
+                for i in report["impls"] if i["status"] == "ran" and i.get("unreached")]
+    return Check("report", ok, figure if n else figure + " — no case ran", details + not_run)
 
 
 def check_baseline(report: dict, baseline: Path | Traversable | None, factor: float, floor: float, *,
@@ -301,9 +320,10 @@ def run(args: argparse.Namespace) -> int:
         checks.append(Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"))
     else:
         checks.append(check_property_suite(specs, args.jobs))
+    suite_failed = not args.skip_tests and not checks[-1].ok
     print(f"numcheck premerge: running the {args.grid} report…", file=sys.stderr)
     report = build_report(GRIDS[args.grid], specs, args.device, progress=True)
-    checks.append(check_report(report, args.grid))
+    checks.append(check_report(report, args.grid, suite_failed=suite_failed))
     if args.baseline is not None:
         baseline, label = args.baseline, str(args.baseline)
     else:

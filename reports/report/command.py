@@ -186,8 +186,13 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
             drawn.extend(names)
             if note:
                 print(f"numcheck report: {note}", file=sys.stderr)
-        (tmp / "report.md").write_text(report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md)
-                                       + (f"\n{scale_md}" if scale_md else ""))
+        try:
+            text = report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md)
+        except Exception as exc:  # noqa: BLE001 - report.json is written whatever the Markdown makes of it
+            text = (f"# numcheck tolerance report\n\nreport.md could not be rendered from this report's data "
+                    f"({type(exc).__name__}: {exc}); the data is in report.json.\n")
+            print(f"numcheck report: {text.splitlines()[-1]}", file=sys.stderr)
+        (tmp / "report.md").write_text(text + (f"\n{scale_md}" if scale_md else ""))
 
     files = {"report.json": report_schema.dumps(report)}
     if comparison_md:
@@ -199,8 +204,8 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
 
 
 def print_summary(report: dict, out: Path | None) -> None:
-    """A few lines on stdout: where the report is and which impls failed."""
-    from numcheck.reports.report.md import impl_overview
+    """A few lines on stdout: where the report is, whether any impl of the user's was judged, which impls failed."""
+    from numcheck.reports.report.md import builtins_only_note, impl_overview
 
     rows = impl_overview(report)
     bad = [r for r in rows if r["status"] == "ran" and (r["fail"] or r["error"])]
@@ -209,6 +214,9 @@ def print_summary(report: dict, out: Path | None) -> None:
     if out is not None:
         print(f"numcheck report ({report['grid']['name']} grid, {report['grid']['seconds']:.0f} s): {out}")
     print(f"  {ok}/{n} (impl, case) runs pass both verdicts over {sum(r['status'] == 'ran' for r in rows)} impls")
+    note = builtins_only_note(report)
+    if note:
+        print(f"  {note}")
     for r in bad:
         print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; worst error/bound {r['worst_ratio']:.3g} "
               f"({r['worst_output']}, {r['worst_case']})")
@@ -280,6 +288,25 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
 
 
 
+def check_impl_specs(specs: list[str]) -> None:
+    """:class:`_BadInput` naming the first ``--impl`` value that can name no impl: empty, neither a built-in's name
+    nor ``package.module[:attr]`` of dotted Python names. (A well-formed spec whose module fails to import is a
+    broken impl, reported as such.)"""
+    from numcheck.impls.registry import ImplEntry, builtin_impls
+
+    builtins: list[str] = []
+    for spec in specs:
+        if not spec.strip():
+            raise _BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
+        builtins = builtins or sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
+        module, colon, attr = spec.strip().partition(":")
+        if spec in builtins or ((colon or "." in module) and all(
+                n.isidentifier() for n in module.split(".") + (attr.split(".") if colon else []))):
+            continue
+        raise _BadInput(f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
+                        f"package.module:attr (dotted Python names around one ':')")
+
+
 def _load_or_exit(path: Path) -> dict:
     """The report at ``path``, or :class:`BadInput` naming the file and what is wrong with it."""
     try:
@@ -312,6 +339,7 @@ def _run(args: argparse.Namespace) -> int:
                                               base_label=str(args.compare))
         print(report_compare.to_markdown(diff))
         return 1 if diff.regressions else 0
+    check_impl_specs(list(args.impl))
     base = _load_or_exit(args.compare) if args.compare is not None else None
     try:
         out, message = resolve_out_dir(args)

@@ -11,9 +11,15 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
 * **Random cases** drawn by a seeded :class:`random.Random` (not hypothesis: the report must be the same on
   every run) over the same axes: edge-leaning N/H/V, dtype mode, bias, ignored fraction, reduction,
   label smoothing, class weights, softcap, z-loss, regime and upstream.
+* **Declared cases**, per impl, from its declaration (:func:`declared_cases`): each declared option on its own
+  (:data:`OPTION_VALUES`), each declared reduction on its own, all declared options together at every declared
+  reduction (options a declaration excludes together go into further combined cases), and an all-ignored batch
+  where declared; at the option shape, in the option modes the impl declares (else the first mode of
+  :data:`DECLARED_MODE_ORDER` it declares). The fixed option cases combine options, so an impl missing one of a
+  combination's options would otherwise never run the others (label smoothing only beside class weights).
 
 Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
-counted per impl with the reason, never dropped silently.
+counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
 
 Quantized linear (:class:`~properties.fp8.cases.QuantCase`), per impl and recipe it declares: an (M, K, N)
 ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regimes ``wide`` and
@@ -22,8 +28,12 @@ ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regime
 
 Distributed linear+CE (:class:`~properties.distributed.linear_ce.props.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
 plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
-world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; the world sizes it
-does not declare or the backend cannot run here are counted with the reason. About 0.1 s a case.
+world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; then the declared
+cases (:func:`dist_declared`): each declared option and reduction on its own and all declared options together at
+every declared reduction, at the largest of those world sizes the impl declares, and where it declares
+``uneven_vocab`` all its declared options with targets on shard boundaries at V = :data:`DIST_UNEVEN_V` (uneven
+shards at every world size above 1) at every declared world size above 1. The world sizes it does not declare or
+the backend cannot run here are counted and named with the reason. About 0.1 s a case.
 
 Tensor-parallel FP8 linear (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`), per impl and recipe it declares (the
 first recipe of each impl in the quick grid, every recipe in the full one): the cases of :data:`TP_CASES` (plain;
@@ -42,13 +52,16 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
 from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.problems import Problem, dtype_of
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {
@@ -78,7 +91,7 @@ RANDOM_IGNORED = (0.0, 0.0, 0.1, 0.5, 0.9)
 RANDOM_REGIMES = ("ordinary", "ordinary", "confident", "large", "tiny", "outlier_rows")
 
 #: Distributed cases: label → (Problem fields at :data:`DIST_SHAPE`, target placement). V = 52 is divisible by 1, 2
-#: and 4, so impls that need even shards run every world size.
+#: and 4, so impls that need even shards run every world size; uneven shards come from :data:`DIST_UNEVEN_V`.
 DIST_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "plain": (dict(dtype="float32"), "as_built"),
     "bias+ignored+sum": (dict(dtype="bfloat16", bias=True, ignored=0.25, reduction="sum"), "as_built"),
@@ -86,6 +99,22 @@ DIST_CASES: dict[str, tuple[dict[str, Any], str]] = {
 }
 DIST_SHAPE: tuple[int, int, int] = (33, 24, 52)
 DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
+#: The vocabulary of the uneven-shard cases: prime, so no world size from 2 to 52 divides it (shards differ by one).
+DIST_UNEVEN_V = 53
+
+#: The value each declared option takes in the declared cases (:func:`declared_cases`, :func:`dist_declared`).
+OPTION_VALUES: dict[str, dict[str, Any]] = {
+    "bias": dict(bias=True),
+    "ignore_index": dict(ignored=0.25),
+    "label_smoothing": dict(label_smoothing=0.1),
+    "class_weights": dict(class_weights=True),
+    "softcap": dict(softcap=5.0),
+    "z_loss": dict(z_loss_scale=1e-2),
+}
+#: The upstream gradient of a declared case at each reduction.
+REDUCTION_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "per_row"}
+#: The dtype mode of an impl's declared cases when it declares none of the grid's option modes: the first it declares.
+DECLARED_MODE_ORDER: tuple[str, ...] = ("bfloat16", "amp-bfloat16", "float16", "amp-float16", "float32")
 
 #: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`tp_cases`).
 TP_CASES: dict[str, dict[str, Any]] = {
@@ -124,6 +153,7 @@ class GridSpec:
         dist_cases: labels of :data:`DIST_CASES` to run.
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
+        declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
         seed: seed of the random cases.
     """
 
@@ -144,6 +174,7 @@ class GridSpec:
     dist_cases: tuple[str, ...] = tuple(DIST_CASES)
     tp_cases: tuple[str, ...] = tuple(TP_CASES)
     tp_all_recipes: bool = False
+    declared: bool = True
     seed: int = 20250601
     notes: str = field(default="", compare=False)
 
@@ -178,7 +209,10 @@ class GridSpec:
                 f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
                 f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
                 f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
-                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}.")
+                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}."
+                + (" Per impl, from its declaration: each declared option and reduction on its own and all together "
+                   f"(linear+CE at N,H,V={self.option_shape}; distributed also with uneven shards, "
+                   f"V={DIST_UNEVEN_V})." if self.declared else " No declared cases."))
 
 
 QUICK = GridSpec(
@@ -196,7 +230,7 @@ SMOKE = GridSpec(
     name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
     option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
     quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
-    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",))
+    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",), declared=False)
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
 
@@ -258,6 +292,88 @@ def random_problems(n: int, seed: int, device: str = "cpu") -> list[tuple[str, P
     return out
 
 
+class NotRun(Counter):
+    """The grid cases an impl does not run: reason → count (``report.json``'s ``not_declared``), and :attr:`named`,
+    every such case with its group, mode and reason (``report.json``'s ``not_run``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named: list[dict[str, str]] = []
+
+    def add(self, group: str, mode: str, label: str, reason: str) -> None:
+        """Count one case not run, and name it."""
+        self[reason] += 1
+        self.named.append({"group": group, "mode": mode, "case": label, "reason": reason})
+
+
+def option_groups(support: Any) -> list[tuple[str, ...]]:
+    """The declared options in combined groups: as many together as ``option_combinations_excluded`` allows,
+    every declared option in at least one group (one group unless the declaration excludes a combination)."""
+    declared = [o for o in LINEAR_CE_OPTIONS if o in support.options]
+    excluded = support.option_combinations_excluded
+    groups: list[tuple[str, ...]] = []
+    left = list(declared)
+    while left:
+        group: list[str] = []
+        for o in [*left, *(d for d in declared if d not in left)]:
+            if not any(combo <= {*group, o} for combo in excluded):
+                group.append(o)
+        if not set(group) & set(left):  # left[0] is excluded on its own: no case can hold it
+            left = left[1:]
+            continue
+        groups.append(tuple(o for o in declared if o in group))
+        left = [o for o in left if o not in group]
+    return groups
+
+
+def declared_option_cases(support: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(label, Problem fields) of the declared cases of a linear+CE declaration (module docstring): each declared
+    option alone (at the first declared reduction), each other declared reduction alone, every combined group of
+    :func:`option_groups` of two or more options at every declared reduction, and an all-ignored batch where
+    declared."""
+    reductions = [r for r in REDUCTIONS if r in support.reductions]
+    base = reductions[0]
+
+    def at(r: str) -> dict[str, Any]:
+        return dict(reduction=r, upstream=REDUCTION_UPSTREAM[r])
+
+    out = [(o, {**OPTION_VALUES[o], **at(base)}) for o in LINEAR_CE_OPTIONS if o in support.options]
+    out += [(f"reduction={r}", at(r)) for r in reductions if r != base]
+    for group in option_groups(support):
+        if len(group) > 1:
+            fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
+            out += [(f"{'+'.join(group)}+{r}", {**fields, **at(r)}) for r in reductions]
+    if support.all_ignored is not None and "ignore_index" in support.options:
+        out.append(("all_ignored", dict(ignored=1.0, **at(base))))
+    return out
+
+
+def _label_seed(base: int, label: str) -> int:
+    """A seed fixed by a declared case's label (the same case for every impl that declares it)."""
+    return base + zlib.crc32(label.encode()) % 1000
+
+
+def declared_modes(spec: GridSpec, support: Any, device: str = "cpu") -> tuple[str, ...]:
+    """The dtype modes of an impl's declared cases: the grid's option modes it declares, else the first mode of
+    :data:`DECLARED_MODE_ORDER` it declares (none when it declares none of them on ``device``)."""
+    from numcheck.properties.core.strategies import refusal
+
+    def fits(mode: str) -> bool:
+        return refusal(support, _problem(1, 1, 2, mode, 0, device)) is None
+
+    modes = tuple(m for m in spec.option_modes if fits(m))
+    return modes or next(((m,) for m in DECLARED_MODE_ORDER if fits(m)), ())
+
+
+def declared_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
+    """An impl's declared linear+CE cases (module docstring), at the option shape in :func:`declared_modes`."""
+    if not spec.declared:
+        return []
+    n, h, v = spec.option_shape
+    return [GridCase(f"declared:{label}", mode, _problem(n, h, v, mode, _label_seed(6000, label), device, **fields))
+            for mode in declared_modes(spec, support, device) for label, fields in declared_option_cases(support)]
+
+
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -301,10 +417,33 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
     return out
 
 
-def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
-    """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES`, and the
-    others counted per reason (an undeclared option or dtype, world size or backend, ranks the backend cannot
-    run here, or a recorded known divergence of the impl, :data:`properties.distributed.linear_ce.suite.DIST_KNOWN`)."""
+def dist_declared(spec: GridSpec, impl: Any) -> list[tuple[str, dict[str, Any], str, int, int]]:
+    """(group, Problem fields, placement, V, world size) of a distributed impl's declared cases (module docstring):
+    its declared options and reductions alone and combined at the largest world size of :data:`DIST_WORLD_SIZES` it
+    declares, and each combined group with targets on shard boundaries at V = :data:`DIST_UNEVEN_V` at every world
+    size above 1 (refused, with the reason, where ``uneven_vocab`` or the world size is not declared)."""
+    s = impl.support
+    dtype = next((d for d in ("float32", "bfloat16", "float16") if dtype_of(d) in s.dtypes), None)
+    if not spec.declared or dtype is None:
+        return []
+    top = max((P for P in DIST_WORLD_SIZES if P in impl.dist.world_sizes), default=max(DIST_WORLD_SIZES))
+    V = DIST_SHAPE[2]
+    out = [(f"dist:declared:{label}", dict(dtype=dtype, **fields), "as_built", V, top)
+           for label, fields in declared_option_cases(s)]
+    base = [r for r in REDUCTIONS if r in s.reductions][0]
+    for group in option_groups(s) or [()]:
+        fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
+        label = f"dist:uneven:{'+'.join(group) or 'plain'}+{base}"
+        out += [(label, dict(dtype=dtype, reduction=base, upstream=REDUCTION_UPSTREAM[base], **fields), "boundary",
+                 DIST_UNEVEN_V, P) for P in DIST_WORLD_SIZES if P > 1]
+    return out
+
+
+def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], NotRun]:
+    """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES` and its
+    declared cases (:func:`dist_declared`), and the others counted and named per reason (an undeclared option or
+    dtype, world size, backend or uneven shards, ranks the backend cannot run here, or a recorded known divergence
+    of the impl, :data:`properties.distributed.linear_ce.suite.DIST_KNOWN`)."""
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
     from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
@@ -312,29 +451,29 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
 
     backend = default_backend()
     out: list[GridCase] = []
-    skipped: dict[str, int] = {}
-
-    def skip(why: str) -> None:
-        skipped[why] = skipped.get(why, 0) + 1
-
-    N, H, V = DIST_SHAPE
-    for P in DIST_WORLD_SIZES:
-        for i, label in enumerate(spec.dist_cases):
-            fields, placement = DIST_CASES[label]
-            p = Problem(N=N, H=H, V=V, seed=4000 + i, device=device, **fields)
-            why = (refusal(impl.support, p) or
-                   (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
-                   (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
-                   world_size_unavailable(P, backend))
-            case = None if why else DistCase(p, P, backend, placement)
-            known = known_divergence(impl, case) if case is not None else None
-            if why:
-                skip(why)
-            elif known:  # a recorded defect of the impl, as the suite leaves it out of its draws: counted, not run
-                skip(f"known divergence: {known}")
-            else:
-                out.append(GridCase(f"dist:{label}", f"P={P} {p.dtype}", case))
-    return out, skipped
+    not_run = NotRun()
+    N, H, V0 = DIST_SHAPE
+    planned = [(f"dist:{label}", DIST_CASES[label][0], DIST_CASES[label][1], V0, P, 4000 + i)
+               for P in DIST_WORLD_SIZES for i, label in enumerate(spec.dist_cases)]
+    planned += [(g, f, pl, V, P, _label_seed(4100, g)) for g, f, pl, V, P in dist_declared(spec, impl)]
+    for group, fields, placement, V, P, seed in planned:
+        p = Problem(N=N, H=H, V=V, seed=seed, device=device, **fields)
+        why = (refusal(impl.support, p) or
+               (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
+               (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
+               (f"uneven shards (V={V} over {P} ranks) not declared (uneven_vocab=False)"
+                if V % P and not impl.dist.uneven_vocab else None) or
+               world_size_unavailable(P, backend))
+        case = None if why else DistCase(p, P, backend, placement)
+        known = known_divergence(impl, case) if case is not None else None
+        mode = f"P={P} {p.dtype}"
+        if why:
+            not_run.add(group, mode, p.short(), why)
+        elif known:  # a recorded defect of the impl, as the suite leaves it out of its draws: counted, not run
+            not_run.add(group, mode, p.short(), f"known divergence: {known}")
+        else:
+            out.append(GridCase(group, mode, case))
+    return out, not_run
 
 
 def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
@@ -344,10 +483,10 @@ def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
     return declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
 
 
-def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]:
+def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
     """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
-    counted per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend cannot run here, a shape the recipe's blocks
-    do not fit)."""
+    counted and named per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend
+    cannot run here, a shape the recipe's blocks do not fit)."""
     from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
 
     from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
@@ -356,7 +495,7 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]
     backend = default_backend()
     support = impl.support
     out: list[GridCase] = []
-    skipped: dict[str, int] = {}
+    not_run = NotRun()
     for recipe in support.recipes if spec.tp_all_recipes else support.recipes[:1]:
         split = 4 * SHARD_EDGE[recipe.kind] * (6 if SHARD_EDGE[recipe.kind] == 1 else 1)
         for dtype in _tp_dtypes(spec, support):
@@ -372,12 +511,13 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], dict[str, int]]
                             why: str | None = f"shape not buildable: {exc}"
                         else:
                             why = tp_case_refusal(support, case) or world_size_unavailable(P, backend)
+                        sp = " SP" if TP_CASES[label]["sequence_parallel"] else ""
+                        mode = f"P={P} {parallel}{sp} {dtype}"
                         if why:
-                            skipped[why] = skipped.get(why, 0) + 1
+                            not_run.add(f"tp:{label}", mode, f"{recipe.name} M{TP_M}K{K}N{N}", why)
                         else:
-                            sp = " SP" if case.sequence_parallel else ""
-                            out.append(GridCase(f"tp:{label}", f"P={P} {parallel}{sp} {dtype}", case))
-    return out, skipped
+                            out.append(GridCase(f"tp:{label}", mode, case))
+    return out, not_run
 
 
 def reduction_length(output: str, case: Any) -> int:

@@ -148,6 +148,17 @@ def all_judged_pass(row: dict[str, Any]) -> bool:
     return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
 
 
+def builtins_only_note(report: dict) -> str:
+    """A sentence saying that no impl of the user's was judged, only numcheck's built-ins; ``""`` when one was."""
+    impls = report.get("impls") or []
+    if not impls or any(i.get("origin") != "built-in" for i in impls):
+        return ""
+    how = ("the --impl names given are numcheck's built-ins" if (report.get("grid") or {}).get("impl_specs")
+           else "none was named with --impl, NUMCHECK_IMPLS or a numcheck.impls entry point")
+    return (f"No impl of yours was judged ({how}): only numcheck's built-in impls ran. Name yours with "
+            f"`--impl mypkg.module:impl`.")
+
+
 def failures(report: dict) -> list[dict]:
     """Every failing or raising case."""
     return [c for c in report["cases"] if c["status"] != "pass"]
@@ -341,8 +352,11 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
     lines = [f"# numcheck tolerance report — {env['device']}, torch {env['torch']} ({grid.get('name', '?')} grid)", "",
              f"{n_cases} (impl, case) runs over {len(ran)} impls: **{n_pass} pass both verdicts, "
              f"{n_cases - n_pass} do not**."
-             + (f" {len(rows) - len(ran)} impl(s) did not run here (listed below with the reason)." if len(rows) > len(ran) else ""), "",
-             "| environment | |", "| --- | --- |"]
+             + (f" {len(rows) - len(ran)} impl(s) did not run here (listed below with the reason)."
+                if len(rows) > len(ran) else ""), ""]
+    note = builtins_only_note(report)
+    lines += [f"**{note}**", ""] if note else []
+    lines += ["| environment | |", "| --- | --- |"]
     for k in ("device_name", "torch", "triton", "python", "numcheck", "git_commit", "liger_kernel", "platform",
               "matmul_precision"):
         v = env.get(k)
@@ -355,42 +369,75 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
         no = [k for k, v in caps.items() if v is not True]
         lines.append(f"| capabilities here | yes: {', '.join(yes) or '—'}; no: {', '.join(no) or '—'} |")
     lines.append(f"| grid | {grid.get('description', '')} ({grid.get('seconds', 0):.0f} s) |")
-    lines += ["", HOW_TO_READ, "## Verdict per impl", ""] + _overview_table(rows) + [""]
-    if fails:
-        lines += ["## Failures", "", "Each line is one failing (impl, case), with the command that reproduces it.", ""]
-        for c in fails:
-            detail = c.get("error") or "; ".join(c.get("failures", [])[:2])
-            lines.append(f"- ❌ `{c['impl']}` on `{c['label']}` ({c['status']}): {detail[:400]}")
-            if c.get("repro"):
-                lines.append(f"  - reproduce: `{c['repro']}`")
-        lines.append("")
+    lines += ["", HOW_TO_READ, "## Verdict per impl", ""] + _section("verdict table", _overview_table, rows) + [""]
+    lines += _section("failures", _failures_section, fails)
     if comparison_md:
         lines += [comparison_md, ""]
-    lines += ["## Details", ""] + _summary_tables(report)
-    lines += _accumulation_section(report.get("accumulation"))
-    lines += _memory_section(report.get("memory"))
-    lines += ["## Plots", ""]
-    if plots:
-        captions = {
-            "error_vs_length.png": "Linear+CE error/bound against each output's reduction length (grad_x: V; "
-                                   "grad_weight, reduced loss: N), one panel per output and dtype. Each impl has its own "
-                                   "colour (shades of one colour per family, e.g. every `chunked[...]` green) and marker. "
-                                   "Filled marks on solid lines: the hard bound (the verdict); hollow marks on dashed "
-                                   "lines: the expected level. The black line at 1 is the bound.",
-            "fp8_error_vs_length.png": "FP8 error/bound against each output's reduction length (y: K, dgrad: N, "
-                                       "wgrad: M). Filled, solid: against the dequantized operands; hollow, dashed: "
-                                       "against the originals.",
-            "ratio_distribution.png": "Distribution of error/bound (hard) per impl over the grid's cases, one panel per "
-                                      "dtype (rows) and output (columns); box: quartiles, whiskers: min to max, red "
-                                      "line: the bound.",
-            "accumulation.png": "Relative Frobenius error of the grad_weight accumulation paths against the number of chunks.",
-        }
-        for p in plots:
-            lines += [f"![{p}]({p})", "", captions.get(p, ""), ""]
-    else:
-        lines += [plot_note or "No plots.", ""]
-    lines += _not_run_section(report)
+    lines += ["## Details", ""] + _section("details", _summary_tables, report)
+    lines += _section("accumulation", _accumulation_section, report.get("accumulation"))
+    lines += _section("memory", _memory_section, report.get("memory"))
+    lines += _plots_section(plots or [], plot_note)
+    lines += _section("coverage", _not_run_section, report)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _section(name: str, build: Any, *args: Any) -> list[str]:
+    """The lines ``build(*args)`` gives, or a note saying why the section could not be drawn from the data (the
+    data itself is in report.json)."""
+    try:
+        return build(*args)
+    except Exception as exc:  # noqa: BLE001 - one section that cannot be drawn never costs the rest of the report
+        return [f"*The {name} section could not be drawn from this report's data ({type(exc).__name__}: {exc}); "
+                f"the data is in report.json.*", ""]
+
+
+def _failures_section(fails: list[dict]) -> list[str]:
+    if not fails:
+        return []
+    lines = ["## Failures", "", "Each line is one failing (impl, case), with the command that reproduces it.", ""]
+    for c in fails:
+        detail = c.get("error") or "; ".join(c.get("failures", [])[:2])
+        lines.append(f"- ❌ `{c['impl']}` on `{c['label']}` ({c['status']}): {detail[:400]}")
+        if c.get("repro"):
+            lines.append(f"  - reproduce: `{c['repro']}`")
+    return lines + [""]
+
+
+PLOT_CAPTIONS: dict[str, str] = {
+    "error_vs_length.png": "Linear+CE error/bound against each output's reduction length (grad_x: V; "
+                           "grad_weight, reduced loss: N), one panel per output and dtype. Each impl has its own "
+                           "colour (shades of one colour per family, e.g. every `chunked[...]` green) and marker. "
+                           "Filled marks on solid lines: the hard bound (the verdict); hollow marks on dashed "
+                           "lines: the expected level. The black line at 1 is the bound.",
+    "fp8_error_vs_length.png": "FP8 error/bound against each output's reduction length (y: K, dgrad: N, "
+                               "wgrad: M). Filled, solid: against the dequantized operands; hollow, dashed: "
+                               "against the originals.",
+    "ratio_distribution.png": "Distribution of error/bound (hard) per impl over the grid's cases, one panel per "
+                              "dtype (rows) and output (columns); box: quartiles, whiskers: min to max, red "
+                              "line: the bound.",
+    "accumulation.png": "Relative Frobenius error of the grad_weight accumulation paths against the number of chunks.",
+}
+
+
+def _plots_section(plots: list[str], note: str) -> list[str]:
+    """The plots with their captions, then ``note`` (why any plot is missing), or "No plots."."""
+    lines = ["## Plots", ""]
+    for p in plots:
+        lines += [f"![{p}]({p})", "", PLOT_CAPTIONS.get(p, ""), ""]
+    if note or not plots:
+        lines += [note or "No plots.", ""]
+    return lines
+
+
+#: How many not-run cases of one impl and reason report.md names (report.json's ``not_run`` names them all).
+NAMED_NOT_RUN = 8
+
+
+def _named(cases: list[dict]) -> str:
+    """Some not-run cases as ``group`` (mode, label), at most :data:`NAMED_NOT_RUN` of them and how many more."""
+    text = ", ".join(f"`{c['group']}` ({c['mode']}, `{c['case']}`)" for c in cases[:NAMED_NOT_RUN])
+    more = len(cases) - NAMED_NOT_RUN
+    return text + (f" and {more} more (all named in report.json's `not_run`)" if more > 0 else "")
 
 
 def _not_run_section(report: dict) -> list[str]:
@@ -400,11 +447,19 @@ def _not_run_section(report: dict) -> list[str]:
         if info["status"] != "ran":
             out.append(f"- `{info['name']}`: **{info['status']}** — {info['reason']}")
             any_line = True
+        named: dict[str, list[dict]] = defaultdict(list)
+        for c in info.get("not_run") or []:
+            named[c["reason"]].append(c)
         for reason, n in sorted((info.get("not_declared") or {}).items(), key=lambda kv: -kv[1]):
-            out.append(f"- `{info['name']}`: {n} case(s) not run — {reason}")
+            cases = f": {_named(named[reason])}" if named.get(reason) else ""
+            out.append(f"- `{info['name']}`: {n} case(s) not run — {reason}{cases}")
+            any_line = True
+        if info.get("unreached"):
+            out.append(f"- `{info['name']}`: declared but reached by no case of this grid (the suite draws them): "
+                       f"{', '.join(info['unreached'])}")
             any_line = True
     if not any_line:
-        out.append("Every impl ran every case of the grid.")
+        out.append("Every impl ran every case of the grid, and the grid reached every behaviour each declares.")
     out += ["", "Impl descriptions (declarations in `report.json`):", ""]
     for info in report["impls"]:
         if info.get("description"):

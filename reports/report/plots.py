@@ -1,7 +1,10 @@
 """PNG plots of a report (matplotlib, the optional ``plots`` extra). Each function takes the report
-dictionary and a directory and returns the file name it wrote, or ``None`` when there was nothing to draw.
+dictionary and a directory and returns the file name it wrote, or ``None`` when the report has no cases of its
+kind; it raises :class:`NotDrawable` when it has some but none can be drawn (every value NaN, infinite or 0 on a
+log axis). A panel without a drawable point says so inside the figure.
 
-:func:`write_plots` degrades when matplotlib is absent: no files, and a message saying how to get them.
+:func:`write_plots` degrades when matplotlib is absent (no files, and a message saying how to get them) and never
+raises: a plot that cannot be drawn is left out with a note saying why (the report's data does not depend on it).
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ def _plt():
 
 def _positive(v: float) -> float:
     # Log axes cannot show 0 (an exact result): such points are left out.
-    return v if math.isfinite(v) and v > 0 else math.nan
+    return v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else math.nan
+
+
+class NotDrawable(ValueError):
+    """A plot whose data holds nothing it can draw; the message says why."""
+
+
+#: What a panel or plot without a drawable point says.
+NOTHING_FINITE = "no finite error/bound above 0 to draw (NaN, infinite or exact: see the tables)"
 
 
 #: An impl family (the name before ``[``) gets one hue of tab10; its members get lighter and darker shades of it,
@@ -130,6 +141,7 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
     title_in = 0.7
     height = 3.4 * len(modes) + legend_in + title_in
     fig, axes = plt.subplots(len(modes), len(outputs), figsize=(4.6 * len(outputs), height), squeeze=False)
+    drawn = 0
     for i, mode in enumerate(modes):
         for j, (out, axis) in enumerate(outputs.items()):
             ax = axes[i][j]
@@ -139,7 +151,10 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
                     continue
                 for name, o in c["outputs"].items():
                     if name.split("@")[0] == out:
-                        pts[c["impl"]].append((o["reduction_length"], _positive(o[first]), _positive(o[second])))
+                        pts[c["impl"]].append((o["reduction_length"], _positive(o.get(first)),
+                                               _positive(o.get(second))))
+            finite = sum(not math.isnan(v) for p in pts.values() for _, b, c in p for v in (b, c))
+            drawn += finite
             for impl, p in pts.items():
                 p.sort()
                 st = styles[impl]
@@ -148,7 +163,11 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
                 ax.plot(xs, [c for _, _, c in p], "--", marker=st.marker, mfc="none", color=st.color, ms=5, lw=0.6)
             ax.axhline(1.0, color="k", lw=1.2)
             ax.set_xscale("log")
-            ax.set_yscale("log")
+            if finite:
+                ax.set_yscale("log")
+            else:
+                ax.text(0.5, 0.5, NOTHING_FINITE.replace(" (", "\n("), transform=ax.transAxes, ha="center",
+                        va="center", fontsize=7, color="0.4")
             ax.set_title(f"{out} — {mode}", fontsize=9)
             ax.set_xlabel(f"reduction length ({axis})", fontsize=8)
             ax.set_ylabel("error / bound", fontsize=8)
@@ -156,6 +175,9 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
     levels = [Line2D([], [], color="0.3", marker="o", lw=0.8, ms=5, label=filled_means),
               Line2D([], [], color="0.3", marker="o", mfc="none", ls="--", lw=0.6, ms=5, label=hollow_means),
               Line2D([], [], color="k", lw=1.2, label="black line: the bound (error / bound = 1; above it fails)")]
+    if not drawn:
+        plt.close(fig)
+        raise NotDrawable(f"its {len(cases)} ladder case(s) hold {NOTHING_FINITE}")
     _impl_legend(fig, styles, impls, levels, ncol=ncol)
     fig.suptitle(f"{title}\n{_where(report)} — one colour per impl (shades of one colour per family), "
                  f"one marker per family member", fontsize=10)
@@ -168,7 +190,12 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
 
 #: The facets of :func:`ratio_distribution`: per kind, its outputs in column order.
 DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {"linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
-                                                     "quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
+                                                     "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+                                                     "dist_linear_ce": ("loss", "grad_x", "grad_weight", "grad_bias"),
+                                                     "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
+#: How a row of :func:`ratio_distribution` names its kind.
+KIND_LABELS: dict[str, str] = {"linear_ce": "", "quant_linear": "FP8 ", "dist_linear_ce": "distributed ",
+                               "tp_quant_linear": "TP FP8 "}
 
 
 def _mode_rank(mode: str) -> tuple[int, str]:
@@ -181,12 +208,18 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
     plt = _plt()
     # (kind, mode) -> output -> impl -> ratios
     data: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    judged = 0
     for c in report["cases"]:
+        if c.get("kind") not in DISTRIBUTION_OUTPUTS:
+            continue
         for name, o in c.get("outputs", {}).items():
-            v = o.get("ratio_hard", math.nan)
-            if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+            judged += 1
+            v = _positive(o.get("ratio_hard", math.nan))
+            if not math.isnan(v) and name.split("@", 1)[0] in DISTRIBUTION_OUTPUTS[c["kind"]]:
                 data[(c["kind"], c["mode"])][name.split("@", 1)[0]][c["impl"]].append(v)
     if not data:
+        if judged:
+            raise NotDrawable(f"its {judged} judged output(s) hold {NOTHING_FINITE}")
         return None
     kinds = [k for k in DISTRIBUTION_OUTPUTS if any(key[0] == k for key in data)]
     rows = [(k, m) for k in kinds for m in sorted({key[1] for key in data if key[0] == k}, key=_mode_rank)]
@@ -231,8 +264,7 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             ax.axvline(1.0, color="r", lw=1.2)
             ax.set_xscale("log")
             ax.tick_params(axis="x", labelsize=7)
-            label = "FP8 " if kind == "quant_linear" else ""
-            ax.set_title(f"{out} — {label}{mode}", fontsize=8)
+            ax.set_title(f"{out} — {KIND_LABELS[kind]}{mode}", fontsize=8)
             if i == len(rows) - 1 or all(x >= len(cols[kind]) for x in range(j, ncols)):
                 ax.set_xlabel("error / bound (hard)", fontsize=7)
     fig.suptitle(f"Distribution of error / bound (hard) over the grid's cases, per dtype (rows) and output (columns)\n"
@@ -249,6 +281,8 @@ def accumulation(report: dict, out_dir: Path) -> str | None:
     acc = report.get("accumulation")
     if not acc:
         return None
+    if all(math.isnan(_positive(e)) for errs in acc["errors"].values() for e in errs):
+        raise NotDrawable(f"the accumulation table holds {NOTHING_FINITE}")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for path, errs in acc["errors"].items():
@@ -268,11 +302,27 @@ def accumulation(report: dict, out_dir: Path) -> str | None:
 
 
 def write_plots(report: dict, out_dir: Path) -> tuple[list[str], str]:
-    """Every plot into ``out_dir``: (file names written, a note — empty, or why there are none)."""
+    """Every plot into ``out_dir``: (file names written, a note — empty, or why some or all are not drawn). Never
+    raises: a plot that cannot be drawn from the data is named in the note with the reason."""
     try:
-        _plt()
+        plt = _plt()
     except ImportError:
         return [], MISSING_MESSAGE
-    names = [error_vs_length(report, out_dir, "linear_ce"), error_vs_length(report, out_dir, "quant_linear"),
-             ratio_distribution(report, out_dir), accumulation(report, out_dir)]
-    return [n for n in names if n], ""
+    plots = (("error_vs_length.png", lambda: error_vs_length(report, out_dir, "linear_ce")),
+             ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, "quant_linear")),
+             ("ratio_distribution.png", lambda: ratio_distribution(report, out_dir)),
+             ("accumulation.png", lambda: accumulation(report, out_dir)))
+    names, notes = [], []
+    for fname, draw in plots:
+        try:
+            name = draw()
+        except NotDrawable as exc:
+            notes.append(f"{fname} is not drawn: {exc}.")
+        except Exception as exc:  # noqa: BLE001 - a plot is presentation; the report's data stands without it
+            notes.append(f"{fname} is not drawn: drawing it raised {type(exc).__name__}: {exc}.")
+        else:
+            if name:
+                names.append(name)
+        finally:
+            plt.close("all")
+    return names, " ".join(notes)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
 
@@ -25,7 +24,9 @@ import torch
 from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
-from numcheck.reports.report.grid import GridCase, GridSpec, dist_cases, linear_ce_cases, quant_cases, tp_cases
+from numcheck.reports.report.coverage import unreached
+from numcheck.reports.report.grid import (GridCase, GridSpec, NotRun, declared_cases, dist_cases, linear_ce_cases,
+                                          quant_cases, tp_cases)
 from numcheck.reports.report.schema import (case_text, declaration, dist_record, error_record, linear_ce_record,
                                             quant_record, tp_record)
 
@@ -83,7 +84,8 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
 
 
 def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
-    """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason."""
+    """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason
+    (``not_declared``) and named (``not_run``)."""
     from numcheck.properties.core.strategies import refusal
 
     infos, work = [], []
@@ -95,14 +97,15 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
             continue
         impl = entry.impl
         if impl.kind == "linear_ce":
-            skipped: Counter[str] = Counter()
-            for gc in lin:
+            not_run = NotRun()
+            fixed = {gc.case for gc in lin}
+            for gc in lin + [d for d in declared_cases(spec, impl.support, device) if d.case not in fixed]:
                 why = refusal(impl.support, gc.case)
                 if why:
-                    skipped[why] += 1
+                    not_run.add(gc.group, gc.mode, gc.case.short(), why)
                 else:
                     work.append((impl, gc))
-            info["not_declared"] = dict(skipped)
+            info["not_declared"], info["not_run"] = dict(not_run), not_run.named
         elif impl.kind in ("dist_linear_ce", "tp_quant_linear"):
             try:
                 cases, refused = dist_cases(spec, impl, device) if impl.kind == "dist_linear_ce" else tp_cases(spec, impl)
@@ -110,7 +113,7 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
             work.extend((impl, gc) for gc in cases)
-            info["not_declared"] = refused
+            info["not_declared"], info["not_run"] = dict(refused), refused.named
         else:
             try:
                 cases = quant_cases(spec, impl.support, device)
@@ -118,6 +121,7 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
             work.extend((impl, gc) for gc in cases)
+        info["unreached"] = unreached(impl, [gc.case for i, gc in work if i is impl])
     return infos, work
 
 

@@ -11,7 +11,8 @@ so the file is strict JSON; :func:`load` turns them back)::
                      "capabilities": {probe: bool}},
      "grid": {"name", "description", "seconds"},
      "impls": [{"name", "kind", "origin", "status": "ran" | "unavailable" | "broken", "reason",
-                "description", "declaration", "not_declared": {reason: count}}],
+                "description", "declaration", "not_declared": {reason: count},
+                "not_run": [{"group", "mode", "case", "reason"}], "unreached": [declared behaviour]}],
      "cases": [{"impl", "kind", "case" (repr: valid Python), "label", "group", "mode", "status":
                 "pass" | "fail" | "error", "error", "verdicts": {judgement: bool}, "ratio_hard",
                 "ratio_expected", "seconds", "failures": [str], "repro",
@@ -20,6 +21,11 @@ so the file is strict JSON; :func:`load` turns them back)::
                                    "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
                                    ... kind-specific fields}}}],
      "accumulation": {...} (see impls.measure.accumulation), "memory": {...}}
+
+``not_run`` names every grid case the impl's declaration excludes (``not_declared`` counts them per reason);
+``unreached`` lists the behaviours it declares that no case run for it has (:mod:`reports.report.coverage`).
+``max_rel`` is over the elements whose oracle value is not 0; ``max_abs_oracle_zero`` (present when not 0) is the
+largest |error| where it is 0.
 
 Judgements. linear+CE: ``analytic`` (every element within the hard first-order bound of
 :mod:`properties.core.tolerance`) and ``relative`` (RMSE within k× eager's, :mod:`properties.core.accuracy`; absent
@@ -78,9 +84,9 @@ def _encode(v: Any) -> Any:
 
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-_FLOAT_KEYS = {"max_abs", "max_rel", "rmse", "max_ulp", "ratio_hard", "ratio_expected", "impl_value", "oracle_value",
-               "bound_at_worst", "ratio_dq", "ratio_true", "rel_fro_dq", "rel_fro_true", "sqnr_db", "rmse_impl",
-               "rmse_eager", "allowed", "max_abs_dq", "rel_fro", "rmse_ratio"}
+_FLOAT_KEYS = {"max_abs", "max_rel", "max_abs_oracle_zero", "rmse", "max_ulp", "ratio_hard", "ratio_expected",
+               "impl_value", "oracle_value", "bound_at_worst", "ratio_dq", "ratio_true", "rel_fro_dq", "rel_fro_true",
+               "sqnr_db", "rmse_impl", "rmse_eager", "allowed", "max_abs_dq", "rel_fro", "rmse_ratio"}
 
 
 def _decode(v: Any, key: str = "") -> Any:
@@ -299,7 +305,8 @@ def _f(v: Any) -> float:
 
 
 def _comparison_fields(c: Any) -> dict[str, Any]:
-    return {"max_abs": _f(c.max_abs), "max_rel": _f(c.max_rel), "rmse": _f(c.rmse), "max_ulp": _f(c.max_ulp),
+    zero = {"max_abs_oracle_zero": _f(c.max_abs_zero)} if c.max_abs_zero else {}
+    return {"max_abs": _f(c.max_abs), "max_rel": _f(c.max_rel), **zero, "rmse": _f(c.rmse), "max_ulp": _f(c.max_ulp),
             "worst_index": list(c.worst), "impl_value": _f(c.impl_value), "oracle_value": _f(c.oracle_value),
             "bound_at_worst": _f(c.bound_value), "n_beyond": int(c.n_bad), "numel": int(c.numel),
             "state": c.state, "nonfinite": c.nonfinite, "dtype": c.dtype.replace("torch.", "")}

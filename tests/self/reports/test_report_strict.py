@@ -1,0 +1,201 @@
+"""``numcheck report`` and premerge as strict as the suite on what an impl declares: each declared option and
+reduction run alone and combined (linear+CE and distributed), uneven vocabulary shards where declared, every case
+not run named with its reason, the declared behaviours a grid did not reach named (and premerge's report line citing
+them when the suite failed where the report passed); a report written whatever its data (NaN everywhere, a
+distributed-only impl); the headline when only built-ins were judged; relative errors where the oracle is 0; a bad
+``--impl`` value.
+
+The impls are written as a user writes them (:mod:`numcheck.tests.self.helpers.report_strict_impls`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from numcheck.impls.registry import discover
+from numcheck.reports import cli
+from numcheck.reports.premerge import command as premerge
+from numcheck.reports.report import md as report_md, schema as report_schema
+from numcheck.reports.report.command import build_report, write_report
+from numcheck.reports.report.grid import DIST_UNEVEN_V, QUICK, SMOKE, declared_cases, dist_cases, option_groups
+from numcheck.reports.report.run import plan
+from numcheck.tests.self.helpers import report_strict_impls as helpers
+
+MOD = "numcheck.tests.self.helpers.report_strict_impls"
+SMOOTH, SMOOTH_BAD = f"{MOD}:smoothing_ce", f"{MOD}:smoothing_ce_ignored_grad"
+VP, VP_BAD = f"{MOD}:vp_ce", f"{MOD}:vp_ce_rank_start"
+
+
+def _report(grid, specs):
+    return build_report(grid, specs, "cpu", progress=False, memory=False, accumulation=False)
+
+
+def _by_impl(report: dict, name: str) -> list[dict]:
+    return [c for c in report["cases"] if c["impl"] == name]
+
+
+@pytest.fixture(scope="module")
+def smoothing_report() -> dict:
+    """The quick grid over the smoothing impl without class weights and its twin leaking a smoothing gradient."""
+    return _report(QUICK, [SMOOTH, SMOOTH_BAD])
+
+
+@pytest.fixture(scope="module")
+def vp_report() -> dict:
+    """The quick grid over the vocabulary-parallel impl and its twin starting its shard at rank·V_r."""
+    return _report(QUICK, [VP, VP_BAD])
+
+
+@pytest.fixture(scope="module")
+def smoke_eager() -> dict:
+    """The smoke grid over the built-in eager impl alone."""
+    return _report(SMOKE, ["eager"])
+
+
+# -- linear+CE: each declared option alone and combined --------------------------------------------------------
+def test_quick_report_fails_a_smoothing_gradient_on_ignored_rows(smoothing_report):
+    """An impl declaring smoothing but not class weights, whose only defect is a smoothing gradient on ignored rows,
+    fails the quick report (on the declared cases combining smoothing with ignored rows), and premerge's report line;
+    its correct twin passes every case."""
+    bad = _by_impl(smoothing_report, helpers.smoothing_ce_ignored_grad.name)
+    good = _by_impl(smoothing_report, helpers.smoothing_ce.name)
+    failing = [c for c in bad if c["status"] != "pass"]
+    assert failing and all(c["group"].startswith("declared:") and "label_smoothing" in c["label"]
+                           and "ignore_index" in c["label"] for c in failing), [c["label"] for c in failing]
+    assert good and all(c["status"] == "pass" for c in good), [c["label"] for c in good if c["status"] != "pass"]
+    assert not premerge.check_report(smoothing_report, "quick").ok
+
+
+def test_every_declared_option_and_reduction_runs_alone_and_combined(smoothing_report):
+    """The quick grid runs each declared option on its own and all of them together at every declared reduction,
+    each reduction on its own and an all-ignored batch, in a mode the impl declares (it declares no autocast)."""
+    groups = {c["group"] for c in _by_impl(smoothing_report, helpers.smoothing_ce.name)}
+    want = {"declared:bias", "declared:ignore_index", "declared:label_smoothing", "declared:reduction=sum",
+            "declared:reduction=none", "declared:all_ignored"}
+    want |= {f"declared:bias+ignore_index+label_smoothing+{r}" for r in ("mean", "sum", "none")}
+    assert want <= groups, want - groups
+    info = next(i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name)
+    assert info["unreached"] == [], info["unreached"]
+
+
+def test_options_a_declaration_excludes_together_are_combined_apart():
+    """With softcap and z-loss excluded together, the combined cases split them, every option in one of them."""
+    support = dataclasses.replace(helpers.smoothing_ce.support, options=frozenset({"softcap", "z_loss", "bias"}),
+                                  option_combinations_excluded=frozenset({frozenset({"softcap", "z_loss"})}))
+    groups = option_groups(support)
+    assert sorted(groups) == [("bias", "softcap"), ("bias", "z_loss")], groups
+    labels = {gc.group for gc in declared_cases(QUICK, support)}
+    assert {"declared:bias+softcap+mean", "declared:bias+z_loss+mean", "declared:softcap"} <= labels, labels
+
+
+def test_each_case_not_run_is_named_with_its_reason(smoothing_report):
+    """Every grid case the declaration excludes is named in report.json (group, mode, case, reason), counted per
+    reason as before, and named in report.md's coverage section."""
+    info = next(i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name)
+    named = info["not_run"]
+    assert named and sum(info["not_declared"].values()) == len(named)
+    assert all(set(c) == {"group", "mode", "case", "reason"} for c in named)
+    assert any(c["group"] == "options:smoothing+class_weights" and "class_weights" in c["reason"] for c in named)
+    text = report_md.render(smoothing_report)
+    assert "`options:smoothing+class_weights` (" in text
+
+
+def test_a_declared_behaviour_the_grid_does_not_reach_is_named():
+    """A declared dtype no case of the quick grid runs in for the impl (float16: its declared cases run in bfloat16,
+    the random float16 cases use options it does not declare) is listed as unreached."""
+    fp16 = dataclasses.replace(helpers.smoothing_ce, support=dataclasses.replace(
+        helpers.smoothing_ce.support, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16})))
+    entry = next(e for e in discover([SMOOTH]))
+    infos, _ = plan([dataclasses.replace(entry, impl=fp16)], QUICK, "cpu")
+    assert infos[0]["unreached"] == ["dtype float16"], infos[0]["unreached"]
+
+
+def test_premerge_report_line_names_what_the_grid_missed_when_the_suite_failed(smoothing_report, smoke_eager):
+    """When the suite failed and the report passed, premerge's report line says which declared behaviours the grid
+    did not reach (here the smoke grid's), or that it reached them all; without a suite failure it adds nothing."""
+    smoke = smoke_eager
+    line = premerge.check_report(smoke, "smoke", suite_failed=True)
+    assert line.ok and "did not reach" in line.figure and "option label_smoothing" in line.figure, line.figure
+    assert "did not reach" not in premerge.check_report(smoke, "smoke").figure
+    good = dict(smoothing_report, impls=[i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name],
+                cases=_by_impl(smoothing_report, helpers.smoothing_ce.name))
+    line = premerge.check_report(good, "quick", suite_failed=True)
+    assert line.ok and "reached every behaviour" in line.figure, line.figure
+
+
+# -- distributed: uneven shards, each declared option and reduction -------------------------------------------
+def test_quick_report_fails_a_vocab_start_of_rank_times_shard_size(vp_report):
+    """A vocabulary-parallel impl taking its first class to be rank·V_r (right only for even shards) fails the quick
+    report on the uneven-shard cases at P = 2 and 4; its correct twin passes every case."""
+    rep = vp_report
+    bad = _by_impl(rep, helpers.vp_ce_rank_start.name)
+    failing = {(c["group"], c["world_size"]) for c in bad if c["status"] != "pass"}
+    assert failing and {P for _, P in failing} == {2, 4} and all(g.startswith("dist:uneven:") for g, _ in failing)
+    good = _by_impl(rep, helpers.vp_ce.name)
+    assert good and all(c["status"] == "pass" for c in good), [c["label"] for c in good if c["status"] != "pass"]
+
+
+def test_dist_grid_runs_declared_options_and_uneven_shards_or_names_why_not():
+    """The distributed grid runs each declared option and reduction alone and combined, uneven shards at every world
+    size above 1 where declared; an impl not declaring uneven shards gets them named as not run, with the reason."""
+    cases, _ = dist_cases(QUICK, helpers.vp_ce)
+    groups = {gc.group for gc in cases}
+    assert {"dist:declared:bias", "dist:declared:ignore_index", "dist:declared:reduction=sum",
+            "dist:declared:reduction=none", "dist:declared:bias+ignore_index+none"} <= groups, groups
+    uneven = {gc.case.world_size for gc in cases if gc.case.problem.V % gc.case.world_size}
+    assert uneven == {2, 4}
+    even_only = dataclasses.replace(helpers.vp_ce, dist=dataclasses.replace(helpers.vp_ce.dist, uneven_vocab=False))
+    cases, not_run = dist_cases(QUICK, even_only)
+    assert all(gc.case.problem.V % gc.case.world_size == 0 for gc in cases)
+    named = [c for c in not_run.named if "uneven_vocab=False" in c["reason"]]
+    assert {c["mode"].split()[0] for c in named} == {"P=2", "P=4"} and f"V{DIST_UNEVEN_V}" in named[0]["case"]
+
+
+# -- a report whatever its data -----------------------------------------------------------------------------------
+def test_report_of_an_all_nan_impl_is_written_with_notes_for_its_plots(tmp_path, capsys):
+    """An impl whose outputs are all NaN: the report (JSON, Markdown) is written, the plots that cannot be drawn are
+    replaced by a note saying why, and the command exits 1 with its verdict, no traceback."""
+    out = tmp_path / "r"
+    rc = cli.main(["report", "--grid", "smoke", "--no-progress", "--impl", f"{MOD}:all_nan_ce", "--out", str(out)])
+    err = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in err.err + err.out
+    assert err.out.strip().splitlines()[-1].startswith("numcheck report: FAIL (exit 1)")
+    assert report_schema.load(out / "report.json")["cases"]
+    text = (out / "report.md").read_text()
+    assert "error_vs_length.png is not drawn: " in text and "NaN" in text
+
+
+def test_distributed_only_report_has_its_plots(vp_report, tmp_path):
+    """A report of distributed impls alone is written with its distribution plot (no crash on an empty facet)."""
+    drawn = write_report(vp_report, tmp_path / "r", plots=True)
+    assert "ratio_distribution.png" in drawn and (tmp_path / "r" / "ratio_distribution.png").exists()
+
+
+# -- headline, relative errors, bad --impl ----------------------------------------------------------------------
+def test_headline_says_when_only_builtins_were_judged(smoothing_report, smoke_eager):
+    """report.md's headline says no impl of the user's was judged when only built-ins ran, and not otherwise."""
+    assert "No impl of yours was judged" in report_md.render(smoke_eager).split("| environment |")[0]
+    assert "No impl of yours was judged" not in report_md.render(smoothing_report)
+
+
+def test_relative_error_where_the_oracle_is_zero_is_shown_as_absolute():
+    """Where the oracle is 0 the error is given as absolute, never as a relative error of 1e300."""
+    from numcheck.properties.core.compare import compare
+
+    oracle = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    c = compare("grad_x", torch.tensor([1e-3, 1.0001]), oracle, torch.full((2,), 1e-6, dtype=torch.float64))
+    assert c.max_rel == pytest.approx(1e-4, rel=1e-2) and c.max_abs_zero == pytest.approx(1e-3)
+    text = c.describe()
+    assert "where the oracle is 0 max abs error 0.001" in text and "e+30" not in text, text
+
+
+@pytest.mark.parametrize("spec", ["", "  ", "eagr", "mod:", "a b:c"])
+def test_bad_impl_value_exits_2_with_one_message(spec, tmp_path, capsys):
+    """An --impl value that names no impl is bad input: exit 2, one line naming it, nothing run."""
+    rc = cli.main(["report", "--grid", "smoke", "--no-progress", "--impl", spec, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--impl {spec!r}" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
