@@ -44,14 +44,15 @@ PATH_OF: dict[str, str] = {"fp32": "fp32_operands", "per_chunk_rounding": "fallb
 class DeclaredPath:
     """The parts of a declaration the yardstick follows (see the module docstring).
 
-    ``grad_x_parts``: the vocabulary parts grad_x is summed over (``None``: one fp32-accumulated matmul);
+    ``grad_x_parts``: the vocabulary parts ``(start, stop)`` grad_x is summed over (``None``: one fp32-accumulated
+    matmul);
     ``grad_x_path``: how the parts are added (a key of :data:`PATH_OF`, single-device) or ``None`` with
     ``reduce_dtype`` set (vocabulary-parallel: partials rounded to ``reduce_dtype`` and summed in it)."""
 
     logits_fp32: bool
     grad_accumulation: str
     chunk_rows: int
-    grad_x_parts: tuple[slice, ...] | None = None
+    grad_x_parts: tuple[tuple[int, int], ...] | None = None
     grad_x_path: str | None = None
     reduce_dtype: torch.dtype | None = None
     returns_z_loss: bool = False
@@ -74,7 +75,7 @@ def single_device_path(support: Any, p: Problem) -> DeclaredPath:
     parts = None
     if x_path != "fp32":
         cols = getattr(support, "chunk_cols", None) or 1
-        parts = tuple(slice(s, min(p.V, s + cols)) for s in range(0, p.V, cols))
+        parts = tuple((s, min(p.V, s + cols)) for s in range(0, p.V, cols))
     # Under autocast the gradient matmuls return the compute dtype: at least one rounding per chunk, whatever the
     # declared path (the tolerance model's reading, :func:`numcheck.properties.core.tolerance.error_model`).
     amp_rounds = p.autocast is not None and support.grad_accumulation == "fp32"
@@ -117,13 +118,13 @@ def _grad_x(path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torc
         gx = torch.mm(G, wc.to(G.dtype))
         return grad_accum.scaled_(gx, scale, x_dtype) if scale is not None else gx.to(x_dtype)
     if path.reduce_dtype is None:  # single device: vocabulary chunks through the declared accumulator
-        pieces = [(G[:, s].t(), wc[s]) for s in path.grad_x_parts]
+        pieces = [(G[:, a:b].t(), wc[a:b]) for a, b in path.grad_x_parts]
         return _accumulate(path.grad_x_path or "fp32", tuple(G.shape[:1]) + tuple(wc.shape[1:]), x_dtype, pieces,
                            G.device, scale)
     form = torch.float32 if path.reduce_dtype == torch.float32 else G.dtype
     total = None
-    for s in path.grad_x_parts:  # rank order, each partial rounded to the reduce dtype, summed in it
-        part = torch.mm(G[:, s].to(form), wc[s].to(form)).to(path.reduce_dtype)
+    for a, b in path.grad_x_parts:  # rank order, each partial rounded to the reduce dtype, summed in it
+        part = torch.mm(G[:, a:b].to(form), wc[a:b].to(form)).to(path.reduce_dtype)
         total = part if total is None else total + part
     assert total is not None
     return grad_accum.scaled_(total, scale, x_dtype) if scale is not None else total.to(x_dtype)

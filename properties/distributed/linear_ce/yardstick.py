@@ -37,7 +37,7 @@ def dist_path(impl: Any, p: Problem, world_size: int, x_dtype: torch.dtype) -> D
     reduce = torch.float32 if impl.dist.grad_x_reduce_dtype == "float32" else x_dtype
     return DeclaredPath(logits_fp32=getattr(s, "logits_dtype", "compute") == "float32",
                         grad_accumulation=s.grad_accumulation, chunk_rows=getattr(s, "chunk_rows", None) or 1,
-                        grad_x_parts=tuple(slice(*shard_bounds(p.V, world_size, r)) for r in range(world_size)),
+                        grad_x_parts=tuple(shard_bounds(p.V, world_size, r) for r in range(world_size)),
                         reduce_dtype=reduce)
 
 
