@@ -22,10 +22,16 @@
     The allowance is the sum of the halves (each alone holds its rate under its own hypothesis). The last
     rounding at the finer dtype is what makes (b) see a gradient handed back coarser than eager keeps it; (a)
     takes the returned dtype as given, and so does (b) for a loss returned in the dtype its ``loss_dtype``
-    declares (eager's fp32 z-loss is eager's choice, not a yardstick). Outputs an impl declares less accurate (grad_weight and grad_bias under
+    declares (eager's fp32 z-loss is eager's choice, not a yardstick).
+
+    An output an impl declares less accurate than eager keeps it (grad_weight and grad_bias under
     ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
-    gradient under a loss-scale upstream; the loss under ``target_logit="rounded_products"``) are recorded but
-    not judged by (b), and (b) is skipped for an all-ignored ``mean`` (a convention, not a rounding).
+    gradient under a loss-scale upstream: :func:`declared_coarser`) has its yardstick follow the declaration:
+    numcheck's own evaluation of the declared path (:mod:`numcheck.properties.core.declared_path`: the declared
+    chunk rows and columns, accumulation dtype, gradients formed before the scale), an honest implementation of
+    what the impl declares, with the same k and λ; the last rounding at the finer of the impl's and that
+    yardstick's dtypes. Only the loss under ``target_logit="rounded_products"`` is recorded but not judged by (b),
+    and (b) is skipped for an all-ignored ``mean`` (a convention, not a rounding).
 
 Its power: an output rounded r times coarser than eager's is caught when r exceeds about k(n_eff) + λ·RMS(E)/
 RMSE(eager): a per-row loss (n_eff ≈ N) rounded through bf16 at 170× its allowance, while a scalar loss
@@ -123,6 +129,9 @@ class RelativeJudgement:
     alpha: float = RELATIVE_ALPHA
     rms_expected: float = math.nan
     lam: float = math.nan
+    #: What ``rmse_eager`` was measured on: ``"eager"``, or numcheck's evaluation of the path the impl declares
+    #: (:mod:`numcheck.properties.core.declared_path`) for an output declared coarser than eager keeps it.
+    yardstick: str = "eager"
 
     @property
     def slack(self) -> float:
@@ -131,8 +140,9 @@ class RelativeJudgement:
 
     def describe(self) -> str:
         """One line: both RMSEs, the allowance and its two halves with n_eff, k, α and λ."""
-        return (f"{self.output}: RMSE {self.rmse_impl:.3g} vs eager RMSE {self.rmse_eager:.3g}; allowed "
-                f"{self.allowed:.3g} = k·eager {self.multiplier * self.rmse_eager:.3g} (k {self.multiplier:.3g} "
+        who = "eager" if self.yardstick == "eager" else "yardstick"
+        return (f"{self.output}: RMSE {self.rmse_impl:.3g} vs {self.yardstick} RMSE {self.rmse_eager:.3g}; allowed "
+                f"{self.allowed:.3g} = k·{who} {self.multiplier * self.rmse_eager:.3g} (k {self.multiplier:.3g} "
                 f"at n_eff {self.n_eff:.3g}, α {self.alpha:.0e}) + slack {self.slack:.3g} (λ {self.lam:.3g} × "
                 f"RMS of the expected-level bound {self.rms_expected:.3g}){' — ' + self.note if self.note else ''}")
 
@@ -157,7 +167,8 @@ class AccuracyResult:
 
     def failure_lines(self) -> list[str]:
         lines = [f"(a) analytic bound: {c.describe()}" for c in self.analytic.values() if not c.ok]
-        lines += [f"(b) relative to eager: {r.describe()}" for r in self.relative.values() if not r.ok]
+        lines += [f"(b) relative to {'eager' if r.yardstick == 'eager' else 'the declared path'}: {r.describe()}"
+                  for r in self.relative.values() if not r.ok]
         return lines
 
 
@@ -212,59 +223,88 @@ def _rms(v: torch.Tensor) -> float:
 
 
 def _not_judged_reason(impl: Any, p: Problem, n: str) -> str:
-    """Why (b) records output ``n`` without judging it ("" when it judges it): a declared deviation eager does
-    not share is judged by (a) alone (its derived term is in the bound)."""
-    s = impl.support
-    x_path = getattr(s, "grad_x_accumulation", "fp32")
-    if s.grad_accumulation != "fp32" and n in ("grad_weight", "grad_bias"):
-        return f"not judged: declares {s.grad_accumulation} accumulation"
-    if p.upstream == "loss_scale" and n.startswith("grad_"):
-        # An impl that forms gradients in forward (before the scale is known) loses what underflows there and
-        # multiplies it by 2^17 afterwards: the bound's η·(1+|u|) term allows it, and eager, which forms them in
-        # backward, is not the yardstick for that.
-        return "not judged: under a loss scale (gradients formed before it, η·(1+|u|))"
-    if x_path != "fp32" and n == "grad_x":
-        return f"not judged: declares {x_path} accumulation of grad_x"
-    if getattr(s, "target_logit", "logits") == "rounded_products" and n == "loss":
+    """Why (b) records output ``n`` without judging it ("" when it judges it)."""
+    if getattr(impl.support, "target_logit", "logits") == "rounded_products" and n == "loss":
         return "not judged: declares target_logit='rounded_products'"
     return ""
+
+
+def declared_coarser(impl: Any, p: Problem, n: str) -> bool:
+    """Whether the impl declares output ``n`` of ``p`` coarser than eager keeps it: grad_weight and grad_bias under
+    a ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
+    gradient under a loss-scale upstream (formed before the scale is known, η·(1+|u|) in the bound). Its
+    yardstick is then numcheck's evaluation of the declared path (:mod:`numcheck.properties.core.declared_path`),
+    not eager."""
+    s = impl.support
+    if n in ("grad_weight", "grad_bias") and s.grad_accumulation != "fp32":
+        return True
+    if n == "grad_x" and getattr(s, "grad_x_accumulation", "fp32") != "fp32":
+        return True
+    return p.upstream == "loss_scale" and n.startswith("grad_")
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_path_errors(path: Any, p: Problem) -> EagerErrors:
+    """:func:`~numcheck.properties.core.declared_path.path_errors` on ``build(p)`` (cached)."""
+    from numcheck.properties.core.declared_path import path_errors
+
+    t = build(p)
+    return path_errors(path, p, t, run_oracle(p, t, all_ignored="nan"))
+
+
+def relative_judgement(output: str, value: torch.Tensor, oracle: torch.Tensor, yard: tuple[float, torch.dtype],
+                       expected: torch.Tensor, *, note: str = "", yardstick: str = "eager") -> RelativeJudgement:
+    """Judgement (b) of one output (module docstring): ``value`` against ``oracle``, the yardstick's RMSE and dtype
+    ``yard``, ``expected`` the expected-level bound (the slack's E and n_eff's weights). ``note``: recorded, not
+    judged (with why)."""
+    rmse = _rms(value.to(torch.float64) - oracle)
+    n_eff = effective_count(expected)
+    k = ratio_multiplier(n_eff, value.dtype, RELATIVE_ALPHA)
+    rms_e = _rms(expected)
+    lam = rms_lambda(RELATIVE_ALPHA)
+    allowed = k * yard[0] + lam * rms_e
+    ok = (rmse <= allowed) or bool(note) or math.isnan(rmse) and math.isnan(yard[0])
+    return RelativeJudgement(output, ok, not note, rmse, yard[0], allowed, note, n_eff=n_eff, multiplier=k,
+                             alpha=RELATIVE_ALPHA, rms_expected=rms_e, lam=lam, yardstick=yardstick)
 
 
 def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutputs,
                     names: list[str], eager_err: EagerErrors | None = None,
                     bounds: BoundsFn | None = None) -> dict[str, RelativeJudgement]:
     """Judgement (b) of every output in ``names`` (see the module docstring); ``eager_err`` and ``bounds`` as in
-    :func:`check_accuracy`."""
+    :func:`check_accuracy`. An output the impl declares coarser (:func:`declared_coarser`) is measured against
+    numcheck's evaluation of the declared path instead of eager."""
+    from numcheck.properties.core.declared_path import path_errors, single_device_path
+
+    shared = eager_err is not None
     eager_err = eager_err if eager_err is not None else _eager_errors(p)
     bounds = bounds if bounds is not None else functools.partial(linear_ce_bounds, p, t, ref)
     refs = _oracle_outputs(ref)
     dtypes = _out_dtypes(out)
-    # The order half models an impl as precise as eager but evaluated in another order: each output's last
-    # rounding at the finer of the impl's and eager's dtypes, so a coarser returned dtype is not allowed for.
-    # The loss and z-loss are the exception: their returned dtype is a declaration (``loss_dtype``, enforced by
-    # its own property), so one that comes back in it is judged at that rounding, as (a) does. Eager keeps the
+    yard, names_of = dict(eager_err), {n: "eager" for n in eager_err}
+    coarser = [n for n in names if declared_coarser(impl, p, n)]
+    if coarser:
+        path = single_device_path(impl.support, p)
+        got = path_errors(path, p, t, ref) if shared else _cached_path_errors(path, p)
+        yard.update({n: got[n] for n in coarser if n in got})
+        names_of.update({n: path.describe() for n in coarser if n in got})
+    # The order half models an impl as precise as its yardstick but evaluated in another order: each output's last
+    # rounding at the finer of the impl's and the yardstick's dtypes, so a coarser returned dtype is not allowed
+    # for. The loss and z-loss are the exception: their returned dtype is a declaration (``loss_dtype``, enforced
+    # by its own property), so one that comes back in it is judged at that rounding, as (a) does. Eager keeps the
     # z-loss in fp32 whatever the parameters (its lse is taken in fp32), an artifact of eager, not a yardstick:
     # per-row z-losses handed back in bf16 parameters' own dtype are what ``loss_dtype="input"`` allows.
     declared = declared_loss_dtype(impl.support, p)
     slack_dtypes = {n: d if n in LOSS_OUTPUTS and unit_roundoff(d) <= unit_roundoff(declared)
-                    else _finer(d, eager_err[n][1]) if n in eager_err else d for n, d in dtypes.items()}
+                    else _finer(d, yard[n][1]) if n in yard else d for n, d in dtypes.items()}
     expected = bounds(error_model(impl.support, p, slack_dtypes, "expected"))
-    lam = rms_lambda(RELATIVE_ALPHA)
     res = {}
     for n in names:
         v = out.get(n)
-        if v is None or n not in eager_err:
+        if v is None or n not in yard:
             continue
-        rmse = _rms(v.to(torch.float64) - refs[n])
-        e_rmse = eager_err[n][0]
-        n_eff = effective_count(expected[n])
-        k = ratio_multiplier(n_eff, v.dtype, RELATIVE_ALPHA)
-        rms_e = _rms(expected[n])
-        allowed = k * e_rmse + lam * rms_e
-        note = _not_judged_reason(impl, p, n)
-        ok = (rmse <= allowed) or bool(note) or math.isnan(rmse) and math.isnan(e_rmse)
-        res[n] = RelativeJudgement(n, ok, not note, rmse, e_rmse, allowed, note, n_eff=n_eff, multiplier=k,
-                                   alpha=RELATIVE_ALPHA, rms_expected=rms_e, lam=lam)
+        res[n] = relative_judgement(n, v, refs[n], yard[n], expected[n], note=_not_judged_reason(impl, p, n),
+                                    yardstick=names_of[n])
     return res
 
 
