@@ -1,8 +1,9 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
 Every kind loads the same way and is checked against its own protocol (:func:`validate`):
-``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and
-``tp_quant_linear`` (:mod:`impls.protocols.tp_fp8_linear`).
+``linear_ce``, ``quant_linear``, the grouped ``grouped_quant_linear`` (:mod:`impls.protocols.grouped_fp8_linear`),
+and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and ``tp_quant_linear``
+(:mod:`impls.protocols.tp_fp8_linear`).
 
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from numcheck.impls.protocols.declaration import InvalidDeclaration
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, validate_dist_impl
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, validate_grouped_impl
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, validate_tp_quant_impl
 
@@ -128,13 +130,16 @@ def _describe(exc: BaseException) -> str:
 
 def validate(impl: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the distributed ones
-    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), else
+    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), the
+    grouped one (:func:`impls.protocols.grouped_fp8_linear.validate_grouped_impl`), else
     :func:`impls.protocols.linear_ce.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
     kind = getattr(impl, "kind", None)
     if kind == DIST_KIND:
         validate_dist_impl(impl, origin)
     elif kind == TP_KIND:
         validate_tp_quant_impl(impl, origin)
+    elif kind == GROUPED_KIND:
+        validate_grouped_impl(impl, origin)
     else:
         validate_impl(impl, origin)
 

@@ -20,6 +20,7 @@ import torch
 DECLARING_MODULES: frozenset[str] = frozenset({
     "numcheck.impls.protocols.linear_ce", "numcheck.impls.protocols.fp8_linear", "numcheck.impls.protocols.declaration", "dataclasses",
     "numcheck.impls.protocols.dist_linear_ce", "numcheck.impls.protocols.tp_fp8_linear",
+    "numcheck.impls.protocols.grouped_fp8_linear",
 })
 
 
