@@ -1,9 +1,10 @@
 """Built-in grouped FP8 linears (mixture-of-experts): a per-expert loop, a fused-style one, one on
 ``torch._scaled_grouped_mm``; the protocol is :mod:`impls.protocols.grouped_fp8_linear`.
 
-* ``grouped_fp8_linear[loop]`` calls the single FP8 linear (:class:`impls.quant_linear.Fp8Linear`, the built-in of
-  the recipe's kind) once per expert on its rows; an expert with no rows contributes an empty block whose backward
-  gives exact-zero weight and bias gradients (and records amax 0 for its x and dy under delayed scaling).
+* ``grouped_fp8_linear[loop]`` calls the single FP8 linear (:class:`impls.builtin.fp8_linear.Fp8Linear`, the
+  built-in of the recipe's kind) once per expert on its rows; an expert with no rows contributes an empty block
+  whose backward gives exact-zero weight and bias gradients (and records amax 0 for its x and dy under delayed
+  scaling).
 * ``grouped_fp8_linear[fused]`` quantizes the whole input at once: per-tensor recipes take one amax per split
   (a segmented reduction over the rows, 0 for an empty split) and scale each row by its split's scale; rowwise
   blocks (1×128, 1×32) run along K inside one row, so they are the whole tensor's; columnwise blocks (128×1, 32×1,
@@ -29,9 +30,9 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
-from numcheck.impls.quant_linear import (Fp8Linear, QTensor, _e8m0_scale_inv, _pow2_f32, accumulation_declaration,
-                                         check_recipe_call, k_major_fp32, tensor_amax)
-from numcheck.impls.quant_protocol import DelayedScalingState
+from numcheck.impls.builtin.fp8_linear import (Fp8Linear, QTensor, _e8m0_scale_inv, _pow2_f32,
+                                               accumulation_declaration, check_recipe_call, k_major_fp32, tensor_amax)
+from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 from numcheck.reference.grouped_fp8_linear import expert_list, split_offsets

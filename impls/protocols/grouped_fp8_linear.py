@@ -3,7 +3,8 @@
 A grouped quantized-linear implementation is any object with
 
 ``name: str``, ``kind: str`` = ``"grouped_quant_linear"``, ``support: GroupedQuantSupport``
-    As for a quantized linear (:mod:`impls.quant_protocol`); :class:`GroupedQuantSupport` adds the split rules.
+    As for a quantized linear (:mod:`impls.protocols.fp8_linear`); :class:`GroupedQuantSupport` adds the split
+    rules.
 ``__call__(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None, main_grad=None)``
     ``x`` ``[M, K]`` (``requires_grad``); ``weights`` one grouped tensor ``[G, N, K]`` or a list of ``G`` tensors
     ``[N, K]`` (each ``requires_grad``; the forms in ``support.weight_layouts``); ``biases`` ``None`` or the same
@@ -28,7 +29,7 @@ be bitwise identical either way; delayed scaling with ``True`` raises ``ValueErr
 held(True) is the columnwise copy of x (:func:`predicted_grouped_columnwise_x_bytes`).
 
 **Delayed scaling** has one amax history per GEMM: ``scaling_state`` is a tuple of ``G``
-:class:`~impls.quant_protocol.DelayedScalingState` (:func:`delayed_states`); expert ``i`` quantizes with
+:class:`~impls.protocols.fp8_linear.DelayedScalingState` (:func:`delayed_states`); expert ``i`` quantizes with
 ``scaling_state[i].scale(role)`` and records its own amaxes into ``scaling_state[i]`` once per step and role (x and
 W in forward, dy in backward), empty experts included (amax 0 for their x and dy).
 
@@ -38,7 +39,7 @@ fp32 accumulation (the GEMM accumulating onto it, or an fp32 add of its fp32 res
 dtype) and leaves every weight's ``.grad`` ``None``; an empty expert's ``main_grad[i]`` is left bitwise as given.
 
 Write one with :func:`grouped_quant_linear_impl`; its declaration is checked where it is written
-(:class:`~numcheck.impls.declaration_errors.InvalidDeclaration`), with the machinery of the other protocols::
+(:class:`~numcheck.impls.protocols.declaration.InvalidDeclaration`), with the machinery of the other protocols::
 
     from numcheck import grouped_quant_linear_impl
 
@@ -56,10 +57,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from numcheck.impls import declaration_errors as decl
-from numcheck.impls.declaration_errors import declaration_site, defined_at, invalid
-from numcheck.impls.quant_protocol import (DelayedScalingState, QuantLinearSupport, call_refusal,
-                                           predicted_columnwise_x_bytes)
+from numcheck.impls.protocols import declaration as decl
+from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
+from numcheck.impls.protocols.fp8_linear import (DelayedScalingState, QuantLinearSupport, call_refusal,
+                                                 predicted_columnwise_x_bytes)
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
@@ -72,8 +73,8 @@ GROUPED_CALL_KEYWORDS: tuple[str, ...] = ("m_splits", "recipe", "save_original_i
 @dataclass(frozen=True)
 class GroupedQuantSupport(QuantLinearSupport):
     """What a grouped quantized linear declares: every field of
-    :class:`~impls.quant_protocol.QuantLinearSupport` (recipes, dtypes, devices, save_original_input, bias, the
-    accumulation's unit roundoff and promotion chunk, requires; checked by it), and:
+    :class:`~impls.protocols.fp8_linear.QuantLinearSupport` (recipes, dtypes, devices, save_original_input, bias,
+    the accumulation's unit roundoff and promotion chunk, requires; checked by it), and:
 
     Attributes:
         split_alignment: every split size is a multiple of it (1: any size).
@@ -83,7 +84,7 @@ class GroupedQuantSupport(QuantLinearSupport):
         fused_wgrad_accumulation: the ``main_grad`` modes accepted: ``False`` (weights get ``.grad``) and/or
             ``True`` (wgrad added into a given fp32 ``main_grad``).
         bitwise_per_expert: outputs equal, bitwise, those of the single FP8 linear built-in
-            (:mod:`impls.quant_linear`) called once per expert on its rows.
+            (:mod:`impls.builtin.fp8_linear`) called once per expert on its rows.
         max_experts: the largest G it takes (``None``: any).
     """
 
@@ -152,13 +153,13 @@ class GroupedQuantSupport(QuantLinearSupport):
 
 
 def delayed_states(recipe: Fp8Recipe, G: int) -> tuple[DelayedScalingState, ...]:
-    """One :class:`~impls.quant_protocol.DelayedScalingState` per expert GEMM (the per-GEMM amax histories)."""
+    """One :class:`~impls.protocols.fp8_linear.DelayedScalingState` per expert GEMM (the per-GEMM amax histories)."""
     return tuple(DelayedScalingState(recipe) for _ in range(G))
 
 
 def predicted_grouped_columnwise_x_bytes(recipe: Fp8Recipe, m_splits: Sequence[int], K: int) -> tuple[int, int]:
     """``(lo, hi)``: the bytes of the columnwise FP8 copy of x (every expert's data and unpadded scales,
-    :func:`~impls.quant_protocol.predicted_columnwise_x_bytes`). An empty expert has no data and no block; under a
+    :func:`~impls.protocols.fp8_linear.predicted_columnwise_x_bytes`). An empty expert has no data and no block; under a
     per-tensor recipe an impl may keep its one fp32 scale (4 bytes) or not, so ``hi − lo`` is 4 per empty expert."""
     lo = sum(predicted_columnwise_x_bytes(recipe, m, K) for m in m_splits if m > 0)
     empty = sum(1 for m in m_splits if m == 0)
@@ -207,7 +208,7 @@ def grouped_quant_linear_impl(*, name: str, description: str = "",
     The function is called ``fn(x, weights, biases, *, m_splits, recipe, save_original_input, scaling_state,
     main_grad)`` (module docstring). ``support`` keywords are the fields of :class:`GroupedQuantSupport`
     (``recipes`` may be kind names). A bad keyword or value, or a function that cannot take the calls, raises
-    :class:`~numcheck.impls.declaration_errors.InvalidDeclaration` naming the decorator's ``file:line``.
+    :class:`~numcheck.impls.protocols.declaration.InvalidDeclaration` naming the decorator's ``file:line``.
 
     >>> @grouped_quant_linear_impl(name="doc_grouped", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
     ... def doc_grouped(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None,
