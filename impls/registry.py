@@ -73,7 +73,7 @@ class BrokenImpl:
 
 def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     """The factories of the built-in impls, one per module that defines some, in listing order: linear+CE impls
-    first, then the FP8 linear ones, then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
+    first, then the FP8 linear ones (single, then grouped), then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
     linear). This list is the only place that names them; no impl module imports the registry.
 
     Imported when first asked for, not with this module: the built-in modules import triton, which must come
@@ -87,11 +87,12 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
     from numcheck.impls.builtin.fp8_linear import quant_linear_impls
+    from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
     return (eager_impls, liger_impls, cce_impls, chunked_impls, recompute_impls, torch_native_impls, triton_impls,
-            quant_linear_impls, dist_impls, tp_fp8_linear_impls)
+            quant_linear_impls, grouped_fp8_linear_impls, dist_impls, tp_fp8_linear_impls)
 
 
 def dist_impls() -> list[Any]:
@@ -238,6 +239,6 @@ def builtin(name: str) -> Any:
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
-    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"dist_linear_ce"``,
-    ``"tp_quant_linear"``)."""
+    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"grouped_quant_linear"``,
+    ``"dist_linear_ce"``, ``"tp_quant_linear"``)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]
