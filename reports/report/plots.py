@@ -168,7 +168,8 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
 
 #: The facets of :func:`ratio_distribution`: per kind, its outputs in column order.
 DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {"linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
-                                                     "quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
+                                                     "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+                                                     "grouped_quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
 
 
 def _mode_rank(mode: str) -> tuple[int, str]:
@@ -189,6 +190,8 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
     if not data:
         return None
     kinds = [k for k in DISTRIBUTION_OUTPUTS if any(key[0] == k for key in data)]
+    if not kinds:  # only kinds without a facet here (distributed ones)
+        return None
     rows = [(k, m) for k in kinds for m in sorted({key[1] for key in data if key[0] == k}, key=_mode_rank)]
     cols = {k: [o for o in DISTRIBUTION_OUTPUTS[k] if any(o in data[(k, m)] for m in {r[1] for r in rows if r[0] == k})]
             for k in kinds}

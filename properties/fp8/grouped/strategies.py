@@ -30,13 +30,14 @@ def _aligned(edges: tuple[int, ...], a: int, cap: int) -> tuple[int, ...]:
 
 
 @st.composite
-def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None) -> tuple[int, ...]:
-    """``m_splits`` inside ``support``'s rules; ``empty``: ``True`` at least one empty expert (only where declared),
-    ``False`` none, ``None`` drawn."""
+def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None, max_rows: int = MAX_ROWS) -> tuple[int, ...]:
+    """``m_splits`` inside ``support``'s rules, at most ``max_rows`` in all (about: each size is capped at
+    ``max_rows // G``); ``empty``: ``True`` at least one empty expert (only where declared), ``False`` none,
+    ``None`` drawn."""
     a = support.split_alignment
     g_max = min(MAX_EXPERTS, support.max_experts or MAX_EXPERTS)
     G = draw(st.integers(1 if empty is not True else 2, max(g_max, 2 if empty else 1)), label="G")
-    sizes = _aligned(SPLIT_EDGES, a, min(MAX_DIM, max(a, MAX_ROWS // G)))
+    sizes = _aligned(SPLIT_EDGES, a, min(MAX_DIM, max(a, max_rows // G)))
     allow_empty = support.empty_splits and empty is not False
     choices = ((0,) if allow_empty else ()) + sizes
     splits = [draw(st.sampled_from(choices), label=f"m_{i}") for i in range(G)]
@@ -50,7 +51,7 @@ def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None) -> tuple
 @st.composite
 def grouped_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = GROUPED_REGIMES, device: str | None = None,
                   save_original_input: bool | None = None, require_soi: bool = False, empty: bool | None = None,
-                  main_grad: bool | None = None) -> GroupedCase:
+                  main_grad: bool | None = None, max_rows: int = MAX_ROWS) -> GroupedCase:
     """A :class:`GroupedCase` inside ``support`` (recipe, dtype, splits, dimensions, bias, weight form, mode and
     ``main_grad`` all declared). ``require_soi`` draws only recipes that allow save_original_input; ``empty`` as for
     :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared)."""
@@ -59,7 +60,7 @@ def grouped_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = GROUPE
         raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
     recipe = draw(st.sampled_from(recipes), label="recipe")
     dtype = draw(st.sampled_from(sorted(_DTYPE_NAMES[str(d)] for d in support.dtypes)), label="dtype")
-    m_splits = draw(split_sizes(support, empty=empty), label="m_splits")
+    m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows), label="m_splits")
     fa = support.feature_alignment
     K = draw(st.sampled_from(_aligned(_K_EDGES, fa, MAX_DIM)), label="K")
     N = draw(st.sampled_from(_aligned(_N_EDGES, fa, MAX_DIM)), label="N")
