@@ -77,3 +77,24 @@ def test_grouped_mutants_load_as_outside_impls():
 
     entries = load_spec("numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS", "--impl")
     assert entries and all(isinstance(e, ImplEntry) and e.kind == "grouped_quant_linear" for e in entries), entries
+
+
+#: The drawn suite test of each property a mutant must fail.
+SUITE_TEST = {"accuracy": "grouped_accuracy_against_both_references", "empty_experts": "grouped_empty_experts_exact_zero",
+              "save_original_input": "grouped_save_original_input_is_bitwise_identical",
+              "saved_bytes": "grouped_saved_bytes_measured",
+              "wgrad_accumulation": "grouped_wgrad_accumulation_over_micro_batches"}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_ci_profile_catches_grouped_mutant(mutant):
+    """The shipped suite's own drawn test, under the ci profile's budget and draws (numcheck.check's runner, no
+    shrinking), fails the mutant."""
+    from hypothesis import settings as hsettings
+
+    from numcheck.properties.check import _run_drawn
+    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+
+    base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    verdict = _run_drawn(GROUPED_SUITE[SUITE_TEST[CAUGHT_BY[mutant.name]]], mutant, base)
+    assert verdict.status == "failed", verdict
