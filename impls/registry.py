@@ -1,8 +1,9 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
 Every kind loads the same way and is checked against its own protocol (:func:`validate`):
-``linear_ce``, ``quant_linear``, and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and
-``tp_quant_linear`` (:mod:`impls.protocols.tp_fp8_linear`).
+``linear_ce``, ``quant_linear``, the grouped ``grouped_quant_linear`` (:mod:`impls.protocols.grouped_fp8_linear`),
+and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and ``tp_quant_linear``
+(:mod:`impls.protocols.tp_fp8_linear`).
 
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from numcheck.impls.protocols.declaration import InvalidDeclaration
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, validate_dist_impl
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, validate_grouped_impl
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, validate_tp_quant_impl
 
@@ -71,7 +73,7 @@ class BrokenImpl:
 
 def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     """The factories of the built-in impls, one per module that defines some, in listing order: linear+CE impls
-    first, then the FP8 linear ones, then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
+    first, then the FP8 linear ones (single, then grouped), then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
     linear). This list is the only place that names them; no impl module imports the registry.
 
     Imported when first asked for, not with this module: the built-in modules import triton, which must come
@@ -85,11 +87,12 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
     from numcheck.impls.builtin.fp8_linear import quant_linear_impls
+    from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
     return (eager_impls, liger_impls, cce_impls, chunked_impls, recompute_impls, torch_native_impls, triton_impls,
-            quant_linear_impls, dist_impls, tp_fp8_linear_impls)
+            quant_linear_impls, grouped_fp8_linear_impls, dist_impls, tp_fp8_linear_impls)
 
 
 def dist_impls() -> list[Any]:
@@ -128,13 +131,16 @@ def _describe(exc: BaseException) -> str:
 
 def validate(impl: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the distributed ones
-    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), else
+    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), the
+    grouped one (:func:`impls.protocols.grouped_fp8_linear.validate_grouped_impl`), else
     :func:`impls.protocols.linear_ce.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
     kind = getattr(impl, "kind", None)
     if kind == DIST_KIND:
         validate_dist_impl(impl, origin)
     elif kind == TP_KIND:
         validate_tp_quant_impl(impl, origin)
+    elif kind == GROUPED_KIND:
+        validate_grouped_impl(impl, origin)
     else:
         validate_impl(impl, origin)
 
@@ -233,6 +239,6 @@ def builtin(name: str) -> Any:
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
-    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"dist_linear_ce"``,
-    ``"tp_quant_linear"``)."""
+    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"grouped_quant_linear"``,
+    ``"dist_linear_ce"``, ``"tp_quant_linear"``)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]

@@ -16,6 +16,8 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 
 from numcheck.impls.protocols.declaration import InvalidDeclaration
 from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
+from numcheck.impls.protocols.grouped_fp8_linear import (GroupedFunctionImpl, GroupedQuantSupport,
+                                                         grouped_quant_linear_impl)
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
 from numcheck.impls.protocols.fp8_linear import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
                                            quant_linear_impl)
@@ -23,6 +25,7 @@ from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, a
 from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.check import CheckResult, Verdict, check
 from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
@@ -32,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckResult", "ConvergenceResult", "DistFunctionImpl", "DistSupport", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
+    "GroupedCase", "GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl",
     "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "TPQuantFunctionImpl",
     "TPQuantSupport", "Verdict", "assert_converges", "assert_linear_ce", "assert_quant_linear", "check",
     "dist_linear_ce_impl", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",

@@ -2,7 +2,8 @@
 
 ``--problem`` is the ``repr`` of a :class:`~properties.core.problems.Problem` (linear+CE; the property is looked up
 in :data:`properties.core.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
-:data:`properties.fp8.props.FP8_PROPERTIES`). It is evaluated with only those constructors (and
+:data:`properties.fp8.props.FP8_PROPERTIES`) or a :class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8
+linear; :data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
 ``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a tensor-parallel
 FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a :class:`~properties.distributed.linear_ce.props.DistCase`
 a distributed linear+CE one (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]`` suffix, as failure messages print
@@ -40,18 +41,19 @@ def parse_case(text: str) -> Any:
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
     from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
     from numcheck.properties.core.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     try:
         case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe,  # noqa: S307
                                                  "TPQuantCase": TPQuantCase, "DistCase": DistCase, "inf": math.inf,
-                                                 "nan": math.nan})
+                                                 "nan": math.nan, "GroupedCase": GroupedCase})
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
                          f"QuantCase(...) as printed in a failure message") from None
-    if not isinstance(case, (Problem, QuantCase, TPQuantCase, DistCase)):
-        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, TPQuantCase or DistCase, got "
+    if not isinstance(case, (Problem, QuantCase, TPQuantCase, DistCase, GroupedCase)):
+        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, GroupedCase, TPQuantCase or DistCase, got "
                          f"{type(case).__name__}")
     return case
 
@@ -146,6 +148,12 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
         from numcheck.properties.distributed.tp_fp8.props import DIST_FP8_PROPERTIES
 
         return "tp_quant_linear", DIST_FP8_PROPERTIES
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
+
+    if isinstance(case, GroupedCase):
+        from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
+
+        return "grouped_quant_linear", GROUPED_PROPERTIES
     if isinstance(case, QuantCase):
         from numcheck.properties.fp8.props import FP8_PROPERTIES
 

@@ -7,8 +7,8 @@ Run the suite against your impl from any directory::
 
 - ``--impl SPEC`` (repeatable) restricts the run to those impls: built-in names or ``package.module:attr``.
   Without it: every built-in, plus ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
-- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``dist_linear_ce_impl``, ``tp_quant_impl``, or a
-  user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
+- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``grouped_quant_impl``, ``dist_linear_ce_impl``,
+  ``tp_quant_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
   collection is identical on every xdist worker (discovery is deterministic). A test of a kind that no selected
   impl has is not collected (deselected; the summary says so): ``--impl`` naming only linear+CE impls runs no
   FP8 or distributed test, never the built-ins in their place. An impl that failed to load is still collected: its tests fail with the load
@@ -59,7 +59,8 @@ _SUITE_DIR = _TESTS_DIR / "suite"
 #: Each impl fixture and the kinds it is parametrized over.
 _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
     "linear_ce_impl": ("linear_ce",), "quant_impl": ("quant_linear",), "dist_linear_ce_impl": ("dist_linear_ce",),
-    "tp_quant_impl": ("tp_quant_linear",), "numcheck_impl": ("linear_ce", "quant_linear")}
+    "tp_quant_impl": ("tp_quant_linear",), "grouped_quant_impl": ("grouped_quant_linear",),
+    "numcheck_impl": ("linear_ce", "quant_linear")}
 _NO_IMPL_MARK = "numcheck_no_impl"
 _NOT_COLLECTED_KEY = pytest.StashKey[dict]()
 
@@ -267,6 +268,13 @@ def linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def quant_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded quantized-linear impl (skipped when it cannot run here, failed when it could not be loaded)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """A loaded grouped quantized linear (mixture-of-experts, :mod:`numcheck.impls.protocols.grouped_fp8_linear`;
+    skipped when it cannot run here, failed when it could not be loaded)."""
     return _unwrap(request)
 
 

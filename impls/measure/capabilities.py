@@ -213,4 +213,50 @@ def summary(device: str | torch.device = "cpu") -> dict[str, bool]:
     for mode in ("tensorwise", "rowwise", "blockwise_1x128", "blockwise_128x128"):
         out[f"scaled_mm[{mode}]"] = scaled_mm(dev, mode)
     out["linear_cross_entropy"] = linear_cross_entropy(dev)
+    for form in ("2d_3d", "2d_2d"):
+        out[f"scaled_grouped_mm[{form}]"] = scaled_grouped_mm(dev, form)
     return out
+
+
+def _scaled_grouped_mm_try(device: str, form: str) -> bool:
+    # Three groups of 16 rows (the split ends must be multiples of 16), K = N = 32, small-integer E4M3 operands and
+    # power-of-2 per-row scales: every product and sum is exact in fp32 and every result exact in bf16 (|result| <=
+    # 2^7 · 4 with at most 8 significant bits), so the output must equal the float64 product exactly.
+    dev = _device_type(device)
+    G, m, K, N = 3, 16, 32, 32
+    g = torch.Generator().manual_seed(0)
+    e4m3 = torch.float8_e4m3fn
+
+    def ints(*shape: int) -> torch.Tensor:
+        return torch.randint(-2, 3, shape, generator=g).to(torch.float64)
+
+    def pow2(*shape: int) -> torch.Tensor:
+        return torch.exp2(torch.randint(-1, 2, shape, generator=g).to(torch.float64))
+
+    offs = torch.tensor([m, 2 * m, 3 * m], dtype=torch.int32, device=dev)
+    if form == "2d_3d":  # y_i = A[rows_i] · B_iᵀ, A [G·m, K], B [G, N, K]
+        a, b, sa, sb = ints(G * m, K), ints(G, N, K), pow2(G * m), pow2(G, N)
+        expected = torch.cat([(a[i * m:(i + 1) * m] * sa[i * m:(i + 1) * m, None]) @ (b[i] * sb[i][:, None]).t()
+                              for i in range(G)])
+        mat_b = b.to(torch.float32).to(dev).to(e4m3).transpose(-2, -1)
+    elif form == "2d_2d":  # out_i = A[:, cols_i] · B[:, cols_i]ᵀ, A [m, G·K'], B [N, G·K'] with K' = 16
+        a, b, sa, sb = ints(m, G * m), ints(N, G * m), pow2(G * m), pow2(G * N)
+        expected = torch.stack([(a[:, i * m:(i + 1) * m] * sa[i * m:(i + 1) * m, None])
+                                @ (b[:, i * m:(i + 1) * m] * sb[i * N:(i + 1) * N, None]).t() for i in range(G)])
+        mat_b = b.to(torch.float32).to(dev).to(e4m3).t()
+    else:
+        raise ValueError(f"unknown _scaled_grouped_mm form {form!r}")
+    mat_a = a.to(torch.float32).to(dev).to(e4m3)
+    out = torch._scaled_grouped_mm(mat_a, mat_b, sa.to(dev, torch.float32), sb.to(dev, torch.float32), offs=offs,
+                                   out_dtype=torch.bfloat16)
+    return bool(torch.equal(out.cpu().to(torch.float64), expected))
+
+
+@_probe("scaled_grouped_mm")
+def scaled_grouped_mm(device: str, form: str = "2d_3d") -> bool:
+    """``torch._scaled_grouped_mm`` runs on ``device`` and is exactly right with E4M3 operands, per-row fp32 scales,
+    int32 ``offs`` (the groups' ends, multiples of 16) and bf16 output, in ``form``: ``2d_3d`` (A ``[M, K]`` split by
+    rows, B ``[G, N, K]`` passed transposed, scales ``[M]`` and ``[G, N]``: fprop and dgrad of a grouped linear) or
+    ``2d_2d`` (A ``[m, Ktot]`` and B ``[n, Ktot]`` split along the reduction, scales ``[G·m]`` and ``[G·n]``: wgrad).
+    No CPU kernel exists (torch 2.13): the probe answers no there, never from a version string."""
+    return _scaled_grouped_mm_try(device, form)

@@ -146,7 +146,7 @@ class QuantLinearSupport:
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        own = "QuantLinearSupport"
+        own = type(self).__name__  # a subclass (the grouped declaration) names itself
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
         recipes = decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
         if not recipes:

@@ -182,6 +182,32 @@ def _out_dtypes(case: QuantCase) -> dict[str, torch.dtype]:
     return {k: case.torch_dtype for k in QUANT_OUTPUTS}
 
 
+def output_metrics(label: str, got: torch.Tensor | None, ref_dq: torch.Tensor, ref_true: torch.Tensor,
+                   bnd: Any) -> OutputMetrics:
+    """One output (``got``, ``None`` when missing) against both references under ``bnd`` (an
+    :class:`~properties.fp8.tolerance.OutputBounds`): the comparisons and the report's metrics. Shared by the single
+    and the grouped linear (:mod:`properties.fp8.grouped.props`)."""
+    if got is None:
+        miss = compare(label, None, ref_dq, ref_dq)
+        return OutputMetrics(output=label, dq=miss, true=miss, rel_fro_dq=math.inf, rel_fro_true=math.inf,
+                             sqnr_db=-math.inf, expected_ratio_dq=math.inf, n_unspecified=0)
+    skip_dq = bnd.unspecified
+    skip_true = bnd.unspecified | ~torch.isfinite(ref_true) | torch.isnan(ref_dq)
+    cdq = compare(label, *_masked(got, ref_dq, bnd.dq, skip_dq))
+    ctrue = compare(label, *_masked(got, ref_true, bnd.true, skip_true))
+    a = got.detach().to("cpu", F64)
+    keep_dq = ~skip_dq
+    keep_t = ~skip_true
+    exp_level = bnd.expected_dq[keep_dq]
+    err = (a[keep_dq] - ref_dq[keep_dq]).abs()
+    fin = torch.isfinite(err) & (exp_level > 0)
+    exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
+    return OutputMetrics(
+        output=label, dq=cdq, true=ctrue, rel_fro_dq=_rel_fro(a[keep_dq], ref_dq[keep_dq]),
+        rel_fro_true=_rel_fro(a[keep_t], ref_true[keep_t]), sqnr_db=_sqnr(a[keep_t], ref_true[keep_t]),
+        expected_ratio_dq=exp_ratio, n_unspecified=int(skip_dq.sum()))
+
+
 def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str,
                   result: Fp8CaseResult) -> None:
     for name in QUANT_OUTPUTS:
@@ -189,29 +215,12 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
             continue
         got = out.get(name)
         label = name + suffix
-        if got is None:
-            miss = compare(label, None, ref.dq[name], ref.dq[name])
-            result.outputs[label] = OutputMetrics(output=label, dq=miss, true=miss, rel_fro_dq=math.inf,
-                                                  rel_fro_true=math.inf, sqnr_db=-math.inf, expected_ratio_dq=math.inf,
-                                                  n_unspecified=0)
-            continue
-        u_a, chunk = impl.support.accumulation(case.device)
-        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
-        skip_dq = bnd.unspecified
-        skip_true = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
-        cdq = compare(label, *_masked(got, ref.dq[name], bnd.dq, skip_dq))
-        ctrue = compare(label, *_masked(got, ref.true[name], bnd.true, skip_true))
-        a = got.detach().to("cpu", F64)
-        keep_dq = ~skip_dq
-        keep_t = ~skip_true
-        exp_level = bnd.expected_dq[keep_dq]
-        err = (a[keep_dq] - ref.dq[name][keep_dq]).abs()
-        fin = torch.isfinite(err) & (exp_level > 0)
-        exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
-        result.outputs[label] = OutputMetrics(
-            output=label, dq=cdq, true=ctrue, rel_fro_dq=_rel_fro(a[keep_dq], ref.dq[name][keep_dq]),
-            rel_fro_true=_rel_fro(a[keep_t], ref.true[name][keep_t]), sqnr_db=_sqnr(a[keep_t], ref.true[name][keep_t]),
-            expected_ratio_dq=exp_ratio, n_unspecified=int(skip_dq.sum()))
+        bnd = None
+        if got is not None:
+            u_a, chunk = impl.support.accumulation(case.device)
+            bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a,
+                                accum_chunk=chunk)
+        result.outputs[label] = output_metrics(label, got, ref.dq[name], ref.true[name], bnd)
 
 
 def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:

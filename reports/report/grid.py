@@ -44,6 +44,12 @@ P = 4); delayed recipes run two steps. What a declaration leaves out (dtype, par
 ``save_original_input``, bias, world size) or the backend cannot run here is counted with the reason; the distributed
 FP8 suite records no known divergence to leave out. About 0.2 s a case.
 
+Grouped FP8 linear (mixture-of-experts, :class:`~properties.fp8.grouped.cases.GroupedCase`), per impl: the cases of
+:data:`GROUPED_CASES` (uneven splits; empty experts with a bias; ``save_original_input=True`` where the recipe allows
+it; experts of different binades with fused wgrad accumulation where declared) for the first recipe of each kind in
+the quick grid and every recipe in the full one, each moved into the impl's split rules; what the declaration still
+leaves out is counted with the reason. About 0.3 s a case.
+
 Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
 :data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
 """
@@ -128,6 +134,17 @@ TP_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 TP_M = 64
 TP_FREE: dict[str, int] = {"column": 40, "row": 24}
 
+#: Grouped FP8 cases: label → (m_splits, K, N, GroupedCase fields) (:func:`grouped_cases`), each moved into the impl's
+#: split rules (:func:`properties.fp8.grouped.cases.fitted`): uneven splits around the 32-row blocks, empty experts
+#: first and between with a 130-row one, save_original_input (where the recipe allows it) on 32-row multiples, and
+#: experts of different binades.
+GROUPED_CASES: dict[str, tuple[tuple[int, ...], int, int, dict[str, Any]]] = {
+    "uneven": ((5, 37, 16, 64), 40, 48, {}),
+    "empty+bias": ((0, 33, 1, 0, 130), 40, 24, dict(bias=True)),
+    "soi": ((32, 64, 0, 32), 64, 32, dict(save_original_input=True)),
+    "wide+main_grad": ((17, 40, 3), 72, 40, dict(regime="wide", main_grad=True)),
+}
+
 #: Which reduction each output's error accumulates over, by problem field (see :func:`reduction_length`).
 QUANT_REDUCTION_AXIS = {"y": "K", "dgrad": "N", "wgrad": "M", "bgrad": "M"}
 
@@ -154,6 +171,8 @@ class GridSpec:
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
         declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
+        grouped_cases: labels of :data:`GROUPED_CASES` to run.
+        grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
         seed: seed of the random cases.
     """
 
@@ -175,6 +194,8 @@ class GridSpec:
     tp_cases: tuple[str, ...] = tuple(TP_CASES)
     tp_all_recipes: bool = False
     declared: bool = True
+    grouped_cases: tuple[str, ...] = tuple(GROUPED_CASES)
+    grouped_all_recipes: bool = False
     seed: int = 20250601
     notes: str = field(default="", compare=False)
 
@@ -191,6 +212,9 @@ class GridSpec:
         bad = [o for o in self.tp_cases if o not in TP_CASES]
         if bad:
             raise ValueError(f"GridSpec.tp_cases {bad} unknown; known: {sorted(TP_CASES)}")
+        bad = [o for o in self.grouped_cases if o not in GROUPED_CASES]
+        if bad:
+            raise ValueError(f"GridSpec.grouped_cases {bad} unknown; known: {sorted(GROUPED_CASES)}")
         bad = [o for o in self.options if o not in OPTION_CASES]
         if bad:
             raise ValueError(f"GridSpec.options {bad} unknown; known: {sorted(OPTION_CASES)}")
@@ -209,7 +233,9 @@ class GridSpec:
                 f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
                 f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
                 f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
-                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}."
+                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}. Grouped FP8 (mixture-of-experts): "
+                f"{', '.join(self.grouped_cases)} for "
+                f"{'every recipe' if self.grouped_all_recipes else 'the first recipe of each kind'}."
                 + (" Per impl, from its declaration: each declared option and reduction on its own and all together "
                    f"(linear+CE at N,H,V={self.option_shape}; distributed also with uneven shards, "
                    f"V={DIST_UNEVEN_V})." if self.declared else " No declared cases."))
@@ -225,12 +251,12 @@ FULL = GridSpec(
     option_shape=(33, 24, 50), option_modes=tuple(MODES), options=tuple(OPTION_CASES), n_random=40,
     quant_ladder=(4, 16, 64, 256, 1024), quant_base=(40, 40, 40), quant_all_recipes_ladder=True,
     quant_all_dtypes=True, quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"), quant_extras=True,
-    tp_all_recipes=True)
+    tp_all_recipes=True, grouped_all_recipes=True)
 SMOKE = GridSpec(
     name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
     option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
     quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
-    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",), declared=False)
+    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",), declared=False, grouped_cases=("empty+bias",))
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
 
@@ -520,16 +546,52 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
     return out, not_run
 
 
+def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
+    """The grouped cases of ``spec`` (:data:`GROUPED_CASES`, module docstring) an impl's declaration admits, for each
+    recipe (the first of each kind in the quick grid) and dtype, and the others counted per reason
+    (:func:`properties.fp8.grouped.cases.refusal`)."""
+    from numcheck.properties.fp8.grouped.cases import GroupedCase, fitted, refusal
+
+    support = impl.support
+    declared = [name for d, name in _DT.items() if d in support.dtypes]
+    if not declared:
+        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
+    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+    recipes = list(support.recipes) if spec.grouped_all_recipes else \
+        [next(r for r in support.recipes if r.kind == k) for k in dict.fromkeys(r.kind for r in support.recipes)]
+    out: list[GridCase] = []
+    skipped: dict[str, int] = {}
+    for recipe in recipes:
+        for dtype in dtypes:
+            for i, label in enumerate(spec.grouped_cases):
+                splits, K, N, fields = GROUPED_CASES[label]
+                if fields.get("save_original_input") and not recipe.allows_save_original_input:
+                    fields = {**fields, "save_original_input": False}
+                case = fitted(support, GroupedCase(recipe, splits, K, N, dtype=dtype, seed=6000 + i, device=device,
+                                                   steps=2 if recipe.kind == "delayed" else 1, **fields))
+                why = refusal(support, case)
+                if why:
+                    skipped[why] = skipped.get(why, 0) + 1
+                else:
+                    out.append(GridCase(f"grouped:{label}", dtype, case))
+    return out, skipped
+
+
 def reduction_length(output: str, case: Any) -> int:
     """The length of the reduction an output's error grows with.
 
     Linear+CE: grad_x sums over V; grad_weight and grad_bias over the N rows; a reduced loss (and z-loss)
     over N rows, a per-row (``none``) one over V (its log-sum-exp). Quantized linear: y over K, dgrad over N,
-    wgrad and bgrad over M, of the global (unsharded) tensors for a tensor-parallel case. (H, the logits'
-    dot-product length, enters every linear+CE output.)
+    wgrad and bgrad over M, of the global (unsharded) tensors for a tensor-parallel case; for a grouped case the
+    largest expert's rows. (H, the logits' dot-product length, enters every linear+CE output.)
     """
     base = output.split("@", 1)[0]
     case = getattr(case, "problem", case)  # a DistCase: its problem's lengths
+    if hasattr(case, "m_splits"):  # a GroupedCase: y over K, dgrad over N, wgrad and bgrad over the largest split
+        lengths = {"y": case.K, "dgrad": case.N, "wgrad": max(case.m_splits), "bgrad": max(case.m_splits)}
+        if base not in lengths:
+            raise ValueError(f"unknown grouped-linear output {output!r}")
+        return int(lengths[base])
     if isinstance(case, QuantCaseFields):  # a QuantCase, or a TPQuantCase: its global lengths
         try:
             return int(getattr(case, QUANT_REDUCTION_AXIS[base]))

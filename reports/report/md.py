@@ -56,7 +56,7 @@ def why(info: dict) -> str:
         return (f"vocabulary sharded over world sizes {d.get('world_sizes')} on {', '.join(d.get('backends', []))}; "
                 f"grad_x all-reduced in {d.get('grad_x_reduce_dtype')}; smoothing convention {d.get('smoothing')}; "
                 f"logits in {'fp32' if d.get('logits_dtype') == 'float32' else 'the compute dtype'}")
-    if info.get("kind") in ("quant_linear", "tp_quant_linear"):
+    if info.get("kind") in ("quant_linear", "tp_quant_linear", "grouped_quant_linear"):
         u = d.get("accum_unit_roundoff")
 
         def p2(v: Any) -> str:
@@ -64,6 +64,11 @@ def why(info: dict) -> str:
 
         us = ", ".join(f"{k}: {p2(v)}" for k, v in sorted(u.items())) if isinstance(u, dict) else p2(u)
         text = f"FP8 operands (E4M3 u = 2^-4, E5M2 u = 2^-3) per recipe; GEMM accumulation u = {us}"
+        if info.get("kind") == "grouped_quant_linear":
+            text = (f"experts' rows in multiples of {d.get('split_alignment')}"
+                    f"{', empty experts' if d.get('empty_splits') else ''}; every scale per expert; "
+                    f"{'wgrad fused into fp32 main_grad; ' if True in d.get('fused_wgrad_accumulation', []) else ''}"
+                    f"{text}")
         if info.get("kind") == "tp_quant_linear":
             sp = "with and without SP" if len(d.get("sequence_parallel", [])) > 1 else f"SP {d.get('sequence_parallel')}"
             text = (f"{'/'.join(d.get('parallel', []))}-parallel {sp} over world sizes {d.get('world_sizes')}, "
@@ -130,10 +135,10 @@ def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
         if kind == "tp_quant_linear":
             cases = {id(c): c for c, _ in items}.values()
             row["same_scale"] = (sum(bool(c.get("same_scale")) for c in cases), len(cases))
-        if kind in ("quant_linear", "tp_quant_linear"):
+        if kind in ("quant_linear", "tp_quant_linear", "grouped_quant_linear"):
             row["median_dq"] = _median(o["ratio_dq"] for _, o in items)
             row["median_true"] = _median(o["ratio_true"] for _, o in items)
-        if kind == "quant_linear":
+        if kind in ("quant_linear", "grouped_quant_linear"):
             row["sqnr_db"] = _median(o["sqnr_db"] for _, o in items if math.isfinite(o["sqnr_db"]))
             row["rel_fro_true"] = _median(o["rel_fro_true"] for _, o in items)
         rows.append(row)
@@ -270,9 +275,20 @@ def _summary_tables(report: dict) -> list[str]:
                        f"{same}/{n_same}{'' if same == n_same else ' ❌'} | {_g(r['worst'])} | {_g(r['median_dq'])} | "
                        f"{_g(r['median_true'])} | `{r['worst_case']}` |")
         out.append("")
-    q = output_summary(report, "quant_linear")
+    out += _quant_table(report, "quant_linear", "### FP8 quantized linear: per impl × recipe × dtype × output", "")
+    out += _quant_table(report, "grouped_quant_linear", "### Grouped FP8 linear (mixture-of-experts): per impl × "
+                        "recipe × dtype × output", "Each case split among its experts (uneven and unaligned sizes, "
+                        "empty experts), every element judged under its own expert's bounds "
+                        "(`properties/fp8/grouped/tolerance.py`); wgrad and bgrad stacked over the experts. ")
+    return out
+
+
+def _quant_table(report: dict, kind: str, title: str, intro: str) -> list[str]:
+    """The per impl × recipe × dtype × output table of the single or the grouped FP8 linear (none without rows)."""
+    out: list[str] = []
+    q = output_summary(report, kind)
     if q:
-        out += ["### FP8 quantized linear: per impl × recipe × dtype × output", "",
+        out += [title, "", intro +
                 "*accumulation*: within the bound against the dequantized operands; *total*: within the bound against "
                 "the original operands. The expected column is the error against the dequantized operands over the expected "
                 "level (√n accumulation error plus the output's own rounding; informative only).", "",

@@ -192,10 +192,11 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
 DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {"linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
                                                      "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
                                                      "dist_linear_ce": ("loss", "grad_x", "grad_weight", "grad_bias"),
-                                                     "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
+                                                     "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+                                                     "grouped_quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
 #: How a row of :func:`ratio_distribution` names its kind.
 KIND_LABELS: dict[str, str] = {"linear_ce": "", "quant_linear": "FP8 ", "dist_linear_ce": "distributed ",
-                               "tp_quant_linear": "TP FP8 "}
+                               "tp_quant_linear": "TP FP8 ", "grouped_quant_linear": "grouped FP8 "}
 
 
 def _mode_rank(mode: str) -> tuple[int, str]:
@@ -222,6 +223,8 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             raise NotDrawable(f"its {judged} judged output(s) hold {NOTHING_FINITE}")
         return None
     kinds = [k for k in DISTRIBUTION_OUTPUTS if any(key[0] == k for key in data)]
+    if not kinds:  # only kinds without a facet here (distributed ones)
+        return None
     rows = [(k, m) for k in kinds for m in sorted({key[1] for key in data if key[0] == k}, key=_mode_rank)]
     cols = {k: [o for o in DISTRIBUTION_OUTPUTS[k] if any(o in data[(k, m)] for m in {r[1] for r in rows if r[0] == k})]
             for k in kinds}

@@ -1,6 +1,7 @@
 """Running every loaded impl over the report grid, through the property library's judgements
 (:func:`properties.core.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8.props.measure_case` for
-quantized linear, :func:`properties.distributed.linear_ce.props.measure` for distributed linear+CE and
+quantized linear, :func:`properties.fp8.grouped.props.measure_case` for grouped (mixture-of-experts) FP8 linears,
+:func:`properties.distributed.linear_ce.props.measure` for distributed linear+CE and
 :func:`properties.distributed.tp_fp8.props.measure` for tensor-parallel FP8 linears on their ranks), with a plain-text progress
 bar on stderr.
 
@@ -25,8 +26,8 @@ from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
 from numcheck.reports.report.coverage import unreached
-from numcheck.reports.report.grid import (GridCase, GridSpec, NotRun, declared_cases, dist_cases, linear_ce_cases,
-                                          quant_cases, tp_cases)
+from numcheck.reports.report.grid import (GridCase, GridSpec, NotRun, declared_cases, dist_cases, grouped_cases,
+                                          linear_ce_cases, quant_cases, tp_cases)
 from numcheck.reports.report.schema import (case_text, declaration, dist_record, error_record, linear_ce_record,
                                             quant_record, tp_record)
 
@@ -83,6 +84,16 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
     return info, reason is None
 
 
+def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase], NotRun]:
+    """Cases and refusals counted per reason (the grouped grid's) as :class:`NotRun`, each reason named once."""
+    cases, counts = found
+    not_run = NotRun()
+    for why, n in counts.items():
+        not_run.add("grouped", "", f"{n} case(s)", why)
+        not_run[why] += n - 1
+    return cases, not_run
+
+
 def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason
     (``not_declared``) and named (``not_run``)."""
@@ -106,9 +117,11 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
                 else:
                     work.append((impl, gc))
             info["not_declared"], info["not_run"] = dict(not_run), not_run.named
-        elif impl.kind in ("dist_linear_ce", "tp_quant_linear"):
+        elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
+            by_kind = {"dist_linear_ce": lambda: dist_cases(spec, impl, device), "tp_quant_linear": lambda: tp_cases(
+                spec, impl), "grouped_quant_linear": lambda: _named(grouped_cases(spec, impl, device))}
             try:
-                cases, refused = dist_cases(spec, impl, device) if impl.kind == "dist_linear_ce" else tp_cases(spec, impl)
+                cases, refused = by_kind[impl.kind]()
             except ValueError as exc:
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
@@ -139,6 +152,10 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
 
             comps, lines = measure(impl, gc.case)
             return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
+        if impl.kind == "grouped_quant_linear":
+            from numcheck.properties.fp8.grouped.props import measure_case as grouped_measure
+
+            return quant_record(impl, gc, grouped_measure(impl, gc.case), time.perf_counter() - t0)
         if impl.kind == "tp_quant_linear":
             from numcheck.properties.distributed.tp_fp8.props import measure as tp_measure
 

@@ -45,6 +45,11 @@ bias gradient, ``@stepS`` for a delayed recipe's later step, each with ``ratio_d
 element of the larger (``worst_vs``: ``dequantized`` or ``original``); judged ``accumulation``, ``total`` (as the
 quantized linear) and ``same_scale`` (every rank quantized with the unsharded tensor's scales);
 ``ratio_expected`` is NaN (no expected level is derived for the sharded reduction).
+
+Grouped FP8 records (``grouped_quant_linear``, :func:`quant_record` on
+:func:`properties.fp8.grouped.props.measure_case`): as the quantized linear's, the case a ``GroupedCase``; outputs
+``y`` and ``dgrad`` assembled over the experts' rows, ``wgrad`` ``[G, N, K]`` and ``bgrad`` ``[G, N]`` stacked, each
+element under its own expert's bound; ``reduction_length`` of wgrad and bgrad is the largest expert's rows.
 """
 
 from __future__ import annotations
@@ -294,9 +299,15 @@ def declaration(impl: Any) -> dict[str, Any]:
         return {"dtypes": _names(s.dtypes), "recipes": [r.name for r in s.recipes], "parallel": sorted(s.parallel),
                 "sequence_parallel": sorted(s.sequence_parallel), "world_sizes": list(s.world_sizes),
                 "partial_dtype": s.partial_dtype, "accum_unit_roundoff": accum}
-    return {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "recipes": [r.name for r in s.recipes],
-            "save_original_input": sorted(s.save_original_input), "bias": s.bias,
-            "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum}
+    out = {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "recipes": [r.name for r in s.recipes],
+           "save_original_input": sorted(s.save_original_input), "bias": s.bias,
+           "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum}
+    if impl.kind == "grouped_quant_linear":
+        out.update(split_alignment=s.split_alignment, empty_splits=s.empty_splits,
+                   feature_alignment=s.feature_alignment, weight_layouts=sorted(s.weight_layouts),
+                   fused_wgrad_accumulation=sorted(s.fused_wgrad_accumulation),
+                   bitwise_per_expert=s.bitwise_per_expert)
+    return out
 
 
 # -- case records ---------------------------------------------------------------------------------------
@@ -348,7 +359,8 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
 
 
 def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
-    """The record of one quantized-linear case from :func:`properties.fp8.props.measure_case`'s result."""
+    """The record of one quantized-linear case from :func:`properties.fp8.props.measure_case`'s result (or a grouped
+    case's, from :func:`properties.fp8.grouped.props.measure_case`: the same fields)."""
     from numcheck.properties.core.failures import repro_command
 
     case = grid_case.case

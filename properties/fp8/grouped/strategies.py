@@ -1,0 +1,82 @@
+"""Hypothesis strategies for the grouped FP8 properties: cases inside an impl's declaration.
+
+Split sizes are drawn one expert at a time from edge-heavy lists (1, block edges ± 1 for the 32- and 128-row
+columnwise blocks, odd sizes) rounded up to the declared ``split_alignment``, with empty experts where declared, so
+uneven and unaligned splits meet every recipe; G from 1 to :data:`MAX_EXPERTS` (and the declared
+``max_experts``); K and N from the single linear's edges, multiples of ``feature_alignment``. The total rows stay
+at most :data:`MAX_ROWS` so the float64 oracle stays cheap (``NUMCHECK_FP8_MAX_DIM`` caps the single sizes).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
+from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM
+
+#: Per-expert row counts before alignment: around the 32- and 128-row columnwise blocks, and small odd ones.
+SPLIT_EDGES: tuple[int, ...] = (1, 3, 16, 31, 32, 33, 64, 127, 128, 129)
+MAX_EXPERTS = 5
+#: The most rows a drawn case has in all.
+MAX_ROWS = 320
+_DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+def _aligned(edges: tuple[int, ...], a: int, cap: int) -> tuple[int, ...]:
+    """``edges`` rounded up to multiples of ``a``, at most ``cap`` (at least one: ``a`` itself)."""
+    out = sorted({-(-e // a) * a for e in edges if -(-e // a) * a <= cap})
+    return tuple(out) or (a,)
+
+
+@st.composite
+def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None, max_rows: int = MAX_ROWS) -> tuple[int, ...]:
+    """``m_splits`` inside ``support``'s rules, at most ``max_rows`` in all (about: each size is capped at
+    ``max_rows // G``); ``empty``: ``True`` at least one empty expert (only where declared), ``False`` none,
+    ``None`` drawn."""
+    a = support.split_alignment
+    g_max = min(MAX_EXPERTS, support.max_experts or MAX_EXPERTS)
+    G = draw(st.integers(1 if empty is not True else 2, max(g_max, 2 if empty else 1)), label="G")
+    sizes = _aligned(SPLIT_EDGES, a, min(MAX_DIM, max(a, max_rows // G)))
+    allow_empty = support.empty_splits and empty is not False
+    choices = ((0,) if allow_empty else ()) + sizes
+    splits = [draw(st.sampled_from(choices), label=f"m_{i}") for i in range(G)]
+    if empty and support.empty_splits and 0 not in splits:
+        splits[draw(st.integers(0, G - 1), label="empty_expert")] = 0
+    if not any(splits):
+        splits[-1] = sizes[0]
+    return tuple(splits)
+
+
+@st.composite
+def grouped_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = GROUPED_REGIMES, device: str | None = None,
+                  save_original_input: bool | None = None, require_soi: bool = False, empty: bool | None = None,
+                  main_grad: bool | None = None, max_rows: int = MAX_ROWS) -> GroupedCase:
+    """A :class:`GroupedCase` inside ``support`` (recipe, dtype, splits, dimensions, bias, weight form, mode and
+    ``main_grad`` all declared). ``require_soi`` draws only recipes that allow save_original_input; ``empty`` as for
+    :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared)."""
+    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
+    if not recipes:
+        raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
+    recipe = draw(st.sampled_from(recipes), label="recipe")
+    dtype = draw(st.sampled_from(sorted(_DTYPE_NAMES[str(d)] for d in support.dtypes)), label="dtype")
+    m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows), label="m_splits")
+    fa = support.feature_alignment
+    K = draw(st.sampled_from(_aligned(_K_EDGES, fa, MAX_DIM)), label="K")
+    N = draw(st.sampled_from(_aligned(_N_EDGES, fa, MAX_DIM)), label="N")
+    bias = draw(st.booleans(), label="bias") if support.bias else False
+    regime = draw(st.sampled_from(regimes), label="regime")
+    seed = draw(st.integers(0, 2**16), label="seed")
+    if save_original_input is None:
+        modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]
+        soi = draw(st.sampled_from(modes), label="save_original_input")
+    else:
+        soi = save_original_input
+    steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
+    weights = draw(st.sampled_from(sorted(support.weight_layouts)), label="weights")
+    mg_modes = sorted(support.fused_wgrad_accumulation)
+    if main_grad is not None:
+        mg_modes = [main_grad] if main_grad in mg_modes else mg_modes
+    mg = draw(st.sampled_from(mg_modes), label="main_grad")
+    return GroupedCase(recipe, m_splits, K, N, dtype=dtype, bias=bias, regime=regime, seed=seed,
+                       save_original_input=soi, steps=steps, weights=weights, main_grad=mg, device=device or DEVICE)

@@ -1,0 +1,138 @@
+"""Deliberately broken grouped FP8 linears (mixture-of-experts): the grouped suite must flag every one of them.
+
+Each mutant is the built-in :class:`impls.builtin.grouped_fp8_linear.GroupedFusedLinear` with one seam overridden —
+one plausible grouped-kernel bug — declared for the recipes where it is observable, and loadable like any outside
+impl (``--impl numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS``). :data:`CAUGHT_BY` names the property
+(:data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`) that must fail it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from numcheck.impls.builtin.fp8_linear import QTensor
+from numcheck.impls.builtin.grouped_fp8_linear import Call, GroupedFusedLinear, SplitQuantized
+from numcheck.reference.fp8_formats import Fp8Format
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.self.helpers.mutant_table import caught_by_table
+from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
+
+
+class SharedScaleAcrossExperts(GroupedFusedLinear):
+    """Per-tensor scales from one amax over the whole input (every expert's rows) instead of each expert's own: the
+    experts' quantizers share one scale, so a quiet expert next to a loud one loses its precision."""
+
+    def split_amax(self, t32: torch.Tensor, c: Call) -> torch.Tensor:
+        amax = super().split_amax(t32, c)
+        return torch.full_like(amax, float(amax.max()))
+
+
+class SplitOffsetsOffByOne(GroupedFusedLinear):
+    """Each expert's first row taken as the end of the previous expert's (row offsets one too far for every expert
+    after the first): the boundary rows are quantized and multiplied with the previous expert's weight."""
+
+    def row_offsets(self, m_splits: tuple[int, ...]) -> tuple[int, ...]:
+        off = list(super().row_offsets(m_splits))
+        for i in range(1, len(off) - 1):
+            off[i] = min(off[i] + 1, off[i + 1])
+        return tuple(off)
+
+
+class ZeroAmaxInfScale(GroupedFusedLinear):
+    """The per-expert scale as fp8_max / amax without the rule's amax = 0 case: an expert whose amax is 0 — no token,
+    or only zero (padding) rows — gets an infinite scale, and 0·inf makes its FP8 codes NaN."""
+
+    def split_scales(self, amax: torch.Tensor, fmt: Fp8Format, recipe: Fp8Recipe, role: str, c: Call,
+                     experts: Sequence[int]) -> torch.Tensor:
+        if recipe.kind == "delayed":
+            return super().split_scales(amax, fmt, recipe, role, c, experts)
+        return torch.full_like(amax, fmt.max_finite) / amax
+
+
+class WrongExpertQuantizerInBackward(GroupedFusedLinear):
+    """Backward quantizes expert i's dy with expert i+1's quantizer (its stored delayed scale, and records the amax
+    into that expert's history): an index shifted when the per-GEMM quantizers are looked up for the grads."""
+
+    def dy_quantizer_of(self, i: int, c: Call) -> int:
+        return (i + 1) % c.G
+
+
+class Bf16MainGradAccumulation(GroupedFusedLinear):
+    """Fused wgrad accumulation through bf16: main_grad + wgrad rounded to bf16 before it is stored back in fp32."""
+
+    def accumulate_main_grad(self, main_grad: torch.Tensor, wgrad32: torch.Tensor) -> None:
+        main_grad.copy_((main_grad + wgrad32).to(torch.bfloat16).to(torch.float32))
+
+
+class StaleWgradWorkspace(GroupedFusedLinear):
+    """The [G, N, K] weight-gradient buffer is a workspace kept per shape and not cleared: an expert with no rows
+    skips its GEMM and returns what the previous call left in its slot."""
+
+    def wgrad_buffer(self, c: Call, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        ws = self.__dict__.setdefault("_workspaces", {})
+        key = (c.G, *shape, dtype, device)
+        if key not in ws:
+            ws[key] = torch.zeros((c.G, *shape), dtype=dtype, device=device)
+        return ws[key]
+
+
+@dataclass
+class _PerElement(SplitQuantized):
+    """A columnwise quantization whose blocks ignore the experts: each expert's part carries its elements' scales."""
+
+    full_scale_inv: torch.Tensor | None = None
+
+    def expert(self, c: Call, i: int) -> QTensor:
+        rows = c.rows(i)
+        data = self.data[rows].t().contiguous()
+        return QTensor(data, self.full_scale_inv[rows].t().contiguous(), None, (1, 1), self.fmt)
+
+
+class SaveOriginalInputQuantizesWholeInput(GroupedFusedLinear):
+    """save_original_input=True: backward re-quantizes the saved x columnwise as one tensor, forgetting the split
+    (one per-tensor scale for all experts; 32/128-row blocks straddling expert boundaries), while forward's
+    columnwise copy (save_original_input=False) is quantized per expert."""
+
+    def requantize_saved_x(self, x: torch.Tensor, c: Call) -> SplitQuantized:
+        M = int(x.shape[0])
+        whole = Call(c.recipe, (M,), (0, M), c.ws[:1], None, c.grouped, c.soi, None, None)
+        q = self.quantize_split(x, whole, "x", "columnwise", record=False)
+        if q.per_tensor:
+            full = q.scale_inv.reshape(1, 1).expand(x.shape)
+        else:
+            ids, _ = self.column_block_ids(whole, q.block[0], x.device)
+            full = q.scale_inv[ids]
+        return _PerElement(q.data, q.scale_inv, None, "columnwise", False, (1, 1), (), q.fmt, full.contiguous())
+
+
+class SavesCopyOfInput(GroupedFusedLinear):
+    """save_original_input=True keeps a private copy of x instead of x itself (no memory saved)."""
+
+    def original_x_to_save(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().clone()
+
+
+def _fused(cls: type, name: str, recipes: tuple[Fp8Recipe, ...], **support: Any) -> GroupedFusedLinear:
+    return cls(name, cls.__doc__.split("\n")[0], recipes=recipes, bitwise_per_expert=True,
+               fused_wgrad_accumulation=frozenset({False, True}), **support)
+
+
+_current = (Fp8Recipe("current"),)
+#: The mutants, each with the property that must flag it (the strategy its test draws from is in
+#: tests/self/mutants/test_grouped_fp8_mutants.py).
+MUTANTS, CAUGHT_BY = caught_by_table([
+    (_fused(SharedScaleAcrossExperts, "mutant_grouped_shared_scale", _recipes("current")), "accuracy"),
+    (_fused(SplitOffsetsOffByOne, "mutant_grouped_offsets_off_by_one", _recipes("current", "mxfp8")), "accuracy"),
+    (_fused(ZeroAmaxInfScale, "mutant_grouped_zero_amax_inf_scale", _current), "accuracy"),
+    (_fused(WrongExpertQuantizerInBackward, "mutant_grouped_wrong_expert_dy_quantizer", _recipes("delayed")),
+     "accuracy"),
+    (_fused(Bf16MainGradAccumulation, "mutant_grouped_bf16_main_grad", _current), "wgrad_accumulation"),
+    (_fused(StaleWgradWorkspace, "mutant_grouped_stale_wgrad_workspace", _current), "empty_experts"),
+    (_fused(SaveOriginalInputQuantizesWholeInput, "mutant_grouped_soi_whole_input", _recipes("current", "mxfp8",
+                                                                                                "blockwise")),
+     "save_original_input"),
+    (_fused(SavesCopyOfInput, "mutant_grouped_saves_copy_of_x", _current), "saved_bytes"),
+])

@@ -1,0 +1,100 @@
+"""The grouped FP8 suite's sharpness: each mutant in tests/self/helpers/grouped_fp8_mutants.py fails the property
+meant to catch it, on a case drawn inside its declaration, and the built-in it was made from passes there."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, settings
+
+from numcheck.impls.builtin.grouped_fp8_linear import GroupedFusedLinear
+from numcheck.properties.core.failures import PropertyFailure
+from numcheck.properties.fp8.grouped.cases import GroupedCase
+from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
+from numcheck.properties.fp8.grouped.strategies import grouped_cases
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.self.helpers.grouped_fp8_mutants import CAUGHT_BY, MUTANTS
+
+# No shrinking: the first failing case shows the mutant is caught.
+_FIND = settings(max_examples=40, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+                 suppress_health_check=list(HealthCheck))
+
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+#: What each mutant's search draws from (keywords of grouped_cases): the regimes and modes its bug needs, all of
+#: them among the suite's own draws for that property (properties/fp8/grouped/suite.py).
+DRAWS: dict[str, dict] = {
+    "mutant_grouped_shared_scale": dict(regimes=("normal", "wide", "outlier")),
+    "mutant_grouped_offsets_off_by_one": dict(regimes=("normal", "outlier")),
+    "mutant_grouped_zero_amax_inf_scale": dict(regimes=("zero_expert",)),
+    "mutant_grouped_wrong_expert_dy_quantizer": dict(regimes=("normal", "wide")),
+    "mutant_grouped_bf16_main_grad": dict(regimes=("normal", "wide"), main_grad=True),
+    "mutant_grouped_stale_wgrad_workspace": dict(regimes=("normal",), empty=True, main_grad=False),
+    "mutant_grouped_soi_whole_input": dict(regimes=("normal", "outlier"), require_soi=True),
+    "mutant_grouped_saves_copy_of_x": dict(regimes=("normal",), require_soi=True),
+}
+
+
+def _fails(prop, impl, case: GroupedCase) -> bool:
+    try:
+        prop(impl, case)
+    except PropertyFailure:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_grouped_mutant_is_caught(mutant):
+    """Hypothesis finds a case inside the mutant's declaration on which its property fails; the correct fused
+    built-in with the same declaration passes that case."""
+    prop = GROUPED_PROPERTIES[CAUGHT_BY[mutant.name]]
+    found = find(grouped_cases(mutant.support, **DRAWS[mutant.name]), lambda c: _fails(prop, mutant, c),
+                 settings=_FIND)
+    assert _fails(prop, mutant, found)
+    correct = GroupedFusedLinear("correct_twin", recipes=mutant.support.recipes, bitwise_per_expert=True,
+                                 fused_wgrad_accumulation=mutant.support.fused_wgrad_accumulation)
+    prop(correct, found)
+
+
+def test_every_mutant_has_a_draw():
+    """Each mutant names its draw, and the draws stay inside the suite's regimes."""
+    assert set(DRAWS) == {m.name for m in MUTANTS}
+
+
+def test_zero_amax_mutant_is_invisible_on_an_empty_expert():
+    """Documented limit: an infinite scale for an expert with no rows meets no element, so only a non-empty expert
+    whose amax is 0 (zero / padding rows, the suite's ``zero_expert`` regime) shows it."""
+    mutant = next(m for m in MUTANTS if m.name == "mutant_grouped_zero_amax_inf_scale")
+    GROUPED_PROPERTIES["accuracy"](mutant, GroupedCase(Fp8Recipe("current"), (0, 16, 0, 9), 24, 16, seed=3))
+    with pytest.raises(PropertyFailure, match="non-finite"):
+        GROUPED_PROPERTIES["accuracy"](mutant, GroupedCase(Fp8Recipe("current"), (0, 16, 0, 9), 24, 16, seed=3,
+                                                            regime="zero_expert"))
+
+
+def test_grouped_mutants_load_as_outside_impls():
+    """The mutants load through the registry's spec path like any outside impl."""
+    from numcheck.impls.registry import ImplEntry, load_spec
+
+    entries = load_spec("numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS", "--impl")
+    assert entries and all(isinstance(e, ImplEntry) and e.kind == "grouped_quant_linear" for e in entries), entries
+
+
+#: The drawn suite test of each property a mutant must fail.
+SUITE_TEST = {"accuracy": "grouped_accuracy_against_both_references", "empty_experts": "grouped_empty_experts_exact_zero",
+              "save_original_input": "grouped_save_original_input_is_bitwise_identical",
+              "saved_bytes": "grouped_saved_bytes_measured",
+              "wgrad_accumulation": "grouped_wgrad_accumulation_over_micro_batches"}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_ci_profile_catches_grouped_mutant(mutant):
+    """The shipped suite's own drawn test, under the ci profile's budget and draws (numcheck.check's runner, no
+    shrinking), fails the mutant."""
+    from hypothesis import settings as hsettings
+
+    from numcheck.properties.check import _run_drawn
+    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+
+    base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    verdict = _run_drawn(GROUPED_SUITE[SUITE_TEST[CAUGHT_BY[mutant.name]]], mutant, base)
+    assert verdict.status == "failed", verdict

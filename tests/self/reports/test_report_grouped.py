@@ -1,0 +1,58 @@
+"""``numcheck report``'s grouped FP8 rows: the grid's cases are declared ones (the rest counted), a correct impl's
+rows pass, a mutant's fail with a repro line ``numcheck repro`` runs, the records reload and render, and numcheck
+premerge's report check counts and lists them."""
+
+from __future__ import annotations
+
+import pytest
+
+from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
+from numcheck.properties.fp8.grouped.cases import refusal
+from numcheck.reports.report import schema as report_schema
+from numcheck.reports.report.command import build_report, write_report
+from numcheck.reports.report.grid import FULL, QUICK, SMOKE, grouped_cases, reduction_length
+
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+
+@pytest.mark.parametrize("spec", [QUICK, FULL, SMOKE], ids=lambda s: s.name)
+def test_grouped_grid_runs_declared_cases_and_counts_the_others(spec):
+    """Every grouped grid case lies inside the impl's declaration (the split rules included), and cases run plus
+    cases counted per reason make the whole grid (recipes × dtypes × labels)."""
+    for impl in grouped_fp8_linear_impls():
+        cases, skipped = grouped_cases(spec, impl)
+        s = impl.support
+        kinds = len({r.kind for r in s.recipes})
+        recipes = len(s.recipes) if spec.grouped_all_recipes else kinds
+        dtypes = len(s.dtypes) if spec.quant_all_dtypes else 1
+        assert len(cases) + sum(skipped.values()) == recipes * dtypes * len(spec.grouped_cases)
+        assert cases and all(refusal(s, gc.case) is None for gc in cases)
+        assert all(reduction_length("wgrad", gc.case) == max(gc.case.m_splits) for gc in cases)
+
+
+def test_report_has_grouped_rows_and_mutant_failures(tmp_path):
+    """A report with a correct grouped impl and the grouped mutants: the impl's rows pass, the shared-scale mutant's
+    rows fail with a numcheck repro line, the report reloads under the schema check and renders the grouped table,
+    and premerge's report check counts the rows and lists the failures with their repro lines."""
+    from numcheck.reports.premerge.command import check_report
+    from numcheck.reports.repro import parse_case
+
+    specs = ["grouped_fp8_linear[fused]", "numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS"]
+    rep = build_report(SMOKE, specs, "cpu", progress=False, memory=False, accumulation=False)
+    good = [c for c in rep["cases"] if c["impl"] == "grouped_fp8_linear[fused]"]
+    assert good and all(c["status"] == "pass" and c["kind"] == "grouped_quant_linear" for c in good)
+    assert all(set(c["outputs"]) == {"y", "dgrad", "wgrad", "bgrad"} for c in good if "@" not in "".join(c["outputs"]))
+    bad = [c for c in rep["cases"] if c["impl"] == "mutant_grouped_shared_scale"]
+    assert bad and any(c["status"] == "fail" for c in bad)
+    failing = next(c for c in bad if c["status"] == "fail")
+    assert "numcheck repro" in failing["repro"] and "GroupedCase(" in failing["repro"]
+    assert type(parse_case(failing["case"])).__name__ == "GroupedCase"
+    chk = check_report(rep, "smoke")
+    assert not chk.ok and int(chk.figure.split("/")[1].split()[0]) == len(rep["cases"])
+    assert any("mutant_grouped_shared_scale" in d and "numcheck repro" in d for d in chk.details)
+    write_report(rep, tmp_path / "r", plots=False)
+    back = report_schema.load(tmp_path / "r" / "report.json")
+    assert any(c["kind"] == "grouped_quant_linear" for c in back["cases"])
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "### Grouped FP8 linear (mixture-of-experts)" in md and "`mutant_grouped_shared_scale`" in md
+    assert "every scale per expert" in md

@@ -1,0 +1,148 @@
+"""Every grouped FP8 linear property (mixture-of-experts) against every loaded grouped impl (built-in and plugged in).
+
+Cases are drawn inside each impl's declaration (``properties/fp8/grouped/strategies.py``); the drawn tests are
+:data:`numcheck.properties.fp8.grouped.suite.GROUPED_SUITE`, run by the suite's runner. Failures carry the impl, the
+case, the output, the expert, error, bound, worst element and a repro command (``properties/fp8/grouped/props.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numcheck.impls.measure import capabilities
+from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.fp8.grouped import props as checks
+from numcheck.properties.fp8.grouped.cases import GroupedCase, fitted, refusal
+from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+from numcheck.tests.suite.drawn import run_drawn
+
+#: The suite table numcheck's plugin reads each test's entry from (its example budget).
+NUMCHECK_SUITE = GROUPED_SUITE
+
+_FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+#: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_accuracy_against_both_references(grouped_quant_impl, data):
+    """Every expert's outputs within the accumulation bound of the dequantized reference and the FP8 bound of the
+    original; delayed scaling's per-expert amax records exact."""
+    run_drawn(GROUPED_SUITE["grouped_accuracy_against_both_references"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_equals_the_linear_per_expert(grouped_quant_impl, data):
+    """The grouped call equals the single FP8 linear built-in per expert (bitwise where declared)."""
+    run_drawn(GROUPED_SUITE["grouped_equals_the_linear_per_expert"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_empty_experts_exact_zero(grouped_quant_impl, data):
+    """Experts without rows get exact-zero weight and bias gradients (after a call that gave them rows), and no
+    output holds NaN or inf."""
+    run_drawn(GROUPED_SUITE["grouped_empty_experts_exact_zero"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_split_rules_refused_outside(grouped_quant_impl, data):
+    """m_splits outside the declared rules raise ValueError naming m_splits."""
+    run_drawn(GROUPED_SUITE["grouped_split_rules_refused_outside"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_expert_permutation(grouped_quant_impl, data):
+    """Permuting the experts permutes every output."""
+    run_drawn(GROUPED_SUITE["grouped_expert_permutation"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_save_original_input_is_bitwise_identical(grouped_quant_impl, data):
+    """save_original_input on and off give bitwise identical outputs (delayed scaling: on raises)."""
+    run_drawn(GROUPED_SUITE["grouped_save_original_input_is_bitwise_identical"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_saved_bytes_measured(grouped_quant_impl, data):
+    """Measured: on holds x itself, off the columnwise FP8 copy, and their difference is the predicted copy."""
+    run_drawn(GROUPED_SUITE["grouped_saved_bytes_measured"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
+def test_grouped_wgrad_accumulation_over_micro_batches(grouped_quant_impl, data):
+    """Three micro-batches accumulate wgrad into fp32 main_grad (fused) or weight.grad within the accumulated bound."""
+    run_drawn(GROUPED_SUITE["grouped_wgrad_accumulation_over_micro_batches"], grouped_quant_impl, data)
+
+
+def _first_dtype(impl) -> str:
+    for name in ("bfloat16", "float32", "float16"):
+        if any(str(d) == f"torch.{name}" for d in impl.support.dtypes):
+            return name
+    raise AssertionError(f"{impl.name} declares no dtype")
+
+
+def _fit(impl, case: GroupedCase) -> GroupedCase | None:
+    """``case`` moved into the impl's declaration (:func:`~properties.fp8.grouped.cases.fitted`), or ``None`` if it
+    still is not declared."""
+    case = fitted(impl.support, case)
+    return None if refusal(impl.support, case) else case
+
+
+#: (m_splits, K, N, regime) of the fixed cases: unaligned splits straddling 32- and 128-row blocks with empty experts
+#: first and between, one block row past 128, eight one-row experts, and the regimes local to one expert.
+EDGE_CASES = (
+    ((0, 33, 1, 0, 130), 40, 24, "outlier"),
+    ((129, 0, 31), 72, 17, "tail_outlier"),
+    ((1, 1, 1, 1, 1, 1, 1, 1), 16, 8, "zero_expert"),
+    ((5, 37, 16), 40, 24, "nan_expert"),
+)
+
+
+def test_grouped_edge_splits_every_recipe(grouped_quant_impl):
+    """Fixed split patterns the draws seldom combine (:data:`EDGE_CASES`), for every declared recipe: accuracy of
+    every expert, and the empty experts' exact zeros."""
+    dtype = _first_dtype(grouped_quant_impl)
+    for recipe in grouped_quant_impl.support.recipes:
+        for m_splits, K, N, regime in EDGE_CASES:
+            case = _fit(grouped_quant_impl, GroupedCase(recipe, m_splits, K, N, dtype=dtype, bias=True, regime=regime,
+                                                        seed=17, steps=2 if recipe.kind == "delayed" else 1,
+                                                        device=DEVICE))
+            if case is not None:
+                checks.accuracy(grouped_quant_impl, case)
+                if regime == "outlier":  # its empty experts first and between, after a call that gave them rows
+                    checks.empty_experts(grouped_quant_impl, case)
+
+
+def test_grouped_delayed_scaling_per_gemm_histories(grouped_quant_impl):
+    """Delayed scaling over six steps with experts of different magnitudes: each expert quantizes with its own
+    stored scales and records its own amaxes (an empty expert's x and dy amax 0), exactly."""
+    delayed = [r for r in grouped_quant_impl.support.recipes if r.kind == "delayed"]
+    if not delayed:
+        pytest.skip(f"{grouped_quant_impl.name} declares no delayed recipe")
+    for recipe in delayed:
+        case = _fit(grouped_quant_impl, GroupedCase(recipe, (48, 0, 17, 64), 64, 40, dtype=_first_dtype(
+            grouped_quant_impl), steps=6, seed=2, device=DEVICE))
+        if case is not None:
+            checks.accuracy(grouped_quant_impl, case)
+
+
+def test_grouped_emulated_gemms(grouped_quant_impl):
+    """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and bitwise per expert."""
+    with capabilities.forced(scaled_mm=False):
+        for recipe in grouped_quant_impl.support.recipes:
+            case = _fit(grouped_quant_impl, GroupedCase(recipe, (32, 0, 16), 128, 48, dtype=_first_dtype(
+                grouped_quant_impl), bias=True, seed=4, device=DEVICE))
+            if case is not None:
+                checks.accuracy(grouped_quant_impl, case)
+                checks.per_expert_linear(grouped_quant_impl, case)
