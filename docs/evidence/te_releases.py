@@ -8,9 +8,9 @@ processes with ``NUMCHECK_TE_DIR=FOLDER`` and this checkout first on ``PYTHONPAT
    (options, dtypes, where TE writes into the logits, what is left out and why);
 2. the property suite on the TE impls, both faces (``pytest --pyargs numcheck.tests.suite --impl te_...``; the
    distributed tests at world sizes 1, 2 and 4 under gloo): passed / failed / skipped and each failure's first line;
-3. the strict checks of TE's recorded known divergences (``tests/adapters/test_known_divergences.py`` and
-   ``tests/adapters/test_transformer_engine.py``, ``-k te_``): each entry's example still fails on a release inside
-   its range and passes on one outside;
+3. the strict checks of TE's recorded known divergences (the tests naming TE in
+   ``tests/adapters/test_known_divergences.py`` and ``tests/adapters/test_transformer_engine.py``): each entry's
+   example still fails on a release inside its range and passes on one outside;
 4. with ``--report``, ``numcheck report --grid quick`` on the TE impls: its verdict line.
 
 Each release's results are kept as JSON in ``--work`` (default ``/tmp/numcheck-te-releases``) with the hash of this
@@ -45,7 +45,8 @@ LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,o
           "te_parallel_ce[none,overwrite_input]")
 DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
 IMPLS = LINEAR + DIST
-KNOWN_TESTS = ("tests/adapters/test_known_divergences.py", "tests/adapters/test_transformer_engine.py")
+KNOWN_TESTS = ("numcheck/tests/adapters/test_known_divergences.py",
+               "numcheck/tests/adapters/test_transformer_engine.py")
 
 
 def code_hash() -> str:
@@ -235,8 +236,8 @@ def main(argv: list[str]) -> int:
         rec = judge(args.dir / v, args.jobs, args.report)
         rec["code"] = code
         kept.write_text(json.dumps(rec, indent=1))
-        suite = rec["suite"]
-        print(f"{v}: suite {suite['passed']}/{suite['failed']}/{suite['skipped']} in {suite['seconds']} s", flush=True)  # type: ignore[index]
+        suite: dict = rec["suite"]  # type: ignore[assignment]
+        print(f"{v}: suite {suite['passed']}/{suite['failed']}/{suite['skipped']} in {suite['seconds']} s", flush=True)
         results[v] = rec
     text = render(results, code)
     print(text)

@@ -3,17 +3,18 @@
 ``transformer_engine/pytorch/triton/cross_entropy.py`` and, from 2.10, ``transformer_engine/common/triton/
 cross_entropy.py``), for every release from 2.2.0 on, with two faces:
 
-- ``te_parallel_ce[mean]`` / ``te_parallel_ce[none]`` (linear+CE, :mod:`numcheck.impls.protocols.linear_ce`): the logits of
-  a declared GEMM (``F.linear`` in the input dtype, bias cast to it), viewed as TE's [1, N, V], then TE's Function
-  with ``reduce_loss=True`` (``mean``) or ``False`` (``none``, TE's per-row loss): TE offers those two reductions
-  and no ``sum``. Loss and gradients are what TE returns; the adapter only reshapes the loss ([1] or [1, N]) to the
-  protocol's () or [N]. ``te_parallel_ce[mean,overwrite_input]`` / ``[none,overwrite_input]``: the same with
-  ``overwrite_input=True`` where the release has that parameter (2.19 on; earlier releases name why not).
-- ``te_vocab_parallel[mean]`` / ``te_vocab_parallel[none]`` (distributed, :mod:`numcheck.impls.protocols.dist_linear_ce`):
-  each rank's logits shard from the same GEMM, x entering through a copy whose backward all-reduces grad_x in
-  x's dtype, then TE's Function with ``dist_process_group=group`` (gloo on the CPU, nccl on CUDA). TE takes the
-  full targets on every rank and assumes equal, rank-ordered shards (``vocab_start = rank * V_r``):
-  ``uneven_vocab=False``. Its label smoothing is PyTorch's (ε/V over every class): ``smoothing="torch"``.
+- ``te_parallel_ce[mean]`` / ``te_parallel_ce[none]`` (linear+CE, :mod:`numcheck.impls.protocols.linear_ce`): the
+  logits of a declared GEMM (``F.linear`` in the input dtype, bias cast to it), viewed as TE's [1, N, V], then
+  TE's Function with ``reduce_loss=True`` (``mean``) or ``False`` (``none``, TE's per-row loss): TE offers those
+  two reductions and no ``sum``. Loss and gradients are what TE returns; the adapter only reshapes the loss ([1] or
+  [1, N]) to the protocol's () or [N]. ``te_parallel_ce[mean,overwrite_input]`` / ``[none,overwrite_input]``: the
+  same with ``overwrite_input=True`` where the release has that parameter (2.19 on; earlier releases name why not).
+- ``te_vocab_parallel[mean]`` / ``te_vocab_parallel[none]`` (distributed,
+  :mod:`numcheck.impls.protocols.dist_linear_ce`): each rank's logits shard from the same GEMM, x entering through a
+  copy whose backward all-reduces grad_x in x's dtype, then TE's Function with ``dist_process_group=group`` (gloo on
+  the CPU, nccl on CUDA). TE takes the full targets on every rank and assumes equal, rank-ordered shards
+  (``vocab_start = rank * V_r``): ``uneven_vocab=False``. Its label smoothing is PyTorch's (ε/V over every class):
+  ``smoothing="torch"``.
 
 **Loading** (:func:`load`, shown by ``numcheck list``). Where ``import transformer_engine.pytorch`` works (TE fully
 installed, its core library included), the Function is taken from there. Otherwise the fused CE's own files are
@@ -143,12 +144,14 @@ class Source:
 
     how: Literal["import", "files"]
     folder: str
+    #: Why an importable ``transformer_engine`` was not used (its import failed), shown with the source.
+    note: str | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         if self.how == "import":
             return f"import transformer_engine.pytorch (TE fully installed, at {self.folder})"
-        return (f"files in {self.folder}, loaded without TE's package __init__ (transformer_engine is not "
-                f"importable with its core here)")
+        why = f"; {self.note}" if self.note else ""
+        return f"files in {self.folder}, without running TE's package __init__{why}"
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,8 @@ def _private_import(owner: str, provided: dict[str, Any], package: str) -> Calla
             return real(name, globals, locals, fromlist, level)
         if full in provided:
             return provided[full] if fromlist else chain(full, provided[full])
+        if fromlist and all(f"{full}.{item}" in provided for item in fromlist):  # from package import module
+            return types.SimpleNamespace(**{item: provided[f"{full}.{item}"] for item in fromlist})
         raise TELoadError(f"{owner} imports {full}, which numcheck does not load without TE's package (only torch, "
                           f"triton and the fused CE's own modules are): this release's fused CE needs TE installed")
 
@@ -326,9 +331,10 @@ def locate() -> tuple[Source | None, list[str]]:
             return Source("import", str(package_dir.parent)), notes
         except Exception as exc:  # noqa: BLE001 - whatever TE raises without its core
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            notes.append(f"import transformer_engine.pytorch failed ({type(exc).__name__}: {first})")
+            failed = f"import transformer_engine.pytorch failed ({type(exc).__name__}: {first})"
             if (package_dir.parent / FILES["triton"]).is_file():
-                return Source("files", str(package_dir.parent)), notes
+                return Source("files", str(package_dir.parent), note=failed), notes
+            notes.append(failed)
     if (default_dir() / FILES["triton"]).is_file():
         return Source("files", str(default_dir())), notes
     notes.append(f"transformer_engine is not importable, {ENV_DIR} is unset and {default_dir()} holds no "
@@ -349,7 +355,8 @@ def load_from(source: Source) -> TEInfo | str:
             module_file = Path(sys.modules[function.__module__].__file__ or "")
             version = _owning_version(module_file) or _installed_version()
             if version is None:
-                return f"TransformerEngine imported from {source.folder}, but no installed distribution names its release"
+                return (f"TransformerEngine imported from {source.folder}, but no installed distribution names its "
+                        f"release")
         else:
             function, version = load_files(Path(source.folder))
     except Exception as exc:  # noqa: BLE001 - one reason, whatever the release raises
@@ -564,8 +571,9 @@ def te_cross_entropy(info: TEInfo, writes: Writes, logits: torch.Tensor, target:
     watch = LogitsWatch(z, writes, f"{label} (TransformerEngine {info.version})")
     if z.requires_grad:
         z.register_hook(watch.on_gradient)
-    given: dict[str, Any] = {info.input_param: z, "target": target.view(1, N), "label_smoothing": float(label_smoothing),
-                             "reduce_loss": bool(reduce_loss), "dist_process_group": group}
+    given: dict[str, Any] = {info.input_param: z, "target": target.view(1, N),
+                             "label_smoothing": float(label_smoothing), "reduce_loss": bool(reduce_loss),
+                             "dist_process_group": group}
     if info.has("ignore_idx"):
         given["ignore_idx"] = int(ignore_index)
     elif bool((target == ignore_index).any()):
