@@ -41,8 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST = Version("2.2.0")
-LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,overwrite_input]",
-          "te_parallel_ce[none,overwrite_input]")
+LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,overwrite_input]")
 DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
 IMPLS = LINEAR + DIST
 KNOWN_TESTS = ("numcheck/tests/adapters/test_known_divergences.py",

@@ -73,7 +73,9 @@ def test_divergence_still_present(entry):
     impls = _unshadowed(entry, impls, example)
     for prop in _properties(entry):
         for impl in impls:
-            with pytest.raises(AssertionError):
+            # A property's verdict (AssertionError), or the impl's own exception, which the suite's runner reports
+            # as that property's failure (failures.impl_raised): a release whose backward raises.
+            with pytest.raises(Exception):
                 checks.PROPERTIES[prop](impl, example)
 
 
