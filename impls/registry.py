@@ -84,6 +84,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.cce import cce_impls
     from numcheck.impls.adapters.liger import liger_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
+    from numcheck.impls.adapters.transformer_engine import te_impls
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
     from numcheck.impls.builtin.fp8_linear import quant_linear_impls
@@ -91,8 +92,8 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
-    return (eager_impls, liger_impls, cce_impls, chunked_impls, recompute_impls, torch_native_impls, triton_impls,
-            quant_linear_impls, grouped_fp8_linear_impls, dist_impls, tp_fp8_linear_impls)
+    return (eager_impls, liger_impls, cce_impls, te_impls, chunked_impls, recompute_impls, torch_native_impls,
+            triton_impls, quant_linear_impls, grouped_fp8_linear_impls, dist_impls, tp_fp8_linear_impls)
 
 
 def dist_impls() -> list[Any]:
@@ -101,9 +102,10 @@ def dist_impls() -> list[Any]:
     variant's bf16 gradient of fp32 logits is a known divergence of the release
     (:data:`numcheck.properties.distributed.linear_ce.known.OUTPUT_KNOWN`)."""
     from numcheck.impls.adapters.megatron import megatron_impls
+    from numcheck.impls.adapters.transformer_engine import te_dist_impls
     from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls
 
-    return [*vocab_parallel_impls(), *megatron_impls()]
+    return [*vocab_parallel_impls(), *megatron_impls(), *te_dist_impls()]
 
 
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:

@@ -16,6 +16,7 @@ from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_world_size_invariance, invariance_cases
 from numcheck.properties.distributed.linear_ce.strategies import draw_case
 from numcheck.properties.core.problems import build
+from numcheck.properties.distributed.linear_ce.known import CASE_KNOWN
 
 #: Known divergences of distributed impls: ``(impl name, reason, covers(case) -> bool)``; the evidence is named in
 #: the reason.
@@ -30,6 +31,7 @@ DIST_KNOWN: tuple[tuple[str, str, Callable[[DistCase], bool]], ...] = (
      "probability underflows to 0 gives log 0 = -inf and an infinite loss, where Σ −log p_j = Σ (lse − z_j) is "
      "finite (docs/evidence/megatron_smoothing_underflow.txt)",
      lambda c: c.problem.label_smoothing > 0 and softmax_underflows(c)),
+    *((d.impl, d.reason, d.holds) for d in CASE_KNOWN),  # third-party release ranges, each checked strictly
 )
 
 

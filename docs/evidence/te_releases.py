@@ -1,0 +1,258 @@
+"""Every TransformerEngine release with the fused cross-entropy, judged by numcheck: the versions table
+``te_releases.txt`` beside this file is this script's output.
+
+For each release (a folder holding ``pip install --no-deps --target FOLDER transformer-engine==X``), in fresh
+processes with ``NUMCHECK_TE_DIR=FOLDER`` and this checkout first on ``PYTHONPATH``:
+
+1. ``numcheck list`` of the TE impls: how the fused CE was loaded, the release, the version-specific declaration
+   (options, dtypes, where TE writes into the logits, what is left out and why);
+2. the property suite on the TE impls, both faces (``pytest --pyargs numcheck.tests.suite --impl te_...``; the
+   distributed tests at world sizes 1, 2 and 4 under gloo): passed / failed / skipped and each failure's first line;
+3. the strict checks of TE's recorded known divergences (the tests naming TE in
+   ``tests/adapters/test_known_divergences.py`` and ``tests/adapters/test_transformer_engine.py``): each entry's
+   example still fails on a release inside its range and passes on one outside;
+4. with ``--report``, ``numcheck report --grid quick`` on the TE impls: its verdict line.
+
+Each release's results are kept as JSON in ``--work`` (default ``/tmp/numcheck-te-releases``) with the hash of this
+checkout's ``.py`` files, so a run cut short resumes and a changed checkout reruns. The table is printed and, with
+``--out``, written.
+
+Usage:
+  python docs/evidence/te_releases.py --install DIR          # pip install --no-deps --target DIR/X for every release
+  python docs/evidence/te_releases.py DIR [--only 2.8.0,2.20.2] [-n 2] [--report] [--out docs/evidence/te_releases.txt]
+DIR holds one folder per release, named by its version. ``--install`` asks ``pip index versions transformer-engine``
+which releases exist and installs each from 2.2.0 on (the first with the fused CE) into DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+ROOT = Path(__file__).resolve().parents[2]
+OLDEST = Version("2.2.0")
+LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,overwrite_input]")
+DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
+IMPLS = LINEAR + DIST
+KNOWN_TESTS = ("numcheck/tests/adapters/test_known_divergences.py",
+               "numcheck/tests/adapters/test_transformer_engine.py")
+
+
+def code_hash() -> str:
+    """SHA-256 over this checkout's .py files (what a kept result was judged by)."""
+    h = hashlib.sha256()
+    for p in sorted(ROOT.rglob("*.py")):
+        if ".venv" in p.parts or ".git" in p.parts:
+            continue
+        h.update(p.relative_to(ROOT).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def available_releases() -> list[str]:
+    """The transformer-engine releases the package index lists, from :data:`OLDEST` on."""
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformer-engine"],
+                         capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("Available versions:"))
+    found = []
+    for v in line.split(":", 1)[1].split(","):
+        try:
+            if Version(v.strip()) >= OLDEST:
+                found.append(v.strip())
+        except InvalidVersion:
+            continue
+    return sorted(found, key=Version)
+
+
+def install(folder: Path) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    for v in available_releases():
+        target = folder / v
+        if target.is_dir():
+            print(f"{v}: {target} exists", flush=True)
+            continue
+        print(f"{v}: installing into {target}", flush=True)
+        rc |= subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                              "--target", str(target), f"transformer-engine=={v}"]).returncode
+    return rc
+
+
+def _env(folder: Path) -> dict[str, str]:
+    env = dict(os.environ, NUMCHECK_TE_DIR=str(folder), PYTHONPATH=str(ROOT))
+    env.pop("NUMCHECK_IMPLS", None)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return 124, out + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - start
+
+
+def _junit(path: Path) -> dict[str, object]:
+    """Counts and, per failing test, the first line of its message, from a JUnit XML file."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures: list[str] = []
+    if not path.is_file():
+        return {**counts, "failures": ["(no JUnit file: pytest did not finish)"]}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "?")
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            text = (bad.get("message") or bad.text or "").strip()
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            failures.append(f"{name}: {first[:300]}")
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return {**counts, "failures": failures}
+
+
+def judge(folder: Path, jobs: int, report: bool) -> dict[str, object]:
+    """Steps 1-4 of the module docstring for the release in ``folder``."""
+    env = _env(folder)
+    py = sys.executable
+    impl_args = [a for name in IMPLS for a in ("--impl", name)]
+    rec: dict[str, object] = {"folder": str(folder)}
+    rc, out, s = _run([py, "-m", "numcheck.reports.cli", "list", *impl_args], env, 600)
+    rec["list"] = out.strip().splitlines()
+    rec["list_rc"] = rc
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "suite.xml"
+        rc, out, s = _run([py, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
+                           "-n", str(jobs), "--pyargs", "numcheck.tests.suite", *impl_args, f"--junitxml={xml}"],
+                          env, 5400)
+        rec["suite"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+        xml = Path(tmp) / "known.xml"
+        rc, out, s = _run([py, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", "-n", "0",
+                           *KNOWN_TESTS, "-k", "te_parallel_ce or te_vocab_parallel or transformer_engine",
+                           f"--junitxml={xml}"], env, 3600)
+        rec["known"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+        if report:
+            rc, out, s = _run([py, "-m", "numcheck.reports.cli", "report", "--grid", "quick", "--out",
+                               str(Path(tmp) / "report"), *impl_args], env, 5400)
+            rec["report"] = {"rc": rc, "seconds": round(s), "tail": out.strip().splitlines()[-4:]}
+    return rec
+
+
+def _declaration(lines: list[str]) -> dict[str, str]:
+    """Per impl, the parts of its ``numcheck list`` entry the table shows."""
+    out: dict[str, str] = {}
+    name = None
+    for ln in lines:
+        m = re.match(r"^(te_\S+)\s+\[", ln)
+        if m:
+            name = m.group(1)
+            out[name] = ""
+            continue
+        if name and ln.startswith("    "):
+            out[name] += ln.strip() + "\n"
+    return out
+
+
+def render(results: dict[str, dict[str, object]], code: str) -> str:
+    """The versions table and, per release, the declarations and findings."""
+    lines = [f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})", "",
+             "| release | loaded | writes into the logits | ignore_index | overwrite_input | suite "
+             "(passed/failed/skipped) | known-divergence checks | report |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    details = []
+    for v in sorted(results, key=Version):
+        r = results[v]
+        decl = _declaration(r.get("list", []))  # type: ignore[arg-type]
+        mean = decl.get("te_parallel_ce[mean]", "")
+        loaded = "files" if "loaded: files" in mean else ("import" if "loaded: import" in mean else "?")
+        writes = ("in forward" if "in forward" in mean else "no (default); in backward with overwrite_input"
+                  if "overwrite_input" in decl.get("te_parallel_ce[mean,overwrite_input]", "")
+                  and "here: runs" in decl.get("te_parallel_ce[mean,overwrite_input]", "") else "no")
+        ignore = "yes" if "ignore_index" in mean.split("options:", 1)[-1].split(";")[0] else "no"
+        ow = "yes" if "here: runs" in decl.get("te_parallel_ce[mean,overwrite_input]", "") else "no"
+        suite = r.get("suite", {})
+        known = r.get("known", {})
+        rep = r.get("report")
+        rep_text = "—" if not rep else ("pass" if rep["rc"] == 0 else f"exit {rep['rc']}")  # type: ignore[index]
+        lines.append(f"| {v} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
+                     f"{suite.get('skipped')} ({suite.get('seconds')} s) | {known.get('passed')} passed, "
+                     f"{known.get('failed')} failed, {known.get('skipped')} skipped | {rep_text} |")
+        details.append(f"## {v}")
+        for name, text in decl.items():
+            details.append(f"- {name}: " + text.strip().replace("\n", "\n  "))
+        for f in suite.get("failures", []):  # type: ignore[union-attr]
+            details.append(f"  - suite FAILED {f}")
+        for f in known.get("failures", []):  # type: ignore[union-attr]
+            details.append(f"  - known-divergence check FAILED {f}")
+        if rep:
+            details.append("  - report: " + " | ".join(rep["tail"]))  # type: ignore[index]
+        details.append("")
+    return "\n".join(lines + [""] + details)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="folder of per-release folders")
+    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
+    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
+    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap.add_argument("--report", action="store_true", help="also run numcheck report --grid quick")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "numcheck-te-releases")
+    ap.add_argument("--out", type=Path, help="write the table here too")
+    args = ap.parse_args(argv)
+    if args.install:
+        return install(args.dir)
+    releases = [p.name for p in args.dir.iterdir() if p.is_dir()]
+    releases = [v for v in releases if _is_version(v) and Version(v) >= OLDEST]
+    if args.only:
+        releases = [v for v in releases if v in set(args.only.split(","))]
+    code = code_hash()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, object]] = {}
+    for v in sorted(releases, key=Version):
+        kept = args.work / f"{v}.json"
+        if kept.is_file():
+            rec = json.loads(kept.read_text())
+            if rec.get("code") == code and bool(rec.get("report")) >= args.report:
+                print(f"{v}: kept ({kept})", flush=True)
+                results[v] = rec
+                continue
+        print(f"{v}: judging ...", flush=True)
+        rec = judge(args.dir / v, args.jobs, args.report)
+        rec["code"] = code
+        kept.write_text(json.dumps(rec, indent=1))
+        suite: dict = rec["suite"]  # type: ignore[assignment]
+        print(f"{v}: suite {suite['passed']}/{suite['failed']}/{suite['skipped']} in {suite['seconds']} s", flush=True)
+        results[v] = rec
+    text = render(results, code)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    bad = any(r["suite"]["failed"] or r["known"]["failed"] for r in results.values())  # type: ignore[index]
+    return 1 if bad else 0
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+        return True
+    except InvalidVersion:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
