@@ -95,7 +95,7 @@ def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H
             acc.add_(G, xc)
             torch.cuda.synchronize()
             extra = torch.cuda.max_memory_allocated(dev) - base
-            ms = median_ms(lambda: acc.add_(G, xc), rep_ms)
+            ms = median_ms(lambda: acc.add_(G, xc), rep_ms)  # noqa: F821 - acc is bound above; del-ed after
             resolved = path if path == grad_accum.SPLIT else grad_accum.resolved_path(path, dev, torch.bfloat16)
             rows.append({"path": path, "resolved": resolved, "C": C, "ms": ms, "extra_peak_mib": extra / 2**20,
                          "tflops": 2 * C * V * H / (ms * 1e-3) / 1e12,
@@ -124,8 +124,8 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
         ("logits = x_c·Wᵀ (cuBLAS)", lambda: torch.mm(xr, w.t(), out=logits), flop),
         ("CE kernel, G in place (Triton)", lambda: ce_block_triton_(logits, t, coef.coef_ce, coef.coef_z, ignore_index=-100), 0),
         ("grad_x = G·W (cuBLAS)", lambda: torch.mm(logits, w, out=gx), flop),
-        ("grad_W += Gᵀ·x_c, split fp32 (Triton)", lambda: split.add_(logits, xr), flop),
-        ("grad_W += Gᵀ·x_c, addmm out_dtype fp32 (cuBLAS)", lambda: plain.add_(logits, xr), flop),
+        ("grad_W += Gᵀ·x_c, split fp32 (Triton)", lambda: split.add_(logits, xr), flop),  # noqa: F821 - bound above
+        ("grad_W += Gᵀ·x_c, addmm out_dtype fp32 (cuBLAS)", lambda: plain.add_(logits, xr), flop),  # noqa: F821 - bound above
     ]
     rows = []
     for name, fn, fl in steps:

@@ -59,7 +59,7 @@ class F(torch.autograd.Function):
     def backward(ctx, go):
         gx, gw = ctx.saved_tensors
         if not torch.equal(go, torch.ones_like(go)):
-            gx = gx * go; gw = gw * go
+            gx, gw = gx * go, gw * go
         return gx, gw, None, None, None, None, None
 
 def make(ulps):

@@ -76,7 +76,6 @@ What numcheck finds in the releases themselves is recorded as known divergences 
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import functools
 import importlib
 import importlib.util

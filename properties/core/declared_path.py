@@ -133,7 +133,6 @@ def _grad_x(path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torc
 def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[str, torch.Tensor]:
     """``loss`` (and ``z_loss``), ``grad_x``, ``grad_weight`` and ``grad_bias`` of ``p``'s tensors ``t`` evaluated along
     ``path`` (module docstring), each in the dtype that path returns it in."""
-    from numcheck.impls.builtin import grad_accum
     from numcheck.impls.builtin.ce_block import ce_block_, reduction_coefficients, row_weights
     from numcheck.impls.builtin.chunk_sweep import Plan, autocast_off, reduce_rows, sweep
     from numcheck.properties.core.harness import oracle_operands

@@ -34,10 +34,8 @@ impl, into a folder of its own started afresh): its tensors are drawn on the dev
 
 from __future__ import annotations
 
-import math
 import shlex
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 

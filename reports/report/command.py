@@ -289,7 +289,7 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
 
 
 def check_impl_specs(specs: list[str]) -> None:
-    """:class:`_BadInput` naming the first ``--impl`` value that can name no impl: empty, neither a built-in's name
+    """:class:`BadInput` naming the first ``--impl`` value that can name no impl: empty, neither a built-in's name
     nor ``package.module[:attr]`` of dotted Python names. (A well-formed spec whose module fails to import is a
     broken impl, reported as such.)"""
     from numcheck.impls.registry import ImplEntry, builtin_impls
@@ -297,13 +297,13 @@ def check_impl_specs(specs: list[str]) -> None:
     builtins: list[str] = []
     for spec in specs:
         if not spec.strip():
-            raise _BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
+            raise BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
         builtins = builtins or sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
         module, colon, attr = spec.strip().partition(":")
         if spec in builtins or ((colon or "." in module) and all(
                 n.isidentifier() for n in module.split(".") + (attr.split(".") if colon else []))):
             continue
-        raise _BadInput(f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
+        raise BadInput(f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
                         f"package.module:attr (dotted Python names around one ':')")
 
 

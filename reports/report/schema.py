@@ -386,7 +386,7 @@ def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[st
                ratio_expected=max((o["ratio_expected"] for o in outputs.values()), default=0.0))
     if not ok:
         lines = list(res.notes)
-        for name, o in outputs.items():
+        for o in outputs.values():
             lines += [f"vs dequantized-operand reference: {o['failure_dq']}"] if "failure_dq" in o else []
             lines += [f"vs original-operand reference: {o['failure_true']}"] if "failure_true" in o else []
         rec["failures"] = lines

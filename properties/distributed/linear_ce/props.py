@@ -31,7 +31,7 @@ from numcheck.properties.core import matmul_precision, records
 from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
 from numcheck.properties.distributed.pool import zygote
-from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, default_backend, rank_device
+from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
 from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import run_oracle, same_bits

@@ -9,7 +9,6 @@ TRITON_INTERPRET=1), the rest ~1 s each, plus ~2–4 s once per process importin
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import json
 import math
 

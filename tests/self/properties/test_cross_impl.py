@@ -3,7 +3,6 @@ of the seed (addmm(out_dtype=fp32) is at least as accurate as mm(...).float()), 
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -121,7 +121,6 @@ def test_backend_switch(monkeypatch):
 
 def test_nccl_runs_one_rank_per_visible_gpu(monkeypatch):
     """Under nccl a world size above the visible GPU count cannot run (named with both counts); gloo runs any."""
-    import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert dh.world_size_unavailable(2, "nccl") is None

@@ -128,7 +128,7 @@ def rounding_bounds(c: Case) -> dict[str, float]:
     V = W.shape[0]
     L = _logit_magnitude(c)
     e = (H + V + 4) * U * L
-    eps, lam = float(o.label_smoothing), float(o.z_loss_scale)
+    lam = float(o.z_loss_scale)
     A, valid, n_valid, divisor = _weights_and_divisor(c)
     up = c.upstream if c.upstream is not None else torch.tensor(1.0, dtype=F64)
     u_rows = (up.abs() * torch.ones(N, dtype=F64)) * valid

@@ -78,7 +78,7 @@ def test_sweep_of_a_mutant_counts_its_failures(tmp_path):
     assert any("loss" in f["detail"] and f["reproduce"].startswith("PYTHONPATH=") for f in fails), fails
     loss = [r for r in data["tightness"] if r["output"] == "loss"]
     assert max(r["max"] for r in loss) > 1
-    assert f"`test_properties::test_accuracy[mutant_loss_bf16]` (failed)" in proc.stdout
+    assert "`test_properties::test_accuracy[mutant_loss_bf16]` (failed)" in proc.stdout
 
 
 def test_sweep_that_selects_nothing_is_bad_input(tmp_path):
