@@ -262,8 +262,27 @@ def run(args: argparse.Namespace) -> int:
     res["bf16_matmul_tflops"] = rate / 1e12
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s (best of {', '.join(f'{r / 1e12:.0f}' for r in start)})",
           flush=True)
-    res["grad_weight_paths"] = bench_grad_weight_paths(dev, args.rep_ms)
-    res["chunk_anatomy"] = bench_chunk_anatomy(dev, args.rep_ms)
+    _bench_one_chunk(res, dev, args.rep_ms, out)
+    _bench_quant(res, dev, args.rep_ms, out)
+    for BT, H, V in shapes:
+        for impl in impls:
+            _bench_case(res, impl, (BT, H, V), rate, dev, args.rep_ms, out)
+    end = matmul_rates(dev, args.rep_ms)
+    res["bf16_matmul_tflops_samples"]["end"] = [r / 1e12 for r in end]
+    if max(end) > rate:  # the card ran faster later: the floor is the faster one, every share is recomputed
+        rescale_to_rate(res, max(end))
+    print(f"bf16 matmul rate after the cases: {', '.join(f'{r / 1e12:.0f}' for r in end)} TFLOP/s; floor shares use "
+          f"{res['bf16_matmul_tflops']:.0f}", flush=True)
+    if out is not None:
+        write_results(res, out)
+    return 0
+
+
+def _bench_one_chunk(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Path | None) -> None:
+    """The one-chunk sections of ``res`` (grad_weight paths, the chunk's anatomy, the split GEMM's configs),
+    printed, and written to ``out`` when given."""
+    res["grad_weight_paths"] = bench_grad_weight_paths(dev, rep_ms)
+    res["chunk_anatomy"] = bench_chunk_anatomy(dev, rep_ms)
     for row in res["chunk_anatomy"]:
         speed = f" ({row['tflops']:.0f} TFLOP/s)" if row["tflops"] else ""
         print(f"chunk anatomy C={row['C']}: {row['step']:48s} {row['ms']:.3f} ms{speed}")
@@ -275,7 +294,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"split GEMM autotuned configs: {res['split_gemm_configs']}")
     if out is not None:
         write_results(res, out)
-    res["quant_linear"] = bench_quant_linear(dev, args.rep_ms)
+
+
+def _bench_quant(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Path | None) -> None:
+    """The quantized-linear section of ``res``, printed, and written to ``out`` when given."""
+    res["quant_linear"] = bench_quant_linear(dev, rep_ms)
     for row in res["quant_linear"]:
         if "error" in row:
             print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")
@@ -284,34 +307,30 @@ def run(args: argparse.Namespace) -> int:
                   f"{row['ms']:.2f} ms, extra {row['extra_peak_mib']:.0f} MiB, held {row['held_mib']:.1f} MiB")
     if out is not None:
         write_results(res, out)
-    for BT, H, V in shapes:
-        floor_ms = 6 * BT * H * V / rate * 1e3
-        for impl in impls:
-            s = impl.support
-            why = s.unavailable_reason() or s.refuses(dtype=torch.bfloat16, device="cuda", options={"ignore_index"})
-            if why:
-                res["skipped"].append({"impl": impl.name, "shape": [BT, H, V], "reason": why})
-                continue
-            try:
-                r = bench_impl(impl, BT, H, V, dev, args.rep_ms)
-            except Exception as exc:  # recorded, not hidden: an impl that cannot run at this size
-                res["skipped"].append({"impl": impl.name, "shape": [BT, H, V], "reason": f"{type(exc).__name__}: {exc}"[:300]})
-                torch.cuda.empty_cache()
-                continue
-            r.update(impl=impl.name, shape=[BT, H, V], floor_ms=floor_ms, share_of_floor=floor_ms / r["ms"])
-            res["cases"].append(r)
-            if out is not None:
-                write_results(res, out)
-            print(f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
-                  f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
-                  f"{r['held_mib']:.1f} MiB", flush=True)
-            torch.cuda.empty_cache()
-    end = matmul_rates(dev, args.rep_ms)
-    res["bf16_matmul_tflops_samples"]["end"] = [r / 1e12 for r in end]
-    if max(end) > rate:  # the card ran faster later: the floor is the faster one, every share is recomputed
-        rescale_to_rate(res, max(end))
-    print(f"bf16 matmul rate after the cases: {', '.join(f'{r / 1e12:.0f}' for r in end)} TFLOP/s; floor shares use "
-          f"{res['bf16_matmul_tflops']:.0f}", flush=True)
+
+
+def _bench_case(res: dict[str, Any], impl: Any, shape: tuple[int, int, int], rate: float, dev: torch.device,
+                rep_ms: float, out: Path | None) -> None:
+    """One impl at one shape, timed against the floor at ``rate`` and added to ``res`` (printed, and written to
+    ``out`` when given), or recorded as skipped with the reason."""
+    BT, H, V = shape
+    floor_ms = 6 * BT * H * V / rate * 1e3
+    s = impl.support
+    why = s.unavailable_reason() or s.refuses(dtype=torch.bfloat16, device="cuda", options={"ignore_index"})
+    if why:
+        res["skipped"].append({"impl": impl.name, "shape": [BT, H, V], "reason": why})
+        return
+    try:
+        r = bench_impl(impl, BT, H, V, dev, rep_ms)
+    except Exception as exc:  # recorded, not hidden: an impl that cannot run at this size
+        res["skipped"].append({"impl": impl.name, "shape": [BT, H, V], "reason": f"{type(exc).__name__}: {exc}"[:300]})
+        torch.cuda.empty_cache()
+        return
+    r.update(impl=impl.name, shape=[BT, H, V], floor_ms=floor_ms, share_of_floor=floor_ms / r["ms"])
+    res["cases"].append(r)
     if out is not None:
         write_results(res, out)
-    return 0
+    print(f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
+          f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
+          f"{r['held_mib']:.1f} MiB", flush=True)
+    torch.cuda.empty_cache()

@@ -141,47 +141,16 @@ def run_ab(args: argparse.Namespace) -> int:
     """The A/B mode of ``numcheck premerge`` (module docstring)."""
     t0 = time.monotonic()
     try:
-        pairs = ab.pairs_from(list(args.impl), list(args.base))
-        claims, source = _claims(args)
-        if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0
-                and args.repeats >= 1):
-            raise ValueError(f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
-                             f"{args.headroom}, {args.growth_floor}, {args.repeats})")
-        if args.out is not None and (args.out / "ab.json").exists():
-            raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
-        for py in args.python:
-            if not Path(py).exists():
-                raise ValueError(f"--python {py}: no such interpreter")
+        pairs, claims, source = _checked_input(args)
     except ValueError as exc:  # ClaimsError is a ValueError
         return _bad(str(exc))
     print(f"numcheck premerge: A/B of {len(pairs)} pair(s) on {args.device}…", file=sys.stderr)
-    here = ab.measure(pairs, args.device, args.grid, args.headroom, args.growth_floor, args.repeats)
-    runs = [here]
-    for py in args.python:
-        print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
-        try:
-            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom,
-                                             args.growth_floor, args.repeats))
-        except RuntimeError as exc:
-            print(f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}",
-                  file=sys.stderr)
-            runs.append(failed_run(py, args.device, str(exc)))
+    runs = _measure_everywhere(args, pairs)
+    here = runs[0]
     verdicts = claims_mod.judge(claims, runs)
     conv_md, conv_json, conv_ok = (["**Convergence**: left out (--no-convergence)", ""], {"status": "left out"}, True) \
         if args.no_convergence else convergence(pairs, args.device, args.out)
-    failed = []
-    sections = []
-    for i, p in enumerate(here["pairs"]):
-        env_runs = [(r["env"], r["pairs"][i]) for r in runs if i < len(r["pairs"]) and "memory" in r["pairs"][i]]
-        sections.append(md.pair_section(p, env_runs))
-        if "error" in p:
-            failed.append(f"`{p['new']}` vs `{p['base']}` cannot be compared")
-        elif not ab.accuracy_ok(p["accuracy"]):
-            failed.append(f"accuracy of `{p['new']}` against `{p['base']}`")
-    for r in runs:
-        if r["env"].get("failed"):
-            failed.append(f"--python {r['env']['python']} could not measure")
-            sections.append(md.failed_env_lines(r["env"]))
+    sections, failed = _sections_and_failures(here, runs)
     false = [v for v in verdicts if v.status == "false"]
     if false:
         failed.append(f"{len(false)} claim(s) measured false ({', '.join(f'#{v.claim.index}' for v in false)})")
@@ -199,3 +168,54 @@ def run_ab(args: argparse.Namespace) -> int:
     print(f"numcheck premerge: A/B {time.monotonic() - t0:.0f} s; "
           + (f"FAIL (exit 1): {'; '.join(failed)}" if failed else "PASS (exit 0)"), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _checked_input(args: argparse.Namespace) -> tuple[list[ab.Pair], list[claims_mod.Claim], str]:
+    """The pairs, the claims and where they come from; ``ValueError`` (bad input: exit 2) before anything runs."""
+    pairs = ab.pairs_from(list(args.impl), list(args.base))
+    claims, source = _claims(args)
+    if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0
+            and args.repeats >= 1):
+        raise ValueError(f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
+                         f"{args.headroom}, {args.growth_floor}, {args.repeats})")
+    if args.out is not None and (args.out / "ab.json").exists():
+        raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
+    for py in args.python:
+        if not Path(py).exists():
+            raise ValueError(f"--python {py}: no such interpreter")
+    return pairs, claims, source
+
+
+def _measure_everywhere(args: argparse.Namespace, pairs: list[ab.Pair]) -> list[dict[str, Any]]:
+    """The pairs measured here, then with every ``--python`` (a failed one as :func:`failed_run`): here first."""
+    runs = [ab.measure(pairs, args.device, args.grid, args.headroom, args.growth_floor, args.repeats)]
+    for py in args.python:
+        print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
+        try:
+            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom,
+                                             args.growth_floor, args.repeats))
+        except RuntimeError as exc:
+            print(f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}",
+                  file=sys.stderr)
+            runs.append(failed_run(py, args.device, str(exc)))
+    return runs
+
+
+def _sections_and_failures(here: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
+    """The Markdown section of each pair measured ``here`` (with every environment's run of it) and of each
+    environment that failed to measure, and what failed among them: pairs that cannot be compared, NEW's accuracy,
+    environments."""
+    failed = []
+    sections = []
+    for i, p in enumerate(here["pairs"]):
+        env_runs = [(r["env"], r["pairs"][i]) for r in runs if i < len(r["pairs"]) and "memory" in r["pairs"][i]]
+        sections.append(md.pair_section(p, env_runs))
+        if "error" in p:
+            failed.append(f"`{p['new']}` vs `{p['base']}` cannot be compared")
+        elif not ab.accuracy_ok(p["accuracy"]):
+            failed.append(f"accuracy of `{p['new']}` against `{p['base']}`")
+    for r in runs:
+        if r["env"].get("failed"):
+            failed.append(f"--python {r['env']['python']} could not measure")
+            sections.append(md.failed_env_lines(r["env"]))
+    return sections, failed
