@@ -46,7 +46,7 @@ def test_dist_world_size_invariance(dist_linear_ce_impl, world_size):
     other's (the reduce dtype's roundings of the grad_x partials, their order, the fp32 statistics' order)."""
     impl = dist_linear_ce_impl
     _usable(impl, world_size)
-    run_property(dist_world_size_invariance, impl, world_size, _profile(), share=1 / 2)
+    run_property(dist_world_size_invariance, impl, world_size, _profile())
 
 
 def test_dist_determinism(dist_linear_ce_impl):

@@ -13,13 +13,18 @@ from hypothesis import strategies as st
 
 from numcheck.properties.distributed.pool.pool import default_backend
 from numcheck.properties.distributed.linear_ce.props import PLACEMENTS, DistCase
-from numcheck.properties.core.problems import REGIMES, Problem
+from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def draw_case(impl: Any, data: Any, world_size: int) -> DistCase:
-    """One case for ``impl`` at ``world_size`` (rejected with ``assume`` where the Problem's own rules refuse it)."""
+def draw_case(impl: Any, data: Any, world_size: int, cancelling: bool = False) -> DistCase:
+    """One case for ``impl`` at ``world_size`` (rejected with ``assume`` where the Problem's own rules refuse it).
+
+    ``cancelling``: half the draws take the ``anisotropic_head`` regime (N < H; :data:`HEAD_REGIME`), whose head
+    rows share a mean direction that the exact grad_x = Σ_j G_ij·W_j cancels (Σ_j G_ij = 0) while each shard's
+    partial Σ_{j∈V_r} G_ij·W_j carries it: the partials of grad_x's reduction are then large against their sum,
+    which is where the dtype they are reduced in shows (the world-size relation's draws)."""
     s, opts = impl.support, impl.support.options
     P = world_size
     V = data.draw(st.integers(max(P, 2), 48), label="V")
@@ -28,10 +33,15 @@ def draw_case(impl: Any, data: Any, world_size: int) -> DistCase:
     dtypes = sorted(_DTYPE_NAMES[d] for d in s.dtypes if d in _DTYPE_NAMES)
     reductions = sorted(s.reductions)
     reduction = data.draw(st.sampled_from(reductions), label="reduction")
+    if cancelling and data.draw(st.booleans(), label="cancelling head"):
+        H = data.draw(st.integers(2, 24), label="H")
+        N, regime = data.draw(st.integers(1, H - 1), label="N"), HEAD_REGIME
+    else:
+        N, H = data.draw(st.integers(1, 40), label="N"), data.draw(st.integers(1, 24), label="H")
+        regime = data.draw(st.sampled_from(REGIMES), label="regime")
     kw: dict[str, Any] = dict(
-        N=data.draw(st.integers(1, 40), label="N"), H=data.draw(st.integers(1, 24), label="H"), V=V,
-        dtype=data.draw(st.sampled_from(dtypes), label="dtype"), reduction=reduction,
-        regime=data.draw(st.sampled_from(REGIMES), label="regime"), seed=data.draw(st.integers(0, 2**16), label="seed"))
+        N=N, H=H, V=V, dtype=data.draw(st.sampled_from(dtypes), label="dtype"), reduction=reduction,
+        regime=regime, seed=data.draw(st.integers(0, 2**16), label="seed"))
     if "bias" in opts:
         kw["bias"] = data.draw(st.booleans(), label="bias")
     if "ignore_index" in opts:

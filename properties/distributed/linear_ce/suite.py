@@ -62,7 +62,7 @@ def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: i
     @settings(base, max_examples=max(2, int(base.max_examples * share)), phases=phases)
     @given(data=st.data())
     def body(data: Any) -> None:
-        case = draw_case(impl, data, world_size)
+        case = draw_case(impl, data, world_size, cancelling=prop is dist_world_size_invariance)
         runs = invariance_cases(impl, case) if prop is dist_world_size_invariance else [case]
         assume(all(known_divergence(impl, c) is None for c in runs))
         prop(impl, case, latch)

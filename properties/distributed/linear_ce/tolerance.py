@@ -66,7 +66,7 @@ import dataclasses
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.problems import Problem, dtype_of
 from numcheck.properties.core.tolerance import (U_ACC, UNDERFLOW, ErrorModel, Level, error_model, gamma,
                                                 linear_ce_bounds, unit_roundoff)
 
@@ -88,6 +88,10 @@ def upstream_model(impl, p: Problem, world_sizes: tuple[int, ...]) -> ErrorModel
     grad_x's reduction left to F (``"input"``) or in fp32 over the most partials of ``world_sizes``
     (``"float32"``), and G at fp32 where the logits are declared fp32."""
     m = error_model(impl.support, p, {})
+    # A bias already held in the compute dtype is not rounded by a cast to it (the single-device model charges
+    # u_c·|b| for any low-precision compute dtype; here only a bias of another dtype may round).
+    bias_dtype = dtype_of(p.bias_dtype) or p.param_dtype
+    m = dataclasses.replace(m, bias_rounding=bool(p.bias) and bias_dtype != p.compute_dtype)
     if getattr(impl.support, "logits_dtype", "compute") == "float32":
         m = dataclasses.replace(m, u_G=2 * U_ACC)
     if impl.dist.grad_x_reduce_dtype == "float32":

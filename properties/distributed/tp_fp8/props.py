@@ -5,7 +5,8 @@ and judged in this process against the unsharded float64 oracle.
   delayed case with one state per rank), returning its outputs, the scales it reported and the amaxes it recorded.
 * :func:`run_case` — the ranks' results of one case (a rank's failure becomes a :class:`PropertyFailure`).
 * Properties (:data:`DIST_FP8_PROPERTIES`; each takes ``(impl, case)``): ``dist_accuracy`` (assembled outputs
-  within the bounds of :mod:`properties.distributed.tp_fp8.tolerance` against both references, replicated outputs equal on
+  within the bounds of :mod:`properties.distributed.tp_fp8.tolerance` against both references and within judgement (b)
+  against the declared path, :mod:`properties.distributed.tp_fp8.yardstick`; replicated outputs equal on
   every rank, delayed amax records the group's), ``dist_same_scale`` (every rank reports the oracle's global scale
   for each per-tensor operand, the oracle's blocks for block-scaled ones), ``world_size_invariance``,
   ``dist_save_original_input`` and ``dist_determinism`` (bitwise).
@@ -29,6 +30,7 @@ from numcheck.properties.distributed.tp_fp8.cases import (
     TPQuantCase, operand_slices, placement, reduction_parts, row_parts, shard, steps_tensors,
 )
 from numcheck.properties.distributed.tp_fp8.tolerance import partial_bias_grad_bound, sharded_reduction_bounds
+from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
 from numcheck.properties.distributed.pool.pool import (DistPool, FailureLatch, RankFailure, default_backend, rank_device,
                                               world_size_unavailable)
 from numcheck.properties.core.failures import PropertyFailure, failure_message
@@ -153,12 +155,14 @@ def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, 
 
 
 def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, strict: bool,
-                    per_rank: bool = False) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+                    per_rank: bool = False, relative: dict[str, Any] | None = None
+                    ) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """Every step's outputs assembled and compared with both references, without raising: ``[(label, dq, true)]``
     and the lines saying where the ranks' outputs do not assemble (:func:`assembly`) or are missing on every rank.
     ``strict``: stop at the first such line (the suite fails there). ``per_rank``: label partials
     ``bgrad@rankR`` and also compare every other rank's copy of a replicated output (``y@rankR``; a copy bitwise
-    equal to rank 0's has rank 0's comparison); the report's records. Later steps carry ``@stepS``."""
+    equal to rank 0's has rank 0's comparison); the report's records. Later steps carry ``@stepS``. ``relative``:
+    filled with judgement (b) of every assembled output (:mod:`numcheck.properties.distributed.tp_fp8.yardstick`)."""
     scales = {r: 1.0 for r in ROLES}
     out: list[tuple[str, Any, Any]] = []
     problems: list[str] = []
@@ -182,6 +186,9 @@ def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, 
             for rank, cdq, ctrue in output_judgement(impl, case, t, ref, name, got):
                 label = cdq.output if rank is None or not per_rank else f"{name}@rank{rank}"
                 out.append((label + suffix, cdq, ctrue))
+            if relative is not None:
+                unspec = None if isinstance(got, list) else _unspecified(impl, case, t, ref, name)
+                relative.update({k + suffix: v for k, v in tp_relative(impl, case, t, ref, name, got, unspec).items()})
             if per_rank and placement(case, name) == "same":
                 first = out[-1]
                 for r in range(1, case.world):
@@ -196,11 +203,20 @@ def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, 
     return out, problems
 
 
-def judged_steps(impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str) -> list[tuple[str, Any, Any]]:
+def _unspecified(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
+    """The elements of ``name`` the contract leaves free (the single-device rule)."""
+    u_a, _ = impl.support.accumulation("cpu")
+    return output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=case.single().torch_dtype,
+                         accum_u=u_a).unspecified
+
+
+def judged_steps(impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str,
+                 relative: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """Every step's outputs assembled and compared with both references: ``[(label, dq, true)]``; a house-format
-    failure of ``prop`` at the first output whose ranks' values do not assemble."""
+    failure of ``prop`` at the first output whose ranks' values do not assemble. ``relative``: as
+    :func:`step_judgements`'."""
     __tracebackhide__ = True
-    out, problems = step_judgements(impl, case, results, strict=True)
+    out, problems = step_judgements(impl, case, results, strict=True, relative=relative)
     if problems:
         fail(impl, prop, case, problems[0])
     return out
@@ -234,9 +250,12 @@ def dist_accuracy(impl: Any, case: TPQuantCase, results: list[list[dict]] | None
     results = results if results is not None else run_case(impl, case, "dist_accuracy")
     if results is None:
         return {}
-    judged = judged_steps(impl, case, results, "dist_accuracy")
+    relative: dict[str, Any] = {}
+    judged = judged_steps(impl, case, results, "dist_accuracy", relative)
     metrics = {f"{label} error/bound (dequantized reference)": min(cdq.ratio, 1e6) for label, cdq, _ in judged}
     lines = beyond_bound_lines(judged) + _amax_notes(case, results)
+    if not lines:
+        lines = [f"(b) relative to the declared path: {r.describe()}" for r in relative.values() if not r.ok]
     if lines:
         fail(impl, "dist_accuracy", case, *lines)
     return metrics

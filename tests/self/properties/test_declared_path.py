@@ -1,0 +1,66 @@
+"""numcheck's evaluation of a declared path (properties/core/declared_path.py) is an honest implementation of the
+declaration: the chunked built-in that implements a path gives its gradients bit for bit; and judgement (b) now
+measures an output declared coarser than eager against it instead of leaving it unjudged."""
+
+from __future__ import annotations
+
+import torch
+
+from numcheck.impls.builtin.chunked import ChunkedLinearCE
+from numcheck.impls.protocols.linear_ce import LinearCESupport
+from numcheck.properties.core import matmul_precision
+from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.core.declared_path import DeclaredPath, declared_path_outputs, single_device_path
+from numcheck.properties.core.harness import run_impl
+from numcheck.properties.core.problems import Problem, build
+
+CASE = Problem(N=40, H=8, V=24, dtype="bfloat16", bias=True, reduction="sum", regime="post_norm", seed=3)
+
+
+def _chunked(path: str, rows: int) -> ChunkedLinearCE:
+    return ChunkedLinearCE(f"chunked[{path}]@{rows}", path=path, chunk_rows=rows,
+                           support=LinearCESupport(returns_z_loss=True, all_ignored="nan"))
+
+
+def test_path_of_each_builtin_is_the_builtin_bit_for_bit():
+    """For every accumulation path, the evaluation of the declaration of ``chunked[path]`` at 7 rows per chunk gives
+    that built-in's grad_weight and grad_bias bitwise (it is made of the same steps)."""
+    t = build(CASE)
+    with matmul_precision.pinned():
+        for path in ("fallback", "lowp_accum", "fp32_operands"):
+            impl = _chunked(path, 7)
+            got = declared_path_outputs(single_device_path(impl.support, CASE), CASE, t)
+            out = run_impl(impl, CASE, t)
+            for name in ("grad_weight", "grad_bias"):
+                assert got[name].dtype == out.get(name).dtype
+                assert torch.equal(got[name], out.get(name)), f"{path}: {name} differs from the built-in's"
+
+
+def test_declared_coarser_grad_weight_is_judged_against_its_path():
+    """A grad_weight declared ``per_chunk_rounding`` is judged by (b) against the per-chunk path at the declared chunk
+    rows (before, it was recorded as "not judged"); the honest built-in sits at exactly its yardstick's RMSE."""
+    with matmul_precision.pinned():
+        res = check_accuracy(_chunked("fallback", 7), CASE)
+    for name in ("grad_weight", "grad_bias"):
+        r = res.relative[name]
+        assert r.judged and r.ok, r.describe()
+        assert "per_chunk_rounding over 7-row chunks" in r.yardstick, r.yardstick
+        assert r.rmse_impl == r.rmse_eager, r.describe()
+
+
+def test_vocabulary_parallel_reduce_follows_its_dtype():
+    """A vocabulary-parallel path reduced in fp32 rounds grad_x once; reduced in bf16 its two partials are each
+    rounded and added in bf16: the first equals one fp32 GEMM rounded to bf16 up to the fp32 sum's order, the
+    second moves off it where the partials cancel."""
+    p = Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="sum", seed=0)
+    t = build(p)
+    parts = ((0, 19), (19, 37))
+    fp32 = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts,
+                        reduce_dtype=torch.float32)
+    bf16 = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts,
+                        reduce_dtype=torch.bfloat16)
+    whole = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1)
+    a, b, w = (declared_path_outputs(d, p, t)["grad_x"] for d in (fp32, bf16, whole))
+    ulp = torch.finfo(torch.bfloat16).eps * w.double().abs()
+    assert float(((a.double() - w.double()).abs() - ulp).max()) <= 0.0
+    assert not torch.equal(b, w)
