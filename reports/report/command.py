@@ -251,8 +251,9 @@ def print_summary(report: dict, out: Path | None) -> None:
         print(f"numcheck report ({report['grid']['name']} grid, {report['grid']['seconds']:.0f} s): {out}")
     print(f"  {ok}/{n} (impl, case) runs pass both verdicts over {sum(r['status'] == 'ran' for r in rows)} impls")
     for r in bad:
-        print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; worst error/bound {r['worst_ratio']:.3g} "
-              f"({r['worst_output']}, {r['worst_case']})")
+        worst = (f"worst error/bound {r['worst_ratio']:.3g} ({r['worst_output']}, {r['worst_case']})"
+                 if r["worst_output"] else "no case judged")
+        print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; {worst}")
     for r in rows:
         if r["status"] != "ran":
             print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")
