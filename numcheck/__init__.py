@@ -14,30 +14,81 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 'doc_eager'
 """
 
-from numcheck.impls.protocols.declaration import InvalidDeclaration
-from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
-from numcheck.impls.protocols.grouped_fp8_linear import (GroupedFunctionImpl, GroupedQuantSupport,
-                                                         grouped_quant_linear_impl)
-from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-from numcheck.impls.protocols.fp8_linear import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
-                                           quant_linear_impl)
-from numcheck.properties.assertions import InvalidAssertion, assert_linear_ce, assert_quant_linear
-from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
-from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.fp8.cases import QuantCase
-from numcheck.properties.fp8.grouped.cases import GroupedCase
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.check import CheckResult, Verdict, check
-from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
-from numcheck.reference.fp8_recipes import Fp8Recipe
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imported on first use (__getattr__)
+    from numcheck.errors import (BadInput, ClaimsError, InvalidAssertion, InvalidDeclaration, PropertyFailure,
+                                 ProtocolViolation)
+    from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
+    from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
+    from numcheck.impls.protocols.fp8_linear import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
+                                               quant_linear_impl)
+    from numcheck.impls.protocols.grouped_fp8_linear import (GroupedFunctionImpl, GroupedQuantSupport,
+                                                             grouped_quant_linear_impl)
+    from numcheck.properties.assertions import assert_linear_ce, assert_quant_linear
+    from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
+    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
+    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.check import CheckResult, Verdict, check
+    from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+
+#: Each public name and the module it is defined in. Imported when first used, not with ``numcheck``: the
+#: modules import torch and scipy (seconds), and ``numcheck.tests.plugin``, which pytest loads in every run of an
+#: environment where numcheck is installed, imports this package first.
+_PUBLIC: dict[str, str] = {
+    **dict.fromkeys(("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure",
+                     "ProtocolViolation"), "numcheck.errors"),
+    **dict.fromkeys(("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"),
+                    "numcheck.impls.protocols.dist_linear_ce"),
+    **dict.fromkeys(("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"),
+                    "numcheck.impls.protocols.linear_ce"),
+    **dict.fromkeys(("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
+                    "numcheck.impls.protocols.fp8_linear"),
+    **dict.fromkeys(("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
+                    "numcheck.impls.protocols.grouped_fp8_linear"),
+    **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
+    **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
+    "QuantCase": "numcheck.properties.fp8.cases",
+    "GroupedCase": "numcheck.properties.fp8.grouped.cases",
+    "Problem": "numcheck.properties.core.problems",
+    **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
+    **dict.fromkeys(("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"),
+                    "numcheck.impls.protocols.tp_fp8_linear"),
+    "Fp8Recipe": "numcheck.reference.fp8_recipes",
+}
+#: The subpackages, reachable as attributes (``numcheck.impls``) after a plain ``import numcheck``.
+_SUBPACKAGES: tuple[str, ...] = ("impls", "properties", "reference", "reports", "tests")
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (or subpackage), imported on first use and kept as a module attribute."""
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"numcheck.{name}")
+    else:
+        raise AttributeError(f"module 'numcheck' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC, *_SUBPACKAGES})
+
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckResult", "ConvergenceResult", "DistFunctionImpl", "DistSupport", "Fp8Recipe", "FunctionImpl", "InvalidAssertion", "InvalidDeclaration", "LinearCESupport",
-    "GroupedCase", "GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl",
-    "Problem", "PropertyFailure", "QuantCase", "QuantFunctionImpl", "QuantLinearSupport", "TPQuantFunctionImpl",
-    "TPQuantSupport", "Verdict", "assert_converges", "assert_linear_ce", "assert_quant_linear", "check",
-    "dist_linear_ce_impl", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
+    "BadInput", "CheckResult", "ClaimsError", "ConvergenceResult", "DistFunctionImpl", "DistSupport", "Fp8Recipe",
+    "FunctionImpl", "GroupedCase", "GroupedFunctionImpl", "GroupedQuantSupport", "InvalidAssertion",
+    "InvalidDeclaration", "LinearCESupport", "Problem", "PropertyFailure", "ProtocolViolation", "QuantCase",
+    "QuantFunctionImpl", "QuantLinearSupport", "TPQuantFunctionImpl", "TPQuantSupport", "Verdict",
+    "assert_converges", "assert_linear_ce", "assert_quant_linear", "check", "dist_linear_ce_impl",
+    "grouped_quant_linear_impl", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
     "tp_quant_linear_impl",
 ]

@@ -9,6 +9,8 @@ This module imports nothing of numcheck, so every layer can raise these.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class InvalidDeclaration(ValueError, TypeError):
     """A declaration of what an impl supports is malformed. Its message names the declaring ``file:line``.
@@ -24,7 +26,16 @@ class InvalidAssertion(ValueError, TypeError):
 
 
 class PropertyFailure(AssertionError):
-    """A property does not hold for an impl on a problem; the message carries everything to act on it."""
+    """A property does not hold for an impl on a problem; the message carries everything to act on it.
+
+    ``case``: the failing problem (or case), when known. ``ratio``: the failing judgement's own error/bound, for a
+    failure that has one (a bitwise property's has none). ``raised``: the impl raised instead of returning, so
+    nothing was judged on ``case``."""
+
+    def __init__(self, message: str = "", *, case: Any = None, ratio: float | None = None,
+                 raised: bool = False) -> None:
+        super().__init__(message)
+        self.case, self.ratio, self.raised = case, ratio, raised
 
 
 class ProtocolViolation(AssertionError):
@@ -39,3 +50,14 @@ class BadInput(ValueError):
 class ClaimsError(BadInput):
     """A claims file of ``numcheck premerge --base`` that cannot be used: the message names the file, the line and
     the table."""
+
+
+try:  # the group hypothesis raises for several distinct failures
+    _GROUP: type = BaseExceptionGroup  # noqa: F821 - a builtin from Python 3.11
+except NameError:  # Python 3.10: hypothesis depends on the exceptiongroup backport
+    from exceptiongroup import BaseExceptionGroup as _GROUP
+
+
+def grouped(exc: BaseException) -> list[BaseException]:
+    """The exceptions of ``exc``: its members when it is an exception group, else ``[exc]``."""
+    return list(exc.exceptions) if isinstance(exc, _GROUP) else [exc]

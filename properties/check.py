@@ -19,6 +19,7 @@ from hypothesis import given, settings, target
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
+from numcheck.errors import grouped
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties.core import props as checks, profiles
@@ -27,8 +28,8 @@ from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.suite import PINNED, SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
-from numcheck.properties.core.runner import (SuiteProperty, budget, run_example, run_rows, skip_reason, target_scores,
-                                       unsatisfiable_reason)
+from numcheck.properties.core.runner import (SuiteProperty, budget, judge, run_example, run_rows, skip_reason,
+                                            target_scores, unsatisfiable_reason)
 from numcheck.properties.core.strategies import DEVICE, refusal
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
@@ -44,10 +45,13 @@ Status = Literal["passed", "failed", "skipped"]
 class Verdict:
     """One property's outcome for one impl.
 
-    ``status``: ``passed``, ``failed`` or ``skipped``. ``examples``: how many cases were judged. ``worst_ratio``:
-    the largest error/bound any judged case reached (``None`` for a property that reports none, e.g. a bitwise
-    one), ``worst_case`` the case it was reached on. ``message``: the failure message (as the suite prints it,
-    repro line included) or the reason for the skip."""
+    ``status``: ``passed``, ``failed`` or ``skipped``. ``examples``: how many cases were judged (the impl returned
+    and the property judged what it returned; a case the impl raised on, or one the property could not judge, is
+    not counted; a failing judgement is). ``worst_ratio``: for a passed property the largest error/bound any
+    judged case reached, for a failed one the failing judgement's own (``None`` where it has none: a bitwise
+    property, an impl that raised); ``worst_case`` the case it was reached on (for a failure: the failing case).
+    ``impl_raised``: the failure is the impl raising, not a judgement. ``message``: the failure message (as the
+    suite prints it, repro line included) or the reason for the skip."""
 
     property: str
     status: Status
@@ -55,10 +59,18 @@ class Verdict:
     worst_ratio: float | None = None
     worst_case: Any = None
     message: str = ""
+    impl_raised: bool = False
 
     def __str__(self) -> str:
-        worst = "" if self.worst_ratio is None else f", worst error/bound {self.worst_ratio:.3g}"
-        head = f"{self.property}: {self.status} ({self.examples} cases{worst})"
+        judged = f"{self.examples} case{'' if self.examples == 1 else 's'} judged"
+        if self.status == "failed" and self.impl_raised:
+            summary = f"the impl raised; {judged}"
+        elif self.status == "failed":
+            own = "" if self.worst_ratio is None else f", the failing case's error/bound {self.worst_ratio:.3g}"
+            summary = f"{judged}{own}"
+        else:
+            summary = judged + ("" if self.worst_ratio is None else f", worst error/bound {self.worst_ratio:.3g}")
+        head = f"{self.property}: {self.status}" + ("" if self.status == "skipped" else f" ({summary})")
         return f"{head}\n  {self.message}" if self.message and self.status != "passed" else head
 
 
@@ -109,10 +121,20 @@ def _verdict(name: str, worst: _Worst, status: Status, message: str = "") -> Ver
 
 
 def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict:
-    """The failed verdict for ``exc``: the property's message, or what the impl raised."""
-    if isinstance(exc, PropertyFailure):
-        return _verdict(name, worst, "failed", str(exc))
-    return _verdict(name, worst, "failed", f"impl {impl.name!r} raised {type(exc).__name__}: {exc}")
+    """The failed verdict for ``exc``: the property's message (of each failure hypothesis found, for a group of
+    distinct ones), or what the impl raised. The failing case counts as judged unless the impl raised on it; the
+    verdict carries the failure's own error/bound and case, not the passing cases' worst."""
+    parts = grouped(exc)
+    failures = [e for e in parts if isinstance(e, PropertyFailure)]
+    if not failures:
+        return Verdict(name, "failed", worst.examples, None, None,
+                       f"impl {impl.name!r} raised {type(exc).__name__}: {exc}", impl_raised=True)
+    first = failures[0]
+    message = "\n\n".join(str(e) for e in failures) if len(failures) == len(parts) else \
+        "\n\n".join([*(str(e) for e in failures), *(f"{type(e).__name__}: {e}" for e in parts if e not in failures)])
+    judged_failures = sum(not e.raised for e in failures)
+    return Verdict(name, "failed", worst.examples + judged_failures, first.ratio, first.case, message,
+                   impl_raised=first.raised)
 
 
 def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
@@ -155,7 +177,7 @@ def _run_pinned(impl: Any) -> Verdict:
         if refusal(impl.support, p) or known(impl.name, "accuracy", p):
             continue
         try:
-            worst.add(p, checks.accuracy(impl, p))
+            worst.add(p, judge(checks.accuracy, impl, p))
         except Exception as exc:  # noqa: BLE001 - as in _run_drawn
             return _failure(PINNED_CASES, impl, worst, exc)
     if not worst.examples:

@@ -2,12 +2,15 @@
 
 ``--problem`` is the ``repr`` of a :class:`~properties.core.problems.Problem` (linear+CE; the property is looked up
 in :data:`properties.core.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
-:data:`properties.fp8.props.FP8_PROPERTIES`) or a :class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8
-linear; :data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
-``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a tensor-parallel
-FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a :class:`~properties.distributed.linear_ce.props.DistCase`
-a distributed linear+CE one (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]`` suffix, as failure messages print
-for sub-checks (``option_identities[softcap]``), runs the whole property.
+:data:`properties.fp8.props.FP8_PROPERTIES`; a quantizer failure's case is a
+:class:`~properties.fp8.cases.QuantizerCase`, its tensor by the values it was drawn from) or a
+:class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8 linear;
+:data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
+``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a
+tensor-parallel FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a
+:class:`~properties.distributed.linear_ce.props.DistCase` a distributed linear+CE one
+(:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]``
+suffix, as failure messages print for sub-checks (``option_identities[softcap]``), runs the whole property.
 
 Exit status: 0 PASS, 1 the property fails (its message is printed) or the impl raises (with the traceback),
 2 bad arguments or an impl that cannot be loaded or run here.
@@ -40,21 +43,22 @@ def parse_case(text: str) -> Any:
 
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
     from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantCase, QuantizerCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
     from numcheck.properties.core.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
+    names = {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe, "TPQuantCase": TPQuantCase,
+             "DistCase": DistCase, "QuantizerCase": QuantizerCase, "DrawnTensor": DrawnTensor,
+             "FormatCodes": FormatCodes, "GroupedCase": GroupedCase, "inf": math.inf, "nan": math.nan}
     try:
-        case = eval(text, {"__builtins__": {}}, {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe,  # noqa: S307
-                                                 "TPQuantCase": TPQuantCase, "DistCase": DistCase, "inf": math.inf,
-                                                 "nan": math.nan, "GroupedCase": GroupedCase})
+        case = eval(text, {"__builtins__": {}}, names)  # noqa: S307
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
                          f"QuantCase(...) as printed in a failure message") from None
-    if not isinstance(case, (Problem, QuantCase, TPQuantCase, DistCase, GroupedCase)):
-        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, GroupedCase, TPQuantCase or DistCase, got "
-                         f"{type(case).__name__}")
+    if not isinstance(case, (Problem, QuantCase, QuantizerCase, TPQuantCase, DistCase, GroupedCase)):
+        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, QuantizerCase, GroupedCase, TPQuantCase or DistCase, "
+                         f"got {type(case).__name__}")
     return case
 
 
@@ -138,7 +142,7 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
     """The impl kind a case is for and its property table."""
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
     from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
 
     if isinstance(case, DistCase):
         from numcheck.properties.distributed.linear_ce.props import PROPERTIES as dist_table
@@ -154,7 +158,7 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
         from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
 
         return "grouped_quant_linear", GROUPED_PROPERTIES
-    if isinstance(case, QuantCase):
+    if isinstance(case, (QuantCase, QuantizerCase)):
         from numcheck.properties.fp8.props import FP8_PROPERTIES
 
         return "quant_linear", FP8_PROPERTIES

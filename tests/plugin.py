@@ -10,51 +10,54 @@ Run the suite against your impl from any directory::
 - Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``grouped_quant_impl``, ``dist_linear_ce_impl``,
   ``tp_quant_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
   collection is identical on every xdist worker (discovery is deterministic). A test of a kind that no selected
-  impl has is not collected (deselected; the summary says so): ``--impl`` naming only linear+CE impls runs no
-  FP8 or distributed test, never the built-ins in their place. An impl that failed to load is still collected: its tests fail with the load
-  error, so a broken outside impl is reported by name and never hides the others. One that cannot run here is
-  skipped with the reason.
+  impl has is not collected (deselected; the summary says so, under xdist too): ``--impl`` naming only linear+CE
+  impls runs no FP8 or distributed test, never the built-ins in their place. numcheck's own protocol tests (the
+  suite's tests that take no impl) run only when no ``--impl`` is given. An impl that failed to load is one
+  error, ``numcheck::load[SPEC]``, naming it and the cause (its kind is unknown, so no test is parametrized
+  with it); the others run. One that cannot run here is skipped with the reason.
+- A failing suite test whose exception is numcheck's verdict
+  (:class:`~numcheck.properties.core.failures.PropertyFailure`: an output out of bounds, or the impl raised) is
+  reported with numcheck's message only (impl, case, what failed or what was raised where, the repro line) and its
+  notes, without pytest's traceback and argument dumps.
+- ``--hypothesis-show-statistics`` counts each test's covering rows (run before hypothesis' draws) and the
+  distributed tests' draws (whose ``@given`` runs inside the test).
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
   ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`; ``numcheck sweep`` reads them).
 - ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
   ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
 - Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
-  ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile chosen with ``--hypothesis-profile`` when
-  it is one of these, else the one ``NUMCHECK_HYPOTHESIS_PROFILE`` names (``ci``, ``dev``, ... or the full
-  name), else ``numcheck-ci``. No profile is ever loaded for the process: a user's own tests keep theirs.
+  ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile
+  chosen with ``--hypothesis-profile`` when it is one of these, else the one ``NUMCHECK_HYPOTHESIS_PROFILE`` names
+  (``ci``, ``dev``, ... or the full name), else ``numcheck-ci``. No profile is ever loaded for the process: a
+  user's own tests keep theirs.
 
-Inert for every other pytest run: the options are registered, but nothing is discovered, imported (no triton),
+Inert for every other pytest run, in time too: the options are registered, but nothing is discovered, imported
+(no torch, hypothesis or triton: this module imports only pytest and the standard library at its top),
 parametrized, or set (threads, ``TRITON_INTERPRET``) until a numcheck test module is collected or a test asks
-for one of the fixtures.
+for one of the fixtures. ``tools/bench_plugin_overhead.py`` measures what it costs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
-import torch
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
 
-import numcheck.tests as _tests_package
-from numcheck.impls import interpreter
-from numcheck.impls.registry import BrokenImpl, ImplEntry, discover
-from numcheck.properties.core import matmul_precision, records
-from numcheck.properties.core.draw_isolation import draw_key, isolated_draws
-from numcheck.properties.fp8.strategies import quant_cases
-from numcheck.properties.core.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
-from numcheck.properties.core.runner import SuiteProperty, budget, run_rows, skip_reason, unsatisfiable_reason
-from numcheck.properties.core.strategies import problems
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
+
+    from numcheck.impls.registry import BrokenImpl, ImplEntry
+    from numcheck.properties.core.runner import SuiteProperty
 
 _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
-_TESTS_DIR = Path(_tests_package.__file__).resolve().parent
+_RECORDING_KEY = pytest.StashKey[bool]()
+_TESTS_DIR = Path(__file__).resolve().parent
 _SUITE_DIR = _TESTS_DIR / "suite"
 #: Each impl fixture and the kinds it is parametrized over.
 _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
@@ -63,6 +66,10 @@ _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
     "numcheck_impl": ("linear_ce", "quant_linear")}
 _NO_IMPL_MARK = "numcheck_no_impl"
 _NOT_COLLECTED_KEY = pytest.StashKey[dict]()
+#: The key under which an xdist worker hands its not-collected counts to the controller (``workeroutput``).
+_WORKER_OUTPUT = "numcheck_not_collected"
+#: The not-collected label of numcheck's own protocol tests (the suite's tests that take no impl).
+_OWN_TESTS = "numcheck's own protocol"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -80,6 +87,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def profile_name() -> str:
     """The numcheck profile numcheck's tests run under: the loaded hypothesis profile if it is a numcheck one
     (``--hypothesis-profile numcheck-dev``), else ``NUMCHECK_HYPOTHESIS_PROFILE``'s, else ``numcheck-ci``."""
+    from hypothesis import settings
+
+    from numcheck.properties.core.profiles import DEFAULT_PROFILE, PROFILES, numcheck_name
+
     current = settings.get_current_profile_name()
     if current in PROFILES:
         return current
@@ -96,6 +107,8 @@ def profile_name() -> str:
 def numcheck_profile() -> Iterator[None]:
     """numcheck's profile as hypothesis' default while a numcheck test module is imported (its ``@given`` and
     ``@settings`` take their defaults then), the caller's profile back afterwards: never left loaded."""
+    from hypothesis import settings
+
     before = settings.get_current_profile_name()
     settings.load_profile(profile_name())
     try:
@@ -116,8 +129,12 @@ def _arrange(config: pytest.Config) -> None:
     if config.stash.get(_ARRANGED_KEY, False):
         return
     config.stash[_ARRANGED_KEY] = True
+    from numcheck.impls import interpreter
+
     interpreter.arrange()
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
         torch.set_num_threads(1)
 
 
@@ -131,19 +148,35 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
         return (yield)
 
 
-def impl_entries(config: pytest.Config, kinds: tuple[str, ...] | None) -> list[ImplEntry | BrokenImpl]:
-    """Loaded entries of ``kinds`` (every kind for ``None``) plus every broken entry (whose kind is unknown);
-    discovered once per session, on first use."""
+def impl_entries(config: pytest.Config, kinds: tuple[str, ...] | None) -> list[ImplEntry]:
+    """Loaded entries of ``kinds`` (every kind for ``None``), discovered once per session, on first use. The
+    broken ones (whose kind is unknown) are not among them: :func:`broken_entries`."""
+    from numcheck.impls.registry import BrokenImpl
+
+    return [e for e in _discovered(config) if not isinstance(e, BrokenImpl) and (kinds is None or e.kind in kinds)]
+
+
+def broken_entries(config: pytest.Config) -> list[BrokenImpl]:
+    """The specs of this session that could not be loaded (none before discovery)."""
+    from numcheck.impls.registry import BrokenImpl
+
+    return [e for e in config.stash.get(_ENTRIES_KEY, []) if isinstance(e, BrokenImpl)]
+
+
+def _discovered(config: pytest.Config) -> list[Any]:
+    """Every entry of this session, loaded or broken: discovered on first use."""
     if _ENTRIES_KEY not in config.stash:
         _arrange(config)  # before discovery: the built-ins import triton
+        from numcheck.impls.registry import discover
+
         config.stash[_ENTRIES_KEY] = discover(config.getoption("--impl"))
-    return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl) or kinds is None or e.kind in kinds]
+    return config.stash[_ENTRIES_KEY]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Each impl fixture over the loaded impls of its kinds. Where none is loaded (``--impl`` named only impls of
-    other kinds) the test gets one placeholder marked :data:`_NO_IMPL_MARK`, which
-    :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
+    other kinds, or only impls that failed to load) the test gets one placeholder marked :data:`_NO_IMPL_MARK`,
+    which :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
     for fixture, kinds in _IMPL_FIXTURES.items():
         if fixture in metafunc.fixturenames:
             entries = impl_entries(metafunc.config, kinds)
@@ -155,28 +188,80 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                      indirect=True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+class ImplLoadError(pytest.Item):
+    """The one error of an impl spec that could not be loaded: it names the spec, where it was named and the
+    cause. No test is parametrized with such an impl (its kind is unknown), so this is its only report."""
+
+    def __init__(self, *, entry: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entry = entry
+
+    def setup(self) -> None:
+        e = self.entry
+        pytest.fail(f"impl {e.spec!r} (from {e.origin}) could not be loaded: {e.error}\n"
+                    f"no numcheck test ran for it; the other impls ran as usual", pytrace=False)
+
+    def runtest(self) -> None:
+        """Never reached: :meth:`setup` fails."""
+        raise AssertionError(f"impl {self.entry.spec!r} could not be loaded")
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"numcheck: impl {self.entry.spec!r} could not be loaded"
+
+
+def _own_protocol_test(item: pytest.Item) -> bool:
+    """Whether ``item`` is one of the shipped suite's tests that take no impl (numcheck checking its own
+    protocol code)."""
+    names = getattr(item, "fixturenames", ())
+    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(f in names for f in _IMPL_FIXTURES)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests of a kind no selected impl has are not collected: deselected (pytest counts them), and the terminal
-    summary says which kinds and how many tests (:func:`pytest_terminal_summary`)."""
+    summary says which kinds and how many tests (:func:`pytest_terminal_summary`). Under ``--impl`` numcheck's
+    own protocol tests are left out the same way. Each impl that failed to load gets its one
+    :class:`ImplLoadError` (after ``-k`` and ``-m`` selected: a broken impl is reported whatever was selected)."""
     left: dict[str, int] = {}
-    keep = []
+    keep, drop = [], []
+    selected = bool(config.getoption("--impl", None))
     for item in items:
         mark = item.get_closest_marker(_NO_IMPL_MARK)
-        if mark is None:
+        label = mark.args[0] if mark is not None else (_OWN_TESTS if selected and _own_protocol_test(item) else None)
+        if label is None:
             keep.append(item)
         else:
-            left[mark.args[0]] = left.get(mark.args[0], 0) + 1
-    if left:
-        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker(_NO_IMPL_MARK) is not None])
+            drop.append(item)
+            left[label] = left.get(label, 0) + 1
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep
-        config.stash[_NOT_COLLECTED_KEY] = left
+    for entry in broken_entries(config):
+        items.append(ImplLoadError.from_parent(session, name=f"numcheck::load[{entry.spec}]",
+                                               nodeid=f"numcheck::load[{entry.spec}]", entry=entry))
+    config.stash[_NOT_COLLECTED_KEY] = left
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary
+        config.workeroutput[_WORKER_OUTPUT] = left
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """Under xdist: the not-collected counts a worker collected (the same on every worker), for the summary."""
+    left = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT)
+    if left is not None:
+        node.config.stash[_NOT_COLLECTED_KEY] = left
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """One line per impl kind whose tests were left out because no selected impl has it."""
+    """One line per impl kind whose tests were left out because no selected impl has it (and one for numcheck's
+    own protocol tests under ``--impl``)."""
     for kind, n in sorted(config.stash.get(_NOT_COLLECTED_KEY, {}).items()):
-        terminalreporter.write_line(f"numcheck: {n} test(s) for {kind} impls not collected: --impl selected none "
-                                    f"of that kind")
+        if kind == _OWN_TESTS:
+            terminalreporter.write_line(f"numcheck: {n} test(s) of {_OWN_TESTS} code not collected: they run only "
+                                        f"without --impl")
+        else:
+            terminalreporter.write_line(f"numcheck: {n} test(s) for {kind} impls not collected: --impl selected "
+                                        f"none of that kind that loaded")
 
 
 def _impl_of(item: pytest.Item) -> Any:
@@ -199,13 +284,15 @@ def _suite_property(item: pytest.Item) -> SuiteProperty | None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    """For the suite's ``@given`` tests: the test's covering rows first (:func:`numcheck.properties.core.runner.run_rows`),
-    then the impl's budget of random examples (:func:`numcheck.properties.core.runner.budget`), and a skip, not an
-    error, when a known divergence rejected every draw (hypothesis' ``Unsatisfiable``). Every numcheck test runs
-    under numcheck's GEMM precision (:func:`numcheck.properties.core.matmul_precision.pinned`); other tests of the
-    session keep their own."""
+    """For the suite's ``@given`` tests: the test's covering rows first
+    (:func:`numcheck.properties.core.runner.run_rows`), then the impl's budget of random examples
+    (:func:`numcheck.properties.core.runner.budget`), and a skip, not an error, when a known divergence rejected
+    every draw (hypothesis' ``Unsatisfiable``). Every numcheck test runs under numcheck's GEMM precision
+    (:func:`numcheck.properties.core.matmul_precision.pinned`); other tests of the session keep their own."""
     if not _is_numcheck(item.path):
         return (yield)
+    from numcheck.properties.core import matmul_precision
+
     with matmul_precision.pinned():
         return (yield from _suite_call(item))
 
@@ -215,44 +302,148 @@ def _suite_call(item: pytest.Item) -> Any:
     fn = getattr(item, "obj", None)
     impl = _impl_of(item)
     own = getattr(fn, "_hypothesis_internal_use_settings", None)
-    if own is None or impl is None or not item.path.resolve().is_relative_to(_SUITE_DIR):
+    if impl is None or not item.path.resolve().is_relative_to(_SUITE_DIR):
         return (yield)
+    if own is None:  # a test whose @given runs inside it (the distributed suites): its statistics collected here
+        with _collected_statistics(item):
+            return (yield)
+    from hypothesis import settings
+    from hypothesis.errors import Unsatisfiable
+
+    from numcheck.properties.core.runner import budget, skip_reason, unsatisfiable_reason
+
     prop = _suite_property(item)
     # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).
     fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples, prop))
+    rows = _RowsStatistics()
     try:
         if prop is not None and skip_reason(prop, impl) is None:
-            run_rows(prop, impl)
+            rows.run(prop, impl)
         return (yield)
     except Unsatisfiable:
         pytest.skip(unsatisfiable_reason(impl))
     finally:
         fn._hypothesis_internal_use_settings = own
+        rows.note(item)
+
+
+class _RowsStatistics:
+    """The covering rows a test ran before its draws, for ``--hypothesis-show-statistics``."""
+
+    def __init__(self) -> None:
+        self.design: int | None = None
+        self.passing = self.rejected = self.failing = 0
+        self.seconds = 0.0
+        self.dimensions = ""
+
+    def run(self, prop: SuiteProperty, impl: Any) -> None:
+        """:func:`~numcheck.properties.core.runner.run_rows`, counted."""
+        from numcheck.properties.core.runner import rows, run_rows
+
+        design = rows(prop, impl)
+        self.design = len(design)
+        self.dimensions = ", ".join(dict.fromkeys(d for row in design for d, _ in row.values))
+        t0 = time.monotonic()
+        try:
+            run = run_rows(prop, impl)
+        except BaseException:
+            self.failing = 1
+            raise
+        finally:
+            self.seconds = time.monotonic() - t0
+        self.rejected = len(run.rejected)
+        self.passing = len(design) - self.rejected
+
+    def note(self, item: pytest.Item) -> None:
+        """Add the rows to the test's hypothesis statistics (hypothesis' plugin reports ``item.hypothesis_statistics``
+        at teardown); a test that failed in its rows, before hypothesis ran, gets statistics of its rows alone."""
+        if not self.design:
+            return
+        counts = ("a row failed (the test's failure names it)" if self.failing else
+                  f"{self.passing} passing and {self.rejected} rejected (every seeded draw a known divergence)")
+        text = (f"  - covering rows, run before the draws ({self.seconds:.2f} seconds):\n"
+                f"    - {self.design} rows, a pairwise design over {self.dimensions}: {counts}")
+        stats = getattr(item, "hypothesis_statistics", None)
+        if stats is None:
+            item.hypothesis_statistics = f"{item.nodeid}:\n\n{text}\n  - Stopped because a covering row failed"
+        else:
+            head, _, rest = stats.partition("\n")
+            item.hypothesis_statistics = f"{head}\n\n{text}\n{rest.lstrip(chr(10))}"
+
+
+@contextlib.contextmanager
+def _collected_statistics(item: pytest.Item) -> Iterator[None]:
+    """The statistics of every ``@given`` run inside ``item`` (hypothesis' plugin collects those of a test that is
+    itself ``@given`` only), as ``item.hypothesis_statistics``."""
+    from hypothesis.statistics import collector, describe_statistics
+
+    runs: list[str] = []
+
+    def note(stats: Any) -> None:
+        runs.append(describe_statistics(stats))
+
+    try:
+        with collector.with_value(note):
+            yield
+    finally:
+        if runs:
+            item.hypothesis_statistics = f"{item.nodeid}:\n\n" + "\n".join(runs)
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
-    """numcheck's ``@given`` tests draw the same cases however they were collected: each is keyed (its
-    derandomized seed, its example-database entry) by :func:`~numcheck.properties.core.draw_isolation.draw_key`, set
-    here after hypothesis' plugin set the node id, which carries the invocation's rootdir; and it draws no
-    constant of the loaded local modules (:func:`~numcheck.properties.core.draw_isolation.isolated_draws`)."""
-    inner = getattr(getattr(pyfuncitem.obj, "hypothesis", None), "inner_test", None)
-    if inner is None or not _is_numcheck(pyfuncitem.path):
-        return (yield)
-    rel = pyfuncitem.path.resolve().relative_to(_TESTS_DIR).as_posix()
-    inner._hypothesis_internal_add_digest = draw_key(rel, pyfuncitem.nodeid)
-    with isolated_draws():
-        return (yield)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A numcheck test failing with numcheck's own verdict is reported with the verdict's message (and the
+    exception's notes: the covering row, hypothesis' falsifying example) only: the message already names impl,
+    case, what failed or what the impl raised where, and the repro line; pytest's traceback would add the
+    suite's frames and dumps of the tensors."""
+    report = yield
+    if call.excinfo is not None and report.failed and _is_numcheck(item.path):
+        text = _verdict_text(call.excinfo.value)
+        if text is not None:
+            report.longrepr = _value_repr(text)
+    return report
+
+
+def _verdict_text(exc: BaseException) -> str | None:
+    """The text of numcheck's verdicts in ``exc`` (one, or a group of them: hypothesis' distinct failures), with
+    numcheck's notes (the covering row); ``None`` when ``exc`` holds anything else (a bug shows with its
+    traceback). Hypothesis' notes (the falsifying example, with the impl's whole declaration, and its blob) are
+    left out: the message names the case, and its repro line reruns it."""
+    from numcheck.errors import PropertyFailure, grouped
+
+    parts = grouped(exc)
+    if not all(isinstance(e, PropertyFailure) for e in parts):
+        return None
+    texts = ["\n".join([str(e), *(n for n in getattr(e, "__notes__", ()) if n.startswith("numcheck:"))])
+             for e in parts]
+    if len(texts) == 1:
+        return texts[0]
+    return f"{len(texts)} distinct failures:\n" + "\n\n".join(f"({i}) {t}" for i, t in enumerate(texts, 1))
+
+
+def _value_repr(text: str) -> Any:
+    """A report's ``longrepr`` showing ``text`` alone (pytest's ``value`` style, as for ``pytest.fail(...,
+    pytrace=False)``), with ``text``'s first line as the short summary's message."""
+    from numcheck.properties.core.failures import PropertyFailure
+
+    try:
+        raise PropertyFailure(text)
+    except PropertyFailure:
+        info = pytest.ExceptionInfo.from_current()
+    longrepr = info.getrepr(style="value", chain=False)
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        with contextlib.suppress(AttributeError, TypeError):
+            crash.message = text.splitlines()[0]
+    return longrepr
 
 
 def _unwrap(request: pytest.FixtureRequest) -> Any:
-    """The impl of a parametrized impl fixture: failed if broken, skipped if unavailable here."""
+    """The impl of a parametrized impl fixture, skipped if unavailable here."""
     if not hasattr(request, "param"):
         raise pytest.UsageError(f"fixture {request.fixturename!r} is parametrized by numcheck's plugin; "
                                 f"request it as a test argument, not through getfixturevalue")
     entry = request.param
-    if isinstance(entry, BrokenImpl):
-        pytest.fail(f"impl {entry.spec!r} (from {entry.origin}) could not be loaded: {entry.error}", pytrace=False)
     reason = entry.impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"impl {entry.name!r} unavailable here: {reason}")
@@ -261,13 +452,13 @@ def _unwrap(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def linear_ce_impl(request: pytest.FixtureRequest) -> Any:
-    """A loaded linear+CE impl (skipped when it cannot run here, failed when it could not be loaded)."""
+    """A loaded linear+CE impl (skipped when it cannot run here)."""
     return _unwrap(request)
 
 
 @pytest.fixture
 def quant_impl(request: pytest.FixtureRequest) -> Any:
-    """A loaded quantized-linear impl (skipped when it cannot run here, failed when it could not be loaded)."""
+    """A loaded quantized-linear impl (skipped when it cannot run here)."""
     return _unwrap(request)
 
 
@@ -280,22 +471,23 @@ def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
-    """A loaded distributed (vocabulary-parallel) linear+CE impl (:mod:`numcheck.impls.protocols.dist_linear_ce`; skipped
-    when it cannot run here, failed when it could not be loaded)."""
+    """A loaded distributed (vocabulary-parallel) linear+CE impl (:mod:`numcheck.impls.protocols.dist_linear_ce`;
+    skipped when it cannot run here)."""
     return _unwrap(request)
 
 
 @pytest.fixture
 def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.protocols.tp_fp8_linear`; skipped when it cannot
-    run here, failed when it could not be loaded)."""
+    run here)."""
     return _unwrap(request)
 
 
 @pytest.fixture
 def numcheck_impl(request: pytest.FixtureRequest) -> Any:
     """For users' own tests: each single-device impl (linear+CE or quantized linear) named by ``--impl`` (else
-    every discovered one), with the suite's skip and failure rules. Its declaration is ``numcheck_impl.support``."""
+    every discovered one), with the suite's skip rules (an impl that failed to load is its one error,
+    ``numcheck::load[SPEC]``). Its declaration is ``numcheck_impl.support``."""
     return _unwrap(request)
 
 
@@ -306,7 +498,11 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
     if numcheck_impl.kind == "quant_linear":
+        from numcheck.properties.fp8.strategies import quant_cases
+
         return quant_cases(numcheck_impl.support)
+    from numcheck.properties.core.strategies import problems
+
     return problems(numcheck_impl.support)
 
 
@@ -314,6 +510,8 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
 def one_thread_per_module() -> Iterator[None]:
     """torch's intra-op threads set to 1 for a module, restored after it (modules opt in with
     ``pytestmark = pytest.mark.usefixtures("one_thread_per_module")``)."""
+    import torch
+
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -328,14 +526,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has "
                                        f"(deselected by numcheck's plugin)")
     folder = config.getoption("--numcheck-record", None)
+    config.stash[_RECORDING_KEY] = folder is not None
     if folder is not None:
+        from numcheck.properties.core import records
+
         records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The record file closed at the end of the session."""
-    if records.recording():
-        records.stop()
+    if config.stash.get(_RECORDING_KEY, False):
+        from numcheck.properties.core import records
+
+        if records.recording():
+            records.stop()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -343,11 +547,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     belong to ``item``."""
     if item.get_closest_marker("numcheck_scale") is not None and not item.config.getoption("--numcheck-scale"):
         pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
-    if records.recording():
+    if item.config.stash.get(_RECORDING_KEY, False):
+        from numcheck.properties.core import records
+
         records.set_test(item.nodeid, getattr(item, "originalname", item.name))
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Records made outside a test belong to none."""
-    if records.recording():
+    if item.config.stash.get(_RECORDING_KEY, False):
+        from numcheck.properties.core import records
+
         records.set_test()

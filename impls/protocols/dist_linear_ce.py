@@ -10,8 +10,10 @@ and backends, the label-smoothing convention, determinism) and
     shard ``weight_shard`` [V_r, H] (classes ``vocab_start … vocab_start + V_r − 1`` of ``vocab_size``) and its
     bias shard (or ``None``); the options are the single-device protocol's (``class_weights`` is the full [V]
     tensor). It returns the loss (the same on every rank), connected to autograd; after
-    ``loss.backward(upstream)`` on every rank, ``x.grad`` must be the *full* grad_x (the impl all-reduces it)
-    and ``weight_shard.grad`` / ``bias_shard.grad`` the rank's shards of grad_W / grad_b.
+    ``loss.backward(upstream.to(loss.dtype))`` on every rank (the same upstream gradient on each: 1, a scalar, or
+    ``[N]`` for ``none``, in the loss's own dtype, so a bf16 loss receives a bf16-rounded upstream; the suite draws
+    upstream values that bf16 and fp16 hold exactly), ``x.grad`` must be the *full* grad_x (the impl all-reduces
+    it) and ``weight_shard.grad`` / ``bias_shard.grad`` the rank's shards of grad_W / grad_b.
 
 Shard rule (:func:`shard_bounds`): rank r of P owns ⌊V/P⌋ classes, one more for r < V mod P, in rank order:
 contiguous, sizes differing by at most one. An impl declaring ``uneven_vocab=False`` is only given V divisible

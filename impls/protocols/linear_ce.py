@@ -28,7 +28,9 @@ A linear+CE implementation is any object with
 
     It returns the loss as a tensor connected to autograd (a scalar for ``mean``/``sum``, ``[N]`` for
     ``none``), or ``(loss, z_loss)`` when ``support.returns_z_loss`` is set. Gradients are taken with
-    ``loss.backward(upstream)``; they must reach ``x``, ``weight`` and ``bias``.
+    ``loss.backward(upstream.to(loss.dtype))``: the upstream gradient (1, a scalar, or ``[N]`` for ``none``)
+    reaches the loss in the loss's own dtype, so a bf16 loss receives a bf16-rounded upstream (the suite draws
+    upstream values that bf16 and fp16 hold exactly). The gradients must reach ``x``, ``weight`` and ``bias``.
 
 The exact semantics (PyTorch's for the CE part, Liger's for z-loss) are those of the float64 oracle
 :func:`reference.linear_ce.linear_ce`; ``docs/linear-ce.md`` derives the formulas.

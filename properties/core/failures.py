@@ -7,14 +7,23 @@ import sys
 import sysconfig
 import traceback
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Iterable
+from types import MappingProxyType, ModuleType
+from typing import Any, Iterable, Mapping
 
 from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import spec_of
 from numcheck.properties.core.problems import Problem
 
 
+#: What a property returns for a case it cannot judge (a condition on the drawn values that the draw did not
+#: meet: no row ignored, a bias shift the bias dtype cannot hold exactly). The runner rejects such a case like a
+#: filtered draw, so it is neither counted nor passed (:func:`numcheck.properties.core.runner.run_example`).
+NOT_JUDGED: Mapping[str, float] = MappingProxyType({})
+
+
+def judged(metrics: Mapping[str, float]) -> bool:
+    """Whether a property's ``metrics`` come from a judged case (anything but :data:`NOT_JUDGED`)."""
+    return metrics is not NOT_JUDGED
 
 
 def _module_root(module: ModuleType) -> Path | None:
@@ -23,13 +32,14 @@ def _module_root(module: ModuleType) -> Path | None:
     if not file:
         return None
     depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
-    return Path(file).resolve().parents[depth]
+    # Not resolved: a package reached through a link (numcheck/tests -> ../tests) has its root above the link.
+    return Path(file).absolute().parents[depth]
 
 
 def _installed(root: Path) -> bool:
     """Whether a fresh interpreter finds modules under ``root`` without ``PYTHONPATH`` (site-packages, stdlib)."""
     paths = sysconfig.get_paths()
-    return any(root == Path(paths[k]).resolve() for k in ("purelib", "platlib", "stdlib") if k in paths)
+    return any(root.resolve() == Path(paths[k]).resolve() for k in ("purelib", "platlib", "stdlib") if k in paths)
 
 
 def _spec_in_module(impl: Any) -> str | None:
@@ -76,21 +86,24 @@ def repro_command(impl: Any, prop: str, problem: Any) -> str:
             f"--problem {shlex.quote(repr(problem))}")
 
 
-def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str]) -> str:
-    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``)."""
+def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *,
+                    reproduce: str | None = None) -> str:
+    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``);
+    ``reproduce`` in place of the repro command, for a case no command can rebuild."""
     body = "\n".join(f"  {line}" for line in lines)
     return (
         f"property {prop!r} fails for impl {impl.name!r}\n"
         f"  case: {problem!r}\n"
         f"{body}\n"
-        f"  reproduce: {repro_command(impl, prop, problem)}"
+        f"  reproduce: {reproduce or repro_command(impl, prop, problem)}"
     )
 
 
-def fail(impl: Any, prop: str, problem: Problem, *lines: str) -> None:
-    """Raise :class:`PropertyFailure` with :func:`failure_message`."""
+def fail(impl: Any, prop: str, problem: Problem, *lines: str, ratio: float | None = None) -> None:
+    """Raise :class:`PropertyFailure` with :func:`failure_message` (``ratio``: the failing judgement's
+    error/bound, where it has one)."""
     __tracebackhide__ = True
-    raise PropertyFailure(failure_message(impl, prop, problem, lines))
+    raise PropertyFailure(failure_message(impl, prop, problem, lines), case=problem, ratio=ratio)
 
 
 def _innermost_module(exc: BaseException) -> str:
@@ -105,26 +118,37 @@ def _numcheck_module(name: str) -> bool:
     return name == "numcheck" or name.startswith("numcheck.")
 
 
+#: numcheck's modules that hold impls (built-in and adapters, and its self tests' user-style and mutant impls):
+#: what they raise is an impl's exception, not a verdict or a bug of the suite.
+_IMPL_MODULES: tuple[str, ...] = ("numcheck.impls.", "numcheck.tests.self.helpers.")
+
+
+def _judging_module(name: str) -> bool:
+    """Whether ``name`` is numcheck's own judging code (numcheck outside its impls)."""
+    return _numcheck_module(name) and not name.startswith(_IMPL_MODULES)
+
+
 def raised_by_suite(exc: BaseException) -> bool:
     """Whether ``exc`` is one of the suite's own verdicts: a :class:`PropertyFailure`, or an ``AssertionError``
-    raised by numcheck's own code (its innermost frame in a ``numcheck.*`` module: a protocol check, a judgement).
-    An ``AssertionError`` from an impl's own ``assert`` (a third-party kernel's argument check) is not."""
+    raised by numcheck's own judging code (its innermost frame in a ``numcheck.*`` module that holds no impls: a
+    protocol check, a judgement). An ``AssertionError`` from an impl's own ``assert`` (a third-party kernel's
+    argument check, one of numcheck's built-in or test impls) is not."""
     if isinstance(exc, PropertyFailure):
         return True
-    return isinstance(exc, AssertionError) and _numcheck_module(_innermost_module(exc))
+    return isinstance(exc, AssertionError) and _judging_module(_innermost_module(exc))
 
 
 def exception_lines(exc: BaseException) -> list[str]:
     """What was raised, for a failure message: its type and first message line, and the innermost frame (file,
     line, function, source line). Raised by an impl (or the third-party code it calls) unless that frame is in
-    numcheck's own judging code (``numcheck.*`` outside ``numcheck.impls``), which is then named instead."""
+    numcheck's own judging code (``numcheck.*`` outside the modules of :data:`_IMPL_MODULES`), which is then named
+    instead."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     more = " [...]" if len(text.splitlines()) > 1 else ""
     kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
-    module = _innermost_module(exc)
-    who = ("numcheck's own code (a suite bug, not a verdict on the impl)"
-           if _numcheck_module(module) and not module.startswith("numcheck.impls.") else "the impl")
+    who = ("numcheck's own code (a suite bug, not a verdict on the impl)" if _judging_module(_innermost_module(exc))
+           else "the impl")
     lines = [f"{who} raised {kind}: {first}{more}"]
     frames = traceback.extract_tb(exc.__traceback__)
     if frames:
@@ -137,4 +161,4 @@ def impl_raised(impl: Any, prop: str, problem: Any, exc: BaseException) -> Prope
     """The :class:`PropertyFailure` for an impl that raised ``exc`` while ``prop`` ran it on ``problem`` (to be
     raised ``from exc``, so the original traceback stays attached and hypothesis tells failures of different
     origins apart)."""
-    return PropertyFailure(failure_message(impl, prop, problem, exception_lines(exc)))
+    return PropertyFailure(failure_message(impl, prop, problem, exception_lines(exc)), case=problem, raised=True)

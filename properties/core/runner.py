@@ -12,12 +12,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from hypothesis import assume
+from hypothesis import assume, reject
 from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
-from numcheck.properties.core.failures import impl_raised, raised_by_suite
+from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
+from numcheck.properties.core.harness import ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import DEVICE, pinned_row
@@ -182,33 +183,51 @@ def unsatisfiable_reason(impl: Any) -> str:
 
 def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Metrics]]:
     """One example of ``prop`` on ``impl``: each variant's problem drawn from ``data``, rejected (hypothesis'
-    ``assume``) when a known divergence covers it, then judged; the problems with their metrics. Raises what the
-    property raises when it is the suite's verdict (``PropertyFailure``, numcheck's own ``AssertionError``);
-    any other exception (the impl's own: a ``ZeroDivisionError`` in a kernel wrapper, a third-party ``assert``)
-    becomes a ``PropertyFailure`` naming impl, property, case, the exception and its innermost frame, with the
-    repro line, chained ``from`` the original (hypothesis still shrinks it, and keeps failures of different
-    origins apart). Hypothesis' own exceptions (a rejected draw) pass through."""
+    ``assume``) when a known divergence covers it, then judged; the judged problems with their metrics. A variant
+    the property could not judge (it returned :data:`~numcheck.properties.core.failures.NOT_JUDGED`) is left out,
+    and an example none of whose variants was judged is rejected like a filtered draw: it is neither counted nor
+    passed. Raises what the property raises when it is the suite's verdict (``PropertyFailure``, numcheck's own
+    ``AssertionError``; a :class:`~numcheck.properties.core.harness.ProtocolViolation` becomes a
+    ``PropertyFailure`` with the case and the repro line); any other exception (the impl's own: a
+    ``ZeroDivisionError`` in a kernel wrapper, a third-party ``assert``) becomes a ``PropertyFailure`` naming
+    impl, property, case, the exception and its innermost frame, with the repro line, chained ``from`` the
+    original (hypothesis still shrinks it, and keeps failures of different origins apart). Hypothesis' own
+    exceptions (a rejected draw) pass through."""
     out: list[tuple[Any, Metrics]] = []
     for variant, draw in prop.variants(impl):
         p = draw(variant, data)
         if isinstance(p, Problem):  # known divergences are of linear+CE impls
             assume(known(variant.name, prop.property_name, p) is None)  # covered by tests/adapters/test_known_divergences.py
-        out.append((p, _judged(prop, variant, p)))
+        metrics = _judged(prop, variant, p)
+        if judged(metrics):
+            out.append((p, metrics))
+    if not out:
+        reject()
     return out
 
 
 def _judged(prop: SuiteProperty, impl: Any, p: Any) -> Metrics:
-    """``prop.check(impl, p)`` with an impl's exception turned into the suite's failure (see :func:`run_example`)."""
+    """``prop.check(impl, p)`` through :func:`judge`."""
+    __tracebackhide__ = True
+    return judge(prop.check, impl, p)
+
+
+def judge(check: Callable[[Any, Any], Metrics], impl: Any, p: Any) -> Metrics:
+    """``check(impl, p)`` (a property function) under numcheck's GEMM precision, with an impl's exception turned
+    into the suite's failure (see :func:`run_example`); used for the drawn tests and the pinned cases alike."""
     __tracebackhide__ = True
     try:
         with matmul_precision.pinned():
-            return prop.check(impl, p)
+            return check(impl, p)
     except HypothesisException:
         raise
+    except ProtocolViolation as exc:
+        raise PropertyFailure(failure_message(impl, check.__name__, p, [f"protocol violation: {exc}"]),
+                              case=p) from exc
     except Exception as exc:  # noqa: BLE001 - every exception is reported, the suite's verdicts as they are
         if raised_by_suite(exc):
             raise
-        raise impl_raised(impl, prop.property_name, p, exc) from exc
+        raise impl_raised(impl, check.__name__, p, exc) from exc
 
 
 def target_scores(results: Sequence[tuple[Any, Metrics]]) -> Metrics:

@@ -159,9 +159,9 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
 SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
 
 #: Cases the suite once judged wrongly or that exposed a real bug: each stays pinned (hypothesis' @example role,
-#: here across every impl that declares the case), with what it taught; run on the suite's device. Keyed by the
-#: text the case was first pinned as, which is its test id (``test_pinned_cases[<impl>-<key>]``; pytest's own
-#: ``caseN`` for a key over 100 characters), so ids stay stable when Problem's fields or repr change.
+#: here across every impl that declares the case), with what it taught; run on the suite's device, all of an impl's
+#: in one test (``test_pinned_cases[<impl>]``, whose failure names each failing case). Keyed by the text the case
+#: was first pinned as, so keys stay stable when Problem's fields or repr change.
 PINNED: dict[str, Problem] = {
     # eager bf16: F.cross_entropy forms p_y − 1 in bf16 (declared ce_dtype="compute" widens the bound).
     "Problem(N=16, H=24, V=40, dtype='bfloat16', regime='confident')":

@@ -222,3 +222,113 @@ def _regime_values(case: QuantCase, g: torch.Generator, x: torch.Tensor, w: torc
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")
         w.view(-1)[torch.randint(0, N * K, (1,), generator=g)] = float("inf")
     return x, w, dy
+
+
+# -- the quantizer property's cases: a tensor as a printable value ---------------------------------------------
+@dataclass(frozen=True)
+class DrawnTensor:
+    """A 2-D float32 test tensor of the quantizer property as a printable value: the values
+    :func:`~numcheck.properties.fp8.strategies.fp8_tensor_specs` draws, from which :meth:`build` makes the same
+    tensor in every process (a CPU generator seeded with ``seed``), so a failure's repro line carries it.
+
+    ``rows`` × ``cols`` N(0, 1) values, each times 2^U(−``binade_spread``, ``binade_spread``) (0: none), all
+    times 2^``magnitude_exp``, clamped to binary32; ``specials``: ``(row, col, value)`` written over them;
+    ``edges``: ``"none"``, ``"every block"`` (every 32-element run's amax a few ulps of ``dtype`` beside
+    ``format_max``·2^k, :func:`plant_scale_edges`) or ``"one element"`` (``boundary`` = ``(exp, ulps, row, col,
+    sign)``: format_max·2^exp moved ``ulps`` binary32 ulps, at that element, every other finite element below
+    half of it)."""
+
+    rows: int
+    cols: int
+    seed: int
+    binade_spread: int = 0
+    magnitude_exp: int = 0
+    specials: tuple[tuple[int, int, float], ...] = ()
+    edges: str = "none"
+    format_max: float = 448.0
+    boundary: tuple[int, int, int, int, float] | None = None
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.edges not in ("none", "one element", "every block"):
+            raise ValueError(f"DrawnTensor.edges={self.edges!r} is not 'none', 'one element' or 'every block'")
+        if (self.edges == "one element") != (self.boundary is not None):
+            raise ValueError("DrawnTensor.boundary is given exactly when edges='one element'")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"DrawnTensor.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+
+    def build(self) -> torch.Tensor:
+        """The float32 tensor (on the CPU)."""
+        R, C = self.rows, self.cols
+        g = torch.Generator().manual_seed(self.seed)
+        t = torch.randn(R, C, generator=g, dtype=torch.float64)
+        if self.binade_spread:
+            s = self.binade_spread
+            t = t * torch.exp2(torch.randint(-s, s + 1, (R, C), generator=g).to(torch.float64))
+        fp32_max = torch.finfo(torch.float32).max
+        t = (t * 2.0 ** self.magnitude_exp).clamp(-fp32_max, fp32_max).to(torch.float32)
+        for i, j, v in self.specials:
+            t[i, j] = v
+        if self.edges == "every block":
+            finite = torch.isfinite(t)
+            planted = plant_scale_edges(torch.where(finite, t, 0.0).double(), g, self.format_max, self.dtype)
+            t = torch.where(finite, planted.to(torch.float32), t)
+        elif self.boundary is not None:
+            exp, ulps, i, j, sign = self.boundary
+            v = torch.tensor(self.format_max * 2.0 ** exp, dtype=torch.float32)
+            toward = torch.tensor(math.copysign(math.inf, ulps), dtype=torch.float32)
+            for _ in range(abs(ulps)):
+                v = torch.nextafter(v, toward)
+            finite = t[torch.isfinite(t)].abs()
+            m = float(finite.max()) if finite.numel() else 0.0
+            if m > 0:  # every other finite element below half of it, so it is its block's amax
+                t = torch.where(torch.isfinite(t), t * (float(v) / (2 * m)), t)
+            t[i, j] = float(v) * sign
+        return t
+
+
+@dataclass(frozen=True)
+class FormatCodes:
+    """Every one of the 256 values of an FP8 format (``"e4m3"`` or ``"e5m2"``) as an 8×32 float32 tensor
+    (``transposed``: 32×8): saturation, NaN, subnormals and signed zero in one tensor."""
+
+    fmt: str
+    transposed: bool = False
+
+    def build(self) -> torch.Tensor:
+        """The float32 tensor (on the CPU)."""
+        from numcheck.reference.fp8_formats import all_codes, decode_fp8
+
+        t = decode_fp8(all_codes(), self.fmt).to(torch.float32).reshape(8, 32)
+        return t.t().contiguous() if self.transposed else t
+
+
+@dataclass(frozen=True)
+class QuantizerCase:
+    """A case of the quantizer property as one printable value (what its failures and repro lines carry): the
+    recipe, the tensor (:class:`DrawnTensor` or :class:`FormatCodes`), the dtype it is cast to, the stored scale
+    delayed scaling quantizes with, and the device."""
+
+    recipe: Fp8Recipe
+    tensor: DrawnTensor | FormatCodes
+    dtype: str = "float32"
+    delayed_scale: float = 1.0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recipe, Fp8Recipe):
+            raise ValueError(f"QuantizerCase.recipe must be an Fp8Recipe, got {self.recipe!r}")
+        if not isinstance(self.tensor, (DrawnTensor, FormatCodes)):
+            raise ValueError(f"QuantizerCase.tensor must be a DrawnTensor or FormatCodes, got {self.tensor!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"QuantizerCase.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+
+    def build(self) -> torch.Tensor:
+        """The tensor the quantizer is given: :attr:`tensor`'s values in :attr:`dtype` on :attr:`device`."""
+        return self.tensor.build().to(torch.device(self.device), _DTYPES[self.dtype])
+
+    def short(self) -> str:
+        """Compact label for ids and tables."""
+        shape = ("32x8" if self.tensor.transposed else "8x32") if isinstance(self.tensor, FormatCodes) else \
+            f"{self.tensor.rows}x{self.tensor.cols}"
+        return f"{self.recipe.name}-quantizer-{shape}-{self.dtype}-s{getattr(self.tensor, 'seed', 0)}"

@@ -37,7 +37,7 @@ import torch
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import PropertyFailure, failure_message
-from numcheck.properties.fp8.cases import QuantCase, QuantTensors, build_quant
+from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.properties.core.harness import strided_copy
 from numcheck.reference.fp8_formats import F64, decode_fp8, same_codes
@@ -47,11 +47,18 @@ from numcheck.reference.fp8_scaling import block_grid, quantize_operand
 
 
 # -- failures -----------------------------------------------------------------------------------------
-def fail(impl: Any, prop: str, case: QuantCase, *lines: str) -> None:
+def fail(impl: Any, prop: str, case: Any, *lines: str, ratio: float | None = None) -> None:
     """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command
-    (:func:`properties.core.failures.failure_message`, the same text as for linear+CE)."""
+    (:func:`properties.core.failures.failure_message`, the same text as for linear+CE); ``ratio``: the failing
+    judgement's error/bound, where it has one. A case no repro command can rebuild (:class:`_AdHoc`) gets a
+    repro line saying so."""
     __tracebackhide__ = True
-    raise PropertyFailure(failure_message(impl, prop, case, lines))
+    if isinstance(case, _AdHoc):
+        message = failure_message(impl, prop, case, lines, reproduce="no numcheck repro case describes this test's "
+                                  "own tensor: rerun the test that failed")
+    else:
+        message = failure_message(impl, prop, case, lines)
+    raise PropertyFailure(message, case=case, ratio=ratio)
 
 
 # -- running an impl ----------------------------------------------------------------------------------
@@ -258,7 +265,8 @@ def accuracy(impl: Any, case: QuantCase) -> Fp8CaseResult:
                 lines.append("vs dequantized-operand reference (accumulation error): " + m.dq.describe())
             if not m.true.ok:
                 lines.append("vs original-operand reference (total error): " + m.true.describe())
-        fail(impl, "accuracy", case, *lines)
+        worst = max((max(m.dq.ratio, m.true.ratio) for m in bad), default=None)
+        fail(impl, "accuracy", case, *lines, ratio=worst)
     return r
 
 
@@ -541,11 +549,15 @@ def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
                                                      torch.float16: "float16"}[t.dtype], device=t.device.type)
 
 
-def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "") -> None:
+def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "",
+              case: Any = None) -> None:
     """Property: ``impl.quantize`` equals the oracle bitwise for every role and usage of ``recipe`` on ``t``
-    (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ."""
+    (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ. ``case``: the printable case ``t`` was built from (a
+    :class:`~numcheck.properties.fp8.cases.QuantizerCase`, or the ``QuantCase`` whose x it is), which a failure
+    names and its repro line reruns; without one a failure says that no repro case describes ``t``."""
     __tracebackhide__ = True
-    case = _quant_case_for(recipe, t)
+    if case is None:
+        case = _AdHoc(_quant_case_for(recipe, t))
     what = f"input {label or 'tensor'} {tuple(t.shape)} {t.dtype}"
     state = None
     if recipe.kind == "delayed":
@@ -597,12 +609,39 @@ def _scale_at(s: torch.Tensor, idx: tuple[int, ...], block: tuple[int, int]) -> 
     return float(s[i, j])
 
 
+def quantizer_case(impl: Any, case: QuantizerCase) -> None:
+    """:func:`quantizer` on a :class:`~numcheck.properties.fp8.cases.QuantizerCase`: its tensor, built, and its
+    delayed scale; a failure names the case and its repro line rebuilds the same tensor."""
+    __tracebackhide__ = True
+    quantizer(impl, case.recipe, case.build(), delayed_scale=case.delayed_scale, label=type(case.tensor).__name__,
+              case=case)
+
+
+def _quantizer_of(impl: Any, case: Any) -> None:
+    """The repro table's quantizer: a ``QuantizerCase`` as drawn, or a ``QuantCase``'s x."""
+    if isinstance(case, QuantizerCase):
+        quantizer_case(impl, case)
+    else:
+        quantizer(impl, case.recipe, build_quant(case).x, case=case)
+
+
+class _AdHoc:
+    """The stand-in case of a tensor no printable case describes (a test's own): shown as that shape's
+    ``QuantCase``, with a repro line that says so instead of one that would rerun a different tensor."""
+
+    def __init__(self, shown: QuantCase) -> None:
+        self.shown = shown
+
+    def __repr__(self) -> str:
+        return f"{self.shown!r} (shape and recipe only: the tensor is the test's own)"
+
+
 #: The properties a repro command can name; each takes (impl, case).
 FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
     "accuracy": accuracy,
     "save_original_input": save_original_input,
     "saved_tensors": saved_tensors,
-    "quantizer": lambda impl, case: quantizer(impl, case.recipe, build_quant(case).x),
+    "quantizer": _quantizer_of,
     "accumulate": accumulate,
     "optimizer_step": optimizer_step,
     "two_layers": two_layers,

@@ -6,13 +6,12 @@ dimension) capped by ``NUMCHECK_FP8_MAX_DIM`` (default 208) to keep the float64 
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 from hypothesis import strategies as st
 
-from numcheck.properties.fp8.cases import QUANT_REGIMES, QuantCase, plant_scale_edges
+from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import FP32_MAX
 
@@ -63,52 +62,44 @@ def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_RE
 
 
 @st.composite
-def fp8_test_tensors(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
-                     dtype: str = "float32") -> torch.Tensor:
-    """2-D float32 tensors (exact in ``dtype``, which they will be cast to, where edge values are planted) whose
-    rows span many binades, with zeros, signed zeros, ties and specials, and in two draws of three values a few
-    ulps either side of an FP8 format's largest finite value times a power of two (448·2^k, 57344·2^k): one
-    element, or one in every 32-element run of every row with the rest of the row below half of it
-    (:func:`numcheck.properties.fp8.cases.plant_scale_edges`: every block's amax at an edge). As a block's amax
-    such a value lands a scale's log2 just beside an integer, where an E8M0 or power-of-2 scale computed through
-    a rounded log2 or a division picks the wrong exponent, and amax·scale on or just past the format maximum,
-    where the cast must saturate."""
+def fp8_tensor_specs(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
+                     dtype: str = "float32") -> DrawnTensor:
+    """The :class:`~numcheck.properties.fp8.cases.DrawnTensor` of a 2-D float32 tensor (exact in ``dtype``, which it
+    will be cast to, where edge values are planted) whose rows span many binades, with zeros, signed zeros, ties
+    and specials, and in two draws of three values a few ulps either side of an FP8 format's largest finite value
+    times a power of two (448·2^k, 57344·2^k): one element, or one in every 32-element run of every row with the
+    rest of the row below half of it (:func:`numcheck.properties.fp8.cases.plant_scale_edges`: every block's amax
+    at an edge). As a block's amax such a value lands a scale's log2 just beside an integer, where an E8M0 or
+    power-of-2 scale computed through a rounded log2 or a division picks the wrong exponent, and amax·scale on or
+    just past the format maximum, where the cast must saturate. A printable value, so a failure's repro line
+    rebuilds the very tensor (:meth:`DrawnTensor.build`)."""
     R = draw(st.integers(1, max_rows), label="rows")
     C = draw(st.integers(1, max_cols), label="cols")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(R, C, generator=g, dtype=torch.float64)
     spread = draw(st.sampled_from([0, 6, 20, 60]), label="binade_spread")
-    if spread:
-        t = t * torch.exp2(torch.randint(-spread, spread + 1, (R, C), generator=g).to(torch.float64))
-    t = t * 2.0 ** draw(st.integers(-140, 120), label="magnitude_exp")
-    t = t.clamp(-FP32_MAX, FP32_MAX).to(torch.float32)
+    magnitude = draw(st.integers(-140, 120), label="magnitude_exp")
     n_special = draw(st.integers(0, 3), label="n_special")
-    specials = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 448.0, 464.0, 57344.0, 61440.0]
+    values = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 448.0, 464.0, 57344.0, 61440.0]
+    specials = []
     for _ in range(n_special):
-        v = draw(st.sampled_from(specials), label="special")
-        i, j = draw(st.integers(0, R - 1)), draw(st.integers(0, C - 1))
-        t[i, j] = v
+        v = draw(st.sampled_from(values), label="special")
+        specials.append((draw(st.integers(0, R - 1)), draw(st.integers(0, C - 1)), v))
     edges = draw(st.sampled_from(["none", "one element", "every block"]), label="amax_at_scale_boundary")
-    if edges == "every block":
+    fmt_max, boundary = 448.0, None
+    if edges != "none":
         fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
-        finite = torch.isfinite(t)
-        planted = plant_scale_edges(torch.where(finite, t, 0.0).double(), g, fmt_max, dtype)
-        t = torch.where(finite, planted.to(torch.float32), t)
-    elif edges == "one element":
-        fmt_max = draw(st.sampled_from([448.0, 57344.0]), label="boundary_format_max")
-        v = torch.tensor(fmt_max * 2.0 ** draw(st.integers(-20, 20), label="boundary_exp"), dtype=torch.float32)
+    if edges == "one element":
+        exp = draw(st.integers(-20, 20), label="boundary_exp")
         ulps = draw(st.sampled_from([-2, -1, 1, 2]), label="boundary_ulps")
-        toward = torch.tensor(math.copysign(math.inf, ulps), dtype=torch.float32)
-        for _ in range(abs(ulps)):
-            v = torch.nextafter(v, toward)
-        finite = t[torch.isfinite(t)].abs()
-        m = float(finite.max()) if finite.numel() else 0.0
-        if m > 0:  # every other finite element below half of it, so it is its block's amax
-            t = torch.where(torch.isfinite(t), t * (float(v) / (2 * m)), t)
         i, j = draw(st.integers(0, R - 1), label="boundary_row"), draw(st.integers(0, C - 1), label="boundary_col")
-        t[i, j] = float(v) * draw(st.sampled_from([1.0, -1.0]), label="boundary_sign")
-    return t
+        boundary = (exp, ulps, i, j, draw(st.sampled_from([1.0, -1.0]), label="boundary_sign"))
+    return DrawnTensor(R, C, seed, spread, magnitude, tuple(specials), edges, fmt_max, boundary, dtype)
+
+
+def fp8_test_tensors(*, max_rows: int = 64, max_cols: int = 96,
+                     dtype: str = "float32") -> st.SearchStrategy[torch.Tensor]:
+    """The tensors of :func:`fp8_tensor_specs` (the same draws), built."""
+    return fp8_tensor_specs(max_rows=max_rows, max_cols=max_cols, dtype=dtype).map(DrawnTensor.build)
 
 
 def amaxes() -> st.SearchStrategy[float]:

@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.strategies import fp8_test_tensors, quant_cases
+from numcheck.properties.fp8.cases import QuantizerCase
+from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
 from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.core.strategies import DEVICE
 
@@ -39,20 +40,21 @@ def saved_tensors(impl: Any, case: Any) -> Metrics:
     return {}
 
 
-def quantizer(impl: Any, case: tuple[Any, Any, float]) -> Metrics:
-    """:func:`fp8_checks.quantizer` on a drawn ``(recipe, tensor, delayed scale)`` (bitwise: no metrics)."""
-    recipe, t, scale = case
-    checks.quantizer(impl, recipe, t, delayed_scale=scale, label="random")
+def quantizer(impl: Any, case: QuantizerCase) -> Metrics:
+    """:func:`fp8_checks.quantizer` on a drawn :class:`~numcheck.properties.fp8.cases.QuantizerCase` (bitwise: no
+    metrics)."""
+    checks.quantizer_case(impl, case)
     return {}
 
 
-def _quantizer_case(impl: Any, data: Any) -> tuple[Any, Any, float]:
-    """A declared recipe, a random tensor in a declared dtype on the suite's device, and a delayed scale."""
+def _quantizer_case(impl: Any, data: Any) -> QuantizerCase:
+    """A declared recipe, a random tensor in a declared dtype on the suite's device, and a delayed scale, as one
+    printable case (the tensor by the values it was drawn from: a failure's repro line rebuilds it)."""
     recipe = data.draw(st.sampled_from(impl.support.recipes), label="recipe")
-    dtype = data.draw(st.sampled_from(sorted(impl.support.dtypes, key=str)), label="dtype")
-    t = data.draw(fp8_test_tensors(dtype=str(dtype).removeprefix("torch.")), label="t")
+    dtype = str(data.draw(st.sampled_from(sorted(impl.support.dtypes, key=str)), label="dtype")).removeprefix("torch.")
+    t = data.draw(fp8_tensor_specs(dtype=dtype), label="t")
     scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
-    return recipe, t.to(DEVICE, dtype), scale
+    return QuantizerCase(recipe, t, dtype=dtype, delayed_scale=scale, device=DEVICE)
 
 
 def _declares_soi(impl: Any) -> str | None:

@@ -3,7 +3,8 @@
 Checks, each ✅ or ❌ with its key figure:
 
 1. **impls load** — every selected impl (default all; ``--impl`` restricts, outside ``module:attr`` specs
-   included) loads and follows its protocol.
+   included) loads and follows its protocol. If one does not, premerge prints one line naming each broken spec
+   and its cause and stops (exit 1): the suite would only repeat the load error in every test.
 2. **capability probes** — :func:`impls.measure.capabilities.summary` on the device (informative: ❌ only if the
    probes themselves cannot run).
 3. **property suite** — the installed suite, exactly as a user runs it: ``python -m pytest --pyargs
@@ -18,7 +19,8 @@ Checks, each ✅ or ❌ with its key figure:
    (:func:`reports.baselines.baseline_for`); without one it says "no baseline for this device" — information,
    not a failure.
 6. **memory** — the memory table at the seed's shapes on ``meta`` (informative: ❌ only if the measurement
-   itself breaks; an impl that cannot run on ``meta`` is listed with its reason).
+   itself breaks). An impl that cannot run on ``meta`` is "not measured", with the reason and what to do, and the
+   line is ⚠️, not ✅.
 
 It prints a Markdown checklist (environment first) and exits 1 if any check fails, 2 on bad input (an unreadable
 or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package).
@@ -59,15 +61,19 @@ HELP = ("pre-merge checklist for a pull request: the installed property suite (c
 
 @dataclass
 class Check:
-    """One checklist line: ``ok``, a title, its key figure, and details (failures with repro commands)."""
+    """One checklist line: ``ok``, a title, its key figure, and details (failures with repro commands).
+    ``unmeasured``: the check could not measure everything it reports on (the figure says what and why); it is
+    neither ✅ nor a failure: ⚠️, unticked, and named in the result line."""
 
     title: str
     ok: bool
     figure: str
     details: list[str] = field(default_factory=list)
+    unmeasured: bool = False
 
     def line(self) -> str:
-        return f"- [{'x' if self.ok else ' '}] {'✅' if self.ok else '❌'} **{self.title}** — {self.figure}"
+        mark = "⚠️" if self.ok and self.unmeasured else "✅" if self.ok else "❌"
+        return f"- [{'x' if self.ok and not self.unmeasured else ' '}] {mark} **{self.title}** — {self.figure}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,6 +108,14 @@ def check_impls(entries: list[Any]) -> Check:
     figure = (f"{len(good)} loaded ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}), "
               f"{len(broken)} broken, {len(unavailable)} unavailable here")
     return Check("impls load", not broken and bool(good), figure if good else figure + " — nothing to check", details)
+
+
+def stopped_line(loaded: Check) -> str:
+    """The one line premerge prints when its impls do not load: each broken spec with its cause (or that nothing
+    was selected), and that nothing else ran."""
+    why = "; ".join(d.split("\n")[0] for d in loaded.details if "cannot run here" not in d) or loaded.figure
+    return (f"❌ **impls load** — {why} — premerge stopped here (exit 1): no suite, report or memory table ran; fix "
+            f"the load and rerun")
 
 
 def check_probes(device: str) -> Check:
@@ -209,7 +223,7 @@ def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Chec
     passed = sum(r["pass"] for r in rows)
     worst = max(rows, key=lambda r: r["worst_ratio"] if not math.isnan(r["worst_ratio"]) else -1, default=None)
     figure = f"{passed}/{n} cases pass both verdicts ({grid} grid, {report['grid']['seconds']:.0f} s)"
-    if worst is not None and worst["n"]:
+    if worst is not None and worst["worst_output"]:  # an impl that raised on every case has no judged worst
         figure += f"; worst error/bound {worst['worst_ratio']:.3g} ({worst['name']}, {worst['worst_output']})"
     ok = passed == n and n > 0
     if ok and suite_failed:
@@ -257,7 +271,16 @@ def shipped_label(resource: Traversable) -> str:
     return f"the shipped baseline {p.parent.name}/{p.name}"
 
 
+#: What to do about an impl whose memory cannot be traced on ``meta``.
+MEMORY_ADVICE = ("measure it where it runs: `numcheck premerge --device cuda` or `numcheck bench` on a GPU; or expose "
+                 "`accumulation_step(gw, G, x)` so its grad_weight step is measured on its own "
+                 "(`numcheck premerge --base`, docs/premerge-ab.md)")
+
+
 def check_memory(report: dict) -> Check:
+    """The memory line: each impl's held bytes and peak at the seed's shapes on ``meta``. An impl that cannot run
+    on ``meta`` (a backward that reads values: ``torch.equal(grad_output, 1)``, ``.item()``) is not measured:
+    the line says so, with the reason and what to do, and is not ✅."""
     mem = report.get("memory")
     if mem is None:
         return Check("memory", True, "no linear+CE impl ran, nothing to measure")
@@ -267,20 +290,29 @@ def check_memory(report: dict) -> Check:
 
     N, H, V = mem["impl_shape"]
     measured = [r for r in mem["impls"] if not r.get("error")]
-    figure = f"N={N}, H={H}, V={V} {mem['dtype']} on meta: " + "; ".join(
-        f"{r['name']} held {r['held'] / MiB:.0f} MiB, peak {r['total_peak'] / MiB:.0f} MiB" for r in measured[:4])
+    unmeasured = [r for r in mem["impls"] if r.get("error")]
+    parts = [f"{r['name']} held {r['held'] / MiB:.0f} MiB, peak {r['total_peak'] / MiB:.0f} MiB" for r in measured[:4]]
     if len(measured) > 4:
-        figure += f"; … ({len(measured)} impls)"
-    details = [f"`{r['name']}` cannot run on meta: {r['error']}" for r in mem["impls"] if r.get("error")]
-    return Check("memory", True, figure, details)
+        parts.append(f"… ({len(measured)} impls)")
+    figure = f"N={N}, H={H}, V={V} {mem['dtype']} on meta: " + ("; ".join(parts) or "no impl measured")
+    if unmeasured:
+        names = ", ".join(f"`{r['name']}`" for r in unmeasured)
+        figure = f"not measured for {names} (cannot run on meta); " + figure
+    details = [f"`{r['name']}` not measured: it cannot run on meta ({r['error']}); {MEMORY_ADVICE}"
+               for r in unmeasured]
+    return Check("memory", True, figure, details, unmeasured=bool(unmeasured))
 
 
 # -- output -----------------------------------------------------------------------------------------------
 def render(env: dict, specs: list[str], checks: list[Check]) -> str:
     """The Markdown checklist."""
     ok = all(c.ok for c in checks)
+    result = "✅ all checks pass" if ok else f"❌ {sum(not c.ok for c in checks)} check(s) fail"
+    unmeasured = [c.title for c in checks if c.ok and c.unmeasured]
+    if unmeasured:
+        result += f" (⚠️ not measured in full: {', '.join(unmeasured)})"
     lines = ["## numcheck pre-merge checklist", "",
-             f"**Result: {'✅ all checks pass' if ok else '❌ ' + str(sum(not c.ok for c in checks)) + ' check(s) fail'}**", "",
+             f"**Result: {result}**", "",
              f"- Hardware: {env['device_name']} ({env['device']})",
              f"- torch {env['torch']}, triton {env.get('triton') or '—'}, Python {env['python']}, numcheck "
              f"{env.get('numcheck') or '—'} @ {(env.get('git_commit') or '—')[:12]}"
@@ -314,8 +346,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     specs = list(args.impl)
     entries = discover(specs)
+    loaded = check_impls(entries)
+    if not loaded.ok:
+        print(stopped_line(loaded))
+        return 1
     env = report_schema.environment(args.device)
-    checks = [check_impls(entries), check_probes(args.device)]
+    checks = [loaded, check_probes(args.device)]
     if args.skip_tests:
         checks.append(Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"))
     else:

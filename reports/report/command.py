@@ -218,8 +218,9 @@ def print_summary(report: dict, out: Path | None) -> None:
     if note:
         print(f"  {note}")
     for r in bad:
-        print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; worst error/bound {r['worst_ratio']:.3g} "
-              f"({r['worst_output']}, {r['worst_case']})")
+        worst = (f"worst error/bound {r['worst_ratio']:.3g} ({r['worst_output']}, {r['worst_case']})"
+                 if r["worst_output"] else "no case judged")
+        print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; {worst}")
     for r in rows:
         if r["status"] != "ran":
             print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")

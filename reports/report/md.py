@@ -86,7 +86,10 @@ def impl_overview(report: dict) -> list[dict[str, Any]]:
     rows = []
     for info in report["impls"]:
         cases = by_impl.get(info["name"], [])
-        worst = max(cases, key=lambda c: c.get("ratio_hard", 0.0), default=None)
+        # The worst judged case: one the impl raised on has no error/bound (its inf is no output's), it is counted
+        # under "error".
+        judged = [c for c in cases if c["status"] != "error"]
+        worst = max(judged, key=lambda c: c.get("ratio_hard", 0.0), default=None)
         worst_out = ""
         if worst is not None and worst.get("outputs"):
             worst_out = max(worst["outputs"].items(), key=lambda kv: kv[1].get("ratio_hard", 0.0))[0]
@@ -215,7 +218,7 @@ def _overview_table(rows: list[dict]) -> list[str]:
             out.append(f"| `{r['name']}` | {r['kind']} | **{r['status']}** | — | {r['reason'].replace('|', '/')[:160]} | — | — | — |")
             continue
         mark = "✅" if r["fail"] == r["error"] == 0 else "❌"
-        worst = f"{_g(r['worst_ratio'])} ({r['worst_output']}, `{r['worst_case']}`)" if r["n"] else "—"
+        worst = f"{_g(r['worst_ratio'])} ({r['worst_output']}, `{r['worst_case']}`)" if r["worst_case"] else "—"
         out.append(f"| `{r['name']}` | {r['kind']} | {mark} {r['pass']} / {r['fail']} / {r['error']} | {r['not_declared']} | "
                    f"{worst} | {_g(r['median_ratio'])} | {_g(r['gw_vs_eager'])} | {r['why']} |")
     return out

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import FormatCodes, QuantCase, QuantizerCase
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
@@ -154,10 +154,10 @@ def test_quantizer_bitwise_on_random_tensors(quant_impl, data):
 def test_quantizer_bitwise_on_all_256_codes(quant_impl, fmt):
     """Quantizing a tensor of all 256 values of a format (saturation, NaN, subnormals, signed zero) matches the oracle."""
     _needs_quantize(quant_impl)
-    t = decode_fp8(all_codes(), fmt).to(DEVICE, torch.float32).reshape(8, 32)
     for recipe in quant_impl.support.recipes:
-        checks.quantizer(quant_impl, recipe, t, label=f"all {fmt.name} codes")
-        checks.quantizer(quant_impl, recipe, t.t().contiguous(), label=f"all {fmt.name} codes, transposed")
+        for transposed in (False, True):
+            case = QuantizerCase(recipe, FormatCodes(fmt.name, transposed), device=DEVICE)
+            checks.quantizer_case(quant_impl, case)
 
 
 def test_fp8_values_round_trip_under_unit_scale(quant_impl):

@@ -9,11 +9,12 @@ floating tensor connected to autograd, ``(loss, z_loss)`` is returned exactly wh
 from __future__ import annotations
 
 import pytest
-import torch
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core.harness import ProtocolViolation, run_impl
+from numcheck.properties.core import props as checks
+from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
 
 #: Options this tiny case turns on when declared, with values that make each one matter.
@@ -40,32 +41,26 @@ def _problem(support, reduction: str) -> Problem:
         upstream="per_row" if reduction == "none" else "scalar", seed=7, device=DEVICE)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_protocol_structure(linear_ce_impl, reduction):
-    """The impl returns a loss of its reduction's shape with an autograd graph, and gradients reach x, W, bias."""
+def test_protocol_structure(linear_ce_impl):
+    """For each reduction the impl declares, it returns a loss of that reduction's shape with an autograd graph, and
+    gradients reach x, W, bias (:func:`numcheck.properties.core.props.protocol_structure`). One test per impl: its
+    failure names each reduction that fails, or the exception an impl raised."""
     s = linear_ce_impl.support
     assert set(s.options) <= set(LINEAR_CE_OPTIONS)
-    p = _problem(s, reduction)
-    why = s.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=reduction)
-    if why:
-        pytest.skip(f"{linear_ce_impl.name}: {why}")
-    repro = f"pytest 'tests/suite/test_protocol_conformance.py::test_protocol_structure[{linear_ce_impl.name}-{reduction}]'"
-    try:
-        out = run_impl(linear_ce_impl, p)
-    except ProtocolViolation as exc:
-        raise AssertionError(f"{exc} on {p!r}; repro: {repro}") from None
-    want = (p.N,) if reduction == "none" else ()
-    assert tuple(out.loss.shape) == want, f"impl {linear_ce_impl.name!r}: loss shape {tuple(out.loss.shape)}, want {want}; {repro}"
-    assert bool(torch.isfinite(out.loss).all()), f"impl {linear_ce_impl.name!r}: non-finite loss {out.loss} on {p!r}; {repro}"
-    if s.returns_z_loss:
-        assert out.z_loss is not None and tuple(out.z_loss.shape) == want, (
-            f"impl {linear_ce_impl.name!r} declares returns_z_loss but z_loss is {out.z_loss!r}; {repro}")
-    shapes = {"grad_x": (p.N, p.H), "grad_weight": (p.V, p.H)}
-    if p.bias:
-        shapes["grad_bias"] = (p.V,)
-    for name, shape in shapes.items():
-        g = out.get(name)
-        assert g is not None, f"impl {linear_ce_impl.name!r}: no {name} after loss.backward() — gradient does not reach it; {repro}"
-        assert tuple(g.shape) == shape, f"impl {linear_ce_impl.name!r}: {name} shape {tuple(g.shape)}, want {shape}; {repro}"
-        assert bool(torch.isfinite(g).all()), f"impl {linear_ce_impl.name!r}: non-finite {name} on {p!r}; {repro}"
-    assert bool((out.grad_x != 0).any()), f"impl {linear_ce_impl.name!r}: grad_x is all zero on {p!r}; {repro}"
+    cases = [p for p in (_problem(s, red) for red in ("mean", "sum", "none"))
+             if not s.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=p.reduction)]
+    if not cases:
+        pytest.skip(f"{linear_ce_impl.name} declares none of this test's tiny cases (its dtypes, options or "
+                    f"reductions on {DEVICE})")
+    failures = []
+    for p in cases:
+        try:
+            judge(checks.protocol_structure, linear_ce_impl, p)
+        except PropertyFailure as exc:
+            failures.append(exc)
+            if exc.raised:  # the impl raises: one failure says it
+                break
+    if failures:
+        first = failures[0]
+        others = "".join(f"\n  also fails for reduction {f.case.reduction!r} ({f.case!r})" for f in failures[1:])
+        raise PropertyFailure(f"{first}{others}", case=first.case, raised=first.raised)

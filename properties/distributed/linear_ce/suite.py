@@ -2,7 +2,8 @@
 the impl's budget of examples, each one :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`, a timeout or a
 killed rank latched (:class:`~numcheck.properties.distributed.pool.pool.FailureLatch`) and raised once after hypothesis'
 loop, so hypothesis never shrinks through timeouts. Draws a known divergence covers are rejected
-(:data:`DIST_KNOWN`)."""
+(:data:`DIST_KNOWN`). Every draw is logged under ``NUMCHECK_DRAWN_LOG``
+(:mod:`numcheck.properties.core.drawn_log`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_world_size_invariance, invariance_cases
 from numcheck.properties.distributed.linear_ce.strategies import draw_case
+from numcheck.properties.core.drawn_log import recorded
 from numcheck.properties.core.problems import build
 from numcheck.properties.distributed.linear_ce.known import CASE_KNOWN
 
@@ -62,7 +64,8 @@ def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: i
     @settings(base, max_examples=max(2, int(base.max_examples * share)), phases=phases)
     @given(data=st.data())
     def body(data: Any) -> None:
-        case = draw_case(impl, data, world_size, cancelling=prop is dist_world_size_invariance)
+        with recorded(data, f"{prop.__name__}[world_size={world_size}]", impl) as drawing:
+            case = draw_case(impl, drawing, world_size, cancelling=prop is dist_world_size_invariance)
         runs = invariance_cases(impl, case) if prop is dist_world_size_invariance else [case]
         assume(all(known_divergence(impl, c) is None for c in runs))
         prop(impl, case, latch)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties.distributed.tp_fp8 import props as checks
 from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+from numcheck.properties.core.drawn_log import fingerprint, log_example
 from numcheck.properties.distributed.pool.pool import FailureLatch
 
 _M = (4, 12, 36, 64, 132)
@@ -77,7 +78,8 @@ DRAWN: dict[str, tuple[dict[str, Any], Callable[[Any, TPQuantCase, FailureLatch]
 
 def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: Any) -> None:
     """Run the drawn test ``name`` on ``impl`` under ``base`` (the loaded profile when ``None``) with its ci
-    example count; raises the first (shrunk, unless ``base`` says otherwise) failure, or a latched timeout."""
+    example count; raises the first (shrunk, unless ``base`` says otherwise) failure, or a latched timeout. Every
+    case drawn is logged under ``NUMCHECK_DRAWN_LOG`` (:mod:`numcheck.properties.core.drawn_log`)."""
     fixed, body, n = DRAWN[name]
     kw = {**fixed, **pinned}
     if name == "dist_save_original_input" and True not in impl.support.save_original_input:
@@ -88,6 +90,7 @@ def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: A
     @settings(base or settings(), max_examples=n, deadline=None)
     @given(case=strategy)
     def inner(case: TPQuantCase) -> None:
+        log_example(name, impl, [fingerprint(case)])
         body(impl, case, latch)
 
     inner()
