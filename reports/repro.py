@@ -92,7 +92,7 @@ def find_impl(name: str) -> Any:
 
 
 def find_tp_impl(name: str) -> Any:
-    """A tensor-parallel FP8 impl (:mod:`impls.builtin.tp_fp8_linear`, issue 20): a built-in by name, ``module:attr``
+    """A tensor-parallel FP8 impl (:mod:`impls.builtin.tp_fp8_linear`): a built-in by name, ``module:attr``
     naming one impl, or the name of one loaded through ``NUMCHECK_IMPLS`` / entry points. ValueError naming the
     built-ins otherwise."""
     import importlib

@@ -1,4 +1,4 @@
-"""Where eager's gradients go non-finite under CUDA AMP fp16 with a loss scale of 2^17 (issue 19, seed 12).
+"""Where eager's gradients go non-finite under CUDA AMP fp16 with a loss scale of 2^17 (seed 12).
 
 ``Problem(N=1, H=16, V=44, float32, autocast='float16', bias, class_weights, upstream='loss_scale',
 regime='confident', seed=305)``: the exact scaled gradients fit fp16 with 4x headroom

@@ -1,4 +1,4 @@
-"""Re-judge the CUDA false alarms of issue 19 for numcheck's three Triton impls, printing error/bound per output.
+"""Re-judge the CUDA false alarms  for numcheck's three Triton impls, printing error/bound per output.
 
 Run from the repository root: ``PYTHONPATH=. python docs/evidence/cuda_false_alarms.py``. On a CUDA machine the
 kernels run compiled (the cases of the issue: H200, torch 2.11, triton 3.6); without CUDA they run under

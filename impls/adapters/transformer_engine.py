@@ -63,7 +63,7 @@ changed without a signature change, from the release; the source they were read 
   (:func:`interpreter_bf16_constant`: 0.25 + 1.5 gives 6.4e37 with triton 3.9). TE 2.5–2.17's ``reduce_loss=False``
   kernel adds ``-(1 - label_smoothing)`` (a compile-time constant) to the target entry of the gradient it keeps in
   the bf16 logits buffer (``cross_entropy_kernel``, step 6), so interpreted bf16 ``none`` gradients of ~1e37 come
-  back; compiled on an H200 the same releases are within 2e-3 of float64 (issue 35). bf16 is then left out of the
+  back; compiled on an H200 the same releases are within 2e-3 of float64. bf16 is then left out of the
   ``none`` impls *with that reason* (:data:`INTERPRETER_BF16_CONSTANT`), only when the interpreter runs the kernels
   and the probe shows the defect: an interpreter artifact, not TE's; ``tools/gpu/te_releases.sh`` judges it
   compiled.

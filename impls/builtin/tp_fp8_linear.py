@@ -1,4 +1,4 @@
-"""Built-in tensor/sequence-parallel FP8 linears (issue 20): ``tp_fp8_linear[<kind>]`` for every recipe kind.
+"""Built-in tensor/sequence-parallel FP8 linears: ``tp_fp8_linear[<kind>]`` for every recipe kind.
 
 Under the protocol of :mod:`impls.protocols.tp_fp8_linear` (its table gives the layouts), column- and row-parallel,
 sequence parallelism on and off, ``save_original_input`` on and off. Quantization is the single-device built-in's

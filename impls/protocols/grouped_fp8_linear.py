@@ -1,4 +1,4 @@
-"""The protocol of a grouped FP8 linear (mixture-of-experts, issue 36): one input split by rows among G experts.
+"""The protocol of a grouped FP8 linear (mixture-of-experts): one input split by rows among G experts.
 
 A grouped quantized-linear implementation is any object with
 

@@ -1,4 +1,4 @@
-"""The protocol of a tensor/sequence-parallel FP8 linear (issue 20): called on every rank with its shards.
+"""The protocol of a tensor/sequence-parallel FP8 linear: called on every rank with its shards.
 
 With the global layer ``y = Q(x)·Q(W)ᵀ + b`` (x ``[M, K]``, W ``[N, K]``, b ``[N]``, dy ``[M, N]``) on ``P``
 ranks, rank ``r`` holds (Megatron-LM's layouts; ``M_r = M/P`` etc. are contiguous, rank-ordered slices):

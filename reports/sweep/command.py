@@ -20,7 +20,7 @@ dtype_label`) the number of judgements, how many were exact (error 0), the media
 error/bound under the hard bound, across all impls and seeds (per impl too with ``--per-impl``; always in the JSON).
 Non-finite ratios (a NaN or inf where the oracle has none) are failures, counted apart and left out of the
 quantiles. ``--compare BASE/sweep.json`` puts a baseline's 90th percentiles beside these and flags every output ×
-dtype whose 90th percentile fell by more than :data:`TIGHTNESS_FALL_LIMIT` (issue 19: a model made right by
+dtype whose 90th percentile fell by more than :data:`TIGHTNESS_FALL_LIMIT` (a model made right by
 loosening it shows there).
 
 The suite cannot know whether an impl is correct: run it on impls believed correct, and every failure is a false
@@ -84,7 +84,7 @@ SEEDS_DIR = "seeds"
 SEED_SCHEMA = "numcheck-sweep-seed/1"
 #: pytest's exit status for an interrupted session or a collection error: such a seed is reported, never kept.
 PYTEST_INTERRUPTED = 2
-#: Issue 19: the 90th percentile of error/bound may not fall by more than this factor from the baseline's.
+#: the 90th percentile of error/bound may not fall by more than this factor from the baseline's.
 TIGHTNESS_FALL_LIMIT = 2.0
 #: The quantiles of the tightness table, in percent.
 QUANTILES: dict[str, float] = {"median": 50.0, "p90": 90.0}

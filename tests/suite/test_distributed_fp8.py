@@ -1,4 +1,4 @@
-"""Tensor/sequence-parallel FP8 linears (issue 20) on gloo ranks, judged against the unsharded float64 oracle.
+"""Tensor/sequence-parallel FP8 linears on gloo ranks, judged against the unsharded float64 oracle.
 
 Parametrized over every loaded impl of kind ``tp_quant_linear`` (the plugin's ``tp_quant_impl`` fixture: the built-ins
 of :func:`numcheck.impls.builtin.tp_fp8_linear.tp_fp8_linear_impls`, or those ``--impl`` names); cases are

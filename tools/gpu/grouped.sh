@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The grouped FP8 linear (issue 36) on CUDA, as run on the device machine (one H200, torch as installed there):
+# The grouped FP8 linear on CUDA, as run on the device machine (one H200, torch as installed there):
 # the capability probes (scaled_grouped_mm[2d_3d], scaled_grouped_mm[2d_2d] among them), one direct call of every
 # grouped built-in against the float64 oracle, the grouped suite with every problem on CUDA — the
 # torch._scaled_grouped_mm built-in included wherever its probe passes on the GPU — with the grouped mutants, and the

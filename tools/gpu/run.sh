@@ -50,7 +50,7 @@ case "$what" in
     grep -E "FAILED|ERROR" "$out/suite.txt" | tail -40; tail -3 "$out/suite.txt"; tail -8 "$out/report.txt"
     ;;
   evidence)
-    # issue 19's CUDA evidence: the elementary functions' accuracy against their declared budgets, and the CUDA
+    # CUDA evidence: the elementary functions' accuracy against their declared budgets, and the CUDA
     # false alarms of 7d1b306 re-judged by the current model.
     for f in elementary_accuracy cuda_false_alarms; do
       timeout 240 python3 docs/evidence/$f.py > "$out/$f.txt" 2>&1; echo "exit $?" >> "$out/$f.txt"; tail -25 "$out/$f.txt"
@@ -68,7 +68,7 @@ case "$what" in
     tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
     ;;
   scale)
-    # The production-shape tier (issue 21): every registered linear+CE impl plus the int32-offset mutant, at the
+    # The production-shape tier: every registered linear+CE impl plus the int32-offset mutant, at the
     # three production shapes, bf16 then AMP. numcheck production runs the items in a worker it restarts after a crash
     # or hang, writes progress.jsonl as it goes and scale.json/scale.md at the end; SCALE_BUDGET_S stops starting
     # new items (those left are recorded not_run), SCALE_CAP_S caps one (case, impl) item, and the outer timeout
@@ -84,7 +84,7 @@ case "$what" in
     tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/scale.md" 2>/dev/null | head -80
     ;;
   dist)
-    # issue 22: the distributed tier under nccl (one GPU per rank: world sizes above the visible GPU count are
+    # the distributed tier under nccl (one GPU per rank: world sizes above the visible GPU count are
     # skipped with the reason), the suite's two distributed modules and the distributed mutant self tests, with
     # megatron-core carried in .wheels (installed --no-deps above). -v names each verdict as it finishes; the
     # summary line and the wall time end the log.
@@ -101,7 +101,7 @@ case "$what" in
     timeout "${BENCH_S:-560}" python3 -m numcheck.reports.cli bench --rep-ms "${REP_MS:-400}" --out "$out" 2>&1 | tee "$out/bench.txt" | tail -40
     ;;
   premerge)
-    # issue 23: the example A/B pair (examples/accumulation_change.py) and its claims on CUDA: the addmm(out_dtype=) path
+    # the example A/B pair (examples/accumulation_change.py) and its claims on CUDA: the addmm(out_dtype=) path
     # is live here, so the "3072 MiB -> 0 MiB" claim is measured where it holds; about 1-2 minutes (accuracy on the
     # quick grid, memory and 5 interleaved timing repeats at the seed's shapes). Writes premerge-ab/ab.md and ab.json.
     PYTHONPATH="$PYTHONPATH:$PWD/examples" timeout "${PREMERGE_S:-170}" python3 -m numcheck.reports.cli premerge \

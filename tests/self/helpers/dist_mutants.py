@@ -1,5 +1,5 @@
 """Distributed mutants: each the built-in vocab_parallel[nan] with exactly one step replaced by a known class of
-vocabulary-parallel bug (issue 20). Module level, so the ranks can unpickle them."""
+vocabulary-parallel bug. Module level, so the ranks can unpickle them."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ MUTANTS, CAUGHT_BY = caught_by_table([
 ])
 
 
-# -- quantizer edges (issue 19): each one change to one of the built-in quantizer's seams (scale_from_amax,
+# -- quantizer edges: each one change to one of the built-in quantizer's seams (scale_from_amax,
 # mx_scale_code, cast) ------------------------------------------------------------------------------------------
 
 

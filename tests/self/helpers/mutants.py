@@ -341,7 +341,7 @@ upstream_divided_in_place = FunctionImpl(
     replace(PLAIN_FP32, reductions=frozenset({"mean"})))
 
 
-# -- issue 19's bug classes, each one change to a passing built-in -------------------------------------------
+# -- bug classes, each one change to a passing built-in -------------------------------------------
 # Every mutant below is the built-in ``chunked[fp32_operands]`` (or ``recompute``) with one thing changed, and
 # declares exactly what that built-in declares (:func:`_builtin_twin`), so a suite that passes the built-in and
 # fails the mutant has caught that one thing. The change sits in the fused ``mean``/``sum`` pass (every gradient
@@ -581,7 +581,7 @@ row_order_per_call = _builtin_twin("mutant_row_order_per_call", Mutation(order="
 row_loss_bf16 = _builtin_twin("mutant_row_loss_bf16", Mutation(row_loss=torch.bfloat16))
 stats_bf16 = _builtin_twin("mutant_stats_bf16", Mutation(stats=torch.bfloat16), recompute=True)
 
-#: Issue 19's classes → the mutants of each (the detection table's rows, in order); ``mutant_bf16_grad_weight_accum``
+#: The bug classes → the mutants of each (the detection table's rows, in order); ``mutant_bf16_grad_weight_accum``
 #: and ``mutant_loss_bf16`` (above, on the eager composition) predate them and are listed too.
 CLASSES: dict[str, list[_Any]] = {
     "accumulator narrower than declared": [gw_bf16_sum, gb_bf16_sum, gx_bf16_sum, loss_bf16_sum, gw_bf16_sum_bf16_only,

@@ -72,11 +72,11 @@ def test_mutants_load_as_outside_impls():
     assert all("recipes:" in e.impl.support.describe() for e in entries)
 
 
-# -- issue 19's quantizer edges ---------------------------------------------------------------------------------
+# -- quantizer edges ---------------------------------------------------------------------------------
 from numcheck.tests.self.helpers.fp8_mutants import EDGE_MUTANTS  # noqa: E402
 
 
-#: Findings: edge mutants the ci profile's 12 quantizer draws miss today (issue 19), and why.
+#: Findings: edge mutants the ci profile's 12 quantizer draws miss today, and why.
 #: Findings: FP8 mutants the ci profile does not catch (strict xfail). Empty since the quantizer's budget is sized
 #: by its cost (120 examples) and its draws plant scale edges: mutant_pow2_scale_log2[blockwise] is caught.
 CI_MISSES: dict[str, str] = {}
@@ -98,7 +98,7 @@ def test_ci_profile_catches_quantizer_edge_mutant(mutant, request):
     """The ci profile's run of the quantizer property on drawn tensors (boundary amaxes among them) fails the
     mutant (a strict xfail for the recorded findings)."""
     if mutant.name in CI_MISSES:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"finding (issue 19): {CI_MISSES[mutant.name]}"))
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"finding: {CI_MISSES[mutant.name]}"))
     v = _quantizer_verdict(mutant)
     assert v.status == "failed", v
 

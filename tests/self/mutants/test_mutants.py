@@ -108,7 +108,7 @@ def test_upstream_gradient_modified_in_place_is_named():
         run_impl(upstream_divided_in_place, p)
 
 
-# -- issue 19's bug classes: each mutant is caught by the ci profile (numcheck.check, one property) ------------
+# -- bug classes: each mutant is caught by the ci profile (numcheck.check, one property) ------------
 from numcheck.tests.self.helpers import mutants as _m  # noqa: E402
 
 def ci_verdict(mutant, prop: str):

@@ -1,4 +1,4 @@
-"""Judged outputs whose float64 value is exactly zero, and AMP fp16 overflow (issue 19, docs/error-analysis.md).
+"""Judged outputs whose float64 value is exactly zero, and AMP fp16 overflow (docs/error-analysis.md).
 
 (1) Under a softcap the oracle's d = 1 − tanh²(z/s) cancels to exactly 0 once |z/s| ≳ 18.7, so its G and whole
 grad_x rows are 0 while a correct fp32 evaluation, whose tanh may be one rounding below 1, gives d = 2^-23: the
@@ -25,10 +25,10 @@ from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.properties.core.tolerance import upstream_overflow
 
-#: Liger's CUDA false alarm of issue 19: 87 of its 2049 rows have |z/s| > 18.7 for both classes.
+#: Liger's CUDA false alarm : 87 of its 2049 rows have |z/s| > 18.7 for both classes.
 SATURATED = Problem(N=2049, H=1, V=2, dtype="float32", ignored=0.1, softcap=3.96, regime="large", seed=0,
                     device=DEVICE)
-#: eager under AMP fp16, issue 19: grad_weight's exact value −67829.9 (V=1) and 91352.4 (V=157) pass 65504.
+#: eager under AMP fp16, grad_weight's exact value −67829.9 (V=1) and 91352.4 (V=157) pass 65504.
 OVERFLOWING = [
     Problem(N=64, H=1, V=1, dtype="float32", autocast="float16", ignored=0.1, reduction="sum", z_loss_scale=0.5,
             regime="outlier_rows", seed=1, device=DEVICE),
@@ -203,7 +203,7 @@ FP16_LOG_SOFTMAX = FunctionImpl(
     support=LinearCESupport(options=("class_weights",), autocast=("float16",), grad_accumulation="fp32",
                             ce_dtype="compute"),
     description="log-softmax in fp16 under autocast (CUDA eager's cross_entropy)")
-#: Issue 19, CUDA seed 12: a loss scale of 2^17 over one row: ∂L/∂log p_y = −131072, inf in fp16.
+#: CUDA seed 12: a loss scale of 2^17 over one row: ∂L/∂log p_y = −131072, inf in fp16.
 ONE_ROW_SCALED = Problem(N=1, H=16, V=44, dtype="float32", autocast="float16", bias=True, class_weights=True,
                          upstream="loss_scale", regime="confident", seed=305, device=DEVICE)
 

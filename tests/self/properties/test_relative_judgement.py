@@ -114,7 +114,7 @@ def _run_or_skip(name: str, p: Problem):
 
 @pytest.mark.parametrize("name", ["chunked_triton", "recompute_triton[split_fp32]"])
 def test_one_token_large_vocabulary_softcap_passes(name):
-    """N=1, H=1, V=1025 with softcap (issue 19's CUDA false alarm, reproduced by the interpreter): one element
+    """N=1, H=1, V=1025 with softcap (CUDA false alarm, reproduced by the interpreter): one element
     carries grad_weight's bound (n_eff ≈ 1) and eager is no yardstick; the order half admits the Triton tanh."""
     res = _run_or_skip(name, Problem(N=1, H=1, V=1025, dtype="float32", softcap=5.0, regime="large", seed=0))
     r = res.relative["grad_weight"]
@@ -123,7 +123,7 @@ def test_one_token_large_vocabulary_softcap_passes(name):
 
 
 def test_two_class_long_fp16_batch_passes():
-    """fp16, N=2049, V=2 with a bias (issue 19's 1.09× case shape): grad_weight and grad_bias have n_eff ≈ 2."""
+    """fp16, N=2049, V=2 with a bias (1.09× case shape): grad_weight and grad_bias have n_eff ≈ 2."""
     res = _run_or_skip("chunked[fp32_operands]",
                        Problem(N=2049, H=1, V=2, dtype="float16", bias=True, regime="large", seed=0))
     assert res.relative["grad_bias"].n_eff <= 2 + 1e-9

@@ -23,7 +23,7 @@ mp = mpmath.mp
 
 F64 = torch.float64
 DIGITS = 50
-#: Norm-wise relative agreement required (issue 2: "about 1e-14 relative").
+#: Norm-wise relative agreement required (the oracle's specification: "about 1e-14 relative").
 RTOL = 1e-14
 
 Matrix = list[list]
