@@ -23,7 +23,7 @@ def _key(classname: str, name: str) -> Key:
     """The module and function a JUnit test case belongs to (``tests.self.test_x.TestC`` + ``test_f[p]``)."""
     parts = classname.split(".")
     at = max((i for i, p in enumerate(parts) if p.startswith("test_")), default=len(parts) - 1)
-    return parts[at], ".".join(parts[at + 1:] + [re.sub(r"\[.*$", "", name)])
+    return parts[at], ".".join(parts[at + 1 :] + [re.sub(r"\[.*$", "", name)])
 
 
 def load(path: str) -> tuple[collections.Counter[Key], set[Key]]:

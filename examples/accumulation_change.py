@@ -46,8 +46,12 @@ def accumulate_old(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor) -> None:
 def accumulate_new(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor) -> None:
     """``addmm(out_dtype=float32, out=gw)`` with torch ≥ 2.8 on a device that supports it (CUDA) and low-precision
     operands; else the old line."""
-    if (_ADDMM_SUPPORTS_OUT_DTYPE and gw.dtype == torch.float32 and G.dtype in _LOW
-            and capabilities.addmm_out_dtype(gw.device.type, G.dtype)):
+    if (
+        _ADDMM_SUPPORTS_OUT_DTYPE
+        and gw.dtype == torch.float32
+        and G.dtype in _LOW
+        and capabilities.addmm_out_dtype(gw.device.type, G.dtype)
+    ):
         torch.addmm(gw, G.t(), x.to(G.dtype), out_dtype=torch.float32, out=gw)
     else:
         accumulate_old(gw, G, x)
@@ -66,7 +70,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         gw = torch.zeros(V, H, dtype=torch.float32, device=x.device)
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         for s in range(0, N, CHUNK_ROWS):
-            xc, tc, vc = x[s:s + CHUNK_ROWS], target[s:s + CHUNK_ROWS], valid[s:s + CHUNK_ROWS]
+            xc, tc, vc = x[s : s + CHUNK_ROWS], target[s : s + CHUNK_ROWS], valid[s : s + CHUNK_ROWS]
             logits = (xc @ weight.t()).float()  # [C, V] in the compute dtype, then fp32 math
             lse = torch.logsumexp(logits, dim=-1)
             idx = torch.where(vc, tc, torch.zeros_like(tc))[:, None]
@@ -77,7 +81,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
             if reduction == "mean":
                 G /= count.clamp_min(1)  # all rows ignored: zero gradients, NaN loss (0/0), as PyTorch
             G = G.to(x.dtype)
-            gx[s:s + CHUNK_ROWS] = G @ weight
+            gx[s : s + CHUNK_ROWS] = G @ weight
             accumulate(gw, G, xc)
         loss = total / count if reduction == "mean" else total
         ctx.save_for_backward(gx)
@@ -92,9 +96,16 @@ class _ChunkedLinearCE(torch.autograd.Function):
         return gx.float().mul_(g).to(gx.dtype), gw.mul_(g).to(ctx.w_dtype), None, None, None, None
 
 
-_DECLARATION = dict(dtypes=("float32", "bfloat16"), autocast=(), options=("ignore_index",),
-                    reductions=("mean", "sum"), logits_dtype="compute", all_ignored="nan",
-                    grad_accumulation="per_chunk_rounding", chunk_rows=CHUNK_ROWS)
+_DECLARATION = dict(
+    dtypes=("float32", "bfloat16"),
+    autocast=(),
+    options=("ignore_index",),
+    reductions=("mean", "sum"),
+    logits_dtype="compute",
+    all_ignored="nan",
+    grad_accumulation="per_chunk_rounding",
+    chunk_rows=CHUNK_ROWS,
+)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

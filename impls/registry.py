@@ -92,8 +92,20 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
-    return (eager_impls, liger_impls, cce_impls, te_impls, chunked_impls, recompute_impls, torch_native_impls,
-            triton_impls, quant_linear_impls, grouped_fp8_linear_impls, dist_impls, tp_fp8_linear_impls)
+    return (
+        eager_impls,
+        liger_impls,
+        cce_impls,
+        te_impls,
+        chunked_impls,
+        recompute_impls,
+        torch_native_impls,
+        triton_impls,
+        quant_linear_impls,
+        grouped_fp8_linear_impls,
+        dist_impls,
+        tp_fp8_linear_impls,
+    )
 
 
 def dist_impls() -> list[Any]:
@@ -213,7 +225,13 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
             elif ":" in spec or "." in spec:
                 found.extend(load_spec(spec, "--impl"))
             else:
-                found.append(BrokenImpl(spec, "--impl", f"no built-in impl named {spec!r} and not a module:attr spec; built-ins: {sorted(builtins)}"))
+                found.append(
+                    BrokenImpl(
+                        spec,
+                        "--impl",
+                        f"no built-in impl named {spec!r} and not a module:attr spec; built-ins: {sorted(builtins)}",
+                    )
+                )
     else:
         found = builtin_impls()
         for spec in env_specs():
@@ -224,7 +242,11 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
     for entry in found:
         if isinstance(entry, ImplEntry):
             if entry.name in seen:
-                out.append(BrokenImpl(entry.name, entry.origin, f"duplicate impl name {entry.name!r} (also from {seen[entry.name]})"))
+                out.append(
+                    BrokenImpl(
+                        entry.name, entry.origin, f"duplicate impl name {entry.name!r} (also from {seen[entry.name]})"
+                    )
+                )
                 continue
             seen[entry.name] = entry.origin
         out.append(entry)

@@ -20,14 +20,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imported on first use (__getattr__)
-    from numcheck.errors import (BadInput, ClaimsError, InvalidAssertion, InvalidDeclaration, PropertyFailure,
-                                 ProtocolViolation)
+    from numcheck.errors import (
+        BadInput,
+        ClaimsError,
+        InvalidAssertion,
+        InvalidDeclaration,
+        PropertyFailure,
+        ProtocolViolation,
+    )
     from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-    from numcheck.impls.protocols.fp8_linear import (QuantFunctionImpl, QuantLinearSupport, make_quant_support,
-                                               quant_linear_impl)
-    from numcheck.impls.protocols.grouped_fp8_linear import (GroupedFunctionImpl, GroupedQuantSupport,
-                                                             grouped_quant_linear_impl)
+    from numcheck.impls.protocols.fp8_linear import (
+        QuantFunctionImpl,
+        QuantLinearSupport,
+        make_quant_support,
+        quant_linear_impl,
+    )
+    from numcheck.impls.protocols.grouped_fp8_linear import (
+        GroupedFunctionImpl,
+        GroupedQuantSupport,
+        grouped_quant_linear_impl,
+    )
     from numcheck.properties.assertions import assert_linear_ce, assert_quant_linear
     from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
     from numcheck.properties.fp8.cases import QuantCase
@@ -41,24 +54,33 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
 #: modules import torch and scipy (seconds), and ``numcheck.tests.plugin``, which pytest loads in every run of an
 #: environment where numcheck is installed, imports this package first.
 _PUBLIC: dict[str, str] = {
-    **dict.fromkeys(("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure",
-                     "ProtocolViolation"), "numcheck.errors"),
-    **dict.fromkeys(("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"),
-                    "numcheck.impls.protocols.dist_linear_ce"),
-    **dict.fromkeys(("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"),
-                    "numcheck.impls.protocols.linear_ce"),
-    **dict.fromkeys(("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
-                    "numcheck.impls.protocols.fp8_linear"),
-    **dict.fromkeys(("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
-                    "numcheck.impls.protocols.grouped_fp8_linear"),
+    **dict.fromkeys(
+        ("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure", "ProtocolViolation"),
+        "numcheck.errors",
+    ),
+    **dict.fromkeys(
+        ("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"), "numcheck.impls.protocols.dist_linear_ce"
+    ),
+    **dict.fromkeys(
+        ("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"), "numcheck.impls.protocols.linear_ce"
+    ),
+    **dict.fromkeys(
+        ("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
+        "numcheck.impls.protocols.fp8_linear",
+    ),
+    **dict.fromkeys(
+        ("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
+        "numcheck.impls.protocols.grouped_fp8_linear",
+    ),
     **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
     "QuantCase": "numcheck.properties.fp8.cases",
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
     "Problem": "numcheck.properties.core.problems",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
-    **dict.fromkeys(("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"),
-                    "numcheck.impls.protocols.tp_fp8_linear"),
+    **dict.fromkeys(
+        ("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"), "numcheck.impls.protocols.tp_fp8_linear"
+    ),
     "Fp8Recipe": "numcheck.reference.fp8_recipes",
 }
 #: The subpackages, reachable as attributes (``numcheck.impls``) after a plain ``import numcheck``.
@@ -84,11 +106,38 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "BadInput", "CheckResult", "ClaimsError", "ConvergenceResult", "DistFunctionImpl", "DistSupport", "Fp8Recipe",
-    "FunctionImpl", "GroupedCase", "GroupedFunctionImpl", "GroupedQuantSupport", "InvalidAssertion",
-    "InvalidDeclaration", "LinearCESupport", "Problem", "PropertyFailure", "ProtocolViolation", "QuantCase",
-    "QuantFunctionImpl", "QuantLinearSupport", "TPQuantFunctionImpl", "TPQuantSupport", "Verdict",
-    "assert_converges", "assert_linear_ce", "assert_quant_linear", "check", "dist_linear_ce_impl",
-    "grouped_quant_linear_impl", "linear_ce_impl", "make_quant_support", "make_support", "quant_linear_impl",
+    "BadInput",
+    "CheckResult",
+    "ClaimsError",
+    "ConvergenceResult",
+    "DistFunctionImpl",
+    "DistSupport",
+    "Fp8Recipe",
+    "FunctionImpl",
+    "GroupedCase",
+    "GroupedFunctionImpl",
+    "GroupedQuantSupport",
+    "InvalidAssertion",
+    "InvalidDeclaration",
+    "LinearCESupport",
+    "Problem",
+    "PropertyFailure",
+    "ProtocolViolation",
+    "QuantCase",
+    "QuantFunctionImpl",
+    "QuantLinearSupport",
+    "TPQuantFunctionImpl",
+    "TPQuantSupport",
+    "Verdict",
+    "assert_converges",
+    "assert_linear_ce",
+    "assert_quant_linear",
+    "check",
+    "dist_linear_ce_impl",
+    "grouped_quant_linear_impl",
+    "linear_ce_impl",
+    "make_quant_support",
+    "make_support",
+    "quant_linear_impl",
     "tp_quant_linear_impl",
 ]

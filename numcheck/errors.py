@@ -32,8 +32,9 @@ class PropertyFailure(AssertionError):
     failure that has one (a bitwise property's has none). ``raised``: the impl raised instead of returning, so
     nothing was judged on ``case``."""
 
-    def __init__(self, message: str = "", *, case: Any = None, ratio: float | None = None,
-                 raised: bool = False) -> None:
+    def __init__(
+        self, message: str = "", *, case: Any = None, ratio: float | None = None, raised: bool = False
+    ) -> None:
         super().__init__(message)
         self.case, self.ratio, self.raised = case, ratio, raised
 

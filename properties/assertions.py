@@ -28,36 +28,42 @@ from numcheck.properties.core.strategies import refusal
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
-
-
 def _case(cls: type, call: str, case: Any, fields: Mapping[str, Any], example: str) -> Any:
     """``case`` itself, or ``cls(**fields)``; exactly one of them, every field name known."""
     names = [f.name for f in dataclasses.fields(cls)]
     if case is not None and fields:
-        raise InvalidAssertion(f"{call}: got a {cls.__name__} and the fields {sorted(fields)} too\n"
-                               f"  Pass one: {cls.__name__}(...) or its fields as keywords, e.g. {example}.")
+        raise InvalidAssertion(
+            f"{call}: got a {cls.__name__} and the fields {sorted(fields)} too\n"
+            f"  Pass one: {cls.__name__}(...) or its fields as keywords, e.g. {example}."
+        )
     if case is None:
         if not fields:
-            raise InvalidAssertion(f"{call}: no case given\n  Pass a {cls.__name__} or its fields as keywords, "
-                                   f"e.g. {example}.")
+            raise InvalidAssertion(
+                f"{call}: no case given\n  Pass a {cls.__name__} or its fields as keywords, e.g. {example}."
+            )
         for k in fields:
             if k not in names:
-                raise InvalidAssertion(f"{call}: {k!r} is not a field of {cls.__name__}\n  Fields: "
-                                       f"{', '.join(names)}.{did_you_mean(k, names)}")
+                raise InvalidAssertion(
+                    f"{call}: {k!r} is not a field of {cls.__name__}\n  Fields: "
+                    f"{', '.join(names)}.{did_you_mean(k, names)}"
+                )
         try:
             return cls(**fields)
         except TypeError as exc:  # a required field missing
             raise InvalidAssertion(f"{call}: {exc}\n  e.g. {example}.") from None
     if not isinstance(case, cls):
-        raise InvalidAssertion(f"{call}: the case must be a {cls.__name__}, got {type(case).__name__} {case!r}\n"
-                               f"  e.g. {example}.")
+        raise InvalidAssertion(
+            f"{call}: the case must be a {cls.__name__}, got {type(case).__name__} {case!r}\n  e.g. {example}."
+        )
     return case
 
 
 def _prop(call: str, prop: Any, table: Mapping[str, Callable[..., Any]]) -> Callable[..., Any]:
     if not isinstance(prop, str) or prop.split("[", 1)[0] not in table:
-        raise InvalidAssertion(f"{call}: unknown property {prop!r}\n  Properties: {', '.join(sorted(table))}."
-                               f"{did_you_mean(prop, table) if isinstance(prop, str) else ''}")
+        raise InvalidAssertion(
+            f"{call}: unknown property {prop!r}\n  Properties: {', '.join(sorted(table))}."
+            f"{did_you_mean(prop, table) if isinstance(prop, str) else ''}"
+        )
     return table[prop.split("[", 1)[0]]
 
 
@@ -66,15 +72,18 @@ def _impl(call: str, impl: Any, kind: str) -> None:
     try:
         validate_impl(impl, call)
     except TypeError as exc:
-        raise InvalidAssertion(f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or "
-                               f"numcheck.quant_linear_impl).") from None
+        raise InvalidAssertion(
+            f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or numcheck.quant_linear_impl)."
+        ) from None
     if impl.kind != kind:
         other = "assert_quant_linear" if kind == "linear_ce" else "assert_linear_ce"
         raise InvalidAssertion(f"{call}: impl {impl.name!r} is a {impl.kind} impl\n  Use numcheck.{other} for it.")
     reason = impl.support.unavailable_reason()
     if reason:
-        raise InvalidAssertion(f"{call}: impl {impl.name!r} cannot run here: {reason}\n"
-                               f"  Skip the test where the requirement is unmet (e.g. pytest.skip).")
+        raise InvalidAssertion(
+            f"{call}: impl {impl.name!r} cannot run here: {reason}\n"
+            f"  Skip the test where the requirement is unmet (e.g. pytest.skip)."
+        )
 
 
 def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
@@ -87,7 +96,9 @@ def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
         return "it needs ignored rows (ignored > 0)"
     if prop == "shift_invariance" and (not p.bias or p.softcap is not None or p.z_loss_scale):
         return "it needs bias=True, no softcap and no z-loss (the shift goes through the bias)"
-    if prop == "option_identities" and (p.label_smoothing or p.class_weights or p.z_loss_scale or p.softcap is not None):
+    if prop == "option_identities" and (
+        p.label_smoothing or p.class_weights or p.z_loss_scale or p.softcap is not None
+    ):
         return "it needs a plain case (no label smoothing, class weights, z-loss or softcap): it adds neutral ones"
     if prop == "chunk_invariance" and not hasattr(impl, "with_chunk_rows"):
         return f"impl {impl.name!r} exposes no with_chunk_rows"
@@ -130,9 +141,11 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     p = _case(Problem, call, problem, fields, "Problem(N=8, H=16, V=32, dtype='float32')")
     why = refusal(impl.support, p)
     if why:
-        raise InvalidAssertion(f"{call}: impl {impl.name!r} does not declare this case: {why}\n  case: {p!r}\n"
-                               f"  Pass a case inside its declaration, or declare the case (numcheck list shows "
-                               f"what it declares).")
+        raise InvalidAssertion(
+            f"{call}: impl {impl.name!r} does not declare this case: {why}\n  case: {p!r}\n"
+            f"  Pass a case inside its declaration, or declare the case (numcheck list shows "
+            f"what it declares)."
+        )
     why = inapplicable(prop.split("[", 1)[0], impl, p)
     if why:
         raise InvalidAssertion(f"{call}: property {prop!r} says nothing about this case: {why}\n  case: {p!r}")
@@ -175,18 +188,29 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
     if "recipe" in fields:
         fields = {**fields, "recipe": _recipe(call, fields["recipe"])}
     c = _case(QuantCase, call, case, fields, "QuantCase(Fp8Recipe('current'), M=32, K=64, N=16)")
-    why = impl.support.refuses(recipe=c.recipe, dtype=c.torch_dtype, device=torch.device(c.device).type,
-                               save_original_input=c.save_original_input, bias=c.bias)
+    why = impl.support.refuses(
+        recipe=c.recipe,
+        dtype=c.torch_dtype,
+        device=torch.device(c.device).type,
+        save_original_input=c.save_original_input,
+        bias=c.bias,
+    )
     if why:
         declared = ", ".join(r.name for r in impl.support.recipes)
-        raise InvalidAssertion(f"{call}: impl {impl.name!r} does not declare this case: {why}\n  case: {c!r}\n"
-                               f"  Pass a case inside its declaration (recipes: {declared}; numcheck list shows the "
-                               f"rest).")
+        raise InvalidAssertion(
+            f"{call}: impl {impl.name!r} does not declare this case: {why}\n  case: {c!r}\n"
+            f"  Pass a case inside its declaration (recipes: {declared}; numcheck list shows the "
+            f"rest)."
+        )
     if prop == "quantizer" and not impl.support.exposes_quantize:
-        raise InvalidAssertion(f"{call}: property 'quantizer' needs an impl exposing quantize; {impl.name!r} "
-                               f"declares exposes_quantize=False")
+        raise InvalidAssertion(
+            f"{call}: property 'quantizer' needs an impl exposing quantize; {impl.name!r} "
+            f"declares exposes_quantize=False"
+        )
     if prop == "save_original_input" and True not in impl.support.save_original_input:
-        raise InvalidAssertion(f"{call}: property 'save_original_input' says nothing about {impl.name!r}: it "
-                               f"declares save_original_input={sorted(impl.support.save_original_input)} only")
+        raise InvalidAssertion(
+            f"{call}: property 'save_original_input' says nothing about {impl.name!r}: it "
+            f"declares save_original_input={sorted(impl.support.save_original_input)} only"
+        )
     with matmul_precision.pinned():
         return fn(impl, c)

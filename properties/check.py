@@ -28,8 +28,16 @@ from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.suite import PINNED, SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
-from numcheck.properties.core.runner import (SuiteProperty, budget, judge, run_example, run_rows, skip_reason,
-                                            target_scores, unsatisfiable_reason)
+from numcheck.properties.core.runner import (
+    SuiteProperty,
+    budget,
+    judge,
+    run_example,
+    run_rows,
+    skip_reason,
+    target_scores,
+    unsatisfiable_reason,
+)
 from numcheck.properties.core.strategies import DEVICE, refusal
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
@@ -93,8 +101,10 @@ class CheckResult:
         return [v for v in self.verdicts.values() if v.status == "failed"]
 
     def __str__(self) -> str:
-        lines = [f"numcheck.check({self.impl!r}, profile={self.profile!r}): "
-                 f"{'ok' if self.ok else f'{len(self.failed)} failed'}"]
+        lines = [
+            f"numcheck.check({self.impl!r}, profile={self.profile!r}): "
+            f"{'ok' if self.ok else f'{len(self.failed)} failed'}"
+        ]
         return "\n".join([*lines, *(f"  {v}" for v in self.verdicts.values())])
 
 
@@ -127,14 +137,27 @@ def _failure(name: str, impl: Any, worst: _Worst, exc: BaseException) -> Verdict
     parts = grouped(exc)
     failures = [e for e in parts if isinstance(e, PropertyFailure)]
     if not failures:
-        return Verdict(name, "failed", worst.examples, None, None,
-                       f"impl {impl.name!r} raised {type(exc).__name__}: {exc}", impl_raised=True)
+        return Verdict(
+            name,
+            "failed",
+            worst.examples,
+            None,
+            None,
+            f"impl {impl.name!r} raised {type(exc).__name__}: {exc}",
+            impl_raised=True,
+        )
     first = failures[0]
-    message = "\n\n".join(str(e) for e in failures) if len(failures) == len(parts) else \
-        "\n\n".join([*(str(e) for e in failures), *(f"{type(e).__name__}: {e}" for e in parts if e not in failures)])
+    message = (
+        "\n\n".join(str(e) for e in failures)
+        if len(failures) == len(parts)
+        else "\n\n".join(
+            [*(str(e) for e in failures), *(f"{type(e).__name__}: {e}" for e in parts if e not in failures)]
+        )
+    )
     judged_failures = sum(not e.raised for e in failures)
-    return Verdict(name, "failed", worst.examples + judged_failures, first.ratio, first.case, message,
-                   impl_raised=first.raised)
+    return Verdict(
+        name, "failed", worst.examples + judged_failures, first.ratio, first.case, message, impl_raised=first.raised
+    )
 
 
 def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
@@ -194,8 +217,10 @@ def _load(impl: Any) -> Any:
     if broken:
         raise ValueError(f"numcheck.check: impl {impl!r} could not be loaded: {broken[0].error}")
     if len(entries) != 1:
-        raise ValueError(f"numcheck.check: impl spec {impl!r} yields {len(entries)} impls "
-                         f"({[e.name for e in entries]}); pass one of them")
+        raise ValueError(
+            f"numcheck.check: impl spec {impl!r} yields {len(entries)} impls "
+            f"({[e.name for e in entries]}); pass one of them"
+        )
     return entries[0].impl
 
 
@@ -211,8 +236,13 @@ def _selected(properties: Iterable[str] | str | None, kind: str) -> list[str]:
     return names
 
 
-def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: str = profiles.DEFAULT_PROFILE,
-          max_examples: int | None = None) -> CheckResult:
+def check(
+    impl: Any,
+    properties: Iterable[str] | str | None = None,
+    *,
+    profile: str = profiles.DEFAULT_PROFILE,
+    max_examples: int | None = None,
+) -> CheckResult:
     """Run the property suite on ``impl`` in this process, without pytest, and return the verdicts.
 
     ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or a quantized-linear one, or its
@@ -234,8 +264,10 @@ def check(impl: Any, properties: Iterable[str] | str | None = None, *, profile: 
     loaded = _load(impl)
     kind = getattr(loaded, "kind", None)
     if kind not in _TABLES:
-        raise ValueError(f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is not an impl (kind {kind!r}); "
-                         f"make one with numcheck.linear_ce_impl or the quantized-linear protocol")
+        raise ValueError(
+            f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is not an impl (kind {kind!r}); "
+            f"make one with numcheck.linear_ce_impl or the quantized-linear protocol"
+        )
     name = profiles.numcheck_name(profile)
     names = _selected(properties, kind)
     base = settings.get_profile(name)

@@ -78,10 +78,12 @@ class Fp8Format:
         return getattr(torch, self.torch_dtype_name)
 
 
-E4M3 = Fp8Format("e4m3", ebits=4, mbits=3, bias=7, max_finite=448.0, has_inf=False,
-                 torch_dtype_name="float8_e4m3fn", mx_emax=8)
-E5M2 = Fp8Format("e5m2", ebits=5, mbits=2, bias=15, max_finite=57344.0, has_inf=True,
-                 torch_dtype_name="float8_e5m2", mx_emax=15)
+E4M3 = Fp8Format(
+    "e4m3", ebits=4, mbits=3, bias=7, max_finite=448.0, has_inf=False, torch_dtype_name="float8_e4m3fn", mx_emax=8
+)
+E5M2 = Fp8Format(
+    "e5m2", ebits=5, mbits=2, bias=15, max_finite=57344.0, has_inf=True, torch_dtype_name="float8_e5m2", mx_emax=15
+)
 FORMATS: dict[str, Fp8Format] = {"e4m3": E4M3, "e5m2": E5M2}
 
 #: binary32, as (mbits, emin, max finite): the intermediate precision of every FP8 cast.
@@ -111,8 +113,9 @@ def _as_f64(v: torch.Tensor) -> torch.Tensor:
     return v.to(F64)
 
 
-def round_to_grid(v: torch.Tensor, *, mbits: int, emin: int, max_finite: float, saturate: bool,
-                  nan_on_overflow: bool = False) -> torch.Tensor:
+def round_to_grid(
+    v: torch.Tensor, *, mbits: int, emin: int, max_finite: float, saturate: bool, nan_on_overflow: bool = False
+) -> torch.Tensor:
     """Round float64 ``v`` to the grid of a binary format, ties to even; returns float64.
 
     The magnitude ``a`` is split as ``a = q · 2^(e−mbits)`` with ``e = max(floor(log2 a), emin)``
@@ -152,8 +155,9 @@ def round_to_fp8(v: torch.Tensor, fmt: str | Fp8Format, *, saturate: bool = True
     """The FP8 value nearest to float64 ``v`` (ties to even), as float64. ``saturate=False`` gives the
     IEEE result: overflow → inf for E5M2, NaN for E4M3 (which has no inf)."""
     f = get_format(fmt)
-    return round_to_grid(v, mbits=f.mbits, emin=f.emin, max_finite=f.max_finite, saturate=saturate,
-                         nan_on_overflow=not f.has_inf)
+    return round_to_grid(
+        v, mbits=f.mbits, emin=f.emin, max_finite=f.max_finite, saturate=saturate, nan_on_overflow=not f.has_inf
+    )
 
 
 def encode_fp8(v: torch.Tensor, fmt: str | Fp8Format, *, saturate: bool = True) -> torch.Tensor:
@@ -167,7 +171,7 @@ def encode_fp8(v: torch.Tensor, fmt: str | Fp8Format, *, saturate: bool = True) 
     a_f = torch.where(finite, a, torch.zeros_like(a))
     _, e = torch.frexp(a_f)
     e = e.to(torch.int64) - 1
-    normal = a_f >= 2.0 ** f.emin
+    normal = a_f >= 2.0**f.emin
     e_n = torch.where(normal, e, torch.full_like(e, f.emin))
     mant_total = torch.ldexp(a_f, -(e_n - f.mbits).to(F64)).to(torch.int64)  # exact integer
     field_e = torch.where(normal, e_n + f.bias, torch.zeros_like(e_n))

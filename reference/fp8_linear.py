@@ -66,8 +66,15 @@ def _f64(t: torch.Tensor) -> torch.Tensor:
     return round_to_fp32(t.detach().to("cpu", F64))
 
 
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, bias: torch.Tensor | None,
-                     recipe: Fp8Recipe, *, delayed_scales: dict[str, float] | None = None) -> QuantLinearReference:
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Fp8Recipe,
+    *,
+    delayed_scales: dict[str, float] | None = None,
+) -> QuantLinearReference:
     """Forward and backward of the quantized linear in float64 (see the module docstring).
 
     ``delayed_scales`` (``{"x": s, "w": s, "dy": s}``) is required for delayed scaling and ignored otherwise.

@@ -101,14 +101,20 @@ class Fp8Recipe:
         if p2 is None:
             p2 = self.kind == "blockwise"
         if p2 and self.kind not in ("current", "blockwise"):
-            raise ValueError(f"Fp8Recipe.power_of_2_scales=True applies to 'current' and 'blockwise', not {self.kind!r}")
+            raise ValueError(
+                f"Fp8Recipe.power_of_2_scales=True applies to 'current' and 'blockwise', not {self.kind!r}"
+            )
         object.__setattr__(self, "power_of_2_scales", bool(p2))
         if not (self.amax_epsilon >= 0.0):
             raise ValueError(f"Fp8Recipe.amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
         if self.amax_epsilon and self.kind not in ("current", "blockwise"):
             raise ValueError(f"Fp8Recipe.amax_epsilon applies to 'current' and 'blockwise', not {self.kind!r}")
-        if self.kind != "delayed" and (self.margin != 0 or self.amax_history_len != 1024 or self.amax_compute_algo != "max"):
-            raise ValueError(f"Fp8Recipe margin/amax_history_len/amax_compute_algo apply to 'delayed' only, not {self.kind!r}")
+        if self.kind != "delayed" and (
+            self.margin != 0 or self.amax_history_len != 1024 or self.amax_compute_algo != "max"
+        ):
+            raise ValueError(
+                f"Fp8Recipe margin/amax_history_len/amax_compute_algo apply to 'delayed' only, not {self.kind!r}"
+            )
         if not isinstance(self.margin, int) or self.margin < 0:
             raise ValueError(f"Fp8Recipe.margin must be an int >= 0, got {self.margin!r}")
         if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
@@ -176,9 +182,19 @@ class Fp8Recipe:
 
     def __repr__(self) -> str:  # valid Python, only the fields that differ from the defaults
         base = Fp8Recipe(self.kind)
-        diffs = [f"{k}={getattr(self, k)!r}" for k in ("fp8_format", "power_of_2_scales", "amax_epsilon", "margin",
-                                                    "amax_history_len", "amax_compute_algo", "mx_scale_rounding")
-                 if getattr(self, k) != getattr(base, k)]
+        diffs = [
+            f"{k}={getattr(self, k)!r}"
+            for k in (
+                "fp8_format",
+                "power_of_2_scales",
+                "amax_epsilon",
+                "margin",
+                "amax_history_len",
+                "amax_compute_algo",
+                "mx_scale_rounding",
+            )
+            if getattr(self, k) != getattr(base, k)
+        ]
         return "Fp8Recipe(" + ", ".join([repr(self.kind)] + diffs) + ")"
 
 

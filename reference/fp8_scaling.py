@@ -48,7 +48,16 @@ from dataclasses import dataclass
 import torch
 
 from numcheck.reference.fp8_formats import (
-    DTYPE_MAX, E8M0_BIAS, E8M0_NAN, F64, FP32_MAX, Fp8Format, decode_fp8, encode_fp8, get_format, round_to_fp32,
+    DTYPE_MAX,
+    E8M0_BIAS,
+    E8M0_NAN,
+    F64,
+    FP32_MAX,
+    Fp8Format,
+    decode_fp8,
+    encode_fp8,
+    get_format,
+    round_to_fp32,
 )
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
@@ -106,8 +115,14 @@ def _pow2_floor(s: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(s), (e.to(torch.int64) - 1).to(F64))
 
 
-def scale_from_amax(amax: torch.Tensor, fp8_max: float, *, power_of_2: bool = False, epsilon: float = 0.0,
-                    value_for_inf: float = FP32_MAX) -> torch.Tensor:
+def scale_from_amax(
+    amax: torch.Tensor,
+    fp8_max: float,
+    *,
+    power_of_2: bool = False,
+    epsilon: float = 0.0,
+    value_for_inf: float = FP32_MAX,
+) -> torch.Tensor:
     """Quantization scale(s) from amax, TE's rule (module docstring); float64 holding binary32 values."""
     a = torch.as_tensor(amax, dtype=F64)
     if epsilon < 0:
@@ -127,8 +142,9 @@ def scale_inverse(scale: torch.Tensor) -> torch.Tensor:
     return round_to_fp32(1.0 / torch.as_tensor(scale, dtype=F64))
 
 
-def delayed_scale_update(history: list[float] | torch.Tensor, prev_scale: float, fp8_max: float, *, margin: int = 0,
-                         algo: str = "max") -> float:
+def delayed_scale_update(
+    history: list[float] | torch.Tensor, prev_scale: float, fp8_max: float, *, margin: int = 0, algo: str = "max"
+) -> float:
     """The next delayed-scaling scale from the recorded amaxes (oldest first) and the previous scale."""
     h = torch.as_tensor(history, dtype=F64).reshape(-1)
     if algo == "max":
@@ -168,7 +184,9 @@ def mx_scale_code(amax: torch.Tensor, fmt: str | Fp8Format, rounding: str = "rce
         rcp = float(round_to_fp32(torch.tensor(1.0 / f.max_finite, dtype=F64)))
         d = round_to_fp32(safe * rcp)
         dz = d == 0  # amax so small that the descale underflows binary32
-        e = torch.where(dz, torch.full_like(d, -10**6, dtype=torch.int64), _ceil_log2(torch.where(dz, torch.ones_like(d), d)))
+        e = torch.where(
+            dz, torch.full_like(d, -(10**6), dtype=torch.int64), _ceil_log2(torch.where(dz, torch.ones_like(d), d))
+        )
     elif rounding == "floor":
         e = _floor_log2(safe) - f.mx_emax
     else:
@@ -185,7 +203,10 @@ def e8m0_scale(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.ldexp(torch.ones_like(c, dtype=F64), (E8M0_BIAS - c).to(F64))
     s_inv = torch.ldexp(torch.ones_like(c, dtype=F64), (c - E8M0_BIAS).to(F64))
     nan = c == E8M0_NAN
-    return (torch.where(nan, torch.full_like(s, float("nan")), s), torch.where(nan, torch.full_like(s, float("nan")), s_inv))
+    return (
+        torch.where(nan, torch.full_like(s, float("nan")), s),
+        torch.where(nan, torch.full_like(s, float("nan")), s_inv),
+    )
 
 
 # -- quantization -------------------------------------------------------------------------------------
@@ -224,8 +245,15 @@ class Quantized:
 
     def transposed(self) -> "Quantized":
         """The same quantization viewed as of the transposed tensor."""
-        return Quantized(self.codes.t(), self.fmt, (self.block[1], self.block[0]), self.amax.t(), self.scale.t(),
-                         self.scale_inv.t(), None if self.scale_code is None else self.scale_code.t())
+        return Quantized(
+            self.codes.t(),
+            self.fmt,
+            (self.block[1], self.block[0]),
+            self.amax.t(),
+            self.scale.t(),
+            self.scale_inv.t(),
+            None if self.scale_code is None else self.scale_code.t(),
+        )
 
 
 def cast_with_scale(x: torch.Tensor, scale_full: torch.Tensor, fmt: str | Fp8Format) -> torch.Tensor:
@@ -234,9 +262,18 @@ def cast_with_scale(x: torch.Tensor, scale_full: torch.Tensor, fmt: str | Fp8For
     return encode_fp8(round_to_fp32(x32 * scale_full), fmt, saturate=True)
 
 
-def quantize(x: torch.Tensor, fmt: str | Fp8Format, block: Block | None, *, scaling: str = "amax",
-             power_of_2: bool = False, epsilon: float = 0.0, value_for_inf: float = FP32_MAX,
-             stored_scale: float | None = None, mx_rounding: str = "rceil") -> Quantized:
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Fp8Format,
+    block: Block | None,
+    *,
+    scaling: str = "amax",
+    power_of_2: bool = False,
+    epsilon: float = 0.0,
+    value_for_inf: float = FP32_MAX,
+    stored_scale: float | None = None,
+    mx_rounding: str = "rceil",
+) -> Quantized:
     """Quantize a 2-D tensor (any float dtype; values are taken as binary32).
 
     ``scaling``: ``"amax"`` (scale from each block's amax: current and blockwise), ``"stored"`` (delayed:
@@ -270,8 +307,9 @@ def quantize(x: torch.Tensor, fmt: str | Fp8Format, block: Block | None, *, scal
     return Quantized(codes, f, eb, amax, scale, scale_inv, code)
 
 
-def quantize_operand(t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str, *,
-                     stored_scale: float | None = None) -> Quantized:
+def quantize_operand(
+    t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str, *, stored_scale: float | None = None
+) -> Quantized:
     """Quantize operand ``role`` (``"x" | "w" | "dy"``) for ``usage`` as ``recipe`` prescribes.
 
     ``t``'s dtype sets blockwise scaling's ``value_for_inf`` (its largest finite value). Delayed scaling
@@ -284,8 +322,15 @@ def quantize_operand(t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str, 
     if recipe.kind == "mxfp8":
         return quantize(t, fmt, block, scaling="mx", mx_rounding=recipe.mx_scale_rounding)
     vfi = FP32_MAX if recipe.kind == "current" else DTYPE_MAX.get(t.dtype, FP32_MAX)
-    return quantize(t, fmt, block, scaling="amax", power_of_2=bool(recipe.power_of_2_scales),
-                    epsilon=recipe.amax_epsilon, value_for_inf=vfi)
+    return quantize(
+        t,
+        fmt,
+        block,
+        scaling="amax",
+        power_of_2=bool(recipe.power_of_2_scales),
+        epsilon=recipe.amax_epsilon,
+        value_for_inf=vfi,
+    )
 
 
 def tensor_amax(t: torch.Tensor) -> float:

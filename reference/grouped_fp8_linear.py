@@ -71,8 +71,9 @@ def split_offsets(m_splits: Sequence[int], M: int | None = None) -> tuple[int, .
     return tuple(offsets)
 
 
-def expert_list(t: torch.Tensor | Sequence[torch.Tensor] | None, G: int, name: str,
-                shape: tuple[int, ...]) -> list[torch.Tensor] | None:
+def expert_list(
+    t: torch.Tensor | Sequence[torch.Tensor] | None, G: int, name: str, shape: tuple[int, ...]
+) -> list[torch.Tensor] | None:
     """``t`` (one grouped tensor ``[G, *shape]`` or a sequence of ``G`` tensors of ``shape``) as ``G`` tensors;
     ``None`` stays ``None``. ``ValueError`` naming ``name`` on a count or shape mismatch."""
     if t is None:
@@ -123,8 +124,12 @@ class GroupedQuantLinearReference:
         """The reduction length of ``output``'s elements of expert ``i`` (K for y, N for dgrad, m_i for wgrad
         and bgrad)."""
         x_shape = self.dq["dgrad"].shape
-        return {"y": int(x_shape[1]), "dgrad": int(self.dq["y"].shape[1]), "wgrad": self.m_splits[i],
-                "bgrad": self.m_splits[i]}[output]
+        return {
+            "y": int(x_shape[1]),
+            "dgrad": int(self.dq["y"].shape[1]),
+            "wgrad": self.m_splits[i],
+            "bgrad": self.m_splits[i],
+        }[output]
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
@@ -143,17 +148,27 @@ def _check_shapes(x: torch.Tensor, dy: torch.Tensor, w0: torch.Tensor) -> tuple[
 
 def _empty_expert(w: torch.Tensor, K: int, N: int, has_bias: bool) -> tuple[dict, dict, dict]:
     """dq, true and |products| of an expert with no rows: empty y and dgrad, exactly zero wgrad and bgrad."""
-    out = {"y": torch.zeros(0, N, dtype=F64), "dgrad": torch.zeros(0, K, dtype=F64),
-           "wgrad": torch.zeros(N, K, dtype=F64)}
+    out = {
+        "y": torch.zeros(0, N, dtype=F64),
+        "dgrad": torch.zeros(0, K, dtype=F64),
+        "wgrad": torch.zeros(N, K, dtype=F64),
+    }
     if has_bias:
         out["bgrad"] = torch.zeros(N, dtype=F64)
     return out, dict(out), dict(out)
 
 
-def grouped_quantized_linear(x: torch.Tensor, weights: torch.Tensor | Sequence[torch.Tensor], dy: torch.Tensor,
-                             biases: torch.Tensor | Sequence[torch.Tensor] | None, m_splits: Sequence[int],
-                             recipe: Fp8Recipe, *, delayed_scales: Sequence[dict[str, float]] | None = None,
-                             save_original_input: bool = False) -> GroupedQuantLinearReference:
+def grouped_quantized_linear(
+    x: torch.Tensor,
+    weights: torch.Tensor | Sequence[torch.Tensor],
+    dy: torch.Tensor,
+    biases: torch.Tensor | Sequence[torch.Tensor] | None,
+    m_splits: Sequence[int],
+    recipe: Fp8Recipe,
+    *,
+    delayed_scales: Sequence[dict[str, float]] | None = None,
+    save_original_input: bool = False,
+) -> GroupedQuantLinearReference:
     """Forward and backward of the grouped quantized linear in float64 (see the module docstring).
 
     ``weights``: ``[G, N, K]`` or ``G`` tensors ``[N, K]``; ``biases``: ``[G, N]``, ``G`` tensors ``[N]`` or
@@ -167,8 +182,10 @@ def grouped_quantized_linear(x: torch.Tensor, weights: torch.Tensor | Sequence[t
     ws = expert_list(weights, G, "weights", (N, K))
     bs = expert_list(biases, G, "biases", (N,))
     if save_original_input and not recipe.allows_save_original_input:
-        raise ValueError("save_original_input=True is not supported with delayed scaling: the stored scale changes "
-                         "between forward and backward, so the backward could not re-quantize x as the forward did")
+        raise ValueError(
+            "save_original_input=True is not supported with delayed scaling: the stored scale changes "
+            "between forward and backward, so the backward could not re-quantize x as the forward did"
+        )
     if recipe.kind == "delayed" and (delayed_scales is None or len(delayed_scales) != G):
         raise ValueError(f"delayed scaling needs one delayed_scales dict per expert ({G}), got {delayed_scales!r}")
     experts: list[QuantLinearReference | None] = []
@@ -191,8 +208,9 @@ def grouped_quantized_linear(x: torch.Tensor, weights: torch.Tensor | Sequence[t
         parts["abs"].append(ref.abs_products)
         amax.append(dict(ref.amax))
     dq, true, absp = (_assemble(parts[k]) for k in ("dq", "true", "abs"))
-    return GroupedQuantLinearReference(recipe, splits, offsets, tuple(experts), dq, true, absp, tuple(amax),
-                                       bool(save_original_input))
+    return GroupedQuantLinearReference(
+        recipe, splits, offsets, tuple(experts), dq, true, absp, tuple(amax), bool(save_original_input)
+    )
 
 
 def _assemble(per_expert: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -206,9 +224,13 @@ def _assemble(per_expert: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
     return out
 
 
-def split_inputs(x: torch.Tensor, weights: torch.Tensor | Sequence[torch.Tensor], dy: torch.Tensor,
-                 biases: torch.Tensor | Sequence[torch.Tensor] | None,
-                 m_splits: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+def split_inputs(
+    x: torch.Tensor,
+    weights: torch.Tensor | Sequence[torch.Tensor],
+    dy: torch.Tensor,
+    biases: torch.Tensor | Sequence[torch.Tensor] | None,
+    m_splits: Sequence[int],
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Each expert's ``(x_i, W_i, dy_i, b_i)`` as float64 binary32 values (the single linear's inputs)."""
     splits = tuple(m_splits)
     offsets = split_offsets(splits, int(x.shape[0]))

@@ -128,7 +128,9 @@ def _check_inputs(
         )
 
 
-def _check_upstream(upstream: torch.Tensor | float | None, opts: CEOptions, N: int, device: torch.device) -> torch.Tensor:
+def _check_upstream(
+    upstream: torch.Tensor | float | None, opts: CEOptions, N: int, device: torch.device
+) -> torch.Tensor:
     """The upstream gradient as ``[N]`` float64 (a scalar broadcast), checked against the reduction."""
     if upstream is None:
         return torch.ones((N,), dtype=torch.float64, device=device)
@@ -179,8 +181,16 @@ class _Operands:
         return z, s * t, 1.0 - t * t
 
 
-def _operands(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-              opts: CEOptions, upstream: torch.Tensor | float | None, row_chunk: int, vocab_chunk: int) -> _Operands:
+def _operands(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    opts: CEOptions,
+    upstream: torch.Tensor | float | None,
+    row_chunk: int,
+    vocab_chunk: int,
+) -> _Operands:
     """Upcast the (already checked) inputs to float64 on ``x``'s device and derive the per-row target data."""
     dev = x.device
     f64 = torch.float64
@@ -248,8 +258,14 @@ class _Reduced:
     stats: RowStats
 
 
-def _reduce(ops: _Operands, lse: torch.Tensor, z_tgt: torch.Tensor, wz_sum: torch.Tensor, reduction: str,
-            all_ignored: AllIgnored) -> _Reduced:
+def _reduce(
+    ops: _Operands,
+    lse: torch.Tensor,
+    z_tgt: torch.Tensor,
+    wz_sum: torch.Tensor,
+    reduction: str,
+    all_ignored: AllIgnored,
+) -> _Reduced:
     """Per-row ℓ_i and ζ_i, their reduction, and the backward's coefficients c_i and c^z_i."""
     valid, w_t, eps, lam, u = ops.valid, ops.w_t, ops.eps, ops.lam, ops.upstream
     N, V, dev, f64 = lse.shape[0], ops.W.shape[0], lse.device, torch.float64
@@ -281,8 +297,16 @@ def _reduce(ops: _Operands, lse: torch.Tensor, z_tgt: torch.Tensor, wz_sum: torc
         loss, z_loss = per_row.clone(), z_row.clone()
         coef_ce = coef_z = u
         normalizer = 1.0
-    stats = RowStats(lse=lse, z_target=z_tgt, valid=valid, w_target=w_t, coef_ce=coef_ce * valid,
-                     coef_z=coef_z * valid, normalizer=normalizer, n_valid=n_valid)
+    stats = RowStats(
+        lse=lse,
+        z_target=z_tgt,
+        valid=valid,
+        w_target=w_t,
+        coef_ce=coef_ce * valid,
+        coef_z=coef_z * valid,
+        normalizer=normalizer,
+        n_valid=n_valid,
+    )
     return _Reduced(per_row=per_row, loss=loss, z_loss=z_loss, stats=stats)
 
 
@@ -310,8 +334,9 @@ def _pass2_blocks(ops: _Operands, stats: RowStats) -> Iterator[Block]:
                 idx = inside.nonzero().squeeze(1)
                 g[idx, t_r[idx] - c.start] -= a[r][idx]
             G = g * d if d is not None else g
-            yield Block(rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None, z=z, zc=zc, p=p, G=G,
-                        dzc_dz=d)
+            yield Block(
+                rows=r, cols=c, x=X[r], w=W[c], b=B[c] if B is not None else None, z=z, zc=zc, p=p, G=G, dzc_dz=d
+            )
 
 
 @dataclass(frozen=True)
@@ -334,9 +359,17 @@ class _Prepared:
             observer.block(blk, self.forward.stats)
 
 
-def _prepare(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-             options: CEOptions | None, upstream: torch.Tensor | float | None, all_ignored: AllIgnored,
-             row_chunk: int, vocab_chunk: int) -> _Prepared:
+def _prepare(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    options: CEOptions | None,
+    upstream: torch.Tensor | float | None,
+    all_ignored: AllIgnored,
+    row_chunk: int,
+    vocab_chunk: int,
+) -> _Prepared:
     """Check the arguments (:func:`linear_ce`'s), upcast the operands and run pass 1 and the reduction."""
     opts = options if options is not None else CEOptions()
     _check_inputs(x, weight, target, bias, opts)
@@ -346,12 +379,14 @@ def _prepare(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
         raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
     ops = _operands(x, weight, target, bias, opts, upstream, row_chunk, vocab_chunk)
     lse, z_tgt, wz_sum = _row_pass(ops)
-    return _Prepared(options=opts, ops=ops, lse=lse,
-                     forward=_reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored))
+    return _Prepared(
+        options=opts, ops=ops, lse=lse, forward=_reduce(ops, lse, z_tgt, wz_sum, opts.reduction, all_ignored)
+    )
 
 
-def _backward(prep: _Prepared,
-              observer: BlockObserver | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _backward(
+    prep: _Prepared, observer: BlockObserver | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Pass 2: walk every block and accumulate grad_x, grad_W, grad_b from its G (the gradient w.r.t. z)."""
     X, W, B, stats = prep.ops.X, prep.ops.W, prep.ops.B, prep.forward.stats
     (N, H), V, dev, f64 = X.shape, W.shape[0], X.device, torch.float64
@@ -403,8 +438,17 @@ def linear_ce(
     prep = _prepare(x, weight, target, bias, options, upstream, all_ignored, row_chunk, vocab_chunk)
     gx, gw, gb = _backward(prep, observer)
     fwd = prep.forward
-    return LinearCEResult(loss=fwd.loss, per_row=fwd.per_row, lse=prep.lse, z_loss=fwd.z_loss, grad_x=gx,
-                          grad_weight=gw, grad_bias=gb, stats=fwd.stats, options=prep.options)
+    return LinearCEResult(
+        loss=fwd.loss,
+        per_row=fwd.per_row,
+        lse=prep.lse,
+        z_loss=fwd.z_loss,
+        grad_x=gx,
+        grad_weight=gw,
+        grad_bias=gb,
+        stats=fwd.stats,
+        options=prep.options,
+    )
 
 
 def block_walker(

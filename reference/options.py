@@ -39,7 +39,9 @@ class CEOptions:
         ls = self.label_smoothing
         if not isinstance(ls, (int, float)) or not (0.0 <= float(ls) <= 1.0):
             raise ValueError(f"label_smoothing must be a float in [0, 1], got {ls!r}")
-        if self.softcap is not None and (not isinstance(self.softcap, (int, float)) or not self.softcap > 0 or math.isinf(self.softcap)):
+        if self.softcap is not None and (
+            not isinstance(self.softcap, (int, float)) or not self.softcap > 0 or math.isinf(self.softcap)
+        ):
             raise ValueError(f"softcap must be a finite float > 0 or None, got {self.softcap!r}")
         zl = self.z_loss_scale
         if not isinstance(zl, (int, float)) or not (zl >= 0.0) or math.isinf(zl):

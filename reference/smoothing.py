@@ -28,10 +28,13 @@ def oracle_smoothing(eps: float, V: int, convention: str) -> float:
     if convention == "torch" or eps == 0.0:
         return float(eps)
     if V < 2:
-        raise ValueError(f"the megatron smoothing convention needs V >= 2 (it spreads ε over the V-1 other classes), "
-                         f"got V={V}")
+        raise ValueError(
+            f"the megatron smoothing convention needs V >= 2 (it spreads ε over the V-1 other classes), got V={V}"
+        )
     out = eps * V / (V - 1)
     if out > 1.0:
-        raise ValueError(f"label_smoothing={eps} under the megatron convention at V={V} is ε'={out} > 1 in PyTorch's "
-                         f"terms; it needs ε <= (V-1)/V")
+        raise ValueError(
+            f"label_smoothing={eps} under the megatron convention at V={V} is ε'={out} > 1 in PyTorch's "
+            f"terms; it needs ε <= (V-1)/V"
+        )
     return out

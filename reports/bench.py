@@ -34,8 +34,13 @@ HELP = "time and measure memory of every linear+CE impl on a CUDA device (figure
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", action="append", default=[], metavar="SPEC", help="only these impls (repeatable)")
-    p.add_argument("--shape", action="append", default=[], metavar="BT,H,V",
-                   help="shapes to time (repeatable; default 8192,4096,131072 and 2048,2048,32768)")
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="BT,H,V",
+        help="shapes to time (repeatable; default 8192,4096,131072 and 2048,2048,32768)",
+    )
     p.add_argument("--out", default=None, help="directory for bench.json and bench.md (default: print only)")
     p.add_argument("--rep-ms", type=float, default=400.0, help="milliseconds of timed repetitions per case")
 
@@ -78,8 +83,9 @@ def bench_impl(impl: Any, BT: int, H: int, V: int, dev: torch.device, rep_ms: fl
 ACC_BYTES_BEYOND_GRAD = {"fallback": 4, "fp32_operands": 4, "addmm_out_dtype": 4, "lowp_accum": 0, "split_fp32": 2}
 
 
-def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H: int = 4096,
-                            chunks: tuple[int, ...] = (2048, 512)) -> list[dict]:
+def bench_grad_weight_paths(
+    dev: torch.device, rep_ms: float, V: int = 131072, H: int = 4096, chunks: tuple[int, ...] = (2048, 512)
+) -> list[dict]:
     """The seed's one-chunk micro-benchmark (C=2048), and the same at C=512: time and extra peak of each
     accumulation step into an existing accumulator, and what the accumulator holds beyond the bf16 gradient."""
     rows = []
@@ -97,9 +103,17 @@ def bench_grad_weight_paths(dev: torch.device, rep_ms: float, V: int = 131072, H
             extra = torch.cuda.max_memory_allocated(dev) - base
             ms = median_ms(lambda: acc.add_(G, xc), rep_ms)  # noqa: F821 - acc is bound above; del-ed after
             resolved = path if path == grad_accum.SPLIT else grad_accum.resolved_path(path, dev, torch.bfloat16)
-            rows.append({"path": path, "resolved": resolved, "C": C, "ms": ms, "extra_peak_mib": extra / 2**20,
-                         "tflops": 2 * C * V * H / (ms * 1e-3) / 1e12,
-                         "held_beyond_grad_mib": ACC_BYTES_BEYOND_GRAD[path] * V * H / 2**20})
+            rows.append(
+                {
+                    "path": path,
+                    "resolved": resolved,
+                    "C": C,
+                    "ms": ms,
+                    "extra_peak_mib": extra / 2**20,
+                    "tflops": 2 * C * V * H / (ms * 1e-3) / 1e12,
+                    "held_beyond_grad_mib": ACC_BYTES_BEYOND_GRAD[path] * V * H / 2**20,
+                }
+            )
             del acc
             torch.cuda.empty_cache()
     return rows
@@ -122,7 +136,11 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     flop = 2 * C * H * V
     steps: list[tuple[str, Callable[[], Any], int]] = [
         ("logits = x_c·Wᵀ (cuBLAS)", lambda: torch.mm(xr, w.t(), out=logits), flop),
-        ("CE kernel, G in place (Triton)", lambda: ce_block_triton_(logits, t, coef.coef_ce, coef.coef_z, ignore_index=-100), 0),
+        (
+            "CE kernel, G in place (Triton)",
+            lambda: ce_block_triton_(logits, t, coef.coef_ce, coef.coef_z, ignore_index=-100),
+            0,
+        ),
         ("grad_x = G·W (cuBLAS)", lambda: torch.mm(logits, w, out=gx), flop),
         ("grad_W += Gᵀ·x_c, split fp32 (Triton)", lambda: split.add_(logits, xr), flop),  # noqa: F821 - bound above
         ("grad_W += Gᵀ·x_c, addmm out_dtype fp32 (cuBLAS)", lambda: plain.add_(logits, xr), flop),  # noqa: F821 - bound above
@@ -167,12 +185,24 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
                     continue
                 state = DelayedScalingState(recipe) if recipe.kind == "delayed" else None
                 try:
-                    rows.append(measure(q.name, repr(recipe), soi,
-                                        lambda: q(x, w, None, recipe=recipe, save_original_input=soi, scaling_state=state),
-                                        (lambda: state.update()) if state is not None else (lambda: None)))
+                    rows.append(
+                        measure(
+                            q.name,
+                            repr(recipe),
+                            soi,
+                            lambda: q(x, w, None, recipe=recipe, save_original_input=soi, scaling_state=state),
+                            (lambda: state.update()) if state is not None else (lambda: None),
+                        )
+                    )
                 except Exception as exc:  # recorded, not hidden
-                    rows.append({"impl": q.name, "recipe": repr(recipe), "save_original_input": soi,
-                                 "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    rows.append(
+                        {
+                            "impl": q.name,
+                            "recipe": repr(recipe),
+                            "save_original_input": soi,
+                            "error": f"{type(exc).__name__}: {exc}"[:300],
+                        }
+                    )
                 torch.cuda.empty_cache()
     return rows
 
@@ -189,40 +219,68 @@ def write_results(res: dict[str, Any], out: Path) -> None:
     run cut short by a time limit still leaves its figures)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(res, indent=1))
-    lines = [f"# numcheck bench — {res['device']}, torch {res['torch']}", "",
-             f"bf16 matmul rate measured in this run: {res['bf16_matmul_tflops']:.0f} TFLOP/s "
-             f"({_rate_samples(res)}); every share of the floor uses it.", "",
-             "| impl | BT | H | V | median ms | share of floor | extra peak MiB | held across backward MiB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# numcheck bench — {res['device']}, torch {res['torch']}",
+        "",
+        f"bf16 matmul rate measured in this run: {res['bf16_matmul_tflops']:.0f} TFLOP/s "
+        f"({_rate_samples(res)}); every share of the floor uses it.",
+        "",
+        "| impl | BT | H | V | median ms | share of floor | extra peak MiB | held across backward MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in res["cases"]:
         BT, H, V = c["shape"]
-        lines.append(f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | "
-                     f"{c['extra_peak_mib']:.0f} | {c['held_mib']:.1f} |")
+        lines.append(
+            f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | "
+            f"{c['extra_peak_mib']:.0f} | {c['held_mib']:.1f} |"
+        )
     if res.get("grad_weight_paths"):
-        lines += ["", "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
-                  "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:", "",
-                  "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
-                  f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |" for r in res["grad_weight_paths"]]
+        lines += [
+            "",
+            "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
+            "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:",
+            "",
+            "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
+            f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |"
+            for r in res["grad_weight_paths"]
+        ]
     if res.get("chunk_anatomy"):
-        lines += ["", f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):", "",
-                  "| step | ms | TFLOP/s |", "|---|---|---|"]
-        lines += [f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |" if r["tflops"] else f"| {r['step']} | {r['ms']:.3f} | — |"
-                  for r in res["chunk_anatomy"]]
+        lines += [
+            "",
+            f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):",
+            "",
+            "| step | ms | TFLOP/s |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |"
+            if r["tflops"]
+            else f"| {r['step']} | {r['ms']:.3f} | — |"
+            for r in res["chunk_anatomy"]
+        ]
     if res.get("split_gemm_configs"):
         lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
     if res.get("quant_linear"):
         M, K, N = next((r["shape"] for r in res["quant_linear"] if "shape" in r), ["?"] * 3)
-        lines += ["", f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:", "",
-                  "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:",
+            "",
+            "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in res["quant_linear"]:
             if "error" in r:
                 lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
             else:
-                lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | {r['ms']:.2f} | "
-                             f"{r['extra_peak_mib']:.0f} | {r['held_mib']:.1f} |")
+                lines.append(
+                    f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | {r['ms']:.2f} | "
+                    f"{r['extra_peak_mib']:.0f} | {r['held_mib']:.1f} |"
+                )
     if res["skipped"]:
         lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
@@ -249,8 +307,11 @@ def run(args: argparse.Namespace) -> int:
     entries = discover(args.impl)
     impls = [e.impl for e in by_kind(entries, "linear_ce")]
     res: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": [], "skipped": [],
+        "device": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cases": [],
+        "skipped": [],
     }
     for e in entries:
         if isinstance(e, BrokenImpl):
@@ -260,8 +321,10 @@ def run(args: argparse.Namespace) -> int:
     res["bf16_matmul_tflops_samples"] = {"start": [r / 1e12 for r in start], "end": []}
     rate = max(start)
     res["bf16_matmul_tflops"] = rate / 1e12
-    print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s (best of {', '.join(f'{r / 1e12:.0f}' for r in start)})",
-          flush=True)
+    print(
+        f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s (best of {', '.join(f'{r / 1e12:.0f}' for r in start)})",
+        flush=True,
+    )
     _bench_one_chunk(res, dev, args.rep_ms, out)
     _bench_quant(res, dev, args.rep_ms, out)
     for BT, H, V in shapes:
@@ -271,8 +334,11 @@ def run(args: argparse.Namespace) -> int:
     res["bf16_matmul_tflops_samples"]["end"] = [r / 1e12 for r in end]
     if max(end) > rate:  # the card ran faster later: the floor is the faster one, every share is recomputed
         rescale_to_rate(res, max(end))
-    print(f"bf16 matmul rate after the cases: {', '.join(f'{r / 1e12:.0f}' for r in end)} TFLOP/s; floor shares use "
-          f"{res['bf16_matmul_tflops']:.0f}", flush=True)
+    print(
+        f"bf16 matmul rate after the cases: {', '.join(f'{r / 1e12:.0f}' for r in end)} TFLOP/s; floor shares use "
+        f"{res['bf16_matmul_tflops']:.0f}",
+        flush=True,
+    )
     if out is not None:
         write_results(res, out)
     return 0
@@ -288,9 +354,11 @@ def _bench_one_chunk(res: dict[str, Any], dev: torch.device, rep_ms: float, out:
         print(f"chunk anatomy C={row['C']}: {row['step']:48s} {row['ms']:.3f} ms{speed}")
     res["split_gemm_configs"] = _split_config()
     for row in res["grad_weight_paths"]:
-        print(f"one chunk C={row['C']} {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms "
-              f"({row['tflops']:.0f} TFLOP/s), extra {row['extra_peak_mib']:.0f} MiB, holds "
-              f"{row['held_beyond_grad_mib']:.0f} MiB beyond the gradient")
+        print(
+            f"one chunk C={row['C']} {row['path']:16s} (runs {row['resolved']}): {row['ms']:.2f} ms "
+            f"({row['tflops']:.0f} TFLOP/s), extra {row['extra_peak_mib']:.0f} MiB, holds "
+            f"{row['held_beyond_grad_mib']:.0f} MiB beyond the gradient"
+        )
     print(f"split GEMM autotuned configs: {res['split_gemm_configs']}")
     if out is not None:
         write_results(res, out)
@@ -303,14 +371,23 @@ def _bench_quant(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Pat
         if "error" in row:
             print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")
         else:
-            print(f"quant {row['impl']:24s} {row['recipe'][:40]:40s} soi={row['save_original_input']!s:5s}: "
-                  f"{row['ms']:.2f} ms, extra {row['extra_peak_mib']:.0f} MiB, held {row['held_mib']:.1f} MiB")
+            print(
+                f"quant {row['impl']:24s} {row['recipe'][:40]:40s} soi={row['save_original_input']!s:5s}: "
+                f"{row['ms']:.2f} ms, extra {row['extra_peak_mib']:.0f} MiB, held {row['held_mib']:.1f} MiB"
+            )
     if out is not None:
         write_results(res, out)
 
 
-def _bench_case(res: dict[str, Any], impl: Any, shape: tuple[int, int, int], rate: float, dev: torch.device,
-                rep_ms: float, out: Path | None) -> None:
+def _bench_case(
+    res: dict[str, Any],
+    impl: Any,
+    shape: tuple[int, int, int],
+    rate: float,
+    dev: torch.device,
+    rep_ms: float,
+    out: Path | None,
+) -> None:
     """One impl at one shape, timed against the floor at ``rate`` and added to ``res`` (printed, and written to
     ``out`` when given), or recorded as skipped with the reason."""
     BT, H, V = shape
@@ -330,7 +407,10 @@ def _bench_case(res: dict[str, Any], impl: Any, shape: tuple[int, int, int], rat
     res["cases"].append(r)
     if out is not None:
         write_results(res, out)
-    print(f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
-          f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
-          f"{r['held_mib']:.1f} MiB", flush=True)
+    print(
+        f"{impl.name:40s} BT={BT} H={H} V={V}: {r['ms']:8.2f} ms ({r['share_of_floor']:.2f} of floor "
+        f"{floor_ms:.1f} ms), extra peak {r['extra_peak_mib']:8.0f} MiB, held across backward "
+        f"{r['held_mib']:.1f} MiB",
+        flush=True,
+    )
     torch.cuda.empty_cache()

@@ -37,7 +37,9 @@ MEASURING: frozenset[str] = frozenset({"bench", "memory"})
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``numcheck`` console script."""
     common.prepare()  # before any subcommand can import triton
-    parser = argparse.ArgumentParser(prog="numcheck", description="Verify linear+CE and FP8 linear kernels against float64 oracles.")
+    parser = argparse.ArgumentParser(
+        prog="numcheck", description="Verify linear+CE and FP8 linear kernels against float64 oracles."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, modname in COMMANDS.items():

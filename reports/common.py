@@ -22,8 +22,17 @@ from numcheck.errors import BadInput
 #: The suite modules premerge and the sweep run in a subprocess (``pytest --pyargs ...``), as a user does.
 SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 
-__all__ = ["BadInput", "SUITE_MODULES", "code_hash", "code_identity", "execute", "int_at_least", "prepare", "stream",
-           "write_atomically"]
+__all__ = [
+    "BadInput",
+    "SUITE_MODULES",
+    "code_hash",
+    "code_identity",
+    "execute",
+    "int_at_least",
+    "prepare",
+    "stream",
+    "write_atomically",
+]
 
 
 def prepare() -> None:
@@ -64,8 +73,9 @@ def int_at_least(least: int, message: str) -> Callable[[str], int]:
     return parse
 
 
-def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None,
-                     owned: frozenset[str] = frozenset()) -> None:
+def write_atomically(
+    out: Path, files: dict[str, str | bytes], extra: Any = None, owned: frozenset[str] = frozenset()
+) -> None:
     """Write ``files`` (name → text or bytes) into the directory ``out``, atomically (temp dir + rename).
 
     ``extra``, when given, is called with the temporary directory to add files (plots) before the rename.
@@ -106,7 +116,9 @@ def write_atomically(out: Path, files: dict[str, str | bytes], extra: Any = None
         raise
 
 
-def stream(cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None) -> tuple[int, list[str]]:
+def stream(
+    cmd: list[str], *, env: dict[str, str], prefix: str = "  suite | ", sink: TextIO | None = None
+) -> tuple[int, list[str]]:
     """Run ``cmd``, copying its output to ``sink`` (stderr) as it comes — pytest's progress characters included, not
     only whole lines — with ``prefix`` at the start of each line; (exit status, the output's lines)."""
     sink = sink if sink is not None else sys.stderr

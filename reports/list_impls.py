@@ -14,8 +14,13 @@ HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
-                   help="only these impls: a built-in name or package.module:attr (repeatable)")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="only these impls: a built-in name or package.module:attr (repeatable)",
+    )
     p.add_argument("--device", default="cpu", help="device to report support for (default: cpu)")
     p.add_argument("--probes", action="store_true", help="also print the capability probes for the device")
 
@@ -35,20 +40,31 @@ def describe_support(impl, device: str) -> list[str]:
     lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
     if impl.kind == "dist_linear_ce":
         d = impl.dist
-        lines.append(f"    distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
-                     f"{','.join(map(str, d.world_sizes))}; uneven vocab: {'yes' if d.uneven_vocab else 'no'}; "
-                     f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
-                     f"grad_x all-reduce in: {d.grad_x_reduce_dtype}")
+        lines.append(
+            f"    distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
+            f"{','.join(map(str, d.world_sizes))}; uneven vocab: {'yes' if d.uneven_vocab else 'no'}; "
+            f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
+            f"grad_x all-reduce in: {d.grad_x_reduce_dtype}"
+        )
     if impl.kind in ("linear_ce", "dist_linear_ce"):
-        lines.append(f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}")
+        lines.append(
+            f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}"
+        )
         lines.append(f"    options: {','.join(sorted(s.options)) or '-'}; reductions: {','.join(sorted(s.reductions))}")
-        lines.append(f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
-                     + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else "")
-                     + (f"; grad_x accumulation: {s.grad_x_accumulation}"
-                        + (f" (chunk classes {s.chunk_cols})" if s.chunk_cols else "")
-                        if s.grad_x_accumulation != "fp32" else ""))
+        lines.append(
+            f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
+            + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else "")
+            + (
+                f"; grad_x accumulation: {s.grad_x_accumulation}"
+                + (f" (chunk classes {s.chunk_cols})" if s.chunk_cols else "")
+                if s.grad_x_accumulation != "fp32"
+                else ""
+            )
+        )
         if s.option_combinations_excluded:
-            lines.append("    excluded combinations: " + "; ".join("+".join(sorted(c)) for c in s.option_combinations_excluded))
+            lines.append(
+                "    excluded combinations: " + "; ".join("+".join(sorted(c)) for c in s.option_combinations_excluded)
+            )
     else:
         lines.extend("    " + line for line in s.describe().splitlines())
     return lines
@@ -58,7 +74,7 @@ def describe_support(impl, device: str) -> list[str]:
 TRITON_MODES = {
     "compiled": "Triton kernels run compiled (CUDA)",
     "interpreter": "Triton kernels run under Triton's interpreter (no CUDA here; TRITON_INTERPRET=1, set by numcheck "
-                   "before triton was imported unless you set it): a kernel's Python runs, compiled-only bugs need CUDA",
+    "before triton was imported unless you set it): a kernel's Python runs, compiled-only bugs need CUDA",
     "none": "Triton kernels cannot run: no CUDA here and TRITON_INTERPRET is off",
 }
 

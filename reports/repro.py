@@ -22,19 +22,34 @@ import argparse
 import sys
 from typing import Any
 
-HELP = "rerun one property on one case for one impl: numcheck repro --impl NAME --property PROP --problem 'Problem(...)'"
+HELP = (
+    "rerun one property on one case for one impl: numcheck repro --impl NAME --property PROP --problem 'Problem(...)'"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", required=True, metavar="NAME|SPEC",
-                   help="package.module:attr (imported with the current directory on the path), or an impl name "
-                        "(built-in, or loaded through NUMCHECK_IMPLS / entry points)")
-    p.add_argument("--property", required=True, metavar="PROP",
-                   help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]")
-    p.add_argument("--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure")
-    p.add_argument("--undeclared", action="store_true",
-                   help="run a linear+CE case the impl's declaration excludes (the suite never draws it; by default "
-                        "repro names the reason and exits 2)")
+    p.add_argument(
+        "--impl",
+        required=True,
+        metavar="NAME|SPEC",
+        help="package.module:attr (imported with the current directory on the path), or an impl name "
+        "(built-in, or loaded through NUMCHECK_IMPLS / entry points)",
+    )
+    p.add_argument(
+        "--property",
+        required=True,
+        metavar="PROP",
+        help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]",
+    )
+    p.add_argument(
+        "--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure"
+    )
+    p.add_argument(
+        "--undeclared",
+        action="store_true",
+        help="run a linear+CE case the impl's declaration excludes (the suite never draws it; by default "
+        "repro names the reason and exits 2)",
+    )
 
 
 def parse_case(text: str) -> Any:
@@ -48,17 +63,31 @@ def parse_case(text: str) -> Any:
     from numcheck.properties.core.problems import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
-    names = {"Problem": Problem, "QuantCase": QuantCase, "Fp8Recipe": Fp8Recipe, "TPQuantCase": TPQuantCase,
-             "DistCase": DistCase, "QuantizerCase": QuantizerCase, "DrawnTensor": DrawnTensor,
-             "FormatCodes": FormatCodes, "GroupedCase": GroupedCase, "inf": math.inf, "nan": math.nan}
+    names = {
+        "Problem": Problem,
+        "QuantCase": QuantCase,
+        "Fp8Recipe": Fp8Recipe,
+        "TPQuantCase": TPQuantCase,
+        "DistCase": DistCase,
+        "QuantizerCase": QuantizerCase,
+        "DrawnTensor": DrawnTensor,
+        "FormatCodes": FormatCodes,
+        "GroupedCase": GroupedCase,
+        "inf": math.inf,
+        "nan": math.nan,
+    }
     try:
         case = eval(text, {"__builtins__": {}}, names)  # noqa: S307
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
-        raise ValueError(f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
-                         f"QuantCase(...) as printed in a failure message") from None
+        raise ValueError(
+            f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
+            f"QuantCase(...) as printed in a failure message"
+        ) from None
     if not isinstance(case, (Problem, QuantCase, QuantizerCase, TPQuantCase, DistCase, GroupedCase)):
-        raise ValueError(f"--problem must evaluate to a Problem, QuantCase, QuantizerCase, GroupedCase, TPQuantCase or DistCase, "
-                         f"got {type(case).__name__}")
+        raise ValueError(
+            f"--problem must evaluate to a Problem, QuantCase, QuantizerCase, GroupedCase, TPQuantCase or DistCase, "
+            f"got {type(case).__name__}"
+        )
     return case
 
 
@@ -76,8 +105,10 @@ def find_impl(name: str) -> Any:
             raise ValueError(f"impl spec {name!r} could not be loaded: {bad[0].error}")
         if len(good) == 1:
             return good[0].impl
-        raise ValueError(f"impl spec {name!r} yields {len(good)} impls ({[e.name for e in good]}); rerun with "
-                         f"NUMCHECK_IMPLS={name} and --impl NAME, one of them")
+        raise ValueError(
+            f"impl spec {name!r} yields {len(good)} impls ({[e.name for e in good]}); rerun with "
+            f"NUMCHECK_IMPLS={name} and --impl NAME, one of them"
+        )
     entries = discover()
     for e in entries:
         if e.name == name:
@@ -86,8 +117,11 @@ def find_impl(name: str) -> Any:
             return e.impl
     names = sorted(e.name for e in entries if not isinstance(e, BrokenImpl))
     broken = [f"{e.spec!r} ({e.origin}): {e.error}" for e in entries if isinstance(e, BrokenImpl)]
-    hint = (f"; these specs failed to load, one may be it: {'; '.join(broken)}" if broken
-            else " (an outside impl: --impl module:attr, or NUMCHECK_IMPLS=module:attr)")
+    hint = (
+        f"; these specs failed to load, one may be it: {'; '.join(broken)}"
+        if broken
+        else " (an outside impl: --impl module:attr, or NUMCHECK_IMPLS=module:attr)"
+    )
     raise ValueError(f"no impl named {name!r}; loaded: {names}{hint}")
 
 
@@ -112,8 +146,9 @@ def find_tp_impl(name: str) -> Any:
     try:  # one loaded through NUMCHECK_IMPLS or an entry point (the repro line of a spec naming several impls)
         impl = find_impl(name)
     except ValueError as exc:
-        raise ValueError(f"no tensor-parallel impl named {name!r}; built-ins: "
-                         f"{[i.name for i in tp_fp8_linear_impls()]}; {exc}") from None
+        raise ValueError(
+            f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}; {exc}"
+        ) from None
     if impl.kind != "tp_quant_linear":
         raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPQuantCase")
     return impl
@@ -183,15 +218,23 @@ def run(args: argparse.Namespace) -> int:
     prop = args.property.split("[", 1)[0]
     try:
         case = parse_case(args.problem)
-        finder = (find_tp_impl if isinstance(case, TPQuantCase) else find_dist_impl if isinstance(case, DistCase)
-                  else find_impl)
+        finder = (
+            find_tp_impl
+            if isinstance(case, TPQuantCase)
+            else find_dist_impl
+            if isinstance(case, DistCase)
+            else find_impl
+        )
         impl = finder(args.impl)
     except ValueError as exc:
         print(f"numcheck repro: {exc}", file=sys.stderr)
         return 2
     want, table = _table(case)
     if impl.kind != want:
-        print(f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}", file=sys.stderr)
+        print(
+            f"numcheck repro: impl {impl.name!r} is a {impl.kind} impl but --problem is a {type(case).__name__}",
+            file=sys.stderr,
+        )
         return 2
     if prop not in table:
         print(f"numcheck repro: unknown property {args.property!r} for {want}; known: {sorted(table)}", file=sys.stderr)
@@ -202,8 +245,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     excluded = _undeclared(impl, case)
     if excluded and not getattr(args, "undeclared", False):
-        print(f"numcheck repro: impl {impl.name!r} does not declare this case: {excluded}. The suite never draws it; "
-              f"pass --undeclared to run it anyway.", file=sys.stderr)
+        print(
+            f"numcheck repro: impl {impl.name!r} does not declare this case: {excluded}. The suite never draws it; "
+            f"pass --undeclared to run it anyway.",
+            file=sys.stderr,
+        )
         return 2
     try:
         table[prop](impl, case)

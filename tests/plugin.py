@@ -61,9 +61,13 @@ _TESTS_DIR = Path(__file__).resolve().parent
 _SUITE_DIR = _TESTS_DIR / "suite"
 #: Each impl fixture and the kinds it is parametrized over.
 _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
-    "linear_ce_impl": ("linear_ce",), "quant_impl": ("quant_linear",), "dist_linear_ce_impl": ("dist_linear_ce",),
-    "tp_quant_impl": ("tp_quant_linear",), "grouped_quant_impl": ("grouped_quant_linear",),
-    "numcheck_impl": ("linear_ce", "quant_linear")}
+    "linear_ce_impl": ("linear_ce",),
+    "quant_impl": ("quant_linear",),
+    "dist_linear_ce_impl": ("dist_linear_ce",),
+    "tp_quant_impl": ("tp_quant_linear",),
+    "grouped_quant_impl": ("grouped_quant_linear",),
+    "numcheck_impl": ("linear_ce", "quant_linear"),
+}
 _NO_IMPL_MARK = "numcheck_no_impl"
 _NOT_COLLECTED_KEY = pytest.StashKey[dict]()
 #: The key under which an xdist worker hands its not-collected counts to the controller (``workeroutput``).
@@ -74,14 +78,28 @@ _OWN_TESTS = "numcheck's own protocol"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("numcheck", "numcheck property suite")
-    group.addoption("--impl", action="append", default=[], metavar="SPEC",
-                    help="run numcheck's suite (and the numcheck_impl fixture) on these impls only: built-in name "
-                         "or package.module:attr (repeatable)")
-    group.addoption("--numcheck-record", type=Path, default=None, metavar="DIR",
-                    help="write the observed error/bound of every accuracy judgement to DIR/records-<worker>.jsonl "
-                         "(one file per xdist worker; numcheck sweep reads them)")
-    group.addoption("--numcheck-scale", action="store_true", default=False,
-                    help="also run the production-shape tier (tests marked numcheck_scale; CUDA only, minutes)")
+    group.addoption(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="run numcheck's suite (and the numcheck_impl fixture) on these impls only: built-in name "
+        "or package.module:attr (repeatable)",
+    )
+    group.addoption(
+        "--numcheck-record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the observed error/bound of every accuracy judgement to DIR/records-<worker>.jsonl "
+        "(one file per xdist worker; numcheck sweep reads them)",
+    )
+    group.addoption(
+        "--numcheck-scale",
+        action="store_true",
+        default=False,
+        help="also run the production-shape tier (tests marked numcheck_scale; CUDA only, minutes)",
+    )
 
 
 def profile_name() -> str:
@@ -184,8 +202,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 metafunc.parametrize(fixture, entries, ids=[e.name for e in entries], indirect=True)
             else:
                 mark = getattr(pytest.mark, _NO_IMPL_MARK)(" or ".join(kinds))
-                metafunc.parametrize(fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"],
-                                     indirect=True)
+                metafunc.parametrize(
+                    fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"], indirect=True
+                )
 
 
 class ImplLoadError(pytest.Item):
@@ -198,8 +217,11 @@ class ImplLoadError(pytest.Item):
 
     def setup(self) -> None:
         e = self.entry
-        pytest.fail(f"impl {e.spec!r} (from {e.origin}) could not be loaded: {e.error}\n"
-                    f"no numcheck test ran for it; the other impls ran as usual", pytrace=False)
+        pytest.fail(
+            f"impl {e.spec!r} (from {e.origin}) could not be loaded: {e.error}\n"
+            f"no numcheck test ran for it; the other impls ran as usual",
+            pytrace=False,
+        )
 
     def runtest(self) -> None:
         """Never reached: :meth:`setup` fails."""
@@ -237,8 +259,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
     for entry in broken_entries(config):
-        items.append(ImplLoadError.from_parent(session, name=f"numcheck::load[{entry.spec}]",
-                                               nodeid=f"numcheck::load[{entry.spec}]", entry=entry))
+        items.append(
+            ImplLoadError.from_parent(
+                session, name=f"numcheck::load[{entry.spec}]", nodeid=f"numcheck::load[{entry.spec}]", entry=entry
+            )
+        )
     config.stash[_NOT_COLLECTED_KEY] = left
     if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary
         config.workeroutput[_WORKER_OUTPUT] = left
@@ -257,11 +282,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     own protocol tests under ``--impl``)."""
     for kind, n in sorted(config.stash.get(_NOT_COLLECTED_KEY, {}).items()):
         if kind == _OWN_TESTS:
-            terminalreporter.write_line(f"numcheck: {n} test(s) of {_OWN_TESTS} code not collected: they run only "
-                                        f"without --impl")
+            terminalreporter.write_line(
+                f"numcheck: {n} test(s) of {_OWN_TESTS} code not collected: they run only without --impl"
+            )
         else:
-            terminalreporter.write_line(f"numcheck: {n} test(s) for {kind} impls not collected: --impl selected "
-                                        f"none of that kind that loaded")
+            terminalreporter.write_line(
+                f"numcheck: {n} test(s) for {kind} impls not collected: --impl selected none of that kind that loaded"
+            )
 
 
 def _impl_of(item: pytest.Item) -> Any:
@@ -359,10 +386,15 @@ class _RowsStatistics:
         at teardown); a test that failed in its rows, before hypothesis ran, gets statistics of its rows alone."""
         if not self.design:
             return
-        counts = ("a row failed (the test's failure names it)" if self.failing else
-                  f"{self.passing} passing and {self.rejected} rejected (every seeded draw a known divergence)")
-        text = (f"  - covering rows, run before the draws ({self.seconds:.2f} seconds):\n"
-                f"    - {self.design} rows, a pairwise design over {self.dimensions}: {counts}")
+        counts = (
+            "a row failed (the test's failure names it)"
+            if self.failing
+            else f"{self.passing} passing and {self.rejected} rejected (every seeded draw a known divergence)"
+        )
+        text = (
+            f"  - covering rows, run before the draws ({self.seconds:.2f} seconds):\n"
+            f"    - {self.design} rows, a pairwise design over {self.dimensions}: {counts}"
+        )
         stats = getattr(item, "hypothesis_statistics", None)
         if stats is None:
             item.hypothesis_statistics = f"{item.nodeid}:\n\n{text}\n  - Stopped because a covering row failed"
@@ -414,8 +446,7 @@ def _verdict_text(exc: BaseException) -> str | None:
     parts = grouped(exc)
     if not all(isinstance(e, PropertyFailure) for e in parts):
         return None
-    texts = ["\n".join([str(e), *(n for n in getattr(e, "__notes__", ()) if n.startswith("numcheck:"))])
-             for e in parts]
+    texts = ["\n".join([str(e), *(n for n in getattr(e, "__notes__", ()) if n.startswith("numcheck:"))]) for e in parts]
     if len(texts) == 1:
         return texts[0]
     return f"{len(texts)} distinct failures:\n" + "\n\n".join(f"({i}) {t}" for i, t in enumerate(texts, 1))
@@ -441,8 +472,10 @@ def _value_repr(text: str) -> Any:
 def _unwrap(request: pytest.FixtureRequest) -> Any:
     """The impl of a parametrized impl fixture, skipped if unavailable here."""
     if not hasattr(request, "param"):
-        raise pytest.UsageError(f"fixture {request.fixturename!r} is parametrized by numcheck's plugin; "
-                                f"request it as a test argument, not through getfixturevalue")
+        raise pytest.UsageError(
+            f"fixture {request.fixturename!r} is parametrized by numcheck's plugin; "
+            f"request it as a test argument, not through getfixturevalue"
+        )
     entry = request.param
     reason = entry.impl.support.unavailable_reason()
     if reason:
@@ -521,10 +554,13 @@ def one_thread_per_module() -> Iterator[None]:
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
     ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`)."""
-    config.addinivalue_line("markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, "
-                                       "on CUDA)")
-    config.addinivalue_line("markers", f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has "
-                                       f"(deselected by numcheck's plugin)")
+    config.addinivalue_line(
+        "markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, on CUDA)"
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has (deselected by numcheck's plugin)",
+    )
     folder = config.getoption("--numcheck-record", None)
     config.stash[_RECORDING_KEY] = folder is not None
     if folder is not None:

@@ -36,8 +36,9 @@ from pathlib import Path
 OVERHEAD_LIMIT_S = 0.3
 SUITE_LIMIT_S = 60.0
 TRIVIAL_TEST = "def test_nothing_of_numcheck():\n    assert 1 + 1 == 2\n"
-IMPORT_PLUGIN = ("import time, pytest; t0 = time.perf_counter(); import numcheck.tests.plugin; "
-                 "print(time.perf_counter() - t0)")
+IMPORT_PLUGIN = (
+    "import time, pytest; t0 = time.perf_counter(); import numcheck.tests.plugin; print(time.perf_counter() - t0)"
+)
 
 
 def _env() -> dict[str, str]:
@@ -66,8 +67,10 @@ def overhead(repeats: int) -> dict[str, float]:
         (folder / "test_trivial.py").write_text(TRIVIAL_TEST)
         base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_trivial.py"]
         if "numcheck.tests.plugin" not in _timed([*base, "--trace-config"], folder)[1].stdout:  # warms the cache too
-            raise RuntimeError("numcheck's plugin is not registered in this environment (no pytest11 entry "
-                               "point): install numcheck first")
+            raise RuntimeError(
+                "numcheck's plugin is not registered in this environment (no pytest11 entry "
+                "point): install numcheck first"
+            )
         with_plugin, without, imports = [], [], []
         for _ in range(repeats):
             a, _ = _timed(base, folder)
@@ -76,9 +79,13 @@ def overhead(repeats: int) -> dict[str, float]:
             without.append(b)
             imports.append(float(_timed([sys.executable, "-c", IMPORT_PLUGIN], folder)[1].stdout.strip()))
     diffs = [a - b for a, b in zip(with_plugin, without)]
-    return {"overhead": statistics.median(diffs), "with": statistics.median(with_plugin),
-            "without": statistics.median(without), "import": statistics.median(imports),
-            "spread": max(diffs) - min(diffs)}
+    return {
+        "overhead": statistics.median(diffs),
+        "with": statistics.median(with_plugin),
+        "without": statistics.median(without),
+        "import": statistics.median(imports),
+        "spread": max(diffs) - min(diffs),
+    }
 
 
 def suite_run(example: Path) -> tuple[float, str]:
@@ -89,8 +96,20 @@ def suite_run(example: Path) -> tuple[float, str]:
         shutil.copy(example, folder / "outside_impl.py")
         env = _env()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--pyargs",
-               "numcheck.tests.suite", "--impl", "outside_impl:impl"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--pyargs",
+            "numcheck.tests.suite",
+            "--impl",
+            "outside_impl:impl",
+        ]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=1800)
         secs = time.perf_counter() - t0
@@ -111,17 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at the start")
     o = overhead(args.repeats)
     ok = o["overhead"] <= OVERHEAD_LIMIT_S
-    print(f"plugin overhead: {o['overhead']:.3f} s (median of {args.repeats} paired differences, spread "
-          f"{o['spread']:.3f} s; trivial run {o['with']:.2f} s with numcheck's plugin, {o['without']:.2f} s with "
-          f"-p no:numcheck; import numcheck.tests.plugin alone {o['import']:.3f} s) — limit {OVERHEAD_LIMIT_S} s: "
-          f"{'OK' if ok else 'OVER'}")
+    print(
+        f"plugin overhead: {o['overhead']:.3f} s (median of {args.repeats} paired differences, spread "
+        f"{o['spread']:.3f} s; trivial run {o['with']:.2f} s with numcheck's plugin, {o['without']:.2f} s with "
+        f"-p no:numcheck; import numcheck.tests.plugin alone {o['import']:.3f} s) — limit {OVERHEAD_LIMIT_S} s: "
+        f"{'OK' if ok else 'OVER'}"
+    )
     if not args.skip_suite:
         example = Path(__file__).resolve().parent.parent / "examples" / "outside_impl.py"
         secs, summary = suite_run(example)
         suite_ok = secs <= SUITE_LIMIT_S
         ok = ok and suite_ok
-        print(f"single-impl suite run (pytest -n 2 --pyargs numcheck.tests.suite --impl outside_impl:impl): "
-              f"{secs:.1f} s — limit {SUITE_LIMIT_S:.0f} s: {'OK' if suite_ok else 'OVER'}; pytest: {summary}")
+        print(
+            f"single-impl suite run (pytest -n 2 --pyargs numcheck.tests.suite --impl outside_impl:impl): "
+            f"{secs:.1f} s — limit {SUITE_LIMIT_S:.0f} s: {'OK' if suite_ok else 'OVER'}; pytest: {summary}"
+        )
     return 0 if ok else 1
 
 

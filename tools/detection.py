@@ -58,31 +58,68 @@ class Row:
 
 
 ROWS: tuple[Row, ...] = (
-    Row("narrow accumulator", f"{_LINEAR}:gw_bf16_sum", "grad_weight's running sum across chunks in bf16", _ACCUMULATOR),
+    Row(
+        "narrow accumulator", f"{_LINEAR}:gw_bf16_sum", "grad_weight's running sum across chunks in bf16", _ACCUMULATOR
+    ),
     Row("narrow accumulator", f"{_LINEAR}:gb_bf16_sum", "grad_bias's running sum across chunks in bf16", _ACCUMULATOR),
     Row("narrow accumulator", f"{_LINEAR}:gx_bf16_sum", "grad_x summed over 128-class blocks in bf16", _ACCUMULATOR),
     Row("narrow accumulator", f"{_LINEAR}:loss_bf16_sum", "the chunks' loss sums added in bf16", _ACCUMULATOR),
     Row("narrow accumulator", f"{_LINEAR}:gw_bf16_sum_bf16_only", "as gw_bf16_sum, declaring bf16 only", _LOWP_ONLY),
-    Row("narrow accumulator", f"{_LINEAR}:gw_fp16_sum_fp16_only", "grad_weight's running sum in fp16, declaring fp16 only",
-        _LOWP_ONLY),
+    Row(
+        "narrow accumulator",
+        f"{_LINEAR}:gw_fp16_sum_fp16_only",
+        "grad_weight's running sum in fp16, declaring fp16 only",
+        _LOWP_ONLY,
+    ),
     Row("narrow accumulator", f"{_LINEAR}:gx_bf16_sum_bf16_only", "as gx_bf16_sum, declaring bf16 only", _LOWP_ONLY),
-    Row("narrow accumulator", f"{_LINEAR}:bf16_grad_weight_accum",
-        "eager-based: grad_weight summed over 4-row chunks in bf16 (an older mutant)", _ACCUMULATOR),
-    Row("nondeterminism", f"{_LINEAR}:chunk_order_per_call", "full chunks processed in a per-call random order",
-        _NONDETERMINISM),
-    Row("nondeterminism", f"{_LINEAR}:row_order_per_call", "rows assigned to chunks in a per-call random order",
-        _NONDETERMINISM),
-    Row("narrow intermediate", f"{_LINEAR}:row_loss_bf16", "each per-row loss rounded to bf16 before the reduction",
-        _NARROW),
+    Row(
+        "narrow accumulator",
+        f"{_LINEAR}:bf16_grad_weight_accum",
+        "eager-based: grad_weight summed over 4-row chunks in bf16 (an older mutant)",
+        _ACCUMULATOR,
+    ),
+    Row(
+        "nondeterminism",
+        f"{_LINEAR}:chunk_order_per_call",
+        "full chunks processed in a per-call random order",
+        _NONDETERMINISM,
+    ),
+    Row(
+        "nondeterminism",
+        f"{_LINEAR}:row_order_per_call",
+        "rows assigned to chunks in a per-call random order",
+        _NONDETERMINISM,
+    ),
+    Row(
+        "narrow intermediate",
+        f"{_LINEAR}:row_loss_bf16",
+        "each per-row loss rounded to bf16 before the reduction",
+        _NARROW,
+    ),
     Row("narrow intermediate", f"{_LINEAR}:stats_bf16", "recompute's per-row (max, log-sum) kept in bf16", _NARROW),
-    Row("narrow intermediate", f"{_LINEAR}:loss_bf16", "eager-based: the loss rounded through bf16 (an older mutant)",
-        _NARROW),
+    Row(
+        "narrow intermediate",
+        f"{_LINEAR}:loss_bf16",
+        "eager-based: the loss rounded through bf16 (an older mutant)",
+        _NARROW,
+    ),
     Row("quantizer edge", f"{_FP8}:mx_scale_wrong_way", "E8M0 RCEIL floors, FLOOR ceils (an older mutant)", _QUANTIZER),
     Row("quantizer edge", f"{_FP8}:mx_rceil_log2", "E8M0 RCEIL code through an fp32 log2", _QUANTIZER),
-    Row("quantizer edge", f"{_FP8}:mx_rceil_nonstrict", "E8M0 RCEIL rounds exact powers of two up (>= for >)", _QUANTIZER),
-    Row("quantizer edge", f"{_FP8}:pow2_scale_log2_current", "power-of-2 current scale through an fp32 log2", _QUANTIZER),
-    Row("quantizer edge", f"{_FP8}:pow2_scale_log2_blockwise", "power-of-2 block scale through an fp32 log2", _QUANTIZER),
-    Row("quantizer edge", f"{_FP8}:no_saturation_mxfp8", "no saturation at the format maximum (MXFP8 FLOOR)", _QUANTIZER),
+    Row(
+        "quantizer edge",
+        f"{_FP8}:mx_rceil_nonstrict",
+        "E8M0 RCEIL rounds exact powers of two up (>= for >)",
+        _QUANTIZER,
+    ),
+    Row(
+        "quantizer edge", f"{_FP8}:pow2_scale_log2_current", "power-of-2 current scale through an fp32 log2", _QUANTIZER
+    ),
+    Row(
+        "quantizer edge", f"{_FP8}:pow2_scale_log2_blockwise", "power-of-2 block scale through an fp32 log2", _QUANTIZER
+    ),
+    Row(
+        "quantizer edge", f"{_FP8}:no_saturation_mxfp8", "no saturation at the format maximum (MXFP8 FLOOR)", _QUANTIZER
+    ),
     Row("quantizer edge", f"{_FP8}:no_saturation_delayed", "no saturation at the format maximum (delayed)", _QUANTIZER),
 )
 
@@ -153,15 +190,23 @@ def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str
     for name in names:
         t0 = time.monotonic()
         v = _run_drawn(table[name], impl, base)
-        out.append({"property": name, "status": v.status, "message": v.message,
-                    "seconds": round(time.monotonic() - t0, 2)})
+        out.append(
+            {"property": name, "status": v.status, "message": v.message, "seconds": round(time.monotonic() - t0, 2)}
+        )
     return {"name": impl.name, "results": out}
 
 
 def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str]) -> Detection:
     """The table row of one mutant from :func:`detect_in_process`'s findings."""
-    det = Detection(mutant=raw["name"], bug_class=row.bug_class, change=row.change, spec=row.spec, select=select,
-                    caught=False, seconds=round(seconds, 1))
+    det = Detection(
+        mutant=raw["name"],
+        bug_class=row.bug_class,
+        change=row.change,
+        spec=row.spec,
+        select=select,
+        caught=False,
+        seconds=round(seconds, 1),
+    )
     elapsed = 0.0
     for r in raw["results"]:
         elapsed += r["seconds"]
@@ -186,14 +231,30 @@ def run_mutant(row: Row, *, all_properties: bool, timeout: float) -> Detection:
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return Detection(row.spec.rsplit(":", 1)[1], row.bug_class, row.change, row.spec, select, caught=False,
-                         seconds=round(time.monotonic() - t0, 1), note=f"timed out after {timeout:.0f} s")
+        return Detection(
+            row.spec.rsplit(":", 1)[1],
+            row.bug_class,
+            row.change,
+            row.spec,
+            select,
+            caught=False,
+            seconds=round(time.monotonic() - t0, 1),
+            note=f"timed out after {timeout:.0f} s",
+        )
     seconds = time.monotonic() - t0
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [""])[-1]
-        return Detection(row.spec.rsplit(":", 1)[1], row.bug_class, row.change, row.spec, select, caught=False,
-                         seconds=round(seconds, 1), note=f"exit {proc.returncode}: {tail}"[:300])
+        return Detection(
+            row.spec.rsplit(":", 1)[1],
+            row.bug_class,
+            row.change,
+            row.spec,
+            select,
+            caught=False,
+            seconds=round(seconds, 1),
+            note=f"exit {proc.returncode}: {tail}"[:300],
+        )
     return _detection(row, json.loads(lines[-1]), seconds, select or ["(all)"])
 
 
@@ -203,35 +264,61 @@ def _fmt_ratio(r: float | None) -> str:
 
 def to_markdown(dets: list[Detection], header: str) -> str:
     """The detection table: one row per mutant."""
-    lines = [header, "",
-             "| class | mutant | change | caught | caught by (margin: error/bound of the first failing draw, or the "
-             "failure) | s to first failure | passed (ran, did not catch it) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        header,
+        "",
+        "| class | mutant | change | caught | caught by (margin: error/bound of the first failing draw, or the "
+        "failure) | s to first failure | passed (ran, did not catch it) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for d in dets:
-        by = "<br>".join(f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({_cell(c.kind)})")
-                         for c in d.catches) or "—"
+        by = (
+            "<br>".join(
+                f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({_cell(c.kind)})")
+                for c in d.catches
+            )
+            or "—"
+        )
         first = "—" if d.seconds_to_first_failure is None else f"{d.seconds_to_first_failure:.1f}"
-        lines.append(f"| {d.bug_class} | `{d.mutant}` | {d.change} | {'yes' if d.caught else '**NO**'} | {by} | "
-                     f"{first} | {', '.join(f'`{p}`' for p in d.passed) or '—'} |")
+        lines.append(
+            f"| {d.bug_class} | `{d.mutant}` | {d.change} | {'yes' if d.caught else '**NO**'} | {by} | "
+            f"{first} | {', '.join(f'`{p}`' for p in d.passed) or '—'} |"
+        )
     missed = [d for d in dets if not d.caught]
     lines += ["", f"{len(dets) - len(missed)} of {len(dets)} mutants caught by the ci profile."]
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mutant", action="append", default=[], metavar="NAME",
-                   help="only this mutant (its spec's attribute, e.g. gw_bf16_sum; repeatable)")
-    p.add_argument("--all-properties", action="store_true",
-                   help="run every drawn property of the suite per mutant, not only its class's")
+    p.add_argument(
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this mutant (its spec's attribute, e.g. gw_bf16_sum; repeatable)",
+    )
+    p.add_argument(
+        "--all-properties",
+        action="store_true",
+        help="run every drawn property of the suite per mutant, not only its class's",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's run (default 600)")
-    p.add_argument("--out", type=Path, default=Path("numcheck-detection"), metavar="DIR",
-                   help="where detection.json and detection.md go (default ./numcheck-detection)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("numcheck-detection"),
+        metavar="DIR",
+        help="where detection.json and detection.md go (default ./numcheck-detection)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec(_LINEAR) is None:
-        print(f"detection: {_LINEAR} is not importable: the mutants are numcheck's own tests, shipped only "
-              "in a checkout (run from one, with it on PYTHONPATH)", file=sys.stderr)
+        print(
+            f"detection: {_LINEAR} is not importable: the mutants are numcheck's own tests, shipped only "
+            "in a checkout (run from one, with it on PYTHONPATH)",
+            file=sys.stderr,
+        )
         return 2
     known = {r.spec.rsplit(":", 1)[1]: r for r in ROWS}
     unknown = [m for m in args.mutant if m not in known]
@@ -244,19 +331,29 @@ def run(args: argparse.Namespace) -> int:
     dets: list[Detection] = []
     for row in rows:
         d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
-        print(f"{d.mutant}: {'caught by ' + ', '.join(c.property for c in d.catches) if d.caught else 'NOT caught'} "
-              f"({d.seconds:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"{d.mutant}: {'caught by ' + ', '.join(c.property for c in d.catches) if d.caught else 'NOT caught'} "
+            f"({d.seconds:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         dets.append(d)
-    header = (f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
-              f"shrink phase left out), torch {torch.__version__}, "
-              f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
-              "running the properties of its class (`python tools/detection.py`).")
+    header = (
+        f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
+        f"shrink phase left out), torch {torch.__version__}, "
+        f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
+        "running the properties of its class (`python tools/detection.py`)."
+    )
     md = to_markdown(dets, header)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "detection.md").write_text(md + "\n")
-    (args.out / "detection.json").write_text(json.dumps(
-        {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}, indent=1) + "\n")
+    (args.out / "detection.json").write_text(
+        json.dumps(
+            {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}, indent=1
+        )
+        + "\n"
+    )
     return 0 if all(d.caught for d in dets) else 1
 
 

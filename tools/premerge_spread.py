@@ -33,8 +33,14 @@ from typing import Any
 #: chunked[fp32_operands]' values on CPU (the out_dtype path falls back; recompute takes the same path), so they
 #: add no pair of their own here. The Triton and third-party impls run under Triton's interpreter on CPU (minutes
 #: per grid) and are left out of the default.
-DEFAULT_IMPLS = ("eager", "chunked[fallback]", "chunked[fp32_operands]", "chunked[lowp_accum]",
-                 "torch_native[reference]", "torch_native[chunked,acc=accurate]")
+DEFAULT_IMPLS = (
+    "eager",
+    "chunked[fallback]",
+    "chunked[fp32_operands]",
+    "chunked[lowp_accum]",
+    "torch_native[reference]",
+    "torch_native[chunked,acc=accurate]",
+)
 
 #: Per case: ``None`` when the impl refuses it, else ``{output: error/bound}``.
 CaseRatios = dict[str, float] | None
@@ -51,8 +57,13 @@ def case_ratios(impl: Any, cases: list[Any]) -> list[CaseRatios]:
             out.append(None)
             continue
         rec = run_case(impl, gc)
-        out.append({n: o["ratio_hard"] for n, o in rec.get("outputs", {}).items()
-                    if not math.isnan(o.get("ratio_hard", math.nan))})
+        out.append(
+            {
+                n: o["ratio_hard"]
+                for n, o in rec.get("outputs", {}).items()
+                if not math.isnan(o.get("ratio_hard", math.nan))
+            }
+        )
     return out
 
 
@@ -67,8 +78,9 @@ def _worst(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def reseeded(cases: list[Any], seed: int) -> list[Any]:
     """The grid cases with every problem's ``seed`` moved by ``seed·100003`` (same shapes, options, regimes)."""
-    return [dataclasses.replace(gc, case=dataclasses.replace(gc.case, seed=gc.case.seed + seed * 100003))
-            for gc in cases]
+    return [
+        dataclasses.replace(gc, case=dataclasses.replace(gc.case, seed=gc.case.seed + seed * 100003)) for gc in cases
+    ]
 
 
 def load_impls(specs: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -119,9 +131,19 @@ def pair_stats(data: dict[str, list[list[CaseRatios]]]) -> list[dict[str, Any]]:
                 both = [(a, b) for a, b in zip(cn, cb) if a is not None and b is not None]
                 wn, wb = _worst([a for a, _ in both]), _worst([b for _, b in both])
                 for out in sorted(set(wn) & set(wb)):
-                    rows.append({"new": new, "base": base, "seed": s, "output": out, "n_both": len(both),
-                                 "new_worst": wn[out], "base_worst": wb[out], "growth": growth(wn[out], wb[out]),
-                                 "headroom": headroom_taken(wn[out], wb[out])})
+                    rows.append(
+                        {
+                            "new": new,
+                            "base": base,
+                            "seed": s,
+                            "output": out,
+                            "n_both": len(both),
+                            "new_worst": wn[out],
+                            "base_worst": wb[out],
+                            "growth": growth(wn[out], wb[out]),
+                            "headroom": headroom_taken(wn[out], wb[out]),
+                        }
+                    )
     return rows
 
 
@@ -137,14 +159,18 @@ def largest(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The Markdown table of :func:`pair_stats`' rows: per output the largest headroom taken and the largest growth,
     each with its pair, both worsts and the seed."""
-    lines = ["| output | largest headroom taken | NEW, BASE (seed): worst error/bound | largest growth | NEW, BASE (seed) |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| output | largest headroom taken | NEW, BASE (seed): worst error/bound | largest growth | NEW, BASE (seed) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     th, tg = largest(rows, "headroom"), largest(rows, "growth")
     for out in th:
         h, g = th[out], tg[out]
-        lines.append(f"| {out} | {h['headroom']:.3f} | `{h['new']}` {h['new_worst']:.3g}, `{h['base']}` "
-                     f"{h['base_worst']:.3g} ({h['seed']}) | {g['growth']:.2f} | `{g['new']}` {g['new_worst']:.3g}, "
-                     f"`{g['base']}` {g['base_worst']:.3g} ({g['seed']}) |")
+        lines.append(
+            f"| {out} | {h['headroom']:.3f} | `{h['new']}` {h['new_worst']:.3g}, `{h['base']}` "
+            f"{h['base_worst']:.3g} ({h['seed']}) | {g['growth']:.2f} | `{g['new']}` {g['new_worst']:.3g}, "
+            f"`{g['base']}` {g['base_worst']:.3g} ({g['seed']}) |"
+        )
     return lines
 
 
@@ -170,8 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = pair_stats(data)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"grid": a.grid, "seeds": a.seeds, "impls": list(impls), "left_out": left_out,
-                       "cases": data, "pairs": rows}, fh)
+            json.dump(
+                {
+                    "grid": a.grid,
+                    "seeds": a.seeds,
+                    "impls": list(impls),
+                    "left_out": left_out,
+                    "cases": data,
+                    "pairs": rows,
+                },
+                fh,
+            )
     print(f"{len(impls)} impls, {len(impls) * (len(impls) - 1)} ordered pairs, {a.seeds} seeds, grid {a.grid}\n")
     print("\n".join(table(rows)))
     return 0

@@ -17,14 +17,28 @@ from numcheck.properties.core.harness import autocast_context
 from numcheck.properties.core.problems import Problem, build
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CASE = Problem(N=1, H=16, V=44, dtype="float32", autocast="float16", bias=True, class_weights=True,
-               upstream="loss_scale", regime="confident", seed=305, device=DEVICE)
+CASE = Problem(
+    N=1,
+    H=16,
+    V=44,
+    dtype="float32",
+    autocast="float16",
+    bias=True,
+    class_weights=True,
+    upstream="loss_scale",
+    regime="confident",
+    seed=305,
+    device=DEVICE,
+)
 
 
 def _show(name: str):
     def hook(g: torch.Tensor) -> None:
-        print(f"  grad into {name}: dtype {g.dtype}, max |g| {g.abs().max().item():.6g}, finite "
-              f"{bool(g.isfinite().all())}")
+        print(
+            f"  grad into {name}: dtype {g.dtype}, max |g| {g.abs().max().item():.6g}, finite "
+            f"{bool(g.isfinite().all())}"
+        )
+
     return hook
 
 
@@ -43,9 +57,11 @@ def main() -> None:
             logits.register_hook(_show("logits (G, fp16 GEMM input)"))
             weight = cw.to(logits.dtype) if cw_cast else cw
             loss = F.cross_entropy(logits, t.target, weight=weight)
-        print(f"class weights {'cast to ' + str(logits.dtype) if cw_cast else 'fp32'}: logits {logits.dtype}, "
-              f"loss {loss.dtype} = {loss.item():.6g}, target {t.target.tolist()}, "
-              f"p_target {logits.float().softmax(-1)[0, t.target[0]].item():.6g}")
+        print(
+            f"class weights {'cast to ' + str(logits.dtype) if cw_cast else 'fp32'}: logits {logits.dtype}, "
+            f"loss {loss.dtype} = {loss.item():.6g}, target {t.target.tolist()}, "
+            f"p_target {logits.float().softmax(-1)[0, t.target[0]].item():.6g}"
+        )
         loss.backward(t.upstream.to(loss.device, loss.dtype))
         for n, v in (("grad_x", x.grad), ("grad_weight", w.grad), ("grad_bias", b.grad)):
             print(f"  {n}: max |.| {v.abs().max().item():.6g}, finite {bool(v.isfinite().all())}")

@@ -12,6 +12,7 @@ torch 2.13 on CPU recompiles, and both orders are right there.
 
 Usage (needs cut-cross-entropy installed): python docs/evidence/cce_compile_autocast.py [cuda|cpu]
 """
+
 from __future__ import annotations
 
 import sys
@@ -46,8 +47,10 @@ def main(device: str) -> None:
                 loss = linear_cross_entropy(xc, w, t, impl="torch_compile")
             loss.backward()
             for ref_dt, (ref_loss, ref_gx) in ref.items():
-                print(f"  called under {dt}: vs eager {ref_dt}: |loss diff| {abs(loss.item() - ref_loss):.3e}"
-                      f"  max |grad_x diff| {(xc.grad - ref_gx).abs().max().item():.3e}")
+                print(
+                    f"  called under {dt}: vs eager {ref_dt}: |loss diff| {abs(loss.item() - ref_loss):.3e}"
+                    f"  max |grad_x diff| {(xc.grad - ref_gx).abs().max().item():.3e}"
+                )
 
 
 if __name__ == "__main__":

@@ -48,12 +48,16 @@ def strided_bf16(n: int, h: int, v: int, fill: float | None) -> tuple[int, float
 
 def main() -> None:
     """Print both measurements."""
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}, flags: {cpu_flags() or 'unknown'}")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}, flags: {cpu_flags() or 'unknown'}"
+    )
     print("1. bf16 x[:, :H] @ w.T, x a slice of an [N, H+3] buffer: (NaN elements, max |err|)")
     for n, h, v in [(76, 77, 99), (17, 3, 127), (64, 64, 64)]:
-        print(f"   N={n} H={h} V={v}: NaN padding {strided_bf16(n, h, v, float('nan'))}, "
-              f"padding 2**15 {strided_bf16(n, h, v, 2.0 ** 15)}, contiguous {strided_bf16(n, h, v, None)}")
+        print(
+            f"   N={n} H={h} V={v}: NaN padding {strided_bf16(n, h, v, float('nan'))}, "
+            f"padding 2**15 {strided_bf16(n, h, v, 2.0**15)}, contiguous {strided_bf16(n, h, v, None)}"
+        )
     impls = {e.name: e.impl for e in builtin_impls()}
     chunked, eager = impls["torch_native[chunked,acc=accurate]"], impls["eager"]
     print("2. grad_weight error/bound, fp32, H=4, V=2, regime confident: torch_native[chunked] / eager")

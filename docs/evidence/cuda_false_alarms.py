@@ -31,8 +31,10 @@ CASES = (
 
 def main() -> int:
     """Print one line per (case, impl, output): analytic error/bound and judgement (b)."""
-    print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (Triton interpreter)'}; "
-          f"torch {torch.__version__}")
+    print(
+        f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (Triton interpreter)'}; "
+        f"torch {torch.__version__}"
+    )
     failed = 0
     for p in CASES:
         for name in IMPLS:
@@ -41,10 +43,18 @@ def main() -> int:
             res = check_accuracy(impl, p)
             for out, c in res.analytic.items():
                 rel = res.relative.get(out)
-                b = (f"(b) RMSE {rel.rmse_impl:.3g} / allowed {rel.allowed:.3g} = "
-                     f"{rel.rmse_impl / rel.allowed if rel.allowed else float('nan'):.3g}"
-                     f"{'' if rel.judged else ' (not judged)'}") if rel is not None else "(b) -"
-                print(f"    {out:12s} (a) error/bound {c.ratio:.4g}   {b}   {'ok' if c.ok and (rel is None or rel.ok) else 'FAIL'}")
+                b = (
+                    (
+                        f"(b) RMSE {rel.rmse_impl:.3g} / allowed {rel.allowed:.3g} = "
+                        f"{rel.rmse_impl / rel.allowed if rel.allowed else float('nan'):.3g}"
+                        f"{'' if rel.judged else ' (not judged)'}"
+                    )
+                    if rel is not None
+                    else "(b) -"
+                )
+                print(
+                    f"    {out:12s} (a) error/bound {c.ratio:.4g}   {b}   {'ok' if c.ok and (rel is None or rel.ok) else 'FAIL'}"
+                )
             failed += not res.ok
     print(f"\n{failed} failing (case, impl) pairs")
     return 1 if failed else 0

@@ -59,16 +59,21 @@ def _probe(X, Y, S, n, OP: tl.constexpr, BLOCK_: tl.constexpr):
 
 def _triton(op: int, x: torch.Tensor, s: float = 1.0) -> torch.Tensor:
     y = torch.empty_like(x)
-    _probe[(triton.cdiv(x.numel(), BLOCK),)](x, y, torch.tensor([s], dtype=torch.float32, device=x.device),
-                                             x.numel(), OP=op, BLOCK_=BLOCK)
+    _probe[(triton.cdiv(x.numel(), BLOCK),)](
+        x, y, torch.tensor([s], dtype=torch.float32, device=x.device), x.numel(), OP=op, BLOCK_=BLOCK
+    )
     return y
 
 
 def _args(lo: float, hi: float, n: int, seed: int) -> torch.Tensor:
     """A dense grid and uniform draws on [lo, hi], fp32."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.cat([torch.linspace(lo, hi, n, dtype=torch.float64),
-                   lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)])
+    x = torch.cat(
+        [
+            torch.linspace(lo, hi, n, dtype=torch.float64),
+            lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64),
+        ]
+    )
     return x.float().to(DEV)
 
 
@@ -107,20 +112,37 @@ def main() -> int:
     for s in (1.0, 5.0, 30.0):
         z = _args(-20 * s, 20 * s, 200_000, int(s) + 10)
         tz = torch.tanh(z.double() / s)
-        rows.append(("numcheck _tanh(z/s)", f"s={s:g}, |z/s| <= 20",
-                     _measure(_triton(2, z, s), tz, torch.full_like(tz, 2 + 2 * own.tanh))))
+        rows.append(
+            (
+                "numcheck _tanh(z/s)",
+                f"s={s:g}, |z/s| <= 20",
+                _measure(_triton(2, z, s), tz, torch.full_like(tz, 2 + 2 * own.tanh)),
+            )
+        )
         if libdevice is not None and not INTERPRET:  # the interpreter has no libdevice tanh
-            rows.append(("libdevice.tanh(z/s)", f"s={s:g}, |z/s| <= 20",
-                         _measure(_triton(4, z, s), tz, torch.full_like(tz, 2 + 2 * lib.tanh))))
-        rows.append(("torch.tanh(z/s)", f"s={s:g}, |z/s| <= 20",
-                     _measure(torch.tanh(z / s), tz, torch.full_like(tz, 2 + 2 * own.tanh))))
+            rows.append(
+                (
+                    "libdevice.tanh(z/s)",
+                    f"s={s:g}, |z/s| <= 20",
+                    _measure(_triton(4, z, s), tz, torch.full_like(tz, 2 + 2 * lib.tanh)),
+                )
+            )
+        rows.append(
+            (
+                "torch.tanh(z/s)",
+                f"s={s:g}, |z/s| <= 20",
+                _measure(torch.tanh(z / s), tz, torch.full_like(tz, 2 + 2 * own.tanh)),
+            )
+        )
     print(f"{'path':22s} {'arguments':22s} {'ulps':>8s} {'rel/u':>8s} {'err/budget':>10s}")
     worst = 0.0
     for name, rng, (ulps, rel, ratio) in rows:
         print(f"{name:22s} {rng:22s} {ulps:8.3f} {rel:8.3f} {ratio:10.3f}")
         worst = max(worst, ratio)
-    print(f"\ntl.exp for x in [-100, -87] (subnormal or flushed results): max absolute error {abs_err:.3g} "
-          f"(the model's eta for fp32 is 2^-126 = {2.0**-126:.3g})")
+    print(
+        f"\ntl.exp for x in [-100, -87] (subnormal or flushed results): max absolute error {abs_err:.3g} "
+        f"(the model's eta for fp32 is 2^-126 = {2.0**-126:.3g})"
+    )
     print(f"worst error/budget: {worst:.3f} ({'covered' if worst <= 1 else 'NOT covered'})")
     return 0 if worst <= 1 else 1
 

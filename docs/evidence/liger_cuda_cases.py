@@ -9,6 +9,7 @@ and forbidden; a lone call; and how far CUDA's bf16 GEMM of the problem's operan
 product (in bf16 ulps of the exact value), which the tolerance model assumes to be within half an ulp plus the fp32
 accumulation error. Usage (on CUDA): python docs/evidence/liger_cuda_cases.py
 """
+
 import sys
 
 import torch
@@ -21,10 +22,30 @@ from numcheck.reports.repro import find_impl
 
 MATMUL = torch.backends.cuda.matmul
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10}  # explicit mantissa bits
-A = Problem(N=26, H=48, V=141, dtype="bfloat16", ignored=0.25, reduction="mean", softcap=1.0, regime="large",
-            seed=0, device="cuda")
-B = Problem(N=65, H=17, V=138, dtype="float32", autocast="bfloat16", reduction="none", z_loss_scale=1e-4,
-            regime="ordinary", seed=0, device="cuda")
+A = Problem(
+    N=26,
+    H=48,
+    V=141,
+    dtype="bfloat16",
+    ignored=0.25,
+    reduction="mean",
+    softcap=1.0,
+    regime="large",
+    seed=0,
+    device="cuda",
+)
+B = Problem(
+    N=65,
+    H=17,
+    V=138,
+    dtype="float32",
+    autocast="bfloat16",
+    reduction="none",
+    z_loss_scale=1e-4,
+    regime="ordinary",
+    seed=0,
+    device="cuda",
+)
 
 
 def ulps(got: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -49,8 +70,10 @@ def gemm_report(label: str, x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype
             got = xb @ wb.t()
         torch.cuda.synchronize()
         d = ulps(got, exact, dtype)
-        print(f"  {label} GEMM {tuple(got.shape)} reduced_precision={allow}: max {float(d.max()):.3f} ulp, "
-              f"{int((d > 0.5 + 1e-9).sum())} of {d.numel()} beyond half an ulp")
+        print(
+            f"  {label} GEMM {tuple(got.shape)} reduced_precision={allow}: max {float(d.max()):.3f} ulp, "
+            f"{int((d > 0.5 + 1e-9).sum())} of {d.numel()} beyond half an ulp"
+        )
     MATMUL.allow_bf16_reduced_precision_reduction = True
     MATMUL.allow_fp16_reduced_precision_reduction = True
 
@@ -76,6 +99,7 @@ def with_flag(allow: bool, fn):
         finally:
             MATMUL.allow_bf16_reduced_precision_reduction = True
             MATMUL.allow_fp16_reduced_precision_reduction = True
+
     return run
 
 
@@ -100,8 +124,10 @@ def case_a() -> None:
     (losses[0] + losses[1]).backward()
     for i, s in enumerate((slice(0, k), slice(k, A.N))):
         alone = run_impl(impl, A.replace(N=k), t._replace(x=t.x[s], target=t.target[s]))
-        print(f"  half {i}: grad_x in one graph vs alone, max |diff| "
-              f"{float((x.grad[s].float() - alone.grad_x.float()).abs().max()):.3g}")
+        print(
+            f"  half {i}: grad_x in one graph vs alone, max |diff| "
+            f"{float((x.grad[s].float() - alone.grad_x.float()).abs().max()):.3g}"
+        )
     gemm_report("whole batch", t.x, t.weight, torch.bfloat16, amp=False)
 
 
@@ -112,11 +138,14 @@ def case_b() -> None:
         t = build(B)
         verdict("accuracy, lone call first in the process", lambda: check_accuracy(impl, B, t=t).worst_ratio)
         for allow in (True, False):
-            verdict(f"earlier_calls, reduced_precision={allow}",
-                    with_flag(allow, lambda: checks.earlier_calls(impl, B)))
+            verdict(
+                f"earlier_calls, reduced_precision={allow}", with_flag(allow, lambda: checks.earlier_calls(impl, B))
+            )
         verdict("accuracy, lone call again", lambda: check_accuracy(impl, B, t=t).worst_ratio)
-        verdict("accuracy, lone call, reduced_precision=False",
-                with_flag(False, lambda: check_accuracy(impl, B, t=t).worst_ratio))
+        verdict(
+            "accuracy, lone call, reduced_precision=False",
+            with_flag(False, lambda: check_accuracy(impl, B, t=t).worst_ratio),
+        )
         gemm_report("AMP bf16", t.x, t.weight, torch.bfloat16, amp=True)
         # after an fp16 AMP matmul of the same leaves, as earlier_calls does
         x = t.x.detach().clone().requires_grad_(True)
@@ -126,8 +155,10 @@ def case_b() -> None:
         with autocast_context(B):
             got = x @ w.t()
         exact = x.detach().to(torch.bfloat16).double() @ w.detach().to(torch.bfloat16).double().t()
-        print(f"  AMP bf16 GEMM after an AMP fp16 one on the same leaves: dtype {got.dtype}, max "
-              f"{float(ulps(got.detach(), exact, torch.bfloat16).max()):.3f} ulp")
+        print(
+            f"  AMP bf16 GEMM after an AMP fp16 one on the same leaves: dtype {got.dtype}, max "
+            f"{float(ulps(got.detach(), exact, torch.bfloat16).max()):.3f} ulp"
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ the known divergence's predicate covers the case. ``liger_fp16_z_loss.txt`` besi
 Usage: python docs/evidence/liger_fp16_z_loss.py [DIR ...]   (as docs/evidence/liger_releases.py: a folder per
 release, or ``installed``)
 """
+
 from __future__ import annotations
 
 import sys
@@ -49,17 +50,27 @@ def here() -> None:
     for fields in CASES:
         p = Problem(**fields)
         t = build(p)
-        loss, z = impl(t.x, t.weight, t.target, None, reduction=p.reduction, ignore_index=p.ignore_index,
-                       z_loss_scale=p.z_loss_scale)
+        loss, z = impl(
+            t.x,
+            t.weight,
+            t.target,
+            None,
+            reduction=p.reduction,
+            ignore_index=p.ignore_index,
+            z_loss_scale=p.z_loss_scale,
+        )
         logits = t.x.double() @ t.weight.double().T
         rows = p.z_loss_scale * logits.logsumexp(-1) ** 2 / (p.N if p.reduction == "mean" else 1)
         exact = float(rows.sum())
         _, emulated = liger_z_loss_buffer(p)
         sub = int((rows.abs() < torch.finfo(torch.float16).smallest_normal).sum())
-        print(f"  {p.short()}: liger z_loss {float(z):.6g} ({z.dtype}), exact {exact:.6g}, rel. error "
-              f"{(float(z) - exact) / exact:+.3g}; buffer emulated {emulated:.6g} (equal: {float(z) == emulated}); "
-              f"{sub}/{p.N} rows subnormal; loss {float(loss):.6g} ({loss.dtype}); covered: "
-              f"{liger_z_loss_buffer_diverges(p)}", flush=True)
+        print(
+            f"  {p.short()}: liger z_loss {float(z):.6g} ({z.dtype}), exact {exact:.6g}, rel. error "
+            f"{(float(z) - exact) / exact:+.3g}; buffer emulated {emulated:.6g} (equal: {float(z) == emulated}); "
+            f"{sub}/{p.N} rows subnormal; loss {float(loss):.6g} ({loss.dtype}); covered: "
+            f"{liger_z_loss_buffer_diverges(p)}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

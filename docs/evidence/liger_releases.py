@@ -15,6 +15,7 @@ Usage: python docs/evidence/liger_releases.py [DIR ...]
   liger_kernel/__init__.py (a namespace package), which a regular package later on the path shadows: give its
   folder an empty liger_kernel/__init__.py to run it (the adapter names the release whose files it imported).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,10 @@ def verdict(check, impl, p) -> str:
     try:
         metrics = check(impl, p)
     except AssertionError as exc:
-        ratios = [(float(r), out) for out, r in re.findall(r"\(a\) analytic bound: (\w+).*?error/bound ([\d.e+-]+)\)",
-                                                           str(exc))]
+        ratios = [
+            (float(r), out)
+            for out, r in re.findall(r"\(a\) analytic bound: (\w+).*?error/bound ([\d.e+-]+)\)", str(exc))
+        ]
         worst = max(ratios, default=(float("nan"), "?"))
         return f"FAIL (worst error/bound {worst[0]:.3g}, {worst[1]})"
     return f"PASS (error/bound {metrics.get('error/bound', float('nan')):.3g})"
@@ -81,8 +84,10 @@ def here() -> None:
             continue
         for upstream in ("scalar", "one"):
             p = eval(PROBLEM.format(upstream), {"Problem": Problem})  # noqa: S307 - our own literal
-            print(f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(checks.strided_inputs, impl, p)}",
-                  flush=True)
+            print(
+                f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(checks.strided_inputs, impl, p)}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

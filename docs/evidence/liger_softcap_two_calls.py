@@ -7,6 +7,7 @@ the bound? tanh is also pushed up to 32 ulps toward +-1.
 Usage: python docs/evidence/liger_softcap_two_calls.py "Problem(...)"   (the failing case by default)
 Result (torch 2.13 CPU): every variant passes, accuracy at 0.144 and two_calls at 0.067 of the bound.
 """
+
 import dataclasses
 import sys
 
@@ -18,12 +19,14 @@ from numcheck.properties.core import props as checks
 
 LOG2E = 1.4426950408889634
 
+
 def tanh_pert(z, ulps):
     t = torch.tanh(z)
     if ulps:
         t = t + ulps * torch.sign(t) * torch.finfo(torch.float32).eps * t.abs()  # push toward |1|
         t = t.clamp(-1, 1)
     return t
+
 
 class F(torch.autograd.Function):
     @staticmethod
@@ -62,16 +65,32 @@ class F(torch.autograd.Function):
             gx, gw = gx * go, gw * go
         return gx, gw, None, None, None, None, None
 
+
 def make(ulps):
-    def fn(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-           class_weights=None, softcap=None, z_loss_scale=0.0):
+    def fn(
+        x,
+        weight,
+        target,
+        bias=None,
+        *,
+        reduction="mean",
+        ignore_index=-100,
+        label_smoothing=0.0,
+        class_weights=None,
+        softcap=None,
+        z_loss_scale=0.0,
+    ):
         loss = F.apply(x, weight, target, ignore_index, softcap, reduction, ulps)
         return (loss, torch.zeros((), dtype=torch.float32)) if lig.support.returns_z_loss else loss
+
     return fn
 
+
 lig = find_impl("liger[accum=fp32]")
-CASE = ("Problem(N=26, H=48, V=141, dtype='bfloat16', ignored=0.25, reduction='mean', softcap=1.0, "
-        "upstream='one', regime='large', seed=0)")
+CASE = (
+    "Problem(N=26, H=48, V=141, dtype='bfloat16', ignored=0.25, reduction='mean', softcap=1.0, "
+    "upstream='one', regime='large', seed=0)"
+)
 p = eval(sys.argv[1] if len(sys.argv) > 1 else CASE)
 for ulps in (0, 2, 8, 32):
     impl = dataclasses.replace(lig, name=f"emul[tanh+{ulps}ulp]", fn=make(ulps))

@@ -82,13 +82,17 @@ def release_table(p: Problem) -> None:
         nz = g64 != 0
         for name, g in (("fused", fused), ("unfused", unfused)):
             err = (g.double() - g64).abs()
-            print(f"  P={P} {name:8s} dz dtype {str(g.dtype):14s} max |dz - dz64| / max |dz64| = "
-                  f"{float(err.max() / g64.abs().max()):.3e}; element-wise max relative "
-                  f"{float((err[nz] / g64[nz].abs()).max()):.3e}; loss max |err| "
-                  f"{float((ranks[0][f'loss_{name}'].double() - loss64)[valid].abs().max()):.3e}")
+            print(
+                f"  P={P} {name:8s} dz dtype {str(g.dtype):14s} max |dz - dz64| / max |dz64| = "
+                f"{float(err.max() / g64.abs().max()):.3e}; element-wise max relative "
+                f"{float((err[nz] / g64[nz].abs()).max()):.3e}; loss max |err| "
+                f"{float((ranks[0][f'loss_{name}'].double() - loss64)[valid].abs().max()):.3e}"
+            )
         same = torch.equal(fused, unfused.to(torch.bfloat16).to(unfused.dtype))
-        print(f"  P={P} fused dz bitwise == unfused dz rounded to bf16: {same}; fused dz == unfused dz: "
-              f"{torch.equal(fused, unfused)}")
+        print(
+            f"  P={P} fused dz bitwise == unfused dz rounded to bf16: {same}; fused dz == unfused dz: "
+            f"{torch.equal(fused, unfused)}"
+        )
 
 
 def suite_judgement(p: Problem) -> None:

@@ -25,38 +25,86 @@ from numcheck.properties.core.problems import Problem, build
 
 #: (problem as recorded on CUDA, output, recorded error/bound) for chunked_triton, seed 9 at 1f58b2b.
 RECORDED = (
-    ("Problem(N=1, H=1, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
-     'grad_weight', 2.876),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=78968679, device='cuda')",
-     'grad_weight', 2.551),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='large', seed=68835, device='cuda')",
-     'grad_weight', 2.497),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
-     'grad_weight', 2.118),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=68835, device='cuda')",
-     'grad_weight', 1.613),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_weight', 1.453),
-    ("Problem(N=1, H=1, V=1025, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
-     'grad_weight', 1.362),
-    ("Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_weight', 1.344),
-    ("Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=True, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_weight', 1.303),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_weight', 1.297),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_weight', 1.255),
-    ("Problem(N=7, H=1, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
-     'grad_weight', 1.233),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_bias', 1.166),
-    ("Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_bias', 1.152),
-    ("Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_bias', 1.121),
-    ("Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=True, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
-     'grad_bias', 1.074),
+    (
+        "Problem(N=1, H=1, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
+        "grad_weight",
+        2.876,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=78968679, device='cuda')",
+        "grad_weight",
+        2.551,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='large', seed=68835, device='cuda')",
+        "grad_weight",
+        2.497,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
+        "grad_weight",
+        2.118,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=68835, device='cuda')",
+        "grad_weight",
+        1.613,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_weight",
+        1.453,
+    ),
+    (
+        "Problem(N=1, H=1, V=1025, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
+        "grad_weight",
+        1.362,
+    ),
+    (
+        "Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_weight",
+        1.344,
+    ),
+    (
+        "Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=True, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_weight",
+        1.303,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_weight",
+        1.297,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_weight",
+        1.255,
+    ),
+    (
+        "Problem(N=7, H=1, V=4099, dtype='float32', autocast=None, bias=False, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=None, z_loss_scale=0.0, ignore_index=-100, upstream='one', regime='outlier_rows', seed=0, device='cuda')",
+        "grad_weight",
+        1.233,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='mean', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_bias",
+        1.166,
+    ),
+    (
+        "Problem(N=7, H=4, V=4099, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_bias",
+        1.152,
+    ),
+    (
+        "Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=False, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_bias",
+        1.121,
+    ),
+    (
+        "Problem(N=7, H=4, V=3621, dtype='float32', autocast=None, bias=True, bias_dtype=None, ignored=0.0, reduction='none', label_smoothing=0.9952724678060556, class_weights=True, softcap=32.10297739984663, z_loss_scale=0.5, ignore_index=-100, upstream='one', regime='large', seed=3291, device='cuda')",
+        "grad_bias",
+        1.074,
+    ),
 )
 
 

@@ -23,6 +23,7 @@ Usage:
 DIR holds one folder per release, named by its version. ``--install`` asks ``pip index versions transformer-engine``
 which releases exist and installs each from 2.2.0 on (the first with the fused CE) into DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ OLDEST = Version("2.2.0")
 LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,overwrite_input]")
 DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
 IMPLS = LINEAR + DIST
-KNOWN_TESTS = ("numcheck/tests/adapters/test_known_divergences.py",
-               "numcheck/tests/adapters/test_transformer_engine.py")
+KNOWN_TESTS = (
+    "numcheck/tests/adapters/test_known_divergences.py",
+    "numcheck/tests/adapters/test_transformer_engine.py",
+)
 
 
 def code_hash() -> str:
@@ -61,8 +64,12 @@ def code_hash() -> str:
 
 def available_releases() -> list[str]:
     """The transformer-engine releases the package index lists, from :data:`OLDEST` on."""
-    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformer-engine"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "transformer-engine"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("Available versions:"))
     found = []
     for v in line.split(":", 1)[1].split(","):
@@ -83,8 +90,20 @@ def install(folder: Path) -> int:
             print(f"{v}: {target} exists", flush=True)
             continue
         print(f"{v}: installing into {target}", flush=True)
-        rc |= subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                              "--target", str(target), f"transformer-engine=={v}"]).returncode
+        rc |= subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--target",
+                str(target),
+                f"transformer-engine=={v}",
+            ]
+        ).returncode
     return rc
 
 
@@ -136,18 +155,65 @@ def judge(folder: Path, jobs: int, report: bool) -> dict[str, object]:
     rec["list_rc"] = rc
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "suite.xml"
-        rc, out, s = _run([py, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
-                           "-n", str(jobs), "--pyargs", "numcheck.tests.suite", *impl_args, f"--junitxml={xml}"],
-                          env, 5400)
+        rc, out, s = _run(
+            [
+                py,
+                "-m",
+                "pytest",
+                "-p",
+                "no:randomly",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-n",
+                str(jobs),
+                "--pyargs",
+                "numcheck.tests.suite",
+                *impl_args,
+                f"--junitxml={xml}",
+            ],
+            env,
+            5400,
+        )
         rec["suite"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
         xml = Path(tmp) / "known.xml"
-        rc, out, s = _run([py, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", "-n", "0",
-                           *KNOWN_TESTS, "-k", "te_parallel_ce or te_vocab_parallel or transformer_engine",
-                           f"--junitxml={xml}"], env, 3600)
+        rc, out, s = _run(
+            [
+                py,
+                "-m",
+                "pytest",
+                "-p",
+                "no:randomly",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-n",
+                "0",
+                *KNOWN_TESTS,
+                "-k",
+                "te_parallel_ce or te_vocab_parallel or transformer_engine",
+                f"--junitxml={xml}",
+            ],
+            env,
+            3600,
+        )
         rec["known"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
         if report:
-            rc, out, s = _run([py, "-m", "numcheck.reports.cli", "report", "--grid", "quick", "--out",
-                               str(Path(tmp) / "report"), *impl_args], env, 5400)
+            rc, out, s = _run(
+                [
+                    py,
+                    "-m",
+                    "numcheck.reports.cli",
+                    "report",
+                    "--grid",
+                    "quick",
+                    "--out",
+                    str(Path(tmp) / "report"),
+                    *impl_args,
+                ],
+                env,
+                5400,
+            )
             rec["report"] = {"rc": rc, "seconds": round(s), "tail": out.strip().splitlines()[-4:]}
     return rec
 
@@ -169,28 +235,38 @@ def _declaration(lines: list[str]) -> dict[str, str]:
 
 def render(results: dict[str, dict[str, object]], code: str) -> str:
     """The versions table and, per release, the declarations and findings."""
-    lines = [f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})", "",
-             "| release | loaded | writes into the logits | ignore_index | overwrite_input | suite "
-             "(passed/failed/skipped) | known-divergence checks | report |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})",
+        "",
+        "| release | loaded | writes into the logits | ignore_index | overwrite_input | suite "
+        "(passed/failed/skipped) | known-divergence checks | report |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     details = []
     for v in sorted(results, key=Version):
         r = results[v]
         decl = _declaration(r.get("list", []))  # type: ignore[arg-type]
         mean = decl.get("te_parallel_ce[mean]", "")
         loaded = "files" if "loaded: files" in mean else ("import" if "loaded: import" in mean else "?")
-        writes = ("in forward" if "in forward" in mean else "no (default); in backward with overwrite_input"
-                  if "overwrite_input" in decl.get("te_parallel_ce[mean,overwrite_input]", "")
-                  and "here: runs" in decl.get("te_parallel_ce[mean,overwrite_input]", "") else "no")
+        writes = (
+            "in forward"
+            if "in forward" in mean
+            else "no (default); in backward with overwrite_input"
+            if "overwrite_input" in decl.get("te_parallel_ce[mean,overwrite_input]", "")
+            and "here: runs" in decl.get("te_parallel_ce[mean,overwrite_input]", "")
+            else "no"
+        )
         ignore = "yes" if "ignore_index" in mean.split("options:", 1)[-1].split(";")[0] else "no"
         ow = "yes" if "here: runs" in decl.get("te_parallel_ce[mean,overwrite_input]", "") else "no"
         suite = r.get("suite", {})
         known = r.get("known", {})
         rep = r.get("report")
         rep_text = "—" if not rep else ("pass" if rep["rc"] == 0 else f"exit {rep['rc']}")  # type: ignore[index]
-        lines.append(f"| {v} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
-                     f"{suite.get('skipped')} ({suite.get('seconds')} s) | {known.get('passed')} passed, "
-                     f"{known.get('failed')} failed, {known.get('skipped')} skipped | {rep_text} |")
+        lines.append(
+            f"| {v} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
+            f"{suite.get('skipped')} ({suite.get('seconds')} s) | {known.get('passed')} passed, "
+            f"{known.get('failed')} failed, {known.get('skipped')} skipped | {rep_text} |"
+        )
         details.append(f"## {v}")
         for name, text in decl.items():
             details.append(f"- {name}: " + text.strip().replace("\n", "\n  "))

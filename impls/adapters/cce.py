@@ -131,14 +131,25 @@ class CCEInfo:
         return param in self.params
 
 
-def info_from(function: Callable[..., Any], version: str, impl_names: frozenset[str],
-              backward_block_rows: int | None, backward_block_cols: int | None = None) -> CCEInfo:
+def info_from(
+    function: Callable[..., Any],
+    version: str,
+    impl_names: frozenset[str],
+    backward_block_rows: int | None,
+    backward_block_cols: int | None = None,
+) -> CCEInfo:
     """A :class:`CCEInfo` read from ``function``'s signature (also used by the tests with stand-ins)."""
     sig = inspect.signature(function)
     defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
-    return CCEInfo(version=version, params=tuple(sig.parameters), defaults=defaults, impl_names=impl_names,
-                   backward_block_rows=backward_block_rows, backward_block_cols=backward_block_cols,
-                   function=function)
+    return CCEInfo(
+        version=version,
+        params=tuple(sig.parameters),
+        defaults=defaults,
+        impl_names=impl_names,
+        backward_block_rows=backward_block_rows,
+        backward_block_cols=backward_block_cols,
+        function=function,
+    )
 
 
 def _backward_blocks() -> tuple[int | None, int | None]:
@@ -193,17 +204,28 @@ def call_cce(
 
     Raises ValueError naming the option when a non-neutral option has no parameter in this release.
     """
-    for label, value, neutral in (("label_smoothing", label_smoothing, 0.0), ("class_weights", class_weights, None),
-                                  ("z_loss_scale", z_loss_scale, 0.0)):
+    for label, value, neutral in (
+        ("label_smoothing", label_smoothing, 0.0),
+        ("class_weights", class_weights, None),
+        ("z_loss_scale", z_loss_scale, 0.0),
+    ):
         if not (value is None or value == neutral):
-            raise ValueError(f"cut-cross-entropy {info.version} has no {label} parameter; cannot pass {label}={value!r}")
+            raise ValueError(
+                f"cut-cross-entropy {info.version} has no {label} parameter; cannot pass {label}={value!r}"
+            )
     kw: dict[str, Any] = {}
-    for param, value, neutral in (("bias", bias, None), ("ignore_index", ignore_index, -100),
-                                  ("softcap", softcap, None), ("reduction", reduction, "mean")):
+    for param, value, neutral in (
+        ("bias", bias, None),
+        ("ignore_index", ignore_index, -100),
+        ("softcap", softcap, None),
+        ("reduction", reduction, "mean"),
+    ):
         if info.has(param):
             kw[param] = value
         elif not (value is None or value == neutral):
-            raise ValueError(f"cut-cross-entropy {info.version} has no {param!r} parameter; cannot pass {param}={value!r}")
+            raise ValueError(
+                f"cut-cross-entropy {info.version} has no {param!r} parameter; cannot pass {param}={value!r}"
+            )
     if variant.filter_eps is not DEFAULT:
         if not info.has("filter_eps"):
             raise ValueError(f"cut-cross-entropy {info.version} has no filter_eps parameter")
@@ -253,8 +275,10 @@ def kernel_failure() -> str | None:
     if torch.cuda.is_available() and not interpreted():
         return None
     if not interpreted():
-        return ("no CUDA device, and TRITON_INTERPRET is not 1 (CCE's Triton kernels need one or the other; numcheck's "
-                "entry points set it through numcheck.impls.interpreter.arrange())")
+        return (
+            "no CUDA device, and TRITON_INTERPRET is not 1 (CCE's Triton kernels need one or the other; numcheck's "
+            "entry points set it through numcheck.impls.interpreter.arrange())"
+        )
     N, H, V = _PROBE_SHAPE
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, H, generator=g).to(torch.bfloat16).requires_grad_(True)
@@ -285,8 +309,9 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(root).__name__}: {first}{where}"
 
 
-def declare(info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None,
-            on_cpu: bool | None = None) -> tuple[LinearCESupport, list[str]]:
+def declare(
+    info: CCEInfo, variant: Variant, *, kernel_reason: str | None = None, on_cpu: bool | None = None
+) -> tuple[LinearCESupport, list[str]]:
     """The support declaration of ``variant`` for ``info``'s release, and notes on what is left out and why.
 
     ``kernel_reason`` is :func:`kernel_failure`'s answer (passed in so the declaration logic can be checked
@@ -348,14 +373,20 @@ def _describe(info: CCEInfo, variant: Variant, notes: list[str], kernel_reason: 
     if variant.kernels:
         if variant.filter_eps is DEFAULT:
             default = info.defaults.get("filter_eps", "?")
-            desc += (f", filter_eps={default!r} = the release default: backward skips logit-gradient blocks whose "
-                     "|softmax - onehot| are all below finfo(dtype).eps/32, inexact by design")
+            desc += (
+                f", filter_eps={default!r} = the release default: backward skips logit-gradient blocks whose "
+                "|softmax - onehot| are all below finfo(dtype).eps/32, inexact by design"
+            )
         else:
             desc += f", filter_eps={variant.filter_eps!r}: no gradient filtering"
     desc += ")"
     if variant.kernels:
-        desc += ("; target logit summed from products rounded to the operand dtype (indexed_dot.py:64) beside fp32 "
-                 "lse logits" if info.version == SOURCE_READ else "")
+        desc += (
+            "; target logit summed from products rounded to the operand dtype (indexed_dot.py:64) beside fp32 "
+            "lse logits"
+            if info.version == SOURCE_READ
+            else ""
+        )
         if not interpreted():
             desc += "; compiled Triton on CUDA"
         else:
@@ -369,8 +400,9 @@ def _describe(info: CCEInfo, variant: Variant, notes: list[str], kernel_reason: 
     return desc
 
 
-def build_impl(variant: Variant, info: CCEInfo | str | None = None, *, kernel_reason: str | None = None,
-               probe: bool = True) -> FunctionImpl:
+def build_impl(
+    variant: Variant, info: CCEInfo | str | None = None, *, kernel_reason: str | None = None, probe: bool = True
+) -> FunctionImpl:
     """The adapter for ``variant``; its declaration comes from ``info`` (default: the installed release, :func:`load`).
     When CCE is unusable, or lacks what the variant needs, the impl still exists and ``support.requires`` says why.
     With ``probe`` (default) ``kernel_reason`` is :func:`kernel_failure`'s answer for kernel variants."""
@@ -383,15 +415,22 @@ def build_impl(variant: Variant, info: CCEInfo | str | None = None, *, kernel_re
         elif variant.filter_eps is not DEFAULT and not info.has("filter_eps"):
             reason = f"cut-cross-entropy {info.version} has no filter_eps parameter"
     if reason is not None:
-        return FunctionImpl(name=variant.name, fn=unavailable_fn("cce adapter", reason), description=f"cut-cross-entropy — unavailable: {reason}",
-                            support=make_support(options=(), reductions=("mean",), autocast=(), all_ignored=None,
-                                                 requires=lambda r=reason: r))
+        return FunctionImpl(
+            name=variant.name,
+            fn=unavailable_fn("cce adapter", reason),
+            description=f"cut-cross-entropy — unavailable: {reason}",
+            support=make_support(
+                options=(), reductions=("mean",), autocast=(), all_ignored=None, requires=lambda r=reason: r
+            ),
+        )
     assert isinstance(info, CCEInfo)
     if variant.kernels and probe:
         kernel_reason = kernel_failure()
     support, notes = declare(info, variant, kernel_reason=kernel_reason if variant.kernels else None)
     fn = functools.partial(call_cce, info, variant)
-    return FunctionImpl(name=variant.name, fn=fn, support=support, description=_describe(info, variant, notes, kernel_reason))
+    return FunctionImpl(
+        name=variant.name, fn=fn, support=support, description=_describe(info, variant, notes, kernel_reason)
+    )
 
 
 def cce_impls() -> list[FunctionImpl]:

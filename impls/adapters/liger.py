@@ -104,11 +104,15 @@ def load() -> LigerInfo | str:
         return "liger-kernel not installed"
     if not torch.cuda.is_available() and not interpreter.active():
         if interpreter.too_late():
-            return ("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so Liger's Triton "
-                    "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                    "environment, or call numcheck.impls.interpreter.arrange() before triton is imported")
-        return ("no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
-                "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())")
+            return (
+                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so Liger's Triton "
+                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
+                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
+            )
+        return (
+            "no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
+            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
+        )
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     except Exception as exc:
@@ -118,8 +122,13 @@ def load() -> LigerInfo | str:
     sig = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward)
     names = tuple(sig.parameters)[1:]  # drop ctx
     defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
-    return LigerInfo(version=version, params=names, defaults=defaults, function=LigerFusedLinearCrossEntropyFunction,
-                     release_note=note)
+    return LigerInfo(
+        version=version,
+        params=names,
+        defaults=defaults,
+        function=LigerFusedLinearCrossEntropyFunction,
+        release_note=note,
+    )
 
 
 def _owns(dist: metadata.Distribution, module_file: Path) -> bool:
@@ -145,8 +154,9 @@ def imported_release(module_file: Path) -> tuple[str, str | None]:
     ``sys.path``, while the import system prefers a regular package anywhere on the path over an earlier
     namespace portion (liger-kernel 0.2.1's wheel has no ``liger_kernel/__init__.py``), so 0.2.1 first on the
     path reports 0.2.1 while a later 0.8.5 is imported."""
-    dists = [d for d in metadata.distributions()
-             if (d.metadata["Name"] or "").lower().replace("_", "-") == "liger-kernel"]
+    dists = [
+        d for d in metadata.distributions() if (d.metadata["Name"] or "").lower().replace("_", "-") == "liger-kernel"
+    ]
     owners = [d for d in dists if _owns(d, module_file)]
     others = [d for d in dists if d not in owners]
     also = ("; also on the path, not imported: " + ", ".join(_where(d) for d in others)) if others else ""
@@ -154,7 +164,8 @@ def imported_release(module_file: Path) -> tuple[str, str | None]:
         return owners[0].version, (f"imported from {module_file}{also}" if others else None)
     if owners:
         return "unknown", f"{module_file} is listed by several liger-kernel distributions: " + ", ".join(
-            _where(d) for d in owners)
+            _where(d) for d in owners
+        )
     return "unknown", f"no installed liger-kernel distribution lists the imported {module_file}{also}"
 
 
@@ -210,8 +221,15 @@ def call_liger(
         "reduction": reduction,
         "softcap": softcap,
     }
-    neutral = {"bias": None, "ce_weight": None, "ignore_index": -100, "lse_square_scale": 0.0,
-               "label_smoothing": 0.0, "reduction": "mean", "softcap": None}
+    neutral = {
+        "bias": None,
+        "ce_weight": None,
+        "ignore_index": -100,
+        "lse_square_scale": 0.0,
+        "label_smoothing": 0.0,
+        "reduction": "mean",
+        "softcap": None,
+    }
     for name, value in wanted.items():
         if info.has(name):
             given[name] = value
@@ -281,9 +299,11 @@ def interpreter_failure(feature: str) -> str | None:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             why = f"fails under TRITON_INTERPRET=1 ({type(exc).__name__}: {first[:120]})"
             if "outside of the scope of a kernel" in first:
-                why += ("; triton was imported before TRITON_INTERPRET=1 was set, so its own language functions "
-                        "are not interpreted: set TRITON_INTERPRET=1 in the environment, or call "
-                        "numcheck.impls.interpreter.arrange() before triton is imported")
+                why += (
+                    "; triton was imported before TRITON_INTERPRET=1 was set, so its own language functions "
+                    "are not interpreted: set TRITON_INTERPRET=1 in the environment, or call "
+                    "numcheck.impls.interpreter.arrange() before triton is imported"
+                )
             return why
         return None
     return None
@@ -311,6 +331,7 @@ def signature_gaps(info: LigerInfo) -> dict[str, str]:
     """Each feature the installed release's ``forward`` has no parameter for (an option, ``reduction=sum`` /
     ``reduction=none``, the separate z-loss), with the reason, e.g. ``"liger-kernel 0.5.8's forward has no
     softcap parameter"``."""
+
     def no(param: str) -> str:
         return f"liger-kernel {info.version}'s forward has no {param} parameter"
 
@@ -323,7 +344,9 @@ def signature_gaps(info: LigerInfo) -> dict[str, str]:
     return gaps
 
 
-def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | None = None) -> tuple[LinearCESupport, list[str]]:
+def declare(
+    info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | None = None
+) -> tuple[LinearCESupport, list[str]]:
     """The support declaration for ``info``'s release and ``accum_dtype``, and the notes on what was left out
     (``"feature: reason"``, one per feature).
 
@@ -373,15 +396,22 @@ def declare(info: LigerInfo, accum_dtype: torch.dtype | None, *, probe: bool | N
     return support, notes
 
 
-def build_impl(name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str | None = None,
-               *, probe: bool | None = None) -> FunctionImpl:
+def build_impl(
+    name: str, accum_dtype: torch.dtype | None, info: LigerInfo | str | None = None, *, probe: bool | None = None
+) -> FunctionImpl:
     """The adapter registered as ``name``; its declaration comes from ``info`` (default: the installed
     release, :func:`load`). When Liger is unusable the impl still exists and ``support.requires`` says why."""
     info = load() if info is None else info
     if isinstance(info, str) or (accum_dtype is not None and not info.has("accum_dtype")):
-        reason = info if isinstance(info, str) else f"liger-kernel {info.version}'s forward has no accum_dtype parameter"
-        return FunctionImpl(name=name, fn=unavailable_fn("liger adapter", reason), support=_not_installed_support(reason),
-                            description=f"Liger-Kernel FLCE, accum_dtype={accum_dtype} — unavailable: {reason}")
+        reason = (
+            info if isinstance(info, str) else f"liger-kernel {info.version}'s forward has no accum_dtype parameter"
+        )
+        return FunctionImpl(
+            name=name,
+            fn=unavailable_fn("liger adapter", reason),
+            support=_not_installed_support(reason),
+            description=f"Liger-Kernel FLCE, accum_dtype={accum_dtype} — unavailable: {reason}",
+        )
     support, notes = declare(info, accum_dtype, probe=probe)
     where = "Triton interpreter on CPU" if interpreted() else "compiled Triton on CUDA"
     desc = f"Liger-Kernel {info.version} LigerFusedLinearCrossEntropyFunction, accum_dtype={accum_dtype} ({where})"

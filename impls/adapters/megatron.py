@@ -72,18 +72,37 @@ class MegatronVocabParallel:
         self.fused = fused
         self.name = "megatron_fused_vocab_parallel" if fused else "megatron_vocab_parallel"
         options = ("bias", "ignore_index") if fused else ("bias", "ignore_index", "label_smoothing")
-        self.support = LinearCESupport(options=frozenset(options), autocast=frozenset(), all_ignored="nan",
-                                       dtypes=frozenset({torch.float32, torch.bfloat16}), grad_accumulation="fp32",
-                                       logits_dtype="compute", ce_dtype="float32", requires=megatron_missing)
+        self.support = LinearCESupport(
+            options=frozenset(options),
+            autocast=frozenset(),
+            all_ignored="nan",
+            dtypes=frozenset({torch.float32, torch.bfloat16}),
+            grad_accumulation="fp32",
+            logits_dtype="compute",
+            ce_dtype="float32",
+            requires=megatron_missing,
+        )
         self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
-        self.description = (f"Megatron-core {megatron_version() or '(not installed)'} "
-                            f"{'fused_' if fused else ''}vocab_parallel_cross_entropy")
+        self.description = (
+            f"Megatron-core {megatron_version() or '(not installed)'} "
+            f"{'fused_' if fused else ''}vocab_parallel_cross_entropy"
+        )
 
     def __repr__(self) -> str:
         return f"MegatronVocabParallel(fused={self.fused})"
 
-    def rank_call(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                  *, group: Any, vocab_start: int, vocab_size: int, **options: Any) -> torch.Tensor:
+    def rank_call(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        group: Any,
+        vocab_start: int,
+        vocab_size: int,
+        **options: Any,
+    ) -> torch.Tensor:
         """This rank's part through Megatron-core (module docstring)."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
@@ -104,16 +123,22 @@ class MegatronVocabParallel:
         else:
             from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 
-            saved = (ps._TENSOR_MODEL_PARALLEL_GROUP, ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
-                     ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE)
+            saved = (
+                ps._TENSOR_MODEL_PARALLEL_GROUP,
+                ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
+                ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE,
+            )
             ps._TENSOR_MODEL_PARALLEL_GROUP = group
             ps._MPU_TENSOR_MODEL_PARALLEL_RANK = None
             ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE = None
             try:
                 per_row = vocab_parallel_cross_entropy(logits, tgt, o.label_smoothing)
             finally:
-                (ps._TENSOR_MODEL_PARALLEL_GROUP, ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
-                 ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE) = saved
+                (
+                    ps._TENSOR_MODEL_PARALLEL_GROUP,
+                    ps._MPU_TENSOR_MODEL_PARALLEL_RANK,
+                    ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE,
+                ) = saved
         per_row = torch.where(valid, per_row, torch.zeros_like(per_row))  # a masked 0, not 0·(1/0) in backward
         if o.reduction == "none":
             return per_row
@@ -123,8 +148,12 @@ class MegatronVocabParallel:
 
 
 #: The fused module's ``jit_fuser`` steps, looked up by name when its forward and backward run.
-FUSED_STEPS = ("calculate_logits_max", "calculate_predicted_logits", "calculate_cross_entropy_loss",
-               "calculate_gradients")
+FUSED_STEPS = (
+    "calculate_logits_max",
+    "calculate_predicted_logits",
+    "calculate_cross_entropy_loss",
+    "calculate_gradients",
+)
 
 
 def _uncompile_steps(module: Any) -> None:

@@ -110,8 +110,17 @@ def reference(
     cw = _class_weights_for(x, class_weights)
     if bias is not None and bias.dtype != weight.dtype:
         bias = bias.to(weight.dtype)  # F.linear wants one dtype (as a user must align it); autocast then casts all
-    return F.linear_cross_entropy(x, weight, target, linear_bias=bias, weight=cw, reduction=reduction,
-                                  ignore_index=ignore_index, label_smoothing=label_smoothing, options=None)
+    return F.linear_cross_entropy(
+        x,
+        weight,
+        target,
+        linear_bias=bias,
+        weight=cw,
+        reduction=reduction,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        options=None,
+    )
 
 
 def chunked(policy: str) -> Callable[..., torch.Tensor]:
@@ -137,13 +146,23 @@ def chunked(policy: str) -> Callable[..., torch.Tensor]:
         opts = torch.nn.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loss = F.linear_cross_entropy(x, weight, target, linear_bias=bias, weight=class_weights,
-                                          reduction=reduction, ignore_index=ignore_index,
-                                          label_smoothing=label_smoothing, options=opts)
+            loss = F.linear_cross_entropy(
+                x,
+                weight,
+                target,
+                linear_bias=bias,
+                weight=class_weights,
+                reduction=reduction,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                options=opts,
+            )
         for w in caught:
             if _FALLBACK_MARKER in str(w.message):
-                raise ChunkedFallback(f"torch_native[chunked,acc={policy}]: PyTorch ran its reference path instead "
-                                      f"of the chunked one: {w.message}")
+                raise ChunkedFallback(
+                    f"torch_native[chunked,acc={policy}]: PyTorch ran its reference path instead "
+                    f"of the chunked one: {w.message}"
+                )
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return loss
 
@@ -159,26 +178,38 @@ def torch_native_impls() -> list[FunctionImpl]:
         FunctionImpl(
             name="torch_native[reference]",
             fn=reference,
-            support=make_support(options=("bias", "ignore_index", "label_smoothing", "class_weights"),
-                                 autocast=("bfloat16", "float16"), grad_accumulation="fp32",
-                                 logits_dtype="compute", ce_dtype="compute", requires=available, **common),
+            support=make_support(
+                options=("bias", "ignore_index", "label_smoothing", "class_weights"),
+                autocast=("bfloat16", "float16"),
+                grad_accumulation="fp32",
+                logits_dtype="compute",
+                ce_dtype="compute",
+                requires=available,
+                **common,
+            ),
             description="torch F.linear_cross_entropy(options=None): F.linear then F.cross_entropy "
-                        "(no softcap, no z-loss in PyTorch)",
+            "(no softcap, no z-loss in PyTorch)",
         )
     ]
     for policy in ACC_POLICIES:
         acc = "acc_dtype=None" if policy == "auto" else "acc_dtype=float32"
-        out.append(FunctionImpl(
-            name=f"torch_native[chunked,acc={policy}]",
-            fn=chunked(policy),
-            support=make_support(options=("bias", "ignore_index", "class_weights"), autocast=(),
-                                 grad_accumulation="param_dtype",
-                                 logits_dtype="float32" if policy == "accurate" else "compute",
-                                 ce_dtype="compute",
-                                 requires=chunked_available, **common),
-            description=f"torch F.linear_cross_entropy chunked path, acc_policy={policy}, {acc}; not declared: "
-                        "label_smoothing (PyTorch falls back to the reference path with a warning; the adapter "
-                        "raises ChunkedFallback), softcap/z-loss (absent), autocast (the chunked custom op "
-                        "has no autocast rule and computes in the parameter dtype)",
-        ))
+        out.append(
+            FunctionImpl(
+                name=f"torch_native[chunked,acc={policy}]",
+                fn=chunked(policy),
+                support=make_support(
+                    options=("bias", "ignore_index", "class_weights"),
+                    autocast=(),
+                    grad_accumulation="param_dtype",
+                    logits_dtype="float32" if policy == "accurate" else "compute",
+                    ce_dtype="compute",
+                    requires=chunked_available,
+                    **common,
+                ),
+                description=f"torch F.linear_cross_entropy chunked path, acc_policy={policy}, {acc}; not declared: "
+                "label_smoothing (PyTorch falls back to the reference path with a warning; the adapter "
+                "raises ChunkedFallback), softcap/z-loss (absent), autocast (the chunked custom op "
+                "has no autocast rule and computes in the parameter dtype)",
+            )
+        )
     return out

@@ -106,21 +106,27 @@ ENV_DIR = "NUMCHECK_TE_DIR"
 #: The release ``.ci/setup`` installs into :func:`default_dir` (the newest with the fused CE when it was pinned).
 CI_RELEASE = "2.20.2"
 #: The fused CE's files, relative to the folder holding ``transformer_engine/``; ``common`` exists from 2.10.
-FILES = {"api": "transformer_engine/pytorch/cross_entropy.py",
-         "triton": "transformer_engine/pytorch/triton/cross_entropy.py",
-         "common": "transformer_engine/common/triton/cross_entropy.py"}
+FILES = {
+    "api": "transformer_engine/pytorch/cross_entropy.py",
+    "triton": "transformer_engine/pytorch/triton/cross_entropy.py",
+    "common": "transformer_engine/common/triton/cross_entropy.py",
+}
 #: The module name each file is imported by (inside TE's own files).
-MODULE_NAMES = {"api": "transformer_engine.pytorch.cross_entropy",
-                "triton": "transformer_engine.pytorch.triton.cross_entropy",
-                "common": "transformer_engine.common.triton.cross_entropy"}
+MODULE_NAMES = {
+    "api": "transformer_engine.pytorch.cross_entropy",
+    "triton": "transformer_engine.pytorch.triton.cross_entropy",
+    "common": "transformer_engine.common.triton.cross_entropy",
+}
 OLDEST = Version("2.2.0")
 
 #: Where TE writes the gradient of the logits it is given: into them in forward (``"forward"``), in backward
 #: (``"backward"``), or not at all (``None``).
 Writes = Literal["forward", "backward"] | None
 WRITES: dict[Writes, str] = {
-    "forward": ("writes the gradient into the logits it is given, in forward (the kernel stores it in the logits "
-                "buffer; the Function saves and returns that buffer)"),
+    "forward": (
+        "writes the gradient into the logits it is given, in forward (the kernel stores it in the logits "
+        "buffer; the Function saves and returns that buffer)"
+    ),
     "backward": "writes the gradient into the logits it is given, in backward (overwrite_input=True)",
     None: "leaves the logits it is given as they are",
 }
@@ -134,8 +140,10 @@ def default_dir() -> Path:
 
 def install_hint(folder: Path | str | None = None) -> str:
     """The command that puts the files where numcheck looks."""
-    return (f"pip install --no-deps --target {folder or default_dir()} {DISTRIBUTION}=={CI_RELEASE} "
-            f"(or set {ENV_DIR} to such a folder)")
+    return (
+        f"pip install --no-deps --target {folder or default_dir()} {DISTRIBUTION}=={CI_RELEASE} "
+        f"(or set {ENV_DIR} to such a folder)"
+    )
 
 
 @dataclass(frozen=True)
@@ -204,8 +212,10 @@ def _dist_version_at(folder: Path) -> tuple[str | None, str | None]:
     if len(owners) == 1:
         return owners[0], None
     if not owners:
-        return None, (f"no {DISTRIBUTION} .dist-info in {folder} lists {target}, so its release (and with it the "
-                      f"declaration) is unknown: {install_hint(folder)}")
+        return None, (
+            f"no {DISTRIBUTION} .dist-info in {folder} lists {target}, so its release (and with it the "
+            f"declaration) is unknown: {install_hint(folder)}"
+        )
     return None, f"several {DISTRIBUTION} .dist-info in {folder} list {target}: {', '.join(owners)}"
 
 
@@ -245,8 +255,10 @@ def _private_import(owner: str, provided: dict[str, Any], package: str) -> Calla
             return provided[full] if fromlist else chain(full, provided[full])
         if fromlist and all(f"{full}.{item}" in provided for item in fromlist):  # from package import module
             return types.SimpleNamespace(**{item: provided[f"{full}.{item}"] for item in fromlist})
-        raise TELoadError(f"{owner} imports {full}, which numcheck does not load without TE's package (only torch, "
-                          f"triton and the fused CE's own modules are): this release's fused CE needs TE installed")
+        raise TELoadError(
+            f"{owner} imports {full}, which numcheck does not load without TE's package (only torch, "
+            f"triton and the fused CE's own modules are): this release's fused CE needs TE installed"
+        )
 
     return imp
 
@@ -308,11 +320,15 @@ def _triton_ready() -> str | None:
         return "triton is not installed"
     if not torch.cuda.is_available() and not interpreter.active():
         if interpreter.too_late():
-            return ("no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so TE's Triton "
-                    "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                    "environment, or call numcheck.impls.interpreter.arrange() before triton is imported")
-        return ("no CUDA device and TRITON_INTERPRET is not set: TE's Triton kernels need one or the other "
-                "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())")
+            return (
+                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so TE's Triton "
+                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
+                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
+            )
+        return (
+            "no CUDA device and TRITON_INTERPRET is not set: TE's Triton kernels need one or the other "
+            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
+        )
     return None
 
 
@@ -338,8 +354,10 @@ def locate() -> tuple[Source | None, list[str]]:
             notes.append(failed)
     if (default_dir() / FILES["triton"]).is_file():
         return Source("files", str(default_dir())), notes
-    notes.append(f"transformer_engine is not importable, {ENV_DIR} is unset and {default_dir()} holds no "
-                 f"{FILES['triton']}: {install_hint()}")
+    notes.append(
+        f"transformer_engine is not importable, {ENV_DIR} is unset and {default_dir()} holds no "
+        f"{FILES['triton']}: {install_hint()}"
+    )
     return None, notes
 
 
@@ -356,8 +374,9 @@ def load_from(source: Source) -> TEInfo | str:
             module_file = Path(sys.modules[function.__module__].__file__ or "")
             version = _owning_version(module_file) or _installed_version()
             if version is None:
-                return (f"TransformerEngine imported from {source.folder}, but no installed distribution names its "
-                        f"release")
+                return (
+                    f"TransformerEngine imported from {source.folder}, but no installed distribution names its release"
+                )
         else:
             function, version = load_files(Path(source.folder))
     except Exception as exc:  # noqa: BLE001 - one reason, whatever the release raises
@@ -438,12 +457,15 @@ def interpreter_limits(info: TEInfo, reduce_loss: bool) -> dict[str, str]:
     import triton
 
     shown = f"gives 0.25 + 1.5 = {got:.3g}" if isinstance(got, float) else f"raises {got}"
-    return {"bfloat16": (
-        f"interpreter artifact, not a TE defect: under Triton {triton.__version__}'s interpreter a bf16 value plus a "
-        f"Python float constant is wrong (a one-line kernel {shown}), and TE {info.version}'s reduce_loss=False "
-        f"kernel adds -(1 - label_smoothing) to the bf16 gradient it keeps in the logits buffer, so that kernel's bf16 "
-        f"gradients are garbage here (~1e37 with triton 3.9); compiled on CUDA the release is judged "
-        f"(tools/gpu/te_releases.sh)")}
+    return {
+        "bfloat16": (
+            f"interpreter artifact, not a TE defect: under Triton {triton.__version__}'s interpreter a bf16 value plus a "
+            f"Python float constant is wrong (a one-line kernel {shown}), and TE {info.version}'s reduce_loss=False "
+            f"kernel adds -(1 - label_smoothing) to the bf16 gradient it keeps in the logits buffer, so that kernel's bf16 "
+            f"gradients are garbage here (~1e37 with triton 3.9); compiled on CUDA the release is judged "
+            f"(tools/gpu/te_releases.sh)"
+        )
+    }
 
 
 # ---------------------------------------------------------------------------------------------- declaration
@@ -458,6 +480,7 @@ def writes_logits(info: TEInfo, overwrite_input: bool) -> Writes:
 
 def signature_gaps(info: TEInfo, overwrite_input: bool) -> dict[str, str]:
     """Each feature ``info``'s Function has no parameter for, with the reason."""
+
     def no(param: str) -> str:
         return f"TE {info.version}'s CrossEntropyFunction.forward has no {param} parameter"
 
@@ -466,7 +489,8 @@ def signature_gaps(info: TEInfo, overwrite_input: bool) -> dict[str, str]:
         gaps["ignore_index"] = no("ignore_idx") + " (every row counts)"
     if overwrite_input and not info.has("overwrite_input"):
         gaps["overwrite_input"] = no("overwrite_input") + (
-            " (it writes the gradient into the logits in forward anyway)" if writes_logits(info, False) else "")
+            " (it writes the gradient into the logits in forward anyway)" if writes_logits(info, False) else ""
+        )
     return gaps
 
 
@@ -503,8 +527,9 @@ def interpreter_failure(source: Source) -> str | None:
     z = torch.linspace(-1.0, 1.0, 15).reshape(3, 5).requires_grad_(True)
     y = torch.tensor([0, 4, 2])
     try:
-        loss = te_cross_entropy(info, writes_logits(info, False), z * 1.0, y, reduce_loss=True, ignore_index=-100,
-                                label_smoothing=0.0)
+        loss = te_cross_entropy(
+            info, writes_logits(info, False), z * 1.0, y, reduce_loss=True, ignore_index=-100, label_smoothing=0.0
+        )
         loss.backward()
     except Exception as exc:  # noqa: BLE001 - sorted below
         if type(exc).__name__ != "InterpreterError":
@@ -542,7 +567,8 @@ def declare(info: TEInfo, reduce_loss: bool, overwrite_input: bool = False) -> D
         deterministic=True,
         loss_dtype="input",
         slow=interpreted,
-        requires=functools.partial(_te_requirement, info.source) if unavailable is None
+        requires=functools.partial(_te_requirement, info.source)
+        if unavailable is None
         else functools.partial(_reason, unavailable),
     )
     return Declaration(support=support, writes=writes_logits(info, overwrite_input), notes=tuple(notes))
@@ -576,25 +602,39 @@ class LogitsWatch:
     def after_forward(self) -> None:
         changed = self._changed()
         if changed and self.writes != "forward":
-            raise self._mismatch(f"changed {changed} of {self.logits.numel()} elements of the logits it was given "
-                                 f"during forward")
+            raise self._mismatch(
+                f"changed {changed} of {self.logits.numel()} elements of the logits it was given during forward"
+            )
 
     def on_gradient(self, grad: torch.Tensor) -> None:
         aliased = grad.untyped_storage().data_ptr() == self.logits.untyped_storage().data_ptr()
         if self.writes is None:
             changed = self._changed()
             if aliased or changed:
-                raise self._mismatch("returned the gradient of the logits in the logits' own storage" if aliased else
-                                     f"changed {changed} of {self.logits.numel()} elements of the logits it was "
-                                     f"given during backward")
+                raise self._mismatch(
+                    "returned the gradient of the logits in the logits' own storage"
+                    if aliased
+                    else f"changed {changed} of {self.logits.numel()} elements of the logits it was "
+                    f"given during backward"
+                )
         elif not aliased:
             raise self._mismatch("returned the gradient of the logits in a buffer of its own, leaving the logits")
         self.before = None
 
 
-def te_cross_entropy(info: TEInfo, writes: Writes, logits: torch.Tensor, target: torch.Tensor, *, reduce_loss: bool,
-                     ignore_index: int, label_smoothing: float, group: Any = None, overwrite_input: bool = False,
-                     label: str = "TransformerEngine") -> torch.Tensor:
+def te_cross_entropy(
+    info: TEInfo,
+    writes: Writes,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    reduce_loss: bool,
+    ignore_index: int,
+    label_smoothing: float,
+    group: Any = None,
+    overwrite_input: bool = False,
+    label: str = "TransformerEngine",
+) -> torch.Tensor:
     """TE's Function on ``logits`` [N, V] (viewed as [1, N, V]) and ``target`` [N], its arguments in the release's
     order; the loss reshaped to () (``reduce_loss``) or [N]. The logits are watched (:class:`LogitsWatch`)."""
     N, V = logits.shape
@@ -602,14 +642,19 @@ def te_cross_entropy(info: TEInfo, writes: Writes, logits: torch.Tensor, target:
     watch = LogitsWatch(z, writes, f"{label} (TransformerEngine {info.version})")
     if z.requires_grad:
         z.register_hook(watch.on_gradient)
-    given: dict[str, Any] = {info.input_param: z, "target": target.view(1, N),
-                             "label_smoothing": float(label_smoothing), "reduce_loss": bool(reduce_loss),
-                             "dist_process_group": group}
+    given: dict[str, Any] = {
+        info.input_param: z,
+        "target": target.view(1, N),
+        "label_smoothing": float(label_smoothing),
+        "reduce_loss": bool(reduce_loss),
+        "dist_process_group": group,
+    }
     if info.has("ignore_idx"):
         given["ignore_idx"] = int(ignore_index)
     elif bool((target == ignore_index).any()):
-        raise ValueError(f"TE {info.version}'s CrossEntropyFunction has no ignore_idx, and target holds "
-                         f"ignore_index={ignore_index}")
+        raise ValueError(
+            f"TE {info.version}'s CrossEntropyFunction has no ignore_idx, and target holds ignore_index={ignore_index}"
+        )
     if info.has("overwrite_input"):
         given["overwrite_input"] = bool(overwrite_input)
     elif overwrite_input:
@@ -621,8 +666,9 @@ def te_cross_entropy(info: TEInfo, writes: Writes, logits: torch.Tensor, target:
         elif name in info.defaults:
             args.append(info.defaults[name])
         else:
-            raise ValueError(f"TE {info.version}'s CrossEntropyFunction.forward needs {name!r}, which the adapter "
-                             f"cannot supply")
+            raise ValueError(
+                f"TE {info.version}'s CrossEntropyFunction.forward needs {name!r}, which the adapter cannot supply"
+            )
     loss = info.function.apply(*args)
     watch.after_forward()
     return loss.reshape(()) if reduce_loss else loss.reshape(N)
@@ -634,14 +680,35 @@ def _check_reduction(name: str, reduce_loss: bool, reduction: str) -> None:
         raise ValueError(f"{name} is TE's reduce_loss={reduce_loss}, reduction={want!r} only; got {reduction!r}")
 
 
-def call_linear_ce(info: TEInfo, name: str, writes: Writes, reduce_loss: bool, overwrite_input: bool,
-                   x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   reduction: str = "mean", ignore_index: int = -100, label_smoothing: float = 0.0) -> torch.Tensor:
+def call_linear_ce(
+    info: TEInfo,
+    name: str,
+    writes: Writes,
+    reduce_loss: bool,
+    overwrite_input: bool,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """The linear+CE face: ``F.linear`` in the input dtype, then TE's Function (module docstring)."""
     _check_reduction(name, reduce_loss, reduction)
     logits = F.linear(x, weight, bias.to(weight.dtype) if bias is not None else None)
-    return te_cross_entropy(info, writes, logits, target, reduce_loss=reduce_loss, ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, overwrite_input=overwrite_input, label=name)
+    return te_cross_entropy(
+        info,
+        writes,
+        logits,
+        target,
+        reduce_loss=reduce_loss,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        overwrite_input=overwrite_input,
+        label=name,
+    )
 
 
 #: Linear+CE variants: name -> (reduce_loss, overwrite_input).
@@ -658,15 +725,20 @@ def describe(info: TEInfo, decl: Declaration, reduce_loss: bool, overwrite_input
     """The impl's line in ``numcheck list``: release, how it was loaded, where Triton runs, what it writes, notes."""
     where = "Triton interpreter on CPU" if decl.support.devices == frozenset({"cpu"}) else "compiled Triton on CUDA"
     flags = f"reduce_loss={reduce_loss}" + (", overwrite_input=True" if overwrite_input else "")
-    text = (f"TransformerEngine {info.version} CrossEntropyFunction({flags}) after F.linear in the input dtype; "
-            f"loaded: {info.source.describe()}; {where}; declared: {WRITES[decl.writes]}")
+    text = (
+        f"TransformerEngine {info.version} CrossEntropyFunction({flags}) after F.linear in the input dtype; "
+        f"loaded: {info.source.describe()}; {where}; declared: {WRITES[decl.writes]}"
+    )
     return text + ("; not declared here: " + "; ".join(decl.notes) if decl.notes else "")
 
 
 def _unavailable(name: str, reason: str) -> FunctionImpl:
-    return FunctionImpl(name=name, fn=unavailable_fn(name, reason),
-                        support=LinearCESupport(requires=functools.partial(_reason, reason), all_ignored="zero"),
-                        description=f"TransformerEngine fused CE — unavailable: {reason}")
+    return FunctionImpl(
+        name=name,
+        fn=unavailable_fn(name, reason),
+        support=LinearCESupport(requires=functools.partial(_reason, reason), all_ignored="zero"),
+        description=f"TransformerEngine fused CE — unavailable: {reason}",
+    )
 
 
 def build_impl(name: str, reduce_loss: bool, overwrite_input: bool, info: TEInfo | str | None = None) -> FunctionImpl:
@@ -677,8 +749,9 @@ def build_impl(name: str, reduce_loss: bool, overwrite_input: bool, info: TEInfo
         return _unavailable(name, info)
     decl = declare(info, reduce_loss, overwrite_input)
     fn = functools.partial(call_linear_ce, info, name, decl.writes, reduce_loss, overwrite_input)
-    return FunctionImpl(name=name, fn=fn, support=decl.support,
-                        description=describe(info, decl, reduce_loss, overwrite_input))
+    return FunctionImpl(
+        name=name, fn=fn, support=decl.support, description=describe(info, decl, reduce_loss, overwrite_input)
+    )
 
 
 def te_impls() -> list[FunctionImpl]:
@@ -715,8 +788,14 @@ class TEVocabParallel:
         info = load() if info is None else info
         self.name = name
         self.reduce_loss = reduce_loss
-        self.dist = DistSupport(uneven_vocab=False, smoothing="torch", deterministic=True, grad_x_reduce_dtype="input",
-                                world_sizes=(1, 2, 4), backends=("gloo", "nccl"))
+        self.dist = DistSupport(
+            uneven_vocab=False,
+            smoothing="torch",
+            deterministic=True,
+            grad_x_reduce_dtype="input",
+            world_sizes=(1, 2, 4),
+            backends=("gloo", "nccl"),
+        )
         if isinstance(info, str):
             self.source: Source | None = None
             self.writes: Writes = None
@@ -728,14 +807,26 @@ class TEVocabParallel:
         self.writes = decl.writes
         self.support = decl.support
         self.description = describe(info, decl, reduce_loss, False).replace(
-            "after F.linear", "with dist_process_group, after each rank's F.linear of its vocabulary shard")
+            "after F.linear", "with dist_process_group, after each rank's F.linear of its vocabulary shard"
+        )
 
     def __repr__(self) -> str:
         return f"TEVocabParallel({self.name!r})"
 
-    def rank_call(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                  *, group: Any, vocab_start: int, vocab_size: int, reduction: str = "mean", ignore_index: int = -100,
-                  label_smoothing: float = 0.0) -> torch.Tensor:
+    def rank_call(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        group: Any,
+        vocab_start: int,
+        vocab_size: int,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor:
         """This rank's part: its shard's logits, then TE's Function over ``group`` (the loss is every rank's)."""
         _check_reduction(self.name, self.reduce_loss, reduction)
         if self.source is None:
@@ -745,13 +836,23 @@ class TEVocabParallel:
             raise RuntimeError(f"{self.name} unavailable in this rank: {info}")
         P, r = dist.get_world_size(group), dist.get_rank(group)
         if weight.shape[0] * P != vocab_size or vocab_start != r * weight.shape[0]:
-            raise ValueError(f"{self.name}: TE needs equal, rank-ordered vocabulary shards; rank {r} of {P} got "
-                             f"classes {vocab_start}..{vocab_start + weight.shape[0] - 1} of {vocab_size}")
+            raise ValueError(
+                f"{self.name}: TE needs equal, rank-ordered vocabulary shards; rank {r} of {P} got "
+                f"classes {vocab_start}..{vocab_start + weight.shape[0] - 1} of {vocab_size}"
+            )
         xin = _CopyToRanks.apply(x, group)
         logits = F.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None)
-        return te_cross_entropy(info, self.writes, logits, target, reduce_loss=self.reduce_loss,
-                                ignore_index=ignore_index, label_smoothing=label_smoothing, group=group,
-                                label=self.name)
+        return te_cross_entropy(
+            info,
+            self.writes,
+            logits,
+            target,
+            reduce_loss=self.reduce_loss,
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+            group=group,
+            label=self.name,
+        )
 
 
 def te_dist_impls() -> list[TEVocabParallel]:

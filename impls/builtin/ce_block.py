@@ -68,7 +68,9 @@ class CEKernel(Protocol):
     ) -> BlockResult: ...
 
 
-def row_weights(target: torch.Tensor, class_weights: torch.Tensor | None, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_weights(
+    target: torch.Tensor, class_weights: torch.Tensor | None, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(valid, safe_target, w_t)``: the non-ignored mask, the targets with ignored rows set to class 0 (safe
     to index with) and w_{y_i} in fp32 (0 on ignored rows). No host synchronisation."""
     valid = target != ignore_index
@@ -76,7 +78,9 @@ def row_weights(target: torch.Tensor, class_weights: torch.Tensor | None, ignore
     if class_weights is None:
         w_t = valid.to(torch.float32)
     else:
-        w_t = torch.where(valid, class_weights.to(torch.float32)[safe], torch.zeros((), dtype=torch.float32, device=target.device))
+        w_t = torch.where(
+            valid, class_weights.to(torch.float32)[safe], torch.zeros((), dtype=torch.float32, device=target.device)
+        )
     return valid, safe, w_t
 
 
@@ -90,7 +94,9 @@ class Coefficients(NamedTuple):
     n_valid: torch.Tensor
 
 
-def reduction_coefficients(valid: torch.Tensor, w_t: torch.Tensor, reduction: str, upstream: torch.Tensor | None = None) -> Coefficients:
+def reduction_coefficients(
+    valid: torch.Tensor, w_t: torch.Tensor, reduction: str, upstream: torch.Tensor | None = None
+) -> Coefficients:
     """c_i and c^z_i for ``reduction`` and an upstream gradient (``None`` = 1; a 0-dim tensor for
     ``mean``/``sum``, ``[N]`` for ``none``): ``mean`` → u/D and u/|M|, ``sum``/``none`` → u; 0 on ignored rows
     (also when every row is ignored, where u/D is 0/0). No host synchronisation."""
@@ -110,13 +116,25 @@ def reduction_coefficients(valid: torch.Tensor, w_t: torch.Tensor, reduction: st
     return Coefficients(ce, z, D, n_valid)
 
 
-def _check_block(logits: torch.Tensor, target: torch.Tensor, coef_ce: torch.Tensor, coef_z: torch.Tensor,
-                 class_weights: torch.Tensor | None, stats: SoftmaxStats | None) -> None:
+def _check_block(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    class_weights: torch.Tensor | None,
+    stats: SoftmaxStats | None,
+) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a 2-D floating chunk [C, V], got {tuple(logits.shape)} {logits.dtype}")
     C, V = logits.shape
     m, log_s = stats if stats is not None else (None, None)
-    for name, t in (("target", target), ("coef_ce", coef_ce), ("coef_z", coef_z), ("stats.m", m), ("stats.log_s", log_s)):
+    for name, t in (
+        ("target", target),
+        ("coef_ce", coef_ce),
+        ("coef_z", coef_z),
+        ("stats.m", m),
+        ("stats.log_s", log_s),
+    ):
         if t is not None and tuple(t.shape) != (C,):
             raise ValueError(f"{name} must have shape [C]=[{C}], got {tuple(t.shape)}")
     if class_weights is not None and tuple(class_weights.shape) != (V,):
@@ -163,8 +181,9 @@ def ce_block_(
     return BlockResult(ce, z, lse, stats)
 
 
-def _centred(logits: torch.Tensor, softcap: float | None,
-             stats: SoftmaxStats | None) -> tuple[torch.Tensor | None, torch.Tensor, SoftmaxStats]:
+def _centred(
+    logits: torch.Tensor, softcap: float | None, stats: SoftmaxStats | None
+) -> tuple[torch.Tensor | None, torch.Tensor, SoftmaxStats]:
     """``(t, d, stats)``: t = tanh(z/s) under softcap (else ``None``), d = z' − m in an fp32 working copy of the
     chunk (in place of ``logits`` when that is fp32), and the rows' statistics (computed when not given)."""
     # fp32 working copy; it aliases `logits` when that is already fp32, which is fine: the chunk is scratch,
@@ -198,8 +217,9 @@ class _Weights(NamedTuple):
     zero: torch.Tensor
 
 
-def _weights(logits: torch.Tensor, target: torch.Tensor, class_weights: torch.Tensor | None,
-             ignore_index: int) -> _Weights:
+def _weights(
+    logits: torch.Tensor, target: torch.Tensor, class_weights: torch.Tensor | None, ignore_index: int
+) -> _Weights:
     valid, safe, w_t = row_weights(target, class_weights, ignore_index)
     cw = class_weights.to(torch.float32) if class_weights is not None else None
     S_w = cw.sum() if cw is not None else float(logits.shape[1])
@@ -207,8 +227,9 @@ def _weights(logits: torch.Tensor, target: torch.Tensor, class_weights: torch.Te
     return _Weights(valid, safe[:, None], w_t, cw, S_w, zero)
 
 
-def _row_losses(d: torch.Tensor, log_s: torch.Tensor, lse: torch.Tensor, wts: _Weights, eps: float,
-                lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_losses(
+    d: torch.Tensor, log_s: torch.Tensor, lse: torch.Tensor, wts: _Weights, eps: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows' CE parts ℓ_i and z-losses ζ_i from d = z' − m (read, not changed); 0 on ignored rows."""
     valid, idx, w_t, cw, S_w, zero = wts
     V = d.shape[1]
@@ -221,9 +242,18 @@ def _row_losses(d: torch.Tensor, log_s: torch.Tensor, lse: torch.Tensor, wts: _W
     return ce, z
 
 
-def _gradient_(logits: torch.Tensor, d: torch.Tensor, t: torch.Tensor | None, log_s: torch.Tensor,
-               lse: torch.Tensor, wts: _Weights, coef_ce: torch.Tensor, coef_z: torch.Tensor, eps: float,
-               lam: float) -> None:
+def _gradient_(
+    logits: torch.Tensor,
+    d: torch.Tensor,
+    t: torch.Tensor | None,
+    log_s: torch.Tensor,
+    lse: torch.Tensor,
+    wts: _Weights,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    eps: float,
+    lam: float,
+) -> None:
     """G written into ``logits``, formed in place of d = z' − m (and of t = tanh(z/s) under softcap)."""
     valid, idx, w_t, cw, S_w, zero = wts
     V = d.shape[1]

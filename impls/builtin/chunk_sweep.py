@@ -42,8 +42,9 @@ class Plan:
     compute_dtype: torch.dtype
 
 
-def operands(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def operands(
+    plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``x, weight, bias`` in the compute dtype (no copy when they already are; one [V, H] cast of fp32
     parameters under autocast, as autocast's own linear would make)."""
     c = plan.compute_dtype
@@ -90,9 +91,17 @@ def sweep(
         x_r = xc[r]
         logits = torch.mm(x_r, wt) if bc is None else torch.addmm(bc, x_r, wt)
         res = plan.kernel(
-            logits, target[r], cc[r], cz[r], ignore_index=o.ignore_index, label_smoothing=o.label_smoothing,
-            class_weights=o.class_weights, softcap=o.softcap, z_loss_scale=o.z_loss_scale,
-            stats=SoftmaxStats(stats.m[r], stats.log_s[r]) if stats is not None else None, want_loss=want_loss,
+            logits,
+            target[r],
+            cc[r],
+            cz[r],
+            ignore_index=o.ignore_index,
+            label_smoothing=o.label_smoothing,
+            class_weights=o.class_weights,
+            softcap=o.softcap,
+            z_loss_scale=o.z_loss_scale,
+            stats=SoftmaxStats(stats.m[r], stats.log_s[r]) if stats is not None else None,
+            want_loss=want_loss,
             want_grad=coef is not None,
         )
         if want_loss:
@@ -107,21 +116,31 @@ def sweep(
     return ce_rows, z_rows, rows
 
 
-def _row_buffers(N: int, dev: torch.device, want_loss: bool, stats: SoftmaxStats | None
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, SoftmaxStats]:
+def _row_buffers(
+    N: int, dev: torch.device, want_loss: bool, stats: SoftmaxStats | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None, SoftmaxStats]:
     """The per-row fp32 outputs :func:`sweep` fills: ``ce`` and ``z`` (``None`` without ``want_loss``), and the
     rows' statistics (``stats`` itself when given, only read then)."""
     f32 = torch.float32
     ce_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
     z_rows = torch.empty(N, dtype=f32, device=dev) if want_loss else None
-    rows = stats if stats is not None else SoftmaxStats(torch.empty(N, dtype=f32, device=dev),
-                                                    torch.empty(N, dtype=f32, device=dev))
+    rows = (
+        stats
+        if stats is not None
+        else SoftmaxStats(torch.empty(N, dtype=f32, device=dev), torch.empty(N, dtype=f32, device=dev))
+    )
     return ce_rows, z_rows, rows
 
 
-def _chunk_gradients(G: torch.Tensor, x_r: torch.Tensor, wc: torch.Tensor, gx_r: torch.Tensor | None,
-                     gw: grad_accum.Accumulator | None, gb: grad_accum.Accumulator | None,
-                     ones: torch.Tensor | None) -> None:
+def _chunk_gradients(
+    G: torch.Tensor,
+    x_r: torch.Tensor,
+    wc: torch.Tensor,
+    gx_r: torch.Tensor | None,
+    gw: grad_accum.Accumulator | None,
+    gb: grad_accum.Accumulator | None,
+    ones: torch.Tensor | None,
+) -> None:
     """One chunk's share of the gradients from its G: ``gx_r = G·W`` (the chunk's rows of grad_x), ``gw += Gᵀ·x_r``
     and ``gb += Σ G``, each where its buffer is given."""
     if gx_r is not None:
@@ -132,7 +151,9 @@ def _chunk_gradients(G: torch.Tensor, x_r: torch.Tensor, wc: torch.Tensor, gx_r:
         gb.add_(G, ones)
 
 
-def reduce_rows(reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients) -> tuple[torch.Tensor, torch.Tensor]:
+def reduce_rows(
+    reduction: str, ce: torch.Tensor, z: torch.Tensor, coef: Coefficients
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, z_loss)`` from per-row fp32 CE parts and z-losses: ``mean`` divides Σ CE by D and Σ z by |M|
     (0/0 = NaN when every row is ignored), ``sum`` adds, ``none`` keeps rows."""
     if reduction == "mean":
@@ -196,10 +217,23 @@ def run_sweep(
         grads = Gradients(
             torch.empty(N, H, dtype=xc.dtype, device=x.device) if need_x else None,
             grad_accum.make_accumulator(plan.path, (V, H), weight.dtype, x.device) if need_w else None,
-            (grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
-             if need_b and bias is not None else None),
+            (
+                grad_accum.make_accumulator(plan.path, (V,), bias.dtype, x.device)
+                if need_b and bias is not None
+                else None
+            ),
         )
-    ce, z, rows = sweep(plan, xc, wc, bc, target, coef=coef if grads is not None else None, stats=stats,
-                        want_loss=want_loss, gx=grads.x if grads else None, gw=grads.weight if grads else None,
-                        gb=grads.bias if grads else None)
+    ce, z, rows = sweep(
+        plan,
+        xc,
+        wc,
+        bc,
+        target,
+        coef=coef if grads is not None else None,
+        stats=stats,
+        want_loss=want_loss,
+        gx=grads.x if grads else None,
+        gw=grads.weight if grads else None,
+        gb=grads.bias if grads else None,
+    )
     return SweepResult(ce, z, rows, coef, grads)

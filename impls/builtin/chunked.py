@@ -63,8 +63,9 @@ def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def check_call(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-               opts: CEOptions) -> None:
+def check_call(
+    x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, opts: CEOptions
+) -> None:
     """Validate shapes and dtypes (metadata only), and the target range once per call: a ValueError naming
     the row on CPU, a device-side assert on accelerators (no host synchronisation), nothing on ``meta``."""
     for name, t in (("x", x), ("weight", weight)):
@@ -92,7 +93,9 @@ def check_call(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias
     if target.device.type == "cpu":
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"target[{i}]={int(target[i])} is outside [0, V={V}) and is not ignore_index={opts.ignore_index}")
+            raise ValueError(
+                f"target[{i}]={int(target[i])} is outside [0, V={V}) and is not ignore_index={opts.ignore_index}"
+            )
     elif target.device.type != "meta":
         torch._assert_async(~bad.any(), f"target outside [0, V={V}) and not ignore_index={opts.ignore_index}")
 
@@ -102,8 +105,9 @@ class FusedFunction(torch.autograd.Function):
     """``mean``/``sum``: every gradient computed during forward, scaled by the scalar grad_output in backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, plan: Plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         o = plan.options
         if o.reduction == "none":
             raise ValueError("FusedFunction handles reduction 'mean' and 'sum'; 'none' is deferred (RecomputeFunction)")
@@ -120,9 +124,11 @@ class FusedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, grad_z: torch.Tensor | None):  # type: ignore[override]
         if getattr(ctx, "consumed", False):
-            raise RuntimeError("the fused chunked linear+CE backward ran twice on one graph: its stored gradients are "
-                               "scaled in place by the first backward (retain_graph=True is not supported; use the "
-                               "'recompute' impl for that)")
+            raise RuntimeError(
+                "the fused chunked linear+CE backward ran twice on one graph: its stored gradients are "
+                "scaled in place by the first backward (retain_graph=True is not supported; use the "
+                "'recompute' impl for that)"
+            )
         ctx.consumed = True
         (gx,) = ctx.saved_tensors
         gw, gb = ctx.accumulators
@@ -130,10 +136,13 @@ class FusedFunction(torch.autograd.Function):
         dx, dw, db = ctx.dtypes
         g = grad_loss.to(torch.float32)
         with autocast_off(grad_loss.device.type):
-            return (grad_accum.scaled_(gx, g, dx) if gx is not None else None,
-                    gw.finish(g, dw) if gw is not None else None,
-                    gb.finish(g, db) if gb is not None else None,
-                    None, None)
+            return (
+                grad_accum.scaled_(gx, g, dx) if gx is not None else None,
+                gw.finish(g, dw) if gw is not None else None,
+                gb.finish(g, db) if gb is not None else None,
+                None,
+                None,
+            )
 
 
 # -- the impl object --------------------------------------------------------------------------------------
@@ -153,8 +162,17 @@ class ChunkedLinearCE:
 
     kind = "linear_ce"
 
-    def __init__(self, name: str, *, path: str, chunk_rows: int = DEFAULT_CHUNK_ROWS, kernel: CEKernel = ce_block_,
-                 recompute: bool = False, support: LinearCESupport | None = None, description: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        path: str,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        kernel: CEKernel = ce_block_,
+        recompute: bool = False,
+        support: LinearCESupport | None = None,
+        description: str = "",
+    ) -> None:
         if path not in grad_accum.ALL_PATHS:
             raise ValueError(f"path must be one of {sorted(grad_accum.ALL_PATHS)}, got {path!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
@@ -167,23 +185,42 @@ class ChunkedLinearCE:
         self.recompute = recompute
         self.description = description
         self.support = dataclasses.replace(
-            base, chunk_rows=chunk_rows, grad_accumulation=grad_accum.GRAD_ACCUMULATION[path])  # type: ignore[arg-type]
+            base, chunk_rows=chunk_rows, grad_accumulation=grad_accum.GRAD_ACCUMULATION[path]
+        )  # type: ignore[arg-type]
 
     def with_chunk_rows(self, n: int) -> "ChunkedLinearCE":
         """A copy with ``n`` tokens per chunk (same name, path, kernel and declaration otherwise)."""
-        return ChunkedLinearCE(self.name, path=self.path, chunk_rows=n, kernel=self.kernel, recompute=self.recompute,
-                               support=self.support, description=self.description)
+        return ChunkedLinearCE(
+            self.name,
+            path=self.path,
+            chunk_rows=n,
+            kernel=self.kernel,
+            recompute=self.recompute,
+            support=self.support,
+            description=self.description,
+        )
 
     def __repr__(self) -> str:
         return f"ChunkedLinearCE({self.name!r}, path={self.path!r}, chunk_rows={self.chunk_rows})"
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                 **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        **options: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, z_loss)`` of linear + CE (see the module docstring for conventions)."""
         opts = options_from_kwargs(**options)
         check_call(x, weight, target, bias, opts)
-        plan = Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
-                    compute_dtype=compute_dtype(x, weight))
+        plan = Plan(
+            options=opts,
+            path=self.path,
+            chunk_rows=self.chunk_rows,
+            kernel=self.kernel,
+            compute_dtype=compute_dtype(x, weight),
+        )
         if self.recompute or opts.reduction == "none":
             return RecomputeFunction.apply(x, weight, bias, target, plan)
         return FusedFunction.apply(x, weight, bias, target, plan)
@@ -192,7 +229,9 @@ class ChunkedLinearCE:
 def chunked(path: str, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
     """The built-in ``chunked[<path>]`` impl."""
     return ChunkedLinearCE(
-        f"chunked[{path}]", path=path, chunk_rows=chunk_rows,
+        f"chunked[{path}]",
+        path=path,
+        chunk_rows=chunk_rows,
         description=f"chunked FLCE (Liger design, torch CE), grad_weight via {path}",
     )
 
@@ -205,7 +244,10 @@ def chunked_impls() -> list[ChunkedLinearCE]:
 def recompute(*, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> ChunkedLinearCE:
     """The built-in ``recompute`` impl (:class:`impls.builtin.recompute.RecomputeFunction` for every reduction)."""
     return ChunkedLinearCE(
-        "recompute", path="addmm_out_dtype", chunk_rows=chunk_rows, recompute=True,
+        "recompute",
+        path="addmm_out_dtype",
+        chunk_rows=chunk_rows,
+        recompute=True,
         description="forward keeps x, W, target, bias and per-row (max, log-sum); backward recomputes the logits chunk by chunk",
     )
 

@@ -56,7 +56,9 @@ def eager_impls() -> list[FunctionImpl]:
         FunctionImpl(
             name="eager",
             fn=eager_linear_ce,
-            support=LinearCESupport(returns_z_loss=True, all_ignored="nan", grad_accumulation="fp32", ce_dtype="compute"),
+            support=LinearCESupport(
+                returns_z_loss=True, all_ignored="nan", grad_accumulation="fp32", ce_dtype="compute"
+            ),
             description="F.linear in the input/autocast dtype, then F.cross_entropy (materializes [N, V])",
         )
     ]

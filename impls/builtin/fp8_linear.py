@@ -104,8 +104,9 @@ def _block_amax(t32: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return a.view(nr, br, nc, bc).amax(dim=(1, 3))
 
 
-def _scale_from_amax(amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
-                     value_for_inf: float) -> torch.Tensor:
+def _scale_from_amax(
+    amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float, value_for_inf: float
+) -> torch.Tensor:
     """TE's compute_scale_from_amax in fp32 torch ops."""
     a = torch.where(amax < epsilon, torch.full_like(amax, epsilon), amax)
     special = torch.isinf(a) | (a == 0) | torch.isnan(a)
@@ -168,15 +169,18 @@ def recipes_kind(recipes: tuple[Fp8Recipe, ...], owner: str) -> str:
     return kinds.pop()
 
 
-def check_recipe_call(name: str, kind: str, recipe: Any, save_original_input: bool,
-                      scaling_state: DelayedScalingState | None) -> None:
+def check_recipe_call(
+    name: str, kind: str, recipe: Any, save_original_input: bool, scaling_state: DelayedScalingState | None
+) -> None:
     """A protocol call's recipe arguments for impl ``name`` (recipes of ``kind``): ``ValueError`` for a recipe of
     another kind, ``save_original_input=True`` under delayed scaling, or delayed scaling without a state."""
     if not isinstance(recipe, Fp8Recipe) or recipe.kind != kind:
         raise ValueError(f"{name}: recipe must be an Fp8Recipe of kind {kind!r}, got {recipe!r}")
     if save_original_input and not recipe.allows_save_original_input:
-        raise ValueError(f"{name}: save_original_input=True is not supported with delayed scaling "
-                         "(the amax history changes between forward and backward)")
+        raise ValueError(
+            f"{name}: save_original_input=True is not supported with delayed scaling "
+            "(the amax history changes between forward and backward)"
+        )
     if recipe.kind == "delayed" and not isinstance(scaling_state, DelayedScalingState):
         raise ValueError(f"{name}: delayed scaling needs scaling_state=DelayedScalingState(recipe)")
 
@@ -187,8 +191,16 @@ class _QuantLinearFunction(torch.autograd.Function):
     recipe_kind = ""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, impl: "Fp8Linear",
-                recipe: Fp8Recipe, save_original_input: bool, state: DelayedScalingState | None) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        impl: "Fp8Linear",
+        recipe: Fp8Recipe,
+        save_original_input: bool,
+        state: DelayedScalingState | None,
+    ) -> torch.Tensor:
         qx = impl.quantize_operand(x, recipe, "x", "rowwise", state, record=True)
         qw = impl.quantize_operand(weight, recipe, "w", "rowwise", state, record=True)
         y32 = impl.gemm_nt(qx, qw)
@@ -215,8 +227,9 @@ class _QuantLinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         if ctx.save_original_input:
             x = saved[1]
-            qxc = impl.quantize_operand(impl.columnwise_x_source(x, recipe, state), recipe, "x", "columnwise",
-                                        state, record=False)
+            qxc = impl.quantize_operand(
+                impl.columnwise_x_source(x, recipe, state), recipe, "x", "columnwise", state, record=False
+            )
         else:
             block, fmt, is_mx = ctx.qxc_meta
             data, s = saved[1], saved[2]
@@ -262,27 +275,46 @@ class Fp8Linear:
         self.function = FUNCTIONS[self.recipe_kind]
         self.description = description
         self.support = QuantLinearSupport(
-            recipes=recipes, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+            recipes=recipes,
+            dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
             save_original_input=frozenset({False, True}),
-            bias=True, exposes_quantize=True, **accumulation_declaration(self.recipe_kind),
+            bias=True,
+            exposes_quantize=True,
+            **accumulation_declaration(self.recipe_kind),
         )
 
     def __repr__(self) -> str:
         return f"Fp8Linear({self.name!r})"
 
     # -- the protocol call ----------------------------------------------------------------------------
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 recipe: Fp8Recipe, save_original_input: bool, scaling_state: DelayedScalingState | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        recipe: Fp8Recipe,
+        save_original_input: bool,
+        scaling_state: DelayedScalingState | None = None,
+    ) -> torch.Tensor:
         check_recipe_call(self.name, self.recipe_kind, recipe, save_original_input, scaling_state)
         if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-            raise ValueError(f"{self.name}: x must be [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+            raise ValueError(
+                f"{self.name}: x must be [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}"
+            )
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"{self.name}: bias must be [N]={weight.shape[0]}, got {tuple(bias.shape)}")
         return self.function.apply(x, weight, bias, self, recipe, bool(save_original_input), scaling_state)
 
-    def quantize(self, t: torch.Tensor, *, recipe: Fp8Recipe, role: str, usage: str,
-                 scaling_state: DelayedScalingState | None = None) -> QuantizedTensor:
+    def quantize(
+        self,
+        t: torch.Tensor,
+        *,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        scaling_state: DelayedScalingState | None = None,
+    ) -> QuantizedTensor:
         """The protocol's quantizer: ``t`` quantized for (role, usage), in ``t``'s orientation."""
         q = self.quantize_operand(t, recipe, role, usage, scaling_state, record=False)
         if usage == "columnwise":
@@ -296,13 +328,15 @@ class Fp8Linear:
         """What ``save_original_input=True`` keeps for backward: the caller's x itself (same storage)."""
         return x
 
-    def columnwise_x_source(self, x_saved: torch.Tensor, recipe: Fp8Recipe,
-                            state: DelayedScalingState | None) -> torch.Tensor:
+    def columnwise_x_source(
+        self, x_saved: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None
+    ) -> torch.Tensor:
         """The tensor the backward pass quantizes columnwise when ``save_original_input=True``: x itself."""
         return x_saved
 
-    def scale_from_amax(self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
-                        value_for_inf: float) -> torch.Tensor:
+    def scale_from_amax(
+        self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float, value_for_inf: float
+    ) -> torch.Tensor:
         """The fp32 scale of a tensor or of each block from its amax (TE's rule, :func:`_scale_from_amax`)."""
         return _scale_from_amax(amax, fp8_max, power_of_2=power_of_2, epsilon=epsilon, value_for_inf=value_for_inf)
 
@@ -314,8 +348,16 @@ class Fp8Linear:
         """fp8(t·s), saturating at ±fp8_max (:func:`_cast`)."""
         return _cast(t32, scale, fmt)
 
-    def quantize_per_tensor(self, t32: torch.Tensor, amax: torch.Tensor, recipe: Fp8Recipe, role: str,
-                            state: DelayedScalingState | None, *, record: bool) -> QTensor:
+    def quantize_per_tensor(
+        self,
+        t32: torch.Tensor,
+        amax: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         """Per-tensor (delayed, current) quantization of the K-major fp32 ``t32`` whose amax is ``amax`` (0-d):
         delayed scaling takes the stored scale (and records ``amax`` if asked), current scaling the scale from
         ``amax``; then the saturating cast."""
@@ -327,14 +369,27 @@ class Fp8Linear:
             if record:
                 state.record(role, amax)
         else:
-            scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                         epsilon=recipe.amax_epsilon, value_for_inf=FP32_MAX).reshape(())
+            scale = self.scale_from_amax(
+                amax,
+                fmt.max_finite,
+                power_of_2=bool(recipe.power_of_2_scales),
+                epsilon=recipe.amax_epsilon,
+                value_for_inf=FP32_MAX,
+            ).reshape(())
         data = self.cast(t32, scale, fmt)
         scale_inv = torch.ones_like(scale) / scale
         return QTensor(data, scale_inv.reshape(()).clone(), None, (t32.shape[0], t32.shape[1]), fmt)
 
-    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
-                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         """K-major quantization of ``t`` for (role, usage); records the amax for delayed scaling if asked."""
         t32 = k_major_fp32(t, usage)
         if recipe.kind in ("delayed", "current"):
@@ -348,8 +403,13 @@ class Fp8Linear:
         shape = (t32.shape[0], t32.shape[1])
         if recipe.kind == "blockwise":
             vfi = DTYPE_MAX.get(t.dtype, FP32_MAX)
-            scale = self.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                         epsilon=recipe.amax_epsilon, value_for_inf=vfi)
+            scale = self.scale_from_amax(
+                amax,
+                fmt.max_finite,
+                power_of_2=bool(recipe.power_of_2_scales),
+                epsilon=recipe.amax_epsilon,
+                value_for_inf=vfi,
+            )
             data = self.cast(t32, _expand(scale, shape, block), fmt)
             return QTensor(data, (torch.ones_like(scale) / scale).contiguous(), None, block, fmt)
         code = self.mx_scale_code(amax, fmt, recipe.mx_scale_rounding)
@@ -361,7 +421,9 @@ class Fp8Linear:
     def gemm_nt(self, a: QTensor, b: QTensor) -> torch.Tensor:
         """fp32 ``deq(a) · deq(b)ᵀ`` of two K-major operands: ``_scaled_mm`` where probed, else emulated."""
         mode = _native_mode(a, b)
-        if mode is not None and capabilities.scaled_mm(a.data.device, mode, a.fmt.torch_dtype_name, b.fmt.torch_dtype_name):
+        if mode is not None and capabilities.scaled_mm(
+            a.data.device, mode, a.fmt.torch_dtype_name, b.fmt.torch_dtype_name
+        ):
             sa, sb = _native_scales(mode, a, b)
             return torch._scaled_mm(a.data, b.data.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
         return a.dequantize() @ b.dequantize().t()
@@ -423,12 +485,15 @@ _DESCRIPTIONS = {
 }
 
 
-def one_per_recipe_kind(make: Callable[[str, tuple[Fp8Recipe, ...], str], _Impl], family: str,
-                        descriptions: dict[str, str]) -> list[_Impl]:
+def one_per_recipe_kind(
+    make: Callable[[str, tuple[Fp8Recipe, ...], str], _Impl], family: str, descriptions: dict[str, str]
+) -> list[_Impl]:
     """One built-in per recipe kind, ``make("family[kind]", the kind's standard recipes, descriptions[kind])``,
     in :data:`RECIPE_KINDS`' order."""
-    return [make(f"{family}[{k}]", tuple(r for r in standard_recipes() if r.kind == k), descriptions[k])
-            for k in RECIPE_KINDS]
+    return [
+        make(f"{family}[{k}]", tuple(r for r in standard_recipes() if r.kind == k), descriptions[k])
+        for k in RECIPE_KINDS
+    ]
 
 
 def quant_linear_impls() -> list[Fp8Linear]:

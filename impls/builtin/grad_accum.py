@@ -60,13 +60,16 @@ def _check(gw: torch.Tensor, G: torch.Tensor, x: torch.Tensor, *, fp32_gw: bool)
     """Shape/dtype checks (metadata only: no host sync)."""
     for name, t in (("gw", gw), ("G_chunk", G), ("x_chunk", x)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a 2-D floating tensor, got {getattr(t, 'shape', type(t))} "
-                             f"{getattr(t, 'dtype', '')}")
+            raise ValueError(
+                f"{name} must be a 2-D floating tensor, got {getattr(t, 'shape', type(t))} {getattr(t, 'dtype', '')}"
+            )
     if G.shape[0] != x.shape[0]:
         raise ValueError(f"G_chunk has {G.shape[0]} rows but x_chunk has {x.shape[0]} (both must be [C, ...])")
     if tuple(gw.shape) != (G.shape[1], x.shape[1]):
-        raise ValueError(f"gw has shape {tuple(gw.shape)}; expected [V, H] = [{G.shape[1]}, {x.shape[1]}] "
-                         "from G_chunk [C, V] and x_chunk [C, H]")
+        raise ValueError(
+            f"gw has shape {tuple(gw.shape)}; expected [V, H] = [{G.shape[1]}, {x.shape[1]}] "
+            "from G_chunk [C, V] and x_chunk [C, H]"
+        )
     if fp32_gw and gw.dtype != torch.float32:
         raise ValueError(f"gw must be float32 for an fp32-accumulating path, got {gw.dtype}")
 
@@ -198,7 +201,7 @@ def scaled_(buf: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     rows = buf.shape[0] if buf.dim() else 1
     flat_in, flat_out = buf.reshape(rows, -1), out.reshape(rows, -1)
     for i in range(0, rows, SCALE_BLOCK_ROWS):
-        flat_out[i:i + SCALE_BLOCK_ROWS] = (flat_in[i:i + SCALE_BLOCK_ROWS].to(torch.float32) * g).to(dtype)
+        flat_out[i : i + SCALE_BLOCK_ROWS] = (flat_in[i : i + SCALE_BLOCK_ROWS].to(torch.float32) * g).to(dtype)
     return out
 
 
@@ -267,8 +270,9 @@ class _SplitWeightAccumulator:
         return self.acc.finish(scale)
 
 
-def make_accumulator(path: str, shape: tuple[int, ...], param_dtype: torch.dtype,
-                     device: torch.device | str) -> Accumulator:
+def make_accumulator(
+    path: str, shape: tuple[int, ...], param_dtype: torch.dtype, device: torch.device | str
+) -> Accumulator:
     """A zeroed accumulator for a gradient of ``shape`` and ``param_dtype`` that adds chunks the way ``path``
     (a name of :data:`ALL_PATHS`) says. ``split_fp32``: the split accumulator for a bf16 ``[V, H]``
     gradient, else the ``addmm_out_dtype`` buffer (same fp32 accumulation, full fp32 buffer)."""

@@ -30,8 +30,16 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
-from numcheck.impls.builtin.fp8_linear import (Fp8Linear, QTensor, _e8m0_scale_inv, _pow2_f32,
-                                               accumulation_declaration, check_recipe_call, k_major_fp32, tensor_amax)
+from numcheck.impls.builtin.fp8_linear import (
+    Fp8Linear,
+    QTensor,
+    _e8m0_scale_inv,
+    _pow2_f32,
+    accumulation_declaration,
+    check_recipe_call,
+    k_major_fp32,
+    tensor_amax,
+)
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
@@ -73,19 +81,34 @@ class GroupedBase:
     def __init__(self, name: str, description: str = "", **support: Any) -> None:
         self.name = name
         self.description = description
-        fields = dict(recipes=standard_recipes(), dtypes=_ALL_DTYPES, save_original_input=frozenset({False, True}),
-                      bias=True, **accumulation_declaration("current"))
+        fields = dict(
+            recipes=standard_recipes(),
+            dtypes=_ALL_DTYPES,
+            save_original_input=frozenset({False, True}),
+            bias=True,
+            **accumulation_declaration("current"),
+        )
         fields.update(support)
         self.support = GroupedQuantSupport(**fields)
         kinds = sorted({r.kind for r in self.support.recipes}, key=RECIPE_KINDS.index)
-        self.single = {k: Fp8Linear(f"{name}/{k}", tuple(r for r in self.support.recipes if r.kind == k))
-                       for k in kinds}
+        self.single = {
+            k: Fp8Linear(f"{name}/{k}", tuple(r for r in self.support.recipes if r.kind == k)) for k in kinds
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
-    def check(self, x: torch.Tensor, weights: Any, biases: Any, m_splits: Any, recipe: Any, soi: bool, states: Any,
-              main_grad: Any) -> Call:
+    def check(
+        self,
+        x: torch.Tensor,
+        weights: Any,
+        biases: Any,
+        m_splits: Any,
+        recipe: Any,
+        soi: bool,
+        states: Any,
+        main_grad: Any,
+    ) -> Call:
         """The call's arguments checked against the protocol and this declaration (``ValueError`` naming what)."""
         if not isinstance(recipe, Fp8Recipe) or recipe.kind not in self.single:
             raise ValueError(f"{self.name}: recipe must be an Fp8Recipe of kind {sorted(self.single)}, got {recipe!r}")
@@ -95,16 +118,20 @@ class GroupedBase:
         grouped = isinstance(weights, torch.Tensor)
         G = len(splits) if isinstance(splits, tuple) else -1
         N = int(weights.shape[1] if grouped else weights[0].shape[0]) if len(weights) else 0
-        why = self.support.split_refusal(splits if isinstance(splits, tuple) else (splits,), int(x.shape[0]),
-                                         K=int(x.shape[1]), N=N)
+        why = self.support.split_refusal(
+            splits if isinstance(splits, tuple) else (splits,), int(x.shape[0]), K=int(x.shape[1]), N=N
+        )
         if why:
             raise ValueError(f"{self.name}: m_splits outside the declaration: {why}")
         ws = expert_list(weights, G, f"{self.name}: weights", (N, int(x.shape[1])))
         bs = expert_list(biases, G, f"{self.name}: biases", (N,))
-        if recipe.kind == "delayed" and not (isinstance(states, tuple) and len(states) == G
-                                             and all(isinstance(s, DelayedScalingState) for s in states)):
-            raise ValueError(f"{self.name}: delayed scaling needs scaling_state = one DelayedScalingState per expert "
-                             f"({G}), got {states!r}")
+        if recipe.kind == "delayed" and not (
+            isinstance(states, tuple) and len(states) == G and all(isinstance(s, DelayedScalingState) for s in states)
+        ):
+            raise ValueError(
+                f"{self.name}: delayed scaling needs scaling_state = one DelayedScalingState per expert "
+                f"({G}), got {states!r}"
+            )
         check_recipe_call(self.name, recipe.kind, recipe, soi, states[0] if recipe.kind == "delayed" else None)
         mg = None
         if main_grad is not None:
@@ -114,7 +141,8 @@ class GroupedBase:
             if any(t.dtype != torch.float32 for t in mg):
                 raise ValueError(f"{self.name}: main_grad must be float32")
         if grouped != ("grouped" in self.support.weight_layouts) and not (
-                {"grouped", "list"} <= self.support.weight_layouts):
+            {"grouped", "list"} <= self.support.weight_layouts
+        ):
             raise ValueError(f"{self.name}: weights given as {'one tensor' if grouped else 'a list'}, not declared")
         return Call(recipe, splits, split_offsets(splits), ws, bs, grouped, bool(soi), states, mg)
 
@@ -125,8 +153,9 @@ class _EmptyExpert(torch.autograd.Function):
     weight and bias (and records amax 0 for its x and dy under delayed scaling)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                state: DelayedScalingState | None) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: DelayedScalingState | None
+    ) -> torch.Tensor:
         if state is not None:
             state.record("x", 0.0)
             state.record("w", tensor_amax(k_major_fp32(weight, "rowwise")))
@@ -147,9 +176,18 @@ class _EmptyExpert(torch.autograd.Function):
 class GroupedLoopLinear(GroupedBase):
     """``grouped_fp8_linear[loop]``: the single FP8 linear once per expert (module docstring)."""
 
-    def __call__(self, x: torch.Tensor, weights: Any, biases: Any = None, *, m_splits: Sequence[int],
-                 recipe: Fp8Recipe, save_original_input: bool, scaling_state: Any = None,
-                 main_grad: Any = None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weights: Any,
+        biases: Any = None,
+        *,
+        m_splits: Sequence[int],
+        recipe: Fp8Recipe,
+        save_original_input: bool,
+        scaling_state: Any = None,
+        main_grad: Any = None,
+    ) -> torch.Tensor:
         c = self.check(x, weights, biases, m_splits, recipe, save_original_input, scaling_state, main_grad)
         lin = self.single[recipe.kind]
         blocks = []
@@ -158,8 +196,9 @@ class GroupedLoopLinear(GroupedBase):
             if c.m_splits[i] == 0:
                 blocks.append(_EmptyExpert.apply(x, c.ws[i], b_i, c.state(i)))
             else:
-                blocks.append(lin(x[c.rows(i)], c.ws[i], b_i, recipe=recipe, save_original_input=c.soi,
-                                  scaling_state=c.state(i)))
+                blocks.append(
+                    lin(x[c.rows(i)], c.ws[i], b_i, recipe=recipe, save_original_input=c.soi, scaling_state=c.state(i))
+                )
         return torch.cat(blocks, dim=0)
 
 
@@ -192,8 +231,7 @@ class SplitQuantized:
             return QTensor(data, self.scale_inv[i].clone(), None, (data.shape[0], data.shape[1]), self.fmt)
         if self.usage == "rowwise":
             si, code = self.scale_inv[rows], self.code[rows] if self.code is not None else None
-            return QTensor(data, si.contiguous(), code.contiguous() if code is not None else None, self.block,
-                           self.fmt)
+            return QTensor(data, si.contiguous(), code.contiguous() if code is not None else None, self.block, self.fmt)
         blk = slice(self.block_start[i], self.block_start[i + 1])
         si = self.scale_inv[blk].t().contiguous()
         code = self.code[blk].t().contiguous() if self.code is not None else None
@@ -209,12 +247,22 @@ class GroupedFusedLinear(GroupedBase):
     :meth:`split_scales`, :meth:`column_block_ids`, :meth:`dy_quantizer_of`, :meth:`original_x_to_save`,
     :meth:`requantize_saved_x`, :meth:`wgrad_buffer`, :meth:`accumulate_main_grad`."""
 
-    def __call__(self, x: torch.Tensor, weights: Any, biases: Any = None, *, m_splits: Sequence[int],
-                 recipe: Fp8Recipe, save_original_input: bool, scaling_state: Any = None,
-                 main_grad: Any = None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weights: Any,
+        biases: Any = None,
+        *,
+        m_splits: Sequence[int],
+        recipe: Fp8Recipe,
+        save_original_input: bool,
+        scaling_state: Any = None,
+        main_grad: Any = None,
+    ) -> torch.Tensor:
         c = self.check(x, weights, biases, m_splits, recipe, save_original_input, scaling_state, main_grad)
-        c = Call(c.recipe, c.m_splits, self.row_offsets(c.m_splits), c.ws, c.bs, c.grouped, c.soi, c.states,
-                 c.main_grad)
+        c = Call(
+            c.recipe, c.m_splits, self.row_offsets(c.m_splits), c.ws, c.bs, c.grouped, c.soi, c.states, c.main_grad
+        )
         w_args = (weights,) if c.grouped else tuple(c.ws)
         b_args = () if biases is None else ((biases,) if isinstance(biases, torch.Tensor) else tuple(c.bs))
         return _FusedFunction.apply(self, c, len(w_args), isinstance(biases, torch.Tensor), x, *w_args, *b_args)
@@ -235,15 +283,21 @@ class GroupedFusedLinear(GroupedBase):
         out = torch.zeros(c.G, dtype=torch.float32, device=a.device)
         return out.scatter_reduce(0, expert, row_max, "amax", include_self=True)
 
-    def split_scales(self, amax: torch.Tensor, fmt: Fp8Format, recipe: Fp8Recipe, role: str,
-                     c: Call, experts: Sequence[int]) -> torch.Tensor:
+    def split_scales(
+        self, amax: torch.Tensor, fmt: Fp8Format, recipe: Fp8Recipe, role: str, c: Call, experts: Sequence[int]
+    ) -> torch.Tensor:
         """fp32 ``[G]``: each expert's per-tensor scale of ``role``: the stored one of the quantizer of
         ``experts[i]`` (delayed), or TE's rule on its amax (current)."""
         if recipe.kind == "delayed":
             return torch.stack([c.states[e].scale_tensor(role, amax.device) for e in experts])  # type: ignore[index]
         lin = self.single[recipe.kind]
-        return lin.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                   epsilon=recipe.amax_epsilon, value_for_inf=FP32_MAX)
+        return lin.scale_from_amax(
+            amax,
+            fmt.max_finite,
+            power_of_2=bool(recipe.power_of_2_scales),
+            epsilon=recipe.amax_epsilon,
+            value_for_inf=FP32_MAX,
+        )
 
     def column_block_ids(self, c: Call, b: int, device: torch.device) -> tuple[torch.Tensor, tuple[int, ...]]:
         """Per row, the id of its columnwise block (blocks of ``b`` rows restarting at each expert's first row), and
@@ -300,8 +354,9 @@ class GroupedFusedLinear(GroupedBase):
         return [lin.gemm_nt(qdyc.expert(c, i), qxc.expert(c, i)) if c.m_splits[i] else None for i in range(c.G)]
 
     # -- quantization ------------------------------------------------------------------------------------
-    def quantize_split(self, t: torch.Tensor, c: Call, role: str, usage: str, *, record: bool,
-                       experts: Sequence[int] | None = None) -> SplitQuantized:
+    def quantize_split(
+        self, t: torch.Tensor, c: Call, role: str, usage: str, *, record: bool, experts: Sequence[int] | None = None
+    ) -> SplitQuantized:
         """The row-split operand ``t`` ``[M, C]`` quantized for ``usage`` at once (module docstring); delayed
         scaling records each expert's amax into its own state when ``record``."""
         recipe, lin = c.recipe, self.single[c.recipe.kind]
@@ -322,8 +377,9 @@ class GroupedFusedLinear(GroupedBase):
             return SplitQuantized(q.data, q.scale_inv, q.code, usage, False, q.block, (), fmt)
         return self._column_blocks(t32, t.dtype, c, role, fmt)
 
-    def _column_blocks(self, t32: torch.Tensor, dtype: torch.dtype, c: Call, role: str,
-                       fmt: Fp8Format) -> SplitQuantized:
+    def _column_blocks(
+        self, t32: torch.Tensor, dtype: torch.dtype, c: Call, role: str, fmt: Fp8Format
+    ) -> SplitQuantized:
         """Columnwise block quantization (b×1 along M) with blocks restarting at every expert's first row."""
         recipe, lin = c.recipe, self.single[c.recipe.kind]
         b = recipe.block_of(role, "columnwise")[0]  # type: ignore[index]
@@ -334,8 +390,13 @@ class GroupedFusedLinear(GroupedBase):
         amax = amax.scatter_reduce(0, ids[:, None].expand_as(a), a, "amax", include_self=True)
         code = None
         if recipe.kind == "blockwise":
-            scale = lin.scale_from_amax(amax, fmt.max_finite, power_of_2=bool(recipe.power_of_2_scales),
-                                        epsilon=recipe.amax_epsilon, value_for_inf=DTYPE_MAX.get(dtype, FP32_MAX))
+            scale = lin.scale_from_amax(
+                amax,
+                fmt.max_finite,
+                power_of_2=bool(recipe.power_of_2_scales),
+                epsilon=recipe.amax_epsilon,
+                value_for_inf=DTYPE_MAX.get(dtype, FP32_MAX),
+            )
             scale_inv = torch.ones_like(scale) / scale
         else:
             code = lin.mx_scale_code(amax, fmt, recipe.mx_scale_rounding)
@@ -350,8 +411,9 @@ class _FusedFunction(torch.autograd.Function):
     """Forward and backward of :class:`GroupedFusedLinear` (the tensors: x, the weights, the biases)."""
 
     @staticmethod
-    def forward(ctx: Any, impl: GroupedFusedLinear, c: Call, n_w: int, b_grouped: bool, x: torch.Tensor,
-                *wb: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, impl: GroupedFusedLinear, c: Call, n_w: int, b_grouped: bool, x: torch.Tensor, *wb: torch.Tensor
+    ) -> torch.Tensor:
         lin = impl.single[c.recipe.kind]
         qx = impl.quantize_split(x, c, "x", "rowwise", record=True)
         qws = [lin.quantize_operand(w, c.recipe, "w", "rowwise", c.state(i), record=True) for i, w in enumerate(c.ws)]
@@ -379,15 +441,24 @@ class _FusedFunction(torch.autograd.Function):
         else:
             usage, per_tensor, block, starts, fmt, is_mx = ctx.qxc
             s = saved[1]
-            qxc = SplitQuantized(saved[0], _e8m0_scale_inv(s) if is_mx else s, s if is_mx else None, usage,
-                                 per_tensor, block, starts, fmt)
+            qxc = SplitQuantized(
+                saved[0],
+                _e8m0_scale_inv(s) if is_mx else s,
+                s if is_mx else None,
+                usage,
+                per_tensor,
+                block,
+                starts,
+                fmt,
+            )
         dy = dy.contiguous()
         owners = [impl.dy_quantizer_of(i, c) for i in range(c.G)]
         qdy = impl.quantize_split(dy, c, "dy", "rowwise", record=True, experts=owners)
         qdyc = impl.quantize_split(dy, c, "dy", "columnwise", record=False, experts=owners)
         x_dtype, w_dtypes, b_dtypes = ctx.meta
-        qwcs = [lin.quantize_operand(w, c.recipe, "w", "columnwise", c.state(i), record=False)
-                for i, w in enumerate(c.ws)]
+        qwcs = [
+            lin.quantize_operand(w, c.recipe, "w", "columnwise", c.state(i), record=False) for i, w in enumerate(c.ws)
+        ]
         dgrad32 = impl.dgrad(c, qdy, qwcs)
         wgrads32 = impl.wgrad(c, qdyc, qxc)
         N, K = c.ws[0].shape
@@ -435,8 +506,10 @@ def _scaled_grouped_mm_reason(device: str | torch.device) -> str | None:
     missing = [f for f in _SGMM_FORMS if not capabilities.scaled_grouped_mm(dev, f)]
     if not missing:
         return None
-    return (f"torch._scaled_grouped_mm does not run exactly on {dev} here (probe "
-            f"{', '.join(f'scaled_grouped_mm[{f}]' for f in missing)} on {dev}: no; it has no CPU kernel)")
+    return (
+        f"torch._scaled_grouped_mm does not run exactly on {dev} here (probe "
+        f"{', '.join(f'scaled_grouped_mm[{f}]' for f in missing)} on {dev}: no; it has no CPU kernel)"
+    )
 
 
 def _requires_scaled_grouped_mm() -> str | None:
@@ -472,8 +545,14 @@ class GroupedScaledMMLinear(GroupedFusedLinear):
             return torch.zeros(qx.data.shape[0], N, dtype=torch.float32, device=qx.data.device)
         mat_b = torch.stack([qws[i].data for i in idx]).transpose(-2, -1)  # [G', K, N] column-major
         scale_b = torch.stack([qws[i].scale_inv.expand(N) for i in idx])
-        out = torch._scaled_grouped_mm(qx.data, mat_b, torch.repeat_interleave(qx.scale_inv[idx], lengths),
-                                       scale_b, offs=offs, out_dtype=torch.bfloat16)
+        out = torch._scaled_grouped_mm(
+            qx.data,
+            mat_b,
+            torch.repeat_interleave(qx.scale_inv[idx], lengths),
+            scale_b,
+            offs=offs,
+            out_dtype=torch.bfloat16,
+        )
         return out.to(torch.float32)
 
     def dgrad(self, c: Call, qdy: SplitQuantized, qwcs: list[QTensor]) -> torch.Tensor:
@@ -483,8 +562,14 @@ class GroupedScaledMMLinear(GroupedFusedLinear):
             return torch.zeros(qdy.data.shape[0], K, dtype=torch.float32, device=qdy.data.device)
         mat_b = torch.stack([qwcs[i].data for i in idx]).transpose(-2, -1)  # W_i as [N, K] column-major
         scale_b = torch.stack([qwcs[i].scale_inv.expand(K) for i in idx])
-        out = torch._scaled_grouped_mm(qdy.data, mat_b, torch.repeat_interleave(qdy.scale_inv[idx], lengths),
-                                       scale_b, offs=offs, out_dtype=torch.bfloat16)
+        out = torch._scaled_grouped_mm(
+            qdy.data,
+            mat_b,
+            torch.repeat_interleave(qdy.scale_inv[idx], lengths),
+            scale_b,
+            offs=offs,
+            out_dtype=torch.bfloat16,
+        )
         return out.to(torch.float32)
 
     def wgrad(self, c: Call, qdyc: SplitQuantized, qxc: SplitQuantized) -> list[torch.Tensor | None]:
@@ -494,9 +579,14 @@ class GroupedScaledMMLinear(GroupedFusedLinear):
         N, K = qdyc.data.shape[1], qxc.data.shape[1]
         a = qdyc.data.t().contiguous()  # dyᵀ [N, M], the reduction (M) split by offs
         b = qxc.data.t().contiguous()  # xᵀ [K, M]
-        out = torch._scaled_grouped_mm(a, b.t(), self._per(qdyc.scale_inv, idx, N).reshape(-1),
-                                       self._per(qxc.scale_inv, idx, K).reshape(-1), offs=offs,
-                                       out_dtype=torch.bfloat16)
+        out = torch._scaled_grouped_mm(
+            a,
+            b.t(),
+            self._per(qdyc.scale_inv, idx, N).reshape(-1),
+            self._per(qxc.scale_inv, idx, K).reshape(-1),
+            offs=offs,
+            out_dtype=torch.bfloat16,
+        )
         res: list[torch.Tensor | None] = [None] * c.G
         for j, i in enumerate(idx):
             res[i] = out[j].to(torch.float32)
@@ -508,14 +598,29 @@ def grouped_fp8_linear_impls() -> list[GroupedBase]:
     and the ``torch._scaled_grouped_mm`` one (CUDA; unavailable elsewhere, with the probe's reason)."""
     e4m3 = (Fp8Recipe("current", fp8_format="E4M3"), Fp8Recipe("current", fp8_format="E4M3", power_of_2_scales=True))
     return [
-        GroupedLoopLinear("grouped_fp8_linear[loop]", "the single FP8 linear per expert; empty experts give "
-                          "zero gradients", bitwise_per_expert=True),
-        GroupedFusedLinear("grouped_fp8_linear[fused]", "whole input quantized at once with per-split scales and "
-                           "split-aligned column blocks; fused wgrad accumulation into fp32 main_grad",
-                           bitwise_per_expert=True, fused_wgrad_accumulation=frozenset({False, True})),
-        GroupedScaledMMLinear("grouped_fp8_linear[scaled_grouped_mm]", "torch._scaled_grouped_mm (2-D x 3-D, offs, "
-                              "per-row scales; wgrad 2-D x 2-D), per-tensor E4M3, bf16 out", recipes=e4m3,
-                              dtypes=frozenset({torch.bfloat16}), devices=frozenset({"cuda"}), bias=False,
-                              split_alignment=16, feature_alignment=16, requires=_requires_scaled_grouped_mm,
-                              accum_unit_roundoff={"cuda": 2.0**-13}, accum_chunk={"cuda": 128}),
+        GroupedLoopLinear(
+            "grouped_fp8_linear[loop]",
+            "the single FP8 linear per expert; empty experts give zero gradients",
+            bitwise_per_expert=True,
+        ),
+        GroupedFusedLinear(
+            "grouped_fp8_linear[fused]",
+            "whole input quantized at once with per-split scales and "
+            "split-aligned column blocks; fused wgrad accumulation into fp32 main_grad",
+            bitwise_per_expert=True,
+            fused_wgrad_accumulation=frozenset({False, True}),
+        ),
+        GroupedScaledMMLinear(
+            "grouped_fp8_linear[scaled_grouped_mm]",
+            "torch._scaled_grouped_mm (2-D x 3-D, offs, per-row scales; wgrad 2-D x 2-D), per-tensor E4M3, bf16 out",
+            recipes=e4m3,
+            dtypes=frozenset({torch.bfloat16}),
+            devices=frozenset({"cuda"}),
+            bias=False,
+            split_alignment=16,
+            feature_alignment=16,
+            requires=_requires_scaled_grouped_mm,
+            accum_unit_roundoff={"cuda": 2.0**-13},
+            accum_chunk={"cuda": 128},
+        ),
     ]

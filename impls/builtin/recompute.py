@@ -33,8 +33,9 @@ class RecomputeFunction(torch.autograd.Function):
     gradient (scalar or per-row) in the coefficients, and accumulate the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                plan: Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, plan: Plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast_off(x.device.type):
             res = run_sweep(plan, x, weight, bias, target)
             loss, z_loss = reduce_rows(plan.options.reduction, res.ce, res.z, res.coef)  # type: ignore[arg-type]
@@ -48,10 +49,22 @@ class RecomputeFunction(torch.autograd.Function):
         x, weight, bias, target, m, log_s = ctx.saved_tensors
         plan: Plan = ctx.plan
         with autocast_off(x.device.type):
-            res = run_sweep(plan, x, weight, bias, target, needs=tuple(ctx.needs_input_grad[:3]), upstream=grad_loss,
-                            stats=SoftmaxStats(m, log_s), want_loss=False)
+            res = run_sweep(
+                plan,
+                x,
+                weight,
+                bias,
+                target,
+                needs=tuple(ctx.needs_input_grad[:3]),
+                upstream=grad_loss,
+                stats=SoftmaxStats(m, log_s),
+                want_loss=False,
+            )
             g = res.grads  # never None: needs was given
-            return (g.x.to(x.dtype) if g.x is not None else None,  # type: ignore[union-attr]
-                    g.weight.finish(None, weight.dtype) if g.weight is not None else None,  # type: ignore[union-attr]
-                    g.bias.finish(None, bias.dtype) if g.bias is not None else None,  # type: ignore[union-attr]
-                    None, None)
+            return (
+                g.x.to(x.dtype) if g.x is not None else None,  # type: ignore[union-attr]
+                g.weight.finish(None, weight.dtype) if g.weight is not None else None,  # type: ignore[union-attr]
+                g.bias.finish(None, bias.dtype) if g.bias is not None else None,  # type: ignore[union-attr]
+                None,
+                None,
+            )

@@ -46,32 +46,64 @@ OPERAND_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.
 
 
 if triton is not None:
-
     #: The one launch configuration under the interpreter (no autotuning there: Triton 3.2's autotuner needs
     #: an active GPU driver even to be constructed).
     INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4, "PREFETCH": True}
     #: Compiled, below this many accumulator elements one fixed configuration runs (autotuning every small shape
     #: a test draws costs more than it could save); at and above it Triton's autotuner picks per (V, H, C).
     AUTOTUNE_MIN_ELEMENTS = 1 << 22
-    SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "PREFETCH": True, "num_warps": 4,
-                    "num_stages": 2}
+    SMALL_CONFIG = {
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "BLOCK_K": 32,
+        "GROUP_M": 8,
+        "PREFETCH": True,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
 
     def _configs() -> list["triton.Config"]:
         # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, PREFETCH). The accumulator's 8 bytes per element dominate
         # at short C, so the candidates either load the (hi, lo) tile before the main loop (its latency hidden
         # behind the MMAs) or use a shared-memory footprint small enough for two CTAs per SM (one CTA's
         # epilogue overlapping another's main loop), or both.
-        cands = ((128, 256, 64, 8, 3, False), (128, 256, 64, 8, 4, False), (128, 128, 64, 8, 3, True),
-                 (128, 128, 64, 4, 3, True), (128, 128, 64, 4, 4, False), (128, 128, 64, 8, 4, True),
-                 (256, 128, 64, 8, 3, False), (64, 256, 64, 4, 3, True), (128, 256, 64, 8, 3, True))
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "PREFETCH": pf},
-                              num_warps=w, num_stages=st) for bm, bn, bk, w, st, pf in cands]
+        cands = (
+            (128, 256, 64, 8, 3, False),
+            (128, 256, 64, 8, 4, False),
+            (128, 128, 64, 8, 3, True),
+            (128, 128, 64, 4, 3, True),
+            (128, 128, 64, 4, 4, False),
+            (128, 128, 64, 8, 4, True),
+            (256, 128, 64, 8, 3, False),
+            (64, 256, 64, 4, 3, True),
+            (128, 256, 64, 8, 3, True),
+        )
+        return [
+            triton.Config(
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "PREFETCH": pf}, num_warps=w, num_stages=st
+            )
+            for bm, bn, bk, w, st, pf in cands
+        ]
 
     @triton.jit
     def _addmm_split_jit(
-        G, X, HI, LO, V, H, C, stride_g, stride_x, stride_acc,
-        IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PREFETCH: tl.constexpr,
+        G,
+        X,
+        HI,
+        LO,
+        V,
+        H,
+        C,
+        stride_g,
+        stride_x,
+        stride_acc,
+        IEEE: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        PREFETCH: tl.constexpr,
     ):
         # Tile (pid_m, pid_n) of acc[V, H] += G[C, V]ᵀ · X[C, H]; grouped order so X and a band of G stay in L2.
         pid = tl.program_id(0)
@@ -97,8 +129,12 @@ if triton is not None:
         for k0 in range(0, C, BLOCK_K):
             kk = k0 + rk
             mk = kk < C
-            a = tl.load(G + kk.to(tl.int64)[None, :] * stride_g + rm[:, None], mask=mm[:, None] & mk[None, :], other=0.0)
-            b = tl.load(X + kk.to(tl.int64)[:, None] * stride_x + rn[None, :], mask=mk[:, None] & mn[None, :], other=0.0)
+            a = tl.load(
+                G + kk.to(tl.int64)[None, :] * stride_g + rm[:, None], mask=mm[:, None] & mk[None, :], other=0.0
+            )
+            b = tl.load(
+                X + kk.to(tl.int64)[:, None] * stride_x + rn[None, :], mask=mk[:, None] & mn[None, :], other=0.0
+            )
             if UPCAST:  # the interpreter's 16-bit dot is wrong; the fp32 product of 16-bit values is exact
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
             elif IEEE:
@@ -119,8 +155,9 @@ if triton is not None:
         _addmm_split_kernel = _addmm_split_jit
     else:
         # restore_value: tuning runs the kernel several times on the live accumulator; each trial starts from a copy.
-        _addmm_split_kernel = triton.autotune(configs=_configs(), key=["V", "H", "C", "IEEE", "UPCAST"],
-                                              restore_value=["HI", "LO"])(_addmm_split_jit)
+        _addmm_split_kernel = triton.autotune(
+            configs=_configs(), key=["V", "H", "C", "IEEE", "UPCAST"], restore_value=["HI", "LO"]
+        )(_addmm_split_jit)
 
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -139,9 +176,20 @@ if triton is not None:
 
     @triton.jit
     def _addmm_split_tma_jit(
-        g_desc, x_desc, hi_desc, lo_desc, V, H, C, NUM_PROGS,
-        UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+        g_desc,
+        x_desc,
+        hi_desc,
+        lo_desc,
+        V,
+        H,
+        C,
+        NUM_PROGS,
+        UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         # Persistent: program p takes tiles p, p + NUM_PROGS, ... of acc[V, H] += G[C, V]ᵀ · X[C, H] in grouped
         # order. TMA zero-fills loads past the edges (a K tail adds zeros) and clips stores to the tensor.
@@ -240,8 +288,9 @@ class SplitAccumulator:
             raise ValueError(f"G_chunk has {G.shape[0]} rows but x_chunk has {x.shape[0]} (both must be [C, ...])")
         V, H = self.shape
         if (G.shape[1], x.shape[1]) != (V, H):
-            raise ValueError(f"accumulator is [V, H] = [{V}, {H}] but G_chunk is {tuple(G.shape)} and x_chunk "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"accumulator is [V, H] = [{V}, {H}] but G_chunk is {tuple(G.shape)} and x_chunk {tuple(x.shape)}"
+            )
         C = G.shape[0]
         if C == 0 or V == 0 or H == 0 or self.device.type == "meta":
             return
@@ -252,8 +301,10 @@ class SplitAccumulator:
         x = x if x.stride(1) == 1 else x.contiguous()
         tma_ok = self.tma_eligible(G, x)
         if kernel == "tma" and not tma_ok:
-            raise ValueError("SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
-                             "and 16-byte-aligned rows and bases (see tma_eligible)")
+            raise ValueError(
+                "SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
+                "and 16-byte-aligned rows and bases (see tma_eligible)"
+            )
         big = INTERPRET or V * H >= TMA_MIN_ELEMENTS
         if kernel == "tma" or (kernel == "auto" and tma_ok and big):
             self._add_tma(G, x)
@@ -268,8 +319,21 @@ class SplitAccumulator:
             kernel, fixed = _addmm_split_jit, SMALL_CONFIG
         else:
             kernel, fixed = _addmm_split_kernel, {}
-        kernel[grid](G, x, self.hi.view(torch.int16), self.lo, V, H, C, G.stride(0), x.stride(0),
-                                  self.hi.stride(0), IEEE=G.dtype == torch.float32, UPCAST=INTERPRET, **fixed)
+        kernel[grid](
+            G,
+            x,
+            self.hi.view(torch.int16),
+            self.lo,
+            V,
+            H,
+            C,
+            G.stride(0),
+            x.stride(0),
+            self.hi.stride(0),
+            IEEE=G.dtype == torch.float32,
+            UPCAST=INTERPRET,
+            **fixed,
+        )
 
     def tma_eligible(self, G: torch.Tensor, x: torch.Tensor) -> bool:
         """Whether the TMA kernel can take ``G`` and ``x``: Triton has tensor descriptors, the device has TMA
@@ -280,8 +344,9 @@ class SplitAccumulator:
         if not INTERPRET and (self.device.type != "cuda" or torch.cuda.get_device_capability(self.device)[0] < 9):
             return False
         ts = (G, x, self.hi, self.lo)
-        return all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-                   for t in ts)
+        return all(
+            t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in ts
+        )
 
     def _add_tma(self, G: torch.Tensor, x: torch.Tensor) -> None:
         cfg = dict(TMA_INTERPRETER_CONFIG if INTERPRET else TMA_CONFIG)
@@ -290,9 +355,12 @@ class SplitAccumulator:
         C = G.shape[0]
         tiles = triton.cdiv(V, bm) * triton.cdiv(H, bn)
         progs = min(tiles, 4 if INTERPRET else torch.cuda.get_device_properties(self.device).multi_processor_count)
-        descs = (TensorDescriptor.from_tensor(G, [bk, bm]), TensorDescriptor.from_tensor(x, [bk, bn]),
-                 TensorDescriptor.from_tensor(self.hi.view(torch.int16), [bm, bn]),
-                 TensorDescriptor.from_tensor(self.lo, [bm, bn]))
+        descs = (
+            TensorDescriptor.from_tensor(G, [bk, bm]),
+            TensorDescriptor.from_tensor(x, [bk, bn]),
+            TensorDescriptor.from_tensor(self.hi.view(torch.int16), [bm, bn]),
+            TensorDescriptor.from_tensor(self.lo, [bm, bn]),
+        )
         _addmm_split_tma_jit[(progs,)](*descs, V, H, C, progs, UPCAST=INTERPRET, **cfg)
 
     def finish(self, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -302,7 +370,9 @@ class SplitAccumulator:
         if self.lo is None:
             raise RuntimeError("SplitAccumulator.finish ran twice")
         if scale is not None and (scale.numel() != 1 or scale.device != self.device):
-            raise ValueError(f"scale must be one element on {self.device}, got shape {tuple(scale.shape)} on {scale.device}")
+            raise ValueError(
+                f"scale must be one element on {self.device}, got shape {tuple(scale.shape)} on {scale.device}"
+            )
         n = self.hi.numel()
         if n and self.device.type != "meta":
             reason = unavailable_reason()
@@ -310,7 +380,8 @@ class SplitAccumulator:
                 raise RuntimeError(f"SplitAccumulator: {reason}")
             block = 1024
             s = scale.to(torch.float32).reshape(1) if scale is not None else self.lo
-            _finish_kernel[(triton.cdiv(n, block),)](self.hi.view(torch.int16), self.lo, s, n,
-                                                     HAS_SCALE=scale is not None, BLOCK=block)
+            _finish_kernel[(triton.cdiv(n, block),)](
+                self.hi.view(torch.int16), self.lo, s, n, HAS_SCALE=scale is not None, BLOCK=block
+            )
         self.lo = None
         return self.hi

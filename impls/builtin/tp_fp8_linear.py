@@ -32,8 +32,15 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin.fp8_linear import (Fp8Linear, QTensor, check_recipe_call, k_major_fp32,
-                                               one_per_recipe_kind, recipes_kind, tensor_amax)
+from numcheck.impls.builtin.fp8_linear import (
+    Fp8Linear,
+    QTensor,
+    check_recipe_call,
+    k_major_fp32,
+    one_per_recipe_kind,
+    recipes_kind,
+    tensor_amax,
+)
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog, TPQuantSupport, collectives
 from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -84,10 +91,13 @@ class _TPFunction(torch.autograd.Function):
     """Forward and backward of one rank of the tensor-parallel quantized linear."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, impl: "TPFp8Linear",
-                cfg: CallConfig) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, impl: "TPFp8Linear", cfg: CallConfig
+    ) -> torch.Tensor:
         column = cfg.parallel == "column"
-        qx = impl.gather_rowwise_x(x, cfg) if column and cfg.sequence_parallel else impl.quantize(x, "x", "rowwise", cfg)
+        qx = (
+            impl.gather_rowwise_x(x, cfg) if column and cfg.sequence_parallel else impl.quantize(x, "x", "rowwise", cfg)
+        )
         cfg.log.record("x", "rowwise", _logged(qx, "rowwise"))
         qw = impl.quantize(weight, "w", "rowwise", cfg)
         cfg.log.record("w", "rowwise", _source_scale(qw, "rowwise"))
@@ -144,8 +154,12 @@ class TPFp8Linear:
         self.name, self.description = name, description
         self.recipe_kind = recipes_kind(recipes, f"TPFp8Linear {name!r}")
         self.base = Fp8Linear(f"{name}/local", recipes)
-        self.support = TPQuantSupport(recipes=recipes, dtypes=frozenset({torch.float32, torch.bfloat16}),
-                                      world_sizes=(1, 2, 4), partial_dtype="output")
+        self.support = TPQuantSupport(
+            recipes=recipes,
+            dtypes=frozenset({torch.float32, torch.bfloat16}),
+            world_sizes=(1, 2, 4),
+            partial_dtype="output",
+        )
 
     def __repr__(self) -> str:
         return f"TPFp8Linear({self.name!r})"
@@ -155,17 +169,37 @@ class TPFp8Linear:
         proxies, which do not pickle)."""
         return (type(self), (self.name, self.support.recipes, self.description))
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 recipe: Fp8Recipe, parallel: str, sequence_parallel: bool, save_original_input: bool, group: Any,
-                 scale_log: ScaleLog, scaling_state: DelayedScalingState | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        recipe: Fp8Recipe,
+        parallel: str,
+        sequence_parallel: bool,
+        save_original_input: bool,
+        group: Any,
+        scale_log: ScaleLog,
+        scaling_state: DelayedScalingState | None = None,
+    ) -> torch.Tensor:
         check_recipe_call(self.name, self.recipe_kind, recipe, save_original_input, scaling_state)
         if parallel not in ("column", "row"):
             raise ValueError(f"{self.name}: parallel={parallel!r} must be 'column' or 'row'")
         if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-            raise ValueError(f"{self.name}: x must be [M, K_local] and weight [N_local, K_local]; got "
-                             f"{tuple(x.shape)}, {tuple(weight.shape)}")
-        cfg = CallConfig(recipe, parallel, bool(sequence_parallel), bool(save_original_input), collectives(group),
-                         scale_log, scaling_state)
+            raise ValueError(
+                f"{self.name}: x must be [M, K_local] and weight [N_local, K_local]; got "
+                f"{tuple(x.shape)}, {tuple(weight.shape)}"
+            )
+        cfg = CallConfig(
+            recipe,
+            parallel,
+            bool(sequence_parallel),
+            bool(save_original_input),
+            collectives(group),
+            scale_log,
+            scaling_state,
+        )
         return _TPFunction.apply(x, weight, bias, self, cfg)
 
     # -- quantization with the group ----------------------------------------------------------------------
@@ -177,8 +211,16 @@ class TPFp8Linear:
         """The group's amax from this rank's (MAX all-reduce; NaN was already dropped from each)."""
         return cfg.comm.all_reduce(amax.reshape(1).clone(), "max").reshape(())
 
-    def quantize(self, t: torch.Tensor, role: str, usage: str, cfg: CallConfig, *, record: bool = True,
-                 amax: torch.Tensor | None = None) -> QTensor:
+    def quantize(
+        self,
+        t: torch.Tensor,
+        role: str,
+        usage: str,
+        cfg: CallConfig,
+        *,
+        record: bool = True,
+        amax: torch.Tensor | None = None,
+    ) -> QTensor:
         """K-major quantization of ``t`` for (role, usage): per-tensor recipes by the single-device step with the
         group's amax (``amax``, or ``t``'s reduced over the group), recording it for delayed scaling (x and w in
         forward, dy in backward, rowwise only); block recipes locally."""
@@ -203,7 +245,11 @@ class TPFp8Linear:
             return QTensor(data, q.scale_inv, None, tuple(data.shape), q.fmt)
 
         def grid(s: torch.Tensor) -> torch.Tensor:
-            return cfg.comm.all_gather(s.contiguous()) if usage == "rowwise" else cfg.comm.all_gather(s.t().contiguous()).t().contiguous()
+            return (
+                cfg.comm.all_gather(s.contiguous())
+                if usage == "rowwise"
+                else cfg.comm.all_gather(s.t().contiguous()).t().contiguous()
+            )
 
         code = grid(q.code) if q.code is not None else None
         return QTensor(data, grid(q.scale_inv), code, q.block, q.fmt)

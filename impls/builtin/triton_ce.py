@@ -41,10 +41,34 @@ if triton is not None:
 
     @triton.jit
     def _ce_kernel(
-        L, stride_l, T, CC, CZ, CW, SW, M_IN, LOGS_IN, CE_OUT, Z_OUT, LSE_OUT, M_OUT, LOGS_OUT,
-        C, V, ignore_index, eps, lam, softcap,
-        HAS_CW: tl.constexpr, HAS_EPS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_STATS: tl.constexpr,
-        WANT_LOSS: tl.constexpr, WANT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+        L,
+        stride_l,
+        T,
+        CC,
+        CZ,
+        CW,
+        SW,
+        M_IN,
+        LOGS_IN,
+        CE_OUT,
+        Z_OUT,
+        LSE_OUT,
+        M_OUT,
+        LOGS_OUT,
+        C,
+        V,
+        ignore_index,
+        eps,
+        lam,
+        softcap,
+        HAS_CW: tl.constexpr,
+        HAS_EPS: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        HAS_STATS: tl.constexpr,
+        WANT_LOSS: tl.constexpr,
+        WANT_GRAD: tl.constexpr,
+        ROWS: tl.constexpr,
+        BLOCK_V: tl.constexpr,
     ):
         pid = tl.program_id(0)
         rows = pid * ROWS + tl.arange(0, ROWS)
@@ -196,8 +220,13 @@ def elementary_error(interpreted: bool) -> ElementaryError:
     else:
         exp = ElementaryError(exp=2.0, exp_per_arg=exp2_arg_ulps(), log=2.0)
         div = 2.0
-    return ElementaryError(exp=exp.exp, exp_per_arg=exp.exp_per_arg, log=exp.log,
-                           tanh=composite_tanh_ulps(exp, div), bf16_store=0.5 if interpreted else 0.0)
+    return ElementaryError(
+        exp=exp.exp,
+        exp_per_arg=exp.exp_per_arg,
+        log=exp.log,
+        tanh=composite_tanh_ulps(exp, div),
+        bf16_store=0.5 if interpreted else 0.0,
+    )
 
 
 def triton_library_elementary(interpreted: bool, *, softmax_divides: bool) -> ElementaryError:
@@ -210,8 +239,7 @@ def triton_library_elementary(interpreted: bool, *, softmax_divides: bool) -> El
     division, and the kernel's own product by log2 e."""
     if interpreted:
         return ElementaryError(exp=3.0, exp_per_arg=exp2_arg_ulps(), log=4.0, tanh=2.0, bf16_store=0.5)
-    return ElementaryError(exp=2.0 + (2.0 if softmax_divides else 0.0), exp_per_arg=exp2_arg_ulps(), log=2.0,
-                           tanh=4.0)
+    return ElementaryError(exp=2.0 + (2.0 if softmax_divides else 0.0), exp_per_arg=exp2_arg_ulps(), log=2.0, tanh=4.0)
 
 
 def _launch_shape(C: int, V: int) -> tuple[int, int, int]:
@@ -261,16 +289,39 @@ def ce_block_triton_(
     result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, SoftmaxStats(m_out, logs_out))
     if C == 0:
         return result
-    m_in, logs_in = ((stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None
-                     else (lse, lse))
+    m_in, logs_in = (
+        (stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None else (lse, lse)
+    )
     rows, block_v, warps = _launch_shape(C, V)
     _ce_kernel[(triton.cdiv(C, rows),)](
-        logits, logits.stride(0), target.contiguous(), coef_ce.to(f32).contiguous(), coef_z.to(f32).contiguous(),
-        cw if cw is not None else lse, sw, m_in, logs_in, ce, z, lse, m_out, logs_out,
-        C, V, int(ignore_index), float(label_smoothing), float(z_loss_scale),
+        logits,
+        logits.stride(0),
+        target.contiguous(),
+        coef_ce.to(f32).contiguous(),
+        coef_z.to(f32).contiguous(),
+        cw if cw is not None else lse,
+        sw,
+        m_in,
+        logs_in,
+        ce,
+        z,
+        lse,
+        m_out,
+        logs_out,
+        C,
+        V,
+        int(ignore_index),
+        float(label_smoothing),
+        float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
-        HAS_CW=cw is not None, HAS_EPS=bool(label_smoothing), HAS_SOFTCAP=softcap is not None,
-        HAS_STATS=stats is not None, WANT_LOSS=want_loss, WANT_GRAD=want_grad, ROWS=rows, BLOCK_V=block_v,
+        HAS_CW=cw is not None,
+        HAS_EPS=bool(label_smoothing),
+        HAS_SOFTCAP=softcap is not None,
+        HAS_STATS=stats is not None,
+        WANT_LOSS=want_loss,
+        WANT_GRAD=want_grad,
+        ROWS=rows,
+        BLOCK_V=block_v,
         num_warps=warps,
     )
     return result
@@ -290,26 +341,41 @@ def triton_impls() -> list[ChunkedLinearCE]:
     where = " [Triton interpreter]" if INTERPRET else ""
 
     def support() -> LinearCESupport:
-        return LinearCESupport(returns_z_loss=True, all_ignored="nan", devices=devices,
-                               elementary_error=elementary_error(INTERPRET), requires=unavailable_reason,
-                               slow=INTERPRET)
+        return LinearCESupport(
+            returns_z_loss=True,
+            all_ignored="nan",
+            devices=devices,
+            elementary_error=elementary_error(INTERPRET),
+            requires=unavailable_reason,
+            slow=INTERPRET,
+        )
 
     return [
         ChunkedLinearCE(
-            "chunked_triton", path="addmm_out_dtype", kernel=ce_block_triton_, support=support(),
+            "chunked_triton",
+            path="addmm_out_dtype",
+            kernel=ce_block_triton_,
+            support=support(),
             description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
-                        "grad_weight via addmm_out_dtype" + where,
+            "grad_weight via addmm_out_dtype" + where,
         ),
         ChunkedLinearCE(
-            "chunked_triton[split_fp32]", path="split_fp32", kernel=ce_block_triton_, chunk_rows=SPLIT_CHUNK_ROWS,
+            "chunked_triton[split_fp32]",
+            path="split_fp32",
+            kernel=ce_block_triton_,
+            chunk_rows=SPLIT_CHUNK_ROWS,
             support=support(),
             description="chunked FLCE with the Triton CE kernel; grad_weight's exact fp32 sum kept as the bf16 "
-                        "gradient plus an int16 lower half, added by a Triton GEMM (impls.builtin.split_accum)" + where,
+            "gradient plus an int16 lower half, added by a Triton GEMM (impls.builtin.split_accum)" + where,
         ),
         ChunkedLinearCE(
-            "recompute_triton[split_fp32]", path="split_fp32", kernel=ce_block_triton_,
-            chunk_rows=SPLIT_CHUNK_ROWS, recompute=True, support=support(),
+            "recompute_triton[split_fp32]",
+            path="split_fp32",
+            kernel=ce_block_triton_,
+            chunk_rows=SPLIT_CHUNK_ROWS,
+            recompute=True,
+            support=support(),
             description="recompute (O(N) held across backward) with the Triton CE kernel and the split fp32 "
-                        "accumulator" + where,
+            "accumulator" + where,
         ),
     ]

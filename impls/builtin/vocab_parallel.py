@@ -66,10 +66,17 @@ class VocabParallelCE:
     def __init__(self, name: str, all_ignored: str = "nan", description: str = "") -> None:
         self.name = name
         self.all_ignored = all_ignored
-        self.description = description or (f"vocabulary-parallel linear+CE over torch.distributed, all-ignored "
-                                           f"mean = {all_ignored}")
-        self.support = LinearCESupport(all_ignored=all_ignored, autocast=frozenset(), returns_z_loss=False,
-                                       grad_accumulation="fp32", logits_dtype="compute", ce_dtype="float32")
+        self.description = description or (
+            f"vocabulary-parallel linear+CE over torch.distributed, all-ignored mean = {all_ignored}"
+        )
+        self.support = LinearCESupport(
+            all_ignored=all_ignored,
+            autocast=frozenset(),
+            returns_z_loss=False,
+            grad_accumulation="fp32",
+            logits_dtype="compute",
+            ce_dtype="float32",
+        )
         self.dist = DistSupport(uneven_vocab=True, smoothing="torch", deterministic=True)
 
     def __repr__(self) -> str:
@@ -93,8 +100,18 @@ class VocabParallelCE:
         return lse
 
     # -- the call --------------------------------------------------------------------------------------
-    def rank_call(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                  *, group: Any, vocab_start: int, vocab_size: int, **options: Any) -> torch.Tensor:
+    def rank_call(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        group: Any,
+        vocab_start: int,
+        vocab_size: int,
+        **options: Any,
+    ) -> torch.Tensor:
         """This rank's part of linear+CE; the loss is the same on every rank (module docstring)."""
         o = options_from_kwargs(**options)
         size = weight.shape[0]
@@ -116,7 +133,7 @@ class VocabParallelCE:
         cw = o.class_weights
         if cw is not None:
             cw = cw.to(device=z.device, dtype=torch.float32)
-            w_shard = cw[vocab_start:vocab_start + size]
+            w_shard = cw[vocab_start : vocab_start + size]
             w_y = torch.where(valid, cw[torch.where(valid, target, torch.zeros_like(target))], torch.zeros_like(m))
             S_w = cw.sum()
         else:
@@ -133,8 +150,9 @@ class VocabParallelCE:
         ce = torch.where(valid, ce, torch.zeros_like(ce))
         return self._reduce(o.reduction, ce, zl, w_y, valid)
 
-    def _reduce(self, reduction: str, ce: torch.Tensor, zl: torch.Tensor, w_y: torch.Tensor,
-                valid: torch.Tensor) -> torch.Tensor:
+    def _reduce(
+        self, reduction: str, ce: torch.Tensor, zl: torch.Tensor, w_y: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
         """``mean`` (Σ ce / Σ w_y plus Σ ζ / n_valid; all-ignored per :attr:`all_ignored`), ``sum`` or ``none``."""
         if reduction == "none":
             return ce + zl

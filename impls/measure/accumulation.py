@@ -49,12 +49,28 @@ class AccumulationTable:
     runs_as: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"V": self.V, "H": self.H, "C": self.C, "dtype": self.dtype, "device": self.device,
-                "chunks": list(self.chunks), "errors": self.errors, "runs_as": self.runs_as}
+        return {
+            "V": self.V,
+            "H": self.H,
+            "C": self.C,
+            "dtype": self.dtype,
+            "device": self.device,
+            "chunks": list(self.chunks),
+            "errors": self.errors,
+            "runs_as": self.runs_as,
+        }
 
 
-def accumulation_table(*, V: int = 256, H: int = 64, C: int = 256, max_chunks: int = 64, dtype: str = "bfloat16",
-                       device: str = "cpu", seed: int = 0) -> AccumulationTable:
+def accumulation_table(
+    *,
+    V: int = 256,
+    H: int = 64,
+    C: int = 256,
+    max_chunks: int = 64,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    seed: int = 0,
+) -> AccumulationTable:
     """Accumulate ``max_chunks`` chunks through every path, recording the error at K = 1, 2, 4, ... (module docstring)."""
     if dtype not in _DT:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_DT)} (the low-precision operand dtypes)")

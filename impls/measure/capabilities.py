@@ -236,19 +236,26 @@ def _scaled_grouped_mm_try(device: str, form: str) -> bool:
     offs = torch.tensor([m, 2 * m, 3 * m], dtype=torch.int32, device=dev)
     if form == "2d_3d":  # y_i = A[rows_i] · B_iᵀ, A [G·m, K], B [G, N, K]
         a, b, sa, sb = ints(G * m, K), ints(G, N, K), pow2(G * m), pow2(G, N)
-        expected = torch.cat([(a[i * m:(i + 1) * m] * sa[i * m:(i + 1) * m, None]) @ (b[i] * sb[i][:, None]).t()
-                              for i in range(G)])
+        expected = torch.cat(
+            [(a[i * m : (i + 1) * m] * sa[i * m : (i + 1) * m, None]) @ (b[i] * sb[i][:, None]).t() for i in range(G)]
+        )
         mat_b = b.to(torch.float32).to(dev).to(e4m3).transpose(-2, -1)
     elif form == "2d_2d":  # out_i = A[:, cols_i] · B[:, cols_i]ᵀ, A [m, G·K'], B [N, G·K'] with K' = 16
         a, b, sa, sb = ints(m, G * m), ints(N, G * m), pow2(G * m), pow2(G * N)
-        expected = torch.stack([(a[:, i * m:(i + 1) * m] * sa[i * m:(i + 1) * m, None])
-                                @ (b[:, i * m:(i + 1) * m] * sb[i * N:(i + 1) * N, None]).t() for i in range(G)])
+        expected = torch.stack(
+            [
+                (a[:, i * m : (i + 1) * m] * sa[i * m : (i + 1) * m, None])
+                @ (b[:, i * m : (i + 1) * m] * sb[i * N : (i + 1) * N, None]).t()
+                for i in range(G)
+            ]
+        )
         mat_b = b.to(torch.float32).to(dev).to(e4m3).t()
     else:
         raise ValueError(f"unknown _scaled_grouped_mm form {form!r}")
     mat_a = a.to(torch.float32).to(dev).to(e4m3)
-    out = torch._scaled_grouped_mm(mat_a, mat_b, sa.to(dev, torch.float32), sb.to(dev, torch.float32), offs=offs,
-                                   out_dtype=torch.bfloat16)
+    out = torch._scaled_grouped_mm(
+        mat_a, mat_b, sa.to(dev, torch.float32), sb.to(dev, torch.float32), offs=offs, out_dtype=torch.bfloat16
+    )
     return bool(torch.equal(out.cpu().to(torch.float64), expected))
 
 

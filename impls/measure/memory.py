@@ -267,8 +267,9 @@ def _one_chunk_operands(path: str, V: int, H: int, C: int, dtype: torch.dtype, d
     return grad_accum.PATHS[path], gw, G, x
 
 
-def one_chunk_extra(path: str, V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16,
-                    device: str | torch.device = "meta") -> int:
+def one_chunk_extra(
+    path: str, V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "meta"
+) -> int:
     """Extra peak of one grad_weight accumulation step ``PATHS[path](gw, G, x)`` with ``G`` ``[C, V]`` and
     ``x`` ``[C, H]`` in ``dtype`` and ``gw`` ``[V, H]`` in the path's accumulator dtype.
 
@@ -308,8 +309,9 @@ _FORMULAS = {
 }
 
 
-def one_chunk_table(V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16,
-                    device: str | torch.device = "meta") -> list[ChunkRow]:
+def one_chunk_table(
+    V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "meta"
+) -> list[ChunkRow]:
     """Every grad_weight path's one-chunk extra peak (see :func:`one_chunk_extra`)."""
     rows = []
     dev = torch.device(device)
@@ -320,8 +322,11 @@ def one_chunk_table(V: int, H: int, C: int, *, dtype: torch.dtype = torch.bfloat
             tracked, cuda = one_chunk_cuda(path, V, H, C, dtype=dtype)
             rows.append(ChunkRow(path, runs_as, tracked, _FORMULAS.get(path, ""), cuda))
         else:
-            rows.append(ChunkRow(path, runs_as, one_chunk_extra(path, V, H, C, dtype=dtype, device=dev),
-                                 _FORMULAS.get(path, "")))
+            rows.append(
+                ChunkRow(
+                    path, runs_as, one_chunk_extra(path, V, H, C, dtype=dtype, device=dev), _FORMULAS.get(path, "")
+                )
+            )
     return rows
 
 
@@ -365,14 +370,16 @@ class ImplMemory:
 
 def fresh(inp: Inputs) -> Inputs:
     """New leaves over the same storages (no copy), so gradients never accumulate across impls."""
+
     def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.detach().requires_grad_(True)
 
     return Inputs(leaf(inp.x), leaf(inp.weight), inp.target, leaf(inp.bias), dict(inp.kwargs), inp.upstream)
 
 
-def call_memory(impl: Any, inputs: Inputs, device: str | torch.device,
-                autocast: torch.dtype | None = None) -> ImplMemory:
+def call_memory(
+    impl: Any, inputs: Inputs, device: str | torch.device, autocast: torch.dtype | None = None
+) -> ImplMemory:
     """Forward peak, bytes held across backward and backward peak of one call of ``impl`` on ``inputs`` (used as
     given: leaves of their own, e.g. :func:`fresh` ones over shared storages), under ``torch.autocast`` to
     ``autocast`` when given. Exceptions become ``error`` (an impl that cannot run on ``meta``, e.g. one that reads values with
@@ -407,8 +414,15 @@ def call_memory(impl: Any, inputs: Inputs, device: str | torch.device,
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return ImplMemory(impl.name, error=f"{type(exc).__name__}: {first[:160]}")
     cuda_peak = torch.cuda.max_memory_allocated(dev) - cuda_before if cuda else None
-    return ImplMemory(impl.name, forward_peak=fwd_peak, held=held, backward_peak=bwd_peak,
-                      saved_hook_bytes=hooks.bytes, opaque=opaque, cuda_peak=cuda_peak)
+    return ImplMemory(
+        impl.name,
+        forward_peak=fwd_peak,
+        held=held,
+        backward_peak=bwd_peak,
+        saved_hook_bytes=hooks.bytes,
+        opaque=opaque,
+        cuda_peak=cuda_peak,
+    )
 
 
 class _SavedBytes:

@@ -32,9 +32,14 @@ def matmul_rates(dev: torch.device, rep_ms: float, samples: int = RATE_SAMPLES) 
     return [2 * n**3 / (median_ms(lambda: a @ b, rep_ms) * 1e-3) for _ in range(samples)]
 
 
-def measure_fwd_bwd(leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor],
-                    backward: Callable[[torch.Tensor], None], dev: torch.device, rep_ms: float,
-                    returned_bytes: int = 0) -> dict[str, float]:
+def measure_fwd_bwd(
+    leaves: list[torch.Tensor],
+    forward: Callable[[], torch.Tensor],
+    backward: Callable[[torch.Tensor], None],
+    dev: torch.device,
+    rep_ms: float,
+    returned_bytes: int = 0,
+) -> dict[str, float]:
     """Median time, extra peak and bytes held across backward of one forward+backward step.
 
     Each step clears the ``leaves``' .grad first. A warm-up step runs (compiles, and allocates the .grad

@@ -70,8 +70,10 @@ def did_you_mean(word: str, known: Iterable[str], aliases: dict[str, str] | None
 def collection(owner: str, field: str, value: object, example: str) -> list:
     """``value`` as a list of entries; a bare string or a non-iterable is refused with a fix-it."""
     if isinstance(value, (str, bytes)):
-        raise invalid(f"{owner}.{field}={value!r} is one string, not a collection of names",
-                      f"Write {field}=({value!r},) (a tuple), e.g. {field}={example}.")
+        raise invalid(
+            f"{owner}.{field}={value!r} is one string, not a collection of names",
+            f"Write {field}=({value!r},) (a tuple), e.g. {field}={example}.",
+        )
     try:
         return list(value)  # type: ignore[call-overload]
     except TypeError:
@@ -81,26 +83,43 @@ def collection(owner: str, field: str, value: object, example: str) -> list:
 #: Device types a declaration may name: those the suite draws problems on (``NUMCHECK_DEVICE``). A ROCm GPU is
 #: ``"cuda"`` to torch.
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
-DEVICE_ALIASES: dict[str, str] = {"gpu": "cuda", "nvidia": "cuda", "rocm": "cuda", "hip": "cuda", "amd": "cuda",
-                                  "cuda:0": "cuda", "host": "cpu"}
+DEVICE_ALIASES: dict[str, str] = {
+    "gpu": "cuda",
+    "nvidia": "cuda",
+    "rocm": "cuda",
+    "hip": "cuda",
+    "amd": "cuda",
+    "cuda:0": "cuda",
+    "host": "cpu",
+}
 
 
 def device_types(owner: str, value: object) -> frozenset[str]:
     """The declared ``devices``: a non-empty collection of :data:`DEVICE_TYPES`."""
     items = collection(owner, "devices", value, "('cpu', 'cuda')")
     if not items:
-        raise invalid(f"{owner}.devices is empty: the suite could run the impl nowhere",
-                      f"Declare at least one device type of {DEVICE_TYPES}, e.g. devices=('cpu',).")
+        raise invalid(
+            f"{owner}.devices is empty: the suite could run the impl nowhere",
+            f"Declare at least one device type of {DEVICE_TYPES}, e.g. devices=('cpu',).",
+        )
     for d in items:
         if d not in DEVICE_TYPES:
             hint = did_you_mean(d, DEVICE_TYPES, DEVICE_ALIASES) if isinstance(d, str) else ""
-            raise invalid(f"{owner}.devices={tuple(items)!r} names an unknown device type {d!r}",
-                          f"Device types are {DEVICE_TYPES} (torch.device(...).type; a ROCm GPU is 'cuda').{hint}")
+            raise invalid(
+                f"{owner}.devices={tuple(items)!r} names an unknown device type {d!r}",
+                f"Device types are {DEVICE_TYPES} (torch.device(...).type; a ROCm GPU is 'cuda').{hint}",
+            )
     return frozenset(items)
 
 
-DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "f32": "float32", "single": "float32", "bf16": "bfloat16",
-                                 "fp16": "float16", "f16": "float16"}
+DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32",
+    "f32": "float32",
+    "single": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+}
 #: torch's other names of the same dtypes (``torch.float``, ``torch.half``), accepted as they are.
 TORCH_DTYPE_NAMES: dict[str, str] = {"float": "float32", "half": "float16"}
 
@@ -111,32 +130,47 @@ def dtypes(owner: str, field: str, value: object, allowed: tuple, *, empty_ok: b
     shown = tuple(by_name)
     items = collection(owner, field, value, repr(shown[:1]))
     if not items and not empty_ok:
-        raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
-                      f"Declare at least one of {shown}, e.g. {field}=({shown[0]!r},).")
+        raise invalid(
+            f"{owner}.{field} is empty: the suite could draw no case for the impl",
+            f"Declare at least one of {shown}, e.g. {field}=({shown[0]!r},).",
+        )
     out = set()
     for d in items:
         name = TORCH_DTYPE_NAMES.get(d, d) if isinstance(d, str) else str(d).removeprefix("torch.")
         if name not in by_name or not (isinstance(d, str) or d in allowed):
             a_dtype = isinstance(d, torch.dtype) or isinstance(getattr(torch, str(d), None), torch.dtype)
             hint = "" if a_dtype else did_you_mean(str(d), shown, DTYPE_ALIASES)
-            raise invalid(f"{owner}.{field}={tuple(items)!r} names {d!r}, which is not a dtype {field} may hold",
-                          f"Use torch dtypes or names of {shown}.{hint}")
+            raise invalid(
+                f"{owner}.{field}={tuple(items)!r} names {d!r}, which is not a dtype {field} may hold",
+                f"Use torch dtypes or names of {shown}.{hint}",
+            )
         out.add(by_name[name])
     return frozenset(out)
 
 
-def known_names(owner: str, field: str, value: object, known: tuple[str, ...], *, empty_ok: bool,
-                aliases: dict[str, str] | None = None, note: str = "") -> frozenset[str]:
+def known_names(
+    owner: str,
+    field: str,
+    value: object,
+    known: tuple[str, ...],
+    *,
+    empty_ok: bool,
+    aliases: dict[str, str] | None = None,
+    note: str = "",
+) -> frozenset[str]:
     """The declared names of ``field``, each one of ``known``, with a did-you-mean for the first unknown one."""
     items = collection(owner, field, value, repr(known[:2]))
     if not items and not empty_ok:
-        raise invalid(f"{owner}.{field} is empty: the suite could draw no case for the impl",
-                      f"Declare at least one of {known}.")
+        raise invalid(
+            f"{owner}.{field} is empty: the suite could draw no case for the impl", f"Declare at least one of {known}."
+        )
     for n in items:
         if n not in known:
             hint = did_you_mean(n, known, aliases) if isinstance(n, str) else ""
-            raise invalid(f"{owner}.{field}={tuple(items)!r} has unknown entries {sorted(set(map(str, items)) - set(known))}",
-                          f"Allowed: {known}.{hint}{note}")
+            raise invalid(
+                f"{owner}.{field}={tuple(items)!r} has unknown entries {sorted(set(map(str, items)) - set(known))}",
+                f"Allowed: {known}.{hint}{note}",
+            )
     return frozenset(items)
 
 
@@ -145,8 +179,10 @@ def unknown_keywords(owner: str, given: Iterable[str], known: Iterable[str]) -> 
     known = sorted(known)
     for k in given:
         if k not in known:
-            raise invalid(f"{owner} got an unknown keyword argument {k!r}",
-                          f"Keywords it takes: {', '.join(known)}.{did_you_mean(k, known)}")
+            raise invalid(
+                f"{owner} got an unknown keyword argument {k!r}",
+                f"Keywords it takes: {', '.join(known)}.{did_you_mean(k, known)}",
+            )
 
 
 def bools(owner: str, obj: object, names: Iterable[str]) -> None:
@@ -159,8 +195,10 @@ def bools(owner: str, obj: object, names: Iterable[str]) -> None:
 def requirement(owner: str, requires: object) -> None:
     """``requires`` is ``None`` or a zero-argument callable (the impl's check that it can run here)."""
     if requires is not None and not callable(requires):
-        raise invalid(f"{owner}.requires must be a zero-argument callable or None, got {requires!r}",
-                      "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.")
+        raise invalid(
+            f"{owner}.requires must be a zero-argument callable or None, got {requires!r}",
+            "Pass e.g. requires=lambda: None if torch.cuda.is_available() else 'needs CUDA'.",
+        )
 
 
 def requirement_unmet(requires: Callable[[], str | None] | None) -> str | None:
@@ -178,9 +216,11 @@ def elementary_mapping(owner: str, value: object, known: tuple[str, ...]) -> dic
     """``value`` (an ``elementary_error`` declaration) as a dict whose keys are all among ``known``."""
     example = '{"exp": 2, "exp_per_arg": 1.0, "log": 1, "tanh": 2}'
     if not isinstance(value, dict):
-        raise invalid(f"{owner}={value!r} is not a mapping of ulps per function",
-                      f"Write e.g. elementary_error={example} (ulps from the correctly rounded result, as the CUDA "
-                      f"C++ Programming Guide states them), or numcheck.impls.protocols.linear_ce.ElementaryError(...).")
+        raise invalid(
+            f"{owner}={value!r} is not a mapping of ulps per function",
+            f"Write e.g. elementary_error={example} (ulps from the correctly rounded result, as the CUDA "
+            f"C++ Programming Guide states them), or numcheck.impls.protocols.linear_ce.ElementaryError(...).",
+        )
     for k in value:
         if k not in known:
             hint = did_you_mean(k, known) if isinstance(k, str) else ""
@@ -195,9 +235,11 @@ def elementary_ulps(owner: str, fields: dict[str, object], known: tuple[str, ...
         v = fields[name]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v != float("inf")
         if not ok:
-            raise invalid(f"{owner}.{name}={v!r} is not a number of ulps >= 0",
-                          "Give the function's maximum error in ulps from the correctly rounded result (0 for a "
-                          "correctly rounded one), e.g. 2 for CUDA's expf.")
+            raise invalid(
+                f"{owner}.{name}={v!r} is not a number of ulps >= 0",
+                "Give the function's maximum error in ulps from the correctly rounded result (0 for a "
+                "correctly rounded one), e.g. 2 for CUDA's expf.",
+            )
         out[name] = float(v)
     return out
 
@@ -212,21 +254,24 @@ def bad_name(name: object) -> bool:
     return not isinstance(name, str) or not name.strip()
 
 
-def opening(decorator: str, name: object, declared: Iterable[str], fields: Iterable[str],
-            example: str) -> tuple[str, str]:
+def opening(
+    decorator: str, name: object, declared: Iterable[str], fields: Iterable[str], example: str
+) -> tuple[str, str]:
     """What every decorator checks before it sees the function: the name and the declaration's keywords.
     Returns ``(site, owner)``: the user's ``file:line`` and ``"<decorator>(name=...)"`` for later messages."""
     site = declaration_site()
     if bad_name(name):
-        raise invalid(f"{decorator}(name={name!r}): the name must be a non-empty string",
-                      f"Give a short printable name, e.g. name={example!r}.", site=site)
+        raise invalid(
+            f"{decorator}(name={name!r}): the name must be a non-empty string",
+            f"Give a short printable name, e.g. name={example!r}.",
+            site=site,
+        )
     owner = f"{decorator}(name={name!r})"
     unknown_keywords(owner, declared, fields)
     return site, owner
 
 
-def decorated(owner: str, site: str, fn: object, hint: str, calls: Iterable[Call], takes: str,
-              description: str) -> str:
+def decorated(owner: str, site: str, fn: object, hint: str, calls: Iterable[Call], takes: str, description: str) -> str:
     """What every decorator checks of the function it decorates: callable, and able to take each call in
     ``calls`` (``takes`` says which: "the calls the suite makes", ...). Returns the impl's description."""
     if not callable(fn):
@@ -244,14 +289,24 @@ def refused(calls: Iterable[Call], what: str, *, site: str | None = None) -> Non
             raise invalid(what.format(label=label, at=defined_at(fn)), why, site=site)
 
 
-def built(impl: object, support_type: type, fix: str, example: str, calls: Iterable[Call], takes: str,
-          *, support: object = None) -> None:
+def built(
+    impl: object,
+    support_type: type,
+    fix: str,
+    example: str,
+    calls: Iterable[Call],
+    takes: str,
+    *,
+    support: object = None,
+) -> None:
     """What a built impl (``FunctionImpl`` and its counterparts) checks in ``__post_init__``: its name, its
     support's type (``fix`` says how to build one), each callable of ``calls`` callable and able to take its call."""
     name = getattr(impl, "name", None)
     if bad_name(name):
-        raise invalid(f"an impl's name must be a non-empty string, got {name!r}",
-                      f"Give a short printable name, e.g. name={example!r}.")
+        raise invalid(
+            f"an impl's name must be a non-empty string, got {name!r}",
+            f"Give a short printable name, e.g. name={example!r}.",
+        )
     support = getattr(impl, "support", None) if support is None else support
     if not isinstance(support, support_type):
         raise invalid(f"impl {name!r}: support must be a {support_type.__name__}, got {type(support).__name__}", fix)
@@ -262,8 +317,17 @@ def built(impl: object, support_type: type, fix: str, example: str, calls: Itera
     refused(calls, f"impl {name!r}: its {{label}} (defined at {{at}}) cannot take {takes}")
 
 
-def conformance(obj: object, origin: str, kind: str, checks: Iterable[tuple[bool, str]],
-                calls: Iterable[Call], takes: str, *, pickled: bool = False, decorator: str = "") -> str:
+def conformance(
+    obj: object,
+    origin: str,
+    kind: str,
+    checks: Iterable[tuple[bool, str]],
+    calls: Iterable[Call],
+    takes: str,
+    *,
+    pickled: bool = False,
+    decorator: str = "",
+) -> str:
     """The protocol check every kind shares, raising ``TypeError`` naming ``origin``: a name, then each of
     ``checks`` (``(holds, what is wrong)`` in order), each call of ``calls``, and (``pickled``) that the impl
     pickles, as the ranks receive it. Returns the impl's name."""
@@ -276,15 +340,18 @@ def conformance(obj: object, origin: str, kind: str, checks: Iterable[tuple[bool
     for label, fn, refusal in calls:
         why = refusal(fn) if fn is not None else None
         if why:
-            raise TypeError(f"{origin}: {kind} impl {name!r}{label} (defined at {defined_at(fn)}) cannot take "
-                            f"{takes}: {why}")
+            raise TypeError(
+                f"{origin}: {kind} impl {name!r}{label} (defined at {defined_at(fn)}) cannot take {takes}: {why}"
+            )
     if pickled:
         try:
             pickle.dumps(obj)
         except Exception as exc:  # noqa: BLE001 - any pickling error is the same defect
-            raise TypeError(f"{origin}: {kind} impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the ranks "
-                            f"receive it pickled: bind it at module level ({decorator} on a module-level "
-                            f"function) or make its class picklable") from None
+            raise TypeError(
+                f"{origin}: {kind} impl {name!r} does not pickle ({type(exc).__name__}: {exc}); the ranks "
+                f"receive it pickled: bind it at module level ({decorator} on a module-level "
+                f"function) or make its class picklable"
+            ) from None
     return name
 
 

@@ -29,7 +29,13 @@ from typing import Any, Callable, Literal
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
-from numcheck.impls.protocols.linear_ce import SUPPORT_FIELDS, LinearCESupport, call_refusal, inferred_options, make_support
+from numcheck.impls.protocols.linear_ce import (
+    SUPPORT_FIELDS,
+    LinearCESupport,
+    call_refusal,
+    inferred_options,
+    make_support,
+)
 
 DIST_KIND = "dist_linear_ce"
 #: The torch.distributed backends a declaration may name.
@@ -77,28 +83,38 @@ class DistSupport:
     def __post_init__(self) -> None:
         own = "DistSupport"
         if self.sharded != "vocab":
-            raise invalid(f"{own}.sharded={self.sharded!r}: only 'vocab' is known for linear+CE",
-                          "Shard the output projection's classes across the ranks and declare sharded='vocab'.")
+            raise invalid(
+                f"{own}.sharded={self.sharded!r}: only 'vocab' is known for linear+CE",
+                "Shard the output projection's classes across the ranks and declare sharded='vocab'.",
+            )
         ws = decl.collection(own, "world_sizes", self.world_sizes, "(1, 2, 4)")
         if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
-            raise invalid(f"{own}.world_sizes={self.world_sizes!r} must be a non-empty collection of positive ints",
-                          "e.g. world_sizes=(1, 2, 4).")
+            raise invalid(
+                f"{own}.world_sizes={self.world_sizes!r} must be a non-empty collection of positive ints",
+                "e.g. world_sizes=(1, 2, 4).",
+            )
         object.__setattr__(self, "world_sizes", tuple(ws))
         backends = decl.collection(own, "backends", self.backends, "('gloo', 'nccl')")
         bad = [b for b in backends if b not in BACKENDS]
         if bad or not backends:
             hint = decl.did_you_mean(bad[0], BACKENDS) if bad and isinstance(bad[0], str) else ""
-            raise invalid(f"{own}.backends={self.backends!r} must be a non-empty collection of {BACKENDS}",
-                          f"'gloo' runs on CPU, 'nccl' on CUDA (one GPU per rank).{hint}")
+            raise invalid(
+                f"{own}.backends={self.backends!r} must be a non-empty collection of {BACKENDS}",
+                f"'gloo' runs on CPU, 'nccl' on CUDA (one GPU per rank).{hint}",
+            )
         object.__setattr__(self, "backends", tuple(backends))
         if self.smoothing not in ("torch", "megatron"):
-            raise invalid(f"{own}.smoothing={self.smoothing!r} is not 'torch' or 'megatron'",
-                          "'torch': ε/V over all classes (F.cross_entropy); 'megatron': ε/(V−1) over the others "
-                          "(Megatron-LM, NeMo).")
+            raise invalid(
+                f"{own}.smoothing={self.smoothing!r} is not 'torch' or 'megatron'",
+                "'torch': ε/V over all classes (F.cross_entropy); 'megatron': ε/(V−1) over the others "
+                "(Megatron-LM, NeMo).",
+            )
         if self.grad_x_reduce_dtype not in ("input", "float32"):
-            raise invalid(f"{own}.grad_x_reduce_dtype={self.grad_x_reduce_dtype!r} is not 'input' or 'float32'",
-                          "'input': each rank's grad_x rounded to x's dtype and all-reduced in it; 'float32': "
-                          "reduced in fp32 and rounded once.")
+            raise invalid(
+                f"{own}.grad_x_reduce_dtype={self.grad_x_reduce_dtype!r} is not 'input' or 'float32'",
+                "'input': each rank's grad_x rounded to x's dtype and all-reduced in it; 'float32': "
+                "reduced in fp32 and rounded once.",
+            )
         decl.bools(own, self, ("uneven_vocab", "deterministic"))
 
 
@@ -112,11 +128,20 @@ def rank_call_refusal(fn: Callable[..., Any], options: frozenset[str]) -> str | 
         return None
     params = sig.parameters
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    missing = [k for k in RANK_KEYWORDS if not var_kw and (k not in params or params[k].kind not in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))]
+    missing = [
+        k
+        for k in RANK_KEYWORDS
+        if not var_kw
+        and (
+            k not in params
+            or params[k].kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        )
+    ]
     if missing:
-        return (f"{getattr(fn, '__name__', type(fn).__name__)}{sig} takes no keyword {', '.join(missing)}, which "
-                f"every rank's call passes: add {', '.join(f'{k}' for k in missing)} as keyword-only parameters.")
+        return (
+            f"{getattr(fn, '__name__', type(fn).__name__)}{sig} takes no keyword {', '.join(missing)}, which "
+            f"every rank's call passes: add {', '.join(f'{k}' for k in missing)} as keyword-only parameters."
+        )
     stripped = sig.replace(parameters=[p for n, p in params.items() if n not in RANK_KEYWORDS])
     probe = lambda *a, **k: None  # noqa: E731 - a stand-in carrying the signature without the rank keywords
     probe.__signature__ = stripped  # type: ignore[attr-defined]
@@ -140,13 +165,22 @@ class DistFunctionImpl(decl.PickledByReference):
     kind: str = DIST_KIND
 
     def __post_init__(self) -> None:
-        decl.built(self, LinearCESupport, "Build it with numcheck.make_support(...): one rank's numerics.",
-                   "mymod_vocab_parallel", [], "")
+        decl.built(
+            self,
+            LinearCESupport,
+            "Build it with numcheck.make_support(...): one rank's numerics.",
+            "mymod_vocab_parallel",
+            [],
+            "",
+        )
         if not isinstance(self.dist, DistSupport):
-            raise invalid(f"impl {self.name!r}: dist must be a DistSupport, got {type(self.dist).__name__}",
-                          "Build it with DistSupport(world_sizes=..., backends=..., smoothing=...).")
-        decl.built(self, LinearCESupport, "", "", [("function", self.fn, self._refusal)],
-                   "the calls its declaration leads to")
+            raise invalid(
+                f"impl {self.name!r}: dist must be a DistSupport, got {type(self.dist).__name__}",
+                "Build it with DistSupport(world_sizes=..., backends=..., smoothing=...).",
+            )
+        decl.built(
+            self, LinearCESupport, "", "", [("function", self.fn, self._refusal)], "the calls its declaration leads to"
+        )
 
     def _refusal(self, fn: Callable[..., Any]) -> str | None:
         return rank_call_refusal(fn, self.support.options)
@@ -160,8 +194,9 @@ class DistFunctionImpl(decl.PickledByReference):
 DIST_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DistSupport))
 
 
-def dist_linear_ce_impl(*, name: str, description: str = "",
-                        **declared: Any) -> Callable[[Callable[..., Any]], DistFunctionImpl]:
+def dist_linear_ce_impl(
+    *, name: str, description: str = "", **declared: Any
+) -> Callable[[Callable[..., Any]], DistFunctionImpl]:
     """Decorator turning a module-level function into a distributed (vocabulary-parallel) linear+CE impl the
     distributed suite runs (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
 
@@ -185,8 +220,9 @@ def dist_linear_ce_impl(*, name: str, description: str = "",
     >>> doc_vocab_parallel.kind, doc_vocab_parallel.dist.world_sizes
     ('dist_linear_ce', (1, 2))
     """
-    site, owner = decl.opening("dist_linear_ce_impl", name, declared, (*DIST_FIELDS, *SUPPORT_FIELDS),
-                               "mymod_vocab_parallel")
+    site, owner = decl.opening(
+        "dist_linear_ce_impl", name, declared, (*DIST_FIELDS, *SUPPORT_FIELDS), "mymod_vocab_parallel"
+    )
     dist_kw = {k: v for k, v in declared.items() if k in DIST_FIELDS}
     support_kw = {k: v for k, v in declared.items() if k not in DIST_FIELDS}
     dist = DistSupport(**dist_kw)
@@ -196,9 +232,15 @@ def dist_linear_ce_impl(*, name: str, description: str = "",
         sup = support
         if "options" not in support_kw and callable(fn):
             sup = dataclasses.replace(support, options=inferred_options(fn))
-        doc = decl.decorated(owner, site, fn, "Put the decorator on the function each rank calls.",
-                             [(getattr(fn, "__name__", "the function"), fn, lambda f: rank_call_refusal(f, sup.options))],
-                             "the calls its declaration leads to", description)
+        doc = decl.decorated(
+            owner,
+            site,
+            fn,
+            "Put the decorator on the function each rank calls.",
+            [(getattr(fn, "__name__", "the function"), fn, lambda f: rank_call_refusal(f, sup.options))],
+            "the calls its declaration leads to",
+            description,
+        )
         return DistFunctionImpl(name=name, fn=fn, support=sup, dist=dist, description=doc)
 
     return wrap
@@ -209,11 +251,24 @@ def validate_dist_impl(obj: Any, origin: str) -> None:
     (:class:`LinearCESupport`), ``dist`` (:class:`DistSupport`), a ``rank_call`` that cannot take the ranks' calls,
     or an impl that does not pickle (the ranks receive it pickled)."""
     support, dist, call = (getattr(obj, a, None) for a in ("support", "dist", "rank_call"))
-    decl.conformance(obj, origin, DIST_KIND, [
-        (isinstance(support, LinearCESupport), f"needs 'support' of type impls.protocols.linear_ce.LinearCESupport "
-                                               f"(one rank's numerics), got {type(support).__name__}"),
-        (isinstance(dist, DistSupport), f"needs 'dist' of type impls.protocols.dist_linear_ce.DistSupport, "
-                                        f"got {type(dist).__name__}"),
-        (callable(call), "has no callable rank_call"),
-    ], [("", obj.fn if isinstance(obj, DistFunctionImpl) else call, lambda f: rank_call_refusal(f, support.options))],
-        "the calls its declaration leads to", pickled=True, decorator="dist_linear_ce_impl")
+    decl.conformance(
+        obj,
+        origin,
+        DIST_KIND,
+        [
+            (
+                isinstance(support, LinearCESupport),
+                f"needs 'support' of type impls.protocols.linear_ce.LinearCESupport "
+                f"(one rank's numerics), got {type(support).__name__}",
+            ),
+            (
+                isinstance(dist, DistSupport),
+                f"needs 'dist' of type impls.protocols.dist_linear_ce.DistSupport, got {type(dist).__name__}",
+            ),
+            (callable(call), "has no callable rank_call"),
+        ],
+        [("", obj.fn if isinstance(obj, DistFunctionImpl) else call, lambda f: rank_call_refusal(f, support.options))],
+        "the calls its declaration leads to",
+        pickled=True,
+        decorator="dist_linear_ce_impl",
+    )

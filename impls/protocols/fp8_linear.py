@@ -89,14 +89,28 @@ from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, stand
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
 
 __all__ = [
-    "DelayedScalingState", "Fp8Recipe", "InvalidDeclaration", "QuantFunctionImpl", "QuantLinearSupport",
-    "QuantizedTensor", "held_for_backward", "make_quant_support", "predicted_columnwise_x_bytes",
-    "quant_linear_impl", "standard_recipes", "validate_quant_impl",
+    "DelayedScalingState",
+    "Fp8Recipe",
+    "InvalidDeclaration",
+    "QuantFunctionImpl",
+    "QuantLinearSupport",
+    "QuantizedTensor",
+    "held_for_backward",
+    "make_quant_support",
+    "predicted_columnwise_x_bytes",
+    "quant_linear_impl",
+    "standard_recipes",
+    "validate_quant_impl",
 ]
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
-_RECIPE_ALIASES: dict[str, str] = {"tensorwise": "current", "per_tensor": "current", "mx": "mxfp8",
-                                   "blockwise_fp8": "blockwise", "block": "blockwise"}
+_RECIPE_ALIASES: dict[str, str] = {
+    "tensorwise": "current",
+    "per_tensor": "current",
+    "mx": "mxfp8",
+    "blockwise_fp8": "blockwise",
+    "block": "blockwise",
+}
 
 
 @dataclass(frozen=True)
@@ -150,27 +164,36 @@ class QuantLinearSupport:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
         recipes = decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
         if not recipes:
-            raise invalid(f"{own}.recipes is empty: the suite could draw no case for the impl",
-                          "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).")
+            raise invalid(
+                f"{own}.recipes is empty: the suite could draw no case for the impl",
+                "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).",
+            )
         out = []
         for r in recipes:
             if isinstance(r, str):  # a recipe kind with its default parameters
                 if r not in RECIPE_KINDS:
-                    raise invalid(f"{own}.recipes names {r!r}, which is not a recipe kind",
-                                  f"Recipe kinds are {RECIPE_KINDS}; give Fp8Recipe(kind, ...) for other "
-                                  f"parameters.{decl.did_you_mean(r, RECIPE_KINDS, _RECIPE_ALIASES)}")
+                    raise invalid(
+                        f"{own}.recipes names {r!r}, which is not a recipe kind",
+                        f"Recipe kinds are {RECIPE_KINDS}; give Fp8Recipe(kind, ...) for other "
+                        f"parameters.{decl.did_you_mean(r, RECIPE_KINDS, _RECIPE_ALIASES)}",
+                    )
                 r = Fp8Recipe(r)
             if not isinstance(r, Fp8Recipe):
-                raise invalid(f"{own}.recipes must hold Fp8Recipe objects (or recipe kind names), got {r!r}",
-                              f"e.g. recipes=(Fp8Recipe('current'), Fp8Recipe('mxfp8')); kinds: {RECIPE_KINDS}.")
+                raise invalid(
+                    f"{own}.recipes must hold Fp8Recipe objects (or recipe kind names), got {r!r}",
+                    f"e.g. recipes=(Fp8Recipe('current'), Fp8Recipe('mxfp8')); kinds: {RECIPE_KINDS}.",
+                )
             out.append(r)
         set_("recipes", tuple(out))
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
         soi = decl.collection(own, "save_original_input", self.save_original_input, "(False, True)")
         if not soi or any(not isinstance(v, bool) for v in soi):
-            raise invalid(f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
-                          f"False and/or True", "e.g. save_original_input=(False, True), or (False,) without PR #1865.")
+            raise invalid(
+                f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
+                f"False and/or True",
+                "e.g. save_original_input=(False, True), or (False,) without PR #1865.",
+            )
         set_("save_original_input", frozenset(soi))
         decl.bools(own, self, ("bias", "exposes_quantize"))
         decl.requirement(own, self.requires)
@@ -180,28 +203,36 @@ class QuantLinearSupport:
             vals = list(us.values())
             missing = set(self.devices) - set(us)
             if missing:
-                raise invalid(f"{own}.accum_unit_roundoff has no entry for declared devices {sorted(missing)}",
-                              "Give one float per declared device, e.g. {'cpu': 2.0**-24, 'cuda': 2.0**-13}.")
+                raise invalid(
+                    f"{own}.accum_unit_roundoff has no entry for declared devices {sorted(missing)}",
+                    "Give one float per declared device, e.g. {'cpu': 2.0**-24, 'cuda': 2.0**-13}.",
+                )
         else:
             vals = [us]
         if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):
-            raise invalid(f"{own}.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}",
-                          "Give the GEMM accumulation's unit roundoff: 2.0**-24 for fp32, 2.0**-13 for Hopper's FP8 "
-                          "tensor cores.")
+            raise invalid(
+                f"{own}.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}",
+                "Give the GEMM accumulation's unit roundoff: 2.0**-24 for fp32, 2.0**-13 for Hopper's FP8 "
+                "tensor cores.",
+            )
         ch = self.accum_chunk
         if isinstance(ch, Mapping):
             set_("accum_chunk", MappingProxyType(dict(ch)))
             missing = set(self.devices) - set(ch)
             if missing:
-                raise invalid(f"{own}.accum_chunk has no entry for declared devices {sorted(missing)}",
-                              "Give one entry per declared device (an int, or None for no promotion).")
+                raise invalid(
+                    f"{own}.accum_chunk has no entry for declared devices {sorted(missing)}",
+                    "Give one entry per declared device (an int, or None for no promotion).",
+                )
             cvals = list(ch.values())
         else:
             cvals = [ch]
         if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in cvals):
-            raise invalid(f"{own}.accum_chunk must be positive ints or None, got {ch!r}",
-                          "Give the promotion interval in products, or None when the whole reduction runs at "
-                          "accum_unit_roundoff.")
+            raise invalid(
+                f"{own}.accum_chunk must be positive ints or None, got {ch!r}",
+                "Give the promotion interval in products, or None when the whole reduction runs at "
+                "accum_unit_roundoff.",
+            )
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -220,8 +251,15 @@ class QuantLinearSupport:
             out.append(v)
         return float(out[0]), out[1]
 
-    def refuses(self, *, recipe: Fp8Recipe, dtype: torch.dtype, device: str, save_original_input: bool = False,
-                bias: bool = False) -> str | None:
+    def refuses(
+        self,
+        *,
+        recipe: Fp8Recipe,
+        dtype: torch.dtype,
+        device: str,
+        save_original_input: bool = False,
+        bias: bool = False,
+    ) -> str | None:
         """The reason this declaration excludes a case, or ``None`` when the case is declared supported.
 
         Delayed scaling with ``save_original_input=True`` is *not* refused here: the impl must raise
@@ -250,7 +288,6 @@ class QuantLinearSupport:
             "recipes: " + ", ".join(r.name for r in self.recipes),
         ]
         return "\n".join(lines)
-
 
     def _accum_text(self) -> str:
         parts = []
@@ -318,8 +355,9 @@ class DelayedScalingState:
             h.append(amax)
             del h[: max(0, len(h) - r.amax_history_len)]
             fmax = r.format_of(role).max_finite
-            self._scales[role] = delayed_scale_update(h, self._scales[role], fmax, margin=r.margin,
-                                                      algo=r.amax_compute_algo)
+            self._scales[role] = delayed_scale_update(
+                h, self._scales[role], fmax, margin=r.margin, algo=r.amax_compute_algo
+            )
         self.pending = {}
 
 
@@ -408,8 +446,12 @@ class held_for_backward:
                 vals = v if isinstance(v, (list, tuple)) else [v]
                 for i, t in enumerate(vals):
                     if isinstance(t, torch.Tensor):
-                        self.result.add(f"ctx.{k}" + (f"[{i}]" if isinstance(v, (list, tuple)) else "")
-                                        + f" {tuple(t.shape)} {t.dtype}", t)
+                        self.result.add(
+                            f"ctx.{k}"
+                            + (f"[{i}]" if isinstance(v, (list, tuple)) else "")
+                            + f" {tuple(t.shape)} {t.dtype}",
+                            t,
+                        )
             for nxt, _ in getattr(node, "next_functions", ()) or ():
                 stack.append(nxt)
         return self.result
@@ -432,12 +474,22 @@ def call_refusal(fn: Callable[..., Any], positional: int, keywords: tuple[str, .
     except TypeError as exc:
         label = f"{getattr(fn, '__name__', type(fn).__name__)}{sig}"
         var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-        missing = [k for k in keywords if not var_kw and (k not in sig.parameters or sig.parameters[k].kind not in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))]
+        missing = [
+            k
+            for k in keywords
+            if not var_kw
+            and (
+                k not in sig.parameters
+                or sig.parameters[k].kind
+                not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            )
+        ]
         if missing:
             return f"{label} takes no keyword {', '.join(missing)}, which every call passes: add it to the signature."
-        return (f"{label} cannot be called with {positional} positional arguments and the keywords "
-                f"{', '.join(keywords)}: {exc}.")
+        return (
+            f"{label} cannot be called with {positional} positional arguments and the keywords "
+            f"{', '.join(keywords)}: {exc}."
+        )
     return None
 
 
@@ -457,15 +509,24 @@ class QuantFunctionImpl:
     description: str = ""
 
     def __post_init__(self) -> None:
-        decl.built(self, QuantLinearSupport, "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).",
-                   "mymod_fp8", _calls(self.fn, self.quantize_fn, "fn", "quantize_fn"), "the calls the suite makes")
+        decl.built(
+            self,
+            QuantLinearSupport,
+            "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).",
+            "mymod_fp8",
+            _calls(self.fn, self.quantize_fn, "fn", "quantize_fn"),
+            "the calls the suite makes",
+        )
         if self.support.exposes_quantize and self.quantize_fn is None:
-            raise invalid(f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
-                          "Pass quantize_fn=... (quantize= to quant_linear_impl), or declare exposes_quantize=False.")
+            raise invalid(
+                f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
+                "Pass quantize_fn=... (quantize= to quant_linear_impl), or declare exposes_quantize=False.",
+            )
 
     def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):  # noqa: D102
-        return self.fn(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
-                       scaling_state=scaling_state)
+        return self.fn(
+            x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state
+        )
 
     def quantize(self, t, *, recipe, role, usage, scaling_state=None):  # noqa: D102 - see the module docstring
         if self.quantize_fn is None:
@@ -491,8 +552,9 @@ def make_quant_support(**fields: Any) -> QuantLinearSupport:
     return QuantLinearSupport(**fields)
 
 
-def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..., QuantizedTensor] | None = None,
-                      **support: Any) -> Callable[[Callable[..., torch.Tensor]], QuantFunctionImpl]:
+def quant_linear_impl(
+    *, name: str, description: str = "", quantize: Callable[..., QuantizedTensor] | None = None, **support: Any
+) -> Callable[[Callable[..., torch.Tensor]], QuantFunctionImpl]:
     """Decorator turning a function into a quantized-linear impl the suite can load (the counterpart of
     :func:`numcheck.impls.protocols.linear_ce.linear_ce_impl`).
 
@@ -516,12 +578,21 @@ def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..
     declared = make_quant_support(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> QuantFunctionImpl:
-        doc = decl.decorated(owner, site, fn, "Put the decorator on the function computing y = Q(x)·Q(W)ᵀ + b.",
-                             _calls(fn, quantize, "its function", "its quantize"), "the calls the suite makes",
-                             description)
+        doc = decl.decorated(
+            owner,
+            site,
+            fn,
+            "Put the decorator on the function computing y = Q(x)·Q(W)ᵀ + b.",
+            _calls(fn, quantize, "its function", "its quantize"),
+            "the calls the suite makes",
+            description,
+        )
         if declared.exposes_quantize and quantize is None:
-            raise invalid(f"{owner} declares exposes_quantize=True without quantize=",
-                          "Pass quantize=my_quantizer, or leave exposes_quantize out.", site=site)
+            raise invalid(
+                f"{owner} declares exposes_quantize=True without quantize=",
+                "Pass quantize=my_quantizer, or leave exposes_quantize out.",
+                site=site,
+            )
         return QuantFunctionImpl(name=name, fn=fn, support=declared, quantize_fn=quantize, description=doc)
 
     return wrap
@@ -529,8 +600,10 @@ def quant_linear_impl(*, name: str, description: str = "", quantize: Callable[..
 
 def _calls(fn: object, quantize: object, fn_label: str, quantize_label: str) -> list[decl.Call]:
     """The two calls a quantized linear must take: the linear itself and (when it has one) its quantizer."""
-    return [(fn_label, fn, lambda f: call_refusal(f, 3, CALL_KEYWORDS)),
-            (quantize_label, quantize, lambda f: call_refusal(f, 1, QUANTIZE_KEYWORDS))]
+    return [
+        (fn_label, fn, lambda f: call_refusal(f, 3, CALL_KEYWORDS)),
+        (quantize_label, quantize, lambda f: call_refusal(f, 1, QUANTIZE_KEYWORDS)),
+    ]
 
 
 def validate_quant_impl(obj: Any, origin: str) -> None:
@@ -541,15 +614,28 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
         raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected 'quant_linear'")
     sup = getattr(obj, "support", None)
     typed = isinstance(sup, QuantLinearSupport)
-    checks = [(typed, f"needs 'support' of type impls.protocols.fp8_linear.QuantLinearSupport, got {type(sup).__name__}")]
+    checks = [
+        (typed, f"needs 'support' of type impls.protocols.fp8_linear.QuantLinearSupport, got {type(sup).__name__}")
+    ]
     checks += [(callable(getattr(sup, a, None)), f"support lacks {a}()") for a in ("unavailable_reason", "describe")]
-    checks += [(callable(obj), "is not callable"),
-               (not (typed and sup.exposes_quantize) or callable(getattr(obj, "quantize", None)),
-                "declares exposes_quantize but has no callable 'quantize'"),
-               (not typed or all(r.kind in RECIPE_KINDS for r in sup.recipes),
-                f"declares unknown recipes {[r for r in getattr(sup, 'recipes', ()) if r.kind not in RECIPE_KINDS]!r}")]
+    checks += [
+        (callable(obj), "is not callable"),
+        (
+            not (typed and sup.exposes_quantize) or callable(getattr(obj, "quantize", None)),
+            "declares exposes_quantize but has no callable 'quantize'",
+        ),
+        (
+            not typed or all(r.kind in RECIPE_KINDS for r in sup.recipes),
+            f"declares unknown recipes {[r for r in getattr(sup, 'recipes', ()) if r.kind not in RECIPE_KINDS]!r}",
+        ),
+    ]
     own = isinstance(obj, QuantFunctionImpl)
     quantize = (obj.quantize_fn if own else getattr(obj, "quantize", None)) if typed and sup.exposes_quantize else None
-    decl.conformance(obj, origin, "quant_linear", checks,
-                     _calls(obj.fn if own else obj, quantize, ": its call", ": its quantize"),
-                     "the calls the suite makes")
+    decl.conformance(
+        obj,
+        origin,
+        "quant_linear",
+        checks,
+        _calls(obj.fn if own else obj, quantize, ": its call", ": its quantize"),
+        "the calls the suite makes",
+    )

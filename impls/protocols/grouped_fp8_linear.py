@@ -59,8 +59,12 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
-from numcheck.impls.protocols.fp8_linear import (DelayedScalingState, QuantLinearSupport, call_refusal,
-                                                 predicted_columnwise_x_bytes)
+from numcheck.impls.protocols.fp8_linear import (
+    DelayedScalingState,
+    QuantLinearSupport,
+    call_refusal,
+    predicted_columnwise_x_bytes,
+)
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
@@ -101,27 +105,41 @@ class GroupedQuantSupport(QuantLinearSupport):
         own = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
         if self.exposes_quantize:
-            raise invalid(f"{own}.exposes_quantize=True: a grouped impl's quantizer is checked through its outputs",
-                          "Leave exposes_quantize out (the per-expert quantizer is the single linear's).")
+            raise invalid(
+                f"{own}.exposes_quantize=True: a grouped impl's quantizer is checked through its outputs",
+                "Leave exposes_quantize out (the per-expert quantizer is the single linear's).",
+            )
         for name in ("split_alignment", "feature_alignment"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise invalid(f"{own}.{name}={v!r} must be an int >= 1", f"e.g. {name}=16 (1: any size).")
-        set_("weight_layouts", decl.known_names(own, "weight_layouts", self.weight_layouts, WEIGHT_LAYOUTS,
-                                                empty_ok=False, note=" 'grouped': one [G, N, K] tensor; 'list': G "
-                                                                     "tensors [N, K]."))
+        set_(
+            "weight_layouts",
+            decl.known_names(
+                own,
+                "weight_layouts",
+                self.weight_layouts,
+                WEIGHT_LAYOUTS,
+                empty_ok=False,
+                note=" 'grouped': one [G, N, K] tensor; 'list': G tensors [N, K].",
+            ),
+        )
         modes = decl.collection(own, "fused_wgrad_accumulation", self.fused_wgrad_accumulation, "(False, True)")
         if not modes or any(not isinstance(v, bool) for v in modes):
-            raise invalid(f"{own}.fused_wgrad_accumulation={self.fused_wgrad_accumulation!r} must be a non-empty "
-                          f"collection of False and/or True", "e.g. (False,), or (False, True) with main_grad.")
+            raise invalid(
+                f"{own}.fused_wgrad_accumulation={self.fused_wgrad_accumulation!r} must be a non-empty "
+                f"collection of False and/or True",
+                "e.g. (False,), or (False, True) with main_grad.",
+            )
         set_("fused_wgrad_accumulation", frozenset(modes))
         decl.bools(own, self, ("empty_splits", "bitwise_per_expert"))
         mx = self.max_experts
         if mx is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < 1):
             raise invalid(f"{own}.max_experts={mx!r} must be an int >= 1 or None", "e.g. max_experts=64.")
 
-    def split_refusal(self, m_splits: Sequence[Any], M: int | None = None, *, K: int | None = None,
-                      N: int | None = None) -> str | None:
+    def split_refusal(
+        self, m_splits: Sequence[Any], M: int | None = None, *, K: int | None = None, N: int | None = None
+    ) -> str | None:
         """Why a call with ``m_splits`` (and x ``[M, K]``, N outputs) is outside this declaration, or ``None``."""
         try:
             split_offsets(m_splits, M)
@@ -145,10 +163,13 @@ class GroupedQuantSupport(QuantLinearSupport):
         lines = super().describe().split("\n")
         lines[1] = lines[1].split("; quantize exposed")[0]
         empty = "empty experts accepted" if self.empty_splits else "no empty expert"
-        lines.insert(1, f"m_splits: multiples of {self.split_alignment}, {empty}; K, N multiples of "
-                        f"{self.feature_alignment}; weights: {', '.join(sorted(self.weight_layouts))}; fused wgrad "
-                        f"accumulation: {','.join(str(v) for v in sorted(self.fused_wgrad_accumulation))}; bitwise "
-                        f"per-expert linear: {'yes' if self.bitwise_per_expert else 'no'}")
+        lines.insert(
+            1,
+            f"m_splits: multiples of {self.split_alignment}, {empty}; K, N multiples of "
+            f"{self.feature_alignment}; weights: {', '.join(sorted(self.weight_layouts))}; fused wgrad "
+            f"accumulation: {','.join(str(v) for v in sorted(self.fused_wgrad_accumulation))}; bitwise "
+            f"per-expert linear: {'yes' if self.bitwise_per_expert else 'no'}",
+        )
         return "\n".join(lines)
 
 
@@ -180,17 +201,24 @@ class GroupedFunctionImpl:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(f"an impl's name must be a non-empty string, got {self.name!r}",
-                          "Give a short printable name, e.g. name='mymod_grouped_fp8'.")
+            raise invalid(
+                f"an impl's name must be a non-empty string, got {self.name!r}",
+                "Give a short printable name, e.g. name='mymod_grouped_fp8'.",
+            )
         if not isinstance(self.support, GroupedQuantSupport):
-            raise invalid(f"impl {self.name!r}: support must be a GroupedQuantSupport, got "
-                          f"{type(self.support).__name__}", "Build it with GroupedQuantSupport(recipes=..., ...).")
+            raise invalid(
+                f"impl {self.name!r}: support must be a GroupedQuantSupport, got {type(self.support).__name__}",
+                "Build it with GroupedQuantSupport(recipes=..., ...).",
+            )
         if not callable(self.fn):
             raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable", "Pass a function.")
         why = call_refusal(self.fn, 3, GROUPED_CALL_KEYWORDS)
         if why:
-            raise invalid(f"impl {self.name!r}: its function (defined at {defined_at(self.fn)}) cannot take the calls "
-                          f"the suite makes", why)
+            raise invalid(
+                f"impl {self.name!r}: its function (defined at {defined_at(self.fn)}) cannot take the calls "
+                f"the suite makes",
+                why,
+            )
 
     def __call__(self, x, weights, biases=None, **kwargs):  # noqa: D102 - the call of the module docstring
         return self.fn(x, weights, biases, **kwargs)
@@ -200,8 +228,9 @@ class GroupedFunctionImpl:
 GROUPED_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GroupedQuantSupport))
 
 
-def grouped_quant_linear_impl(*, name: str, description: str = "",
-                              **support: Any) -> Callable[[Callable[..., torch.Tensor]], GroupedFunctionImpl]:
+def grouped_quant_linear_impl(
+    *, name: str, description: str = "", **support: Any
+) -> Callable[[Callable[..., torch.Tensor]], GroupedFunctionImpl]:
     """Decorator turning a function into a grouped quantized linear the suite runs
     (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
 
@@ -219,20 +248,30 @@ def grouped_quant_linear_impl(*, name: str, description: str = "",
     """
     site = declaration_site()
     if not isinstance(name, str) or not name.strip():
-        raise invalid(f"grouped_quant_linear_impl(name={name!r}): the name must be a non-empty string",
-                      "Give a short printable name, e.g. name='mymod_grouped_fp8'.", site=site)
+        raise invalid(
+            f"grouped_quant_linear_impl(name={name!r}): the name must be a non-empty string",
+            "Give a short printable name, e.g. name='mymod_grouped_fp8'.",
+            site=site,
+        )
     owner = f"grouped_quant_linear_impl(name={name!r})"
     decl.unknown_keywords(owner, support, GROUPED_SUPPORT_FIELDS)
     declared = GroupedQuantSupport(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> GroupedFunctionImpl:
         if not callable(fn):
-            raise invalid(f"{owner} decorates {fn!r}, which is not callable",
-                          "Put the decorator on the function computing y_i = Q(x_i)·Q(W_i)ᵀ + b_i.", site=site)
+            raise invalid(
+                f"{owner} decorates {fn!r}, which is not callable",
+                "Put the decorator on the function computing y_i = Q(x_i)·Q(W_i)ᵀ + b_i.",
+                site=site,
+            )
         why = call_refusal(fn, 3, GROUPED_CALL_KEYWORDS)
         if why:
-            raise invalid(f"{owner}: {getattr(fn, '__name__', fn)} (defined at {defined_at(fn)}) cannot take the "
-                          f"calls the suite makes", why, site=site)
+            raise invalid(
+                f"{owner}: {getattr(fn, '__name__', fn)} (defined at {defined_at(fn)}) cannot take the "
+                f"calls the suite makes",
+                why,
+                site=site,
+            )
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         return GroupedFunctionImpl(name=name, fn=fn, support=declared, description=doc)
 
@@ -246,12 +285,16 @@ def validate_grouped_impl(obj: Any, origin: str) -> None:
         raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
     sup = getattr(obj, "support", None)
     if not isinstance(sup, GroupedQuantSupport):
-        raise TypeError(f"{origin}: grouped_quant_linear impl {name!r} needs 'support' of type "
-                        f"impls.protocols.grouped_fp8_linear.GroupedQuantSupport, got {type(sup).__name__}")
+        raise TypeError(
+            f"{origin}: grouped_quant_linear impl {name!r} needs 'support' of type "
+            f"impls.protocols.grouped_fp8_linear.GroupedQuantSupport, got {type(sup).__name__}"
+        )
     if not callable(obj):
         raise TypeError(f"{origin}: grouped_quant_linear impl {name!r} is not callable")
     fn = obj.fn if isinstance(obj, GroupedFunctionImpl) else obj
     why = call_refusal(fn, 3, GROUPED_CALL_KEYWORDS)
     if why:
-        raise TypeError(f"{origin}: grouped_quant_linear impl {name!r} (defined at {defined_at(fn)}) cannot take the "
-                        f"calls the suite makes: {why}")
+        raise TypeError(
+            f"{origin}: grouped_quant_linear impl {name!r} (defined at {defined_at(fn)}) cannot take the "
+            f"calls the suite makes: {why}"
+        )

@@ -125,15 +125,25 @@ ELEMENTARY_FUNCTIONS: tuple[str, ...] = ("exp", "exp_per_arg", "log", "tanh", "b
 
 
 #: Names a user may write for an option that the declaration calls otherwise (the call's keyword, Liger's name).
-OPTION_ALIASES: dict[str, str] = {"z_loss_scale": "z_loss", "lse_square_scale": "z_loss", "weight": "class_weights",
-                                  "weights": "class_weights", "logit_softcapping": "softcap",
-                                  "final_logit_softcapping": "softcap", "smoothing": "label_smoothing"}
+OPTION_ALIASES: dict[str, str] = {
+    "z_loss_scale": "z_loss",
+    "lse_square_scale": "z_loss",
+    "weight": "class_weights",
+    "weights": "class_weights",
+    "logit_softcapping": "softcap",
+    "final_logit_softcapping": "softcap",
+    "smoothing": "label_smoothing",
+}
 REDUCTION_ALIASES: dict[str, str] = {"avg": "mean", "average": "mean", "elementwise_mean": "mean", "batchmean": "mean"}
 
 #: The keyword each option reaches the call with (``bias`` is the fourth positional argument, always passed;
 #: ``reduction`` and ``ignore_index`` are always passed as keywords).
-OPTION_KEYWORDS: dict[str, str] = {"label_smoothing": "label_smoothing", "class_weights": "class_weights",
-                                   "softcap": "softcap", "z_loss": "z_loss_scale"}
+OPTION_KEYWORDS: dict[str, str] = {
+    "label_smoothing": "label_smoothing",
+    "class_weights": "class_weights",
+    "softcap": "softcap",
+    "z_loss": "z_loss_scale",
+}
 ALWAYS_PASSED: tuple[str, ...] = ("reduction", "ignore_index")
 
 
@@ -213,16 +223,34 @@ class LinearCESupport:
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, FLOAT_DTYPES, empty_ok=False))
         set_("autocast", decl.dtypes(own, "autocast", self.autocast, (torch.bfloat16, torch.float16), empty_ok=True))
         set_("devices", decl.device_types(own, self.devices))
-        set_("options", decl.known_names(own, "options", self.options, LINEAR_CE_OPTIONS, empty_ok=True,
-                                         aliases=OPTION_ALIASES,
-                                         note=" (options name features of the call; the reductions are declared with reductions=)"))
-        set_("reductions", decl.known_names(own, "reductions", self.reductions, REDUCTIONS, empty_ok=False,
-                                            aliases=REDUCTION_ALIASES))
-        combos = decl.collection(own, "option_combinations_excluded", self.option_combinations_excluded,
-                                  "[('softcap', 'z_loss')]")
-        set_("option_combinations_excluded", frozenset(
-            decl.known_names(own, "option_combinations_excluded", c, LINEAR_CE_OPTIONS, empty_ok=False,
-                             aliases=OPTION_ALIASES) for c in combos))
+        set_(
+            "options",
+            decl.known_names(
+                own,
+                "options",
+                self.options,
+                LINEAR_CE_OPTIONS,
+                empty_ok=True,
+                aliases=OPTION_ALIASES,
+                note=" (options name features of the call; the reductions are declared with reductions=)",
+            ),
+        )
+        set_(
+            "reductions",
+            decl.known_names(own, "reductions", self.reductions, REDUCTIONS, empty_ok=False, aliases=REDUCTION_ALIASES),
+        )
+        combos = decl.collection(
+            own, "option_combinations_excluded", self.option_combinations_excluded, "[('softcap', 'z_loss')]"
+        )
+        set_(
+            "option_combinations_excluded",
+            frozenset(
+                decl.known_names(
+                    own, "option_combinations_excluded", c, LINEAR_CE_OPTIONS, empty_ok=False, aliases=OPTION_ALIASES
+                )
+                for c in combos
+            ),
+        )
         choices: tuple[tuple[str, tuple[Any, ...]], ...] = (
             ("all_ignored", ("nan", "zero", None)),
             ("grad_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
@@ -235,14 +263,18 @@ class LinearCESupport:
         for name, allowed in choices:
             value = getattr(self, name)
             if value not in allowed:
-                raise invalid(f"{own}.{name}={value!r} is not one of {allowed}",
-                              f"See LinearCESupport's docstring for what each value means."
-                              f"{decl.did_you_mean(value, [a for a in allowed if a], None) if isinstance(value, str) else ''}")
+                raise invalid(
+                    f"{own}.{name}={value!r} is not one of {allowed}",
+                    f"See LinearCESupport's docstring for what each value means."
+                    f"{decl.did_you_mean(value, [a for a in allowed if a], None) if isinstance(value, str) else ''}",
+                )
         for name in ("chunk_rows", "chunk_cols"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise invalid(f"{own}.{name} must be an int >= 1 or None, got {value!r}",
-                              "Give the rows (classes) per chunk, or None for one pass.")
+                raise invalid(
+                    f"{own}.{name} must be an int >= 1 or None, got {value!r}",
+                    "Give the rows (classes) per chunk, or None for one pass.",
+                )
         set_("elementary_error", _elementary(own, self.elementary_error))
         decl.bools(own, self, ("returns_z_loss", "slow", "deterministic"))
         decl.requirement(own, self.requires)
@@ -325,14 +357,20 @@ def call_refusal(fn: Callable[..., Any], options: Iterable[str]) -> str | None:
         always = [k for k in ALWAYS_PASSED if not _accepts(sig, k)]
         missing = [o for o in declared if not _accepts(sig, OPTION_KEYWORDS[o])]
         if always:
-            return (f"{label} takes no keyword {' or '.join(always)}, which every call passes. "
-                    f"Add {', '.join(f'{k}=...' for k in always)} to the signature (or **options).")
+            return (
+                f"{label} takes no keyword {' or '.join(always)}, which every call passes. "
+                f"Add {', '.join(f'{k}=...' for k in always)} to the signature (or **options)."
+            )
         if missing:
             kws = ", ".join(f"{OPTION_KEYWORDS[o]}=..." for o in missing)
-            return (f"{label} cannot take {kws}, which the declared option(s) {missing} pass. Add the keyword(s) "
-                    f"to the signature, or leave {missing} out of options= (or declare options= explicitly).")
-        return (f"{label} cannot be called as fn(x, weight, target, bias, reduction=..., ignore_index=...): {exc}. "
-                f"Give it four positional parameters and keyword defaults for the rest.")
+            return (
+                f"{label} cannot take {kws}, which the declared option(s) {missing} pass. Add the keyword(s) "
+                f"to the signature, or leave {missing} out of options= (or declare options= explicitly)."
+            )
+        return (
+            f"{label} cannot be called as fn(x, weight, target, bias, reduction=..., ignore_index=...): {exc}. "
+            f"Give it four positional parameters and keyword defaults for the rest."
+        )
     return None
 
 
@@ -340,8 +378,9 @@ def inferred_options(fn: Callable[..., Any]) -> frozenset[str]:
     """The options a function declares by its signature: ``bias`` and ``ignore_index`` (always passed), and each
     option whose keyword it can take (all of them with ``**options``, or when the signature cannot be read)."""
     sig = _signature(fn)
-    return frozenset(o for o in LINEAR_CE_OPTIONS
-                     if o not in OPTION_KEYWORDS or sig is None or _accepts(sig, OPTION_KEYWORDS[o]))
+    return frozenset(
+        o for o in LINEAR_CE_OPTIONS if o not in OPTION_KEYWORDS or sig is None or _accepts(sig, OPTION_KEYWORDS[o])
+    )
 
 
 @dataclass(frozen=True)
@@ -358,8 +397,14 @@ class FunctionImpl:
     description: str = ""
 
     def __post_init__(self) -> None:
-        decl.built(self, LinearCESupport, "Build it with numcheck.make_support(...) or LinearCESupport(...).",
-                   "mymod_flce", [("function", self.fn, self._refusal)], "the calls its declaration leads to")
+        decl.built(
+            self,
+            LinearCESupport,
+            "Build it with numcheck.make_support(...) or LinearCESupport(...).",
+            "mymod_flce",
+            [("function", self.fn, self._refusal)],
+            "the calls its declaration leads to",
+        )
 
     def _refusal(self, fn: Callable[..., Any]) -> str | None:
         return call_refusal(fn, self.support.options)
@@ -431,9 +476,15 @@ def linear_ce_impl(*, name: str, description: str = "", **support: Any) -> Calla
         sup = declared
         if "options" not in support and callable(fn):
             sup = dataclasses.replace(declared, options=inferred_options(fn))
-        doc = decl.decorated(owner, site, fn, "Put the decorator on the function computing the loss.",
-                             [(getattr(fn, "__name__", "the function"), fn, lambda f: call_refusal(f, sup.options))],
-                             "the calls its declaration leads to", description)
+        doc = decl.decorated(
+            owner,
+            site,
+            fn,
+            "Put the decorator on the function computing the loss.",
+            [(getattr(fn, "__name__", "the function"), fn, lambda f: call_refusal(f, sup.options))],
+            "the calls its declaration leads to",
+            description,
+        )
         return FunctionImpl(name=name, fn=fn, support=sup, description=doc)
 
     return wrap
@@ -451,7 +502,14 @@ def validate_impl(obj: Any, origin: str) -> None:
         raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected 'linear_ce' or 'quant_linear'")
     support = getattr(obj, "support", None)
     fn = obj.fn if isinstance(obj, FunctionImpl) else obj
-    decl.conformance(obj, origin, "linear_ce", [
-        (isinstance(support, LinearCESupport), "needs 'support' of type impls.protocols.linear_ce.LinearCESupport"),
-        (callable(obj), "is not callable"),
-    ], [("", fn, lambda f: call_refusal(f, support.options))], "the calls its declaration leads to")
+    decl.conformance(
+        obj,
+        origin,
+        "linear_ce",
+        [
+            (isinstance(support, LinearCESupport), "needs 'support' of type impls.protocols.linear_ce.LinearCESupport"),
+            (callable(obj), "is not callable"),
+        ],
+        [("", fn, lambda f: call_refusal(f, support.options))],
+        "the calls its declaration leads to",
+    )

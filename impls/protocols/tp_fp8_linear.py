@@ -65,8 +65,15 @@ TP_KIND = "tp_quant_linear"
 PARALLEL_MODES: tuple[str, ...] = ("column", "row")
 PARTIAL_DTYPES: tuple[str, ...] = ("output", "float32")
 #: The keywords every call passes after ``x, weight, bias``.
-TP_CALL_KEYWORDS: tuple[str, ...] = ("recipe", "parallel", "sequence_parallel", "save_original_input", "group",
-                                     "scale_log", "scaling_state")
+TP_CALL_KEYWORDS: tuple[str, ...] = (
+    "recipe",
+    "parallel",
+    "sequence_parallel",
+    "save_original_input",
+    "group",
+    "scale_log",
+    "scaling_state",
+)
 
 
 @dataclass(frozen=True)
@@ -103,30 +110,45 @@ class TPQuantSupport:
     def __post_init__(self) -> None:
         own = "TPQuantSupport"
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
-        recipes = tuple(Fp8Recipe(r) if isinstance(r, str) and r in RECIPE_KINDS else r
-                        for r in decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)"))
+        recipes = tuple(
+            Fp8Recipe(r) if isinstance(r, str) and r in RECIPE_KINDS else r
+            for r in decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
+        )
         if not recipes or not all(isinstance(r, Fp8Recipe) for r in recipes):
-            raise invalid(f"{own}.recipes={self.recipes!r} must be a non-empty collection of Fp8Recipe (or kind names)",
-                          f"e.g. recipes=(Fp8Recipe('current'),); kinds: {RECIPE_KINDS}.")
+            raise invalid(
+                f"{own}.recipes={self.recipes!r} must be a non-empty collection of Fp8Recipe (or kind names)",
+                f"e.g. recipes=(Fp8Recipe('current'),); kinds: {RECIPE_KINDS}.",
+            )
         set_("recipes", recipes)
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
-        for name, allowed in (("parallel", PARALLEL_MODES), ("sequence_parallel", (False, True)),
-                              ("save_original_input", (False, True))):
+        for name, allowed in (
+            ("parallel", PARALLEL_MODES),
+            ("sequence_parallel", (False, True)),
+            ("save_original_input", (False, True)),
+        ):
             vals = decl.collection(own, name, getattr(self, name), repr(allowed))
             if not vals or any(v not in allowed or type(v) is not type(allowed[0]) for v in vals):
-                raise invalid(f"{own}.{name}={getattr(self, name)!r} must be a non-empty collection of {allowed}",
-                              f"e.g. {name}={allowed!r}.")
+                raise invalid(
+                    f"{own}.{name}={getattr(self, name)!r} must be a non-empty collection of {allowed}",
+                    f"e.g. {name}={allowed!r}.",
+                )
             set_(name, frozenset(vals))
         ws = tuple(self.world_sizes)
         if not ws or any(not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in ws):
-            raise invalid(f"{own}.world_sizes={self.world_sizes!r} must be positive ints", "e.g. world_sizes=(1, 2, 4).")
+            raise invalid(
+                f"{own}.world_sizes={self.world_sizes!r} must be positive ints", "e.g. world_sizes=(1, 2, 4)."
+            )
         set_("world_sizes", ws)
         if self.partial_dtype not in PARTIAL_DTYPES:
-            raise invalid(f"{own}.partial_dtype={self.partial_dtype!r} is not one of {PARTIAL_DTYPES}",
-                          "'output': partials rounded to the output dtype and reduced in it; 'float32': reduced in fp32.")
+            raise invalid(
+                f"{own}.partial_dtype={self.partial_dtype!r} is not one of {PARTIAL_DTYPES}",
+                "'output': partials rounded to the output dtype and reduced in it; 'float32': reduced in fp32.",
+            )
         if not (isinstance(self.accum_unit_roundoff, float) and 0.0 < self.accum_unit_roundoff < 0.5):
-            raise invalid(f"{own}.accum_unit_roundoff={self.accum_unit_roundoff!r} must be a float in (0, 0.5)",
-                          "2.0**-24 for fp32 accumulation.")
+            raise invalid(
+                f"{own}.accum_unit_roundoff={self.accum_unit_roundoff!r} must be a float in (0, 0.5)",
+                "2.0**-24 for fp32 accumulation.",
+            )
         decl.bools(own, self, ("bias", "deterministic"))
         decl.requirement(own, self.requires)
 
@@ -141,14 +163,16 @@ class TPQuantSupport:
     def describe(self) -> str:
         """Multi-line description for ``numcheck list``."""
         dts = ",".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
-        return "\n".join([
-            f"parallel: {','.join(sorted(self.parallel))}; sequence_parallel: "
-            f"{','.join(str(v) for v in sorted(self.sequence_parallel))}; world sizes: "
-            f"{','.join(map(str, self.world_sizes))}; backend: torch.distributed (gloo on CPU, nccl on CUDA)",
-            f"dtypes: {dts}; bias: {'yes' if self.bias else 'no'}; save_original_input: "
-            f"{','.join(str(v) for v in sorted(self.save_original_input))}; partials reduced in: {self.partial_dtype}",
-            "recipes: " + ", ".join(r.name for r in self.recipes),
-        ])
+        return "\n".join(
+            [
+                f"parallel: {','.join(sorted(self.parallel))}; sequence_parallel: "
+                f"{','.join(str(v) for v in sorted(self.sequence_parallel))}; world sizes: "
+                f"{','.join(map(str, self.world_sizes))}; backend: torch.distributed (gloo on CPU, nccl on CUDA)",
+                f"dtypes: {dts}; bias: {'yes' if self.bias else 'no'}; save_original_input: "
+                f"{','.join(str(v) for v in sorted(self.save_original_input))}; partials reduced in: {self.partial_dtype}",
+                "recipes: " + ", ".join(r.name for r in self.recipes),
+            ]
+        )
 
 
 @dataclass
@@ -235,8 +259,14 @@ class TPQuantFunctionImpl(decl.PickledByReference):
     kind: str = TP_KIND
 
     def __post_init__(self) -> None:
-        decl.built(self, TPQuantSupport, "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).",
-                   "mymod_tp_fp8", [("function", self.fn, _refusal)], "the calls the suite makes")
+        decl.built(
+            self,
+            TPQuantSupport,
+            "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).",
+            "mymod_tp_fp8",
+            [("function", self.fn, _refusal)],
+            "the calls the suite makes",
+        )
 
     def __call__(self, x, weight, bias=None, **kwargs):  # noqa: D102 - the call of the module docstring
         return self.fn(x, weight, bias, **kwargs)
@@ -246,8 +276,9 @@ class TPQuantFunctionImpl(decl.PickledByReference):
 TP_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TPQuantSupport))
 
 
-def tp_quant_linear_impl(*, name: str, description: str = "",
-                         **support: Any) -> Callable[[Callable[..., torch.Tensor]], TPQuantFunctionImpl]:
+def tp_quant_linear_impl(
+    *, name: str, description: str = "", **support: Any
+) -> Callable[[Callable[..., torch.Tensor]], TPQuantFunctionImpl]:
     """Decorator turning a module-level function into a tensor/sequence-parallel quantized linear the distributed
     FP8 suite runs (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
 
@@ -269,9 +300,15 @@ def tp_quant_linear_impl(*, name: str, description: str = "",
     declared = TPQuantSupport(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> TPQuantFunctionImpl:
-        doc = decl.decorated(owner, site, fn, "Put the decorator on the function each rank calls.",
-                             [(getattr(fn, "__name__", "the function"), fn, _refusal)], "the calls the suite makes",
-                             description)
+        doc = decl.decorated(
+            owner,
+            site,
+            fn,
+            "Put the decorator on the function each rank calls.",
+            [(getattr(fn, "__name__", "the function"), fn, _refusal)],
+            "the calls the suite makes",
+            description,
+        )
         return TPQuantFunctionImpl(name=name, fn=fn, support=declared, description=doc)
 
     return wrap
@@ -285,9 +322,19 @@ def _refusal(fn: Callable[..., Any]) -> str | None:
 def validate_tp_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
     support = getattr(obj, "support", None)
-    decl.conformance(obj, origin, "tp_quant_linear", [
-        (isinstance(support, TPQuantSupport), f"needs 'support' of type impls.protocols.tp_fp8_linear.TPQuantSupport, "
-                                              f"got {type(support).__name__}"),
-        (callable(obj), "is not callable"),
-    ], [("", obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj, _refusal)], "the calls the suite makes",
-        pickled=True, decorator="tp_quant_linear_impl")
+    decl.conformance(
+        obj,
+        origin,
+        "tp_quant_linear",
+        [
+            (
+                isinstance(support, TPQuantSupport),
+                f"needs 'support' of type impls.protocols.tp_fp8_linear.TPQuantSupport, got {type(support).__name__}",
+            ),
+            (callable(obj), "is not callable"),
+        ],
+        [("", obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj, _refusal)],
+        "the calls the suite makes",
+        pickled=True,
+        decorator="tp_quant_linear_impl",
+    )

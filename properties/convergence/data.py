@@ -53,10 +53,11 @@ class MarkovSource:
         if not 0 <= step < self.steps:
             raise IndexError(f"MarkovSource.batch: step {step} outside [0, {self.steps})")
         s = step * self.rows + 2
-        target = self.tokens[s:s + self.rows].clone()
+        target = self.tokens[s : s + self.rows].clone()
         target[self.padded[step]] = IGNORE_INDEX
-        return Batch(prev1=self.tokens[s - 1:s - 1 + self.rows], prev2=self.tokens[s - 2:s - 2 + self.rows],
-                     target=target)
+        return Batch(
+            prev1=self.tokens[s - 1 : s - 1 + self.rows], prev2=self.tokens[s - 2 : s - 2 + self.rows], target=target
+        )
 
     def entropy(self) -> float:
         """The source's entropy rate in nats (its stationary distribution estimated by the corpus' token counts):

@@ -50,16 +50,20 @@ METRICS: tuple[str, ...] = ("params", "loss")
 
 def distances(run: Trajectory, ref: Trajectory) -> dict[str, list[float]]:
     """Per step, ``run``'s distance from the float64 ``ref``: |ΔL| and the RMSE of the master parameters."""
-    return {"params": [float((a - b).pow(2).mean().sqrt()) for a, b in zip(run.params, ref.params)],
-            "loss": [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(run.loss, ref.loss)]}
+    return {
+        "params": [float((a - b).pow(2).mean().sqrt()) for a, b in zip(run.params, ref.params)],
+        "loss": [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(run.loss, ref.loss)],
+    }
 
 
 def rounding_level(ref: Trajectory, dtype: torch.dtype) -> dict[str, list[float]]:
     """Per step, ℓ(t) of each metric: one rounding of the float64 run's value (module docstring)."""
     master = torch.float64 if dtype == torch.float64 else torch.float32
     u_p, u_l = unit_roundoff(master), unit_roundoff(dtype)
-    return {"params": [u_p * float(p.pow(2).mean().sqrt()) for p in ref.params],
-            "loss": [u_l * abs(v) for v in ref.loss]}
+    return {
+        "params": [u_p * float(p.pow(2).mean().sqrt()) for p in ref.params],
+        "loss": [u_l * abs(v) for v in ref.loss],
+    }
 
 
 def units(d: Sequence[float], level: Sequence[float]) -> list[float]:
@@ -94,12 +98,20 @@ class MetricEnvelope:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form."""
-        return {"k": self.k, "K_head": self.head, "n_eff": self.n_eff, "s": self.s, "s_worst_step": self.worst_step,
-                "seeds": list(self.seeds), "spread_per_step": self.spread}
+        return {
+            "k": self.k,
+            "K_head": self.head,
+            "n_eff": self.n_eff,
+            "s": self.s,
+            "s_worst_step": self.worst_step,
+            "seeds": list(self.seeds),
+            "spread_per_step": self.spread,
+        }
 
 
-def envelope(eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int], *, dtype: torch.dtype,
-             n_eff: int) -> dict[str, MetricEnvelope]:
+def envelope(
+    eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int], *, dtype: torch.dtype, n_eff: int
+) -> dict[str, MetricEnvelope]:
     """The envelope of every metric from eager's a(t) on each seed (``eager_units[i]`` belongs to ``seeds[i]``) and
     the head factor K of ``dtype`` at ``n_eff``."""
     head = ratio_multiplier(float(n_eff), dtype)
@@ -110,8 +122,9 @@ def envelope(eager_units: Sequence[dict[str, list[float]]], seeds: Sequence[int]
         per_step = list(zip(*(u[m] for u in eager_units)))
         spread = [max(s) / min(s) if all(map(math.isfinite, s)) else math.inf for s in per_step]
         worst = max(range(len(spread)), key=spread.__getitem__)
-        out[m] = MetricEnvelope(k=head * spread[worst], head=head, n_eff=n_eff, spread=spread, seeds=tuple(seeds),
-                                worst_step=worst)
+        out[m] = MetricEnvelope(
+            k=head * spread[worst], head=head, n_eff=n_eff, spread=spread, seeds=tuple(seeds), worst_step=worst
+        )
     return out
 
 
@@ -140,12 +153,22 @@ class MetricVerdict:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form."""
-        return {"inside": self.inside, "envelope_defined": self.defined, "k": self.k, "worst_step": self.worst_step, "worst_ratio": self.worst_ratio,
-                "ratio_per_step": self.ratio}
+        return {
+            "inside": self.inside,
+            "envelope_defined": self.defined,
+            "k": self.k,
+            "worst_step": self.worst_step,
+            "worst_ratio": self.worst_ratio,
+            "ratio_per_step": self.ratio,
+        }
 
 
-def judge(d_run: dict[str, list[float]], d_eager: dict[str, list[float]], level: dict[str, list[float]],
-          env: dict[str, MetricEnvelope]) -> dict[str, MetricVerdict]:
+def judge(
+    d_run: dict[str, list[float]],
+    d_eager: dict[str, list[float]],
+    level: dict[str, list[float]],
+    env: dict[str, MetricEnvelope],
+) -> dict[str, MetricVerdict]:
     """r(t) = (d_run + ℓ) / (d_eager + ℓ) per metric and step, each against its k."""
     out: dict[str, MetricVerdict] = {}
     for m in METRICS:

@@ -44,8 +44,14 @@ def initial_parameters(shape: ModelShape, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed + 1_000_003)  # a stream apart from the data's
     V, H, Fh = shape.vocab, shape.hidden, shape.ffn
     n = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    return {"E1": n(V, H), "E2": 0.5 * n(V, H), "W1": n(Fh, H) / math.sqrt(H), "b1": 0.1 * n(Fh),
-            "W2": 0.5 * n(H, Fh) / math.sqrt(Fh), "W": n(V, H) / math.sqrt(H)}
+    return {
+        "E1": n(V, H),
+        "E2": 0.5 * n(V, H),
+        "W1": n(Fh, H) / math.sqrt(H),
+        "b1": 0.1 * n(Fh),
+        "W2": 0.5 * n(H, Fh) / math.sqrt(Fh),
+        "W": n(V, H) / math.sqrt(H),
+    }
 
 
 def impl_head(impl: Any) -> Head:
@@ -56,9 +62,11 @@ def impl_head(impl: Any) -> Head:
         out = impl(x, weight, target, None, reduction="mean", ignore_index=IGNORE_INDEX)
         loss = out[0] if impl.support.returns_z_loss and isinstance(out, tuple) else out
         if not isinstance(loss, torch.Tensor) or loss.shape != () or not loss.requires_grad:
-            raise TypeError(f"impl {impl.name!r} returned {type(loss).__name__} "
-                            f"{tuple(getattr(loss, 'shape', ()))} for reduction='mean'; the convergence run needs a "
-                            f"scalar loss tensor connected to autograd")
+            raise TypeError(
+                f"impl {impl.name!r} returned {type(loss).__name__} "
+                f"{tuple(getattr(loss, 'shape', ()))} for reduction='mean'; the convergence run needs a "
+                f"scalar loss tensor connected to autograd"
+            )
         return loss
 
     return head
@@ -87,8 +95,15 @@ def _forward(p: dict[str, torch.Tensor], batch: Any, dtype: torch.dtype, head: H
     return head(h, c["W"], target)
 
 
-def train(source: MarkovSource, shape: ModelShape, init: dict[str, torch.Tensor], *, dtype: torch.dtype,
-          head: Head, device: str = "cpu") -> Trajectory:
+def train(
+    source: MarkovSource,
+    shape: ModelShape,
+    init: dict[str, torch.Tensor],
+    *,
+    dtype: torch.dtype,
+    head: Head,
+    device: str = "cpu",
+) -> Trajectory:
     """Train from ``init`` for ``source.steps`` steps with compute dtype ``dtype`` and ``head``; master dtype
     float64 when ``dtype`` is float64, float32 otherwise. A non-finite loss stops nothing: it is recorded."""
     master = torch.float64 if dtype == torch.float64 else torch.float32

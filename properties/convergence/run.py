@@ -130,23 +130,33 @@ class ConvergenceResult:
                 continue
             if not math.isfinite(v.k):
                 e = self.envelope[m]
-                lines.append(f"{m}: envelope undefined: eager's own distance from float64 is not finite at step "
-                             f"{e.worst_step} on some of seeds {list(e.seeds)} (eager diverged), so no run can be "
-                             f"judged inside")
+                lines.append(
+                    f"{m}: envelope undefined: eager's own distance from float64 is not finite at step "
+                    f"{e.worst_step} on some of seeds {list(e.seeds)} (eager diverged), so no run can be "
+                    f"judged inside"
+                )
                 continue
             t = v.worst_step
             bound = v.k * eager.distance[m][t] + (v.k - 1) * self.level[m][t]
-            lines.append(f"{m}: outside at step {t} (first at step {next(i for i, r in enumerate(v.ratio) if not r <= v.k)}"
-                         f"): distance from float64 {rec.distance[m][t]:.3e} vs bound {bound:.3e} (k={v.k:.3g} × eager's "
-                         f"{eager.distance[m][t]:.3e} + (k−1) × rounding level {self.level[m][t]:.3e}); r={v.worst_ratio:.3g} > k")
+            lines.append(
+                f"{m}: outside at step {t} (first at step {next(i for i, r in enumerate(v.ratio) if not r <= v.k)}"
+                f"): distance from float64 {rec.distance[m][t]:.3e} vs bound {bound:.3e} (k={v.k:.3g} × eager's "
+                f"{eager.distance[m][t]:.3e} + (k−1) × rounding level {self.level[m][t]:.3e}); r={v.worst_ratio:.3g} > k"
+            )
         return lines
 
     def to_json(self) -> dict[str, Any]:
         """The whole result as JSON-able data (``json.dumps`` writes non-finite numbers as ``Infinity``/``NaN``)."""
-        return {"config": self.config, "ok": self.ok, "entropy": self.entropy, "seconds": self.seconds,
-                "judgement": env_.__doc__.split("\n\n", 1)[1].strip(),
-                "level": self.level, "envelope": {m: e.to_json() for m, e in self.envelope.items()},
-                "runs": {k: r.to_json() for k, r in self.runs.items()}}
+        return {
+            "config": self.config,
+            "ok": self.ok,
+            "entropy": self.entropy,
+            "seconds": self.seconds,
+            "judgement": env_.__doc__.split("\n\n", 1)[1].strip(),
+            "level": self.level,
+            "envelope": {m: e.to_json() for m, e in self.envelope.items()},
+            "runs": {k: r.to_json() for k, r in self.runs.items()},
+        }
 
 
 def _fail(call: str, msg: str, fix: str) -> InvalidAssertion:
@@ -165,8 +175,11 @@ def _dtype(call: str, value: Any) -> torch.dtype:
     """The torch dtype of ``value`` (a name of :data:`DTYPES` or a torch.dtype); :class:`InvalidAssertion` else."""
     name = str(value).removeprefix("torch.") if isinstance(value, (str, torch.dtype)) else None
     if name not in DTYPES:
-        raise _fail(call, f"dtype must be one of {DTYPES} (a name or a torch.dtype), got {value!r}",
-                    f"e.g. dtype='bfloat16'.{did_you_mean(str(value), DTYPES)}")
+        raise _fail(
+            call,
+            f"dtype must be one of {DTYPES} (a name or a torch.dtype), got {value!r}",
+            f"e.g. dtype='bfloat16'.{did_you_mean(str(value), DTYPES)}",
+        )
     return dtype_of(name)  # type: ignore[return-value]
 
 
@@ -175,40 +188,57 @@ def _settings(call: str, kw: Mapping[str, Any]) -> dict[str, Any]:
     for k in kw:
         if k not in OPTIONS:
             raise _fail(call, f"unknown keyword {k!r}", f"Keywords: {', '.join(OPTIONS)}.{did_you_mean(k, OPTIONS)}")
-    s = {"dtype": _dtype(call, kw.get("dtype", "float32")), "steps": _int(call, "steps", kw.get("steps", DEFAULT_STEPS), 1),
-         "seed": _int(call, "seed", kw.get("seed", 0), 0),
-         "envelope_seeds": _int(call, "envelope_seeds", kw.get("envelope_seeds", DEFAULT_ENVELOPE_SEEDS), 1),
-         "device": kw.get("device", "cpu"), "shape": kw.get("shape", ModelShape())}
+    s = {
+        "dtype": _dtype(call, kw.get("dtype", "float32")),
+        "steps": _int(call, "steps", kw.get("steps", DEFAULT_STEPS), 1),
+        "seed": _int(call, "seed", kw.get("seed", 0), 0),
+        "envelope_seeds": _int(call, "envelope_seeds", kw.get("envelope_seeds", DEFAULT_ENVELOPE_SEEDS), 1),
+        "device": kw.get("device", "cpu"),
+        "shape": kw.get("shape", ModelShape()),
+    }
     ignored = kw.get("ignored", DEFAULT_IGNORED)
     if isinstance(ignored, bool) or not isinstance(ignored, numbers.Real) or not 0 <= ignored < 1:
-        raise _fail(call, f"ignored must be a fraction in [0, 1), got {ignored!r}", "e.g. ignored=0.125, or 0 for no padding.")
+        raise _fail(
+            call, f"ignored must be a fraction in [0, 1), got {ignored!r}", "e.g. ignored=0.125, or 0 for no padding."
+        )
     s["ignored"] = float(ignored)
     if not isinstance(s["device"], str) or torch.device(s["device"]).type not in ("cpu", "cuda"):
         raise _fail(call, f"device must be 'cpu' or 'cuda', got {s['device']!r}", "e.g. device='cuda'.")
     if not isinstance(s["shape"], ModelShape):
-        raise _fail(call, f"shape must be a ModelShape, got {type(s['shape']).__name__}", "e.g. shape=ModelShape(rows=64).")
+        raise _fail(
+            call, f"shape must be a ModelShape, got {type(s['shape']).__name__}", "e.g. shape=ModelShape(rows=64)."
+        )
     return s
 
 
 def _check_impl(call: str, label: Any, impl: Any, s: dict[str, Any]) -> None:
     """:class:`InvalidAssertion` unless ``impl`` is an available linear+CE impl declaring the run's case."""
     if not isinstance(label, str) or not label or label in RESERVED_LABELS:
-        raise _fail(call, f"label {label!r} is not allowed", f"Use a non-empty string other than {RESERVED_LABELS} "
-                    f"(the run adds those two itself), e.g. {{'new': impl}}.")
+        raise _fail(
+            call,
+            f"label {label!r} is not allowed",
+            f"Use a non-empty string other than {RESERVED_LABELS} "
+            f"(the run adds those two itself), e.g. {{'new': impl}}.",
+        )
     try:
         validate_impl(impl, f"{call} [{label!r}]")
     except TypeError as exc:
         raise _fail(call, str(exc), "Pass an impl object (e.g. one made with numcheck.linear_ce_impl).") from None
     if impl.kind != "linear_ce":
-        raise _fail(call, f"impl {impl.name!r} is a {impl.kind} impl", "The convergence run needs a linear_ce impl as the head.")
+        raise _fail(
+            call, f"impl {impl.name!r} is a {impl.kind} impl", "The convergence run needs a linear_ce impl as the head."
+        )
     reason = impl.support.unavailable_reason()
     if reason:
         raise _fail(call, f"impl {impl.name!r} cannot run here: {reason}", "Skip where the requirement is unmet.")
     opts = ("ignore_index",) if s["ignored"] else ()
     why = impl.support.refuses(dtype=s["dtype"], device=torch.device(s["device"]).type, options=opts, reduction="mean")
     if why:
-        raise _fail(call, f"impl {impl.name!r} does not declare the run's case: {why}",
-                    "Pick a declared dtype (dtype=...), or ignored=0 when it does not declare ignore_index.")
+        raise _fail(
+            call,
+            f"impl {impl.name!r} does not declare the run's case: {why}",
+            "Pick a declared dtype (dtype=...), or ignored=0 when it does not declare ignore_index.",
+        )
 
 
 def _record(label: str, impl: str, traj: Any, ref: Any) -> RunRecord:
@@ -229,7 +259,9 @@ def run(impls: Mapping[str, Any], **kw: Any) -> ConvergenceResult:
     call = "convergence.run"
     s = _settings(call, kw)
     if not isinstance(impls, Mapping) or not impls:
-        raise _fail(call, f"impls must be a non-empty mapping of label -> impl, got {impls!r}", "e.g. run({'new': impl}).")
+        raise _fail(
+            call, f"impls must be a non-empty mapping of label -> impl, got {impls!r}", "e.g. run({'new': impl})."
+        )
     for label, impl in impls.items():
         _check_impl(call, label, impl, s)
     threads = torch.get_num_threads()
@@ -257,7 +289,10 @@ def _run(impls: Mapping[str, Any], s: dict[str, Any]) -> ConvergenceResult:
         eager_units.append({m: env_.units(d_e[m], level[m]) for m in env_.METRICS})
         if i == 0:
             judged = (src, init, ref, level)
-            records = {"float64": _record("float64", "float64", ref, ref), "eager": _record("eager", eager.name, e, ref)}
+            records = {
+                "float64": _record("float64", "float64", ref, ref),
+                "eager": _record("eager", eager.name, e, ref),
+            }
     src, init, ref, level = judged
     valid = shape.rows - min(round(s["ignored"] * shape.rows), shape.rows - 1)  # rows carrying a gradient
     envelope = env_.envelope(eager_units, seeds, dtype=dtype, n_eff=min(valid, shape.vocab) * shape.hidden)
@@ -265,17 +300,36 @@ def _run(impls: Mapping[str, Any], s: dict[str, Any]) -> ConvergenceResult:
         try:
             traj = train(src, shape, init, dtype=dtype, head=impl_head(impl), device=device)
         except Exception as exc:  # one broken head is a verdict on it, never the end of the others' runs
-            records[label] = RunRecord(label=label, impl=impl.name, loss=[], distance={m: [] for m in env_.METRICS},
-                                       error=" ".join(exception_lines(exc)))
+            records[label] = RunRecord(
+                label=label,
+                impl=impl.name,
+                loss=[],
+                distance={m: [] for m in env_.METRICS},
+                error=" ".join(exception_lines(exc)),
+            )
             continue
         rec = _record(label, impl.name, traj, ref)
         rec.verdict = env_.judge(rec.distance, records["eager"].distance, level, envelope)
         records[label] = rec
-    config = {"dtype": str(dtype).removeprefix("torch."), "steps": s["steps"], "seed": s["seed"],
-              "envelope_seeds": list(seeds[1:]), "ignored": s["ignored"], "device": device,
-              "shape": dataclasses.asdict(shape), "master_dtype": "float64 (float64 run), float32 (the others)"}
-    return ConvergenceResult(config=config, runs=records, level=level, envelope=envelope, entropy=src.entropy(),
-                             seconds=time.perf_counter() - start, impls=dict(impls))
+    config = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "steps": s["steps"],
+        "seed": s["seed"],
+        "envelope_seeds": list(seeds[1:]),
+        "ignored": s["ignored"],
+        "device": device,
+        "shape": dataclasses.asdict(shape),
+        "master_dtype": "float64 (float64 run), float32 (the others)",
+    }
+    return ConvergenceResult(
+        config=config,
+        runs=records,
+        level=level,
+        envelope=envelope,
+        entropy=src.entropy(),
+        seconds=time.perf_counter() - start,
+        impls=dict(impls),
+    )
 
 
 def shape_text(shape: Mapping[str, Any]) -> str:
@@ -292,8 +346,10 @@ def parse_shape(text: str) -> ModelShape:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in fields:
-            raise ValueError(f"--shape {text!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(fields)}"
-                             f"{did_you_mean(key, tuple(fields))}")
+            raise ValueError(
+                f"--shape {text!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(fields)}"
+                f"{did_you_mean(key, tuple(fields))}"
+            )
         try:
             kw[key] = int(value) if fields[key] in (int, "int") else float(value)
         except ValueError:
@@ -306,9 +362,11 @@ def repro_command(impl: Any, config: Mapping[str, Any]) -> str:
     """The ``numcheck converge`` line that reruns ``impl``'s convergence run with ``config``: every setting of
     :data:`OPTIONS` (``--envelope-seeds`` as the count of further seeds, the model shape in full)."""
     env, name = impl_invocation(impl)
-    return (f"{env}numcheck converge --impl {shlex.quote(name)} --dtype {config['dtype']} --steps {config['steps']} "
-            f"--seed {config['seed']} --envelope-seeds {len(config['envelope_seeds'])} --ignored {config['ignored']!r} "
-            f"--device {shlex.quote(str(config['device']))} --shape {shape_text(config['shape'])}")
+    return (
+        f"{env}numcheck converge --impl {shlex.quote(name)} --dtype {config['dtype']} --steps {config['steps']} "
+        f"--seed {config['seed']} --envelope-seeds {len(config['envelope_seeds'])} --ignored {config['ignored']!r} "
+        f"--device {shlex.quote(str(config['device']))} --shape {shape_text(config['shape'])}"
+    )
 
 
 def assert_converges(impl: Any, *, base: Any = None, **kw: Any) -> ConvergenceResult:
@@ -333,11 +391,11 @@ def assert_converges(impl: Any, *, base: Any = None, **kw: Any) -> ConvergenceRe
         lines = []
         for r in bad:
             obj = result.impls[r.label]
-            lines += [f"impl {obj.name!r} ({r.label}) is outside the envelope of eager's deviation from float64",
-                      f"  run: {', '.join(f'{k}={v}' for k, v in result.config.items() if k != 'shape')}",
-                      *(f"  {line}" for line in result.failure_lines(r.label)),
-                      f"  reproduce: {repro_command(obj, result.config)}"]
+            lines += [
+                f"impl {obj.name!r} ({r.label}) is outside the envelope of eager's deviation from float64",
+                f"  run: {', '.join(f'{k}={v}' for k, v in result.config.items() if k != 'shape')}",
+                *(f"  {line}" for line in result.failure_lines(r.label)),
+                f"  reproduce: {repro_command(obj, result.config)}",
+            ]
         raise PropertyFailure("property 'convergence' fails\n" + "\n".join(lines))
     return result
-
-

@@ -52,8 +52,15 @@ from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.reference.linear_ce import LinearCEResult
-from numcheck.properties.core.tolerance import (ErrorModel, Level, error_model, linear_ce_bounds, range_dtypes,
-                                           unit_roundoff, upstream_overflow)
+from numcheck.properties.core.tolerance import (
+    ErrorModel,
+    Level,
+    error_model,
+    linear_ce_bounds,
+    range_dtypes,
+    unit_roundoff,
+    upstream_overflow,
+)
 
 #: How the element-wise bounds of one error model are evaluated on the problem at hand (the default is
 #: :func:`properties.core.tolerance.linear_ce_bounds`; the production-shape tier passes a cached, timed one).
@@ -105,8 +112,7 @@ def rms_lambda(alpha: float = RELATIVE_ALPHA) -> float:
     P(RMS(e) > λ·RMS(E)) ≤ λ·exp(−(λ² − 1)/2)."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"rms_lambda: alpha must be in (0, 1), got {alpha!r}")
-    return float(optimize.brentq(lambda lam: math.log(lam) - (lam * lam - 1) / 2 - math.log(alpha), 1.0 + 1e-12,
-                                 100.0))
+    return float(optimize.brentq(lambda lam: math.log(lam) - (lam * lam - 1) / 2 - math.log(alpha), 1.0 + 1e-12, 100.0))
 
 
 @dataclass(frozen=True)
@@ -141,10 +147,12 @@ class RelativeJudgement:
     def describe(self) -> str:
         """One line: both RMSEs, the allowance and its two halves with n_eff, k, α and λ."""
         who = "eager" if self.yardstick == "eager" else "yardstick"
-        return (f"{self.output}: RMSE {self.rmse_impl:.3g} vs {self.yardstick} RMSE {self.rmse_eager:.3g}; allowed "
-                f"{self.allowed:.3g} = k·{who} {self.multiplier * self.rmse_eager:.3g} (k {self.multiplier:.3g} "
-                f"at n_eff {self.n_eff:.3g}, α {self.alpha:.0e}) + slack {self.slack:.3g} (λ {self.lam:.3g} × "
-                f"RMS of the expected-level bound {self.rms_expected:.3g}){' — ' + self.note if self.note else ''}")
+        return (
+            f"{self.output}: RMSE {self.rmse_impl:.3g} vs {self.yardstick} RMSE {self.rmse_eager:.3g}; allowed "
+            f"{self.allowed:.3g} = k·{who} {self.multiplier * self.rmse_eager:.3g} (k {self.multiplier:.3g} "
+            f"at n_eff {self.n_eff:.3g}, α {self.alpha:.0e}) + slack {self.slack:.3g} (λ {self.lam:.3g} × "
+            f"RMS of the expected-level bound {self.rms_expected:.3g}){' — ' + self.note if self.note else ''}"
+        )
 
 
 @dataclass
@@ -167,8 +175,11 @@ class AccuracyResult:
 
     def failure_lines(self) -> list[str]:
         lines = [f"(a) analytic bound: {c.describe()}" for c in self.analytic.values() if not c.ok]
-        lines += [f"(b) relative to {'eager' if r.yardstick == 'eager' else 'the declared path'}: {r.describe()}"
-                  for r in self.relative.values() if not r.ok]
+        lines += [
+            f"(b) relative to {'eager' if r.yardstick == 'eager' else 'the declared path'}: {r.describe()}"
+            for r in self.relative.values()
+            if not r.ok
+        ]
         return lines
 
 
@@ -199,8 +210,13 @@ def eager_errors(p: Problem, t: Tensors, ref: LinearCEResult) -> EagerErrors:
 
 
 def _oracle_outputs(ref) -> dict[str, torch.Tensor | None]:
-    return {"loss": ref.loss, "z_loss": ref.z_loss, "grad_x": ref.grad_x, "grad_weight": ref.grad_weight,
-            "grad_bias": ref.grad_bias}
+    return {
+        "loss": ref.loss,
+        "z_loss": ref.z_loss,
+        "grad_x": ref.grad_x,
+        "grad_weight": ref.grad_weight,
+        "grad_bias": ref.grad_bias,
+    }
 
 
 #: The outputs whose least precise dtype an impl declares (``LinearCESupport.loss_dtype``).
@@ -252,8 +268,16 @@ def _cached_path_errors(path: Any, p: Problem) -> EagerErrors:
     return path_errors(path, p, t, run_oracle(p, t, all_ignored="nan"))
 
 
-def relative_judgement(output: str, value: torch.Tensor, oracle: torch.Tensor, yard: tuple[float, torch.dtype],
-                       expected: torch.Tensor, *, note: str = "", yardstick: str = "eager") -> RelativeJudgement:
+def relative_judgement(
+    output: str,
+    value: torch.Tensor,
+    oracle: torch.Tensor,
+    yard: tuple[float, torch.dtype],
+    expected: torch.Tensor,
+    *,
+    note: str = "",
+    yardstick: str = "eager",
+) -> RelativeJudgement:
     """Judgement (b) of one output (module docstring): ``value`` against ``oracle``, the yardstick's RMSE and dtype
     ``yard``, ``expected`` the expected-level bound (the slack's E and n_eff's weights). ``note``: recorded, not
     judged (with why)."""
@@ -264,13 +288,33 @@ def relative_judgement(output: str, value: torch.Tensor, oracle: torch.Tensor, y
     lam = rms_lambda(RELATIVE_ALPHA)
     allowed = k * yard[0] + lam * rms_e
     ok = (rmse <= allowed) or bool(note) or math.isnan(rmse) and math.isnan(yard[0])
-    return RelativeJudgement(output, ok, not note, rmse, yard[0], allowed, note, n_eff=n_eff, multiplier=k,
-                             alpha=RELATIVE_ALPHA, rms_expected=rms_e, lam=lam, yardstick=yardstick)
+    return RelativeJudgement(
+        output,
+        ok,
+        not note,
+        rmse,
+        yard[0],
+        allowed,
+        note,
+        n_eff=n_eff,
+        multiplier=k,
+        alpha=RELATIVE_ALPHA,
+        rms_expected=rms_e,
+        lam=lam,
+        yardstick=yardstick,
+    )
 
 
-def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutputs,
-                    names: list[str], eager_err: EagerErrors | None = None,
-                    bounds: BoundsFn | None = None) -> dict[str, RelativeJudgement]:
+def _judge_relative(
+    impl: Any,
+    p: Problem,
+    t: Tensors,
+    ref: Any,
+    out: ImplOutputs,
+    names: list[str],
+    eager_err: EagerErrors | None = None,
+    bounds: BoundsFn | None = None,
+) -> dict[str, RelativeJudgement]:
     """Judgement (b) of every output in ``names`` (see the module docstring); ``eager_err`` and ``bounds`` as in
     :func:`check_accuracy`. An output the impl declares coarser (:func:`declared_coarser`) is measured against
     numcheck's evaluation of the declared path instead of eager."""
@@ -295,25 +339,41 @@ def _judge_relative(impl: Any, p: Problem, t: Tensors, ref: Any, out: ImplOutput
     # z-loss in fp32 whatever the parameters (its lse is taken in fp32), an artifact of eager, not a yardstick:
     # per-row z-losses handed back in bf16 parameters' own dtype are what ``loss_dtype="input"`` allows.
     declared = declared_loss_dtype(impl.support, p)
-    slack_dtypes = {n: d if n in LOSS_OUTPUTS and unit_roundoff(d) <= unit_roundoff(declared)
-                    else _finer(d, yard[n][1]) if n in yard else d for n, d in dtypes.items()}
+    slack_dtypes = {
+        n: d
+        if n in LOSS_OUTPUTS and unit_roundoff(d) <= unit_roundoff(declared)
+        else _finer(d, yard[n][1])
+        if n in yard
+        else d
+        for n, d in dtypes.items()
+    }
     expected = bounds(error_model(impl.support, p, slack_dtypes, "expected"))
     res = {}
     for n in names:
         v = out.get(n)
         if v is None or n not in yard:
             continue
-        res[n] = relative_judgement(n, v, refs[n], yard[n], expected[n], note=_not_judged_reason(impl, p, n),
-                                    yardstick=names_of[n])
+        res[n] = relative_judgement(
+            n, v, refs[n], yard[n], expected[n], note=_not_judged_reason(impl, p, n), yardstick=names_of[n]
+        )
     return res
 
 
-def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard",), relative: bool = True,
-                   t: Tensors | None = None, layout: str = "contiguous",
-                   frozen: frozenset[str] = frozenset(),
-                   leaves: dict[str, torch.Tensor] | None = None, out: ImplOutputs | None = None,
-                   oracle: LinearCEResult | None = None, eager_err: EagerErrors | None = None,
-                   bounds: BoundsFn | None = None) -> AccuracyResult:
+def check_accuracy(
+    impl: Any,
+    p: Problem,
+    *,
+    levels: tuple[Level, ...] = ("hard",),
+    relative: bool = True,
+    t: Tensors | None = None,
+    layout: str = "contiguous",
+    frozen: frozenset[str] = frozenset(),
+    leaves: dict[str, torch.Tensor] | None = None,
+    out: ImplOutputs | None = None,
+    oracle: LinearCEResult | None = None,
+    eager_err: EagerErrors | None = None,
+    bounds: BoundsFn | None = None,
+) -> AccuracyResult:
     """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.core.harness.strided_copy`; the inputs
     in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.core.harness.run_impl`) and the
     oracle on ``p`` and judge every output (see the module docstring); the gradients of frozen inputs are not
@@ -328,24 +388,33 @@ def check_accuracy(impl: Any, p: Problem, *, levels: tuple[Level, ...] = ("hard"
     out = out if out is not None else run_impl(impl, p, t, layout=layout, frozen=frozen, leaves=leaves)
     conv = impl.support.all_ignored or "nan"
     if oracle is not None and p.all_ignored:
-        raise ValueError("check_accuracy: a shared oracle needs a problem with live rows (all rows are ignored, so "
-                         "the impl's all-ignored convention decides the oracle)")
+        raise ValueError(
+            "check_accuracy: a shared oracle needs a problem with live rows (all rows are ignored, so "
+            "the impl's all-ignored convention decides the oracle)"
+        )
     ref = oracle if oracle is not None else run_oracle(p, t, all_ignored=conv)
     bounds = bounds if bounds is not None else functools.partial(linear_ce_bounds, p, t, ref)
     refs = _oracle_outputs(ref)
     res = AccuracyResult(problem=p)
     dtypes = _out_dtypes(out)
     skip = {FROZEN_GRADS[k] for k in frozen}
-    names = [n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None)
-             and n not in skip]
+    names = [
+        n for n in OUTPUTS if refs.get(n) is not None and (n != "z_loss" or out.z_loss is not None) and n not in skip
+    ]
     ranges = range_dtypes(p, dtypes)  # ±inf judged against the format each output was held in
     up_overflow = upstream_overflow(p, t)
     for level in dict.fromkeys(("hard",) + tuple(levels)):
         b = bounds(error_model(impl.support, p, dtypes, level))
         target = res.analytic if level == "hard" else res.expected
         for n in names:
-            target[n] = compare(n, out.get(n), refs[n], b[n], range_dtype=ranges.get(n),
-                                overflow_upstream=up_overflow if n.startswith("grad_") else "")
+            target[n] = compare(
+                n,
+                out.get(n),
+                refs[n],
+                b[n],
+                range_dtype=ranges.get(n),
+                overflow_upstream=up_overflow if n.startswith("grad_") else "",
+            )
     if relative and not (p.all_ignored and p.reduction == "mean"):
         res.relative = _judge_relative(impl, p, t, ref, out, names, eager_err, bounds)
     return res

@@ -81,11 +81,25 @@ class Comparison:
 def _not_compared(output: str, state: str, oracle: torch.Tensor, impl: torch.Tensor | None) -> Comparison:
     """The failed :class:`Comparison` of an output that could not be compared element-wise (``state``
     ``"missing"`` or ``"shape_differs"``): every error infinite, every value NaN, every element counted bad."""
-    return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
-                      max_ulp=math.inf, worst=(), impl_value=math.nan, oracle_value=math.nan, bound_value=math.nan,
-                      n_bad=oracle.numel(), numel=oracle.numel(), state=state,
-                      impl_shape=tuple(impl.shape) if impl is not None else None,
-                      oracle_shape=tuple(oracle.shape), dtype=str(impl.dtype) if impl is not None else "")
+    return Comparison(
+        output=output,
+        ok=False,
+        ratio=math.inf,
+        max_abs=math.inf,
+        max_rel=math.inf,
+        rmse=math.inf,
+        max_ulp=math.inf,
+        worst=(),
+        impl_value=math.nan,
+        oracle_value=math.nan,
+        bound_value=math.nan,
+        n_bad=oracle.numel(),
+        numel=oracle.numel(),
+        state=state,
+        impl_shape=tuple(impl.shape) if impl is not None else None,
+        oracle_shape=tuple(oracle.shape),
+        dtype=str(impl.dtype) if impl is not None else "",
+    )
 
 
 def ulp_of(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -108,8 +122,9 @@ def _narrowest(dt: torch.dtype, range_dtype: torch.dtype | None) -> torch.dtype:
     return range_dtype if torch.finfo(range_dtype).max < torch.finfo(dt).max else dt
 
 
-def legitimate_overflow(impl: torch.Tensor, oracle: torch.Tensor, bound: torch.Tensor,
-                        range_dtype: torch.dtype | None = None) -> torch.Tensor:
+def legitimate_overflow(
+    impl: torch.Tensor, oracle: torch.Tensor, bound: torch.Tensor, range_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Where ``impl`` is ±inf as a correct rounding: the oracle is finite, the sign agrees, and some value within
     ``bound`` of the exact one reaches the overflow threshold of the format the value was held in whole
     (``range_dtype``, e.g. the fp16 output of a GEMM under autocast cast to fp32 afterwards; default: ``impl``'s
@@ -120,11 +135,20 @@ def legitimate_overflow(impl: torch.Tensor, oracle: torch.Tensor, bound: torch.T
     if not dt.is_floating_point or dt == torch.float64:
         return torch.zeros_like(o, dtype=torch.bool)
     b = bound.to(device=o.device, dtype=torch.float64).expand_as(o)
-    return torch.isfinite(o) & torch.isinf(a) & (torch.sign(a) == torch.sign(o)) & (o.abs() + b >= overflow_threshold(dt))
+    return (
+        torch.isfinite(o) & torch.isinf(a) & (torch.sign(a) == torch.sign(o)) & (o.abs() + b >= overflow_threshold(dt))
+    )
 
 
-def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound: torch.Tensor, *,
-            range_dtype: torch.dtype | None = None, overflow_upstream: str = "") -> Comparison:
+def compare(
+    output: str,
+    impl: torch.Tensor | None,
+    oracle: torch.Tensor,
+    bound: torch.Tensor,
+    *,
+    range_dtype: torch.dtype | None = None,
+    overflow_upstream: str = "",
+) -> Comparison:
     """Compare ``impl`` (any dtype) with the float64 ``oracle`` element-wise under ``bound``.
 
     ``range_dtype``: the narrowest format the output was held in whole before its last cast (the compute dtype of
@@ -157,30 +181,69 @@ def compare(output: str, impl: torch.Tensor | None, oracle: torch.Tensor, bound:
     err = torch.where(fin_o & torch.isfinite(a), (a - o).abs(), torch.zeros_like(o))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
     if o.numel() == 0:
-        return Comparison(output=output, ok=True, ratio=0.0, max_abs=0.0, max_rel=0.0, rmse=0.0, max_ulp=0.0, worst=(),
-                          impl_value=0.0, oracle_value=0.0, bound_value=0.0, n_bad=0, numel=0,
-                          impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape), dtype=str(dt))
+        return Comparison(
+            output=output,
+            ok=True,
+            ratio=0.0,
+            max_abs=0.0,
+            max_rel=0.0,
+            rmse=0.0,
+            max_ulp=0.0,
+            worst=(),
+            impl_value=0.0,
+            oracle_value=0.0,
+            bound_value=0.0,
+            n_bad=0,
+            numel=0,
+            impl_shape=tuple(impl.shape),
+            oracle_shape=tuple(o.shape),
+            dtype=str(dt),
+        )
     extra: dict = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
     if overflow_upstream and bool(overflow.any()):
         extra["overflow_upstream"] = overflow_upstream
     return _measured(output, impl, a, o, b, err, ratio, extra)
 
 
-def _nonfinite_mismatch(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor, b: torch.Tensor,
-                        mismatch: torch.Tensor) -> Comparison:
+def _nonfinite_mismatch(
+    output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor, b: torch.Tensor, mismatch: torch.Tensor
+) -> Comparison:
     """The failed :class:`Comparison` of an output with NaN/inf where the oracle has none (or the other way round)
     at the elements ``mismatch`` marks: ``a`` the impl's values, ``o`` the oracle's, ``b`` the bound (float64)."""
     idx = tuple(int(i) for i in mismatch.nonzero()[0])
-    return Comparison(output=output, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, rmse=math.inf,
-                      max_ulp=math.inf, worst=idx, impl_value=float(a[idx]), oracle_value=float(o[idx]),
-                      bound_value=float(b[idx]), n_bad=int(mismatch.sum()), numel=o.numel(),
-                      state="nonfinite_mismatch", impl_shape=tuple(impl.shape), oracle_shape=tuple(o.shape),
-                      dtype=str(impl.dtype), nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
-                      f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)")
+    return Comparison(
+        output=output,
+        ok=False,
+        ratio=math.inf,
+        max_abs=math.inf,
+        max_rel=math.inf,
+        rmse=math.inf,
+        max_ulp=math.inf,
+        worst=idx,
+        impl_value=float(a[idx]),
+        oracle_value=float(o[idx]),
+        bound_value=float(b[idx]),
+        n_bad=int(mismatch.sum()),
+        numel=o.numel(),
+        state="nonfinite_mismatch",
+        impl_shape=tuple(impl.shape),
+        oracle_shape=tuple(o.shape),
+        dtype=str(impl.dtype),
+        nonfinite=f"non-finite mismatch at index {list(idx)}: impl {float(a[idx])}, "
+        f"oracle {float(o[idx])} ({int(mismatch.sum())} such elements)",
+    )
 
 
-def _measured(output: str, impl: torch.Tensor, a: torch.Tensor, o: torch.Tensor, b: torch.Tensor, err: torch.Tensor,
-              ratio: torch.Tensor, extra: dict) -> Comparison:
+def _measured(
+    output: str,
+    impl: torch.Tensor,
+    a: torch.Tensor,
+    o: torch.Tensor,
+    b: torch.Tensor,
+    err: torch.Tensor,
+    ratio: torch.Tensor,
+    extra: dict,
+) -> Comparison:
     """The :class:`Comparison` of a non-empty output compared element-wise: ``a`` the impl's values, ``o`` the
     oracle's, ``b`` the bound, ``err`` |a − o| (0 where not finite) and ``ratio`` err/b (float64)."""
     dt = impl.dtype

@@ -54,7 +54,7 @@ def _device_inputs(device: str, shape: tuple[int, int, int], seed: int = 0) -> A
     N, H, V = shape
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(N, H, device=device, dtype=torch.bfloat16, generator=g).requires_grad_(True)
-    w = (torch.randn(V, H, device=device, dtype=torch.bfloat16, generator=g) * H ** -0.5).requires_grad_(True)
+    w = (torch.randn(V, H, device=device, dtype=torch.bfloat16, generator=g) * H**-0.5).requires_grad_(True)
     t = torch.randint(0, V, (N,), device=device, generator=g)
     return Inputs(x, w, t, None, {"reduction": "mean", "ignore_index": -100}, None)
 
@@ -93,8 +93,13 @@ def _mem_row(m: Any, cuda_peak: int | None) -> dict[str, Any]:
     if m.error:
         return {"error": m.error}
     peak = cuda_peak if cuda_peak is not None else m.total_peak
-    return {"peak_mib": peak / MiB, "held_mib": m.held / MiB, "tracked_peak_mib": m.total_peak / MiB,
-            "forward_peak_mib": m.forward_peak / MiB, "opaque": sorted(m.opaque)}
+    return {
+        "peak_mib": peak / MiB,
+        "held_mib": m.held / MiB,
+        "tracked_peak_mib": m.total_peak / MiB,
+        "forward_peak_mib": m.forward_peak / MiB,
+        "opaque": sorted(m.opaque),
+    }
 
 
 # -- the grad_weight accumulation step ----------------------------------------------------------------------
@@ -138,14 +143,21 @@ def step_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
 
     _, H, V = SEED_SHAPE
     dev = torch.device(device).type
-    out: dict[str, Any] = {"V": V, "H": H, "chunk": SEED_CHUNK,
-                           "where": "cuda, torch.cuda.max_memory_allocated" if dev == "cuda"
-                           else f"meta, probes pinned to {dev}'s answers"}
+    out: dict[str, Any] = {
+        "V": V,
+        "H": H,
+        "chunk": SEED_CHUNK,
+        "where": "cuda, torch.cuda.max_memory_allocated"
+        if dev == "cuda"
+        else f"meta, probes pinned to {dev}'s answers",
+    }
     for side, impl in (("base", base), ("new", new)):
         step = accumulation_step(impl)
         if step is None:
-            out[side] = {"error": f"not measurable for this impl: {impl.name} exposes no accumulation_step(gw, G, x) "
-                                  f"(docs/premerge-ab.md)"}
+            out[side] = {
+                "error": f"not measurable for this impl: {impl.name} exposes no accumulation_step(gw, G, x) "
+                f"(docs/premerge-ab.md)"
+            }
             continue
         try:
             out[side] = {"extra_mib": _step_bytes(step, V, H, SEED_CHUNK, device) / MiB}
@@ -157,11 +169,13 @@ def step_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
 # -- time -------------------------------------------------------------------------------------------------
 def _step(impl: Any, inputs: Any) -> Callable[[], None]:
     """One forward+backward of ``impl`` on ``inputs`` (gradients cleared first), as a call for timing and tracing."""
+
     def step() -> None:
         inputs.x.grad = None
         inputs.weight.grad = None
         out = impl(inputs.x, inputs.weight, inputs.target, inputs.bias, **inputs.kwargs)
         (out[0] if isinstance(out, tuple) else out).backward()
+
     return step
 
 
@@ -170,7 +184,10 @@ def time_ab(new: Any, base: Any, device: str, repeats: int) -> dict[str, Any]:
     import torch
 
     if torch.device(device).type != "cuda":
-        return {"measured": False, "reason": f"not measured here ({torch.device(device).type}: time is measured on CUDA)"}
+        return {
+            "measured": False,
+            "reason": f"not measured here ({torch.device(device).type}: time is measured on CUDA)",
+        }
     from numcheck.impls.measure.memory import SEED_SHAPE
     from numcheck.impls.measure.timing import median_ms
 
@@ -181,9 +198,18 @@ def time_ab(new: Any, base: Any, device: str, repeats: int) -> dict[str, Any]:
         for side in ("new", "base"):
             ms[side].append(median_ms(steps[side], TIME_REP_MS))
     ratios = [a / b for a, b in zip(ms["new"], ms["base"])]
-    return {"measured": True, "repeats": repeats, "rep_ms": TIME_REP_MS, "new_ms": ms["new"], "base_ms": ms["base"],
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "new_median_ms": statistics.median(ms["new"]), "base_median_ms": statistics.median(ms["base"])}
+    return {
+        "measured": True,
+        "repeats": repeats,
+        "rep_ms": TIME_REP_MS,
+        "new_ms": ms["new"],
+        "base_ms": ms["base"],
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "new_median_ms": statistics.median(ms["new"]),
+        "base_median_ms": statistics.median(ms["base"]),
+    }
 
 
 # -- code paths -------------------------------------------------------------------------------------------
@@ -233,8 +259,10 @@ def paths_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
     from numcheck.impls.builtin import grad_accum
     from numcheck.impls.measure import capabilities
 
-    probes = {f"addmm_out_dtype[{d}]": capabilities.addmm_out_dtype(device, getattr(torch, d))
-              for d in ("bfloat16", "float16")}
+    probes = {
+        f"addmm_out_dtype[{d}]": capabilities.addmm_out_dtype(device, getattr(torch, d))
+        for d in ("bfloat16", "float16")
+    }
     out: dict[str, Any] = {"device": torch.device(device).type, "probes": probes}
     for side, impl in (("base", base), ("new", new)):
         row: dict[str, Any] = {"declared": impl.support.grad_accumulation}

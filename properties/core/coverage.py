@@ -56,8 +56,11 @@ def _precisions(support: Any, device: str) -> list[str]:
     """The plain dtypes and AMP modes the support declares and the device runs (as ``problems`` draws them)."""
     dev = torch.device(device).type
     plain = [_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in support.dtypes]
-    amp = [f"amp:{_NAMES[d]}" for d in (torch.bfloat16, torch.float16)
-           if d in support.autocast and torch.float32 in support.dtypes and capabilities.autocast_dtype(dev, d)]
+    amp = [
+        f"amp:{_NAMES[d]}"
+        for d in (torch.bfloat16, torch.float16)
+        if d in support.autocast and torch.float32 in support.dtypes and capabilities.autocast_dtype(dev, d)
+    ]
     return plain + amp
 
 
@@ -80,8 +83,12 @@ def _upstreams(support: Any, device: str) -> list[str]:
 
 #: Off values of each option, as ``problems(force=...)`` pins them.
 _OFF: dict[str, dict[str, Any]] = {
-    "bias": {"bias": False}, "ignore_index": {"ignored": 0.0}, "label_smoothing": {"label_smoothing": 0.0},
-    "class_weights": {"class_weights": False}, "softcap": {"softcap": None}, "z_loss": {"z_loss_scale": 0.0},
+    "bias": {"bias": False},
+    "ignore_index": {"ignored": 0.0},
+    "label_smoothing": {"label_smoothing": 0.0},
+    "class_weights": {"class_weights": False},
+    "softcap": {"softcap": None},
+    "z_loss": {"z_loss_scale": 0.0},
 }
 assert set(_OFF) == set(LINEAR_CE_OPTIONS), "every linear+CE option needs its off value here"
 
@@ -89,6 +96,7 @@ assert set(_OFF) == set(LINEAR_CE_OPTIONS), "every linear+CE option needs its of
 def _option_fields(option: str) -> Callable[[str], tuple[dict[str, Any], frozenset[str]]]:
     def fields(value: str) -> tuple[dict[str, Any], frozenset[str]]:
         return ({}, frozenset({option})) if value == "on" else (dict(_OFF[option]), frozenset())
+
     return fields
 
 
@@ -126,11 +134,15 @@ class Dimension:
 #: and each option of :data:`LINEAR_CE_OPTIONS` (on/off where declared).
 DIMENSIONS: dict[str, Dimension] = {
     "precision": Dimension(_precisions, _precision_fields),
-    "reduction": Dimension(lambda s, d: [r for r in ("mean", "sum", "none") if r in s.reductions],
-                           lambda v: ({"reduction": v}, frozenset())),
+    "reduction": Dimension(
+        lambda s, d: [r for r in ("mean", "sum", "none") if r in s.reductions],
+        lambda v: ({"reduction": v}, frozenset()),
+    ),
     "upstream": Dimension(_upstreams, lambda v: ({"upstream": v}, frozenset())),
-    **{o: Dimension(lambda s, d, o=o: ["off", "on"] if o in s.options else [], _option_fields(o))
-       for o in LINEAR_CE_OPTIONS},
+    **{
+        o: Dimension(lambda s, d, o=o: ["off", "on"] if o in s.options else [], _option_fields(o))
+        for o in LINEAR_CE_OPTIONS
+    },
     # The inputs' regime (properties.core.problems.REGIMES): a property whose bug shows only on some inputs (partial
     # sums that grow on post-norm activations) names it to meet each regime once.
     "regime": Dimension(lambda s, d: list(REGIMES), lambda v: ({"regime": v}, frozenset())),
@@ -154,10 +166,12 @@ def _valid(names: Sequence[str], support: Any) -> Callable[[Sequence[str]], bool
             return False
         if up in ("scalar", "loss_scale") and red == "none":
             return False
-        if up == "loss_scale" and (red not in (None, "mean") or prec not in (None, "amp:float16")
-                                   or v.get("softcap") == "on"):
+        if up == "loss_scale" and (
+            red not in (None, "mean") or prec not in (None, "amp:float16") or v.get("softcap") == "on"
+        ):
             return False
         return not any(v.get(a) == "on" and v.get(b) == "on" for a, b in excluded)
+
     return ok
 
 
@@ -192,8 +206,12 @@ def _pairs(names: Sequence[str], combo: Sequence[str]) -> set[tuple[tuple[str, s
     return set(itertools.combinations(tuple(zip(names, combo)), 2))
 
 
-def _complete(names: Sequence[str], params: OrderedDict[str, list[str]], ok: Callable[[Sequence[str]], bool],
-              combos: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+def _complete(
+    names: Sequence[str],
+    params: OrderedDict[str, list[str]],
+    ok: Callable[[Sequence[str]], bool],
+    combos: list[tuple[str, ...]],
+) -> list[tuple[str, ...]]:
     """``combos`` with rows added until every valid pair is covered: allpairspy stops once a row adds no new pair,
     which under constraints can leave valid pairs out (a loss scale with a bias, AMP fp16 with a scalar). Each
     added row is the valid full row, first in product order, that covers the most pairs still missing."""
@@ -221,8 +239,9 @@ def _row(names: Sequence[str], values: Sequence[str]) -> Row:
     return Row(tuple(zip(names, values)), force, require)
 
 
-def uncovered_pairs(dimensions: Sequence[str], support: Any, device: str,
-                    rows: Sequence[Row]) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+def uncovered_pairs(
+    dimensions: Sequence[str], support: Any, device: str, rows: Sequence[Row]
+) -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """The pairs of values (of two dimensions) that some valid full row holds but no row of ``rows`` does:
     empty for a covering design (checked by the tests, by enumerating the full product)."""
     params = _params(dimensions, support, device)

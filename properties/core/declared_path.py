@@ -59,11 +59,15 @@ class DeclaredPath:
 
     def describe(self) -> str:
         """A few words naming the path, for failure lines."""
-        parts = [f"{'fp32' if self.logits_fp32 else 'compute-dtype'} logits",
-                 f"grad_W {self.grad_accumulation} over {self.chunk_rows}-row chunks"]
+        parts = [
+            f"{'fp32' if self.logits_fp32 else 'compute-dtype'} logits",
+            f"grad_W {self.grad_accumulation} over {self.chunk_rows}-row chunks",
+        ]
         if self.reduce_dtype is not None:
-            parts.append(f"grad_x partials of {len(self.grad_x_parts or ())} shards reduced in "
-                         f"{str(self.reduce_dtype).replace('torch.', '')}")
+            parts.append(
+                f"grad_x partials of {len(self.grad_x_parts or ())} shards reduced in "
+                f"{str(self.reduce_dtype).replace('torch.', '')}"
+            )
         elif self.grad_x_path is not None:
             parts.append(f"grad_x {self.grad_x_path} over {len(self.grad_x_parts or ())} vocabulary chunks")
         return "the declared path (" + ", ".join(parts) + ")"
@@ -79,11 +83,14 @@ def single_device_path(support: Any, p: Problem) -> DeclaredPath:
     # Under autocast the gradient matmuls return the compute dtype: at least one rounding per chunk, whatever the
     # declared path (the tolerance model's reading, :func:`numcheck.properties.core.tolerance.error_model`).
     amp_rounds = p.autocast is not None and support.grad_accumulation == "fp32"
-    return DeclaredPath(logits_fp32=getattr(support, "logits_dtype", "compute") == "float32",
-                        grad_accumulation="per_chunk_rounding" if amp_rounds else support.grad_accumulation,
-                        chunk_rows=getattr(support, "chunk_rows", None) or 1,
-                        grad_x_parts=parts, grad_x_path=x_path if parts is not None else None,
-                        returns_z_loss=bool(getattr(support, "returns_z_loss", False)))
+    return DeclaredPath(
+        logits_fp32=getattr(support, "logits_dtype", "compute") == "float32",
+        grad_accumulation="per_chunk_rounding" if amp_rounds else support.grad_accumulation,
+        chunk_rows=getattr(support, "chunk_rows", None) or 1,
+        grad_x_parts=parts,
+        grad_x_path=x_path if parts is not None else None,
+        returns_z_loss=bool(getattr(support, "returns_z_loss", False)),
+    )
 
 
 class _Capture:
@@ -97,8 +104,14 @@ class _Capture:
         self.chunks.append(G.clone())
 
 
-def _accumulate(path: str, shape: tuple[int, ...], dtype: torch.dtype, pieces: Sequence[tuple[torch.Tensor, Any]],
-                device: torch.device, scale: torch.Tensor | None) -> torch.Tensor:
+def _accumulate(
+    path: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    pieces: Sequence[tuple[torch.Tensor, Any]],
+    device: torch.device,
+    scale: torch.Tensor | None,
+) -> torch.Tensor:
     """Σ of ``Gᵀ·x`` over ``pieces`` through the built-in accumulator of ``path``, finished (times ``scale``, in
     fp32, when given) in ``dtype``."""
     from numcheck.impls.builtin import grad_accum
@@ -109,8 +122,9 @@ def _accumulate(path: str, shape: tuple[int, ...], dtype: torch.dtype, pieces: S
     return acc.finish(scale, dtype)
 
 
-def _grad_x(path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype,
-            scale: torch.Tensor | None) -> torch.Tensor:
+def _grad_x(
+    path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, scale: torch.Tensor | None
+) -> torch.Tensor:
     """grad_x = G·W along ``path`` (module docstring), in x's dtype (times ``scale`` afterwards, when given)."""
     from numcheck.impls.builtin import grad_accum
 
@@ -119,8 +133,9 @@ def _grad_x(path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torc
         return grad_accum.scaled_(gx, scale, x_dtype) if scale is not None else gx.to(x_dtype)
     if path.reduce_dtype is None:  # single device: vocabulary chunks through the declared accumulator
         pieces = [(G[:, a:b].t(), wc[a:b]) for a, b in path.grad_x_parts]
-        return _accumulate(path.grad_x_path or "fp32", tuple(G.shape[:1]) + tuple(wc.shape[1:]), x_dtype, pieces,
-                           G.device, scale)
+        return _accumulate(
+            path.grad_x_path or "fp32", tuple(G.shape[:1]) + tuple(wc.shape[1:]), x_dtype, pieces, G.device, scale
+        )
     form = torch.float32 if path.reduce_dtype == torch.float32 else G.dtype
     total = None
     for a, b in path.grad_x_parts:  # rank order, each partial rounded to the reduce dtype, summed in it
@@ -145,8 +160,7 @@ def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[st
     scale_after = p.upstream == "loss_scale"
     valid, _, w_t = row_weights(t.target, o.class_weights, o.ignore_index)
     coef = reduction_coefficients(valid, w_t, o.reduction, upstream=None if scale_after else t.upstream)
-    plan = Plan(options=o, path="fp32_operands", chunk_rows=max(1, p.N), kernel=ce_block_,
-                compute_dtype=logits_dtype)
+    plan = Plan(options=o, path="fp32_operands", chunk_rows=max(1, p.N), kernel=ce_block_, compute_dtype=logits_dtype)
     cap = _Capture()
     with autocast_off(x.device.type), torch.no_grad():
         ce, z, _ = sweep(plan, xc, wc, bc, t.target, coef=coef, gw=cap)
@@ -157,13 +171,23 @@ def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[st
         Gw = G if path.grad_accumulation == "fp32" else G.to(p.compute_dtype)
         xw = xc if path.grad_accumulation == "fp32" else xc.to(p.compute_dtype)
         g = t.upstream.to(torch.float32) if scale_after and t.upstream is not None else None
-        out = {"loss": loss, "grad_x": _grad_x(path, G, wc, t.x.dtype, g),
-               "grad_weight": _accumulate(path.grad_accumulation, tuple(t.weight.shape), t.weight.dtype,
-                                          [(Gw[r], xw[r]) for r in rows], x.device, g)}
+        out = {
+            "loss": loss,
+            "grad_x": _grad_x(path, G, wc, t.x.dtype, g),
+            "grad_weight": _accumulate(
+                path.grad_accumulation,
+                tuple(t.weight.shape),
+                t.weight.dtype,
+                [(Gw[r], xw[r]) for r in rows],
+                x.device,
+                g,
+            ),
+        }
         if t.bias is not None:
             ones = torch.ones((p.N, 1), dtype=Gw.dtype, device=G.device)
-            out["grad_bias"] = _accumulate(path.grad_accumulation, tuple(t.bias.shape), t.bias.dtype,
-                                           [(Gw[r], ones[r]) for r in rows], x.device, g)
+            out["grad_bias"] = _accumulate(
+                path.grad_accumulation, tuple(t.bias.shape), t.bias.dtype, [(Gw[r], ones[r]) for r in rows], x.device, g
+            )
         if path.returns_z_loss:
             out["z_loss"] = z_loss
     return out

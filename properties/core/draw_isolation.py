@@ -59,7 +59,8 @@ def _providers() -> Any:
         raise IsolationUnavailable(
             f"hypothesis {hypothesis.__version__} collects local constants (hypothesis.internal.constants_ast) but "
             f"hypothesis.internal.conjecture.providers has no {', '.join(missing)}: numcheck cannot keep its draws "
-            f"independent of the loaded modules; update numcheck.properties.core.draw_isolation for this release")
+            f"independent of the loaded modules; update numcheck.properties.core.draw_isolation for this release"
+        )
     return providers
 
 

@@ -82,12 +82,10 @@ def repro_command(impl: Any, prop: str, problem: Any) -> str:
     """One shell line that re-runs exactly this property on exactly this problem (a :class:`Problem` or a
     ``QuantCase``) for this impl, as printed, from any directory: ``numcheck repro``."""
     env, name = impl_invocation(impl)
-    return (f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} "
-            f"--problem {shlex.quote(repr(problem))}")
+    return f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} --problem {shlex.quote(repr(problem))}"
 
 
-def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *,
-                    reproduce: str | None = None) -> str:
+def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *, reproduce: str | None = None) -> str:
     """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``);
     ``reproduce`` in place of the repro command, for a case no command can rebuild."""
     body = "\n".join(f"  {line}" for line in lines)
@@ -146,9 +144,16 @@ def exception_lines(exc: BaseException) -> list[str]:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     more = " [...]" if len(text.splitlines()) > 1 else ""
-    kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__qualname__}"
-    who = ("numcheck's own code (a suite bug, not a verdict on the impl)" if _judging_module(_innermost_module(exc))
-           else "the impl")
+    kind = (
+        type(exc).__qualname__
+        if type(exc).__module__ == "builtins"
+        else f"{type(exc).__module__}.{type(exc).__qualname__}"
+    )
+    who = (
+        "numcheck's own code (a suite bug, not a verdict on the impl)"
+        if _judging_module(_innermost_module(exc))
+        else "the impl"
+    )
     lines = [f"{who} raised {kind}: {first}{more}"]
     frames = traceback.extract_tb(exc.__traceback__)
     if frames:

@@ -19,8 +19,6 @@ from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.reference.linear_ce import BlockObserver, LinearCEResult, linear_ce
 
 
-
-
 @dataclass
 class ImplOutputs:
     """What an impl produced. Tensors are detached, in the dtype the impl returned."""
@@ -56,7 +54,7 @@ LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
 #: its end and multiplies those elements by zero, which gives the exact product for any finite memory but NaN
 #: from NaN padding (0 * NaN), so a NaN fill failed every correct impl there. What the property asks is that
 #: the outputs depend on the tensor's own elements only; multiplying memory outside it by zero does not.
-PAD = 2.0 ** 15
+PAD = 2.0**15
 
 
 def strided_copy(t: torch.Tensor, role: str) -> torch.Tensor:
@@ -112,12 +110,15 @@ def _check_run_args(layout: str, frozen: frozenset[str], leaves: dict[str, torch
     if not set(frozen) <= set(FROZEN_GRADS):
         raise ValueError(f"run_impl: frozen must name inputs of {sorted(FROZEN_GRADS)}, got {sorted(frozen)}")
     if not set(leaves) <= {"x", "weight", "bias"} or (leaves and layout != "contiguous"):
-        raise ValueError(f"run_impl: leaves must name x, weight or bias, with the contiguous layout; got "
-                         f"{sorted(leaves)} with layout {layout!r}")
+        raise ValueError(
+            f"run_impl: leaves must name x, weight or bias, with the contiguous layout; got "
+            f"{sorted(leaves)} with layout {layout!r}"
+        )
 
 
-def _prepare_inputs(t: Tensors, x0: torch.Tensor, layout: str, frozen: frozenset[str],
-                    leaves: dict[str, torch.Tensor]) -> _Inputs:
+def _prepare_inputs(
+    t: Tensors, x0: torch.Tensor, layout: str, frozen: frozenset[str], leaves: dict[str, torch.Tensor]
+) -> _Inputs:
     """Fresh copies of the inputs in ``layout`` (or the caller's ``leaves``, their ``.grad`` cleared), the ones
     not ``frozen`` requiring grad."""
     if layout == "strided":
@@ -145,7 +146,8 @@ def _validated_result(impl: Any, p: Problem, out: Any) -> tuple[torch.Tensor, to
         loss, z = out
         if not isinstance(z, torch.Tensor):
             raise ProtocolViolation(
-                f"impl {impl.name!r} declares returns_z_loss but returned {type(z).__name__} as the z-loss")
+                f"impl {impl.name!r} declares returns_z_loss but returned {type(z).__name__} as the z-loss"
+            )
     else:
         loss, z = out, None
     if not isinstance(loss, torch.Tensor):
@@ -167,13 +169,22 @@ def _check_unmodified(impl: Any, inputs: dict[str, Any], before: dict[str, torch
     for k, v in before.items():
         if not same_bits(inputs[k], v):
             changed = int((_bits(inputs[k].detach()) != _bits(v)).sum())
-            raise ProtocolViolation(f"impl {impl.name!r} modified its input {k!r} in place ({changed} of {v.numel()} "
-                                    f"elements changed by forward + backward); the caller's tensors must be left as given")
+            raise ProtocolViolation(
+                f"impl {impl.name!r} modified its input {k!r} in place ({changed} of {v.numel()} "
+                f"elements changed by forward + backward); the caller's tensors must be left as given"
+            )
 
 
-def run_impl(impl: Any, p: Problem, t: Tensors | None = None, *, x_override: torch.Tensor | None = None,
-             layout: str = "contiguous", frozen: frozenset[str] = frozenset(),
-             leaves: dict[str, torch.Tensor] | None = None) -> ImplOutputs:
+def run_impl(
+    impl: Any,
+    p: Problem,
+    t: Tensors | None = None,
+    *,
+    x_override: torch.Tensor | None = None,
+    layout: str = "contiguous",
+    frozen: frozenset[str] = frozenset(),
+    leaves: dict[str, torch.Tensor] | None = None,
+) -> ImplOutputs:
     """Forward and backward of ``impl`` on problem ``p``.
 
     ``t`` reuses already built tensors; ``x_override`` replaces ``x`` (metamorphic properties use it);
@@ -221,7 +232,11 @@ def oracle_operands(p: Problem, t: Tensors) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def run_oracle(
-    p: Problem, t: Tensors | None = None, *, all_ignored: str = "nan", observer: BlockObserver | None = None,
+    p: Problem,
+    t: Tensors | None = None,
+    *,
+    all_ignored: str = "nan",
+    observer: BlockObserver | None = None,
     x_override: torch.Tensor | None = None,
 ) -> LinearCEResult:
     """The float64 oracle on problem ``p`` (operands as in :func:`oracle_operands`)."""
@@ -229,5 +244,13 @@ def run_oracle(
     if x_override is not None:
         t = t._replace(x=x_override)
     x, w, b = oracle_operands(p, t)
-    return linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored=all_ignored,  # type: ignore[arg-type]
-                     observer=observer)
+    return linear_ce(
+        x,
+        w,
+        t.target,
+        b,
+        options=t.options,
+        upstream=t.upstream,
+        all_ignored=all_ignored,  # type: ignore[arg-type]
+        observer=observer,
+    )

@@ -88,8 +88,10 @@ class KnownDivergence:
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
         if not self.devices or bad:
-            raise ValueError(f"known divergence {self.impls!r}: devices must be a non-empty subset of "
-                             f"('cpu', 'cuda'), got {self.devices!r}")
+            raise ValueError(
+                f"known divergence {self.impls!r}: devices must be a non-empty subset of "
+                f"('cpu', 'cuda'), got {self.devices!r}"
+            )
 
     def matches(self, impl_name: str, prop: str, p: Problem) -> bool:
         props_ok = "*" in self.properties or prop in self.properties
@@ -107,8 +109,13 @@ class KnownDivergence:
             return False
         props_ok = "*" in self.properties or prop in self.properties
         on_device = torch.device(p.device).type in self.devices
-        return (fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device
-                and (self.releases is None or self.releases.hold()) and self.applies_to_tensors(p, t))
+        return (
+            fnmatch.fnmatchcase(impl_name, self.impls)
+            and props_ok
+            and on_device
+            and (self.releases is None or self.releases.hold())
+            and self.applies_to_tensors(p, t)
+        )
 
 
 def cce_filtering_may_skip(p: Problem, block_cols: int | None = None, t: Tensors | None = None) -> bool:
@@ -141,11 +148,11 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None, t: Tensors
     need = min(p.V % cols or cols, p.V)  # the smallest block's classes
     step = max(1, FILTER_ROW_ELEMENTS // p.V)
     for r0 in range(0, x.shape[0], step):
-        z = x[r0:r0 + step].double() @ w.T + (t.bias.double() if t.bias is not None else 0.0)
+        z = x[r0 : r0 + step].double() @ w.T + (t.bias.double() if t.bias is not None else 0.0)
         if p.softcap is not None:
             z = p.softcap * torch.tanh(z / p.softcap)
         g = z.softmax(dim=-1)
-        g[torch.arange(g.shape[0], device=g.device), y[r0:r0 + step]] -= 1.0
+        g[torch.arange(g.shape[0], device=g.device), y[r0 : r0 + step]] -= 1.0
         small = (g.abs() < 2 * torch.finfo(p.compute_dtype).eps / 32).sum(dim=1)
         if bool((small >= need).any()):
             return True
@@ -319,10 +326,13 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
         scale = up.double().reshape(-1, 1) if not mean else up.double().reshape(1, 1)
         g = _kernel_store((g * scale).float(), low).double()
     ref = run_oracle(p, t, all_ignored="zero")
-    return ImplOutputs(loss=ref.loss.float(), z_loss=None,
-                       grad_x=(g @ t.weight.double()).to(low),
-                       grad_weight=(g.T @ t.x.double()).to(low),
-                       grad_bias=g.sum(0).to(low).to(t.bias.dtype) if t.bias is not None else None)
+    return ImplOutputs(
+        loss=ref.loss.float(),
+        z_loss=None,
+        grad_x=(g @ t.weight.double()).to(low),
+        grad_weight=(g.T @ t.x.double()).to(low),
+        grad_bias=g.sum(0).to(low).to(t.bias.dtype) if t.bias is not None else None,
+    )
 
 
 def te_prerounded_gradient_fails(p: Problem, t: Tensors | None = None) -> bool:
@@ -346,8 +356,9 @@ def te_prerounded_gradient_fails(p: Problem, t: Tensors | None = None) -> bool:
 
 #: The example of :func:`liger_unit_upstream_overflow` (no class weights: Liger's weighted path does not run under
 #: the Triton interpreter, and the strict check runs on the CPU too).
-EXAMPLE_UNIT_UPSTREAM = Problem(N=2049, H=8, V=2, dtype="float16", reduction="sum", upstream="scalar",
-                                regime="post_norm", seed=790)
+EXAMPLE_UNIT_UPSTREAM = Problem(
+    N=2049, H=8, V=2, dtype="float16", reduction="sum", upstream="scalar", regime="post_norm", seed=790
+)
 
 #: The built-ins whose CE is ``F.cross_entropy`` itself: they share its divergences.
 F_CROSS_ENTROPY_IMPLS = ("eager", "torch_native[[]reference[]]")
@@ -358,8 +369,10 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),  # every property that judges gradients (strided and frozen inputs showed it too)
         devices=("cpu",),
         applies=lambda p: p.all_ignored and p.reduction == "mean",
-        reason=("PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
-                "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."),
+        reason=(
+            "PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
+            "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."
+        ),
         example=Problem(N=8, H=16, V=24, ignored=1.0, reduction="mean"),
     ),
     KnownDivergence(
@@ -367,8 +380,10 @@ KNOWN: list[KnownDivergence] = [
         properties=("two_calls",),
         devices=("cpu",),
         applies=half_all_ignored_mean,
-        reason=("The same NaN gradients of an all-ignored 'mean' call (PyTorch's chunked F.linear_cross_entropy, "
-                "2.13) when one of two_calls' halves is all-ignored: its NaN reaches the shared W's gradient."),
+        reason=(
+            "The same NaN gradients of an all-ignored 'mean' call (PyTorch's chunked F.linear_cross_entropy, "
+            "2.13) when one of two_calls' halves is all-ignored: its NaN reaches the shared W's gradient."
+        ),
         example=Problem(N=2, H=1, V=1, ignored=0.25, reduction="mean", seed=0),
         by_data=True,
     ),
@@ -377,13 +392,15 @@ KNOWN: list[KnownDivergence] = [
         properties=("accuracy",),
         devices=("cpu",),
         applies=lambda p: p.regime == "confident" and p.N >= 1024,
-        reason=("PyTorch's chunked F.linear_cross_entropy (2.13, every acc_policy) loses grad_weight on confident "
-                "rows over long batches (fp32, V=2, p_target > 0.9996): at N=2049 a 23% error, 1.6x the hard "
-                "bound, where its reference path and eager sit at 0.002x. Summing softmax^T x and onehot^T x apart "
-                "and subtracting reproduces it ((p - y)^T x does not), so the two parts are likely not cancelled "
-                "before the sum over rows. How far past the bound depends on the CPU's fp32 GEMM summation order: "
-                "on a Xeon with AMX (oneDNN) the same N=2049 case is at 0.52x and N=131073 at 0.67-1.85x by seed, "
-                "eager at 0.005x; the example (N=131073, seed 0) is 1.85x there with 1 or 2 threads."),
+        reason=(
+            "PyTorch's chunked F.linear_cross_entropy (2.13, every acc_policy) loses grad_weight on confident "
+            "rows over long batches (fp32, V=2, p_target > 0.9996): at N=2049 a 23% error, 1.6x the hard "
+            "bound, where its reference path and eager sit at 0.002x. Summing softmax^T x and onehot^T x apart "
+            "and subtracting reproduces it ((p - y)^T x does not), so the two parts are likely not cancelled "
+            "before the sum over rows. How far past the bound depends on the CPU's fp32 GEMM summation order: "
+            "on a Xeon with AMX (oneDNN) the same N=2049 case is at 0.52x and N=131073 at 0.67-1.85x by seed, "
+            "eager at 0.005x; the example (N=131073, seed 0) is 1.85x there with 1 or 2 threads."
+        ),
         # N=2049 seed 0 was the example until a CPU with a more accurate fp32 GEMM ran it at 0.52x (above).
         example=Problem(N=131073, H=4, V=2, regime="confident", seed=0),
     ),
@@ -394,10 +411,12 @@ KNOWN: list[KnownDivergence] = [
         # measured worst loss error/bound at H=1, V=65 (acc=accurate, 4 seeds): N=32 0.71, N=64 1.34, N=96 1.05;
         # (acc=balanced, 8 seeds): N=32 0.55, N=64 1.13; fp16 ≤ 0.19. Seed 4 at N=64 fails every acc policy.
         applies=lambda p: p.dtype == "bfloat16" and p.autocast is None and p.N >= 32,
-        reason=("PyTorch's chunked F.linear_cross_entropy (2.13, bf16, mean and sum, every acc_policy) returns a "
-                "loss up to 2.2% off: the example (N=64) gives 5.8125 for 5.9426, 1.34x a bound that allows one "
-                "bf16 rounding of an fp32-accumulated sum, where its reference path and eager sit at 0.04x and its "
-                "gradients are within bounds: consistent with the row losses being summed in bf16."),
+        reason=(
+            "PyTorch's chunked F.linear_cross_entropy (2.13, bf16, mean and sum, every acc_policy) returns a "
+            "loss up to 2.2% off: the example (N=64) gives 5.8125 for 5.9426, 1.34x a bound that allows one "
+            "bf16 rounding of an fp32-accumulated sum, where its reference path and eager sit at 0.04x and its "
+            "gradients are within bounds: consistent with the row losses being summed in bf16."
+        ),
         example=Problem(N=64, H=1, V=65, dtype="bfloat16", seed=4),
     ),
     KnownDivergence(
@@ -405,12 +424,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("frozen_x",),
         devices=("cpu", "cuda"),
         applies=lambda p: True,
-        reason=("Liger-Kernel's fused linear cross-entropy (0.6.3 on, since its #906 'Filter out redundant "
-                "ops/allocations in no_grad mode') computes every gradient only when the input requires grad "
-                "(ops/fused_linear_cross_entropy.py: input_requires_grad gates the grad_weight / grad_bias "
-                "buffers): with x frozen and the weight trainable (linear probing on a frozen backbone) the loss "
-                "has a graph but weight.grad stays None, silently. Measured on 0.7.0, 0.8.2 and 0.8.5; 0.2.1 and "
-                "0.5.8 give the right gradients."),
+        reason=(
+            "Liger-Kernel's fused linear cross-entropy (0.6.3 on, since its #906 'Filter out redundant "
+            "ops/allocations in no_grad mode') computes every gradient only when the input requires grad "
+            "(ops/fused_linear_cross_entropy.py: input_requires_grad gates the grad_weight / grad_bias "
+            "buffers): with x frozen and the weight trainable (linear probing on a frozen backbone) the loss "
+            "has a graph but weight.grad stays None, silently. Measured on 0.7.0, 0.8.2 and 0.8.5; 0.2.1 and "
+            "0.5.8 give the right gradients."
+        ),
         example=Problem(N=1, H=1, V=1),
         releases=Releases("liger-kernel", ">=0.6.3", liger_release),
     ),
@@ -419,56 +440,70 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=liger_z_loss_buffer_diverges,
-        reason=("Liger-Kernel (0.5.3 on, since return_z_loss was added) keeps the returned z-loss in the input "
-                "dtype: each row's lse_square_scale*lse^2 (divided by the non-ignored count under 'mean') is "
-                "stored in an fp16 buffer (ops/fused_linear_cross_entropy.py: z_loss_1d = torch.zeros(BT, "
-                "dtype=_input.dtype)) and torch.sum of that buffer gives an fp16 result, while the loss itself "
-                "is kept in fp32. Under 'mean' over many rows the per-row values are fp16 subnormals: the example "
-                "(N=256, z_loss_scale=1e-4) returns 4.7565e-5 for 4.9871e-5 (4.6% off), N=2049 7.9155e-4 for "
-                "7.9632e-4 (3.7x the bound), and the per-row values rounded to fp16 and summed give Liger's "
-                "numbers bit for bit; under 'sum' the z-loss overflows to inf (N=2049, z_loss_scale=0.5, "
-                "regime='large': exact 3.19e6, the fp32 loss finite). Measured on 0.5.8, 0.7.0, 0.8.2 and 0.8.5 "
-                "(docs/evidence/liger_fp16_z_loss.py). bf16 parameters get a bf16 buffer: each row rounded at "
-                "2^-8 before the sum, beyond the one rounding of the result the model allows (1.03-1.14x the "
-                "bound at N=37-50 in the covering rows)."),
+        reason=(
+            "Liger-Kernel (0.5.3 on, since return_z_loss was added) keeps the returned z-loss in the input "
+            "dtype: each row's lse_square_scale*lse^2 (divided by the non-ignored count under 'mean') is "
+            "stored in an fp16 buffer (ops/fused_linear_cross_entropy.py: z_loss_1d = torch.zeros(BT, "
+            "dtype=_input.dtype)) and torch.sum of that buffer gives an fp16 result, while the loss itself "
+            "is kept in fp32. Under 'mean' over many rows the per-row values are fp16 subnormals: the example "
+            "(N=256, z_loss_scale=1e-4) returns 4.7565e-5 for 4.9871e-5 (4.6% off), N=2049 7.9155e-4 for "
+            "7.9632e-4 (3.7x the bound), and the per-row values rounded to fp16 and summed give Liger's "
+            "numbers bit for bit; under 'sum' the z-loss overflows to inf (N=2049, z_loss_scale=0.5, "
+            "regime='large': exact 3.19e6, the fp32 loss finite). Measured on 0.5.8, 0.7.0, 0.8.2 and 0.8.5 "
+            "(docs/evidence/liger_fp16_z_loss.py). bf16 parameters get a bf16 buffer: each row rounded at "
+            "2^-8 before the sum, beyond the one rounding of the result the model allows (1.03-1.14x the "
+            "bound at N=37-50 in the covering rows)."
+        ),
         example=Problem(N=256, H=1, V=2, dtype="float16", z_loss_scale=1e-4, seed=0),
         by_data=True,
         releases=Releases("liger-kernel", ">=0.5.3", liger_release),
     ),
-    *[KnownDivergence(
-        impls=pattern,
-        properties=("*",),
-        devices=("cpu", "cuda"),
-        applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
-        reason=("F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
+    *[
+        KnownDivergence(
+            impls=pattern,
+            properties=("*",),
+            devices=("cpu", "cuda"),
+            applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
+            reason=(
+                "F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
                 "rows and classes in fp16: once N·V·|log p| passes fp16's 65504 (N=96, V=127 with ordinary logits "
-                "at H=1 does) the loss is inf where the true mean is ~6.5."),
-        example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
-    ) for pattern in F_CROSS_ENTROPY_IMPLS],
-    *[KnownDivergence(
-        impls=pattern,
-        properties=("accuracy",),
-        devices=("cpu",),
-        # whether the row losses sum past 65504 depends on the draw; every fp16 'mean' over >= 1024 rows may
-        applies=lambda p: p.dtype == "float16" and p.autocast is None and p.reduction == "mean" and p.N >= 1024,
-        reason=("F.cross_entropy on CPU fp16 logits with reduction='mean' returns inf once the sum of the row "
+                "at H=1 does) the loss is inf where the true mean is ~6.5."
+            ),
+            example=Problem(N=64, H=1, V=13, dtype="float16", label_smoothing=0.1, regime="confident", seed=0),
+        )
+        for pattern in F_CROSS_ENTROPY_IMPLS
+    ],
+    *[
+        KnownDivergence(
+            impls=pattern,
+            properties=("accuracy",),
+            devices=("cpu",),
+            # whether the row losses sum past 65504 depends on the draw; every fp16 'mean' over >= 1024 rows may
+            applies=lambda p: p.dtype == "float16" and p.autocast is None and p.reduction == "mean" and p.N >= 1024,
+            reason=(
+                "F.cross_entropy on CPU fp16 logits with reduction='mean' returns inf once the sum of the row "
                 "losses passes fp16's 65504, though the mean is representable: 2049 rows of loss 43 give inf "
-                "(the same logits in fp32 give 43)."),
-        example=Problem(N=2049, H=1, V=2, dtype="float16", regime="large", seed=0),
-    ) for pattern in F_CROSS_ENTROPY_IMPLS],
+                "(the same logits in fp32 give 43)."
+            ),
+            example=Problem(N=2049, H=1, V=2, dtype="float16", regime="large", seed=0),
+        )
+        for pattern in F_CROSS_ENTROPY_IMPLS
+    ],
     KnownDivergence(
         impls="liger[[]accum=fp32[]]",
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=liger_unit_upstream_overflow,
-        reason=("Liger-Kernel computes the gradients for an upstream gradient of 1 in its forward and stores them in "
-                "the parameters' dtype, multiplying by the real upstream u only in backward: with accum_dtype=fp32 "
-                "and fp16 parameters the fp32 accumulator's unit-upstream grad_W is cast to fp16 first, so an entry "
-                "past 65504 is ±inf though u times it fits (seen on the H200, CUDA seed 0: grad_W −inf for an exact "
-                "−48199 with u = 0.648; the example, seed 790, covered under torch 2.6 and 2.13, whose upstream "
-                "draws differ, on the CPU too: −inf for −20447, u = 0.275; "
-                ":func:`liger_unit_upstream_overflow`). With accum_dtype=None the fp16 accumulator is declared, and "
-                "its overflowing running sum is the model's legitimate overflow."),
+        reason=(
+            "Liger-Kernel computes the gradients for an upstream gradient of 1 in its forward and stores them in "
+            "the parameters' dtype, multiplying by the real upstream u only in backward: with accum_dtype=fp32 "
+            "and fp16 parameters the fp32 accumulator's unit-upstream grad_W is cast to fp16 first, so an entry "
+            "past 65504 is ±inf though u times it fits (seen on the H200, CUDA seed 0: grad_W −inf for an exact "
+            "−48199 with u = 0.648; the example, seed 790, covered under torch 2.6 and 2.13, whose upstream "
+            "draws differ, on the CPU too: −inf for −20447, u = 0.275; "
+            ":func:`liger_unit_upstream_overflow`). With accum_dtype=None the fp16 accumulator is declared, and "
+            "its overflowing running sum is the model's legitimate overflow."
+        ),
         example=EXAMPLE_UNIT_UPSTREAM,
         by_data=True,
         applies_to_tensors=liger_unit_upstream_overflow,
@@ -479,12 +514,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.softcap is not None,
-        reason=("cut-cross-entropy 25.1.1's kernels with softcap let the padded vocabulary lanes of a 128-class "
-                "block, capped at s·tanh(-inf/s) = -s, into the log-sum-exp: the example (N=H=V=1, softcap=1; "
-                "exact loss 0, zero gradients) gave loss 4.57 and gradients 0.28 / -0.74 on an H200; the loss is off "
-                "at every V not a multiple of 128 (4.4 at V=1, 0.22 at V=129, 0.002 at V=127) and right at V=128 "
-                "and 256 (docs/evidence/cce_softcap.txt). With softcap=5 the leak is e^-5-sized and can pass the "
-                "bounds."),
+        reason=(
+            "cut-cross-entropy 25.1.1's kernels with softcap let the padded vocabulary lanes of a 128-class "
+            "block, capped at s·tanh(-inf/s) = -s, into the log-sum-exp: the example (N=H=V=1, softcap=1; "
+            "exact loss 0, zero gradients) gave loss 4.57 and gradients 0.28 / -0.74 on an H200; the loss is off "
+            "at every V not a multiple of 128 (4.4 at V=1, 0.22 at V=129, 0.002 at V=127) and right at V=128 "
+            "and 256 (docs/evidence/cce_softcap.txt). With softcap=5 the leak is e^-5-sized and can pass the "
+            "bounds."
+        ),
         example=Problem(N=1, H=1, V=1, dtype="bfloat16", softcap=1.0),
     ),
     KnownDivergence(
@@ -492,11 +529,13 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=cce_filtering_may_skip,
-        reason=("cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
-                "every backward block whose |softmax - onehot| are all below it, so those grad_x / grad_weight "
-                "entries come back zero: on confident rows (the example), and at V=1025 with ordinary logits for "
-                "640 of 1025 grad_weight rows. Inexact by design (filter_eps=None is exact); every property "
-                "compares against exact gradients, so each case with some entry below the threshold is covered."),
+        reason=(
+            "cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
+            "every backward block whose |softmax - onehot| are all below it, so those grad_x / grad_weight "
+            "entries come back zero: on confident rows (the example), and at V=1025 with ordinary logits for "
+            "640 of 1025 grad_weight rows. Inexact by design (filter_eps=None is exact); every property "
+            "compares against exact gradients, so each case with some entry below the threshold is covered."
+        ),
         example=Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
         by_data=True,
         applies_to_tensors=lambda p, t: cce_filtering_may_skip(p, t=t),
@@ -507,13 +546,15 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.autocast is not None,
-        reason=("cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) reuses "
-                "the graph compiled under one autocast dtype when the same process calls it under the other: on "
-                "an H200 with torch 2.11 an fp16 call after a bf16 one returns bf16 eager's loss and grad_x (to "
-                "1e-6), 3.4e-3 from fp16 eager's (torch 2.13 on CPU recompiles). Which graph a call finds depends "
-                "on the process's compile history (a bf16 call after an fp16 one was wrong too, in a worker with "
-                "other graphs compiled), so every AMP case is covered and no single example reproduces it in a "
-                "test worker. docs/evidence/cce_compile_autocast.py shows it in a fresh process."),
+        reason=(
+            "cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) reuses "
+            "the graph compiled under one autocast dtype when the same process calls it under the other: on "
+            "an H200 with torch 2.11 an fp16 call after a bf16 one returns bf16 eager's loss and grad_x (to "
+            "1e-6), 3.4e-3 from fp16 eager's (torch 2.13 on CPU recompiles). Which graph a call finds depends "
+            "on the process's compile history (a bf16 call after an fp16 one was wrong too, in a worker with "
+            "other graphs compiled), so every AMP case is covered and no single example reproduces it in a "
+            "test worker. docs/evidence/cce_compile_autocast.py shows it in a fresh process."
+        ),
         example=Problem(N=35, H=16, V=61, dtype="float32", autocast="float16", seed=0),
         history_dependent="docs/evidence/cce_compile_autocast.py",
     ),
@@ -522,12 +563,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=lambda p: True,
-        reason=("TransformerEngine 2.4.0-2.6.0.post1: CrossEntropyFunction.forward takes six inputs (ignore_idx was "
-                "added in 2.4) but its backward still returns five gradients, so every backward raises 'function "
-                "CrossEntropyFunctionBackward returned an incorrect number of gradients (expected 6, got 5)': the "
-                "fused CE cannot be trained through. 2.7 returns one per input. Measured on 2.4.0, 2.5.0, 2.6.0 and "
-                "2.6.0.post1 (docs/evidence/te_releases.txt); the same holds with TE's core installed (autograd "
-                "raises it)."),
+        reason=(
+            "TransformerEngine 2.4.0-2.6.0.post1: CrossEntropyFunction.forward takes six inputs (ignore_idx was "
+            "added in 2.4) but its backward still returns five gradients, so every backward raises 'function "
+            "CrossEntropyFunctionBackward returned an incorrect number of gradients (expected 6, got 5)': the "
+            "fused CE cannot be trained through. 2.7 returns one per input. Measured on 2.4.0, 2.5.0, 2.6.0 and "
+            "2.6.0.post1 (docs/evidence/te_releases.txt); the same holds with TE's core installed (autograd "
+            "raises it)."
+        ),
         example=Problem(N=4, H=8, V=13, seed=0),
         releases=Releases("transformer-engine", ">=2.4,<2.7", te_release),
     ),
@@ -536,12 +579,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=lambda p: p.reduction == "none" and p.N > 1 and p.V > 1,
-        reason=("TransformerEngine before 2.5 divides the gradient of reduce_loss=False (per-row losses) by the "
-                "number of rows, as if the loss were their mean (cross_entropy_kernel: the softmax and the target's "
-                "-(1-eps) are divided by n_non_ignore = n_rows whatever reduce_loss), while the loss it returns is "
-                "the per-row one: every gradient 1/N of the right one (grad_x 3e5 times its bound at N = 7). 2.5 "
-                "divides only for reduce_loss=True. Measured on 2.2.0 and 2.3.0; 2.4's code is the same but its "
-                "backward raises first (the entry above)."),
+        reason=(
+            "TransformerEngine before 2.5 divides the gradient of reduce_loss=False (per-row losses) by the "
+            "number of rows, as if the loss were their mean (cross_entropy_kernel: the softmax and the target's "
+            "-(1-eps) are divided by n_non_ignore = n_rows whatever reduce_loss), while the loss it returns is "
+            "the per-row one: every gradient 1/N of the right one (grad_x 3e5 times its bound at N = 7). 2.5 "
+            "divides only for reduce_loss=True. Measured on 2.2.0 and 2.3.0; 2.4's code is the same but its "
+            "backward raises first (the entry above)."
+        ),
         example=Problem(N=7, H=8, V=13, reduction="none", seed=3),
         releases=Releases("transformer-engine", ">=2.2,<2.5", te_release),
     ),
@@ -550,12 +595,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_per_row_upstream_dropped,
-        reason=("TransformerEngine before 2.8 scales the gradient of reduce_loss=False by the first row's upstream "
-                "gradient for every row (element_mul_kernel loads grad_output_ptr without a row offset): a weighted "
-                "per-token loss gets wrong gradients, and zero gradients everywhere when the first weight is 0. Fixed "
-                "by TE pull request #2139 ('fix cross entropy vanishing gradients', Megatron-LM issue #1750), in 2.8. "
-                "Measured on 2.2.0, 2.3.0 and 2.7.0 (grad_x 2.7e7 times its bound at N = 7); 2.4-2.6's backward "
-                "raises first."),
+        reason=(
+            "TransformerEngine before 2.8 scales the gradient of reduce_loss=False by the first row's upstream "
+            "gradient for every row (element_mul_kernel loads grad_output_ptr without a row offset): a weighted "
+            "per-token loss gets wrong gradients, and zero gradients everywhere when the first weight is 0. Fixed "
+            "by TE pull request #2139 ('fix cross entropy vanishing gradients', Megatron-LM issue #1750), in 2.8. "
+            "Measured on 2.2.0, 2.3.0 and 2.7.0 (grad_x 2.7e7 times its bound at N = 7); 2.4-2.6's backward "
+            "raises first."
+        ),
         example=Problem(N=7, H=8, V=13, reduction="none", upstream="per_row", seed=3),
         by_data=True,
         releases=Releases("transformer-engine", ">=2.2,<2.8", te_release),
@@ -565,12 +612,14 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_ignored_rows_counted,
-        reason=("TransformerEngine 2.4-2.11's reduce_loss=True divides the loss and its gradient by all N rows, "
-                "ignored ones included (its docstring: 'averaged across the B*SQ dimension'), not by the non-ignored "
-                "count as torch's mean does: with 3 of 7 rows ignored the loss is 4/7 of the mean (2.2e5 times the "
-                "bound). 2.12 counts the non-ignored rows in the kernel (TE pull request #2476, 'fix ce loss "
-                "calculation when some tokens are ignored'). Measured on 2.7.0, 2.8.0 and 2.11.0; 2.4-2.6's backward "
-                "raises first; 2.2 and 2.3 have no ignore_idx."),
+        reason=(
+            "TransformerEngine 2.4-2.11's reduce_loss=True divides the loss and its gradient by all N rows, "
+            "ignored ones included (its docstring: 'averaged across the B*SQ dimension'), not by the non-ignored "
+            "count as torch's mean does: with 3 of 7 rows ignored the loss is 4/7 of the mean (2.2e5 times the "
+            "bound). 2.12 counts the non-ignored rows in the kernel (TE pull request #2476, 'fix ce loss "
+            "calculation when some tokens are ignored'). Measured on 2.7.0, 2.8.0 and 2.11.0; 2.4-2.6's backward "
+            "raises first; 2.2 and 2.3 have no ignore_idx."
+        ),
         example=Problem(N=7, H=8, V=13, ignored=0.4, seed=2),
         by_data=True,
         releases=Releases("transformer-engine", ">=2.4,<2.12", te_release),
@@ -580,14 +629,16 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_prerounded_gradient_fails,
-        reason=("TransformerEngine before 2.18 keeps the gradient in the bf16 logits buffer from forward on: it "
-                "stores p_j/n rounded to bf16, reads the target's entry back and subtracts (1-eps)/n, and backward "
-                "multiplies the stored entries by the upstream gradient and rounds again. On a confident row p_y "
-                "rounds to 1, so the target's gradient p_y - 1 = -(1 - p_y) is lost (grad_x and grad_W 190-200 times "
-                "their bounds on the example, every row's target leading by 8 + log V). 2.18 stores the gradient in "
-                "fp32 ('so it is not quantized before backward'). Covered: bf16 cases where those stores alone, "
-                "emulated exactly (te_gradient_stored_in_logits), fail the judgement. Measured on 2.2.0, 2.7.0, "
-                "2.8.0, 2.11.0, 2.12.0 and 2.17.1 (docs/evidence/te_releases.txt)."),
+        reason=(
+            "TransformerEngine before 2.18 keeps the gradient in the bf16 logits buffer from forward on: it "
+            "stores p_j/n rounded to bf16, reads the target's entry back and subtracts (1-eps)/n, and backward "
+            "multiplies the stored entries by the upstream gradient and rounds again. On a confident row p_y "
+            "rounds to 1, so the target's gradient p_y - 1 = -(1 - p_y) is lost (grad_x and grad_W 190-200 times "
+            "their bounds on the example, every row's target leading by 8 + log V). 2.18 stores the gradient in "
+            "fp32 ('so it is not quantized before backward'). Covered: bf16 cases where those stores alone, "
+            "emulated exactly (te_gradient_stored_in_logits), fail the judgement. Measured on 2.2.0, 2.7.0, "
+            "2.8.0, 2.11.0, 2.12.0 and 2.17.1 (docs/evidence/te_releases.txt)."
+        ),
         example=Problem(N=7, H=8, V=13, dtype="bfloat16", regime="confident", seed=4),
         by_data=True,
         applies_to_tensors=te_prerounded_gradient_fails,

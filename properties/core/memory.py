@@ -49,8 +49,9 @@ def make_inputs(problem: Any, device: str | torch.device | None = None) -> Input
     return Inputs(x, w, t.target.to(dev), b, kw, up)
 
 
-def impl_memory(impl: Any, problem: Any, device: str | torch.device | None = None,
-                inputs: Inputs | None = None) -> ImplMemory:
+def impl_memory(
+    impl: Any, problem: Any, device: str | torch.device | None = None, inputs: Inputs | None = None
+) -> ImplMemory:
     """Forward peak, bytes held across backward and backward peak of ``impl`` on ``problem``.
 
     Under AMP problems the call runs inside ``torch.autocast``. Exceptions become ``error`` (an impl that

@@ -102,31 +102,44 @@ class Problem:
         if self.regime not in ALL_REGIMES:
             raise ValueError(f"Problem.regime must be one of {ALL_REGIMES}, got {self.regime!r}")
         if self.regime == HEAD_REGIME and self.N >= self.H:
-            raise ValueError(f"Problem.regime={HEAD_REGIME!r} needs N < H (its head's mean direction is orthogonal "
-                             f"to every row of x), got N={self.N}, H={self.H}")
+            raise ValueError(
+                f"Problem.regime={HEAD_REGIME!r} needs N < H (its head's mean direction is orthogonal "
+                f"to every row of x), got N={self.N}, H={self.H}"
+            )
         if self.upstream not in UPSTREAMS:
             raise ValueError(f"Problem.upstream must be one of {UPSTREAMS}, got {self.upstream!r}")
         if self.upstream == "loss_scale" and (self.reduction != "mean" or self.autocast is None):
-            raise ValueError("Problem.upstream='loss_scale' needs reduction='mean' under autocast (a loss scale "
-                             "belongs to mixed precision; under 'sum' the scaled gradients themselves leave "
-                             "fp16's range, and the scaler would skip the step)")
+            raise ValueError(
+                "Problem.upstream='loss_scale' needs reduction='mean' under autocast (a loss scale "
+                "belongs to mixed precision; under 'sum' the scaled gradients themselves leave "
+                "fp16's range, and the scaler would skip the step)"
+            )
         if self.upstream == "loss_scale" and self.softcap is not None:
-            raise ValueError("Problem.upstream='loss_scale' excludes softcap: s·tanh(z/s) carries ∂L/∂z'·s in the "
-                             "compute dtype between its ops, past fp16's range where the gradients themselves fit")
+            raise ValueError(
+                "Problem.upstream='loss_scale' excludes softcap: s·tanh(z/s) carries ∂L/∂z'·s in the "
+                "compute dtype between its ops, past fp16's range where the gradients themselves fit"
+            )
         if self.upstream == "per_row" and self.reduction != "none":
             raise ValueError("Problem.upstream='per_row' needs reduction='none'")
         if self.upstream == "scalar" and self.reduction == "none":
             raise ValueError("Problem.upstream='scalar' needs reduction 'mean' or 'sum' ('none' takes 'per_row')")
         if 0 <= self.ignore_index < self.V and self.V < 2:
-            raise ValueError(f"Problem.ignore_index={self.ignore_index} is the only class of V={self.V}: no class is "
-                             "left for the rows that are not ignored")
+            raise ValueError(
+                f"Problem.ignore_index={self.ignore_index} is the only class of V={self.V}: no class is "
+                "left for the rows that are not ignored"
+            )
         self.options_template()  # validates the CE options
 
     # -- derived -------------------------------------------------------------------------------------
     def options_template(self) -> CEOptions:
         """The options without the class-weight tensor (a placeholder flag only)."""
-        return CEOptions(reduction=self.reduction, ignore_index=self.ignore_index,
-                         label_smoothing=self.label_smoothing, softcap=self.softcap, z_loss_scale=self.z_loss_scale)
+        return CEOptions(
+            reduction=self.reduction,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            softcap=self.softcap,
+            z_loss_scale=self.z_loss_scale,
+        )
 
     @property
     def n_ignored(self) -> int:
@@ -197,8 +210,9 @@ POST_NORM_OUTLIER_FRACTION = 1 / 32
 POST_NORM_OUTLIER_GAIN = (10.0, 100.0)
 
 
-def _post_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torch.Generator,
-               pad: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _post_norm(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, g: torch.Generator, pad: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, w, target)`` of the ``post_norm`` regime from the drawn noise ``x`` and ``w``.
 
     x: noise plus a per-feature offset μ_k ~ N(0, 1) shared by every row (features after a norm layer are not
@@ -267,8 +281,10 @@ def head_mean(rows: torch.Tensor, w: torch.Tensor, g: torch.Generator) -> torch.
         m = m - q @ (q.T @ m)
     norm = float(m.norm())
     if N >= H or norm < 1e-6:
-        raise ValueError(f"anisotropic_head: the {N} rows of x span all H={H} directions; no mean direction is "
-                         "orthogonal to them (needs N < H)")
+        raise ValueError(
+            f"anisotropic_head: the {N} rows of x span all H={H} directions; no mean direction is "
+            "orthogonal to them (needs N < H)"
+        )
     rms = float(w.pow(2).sum(dim=1).mean().sqrt())
     return m * (HEAD_MEAN_RATIO * rms / norm)
 
@@ -291,8 +307,15 @@ def build(p: Problem) -> Tensors:
     """
     g = torch.Generator(device="cpu").manual_seed(p.seed)
     N, H, V = p.N, p.H, p.V
-    sigma = {"ordinary": 2.0, "confident": 1.0, "large": 40.0, "tiny": 1e-3, "outlier_rows": 2.0,
-             "post_norm": 3.0, HEAD_REGIME: HEAD_SIGMA}[p.regime]
+    sigma = {
+        "ordinary": 2.0,
+        "confident": 1.0,
+        "large": 40.0,
+        "tiny": 1e-3,
+        "outlier_rows": 2.0,
+        "post_norm": 3.0,
+        HEAD_REGIME: HEAD_SIGMA,
+    }[p.regime]
     x = torch.randn(N, H, generator=g, dtype=torch.float64)
     w = torch.randn(V, H, generator=g, dtype=torch.float64) * (sigma / math.sqrt(H))
     target = torch.randint(0, V, (N,), generator=g)
@@ -318,8 +341,9 @@ def build(p: Problem) -> Tensors:
     return _tensors(p, x, w, target, b, cw, _upstream(p, g))
 
 
-def _confident(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
-               pad: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _confident(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor, pad: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, target)`` of the ``confident`` regime: every row's target logit made to lead by 8 + log V (targets W
     cannot make confident replaced); ``pad``, a class id used as ignore_index, is never a replacement target."""
     # Every row gets margin z_{i,y} − z_ij ≥ T = 8 + log V over all j ≠ y, so p_target ≥ 1 − (V−1)e^{−T}
@@ -346,8 +370,7 @@ def _confident(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, target:
         # (V = 2 with the other class a pad: seed 1055, N=2049, V=2, ignore_index=0, lifted by 1e12·T before,
         # logits of 1e13); its rows then fall short of the margin.
         one_minus_c = 1.0 - c[:, target].T
-        one_minus_c = torch.where(one_minus_c > 0, one_minus_c.clamp_min(1e-12),
-                                  torch.full_like(one_minus_c, math.inf))
+        one_minus_c = torch.where(one_minus_c > 0, one_minus_c.clamp_min(1e-12), torch.full_like(one_minus_c, math.inf))
         lift = ((T - margin) / one_minus_c).max(dim=1).values.clamp_min(T)
     wy = w[target]
     return x + wy * (lift[:, None] / (wy * wy).sum(dim=1, keepdim=True).clamp_min(1e-30)), target
@@ -364,15 +387,27 @@ def _upstream(p: Problem, g: torch.Generator) -> torch.Tensor | None:
     return _round_to_all_low_precisions(torch.randn(p.N, generator=g, dtype=torch.float32) * 2.0)
 
 
-def _tensors(p: Problem, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
-             cw: torch.Tensor | None, up: torch.Tensor | None) -> Tensors:
+def _tensors(
+    p: Problem,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    cw: torch.Tensor | None,
+    up: torch.Tensor | None,
+) -> Tensors:
     """The drawn float64 values in ``p``'s dtypes, on its device, with its CE options."""
     dt = p.param_dtype
     bdt = dtype_of(p.bias_dtype) or dt
     dev = torch.device(p.device)
-    opts = CEOptions(reduction=p.reduction, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
-                     class_weights=cw.to(dev, torch.float32) if cw is not None else None,
-                     softcap=p.softcap, z_loss_scale=p.z_loss_scale)
+    opts = CEOptions(
+        reduction=p.reduction,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        class_weights=cw.to(dev, torch.float32) if cw is not None else None,
+        softcap=p.softcap,
+        z_loss_scale=p.z_loss_scale,
+    )
     return Tensors(
         x=x.to(dt).to(dev),
         weight=w.to(dt).to(dev),

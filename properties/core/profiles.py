@@ -27,9 +27,18 @@ PROFILES: tuple[str, ...] = ("numcheck-ci", "numcheck-ci-seeded", "numcheck-dev"
 DEFAULT_PROFILE = PROFILES[0]
 
 _COMMON: dict[str, Any] = dict(
-    deadline=None, print_blob=True, phases=tuple(Phase), backend="hypothesis", report_multiple_bugs=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture,
-                           HealthCheck.filter_too_much])
+    deadline=None,
+    print_blob=True,
+    phases=tuple(Phase),
+    backend="hypothesis",
+    report_multiple_bugs=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 def ci_examples() -> int:
@@ -48,13 +57,14 @@ def numcheck_name(name: str) -> str:
     """The full profile name for ``name`` (``ci`` → ``numcheck-ci``; full names pass); ValueError for others."""
     full = name if name.startswith("numcheck-") else f"numcheck-{name}"
     if full not in PROFILES:
-        raise ValueError(f"{name!r} names no numcheck hypothesis profile; use one of {', '.join(PROFILES)} "
-                         f"(or ci, ci-seeded, dev, thorough)")
+        raise ValueError(
+            f"{name!r} names no numcheck hypothesis profile; use one of {', '.join(PROFILES)} "
+            f"(or ci, ci-seeded, dev, thorough)"
+        )
     return full
 
 
 settings.register_profile("numcheck-ci", max_examples=ci_examples(), derandomize=True, database=None, **_COMMON)
-settings.register_profile("numcheck-ci-seeded", max_examples=ci_examples(), derandomize=False, database=None,
-                          **_COMMON)
+settings.register_profile("numcheck-ci-seeded", max_examples=ci_examples(), derandomize=False, database=None, **_COMMON)
 settings.register_profile("numcheck-dev", max_examples=60, derandomize=False, **_COMMON)
 settings.register_profile("numcheck-thorough", max_examples=1000, derandomize=False, **_COMMON)

@@ -38,8 +38,9 @@ def _bounds(impl: Any, p: Problem, t: Tensors, out: ImplOutputs):
     return ref, linear_ce_bounds(p, t, ref, error_model(impl.support, p, _dtypes(out)))
 
 
-def _reference(v: torch.Tensor, oracle: torch.Tensor | None, bound: torch.Tensor,
-               range_dtype: torch.dtype | None) -> torch.Tensor:
+def _reference(
+    v: torch.Tensor, oracle: torch.Tensor | None, bound: torch.Tensor, range_dtype: torch.dtype | None
+) -> torch.Tensor:
     """``v`` in float64 as the reference side of a two-run comparison, with its oracle's value wherever ``v`` is
     ±inf as a correct rounding (:func:`properties.core.compare.legitimate_overflow`): a run rounded to ±inf says
     nothing about the other run, and |a − oracle| ≤ bound_a ≤ bound_a + bound_b keeps the check sound."""
@@ -75,16 +76,29 @@ def strided_inputs(impl: Any, p: Problem) -> Metrics:
         return {"refused": 1.0}
     records.note(impl, "strided_inputs", p, res)
     if not res.ok:
-        fail(impl, "strided_inputs", p, "inputs passed non-contiguous: x a column slice (row stride H+3), weight "
-             "transposed storage, bias and target every other element", *res.failure_lines(), ratio=res.worst_ratio)
+        fail(
+            impl,
+            "strided_inputs",
+            p,
+            "inputs passed non-contiguous: x a column slice (row stride H+3), weight "
+            "transposed storage, bias and target every other element",
+            *res.failure_lines(),
+            ratio=res.worst_ratio,
+        )
     return {"error/bound": res.worst_ratio}
 
 
 def _frozen(impl: Any, p: Problem, name: str) -> Metrics:
     res = check_accuracy(impl, p, relative=False, frozen=frozenset({name}))
     if not res.ok:
-        fail(impl, f"frozen_{name}", p, f"with {name} frozen (requires_grad=False)", *res.failure_lines(),
-             ratio=res.worst_ratio)
+        fail(
+            impl,
+            f"frozen_{name}",
+            p,
+            f"with {name} frozen (requires_grad=False)",
+            *res.failure_lines(),
+            ratio=res.worst_ratio,
+        )
     return {"error/bound": res.worst_ratio}
 
 
@@ -124,7 +138,12 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
     losses = [o[0] if impl.support.returns_z_loss else o for o in outs]
     total = losses[0] + losses[1]
     total.backward(t.upstream.to(total.dtype) if t.upstream is not None else torch.ones_like(total))
-    got = {"loss": total.detach(), "grad_x": x.grad, "grad_weight": w.grad, "grad_bias": b.grad if b is not None else None}
+    got = {
+        "loss": total.detach(),
+        "grad_x": x.grad,
+        "grad_weight": w.grad,
+        "grad_bias": b.grad if b is not None else None,
+    }
     dtypes = {n: v.dtype for n, v in got.items() if v is not None}
     halves = []
     for s in parts:
@@ -143,15 +162,28 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
             u = torch.finfo(dtypes[name]).eps / 2
             o = refs[0] + refs[1]
             bound = bnds[0] + bnds[1] + u * (refs[0].abs() + refs[1].abs() + bnds[0] + bnds[1])
-        c = compare(name, got[name], o, bound, range_dtype=range_dtypes(p, dtypes).get(name),
-                    overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "")
+        c = compare(
+            name,
+            got[name],
+            o,
+            bound,
+            range_dtype=range_dtypes(p, dtypes).get(name),
+            overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "",
+        )
         worst = max(worst, c.ratio)
         if not c.ok:
             lines.append(c.describe())
     if lines:
         counts = ", ".join(str(int(valid[s].sum())) for s in parts)
-        fail(impl, "two_calls", p, f"two calls of {k} rows each ({counts} not ignored) in one graph (sharing W and "
-             f"bias), {p.reduction} losses added", *lines, ratio=worst)
+        fail(
+            impl,
+            "two_calls",
+            p,
+            f"two calls of {k} rows each ({counts} not ignored) in one graph (sharing W and "
+            f"bias), {p.reduction} losses added",
+            *lines,
+            ratio=worst,
+        )
     return {"error/bound": worst}
 
 
@@ -178,8 +210,13 @@ def class_rotation(t: Tensors) -> Tensors | None:
     target = torch.where(valid, inv[t.target.clamp(0, V - 1).long()].to(t.target.dtype), t.target)
     cw = t.class_weights[perm] if t.class_weights is not None else None
     options = dataclasses.replace(t.options, class_weights=cw) if t.options.class_weights is not None else t.options
-    return t._replace(weight=t.weight[perm], bias=t.bias[perm] if t.bias is not None else None, target=target,
-                      class_weights=cw, options=options)
+    return t._replace(
+        weight=t.weight[perm],
+        bias=t.bias[perm] if t.bias is not None else None,
+        target=target,
+        class_weights=cw,
+        options=options,
+    )
 
 
 def earlier_calls(impl: Any, p: Problem) -> Metrics:
@@ -201,8 +238,14 @@ def earlier_calls(impl: Any, p: Problem) -> Metrics:
         run_impl(impl, p.replace(autocast=other), t, leaves=leaves)
         res = check_accuracy(impl, p, t=t, leaves=leaves)
         if not res.ok:
-            fail(impl, "earlier_calls", p, f"after a call on the same tensors under autocast {other}",
-                 *res.failure_lines(), ratio=res.worst_ratio)
+            fail(
+                impl,
+                "earlier_calls",
+                p,
+                f"after a call on the same tensors under autocast {other}",
+                *res.failure_lines(),
+                ratio=res.worst_ratio,
+            )
         worst = res.worst_ratio
     else:
         run_impl(impl, p, t, leaves=leaves)
@@ -215,9 +258,15 @@ def earlier_calls(impl: Any, p: Problem) -> Metrics:
             leaves["bias"].copy_(t2.bias)
     res = check_accuracy(impl, p, t=t2, leaves=leaves, relative=False)
     if not res.ok:
-        fail(impl, "earlier_calls", p, "after the weight and bias were changed in place since the previous call "
-             "(classes rotated by one, targets following: properties.core.props.class_rotation)", *res.failure_lines(),
-             ratio=res.worst_ratio)
+        fail(
+            impl,
+            "earlier_calls",
+            p,
+            "after the weight and bias were changed in place since the previous call "
+            "(classes rotated by one, targets following: properties.core.props.class_rotation)",
+            *res.failure_lines(),
+            ratio=res.worst_ratio,
+        )
     return {"error/bound": max(worst, res.worst_ratio)}
 
 
@@ -234,8 +283,12 @@ def ignored_rows(impl: Any, p: Problem) -> Metrics:
     nz = (gx[ign] != 0).any(dim=1)
     if bool(nz.any()):
         row = int(ign.nonzero().squeeze(1)[nz.nonzero()[0, 0]])
-        fail(impl, "ignored_rows", p, f"grad_x row {row} (ignored) is not exactly zero: max |value| "
-             f"{float(gx[row].abs().max()):.3g}")
+        fail(
+            impl,
+            "ignored_rows",
+            p,
+            f"grad_x row {row} (ignored) is not exactly zero: max |value| {float(gx[row].abs().max()):.3g}",
+        )
     g = torch.Generator().manual_seed(p.seed + 1)
     x2 = t.x.clone()
     x2[ign] = (torch.randn(int(ign.sum()), p.H, generator=g, dtype=torch.float64) * 2).to(x2.dtype).to(x2.device)
@@ -249,14 +302,28 @@ def ignored_rows(impl: Any, p: Problem) -> Metrics:
         if not torch.equal(torch.nan_to_num(a, nan=1.2345), torch.nan_to_num(b, nan=1.2345)):
             diff = (a.double() - b.double()).abs().nan_to_num(math.inf)
             idx = [int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)] if diff.dim() else []
-            fail(impl, "ignored_rows", p, f"{name} changed when only ignored rows of x changed: "
-                 f"max |difference| {float(diff.max()):.3g} at {idx}")
+            fail(
+                impl,
+                "ignored_rows",
+                p,
+                f"{name} changed when only ignored rows of x changed: "
+                f"max |difference| {float(diff.max()):.3g} at {idx}",
+            )
     return {}
 
 
-def _pair_check(impl: Any, prop: str, p: Problem, a: ImplOutputs, ba: dict, b: ImplOutputs, bb: dict,
-                names=OUTPUTS, transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                ref_b: Any = None) -> float:
+def _pair_check(
+    impl: Any,
+    prop: str,
+    p: Problem,
+    a: ImplOutputs,
+    ba: dict,
+    b: ImplOutputs,
+    bb: dict,
+    names=OUTPUTS,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    ref_b: Any = None,
+) -> float:
     """Run ``a`` against run ``b`` (``transform`` maps b's outputs onto a's layout) within ``ba + bb`` per output;
     where ``b`` legitimately overflowed, against ``b``'s oracle ``ref_b`` there (:func:`_reference`)."""
     worst = 0.0
@@ -269,8 +336,14 @@ def _pair_check(impl: Any, prop: str, p: Problem, a: ImplOutputs, ba: dict, b: I
         vb, bnd_b = same(name, vb), same(name, bb[name])
         ob = getattr(ref_b, name, None) if ref_b is not None else None
         ref = _reference(vb, same(name, ob) if ob is not None else None, bnd_b, ranges.get(name))
-        c = compare(name, va, ref, ba[name] + bnd_b, range_dtype=ranges.get(name),
-                    overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "")
+        c = compare(
+            name,
+            va,
+            ref,
+            ba[name] + bnd_b,
+            range_dtype=ranges.get(name),
+            overflow_upstream=upstream_overflow(p) if name.startswith("grad_") else "",
+        )
         worst = max(worst, c.ratio)
         if not c.ok:
             fail(impl, prop, p, c.describe() + " (bound = sum of both runs' bounds)", ratio=c.ratio)
@@ -283,8 +356,11 @@ def permutation(impl: Any, p: Problem) -> Metrics:
     t = build(p)
     g = torch.Generator().manual_seed(p.seed + 2)
     perm = torch.randperm(p.N, generator=g).to(t.x.device)
-    tp = t._replace(x=t.x[perm], target=t.target[perm],
-                    upstream=t.upstream[perm] if (t.upstream is not None and t.upstream.dim()) else t.upstream)
+    tp = t._replace(
+        x=t.x[perm],
+        target=t.target[perm],
+        upstream=t.upstream[perm] if (t.upstream is not None and t.upstream.dim()) else t.upstream,
+    )
     a, b = run_impl(impl, p, t), run_impl(impl, p, tp)
     _, ba = _bounds(impl, p, t, a)
     ref_p, bp = _bounds(impl, p, tp, b)
@@ -344,8 +420,20 @@ def option_identities(impl: Any, p: Problem) -> Metrics:
     for label, extra in neutral:
         impl_call = _with_kwargs(impl, extra)
         out = run_impl(impl_call, p, t)
-        worst = max(worst, _pair_check(impl, f"option_identities[{label}]", p, out, bb, base, bb,
-                                       names=("loss", "grad_x", "grad_weight", "grad_bias"), ref_b=ref))
+        worst = max(
+            worst,
+            _pair_check(
+                impl,
+                f"option_identities[{label}]",
+                p,
+                out,
+                bb,
+                base,
+                bb,
+                names=("loss", "grad_x", "grad_weight", "grad_bias"),
+                ref_b=ref,
+            ),
+        )
     return {"error/bound": worst}
 
 
@@ -371,7 +459,12 @@ def determinism(impl: Any, p: Problem) -> Metrics:
             fail(impl, "determinism", p, f"{name} present in one run only")
         if va is not None and not torch.equal(torch.nan_to_num(va, nan=0.5), torch.nan_to_num(vb, nan=0.5)):
             d = (va.double() - vb.double()).abs().nan_to_num(math.inf)
-            fail(impl, "determinism", p, f"{name} differs between two identical runs: max |difference| {float(d.max()):.3g}")
+            fail(
+                impl,
+                "determinism",
+                p,
+                f"{name} differs between two identical runs: max |difference| {float(d.max()):.3g}",
+            )
     return {}
 
 
@@ -419,8 +512,13 @@ def loss_dtype(impl: Any, p: Problem) -> Metrics:
         if v is None:
             continue
         if not v.dtype.is_floating_point or torch.finfo(v.dtype).eps > torch.finfo(want).eps:
-            fail(impl, "loss_dtype", p, f"{name} has dtype {v.dtype}, less precise than {want} "
-                 f"(declared loss_dtype={declared!r}{', under autocast' if p.autocast else ''})")
+            fail(
+                impl,
+                "loss_dtype",
+                p,
+                f"{name} has dtype {v.dtype}, less precise than {want} "
+                f"(declared loss_dtype={declared!r}{', under autocast' if p.autocast else ''})",
+            )
     return {}
 
 
@@ -451,8 +549,13 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
         c = compare("loss", m_out.loss.double() * D, s_out.loss.double(), m_b["loss"] * D + s_b["loss"])
         worst = max(worst, c.ratio)
         if not c.ok:
-            fail(impl, "reduction_consistency", p, f"'mean' × normalizer {D:.6g} vs 'sum': " + c.describe(),
-                 ratio=c.ratio)
+            fail(
+                impl,
+                "reduction_consistency",
+                p,
+                f"'mean' × normalizer {D:.6g} vs 'sum': " + c.describe(),
+                ratio=c.ratio,
+            )
     for red, kind in (("sum", "scalar"), ("none", "per_row")):
         q1 = base.replace(reduction=red)
         qu = q1.replace(upstream=kind)
@@ -470,13 +573,23 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
                 continue
             scale = u if kind == "scalar" else u[:, None]
             r1 = _reference(v1, getattr(ref1, name), b1[name], ranges.get(name))
-            c = compare(name, vu, r1 * scale, bu[name] + b1[name] * scale.abs(), range_dtype=ranges.get(name),
-                        overflow_upstream=upstream_overflow(qu, tu))
+            c = compare(
+                name,
+                vu,
+                r1 * scale,
+                bu[name] + b1[name] * scale.abs(),
+                range_dtype=ranges.get(name),
+                overflow_upstream=upstream_overflow(qu, tu),
+            )
             worst = max(worst, c.ratio)
             if not c.ok:
-                fail(impl, "reduction_consistency", p,
-                     f"{kind} upstream gradient with reduction={red!r} does not scale {name} linearly: " + c.describe(),
-                     ratio=c.ratio)
+                fail(
+                    impl,
+                    "reduction_consistency",
+                    p,
+                    f"{kind} upstream gradient with reduction={red!r} does not scale {name} linearly: " + c.describe(),
+                    ratio=c.ratio,
+                )
     return {"error/bound": worst}
 
 

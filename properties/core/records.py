@@ -19,8 +19,19 @@ from typing import Any, TextIO
 from numcheck.properties.core.problems import Problem
 
 #: The fields of one record, in order (the sweep reads these).
-FIELDS: tuple[str, ...] = ("nodeid", "test", "impl", "property", "dtype", "output", "output_dtype", "ratio", "ok",
-                           "state", "problem")
+FIELDS: tuple[str, ...] = (
+    "nodeid",
+    "test",
+    "impl",
+    "property",
+    "dtype",
+    "output",
+    "output_dtype",
+    "ratio",
+    "ok",
+    "state",
+    "problem",
+)
 
 _path: Path | None = None
 _sink: TextIO | None = None
@@ -76,8 +87,18 @@ def note(impl: Any, prop: str, p: Problem, result: Any) -> None:
     for output, c in result.analytic.items():
         if output == "z_loss" and not p.z_loss_scale:
             continue  # identically zero without z-loss: says nothing about a bound's tightness
-        row = dict(_test, impl=impl.name, property=prop, dtype=label, output=output, output_dtype=c.dtype,
-                   ratio=_ratio(c.ratio), ok=c.ok, state=c.state, problem=case)
+        row = dict(
+            _test,
+            impl=impl.name,
+            property=prop,
+            dtype=label,
+            output=output,
+            output_dtype=c.dtype,
+            ratio=_ratio(c.ratio),
+            ok=c.ok,
+            state=c.state,
+            problem=case,
+        )
         _sink.write(json.dumps({k: row[k] for k in FIELDS}) + "\n")
     _sink.flush()
 

@@ -76,8 +76,9 @@ class SuiteProperty:
         if (self.draw is None) == (self.cases is None):
             raise ValueError(f"suite property {self.name!r}: give exactly one of draw and cases")
         if isinstance(self.budget_scale, bool) or not isinstance(self.budget_scale, int) or self.budget_scale < 1:
-            raise ValueError(f"suite property {self.name!r}: budget_scale must be an int >= 1, got "
-                             f"{self.budget_scale!r}")
+            raise ValueError(
+                f"suite property {self.name!r}: budget_scale must be an int >= 1, got {self.budget_scale!r}"
+            )
 
     @property
     def property_name(self) -> str:
@@ -151,8 +152,10 @@ def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
             except UnsatisfiedAssumption:
                 continue
             except BaseException as exc:
-                exc.add_note(f"numcheck: covering row {i + 1} of {len(design)} of {prop.name} for {impl.name} "
-                             f"({row.label()}; numcheck.properties.core.coverage)")
+                exc.add_note(
+                    f"numcheck: covering row {i + 1} of {len(design)} of {prop.name} for {impl.name} "
+                    f"({row.label()}; numcheck.properties.core.coverage)"
+                )
                 raise
             break
         else:
@@ -177,8 +180,10 @@ def skip_reason(prop: SuiteProperty, impl: Any) -> str | None:
 def unsatisfiable_reason(impl: Any) -> str:
     """What a hypothesis ``Unsatisfiable`` means once :func:`skip_reason` let the test run: every case drawn was
     rejected by a data-dependent filter (a known divergence decided by the data, or the test's own filter)."""
-    return (f"every case drawn for {impl.name} was rejected by a data-dependent filter: a known divergence decided "
-            f"by the data (numcheck.properties.core.known) or this test's own condition on the drawn values")
+    return (
+        f"every case drawn for {impl.name} was rejected by a data-dependent filter: a known divergence decided "
+        f"by the data (numcheck.properties.core.known) or this test's own condition on the drawn values"
+    )
 
 
 def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Metrics]]:
@@ -197,7 +202,9 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Me
     for variant, draw in prop.variants(impl):
         p = draw(variant, data)
         if isinstance(p, Problem):  # known divergences are of linear+CE impls
-            assume(known(variant.name, prop.property_name, p) is None)  # covered by tests/adapters/test_known_divergences.py
+            assume(
+                known(variant.name, prop.property_name, p) is None
+            )  # covered by tests/adapters/test_known_divergences.py
         metrics = _judged(prop, variant, p)
         if judged(metrics):
             out.append((p, metrics))
@@ -222,8 +229,7 @@ def judge(check: Callable[[Any, Any], Metrics], impl: Any, p: Any) -> Metrics:
     except HypothesisException:
         raise
     except ProtocolViolation as exc:
-        raise PropertyFailure(failure_message(impl, check.__name__, p, [f"protocol violation: {exc}"]),
-                              case=p) from exc
+        raise PropertyFailure(failure_message(impl, check.__name__, p, [f"protocol violation: {exc}"]), case=p) from exc
     except Exception as exc:  # noqa: BLE001 - every exception is reported, the suite's verdicts as they are
         if raised_by_suite(exc):
             raise

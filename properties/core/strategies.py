@@ -91,8 +91,9 @@ class _Fields:
     """One draw of a problem: the strategy's ``draw``, the support's options, and the caller's ``force`` (pinned
     :class:`Problem` fields) and ``require`` (options that must be on where declared)."""
 
-    def __init__(self, draw: st.DrawFn, options: frozenset[str], force: dict[str, Any],
-                 require: frozenset[str]) -> None:
+    def __init__(
+        self, draw: st.DrawFn, options: frozenset[str], force: dict[str, Any], require: frozenset[str]
+    ) -> None:
         self.draw, self.options, self.force, self.require = draw, options, force, require
 
     def pinned_or(self, name: str, strat: st.SearchStrategy, label: str | None = None) -> Any:
@@ -119,8 +120,11 @@ def _precision(f: _Fields, s: LinearCESupport, device: str) -> tuple[str, str | 
     else:
         dev_type = torch.device(device).type
         dtypes = [_DTYPE_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in s.dtypes]
-        amp = [d for d in (torch.bfloat16, torch.float16) if d in s.autocast and torch.float32 in s.dtypes
-               and capabilities.autocast_dtype(dev_type, d)]
+        amp = [
+            d
+            for d in (torch.bfloat16, torch.float16)
+            if d in s.autocast and torch.float32 in s.dtypes and capabilities.autocast_dtype(dev_type, d)
+        ]
         modes = [("plain", d) for d in dtypes] + [("amp", _DTYPE_NAMES[d]) for d in amp]
         if not modes:
             raise ValueError(f"support declares no dtype usable on {device}: {s.dtypes}")
@@ -158,8 +162,9 @@ def _loss_options(f: _Fields) -> dict[str, Any]:
     Smoothing is 0 or at least 1e-4: smaller values are no training setting, and below fp32's normal range
     Triton specializes a Python float argument as fp64 (Liger's kernel then fails to compile on CUDA)."""
     return dict(
-        label_smoothing=f.option("label_smoothing", "label_smoothing",
-                                 st.sampled_from([0.1, 0.5, 1.0]) | st.floats(1e-4, 1.0), 0.0),
+        label_smoothing=f.option(
+            "label_smoothing", "label_smoothing", st.sampled_from([0.1, 0.5, 1.0]) | st.floats(1e-4, 1.0), 0.0
+        ),
         class_weights=f.option("class_weights", "class_weights", st.just(True), False),
         softcap=f.option("softcap", "softcap", st.sampled_from([1.0, 5.0, 30.0]) | st.floats(0.5, 50.0), None),
         z_loss_scale=f.option("z_loss", "z_loss_scale", st.sampled_from([1e-4, 1e-2, 0.5]), 0.0),
@@ -204,10 +209,17 @@ def pinned_row(row: Any) -> Iterator[None]:
 
 
 @st.composite
-def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: str | None = None, *,
-             regimes: tuple[str, ...] = REGIMES, reductions: tuple[str, ...] | None = None,
-             allow_all_ignored: bool = True, force: dict[str, Any] | None = None,
-             require: frozenset[str] = frozenset()) -> Problem:
+def problems(
+    draw: st.DrawFn,
+    support: LinearCESupport | None = None,
+    device: str | None = None,
+    *,
+    regimes: tuple[str, ...] = REGIMES,
+    reductions: tuple[str, ...] | None = None,
+    allow_all_ignored: bool = True,
+    force: dict[str, Any] | None = None,
+    require: frozenset[str] = frozenset(),
+) -> Problem:
     """A :class:`Problem` inside ``support`` (a :class:`impls.protocols.linear_ce.LinearCESupport`; ``None`` = everything).
 
     ``force`` pins :class:`Problem` fields by their names (:data:`FORCEABLE`, e.g. ``{"dtype": "float32",
@@ -239,9 +251,23 @@ def problems(draw: st.DrawFn, support: LinearCESupport | None = None, device: st
     upstream = _upstream(f, reduction, autocast, opts["softcap"])
     regime = f.pinned_or("regime", st.sampled_from(regimes))
     seed = f.pinned_or("seed", st.integers(0, 2**31 - 1))
-    p = Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, bias=bias, bias_dtype=bias_dtype, ignored=ignored,
-                reduction=reduction, ignore_index=ignore_index, upstream=upstream, regime=regime, seed=seed,
-                device=device, **opts)
+    p = Problem(
+        N=N,
+        H=H,
+        V=V,
+        dtype=dtype,
+        autocast=autocast,
+        bias=bias,
+        bias_dtype=bias_dtype,
+        ignored=ignored,
+        reduction=reduction,
+        ignore_index=ignore_index,
+        upstream=upstream,
+        regime=regime,
+        seed=seed,
+        device=device,
+        **opts,
+    )
     assume(refusal(s, p) is None)
     if p.upstream == "loss_scale":
         assume(scaled_gradients_fit(p))
@@ -258,6 +284,7 @@ def scaled_gradients_fit(p: Problem) -> bool:
     only then: where they do not fit, inf is the correct fp16 answer and GradScaler skips the step; where they
     do, an impl that scales before it normalizes (|p − y|·2^17 > 65504) overflows on its own account. The
     headroom covers the rounding of values near the top and the (C·p, q) parts of G formed apart."""
+
     class _MaxG:
         g = 0.0
 
@@ -309,8 +336,12 @@ def large_vocab_problems(draw: st.DrawFn, support) -> Problem:
     loses the share of the head's mean direction that each late block adds."""
     row = _ROW.get()
     if row is not None and row.force.get("regime") == HEAD_REGIME:
-        force = {"N": draw(st.integers(*HEAD_N), label="N"), "H": draw(st.integers(*HEAD_H), label="H"),
-                 "V": draw(st.sampled_from(HEAD_V), label="V"), "label_smoothing": 0.0}
+        force = {
+            "N": draw(st.integers(*HEAD_N), label="N"),
+            "H": draw(st.integers(*HEAD_H), label="H"),
+            "V": draw(st.sampled_from(HEAD_V), label="V"),
+            "label_smoothing": 0.0,
+        }
         reds = HEAD_REDUCTIONS if set(HEAD_REDUCTIONS) & set(support.reductions) else None
         return draw(problems(support, force=force, reductions=reds, allow_all_ignored=False), label="problem")
     V = draw(st.one_of(st.sampled_from(LARGE_V), st.integers(1000, 4100)), label="V")
@@ -338,13 +369,18 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
     """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype or an AMP mode where
     declared (else as drawn), with a bias where declared: token counts, normalizers and the running sums of
     grad_weight and grad_bias must not be kept in the compute dtype."""
-    modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
-             if d in support.dtypes]
+    modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
     if torch.float32 in support.dtypes:
-        modes += [("amp", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
-                  if d in support.autocast and capabilities.autocast_dtype(DEVICE_TYPE, d)]
-    force: dict[str, Any] = {"N": draw(st.sampled_from(LONG_N), label="N"), "H": draw(st.integers(1, 8), label="H"),
-                             "V": draw(st.integers(2, 24), label="V")}
+        modes += [
+            ("amp", n)
+            for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
+            if d in support.autocast and capabilities.autocast_dtype(DEVICE_TYPE, d)
+        ]
+    force: dict[str, Any] = {
+        "N": draw(st.sampled_from(LONG_N), label="N"),
+        "H": draw(st.integers(1, 8), label="H"),
+        "V": draw(st.integers(2, 24), label="V"),
+    }
     if modes:
         kind, name = draw(st.sampled_from(modes), label="precision")
         if kind == "plain":
@@ -356,8 +392,12 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
 
 def loss_scale_available(support) -> bool:
     """Whether ``support`` declares AMP fp16 and ``mean``, where :func:`loss_scale_problems` draws."""
-    return (torch.float16 in support.autocast and torch.float32 in support.dtypes and "mean" in support.reductions
-            and capabilities.autocast_dtype(DEVICE_TYPE, torch.float16))
+    return (
+        torch.float16 in support.autocast
+        and torch.float32 in support.dtypes
+        and "mean" in support.reductions
+        and capabilities.autocast_dtype(DEVICE_TYPE, torch.float16)
+    )
 
 
 @st.composite
@@ -366,10 +406,15 @@ def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
     at most a quarter of the rows ignored, so the scaled gradients fit fp16 (:func:`scaled_gradients_fit`) and
     |p − y|·2^17 passes 65504 on some element of most draws: an impl that applies the scale before it
     normalizes overflows there."""
-    force: dict[str, Any] = {"dtype": "float32", "autocast": "float16", "reduction": "mean",
-                             "upstream": "loss_scale", "softcap": None,
-                             "N": draw(st.integers(16, max(16, MAX_N)), label="N"),
-                             "ignored": draw(st.sampled_from([0.0, 0.1, 0.25]), label="ignored")}
+    force: dict[str, Any] = {
+        "dtype": "float32",
+        "autocast": "float16",
+        "reduction": "mean",
+        "upstream": "loss_scale",
+        "softcap": None,
+        "N": draw(st.integers(16, max(16, MAX_N)), label="N"),
+        "ignored": draw(st.sampled_from([0.0, 0.1, 0.25]), label="ignored"),
+    }
     return draw(problems(support, force=force), label="problem")
 
 
@@ -447,6 +492,11 @@ def why_not_run(impl: Any, p: Problem) -> str | None:
 
 def refusal(support, p: Problem) -> str | None:
     """Why ``support`` excludes problem ``p`` (None when it is declared supported)."""
-    return support.refuses(dtype=p.param_dtype, device=torch.device(p.device).type, options=p.features,
-                           reduction=p.reduction, autocast=p.compute_dtype if p.autocast else None,
-                           all_ignored=p.all_ignored)
+    return support.refuses(
+        dtype=p.param_dtype,
+        device=torch.device(p.device).type,
+        options=p.features,
+        reduction=p.reduction,
+        autocast=p.compute_dtype if p.autocast else None,
+        all_ignored=p.all_ignored,
+    )

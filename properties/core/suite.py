@@ -18,9 +18,19 @@ from numcheck.properties.core import props as checks
 from numcheck.properties.core.coverage import EVERY_DIMENSION
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.runner import Draw, SuiteProperty
-from numcheck.properties.core.strategies import (DEVICE, determinism_layout, determinism_problems, large_vocab_problems,
-                                            long_batch_problems, loss_scale_available, loss_scale_problems,
-                                            many_chunk_layout, many_chunk_problems, problems, wide_hidden_problems)
+from numcheck.properties.core.strategies import (
+    DEVICE,
+    determinism_layout,
+    determinism_problems,
+    large_vocab_problems,
+    long_batch_problems,
+    loss_scale_available,
+    loss_scale_problems,
+    many_chunk_layout,
+    many_chunk_problems,
+    problems,
+    wide_hidden_problems,
+)
 
 
 def _dtype_names(support: Any) -> set[str]:
@@ -41,8 +51,10 @@ def _fp32_sharp(impl: Any, data: Any) -> Problem:
 def _all_options(impl: Any, data: Any) -> Problem:
     """A problem with every declared option on, in fp32 where declared, not all rows ignored."""
     force = {"dtype": "float32", "autocast": None} if torch.float32 in impl.support.dtypes else {}
-    return data.draw(problems(impl.support, force=force, require=frozenset(LINEAR_CE_OPTIONS),
-                              allow_all_ignored=False), label="problem")
+    return data.draw(
+        problems(impl.support, force=force, require=frozenset(LINEAR_CE_OPTIONS), allow_all_ignored=False),
+        label="problem",
+    )
 
 
 def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
@@ -109,48 +121,106 @@ _STRIDED_SLOW = ("reduction", "upstream", "bias", "ignore_index")
 _GRADIENT_SCALE = ("reduction", "upstream", "bias")
 
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("accuracy", checks.accuracy, drawn(problems), dimensions=EVERY_DIMENSION,
-                  slow_dimensions=EVERY_DIMENSION),
-    SuiteProperty("accuracy_fp32_sharp", checks.accuracy, _fp32_sharp, dimensions=_IN_FP32,
-                  skip=_unless(lambda i: "float32" in _dtype_names(i.support), "{name} declares no float32")),
-    SuiteProperty("all_options_combined", checks.accuracy, _all_options,
-                  every=lambda i: Problem(**_TINY, softcap=1.0) if "softcap" in i.support.options else None),
+    SuiteProperty(
+        "accuracy", checks.accuracy, drawn(problems), dimensions=EVERY_DIMENSION, slow_dimensions=EVERY_DIMENSION
+    ),
+    SuiteProperty(
+        "accuracy_fp32_sharp",
+        checks.accuracy,
+        _fp32_sharp,
+        dimensions=_IN_FP32,
+        skip=_unless(lambda i: "float32" in _dtype_names(i.support), "{name} declares no float32"),
+    ),
+    SuiteProperty(
+        "all_options_combined",
+        checks.accuracy,
+        _all_options,
+        every=lambda i: Problem(**_TINY, softcap=1.0) if "softcap" in i.support.options else None,
+    ),
     SuiteProperty("many_chunks", checks.accuracy, None, cases=_many_chunk_cases, dimensions=("regime",)),
     SuiteProperty("large_vocab", checks.accuracy, drawn(large_vocab_problems), dimensions=("head",)),
     SuiteProperty("long_batch", checks.accuracy, drawn(long_batch_problems)),
     SuiteProperty("wide_hidden", checks.accuracy, drawn(wide_hidden_problems)),
-    SuiteProperty("loss_scale", checks.accuracy, drawn(loss_scale_problems),
-                  skip=_unless(lambda i: loss_scale_available(i.support), "{name} declares no AMP fp16 with 'mean' here")),
-    SuiteProperty("strided_inputs", checks.strided_inputs, drawn(problems), dimensions=_STRIDED,
-                  slow_dimensions=_STRIDED_SLOW),
-    SuiteProperty("frozen_inputs[weight]", checks.frozen_weight, drawn(problems), every=lambda i: Problem(**_TINY),
-                  dimensions=_GRADIENT_SCALE),
-    SuiteProperty("frozen_inputs[x]", checks.frozen_x, drawn(problems), every=lambda i: Problem(**_TINY),
-                  dimensions=_GRADIENT_SCALE),
-    SuiteProperty("two_calls", checks.two_calls, _two_calls,
-                  skip=_unless(lambda i: {"sum", "mean"} & set(i.support.reductions),
-                               "{name} declares neither 'sum' nor 'mean'")),
+    SuiteProperty(
+        "loss_scale",
+        checks.accuracy,
+        drawn(loss_scale_problems),
+        skip=_unless(lambda i: loss_scale_available(i.support), "{name} declares no AMP fp16 with 'mean' here"),
+    ),
+    SuiteProperty(
+        "strided_inputs", checks.strided_inputs, drawn(problems), dimensions=_STRIDED, slow_dimensions=_STRIDED_SLOW
+    ),
+    SuiteProperty(
+        "frozen_inputs[weight]",
+        checks.frozen_weight,
+        drawn(problems),
+        every=lambda i: Problem(**_TINY),
+        dimensions=_GRADIENT_SCALE,
+    ),
+    SuiteProperty(
+        "frozen_inputs[x]",
+        checks.frozen_x,
+        drawn(problems),
+        every=lambda i: Problem(**_TINY),
+        dimensions=_GRADIENT_SCALE,
+    ),
+    SuiteProperty(
+        "two_calls",
+        checks.two_calls,
+        _two_calls,
+        skip=_unless(lambda i: {"sum", "mean"} & set(i.support.reductions), "{name} declares neither 'sum' nor 'mean'"),
+    ),
     SuiteProperty("earlier_calls", checks.earlier_calls, _earlier_calls),
-    SuiteProperty("confident_rows", checks.accuracy, drawn(problems, regimes=("confident",)),
-                  every=lambda i: Problem(**_TINY, regime="confident")),
-    SuiteProperty("ignored_rows", checks.ignored_rows, _ignored_rows,
-                  skip=_unless(lambda i: "ignore_index" in i.support.options, "{name} declares no ignore_index")),
+    SuiteProperty(
+        "confident_rows",
+        checks.accuracy,
+        drawn(problems, regimes=("confident",)),
+        every=lambda i: Problem(**_TINY, regime="confident"),
+    ),
+    SuiteProperty(
+        "ignored_rows",
+        checks.ignored_rows,
+        _ignored_rows,
+        skip=_unless(lambda i: "ignore_index" in i.support.options, "{name} declares no ignore_index"),
+    ),
     SuiteProperty("permutation", checks.permutation, drawn(problems, allow_all_ignored=False)),
-    SuiteProperty("shift_invariance", checks.shift_invariance,
-                  drawn(problems, force={"bias": True, "softcap": None, "z_loss_scale": 0.0}),
-                  skip=_unless(lambda i: "bias" in i.support.options, "{name} declares no bias")),
-    SuiteProperty("option_identities", checks.option_identities,
-                  drawn(problems, force={"label_smoothing": 0.0, "class_weights": False, "z_loss_scale": 0.0,
-                                         "softcap": None})),
-    SuiteProperty("reduction_consistency", checks.reduction_consistency, drawn(problems, allow_all_ignored=False),
-                  skip=_unless(lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
-                               "{name} does not declare all three reductions")),
-    SuiteProperty("determinism", checks.determinism, None, cases=_determinism_cases, dimensions=("reduction",),
-                  skip=_unless(lambda i: i.support.deterministic,
-                               "{name} declares deterministic=False (reductions whose order changes between runs)")),
-    SuiteProperty("chunk_invariance", checks.chunk_invariance, drawn(problems),
-                  skip=_unless(lambda i: hasattr(i, "with_chunk_rows"),
-                               "{name} exposes no chunk size (with_chunk_rows)")),
+    SuiteProperty(
+        "shift_invariance",
+        checks.shift_invariance,
+        drawn(problems, force={"bias": True, "softcap": None, "z_loss_scale": 0.0}),
+        skip=_unless(lambda i: "bias" in i.support.options, "{name} declares no bias"),
+    ),
+    SuiteProperty(
+        "option_identities",
+        checks.option_identities,
+        drawn(problems, force={"label_smoothing": 0.0, "class_weights": False, "z_loss_scale": 0.0, "softcap": None}),
+    ),
+    SuiteProperty(
+        "reduction_consistency",
+        checks.reduction_consistency,
+        drawn(problems, allow_all_ignored=False),
+        skip=_unless(
+            lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
+            "{name} does not declare all three reductions",
+        ),
+    ),
+    SuiteProperty(
+        "determinism",
+        checks.determinism,
+        None,
+        cases=_determinism_cases,
+        dimensions=("reduction",),
+        skip=_unless(
+            lambda i: i.support.deterministic,
+            "{name} declares deterministic=False (reductions whose order changes between runs)",
+        ),
+    ),
+    SuiteProperty(
+        "chunk_invariance",
+        checks.chunk_invariance,
+        drawn(problems),
+        skip=_unless(lambda i: hasattr(i, "with_chunk_rows"), "{name} exposes no chunk size (with_chunk_rows)"),
+    ),
     SuiteProperty("grad_dtypes", checks.grad_dtypes, drawn(problems)),
     SuiteProperty("loss_dtype", checks.loss_dtype, drawn(problems)),
 )
@@ -164,54 +234,68 @@ SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
 #: was first pinned as, so keys stay stable when Problem's fields or repr change.
 PINNED: dict[str, Problem] = {
     # eager bf16: F.cross_entropy forms p_y − 1 in bf16 (declared ce_dtype="compute" widens the bound).
-    "Problem(N=16, H=24, V=40, dtype='bfloat16', regime='confident')":
-        Problem(N=16, H=24, V=40, dtype='bfloat16', regime='confident'),
+    "Problem(N=16, H=24, V=40, dtype='bfloat16', regime='confident')": Problem(
+        N=16, H=24, V=40, dtype="bfloat16", regime="confident"
+    ),
     # V=1: eager exact, a correct fp16 impl not; the relative judgement needs its bound-based slack.
-    "Problem(N=7, H=1, V=1, dtype='float16', upstream='scalar')":
-        Problem(N=7, H=1, V=1, dtype='float16', upstream='scalar'),
+    "Problem(N=7, H=1, V=1, dtype='float16', upstream='scalar')": Problem(
+        N=7, H=1, V=1, dtype="float16", upstream="scalar"
+    ),
     # Liger forms p − y then divides by the token count in bf16: G is rounded twice.
-    "Problem(N=7, H=80, V=2, dtype='bfloat16', seed=0)":
-        Problem(N=7, H=80, V=2, dtype='bfloat16', seed=0),
+    "Problem(N=7, H=80, V=2, dtype='bfloat16', seed=0)": Problem(N=7, H=80, V=2, dtype="bfloat16", seed=0),
     # fp16 subnormal G scaled by an upstream scalar after it underflowed.
-    "Problem(N=1, H=1, V=2, dtype='float16', upstream='scalar', regime='confident', seed=43)":
-        Problem(N=1, H=1, V=2, dtype='float16', upstream='scalar', regime='confident', seed=43),
-    "Problem(N=1, H=1, V=127, dtype='float16', upstream='scalar', regime='confident', seed=87)":
-        Problem(N=1, H=1, V=127, dtype='float16', upstream='scalar', regime='confident', seed=87),
+    "Problem(N=1, H=1, V=2, dtype='float16', upstream='scalar', regime='confident', seed=43)": Problem(
+        N=1, H=1, V=2, dtype="float16", upstream="scalar", regime="confident", seed=43
+    ),
+    "Problem(N=1, H=1, V=127, dtype='float16', upstream='scalar', regime='confident', seed=87)": Problem(
+        N=1, H=1, V=127, dtype="float16", upstream="scalar", regime="confident", seed=87
+    ),
     # bias added after the bf16 matmul output (one more rounding of the logits), AMP.
-    "Problem(N=65, H=1, V=31, dtype='float32', autocast='bfloat16', bias=True, bias_dtype='bfloat16', regime='confident')":
-        Problem(N=65, H=1, V=31, dtype='float32', autocast='bfloat16', bias=True, bias_dtype='bfloat16', regime='confident'),
+    "Problem(N=65, H=1, V=31, dtype='float32', autocast='bfloat16', bias=True, bias_dtype='bfloat16', regime='confident')": Problem(
+        N=65, H=1, V=31, dtype="float32", autocast="bfloat16", bias=True, bias_dtype="bfloat16", regime="confident"
+    ),
     # AMP: gradient matmuls return bf16 before the cast to the fp32 parameters.
-    "Problem(N=1, H=1, V=3, dtype='float32', autocast='bfloat16')":
-        Problem(N=1, H=1, V=3, dtype='float32', autocast='bfloat16'),
+    "Problem(N=1, H=1, V=3, dtype='float32', autocast='bfloat16')": Problem(
+        N=1, H=1, V=3, dtype="float32", autocast="bfloat16"
+    ),
     # Liger fp16: a subnormal grad_x formed in forward, then scaled by the upstream scalar in backward.
-    "Problem(N=33, H=63, V=2, dtype='float16', bias=True, upstream='scalar', seed=0)":
-        Problem(N=33, H=63, V=2, dtype='float16', bias=True, upstream='scalar', seed=0),
+    "Problem(N=33, H=63, V=2, dtype='float16', bias=True, upstream='scalar', seed=0)": Problem(
+        N=33, H=63, V=2, dtype="float16", bias=True, upstream="scalar", seed=0
+    ),
     # Found by the five-seed runs: fp16 gradients summed from rounded partials below the normal range (2η).
-    "Problem(N=17, H=16, V=2, dtype='float16', regime='tiny', seed=0)":
-        Problem(N=17, H=16, V=2, dtype='float16', regime='tiny', seed=0),
-    "Problem(N=1, H=10, V=131, dtype='float16', bias=True, reduction='sum', class_weights=True, regime='confident')":
-        Problem(N=1, H=10, V=131, dtype='float16', bias=True, reduction='sum', class_weights=True, regime='confident'),
+    "Problem(N=17, H=16, V=2, dtype='float16', regime='tiny', seed=0)": Problem(
+        N=17, H=16, V=2, dtype="float16", regime="tiny", seed=0
+    ),
+    "Problem(N=1, H=10, V=131, dtype='float16', bias=True, reduction='sum', class_weights=True, regime='confident')": Problem(
+        N=1, H=10, V=131, dtype="float16", bias=True, reduction="sum", class_weights=True, regime="confident"
+    ),
     # Other derandomized draws (a changed example-database key): the built-ins' fused CE formed the target's
     # gradient as (a + b)·(p_y − 1) + b, leaving u·b where a z-loss makes b ∝ λ·lse large: 28× the fp32 bound.
-    "Problem(N=7, H=1, V=3, dtype='float32', z_loss_scale=0.5, regime='large', seed=0)":
-        Problem(N=7, H=1, V=3, dtype='float32', z_loss_scale=0.5, regime='large', seed=0),
-    "Problem(N=3, H=1, V=1025, dtype='float32', z_loss_scale=0.5, regime='outlier_rows', seed=0)":
-        Problem(N=3, H=1, V=1025, dtype='float32', z_loss_scale=0.5, regime='outlier_rows', seed=0),
-    "Problem(N=1, H=256, V=2, dtype='float32', label_smoothing=0.1, z_loss_scale=0.5, regime='large', seed=0)":
-        Problem(N=1, H=256, V=2, dtype='float32', label_smoothing=0.1, z_loss_scale=0.5, regime='large', seed=0),
+    "Problem(N=7, H=1, V=3, dtype='float32', z_loss_scale=0.5, regime='large', seed=0)": Problem(
+        N=7, H=1, V=3, dtype="float32", z_loss_scale=0.5, regime="large", seed=0
+    ),
+    "Problem(N=3, H=1, V=1025, dtype='float32', z_loss_scale=0.5, regime='outlier_rows', seed=0)": Problem(
+        N=3, H=1, V=1025, dtype="float32", z_loss_scale=0.5, regime="outlier_rows", seed=0
+    ),
+    "Problem(N=1, H=256, V=2, dtype='float32', label_smoothing=0.1, z_loss_scale=0.5, regime='large', seed=0)": Problem(
+        N=1, H=256, V=2, dtype="float32", label_smoothing=0.1, z_loss_scale=0.5, regime="large", seed=0
+    ),
     # Held-out review (round 3): a log-sum-exp shifted by the first 128-class block's max overflows exp where a
     # later block's logits exceed it by > 88 (outlier rows at V = 1025); the draws reach it in ~1 of 8.
-    "Problem(N=12, H=16, V=1025, regime='outlier_rows', seed=3)":
-        Problem(N=12, H=16, V=1025, regime='outlier_rows', seed=3),
+    "Problem(N=12, H=16, V=1025, regime='outlier_rows', seed=3)": Problem(
+        N=12, H=16, V=1025, regime="outlier_rows", seed=3
+    ),
     # Held-out review: an all-ignored batch, which the draws reach in ~1 of 27 examples (ignored=1.0 and a given
     # reduction); a 1/0 normalizer in the gradient escaped the ci profile. Every reduction, and a non-default
     # ignore_index (a hard-coded -100 escaped before it was drawn).
-    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='mean')":
-        Problem(N=8, H=16, V=24, ignored=1.0, reduction='mean'),
-    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='sum', bias=True)":
-        Problem(N=8, H=16, V=24, ignored=1.0, reduction='sum', bias=True),
-    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='none', upstream='per_row')":
-        Problem(N=8, H=16, V=24, ignored=1.0, reduction='none', upstream='per_row'),
-    "Problem(N=8, H=16, V=24, ignored=0.5, ignore_index=-1, bias=True, seed=1)":
-        Problem(N=8, H=16, V=24, ignored=0.5, ignore_index=-1, bias=True, seed=1),
+    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='mean')": Problem(N=8, H=16, V=24, ignored=1.0, reduction="mean"),
+    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='sum', bias=True)": Problem(
+        N=8, H=16, V=24, ignored=1.0, reduction="sum", bias=True
+    ),
+    "Problem(N=8, H=16, V=24, ignored=1.0, reduction='none', upstream='per_row')": Problem(
+        N=8, H=16, V=24, ignored=1.0, reduction="none", upstream="per_row"
+    ),
+    "Problem(N=8, H=16, V=24, ignored=0.5, ignore_index=-1, bias=True, seed=1)": Problem(
+        N=8, H=16, V=24, ignored=0.5, ignore_index=-1, bias=True, seed=1
+    ),
 }

@@ -294,8 +294,11 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         eta_out=eta_out,
         # Under autocast each chunk's grad_weight product comes out of the matmul in the compute dtype:
         # at least per-chunk rounding, whatever the declared path.
-        grad_accumulation=("per_chunk_rounding" if (p.autocast is not None and support.grad_accumulation == "fp32")
-                           else support.grad_accumulation),
+        grad_accumulation=(
+            "per_chunk_rounding"
+            if (p.autocast is not None and support.grad_accumulation == "fp32")
+            else support.grad_accumulation
+        ),
         chunks=K,
         u_p=unit_roundoff(p.param_dtype),
         u_pb=unit_roundoff(dtype_of(p.bias_dtype)) if p.bias and p.bias_dtype else None,
@@ -304,8 +307,9 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
         level=level,
         target_products=getattr(support, "target_logit", "logits") == "rounded_products",
         # Under autocast a vocabulary-chunked grad_x's partial products come out in the compute dtype too.
-        grad_x_accumulation=("per_chunk_rounding" if (p.autocast is not None and x_path == "fp32" and chunk_cols)
-                             else x_path),
+        grad_x_accumulation=(
+            "per_chunk_rounding" if (p.autocast is not None and x_path == "fp32" and chunk_cols) else x_path
+        ),
         chunks_x=K_V,
         **_elementary_fields(support),
     )
@@ -345,9 +349,11 @@ def upstream_overflow(p: Problem, t: Tensors | None = None) -> str:
     limit = overflow_threshold(c)
     if top < limit:
         return ""
-    return (f"the upstream gradient times the largest row coefficient, |u·c_i|·(1 − ε + ε/V) = {top:.6g}, reaches "
-            f"{c}'s overflow threshold {limit:.6g}: the gradient of that row's log-probability overflows before "
-            f"any other gradient is formed")
+    return (
+        f"the upstream gradient times the largest row coefficient, |u·c_i|·(1 − ε + ε/V) = {top:.6g}, reaches "
+        f"{c}'s overflow threshold {limit:.6g}: the gradient of that row's log-probability overflows before "
+        f"any other gradient is formed"
+    )
 
 
 def range_dtypes(p: Problem, out_dtypes: dict[str, torch.dtype]) -> dict[str, torch.dtype]:
@@ -419,8 +425,9 @@ def sweep_key(m: ErrorModel) -> ErrorModel:
 def _gradient_key(m: ErrorModel) -> ErrorModel:
     """The part of ``m`` that |δG| reads (everything of :func:`sweep_key` but the accumulation paths, which only
     scale the shared |G||W| and |G|ᵀ|x|): models with one gradient key share |δG| and its two products."""
-    return dataclasses.replace(sweep_key(m), grad_accumulation="fp32", chunks=1, grad_x_accumulation="fp32",
-                               chunks_x=1, u_p=0.0, u_pb=None)
+    return dataclasses.replace(
+        sweep_key(m), grad_accumulation="fp32", chunks=1, grad_x_accumulation="fp32", chunks_x=1, u_p=0.0, u_pb=None
+    )
 
 
 class _BlockShared:
@@ -451,9 +458,11 @@ class _BlockShared:
     @property
     def mag(self) -> torch.Tensor:
         """|x||W|ᵀ (+ |b|): the logits' magnitude of step 1."""
+
         def make() -> torch.Tensor:
             mag = self.x_abs @ self.w_abs.T
             return mag + self.blk.b.abs() if self.blk.b is not None else mag
+
         return self._once("mag", make)
 
     @property
@@ -497,8 +506,17 @@ class _Sweep:
     (for the declared elementary-function errors) and the first-order loss sums; phase 2 the gradient bounds (one
     :class:`_Accumulator` per sweep key) and the loss's second-order term (they need the finished row totals)."""
 
-    def __init__(self, p: Problem, t: Tensors, m: ErrorModel, N: int, H: int, V: int, dev: torch.device,
-                 models: Sequence[ErrorModel] = ()) -> None:
+    def __init__(
+        self,
+        p: Problem,
+        t: Tensors,
+        m: ErrorModel,
+        N: int,
+        H: int,
+        V: int,
+        dev: torch.device,
+        models: Sequence[ErrorModel] = (),
+    ) -> None:
         f64 = torch.float64
         self.p, self.m, self.V = p, m, V
         o = t.options
@@ -525,9 +543,14 @@ class _Sweep:
         for model in (m, *models):
             key = repr(sweep_key(model))
             if key not in self.accumulators:
-                self.accumulators[key] = _Accumulator(self.g_V + model.path_term_x(), self.g_N + model.path_term(),
-                                                      zeros(N, H), zeros(V, H), zeros(V),
-                                                      self.g_N + model.path_term_b())
+                self.accumulators[key] = _Accumulator(
+                    self.g_V + model.path_term_x(),
+                    self.g_N + model.path_term(),
+                    zeros(N, H),
+                    zeros(V, H),
+                    zeros(V),
+                    self.g_N + model.path_term_b(),
+                )
 
     def accumulator(self, m: ErrorModel) -> _Accumulator:
         """The accumulated gradient bounds of model ``m`` (one of this sweep's)."""
@@ -632,8 +655,9 @@ class _Sweep:
             # |g| from its terms, not |G|/d: the oracle's d = 1 − tanh² cancels to exactly 0 once |z/s| ≳ 18.7
             # (and underflows past ~355) while a correct fp32 d is off by up to 3u_L there (docs/error-analysis.md,
             # "Outputs whose exact value is zero"): the |g|·3u_L term below must see the true |g|.
-            g_abs = (rows.coef_ce[r][:, None] * (C[:, None] * p - q)
-                     + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p).abs()
+            g_abs = (
+                rows.coef_ce[r][:, None] * (C[:, None] * p - q) + rows.coef_z[r][:, None] * lam2 * lse[:, None] * p
+            ).abs()
         else:
             g_abs = sh.G_abs
         dg = cc * C[:, None] * dp
@@ -707,8 +731,9 @@ class SweepResult:
         return sum(v.numel() * v.element_size() for v in (self.acc.gx, self.acc.gw, self.acc.gb))
 
 
-def sweep_bounds(p: Problem, t: Tensors, oracle: LinearCEResult,
-                 models: Sequence[ErrorModel]) -> dict[str, SweepResult]:
+def sweep_bounds(
+    p: Problem, t: Tensors, oracle: LinearCEResult, models: Sequence[ErrorModel]
+) -> dict[str, SweepResult]:
     """The block sweep of every model in ``models`` at once, keyed by ``repr(sweep_key(m))``: the oracle's pass 1
     once (:func:`reference.linear_ce.block_walker`), its blocks walked twice (phase 1, phase 2) without
     re-accumulating the oracle's gradients, the model-independent products of each block formed once
@@ -750,14 +775,17 @@ def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorMod
     return linear_ce_bounds_many(p, t, oracle, [m])[0]
 
 
-def linear_ce_bounds_many(p: Problem, t: Tensors, oracle: LinearCEResult,
-                          models: Sequence[ErrorModel]) -> list[dict[str, torch.Tensor]]:
+def linear_ce_bounds_many(
+    p: Problem, t: Tensors, oracle: LinearCEResult, models: Sequence[ErrorModel]
+) -> list[dict[str, torch.Tensor]]:
     """:func:`linear_ce_bounds` of each model, from one shared sweep (:func:`sweep_bounds`)."""
     swept = sweep_bounds(p, t, oracle, models)
     return [finish_bounds(p, t, oracle, m, swept[repr(sweep_key(m))]) for m in models]
 
 
-def _linear_ce_bounds_two_runs(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
+def _linear_ce_bounds_two_runs(
+    p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel
+) -> dict[str, torch.Tensor]:
     """The straightforward evaluation :func:`sweep_bounds` is tested against: the whole oracle run twice with
     one model's sweep as its observer, every product of a block formed for that model alone."""
     from numcheck.properties.core.harness import oracle_operands
@@ -774,8 +802,9 @@ def _linear_ce_bounds_two_runs(p: Problem, t: Tensors, oracle: LinearCEResult, m
     return finish_bounds(p, t, oracle, m, SweepResult(sweep, sweep.accumulator(m)))
 
 
-def finish_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel,
-                  swept: SweepResult) -> dict[str, torch.Tensor]:
+def finish_bounds(
+    p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel, swept: SweepResult
+) -> dict[str, torch.Tensor]:
     """The bounds of ``m`` from its sweep (:func:`sweep_bounds`): the loss and z-loss from the row sums, the last
     roundings of every output."""
     from numcheck.properties.core.harness import oracle_operands
@@ -823,14 +852,20 @@ def finish_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel,
             loss_b = loss_b + m.u_c * (ce_row.sum() / D).abs()
         loss_b = loss_b + u_loss * oracle.loss.abs().nan_to_num(0.0)
         z_b = (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n + u_z * oracle.z_loss.abs().nan_to_num(0.0)
-    chunk_eta = {"grad_x": m.path_eta(m.grad_x_accumulation, m.chunks_x),
-                 "grad_weight": m.path_eta(m.grad_accumulation, m.chunks),
-                 "grad_bias": m.path_eta(m.grad_accumulation, m.chunks)}
+    chunk_eta = {
+        "grad_x": m.path_eta(m.grad_x_accumulation, m.chunks_x),
+        "grad_weight": m.path_eta(m.grad_accumulation, m.chunks),
+        "grad_bias": m.path_eta(m.grad_accumulation, m.chunks),
+    }
 
     def final(name: str, acc: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         # The last rounding, into the dtype the impl returned the output in, and the chunk partials' underflow.
-        return (acc + m.u_out.get(name, U_ACC) * value.abs().nan_to_num(0.0) + m.eta_out.get(name, 0.0)
-                + chunk_eta.get(name, 0.0))
+        return (
+            acc
+            + m.u_out.get(name, U_ACC) * value.abs().nan_to_num(0.0)
+            + m.eta_out.get(name, 0.0)
+            + chunk_eta.get(name, 0.0)
+        )
 
     out = {
         "loss": loss_b + m.eta_out.get("loss", 0.0) + (m.eta_c if red != "mean" else 0.0),

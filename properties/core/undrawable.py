@@ -23,14 +23,25 @@ from numcheck.properties.core.strategies import DEVICE, refusal
 #: Keys of ``problems(force=...)`` that name an option rather than a :class:`Problem` field.
 _FORCE_FIELD = {"z_loss": "z_loss_scale"}
 #: A value turning each option on, for ``require`` (as ``problems`` draws one).
-_ON: dict[str, tuple[str, Any]] = {"bias": ("bias", True), "ignore_index": ("ignored", 0.5),
-                                   "label_smoothing": ("label_smoothing", 0.1), "class_weights": ("class_weights", True),
-                                   "softcap": ("softcap", 5.0), "z_loss": ("z_loss_scale", 1e-2)}
+_ON: dict[str, tuple[str, Any]] = {
+    "bias": ("bias", True),
+    "ignore_index": ("ignored", 0.5),
+    "label_smoothing": ("label_smoothing", 0.1),
+    "class_weights": ("class_weights", True),
+    "softcap": ("softcap", 5.0),
+    "z_loss": ("z_loss_scale", 1e-2),
+}
 
 
-def undrawable_reason(support: LinearCESupport, device: str | None = None, *, force: Mapping[str, Any] | None = None,
-                      require: Iterable[str] = frozenset(), reductions: Iterable[str] | None = None,
-                      **_ignored: Any) -> str | None:
+def undrawable_reason(
+    support: LinearCESupport,
+    device: str | None = None,
+    *,
+    force: Mapping[str, Any] | None = None,
+    require: Iterable[str] = frozenset(),
+    reductions: Iterable[str] | None = None,
+    **_ignored: Any,
+) -> str | None:
     """Why ``problems(support, device, force=..., require=..., reductions=...)`` can draw no declared case, or
     ``None`` when it can draw some. Other keywords of ``problems`` (``regimes``, ``allow_all_ignored``) never
     empty the draws and are accepted and ignored, so a caller can pass the same keywords it drew with.
@@ -46,15 +57,19 @@ def undrawable_reason(support: LinearCESupport, device: str | None = None, *, fo
     device = device or DEVICE
     dev_type = torch.device(device).type
     if dev_type not in support.devices:
-        return (f"the impl declares devices {sorted(support.devices)} and this run draws problems on {device!r} "
-                f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(support.devices)[0]}")
+        return (
+            f"the impl declares devices {sorted(support.devices)} and this run draws problems on {device!r} "
+            f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(support.devices)[0]}"
+        )
     force = dict(force or {})
     fields: dict[str, Any] = {_FORCE_FIELD.get(k, k): v for k, v in force.items()}
     reds = [r for r in (reductions or ("mean", "sum", "none")) if r in support.reductions]
     if "reduction" not in fields:
         if not reds:
-            return (f"this test draws reductions {sorted(reductions or ())} and the impl declares "
-                    f"{sorted(support.reductions)}")
+            return (
+                f"this test draws reductions {sorted(reductions or ())} and the impl declares "
+                f"{sorted(support.reductions)}"
+            )
         fields["reduction"] = reds[0]
     if "dtype" not in fields and "autocast" not in fields:
         fields["dtype"] = str(min(support.dtypes, key=str)).removeprefix("torch.")

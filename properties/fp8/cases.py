@@ -16,8 +16,20 @@ import torch
 
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
-QUANT_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf", "growing",
-                                  "tail_outlier", "pruned", "scale_floor", "scale_edge")
+QUANT_REGIMES: tuple[str, ...] = (
+    "normal",
+    "wide",
+    "outlier",
+    "zeros",
+    "tiny",
+    "nan",
+    "inf",
+    "growing",
+    "tail_outlier",
+    "pruned",
+    "scale_floor",
+    "scale_edge",
+)
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -182,11 +194,14 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         x = x * 2.0 ** (gx * step)
         dy = dy * 2.0 ** (gdy * step)
     dt, dev = case.torch_dtype, torch.device(case.device)
-    return QuantTensors(x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None)
+    return QuantTensors(
+        x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None
+    )
 
 
-def _regime_values(case: QuantCase, g: torch.Generator, x: torch.Tensor, w: torch.Tensor,
-                   dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _regime_values(
+    case: QuantCase, g: torch.Generator, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, w, dy)`` (float64, as drawn) changed as ``case.regime`` says (:func:`build_quant`), drawing from ``g``."""
     M, K, N = case.M, case.K, case.N
     r = case.regime
@@ -266,7 +281,7 @@ class DrawnTensor:
             s = self.binade_spread
             t = t * torch.exp2(torch.randint(-s, s + 1, (R, C), generator=g).to(torch.float64))
         fp32_max = torch.finfo(torch.float32).max
-        t = (t * 2.0 ** self.magnitude_exp).clamp(-fp32_max, fp32_max).to(torch.float32)
+        t = (t * 2.0**self.magnitude_exp).clamp(-fp32_max, fp32_max).to(torch.float32)
         for i, j, v in self.specials:
             t[i, j] = v
         if self.edges == "every block":
@@ -275,7 +290,7 @@ class DrawnTensor:
             t = torch.where(finite, planted.to(torch.float32), t)
         elif self.boundary is not None:
             exp, ulps, i, j, sign = self.boundary
-            v = torch.tensor(self.format_max * 2.0 ** exp, dtype=torch.float32)
+            v = torch.tensor(self.format_max * 2.0**exp, dtype=torch.float32)
             toward = torch.tensor(math.copysign(math.inf, ulps), dtype=torch.float32)
             for _ in range(abs(ulps)):
                 v = torch.nextafter(v, toward)
@@ -329,6 +344,9 @@ class QuantizerCase:
 
     def short(self) -> str:
         """Compact label for ids and tables."""
-        shape = ("32x8" if self.tensor.transposed else "8x32") if isinstance(self.tensor, FormatCodes) else \
-            f"{self.tensor.rows}x{self.tensor.cols}"
+        shape = (
+            ("32x8" if self.tensor.transposed else "8x32")
+            if isinstance(self.tensor, FormatCodes)
+            else f"{self.tensor.rows}x{self.tensor.cols}"
+        )
         return f"{self.recipe.name}-quantizer-{shape}-{self.dtype}-s{getattr(self.tensor, 'seed', 0)}"

@@ -34,7 +34,12 @@ from typing import Any, Callable
 
 import torch
 
-from numcheck.impls.protocols.fp8_linear import DelayedScalingState, HeldTensors, held_for_backward, predicted_columnwise_x_bytes
+from numcheck.impls.protocols.fp8_linear import (
+    DelayedScalingState,
+    HeldTensors,
+    held_for_backward,
+    predicted_columnwise_x_bytes,
+)
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
@@ -54,8 +59,13 @@ def fail(impl: Any, prop: str, case: Any, *lines: str, ratio: float | None = Non
     repro line saying so."""
     __tracebackhide__ = True
     if isinstance(case, _AdHoc):
-        message = failure_message(impl, prop, case, lines, reproduce="no numcheck repro case describes this test's "
-                                  "own tensor: rerun the test that failed")
+        message = failure_message(
+            impl,
+            prop,
+            case,
+            lines,
+            reproduce="no numcheck repro case describes this test's own tensor: rerun the test that failed",
+        )
     else:
         message = failure_message(impl, prop, case, lines)
     raise PropertyFailure(message, case=case, ratio=ratio)
@@ -78,8 +88,15 @@ class QuantRunOutputs:
         return getattr(self, name)
 
 
-def run_quant_impl(impl: Any, case: QuantCase, t: QuantTensors | None = None, *, save_original_input: bool | None = None,
-                   state: DelayedScalingState | None = None, track_saved: bool = False) -> QuantRunOutputs:
+def run_quant_impl(
+    impl: Any,
+    case: QuantCase,
+    t: QuantTensors | None = None,
+    *,
+    save_original_input: bool | None = None,
+    state: DelayedScalingState | None = None,
+    track_saved: bool = False,
+) -> QuantRunOutputs:
     """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_quant(case)``).
 
     Protocol violations (wrong shape, dtype, no autograd graph) raise :class:`PropertyFailure`.
@@ -102,14 +119,26 @@ def run_quant_impl(impl: Any, case: QuantCase, t: QuantTensors | None = None, *,
     if not isinstance(y, torch.Tensor):
         fail(impl, "protocol", case, f"returned {type(y).__name__}, expected a tensor")
     if tuple(y.shape) != (case.M, case.N) or y.dtype != case.torch_dtype:
-        fail(impl, "protocol", case, f"y has shape {tuple(y.shape)} and dtype {y.dtype}; expected ({case.M}, {case.N}) {case.torch_dtype}")
+        fail(
+            impl,
+            "protocol",
+            case,
+            f"y has shape {tuple(y.shape)} and dtype {y.dtype}; expected ({case.M}, {case.N}) {case.torch_dtype}",
+        )
     if not y.requires_grad:
         fail(impl, "protocol", case, "y is not connected to autograd (requires_grad=False)")
     new_bytes = held.new_bytes([x, w, b]) if held is not None else None
     aliased = held.holds_storage_of(x) if held is not None else None
     y.backward(t.dy)
-    return QuantRunOutputs(y=y.detach(), dgrad=x.grad, wgrad=w.grad, bgrad=b.grad if b is not None else None,
-                           held=held, held_new_bytes=new_bytes, x_aliased=aliased)
+    return QuantRunOutputs(
+        y=y.detach(),
+        dgrad=x.grad,
+        wgrad=w.grad,
+        bgrad=b.grad if b is not None else None,
+        held=held,
+        held_new_bytes=new_bytes,
+        x_aliased=aliased,
+    )
 
 
 # -- measuring ----------------------------------------------------------------------------------------
@@ -156,10 +185,24 @@ class Fp8CaseResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """Flat rows for tables: one per output."""
-        return [dict(impl=self.impl, recipe=self.case.recipe.name, case=self.case.short(), output=k,
-                     max_err_dq=m.dq.max_abs, ratio_dq=m.dq.ratio, max_err_true=m.true.max_abs, ratio_true=m.true.ratio,
-                     rel_fro_dq=m.rel_fro_dq, rel_fro_true=m.rel_fro_true, sqnr_db=m.sqnr_db,
-                     expected_ratio_dq=m.expected_ratio_dq, ok=m.ok) for k, m in self.outputs.items()]
+        return [
+            dict(
+                impl=self.impl,
+                recipe=self.case.recipe.name,
+                case=self.case.short(),
+                output=k,
+                max_err_dq=m.dq.max_abs,
+                ratio_dq=m.dq.ratio,
+                max_err_true=m.true.max_abs,
+                ratio_true=m.true.ratio,
+                rel_fro_dq=m.rel_fro_dq,
+                rel_fro_true=m.rel_fro_true,
+                sqnr_db=m.sqnr_db,
+                expected_ratio_dq=m.expected_ratio_dq,
+                ok=m.ok,
+            )
+            for k, m in self.outputs.items()
+        ]
 
 
 def _masked(impl_out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, skip: torch.Tensor):
@@ -189,15 +232,24 @@ def _out_dtypes(case: QuantCase) -> dict[str, torch.dtype]:
     return {k: case.torch_dtype for k in QUANT_OUTPUTS}
 
 
-def output_metrics(label: str, got: torch.Tensor | None, ref_dq: torch.Tensor, ref_true: torch.Tensor,
-                   bnd: Any) -> OutputMetrics:
+def output_metrics(
+    label: str, got: torch.Tensor | None, ref_dq: torch.Tensor, ref_true: torch.Tensor, bnd: Any
+) -> OutputMetrics:
     """One output (``got``, ``None`` when missing) against both references under ``bnd`` (an
     :class:`~properties.fp8.tolerance.OutputBounds`): the comparisons and the report's metrics. Shared by the single
     and the grouped linear (:mod:`properties.fp8.grouped.props`)."""
     if got is None:
         miss = compare(label, None, ref_dq, ref_dq)
-        return OutputMetrics(output=label, dq=miss, true=miss, rel_fro_dq=math.inf, rel_fro_true=math.inf,
-                             sqnr_db=-math.inf, expected_ratio_dq=math.inf, n_unspecified=0)
+        return OutputMetrics(
+            output=label,
+            dq=miss,
+            true=miss,
+            rel_fro_dq=math.inf,
+            rel_fro_true=math.inf,
+            sqnr_db=-math.inf,
+            expected_ratio_dq=math.inf,
+            n_unspecified=0,
+        )
     skip_dq = bnd.unspecified
     skip_true = bnd.unspecified | ~torch.isfinite(ref_true) | torch.isnan(ref_dq)
     cdq = compare(label, *_masked(got, ref_dq, bnd.dq, skip_dq))
@@ -210,13 +262,20 @@ def output_metrics(label: str, got: torch.Tensor | None, ref_dq: torch.Tensor, r
     fin = torch.isfinite(err) & (exp_level > 0)
     exp_ratio = float((err[fin] / exp_level[fin]).max()) if bool(fin.any()) else 0.0
     return OutputMetrics(
-        output=label, dq=cdq, true=ctrue, rel_fro_dq=_rel_fro(a[keep_dq], ref_dq[keep_dq]),
-        rel_fro_true=_rel_fro(a[keep_t], ref_true[keep_t]), sqnr_db=_sqnr(a[keep_t], ref_true[keep_t]),
-        expected_ratio_dq=exp_ratio, n_unspecified=int(skip_dq.sum()))
+        output=label,
+        dq=cdq,
+        true=ctrue,
+        rel_fro_dq=_rel_fro(a[keep_dq], ref_dq[keep_dq]),
+        rel_fro_true=_rel_fro(a[keep_t], ref_true[keep_t]),
+        sqnr_db=_sqnr(a[keep_t], ref_true[keep_t]),
+        expected_ratio_dq=exp_ratio,
+        n_unspecified=int(skip_dq.sum()),
+    )
 
 
-def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str,
-                  result: Fp8CaseResult) -> None:
+def _measure_step(
+    impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str, result: Fp8CaseResult
+) -> None:
     for name in QUANT_OUTPUTS:
         if name not in ref.dq:
             continue
@@ -225,8 +284,9 @@ def _measure_step(impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutp
         bnd = None
         if got is not None:
             u_a, chunk = impl.support.accumulation(case.device)
-            bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a,
-                                accum_chunk=chunk)
+            bnd = output_bounds(
+                ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk
+            )
         result.outputs[label] = output_metrics(label, got, ref.dq[name], ref.true[name], bnd)
 
 
@@ -298,10 +358,14 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
         if bool(diff.any()):
             idx = tuple(int(i) for i in diff.nonzero()[0])
             va, vb = a.get(name), b.get(name)
-            fail(impl, "save_original_input", case,
-                 f"{name} differs bitwise between save_original_input=False and True in {int(diff.sum())} / {diff.numel()} elements",
-                 f"first at index {list(idx)}: False gives {float(va[idx]):.9g}, True gives {float(vb[idx]):.9g} "
-                 f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)")
+            fail(
+                impl,
+                "save_original_input",
+                case,
+                f"{name} differs bitwise between save_original_input=False and True in {int(diff.sum())} / {diff.numel()} elements",
+                f"first at index {list(idx)}: False gives {float(va[idx]):.9g}, True gives {float(vb[idx]):.9g} "
+                f"(error {abs(float(va[idx]) - float(vb[idx])):.3g}, bound 0: the modes must quantize x from the same source)",
+            )
 
 
 # -- as a layer in training: accumulation, optimizer step, several layers, non-contiguous operands ----------
@@ -309,8 +373,9 @@ def save_original_input(impl: Any, case: QuantCase) -> None:
 LAYER_PROPERTIES: tuple[str, ...] = ("accumulate", "optimizer_step", "two_layers", "strided")
 
 
-def _judge_sum(impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tensor | None,
-               parts: list[tuple[Any, QuantTensors]]) -> None:
+def _judge_sum(
+    impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tensor | None, parts: list[tuple[Any, QuantTensors]]
+) -> None:
     """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
     sum of their bounds plus one rounding of the sum in the output dtype; a failure names property ``prop``."""
     __tracebackhide__ = True
@@ -320,8 +385,7 @@ def _judge_sum(impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tens
     dq = true = bdq = btrue = None
     skip = None
     for ref, t in parts:
-        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a,
-                            accum_chunk=chunk)
+        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
         un = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
         dq = ref.dq[name] if dq is None else dq + ref.dq[name]
         true = ref.true[name] if true is None else true + ref.true[name]
@@ -477,7 +541,12 @@ def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
         impl(x, w, None, recipe=case.recipe, save_original_input=True, scaling_state=DelayedScalingState(case.recipe))
     except ValueError as exc:
         if "save_original_input" not in str(exc):
-            fail(impl, "save_original_input", case, f"ValueError raised but its message does not name save_original_input: {exc}")
+            fail(
+                impl,
+                "save_original_input",
+                case,
+                f"ValueError raised but its message does not name save_original_input: {exc}",
+            )
         return
     except Exception as exc:  # noqa: BLE001 - any other type is the failure being reported
         fail(impl, "save_original_input", case, f"raised {type(exc).__name__} ({exc}); expected ValueError")
@@ -511,10 +580,16 @@ def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
     copy = None
     if f is not None and f.held is not None:
         copy = any(t.element_size() == 1 and t.numel() == case.M * case.K for _, t in f.held.tensors)
-    return HeldBytes(false_bytes=f.held_new_bytes if f else None, true_bytes=tr.held_new_bytes if tr else None,
-                     predicted_difference=pred, x_aliased_false=f.x_aliased if f else None,
-                     x_aliased_true=tr.x_aliased if tr else None, held_false=desc(f), held_true=desc(tr),
-                     fp8_copy_false=copy)
+    return HeldBytes(
+        false_bytes=f.held_new_bytes if f else None,
+        true_bytes=tr.held_new_bytes if tr else None,
+        predicted_difference=pred,
+        x_aliased_false=f.x_aliased if f else None,
+        x_aliased_true=tr.x_aliased if tr else None,
+        held_false=desc(f),
+        held_true=desc(tr),
+        fp8_copy_false=copy,
+    )
 
 
 def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
@@ -522,35 +597,69 @@ def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
     __tracebackhide__ = True
     h = held_bytes(impl, case)
     if h.x_aliased_true is False:
-        fail(impl, "saved_tensors", case, "save_original_input=True: the tensors held for backward do not include x's storage",
-             "held: " + "; ".join(h.held_true))
+        fail(
+            impl,
+            "saved_tensors",
+            case,
+            "save_original_input=True: the tensors held for backward do not include x's storage",
+            "held: " + "; ".join(h.held_true),
+        )
     if h.x_aliased_false:
-        fail(impl, "saved_tensors", case, "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
-             "held: " + "; ".join(h.held_false))
+        fail(
+            impl,
+            "saved_tensors",
+            case,
+            "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
+            "held: " + "; ".join(h.held_false),
+        )
     if h.false_bytes is not None and not h.fp8_copy_false:
-        fail(impl, "saved_tensors", case, f"save_original_input=False holds no 1-byte tensor of M·K = {case.M * case.K} "
-             "elements (the columnwise FP8 copy of x)", "held: " + "; ".join(h.held_false))
+        fail(
+            impl,
+            "saved_tensors",
+            case,
+            f"save_original_input=False holds no 1-byte tensor of M·K = {case.M * case.K} "
+            "elements (the columnwise FP8 copy of x)",
+            "held: " + "; ".join(h.held_false),
+        )
     if h.false_bytes is not None and h.true_bytes is not None:
         diff = h.false_bytes - h.true_bytes
         if diff != h.predicted_difference:
-            fail(impl, "saved_tensors", case,
-                 f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes; the recipe predicts "
-                 f"{h.predicted_difference} (columnwise x: {case.M}·{case.K} FP8 bytes + scales)",
-                 "held with False: " + "; ".join(h.held_false), "held with True: " + "; ".join(h.held_true))
+            fail(
+                impl,
+                "saved_tensors",
+                case,
+                f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes; the recipe predicts "
+                f"{h.predicted_difference} (columnwise x: {case.M}·{case.K} FP8 bytes + scales)",
+                "held with False: " + "; ".join(h.held_false),
+                "held with True: " + "; ".join(h.held_true),
+            )
     elif h.false_bytes is not None and h.false_bytes < h.predicted_difference:
-        fail(impl, "saved_tensors", case, f"save_original_input=False holds {h.false_bytes} new bytes, less than the "
-             f"columnwise copy of x ({h.predicted_difference})", "held: " + "; ".join(h.held_false))
+        fail(
+            impl,
+            "saved_tensors",
+            case,
+            f"save_original_input=False holds {h.false_bytes} new bytes, less than the "
+            f"columnwise copy of x ({h.predicted_difference})",
+            "held: " + "; ".join(h.held_false),
+        )
     return h
 
 
 def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
     R, C = t.shape
-    return QuantCase(recipe, R, C, max(1, R), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16",
-                                                     torch.float16: "float16"}[t.dtype], device=t.device.type)
+    return QuantCase(
+        recipe,
+        R,
+        C,
+        max(1, R),
+        dtype={torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[t.dtype],
+        device=t.device.type,
+    )
 
 
-def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "",
-              case: Any = None) -> None:
+def quantizer(
+    impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: float = 1.0, label: str = "", case: Any = None
+) -> None:
     """Property: ``impl.quantize`` equals the oracle bitwise for every role and usage of ``recipe`` on ``t``
     (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ. ``case``: the printable case ``t`` was built from (a
     :class:`~numcheck.properties.fp8.cases.QuantizerCase`, or the ``QuantCase`` whose x it is), which a failure
@@ -572,34 +681,57 @@ def quantizer(impl: Any, recipe: Fp8Recipe, t: torch.Tensor, *, delayed_scale: f
             where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
             grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))
             if tuple(got.data.shape) != tuple(t.shape):
-                fail(impl, "quantizer", case, f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}")
+                fail(
+                    impl,
+                    "quantizer",
+                    case,
+                    f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}",
+                )
             codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
             ok = same_codes(codes.cpu(), ref.codes, fmt)
             if not bool(ok.all()):
                 idx = tuple(int(i) for i in (~ok).nonzero()[0])
-                fail(impl, "quantizer", case, f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
-                     f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
-                     f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
-                     f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
-                     f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}")
+                fail(
+                    impl,
+                    "quantizer",
+                    case,
+                    f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
+                    f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
+                    f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
+                    f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
+                    f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}",
+                )
             si = got.scale_inv.detach().to("cpu", F64)
             if tuple(si.shape) != grid:
                 fail(impl, "quantizer", case, f"{where}: scale_inv has shape {tuple(si.shape)}, expected {grid}")
             same = (si == ref.scale_inv) | (torch.isnan(si) & torch.isnan(ref.scale_inv))
             if not bool(same.all()):
                 idx = tuple(int(i) for i in (~same).nonzero()[0])
-                fail(impl, "quantizer", case, f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
-                     f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})")
+                fail(
+                    impl,
+                    "quantizer",
+                    case,
+                    f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
+                    f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})",
+                )
             if ref.scale_code is not None:
                 if got.scale_code is None or not torch.equal(got.scale_code.cpu().to(torch.int64), ref.scale_code):
-                    fail(impl, "quantizer", case, f"{where}: E8M0 scale codes differ from the oracle "
-                         f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
-                         f"oracle {ref.scale_code.flatten()[:8].tolist()})")
+                    fail(
+                        impl,
+                        "quantizer",
+                        case,
+                        f"{where}: E8M0 scale codes differ from the oracle "
+                        f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
+                        f"oracle {ref.scale_code.flatten()[:8].tolist()})",
+                    )
         col = impl.quantize(t, recipe=recipe, role=role, usage="columnwise", scaling_state=state)
         row_t = impl.quantize(t.t().contiguous(), recipe=recipe, role=role, usage="rowwise", scaling_state=state)
         ca = col.data.view(torch.uint8) if col.data.dtype != torch.uint8 else col.data
         rb = row_t.data.view(torch.uint8) if row_t.data.dtype != torch.uint8 else row_t.data
-        if not (torch.equal(ca.cpu(), rb.t().cpu()) and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))):
+        if not (
+            torch.equal(ca.cpu(), rb.t().cpu())
+            and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))
+        ):
             fail(impl, "quantizer", case, f"{what}, role {role!r}: columnwise(t) differs from rowwise(tᵀ)ᵀ")
 
 
@@ -613,8 +745,9 @@ def quantizer_case(impl: Any, case: QuantizerCase) -> None:
     """:func:`quantizer` on a :class:`~numcheck.properties.fp8.cases.QuantizerCase`: its tensor, built, and its
     delayed scale; a failure names the case and its repro line rebuilds the same tensor."""
     __tracebackhide__ = True
-    quantizer(impl, case.recipe, case.build(), delayed_scale=case.delayed_scale, label=type(case.tensor).__name__,
-              case=case)
+    quantizer(
+        impl, case.recipe, case.build(), delayed_scale=case.delayed_scale, label=type(case.tensor).__name__, case=case
+    )
 
 
 def _quantizer_of(impl: Any, case: Any) -> None:

@@ -31,8 +31,15 @@ def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_REGIMES, device: str | None = None,
-                save_original_input: bool | None = None, require_soi: bool = False) -> QuantCase:
+def quant_cases(
+    draw: st.DrawFn,
+    support,
+    *,
+    regimes: tuple[str, ...] = QUANT_REGIMES,
+    device: str | None = None,
+    save_original_input: bool | None = None,
+    require_soi: bool = False,
+) -> QuantCase:
     """A :class:`QuantCase` inside ``support`` (recipe, dtype, bias, mode all declared).
 
     ``require_soi`` draws only recipes that allow save_original_input (for the mode-comparison properties).
@@ -57,13 +64,23 @@ def quant_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = QUANT_RE
     else:
         soi = save_original_input
     steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
-    return QuantCase(recipe, M, K, N, dtype=dtype, bias=bias, regime=regime, seed=seed, save_original_input=soi,
-                     steps=steps, device=device)
+    return QuantCase(
+        recipe,
+        M,
+        K,
+        N,
+        dtype=dtype,
+        bias=bias,
+        regime=regime,
+        seed=seed,
+        save_original_input=soi,
+        steps=steps,
+        device=device,
+    )
 
 
 @st.composite
-def fp8_tensor_specs(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
-                     dtype: str = "float32") -> DrawnTensor:
+def fp8_tensor_specs(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96, dtype: str = "float32") -> DrawnTensor:
     """The :class:`~numcheck.properties.fp8.cases.DrawnTensor` of a 2-D float32 tensor (exact in ``dtype``, which it
     will be cast to, where edge values are planted) whose rows span many binades, with zeros, signed zeros, ties
     and specials, and in two draws of three values a few ulps either side of an FP8 format's largest finite value
@@ -96,8 +113,9 @@ def fp8_tensor_specs(draw: st.DrawFn, *, max_rows: int = 64, max_cols: int = 96,
     return DrawnTensor(R, C, seed, spread, magnitude, tuple(specials), edges, fmt_max, boundary, dtype)
 
 
-def fp8_test_tensors(*, max_rows: int = 64, max_cols: int = 96,
-                     dtype: str = "float32") -> st.SearchStrategy[torch.Tensor]:
+def fp8_test_tensors(
+    *, max_rows: int = 64, max_cols: int = 96, dtype: str = "float32"
+) -> st.SearchStrategy[torch.Tensor]:
     """The tensors of :func:`fp8_tensor_specs` (the same draws), built."""
     return fp8_tensor_specs(max_rows=max_rows, max_cols=max_cols, dtype=dtype).map(DrawnTensor.build)
 
@@ -105,6 +123,8 @@ def fp8_test_tensors(*, max_rows: int = 64, max_cols: int = 96,
 def amaxes() -> st.SearchStrategy[float]:
     """amax values for the scale rules: 0, inf, NaN, binary32 subnormals, and positive binary32 floats."""
     return st.one_of(
-        st.sampled_from([0.0, float("inf"), float("nan"), 1e-45, 2.0**-149, 2.0**-127, 1.17e-38, FP32_MAX, 448.0, 57344.0]),
+        st.sampled_from(
+            [0.0, float("inf"), float("nan"), 1e-45, 2.0**-149, 2.0**-127, 1.17e-38, FP32_MAX, 448.0, 57344.0]
+        ),
         st.floats(min_value=0.0, max_value=FP32_MAX, allow_nan=False, allow_infinity=False, width=32),
     )

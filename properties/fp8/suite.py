@@ -78,13 +78,20 @@ def _exposes_quantize(impl: Any) -> str | None:
 # oracle quantizers, both usages): 10× (120 examples, 12–16 s per impl), so its edges (planted in two draws of
 # three, every block's amax at an edge in one of three) come in every ci run.
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("accuracy_against_both_references", accuracy,
-                  _cases("normal", "wide", "outlier", "growing", "scale_edge")),
-    SuiteProperty("save_original_input_is_bitwise_identical", save_original_input,
-                  _cases("normal", "wide", "outlier", "nan"), skip=_declares_soi, budget_scale=10),
+    SuiteProperty(
+        "accuracy_against_both_references", accuracy, _cases("normal", "wide", "outlier", "growing", "scale_edge")
+    ),
+    SuiteProperty(
+        "save_original_input_is_bitwise_identical",
+        save_original_input,
+        _cases("normal", "wide", "outlier", "nan"),
+        skip=_declares_soi,
+        budget_scale=10,
+    ),
     SuiteProperty("saved_tensor_aliasing_and_bytes", saved_tensors, _cases("normal"), budget_scale=5),
-    SuiteProperty("quantizer_bitwise_on_random_tensors", quantizer, _quantizer_case, skip=_exposes_quantize,
-                  budget_scale=10),
+    SuiteProperty(
+        "quantizer_bitwise_on_random_tensors", quantizer, _quantizer_case, skip=_exposes_quantize, budget_scale=10
+    ),
 )
 
 #: Every drawn quantized-linear test of the suite by verdict name.

@@ -117,9 +117,11 @@ def free_elements(q: Quantized) -> torch.Tensor:
     return free
 
 
-def gemm_operands(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor,
-                  dy: torch.Tensor) -> GemmOperands:
+def gemm_operands(
+    ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor
+) -> GemmOperands:
     """The K-major operands behind ``output`` (``"y"``, ``"dgrad"`` or ``"wgrad"``)."""
+
     def f64(t: torch.Tensor) -> torch.Tensor:
         return round_to_fp32(t.detach().to("cpu", F64))
 
@@ -168,9 +170,18 @@ def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
     return g_in + (1 + g_in) * gamma(-(-n // chunk), U32)
 
 
-def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
-                  bias: torch.Tensor | None, *, out_dtype: torch.dtype, accum_u: float,
-                  accum_chunk: int | None = None) -> OutputBounds:
+def output_bounds(
+    ref: QuantLinearReference,
+    output: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    out_dtype: torch.dtype,
+    accum_u: float,
+    accum_chunk: int | None = None,
+) -> OutputBounds:
     """The bounds of ``output`` for an impl accumulating at ``accum_u`` (promoted to fp32 every
     ``accum_chunk`` products, if given) and returning ``out_dtype``."""
     u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
@@ -195,6 +206,10 @@ def output_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weigh
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
     btrue = E + Q + u_o * (_nan0(ref_true.abs()) + E + Q) + eta_o
     unspec = ops.free_A.any(dim=1)[:, None] | ops.free_B.any(dim=1)[None, :]
-    unspec = unspec | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max) | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
+    unspec = (
+        unspec
+        | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max)
+        | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
+    )
     expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)

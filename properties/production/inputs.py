@@ -85,7 +85,7 @@ def _ignored_runs(N: int, n_ignored: int, g: torch.Generator, dev: torch.device)
         length = min(int(torch.randint(lo, hi + 1, (1,), generator=g, device=dev)), n_ignored, N)
         start = int(torch.randint(0, N - length + 1, (1,), generator=g, device=dev))
         before = int(mask.sum())
-        mask[start:start + length] = True
+        mask[start : start + length] = True
         n_ignored -= int(mask.sum()) - before
     return mask
 
@@ -95,8 +95,9 @@ def scale_tensors(p: Problem) -> Tensors:
     used: the values are always those of the module docstring). Only ``mean`` without bias or class weights,
     upstream one: the production case."""
     if p.bias or p.class_weights or p.upstream != "one" or p.reduction != "mean":
-        raise ValueError(f"scale_tensors: the tier draws plain mean CE without bias/class weights, upstream one; "
-                         f"got {p!r}")
+        raise ValueError(
+            f"scale_tensors: the tier draws plain mean CE without bias/class weights, upstream one; got {p!r}"
+        )
     dev = torch.device(p.device)
     g = _generator(dev, p.seed)
     N, H, V = p.N, p.H, p.V
@@ -123,8 +124,9 @@ def scale_tensors(p: Problem) -> Tensors:
         target = torch.where(_ignored_runs(N, n_ign, g, dev), torch.full_like(target, p.ignore_index), target)
     opts = CEOptions(reduction="mean", ignore_index=p.ignore_index)
     dt = p.param_dtype
-    return Tensors(x=x.to(dt), weight=w.to(dt), target=target, bias=None, class_weights=None, upstream=None,
-                   options=opts)
+    return Tensors(
+        x=x.to(dt), weight=w.to(dt), target=target, bias=None, class_weights=None, upstream=None, options=opts
+    )
 
 
 def logit_profile(t: Tensors, rows: int = 256) -> dict[str, float]:

@@ -48,7 +48,14 @@ from numcheck.properties.core.known import known_on_tensors
 from numcheck.properties.core.problems import Problem, Tensors
 from numcheck.properties.production.inputs import scale_tensors
 from numcheck.properties.core.strategies import refusal
-from numcheck.properties.core.tolerance import ErrorModel, SweepResult, error_model, finish_bounds, sweep_bounds, sweep_key
+from numcheck.properties.core.tolerance import (
+    ErrorModel,
+    SweepResult,
+    error_model,
+    finish_bounds,
+    sweep_bounds,
+    sweep_key,
+)
 from numcheck.reference.linear_ce import LinearCEResult
 
 #: Elements an int32 offset can address: an element offset row·V + col wraps from 2³¹ on.
@@ -138,8 +145,17 @@ class Case:
         """The :class:`Problem` the judgements read (shapes, dtypes, options; the tensors are
         :func:`properties.production.inputs.scale_tensors`')."""
         d = DTYPES[self.precision]
-        return Problem(N=self.shape.N, H=self.shape.H, V=self.shape.V, dtype=d["dtype"], autocast=d["autocast"],
-                       ignored=IGNORED, regime="post_norm", seed=self.seed, device=self.device)
+        return Problem(
+            N=self.shape.N,
+            H=self.shape.H,
+            V=self.shape.V,
+            dtype=d["dtype"],
+            autocast=d["autocast"],
+            ignored=IGNORED,
+            regime="post_norm",
+            seed=self.seed,
+            device=self.device,
+        )
 
 
 def int32_first_row(V: int) -> int:
@@ -222,7 +238,7 @@ class BoundCache:
 
     def _needed_later(self) -> set[str]:
         """The sweep keys the models of the plan from the current impl on ask for."""
-        return {repr(sweep_key(m)) for _, m in self.planned[self.position:]}
+        return {repr(sweep_key(m)) for _, m in self.planned[self.position :]}
 
     def _sweep_for(self, model: ErrorModel) -> None:
         """Sweep ``model`` together with the next planned models that fit the budget, first dropping sweeps no
@@ -237,7 +253,7 @@ class BoundCache:
             del self.swept[next(iter(self.swept))]  # the oldest
         room = max(self.budget - per * len(self.swept), per)
         group: dict[str, ErrorModel] = {repr(sweep_key(model)): model}
-        for _, m in self.planned[self.position:]:
+        for _, m in self.planned[self.position :]:
             key = repr(sweep_key(m))
             if per * (len(group) + 1) > room:
                 break
@@ -310,15 +326,19 @@ def repro_command(impl: Any, case: Case) -> str:
     that no progress an earlier run left there is reassembled instead of running."""
     env, name = impl_invocation(impl)
     s = case.shape
-    return (f"{env}numcheck production --impl {shlex.quote(name)} --shapes {shlex.quote(f'{s.name}={s.N}x{s.H}x{s.V}')} "
-            f"--precisions {case.precision} --device {torch.device(case.device).type} --out {REPRO_OUT} --force")
+    return (
+        f"{env}numcheck production --impl {shlex.quote(name)} --shapes {shlex.quote(f'{s.name}={s.N}x{s.H}x{s.V}')} "
+        f"--precisions {case.precision} --device {torch.device(case.device).type} --out {REPRO_OUT} --force"
+    )
 
 
 def failure_text(impl: Any, case: Case, lines: list[str]) -> str:
     """The suite's failure format (:func:`properties.core.failures.failure_message`) with the tier's repro line."""
     body = "\n".join(f"  {line}" for line in lines)
-    return (f"property {PROPERTY!r} fails for impl {impl.name!r}\n  case: {case.label}: {case.problem!r} "
-            f"(tensors: properties.production.inputs.scale_tensors)\n{body}\n  reproduce: {repro_command(impl, case)}")
+    return (
+        f"property {PROPERTY!r} fails for impl {impl.name!r}\n  case: {case.label}: {case.problem!r} "
+        f"(tensors: properties.production.inputs.scale_tensors)\n{body}\n  reproduce: {repro_command(impl, case)}"
+    )
 
 
 def _measured_run(impl: Any, p: Problem, t: Tensors) -> tuple[ImplOutputs, float, int | None]:
@@ -340,12 +360,27 @@ def _output_record(res: AccuracyResult, name: str, first_row: int | None) -> dic
     """The JSON figures of output ``name``: judgement (a)'s verdict, ratio, worst element and error sizes,
     judgement (b)'s where it was made, and the first row beyond the bound where one was found."""
     c = res.analytic[name]
-    rec: dict[str, Any] = {"ok": c.ok, "ratio": c.ratio, "n_bad": c.n_bad, "numel": c.numel, "worst": list(c.worst),
-                           "max_abs": c.max_abs, "rmse": c.rmse, "dtype": c.dtype, "state": c.state}
+    rec: dict[str, Any] = {
+        "ok": c.ok,
+        "ratio": c.ratio,
+        "n_bad": c.n_bad,
+        "numel": c.numel,
+        "worst": list(c.worst),
+        "max_abs": c.max_abs,
+        "rmse": c.rmse,
+        "dtype": c.dtype,
+        "state": c.state,
+    }
     if name in res.relative:
         r = res.relative[name]
-        rec["relative"] = {"ok": r.ok, "judged": r.judged, "rmse": r.rmse_impl, "eager_rmse": r.rmse_eager,
-                           "allowed": r.allowed, "note": r.note}
+        rec["relative"] = {
+            "ok": r.ok,
+            "judged": r.judged,
+            "rmse": r.rmse_impl,
+            "eager_rmse": r.rmse_eager,
+            "allowed": r.allowed,
+            "note": r.note,
+        }
     if first_row is not None:
         rec["first_row_beyond"] = first_row
     return rec
@@ -358,8 +393,11 @@ def _row_lines(res: AccuracyResult, rows: dict[str, int], shape: Shape) -> list[
         if res.analytic[name].ok:
             continue
         edge = int32_first_row(shape.V)
-        where = (f"; the first row with (row+1)·V > 2^31 is {edge}" +
-                 (" (this one: int32 offsets)" if r == edge else "")) if shape.crosses_int32 else ""
+        where = (
+            (f"; the first row with (row+1)·V > 2^31 is {edge}" + (" (this one: int32 offsets)" if r == edge else ""))
+            if shape.crosses_int32
+            else ""
+        )
         lines.append(f"{name}: first wrong row {r} of {shape.N}{where}")
     return lines
 
@@ -370,8 +408,14 @@ def judge_impl(impl: Any, ctx: CaseContext) -> dict[str, Any]:
     bounds cannot read), gets status ``error`` with the suite's description of the exception; nothing propagates
     but :class:`KeyboardInterrupt`-like exits."""
     case, p = ctx.case, ctx.case.problem
-    rec: dict[str, Any] = {"case": case.label, "shape": case.shape.name, "precision": case.precision,
-                           "impl": impl.name, "problem": repr(p), **{k: round(v, 4) for k, v in ctx.times.items()}}
+    rec: dict[str, Any] = {
+        "case": case.label,
+        "shape": case.shape.name,
+        "precision": case.precision,
+        "impl": impl.name,
+        "problem": repr(p),
+        **{k: round(v, 4) for k, v in ctx.times.items()},
+    }
     try:
         unavailable = impl.support.unavailable_reason()  # as the suite decides it (strategies.why_not_run)
         if unavailable:
@@ -394,13 +438,22 @@ def _judge(impl: Any, ctx: CaseContext, out: ImplOutputs, rec: dict[str, Any]) -
     case, p = ctx.case, ctx.case.problem
     ctx.bounds.start(impl)
     t0 = time.perf_counter()
-    res = check_accuracy(impl, p, t=ctx.t, out=out, oracle=ctx.oracle, eager_err=ctx.eager, bounds=ctx.bounds,
-                         relative=ctx.eager is not None)
+    res = check_accuracy(
+        impl,
+        p,
+        t=ctx.t,
+        out=out,
+        oracle=ctx.oracle,
+        eager_err=ctx.eager,
+        bounds=ctx.bounds,
+        relative=ctx.eager is not None,
+    )
     if ctx.eager is None:
         rec["note"] = f"judgement (b) not made: eager failed on this case ({ctx.eager_failure})"
     _sync(p.device)
-    rec.update(judge_s=round(time.perf_counter() - t0, 4), bound_s=round(ctx.bounds.spent, 4),
-               bound_hits=ctx.bounds.hits)
+    rec.update(
+        judge_s=round(time.perf_counter() - t0, 4), bound_s=round(ctx.bounds.spent, 4), bound_hits=ctx.bounds.hits
+    )
     rows = {}
     if "grad_x" in res.analytic:
         r = first_row_beyond(out.get("grad_x"), ctx.oracle.grad_x, ctx.bounds(_hard_model(impl, p, out))["grad_x"])
@@ -421,8 +474,11 @@ def _judge(impl: Any, ctx: CaseContext, out: ImplOutputs, rec: dict[str, Any]) -
 
 def _hard_model(impl: Any, p: Problem, out: ImplOutputs) -> ErrorModel:
     """The hard-level error model check_accuracy judged ``out`` under (a cache hit in :class:`BoundCache`)."""
-    dtypes = {k: v.dtype for k in ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
-              if isinstance(v := out.get(k), torch.Tensor)}
+    dtypes = {
+        k: v.dtype
+        for k in ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
+        if isinstance(v := out.get(k), torch.Tensor)
+    }
     return error_model(impl.support, p, dtypes, "hard")
 
 
@@ -430,4 +486,3 @@ def _release(p: Problem) -> None:
     """Give cached allocator blocks back after a failed impl (an OOM leaves its partial allocations cached)."""
     if torch.device(p.device).type == "cuda":
         torch.cuda.empty_cache()
-

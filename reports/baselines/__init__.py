@@ -33,8 +33,11 @@ def report_dir_name(device: str) -> str:
 def shipped_baselines() -> list[Traversable]:
     """Every baseline ``report.json`` shipped with this numcheck (package data), sorted by folder name."""
     root = resources.files(BASELINE_PACKAGE)
-    found = [entry / "report.json" for entry in root.iterdir()
-             if entry.is_dir() and BASELINE_DIR.match(entry.name) and (entry / "report.json").is_file()]
+    found = [
+        entry / "report.json"
+        for entry in root.iterdir()
+        if entry.is_dir() and BASELINE_DIR.match(entry.name) and (entry / "report.json").is_file()
+    ]
     return sorted(found, key=lambda t: str(t))
 
 
@@ -107,9 +110,11 @@ def baseline_dir_to_update(device: str) -> Path:
     root = checkout_root()
     if root is None:
         where = Path(str(resources.files("numcheck"))).resolve()
-        raise ValueError(f"--update-baseline rewrites a committed baseline in numcheck's source checkout, but this "
-                         f"numcheck is installed at {where} (no checkout: an installed package is never written to). "
-                         f"Run it in a clone of numcheck (pip install -e .), or write your own report with --out DIR")
+        raise ValueError(
+            f"--update-baseline rewrites a committed baseline in numcheck's source checkout, but this "
+            f"numcheck is installed at {where} (no checkout: an installed package is never written to). "
+            f"Run it in a clone of numcheck (pip install -e .), or write your own report with --out DIR"
+        )
     current = baseline_for(device)
     name = _parent_name(current) if current is not None else report_dir_name(device)
     return root / "reports" / "baselines" / name

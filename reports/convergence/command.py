@@ -25,8 +25,10 @@ from numcheck.reports.common import int_at_least
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
 
-HELP = ("tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "
-        "from float64 judged against eager's envelope; exit 1 if an impl leaves it")
+HELP = (
+    "tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "
+    "from float64 judged against eager's envelope; exit 1 if an impl leaves it"
+)
 
 
 #: argparse type: a non-negative integer.
@@ -43,22 +45,52 @@ def _shape(text: str) -> ModelShape:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``numcheck converge``: the impls, dtypes, and every setting of the run."""
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC", required=True,
-                   help="impl under test: a built-in name or package.module:attr (repeatable)")
-    p.add_argument("--dtype", action="append", choices=convergence.DTYPES, metavar="DTYPE",
-                   help=f"head dtype, one of {', '.join(convergence.DTYPES)} (repeatable; default float32)")
-    p.add_argument("--steps", type=_nonneg, default=convergence.DEFAULT_STEPS,
-                   help=f"training steps (default {convergence.DEFAULT_STEPS})")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        required=True,
+        help="impl under test: a built-in name or package.module:attr (repeatable)",
+    )
+    p.add_argument(
+        "--dtype",
+        action="append",
+        choices=convergence.DTYPES,
+        metavar="DTYPE",
+        help=f"head dtype, one of {', '.join(convergence.DTYPES)} (repeatable; default float32)",
+    )
+    p.add_argument(
+        "--steps",
+        type=_nonneg,
+        default=convergence.DEFAULT_STEPS,
+        help=f"training steps (default {convergence.DEFAULT_STEPS})",
+    )
     p.add_argument("--seed", type=_nonneg, default=0, help="data and initialization seed (default 0)")
-    p.add_argument("--envelope-seeds", type=_nonneg, default=convergence.DEFAULT_ENVELOPE_SEEDS,
-                   help=f"further seeds eager is trained on to draw the envelope (default {convergence.DEFAULT_ENVELOPE_SEEDS})")
-    p.add_argument("--ignored", type=float, default=convergence.DEFAULT_IGNORED,
-                   help=f"padded fraction of each batch (default {convergence.DEFAULT_IGNORED}; 0 for impls without ignore_index)")
+    p.add_argument(
+        "--envelope-seeds",
+        type=_nonneg,
+        default=convergence.DEFAULT_ENVELOPE_SEEDS,
+        help=f"further seeds eager is trained on to draw the envelope (default {convergence.DEFAULT_ENVELOPE_SEEDS})",
+    )
+    p.add_argument(
+        "--ignored",
+        type=float,
+        default=convergence.DEFAULT_IGNORED,
+        help=f"padded fraction of each batch (default {convergence.DEFAULT_IGNORED}; 0 for impls without ignore_index)",
+    )
     p.add_argument("--device", default="cpu", help="device (default cpu)")
-    p.add_argument("--shape", type=_shape, default=ModelShape(), metavar="KEY=VALUE,...",
-                   help=f"model shape and optimizer, any of {convergence.shape_text(dataclasses.asdict(ModelShape()))} "
-                        f"(these are the defaults)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="write convergence.json, convergence.md and <dtype>/*.png here")
+    p.add_argument(
+        "--shape",
+        type=_shape,
+        default=ModelShape(),
+        metavar="KEY=VALUE,...",
+        help=f"model shape and optimizer, any of {convergence.shape_text(dataclasses.asdict(ModelShape()))} "
+        f"(these are the defaults)",
+    )
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help="write convergence.json, convergence.md and <dtype>/*.png here"
+    )
 
 
 def _label(name: str) -> str:
@@ -72,7 +104,8 @@ def _declared(impls: list[Any], dtype: torch.dtype, args: argparse.Namespace) ->
     opts = ("ignore_index",) if args.ignored else ()
     for impl in impls:
         why = impl.support.unavailable_reason() or impl.support.refuses(
-            dtype=dtype, device=torch.device(args.device).type, options=opts, reduction="mean")
+            dtype=dtype, device=torch.device(args.device).type, options=opts, reduction="mean"
+        )
         if why:
             left.append(f"- `{impl.name}` not run in {str(dtype).removeprefix('torch.')}: {why}")
         else:
@@ -115,8 +148,16 @@ def run(args: argparse.Namespace) -> int:
             parts.append(f"**Convergence ({name})**: no impl declares this case.\n" + "\n".join(left) + "\n")
             continue
         try:
-            r = convergence.run(chosen, dtype=name, steps=args.steps, seed=args.seed, shape=args.shape,
-                                envelope_seeds=args.envelope_seeds, ignored=args.ignored, device=args.device)
+            r = convergence.run(
+                chosen,
+                dtype=name,
+                steps=args.steps,
+                seed=args.seed,
+                shape=args.shape,
+                envelope_seeds=args.envelope_seeds,
+                ignored=args.ignored,
+                device=args.device,
+            )
         except convergence.InvalidAssertion as exc:
             print(f"numcheck converge: {exc}")
             return 2
@@ -124,13 +165,23 @@ def run(args: argparse.Namespace) -> int:
         parts.append(convergence_text.markdown(r) + ("\n" + "\n".join(left) + "\n" if left else ""))
         for rec in r.judged:
             if not rec.inside:
-                parts.append("\n".join([f"`{rec.impl}` outside ({name}):", *(f"- {x}" for x in r.failure_lines(rec.label)),
-                                        f"- reproduce: `{convergence.repro_command(r.impls[rec.label], r.config)}`"]) + "\n")
+                parts.append(
+                    "\n".join(
+                        [
+                            f"`{rec.impl}` outside ({name}):",
+                            *(f"- {x}" for x in r.failure_lines(rec.label)),
+                            f"- reproduce: `{convergence.repro_command(r.impls[rec.label], r.config)}`",
+                        ]
+                    )
+                    + "\n"
+                )
     text = "\n".join(parts)
     print(text)
     if not results:
-        print(f"numcheck converge: no impl declares any requested dtype ({', '.join(args.dtype or ['float32'])}): "
-              f"nothing was judged (exit 2)")
+        print(
+            f"numcheck converge: no impl declares any requested dtype ({', '.join(args.dtype or ['float32'])}): "
+            f"nothing was judged (exit 2)"
+        )
         return 2
     if args.out is not None:
         for note in _write(args.out, results, text):

@@ -61,8 +61,14 @@ def plot(result: Any, directory: Path) -> list[Path]:
         steps = range(len(bound))
         shown = [v for r in runs.values() for v in r.distance[m] + lvl if _positive(v) == v]
         low = 0.5 * min(shown) if shown else 1e-30  # a log axis has no 0: shade from below every point drawn
-        ax.fill_between(steps, [low] * len(bound), [_positive(b) for b in bound], color="gray", alpha=0.2,
-                        label=f"inside: ≤ k·d_eager + (k−1)·ℓ, k={k:.3g}")
+        ax.fill_between(
+            steps,
+            [low] * len(bound),
+            [_positive(b) for b in bound],
+            color="gray",
+            alpha=0.2,
+            label=f"inside: ≤ k·d_eager + (k−1)·ℓ, k={k:.3g}",
+        )
         for label, r in runs.items():
             if label != "float64":
                 ax.plot(steps, [_positive(v) for v in r.distance[m]], label=label, **_style(label))

@@ -62,13 +62,17 @@ from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
 #: built-ins and reseedings of the quick grid (module docstring; docs/premerge-ab.md).
-DEFAULT_HEADROOM: dict[str, float] = {"loss": 0.93, "z_loss": 1.0, "grad_x": 0.58, "grad_weight": 0.63,
-                                      "grad_bias": 0.23}
+DEFAULT_HEADROOM: dict[str, float] = {
+    "loss": 0.93,
+    "z_loss": 1.0,
+    "grad_x": 0.58,
+    "grad_weight": 0.63,
+    "grad_bias": 0.23,
+}
 #: The ``error_growth`` claim metric (NEW/BASE) counts only outputs where NEW's worst error/bound is at least this.
 DEFAULT_GROWTH_FLOOR = 0.05
 #: Interleaved timing repeats (NEW, BASE, NEW, BASE, ...) on CUDA, each a median over ``TIME_REP_MS`` of calls.
 DEFAULT_REPEATS = 5
-
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,11 @@ class Pair:
 def pairs_from(impls: list[str], bases: list[str]) -> list[Pair]:
     """The pairs of ``--impl`` and ``--base`` given in the same order. Raises ValueError when counts differ."""
     if len(impls) != len(bases) or not impls:
-        raise ValueError(f"A/B mode pairs each --impl with the --base given in the same position: got "
-                         f"{len(impls)} --impl ({', '.join(impls) or 'none'}) and {len(bases)} --base "
-                         f"({', '.join(bases) or 'none'})")
+        raise ValueError(
+            f"A/B mode pairs each --impl with the --base given in the same position: got "
+            f"{len(impls)} --impl ({', '.join(impls) or 'none'}) and {len(bases)} --base "
+            f"({', '.join(bases) or 'none'})"
+        )
     return [Pair(n, b) for n, b in zip(impls, bases)]
 
 
@@ -98,8 +104,10 @@ def load_one(spec: str) -> Any:
         raise ValueError(f"{spec}: {broken[0].error}")
     lin = [e for e in entries if e.kind == "linear_ce"]
     if len(lin) != 1:
-        raise ValueError(f"{spec} names {len(lin)} linear+CE impls ({', '.join(e.name for e in lin) or 'none'}); an "
-                         f"A/B side is exactly one")
+        raise ValueError(
+            f"{spec} names {len(lin)} linear+CE impls ({', '.join(e.name for e in lin) or 'none'}); an "
+            f"A/B side is exactly one"
+        )
     reason = lin[0].impl.support.unavailable_reason()
     if reason:
         raise ValueError(f"{spec} ({lin[0].name}) cannot run here: {reason}")
@@ -113,9 +121,14 @@ def environment(device: str) -> dict[str, Any]:
 
     from numcheck.reports.report.schema import device_name
 
-    return {"device": torch.device(device).type, "device_name": device_name(device), "torch": torch.__version__,
-            "cuda_available": bool(torch.cuda.is_available()), "python": sys.executable,
-            "python_version": sys.version.split()[0]}
+    return {
+        "device": torch.device(device).type,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+    }
 
 
 # -- accuracy ---------------------------------------------------------------------------------------------
@@ -177,9 +190,18 @@ def compare_output(name: str, wn: dict[str, Any], wb: dict[str, Any], headroom: 
     """One output's row: both worsts, growth NEW/BASE, headroom taken, its threshold, and the verdict: flagged when
     NEW takes more of BASE's headroom than the threshold; not judged when BASE itself is at or past its bound."""
     h, k = headroom_taken(wn["ratio"], wb["ratio"]), threshold_for(name, headroom)
-    return {"output": name, "base": wb["ratio"], "base_case": wb["case"], "new": wn["ratio"], "new_case": wn["case"],
-            "growth": growth(wn["ratio"], wb["ratio"]), "headroom": h, "threshold": k,
-            "base_fails": wb["ratio"] >= 1.0, "flagged": bool(not math.isnan(h) and h > k)}
+    return {
+        "output": name,
+        "base": wb["ratio"],
+        "base_case": wb["case"],
+        "new": wn["ratio"],
+        "new_case": wn["case"],
+        "growth": growth(wn["ratio"], wb["ratio"]),
+        "headroom": h,
+        "threshold": k,
+        "base_fails": wb["ratio"] >= 1.0,
+        "flagged": bool(not math.isnan(h) and h > k),
+    }
 
 
 def accuracy_ab(new: Any, base: Any, grid: str, device: str, headroom: float | None, floor: float) -> dict[str, Any]:
@@ -197,44 +219,36 @@ def accuracy_ab(new: Any, base: Any, grid: str, device: str, headroom: float | N
     outputs = [compare_output(name, wn[name], wb[name], headroom) for name in wn if name in wb]
 
     def fails(records: list[dict]) -> list[dict]:
-        return [{"case": r["case"], "label": r["label"], "detail": (r.get("error") or "; ".join(r.get("failures", [])[:1]))[:300],
-                 "repro": r.get("repro", "")} for r in records if r["status"] != "pass"]
+        return [
+            {
+                "case": r["case"],
+                "label": r["label"],
+                "detail": (r.get("error") or "; ".join(r.get("failures", [])[:1]))[:300],
+                "repro": r.get("repro", ""),
+            }
+            for r in records
+            if r["status"] != "pass"
+        ]
 
-    return {"grid": grid, "headroom": headroom, "floor": floor, "n_both": len(both), "only_new": only_new,
-            "only_base": only_base, "new_pass": sum(r["status"] == "pass" for r in new_recs),
-            "base_pass": sum(r["status"] == "pass" for r in base_recs), "new_failures": fails(new_recs),
-            "base_failures": fails(base_recs), "outputs": outputs, "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "grid": grid,
+        "headroom": headroom,
+        "floor": floor,
+        "n_both": len(both),
+        "only_new": only_new,
+        "only_base": only_base,
+        "new_pass": sum(r["status"] == "pass" for r in new_recs),
+        "base_pass": sum(r["status"] == "pass" for r in base_recs),
+        "new_failures": fails(new_recs),
+        "base_failures": fails(base_recs),
+        "outputs": outputs,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def accuracy_ok(acc: dict[str, Any]) -> bool:
     """NEW passes every case both declare, none of its outputs is flagged, and at least one case ran."""
     return acc["n_both"] > 0 and not acc["new_failures"] and not any(o["flagged"] for o in acc["outputs"])
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # -- one pair, all environments -----------------------------------------------------------------------------
@@ -259,9 +273,13 @@ def metrics_of(pair: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
             m["step_change_mib"] = sn["extra_mib"] - sb["extra_mib"]
     for k in ("step_extra_mib", "step_change_mib"):
         if k not in m:
-            missing[k] = (f"step not measured: NEW {sn.get('error')}" if "error" in sn else
-                          f"step not measured: BASE {sb.get('error')}" if "error" in sb else
-                          f"step not measured: {st.get('error', '?')}")
+            missing[k] = (
+                f"step not measured: NEW {sn.get('error')}"
+                if "error" in sn
+                else f"step not measured: BASE {sb.get('error')}"
+                if "error" in sb
+                else f"step not measured: {st.get('error', '?')}"
+            )
     t = pair.get("time", {})
     if t.get("measured"):
         m["time_ratio"] = t["ratio"]
@@ -275,7 +293,9 @@ def metrics_of(pair: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     return m, missing
 
 
-def measure_pair(pair: Pair, device: str, grid: str, headroom: float | None, floor: float, repeats: int) -> dict[str, Any]:
+def measure_pair(
+    pair: Pair, device: str, grid: str, headroom: float | None, floor: float, repeats: int
+) -> dict[str, Any]:
     """Everything the A/B section shows for one pair (module docstring), JSON-ready."""
     out: dict[str, Any] = {"new": pair.new, "base": pair.base}
     try:
@@ -286,9 +306,12 @@ def measure_pair(pair: Pair, device: str, grid: str, headroom: float | None, flo
         return out
     out.update(new_name=new.name, base_name=base.name)
     out["accuracy"] = accuracy_ab(new, base, grid, device, headroom, floor)
-    for key, fn in (("memory", lambda: memory_ab(new, base, device)), ("step", lambda: step_ab(new, base, device)),
-                    ("time", lambda: time_ab(new, base, device, repeats)),
-                    ("paths", lambda: paths_ab(new, base, device))):
+    for key, fn in (
+        ("memory", lambda: memory_ab(new, base, device)),
+        ("step", lambda: step_ab(new, base, device)),
+        ("time", lambda: time_ab(new, base, device, repeats)),
+        ("paths", lambda: paths_ab(new, base, device)),
+    ):
         try:
             out[key] = fn()
         except Exception as exc:  # noqa: BLE001 - a measurement that breaks is shown with its error
@@ -297,21 +320,42 @@ def measure_pair(pair: Pair, device: str, grid: str, headroom: float | None, flo
     return out
 
 
-def measure(pairs: list[Pair], device: str, grid: str = "quick", headroom: float | None = None,
-            floor: float = DEFAULT_GROWTH_FLOOR, repeats: int = DEFAULT_REPEATS) -> dict[str, Any]:
+def measure(
+    pairs: list[Pair],
+    device: str,
+    grid: str = "quick",
+    headroom: float | None = None,
+    floor: float = DEFAULT_GROWTH_FLOOR,
+    repeats: int = DEFAULT_REPEATS,
+) -> dict[str, Any]:
     """``{"env", "pairs"}``: every pair measured in this environment (what :func:`reports.premerge.claims.judge` reads)."""
-    return {"env": environment(device), "pairs": [measure_pair(p, device, grid, headroom, floor, repeats) for p in pairs]}
+    return {
+        "env": environment(device),
+        "pairs": [measure_pair(p, device, grid, headroom, floor, repeats) for p in pairs],
+    }
 
 
-def measure_elsewhere(python: str, pairs: list[Pair], device: str, grid: str, headroom: float | None, floor: float,
-                      repeats: int) -> dict[str, Any]:
+def measure_elsewhere(
+    python: str, pairs: list[Pair], device: str, grid: str, headroom: float | None, floor: float, repeats: int
+) -> dict[str, Any]:
     """:func:`measure` run by another interpreter (``--python``: another venv, another torch), from the current
     directory with this process's environment. Raises RuntimeError with its output when it fails."""
     import os
     import subprocess
 
-    cmd = [python, "-m", "numcheck.reports.premerge.ab", "--device", device, "--grid", grid,
-           "--growth-floor", str(floor), "--repeats", str(repeats)]
+    cmd = [
+        python,
+        "-m",
+        "numcheck.reports.premerge.ab",
+        "--device",
+        device,
+        "--grid",
+        grid,
+        "--growth-floor",
+        str(floor),
+        "--repeats",
+        str(repeats),
+    ]
     if headroom is not None:
         cmd += ["--headroom", str(headroom)]
     for p in pairs:

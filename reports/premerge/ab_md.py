@@ -20,20 +20,28 @@ def accuracy_lines(p: dict[str, Any]) -> list[str]:
     """The verdicts and the per-output table of one pair."""
     a = p["accuracy"]
     n = a["n_both"]
-    lines = [f"**Accuracy** — {n} problems both declare ({a['grid']} grid; {a['seconds']:.0f} s): "
-             f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when NEW takes more "
-             "than its threshold of the headroom BASE's worst error/bound leaves below the bound, (NEW − BASE)/(1 − "
-             "BASE); the thresholds are 1.5× the most a correct change took (docs/premerge-ab.md).", "",
-             "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | headroom taken | threshold | |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"**Accuracy** — {n} problems both declare ({a['grid']} grid; {a['seconds']:.0f} s): "
+        f"NEW {a['new_pass']}/{n} pass, BASE {a['base_pass']}/{n} pass. An output is flagged when NEW takes more "
+        "than its threshold of the headroom BASE's worst error/bound leaves below the bound, (NEW − BASE)/(1 − "
+        "BASE); the thresholds are 1.5× the most a correct change took (docs/premerge-ab.md).",
+        "",
+        "| output | BASE worst error/bound | NEW worst error/bound | growth NEW/BASE | headroom taken | threshold | |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for o in a["outputs"]:
-        mark = ("BASE itself fails: not judged" if o["base_fails"] else "❌ materially worse" if o["flagged"] else "✅")
-        lines.append(f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {_r(o['headroom'])} | "
-                     f"{o['threshold']:g} | {mark} |")
+        mark = "BASE itself fails: not judged" if o["base_fails"] else "❌ materially worse" if o["flagged"] else "✅"
+        lines.append(
+            f"| {o['output']} | {_r(o['base'])} | {_r(o['new'])} | {_g(o['growth'])} | {_r(o['headroom'])} | "
+            f"{o['threshold']:g} | {mark} |"
+        )
     lines.append("")
     for side, key in (("NEW", "new_failures"), ("BASE", "base_failures")):
         for f in a[key][:10]:
-            lines.append(f"- {side} fails `{f['label']}`: {f['detail']}" + (f" — reproduce: `{f['repro']}`" if f["repro"] else ""))
+            lines.append(
+                f"- {side} fails `{f['label']}`: {f['detail']}"
+                + (f" — reproduce: `{f['repro']}`" if f["repro"] else "")
+            )
         if len(a[key]) > 10:
             lines.append(f"- … {len(a[key]) - 10} more failures of {side}")
     for side, key in (("NEW", "only_new"), ("BASE", "only_base")):
@@ -41,8 +49,10 @@ def accuracy_lines(p: dict[str, Any]) -> list[str]:
             whys: dict[str, int] = {}
             for c in a[key]:
                 whys[c["why"]] = whys.get(c["why"], 0) + 1
-            lines.append(f"- {len(a[key])} problems only {side} declares (not compared): "
-                         + "; ".join(f"{k} ({v})" for k, v in whys.items()))
+            lines.append(
+                f"- {len(a[key])} problems only {side} declares (not compared): "
+                + "; ".join(f"{k} ({v})" for k, v in whys.items())
+            )
     return lines
 
 
@@ -58,21 +68,28 @@ def memory_lines(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
     if "shape" not in m:
         return ["**Memory Benchmark** — the measurement failed: " + m.get("error", "?")]
     N, H, V = m["shape"]
-    lines = ["**Memory Benchmark**", "",
-             f"The seed's case: BT={N}, H={H}, V={V}, {m['dtype']} inputs, `{m['reduction']}`; extra peak above the "
-             "inputs over forward+backward.", "", "```"]
+    lines = [
+        "**Memory Benchmark**",
+        "",
+        f"The seed's case: BT={N}, H={H}, V={V}, {m['dtype']} inputs, `{m['reduction']}`; extra peak above the "
+        "inputs over forward+backward.",
+        "",
+        "```",
+    ]
     for env, pe in runs:
         me = pe.get("memory", {})
         lines.append(f"PyTorch {env['torch']} on {me.get('where', env['device'])}:")
         if "base" not in me:
             lines.append(f"  the measurement failed: {me.get('error', '?')}")
             continue
-        w = max(len(pe['base_name']), len(pe['new_name'])) + 8
+        w = max(len(pe["base_name"]), len(pe["new_name"])) + 8
         lines.append(f"  {('BASE ' + pe['base_name'] + ':'):{w}s} {_mem(me['base'])}")
         lines.append(f"  {('NEW  ' + pe['new_name'] + ':'):{w}s} {_mem(me['new'])}")
         mt = pe.get("metrics", {})
         if "peak_change_mib" in mt:
-            lines.append(f"  {'change:':{w}s} {mt['peak_change_mib']:+.0f} MiB peak, {mt['held_change_mib']:+.0f} MiB held")
+            lines.append(
+                f"  {'change:':{w}s} {mt['peak_change_mib']:+.0f} MiB peak, {mt['held_change_mib']:+.0f} MiB held"
+            )
         lines += step_lines(pe.get("step", {}))
         lines.append("")
     lines[-1] = "```"
@@ -100,9 +117,11 @@ def time_lines(p: dict[str, Any]) -> list[str]:
         return [f"**Time** (fwd+bwd NEW/BASE): the measurement failed: {t['error']}"]
     if not t.get("measured"):
         return [f"**Time** (fwd+bwd NEW/BASE): {t.get('reason', 'not measured here')}"]
-    return [f"**Time** (fwd+bwd NEW/BASE, seed's case): {t['ratio']:.3f} (median of {t['repeats']} interleaved "
-            f"repeats; range {t['ratio_min']:.3f}–{t['ratio_max']:.3f}); NEW {t['new_median_ms']:.2f} ms, BASE "
-            f"{t['base_median_ms']:.2f} ms (each repeat a median over {t['rep_ms']:.0f} ms of calls)"]
+    return [
+        f"**Time** (fwd+bwd NEW/BASE, seed's case): {t['ratio']:.3f} (median of {t['repeats']} interleaved "
+        f"repeats; range {t['ratio_min']:.3f}–{t['ratio_max']:.3f}); NEW {t['new_median_ms']:.2f} ms, BASE "
+        f"{t['base_median_ms']:.2f} ms (each repeat a median over {t['rep_ms']:.0f} ms of calls)"
+    ]
 
 
 def path_lines(p: dict[str, Any]) -> list[str]:
@@ -115,9 +134,15 @@ def path_lines(p: dict[str, Any]) -> list[str]:
     for side, name in (("base", p["base_name"]), ("new", p["new_name"])):
         row = pa[side]
         ops = row.get("ops")
-        desc = "; ".join(f"`{k}` ×{v}" for k, v in ops.items()) if ops else (row.get("ops_error") or "no matmul op dispatched (a kernel outside the dispatcher)")
+        desc = (
+            "; ".join(f"`{k}` ×{v}" for k, v in ops.items())
+            if ops
+            else (row.get("ops_error") or "no matmul op dispatched (a kernel outside the dispatcher)")
+        )
         extra = f"; {row['resolved']}" if "resolved" in row else ""
-        lines.append(f"- {side.upper()} `{name}` (declares grad_weight accumulation `{row['declared']}`{extra}): {desc}")
+        lines.append(
+            f"- {side.upper()} `{name}` (declares grad_weight accumulation `{row['declared']}`{extra}): {desc}"
+        )
     return lines
 
 
@@ -132,9 +157,16 @@ def pair_section(p: dict[str, Any], runs: list[tuple[dict, dict]]) -> list[str]:
 def failed_env_lines(env: dict[str, Any]) -> list[str]:
     """An environment (``--python``) whose measurement failed, with its stderr's tail."""
     tail = "\n".join(env.get("failed", "").strip().splitlines()[-12:])
-    return [f"### ❌ `{env['python']}`: the measurement failed", "",
-            "Nothing of this environment is compared; its claims are not verified there. The error's tail:", "",
-            "```", tail, "```", ""]
+    return [
+        f"### ❌ `{env['python']}`: the measurement failed",
+        "",
+        "Nothing of this environment is compared; its claims are not verified there. The error's tail:",
+        "",
+        "```",
+        tail,
+        "```",
+        "",
+    ]
 
 
 def claim_lines(verdicts: list[Any], source: str) -> list[str]:
@@ -142,23 +174,36 @@ def claim_lines(verdicts: list[Any], source: str) -> list[str]:
     if not verdicts:
         return [f"**Claims**: {source}", ""]
     icon = {"true": "✅ true", "false": "❌ FALSE", "not verified": "➖ not verified here"}
-    lines = [f"**Claims** ({source})", "", "| # | claim | metric | claimed | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"**Claims** ({source})",
+        "",
+        "| # | claim | metric | claimed | measured | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for v in verdicts:
         c = v.claim
         measured = "; ".join(f"{m.value:.4g} ({m.where}){'' if m.holds else ' ❌'}" for m in v.measured) or v.reason
         if v.measured and v.reason:
             measured += f"; not judged in: {v.reason}"
-        lines.append(f"| {c.index} (line {c.line}) | {c.says} | `{c.metric}` {c.condition()} | {c.bound()} | {measured} | "
-                     f"{icon[v.status]} |")
+        lines.append(
+            f"| {c.index} (line {c.line}) | {c.says} | `{c.metric}` {c.condition()} | {c.bound()} | {measured} | "
+            f"{icon[v.status]} |"
+        )
     return lines + [""]
 
 
-def render(env: dict, pairs_md: list[list[str]], claims_md: list[str], convergence_md: list[str],
-           ok: bool, failed: list[str]) -> str:
+def render(
+    env: dict, pairs_md: list[list[str]], claims_md: list[str], convergence_md: list[str], ok: bool, failed: list[str]
+) -> str:
     """The whole A/B checklist."""
-    lines = ["## numcheck pre-merge A/B", "",
-             f"**Result: {'✅ every comparison and claim holds' if ok else '❌ ' + '; '.join(failed)}**", "",
-             f"- Hardware: {env['device_name']} ({env['device']}); torch {env['torch']}, Python {env['python_version']}", ""]
+    lines = [
+        "## numcheck pre-merge A/B",
+        "",
+        f"**Result: {'✅ every comparison and claim holds' if ok else '❌ ' + '; '.join(failed)}**",
+        "",
+        f"- Hardware: {env['device_name']} ({env['device']}); torch {env['torch']}, Python {env['python_version']}",
+        "",
+    ]
     for sec in pairs_md:
         lines += sec
     lines += claims_md

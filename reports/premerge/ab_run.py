@@ -24,26 +24,56 @@ from numcheck.reports.convergence import plot as convergence_plot, text as conve
 from numcheck.reports.premerge import claims as claims_mod
 from numcheck.reports.premerge import ab
 from numcheck.reports.premerge import ab_md as md
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The A/B options of ``numcheck premerge`` (``--impl`` and ``--out`` are premerge's own)."""
-    p.add_argument("--base", action="append", default=[], metavar="SPEC",
-                   help="A/B mode: the impl the --impl in the same position replaces (repeatable: several pairs)")
-    p.add_argument("--claims", type=Path, metavar="FILE",
-                   help=f"A/B mode: the change's claims (TOML; default ./{claims_mod.DEFAULT_FILE} if present; "
-                        "docs/premerge-ab.md lists the keys)")
-    p.add_argument("--python", action="append", default=[], metavar="PYTHON",
-                   help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
-                        "check the claims about it there (repeatable)")
-    p.add_argument("--headroom", type=float, default=None, metavar="H",
-                   help="A/B mode: flag an output when NEW takes more than this share of the headroom BASE's worst "
-                        "error/bound leaves below the bound, (NEW-BASE)/(1-BASE), for every output (default: one "
-                        "per output, " + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_HEADROOM.items())
-                        + ", from correct pairs: docs/premerge-ab.md)")
-    p.add_argument("--growth-floor", type=float, default=ab.DEFAULT_GROWTH_FLOOR,
-                   help=f"A/B mode: the error_growth claim counts outputs where NEW's worst error/bound is at least this (default "
-                        f"{ab.DEFAULT_GROWTH_FLOOR:g})")
-    p.add_argument("--repeats", type=int, default=ab.DEFAULT_REPEATS,
-                   help=f"A/B mode, CUDA: interleaved timing repeats (default {ab.DEFAULT_REPEATS})")
+    p.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="A/B mode: the impl the --impl in the same position replaces (repeatable: several pairs)",
+    )
+    p.add_argument(
+        "--claims",
+        type=Path,
+        metavar="FILE",
+        help=f"A/B mode: the change's claims (TOML; default ./{claims_mod.DEFAULT_FILE} if present; "
+        "docs/premerge-ab.md lists the keys)",
+    )
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="A/B mode: also measure with this interpreter (another venv, e.g. another torch release) and "
+        "check the claims about it there (repeatable)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=None,
+        metavar="H",
+        help="A/B mode: flag an output when NEW takes more than this share of the headroom BASE's worst "
+        "error/bound leaves below the bound, (NEW-BASE)/(1-BASE), for every output (default: one "
+        "per output, "
+        + ", ".join(f"{k} {v:g}" for k, v in ab.DEFAULT_HEADROOM.items())
+        + ", from correct pairs: docs/premerge-ab.md)",
+    )
+    p.add_argument(
+        "--growth-floor",
+        type=float,
+        default=ab.DEFAULT_GROWTH_FLOOR,
+        help=f"A/B mode: the error_growth claim counts outputs where NEW's worst error/bound is at least this (default "
+        f"{ab.DEFAULT_GROWTH_FLOOR:g})",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=ab.DEFAULT_REPEATS,
+        help=f"A/B mode, CUDA: interleaved timing repeats (default {ab.DEFAULT_REPEATS})",
+    )
     p.add_argument("--no-convergence", action="store_true", help="A/B mode: leave out the convergence run")
 
 
@@ -71,8 +101,11 @@ def convergence_case(new: Any, base: Any, device: str) -> tuple[dict[str, Any] |
     for dt in conv.DTYPES:
         for ignored in (conv.DEFAULT_IGNORED, 0.0):
             opts = ("ignore_index",) if ignored else ()
-            why = [f"{side} `{impl.name}`: {r}" for side, impl in (("NEW", new), ("BASE", base))
-                   if (r := impl.support.refuses(dtype=dtype_of(dt), device=dev, options=opts, reduction="mean"))]
+            why = [
+                f"{side} `{impl.name}`: {r}"
+                for side, impl in (("NEW", new), ("BASE", base))
+                if (r := impl.support.refuses(dtype=dtype_of(dt), device=dev, options=opts, reduction="mean"))
+            ]
             if not why:
                 return {"dtype": dt, "ignored": ignored}, ""
         reasons.append(f"{dt}: {'; '.join(why)}")
@@ -85,6 +118,7 @@ def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[li
     whether it passed. NEW outside eager's envelope fails; BASE outside it is "BASE itself fails: not judged" (the
     change is not at fault), not a failure."""
     from numcheck.properties.convergence import run as conv
+
     lines, data, ok = ["**Convergence**", ""], {"pairs": []}, True
     for i, p in enumerate(pairs):
         entry: dict[str, Any] = {"new": p.new, "base": p.base}
@@ -114,8 +148,12 @@ def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[li
         else:
             verdict = "✅ both inside eager's envelope"
         entry.update(status=verdict, settings=settings, result=res.to_json())
-        lines += [f"`{p.new}` (new) vs `{p.base}` (base), {settings['dtype']}, ignored {settings['ignored']:g}: "
-                  f"{verdict}", "", convergence_text.markdown(res), ""]
+        lines += [
+            f"`{p.new}` (new) vs `{p.base}` (base), {settings['dtype']}, ignored {settings['ignored']:g}: {verdict}",
+            "",
+            convergence_text.markdown(res),
+            "",
+        ]
         if out is not None:
             try:
                 entry["plots"] = [str(x) for x in convergence_plot.plot(res, out / f"convergence-{i}")]
@@ -127,8 +165,16 @@ def convergence(pairs: list[ab.Pair], device: str, out: Path | None) -> tuple[li
 def failed_run(python: str, device: str, error: str) -> dict[str, Any]:
     """The run of an environment whose measurement failed: no pairs, ``env["failed"]`` its error's tail (what
     :func:`reports.premerge.claims.judge` gives as the reason its claims are not verified there)."""
-    return {"env": {"python": python, "device": device, "torch": "unknown (the measurement failed)",
-                    "cuda_available": False, "failed": error[-2000:]}, "pairs": []}
+    return {
+        "env": {
+            "python": python,
+            "device": device,
+            "torch": "unknown (the measurement failed)",
+            "cuda_available": False,
+            "failed": error[-2000:],
+        },
+        "pairs": [],
+    }
 
 
 def _bad(msg: str) -> int:
@@ -148,8 +194,11 @@ def run_ab(args: argparse.Namespace) -> int:
     runs = _measure_everywhere(args, pairs)
     here = runs[0]
     verdicts = claims_mod.judge(claims, runs)
-    conv_md, conv_json, conv_ok = (["**Convergence**: left out (--no-convergence)", ""], {"status": "left out"}, True) \
-        if args.no_convergence else convergence(pairs, args.device, args.out)
+    conv_md, conv_json, conv_ok = (
+        (["**Convergence**: left out (--no-convergence)", ""], {"status": "left out"}, True)
+        if args.no_convergence
+        else convergence(pairs, args.device, args.out)
+    )
     sections, failed = _sections_and_failures(here, runs)
     false = [v for v in verdicts if v.status == "false"]
     if false:
@@ -161,12 +210,19 @@ def run_ab(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ab.md").write_text(text)
-        (args.out / "ab.json").write_text(json.dumps({"runs": runs, "claims": [v.to_json() for v in verdicts],
-                                                      "convergence": conv_json, "failed": failed},
-                                                     indent=1, default=str))
+        (args.out / "ab.json").write_text(
+            json.dumps(
+                {"runs": runs, "claims": [v.to_json() for v in verdicts], "convergence": conv_json, "failed": failed},
+                indent=1,
+                default=str,
+            )
+        )
         print(f"numcheck premerge: wrote {args.out / 'ab.md'} and {args.out / 'ab.json'}", file=sys.stderr)
-    print(f"numcheck premerge: A/B {time.monotonic() - t0:.0f} s; "
-          + (f"FAIL (exit 1): {'; '.join(failed)}" if failed else "PASS (exit 0)"), file=sys.stderr)
+    print(
+        f"numcheck premerge: A/B {time.monotonic() - t0:.0f} s; "
+        + (f"FAIL (exit 1): {'; '.join(failed)}" if failed else "PASS (exit 0)"),
+        file=sys.stderr,
+    )
     return 1 if failed else 0
 
 
@@ -174,10 +230,11 @@ def _checked_input(args: argparse.Namespace) -> tuple[list[ab.Pair], list[claims
     """The pairs, the claims and where they come from; ``ValueError`` (bad input: exit 2) before anything runs."""
     pairs = ab.pairs_from(list(args.impl), list(args.base))
     claims, source = _claims(args)
-    if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0
-            and args.repeats >= 1):
-        raise ValueError(f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
-                         f"{args.headroom}, {args.growth_floor}, {args.repeats})")
+    if not ((args.headroom is None or 0.0 < args.headroom <= 1.0) and args.growth_floor >= 0.0 and args.repeats >= 1):
+        raise ValueError(
+            f"--headroom must be in (0, 1], --growth-floor >= 0 and --repeats >= 1 (got "
+            f"{args.headroom}, {args.growth_floor}, {args.repeats})"
+        )
     if args.out is not None and (args.out / "ab.json").exists():
         raise ValueError(f"{args.out} already holds an A/B result ({args.out / 'ab.json'}); choose another --out")
     for py in args.python:
@@ -192,11 +249,13 @@ def _measure_everywhere(args: argparse.Namespace, pairs: list[ab.Pair]) -> list[
     for py in args.python:
         print(f"numcheck premerge: measuring again with {py}…", file=sys.stderr)
         try:
-            runs.append(ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom,
-                                             args.growth_floor, args.repeats))
+            runs.append(
+                ab.measure_elsewhere(py, pairs, args.device, args.grid, args.headroom, args.growth_floor, args.repeats)
+            )
         except RuntimeError as exc:
-            print(f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}",
-                  file=sys.stderr)
+            print(
+                f"numcheck premerge: --python {py} failed; its claims are not verified there:\n{exc}", file=sys.stderr
+            )
             runs.append(failed_run(py, args.device, str(exc)))
     return runs
 

@@ -86,8 +86,6 @@ CLAIM_KEYS: dict[str, tuple[bool, tuple[type, ...]]] = {
 DEVICES = ("cpu", "cuda")
 
 
-
-
 @dataclass(frozen=True)
 class Claim:
     """One ``[[claim]]`` table, validated. ``index`` counts from 1 in file order; ``line`` is its header's."""
@@ -132,7 +130,7 @@ def _claim_lines(text: str) -> list[int]:
 def _key_line(text: str, start: int, key: str) -> int:
     """The line of ``key = ...`` in the table whose header is on line ``start`` (the header's line if not found)."""
     lines = text.splitlines()
-    pat = re.compile(r'\s*("?)' + re.escape(key) + r'\1\s*=')
+    pat = re.compile(r'\s*("?)' + re.escape(key) + r"\1\s*=")
     for i in range(start, len(lines)):  # lines[start] is the line after the header
         if re.match(r"\s*\[", lines[i]):
             break
@@ -161,8 +159,10 @@ def parse(text: str, path: str = DEFAULT_FILE) -> list[Claim]:
         raise ClaimsError(f"{path}: not valid TOML: {exc}") from None
     for key in data:
         if key != "claim":
-            raise ClaimsError(f"{path}:{_top_level_line(text, key)}: unknown key or table {key!r} at the top level; "
-                              f"a claims file holds only [[claim]] tables (keys: {', '.join(CLAIM_KEYS)})")
+            raise ClaimsError(
+                f"{path}:{_top_level_line(text, key)}: unknown key or table {key!r} at the top level; "
+                f"a claims file holds only [[claim]] tables (keys: {', '.join(CLAIM_KEYS)})"
+            )
     tables = data.get("claim", [])
     if not isinstance(tables, list):
         raise ClaimsError(f"{path}:{_top_level_line(text, 'claim')}: 'claim' must be an array of tables ([[claim]])")
@@ -180,35 +180,52 @@ def _claim(table: Any, index: int, line: int, text: str, path: str) -> Claim:
         raise ClaimsError(f"{path}:{line}: {where} is not a table")
     for key, value in table.items():
         if key not in CLAIM_KEYS:
-            raise ClaimsError(f"{path}:{_key_line(text, line, key)}: unknown key {key!r} in {where}; "
-                              f"known keys: {', '.join(CLAIM_KEYS)}")
+            raise ClaimsError(
+                f"{path}:{_key_line(text, line, key)}: unknown key {key!r} in {where}; "
+                f"known keys: {', '.join(CLAIM_KEYS)}"
+            )
         types = CLAIM_KEYS[key][1]
         if isinstance(value, bool) or not isinstance(value, types):
-            raise ClaimsError(f"{path}:{_key_line(text, line, key)}: {where}: {key} = {value!r} must be "
-                              f"{' or '.join(t.__name__ for t in types)}")
+            raise ClaimsError(
+                f"{path}:{_key_line(text, line, key)}: {where}: {key} = {value!r} must be "
+                f"{' or '.join(t.__name__ for t in types)}"
+            )
     for key, (required, _) in CLAIM_KEYS.items():
         if required and key not in table:
             raise ClaimsError(f"{path}:{line}: {where} has no {key!r} (required)")
     if table["metric"] not in METRICS:
-        raise ClaimsError(f"{path}:{_key_line(text, line, 'metric')}: {where}: unknown metric {table['metric']!r}; "
-                          f"known: {', '.join(METRICS)}")
+        raise ClaimsError(
+            f"{path}:{_key_line(text, line, 'metric')}: {where}: unknown metric {table['metric']!r}; "
+            f"known: {', '.join(METRICS)}"
+        )
     if "max" not in table and "min" not in table:
         raise ClaimsError(f"{path}:{line}: {where} states no bound: give max, min or both")
     if "max" in table and "min" in table and table["min"] > table["max"]:
         raise ClaimsError(f"{path}:{_key_line(text, line, 'min')}: {where}: min {table['min']} > max {table['max']}")
     if table.get("device") is not None and table["device"] not in DEVICES:
-        raise ClaimsError(f"{path}:{_key_line(text, line, 'device')}: {where}: device {table['device']!r} must be "
-                          f"one of {', '.join(DEVICES)}")
+        raise ClaimsError(
+            f"{path}:{_key_line(text, line, 'device')}: {where}: device {table['device']!r} must be "
+            f"one of {', '.join(DEVICES)}"
+        )
     if table.get("torch") is not None:
         try:
             SpecifierSet(table["torch"])
         except InvalidSpecifier:
-            raise ClaimsError(f"{path}:{_key_line(text, line, 'torch')}: {where}: torch {table['torch']!r} is not a "
-                              f"version specifier (e.g. '>=2.8', '<2.8')") from None
-    return Claim(index=index, line=line, says=table["says"], metric=table["metric"],
-                 max=float(table["max"]) if "max" in table else None,
-                 min=float(table["min"]) if "min" in table else None,
-                 device=table.get("device"), torch=table.get("torch"), pair=table.get("pair"))
+            raise ClaimsError(
+                f"{path}:{_key_line(text, line, 'torch')}: {where}: torch {table['torch']!r} is not a "
+                f"version specifier (e.g. '>=2.8', '<2.8')"
+            ) from None
+    return Claim(
+        index=index,
+        line=line,
+        says=table["says"],
+        metric=table["metric"],
+        max=float(table["max"]) if "max" in table else None,
+        min=float(table["min"]) if "min" in table else None,
+        device=table.get("device"),
+        torch=table.get("torch"),
+        pair=table.get("pair"),
+    )
 
 
 def load(path: Path) -> list[Claim]:
@@ -259,9 +276,22 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         """The JSON form (``ab.json``'s ``claims``)."""
         c = self.claim
-        return {"claim": c.index, "line": c.line, "says": c.says, "metric": c.metric, "max": c.max, "min": c.min,
-                "device": c.device, "torch": c.torch, "pair": self.pair, "status": self.status, "value": self.value,
-                "where": self.where, "reason": self.reason, "measured": [m.to_json() for m in self.measured]}
+        return {
+            "claim": c.index,
+            "line": c.line,
+            "says": c.says,
+            "metric": c.metric,
+            "max": c.max,
+            "min": c.min,
+            "device": c.device,
+            "torch": c.torch,
+            "pair": self.pair,
+            "status": self.status,
+            "value": self.value,
+            "where": self.where,
+            "reason": self.reason,
+            "measured": [m.to_json() for m in self.measured],
+        }
 
 
 def _where(env: dict[str, Any]) -> str:
@@ -279,8 +309,10 @@ def _mismatch(claim: Claim, env: dict[str, Any]) -> str:
             return f"claim is about cuda; no CUDA device here (this run is on {env['device']})"
         return f"claim is about {claim.device}; this run is on {env['device']}"
     if claim.torch and torch_release(env["torch"]) not in SpecifierSet(claim.torch):
-        return (f"claim is about torch {claim.torch}; this environment has torch {env['torch']} (point premerge at "
-                f"one that has it: --python /path/to/venv/bin/python)")
+        return (
+            f"claim is about torch {claim.torch}; this environment has torch {env['torch']} (point premerge at "
+            f"one that has it: --python /path/to/venv/bin/python)"
+        )
     if METRICS[claim.metric][1] == "cuda" and env["device"] != "cuda":
         return f"{claim.metric} is measured on CUDA only (this run is on {env['device']})"
     return ""
@@ -301,8 +333,14 @@ def judge(claims: list[Claim], runs: list[dict[str, Any]]) -> list[Verdict]:
     for c in claims:
         targets = [(i, s, b) for i, s, n, b in pairs if c.pair in (None, s, n)]
         if not targets:
-            out.append(Verdict(c, c.pair or "", "not verified",
-                               reason=f"no pair of this run has NEW {c.pair!r} (pairs: {', '.join(specs) or 'none'})"))
+            out.append(
+                Verdict(
+                    c,
+                    c.pair or "",
+                    "not verified",
+                    reason=f"no pair of this run has NEW {c.pair!r} (pairs: {', '.join(specs) or 'none'})",
+                )
+            )
             continue
         for i, spec, base in targets:
             label = spec if specs.count(spec) == 1 else f"{spec} (vs {base})"
@@ -331,5 +369,12 @@ def _judge_one(c: Claim, index: int, label: str, runs: list[dict[str, Any]]) -> 
     if not measured:
         return Verdict(c, label, "not verified", reason="; ".join(reasons))
     deciding = next((m for m in measured if not m.holds), measured[0])
-    return Verdict(c, label, "true" if deciding.holds else "false", deciding.value, deciding.where,
-                   "; ".join(reasons), tuple(measured))
+    return Verdict(
+        c,
+        label,
+        "true" if deciding.holds else "false",
+        deciding.value,
+        deciding.where,
+        "; ".join(reasons),
+        tuple(measured),
+    )

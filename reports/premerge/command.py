@@ -53,10 +53,11 @@ from numcheck.reports.report import compare as report_compare, schema as report_
 from numcheck.reports.report.grid import GRIDS
 from numcheck.reports.report.schema import Traversable
 
-HELP = ("pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
-        "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
-        "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input")
-
+HELP = (
+    "pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
+    "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
+    "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input"
+)
 
 
 @dataclass
@@ -77,19 +78,39 @@ class Check:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
-                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
+    )
     p.add_argument("--device", default="cpu", help="device (default cpu)")
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help="report grid (default quick)")
-    p.add_argument("--baseline", type=Path, metavar="BASE.json",
-                   help="baseline report (default: the one shipped with numcheck for this device and torch, if any)")
-    p.add_argument("--factor", type=float, default=report_compare.DEFAULT_FACTOR, help="--compare factor (see numcheck report)")
-    p.add_argument("--floor", type=float, default=report_compare.DEFAULT_FLOOR, help="--compare floor (see numcheck report)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="pytest-xdist workers for the property suite (default 1)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="also write the report (report.json, report.md) here (a new folder, or one without a report)")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="BASE.json",
+        help="baseline report (default: the one shipped with numcheck for this device and torch, if any)",
+    )
+    p.add_argument(
+        "--factor", type=float, default=report_compare.DEFAULT_FACTOR, help="--compare factor (see numcheck report)"
+    )
+    p.add_argument(
+        "--floor", type=float, default=report_compare.DEFAULT_FLOOR, help="--compare floor (see numcheck report)"
+    )
+    p.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="pytest-xdist workers for the property suite (default 1)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="also write the report (report.json, report.md) here (a new folder, or one without a report)",
+    )
     p.add_argument("--skip-tests", action="store_true", help="leave out the property suite (the checklist says so)")
     from numcheck.reports.premerge import ab_run as premerge_ab_run
+
     premerge_ab_run.add_arguments(p)
 
 
@@ -105,8 +126,10 @@ def check_impls(entries: list[Any]) -> Check:
     kinds = {}
     for e in good:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
-    figure = (f"{len(good)} loaded ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}), "
-              f"{len(broken)} broken, {len(unavailable)} unavailable here")
+    figure = (
+        f"{len(good)} loaded ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}), "
+        f"{len(broken)} broken, {len(unavailable)} unavailable here"
+    )
     return Check("impls load", not broken and bool(good), figure if good else figure + " — nothing to check", details)
 
 
@@ -114,8 +137,10 @@ def stopped_line(loaded: Check) -> str:
     """The one line premerge prints when its impls do not load: each broken spec with its cause (or that nothing
     was selected), and that nothing else ran."""
     why = "; ".join(d.split("\n")[0] for d in loaded.details if "cannot run here" not in d) or loaded.figure
-    return (f"❌ **impls load** — {why} — premerge stopped here (exit 1): no suite, report or memory table ran; fix "
-            f"the load and rerun")
+    return (
+        f"❌ **impls load** — {why} — premerge stopped here (exit 1): no suite, report or memory table ran; fix "
+        f"the load and rerun"
+    )
 
 
 def check_probes(device: str) -> Check:
@@ -127,8 +152,12 @@ def check_probes(device: str) -> Check:
         return Check("capability probes", False, f"probes raised {type(exc).__name__}: {exc}")
     yes = [k for k, v in caps.items() if v]
     no = [k for k, v in caps.items() if not v]
-    return Check("capability probes", True, f"{len(yes)}/{len(caps)} available on {device}",
-                 [f"yes: {', '.join(yes) or '—'}", f"no: {', '.join(no) or '—'}"])
+    return Check(
+        "capability probes",
+        True,
+        f"{len(yes)}/{len(caps)} available on {device}",
+        [f"yes: {', '.join(yes) or '—'}", f"no: {', '.join(no) or '—'}"],
+    )
 
 
 _REPRO = re.compile(r"reproduce: (.+)")
@@ -162,8 +191,19 @@ def _junit_failures(path: Path) -> tuple[dict[str, int], list[str]]:
 
 def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     """The pytest command line of the property-suite check: the installed suite, the impls, JUnit XML out."""
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", "-o", "junit_logging=no"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        *SUITE_MODULES,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_logging=no",
+    ]
     for s in specs:
         cmd += ["--impl", s]
     if jobs > 1:
@@ -171,31 +211,37 @@ def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     return cmd
 
 
-
-
 def check_property_suite(specs: list[str], jobs: int) -> Check:
     title = "property suite (ci profile)"
     missing = [m for m in SUITE_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        return Check(title, False, f"the installed numcheck has no suite module {', '.join(missing)} "
-                     f"(a broken install: reinstall numcheck)")
+        return Check(
+            title,
+            False,
+            f"the installed numcheck has no suite module {', '.join(missing)} (a broken install: reinstall numcheck)",
+        )
     with tempfile.TemporaryDirectory(prefix="numcheck-premerge-") as tmp:
         junit = Path(tmp) / "junit.xml"
         cmd = suite_command(specs, jobs, junit)
-        print(f"numcheck premerge: running the property suite: {shlex.join(cmd)}",
-              file=sys.stderr)
+        print(f"numcheck premerge: running the property suite: {shlex.join(cmd)}", file=sys.stderr)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         t0 = time.monotonic()
         rc, lines = stream(cmd, env=env)
         secs = time.monotonic() - t0
         if not junit.exists():
             tail = [t for t in lines if t.strip()][-5:]
-            return Check(title, False, f"pytest exited {rc} without results",
-                         [f"`{shlex.join(cmd)}`"] + [f"    {t}" for t in tail])
+            return Check(
+                title,
+                False,
+                f"pytest exited {rc} without results",
+                [f"`{shlex.join(cmd)}`"] + [f"    {t}" for t in tail],
+            )
         counts, details = _junit_failures(junit)
     ok = rc in (0, 5) and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
-    figure = (f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
-              f"{counts['skipped']} skipped in {secs:.0f} s")
+    figure = (
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
+        f"{counts['skipped']} skipped in {secs:.0f} s"
+    )
     if counts["passed"] == 0 and not details:
         figure += " — no test ran for these impls"
     return Check(title, ok, figure, details)
@@ -204,13 +250,20 @@ def check_property_suite(specs: list[str], jobs: int) -> Check:
 def unreached_note(report: dict, grid: str) -> str:
     """Why the report can pass where the suite fails: the declared behaviours its grid did not reach per impl
     (:mod:`reports.report.coverage`), or that it reached them all."""
-    missed = [f"{i['name']}: {', '.join(i['unreached'])}" for i in report["impls"]
-              if i["status"] == "ran" and i.get("unreached")]
+    missed = [
+        f"{i['name']}: {', '.join(i['unreached'])}"
+        for i in report["impls"]
+        if i["status"] == "ran" and i.get("unreached")
+    ]
     if missed:
-        return (f"the property suite failed where this report passed: the {grid} grid did not reach these declared "
-                f"behaviours, which the suite draws — {'; '.join(missed)}")
-    return (f"the property suite failed where this report passed, though the {grid} grid reached every behaviour "
-            f"the impls declare: the suite's failing cases (listed under it) lie beyond the grid's shapes and values")
+        return (
+            f"the property suite failed where this report passed: the {grid} grid did not reach these declared "
+            f"behaviours, which the suite draws — {'; '.join(missed)}"
+        )
+    return (
+        f"the property suite failed where this report passed, though the {grid} grid reached every behaviour "
+        f"the impls declare: the suite's failing cases (listed under it) lie beyond the grid's shapes and values"
+    )
 
 
 def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Check:
@@ -231,35 +284,57 @@ def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Chec
     details = []
     for c in failures(report):
         detail = c.get("error") or "; ".join(c.get("failures", [])[:1])
-        details.append(f"`{c['impl']}` on `{c['label']}`: {detail[:300]}" + (f"\n  - reproduce: `{c['repro']}`" if c.get("repro") else ""))
+        details.append(
+            f"`{c['impl']}` on `{c['label']}`: {detail[:300]}"
+            + (f"\n  - reproduce: `{c['repro']}`" if c.get("repro") else "")
+        )
     not_run = [f"`{i['name']}`: {i['status']} — {i['reason']}" for i in report["impls"] if i["status"] != "ran"]
-    not_run += [f"`{i['name']}`: declared, reached by no case of the {grid} grid: {', '.join(i['unreached'])}"
-                for i in report["impls"] if i["status"] == "ran" and i.get("unreached")]
+    not_run += [
+        f"`{i['name']}`: declared, reached by no case of the {grid} grid: {', '.join(i['unreached'])}"
+        for i in report["impls"]
+        if i["status"] == "ran" and i.get("unreached")
+    ]
     return Check("report", ok, figure if n else figure + " — no case ran", details + not_run)
 
 
-def check_baseline(report: dict, baseline: Path | Traversable | None, factor: float, floor: float, *,
-                   restricted: bool = False, label: str | None = None) -> Check:
+def check_baseline(
+    report: dict,
+    baseline: Path | Traversable | None,
+    factor: float,
+    floor: float,
+    *,
+    restricted: bool = False,
+    label: str | None = None,
+) -> Check:
     """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run.
     ``baseline`` None: there is none for this device, which is information, not a failure."""
     title = "vs committed baseline"
     if baseline is None:
         env = report.get("environment", {})
-        return Check(title, True, f"no baseline for this device ({env.get('device', '?')}, torch "
-                     f"{env.get('torch', '?')}) — nothing to compare (information, not a failure)")
+        return Check(
+            title,
+            True,
+            f"no baseline for this device ({env.get('device', '?')}, torch "
+            f"{env.get('torch', '?')}) — nothing to compare (information, not a failure)",
+        )
     label = label or str(baseline)
     try:
         base = report_schema.load(baseline)
         if restricted:
             names = {i["name"] for i in report["impls"]}
-            base = dict(base, impls=[i for i in base["impls"] if i["name"] in names],
-                        cases=[c for c in base["cases"] if c["impl"] in names])
+            base = dict(
+                base,
+                impls=[i for i in base["impls"] if i["name"] in names],
+                cases=[c for c in base["cases"] if c["impl"] in names],
+            )
         diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=label)
     except ValueError as exc:
         return Check(title, False, str(exc))
     regs = diff.regressions
-    figure = (f"{len(regs)} regression(s) against {label} (factor {factor:g}, floor {floor:g}); "
-              f"{len(diff.of('improvement'))} improvement(s), {len(diff.of('note'))} note(s)")
+    figure = (
+        f"{len(regs)} regression(s) against {label} (factor {factor:g}, floor {floor:g}); "
+        f"{len(diff.of('improvement'))} improvement(s), {len(diff.of('note'))} note(s)"
+    )
     details = [f"`{f.impl}` `{f.case}` {f.output}: {f.message}" for f in regs]
     details += [f"note: `{f.impl}`: {f.message}" for f in diff.of("note")][:10]
     return Check(title, not regs, figure, details)
@@ -272,9 +347,11 @@ def shipped_label(resource: Traversable) -> str:
 
 
 #: What to do about an impl whose memory cannot be traced on ``meta``.
-MEMORY_ADVICE = ("measure it where it runs: `numcheck premerge --device cuda` or `numcheck bench` on a GPU; or expose "
-                 "`accumulation_step(gw, G, x)` so its grad_weight step is measured on its own "
-                 "(`numcheck premerge --base`, docs/premerge-ab.md)")
+MEMORY_ADVICE = (
+    "measure it where it runs: `numcheck premerge --device cuda` or `numcheck bench` on a GPU; or expose "
+    "`accumulation_step(gw, G, x)` so its grad_weight step is measured on its own "
+    "(`numcheck premerge --base`, docs/premerge-ab.md)"
+)
 
 
 def check_memory(report: dict) -> Check:
@@ -298,8 +375,7 @@ def check_memory(report: dict) -> Check:
     if unmeasured:
         names = ", ".join(f"`{r['name']}`" for r in unmeasured)
         figure = f"not measured for {names} (cannot run on meta); " + figure
-    details = [f"`{r['name']}` not measured: it cannot run on meta ({r['error']}); {MEMORY_ADVICE}"
-               for r in unmeasured]
+    details = [f"`{r['name']}` not measured: it cannot run on meta ({r['error']}); {MEMORY_ADVICE}" for r in unmeasured]
     return Check("memory", True, figure, details, unmeasured=bool(unmeasured))
 
 
@@ -311,13 +387,18 @@ def render(env: dict, specs: list[str], checks: list[Check]) -> str:
     unmeasured = [c.title for c in checks if c.ok and c.unmeasured]
     if unmeasured:
         result += f" (⚠️ not measured in full: {', '.join(unmeasured)})"
-    lines = ["## numcheck pre-merge checklist", "",
-             f"**Result: {result}**", "",
-             f"- Hardware: {env['device_name']} ({env['device']})",
-             f"- torch {env['torch']}, triton {env.get('triton') or '—'}, Python {env['python']}, numcheck "
-             f"{env.get('numcheck') or '—'} @ {(env.get('git_commit') or '—')[:12]}"
-             + (" (uncommitted changes)" if env.get("git_dirty") else ""),
-             f"- Impls: {', '.join(f'`{s}`' for s in specs) if specs else 'all registered'}", ""]
+    lines = [
+        "## numcheck pre-merge checklist",
+        "",
+        f"**Result: {result}**",
+        "",
+        f"- Hardware: {env['device_name']} ({env['device']})",
+        f"- torch {env['torch']}, triton {env.get('triton') or '—'}, Python {env['python']}, numcheck "
+        f"{env.get('numcheck') or '—'} @ {(env.get('git_commit') or '—')[:12]}"
+        + (" (uncommitted changes)" if env.get("git_dirty") else ""),
+        f"- Impls: {', '.join(f'`{s}`' for s in specs) if specs else 'all registered'}",
+        "",
+    ]
     for c in checks:
         lines.append(c.line())
         for d in c.details:
@@ -330,6 +411,7 @@ def render(env: dict, specs: list[str], checks: list[Check]) -> str:
 def run(args: argparse.Namespace) -> int:
     from numcheck.impls.registry import discover
     from numcheck.reports.report.command import build_report, check_writable_here, write_report
+
     if args.base:
         from numcheck.reports.premerge.ab_run import run_ab
 
@@ -353,7 +435,9 @@ def run(args: argparse.Namespace) -> int:
     env = report_schema.environment(args.device)
     checks = [loaded, check_probes(args.device)]
     if args.skip_tests:
-        checks.append(Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"))
+        checks.append(
+            Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review")
+        )
     else:
         checks.append(check_property_suite(specs, args.jobs))
     suite_failed = not args.skip_tests and not checks[-1].ok
@@ -380,6 +464,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"numcheck premerge: could not write the report to {args.out}: {exc}", file=sys.stderr)
     print(render(env, specs, checks))
     failed = [c.title for c in checks if not c.ok]
-    print(f"numcheck premerge: {time.monotonic() - t0:.0f} s; "
-          + (f"FAIL (exit 1): {', '.join(failed)}" if failed else "PASS (exit 0): every check passes"), file=sys.stderr)
+    print(
+        f"numcheck premerge: {time.monotonic() - t0:.0f} s; "
+        + (f"FAIL (exit 1): {', '.join(failed)}" if failed else "PASS (exit 0): every check passes"),
+        file=sys.stderr,
+    )
     return 1 if failed else 0

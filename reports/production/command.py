@@ -35,8 +35,10 @@ from typing import Any
 
 from numcheck.reports import common
 
-HELP = ("the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
-        "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md")
+HELP = (
+    "the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
+    "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md"
+)
 
 PROGRESS = "progress.jsonl"
 #: The statuses an earlier run's item is run again for on resume (every other status is a settled verdict).
@@ -46,35 +48,68 @@ GRACE_S = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
-                   help="impl name or module:attr spec (repeatable; default: every registered linear+CE impl)")
-    p.add_argument("--shapes", default=None,
-                   help="preset 'production' (default on CUDA) or 'smoke' (default elsewhere), or NAME=NxHxV,...")
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="impl name or module:attr spec (repeatable; default: every registered linear+CE impl)",
+    )
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help="preset 'production' (default on CUDA) or 'smoke' (default elsewhere), or NAME=NxHxV,...",
+    )
     p.add_argument("--precisions", default="bf16,amp", help="comma-separated of bf16, amp (default both)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    p.add_argument("--out", type=Path, default=Path("numcheck-scale"), metavar="DIR",
-                   help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed: "
-                        "its failed, erred, timed-out, crashed and not-run items run again")
-    p.add_argument("--force", action="store_true",
-                   help="start afresh: discard the progress.jsonl (and worker logs) an earlier run left in --out")
-    p.add_argument("--keep-stale", action="store_true",
-                   help="on resume, keep the items an earlier run recorded on other numcheck code or torch (by default "
-                        "they run again)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("numcheck-scale"),
+        metavar="DIR",
+        help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed: "
+        "its failed, erred, timed-out, crashed and not-run items run again",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="start afresh: discard the progress.jsonl (and worker logs) an earlier run left in --out",
+    )
+    p.add_argument(
+        "--keep-stale",
+        action="store_true",
+        help="on resume, keep the items an earlier run recorded on other numcheck code or torch (by default "
+        "they run again)",
+    )
     p.add_argument("--time-cap-s", type=float, default=150.0, help="seconds per (case, impl) item (default 150)")
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="wall seconds for the whole run; items not started by then are recorded as not_run")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall seconds for the whole run; items not started by then are recorded as not_run",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--in-process", action="store_true",
-                   help="run the items in this process (no restart after a CUDA fault; the default on CPU)")
-    g.add_argument("--isolate", action="store_true",
-                   help="run the items in a worker process restarted after a crash or hang (the default on CUDA)")
-    p.add_argument("--assemble", action="store_true",
-                   help="run nothing: write scale.json and scale.md from the progress.jsonl in --out (a run cut short)")
+    g.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the items in this process (no restart after a CUDA fault; the default on CPU)",
+    )
+    g.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the items in a worker process restarted after a crash or hang (the default on CUDA)",
+    )
+    p.add_argument(
+        "--assemble",
+        action="store_true",
+        help="run nothing: write scale.json and scale.md from the progress.jsonl in --out (a run cut short)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
+
 
 def _device(args: argparse.Namespace) -> str:
     """The device of the run: ``--device``, else cuda where available, else cpu."""
@@ -107,6 +142,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
 
 
 # -- progress file --------------------------------------------------------------------------------------------
+
 
 def _events(out: Path) -> list[dict[str, Any]]:
     """The events of ``out``'s progress file in order (none without one), a line cut by a killed worker skipped."""
@@ -169,8 +205,13 @@ def _retry_unsettled(out: Path, keep_stale: bool = False) -> tuple[int, int]:
     stale = (lambda e: e.get("event") in _CODED and e.get("code") != _code()) if not keep_stale else (lambda e: False)
     retried = [e for e in events if e.get("event") == "result" and e.get("status") in RETRIED]
     old = [e for e in events if e.get("event") == "result" and e.get("status") not in RETRIED and stale(e)]
-    keep = [e for e in events if e.get("event") not in ("start", "case-start")
-            and not (e.get("event") == "result" and e.get("status") in RETRIED) and not stale(e)]
+    keep = [
+        e
+        for e in events
+        if e.get("event") not in ("start", "case-start")
+        and not (e.get("event") == "result" and e.get("status") in RETRIED)
+        and not stale(e)
+    ]
     if len(keep) != len(events):
         (out / PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in keep))
     return len(retried), len(old)
@@ -188,6 +229,7 @@ def _done(events: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 
 # -- the worker -----------------------------------------------------------------------------------------------
+
 
 class ItemTimeout(BaseException):
     """An item ran past ``--time-cap-s`` (a BaseException, so that no impl's ``except Exception`` swallows it)."""
@@ -216,8 +258,18 @@ def _work(args: argparse.Namespace) -> int:
             continue
         if time.time() > deadline:
             for impl in todo:
-                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
-                              "precision": case.precision, "status": "not_run", "reason": "the run's budget was spent"})
+                _append(
+                    out,
+                    {
+                        "event": "result",
+                        "case": case.label,
+                        "impl": impl.name,
+                        "shape": case.shape.name,
+                        "precision": case.precision,
+                        "status": "not_run",
+                        "reason": "the run's budget was spent",
+                    },
+                )
             continue
         _append(out, {"event": "case-start", "case": case.label, "t": time.time()})
         try:
@@ -227,8 +279,18 @@ def _work(args: argparse.Namespace) -> int:
 
             why = "the case's inputs, oracle or eager run failed: " + " ".join(exception_lines(exc))
             for impl in todo:
-                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
-                              "precision": case.precision, "status": "error", "reason": why})
+                _append(
+                    out,
+                    {
+                        "event": "result",
+                        "case": case.label,
+                        "impl": impl.name,
+                        "shape": case.shape.name,
+                        "precision": case.precision,
+                        "status": "error",
+                        "reason": why,
+                    },
+                )
             if torch.device(case.device).type == "cuda":
                 torch.cuda.empty_cache()
             continue
@@ -241,18 +303,35 @@ def _work(args: argparse.Namespace) -> int:
         _append(out, {"event": "case", "case": case.label, **info})
         for impl in todo:
             if time.time() > deadline:
-                _append(out, {"event": "result", "case": case.label, "impl": impl.name, "shape": case.shape.name,
-                              "precision": case.precision, "status": "not_run", "reason": "the run's budget was spent"})
+                _append(
+                    out,
+                    {
+                        "event": "result",
+                        "case": case.label,
+                        "impl": impl.name,
+                        "shape": case.shape.name,
+                        "precision": case.precision,
+                        "status": "not_run",
+                        "reason": "the run's budget was spent",
+                    },
+                )
                 continue
-            _append(out, {"event": "start", "case": case.label, "impl": impl.name, "t": time.time(),
-                          "cap": args.time_cap_s})
+            _append(
+                out, {"event": "start", "case": case.label, "impl": impl.name, "t": time.time(), "cap": args.time_cap_s}
+            )
             if use_alarm:
                 signal.setitimer(signal.ITIMER_REAL, args.time_cap_s)
             try:
                 rec = judge_impl(impl, ctx)
             except ItemTimeout:
-                rec = {"case": case.label, "impl": impl.name, "shape": case.shape.name, "precision": case.precision,
-                       "status": "timeout", "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s"}
+                rec = {
+                    "case": case.label,
+                    "impl": impl.name,
+                    "shape": case.shape.name,
+                    "precision": case.precision,
+                    "status": "timeout",
+                    "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s",
+                }
             finally:
                 if use_alarm:
                     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -264,6 +343,7 @@ def _work(args: argparse.Namespace) -> int:
 
 
 # -- the parent -----------------------------------------------------------------------------------------------
+
 
 def _in_flight(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The last ``start`` or ``case-start`` event with no result after it."""
@@ -292,8 +372,18 @@ def _mark_lost(out: Path, e: dict[str, Any], status: str, why: str, impls: list[
     done = _done(_events(out))
     for name in names:
         if (e["case"], name) not in done:
-            _append(out, {"event": "result", "case": e["case"], "impl": name, "status": status, "reason": why,
-                          "shape": e["case"].split("/")[0], "precision": e["case"].split("/")[-1]})
+            _append(
+                out,
+                {
+                    "event": "result",
+                    "case": e["case"],
+                    "impl": name,
+                    "status": status,
+                    "reason": why,
+                    "shape": e["case"].split("/")[0],
+                    "precision": e["case"].split("/")[-1],
+                },
+            )
 
 
 def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
@@ -329,8 +419,13 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
         elif proc.returncode != 0 and not total <= _done(_events(args.out)):
             # It died between items (the case context, an import): nothing is in flight to blame.
             for c in cases:
-                _mark_lost(args.out, {"event": "case-start", "case": c.label}, "crashed",
-                           f"the worker exited with status {proc.returncode}: {_tail(log)}", impls)
+                _mark_lost(
+                    args.out,
+                    {"event": "case-start", "case": c.label},
+                    "crashed",
+                    f"the worker exited with status {proc.returncode}: {_tail(log)}",
+                    impls,
+                )
             break
         if attempt > len(total) + 2:
             break
@@ -338,19 +433,24 @@ def _supervise(args: argparse.Namespace, argv: list[str]) -> None:
 
 # -- results --------------------------------------------------------------------------------------------------
 
+
 def _assemble(args: argparse.Namespace, broken: list[Any], wall: float) -> dict[str, Any]:
     import torch
 
     try:
         import triton
+
         triton_version = triton.__version__
     except Exception:  # no triton here: say so in the report
         triton_version = "absent"
     events = _events(args.out)
     device = _device(args)
     name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
-    cases = {e["case"]: {k: v for k, v in e.items() if k not in ("event", "case")}
-             for e in events if e.get("event") == "case"}
+    cases = {
+        e["case"]: {k: v for k, v in e.items() if k not in ("event", "case")}
+        for e in events
+        if e.get("event") == "case"
+    }
     records = {}
     for e in events:
         if e.get("event") == "result":
@@ -358,9 +458,16 @@ def _assemble(args: argparse.Namespace, broken: list[Any], wall: float) -> dict[
     recs = list(records.values())
     for b in broken:
         recs.append({"case": "-", "impl": b.name, "status": "error", "reason": f"failed to load: {b.error}"})
-    meta = {"device": name, "torch": torch.__version__, "triton": triton_version,
-            "shapes": _shapes_arg(args, device), "precisions": args.precisions.split(","), "wall_s": round(wall, 1),
-            "time_cap_s": args.time_cap_s, "budget_s": args.budget_s}
+    meta = {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "shapes": _shapes_arg(args, device),
+        "precisions": args.precisions.split(","),
+        "wall_s": round(wall, 1),
+        "time_cap_s": args.time_cap_s,
+        "budget_s": args.budget_s,
+    }
     return {"meta": meta, "cases": cases, "records": recs}
 
 
@@ -376,8 +483,12 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
     argv = [f"--impl={s}" for s in args.impl]
     if args.shapes:
         argv.append(f"--shapes={args.shapes}")
-    argv += [f"--precisions={args.precisions}", f"--device={_device(args)}", f"--out={args.out}",
-             f"--time-cap-s={args.time_cap_s!r}"]
+    argv += [
+        f"--precisions={args.precisions}",
+        f"--device={_device(args)}",
+        f"--out={args.out}",
+        f"--time-cap-s={args.time_cap_s!r}",
+    ]
     return argv
 
 
@@ -389,7 +500,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"numcheck production: {exc}", file=sys.stderr)
         return 2
     if args.force and args.assemble:
-        print("numcheck production: --force discards the progress --assemble would write from: pass one", file=sys.stderr)
+        print(
+            "numcheck production: --force discards the progress --assemble would write from: pass one", file=sys.stderr
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.worker:
@@ -400,11 +513,17 @@ def run(args: argparse.Namespace) -> int:
     elif not args.assemble:
         n, old = _retry_unsettled(args.out, args.keep_stale)
         if n:
-            print(f"numcheck production: resuming {args.out / PROGRESS}: {n} item(s) recorded {'/'.join(RETRIED)} run "
-                  f"again", file=sys.stderr)
+            print(
+                f"numcheck production: resuming {args.out / PROGRESS}: {n} item(s) recorded {'/'.join(RETRIED)} run "
+                f"again",
+                file=sys.stderr,
+            )
         if old:
-            print(f"numcheck production: resuming {args.out / PROGRESS}: {old} item(s) recorded on other numcheck code or "
-                  f"torch run again (--keep-stale would keep them)", file=sys.stderr)
+            print(
+                f"numcheck production: resuming {args.out / PROGRESS}: {old} item(s) recorded on other numcheck code or "
+                f"torch run again (--keep-stale would keep them)",
+                file=sys.stderr,
+            )
     if args.assemble:
         if not (args.out / PROGRESS).exists():
             print(f"numcheck production: --assemble: no {PROGRESS} in {args.out}", file=sys.stderr)
@@ -422,8 +541,7 @@ def run(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for r in data["records"]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    print(f"numcheck production: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
-          f"{args.out / 'scale.md'}")
+    print(f"numcheck production: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; {args.out / 'scale.md'}")
     for r in bad:
         print(f"  {r['status']}: {r['impl']} on {r['case']}: {r.get('reason') or r.get('failure', '').splitlines()[0]}")
     for r in (r for r in data["records"] if r["status"] == "known"):

@@ -31,9 +31,13 @@ def _worst(rec: dict[str, Any]) -> tuple[str, str, str]:
         return "-", "-", "-"
     ratios = {n: o["ratio"] for n, o in outs.items()}
     name = max(ratios, key=lambda n: float(ratios[n]) if ratios[n] is not None else float("inf"))
-    rel = [(o["relative"]["rmse"] / o["relative"]["allowed"] if o["relative"]["allowed"] else float("inf"), n)
-           for n, o in outs.items() if o.get("relative", {}).get("judged") and o["relative"].get("allowed") is not None
-           and isinstance(o["relative"].get("rmse"), (int, float))]
+    rel = [
+        (o["relative"]["rmse"] / o["relative"]["allowed"] if o["relative"]["allowed"] else float("inf"), n)
+        for n, o in outs.items()
+        if o.get("relative", {}).get("judged")
+        and o["relative"].get("allowed") is not None
+        and isinstance(o["relative"].get("rmse"), (int, float))
+    ]
     rel_s = f"{max(rel)[0]:.3g} ({max(rel)[1]})" if rel else "-"
     rows = [f"{n} {o['first_row_beyond']}" for n, o in outs.items() if "first_row_beyond" in o]
     return f"{_g(ratios[name])} ({name})", rel_s, ", ".join(rows) or "-"
@@ -50,30 +54,45 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
     """The tier's Markdown: one table per case (verdict, worst ratios, first wrong row, times, extra peak), the
     failure texts, and the run's totals."""
     meta = data.get("meta", {})
-    lines = [f"{heading} Production-shape tier (`numcheck production`)", "",
-             f"Device {meta.get('device', '?')}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}; "
-             f"shapes `{meta.get('shapes', '?')}`, precisions {', '.join(meta.get('precisions', []))}; "
-             f"wall {_g(meta.get('wall_s'))} s. Each impl is judged by the property suite's accuracy property "
-             "(judgements (a) and (b), the bounds of properties/core/tolerance.py) against the chunked float64 oracle; "
-             "times in seconds (bound: time spent on bounds while judging this impl; the impl whose bounds were "
-             "missing carries the shared sweep of every planned declaration that fit beside them, the others "
-             "only their finishing), extra peak = torch.cuda.max_memory_allocated over forward + backward "
-             "less what was allocated before.", ""]
+    lines = [
+        f"{heading} Production-shape tier (`numcheck production`)",
+        "",
+        f"Device {meta.get('device', '?')}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}; "
+        f"shapes `{meta.get('shapes', '?')}`, precisions {', '.join(meta.get('precisions', []))}; "
+        f"wall {_g(meta.get('wall_s'))} s. Each impl is judged by the property suite's accuracy property "
+        "(judgements (a) and (b), the bounds of properties/core/tolerance.py) against the chunked float64 oracle; "
+        "times in seconds (bound: time spent on bounds while judging this impl; the impl whose bounds were "
+        "missing carries the shared sweep of every planned declaration that fit beside them, the others "
+        "only their finishing), extra peak = torch.cuda.max_memory_allocated over forward + backward "
+        "less what was allocated before.",
+        "",
+    ]
     records = data.get("records", [])
     cases = data.get("cases", {})
     for label in dict.fromkeys(r["case"] for r in records):
         c = cases.get(label, {})
-        lines += [f"{heading}# {label}: {c.get('note', '')}", "",
-                  f"{c.get('problem', '')}; inputs {_g(c.get('inputs_s'))} s, oracle {_g(c.get('oracle_s'))} s, "
-                  f"eager {_g(c.get('eager_s'))} s" + (f"; first row with (row+1)·V > 2^31: {c['int32_first_row']}"
-                                                       if c.get("int32_first_row") is not None else ""), "",
-                  "| impl | verdict | worst error/bound (a) | worst RMSE/allowed (b) | first wrong row | impl s | "
-                  "bound s | extra peak MiB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"{heading}# {label}: {c.get('note', '')}",
+            "",
+            f"{c.get('problem', '')}; inputs {_g(c.get('inputs_s'))} s, oracle {_g(c.get('oracle_s'))} s, "
+            f"eager {_g(c.get('eager_s'))} s"
+            + (
+                f"; first row with (row+1)·V > 2^31: {c['int32_first_row']}"
+                if c.get("int32_first_row") is not None
+                else ""
+            ),
+            "",
+            "| impl | verdict | worst error/bound (a) | worst RMSE/allowed (b) | first wrong row | impl s | "
+            "bound s | extra peak MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in (r for r in records if r["case"] == label):
             a, b, row = _worst(r)
             verdict = _verdict(r)
-            lines.append(f"| `{r['impl']}` | {verdict.replace('|', '/')} | {a} | {b} | {row} | {_g(r.get('impl_s'))} | "
-                         f"{_g(r.get('bound_s'))} | {_mib(r.get('extra_peak_bytes'))} |")
+            lines.append(
+                f"| `{r['impl']}` | {verdict.replace('|', '/')} | {a} | {b} | {row} | {_g(r.get('impl_s'))} | "
+                f"{_g(r.get('bound_s'))} | {_mib(r.get('extra_peak_bytes'))} |"
+            )
         lines.append("")
     failing = [r for r in records if r.get("failure")]
     if failing:

@@ -38,9 +38,11 @@ from numcheck.reports.report import compare as report_compare, schema as report_
 from numcheck.reports.report.grid import GRIDS, GridSpec
 from numcheck.reports.report.schema import SCHEMA
 
-HELP = ("sweep every impl over a documented grid and write report.json, report.md and plots under "
-        "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
-        "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input")
+HELP = (
+    "sweep every impl over a documented grid and write report.json, report.md and plots under "
+    "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
+    "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input"
+)
 
 #: Max chunks of the accumulation comparison per grid.
 ACCUMULATION_CHUNKS = {"quick": 64, "full": 256, "smoke": 8}
@@ -50,32 +52,73 @@ DEFAULT_ROOT = "numcheck-report"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_const", const="quick", dest="grid",
-                   help="the quick grid (at most 3 minutes on a 2-core CPU)")
-    g.add_argument("--grid", choices=sorted(GRIDS), help="grid preset: full (default), quick, or smoke (tiny, for tests)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/ under the current directory)")
+    g.add_argument(
+        "--quick",
+        action="store_const",
+        const="quick",
+        dest="grid",
+        help="the quick grid (at most 3 minutes on a 2-core CPU)",
+    )
+    g.add_argument(
+        "--grid", choices=sorted(GRIDS), help="grid preset: full (default), quick, or smoke (tiny, for tests)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/ under the current directory)",
+    )
     p.add_argument("--force", action="store_true", help="replace a report already in the output directory")
-    p.add_argument("--update-baseline", action="store_true",
-                   help="maintainers, in numcheck's checkout: write the committed baseline reports/<device>-torch<version>/ "
-                        "(refused by an installed numcheck)")
-    p.add_argument("--compare", type=Path, metavar="BASE.json", help="list regressions against this report; exit 1 if any")
-    p.add_argument("--current", type=Path, metavar="NEW.json",
-                   help="with --compare: compare this existing report instead of running a new one")
-    p.add_argument("--factor", type=float, default=report_compare.DEFAULT_FACTOR,
-                   help=f"--compare: error/bound growth that counts as a regression (default {report_compare.DEFAULT_FACTOR:g})")
-    p.add_argument("--floor", type=float, default=report_compare.DEFAULT_FLOOR,
-                   help=f"--compare: growth counts only once error/bound exceeds this (default {report_compare.DEFAULT_FLOOR:g})")
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
-                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
+    p.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="maintainers, in numcheck's checkout: write the committed baseline reports/<device>-torch<version>/ "
+        "(refused by an installed numcheck)",
+    )
+    p.add_argument(
+        "--compare", type=Path, metavar="BASE.json", help="list regressions against this report; exit 1 if any"
+    )
+    p.add_argument(
+        "--current",
+        type=Path,
+        metavar="NEW.json",
+        help="with --compare: compare this existing report instead of running a new one",
+    )
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=report_compare.DEFAULT_FACTOR,
+        help=f"--compare: error/bound growth that counts as a regression (default {report_compare.DEFAULT_FACTOR:g})",
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=report_compare.DEFAULT_FLOOR,
+        help=f"--compare: growth counts only once error/bound exceeds this (default {report_compare.DEFAULT_FLOOR:g})",
+    )
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
+    )
     p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--render", type=Path, metavar="REPORT.json",
-                   help="run nothing: write report.md and the plots of this report.json (made elsewhere, e.g. on a "
-                        "GPU machine without matplotlib) into --out (default: the JSON's own directory)")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="REPORT.json",
+        help="run nothing: write report.md and the plots of this report.json (made elsewhere, e.g. on a "
+        "GPU machine without matplotlib) into --out (default: the JSON's own directory)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--include-scale", type=Path, metavar="SCALE.json",
-                   help="append the production-shape tier of this numcheck production run (its scale.json) to report.md")
+    p.add_argument(
+        "--include-scale",
+        type=Path,
+        metavar="SCALE.json",
+        help="append the production-shape tier of this numcheck production run (its scale.json) to report.md",
+    )
 
 
 def default_out_dir(device: str) -> Path:
@@ -88,25 +131,30 @@ def check_writable_here(out: Path, *, force: bool, baseline: bool = False) -> No
     checkout's baseline folder), holding a report already (unless ``force``), or a folder that is no report."""
     pkg = baselines.inside_package(out)
     if pkg is not None and not baseline:
-        raise ValueError(f"{out} lies inside numcheck's package folder {pkg}; a report is never written into the "
-                         f"package (choose another --out; maintainers regenerate a committed baseline with "
-                         f"--update-baseline from a checkout)")
+        raise ValueError(
+            f"{out} lies inside numcheck's package folder {pkg}; a report is never written into the "
+            f"package (choose another --out; maintainers regenerate a committed baseline with "
+            f"--update-baseline from a checkout)"
+        )
     if (out / "report.json").exists() and not (force or baseline):
-        raise ValueError(f"{out} already holds a report ({out / 'report.json'}); pass --force to replace it, or "
-                         f"choose another --out")
+        raise ValueError(
+            f"{out} already holds a report ({out / 'report.json'}); pass --force to replace it, or choose another --out"
+        )
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not (out / "report.json").exists():
-        raise ValueError(f"{out} exists and is not a numcheck report directory (no report.json); refusing to "
-                         f"write into it")
+        raise ValueError(
+            f"{out} exists and is not a numcheck report directory (no report.json); refusing to write into it"
+        )
 
 
 def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
     """Where to write, and a message when the choice needs explaining. Raises ValueError when refused."""
     if getattr(args, "update_baseline", False):
         if args.out is not None:
-            raise ValueError("--update-baseline writes the checkout's reports/<device>-torch<version>/; "
-                             "it takes no --out")
+            raise ValueError(
+                "--update-baseline writes the checkout's reports/<device>-torch<version>/; it takes no --out"
+            )
         out = baselines.baseline_dir_to_update(args.device)
         check_writable_here(out, force=True, baseline=True)
         return out, f"updating the committed baseline {out}" + (" (new)" if not out.exists() else "")
@@ -118,8 +166,6 @@ def resolve_out_dir(args: argparse.Namespace) -> tuple[Path, str]:
 #: The files a report writes into its directory. Rewriting a report replaces or removes these (a stale plot
 #: does not survive); anything else in the directory (a README, benchmark results, logs) is kept.
 REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.md"})
-
-
 
 
 def memory_section(impls: list[Any]) -> dict[str, Any]:
@@ -138,21 +184,45 @@ def memory_section(impls: list[Any]) -> dict[str, Any]:
         rows = memory_table(impls, p, "meta")
     except Exception as exc:  # noqa: BLE001 - the report still stands without it; the failure is shown
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"one_chunk_shape": [V, H, C], "impl_shape": [N, H, V], "dtype": "bfloat16", "device": "meta",
-            "one_chunk": [{"path": r.path, "runs_as": r.runs_as, "extra_bytes": r.extra_bytes, "formula": r.formula}
-                          for r in chunk],
-            "impls": [{"name": m.name, "forward_peak": m.forward_peak, "held": m.held, "backward_peak": m.backward_peak,
-                       "total_peak": m.total_peak, "opaque": sorted(m.opaque), "error": m.error} for m in rows]}
+    return {
+        "one_chunk_shape": [V, H, C],
+        "impl_shape": [N, H, V],
+        "dtype": "bfloat16",
+        "device": "meta",
+        "one_chunk": [
+            {"path": r.path, "runs_as": r.runs_as, "extra_bytes": r.extra_bytes, "formula": r.formula} for r in chunk
+        ],
+        "impls": [
+            {
+                "name": m.name,
+                "forward_peak": m.forward_peak,
+                "held": m.held,
+                "backward_peak": m.backward_peak,
+                "total_peak": m.total_peak,
+                "opaque": sorted(m.opaque),
+                "error": m.error,
+            }
+            for m in rows
+        ],
+    }
 
 
-def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: bool = True, memory: bool = True,
-                 accumulation: bool = True) -> dict[str, Any]:
+def build_report(
+    spec: GridSpec,
+    specs: list[str],
+    device: str,
+    *,
+    progress: bool = True,
+    memory: bool = True,
+    accumulation: bool = True,
+) -> dict[str, Any]:
     """Run the sweep, the accumulation comparison and the memory table; the report dictionary.
 
     ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
     from numcheck.impls.registry import by_kind, discover
     from numcheck.impls.measure.accumulation import accumulation_table
     from numcheck.reports.report.run import one_thread, sweep
+
     t0 = time.monotonic()
     entries = discover(specs)
     env = report_schema.environment(device)
@@ -164,16 +234,29 @@ def build_report(spec: GridSpec, specs: list[str], device: str, *, progress: boo
     ran = {i["name"] for i in result.impls if i["status"] == "ran"}
     lin = [e.impl for e in by_kind(entries, "linear_ce") if e.name in ran]
     mem = memory_section(lin) if (lin and memory) else None
-    return {"schema": SCHEMA, "environment": env,
-            "grid": {"name": spec.name, "description": spec.describe(), "seconds": round(time.monotonic() - t0, 1),
-                     "impl_specs": list(specs)},
-            "impls": result.impls, "cases": result.cases, "accumulation": acc, "memory": mem}
+    return {
+        "schema": SCHEMA,
+        "environment": env,
+        "grid": {
+            "name": spec.name,
+            "description": spec.describe(),
+            "seconds": round(time.monotonic() - t0, 1),
+            "impl_specs": list(specs),
+        },
+        "impls": result.impls,
+        "cases": result.cases,
+        "accumulation": acc,
+        "memory": mem,
+    }
 
 
-def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", scale_md: str = "") -> list[str]:
+def write_report(
+    report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", scale_md: str = ""
+) -> list[str]:
     """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names. ``scale_md``
     (the production-shape tier's section, :mod:`reports.production.md`) is appended to report.md."""
     from numcheck.reports.report import md as report_md
+
     drawn: list[str] = []
     note = "Plots skipped (--no-plots)."
 
@@ -189,8 +272,10 @@ def write_report(report: dict, out: Path, *, plots: bool = True, comparison_md: 
         try:
             text = report_md.render(report, plots=drawn, plot_note=note, comparison_md=comparison_md)
         except Exception as exc:  # noqa: BLE001 - report.json is written whatever the Markdown makes of it
-            text = (f"# numcheck tolerance report\n\nreport.md could not be rendered from this report's data "
-                    f"({type(exc).__name__}: {exc}); the data is in report.json.\n")
+            text = (
+                f"# numcheck tolerance report\n\nreport.md could not be rendered from this report's data "
+                f"({type(exc).__name__}: {exc}); the data is in report.json.\n"
+            )
             print(f"numcheck report: {text.splitlines()[-1]}", file=sys.stderr)
         (tmp / "report.md").write_text(text + (f"\n{scale_md}" if scale_md else ""))
 
@@ -218,8 +303,11 @@ def print_summary(report: dict, out: Path | None) -> None:
     if note:
         print(f"  {note}")
     for r in bad:
-        worst = (f"worst error/bound {r['worst_ratio']:.3g} ({r['worst_output']}, {r['worst_case']})"
-                 if r["worst_output"] else "no case judged")
+        worst = (
+            f"worst error/bound {r['worst_ratio']:.3g} ({r['worst_output']}, {r['worst_case']})"
+            if r["worst_output"]
+            else "no case judged"
+        )
         print(f"  FAIL {r['name']}: {r['fail']} failing, {r['error']} raising; {worst}")
     for r in rows:
         if r["status"] != "ran":
@@ -241,14 +329,18 @@ def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
     n, ok = sum(r["n"] for r in ran), sum(r["pass"] for r in ran)
     problems = []
     if failing:
-        problems.append(f"{n - ok} of {n} case(s) fail or raise in {len(failing)} impl(s) "
-                        f"({', '.join(r['name'] for r in failing)})")
+        problems.append(
+            f"{n - ok} of {n} case(s) fail or raise in {len(failing)} impl(s) ({', '.join(r['name'] for r in failing)})"
+        )
     if broken:
         problems.append(f"{len(broken)} impl(s) broken — fail to load or break the protocol ({', '.join(broken)})")
     if regressions:
         problems.append(f"{regressions} regression(s) against the baseline")
-    tail = (f"; {len(unavailable)} impl(s) unavailable here, listed above, not a failure ({', '.join(unavailable)})"
-            if unavailable else "")
+    tail = (
+        f"; {len(unavailable)} impl(s) unavailable here, listed above, not a failure ({', '.join(unavailable)})"
+        if unavailable
+        else ""
+    )
     if problems:
         return 1, "numcheck report: FAIL (exit 1) — " + "; ".join(problems) + tail
     if not n:
@@ -287,8 +379,6 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
     return 0
 
 
-
-
 def check_impl_specs(specs: list[str]) -> None:
     """:class:`BadInput` naming the first ``--impl`` value that can name no impl: empty, neither a built-in's name
     nor ``package.module[:attr]`` of dotted Python names. (A well-formed spec whose module fails to import is a
@@ -301,11 +391,15 @@ def check_impl_specs(specs: list[str]) -> None:
             raise BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
         builtins = builtins or sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
         module, colon, attr = spec.strip().partition(":")
-        if spec in builtins or ((colon or "." in module) and all(
-                n.isidentifier() for n in module.split(".") + (attr.split(".") if colon else []))):
+        if spec in builtins or (
+            (colon or "." in module)
+            and all(n.isidentifier() for n in module.split(".") + (attr.split(".") if colon else []))
+        ):
             continue
-        raise BadInput(f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
-                        f"package.module:attr (dotted Python names around one ':')")
+        raise BadInput(
+            f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
+            f"package.module:attr (dotted Python names around one ':')"
+        )
 
 
 def _load_or_exit(path: Path) -> dict:
@@ -336,8 +430,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.compare is None:
             raise BadInput("--current needs --compare BASE.json")
         base, new = _load_or_exit(args.compare), _load_or_exit(args.current)
-        diff = report_compare.compare_reports(base, new, factor=args.factor, floor=args.floor,
-                                              base_label=str(args.compare))
+        diff = report_compare.compare_reports(
+            base, new, factor=args.factor, floor=args.floor, base_label=str(args.compare)
+        )
         print(report_compare.to_markdown(diff))
         return 1 if diff.regressions else 0
     check_impl_specs(list(args.impl))
@@ -351,8 +446,9 @@ def _run(args: argparse.Namespace) -> int:
     report = build_report(spec, list(args.impl), args.device, progress=not args.no_progress)
     comparison_md, regressions = "", 0
     if base is not None:
-        diff = report_compare.compare_reports(base, report, factor=args.factor, floor=args.floor,
-                                              base_label=str(args.compare))
+        diff = report_compare.compare_reports(
+            base, report, factor=args.factor, floor=args.floor, base_label=str(args.compare)
+        )
         comparison_md = report_compare.to_markdown(diff)
         regressions = len(diff.regressions)
     write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md, scale_md=scale_section)

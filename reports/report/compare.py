@@ -57,8 +57,9 @@ def _fmt(v: float) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
 
 
-def compare_reports(base: dict, new: dict, *, factor: float = DEFAULT_FACTOR, floor: float = DEFAULT_FLOOR,
-                    base_label: str = "baseline") -> ReportDiff:
+def compare_reports(
+    base: dict, new: dict, *, factor: float = DEFAULT_FACTOR, floor: float = DEFAULT_FLOOR, base_label: str = "baseline"
+) -> ReportDiff:
     """Compare two loaded reports (:func:`reports.report.schema.load`); see the module docstring."""
     if not (factor >= 1.0):
         raise ValueError(f"factor must be >= 1, got {factor!r}")
@@ -78,7 +79,15 @@ def compare_reports(base: dict, new: dict, *, factor: float = DEFAULT_FACTOR, fl
         elif bi["status"] == "ran" and ni["status"] != "ran":
             add(Finding("note", name, "", "", f"impl ran in the baseline but is {ni['status']} here: {ni['reason']}"))
         elif bi["status"] != "ran" and ni["status"] == "ran":
-            add(Finding("note", name, "", "", f"impl was {bi['status']} in the baseline ({bi['reason']}); no cases to compare"))
+            add(
+                Finding(
+                    "note",
+                    name,
+                    "",
+                    "",
+                    f"impl was {bi['status']} in the baseline ({bi['reason']}); no cases to compare",
+                )
+            )
         elif ni["status"] == "ran":
             both.append(name)
     for name in n_impls:
@@ -107,19 +116,43 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
     impl, label = nc["impl"], nc["label"]
     flipped = [j for j, ok in bc.get("verdicts", {}).items() if ok and not nc.get("verdicts", {}).get(j, False)]
     if nc["status"] == "error" and bc["status"] != "error":
-        diff.findings.append(Finding("regression", impl, label, "", f"now raises: {nc.get('error', '')}"
-                                     + (f" — reproduce: {nc['repro']}" if nc.get("repro") else "")))
+        diff.findings.append(
+            Finding(
+                "regression",
+                impl,
+                label,
+                "",
+                f"now raises: {nc.get('error', '')}" + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""),
+            )
+        )
         return
     if flipped:
         worst = max(nc.get("outputs", {}).items(), key=lambda kv: kv[1].get("ratio_hard", 0.0), default=(None, {}))
-        diff.findings.append(Finding(
-            "regression", impl, label, worst[0] or "", f"verdict flipped pass → fail ({', '.join(flipped)})"
-            + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""),
-            bc.get("ratio_hard", math.nan), nc.get("ratio_hard", math.nan)))
+        diff.findings.append(
+            Finding(
+                "regression",
+                impl,
+                label,
+                worst[0] or "",
+                f"verdict flipped pass → fail ({', '.join(flipped)})"
+                + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""),
+                bc.get("ratio_hard", math.nan),
+                nc.get("ratio_hard", math.nan),
+            )
+        )
         return
     if bc["status"] != "pass" and nc["status"] == "pass":
-        diff.findings.append(Finding("improvement", impl, label, "", "verdict flipped fail → pass",
-                                     bc.get("ratio_hard", math.nan), nc.get("ratio_hard", math.nan)))
+        diff.findings.append(
+            Finding(
+                "improvement",
+                impl,
+                label,
+                "",
+                "verdict flipped fail → pass",
+                bc.get("ratio_hard", math.nan),
+                nc.get("ratio_hard", math.nan),
+            )
+        )
     for out, bo in bc.get("outputs", {}).items():
         no = nc.get("outputs", {}).get(out)
         if no is None:
@@ -128,26 +161,50 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
         b, n = bo.get("ratio_hard", 0.0), no.get("ratio_hard", 0.0)
         if n > diff.floor and n > diff.factor * b:
             growth = n / b if b > 0 else math.inf
-            diff.findings.append(Finding("regression", impl, label, out,
-                                         f"error/bound grew ×{growth:.3g} (> ×{diff.factor:g}) to {n:.3g} (> floor {diff.floor:g})"
-                                         + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""), b, n))
+            diff.findings.append(
+                Finding(
+                    "regression",
+                    impl,
+                    label,
+                    out,
+                    f"error/bound grew ×{growth:.3g} (> ×{diff.factor:g}) to {n:.3g} (> floor {diff.floor:g})"
+                    + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""),
+                    b,
+                    n,
+                )
+            )
 
 
 def to_markdown(diff: ReportDiff) -> str:
     """The comparison as a Markdown section."""
     regs, imps, notes = diff.of("regression"), diff.of("improvement"), diff.of("note")
-    lines = [f"## Comparison with {diff.base_label}", "",
-             f"Regression: a verdict flipped pass → fail, or an output's error/bound grew more than ×{diff.factor:g} "
-             f"and now exceeds {diff.floor:g}. **{len(regs)} regression(s)**, {len(imps)} improvement(s), "
-             f"{len(notes)} note(s).", ""]
+    lines = [
+        f"## Comparison with {diff.base_label}",
+        "",
+        f"Regression: a verdict flipped pass → fail, or an output's error/bound grew more than ×{diff.factor:g} "
+        f"and now exceeds {diff.floor:g}. **{len(regs)} regression(s)**, {len(imps)} improvement(s), "
+        f"{len(notes)} note(s).",
+        "",
+    ]
     if regs or imps:
-        lines += ["| | impl | case | output | baseline error/bound | now | what |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| | impl | case | output | baseline error/bound | now | what |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for f in regs + imps:
             mark = "❌" if f.kind == "regression" else "✅"
-            lines.append(f"| {mark} | `{f.impl}` | `{f.case}` | {f.output or '—'} | {_fmt(f.base_ratio)} | "
-                         f"{_fmt(f.new_ratio)} | {f.message.replace('|', '/')} |")
+            lines.append(
+                f"| {mark} | `{f.impl}` | `{f.case}` | {f.output or '—'} | {_fmt(f.base_ratio)} | "
+                f"{_fmt(f.new_ratio)} | {f.message.replace('|', '/')} |"
+            )
         lines.append("")
     if notes:
-        lines += ["Notes:", ""] + [f"- `{f.impl}`{(' ' + f.case) if f.case else ''}{(' ' + f.output) if f.output else ''}: "
-                                   f"{f.message}" for f in notes] + [""]
+        lines += (
+            ["Notes:", ""]
+            + [
+                f"- `{f.impl}`{(' ' + f.case) if f.case else ''}{(' ' + f.output) if f.output else ''}: {f.message}"
+                for f in notes
+            ]
+            + [""]
+        )
     return "\n".join(lines)

@@ -26,32 +26,37 @@ Behaviour = tuple[str, Callable[[Any], bool]]
 
 
 def _linear_ce(support: Any) -> list[Behaviour]:
-    out: list[Behaviour] = [(f"option {o}", lambda p, o=o: o in p.features)
-                            for o in LINEAR_CE_OPTIONS if o in support.options]
+    out: list[Behaviour] = [
+        (f"option {o}", lambda p, o=o: o in p.features) for o in LINEAR_CE_OPTIONS if o in support.options
+    ]
     out += [(f"reduction {r}", lambda p, r=r: p.reduction == r) for r in REDUCTIONS if r in support.reductions]
     out += [(f"dtype {d}", lambda p, d=d: p.dtype == d and p.autocast is None) for d in _dtypes(support.dtypes)]
     out += [(f"autocast {d}", lambda p, d=d: p.autocast == d) for d in _dtypes(support.autocast)]
     if support.all_ignored is not None and "ignore_index" in support.options:
         out.append(("an all-ignored batch", lambda p: p.all_ignored))
     if getattr(support, "chunk_rows", None):
-        out.append((f"more than one chunk of chunk_rows={support.chunk_rows} rows",
-                    lambda p: p.N > support.chunk_rows))
+        out.append((f"more than one chunk of chunk_rows={support.chunk_rows} rows", lambda p: p.N > support.chunk_rows))
     if getattr(support, "chunk_cols", None):
-        out.append((f"more than one chunk of chunk_cols={support.chunk_cols} classes",
-                    lambda p: p.V > support.chunk_cols))
+        out.append(
+            (f"more than one chunk of chunk_cols={support.chunk_cols} classes", lambda p: p.V > support.chunk_cols)
+        )
     return out
 
 
 def _dist(impl: Any) -> list[Behaviour]:
     s, d = impl.support, impl.dist
-    out: list[Behaviour] = [(f"option {o}", lambda c, o=o: o in c.problem.features)
-                            for o in LINEAR_CE_OPTIONS if o in s.options]
+    out: list[Behaviour] = [
+        (f"option {o}", lambda c, o=o: o in c.problem.features) for o in LINEAR_CE_OPTIONS if o in s.options
+    ]
     out += [(f"reduction {r}", lambda c, r=r: c.problem.reduction == r) for r in REDUCTIONS if r in s.reductions]
     out += [(f"dtype {n}", lambda c, n=n: c.problem.dtype == n) for n in _dtypes(s.dtypes)]
     out += [(f"world size {P}", lambda c, P=P: c.world_size == P) for P in d.world_sizes]
     if d.uneven_vocab:
-        out += [(f"uneven vocabulary shards at world size {P}",
-                 lambda c, P=P: c.world_size == P and c.problem.V % P != 0) for P in d.world_sizes if P > 1]
+        out += [
+            (f"uneven vocabulary shards at world size {P}", lambda c, P=P: c.world_size == P and c.problem.V % P != 0)
+            for P in d.world_sizes
+            if P > 1
+        ]
     return out
 
 

@@ -91,8 +91,11 @@ OPTION_CASES: dict[str, dict[str, Any]] = {
 }
 
 #: Axes of the random draws.
-RANDOM_SIZES = {"N": (1, 2, 7, 8, 9, 17, 33, 64, 65, 96, 130), "H": (1, 3, 16, 17, 33, 48, 63, 64, 80),
-                "V": (1, 2, 3, 7, 31, 61, 64, 65, 127, 129, 160)}
+RANDOM_SIZES = {
+    "N": (1, 2, 7, 8, 9, 17, 33, 64, 65, 96, 130),
+    "H": (1, 3, 16, 17, 33, 48, 63, 64, 80),
+    "V": (1, 2, 3, 7, 31, 61, 64, 65, 127, 129, 160),
+}
 RANDOM_IGNORED = (0.0, 0.0, 0.1, 0.5, 0.9)
 RANDOM_REGIMES = ("ordinary", "ordinary", "confident", "large", "tiny", "outlier_rows")
 
@@ -222,41 +225,85 @@ class GridSpec:
     def describe(self) -> str:
         """One paragraph for the report: what this grid holds."""
         n, h, v = self.base
-        return (f"`{self.name}` grid — size ladders N, H, V ∈ {list(self.ladder)} (one axis at a time around "
-                f"N={n}, H={h}, V={v}) in {', '.join(self.ladder_modes)}; option cases {', '.join(self.options)} at "
-                f"N,H,V={self.option_shape} in {', '.join(self.option_modes)}; {self.n_random} seeded random cases "
-                f"(seed {self.seed}). Quantized linear: (M, K, N) ladder {list(self.quant_ladder)} around "
-                f"{self.quant_base} for {'every recipe' if self.quant_all_recipes_ladder else 'the first recipe of each impl'}"
-                f", regimes {', '.join(self.quant_regimes)} for every recipe"
-                f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
-                f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
-                f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
-                f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
-                f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
-                f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}. Grouped FP8 (mixture-of-experts): "
-                f"{', '.join(self.grouped_cases)} for "
-                f"{'every recipe' if self.grouped_all_recipes else 'the first recipe of each kind'}."
-                + (" Per impl, from its declaration: each declared option and reduction on its own and all together "
-                   f"(linear+CE at N,H,V={self.option_shape}; distributed also with uneven shards, "
-                   f"V={DIST_UNEVEN_V})." if self.declared else " No declared cases."))
+        return (
+            f"`{self.name}` grid — size ladders N, H, V ∈ {list(self.ladder)} (one axis at a time around "
+            f"N={n}, H={h}, V={v}) in {', '.join(self.ladder_modes)}; option cases {', '.join(self.options)} at "
+            f"N,H,V={self.option_shape} in {', '.join(self.option_modes)}; {self.n_random} seeded random cases "
+            f"(seed {self.seed}). Quantized linear: (M, K, N) ladder {list(self.quant_ladder)} around "
+            f"{self.quant_base} for {'every recipe' if self.quant_all_recipes_ladder else 'the first recipe of each impl'}"
+            f", regimes {', '.join(self.quant_regimes)} for every recipe"
+            f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
+            f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
+            f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
+            f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
+            f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
+            f"row-parallel, world sizes {', '.join(map(str, TP_WORLD_SIZES))}. Grouped FP8 (mixture-of-experts): "
+            f"{', '.join(self.grouped_cases)} for "
+            f"{'every recipe' if self.grouped_all_recipes else 'the first recipe of each kind'}."
+            + (
+                " Per impl, from its declaration: each declared option and reduction on its own and all together "
+                f"(linear+CE at N,H,V={self.option_shape}; distributed also with uneven shards, "
+                f"V={DIST_UNEVEN_V})."
+                if self.declared
+                else " No declared cases."
+            )
+        )
 
 
 QUICK = GridSpec(
-    name="quick", ladder=(4, 40, 400), base=(40, 40, 40), ladder_modes=("float32", "bfloat16", "amp-bfloat16"),
-    option_shape=(33, 24, 50), option_modes=("amp-bfloat16",), options=tuple(OPTION_CASES),
-    n_random=4, quant_ladder=(4, 40, 400), quant_base=(40, 40, 40), quant_all_recipes_ladder=False,
-    quant_all_dtypes=False, quant_regimes=("wide", "outlier"), quant_extras=False)
+    name="quick",
+    ladder=(4, 40, 400),
+    base=(40, 40, 40),
+    ladder_modes=("float32", "bfloat16", "amp-bfloat16"),
+    option_shape=(33, 24, 50),
+    option_modes=("amp-bfloat16",),
+    options=tuple(OPTION_CASES),
+    n_random=4,
+    quant_ladder=(4, 40, 400),
+    quant_base=(40, 40, 40),
+    quant_all_recipes_ladder=False,
+    quant_all_dtypes=False,
+    quant_regimes=("wide", "outlier"),
+    quant_extras=False,
+)
 FULL = GridSpec(
-    name="full", ladder=(4, 16, 64, 256, 1024), base=(48, 48, 48), ladder_modes=tuple(MODES),
-    option_shape=(33, 24, 50), option_modes=tuple(MODES), options=tuple(OPTION_CASES), n_random=40,
-    quant_ladder=(4, 16, 64, 256, 1024), quant_base=(40, 40, 40), quant_all_recipes_ladder=True,
-    quant_all_dtypes=True, quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"), quant_extras=True,
-    tp_all_recipes=True, grouped_all_recipes=True)
+    name="full",
+    ladder=(4, 16, 64, 256, 1024),
+    base=(48, 48, 48),
+    ladder_modes=tuple(MODES),
+    option_shape=(33, 24, 50),
+    option_modes=tuple(MODES),
+    options=tuple(OPTION_CASES),
+    n_random=40,
+    quant_ladder=(4, 16, 64, 256, 1024),
+    quant_base=(40, 40, 40),
+    quant_all_recipes_ladder=True,
+    quant_all_dtypes=True,
+    quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"),
+    quant_extras=True,
+    tp_all_recipes=True,
+    grouped_all_recipes=True,
+)
 SMOKE = GridSpec(
-    name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("float32",), option_shape=(9, 5, 7),
-    option_modes=("bfloat16",), options=("bias+ignored+sum",), n_random=1, quant_ladder=(2, 200),
-    quant_base=(8, 8, 8), quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(),
-    quant_extras=False, dist_cases=("plain",), tp_cases=("sp+bias",), declared=False, grouped_cases=("empty+bias",))
+    name="smoke",
+    ladder=(2, 200),
+    base=(6, 6, 6),
+    ladder_modes=("float32",),
+    option_shape=(9, 5, 7),
+    option_modes=("bfloat16",),
+    options=("bias+ignored+sum",),
+    n_random=1,
+    quant_ladder=(2, 200),
+    quant_base=(8, 8, 8),
+    quant_all_recipes_ladder=False,
+    quant_all_dtypes=False,
+    quant_regimes=(),
+    quant_extras=False,
+    dist_cases=("plain",),
+    tp_cases=("sp+bias",),
+    declared=False,
+    grouped_cases=("empty+bias",),
+)
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
 
@@ -310,10 +357,16 @@ def random_problems(n: int, seed: int, device: str = "cpu") -> list[tuple[str, P
         reduction = rng.choice(("mean", "sum", "none"))
         upstream = rng.choice(("one", "per_row")) if reduction == "none" else rng.choice(("one", "scalar"))
         fields = dict(
-            bias=rng.random() < 0.5, ignored=rng.choice(RANDOM_IGNORED), reduction=reduction,
-            label_smoothing=rng.choice((0.0, 0.0, 0.1, 0.5)), class_weights=rng.random() < 0.3,
-            softcap=rng.choice((None, None, 5.0, 30.0)), z_loss_scale=rng.choice((0.0, 0.0, 1e-4, 1e-2)),
-            upstream=upstream, regime=rng.choice(RANDOM_REGIMES))
+            bias=rng.random() < 0.5,
+            ignored=rng.choice(RANDOM_IGNORED),
+            reduction=reduction,
+            label_smoothing=rng.choice((0.0, 0.0, 0.1, 0.5)),
+            class_weights=rng.random() < 0.3,
+            softcap=rng.choice((None, None, 5.0, 30.0)),
+            z_loss_scale=rng.choice((0.0, 0.0, 1e-4, 1e-2)),
+            upstream=upstream,
+            regime=rng.choice(RANDOM_REGIMES),
+        )
         out.append((mode, _problem(N, H, V, mode, 3000 + len(out), device, **fields)))
     return out
 
@@ -396,8 +449,11 @@ def declared_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[Gr
     if not spec.declared:
         return []
     n, h, v = spec.option_shape
-    return [GridCase(f"declared:{label}", mode, _problem(n, h, v, mode, _label_seed(6000, label), device, **fields))
-            for mode in declared_modes(spec, support, device) for label, fields in declared_option_cases(support)]
+    return [
+        GridCase(f"declared:{label}", mode, _problem(n, h, v, mode, _label_seed(6000, label), device, **fields))
+        for mode in declared_modes(spec, support, device)
+        for label, fields in declared_option_cases(support)
+    ]
 
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -425,21 +481,54 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
                 for axis in ("M", "K", "N"):
                     for size in spec.quant_ladder:
                         shape = {"M": m0, "K": k0, "N": n0, axis: size}
-                        group = "ladder:base" if (shape["M"], shape["K"], shape["N"]) == spec.quant_base else f"ladder:{axis}"
-                        add(group, QuantCase(recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias,
-                                             seed=100 + size, device=device))
+                        group = (
+                            "ladder:base"
+                            if (shape["M"], shape["K"], shape["N"]) == spec.quant_base
+                            else f"ladder:{axis}"
+                        )
+                        add(
+                            group,
+                            QuantCase(
+                                recipe,
+                                shape["M"],
+                                shape["K"],
+                                shape["N"],
+                                dtype=dtype,
+                                bias=bias,
+                                seed=100 + size,
+                                device=device,
+                            ),
+                        )
             else:
                 add("base", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
             for regime in spec.quant_regimes:
-                add(f"regime:{regime}", QuantCase(recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime,
-                                                  seed=200, device=device))
+                add(
+                    f"regime:{regime}",
+                    QuantCase(
+                        recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime, seed=200, device=device
+                    ),
+                )
             if spec.quant_extras:
                 if recipe.allows_save_original_input and True in support.save_original_input:
-                    add("save_original_input", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300,
-                                                         save_original_input=True, device=device))
+                    add(
+                        "save_original_input",
+                        QuantCase(
+                            recipe,
+                            m0,
+                            k0,
+                            n0,
+                            dtype=dtype,
+                            bias=bias,
+                            seed=300,
+                            save_original_input=True,
+                            device=device,
+                        ),
+                    )
                 if recipe.kind == "delayed":
-                    add("delayed_steps", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3,
-                                                   device=device))
+                    add(
+                        "delayed_steps",
+                        QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device),
+                    )
     return out
 
 
@@ -454,14 +543,25 @@ def dist_declared(spec: GridSpec, impl: Any) -> list[tuple[str, dict[str, Any], 
         return []
     top = max((P for P in DIST_WORLD_SIZES if P in impl.dist.world_sizes), default=max(DIST_WORLD_SIZES))
     V = DIST_SHAPE[2]
-    out = [(f"dist:declared:{label}", dict(dtype=dtype, **fields), "as_built", V, top)
-           for label, fields in declared_option_cases(s)]
+    out = [
+        (f"dist:declared:{label}", dict(dtype=dtype, **fields), "as_built", V, top)
+        for label, fields in declared_option_cases(s)
+    ]
     base = [r for r in REDUCTIONS if r in s.reductions][0]
     for group in option_groups(s) or [()]:
         fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
         label = f"dist:uneven:{'+'.join(group) or 'plain'}+{base}"
-        out += [(label, dict(dtype=dtype, reduction=base, upstream=REDUCTION_UPSTREAM[base], **fields), "boundary",
-                 DIST_UNEVEN_V, P) for P in DIST_WORLD_SIZES if P > 1]
+        out += [
+            (
+                label,
+                dict(dtype=dtype, reduction=base, upstream=REDUCTION_UPSTREAM[base], **fields),
+                "boundary",
+                DIST_UNEVEN_V,
+                P,
+            )
+            for P in DIST_WORLD_SIZES
+            if P > 1
+        ]
     return out
 
 
@@ -479,17 +579,25 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     out: list[GridCase] = []
     not_run = NotRun()
     N, H, V0 = DIST_SHAPE
-    planned = [(f"dist:{label}", DIST_CASES[label][0], DIST_CASES[label][1], V0, P, 4000 + i)
-               for P in DIST_WORLD_SIZES for i, label in enumerate(spec.dist_cases)]
+    planned = [
+        (f"dist:{label}", DIST_CASES[label][0], DIST_CASES[label][1], V0, P, 4000 + i)
+        for P in DIST_WORLD_SIZES
+        for i, label in enumerate(spec.dist_cases)
+    ]
     planned += [(g, f, pl, V, P, _label_seed(4100, g)) for g, f, pl, V, P in dist_declared(spec, impl)]
     for group, fields, placement, V, P, seed in planned:
         p = Problem(N=N, H=H, V=V, seed=seed, device=device, **fields)
-        why = (refusal(impl.support, p) or
-               (f"world size {P} not declared" if P not in impl.dist.world_sizes else None) or
-               (f"backend {backend} not declared" if backend not in impl.dist.backends else None) or
-               (f"uneven shards (V={V} over {P} ranks) not declared (uneven_vocab=False)"
-                if V % P and not impl.dist.uneven_vocab else None) or
-               world_size_unavailable(P, backend))
+        why = (
+            refusal(impl.support, p)
+            or (f"world size {P} not declared" if P not in impl.dist.world_sizes else None)
+            or (f"backend {backend} not declared" if backend not in impl.dist.backends else None)
+            or (
+                f"uneven shards (V={V} over {P} ranks) not declared (uneven_vocab=False)"
+                if V % P and not impl.dist.uneven_vocab
+                else None
+            )
+            or world_size_unavailable(P, backend)
+        )
         case = None if why else DistCase(p, P, backend, placement)
         known = known_divergence(impl, case) if case is not None else None
         mode = f"P={P} {p.dtype}"
@@ -530,9 +638,19 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
                     K, N = (TP_FREE["column"], split) if parallel == "column" else (split, TP_FREE["row"])
                     for i, label in enumerate(spec.tp_cases):
                         try:
-                            case = TPQuantCase(recipe, TP_M, K, N, dtype=dtype, regime="normal", seed=5000 + i,
-                                               steps=2 if recipe.kind == "delayed" else 1, world=P,
-                                               parallel=parallel, **TP_CASES[label])
+                            case = TPQuantCase(
+                                recipe,
+                                TP_M,
+                                K,
+                                N,
+                                dtype=dtype,
+                                regime="normal",
+                                seed=5000 + i,
+                                steps=2 if recipe.kind == "delayed" else 1,
+                                world=P,
+                                parallel=parallel,
+                                **TP_CASES[label],
+                            )
                         except ValueError as exc:
                             why: str | None = f"shape not buildable: {exc}"
                         else:
@@ -557,8 +675,11 @@ def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[
     if not declared:
         raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
     dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
-    recipes = list(support.recipes) if spec.grouped_all_recipes else \
-        [next(r for r in support.recipes if r.kind == k) for k in dict.fromkeys(r.kind for r in support.recipes)]
+    recipes = (
+        list(support.recipes)
+        if spec.grouped_all_recipes
+        else [next(r for r in support.recipes if r.kind == k) for k in dict.fromkeys(r.kind for r in support.recipes)]
+    )
     out: list[GridCase] = []
     skipped: dict[str, int] = {}
     for recipe in recipes:
@@ -567,8 +688,20 @@ def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[
                 splits, K, N, fields = GROUPED_CASES[label]
                 if fields.get("save_original_input") and not recipe.allows_save_original_input:
                     fields = {**fields, "save_original_input": False}
-                case = fitted(support, GroupedCase(recipe, splits, K, N, dtype=dtype, seed=6000 + i, device=device,
-                                                   steps=2 if recipe.kind == "delayed" else 1, **fields))
+                case = fitted(
+                    support,
+                    GroupedCase(
+                        recipe,
+                        splits,
+                        K,
+                        N,
+                        dtype=dtype,
+                        seed=6000 + i,
+                        device=device,
+                        steps=2 if recipe.kind == "delayed" else 1,
+                        **fields,
+                    ),
+                )
                 why = refusal(support, case)
                 if why:
                     skipped[why] = skipped.get(why, 0) + 1

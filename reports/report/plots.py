@@ -18,8 +18,9 @@ from typing import Any
 from numcheck.reports.report.grid import MODES
 
 #: Every file name the plots below may write (a rewritten report replaces or removes exactly these).
-PLOT_FILES: frozenset[str] = frozenset({"error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png",
-                                        "accumulation.png"})
+PLOT_FILES: frozenset[str] = frozenset(
+    {"error_vs_length.png", "fp8_error_vs_length.png", "ratio_distribution.png", "accumulation.png"}
+)
 
 MISSING_MESSAGE = "matplotlib is not installed, so no plots were drawn (pip install 'numcheck[plots]' to get them)"
 
@@ -119,7 +120,11 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
 
     plt = _plt()
     # Each output against the ladder of its own reduction axis (plus the shared base point).
-    outputs = {"loss": "N", "grad_x": "V", "grad_weight": "N"} if kind == "linear_ce" else {"y": "K", "dgrad": "N", "wgrad": "M"}
+    outputs = (
+        {"loss": "N", "grad_x": "V", "grad_weight": "N"}
+        if kind == "linear_ce"
+        else {"y": "K", "dgrad": "N", "wgrad": "M"}
+    )
     second = "ratio_expected" if kind == "linear_ce" else "ratio_true"
     first = "ratio_hard" if kind == "linear_ce" else "ratio_dq"
     if kind == "linear_ce":
@@ -151,8 +156,9 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
                     continue
                 for name, o in c["outputs"].items():
                     if name.split("@")[0] == out:
-                        pts[c["impl"]].append((o["reduction_length"], _positive(o.get(first)),
-                                               _positive(o.get(second))))
+                        pts[c["impl"]].append(
+                            (o["reduction_length"], _positive(o.get(first)), _positive(o.get(second)))
+                        )
             finite = sum(not math.isnan(v) for p in pts.values() for _, b, c in p for v in (b, c))
             drawn += finite
             for impl, p in pts.items():
@@ -166,21 +172,34 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
             if finite:
                 ax.set_yscale("log")
             else:
-                ax.text(0.5, 0.5, NOTHING_FINITE.replace(" (", "\n("), transform=ax.transAxes, ha="center",
-                        va="center", fontsize=7, color="0.4")
+                ax.text(
+                    0.5,
+                    0.5,
+                    NOTHING_FINITE.replace(" (", "\n("),
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="0.4",
+                )
             ax.set_title(f"{out} — {mode}", fontsize=9)
             ax.set_xlabel(f"reduction length ({axis})", fontsize=8)
             ax.set_ylabel("error / bound", fontsize=8)
             ax.tick_params(labelsize=7)
-    levels = [Line2D([], [], color="0.3", marker="o", lw=0.8, ms=5, label=filled_means),
-              Line2D([], [], color="0.3", marker="o", mfc="none", ls="--", lw=0.6, ms=5, label=hollow_means),
-              Line2D([], [], color="k", lw=1.2, label="black line: the bound (error / bound = 1; above it fails)")]
+    levels = [
+        Line2D([], [], color="0.3", marker="o", lw=0.8, ms=5, label=filled_means),
+        Line2D([], [], color="0.3", marker="o", mfc="none", ls="--", lw=0.6, ms=5, label=hollow_means),
+        Line2D([], [], color="k", lw=1.2, label="black line: the bound (error / bound = 1; above it fails)"),
+    ]
     if not drawn:
         plt.close(fig)
         raise NotDrawable(f"its {len(cases)} ladder case(s) hold {NOTHING_FINITE}")
     _impl_legend(fig, styles, impls, levels, ncol=ncol)
-    fig.suptitle(f"{title}\n{_where(report)} — one colour per impl (shades of one colour per family), "
-                 f"one marker per family member", fontsize=10)
+    fig.suptitle(
+        f"{title}\n{_where(report)} — one colour per impl (shades of one colour per family), "
+        f"one marker per family member",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, legend_in / height, 1, 1 - title_in / height))
     name = "error_vs_length.png" if kind == "linear_ce" else "fp8_error_vs_length.png"
     fig.savefig(out_dir / name, dpi=90)
@@ -189,14 +208,21 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
 
 
 #: The facets of :func:`ratio_distribution`: per kind, its outputs in column order.
-DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {"linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
-                                                     "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
-                                                     "dist_linear_ce": ("loss", "grad_x", "grad_weight", "grad_bias"),
-                                                     "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
-                                                     "grouped_quant_linear": ("y", "dgrad", "wgrad", "bgrad")}
+DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
+    "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+    "dist_linear_ce": ("loss", "grad_x", "grad_weight", "grad_bias"),
+    "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+    "grouped_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
+}
 #: How a row of :func:`ratio_distribution` names its kind.
-KIND_LABELS: dict[str, str] = {"linear_ce": "", "quant_linear": "FP8 ", "dist_linear_ce": "distributed ",
-                               "tp_quant_linear": "TP FP8 ", "grouped_quant_linear": "grouped FP8 "}
+KIND_LABELS: dict[str, str] = {
+    "linear_ce": "",
+    "quant_linear": "FP8 ",
+    "dist_linear_ce": "distributed ",
+    "tp_quant_linear": "TP FP8 ",
+    "grouped_quant_linear": "grouped FP8 ",
+}
 
 
 def _mode_rank(mode: str) -> tuple[int, str]:
@@ -208,7 +234,9 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
     """Box plots of error/bound (hard) per impl, faceted: one row per (kind, dtype mode), one column per output."""
     plt = _plt()
     # (kind, mode) -> output -> impl -> ratios
-    data: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    data: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
     judged = 0
     for c in report["cases"]:
         if c.get("kind") not in DISTRIBUTION_OUTPUTS:
@@ -226,15 +254,22 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
     if not kinds:  # only kinds without a facet here (distributed ones)
         return None
     rows = [(k, m) for k in kinds for m in sorted({key[1] for key in data if key[0] == k}, key=_mode_rank)]
-    cols = {k: [o for o in DISTRIBUTION_OUTPUTS[k] if any(o in data[(k, m)] for m in {r[1] for r in rows if r[0] == k})]
-            for k in kinds}
+    cols = {
+        k: [o for o in DISTRIBUTION_OUTPUTS[k] if any(o in data[(k, m)] for m in {r[1] for r in rows if r[0] == k})]
+        for k in kinds
+    }
     ncols = max(len(v) for v in cols.values())
     order = [i["name"] for i in report["impls"]]
     styles = impl_styles([n for n in order if any(n in per for row in data.values() for per in row.values())])
     row_impls = {r: [n for n in order if any(n in per for per in data[r].values())] for r in rows}
     heights = [0.2 * len(row_impls[r]) + 0.9 for r in rows]
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.3 * ncols + 1.6, sum(heights) + 1.0), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(rows),
+        ncols,
+        figsize=(3.3 * ncols + 1.6, sum(heights) + 1.0),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for i, r in enumerate(rows):
         kind, mode = r
         names = row_impls[r][::-1]  # first impl on top
@@ -247,8 +282,9 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             per = data[r].get(out, {})
             present = [(k, n) for k, n in enumerate(names, start=1) if per.get(n)]
             if present:
-                kw = dict(positions=[k for k, _ in present], whis=(0, 100), widths=0.6, patch_artist=True,
-                          manage_ticks=False)
+                kw = dict(
+                    positions=[k for k, _ in present], whis=(0, 100), widths=0.6, patch_artist=True, manage_ticks=False
+                )
                 try:
                     bp = ax.boxplot([per[n] for _, n in present], orientation="horizontal", **kw)
                 except TypeError:  # matplotlib < 3.10 has no `orientation`
@@ -259,8 +295,16 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
                 for med in bp["medians"]:
                     med.set_color("k")
             else:
-                ax.text(0.5, 0.5, f"no {mode} case has {out}", transform=ax.transAxes, ha="center", va="center",
-                        fontsize=7, color="0.4")
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"no {mode} case has {out}",
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="0.4",
+                )
             ax.set_ylim(0.4, len(names) + 0.6)
             ax.set_yticks(range(1, len(names) + 1))
             ax.set_yticklabels(names if j == 0 else [], fontsize=6)
@@ -270,9 +314,12 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             ax.set_title(f"{out} — {KIND_LABELS[kind]}{mode}", fontsize=8)
             if i == len(rows) - 1 or all(x >= len(cols[kind]) for x in range(j, ncols)):
                 ax.set_xlabel("error / bound (hard)", fontsize=7)
-    fig.suptitle(f"Distribution of error / bound (hard) over the grid's cases, per dtype (rows) and output (columns)\n"
-                 f"{_where(report)} — box: quartiles, black: median, whiskers: min to max; red line: the bound "
-                 f"(right of it fails)", fontsize=9)
+    fig.suptitle(
+        f"Distribution of error / bound (hard) over the grid's cases, per dtype (rows) and output (columns)\n"
+        f"{_where(report)} — box: quartiles, black: median, whiskers: min to max; red line: the bound "
+        f"(right of it fails)",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_size_inches()[1]))
     fig.savefig(out_dir / "ratio_distribution.png", dpi=90)
     plt.close(fig)
@@ -290,8 +337,13 @@ def accumulation(report: dict, out_dir: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for path, errs in acc["errors"].items():
         runs = acc["runs_as"][path]
-        ax.plot(acc["chunks"], [_positive(e) for e in errs], "o-", ms=4,
-                label=path + (f" (runs as {runs})" if runs != path else ""))
+        ax.plot(
+            acc["chunks"],
+            [_positive(e) for e in errs],
+            "o-",
+            ms=4,
+            label=path + (f" (runs as {runs})" if runs != path else ""),
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"chunks K (C={acc['C']} rows each)")
@@ -311,10 +363,12 @@ def write_plots(report: dict, out_dir: Path) -> tuple[list[str], str]:
         plt = _plt()
     except ImportError:
         return [], MISSING_MESSAGE
-    plots = (("error_vs_length.png", lambda: error_vs_length(report, out_dir, "linear_ce")),
-             ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, "quant_linear")),
-             ("ratio_distribution.png", lambda: ratio_distribution(report, out_dir)),
-             ("accumulation.png", lambda: accumulation(report, out_dir)))
+    plots = (
+        ("error_vs_length.png", lambda: error_vs_length(report, out_dir, "linear_ce")),
+        ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, "quant_linear")),
+        ("ratio_distribution.png", lambda: ratio_distribution(report, out_dir)),
+        ("accumulation.png", lambda: accumulation(report, out_dir)),
+    )
     names, notes = [], []
     for fname, draw in plots:
         try:

@@ -26,10 +26,26 @@ from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
 from numcheck.reports.report.coverage import unreached
-from numcheck.reports.report.grid import (GridCase, GridSpec, NotRun, declared_cases, dist_cases, grouped_cases,
-                                          linear_ce_cases, quant_cases, tp_cases)
-from numcheck.reports.report.schema import (case_text, declaration, dist_record, error_record, linear_ce_record,
-                                            quant_record, tp_record)
+from numcheck.reports.report.grid import (
+    GridCase,
+    GridSpec,
+    NotRun,
+    declared_cases,
+    dist_cases,
+    grouped_cases,
+    linear_ce_cases,
+    quant_cases,
+    tp_cases,
+)
+from numcheck.reports.report.schema import (
+    case_text,
+    declaration,
+    dist_record,
+    error_record,
+    linear_ce_record,
+    quant_record,
+    tp_record,
+)
 
 
 class Progress:
@@ -39,8 +55,15 @@ class Progress:
     def __init__(self, total: int, stream: TextIO | None = None, label: str = "report", enabled: bool = True) -> None:
         stream = stream if stream is not None else sys.stderr
         tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.bar = tqdm(total=max(total, 0), desc=label, file=stream, disable=not enabled or total <= 0,
-                        mininterval=0.2 if tty else 15.0, dynamic_ncols=tty, ascii=not tty)
+        self.bar = tqdm(
+            total=max(total, 0),
+            desc=label,
+            file=stream,
+            disable=not enabled or total <= 0,
+            mininterval=0.2 if tty else 15.0,
+            dynamic_ncols=tty,
+            ascii=not tty,
+        )
 
     def step(self, note: str = "") -> None:
         """Count one unit of work done (``note``: what it was)."""
@@ -71,16 +94,34 @@ class SweepResult:
 
 def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, Any], bool]:
     if isinstance(entry, BrokenImpl):
-        return ({"name": entry.name, "kind": None, "origin": entry.origin, "status": "broken", "reason": entry.error,
-                 "description": "", "declaration": {}, "not_declared": {}}, False)
+        return (
+            {
+                "name": entry.name,
+                "kind": None,
+                "origin": entry.origin,
+                "status": "broken",
+                "reason": entry.error,
+                "description": "",
+                "declaration": {},
+                "not_declared": {},
+            },
+            False,
+        )
     impl = entry.impl
     reason = impl.support.unavailable_reason()
     dev = torch.device(device).type
     if reason is None and hasattr(impl.support, "devices") and dev not in impl.support.devices:
         reason = f"device {dev} not declared (declares {sorted(impl.support.devices)})"
-    info = {"name": impl.name, "kind": impl.kind, "origin": entry.origin, "status": "unavailable" if reason else "ran",
-            "reason": reason or "", "description": getattr(impl, "description", "") or "",
-            "declaration": declaration(impl), "not_declared": {}}
+    info = {
+        "name": impl.name,
+        "kind": impl.kind,
+        "origin": entry.origin,
+        "status": "unavailable" if reason else "ran",
+        "reason": reason or "",
+        "description": getattr(impl, "description", "") or "",
+        "declaration": declaration(impl),
+        "not_declared": {},
+    }
     return info, reason is None
 
 
@@ -94,7 +135,9 @@ def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase]
     return cases, not_run
 
 
-def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
+def plan(
+    entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
+) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason
     (``not_declared``) and named (``not_run``)."""
     from numcheck.properties.core.strategies import refusal
@@ -118,8 +161,11 @@ def plan(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str) -> 
                     work.append((impl, gc))
             info["not_declared"], info["not_run"] = dict(not_run), not_run.named
         elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
-            by_kind = {"dist_linear_ce": lambda: dist_cases(spec, impl, device), "tp_quant_linear": lambda: tp_cases(
-                spec, impl), "grouped_quant_linear": lambda: _named(grouped_cases(spec, impl, device))}
+            by_kind = {
+                "dist_linear_ce": lambda: dist_cases(spec, impl, device),
+                "tp_quant_linear": lambda: tp_cases(spec, impl),
+                "grouped_quant_linear": lambda: _named(grouped_cases(spec, impl, device)),
+            }
             try:
                 cases, refused = by_kind[impl.kind]()
             except ValueError as exc:
@@ -168,8 +214,14 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
         return error_record(impl, gc, exc, time.perf_counter() - t0)
 
 
-def sweep(entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str = "cpu", *,
-          progress: bool = True, stream: TextIO | None = None) -> SweepResult:
+def sweep(
+    entries: list[ImplEntry | BrokenImpl],
+    spec: GridSpec,
+    device: str = "cpu",
+    *,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> SweepResult:
     """Run every runnable impl on every case of ``spec`` it declares (module docstring)."""
     infos, work = plan(entries, spec, device)
     # Cases in the outer loop (eager's error on each problem is computed once, shared by every impl).

@@ -89,9 +89,29 @@ def _encode(v: Any) -> Any:
 
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-_FLOAT_KEYS = {"max_abs", "max_rel", "max_abs_oracle_zero", "rmse", "max_ulp", "ratio_hard", "ratio_expected",
-               "impl_value", "oracle_value", "bound_at_worst", "ratio_dq", "ratio_true", "rel_fro_dq", "rel_fro_true",
-               "sqnr_db", "rmse_impl", "rmse_eager", "allowed", "max_abs_dq", "rel_fro", "rmse_ratio"}
+_FLOAT_KEYS = {
+    "max_abs",
+    "max_rel",
+    "max_abs_oracle_zero",
+    "rmse",
+    "max_ulp",
+    "ratio_hard",
+    "ratio_expected",
+    "impl_value",
+    "oracle_value",
+    "bound_at_worst",
+    "ratio_dq",
+    "ratio_true",
+    "rel_fro_dq",
+    "rel_fro_true",
+    "sqnr_db",
+    "rmse_impl",
+    "rmse_eager",
+    "allowed",
+    "max_abs_dq",
+    "rel_fro",
+    "rmse_ratio",
+}
 
 
 def _decode(v: Any, key: str = "") -> Any:
@@ -153,28 +173,38 @@ def validate(data: Any, source: str) -> None:
         if key not in data:
             raise ValueError(f"{source!r} lacks the {key!r} section of schema {SCHEMA}")
         if not isinstance(data[key], kind):
-            raise ValueError(f"{source!r}: {key!r} must be a JSON {'object' if kind is dict else 'array'}, "
-                             f"got {type(data[key]).__name__}")
-    for part, required, statuses in (("impls", REQUIRED_IMPL_KEYS, IMPL_STATUSES),
-                                     ("cases", REQUIRED_CASE_KEYS, CASE_STATUSES)):
+            raise ValueError(
+                f"{source!r}: {key!r} must be a JSON {'object' if kind is dict else 'array'}, "
+                f"got {type(data[key]).__name__}"
+            )
+    for part, required, statuses in (
+        ("impls", REQUIRED_IMPL_KEYS, IMPL_STATUSES),
+        ("cases", REQUIRED_CASE_KEYS, CASE_STATUSES),
+    ):
         for i, item in enumerate(data[part]):
             where = _where(i, part, item)
             if not isinstance(item, dict):
                 raise ValueError(f"{source!r}: {where} must be a JSON object, got {type(item).__name__}")
             missing = [k for k in required if k not in item]
             if missing:
-                raise ValueError(f"{source!r}: {where} lacks the key(s) {', '.join(map(repr, missing))} "
-                                 f"(every entry of {part!r} in schema {SCHEMA} has {', '.join(required)})")
+                raise ValueError(
+                    f"{source!r}: {where} lacks the key(s) {', '.join(map(repr, missing))} "
+                    f"(every entry of {part!r} in schema {SCHEMA} has {', '.join(required)})"
+                )
             if item["status"] not in statuses:
-                raise ValueError(f"{source!r}: {where} has status {item['status']!r}; expected one of {sorted(statuses)}")
+                raise ValueError(
+                    f"{source!r}: {where} has status {item['status']!r}; expected one of {sorted(statuses)}"
+                )
             if part == "cases":
                 if not isinstance(item["verdicts"], dict):
                     raise ValueError(f"{source!r}: {where}: 'verdicts' must be an object of judgement -> bool")
                 outputs = item.get("outputs", {})
-                if not isinstance(outputs, dict) or not all(isinstance(o, dict) and "ratio_hard" in o
-                                                            for o in outputs.values()):
-                    raise ValueError(f"{source!r}: {where}: 'outputs' must map each output to an object with "
-                                     f"'ratio_hard'")
+                if not isinstance(outputs, dict) or not all(
+                    isinstance(o, dict) and "ratio_hard" in o for o in outputs.values()
+                ):
+                    raise ValueError(
+                        f"{source!r}: {where}: 'outputs' must map each output to an object with 'ratio_hard'"
+                    )
 
 
 def load(path: str | os.PathLike | Traversable) -> dict:
@@ -283,30 +313,64 @@ def declaration(impl: Any) -> dict[str, Any]:
     """The parts of an impl's support declaration that explain its numbers."""
     s = impl.support
     if impl.kind == "linear_ce":
-        return {"dtypes": _names(s.dtypes), "autocast": _names(s.autocast), "devices": sorted(s.devices),
-                "options": sorted(s.options), "reductions": sorted(s.reductions), "all_ignored": s.all_ignored,
-                "grad_accumulation": s.grad_accumulation, "chunk_rows": s.chunk_rows,
-                "grad_x_accumulation": s.grad_x_accumulation, "chunk_cols": s.chunk_cols,
-                "logits_dtype": s.logits_dtype, "ce_dtype": s.ce_dtype}
+        return {
+            "dtypes": _names(s.dtypes),
+            "autocast": _names(s.autocast),
+            "devices": sorted(s.devices),
+            "options": sorted(s.options),
+            "reductions": sorted(s.reductions),
+            "all_ignored": s.all_ignored,
+            "grad_accumulation": s.grad_accumulation,
+            "chunk_rows": s.chunk_rows,
+            "grad_x_accumulation": s.grad_x_accumulation,
+            "chunk_cols": s.chunk_cols,
+            "logits_dtype": s.logits_dtype,
+            "ce_dtype": s.ce_dtype,
+        }
     if impl.kind == "dist_linear_ce":
         d = impl.dist
-        return {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "options": sorted(s.options),
-                "reductions": sorted(s.reductions), "all_ignored": s.all_ignored, "logits_dtype": s.logits_dtype,
-                "ce_dtype": s.ce_dtype, "world_sizes": list(d.world_sizes), "backends": list(d.backends),
-                "uneven_vocab": d.uneven_vocab, "smoothing": d.smoothing, "grad_x_reduce_dtype": d.grad_x_reduce_dtype}
+        return {
+            "dtypes": _names(s.dtypes),
+            "devices": sorted(s.devices),
+            "options": sorted(s.options),
+            "reductions": sorted(s.reductions),
+            "all_ignored": s.all_ignored,
+            "logits_dtype": s.logits_dtype,
+            "ce_dtype": s.ce_dtype,
+            "world_sizes": list(d.world_sizes),
+            "backends": list(d.backends),
+            "uneven_vocab": d.uneven_vocab,
+            "smoothing": d.smoothing,
+            "grad_x_reduce_dtype": d.grad_x_reduce_dtype,
+        }
     accum = s.accum_unit_roundoff
     if impl.kind == "tp_quant_linear":
-        return {"dtypes": _names(s.dtypes), "recipes": [r.name for r in s.recipes], "parallel": sorted(s.parallel),
-                "sequence_parallel": sorted(s.sequence_parallel), "world_sizes": list(s.world_sizes),
-                "partial_dtype": s.partial_dtype, "accum_unit_roundoff": accum}
-    out = {"dtypes": _names(s.dtypes), "devices": sorted(s.devices), "recipes": [r.name for r in s.recipes],
-           "save_original_input": sorted(s.save_original_input), "bias": s.bias,
-           "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum}
+        return {
+            "dtypes": _names(s.dtypes),
+            "recipes": [r.name for r in s.recipes],
+            "parallel": sorted(s.parallel),
+            "sequence_parallel": sorted(s.sequence_parallel),
+            "world_sizes": list(s.world_sizes),
+            "partial_dtype": s.partial_dtype,
+            "accum_unit_roundoff": accum,
+        }
+    out = {
+        "dtypes": _names(s.dtypes),
+        "devices": sorted(s.devices),
+        "recipes": [r.name for r in s.recipes],
+        "save_original_input": sorted(s.save_original_input),
+        "bias": s.bias,
+        "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum,
+    }
     if impl.kind == "grouped_quant_linear":
-        out.update(split_alignment=s.split_alignment, empty_splits=s.empty_splits,
-                   feature_alignment=s.feature_alignment, weight_layouts=sorted(s.weight_layouts),
-                   fused_wgrad_accumulation=sorted(s.fused_wgrad_accumulation),
-                   bitwise_per_expert=s.bitwise_per_expert)
+        out.update(
+            split_alignment=s.split_alignment,
+            empty_splits=s.empty_splits,
+            feature_alignment=s.feature_alignment,
+            weight_layouts=sorted(s.weight_layouts),
+            fused_wgrad_accumulation=sorted(s.fused_wgrad_accumulation),
+            bitwise_per_expert=s.bitwise_per_expert,
+        )
     return out
 
 
@@ -317,10 +381,22 @@ def _f(v: Any) -> float:
 
 def _comparison_fields(c: Any) -> dict[str, Any]:
     zero = {"max_abs_oracle_zero": _f(c.max_abs_zero)} if c.max_abs_zero else {}
-    return {"max_abs": _f(c.max_abs), "max_rel": _f(c.max_rel), **zero, "rmse": _f(c.rmse), "max_ulp": _f(c.max_ulp),
-            "worst_index": list(c.worst), "impl_value": _f(c.impl_value), "oracle_value": _f(c.oracle_value),
-            "bound_at_worst": _f(c.bound_value), "n_beyond": int(c.n_bad), "numel": int(c.numel),
-            "state": c.state, "nonfinite": c.nonfinite, "dtype": c.dtype.replace("torch.", "")}
+    return {
+        "max_abs": _f(c.max_abs),
+        "max_rel": _f(c.max_rel),
+        **zero,
+        "rmse": _f(c.rmse),
+        "max_ulp": _f(c.max_ulp),
+        "worst_index": list(c.worst),
+        "impl_value": _f(c.impl_value),
+        "oracle_value": _f(c.oracle_value),
+        "bound_at_worst": _f(c.bound_value),
+        "n_beyond": int(c.n_bad),
+        "numel": int(c.numel),
+        "state": c.state,
+        "nonfinite": c.nonfinite,
+        "dtype": c.dtype.replace("torch.", ""),
+    }
 
 
 def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
@@ -333,12 +409,21 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
         e = res.expected.get(name)
         rel = res.relative.get(name)
         o = _comparison_fields(c)
-        o.update(reduction_length=reduction_length(name, p), ratio_hard=_f(c.ratio),
-                 ratio_expected=_f(e.ratio) if e is not None else math.nan)
+        o.update(
+            reduction_length=reduction_length(name, p),
+            ratio_hard=_f(c.ratio),
+            ratio_expected=_f(e.ratio) if e is not None else math.nan,
+        )
         verdicts = {"analytic": bool(c.ok)}
         if rel is not None:
-            o["relative"] = {"judged": rel.judged, "ok": bool(rel.ok), "rmse_impl": _f(rel.rmse_impl),
-                             "rmse_eager": _f(rel.rmse_eager), "allowed": _f(rel.allowed), "note": rel.note}
+            o["relative"] = {
+                "judged": rel.judged,
+                "ok": bool(rel.ok),
+                "rmse_impl": _f(rel.rmse_impl),
+                "rmse_eager": _f(rel.rmse_eager),
+                "allowed": _f(rel.allowed),
+                "note": rel.note,
+            }
             if rel.judged:
                 verdicts["relative"] = bool(rel.ok)
         o["verdicts"] = verdicts
@@ -349,9 +434,12 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
         verdicts["relative"] = all(judged)
     ok = all(verdicts.values())
     rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
-    rec.update(verdicts=verdicts, outputs=outputs,
-               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
-               ratio_expected=max((o["ratio_expected"] for o in outputs.values()), default=0.0))
+    rec.update(
+        verdicts=verdicts,
+        outputs=outputs,
+        ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
+        ratio_expected=max((o["ratio_expected"] for o in outputs.values()), default=0.0),
+    )
     if not ok:
         rec["failures"] = res.failure_lines()
         rec["repro"] = repro_command(impl, "accuracy", p)
@@ -367,23 +455,38 @@ def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[st
     outputs: dict[str, Any] = {}
     for name, m in res.outputs.items():
         o = _comparison_fields(m.true)
-        o.update(reduction_length=reduction_length(name, case), ratio_dq=_f(m.dq.ratio), ratio_true=_f(m.true.ratio),
-                 ratio_hard=max(_f(m.dq.ratio), _f(m.true.ratio)), ratio_expected=_f(m.expected_ratio_dq),
-                 max_abs_dq=_f(m.dq.max_abs), rel_fro_dq=_f(m.rel_fro_dq), rel_fro_true=_f(m.rel_fro_true),
-                 sqnr_db=_f(m.sqnr_db), n_unspecified=int(m.n_unspecified),
-                 verdicts={"accumulation": bool(m.dq.ok), "total": bool(m.true.ok)})
+        o.update(
+            reduction_length=reduction_length(name, case),
+            ratio_dq=_f(m.dq.ratio),
+            ratio_true=_f(m.true.ratio),
+            ratio_hard=max(_f(m.dq.ratio), _f(m.true.ratio)),
+            ratio_expected=_f(m.expected_ratio_dq),
+            max_abs_dq=_f(m.dq.max_abs),
+            rel_fro_dq=_f(m.rel_fro_dq),
+            rel_fro_true=_f(m.rel_fro_true),
+            sqnr_db=_f(m.sqnr_db),
+            n_unspecified=int(m.n_unspecified),
+            verdicts={"accumulation": bool(m.dq.ok), "total": bool(m.true.ok)},
+        )
         if not m.dq.ok:
             o["failure_dq"] = m.dq.describe()
         if not m.true.ok:
             o["failure_true"] = m.true.describe()
         outputs[name] = o
-    verdicts = {"accumulation": all(o["verdicts"]["accumulation"] for o in outputs.values()) and not res.notes,
-                "total": all(o["verdicts"]["total"] for o in outputs.values())}
+    verdicts = {
+        "accumulation": all(o["verdicts"]["accumulation"] for o in outputs.values()) and not res.notes,
+        "total": all(o["verdicts"]["total"] for o in outputs.values()),
+    }
     ok = all(verdicts.values())
     rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
-    rec.update(recipe=case.recipe.name, verdicts=verdicts, outputs=outputs, notes=list(res.notes),
-               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
-               ratio_expected=max((o["ratio_expected"] for o in outputs.values()), default=0.0))
+    rec.update(
+        recipe=case.recipe.name,
+        verdicts=verdicts,
+        outputs=outputs,
+        notes=list(res.notes),
+        ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
+        ratio_expected=max((o["ratio_expected"] for o in outputs.values()), default=0.0),
+    )
     if not ok:
         lines = list(res.notes)
         for o in outputs.values():
@@ -404,13 +507,22 @@ def dist_record(impl: Any, grid_case: Any, comps: dict[str, Any], lines: list[st
     outputs: dict[str, Any] = {}
     for name, c in comps.items():
         o = _comparison_fields(c)
-        o.update(reduction_length=reduction_length(name, case), ratio_hard=_f(c.ratio), ratio_expected=math.nan,
-                 verdicts={"analytic": bool(c.ok)})
+        o.update(
+            reduction_length=reduction_length(name, case),
+            ratio_hard=_f(c.ratio),
+            ratio_expected=math.nan,
+            verdicts={"analytic": bool(c.ok)},
+        )
         outputs[name] = o
     ok = not lines
     rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
-    rec.update(verdicts={"analytic": ok}, outputs=outputs, world_size=case.world_size,
-               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0), ratio_expected=math.nan)
+    rec.update(
+        verdicts={"analytic": ok},
+        outputs=outputs,
+        world_size=case.world_size,
+        ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
+        ratio_expected=math.nan,
+    )
     if not ok:
         rec["failures"] = list(lines)
         rec["repro"] = repro_command(impl, "dist_accuracy", case)
@@ -428,21 +540,37 @@ def tp_record(impl: Any, grid_case: Any, m: Any, seconds: float) -> dict[str, An
     for name, (cdq, ctrue) in m.outputs.items():
         worst_dq = _f(cdq.ratio) >= _f(ctrue.ratio)
         o = _comparison_fields(cdq if worst_dq else ctrue)
-        o.update(reduction_length=reduction_length(name, case), ratio_dq=_f(cdq.ratio), ratio_true=_f(ctrue.ratio),
-                 ratio_hard=max(_f(cdq.ratio), _f(ctrue.ratio)), ratio_expected=math.nan, max_abs_dq=_f(cdq.max_abs),
-                 worst_vs="dequantized" if worst_dq else "original",
-                 verdicts={"accumulation": bool(cdq.ok), "total": bool(ctrue.ok)})
+        o.update(
+            reduction_length=reduction_length(name, case),
+            ratio_dq=_f(cdq.ratio),
+            ratio_true=_f(ctrue.ratio),
+            ratio_hard=max(_f(cdq.ratio), _f(ctrue.ratio)),
+            ratio_expected=math.nan,
+            max_abs_dq=_f(cdq.max_abs),
+            worst_vs="dequantized" if worst_dq else "original",
+            verdicts={"accumulation": bool(cdq.ok), "total": bool(ctrue.ok)},
+        )
         outputs[name] = o
     lines = m.accuracy_lines
-    verdicts = {"accumulation": all(o["verdicts"]["accumulation"] for o in outputs.values()) and not m.rank_lines,
-                "total": all(o["verdicts"]["total"] for o in outputs.values()),
-                "same_scale": bool(m.same_scale)}
+    verdicts = {
+        "accumulation": all(o["verdicts"]["accumulation"] for o in outputs.values()) and not m.rank_lines,
+        "total": all(o["verdicts"]["total"] for o in outputs.values()),
+        "same_scale": bool(m.same_scale),
+    }
     ok = all(verdicts.values())
     rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
-    rec.update(recipe=case.recipe.name, world_size=case.world, parallel=case.parallel,
-               sequence_parallel=case.sequence_parallel, same_scale=bool(m.same_scale),
-               scale_failures=list(m.scale_lines), verdicts=verdicts, outputs=outputs,
-               ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0), ratio_expected=math.nan)
+    rec.update(
+        recipe=case.recipe.name,
+        world_size=case.world,
+        parallel=case.parallel,
+        sequence_parallel=case.sequence_parallel,
+        same_scale=bool(m.same_scale),
+        scale_failures=list(m.scale_lines),
+        verdicts=verdicts,
+        outputs=outputs,
+        ratio_hard=max((o["ratio_hard"] for o in outputs.values()), default=0.0),
+        ratio_expected=math.nan,
+    )
     if not ok:
         rec["failures"] = lines + list(m.scale_lines)
         rec["repro"] = repro_command(impl, "dist_accuracy" if lines else "dist_same_scale", case)
@@ -452,10 +580,19 @@ def tp_record(impl: Any, grid_case: Any, m: Any, seconds: float) -> dict[str, An
 def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) -> dict[str, Any]:
     """The record of a case on which the impl (or the harness on its output) raised: a failure with the error."""
     rec = _base(impl, grid_case, "error", seconds)
-    judgements = {"linear_ce": ("analytic", "relative"), "dist_linear_ce": ("analytic",),
-                  "tp_quant_linear": ("accumulation", "total", "same_scale")}.get(impl.kind, ("accumulation", "total"))
-    rec.update(error=f"{type(exc).__name__}: {exc}".strip(), verdicts={j: False for j in judgements}, outputs={},
-               ratio_hard=math.inf, ratio_expected=math.inf, failures=[f"raised {type(exc).__name__}: {exc}"])
+    judgements = {
+        "linear_ce": ("analytic", "relative"),
+        "dist_linear_ce": ("analytic",),
+        "tp_quant_linear": ("accumulation", "total", "same_scale"),
+    }.get(impl.kind, ("accumulation", "total"))
+    rec.update(
+        error=f"{type(exc).__name__}: {exc}".strip(),
+        verdicts={j: False for j in judgements},
+        outputs={},
+        ratio_hard=math.inf,
+        ratio_expected=math.inf,
+        failures=[f"raised {type(exc).__name__}: {exc}"],
+    )
     if impl.kind == "dist_linear_ce":
         from numcheck.properties.distributed.linear_ce.props import repro_command as dist_repro
 
@@ -491,5 +628,13 @@ def case_text(case: Any) -> str:
 
 def _base(impl: Any, grid_case: Any, status: str, seconds: float) -> dict[str, Any]:
     c = grid_case.case
-    return {"impl": impl.name, "kind": impl.kind, "case": case_text(c), "label": c.short(), "group": grid_case.group,
-            "mode": grid_case.mode, "status": status, "seconds": round(seconds, 3)}
+    return {
+        "impl": impl.name,
+        "kind": impl.kind,
+        "case": case_text(c),
+        "label": c.short(),
+        "group": grid_case.group,
+        "mode": grid_case.mode,
+        "status": status,
+        "seconds": round(seconds, 3),
+    }

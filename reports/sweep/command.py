@@ -71,9 +71,12 @@ from numcheck.properties.core import records
 from numcheck.reports import baselines
 from numcheck.reports.common import SUITE_MODULES, code_identity, stream, write_atomically
 from numcheck.reports.report import schema as report_schema
-HELP = ("run the property suite over several hypothesis seeds (ci-seeded profile) and print every failure, the "
-        "failure count and the tightness table (median and 90th percentile of error/bound per output and dtype); "
-        "writes sweep.json and sweep.md; exit 1 if any test failed, 2 on bad input")
+
+HELP = (
+    "run the property suite over several hypothesis seeds (ci-seeded profile) and print every failure, the "
+    "failure count and the tightness table (median and 90th percentile of error/bound per output and dtype); "
+    "writes sweep.json and sweep.md; exit 1 if any test failed, 2 on bad input"
+)
 
 #: The folder under the current directory that ``numcheck sweep`` writes into by default.
 DEFAULT_ROOT = "numcheck-sweep"
@@ -91,16 +94,16 @@ QUANTILES: dict[str, float] = {"median": 50.0, "p90": 90.0}
 SCHEMA = "numcheck-sweep/1"
 
 
-
-
 def parse_seeds(text: str) -> list[int]:
     """``"0-9"`` → 0..9, ``"0,3,7"`` → those, ``"5"`` → [5] (ranges and lists mix: ``"0-2,7"``); BadInput else."""
     seeds: list[int] = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise BadInput(f"--seeds {text!r}: {part!r} is not a seed or an increasing range A-B of non-negative "
-                           f"integers (e.g. 0-9, or 0,3,7)")
+            raise BadInput(
+                f"--seeds {text!r}: {part!r} is not a seed or an increasing range A-B of non-negative "
+                f"integers (e.g. 0-9, or 0,3,7)"
+            )
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         seeds += [s for s in range(lo, hi + 1) if s not in seeds]
@@ -118,43 +121,84 @@ def profile_name(name: str) -> str:
     except ValueError as exc:
         raise BadInput(f"--profile: {exc}") from None
     if settings.get_profile(full).derandomize:
-        raise BadInput(f"--profile {name!r}: {full} is derandomized, so every seed would draw the same examples; "
-                       f"use numcheck-ci-seeded (or dev, thorough)")
+        raise BadInput(
+            f"--profile {name!r}: {full} is derandomized, so every seed would draw the same examples; "
+            f"use numcheck-ci-seeded (or dev, thorough)"
+        )
     return full
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seeds", default="0-9", help="hypothesis seeds: A-B, a comma-separated list, or both (default 0-9)")
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC",
-                   help="only these impls: a built-in name or package.module:attr (repeatable; default: all)")
-    p.add_argument("--profile", default="ci-seeded",
-                   help="numcheck hypothesis profile, not derandomized (default ci-seeded: NUMCHECK_CI_EXAMPLES examples)")
+    p.add_argument(
+        "--seeds", default="0-9", help="hypothesis seeds: A-B, a comma-separated list, or both (default 0-9)"
+    )
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--profile",
+        default="ci-seeded",
+        help="numcheck hypothesis profile, not derandomized (default ci-seeded: NUMCHECK_CI_EXAMPLES examples)",
+    )
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k expression selecting tests (passed through)")
-    p.add_argument("-n", dest="jobs", type=int, default=1, metavar="N", help="pytest-xdist workers per seed (default 1)")
+    p.add_argument(
+        "-n", dest="jobs", type=int, default=1, metavar="N", help="pytest-xdist workers per seed (default 1)"
+    )
     p.add_argument("--device", default="cpu", help="device the suite draws problems on (NUMCHECK_DEVICE; default cpu)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)")
-    p.add_argument("--force", action="store_true",
-                   help="run every seed afresh (by default a seed kept in DIR/seeds/ from an earlier run on the same "
-                        "code and torch is reused)")
-    p.add_argument("--keep-stale", action="store_true",
-                   help="also reuse kept seeds that ran on other numcheck code or another torch (sweep.md marks "
-                        "each with the code it ran on); by default they are run again")
-    p.add_argument("--assemble", action="store_true",
-                   help="run nothing: summarize the kept seeds of --seeds in DIR/seeds/ (each must be there; stale ones "
-                        "are marked), with the environment they recorded (seeds run on another machine, e.g. a GPU)")
+    p.add_argument(
+        "--out", type=Path, metavar="DIR", help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run every seed afresh (by default a seed kept in DIR/seeds/ from an earlier run on the same "
+        "code and torch is reused)",
+    )
+    p.add_argument(
+        "--keep-stale",
+        action="store_true",
+        help="also reuse kept seeds that ran on other numcheck code or another torch (sweep.md marks "
+        "each with the code it ran on); by default they are run again",
+    )
+    p.add_argument(
+        "--assemble",
+        action="store_true",
+        help="run nothing: summarize the kept seeds of --seeds in DIR/seeds/ (each must be there; stale ones "
+        "are marked), with the environment they recorded (seeds run on another machine, e.g. a GPU)",
+    )
     p.add_argument("--per-impl", action="store_true", help="also print the tightness table of each impl")
-    p.add_argument("--compare", type=Path, metavar="BASE.json",
-                   help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
-                        f"{TIGHTNESS_FALL_LIMIT:g}× below the baseline's (exit 1 if any)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="BASE.json",
+        help=f"a baseline sweep.json: flag each output × dtype whose 90th percentile fell more than "
+        f"{TIGHTNESS_FALL_LIMIT:g}× below the baseline's (exit 1 if any)",
+    )
 
 
 # -- running one seed -------------------------------------------------------------------------------------
 def sweep_command(seed: int, args: argparse.Namespace, profile: str, junit: Path, record_dir: Path) -> list[str]:
     """The pytest command line of one seed: the installed suite under ``profile`` and ``seed``, recorded."""
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", "-o", "junit_logging=no", f"--hypothesis-profile={profile}",
-           f"--hypothesis-seed={seed}", f"--numcheck-record={record_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        *SUITE_MODULES,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_logging=no",
+        f"--hypothesis-profile={profile}",
+        f"--hypothesis-seed={seed}",
+        f"--numcheck-record={record_dir}",
+    ]
     for spec in args.impl:
         cmd += ["--impl", spec]
     if args.keyword:
@@ -202,7 +246,7 @@ def _message_parts(text: str) -> dict[str, str]:
     text = text.strip()
     head = re.match(r"^(\w+)\(['\"]", text)
     if head and "\n" not in text and "\\n" in text:
-        text = f"{head.group(1)}: {text[head.end():]}"
+        text = f"{head.group(1)}: {text[head.end() :]}"
         text = text[:-2] if text.endswith(("')", '")')) else text
         text = text.replace("\\n", "\n").replace("\\'", "'").replace('\\"', '"')
     lines = [re.sub(r"^E\s+", "", ln.strip()) for ln in text.splitlines()]  # pytest's "E   " prefix
@@ -212,10 +256,17 @@ def _message_parts(text: str) -> dict[str, str]:
         return next((m.group(1) for ln in lines if (m := re.match(pattern, ln))), "")
 
     after_case = next((lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln.startswith("case: ")), "")
-    detail = (first(r"(\((?:a|b)\) .+)") or first(r"(.*(?:beyond bound|error/bound|differs|mismatch).*)")
-              or ("" if after_case.startswith("reproduce: ") else after_case))
-    return {"message": lines[0][:400] if lines else "", "case": first(r"case: (.+)"),
-            "detail": detail[:600], "reproduce": first(r"reproduce: (.+)")}
+    detail = (
+        first(r"(\((?:a|b)\) .+)")
+        or first(r"(.*(?:beyond bound|error/bound|differs|mismatch).*)")
+        or ("" if after_case.startswith("reproduce: ") else after_case)
+    )
+    return {
+        "message": lines[0][:400] if lines else "",
+        "case": first(r"case: (.+)"),
+        "detail": detail[:600],
+        "reproduce": first(r"reproduce: (.+)"),
+    }
 
 
 def _split_name(classname: str, name: str) -> tuple[str, str]:
@@ -255,8 +306,12 @@ def run_seed(seed: int, args: argparse.Namespace, profile: str) -> SeedRun:
     with tempfile.TemporaryDirectory(prefix=f"numcheck-sweep-{seed}-") as tmp:
         junit, record_dir = Path(tmp) / "junit.xml", Path(tmp) / "records"
         cmd = sweep_command(seed, args, profile, junit, record_dir)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", NUMCHECK_DEVICE=args.device,
-                   HYPOTHESIS_STORAGE_DIRECTORY=str(Path(tmp) / "hypothesis"))
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            NUMCHECK_DEVICE=args.device,
+            HYPOTHESIS_STORAGE_DIRECTORY=str(Path(tmp) / "hypothesis"),
+        )
         print(f"numcheck sweep: seed {seed}: {shlex.join(cmd)}", file=sys.stderr)
         t0 = time.monotonic()
         rc, lines = stream(cmd, env=env, prefix=f"  seed {seed} | ")
@@ -275,12 +330,6 @@ def seed_path(out: Path, seed: int) -> Path:
     return out / SEEDS_DIR / f"seed-{seed}.json.gz"
 
 
-
-
-
-
-
-
 def _short_code(code: dict[str, Any] | None, environment: dict[str, Any]) -> str:
     """``code <hash12>, commit <commit9>`` of a seed (``unknown`` for what was not recorded)."""
     h = (code or {}).get("code")
@@ -294,8 +343,9 @@ def stale_reason(run: SeedRun, code: dict[str, Any]) -> str | None:
     if run.code is None:
         return f"was kept without a code hash ({_short_code(None, run.environment)}), so its code is unknown"
     if run.code.get("code") != code["code"]:
-        return f"ran on other numcheck code ({_short_code(run.code, run.environment)}; this run: code " \
-               f"{code['code'][:12]})"
+        return (
+            f"ran on other numcheck code ({_short_code(run.code, run.environment)}; this run: code {code['code'][:12]})"
+        )
     if run.code.get("torch") != code["torch"]:
         return f"ran on torch {run.code.get('torch')} (this run: torch {code['torch']})"
     return None
@@ -304,8 +354,13 @@ def stale_reason(run: SeedRun, code: dict[str, Any]) -> str | None:
 def _selection_key(args: argparse.Namespace, profile: str) -> dict[str, Any]:
     """What a kept seed must share with this run to be taken instead of run again (its code aside: see
     :func:`stale_reason`)."""
-    return {"modules": list(SUITE_MODULES), "impls": sorted(args.impl), "keyword": args.keyword,
-            "profile": profile, "device": args.device}
+    return {
+        "modules": list(SUITE_MODULES),
+        "impls": sorted(args.impl),
+        "keyword": args.keyword,
+        "profile": profile,
+        "device": args.device,
+    }
 
 
 def save_seed(out: Path, run: SeedRun, key: dict[str, Any]) -> None:
@@ -313,11 +368,21 @@ def save_seed(out: Path, run: SeedRun, key: dict[str, Any]) -> None:
     path = seed_path(out, run.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     if run.exit_status == PYTEST_INTERRUPTED:
-        raise ValueError(f"seed {run.seed}: pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection "
-                         f"error); such a seed is never kept")
-    data = {"schema": SEED_SCHEMA, "selection": key, "code": run.code, "seed": run.seed,
-            "exit_status": run.exit_status, "seconds": run.seconds, "environment": run.environment,
-            "cases": run.cases, "records": run.records}
+        raise ValueError(
+            f"seed {run.seed}: pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection "
+            f"error); such a seed is never kept"
+        )
+    data = {
+        "schema": SEED_SCHEMA,
+        "selection": key,
+        "code": run.code,
+        "seed": run.seed,
+        "exit_status": run.exit_status,
+        "seconds": run.seconds,
+        "environment": run.environment,
+        "cases": run.cases,
+        "records": run.records,
+    }
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
     tmp.replace(path)
@@ -334,17 +399,30 @@ def load_seed(out: Path, seed: int, key: dict[str, Any]) -> SeedRun | None:
     except (OSError, ValueError) as exc:
         raise BadInput(f"{path}: cannot read a kept seed ({exc}); delete it or pass --force") from None
     if data.get("schema") != SEED_SCHEMA or data.get("selection") != key:
-        raise BadInput(f"{path}: seed {seed} was run on another selection ({data.get('selection')}, this run: "
-                       f"{key}); choose another --out or pass --force")
-    return SeedRun(seed, data["exit_status"], data["seconds"], data["cases"], data["records"],
-                   data.get("environment", {}), resumed=True, code=data.get("code"))
+        raise BadInput(
+            f"{path}: seed {seed} was run on another selection ({data.get('selection')}, this run: "
+            f"{key}); choose another --out or pass --force"
+        )
+    return SeedRun(
+        seed,
+        data["exit_status"],
+        data["seconds"],
+        data["cases"],
+        data["records"],
+        data.get("environment", {}),
+        resumed=True,
+        code=data.get("code"),
+    )
 
 
 # -- tightness --------------------------------------------------------------------------------------------
 def _stats(ratios: list[float]) -> dict[str, Any]:
     finite = np.array([r for r in ratios if math.isfinite(r)], dtype=np.float64)
-    row: dict[str, Any] = {"count": len(ratios), "exact": int((finite == 0).sum()),
-                           "nonfinite": len(ratios) - int(finite.size)}
+    row: dict[str, Any] = {
+        "count": len(ratios),
+        "exact": int((finite == 0).sum()),
+        "nonfinite": len(ratios) - int(finite.size),
+    }
     for name, q in QUANTILES.items():
         row[name] = float(np.percentile(finite, q)) if finite.size else None
     row["max"] = float(finite.max()) if finite.size else None
@@ -369,14 +447,28 @@ def compare_tightness(now: list[dict[str, Any]], base: list[dict[str, Any]]) -> 
         if b is None or r["p90"] is None:
             continue
         fall = (b / r["p90"]) if r["p90"] > 0 else (math.inf if b > 0 else 1.0)
-        out.append({"output": r["output"], "dtype": r["dtype"], "base_p90": b, "p90": r["p90"],
-                    "fall": fall if math.isfinite(fall) else "inf", "too_loose": fall > TIGHTNESS_FALL_LIMIT})
+        out.append(
+            {
+                "output": r["output"],
+                "dtype": r["dtype"],
+                "base_p90": b,
+                "p90": r["p90"],
+                "fall": fall if math.isfinite(fall) else "inf",
+                "too_loose": fall > TIGHTNESS_FALL_LIMIT,
+            }
+        )
     return out
 
 
 # -- the result -------------------------------------------------------------------------------------------
-def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: dict[str, Any],
-              base: dict[str, Any] | None, code: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    runs: list[SeedRun],
+    args: argparse.Namespace,
+    profile: str,
+    env: dict[str, Any],
+    base: dict[str, Any] | None,
+    code: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The JSON of a sweep (``sweep.json``); ``code`` is this run's :func:`code_identity`."""
     from numcheck.properties.core.profiles import ci_examples
 
@@ -386,19 +478,46 @@ def summarize(runs: list[SeedRun], args: argparse.Namespace, profile: str, env: 
         "schema": SCHEMA,
         "environment": env,
         "code": code,
-        "selection": {"modules": list(SUITE_MODULES), "impls": list(args.impl), "keyword": args.keyword,
-                      "profile": profile, "ci_examples": ci_examples(), "jobs": args.jobs, "device": args.device,
-                      "assembled": bool(getattr(args, "assemble", False))},
-        "seeds": [{"seed": r.seed, "exit_status": r.exit_status, "seconds": round(r.seconds, 1),
-                   "counts": r.counts(), "failures": r.failures(), "records": len(r.records),
-                   "commit": r.environment.get("git_commit"), "dirty": r.environment.get("git_dirty"),
-                   "code": (r.code or {}).get("code"), "torch": (r.code or {}).get("torch"),
-                   "resumed": r.resumed, "stale": r.stale, "tightness": tightness(r.records)} for r in runs],
+        "selection": {
+            "modules": list(SUITE_MODULES),
+            "impls": list(args.impl),
+            "keyword": args.keyword,
+            "profile": profile,
+            "ci_examples": ci_examples(),
+            "jobs": args.jobs,
+            "device": args.device,
+            "assembled": bool(getattr(args, "assemble", False)),
+        },
+        "seeds": [
+            {
+                "seed": r.seed,
+                "exit_status": r.exit_status,
+                "seconds": round(r.seconds, 1),
+                "counts": r.counts(),
+                "failures": r.failures(),
+                "records": len(r.records),
+                "commit": r.environment.get("git_commit"),
+                "dirty": r.environment.get("git_dirty"),
+                "code": (r.code or {}).get("code"),
+                "torch": (r.code or {}).get("torch"),
+                "resumed": r.resumed,
+                "stale": r.stale,
+                "tightness": tightness(r.records),
+            }
+            for r in runs
+        ],
         "failures": sum(len(r.failures()) for r in runs),
         "tightness": table,
         "tightness_per_impl": tightness(all_rows, ("impl", "output", "dtype")),
-        "compare": ({"baseline": str(args.compare), "limit": TIGHTNESS_FALL_LIMIT,
-                     "rows": compare_tightness(table, base["tightness"])} if base is not None else None),
+        "compare": (
+            {
+                "baseline": str(args.compare),
+                "limit": TIGHTNESS_FALL_LIMIT,
+                "rows": compare_tightness(table, base["tightness"]),
+            }
+            if base is not None
+            else None
+        ),
     }
 
 
@@ -418,31 +537,50 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
     """``sweep.md``: the selection, per seed its counts and failures, the total, the tightness table(s)."""
     sel, env = summary["selection"], summary["environment"]
     code = (summary.get("code") or {}).get("code")
-    out = ["## numcheck seed sweep", "",
-           f"{sel['device']}, torch {env.get('torch')}, liger-kernel {env.get('liger_kernel') or '—'}, commit "
-           f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}, numcheck code "
-           f"{code[:12] if code else '?'}; profile "
-           f"{sel['profile']} ({sel['ci_examples']} examples), impls: {', '.join(sel['impls']) or 'all registered'}"
-           + (f", -k `{sel['keyword']}`" if sel["keyword"] else "") + f", -n {sel['jobs']}", "",
-           "| seed | passed | failed | error | skipped | seconds | commit | code |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "## numcheck seed sweep",
+        "",
+        f"{sel['device']}, torch {env.get('torch')}, liger-kernel {env.get('liger_kernel') or '—'}, commit "
+        f"{(env.get('git_commit') or '?')[:9]}{' (dirty)' if env.get('git_dirty') else ''}, numcheck code "
+        f"{code[:12] if code else '?'}; profile "
+        f"{sel['profile']} ({sel['ci_examples']} examples), impls: {', '.join(sel['impls']) or 'all registered'}"
+        + (f", -k `{sel['keyword']}`" if sel["keyword"] else "")
+        + f", -n {sel['jobs']}",
+        "",
+        "| seed | passed | failed | error | skipped | seconds | commit | code |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for s in summary["seeds"]:
         c = s["counts"]
         commit = (s.get("commit") or "?")[:9] + (" (dirty)" if s.get("dirty") else "")
-        mark = f"{(s.get('code') or 'unknown')[:12]}" + (f" ⚠ stale, kept by {'--assemble' if summary['selection'].get('assembled') else '--keep-stale'}"
-                                                       if s.get("stale") else "")
-        out.append(f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
-                   f"{s['seconds']:.0f} | {commit} | {mark} |")
+        mark = f"{(s.get('code') or 'unknown')[:12]}" + (
+            f" ⚠ stale, kept by {'--assemble' if summary['selection'].get('assembled') else '--keep-stale'}"
+            if s.get("stale")
+            else ""
+        )
+        out.append(
+            f"| {s['seed']} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
+            f"{s['seconds']:.0f} | {commit} | {mark} |"
+        )
     stale = [s for s in summary["seeds"] if s.get("stale")]
     if stale:
-        out += [""] + [f"- ⚠ seed {s['seed']} {s['stale']}: its verdicts and tightness are that code's, not this "
-                       f"run's" for s in stale]
+        out += [""] + [
+            f"- ⚠ seed {s['seed']} {s['stale']}: its verdicts and tightness are that code's, not this run's"
+            for s in stale
+        ]
     commits = {(s.get("commit"), bool(s.get("dirty"))) for s in summary["seeds"]}
     if len(commits) > 1 and not stale:
-        out += ["", f"The seeds ran on {len(commits)} different commits with the same numcheck code and torch: the "
-                    f"sweep is assembled from runs kept in seeds/."]
-    out += ["", f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
-                f"is a false alarm of the model)", ""]
+        out += [
+            "",
+            f"The seeds ran on {len(commits)} different commits with the same numcheck code and torch: the "
+            f"sweep is assembled from runs kept in seeds/.",
+        ]
+    out += [
+        "",
+        f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
+        f"is a false alarm of the model)",
+        "",
+    ]
     for s in summary["seeds"]:
         for f in s["failures"]:
             out.append(f"- seed {s['seed']}: `{f['test']}[{f['impl']}]` ({f['status']}): {f.get('message', '')}")
@@ -455,10 +593,18 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
         out += ["", "### Tightness per impl", ""] + _table(summary["tightness_per_impl"], ("impl", "output", "dtype"))
     cmp = summary.get("compare")
     if cmp:
-        out += ["", f"### 90th percentile vs {cmp['baseline']} (may fall at most {cmp['limit']:g}×)", "",
-                "| output | dtype | baseline p90 | p90 | baseline/now | |", "| --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {r['output']} | {r['dtype']} | {_num(r['base_p90'])} | {_num(r['p90'])} | {_num(r['fall'])} | "
-                f"{'❌ fell' if r['too_loose'] else '✅'} |" for r in cmp["rows"]]
+        out += [
+            "",
+            f"### 90th percentile vs {cmp['baseline']} (may fall at most {cmp['limit']:g}×)",
+            "",
+            "| output | dtype | baseline p90 | p90 | baseline/now | |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {r['output']} | {r['dtype']} | {_num(r['base_p90'])} | {_num(r['p90'])} | {_num(r['fall'])} | "
+            f"{'❌ fell' if r['too_loose'] else '✅'} |"
+            for r in cmp["rows"]
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -489,15 +635,18 @@ def _say(seed: int, text: str) -> None:
     print(f"numcheck sweep: seed {seed}: {text}", file=sys.stderr)
 
 
-def _assembled(seeds: list[int], out: Path, key: dict[str, Any], code: dict[str, Any]) -> tuple[list[SeedRun], dict[str, Any]]:
+def _assembled(
+    seeds: list[int], out: Path, key: dict[str, Any], code: dict[str, Any]
+) -> tuple[list[SeedRun], dict[str, Any]]:
     """``--assemble``: the kept runs of ``seeds`` (stale ones marked) and the environment they ran in; BadInput
     when a seed is missing or the seeds ran on different devices or torch releases (one sweep, one environment)."""
     runs = []
     for seed in seeds:
         kept = load_seed(out, seed, key)
         if kept is None:
-            raise BadInput(f"--assemble: seed {seed} is not kept in {seed_path(out, seed)}; run it, or leave it out "
-                           f"of --seeds")
+            raise BadInput(
+                f"--assemble: seed {seed} is not kept in {seed_path(out, seed)}; run it, or leave it out of --seeds"
+            )
         # Assembling runs nothing: a seed is stale for other numcheck code, not for this machine's torch (the
         # seeds' own torch must agree among themselves, below).
         seeds_torch = (kept.code or {}).get("torch", code["torch"])
@@ -505,19 +654,30 @@ def _assembled(seeds: list[int], out: Path, key: dict[str, Any], code: dict[str,
         runs.append(kept)
     envs = {(r.environment.get("device"), r.environment.get("torch")) for r in runs}
     if len(envs) > 1:
-        raise BadInput(f"--assemble: the seeds ran in different environments (device, torch): {sorted(map(str, envs))}; "
-                       f"assemble each environment into its own folder")
+        raise BadInput(
+            f"--assemble: the seeds ran in different environments (device, torch): {sorted(map(str, envs))}; "
+            f"assemble each environment into its own folder"
+        )
     return runs, dict(runs[0].environment)
 
 
-def _seed(seed: int, out: Path, args: argparse.Namespace, profile: str, key: dict[str, Any],
-          env: dict[str, Any], code: dict[str, Any]) -> SeedRun:
+def _seed(
+    seed: int,
+    out: Path,
+    args: argparse.Namespace,
+    profile: str,
+    key: dict[str, Any],
+    env: dict[str, Any],
+    code: dict[str, Any],
+) -> SeedRun:
     """``seed``'s run: the kept one when it ran on this ``code`` (or ``--keep-stale``), else a fresh run, kept
     unless pytest exited :data:`PYTEST_INTERRUPTED`."""
     kept = None if args.force else load_seed(out, seed, key)
     if kept is not None and kept.exit_status == PYTEST_INTERRUPTED:
-        _say(seed, f"the kept seed's pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection error): "
-                   f"running it again")
+        _say(
+            seed,
+            f"the kept seed's pytest exited {PYTEST_INTERRUPTED} (interrupted or a collection error): running it again",
+        )
         kept = None
     why = stale_reason(kept, code) if kept is not None else None
     if why and not args.keep_stale:
@@ -546,7 +706,9 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
         out, base = _out_dir(args), _baseline(args.compare)
         if args.force and (args.keep_stale or args.assemble):
-            raise BadInput(f"--force runs every seed afresh and {'--assemble runs none' if args.assemble else '--keep-stale reuses stale kept seeds'}: pass one")
+            raise BadInput(
+                f"--force runs every seed afresh and {'--assemble runs none' if args.assemble else '--keep-stale reuses stale kept seeds'}: pass one"
+            )
         code = code_identity()
         key = _selection_key(args, profile)
         runs = []
@@ -557,22 +719,28 @@ def run(args: argparse.Namespace) -> int:
         for i, seed in enumerate([] if args.assemble else seeds, 1):
             r = _seed(seed, out, args, profile, key, env, code)
             c = r.counts()
-            print(f"numcheck sweep: seed {seed} ({i}/{len(seeds)}){' (kept from an earlier run)' if r.resumed else ''}"
-                  f": {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
-                  f"{len(r.records)} judgements recorded in {r.seconds:.0f} s", file=sys.stderr)
+            print(
+                f"numcheck sweep: seed {seed} ({i}/{len(seeds)}){' (kept from an earlier run)' if r.resumed else ''}"
+                f": {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
+                f"{len(r.records)} judgements recorded in {r.seconds:.0f} s",
+                file=sys.stderr,
+            )
             runs.append(r)
     except BadInput as exc:
         print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)
         return 2
     summary = summarize(runs, args, profile, env, base, code)
     text = render_md(summary, args.per_impl)
-    write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text},
-                            owned=SWEEP_FILES)
+    write_atomically(out, {"sweep.json": json.dumps(summary, indent=1) + "\n", "sweep.md": text}, owned=SWEEP_FILES)
     print(text)
     loose = [r for r in (summary["compare"] or {}).get("rows", []) if r["too_loose"]]
     status = 1 if summary["failures"] or loose else 0
-    why = (f"{summary['failures']} failure(s)" if summary["failures"] else "no failure") + \
-          (f", {len(loose)} 90th percentile(s) fell more than {TIGHTNESS_FALL_LIMIT:g}×" if loose else "")
-    print(f"numcheck sweep: {'FAIL' if status else 'PASS'} (exit {status}) — {why} over {len(seeds)} seed(s); "
-          f"wrote {out}", file=sys.stderr)
+    why = (f"{summary['failures']} failure(s)" if summary["failures"] else "no failure") + (
+        f", {len(loose)} 90th percentile(s) fell more than {TIGHTNESS_FALL_LIMIT:g}×" if loose else ""
+    )
+    print(
+        f"numcheck sweep: {'FAIL' if status else 'PASS'} (exit {status}) — {why} over {len(seeds)} seed(s); "
+        f"wrote {out}",
+        file=sys.stderr,
+    )
     return status

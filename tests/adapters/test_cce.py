@@ -77,16 +77,34 @@ def test_matches_oracle(name: str, p: Problem) -> None:
 # -- the declaration, without running a kernel -------------------------------------------------------------------
 
 
-def _release_25_1_1(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
-                    softcap: float | None = None, reduction: str = "mean", shift: bool = False,
-                    filter_eps: float | str | None = "high", impl: str = "cce") -> torch.Tensor:
+def _release_25_1_1(
+    e: torch.Tensor,
+    c: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    reduction: str = "mean",
+    shift: bool = False,
+    filter_eps: float | str | None = "high",
+    impl: str = "cce",
+) -> torch.Tensor:
     """Stand-in with the parameter list of cut-cross-entropy 25.1.1's ``linear_cross_entropy``."""
     raise AssertionError("not called")
 
 
-def _release_with_bias(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None,
-                       ignore_index: int = -100, softcap: float | None = None, reduction: str = "mean", shift: int = 0,
-                       return_lse: bool = False, filter_eps: float | str | None = "auto", impl: str = "cce") -> torch.Tensor:
+def _release_with_bias(
+    e: torch.Tensor,
+    c: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    reduction: str = "mean",
+    shift: int = 0,
+    return_lse: bool = False,
+    filter_eps: float | str | None = "auto",
+    impl: str = "cce",
+) -> torch.Tensor:
     """Stand-in with a later release's parameter list (a ``bias`` parameter)."""
     raise AssertionError("not called")
 
@@ -105,7 +123,12 @@ def test_declaration_follows_the_signature() -> None:
         assert any("bias" in n for n in notes) and any("label_smoothing" in n for n in notes)
         if v.kernels:
             assert s.dtypes == {torch.bfloat16, torch.float16} and not s.autocast and s.all_ignored is None
-            assert (s.grad_accumulation, s.chunk_rows, s.logits_dtype, s.ce_dtype) == ("param_dtype", 128, "float32", "float32")
+            assert (s.grad_accumulation, s.chunk_rows, s.logits_dtype, s.ce_dtype) == (
+                "param_dtype",
+                128,
+                "float32",
+                "float32",
+            )
             assert (s.grad_x_accumulation, s.chunk_cols) == ("param_dtype", 128)
             assert not s.deterministic  # lock-ordered block adds and atomics
             assert s.devices == {"cuda"} and s.unavailable_reason() == "kernels fail here"
@@ -124,12 +147,21 @@ def test_options_are_passed_by_keyword() -> None:
     """Options go by keyword (filter_eps only when the variant sets it); one without a parameter is refused by name."""
     calls: list[dict] = []
 
-    def recorder(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
-                 softcap: float | None = None, reduction: str = "mean", shift: bool = False,
-                 filter_eps: float | str | None = "high", impl: str = "cce") -> torch.Tensor:
+    def recorder(
+        e: torch.Tensor,
+        c: torch.Tensor,
+        targets: torch.Tensor,
+        ignore_index: int = -100,
+        softcap: float | None = None,
+        reduction: str = "mean",
+        shift: bool = False,
+        filter_eps: float | str | None = "high",
+        impl: str = "cce",
+    ) -> torch.Tensor:
         """Stand-in that records what it was given."""
-        calls.append(dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction, filter_eps=filter_eps,
-                          impl=impl))
+        calls.append(
+            dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction, filter_eps=filter_eps, impl=impl)
+        )
         return e.sum() * 0.0
 
     info = _stand_in(recorder)
@@ -142,8 +174,11 @@ def test_options_are_passed_by_keyword() -> None:
         dict(ignore_index=-100, softcap=None, reduction="mean", filter_eps=None, impl="cce"),
         dict(ignore_index=-100, softcap=None, reduction="none", filter_eps="high", impl="torch_compile"),
     ]
-    for kw, word in ((dict(label_smoothing=0.1), "label_smoothing"), (dict(class_weights=torch.ones(5)), "class_weights"),
-                     (dict(z_loss_scale=0.5), "z_loss_scale")):
+    for kw, word in (
+        (dict(label_smoothing=0.1), "label_smoothing"),
+        (dict(class_weights=torch.ones(5)), "class_weights"),
+        (dict(z_loss_scale=0.5), "z_loss_scale"),
+    ):
         with pytest.raises(ValueError, match=word):
             cce.call_cce(info, BY_NAME["cce[filter_eps=None]"], x, w, y, **kw)
     with pytest.raises(ValueError, match="bias"):
@@ -236,22 +271,29 @@ def test_target_logit_is_summed_from_rounded_products(dtype: torch.dtype) -> Non
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 1, generator=g).to(dtype).to(DEVICE).requires_grad_(True)
     w = torch.randn(1, 1, generator=g).to(dtype).to(DEVICE).requires_grad_(True)
-    loss = _impl("cce[filter_eps=None]")(x, w, torch.zeros(64, dtype=torch.long, device=DEVICE), reduction="none",
-                                        ignore_index=-100)
+    loss = _impl("cce[filter_eps=None]")(
+        x, w, torch.zeros(64, dtype=torch.long, device=DEVICE), reduction="none", ignore_index=-100
+    )
     z = x.detach().float() * w.detach().float()[0]
     expected = (z - z.to(dtype).float())[:, 0]
     assert torch.equal(loss.detach(), expected), (loss, expected)
     assert bool((expected != 0).any())
 
 
-@pytest.mark.parametrize("p,skips", [
-    (Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0), True),  # every entry small
-    (Problem(N=1, H=1, V=1025, dtype="bfloat16"), True),  # H200: 640 of 1025 grad_weight rows zeroed
-    (Problem(N=1, H=1, V=1000, dtype="bfloat16"), True),  # H200: the same, with no block of small contiguous classes
-    (Problem(N=2, H=1, V=2, dtype="bfloat16", reduction="sum"), True),  # H200: two_calls' one-row halves
-    (Problem(N=11, H=16, V=37, dtype="bfloat16", seed=1), False),  # passes on the H200 with filtering on
-    (Problem(N=40, H=48, V=67, dtype="float16", ignored=0.1, seed=5), False),  # passes on the H200 likewise
-])
+@pytest.mark.parametrize(
+    "p,skips",
+    [
+        (Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0), True),  # every entry small
+        (Problem(N=1, H=1, V=1025, dtype="bfloat16"), True),  # H200: 640 of 1025 grad_weight rows zeroed
+        (
+            Problem(N=1, H=1, V=1000, dtype="bfloat16"),
+            True,
+        ),  # H200: the same, with no block of small contiguous classes
+        (Problem(N=2, H=1, V=2, dtype="bfloat16", reduction="sum"), True),  # H200: two_calls' one-row halves
+        (Problem(N=11, H=16, V=37, dtype="bfloat16", seed=1), False),  # passes on the H200 with filtering on
+        (Problem(N=40, H=48, V=67, dtype="float16", ignored=0.1, seed=5), False),  # passes on the H200 likewise
+    ],
+)
 def test_filtering_predicate(p: Problem, skips: bool) -> None:
     """The known divergence's data predicate says a 128-class block may be skipped where some valid row has as
     many |softmax − onehot| below eps/32 as the smallest block has classes (cases seen on the H200 either way)."""
@@ -289,8 +331,10 @@ def test_undeclared_cases_really_fail() -> None:
 
     def operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh leaf x [8, 16] and weight [32, 16] of ``dtype`` on the device."""
-        return (torch.randn(8, 16, device=DEVICE).to(dtype).requires_grad_(True),
-                torch.randn(32, 16, device=DEVICE).to(dtype).requires_grad_(True))
+        return (
+            torch.randn(8, 16, device=DEVICE).to(dtype).requires_grad_(True),
+            torch.randn(32, 16, device=DEVICE).to(dtype).requires_grad_(True),
+        )
 
     x, w = operands(torch.float32)
     with pytest.raises(AssertionError, match="bf16 or fp16"):

@@ -51,8 +51,16 @@ def raiser(tmp_path_factory):
 
 
 def _draw(impl, data) -> Problem:
-    return data.draw(st.builds(Problem, N=st.integers(1, 6), H=st.just(2), V=st.just(3),
-                               ignored=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 3)))
+    return data.draw(
+        st.builds(
+            Problem,
+            N=st.integers(1, 6),
+            H=st.just(2),
+            V=st.just(3),
+            ignored=st.sampled_from([0.0, 0.5, 1.0]),
+            seed=st.integers(0, 3),
+        )
+    )
 
 
 ACCURACY = SuiteProperty(name="accuracy", check=checks.accuracy, draw=_draw)
@@ -137,6 +145,7 @@ def test_a_verdict_and_a_rejected_draw_are_not_wrapped():
         @given(st.data())
         def run(data):
             run_example(SuiteProperty(name="accuracy", check=check, draw=draw), impl, data)
+
         run()
 
     with pytest.raises(PropertyFailure) as info:

@@ -19,8 +19,11 @@ def _ids(entries) -> list[str]:
 
 
 def _builtin(pattern: str):
-    return [e.impl for e in builtin_impls()
-            if isinstance(e, ImplEntry) and e.kind == "linear_ce" and fnmatch.fnmatchcase(e.name, pattern)]
+    return [
+        e.impl
+        for e in builtin_impls()
+        if isinstance(e, ImplEntry) and e.kind == "linear_ce" and fnmatch.fnmatchcase(e.name, pattern)
+    ]
 
 
 @pytest.mark.parametrize("entry", KNOWN, ids=_ids(KNOWN))
@@ -40,9 +43,15 @@ def _runnable(entry) -> tuple[object, list]:
     if DEVICE not in entry.devices:
         pytest.skip(f"{entry.impls!r} was seen on {', '.join(entry.devices)}; this suite runs on {DEVICE}")
     example = entry.example.replace(device=DEVICE)
-    impls = [i for i in _builtin(entry.impls) if i.support.unavailable_reason() is None
-             and i.support.refuses(dtype=example.param_dtype, device=DEVICE, options=example.features,
-                                   reduction=example.reduction) is None]
+    impls = [
+        i
+        for i in _builtin(entry.impls)
+        if i.support.unavailable_reason() is None
+        and i.support.refuses(
+            dtype=example.param_dtype, device=DEVICE, options=example.features, reduction=example.reduction
+        )
+        is None
+    ]
     if not impls:
         pytest.skip(f"no impl matching {entry.impls!r} can run its example on {DEVICE} here")
     return example, impls
@@ -56,8 +65,12 @@ def _shadowed(entry, impls, example) -> list:
     """The impls on which another entry holding here covers the example (a release whose every backward raises,
     say): there the example cannot show whether this entry's divergence is present, so its check is left to the
     releases where it stands alone."""
-    return [i for i in impls for prop in _properties(entry)
-            if any(k is not entry and k.matches(i.name, prop, example) for k in KNOWN)]
+    return [
+        i
+        for i in impls
+        for prop in _properties(entry)
+        if any(k is not entry and k.matches(i.name, prop, example) for k in KNOWN)
+    ]
 
 
 @pytest.mark.parametrize("entry", KNOWN, ids=_ids(KNOWN))
@@ -65,8 +78,10 @@ def test_divergence_still_present(entry):
     """The entry's example still fails its property on every matching, available impl (strict), on this device
     and, for a third-party divergence, on the installed release when it is inside the entry's range."""
     if entry.releases is not None and not entry.releases.hold():
-        pytest.skip(f"{entry.impls!r} holds for {entry.releases.describe()}: outside its range "
-                    f"(test_divergence_absent_outside_its_releases checks it is gone)")
+        pytest.skip(
+            f"{entry.impls!r} holds for {entry.releases.describe()}: outside its range "
+            f"(test_divergence_absent_outside_its_releases checks it is gone)"
+        )
     example, impls = _runnable(entry)
     if entry.history_dependent:
         pytest.skip(f"{entry.impls!r} depends on the process's history; shown by {entry.history_dependent}")
@@ -103,10 +118,16 @@ def _unshadowed(entry, impls, example) -> list:
     shadowed = _shadowed(entry, impls, example)
     left = [i for i in impls if i not in shadowed]
     if not left:
-        others = {k.impls for i in shadowed for k in KNOWN
-                  if k is not entry and any(k.matches(i.name, p, example) for p in _properties(entry))}
-        pytest.skip(f"{entry.impls!r}: its example is covered here by another entry holding on this release "
-                    f"({', '.join(sorted(others))})")
+        others = {
+            k.impls
+            for i in shadowed
+            for k in KNOWN
+            if k is not entry and any(k.matches(i.name, p, example) for p in _properties(entry))
+        }
+        pytest.skip(
+            f"{entry.impls!r}: its example is covered here by another entry holding on this release "
+            f"({', '.join(sorted(others))})"
+        )
     return left
 
 
@@ -117,8 +138,14 @@ def test_entry_rejects_unknown_devices(devices):
     from numcheck.properties.core.known import KnownDivergence
 
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
-        KnownDivergence(impls="eager", properties=("accuracy",), devices=devices, applies=lambda p: True,
-                        reason="r", example=Problem(N=1, H=1, V=1))
+        KnownDivergence(
+            impls="eager",
+            properties=("accuracy",),
+            devices=devices,
+            applies=lambda p: True,
+            reason="r",
+            example=Problem(N=1, H=1, V=1),
+        )
 
 
 def test_history_dependent_entries_name_a_shown_place():
@@ -129,8 +156,9 @@ def test_history_dependent_entries_name_a_shown_place():
     root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
     for k in KNOWN:
         if k.history_dependent:
-            assert (root / k.history_dependent).is_file(), \
+            assert (root / k.history_dependent).is_file(), (
                 f"{k.impls!r}: history_dependent names {k.history_dependent!r}, which does not exist under {root}"
+            )
 
 
 def test_data_predicates_do_not_cover_a_whole_test():
@@ -143,18 +171,27 @@ def test_data_predicates_do_not_cover_a_whole_test():
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
     frozen = covers_every("liger[accum=None]", "frozen_x", fields)
     (entry,) = [k for k in KNOWN if k.properties == ("frozen_x",)]
-    assert (frozen is entry) == entry.releases.hold(), entry.releases.describe()  # a field-decided entry, where it holds
+    assert (frozen is entry) == entry.releases.hold(), (
+        entry.releases.describe()
+    )  # a field-decided entry, where it holds
 
 
-@pytest.mark.parametrize("installed, holds", [("0.6.2", False), ("0.6.3", True), ("0.8.5", True), (None, False),
-                                              ("not-a-version", False)])
+@pytest.mark.parametrize(
+    "installed, holds", [("0.6.2", False), ("0.6.3", True), ("0.8.5", True), (None, False), ("not-a-version", False)]
+)
 def test_release_range_follows_installed_release(installed, holds):
     """An entry keyed on a release range matches only when the installed release is known and inside the range."""
     from numcheck.properties.core.known import KnownDivergence, Releases
     from numcheck.properties.core.problems import Problem
 
-    entry = KnownDivergence(impls="liger[[]*", properties=("frozen_x",), devices=("cpu", "cuda"), applies=lambda p: True,
-                            reason="r", example=Problem(N=1, H=1, V=1),
-                            releases=Releases("liger-kernel", ">=0.6.3", lambda: installed))
+    entry = KnownDivergence(
+        impls="liger[[]*",
+        properties=("frozen_x",),
+        devices=("cpu", "cuda"),
+        applies=lambda p: True,
+        reason="r",
+        example=Problem(N=1, H=1, V=1),
+        releases=Releases("liger-kernel", ">=0.6.3", lambda: installed),
+    )
     assert entry.releases.hold() is holds
     assert entry.matches("liger[accum=None]", "frozen_x", Problem(N=1, H=1, V=1)) is holds

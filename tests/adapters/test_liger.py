@@ -46,9 +46,6 @@ CASES: list[Problem] = [
 CASES = [p.replace(device=DEVICE) for p in CASES]
 
 
-
-
-
 def _params():
     for name in liger.VARIANTS:
         for p in CASES:
@@ -77,8 +74,10 @@ def _exclusion_reasons(name: str) -> dict[str, str]:
     installed release's signature has no parameter for it, or the interpreter cannot run it."""
     impl = _impl(name)
     gaps = liger.signature_gaps(INFO)
-    return {opt: gaps.get(opt, "fails under TRITON_INTERPRET=1")
-            for opt in set(liger.OPTION_PARAMS) - set(impl.support.options)}
+    return {
+        opt: gaps.get(opt, "fails under TRITON_INTERPRET=1")
+        for opt in set(liger.OPTION_PARAMS) - set(impl.support.options)
+    }
 
 
 def _available_variants() -> list[str]:
@@ -93,7 +92,8 @@ def test_exclusions_are_real_and_shown() -> None:
         impl = _impl(name)
         for opt, why in _exclusion_reasons(name).items():
             assert f"{opt}: {why}" in impl.description, (
-                f"{name}: option {opt!r} is not declared but the description does not say why: {impl.description!r}")
+                f"{name}: option {opt!r} is not declared but the description does not say why: {impl.description!r}"
+            )
         if not liger.interpreted():
             continue
         kwargs = {"class_weights": {"class_weights": torch.ones(16)}, "softcap": {"softcap": 3.0}}
@@ -104,7 +104,8 @@ def test_exclusions_are_real_and_shown() -> None:
                 liger.call_liger(INFO, liger.VARIANTS[name], x, w, torch.zeros(4, dtype=torch.long), **kwargs[opt])
             assert liger._is_interpreter_error(info.value), (
                 f"{name}: {opt} excluded as an interpreter limitation but raised {type(info.value).__name__}: "
-                f"{info.value} — a Liger error must stay declared so the suite reports it")
+                f"{info.value} — a Liger error must stay declared so the suite reports it"
+            )
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
@@ -136,9 +137,19 @@ def test_declaration_follows_installed_release() -> None:
     assert _impl("liger[accum=None]").support.grad_accumulation == "param_dtype"
     if INFO.has("return_z_loss"):  # the declared z-loss really comes back, as a tensor
         impl = _impl("liger[accum=None]")
-        x, w = torch.randn(4, 8, device=DEVICE, requires_grad=True), torch.randn(16, 8, device=DEVICE, requires_grad=True)
-        out = impl(x, w, torch.zeros(4, dtype=torch.long, device=DEVICE), None, reduction="sum", ignore_index=-100,
-                   z_loss_scale=0.5)
+        x, w = (
+            torch.randn(4, 8, device=DEVICE, requires_grad=True),
+            torch.randn(16, 8, device=DEVICE, requires_grad=True),
+        )
+        out = impl(
+            x,
+            w,
+            torch.zeros(4, dtype=torch.long, device=DEVICE),
+            None,
+            reduction="sum",
+            ignore_index=-100,
+            z_loss_scale=0.5,
+        )
         assert isinstance(out, tuple) and isinstance(out[1], torch.Tensor) and float(out[1]) > 0, out
     assert _impl("liger[accum=fp32]").support.grad_accumulation in ("fp32", "per_chunk_rounding")
 
@@ -149,8 +160,18 @@ class _Recorder:
     calls: list[tuple] = []
 
     @staticmethod
-    def forward(ctx, _input, weight, target, bias=None, ignore_index=-100, lse_square_scale=0.0,
-                label_smoothing=0.0, reduction="mean", softcap=None):
+    def forward(
+        ctx,
+        _input,
+        weight,
+        target,
+        bias=None,
+        ignore_index=-100,
+        lse_square_scale=0.0,
+        label_smoothing=0.0,
+        reduction="mean",
+        softcap=None,
+    ):
         raise AssertionError("not called")
 
     @classmethod
@@ -163,9 +184,12 @@ def _old_release() -> liger.LigerInfo:
     import inspect
 
     sig = inspect.signature(_Recorder.forward)
-    return liger.LigerInfo(version="0.3-like", params=tuple(sig.parameters)[1:],
-                           defaults={n: p.default for n, p in sig.parameters.items()
-                                     if p.default is not inspect.Parameter.empty}, function=_Recorder)
+    return liger.LigerInfo(
+        version="0.3-like",
+        params=tuple(sig.parameters)[1:],
+        defaults={n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty},
+        function=_Recorder,
+    )
 
 
 def test_older_signature_is_mapped_by_name() -> None:
@@ -175,8 +199,9 @@ def test_older_signature_is_mapped_by_name() -> None:
     _Recorder.calls.clear()
     x, w, y = torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2])
     b = torch.randn(5)
-    out = liger.call_liger(info, None, x, w, y, b, reduction="sum", ignore_index=-7, label_smoothing=0.25,
-                           z_loss_scale=0.5, softcap=2.0)
+    out = liger.call_liger(
+        info, None, x, w, y, b, reduction="sum", ignore_index=-7, label_smoothing=0.25, z_loss_scale=0.5, softcap=2.0
+    )
     assert isinstance(out, torch.Tensor)
     (args,) = _Recorder.calls
     assert args[:4] == (x, w, y, b) and args[4:] == (-7, 0.5, 0.25, "sum", 2.0), args[4:]
@@ -196,18 +221,30 @@ def test_older_signature_is_mapped_by_name() -> None:
 def test_release_without_reduction_declares_mean_only_with_reasons() -> None:
     """A release whose forward has no reduction (0.2.1: ``(_input, weight, target, bias, ignore_index)``)
     declares mean only, and every option and reduction it lacks is noted with the parameter it lacks."""
+
     def forward(ctx, _input, weight, target, bias=None, ignore_index=-100):
         raise AssertionError("not called")
 
-    info = liger.LigerInfo(version="0.2.1", params=("_input", "weight", "target", "bias", "ignore_index"),
-                           defaults={"bias": None, "ignore_index": -100}, function=None)
+    info = liger.LigerInfo(
+        version="0.2.1",
+        params=("_input", "weight", "target", "bias", "ignore_index"),
+        defaults={"bias": None, "ignore_index": -100},
+        function=None,
+    )
     support, notes = liger.declare(info, None, probe=False)
     assert support.reductions == frozenset({"mean"}) and set(support.options) == {"bias", "ignore_index"}
-    for feature, param in [("class_weights", "ce_weight"), ("label_smoothing", "label_smoothing"),
-                           ("softcap", "softcap"), ("z_loss", "lse_square_scale"), ("reduction=sum", "reduction"),
-                           ("reduction=none", "reduction")]:
+    for feature, param in [
+        ("class_weights", "ce_weight"),
+        ("label_smoothing", "label_smoothing"),
+        ("softcap", "softcap"),
+        ("z_loss", "lse_square_scale"),
+        ("reduction=sum", "reduction"),
+        ("reduction=none", "reduction"),
+    ]:
         assert any(n.startswith(f"{feature}: liger-kernel 0.2.1's forward has no {param} parameter") for n in notes), (
-            feature, notes)
+            feature,
+            notes,
+        )
 
 
 def _fake_dist(root, version: str, files: list[str], *, init: bool) -> None:
@@ -256,8 +293,10 @@ def test_triton_imported_too_early_is_reported() -> None:
     import subprocess
     import sys
 
-    code = ("import triton, numcheck.impls.adapters.liger as L; impl = L.liger_impls()[0]; "
-            "print('REASON:', impl.support.unavailable_reason())")
+    code = (
+        "import triton, numcheck.impls.adapters.liger as L; impl = L.liger_impls()[0]; "
+        "print('REASON:', impl.support.unavailable_reason())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "imported before TRITON_INTERPRET=1" in out.stdout, out.stdout + out.stderr

@@ -30,8 +30,9 @@ class FusedNoGradXAllReduce(MegatronVocabParallel):
         saved = mappings.copy_to_tensor_model_parallel_region
         mappings.copy_to_tensor_model_parallel_region = lambda t, group=None: t
         try:
-            return super().rank_call(x, weight, target, bias, group=group, vocab_start=vocab_start,
-                                     vocab_size=vocab_size, **options)
+            return super().rank_call(
+                x, weight, target, bias, group=group, vocab_start=vocab_start, vocab_size=vocab_size, **options
+            )
         finally:
             mappings.copy_to_tensor_model_parallel_region = saved
 
@@ -69,8 +70,9 @@ def _failing_outputs(exc: PropertyFailure) -> set[str]:
 def test_entry_names_a_registered_impl_and_its_outputs(entry):
     """An entry names a registered distributed impl and outputs the suite judges, and covers its own example."""
     assert entry.impl in {i.name for i in dist_impls()}, f"{entry.impl!r} is not in dist_impls(): remove the entry"
-    assert set(entry.outputs) < set(OUTPUT_NAMES), f"{entry.impl!r}: outputs {entry.outputs} (a whole-case " \
-        "divergence belongs in dist_suite.DIST_KNOWN)"
+    assert set(entry.outputs) < set(OUTPUT_NAMES), (
+        f"{entry.impl!r}: outputs {entry.outputs} (a whole-case divergence belongs in dist_suite.DIST_KNOWN)"
+    )
     assert entry.covers(_case(entry)), f"{entry.impl!r}: its example is not a case it covers"
 
 
@@ -105,8 +107,11 @@ def test_divergence_absent_outside_its_releases(entry):
     dist_accuracy(impl, _case(entry))
 
 
-@pytest.mark.parametrize("mutant, output", [(FusedNoGradXAllReduce(), "grad_x"), (FusedLossScaled(), "loss")],
-                         ids=["no_grad_x_all_reduce", "loss_scaled"])
+@pytest.mark.parametrize(
+    "mutant, output",
+    [(FusedNoGradXAllReduce(), "grad_x"), (FusedLossScaled(), "loss")],
+    ids=["no_grad_x_all_reduce", "loss_scaled"],
+)
 def test_covered_case_still_judges_every_output(mutant, output):
     """On the divergence's own fp32 example a further defect is caught: in a covered output (grad_x without its
     all-reduce) under the divergence's model, in the loss under the impl's own."""

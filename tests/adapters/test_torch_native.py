@@ -39,17 +39,19 @@ CASES: list[Problem] = [
 ]
 
 
-
-
-
-
 def _param(name: str, p: Problem):
     marks = []
     if "chunked" in name and p.all_ignored and p.reduction == "mean":
-        marks.append(pytest.mark.xfail(strict=True, reason=(
-            "PyTorch's chunked linear_cross_entropy divides its row weights by a NaN normaliser when every row is "
-            "ignored: NaN gradients where the reference path (and F.cross_entropy) give zeros. Undocumented, so "
-            "declared all_ignored='nan' and reported; strict: passes again only if PyTorch changes")))
+        marks.append(
+            pytest.mark.xfail(
+                strict=True,
+                reason=(
+                    "PyTorch's chunked linear_cross_entropy divides its row weights by a NaN normaliser when every row is "
+                    "ignored: NaN gradients where the reference path (and F.cross_entropy) give zeros. Undocumented, so "
+                    "declared all_ignored='nan' and reported; strict: passes again only if PyTorch changes"
+                ),
+            )
+        )
     return pytest.param(name, p, id=f"{name}-{p.short()}", marks=marks)
 
 
@@ -94,9 +96,11 @@ def test_chunked_ignores_autocast_as_declared(policy: str) -> None:
     amp = run_impl(impl, p.replace(autocast="bfloat16"))
     for out in ("loss", "grad_x", "grad_weight", "grad_bias"):
         a, b = plain.get(out), amp.get(out)
-        assert torch.equal(a, b), (f"{impl.name}: {out} differs under bf16 autocast (max |Δ| "
-                                   f"{(a.double() - b.double()).abs().max():.3g}): it now honours autocast; "
-                                   "declare AMP for it instead")
+        assert torch.equal(a, b), (
+            f"{impl.name}: {out} differs under bf16 autocast (max |Δ| "
+            f"{(a.double() - b.double()).abs().max():.3g}): it now honours autocast; "
+            "declare AMP for it instead"
+        )
 
 
 def test_no_softcap_no_zloss() -> None:

@@ -51,8 +51,10 @@ def _run(impl, p: Problem) -> None:
         pytest.skip(f"{why}; {impl.description}")
     entry = known(impl.name, "accuracy", p)
     if entry is not None:
-        pytest.skip(f"known divergence of {entry.releases.describe() if entry.releases else 'every release'}: "
-                    f"{entry.reason[:200]}")
+        pytest.skip(
+            f"known divergence of {entry.releases.describe() if entry.releases else 'every release'}: "
+            f"{entry.reason[:200]}"
+        )
     try:
         res = check_accuracy(impl, p)
     except Exception as exc:
@@ -94,8 +96,14 @@ def _list(env_extra: dict[str, str], *impls: str, pythonpath: str = "") -> str:
     env = {k: v for k, v in os.environ.items() if k != te.ENV_DIR}
     env.update(env_extra, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), pythonpath) if p))
     args = [a for name in impls for a in ("--impl", name)]
-    proc = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "list", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "numcheck.reports.cli", "list", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.stdout + proc.stderr
 
 
@@ -104,8 +112,11 @@ def _one_call(info: te.TEInfo) -> float:
     g = torch.Generator().manual_seed(0)
     z = torch.randn(5, 11, generator=g)
     y = torch.randint(0, 11, (5,), generator=g)
-    return float(te.te_cross_entropy(info, te.writes_logits(info, False), z, y, reduce_loss=True, ignore_index=-100,
-                                     label_smoothing=0.0))
+    return float(
+        te.te_cross_entropy(
+            info, te.writes_logits(info, False), z, y, reduce_loss=True, ignore_index=-100, label_smoothing=0.0
+        )
+    )
 
 
 @needs_te
@@ -118,8 +129,10 @@ def test_files_are_loaded_without_entering_the_import_path():
     assert not [m for m in sys.modules if m == "transformer_engine" or m.startswith("transformer_engine.")]
     if INFO.source.note is None:  # no importable TE of the environment's own
         assert importlib.util.find_spec("transformer_engine") is None
-    assert Path(INFO.function.forward.__code__.co_filename).resolve() == \
-        (Path(INFO.source.folder) / te.FILES["api"]).resolve()
+    assert (
+        Path(INFO.function.forward.__code__.co_filename).resolve()
+        == (Path(INFO.source.folder) / te.FILES["api"]).resolve()
+    )
 
 
 @needs_te
@@ -131,12 +144,20 @@ def test_relative_imports_resolve_to_the_private_modules(tmp_path):
     api = dest / te.FILES["api"]
     text = api.read_text()
     assert "import transformer_engine.pytorch.triton.cross_entropy as triton_cross_entropy" in text
-    api.write_text(text.replace("import transformer_engine.pytorch.triton.cross_entropy as triton_cross_entropy",
-                                "from .triton import cross_entropy as triton_cross_entropy"))
+    api.write_text(
+        text.replace(
+            "import transformer_engine.pytorch.triton.cross_entropy as triton_cross_entropy",
+            "from .triton import cross_entropy as triton_cross_entropy",
+        )
+    )
     tri = dest / te.FILES["triton"]
     if (dest / te.FILES["common"]).is_file():
-        tri.write_text(tri.read_text().replace("from transformer_engine.common.triton.cross_entropy import",
-                                               "from ...common.triton.cross_entropy import"))
+        tri.write_text(
+            tri.read_text().replace(
+                "from transformer_engine.common.triton.cross_entropy import",
+                "from ...common.triton.cross_entropy import",
+            )
+        )
     info = te.load_from(te.Source("files", str(dest)))
     assert not isinstance(info, str), info
     assert _one_call(info) == _one_call(INFO)
@@ -197,13 +218,19 @@ def test_complete_te_is_imported(tmp_path):
     """Where ``import transformer_engine.pytorch`` works the Function comes from there (here a package made of the
     release's own fused CE files with empty package ``__init__`` files, standing in for TE's core-backed ones)."""
     dest = _copy_release(tmp_path)
-    for pkg in ("transformer_engine", "transformer_engine/pytorch", "transformer_engine/pytorch/triton",
-                "transformer_engine/common", "transformer_engine/common/triton"):
+    for pkg in (
+        "transformer_engine",
+        "transformer_engine/pytorch",
+        "transformer_engine/pytorch/triton",
+        "transformer_engine/common",
+        "transformer_engine/common/triton",
+    ):
         (dest / pkg).mkdir(parents=True, exist_ok=True)
         (dest / pkg / "__init__.py").write_text("")
     (dest / "transformer_engine/pytorch/jit.py").write_text(
         "import torch\n\n\ndef no_torch_dynamo(recursive=True, when=None):\n"
-        "    return lambda f: torch._dynamo.disable(f, recursive=recursive)\n")
+        "    return lambda f: torch._dynamo.disable(f, recursive=recursive)\n"
+    )
     out = _list({}, "te_parallel_ce[mean]", pythonpath=str(dest))
     assert f"TransformerEngine {INFO.version} CrossEntropyFunction" in out, out
     assert f"loaded: import transformer_engine.pytorch (TE fully installed, at {dest})" in out, out
@@ -215,8 +242,10 @@ def test_incomplete_te_on_the_path_is_read_from_its_files(tmp_path):
     and ``numcheck list`` says why the import was not used."""
     dest = _copy_release(tmp_path, package=True)
     out = _list({}, "te_parallel_ce[mean]", pythonpath=str(dest))
-    assert f"loaded: files in {dest}, without running TE's package __init__; import transformer_engine.pytorch " \
-           f"failed" in out, out
+    assert (
+        f"loaded: files in {dest}, without running TE's package __init__; import transformer_engine.pytorch "
+        f"failed" in out
+    ), out
     assert "here: runs" in out, out
 
 
@@ -224,30 +253,77 @@ def test_incomplete_te_on_the_path_is_read_from_its_files(tmp_path):
 
 
 def _fake(version: str, params: tuple[str, ...], function=None) -> te.TEInfo:
-    defaults = {"label_smoothing": 0.0, "reduce_loss": False, "dist_process_group": None, "ignore_idx": -100,
-                "is_cg_capturable": False, "overwrite_input": False}
-    return te.TEInfo(version=version, source=te.Source("files", "/nowhere"), params=params,
-                     defaults={k: v for k, v in defaults.items() if k in params}, function=function)
+    defaults = {
+        "label_smoothing": 0.0,
+        "reduce_loss": False,
+        "dist_process_group": None,
+        "ignore_idx": -100,
+        "is_cg_capturable": False,
+        "overwrite_input": False,
+    }
+    return te.TEInfo(
+        version=version,
+        source=te.Source("files", "/nowhere"),
+        params=params,
+        defaults={k: v for k, v in defaults.items() if k in params},
+        function=function,
+    )
 
 
 #: ``CrossEntropyFunction.forward``'s parameters (after ctx) as the releases have them.
 SIGNATURES = {
     "2.2.0": ("_input", "target", "label_smoothing", "reduce_loss", "dist_process_group"),
     "2.4.0": ("_input", "target", "label_smoothing", "reduce_loss", "dist_process_group", "ignore_idx"),
-    "2.8.0": ("_input", "target", "label_smoothing", "reduce_loss", "dist_process_group", "ignore_idx",
-              "is_cg_capturable"),
-    "2.17.1": ("inp", "target", "label_smoothing", "reduce_loss", "dist_process_group", "ignore_idx",
-               "is_cg_capturable"),
-    "2.18.0": ("inp", "target", "label_smoothing", "reduce_loss", "dist_process_group", "ignore_idx",
-               "is_cg_capturable"),
-    "2.20.2": ("inp", "target", "label_smoothing", "reduce_loss", "dist_process_group", "ignore_idx",
-               "overwrite_input"),
+    "2.8.0": (
+        "_input",
+        "target",
+        "label_smoothing",
+        "reduce_loss",
+        "dist_process_group",
+        "ignore_idx",
+        "is_cg_capturable",
+    ),
+    "2.17.1": (
+        "inp",
+        "target",
+        "label_smoothing",
+        "reduce_loss",
+        "dist_process_group",
+        "ignore_idx",
+        "is_cg_capturable",
+    ),
+    "2.18.0": (
+        "inp",
+        "target",
+        "label_smoothing",
+        "reduce_loss",
+        "dist_process_group",
+        "ignore_idx",
+        "is_cg_capturable",
+    ),
+    "2.20.2": (
+        "inp",
+        "target",
+        "label_smoothing",
+        "reduce_loss",
+        "dist_process_group",
+        "ignore_idx",
+        "overwrite_input",
+    ),
 }
 
 
-@pytest.mark.parametrize("version, overwrite, writes", [
-    ("2.2.0", False, "forward"), ("2.8.0", False, "forward"), ("2.17.1", False, "forward"), ("2.18.0", False, None),
-    ("2.20.2", False, None), ("2.20.2", True, "backward")])
+@pytest.mark.parametrize(
+    "version, overwrite, writes",
+    [
+        ("2.2.0", False, "forward"),
+        ("2.8.0", False, "forward"),
+        ("2.17.1", False, "forward"),
+        ("2.18.0", False, None),
+        ("2.20.2", False, None),
+        ("2.20.2", True, "backward"),
+    ],
+)
 def test_where_each_release_writes_into_the_logits(version, overwrite, writes):
     """Up to 2.17 the gradient is stored in the logits in forward; 2.18 keeps it apart; from 2.19 only
     ``overwrite_input=True`` writes it into them, in backward."""
@@ -259,20 +335,25 @@ def test_declarations_follow_the_signature():
     where ``overwrite_input`` exists, each absence named."""
     old = te.declare(_fake("2.2.0", SIGNATURES["2.2.0"]), True)
     assert "ignore_index" not in old.support.options and old.support.all_ignored is None
-    assert any(n.startswith("ignore_index: TE 2.2.0's CrossEntropyFunction.forward has no ignore_idx")
-               for n in old.notes)
+    assert any(
+        n.startswith("ignore_index: TE 2.2.0's CrossEntropyFunction.forward has no ignore_idx") for n in old.notes
+    )
     new = te.declare(_fake("2.8.0", SIGNATURES["2.8.0"]), True)
     assert {"ignore_index", "label_smoothing", "bias"} <= new.support.options and new.support.all_ignored == "zero"
-    assert new.support.reductions == {"mean"} and te.declare(_fake("2.8.0", SIGNATURES["2.8.0"]), False) \
-        .support.reductions == {"none"}
+    assert new.support.reductions == {"mean"} and te.declare(
+        _fake("2.8.0", SIGNATURES["2.8.0"]), False
+    ).support.reductions == {"none"}
     no_ow = te.declare(_fake("2.18.0", SIGNATURES["2.18.0"]), True, overwrite_input=True)
     assert "has no overwrite_input" in (no_ow.support.unavailable_reason() or "")
     assert "writes the gradient into the logits in forward anyway" in (
-        te.declare(_fake("2.8.0", SIGNATURES["2.8.0"]), True, overwrite_input=True).support.unavailable_reason())
+        te.declare(_fake("2.8.0", SIGNATURES["2.8.0"]), True, overwrite_input=True).support.unavailable_reason()
+    )
 
 
-@pytest.mark.parametrize("version, reduce_loss", [("2.8.0", False), ("2.17.1", False), ("2.8.0", True),
-                                                  ("2.4.0", False), ("2.18.0", False), ("2.20.2", False)])
+@pytest.mark.parametrize(
+    "version, reduce_loss",
+    [("2.8.0", False), ("2.17.1", False), ("2.8.0", True), ("2.4.0", False), ("2.18.0", False), ("2.20.2", False)],
+)
 def test_interpreter_artifact_is_declared_only_where_it_applies(version, reduce_loss):
     """bf16 leaves the ``none`` impls of 2.5–2.17 under an interpreter that mangles bf16-plus-constant (the probe
     says so), with that reason, and nothing else: ``mean`` and the releases outside the range keep bf16."""
@@ -299,8 +380,16 @@ class _WritesInForward(torch.autograd.Function):
     saves that buffer and returns it, scaled by the upstream gradient, from backward."""
 
     @staticmethod
-    def forward(ctx, inp, target, label_smoothing=0.0, reduce_loss=False, dist_process_group=None, ignore_idx=-100,
-                is_cg_capturable=False):
+    def forward(
+        ctx,
+        inp,
+        target,
+        label_smoothing=0.0,
+        reduce_loss=False,
+        dist_process_group=None,
+        ignore_idx=-100,
+        is_cg_capturable=False,
+    ):
         z = inp.detach().view(-1, inp.shape[-1])
         y = target.reshape(-1)
         valid = y != ignore_idx
@@ -327,14 +416,18 @@ def test_undeclared_forward_write_fails(version, ok):
     suite's judgement with :class:`LogitsWriteMismatch` where it does not (2.18)."""
     info = _fake(version, SIGNATURES[version], _WritesInForward)
     impl = te.build_impl("te_parallel_ce[mean]", True, False, info)
-    impl = dataclasses.replace(impl, support=dataclasses.replace(impl.support, requires=None, devices=frozenset(
-        {"cpu", "cuda"})))
+    impl = dataclasses.replace(
+        impl, support=dataclasses.replace(impl.support, requires=None, devices=frozenset({"cpu", "cuda"}))
+    )
     p = Problem(N=6, H=8, V=13, ignored=0.3, seed=3, device=DEVICE)
     if ok:
         _run(impl, p)
         return
-    with pytest.raises(PropertyFailure, match="changed .* elements of the logits it was given during forward, but its "
-                                              "declaration says it leaves the logits it is given as they are"):
+    with pytest.raises(
+        PropertyFailure,
+        match="changed .* elements of the logits it was given during forward, but its "
+        "declaration says it leaves the logits it is given as they are",
+    ):
         _run(impl, p)
 
 
@@ -419,8 +512,11 @@ def test_uneven_shards_are_refused():
     impl = next(i for i in dist_impls() if i.name == "te_vocab_parallel[mean]")
     if impl.support.unavailable_reason():
         pytest.skip(impl.support.unavailable_reason())
-    with pytest.raises(RankFailure, match="TE needs equal, rank-ordered vocabulary shards; rank 0 of 2 got classes "
-                                          r"0\.\.2 of 5"):
+    with pytest.raises(
+        RankFailure,
+        match="TE needs equal, rank-ordered vocabulary shards; rank 0 of 2 got classes "
+        r"0\.\.2 of 5",
+    ):
         dist_accuracy(impl, DistCase(problem=Problem(N=3, H=4, V=5, seed=1), world_size=2))
 
 
@@ -452,8 +548,9 @@ def test_case_divergence_holds_exactly_in_its_releases(entry):
         pytest.skip(f"{entry.impl} does not declare the example here: {refused}")
     others = [d for d in CASE_KNOWN if d is not entry and d.impl == entry.impl and d.holds(entry.case())]
     if others:
-        pytest.skip(f"{entry.impl}: its example is covered on TE {INFO.version} by another entry "
-                    f"({others[0].reason[:120]})")
+        pytest.skip(
+            f"{entry.impl}: its example is covered on TE {INFO.version} by another entry ({others[0].reason[:120]})"
+        )
     if entry.releases.hold():
         with pytest.raises((PropertyFailure, RankFailure)):  # a judgement, or a rank's exception (a backward raising)
             dist_accuracy(impl, entry.case())

@@ -8,8 +8,9 @@ from typing import Any, Callable, Iterable
 import pytest
 
 
-def impls_while_uninstalled(monkeypatch: pytest.MonkeyPatch, module: str, factory: Callable[[], list[Any]],
-                            caches: Iterable[Any]) -> list[Any]:
+def impls_while_uninstalled(
+    monkeypatch: pytest.MonkeyPatch, module: str, factory: Callable[[], list[Any]], caches: Iterable[Any]
+) -> list[Any]:
     """``factory()`` (an adapter's impl list) called while ``importlib.util.find_spec`` finds no ``module``, with the
     adapter's cached lookups ``caches`` (``functools`` caches) cleared before and after, so neither side sees the
     other's answer."""

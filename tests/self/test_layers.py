@@ -131,8 +131,11 @@ def layer(module: str) -> int | None:
     parts = module.split(".")
     if len(parts) == 1:
         return None
-    if parts[1] == "tests" and (parts[-1].startswith("test_") or parts[-1] == "conftest"
-                                or any(module == p or module.startswith(p + ".") for p in OWN_TEST_PACKAGES)):
+    if parts[1] == "tests" and (
+        parts[-1].startswith("test_")
+        or parts[-1] == "conftest"
+        or any(module == p or module.startswith(p + ".") for p in OWN_TEST_PACKAGES)
+    ):
         return len(LAYERS)
     return LAYERS.index(parts[1])
 
@@ -222,8 +225,11 @@ def test_no_import_cycles() -> None:
     assert not found, (
         f"{len(found)} group(s) of modules that import each other; break each cycle by moving what both sides need "
         "into a module below them (an import inside a function does not break a cycle):\n"
-        + "\n".join(f"  {len(group)} modules: {', '.join(group)}\n  one cycle:\n    " + "\n    ".join(map(str, cyc))
-                    for group, cyc in found))
+        + "\n".join(
+            f"  {len(group)} modules: {', '.join(group)}\n  one cycle:\n    " + "\n    ".join(map(str, cyc))
+            for group, cyc in found
+        )
+    )
 
 
 def test_imports_only_go_down() -> None:
@@ -232,8 +238,12 @@ def test_imports_only_go_down() -> None:
     assert not bad, (
         f"{len(bad)} upward import(s); a module may import only its own layer and those before it in "
         f"{' → '.join(LAYERS)} (numcheck's own tests and the public API may import any):\n"
-        + "\n".join(f"  {e}  [{LAYERS[layer(e.importer)] if layer(e.importer) < len(LAYERS) else 'own tests'} imports "
-                    f"{LAYERS[layer(e.imported)] if layer(e.imported) < len(LAYERS) else 'own tests'}]" for e in bad))
+        + "\n".join(
+            f"  {e}  [{LAYERS[layer(e.importer)] if layer(e.importer) < len(LAYERS) else 'own tests'} imports "
+            f"{LAYERS[layer(e.imported)] if layer(e.imported) < len(LAYERS) else 'own tests'}]"
+            for e in bad
+        )
+    )
 
 
 def family(module: str) -> str | None:
@@ -260,8 +270,10 @@ def across_families(edges: list[Edge]) -> list[Edge]:
 def test_families_import_only_their_bases() -> None:
     """Inside numcheck.properties a family imports only the core and the families it is built on."""
     bad = across_families(_tree_edges())
-    assert not bad, (f"{len(bad)} import(s) across properties families outside {FAMILY_BASES}; move what both need "
-                     "into properties/core or name the base in FAMILY_BASES:\n" + "\n".join(f"  {e}" for e in bad))
+    assert not bad, (
+        f"{len(bad)} import(s) across properties families outside {FAMILY_BASES}; move what both need "
+        "into properties/core or name the base in FAMILY_BASES:\n" + "\n".join(f"  {e}" for e in bad)
+    )
 
 
 def test_module_strings_name_modules() -> None:
@@ -307,8 +319,12 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     found = cycles(edges)
     assert sorted(group for group, _ in found) == [
         ["numcheck.impls.a", "numcheck.impls.b"],
-        ["numcheck.impls.c", "numcheck.properties.p"]]
+        ["numcheck.impls.c", "numcheck.properties.p"],
+    ]
     assert sorted((e.importer, e.imported) for e in upward(edges)) == [
-        ("numcheck.impls.c", "numcheck.properties.p"), ("numcheck.impls.d", "numcheck.properties.p")]
+        ("numcheck.impls.c", "numcheck.properties.p"),
+        ("numcheck.impls.d", "numcheck.properties.p"),
+    ]
     assert [(e.importer, e.imported) for e in across_families(edges)] == [
-        ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")]
+        ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")
+    ]

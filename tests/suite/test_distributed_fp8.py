@@ -47,8 +47,10 @@ def test_world_size_invariance(tp_quant_impl):
     """The outputs at P = 1, 2 and 4 agree within the sum of their bounds against the dequantized reference."""
     tp_impl = tp_quant_impl
     if len(_sizes(tp_impl)) < 2:
-        pytest.skip(f"fewer than two of world sizes {tp_impl.support.world_sizes} can run here: "
-                    f"{world_size_unavailable(max(tp_impl.support.world_sizes), default_backend())}")
+        pytest.skip(
+            f"fewer than two of world sizes {tp_impl.support.world_sizes} can run here: "
+            f"{world_size_unavailable(max(tp_impl.support.world_sizes), default_backend())}"
+        )
     run_drawn(tp_impl, "world_size_invariance")
 
 
@@ -56,8 +58,9 @@ def test_save_original_input_bitwise_under_sp(tp_quant_impl):
     """Column-parallel with SP: save_original_input True (the gathered original requantized in backward) and False
     give bitwise identical outputs on every rank."""
     tp_impl = tp_quant_impl
-    if True not in tp_impl.support.save_original_input or not any(r.allows_save_original_input
-                                                                   for r in tp_impl.support.recipes):
+    if True not in tp_impl.support.save_original_input or not any(
+        r.allows_save_original_input for r in tp_impl.support.recipes
+    ):
         pytest.skip(f"{tp_impl.name} declares no recipe with save_original_input=True")
     run_drawn(tp_impl, "dist_save_original_input", **_pinned(tp_impl))
 
@@ -79,7 +82,24 @@ def test_determinism(tp_quant_impl, parallel):
     dtype = "bfloat16" if torch.bfloat16 in s.dtypes else str(sorted(s.dtypes, key=str)[0]).removeprefix("torch.")
     r = s.recipes[0]
     edge = {"blockwise": 128, "mxfp8": 32}.get(r.kind, 1) * 4
-    M, K, N = (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
-    checks.dist_determinism(tp_impl, TPQuantCase(r, M, K, N, dtype=dtype, bias=s.bias, regime="normal", seed=7,
-                                                 save_original_input=False, steps=2 if r.kind == "delayed" else 1,
-                                                 world=P, parallel=parallel, sequence_parallel=sp))
+    M, K, N = (
+        (36, 40, edge * 3 if edge == 4 else edge) if parallel == "column" else (36, edge * 3 if edge == 4 else edge, 24)
+    )
+    checks.dist_determinism(
+        tp_impl,
+        TPQuantCase(
+            r,
+            M,
+            K,
+            N,
+            dtype=dtype,
+            bias=s.bias,
+            regime="normal",
+            seed=7,
+            save_original_input=False,
+            steps=2 if r.kind == "delayed" else 1,
+            world=P,
+            parallel=parallel,
+            sequence_parallel=sp,
+        ),
+    )

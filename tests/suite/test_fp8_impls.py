@@ -54,8 +54,21 @@ def test_edge_inputs_every_recipe(quant_impl):
     for recipe in quant_impl.support.recipes:
         for regime in EDGE_REGIMES:
             steps = 2 if recipe.kind == "delayed" else 1
-            checks.accuracy(quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl), bias=bias,
-                                                  regime=regime, seed=11, steps=steps, device=DEVICE))
+            checks.accuracy(
+                quant_impl,
+                QuantCase(
+                    recipe,
+                    33,
+                    40,
+                    24,
+                    dtype=_first_dtype(quant_impl),
+                    bias=bias,
+                    regime=regime,
+                    seed=11,
+                    steps=steps,
+                    device=DEVICE,
+                ),
+            )
 
 
 #: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes in test_multi_tile_and_long_reduction_every_recipe.
@@ -80,8 +93,21 @@ def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
         steps = 2 if recipe.kind == "delayed" else 1
         for M, K, N, which, regime in LARGE_CASES:
             dtype = low if which == "low" else _first_dtype(quant_impl)
-            checks.accuracy(quant_impl, QuantCase(recipe, M, K, N, dtype=dtype, bias=quant_impl.support.bias,
-                                                  regime=regime, seed=12, steps=steps, device=DEVICE))
+            checks.accuracy(
+                quant_impl,
+                QuantCase(
+                    recipe,
+                    M,
+                    K,
+                    N,
+                    dtype=dtype,
+                    bias=quant_impl.support.bias,
+                    regime=regime,
+                    seed=12,
+                    steps=steps,
+                    device=DEVICE,
+                ),
+            )
 
 
 @pytest.mark.parametrize("prop", checks.LAYER_PROPERTIES)
@@ -92,13 +118,26 @@ def test_usage_as_a_layer_every_recipe(quant_impl, soi, prop):
     gradients, or sliced x / dy with a transposed weight leaf give the single-call outputs (or a loud refusal)."""
     if soi not in quant_impl.support.save_original_input:
         pytest.skip(f"{quant_impl.name} does not declare save_original_input={soi}")
-    recipes = [r for r in quant_impl.support.recipes if r.kind != "delayed" and (r.allows_save_original_input or not soi)]
+    recipes = [
+        r for r in quant_impl.support.recipes if r.kind != "delayed" and (r.allows_save_original_input or not soi)
+    ]
     if not recipes:
         pytest.skip(f"{quant_impl.name} declares no recipe this applies to (delayed scaling keeps per-call state)")
     for recipe in recipes:
-        checks.FP8_PROPERTIES[prop](quant_impl, QuantCase(recipe, 33, 40, 24, dtype=_first_dtype(quant_impl),
-                                                          bias=quant_impl.support.bias, seed=13,
-                                                          save_original_input=soi, device=DEVICE))
+        checks.FP8_PROPERTIES[prop](
+            quant_impl,
+            QuantCase(
+                recipe,
+                33,
+                40,
+                24,
+                dtype=_first_dtype(quant_impl),
+                bias=quant_impl.support.bias,
+                seed=13,
+                save_original_input=soi,
+                device=DEVICE,
+            ),
+        )
 
 
 @_FIXTURE_OK
@@ -115,9 +154,20 @@ def test_save_original_input_on_edge_regimes(quant_impl):
         pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
     for recipe in quant_impl.support.recipes:
         for regime in ("wide", "outlier", "zeros", "inf"):
-            checks.save_original_input(quant_impl, QuantCase(recipe, 64, 72, 40, dtype=_first_dtype(quant_impl),
-                                                             bias=quant_impl.support.bias, regime=regime, seed=5,
-                                                             device=DEVICE))
+            checks.save_original_input(
+                quant_impl,
+                QuantCase(
+                    recipe,
+                    64,
+                    72,
+                    40,
+                    dtype=_first_dtype(quant_impl),
+                    bias=quant_impl.support.bias,
+                    regime=regime,
+                    seed=5,
+                    device=DEVICE,
+                ),
+            )
 
 
 @_FIXTURE_OK
@@ -134,8 +184,9 @@ def test_delayed_scaling_over_steps(quant_impl):
     if not delayed:
         pytest.skip(f"{quant_impl.name} declares no delayed recipe")
     for recipe in delayed:
-        checks.accuracy(quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2,
-                                              device=DEVICE))
+        checks.accuracy(
+            quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2, device=DEVICE)
+        )
 
 
 def _needs_quantize(impl) -> None:
@@ -173,7 +224,9 @@ def test_fp8_values_round_trip_under_unit_scale(quant_impl):
             codes = all_codes()
             v = decode_fp8(codes, fmt)
             keep = torch.isfinite(v)
-            q = quant_impl.quantize(v[keep].to(DEVICE, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise")
+            q = quant_impl.quantize(
+                v[keep].to(DEVICE, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise"
+            )
             got = q.data.view(torch.uint8).reshape(-1).cpu()
             assert torch.equal(got, codes[keep]), f"{quant_impl.name} {recipe.name} {fmt.name}: codes do not round-trip"
             assert float(q.scale_inv.reshape(-1)[0]) == 1.0
@@ -183,8 +236,9 @@ def test_emulated_gemms_match_native(quant_impl):
     """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and the modes stay bitwise equal."""
     with capabilities.forced(scaled_mm=False):
         for recipe in quant_impl.support.recipes:
-            case = QuantCase(recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4,
-                             device=DEVICE)
+            case = QuantCase(
+                recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4, device=DEVICE
+            )
             checks.accuracy(quant_impl, case)
             if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
                 checks.save_original_input(quant_impl, case)
@@ -193,6 +247,7 @@ def test_emulated_gemms_match_native(quant_impl):
 # -- protocol ------------------------------------------------------------------------------------------
 def test_protocol_rejects_malformed_impls():
     """validate_quant_impl names the origin and the problem for objects that break the protocol."""
+
     class NoSupport:
         name, kind = "bad", "quant_linear"
 
@@ -209,4 +264,3 @@ def test_protocol_rejects_malformed_impls():
         validate_quant_impl(NoQuantize(), "origin-y")
     with pytest.raises(ValueError, match="recipes"):
         QuantLinearSupport(recipes=())
-

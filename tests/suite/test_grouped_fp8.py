@@ -115,9 +115,21 @@ def test_grouped_edge_splits_every_recipe(grouped_quant_impl):
     dtype = _first_dtype(grouped_quant_impl)
     for recipe in grouped_quant_impl.support.recipes:
         for m_splits, K, N, regime in EDGE_CASES:
-            case = _fit(grouped_quant_impl, GroupedCase(recipe, m_splits, K, N, dtype=dtype, bias=True, regime=regime,
-                                                        seed=17, steps=2 if recipe.kind == "delayed" else 1,
-                                                        device=DEVICE))
+            case = _fit(
+                grouped_quant_impl,
+                GroupedCase(
+                    recipe,
+                    m_splits,
+                    K,
+                    N,
+                    dtype=dtype,
+                    bias=True,
+                    regime=regime,
+                    seed=17,
+                    steps=2 if recipe.kind == "delayed" else 1,
+                    device=DEVICE,
+                ),
+            )
             if case is not None:
                 checks.accuracy(grouped_quant_impl, case)
                 if regime == "outlier":  # its empty experts first and between, after a call that gave them rows
@@ -131,8 +143,12 @@ def test_grouped_delayed_scaling_per_gemm_histories(grouped_quant_impl):
     if not delayed:
         pytest.skip(f"{grouped_quant_impl.name} declares no delayed recipe")
     for recipe in delayed:
-        case = _fit(grouped_quant_impl, GroupedCase(recipe, (48, 0, 17, 64), 64, 40, dtype=_first_dtype(
-            grouped_quant_impl), steps=6, seed=2, device=DEVICE))
+        case = _fit(
+            grouped_quant_impl,
+            GroupedCase(
+                recipe, (48, 0, 17, 64), 64, 40, dtype=_first_dtype(grouped_quant_impl), steps=6, seed=2, device=DEVICE
+            ),
+        )
         if case is not None:
             checks.accuracy(grouped_quant_impl, case)
 
@@ -141,8 +157,19 @@ def test_grouped_emulated_gemms(grouped_quant_impl):
     """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and bitwise per expert."""
     with capabilities.forced(scaled_mm=False):
         for recipe in grouped_quant_impl.support.recipes:
-            case = _fit(grouped_quant_impl, GroupedCase(recipe, (32, 0, 16), 128, 48, dtype=_first_dtype(
-                grouped_quant_impl), bias=True, seed=4, device=DEVICE))
+            case = _fit(
+                grouped_quant_impl,
+                GroupedCase(
+                    recipe,
+                    (32, 0, 16),
+                    128,
+                    48,
+                    dtype=_first_dtype(grouped_quant_impl),
+                    bias=True,
+                    seed=4,
+                    device=DEVICE,
+                ),
+            )
             if case is not None:
                 checks.accuracy(grouped_quant_impl, case)
                 checks.per_expert_linear(grouped_quant_impl, case)

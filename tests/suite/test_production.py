@@ -32,8 +32,10 @@ def scale_case(request: pytest.FixtureRequest) -> Iterator[CaseContext]:
     if not request.config.getoption("--numcheck-scale"):
         pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
     if not torch.cuda.is_available():
-        pytest.skip("the production-shape tier needs CUDA (GiBs of float64 per case); numcheck production --shapes smoke "
-                    "runs its logic on CPU")
+        pytest.skip(
+            "the production-shape tier needs CUDA (GiBs of float64 per case); numcheck production --shapes smoke "
+            "runs its logic on CPU"
+        )
     ctx = CaseContext.build(request.param)
     ctx.bounds.plan([e.impl for e in by_kind(discover([]), "linear_ce")])  # a hint: what shares bound sweeps
     yield ctx

@@ -45,16 +45,19 @@ def test_accuracy(linear_ce_impl, data):
     """Every output of the impl is within the analytic bound of the float64 oracle and within k× eager's error."""
     _run("accuracy", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_accuracy_fp32_sharp(linear_ce_impl, data):
     """In fp32 (where bounds are tightest) every output is within bound, on every option combination declared."""
     _run("accuracy_fp32_sharp", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_all_options_combined(linear_ce_impl, data):
     """Every declared option on at once (bias, ignored rows, smoothing, class weights, softcap, z-loss), in fp32
     where declared: interactions such as the z-loss normalizer under class weights are judged at fp32 sharpness."""
     _run("all_options_combined", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_many_chunks(linear_ce_impl, data):
@@ -64,12 +67,14 @@ def test_many_chunks(linear_ce_impl, data):
     its low bits fails here)."""
     _run("many_chunks", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_large_vocab(linear_ce_impl, data):
     """With V past any single block (1025, 2049, 4097, ... up to 4100) every output is within bounds: an online
     log-sum-exp or a V-tiled gradient must combine its blocks correctly (regimes with a wide logit spread, where
     a later block's max exceeds the first's by more than exp's range)."""
     _run("large_vocab", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_long_batch(linear_ce_impl, data):
@@ -78,11 +83,13 @@ def test_long_batch(linear_ce_impl, data):
     compute dtype fails."""
     _run("long_batch", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_wide_hidden(linear_ce_impl, data):
     """With H past the draws' cap (256, 257, 512, 1031, ... up to 1100) every output is within bounds: a split or
     tiled reduction over H must add the bias once and combine its parts exactly."""
     _run("wide_hidden", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_loss_scale(linear_ce_impl, data):
@@ -90,17 +97,20 @@ def test_loss_scale(linear_ce_impl, data):
     output is within bounds: no intermediate may leave fp16's range that the result itself does not."""
     _run("loss_scale", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_strided_inputs(linear_ce_impl, data):
     """Non-contiguous inputs (a column slice of x, a transposed weight, strided bias and target) give outputs
     within bounds, or a loud refusal; never values read from the wrong elements."""
     _run("strided_inputs", linear_ce_impl, data)
 
+
 @pytest.mark.parametrize("prop", ["weight", "x"], ids=["weight", "x"])
 @given(data=st.data())
 def test_frozen_inputs(linear_ce_impl, prop, data):
     """With the weight frozen grad_x (and grad_bias) stay within bounds; with x frozen grad_weight does."""
     _run(f"frozen_inputs[{prop}]", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_two_calls(linear_ce_impl, data):
@@ -109,6 +119,7 @@ def test_two_calls(linear_ce_impl, data):
     token count) is reused by the next."""
     _run("two_calls", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_earlier_calls(linear_ce_impl, data):
     """A call's outputs depend on its own inputs only: after a call under the other AMP dtype, and after an
@@ -116,55 +127,66 @@ def test_earlier_calls(linear_ce_impl, data):
     cast weight is reused stale)."""
     _run("earlier_calls", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_confident_rows(linear_ce_impl, data):
     """Confident predictions (p_target → 1) keep the true-class gradient accurate relative to itself."""
     _run("confident_rows", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_ignored_rows(linear_ce_impl, data):
     """Ignored rows get exactly zero grad_x, and changing x in them changes nothing, bitwise."""
     _run("ignored_rows", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_permutation(linear_ce_impl, data):
     """Permuting tokens permutes per-row outputs and leaves reductions and grad_W unchanged, within bounds."""
     _run("permutation", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_shift_invariance(linear_ce_impl, data):
     """A constant added to every logit through the bias changes nothing, within bounds (no softcap, no z-loss)."""
     _run("shift_invariance", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_option_identities(linear_ce_impl, data):
     """Neutral option values passed explicitly (ε=0, unit class weights, λ=0, softcap→∞) equal the plain call."""
     _run("option_identities", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_reduction_consistency(linear_ce_impl, data):
     """sum = mean × normalizer, 'none' rows add to 'sum', upstream gradients scale gradients linearly."""
     _run("reduction_consistency", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_determinism(linear_ce_impl, data):
     """Two runs on the same inputs are bitwise equal."""
     _run("determinism", linear_ce_impl, data)
+
 
 @given(data=st.data())
 def test_chunk_invariance(linear_ce_impl, data):
     """Chunk sizes 1, 3 and N+1 agree within bounds, where the impl exposes with_chunk_rows."""
     _run("chunk_invariance", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_grad_dtypes(linear_ce_impl, data):
     """Gradients come back in the parameters' dtypes, under AMP too."""
     _run("grad_dtypes", linear_ce_impl, data)
 
+
 @given(data=st.data())
 def test_loss_dtype(linear_ce_impl, data):
     """The loss comes back at least as precise as declared: the parameters' dtype, so fp32 under AMP, by default."""
     _run("loss_dtype", linear_ce_impl, data)
+
 
 def test_pinned_cases(linear_ce_impl):
     """Every pinned case that the impl declares passes the accuracy property. All of them run (the failure names
@@ -182,8 +204,10 @@ def test_pinned_cases(linear_ce_impl):
             if exc.raised:
                 break
     if not ran:
-        pytest.skip(f"{linear_ce_impl.name} declares none of the {len(PINNED)} pinned cases (or a known divergence "
-                    f"covers them: numcheck.properties.core.known)")
+        pytest.skip(
+            f"{linear_ce_impl.name} declares none of the {len(PINNED)} pinned cases (or a known divergence "
+            f"covers them: numcheck.properties.core.known)"
+        )
     if failures:
         first = failures[0]
         others = "".join(f"\n  also fails on pinned case {f.case!r}" for f in failures[1:])

@@ -33,12 +33,21 @@ def _problem(support, reduction: str) -> Problem:
         if combo <= opts:
             opts -= set(sorted(combo)[1:])
     return Problem(
-        N=6, H=8, V=13, dtype=_dtype_name(support), bias="bias" in opts,
-        ignored=0.34 if "ignore_index" in opts else 0.0, reduction=reduction,
+        N=6,
+        H=8,
+        V=13,
+        dtype=_dtype_name(support),
+        bias="bias" in opts,
+        ignored=0.34 if "ignore_index" in opts else 0.0,
+        reduction=reduction,
         label_smoothing=_OPTION_VALUES["label_smoothing"] if "label_smoothing" in opts else 0.0,
-        class_weights="class_weights" in opts, softcap=_OPTION_VALUES["softcap"] if "softcap" in opts else None,
+        class_weights="class_weights" in opts,
+        softcap=_OPTION_VALUES["softcap"] if "softcap" in opts else None,
         z_loss_scale=_OPTION_VALUES["z_loss_scale"] if "z_loss" in opts else 0.0,
-        upstream="per_row" if reduction == "none" else "scalar", seed=7, device=DEVICE)
+        upstream="per_row" if reduction == "none" else "scalar",
+        seed=7,
+        device=DEVICE,
+    )
 
 
 def test_protocol_structure(linear_ce_impl):
@@ -47,11 +56,16 @@ def test_protocol_structure(linear_ce_impl):
     failure names each reduction that fails, or the exception an impl raised."""
     s = linear_ce_impl.support
     assert set(s.options) <= set(LINEAR_CE_OPTIONS)
-    cases = [p for p in (_problem(s, red) for red in ("mean", "sum", "none"))
-             if not s.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=p.reduction)]
+    cases = [
+        p
+        for p in (_problem(s, red) for red in ("mean", "sum", "none"))
+        if not s.refuses(dtype=p.param_dtype, device=p.device, options=p.features, reduction=p.reduction)
+    ]
     if not cases:
-        pytest.skip(f"{linear_ce_impl.name} declares none of this test's tiny cases (its dtypes, options or "
-                    f"reductions on {DEVICE})")
+        pytest.skip(
+            f"{linear_ce_impl.name} declares none of this test's tiny cases (its dtypes, options or "
+            f"reductions on {DEVICE})"
+        )
     failures = []
     for p in cases:
         try:

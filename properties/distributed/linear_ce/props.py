@@ -42,9 +42,15 @@ from numcheck.properties.core.tolerance import linear_ce_bounds
 from numcheck.reference.smoothing import oracle_smoothing
 
 # Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules.
-zygote.warm(__name__, "numcheck.impls.registry", "numcheck.impls.builtin.vocab_parallel",
-            "numcheck.impls.adapters.megatron", "megatron.core.tensor_parallel.cross_entropy",
-            "megatron.core.tensor_parallel.mappings", "megatron.core.fusions.fused_cross_entropy")
+zygote.warm(
+    __name__,
+    "numcheck.impls.registry",
+    "numcheck.impls.builtin.vocab_parallel",
+    "numcheck.impls.adapters.megatron",
+    "megatron.core.tensor_parallel.cross_entropy",
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.fusions.fused_cross_entropy",
+)
 
 PLACEMENTS: tuple[str, ...] = ("as_built", "boundary", "one_rank")
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
@@ -124,8 +130,12 @@ def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, t
     loss = impl.rank_call(x, w, target, b, group=group, vocab_start=start, vocab_size=V, **kwargs)
     grad = torch.ones_like(loss) if upstream is None else upstream.to(loss.dtype).expand_as(loss)
     loss.backward(grad)
-    return {"loss": loss.detach(), "grad_x": x.grad, "grad_weight": w.grad,
-            "grad_bias": b.grad if b is not None else None}
+    return {
+        "loss": loss.detach(),
+        "grad_x": x.grad,
+        "grad_weight": w.grad,
+        "grad_bias": b.grad if b is not None else None,
+    }
 
 
 def rank_args(impl: Any, case: DistCase, t: Tensors) -> list[tuple]:
@@ -150,12 +160,17 @@ class DistRun:
         """loss and grad_x of rank 0, grad_W and grad_b as the ranks' shards in rank order."""
         r0 = self.ranks[0]
         cat = lambda k: None if any(r[k] is None for r in self.ranks) else torch.cat([r[k] for r in self.ranks])  # noqa: E731
-        return {"loss": r0["loss"], "grad_x": r0["grad_x"], "grad_weight": cat("grad_weight"),
-                "grad_bias": cat("grad_bias")}
+        return {
+            "loss": r0["loss"],
+            "grad_x": r0["grad_x"],
+            "grad_weight": cat("grad_weight"),
+            "grad_bias": cat("grad_bias"),
+        }
 
 
-def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
-             timeout_s: float | None = None) -> DistRun | None:
+def run_case(
+    impl: Any, case: DistCase, latch: FailureLatch | None = None, timeout_s: float | None = None
+) -> DistRun | None:
     """``case`` on every rank (through ``latch`` when given: ``None`` once it holds a failure), within
     ``timeout_s`` (default :data:`~numcheck.properties.distributed.pool.pool.DEFAULT_TIMEOUT_S`, read at call time)."""
     timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
@@ -164,7 +179,13 @@ def run_case(impl: Any, case: DistCase, latch: FailureLatch | None = None,
     pool = lambda: DistPool.get(case.world_size, case.backend)  # noqa: E731
     if latch is None:
         return DistRun(pool().run(rank_run, args, timeout_s))
-    res = latch.run(pool, rank_run, args, timeout_s, note=f"case: {case!r}\n  reproduce: {repro_command(impl, 'dist_accuracy', case)}")
+    res = latch.run(
+        pool,
+        rank_run,
+        args,
+        timeout_s,
+        note=f"case: {case!r}\n  reproduce: {repro_command(impl, 'dist_accuracy', case)}",
+    )
     return DistRun(res) if res is not None else None
 
 
@@ -178,8 +199,10 @@ def repro_command(impl: Any, prop: str, case: DistCase) -> str:
         for part in attr.split("."):
             target = getattr(target, part, None)
         spec = loaded if target is impl else f"{module}:{impl.name}"  # else :func:`load_impl` finds it by name
-    return (f"python -m numcheck.properties.distributed.linear_ce.props --impl {_quote(spec)} --property {prop} "
-            f"--case {_quote(repr(case))}")
+    return (
+        f"python -m numcheck.properties.distributed.linear_ce.props --impl {_quote(spec)} --property {prop} "
+        f"--case {_quote(repr(case))}"
+    )
 
 
 def _quote(text: str) -> str:
@@ -192,8 +215,10 @@ def fail(impl: Any, prop: str, case: DistCase, *lines: str) -> None:
     """Raise the house-format failure for a distributed case."""
     __tracebackhide__ = True
     body = "\n".join(f"  {line}" for line in lines)
-    raise PropertyFailure(f"property {prop!r} fails for impl {impl.name!r} (world size {case.world_size}, "
-                          f"{case.backend})\n  case: {case!r}\n{body}\n  reproduce: {repro_command(impl, prop, case)}")
+    raise PropertyFailure(
+        f"property {prop!r} fails for impl {impl.name!r} (world size {case.world_size}, "
+        f"{case.backend})\n  case: {case!r}\n{body}\n  reproduce: {repro_command(impl, prop, case)}"
+    )
 
 
 def _bounds(impl: Any, case: DistCase, out: dict[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -216,8 +241,14 @@ def _same_loss_lines(run: DistRun) -> list[str]:
     """The failure line where some rank returns a loss that differs from rank 0's (none when all agree)."""
     losses = [r["loss"] for r in run.ranks]
     differ = [i for i, l in enumerate(losses) if not same_bits(l, losses[0])]
-    return [f"loss: ranks {differ} return a loss differing from rank 0's ({[float(l.double().sum()) for l in losses]}); "
-            f"every rank must return the same loss"] if differ else []
+    return (
+        [
+            f"loss: ranks {differ} return a loss differing from rank 0's ({[float(l.double().sum()) for l in losses]}); "
+            f"every rank must return the same loss"
+        ]
+        if differ
+        else []
+    )
 
 
 def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") -> float:
@@ -232,7 +263,9 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
     ref, bounds = _bounds(impl, case, out)
     known = {k: d for d in output_divergences(impl, case) for k in d.outputs}
     lines, worst, recorded = [], 0.0, {}
-    pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)]
+    pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [
+        (f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)
+    ]
     for name, value in pairs:
         key = name.split("[")[0]
         oracle = _oracle_value(ref, key)
@@ -247,8 +280,15 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
             lines.append(c.describe() + why)
     relative = {}
     if not lines and not (case.problem.all_ignored and case.problem.reduction == "mean"):
-        relative = dist_relative(impl, case.problem, case.world_size, oracle_tensors(impl, case), ref, pairs,
-                                 {k: d.reason for k, d in known.items()})
+        relative = dist_relative(
+            impl,
+            case.problem,
+            case.world_size,
+            oracle_tensors(impl, case),
+            ref,
+            pairs,
+            {k: d.reason for k, d in known.items()},
+        )
         lines += [f"(b) relative to the declared path: {r.describe()}" for r in relative.values() if not r.ok]
     # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
     # grow with P) and from the single-device suite's outputs.
@@ -264,13 +304,20 @@ def measure(impl: Any, case: DistCase) -> tuple[dict[str, Any], list[str]]:
     (every output beyond its bound, and ranks returning a loss that differs from rank 0's)."""
     run = run_case(impl, case)
     losses = [r["loss"] for r in run.ranks]
-    lines = [f"loss: ranks {[i for i, l in enumerate(losses) if not same_bits(l, losses[0])]} return a loss differing "
-             f"from rank 0's; every rank must return the same loss"] if any(not same_bits(l, losses[0]) for l in losses) else []
+    lines = (
+        [
+            f"loss: ranks {[i for i, l in enumerate(losses) if not same_bits(l, losses[0])]} return a loss differing "
+            f"from rank 0's; every rank must return the same loss"
+        ]
+        if any(not same_bits(l, losses[0]) for l in losses)
+        else []
+    )
     out = run.assembled()
     ref, bounds = _bounds(impl, case, out)
     comps: dict[str, Any] = {}
-    pairs = [(n, n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x@rank{i}", "grad_x", r["grad_x"])
-                                                      for i, r in enumerate(run.ranks[1:], 1)]
+    pairs = [(n, n, out[n]) for n in OUTPUT_NAMES] + [
+        (f"grad_x@rank{i}", "grad_x", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)
+    ]
     for name, key, value in pairs:
         oracle = _oracle_value(ref, key)
         if oracle is None and value is None:
@@ -294,8 +341,9 @@ def invariance_cases(impl: Any, case: DistCase) -> list[DistCase]:
     it fits (at most V, dividing V where the impl needs it; 1 where declared), then ``case`` itself, both with the
     targets of ``case``'s own layout."""
     V, layout = case.problem.V, case.layout_world_size
-    sizes = [w for w in impl.dist.world_sizes if w <= V and (impl.dist.uneven_vocab or V % w == 0)
-             and w != case.world_size]
+    sizes = [
+        w for w in impl.dist.world_sizes if w <= V and (impl.dist.uneven_vocab or V % w == 0) and w != case.world_size
+    ]
     base = [replace(case, world_size=min(sizes), placement_world_size=layout)] if sizes else []
     return base + [replace(case, placement_world_size=layout)]
 
@@ -314,15 +362,19 @@ def relation_lines(impl: Any, runs: list[tuple[DistCase, DistRun]]) -> list[str]
         model = d.model
     bounds = relation_bounds(impl, cb.problem, t, ref, dtypes, (ca.world_size, cb.world_size), model)
     lines = []
-    pairs = [(n, vb[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(rb.ranks[1:], 1)]
+    pairs = [(n, vb[n]) for n in OUTPUT_NAMES] + [
+        (f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(rb.ranks[1:], 1)
+    ]
     for name, value in pairs:
         key = name.split("[")[0]
         if value is None or va[key] is None:
             continue
         c = compare(f"{name} (P={cb.world_size} against P={ca.world_size})", value, va[key].double(), bounds[key])
         if not c.ok:
-            lines.append(f"world-size relation (what P may change under the declaration: "
-                         f"grad_x reduced in {impl.dist.grad_x_reduce_dtype}): " + c.describe())
+            lines.append(
+                f"world-size relation (what P may change under the declaration: "
+                f"grad_x reduced in {impl.dist.grad_x_reduce_dtype}): " + c.describe()
+            )
     return lines
 
 

@@ -40,8 +40,14 @@ def draw_case(impl: Any, data: Any, world_size: int, cancelling: bool = False) -
         N, H = data.draw(st.integers(1, 40), label="N"), data.draw(st.integers(1, 24), label="H")
         regime = data.draw(st.sampled_from(REGIMES), label="regime")
     kw: dict[str, Any] = dict(
-        N=N, H=H, V=V, dtype=data.draw(st.sampled_from(dtypes), label="dtype"), reduction=reduction,
-        regime=regime, seed=data.draw(st.integers(0, 2**16), label="seed"))
+        N=N,
+        H=H,
+        V=V,
+        dtype=data.draw(st.sampled_from(dtypes), label="dtype"),
+        reduction=reduction,
+        regime=regime,
+        seed=data.draw(st.integers(0, 2**16), label="seed"),
+    )
     if "bias" in opts:
         kw["bias"] = data.draw(st.booleans(), label="bias")
     if "ignore_index" in opts:
@@ -57,8 +63,9 @@ def draw_case(impl: Any, data: Any, world_size: int, cancelling: bool = False) -
         kw["softcap"] = data.draw(st.sampled_from([None, 3.0, 30.0]), label="softcap")
     if "z_loss" in opts:
         kw["z_loss_scale"] = data.draw(st.sampled_from([0.0, 1e-3, 0.2]), label="z_loss_scale")
-    kw["upstream"] = data.draw(st.sampled_from(["one", "per_row"] if reduction == "none" else ["one", "scalar"]),
-                               label="upstream")
+    kw["upstream"] = data.draw(
+        st.sampled_from(["one", "per_row"] if reduction == "none" else ["one", "scalar"]), label="upstream"
+    )
     try:
         p = Problem(**kw)
     except ValueError:

@@ -23,16 +23,20 @@ from numcheck.properties.distributed.linear_ce.known import CASE_KNOWN
 #: Known divergences of distributed impls: ``(impl name, reason, covers(case) -> bool)``; the evidence is named in
 #: the reason.
 DIST_KNOWN: tuple[tuple[str, str, Callable[[DistCase], bool]], ...] = (
-    ("megatron_vocab_parallel",
-     "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with the local shard's size and mean "
-     "(vocab_size = exp_logits.size(-1), log_probs.mean(-1), never all-reduced): at world size > 1 with "
-     "label_smoothing each rank returns a different loss (docs/evidence/megatron_smoothing.txt)",
-     lambda c: c.world_size > 1 and c.problem.label_smoothing > 0),
-    ("megatron_vocab_parallel",
-     "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with torch.log of its fp32 softmax: a class whose "
-     "probability underflows to 0 gives log 0 = -inf and an infinite loss, where Σ −log p_j = Σ (lse − z_j) is "
-     "finite (docs/evidence/megatron_smoothing_underflow.txt)",
-     lambda c: c.problem.label_smoothing > 0 and softmax_underflows(c)),
+    (
+        "megatron_vocab_parallel",
+        "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with the local shard's size and mean "
+        "(vocab_size = exp_logits.size(-1), log_probs.mean(-1), never all-reduced): at world size > 1 with "
+        "label_smoothing each rank returns a different loss (docs/evidence/megatron_smoothing.txt)",
+        lambda c: c.world_size > 1 and c.problem.label_smoothing > 0,
+    ),
+    (
+        "megatron_vocab_parallel",
+        "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with torch.log of its fp32 softmax: a class whose "
+        "probability underflows to 0 gives log 0 = -inf and an infinite loss, where Σ −log p_j = Σ (lse − z_j) is "
+        "finite (docs/evidence/megatron_smoothing_underflow.txt)",
+        lambda c: c.problem.label_smoothing > 0 and softmax_underflows(c),
+    ),
     *((d.impl, d.reason, d.holds) for d in CASE_KNOWN),  # third-party release ranges, each checked strictly
 )
 
@@ -51,8 +55,14 @@ def known_divergence(impl: Any, case: DistCase) -> str | None:
     return next((why for name, why, covers in DIST_KNOWN if name == impl.name and covers(case)), None)
 
 
-def run_property(prop: Callable[..., dict[str, float]], impl: Any, world_size: int, profile: str,
-                 share: float = 1.0, shrink: bool = True) -> None:
+def run_property(
+    prop: Callable[..., dict[str, float]],
+    impl: Any,
+    world_size: int,
+    profile: str,
+    share: float = 1.0,
+    shrink: bool = True,
+) -> None:
     """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size`` (for
     world-size invariance: the layout its targets follow); raises the first failure (a latched one after
     hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs.

@@ -67,20 +67,30 @@ import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
 from numcheck.properties.core.problems import Problem, dtype_of
-from numcheck.properties.core.tolerance import (U_ACC, UNDERFLOW, ErrorModel, Level, error_model, gamma,
-                                                linear_ce_bounds, unit_roundoff)
+from numcheck.properties.core.tolerance import (
+    U_ACC,
+    UNDERFLOW,
+    ErrorModel,
+    Level,
+    error_model,
+    gamma,
+    linear_ce_bounds,
+    unit_roundoff,
+)
 
 
-def dist_error_model(impl, p: Problem, out_dtypes: dict[str, torch.dtype], world_size: int,
-                     level: Level = "hard") -> ErrorModel:
+def dist_error_model(
+    impl, p: Problem, out_dtypes: dict[str, torch.dtype], world_size: int, level: Level = "hard"
+) -> ErrorModel:
     """The :class:`ErrorModel` of a distributed impl at ``world_size`` (the module docstring's item 3 on top of the
     single-device model of its per-rank declaration ``impl.support``), at ``level``."""
     m = error_model(impl.support, p, out_dtypes, level)
     # u_p is shared with grad_W's path: lowered to fp32's only where grad_W's path does not read it.
     if impl.dist.grad_x_reduce_dtype == "float32" and m.grad_accumulation != "param_dtype":
         return dataclasses.replace(m, grad_x_accumulation="param_dtype", chunks_x=world_size, u_p=U_ACC)
-    return dataclasses.replace(m, grad_x_accumulation="param_dtype", chunks_x=world_size,
-                               u_p=max(unit_roundoff(p.param_dtype), m.u_p))
+    return dataclasses.replace(
+        m, grad_x_accumulation="param_dtype", chunks_x=world_size, u_p=max(unit_roundoff(p.param_dtype), m.u_p)
+    )
 
 
 def upstream_model(impl, p: Problem, world_sizes: tuple[int, ...]) -> ErrorModel:
@@ -113,7 +123,7 @@ class _Partials:
             for r, (lo, hi) in enumerate(shards):
                 a, b = max(lo, c0), min(hi, c1)
                 if a < b:
-                    self.q[P][r, blk.rows] += blk.G[:, a - c0:b - c0].cpu() @ blk.w[a - c0:b - c0].cpu()
+                    self.q[P][r, blk.rows] += blk.G[:, a - c0 : b - c0].cpu() @ blk.w[a - c0 : b - c0].cpu()
 
 
 def partial_magnitudes(p: Problem, t, sizes: tuple[int, ...]) -> dict[int, torch.Tensor]:
@@ -128,8 +138,9 @@ def partial_magnitudes(p: Problem, t, sizes: tuple[int, ...]) -> dict[int, torch
     return {P: q.abs().sum(dim=0) for P, q in obs.q.items()}
 
 
-def reduction_term(impl, m: ErrorModel, gx: torch.Tensor, b_up: torch.Tensor, partial_abs: torch.Tensor,
-                   world_size: int) -> torch.Tensor:
+def reduction_term(
+    impl, m: ErrorModel, gx: torch.Tensor, b_up: torch.Tensor, partial_abs: torch.Tensor, world_size: int
+) -> torch.Tensor:
     """F_P of grad_x (module docstring, item 7) for the impl's declared reduce dtype; ``m`` gives u_x and η_x (the
     model of the returned dtypes), ``gx`` the oracle's grad_x, ``b_up`` its B_up, ``partial_abs`` Σ_r |q_r|."""
     u, eta = m.u_out.get("grad_x", U_ACC), m.eta_out.get("grad_x", 0.0)
@@ -140,8 +151,9 @@ def reduction_term(impl, m: ErrorModel, gx: torch.Tensor, b_up: torch.Tensor, pa
     return (u + gamma(P - 1, u) * (1 + u)) * M + (2 * P - 1) * eta
 
 
-def relation_bounds(impl, p: Problem, t, ref, out_dtypes: dict[str, torch.dtype], sizes: tuple[int, int],
-                    known=None) -> dict[str, torch.Tensor]:  # noqa: ANN001 - known: ErrorModel -> ErrorModel
+def relation_bounds(
+    impl, p: Problem, t, ref, out_dtypes: dict[str, torch.dtype], sizes: tuple[int, int], known=None
+) -> dict[str, torch.Tensor]:  # noqa: ANN001 - known: ErrorModel -> ErrorModel
     """|v(P_a) − v(P_b)| bounds per output for ``sizes`` = (P_a, P_b) (module docstring: B_up(a) + B_up(b) +
     F_{P_a} + F_{P_b}; B_up is the same model at both sizes, so 2·B_up). ``known``: a recorded known divergence's
     map from the impl's model to the model of what its release computes, applied to B_up's."""

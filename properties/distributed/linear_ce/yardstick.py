@@ -35,18 +35,28 @@ def dist_path(impl: Any, p: Problem, world_size: int, x_dtype: torch.dtype) -> D
     """The declared path of a vocabulary-parallel impl at ``world_size`` (module docstring)."""
     s = impl.support
     reduce = torch.float32 if impl.dist.grad_x_reduce_dtype == "float32" else x_dtype
-    return DeclaredPath(logits_fp32=getattr(s, "logits_dtype", "compute") == "float32",
-                        grad_accumulation=s.grad_accumulation, chunk_rows=getattr(s, "chunk_rows", None) or 1,
-                        grad_x_parts=tuple(shard_bounds(p.V, world_size, r) for r in range(world_size)),
-                        reduce_dtype=reduce)
+    return DeclaredPath(
+        logits_fp32=getattr(s, "logits_dtype", "compute") == "float32",
+        grad_accumulation=s.grad_accumulation,
+        chunk_rows=getattr(s, "chunk_rows", None) or 1,
+        grad_x_parts=tuple(shard_bounds(p.V, world_size, r) for r in range(world_size)),
+        reduce_dtype=reduce,
+    )
 
 
 def _finer(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     return a if unit_roundoff(a) <= unit_roundoff(b) else b
 
 
-def dist_relative(impl: Any, p: Problem, world_size: int, t: Tensors, ref: Any,
-                  pairs: list[tuple[str, torch.Tensor | None]], known: dict[str, str]) -> dict[str, RelativeJudgement]:
+def dist_relative(
+    impl: Any,
+    p: Problem,
+    world_size: int,
+    t: Tensors,
+    ref: Any,
+    pairs: list[tuple[str, torch.Tensor | None]],
+    known: dict[str, str],
+) -> dict[str, RelativeJudgement]:
     """Judgement (b) of each ``(label, value)`` of ``pairs`` (an output name, or ``grad_x[rank i]``) of one run at
     ``world_size`` on the oracle tensors ``t`` (oracle ``ref``); ``known``: output → the reason of a known
     divergence covering it (recorded, not judged)."""
@@ -62,6 +72,7 @@ def dist_relative(impl: Any, p: Problem, world_size: int, t: Tensors, ref: Any,
         if value is None or oracle is None or key not in yard:
             continue
         note = f"not judged: known divergence ({known[key]})" if key in known else ""
-        out[label] = relative_judgement(label, value, oracle, yard[key], expected[key], note=note,
-                                        yardstick=path.describe())
+        out[label] = relative_judgement(
+            label, value, oracle, yard[key], expected[key], note=note, yardstick=path.describe()
+        )
     return out

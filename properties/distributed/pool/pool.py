@@ -62,8 +62,18 @@ from typing import Any, Callable, Literal, Sequence
 from numcheck.properties.distributed.pool.worker import AUTHKEY_ENV, qualname, rank_device, to_cpu
 from numcheck.properties.distributed.pool.zygote import Zygote, ZygoteError
 
-__all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "WORLD_SIZES", "DistPool", "FailureLatch", "RankFailure",
-           "default_backend", "rank_device", "to_cpu", "world_size_unavailable"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TIMEOUT_S",
+    "WORLD_SIZES",
+    "DistPool",
+    "FailureLatch",
+    "RankFailure",
+    "default_backend",
+    "rank_device",
+    "to_cpu",
+    "world_size_unavailable",
+]
 
 Backend = Literal["gloo", "nccl"]
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
@@ -125,8 +135,10 @@ def start_method(backend: str = "gloo") -> str:
         if raw not in ("fork", "exec"):
             raise ValueError(f"{START_ENV}={raw!r} is not 'fork' or 'exec'")
         if raw == "fork" and backend == "nccl":
-            raise ValueError(f"{START_ENV}=fork cannot start nccl ranks (CUDA cannot be initialised in a forked "
-                             f"child); unset it or use {START_ENV}=exec")
+            raise ValueError(
+                f"{START_ENV}=fork cannot start nccl ranks (CUDA cannot be initialised in a forked "
+                f"child); unset it or use {START_ENV}=exec"
+            )
         return raw
     return "fork" if sys.platform.startswith("linux") and backend != "nccl" else "exec"
 
@@ -139,8 +151,18 @@ class RankFailure(Exception):
     function's qualified name), ``timeout_s``, ``rebuilt`` (whether the pool was killed for it).
     """
 
-    def __init__(self, *, rank: int, kind: str, detail: str, world_size: int, backend: str, fn: str,
-                 timeout_s: float, rebuilt: bool) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        kind: str,
+        detail: str,
+        world_size: int,
+        backend: str,
+        fn: str,
+        timeout_s: float,
+        rebuilt: bool,
+    ) -> None:
         self.rank, self.kind, self.detail = rank, kind, detail
         self.world_size, self.backend, self.fn = world_size, backend, fn
         self.timeout_s, self.rebuilt = timeout_s, rebuilt
@@ -149,8 +171,10 @@ class RankFailure(Exception):
         super().__init__(f"rank {rank} of world size {world_size} ({backend}) {what} in {fn}{tail}:\n{detail}")
 
     def __reduce__(self) -> Any:
-        return (_rebuild_failure, (self.rank, self.kind, self.detail, self.world_size, self.backend, self.fn,
-                                   self.timeout_s, self.rebuilt))
+        return (
+            _rebuild_failure,
+            (self.rank, self.kind, self.detail, self.world_size, self.backend, self.fn, self.timeout_s, self.rebuilt),
+        )
 
 
 def _rebuild_failure(*a: Any) -> RankFailure:
@@ -222,8 +246,10 @@ class DistPool:
             listener.bind(address)
             listener.listen(self.world_size)
             listener.settimeout(STARTUP_TIMEOUT_S)  # accept() must not wait forever for a rank that died
-            procs = self._launch([[str(rank), str(self.world_size), self.backend, store, address]
-                                  for rank in range(self.world_size)], _worker_env(key))
+            procs = self._launch(
+                [[str(rank), str(self.world_size), self.backend, store, address] for rank in range(self.world_size)],
+                _worker_env(key),
+            )
             conns = self._accept(listener, procs, bytes.fromhex(key))
         self.ranks = [_Rank(p, c) for p, c in zip(procs, conns)]
         replies = self._collect("DistPool startup", STARTUP_TIMEOUT_S)
@@ -238,11 +264,24 @@ class DistPool:
                 return Zygote.get(_worker_env(None), STARTUP_TIMEOUT_S).spawn(argvs, env)
             except ZygoteError as exc:
                 shutil.rmtree(self._dir, ignore_errors=True)
-                raise RankFailure(rank=0, kind="died", detail=str(exc), world_size=self.world_size,
-                                  backend=self.backend, fn="DistPool startup", timeout_s=STARTUP_TIMEOUT_S,
-                                  rebuilt=True) from exc
-        return [subprocess.Popen([sys.executable, "-m", "numcheck.properties.distributed.pool.worker", *a], env=env,
-                                 stdin=subprocess.DEVNULL) for a in argvs]
+                raise RankFailure(
+                    rank=0,
+                    kind="died",
+                    detail=str(exc),
+                    world_size=self.world_size,
+                    backend=self.backend,
+                    fn="DistPool startup",
+                    timeout_s=STARTUP_TIMEOUT_S,
+                    rebuilt=True,
+                ) from exc
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "numcheck.properties.distributed.pool.worker", *a],
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+            for a in argvs
+        ]
 
     def _accept(self, listener: socket.socket, procs: list[subprocess.Popen], key: bytes) -> list[Connection]:
         """One authenticated connection per rank, in rank order (ranks connect in any order; each first sends
@@ -260,10 +299,16 @@ class DistPool:
                 p.kill()
             codes = {r: p.wait() for r, p in enumerate(procs)}
             shutil.rmtree(self._dir, ignore_errors=True)
-            raise RankFailure(rank=min(set(range(len(procs))) - set(by_rank), default=0), kind="died",
-                              detail=f"ranks did not connect within {STARTUP_TIMEOUT_S:g} s ({exc!r}); exit codes "
-                                     f"{codes}", world_size=self.world_size, backend=self.backend,
-                              fn="DistPool startup", timeout_s=STARTUP_TIMEOUT_S, rebuilt=True) from exc
+            raise RankFailure(
+                rank=min(set(range(len(procs))) - set(by_rank), default=0),
+                kind="died",
+                detail=f"ranks did not connect within {STARTUP_TIMEOUT_S:g} s ({exc!r}); exit codes {codes}",
+                world_size=self.world_size,
+                backend=self.backend,
+                fn="DistPool startup",
+                timeout_s=STARTUP_TIMEOUT_S,
+                rebuilt=True,
+            ) from exc
         return [by_rank[r] for r in range(len(procs))]
 
     def alive(self) -> bool:
@@ -287,17 +332,23 @@ class DistPool:
         self.ranks = []
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def run(self, fn: Callable[[int, int, Any, Any], Any], per_rank_args: Sequence[Any] | None = None,
-            timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[[int, int, Any, Any], Any],
+        per_rank_args: Sequence[Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> list[Any]:
         """``fn(rank, world_size, group, per_rank_args[rank])`` on every rank; each rank's result, tensors on the
         CPU. Raises :class:`RankFailure` (see the module docstring); ValueError for a wrong argument count."""
         args = [None] * self.world_size if per_rank_args is None else list(per_rank_args)
         if len(args) != self.world_size:
-            raise ValueError(f"DistPool.run({qualname(fn)}): {len(args)} per-rank arguments for world size "
-                             f"{self.world_size}")
+            raise ValueError(
+                f"DistPool.run({qualname(fn)}): {len(args)} per-rank arguments for world size {self.world_size}"
+            )
         if not self.ranks:
-            raise RuntimeError(f"DistPool(world_size={self.world_size}, {self.backend}) was closed; "
-                               f"get a live one with DistPool.get")
+            raise RuntimeError(
+                f"DistPool(world_size={self.world_size}, {self.backend}) was closed; get a live one with DistPool.get"
+            )
         for r, a in zip(self.ranks, args):
             r.conn.send_bytes(pickle.dumps((fn, a)))
         self.calls += 1
@@ -338,8 +389,9 @@ class DistPool:
             return "its connection closed while the process still ran"
         return f"exit code {code}" + (f" (signal {-code})" if code < 0 else "")
 
-    def _failure_from(self, replies: dict[int, tuple[str, Any]], what: str, timeout_s: float,
-                      rebuilt: bool) -> RankFailure:
+    def _failure_from(
+        self, replies: dict[int, tuple[str, Any]], what: str, timeout_s: float, rebuilt: bool
+    ) -> RankFailure:
         """The :class:`RankFailure` for a call's replies: the lowest rank that died (the others' errors are then
         its consequence), else that raised, else the timeout (naming the ranks that had not answered)."""
         common = dict(world_size=self.world_size, backend=self.backend, fn=what, timeout_s=timeout_s, rebuilt=rebuilt)
@@ -352,8 +404,13 @@ class DistPool:
                     detail += f"\n(ranks {silent} had not answered {GRACE_S:g} s later and were killed)"
                 return RankFailure(rank=failed[0], kind=kind, detail=detail, **common)
         silent = [r for r in range(self.world_size) if r not in replies]
-        return RankFailure(rank=silent[0], kind="timeout", detail=f"ranks {silent} had not answered after "
-                           f"{timeout_s:g} s (a deadlock, or a rank far slower than the others)", **common)
+        return RankFailure(
+            rank=silent[0],
+            kind="timeout",
+            detail=f"ranks {silent} had not answered after "
+            f"{timeout_s:g} s (a deadlock, or a rank far slower than the others)",
+            **common,
+        )
 
 
 atexit.register(Zygote.close_all)  # registered first, so it runs after the pools are closed
@@ -383,9 +440,14 @@ class FailureLatch:
         self.failure: RankFailure | None = None
         self.note: str = ""
 
-    def run(self, pool: "DistPool | Callable[[], DistPool]", fn: Callable[..., Any],
-            per_rank_args: Sequence[Any] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-            note: str = "") -> list[Any] | None:
+    def run(
+        self,
+        pool: "DistPool | Callable[[], DistPool]",
+        fn: Callable[..., Any],
+        per_rank_args: Sequence[Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        note: str = "",
+    ) -> list[Any] | None:
         """``pool.run(...)``; ``None`` once a failure is latched (this call's or an earlier one's). ``pool`` may
         be a zero-argument callable giving the pool, so no pool is started after a latch. ``note`` (the case,
         its repro line) is kept with a latched failure. A rank that raised while every rank answered is not

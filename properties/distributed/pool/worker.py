@@ -90,8 +90,11 @@ def _call(dist: Any, world_size: int, rank: int, fn: Callable[..., Any], args: A
         _finished.append(group)
     leaked = leaked_groups(dist) - len(_finished)
     if result[0] == "ok" and leaked:
-        result = ("err", f"{qualname(fn)} left {leaked} process group(s) it created undestroyed; a group must not "
-                         f"outlive its call (destroy it with torch.distributed.destroy_process_group)")
+        result = (
+            "err",
+            f"{qualname(fn)} left {leaked} process group(s) it created undestroyed; a group must not "
+            f"outlive its call (destroy it with torch.distributed.destroy_process_group)",
+        )
     return result
 
 
@@ -102,8 +105,9 @@ def serve(rank: int, world_size: int, backend: str, store_path: str, conn: Conne
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank_device(backend, rank))
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:
         try:
@@ -119,7 +123,9 @@ def serve(rank: int, world_size: int, backend: str, store_path: str, conn: Conne
         try:
             payload = pickle.dumps(result)
         except Exception:  # noqa: BLE001 - an unpicklable result is the call's failure, said as such
-            payload = pickle.dumps(("err", f"the result of {qualname(fn)} cannot be pickled:\n{traceback.format_exc()}"))
+            payload = pickle.dumps(
+                ("err", f"the result of {qualname(fn)} cannot be pickled:\n{traceback.format_exc()}")
+            )
         conn.send_bytes(payload)
     _destroy_finished(dist)
     dist.destroy_process_group()

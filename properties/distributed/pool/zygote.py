@@ -231,15 +231,19 @@ class Zygote:
             listener.bind(address)
             listener.listen(1)
             listener.settimeout(startup_timeout_s)
-            self.process = subprocess.Popen([sys.executable, "-m", "numcheck.properties.distributed.pool.zygote", address],
-                                            env={**env, AUTHKEY_ENV: key, WARM_ENV: ",".join(_WARM)},
-                                            stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "numcheck.properties.distributed.pool.zygote", address],
+                env={**env, AUTHKEY_ENV: key, WARM_ENV: ",".join(_WARM)},
+                stdin=subprocess.DEVNULL,
+            )
             try:
                 sock, _ = listener.accept()
             except OSError as exc:
                 self.close()
-                raise ZygoteError(f"the rank zygote did not connect within {startup_timeout_s:g} s ({exc!r}); "
-                                  f"exit code {self.process.poll()}") from exc
+                raise ZygoteError(
+                    f"the rank zygote did not connect within {startup_timeout_s:g} s ({exc!r}); "
+                    f"exit code {self.process.poll()}"
+                ) from exc
         sock.setblocking(True)
         self.conn = Connection(sock.detach())
         deliver_challenge(self.conn, bytes.fromhex(key))

@@ -39,16 +39,27 @@ class TPQuantCase(QuantCaseFields):
         split = self.N if self.parallel == "column" else self.K
         what = "N" if self.parallel == "column" else "K"
         if split % (self.world * edge):
-            raise ValueError(f"TPQuantCase: {what}={split} is not a multiple of world·{edge} = {self.world * edge} "
-                             f"({self.recipe.kind} blocks must not cross a {self.parallel}-parallel shard)")
+            raise ValueError(
+                f"TPQuantCase: {what}={split} is not a multiple of world·{edge} = {self.world * edge} "
+                f"({self.recipe.kind} blocks must not cross a {self.parallel}-parallel shard)"
+            )
         if self.sequence_parallel and self.M % self.world:
             raise ValueError(f"TPQuantCase: M={self.M} is not a multiple of world={self.world} (sequence parallel)")
         self.single()  # validates the rest
 
     def single(self) -> QuantCase:
         """The single-device case of the same global tensors."""
-        return QuantCase(self.recipe, self.M, self.K, self.N, dtype=self.dtype, bias=self.bias, regime=self.regime,
-                         seed=self.seed, steps=self.steps)
+        return QuantCase(
+            self.recipe,
+            self.M,
+            self.K,
+            self.N,
+            dtype=self.dtype,
+            bias=self.bias,
+            regime=self.regime,
+            seed=self.seed,
+            steps=self.steps,
+        )
 
     def short(self) -> str:
         sp = "-sp" if self.sequence_parallel else ""
@@ -67,8 +78,12 @@ def shard(case: TPQuantCase, t: QuantTensors, rank: int) -> QuantTensors:
         n = _part(case.N, P, rank)
         x = t.x[_part(case.M, P, rank)] if case.sequence_parallel else t.x
         b = t.bias[n] if t.bias is not None else None
-        return QuantTensors(x=x.contiguous(), weight=t.weight[n].contiguous(), dy=t.dy[:, n].contiguous(),
-                            bias=None if b is None else b.contiguous())
+        return QuantTensors(
+            x=x.contiguous(),
+            weight=t.weight[n].contiguous(),
+            dy=t.dy[:, n].contiguous(),
+            bias=None if b is None else b.contiguous(),
+        )
     k = _part(case.K, P, rank)
     dy = t.dy[_part(case.M, P, rank)] if case.sequence_parallel else t.dy
     return QuantTensors(x=t.x[:, k].contiguous(), weight=t.weight[:, k].contiguous(), dy=dy.contiguous(), bias=t.bias)
@@ -86,9 +101,15 @@ def placement(case: TPQuantCase, output: str) -> Any:
     """Where ``output`` of each rank goes (see above)."""
     sp = case.sequence_parallel
     if case.parallel == "column":
-        return {"y": ("cat", 1), "dgrad": ("cat", 0) if sp else "same", "wgrad": ("cat", 0), "bgrad": ("cat", 0)}[output]
-    return {"y": ("cat", 0) if sp else "same", "dgrad": ("cat", 1), "wgrad": ("cat", 1),
-            "bgrad": "partial" if sp else "same"}[output]
+        return {"y": ("cat", 1), "dgrad": ("cat", 0) if sp else "same", "wgrad": ("cat", 0), "bgrad": ("cat", 0)}[
+            output
+        ]
+    return {
+        "y": ("cat", 0) if sp else "same",
+        "dgrad": ("cat", 1),
+        "wgrad": ("cat", 1),
+        "bgrad": "partial" if sp else "same",
+    }[output]
 
 
 def operand_slices(case: TPQuantCase, role: str, rank: int) -> tuple[slice, slice]:
@@ -125,11 +146,18 @@ def refusal(support: Any, case: TPQuantCase) -> str | None:
     checks = (
         (case.dtype in dtypes, f"dtype {case.dtype} not declared"),
         (case.parallel in support.parallel, f"{case.parallel}-parallel not declared"),
-        (case.sequence_parallel in support.sequence_parallel, f"sequence_parallel={case.sequence_parallel} not declared"),
-        (case.save_original_input in support.save_original_input,
-         f"save_original_input={case.save_original_input} not declared"),
-        (not case.save_original_input or case.recipe.allows_save_original_input,
-         f"save_original_input=True not allowed by recipe {case.recipe.name}"),
+        (
+            case.sequence_parallel in support.sequence_parallel,
+            f"sequence_parallel={case.sequence_parallel} not declared",
+        ),
+        (
+            case.save_original_input in support.save_original_input,
+            f"save_original_input={case.save_original_input} not declared",
+        ),
+        (
+            not case.save_original_input or case.recipe.allows_save_original_input,
+            f"save_original_input=True not allowed by recipe {case.recipe.name}",
+        ),
         (not case.bias or support.bias, "bias not declared"),
         (case.world in support.world_sizes, f"world size {case.world} not declared"),
     )

@@ -27,12 +27,24 @@ from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog
 from numcheck.properties.core.compare import compare
 from numcheck.properties.distributed.tp_fp8.cases import (
-    TPQuantCase, operand_slices, placement, reduction_parts, row_parts, shard, steps_tensors,
+    TPQuantCase,
+    operand_slices,
+    placement,
+    reduction_parts,
+    row_parts,
+    shard,
+    steps_tensors,
 )
 from numcheck.properties.distributed.tp_fp8.tolerance import partial_bias_grad_bound, sharded_reduction_bounds
 from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
-from numcheck.properties.distributed.pool.pool import (DistPool, FailureLatch, RankFailure, default_backend, rank_device,
-                                              world_size_unavailable)
+from numcheck.properties.distributed.pool.pool import (
+    DistPool,
+    FailureLatch,
+    RankFailure,
+    default_backend,
+    rank_device,
+    world_size_unavailable,
+)
 from numcheck.properties.core.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8.props import _bits, _masked
 from numcheck.properties.fp8.tolerance import output_bounds
@@ -63,11 +75,29 @@ def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPQuantCase, lis
         leaf = lambda v: None if v is None else v.detach().to(device).clone().requires_grad_(True)  # noqa: E731
         x, w, b = leaf(t.x), leaf(t.weight), leaf(t.bias)
         log = ScaleLog()
-        y = impl(x, w, b, recipe=case.recipe, parallel=case.parallel, sequence_parallel=case.sequence_parallel,
-                 save_original_input=case.save_original_input, group=group, scale_log=log, scaling_state=state)
+        y = impl(
+            x,
+            w,
+            b,
+            recipe=case.recipe,
+            parallel=case.parallel,
+            sequence_parallel=case.sequence_parallel,
+            save_original_input=case.save_original_input,
+            group=group,
+            scale_log=log,
+            scaling_state=state,
+        )
         y.backward(t.dy.to(device))
-        out.append({"y": y.detach(), "dgrad": x.grad, "wgrad": w.grad, "bgrad": b.grad if b is not None else None,
-                    "scales": dict(log.scales), "amax": dict(state.pending) if state is not None else {}})
+        out.append(
+            {
+                "y": y.detach(),
+                "dgrad": x.grad,
+                "wgrad": w.grad,
+                "bgrad": b.grad if b is not None else None,
+                "scales": dict(log.scales),
+                "amax": dict(state.pending) if state is not None else {},
+            }
+        )
         if state is not None:
             state.update()
     return out
@@ -80,12 +110,22 @@ def run_case(impl: Any, case: TPQuantCase, prop: str, latch: FailureLatch | None
     args = [(impl, case, [shard(case, t, r) for t in glob]) for r in range(case.world)]
     try:
         if latch is not None:
-            return latch.run(lambda: DistPool.get(case.world), tp_rank, args, CASE_TIMEOUT_S,
-                             note=f"case: {case!r} (impl {impl.name})")
+            return latch.run(
+                lambda: DistPool.get(case.world),
+                tp_rank,
+                args,
+                CASE_TIMEOUT_S,
+                note=f"case: {case!r} (impl {impl.name})",
+            )
         return DistPool.get(case.world).run(tp_rank, args, CASE_TIMEOUT_S)
     except RankFailure as exc:
-        fail(impl, prop, case, f"rank {exc.rank} of {exc.world_size} ({exc.backend}) {exc.kind}:",
-             *str(exc.detail).strip().splitlines()[-6:])
+        fail(
+            impl,
+            prop,
+            case,
+            f"rank {exc.rank} of {exc.world_size} ({exc.backend}) {exc.kind}:",
+            *str(exc.detail).strip().splitlines()[-6:],
+        )
     return None
 
 
@@ -105,13 +145,17 @@ def assembly(case: TPQuantCase, ranks: list[dict], output: str) -> tuple[Any, st
     if where == "same":
         for r, v in enumerate(vals[1:], start=1):
             if v.shape != vals[0].shape:
-                return vals[0], (f"{output} is replicated but rank {r} returns shape {tuple(v.shape)}, rank 0 "
-                                 f"{tuple(vals[0].shape)}: every rank must return the same reduced result")
+                return vals[0], (
+                    f"{output} is replicated but rank {r} returns shape {tuple(v.shape)}, rank 0 "
+                    f"{tuple(vals[0].shape)}: every rank must return the same reduced result"
+                )
             if not torch.equal(_bits(v), _bits(vals[0])):
-                return vals[0], (f"{output} is replicated ({case.parallel}-parallel, SP "
-                                 f"{'on' if case.sequence_parallel else 'off'}) but rank {r} holds other values than "
-                                 f"rank 0 (max |difference| {float((v.double() - vals[0].double()).abs().max()):.3g}): "
-                                 f"every rank must return the same reduced result")
+                return vals[0], (
+                    f"{output} is replicated ({case.parallel}-parallel, SP "
+                    f"{'on' if case.sequence_parallel else 'off'}) but rank {r} holds other values than "
+                    f"rank 0 (max |difference| {float((v.double() - vals[0].double()).abs().max()):.3g}): "
+                    f"every rank must return the same reduced result"
+                )
         return vals[0], None
     return torch.cat(vals, dim=where[1]), None
 
@@ -126,8 +170,9 @@ def assemble(impl: Any, prop: str, case: TPQuantCase, ranks: list[dict], output:
     return got
 
 
-def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any,
-                     label: str | None = None) -> list[Any]:
+def output_judgement(
+    impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any, label: str | None = None
+) -> list[Any]:
     """``[(rank or None, Comparison vs dq, Comparison vs true)]`` of one assembled output (bgrad partials: one per
     rank, each Comparison named for its rank; the others named ``label``, default ``name``)."""
     u_a, _ = impl.support.accumulation("cpu")
@@ -142,8 +187,9 @@ def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, 
     parts = reduction_parts(case, name)
     if parts is not None:
         pdt = dt if impl.support.partial_dtype == "output" else torch.float32
-        b = sharded_reduction_bounds(ref, name, t.x, t.weight, t.dy, t.bias, parts, out_dtype=dt, partial_dtype=pdt,
-                                     accum_u=u_a)
+        b = sharded_reduction_bounds(
+            ref, name, t.x, t.weight, t.dy, t.bias, parts, out_dtype=dt, partial_dtype=pdt, accum_u=u_a
+        )
         bdq, btrue, unspec = b.dq, b.true, b.unspecified
     else:
         b1 = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a)
@@ -154,9 +200,15 @@ def output_judgement(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, 
     return [(None, cdq, ctrue)]
 
 
-def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, strict: bool,
-                    per_rank: bool = False, relative: dict[str, Any] | None = None
-                    ) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+def step_judgements(
+    impl: Any,
+    case: TPQuantCase,
+    results: list[list[dict]],
+    *,
+    strict: bool,
+    per_rank: bool = False,
+    relative: dict[str, Any] | None = None,
+) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """Every step's outputs assembled and compared with both references, without raising: ``[(label, dq, true)]``
     and the lines saying where the ranks' outputs do not assemble (:func:`assembly`) or are missing on every rank.
     ``strict``: stop at the first such line (the suite fails there). ``per_rank``: label partials
@@ -168,8 +220,9 @@ def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, 
     problems: list[str] = []
     for step, t in enumerate(steps_tensors(case)):
         ranks = [res[step] for res in results]
-        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
-                               delayed_scales=scales if case.recipe.kind == "delayed" else None)
+        ref = quantized_linear(
+            t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales if case.recipe.kind == "delayed" else None
+        )
         suffix = f"@step{step}" if step else ""
         for name in QUANT_OUTPUTS:
             if name not in ref.dq:
@@ -196,7 +249,9 @@ def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, 
                     if v.shape != got.shape:  # the problem line says so; no element-wise comparison
                         continue
                     same = torch.equal(_bits(v), _bits(got))
-                    _, cdq, ctrue = first if same else output_judgement(impl, case, t, ref, name, v, f"{name}@rank{r}")[0]
+                    _, cdq, ctrue = (
+                        first if same else output_judgement(impl, case, t, ref, name, v, f"{name}@rank{r}")[0]
+                    )
                     out.append((f"{name}@rank{r}{suffix}", cdq, ctrue))
         if case.recipe.kind == "delayed":
             scales = _next_delayed_scales(case, ref, scales)
@@ -206,12 +261,14 @@ def step_judgements(impl: Any, case: TPQuantCase, results: list[list[dict]], *, 
 def _unspecified(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
     """The elements of ``name`` the contract leaves free (the single-device rule)."""
     u_a, _ = impl.support.accumulation("cpu")
-    return output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=case.single().torch_dtype,
-                         accum_u=u_a).unspecified
+    return output_bounds(
+        ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=case.single().torch_dtype, accum_u=u_a
+    ).unspecified
 
 
-def judged_steps(impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str,
-                 relative: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+def judged_steps(
+    impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str, relative: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """Every step's outputs assembled and compared with both references: ``[(label, dq, true)]``; a house-format
     failure of ``prop`` at the first output whose ranks' values do not assemble. ``relative``: as
     :func:`step_judgements`'."""
@@ -267,14 +324,15 @@ def _amax_notes(case: TPQuantCase, results: list[list[dict]]) -> list[str]:
         return []
     notes = []
     for step, t in enumerate(steps_tensors(case)):
-        want = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
-                                delayed_scales={r: 1.0 for r in ROLES}).amax
+        want = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales={r: 1.0 for r in ROLES}).amax
         for rank, res in enumerate(results):
             for role in ROLES:
                 got = res[step]["amax"].get(role)
                 if got is None or not (got == want[role] or (math.isnan(got) and math.isnan(want[role]))):
-                    notes.append(f"step {step}, rank {rank}: recorded amax of {role!r} is {got!r}; the group's amax "
-                                 f"(the unsharded tensor's) is {want[role]!r}")
+                    notes.append(
+                        f"step {step}, rank {rank}: recorded amax of {role!r} is {got!r}; the group's amax "
+                        f"(the unsharded tensor's) is {want[role]!r}"
+                    )
     return notes
 
 
@@ -284,11 +342,14 @@ def scale_problems(case: TPQuantCase, results: list[list[dict]], *, strict: bool
     scales = {r: 1.0 for r in ROLES}
     problems: list[str] = []
     for step, t in enumerate(steps_tensors(case)):
-        ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe,
-                               delayed_scales=scales if case.recipe.kind == "delayed" else None)
+        ref = quantized_linear(
+            t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales if case.recipe.kind == "delayed" else None
+        )
         for role in ROLES:
             for usage in USAGES:
-                why = _scale_problem(case, step, role, usage, ref, [res[step]["scales"].get((role, usage)) for res in results])
+                why = _scale_problem(
+                    case, step, role, usage, ref, [res[step]["scales"].get((role, usage)) for res in results]
+                )
                 if why is not None:
                     problems.append(why)
                     if strict:
@@ -325,20 +386,24 @@ def _scale_problem(case: TPQuantCase, step: int, role: str, usage: str, ref: Any
         if per_tensor:
             if g.numel() != 1 or not torch.equal(g.reshape(()).double(), q.scale_inv.reshape(())):
                 v = [float(s.reshape(-1)[0]) for s in got]
-                return (f"{where}: rank {r} quantized with scale_inv {v[r]:.9g}; the group's (unsharded) scale_inv "
-                        f"is {float(q.scale_inv.reshape(())):.9g} (ranks report {v}): every rank must quantize with "
-                        f"the scale of the all-reduced amax")
+                return (
+                    f"{where}: rank {r} quantized with scale_inv {v[r]:.9g}; the group's (unsharded) scale_inv "
+                    f"is {float(q.scale_inv.reshape(())):.9g} (ranks report {v}): every rank must quantize with "
+                    f"the scale of the all-reduced amax"
+                )
             continue
         rows, cols = operand_slices(case, role, r)
         br, bc = q.block
         R, C = q.codes.shape
         r0, r1 = rows.start or 0, rows.stop if rows.stop is not None else R
         c0, c1 = cols.start or 0, cols.stop if cols.stop is not None else C
-        want = q.scale_inv[r0 // br: -(-r1 // br), c0 // bc: -(-c1 // bc)]
+        want = q.scale_inv[r0 // br : -(-r1 // br), c0 // bc : -(-c1 // bc)]
         same = (g.double() == want) | (torch.isnan(g.double()) & torch.isnan(want)) if g.shape == want.shape else None
         if same is None or not bool(same.all()):
-            return (f"{where}: rank {r}'s block scales (grid {tuple(g.shape)}) differ from the oracle's blocks over "
-                    f"its operand (grid {tuple(want.shape)}, rows {r0}:{r1}, cols {c0}:{c1})")
+            return (
+                f"{where}: rank {r}'s block scales (grid {tuple(g.shape)}) differ from the oracle's blocks over "
+                f"its operand (grid {tuple(want.shape)}, rows {r0}:{r1}, cols {c0}:{c1})"
+            )
     return None
 
 
@@ -381,8 +446,11 @@ def measure(impl: Any, case: TPQuantCase) -> TPMeasurement:
     :class:`PropertyFailure`."""
     results = run_case(impl, case, "dist_accuracy")
     judged, problems = step_judgements(impl, case, results, strict=False, per_rank=True)
-    return TPMeasurement({label: (cdq, ctrue) for label, cdq, ctrue in judged}, problems + _amax_notes(case, results),
-                         scale_problems(case, results, strict=False))
+    return TPMeasurement(
+        {label: (cdq, ctrue) for label, cdq, ctrue in judged},
+        problems + _amax_notes(case, results),
+        scale_problems(case, results, strict=False),
+    )
 
 
 def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:
@@ -404,8 +472,9 @@ def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:
         outs = {}
         scales = {r: 1.0 for r in ROLES}
         for step, t in enumerate(glob):
-            ref = quantized_linear(t.x, t.weight, t.dy, t.bias, c.recipe,
-                                   delayed_scales=scales if c.recipe.kind == "delayed" else None)
+            ref = quantized_linear(
+                t.x, t.weight, t.dy, t.bias, c.recipe, delayed_scales=scales if c.recipe.kind == "delayed" else None
+            )
             for name in QUANT_OUTPUTS:
                 if name in ref.dq and not (name == "bgrad" and placement(c, name) == "partial"):
                     got = assemble(impl, "world_size_invariance", c, [rr[step] for rr in res], name)
@@ -424,10 +493,18 @@ def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:
             gb = ob[key][0]
             ba = _output_dq_bound(impl, ca, t, ref, key[0])
             bb = _output_dq_bound(impl, cb, t, ref, key[0])
-            cmp = compare(f"{key[0]} at P={b} vs P={a}", *_masked(gb, ga.double(), ba + bb, torch.zeros_like(ba, dtype=torch.bool)))
+            cmp = compare(
+                f"{key[0]} at P={b} vs P={a}",
+                *_masked(gb, ga.double(), ba + bb, torch.zeros_like(ba, dtype=torch.bool)),
+            )
             if not cmp.ok:
-                fail(impl, "world_size_invariance", case, f"step {key[1]}: world size {b} against world size {a}, "
-                     f"bound the sum of both dequantized-reference bounds: " + cmp.describe())
+                fail(
+                    impl,
+                    "world_size_invariance",
+                    case,
+                    f"step {key[1]}: world size {b} against world size {a}, "
+                    f"bound the sum of both dequantized-reference bounds: " + cmp.describe(),
+                )
     return {}
 
 
@@ -438,8 +515,9 @@ def _output_dq_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) 
     parts = reduction_parts(case, name)
     if parts is not None:
         pdt = dt if impl.support.partial_dtype == "output" else torch.float32
-        return sharded_reduction_bounds(ref, name, t.x, t.weight, t.dy, t.bias, parts, out_dtype=dt,
-                                        partial_dtype=pdt, accum_u=u_a).dq
+        return sharded_reduction_bounds(
+            ref, name, t.x, t.weight, t.dy, t.bias, parts, out_dtype=dt, partial_dtype=pdt, accum_u=u_a
+        ).dq
     return output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a).dq
 
 
@@ -452,9 +530,17 @@ def _bitwise(impl: Any, prop: str, case: TPQuantCase, a: list[list[dict]], b: li
                 if va is None and vb is None:
                     continue
                 if va is None or vb is None or va.shape != vb.shape or not torch.equal(_bits(va), _bits(vb)):
-                    n = int((_bits(va) != _bits(vb)).sum()) if va is not None and vb is not None and va.shape == vb.shape else -1
-                    fail(impl, prop, case, f"step {step}, rank {rank}: {name} differs bitwise between {what} "
-                         f"({n} elements; bound 0)")
+                    n = (
+                        int((_bits(va) != _bits(vb)).sum())
+                        if va is not None and vb is not None and va.shape == vb.shape
+                        else -1
+                    )
+                    fail(
+                        impl,
+                        prop,
+                        case,
+                        f"step {step}, rank {rank}: {name} differs bitwise between {what} ({n} elements; bound 0)",
+                    )
 
 
 def dist_save_original_input(impl: Any, case: TPQuantCase) -> dict[str, float]:

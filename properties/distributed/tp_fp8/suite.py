@@ -27,18 +27,34 @@ REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "scale_edge")
 
 
 @st.composite
-def tp_quant_cases(draw: st.DrawFn, support: Any, *, world: int | None = None, parallel: str | None = None,
-                   sequence_parallel: bool | None = None, save_original_input: bool | None = None,
-                   kinds: tuple[str, ...] | None = None) -> TPQuantCase:
+def tp_quant_cases(
+    draw: st.DrawFn,
+    support: Any,
+    *,
+    world: int | None = None,
+    parallel: str | None = None,
+    sequence_parallel: bool | None = None,
+    save_original_input: bool | None = None,
+    kinds: tuple[str, ...] | None = None,
+) -> TPQuantCase:
     """A :class:`TPQuantCase` inside ``support`` (the keywords pin a field)."""
-    recipes = [r for r in support.recipes if (kinds is None or r.kind in kinds)
-               and (not save_original_input or r.allows_save_original_input)]
+    recipes = [
+        r
+        for r in support.recipes
+        if (kinds is None or r.kind in kinds) and (not save_original_input or r.allows_save_original_input)
+    ]
     recipe = draw(st.sampled_from(recipes), label="recipe")
     par = parallel or draw(st.sampled_from(sorted(support.parallel)), label="parallel")
-    sp = sequence_parallel if sequence_parallel is not None else draw(st.sampled_from(sorted(support.sequence_parallel)), label="sp")
+    sp = (
+        sequence_parallel
+        if sequence_parallel is not None
+        else draw(st.sampled_from(sorted(support.sequence_parallel)), label="sp")
+    )
     soi_modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]
     soi = save_original_input if save_original_input is not None else draw(st.sampled_from(soi_modes), label="soi")
-    P = world or draw(st.sampled_from([p for p in support.world_sizes if p > 1] or list(support.world_sizes)), label="world")
+    P = world or draw(
+        st.sampled_from([p for p in support.world_sizes if p > 1] or list(support.world_sizes)), label="world"
+    )
     edge = 4 * SHARD_EDGE[recipe.kind]
     split = edge * draw(st.sampled_from((1, 2) if edge > 4 else (3, 6, 10)), label="split")
     free = draw(st.sampled_from(_FREE if par == "column" else (8, 24, 40)), label="free")
@@ -46,9 +62,21 @@ def tp_quant_cases(draw: st.DrawFn, support: Any, *, world: int | None = None, p
     K, N = (free, split) if par == "column" else (split, free)
     dtype = draw(st.sampled_from(sorted(_DTYPES[str(d)] for d in support.dtypes)), label="dtype")
     bias = draw(st.booleans(), label="bias") if support.bias else False
-    return TPQuantCase(recipe, M, K, N, dtype, bias, draw(st.sampled_from(REGIMES), label="regime"),
-                       draw(st.integers(0, 2**16), label="seed"), soi, 2 if recipe.kind == "delayed" else 1,
-                       world=P, parallel=par, sequence_parallel=sp)
+    return TPQuantCase(
+        recipe,
+        M,
+        K,
+        N,
+        dtype,
+        bias,
+        draw(st.sampled_from(REGIMES), label="regime"),
+        draw(st.integers(0, 2**16), label="seed"),
+        soi,
+        2 if recipe.kind == "delayed" else 1,
+        world=P,
+        parallel=par,
+        sequence_parallel=sp,
+    )
 
 
 def accuracy_and_scale(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:
@@ -72,7 +100,11 @@ def _soi(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:
 DRAWN: dict[str, tuple[dict[str, Any], Callable[[Any, TPQuantCase, FailureLatch], None], int]] = {
     "dist_accuracy_and_same_scale": ({}, accuracy_and_scale, 8),
     "world_size_invariance": ({}, _invariance, 3),
-    "dist_save_original_input": ({"sequence_parallel": True, "parallel": "column", "save_original_input": True}, _soi, 3),
+    "dist_save_original_input": (
+        {"sequence_parallel": True, "parallel": "column", "save_original_input": True},
+        _soi,
+        3,
+    ),
 }
 
 

@@ -47,7 +47,16 @@ from dataclasses import dataclass
 import torch
 
 from numcheck.properties.fp8.tolerance import (
-    ETA32, EXTRA_ROUNDINGS, OUT_ETA, OUT_U, U32, _nan0, accumulation_gamma, gamma, gemm_operands, output_bounds,
+    ETA32,
+    EXTRA_ROUNDINGS,
+    OUT_ETA,
+    OUT_U,
+    U32,
+    _nan0,
+    accumulation_gamma,
+    gamma,
+    gemm_operands,
+    output_bounds,
 )
 from numcheck.reference.fp8_formats import F64, round_to_fp32
 from numcheck.reference.fp8_linear import QuantLinearReference
@@ -63,16 +72,27 @@ class ShardedBounds:
     unspecified: torch.Tensor
 
 
-def partial_terms(abs_part: torch.Tensor, n: int, accum_u: float, u_c: float, eta_c: float,
-                  part_abs_value: torch.Tensor) -> torch.Tensor:
+def partial_terms(
+    abs_part: torch.Tensor, n: int, accum_u: float, u_c: float, eta_c: float, part_abs_value: torch.Tensor
+) -> torch.Tensor:
     """``D_r`` of one partial (module docstring): its GEMM's accumulation bound plus its rounding to dtype c."""
     E = accumulation_gamma(n, accum_u, None) * abs_part + (n + EXTRA_ROUNDINGS) * ETA32
     return E + u_c * (part_abs_value + E) + eta_c
 
 
-def sharded_reduction_bounds(ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor,
-                             dy: torch.Tensor, bias: torch.Tensor | None, parts: list[slice], *,
-                             out_dtype: torch.dtype, partial_dtype: torch.dtype, accum_u: float) -> ShardedBounds:
+def sharded_reduction_bounds(
+    ref: QuantLinearReference,
+    output: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    bias: torch.Tensor | None,
+    parts: list[slice],
+    *,
+    out_dtype: torch.dtype,
+    partial_dtype: torch.dtype,
+    accum_u: float,
+) -> ShardedBounds:
     """Bounds of ``output`` (``"y"`` or ``"dgrad"``) reduced over the ``parts`` of its reduction dimension, one
     partial per rank (module docstring). ``bias`` is added after the reduction (row-parallel y)."""
     ops = gemm_operands(ref, output, x, weight, dy)

@@ -28,7 +28,7 @@ import torch
 
 from numcheck.properties.core.accuracy import RelativeJudgement, relative_judgement
 from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase, reduction_parts, row_parts
-from numcheck.properties.fp8.tolerance import (EXTRA_ROUNDINGS, OUT_U, U32, _nan0, gemm_operands, output_bounds)
+from numcheck.properties.fp8.tolerance import EXTRA_ROUNDINGS, OUT_U, U32, _nan0, gemm_operands, output_bounds
 from numcheck.reference.fp8_formats import F64, round_to_fp32
 
 
@@ -65,8 +65,9 @@ def expected_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) ->
     u_a, chunk = impl.support.accumulation("cpu")
     parts = reduction_parts(case, name)
     if parts is None:
-        return output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a,
-                             accum_chunk=chunk).expected_dq
+        return output_bounds(
+            ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a, accum_chunk=chunk
+        ).expected_dq
     pdt = _partial_dtype(impl, dt)
     u_c = OUT_U[pdt]
     ops = gemm_operands(ref, name, t.x, t.weight, t.dy)
@@ -96,8 +97,14 @@ def _partial_bias_judgements(case: TPQuantCase, t: Any, got: list[torch.Tensor])
         E = math.sqrt(n) * U32 * _nan0(d[rows].abs().sum(dim=0)) + OUT_U[dt] * _nan0(exact.abs())
         fin = torch.isfinite(exact)
         label = f"bgrad (rank {r}'s partial)"
-        out[label] = relative_judgement(label, g.cpu()[fin], exact[fin], (_rmse(yard[fin], exact[fin]), dt), E[fin],
-                                        yardstick="the declared path (an fp32 sum of the rank's rows)")
+        out[label] = relative_judgement(
+            label,
+            g.cpu()[fin],
+            exact[fin],
+            (_rmse(yard[fin], exact[fin]), dt),
+            E[fin],
+            yardstick="the declared path (an fp32 sum of the rank's rows)",
+        )
     return out
 
 
@@ -105,8 +112,9 @@ def _rmse(v: torch.Tensor, o: torch.Tensor) -> float:
     return float((v.to(F64) - o).nan_to_num(0.0).square().mean().sqrt()) if v.numel() else 0.0
 
 
-def tp_relative(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any,
-                unspecified: torch.Tensor | None) -> dict[str, RelativeJudgement]:
+def tp_relative(
+    impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any, unspecified: torch.Tensor | None
+) -> dict[str, RelativeJudgement]:
     """Judgement (b) of one assembled output ``name`` of one step (module docstring); ``unspecified``: the elements
     the contract leaves free (left out)."""
     if isinstance(got, list):
@@ -118,7 +126,13 @@ def tp_relative(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: 
         keep = keep & ~unspecified
     yard = yardstick(impl, case, t, ref, name)
     E = expected_bound(impl, case, t, ref, name)
-    desc = (f"the declared path (partials in {impl.support.partial_dtype})" if reduction_parts(case, name)
-            else "the declared path (one fp32 GEMM, one rounding)")
-    return {name: relative_judgement(name, got.cpu()[keep], o[keep], (_rmse(yard[keep], o[keep]), dt), E[keep],
-                                     yardstick=desc)}
+    desc = (
+        f"the declared path (partials in {impl.support.partial_dtype})"
+        if reduction_parts(case, name)
+        else "the declared path (one fp32 GEMM, one rounding)"
+    )
+    return {
+        name: relative_judgement(
+            name, got.cpu()[keep], o[keep], (_rmse(yard[keep], o[keep]), dt), E[keep], yardstick=desc
+        )
+    }

@@ -22,8 +22,18 @@ from numcheck.reference.grouped_fp8_linear import split_offsets
 #: Value regimes. Those of the single linear apply to every expert; ``zero_expert`` makes the first expert with
 #: rows all-zero in x and dy (padding tokens routed to it: amax 0), ``nan_expert`` puts NaN in the first expert with
 #: rows only (it must not reach any other expert's outputs).
-GROUPED_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zero_expert", "nan_expert", "inf", "tail_outlier",
-                                    "pruned", "tiny", "scale_edge")
+GROUPED_REGIMES: tuple[str, ...] = (
+    "normal",
+    "wide",
+    "outlier",
+    "zero_expert",
+    "nan_expert",
+    "inf",
+    "tail_outlier",
+    "pruned",
+    "tiny",
+    "scale_edge",
+)
 #: Regimes under which every expert's operands are also scaled by its own power of two (the others set magnitudes
 #: that must stay as they are: tiny values, planted scale edges, non-finite ones).
 MAGNITUDE_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zero_expert", "nan_expert", "pruned")
@@ -103,8 +113,16 @@ class GroupedCase:
 
     def short(self) -> str:
         """Compact label for ids and tables."""
-        extras = "".join(s for s, on in (("+b", self.bias), ("-soi", self.save_original_input),
-                                         ("-mg", self.main_grad), ("-list", self.weights == "list")) if on)
+        extras = "".join(
+            s
+            for s, on in (
+                ("+b", self.bias),
+                ("-soi", self.save_original_input),
+                ("-mg", self.main_grad),
+                ("-list", self.weights == "list"),
+            )
+            if on
+        )
         splits = ",".join(map(str, self.m_splits))
         return f"{self.recipe.name}-[{splits}]K{self.K}N{self.N}-{self.dtype}-{self.regime}{extras}-s{self.seed}"
 
@@ -145,8 +163,18 @@ def build_grouped(case: GroupedCase, step: int = 0, micro: int = 0) -> GroupedTe
     mags = _magnitudes(case, micro)
     xs, ws, dys, bs = [], [], [], []
     for i, m in enumerate(case.m_splits):
-        sub = QuantCase(case.recipe, max(m, 1), case.K, case.N, dtype=case.dtype, bias=case.bias,
-                        regime=regimes[i], seed=case.seed * 131 + i, steps=case.steps, device=case.device)
+        sub = QuantCase(
+            case.recipe,
+            max(m, 1),
+            case.K,
+            case.N,
+            dtype=case.dtype,
+            bias=case.bias,
+            regime=regimes[i],
+            seed=case.seed * 131 + i,
+            steps=case.steps,
+            device=case.device,
+        )
         t = build_quant(sub, step)
         if micro:
             tm = build_quant(sub.replace(seed=sub.seed + 7919 * micro), step)
@@ -163,8 +191,13 @@ def build_grouped(case: GroupedCase, step: int = 0, micro: int = 0) -> GroupedTe
 def refusal(support: Any, case: GroupedCase) -> str | None:
     """Why ``support`` (a :class:`~impls.protocols.grouped_fp8_linear.GroupedQuantSupport`) excludes ``case``, or
     ``None`` when the impl declares it."""
-    why = support.refuses(recipe=case.recipe, dtype=case.torch_dtype, device=case.device,
-                          save_original_input=case.save_original_input, bias=case.bias)
+    why = support.refuses(
+        recipe=case.recipe,
+        dtype=case.torch_dtype,
+        device=case.device,
+        save_original_input=case.save_original_input,
+        bias=case.bias,
+    )
     if why:
         return why
     why = support.split_refusal(case.m_splits, K=case.K, N=case.N)
@@ -186,5 +219,11 @@ def fitted(support: Any, case: GroupedCase) -> GroupedCase:
     splits = tuple((0 if support.empty_splits else a) if m == 0 else -(-m // a) * a for m in case.m_splits)
     weights = case.weights if case.weights in support.weight_layouts else sorted(support.weight_layouts)[0]
     main_grad = case.main_grad if case.main_grad in support.fused_wgrad_accumulation else not case.main_grad
-    return case.replace(m_splits=splits, K=-(-case.K // fa) * fa, N=-(-case.N // fa) * fa, weights=weights,
-                        main_grad=main_grad, bias=case.bias and support.bias)
+    return case.replace(
+        m_splits=splits,
+        K=-(-case.K // fa) * fa,
+        N=-(-case.N // fa) * fa,
+        weights=weights,
+        main_grad=main_grad,
+        bias=case.bias and support.bias,
+    )

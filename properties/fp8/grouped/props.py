@@ -45,8 +45,12 @@ from numcheck.properties.fp8.cases import QuantCase, QuantTensors
 from numcheck.properties.fp8.props import Fp8CaseResult, _bits, _masked, output_metrics, run_quant_impl
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_recipes import ROLES
-from numcheck.reference.grouped_fp8_linear import (GROUPED_OUTPUTS, ROW_OUTPUTS, GroupedQuantLinearReference,
-                                                   grouped_quantized_linear)
+from numcheck.reference.grouped_fp8_linear import (
+    GROUPED_OUTPUTS,
+    ROW_OUTPUTS,
+    GroupedQuantLinearReference,
+    grouped_quantized_linear,
+)
 
 
 def fail(impl: Any, prop: str, case: GroupedCase, *lines: str) -> None:
@@ -96,29 +100,64 @@ def _stacked_grads(impl: Any, case: GroupedCase, params: Any, what: str) -> torc
     grads = [p.grad for p in params]
     missing = [i for i, g in enumerate(grads) if g is None]
     if missing:
-        fail(impl, "protocol", case, f"{what} of experts {missing} is None after backward: every expert's gradient "
-             f"must be a tensor (an empty expert's exactly zero)")
+        fail(
+            impl,
+            "protocol",
+            case,
+            f"{what} of experts {missing} is None after backward: every expert's gradient "
+            f"must be a tensor (an empty expert's exactly zero)",
+        )
     return torch.stack(grads)
 
 
-def call(impl: Any, case: GroupedCase, x: torch.Tensor, ws: Any, bs: Any, *, m_splits: tuple[int, ...] | None = None,
-         soi: bool | None = None, states: Any = None, main_grad: Any = None) -> torch.Tensor:
+def call(
+    impl: Any,
+    case: GroupedCase,
+    x: torch.Tensor,
+    ws: Any,
+    bs: Any,
+    *,
+    m_splits: tuple[int, ...] | None = None,
+    soi: bool | None = None,
+    states: Any = None,
+    main_grad: Any = None,
+) -> torch.Tensor:
     """The protocol call, its result checked (a tensor ``[M, N]`` in x's dtype, connected to autograd)."""
     splits = case.m_splits if m_splits is None else m_splits
-    y = impl(x, ws, bs, m_splits=splits, recipe=case.recipe,
-             save_original_input=case.save_original_input if soi is None else soi, scaling_state=states,
-             main_grad=main_grad)
+    y = impl(
+        x,
+        ws,
+        bs,
+        m_splits=splits,
+        recipe=case.recipe,
+        save_original_input=case.save_original_input if soi is None else soi,
+        scaling_state=states,
+        main_grad=main_grad,
+    )
     if not isinstance(y, torch.Tensor):
         fail(impl, "protocol", case, f"returned {type(y).__name__}, expected a tensor")
     want = (int(x.shape[0]), case.N)
     if tuple(y.shape) != want or y.dtype != x.dtype or not y.requires_grad:
-        fail(impl, "protocol", case, f"y has shape {tuple(y.shape)}, dtype {y.dtype}, requires_grad "
-             f"{y.requires_grad}; expected {want}, {x.dtype}, connected to autograd")
+        fail(
+            impl,
+            "protocol",
+            case,
+            f"y has shape {tuple(y.shape)}, dtype {y.dtype}, requires_grad "
+            f"{y.requires_grad}; expected {want}, {x.dtype}, connected to autograd",
+        )
     return y
 
 
-def run_grouped(impl: Any, case: GroupedCase, t: GroupedTensors | None = None, *, soi: bool | None = None,
-                states: Any = None, main_grad: torch.Tensor | None = None, track: bool = False) -> GroupedRun:
+def run_grouped(
+    impl: Any,
+    case: GroupedCase,
+    t: GroupedTensors | None = None,
+    *,
+    soi: bool | None = None,
+    states: Any = None,
+    main_grad: torch.Tensor | None = None,
+    track: bool = False,
+) -> GroupedRun:
     """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_grouped(case)``).
 
     ``main_grad`` (fp32 ``[G, N, K]``, passed in the case's weight form) is accumulated into in place. ``track``
@@ -137,8 +176,11 @@ def run_grouped(impl: Any, case: GroupedCase, t: GroupedTensors | None = None, *
         held = tracker.live - tracker.tracked_bytes([y])
         seen = h.scan(y)
         aliased, desc = seen.holds_storage_of(x), [d for d, _ in seen.tensors]
-        caller = [x, *([ws] if isinstance(ws, torch.Tensor) else ws), *(([bs] if isinstance(bs, torch.Tensor) else bs)
-                                                                          if bs is not None else [])]
+        caller = [
+            x,
+            *([ws] if isinstance(ws, torch.Tensor) else ws),
+            *(([bs] if isinstance(bs, torch.Tensor) else bs) if bs is not None else []),
+        ]
         skip = {t.untyped_storage().data_ptr() for t in caller}
         n_storages = sum(1 for p in seen.storages if p not in skip)
     else:
@@ -146,25 +188,53 @@ def run_grouped(impl: Any, case: GroupedCase, t: GroupedTensors | None = None, *
     y.backward(t.dy)
     if main_grad is not None:
         if any(g is not None for g in ([ws.grad] if isinstance(ws, torch.Tensor) else [w.grad for w in ws])):
-            fail(impl, "protocol", case, "with main_grad given the weights' .grad must stay None (wgrad goes into "
-                 "main_grad)")
+            fail(
+                impl,
+                "protocol",
+                case,
+                "with main_grad given the weights' .grad must stay None (wgrad goes into main_grad)",
+            )
         wgrad = main_grad.detach().clone()
     else:
         wgrad = _stacked_grads(impl, case, ws, "the weight gradient")
-    return GroupedRun(y.detach(), x.grad, wgrad, _stacked_grads(impl, case, bs, "the bias gradient"), states, held,
-                      aliased, desc, n_storages)
+    return GroupedRun(
+        y.detach(),
+        x.grad,
+        wgrad,
+        _stacked_grads(impl, case, bs, "the bias gradient"),
+        states,
+        held,
+        aliased,
+        desc,
+        n_storages,
+    )
 
 
 def oracle(case: GroupedCase, t: GroupedTensors, states: Any = None) -> GroupedQuantLinearReference:
     """The float64 oracle of ``case`` on ``t`` (delayed scaling: with the states' stored scales)."""
     scales = [{r: s.scale(r) for r in ROLES} for s in states] if states is not None else None
-    return grouped_quantized_linear(t.x, t.weights, t.dy, t.biases, case.m_splits, case.recipe,
-                                    delayed_scales=scales, save_original_input=case.save_original_input)
+    return grouped_quantized_linear(
+        t.x,
+        t.weights,
+        t.dy,
+        t.biases,
+        case.m_splits,
+        case.recipe,
+        delayed_scales=scales,
+        save_original_input=case.save_original_input,
+    )
 
 
 # -- measuring -------------------------------------------------------------------------------------------------
-def _measure_step(impl: Any, case: GroupedCase, t: GroupedTensors, out: GroupedRun, ref: GroupedQuantLinearReference,
-                  suffix: str, result: Fp8CaseResult) -> None:
+def _measure_step(
+    impl: Any,
+    case: GroupedCase,
+    t: GroupedTensors,
+    out: GroupedRun,
+    ref: GroupedQuantLinearReference,
+    suffix: str,
+    result: Fp8CaseResult,
+) -> None:
     u_a, chunk = impl.support.accumulation(case.device)
     for name in GROUPED_OUTPUTS:
         if name not in ref.dq:
@@ -195,8 +265,7 @@ def measure_case(impl: Any, case: GroupedCase) -> Fp8CaseResult:
     for step in range(case.steps):
         t = build_grouped(case, step)
         ref = oracle(case, t, states)
-        start = torch.zeros(case.G, case.N, case.K, dtype=torch.float32, device=case.device) if case.main_grad \
-            else None
+        start = torch.zeros(case.G, case.N, case.K, dtype=torch.float32, device=case.device) if case.main_grad else None
         out = run_grouped(impl, case, t, states=states, main_grad=start)
         _measure_step(impl, case, t, out, ref, f"@step{step}" if step else "", result)
         if states is not None:
@@ -224,31 +293,55 @@ def accuracy(impl: Any, case: GroupedCase) -> Fp8CaseResult:
         lines = list(r.notes)
         for label, m in r.outputs.items():
             if not m.dq.ok:
-                lines.append("vs dequantized-operand reference (accumulation error): " + m.dq.describe()
-                             + _where(r, case, label, m.dq.worst))
+                lines.append(
+                    "vs dequantized-operand reference (accumulation error): "
+                    + m.dq.describe()
+                    + _where(r, case, label, m.dq.worst)
+                )
             if not m.true.ok:
-                lines.append("vs original-operand reference (total error): " + m.true.describe()
-                             + _where(r, case, label, m.true.worst))
+                lines.append(
+                    "vs original-operand reference (total error): "
+                    + m.true.describe()
+                    + _where(r, case, label, m.true.worst)
+                )
         fail(impl, "accuracy", case, *lines)
     return r
 
 
 # -- equivalences: bitwise or within two bounds ------------------------------------------------------------------
-def _same(impl: Any, prop: str, case: GroupedCase, name: str, got: torch.Tensor | None, want: torch.Tensor | None,
-          bound: torch.Tensor | None, what: str) -> None:
+def _same(
+    impl: Any,
+    prop: str,
+    case: GroupedCase,
+    name: str,
+    got: torch.Tensor | None,
+    want: torch.Tensor | None,
+    bound: torch.Tensor | None,
+    what: str,
+) -> None:
     """``got`` equals ``want`` bitwise (``bound`` ``None``) or within ``bound`` (float64, the CPU); else a failure
     naming ``what`` was compared."""
     __tracebackhide__ = True
     if got is None or want is None or tuple(got.shape) != tuple(want.shape):
-        fail(impl, prop, case, f"{name}: {what}: present/shape differs ({None if got is None else tuple(got.shape)} "
-             f"vs {None if want is None else tuple(want.shape)})")
+        fail(
+            impl,
+            prop,
+            case,
+            f"{name}: {what}: present/shape differs ({None if got is None else tuple(got.shape)} "
+            f"vs {None if want is None else tuple(want.shape)})",
+        )
     if bound is None:
         diff = _bits(got.to(want.dtype)) != _bits(want)
         if bool(diff.any()):
             idx = tuple(int(i) for i in diff.nonzero()[0])
-            fail(impl, prop, case, f"{name} differs bitwise ({what}) in {int(diff.sum())} / {diff.numel()} elements",
-                 f"first at index {list(idx)}: {float(got[idx]):.9g} vs {float(want[idx]):.9g} (bound 0: declared "
-                 f"bitwise_per_expert)")
+            fail(
+                impl,
+                prop,
+                case,
+                f"{name} differs bitwise ({what}) in {int(diff.sum())} / {diff.numel()} elements",
+                f"first at index {list(idx)}: {float(got[idx]):.9g} vs {float(want[idx]):.9g} (bound 0: declared "
+                f"bitwise_per_expert)",
+            )
         return
     skip = ~(torch.isfinite(got.detach().cpu().double()) & torch.isfinite(want.detach().cpu().double()))
     c = compare(f"{name} ({what})", *_masked(got, want.detach().to("cpu", torch.float64), bound, skip))
@@ -280,25 +373,42 @@ def per_expert_linear(impl: Any, case: GroupedCase) -> None:
         if not case.m_splits[i]:
             continue
         rows = ref.rows(i)
-        sub = QuantCase(case.recipe, case.m_splits[i], case.K, case.N, dtype=case.dtype, bias=case.bias,
-                        save_original_input=case.save_original_input, device=case.device)
+        sub = QuantCase(
+            case.recipe,
+            case.m_splits[i],
+            case.K,
+            case.N,
+            dtype=case.dtype,
+            bias=case.bias,
+            save_original_input=case.save_original_input,
+            device=case.device,
+        )
         ti = QuantTensors(t.x[rows], t.weights[i], t.dy[rows], t.biases[i] if t.biases is not None else None)
         s = run_quant_impl(single, sub, ti)
-        got = {"y": g.y[rows], "dgrad": g.dgrad[rows] if g.dgrad is not None else None,
-               "wgrad": g.wgrad[i] if g.wgrad is not None else None,
-               "bgrad": g.bgrad[i] if g.bgrad is not None else None}
+        got = {
+            "y": g.y[rows],
+            "dgrad": g.dgrad[rows] if g.dgrad is not None else None,
+            "wgrad": g.wgrad[i] if g.wgrad is not None else None,
+            "bgrad": g.bgrad[i] if g.bgrad is not None else None,
+        }
         for name in GROUPED_OUTPUTS:
             if name not in ref.dq:
                 continue
             bound = None
             if not bitwise:
-                b1 = output_bounds(ref.experts[i], name, *ti, out_dtype=got[name].dtype, accum_u=u_g,
-                                   accum_chunk=c_g)
-                b2 = output_bounds(ref.experts[i], name, *ti, out_dtype=s.get(name).dtype, accum_u=u_s,
-                                   accum_chunk=c_s)
+                b1 = output_bounds(ref.experts[i], name, *ti, out_dtype=got[name].dtype, accum_u=u_g, accum_chunk=c_g)
+                b2 = output_bounds(ref.experts[i], name, *ti, out_dtype=s.get(name).dtype, accum_u=u_s, accum_chunk=c_s)
                 bound = b1.dq + b2.dq
-            _same(impl, "per_expert_linear", case, name, got[name], s.get(name), bound,
-                  f"expert {i} of the grouped call vs {single.name} on its {case.m_splits[i]} rows")
+            _same(
+                impl,
+                "per_expert_linear",
+                case,
+                name,
+                got[name],
+                s.get(name),
+                bound,
+                f"expert {i} of the grouped call vs {single.name} on its {case.m_splits[i]} rows",
+            )
 
 
 def _non_finite(run: GroupedRun, ref: GroupedQuantLinearReference) -> list[str]:
@@ -325,8 +435,9 @@ def empty_experts(impl: Any, case: GroupedCase) -> None:
         return
     a = impl.support.split_alignment
     warm = case.replace(m_splits=tuple(m or a for m in case.m_splits), steps=1)
-    run_grouped(impl, warm, main_grad=torch.zeros(case.G, case.N, case.K, device=case.device)
-                if warm.main_grad else None)
+    run_grouped(
+        impl, warm, main_grad=torch.zeros(case.G, case.N, case.K, device=case.device) if warm.main_grad else None
+    )
     case = case.replace(steps=1)
     t = build_grouped(case)
     start = None
@@ -334,24 +445,43 @@ def empty_experts(impl: Any, case: GroupedCase) -> None:
         gen = torch.Generator().manual_seed(case.seed + 5)
         start = torch.randn(case.G, case.N, case.K, generator=gen).to(case.device)
     out = run_grouped(impl, case, t, main_grad=None if start is None else start.clone())
-    bad = _non_finite(out, oracle(case, t, delayed_states(case.recipe, case.G) if case.recipe.kind == "delayed"
-                                  else None))
+    bad = _non_finite(
+        out, oracle(case, t, delayed_states(case.recipe, case.G) if case.recipe.kind == "delayed" else None)
+    )
     if bad:
-        fail(impl, "empty_experts", case, f"outputs {bad} hold NaN or inf where the oracle's value is finite and "
-             f"representable (every input is finite; experts {empty} of {case.G} have no rows)")
+        fail(
+            impl,
+            "empty_experts",
+            case,
+            f"outputs {bad} hold NaN or inf where the oracle's value is finite and "
+            f"representable (every input is finite; experts {empty} of {case.G} have no rows)",
+        )
     for i in empty:
         if case.main_grad:
-            _same(impl, "empty_experts", case, "wgrad", out.wgrad[i], start[i].cpu(), None,
-                  f"main_grad of empty expert {i} after backward vs as given (must be untouched)")
+            _same(
+                impl,
+                "empty_experts",
+                case,
+                "wgrad",
+                out.wgrad[i],
+                start[i].cpu(),
+                None,
+                f"main_grad of empty expert {i} after backward vs as given (must be untouched)",
+            )
             continue
         for name in ("wgrad", "bgrad"):
             v = out.get(name)
             if v is not None and bool((v[i] != 0).any()):
                 idx = tuple(int(j) for j in (v[i] != 0).nonzero()[0])
-                fail(impl, "empty_experts", case, f"{name} of empty expert {i} (m_{i} = 0) is not exactly zero: "
-                     f"{int((v[i] != 0).sum())} / {v[i].numel()} elements nonzero, first {float(v[i][idx]):.6g} at "
-                     f"{list(idx)} (bound 0: an empty sum)", "the call before gave every expert rows: a gradient "
-                     "buffer left over from it shows here")
+                fail(
+                    impl,
+                    "empty_experts",
+                    case,
+                    f"{name} of empty expert {i} (m_{i} = 0) is not exactly zero: "
+                    f"{int((v[i] != 0).sum())} / {v[i].numel()} elements nonzero, first {float(v[i][idx]):.6g} at "
+                    f"{list(idx)} (bound 0: an empty sum)",
+                    "the call before gave every expert rows: a gradient buffer left over from it shows here",
+                )
 
 
 def _bad_splits(impl: Any, case: GroupedCase) -> list[tuple[tuple[Any, ...], str]]:
@@ -359,8 +489,10 @@ def _bad_splits(impl: Any, case: GroupedCase) -> list[tuple[tuple[Any, ...], str
     m, a, sup = list(case.m_splits), impl.support.split_alignment, impl.support
     out: list[tuple[tuple[Any, ...], str]] = [
         (tuple(m[:-1] + [m[-1] + a]), "sums to more than M"),
-        (tuple(m + [0]) if sup.max_experts is None or case.G < sup.max_experts else tuple(m[:-1]),
-         "names another number of experts than the weights"),
+        (
+            tuple(m + [0]) if sup.max_experts is None or case.G < sup.max_experts else tuple(m[:-1]),
+            "names another number of experts than the weights",
+        ),
         (tuple([-a] + m[:-1] + [m[-1] + a]) if case.G > 1 else (-a,), "has a negative size"),
     ]
     if a > 1 and case.G > 1:
@@ -385,18 +517,33 @@ def split_rules(impl: Any, case: GroupedCase) -> None:
     for splits, what in _bad_splits(impl, case):
         x, ws, bs = _leaves(t, case)
         try:
-            impl(x, ws, bs, m_splits=splits, recipe=case.recipe, save_original_input=case.save_original_input,
-                 scaling_state=states, main_grad=None)
+            impl(
+                x,
+                ws,
+                bs,
+                m_splits=splits,
+                recipe=case.recipe,
+                save_original_input=case.save_original_input,
+                scaling_state=states,
+                main_grad=None,
+            )
         except ValueError as exc:
             if "m_splits" not in str(exc):
-                fail(impl, "split_rules", case, f"m_splits={splits} ({what}): ValueError raised, but its message "
-                     f"does not name m_splits: {exc}")
+                fail(
+                    impl,
+                    "split_rules",
+                    case,
+                    f"m_splits={splits} ({what}): ValueError raised, but its message does not name m_splits: {exc}",
+                )
             continue
         except Exception as exc:  # noqa: BLE001 - any other type is the failure reported
-            fail(impl, "split_rules", case, f"m_splits={splits} ({what}) raised {type(exc).__name__} ({exc}); "
-                 f"expected ValueError naming m_splits")
-        fail(impl, "split_rules", case, f"m_splits={splits} ({what}) was accepted; expected ValueError naming "
-             f"m_splits")
+            fail(
+                impl,
+                "split_rules",
+                case,
+                f"m_splits={splits} ({what}) raised {type(exc).__name__} ({exc}); expected ValueError naming m_splits",
+            )
+        fail(impl, "split_rules", case, f"m_splits={splits} ({what}) was accepted; expected ValueError naming m_splits")
 
 
 def _permutation(case: GroupedCase) -> list[int]:
@@ -462,19 +609,32 @@ def save_original_input(impl: Any, case: GroupedCase) -> None:
             call(impl, case, x, ws, bs, soi=True, states=delayed_states(case.recipe, case.G))
         except ValueError as exc:
             if "save_original_input" not in str(exc):
-                fail(impl, "save_original_input", case, f"ValueError raised, but it does not name "
-                     f"save_original_input: {exc}")
+                fail(
+                    impl,
+                    "save_original_input",
+                    case,
+                    f"ValueError raised, but it does not name save_original_input: {exc}",
+                )
             return
-        fail(impl, "save_original_input", case, "delayed scaling with save_original_input=True did not raise "
-             "ValueError")
+        fail(
+            impl, "save_original_input", case, "delayed scaling with save_original_input=True did not raise ValueError"
+        )
     start = torch.zeros(case.G, case.N, case.K, device=case.device) if case.main_grad else None
     off = run_grouped(impl, case, t, soi=False, main_grad=None if start is None else start.clone())
     on = run_grouped(impl, case, t, soi=True, main_grad=None if start is None else start.clone())
     for name in GROUPED_OUTPUTS:
         if off.get(name) is None and on.get(name) is None:
             continue
-        _same(impl, "save_original_input", case, name, on.get(name), off.get(name), None,
-              "save_original_input=True vs False")
+        _same(
+            impl,
+            "save_original_input",
+            case,
+            name,
+            on.get(name),
+            off.get(name),
+            None,
+            "save_original_input=True vs False",
+        )
 
 
 @dataclass(frozen=True)
@@ -493,8 +653,11 @@ class GroupedHeld:
 
 def held_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
     """Measure what each declared (and allowed) save_original_input mode holds for backward."""
-    case = case.replace(steps=1, main_grad=False) if False in impl.support.fused_wgrad_accumulation else \
-        case.replace(steps=1)
+    case = (
+        case.replace(steps=1, main_grad=False)
+        if False in impl.support.fused_wgrad_accumulation
+        else case.replace(steps=1)
+    )
     t = build_grouped(case)
     res: dict[bool, GroupedRun] = {}
     for soi in (False, True):
@@ -506,8 +669,16 @@ def held_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
     # the allocator's granule (CUDA rounds every block up to 512 bytes): up to g − 1 bytes per storage held
     g = memory.CUDA_BLOCK if torch.device(case.device).type == "cuda" else 1
     slack = (g - 1) * max(f.held_storages if f else 0, o.held_storages if o else 0)
-    return GroupedHeld(f.held_bytes if f else None, o.held_bytes if o else None, pred, f.x_aliased if f else None,
-                       o.x_aliased if o else None, (f.held or []) if f else [], (o.held or []) if o else [], slack)
+    return GroupedHeld(
+        f.held_bytes if f else None,
+        o.held_bytes if o else None,
+        pred,
+        f.x_aliased if f else None,
+        o.x_aliased if o else None,
+        (f.held or []) if f else [],
+        (o.held or []) if o else [],
+        slack,
+    )
 
 
 def saved_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
@@ -517,23 +688,43 @@ def saved_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
     __tracebackhide__ = True
     h = held_bytes(impl, case)
     if h.x_aliased_on is False:
-        fail(impl, "saved_bytes", case, "save_original_input=True: x's storage is not among the tensors held for "
-             "backward", "held: " + "; ".join(h.held_on))
+        fail(
+            impl,
+            "saved_bytes",
+            case,
+            "save_original_input=True: x's storage is not among the tensors held for backward",
+            "held: " + "; ".join(h.held_on),
+        )
     if h.x_aliased_off:
-        fail(impl, "saved_bytes", case, "save_original_input=False holds x itself; it must hold the columnwise FP8 "
-             "copy", "held: " + "; ".join(h.held_off))
+        fail(
+            impl,
+            "saved_bytes",
+            case,
+            "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
+            "held: " + "; ".join(h.held_off),
+        )
     lo, hi = h.predicted
     lo, hi = lo - h.slack, hi + h.slack
     if h.off_bytes is not None and h.on_bytes is not None:
         diff = h.off_bytes - h.on_bytes
         if not lo <= diff <= hi:
-            fail(impl, "saved_bytes", case, f"held(False) − held(True) = {h.off_bytes} − {h.on_bytes} = {diff} bytes "
-                 f"(measured); the recipe predicts {lo}" + (f"…{hi}" if hi > lo else "") + f" (columnwise x: "
-                 f"{case.M}·{case.K} FP8 bytes + each expert's scales)", "held with False: " + "; ".join(h.held_off),
-                 "held with True: " + "; ".join(h.held_on))
+            fail(
+                impl,
+                "saved_bytes",
+                case,
+                f"held(False) − held(True) = {h.off_bytes} − {h.on_bytes} = {diff} bytes "
+                f"(measured); the recipe predicts {lo}" + (f"…{hi}" if hi > lo else "") + f" (columnwise x: "
+                f"{case.M}·{case.K} FP8 bytes + each expert's scales)",
+                "held with False: " + "; ".join(h.held_off),
+                "held with True: " + "; ".join(h.held_on),
+            )
     elif h.off_bytes is not None and h.off_bytes < lo:
-        fail(impl, "saved_bytes", case, f"save_original_input=False holds {h.off_bytes} new bytes, less than the "
-             f"columnwise copy of x ({lo})")
+        fail(
+            impl,
+            "saved_bytes",
+            case,
+            f"save_original_input=False holds {h.off_bytes} new bytes, less than the columnwise copy of x ({lo})",
+        )
     return h
 
 
@@ -563,11 +754,14 @@ def wgrad_accumulation(impl: Any, case: GroupedCase) -> None:
         call(impl, case, x, ws, bs, main_grad=mg).backward(t.dy)
     got = mg_full if case.main_grad else _stacked_grads(impl, case, ws, "the weight gradient")
     u_a, chunk = impl.support.accumulation(case.device)
-    acc = accumulated_bounds(refs, steps, start, main_grad=case.main_grad, out_dtype=case.torch_dtype,
-                             accum_u=u_a, accum_chunk=chunk)
+    acc = accumulated_bounds(
+        refs, steps, start, main_grad=case.main_grad, out_dtype=case.torch_dtype, accum_u=u_a, accum_chunk=chunk
+    )
     label = f"wgrad after {MICRO_BATCHES} micro-batches ({'fp32 main_grad' if case.main_grad else 'weight.grad'})"
-    for which, ref, b in (("dequantized-operand", acc.dq, acc.bound_dq), ("original-operand", acc.true,
-                                                                           acc.bound_true)):
+    for which, ref, b in (
+        ("dequantized-operand", acc.dq, acc.bound_dq),
+        ("original-operand", acc.true, acc.bound_true),
+    ):
         c = compare(label, *_masked(got, ref, b, acc.unspecified))
         if not c.ok:
             fail(impl, "wgrad_accumulation", case, f"vs the {which} reference: " + c.describe())

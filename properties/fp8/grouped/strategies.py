@@ -49,9 +49,18 @@ def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None, max_rows
 
 
 @st.composite
-def grouped_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = GROUPED_REGIMES, device: str | None = None,
-                  save_original_input: bool | None = None, require_soi: bool = False, empty: bool | None = None,
-                  main_grad: bool | None = None, max_rows: int = MAX_ROWS) -> GroupedCase:
+def grouped_cases(
+    draw: st.DrawFn,
+    support,
+    *,
+    regimes: tuple[str, ...] = GROUPED_REGIMES,
+    device: str | None = None,
+    save_original_input: bool | None = None,
+    require_soi: bool = False,
+    empty: bool | None = None,
+    main_grad: bool | None = None,
+    max_rows: int = MAX_ROWS,
+) -> GroupedCase:
     """A :class:`GroupedCase` inside ``support`` (recipe, dtype, splits, dimensions, bias, weight form, mode and
     ``main_grad`` all declared). ``require_soi`` draws only recipes that allow save_original_input; ``empty`` as for
     :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared)."""
@@ -78,5 +87,18 @@ def grouped_cases(draw: st.DrawFn, support, *, regimes: tuple[str, ...] = GROUPE
     if main_grad is not None:
         mg_modes = [main_grad] if main_grad in mg_modes else mg_modes
     mg = draw(st.sampled_from(mg_modes), label="main_grad")
-    return GroupedCase(recipe, m_splits, K, N, dtype=dtype, bias=bias, regime=regime, seed=seed,
-                       save_original_input=soi, steps=steps, weights=weights, main_grad=mg, device=device or DEVICE)
+    return GroupedCase(
+        recipe,
+        m_splits,
+        K,
+        N,
+        dtype=dtype,
+        bias=bias,
+        regime=regime,
+        seed=seed,
+        save_original_input=soi,
+        steps=steps,
+        weights=weights,
+        main_grad=mg,
+        device=device or DEVICE,
+    )

@@ -27,9 +27,11 @@ def _cases(*regimes: str, **fixed: Any) -> Draw:
 
 def _no_delayed(*regimes: str, **fixed: Any) -> Draw:
     """As :func:`_cases`, with the impl's delayed recipes left out (the layer's state is per call)."""
+
     def draw(impl: Any, data: Any) -> Any:
         sup = replace(impl.support, recipes=tuple(r for r in impl.support.recipes if r.kind != "delayed"))
         return data.draw(grouped_cases(sup, regimes=regimes, **fixed), label="case")
+
     return draw
 
 
@@ -43,13 +45,16 @@ def _metricless(prop: Any) -> Any:
     def run(impl: Any, case: Any) -> Metrics:
         prop(impl, case)
         return {}
+
     run.__name__ = prop.__name__
     run.__doc__ = f":func:`props.{prop.__name__}` (bitwise or exact: no metrics)."
     return run
 
 
 def _declares_soi(impl: Any) -> str | None:
-    return None if True in impl.support.save_original_input else f"{impl.name} does not declare save_original_input=True"
+    return (
+        None if True in impl.support.save_original_input else f"{impl.name} does not declare save_original_input=True"
+    )
 
 
 def _declares_empty(impl: Any) -> str | None:
@@ -67,22 +72,45 @@ def _has_non_delayed(impl: Any) -> str | None:
 # permutation 0.5–4 s (two calls and an oracle); the mode comparison and the held bytes 0.3–1.5 s; the refusals a
 # few ms (no oracle: 3× the examples); the three-micro-batch accumulation 1–7 s (three oracles).
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("grouped_accuracy_against_both_references", accuracy,
-                  _cases("normal", "wide", "outlier", "zero_expert", "nan_expert", "scale_edge")),
-    SuiteProperty("grouped_equals_the_linear_per_expert", _metricless(checks.per_expert_linear),
-                  _cases("normal", "wide", "outlier", "zero_expert", max_rows=SMALL_ROWS)),
-    SuiteProperty("grouped_empty_experts_exact_zero", _metricless(checks.empty_experts),
-                  _cases(*FINITE, empty=True), skip=_declares_empty),
-    SuiteProperty("grouped_split_rules_refused_outside", _metricless(checks.split_rules), _cases("normal"),
-                  budget_scale=3),
-    SuiteProperty("grouped_expert_permutation", _metricless(checks.expert_permutation),
-                  _cases("normal", "wide", "outlier", max_rows=SMALL_ROWS)),
-    SuiteProperty("grouped_save_original_input_is_bitwise_identical", _metricless(checks.save_original_input),
-                  _cases("normal", "wide", "outlier", "nan_expert"), skip=_declares_soi),
-    SuiteProperty("grouped_saved_bytes_measured", _metricless(checks.saved_bytes), _cases("normal"),
-                  skip=_declares_soi),
-    SuiteProperty("grouped_wgrad_accumulation_over_micro_batches", _metricless(checks.wgrad_accumulation),
-                  _no_delayed("normal", "wide", "outlier", max_rows=SMALL_ROWS), skip=_has_non_delayed),
+    SuiteProperty(
+        "grouped_accuracy_against_both_references",
+        accuracy,
+        _cases("normal", "wide", "outlier", "zero_expert", "nan_expert", "scale_edge"),
+    ),
+    SuiteProperty(
+        "grouped_equals_the_linear_per_expert",
+        _metricless(checks.per_expert_linear),
+        _cases("normal", "wide", "outlier", "zero_expert", max_rows=SMALL_ROWS),
+    ),
+    SuiteProperty(
+        "grouped_empty_experts_exact_zero",
+        _metricless(checks.empty_experts),
+        _cases(*FINITE, empty=True),
+        skip=_declares_empty,
+    ),
+    SuiteProperty(
+        "grouped_split_rules_refused_outside", _metricless(checks.split_rules), _cases("normal"), budget_scale=3
+    ),
+    SuiteProperty(
+        "grouped_expert_permutation",
+        _metricless(checks.expert_permutation),
+        _cases("normal", "wide", "outlier", max_rows=SMALL_ROWS),
+    ),
+    SuiteProperty(
+        "grouped_save_original_input_is_bitwise_identical",
+        _metricless(checks.save_original_input),
+        _cases("normal", "wide", "outlier", "nan_expert"),
+        skip=_declares_soi,
+    ),
+    SuiteProperty(
+        "grouped_saved_bytes_measured", _metricless(checks.saved_bytes), _cases("normal"), skip=_declares_soi
+    ),
+    SuiteProperty(
+        "grouped_wgrad_accumulation_over_micro_batches",
+        _metricless(checks.wgrad_accumulation),
+        _no_delayed("normal", "wide", "outlier", max_rows=SMALL_ROWS),
+        skip=_has_non_delayed,
+    ),
 )
 
 #: Every drawn grouped-linear test of the suite by verdict name.

@@ -36,8 +36,15 @@ from dataclasses import dataclass
 
 import torch
 
-from numcheck.properties.fp8.tolerance import (ETA32, OUT_ETA, OUT_U, U32, OutputBounds, accumulation_gamma,
-                                               output_bounds)
+from numcheck.properties.fp8.tolerance import (
+    ETA32,
+    OUT_ETA,
+    OUT_U,
+    U32,
+    OutputBounds,
+    accumulation_gamma,
+    output_bounds,
+)
 from numcheck.reference.fp8_formats import F64
 from numcheck.reference.grouped_fp8_linear import ROW_OUTPUTS, GroupedQuantLinearReference
 
@@ -48,8 +55,15 @@ def expert_tensors(t, ref: GroupedQuantLinearReference, i: int):
     return t.x[rows], t.weights[i], t.dy[rows], (t.biases[i] if t.biases is not None else None)
 
 
-def grouped_bounds(ref: GroupedQuantLinearReference, output: str, t, *, out_dtype: torch.dtype, accum_u: float,
-                   accum_chunk: int | None = None) -> OutputBounds:
+def grouped_bounds(
+    ref: GroupedQuantLinearReference,
+    output: str,
+    t,
+    *,
+    out_dtype: torch.dtype,
+    accum_u: float,
+    accum_chunk: int | None = None,
+) -> OutputBounds:
     """The bounds of ``output`` (assembled like the output: rows for y and dgrad, experts for wgrad and bgrad) from
     each expert's single-linear bounds (module docstring); an empty expert's wgrad and bgrad get bound 0."""
     parts: list[OutputBounds] = []
@@ -63,8 +77,11 @@ def grouped_bounds(ref: GroupedQuantLinearReference, output: str, t, *, out_dtyp
             parts.append(OutputBounds(z, z, torch.zeros(shape[1:], dtype=torch.bool), z))
             continue
         x_i, w_i, dy_i, b_i = expert_tensors(t, ref, i)
-        parts.append(output_bounds(sub, output, x_i, w_i, dy_i, b_i, out_dtype=out_dtype, accum_u=accum_u,
-                                   accum_chunk=accum_chunk))
+        parts.append(
+            output_bounds(
+                sub, output, x_i, w_i, dy_i, b_i, out_dtype=out_dtype, accum_u=accum_u, accum_chunk=accum_chunk
+            )
+        )
     join = torch.cat if output in ROW_OUTPUTS else torch.stack
     return OutputBounds(*(join([getattr(p, f) for p in parts]) for f in ("dq", "true", "unspecified", "expected_dq")))
 
@@ -84,9 +101,16 @@ def _nan0(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
 
-def accumulated_bounds(refs: list[GroupedQuantLinearReference], steps: list, start: torch.Tensor | None, *,
-                       main_grad: bool, out_dtype: torch.dtype, accum_u: float,
-                       accum_chunk: int | None) -> AccumulatedBounds:
+def accumulated_bounds(
+    refs: list[GroupedQuantLinearReference],
+    steps: list,
+    start: torch.Tensor | None,
+    *,
+    main_grad: bool,
+    out_dtype: torch.dtype,
+    accum_u: float,
+    accum_chunk: int | None,
+) -> AccumulatedBounds:
     """wgrad ``[G, N, K]`` accumulated over the micro-batches ``steps`` (their references ``refs``) onto ``start``
     (``main_grad`` as given, or ``None``), in fp32 (``main_grad``) or in ``out_dtype`` by autograd (module
     docstring); per expert ``i`` the reduction length is ``m_i``."""
@@ -98,8 +122,14 @@ def accumulated_bounds(refs: list[GroupedQuantLinearReference], steps: list, sta
     u_o, eta_o = (U32, ETA32) if main_grad else (OUT_U[out_dtype], OUT_ETA[out_dtype])
     out_max = float(torch.finfo(torch.float32 if main_grad else out_dtype).max)
     for t_i, (ref, t) in enumerate(zip(refs, steps)):
-        b = grouped_bounds(ref, "wgrad", t, out_dtype=torch.float32 if main_grad else out_dtype, accum_u=accum_u,
-                           accum_chunk=accum_chunk)
+        b = grouped_bounds(
+            ref,
+            "wgrad",
+            t,
+            out_dtype=torch.float32 if main_grad else out_dtype,
+            accum_u=accum_u,
+            accum_chunk=accum_chunk,
+        )
         prev = _nan0(c_dq).abs()
         c_dq = c_dq + ref.dq["wgrad"]
         c_true = c_true + ref.true["wgrad"]
@@ -126,8 +156,9 @@ def _empty(ref: GroupedQuantLinearReference) -> torch.Tensor:
     return torch.tensor([m == 0 for m in ref.m_splits])[:, None, None]
 
 
-def _accumulation_terms(ref: GroupedQuantLinearReference, accum_u: float,
-                        accum_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _accumulation_terms(
+    ref: GroupedQuantLinearReference, accum_u: float, accum_chunk: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(E, A)`` per element of wgrad: the single linear's accumulation error of the fp32 GEMM result and
     ``Σ|â||b̂|`` (both 0 for an empty expert)."""
     A = _nan0(ref.abs_products["wgrad"])

@@ -54,15 +54,17 @@ class RowOutputNotReduced(TPFp8Linear):
         if not cfg.sequence_parallel:
             return partial
         m = partial.shape[0] // cfg.comm.world
-        return partial[cfg.comm.rank * m:(cfg.comm.rank + 1) * m].contiguous()
+        return partial[cfg.comm.rank * m : (cfg.comm.rank + 1) * m].contiguous()
 
 
 #: The mutants, each with the drawn suite test that must catch it.
-MUTANTS, CAUGHT_BY = caught_by_table([
-    (AmaxNotReduced("mutant_tp_amax_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
-    (AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", _recipes("delayed")), "dist_accuracy_and_same_scale"),
-    (SPGatherLocalScale("mutant_tp_sp_gather_local_scale", _recipes("current")), "dist_accuracy_and_same_scale"),
-    (SoiRequantizesLocalShard("mutant_tp_soi_local_shard", _recipes("current")), "dist_save_original_input"),
-    (SoiRequantizesLocalShard("mutant_tp_soi_local_shard[mxfp8]", _recipes("mxfp8")), "dist_save_original_input"),
-    (RowOutputNotReduced("mutant_tp_row_output_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
-])
+MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (AmaxNotReduced("mutant_tp_amax_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
+        (AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", _recipes("delayed")), "dist_accuracy_and_same_scale"),
+        (SPGatherLocalScale("mutant_tp_sp_gather_local_scale", _recipes("current")), "dist_accuracy_and_same_scale"),
+        (SoiRequantizesLocalShard("mutant_tp_soi_local_shard", _recipes("current")), "dist_save_original_input"),
+        (SoiRequantizesLocalShard("mutant_tp_soi_local_shard[mxfp8]", _recipes("mxfp8")), "dist_save_original_input"),
+        (RowOutputNotReduced("mutant_tp_row_output_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
+    ]
+)

@@ -52,8 +52,16 @@ class _SumAcrossRanks(torch.autograd.Function):
         return g, None
 
 
-def _rank_loss(xin: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, group: Any,
-               vocab_start: int, reduction: str, ignore_index: int) -> torch.Tensor:
+def _rank_loss(
+    xin: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: Any,
+    vocab_start: int,
+    reduction: str,
+    ignore_index: int,
+) -> torch.Tensor:
     """The rank's part of linear+CE from ``xin`` (x as its fp32 matmul sees it; see the module docstring)."""
     z = torch.nn.functional.linear(xin, weight.float(), bias.float() if bias is not None else None)
     size = weight.shape[0]
@@ -73,29 +81,40 @@ def _rank_loss(xin: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bi
     return ce.sum() / valid.sum()
 
 
-_DECLARED = dict(dtypes=("float32", "bfloat16"), options=("bias", "ignore_index"), autocast=(), all_ignored="nan",
-                 logits_dtype="float32", world_sizes=(1, 2, 4), backends=("gloo",), uneven_vocab=True)
+_DECLARED = dict(
+    dtypes=("float32", "bfloat16"),
+    options=("bias", "ignore_index"),
+    autocast=(),
+    all_ignored="nan",
+    logits_dtype="float32",
+    world_sizes=(1, 2, 4),
+    backends=("gloo",),
+    uneven_vocab=True,
+)
 
 
 @numcheck.dist_linear_ce_impl(name="vp_fp32_reduce", grad_x_reduce_dtype="float32", **_DECLARED)
-def fp32_reduce(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean",
-                ignore_index=-100):
+def fp32_reduce(
+    x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100
+):
     """grad_x partials all-reduced in fp32, rounded once (declares float32)."""
     xin = _CopyToRanks.apply(x.float(), group)
     return _rank_loss(xin, weight_shard, target, bias_shard, group, vocab_start, reduction, ignore_index)
 
 
 @numcheck.dist_linear_ce_impl(name="vp_bf16_reduce_declared_fp32", grad_x_reduce_dtype="float32", **_DECLARED)
-def bf16_reduce_declared_fp32(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size,
-                              reduction="mean", ignore_index=-100):
+def bf16_reduce_declared_fp32(
+    x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100
+):
     """grad_x partials rounded to x's dtype and all-reduced in it (declares float32: the defect)."""
     xin = _CopyToRanks.apply(x, group).float()
     return _rank_loss(xin, weight_shard, target, bias_shard, group, vocab_start, reduction, ignore_index)
 
 
 @numcheck.dist_linear_ce_impl(name="vp_bf16_reduce_declared_input", grad_x_reduce_dtype="input", **_DECLARED)
-def bf16_reduce_declared_input(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size,
-                               reduction="mean", ignore_index=-100):
+def bf16_reduce_declared_input(
+    x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100
+):
     """grad_x partials rounded to x's dtype and all-reduced in it (declares input: what it does)."""
     xin = _CopyToRanks.apply(x, group).float()
     return _rank_loss(xin, weight_shard, target, bias_shard, group, vocab_start, reduction, ignore_index)

@@ -23,7 +23,9 @@ class ColumnwiseFromRowwiseQuantized(Fp8Linear):
     """save_original_input=True quantizes x columnwise in backward from the *rowwise-quantized* x
     (dequantized) instead of the original x: double quantization, visible wherever blocks differ by usage."""
 
-    def columnwise_x_source(self, x_saved: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> torch.Tensor:
+    def columnwise_x_source(
+        self, x_saved: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None
+    ) -> torch.Tensor:
         return self.quantize_operand(x_saved, recipe, "x", "rowwise", state, record=False).dequantize()
 
 
@@ -53,8 +55,16 @@ class SavesCopyOfX(Fp8Linear):
 class DelayedUsesCurrentAmax(Fp8Linear):
     """Delayed scaling that ignores the stored scale and scales by the current amax (records amax correctly)."""
 
-    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
-                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         if recipe.kind == "delayed" and state is not None:
             if record:
                 state.record(role, float(t.detach().float().abs().nan_to_num(0.0).max()))
@@ -96,8 +106,16 @@ class StaleWeightCache(Fp8Linear):
     micro-batches), keyed on the weight tensor but blind to its version: after an optimizer step changes the
     weight in place, forward still uses the old one while backward quantizes the new one."""
 
-    def quantize_operand(self, t: torch.Tensor, recipe: Fp8Recipe, role: str, usage: str,
-                         state: DelayedScalingState | None, *, record: bool) -> QTensor:
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         if role != "w" or usage != "rowwise":
             return super().quantize_operand(t, recipe, role, usage, state, record=record)
         from torch.utils.weak import WeakIdKeyDictionary
@@ -109,18 +127,25 @@ class StaleWeightCache(Fp8Linear):
 
 
 #: The mutants, each with the property (in :data:`properties.fp8.props.FP8_PROPERTIES`) that must flag it.
-MUTANTS, CAUGHT_BY = caught_by_table([
-    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
-     "save_original_input"),
-    (ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")), "save_original_input"),
-    (MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")), "accuracy"),
-    (SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")), "saved_tensors"),
-    (DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")), "accuracy"),
-    (DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")), "save_original_input"),
-    (AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")), "strided"),
-    (SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")), "two_layers"),
-    (StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")), "optimizer_step"),
-])
+MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (
+            ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[blockwise]", _recipes("blockwise")),
+            "save_original_input",
+        ),
+        (
+            ColumnwiseFromRowwiseQuantized("mutant_colwise_from_rowwise[mxfp8]", _recipes("mxfp8")),
+            "save_original_input",
+        ),
+        (MXScaleRoundedWrongWay("mutant_mx_scale_wrong_way", _recipes("mxfp8")), "accuracy"),
+        (SavesCopyOfX("mutant_saves_copy_of_x", _recipes("current")), "saved_tensors"),
+        (DelayedUsesCurrentAmax("mutant_delayed_current_amax", _recipes("delayed")), "accuracy"),
+        (DelayedAllowsSaveOriginalInput("mutant_delayed_allows_soi", _recipes("delayed")), "save_original_input"),
+        (AssumesContiguousX("mutant_assumes_contiguous_x", _recipes("current")), "strided"),
+        (SharedSavedXWorkspace("mutant_shared_saved_x_workspace", _recipes("blockwise")), "two_layers"),
+        (StaleWeightCache("mutant_stale_weight_cache", _recipes("mxfp8")), "optimizer_step"),
+    ]
+)
 
 
 # -- quantizer edges: each one change to one of the built-in quantizer's seams (scale_from_amax,
@@ -132,8 +157,9 @@ class Pow2ScaleThroughLog2(Fp8Linear):
     fp8_max/amax: where that ratio is a few ulps below 2^k, log2 rounds up to k exactly and the scale is twice too
     large (the block's amax then lands on the format maximum); elsewhere the same scale."""
 
-    def scale_from_amax(self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float,
-                        value_for_inf: float) -> torch.Tensor:
+    def scale_from_amax(
+        self, amax: torch.Tensor, fp8_max: float, *, power_of_2: bool, epsilon: float, value_for_inf: float
+    ) -> torch.Tensor:
         s = super().scale_from_amax(amax, fp8_max, power_of_2=False, epsilon=epsilon, value_for_inf=value_for_inf)
         if not power_of_2:
             return s
@@ -189,21 +215,50 @@ class NoSaturation(Fp8Linear):
 
 #: The quantizer-edge mutants (the detection table's FP8 rows with ``mutant_mx_scale_wrong_way`` above), each
 #: declared for the recipes where its change is observable.
-EDGE_MUTANTS, CAUGHT_BY = caught_by_table([
-    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[current]",
-                          tuple(r for r in _recipes("current") if r.power_of_2_scales)), "quantizer"),
-    (Pow2ScaleThroughLog2("mutant_pow2_scale_log2[blockwise]",
-                          tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)), "quantizer"),
-    (MXRceilThroughLog2("mutant_mx_rceil_log2", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")),
-     "quantizer"),
-    (MXRceilRoundsUpPowersOfTwo("mutant_mx_rceil_nonstrict",
-                                tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")), "quantizer"),
-    (NoSaturation("mutant_no_saturation[mxfp8]", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "floor")),
-     "accuracy"),
-    (NoSaturation("mutant_no_saturation[delayed]", _recipes("delayed")), "accuracy"),
-], after=CAUGHT_BY)
+EDGE_MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (
+            Pow2ScaleThroughLog2(
+                "mutant_pow2_scale_log2[current]", tuple(r for r in _recipes("current") if r.power_of_2_scales)
+            ),
+            "quantizer",
+        ),
+        (
+            Pow2ScaleThroughLog2(
+                "mutant_pow2_scale_log2[blockwise]", tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)
+            ),
+            "quantizer",
+        ),
+        (
+            MXRceilThroughLog2(
+                "mutant_mx_rceil_log2", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")
+            ),
+            "quantizer",
+        ),
+        (
+            MXRceilRoundsUpPowersOfTwo(
+                "mutant_mx_rceil_nonstrict", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "rceil")
+            ),
+            "quantizer",
+        ),
+        (
+            NoSaturation(
+                "mutant_no_saturation[mxfp8]", tuple(r for r in _recipes("mxfp8") if r.mx_scale_rounding == "floor")
+            ),
+            "accuracy",
+        ),
+        (NoSaturation("mutant_no_saturation[delayed]", _recipes("delayed")), "accuracy"),
+    ],
+    after=CAUGHT_BY,
+)
 
 #: Module-level names, so ``--impl numcheck.tests.self.helpers.fp8_mutants:<name>`` loads each mutant alone.
 mx_scale_wrong_way = MUTANTS[2]
-pow2_scale_log2_current, pow2_scale_log2_blockwise, mx_rceil_log2, mx_rceil_nonstrict, no_saturation_mxfp8, \
-    no_saturation_delayed = EDGE_MUTANTS
+(
+    pow2_scale_log2_current,
+    pow2_scale_log2_blockwise,
+    mx_rceil_log2,
+    mx_rceil_nonstrict,
+    no_saturation_mxfp8,
+    no_saturation_delayed,
+) = EDGE_MUTANTS

@@ -45,8 +45,9 @@ class ZeroAmaxInfScale(GroupedFusedLinear):
     """The per-expert scale as fp8_max / amax without the rule's amax = 0 case: an expert whose amax is 0 — no token,
     or only zero (padding) rows — gets an infinite scale, and 0·inf makes its FP8 codes NaN."""
 
-    def split_scales(self, amax: torch.Tensor, fmt: Fp8Format, recipe: Fp8Recipe, role: str, c: Call,
-                     experts: Sequence[int]) -> torch.Tensor:
+    def split_scales(
+        self, amax: torch.Tensor, fmt: Fp8Format, recipe: Fp8Recipe, role: str, c: Call, experts: Sequence[int]
+    ) -> torch.Tensor:
         if recipe.kind == "delayed":
             return super().split_scales(amax, fmt, recipe, role, c, experts)
         return torch.full_like(amax, fmt.max_finite) / amax
@@ -116,23 +117,38 @@ class SavesCopyOfInput(GroupedFusedLinear):
 
 
 def _fused(cls: type, name: str, recipes: tuple[Fp8Recipe, ...], **support: Any) -> GroupedFusedLinear:
-    return cls(name, cls.__doc__.split("\n")[0], recipes=recipes, bitwise_per_expert=True,
-               fused_wgrad_accumulation=frozenset({False, True}), **support)
+    return cls(
+        name,
+        cls.__doc__.split("\n")[0],
+        recipes=recipes,
+        bitwise_per_expert=True,
+        fused_wgrad_accumulation=frozenset({False, True}),
+        **support,
+    )
 
 
 _current = (Fp8Recipe("current"),)
 #: The mutants, each with the property that must flag it (the strategy its test draws from is in
 #: tests/self/mutants/test_grouped_fp8_mutants.py).
-MUTANTS, CAUGHT_BY = caught_by_table([
-    (_fused(SharedScaleAcrossExperts, "mutant_grouped_shared_scale", _recipes("current")), "accuracy"),
-    (_fused(SplitOffsetsOffByOne, "mutant_grouped_offsets_off_by_one", _recipes("current", "mxfp8")), "accuracy"),
-    (_fused(ZeroAmaxInfScale, "mutant_grouped_zero_amax_inf_scale", _current), "accuracy"),
-    (_fused(WrongExpertQuantizerInBackward, "mutant_grouped_wrong_expert_dy_quantizer", _recipes("delayed")),
-     "accuracy"),
-    (_fused(Bf16MainGradAccumulation, "mutant_grouped_bf16_main_grad", _current), "wgrad_accumulation"),
-    (_fused(StaleWgradWorkspace, "mutant_grouped_stale_wgrad_workspace", _current), "empty_experts"),
-    (_fused(SaveOriginalInputQuantizesWholeInput, "mutant_grouped_soi_whole_input", _recipes("current", "mxfp8",
-                                                                                                "blockwise")),
-     "save_original_input"),
-    (_fused(SavesCopyOfInput, "mutant_grouped_saves_copy_of_x", _current), "saved_bytes"),
-])
+MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (_fused(SharedScaleAcrossExperts, "mutant_grouped_shared_scale", _recipes("current")), "accuracy"),
+        (_fused(SplitOffsetsOffByOne, "mutant_grouped_offsets_off_by_one", _recipes("current", "mxfp8")), "accuracy"),
+        (_fused(ZeroAmaxInfScale, "mutant_grouped_zero_amax_inf_scale", _current), "accuracy"),
+        (
+            _fused(WrongExpertQuantizerInBackward, "mutant_grouped_wrong_expert_dy_quantizer", _recipes("delayed")),
+            "accuracy",
+        ),
+        (_fused(Bf16MainGradAccumulation, "mutant_grouped_bf16_main_grad", _current), "wgrad_accumulation"),
+        (_fused(StaleWgradWorkspace, "mutant_grouped_stale_wgrad_workspace", _current), "empty_experts"),
+        (
+            _fused(
+                SaveOriginalInputQuantizesWholeInput,
+                "mutant_grouped_soi_whole_input",
+                _recipes("current", "mxfp8", "blockwise"),
+            ),
+            "save_original_input",
+        ),
+        (_fused(SavesCopyOfInput, "mutant_grouped_saves_copy_of_x", _current), "saved_bytes"),
+    ]
+)

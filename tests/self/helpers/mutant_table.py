@@ -24,8 +24,9 @@ def recipes_of(*kinds: str) -> tuple[Fp8Recipe, ...]:
     return tuple(r for r in standard_recipes() if r.kind in kinds)
 
 
-def caught_by_table(rows: Sequence[tuple[M, str]],
-                    after: Mapping[str, str] | None = None) -> tuple[list[M], dict[str, str]]:
+def caught_by_table(
+    rows: Sequence[tuple[M, str]], after: Mapping[str, str] | None = None
+) -> tuple[list[M], dict[str, str]]:
     """The mutants of ``rows`` (each ``(mutant, what must catch it)``) in order, and mutant name → catcher,
     continuing the table ``after`` when given (an earlier section's); ``ValueError`` naming a mutant named twice."""
     caught = dict(after or {})

@@ -38,7 +38,7 @@ def _bf16_grad_weight_accumulation(x, weight, target, bias=None, *, reduction="m
             gx = (G @ ws.detach().float()).to(xs.dtype)
             gw = torch.zeros(ws.shape, dtype=torch.bfloat16, device=ws.device)
             for s in range(0, G.shape[0], 4):
-                gw += (G[s:s + 4].T @ xs.detach().float()[s:s + 4]).to(torch.bfloat16)
+                gw += (G[s : s + 4].T @ xs.detach().float()[s : s + 4]).to(torch.bfloat16)
             return gx, gw.to(ws.dtype)
 
     return Fn.apply(x, weight)
@@ -58,8 +58,9 @@ def _loss_rounded_to_bf16(x, weight, target, bias=None, *, reduction="mean", ign
     return loss + (loss.detach().to(torch.bfloat16).float() - loss.detach())
 
 
-def _zloss_over_weight_sum(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100,
-                           class_weights=None, z_loss_scale=0.0, **_):
+def _zloss_over_weight_sum(
+    x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, class_weights=None, z_loss_scale=0.0, **_
+):
     """`mean` divides the z-loss by the class-weight sum D (the CE normalizer) instead of the row count |M|."""
     logits = F.linear(x, weight, bias).float()
     loss = F.cross_entropy(logits, target, weight=class_weights, reduction=reduction, ignore_index=ignore_index)
@@ -72,8 +73,9 @@ def _zloss_over_weight_sum(x, weight, target, bias=None, *, reduction="mean", ig
     return loss + (z.sum() if reduction == "sum" else z)
 
 
-def _softcap_without_chain_rule(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100,
-                                softcap=None, **_):
+def _softcap_without_chain_rule(
+    x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, softcap=None, **_
+):
     """Caps the logits in forward but back-propagates as if uncapped (the tanh derivative dropped)."""
     z = F.linear(x, weight, bias).float()
     if softcap is not None:
@@ -124,28 +126,62 @@ def _upstream_before_mean_in_compute_dtype(x, weight, target, bias=None, *, redu
 
 #: Caught by the loss-scale draws only (tests/self/mutants/test_mutants.py), so not in MUTANTS' general draws.
 upstream_before_mean = FunctionImpl(
-    "mutant_upstream_before_mean", _upstream_before_mean_in_compute_dtype,
-    LinearCESupport(options=frozenset({"ignore_index"}), all_ignored=None, logits_dtype="compute",
-                    dtypes=frozenset({torch.float32}), autocast=frozenset({torch.float16}),
-                    reductions=frozenset({"mean", "sum"})))
+    "mutant_upstream_before_mean",
+    _upstream_before_mean_in_compute_dtype,
+    LinearCESupport(
+        options=frozenset({"ignore_index"}),
+        all_ignored=None,
+        logits_dtype="compute",
+        dtypes=frozenset({torch.float32}),
+        autocast=frozenset({torch.float16}),
+        reductions=frozenset({"mean", "sum"}),
+    ),
+)
 
-_SUPPORT = LinearCESupport(options=frozenset({"bias", "ignore_index"}), all_ignored="nan",
-                           logits_dtype="float32", dtypes=frozenset({torch.float32, torch.bfloat16}))
+_SUPPORT = LinearCESupport(
+    options=frozenset({"bias", "ignore_index"}),
+    all_ignored="nan",
+    logits_dtype="float32",
+    dtypes=frozenset({torch.float32, torch.bfloat16}),
+)
 
 MUTANTS = [
-    FunctionImpl("mutant_bf16_grad_weight_accum", _bf16_grad_weight_accumulation,
-                 LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
-                                 dtypes=frozenset({torch.float32}), autocast=frozenset())),
+    FunctionImpl(
+        "mutant_bf16_grad_weight_accum",
+        _bf16_grad_weight_accumulation,
+        LinearCESupport(
+            options=frozenset({"ignore_index"}),
+            all_ignored="nan",
+            logits_dtype="float32",
+            dtypes=frozenset({torch.float32}),
+            autocast=frozenset(),
+        ),
+    ),
     FunctionImpl("mutant_mean_over_N", _mean_over_all_rows, _SUPPORT),
     FunctionImpl("mutant_loss_bf16", _loss_rounded_to_bf16, _SUPPORT),
     FunctionImpl("mutant_target_clamped_in_place", _clamps_target_in_place, _SUPPORT),
-    FunctionImpl("mutant_zloss_over_weight_sum", _zloss_over_weight_sum,
-                 LinearCESupport(options=frozenset({"bias", "ignore_index", "class_weights", "z_loss"}),
-                                 all_ignored=None, logits_dtype="float32", dtypes=frozenset({torch.float32}),
-                                 autocast=frozenset())),
-    FunctionImpl("mutant_softcap_no_chain_rule", _softcap_without_chain_rule,
-                 LinearCESupport(options=frozenset({"bias", "ignore_index", "softcap"}), all_ignored="nan",
-                                 logits_dtype="float32", dtypes=frozenset({torch.float32}), autocast=frozenset())),
+    FunctionImpl(
+        "mutant_zloss_over_weight_sum",
+        _zloss_over_weight_sum,
+        LinearCESupport(
+            options=frozenset({"bias", "ignore_index", "class_weights", "z_loss"}),
+            all_ignored=None,
+            logits_dtype="float32",
+            dtypes=frozenset({torch.float32}),
+            autocast=frozenset(),
+        ),
+    ),
+    FunctionImpl(
+        "mutant_softcap_no_chain_rule",
+        _softcap_without_chain_rule,
+        LinearCESupport(
+            options=frozenset({"bias", "ignore_index", "softcap"}),
+            all_ignored="nan",
+            logits_dtype="float32",
+            dtypes=frozenset({torch.float32}),
+            autocast=frozenset(),
+        ),
+    ),
 ]
 
 
@@ -176,8 +212,9 @@ class _GradXIfWeightNeedsGrad(torch.autograd.Function):
 
 def _grad_x_needs_weight_grad(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, **_):
     """Linear + CE in fp32 whose grad_x is lost when the weight is frozen."""
-    return F.cross_entropy(_GradXIfWeightNeedsGrad.apply(x, weight), target, reduction=reduction,
-                           ignore_index=ignore_index)
+    return F.cross_entropy(
+        _GradXIfWeightNeedsGrad.apply(x, weight), target, reduction=reduction, ignore_index=ignore_index
+    )
 
 
 #: One gradient workspace per input shape, shared by every call (the bug: a second call of the same shape
@@ -240,8 +277,10 @@ class _UpstreamDividedInPlace(torch.autograd.Function):
     def forward(ctx, x, w, target, ignore_index):
         ctx.save_for_backward(x, w, target)
         ctx.ignore_index = ignore_index
-        return F.cross_entropy(x.float() @ w.float().T, target, reduction="sum", ignore_index=ignore_index) \
+        return (
+            F.cross_entropy(x.float() @ w.float().T, target, reduction="sum", ignore_index=ignore_index)
             / (target != ignore_index).sum()
+        )
 
     @staticmethod
     def backward(ctx, g):
@@ -269,8 +308,9 @@ class _CachedCastCE(torch.autograd.Function):
         ctx.reduction, ctx.ignore_index, ctx.dtypes = reduction, ignore_index, (x.dtype, w.dtype)
         dev = x.device.type
         with torch.autocast(dev, enabled=False):
-            return F.cross_entropy(x_lp.float() @ w_lp.float().T, target, reduction=reduction,
-                                   ignore_index=ignore_index)
+            return F.cross_entropy(
+                x_lp.float() @ w_lp.float().T, target, reduction=reduction, ignore_index=ignore_index
+            )
 
     @staticmethod
     def backward(ctx, g):
@@ -279,8 +319,7 @@ class _CachedCastCE(torch.autograd.Function):
             logits = (x_lp.float() @ w_lp.float().T).requires_grad_()
             loss = F.cross_entropy(logits, target, reduction=ctx.reduction, ignore_index=ctx.ignore_index)
             (G,) = torch.autograd.grad(loss, logits, g)
-        return ((G @ w_lp.float()).to(ctx.dtypes[0]), (G.T @ x_lp.float()).to(ctx.dtypes[1]),
-                None, None, None, None)
+        return ((G @ w_lp.float()).to(ctx.dtypes[0]), (G.T @ x_lp.float()).to(ctx.dtypes[1]), None, None, None, None)
 
 
 def _cached_cast(key: Callable[[torch.Tensor, torch.dtype], tuple]) -> Callable[..., torch.Tensor]:
@@ -310,35 +349,67 @@ _cast_cache_ignores_update = _cached_cast(lambda w, dt: (dt,))
 _cast_cache_ignores_dtype = _cached_cast(lambda w, dt: (w._version,))
 
 
-PLAIN_FP32 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
-                             dtypes=frozenset({torch.float32}), autocast=frozenset(),
-                             reductions=frozenset({"mean", "sum"}))
+PLAIN_FP32 = LinearCESupport(
+    options=frozenset({"ignore_index"}),
+    all_ignored="nan",
+    logits_dtype="float32",
+    dtypes=frozenset({torch.float32}),
+    autocast=frozenset(),
+    reductions=frozenset({"mean", "sum"}),
+)
 
 #: (mutant, the property that must catch it, a case on which plain accuracy passes and that property fails).
 DIRECTED = [
-    (FunctionImpl("mutant_assumes_contiguous_x", _assumes_contiguous_x, PLAIN_FP32), "strided_inputs",
-     "Problem(N=8, H=16, V=24, seed=1)"),
-    (FunctionImpl("mutant_grad_x_needs_weight_grad", _grad_x_needs_weight_grad, PLAIN_FP32), "frozen_weight",
-     "Problem(N=8, H=16, V=24, seed=2)"),
-    (FunctionImpl("mutant_shared_workspace", _shared_workspace, PLAIN_FP32), "two_calls",
-     "Problem(N=8, H=16, V=24, reduction='sum', seed=3)"),
-    (FunctionImpl("mutant_cached_token_count", _cached_token_count, PLAIN_FP32), "two_calls",
-     "Problem(N=8, H=16, V=24, ignored=0.5, reduction='mean', seed=5)"),
-    (FunctionImpl("mutant_cast_cache_ignores_update", _cast_cache_ignores_update, PLAIN_FP32), "earlier_calls",
-     "Problem(N=8, H=16, V=24, seed=2)"),
-    (FunctionImpl("mutant_cast_cache_ignores_dtype", _cast_cache_ignores_dtype,
-                  replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16, torch.float16}))), "earlier_calls",
-     "Problem(N=8, H=16, V=24, dtype='float32', autocast='float16', seed=2)"),
-    (FunctionImpl("mutant_bf16_loss_under_amp", _bf16_loss_under_amp,
-                  replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16}))), "loss_dtype",
-     "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)"),
+    (
+        FunctionImpl("mutant_assumes_contiguous_x", _assumes_contiguous_x, PLAIN_FP32),
+        "strided_inputs",
+        "Problem(N=8, H=16, V=24, seed=1)",
+    ),
+    (
+        FunctionImpl("mutant_grad_x_needs_weight_grad", _grad_x_needs_weight_grad, PLAIN_FP32),
+        "frozen_weight",
+        "Problem(N=8, H=16, V=24, seed=2)",
+    ),
+    (
+        FunctionImpl("mutant_shared_workspace", _shared_workspace, PLAIN_FP32),
+        "two_calls",
+        "Problem(N=8, H=16, V=24, reduction='sum', seed=3)",
+    ),
+    (
+        FunctionImpl("mutant_cached_token_count", _cached_token_count, PLAIN_FP32),
+        "two_calls",
+        "Problem(N=8, H=16, V=24, ignored=0.5, reduction='mean', seed=5)",
+    ),
+    (
+        FunctionImpl("mutant_cast_cache_ignores_update", _cast_cache_ignores_update, PLAIN_FP32),
+        "earlier_calls",
+        "Problem(N=8, H=16, V=24, seed=2)",
+    ),
+    (
+        FunctionImpl(
+            "mutant_cast_cache_ignores_dtype",
+            _cast_cache_ignores_dtype,
+            replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16, torch.float16})),
+        ),
+        "earlier_calls",
+        "Problem(N=8, H=16, V=24, dtype='float32', autocast='float16', seed=2)",
+    ),
+    (
+        FunctionImpl(
+            "mutant_bf16_loss_under_amp",
+            _bf16_loss_under_amp,
+            replace(PLAIN_FP32, autocast=frozenset({torch.bfloat16})),
+        ),
+        "loss_dtype",
+        "Problem(N=8, H=16, V=24, autocast='bfloat16', seed=4)",
+    ),
 ]
 
 
 #: Right outputs, but backward divides the caller's upstream gradient in place (run_impl must name it).
 upstream_divided_in_place = FunctionImpl(
-    "mutant_upstream_divided_in_place", _upstream_divided_in_place,
-    replace(PLAIN_FP32, reductions=frozenset({"mean"})))
+    "mutant_upstream_divided_in_place", _upstream_divided_in_place, replace(PLAIN_FP32, reductions=frozenset({"mean"}))
+)
 
 
 # -- bug classes, each one change to a passing built-in -------------------------------------------
@@ -416,8 +487,10 @@ class _BlockedGradX:
         C, V = logits.shape
         acc = torch.zeros(C, self.wc.shape[1], dtype=self.dtype, device=logits.device)
         for s in range(0, V, GRAD_X_BLOCK):
-            acc = (acc.float() + logits[:, s:s + GRAD_X_BLOCK].float() @ self.wc[s:s + GRAD_X_BLOCK].float()).to(self.dtype)
-        self.gx[self.row:self.row + C] = acc.to(self.gx.dtype)
+            acc = (acc.float() + logits[:, s : s + GRAD_X_BLOCK].float() @ self.wc[s : s + GRAD_X_BLOCK].float()).to(
+                self.dtype
+            )
+        self.gx[self.row : self.row + C] = acc.to(self.gx.dtype)
         self.row += C
         return res
 
@@ -430,7 +503,9 @@ def _gradient(m: Mutation, which: str, plan: _Any, shape: tuple[int, ...], dtype
     return _acc.make_accumulator(plan.path, shape, dtype, device)
 
 
-def _reduce(m: Mutation, plan: _Any, ce: torch.Tensor, z: torch.Tensor, coef: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _reduce(
+    m: Mutation, plan: _Any, ce: torch.Tensor, z: torch.Tensor, coef: _Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The built-in's :func:`impls.builtin.chunk_sweep.reduce_rows`, with the chunks' loss sums added in ``m.loss``."""
     if m.row_loss is not None:
         ce = ce.to(m.row_loss).float()
@@ -438,7 +513,7 @@ def _reduce(m: Mutation, plan: _Any, ce: torch.Tensor, z: torch.Tensor, coef: _A
         return _sweep.reduce_rows(plan.options.reduction, ce, z, coef)
     total = torch.zeros((), dtype=m.loss, device=ce.device)
     for s in range(0, ce.shape[0], plan.chunk_rows):
-        total = (total.float() + ce[s:s + plan.chunk_rows].sum()).to(m.loss)
+        total = (total.float() + ce[s : s + plan.chunk_rows].sum()).to(m.loss)
     zl = z.sum() / coef.n_valid if plan.options.reduction == "mean" else z.sum()
     return (total.float() / coef.D if plan.options.reduction == "mean" else total.float()) + zl, zl
 
@@ -448,8 +523,15 @@ class _MutatedFused(FusedFunction):
     body inlined) with the gradient buffers, grad_x and the reduction taken from a :class:`Mutation`."""
 
     @staticmethod
-    def forward(ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                plan: _Any, m: Mutation) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: _Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        target: torch.Tensor,
+        plan: _Any,
+        m: Mutation,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         o = plan.options
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         with _sweep.autocast_off(x.device.type):
@@ -483,14 +565,16 @@ class _NarrowStatsRecompute(RecomputeFunction):
     dtype = torch.bfloat16
 
     @staticmethod
-    def forward(ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                plan: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, plan: _Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         with _sweep.autocast_off(x.device.type):
             res = _sweep.run_sweep(plan, x, weight, bias, target)
             loss, z_loss = _sweep.reduce_rows(plan.options.reduction, res.ce, res.z, res.coef)
         narrow = _NarrowStatsRecompute.dtype
-        ctx.save_for_backward(x, weight, bias, target, res.stats.m.to(narrow).float(),
-                              res.stats.log_s.to(narrow).float())
+        ctx.save_for_backward(
+            x, weight, bias, target, res.stats.m.to(narrow).float(), res.stats.log_s.to(narrow).float()
+        )
         ctx.plan = plan
         ctx.mark_non_differentiable(z_loss)
         return loss, z_loss
@@ -522,25 +606,45 @@ class MutantChunked(ChunkedLinearCE):
 
     def with_chunk_rows(self, n: int) -> "MutantChunked":
         """A copy with ``n`` tokens per chunk (the mutation kept)."""
-        return MutantChunked(self.name, mutation=self.mutation, path=self.path, chunk_rows=n, kernel=self.kernel,
-                             recompute=self.recompute, support=self.support, description=self.description)
+        return MutantChunked(
+            self.name,
+            mutation=self.mutation,
+            path=self.path,
+            chunk_rows=n,
+            kernel=self.kernel,
+            recompute=self.recompute,
+            support=self.support,
+            description=self.description,
+        )
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                 **options: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        **options: _Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.mutation
         if m.order is not None:
             return self._reordered(x, weight, target, bias, **options)
         opts = options_from_kwargs(**options)
         check_call(x, weight, target, bias, opts)
-        plan = _sweep.Plan(options=opts, path=self.path, chunk_rows=self.chunk_rows, kernel=self.kernel,
-                           compute_dtype=compute_dtype(x, weight))
+        plan = _sweep.Plan(
+            options=opts,
+            path=self.path,
+            chunk_rows=self.chunk_rows,
+            kernel=self.kernel,
+            compute_dtype=compute_dtype(x, weight),
+        )
         if self.recompute or opts.reduction == "none":
             fn = _NarrowStatsRecompute if m.stats is not None else RecomputeFunction
             return fn.apply(x, weight, bias, target, plan)
         return _MutatedFused.apply(x, weight, bias, target, plan, m)
 
-    def _reordered(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                   **options: _Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _reordered(
+        self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, **options: _Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The built-in on this call's row order; per-row outputs put back in the caller's order."""
         idx = _call_order(x.shape[0], self.chunk_rows, self.mutation.order, x.device)  # type: ignore[arg-type]
         loss, z = super().__call__(x[idx], weight, target[idx], bias, **options)
@@ -550,8 +654,9 @@ class MutantChunked(ChunkedLinearCE):
         return loss, z
 
 
-def _builtin_twin(name: str, mutation: Mutation, *, dtypes: tuple[torch.dtype, ...] | None = None,
-                  recompute: bool = False) -> MutantChunked:
+def _builtin_twin(
+    name: str, mutation: Mutation, *, dtypes: tuple[torch.dtype, ...] | None = None, recompute: bool = False
+) -> MutantChunked:
     """``chunked[fp32_operands]`` (or ``recompute``) with ``mutation``, declaring what the built-in declares
     (only ``dtypes`` when given, with no AMP then: an impl that declares only bf16 or only fp16)."""
     twin = _builtin_recompute() if recompute else None
@@ -559,8 +664,14 @@ def _builtin_twin(name: str, mutation: Mutation, *, dtypes: tuple[torch.dtype, .
     support = LinearCESupport(returns_z_loss=True, all_ignored="nan")
     if dtypes is not None:
         support = replace(support, dtypes=frozenset(dtypes), autocast=frozenset())
-    return MutantChunked(name, mutation=mutation, path=path, recompute=recompute, support=support,
-                         description=f"{twin.name if twin else 'chunked[fp32_operands]'} with {mutation}")
+    return MutantChunked(
+        name,
+        mutation=mutation,
+        path=path,
+        recompute=recompute,
+        support=support,
+        description=f"{twin.name if twin else 'chunked[fp32_operands]'} with {mutation}",
+    )
 
 
 #: An accumulator narrower than declared (each declares fp32 accumulation, as its twin does).
@@ -568,12 +679,15 @@ gw_bf16_sum = _builtin_twin("mutant_gw_bf16_sum", Mutation(grad_weight=torch.bfl
 gb_bf16_sum = _builtin_twin("mutant_gb_bf16_sum", Mutation(grad_bias=torch.bfloat16))
 gx_bf16_sum = _builtin_twin("mutant_gx_bf16_sum", Mutation(grad_x=torch.bfloat16))
 loss_bf16_sum = _builtin_twin("mutant_loss_bf16_sum", Mutation(loss=torch.bfloat16))
-gw_bf16_sum_bf16_only = _builtin_twin("mutant_gw_bf16_sum[bf16_only]", Mutation(grad_weight=torch.bfloat16),
-                                      dtypes=(torch.bfloat16,))
-gw_fp16_sum_fp16_only = _builtin_twin("mutant_gw_fp16_sum[fp16_only]", Mutation(grad_weight=torch.float16),
-                                      dtypes=(torch.float16,))
-gx_bf16_sum_bf16_only = _builtin_twin("mutant_gx_bf16_sum[bf16_only]", Mutation(grad_x=torch.bfloat16),
-                                      dtypes=(torch.bfloat16,))
+gw_bf16_sum_bf16_only = _builtin_twin(
+    "mutant_gw_bf16_sum[bf16_only]", Mutation(grad_weight=torch.bfloat16), dtypes=(torch.bfloat16,)
+)
+gw_fp16_sum_fp16_only = _builtin_twin(
+    "mutant_gw_fp16_sum[fp16_only]", Mutation(grad_weight=torch.float16), dtypes=(torch.float16,)
+)
+gx_bf16_sum_bf16_only = _builtin_twin(
+    "mutant_gx_bf16_sum[bf16_only]", Mutation(grad_x=torch.bfloat16), dtypes=(torch.bfloat16,)
+)
 #: Nondeterminism: an order that changes between identical calls, fp32 partial sums.
 chunk_order_per_call = _builtin_twin("mutant_chunk_order_per_call", Mutation(order="chunks"))
 row_order_per_call = _builtin_twin("mutant_row_order_per_call", Mutation(order="rows"))
@@ -584,8 +698,16 @@ stats_bf16 = _builtin_twin("mutant_stats_bf16", Mutation(stats=torch.bfloat16), 
 #: The bug classes → the mutants of each (the detection table's rows, in order); ``mutant_bf16_grad_weight_accum``
 #: and ``mutant_loss_bf16`` (above, on the eager composition) predate them and are listed too.
 CLASSES: dict[str, list[_Any]] = {
-    "accumulator narrower than declared": [gw_bf16_sum, gb_bf16_sum, gx_bf16_sum, loss_bf16_sum, gw_bf16_sum_bf16_only,
-                                           gw_fp16_sum_fp16_only, gx_bf16_sum_bf16_only, MUTANTS[0]],
+    "accumulator narrower than declared": [
+        gw_bf16_sum,
+        gb_bf16_sum,
+        gx_bf16_sum,
+        loss_bf16_sum,
+        gw_bf16_sum_bf16_only,
+        gw_fp16_sum_fp16_only,
+        gx_bf16_sum_bf16_only,
+        MUTANTS[0],
+    ],
     "nondeterminism": [chunk_order_per_call, row_order_per_call],
     "intermediate rounded through a narrower dtype": [row_loss_bf16, stats_bf16, MUTANTS[2]],
 }

@@ -33,8 +33,22 @@ GUARD = 2**31
 if triton is not None:
 
     @triton.jit
-    def _ce_kernel_int32(L, stride_l, T, CC, CE_OUT, LSE_OUT, M_OUT, LOGS_OUT, C, V, ignore_index,
-                         WANT_GRAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    def _ce_kernel_int32(
+        L,
+        stride_l,
+        T,
+        CC,
+        CE_OUT,
+        LSE_OUT,
+        M_OUT,
+        LOGS_OUT,
+        C,
+        V,
+        ignore_index,
+        WANT_GRAD: tl.constexpr,
+        ROWS: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         rows = pid * ROWS + tl.arange(0, ROWS)
         rmask = rows < C
@@ -84,10 +98,21 @@ def _guarded(logits: torch.Tensor) -> torch.Tensor:
     return inner
 
 
-def ce_block_int32_(logits: torch.Tensor, target: torch.Tensor, coef_ce: torch.Tensor, coef_z: torch.Tensor, *,
-                    ignore_index: int, label_smoothing: float = 0.0, class_weights: torch.Tensor | None = None,
-                    softcap: float | None = None, z_loss_scale: float = 0.0, stats: SoftmaxStats | None = None,
-                    want_loss: bool = True, want_grad: bool = True) -> BlockResult:
+def ce_block_int32_(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    *,
+    ignore_index: int,
+    label_smoothing: float = 0.0,
+    class_weights: torch.Tensor | None = None,
+    softcap: float | None = None,
+    z_loss_scale: float = 0.0,
+    stats: SoftmaxStats | None = None,
+    want_loss: bool = True,
+    want_grad: bool = True,
+) -> BlockResult:
     """The :class:`impls.builtin.ce_block.CEKernel` contract for plain CE (ignore_index and per-row coefficients; the
     options it does not declare raise), with the int32 kernel. ``stats`` are recomputed, not read (the same
     kernel on the same logits gives them bit for bit)."""
@@ -104,25 +129,50 @@ def ce_block_int32_(logits: torch.Tensor, target: torch.Tensor, coef_ce: torch.T
         work = _guarded(logits.contiguous())
         rows, block_v, warps = _launch_shape(C, V)
         _ce_kernel_int32[(triton.cdiv(C, rows),)](
-            work, work.stride(0), target.contiguous(), coef_ce.to(f32).contiguous(), ce, lse, m, log_s, C, V,
-            int(ignore_index), WANT_GRAD=want_grad, ROWS=rows, BLOCK_V=block_v, num_warps=warps)
+            work,
+            work.stride(0),
+            target.contiguous(),
+            coef_ce.to(f32).contiguous(),
+            ce,
+            lse,
+            m,
+            log_s,
+            C,
+            V,
+            int(ignore_index),
+            WANT_GRAD=want_grad,
+            ROWS=rows,
+            BLOCK_V=block_v,
+            num_warps=warps,
+        )
         if want_grad and work.data_ptr() != logits.data_ptr():
             logits.copy_(work)
-    return BlockResult(ce if want_loss else None, torch.zeros_like(ce) if want_loss else None, lse,
-                       SoftmaxStats(m, log_s))
+    return BlockResult(
+        ce if want_loss else None, torch.zeros_like(ce) if want_loss else None, lse, SoftmaxStats(m, log_s)
+    )
 
 
 def _support() -> LinearCESupport:
     devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
-    return LinearCESupport(options=frozenset({"ignore_index"}), returns_z_loss=True, all_ignored="nan",
-                           devices=devices, elementary_error=elementary_error(INTERPRET), requires=unavailable_reason,
-                           slow=INTERPRET)
+    return LinearCESupport(
+        options=frozenset({"ignore_index"}),
+        returns_z_loss=True,
+        all_ignored="nan",
+        devices=devices,
+        elementary_error=elementary_error(INTERPRET),
+        requires=unavailable_reason,
+        slow=INTERPRET,
+    )
 
 
 #: One chunk of every row (N below 2⁶² is always one chunk).
 WHOLE = 2**62
 
 int32_offsets = ChunkedLinearCE(
-    "mutant_int32_offsets", path="addmm_out_dtype", chunk_rows=WHOLE, kernel=ce_block_int32_, support=_support(),
+    "mutant_int32_offsets",
+    path="addmm_out_dtype",
+    chunk_rows=WHOLE,
+    kernel=ce_block_int32_,
+    support=_support(),
     description="mutant: chunked_triton's structure over the whole [N, V] logits, element offsets in int32",
 )

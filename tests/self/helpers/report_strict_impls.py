@@ -18,8 +18,13 @@ import torch.nn.functional as F
 
 import numcheck
 
-_SMOOTHING = dict(dtypes=("float32", "bfloat16"), options=("bias", "ignore_index", "label_smoothing"), autocast=(),
-                  logits_dtype="float32", all_ignored="nan")
+_SMOOTHING = dict(
+    dtypes=("float32", "bfloat16"),
+    options=("bias", "ignore_index", "label_smoothing"),
+    autocast=(),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 
 
 class _SmoothedCE(torch.autograd.Function):
@@ -27,8 +32,9 @@ class _SmoothedCE(torch.autograd.Function):
     the ignored-row mask on the smoothing term of the gradient."""
 
     @staticmethod
-    def forward(ctx: Any, z: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, eps: float,
-                leak: bool) -> torch.Tensor:
+    def forward(
+        ctx: Any, z: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, eps: float, leak: bool
+    ) -> torch.Tensor:
         V = z.shape[1]
         valid = target != ignore_index
         safe = torch.where(valid, target, torch.zeros_like(target))
@@ -65,15 +71,27 @@ def smoothing_ce(x, weight, target, bias=None, *, reduction="mean", ignore_index
 
 
 @numcheck.linear_ce_impl(name="strict_smoothing_ce_ignored_grad", **_SMOOTHING)
-def smoothing_ce_ignored_grad(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100,
-                              label_smoothing=0.0):
+def smoothing_ce_ignored_grad(
+    x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0
+):
     """As strict_smoothing_ce, but ignored rows get the smoothing term's gradient −ε/V in every class."""
     return _smoothed(x, weight, target, bias, reduction, ignore_index, label_smoothing, leak=True)
 
 
 @numcheck.linear_ce_impl(name="strict_all_nan", dtypes=("float32", "bfloat16"), autocast=(), all_ignored="nan")
-def all_nan_ce(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-               class_weights=None, softcap=None, z_loss_scale=0.0):
+def all_nan_ce(
+    x,
+    weight,
+    target,
+    bias=None,
+    *,
+    reduction="mean",
+    ignore_index=-100,
+    label_smoothing=0.0,
+    class_weights=None,
+    softcap=None,
+    z_loss_scale=0.0,
+):
     """A loss that is NaN everywhere, and so every gradient that depends on it."""
     logits = F.linear(x, weight, bias)
     loss = F.cross_entropy(logits.float(), target, reduction=reduction, ignore_index=ignore_index)
@@ -128,21 +146,31 @@ def _vp(x, weight_shard, target, bias_shard, group, first_class, reduction, igno
     return ce.sum() if reduction == "sum" else ce.sum() / valid.sum()
 
 
-_VP = dict(world_sizes=(1, 2, 4), backends=("gloo",), uneven_vocab=True, grad_x_reduce_dtype="float32",
-           dtypes=("float32", "bfloat16"), options=("bias", "ignore_index"), autocast=(), logits_dtype="float32",
-           all_ignored="nan")
+_VP = dict(
+    world_sizes=(1, 2, 4),
+    backends=("gloo",),
+    uneven_vocab=True,
+    grad_x_reduce_dtype="float32",
+    dtypes=("float32", "bfloat16"),
+    options=("bias", "ignore_index"),
+    autocast=(),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 
 
 @numcheck.dist_linear_ce_impl(name="strict_vp_ce", **_VP)
-def vp_ce(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean",
-          ignore_index=-100):
+def vp_ce(
+    x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100
+):
     """fp32 logits, all-reduced max / sum-exp / target logit, grad_x partials all-reduced in fp32."""
     return _vp(x, weight_shard, target, bias_shard, group, vocab_start, reduction, ignore_index)
 
 
 @numcheck.dist_linear_ce_impl(name="strict_vp_ce_rank_start", **_VP)
-def vp_ce_rank_start(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size,
-                     reduction="mean", ignore_index=-100):
+def vp_ce_rank_start(
+    x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100
+):
     """As strict_vp_ce, but the shard's first class is taken to be rank·V_r (wrong when shards are uneven)."""
     first = dist.get_rank(group) * weight_shard.shape[0]
     return _vp(x, weight_shard, target, bias_shard, group, first, reduction, ignore_index)

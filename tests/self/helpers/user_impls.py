@@ -25,8 +25,14 @@ import numcheck
 RAISED = "kernel launch failed: no device for this kernel"
 
 
-@numcheck.linear_ce_impl(name="user_always_raises", dtypes=("float32", "bfloat16"), options=("bias", "ignore_index"),
-                         autocast=(), logits_dtype="float32", all_ignored="nan")
+@numcheck.linear_ce_impl(
+    name="user_always_raises",
+    dtypes=("float32", "bfloat16"),
+    options=("bias", "ignore_index"),
+    autocast=(),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 def always_raises(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     """A launcher whose kernel never runs: it raises on every call."""
     raise RuntimeError(RAISED)
@@ -36,16 +42,28 @@ def always_raises(x, weight, target, bias=None, *, reduction="mean", ignore_inde
 CALLS: list[str] = []
 
 
-@numcheck.linear_ce_impl(name="user_counted", dtypes=("float32",), options=("bias", "ignore_index"), autocast=(),
-                         logits_dtype="float32", all_ignored="nan")
+@numcheck.linear_ce_impl(
+    name="user_counted",
+    dtypes=("float32",),
+    options=("bias", "ignore_index"),
+    autocast=(),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 def counted(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     """F.linear and F.cross_entropy in fp32, each call appended to :data:`CALLS`."""
     CALLS.append(reduction)
     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
 
 
-@numcheck.linear_ce_impl(name="user_loss_off", dtypes=("float32",), options=("bias", "ignore_index"), autocast=(),
-                         logits_dtype="float32", all_ignored="nan")
+@numcheck.linear_ce_impl(
+    name="user_loss_off",
+    dtypes=("float32",),
+    options=("bias", "ignore_index"),
+    autocast=(),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 def loss_off(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     """Correct, except that the loss is 1% too large."""
     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index) * 1.01
@@ -59,8 +77,9 @@ class _FusedCE(torch.autograd.Function):
     def forward(ctx, x, weight, target, reduction, ignore_index):  # noqa: D102
         with torch.enable_grad():
             xd, wd = x.detach().requires_grad_(True), weight.detach().requires_grad_(True)
-            loss = F.cross_entropy(F.linear(xd.float(), wd.float()), target, reduction=reduction,
-                                   ignore_index=ignore_index)
+            loss = F.cross_entropy(
+                F.linear(xd.float(), wd.float()), target, reduction=reduction, ignore_index=ignore_index
+            )
             gx, gw = torch.autograd.grad(loss, (xd, wd))
         ctx.save_for_backward(gx, gw)
         return loss.detach()
@@ -73,8 +92,15 @@ class _FusedCE(torch.autograd.Function):
         return gx, gw, None, None, None
 
 
-@numcheck.linear_ce_impl(name="user_equal_shortcut", dtypes=("float32",), options=("ignore_index",), autocast=(),
-                         reductions=("mean", "sum"), logits_dtype="float32", all_ignored="nan")
+@numcheck.linear_ce_impl(
+    name="user_equal_shortcut",
+    dtypes=("float32",),
+    options=("ignore_index",),
+    autocast=(),
+    reductions=("mean", "sum"),
+    logits_dtype="float32",
+    all_ignored="nan",
+)
 def equal_shortcut(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
     """Fused forward and backward, the backward's scaling skipped for an upstream gradient of exactly 1."""
     return _FusedCE.apply(x, weight, target, reduction, ignore_index)
@@ -95,9 +121,11 @@ def _quantize_nan_flushed(t, *, recipe, role, usage, scaling_state=None):
     return dataclasses.replace(q, data=codes.view(q.data.dtype))
 
 
-@numcheck.quant_linear_impl(name="user_fp8_nan_flushed", recipes=("current",), dtypes=("float32",),
-                            quantize=_quantize_nan_flushed)
+@numcheck.quant_linear_impl(
+    name="user_fp8_nan_flushed", recipes=("current",), dtypes=("float32",), quantize=_quantize_nan_flushed
+)
 def fp8_nan_flushed(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
     """The built-in current-scaling FP8 linear (its quantizer is the defect under test)."""
-    return _builtin_fp8()(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
-                          scaling_state=scaling_state)
+    return _builtin_fp8()(
+        x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state
+    )

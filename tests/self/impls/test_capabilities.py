@@ -37,8 +37,10 @@ def test_addmm_out_dtype_matches_reality_on_cpu(dtype: torch.dtype) -> None:
     """The CPU addmm(out_dtype=fp32) probe says exactly whether the op works, whatever the torch version."""
     real = _addmm_out_dtype_works("cpu", dtype)
     got = cap.addmm_out_dtype("cpu", dtype)
-    assert got == real, (f"addmm_out_dtype('cpu', {dtype}) probe says {got}, a direct attempt says {real} "
-                         f"(torch {torch.__version__}, version >= 2.8: {_version() >= (2, 8)})")
+    assert got == real, (
+        f"addmm_out_dtype('cpu', {dtype}) probe says {got}, a direct attempt says {real} "
+        f"(torch {torch.__version__}, version >= 2.8: {_version() >= (2, 8)})"
+    )
 
 
 def test_addmm_out_dtype_ignores_version_string(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +102,13 @@ def test_addmm_out_dtype_meta_matches_reality(dtype: torch.dtype) -> None:
     right shape (another shape here than the probe's)."""
     acc = torch.empty(7, 4, device="meta")
     try:
-        out = torch.addmm(acc, torch.empty(7, 9, dtype=dtype, device="meta"), torch.empty(9, 4, dtype=dtype, device="meta"),
-                          out_dtype=torch.float32, out=acc)
+        out = torch.addmm(
+            acc,
+            torch.empty(7, 9, dtype=dtype, device="meta"),
+            torch.empty(9, 4, dtype=dtype, device="meta"),
+            out_dtype=torch.float32,
+            out=acc,
+        )
         real = out.dtype == torch.float32 and tuple(out.shape) == (7, 4)
     except (RuntimeError, NotImplementedError, TypeError):
         real = False

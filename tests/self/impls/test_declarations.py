@@ -11,8 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck import (FunctionImpl, InvalidDeclaration, LinearCESupport, QuantLinearSupport, linear_ce_impl,
-                      make_quant_support, make_support, quant_linear_impl)
+from numcheck import (
+    FunctionImpl,
+    InvalidDeclaration,
+    LinearCESupport,
+    QuantLinearSupport,
+    linear_ce_impl,
+    make_quant_support,
+    make_support,
+    quant_linear_impl,
+)
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.registry import BrokenImpl, load_spec
 from numcheck.properties.core.undrawable import undrawable_reason
@@ -39,34 +47,79 @@ def _raise_site(excinfo: pytest.ExceptionInfo) -> str:
 
 #: (declaration, words its message must hold). Each lambda is the user's declaring line.
 BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
-    "gpu_device": (lambda: linear_ce_impl(name="m", devices=("gpu",))(_ce), ("unknown device type 'gpu'", "('cpu', 'cuda')", "Did you mean 'cuda'?")),
+    "gpu_device": (
+        lambda: linear_ce_impl(name="m", devices=("gpu",))(_ce),
+        ("unknown device type 'gpu'", "('cpu', 'cuda')", "Did you mean 'cuda'?"),
+    ),
     "device_string": (lambda: linear_ce_impl(name="m", devices="cuda")(_ce), ("one string", "devices=('cuda',)")),
     "empty_devices": (lambda: make_support(devices=()), ("devices is empty",)),
     "empty_dtypes": (lambda: linear_ce_impl(name="m", dtypes=())(_ce), ("dtypes is empty", "at least one of")),
     "dtype_alias": (lambda: linear_ce_impl(name="m", dtypes=("bf16",))(_ce), ("'bf16'", "Did you mean 'bfloat16'?")),
     "dtype_unknown": (lambda: make_support(dtypes=("float99",)), ("'float99'", "('float32', 'bfloat16', 'float16')")),
-    "autocast_fp32": (lambda: make_support(autocast=("float32",)), ("autocast", "'float32'", "('bfloat16', 'float16')")),
-    "option_typo": (lambda: linear_ce_impl(name="m", options=("bias", "zloss"))(_ce), ("['zloss']", "Did you mean 'z_loss'?")),
-    "option_kwarg_name": (lambda: make_support(options=("z_loss_scale",)), ("['z_loss_scale']", "Did you mean 'z_loss'?")),
-    "combination_typo": (lambda: make_support(option_combinations_excluded=[("softcap", "zloss")]), ("option_combinations_excluded", "'z_loss'")),
+    "autocast_fp32": (
+        lambda: make_support(autocast=("float32",)),
+        ("autocast", "'float32'", "('bfloat16', 'float16')"),
+    ),
+    "option_typo": (
+        lambda: linear_ce_impl(name="m", options=("bias", "zloss"))(_ce),
+        ("['zloss']", "Did you mean 'z_loss'?"),
+    ),
+    "option_kwarg_name": (
+        lambda: make_support(options=("z_loss_scale",)),
+        ("['z_loss_scale']", "Did you mean 'z_loss'?"),
+    ),
+    "combination_typo": (
+        lambda: make_support(option_combinations_excluded=[("softcap", "zloss")]),
+        ("option_combinations_excluded", "'z_loss'"),
+    ),
     "empty_reductions": (lambda: make_support(reductions=()), ("reductions is empty",)),
     "deterministic_not_bool": (lambda: make_support(deterministic="no"), ("deterministic", "must be True or False")),
     "reduction_alias": (lambda: make_support(reductions=("avg",)), ("['avg']", "Did you mean 'mean'?")),
-    "decorator_keyword": (lambda: linear_ce_impl(name="m", dtype=("float32",))(_ce), ("unknown keyword argument 'dtype'", "Did you mean 'dtypes'?")),
-    "make_support_keyword": (lambda: make_support(device=("cpu",)), ("make_support() got an unknown keyword argument 'device'", "Did you mean 'devices'?")),
+    "decorator_keyword": (
+        lambda: linear_ce_impl(name="m", dtype=("float32",))(_ce),
+        ("unknown keyword argument 'dtype'", "Did you mean 'dtypes'?"),
+    ),
+    "make_support_keyword": (
+        lambda: make_support(device=("cpu",)),
+        ("make_support() got an unknown keyword argument 'device'", "Did you mean 'devices'?"),
+    ),
     "direct_support": (lambda: LinearCESupport(devices=frozenset({"gpu"})), ("LinearCESupport.devices", "'cuda'")),
-    "option_not_in_signature": (lambda: linear_ce_impl(name="m", options=("bias", "z_loss"))(_ce), ("cannot take z_loss_scale=...", "['z_loss']", "out of options=")),
-    "always_passed_keyword": (lambda: linear_ce_impl(name="m", options=())(_no_ignore_index), ("takes no keyword ignore_index", "every call passes")),
-    "function_impl_default_support": (lambda: FunctionImpl(name="m", fn=_ce, support=LinearCESupport()), ("impl 'm'", "label_smoothing=...", "z_loss_scale=...")),
+    "option_not_in_signature": (
+        lambda: linear_ce_impl(name="m", options=("bias", "z_loss"))(_ce),
+        ("cannot take z_loss_scale=...", "['z_loss']", "out of options="),
+    ),
+    "always_passed_keyword": (
+        lambda: linear_ce_impl(name="m", options=())(_no_ignore_index),
+        ("takes no keyword ignore_index", "every call passes"),
+    ),
+    "function_impl_default_support": (
+        lambda: FunctionImpl(name="m", fn=_ce, support=LinearCESupport()),
+        ("impl 'm'", "label_smoothing=...", "z_loss_scale=..."),
+    ),
     "empty_name": (lambda: linear_ce_impl(name="", dtypes=("float32",)), ("non-empty string",)),
     "quant_empty_recipes": (lambda: quant_linear_impl(name="q", recipes=())(_fp8), ("recipes is empty",)),
-    "quant_recipe_alias": (lambda: quant_linear_impl(name="q", recipes=("mx",))(_fp8), ("'mx'", "Did you mean 'mxfp8'?")),
-    "quant_gpu_device": (lambda: quant_linear_impl(name="q", devices=("gpu",))(_fp8), ("unknown device type 'gpu'", "Did you mean 'cuda'?")),
+    "quant_recipe_alias": (
+        lambda: quant_linear_impl(name="q", recipes=("mx",))(_fp8),
+        ("'mx'", "Did you mean 'mxfp8'?"),
+    ),
+    "quant_gpu_device": (
+        lambda: quant_linear_impl(name="q", devices=("gpu",))(_fp8),
+        ("unknown device type 'gpu'", "Did you mean 'cuda'?"),
+    ),
     "quant_dtype_alias": (lambda: make_quant_support(dtypes=("fp16",)), ("'fp16'", "Did you mean 'float16'?")),
     "quant_empty_dtypes": (lambda: QuantLinearSupport(dtypes=()), ("QuantLinearSupport.dtypes is empty",)),
-    "quant_keyword": (lambda: quant_linear_impl(name="q", recipe=("current",))(_fp8), ("unknown keyword argument 'recipe'", "Did you mean 'recipes'?")),
-    "quant_signature": (lambda: quant_linear_impl(name="q", recipes=("current",))(_fp8), ("takes no keyword scaling_state",)),
-    "quant_exposes_without_quantize": (lambda: quant_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x), ("exposes_quantize=True", "quantize=")),
+    "quant_keyword": (
+        lambda: quant_linear_impl(name="q", recipe=("current",))(_fp8),
+        ("unknown keyword argument 'recipe'", "Did you mean 'recipes'?"),
+    ),
+    "quant_signature": (
+        lambda: quant_linear_impl(name="q", recipes=("current",))(_fp8),
+        ("takes no keyword scaling_state",),
+    ),
+    "quant_exposes_without_quantize": (
+        lambda: quant_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x),
+        ("exposes_quantize=True", "quantize="),
+    ),
 }
 
 
@@ -86,14 +139,16 @@ def test_bad_declaration_in_an_outside_module_names_its_line(tmp_path, monkeypat
     """Loaded by spec, a module whose declaration is malformed is a broken impl whose error names that module's line."""
     name = f"nc_decl_{uuid.uuid4().hex[:8]}"
     path = tmp_path / f"{name}.py"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         import torch.nn.functional as F
         from numcheck import linear_ce_impl
 
         @linear_ce_impl(name="gpu_only", devices=("gpu",))
         def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
             return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         [entry] = load_spec(f"{name}:impl", "--impl")
@@ -109,12 +164,14 @@ def test_undeclared_options_follow_the_signature() -> None:
     plain = linear_ce_impl(name="plain", dtypes=("float32",))(_ce)
     assert plain.support.options == frozenset({"bias", "ignore_index"})
 
-    def smoothing(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-                  z_loss_scale=0.0):
+    def smoothing(
+        x, weight, target, bias=None, *, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss_scale=0.0
+    ):
         return _ce(x, weight, target, bias, reduction=reduction, ignore_index=ignore_index)
 
     assert linear_ce_impl(name="s")(smoothing).support.options == frozenset(
-        {"bias", "ignore_index", "label_smoothing", "z_loss"})
+        {"bias", "ignore_index", "label_smoothing", "z_loss"}
+    )
     everything = linear_ce_impl(name="e")(lambda x, weight, target, bias=None, **options: None)
     assert everything.support.options == LinearCESupport().options
     x, w, t = torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 4])
@@ -153,13 +210,28 @@ def test_well_formed_declarations_pass() -> None:
     validate_impl(q, "test")
 
 
-@pytest.mark.parametrize("support,kw,words", [
-    (dict(devices=("cuda",)), dict(device="cpu"), ("declares devices ['cuda']", "'cpu'", "NUMCHECK_DEVICE=cuda")),
-    (dict(dtypes=("bfloat16",)), dict(device="cpu", force={"dtype": "float32", "autocast": None}), ("dtype='float32'", "dtype torch.float32 not declared")),
-    (dict(options=("softcap", "z_loss"), option_combinations_excluded=[("softcap", "z_loss")]),
-     dict(device="cpu", require=frozenset({"softcap", "z_loss", "bias"})), ("every declared option", "combination ['softcap', 'z_loss'] excluded")),
-    (dict(reductions=("none",)), dict(device="cpu", reductions=("mean", "sum")), ("reductions ['mean', 'sum']", "['none']")),
-], ids=["device", "forced_dtype", "excluded_combination", "reductions"])
+@pytest.mark.parametrize(
+    "support,kw,words",
+    [
+        (dict(devices=("cuda",)), dict(device="cpu"), ("declares devices ['cuda']", "'cpu'", "NUMCHECK_DEVICE=cuda")),
+        (
+            dict(dtypes=("bfloat16",)),
+            dict(device="cpu", force={"dtype": "float32", "autocast": None}),
+            ("dtype='float32'", "dtype torch.float32 not declared"),
+        ),
+        (
+            dict(options=("softcap", "z_loss"), option_combinations_excluded=[("softcap", "z_loss")]),
+            dict(device="cpu", require=frozenset({"softcap", "z_loss", "bias"})),
+            ("every declared option", "combination ['softcap', 'z_loss'] excluded"),
+        ),
+        (
+            dict(reductions=("none",)),
+            dict(device="cpu", reductions=("mean", "sum")),
+            ("reductions ['mean', 'sum']", "['none']"),
+        ),
+    ],
+    ids=["device", "forced_dtype", "excluded_combination", "reductions"],
+)
 def test_undrawable_case_gets_its_real_reason(support, kw, words) -> None:
     """When no case a test draws is declared, undrawable_reason says why, in the declaration's words, not 'a known divergence'."""
     why = undrawable_reason(make_support(**support), **kw)
@@ -171,8 +243,15 @@ def test_undrawable_case_gets_its_real_reason(support, kw, words) -> None:
 def test_drawable_case_has_no_reason() -> None:
     """A test whose draws include declared cases gets None: an Unsatisfiable there comes from a data-dependent filter."""
     assert undrawable_reason(make_support(), "cpu") is None
-    assert undrawable_reason(make_support(), "cpu", force={"dtype": "float32", "autocast": None},
-                             require=frozenset(LinearCESupport().options)) is None
+    assert (
+        undrawable_reason(
+            make_support(),
+            "cpu",
+            force={"dtype": "float32", "autocast": None},
+            require=frozenset(LinearCESupport().options),
+        )
+        is None
+    )
     assert undrawable_reason(make_support(dtypes=("bfloat16",)), "cpu", force={"reduction": "none"}) is None
 
 

@@ -19,28 +19,43 @@ HERE = __file__  # as imported: InvalidDeclaration names the declaring frame's f
 SPEC = "numcheck.tests.self.helpers.dist_declared"
 
 
-def _rank(x, weight_shard, target, bias_shard=None, *, group, vocab_start, vocab_size, reduction="mean",
-          ignore_index=-100, label_smoothing=0.0):
+def _rank(
+    x,
+    weight_shard,
+    target,
+    bias_shard=None,
+    *,
+    group,
+    vocab_start,
+    vocab_size,
+    reduction="mean",
+    ignore_index=-100,
+    label_smoothing=0.0,
+):
     return None
 
 
 def test_declaration_splits_rank_numerics_from_distribution():
     """The distributed keywords land in ``dist``, one rank's numerics in ``support``; options come from the
     signature when not given."""
-    impl = numcheck.dist_linear_ce_impl(name="d", world_sizes=[2, 4], backends=("gloo",), smoothing="megatron",
-                                        dtypes=("float32",), autocast=())(_rank)
+    impl = numcheck.dist_linear_ce_impl(
+        name="d", world_sizes=[2, 4], backends=("gloo",), smoothing="megatron", dtypes=("float32",), autocast=()
+    )(_rank)
     assert impl.kind == "dist_linear_ce" and impl.dist.world_sizes == (2, 4) and impl.dist.smoothing == "megatron"
     assert sorted(impl.support.options) == ["bias", "ignore_index", "label_smoothing"]
 
 
-@pytest.mark.parametrize("keywords, says", [
-    (dict(world_size=(2,)), "unknown keyword argument 'world_size'"),
-    (dict(backends=("mpi",)), "backends=('mpi',)"),
-    (dict(backends="gloo"), "is one string"),
-    (dict(world_sizes=(0, 2)), "positive ints"),
-    (dict(smoothing="nemo"), "is not 'torch' or 'megatron'"),
-    (dict(deterministic="yes"), "must be True or False"),
-])
+@pytest.mark.parametrize(
+    "keywords, says",
+    [
+        (dict(world_size=(2,)), "unknown keyword argument 'world_size'"),
+        (dict(backends=("mpi",)), "backends=('mpi',)"),
+        (dict(backends="gloo"), "is one string"),
+        (dict(world_sizes=(0, 2)), "positive ints"),
+        (dict(smoothing="nemo"), "is not 'torch' or 'megatron'"),
+        (dict(deterministic="yes"), "must be True or False"),
+    ],
+)
 def test_bad_declaration_names_this_line(keywords, says):
     """A bad distributed keyword or value raises InvalidDeclaration naming the declaring file:line and the fix."""
     with pytest.raises(numcheck.InvalidDeclaration) as info:
@@ -51,6 +66,7 @@ def test_bad_declaration_names_this_line(keywords, says):
 def test_function_without_rank_keywords_is_refused():
     """A function that cannot take the ranks' ``group``/``vocab_start``/``vocab_size`` is refused at the decorator,
     saying which keywords to add; so is an option its signature cannot take."""
+
     def no_group(x, weight_shard, target, bias_shard=None, *, reduction="mean", ignore_index=-100):
         return None
 
@@ -62,7 +78,10 @@ def test_function_without_rank_keywords_is_refused():
 
 def test_tp_declaration_is_checked():
     """``tp_quant_linear_impl`` refuses an unknown parallel mode and a function lacking a keyword every call passes."""
-    def tp(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group, scaling_state=None):
+
+    def tp(
+        x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group, scaling_state=None
+    ):
         return None
 
     with pytest.raises(numcheck.InvalidDeclaration, match="parallel"):
@@ -76,11 +95,14 @@ def test_loaded_through_impl_and_picklable_only_at_module_level(monkeypatch):
     (so the ranks cannot unpickle it) is a broken entry saying so."""
     entries = discover([f"{SPEC}:declared_vocab_parallel", f"{SPEC}:declared_tp_fp8"])
     assert [(e.name, e.kind) for e in entries if isinstance(e, ImplEntry)] == [
-        ("declared_vocab_parallel", "dist_linear_ce"), ("declared_tp_fp8", "tp_quant_linear")]
+        ("declared_vocab_parallel", "dist_linear_ce"),
+        ("declared_tp_fp8", "tp_quant_linear"),
+    ]
     from numcheck.tests.self.helpers import dist_declared
 
     local = numcheck.dist_linear_ce_impl(name="local", options=("bias", "ignore_index"))(
-        lambda x, w, t, b=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100: None)
+        lambda x, w, t, b=None, *, group, vocab_start, vocab_size, reduction="mean", ignore_index=-100: None
+    )
     monkeypatch.setattr(dist_declared, "LOCAL_FACTORY", lambda: [local], raising=False)
     (bad,) = discover([f"{SPEC}:LOCAL_FACTORY"])
     assert isinstance(bad, BrokenImpl) and "does not pickle" in bad.error and "module level" in bad.error
@@ -94,15 +116,40 @@ def test_suite_runs_the_declared_impl_only():
     env.update(NUMCHECK_CI_EXAMPLES="2", NUMCHECK_DIST_PRELOAD="numcheck.properties.distributed.linear_ce.props")
     root = str(Path(numcheck.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist",
-                        str(Path(numcheck.tests.__file__).parent / "suite" / "test_distributed.py"), "-k", "test_dist_accuracy",
-                        "--impl", f"{SPEC}:declared_vocab_parallel", "--impl", f"{SPEC}:declared_raises"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            str(Path(numcheck.tests.__file__).parent / "suite" / "test_distributed.py"),
+            "-k",
+            "test_dist_accuracy",
+            "--impl",
+            f"{SPEC}:declared_vocab_parallel",
+            "--impl",
+            f"{SPEC}:declared_raises",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     out = r.stdout + r.stderr
-    results = sorted(line.split(" ")[0] + " " + line.split(" ")[1].split("::")[-1].split(" ")[0]
-                     for line in out.splitlines() if line.startswith(("PASSED ", "FAILED ")))
-    assert results == ["FAILED test_dist_accuracy[declared_raises-2]",
-                       "PASSED test_dist_accuracy[declared_vocab_parallel-2]"], out[-3000:]
+    results = sorted(
+        line.split(" ")[0] + " " + line.split(" ")[1].split("::")[-1].split(" ")[0]
+        for line in out.splitlines()
+        if line.startswith(("PASSED ", "FAILED "))
+    )
+    assert results == [
+        "FAILED test_dist_accuracy[declared_raises-2]",
+        "PASSED test_dist_accuracy[declared_vocab_parallel-2]",
+    ], out[-3000:]
     from numcheck.tests.self.helpers.dist_declared import RAISED
 
     assert RAISED in out and "declared_raises" in out

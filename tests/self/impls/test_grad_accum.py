@@ -36,7 +36,9 @@ def gamma(n: int) -> float:
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _chunks(dtype: torch.dtype = torch.bfloat16, seed: int = 0, device: str = "cpu") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _chunks(
+    dtype: torch.dtype = torch.bfloat16, seed: int = 0, device: str = "cpu"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     Gs = [torch.randn(C, V, generator=g).to(device, dtype) for _ in range(K)]
     xs = [torch.randn(C, H, generator=g).to(device, dtype) for _ in range(K)]
@@ -76,8 +78,10 @@ def test_paths_within_bounds_and_ordered(device):
         err = (gw.double() - exact).abs()
         ratio = (err / bounds[path]).max()
         worst = divmod(int((err / bounds[path]).argmax()), H)
-        assert ratio <= 1, (f"path {path} (runs as {grad_accum.resolved_path(path, device, torch.bfloat16)} on {device}): "
-                            f"error/bound {float(ratio):.3g} at {worst}; repro: pytest tests/self/impls/test_grad_accum.py -k ordered")
+        assert ratio <= 1, (
+            f"path {path} (runs as {grad_accum.resolved_path(path, device, torch.bfloat16)} on {device}): "
+            f"error/bound {float(ratio):.3g} at {worst}; repro: pytest tests/self/impls/test_grad_accum.py -k ordered"
+        )
         rel[path] = float((gw.double() - exact).norm() / exact.norm())
     fp32 = max(rel["fp32_operands"], rel["addmm_out_dtype"])
     assert fp32 < rel["fallback"] < rel["lowp_accum"], f"expected fp32 < fallback < lowp_accum, got {rel}"
@@ -92,7 +96,9 @@ def test_fp32_operands_make_every_path_plain_addmm():
         torch.addmm(want, G.t(), x, out=want)
     for path in grad_accum.PATHS:
         got = _accumulate(path, Gs[:8], xs[:8], torch.float32)
-        assert torch.equal(got, want), f"path {path}: fp32 operands differ from plain addmm by {(got - want).abs().max()}"
+        assert torch.equal(got, want), (
+            f"path {path}: fp32 operands differ from plain addmm by {(got - want).abs().max()}"
+        )
         assert grad_accum.resolved_path(path, "cpu", torch.float32) in ("fp32_operands", "lowp_accum"), path
 
 
@@ -115,7 +121,8 @@ def test_addmm_out_dtype_follows_the_probe():
             with pytest.raises((NotImplementedError, RuntimeError, TypeError)):
                 grad_accum.addmm_out_dtype(torch.zeros(V, H), G, x)
     assert grad_accum.resolved_path("addmm_out_dtype", "cpu", torch.bfloat16) == (
-        "addmm_out_dtype" if probe else "fp32_operands")
+        "addmm_out_dtype" if probe else "fp32_operands"
+    )
 
 
 @pytest.mark.parametrize("path", list(grad_accum.PATHS))
@@ -124,14 +131,24 @@ def test_meta_device(path):
     if path == "addmm_out_dtype":
         try:
             acc = torch.zeros(2, 2, device="meta")
-            torch.addmm(acc, torch.ones(2, 3, device="meta", dtype=torch.bfloat16),
-                        torch.ones(3, 2, device="meta", dtype=torch.bfloat16), out_dtype=torch.float32, out=acc)
+            torch.addmm(
+                acc,
+                torch.ones(2, 3, device="meta", dtype=torch.bfloat16),
+                torch.ones(3, 2, device="meta", dtype=torch.bfloat16),
+                out_dtype=torch.float32,
+                out=acc,
+            )
         except Exception as exc:  # torch 2.11's meta decomposition of addmm(out_dtype) raises TypeError
-            pytest.skip(f"this torch ({torch.__version__}) cannot run addmm(out_dtype=) on meta: {type(exc).__name__}: {exc}")
+            pytest.skip(
+                f"this torch ({torch.__version__}) cannot run addmm(out_dtype=) on meta: {type(exc).__name__}: {exc}"
+            )
     with capabilities.forced(addmm_out_dtype=True):
         gw = torch.zeros(V, H, device="meta", dtype=grad_accum.accumulator_dtype(path, torch.bfloat16))
-        grad_accum.PATHS[path](gw, torch.empty(C, V, device="meta", dtype=torch.bfloat16),
-                               torch.empty(C, H, device="meta", dtype=torch.bfloat16))
+        grad_accum.PATHS[path](
+            gw,
+            torch.empty(C, V, device="meta", dtype=torch.bfloat16),
+            torch.empty(C, H, device="meta", dtype=torch.bfloat16),
+        )
         gb = torch.zeros(V, device="meta", dtype=gw.dtype)
         grad_accum.accumulate_bias(grad_accum.PATHS[path], gb, torch.empty(C, V, device="meta", dtype=torch.bfloat16))
     assert gw.shape == (V, H) and gb.shape == (V,)
@@ -183,7 +200,7 @@ def test_scaling_multiplies_in_fp32(dtype):
     bf16/fp16 tensor's in-place mul rounds an fp32 scalar to its own dtype), nor 1 + 2^-10 to 1 in bf16."""
     from numcheck.properties.core.strategies import DEVICE
 
-    buf = torch.tensor([[0.0, 1e-3, -2.0**-20], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
+    buf = torch.tensor([[0.0, 1e-3, -(2.0**-20)], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
     for g in (2.0**17, 1.0 + 2.0**-10):
         want = (buf.double() * g).to(dtype)
         got = grad_accum.scaled_(buf.clone(), torch.tensor(g, dtype=torch.float32, device=DEVICE), dtype)

@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from numcheck import GroupedQuantSupport, InvalidDeclaration, grouped_quant_linear_impl
-from numcheck.impls.protocols.grouped_fp8_linear import (GROUPED_KIND, predicted_grouped_columnwise_x_bytes,
-                                                         validate_grouped_impl)
+from numcheck.impls.protocols.grouped_fp8_linear import (
+    GROUPED_KIND,
+    predicted_grouped_columnwise_x_bytes,
+    validate_grouped_impl,
+)
 from numcheck.impls.registry import BrokenImpl, ImplEntry, load_spec
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
@@ -34,23 +37,35 @@ def _raise_site(excinfo: pytest.ExceptionInfo) -> str:
 
 #: (declaration, words its message must hold). Each lambda is the user's declaring line.
 BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
-    "recipe_alias": (lambda: grouped_quant_linear_impl(name="g", recipes=("mx",))(_grouped),
-                     ("GroupedQuantSupport.recipes", "Did you mean 'mxfp8'?")),
-    "empty_dtypes": (lambda: grouped_quant_linear_impl(name="g", dtypes=())(_grouped),
-                     ("GroupedQuantSupport.dtypes is empty",)),
+    "recipe_alias": (
+        lambda: grouped_quant_linear_impl(name="g", recipes=("mx",))(_grouped),
+        ("GroupedQuantSupport.recipes", "Did you mean 'mxfp8'?"),
+    ),
+    "empty_dtypes": (
+        lambda: grouped_quant_linear_impl(name="g", dtypes=())(_grouped),
+        ("GroupedQuantSupport.dtypes is empty",),
+    ),
     "gpu_device": (lambda: grouped_quant_linear_impl(name="g", devices=("gpu",))(_grouped), ("Did you mean 'cuda'?",)),
-    "alignment_zero": (lambda: grouped_quant_linear_impl(name="g", split_alignment=0)(_grouped),
-                       ("split_alignment=0", "int >= 1")),
+    "alignment_zero": (
+        lambda: grouped_quant_linear_impl(name="g", split_alignment=0)(_grouped),
+        ("split_alignment=0", "int >= 1"),
+    ),
     "feature_alignment_bool": (lambda: GroupedQuantSupport(feature_alignment=True), ("feature_alignment=True",)),
-    "layout_typo": (lambda: grouped_quant_linear_impl(name="g", weight_layouts=("stacked",))(_grouped),
-                    ("weight_layouts", "['stacked']", "'grouped'")),
-    "main_grad_not_bool": (lambda: GroupedQuantSupport(fused_wgrad_accumulation=("yes",)),
-                           ("fused_wgrad_accumulation",)),
+    "layout_typo": (
+        lambda: grouped_quant_linear_impl(name="g", weight_layouts=("stacked",))(_grouped),
+        ("weight_layouts", "['stacked']", "'grouped'"),
+    ),
+    "main_grad_not_bool": (
+        lambda: GroupedQuantSupport(fused_wgrad_accumulation=("yes",)),
+        ("fused_wgrad_accumulation",),
+    ),
     "empty_splits_not_bool": (lambda: GroupedQuantSupport(empty_splits="no"), ("empty_splits must be True or False",)),
     "max_experts": (lambda: GroupedQuantSupport(max_experts=0), ("max_experts=0",)),
     "exposes_quantize": (lambda: GroupedQuantSupport(exposes_quantize=True), ("exposes_quantize=True",)),
-    "keyword_typo": (lambda: grouped_quant_linear_impl(name="g", split_alignments=16)(_grouped),
-                     ("unknown keyword argument 'split_alignments'", "Did you mean 'split_alignment'?")),
+    "keyword_typo": (
+        lambda: grouped_quant_linear_impl(name="g", split_alignments=16)(_grouped),
+        ("unknown keyword argument 'split_alignments'", "Did you mean 'split_alignment'?"),
+    ),
     "signature": (lambda: grouped_quant_linear_impl(name="g")(_no_main_grad), ("takes no keyword main_grad",)),
     "empty_name": (lambda: grouped_quant_linear_impl(name=" "), ("non-empty string",)),
 }
@@ -95,7 +110,8 @@ def test_grouped_impls_load_like_every_kind(tmp_path, monkeypatch) -> None:
     impl naming the module's line; a wrong support type is refused by the protocol check."""
     name = f"nc_grouped_{uuid.uuid4().hex[:8]}"
     path = tmp_path / f"{name}.py"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         from numcheck import grouped_quant_linear_impl
 
         @grouped_quant_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
@@ -109,7 +125,8 @@ def test_grouped_impls_load_like_every_kind(tmp_path, monkeypatch) -> None:
                   main_grad=None):
                 return x
             return f
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         [good] = load_spec(f"{name}:good", "--impl")
@@ -147,5 +164,12 @@ def test_builtins_refuse_calls_outside_their_rules() -> None:
     with pytest.raises(ValueError, match="save_original_input"):
         from numcheck.impls.protocols.grouped_fp8_linear import delayed_states
 
-        fused(x, w, None, m_splits=(3, 3), recipe=Fp8Recipe("delayed"), save_original_input=True,
-              scaling_state=delayed_states(Fp8Recipe("delayed"), 2))
+        fused(
+            x,
+            w,
+            None,
+            m_splits=(3, 3),
+            recipe=Fp8Recipe("delayed"),
+            save_original_input=True,
+            scaling_state=delayed_states(Fp8Recipe("delayed"), 2),
+        )

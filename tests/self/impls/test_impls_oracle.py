@@ -117,8 +117,11 @@ def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.
     elif o.reduction == "sum":
         zsum = float(zeta.sum())
         out["z_loss"] = torch.tensor(float(d_z.sum()) + gamma(N) * zsum + U * zsum, dtype=f, device=dev)
-        out["loss"] = torch.tensor(float((d_ce + d_z).sum()) + gamma(N) * float(ref.per_row.abs().sum())
-                                   + U * float(ref.loss.abs()), dtype=f, device=dev)
+        out["loss"] = torch.tensor(
+            float((d_ce + d_z).sum()) + gamma(N) * float(ref.per_row.abs().sum()) + U * float(ref.loss.abs()),
+            dtype=f,
+            device=dev,
+        )
     else:
         D, M = float(st.w_target.sum()), float(st.valid.sum())
         if M == 0:  # all ignored: the result is NaN by convention, compared exactly
@@ -127,8 +130,11 @@ def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.
             zl = float(zeta.sum()) / M
             dz = float(d_z.sum()) / M + 2 * gamma(N) * zl + U * zl
             out["z_loss"] = torch.tensor(dz, dtype=f, device=dev)
-            out["loss"] = torch.tensor(float(d_ce.sum()) / D + 2 * gamma(N) * float(ce_abs.sum()) / D + dz
-                                       + U * float(ref.loss.abs()), dtype=f, device=dev)
+            out["loss"] = torch.tensor(
+                float(d_ce.sum()) / D + 2 * gamma(N) * float(ce_abs.sum()) / D + dz + U * float(ref.loss.abs()),
+                dtype=f,
+                device=dev,
+            )
     return {k: SAFETY * v for k, v in out.items()}
 
 
@@ -171,7 +177,9 @@ def check_against_oracle(impl: Any, p: Problem, case: str, repro: str = "") -> d
     if bad:
         pytest.fail(
             f"impl {impl.name!r} (chunk_rows={impl.chunk_rows}) differs from the float64 oracle beyond the fp32 bound\n"
-            f"  case {case}: {p!r}\n  " + "\n  ".join(bad) + f"\n  reproduce: {repro}", pytrace=False)
+            f"  case {case}: {p!r}\n  " + "\n  ".join(bad) + f"\n  reproduce: {repro}",
+            pytrace=False,
+        )
     return ratios
 
 
@@ -204,8 +212,12 @@ def _registered() -> list[Any]:
     return [e.impl for e in builtin_impls() if getattr(e, "name", "") in IMPL_IDS]
 
 
-AMP_BIAS = [("no-bias", False, None), ("bias-bf16", True, "bfloat16"), ("bias-fp32", True, "float32"),
-            ("bias-fp16", True, "float16")]
+AMP_BIAS = [
+    ("no-bias", False, None),
+    ("bias-bf16", True, "bfloat16"),
+    ("bias-fp32", True, "float32"),
+    ("bias-fp16", True, "float16"),
+]
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -218,16 +230,32 @@ def test_amp_smoke(impl, bias_case, bias, bias_dtype, reduction):
     if reason:
         pytest.skip(f"{impl.name} unavailable: {reason}")
     assert torch.bfloat16 in impl.support.autocast, f"{impl.name} does not declare bf16 autocast"
-    p = Problem(N=19, H=16, V=33, autocast="bfloat16", bias=bias, bias_dtype=bias_dtype, reduction=reduction,
-                ignored=0.2, upstream="per_row" if reduction == "none" else "one", device=device_of(impl))
+    p = Problem(
+        N=19,
+        H=16,
+        V=33,
+        autocast="bfloat16",
+        bias=bias,
+        bias_dtype=bias_dtype,
+        reduction=reduction,
+        ignored=0.2,
+        upstream="per_row" if reduction == "none" else "one",
+        device=device_of(impl),
+    )
     out = run_impl(impl, p)
-    want = {"grad_x": torch.float32, "grad_weight": torch.float32, "grad_bias": getattr(torch, bias_dtype) if bias else None}
+    want = {
+        "grad_x": torch.float32,
+        "grad_weight": torch.float32,
+        "grad_bias": getattr(torch, bias_dtype) if bias else None,
+    }
     for name, dt in want.items():
         g = out.get(name)
         if dt is None:
             assert g is None, f"{impl.name}: {name} returned without a bias ({p!r})"
             continue
-        assert g is not None and g.dtype == dt, f"{impl.name}: {name} dtype {None if g is None else g.dtype}, want {dt} ({p!r})"
+        assert g is not None and g.dtype == dt, (
+            f"{impl.name}: {name} dtype {None if g is None else g.dtype}, want {dt} ({p!r})"
+        )
         assert bool(torch.isfinite(g).all()), f"{impl.name}: non-finite {name} under AMP ({p!r})"
 
 
@@ -309,9 +337,19 @@ def test_no_per_chunk_host_sync(impl, reduction):
     reason = impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"{impl.name} unavailable: {reason}")
-    p = Problem(N=48, H=8, V=17, ignored=0.2, label_smoothing=0.1, class_weights=True, softcap=5.0,
-                z_loss_scale=1e-3, reduction=reduction, upstream="per_row" if reduction == "none" else "one",
-                device=device_of(impl))
+    p = Problem(
+        N=48,
+        H=8,
+        V=17,
+        ignored=0.2,
+        label_smoothing=0.1,
+        class_weights=True,
+        softcap=5.0,
+        z_loss_scale=1e-3,
+        reduction=reduction,
+        upstream="per_row" if reduction == "none" else "one",
+        device=device_of(impl),
+    )
     one, six = _syncs(impl.with_chunk_rows(48), p), _syncs(impl.with_chunk_rows(8), p)
     assert six == one, f"{impl.name} {reduction}: {one} host reads with 1 chunk, {six} with 6 ({p!r})"
 
@@ -336,7 +374,10 @@ def test_second_backward():
     """The fused path consumes its stored gradients (a second backward raises, naming retain_graph);
     recompute can run backward twice and gives the same gradients."""
     t = build(Problem(N=12, H=8, V=17, bias=True))
-    for impl, twice_ok in ((chunked("fallback").with_chunk_rows(CHUNK), False), (recompute().with_chunk_rows(CHUNK), True)):
+    for impl, twice_ok in (
+        (chunked("fallback").with_chunk_rows(CHUNK), False),
+        (recompute().with_chunk_rows(CHUNK), True),
+    ):
         w = t.weight.clone().requires_grad_(True)
         loss, _ = impl(t.x, w, t.target, t.bias, **t.options.call_kwargs())
         loss.backward(retain_graph=True)
@@ -356,19 +397,23 @@ def test_compare_accepts_overflow_only_as_correct_rounding():
     b = torch.tensor([1.0, 1.0, 16.0], dtype=torch.float64)
     assert compare("loss", big.to(torch.float16), big, b).ok  # 87983, -70000 -> ±inf; 65519 -> 65504 (half ulp 16)
     assert not compare("loss", torch.tensor([float("-inf")], dtype=torch.float16), big[:1], b[:1]).ok  # wrong sign
-    assert not compare("loss", torch.tensor([float("inf")], dtype=torch.float16),
-                       torch.tensor([43.0], dtype=torch.float64), b[:1]).ok  # a representable mean: inf is wrong
+    assert not compare(
+        "loss", torch.tensor([float("inf")], dtype=torch.float16), torch.tensor([43.0], dtype=torch.float64), b[:1]
+    ).ok  # a representable mean: inf is wrong
     near = torch.tensor([65500.0], dtype=torch.float64)
     assert compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([30.0])).ok
     assert not compare("loss", torch.tensor([float("inf")], dtype=torch.float16), near, torch.tensor([10.0])).ok
 
 
-@pytest.mark.parametrize("impl_value, state, words", [
-    (None, "missing", "produced no value"),
-    (torch.zeros(2), "shape_differs", "shape (2,) differs from the oracle's (3,)"),
-    (torch.tensor([0.0, float("nan"), 0.0]), "nonfinite_mismatch", "non-finite mismatch at index [1]"),
-    (torch.tensor([0.0, 2.0, 0.0]), "compared", "1 / 3 elements beyond bound"),
-])
+@pytest.mark.parametrize(
+    "impl_value, state, words",
+    [
+        (None, "missing", "produced no value"),
+        (torch.zeros(2), "shape_differs", "shape (2,) differs from the oracle's (3,)"),
+        (torch.tensor([0.0, float("nan"), 0.0]), "nonfinite_mismatch", "non-finite mismatch at index [1]"),
+        (torch.tensor([0.0, 2.0, 0.0]), "compared", "1 / 3 elements beyond bound"),
+    ],
+)
 def test_compare_names_what_it_could_compare(impl_value, state, words):
     """A missing output, a shape that differs and a non-finite mismatch each get their own state and message."""
     c = compare("grad_x", impl_value, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))

@@ -92,6 +92,7 @@ _CUSTOM = {}
 
 def _custom_double_via_temp():
     if "op" not in _CUSTOM:
+
         @torch.library.custom_op("numcheck_test::double_via_temp", mutates_args=())
         def double_via_temp(x: torch.Tensor) -> torch.Tensor:
             temp = x * 3

@@ -20,8 +20,22 @@ import pytest
 import torch
 
 from numcheck.impls import registry
-from numcheck.impls.protocols.linear_ce import (FunctionImpl, LinearCESupport, linear_ce_impl, make_support, validate_impl)
-from numcheck.impls.registry import ENTRY_POINT_GROUP, ENV_VAR, BrokenImpl, ImplEntry, builtin_impls, discover, load_spec
+from numcheck.impls.protocols.linear_ce import (
+    FunctionImpl,
+    LinearCESupport,
+    linear_ce_impl,
+    make_support,
+    validate_impl,
+)
+from numcheck.impls.registry import (
+    ENTRY_POINT_GROUP,
+    ENV_VAR,
+    BrokenImpl,
+    ImplEntry,
+    builtin_impls,
+    discover,
+    load_spec,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "outside_impl.py"
@@ -71,6 +85,7 @@ def _only(entries) -> ImplEntry | BrokenImpl:
 # Built-ins
 # ------------------------------------------------------------------------------------------------------
 
+
 def test_builtins_load():
     """Every built-in loads (no BrokenImpl), follows its protocol, has a unique name, and 'eager' is one."""
     entries = builtin_impls()
@@ -86,6 +101,7 @@ def test_builtins_load():
 
 def test_builtin_factory_that_raises_is_broken_not_fatal(monkeypatch):
     """A raising built-in factory becomes a BrokenImpl naming the factory; the other built-ins still load."""
+
     def exploding_factory():
         raise RuntimeError("no such kernel")
 
@@ -100,6 +116,7 @@ def test_builtin_factory_that_raises_is_broken_not_fatal(monkeypatch):
 # ------------------------------------------------------------------------------------------------------
 # module:attr specs
 # ------------------------------------------------------------------------------------------------------
+
 
 def test_spec_loads_an_impl(modules):
     """``module:attr`` naming an impl object loads it, with the origin given."""
@@ -130,8 +147,13 @@ def test_spec_loads_a_list_a_factory_and_the_default_attr(modules):
         class ns:
             impl = _mk("nested")
     """)
-    for attr, want in (("LIST", ["l1", "l2"]), ("TUPLE", ["t1"]), ("factory_one", ["f1"]),
-                       ("factory_many", ["f2", "f3"]), ("ns.impl", ["nested"])):
+    for attr, want in (
+        ("LIST", ["l1", "l2"]),
+        ("TUPLE", ["t1"]),
+        ("factory_one", ["f1"]),
+        ("factory_many", ["f2", "f3"]),
+        ("ns.impl", ["nested"]),
+    ):
         entries = load_spec(f"{mod}:{attr}", "--impl")
         assert all(isinstance(e, ImplEntry) for e in entries), entries
         assert [e.name for e in entries] == want, attr
@@ -144,16 +166,31 @@ BROKEN_MODULES = {
     "syntax_error": ("def (:\n", "impl", "SyntaxError"),
     "missing_attr": ("x = 1\n", "impl", "has no attribute 'impl'"),
     "no_name": ("class I:\n    kind = 'linear_ce'\nimpl = I()\n", "impl", "'name'"),
-    "wrong_kind": ("from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
-                   "    support = LinearCESupport()\n    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "kind 'softmax'"),
-    "bad_support": ("class I:\n    name = 's'\n    kind = 'linear_ce'\n    support = {'dtypes': ()}\n"
-                    "    def __call__(self, *a, **k): pass\nimpl = I()\n", "impl", "LinearCESupport"),
-    "not_callable": ("from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
-                     "    support = LinearCESupport()\nimpl = I()\n", "impl", "not callable"),
+    "wrong_kind": (
+        "from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
+        "    support = LinearCESupport()\n    def __call__(self, *a, **k): pass\nimpl = I()\n",
+        "impl",
+        "kind 'softmax'",
+    ),
+    "bad_support": (
+        "class I:\n    name = 's'\n    kind = 'linear_ce'\n    support = {'dtypes': ()}\n"
+        "    def __call__(self, *a, **k): pass\nimpl = I()\n",
+        "impl",
+        "LinearCESupport",
+    ),
+    "not_callable": (
+        "from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
+        "    support = LinearCESupport()\nimpl = I()\n",
+        "impl",
+        "not callable",
+    ),
     "factory_raises": ("def impl():\n    raise ValueError('needs CUDA 12.9')\n", "impl", "needs CUDA 12.9"),
     "empty_list": ("impl = []\n", "impl", "yielded no impls"),
-    "quant_without_support": ("class Q:\n    name = 'q'\n    kind = 'quant_linear'\n    def __call__(self, *a, **k): pass\n"
-                              "impl = Q()\n", "impl", "q"),
+    "quant_without_support": (
+        "class Q:\n    name = 'q'\n    kind = 'quant_linear'\n    def __call__(self, *a, **k): pass\nimpl = Q()\n",
+        "impl",
+        "q",
+    ),
 }
 
 
@@ -192,6 +229,7 @@ def test_one_bad_item_in_a_list_keeps_the_good_ones(modules):
 # ------------------------------------------------------------------------------------------------------
 # discover(): env var, entry points, --impl, duplicates
 # ------------------------------------------------------------------------------------------------------
+
 
 def _write_dist(root: Path, entry_points: dict[str, str]) -> None:
     dist = root / f"nc_ep_dist_{uuid.uuid4().hex[:6]}-0.1.dist-info"
@@ -254,10 +292,18 @@ def test_duplicate_names_are_broken_not_shadowed(modules, monkeypatch):
 # The protocol's declarations
 # ------------------------------------------------------------------------------------------------------
 
+
 def test_linear_ce_impl_decorator_builds_a_function_impl():
     """linear_ce_impl turns a function into a FunctionImpl: dtype names resolved, description from the docstring."""
-    @linear_ce_impl(name="dec", dtypes=("float32", "bfloat16"), options=("bias", "softcap"), autocast=("bfloat16",),
-                    reductions=("mean",), option_combinations_excluded=[("bias", "softcap")])
+
+    @linear_ce_impl(
+        name="dec",
+        dtypes=("float32", "bfloat16"),
+        options=("bias", "softcap"),
+        autocast=("bfloat16",),
+        reductions=("mean",),
+        option_combinations_excluded=[("bias", "softcap")],
+    )
     def f(x, weight, target, bias=None, **kw):
         """First line.
 
@@ -273,16 +319,20 @@ def test_linear_ce_impl_decorator_builds_a_function_impl():
     assert f.with_support(chunk_rows=4).support.chunk_rows == 4 and f.support.chunk_rows is None
 
 
-@pytest.mark.parametrize("kwargs,word", [
-    (dict(options=("bias", "temperature")), "temperature"),
-    (dict(reductions=("avg",)), "avg"),
-    (dict(dtypes=("float64",)), "dtypes"),
-    (dict(dtypes=("float99",)), "float99"),
-    (dict(dtypes=("Tensor",)), "Tensor"),
-    (dict(all_ignored="raise"), "all_ignored"),
-    (dict(grad_accumulation="bf16"), "grad_accumulation"),
-    (dict(chunk_rows=0), "chunk_rows"),
-], ids=lambda v: "-".join(map(str, v)) if isinstance(v, dict) else str(v))
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(options=("bias", "temperature")), "temperature"),
+        (dict(reductions=("avg",)), "avg"),
+        (dict(dtypes=("float64",)), "dtypes"),
+        (dict(dtypes=("float99",)), "float99"),
+        (dict(dtypes=("Tensor",)), "Tensor"),
+        (dict(all_ignored="raise"), "all_ignored"),
+        (dict(grad_accumulation="bf16"), "grad_accumulation"),
+        (dict(chunk_rows=0), "chunk_rows"),
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, dict) else str(v),
+)
 def test_support_declaration_rejects_unknown_values(kwargs, word):
     """A support declaration with an unknown option, reduction, dtype or setting raises naming it."""
     with pytest.raises(ValueError, match=word):
@@ -291,8 +341,15 @@ def test_support_declaration_rejects_unknown_values(kwargs, word):
 
 def test_support_refuses_says_why():
     """refuses() names the first undeclared aspect of a case, and is None for a declared one."""
-    s = make_support(dtypes=("float32",), devices=("cpu",), options=("bias", "softcap", "z_loss"), reductions=("mean",),
-                     autocast=(), all_ignored=None, option_combinations_excluded=[("softcap", "z_loss")])
+    s = make_support(
+        dtypes=("float32",),
+        devices=("cpu",),
+        options=("bias", "softcap", "z_loss"),
+        reductions=("mean",),
+        autocast=(),
+        all_ignored=None,
+        option_combinations_excluded=[("softcap", "z_loss")],
+    )
     assert s.refuses(dtype=torch.float32, device="cpu", options={"bias"}) is None
     assert "dtype" in s.refuses(dtype=torch.bfloat16, device="cpu")
     assert "device" in s.refuses(dtype=torch.float32, device="cuda")
@@ -327,7 +384,9 @@ def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 """
 
 
-def _run(args: list[str], tmp_path: Path, env_impls: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], tmp_path: Path, env_impls: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", ENV_VAR))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO)])
     if env_impls is not None:
@@ -359,8 +418,11 @@ def test_outside_module_runs_under_pytest_impl(outside_dir):
 def test_outside_modules_under_env_var_good_bad_and_broken(outside_dir):
     """With NUMCHECK_IMPLS, the outside impl and the built-ins pass, a protocol breach fails by name, and an
     unimportable module is one error naming it and the import error — without breaking the others."""
-    r = _run(["-m", "pytest", CONFORMANCE, "-q", "-rA", "-p", "no:cacheprovider"], outside_dir,
-             env_impls="mymod:impl,mybad:impl,mybroken:impl")
+    r = _run(
+        ["-m", "pytest", CONFORMANCE, "-q", "-rA", "-p", "no:cacheprovider"],
+        outside_dir,
+        env_impls="mymod:impl,mybad:impl,mybroken:impl",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert f"PASSED {CONFORMANCE}::test_protocol_structure[{EXAMPLE_NAME}]" in out, out
@@ -381,6 +443,6 @@ def test_outside_module_appears_in_numcheck_list(outside_dir):
     assert f"{EXAMPLE_NAME}  [linear_ce, from ${ENV_VAR}]" in out, out
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"{EXAMPLE_NAME}  ["))
-    block = list(itertools.takewhile(lambda line: line.startswith(" "), lines[start + 1:]))
+    block = list(itertools.takewhile(lambda line: line.startswith(" "), lines[start + 1 :]))
     assert "    here: runs" in block, block
     assert "eager  [linear_ce, from built-in]" in out

@@ -16,8 +16,10 @@ import torch
 from numcheck.impls.builtin import grad_accum, split_accum
 from numcheck.impls.measure import memory
 
-pytestmark = pytest.mark.skipif(split_accum.unavailable_reason() is not None,
-                                reason=f"Triton kernels unavailable: {split_accum.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    split_accum.unavailable_reason() is not None,
+    reason=f"Triton kernels unavailable: {split_accum.unavailable_reason()}",
+)
 DEVICE = "cpu" if split_accum.INTERPRET else "cuda"
 U32 = 2.0**-24
 
@@ -45,8 +47,10 @@ def test_integer_sums_are_exact(shape: tuple[int, int, int, int]) -> None:
     lo_used = int((acc.lo != 0).sum())
     assert lo_used > 0, "test data did not exercise the lower half"
     diff = (got - exact).abs()
-    assert torch.equal(got, exact), (f"split accumulator differs from the exact integer sum by {diff.max():g} at "
-                                     f"{divmod(int(diff.argmax()), H)}; repro: pytest tests/self/impls/test_split_accum.py -k integer")
+    assert torch.equal(got, exact), (
+        f"split accumulator differs from the exact integer sum by {diff.max():g} at "
+        f"{divmod(int(diff.argmax()), H)}; repro: pytest tests/self/impls/test_split_accum.py -k integer"
+    )
 
 
 @pytest.mark.parametrize("kernel", ["tma", "pointer"])
@@ -56,8 +60,9 @@ def test_each_kernel_sums_integers_exactly(kernel: str) -> None:
     # past one compiled tile (128 × 256) on CUDA, with edge tiles; a few interpreter tiles on CPU
     V, H, C, K = (264, 520, 72, 3) if DEVICE == "cuda" else (72, 40, 24, 3)
     probe = split_accum.SplitAccumulator((V, H), DEVICE)
-    if kernel == "tma" and not probe.tma_eligible(torch.zeros(C, V, dtype=torch.bfloat16, device=DEVICE),
-                                                  torch.zeros(C, H, dtype=torch.bfloat16, device=DEVICE)):
+    if kernel == "tma" and not probe.tma_eligible(
+        torch.zeros(C, V, dtype=torch.bfloat16, device=DEVICE), torch.zeros(C, H, dtype=torch.bfloat16, device=DEVICE)
+    ):
         pytest.skip("no tensor descriptors here (Triton without them, or a device without TMA)")
     g = torch.Generator().manual_seed(11)
     exact = torch.zeros(V, H, dtype=torch.float64)
@@ -68,8 +73,10 @@ def test_each_kernel_sums_integers_exactly(kernel: str) -> None:
         exact += G.double().T @ x.double()
     assert int((probe.lo != 0).sum()) > 0, "test data did not exercise the lower half"
     got = probe.value().cpu().double()
-    assert torch.equal(got, exact), (f"kernel {kernel!r}: differs from the exact integer sum by "
-                                     f"{(got - exact).abs().max():g}; repro: pytest tests/self/impls/test_split_accum.py -k {kernel}")
+    assert torch.equal(got, exact), (
+        f"kernel {kernel!r}: differs from the exact integer sum by "
+        f"{(got - exact).abs().max():g}; repro: pytest tests/self/impls/test_split_accum.py -k {kernel}"
+    )
 
 
 def test_tma_kernel_refuses_unaligned_rows() -> None:
@@ -103,7 +110,9 @@ def test_random_sums_within_fp32_bound(dtype: torch.dtype) -> None:
     bound = n * U32 / (1 - n * U32) * A
     got = acc.value().cpu().double()
     ratio = ((got - exact).abs() / bound).max()
-    assert ratio <= 1, f"{dtype}: error/bound {float(ratio):.3g}; repro: pytest tests/self/impls/test_split_accum.py -k random"
+    assert ratio <= 1, (
+        f"{dtype}: error/bound {float(ratio):.3g}; repro: pytest tests/self/impls/test_split_accum.py -k random"
+    )
     rel = float((got - exact).norm() / exact.norm())
     rel_lowp = float((lowp.double() - exact).norm() / exact.norm())
     assert rel * 100 < rel_lowp, f"split {rel:.3g} is not ≫ better than a bf16 running sum {rel_lowp:.3g}"
@@ -121,9 +130,27 @@ def _crafted(bits: list[int]) -> split_accum.SplitAccumulator:
 #: fp32 bit patterns around every rounding case: ties to even (both ways), just above/below a tie, the largest
 #: finite fp32 (rounds to +inf in bf16), the bf16 maximum plus half an ulp, subnormals, ±0, ±inf, NaNs whose
 #: payload lies only in the lower half.
-CASES = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x00008000,
-         0x00018000, 0x00000001, 0x80000000, 0x00000000, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFC00001,
-         0xBF808000, 0xC0A3D70A, 0x3DCCCCCD]
+CASES = [
+    0x3F808000,
+    0x3F818000,
+    0x3F808001,
+    0x3F807FFF,
+    0x7F7FFFFF,
+    0x7F7F8000,
+    0x7F7F7FFF,
+    0x00008000,
+    0x00018000,
+    0x00000001,
+    0x80000000,
+    0x00000000,
+    0x7F800000,
+    0xFF800000,
+    0x7F800001,
+    0xFFC00001,
+    0xBF808000,
+    0xC0A3D70A,
+    0x3DCCCCCD,
+]
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in multiply:RuntimeWarning")  # the interpreter's numpy on inf/NaN
@@ -140,8 +167,10 @@ def test_finish_rounds_once_to_nearest_even(scale: float | None) -> None:
     assert torch.equal(got.isnan(), nan)
     wb, gb = want.view(torch.int16)[~nan], got.view(torch.int16)[~nan]
     bad = (wb != gb).nonzero()
-    assert bad.numel() == 0, (f"scale {scale}: finish gave bits {[hex(int(gb[i]) & 0xFFFF) for i in bad.flatten()]} "
-                              f"where torch rounds to {[hex(int(wb[i]) & 0xFFFF) for i in bad.flatten()]}")
+    assert bad.numel() == 0, (
+        f"scale {scale}: finish gave bits {[hex(int(gb[i]) & 0xFFFF) for i in bad.flatten()]} "
+        f"where torch rounds to {[hex(int(wb[i]) & 0xFFFF) for i in bad.flatten()]}"
+    )
     assert acc.lo is None
     with pytest.raises(RuntimeError, match="finish ran twice"):
         acc.finish(s)

@@ -31,8 +31,9 @@ SAFETY = 2.0
 IGN = -100
 DEVICE = "cpu" if triton_ce.INTERPRET else "cuda"  # the interpreter runs on CPU tensors
 
-pytestmark = pytest.mark.skipif(triton_ce.unavailable_reason() is not None,
-                                reason=f"Triton kernel unavailable: {triton_ce.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    triton_ce.unavailable_reason() is not None, reason=f"Triton kernel unavailable: {triton_ce.unavailable_reason()}"
+)
 
 
 def gamma(n: int) -> float:
@@ -42,7 +43,7 @@ def gamma(n: int) -> float:
 
 def _case(C: int, V: int, dtype: torch.dtype, *, ignored: int, cw: bool, seed: int, scale: float = 3.0):
     g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(C, V, generator=g, dtype=torch.float64) * scale)
+    logits = torch.randn(C, V, generator=g, dtype=torch.float64) * scale
     if V > 1024:  # put every row's maximum in the last (ragged) vocabulary block: online rescaling must work
         logits[:, -3] = logits.abs().amax(dim=1) + 1.0
     logits = logits.to(dtype)
@@ -73,8 +74,10 @@ def _bounds(logits, target, weights, coef, *, eps, softcap, lam, stats_given):
     Cc = (1 - eps) * w_t + (eps / V) * float(cw.sum()) * valid
     q = ((eps / V) * cw[None, :] * valid[:, None]).clone()
     q[torch.arange(C), safe] += (1 - eps) * w_t
-    Gabs = coef.coef_ce.to(f).abs()[:, None] * (Cc[:, None] * p + q) \
+    Gabs = (
+        coef.coef_ce.to(f).abs()[:, None] * (Cc[:, None] * p + q)
         + (coef.coef_z.to(f).abs() * 2 * lam * lse.abs())[:, None] * p
+    )
     zmax = zc.abs().amax(dim=1) if softcap is not None else torch.zeros(C, dtype=f)
     R = gamma(V + 4) * (1 + lse.abs())
     e = 2 * 14 * U * zmax + 2 * R
@@ -111,15 +114,25 @@ def test_triton_equals_torch_block(opts, dtype, V, mode, request):
     o = OPTION_SETS[opts]
     eps, softcap, lam = o.get("eps", 0.0), o.get("softcap"), o.get("lam", 0.0)
     C = 13  # not a multiple of the interpreter's rows per program
-    logits, target, weights, coef = _case(C, V, dtype, ignored=3, cw=o.get("cw", False), seed=list(OPTION_SETS).index(opts) * 7 + V)
+    logits, target, weights, coef = _case(
+        C, V, dtype, ignored=3, cw=o.get("cw", False), seed=list(OPTION_SETS).index(opts) * 7 + V
+    )
     stats = None
     if mode == "stats-given-grad-only":
         zc = logits.float()
         zc = softcap * torch.tanh(zc / softcap) if softcap is not None else zc
         m = zc.amax(dim=1)
         stats = SoftmaxStats(m, torch.logsumexp(zc - m[:, None], dim=1))
-    kw = dict(ignore_index=IGN, label_smoothing=eps, class_weights=weights, softcap=softcap, z_loss_scale=lam,
-              stats=stats, want_loss=mode != "stats-given-grad-only", want_grad=mode != "loss-only")
+    kw = dict(
+        ignore_index=IGN,
+        label_smoothing=eps,
+        class_weights=weights,
+        softcap=softcap,
+        z_loss_scale=lam,
+        stats=stats,
+        want_loss=mode != "stats-given-grad-only",
+        want_grad=mode != "loss-only",
+    )
     a, b = logits.clone(), logits.clone()
     ra = ce_block_(a, target, coef.coef_ce, coef.coef_z, **kw)
     rb = triton_ce.ce_block_triton_(b, target, coef.coef_ce, coef.coef_z, **kw)
@@ -141,15 +154,25 @@ def test_triton_equals_torch_block(opts, dtype, V, mode, request):
             f"Triton vs torch CE block: {name} differs by {float(diff.reshape(-1)[worst]):.3g} > bound "
             f"{float(bound.reshape(-1)[worst]):.3g} at flat index {worst} (torch {float(x_t.reshape(-1)[worst]):.9g}, "
             f"triton {float(x_k.reshape(-1)[worst]):.9g}); options {opts}, {dtype}, V={V}, mode {mode}; "
-            f"repro: pytest '{request.node.nodeid}'")
+            f"repro: pytest '{request.node.nodeid}'"
+        )
 
 
 def test_ignored_rows_get_exact_zero_gradient():
     """Ignored rows come out of the kernel with G exactly 0 and CE/z-loss exactly 0, whatever the options."""
     logits, target, weights, coef = _case(9, 37, torch.float32, ignored=4, cw=True, seed=5)
     b = logits.clone()
-    r = triton_ce.ce_block_triton_(b, target, coef.coef_ce, coef.coef_z, ignore_index=IGN, label_smoothing=0.1,
-                                   class_weights=weights, softcap=3.0, z_loss_scale=1e-2)
+    r = triton_ce.ce_block_triton_(
+        b,
+        target,
+        coef.coef_ce,
+        coef.coef_z,
+        ignore_index=IGN,
+        label_smoothing=0.1,
+        class_weights=weights,
+        softcap=3.0,
+        z_loss_scale=1e-2,
+    )
     assert torch.equal(b[:4], torch.zeros_like(b[:4])), "non-zero gradient on ignored rows"
     assert torch.equal(r.ce[:4].cpu(), torch.zeros(4)) and torch.equal(r.z[:4].cpu(), torch.zeros(4))
 

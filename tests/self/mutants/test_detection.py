@@ -29,15 +29,23 @@ def test_rows_cover_every_mutant_and_load():
 def test_findings_give_properties_margins_and_time():
     """Failed properties give their margin (the first error/bound of the message, else the failure's line) and
     the seconds to the end of the first failed property in run order; passed and skipped ones are kept apart."""
-    msg = ("property 'frozen_weight' fails for impl 'mut'\n  case: Problem(N=1, H=1, V=1)\n  (a) analytic bound: grad_x "
-           "(torch.float32): 1 / 1 elements beyond bound (error/bound 12.5); max abs error 1\n  reproduce: numcheck repro")
-    det_msg = ("property 'determinism' fails for impl 'mut'\n  case: Problem(N=2, H=1, V=1)\n  grad_weight differs "
-               "between two identical runs: max |difference| 6e-08")
-    raw = {"name": "mut", "results": [
-        {"property": "accuracy", "status": "passed", "message": "", "seconds": 2.0},
-        {"property": "frozen_inputs[weight]", "status": "failed", "message": msg, "seconds": 1.5},
-        {"property": "loss_scale", "status": "skipped", "message": "no AMP", "seconds": 0.0},
-        {"property": "determinism", "status": "failed", "message": det_msg, "seconds": 3.0}]}
+    msg = (
+        "property 'frozen_weight' fails for impl 'mut'\n  case: Problem(N=1, H=1, V=1)\n  (a) analytic bound: grad_x "
+        "(torch.float32): 1 / 1 elements beyond bound (error/bound 12.5); max abs error 1\n  reproduce: numcheck repro"
+    )
+    det_msg = (
+        "property 'determinism' fails for impl 'mut'\n  case: Problem(N=2, H=1, V=1)\n  grad_weight differs "
+        "between two identical runs: max |difference| 6e-08"
+    )
+    raw = {
+        "name": "mut",
+        "results": [
+            {"property": "accuracy", "status": "passed", "message": "", "seconds": 2.0},
+            {"property": "frozen_inputs[weight]", "status": "failed", "message": msg, "seconds": 1.5},
+            {"property": "loss_scale", "status": "skipped", "message": "no AMP", "seconds": 0.0},
+            {"property": "determinism", "status": "failed", "message": det_msg, "seconds": 3.0},
+        ],
+    }
     row = detection.ROWS[0]
     d = detection._detection(row, raw, 7.0, list(row.select))
     assert d.caught and d.mutant == "mut" and d.passed == ["accuracy"] and d.skipped == 1
@@ -50,7 +58,9 @@ def test_findings_give_properties_margins_and_time():
 
 def test_markdown_marks_a_missed_mutant():
     """A mutant no property caught is marked NO in the table and counted in the summary line."""
-    d = detection.Detection("m", "nondeterminism", "order", "x:y", ["determinism"], caught=False, passed=["determinism"])
+    d = detection.Detection(
+        "m", "nondeterminism", "order", "x:y", ["determinism"], caught=False, passed=["determinism"]
+    )
     md = detection.to_markdown([d], "head")
     assert "**NO**" in md and "0 of 1 mutants caught" in md
 

@@ -40,7 +40,10 @@ def test_mutant_caught_by_ci_profile(mutant):
         run_property(dist_accuracy, mutant, P, "numcheck-ci", shrink=False)
     msg = str(info.value)
     assert f"fails for impl {mutant.name!r} (world size {P}, {dh.default_backend()})" in msg
-    assert 'reproduce: python -m numcheck.properties.distributed.linear_ce.props --impl "numcheck.tests.self.helpers.dist_mutants:' in msg
+    assert (
+        'reproduce: python -m numcheck.properties.distributed.linear_ce.props --impl "numcheck.tests.self.helpers.dist_mutants:'
+        in msg
+    )
 
 
 class _Deadlock(VocabParallelCE):
@@ -51,8 +54,9 @@ class _Deadlock(VocabParallelCE):
 
         if dist.get_rank(group) == 1:
             time.sleep(3600)
-        return super().rank_call(x, weight, target, bias, group=group, vocab_start=vocab_start,
-                                 vocab_size=vocab_size, **options)
+        return super().rank_call(
+            x, weight, target, bias, group=group, vocab_start=vocab_start, vocab_size=vocab_size, **options
+        )
 
 
 DEADLOCK = _Deadlock("deadlock_dist", "nan")
@@ -77,15 +81,20 @@ def test_deadlocking_impl_fails_one_case_within_timeout(monkeypatch):
 def test_printed_repro_line_runs_as_printed(monkeypatch):
     """A distributed failure's printed repro line, run in a shell as printed (``python`` being this interpreter),
     fails again with the same failure header."""
-    monkeypatch.setenv("NUMCHECK_DIST_PRELOAD", "numcheck.properties.distributed.linear_ce.props")  # no megatron: a quick start
+    monkeypatch.setenv(
+        "NUMCHECK_DIST_PRELOAD", "numcheck.properties.distributed.linear_ce.props"
+    )  # no megatron: a quick start
     mutant = next(m for m in MUTANTS if "TargetOffset" in m.name)
     with pytest.raises(PropertyFailure) as info:
         run_property(dist_accuracy, mutant, _world_size(), "numcheck-ci", shrink=False)
     msg = str(info.value)
     line = msg.rsplit("reproduce: ", 1)[1].strip()
     bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {
+        **os.environ,
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
     if not os.path.exists(os.path.join(bindir, "python")):
         pytest.skip(f"no `python` beside {sys.executable}")
     out = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)

@@ -15,16 +15,22 @@ from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.core.accuracy import eager_errors
 from numcheck.properties.core.problems import Problem
-from numcheck.properties.distributed.linear_ce.props import (DistCase, dist_world_size_invariance, oracle_tensors,
-                                                              run_case)
+from numcheck.properties.distributed.linear_ce.props import (
+    DistCase,
+    dist_world_size_invariance,
+    oracle_tensors,
+    run_case,
+)
 from numcheck.properties.distributed.linear_ce.suite import run_property
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
 from numcheck.properties.distributed.pool import pool as dh
 from numcheck.tests.self.helpers import dist_reduce
 
 #: bf16 cases whose grad_x partials cancel somewhere (the relation's failing elements at P = 2 and 4: 5–27 of 384).
-CASES = [Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="mean", seed=0),
-         Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="none", upstream="per_row", seed=2)]
+CASES = [
+    Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="mean", seed=0),
+    Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="none", upstream="per_row", seed=2),
+]
 
 
 def _needs(P: int) -> None:
@@ -43,8 +49,11 @@ def test_relation_fails_bf16_reduce_declared_fp32(p, P):
     assert f"grad_x (P={P} against P=1)" in str(info.value) and "reduced in float32" in str(info.value)
 
 
-@pytest.mark.parametrize("impl", [dist_reduce.fp32_reduce, dist_reduce.bf16_reduce_declared_input],
-                         ids=["fp32_reduce", "bf16_reduce_declared_input"])
+@pytest.mark.parametrize(
+    "impl",
+    [dist_reduce.fp32_reduce, dist_reduce.bf16_reduce_declared_input],
+    ids=["fp32_reduce", "bf16_reduce_declared_input"],
+)
 @pytest.mark.parametrize("P", [2, 4])
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
 def test_relation_holds_for_what_is_declared(p, P, impl):
@@ -67,15 +76,18 @@ def test_relative_judgement_follows_the_declaration():
     declared fp32 reduction and fp32 logits: its error is below eager's (bf16 logits, one bf16 GEMM); the correct
     impl is within it, and a grad_x twice as far off as allowed is not."""
     _needs(2)
-    impl, case = dist_reduce.fp32_reduce, DistCase(Problem(N=24, H=16, V=37, dtype="bfloat16", bias=True,
-                                                           reduction="sum", seed=4), 2)
+    impl, case = (
+        dist_reduce.fp32_reduce,
+        DistCase(Problem(N=24, H=16, V=37, dtype="bfloat16", bias=True, reduction="sum", seed=4), 2),
+    )
     with matmul_precision.pinned():
         run = run_case(impl, case)
         t = oracle_tensors(impl, case)
         ref = run_oracle(case.problem, t, all_ignored="nan")
         out = run.assembled()
         pairs = [(n, out[n]) for n in ("loss", "grad_x", "grad_weight", "grad_bias")] + [
-            ("grad_x[rank 1]", run.ranks[1]["grad_x"])]
+            ("grad_x[rank 1]", run.ranks[1]["grad_x"])
+        ]
         rel = dist_relative(impl, case.problem, 2, t, ref, pairs, {})
         eager = eager_errors(case.problem, t, ref)
     assert set(rel) == {"loss", "grad_x", "grad_weight", "grad_bias", "grad_x[rank 1]"}

@@ -13,8 +13,14 @@ from numcheck.properties.fp8.strategies import quant_cases
 from numcheck.tests.self.helpers.fp8_mutants import CAUGHT_BY, MUTANTS
 
 # No shrinking: the first failing case is enough to show the mutant is caught (shrinking only costs time).
-_FIND = settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                 suppress_health_check=list(HealthCheck))
+_FIND = settings(
+    max_examples=60,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
@@ -35,8 +41,9 @@ def test_mutant_is_caught(mutant):
     prop = checks.FP8_PROPERTIES[CAUGHT_BY[mutant.name]]
     soi = CAUGHT_BY[mutant.name] == "save_original_input" and mutant.recipe_kind != "delayed"
     mode = True if mutant.name == "mutant_shared_saved_x_workspace" else None  # its workspace holds the original x
-    strategy = quant_cases(mutant.support, regimes=("normal", "wide", "outlier"), require_soi=soi,
-                           save_original_input=mode)
+    strategy = quant_cases(
+        mutant.support, regimes=("normal", "wide", "outlier"), require_soi=soi, save_original_input=mode
+    )
     found = find(strategy, lambda c: _fails(prop, mutant, c), settings=_FIND)
     assert _fails(prop, mutant, found)
 
@@ -57,7 +64,9 @@ def test_colwise_from_rowwise_mutant_is_invisible_to_per_tensor_scaling():
     from numcheck.reference.fp8_recipes import Fp8Recipe
     from numcheck.tests.self.helpers.fp8_mutants import ColumnwiseFromRowwiseQuantized
 
-    per_tensor = ColumnwiseFromRowwiseQuantized("per_tensor_variant", (Fp8Recipe("current", power_of_2_scales=True, fp8_format="E4M3"),))
+    per_tensor = ColumnwiseFromRowwiseQuantized(
+        "per_tensor_variant", (Fp8Recipe("current", power_of_2_scales=True, fp8_format="E4M3"),)
+    )
     case = QuantCase(per_tensor.support.recipes[0], 32, 64, 16, seed=1)
     checks.save_original_input(per_tensor, case)  # passes: pow2 per-tensor requantization is idempotent
     assert isinstance(per_tensor, Fp8Linear)

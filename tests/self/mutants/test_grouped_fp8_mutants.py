@@ -15,8 +15,14 @@ from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.tests.self.helpers.grouped_fp8_mutants import CAUGHT_BY, MUTANTS
 
 # No shrinking: the first failing case shows the mutant is caught.
-_FIND = settings(max_examples=40, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                 suppress_health_check=list(HealthCheck))
+_FIND = settings(
+    max_examples=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -48,11 +54,14 @@ def test_grouped_mutant_is_caught(mutant):
     """Hypothesis finds a case inside the mutant's declaration on which its property fails; the correct fused
     built-in with the same declaration passes that case."""
     prop = GROUPED_PROPERTIES[CAUGHT_BY[mutant.name]]
-    found = find(grouped_cases(mutant.support, **DRAWS[mutant.name]), lambda c: _fails(prop, mutant, c),
-                 settings=_FIND)
+    found = find(grouped_cases(mutant.support, **DRAWS[mutant.name]), lambda c: _fails(prop, mutant, c), settings=_FIND)
     assert _fails(prop, mutant, found)
-    correct = GroupedFusedLinear("correct_twin", recipes=mutant.support.recipes, bitwise_per_expert=True,
-                                 fused_wgrad_accumulation=mutant.support.fused_wgrad_accumulation)
+    correct = GroupedFusedLinear(
+        "correct_twin",
+        recipes=mutant.support.recipes,
+        bitwise_per_expert=True,
+        fused_wgrad_accumulation=mutant.support.fused_wgrad_accumulation,
+    )
     prop(correct, found)
 
 
@@ -67,8 +76,9 @@ def test_zero_amax_mutant_is_invisible_on_an_empty_expert():
     mutant = next(m for m in MUTANTS if m.name == "mutant_grouped_zero_amax_inf_scale")
     GROUPED_PROPERTIES["accuracy"](mutant, GroupedCase(Fp8Recipe("current"), (0, 16, 0, 9), 24, 16, seed=3))
     with pytest.raises(PropertyFailure, match="non-finite"):
-        GROUPED_PROPERTIES["accuracy"](mutant, GroupedCase(Fp8Recipe("current"), (0, 16, 0, 9), 24, 16, seed=3,
-                                                            regime="zero_expert"))
+        GROUPED_PROPERTIES["accuracy"](
+            mutant, GroupedCase(Fp8Recipe("current"), (0, 16, 0, 9), 24, 16, seed=3, regime="zero_expert")
+        )
 
 
 def test_grouped_mutants_load_as_outside_impls():
@@ -80,10 +90,13 @@ def test_grouped_mutants_load_as_outside_impls():
 
 
 #: The drawn suite test of each property a mutant must fail.
-SUITE_TEST = {"accuracy": "grouped_accuracy_against_both_references", "empty_experts": "grouped_empty_experts_exact_zero",
-              "save_original_input": "grouped_save_original_input_is_bitwise_identical",
-              "saved_bytes": "grouped_saved_bytes_measured",
-              "wgrad_accumulation": "grouped_wgrad_accumulation_over_micro_batches"}
+SUITE_TEST = {
+    "accuracy": "grouped_accuracy_against_both_references",
+    "empty_experts": "grouped_empty_experts_exact_zero",
+    "save_original_input": "grouped_save_original_input_is_bitwise_identical",
+    "saved_bytes": "grouped_saved_bytes_measured",
+    "wgrad_accumulation": "grouped_wgrad_accumulation_over_micro_batches",
+}
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])

@@ -29,9 +29,13 @@ def test_mutant_is_caught(mutant):
 
     every = frozenset(LINEAR_CE_OPTIONS)
     strategy = st.one_of(problems(mutant.support), problems(mutant.support, require=every, allow_all_ignored=False))
-    found = find(strategy, lambda p: _fails(mutant, p),
-                 settings=settings(max_examples=200, derandomize=True, database=None, deadline=None,
-                                   suppress_health_check=list(HealthCheck)))
+    found = find(
+        strategy,
+        lambda p: _fails(mutant, p),
+        settings=settings(
+            max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+        ),
+    )
     assert _fails(mutant, found)
 
 
@@ -41,9 +45,13 @@ def test_upstream_before_mean_is_caught_by_loss_scale_draws():
     from numcheck.properties.core.strategies import loss_scale_problems
     from numcheck.tests.self.helpers.mutants import upstream_before_mean
 
-    found = find(loss_scale_problems(upstream_before_mean.support), lambda p: _fails(upstream_before_mean, p),
-                 settings=settings(max_examples=30, derandomize=True, database=None, deadline=None,
-                                   suppress_health_check=list(HealthCheck)))
+    found = find(
+        loss_scale_problems(upstream_before_mean.support),
+        lambda p: _fails(upstream_before_mean, p),
+        settings=settings(
+            max_examples=30, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+        ),
+    )
     assert _fails(upstream_before_mean, found)
     assert not _fails(upstream_before_mean, found.replace(upstream="scalar")), "the bug shows only under the scale"
 
@@ -69,9 +77,18 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
 
     monkeypatch.setattr(split_accum.SplitAccumulator, "add_", add_then_drop_low_half)
     # generate only (no shrinking: each draw runs N chunks, under the interpreter on CPU)
-    found = find(many_chunk_problems(impl.support, N, "bfloat16"), lambda p: _fails(impl, p),
-                 settings=settings(max_examples=5, phases=[Phase.generate], derandomize=True, database=None,
-                                   deadline=None, suppress_health_check=list(HealthCheck)))
+    found = find(
+        many_chunk_problems(impl.support, N, "bfloat16"),
+        lambda p: _fails(impl, p),
+        settings=settings(
+            max_examples=5,
+            phases=[Phase.generate],
+            derandomize=True,
+            database=None,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
     assert _fails(impl, found)
 
 
@@ -110,6 +127,7 @@ def test_upstream_gradient_modified_in_place_is_named():
 
 # -- bug classes: each mutant is caught by the ci profile (numcheck.check, one property) ------------
 from numcheck.tests.self.helpers import mutants as _m  # noqa: E402
+
 
 def ci_verdict(mutant, prop: str):
     """``numcheck.check``'s verdict of suite property ``prop`` on ``mutant`` under the ci profile (same draws, same
@@ -170,10 +188,21 @@ def test_unmutated_twin_is_the_builtin(reduction, dtype):
     from numcheck.impls.registry import builtin
     from numcheck.properties.core.harness import OUTPUTS, run_impl
 
-    p = Problem(N=10, H=16, V=300, dtype=dtype, bias=True, reduction=reduction, ignored=0.25,
-                upstream="per_row" if reduction == "none" else "scalar", seed=3)
-    for name, twin in (("chunked[fp32_operands]", _m._builtin_twin("twin", _m.Mutation())),
-                       ("recompute", _m._builtin_twin("twin", _m.Mutation(), recompute=True))):
+    p = Problem(
+        N=10,
+        H=16,
+        V=300,
+        dtype=dtype,
+        bias=True,
+        reduction=reduction,
+        ignored=0.25,
+        upstream="per_row" if reduction == "none" else "scalar",
+        seed=3,
+    )
+    for name, twin in (
+        ("chunked[fp32_operands]", _m._builtin_twin("twin", _m.Mutation())),
+        ("recompute", _m._builtin_twin("twin", _m.Mutation(), recompute=True)),
+    ):
         ours, theirs = run_impl(twin.with_chunk_rows(3), p), run_impl(builtin(name).with_chunk_rows(3), p)
         assert twin.support == builtin(name).support
         for k in OUTPUTS:

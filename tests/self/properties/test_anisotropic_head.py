@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.properties.core.problems import (HEAD_MEAN_RATIO, HEAD_REGIME, HEAD_SIGMA, Problem, build, head_mean,
-                                          operand_rows)
+from numcheck.properties.core.problems import (
+    HEAD_MEAN_RATIO,
+    HEAD_REGIME,
+    HEAD_SIGMA,
+    Problem,
+    build,
+    head_mean,
+    operand_rows,
+)
 
 #: float64's unit roundoff: the projection's residual x·m is a few of it relative to |x||m|.
 _U64 = 2.0**-53

@@ -35,12 +35,18 @@ FP8 = Fp8Linear("assert_fp8", (CURRENT,))
 
 
 def _y_off(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
-    return FP8(x, weight, bias, recipe=recipe, save_original_input=save_original_input,
-               scaling_state=scaling_state) * 1.01
+    return (
+        FP8(x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state) * 1.01
+    )
 
 
-FP8_OFF = QuantFunctionImpl(name="assert_fp8_y_off", fn=_y_off, support=FP8.support.__class__(
-    recipes=(CURRENT,), dtypes=frozenset({torch.float32}), accum_unit_roundoff=FP8.support.accum_unit_roundoff))
+FP8_OFF = QuantFunctionImpl(
+    name="assert_fp8_y_off",
+    fn=_y_off,
+    support=FP8.support.__class__(
+        recipes=(CURRENT,), dtypes=frozenset({torch.float32}), accum_unit_roundoff=FP8.support.accum_unit_roundoff
+    ),
+)
 
 
 def test_holding_property_returns_its_metrics():
@@ -67,26 +73,66 @@ def test_quant_linear_holds_and_fails():
         assert_quant_linear(FP8_OFF, QuantCase(CURRENT, 16, 32, 8))
 
 
-@pytest.mark.parametrize("call,words", [
-    (lambda: assert_linear_ce(fp32, prop="acuracy", **CASE), ("unknown property 'acuracy'", "Did you mean 'accuracy'?")),
-    (lambda: assert_linear_ce(fp32, n=8, H=16, V=32), ("'n' is not a field of Problem", "Did you mean 'N'?")),
-    (lambda: assert_linear_ce(fp32, Problem(**CASE), N=4), ("a Problem and the fields ['N']",)),
-    (lambda: assert_linear_ce(fp32), ("no case given",)),
-    (lambda: assert_linear_ce(fp32, H=16, V=32), ("missing", "N")),
-    (lambda: assert_linear_ce(fp32, "Problem(N=1, H=1, V=1)"), ("must be a Problem, got str",)),
-    (lambda: assert_linear_ce(fp32, N=8, H=16, V=32, dtype="bfloat16"), ("does not declare this case", "dtype torch.bfloat16")),
-    (lambda: assert_linear_ce(fp32, prop="shift_invariance", N=8, H=16, V=32), ("says nothing about this case", "bias=True")),
-    (lambda: assert_linear_ce(fp32, prop="ignored_rows", N=8, H=16, V=32), ("says nothing", "ignored rows")),
-    (lambda: assert_linear_ce(FP8, **CASE), ("quant_linear impl", "numcheck.assert_quant_linear")),
-    (lambda: assert_linear_ce(object(), **CASE), ("non-empty string attribute 'name'",)),
-    (lambda: assert_linear_ce(fp32.with_support(requires=lambda: "needs fastce"), **CASE), ("cannot run here: needs fastce",)),
-    (lambda: assert_quant_linear(fp32, recipe="current", M=4, K=8, N=4), ("linear_ce impl", "numcheck.assert_linear_ce")),
-    (lambda: assert_quant_linear(FP8, recipe="mxfp8", M=4, K=32, N=4), ("does not declare this case", "recipe mxfp8")),
-    (lambda: assert_quant_linear(FP8, recipe="mx", M=4, K=32, N=4), ("Fp8Recipe.kind='mx'",)),
-    (lambda: assert_quant_linear(FP8_OFF, prop="quantizer", recipe="current", M=4, K=32, N=4), ("exposes_quantize=False",)),
-], ids=["prop_typo", "field_typo", "case_and_fields", "no_case", "missing_field", "case_type", "undeclared", "inapplicable",
-        "inapplicable_ignored", "quant_impl", "not_an_impl", "unavailable", "linear_impl", "quant_undeclared",
-        "bad_recipe", "no_quantizer"])
+@pytest.mark.parametrize(
+    "call,words",
+    [
+        (
+            lambda: assert_linear_ce(fp32, prop="acuracy", **CASE),
+            ("unknown property 'acuracy'", "Did you mean 'accuracy'?"),
+        ),
+        (lambda: assert_linear_ce(fp32, n=8, H=16, V=32), ("'n' is not a field of Problem", "Did you mean 'N'?")),
+        (lambda: assert_linear_ce(fp32, Problem(**CASE), N=4), ("a Problem and the fields ['N']",)),
+        (lambda: assert_linear_ce(fp32), ("no case given",)),
+        (lambda: assert_linear_ce(fp32, H=16, V=32), ("missing", "N")),
+        (lambda: assert_linear_ce(fp32, "Problem(N=1, H=1, V=1)"), ("must be a Problem, got str",)),
+        (
+            lambda: assert_linear_ce(fp32, N=8, H=16, V=32, dtype="bfloat16"),
+            ("does not declare this case", "dtype torch.bfloat16"),
+        ),
+        (
+            lambda: assert_linear_ce(fp32, prop="shift_invariance", N=8, H=16, V=32),
+            ("says nothing about this case", "bias=True"),
+        ),
+        (lambda: assert_linear_ce(fp32, prop="ignored_rows", N=8, H=16, V=32), ("says nothing", "ignored rows")),
+        (lambda: assert_linear_ce(FP8, **CASE), ("quant_linear impl", "numcheck.assert_quant_linear")),
+        (lambda: assert_linear_ce(object(), **CASE), ("non-empty string attribute 'name'",)),
+        (
+            lambda: assert_linear_ce(fp32.with_support(requires=lambda: "needs fastce"), **CASE),
+            ("cannot run here: needs fastce",),
+        ),
+        (
+            lambda: assert_quant_linear(fp32, recipe="current", M=4, K=8, N=4),
+            ("linear_ce impl", "numcheck.assert_linear_ce"),
+        ),
+        (
+            lambda: assert_quant_linear(FP8, recipe="mxfp8", M=4, K=32, N=4),
+            ("does not declare this case", "recipe mxfp8"),
+        ),
+        (lambda: assert_quant_linear(FP8, recipe="mx", M=4, K=32, N=4), ("Fp8Recipe.kind='mx'",)),
+        (
+            lambda: assert_quant_linear(FP8_OFF, prop="quantizer", recipe="current", M=4, K=32, N=4),
+            ("exposes_quantize=False",),
+        ),
+    ],
+    ids=[
+        "prop_typo",
+        "field_typo",
+        "case_and_fields",
+        "no_case",
+        "missing_field",
+        "case_type",
+        "undeclared",
+        "inapplicable",
+        "inapplicable_ignored",
+        "quant_impl",
+        "not_an_impl",
+        "unavailable",
+        "linear_impl",
+        "quant_undeclared",
+        "bad_recipe",
+        "no_quantizer",
+    ],
+)
 def test_bad_arguments_are_refused_before_running(call, words):
     """Each misuse raises InvalidAssertion (a ValueError and TypeError) saying what was wrong and how to fix it."""
     with pytest.raises(InvalidAssertion) as excinfo:

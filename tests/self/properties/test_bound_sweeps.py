@@ -12,16 +12,30 @@ from numcheck.impls.registry import by_kind, discover
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.core.strategies import refusal
-from numcheck.properties.core.tolerance import (_linear_ce_bounds_two_runs, error_model, linear_ce_bounds,
-                                           linear_ce_bounds_many, sweep_key)
+from numcheck.properties.core.tolerance import (
+    _linear_ce_bounds_two_runs,
+    error_model,
+    linear_ce_bounds,
+    linear_ce_bounds_many,
+    sweep_key,
+)
 from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, DEFAULT_VOCAB_CHUNK
 
 PROBLEMS = [
     Problem(N=37, H=16, V=61, seed=1),
     Problem(N=30, H=6, V=50, dtype="bfloat16", reduction="sum", upstream="scalar", bias=True, seed=6),
     Problem(N=20, H=8, V=33, dtype="bfloat16", bias=True, ignored=0.2, seed=2),
-    Problem(N=24, H=8, V=40, dtype="float16", softcap=5.0, z_loss_scale=1e-3, label_smoothing=0.1,
-            class_weights=True, seed=3),
+    Problem(
+        N=24,
+        H=8,
+        V=40,
+        dtype="float16",
+        softcap=5.0,
+        z_loss_scale=1e-3,
+        label_smoothing=0.1,
+        class_weights=True,
+        seed=3,
+    ),
     Problem(N=16, H=8, V=30, dtype="float32", autocast="bfloat16", upstream="loss_scale", seed=4),
     Problem(N=12, H=4, V=9, dtype="bfloat16", reduction="none", ignored=0.5, upstream="per_row", seed=5),
     Problem(N=DEFAULT_ROW_CHUNK + 5, H=2, V=7, dtype="bfloat16", bias=True, seed=8),  # two row blocks
@@ -31,11 +45,20 @@ PROBLEMS = [
 
 def _models(p: Problem) -> list:
     """Every registered declaration that takes ``p``, at both levels, with the dtypes an impl returns."""
-    dtypes = {"loss": torch.float32, "z_loss": torch.float32, "grad_x": p.param_dtype,
-              "grad_weight": p.param_dtype, "grad_bias": p.param_dtype}
+    dtypes = {
+        "loss": torch.float32,
+        "z_loss": torch.float32,
+        "grad_x": p.param_dtype,
+        "grad_weight": p.param_dtype,
+        "grad_bias": p.param_dtype,
+    }
     impls = [e.impl for e in by_kind(discover([]), "linear_ce")]
-    models = [error_model(i.support, p, dtypes, level) for i in impls if refusal(i.support, p) is None
-              for level in ("hard", "expected")]
+    models = [
+        error_model(i.support, p, dtypes, level)
+        for i in impls
+        if refusal(i.support, p) is None
+        for level in ("hard", "expected")
+    ]
     return list({repr(m): m for m in models}.values())
 
 

@@ -32,14 +32,19 @@ def _builtins(dtype: str, slow: bool) -> dict[str, object]:
         if not isinstance(e, ImplEntry) or e.kind != "linear_ce" or e.name == "eager":
             continue
         s = e.impl.support
-        if s.slow == slow and not s.unavailable_reason() and not s.refuses(
-                dtype=dtype_of(dtype), device="cpu", options=("ignore_index",)):
+        if (
+            s.slow == slow
+            and not s.unavailable_reason()
+            and not s.refuses(dtype=dtype_of(dtype), device="cpu", options=("ignore_index",))
+        ):
             out[e.name] = e.impl
     return out
 
 
 def _report(result: convergence.ConvergenceResult) -> str:
-    return convergence_text.markdown(result) + "\n".join(l for r in result.judged for l in result.failure_lines(r.label))
+    return convergence_text.markdown(result) + "\n".join(
+        l for r in result.judged for l in result.failure_lines(r.label)
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -102,15 +107,18 @@ def test_assert_converges_passes_and_fails():
         assert word in text, text
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"stpes": 3}, ["unknown keyword 'stpes'", "steps"]),
-    ({"dtype": "float8"}, ["dtype must be one of"]),
-    ({"steps": 0}, ["steps must be an int >= 1"]),
-    ({"ignored": 1.5}, ["ignored must be a fraction"]),
-    ({"dtype": "float16", "impl": mutants.bf16_grad_weight_accum}, ["does not declare", "float16", "dtype=..."]),
-    ({"label": "eager"}, ["label 'eager' is not allowed"]),
-    ({"impl": object()}, ["needs a non-empty string attribute 'name'", "numcheck.linear_ce_impl"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"stpes": 3}, ["unknown keyword 'stpes'", "steps"]),
+        ({"dtype": "float8"}, ["dtype must be one of"]),
+        ({"steps": 0}, ["steps must be an int >= 1"]),
+        ({"ignored": 1.5}, ["ignored must be a fraction"]),
+        ({"dtype": "float16", "impl": mutants.bf16_grad_weight_accum}, ["does not declare", "float16", "dtype=..."]),
+        ({"label": "eager"}, ["label 'eager' is not allowed"]),
+        ({"impl": object()}, ["needs a non-empty string attribute 'name'", "numcheck.linear_ce_impl"]),
+    ],
+)
 def test_bad_arguments_are_refused_before_running(kwargs, words):
     """Each misuse raises InvalidAssertion saying what was wrong and how to fix it."""
     kwargs = dict(kwargs)
@@ -139,8 +147,19 @@ def test_cli_writes_json_markdown_and_plots(tmp_path, capsys):
     """``numcheck converge`` prints the Markdown, writes JSON, Markdown and PNGs, and exits 1 when a head leaves."""
     from numcheck.reports.cli import main
 
-    rc = main(["converge", "--impl", "chunked[fp32_operands]", "--steps", "3", "--envelope-seeds", "1",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "converge",
+            "--impl",
+            "chunked[fp32_operands]",
+            "--steps",
+            "3",
+            "--envelope-seeds",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0, capsys.readouterr().out
     assert "**Convergence** (float32" in capsys.readouterr().out
     data = json.loads((tmp_path / "convergence.json").read_text())
@@ -148,7 +167,9 @@ def test_cli_writes_json_markdown_and_plots(tmp_path, capsys):
     assert (tmp_path / "convergence.md").read_text().startswith("**Convergence**")
     pytest.importorskip("matplotlib")
     assert {p.name for p in (tmp_path / "float32").iterdir()} == {"convergence_loss.png", "convergence_distance.png"}
-    rc = main(["converge", "--impl", "numcheck.tests.self.helpers.mutants:loss_bf16", "--steps", "3", "--envelope-seeds", "1"])
+    rc = main(
+        ["converge", "--impl", "numcheck.tests.self.helpers.mutants:loss_bf16", "--steps", "3", "--envelope-seeds", "1"]
+    )
     out = capsys.readouterr().out
     assert rc == 1 and "outside" in out and "reproduce: `" in out, out
     assert "--envelope-seeds 1 " in out and "--shape vocab=64," in out, out
@@ -170,12 +191,29 @@ def test_repro_line_carries_every_setting():
     import shlex
 
     shape = ModelShape(vocab=48, hidden=16, ffn=40, rows=24, lr=0.15, momentum=0.8)
-    config = {"dtype": "bfloat16", "steps": 7, "seed": 3, "envelope_seeds": [4, 5], "ignored": 0.25,
-              "device": "cpu", "shape": dataclasses.asdict(shape), "master_dtype": "float32"}
+    config = {
+        "dtype": "bfloat16",
+        "steps": 7,
+        "seed": 3,
+        "envelope_seeds": [4, 5],
+        "ignored": 0.25,
+        "device": "cpu",
+        "shape": dataclasses.asdict(shape),
+        "master_dtype": "float32",
+    }
     line = convergence.repro_command(mutants.loss_bf16, config)
-    args = _converge_parser().parse_args(shlex.split(line[line.index("numcheck converge") + len("numcheck converge"):]))
-    assert (args.dtype, args.steps, args.seed, args.envelope_seeds, args.ignored, args.device, args.shape) == \
-        (["bfloat16"], 7, 3, 2, 0.25, "cpu", shape)
+    args = _converge_parser().parse_args(
+        shlex.split(line[line.index("numcheck converge") + len("numcheck converge") :])
+    )
+    assert (args.dtype, args.steps, args.seed, args.envelope_seeds, args.ignored, args.device, args.shape) == (
+        ["bfloat16"],
+        7,
+        3,
+        2,
+        0.25,
+        "cpu",
+        shape,
+    )
     assert set(convergence.OPTIONS) == {"dtype", "steps", "seed", "envelope_seeds", "ignored", "device", "shape"}
 
 
@@ -204,7 +242,10 @@ def test_a_head_that_raises_is_an_error_verdict_not_the_end(tmp_path, capsys):
     assert [r.label for r in result.judged] == ["broken", "good"]
     assert result.runs["good"].inside and result.runs["broken"].inside is False and not result.ok
     assert "RuntimeError: this head is broken" in result.failure_lines("broken")[0]
-    assert "**error**" in convergence_text.markdown(result) and json.loads(json.dumps(result.to_json()))["runs"]["broken"]["error"]
+    assert (
+        "**error**" in convergence_text.markdown(result)
+        and json.loads(json.dumps(result.to_json()))["runs"]["broken"]["error"]
+    )
     with pytest.raises(numcheck.PropertyFailure, match="(?s)broken_head.*this head is broken.*reproduce: "):
         numcheck.assert_converges(broken, steps=3, envelope_seeds=1)
 
@@ -214,6 +255,7 @@ def test_envelope_is_undefined_when_eager_diverges():
     inside, a NaN one included (before: r = inf ≤ k = inf passed it), and the failure says why; with a defined
     envelope a non-finite r is outside too."""
     from numcheck.properties.convergence import envelope as env_
+
     level = {"params": [1.0, 1.0], "loss": [1.0, 1.0]}
     finite = {"params": [1.0, 2.0], "loss": [1.0, 1.5]}
     diverged = {"params": [1.0, math.inf], "loss": [1.0, math.nan]}
@@ -227,10 +269,13 @@ def test_envelope_is_undefined_when_eager_diverges():
     defined = env_.envelope([finite, finite], (0, 1), dtype=fp32, n_eff=4096)
     nan_run = env_.judge({"params": [0.0, math.nan], "loss": [0.0, 0.5]}, d_eager, level, defined)
     assert nan_run["loss"].inside and not nan_run["params"].inside
-    runs = {"eager": convergence.RunRecord("eager", "eager", [1.0, 1.0], d_eager),
-            "new": convergence.RunRecord("new", "x", [1.0, 1.0], d_eager, env_.judge(d_eager, d_eager, level, undefined))}
-    result = convergence.ConvergenceResult(config={}, runs=runs, level=level, envelope=undefined, entropy=1.0,
-                                           seconds=0.0)
+    runs = {
+        "eager": convergence.RunRecord("eager", "eager", [1.0, 1.0], d_eager),
+        "new": convergence.RunRecord("new", "x", [1.0, 1.0], d_eager, env_.judge(d_eager, d_eager, level, undefined)),
+    }
+    result = convergence.ConvergenceResult(
+        config={}, runs=runs, level=level, envelope=undefined, entropy=1.0, seconds=0.0
+    )
     lines = result.failure_lines("new")
     assert not result.ok and len(lines) == 2 and all("envelope undefined" in line for line in lines)
 
@@ -239,6 +284,8 @@ def test_no_impl_declaring_the_dtype_is_bad_input(capsys):
     """numcheck converge with no impl declaring the requested dtype judges nothing: exit 2, saying so."""
     from numcheck.reports.cli import main
 
-    rc = main(["converge", "--impl", "numcheck.tests.self.helpers.mutants:bf16_grad_weight_accum", "--dtype", "float16"])
+    rc = main(
+        ["converge", "--impl", "numcheck.tests.self.helpers.mutants:bf16_grad_weight_accum", "--dtype", "float16"]
+    )
     out = capsys.readouterr().out
     assert rc == 2 and "no impl declares any requested dtype (float16)" in out, out

@@ -23,8 +23,9 @@ from numcheck.properties.core.strategies import determinism_layout, pinned_row, 
 _SUPPORTS = {
     "everything": LinearCESupport(),
     "no none, no AMP": LinearCESupport(reductions=frozenset({"mean", "sum"}), autocast=frozenset()),
-    "bf16 only, two options": LinearCESupport(dtypes=frozenset({torch.bfloat16}), autocast=frozenset(),
-                                              options=frozenset({"bias", "softcap"})),
+    "bf16 only, two options": LinearCESupport(
+        dtypes=frozenset({torch.bfloat16}), autocast=frozenset(), options=frozenset({"bias", "softcap"})
+    ),
     "excluded pair": LinearCESupport(option_combinations_excluded=frozenset({frozenset({"softcap", "z_loss"})})),
 }
 _DESIGNS = {"every": EVERY_DIMENSION, **{name: p.dimensions for name, p in SUITE.items() if p.dimensions}}
@@ -67,7 +68,9 @@ def test_a_property_own_force_wins_over_the_row():
     """Inside a row, a field the property pins itself keeps the property's value."""
     row = covering_rows(("reduction",), LinearCESupport(), "cpu")[0]
     with pinned_row(row), seeded_data("own force") as data:
-        p = data.draw(problems(LinearCESupport(), force={"reduction": "sum" if row.force["reduction"] != "sum" else "mean"}))
+        p = data.draw(
+            problems(LinearCESupport(), force={"reduction": "sum" if row.force["reduction"] != "sum" else "mean"})
+        )
     assert p.reduction != row.force["reduction"]
 
 
@@ -128,9 +131,17 @@ def _transposed_bug(x, weight, target, bias=None, *, reduction="mean", ignore_in
 
 
 _TRANSPOSED_BUG = FunctionImpl(
-    "mutant_transposed_weight_ignores_upstream", _transposed_bug,
-    LinearCESupport(options=frozenset({"ignore_index"}), all_ignored="nan", logits_dtype="float32",
-                    dtypes=frozenset({torch.float32}), autocast=frozenset(), slow=True))
+    "mutant_transposed_weight_ignores_upstream",
+    _transposed_bug,
+    LinearCESupport(
+        options=frozenset({"ignore_index"}),
+        all_ignored="nan",
+        logits_dtype="float32",
+        dtypes=frozenset({torch.float32}),
+        autocast=frozenset(),
+        slow=True,
+    ),
+)
 
 
 def test_strided_rows_meet_a_scalar_upstream_for_every_liger_impl():
@@ -142,7 +153,9 @@ def test_strided_rows_meet_a_scalar_upstream_for_every_liger_impl():
     if not ligers:
         pytest.skip("no Liger impl registered here")
     for impl in ligers:
-        got = {(dict(r.values).get("reduction"), dict(r.values)["upstream"]) for r in rows(SUITE["strided_inputs"], impl)}
+        got = {
+            (dict(r.values).get("reduction"), dict(r.values)["upstream"]) for r in rows(SUITE["strided_inputs"], impl)
+        }
         for red in {"mean", "sum"} & set(impl.support.reductions):
             assert (red, "scalar") in got, (impl.name, sorted(got))
 
@@ -167,14 +180,18 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     assert not rows(SUITE["determinism"], _TRANSPOSED_BUG) and budget(_TRANSPOSED_BUG, 12, SUITE["determinism"]) == 3
     cheap = QUANT_SUITE["save_original_input_is_bitwise_identical"]
     assert cheap.budget_scale > 1
-    assert budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "quant_linear"})(), 12,
-                  cheap) == 12 * cheap.budget_scale
+    assert (
+        budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "quant_linear"})(), 12, cheap)
+        == 12 * cheap.budget_scale
+    )
     with pytest.raises(ValueError, match="budget_scale"):
         SuiteProperty("x", SUITE["accuracy"].check, SUITE["accuracy"].draw, budget_scale=0)
 
 
-@pytest.mark.parametrize("module,table", [("numcheck.tests.suite.test_properties", SUITE),
-                                          ("numcheck.tests.suite.test_fp8_impls", QUANT_SUITE)])
+@pytest.mark.parametrize(
+    "module,table",
+    [("numcheck.tests.suite.test_properties", SUITE), ("numcheck.tests.suite.test_fp8_impls", QUANT_SUITE)],
+)
 def test_every_drawn_suite_test_names_its_entry(module, table):
     """Each @given test of a suite module is an entry of the NUMCHECK_SUITE table numcheck's plugin reads (its
     name without test_, [param] for a parametrized one), so its rows and budget apply."""
@@ -183,8 +200,11 @@ def test_every_drawn_suite_test_names_its_entry(module, table):
     mod = importlib.import_module(module)
     assert mod.NUMCHECK_SUITE is table
     names = {n.split("[")[0] for n in table}
-    given = [name for name, fn in inspect.getmembers(mod, inspect.isfunction)
-             if name.startswith("test_") and hasattr(fn, "hypothesis")]
+    given = [
+        name
+        for name, fn in inspect.getmembers(mod, inspect.isfunction)
+        if name.startswith("test_") and hasattr(fn, "hypothesis")
+    ]
     assert given
     for name in given:
         assert name.removeprefix("test_") in names, name
@@ -200,7 +220,7 @@ def test_determinism_draws_span_several_chunks():
     declared = FunctionImpl("chunky", _transposed_bug, LinearCESupport(chunk_rows=16, chunk_cols=32))
     _, min_n, min_v = determinism_layout(declared)
     assert (min_n, min_v) == (17, 33)
-    (impl, draw), = SUITE["determinism"].variants(declared)
+    ((impl, draw),) = SUITE["determinism"].variants(declared)
     drawn = []
     for i in range(40):
         try:
@@ -222,7 +242,7 @@ def test_scale_edges_sit_beside_fp8_max_times_a_power_of_two(dtype, fmt_max):
     g = torch.Generator().manual_seed(7)
     t = plant_scale_edges(torch.randn(9, 70, generator=g, dtype=torch.float64), g, fmt_max, dtype)
     for c0 in range(0, 70, EDGE_RUN):
-        amax = t[:, c0:c0 + EDGE_RUN].abs().amax(dim=1)
+        amax = t[:, c0 : c0 + EDGE_RUN].abs().amax(dim=1)
         assert torch.equal(amax.to(getattr(torch, dtype)).double(), amax), "edge values not exact in the dtype"
         k = torch.round(torch.log2(amax / fmt_max))
         base = fmt_max * torch.exp2(k)

@@ -21,8 +21,6 @@ ALPHA = 1e-3
 DRAWS = 20
 
 
-
-
 @settings(max_examples=6)
 @given(data=st.data())
 def test_recompute_matches_chunked(data):

@@ -18,8 +18,12 @@ CASE = Problem(N=40, H=8, V=24, dtype="bfloat16", bias=True, reduction="sum", re
 
 
 def _chunked(path: str, rows: int) -> ChunkedLinearCE:
-    return ChunkedLinearCE(f"chunked[{path}]@{rows}", path=path, chunk_rows=rows,
-                           support=LinearCESupport(returns_z_loss=True, all_ignored="nan"))
+    return ChunkedLinearCE(
+        f"chunked[{path}]@{rows}",
+        path=path,
+        chunk_rows=rows,
+        support=LinearCESupport(returns_z_loss=True, all_ignored="nan"),
+    )
 
 
 def test_path_of_each_builtin_is_the_builtin_bit_for_bit():
@@ -55,10 +59,12 @@ def test_vocabulary_parallel_reduce_follows_its_dtype():
     p = Problem(N=24, H=16, V=37, dtype="bfloat16", reduction="sum", seed=0)
     t = build(p)
     parts = ((0, 19), (19, 37))
-    fp32 = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts,
-                        reduce_dtype=torch.float32)
-    bf16 = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts,
-                        reduce_dtype=torch.bfloat16)
+    fp32 = DeclaredPath(
+        logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts, reduce_dtype=torch.float32
+    )
+    bf16 = DeclaredPath(
+        logits_fp32=True, grad_accumulation="fp32", chunk_rows=1, grad_x_parts=parts, reduce_dtype=torch.bfloat16
+    )
     whole = DeclaredPath(logits_fp32=True, grad_accumulation="fp32", chunk_rows=1)
     a, b, w = (declared_path_outputs(d, p, t)["grad_x"] for d in (fp32, bf16, whole))
     ulp = torch.finfo(torch.bfloat16).eps * w.double().abs()

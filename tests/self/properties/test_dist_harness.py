@@ -138,8 +138,7 @@ def test_latch_fails_a_timeout_once_outside_hypothesis():
     @given(n=st.integers(0, 100))
     def body(n):
         calls.append(n)
-        out = latch.run(lambda: DistPool.get(2, "gloo"), dist_fns.hang_on_rank, [0, 0], timeout_s=3,
-                        note=f"case n={n}")
+        out = latch.run(lambda: DistPool.get(2, "gloo"), dist_fns.hang_on_rank, [0, 0], timeout_s=3, note=f"case n={n}")
         if out is None:
             return
 

@@ -26,18 +26,49 @@ from numcheck.properties.core.strategies import DEVICE
 from numcheck.properties.core.tolerance import upstream_overflow
 
 #: Liger's CUDA false alarm : 87 of its 2049 rows have |z/s| > 18.7 for both classes.
-SATURATED = Problem(N=2049, H=1, V=2, dtype="float32", ignored=0.1, softcap=3.96, regime="large", seed=0,
-                    device=DEVICE)
+SATURATED = Problem(N=2049, H=1, V=2, dtype="float32", ignored=0.1, softcap=3.96, regime="large", seed=0, device=DEVICE)
 #: eager under AMP fp16, grad_weight's exact value −67829.9 (V=1) and 91352.4 (V=157) pass 65504.
 OVERFLOWING = [
-    Problem(N=64, H=1, V=1, dtype="float32", autocast="float16", ignored=0.1, reduction="sum", z_loss_scale=0.5,
-            regime="outlier_rows", seed=1, device=DEVICE),
-    Problem(N=2, H=17, V=157, dtype="float32", autocast="float16", bias=True, ignored=0.1, z_loss_scale=0.5,
-            regime="outlier_rows", seed=117246739, device=DEVICE),
+    Problem(
+        N=64,
+        H=1,
+        V=1,
+        dtype="float32",
+        autocast="float16",
+        ignored=0.1,
+        reduction="sum",
+        z_loss_scale=0.5,
+        regime="outlier_rows",
+        seed=1,
+        device=DEVICE,
+    ),
+    Problem(
+        N=2,
+        H=17,
+        V=157,
+        dtype="float32",
+        autocast="float16",
+        bias=True,
+        ignored=0.1,
+        z_loss_scale=0.5,
+        regime="outlier_rows",
+        seed=117246739,
+        device=DEVICE,
+    ),
 ]
 #: reduction_consistency's scalar upstream (u ≈ 3) takes eager's 'sum' grad_x to −121900 under AMP fp16.
-SCALED_OVERFLOW = Problem(N=7, H=1, V=90, dtype="float32", autocast="float16", ignored=0.1, z_loss_scale=0.5,
-                          regime="large", seed=0, device=DEVICE)
+SCALED_OVERFLOW = Problem(
+    N=7,
+    H=1,
+    V=90,
+    dtype="float32",
+    autocast="float16",
+    ignored=0.1,
+    z_loss_scale=0.5,
+    regime="large",
+    seed=0,
+    device=DEVICE,
+)
 
 
 class _TanhTowardZero(torch.autograd.Function):
@@ -57,8 +88,16 @@ class _TanhTowardZero(torch.autograd.Function):
         return g * (1 - t * t)
 
 
-def _faithful_tanh_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any = None, *,
-                      reduction: str = "mean", ignore_index: int = -100, softcap: float | None = None) -> torch.Tensor:
+def _faithful_tanh_ce(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Any = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """fp32 linear + softcap + CE, the softcap's tanh rounded toward zero: a correct fp32 evaluation."""
     z = F.linear(x, weight, bias)
     if softcap is not None:
@@ -66,16 +105,31 @@ def _faithful_tanh_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tenso
     return F.cross_entropy(z, target, reduction=reduction, ignore_index=ignore_index)
 
 
-FAITHFUL_TANH = FunctionImpl("faithful_tanh", _faithful_tanh_ce, LinearCESupport(
-    options=frozenset({"bias", "ignore_index", "softcap"}), all_ignored="nan", logits_dtype="float32",
-    dtypes=frozenset({torch.float32}), autocast=frozenset()))
+FAITHFUL_TANH = FunctionImpl(
+    "faithful_tanh",
+    _faithful_tanh_ce,
+    LinearCESupport(
+        options=frozenset({"bias", "ignore_index", "softcap"}),
+        all_ignored="nan",
+        logits_dtype="float32",
+        dtypes=frozenset({torch.float32}),
+        autocast=frozenset(),
+    ),
+)
 
 
 def _fp16_ce(shift: bool):
     """CE of fp16 logits evaluated in fp16, with the max shift (``shift``) or without it (the mutant)."""
 
-    def fn(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any = None, *,
-           reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
+    def fn(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: Any = None,
+        *,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+    ) -> torch.Tensor:
         z = F.linear(x, weight, bias)
         with torch.autocast(z.device.type, enabled=False):
             zh = z.to(torch.float16)
@@ -89,8 +143,14 @@ def _fp16_ce(shift: bool):
     return fn
 
 
-_AMP16 = LinearCESupport(options=frozenset({"ignore_index"}), all_ignored=None, logits_dtype="compute",
-                         ce_dtype="compute", dtypes=frozenset({torch.float32}), autocast=frozenset({torch.float16}))
+_AMP16 = LinearCESupport(
+    options=frozenset({"ignore_index"}),
+    all_ignored=None,
+    logits_dtype="compute",
+    ce_dtype="compute",
+    dtypes=frozenset({torch.float32}),
+    autocast=frozenset({torch.float16}),
+)
 SHIFTED_FP16_CE = FunctionImpl("fp16_ce_shifted", _fp16_ce(shift=True), _AMP16)
 UNSHIFTED_FP16_CE = FunctionImpl("mutant_fp16_exp_without_max_shift", _fp16_ce(shift=False), _AMP16)
 
@@ -103,8 +163,9 @@ class _PrescaledGradWeight(torch.autograd.Function):
     output is PRESCALE times the gradient, so it overflows where the gradient itself fits (grad_x is plain)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, reduction: str,
-                ignore_index: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, w, target)
         ctx.opts = (reduction, ignore_index)
         logits = (x.half() @ w.half().T).float()
@@ -123,19 +184,35 @@ class _PrescaledGradWeight(torch.autograd.Function):
         return gx, gw, None, None, None
 
 
-def _prescaled(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any = None, *,
-               reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
+def _prescaled(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Any = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+) -> torch.Tensor:
     with torch.autocast(x.device.type, enabled=False):
         return _PrescaledGradWeight.apply(x, weight, target, reduction, ignore_index)
 
 
-PRESCALED_GRAD_WEIGHT = FunctionImpl("mutant_prescaled_fp16_grad_weight", _prescaled, LinearCESupport(
-    options=frozenset({"ignore_index"}), all_ignored=None, logits_dtype="compute", dtypes=frozenset({torch.float32}),
-    autocast=frozenset({torch.float16})))
+PRESCALED_GRAD_WEIGHT = FunctionImpl(
+    "mutant_prescaled_fp16_grad_weight",
+    _prescaled,
+    LinearCESupport(
+        options=frozenset({"ignore_index"}),
+        all_ignored=None,
+        logits_dtype="compute",
+        dtypes=frozenset({torch.float32}),
+        autocast=frozenset({torch.float16}),
+    ),
+)
 
 #: 'sum' over rows scaled by 64: |grad_weight| reaches hundreds (fits fp16), PRESCALE times that does not.
-NEEDLESS = Problem(N=16, H=4, V=8, dtype="float32", autocast="float16", reduction="sum", regime="outlier_rows",
-                   seed=3, device=DEVICE)
+NEEDLESS = Problem(
+    N=16, H=4, V=8, dtype="float32", autocast="float16", reduction="sum", regime="outlier_rows", seed=3, device=DEVICE
+)
 
 
 def test_saturated_softcap_rows_keep_their_rounding_term() -> None:
@@ -187,9 +264,16 @@ def test_needless_gradient_overflow_fails() -> None:
     assert check_accuracy(builtin("eager"), NEEDLESS).ok
 
 
-def _fp16_log_softmax_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
-                         *, reduction: str = "mean", ignore_index: int = -100,
-                         class_weights: torch.Tensor | None = None) -> torch.Tensor:
+def _fp16_log_softmax_ce(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    class_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Linear + CE whose log-softmax runs in the logits' fp16 under autocast, as eager's does on CUDA; its
     backward holds ∂L/∂log p = −u·c_i in fp16."""
     logits = F.linear(x, weight, bias)
@@ -199,13 +283,27 @@ def _fp16_log_softmax_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
 
 FP16_LOG_SOFTMAX = FunctionImpl(
-    name="fp16_log_softmax_ce", fn=_fp16_log_softmax_ce,
-    support=LinearCESupport(options=("class_weights",), autocast=("float16",), grad_accumulation="fp32",
-                            ce_dtype="compute"),
-    description="log-softmax in fp16 under autocast (CUDA eager's cross_entropy)")
+    name="fp16_log_softmax_ce",
+    fn=_fp16_log_softmax_ce,
+    support=LinearCESupport(
+        options=("class_weights",), autocast=("float16",), grad_accumulation="fp32", ce_dtype="compute"
+    ),
+    description="log-softmax in fp16 under autocast (CUDA eager's cross_entropy)",
+)
 #: CUDA seed 12: a loss scale of 2^17 over one row: ∂L/∂log p_y = −131072, inf in fp16.
-ONE_ROW_SCALED = Problem(N=1, H=16, V=44, dtype="float32", autocast="float16", bias=True, class_weights=True,
-                         upstream="loss_scale", regime="confident", seed=305, device=DEVICE)
+ONE_ROW_SCALED = Problem(
+    N=1,
+    H=16,
+    V=44,
+    dtype="float32",
+    autocast="float16",
+    bias=True,
+    class_weights=True,
+    upstream="loss_scale",
+    regime="confident",
+    seed=305,
+    device=DEVICE,
+)
 
 
 def test_upstream_overflow_before_the_gradients_is_accepted() -> None:
@@ -218,8 +316,9 @@ def test_upstream_overflow_before_the_gradients_is_accepted() -> None:
     assert res.analytic["grad_x"].extra.get("overflow_upstream"), "the overflow was not recorded"
     many = ONE_ROW_SCALED.replace(N=64, class_weights=False)
     assert not upstream_overflow(many)
-    broken = FunctionImpl(name="nan_grads", fn=lambda *a, **k: _nan_grad(_fp16_log_softmax_ce(*a, **k)),
-                          support=FP16_LOG_SOFTMAX.support)
+    broken = FunctionImpl(
+        name="nan_grads", fn=lambda *a, **k: _nan_grad(_fp16_log_softmax_ce(*a, **k)), support=FP16_LOG_SOFTMAX.support
+    )
     assert not check_accuracy(broken, many, relative=False).ok, "non-finite gradients passed without an overflow"
 
 

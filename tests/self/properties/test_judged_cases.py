@@ -20,8 +20,7 @@ from numcheck.tests.self.helpers import user_impls
 
 #: Properties whose early returns (a case they cannot judge) or refusal path an impl that raises once slipped
 #: through, and a plain one.
-RAISING_PROPERTIES = ("accuracy", "strided_inputs", "shift_invariance", "ignored_rows", "determinism",
-                      "pinned_cases")
+RAISING_PROPERTIES = ("accuracy", "strided_inputs", "shift_invariance", "ignored_rows", "determinism", "pinned_cases")
 
 
 def test_an_impl_that_raises_passes_nothing_and_counts_nothing():
@@ -57,8 +56,9 @@ def test_a_failure_reports_its_own_error_bound():
     assert v.status == "failed" and not v.impl_raised, v
     shown = re.search(r"error/bound ([0-9.e+]+)", v.message)
     assert shown and v.worst_ratio is not None and v.worst_ratio > 1, v
-    assert v.worst_ratio == pytest.approx(max(float(x) for x in re.findall(r"error/bound ([0-9.e+]+)", v.message)),
-                                          rel=1e-2), v
+    assert v.worst_ratio == pytest.approx(
+        max(float(x) for x in re.findall(r"error/bound ([0-9.e+]+)", v.message)), rel=1e-2
+    ), v
     assert v.worst_case is not None and repr(v.worst_case) in v.message, v
     assert f"the failing case's error/bound {v.worst_ratio:.3g}" in str(v), v
 
@@ -72,8 +72,7 @@ def test_a_case_the_property_cannot_judge_is_rejected_not_counted():
         calls.append(p)
         return NOT_JUDGED
 
-    prop = SuiteProperty("accuracy", never_judges, lambda impl, data: Problem(N=2, H=2, V=3),
-                         dimensions=("reduction",))
+    prop = SuiteProperty("accuracy", never_judges, lambda impl, data: Problem(N=2, H=2, V=3), dimensions=("reduction",))
     run = run_rows(prop, user_impls.counted)
     assert not run.results and run.rejected and calls, run
     assert judge(never_judges, user_impls.counted, Problem(N=2, H=2, V=3)) is NOT_JUDGED

@@ -15,24 +15,28 @@ from numcheck.properties.core.strategies import problems
 F64 = torch.float64
 
 
-@pytest.mark.parametrize("kwargs,word", [
-    (dict(N=0), "Problem.N"),
-    (dict(H=-1), "Problem.H"),
-    (dict(V=2.0), "Problem.V"),
-    (dict(dtype="fp8"), "fp8"),
-    (dict(autocast="bfloat16", dtype="bfloat16"), "autocast"),
-    (dict(bias_dtype="int8"), "int8"),
-    (dict(ignored=1.5), "ignored"),
-    (dict(ignored=-0.1), "ignored"),
-    (dict(regime="huge"), "regime"),
-    (dict(upstream="vector"), "upstream"),
-    (dict(upstream="per_row", reduction="mean"), "per_row"),
-    (dict(upstream="scalar", reduction="none"), "scalar"),
-    (dict(V=1, ignore_index=0), "ignore_index"),
-    (dict(label_smoothing=1.5), "label_smoothing"),
-    (dict(softcap=0.0), "softcap"),
-    (dict(reduction="avg"), "reduction"),
-], ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else str(v))
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(N=0), "Problem.N"),
+        (dict(H=-1), "Problem.H"),
+        (dict(V=2.0), "Problem.V"),
+        (dict(dtype="fp8"), "fp8"),
+        (dict(autocast="bfloat16", dtype="bfloat16"), "autocast"),
+        (dict(bias_dtype="int8"), "int8"),
+        (dict(ignored=1.5), "ignored"),
+        (dict(ignored=-0.1), "ignored"),
+        (dict(regime="huge"), "regime"),
+        (dict(upstream="vector"), "upstream"),
+        (dict(upstream="per_row", reduction="mean"), "per_row"),
+        (dict(upstream="scalar", reduction="none"), "scalar"),
+        (dict(V=1, ignore_index=0), "ignore_index"),
+        (dict(label_smoothing=1.5), "label_smoothing"),
+        (dict(softcap=0.0), "softcap"),
+        (dict(reduction="avg"), "reduction"),
+    ],
+    ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else str(v),
+)
 def test_invalid_problem_names_the_field(kwargs, word):
     """An invalid Problem raises ValueError naming the field (also through replace())."""
     base = dict(N=4, H=3, V=10)
@@ -51,11 +55,35 @@ def test_dtype_of():
 
 SAMPLE = [
     Problem(N=5, H=4, V=7),
-    Problem(N=9, H=3, V=11, dtype="bfloat16", bias=True, bias_dtype="float32", ignored=0.3, reduction="none",
-            label_smoothing=0.1, class_weights=True, softcap=3.0, z_loss_scale=1e-3, upstream="per_row",
-            regime="outlier_rows", seed=4),
-    Problem(N=3, H=2, V=5, autocast="float16", ignored=1.0, reduction="sum", upstream="scalar", regime="confident",
-            ignore_index=-1, seed=9),
+    Problem(
+        N=9,
+        H=3,
+        V=11,
+        dtype="bfloat16",
+        bias=True,
+        bias_dtype="float32",
+        ignored=0.3,
+        reduction="none",
+        label_smoothing=0.1,
+        class_weights=True,
+        softcap=3.0,
+        z_loss_scale=1e-3,
+        upstream="per_row",
+        regime="outlier_rows",
+        seed=4,
+    ),
+    Problem(
+        N=3,
+        H=2,
+        V=5,
+        autocast="float16",
+        ignored=1.0,
+        reduction="sum",
+        upstream="scalar",
+        regime="confident",
+        ignore_index=-1,
+        seed=9,
+    ),
 ]
 
 
@@ -94,20 +122,36 @@ def test_build_honours_every_field(p):
         assert t.class_weights is None
     o = t.options
     assert (o.reduction, o.ignore_index, o.label_smoothing, o.softcap, o.z_loss_scale) == (
-        p.reduction, p.ignore_index, p.label_smoothing, p.softcap, p.z_loss_scale)
+        p.reduction,
+        p.ignore_index,
+        p.label_smoothing,
+        p.softcap,
+        p.z_loss_scale,
+    )
     want_up = {"one": None, "scalar": (), "per_row": (p.N,)}[p.upstream]
     assert (t.upstream is None) if want_up is None else (tuple(t.upstream.shape) == want_up)
     if t.upstream is not None:
         for low in (torch.bfloat16, torch.float16):
             assert torch.equal(t.upstream.to(low).to(t.upstream.dtype), t.upstream), f"upstream not exact in {low}"
-    assert p.features == ({"bias"} if p.bias else set()) | ({"ignore_index"} if p.n_ignored else set()) | o.features \
-        | ({"class_weights"} if p.class_weights else set())
+    assert p.features == ({"bias"} if p.bias else set()) | ({"ignore_index"} if p.n_ignored else set()) | o.features | (
+        {"class_weights"} if p.class_weights else set()
+    )
     assert p.dtype in p.short() and p.reduction in p.short()
 
 
-@pytest.mark.parametrize("N,ignored,want", [
-    (10, 0.0, 0), (10, 0.01, 1), (10, 0.5, 5), (10, 0.999, 9), (10, 1.0, 10), (1, 0.5, 0), (1, 1.0, 1), (7, 0.5, 4),
-])
+@pytest.mark.parametrize(
+    "N,ignored,want",
+    [
+        (10, 0.0, 0),
+        (10, 0.01, 1),
+        (10, 0.5, 5),
+        (10, 0.999, 9),
+        (10, 1.0, 10),
+        (1, 0.5, 0),
+        (1, 1.0, 1),
+        (7, 0.5, 4),
+    ],
+)
 def test_n_ignored(N, ignored, want):
     """ignored > 0 ignores at least one row, ignored < 1 keeps at least one, 1 ignores all, else rounds."""
     p = Problem(N=N, H=2, V=3, ignored=ignored)  # (N=1, 0.5): "keep one" wins over "ignore one"
@@ -145,7 +189,8 @@ def test_confident_regime_is_confident(H, V, dtype):
             p_t = torch.softmax(z[keep], dim=1).gather(1, t.target[keep][:, None]).squeeze(1)
             worst = float(p_t.min())
             assert worst > 1 - (V - 1) * math.exp(-(8 + math.log(V))) - 1e-4, (
-                f"confident regime not confident: min p_target {worst:.6f} on {p!r}")
+                f"confident regime not confident: min p_target {worst:.6f} on {p!r}"
+            )
 
 
 def test_outlier_rows_are_outliers():
@@ -178,11 +223,13 @@ def test_post_norm_grad_weight_partial_sums_add_up():
     """post_norm's Σ_i G_ij·x_ik (grad_weight under 'sum') cancels less than ordinary's at N = 2048: the median
     of |Σ_i G_ij·x_ik| / Σ_i |G_ij·x_ik| is larger (measured 0.16–0.26 against 0.11–0.13), so an accumulator's
     rounding is judged against larger partial sums relative to the result."""
+
     def coherence(regime: str, seed: int) -> float:
         t = build(Problem(N=2048, H=32, V=16, regime=regime, reduction="sum", seed=seed))
         x, w = t.x.double(), t.weight.double()
         G = torch.softmax(x @ w.T, dim=1) - torch.nn.functional.one_hot(t.target, 16).double()
         return float(((G.T @ x).abs() / (G.abs().T @ x.abs())).median())
+
     for seed in (5, 6):
         assert coherence("post_norm", seed) > 1.2 * coherence("ordinary", seed)
 
@@ -223,11 +270,14 @@ def test_pad_class_as_ignore_index(regime):
         assert bool(((t.target >= 0) & (t.target < p.V)).all())
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"force": {"z_loss": 0.0}}, ["force", "'z_loss'", "did you mean 'z_loss_scale'"]),
-    ({"force": {"dtpye": "float32"}}, ["force", "'dtpye'", "did you mean 'dtype'"]),
-    ({"require": frozenset({"softcaps"})}, ["require", "'softcaps'", "did you mean 'softcap'"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"force": {"z_loss": 0.0}}, ["force", "'z_loss'", "did you mean 'z_loss_scale'"]),
+        ({"force": {"dtpye": "float32"}}, ["force", "'dtpye'", "did you mean 'dtype'"]),
+        ({"require": frozenset({"softcaps"})}, ["require", "'softcaps'", "did you mean 'softcap'"]),
+    ],
+)
 def test_problems_rejects_unknown_force_and_require_keys(kwargs, words):
     """problems() refuses a force/require key it does not know, naming it and the closest known name."""
     with pytest.raises(ValueError) as info:
@@ -238,8 +288,22 @@ def test_problems_rejects_unknown_force_and_require_keys(kwargs, words):
 
 def test_problems_honours_forced_fields():
     """Every field problems() is forced to take comes back as forced, z_loss_scale by its field name."""
-    force = {"N": 3, "H": 5, "V": 7, "dtype": "bfloat16", "reduction": "sum", "z_loss_scale": 0.25, "softcap": None,
-             "label_smoothing": 0.0, "class_weights": False, "bias": True, "bias_dtype": None, "ignored": 0.0,
-             "upstream": "one", "regime": "tiny", "seed": 11}
+    force = {
+        "N": 3,
+        "H": 5,
+        "V": 7,
+        "dtype": "bfloat16",
+        "reduction": "sum",
+        "z_loss_scale": 0.25,
+        "softcap": None,
+        "label_smoothing": 0.0,
+        "class_weights": False,
+        "bias": True,
+        "bias_dtype": None,
+        "ignored": 0.0,
+        "upstream": "one",
+        "regime": "tiny",
+        "seed": 11,
+    }
     p = find(problems(force=force), lambda p: True, settings=settings(database=None, derandomize=True))
     assert {k: getattr(p, k) for k in force} == force

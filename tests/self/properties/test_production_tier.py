@@ -26,12 +26,27 @@ from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
 from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.production.inputs import IGNORED_RUN, LOGIT_SCALE, logit_profile, scale_tensors
-from numcheck.properties.production.tier import (INT32_LIMIT, SHAPES, Case, CaseContext, Shape, _row_lines,
-                                            first_row_beyond, int32_first_row, judge_impl, parse_shapes)
+from numcheck.properties.production.tier import (
+    INT32_LIMIT,
+    SHAPES,
+    Case,
+    CaseContext,
+    Shape,
+    _row_lines,
+    first_row_beyond,
+    int32_first_row,
+    judge_impl,
+    parse_shapes,
+)
 from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, DEFAULT_VOCAB_CHUNK
 from numcheck.tests.self.helpers import production_mutants as scale_mutants
-from numcheck.tests.self.reference.test_oracle import (assert_all_close, autograd_outputs, make_case, oracle_outputs,
-                                             pair_bounds)
+from numcheck.tests.self.reference.test_oracle import (
+    assert_all_close,
+    autograd_outputs,
+    make_case,
+    oracle_outputs,
+    pair_bounds,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = SHAPES["smoke"]
@@ -62,7 +77,9 @@ def test_mutant_offsets_wrap_at_the_named_row_and_stay_in_the_guard():
     wrapped = np.nonzero(last_col < 0)[0]
     assert wrapped[0] == int32_first_row(V)
     lowest = int(first_col[first_col < 0].min()) if (first_col < 0).any() else int(last_col.min())
-    assert scale_mutants.GUARD + lowest >= 0 and scale_mutants.GUARD + int(last_col[wrapped].max()) < scale_mutants.GUARD
+    assert (
+        scale_mutants.GUARD + lowest >= 0 and scale_mutants.GUARD + int(last_col[wrapped].max()) < scale_mutants.GUARD
+    )
 
 
 def test_first_row_beyond_names_the_first_bad_row():
@@ -87,8 +104,9 @@ def test_failure_line_names_the_int32_row():
     res = AccuracyResult(problem=None)  # type: ignore[arg-type]
     res.analytic["grad_x"] = compare("grad_x", torch.tensor([0.0, 1.0, 0.0]), o, torch.full_like(o, 0.1))
     line = _row_lines(res, {"grad_x": 14134}, shape)
-    assert line == ["grad_x: first wrong row 14134 of 16384; the first row with (row+1)·V > 2^31 is 14134 "
-                    "(this one: int32 offsets)"]
+    assert line == [
+        "grad_x: first wrong row 14134 of 16384; the first row with (row+1)·V > 2^31 is 14134 (this one: int32 offsets)"
+    ]
 
 
 def test_parse_shapes():
@@ -146,6 +164,7 @@ def _rows_from(k: int):
         x2 = x + 0
         x2.register_hook(lambda g: torch.cat([g[:k], 1.5 * g[k:]]))
         return eager_impls()[0](x2, weight, target, bias, **options)
+
     return impl
 
 
@@ -164,16 +183,37 @@ def test_wrong_rows_fail_with_the_first_named():
 
 def _scale(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "production", "--out", str(tmp_path), *args],
-                          capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "numcheck.reports.cli", "production", "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        cwd=tmp_path,
+    )
 
 
 def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
     """With --isolate, an impl that kills its process and one that hangs past its cap are recorded (crashed,
     timeout) and every other item still runs; scale.json and scale.md say so; exit 1."""
-    r = _scale(tmp_path, "--isolate", "--shapes", "a=16x8x40", "--precisions", "bf16", "--time-cap-s", "3",
-               "--impl", "eager", "--impl", "numcheck.tests.self.helpers.production_bad_impls:crashes",
-               "--impl", "numcheck.tests.self.helpers.production_bad_impls:hangs", "--impl", "chunked[fp32_operands]")
+    r = _scale(
+        tmp_path,
+        "--isolate",
+        "--shapes",
+        "a=16x8x40",
+        "--precisions",
+        "bf16",
+        "--time-cap-s",
+        "3",
+        "--impl",
+        "eager",
+        "--impl",
+        "numcheck.tests.self.helpers.production_bad_impls:crashes",
+        "--impl",
+        "numcheck.tests.self.helpers.production_bad_impls:hangs",
+        "--impl",
+        "chunked[fp32_operands]",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     data = json.loads((tmp_path / "scale.json").read_text())
     status = {rec["impl"]: rec["status"] for rec in data["records"]}
@@ -204,10 +244,14 @@ def test_resume_retries_failed_and_crashed_items(tmp_path):
     from numcheck.reports.production import command as scale
 
     case, code = "a/bf16", scale._code()
-    old = [{"event": "case", "case": case, "code": code},
-           *({"event": "result", "case": case, "impl": i, "status": st, "code": code}
-             for i, st in [("e1", "fail"), ("e2", "error"), ("e3", "timeout"), ("e4", "crashed"), ("ok", "pass")]),
-           {"event": "start", "case": case, "impl": "e5", "t": 0.0, "cap": 1.0}]
+    old = [
+        {"event": "case", "case": case, "code": code},
+        *(
+            {"event": "result", "case": case, "impl": i, "status": st, "code": code}
+            for i, st in [("e1", "fail"), ("e2", "error"), ("e3", "timeout"), ("e4", "crashed"), ("ok", "pass")]
+        ),
+        {"event": "start", "case": case, "impl": "e5", "t": 0.0, "cap": 1.0},
+    ]
     (tmp_path / scale.PROGRESS).write_text("".join(json.dumps(e) + "\n" for e in old))
     assert scale._retry_unsettled(tmp_path) == (4, 0)
     events = scale._events(tmp_path)
@@ -221,11 +265,13 @@ def test_resume_reruns_items_of_other_code_unless_keep_stale(tmp_path):
     from numcheck.reports.production import command as scale
 
     here = scale._code()
-    events = [{"event": "case", "case": "a", "code": "other@2.6.0"},
-              {"event": "result", "case": "a", "impl": "old", "status": "pass", "code": "other@2.6.0"},
-              {"event": "result", "case": "a", "impl": "unknown", "status": "pass"},
-              {"event": "case", "case": "b", "code": here},
-              {"event": "result", "case": "b", "impl": "new", "status": "pass", "code": here}]
+    events = [
+        {"event": "case", "case": "a", "code": "other@2.6.0"},
+        {"event": "result", "case": "a", "impl": "old", "status": "pass", "code": "other@2.6.0"},
+        {"event": "result", "case": "a", "impl": "unknown", "status": "pass"},
+        {"event": "case", "case": "b", "code": here},
+        {"event": "result", "case": "b", "impl": "new", "status": "pass", "code": here},
+    ]
     text = "".join(json.dumps(e) + "\n" for e in events)
     (tmp_path / scale.PROGRESS).write_text(text)
     assert scale._retry_unsettled(tmp_path, keep_stale=True) == (0, 0)
@@ -266,12 +312,19 @@ def test_repro_line_reruns_the_one_case_afresh(tmp_path, monkeypatch):
     assert f"--shapes ragged-small=50x24x203 --precisions bf16 --device cpu --out {REPRO_OUT} --force" in line
     out = tmp_path / REPRO_OUT
     out.mkdir()
-    (out / "progress.jsonl").write_text(json.dumps({"event": "result", "case": case.label, "impl": "wrong_grad_x",
-                                                    "status": "pass"}) + "\n")
-    argv = shlex.split(line[line.index("numcheck production") + len("numcheck production"):])
+    (out / "progress.jsonl").write_text(
+        json.dumps({"event": "result", "case": case.label, "impl": "wrong_grad_x", "status": "pass"}) + "\n"
+    )
+    argv = shlex.split(line[line.index("numcheck production") + len("numcheck production") :])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    r = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "scale", *argv], capture_output=True,
-                       text=True, env=env, timeout=400, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "numcheck.reports.cli", "scale", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        cwd=tmp_path,
+    )
     recs = json.loads((out / "scale.json").read_text())["records"]
     assert [(x["case"], x["status"]) for x in recs] == [(case.label, "fail")], r.stdout + r.stderr
     assert r.returncode == 1
@@ -313,9 +366,16 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
         seen.append(t)
         return True
 
-    entry = kd.KnownDivergence(impls="rows_from_37", properties=("accuracy",), devices=("cpu",),
-                               applies=lambda p: False, reason="a test entry", example=Problem(N=1, H=1, V=1),
-                               by_data=True, applies_to_tensors=on_tensors)
+    entry = kd.KnownDivergence(
+        impls="rows_from_37",
+        properties=("accuracy",),
+        devices=("cpu",),
+        applies=lambda p: False,
+        reason="a test entry",
+        example=Problem(N=1, H=1, V=1),
+        by_data=True,
+        applies_to_tensors=on_tensors,
+    )
     bad = FunctionImpl("rows_from_37", _rows_from(37), eager_impls()[0].support)
     monkeypatch.setattr(kd, "KNOWN", [entry])
     rec = judge_impl(bad, ctx)
@@ -326,9 +386,14 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
     assert judge_impl(bad, ctx)["status"] == "fail"
 
 
-@pytest.mark.parametrize("p", [Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
-                               Problem(N=11, H=16, V=37, dtype="bfloat16", seed=1),
-                               Problem(N=40, H=48, V=67, dtype="float16", ignored=0.1, seed=5)])
+@pytest.mark.parametrize(
+    "p",
+    [
+        Problem(N=16, H=32, V=256, dtype="bfloat16", regime="confident", seed=0),
+        Problem(N=11, H=16, V=37, dtype="bfloat16", seed=1),
+        Problem(N=40, H=48, V=67, dtype="float16", ignored=0.1, seed=5),
+    ],
+)
 def test_cce_filtering_predicate_on_given_tensors(p, monkeypatch):
     """CCE's filtering predicate on build(p)'s tensors passed in equals its answer on p; taking the rows a few at a
     time (as at a production shape) changes nothing; other tensors give their own answer."""

@@ -24,8 +24,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.registry import builtin
-from numcheck.properties.core.accuracy import (RELATIVE_ALPHA, RELATIVE_K, check_accuracy, effective_count,
-                                          ratio_multiplier, rms_lambda)
+from numcheck.properties.core.accuracy import (
+    RELATIVE_ALPHA,
+    RELATIVE_K,
+    check_accuracy,
+    effective_count,
+    ratio_multiplier,
+    rms_lambda,
+)
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import large_vocab_problems, problems, why_not_run
 from numcheck.tests.self.helpers.mutants import MUTANTS
@@ -36,13 +42,22 @@ TRIALS = 20_000
 MC_CEILING = ALPHA_MC * TRIALS + 4 * math.sqrt(ALPHA_MC * (1 - ALPHA_MC) * TRIALS)
 
 #: Correct built-ins that evaluate in another order than eager (chunks, recomputation, fp32 operands, Triton).
-PROBE_IMPLS = ("chunked[fp32_operands]", "recompute", "chunked[addmm_out_dtype]", "chunked_triton",
-               "recompute_triton[split_fp32]")
+PROBE_IMPLS = (
+    "chunked[fp32_operands]",
+    "recompute",
+    "chunked[addmm_out_dtype]",
+    "chunked_triton",
+    "recompute_triton[split_fp32]",
+)
 
 #: Scale profiles of an output's bound: flat, geometric, one dominant element among small ones.
 PROFILES = {
-    "flat1": np.ones(1), "flat2": np.ones(2), "flat5": np.ones(5), "flat50": np.ones(50),
-    "geometric": 0.7 ** np.arange(40), "one_dominant": np.r_[10.0, np.full(200, 0.05)],
+    "flat1": np.ones(1),
+    "flat2": np.ones(2),
+    "flat5": np.ones(5),
+    "flat50": np.ones(50),
+    "geometric": 0.7 ** np.arange(40),
+    "one_dominant": np.r_[10.0, np.full(200, 0.05)],
 }
 
 
@@ -98,8 +113,9 @@ def test_order_half_false_alarm_rate(coupling):
     rng = np.random.default_rng(7)
     z = rng.standard_normal((TRIALS, E.size))
     shared = rng.standard_normal((TRIALS, 1))
-    z = {"independent": z, "identical": np.repeat(shared, E.size, axis=1),
-         "half": math.sqrt(0.5) * (z + shared)}[coupling]
+    z = {"independent": z, "identical": np.repeat(shared, E.size, axis=1), "half": math.sqrt(0.5) * (z + shared)}[
+        coupling
+    ]
     alarms = int((np.sqrt(((z * E) ** 2).mean(axis=1)) > lam * np.sqrt((E * E).mean())).sum())
     assert alarms <= MC_CEILING, f"{coupling}: {alarms} alarms in {TRIALS} at α={ALPHA_MC} (λ {lam:.3g})"
 
@@ -124,8 +140,9 @@ def test_one_token_large_vocabulary_softcap_passes(name):
 
 def test_two_class_long_fp16_batch_passes():
     """fp16, N=2049, V=2 with a bias (1.09× case shape): grad_weight and grad_bias have n_eff ≈ 2."""
-    res = _run_or_skip("chunked[fp32_operands]",
-                       Problem(N=2049, H=1, V=2, dtype="float16", bias=True, regime="large", seed=0))
+    res = _run_or_skip(
+        "chunked[fp32_operands]", Problem(N=2049, H=1, V=2, dtype="float16", bias=True, regime="large", seed=0)
+    )
     assert res.relative["grad_bias"].n_eff <= 2 + 1e-9
     assert res.ok, res.failure_lines()
 
@@ -162,17 +179,23 @@ class ProbeResult:
             if r.slack > 0:
                 self.worst_order[key] = max(self.worst_order.get(key, 0.0), r.rmse_impl / r.slack)
             if r.rmse_eager > 0:
-                self.worst_ratio_half[key] = max(self.worst_ratio_half.get(key, 0.0),
-                                                 r.rmse_impl / (r.multiplier * r.rmse_eager))
+                self.worst_ratio_half[key] = max(
+                    self.worst_ratio_half.get(key, 0.0), r.rmse_impl / (r.multiplier * r.rmse_eager)
+                )
 
     def table(self) -> str:
         """Markdown: per (impl, output) the worst RMSE/allowed with its case, RMSE/slack and RMSE/(k·eager)."""
-        lines = [f"{self.cases} (impl, problem) runs, {self.judged} judged outputs; max over draws:", "",
-                 "| impl | output | RMSE/allowed | RMSE/slack | RMSE/(k·eager) | worst case |",
-                 "| --- | --- | --- | --- | --- | --- |"]
+        lines = [
+            f"{self.cases} (impl, problem) runs, {self.judged} judged outputs; max over draws:",
+            "",
+            "| impl | output | RMSE/allowed | RMSE/slack | RMSE/(k·eager) | worst case |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for (name, out), (ratio, case) in sorted(self.worst.items()):
-            lines.append(f"| {name} | {out} | {ratio:.3g} | {self.worst_order.get((name, out), 0.0):.3g} | "
-                         f"{self.worst_ratio_half.get((name, out), 0.0):.3g} | `{case}` |")
+            lines.append(
+                f"| {name} | {out} | {ratio:.3g} | {self.worst_order.get((name, out), 0.0):.3g} | "
+                f"{self.worst_ratio_half.get((name, out), 0.0):.3g} | `{case}` |"
+            )
         return "\n".join(lines)
 
 
@@ -193,8 +216,14 @@ def probe(draws: int, impls: tuple[str, ...] = PROBE_IMPLS, progress: bool = Fal
             continue
         strategy = st.one_of(problems(impl.support), large_vocab_problems(impl.support), _tiny_problems(impl.support))
 
-        @settings(max_examples=draws, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=draws,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(strategy)
         def run(p: Problem) -> None:
             if why_not_run(impl, p) is None:

@@ -36,12 +36,18 @@ FLOATS = [0.013 + 0.0071 * i for i in range(130)] + [0.61 + 0.37 * i for i in ra
 #: The (test, impl) pairs run under every scope: fast impls, a test parametrized by a marker besides the impl
 #: (hypothesis keys those by the full node id), and an FP8 quantizer test (wide seed and exponent draws). Tests of
 #: the kinds no ``--impl`` here names (the distributed suites' ``test_determinism``, for one) are not collected.
-SELECT = ("test_determinism or test_ignored_rows or test_frozen_inputs and not weight"
-          " or test_quantizer_bitwise_on_random_tensors")
+SELECT = (
+    "test_determinism or test_ignored_rows or test_frozen_inputs and not weight"
+    " or test_quantizer_bitwise_on_random_tensors"
+)
 IMPLS = ("--impl", "eager", "--impl", "fp8_linear[current]")
 #: The selected tests, by name.
-SELECTED = ("test_determinism[eager]", "test_ignored_rows[eager]", "test_frozen_inputs[eager-x]",
-            "test_quantizer_bitwise_on_random_tensors[fp8_linear[current]]")
+SELECTED = (
+    "test_determinism[eager]",
+    "test_ignored_rows[eager]",
+    "test_frozen_inputs[eager-x]",
+    "test_quantizer_bitwise_on_random_tensors[fp8_linear[current]]",
+)
 
 SUITE_DIR = Path(tests_package.__file__).parent / "suite"
 #: Where ``import numcheck`` finds this numcheck (a checkout's root or site-packages).
@@ -61,18 +67,29 @@ def _suite(cwd: Path, out: Path, *args: str, literals: Path | None = None) -> tu
     log.mkdir(parents=True)
     path = [str(PACKAGE_PARENT), *([str(literals)] if literals else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS"))}
-    env.update(PYTHONPATH=os.pathsep.join(path), NUMCHECK_CI_EXAMPLES="3",
-               HYPOTHESIS_STORAGE_DIRECTORY=str(out / "hyp"), **{DRAWN_LOG_ENV: str(log)})
+    env.update(
+        PYTHONPATH=os.pathsep.join(path),
+        NUMCHECK_CI_EXAMPLES="3",
+        HYPOTHESIS_STORAGE_DIRECTORY=str(out / "hyp"),
+        **{DRAWN_LOG_ENV: str(log)},
+    )
     plugin = ("-p", LITERALS_MODULE) if literals else ()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, f"--junitxml={xml}",
-                        *IMPLS, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, f"--junitxml={xml}", *IMPLS, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode in (0, 1) and xml.exists(), r.stdout + r.stderr
     drawn = sorted(line for f in log.iterdir() for line in f.read_text().splitlines())
     verdicts = {}
     for case in ET.parse(xml).iter("testcase"):
         kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
         verdicts[case.get("name")] = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(
-            kinds[0] if kinds else "", "passed")
+            kinds[0] if kinds else "", "passed"
+        )
     return drawn, verdicts
 
 
@@ -94,8 +111,9 @@ def test_same_draws_and_verdicts_however_invoked(tmp_path):
     assert len(verdicts) == len(SELECTED) and len(drawn) >= 3 * len(SELECTED), (drawn, verdicts)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    drawn2, verdicts2 = _suite(elsewhere, tmp_path / "pyargs", "--pyargs", "numcheck.tests.suite", "-k", SELECT,
-                               "-n", "2", literals=literals)
+    drawn2, verdicts2 = _suite(
+        elsewhere, tmp_path / "pyargs", "--pyargs", "numcheck.tests.suite", "-k", SELECT, "-n", "2", literals=literals
+    )
     assert drawn2 == drawn, _first_difference(drawn2, drawn)
     assert verdicts2 == verdicts
 
@@ -126,16 +144,23 @@ def test_isolated_draws_ignore_loaded_literals(tmp_path, monkeypatch):
         after = _draw_integers(300)
     free = _draw_integers(300)
     assert after == before
-    assert (set(free) - set(before)) & set(INTS), "hypothesis drew no literal of the loaded module: is the " \
-                                                    "mechanism gone, or has it moved where isolated_draws misses it?"
+    assert (set(free) - set(before)) & set(INTS), (
+        "hypothesis drew no literal of the loaded module: is the "
+        "mechanism gone, or has it moved where isolated_draws misses it?"
+    )
 
 
 def _recording_impl(calls: list[str]) -> Any:
     """An fp32 linear+CE impl (F.linear, F.cross_entropy) that appends a fingerprint of each call's inputs to
     ``calls``."""
 
-    @numcheck.linear_ce_impl(name="scope_recording", dtypes=("float32",), options=("bias", "ignore_index"),
-                             autocast=(), logits_dtype="float32")
+    @numcheck.linear_ce_impl(
+        name="scope_recording",
+        dtypes=("float32",),
+        options=("bias", "ignore_index"),
+        autocast=(),
+        logits_dtype="float32",
+    )
     def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
         calls.append(" ".join(fingerprint(t) for t in (x, weight, target)) + f" {reduction} {ignore_index}")
         logits = F.linear(x, weight, bias)

@@ -60,7 +60,8 @@ def test_the_seed_9_case_is_within_its_bound_with_eps_in_fp32() -> None:
 @pytest.mark.parametrize("extra", [{}, {"class_weights": True, "bias": True}, {"reduction": "sum", "ignored": 0.3}])
 def test_eps_in_fp32_is_within_the_bound(eps: float, extra: dict) -> None:
     """For ε near 1 and ordinary ε, with class weights, a bias and a sum, fl32(ε) moves no output past its bound."""
-    p = Problem(N=9, H=4, V=257, dtype="float32", label_smoothing=eps, regime="outlier_rows", seed=3,
-                device=DEVICE, **extra)
+    p = Problem(
+        N=9, H=4, V=257, dtype="float32", label_smoothing=eps, regime="outlier_rows", seed=3, device=DEVICE, **extra
+    )
     r = _ratios(p)
     assert max(r.values()) <= 1.0, r

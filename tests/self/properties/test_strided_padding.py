@@ -17,6 +17,7 @@ from numcheck.properties.core.harness import PAD, strided_copy
 from numcheck.properties.core.problems import Problem
 from numcheck.tests.self.helpers.mutants import PLAIN_FP32
 
+
 def _row_past_its_end(x: torch.Tensor, weight: torch.Tensor, pad_weight: float) -> torch.Tensor:
     """x·Wᵀ over each x row read ``stride`` wide (into the buffer's padding), the weight padded with
     ``pad_weight`` times a per-class factor in [-1, 1]: 0 gives the right product for finite padding, anything else

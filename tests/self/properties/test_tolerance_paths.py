@@ -22,8 +22,16 @@ from numcheck.properties.core.strategies import DEVICE
 CHUNK_COLS = 8
 
 
-def _vocab_chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any = None, *,
-                   reduction: str = "mean", ignore_index: int = -100, **_: Any) -> torch.Tensor:
+def _vocab_chunked(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: Any = None,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    **_: Any,
+) -> torch.Tensor:
     """fp32 CE; backward rounds G to the input dtype once, then adds each CHUNK_COLS-class block's fp32
     product G[:, c]·W[c], rounded, into a grad_x of the input dtype (grad_weight is one fp32 matmul)."""
 
@@ -43,23 +51,38 @@ def _vocab_chunked(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
             G = G.to(xs.dtype)
             gx = torch.zeros_like(xs)
             for c in range(0, ws.shape[0], CHUNK_COLS):
-                gx += (G[:, c:c + CHUNK_COLS].float() @ ws[c:c + CHUNK_COLS].float()).to(xs.dtype)
+                gx += (G[:, c : c + CHUNK_COLS].float() @ ws[c : c + CHUNK_COLS].float()).to(xs.dtype)
             return gx, (G.float().T @ xs.float()).to(ws.dtype)
 
     return Fn.apply(x, weight)
 
 
 def _impl(**declared: Any) -> FunctionImpl:
-    return FunctionImpl(name="vocab_chunked_grad_x", fn=_vocab_chunked, support=make_support(
-        dtypes=("bfloat16", "float16"), devices=("cpu", "cuda"), options=("ignore_index",), all_ignored=None,
-        autocast=(), **declared))
+    return FunctionImpl(
+        name="vocab_chunked_grad_x",
+        fn=_vocab_chunked,
+        support=make_support(
+            dtypes=("bfloat16", "float16"),
+            devices=("cpu", "cuda"),
+            options=("ignore_index",),
+            all_ignored=None,
+            autocast=(),
+            **declared,
+        ),
+    )
 
 
 #: Cases where the 129 roundings take grad_x past the single-matmul bound (measured error/bound 1.1-1.6 when
 #: declared fp32; 0.06-0.10 when the path is declared).
-CASES = [Problem(N=6, H=16, V=1025, dtype=dt, reduction=red, seed=seed, device=DEVICE)
-         for dt, red, seed in (("float16", "sum", 0), ("bfloat16", "sum", 2), ("float16", "mean", 2),
-                               ("bfloat16", "mean", 1))]
+CASES = [
+    Problem(N=6, H=16, V=1025, dtype=dt, reduction=red, seed=seed, device=DEVICE)
+    for dt, red, seed in (
+        ("float16", "sum", 0),
+        ("bfloat16", "sum", 2),
+        ("float16", "mean", 2),
+        ("bfloat16", "mean", 1),
+    )
+]
 
 
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
@@ -78,7 +101,8 @@ def test_undeclared_vocab_chunked_path_fails(p: Problem) -> None:
     res = check_accuracy(_impl(), p)
     assert not res.analytic["grad_x"].ok, (
         f"grad_x of a {CHUNK_COLS}-class chunked sum in {p.dtype} passed the single-matmul bound "
-        f"(error/bound {res.analytic['grad_x'].ratio:.3g}): the case no longer shows the declared term is needed")
+        f"(error/bound {res.analytic['grad_x'].ratio:.3g}): the case no longer shows the declared term is needed"
+    )
 
 
 @pytest.mark.parametrize("field,value", [("grad_x_accumulation", "bf16"), ("chunk_cols", 0), ("chunk_cols", 2.5)])
@@ -90,9 +114,21 @@ def test_bad_grad_x_declaration_is_named(field: str, value: Any) -> None:
 
 #: CPU sweep seed 6 (torch 2.13): Liger accum=None's grad_bias at 1.45× a bound that took its running sum in the
 #: weight's dtype (fp32 under AMP), while Liger sums it in the bias's (fp16 here, ``zeros_like(bias)``).
-FP16_BIAS_CASE = Problem(N=10, H=13, V=2489, dtype="float32", autocast="float16", bias=True, bias_dtype="float16",
-                         reduction="sum", label_smoothing=0.4160358913809393, upstream="scalar", regime="ordinary",
-                         seed=59238163, device=DEVICE)
+FP16_BIAS_CASE = Problem(
+    N=10,
+    H=13,
+    V=2489,
+    dtype="float32",
+    autocast="float16",
+    bias=True,
+    bias_dtype="float16",
+    reduction="sum",
+    label_smoothing=0.4160358913809393,
+    upstream="scalar",
+    regime="ordinary",
+    seed=59238163,
+    device=DEVICE,
+)
 
 
 def test_param_dtype_path_sums_grad_bias_in_the_bias_dtype():
@@ -100,8 +136,9 @@ def test_param_dtype_path_sums_grad_bias_in_the_bias_dtype():
     fp32 weights), grad_W's the weight's; with no separate bias dtype both are K·u_p."""
     from numcheck.properties.core.tolerance import error_model
 
-    support = make_support(dtypes=("float32",), options=("bias",), autocast=("float16",),
-                           grad_accumulation="param_dtype")
+    support = make_support(
+        dtypes=("float32",), options=("bias",), autocast=("float16",), grad_accumulation="param_dtype"
+    )
     m = error_model(support, FP16_BIAS_CASE, {"grad_bias": torch.float16, "grad_weight": torch.float32})
     assert m.path_term() == 10 * 2.0**-24
     assert m.path_term_b() == 10 * 2.0**-11

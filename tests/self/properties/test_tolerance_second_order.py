@@ -90,8 +90,10 @@ def test_declared_elementary_error_widens_only_its_terms() -> None:
     from numcheck.properties.core.tolerance import error_model, linear_ce_bounds
     from numcheck.impls.protocols.linear_ce import make_support
 
-    plain, declared = make_support(), make_support(elementary_error={"exp": 2, "exp_per_arg": 0.6, "log": 2,
-                                                                      "tanh": 13})
+    plain, declared = (
+        make_support(),
+        make_support(elementary_error={"exp": 2, "exp_per_arg": 0.6, "log": 2, "tanh": 13}),
+    )
     p = Problem(N=6, H=8, V=65, dtype="float32", softcap=2.0, seed=4, device=DEVICE)
     t = build(p)
     ref = run_oracle(p, t, all_ignored="nan")

@@ -13,13 +13,27 @@ from hypothesis import strategies as st
 from numcheck.properties.fp8.strategies import amaxes, fp8_test_tensors
 from numcheck.properties.fp8.tolerance import quantization_error_bound
 from numcheck.reference.fp8_formats import (
-    E4M3, E5M2, FP32_MAX, all_codes, decode_e8m0, decode_fp8, encode_fp8, is_nan_code, round_to_fp32,
+    E4M3,
+    E5M2,
+    FP32_MAX,
+    all_codes,
+    decode_e8m0,
+    decode_fp8,
+    encode_fp8,
+    is_nan_code,
+    round_to_fp32,
     same_codes,
 )
 from numcheck.reference.fp8_linear import quantized_linear
 from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import (
-    block_amax, delayed_scale_update, mx_scale_code, quantize, quantize_operand, scale_from_amax, scale_inverse,
+    block_amax,
+    delayed_scale_update,
+    mx_scale_code,
+    quantize,
+    quantize_operand,
+    scale_from_amax,
+    scale_inverse,
 )
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes (the independent fp8 rounding oracle) is not installed")
@@ -89,7 +103,9 @@ def test_encode_matches_ml_dtypes_on_random_values(t):
 
 def test_saturation_specials_and_signed_zero():
     """Saturating cast: overflow and ±inf → ±max, ties at the top go to even, NaN stays NaN, −0 keeps its sign."""
-    v = torch.tensor([1e9, -1e9, float("inf"), float("-inf"), 464.0, 465.0, 480.0, -0.0, 0.0, float("nan"), 2.0**-10, 2.0**-9 * 1.5])
+    v = torch.tensor(
+        [1e9, -1e9, float("inf"), float("-inf"), 464.0, 465.0, 480.0, -0.0, 0.0, float("nan"), 2.0**-10, 2.0**-9 * 1.5]
+    )
     e4 = encode_fp8(v, E4M3)
     # 464 is the midpoint of 448 (mantissa 110, even) and the would-be 480 (111): RNE picks 448, so never overflows.
     assert e4[:8].tolist() == [0x7E, 0xFE, 0x7E, 0xFE, 0x7E, 0x7E, 0x7E, 0x80]
@@ -108,7 +124,9 @@ def test_round_to_fp32_matches_ieee_conversion(v):
     t = torch.tensor([v, v * 2.0**-140, -v * 2.0**-120], dtype=torch.float64)
     mine = round_to_fp32(t)
     ieee = t.to(torch.float32).to(torch.float64)
-    assert bool(((mine == ieee) & (torch.signbit(mine) == torch.signbit(ieee)) | (torch.isnan(mine) & torch.isnan(ieee))).all())
+    assert bool(
+        ((mine == ieee) & (torch.signbit(mine) == torch.signbit(ieee)) | (torch.isnan(mine) & torch.isnan(ieee))).all()
+    )
 
 
 # -- scale rules --------------------------------------------------------------------------------------
@@ -124,7 +142,9 @@ def test_scale_rule_on_special_amax():
     # epsilon floors amax before the special-value test: amax 0 with epsilon 2^-4 gives 448·16.
     assert scale_from_amax(torch.tensor([0.0]), 448.0, epsilon=2.0**-4).tolist() == [448.0 * 16]
     # scale_inv of FLT_MAX is a binary32 subnormal, rounded to nearest.
-    assert float(scale_inverse(torch.tensor(FP32_MAX))) == float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP32_MAX, dtype=torch.float32))
+    assert float(scale_inverse(torch.tensor(FP32_MAX))) == float(
+        torch.tensor(1.0, dtype=torch.float32) / torch.tensor(FP32_MAX, dtype=torch.float32)
+    )
 
 
 @settings(max_examples=_at_least(80))
@@ -153,7 +173,9 @@ def test_delayed_scale_update_rules():
     assert delayed_scale_update([0.0, 0.0], 3.0, 448.0) == 3.0
     assert delayed_scale_update([float("nan"), 2.0], 3.0, 448.0) == 224.0  # NaN ignored by max, as TE's fmaxf
     assert delayed_scale_update([1e-45], 3.0, 448.0) == FP32_MAX  # overflow → FLT_MAX (suite's choice, documented)
-    assert delayed_scale_update([3.0], 1.0, 57344.0) == float(torch.tensor(57344.0, dtype=torch.float32) / torch.tensor(3.0))
+    assert delayed_scale_update([3.0], 1.0, 57344.0) == float(
+        torch.tensor(57344.0, dtype=torch.float32) / torch.tensor(3.0)
+    )
 
 
 def test_mx_scale_codes_on_special_amax():
@@ -208,8 +230,11 @@ def test_columnwise_equals_transposed_rowwise(t, recipe, role):
 
 
 @settings(max_examples=_at_least(30))
-@given(t=fp8_test_tensors(), block=st.sampled_from([(1, 32), (32, 1), (1, 128), (128, 1), (128, 128)]),
-       mode=st.sampled_from(["amax", "mx"]))
+@given(
+    t=fp8_test_tensors(),
+    block=st.sampled_from([(1, 32), (32, 1), (1, 128), (128, 1), (128, 128)]),
+    mode=st.sampled_from(["amax", "mx"]),
+)
 def test_partial_blocks_mean_zero_padding(t, block, mode):
     """A shape not divisible by the block quantizes as if zero-padded to a multiple, then cropped."""
     R, C = t.shape
@@ -251,7 +276,12 @@ def test_oracle_original_reference_matches_float64_autograd(recipe):
     """The original-operand reference equals float64 autograd of F.linear; the dequantized one is the exact
     product of the oracle's own quantized operands."""
     g = torch.Generator().manual_seed(5)
-    x, w, dy, b = torch.randn(33, 40, generator=g), torch.randn(17, 40, generator=g), torch.randn(33, 17, generator=g), torch.randn(17, generator=g)
+    x, w, dy, b = (
+        torch.randn(33, 40, generator=g),
+        torch.randn(17, 40, generator=g),
+        torch.randn(33, 17, generator=g),
+        torch.randn(17, generator=g),
+    )
     ref = quantized_linear(x, w, dy, b, recipe, delayed_scales={"x": 2.0, "w": 8.0, "dy": 0.5})
     xx, ww, bb = (t.double().requires_grad_(True) for t in (x, w, b))
     y = torch.nn.functional.linear(xx, ww, bb)
@@ -279,10 +309,22 @@ def test_recipe_table():
     expect = {
         "delayed": {("x", "rowwise"): None, ("w", "columnwise"): None, ("dy", "columnwise"): None},
         "current": {("x", "columnwise"): None, ("w", "rowwise"): None},
-        "blockwise": {("x", "rowwise"): (1, B), ("x", "columnwise"): (B, 1), ("dy", "rowwise"): (1, B),
-                      ("dy", "columnwise"): (B, 1), ("w", "rowwise"): (B, B), ("w", "columnwise"): (B, B)},
-        "mxfp8": {("x", "rowwise"): (1, X), ("x", "columnwise"): (X, 1), ("w", "rowwise"): (1, X),
-                  ("w", "columnwise"): (X, 1), ("dy", "rowwise"): (1, X), ("dy", "columnwise"): (X, 1)},
+        "blockwise": {
+            ("x", "rowwise"): (1, B),
+            ("x", "columnwise"): (B, 1),
+            ("dy", "rowwise"): (1, B),
+            ("dy", "columnwise"): (B, 1),
+            ("w", "rowwise"): (B, B),
+            ("w", "columnwise"): (B, B),
+        },
+        "mxfp8": {
+            ("x", "rowwise"): (1, X),
+            ("x", "columnwise"): (X, 1),
+            ("w", "rowwise"): (1, X),
+            ("w", "columnwise"): (X, 1),
+            ("dy", "rowwise"): (1, X),
+            ("dy", "columnwise"): (X, 1),
+        },
     }
     for kind, table in expect.items():
         r = Fp8Recipe(kind)

@@ -50,7 +50,11 @@ def test_each_expert_is_the_single_linear_oracle_on_its_rows(recipe, splits):
     for i, m in enumerate(splits):
         rows = ref.rows(i)
         if m == 0:
-            assert ref.experts[i] is None and bool((ref.dq["wgrad"][i] == 0).all()) and bool((ref.true["bgrad"][i] == 0).all())
+            assert (
+                ref.experts[i] is None
+                and bool((ref.dq["wgrad"][i] == 0).all())
+                and bool((ref.true["bgrad"][i] == 0).all())
+            )
             continue
         one = quantized_linear(x[rows], w[i], dy[rows], b[i], recipe, delayed_scales=scales[i] if scales else None)
         for name in ("y", "dgrad"):
@@ -90,8 +94,9 @@ def test_exactly_representable_operands_make_both_references_equal():
     dy = torch.randint(-4, 5, (24, 16), generator=g).to(torch.float32)
     x[0, 0] = w[:, 0, 0] = dy[0, 0] = 4.0
     x[16, 0] = dy[16, 0] = 4.0
-    ref = grouped_quantized_linear(x, w, dy, None, splits, Fp8Recipe("current", fp8_format="E4M3",
-                                                                    power_of_2_scales=True))
+    ref = grouped_quantized_linear(
+        x, w, dy, None, splits, Fp8Recipe("current", fp8_format="E4M3", power_of_2_scales=True)
+    )
     for name in ("y", "dgrad", "wgrad"):
         assert torch.equal(ref.dq[name], ref.true[name]), name
 
@@ -118,7 +123,7 @@ def test_per_tensor_scales_come_from_each_experts_rows():
     ref = grouped_quantized_linear(x, w, dy, None, splits, recipe)
     off = split_offsets(splits)
     for i in range(3):
-        own = quantize(x[off[i]:off[i + 1]], recipe.format_of("x"), None)
+        own = quantize(x[off[i] : off[i + 1]], recipe.format_of("x"), None)
         assert torch.equal(ref.experts[i].operand("x", "rowwise").scale, own.scale)
     assert len({float(ref.experts[i].operand("x", "rowwise").scale) for i in range(3)}) == 3
 
@@ -127,8 +132,9 @@ def test_empty_experts_zero_gradients_and_amaxes():
     """An empty expert: no rows, wgrad and bgrad exactly zero in both references, x and dy amax 0, W's its own."""
     splits = (0, 4, 0)
     x, w, dy, b = _tensors(splits)
-    ref = grouped_quantized_linear(x, w, dy, b, splits, Fp8Recipe("delayed"), delayed_scales=_scales(
-        Fp8Recipe("delayed"), 3))
+    ref = grouped_quantized_linear(
+        x, w, dy, b, splits, Fp8Recipe("delayed"), delayed_scales=_scales(Fp8Recipe("delayed"), 3)
+    )
     for i in (0, 2):
         for part in (ref.dq, ref.true, ref.abs_products):
             assert bool((part["wgrad"][i] == 0).all()) and bool((part["bgrad"][i] == 0).all())
@@ -166,8 +172,15 @@ def test_permuting_experts_permutes_the_oracle(recipe):
     a = grouped_quantized_linear(x, w, dy, b, splits, recipe, delayed_scales=scales)
     off = split_offsets(splits)
     rows = torch.cat([torch.arange(off[p], off[p + 1]) for p in perm])
-    c = grouped_quantized_linear(x[rows], w[perm], dy[rows], b[perm], [splits[p] for p in perm], recipe,
-                                 delayed_scales=[scales[p] for p in perm] if scales else None)
+    c = grouped_quantized_linear(
+        x[rows],
+        w[perm],
+        dy[rows],
+        b[perm],
+        [splits[p] for p in perm],
+        recipe,
+        delayed_scales=[scales[p] for p in perm] if scales else None,
+    )
     for name in ("y", "dgrad"):
         assert _bits_equal(c.dq[name], a.dq[name][rows]) and _bits_equal(c.true[name], a.true[name][rows])
     for name in ("wgrad", "bgrad"):
@@ -182,8 +195,9 @@ def test_save_original_input(recipe):
     x, w, dy, b = _tensors(splits)
     if not recipe.allows_save_original_input:
         with pytest.raises(ValueError, match="save_original_input"):
-            grouped_quantized_linear(x, w, dy, b, splits, recipe, delayed_scales=_scales(recipe, 3),
-                                     save_original_input=True)
+            grouped_quantized_linear(
+                x, w, dy, b, splits, recipe, delayed_scales=_scales(recipe, 3), save_original_input=True
+            )
         return
     on = grouped_quantized_linear(x, w, dy, b, splits, recipe, save_original_input=True)
     off = grouped_quantized_linear(x, w, dy, b, splits, recipe)
@@ -199,19 +213,23 @@ def test_delayed_scaling_uses_each_experts_stored_scales():
     scales = [{"x": 1.0, "w": 2.0, "dy": 0.5}, {"x": 64.0, "w": 0.25, "dy": 8.0}]
     ref = grouped_quantized_linear(x, w, dy, b, splits, recipe, delayed_scales=scales)
     for i, s in enumerate(scales):
-        for role, src in (("x", x[8 * i:8 * (i + 1)]), ("w", w[i]), ("dy", dy[8 * i:8 * (i + 1)])):
+        for role, src in (("x", x[8 * i : 8 * (i + 1)]), ("w", w[i]), ("dy", dy[8 * i : 8 * (i + 1)])):
             q = ref.experts[i].operand(role, "rowwise")
-            assert torch.equal(q.codes, quantize(src, recipe.format_of(role), None, scaling="stored",
-                                                 stored_scale=s[role]).codes)
+            assert torch.equal(
+                q.codes, quantize(src, recipe.format_of(role), None, scaling="stored", stored_scale=s[role]).codes
+            )
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(m_splits=(5, 5)), "sums to 10"),
-    (dict(m_splits=(-1, 12, 0)), r"m_splits\[0\]"),
-    (dict(m_splits=(11,)), "weights holds 3 experts"),
-    (dict(m_splits=()), "m_splits is empty"),
-    (dict(recipe=Fp8Recipe("delayed")), "delayed_scales"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(m_splits=(5, 5)), "sums to 10"),
+        (dict(m_splits=(-1, 12, 0)), r"m_splits\[0\]"),
+        (dict(m_splits=(11,)), "weights holds 3 experts"),
+        (dict(m_splits=()), "m_splits is empty"),
+        (dict(recipe=Fp8Recipe("delayed")), "delayed_scales"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(bad, match):
     """The oracle refuses malformed splits and a delayed recipe without per-expert scales, naming what is wrong."""
     x, w, dy, b = _tensors((3, 0, 8))

@@ -93,10 +93,18 @@ def make_case(
     up: torch.Tensor | None = None
     if upstream:
         up = torch.randn(N, generator=g, dtype=F64) * 2.0 if reduction == "none" else torch.tensor(0.75, dtype=F64)
-    opts = CEOptions(reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                     class_weights=cw, softcap=softcap, z_loss_scale=z_loss_scale)
-    label = (f"N={N} H={H} V={V} seed={seed} bias={bias} ignored={ignored} {opts.describe()} "
-             f"upstream={'yes' if upstream else 'none'} logit_scale={logit_scale} all_ignored={all_ignored}")
+    opts = CEOptions(
+        reduction=reduction,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        class_weights=cw,
+        softcap=softcap,
+        z_loss_scale=z_loss_scale,
+    )
+    label = (
+        f"N={N} H={H} V={V} seed={seed} bias={bias} ignored={ignored} {opts.describe()} "
+        f"upstream={'yes' if upstream else 'none'} logit_scale={logit_scale} all_ignored={all_ignored}"
+    )
     return Case(x, w, target, b, opts, up, all_ignored, label)
 
 
@@ -194,8 +202,9 @@ def _repro() -> str:
     return f"pytest '{test}' -q"
 
 
-def assert_close(actual: torch.Tensor | None, expected: torch.Tensor | None, bound: float, *, output: str,
-                 case: str, against: str) -> None:
+def assert_close(
+    actual: torch.Tensor | None, expected: torch.Tensor | None, bound: float, *, output: str, case: str, against: str
+) -> None:
     """Assert |actual − expected| ≤ bound elementwise, NaN where and only where expected is NaN.
 
     The message names the oracle output, the reference it was compared with, the case, the error and the
@@ -204,15 +213,19 @@ def assert_close(actual: torch.Tensor | None, expected: torch.Tensor | None, bou
     __tracebackhide__ = True
     head = f"oracle vs {against}: {output} on case [{case}]"
     if expected is None or actual is None:
-        assert actual is None and expected is None, f"{head}: one side is None (oracle {actual is None}, {against} {expected is None}); repro: {_repro()}"
+        assert actual is None and expected is None, (
+            f"{head}: one side is None (oracle {actual is None}, {against} {expected is None}); repro: {_repro()}"
+        )
         return
     a, e = actual.detach().to(F64).cpu(), expected.detach().to(F64).cpu()
     assert a.shape == e.shape, f"{head}: shape {tuple(a.shape)} vs {tuple(e.shape)}; repro: {_repro()}"
     an, en = torch.isnan(a), torch.isnan(e)
     if not torch.equal(an, en):
         idx = tuple(int(i) for i in (an ^ en).nonzero()[0])
-        raise AssertionError(f"{head}: NaN mismatch at index {idx} (oracle {a[idx].item()}, {against} "
-                             f"{e[idx].item()}); repro: {_repro()}")
+        raise AssertionError(
+            f"{head}: NaN mismatch at index {idx} (oracle {a[idx].item()}, {against} "
+            f"{e[idx].item()}); repro: {_repro()}"
+        )
     err = torch.where(an, torch.zeros_like(a), (a - e).abs())
     if not bool(torch.isfinite(torch.where(an, torch.zeros_like(a), a)).all()):
         idx = tuple(int(i) for i in (~torch.isfinite(a) & ~an).nonzero()[0])
@@ -225,13 +238,15 @@ def assert_close(actual: torch.Tensor | None, expected: torch.Tensor | None, bou
         raise AssertionError(
             f"{head}: max |error| {worst:.3e} > bound {bound:.3e} (float64 rounding model, rounding_bounds) at index "
             f"{idx}: oracle {a[idx].item()!r}, {against} {e[idx].item()!r}; {n_bad}/{err.numel()} elements out of "
-            f"bound; repro: {_repro()}")
+            f"bound; repro: {_repro()}"
+        )
 
 
 def oracle_outputs(c: Case, **kw) -> dict[str, torch.Tensor | None]:
     """The oracle's loss and gradients on a case (keyword arguments go to :func:`linear_ce`)."""
-    r: LinearCEResult = linear_ce(c.x, c.weight, c.target, c.bias, options=c.options, upstream=c.upstream,
-                                  all_ignored=c.all_ignored, **kw)  # type: ignore[arg-type]
+    r: LinearCEResult = linear_ce(
+        c.x, c.weight, c.target, c.bias, options=c.options, upstream=c.upstream, all_ignored=c.all_ignored, **kw
+    )  # type: ignore[arg-type]
     return {"loss": r.loss, "grad_x": r.grad_x, "grad_weight": r.grad_weight, "grad_bias": r.grad_bias}
 
 
@@ -242,8 +257,12 @@ def _backward(c: Case, forward) -> dict[str, torch.Tensor | None]:
     loss = forward(x, w, b)
     grad = torch.ones_like(loss) if c.upstream is None else c.upstream.expand_as(loss)
     loss.backward(grad)
-    return {"loss": loss.detach(), "grad_x": x.grad, "grad_weight": w.grad,
-            "grad_bias": b.grad if b is not None else None}
+    return {
+        "loss": loss.detach(),
+        "grad_x": x.grad,
+        "grad_weight": w.grad,
+        "grad_bias": b.grad if b is not None else None,
+    }
 
 
 def torch_outputs(c: Case) -> dict[str, torch.Tensor | None]:
@@ -255,16 +274,23 @@ def torch_outputs(c: Case) -> dict[str, torch.Tensor | None]:
         z = F.linear(x, w, b)
         if o.softcap is not None:
             z = o.softcap * torch.tanh(z / o.softcap)
-        return F.cross_entropy(z, c.target, weight=o.class_weights, reduction=o.reduction,
-                               ignore_index=o.ignore_index, label_smoothing=o.label_smoothing)
+        return F.cross_entropy(
+            z,
+            c.target,
+            weight=o.class_weights,
+            reduction=o.reduction,
+            ignore_index=o.ignore_index,
+            label_smoothing=o.label_smoothing,
+        )
 
     return _backward(c, fwd)
 
 
 def autograd_outputs(c: Case) -> dict[str, torch.Tensor | None]:
     """Loss and float64 autograd gradients of the oracle's own differentiable forward."""
-    return _backward(c, lambda x, w, b: forward_autograd(x, w, c.target, b, options=c.options,
-                                                         all_ignored=c.all_ignored))  # type: ignore[arg-type]
+    return _backward(
+        c, lambda x, w, b: forward_autograd(x, w, c.target, b, options=c.options, all_ignored=c.all_ignored)
+    )  # type: ignore[arg-type]
 
 
 def assert_all_close(actual: dict, expected: dict, bounds: dict[str, float], case: Case, against: str) -> None:
@@ -278,20 +304,27 @@ def assert_all_close(actual: dict, expected: dict, bounds: dict[str, float], cas
 # Agreement with F.cross_entropy in float64
 # ------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ignored", ["none", "some", "all"])
 @pytest.mark.parametrize("class_weights", [False, True], ids=["nocw", "cw"])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_torch_cross_entropy(reduction, label_smoothing, class_weights, ignored):
     """Loss and grads equal float64 F.linear+F.cross_entropy autograd for every option combination torch has."""
-    c = make_case(reduction=reduction, label_smoothing=label_smoothing, class_weights=class_weights,
-                  ignored=ignored, seed=zlib.crc32(f"{reduction}{label_smoothing}{class_weights}{ignored}".encode()) % 1000)
+    c = make_case(
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+        class_weights=class_weights,
+        ignored=ignored,
+        seed=zlib.crc32(f"{reduction}{label_smoothing}{class_weights}{ignored}".encode()) % 1000,
+    )
     assert_all_close(oracle_outputs(c), torch_outputs(c), pair_bounds(c), c, "F.cross_entropy(float64)")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("variant", ["no_bias", "no_upstream", "softcap", "ignore_index_is_a_class",
-                                     "ignore_index_above_V", "one_class"])
+@pytest.mark.parametrize(
+    "variant", ["no_bias", "no_upstream", "softcap", "ignore_index_is_a_class", "ignore_index_above_V", "one_class"]
+)
 def test_matches_torch_cross_entropy_variants(reduction, variant):
     """Agreement with float64 torch also without bias/upstream, with softcap (tanh composed in torch), with
     ignore_index equal to a real class id or above V, and with V=1."""
@@ -319,22 +352,40 @@ def test_all_ignored_nan_convention_is_pytorchs(label_smoothing, class_weights):
     c = make_case(reduction="mean", ignored="all", label_smoothing=label_smoothing, class_weights=class_weights)
     got, ref = oracle_outputs(c), torch_outputs(c)
     assert math.isnan(float(ref["loss"])), "precondition: PyTorch's all-ignored mean is NaN"
-    assert math.isnan(float(got["loss"])), f"oracle all-ignored mean loss is {float(got['loss'])}, PyTorch gives NaN ({c.label})"
+    assert math.isnan(float(got["loss"])), (
+        f"oracle all-ignored mean loss is {float(got['loss'])}, PyTorch gives NaN ({c.label})"
+    )
     for k in GRADS:
         assert torch.equal(ref[k], torch.zeros_like(ref[k])), f"precondition: PyTorch's {k} is zero"
-        assert torch.equal(got[k], torch.zeros_like(got[k])), f"oracle {k} not exactly zero on all-ignored ({c.label}); max {got[k].abs().max()}"
+        assert torch.equal(got[k], torch.zeros_like(got[k])), (
+            f"oracle {k} not exactly zero on all-ignored ({c.label}); max {got[k].abs().max()}"
+        )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("z_loss_scale", [0.0, 0.1])
 def test_all_ignored_zero_convention(reduction, z_loss_scale):
     """all_ignored='zero' gives loss 0 (every row 0 for none), z-loss 0 and exactly zero grads."""
-    c = make_case(reduction=reduction, ignored="all", label_smoothing=0.3, class_weights=True,
-                  z_loss_scale=z_loss_scale, softcap=3.0, all_ignored="zero")
+    c = make_case(
+        reduction=reduction,
+        ignored="all",
+        label_smoothing=0.3,
+        class_weights=True,
+        z_loss_scale=z_loss_scale,
+        softcap=3.0,
+        all_ignored="zero",
+    )
     r = linear_ce(c.x, c.weight, c.target, c.bias, options=c.options, upstream=c.upstream, all_ignored="zero")
-    for name, t in (("loss", r.loss), ("z_loss", r.z_loss), ("grad_x", r.grad_x), ("grad_weight", r.grad_weight),
-                    ("grad_bias", r.grad_bias)):
-        assert torch.equal(t, torch.zeros_like(t)), f"oracle {name} is not exactly 0 under all_ignored='zero' ({c.label}): {t}"
+    for name, t in (
+        ("loss", r.loss),
+        ("z_loss", r.z_loss),
+        ("grad_x", r.grad_x),
+        ("grad_weight", r.grad_weight),
+        ("grad_bias", r.grad_bias),
+    ):
+        assert torch.equal(t, torch.zeros_like(t)), (
+            f"oracle {name} is not exactly 0 under all_ignored='zero' ({c.label}): {t}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -355,8 +406,9 @@ OPTION_SETS = {
 
 def _option_case(reduction: str, option_set: str, ignored: str, **kw) -> Case:
     ls, cw, sc, zl = OPTION_SETS[option_set]
-    return make_case(reduction=reduction, label_smoothing=ls, class_weights=cw, softcap=sc, z_loss_scale=zl,
-                     ignored=ignored, **kw)
+    return make_case(
+        reduction=reduction, label_smoothing=ls, class_weights=cw, softcap=sc, z_loss_scale=zl, ignored=ignored, **kw
+    )
 
 
 @pytest.mark.parametrize("ignored", ["none", "some"])
@@ -377,21 +429,29 @@ def oracle_cases(draw: st.DrawFn) -> Case:
     reduction = draw(st.sampled_from(["mean", "sum", "none"]), label="reduction")
     ignored = draw(st.sampled_from(["none", "some"] + (["all"] if reduction != "mean" else [])), label="ignored")
     return make_case(
-        N, H, V, seed=draw(st.integers(0, 2**16), label="seed"), bias=draw(st.booleans(), label="bias"),
-        ignored=ignored, reduction=reduction,
+        N,
+        H,
+        V,
+        seed=draw(st.integers(0, 2**16), label="seed"),
+        bias=draw(st.booleans(), label="bias"),
+        ignored=ignored,
+        reduction=reduction,
         label_smoothing=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0]), label="label_smoothing"),
         class_weights=draw(st.booleans(), label="class_weights"),
         softcap=draw(st.sampled_from([None, 0.7, 5.0]), label="softcap"),
         z_loss_scale=draw(st.sampled_from([0.0, 1e-4, 0.3]), label="z_loss_scale"),
         upstream=draw(st.booleans(), label="upstream"),
-        logit_scale=draw(st.sampled_from([0.1, 2.0, 20.0]), label="logit_scale"))
+        logit_scale=draw(st.sampled_from([0.1, 2.0, 20.0]), label="logit_scale"),
+    )
 
 
 @given(c=oracle_cases(), row_chunk=st.integers(1, 8), vocab_chunk=st.integers(1, 9))
 def test_analytic_backward_matches_autograd_random(c, row_chunk, vocab_chunk):
     """On random small cases and chunkings, the chunked analytic backward equals float64 autograd."""
     got = oracle_outputs(c, row_chunk=row_chunk, vocab_chunk=vocab_chunk)
-    assert_all_close(got, autograd_outputs(c), pair_bounds(c), c, f"autograd (row_chunk={row_chunk}, vocab_chunk={vocab_chunk})")
+    assert_all_close(
+        got, autograd_outputs(c), pair_bounds(c), c, f"autograd (row_chunk={row_chunk}, vocab_chunk={vocab_chunk})"
+    )
 
 
 class AnalyticLinearCE(torch.autograd.Function):
@@ -406,8 +466,17 @@ class AnalyticLinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         x, weight, bias, target = ctx.saved_tensors
-        r = linear_ce(x, weight, target, bias, options=ctx.options, upstream=grad_out, all_ignored=ctx.all_ignored,
-                      row_chunk=2, vocab_chunk=3)
+        r = linear_ce(
+            x,
+            weight,
+            target,
+            bias,
+            options=ctx.options,
+            upstream=grad_out,
+            all_ignored=ctx.all_ignored,
+            row_chunk=2,
+            vocab_chunk=3,
+        )
         return r.grad_x, r.grad_weight, r.grad_bias, None, None, None
 
 
@@ -420,8 +489,11 @@ GRADCHECK = dict(eps=1e-6, atol=1e-8, rtol=1e-6)
 
 def _gradcheck_inputs(c: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     assert c.bias is not None
-    return (c.x.clone().requires_grad_(True), c.weight.clone().requires_grad_(True),
-            c.bias.clone().requires_grad_(True))
+    return (
+        c.x.clone().requires_grad_(True),
+        c.weight.clone().requires_grad_(True),
+        c.bias.clone().requires_grad_(True),
+    )
 
 
 @pytest.mark.parametrize("ignored", ["none", "some", "all"])
@@ -442,13 +514,16 @@ def test_gradcheck(reduction, option_set, ignored):
         try:
             torch.autograd.gradcheck(fn, inputs, **GRADCHECK)
         except GradcheckError as exc:
-            raise AssertionError(f"gradcheck of the oracle's {name} failed on [{c.label}] "
-                                 f"(tolerances {GRADCHECK}): {exc}; repro: {_repro()}") from None
+            raise AssertionError(
+                f"gradcheck of the oracle's {name} failed on [{c.label}] "
+                f"(tolerances {GRADCHECK}): {exc}; repro: {_repro()}"
+            ) from None
 
 
 # ------------------------------------------------------------------------------------------------------
 # Closed forms
 # ------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.4])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -473,8 +548,9 @@ def test_uniform_logits(reduction, label_smoothing):
     bounds = rounding_bounds(c)
     assert_close(r.loss, want_loss, bounds["loss"] + U * math.log(V) * N, output="loss", case=c.label, against="log V")
     assert_close(r.grad_x, torch.zeros_like(c.x), bounds["grad_x"], output="grad_x", case=c.label, against="0")
-    assert_close(r.grad_weight, G.T @ c.x, bounds["grad_weight"], output="grad_weight", case=c.label,
-                 against="closed form Gᵀx")
+    assert_close(
+        r.grad_weight, G.T @ c.x, bounds["grad_weight"], output="grad_weight", case=c.label, against="closed form Gᵀx"
+    )
 
 
 @pytest.mark.parametrize("shift", [3.25, -40.0, 1000.0])
@@ -485,8 +561,9 @@ def test_constant_logit_shift_changes_nothing(reduction, option_set, shift):
     unchanged up to the rounding of the shifted logits (the bound grows with |shift|)."""
     c = _option_case(reduction, option_set, "some", seed=8)
     shifted = c._replace(bias=c.bias + shift)
-    assert_all_close(oracle_outputs(shifted), oracle_outputs(c), pair_bounds(c, shifted), shifted,
-                     f"unshifted (shift {shift})")
+    assert_all_close(
+        oracle_outputs(shifted), oracle_outputs(c), pair_bounds(c, shifted), shifted, f"unshifted (shift {shift})"
+    )
 
 
 @pytest.mark.parametrize("option_set", list(OPTION_SETS))
@@ -507,8 +584,10 @@ def test_huge_logits_stay_finite(reduction, option_set):
 # Chunking
 # ------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("chunks", [(1, 1), (1, 3), (2, 5), (3, 1), (4, 2), (100, 100)],
-                         ids=lambda rc: f"rows{rc[0]}-vocab{rc[1]}")
+
+@pytest.mark.parametrize(
+    "chunks", [(1, 1), (1, 3), (2, 5), (3, 1), (4, 2), (100, 100)], ids=lambda rc: f"rows{rc[0]}-vocab{rc[1]}"
+)
 @pytest.mark.parametrize("option_set", ["plain", "everything"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_chunked_equals_unchunked(reduction, option_set, chunks):

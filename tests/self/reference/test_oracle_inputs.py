@@ -16,14 +16,20 @@ N, H, V = 4, 3, 5
 
 def _good() -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
-    return dict(x=torch.randn(N, H, generator=g, dtype=F64), weight=torch.randn(V, H, generator=g, dtype=F64),
-                target=torch.tensor([0, 4, -100, 2]), bias=torch.randn(V, generator=g, dtype=F64),
-                options=CEOptions(), upstream=None)
+    return dict(
+        x=torch.randn(N, H, generator=g, dtype=F64),
+        weight=torch.randn(V, H, generator=g, dtype=F64),
+        target=torch.tensor([0, 4, -100, 2]),
+        bias=torch.randn(V, generator=g, dtype=F64),
+        options=CEOptions(),
+        upstream=None,
+    )
 
 
 def _set(**changes: Any) -> Callable[[dict[str, Any]], None]:
     def apply(kw: dict[str, Any]) -> None:
         kw.update(changes)
+
     return apply
 
 
@@ -46,10 +52,22 @@ BAD_CALLS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("weight_int", lambda kw: kw.update(weight=torch.zeros(V, H, dtype=torch.int32)), "weight"),
     ("bias_int", lambda kw: kw.update(bias=torch.zeros(V, dtype=torch.int64)), "bias"),
     ("x_complex", lambda kw: kw.update(x=torch.zeros(N, H, dtype=torch.complex128)), "x"),
-    ("class_weights_wrong_length", lambda kw: kw.update(options=CEOptions(class_weights=torch.ones(V - 1))), "class_weights"),
+    (
+        "class_weights_wrong_length",
+        lambda kw: kw.update(options=CEOptions(class_weights=torch.ones(V - 1))),
+        "class_weights",
+    ),
     ("upstream_vector_for_mean", lambda kw: kw.update(upstream=torch.ones(N, dtype=F64)), "upstream"),
-    ("upstream_scalar_for_none", lambda kw: kw.update(options=CEOptions(reduction="none"), upstream=torch.tensor(1.0)), "upstream"),
-    ("upstream_wrong_length_for_none", lambda kw: kw.update(options=CEOptions(reduction="none"), upstream=torch.ones(N + 1)), "upstream"),
+    (
+        "upstream_scalar_for_none",
+        lambda kw: kw.update(options=CEOptions(reduction="none"), upstream=torch.tensor(1.0)),
+        "upstream",
+    ),
+    (
+        "upstream_wrong_length_for_none",
+        lambda kw: kw.update(options=CEOptions(reduction="none"), upstream=torch.ones(N + 1)),
+        "upstream",
+    ),
 ]
 
 
@@ -64,8 +82,11 @@ def test_linear_ce_rejects_bad_input(mutate, word):
     assert word in str(info.value), f"linear_ce's error should name {word!r}: {info.value}"
 
 
-@pytest.mark.parametrize("mutate,word", [(m, w) for i, m, w in BAD_CALLS if not i.startswith("upstream")],
-                         ids=[i for i, _, _ in BAD_CALLS if not i.startswith("upstream")])
+@pytest.mark.parametrize(
+    "mutate,word",
+    [(m, w) for i, m, w in BAD_CALLS if not i.startswith("upstream")],
+    ids=[i for i, _, _ in BAD_CALLS if not i.startswith("upstream")],
+)
 def test_forward_autograd_rejects_bad_input(mutate, word):
     """forward_autograd validates exactly like linear_ce."""
     kw = _good()
@@ -76,11 +97,15 @@ def test_forward_autograd_rejects_bad_input(mutate, word):
     assert word in str(info.value), f"forward_autograd's error should name {word!r}: {info.value}"
 
 
-@pytest.mark.parametrize("kwargs,word", [
-    (dict(all_ignored="raise"), "all_ignored"),
-    (dict(row_chunk=0), "row_chunk"),
-    (dict(vocab_chunk=-3), "vocab_chunk"),
-], ids=["all_ignored", "row_chunk", "vocab_chunk"])
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(all_ignored="raise"), "all_ignored"),
+        (dict(row_chunk=0), "row_chunk"),
+        (dict(vocab_chunk=-3), "vocab_chunk"),
+    ],
+    ids=["all_ignored", "row_chunk", "vocab_chunk"],
+)
 def test_linear_ce_rejects_bad_settings(kwargs, word):
     """The oracle's own settings (all-ignored convention, chunk sizes) are validated by name."""
     with pytest.raises(ValueError) as info:
@@ -88,25 +113,29 @@ def test_linear_ce_rejects_bad_settings(kwargs, word):
     assert word in str(info.value), f"error should name {word!r}: {info.value}"
 
 
-@pytest.mark.parametrize("kwargs,word", [
-    (dict(reduction="avg"), "reduction"),
-    (dict(reduction=None), "reduction"),
-    (dict(label_smoothing=-0.1), "label_smoothing"),
-    (dict(label_smoothing=1.5), "label_smoothing"),
-    (dict(label_smoothing=float("nan")), "label_smoothing"),
-    (dict(label_smoothing="0.1"), "label_smoothing"),
-    (dict(softcap=0.0), "softcap"),
-    (dict(softcap=-2.0), "softcap"),
-    (dict(softcap=float("inf")), "softcap"),
-    (dict(softcap=float("nan")), "softcap"),
-    (dict(z_loss_scale=-1e-4), "z_loss_scale"),
-    (dict(z_loss_scale=float("nan")), "z_loss_scale"),
-    (dict(ignore_index=1.0), "ignore_index"),
-    (dict(ignore_index=True), "ignore_index"),
-    (dict(class_weights=torch.ones(2, 5)), "class_weights"),
-    (dict(class_weights=torch.ones(5, dtype=torch.int64)), "class_weights"),
-    (dict(class_weights=[1.0, 2.0]), "class_weights"),
-], ids=lambda v: repr(v) if not isinstance(v, dict) else "-".join(f"{k}={v[k]!r}"[:30] for k in v))
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(reduction="avg"), "reduction"),
+        (dict(reduction=None), "reduction"),
+        (dict(label_smoothing=-0.1), "label_smoothing"),
+        (dict(label_smoothing=1.5), "label_smoothing"),
+        (dict(label_smoothing=float("nan")), "label_smoothing"),
+        (dict(label_smoothing="0.1"), "label_smoothing"),
+        (dict(softcap=0.0), "softcap"),
+        (dict(softcap=-2.0), "softcap"),
+        (dict(softcap=float("inf")), "softcap"),
+        (dict(softcap=float("nan")), "softcap"),
+        (dict(z_loss_scale=-1e-4), "z_loss_scale"),
+        (dict(z_loss_scale=float("nan")), "z_loss_scale"),
+        (dict(ignore_index=1.0), "ignore_index"),
+        (dict(ignore_index=True), "ignore_index"),
+        (dict(class_weights=torch.ones(2, 5)), "class_weights"),
+        (dict(class_weights=torch.ones(5, dtype=torch.int64)), "class_weights"),
+        (dict(class_weights=[1.0, 2.0]), "class_weights"),
+    ],
+    ids=lambda v: repr(v) if not isinstance(v, dict) else "-".join(f"{k}={v[k]!r}"[:30] for k in v),
+)
 def test_options_reject_bad_values(kwargs, word):
     """CEOptions refuses an invalid reduction, smoothing outside [0, 1], softcap ≤ 0, bad class weights, ...
     naming the field."""
@@ -126,6 +155,12 @@ def test_options_from_kwargs_names_unknown_option():
 
 def test_options_accept_the_edges():
     """The edges of the valid ranges are accepted: ε = 0 and 1, tiny softcap, λ = 0."""
-    for kw in (dict(label_smoothing=0.0), dict(label_smoothing=1.0), dict(label_smoothing=1), dict(softcap=1e-3),
-               dict(z_loss_scale=0.0), dict(ignore_index=7)):
+    for kw in (
+        dict(label_smoothing=0.0),
+        dict(label_smoothing=1.0),
+        dict(label_smoothing=1),
+        dict(softcap=1e-3),
+        dict(z_loss_scale=0.0),
+        dict(ignore_index=7),
+    ):
         CEOptions(**kw)

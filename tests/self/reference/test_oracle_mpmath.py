@@ -31,7 +31,11 @@ Matrix = list[list]
 
 def _mp_matrix(t: torch.Tensor) -> Matrix:
     """Float64 tensor → nested lists of mpf (float64 → mpf is exact)."""
-    return [[mp.mpf(float(v)) for v in row] for row in t.tolist()] if t.dim() == 2 else [mp.mpf(float(v)) for v in t.tolist()]
+    return (
+        [[mp.mpf(float(v)) for v in row] for row in t.tolist()]
+        if t.dim() == 2
+        else [mp.mpf(float(v)) for v in t.tolist()]
+    )
 
 
 def mp_linear_ce(x: Matrix, W: Matrix, b: list | None, target: list[int], opts: CEOptions, cw: list | None):
@@ -114,7 +118,9 @@ CASES = {
 def _assert_rel(name: str, case: str, got: torch.Tensor, want: list, scale_hint: str) -> None:
     __tracebackhide__ = True
     flat_got = got.reshape(-1).tolist()
-    flat_want = [want] if not isinstance(want, list) else [v for row in want for v in (row if isinstance(row, list) else [row])]
+    flat_want = (
+        [want] if not isinstance(want, list) else [v for row in want for v in (row if isinstance(row, list) else [row])]
+    )
     scale = max(abs(v) for v in flat_want)
     bound = RTOL * scale
     errs = [abs(mp.mpf(g) - w) for g, w in zip(flat_got, flat_want)]
@@ -124,7 +130,8 @@ def _assert_rel(name: str, case: str, got: torch.Tensor, want: list, scale_hint:
         raise AssertionError(
             f"oracle vs mpmath({DIGITS} digits): {name} on case {case}: |error| {mpmath.nstr(errs[k], 3)} > bound "
             f"{mpmath.nstr(bound, 3)} (= {RTOL:g} × max|{name}| {mpmath.nstr(scale, 5)}) at flat index {k} of shape "
-            f"{tuple(got.shape)}: oracle {flat_got[k]!r}, mpmath {mpmath.nstr(flat_want[k], 20)}; repro: pytest '{test}' -q")
+            f"{tuple(got.shape)}: oracle {flat_got[k]!r}, mpmath {mpmath.nstr(flat_want[k], 20)}; repro: pytest '{test}' -q"
+        )
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,10 +12,25 @@ from numcheck.reports import bench, cli
 
 
 def _res() -> dict:
-    return {"device": "test", "torch": torch.__version__, "time": "t", "skipped": [],
-            "bf16_matmul_tflops": 700.0, "bf16_matmul_tflops_samples": {"start": [690.0, 700.0], "end": [800.0]},
-            "cases": [{"impl": "a", "shape": [8192, 4096, 131072], "ms": 50.0, "floor_ms": 0.0, "share_of_floor": 0.0,
-                       "extra_peak_mib": 1.0, "held_mib": 0.0}]}
+    return {
+        "device": "test",
+        "torch": torch.__version__,
+        "time": "t",
+        "skipped": [],
+        "bf16_matmul_tflops": 700.0,
+        "bf16_matmul_tflops_samples": {"start": [690.0, 700.0], "end": [800.0]},
+        "cases": [
+            {
+                "impl": "a",
+                "shape": [8192, 4096, 131072],
+                "ms": 50.0,
+                "floor_ms": 0.0,
+                "share_of_floor": 0.0,
+                "extra_peak_mib": 1.0,
+                "held_mib": 0.0,
+            }
+        ],
+    }
 
 
 def test_rescale_recomputes_every_floor_and_share():
@@ -36,7 +51,8 @@ def test_markdown_names_the_rate_measurements(tmp_path):
     md = (tmp_path / "bench.md").read_text()
     assert "800 TFLOP/s (best of the measurements start: 690, 700; end: 800)" in md, md
     assert json.loads((tmp_path / "bench.json").read_text())["cases"][0]["share_of_floor"] == pytest.approx(
-        res["cases"][0]["share_of_floor"])
+        res["cases"][0]["share_of_floor"]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")

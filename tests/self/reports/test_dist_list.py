@@ -14,8 +14,10 @@ def test_list_shows_distributed_backends_and_world_sizes(capsys):
     for impl in dist_impls():
         assert f"{impl.name}  [dist_linear_ce, from " in out
         d = impl.dist
-        assert (f"backends: {','.join(d.backends)}; world sizes: {','.join(map(str, d.world_sizes))}; "
-                f"uneven vocab: {'yes' if d.uneven_vocab else 'no'}; smoothing convention: {d.smoothing}") in out
+        assert (
+            f"backends: {','.join(d.backends)}; world sizes: {','.join(map(str, d.world_sizes))}; "
+            f"uneven vocab: {'yes' if d.uneven_vocab else 'no'}; smoothing convention: {d.smoothing}"
+        ) in out
 
 
 def test_list_one_distributed_impl_by_name(capsys):

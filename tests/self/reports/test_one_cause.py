@@ -39,8 +39,9 @@ def _env(folder: Path, **extra: str) -> dict[str, str]:
 
 def _run(folder: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
     """``python *args`` in ``folder`` as a user runs it."""
-    return subprocess.run([sys.executable, *args], cwd=folder, env=_env(folder, **extra), capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, *args], cwd=folder, env=_env(folder, **extra), capture_output=True, text=True, timeout=900
+    )
 
 
 def _suite(folder: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -72,15 +73,25 @@ def test_unloadable_impl_is_one_error_under_xdist(tmp_path):
 #: The suite's tests an impl that raises is run on here: covering rows first (accuracy, strided_inputs), draws
 #: only (shift_invariance, ignored_rows), several variants (determinism), one test over many cases (pinned cases,
 #: the protocol's structure per reduction).
-RAISING_SELECTION = ("test_accuracy and not sharp or test_strided_inputs or test_shift_invariance"
-                     " or test_ignored_rows or test_determinism or test_pinned_cases or test_protocol_structure")
+RAISING_SELECTION = (
+    "test_accuracy and not sharp or test_strided_inputs or test_shift_invariance"
+    " or test_ignored_rows or test_determinism or test_pinned_cases or test_protocol_structure"
+)
 
 
 def test_impl_that_raises_fails_each_property_once_with_numchecks_message(tmp_path):
     """Every selected test fails (none passes), each once, with numcheck's message (the exception, where it was
     raised, the case, the repro line) and without pytest's traceback, argument dumps or hypothesis' blob."""
-    r = _suite(tmp_path, "-p", "no:xdist", "--impl", f"{HELPERS}:always_raises", "-k", RAISING_SELECTION,
-               NUMCHECK_CI_EXAMPLES="2")
+    r = _suite(
+        tmp_path,
+        "-p",
+        "no:xdist",
+        "--impl",
+        f"{HELPERS}:always_raises",
+        "-k",
+        RAISING_SELECTION,
+        NUMCHECK_CI_EXAMPLES="2",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     failed = re.findall(r"^FAILED (\S+)", r.stdout, flags=re.M)
@@ -113,8 +124,10 @@ def test_impl_selection_collects_only_its_kinds(tmp_path):
 def test_plugin_import_loads_neither_torch_nor_hypothesis(tmp_path):
     """What pytest imports for numcheck's entry point in every run imports pytest and the standard library only
     (torch alone takes seconds): the plugin stays inert in time where no numcheck test is collected."""
-    code = ("import sys, pytest; import numcheck.tests.plugin; "
-            "print(sorted(m for m in ('torch', 'hypothesis', 'triton', 'numpy', 'scipy') if m in sys.modules))")
+    code = (
+        "import sys, pytest; import numcheck.tests.plugin; "
+        "print(sorted(m for m in ('torch', 'hypothesis', 'triton', 'numpy', 'scipy') if m in sys.modules))"
+    )
     r = _run(tmp_path, "-c", code)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -137,8 +150,16 @@ def test_memory_line_says_not_measured_for_an_impl_that_cannot_run_on_meta():
     from numcheck.reports.premerge.command import check_memory
     from numcheck.reports.report.command import memory_section
 
-    check = check_memory({"memory": memory_section([user_impls.equal_shortcut, numcheck.linear_ce_impl(
-        name="eager_fp32", dtypes=("float32",), options=(), autocast=())(_eager)])})
+    check = check_memory(
+        {
+            "memory": memory_section(
+                [
+                    user_impls.equal_shortcut,
+                    numcheck.linear_ce_impl(name="eager_fp32", dtypes=("float32",), options=(), autocast=())(_eager),
+                ]
+            )
+        }
+    )
     line = check.line()
     assert "✅" not in line and "⚠️" in line and "not measured for `user_equal_shortcut`" in line, line
     assert "eager_fp32 held" in line, line
@@ -165,8 +186,9 @@ def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path)
     v = _run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], user_impls.fp8_nan_flushed, base)
     assert v.status == "failed" and "QuantizerCase(" in v.message and "DrawnTensor(" in v.message, v
     line = re.search(r"reproduce: (.+)", v.message).group(1).strip()
-    rerun = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
-                           timeout=900)
+    rerun = subprocess.run(
+        ["bash", "-c", line], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=900
+    )
     assert rerun.returncode == 1 and rerun.stdout.startswith("FAIL"), f"{line}\n{rerun.stdout}\n{rerun.stderr}"
     assert "user_fp8_nan_flushed" in rerun.stdout and "codes differ from the oracle" in rerun.stdout, rerun.stdout
 
@@ -176,9 +198,20 @@ def test_statistics_and_drawn_log_cover_rows_and_distributed_tests_under_xdist(t
     (whose ``@given`` runs inside it), and ``NUMCHECK_DRAWN_LOG`` records the distributed test's draws."""
     log = tmp_path / "drawn"
     log.mkdir()
-    r = _suite(tmp_path, "-n", "2", "--hypothesis-show-statistics", "--impl", "eager", "--impl", "vocab_parallel[nan]",
-               "-k", "test_accuracy and not sharp or test_dist_accuracy and 1", NUMCHECK_CI_EXAMPLES="2",
-               NUMCHECK_DRAWN_LOG=str(log))
+    r = _suite(
+        tmp_path,
+        "-n",
+        "2",
+        "--hypothesis-show-statistics",
+        "--impl",
+        "eager",
+        "--impl",
+        "vocab_parallel[nan]",
+        "-k",
+        "test_accuracy and not sharp or test_dist_accuracy and 1",
+        NUMCHECK_CI_EXAMPLES="2",
+        NUMCHECK_DRAWN_LOG=str(log),
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     stats = out.split("Hypothesis Statistics", 1)[1]
@@ -187,5 +220,6 @@ def test_statistics_and_drawn_log_cover_rows_and_distributed_tests_under_xdist(t
     assert rows and int(rows.group(1)) > 2 and int(rows.group(2)) > 0, accuracy
     assert re.search(r"test_dist_accuracy\[vocab_parallel\[nan\]-1\]:\n(.|\n)*?\d+ passing", stats), stats
     drawn = [json.loads(line) for f in log.iterdir() for line in f.read_text().splitlines()]
-    assert any(d["test"] == "dist_accuracy[world_size=1]" and d["impl"] == "vocab_parallel[nan]" and d["drawn"]
-               for d in drawn), drawn
+    assert any(
+        d["test"] == "dist_accuracy[world_size=1]" and d["impl"] == "vocab_parallel[nan]" and d["drawn"] for d in drawn
+    ), drawn

@@ -33,12 +33,12 @@ def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 '''
 
 #: A user's own conftest and hypothesis test, with their own ``ci`` profile, and a test using numcheck's fixtures.
-USER_CONFTEST = '''
+USER_CONFTEST = """
 from hypothesis import settings
 settings.register_profile("ci", max_examples=7, derandomize=True, database=None)
 settings.load_profile("ci")
-'''
-USER_TEST = '''
+"""
+USER_TEST = """
 import os
 import sys
 from pathlib import Path
@@ -60,15 +60,15 @@ def test_own_hypothesis_test_keeps_own_profile():
 def test_decorated_at_import(n):
     with open("decorated_calls.txt", "a") as f:
         f.write("x")
-'''
-USER_FIXTURE_TEST = '''
+"""
+USER_FIXTURE_TEST = """
 from hypothesis import given, strategies as st
 from numcheck.properties.core.props import accuracy
 
 @given(data=st.data())
 def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):
     accuracy(numcheck_impl, data.draw(numcheck_problems))
-'''
+"""
 
 
 def _bin() -> Path:
@@ -78,8 +78,11 @@ def _bin() -> Path:
 
 def _env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: this venv's scripts on PATH, nothing of numcheck's test run."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS")) and k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS")) and k not in ("PYTHONPATH", "TRITON_INTERPRET")
+    }
     env["PATH"] = os.pathsep.join([str(_bin()), env.get("PATH", "")])
     env.update(extra)
     return env
@@ -87,8 +90,14 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _pytest(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """This venv's ``pytest`` run in ``cwd`` as a user would, with ``env`` added to :func:`_env`."""
-    return subprocess.run([str(_bin() / "pytest"), "-p", "no:cacheprovider", *args], cwd=cwd, env=_env(**env),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(_bin() / "pytest"), "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -104,8 +113,17 @@ def user_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
     """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
     wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
-    r = _pytest(user_repo, "-q", "--pyargs", "numcheck.tests.suite", "--impl", "myflce:impl",
-                "-k", "test_accuracy and not sharp", NUMCHECK_CI_EXAMPLES="2")
+    r = _pytest(
+        user_repo,
+        "-q",
+        "--pyargs",
+        "numcheck.tests.suite",
+        "--impl",
+        "myflce:impl",
+        "-k",
+        "test_accuracy and not sharp",
+        NUMCHECK_CI_EXAMPLES="2",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     # The failing case is a covering row (run before hypothesis' draws, so no @reproduce_failure blob): the
@@ -116,8 +134,7 @@ def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
     line = lines[0].strip()
     assert "numcheck repro --impl myflce:impl --property accuracy" in line, line
     elsewhere = tmp_path_factory.mktemp("elsewhere")
-    rerun = subprocess.run(["bash", "-c", line], cwd=elsewhere, env=_env(), capture_output=True, text=True,
-                           timeout=600)
+    rerun = subprocess.run(["bash", "-c", line], cwd=elsewhere, env=_env(), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 1, f"{line}\n{rerun.stdout}\n{rerun.stderr}"
     assert rerun.stdout.startswith("FAIL") and "plugin_loss_off" in rerun.stdout, rerun.stdout
 
@@ -139,8 +156,19 @@ def test_user_fixtures_run_the_users_own_property(user_repo):
     """A user's own test taking ``numcheck_impl`` and ``numcheck_problems`` runs once per ``--impl`` impl and
     fails the wrong one with the suite's failure message."""
     (user_repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
-    r = _pytest(user_repo, "-q", "-rA", "test_mine.py", "--impl", "eager", "--impl", "myflce:impl",
-                "--hypothesis-profile", "numcheck-ci", NUMCHECK_CI_EXAMPLES="2")
+    r = _pytest(
+        user_repo,
+        "-q",
+        "-rA",
+        "test_mine.py",
+        "--impl",
+        "eager",
+        "--impl",
+        "myflce:impl",
+        "--hypothesis-profile",
+        "numcheck-ci",
+        NUMCHECK_CI_EXAMPLES="2",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "PASSED test_mine.py::test_my_impl_is_accurate[eager]" in out, out
@@ -159,15 +187,26 @@ def test_check_agrees_with_the_plugin(user_repo, monkeypatch):
     assert good.verdicts["accuracy"].worst_ratio is not None and good.verdicts["accuracy"].worst_ratio <= 1, good
     assert not bad.ok and bad.verdicts["accuracy"].status == "failed", bad
     assert "property 'accuracy' fails for impl 'plugin_loss_off'" in bad.verdicts["accuracy"].message, bad
-    r = _pytest(user_repo, "-v", "--pyargs", "numcheck.tests.suite", "--impl", "eager", "--impl", "myflce:impl",
-                "-k", "test_accuracy and not sharp or test_determinism or test_chunk_invariance",
-                NUMCHECK_CI_EXAMPLES="2")
+    r = _pytest(
+        user_repo,
+        "-v",
+        "--pyargs",
+        "numcheck.tests.suite",
+        "--impl",
+        "eager",
+        "--impl",
+        "myflce:impl",
+        "-k",
+        "test_accuracy and not sharp or test_determinism or test_chunk_invariance",
+        NUMCHECK_CI_EXAMPLES="2",
+    )
     out = r.stdout + r.stderr
     for result in (good, bad):
         for n in names:
             status = result.verdicts[n].status.upper()
-            assert re.search(rf"::test_{n}\[{re.escape(result.impl)}\] {status}", out), \
+            assert re.search(rf"::test_{n}\[{re.escape(result.impl)}\] {status}", out), (
                 f"{n} for {result.impl}: check says {status}\n{out}"
+            )
 
 
 def test_check_rejects_bad_arguments():
@@ -190,8 +229,12 @@ def test_repro_line_names_the_spec_of_an_impl_passed_as_an_object(user_repo, mon
     bad = numcheck.check(impl, ["accuracy"], max_examples=1)
     line = re.search(r"reproduce: (.+)", bad.verdicts["accuracy"].message).group(1)
     words = shlex.split(line)
-    assert words[0] == f"PYTHONPATH={user_repo.resolve()}" and words[1:5] == ["numcheck", "repro", "--impl",
-                                                                              "myflce:impl"], line
+    assert words[0] == f"PYTHONPATH={user_repo.resolve()}" and words[1:5] == [
+        "numcheck",
+        "repro",
+        "--impl",
+        "myflce:impl",
+    ], line
 
 
 def test_check_runs_the_quantized_linear_suite():

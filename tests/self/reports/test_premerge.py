@@ -14,6 +14,7 @@ from pathlib import Path
 
 
 from numcheck.reports.premerge import command as premerge
+
 GOOD = '''
 import torch.nn.functional as F
 from numcheck.impls.protocols.linear_ce import linear_ce_impl
@@ -27,17 +28,35 @@ def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 '''
 
 # Wrong: drops the bias from the logits although it declares bias support.
-BAD = GOOD.replace("None if bias is None else bias.float()", "None") \
-          .replace("mymod_fp32_ce", "mymod_no_bias")
+BAD = GOOD.replace("None if bias is None else bias.float()", "None").replace("mymod_fp32_ce", "mymod_no_bias")
 
 
 def _premerge(tmp_path: Path, module: str, source: str, *extra: str) -> subprocess.CompletedProcess:
     (tmp_path / f"{module}.py").write_text(source)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               NUMCHECK_CI_EXAMPLES="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        NUMCHECK_CI_EXAMPLES="1",
+    )
     env.pop("NUMCHECK_IMPLS", None)
-    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", f"{module}:impl", "--grid", "smoke",
-                           *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numcheck.reports.cli",
+            "premerge",
+            "--impl",
+            f"{module}:impl",
+            "--grid",
+            "smoke",
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_outside_impl_gets_a_passing_checklist(tmp_path):
@@ -46,7 +65,14 @@ def test_outside_impl_gets_a_passing_checklist(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, f"premerge exited {proc.returncode}\n{out}\n{proc.stderr[-2000:]}"
     assert "## numcheck pre-merge checklist" in out and "`mymod:impl`" in out
-    for title in ("impls load", "capability probes", "property suite (ci profile)", "report", "vs committed baseline", "memory"):
+    for title in (
+        "impls load",
+        "capability probes",
+        "property suite (ci profile)",
+        "report",
+        "vs committed baseline",
+        "memory",
+    ):
         assert f"✅ **{title}**" in out, f"check {title!r} not ✅:\n{out}"
     assert "Hardware:" in out and "torch " in out and "Python " in out
     assert "❌" not in out
@@ -67,13 +93,14 @@ def test_junit_parsing_counts_and_extracts_repro(tmp_path):
     """Failures in pytest's JUnit XML are counted and their 'reproduce:' line is carried to the checklist."""
     xml = tmp_path / "j.xml"
     xml.write_text(
-        '<testsuites><testsuite>'
+        "<testsuites><testsuite>"
         '<testcase classname="tests.test_properties" name="test_accuracy[x]">'
-        '<failure message="PropertyFailure: property \'accuracy\' fails for impl \'x\'">'
-        'property fails\n  reproduce: numcheck repro --impl x --property accuracy --problem \'Problem(N=1, H=1, V=1)\'\n'
-        '</failure></testcase>'
+        "<failure message=\"PropertyFailure: property 'accuracy' fails for impl 'x'\">"
+        "property fails\n  reproduce: numcheck repro --impl x --property accuracy --problem 'Problem(N=1, H=1, V=1)'\n"
+        "</failure></testcase>"
         '<testcase classname="t" name="ok"/><testcase classname="t" name="s"><skipped/></testcase>'
-        '</testsuite></testsuites>')
+        "</testsuite></testsuites>"
+    )
     counts, details = premerge._junit_failures(xml)
     assert counts == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1}
     assert len(details) == 1 and "reproduce: `numcheck repro --impl x --property accuracy" in details[0]
@@ -81,12 +108,26 @@ def test_junit_parsing_counts_and_extracts_repro(tmp_path):
 
 def test_checklist_marks_failures_and_regressions():
     """A report with a failing case is ❌ with its repro; a baseline regression is ❌; no baseline is ✅ and says so."""
-    case = {"impl": "m", "kind": "linear_ce", "case": "P", "label": "L", "group": "g", "mode": "float32", "status": "fail",
-            "verdicts": {"analytic": False}, "ratio_hard": 2.0, "ratio_expected": 3.0, "failures": ["grad_x beyond"],
-            "repro": "numcheck repro --impl m", "outputs": {"grad_x": {"ratio_hard": 2.0, "ratio_expected": 3.0,
-                                                                        "verdicts": {"analytic": False}}}}
-    rep = {"grid": {"seconds": 1.0}, "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": "",
-                                                "declaration": {}}], "cases": [case]}
+    case = {
+        "impl": "m",
+        "kind": "linear_ce",
+        "case": "P",
+        "label": "L",
+        "group": "g",
+        "mode": "float32",
+        "status": "fail",
+        "verdicts": {"analytic": False},
+        "ratio_hard": 2.0,
+        "ratio_expected": 3.0,
+        "failures": ["grad_x beyond"],
+        "repro": "numcheck repro --impl m",
+        "outputs": {"grad_x": {"ratio_hard": 2.0, "ratio_expected": 3.0, "verdicts": {"analytic": False}}},
+    }
+    rep = {
+        "grid": {"seconds": 1.0},
+        "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": "", "declaration": {}}],
+        "cases": [case],
+    }
     c = premerge.check_report(rep, "smoke")
     assert not c.ok and "0/1" in c.figure and any("numcheck repro --impl m" in d for d in c.details)
     assert premerge.check_baseline(rep, None, 2.0, 0.25).ok
@@ -96,13 +137,25 @@ def test_checklist_marks_failures_and_regressions():
 def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path):
     """Against a baseline, a verdict flip is ❌; with --impl, impls not selected are not compared (no notes)."""
     from numcheck.reports.report import schema as report_schema
-    def case(status, ratio):
-        return {"impl": "m", "kind": "linear_ce", "case": "P", "label": "L", "group": "g", "mode": "float32",
-                "status": status, "verdicts": {"analytic": status == "pass"}, "ratio_hard": ratio,
-                "outputs": {"grad_x": {"ratio_hard": ratio, "verdicts": {"analytic": status == "pass"}}}}
 
-    impls = [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""},
-             {"name": "other", "kind": "linear_ce", "status": "ran", "reason": ""}]
+    def case(status, ratio):
+        return {
+            "impl": "m",
+            "kind": "linear_ce",
+            "case": "P",
+            "label": "L",
+            "group": "g",
+            "mode": "float32",
+            "status": status,
+            "verdicts": {"analytic": status == "pass"},
+            "ratio_hard": ratio,
+            "outputs": {"grad_x": {"ratio_hard": ratio, "verdicts": {"analytic": status == "pass"}}},
+        }
+
+    impls = [
+        {"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""},
+        {"name": "other", "kind": "linear_ce", "status": "ran", "reason": ""},
+    ]
     base = {"schema": report_schema.SCHEMA, "environment": {}, "impls": impls, "cases": [case("pass", 0.1)]}
     p = tmp_path / "base.json"
     p.write_text(report_schema.dumps(base))

@@ -53,15 +53,21 @@ def test_unknown_claim_key_names_file_line_and_table():
     assert "'speed'" in msg and "[[claim]] #2" in msg and "known keys" in msg, msg
 
 
-@pytest.mark.parametrize("text, words", [
-    ('[[claim]]\nsays = "x"\nmetric = "speed"\nmax = 1\n', ("unknown metric 'speed'", ":3:")),
-    ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\n', ("states no bound",)),
-    ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = 1\ntorch = "two point eight"\n', ("not a version specifier", ":5:")),
-    ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = "1"\n', ("max = '1' must be int or float", ":4:")),
-    ('[[claim]]\nmetric = "time_ratio"\nmax = 1\n', ("no 'says' (required)",)),
-    ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = 1\ndevice = "tpu"\n', ("device 'tpu'",)),
-    ('[claims]\nsays = "x"\n', ("unknown key or table 'claims'", ":1:")),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('[[claim]]\nsays = "x"\nmetric = "speed"\nmax = 1\n', ("unknown metric 'speed'", ":3:")),
+        ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\n', ("states no bound",)),
+        (
+            '[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = 1\ntorch = "two point eight"\n',
+            ("not a version specifier", ":5:"),
+        ),
+        ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = "1"\n', ("max = '1' must be int or float", ":4:")),
+        ('[[claim]]\nmetric = "time_ratio"\nmax = 1\n', ("no 'says' (required)",)),
+        ('[[claim]]\nsays = "x"\nmetric = "time_ratio"\nmax = 1\ndevice = "tpu"\n', ("device 'tpu'",)),
+        ('[claims]\nsays = "x"\n', ("unknown key or table 'claims'", ":1:")),
+    ],
+)
 def test_bad_claims_are_errors_that_say_what_and_where(text, words):
     """Each malformed claim (bad metric, no bound, bad specifier, wrong type, missing key, bad device, bad table) is
     refused with a message naming it and its line."""
@@ -72,8 +78,10 @@ def test_bad_claims_are_errors_that_say_what_and_where(text, words):
 
 
 def _run(device: str, torch_v: str, **metrics: float) -> dict:
-    return {"env": {"device": device, "torch": torch_v, "cuda_available": device == "cuda", "python": "py"},
-            "pairs": [{"new": "m:new", "new_name": "new", "metrics": metrics, "unmeasured": {}}]}
+    return {
+        "env": {"device": device, "torch": torch_v, "cuda_available": device == "cuda", "python": "py"},
+        "pairs": [{"new": "m:new", "new_name": "new", "metrics": metrics, "unmeasured": {}}],
+    }
 
 
 def test_claims_are_verified_only_where_they_can_be_measured():
@@ -124,8 +132,9 @@ def test_pairs_with_the_same_new_are_judged_apart():
     """Two pairs sharing a NEW spec (against two BASEs) get a verdict each, named by their BASE."""
     cs = claims.parse('[[claim]]\nsays = "a"\nmetric = "peak_change_mib"\nmax = 0\n')
     run = _run("cpu", "2.13.0", peak_change_mib=-5.0)
-    run["pairs"].append({"new": "m:new", "base": "m:other", "new_name": "new", "metrics": {"peak_change_mib": 7.0},
-                         "unmeasured": {}})
+    run["pairs"].append(
+        {"new": "m:new", "base": "m:other", "new_name": "new", "metrics": {"peak_change_mib": 7.0}, "unmeasured": {}}
+    )
     run["pairs"][0]["base"] = "m:old"
     v = claims.judge(cs, [run])
     assert [(x.pair, x.status) for x in v] == [("m:new (vs m:old)", "true"), ("m:new (vs m:other)", "false")], v
@@ -171,13 +180,20 @@ def test_headroom_is_flagged_while_both_pass():
     assert premerge_ab.accuracy_ok(same), same["outputs"]
 
 
-@pytest.mark.parametrize("new, base", [(n, b) for c in ("chunked[fallback]", "chunked[fp32_operands]",
-                                                         "chunked[lowp_accum]") for n, b in (("eager", c), (c, "eager"))])
+@pytest.mark.parametrize(
+    "new, base",
+    [
+        (n, b)
+        for c in ("chunked[fallback]", "chunked[fp32_operands]", "chunked[lowp_accum]")
+        for n, b in (("eager", c), (c, "eager"))
+    ],
+)
 def test_correct_refactor_is_not_flagged(new, base):
     """eager and each chunked path, either way round, are a correct change: nothing is flagged although their worst
     error/bounds differ up to 3.4× (the ratio the old growth factors failed on)."""
-    a = premerge_ab.accuracy_ab(premerge_ab.load_one(new), premerge_ab.load_one(base), "quick", "cpu", None,
-                                premerge_ab.DEFAULT_GROWTH_FLOOR)
+    a = premerge_ab.accuracy_ab(
+        premerge_ab.load_one(new), premerge_ab.load_one(base), "quick", "cpu", None, premerge_ab.DEFAULT_GROWTH_FLOOR
+    )
     assert premerge_ab.accuracy_ok(a), [(o["output"], o["new"], o["base"], o["headroom"]) for o in a["outputs"]]
 
 
@@ -205,8 +221,9 @@ def test_meta_memory_takes_the_path_of_this_device():
 
     if capabilities.addmm_out_dtype("cpu", torch.bfloat16):
         pytest.skip("addmm(out_dtype=) is live on this CPU build")
-    m = premerge_ab.memory_ab(premerge_ab.load_one("chunked[addmm_out_dtype]"), premerge_ab.load_one("chunked[fallback]"),
-                              "cpu")
+    m = premerge_ab.memory_ab(
+        premerge_ab.load_one("chunked[addmm_out_dtype]"), premerge_ab.load_one("chunked[fallback]"), "cpu"
+    )
     V, H, C = 131072, 4096, 2048
     expected = ((V * C + C * H) * 4 - V * H * 6) / MiB
     assert m["new"]["peak_mib"] - m["base"]["peak_mib"] == pytest.approx(expected, abs=1e-6), m
@@ -215,8 +232,9 @@ def test_meta_memory_takes_the_path_of_this_device():
 def test_code_paths_show_the_matmul_each_side_dispatches():
     """The trace shows chunked[fallback]'s bf16 mm and chunked[fp32_operands]'s fp32 addmm on this device, and the
     probe that gates addmm(out_dtype=) here."""
-    p = premerge_ab.paths_ab(premerge_ab.load_one("chunked[fallback]"), premerge_ab.load_one("chunked[fp32_operands]"),
-                             "cpu")
+    p = premerge_ab.paths_ab(
+        premerge_ab.load_one("chunked[fallback]"), premerge_ab.load_one("chunked[fp32_operands]"), "cpu"
+    )
     assert "aten.mm(bfloat16, bfloat16) -> bfloat16" in p["new"]["ops"], p
     assert any(k.startswith("aten.addmm(float32, float32, float32)") for k in p["base"]["ops"]), p
     assert "addmm_out_dtype[bfloat16]" in p["probes"]
@@ -299,8 +317,18 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     shutil.copy(EXAMPLE, tmp_path / "accumulation_change.py")
     shutil.copy(CLAIMS, tmp_path / "numcheck-claims.toml")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", "accumulation_change:new",
-           "--base", "accumulation_change:old", "--out", str(tmp_path / "ab")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "numcheck.reports.cli",
+        "premerge",
+        "--impl",
+        "accumulation_change:new",
+        "--base",
+        "accumulation_change:old",
+        "--out",
+        str(tmp_path / "ab"),
+    ]
     other = _other_venv()
     if other is not None:
         cmd += ["--python", str(other)]
@@ -325,9 +353,24 @@ def test_claims_file_error_is_bad_input(tmp_path):
     """premerge with a claims file holding an unknown key exits 2 before measuring anything, naming file and line."""
     bad = tmp_path / "c.toml"
     bad.write_text(GOOD)
-    proc = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", "chunked[fallback]",
-                           "--base", "chunked[fp32_operands]", "--claims", str(bad)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numcheck.reports.cli",
+            "premerge",
+            "--impl",
+            "chunked[fallback]",
+            "--base",
+            "chunked[fp32_operands]",
+            "--claims",
+            str(bad),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:11: unknown key 'speed'" in proc.stderr
 
@@ -339,10 +382,31 @@ def test_failed_python_is_recorded_not_bad_input(tmp_path):
     fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numcheck'\" >&2\nexit 1\n")
     fake.chmod(0o755)
     (tmp_path / "c.toml").write_text('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.0"\n')
-    proc = subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "premerge", "--impl", "chunked[fallback]",
-                           "--base", "chunked[fp32_operands]", "--grid", "smoke", "--no-convergence", "--claims",
-                           str(tmp_path / "c.toml"), "--python", str(fake), "--out", str(tmp_path / "ab")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numcheck.reports.cli",
+            "premerge",
+            "--impl",
+            "chunked[fallback]",
+            "--base",
+            "chunked[fp32_operands]",
+            "--grid",
+            "smoke",
+            "--no-convergence",
+            "--claims",
+            str(tmp_path / "c.toml"),
+            "--python",
+            str(fake),
+            "--out",
+            str(tmp_path / "ab"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "could not measure" in proc.stdout and "No module named 'numcheck'" in proc.stdout, proc.stdout
     data = json.loads((tmp_path / "ab" / "ab.json").read_text())
@@ -361,8 +425,10 @@ def _declaring(name: str, **support: Any) -> Any:
 
     @linear_ce_impl(name=name, autocast=(), **support)
     def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
-        return F.cross_entropy(F.linear(x, weight, bias).float(), target, reduction=reduction,
-                               ignore_index=ignore_index)
+        return F.cross_entropy(
+            F.linear(x, weight, bias).float(), target, reduction=reduction, ignore_index=ignore_index
+        )
+
     return impl
 
 
@@ -375,8 +441,9 @@ def test_convergence_runs_in_a_case_both_declare():
     lowp = _declaring("lowp_no_options", dtypes=("bfloat16", "float16"), options=())
     assert convergence_case(lowp, eager, "cpu") == ({"dtype": "bfloat16", "ignored": 0.0}, "")
     assert convergence_case(eager, eager, "cpu") == ({"dtype": "float32", "ignored": 0.125}, "")
-    settings, why = convergence_case(_declaring("fp16_only", dtypes=("float16",)),
-                                     _declaring("fp32_only", dtypes=("float32",)), "cpu")
+    settings, why = convergence_case(
+        _declaring("fp16_only", dtypes=("float16",)), _declaring("fp32_only", dtypes=("float32",)), "cpu"
+    )
     assert settings is None and "no dtype both sides declare" in why and "fp32_only" in why, why
 
 

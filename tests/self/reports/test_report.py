@@ -18,17 +18,49 @@ from numcheck.reports import cli
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.command import build_report, resolve_out_dir, write_atomically, write_report
-from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, linear_ce_cases, quant_cases, random_problems, \
-    reduction_length, span_decades
+from numcheck.reports.report.grid import (
+    FULL,
+    GRIDS,
+    QUICK,
+    SMOKE,
+    GridSpec,
+    linear_ce_cases,
+    quant_cases,
+    random_problems,
+    reduction_length,
+    span_decades,
+)
 
-OUTPUT_FIELDS = ("max_abs", "max_rel", "rmse", "max_ulp", "ratio_hard", "ratio_expected", "verdicts", "reduction_length")
+OUTPUT_FIELDS = (
+    "max_abs",
+    "max_rel",
+    "rmse",
+    "max_ulp",
+    "ratio_hard",
+    "ratio_expected",
+    "verdicts",
+    "reduction_length",
+)
 
 #: A grid smaller than SMOKE, in bf16 where a bf16 grad_weight accumulator shows.
-TINY_BF16 = GridSpec(name="smoke", ladder=(2, 200), base=(6, 6, 6), ladder_modes=("bfloat16",), option_shape=(9, 5, 7),
-                     option_modes=(), options=(), n_random=0, quant_ladder=(2, 200), quant_base=(8, 8, 8),
-                     quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(), quant_extras=False)
+TINY_BF16 = GridSpec(
+    name="smoke",
+    ladder=(2, 200),
+    base=(6, 6, 6),
+    ladder_modes=("bfloat16",),
+    option_shape=(9, 5, 7),
+    option_modes=(),
+    options=(),
+    n_random=0,
+    quant_ladder=(2, 200),
+    quant_base=(8, 8, 8),
+    quant_all_recipes_ladder=False,
+    quant_all_dtypes=False,
+    quant_regimes=(),
+    quant_extras=False,
+)
 
-IMPL_MODULE = '''
+IMPL_MODULE = """
 import dataclasses
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
@@ -49,7 +81,7 @@ def _boom(x, w, t, b=None, **kw):
     raise RuntimeError("kernel exploded on purpose")
 
 raising = FunctionImpl(name="raises", fn=_boom, support=LinearCESupport(dtypes=frozenset({__import__("torch").float32})))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +99,20 @@ def impl_module(tmp_path_factory) -> str:
 def smoke_dir(tmp_path_factory) -> Path:
     """One smoke report (eager and one FP8 impl) written by the CLI, shared by the tests that read it."""
     out = tmp_path_factory.mktemp("report") / "out"
-    rc = cli.main(["report", "--grid", "smoke", "--impl", "eager", "--impl", "fp8_linear[current]", "--out", str(out),
-                   "--no-progress"])
+    rc = cli.main(
+        [
+            "report",
+            "--grid",
+            "smoke",
+            "--impl",
+            "eager",
+            "--impl",
+            "fp8_linear[current]",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, "numcheck report --grid smoke exited non-zero on correct built-ins"
     return out
 
@@ -97,7 +141,7 @@ def test_grid_is_deterministic_and_quick_is_part_of_full():
     assert linear_ce_cases(QUICK) == linear_ce_cases(QUICK)
     full = [p for _, p in random_problems(FULL.n_random, FULL.seed)]
     quick = [p for _, p in random_problems(QUICK.n_random, QUICK.seed)]
-    assert quick == full[:len(quick)]
+    assert quick == full[: len(quick)]
     labels = {gc.case.short() for gc in linear_ce_cases(QUICK)}
     assert {"N400H40V40-float32-mean-plain-ordinary-s1400", "N40H40V400-bfloat16-mean-plain-ordinary-s1400"} <= labels
 
@@ -105,9 +149,22 @@ def test_grid_is_deterministic_and_quick_is_part_of_full():
 def test_grid_spec_rejects_a_ladder_under_two_decades():
     """A ladder spanning less than 100× is refused with the field named."""
     with pytest.raises(ValueError, match="ladder"):
-        GridSpec(name="x", ladder=(4, 40), base=(4, 4, 4), ladder_modes=("float32",), option_shape=(4, 4, 4),
-                 option_modes=(), options=(), n_random=0, quant_ladder=(2, 200), quant_base=(8, 8, 8),
-                 quant_all_recipes_ladder=False, quant_all_dtypes=False, quant_regimes=(), quant_extras=False)
+        GridSpec(
+            name="x",
+            ladder=(4, 40),
+            base=(4, 4, 4),
+            ladder_modes=("float32",),
+            option_shape=(4, 4, 4),
+            option_modes=(),
+            options=(),
+            n_random=0,
+            quant_ladder=(2, 200),
+            quant_base=(8, 8, 8),
+            quant_all_recipes_ladder=False,
+            quant_all_dtypes=False,
+            quant_regimes=(),
+            quant_extras=False,
+        )
 
 
 # -- what a report holds --------------------------------------------------------------------------------------------
@@ -137,8 +194,14 @@ def test_report_json_has_environment_and_every_metric(smoke_dir):
 def test_report_md_reads_on_its_own(smoke_dir):
     """report.md explains how to read it and holds the verdicts, per-output tables, accumulation and memory tables."""
     md = (smoke_dir / "report.md").read_text()
-    for heading in ("How to read this", "## Verdict per impl", "per impl × dtype × output",
-                    "## grad_weight accumulation", "## Memory", "## Coverage"):
+    for heading in (
+        "How to read this",
+        "## Verdict per impl",
+        "per impl × dtype × output",
+        "## grad_weight accumulation",
+        "## Memory",
+        "## Coverage",
+    ):
         assert heading in md, f"report.md lacks {heading!r}"
     assert "`eager`" in md and "`fp8_linear[current]`" in md
     for path in ("addmm_out_dtype", "fallback", "fp32_operands", "lowp_accum"):
@@ -163,6 +226,7 @@ def test_render_in_place_keeps_the_folders_other_files(smoke_dir, tmp_path):
 
     from numcheck.reports.report.plots import PLOT_FILES
     from numcheck.reports.report.command import REPORT_FILES
+
     folder = tmp_path / "gpu-run"
     folder.mkdir()
     shutil.copy(smoke_dir / "report.json", folder / "report.json")
@@ -181,6 +245,7 @@ def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monk
         data = (smoke_dir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
     from numcheck.reports.report import plots
+
     def no_matplotlib():
         raise ImportError("No module named 'matplotlib'")
 
@@ -194,8 +259,14 @@ def test_plots_written_and_missing_matplotlib_degrades(smoke_dir, tmp_path, monk
 
 def test_unavailable_broken_and_raising_impls_are_listed(impl_module):
     """An unavailable impl is listed with its reason, a broken spec with its error, and a raising impl fails with it."""
-    rep = build_report(SMOKE, [f"{impl_module}:unavailable", f"{impl_module}:raising", "no_such_module_xyz:impl"], "cpu",
-                       progress=False, memory=False, accumulation=False)
+    rep = build_report(
+        SMOKE,
+        [f"{impl_module}:unavailable", f"{impl_module}:raising", "no_such_module_xyz:impl"],
+        "cpu",
+        progress=False,
+        memory=False,
+        accumulation=False,
+    )
     status = {i["name"]: i for i in rep["impls"]}
     assert status["needs_zeta"]["status"] == "unavailable" and "Zeta" in status["needs_zeta"]["reason"]
     assert status["no_such_module_xyz:impl"]["status"] == "broken"
@@ -203,8 +274,9 @@ def test_unavailable_broken_and_raising_impls_are_listed(impl_module):
     raised = [c for c in rep["cases"] if c["impl"] == "raises"]
     assert raised and all(c["status"] == "error" for c in raised)
     assert all("kernel exploded on purpose" in c["error"] and not any(c["verdicts"].values()) for c in raised)
-    assert all(f"numcheck repro --impl {impl_module}:raising " in c["repro"] for c in raised), \
+    assert all(f"numcheck repro --impl {impl_module}:raising " in c["repro"] for c in raised), (
         "repro must name the outside impl's spec"
+    )
     from numcheck.reports.report.md import render
 
     md = render(rep)
@@ -275,7 +347,7 @@ def test_atomic_write_replaces_its_files_or_nothing(tmp_path):
     (out / "README.md").write_text("mine")
     (out / "runs").mkdir()
     (out / "runs" / "bench.json").write_text("b")
-    write_atomically(out, {"report.json": "{\"v\": 2}"}, owned=frozenset({"report.json", "stale.png"}))
+    write_atomically(out, {"report.json": '{"v": 2}'}, owned=frozenset({"report.json", "stale.png"}))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "report.json", "runs"]
     assert (out / "README.md").read_text() == "mine" and (out / "runs" / "bench.json").read_text() == "b"
 
@@ -283,8 +355,8 @@ def test_atomic_write_replaces_its_files_or_nothing(tmp_path):
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        write_atomically(out, {"report.json": "{\"v\": 3}"}, extra=boom)
-    assert (out / "report.json").read_text() == "{\"v\": 2}"
+        write_atomically(out, {"report.json": '{"v": 3}'}, extra=boom)
+    assert (out / "report.json").read_text() == '{"v": 2}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"], "a temporary directory was left behind"
 
 
@@ -310,9 +382,21 @@ def test_existing_reports_and_foreign_folders_are_not_overwritten(tmp_path):
 
 def test_schema_roundtrip_and_bad_files(tmp_path):
     """Non-finite floats survive a round trip as strict JSON; a file that is not a report is refused by name."""
-    rep = {"schema": report_schema.SCHEMA, "environment": {}, "impls": [],
-           "cases": [{"impl": "i", "case": "P()", "status": "error", "verdicts": {},
-                      "outputs": {"loss": {"ratio_hard": math.inf, "max_abs": math.nan}}, "label": "inf"}]}
+    rep = {
+        "schema": report_schema.SCHEMA,
+        "environment": {},
+        "impls": [],
+        "cases": [
+            {
+                "impl": "i",
+                "case": "P()",
+                "status": "error",
+                "verdicts": {},
+                "outputs": {"loss": {"ratio_hard": math.inf, "max_abs": math.nan}},
+                "label": "inf",
+            }
+        ],
+    }
     p = tmp_path / "r.json"
     p.write_text(report_schema.dumps(rep))
     back = report_schema.load(p)

@@ -21,9 +21,10 @@ from numcheck.reports import baselines, cli, versions
 from numcheck.reports.premerge import command as premerge
 from numcheck.reports.report import md as report_md, schema as report_schema
 from numcheck.reports.report.command import verdict
+
 SMOKE = ["--grid", "smoke", "--no-progress", "--no-plots"]
 
-OUTSIDE = '''
+OUTSIDE = """
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
 import torch
 
@@ -37,7 +38,7 @@ def _boom(x, w, t, b=None, **kw):
 
 raising = FunctionImpl(name="raises", fn=_boom, support=LinearCESupport(dtypes=frozenset({torch.float32})))
 not_an_impl = object()
-'''
+"""
 
 
 @pytest.fixture
@@ -108,8 +109,11 @@ def test_update_baseline_in_a_checkout_targets_its_reports_folder():
 def test_exit_1_when_a_case_fails_or_an_impl_is_broken(outside, tmp_path, capsys):
     """A raising impl, an unloadable spec and an object that breaks the protocol each make report exit 1; the
     last line says FAIL and why."""
-    for spec, needle in ((f"{outside}:raising", "fail or raise"), ("no_such_module_xyz:impl", "broken"),
-                         (f"{outside}:not_an_impl", "broken")):
+    for spec, needle in (
+        (f"{outside}:raising", "fail or raise"),
+        ("no_such_module_xyz:impl", "broken"),
+        (f"{outside}:not_an_impl", "broken"),
+    ):
         out = tmp_path / spec.replace(":", "_")
         assert cli.main(["report", *SMOKE, "--impl", spec, "--out", str(out)]) == 1, spec
         last = _last_line(capsys.readouterr().out)
@@ -135,11 +139,24 @@ def test_verdict_counts_regressions():
 
 # -- baselines: validation and where they come from -----------------------------------------------------------------
 def _small_report(tmp_path: Path) -> Path:
-    case = {"impl": "m", "kind": "linear_ce", "case": "P()", "label": "L", "group": "g", "mode": "float32",
-            "status": "pass", "verdicts": {"analytic": True}, "ratio_hard": 0.1,
-            "outputs": {"grad_x": {"ratio_hard": 0.1, "verdicts": {"analytic": True}}}}
-    rep = {"schema": report_schema.SCHEMA, "environment": {"device": "cpu", "torch": "2.0"},
-           "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""}], "cases": [case]}
+    case = {
+        "impl": "m",
+        "kind": "linear_ce",
+        "case": "P()",
+        "label": "L",
+        "group": "g",
+        "mode": "float32",
+        "status": "pass",
+        "verdicts": {"analytic": True},
+        "ratio_hard": 0.1,
+        "outputs": {"grad_x": {"ratio_hard": 0.1, "verdicts": {"analytic": True}}},
+    }
+    rep = {
+        "schema": report_schema.SCHEMA,
+        "environment": {"device": "cpu", "torch": "2.0"},
+        "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""}],
+        "cases": [case],
+    }
     p = tmp_path / "good.json"
     p.write_text(report_schema.dumps(rep))
     return p
@@ -155,8 +172,10 @@ def test_incomplete_baseline_is_a_clear_error_with_exit_2(tmp_path, capsys):
     bad.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"bad\.json.*cases\[0\] \(L\) lacks the key\(s\) 'impl'"):
         report_schema.load(bad)
-    for argv in (["report", "--compare", str(bad), "--current", str(good)],
-                 ["report", *SMOKE, "--impl", "eager", "--compare", str(bad), "--out", str(tmp_path / "o")]):
+    for argv in (
+        ["report", "--compare", str(bad), "--current", str(good)],
+        ["report", *SMOKE, "--impl", "eager", "--compare", str(bad), "--out", str(tmp_path / "o")],
+    ):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert "bad.json" in err and "'impl'" in err and "Traceback" not in err
@@ -164,12 +183,15 @@ def test_incomplete_baseline_is_a_clear_error_with_exit_2(tmp_path, capsys):
     assert cli.main(["report", "--compare", str(good), "--current", str(good)]) == 0
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda d: d.pop("cases"), "lacks the 'cases' section"),
-    (lambda d: d["impls"][0].pop("status"), "impls[0] (m) lacks the key(s) 'status'"),
-    (lambda d: d["cases"][0].update(status="maybe"), "status 'maybe'"),
-    (lambda d: d["cases"][0].update(outputs={"grad_x": {}}), "'ratio_hard'"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d.pop("cases"), "lacks the 'cases' section"),
+        (lambda d: d["impls"][0].pop("status"), "impls[0] (m) lacks the key(s) 'status'"),
+        (lambda d: d["cases"][0].update(status="maybe"), "status 'maybe'"),
+        (lambda d: d["cases"][0].update(outputs={"grad_x": {}}), "'ratio_hard'"),
+    ],
+)
 def test_malformed_reports_are_named(tmp_path, edit, needle):
     """Each missing section, missing key or bad value is refused with what is wrong."""
     data = json.loads(_small_report(tmp_path).read_text())
@@ -217,7 +239,7 @@ def test_premerge_runs_the_installed_suite_and_streams_it():
     the child prints it and returns its status."""
     cmd = premerge.suite_command(["mymod:impl"], 2, Path("j.xml"))
     assert cmd[1:5] == ["-m", "pytest", "--pyargs", *premerge.SUITE_MODULES]
-    assert ["--impl", "mymod:impl"] == cmd[cmd.index("--impl"):cmd.index("--impl") + 2] and "-n" in cmd
+    assert ["--impl", "mymod:impl"] == cmd[cmd.index("--impl") : cmd.index("--impl") + 2] and "-n" in cmd
     sink = io.StringIO()
     code = "import sys, time; print('first', flush=True); time.sleep(0.2); print('second'); sys.exit(3)"
     rc, lines = premerge.stream([sys.executable, "-c", code], env=dict(os.environ), prefix="> ", sink=sink)
@@ -232,11 +254,20 @@ def test_premerge_runs_the_installed_suite_and_streams_it():
 def test_summary_counts_only_judged_outputs_as_relative_passes():
     """An output not judged on 'relative' counts neither as a pass nor as judged: 1/1, no ❌, where the old count
     said 2/1 ❌ while every case passed."""
+
     def case(label: str, rel: bool | None) -> dict:
         verdicts = {"analytic": True} if rel is None else {"analytic": True, "relative": rel}
         o = {"ratio_hard": 0.1, "ratio_expected": 0.2, "max_ulp": 1.0, "verdicts": verdicts}
-        return {"impl": "m", "kind": "linear_ce", "case": label, "label": label, "mode": "bfloat16", "status": "pass",
-                "verdicts": verdicts, "outputs": {"grad_weight": o}}
+        return {
+            "impl": "m",
+            "kind": "linear_ce",
+            "case": label,
+            "label": label,
+            "mode": "bfloat16",
+            "status": "pass",
+            "verdicts": verdicts,
+            "outputs": {"grad_weight": o},
+        }
 
     rep = {"impls": [{"name": "m"}], "cases": [case("a", True), case("b", None)]}
     (row,) = report_md.output_summary(rep, "linear_ce")
@@ -253,6 +284,7 @@ def test_plots_are_titled_and_explain_every_mark(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
     from numcheck.reports.report import plots
+
     seen: dict[str, Figure] = {}
     real = Figure.savefig
 
@@ -264,8 +296,11 @@ def test_plots_are_titled_and_explain_every_mark(tmp_path, monkeypatch):
     monkeypatch.setattr(plots._plt(), "close", lambda fig=None: None)
     full = report_schema.load(baselines.shipped_baselines()[0])
     keep = {i["name"] for i in full["impls"][:8]} | {i["name"] for i in full["impls"] if i["kind"] == "quant_linear"}
-    rep = dict(full, impls=[i for i in full["impls"] if i["name"] in keep],
-               cases=[c for c in full["cases"] if c["impl"] in keep])
+    rep = dict(
+        full,
+        impls=[i for i in full["impls"] if i["name"] in keep],
+        cases=[c for c in full["cases"] if c["impl"] in keep],
+    )
     names, _ = plots.write_plots(rep, tmp_path)
     assert set(names) == set(seen)
     for name, fig in seen.items():
@@ -274,7 +309,9 @@ def test_plots_are_titled_and_explain_every_mark(tmp_path, monkeypatch):
     fig = seen["error_vs_length.png"]
     legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
     assert any(t.startswith("filled") for t in legend) and any(t.startswith("hollow") for t in legend)
-    drawn = list(dict.fromkeys(c["impl"] for c in rep["cases"] if c["kind"] == "linear_ce" and c["group"].startswith("ladder")))
+    drawn = list(
+        dict.fromkeys(c["impl"] for c in rep["cases"] if c["kind"] == "linear_ce" and c["group"].startswith("ladder"))
+    )
     assert set(drawn) <= set(legend), set(drawn) - set(legend)
     styles = plots.impl_styles([i["name"] for i in rep["impls"]])
     colours = [tuple(round(c, 4) for c in s.color) for s in styles.values()]

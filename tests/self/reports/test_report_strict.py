@@ -63,8 +63,10 @@ def test_quick_report_fails_a_smoothing_gradient_on_ignored_rows(smoothing_repor
     bad = _by_impl(smoothing_report, helpers.smoothing_ce_ignored_grad.name)
     good = _by_impl(smoothing_report, helpers.smoothing_ce.name)
     failing = [c for c in bad if c["status"] != "pass"]
-    assert failing and all(c["group"].startswith("declared:") and "label_smoothing" in c["label"]
-                           and "ignore_index" in c["label"] for c in failing), [c["label"] for c in failing]
+    assert failing and all(
+        c["group"].startswith("declared:") and "label_smoothing" in c["label"] and "ignore_index" in c["label"]
+        for c in failing
+    ), [c["label"] for c in failing]
     assert good and all(c["status"] == "pass" for c in good), [c["label"] for c in good if c["status"] != "pass"]
     assert not premerge.check_report(smoothing_report, "quick").ok
 
@@ -73,8 +75,14 @@ def test_every_declared_option_and_reduction_runs_alone_and_combined(smoothing_r
     """The quick grid runs each declared option on its own and all of them together at every declared reduction,
     each reduction on its own and an all-ignored batch, in a mode the impl declares (it declares no autocast)."""
     groups = {c["group"] for c in _by_impl(smoothing_report, helpers.smoothing_ce.name)}
-    want = {"declared:bias", "declared:ignore_index", "declared:label_smoothing", "declared:reduction=sum",
-            "declared:reduction=none", "declared:all_ignored"}
+    want = {
+        "declared:bias",
+        "declared:ignore_index",
+        "declared:label_smoothing",
+        "declared:reduction=sum",
+        "declared:reduction=none",
+        "declared:all_ignored",
+    }
     want |= {f"declared:bias+ignore_index+label_smoothing+{r}" for r in ("mean", "sum", "none")}
     assert want <= groups, want - groups
     info = next(i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name)
@@ -83,8 +91,11 @@ def test_every_declared_option_and_reduction_runs_alone_and_combined(smoothing_r
 
 def test_options_a_declaration_excludes_together_are_combined_apart():
     """With softcap and z-loss excluded together, the combined cases split them, every option in one of them."""
-    support = dataclasses.replace(helpers.smoothing_ce.support, options=frozenset({"softcap", "z_loss", "bias"}),
-                                  option_combinations_excluded=frozenset({frozenset({"softcap", "z_loss"})}))
+    support = dataclasses.replace(
+        helpers.smoothing_ce.support,
+        options=frozenset({"softcap", "z_loss", "bias"}),
+        option_combinations_excluded=frozenset({frozenset({"softcap", "z_loss"})}),
+    )
     groups = option_groups(support)
     assert sorted(groups) == [("bias", "softcap"), ("bias", "z_loss")], groups
     labels = {gc.group for gc in declared_cases(QUICK, support)}
@@ -106,8 +117,12 @@ def test_each_case_not_run_is_named_with_its_reason(smoothing_report):
 def test_a_declared_behaviour_the_grid_does_not_reach_is_named():
     """A declared dtype no case of the quick grid runs in for the impl (float16: its declared cases run in bfloat16,
     the random float16 cases use options it does not declare) is listed as unreached."""
-    fp16 = dataclasses.replace(helpers.smoothing_ce, support=dataclasses.replace(
-        helpers.smoothing_ce.support, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16})))
+    fp16 = dataclasses.replace(
+        helpers.smoothing_ce,
+        support=dataclasses.replace(
+            helpers.smoothing_ce.support, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16})
+        ),
+    )
     entry = next(e for e in discover([SMOOTH]))
     infos, _ = plan([dataclasses.replace(entry, impl=fp16)], QUICK, "cpu")
     assert infos[0]["unreached"] == ["dtype float16"], infos[0]["unreached"]
@@ -120,8 +135,11 @@ def test_premerge_report_line_names_what_the_grid_missed_when_the_suite_failed(s
     line = premerge.check_report(smoke, "smoke", suite_failed=True)
     assert line.ok and "did not reach" in line.figure and "option label_smoothing" in line.figure, line.figure
     assert "did not reach" not in premerge.check_report(smoke, "smoke").figure
-    good = dict(smoothing_report, impls=[i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name],
-                cases=_by_impl(smoothing_report, helpers.smoothing_ce.name))
+    good = dict(
+        smoothing_report,
+        impls=[i for i in smoothing_report["impls"] if i["name"] == helpers.smoothing_ce.name],
+        cases=_by_impl(smoothing_report, helpers.smoothing_ce.name),
+    )
     line = premerge.check_report(good, "quick", suite_failed=True)
     assert line.ok and "reached every behaviour" in line.figure, line.figure
 
@@ -143,8 +161,13 @@ def test_dist_grid_runs_declared_options_and_uneven_shards_or_names_why_not():
     size above 1 where declared; an impl not declaring uneven shards gets them named as not run, with the reason."""
     cases, _ = dist_cases(QUICK, helpers.vp_ce)
     groups = {gc.group for gc in cases}
-    assert {"dist:declared:bias", "dist:declared:ignore_index", "dist:declared:reduction=sum",
-            "dist:declared:reduction=none", "dist:declared:bias+ignore_index+none"} <= groups, groups
+    assert {
+        "dist:declared:bias",
+        "dist:declared:ignore_index",
+        "dist:declared:reduction=sum",
+        "dist:declared:reduction=none",
+        "dist:declared:bias+ignore_index+none",
+    } <= groups, groups
     uneven = {gc.case.world_size for gc in cases if gc.case.problem.V % gc.case.world_size}
     assert uneven == {2, 4}
     even_only = dataclasses.replace(helpers.vp_ce, dist=dataclasses.replace(helpers.vp_ce.dist, uneven_vocab=False))

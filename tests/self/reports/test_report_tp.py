@@ -21,18 +21,34 @@ from numcheck.tests.self.helpers.dist_declared import declared_tp_fp8
 from numcheck.tests.self.helpers.dist_fp8_mutants import AmaxNotReduced, RowOutputNotReduced
 from numcheck.tests.self.helpers.mutant_table import recipes_of
 
-pytestmark = [pytest.mark.usefixtures("one_thread_per_module"),
-              pytest.mark.skipif(world_size_unavailable(2, default_backend()) is not None,
-                                 reason=f"needs P = 2: {world_size_unavailable(2, default_backend())}")]
+pytestmark = [
+    pytest.mark.usefixtures("one_thread_per_module"),
+    pytest.mark.skipif(
+        world_size_unavailable(2, default_backend()) is not None,
+        reason=f"needs P = 2: {world_size_unavailable(2, default_backend())}",
+    ),
+]
 
 CURRENT = tp_fp8_linear_impls()[1]
 RAISED = "tp_raises ran on this rank"
 
 
-@numcheck.tp_quant_linear_impl(name="tp_raises", recipes=CURRENT.support.recipes, world_sizes=(2,),
-                               dtypes=("bfloat16",), parallel=("column",))
-def tp_raises(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group, scale_log,
-              scaling_state=None):
+@numcheck.tp_quant_linear_impl(
+    name="tp_raises", recipes=CURRENT.support.recipes, world_sizes=(2,), dtypes=("bfloat16",), parallel=("column",)
+)
+def tp_raises(
+    x,
+    weight,
+    bias=None,
+    *,
+    recipe,
+    parallel,
+    sequence_parallel,
+    save_original_input,
+    group,
+    scale_log,
+    scaling_state=None,
+):
     """Raises :data:`RAISED` on every rank."""
     raise RuntimeError(RAISED)
 
@@ -72,8 +88,11 @@ def test_tp_grid_covers_every_label_layout_and_world_size():
     assert got == {(f"tp:{label}", par, P) for label in TP_CASES for par in ("column", "row") for P in TP_WORLD_SIZES}
 
 
-@pytest.mark.parametrize("fields", [dict(parallel="column", sequence_parallel=False),
-                                    dict(parallel="row", sequence_parallel=True)], ids=["column", "row-sp"])
+@pytest.mark.parametrize(
+    "fields",
+    [dict(parallel="column", sequence_parallel=False), dict(parallel="row", sequence_parallel=True)],
+    ids=["column", "row-sp"],
+)
 def test_measurement_of_a_correct_impl_is_within_bound_with_one_scale(fields):
     """A correct impl's measured record: every output and rank within both bounds (ratio ≤ 1), no failure line and
     every rank on the unsharded tensor's scales; replicated copies and partial bias gradients have a row per rank."""
@@ -84,11 +103,18 @@ def test_measurement_of_a_correct_impl_is_within_bound_with_one_scale(fields):
     assert per_rank <= set(m.outputs)
 
 
-@pytest.mark.parametrize("mutant,fields", [
-    (AmaxNotReduced("mutant_tp_amax_not_reduced", recipes_of("current")), dict(parallel="row")),
-    (AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", recipes_of("delayed")), dict(recipe_kind="delayed", steps=2)),
-    (RowOutputNotReduced("mutant_tp_row_output_not_reduced", recipes_of("current")), dict(parallel="row")),
-], ids=lambda v: getattr(v, "name", ""))
+@pytest.mark.parametrize(
+    "mutant,fields",
+    [
+        (AmaxNotReduced("mutant_tp_amax_not_reduced", recipes_of("current")), dict(parallel="row")),
+        (
+            AmaxNotReduced("mutant_tp_amax_not_reduced[delayed]", recipes_of("delayed")),
+            dict(recipe_kind="delayed", steps=2),
+        ),
+        (RowOutputNotReduced("mutant_tp_row_output_not_reduced", recipes_of("current")), dict(parallel="row")),
+    ],
+    ids=lambda v: getattr(v, "name", ""),
+)
 def test_measurement_shows_each_distributed_fp8_mutant(mutant, fields):
     """Each distributed FP8 mutant's measured record shows its bug: a ratio above 1 on some output or rank, a
     ranks' line (replicated copies that differ), or a rank off the unsharded scale."""
@@ -111,13 +137,18 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     from numcheck.reports.premerge.command import check_report
     from numcheck.reports.repro import find_tp_impl
 
-    specs = ["tp_fp8_linear[current]", "numcheck.tests.self.helpers.dist_fp8_mutants:MUTANTS",
-             "numcheck.tests.self.reports.test_report_tp:tp_raises"]
+    specs = [
+        "tp_fp8_linear[current]",
+        "numcheck.tests.self.helpers.dist_fp8_mutants:MUTANTS",
+        "numcheck.tests.self.reports.test_report_tp:tp_raises",
+    ]
     rep = build_report(SMOKE, specs, "cpu", progress=False, memory=False, accumulation=False)
     good = [c for c in rep["cases"] if c["impl"] == "tp_fp8_linear[current]"]
     assert sorted(c["world_size"] for c in good) == [1, 1, 2, 2, 4, 4]
     assert all(c["status"] == "pass" and c["same_scale"] and c["ratio_hard"] <= 1 for c in good)
-    assert all({"ratio_dq", "ratio_true", "worst_index", "worst_vs"} <= set(o) for c in good for o in c["outputs"].values())
+    assert all(
+        {"ratio_dq", "ratio_true", "worst_index", "worst_vs"} <= set(o) for c in good for o in c["outputs"].values()
+    )
     bad = [c for c in rep["cases"] if c["impl"] == "mutant_tp_amax_not_reduced"]
     assert any(c["status"] == "fail" and not c["verdicts"]["same_scale"] for c in bad)
     failing = next(c for c in bad if c["status"] == "fail")
@@ -131,7 +162,9 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     info = next(i for i in rep["impls"] if i["name"] == "tp_raises")
     assert info["status"] == "ran" and sum(info["not_declared"].values()) == 6 - len(raised)
     chk = check_report(rep, "smoke")  # numcheck premerge's report line: the TP rows counted, the failures listed
-    assert not chk.ok and sum(c["kind"] == "tp_quant_linear" for c in rep["cases"]) == int(chk.figure.split("/")[1].split()[0])
+    assert not chk.ok and sum(c["kind"] == "tp_quant_linear" for c in rep["cases"]) == int(
+        chk.figure.split("/")[1].split()[0]
+    )
     assert any("mutant_tp_amax_not_reduced" in d and "numcheck repro" in d for d in chk.details)
     write_report(rep, tmp_path / "r", plots=False)
     back = report_schema.load(tmp_path / "r" / "report.json")

@@ -81,7 +81,8 @@ def test_raising_impl_is_a_failure(tmp_path, monkeypatch, capsys):
     (tmp_path / "repro_raiser.py").write_text(
         "from numcheck.impls.protocols.linear_ce import linear_ce_impl\n"
         "@linear_ce_impl(name='repro_raiser', dtypes=('float32',), autocast=(), options=())\n"
-        "def impl(x, w, t, b=None, **kw):\n    raise RuntimeError('kernel launch failed')\n")
+        "def impl(x, w, t, b=None, **kw):\n    raise RuntimeError('kernel launch failed')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert cli.main(["repro", "--impl", "repro_raiser:impl", "--property", "accuracy", "--problem", PLAIN]) == 1
     assert "raised RuntimeError: kernel launch failed" in capsys.readouterr().out
@@ -100,14 +101,20 @@ def test_quant_case_reruns_an_fp8_property(capsys):
     assert "PASS" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--impl", "eager", "--property", "accuracy", "--problem", "__import__('os').getcwd()"], "could not be evaluated"),
-    (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
-    (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
-    (["--impl", "no_such_impl", "--property", "accuracy", "--problem", PLAIN], "no impl named 'no_such_impl'"),
-    (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
-    (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["--impl", "eager", "--property", "accuracy", "--problem", "__import__('os').getcwd()"],
+            "could not be evaluated",
+        ),
+        (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
+        (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
+        (["--impl", "no_such_impl", "--property", "accuracy", "--problem", PLAIN], "no impl named 'no_such_impl'"),
+        (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
+        (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
+    ],
+)
 def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
     """Bad expressions (no builtins reachable), unknown impls or properties, or a kind mismatch exit 2 and say why."""
     assert cli.main(["repro", *argv]) == 2
@@ -134,14 +141,30 @@ def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
     env.pop("NUMCHECK_IMPLS", None)
     problem = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
     # -P: the current directory is not put on sys.path, as for an installed console script.
-    base = [sys.executable, "-P", "-c", "import sys; from numcheck.reports.cli import main; sys.exit(main())", "repro",
-            "--property", "accuracy", "--problem", problem]
-    proc = subprocess.run(base + ["--impl", "cwd_mutant:impl"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    base = [
+        sys.executable,
+        "-P",
+        "-c",
+        "import sys; from numcheck.reports.cli import main; sys.exit(main())",
+        "repro",
+        "--property",
+        "accuracy",
+        "--problem",
+        problem,
+    ]
+    proc = subprocess.run(
+        base + ["--impl", "cwd_mutant:impl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.startswith("FAIL") and "repro_loss_off" in proc.stdout
-    proc = subprocess.run(base + ["--impl", "repro_loss_off"], cwd=tmp_path, env=dict(env, NUMCHECK_IMPLS="cwd_mutant:impl"),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        base + ["--impl", "repro_loss_off"],
+        cwd=tmp_path,
+        env=dict(env, NUMCHECK_IMPLS="cwd_mutant:impl"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 

@@ -22,19 +22,28 @@ from numcheck.reports.sweep import command as seed_sweep
 #: The tiny selection: the two tests that call the accuracy property directly.
 KEYWORD = "test_accuracy and not sharp or test_strided_inputs"
 
-MUTANT = '''
+MUTANT = """
 from numcheck.tests.self.helpers.mutants import MUTANTS
 
 impl = next(m for m in MUTANTS if m.name == "mutant_loss_bf16")
-'''
+"""
 
 
 def _sweep(tmp_path: Path, *extra: str, examples: str = "2") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               NUMCHECK_CI_EXAMPLES=examples)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        NUMCHECK_CI_EXAMPLES=examples,
+    )
     env.pop("NUMCHECK_IMPLS", None)
-    return subprocess.run([sys.executable, "-m", "numcheck.reports.cli", "sweep", *extra], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "numcheck.reports.cli", "sweep", *extra],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
@@ -91,8 +100,9 @@ def test_sweep_that_selects_nothing_is_bad_input(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("text, seeds", [("0-9", list(range(10))), ("5", [5]), ("0-2,7", [0, 1, 2, 7]),
-                                         ("3,1,3", [3, 1])])
+@pytest.mark.parametrize(
+    "text, seeds", [("0-9", list(range(10))), ("5", [5]), ("0-2,7", [0, 1, 2, 7]), ("3,1,3", [3, 1])]
+)
 def test_seeds_parse(text, seeds):
     """--seeds takes ranges, lists and both, in the order given, each seed once."""
     assert seed_sweep.parse_seeds(text) == seeds
@@ -115,16 +125,34 @@ def test_derandomized_or_unknown_profile_is_refused():
 
 
 def _args(out: Path, **kw) -> argparse.Namespace:
-    base = dict(seeds="0-1", impl=["eager"], profile="ci-seeded", keyword="test_accuracy", jobs=1, device="cpu",
-                out=out, force=False, keep_stale=False, assemble=False, per_impl=False, compare=None)
+    base = dict(
+        seeds="0-1",
+        impl=["eager"],
+        profile="ci-seeded",
+        keyword="test_accuracy",
+        jobs=1,
+        device="cpu",
+        out=out,
+        force=False,
+        keep_stale=False,
+        assemble=False,
+        per_impl=False,
+        compare=None,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
 def _fake_seed(calls: list[int], exit_status: int = 0):
     def run_seed(seed, args, profile):
         calls.append(seed)
-        return seed_sweep.SeedRun(seed, exit_status, 1.0, [{"test": "m::t", "impl": "eager", "status": "passed"}],
-                                  [{"output": "loss", "dtype": "float32", "ratio": 0.1 * (seed + 1), "impl": "eager"}])
+        return seed_sweep.SeedRun(
+            seed,
+            exit_status,
+            1.0,
+            [{"test": "m::t", "impl": "eager", "status": "passed"}],
+            [{"output": "loss", "dtype": "float32", "ratio": 0.1 * (seed + 1), "impl": "eager"}],
+        )
+
     return run_seed
 
 
@@ -146,8 +174,10 @@ def test_kept_seeds_are_reused_and_their_commits_listed(tmp_path, monkeypatch):
     assert seed_sweep.run(_args(tmp_path, seeds="0-1")) == 0
     assert calls == [0, 1], "seed 0 was run again though it was kept on the same code"
     summary = json.loads((tmp_path / "sweep.json").read_text())
-    assert [(s["seed"], s["commit"], s["code"], s["resumed"], s["stale"]) for s in summary["seeds"]] == \
-        [(0, "aaaaaaaaaaaa", "c" * 64, True, None), (1, "bbbbbbbbbbbb", "c" * 64, False, None)]
+    assert [(s["seed"], s["commit"], s["code"], s["resumed"], s["stale"]) for s in summary["seeds"]] == [
+        (0, "aaaaaaaaaaaa", "c" * 64, True, None),
+        (1, "bbbbbbbbbbbb", "c" * 64, False, None),
+    ]
     assert summary["tightness"][0]["count"] == 2, "the kept seed's records are not in the table"
     md = (tmp_path / "sweep.md").read_text()
     assert "2 different commits with the same numcheck code" in md and "| aaaaaaaaa | cccccccccccc |" in md
@@ -217,28 +247,37 @@ def test_assemble_summarizes_kept_seeds_without_running_any(tmp_path, monkeypatc
     assert seed_sweep.run(_args(tmp_path, seeds="0", assemble=True, force=True)) == 2
     path = seed_sweep.seed_path(tmp_path, 1)  # seed 1 as if run on another torch release
     import gzip
+
     data = json.loads(gzip.decompress(path.read_bytes()))
     data["environment"]["torch"] = "2.13.0"
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
     assert seed_sweep.run(_args(tmp_path, seeds="0-1", assemble=True)) == 2
 
 
-@pytest.mark.parametrize("text, detail", [
-    ("PropertyFailure('property \\'determinism\\' fails for impl \\'x\\'\\n  case: Problem(N=1)\\n  grad_x differs "
-     "between two identical runs: max |difference| 1.9e-06\\n  reproduce: numcheck repro --impl x')",
-     "grad_x differs between two identical runs: max |difference| 1.9e-06"),
-    ("numcheck.properties.core.failures.PropertyFailure: property 'two_calls' fails for impl 'x'\nE   case: Problem(N=2)\n"
-     "E   two calls of 1 rows each (1, 1 not ignored) in one graph\nE   grad_x (torch.bfloat16): 1 / 4 elements beyond "
-     "bound; worst at index [0, 0] (error/bound 1.61)\nE   reproduce: numcheck repro --impl x",
-     "grad_x (torch.bfloat16): 1 / 4 elements beyond bound; worst at index [0, 0] (error/bound 1.61)"),
-])
+@pytest.mark.parametrize(
+    "text, detail",
+    [
+        (
+            "PropertyFailure('property \\'determinism\\' fails for impl \\'x\\'\\n  case: Problem(N=1)\\n  grad_x differs "
+            "between two identical runs: max |difference| 1.9e-06\\n  reproduce: numcheck repro --impl x')",
+            "grad_x differs between two identical runs: max |difference| 1.9e-06",
+        ),
+        (
+            "numcheck.properties.core.failures.PropertyFailure: property 'two_calls' fails for impl 'x'\nE   case: Problem(N=2)\n"
+            "E   two calls of 1 rows each (1, 1 not ignored) in one graph\nE   grad_x (torch.bfloat16): 1 / 4 elements beyond "
+            "bound; worst at index [0, 0] (error/bound 1.61)\nE   reproduce: numcheck repro --impl x",
+            "grad_x (torch.bfloat16): 1 / 4 elements beyond bound; worst at index [0, 0] (error/bound 1.61)",
+        ),
+    ],
+)
 def test_failure_message_parts(text, detail):
     """A failure message gives its case, judgement line and repro command, also when JUnit recorded it as the
     exception's one-line repr (a failure hypothesis raised in a group) or its judgement has no (a)/(b) label."""
     parts = seed_sweep._message_parts(text)
     assert parts["detail"] == detail and parts["case"].startswith("Problem(N=")
-    assert parts["reproduce"] == "numcheck repro --impl x" and parts["message"].startswith(("PropertyFailure: ",
-                                                                                            "numcheck.properties"))
+    assert parts["reproduce"] == "numcheck repro --impl x" and parts["message"].startswith(
+        ("PropertyFailure: ", "numcheck.properties")
+    )
 
 
 def test_seed_kept_without_a_code_hash_is_stale(tmp_path, monkeypatch):
@@ -305,8 +344,16 @@ def test_tightness_quantiles_and_nonfinite():
     rows = [{"output": "loss", "dtype": "float32", "ratio": r} for r in (3.0, 0.0, 2.0, 1.0, math.inf)]
     rows.append({"output": "grad_x", "dtype": "float32", "ratio": 0.5})
     table = {r["output"]: r for r in seed_sweep.tightness(rows)}
-    assert table["loss"] == {"output": "loss", "dtype": "float32", "count": 5, "exact": 1, "nonfinite": 1,
-                             "median": 1.5, "p90": pytest.approx(2.7), "max": 3.0}
+    assert table["loss"] == {
+        "output": "loss",
+        "dtype": "float32",
+        "count": 5,
+        "exact": 1,
+        "nonfinite": 1,
+        "median": 1.5,
+        "p90": pytest.approx(2.7),
+        "max": 3.0,
+    }
     assert table["grad_x"]["median"] == table["grad_x"]["p90"] == 0.5
 
 
@@ -320,6 +367,8 @@ def test_p90_falling_past_the_limit_is_flagged():
 
 def test_junit_names_with_bracketed_impls():
     """A JUnit case name splits into module::test and the impl, brackets inside the impl name kept."""
-    assert seed_sweep._split_name("numcheck.tests.suite.test_properties", "test_accuracy[chunked[fp32_operands]]") == \
-        ("test_properties::test_accuracy", "chunked[fp32_operands]")
+    assert seed_sweep._split_name("numcheck.tests.suite.test_properties", "test_accuracy[chunked[fp32_operands]]") == (
+        "test_properties::test_accuracy",
+        "chunked[fp32_operands]",
+    )
     assert seed_sweep._split_name("m", "test_plain") == ("m::test_plain", "")

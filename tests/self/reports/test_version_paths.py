@@ -76,9 +76,17 @@ class AddmmOutDtypeEmulation:
         self.real = real
         self.calls = 0
 
-    def __call__(self, input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *args: Any,
-                 out_dtype: torch.dtype | None = None, beta: float = 1, alpha: float = 1,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        input: torch.Tensor,
+        mat1: torch.Tensor,
+        mat2: torch.Tensor,
+        *args: Any,
+        out_dtype: torch.dtype | None = None,
+        beta: float = 1,
+        alpha: float = 1,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if out_dtype is None:
             kw = {"out": out} if out is not None else {}
             return self.real(input, mat1, mat2, *args, beta=beta, alpha=alpha, **kw)
@@ -87,8 +95,10 @@ class AddmmOutDtypeEmulation:
         if mat1.dtype != mat2.dtype:
             raise RuntimeError(f"expected mat1 and mat2 to have the same dtype, but got: {mat1.dtype} != {mat2.dtype}")
         if not (out_dtype == mat1.dtype or (mat1.dtype in LOWP and out_dtype == torch.float32)):
-            raise RuntimeError("out_dtype only supported for torch.float32 output with float16/bfloat16 inputs "
-                               f"or same as input dtypes (got {mat1.dtype} -> {out_dtype})")
+            raise RuntimeError(
+                "out_dtype only supported for torch.float32 output with float16/bfloat16 inputs "
+                f"or same as input dtypes (got {mat1.dtype} -> {out_dtype})"
+            )
         if out is not None and out.dtype != out_dtype:
             raise RuntimeError(f"out has dtype {out.dtype}, expected out_dtype {out_dtype}")
         self.calls += 1
@@ -126,8 +136,11 @@ class _NonSaturatingFp8Casts(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.dtype in self._FP8]
         if not outs:
             return out
-        floats = [t for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in self._FP8]
+        floats = [
+            t
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in self._FP8
+        ]
         if not floats:
             return out
         name = func.overloadpacket.__name__
@@ -136,8 +149,10 @@ class _NonSaturatingFp8Casts(TorchDispatchMode):
         elif name == "copy_":
             self._emulate(args[1].expand_as(args[0]), args[0])
         elif name not in self._NO_VALUES:
-            raise RuntimeError(f"{func} turns a {floats[0].dtype} tensor into FP8 outside _to_copy/copy_: the "
-                               "non-saturating cast emulation does not cover it")
+            raise RuntimeError(
+                f"{func} turns a {floats[0].dtype} tensor into FP8 outside _to_copy/copy_: the "
+                "non-saturating cast emulation does not cover it"
+            )
         return out
 
 
@@ -189,31 +204,47 @@ def test_addmm_out_dtype_off_and_on_agree_and_meet_the_oracle(p: Problem, monkey
         with monkeypatch.context() as m, capabilities.forced(addmm_out_dtype=on):
             m.setattr(torch, "addmm", emu)
             runs_as = grad_accum.resolved_path("addmm_out_dtype", p.device, p.compute_dtype)
-            assert runs_as == ("addmm_out_dtype" if on else "fp32_operands"), f"probe forced {on}: path runs as {runs_as!r}"
+            assert runs_as == ("addmm_out_dtype" if on else "fp32_operands"), (
+                f"probe forced {on}: path runs as {runs_as!r}"
+            )
             outs[on] = run_impl(impl, p, t)
             res = check_accuracy(impl, p, t=t, relative=False)
         chunks = -(-p.N // CHUNK_ROWS)
         want = chunks * (2 if p.bias else 1) if on else 0
         assert (emu.calls >= want) if on else emu.calls == 0, (
             f"probe forced {on}: {emu.calls} addmm(out_dtype=) calls on {p.short()}, expected "
-            f"{'at least ' + str(want) if on else 'none'} ({chunks} chunks, bias={p.bias})")
+            f"{'at least ' + str(want) if on else 'none'} ({chunks} chunks, bias={p.bias})"
+        )
         if not res.ok:
-            fail(impl, f"accuracy (addmm_out_dtype forced {'on, op emulated' if on else 'off'})", p, *res.failure_lines())
+            fail(
+                impl, f"accuracy (addmm_out_dtype forced {'on, op emulated' if on else 'off'})", p, *res.failure_lines()
+            )
     for name in ("loss", "grad_x", "grad_weight", "grad_bias"):
         a, b = getattr(outs[False], name), getattr(outs[True], name)
         if a is None and b is None:
             continue
         assert a is not None and b is not None and torch.equal(a, b), (
             f"chunked[addmm_out_dtype] {name} on {p.short()}: fallback (probe off) and out_dtype call (probe on) differ"
-            + ("" if a is None or b is None else f" by up to {float((a.double() - b.double()).abs().max()):.3g} "
-               f"at {[int(i) for i in (a != b).nonzero()[0]]}")
-            + f"; repro: pytest tests/self/reports/test_version_paths.py -k 'off_and_on and {p.seed}'")
+            + (
+                ""
+                if a is None or b is None
+                else f" by up to {float((a.double() - b.double()).abs().max()):.3g} "
+                f"at {[int(i) for i in (a != b).nonzero()[0]]}"
+            )
+            + f"; repro: pytest tests/self/reports/test_version_paths.py -k 'off_and_on and {p.seed}'"
+        )
 
 
-@pytest.mark.parametrize("mats,out_dtype", [
-    ((torch.bfloat16, torch.bfloat16), torch.float32), ((torch.float16, torch.float16), torch.float32),
-    ((torch.bfloat16, torch.float32), torch.float32), ((torch.bfloat16, torch.bfloat16), torch.float16),
-], ids=str)
+@pytest.mark.parametrize(
+    "mats,out_dtype",
+    [
+        ((torch.bfloat16, torch.bfloat16), torch.float32),
+        ((torch.float16, torch.float16), torch.float32),
+        ((torch.bfloat16, torch.float32), torch.float32),
+        ((torch.bfloat16, torch.bfloat16), torch.float16),
+    ],
+    ids=str,
+)
 def test_addmm_emulation_matches_the_real_op(mats: tuple[torch.dtype, torch.dtype], out_dtype: torch.dtype) -> None:
     """Where addmm(out_dtype=) really runs (CUDA, torch >= 2.8), the emulation accepts exactly the dtype
     combinations the op accepts and gives its values to within fp32 summation-order rounding."""
@@ -231,7 +262,9 @@ def test_addmm_emulation_matches_the_real_op(mats: tuple[torch.dtype, torch.dtyp
         except RuntimeError:
             results.append(None)
     real, emu = results
-    assert (real is None) == (emu is None), f"addmm({mats}, out_dtype={out_dtype}): real op raised={real is None}, emulation raised={emu is None}"
+    assert (real is None) == (emu is None), (
+        f"addmm({mats}, out_dtype={out_dtype}): real op raised={real is None}, emulation raised={emu is None}"
+    )
     if real is not None:
         # Both sum exact products in fp32: |difference| <= 2·K·u32·(|acc| + Σ|a||b|) per element.
         mag = acc0.double().abs() + a.double().abs() @ b.double().abs()
@@ -239,7 +272,8 @@ def test_addmm_emulation_matches_the_real_op(mats: tuple[torch.dtype, torch.dtyp
         err = (real.double() - emu.double()).abs()
         assert real.dtype == emu.dtype and bool((err <= bound).all()), (
             f"addmm({mats}, out_dtype={out_dtype}): emulation differs from the op by {float(err.max()):.3g} "
-            f"(bound {float(bound.flatten()[int(err.argmax())]):.3g} there), dtypes {real.dtype} / {emu.dtype}")
+            f"(bound {float(bound.flatten()[int(err.argmax())]):.3g} there), dtypes {real.dtype} / {emu.dtype}"
+        )
 
 
 # -- eager FP8 casts that do not saturate -----------------------------------------------------------------
@@ -252,7 +286,9 @@ def _cast_sweep(fmt) -> torch.Tensor:
     top = fmt.max_finite
     edge = torch.tensor([top * (1 + 2.0**-k) for k in range(2, 24)] + [top * 1.0625, top * 2, 3.0e38])
     g = torch.Generator().manual_seed(0)
-    rnd = torch.randn(4096, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-30, 30, (4096,), generator=g).double())
+    rnd = torch.randn(4096, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-30, 30, (4096,), generator=g).double()
+    )
     special = torch.tensor([float("inf"), float("nan"), 0.0, 2.0**-149, 2.0**-20])
     x = torch.cat([v, mids, edge, rnd, special])
     return torch.cat([x, -x]).to(torch.float32)
@@ -270,18 +306,22 @@ def test_nonsaturating_cast_emulation_is_torch_26s_cast(name: str) -> None:
         ok = same_codes(real, emu, fmt)
         if not capabilities.eager_fp8_cast_saturates("cpu", name):
             bad = (~ok).nonzero().flatten()
-            assert bool(ok.all()), (f"{name} from {src.dtype}: emulated cast differs from torch {torch.__version__}'s "
-                                    f"non-saturating cast at {bad.numel()} values, first {src[bad[:4]].tolist()}: real "
-                                    f"{[hex(int(c)) for c in real[bad[:4]]]}, emulated {[hex(int(c)) for c in emu[bad[:4]]]}")
+            assert bool(ok.all()), (
+                f"{name} from {src.dtype}: emulated cast differs from torch {torch.__version__}'s "
+                f"non-saturating cast at {bad.numel()} values, first {src[bad[:4]].tolist()}: real "
+                f"{[hex(int(c)) for c in real[bad[:4]]]}, emulated {[hex(int(c)) for c in emu[bad[:4]]]}"
+            )
         else:
             # A saturating cast agrees except on finite values that overflow: there it gives ±max, the emulation
             # NaN/inf. (±inf and NaN inputs give NaN/inf codes in both.)
             over = torch.isfinite(src) & ~torch.isfinite(decode_fp8(emu, fmt))
             assert bool(over.any()), f"{name}: the sweep has no overflowing value"
             assert bool(ok[~over & torch.isfinite(src)].all()), (
-                f"{name} from {src.dtype}: emulation differs from the real cast on values that do not overflow")
+                f"{name} from {src.dtype}: emulation differs from the real cast on values that do not overflow"
+            )
             assert not bool(ok[over].any()) and bool((decode_fp8(real[over], fmt).abs() == fmt.max_finite).all()), (
-                f"{name} from {src.dtype}: on overflow the real cast should give ±max and the emulation NaN/inf")
+                f"{name} from {src.dtype}: on overflow the real cast should give ±max and the emulation NaN/inf"
+            )
 
 
 def _overflowing(recipe, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -298,12 +338,27 @@ def test_quantizers_exact_without_saturating_casts(quant_impl) -> None:
     if not quant_impl.support.exposes_quantize:
         pytest.skip(f"{quant_impl.name} exposes no quantize()")
     for recipe in quant_impl.support.recipes:
-        dtype = torch.float32 if torch.float32 in quant_impl.support.dtypes else sorted(quant_impl.support.dtypes, key=str)[0]
+        dtype = (
+            torch.float32
+            if torch.float32 in quant_impl.support.dtypes
+            else sorted(quant_impl.support.dtypes, key=str)[0]
+        )
         t, scale = _overflowing(recipe, dtype)
         with nonsaturating_fp8_casts() as mode:
             fp8_checks.quantizer(quant_impl, recipe, t, delayed_scale=scale, label="overflowing, non-saturating casts")
-            fp8_checks.accuracy(quant_impl, QuantCase(recipe, 32, 64, 48, dtype=str(dtype).replace("torch.", ""),
-                                                      regime="outlier", seed=3, steps=2 if recipe.kind == "delayed" else 1))
+            fp8_checks.accuracy(
+                quant_impl,
+                QuantCase(
+                    recipe,
+                    32,
+                    64,
+                    48,
+                    dtype=str(dtype).replace("torch.", ""),
+                    regime="outlier",
+                    seed=3,
+                    steps=2 if recipe.kind == "delayed" else 1,
+                ),
+            )
         assert mode.conversions > 0, f"{quant_impl.name} {recipe.name}: no float -> FP8 cast went through the emulation"
 
 
@@ -385,7 +440,8 @@ def test_torch_floor_is_the_release_ci_tests() -> None:
         pytest.skip("no .ci/run in this checkout")
     floor = re.search(r'"torch>=([0-9.]+)"', pyproject)
     oldest = re.search(r"^TORCH_OLDEST=([0-9.]+)", ci.read_text(), re.M)
-    assert floor and oldest, "pyproject.toml needs a \"torch>=X\" dependency and .ci/run a TORCH_OLDEST=X line"
+    assert floor and oldest, 'pyproject.toml needs a "torch>=X" dependency and .ci/run a TORCH_OLDEST=X line'
+
     def release(v: str) -> tuple[int, ...]:
         parts = [int(x) for x in v.split(".")]
         while parts and parts[-1] == 0:
@@ -393,4 +449,5 @@ def test_torch_floor_is_the_release_ci_tests() -> None:
         return tuple(parts)
 
     assert release(floor.group(1)) == release(oldest.group(1)), (
-        f"pyproject.toml says torch>={floor.group(1)} but CI tests {oldest.group(1)} as the oldest release")
+        f"pyproject.toml says torch>={floor.group(1)} but CI tests {oldest.group(1)} as the oldest release"
+    )

@@ -16,19 +16,39 @@ from numcheck.reports.cli import main
 from numcheck.reports.report.schema import REPO, SCHEMA, load
 
 
-def _report(torch_v: str, *, device: str = "cpu", caps: dict | None = None, impls: list | None = None,
-            cases: list | None = None, commit: str = "abc") -> dict:
-    return {"schema": SCHEMA,
-            "environment": {"device": device, "device_name": f"{device}-box", "torch": torch_v, "git_commit": commit,
-                            "capabilities": caps if caps is not None else {"linear_cross_entropy": True}},
-            "grid": {"name": "quick"},
-            "impls": impls if impls is not None else [{"name": "a", "status": "ran"}],
-            "cases": cases if cases is not None else []}
+def _report(
+    torch_v: str,
+    *,
+    device: str = "cpu",
+    caps: dict | None = None,
+    impls: list | None = None,
+    cases: list | None = None,
+    commit: str = "abc",
+) -> dict:
+    return {
+        "schema": SCHEMA,
+        "environment": {
+            "device": device,
+            "device_name": f"{device}-box",
+            "torch": torch_v,
+            "git_commit": commit,
+            "capabilities": caps if caps is not None else {"linear_cross_entropy": True},
+        },
+        "grid": {"name": "quick"},
+        "impls": impls if impls is not None else [{"name": "a", "status": "ran"}],
+        "cases": cases if cases is not None else [],
+    }
 
 
 def _case(impl: str, case: str, ok: bool, status: str | None = None) -> dict:
-    return {"impl": impl, "case": case, "label": case, "status": status or ("pass" if ok else "fail"),
-            "verdicts": {"analytic": ok, "relative": True}, "ratio_hard": 0.5 if ok else 3.0}
+    return {
+        "impl": impl,
+        "case": case,
+        "label": case,
+        "status": status or ("pass" if ok else "fail"),
+        "verdicts": {"analytic": ok, "relative": True},
+        "ratio_hard": 0.5 if ok else 3.0,
+    }
 
 
 def _write(tmp_path: Path, name: str, report: dict) -> Path:
@@ -56,12 +76,18 @@ def test_verdict_flip_is_listed_and_check_fails(tmp_path: Path, capsys: pytest.C
 def test_capabilities_impls_and_coverage(tmp_path: Path) -> None:
     """Only probes whose answers differ are listed; an impl unavailable under one release shows its reason
     there and its pass count elsewhere; cases run under one release only are counted, not compared."""
-    old = _report("2.6.0", caps={"linear_cross_entropy": False, "autocast": True},
-                  impls=[{"name": "a", "status": "ran"}, {"name": "n", "status": "unavailable", "reason": "needs F.lce"}],
-                  cases=[_case("a", "P(1)", True)])
-    new = _report("2.13.0", caps={"linear_cross_entropy": True, "autocast": True},
-                  impls=[{"name": "a", "status": "ran"}, {"name": "n", "status": "ran"}],
-                  cases=[_case("a", "P(1)", True), _case("n", "P(1)", False)])
+    old = _report(
+        "2.6.0",
+        caps={"linear_cross_entropy": False, "autocast": True},
+        impls=[{"name": "a", "status": "ran"}, {"name": "n", "status": "unavailable", "reason": "needs F.lce"}],
+        cases=[_case("a", "P(1)", True)],
+    )
+    new = _report(
+        "2.13.0",
+        caps={"linear_cross_entropy": True, "autocast": True},
+        impls=[{"name": "a", "status": "ran"}, {"name": "n", "status": "ran"}],
+        cases=[_case("a", "P(1)", True), _case("n", "P(1)", False)],
+    )
     cmp = versions.compare([versions.Release(Path("new"), "2.13.0", new), versions.Release(Path("old"), "2.6.0", old)])
     assert cmp.capabilities == {"linear_cross_entropy": [False, True]}
     assert cmp.impls["n"] == ["unavailable: needs F.lce", "ran: 0/1 pass"]
@@ -101,4 +127,5 @@ def test_committed_reports_record_their_torch() -> None:
         if len(m) == 2:
             want = m[1].split(".")
             assert env["torch"].split("+", 1)[0].split(".")[: len(want)] == want, (
-                f"{p.relative_to(REPO)} sits in a torch{m[1]} directory but was made by torch {env['torch']}")
+                f"{p.relative_to(REPO)} sits in a torch{m[1]} directory but was made by torch {env['torch']}"
+            )
