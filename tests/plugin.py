@@ -17,8 +17,9 @@ Run the suite against your impl from any directory::
   with it); the others run. One that cannot run here is skipped with the reason.
 - A failing suite test whose exception is numcheck's verdict
   (:class:`~numcheck.properties.core.failures.PropertyFailure`: an output out of bounds, or the impl raised) is
-  reported with numcheck's message only (impl, case, what failed or what was raised where, the repro line) and its
-  notes, without pytest's traceback and argument dumps.
+  reported with numcheck's message only (impl, case, what failed or what was raised where, the repro line) and
+  numcheck's notes (the covering row), without pytest's traceback, argument dumps or hypothesis' falsifying
+  example (the message names the case; its repro line reruns it).
 - ``--hypothesis-show-statistics`` counts each test's covering rows (run before hypothesis' draws) and the
   distributed tests' draws (whose ``@given`` runs inside the test).
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to

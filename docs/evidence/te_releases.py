@@ -13,6 +13,12 @@ processes with ``NUMCHECK_TE_DIR=FOLDER`` and this checkout first on ``PYTHONPAT
    example still fails on a release inside its range and passes on one outside;
 4. with ``--report``, ``numcheck report --grid quick`` on the TE impls: its verdict line.
 
+Releases whose fused-CE files are byte-identical (2.2.0/2.3.0, 2.5.0/2.6.0/2.6.0.post1, 2.8.0/2.9.0, 2.12.0/2.13.0,
+2.14.0-2.17.1, 2.19.0/2.20.2) are the same kernels under the same declaration (every release boundary numcheck keys
+on falls between such groups, and steps 1 and 3 run for each release and show it): the suite (step 2, the costly
+one: ~10 minutes a release on 2 cores) runs once per distinct set of files and the others carry its verdict, marked
+with the release it ran on; ``--every`` runs it for each release anyway.
+
 Each release's results are kept as JSON in ``--work`` (default ``/tmp/numcheck-te-releases``) with the hash of this
 checkout's ``.py`` files, so a run cut short resumes and a changed checkout reruns. The table is printed and, with
 ``--out``, written.
@@ -144,38 +150,62 @@ def _junit(path: Path) -> dict[str, object]:
     return {**counts, "failures": failures}
 
 
-def judge(folder: Path, jobs: int, report: bool) -> dict[str, object]:
-    """Steps 1-4 of the module docstring for the release in ``folder``."""
+def files_hash(folder: Path) -> str:
+    """SHA-256 over the fused CE's files of the release in ``folder`` (those it has)."""
+    h = hashlib.sha256()
+    for rel in (
+        "transformer_engine/pytorch/cross_entropy.py",
+        "transformer_engine/pytorch/triton/cross_entropy.py",
+        "transformer_engine/common/triton/cross_entropy.py",
+    ):
+        if (folder / rel).is_file():
+            h.update(rel.encode())
+            h.update((folder / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def judge(folder: Path, jobs: int, report: bool, suite_of: dict[str, object] | None = None) -> dict[str, object]:
+    """Steps 1-4 of the module docstring for the release in ``folder``; ``suite_of``: the suite's record of a release
+    with byte-identical files, carried instead of running step 2."""
     env = _env(folder)
     py = sys.executable
     impl_args = [a for name in IMPLS for a in ("--impl", name)]
-    rec: dict[str, object] = {"folder": str(folder)}
+    rec: dict[str, object] = {"folder": str(folder), "files": files_hash(folder)}
     rc, out, s = _run([py, "-m", "numcheck.reports.cli", "list", *impl_args], env, 600)
     rec["list"] = out.strip().splitlines()
     rec["list_rc"] = rc
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "suite.xml"
-        rc, out, s = _run(
-            [
-                py,
-                "-m",
-                "pytest",
-                "-p",
-                "no:randomly",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-n",
-                str(jobs),
-                "--pyargs",
-                "numcheck.tests.suite",
-                *impl_args,
-                f"--junitxml={xml}",
-            ],
-            env,
-            5400,
-        )
-        rec["suite"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+        if suite_of is not None:
+            rec["suite"] = suite_of
+        else:
+            rc, out, s = _run(
+                [
+                    py,
+                    "-m",
+                    "pytest",
+                    "-p",
+                    "no:randomly",
+                    "-p",
+                    "no:cacheprovider",
+                    "-q",
+                    "-n",
+                    str(jobs),
+                    "--pyargs",
+                    "numcheck.tests.suite",
+                    *impl_args,
+                    f"--junitxml={xml}",
+                ],
+                env,
+                5400,
+            )
+            rec["suite"] = {
+                "rc": rc,
+                "seconds": round(s),
+                **_junit(xml),
+                "tail": out.strip().splitlines()[-3:],
+                "release": folder.name,
+            }
         xml = Path(tmp) / "known.xml"
         rc, out, s = _run(
             [
@@ -238,9 +268,9 @@ def render(results: dict[str, dict[str, object]], code: str) -> str:
     lines = [
         f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})",
         "",
-        "| release | loaded | writes into the logits | ignore_index | overwrite_input | suite "
-        "(passed/failed/skipped) | known-divergence checks | report |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| release | fused-CE files (sha256) | loaded | writes into the logits | ignore_index | overwrite_input "
+        "| suite (passed/failed/skipped) | known-divergence checks | report |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     details = []
     for v in sorted(results, key=Version):
@@ -262,9 +292,11 @@ def render(results: dict[str, dict[str, object]], code: str) -> str:
         known = r.get("known", {})
         rep = r.get("report")
         rep_text = "—" if not rep else ("pass" if rep["rc"] == 0 else f"exit {rep['rc']}")  # type: ignore[index]
+        ran = suite.get("release")
+        carried = f", run on {ran}: the same files" if ran and ran != v else ""
         lines.append(
-            f"| {v} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
-            f"{suite.get('skipped')} ({suite.get('seconds')} s) | {known.get('passed')} passed, "
+            f"| {v} | {r.get('files', '?')} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
+            f"{suite.get('skipped')} ({suite.get('seconds')} s{carried}) | {known.get('passed')} passed, "
             f"{known.get('failed')} failed, {known.get('skipped')} skipped | {rep_text} |"
         )
         details.append(f"## {v}")
@@ -287,6 +319,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
     ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
     ap.add_argument("--report", action="store_true", help="also run numcheck report --grid quick")
+    ap.add_argument("--every", action="store_true", help="run the suite for every release, identical files or not")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "numcheck-te-releases")
     ap.add_argument("--out", type=Path, help="write the table here too")
     args = ap.parse_args(argv)
@@ -299,16 +332,26 @@ def main(argv: list[str]) -> int:
     code = code_hash()
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, object]] = {}
+    suites: dict[str, dict[str, object]] = {}  # files hash -> the suite's record of a release with those files
     for v in sorted(releases, key=Version):
         kept = args.work / f"{v}.json"
         if kept.is_file():
             rec = json.loads(kept.read_text())
-            if rec.get("code") == code and bool(rec.get("report")) >= args.report:
+            ran_here = rec.get("suite", {}).get("release") == v or args.every is False
+            if rec.get("code") == code and bool(rec.get("report")) >= args.report and ran_here:
                 print(f"{v}: kept ({kept})", flush=True)
                 results[v] = rec
+                if rec["suite"].get("release") == v:
+                    suites.setdefault(rec["files"], rec["suite"])
                 continue
-        print(f"{v}: judging ...", flush=True)
-        rec = judge(args.dir / v, args.jobs, args.report)
+        same = None if args.every else suites.get(files_hash(args.dir / v))
+        print(
+            f"{v}: judging" + (f" (suite carried from {same['release']}: the same files)" if same else "") + " ...",
+            flush=True,
+        )
+        rec = judge(args.dir / v, args.jobs, args.report, suite_of=same)
+        if same is None:
+            suites.setdefault(rec["files"], rec["suite"])  # type: ignore[arg-type]
         rec["code"] = code
         kept.write_text(json.dumps(rec, indent=1))
         suite: dict = rec["suite"]  # type: ignore[assignment]

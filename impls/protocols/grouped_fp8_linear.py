@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import declaration_site, defined_at, invalid
+from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import (
     DelayedScalingState,
     QuantLinearSupport,
@@ -200,25 +200,14 @@ class GroupedFunctionImpl:
     kind: str = GROUPED_KIND
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise invalid(
-                f"an impl's name must be a non-empty string, got {self.name!r}",
-                "Give a short printable name, e.g. name='mymod_grouped_fp8'.",
-            )
-        if not isinstance(self.support, GroupedQuantSupport):
-            raise invalid(
-                f"impl {self.name!r}: support must be a GroupedQuantSupport, got {type(self.support).__name__}",
-                "Build it with GroupedQuantSupport(recipes=..., ...).",
-            )
-        if not callable(self.fn):
-            raise invalid(f"impl {self.name!r}: fn={self.fn!r} is not callable", "Pass a function.")
-        why = call_refusal(self.fn, 3, GROUPED_CALL_KEYWORDS)
-        if why:
-            raise invalid(
-                f"impl {self.name!r}: its function (defined at {defined_at(self.fn)}) cannot take the calls "
-                f"the suite makes",
-                why,
-            )
+        decl.built(
+            self,
+            GroupedQuantSupport,
+            "Build it with GroupedQuantSupport(recipes=..., split_alignment=...).",
+            "mymod_grouped_fp8",
+            [("function", self.fn, _refusal)],
+            "the calls the suite makes",
+        )
 
     def __call__(self, x, weights, biases=None, **kwargs):  # noqa: D102 - the call of the module docstring
         return self.fn(x, weights, biases, **kwargs)
@@ -246,55 +235,45 @@ def grouped_quant_linear_impl(
     >>> doc_grouped.kind, doc_grouped.support.split_alignment
     ('grouped_quant_linear', 16)
     """
-    site = declaration_site()
-    if not isinstance(name, str) or not name.strip():
-        raise invalid(
-            f"grouped_quant_linear_impl(name={name!r}): the name must be a non-empty string",
-            "Give a short printable name, e.g. name='mymod_grouped_fp8'.",
-            site=site,
-        )
-    owner = f"grouped_quant_linear_impl(name={name!r})"
-    decl.unknown_keywords(owner, support, GROUPED_SUPPORT_FIELDS)
+    site, owner = decl.opening("grouped_quant_linear_impl", name, support, GROUPED_SUPPORT_FIELDS, "mymod_grouped_fp8")
     declared = GroupedQuantSupport(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> GroupedFunctionImpl:
-        if not callable(fn):
-            raise invalid(
-                f"{owner} decorates {fn!r}, which is not callable",
-                "Put the decorator on the function computing y_i = Q(x_i)·Q(W_i)ᵀ + b_i.",
-                site=site,
-            )
-        why = call_refusal(fn, 3, GROUPED_CALL_KEYWORDS)
-        if why:
-            raise invalid(
-                f"{owner}: {getattr(fn, '__name__', fn)} (defined at {defined_at(fn)}) cannot take the "
-                f"calls the suite makes",
-                why,
-                site=site,
-            )
-        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        doc = decl.decorated(
+            owner,
+            site,
+            fn,
+            "Put the decorator on the function computing y_i = Q(x_i)·Q(W_i)ᵀ + b_i.",
+            [(getattr(fn, "__name__", "the function"), fn, _refusal)],
+            "the calls the suite makes",
+            description,
+        )
         return GroupedFunctionImpl(name=name, fn=fn, support=declared, description=doc)
 
     return wrap
 
 
+def _refusal(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot take ``fn(x, weights, biases, *,`` :data:`GROUPED_CALL_KEYWORDS` ``)``, or ``None``."""
+    return call_refusal(fn, 3, GROUPED_CALL_KEYWORDS)
+
+
 def validate_grouped_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
-    name = getattr(obj, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{origin}: an impl needs a non-empty string attribute 'name' (got {name!r})")
-    sup = getattr(obj, "support", None)
-    if not isinstance(sup, GroupedQuantSupport):
-        raise TypeError(
-            f"{origin}: grouped_quant_linear impl {name!r} needs 'support' of type "
-            f"impls.protocols.grouped_fp8_linear.GroupedQuantSupport, got {type(sup).__name__}"
-        )
-    if not callable(obj):
-        raise TypeError(f"{origin}: grouped_quant_linear impl {name!r} is not callable")
-    fn = obj.fn if isinstance(obj, GroupedFunctionImpl) else obj
-    why = call_refusal(fn, 3, GROUPED_CALL_KEYWORDS)
-    if why:
-        raise TypeError(
-            f"{origin}: grouped_quant_linear impl {name!r} (defined at {defined_at(fn)}) cannot take the "
-            f"calls the suite makes: {why}"
-        )
+    support = getattr(obj, "support", None)
+    decl.conformance(
+        obj,
+        origin,
+        "grouped_quant_linear",
+        [
+            (
+                isinstance(support, GroupedQuantSupport),
+                f"needs 'support' of type "
+                f"impls.protocols.grouped_fp8_linear.GroupedQuantSupport, got "
+                f"{type(support).__name__}",
+            ),
+            (callable(obj), "is not callable"),
+        ],
+        [("", obj.fn if isinstance(obj, GroupedFunctionImpl) else obj, _refusal)],
+        "the calls the suite makes",
+    )

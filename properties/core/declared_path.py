@@ -8,9 +8,9 @@ is one, built from the chunked built-ins' own parts (:mod:`numcheck.impls.builti
 
 * logits ``x·Wᵀ + b`` in the compute dtype (``logits_dtype="compute"``: one rounding, as a low-precision matmul
   stores them) or in fp32 (``"float32"``: the operands' values multiplied and kept in fp32);
-* the softmax, the loss and the gradient G of the logits in fp32 math (:func:`~numcheck.impls.builtin.ce_block.ce_block_`),
-  G written back in the logits' dtype (the chunked built-ins' contract), with the reduction's coefficients and
-  the upstream gradient;
+* the softmax, the loss and the gradient G of the logits in fp32 math
+  (:func:`~numcheck.impls.builtin.ce_block.ce_block_`), G written back in the logits' dtype (the chunked
+  built-ins' contract), with the reduction's coefficients and the upstream gradient;
 * grad_W and grad_b over ``chunk_rows`` row chunks through the accumulator of the declared ``grad_accumulation``
   (``fp32``: an fp32 buffer; ``per_chunk_rounding``: each chunk's product rounded to the operands' dtype, then
   added in fp32; ``param_dtype``: the running sum rounded to the parameter's dtype after every chunk), one chunk

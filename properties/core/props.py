@@ -8,6 +8,16 @@ whether a property can say anything about an impl on a problem (the tests skip o
 "Within bounds" for two runs of an impl a and b of the same quantity means |a − b| ≤ bound_a + bound_b,
 each bound being the tolerance model's bound of that run against the (shared) oracle value: the triangle
 inequality through the oracle, so no new tolerance is invented for metamorphic checks.
+
+That sum is also what may legitimately differ between the two runs here, term by term (the reasoning of the
+distributed world-size relation, :mod:`numcheck.properties.distributed.linear_ce.tolerance`): the two runs of each
+relation evaluate other values or in another order (logits shifted through the bias, rows permuted, an option
+passed explicitly down another code path, other chunk sizes), so each rounding of one run is made on a value the
+other does not hold, and a last-bit difference upstream of a low-precision store (the logits, G, a chunk's
+partial) moves that store by a whole unit in one run and not the other. No term of either bound is common to both
+runs, so none can be taken out; the relation is sharper only where the declaration keeps everything upstream of
+the compared rounding in fp32, which no single-device relation here can rely on (a single-device impl with fp32
+logits may still round their gradient to the compute dtype).
 """
 
 from __future__ import annotations

@@ -216,24 +216,26 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Me
 def _judged(prop: SuiteProperty, impl: Any, p: Any) -> Metrics:
     """``prop.check(impl, p)`` through :func:`judge`."""
     __tracebackhide__ = True
-    return judge(prop.check, impl, p)
+    return judge(prop.check, impl, p, name=prop.property_name)
 
 
-def judge(check: Callable[[Any, Any], Metrics], impl: Any, p: Any) -> Metrics:
+def judge(check: Callable[[Any, Any], Any], impl: Any, p: Any, *, name: str | None = None) -> Any:
     """``check(impl, p)`` (a property function) under numcheck's GEMM precision, with an impl's exception turned
-    into the suite's failure (see :func:`run_example`); used for the drawn tests and the pinned cases alike."""
+    into the suite's failure (see :func:`run_example`); used for the drawn tests and the fixed cases alike.
+    ``name``: the property as ``numcheck repro`` names it, where that is not ``check.__name__``."""
     __tracebackhide__ = True
+    prop = name or check.__name__
     try:
         with matmul_precision.pinned():
             return check(impl, p)
     except HypothesisException:
         raise
     except ProtocolViolation as exc:
-        raise PropertyFailure(failure_message(impl, check.__name__, p, [f"protocol violation: {exc}"]), case=p) from exc
+        raise PropertyFailure(failure_message(impl, prop, p, [f"protocol violation: {exc}"]), case=p) from exc
     except Exception as exc:  # noqa: BLE001 - every exception is reported, the suite's verdicts as they are
         if raised_by_suite(exc):
             raise
-        raise impl_raised(impl, check.__name__, p, exc) from exc
+        raise impl_raised(impl, prop, p, exc) from exc
 
 
 def target_scores(results: Sequence[tuple[Any, Metrics]]) -> Metrics:

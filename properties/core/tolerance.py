@@ -84,6 +84,7 @@ below the slack of the γ constants at the sizes the suite draws. In the logits'
 
 from __future__ import annotations
 
+import functools
 import math
 import dataclasses
 from dataclasses import dataclass
@@ -233,7 +234,10 @@ class ErrorModel:
         return self._path(self.grad_x_accumulation, self.chunks_x)
 
 
+@functools.lru_cache(maxsize=256)
 def _upstream_max(p: Problem) -> float:
+    """max |u| of ``p``'s upstream gradient (1 when it has none), from its tensors built once per problem:
+    :func:`error_model` asks twice a call, and callers ask per level and output dtypes."""
     from numcheck.properties.core.problems import build
 
     u = build(p).upstream

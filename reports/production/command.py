@@ -243,7 +243,7 @@ def _work(args: argparse.Namespace) -> int:
     """Run every item not yet in the progress file, appending events; stop at the deadline."""
     import torch
 
-    from numcheck.properties.production.tier import CaseContext, int32_first_row, judge_impl
+    from numcheck.properties.production.tier import CaseContext, int32_first_row
 
     cases, impls, _ = _plan(args)
     out = args.out
@@ -257,19 +257,7 @@ def _work(args: argparse.Namespace) -> int:
         if not todo:
             continue
         if time.time() > deadline:
-            for impl in todo:
-                _append(
-                    out,
-                    {
-                        "event": "result",
-                        "case": case.label,
-                        "impl": impl.name,
-                        "shape": case.shape.name,
-                        "precision": case.precision,
-                        "status": "not_run",
-                        "reason": "the run's budget was spent",
-                    },
-                )
+            _record_all(out, case, todo, "not_run", "the run's budget was spent")
             continue
         _append(out, {"event": "case-start", "case": case.label, "t": time.time()})
         try:
@@ -278,19 +266,7 @@ def _work(args: argparse.Namespace) -> int:
             from numcheck.properties.core.failures import exception_lines
 
             why = "the case's inputs, oracle or eager run failed: " + " ".join(exception_lines(exc))
-            for impl in todo:
-                _append(
-                    out,
-                    {
-                        "event": "result",
-                        "case": case.label,
-                        "impl": impl.name,
-                        "shape": case.shape.name,
-                        "precision": case.precision,
-                        "status": "error",
-                        "reason": why,
-                    },
-                )
+            _record_all(out, case, todo, "error", why)
             if torch.device(case.device).type == "cuda":
                 torch.cuda.empty_cache()
             continue
@@ -303,43 +279,56 @@ def _work(args: argparse.Namespace) -> int:
         _append(out, {"event": "case", "case": case.label, **info})
         for impl in todo:
             if time.time() > deadline:
-                _append(
-                    out,
-                    {
-                        "event": "result",
-                        "case": case.label,
-                        "impl": impl.name,
-                        "shape": case.shape.name,
-                        "precision": case.precision,
-                        "status": "not_run",
-                        "reason": "the run's budget was spent",
-                    },
-                )
+                _record_all(out, case, [impl], "not_run", "the run's budget was spent")
                 continue
-            _append(
-                out, {"event": "start", "case": case.label, "impl": impl.name, "t": time.time(), "cap": args.time_cap_s}
-            )
-            if use_alarm:
-                signal.setitimer(signal.ITIMER_REAL, args.time_cap_s)
-            try:
-                rec = judge_impl(impl, ctx)
-            except ItemTimeout:
-                rec = {
-                    "case": case.label,
-                    "impl": impl.name,
-                    "shape": case.shape.name,
-                    "precision": case.precision,
-                    "status": "timeout",
-                    "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s",
-                }
-            finally:
-                if use_alarm:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-            _append(out, {"event": "result", **rec})
+            _append(out, {"event": "result", **_judge_item(args, case, impl, ctx, use_alarm)})
             if torch.device(case.device).type == "cuda":
                 torch.cuda.empty_cache()
         del ctx
     return 0
+
+
+def _record_all(out: Path, case: Any, impls: list[Any], status: str, reason: str) -> None:
+    """A result of ``status`` for each of ``impls`` on ``case``, none of them judged (``reason`` says why)."""
+    for impl in impls:
+        _append(
+            out,
+            {
+                "event": "result",
+                "case": case.label,
+                "impl": impl.name,
+                "shape": case.shape.name,
+                "precision": case.precision,
+                "status": status,
+                "reason": reason,
+            },
+        )
+
+
+def _judge_item(args: argparse.Namespace, case: Any, impl: Any, ctx: Any, use_alarm: bool) -> dict[str, Any]:
+    """The record of ``impl`` judged on ``case`` (its context ``ctx``), under the ``--time-cap-s`` alarm where the
+    platform has one: a ``timeout`` record when the item runs past it."""
+    from numcheck.properties.production.tier import judge_impl
+
+    _append(
+        args.out, {"event": "start", "case": case.label, "impl": impl.name, "t": time.time(), "cap": args.time_cap_s}
+    )
+    if use_alarm:
+        signal.setitimer(signal.ITIMER_REAL, args.time_cap_s)
+    try:
+        return judge_impl(impl, ctx)
+    except ItemTimeout:
+        return {
+            "case": case.label,
+            "impl": impl.name,
+            "shape": case.shape.name,
+            "precision": case.precision,
+            "status": "timeout",
+            "reason": f"interrupted after --time-cap-s {args.time_cap_s:g} s",
+        }
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 # -- the parent -----------------------------------------------------------------------------------------------

@@ -321,6 +321,25 @@ def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields
     return Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, seed=seed, device=device, **fields)
 
 
+#: The order in which a case's reduction is replaced by one the impl declares (:func:`in_declared_reduction`).
+REDUCTION_ORDER: tuple[str, ...] = ("mean", "sum", "none")
+
+
+def in_declared_reduction(p: Problem, reductions: Any) -> Problem:
+    """``p`` in a reduction of ``reductions`` (an impl's declared ones): itself when its own is declared, else the
+    first declared of :data:`REDUCTION_ORDER`, its upstream kept in kind (a scalar for a per-row one and back, 1 for
+    1). The grid's cases are mostly ``mean``: an impl that offers only per-row losses (TransformerEngine's
+    ``reduce_loss=False``) is judged on the same shapes, options and regimes instead of on none of them."""
+    if p.reduction in reductions or not any(r in reductions for r in REDUCTION_ORDER):
+        return p
+    red = next(r for r in REDUCTION_ORDER if r in reductions)
+    varied = p.upstream in ("scalar", "per_row")
+    upstream = ("per_row" if red == "none" else "scalar") if varied else p.upstream
+    if upstream == "loss_scale" and red != "mean":
+        upstream = "one"
+    return p.replace(reduction=red, upstream=upstream)
+
+
 def linear_ce_cases(spec: GridSpec, device: str = "cpu") -> list[GridCase]:
     """Every linear+CE case of ``spec`` (before any impl's declaration filters them), in a fixed order."""
     out: list[GridCase] = []
@@ -586,7 +605,7 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     ]
     planned += [(g, f, pl, V, P, _label_seed(4100, g)) for g, f, pl, V, P in dist_declared(spec, impl)]
     for group, fields, placement, V, P, seed in planned:
-        p = Problem(N=N, H=H, V=V, seed=seed, device=device, **fields)
+        p = in_declared_reduction(Problem(N=N, H=H, V=V, seed=seed, device=device, **fields), impl.support.reductions)
         why = (
             refusal(impl.support, p)
             or (f"world size {P} not declared" if P not in impl.dist.world_sizes else None)

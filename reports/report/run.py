@@ -16,6 +16,7 @@ and the report must not (it is compared with a committed baseline).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from numcheck.reports.report.grid import (
     declared_cases,
     dist_cases,
     grouped_cases,
+    in_declared_reduction,
     linear_ce_cases,
     quant_cases,
     tp_cases,
@@ -153,12 +155,17 @@ def plan(
         if impl.kind == "linear_ce":
             not_run = NotRun()
             fixed = {gc.case for gc in lin}
+            seen: set[Any] = set()
             for gc in lin + [d for d in declared_cases(spec, impl.support, device) if d.case not in fixed]:
-                why = refusal(impl.support, gc.case)
+                case = in_declared_reduction(gc.case, impl.support.reductions)
+                why = refusal(impl.support, case) or (
+                    "the same case in the declared reduction" if case in seen else None
+                )
+                seen.add(case)
                 if why:
                     not_run.add(gc.group, gc.mode, gc.case.short(), why)
                 else:
-                    work.append((impl, gc))
+                    work.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
             info["not_declared"], info["not_run"] = dict(not_run), not_run.named
         elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
             by_kind = {

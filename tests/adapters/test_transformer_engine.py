@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import pickle
 import shutil
@@ -35,12 +36,21 @@ from numcheck.properties.core.strategies import why_not_run
 from numcheck.properties.distributed.linear_ce.known import CASE_KNOWN
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
-from numcheck.properties.distributed.pool.pool import RankFailure
+from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 INFO = te.load()
 needs_te = pytest.mark.skipif(isinstance(INFO, str), reason=f"TransformerEngine unavailable here: {INFO}")
 DEVICE = "cpu" if te.interpreter.active() or not torch.cuda.is_available() else "cuda"
+
+
+def _dist_case(p: Problem, world_size: int, placement: str = "as_built") -> DistCase:
+    """``p`` at ``world_size`` on this run's backend (gloo on the CPU, nccl on CUDA); skips where it cannot run."""
+    backend = default_backend()
+    why = world_size_unavailable(world_size, backend)
+    if why:
+        pytest.skip(why)
+    return DistCase(problem=p, world_size=world_size, backend=backend, placement=placement)
 
 
 def _run(impl, p: Problem) -> None:
@@ -490,7 +500,7 @@ def test_distributed_face_matches_oracle(name):
     p = Problem(N=7, H=8, V=16, bias=True, seed=3)
     p = p if impl.reduce_loss else p.replace(reduction="none", upstream="per_row")
     p = p.replace(label_smoothing=0.1, **({"ignored": 0.3} if "ignore_index" in impl.support.options else {}))
-    case = DistCase(problem=p, world_size=2, placement="boundary")
+    case = _dist_case(p, 2, "boundary")
     why = known_divergence(impl, case)
     if why:
         pytest.skip(f"a recorded divergence of TE {INFO.version} covers the case: {why[:200]}")
@@ -517,7 +527,25 @@ def test_uneven_shards_are_refused():
         match="TE needs equal, rank-ordered vocabulary shards; rank 0 of 2 got classes "
         r"0\.\.2 of 5",
     ):
-        dist_accuracy(impl, DistCase(problem=Problem(N=3, H=4, V=5, seed=1), world_size=2))
+        dist_accuracy(impl, _dist_case(Problem(N=3, H=4, V=5, seed=1), 2))
+
+
+@needs_te
+def test_report_judges_both_faces(tmp_path):
+    """``numcheck report`` (the smoke grid) runs every available TE impl, both faces, and every case passes."""
+    from numcheck.reports import cli
+
+    names = [n for n in [*te.VARIANTS, *te.DIST_VARIANTS] if not _impl_or_dist(n).support.unavailable_reason()]
+    out = tmp_path / "report"
+    args = ["report", "--grid", "smoke", "--no-progress", "--no-plots", "--out", str(out)]
+    assert cli.main([*args, *(a for n in names for a in ("--impl", n))]) == 0
+    report = json.loads((out / "report.json").read_text())
+    judged = {c["impl"] for c in report["cases"]} | {c["impl"] for c in report.get("dist_cases", [])}
+    assert set(names) <= judged, f"not in the report: {set(names) - judged}"
+
+
+def _impl_or_dist(name: str):
+    return next(i for i in dist_impls() if i.name == name) if name in te.DIST_VARIANTS else _impl(name)
 
 
 # ----------------------------------------------------------------------------- distributed known divergences
@@ -540,19 +568,22 @@ def test_case_divergence_holds_exactly_in_its_releases(entry):
     impl = next(i for i in dist_impls() if i.name == entry.impl)
     if impl.support.unavailable_reason():
         pytest.skip(impl.support.unavailable_reason())
+    case = entry.case()
+    if world_size_unavailable(case.world_size, case.backend):
+        pytest.skip(world_size_unavailable(case.world_size, case.backend))
     if entry.releases.version() is None:
         pytest.skip(f"{entry.impl}: release unknown ({entry.releases.describe()})")
     ex = entry.example
     refused = impl.support.refuses(dtype=ex.param_dtype, device=DEVICE, options=ex.features, reduction=ex.reduction)
     if refused:
         pytest.skip(f"{entry.impl} does not declare the example here: {refused}")
-    others = [d for d in CASE_KNOWN if d is not entry and d.impl == entry.impl and d.holds(entry.case())]
+    others = [d for d in CASE_KNOWN if d is not entry and d.impl == entry.impl and d.holds(case)]
     if others:
         pytest.skip(
             f"{entry.impl}: its example is covered on TE {INFO.version} by another entry ({others[0].reason[:120]})"
         )
     if entry.releases.hold():
         with pytest.raises((PropertyFailure, RankFailure)):  # a judgement, or a rank's exception (a backward raising)
-            dist_accuracy(impl, entry.case())
+            dist_accuracy(impl, case)
     else:
-        assert dist_accuracy(impl, entry.case())["error/bound"] <= 1.0
+        assert dist_accuracy(impl, case)["error/bound"] <= 1.0

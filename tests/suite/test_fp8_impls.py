@@ -18,6 +18,7 @@ from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_qua
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import FormatCodes, QuantCase, QuantizerCase
 from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
 from numcheck.tests.suite.drawn import run_drawn
@@ -54,21 +55,19 @@ def test_edge_inputs_every_recipe(quant_impl):
     for recipe in quant_impl.support.recipes:
         for regime in EDGE_REGIMES:
             steps = 2 if recipe.kind == "delayed" else 1
-            checks.accuracy(
-                quant_impl,
-                QuantCase(
-                    recipe,
-                    33,
-                    40,
-                    24,
-                    dtype=_first_dtype(quant_impl),
-                    bias=bias,
-                    regime=regime,
-                    seed=11,
-                    steps=steps,
-                    device=DEVICE,
-                ),
+            case = QuantCase(
+                recipe,
+                33,
+                40,
+                24,
+                dtype=_first_dtype(quant_impl),
+                bias=bias,
+                regime=regime,
+                seed=11,
+                steps=steps,
+                device=DEVICE,
             )
+            judge(checks.accuracy, quant_impl, case)
 
 
 #: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes in test_multi_tile_and_long_reduction_every_recipe.
@@ -93,21 +92,19 @@ def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
         steps = 2 if recipe.kind == "delayed" else 1
         for M, K, N, which, regime in LARGE_CASES:
             dtype = low if which == "low" else _first_dtype(quant_impl)
-            checks.accuracy(
-                quant_impl,
-                QuantCase(
-                    recipe,
-                    M,
-                    K,
-                    N,
-                    dtype=dtype,
-                    bias=quant_impl.support.bias,
-                    regime=regime,
-                    seed=12,
-                    steps=steps,
-                    device=DEVICE,
-                ),
+            case = QuantCase(
+                recipe,
+                M,
+                K,
+                N,
+                dtype=dtype,
+                bias=quant_impl.support.bias,
+                regime=regime,
+                seed=12,
+                steps=steps,
+                device=DEVICE,
             )
+            judge(checks.accuracy, quant_impl, case)
 
 
 @pytest.mark.parametrize("prop", checks.LAYER_PROPERTIES)
@@ -124,20 +121,18 @@ def test_usage_as_a_layer_every_recipe(quant_impl, soi, prop):
     if not recipes:
         pytest.skip(f"{quant_impl.name} declares no recipe this applies to (delayed scaling keeps per-call state)")
     for recipe in recipes:
-        checks.FP8_PROPERTIES[prop](
-            quant_impl,
-            QuantCase(
-                recipe,
-                33,
-                40,
-                24,
-                dtype=_first_dtype(quant_impl),
-                bias=quant_impl.support.bias,
-                seed=13,
-                save_original_input=soi,
-                device=DEVICE,
-            ),
+        case = QuantCase(
+            recipe,
+            33,
+            40,
+            24,
+            dtype=_first_dtype(quant_impl),
+            bias=quant_impl.support.bias,
+            seed=13,
+            save_original_input=soi,
+            device=DEVICE,
         )
+        judge(checks.FP8_PROPERTIES[prop], quant_impl, case)
 
 
 @_FIXTURE_OK
@@ -154,20 +149,18 @@ def test_save_original_input_on_edge_regimes(quant_impl):
         pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
     for recipe in quant_impl.support.recipes:
         for regime in ("wide", "outlier", "zeros", "inf"):
-            checks.save_original_input(
-                quant_impl,
-                QuantCase(
-                    recipe,
-                    64,
-                    72,
-                    40,
-                    dtype=_first_dtype(quant_impl),
-                    bias=quant_impl.support.bias,
-                    regime=regime,
-                    seed=5,
-                    device=DEVICE,
-                ),
+            case = QuantCase(
+                recipe,
+                64,
+                72,
+                40,
+                dtype=_first_dtype(quant_impl),
+                bias=quant_impl.support.bias,
+                regime=regime,
+                seed=5,
+                device=DEVICE,
             )
+            judge(checks.save_original_input, quant_impl, case)
 
 
 @_FIXTURE_OK
@@ -184,9 +177,8 @@ def test_delayed_scaling_over_steps(quant_impl):
     if not delayed:
         pytest.skip(f"{quant_impl.name} declares no delayed recipe")
     for recipe in delayed:
-        checks.accuracy(
-            quant_impl, QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2, device=DEVICE)
-        )
+        case = QuantCase(recipe, 48, 64, 40, dtype=_first_dtype(quant_impl), steps=6, seed=2, device=DEVICE)
+        judge(checks.accuracy, quant_impl, case)
 
 
 def _needs_quantize(impl) -> None:
@@ -208,7 +200,7 @@ def test_quantizer_bitwise_on_all_256_codes(quant_impl, fmt):
     for recipe in quant_impl.support.recipes:
         for transposed in (False, True):
             case = QuantizerCase(recipe, FormatCodes(fmt.name, transposed), device=DEVICE)
-            checks.quantizer_case(quant_impl, case)
+            judge(checks.quantizer_case, quant_impl, case, name="quantizer")
 
 
 def test_fp8_values_round_trip_under_unit_scale(quant_impl):
@@ -239,9 +231,9 @@ def test_emulated_gemms_match_native(quant_impl):
             case = QuantCase(
                 recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4, device=DEVICE
             )
-            checks.accuracy(quant_impl, case)
+            judge(checks.accuracy, quant_impl, case)
             if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
-                checks.save_original_input(quant_impl, case)
+                judge(checks.save_original_input, quant_impl, case)
 
 
 # -- protocol ------------------------------------------------------------------------------------------

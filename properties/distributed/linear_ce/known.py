@@ -107,10 +107,17 @@ class CaseDivergence:
         return self.releases.hold() and self.covers(case)
 
     def case(self) -> Any:
-        """The example as a :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`."""
+        """The example as a :class:`~numcheck.properties.distributed.linear_ce.props.DistCase` on this run's default
+        backend (gloo on the CPU, nccl with ``NUMCHECK_DEVICE=cuda``)."""
         from numcheck.properties.distributed.linear_ce.props import DistCase
+        from numcheck.properties.distributed.pool.pool import default_backend
 
-        return DistCase(problem=self.example, world_size=self.example_world_size, placement=self.placement)
+        return DistCase(
+            problem=self.example,
+            world_size=self.example_world_size,
+            placement=self.placement,
+            backend=default_backend(),
+        )
 
 
 def _te(

@@ -241,11 +241,9 @@ def _same_loss_lines(run: DistRun) -> list[str]:
     """The failure line where some rank returns a loss that differs from rank 0's (none when all agree)."""
     losses = [r["loss"] for r in run.ranks]
     differ = [i for i, l in enumerate(losses) if not same_bits(l, losses[0])]
+    sums = [float(l.double().sum()) for l in losses]
     return (
-        [
-            f"loss: ranks {differ} return a loss differing from rank 0's ({[float(l.double().sum()) for l in losses]}); "
-            f"every rank must return the same loss"
-        ]
+        [f"loss: ranks {differ} return a loss differing from rank 0's ({sums}); every rank must return the same loss"]
         if differ
         else []
     )
@@ -362,9 +360,8 @@ def relation_lines(impl: Any, runs: list[tuple[DistCase, DistRun]]) -> list[str]
         model = d.model
     bounds = relation_bounds(impl, cb.problem, t, ref, dtypes, (ca.world_size, cb.world_size), model)
     lines = []
-    pairs = [(n, vb[n]) for n in OUTPUT_NAMES] + [
-        (f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(rb.ranks[1:], 1)
-    ]
+    pairs = [(n, vb[n]) for n in OUTPUT_NAMES]
+    pairs += [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(rb.ranks[1:], 1)]
     for name, value in pairs:
         key = name.split("[")[0]
         if value is None or va[key] is None:

@@ -4,6 +4,7 @@ of :mod:`tests.self.helpers.mutant_table`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -66,5 +67,28 @@ MUTANTS, CAUGHT_BY = caught_by_table(
         (SoiRequantizesLocalShard("mutant_tp_soi_local_shard", _recipes("current")), "dist_save_original_input"),
         (SoiRequantizesLocalShard("mutant_tp_soi_local_shard[mxfp8]", _recipes("mxfp8")), "dist_save_original_input"),
         (RowOutputNotReduced("mutant_tp_row_output_not_reduced", _recipes("current")), "dist_accuracy_and_same_scale"),
+    ]
+)
+
+
+class PartialsInOutputDeclaredFp32(TPFp8Linear):
+    """Declares ``partial_dtype="float32"`` but rounds each rank's partial of a sharded reduction (row-parallel y,
+    column-parallel dgrad) to the output dtype and reduces it there."""
+
+    def __init__(self, name: str, recipes: tuple[Any, ...], description: str = "") -> None:
+        super().__init__(name, recipes, description)
+        self.support = dataclasses.replace(self.support, partial_dtype="float32")
+
+    def partial_dtype(self, out_dtype: torch.dtype) -> torch.dtype:
+        return out_dtype
+
+
+#: Mutants of a declared reduction dtype, each with the drawn suite test that must catch it.
+DTYPE_MUTANTS, DTYPE_CAUGHT_BY = caught_by_table(
+    [
+        (
+            PartialsInOutputDeclaredFp32("mutant_tp_partials_in_output_declared_fp32", _recipes("current")),
+            "dist_accuracy_and_same_scale",
+        ),
     ]
 )

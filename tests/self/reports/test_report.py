@@ -446,3 +446,49 @@ def test_dist_grid_counts_known_divergences_instead_of_running_them():
     cases, skipped = dist_cases(QUICK, impl)
     assert any(why.startswith("known divergence: megatron-core") for why in skipped), skipped
     assert cases and all(known_divergence(impl, gc.case) is None for gc in cases)
+
+
+def test_cases_take_a_reduction_the_impl_declares():
+    """An impl declaring only ``none`` (TransformerEngine's reduce_loss=False) is judged on every grid shape in
+    ``none``, a scalar upstream turned per-row; one declaring ``mean`` only gets the ``sum`` option case as ``mean``;
+    an impl declaring every reduction keeps the grid's own cases (the committed baselines' are unchanged)."""
+    import dataclasses
+
+    import torch
+
+    from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
+    from numcheck.impls.registry import ImplEntry
+    from numcheck.reports.report.run import plan
+
+    def per_row(x, w, t, b=None, *, reduction="none", ignore_index=-100):
+        return torch.nn.functional.cross_entropy(
+            torch.nn.functional.linear(x, w, b), t, reduction=reduction, ignore_index=ignore_index
+        )
+
+    def impl(name, reductions=("mean", "sum", "none")):
+        return FunctionImpl(
+            name=name,
+            fn=per_row,
+            support=LinearCESupport(
+                dtypes=frozenset({torch.float32}),
+                options=frozenset({"bias", "ignore_index"}),
+                reductions=frozenset(reductions),
+                autocast=frozenset(),
+            ),
+        )
+
+    spec = dataclasses.replace(QUICK, option_modes=("float32",))
+    _, work = plan(
+        [ImplEntry(i, "test") for i in (impl("only_none", ("none",)), impl("only_mean", ("mean",)), impl("every"))],
+        spec,
+        "cpu",
+    )
+    cases = {name: [gc.case for i, gc in work if i.name == name] for name in ("only_none", "only_mean", "every")}
+    assert cases["only_none"] and all(c.reduction == "none" for c in cases["only_none"])
+    assert all(c.upstream in ("one", "per_row") for c in cases["only_none"])
+    assert len(cases["only_none"]) == len(set(cases["only_none"]))
+    ladder = [gc.case for gc in linear_ce_cases(spec) if gc.group.startswith("ladder") and gc.mode == "float32"]
+    assert {(c.N, c.H, c.V) for c in ladder} <= {(c.N, c.H, c.V) for c in cases["only_none"]}
+    assert any(c.ignored == 0.25 and c.bias and c.reduction == "mean" for c in cases["only_mean"])  # the sum case
+    grid = {gc.case for gc in linear_ce_cases(spec)}
+    assert set(cases["every"]) <= grid and any(c.reduction == "sum" for c in cases["every"])
