@@ -9,7 +9,7 @@
 set -uo pipefail
 out="${1:?output dir}"
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt" 2>&1
 impls=(--impl 'grouped_fp8_linear[loop]' --impl 'grouped_fp8_linear[fused]'

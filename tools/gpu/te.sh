@@ -8,7 +8,7 @@ set -uo pipefail
 dir="${1:?folder of release folders}"; out="${2:?output dir}"; shift 2
 releases=("$@"); [ ${#releases[@]} -gt 0 ] || releases=($(ls "$dir"))
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
 for rel in "${releases[@]}"; do
