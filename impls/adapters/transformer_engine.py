@@ -782,7 +782,6 @@ class TEVocabParallel:
     ranks by its fields; each rank loads the fused CE from the same :class:`Source` (cached per process)."""
 
     kind = DIST_KIND
-    spec_module = "numcheck.impls.registry"
 
     def __init__(self, name: str, reduce_loss: bool, info: TEInfo | str | None = None) -> None:
         info = load() if info is None else info

@@ -106,19 +106,6 @@ class CaseDivergence:
         """Whether this entry covers ``case`` on the installed release."""
         return self.releases.hold() and self.covers(case)
 
-    def case(self) -> Any:
-        """The example as a :class:`~numcheck.properties.distributed.linear_ce.props.DistCase` on this run's default
-        backend (gloo on the CPU, nccl with ``NUMCHECK_DEVICE=cuda``)."""
-        from numcheck.properties.distributed.linear_ce.props import DistCase
-        from numcheck.properties.distributed.pool.pool import default_backend
-
-        return DistCase(
-            problem=self.example,
-            world_size=self.example_world_size,
-            placement=self.placement,
-            backend=default_backend(),
-        )
-
 
 def _te(
     reduction: str, reason: str, covers: Callable[[Any], bool], example: Problem, specifier: str, world_size: int = 2
