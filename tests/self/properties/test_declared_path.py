@@ -70,3 +70,27 @@ def test_vocabulary_parallel_reduce_follows_its_dtype():
     ulp = torch.finfo(torch.bfloat16).eps * w.double().abs()
     assert float(((a.double() - w.double()).abs() - ulp).max()) <= 0.0
     assert not torch.equal(b, w)
+
+
+LONG = Problem(N=2049, H=8, V=24, dtype="bfloat16", bias=True, reduction="sum", seed=0)
+
+
+def test_user_declared_chunk_paths_are_their_yardstick():
+    """Impls declared as a user declares them (decorator only), per-chunk rounding at 7 and 64 rows: (b) measures
+    their grad_weight and grad_bias against that very path (RMSE equal to the yardstick's), while the running sum
+    rounded at every chunk sits 2.4–26× its declared path's RMSE (so the yardstick does see the difference; at 7
+    rows (a) fails it outright, 3.9× on grad_bias)."""
+    from numcheck.tests.self.helpers import chunk_declared as c
+
+    with matmul_precision.pinned():
+        for honest, defect, rows, (lo, a_fails) in (
+            (c.per_chunk_7, c.running_sum_7, 7, (9.0, True)),
+            (c.per_chunk_64, c.running_sum_64, 64, (2.4, False)),
+        ):
+            good, bad = check_accuracy(honest, LONG), check_accuracy(defect, LONG)
+            assert good.ok, good.failure_lines()
+            for name in ("grad_weight", "grad_bias"):
+                g, b = good.relative[name], bad.relative[name]
+                assert f"per_chunk_rounding over {rows}-row chunks" in g.yardstick and g.rmse_impl == g.rmse_eager
+                assert b.rmse_impl >= lo * b.rmse_eager, b.describe()
+            assert (not bad.analytic["grad_bias"].ok) == a_fails, bad.analytic["grad_bias"].describe()
