@@ -35,6 +35,17 @@ single-device bound (one partial, no addition), plus the second rounding where t
 **Against the original reference:** ``|ô − o_true| ≤ B_dq + Q`` with Q the single-device quantization term
 (``Σ_k ρ(a_k)|b_k| + |a_k|ρ(b_k) + ρ(a_k)ρ(b_k)``: the quantization is the unsharded one).
 
+**World-size invariance** (``world_size_invariance``: the outputs at two world sizes, within the sum of their
+B_dq): what may legitimately differ between the two runs, term by term, is all of B_dq. The quantization is the
+unsharded one at every P (not in B_dq; ``dist_same_scale`` holds every rank to it), so the dequantized operands and
+o_dq are common to both runs; what is left is each run's fp32 accumulation over its slices (another blocking of the
+reduction at each P, and a GEMM of another shape where the reduction is not sharded: measured on the CPU, an fp32
+GEMM's last bits change with its shape), each partial's rounding to the partial dtype, the P − 1 additions and
+the last rounding, each made on values the other run does not hold. No term is shared, so the sum of the two B_dq
+is the relation's tolerance, as derived for the vocabulary-parallel relation
+(:mod:`numcheck.properties.distributed.linear_ce.tolerance`); it already follows the declared ``partial_dtype``
+through u_c.
+
 **Row-parallel SP bias gradient:** rank r returns ``Σ_{i∈rows r} dy_i`` summed in fp32 and rounded to the output
 dtype: ``γ_{n_r}(u_32)·Σ_{i∈rows r}|dy_i| + n_r·2⁻¹⁵⁰ + u_o·(|p_r| + ·) + η_o`` against the oracle's partial
 (the optimizer's all-reduce is not the layer's).
