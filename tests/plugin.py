@@ -552,9 +552,14 @@ def one_thread_per_module() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
+    """numcheck's hypothesis profiles registered before hypothesis' plugin loads the one ``--hypothesis-profile``
+    names, when it names one of them (only then: registering imports hypothesis). Under
+    ``--numcheck-record=DIR``: this process (each xdist worker, or the one process) records into its own
     ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`)."""
+    if str(config.getoption("--hypothesis-profile", None) or "").startswith("numcheck-"):
+        import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles
     config.addinivalue_line(
         "markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, on CUDA)"
     )
