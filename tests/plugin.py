@@ -220,7 +220,7 @@ class ImplLoadError(pytest.Item):
         e = self.entry
         pytest.fail(
             f"impl {e.spec!r} (from {e.origin}) could not be loaded: {e.error}\n"
-            f"no numcheck test ran for it; the other impls ran as usual",
+            f"no numcheck test is collected for it; the other impls are tested as usual",
             pytrace=False,
         )
 
@@ -259,12 +259,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    ids: set[str] = set()
     for entry in broken_entries(config):
-        items.append(
-            ImplLoadError.from_parent(
-                session, name=f"numcheck::load[{entry.spec}]", nodeid=f"numcheck::load[{entry.spec}]", entry=entry
-            )
-        )
+        nodeid = f"numcheck::load[{entry.spec}]"
+        while nodeid in ids:  # the same spec broken twice (named twice, or a duplicate name): one item each
+            nodeid = f"{nodeid[:-1]}+]"
+        ids.add(nodeid)
+        items.append(ImplLoadError.from_parent(session, name=nodeid, nodeid=nodeid, entry=entry))
     config.stash[_NOT_COLLECTED_KEY] = left
     if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary
         config.workeroutput[_WORKER_OUTPUT] = left
@@ -448,9 +449,11 @@ def _verdict_text(exc: BaseException) -> str | None:
     if not all(isinstance(e, PropertyFailure) for e in parts):
         return None
     texts = ["\n".join([str(e), *(n for n in getattr(e, "__notes__", ()) if n.startswith("numcheck:"))]) for e in parts]
-    if len(texts) == 1:
+    if not isinstance(exc, BaseExceptionGroup):
         return texts[0]
-    return f"{len(texts)} distinct failures:\n" + "\n\n".join(f"({i}) {t}" for i, t in enumerate(texts, 1))
+    # hypothesis' group: distinct failures, or one that did not fail again on a rerun (Flaky...), said first
+    head = f"{exc.message} ({type(exc).__name__})"
+    return head + "\n" + "\n\n".join(f"({i}) {t}" for i, t in enumerate(texts, 1))
 
 
 def _value_repr(text: str) -> Any:
