@@ -133,7 +133,7 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     >>> numcheck.assert_linear_ce(sum_for_none, N=8, H=16, V=32, reduction="none", upstream="per_row")
     Traceback (most recent call last):
     ...
-    numcheck.properties.core.harness.ProtocolViolation: impl 'doc_sum_for_none' returned loss of shape () for reduction='none'; expected (8,)
+    numcheck.errors.ProtocolViolation: impl 'doc_sum_for_none' returned loss of shape () for reduction='none'; expected (8,)
     """
     call = "assert_linear_ce"
     _impl(call, impl, "linear_ce")

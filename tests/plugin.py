@@ -425,6 +425,23 @@ def _collected_statistics(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """numcheck's ``@given`` tests draw the same cases however they were collected: each is keyed (its
+    derandomized seed, its example-database entry) by :func:`~numcheck.properties.core.draw_isolation.draw_key`, set
+    here after hypothesis' plugin set the node id, which carries the invocation's rootdir; and it draws no
+    constant of the loaded local modules (:func:`~numcheck.properties.core.draw_isolation.isolated_draws`)."""
+    inner = getattr(getattr(pyfuncitem.obj, "hypothesis", None), "inner_test", None)
+    if inner is None or not _is_numcheck(pyfuncitem.path):
+        return (yield)
+    from numcheck.properties.core.draw_isolation import draw_key, isolated_draws
+
+    rel = pyfuncitem.path.resolve().relative_to(_TESTS_DIR).as_posix()
+    inner._hypothesis_internal_add_digest = draw_key(rel, pyfuncitem.nodeid)
+    with isolated_draws():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """A numcheck test failing with numcheck's own verdict is reported with the verdict's message (and the
     exception's notes: the covering row, hypothesis' falsifying example) only: the message already names impl,

@@ -192,7 +192,7 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Me
     the property could not judge (it returned :data:`~numcheck.properties.core.failures.NOT_JUDGED`) is left out,
     and an example none of whose variants was judged is rejected like a filtered draw: it is neither counted nor
     passed. Raises what the property raises when it is the suite's verdict (``PropertyFailure``, numcheck's own
-    ``AssertionError``; a :class:`~numcheck.properties.core.harness.ProtocolViolation` becomes a
+    ``AssertionError``; a :class:`~numcheck.errors.ProtocolViolation` becomes a
     ``PropertyFailure`` with the case and the repro line); any other exception (the impl's own: a
     ``ZeroDivisionError`` in a kernel wrapper, a third-party ``assert``) becomes a ``PropertyFailure`` naming
     impl, property, case, the exception and its innermost frame, with the repro line, chained ``from`` the

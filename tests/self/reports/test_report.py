@@ -24,6 +24,7 @@ from numcheck.reports.report.grid import (
     QUICK,
     SMOKE,
     GridSpec,
+    declared_cases,
     linear_ce_cases,
     quant_cases,
     random_problems,
@@ -490,5 +491,6 @@ def test_cases_take_a_reduction_the_impl_declares():
     ladder = [gc.case for gc in linear_ce_cases(spec) if gc.group.startswith("ladder") and gc.mode == "float32"]
     assert {(c.N, c.H, c.V) for c in ladder} <= {(c.N, c.H, c.V) for c in cases["only_none"]}
     assert any(c.ignored == 0.25 and c.bias and c.reduction == "mean" for c in cases["only_mean"])  # the sum case
-    grid = {gc.case for gc in linear_ce_cases(spec)}
+    # "every" declares all three: each of its cases is a grid case or one of its declared cases, as drawn.
+    grid = {gc.case for gc in linear_ce_cases(spec) + declared_cases(spec, impl("every").support)}
     assert set(cases["every"]) <= grid and any(c.reduction == "sum" for c in cases["every"])
