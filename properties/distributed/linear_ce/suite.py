@@ -13,6 +13,8 @@ import torch
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
+import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles run_property names
+from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_world_size_invariance, invariance_cases
 from numcheck.properties.distributed.linear_ce.strategies import draw_case
@@ -80,5 +82,12 @@ def run_property(
         assume(all(known_divergence(impl, c) is None for c in runs))
         prop(impl, case, latch)
 
-    body()
+    # One derandomized seed per (property, impl, world size), as numcheck.check keys its runs: every property
+    # runs this same function, so they would otherwise all draw one sequence; and no constant of the loaded local
+    # modules mixed into the draws (numcheck's own, in a checkout, would pick a choice list's index 2 far more often).
+    body.hypothesis.inner_test._hypothesis_internal_add_digest = (
+        f"numcheck.dist|{prop.__name__}|{impl.name}|{world_size}".encode()
+    )
+    with isolated_draws():
+        body()
     latch.raise_if_failed()

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.distributed.tp_fp8 import props as checks
 from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
 from numcheck.properties.core.drawn_log import fingerprint, log_example
@@ -125,5 +126,9 @@ def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: A
         log_example(name, impl, [fingerprint(case)])
         body(impl, case, latch)
 
-    inner()
+    # One derandomized seed per (test, impl), free of the loaded modules' constants, as the linear+CE family's
+    # run_property keys its draws.
+    inner.hypothesis.inner_test._hypothesis_internal_add_digest = f"numcheck.tp|{name}|{impl.name}".encode()
+    with isolated_draws():
+        inner()
     latch.raise_if_failed()
