@@ -420,12 +420,26 @@ def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
 
 def many_chunk_layout(impl: Any) -> tuple[Any, int]:
     """``(impl, N)`` for a many-chunk run: every row its own chunk (``N`` = :data:`MANY_CHUNKS`) where ``impl``
-    exposes ``with_chunk_rows``; else 3 of its declared chunks and a ragged one (capped at 8193 rows), or 2049
-    rows when it declares no chunk size."""
+    exposes ``with_chunk_rows``; else 3 of its declared chunks and a ragged one (capped at 8193 rows), or
+    :data:`UNDECLARED_MANY_CHUNK_ROWS` rows when it declares no chunk size (:data:`SLOW_UNDECLARED_ROWS` for an
+    impl that declares ``slow``)."""
     if hasattr(impl, "with_chunk_rows"):
         return impl.with_chunk_rows(1), MANY_CHUNKS
     s = impl.support
-    return impl, (min(3 * s.chunk_rows + 1, 8193) if s.chunk_rows else 2049)
+    if s.chunk_rows:
+        return impl, min(3 * s.chunk_rows + 1, 8193)
+    return impl, (SLOW_UNDECLARED_ROWS if s.slow else UNDECLARED_MANY_CHUNK_ROWS)
+
+
+#: Rows of a many-chunk draw for an impl that declares no chunk size.
+UNDECLARED_MANY_CHUNK_ROWS = 2049
+
+#: ... for one that also declares ``slow`` (Triton's interpreter on a CPU: Liger's and TransformerEngine's kernels,
+#: about 30 s a draw at 2049 rows, the suite's costliest tests). Without a declared size the draw's rows do not
+#: decide how many chunks the impl makes (Liger's count, ⌈V/H⌉, is the same at any N of these draws; TE's fused CE
+#: is not chunked over rows), so a quarter of the rows keeps what the draw can reach at a quarter of the time;
+#: compiled on a GPU the same impl declares ``slow=False`` and takes :data:`UNDECLARED_MANY_CHUNK_ROWS`.
+SLOW_UNDECLARED_ROWS = 513
 
 
 #: Chunks of a many-chunk run of an impl that exposes ``with_chunk_rows`` (one row each). A running sum of K
