@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import invalid
+from numcheck.impls.protocols.declaration import defined_at, invalid
 from numcheck.impls.protocols.fp8_linear import validate_quant_impl
 
 #: Every optional feature of the linear+CE call, named as the support declaration names them.

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
 from numcheck.properties.core import chunks
-from numcheck.properties.core.chunks import MANY_CHUNKS
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, LinearCESupport
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem

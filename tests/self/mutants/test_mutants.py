@@ -152,7 +152,7 @@ CI_CATCHES = {
     _m.row_loss_bf16: "accuracy_fp32_sharp",
     _m.stats_bf16: "accuracy_fp32_sharp",
     # One-dtype declarations: their bound carries that dtype's logits and G; 257 one-row chunks on the post_norm
-    # covering row make the running sum's K roundings show (strategies.MANY_CHUNKS).
+    # covering row make the running sum's K roundings show (chunks.MANY_CHUNKS).
     _m.gw_bf16_sum_bf16_only: "many_chunks",
     _m.gw_fp16_sum_fp16_only: "many_chunks",
     # grad_x's running sum over 128-class blocks: large_vocab's bf16 head row (a tokenizer's V ≥ 128256, ≥ 1002
