@@ -19,11 +19,15 @@ from pathlib import Path
 
 import pytest
 
+import numcheck
 from numcheck.properties.core.chunks import MANY_CHUNKS, rows_per_chunk
 from numcheck.properties.core.problems import Problem
 from numcheck.tests.self.helpers import user_chunked
 
 MODULE = "numcheck.tests.self.helpers.user_chunked"
+#: The folder holding this checkout's ``numcheck`` package, first on the subprocess' path (an installed numcheck,
+#: e.g. another checkout's editable install, would otherwise be the one imported from ``cwd``).
+ROOT = Path(numcheck.__file__).resolve().parent.parent
 #: The narrow running sums the suite must fail: bf16 at every declared size and the rule, fp16 where its range
 #: lets the many-chunk draws show it (chunks.MANY_CHUNK_MAX_ROWS says why not over chunks of 1024 rows).
 NARROW = [
@@ -44,6 +48,7 @@ def _suite(cwd: Path, name: str, select: str) -> subprocess.CompletedProcess:
     """The README's plugin command on ``MODULE:name``, ``-k select``, in ``cwd``, with this environment less
     numcheck's, pytest's and hypothesis' own settings (so the default profile runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     cmd = [
         sys.executable,
         "-m",
