@@ -466,7 +466,7 @@ def _verdict_text(exc: BaseException) -> str | None:
     if not all(isinstance(e, PropertyFailure) for e in parts):
         return None
     texts = ["\n".join([str(e), *(n for n in getattr(e, "__notes__", ()) if n.startswith("numcheck:"))]) for e in parts]
-    if not isinstance(exc, BaseExceptionGroup):
+    if parts == [exc]:  # not a group
         return texts[0]
     # hypothesis' group: distinct failures, or one that did not fail again on a rerun (Flaky...), said first
     head = f"{exc.message} ({type(exc).__name__})"

@@ -294,6 +294,8 @@ def render(results: dict[str, dict[str, object]], code: str) -> str:
         rep_text = "—" if not rep else ("pass" if rep["rc"] == 0 else f"exit {rep['rc']}")  # type: ignore[index]
         ran = suite.get("release")
         carried = f", run on {ran}: the same files" if ran and ran != v else ""
+        if suite.get("rc") not in (0, 1):
+            carried += f", pytest exit {suite.get('rc')}"
         lines.append(
             f"| {v} | {r.get('files', '?')} | {loaded} | {writes} | {ignore} | {ow} | {suite.get('passed')}/{suite.get('failed')}/"
             f"{suite.get('skipped')} ({suite.get('seconds')} s{carried}) | {known.get('passed')} passed, "

@@ -14,9 +14,11 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
 * **Declared cases**, per impl, from its declaration (:func:`declared_cases`): each declared option on its own
   (:data:`OPTION_VALUES`), each declared reduction on its own, all declared options together at every declared
   reduction (options a declaration excludes together go into further combined cases), and an all-ignored batch
-  where declared; at the option shape, in the option modes the impl declares (else the first mode of
-  :data:`DECLARED_MODE_ORDER` it declares). The fixed option cases combine options, so an impl missing one of a
-  combination's options would otherwise never run the others (label smoothing only beside class weights).
+  where declared; at :attr:`GridSpec.declared_shape`, in the option modes the impl declares (else the first mode of
+  :data:`DECLARED_MODE_ORDER` it declares), leaving out a mode where a recorded known divergence of the impl covers
+  the case. The fixed option cases combine options, so an impl missing one of a combination's options would
+  otherwise never run the others (label smoothing only beside class weights); the quick grid keeps only the fixed
+  regime cases (:data:`QUICK_OPTIONS`).
 
 Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
 counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
@@ -174,6 +176,8 @@ class GridSpec:
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
         declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
+        declared_shape: (N, H, V) of the linear+CE declared cases (small: an interpreted kernel's time grows with
+            the rows, and the options' semantics show at any size).
         grouped_cases: labels of :data:`GROUPED_CASES` to run.
         grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
         seed: seed of the random cases.
@@ -197,6 +201,7 @@ class GridSpec:
     tp_cases: tuple[str, ...] = tuple(TP_CASES)
     tp_all_recipes: bool = False
     declared: bool = True
+    declared_shape: tuple[int, int, int] = (17, 16, 24)
     grouped_cases: tuple[str, ...] = tuple(GROUPED_CASES)
     grouped_all_recipes: bool = False
     seed: int = 20250601
@@ -242,13 +247,18 @@ class GridSpec:
             f"{'every recipe' if self.grouped_all_recipes else 'the first recipe of each kind'}."
             + (
                 " Per impl, from its declaration: each declared option and reduction on its own and all together "
-                f"(linear+CE at N,H,V={self.option_shape}; distributed also with uneven shards, "
+                f"(linear+CE at N,H,V={self.declared_shape}; distributed also with uneven shards, "
                 f"V={DIST_UNEVEN_V})."
                 if self.declared
                 else " No declared cases."
             )
         )
 
+
+#: The option cases of the quick grid: the value regimes. Its declared cases hold every declared option alone and
+#: all together at every declared reduction, and an all-ignored batch, so the fixed combinations (which full keeps)
+#: would only repeat them for the impls declaring their options.
+QUICK_OPTIONS: tuple[str, ...] = ("confident", "large+bias", "tiny", "outlier_rows+scalar")
 
 QUICK = GridSpec(
     name="quick",
@@ -257,7 +267,7 @@ QUICK = GridSpec(
     ladder_modes=("float32", "bfloat16", "amp-bfloat16"),
     option_shape=(33, 24, 50),
     option_modes=("amp-bfloat16",),
-    options=tuple(OPTION_CASES),
+    options=QUICK_OPTIONS,
     n_random=4,
     quant_ladder=(4, 40, 400),
     quant_base=(40, 40, 40),
@@ -451,28 +461,40 @@ def _label_seed(base: int, label: str) -> int:
     return base + zlib.crc32(label.encode()) % 1000
 
 
-def declared_modes(spec: GridSpec, support: Any, device: str = "cpu") -> tuple[str, ...]:
-    """The dtype modes of an impl's declared cases: the grid's option modes it declares, else the first mode of
-    :data:`DECLARED_MODE_ORDER` it declares (none when it declares none of them on ``device``)."""
+def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
+    """The dtype modes a declared case ``p`` runs in for ``impl``: the grid's option modes in which the declaration
+    admits it and no recorded known divergence of the impl covers it (:mod:`properties.core.known`, left out of the
+    suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
+    else the option modes (in those two the plan names it as not run, with the reason)."""
+    from numcheck.properties.core.known import known
     from numcheck.properties.core.strategies import refusal
 
-    def fits(mode: str) -> bool:
-        return refusal(support, _problem(1, 1, 2, mode, 0, device)) is None
+    def declared(mode: str) -> bool:
+        return refusal(impl.support, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])) is None
 
-    modes = tuple(m for m in spec.option_modes if fits(m))
-    return modes or next(((m,) for m in DECLARED_MODE_ORDER if fits(m)), ())
+    def runs(mode: str) -> bool:
+        q = p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])
+        return declared(mode) and known(impl.name, "accuracy", q) is None
+
+    modes = tuple(m for m in spec.option_modes if runs(m))
+    order = (*spec.option_modes, *DECLARED_MODE_ORDER)
+    return modes or next(((m,) for f in (runs, declared) for m in order if f(m)), spec.option_modes)
 
 
-def declared_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
-    """An impl's declared linear+CE cases (module docstring), at the option shape in :func:`declared_modes`."""
+def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridCase]:
+    """An impl's declared linear+CE cases (module docstring), at the grid's declared shape, each in
+    :func:`_declared_modes`."""
     if not spec.declared:
         return []
-    n, h, v = spec.option_shape
-    return [
-        GridCase(f"declared:{label}", mode, _problem(n, h, v, mode, _label_seed(6000, label), device, **fields))
-        for mode in declared_modes(spec, support, device)
-        for label, fields in declared_option_cases(support)
-    ]
+    n, h, v = spec.declared_shape
+    out = []
+    for label, fields in declared_option_cases(impl.support):
+        p = _problem(n, h, v, "float32", _label_seed(6000, label), device, **fields)
+        out += [
+            GridCase(f"declared:{label}", mode, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1]))
+            for mode in _declared_modes(spec, impl, p)
+        ]
+    return out
 
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

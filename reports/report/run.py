@@ -140,8 +140,10 @@ def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase]
 def plan(
     entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
-    """The impl entries and the (impl, case) pairs to run, in order; refused cases are counted per reason
-    (``not_declared``) and named (``not_run``)."""
+    """The impl entries and the (impl, case) pairs to run, in order; refused cases, and cases a recorded known
+    divergence of the impl covers (:mod:`properties.core.known`, left out of the suite's draws too), are counted per
+    reason (``not_declared``) and named (``not_run``)."""
+    from numcheck.properties.core.known import known
     from numcheck.properties.core.strategies import refusal
 
     infos, work = [], []
@@ -156,10 +158,13 @@ def plan(
             not_run = NotRun()
             fixed = {gc.case for gc in lin}
             seen: set[Any] = set()
-            for gc in lin + [d for d in declared_cases(spec, impl.support, device) if d.case not in fixed]:
+            for gc in lin + [d for d in declared_cases(spec, impl, device) if d.case not in fixed]:
                 case = in_declared_reduction(gc.case, impl.support.reductions)
-                why = refusal(impl.support, case) or (
-                    "the same case in the declared reduction" if case in seen else None
+                divergence = known(impl.name, "accuracy", case)
+                why = (
+                    refusal(impl.support, case)
+                    or ("the same case in the declared reduction" if case in seen else None)
+                    or (divergence and f"known divergence: {divergence.reason}")
                 )
                 seen.add(case)
                 if why:

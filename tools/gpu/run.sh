@@ -62,8 +62,11 @@ case "$what" in
     # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls;
     # KEEP_STALE=1 keeps those that ran on other code too (marked stale in sweep.md with their code hash).
     if [ -n "${SWEEP_FROM:-}" ]; then mkdir -p "$out/sweep" && cp -r "$SWEEP_FROM"/. "$out/sweep"/; fi
+    # SWEEP_DEVICE=cpu runs it on the host's CPUs with the GPU hidden (Triton's interpreter for the Triton impls),
+    # NUMCHECK_TE_DIR (e.g. .te/2.20.2, carried) adds TransformerEngine's impls.
+    if [ "${SWEEP_DEVICE:-cuda}" = cpu ]; then export CUDA_VISIBLE_DEVICES=""; fi
     PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
-      --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device cuda --out "$out/sweep" --per-impl ${KEEP_STALE:+--keep-stale} > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
+      --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device "${SWEEP_DEVICE:-cuda}" --out "$out/sweep" --per-impl ${KEEP_STALE:+--keep-stale} > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"
     tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
     ;;

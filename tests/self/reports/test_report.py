@@ -492,5 +492,5 @@ def test_cases_take_a_reduction_the_impl_declares():
     assert {(c.N, c.H, c.V) for c in ladder} <= {(c.N, c.H, c.V) for c in cases["only_none"]}
     assert any(c.ignored == 0.25 and c.bias and c.reduction == "mean" for c in cases["only_mean"])  # the sum case
     # "every" declares all three: each of its cases is a grid case or one of its declared cases, as drawn.
-    grid = {gc.case for gc in linear_ce_cases(spec) + declared_cases(spec, impl("every").support)}
+    grid = {gc.case for gc in linear_ce_cases(spec) + declared_cases(spec, impl("every"))}
     assert set(cases["every"]) <= grid and any(c.reduction == "sum" for c in cases["every"])

@@ -11,6 +11,7 @@ The impls are written as a user writes them (:mod:`numcheck.tests.self.helpers.r
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -98,8 +99,26 @@ def test_options_a_declaration_excludes_together_are_combined_apart():
     )
     groups = option_groups(support)
     assert sorted(groups) == [("bias", "softcap"), ("bias", "z_loss")], groups
-    labels = {gc.group for gc in declared_cases(QUICK, support)}
+    labels = {gc.group for gc in declared_cases(QUICK, SimpleNamespace(name="excludes", support=support))}
     assert {"declared:bias+softcap+mean", "declared:bias+z_loss+mean", "declared:softcap"} <= labels, labels
+
+
+def test_linear_ce_grid_leaves_known_divergences_out_and_names_them():
+    """As the suite does, the grid runs no case a recorded known divergence of the impl covers (PyTorch's chunked
+    linear_cross_entropy: bf16 from N = 32, all-ignored mean): each is named as not run with that reason, and the
+    declared cases move to a declared mode the divergence leaves alone."""
+    from numcheck.properties.core.known import known
+
+    name = "torch_native[chunked,acc=auto]"
+    entries = discover([name])
+    if entries[0].impl.support.unavailable_reason():
+        pytest.skip(entries[0].impl.support.unavailable_reason())
+    infos, work = plan(entries, QUICK, "cpu")
+    assert work and not [gc.group for _, gc in work if known(name, "accuracy", gc.case)]
+    named = {c["group"] for c in infos[0]["not_run"] if c["reason"].startswith("known divergence: ")}
+    assert {"declared:all_ignored", "ladder:base"} <= named, named
+    declared = {gc.group for _, gc in work if gc.group.startswith("declared:")}
+    assert {"declared:bias", "declared:class_weights", "declared:bias+ignore_index+class_weights+none"} <= declared
 
 
 def test_each_case_not_run_is_named_with_its_reason(smoothing_report):
@@ -109,9 +128,9 @@ def test_each_case_not_run_is_named_with_its_reason(smoothing_report):
     named = info["not_run"]
     assert named and sum(info["not_declared"].values()) == len(named)
     assert all(set(c) == {"group", "mode", "case", "reason"} for c in named)
-    assert any(c["group"] == "options:smoothing+class_weights" and "class_weights" in c["reason"] for c in named)
+    assert any(c["group"] == "ladder:N" and c["mode"] == "amp-bfloat16" and "autocast" in c["reason"] for c in named)
     text = report_md.render(smoothing_report)
-    assert "`options:smoothing+class_weights` (" in text
+    assert "`ladder:N` (amp-bfloat16, `N4H40V40-float32+amp-bfloat16-mean-plain-ordinary-s1004`)" in text
 
 
 def test_a_declared_behaviour_the_grid_does_not_reach_is_named():
