@@ -281,7 +281,14 @@ def relative_judgement(
     """Judgement (b) of one output (module docstring): ``value`` against ``oracle``, the yardstick's RMSE and dtype
     ``yard``, ``expected`` the expected-level bound (the slack's E and n_eff's weights). ``note``: recorded, not
     judged (with why)."""
-    rmse = _rms(value.to(torch.float64) - oracle)
+    diff = value.to(device=oracle.device, dtype=torch.float64) - oracle
+    # An element the impl returns non-finite where the exact value is finite is (a)'s to judge: a correct overflow
+    # (the value reaches its format's overflow threshold, or an intermediate legitimately overflows: e.g. fp16
+    # gradients under a large loss scale, which GradScaler then skips) passes it, anything else fails it there.
+    # (b) measures the finite rest: an accepted ±inf would otherwise make the RMSE infinite.
+    unjudged = torch.isfinite(oracle) & ~torch.isfinite(diff)
+    kept = diff[~unjudged]
+    rmse = _rms(kept) if kept.numel() else 0.0
     n_eff = effective_count(expected)
     k = ratio_multiplier(n_eff, value.dtype, RELATIVE_ALPHA)
     rms_e = _rms(expected)

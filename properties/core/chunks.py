@@ -13,7 +13,7 @@ suite its chunk size one of three ways, and the draws take the first that applie
    shapes of a grid on which the rule gives K chunks, :func:`rule_shapes`).
 3. Nothing declared: N past :data:`UNDECLARED_CHUNK_ROWS`, the largest chunk size the suite assumes an impl may
    use without declaring it, so a draw crosses every such chunk boundary (and gives :data:`MANY_CHUNKS` chunks of
-   any size up to ⌊N/MANY_CHUNKS⌋).
+   any size up to ⌊N/MANY_CHUNKS⌋); :data:`SLOW_UNDECLARED_ROWS` where the impl also declares ``slow``.
 
 The draws keep H and V small where N is large (:func:`v_cap`): the error a running sum across chunks adds
 grows with the number of chunks, not with the size of each product, and the oracle and the bounds cost about
@@ -86,6 +86,13 @@ SEVERAL_CHUNKS = 3
 #: N = 8192, H = 4096, V = 128256; cut-cross-entropy's blocks are 128 or 256 rows. A larger chunk size must be
 #: declared (``chunk_rows``, ``chunk_rule``) to be met many times.
 UNDECLARED_CHUNK_ROWS = 8192
+
+#: The rows of a many-chunk draw of an impl that declares no chunk size and declares ``slow`` (Triton's
+#: interpreter on a CPU: TransformerEngine's fused CE there, about 30 s a draw at 2049 rows and a program per
+#: row, so past :data:`UNDECLARED_CHUNK_ROWS` a draw would cost minutes). Its rows cannot cross a chunk size
+#: it does not declare anyway; compiled on a GPU the same impl declares ``slow=False`` and takes
+#: :data:`UNDECLARED_CHUNK_ROWS` + 1 rows and more.
+SLOW_UNDECLARED_ROWS = 513
 
 #: Extra rows (past the minimum) a draw of a fixed chunk layout may add, so the last chunk's raggedness varies.
 RAGGED_ROWS = 64
@@ -189,11 +196,14 @@ class Layout:
     source: str
     rows: int | None = None
     rule: Callable[[int, int, int], int] | None = None
+    slow: bool = False
 
     def n_range(self, chunks: int) -> tuple[int, int]:
         """The rows a draw of ``chunks`` chunks takes, where the chunk size does not follow from the shapes: from
         (chunks − 1)·rows + 1 on (the last chunk ragged, 1 to min(rows, :data:`RAGGED_ROWS`) rows); past
         :data:`UNDECLARED_CHUNK_ROWS` where undeclared."""
+        if self.rows is None and self.slow:
+            return SLOW_UNDECLARED_ROWS, SLOW_UNDECLARED_ROWS + RAGGED_ROWS - 1
         if self.rows is None:
             return UNDECLARED_CHUNK_ROWS + 1, UNDECLARED_CHUNK_ROWS + RAGGED_ROWS
         lo = (chunks - 1) * self.rows + 1
@@ -220,6 +230,11 @@ class Layout:
 
     def describe(self, N: int, H: int, V: int) -> str:
         """What the drawn shape means for the impl's chunks, for a failure message."""
+        if self.source == "undeclared" and self.slow:
+            return (
+                f"{N} rows: no chunk size declared (chunk_rows, chunk_rule) by a slow impl, so "
+                f"{SLOW_UNDECLARED_ROWS} rows or a few more (numcheck.properties.core.chunks.SLOW_UNDECLARED_ROWS)"
+            )
         if self.source == "undeclared":
             return (
                 f"{N} rows: no chunk size declared (chunk_rows, chunk_rule), so N is past "
@@ -245,7 +260,7 @@ def layout(impl: Any, speed_up_rows: int = 1) -> Layout:
         return Layout(impl, "chunk_rows", rows=s.chunk_rows)
     if getattr(s, "chunk_rule", None) is not None:
         return Layout(impl, "chunk_rule", rule=s.chunk_rule)
-    return Layout(impl, "undeclared")
+    return Layout(impl, "undeclared", slow=bool(s.slow))
 
 
 def declares_chunks(impl: Any) -> bool:

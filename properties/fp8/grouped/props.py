@@ -331,7 +331,12 @@ def _same(
             f"vs {None if want is None else tuple(want.shape)})",
         )
     if bound is None:
-        diff = _bits(got.to(want.dtype)) != _bits(want)
+        # Bitwise, but +0 equals -0 (as TE's own per-expert check, assert_close with rtol=atol=0, has it): the sign
+        # of an exact zero follows how a kernel forms it (0 + (-0) is +0, so a dgrad scattered into a zeroed
+        # buffer holds +0 where one GEMM's product of a zero and a negative gives -0), and no consumer of a
+        # gradient reads it. Seen on grouped_fp8_linear[loop], CPU seed 0: 3 of 24 dgrad elements, 0 vs -0.
+        g = got.to(want.dtype)
+        diff = (_bits(g) != _bits(want)) & ~((g == 0) & (want == 0)).cpu()
         if bool(diff.any()):
             idx = tuple(int(i) for i in diff.nonzero()[0])
             fail(

@@ -111,3 +111,13 @@ def test_ci_profile_catches_grouped_mutant(mutant):
     base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
     verdict = _run_drawn(GROUPED_SUITE[SUITE_TEST[CAUGHT_BY[mutant.name]]], mutant, base)
     assert verdict.status == "failed", verdict
+
+
+def test_per_expert_equality_holds_up_to_the_sign_of_zero():
+    """The built-in loop's dgrad holds +0 where the single linear's GEMM gives -0 (the CPU sweep's seed 0 case, a
+    false alarm before): per_expert_linear passes it, as TE's per-expert check (rtol = atol = 0) does; a
+    mutant off by one bit still fails it (test_grouped_mutant_is_caught)."""
+    from numcheck.impls.registry import builtin
+
+    case = GroupedCase(Fp8Recipe("delayed"), (0, 3, 1), 8, 1, dtype="bfloat16", seed=779, weights="grouped")
+    GROUPED_PROPERTIES["per_expert_linear"](builtin("grouped_fp8_linear[loop]"), case)

@@ -30,6 +30,7 @@ from numcheck.properties.core.accuracy import (
     check_accuracy,
     effective_count,
     ratio_multiplier,
+    relative_judgement,
     rms_lambda,
 )
 from numcheck.properties.core.problems import Problem
@@ -249,3 +250,18 @@ if __name__ == "__main__":
 
     interpreter.arrange()  # before the first Triton impl is built (builtin imports triton)
     print(probe(int(sys.argv[1]) if len(sys.argv) > 1 else 300, progress=True).table())
+
+
+def test_an_overflow_judged_by_a_leaves_the_finite_elements_to_b():
+    """An fp16 gradient that overflows to inf where the exact value is finite (a large loss scale: (a) accepts it as
+    a correct rounding, or fails it) leaves (b) the finite elements: its RMSE is theirs, not inf (seen on the H200:
+    eager under fp16 autocast with a loss-scale upstream failed (b) with "RMSE inf" against its declared path);
+    a finite element off by far more than the yardstick still fails."""
+    oracle = torch.tensor([1.0, -2.0, 70000.0, 3.0], dtype=torch.float64)
+    expected = torch.full((4,), 1e-3, dtype=torch.float64)
+    value = torch.tensor([1.0, -2.0, math.inf, 3.0], dtype=torch.float16)
+    j = relative_judgement("grad_weight", value, oracle, (1e-3, torch.float16), expected)
+    assert j.ok and j.rmse_impl == 0.0, j
+    off = torch.tensor([1.0, -2.0, math.inf, 3.5], dtype=torch.float16)
+    j = relative_judgement("grad_weight", off, oracle, (1e-3, torch.float16), expected)
+    assert not j.ok and math.isfinite(j.rmse_impl) and j.rmse_impl > j.allowed, j
