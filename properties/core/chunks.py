@@ -65,9 +65,14 @@ MANY_CHUNK_MAX_ROWS = 2**20
 MANY_CHUNK_MIN_V, MANY_CHUNK_MIN_H = 4, 2
 
 
-def many_chunks(dtype: str, rows: int | None = None) -> int:
+def many_chunks(dtype: str, rows: int | None = None, slow: bool = False) -> int:
     """The chunks a many-chunk draw in ``dtype`` (a dtype name) spans for chunks of ``rows`` rows (``None``: any
-    size): :data:`MANY_CHUNKS_BY_DTYPE` within :data:`MANY_CHUNK_MAX_ROWS` rows, at least :data:`MANY_CHUNKS`."""
+    size): :data:`MANY_CHUNKS_BY_DTYPE` within :data:`MANY_CHUNK_MAX_ROWS` rows, at least :data:`MANY_CHUNKS`;
+    :data:`MANY_CHUNKS` for an impl that declares ``slow`` (Triton's interpreter on a CPU launches a chunk's
+    kernel in about 0.1 s: Liger's and numcheck's Triton impls there took 40–120 s a property at 513 chunks; the
+    same impls compiled on a GPU declare ``slow=False`` and take every dtype's full count)."""
+    if slow:
+        return MANY_CHUNKS
     k = MANY_CHUNKS_BY_DTYPE.get(dtype, MANY_CHUNKS)
     if rows is not None:
         k = min(k, MANY_CHUNK_MAX_ROWS // rows)

@@ -441,8 +441,7 @@ def _plain_dtype_names(support: Any) -> list[str]:
 def many_chunk_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Problem:
     """Problems in a declared plain dtype (no autocast: the coarsest only for slow impls; a covering row's where in
     one) whose rows make :func:`chunks.many_chunks` of that dtype of ``layout``'s chunks (at least
-    :data:`chunks.MANY_CHUNKS`)
-    (:meth:`chunks.Layout.shape_strategy`), with few classes and hidden features (:data:`chunks.MANY_CHUNK_MIN_V`
+    :data:`chunks.MANY_CHUNKS`; that many for a slow impl) (:meth:`chunks.Layout.shape_strategy`), with few classes and hidden features (:data:`chunks.MANY_CHUNK_MIN_V`
     ≤ V ≤ 24, :data:`chunks.MANY_CHUNK_MIN_H` ≤ H ≤ 8: the error of grad_weight comes from its accumulation
     across chunks rather than from long dot products), not all rows ignored."""
     row = _ROW.get()
@@ -452,7 +451,7 @@ def many_chunk_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Prob
         else draw(st.sampled_from(_plain_dtype_names(support)), label="dtype")
     )
     shape = layout.shape_strategy(
-        chunks.many_chunks(dtype, layout.rows), min_h=chunks.MANY_CHUNK_MIN_H, min_v=chunks.MANY_CHUNK_MIN_V
+        chunks.many_chunks(dtype, layout.rows, bool(support.slow)), min_h=chunks.MANY_CHUNK_MIN_H, min_v=chunks.MANY_CHUNK_MIN_V
     )
     N, H, V = draw(shape, label="shape")
     force: dict[str, Any] = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}

@@ -127,3 +127,15 @@ def test_undeclared_draws_cross_every_assumed_chunk_size() -> None:
     lo, _ = lay.n_range(chunks.MANY_CHUNKS)
     assert lay.source == "undeclared" and lo > chunks.UNDECLARED_CHUNK_ROWS
     assert "no chunk size declared" in lay.describe(lo, 2, 4)
+
+
+def test_slow_impls_draw_fewer_rows_and_chunks() -> None:
+    """An impl that declares ``slow`` (Triton's interpreter on a CPU) gets MANY_CHUNKS chunks in every dtype and,
+    declaring no chunk size, SLOW_UNDECLARED_ROWS rows, both said in the message; the same impl not slow gets the
+    full counts."""
+    assert chunks.many_chunks("bfloat16", 1, slow=True) == chunks.MANY_CHUNKS < chunks.many_chunks("bfloat16", 1)
+    slow = chunks.layout(_Impl(make_support(slow=True)))
+    lo, hi = slow.n_range(chunks.MANY_CHUNKS)
+    assert lo == chunks.SLOW_UNDECLARED_ROWS < hi < chunks.UNDECLARED_CHUNK_ROWS
+    assert "SLOW_UNDECLARED_ROWS" in slow.describe(lo, 2, 4)
+    assert chunks.layout(_Impl(make_support(slow=False))).n_range(chunks.MANY_CHUNKS)[0] > chunks.UNDECLARED_CHUNK_ROWS
