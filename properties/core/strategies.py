@@ -451,7 +451,9 @@ def many_chunk_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Prob
         else draw(st.sampled_from(_plain_dtype_names(support)), label="dtype")
     )
     shape = layout.shape_strategy(
-        chunks.many_chunks(dtype, layout.rows, bool(support.slow)), min_h=chunks.MANY_CHUNK_MIN_H, min_v=chunks.MANY_CHUNK_MIN_V
+        chunks.many_chunks(dtype, layout.rows, bool(support.slow)),
+        min_h=chunks.MANY_CHUNK_MIN_H,
+        min_v=chunks.MANY_CHUNK_MIN_V,
     )
     N, H, V = draw(shape, label="shape")
     force: dict[str, Any] = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}
@@ -463,13 +465,17 @@ def many_chunk_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Prob
 DETERMINISM_CHUNK_ROWS = 7
 
 
-def determinism_layout(impl: Any) -> tuple[Any, chunks.Layout, int]:
+def determinism_layout(impl: Any) -> tuple[Any, chunks.Layout | None, int]:
     """``(impl, layout, min V)`` for determinism draws that span :data:`chunks.SEVERAL_CHUNKS` chunks of ``impl``
     (:func:`chunks.layout`: its variant of :data:`DETERMINISM_CHUNK_ROWS` rows a chunk where it exposes
-    ``with_chunk_rows``, else from its declaration) and more classes than its ``chunk_cols`` where declared."""
-    lay = chunks.layout(impl, speed_up_rows=DETERMINISM_CHUNK_ROWS)
+    ``with_chunk_rows``, else from its declaration; no layout, any N, for an impl that declares no chunking over
+    rows, :func:`chunks.declares_chunks`) and more classes than its ``chunk_cols`` where declared."""
     s = impl.support
-    return lay.impl, lay, (s.chunk_cols + 1 if s.chunk_cols else 1)
+    min_v = s.chunk_cols + 1 if s.chunk_cols else 1
+    if not chunks.declares_chunks(impl):
+        return impl, None, min_v
+    lay = chunks.layout(impl, speed_up_rows=DETERMINISM_CHUNK_ROWS)
+    return lay.impl, lay, min_v
 
 
 @st.composite
