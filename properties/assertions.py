@@ -20,6 +20,7 @@ from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
 from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision
+from numcheck.properties.core.chunks import declares_chunks
 from numcheck.properties.core.props import PROPERTIES, Metrics
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.props import FP8_PROPERTIES
@@ -100,8 +101,13 @@ def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
         p.label_smoothing or p.class_weights or p.z_loss_scale or p.softcap is not None
     ):
         return "it needs a plain case (no label smoothing, class weights, z-loss or softcap): it adds neutral ones"
-    if prop == "chunk_invariance" and not hasattr(impl, "with_chunk_rows"):
-        return f"impl {impl.name!r} exposes no with_chunk_rows"
+    if prop == "chunk_invariance" and not declares_chunks(impl):
+        return (
+            f"impl {impl.name!r} declares no chunking (chunk_rows, chunk_rule, or a grad_accumulation other "
+            f"than 'fp32')"
+        )
+    if prop == "chunk_invariance" and not hasattr(impl, "with_chunk_rows") and p.N < 2:
+        return "it needs N >= 2 (rows to move across chunk boundaries)"
     if prop == "reduction_consistency" and (not {"mean", "sum", "none"} <= set(s.reductions) or p.all_ignored):
         return "it needs an impl declaring all three reductions and a case that is not all-ignored"
     return None

@@ -28,8 +28,10 @@ checked against :func:`reference.linear_ce.linear_ce` by ``tests/test_liger.py``
   torch-version gate) it adds with ``addmm(out_dtype=float32)`` (``"fp32"``); everywhere else it takes the
   legacy ``grad_weight += mm(G.t(), x).float()`` (each chunk's product rounded to the operand dtype:
   ``"per_chunk_rounding"``). The result is cast to the parameter dtype at the end of forward.
-- Chunking: rows per chunk = min(N, next_pow2(⌈N / ⌈V/(chunk_mem_const·H)⌉⌉)), shape dependent, so
-  ``chunk_rows`` stays undeclared (the tolerance model then assumes the worst case, one chunk per row).
+- Chunking: rows per chunk = min(N, next_pow2(⌈N / ⌈V/(chunk_mem_const·H)⌉⌉)), shape dependent, so it is
+  declared as ``chunk_rule`` (:func:`chunk_rows`, with the release's default ``chunk_mem_const``, 1 where it has
+  none): the tolerance model counts the chunks the rule gives, and the suite's many-chunk draws take shapes with
+  V ≫ H, where the rule gives many.
 
 Where no GPU is present Liger's Triton kernels run on CPU under Triton's interpreter, which numcheck's entry
 points ask for (:func:`impls.interpreter.arrange`) before triton is imported; the adapter reads that choice and
@@ -51,7 +53,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -309,6 +311,21 @@ def interpreter_failure(feature: str) -> str | None:
     return None
 
 
+def chunk_rows(N: int, H: int, V: int, mem_const: int = 1) -> int:
+    """Liger's rows per chunk of an ``N × H`` input and ``V`` classes (``fused_linear_cross_entropy_forward``):
+    ⌈V / (mem_const·H)⌉ chunks' worth of rows, rounded up to a power of two (older releases can exceed N: one
+    chunk then)."""
+    inc_factor = -(-V // (mem_const * H))
+    rows = -(-N // inc_factor)
+    return 1 << (rows - 1).bit_length()
+
+
+def chunk_rule(info: LigerInfo) -> Callable[[int, int, int], int]:
+    """The installed release's :func:`chunk_rows`, with its default ``chunk_mem_const`` (1 where it has none)."""
+    mem_const = info.defaults.get("chunk_mem_const", 1)
+    return functools.partial(chunk_rows, mem_const=mem_const if isinstance(mem_const, int) else 1)
+
+
 def _grad_accumulation(info: LigerInfo, accum_dtype: torch.dtype | None) -> str:
     """The declared grad_weight path (see the module docstring)."""
     if accum_dtype is None:
@@ -387,6 +404,7 @@ def declare(
         autocast=("bfloat16", "float16"),
         all_ignored="zero",
         grad_accumulation=_grad_accumulation(info, accum_dtype),
+        chunk_rule=chunk_rule(info),
         logits_dtype="compute",
         elementary_error=triton_library_elementary(interpreted(), softmax_divides=True),  # exp2(…)/d, tl.log, tanh
         returns_z_loss=info.has("return_z_loss"),

@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import invalid
+from numcheck.impls.protocols.declaration import defined_at, invalid
 from numcheck.impls.protocols.fp8_linear import validate_quant_impl
 
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
@@ -160,8 +160,15 @@ class LinearCESupport:
             all-ignored batch is not supported (the suite then never draws one).
         autocast: autocast dtypes it supports with fp32 parameters (empty: no AMP).
         grad_accumulation: the grad_weight accumulation path, see :data:`GradAccumulation`.
-        chunk_rows: rows per chunk for a chunked impl (sets the chunk count of the grad_weight bound);
-            ``None`` for one pass over all rows.
+        chunk_rows: rows per chunk for a chunked impl (sets the chunk count of the grad_weight bound, and the
+            length of the suite's many-chunk draws: :data:`~numcheck.properties.core.chunks.MANY_CHUNKS` chunks of
+            it, whatever its size); ``None`` for one pass over all rows, or when ``chunk_rule`` gives the size.
+        chunk_rule: for a chunked impl whose chunk size follows from the shapes, that rule: a function
+            ``(N, H, V) -> rows per chunk`` (an int >= 1; N or more means one chunk). Liger-Kernel's is
+            ``min(N, next_pow2(ceil(N / ceil(V / H))))``, so about ceil(V/H) chunks. It sets the chunk count
+            as ``chunk_rows`` does, and the suite draws the shapes that give many chunks
+            (:mod:`numcheck.properties.core.chunks`). Declare one of ``chunk_rows`` and ``chunk_rule``; it is
+            called on a few shapes when declared, and must return an int >= 1 on each.
         grad_x_accumulation: the same paths for grad_x = G·W when it is summed over vocabulary chunks
             (cut-cross-entropy's kernels add each 128-class block's product into a grad_x of the input dtype):
             ``"fp32"`` (default) when grad_x is one fp32-accumulated matmul over all V classes.
@@ -204,6 +211,7 @@ class LinearCESupport:
     autocast: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
     grad_accumulation: GradAccumulation = "fp32"
     chunk_rows: int | None = None
+    chunk_rule: Callable[[int, int, int], int] | None = None
     grad_x_accumulation: GradAccumulation = "fp32"
     chunk_cols: int | None = None
     logits_dtype: Literal["compute", "float32"] = "compute"
@@ -275,6 +283,7 @@ class LinearCESupport:
                     f"{own}.{name} must be an int >= 1 or None, got {value!r}",
                     "Give the rows (classes) per chunk, or None for one pass.",
                 )
+        _check_chunk_rule(own, self.chunk_rule, self.chunk_rows)
         set_("elementary_error", _elementary(own, self.elementary_error))
         decl.bools(own, self, ("returns_z_loss", "slow", "deterministic"))
         decl.requirement(own, self.requires)
@@ -312,6 +321,42 @@ class LinearCESupport:
         if all_ignored and self.all_ignored is None:
             return "all-ignored batches not declared"
         return None
+
+
+#: Shapes ``(N, H, V)`` a declared ``chunk_rule`` is called on when declared: one row, the suite's draws, and a
+#: production shape (BT=8192, H=4096, Llama 3's V=128256).
+CHUNK_RULE_PROBES: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (257, 8, 24), (8192, 4096, 128256))
+
+
+def _check_chunk_rule(owner: str, rule: object, chunk_rows: int | None) -> None:
+    """Raise :class:`InvalidDeclaration` unless ``rule`` is ``None`` or a function ``(N, H, V) -> int >= 1`` on
+    every shape of :data:`CHUNK_RULE_PROBES`, declared without ``chunk_rows``."""
+    if rule is None:
+        return
+    if not callable(rule):
+        raise invalid(
+            f"{owner}.chunk_rule={rule!r} is not callable",
+            "Give a function (N, H, V) -> rows per chunk, e.g. chunk_rule=lambda N, H, V: 64.",
+        )
+    if chunk_rows is not None:
+        raise invalid(
+            f"{owner} declares both chunk_rows={chunk_rows!r} and chunk_rule",
+            "Declare chunk_rows for a fixed chunk size, chunk_rule when it follows from the shapes.",
+        )
+    label = f"{owner}.chunk_rule {getattr(rule, '__name__', type(rule).__name__)} (defined at {defined_at(rule)})"
+    for N, H, V in CHUNK_RULE_PROBES:
+        try:
+            rows = rule(N, H, V)
+        except Exception as exc:  # noqa: BLE001 - the user's rule: any exception is a bad declaration
+            raise invalid(
+                f"{label} raised {type(exc).__name__}: {exc} on N={N}, H={H}, V={V}",
+                "It is called with three positive ints and must return the rows per chunk.",
+            ) from exc
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise invalid(
+                f"{label} returned {rows!r} on N={N}, H={H}, V={V}",
+                "It must return the rows per chunk as an int >= 1 (N or more: one chunk).",
+            )
 
 
 def _elementary(owner: str, value: object) -> ElementaryError:

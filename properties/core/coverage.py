@@ -64,6 +64,17 @@ def _precisions(support: Any, device: str) -> list[str]:
     return plain + amp
 
 
+def _plain_dtypes(support: Any, device: str) -> list[str]:
+    """The plain dtypes the support declares (no AMP mode)."""
+    return [_NAMES[d] for d in (torch.float32, torch.bfloat16, torch.float16) if d in support.dtypes]
+
+
+def _low_precisions(support: Any, device: str) -> list[str]:
+    """The precisions whose compute dtype is bf16 or fp16 (plain or AMP) that the support declares and the device
+    runs: where a sum kept in the compute dtype rounds."""
+    return [v for v in _precisions(support, device) if v != "float32"]
+
+
 def _precision_fields(value: str) -> tuple[dict[str, Any], frozenset[str]]:
     if value.startswith("amp:"):
         return {"dtype": "float32", "autocast": value[4:]}, frozenset()
@@ -134,6 +145,10 @@ class Dimension:
 #: and each option of :data:`LINEAR_CE_OPTIONS` (on/off where declared).
 DIMENSIONS: dict[str, Dimension] = {
     "precision": Dimension(_precisions, _precision_fields),
+    # Parts of ``precision``: the plain dtypes (for draws that keep autocast off: many_chunks), and the modes
+    # whose compute dtype is bf16 or fp16 (long_batch: a sum kept in the compute dtype).
+    "dtype": Dimension(_plain_dtypes, _precision_fields),
+    "low_precision": Dimension(_low_precisions, _precision_fields),
     "reduction": Dimension(
         lambda s, d: [r for r in ("mean", "sum", "none") if r in s.reductions],
         lambda v: ({"reduction": v}, frozenset()),
@@ -152,7 +167,7 @@ DIMENSIONS: dict[str, Dimension] = {
 }
 #: Every dimension of the declaration: a property that varies every declared field of the default draw (the
 #: regime, a property of the inputs rather than of the declaration, is drawn at random there).
-EVERY_DIMENSION: tuple[str, ...] = tuple(d for d in DIMENSIONS if d not in ("regime", "head"))
+EVERY_DIMENSION: tuple[str, ...] = tuple(d for d in DIMENSIONS if d not in ("regime", "head", "dtype", "low_precision"))
 
 
 def _valid(names: Sequence[str], support: Any) -> Callable[[Sequence[str]], bool]:

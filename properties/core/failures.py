@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import shlex
 import sys
 import sysconfig
 import traceback
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import spec_of
@@ -85,10 +87,27 @@ def repro_command(impl: Any, prop: str, problem: Any) -> str:
     return f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} --problem {shlex.quote(repr(problem))}"
 
 
+#: Lines every failure message raised inside :func:`context` carries after its case (what the case means for the
+#: impl: how many chunks its rows make).
+_CONTEXT: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("numcheck_failure_context", default=())
+
+
+@contextlib.contextmanager
+def context(*lines: str | None) -> Iterator[None]:
+    """Inside this block every failure message (:func:`failure_message`) carries ``lines`` (empty ones left out)
+    after its case line."""
+    token = _CONTEXT.set(_CONTEXT.get() + tuple(line for line in lines if line))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
 def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *, reproduce: str | None = None) -> str:
-    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``);
-    ``reproduce`` in place of the repro command, for a case no command can rebuild."""
-    body = "\n".join(f"  {line}" for line in lines)
+    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``), with the
+    lines of the enclosing :func:`context`; ``reproduce`` in place of the repro command, for a case no command can
+    rebuild."""
+    body = "\n".join(f"  {line}" for line in (*_CONTEXT.get(), *lines))
     return (
         f"property {prop!r} fails for impl {impl.name!r}\n"
         f"  case: {problem!r}\n"

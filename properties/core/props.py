@@ -28,10 +28,11 @@ from typing import Any, Callable
 
 import torch
 
-from numcheck.properties.core import records
+from numcheck.properties.core import chunks, records
 from numcheck.properties.core.accuracy import check_accuracy, declared_loss_dtype
 from numcheck.properties.core.compare import compare, legitimate_overflow
 from numcheck.properties.core.failures import NOT_JUDGED, fail
+from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
 from numcheck.properties.core.problems import Problem, Tensors, build, dtype_of
 from numcheck.properties.core.tolerance import error_model, linear_ce_bounds, range_dtypes, upstream_overflow
@@ -479,9 +480,77 @@ def determinism(impl: Any, p: Problem) -> Metrics:
 
 
 def chunk_invariance(impl: Any, p: Problem) -> Metrics:
-    """Where an impl exposes ``with_chunk_rows``, chunk sizes 1, 3 and N+1 give results within bounds of each other."""
-    if not hasattr(impl, "with_chunk_rows"):
+    """What falls in which chunk changes no output beyond the runs' bounds. Where the impl exposes
+    ``with_chunk_rows``: chunk sizes 1, 3 and N+1 on the same rows. Otherwise (its chunk size declared,
+    ``chunk_rows`` or ``chunk_rule``, or not: :func:`numcheck.properties.core.chunks.declares_chunks`) the chunks
+    are moved instead: the rows rotated by s (:func:`_boundary_shift`, not a multiple of the declared chunk size),
+    so every row sits elsewhere relative to the boundaries, and, where ``ignore_index`` is declared, k ignored rows
+    prepended, which moves every boundary by k and changes no output (the rows after them compared)."""
+    if hasattr(impl, "with_chunk_rows"):
+        return _chunk_sizes_agree(impl, p)
+    if p.N < 2:
         return NOT_JUDGED
+    t = build(p)
+    a = run_impl(impl, p, t)
+    _, ba = _bounds(impl, p, t, a)
+    rows = chunks.rows_per_chunk(impl.support, p.N, p.H, p.V)
+    s = _boundary_shift(p, rows)
+    perm = (torch.arange(p.N) + s) % p.N
+    worst = _moved_rows_agree(impl, p, t, a, ba, perm.to(t.x.device), f"rows rotated by {s}")
+    if "ignore_index" in impl.support.options:
+        k = 1 + (p.seed // 7) % (rows - 1 if rows and rows > 1 else min(p.N, chunks.RAGGED_ROWS))
+        worst = max(worst, _prepended_rows_agree(impl, p, t, a, ba, k))
+    return {"error/bound": worst}
+
+
+def _boundary_shift(p: Problem, rows: int | None) -> int:
+    """A rotation (1 ≤ s < N, from the seed) that moves rows across chunk boundaries: not a multiple of ``rows``
+    (the declared rows per chunk) where it is at least 2."""
+    if rows is not None and 2 <= rows:
+        return 1 + p.seed % (min(rows, p.N) - 1)
+    return 1 + p.seed % (p.N - 1)
+
+
+def _moved_rows_agree(
+    impl: Any, p: Problem, t: Tensors, a: ImplOutputs, ba: dict, perm: torch.Tensor, how: str
+) -> float:
+    """``impl`` on ``t``'s rows in the order ``perm`` against run ``a`` (per-row outputs put back)."""
+    up = t.upstream
+    tp = t._replace(x=t.x[perm], target=t.target[perm], upstream=up[perm] if (up is not None and up.dim()) else up)
+    b = run_impl(impl, p, tp)
+    ref_p, bp = _bounds(impl, p, tp, b)
+    inv = torch.argsort(perm)
+
+    def back(name: str, v: torch.Tensor) -> torch.Tensor:
+        return v[inv] if name == "grad_x" or (name in ("loss", "z_loss") and v.dim() == 1) else v
+
+    with failure_context(f"chunk_invariance: {how}"):
+        return _pair_check(impl, "chunk_invariance", p, a, ba, b, bp, transform=back, ref_b=ref_p)
+
+
+def _prepended_rows_agree(impl: Any, p: Problem, t: Tensors, a: ImplOutputs, ba: dict, k: int) -> float:
+    """``impl`` on ``t`` with ``k`` ignored rows before its own (copies of its first rows, target ignore_index)
+    against run ``a``: the rows after them compared."""
+    up = t.upstream
+    extra = torch.full((k,), p.ignore_index, dtype=t.target.dtype, device=t.target.device)
+    tk = t._replace(
+        x=torch.cat([t.x.repeat(-(-k // p.N), 1)[:k], t.x]),
+        target=torch.cat([extra, t.target]),
+        upstream=torch.cat([up[:1].expand(k), up]) if (up is not None and up.dim()) else up,
+    )
+    pk = p.replace(N=p.N + k)
+    b = run_impl(impl, pk, tk)
+    ref_k, bk = _bounds(impl, pk, tk, b)
+
+    def after(name: str, v: torch.Tensor) -> torch.Tensor:
+        return v[k:] if name == "grad_x" or (name in ("loss", "z_loss") and v.dim() == 1) else v
+
+    with failure_context(f"chunk_invariance: {k} ignored rows prepended (every chunk boundary moved by {k})"):
+        return _pair_check(impl, "chunk_invariance", p, a, ba, b, bk, transform=after, ref_b=ref_k)
+
+
+def _chunk_sizes_agree(impl: Any, p: Problem) -> Metrics:
+    """Chunk sizes 1, 3 and N+1 (``impl.with_chunk_rows``) give results within bounds of each other."""
     t = build(p)
     runs = []
     for c in sorted({1, 3, p.N + 1}):

@@ -17,6 +17,7 @@ from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
+from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
 from numcheck.properties.core.harness import ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
@@ -60,7 +61,10 @@ class SuiteProperty:
     seconds under an interpreter): ``None`` (the default) runs no rows for them, only their random share.
     ``budget_scale``: how many times the profile's examples the property gets, for a property whose example
     costs far less than a linear+CE call (a quantizer on one tensor: hundreds of examples in seconds); 1 for
-    the rest. See :func:`budget`."""
+    the rest. See :func:`budget`.
+    ``row_pins``: fields every covering row pins besides its dimensions' (e.g. the regime a property's defect class
+    shows in), listed in the row's label. ``describe``: ``(impl, case) -> line`` saying what a case means for the
+    impl (how many chunks its rows make), put into every failure message of that case (``None``: nothing)."""
 
     name: str
     check: Callable[[Any, Any], Metrics]
@@ -71,6 +75,8 @@ class SuiteProperty:
     dimensions: tuple[str, ...] = ()
     slow_dimensions: tuple[str, ...] | None = None
     budget_scale: int = 1
+    row_pins: tuple[tuple[str, Any], ...] = ()
+    describe: Callable[[Any, Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.draw is None) == (self.cases is None):
@@ -119,7 +125,14 @@ def rows(prop: SuiteProperty, impl: Any) -> tuple[Row, ...]:
     if getattr(impl, "kind", None) != "linear_ce":
         return ()
     dims = prop.slow_dimensions if getattr(impl.support, "slow", False) else prop.dimensions
-    return covering_rows(dims, impl.support, DEVICE) if dims else ()
+    design = covering_rows(dims, impl.support, DEVICE) if dims else ()
+    if not prop.row_pins:
+        return design
+    pins = dict(prop.row_pins)
+    return tuple(
+        Row((*row.values, *((k, str(v)) for k, v in prop.row_pins)), {**row.force, **pins}, row.require)
+        for row in design
+    )
 
 
 #: Seeded draws tried per covering row before it counts as rejected (every draw covered by a known divergence,
@@ -205,7 +218,8 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Me
             assume(
                 known(variant.name, prop.property_name, p) is None
             )  # covered by tests/adapters/test_known_divergences.py
-        metrics = _judged(prop, variant, p)
+        with failure_context(prop.describe(variant, p) if prop.describe is not None else None):
+            metrics = _judged(prop, variant, p)
         if judged(metrics):
             out.append((p, metrics))
     if not out:

@@ -21,6 +21,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
+from numcheck.properties.core import chunks
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, LinearCESupport
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem
@@ -367,8 +368,8 @@ def wide_hidden_problems(draw: st.DrawFn, support) -> Problem:
 @st.composite
 def long_batch_problems(draw: st.DrawFn, support) -> Problem:
     """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype or an AMP mode where
-    declared (else as drawn), with a bias where declared: token counts, normalizers and the running sums of
-    grad_weight and grad_bias must not be kept in the compute dtype."""
+    declared (else as drawn; a covering row's where in one), with a bias where declared: token counts,
+    normalizers and the running sums of grad_weight and grad_bias must not be kept in the compute dtype."""
     modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
     if torch.float32 in support.dtypes:
         modes += [
@@ -381,7 +382,8 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
         "H": draw(st.integers(1, 8), label="H"),
         "V": draw(st.integers(2, 24), label="V"),
     }
-    if modes:
+    row = _ROW.get()
+    if modes and (row is None or "dtype" not in row.force):  # a covering row's precision, where in one
         kind, name = draw(st.sampled_from(modes), label="precision")
         if kind == "plain":
             force.update(dtype=name, autocast=None)
@@ -418,45 +420,43 @@ def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
     return draw(problems(support, force=force), label="problem")
 
 
-def many_chunk_layout(impl: Any) -> tuple[Any, int]:
-    """``(impl, N)`` for a many-chunk run: every row its own chunk (``N`` = :data:`MANY_CHUNKS`) where ``impl``
-    exposes ``with_chunk_rows``; else 3 of its declared chunks and a ragged one (capped at 8193 rows), or
-    :data:`UNDECLARED_MANY_CHUNK_ROWS` rows when it declares no chunk size (:data:`SLOW_UNDECLARED_ROWS` for an
-    impl that declares ``slow``)."""
-    if hasattr(impl, "with_chunk_rows"):
-        return impl.with_chunk_rows(1), MANY_CHUNKS
-    s = impl.support
-    if s.chunk_rows:
-        return impl, min(3 * s.chunk_rows + 1, 8193)
-    return impl, (SLOW_UNDECLARED_ROWS if s.slow else UNDECLARED_MANY_CHUNK_ROWS)
+def many_chunk_layout(impl: Any) -> chunks.Layout:
+    """Where the many-chunk draws put ``impl``'s chunk boundaries, from its declaration alone
+    (:func:`numcheck.properties.core.chunks.layout`; ``with_chunk_rows``, where the impl has it, only makes the
+    draws cheaper: one row a chunk)."""
+    return chunks.layout(impl)
 
 
-#: Rows of a many-chunk draw for an impl that declares no chunk size.
-UNDECLARED_MANY_CHUNK_ROWS = 2049
-
-#: ... for one that also declares ``slow`` (Triton's interpreter on a CPU: Liger's and TransformerEngine's kernels,
-#: about 30 s a draw at 2049 rows, the suite's costliest tests). Without a declared size the draw's rows do not
-#: decide how many chunks the impl makes (Liger's count, ⌈V/H⌉, is the same at any N of these draws; TE's fused CE
-#: is not chunked over rows), so a quarter of the rows keeps what the draw can reach at a quarter of the time;
-#: compiled on a GPU the same impl declares ``slow=False`` and takes :data:`UNDECLARED_MANY_CHUNK_ROWS`.
-SLOW_UNDECLARED_ROWS = 513
-
-
-#: Chunks of a many-chunk run of an impl that exposes ``with_chunk_rows`` (one row each). A running sum of K
-#: partials kept in bf16 or fp16 errs by about √K·u·|partial| where the partials share a sign (post-norm rows,
-#: Zipf targets): measured on the narrow-accumulator mutants that declare only that dtype, grad_weight at
-#: 1.04–1.81 of the bound with K = 129 and 1.41–6.82 with K = 257 (post_norm, 4 seeds each), the correct
-#: built-in at 0.07–0.25.
-MANY_CHUNKS = 257
+def _plain_dtype_names(support: Any) -> list[str]:
+    """The declared plain dtypes by name; the coarsest alone (bf16, else fp16) for a slow impl."""
+    names = [
+        n
+        for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float32, "float32"))
+        if d in support.dtypes
+    ]
+    return names[:1] if support.slow else names
 
 
 @st.composite
-def many_chunk_problems(draw: st.DrawFn, support, N: int, dtype: str) -> Problem:
-    """Problems of ``N`` rows in ``dtype`` (no autocast, not all ignored) with small H ≤ 8 and V ≤ 24, so that
-    the error of grad_weight comes from its accumulation across chunks rather than from long dot products."""
-    H = draw(st.integers(1, 8), label="H")
-    V = draw(st.integers(2, 24), label="V")
-    force = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}
+def many_chunk_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Problem:
+    """Problems in a declared plain dtype (no autocast: the coarsest only for slow impls; a covering row's where in
+    one) whose rows make :func:`chunks.many_chunks` of that dtype of ``layout``'s chunks (at least
+    :data:`chunks.MANY_CHUNKS`; that many for a slow impl) (:meth:`chunks.Layout.shape_strategy`), with few classes and hidden features (:data:`chunks.MANY_CHUNK_MIN_V`
+    ≤ V ≤ 24, :data:`chunks.MANY_CHUNK_MIN_H` ≤ H ≤ 8: the error of grad_weight comes from its accumulation
+    across chunks rather than from long dot products), not all rows ignored."""
+    row = _ROW.get()
+    dtype = (
+        row.force["dtype"]
+        if row is not None and "dtype" in row.force
+        else draw(st.sampled_from(_plain_dtype_names(support)), label="dtype")
+    )
+    shape = layout.shape_strategy(
+        chunks.many_chunks(dtype, layout.rows, bool(support.slow)),
+        min_h=chunks.MANY_CHUNK_MIN_H,
+        min_v=chunks.MANY_CHUNK_MIN_V,
+    )
+    N, H, V = draw(shape, label="shape")
+    force: dict[str, Any] = {"N": N, "H": H, "V": V, "dtype": dtype, "autocast": None}
     return draw(problems(support, force=force, allow_all_ignored=False), label="problem")
 
 
@@ -465,31 +465,46 @@ def many_chunk_problems(draw: st.DrawFn, support, N: int, dtype: str) -> Problem
 DETERMINISM_CHUNK_ROWS = 7
 
 
-def determinism_layout(impl: Any) -> tuple[Any, int, int]:
-    """``(impl, min N, min V)`` for determinism draws that span several chunks: the variant with
-    :data:`DETERMINISM_CHUNK_ROWS` rows per chunk where ``impl`` exposes ``with_chunk_rows`` (N > 7); else more rows
-    than its declared ``chunk_rows`` (capped at 4097) and more classes than its ``chunk_cols`` where declared."""
+def determinism_layout(impl: Any) -> tuple[Any, chunks.Layout | None, int]:
+    """``(impl, layout, min V)`` for determinism draws that span :data:`chunks.SEVERAL_CHUNKS` chunks of ``impl``
+    (:func:`chunks.layout`: its variant of :data:`DETERMINISM_CHUNK_ROWS` rows a chunk where it exposes
+    ``with_chunk_rows``, else from its declaration; no layout, any N, for an impl that declares no chunking over
+    rows, :func:`chunks.declares_chunks`) and more classes than its ``chunk_cols`` where declared."""
     s = impl.support
-    if hasattr(impl, "with_chunk_rows"):
-        return impl.with_chunk_rows(DETERMINISM_CHUNK_ROWS), DETERMINISM_CHUNK_ROWS + 1, 1
-    n = min(s.chunk_rows + 1, 4097) if s.chunk_rows else 1
-    v = s.chunk_cols + 1 if s.chunk_cols else 1
-    return impl, n, v
+    min_v = s.chunk_cols + 1 if s.chunk_cols else 1
+    if not chunks.declares_chunks(impl):
+        return impl, None, min_v
+    lay = chunks.layout(impl, speed_up_rows=DETERMINISM_CHUNK_ROWS)
+    return lay.impl, lay, min_v
 
 
 @st.composite
-def determinism_problems(draw: st.DrawFn, support, min_n: int = 1, min_v: int = 1) -> Problem:
-    """Problems where a nondeterministic order shows: N ≥ ``min_n`` and V ≥ ``min_v`` (several chunks, from
-    :func:`determinism_layout`), plain fp32 in two draws of three where declared (fp32 keeps the low bits that a
-    reordered sum changes; a bf16 result often rounds them away), every reduction and option drawn as usual."""
+def determinism_problems(draw: st.DrawFn, support, layout: chunks.Layout | None = None, min_v: int = 1) -> Problem:
+    """Problems where a nondeterministic order shows: :data:`chunks.SEVERAL_CHUNKS` chunks of ``layout`` or more
+    (:func:`determinism_layout`: a rule's shapes, else N from the layout's least up to max(MAX_N, twice that))
+    and V ≥ ``min_v``, plain fp32 in two draws of three where declared (fp32 keeps the low bits that a reordered
+    sum changes; a bf16 result often rounds them away), every reduction and option drawn as usual."""
     force: dict[str, Any] = {}
-    if min_n > 1:
-        force["N"] = draw(st.one_of(st.just(min_n), st.integers(min_n, max(min_n, MAX_N, 2 * min_n - 1))), label="N")
-    if min_v > 1:
+    if layout is not None and layout.rule is not None:
+        shapes = chunks.rule_shapes(layout.rule, chunks.SEVERAL_CHUNKS)
+        force.update(zip(("N", "H", "V"), draw(st.sampled_from(shapes), label="shape")))
+    elif layout is not None:
+        lo = layout.n_range(chunks.SEVERAL_CHUNKS)[0]
+        force["N"] = draw(st.one_of(st.just(lo), st.integers(lo, max(lo, MAX_N, 2 * lo - 1))), label="N")
+    if min_v > 1 and "V" not in force:
         force["V"] = draw(st.integers(min_v, 2 * min_v), label="V")
     if torch.float32 in support.dtypes and draw(st.sampled_from([True, True, False]), label="fp32"):
         force.update(dtype="float32", autocast=None)
     return draw(problems(support, force=force), label="problem")
+
+
+@st.composite
+def chunk_invariance_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Problem:
+    """Problems spanning :data:`chunks.SEVERAL_CHUNKS` chunks of ``layout`` (a rule's shapes, else its rows with
+    H ≤ 16 and V ≤ 24 where N is large), not all rows ignored: rows moved across their boundaries must not
+    change the outputs beyond the runs' bounds (:func:`numcheck.properties.core.props.chunk_invariance`)."""
+    N, H, V = draw(layout.shape_strategy(chunks.SEVERAL_CHUNKS, max_h=16), label="shape")
+    return draw(problems(support, force={"N": N, "H": H, "V": V}, allow_all_ignored=False), label="problem")
 
 
 def why_not_run(impl: Any, p: Problem) -> str | None:

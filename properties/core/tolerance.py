@@ -74,8 +74,10 @@ scaled in backward round twice (2·u_out).
 6. grad_W = Gᵀx and grad_b = Σ_i G_i (length N): |δgW| ≤ |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x| + u_out|gW|,
    where the declared accumulation path adds a_path: ``fp32`` 0; ``per_chunk_rounding`` u_c (each chunk's
    partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
-   rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/chunk_rows⌉, N when undeclared; grad_b's
-   running sum lives in the bias's own dtype, K·u_pb, which differs from u_p for an fp16 bias beside fp32 weights).
+   rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/rows per chunk⌉ with the rows declared
+   (``chunk_rows``, or ``chunk_rule`` at the problem's shape: :func:`properties.core.chunks.chunk_count`), N when
+   neither is; grad_b's running sum lives in the bias's own dtype, K·u_pb, which differs from u_p for an fp16
+   bias beside fp32 weights).
 
 These are worst-case bounds, first order in the roundings: second-order terms in u are O(u²) relative and far
 below the slack of the γ constants at the sizes the suite draws. In the logits' errors e' they are exact (steps
@@ -92,6 +94,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from numcheck.properties.core.chunks import chunk_count
 from numcheck.properties.core.compare import overflow_threshold
 from numcheck.properties.core.problems import Problem, Tensors, dtype_of
 from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, block_walker, linear_ce
@@ -280,8 +283,7 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
             if v == torch.bfloat16:
                 out[k] += 2 * store * unit_roundoff(v)
     u_G_store = 2 * store * u_c if c == torch.bfloat16 else 0.0
-    chunk_rows = getattr(support, "chunk_rows", None)
-    K = math.ceil(p.N / chunk_rows) if chunk_rows else p.N
+    K = chunk_count(support, p.N, p.H, p.V) or p.N  # declared chunk_rows or chunk_rule; one chunk a row if neither
     chunk_cols = getattr(support, "chunk_cols", None)
     K_V = math.ceil(p.V / chunk_cols) if chunk_cols else p.V
     x_path = getattr(support, "grad_x_accumulation", "fp32")
@@ -743,7 +745,7 @@ def sweep_bounds(
     re-accumulating the oracle's gradients, the model-independent products of each block formed once
     (:class:`_BlockShared`), |δG| and its two products once per gradient key. Every figure is the one a sweep of
     that model alone gives, bit for bit (tests/self/properties/test_tolerance_paths.py)."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -752,7 +754,9 @@ def sweep_bounds(
     for m in models:
         groups.setdefault(repr(_gradient_key(m)), []).append(m)
     sweeps = [_Sweep(p, t, ms[0], N, H, V, x.device, ms[1:]) for ms in groups.values()]
-    _, walk = block_walker(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero")
+    _, walk = block_walker(
+        x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero", row_chunk=oracle_row_chunk(N, V)
+    )
     batch = _Batch(sweeps)
     for phase in (1, 2):
         for s in sweeps:
@@ -792,7 +796,7 @@ def _linear_ce_bounds_two_runs(
 ) -> dict[str, torch.Tensor]:
     """The straightforward evaluation :func:`sweep_bounds` is tested against: the whole oracle run twice with
     one model's sweep as its observer, every product of a block formed for that model alone."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -800,7 +804,17 @@ def _linear_ce_bounds_two_runs(
     sweep = _Sweep(p, t, m, N, H, V, x.device)
     for phase in (1, 2):
         sweep.phase = phase
-        linear_ce(x, w, t.target, b, options=t.options, upstream=t.upstream, all_ignored="zero", observer=sweep)
+        linear_ce(
+            x,
+            w,
+            t.target,
+            b,
+            options=t.options,
+            upstream=t.upstream,
+            all_ignored="zero",
+            observer=sweep,
+            row_chunk=oracle_row_chunk(N, V),
+        )
         if phase == 1:
             sweep.finish_rows(oracle.stats.lse)
     return finish_bounds(p, t, oracle, m, SweepResult(sweep, sweep.accumulator(m)))

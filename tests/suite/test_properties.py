@@ -61,10 +61,11 @@ def test_all_options_combined(linear_ce_impl, data):
 
 @given(data=st.data())
 def test_many_chunks(linear_ce_impl, data):
-    """With many chunks — every row its own chunk where the impl exposes with_chunk_rows, else 3 declared chunks and
-    a ragged one (2049 rows when none is declared) — every output is within bounds in each declared dtype (the
-    coarsest only for slow impls): grad_weight's accumulation across chunks is exercised (an accumulator that loses
-    its low bits fails here)."""
+    """With many chunks, from the declaration alone (numcheck.properties.core.chunks: 2/u + 1 chunks of the
+    declared chunk_rows in bf16 and fp16, at least 257, or a declared chunk_rule's shapes giving as many; past 8192
+    rows when no chunk size is declared; with_chunk_rows, where an impl has it, only makes them cheaper), every
+    output is within bounds in a declared plain dtype (the coarsest only for slow impls), each dtype and reduction
+    on post-norm rows: a running sum across chunks kept narrower than declared fails here."""
     _run("many_chunks", linear_ce_impl, data)
 
 
@@ -79,8 +80,8 @@ def test_large_vocab(linear_ce_impl, data):
 @given(data=st.data())
 def test_long_batch(linear_ce_impl, data):
     """With N past 256 (bf16's exact integers) or 2048 (fp16's), in a declared low-precision dtype or AMP mode and
-    with a bias, every output is within bounds: a token count, normalizer or running gradient sum kept in the
-    compute dtype fails."""
+    with a bias, every output is within bounds (each such mode and reduction on post-norm rows): a token count,
+    normalizer or running gradient sum kept in the compute dtype fails."""
     _run("long_batch", linear_ce_impl, data)
 
 
@@ -172,7 +173,8 @@ def test_determinism(linear_ce_impl, data):
 
 @given(data=st.data())
 def test_chunk_invariance(linear_ce_impl, data):
-    """Chunk sizes 1, 3 and N+1 agree within bounds, where the impl exposes with_chunk_rows."""
+    """What falls in which chunk changes nothing beyond bounds: chunk sizes 1, 3 and N+1 where the impl exposes
+    with_chunk_rows, else rows rotated across its declared chunk boundaries and ignored rows prepended."""
     _run("chunk_invariance", linear_ce_impl, data)
 
 

@@ -62,9 +62,11 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     still declares fp32 accumulation) fails the many-chunks accuracy property on its first bf16 draws."""
     from numcheck.impls.builtin import split_accum
     from numcheck.impls.registry import builtin
+    from numcheck.properties.core.chunks import many_chunks
     from numcheck.properties.core.strategies import many_chunk_layout, many_chunk_problems, why_not_run
 
-    impl, N = many_chunk_layout(builtin(name))
+    layout = many_chunk_layout(builtin(name))
+    impl, N = layout.impl, many_chunks("bfloat16", layout.rows)
     probe = Problem(N=N, H=1, V=2, dtype="bfloat16", device=DEVICE)
     why = why_not_run(impl, probe)
     if why:
@@ -78,7 +80,7 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     monkeypatch.setattr(split_accum.SplitAccumulator, "add_", add_then_drop_low_half)
     # generate only (no shrinking: each draw runs N chunks, under the interpreter on CPU)
     found = find(
-        many_chunk_problems(impl.support, N, "bfloat16"),
+        many_chunk_problems(impl.support, layout).filter(lambda p: p.dtype == "bfloat16"),
         lambda p: _fails(impl, p),
         settings=settings(
             max_examples=5,
@@ -152,7 +154,7 @@ CI_CATCHES = {
     _m.row_loss_bf16: "accuracy_fp32_sharp",
     _m.stats_bf16: "accuracy_fp32_sharp",
     # One-dtype declarations: their bound carries that dtype's logits and G; 257 one-row chunks on the post_norm
-    # covering row make the running sum's K roundings show (strategies.MANY_CHUNKS).
+    # covering row make the running sum's K roundings show (chunks.MANY_CHUNKS).
     _m.gw_bf16_sum_bf16_only: "many_chunks",
     _m.gw_fp16_sum_fp16_only: "many_chunks",
     # grad_x's running sum over 128-class blocks: large_vocab's bf16 head row (a tokenizer's V ≥ 128256, ≥ 1002

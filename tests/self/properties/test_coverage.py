@@ -211,15 +211,18 @@ def test_every_drawn_suite_test_names_its_entry(module, table):
 
 
 def test_determinism_draws_span_several_chunks():
-    """The determinism draws run a chunked impl as 7-row chunks on N > 7, and a declared chunk size is exceeded."""
+    """The determinism draws run a chunked impl as 7-row chunks on N past two of them (SEVERAL_CHUNKS: a first, an
+    interior and a last chunk), and span as many of a declared chunk size."""
     from numcheck.impls.registry import discover
+    from numcheck.properties.core.chunks import SEVERAL_CHUNKS
 
     impls = {e.name: e.impl for e in discover([]) if e.kind == "linear_ce"}
-    variant, min_n, _ = determinism_layout(impls["recompute"])
-    assert variant.support.chunk_rows == 7 and min_n == 8
+    variant, layout, _ = determinism_layout(impls["recompute"])
+    assert variant.support.chunk_rows == 7 and layout.n_range(SEVERAL_CHUNKS)[0] == (SEVERAL_CHUNKS - 1) * 7 + 1
     declared = FunctionImpl("chunky", _transposed_bug, LinearCESupport(chunk_rows=16, chunk_cols=32))
-    _, min_n, min_v = determinism_layout(declared)
-    assert (min_n, min_v) == (17, 33)
+    _, layout, min_v = determinism_layout(declared)
+    min_n = layout.n_range(SEVERAL_CHUNKS)[0]
+    assert (min_n, min_v) == ((SEVERAL_CHUNKS - 1) * 16 + 1, 33)
     ((impl, draw),) = SUITE["determinism"].variants(declared)
     drawn = []
     for i in range(40):
@@ -228,7 +231,7 @@ def test_determinism_draws_span_several_chunks():
                 drawn.append(draw(impl, data))
         except UnsatisfiedAssumption:  # a draw outside the declaration, as under @given
             continue
-    assert len(drawn) >= 30 and all(p.N >= 17 and p.V >= 33 for p in drawn)
+    assert len(drawn) >= 30 and all(p.N >= min_n and p.V >= 33 for p in drawn)
     assert sum(p.dtype == "float32" and p.autocast is None for p in drawn) >= len(drawn) // 2
 
 
