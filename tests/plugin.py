@@ -176,10 +176,13 @@ def impl_entries(config: pytest.Config, kinds: tuple[str, ...] | None) -> list[I
 
 
 def broken_entries(config: pytest.Config) -> list[BrokenImpl]:
-    """The specs of this session that could not be loaded (none before discovery)."""
+    """The specs of this session that could not be loaded (none before discovery, and then without importing the
+    registry, which imports torch: a run that collects no numcheck test pays nothing for it)."""
+    if _ENTRIES_KEY not in config.stash:
+        return []
     from numcheck.impls.registry import BrokenImpl
 
-    return [e for e in config.stash.get(_ENTRIES_KEY, []) if isinstance(e, BrokenImpl)]
+    return [e for e in config.stash[_ENTRIES_KEY] if isinstance(e, BrokenImpl)]
 
 
 def _discovered(config: pytest.Config) -> list[Any]:

@@ -46,6 +46,7 @@ from hypothesis import given, settings, strategies as st
 
 def test_own_hypothesis_test_keeps_own_profile():
     assert "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules  # numcheck did nothing here
+    assert "torch" not in sys.modules  # nor imported torch (its registry) for a run with no numcheck test
     calls = []
 
     @given(st.integers())
@@ -142,7 +143,7 @@ def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
 def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
     """With numcheck installed, a user's own hypothesis tests run under the user's own ``ci`` profile: 7
     examples for a test decorated at call time and one decorated at import, no numcheck profile loaded, and
-    nothing of numcheck's set up (no Triton interpreter asked for, no triton imported)."""
+    nothing of numcheck's set up (no Triton interpreter asked for, neither triton nor torch imported)."""
     (tmp_path / "conftest.py").write_text(USER_CONFTEST)
     (tmp_path / "test_user.py").write_text(USER_TEST)
     r = _pytest(tmp_path, "-q")
