@@ -25,7 +25,11 @@ checkout's ``.py`` files, so a run cut short resumes and a changed checkout reru
 
 Usage:
   python docs/evidence/te_releases.py --install DIR          # pip install --no-deps --target DIR/X for every release
-  python docs/evidence/te_releases.py DIR [--only 2.8.0,2.20.2] [-n 2] [--report] [--out docs/evidence/te_releases.txt]
+  python docs/evidence/te_releases.py DIR [--only 2.8.0,2.20.2] [-n 2] [--parallel 1] [--report] [--keep-stale]
+                                        [--out docs/evidence/te_releases.txt]
+``--parallel K`` judges K releases at once (a many-core machine: ``tools/gpu/te_table.sh`` runs this on the GPU
+machine's CPUs with the GPU hidden); ``--keep-stale`` renders records kept from an earlier run by other numcheck code
+(the table names their code and the machine each ran on).
 DIR holds one folder per release, named by its version. ``--install`` asks ``pip index versions transformer-engine``
 which releases exist and installs each from 2.2.0 on (the first with the fused CE) into DIR.
 """
@@ -36,6 +40,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -164,87 +169,71 @@ def files_hash(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
+_PYTEST = ("-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q")
+
+
+def _impl_args() -> list[str]:
+    return [a for name in IMPLS for a in ("--impl", name)]
+
+
+def _suite(env: dict[str, str], jobs: int, tmp: Path, release: str) -> dict[str, object]:
+    """Step 2: the property suite on the TE impls, both faces."""
+    xml = tmp / "suite.xml"
+    cmd = [sys.executable, *_PYTEST, "-n", str(jobs), "--pyargs", "numcheck.tests.suite", *_impl_args()]
+    rc, out, s = _run([*cmd, f"--junitxml={xml}"], env, 5400)
+    return {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:], "release": release}
+
+
+def _known(env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """Step 3: the strict checks of TE's recorded known divergences."""
+    xml = tmp / "known.xml"
+    keyword = "te_parallel_ce or te_vocab_parallel or transformer_engine"
+    cmd = [sys.executable, *_PYTEST, "-n", "0", *KNOWN_TESTS, "-k", keyword, f"--junitxml={xml}"]
+    rc, out, s = _run(cmd, env, 3600)
+    return {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+
+
+def _report(env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """Step 4: ``numcheck report --grid quick`` on the TE impls: its verdict lines."""
+    out_dir = str(tmp / "report")
+    cmd = [sys.executable, "-m", "numcheck.reports.cli", "report", "--grid", "quick", "--out", out_dir, *_impl_args()]
+    rc, out, s = _run(cmd, env, 5400)
+    return {"rc": rc, "seconds": round(s), "tail": out.strip().splitlines()[-4:]}
+
+
+def machine() -> str:
+    """Where a release was judged: CPU model, core count, torch and triton (a table may gather several machines)."""
+    probe = "import torch, triton; print(torch.__version__, triton.__version__)"
+    versions = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
+    cpu = (
+        next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if "model name" in ln
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else platform.machine()
+    )
+    torch_v, triton_v = (versions + ["?", "?"])[:2]
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch_v}, triton {triton_v}, Python {platform.python_version()}"
+
+
 def judge(folder: Path, jobs: int, report: bool, suite_of: dict[str, object] | None = None) -> dict[str, object]:
     """Steps 1-4 of the module docstring for the release in ``folder``; ``suite_of``: the suite's record of a release
     with byte-identical files, carried instead of running step 2."""
     env = _env(folder)
-    py = sys.executable
-    impl_args = [a for name in IMPLS for a in ("--impl", name)]
-    rec: dict[str, object] = {"folder": str(folder), "files": files_hash(folder)}
-    rc, out, s = _run([py, "-m", "numcheck.reports.cli", "list", *impl_args], env, 600)
+    rec: dict[str, object] = {"folder": str(folder), "files": files_hash(folder), "machine": machine()}
+    rc, out, _ = _run([sys.executable, "-m", "numcheck.reports.cli", "list", *_impl_args()], env, 600)
     rec["list"] = out.strip().splitlines()
     rec["list_rc"] = rc
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "suite.xml"
-        if suite_of is not None:
-            rec["suite"] = suite_of
-        else:
-            rc, out, s = _run(
-                [
-                    py,
-                    "-m",
-                    "pytest",
-                    "-p",
-                    "no:randomly",
-                    "-p",
-                    "no:cacheprovider",
-                    "-q",
-                    "-n",
-                    str(jobs),
-                    "--pyargs",
-                    "numcheck.tests.suite",
-                    *impl_args,
-                    f"--junitxml={xml}",
-                ],
-                env,
-                5400,
-            )
-            rec["suite"] = {
-                "rc": rc,
-                "seconds": round(s),
-                **_junit(xml),
-                "tail": out.strip().splitlines()[-3:],
-                "release": folder.name,
-            }
-        xml = Path(tmp) / "known.xml"
-        rc, out, s = _run(
-            [
-                py,
-                "-m",
-                "pytest",
-                "-p",
-                "no:randomly",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-n",
-                "0",
-                *KNOWN_TESTS,
-                "-k",
-                "te_parallel_ce or te_vocab_parallel or transformer_engine",
-                f"--junitxml={xml}",
-            ],
-            env,
-            3600,
-        )
-        rec["known"] = {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+        rec["suite"] = suite_of if suite_of is not None else _suite(env, jobs, Path(tmp), folder.name)
+        rec["known"] = _known(env, Path(tmp))
         if report:
-            rc, out, s = _run(
-                [
-                    py,
-                    "-m",
-                    "numcheck.reports.cli",
-                    "report",
-                    "--grid",
-                    "quick",
-                    "--out",
-                    str(Path(tmp) / "report"),
-                    *impl_args,
-                ],
-                env,
-                5400,
-            )
-            rec["report"] = {"rc": rc, "seconds": round(s), "tail": out.strip().splitlines()[-4:]}
+            rec["report"] = _report(env, Path(tmp))
     return rec
 
 
@@ -265,9 +254,15 @@ def _declaration(lines: list[str]) -> dict[str, str]:
 
 def render(results: dict[str, dict[str, object]], code: str) -> str:
     """The versions table and, per release, the declarations and findings."""
+    machines = sorted({str(r.get("machine", "machine not recorded")) for r in results.values()})
+    codes = sorted({str(r.get("code", "?")) for r in results.values()})
+    stale = [c for c in codes if c != code]
     lines = [
         f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})",
         "",
+        "Judged on: " + "; ".join(machines) + ".",
+        "",
+        *([f"Records judged by other numcheck code (--keep-stale): {', '.join(stale)}.", ""] if stale else []),
         "| release | fused-CE files (sha256) | loaded | writes into the logits | ignore_index | overwrite_input "
         "| suite (passed/failed/skipped) | known-divergence checks | report |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -314,14 +309,85 @@ def render(results: dict[str, dict[str, object]], code: str) -> str:
     return "\n".join(lines + [""] + details)
 
 
+def _kept(work: Path, v: str, code: str, args: argparse.Namespace) -> dict[str, object] | None:
+    """The kept record of release ``v`` if it may be reused: judged by this code (any code with ``--keep-stale``),
+    with a report if one is asked for, and its suite run on ``v`` itself when ``--every`` asks for that."""
+    kept = work / f"{v}.json"
+    if not kept.is_file():
+        return None
+    rec = json.loads(kept.read_text())
+    ran_here = rec.get("suite", {}).get("release") == v or not args.every
+    fresh = rec.get("code") == code or args.keep_stale
+    return rec if fresh and bool(rec.get("report")) >= args.report and ran_here else None
+
+
+def _judge_and_keep(
+    folder: Path, args: argparse.Namespace, code: str, same: dict[str, object] | None
+) -> dict[str, object]:
+    v = folder.name
+    print(
+        f"{v}: judging" + (f" (suite carried from {same['release']}: the same files)" if same else "") + " ...",
+        flush=True,
+    )
+    rec = judge(folder, args.jobs, args.report, suite_of=same)
+    rec["code"] = code
+    (args.work / f"{v}.json").write_text(json.dumps(rec, indent=1))
+    suite: dict = rec["suite"]  # type: ignore[assignment]
+    print(f"{v}: suite {suite['passed']}/{suite['failed']}/{suite['skipped']} in {suite['seconds']} s", flush=True)
+    return rec
+
+
+def judge_all(releases: list[str], args: argparse.Namespace, code: str) -> dict[str, dict[str, object]]:
+    """Every release's record, kept or judged. Two phases, each ``--parallel`` releases at a time: first one release
+    per distinct set of fused-CE files runs the suite, then the others carry its suite's record (unless ``--every``)
+    and run steps 1, 3 and 4 only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results: dict[str, dict[str, object]] = {}
+    suites: dict[str, dict[str, object]] = {}  # files hash -> the suite's record of a release with those files
+    todo: list[str] = []
+    for v in sorted(releases, key=Version):
+        rec = _kept(args.work, v, code, args)
+        if rec is None:
+            todo.append(v)
+            continue
+        print(f"{v}: kept ({args.work / (v + '.json')})", flush=True)
+        results[v] = rec
+        if rec["suite"].get("release") == v:  # type: ignore[union-attr]
+            suites.setdefault(rec["files"], rec["suite"])  # type: ignore[arg-type]
+    heads: dict[str, str] = {}
+    for v in todo:
+        h = files_hash(args.dir / v)
+        if args.every or (h not in suites and h not in heads):
+            heads[v if args.every else h] = v
+    first = list(heads.values())
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for rec in pool.map(lambda v: _judge_and_keep(args.dir / v, args, code, None), first):
+            results[Path(rec["folder"]).name] = rec  # type: ignore[arg-type]
+            suites.setdefault(rec["files"], rec["suite"])  # type: ignore[arg-type]
+        rest = [v for v in todo if v not in first]
+        carried = [suites.get(files_hash(args.dir / v)) for v in rest]
+        for v, rec in zip(
+            rest, pool.map(lambda vs: _judge_and_keep(args.dir / vs[0], args, code, vs[1]), zip(rest, carried))
+        ):
+            results[v] = rec
+    return results
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, help="folder of per-release folders")
     ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
     ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
     ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap.add_argument("--parallel", type=int, default=1, help="releases judged at once (each with -n workers)")
     ap.add_argument("--report", action="store_true", help="also run numcheck report --grid quick")
     ap.add_argument("--every", action="store_true", help="run the suite for every release, identical files or not")
+    ap.add_argument(
+        "--keep-stale",
+        action="store_true",
+        help="reuse kept records judged by other numcheck code (the table names each record's code)",
+    )
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "numcheck-te-releases")
     ap.add_argument("--out", type=Path, help="write the table here too")
     args = ap.parse_args(argv)
@@ -333,32 +399,7 @@ def main(argv: list[str]) -> int:
         releases = [v for v in releases if v in set(args.only.split(","))]
     code = code_hash()
     args.work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, object]] = {}
-    suites: dict[str, dict[str, object]] = {}  # files hash -> the suite's record of a release with those files
-    for v in sorted(releases, key=Version):
-        kept = args.work / f"{v}.json"
-        if kept.is_file():
-            rec = json.loads(kept.read_text())
-            ran_here = rec.get("suite", {}).get("release") == v or args.every is False
-            if rec.get("code") == code and bool(rec.get("report")) >= args.report and ran_here:
-                print(f"{v}: kept ({kept})", flush=True)
-                results[v] = rec
-                if rec["suite"].get("release") == v:
-                    suites.setdefault(rec["files"], rec["suite"])
-                continue
-        same = None if args.every else suites.get(files_hash(args.dir / v))
-        print(
-            f"{v}: judging" + (f" (suite carried from {same['release']}: the same files)" if same else "") + " ...",
-            flush=True,
-        )
-        rec = judge(args.dir / v, args.jobs, args.report, suite_of=same)
-        if same is None:
-            suites.setdefault(rec["files"], rec["suite"])  # type: ignore[arg-type]
-        rec["code"] = code
-        kept.write_text(json.dumps(rec, indent=1))
-        suite: dict = rec["suite"]  # type: ignore[assignment]
-        print(f"{v}: suite {suite['passed']}/{suite['failed']}/{suite['skipped']} in {suite['seconds']} s", flush=True)
-        results[v] = rec
+    results = judge_all(releases, args, code)
     text = render(results, code)
     print(text)
     if args.out:
