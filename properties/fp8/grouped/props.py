@@ -335,8 +335,10 @@ def _same(
         # of an exact zero follows how a kernel forms it (0 + (-0) is +0, so a dgrad scattered into a zeroed
         # buffer holds +0 where one GEMM's product of a zero and a negative gives -0), and no consumer of a
         # gradient reads it. Seen on grouped_fp8_linear[loop], CPU seed 0: 3 of 24 dgrad elements, 0 vs -0.
-        g = got.to(want.dtype)
-        diff = (_bits(g) != _bits(want)) & ~((g == 0) & (want == 0)).cpu()
+        # Both sides on the CPU before they meet: the impl's output lives on the case's device, the reference
+        # may not (on CUDA the two met on different devices here).
+        g, w = got.detach().cpu().to(want.dtype), want.detach().cpu()
+        diff = (_bits(g) != _bits(w)) & ~((g == 0) & (w == 0))
         if bool(diff.any()):
             idx = tuple(int(i) for i in diff.nonzero()[0])
             fail(
