@@ -112,7 +112,7 @@ def dist_impls() -> list[Any]:
     """Every distributed (vocabulary-parallel) linear+CE impl numcheck knows, built-in first, then the third-party
     adapters: the distributed suite, ``numcheck list`` and the repro command read this list. Megatron's fused
     variant's bf16 gradient of fp32 logits is a known divergence of the release
-    (:data:`numcheck.properties.distributed.linear_ce.known.OUTPUT_KNOWN`)."""
+    (:data:`numcheck.properties.distributed.linear_ce.known.DIST_KNOWN`)."""
     from numcheck.impls.adapters.megatron import megatron_impls
     from numcheck.impls.adapters.transformer_engine import te_dist_impls
     from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls

@@ -98,9 +98,9 @@ def release_table(p: Problem) -> None:
 def suite_judgement(p: Problem) -> None:
     """dist_accuracy on the adapter at P = 1, 2, 4: the impl's own model, then the suite's (divergence known)."""
     impl = MegatronVocabParallel(fused=True)
-    saved = dist_known.OUTPUT_KNOWN
+    saved = dist_known.DIST_KNOWN
     for label, entries in (("impl's own model (divergence switched off)", ()), ("as the suite judges it", saved)):
-        dist_known.OUTPUT_KNOWN = entries
+        dist_known.DIST_KNOWN = entries
         for P in (1, 2, 4):
             case = DistCase(problem=p, world_size=P, placement="boundary")
             try:
@@ -108,7 +108,7 @@ def suite_judgement(p: Problem) -> None:
             except PropertyFailure as exc:
                 failing = [ln.strip() for ln in str(exc).splitlines() if "beyond bound" in ln]
                 print(f"  {label}, P={P}: FAILS\n    " + "\n    ".join(failing))
-    dist_known.OUTPUT_KNOWN = saved
+    dist_known.DIST_KNOWN = saved
 
 
 def main() -> int:

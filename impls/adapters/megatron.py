@@ -22,7 +22,7 @@ and grad_b are bitwise the unfused variant's); for fp32 it is a defect of the re
 unfused one rounded to bf16, off the float64 one by up to 3.5e-3 relative element-wise (bf16's u = 2⁻⁸ = 3.9e-3)
 where the unfused fp32 one is within 5.2e-7, and grad_x, grad_W and grad_b lie 578–2490 times beyond their fp32
 bounds (max abs errors 3e-4–1.1e-3 on values ~0.3; the loss is untouched, 9.6e-7 off). Recorded as a known
-divergence (:data:`numcheck.properties.distributed.linear_ce.known.OUTPUT_KNOWN`, docs/evidence/megatron_fused_bf16_grad.txt):
+divergence (:data:`numcheck.properties.distributed.linear_ce.known.DIST_KNOWN`, docs/evidence/megatron_fused_bf16_grad.txt):
 the suite judges those gradients under one extra bf16 rounding of G, and the loss under the normal model.
 
 Both take the rank's logits shard and return per-token losses: the adapter computes the shard's logits with

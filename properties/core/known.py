@@ -1,15 +1,19 @@
 """Known divergences: real, reported differences of third-party impls that the property suite must not keep
 re-finding on every run, and must notice when they go away.
 
-Each entry names the impls (fnmatch pattern), the properties it affects, the devices it was seen on, the cases it
-covers (a predicate on the Problem), the reason, and one example Problem; an entry about a third-party library also
-names the releases it holds for (:class:`Releases`, a version range over the release the adapter imported). An
-entry covers a case only on its devices and releases, so a divergence seen on CPU is still looked for on CUDA, a
-divergence of 0.8.5 is still looked for on 0.5.8 (and reported there if present), and the example runs on the
-suite's device (``NUMCHECK_DEVICE``). tests/suite/test_properties.py leaves matching cases out of its draws;
-tests/adapters/test_known_divergences.py runs every entry's example as a strict xfail, so a fix upstream turns CI red
-until the entry is removed, an entry that matches no registered impl is reported, and on an installed release
-outside an entry's range the example must pass (so the range is exact where it has been measured).
+Every kind of entry is one :class:`KnownDivergence`: it names the impls (fnmatch pattern), the properties it affects,
+the devices it was seen on, the cases it covers (a predicate on the case), the outputs it is off in (every output,
+or some, judged under the model of what the release computes), the reason, and one example; an entry about a
+third-party library also names the releases it holds for (:class:`Releases`, a version range over the release the
+adapter imported). An entry covers a case only on its devices and releases, so a divergence seen on CPU is still
+looked for on CUDA, a divergence of 0.8.5 is still looked for on 0.5.8 (and reported there if present), and the
+example runs on the suite's device (``NUMCHECK_DEVICE``). The single-device entries are :data:`KNOWN`:
+tests/suite/test_properties.py leaves matching cases out of its draws; tests/adapters/test_known_divergences.py
+runs every entry's example as a strict xfail, so a fix upstream turns CI red until the entry is removed, an entry
+that matches no registered impl is reported, and on an installed release outside an entry's range the example must
+pass (so the range is exact where it has been measured). A distributed impl's entries
+(:data:`numcheck.properties.distributed.linear_ce.known.DIST_KNOWN`) are checked the same way by
+tests/adapters/test_megatron_fused.py and tests/adapters/test_transformer_engine.py.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from numcheck.properties.core.problems import Problem, Tensors
+
+if TYPE_CHECKING:
+    from numcheck.properties.core.tolerance import ErrorModel
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,23 @@ def liger_release() -> str | None:
     return liger.release()
 
 
+#: :attr:`KnownDivergence.outputs` of an entry off in every output.
+EVERY_OUTPUT: tuple[str, ...] = ("*",)
+
+
 @dataclass(frozen=True)
 class KnownDivergence:
+    """One known divergence, of any kind: of a single-device impl (``applies`` takes the :class:`Problem`) or of a
+    distributed one (``applies`` takes its case, a
+    :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`, and :attr:`example_world_size` is set);
+    off in every output (a covered case is left out of the draws) or in some (:attr:`outputs`, judged under
+    :attr:`model` while the case's other outputs keep the impl's own model, so a second defect hiding behind the
+    first is still caught)."""
+
     impls: str  # fnmatch pattern over impl names ("[[]" matches a literal "[")
     properties: tuple[str, ...]  # property names, or ("*",) for every property
     devices: tuple[str, ...]  # device types it was seen on ("cpu", "cuda")
-    applies: Callable[[Problem], bool]
+    applies: Callable[[Any], bool]  # the cases it covers: a Problem (a DistCase for a distributed impl's entry)
     reason: str
     example: Problem
     #: ``applies`` reads the problem's data (its tensors), not only its fields: a problem carrying some fields
@@ -84,6 +102,17 @@ class KnownDivergence:
     #: :func:`properties.core.problems.build` draws), for callers whose tensors are not ``build(p)``'s (the
     #: production-shape tier's, :mod:`properties.production.inputs`). ``None``: decidable on ``build(p)`` only.
     applies_to_tensors: Callable[[Problem, Tensors], bool] | None = None
+    #: The outputs the release is off in: :data:`EVERY_OUTPUT`, or the names of some outputs.
+    outputs: tuple[str, ...] = EVERY_OUTPUT
+    #: For an entry of some outputs: the impl's :class:`ErrorModel` mapped to the model of what the release
+    #: computes, under which those outputs are judged (``None`` for an entry of every output).
+    model: Callable[[ErrorModel], ErrorModel] | None = None
+    #: For a distributed impl's entry: the world size its example runs at; such an entry covers every distributed
+    #: property (they judge the outputs of one run).
+    example_world_size: int | None = None
+    #: For a distributed impl's entry: where its example's targets lie
+    #: (:attr:`~numcheck.properties.distributed.linear_ce.props.DistCase.placement`).
+    example_placement: str = "as_built"
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -92,13 +121,45 @@ class KnownDivergence:
                 f"known divergence {self.impls!r}: devices must be a non-empty subset of "
                 f"('cpu', 'cuda'), got {self.devices!r}"
             )
+        if not self.outputs or ("*" in self.outputs and self.outputs != EVERY_OUTPUT):
+            raise ValueError(
+                f"known divergence {self.impls!r}: outputs must be {EVERY_OUTPUT!r} or the names of "
+                f"some outputs, got {self.outputs!r}"
+            )
+        if self.every_output != (self.model is None):
+            raise ValueError(
+                f"known divergence {self.impls!r}: an entry of some outputs gives the model they are "
+                f"judged under (model=...), one of every output none; got outputs={self.outputs!r}"
+            )
+        if self.example_world_size is not None and self.properties != ("*",):
+            raise ValueError(
+                f"known divergence {self.impls!r}: a distributed impl's entry covers every property "
+                f"(properties=('*',)), got {self.properties!r}"
+            )
+        if self.example_world_size is None and self.example_placement != "as_built":
+            raise ValueError(
+                f"known divergence {self.impls!r}: example_placement is a distributed example's "
+                f"(give example_world_size), got {self.example_placement!r}"
+            )
+
+    @property
+    def every_output(self) -> bool:
+        """Whether the release is off in every output (a covered case is left out of the draws)."""
+        return self.outputs == EVERY_OUTPUT
+
+    def _about(self, impl_name: str, prop: str, device: str) -> bool:
+        """Whether the entry is about this impl and property on ``device``'s type, on the installed release."""
+        props_ok = "*" in self.properties or prop in self.properties
+        on_device = torch.device(device).type in self.devices
+        return (
+            fnmatch.fnmatchcase(impl_name, self.impls)
+            and props_ok
+            and on_device
+            and (self.releases is None or self.releases.hold())
+        )
 
     def matches(self, impl_name: str, prop: str, p: Problem) -> bool:
-        props_ok = "*" in self.properties or prop in self.properties
-        on_device = torch.device(p.device).type in self.devices
-        if not (fnmatch.fnmatchcase(impl_name, self.impls) and props_ok and on_device):
-            return False
-        return (self.releases is None or self.releases.hold()) and self.applies(p)
+        return self._about(impl_name, prop, p.device) and self.applies(p)
 
     def matches_tensors(self, impl_name: str, prop: str, p: Problem, t: Tensors) -> bool:
         """:meth:`matches` for a case whose tensors are ``t`` (not ``build(p)``): a ``by_data`` entry decides on
@@ -107,15 +168,12 @@ class KnownDivergence:
             return self.matches(impl_name, prop, p)
         if self.applies_to_tensors is None:
             return False
-        props_ok = "*" in self.properties or prop in self.properties
-        on_device = torch.device(p.device).type in self.devices
-        return (
-            fnmatch.fnmatchcase(impl_name, self.impls)
-            and props_ok
-            and on_device
-            and (self.releases is None or self.releases.hold())
-            and self.applies_to_tensors(p, t)
-        )
+        return self._about(impl_name, prop, p.device) and self.applies_to_tensors(p, t)
+
+    def covers_case(self, impl_name: str, case: Any) -> bool:
+        """For a distributed impl's entry: whether it covers ``case`` (a DistCase) of impl ``impl_name``, under
+        every property, on the installed release."""
+        return self._about(impl_name, "*", case.problem.device) and self.applies(case)
 
 
 def cce_filtering_may_skip(p: Problem, block_cols: int | None = None, t: Tensors | None = None) -> bool:

@@ -610,7 +610,7 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES` and its
     declared cases (:func:`dist_declared`), and the others counted and named per reason (an undeclared option or
     dtype, world size, backend or uneven shards, ranks the backend cannot run here, or a recorded known divergence
-    of the impl, :data:`properties.distributed.linear_ce.suite.DIST_KNOWN`)."""
+    of the impl, :data:`properties.distributed.linear_ce.known.DIST_KNOWN`)."""
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
     from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.distributed.linear_ce.suite import known_divergence

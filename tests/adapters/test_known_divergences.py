@@ -148,6 +148,59 @@ def test_entry_rejects_unknown_devices(devices):
         )
 
 
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"outputs": ("grad_x",)}, "gives the model"),
+        ({"model": lambda m: m}, "gives the model"),
+        ({"outputs": ()}, "outputs must be"),
+        ({"outputs": ("*", "loss"), "model": lambda m: m}, "outputs must be"),
+        ({"example_world_size": 2}, "covers every property"),
+        ({"example_placement": "boundary"}, "distributed example's"),
+    ],
+    ids=[
+        "some_outputs_without_model",
+        "model_without_outputs",
+        "no_outputs",
+        "star_among_names",
+        "dist_one_property",
+        "placement_without_world_size",
+    ],
+)
+def test_entry_rejects_an_inconsistent_kind(fields, words):
+    """An entry of some outputs names the model they are judged under (one of every output names none), and a
+    distributed impl's entry covers every property and places its example's targets only with its world size."""
+    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.core.known import KnownDivergence
+
+    with pytest.raises(ValueError, match=words):
+        KnownDivergence(
+            impls="eager",
+            properties=("accuracy",),
+            devices=("cpu",),
+            applies=lambda p: True,
+            reason="r",
+            example=Problem(N=1, H=1, V=1),
+            **fields,
+        )
+
+
+def test_every_entry_has_an_example_and_a_strict_check():
+    """Every known divergence, of either kind, is the one type with an example run strictly: a single-device entry
+    (no world size) by this module, off in every output; a distributed one at its world size by the module of its
+    impl's family (tests/adapters/test_megatron_fused.py takes the ``megatron_`` entries,
+    tests/adapters/test_transformer_engine.py the ``te_vocab_parallel`` ones), so an entry of another family would
+    have no strict check."""
+    from numcheck.properties.core.known import KnownDivergence
+    from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
+
+    for k in KNOWN:
+        assert isinstance(k, KnownDivergence) and k.example_world_size is None and k.every_output, k.impls
+    for d in DIST_KNOWN:
+        assert isinstance(d, KnownDivergence) and d.example_world_size is not None, d.impls
+        assert d.impls.startswith(("megatron_", "te_vocab_parallel")), f"{d.impls!r}: no module checks it strictly"
+
+
 def test_history_dependent_entries_name_a_shown_place():
     """An entry whose strict check is skipped as history-dependent names where it is shown (a committed probe)."""
     from pathlib import Path

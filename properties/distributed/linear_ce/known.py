@@ -1,28 +1,35 @@
-"""Known divergences of distributed impls that touch some outputs only: the suite still judges every other output
-of a covered case under the impl's own model, and judges the covered outputs under the model of what the release
-is known to compute (:attr:`OutputDivergence.model`), so a second defect hiding behind the first is still caught.
-Whole-case divergences (every output off) are :data:`numcheck.properties.distributed.linear_ce.suite.DIST_KNOWN`;
-those of a third-party release range are :data:`CASE_KNOWN` here (DIST_KNOWN takes them), each with an example that
-tests/adapters/test_transformer_engine.py runs strictly (failing inside the range, passing outside).
+"""Known divergences of distributed impls (:data:`DIST_KNOWN`), each a
+:class:`~numcheck.properties.core.known.KnownDivergence` whose ``applies`` takes the case (a
+:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`) and whose example runs at its
+``example_world_size`` (targets placed as ``example_placement`` says). An entry off in every output covers cases
+the suite leaves out of its draws (:func:`whole_case_divergence`); one off in some outputs leaves the case in: the
+suite still judges every other output of a covered case under the impl's own model, and judges the covered
+outputs under the model of what the release is known to compute
+(:attr:`~numcheck.properties.core.known.KnownDivergence.model`), so a second defect hiding behind the first is still
+caught (:func:`output_divergences`).
 
-tests/adapters/test_megatron_fused.py runs every entry's example strictly: the covered outputs must still exceed
-the normal bound on a release inside the entry's range (so a fixed release is noticed) and be within it outside.
+Every entry's example runs strictly: tests/adapters/test_megatron_fused.py for Megatron's (an entry of some outputs
+still exceeds the normal bound in exactly those outputs on a release inside the entry's range, so a fixed release
+is noticed, and is within it outside; an entry of every output still fails in the loss),
+tests/adapters/test_transformer_engine.py for TransformerEngine's (failing inside the range, passing outside).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 from numcheck.properties.core.known import (
+    KnownDivergence,
     Releases,
     te_ignored_rows_counted,
     te_per_row_upstream_dropped,
     te_prerounded_gradient_fails,
     te_release,
 )
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.core.tolerance import ErrorModel, unit_roundoff
 
 
@@ -33,39 +40,90 @@ def megatron_release() -> str | None:
     return megatron_version()
 
 
-@dataclass(frozen=True)
-class OutputDivergence:
-    """A divergence of impl ``impl`` (its name) in ``outputs`` on the cases ``covers(case)`` accepts (a
-    :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`), for ``releases``. ``model`` maps the impl's
-    :class:`ErrorModel` to the model of what the release computes, under which the covered outputs are judged.
-    ``example``: a covered problem and world size whose covered outputs exceed the normal bound."""
-
-    impl: str
-    outputs: tuple[str, ...]
-    reason: str
-    covers: Callable[[Any], bool]
-    model: Callable[[ErrorModel], ErrorModel]
-    example: Problem
-    example_world_size: int
-    releases: Releases
-
-    def holds(self, impl: Any, case: Any) -> bool:
-        """Whether this entry covers ``case`` for ``impl`` on the installed release."""
-        return impl.name == self.impl and self.releases.hold() and self.covers(case)
-
-
 def _grad_logits_in_bf16(m: ErrorModel) -> ErrorModel:
     """``m`` with the stored gradient of the logits rounded once more, to bf16 (u = 2⁻⁸; bf16 has fp32's exponent
     range, so the underflow term η_G is unchanged)."""
-    import torch
-
     return dataclasses.replace(m, u_G=m.u_G + unit_roundoff(torch.bfloat16))
 
 
-OUTPUT_KNOWN: tuple[OutputDivergence, ...] = (
-    OutputDivergence(
-        impl="megatron_fused_vocab_parallel",
-        outputs=("grad_x", "grad_weight", "grad_bias"),
+def softmax_underflows(case: Any) -> bool:
+    """Whether a non-ignored row of ``case``'s logits (in the compute dtype, upcast to fp32 as the adapter does) has
+    a class whose fp32 softmax probability is exactly 0."""
+    t = build(case.problem)
+    z = torch.nn.functional.linear(t.x, t.weight, t.bias.to(t.weight.dtype) if t.bias is not None else None).float()
+    valid = t.target != t.options.ignore_index
+    return bool((torch.softmax(z[valid], dim=-1) == 0).any())
+
+
+#: Every device type: a distributed entry is a defect of the release's code, seen wherever it runs.
+_ANY_DEVICE = ("cpu", "cuda")
+
+
+def _te(
+    reduction: str,
+    reason: str,
+    applies: Callable[[Any], bool],
+    example: Problem,
+    specifier: str,
+    world_size: int = 2,
+    by_data: bool = False,
+) -> KnownDivergence:
+    """A TransformerEngine entry for ``te_vocab_parallel[<reduction>]`` (its example in that reduction), off in
+    every output."""
+    if reduction == "none" and example.reduction != "none":
+        example = example.replace(reduction="none")
+    return KnownDivergence(
+        impls=f"te_vocab_parallel[[]{reduction}[]]",
+        properties=("*",),
+        devices=_ANY_DEVICE,
+        applies=applies,
+        reason=reason,
+        example=example,
+        example_world_size=world_size,
+        by_data=by_data,
+        releases=Releases("transformer-engine", specifier, te_release),
+    )
+
+
+#: Known divergences of distributed impls. Megatron's: its unfused CE's two smoothing defects (every output, the
+#: examples of their evidence) and its fused CE's bf16 gradient of fp32 logits (some outputs). TransformerEngine's
+#: fused CE with ``dist_process_group``: the release defects its linear+CE face shows
+#: (:data:`numcheck.properties.core.known.KNOWN`, the ``te_parallel_ce`` entries), here on the vocabulary-parallel
+#: path too, and the smoothing of the sharded path before 2.19.
+DIST_KNOWN: tuple[KnownDivergence, ...] = (
+    KnownDivergence(
+        impls="megatron_vocab_parallel",
+        properties=("*",),
+        devices=_ANY_DEVICE,
+        applies=lambda c: c.world_size > 1 and c.problem.label_smoothing > 0,
+        reason=(
+            "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with the local shard's size and mean "
+            "(vocab_size = exp_logits.size(-1), log_probs.mean(-1), never all-reduced): at world size > 1 with "
+            "label_smoothing each rank returns a different loss (docs/evidence/megatron_smoothing.txt)"
+        ),
+        example=Problem(N=7, H=5, V=16, bias=True, ignored=0.3, label_smoothing=0.1, seed=3),
+        example_world_size=2,
+        example_placement="boundary",
+    ),
+    KnownDivergence(
+        impls="megatron_vocab_parallel",
+        properties=("*",),
+        devices=_ANY_DEVICE,
+        applies=lambda c: c.problem.label_smoothing > 0 and softmax_underflows(c),
+        reason=(
+            "megatron-core 0.16.1's vocab_parallel_cross_entropy smooths with torch.log of its fp32 softmax: a class "
+            "whose probability underflows to 0 gives log 0 = -inf and an infinite loss, where Σ −log p_j = "
+            "Σ (lse − z_j) is finite (docs/evidence/megatron_smoothing_underflow.txt)"
+        ),
+        example=Problem(N=1, H=1, V=2, dtype="bfloat16", label_smoothing=0.1, regime="large", seed=0),
+        example_world_size=1,
+        by_data=True,
+    ),
+    KnownDivergence(
+        impls="megatron_fused_vocab_parallel",
+        properties=("*",),
+        devices=_ANY_DEVICE,
+        applies=lambda c: c.problem.dtype == "float32",
         reason=(
             "megatron-core 0.16.1's fused_vocab_parallel_cross_entropy returns the gradient of the logits "
             "rounded to bf16 whatever the logits' dtype (fusions/fused_cross_entropy.py, calculate_gradients: "
@@ -73,60 +131,13 @@ OUTPUT_KNOWN: tuple[OutputDivergence, ...] = (
             "an 8-bit gradient: grad_x, grad_W and grad_b off by up to 2^-8 relative where fp32 allows ~1e-6 "
             "(docs/evidence/megatron_fused_bf16_grad.txt). Judged under one extra bf16 rounding of G."
         ),
-        covers=lambda c: c.problem.dtype == "float32",
-        model=_grad_logits_in_bf16,
         example=Problem(N=7, H=5, V=16, bias=True, ignored=0.3, seed=3),
         example_world_size=2,
+        example_placement="boundary",
         releases=Releases("megatron-core", ">=0.8.0", megatron_release),
+        outputs=("grad_x", "grad_weight", "grad_bias"),
+        model=_grad_logits_in_bf16,
     ),
-)
-
-
-def output_divergences(impl: Any, case: Any) -> list[OutputDivergence]:
-    """The entries covering ``case`` for ``impl`` on the installed release."""
-    return [d for d in OUTPUT_KNOWN if d.holds(impl, case)]
-
-
-@dataclass(frozen=True)
-class CaseDivergence:
-    """A whole-case divergence of the distributed impl named ``impl`` on ``releases``: the cases ``covers(case)``
-    accepts are left out of the draws (:data:`numcheck.properties.distributed.linear_ce.suite.DIST_KNOWN`).
-    ``example`` at ``example_world_size`` (``placement``) is a covered case whose ``dist_accuracy`` fails inside the
-    range and passes outside it."""
-
-    impl: str
-    reason: str
-    covers: Callable[[Any], bool]
-    example: Problem
-    example_world_size: int
-    releases: Releases
-    placement: str = "as_built"
-
-    def holds(self, case: Any) -> bool:
-        """Whether this entry covers ``case`` on the installed release."""
-        return self.releases.hold() and self.covers(case)
-
-
-def _te(
-    reduction: str, reason: str, covers: Callable[[Any], bool], example: Problem, specifier: str, world_size: int = 2
-) -> CaseDivergence:
-    """A TransformerEngine entry for ``te_vocab_parallel[<reduction>]`` (its example in that reduction)."""
-    if reduction == "none" and example.reduction != "none":
-        example = example.replace(reduction="none")
-    return CaseDivergence(
-        impl=f"te_vocab_parallel[{reduction}]",
-        reason=reason,
-        covers=covers,
-        example=example,
-        example_world_size=world_size,
-        releases=Releases("transformer-engine", specifier, te_release),
-    )
-
-
-#: TransformerEngine's fused CE with ``dist_process_group``: the release defects its linear+CE face shows
-#: (:data:`numcheck.properties.core.known.KNOWN`, the ``te_parallel_ce`` entries), here on the vocabulary-parallel
-#: path too, and the smoothing of the sharded path before 2.19.
-CASE_KNOWN: tuple[CaseDivergence, ...] = (
     *(
         _te(
             red,
@@ -168,6 +179,7 @@ CASE_KNOWN: tuple[CaseDivergence, ...] = (
         lambda c: te_per_row_upstream_dropped(c.problem),
         Problem(N=7, H=8, V=16, reduction="none", upstream="per_row", seed=3),
         ">=2.2,<2.8",
+        by_data=True,
     ),
     _te(
         "mean",
@@ -176,6 +188,7 @@ CASE_KNOWN: tuple[CaseDivergence, ...] = (
         lambda c: te_ignored_rows_counted(c.problem),
         Problem(N=7, H=8, V=16, ignored=0.4, seed=2),
         ">=2.4,<2.12",
+        by_data=True,
     ),
     *(
         _te(
@@ -187,12 +200,18 @@ CASE_KNOWN: tuple[CaseDivergence, ...] = (
             lambda c: te_prerounded_gradient_fails(c.problem),
             Problem(N=7, H=8, V=16, dtype="bfloat16", regime="confident", seed=4),
             ">=2.2,<2.18",
+            by_data=True,
         )
         for red in ("mean", "none")
     ),
 )
 
 
-def case_divergence(impl: Any, case: Any) -> CaseDivergence | None:
-    """The :data:`CASE_KNOWN` entry covering ``case`` for ``impl`` on the installed release, if any."""
-    return next((d for d in CASE_KNOWN if d.impl == impl.name and d.holds(case)), None)
+def whole_case_divergence(impl: Any, case: Any) -> KnownDivergence | None:
+    """The entry off in every output that covers ``case`` for ``impl`` on the installed release, if any."""
+    return next((d for d in DIST_KNOWN if d.every_output and d.covers_case(impl.name, case)), None)
+
+
+def output_divergences(impl: Any, case: Any) -> list[KnownDivergence]:
+    """The entries off in some outputs that cover ``case`` for ``impl`` on the installed release."""
+    return [d for d in DIST_KNOWN if not d.every_output and d.covers_case(impl.name, case)]
