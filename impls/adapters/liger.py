@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -58,6 +57,7 @@ from typing import Any, Callable
 import torch
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
@@ -121,9 +121,7 @@ def load() -> LigerInfo | str:
         return f"liger-kernel failed to import its FLCE op: {type(exc).__name__}: {exc}"
     module_file = getattr(sys.modules.get(LigerFusedLinearCrossEntropyFunction.__module__), "__file__", None)
     version, note = imported_release(Path(module_file)) if module_file else ("unknown", "the FLCE module has no file")
-    sig = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward)
-    names = tuple(sig.parameters)[1:]  # drop ctx
-    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    names, defaults = forward_parameters(LigerFusedLinearCrossEntropyFunction)
     return LigerInfo(
         version=version,
         params=names,
@@ -182,15 +180,7 @@ def _positional(info: LigerInfo, given: dict[str, Any]) -> list[Any]:
     unknown = set(given) - set(info.params)
     if unknown:
         raise ValueError(f"liger-kernel {info.version} forward() has no parameter(s) {sorted(unknown)}")
-    args = []
-    for name in info.params:
-        if name in given:
-            args.append(given[name])
-        elif name in info.defaults:
-            args.append(info.defaults[name])
-        else:
-            raise ValueError(f"liger-kernel {info.version} forward() needs {name!r}, which the adapter cannot supply")
-    return args
+    return positional_args(info.params, info.defaults, given, f"liger-kernel {info.version} forward()")
 
 
 def call_liger(
