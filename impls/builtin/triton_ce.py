@@ -276,19 +276,62 @@ def ce_block_triton_(
     _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     if logits.stride(1) != 1:
         raise ValueError(f"logits must have unit stride along V, got strides {logits.stride()}")
-    C, V = logits.shape
-    dev = logits.device
+    result = _empty_result(logits.shape[0], logits.device, want_loss)
+    if logits.shape[0] == 0:
+        return result
+    _launch_ce_kernel(
+        logits,
+        target,
+        coef_ce,
+        coef_z,
+        result,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        class_weights=class_weights,
+        softcap=softcap,
+        z_loss_scale=z_loss_scale,
+        stats=stats,
+        want_loss=want_loss,
+        want_grad=want_grad,
+    )
+    return result
+
+
+def _empty_result(C: int, device: torch.device, want_loss: bool) -> BlockResult:
+    """The fp32 ``[C]`` outputs the kernel fills; ``ce`` and ``z`` only with ``want_loss``."""
     f32 = torch.float32
-    lse = torch.empty(C, dtype=f32, device=dev)
-    m_out = torch.empty(C, dtype=f32, device=dev)
-    logs_out = torch.empty(C, dtype=f32, device=dev)
-    ce = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
-    z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
+    lse = torch.empty(C, dtype=f32, device=device)
+    m_out = torch.empty(C, dtype=f32, device=device)
+    logs_out = torch.empty(C, dtype=f32, device=device)
+    ce = torch.empty(C, dtype=f32, device=device) if want_loss else None
+    z = torch.empty(C, dtype=f32, device=device) if want_loss else None
+    return BlockResult(ce, z, lse, SoftmaxStats(m_out, logs_out))
+
+
+def _launch_ce_kernel(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    out: BlockResult,
+    *,
+    ignore_index: int,
+    label_smoothing: float,
+    class_weights: torch.Tensor | None,
+    softcap: float | None,
+    z_loss_scale: float,
+    stats: SoftmaxStats | None,
+    want_loss: bool,
+    want_grad: bool,
+) -> None:
+    """One launch of :func:`_ce_kernel` over the chunk's rows, writing ``out`` (and G into ``logits`` with
+    ``want_grad``). A pointer the kernel never reads (loss outputs without ``want_loss``, class weights without
+    ``HAS_CW``, statistics without ``HAS_STATS``) is given as ``out.lse``."""
+    C, V = logits.shape
+    f32 = torch.float32
+    lse = out.lse
     cw = class_weights.to(f32).contiguous() if class_weights is not None else None
     sw = cw.sum().reshape(1) if cw is not None else lse  # a pointer only read when HAS_CW
-    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, SoftmaxStats(m_out, logs_out))
-    if C == 0:
-        return result
     m_in, logs_in = (
         (stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None else (lse, lse)
     )
@@ -303,11 +346,11 @@ def ce_block_triton_(
         sw,
         m_in,
         logs_in,
-        ce,
-        z,
+        out.ce if want_loss else lse,
+        out.z if want_loss else lse,
         lse,
-        m_out,
-        logs_out,
+        out.stats.m,
+        out.stats.log_s,
         C,
         V,
         int(ignore_index),
@@ -324,7 +367,6 @@ def ce_block_triton_(
         BLOCK_V=block_v,
         num_warps=warps,
     )
-    return result
 
 
 #: Tokens per chunk of the ``split_fp32`` impls: at V=131072 a bf16 logits chunk of 640 rows is 160 MiB, which
