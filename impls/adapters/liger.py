@@ -104,17 +104,9 @@ def load() -> LigerInfo | str:
     there is no CUDA device and Triton's interpreter was not asked for in time)."""
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel not installed"
-    if not torch.cuda.is_available() and not interpreter.active():
-        if interpreter.too_late():
-            return (
-                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so Liger's Triton "
-                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
-            )
-        return (
-            "no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
-            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
-        )
+    reason = interpreter.unready_reason("Liger's")
+    if reason is not None:
+        return reason
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     except Exception as exc:

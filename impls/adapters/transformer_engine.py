@@ -319,18 +319,7 @@ def _triton_ready() -> str | None:
     for before triton was imported)."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    if not torch.cuda.is_available() and not interpreter.active():
-        if interpreter.too_late():
-            return (
-                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so TE's Triton "
-                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
-            )
-        return (
-            "no CUDA device and TRITON_INTERPRET is not set: TE's Triton kernels need one or the other "
-            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
-        )
-    return None
+    return interpreter.unready_reason("TE's")
 
 
 def locate() -> tuple[Source | None, list[str]]:
