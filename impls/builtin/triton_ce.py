@@ -20,6 +20,8 @@ It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which numchec
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from numcheck.impls.builtin.ce_block import BlockResult, SoftmaxStats, _check_block
@@ -376,28 +378,30 @@ def _launch_ce_kernel(
 SPLIT_CHUNK_ROWS = 640
 
 
+def triton_support(**changes: Any) -> LinearCESupport:
+    """The declaration of a chunked impl with this module's kernel (with ``changes`` to its fields): it runs
+    where Triton does (CUDA, or the CPU under the interpreter, slowly) with :func:`elementary_error`'s accuracy."""
+    fields: dict[str, Any] = {
+        "returns_z_loss": True,
+        "all_ignored": "nan",
+        "devices": frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"}),
+        "elementary_error": elementary_error(INTERPRET),
+        "requires": unavailable_reason,
+        "slow": INTERPRET,
+    }
+    return LinearCESupport(**{**fields, **changes})
+
+
 def triton_impls() -> list[ChunkedLinearCE]:
     """``chunked_triton`` (fp32 [V, H] accumulator via addmm_out_dtype), and ``chunked_triton[split_fp32]`` /
     ``recompute_triton[split_fp32]`` (the exact fp32 sum held as the bf16 gradient plus a 16-bit lower half)."""
-    devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
     where = " [Triton interpreter]" if INTERPRET else ""
-
-    def support() -> LinearCESupport:
-        return LinearCESupport(
-            returns_z_loss=True,
-            all_ignored="nan",
-            devices=devices,
-            elementary_error=elementary_error(INTERPRET),
-            requires=unavailable_reason,
-            slow=INTERPRET,
-        )
-
     return [
         ChunkedLinearCE(
             "chunked_triton",
             path="addmm_out_dtype",
             kernel=ce_block_triton_,
-            support=support(),
+            support=triton_support(),
             description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
             "grad_weight via addmm_out_dtype" + where,
         ),
@@ -406,7 +410,7 @@ def triton_impls() -> list[ChunkedLinearCE]:
             path="split_fp32",
             kernel=ce_block_triton_,
             chunk_rows=SPLIT_CHUNK_ROWS,
-            support=support(),
+            support=triton_support(),
             description="chunked FLCE with the Triton CE kernel; grad_weight's exact fp32 sum kept as the bf16 "
             "gradient plus an int16 lower half, added by a Triton GEMM (impls.builtin.split_accum)" + where,
         ),
@@ -416,7 +420,7 @@ def triton_impls() -> list[ChunkedLinearCE]:
             kernel=ce_block_triton_,
             chunk_rows=SPLIT_CHUNK_ROWS,
             recompute=True,
-            support=support(),
+            support=triton_support(),
             description="recompute (O(N) held across backward) with the Triton CE kernel and the split fp32 "
             "accumulator" + where,
         ),
