@@ -35,6 +35,23 @@ def too_late() -> bool:
     return active() is False and "triton.language" in sys.modules
 
 
+def unready_reason(whose: str) -> str | None:
+    """Why ``whose`` Triton kernels (a possessive: ``"Liger's"``) cannot run in this process, or ``None``: they
+    need a CUDA device, or the interpreter asked for before triton was imported."""
+    if torch.cuda.is_available() or active():
+        return None
+    if too_late():
+        return (
+            f"no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so {whose} Triton "
+            "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
+            "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
+        )
+    return (
+        f"no CUDA device and TRITON_INTERPRET is not set: {whose} Triton kernels need one or the other "
+        "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
+    )
+
+
 def mode() -> str:
     """``compiled`` (CUDA), ``interpreter`` (no CUDA, ``TRITON_INTERPRET=1``) or ``none`` (no CUDA, no interpreter:
     Triton kernels cannot run)."""

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -58,6 +57,7 @@ from typing import Any, Callable
 import torch
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
@@ -104,26 +104,16 @@ def load() -> LigerInfo | str:
     there is no CUDA device and Triton's interpreter was not asked for in time)."""
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel not installed"
-    if not torch.cuda.is_available() and not interpreter.active():
-        if interpreter.too_late():
-            return (
-                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so Liger's Triton "
-                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
-            )
-        return (
-            "no CUDA device and TRITON_INTERPRET is not set: Liger's Triton kernels need one or the other "
-            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
-        )
+    reason = interpreter.unready_reason("Liger's")
+    if reason is not None:
+        return reason
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     except Exception as exc:
         return f"liger-kernel failed to import its FLCE op: {type(exc).__name__}: {exc}"
     module_file = getattr(sys.modules.get(LigerFusedLinearCrossEntropyFunction.__module__), "__file__", None)
     version, note = imported_release(Path(module_file)) if module_file else ("unknown", "the FLCE module has no file")
-    sig = inspect.signature(LigerFusedLinearCrossEntropyFunction.forward)
-    names = tuple(sig.parameters)[1:]  # drop ctx
-    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    names, defaults = forward_parameters(LigerFusedLinearCrossEntropyFunction)
     return LigerInfo(
         version=version,
         params=names,
@@ -182,15 +172,7 @@ def _positional(info: LigerInfo, given: dict[str, Any]) -> list[Any]:
     unknown = set(given) - set(info.params)
     if unknown:
         raise ValueError(f"liger-kernel {info.version} forward() has no parameter(s) {sorted(unknown)}")
-    args = []
-    for name in info.params:
-        if name in given:
-            args.append(given[name])
-        elif name in info.defaults:
-            args.append(info.defaults[name])
-        else:
-            raise ValueError(f"liger-kernel {info.version} forward() needs {name!r}, which the adapter cannot supply")
-    return args
+    return positional_args(info.params, info.defaults, given, f"liger-kernel {info.version} forward()")
 
 
 def call_liger(

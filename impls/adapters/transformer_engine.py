@@ -79,7 +79,6 @@ import builtins
 import functools
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 import types
@@ -95,9 +94,11 @@ import torch.nn.functional as F
 from packaging.version import InvalidVersion, Version
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
+from numcheck.impls.builtin.vocab_parallel import CopyToRanks
 
 DISTRIBUTION = "transformer-engine"
 #: A folder holding an installed ``transformer-engine`` wheel's files (``pip install --no-deps --target DIR
@@ -318,18 +319,7 @@ def _triton_ready() -> str | None:
     for before triton was imported)."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    if not torch.cuda.is_available() and not interpreter.active():
-        if interpreter.too_late():
-            return (
-                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set, so TE's Triton "
-                "kernels cannot run under the interpreter in this process: set TRITON_INTERPRET=1 in the "
-                "environment, or call numcheck.impls.interpreter.arrange() before triton is imported"
-            )
-        return (
-            "no CUDA device and TRITON_INTERPRET is not set: TE's Triton kernels need one or the other "
-            "(numcheck's entry points set it through numcheck.impls.interpreter.arrange())"
-        )
-    return None
+    return interpreter.unready_reason("TE's")
 
 
 def locate() -> tuple[Source | None, list[str]]:
@@ -386,9 +376,7 @@ def load_from(source: Source) -> TEInfo | str:
             return f"TransformerEngine {version} predates the fused CE numcheck knows (from {OLDEST})"
     except InvalidVersion:
         return f"TransformerEngine's release {version!r} is not a version numcheck can key a declaration on"
-    sig = inspect.signature(function.forward)
-    names = tuple(sig.parameters)[1:]
-    defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    names, defaults = forward_parameters(function)
     return TEInfo(version=version, source=source, params=names, defaults=defaults, function=function)
 
 
@@ -659,16 +647,7 @@ def te_cross_entropy(
         given["overwrite_input"] = bool(overwrite_input)
     elif overwrite_input:
         raise ValueError(f"TE {info.version}'s CrossEntropyFunction has no overwrite_input")
-    args = []
-    for name in info.params:
-        if name in given:
-            args.append(given[name])
-        elif name in info.defaults:
-            args.append(info.defaults[name])
-        else:
-            raise ValueError(
-                f"TE {info.version}'s CrossEntropyFunction.forward needs {name!r}, which the adapter cannot supply"
-            )
+    args = positional_args(info.params, info.defaults, given, f"TE {info.version}'s CrossEntropyFunction.forward")
     loss = info.function.apply(*args)
     watch.after_forward()
     return loss.reshape(()) if reduce_loss else loss.reshape(N)
@@ -762,21 +741,6 @@ def te_impls() -> list[FunctionImpl]:
 # ----------------------------------------------------------------------------------------- distributed face
 
 
-class _CopyToRanks(torch.autograd.Function):
-    """x as every rank's GEMM uses it: identity forward, grad_x all-reduced (SUM) in x's dtype backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
-        g = g.contiguous().clone()
-        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=ctx.group)
-        return g, None
-
-
 class TEVocabParallel:
     """TE's fused CE with ``dist_process_group`` behind the distributed protocol (module docstring). Pickled to the
     ranks by its fields; each rank loads the fused CE from the same :class:`Source` (cached per process)."""
@@ -839,7 +803,7 @@ class TEVocabParallel:
                 f"{self.name}: TE needs equal, rank-ordered vocabulary shards; rank {r} of {P} got "
                 f"classes {vocab_start}..{vocab_start + weight.shape[0] - 1} of {vocab_size}"
             )
-        xin = _CopyToRanks.apply(x, group)
+        xin = CopyToRanks.apply(x, group)
         logits = F.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None)
         return te_cross_entropy(
             info,

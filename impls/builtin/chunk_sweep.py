@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from numcheck.impls.builtin import grad_accum
-from numcheck.impls.builtin.ce_block import CEKernel, Coefficients, SoftmaxStats, reduction_coefficients, row_weights
+from numcheck.impls.builtin.ce_block import (
+    CEKernel,
+    Coefficients,
+    SoftmaxStats,
+    reduction_coefficients,
+    row_weights,
+)
 from numcheck.reference.options import CEOptions
 
 
@@ -79,11 +85,7 @@ def sweep(
     N = xc.shape[0]
     dev = xc.device
     ce_rows, z_rows, rows = _row_buffers(N, dev, want_loss, stats)
-    if coef is None:
-        zeros = torch.zeros(N, dtype=torch.float32, device=dev)
-        cc, cz = zeros, zeros
-    else:
-        cc, cz = coef.coef_ce, coef.coef_z
+    cc, cz = _gradient_coefficients(coef, N, dev)
     wt = wc.t()
     ones = torch.ones((min(N, plan.chunk_rows), 1), dtype=wc.dtype, device=dev) if gb is not None else None
     for start in range(0, N, plan.chunk_rows):
@@ -114,6 +116,15 @@ def sweep(
             _chunk_gradients(logits, x_r, wc, gx[r] if gx is not None else None, gw, gb, ones)
         del logits, res  # released before the next chunk's logits exist: one [C, V] chunk alive, not two
     return ce_rows, z_rows, rows
+
+
+def _gradient_coefficients(coef: Coefficients | None, N: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(coef_ce, coef_z)`` for the kernel: the call's, or fp32 zeros on a pass that forms no gradient (the
+    kernel takes them either way)."""
+    if coef is None:
+        zeros = torch.zeros(N, dtype=torch.float32, device=dev)
+        return zeros, zeros
+    return coef.coef_ce, coef.coef_z
 
 
 def _row_buffers(

@@ -271,6 +271,30 @@ class SplitAccumulator:
         in fp32 and one fp32 rounding of the sum, in place, no host synchronisation. ``kernel``: ``"auto"``
         (the TMA kernel where :meth:`tma_eligible` and, compiled, from :data:`TMA_MIN_ELEMENTS` accumulator
         elements; else the pointer one), ``"tma"`` or ``"pointer"`` (tests compare the two)."""
+        self._check_add(G, x, kernel)
+        V, H = self.shape
+        if G.shape[0] == 0 or V == 0 or H == 0 or self.device.type == "meta":
+            return
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"SplitAccumulator: {reason}")
+        G = G if G.stride(1) == 1 else G.contiguous()
+        x = x if x.stride(1) == 1 else x.contiguous()
+        tma_ok = self.tma_eligible(G, x)
+        if kernel == "tma" and not tma_ok:
+            raise ValueError(
+                "SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
+                "and 16-byte-aligned rows and bases (see tma_eligible)"
+            )
+        big = INTERPRET or V * H >= TMA_MIN_ELEMENTS
+        if kernel == "tma" or (kernel == "auto" and tma_ok and big):
+            self._add_tma(G, x)
+        else:
+            self._add_pointer(G, x)
+
+    def _check_add(self, G: torch.Tensor, x: torch.Tensor, kernel: str) -> None:
+        """Raise on a call :meth:`add_` cannot take: an unknown ``kernel``, a spent accumulator, or operands that
+        are not ``[C, V]`` and ``[C, H]`` of one operand dtype on the accumulator's device."""
         if kernel not in KERNELS:
             raise ValueError(f"SplitAccumulator.add_: kernel must be one of {KERNELS}, got {kernel!r}")
         if self.lo is None:
@@ -291,24 +315,12 @@ class SplitAccumulator:
             raise ValueError(
                 f"accumulator is [V, H] = [{V}, {H}] but G_chunk is {tuple(G.shape)} and x_chunk {tuple(x.shape)}"
             )
+
+    def _add_pointer(self, G: torch.Tensor, x: torch.Tensor) -> None:
+        """``acc += Gᵀ·x`` with the pointer kernel: fixed tile configurations under the interpreter and for small
+        accumulators, autotuned otherwise."""
+        V, H = self.shape
         C = G.shape[0]
-        if C == 0 or V == 0 or H == 0 or self.device.type == "meta":
-            return
-        reason = unavailable_reason()
-        if reason is not None:
-            raise RuntimeError(f"SplitAccumulator: {reason}")
-        G = G if G.stride(1) == 1 else G.contiguous()
-        x = x if x.stride(1) == 1 else x.contiguous()
-        tma_ok = self.tma_eligible(G, x)
-        if kernel == "tma" and not tma_ok:
-            raise ValueError(
-                "SplitAccumulator.add_: kernel='tma' needs tensor descriptors here, 16-bit operands "
-                "and 16-byte-aligned rows and bases (see tma_eligible)"
-            )
-        big = INTERPRET or V * H >= TMA_MIN_ELEMENTS
-        if kernel == "tma" or (kernel == "auto" and tma_ok and big):
-            self._add_tma(G, x)
-            return
 
         def grid(meta: dict) -> tuple[int]:
             return (triton.cdiv(V, meta["BLOCK_M"]) * triton.cdiv(H, meta["BLOCK_N"]),)

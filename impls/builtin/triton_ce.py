@@ -20,6 +20,8 @@ It runs compiled on CUDA, and on CPU under ``TRITON_INTERPRET=1``, which numchec
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from numcheck.impls.builtin.ce_block import BlockResult, SoftmaxStats, _check_block
@@ -276,19 +278,62 @@ def ce_block_triton_(
     _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     if logits.stride(1) != 1:
         raise ValueError(f"logits must have unit stride along V, got strides {logits.stride()}")
-    C, V = logits.shape
-    dev = logits.device
+    result = _empty_result(logits.shape[0], logits.device, want_loss)
+    if logits.shape[0] == 0:
+        return result
+    _launch_ce_kernel(
+        logits,
+        target,
+        coef_ce,
+        coef_z,
+        result,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        class_weights=class_weights,
+        softcap=softcap,
+        z_loss_scale=z_loss_scale,
+        stats=stats,
+        want_loss=want_loss,
+        want_grad=want_grad,
+    )
+    return result
+
+
+def _empty_result(C: int, device: torch.device, want_loss: bool) -> BlockResult:
+    """The fp32 ``[C]`` outputs the kernel fills; ``ce`` and ``z`` only with ``want_loss``."""
     f32 = torch.float32
-    lse = torch.empty(C, dtype=f32, device=dev)
-    m_out = torch.empty(C, dtype=f32, device=dev)
-    logs_out = torch.empty(C, dtype=f32, device=dev)
-    ce = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
-    z = torch.empty(C, dtype=f32, device=dev) if want_loss else lse
+    lse = torch.empty(C, dtype=f32, device=device)
+    m_out = torch.empty(C, dtype=f32, device=device)
+    logs_out = torch.empty(C, dtype=f32, device=device)
+    ce = torch.empty(C, dtype=f32, device=device) if want_loss else None
+    z = torch.empty(C, dtype=f32, device=device) if want_loss else None
+    return BlockResult(ce, z, lse, SoftmaxStats(m_out, logs_out))
+
+
+def _launch_ce_kernel(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    coef_ce: torch.Tensor,
+    coef_z: torch.Tensor,
+    out: BlockResult,
+    *,
+    ignore_index: int,
+    label_smoothing: float,
+    class_weights: torch.Tensor | None,
+    softcap: float | None,
+    z_loss_scale: float,
+    stats: SoftmaxStats | None,
+    want_loss: bool,
+    want_grad: bool,
+) -> None:
+    """One launch of :func:`_ce_kernel` over the chunk's rows, writing ``out`` (and G into ``logits`` with
+    ``want_grad``). A pointer the kernel never reads (loss outputs without ``want_loss``, class weights without
+    ``HAS_CW``, statistics without ``HAS_STATS``) is given as ``out.lse``."""
+    C, V = logits.shape
+    f32 = torch.float32
+    lse = out.lse
     cw = class_weights.to(f32).contiguous() if class_weights is not None else None
     sw = cw.sum().reshape(1) if cw is not None else lse  # a pointer only read when HAS_CW
-    result = BlockResult(ce if want_loss else None, z if want_loss else None, lse, SoftmaxStats(m_out, logs_out))
-    if C == 0:
-        return result
     m_in, logs_in = (
         (stats.m.to(f32).contiguous(), stats.log_s.to(f32).contiguous()) if stats is not None else (lse, lse)
     )
@@ -303,11 +348,11 @@ def ce_block_triton_(
         sw,
         m_in,
         logs_in,
-        ce,
-        z,
+        out.ce if want_loss else lse,
+        out.z if want_loss else lse,
         lse,
-        m_out,
-        logs_out,
+        out.stats.m,
+        out.stats.log_s,
         C,
         V,
         int(ignore_index),
@@ -324,7 +369,6 @@ def ce_block_triton_(
         BLOCK_V=block_v,
         num_warps=warps,
     )
-    return result
 
 
 #: Tokens per chunk of the ``split_fp32`` impls: at V=131072 a bf16 logits chunk of 640 rows is 160 MiB, which
@@ -334,28 +378,30 @@ def ce_block_triton_(
 SPLIT_CHUNK_ROWS = 640
 
 
+def triton_support(**changes: Any) -> LinearCESupport:
+    """The declaration of a chunked impl with this module's kernel (with ``changes`` to its fields): it runs
+    where Triton does (CUDA, or the CPU under the interpreter, slowly) with :func:`elementary_error`'s accuracy."""
+    fields: dict[str, Any] = {
+        "returns_z_loss": True,
+        "all_ignored": "nan",
+        "devices": frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"}),
+        "elementary_error": elementary_error(INTERPRET),
+        "requires": unavailable_reason,
+        "slow": INTERPRET,
+    }
+    return LinearCESupport(**{**fields, **changes})
+
+
 def triton_impls() -> list[ChunkedLinearCE]:
     """``chunked_triton`` (fp32 [V, H] accumulator via addmm_out_dtype), and ``chunked_triton[split_fp32]`` /
     ``recompute_triton[split_fp32]`` (the exact fp32 sum held as the bf16 gradient plus a 16-bit lower half)."""
-    devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
     where = " [Triton interpreter]" if INTERPRET else ""
-
-    def support() -> LinearCESupport:
-        return LinearCESupport(
-            returns_z_loss=True,
-            all_ignored="nan",
-            devices=devices,
-            elementary_error=elementary_error(INTERPRET),
-            requires=unavailable_reason,
-            slow=INTERPRET,
-        )
-
     return [
         ChunkedLinearCE(
             "chunked_triton",
             path="addmm_out_dtype",
             kernel=ce_block_triton_,
-            support=support(),
+            support=triton_support(),
             description="chunked FLCE with the Triton CE kernel (online softmax, G in place of the logits), "
             "grad_weight via addmm_out_dtype" + where,
         ),
@@ -364,7 +410,7 @@ def triton_impls() -> list[ChunkedLinearCE]:
             path="split_fp32",
             kernel=ce_block_triton_,
             chunk_rows=SPLIT_CHUNK_ROWS,
-            support=support(),
+            support=triton_support(),
             description="chunked FLCE with the Triton CE kernel; grad_weight's exact fp32 sum kept as the bf16 "
             "gradient plus an int16 lower half, added by a Triton GEMM (impls.builtin.split_accum)" + where,
         ),
@@ -374,7 +420,7 @@ def triton_impls() -> list[ChunkedLinearCE]:
             kernel=ce_block_triton_,
             chunk_rows=SPLIT_CHUNK_ROWS,
             recompute=True,
-            support=support(),
+            support=triton_support(),
             description="recompute (O(N) held across backward) with the Triton CE kernel and the split fp32 "
             "accumulator" + where,
         ),

@@ -43,8 +43,9 @@ class _SumAcrossRanks(torch.autograd.Function):
         return g, None
 
 
-class _CopyToRanks(torch.autograd.Function):
-    """x as every rank uses it: identity forward, all-reduce (SUM) of the gradient backward."""
+class CopyToRanks(torch.autograd.Function):
+    """x as every rank uses it: identity forward, all-reduce (SUM) of the gradient backward, in the gradient's
+    own dtype (x's). Shared with the TransformerEngine adapter's distributed face, whose ranks take x alike."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -85,7 +86,7 @@ class VocabParallelCE:
     # -- the steps a mutant may replace ------------------------------------------------------------------
     def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
         """x as this rank's matmul sees it; its gradient is all-reduced across ranks."""
-        return _CopyToRanks.apply(x, group)
+        return CopyToRanks.apply(x, group)
 
     def owns_target(self, local: torch.Tensor, size: int) -> torch.Tensor:
         """Which rows' targets fall in this rank's shard (``local`` = target − vocab_start)."""

@@ -78,7 +78,7 @@ import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
@@ -128,6 +128,86 @@ class QuantizedTensor:
     scale_code: torch.Tensor | None = None
 
 
+def _declared_recipes(own: str, value: object) -> tuple[Fp8Recipe, ...]:
+    """``recipes`` as :class:`Fp8Recipe` objects (a kind name stands for that kind's defaults); none is invalid."""
+    recipes = decl.collection(own, "recipes", value, "(Fp8Recipe('current'),)")
+    if not recipes:
+        raise invalid(
+            f"{own}.recipes is empty: the suite could draw no case for the impl",
+            "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).",
+        )
+    out = []
+    for r in recipes:
+        if isinstance(r, str):  # a recipe kind with its default parameters
+            if r not in RECIPE_KINDS:
+                raise invalid(
+                    f"{own}.recipes names {r!r}, which is not a recipe kind",
+                    f"Recipe kinds are {RECIPE_KINDS}; give Fp8Recipe(kind, ...) for other "
+                    f"parameters.{decl.did_you_mean(r, RECIPE_KINDS, _RECIPE_ALIASES)}",
+                )
+            r = Fp8Recipe(r)
+        if not isinstance(r, Fp8Recipe):
+            raise invalid(
+                f"{own}.recipes must hold Fp8Recipe objects (or recipe kind names), got {r!r}",
+                f"e.g. recipes=(Fp8Recipe('current'), Fp8Recipe('mxfp8')); kinds: {RECIPE_KINDS}.",
+            )
+        out.append(r)
+    return tuple(out)
+
+
+def _declared_save_original_input(own: str, value: object) -> frozenset[bool]:
+    """``save_original_input`` as a frozenset: a non-empty collection of bools."""
+    soi = decl.collection(own, "save_original_input", value, "(False, True)")
+    if not soi or any(not isinstance(v, bool) for v in soi):
+        raise invalid(
+            f"{own}.save_original_input={value!r} must be a non-empty collection of False and/or True",
+            "e.g. save_original_input=(False, True), or (False,) without PR #1865.",
+        )
+    return frozenset(soi)
+
+
+class _PerDevice(NamedTuple):
+    """A field declared once or per device type: what each value ``must`` be and the test of it (``ok``), and how
+    to fix a mapping that misses a declared device (``fix_missing``) or a wrong value (``fix_value``)."""
+
+    must: str
+    ok: Callable[[Any], bool]
+    fix_missing: str
+    fix_value: str
+
+
+_PER_DEVICE: dict[str, _PerDevice] = {
+    "accum_unit_roundoff": _PerDevice(
+        "floats in (0, 0.5)",
+        lambda v: isinstance(v, float) and 0.0 < v < 0.5,
+        "Give one float per declared device, e.g. {'cpu': 2.0**-24, 'cuda': 2.0**-13}.",
+        "Give the GEMM accumulation's unit roundoff: 2.0**-24 for fp32, 2.0**-13 for Hopper's FP8 tensor cores.",
+    ),
+    "accum_chunk": _PerDevice(
+        "positive ints or None",
+        lambda c: c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1),
+        "Give one entry per declared device (an int, or None for no promotion).",
+        "Give the promotion interval in products, or None when the whole reduction runs at accum_unit_roundoff.",
+    ),
+}
+
+
+def _declared_per_device(own: str, name: str, value: object, devices: frozenset[str]) -> object:
+    """``value`` of the :data:`_PER_DEVICE` field ``name`` as stored: a mapping, read-only, must name every declared
+    device; each value (or the one value) must pass the field's test."""
+    rule = _PER_DEVICE[name]
+    if isinstance(value, Mapping):
+        missing = set(devices) - set(value)
+        if missing:
+            raise invalid(f"{own}.{name} has no entry for declared devices {sorted(missing)}", rule.fix_missing)
+        stored, values = MappingProxyType(dict(value)), list(value.values())
+    else:
+        stored, values = value, [value]
+    if not all(rule.ok(v) for v in values):
+        raise invalid(f"{own}.{name} must be {rule.must}, got {value!r}", rule.fix_value)
+    return stored
+
+
 @dataclass(frozen=True)
 class QuantLinearSupport:
     """What a quantized-linear implementation declares.
@@ -162,77 +242,14 @@ class QuantLinearSupport:
     def __post_init__(self) -> None:
         own = type(self).__name__  # a subclass (the grouped declaration) names itself
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
-        recipes = decl.collection(own, "recipes", self.recipes, "(Fp8Recipe('current'),)")
-        if not recipes:
-            raise invalid(
-                f"{own}.recipes is empty: the suite could draw no case for the impl",
-                "Name at least one recipe, e.g. recipes=(Fp8Recipe('current'),) or recipes=('current',).",
-            )
-        out = []
-        for r in recipes:
-            if isinstance(r, str):  # a recipe kind with its default parameters
-                if r not in RECIPE_KINDS:
-                    raise invalid(
-                        f"{own}.recipes names {r!r}, which is not a recipe kind",
-                        f"Recipe kinds are {RECIPE_KINDS}; give Fp8Recipe(kind, ...) for other "
-                        f"parameters.{decl.did_you_mean(r, RECIPE_KINDS, _RECIPE_ALIASES)}",
-                    )
-                r = Fp8Recipe(r)
-            if not isinstance(r, Fp8Recipe):
-                raise invalid(
-                    f"{own}.recipes must hold Fp8Recipe objects (or recipe kind names), got {r!r}",
-                    f"e.g. recipes=(Fp8Recipe('current'), Fp8Recipe('mxfp8')); kinds: {RECIPE_KINDS}.",
-                )
-            out.append(r)
-        set_("recipes", tuple(out))
+        set_("recipes", _declared_recipes(own, self.recipes))
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
-        soi = decl.collection(own, "save_original_input", self.save_original_input, "(False, True)")
-        if not soi or any(not isinstance(v, bool) for v in soi):
-            raise invalid(
-                f"{own}.save_original_input={self.save_original_input!r} must be a non-empty collection of "
-                f"False and/or True",
-                "e.g. save_original_input=(False, True), or (False,) without PR #1865.",
-            )
-        set_("save_original_input", frozenset(soi))
+        set_("save_original_input", _declared_save_original_input(own, self.save_original_input))
         decl.bools(own, self, ("bias", "exposes_quantize"))
         decl.requirement(own, self.requires)
-        us = self.accum_unit_roundoff
-        if isinstance(us, Mapping):
-            set_("accum_unit_roundoff", MappingProxyType(dict(us)))
-            vals = list(us.values())
-            missing = set(self.devices) - set(us)
-            if missing:
-                raise invalid(
-                    f"{own}.accum_unit_roundoff has no entry for declared devices {sorted(missing)}",
-                    "Give one float per declared device, e.g. {'cpu': 2.0**-24, 'cuda': 2.0**-13}.",
-                )
-        else:
-            vals = [us]
-        if not all(isinstance(v, float) and 0.0 < v < 0.5 for v in vals):
-            raise invalid(
-                f"{own}.accum_unit_roundoff must be floats in (0, 0.5), got {us!r}",
-                "Give the GEMM accumulation's unit roundoff: 2.0**-24 for fp32, 2.0**-13 for Hopper's FP8 "
-                "tensor cores.",
-            )
-        ch = self.accum_chunk
-        if isinstance(ch, Mapping):
-            set_("accum_chunk", MappingProxyType(dict(ch)))
-            missing = set(self.devices) - set(ch)
-            if missing:
-                raise invalid(
-                    f"{own}.accum_chunk has no entry for declared devices {sorted(missing)}",
-                    "Give one entry per declared device (an int, or None for no promotion).",
-                )
-            cvals = list(ch.values())
-        else:
-            cvals = [ch]
-        if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in cvals):
-            raise invalid(
-                f"{own}.accum_chunk must be positive ints or None, got {ch!r}",
-                "Give the promotion interval in products, or None when the whole reduction runs at "
-                "accum_unit_roundoff.",
-            )
+        for name in _PER_DEVICE:
+            set_(name, _declared_per_device(own, name, getattr(self, name), self.devices))
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""

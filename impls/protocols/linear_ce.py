@@ -147,6 +147,41 @@ OPTION_KEYWORDS: dict[str, str] = {
 ALWAYS_PASSED: tuple[str, ...] = ("reduction", "ignore_index")
 
 
+#: The support fields that take one of a few values, with those values.
+_CHOICES: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("all_ignored", ("nan", "zero", None)),
+    ("grad_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
+    ("grad_x_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
+    ("logits_dtype", ("compute", "float32")),
+    ("ce_dtype", ("float32", "compute")),
+    ("target_logit", ("logits", "rounded_products")),
+    ("loss_dtype", ("input", "compute")),
+)
+
+
+def _check_choices(own: str, support: object) -> None:
+    """Each field of :data:`_CHOICES` holds one of its values (a near miss of a string is named)."""
+    for name, allowed in _CHOICES:
+        value = getattr(support, name)
+        if value not in allowed:
+            raise invalid(
+                f"{own}.{name}={value!r} is not one of {allowed}",
+                f"See LinearCESupport's docstring for what each value means."
+                f"{decl.did_you_mean(value, [a for a in allowed if a], None) if isinstance(value, str) else ''}",
+            )
+
+
+def _check_chunk_sizes(own: str, support: object) -> None:
+    """``chunk_rows`` and ``chunk_cols`` are each an int >= 1 or ``None``."""
+    for name in ("chunk_rows", "chunk_cols"):
+        value = getattr(support, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise invalid(
+                f"{own}.{name} must be an int >= 1 or None, got {value!r}",
+                "Give the rows (classes) per chunk, or None for one pass.",
+            )
+
+
 @dataclass(frozen=True)
 class LinearCESupport:
     """What a linear+CE implementation declares it supports.
@@ -259,30 +294,8 @@ class LinearCESupport:
                 for c in combos
             ),
         )
-        choices: tuple[tuple[str, tuple[Any, ...]], ...] = (
-            ("all_ignored", ("nan", "zero", None)),
-            ("grad_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
-            ("grad_x_accumulation", ("fp32", "per_chunk_rounding", "param_dtype")),
-            ("logits_dtype", ("compute", "float32")),
-            ("ce_dtype", ("float32", "compute")),
-            ("target_logit", ("logits", "rounded_products")),
-            ("loss_dtype", ("input", "compute")),
-        )
-        for name, allowed in choices:
-            value = getattr(self, name)
-            if value not in allowed:
-                raise invalid(
-                    f"{own}.{name}={value!r} is not one of {allowed}",
-                    f"See LinearCESupport's docstring for what each value means."
-                    f"{decl.did_you_mean(value, [a for a in allowed if a], None) if isinstance(value, str) else ''}",
-                )
-        for name in ("chunk_rows", "chunk_cols"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise invalid(
-                    f"{own}.{name} must be an int >= 1 or None, got {value!r}",
-                    "Give the rows (classes) per chunk, or None for one pass.",
-                )
+        _check_choices(own, self)
+        _check_chunk_sizes(own, self)
         _check_chunk_rule(own, self.chunk_rule, self.chunk_rows)
         set_("elementary_error", _elementary(own, self.elementary_error))
         decl.bools(own, self, ("returns_z_loss", "slow", "deterministic"))

@@ -23,9 +23,8 @@ import torch
 
 from numcheck.impls.builtin.ce_block import BlockResult, SoftmaxStats, _check_block
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
-from numcheck.impls.protocols.linear_ce import LinearCESupport
-from numcheck.impls.builtin.triton_ce import _launch_shape, elementary_error
-from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
+from numcheck.impls.builtin.triton_ce import _launch_shape, triton_support
+from numcheck.impls.triton_lang import tl, triton, unavailable_reason
 
 #: Elements an int32 offset addresses before it wraps; the guard in front of the logits (see the module docstring).
 GUARD = 2**31
@@ -152,19 +151,6 @@ def ce_block_int32_(
     )
 
 
-def _support() -> LinearCESupport:
-    devices = frozenset({"cpu"}) if INTERPRET else frozenset({"cuda"})
-    return LinearCESupport(
-        options=frozenset({"ignore_index"}),
-        returns_z_loss=True,
-        all_ignored="nan",
-        devices=devices,
-        elementary_error=elementary_error(INTERPRET),
-        requires=unavailable_reason,
-        slow=INTERPRET,
-    )
-
-
 #: One chunk of every row (N below 2⁶² is always one chunk).
 WHOLE = 2**62
 
@@ -173,6 +159,6 @@ int32_offsets = ChunkedLinearCE(
     path="addmm_out_dtype",
     chunk_rows=WHOLE,
     kernel=ce_block_int32_,
-    support=_support(),
+    support=triton_support(options=frozenset({"ignore_index"})),
     description="mutant: chunked_triton's structure over the whole [N, V] logits, element offsets in int32",
 )
