@@ -27,9 +27,11 @@ Usage:
   python docs/evidence/te_releases.py --install DIR          # pip install --no-deps --target DIR/X for every release
   python docs/evidence/te_releases.py DIR [--only 2.8.0,2.20.2] [-n 2] [--parallel 1] [--report] [--keep-stale]
                                         [--out docs/evidence/te_releases.txt]
-``--parallel K`` judges K releases at once (a many-core machine: ``tools/gpu/te_table.sh`` runs this on the GPU
-machine's CPUs with the GPU hidden); ``--keep-stale`` renders records kept from an earlier run by other numcheck code
-(the table names their code and the machine each ran on).
+``--parallel K`` judges K releases at once (on a many-core machine); ``--keep-stale`` renders records kept from an
+earlier run by other numcheck code (the table names their code and the machine each ran on). The GPU machine's CPUs
+cannot stand in for this machine's: under its Triton 3.6 interpreter every TE release's kernels fail to run
+("TypeError: only 0-dimensional arrays can be converted to Python scalars", measured on all 23 releases), so the
+adapter reports them unavailable there.
 DIR holds one folder per release, named by its version. ``--install`` asks ``pip index versions transformer-engine``
 which releases exist and installs each from 2.2.0 on (the first with the fused CE) into DIR.
 """
