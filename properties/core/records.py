@@ -6,7 +6,9 @@ call of :func:`note` appends one JSON line per judged output of an analytic comp
 dtype, error/bound under the hard bound, whether it was within it, and the problem. Every example hypothesis runs
 is recorded, passing or failing (a failing one is noted before the property raises), so the sweep's tightness
 table sees the whole distribution the suite drew, not only the worst case of each test. A z-loss output of a
-problem without z-loss (identically zero) is not recorded.
+problem without z-loss (identically zero) is not recorded. Judgement (b) is recorded beside (a): one row per output
+it judged, named ``<output> (b)``, its ratio the impl's RMSE over the allowance (k·yardstick RMSE + slack), so the
+tables give both margins a user can read.
 """
 
 from __future__ import annotations
@@ -97,6 +99,23 @@ def note(impl: Any, prop: str, p: Problem, result: Any) -> None:
             ratio=_ratio(c.ratio),
             ok=c.ok,
             state=c.state,
+            problem=case,
+        )
+        _sink.write(json.dumps({k: row[k] for k in FIELDS}) + "\n")
+    for output, r in result.relative.items():
+        if not r.judged or not r.allowed > 0:
+            continue  # not judged by (b) (too few elements, a known divergence): no ratio to record
+        analytic = result.analytic.get(output)
+        row = dict(
+            _test,
+            impl=impl.name,
+            property=prop,
+            dtype=label,
+            output=f"{output} (b)",
+            output_dtype=analytic.dtype if analytic is not None else "",
+            ratio=_ratio(r.rmse_impl / r.allowed),
+            ok=r.ok,
+            state=f"(b) relative to {r.yardstick}",
             problem=case,
         )
         _sink.write(json.dumps({k: row[k] for k in FIELDS}) + "\n")

@@ -290,7 +290,8 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
         lines += [f"(b) relative to the declared path: {r.describe()}" for r in relative.values() if not r.ok]
     # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
     # grow with P) and from the single-device suite's outputs.
-    records.note(impl, prop, case.problem, AccuracyResult(problem=case.problem, analytic=recorded))
+    judged_b = {f"{name} (P={case.world_size})": r for name, r in relative.items()}
+    records.note(impl, prop, case.problem, AccuracyResult(problem=case.problem, analytic=recorded, relative=judged_b))
     if lines:
         fail(impl, prop, case, *lines)
     return worst

@@ -62,6 +62,10 @@ def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
         assert s["records"] > 0 and s["seconds"] > 0
     rows = data["tightness"]
     assert rows and {r["output"] for r in rows} >= {"loss", "grad_x", "grad_weight"}
+    # judgement (b) beside (a): its ratio is the RMSE over the allowance, so a passing impl stays below 1 too
+    assert {r["output"] for r in rows} >= {"loss (b)", "grad_x (b)", "grad_weight (b)"}, sorted(
+        {r["output"] for r in rows}
+    )
     assert sum(r["count"] for r in rows) == sum(s["records"] for s in data["seeds"])
     for r in rows:
         assert r["nonfinite"] == 0 and 0 <= r["median"] <= r["p90"] <= r["max"] <= 1, r
