@@ -286,6 +286,7 @@ def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Chec
         detail = c.get("error") or "; ".join(c.get("failures", [])[:1])
         details.append(
             f"`{c['impl']}` on `{c['label']}`: {detail[:300]}"
+            + (f"\n  - chunks: {c['chunks']}" if c.get("chunks") else "")
             + (f"\n  - reproduce: `{c['repro']}`" if c.get("repro") else "")
         )
     not_run = [f"`{i['name']}`: {i['status']} — {i['reason']}" for i in report["impls"] if i["status"] != "ran"]

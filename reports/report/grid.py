@@ -20,6 +20,13 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
   otherwise never run the others (label smoothing only beside class weights); the quick grid keeps only the fixed
   regime cases (:data:`QUICK_OPTIONS`).
 
+* **Many-chunk cases**, per impl, from its declared chunking (:func:`many_chunk_cases`, the layout of the suite's
+  ``test_many_chunks``, :mod:`properties.core.chunks`): in each low-precision plain dtype and each declared reduction,
+  post-norm rows whose count makes 2/u + 1 chunks of its declared ``chunk_rows`` or ``chunk_rule`` (257 for a
+  ``slow`` impl, which runs them in its coarsest dtype and first reduction only, as the suite's draws do), or rows
+  past any chunk size it may use undeclared; one row a chunk of its ``with_chunk_rows`` variant where it has one. A
+  running sum across chunks kept in the compute dtype shows only there: the other cases span a few chunks at most.
+
 Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
 counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
 
@@ -178,6 +185,7 @@ class GridSpec:
         declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
         declared_shape: (N, H, V) of the linear+CE declared cases (small: an interpreted kernel's time grows with
             the rows, and the options' semantics show at any size).
+        many_chunks: add each linear+CE impl's many-chunk cases (:func:`many_chunk_cases`).
         grouped_cases: labels of :data:`GROUPED_CASES` to run.
         grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
         seed: seed of the random cases.
@@ -202,6 +210,7 @@ class GridSpec:
     tp_all_recipes: bool = False
     declared: bool = True
     declared_shape: tuple[int, int, int] = (17, 16, 24)
+    many_chunks: bool = False
     grouped_cases: tuple[str, ...] = tuple(GROUPED_CASES)
     grouped_all_recipes: bool = False
     seed: int = 20250601
@@ -252,6 +261,12 @@ class GridSpec:
                 if self.declared
                 else " No declared cases."
             )
+            + (
+                f" Per linear+CE impl, many chunks as it declares them: {', '.join(MANY_CHUNK_DTYPES)}, each declared "
+                "reduction, post-norm rows (the coarsest dtype and first reduction only for a slow impl)."
+                if self.many_chunks
+                else ""
+            )
         )
 
 
@@ -275,6 +290,7 @@ QUICK = GridSpec(
     quant_all_dtypes=False,
     quant_regimes=("wide", "outlier"),
     quant_extras=False,
+    many_chunks=True,
 )
 FULL = GridSpec(
     name="full",
@@ -293,6 +309,7 @@ FULL = GridSpec(
     quant_extras=True,
     tp_all_recipes=True,
     grouped_all_recipes=True,
+    many_chunks=True,
 )
 SMOKE = GridSpec(
     name="smoke",
@@ -324,6 +341,8 @@ class GridCase:
     group: str
     mode: str
     case: Any  # Problem or QuantCase
+    #: What the case's rows make of the impl's chunks, where the case is built from them (a many-chunk case).
+    chunks: str = field(default="", compare=False)
 
 
 def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields: Any) -> Problem:
@@ -413,6 +432,11 @@ class NotRun(Counter):
         self[reason] += 1
         self.named.append({"group": group, "mode": mode, "case": label, "reason": reason})
 
+    def merge(self, other: "NotRun") -> None:
+        """Count and name the cases ``other`` holds as well."""
+        self.update(other)
+        self.named.extend(other.named)
+
 
 def option_groups(support: Any) -> list[tuple[str, ...]]:
     """The declared options in combined groups: as many together as ``option_combinations_excluded`` allows,
@@ -495,6 +519,85 @@ def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridC
             for mode in _declared_modes(spec, impl, p)
         ]
     return out
+
+
+#: The dtypes of the many-chunk cases (:func:`many_chunk_cases`): those whose running sum across chunks, kept in
+#: the compute dtype, drops increments within a draw (bf16 after about 128–256 chunks, fp16 2048–4096:
+#: :data:`properties.core.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
+MANY_CHUNK_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+#: The upstream gradient of a many-chunk case at each reduction: one that reaches every chunk alike, so the chunks'
+#: partial sums of grad_weight share a sign on post-norm rows and a narrow running sum's roundings add up (a per-row
+#: upstream gives partials of either sign, where one can pass: properties.core.suite's covering rows).
+MANY_CHUNK_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "one"}
+
+
+def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
+    """(N, H, V) of a many-chunk case of ``chunks_wanted`` chunks of ``layout``
+    (:class:`properties.core.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.core.chunks.
+    rule_shapes`), else the fewest rows of :meth:`~properties.core.chunks.Layout.n_range` with the largest V and H the
+    suite's draws take at that N (:func:`~properties.core.chunks.v_cap`, at least
+    :data:`~properties.core.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.core.chunks.MANY_CHUNK_MIN_H`): few
+    classes and hidden features, so grad_weight's error comes from the sum across chunks."""
+    from numcheck.properties.core import chunks
+
+    if layout.rule is not None:
+        return chunks.rule_shapes(layout.rule, chunks_wanted, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)[0]
+    N = layout.n_range(chunks_wanted)[0]
+    V = max(chunks.MANY_CHUNK_MIN_V, chunks.v_cap(N))
+    return N, max(chunks.MANY_CHUNK_MIN_H, min(chunks.MAX_H, V // 3)), V
+
+
+def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
+    """A linear+CE impl's many-chunk cases (module docstring) as ``(impl to run, case)``: the impl's
+    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.core.strategies.many_chunk_layout`, as
+    the suite's ``test_many_chunks``), else the impl; and the cases it does not run, named with the reason (a dtype or
+    reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
+    dtype past its coarsest or a reduction past its first)."""
+    from numcheck.properties.core import chunks
+    from numcheck.properties.core.known import known
+    from numcheck.properties.core.strategies import many_chunk_layout, refusal
+
+    not_run = NotRun()
+    if not spec.many_chunks:
+        return [], not_run
+    s = impl.support
+    lay = many_chunk_layout(impl)
+    slow = bool(s.slow)
+    coarsest = next((d for d in MANY_CHUNK_DTYPES if dtype_of(d) in s.dtypes), None)
+    first = next((r for r in REDUCTION_ORDER if r in s.reductions), None)
+    out: list[tuple[Any, GridCase]] = []
+    for dtype in MANY_CHUNK_DTYPES:
+        k = chunks.many_chunks(dtype, lay.rows, slow)
+        N, H, V = many_chunk_shape(lay, k)
+        for red in [r for r in REDUCTION_ORDER if r in s.reductions]:
+            p = Problem(
+                N=N,
+                H=H,
+                V=V,
+                dtype=dtype,
+                reduction=red,
+                upstream=MANY_CHUNK_UPSTREAM[red],
+                regime="post_norm",
+                seed=_label_seed(7000, f"{dtype}+{red}"),
+                device=device,
+            )
+            divergence = known(lay.impl.name, "many_chunks", p)
+            why = (
+                refusal(s, p)
+                or (divergence and f"known divergence: {divergence.reason}")
+                or (
+                    f"declared slow: its many-chunk cases run in {coarsest} and {first!r} only, {k} chunks "
+                    "(numcheck.properties.core.chunks.many_chunks), as the suite's draws"
+                    if slow and (dtype, red) != (coarsest, first)
+                    else None
+                )
+            )
+            gc = GridCase("many_chunks", dtype, p, chunks=lay.describe(N, H, V))
+            if why:
+                not_run.add(gc.group, gc.mode, p.short(), why)
+            else:
+                out.append((lay.impl, gc))
+    return out, not_run
 
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

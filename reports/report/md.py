@@ -540,6 +540,8 @@ def _failures_section(fails: list[dict]) -> list[str]:
     for c in fails:
         detail = c.get("error") or "; ".join(c.get("failures", [])[:2])
         lines.append(f"- ❌ `{c['impl']}` on `{c['label']}` ({c['status']}): {detail[:400]}")
+        if c.get("chunks"):
+            lines.append(f"  - chunks: {c['chunks']}")
         if c.get("repro"):
             lines.append(f"  - reproduce: `{c['repro']}`")
     return lines + [""]

@@ -36,6 +36,7 @@ from numcheck.reports.report.grid import (
     grouped_cases,
     in_declared_reduction,
     linear_ce_cases,
+    many_chunk_cases,
     quant_cases,
     tp_cases,
 )
@@ -142,7 +143,9 @@ def plan(
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases, and cases a recorded known
     divergence of the impl covers (:mod:`properties.core.known`, left out of the suite's draws too), are counted per
-    reason (``not_declared``) and named (``not_run``)."""
+    reason (``not_declared``) and named (``not_run``). A linear+CE impl's many-chunk cases
+    (:func:`~reports.report.grid.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
+    name and declaration)."""
     from numcheck.properties.core.known import known
     from numcheck.properties.core.strategies import refusal
 
@@ -154,6 +157,7 @@ def plan(
         if not runs:
             continue
         impl = entry.impl
+        mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
         if impl.kind == "linear_ce":
             not_run = NotRun()
             fixed = {gc.case for gc in lin}
@@ -170,7 +174,10 @@ def plan(
                 if why:
                     not_run.add(gc.group, gc.mode, gc.case.short(), why)
                 else:
-                    work.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
+                    mine.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
+            many, left_out = many_chunk_cases(spec, impl, device)
+            mine += many
+            not_run.merge(left_out)
             info["not_declared"], info["not_run"] = dict(not_run), not_run.named
         elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
             by_kind = {
@@ -183,7 +190,7 @@ def plan(
             except ValueError as exc:
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
-            work.extend((impl, gc) for gc in cases)
+            mine += [(impl, gc) for gc in cases]
             info["not_declared"], info["not_run"] = dict(refused), refused.named
         else:
             try:
@@ -191,8 +198,9 @@ def plan(
             except ValueError as exc:
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
-            work.extend((impl, gc) for gc in cases)
-        info["unreached"] = unreached(impl, [gc.case for i, gc in work if i is impl])
+            mine += [(impl, gc) for gc in cases]
+        work += mine
+        info["unreached"] = unreached(impl, [gc.case for _, gc in mine])
     return infos, work
 
 

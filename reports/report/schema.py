@@ -15,7 +15,8 @@ so the file is strict JSON; :func:`load` turns them back)::
                 "not_run": [{"group", "mode", "case", "reason"}], "unreached": [declared behaviour]}],
      "cases": [{"impl", "kind", "case" (repr: valid Python), "label", "group", "mode", "status":
                 "pass" | "fail" | "error", "error", "verdicts": {judgement: bool}, "ratio_hard",
-                "ratio_expected", "seconds", "failures": [str], "repro",
+                "ratio_expected", "seconds", "failures": [str], "repro", "chunks" (a many-chunk case: what its
+                rows make of the impl's chunks),
                 "outputs": {name: {"dtype", "reduction_length", "numel", "max_abs", "max_rel", "rmse",
                                    "max_ulp", "ratio_hard", "ratio_expected", "worst_index", "impl_value",
                                    "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
@@ -628,7 +629,7 @@ def case_text(case: Any) -> str:
 
 def _base(impl: Any, grid_case: Any, status: str, seconds: float) -> dict[str, Any]:
     c = grid_case.case
-    return {
+    rec = {
         "impl": impl.name,
         "kind": impl.kind,
         "case": case_text(c),
@@ -638,3 +639,6 @@ def _base(impl: Any, grid_case: Any, status: str, seconds: float) -> dict[str, A
         "status": status,
         "seconds": round(seconds, 3),
     }
+    if getattr(grid_case, "chunks", ""):
+        rec["chunks"] = grid_case.chunks
+    return rec

@@ -3,9 +3,10 @@ reduction run alone and combined (linear+CE and distributed), uneven vocabulary 
 not run named with its reason, the declared behaviours a grid did not reach named (and premerge's report line citing
 them when the suite failed where the report passed); a report written whatever its data (NaN everywhere, a
 distributed-only impl); the headline when only built-ins were judged; relative errors where the oracle is 0; a bad
-``--impl`` value.
+``--impl`` value; many chunks of a chunked impl as it declares them, as the suite's ``test_many_chunks`` draws them.
 
-The impls are written as a user writes them (:mod:`numcheck.tests.self.helpers.report_strict_impls`).
+The impls are written as a user writes them (:mod:`numcheck.tests.self.helpers.report_strict_impls`,
+:mod:`numcheck.tests.self.helpers.user_chunked`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,24 @@ from numcheck.reports import cli
 from numcheck.reports.premerge import command as premerge
 from numcheck.reports.report import md as report_md, schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
-from numcheck.reports.report.grid import DIST_UNEVEN_V, QUICK, SMOKE, declared_cases, dist_cases, option_groups
+from numcheck.properties.core import chunks
+from numcheck.reports.report.grid import (
+    DIST_UNEVEN_V,
+    QUICK,
+    SMOKE,
+    declared_cases,
+    dist_cases,
+    many_chunk_cases,
+    option_groups,
+)
 from numcheck.reports.report.run import plan
 from numcheck.tests.self.helpers import report_strict_impls as helpers
+from numcheck.tests.self.helpers import user_chunked
 
 MOD = "numcheck.tests.self.helpers.report_strict_impls"
 SMOOTH, SMOOTH_BAD = f"{MOD}:smoothing_ce", f"{MOD}:smoothing_ce_ignored_grad"
 VP, VP_BAD = f"{MOD}:vp_ce", f"{MOD}:vp_ce_rank_start"
+CHUNKED = "numcheck.tests.self.helpers.user_chunked"
 
 
 def _report(grid, specs):
@@ -48,6 +60,13 @@ def smoothing_report() -> dict:
 def vp_report() -> dict:
     """The quick grid over the vocabulary-parallel impl and its twin starting its shard at rank·V_r."""
     return _report(QUICK, [VP, VP_BAD])
+
+
+@pytest.fixture(scope="module")
+def chunked_report() -> dict:
+    """The quick grid over a chunked impl declared with the decorator (chunk_rows=64, no with_chunk_rows) whose
+    grad_weight running sum across chunks is kept in bf16, and its twin keeping it in fp32."""
+    return _report(QUICK, [f"{CHUNKED}:bf16_sum_c64", f"{CHUNKED}:fp32_sum_c64"])
 
 
 @pytest.fixture(scope="module")
@@ -134,17 +153,16 @@ def test_each_case_not_run_is_named_with_its_reason(smoothing_report):
 
 
 def test_a_declared_behaviour_the_grid_does_not_reach_is_named():
-    """A declared dtype no case of the quick grid runs in for the impl (float16: its declared cases run in bfloat16,
-    the random float16 cases use options it does not declare) is listed as unreached."""
-    fp16 = dataclasses.replace(
+    """A declared autocast dtype no case of the quick grid runs under for the impl (AMP float16: the quick grid's
+    ladders and option cases are AMP bf16, its declared cases then run in bfloat16, no random case is AMP fp16) is
+    listed as unreached."""
+    amp16 = dataclasses.replace(
         helpers.smoothing_ce,
-        support=dataclasses.replace(
-            helpers.smoothing_ce.support, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16})
-        ),
+        support=dataclasses.replace(helpers.smoothing_ce.support, autocast=frozenset({torch.float16})),
     )
     entry = next(e for e in discover([SMOOTH]))
-    infos, _ = plan([dataclasses.replace(entry, impl=fp16)], QUICK, "cpu")
-    assert infos[0]["unreached"] == ["dtype float16"], infos[0]["unreached"]
+    infos, _ = plan([dataclasses.replace(entry, impl=amp16)], QUICK, "cpu")
+    assert infos[0]["unreached"] == ["autocast float16"], infos[0]["unreached"]
 
 
 def test_premerge_report_line_names_what_the_grid_missed_when_the_suite_failed(smoothing_report, smoke_eager):
@@ -161,6 +179,70 @@ def test_premerge_report_line_names_what_the_grid_missed_when_the_suite_failed(s
     )
     line = premerge.check_report(good, "quick", suite_failed=True)
     assert line.ok and "reached every behaviour" in line.figure, line.figure
+
+
+# -- linear+CE: many chunks, as declared --------------------------------------------------------------------
+def test_quick_report_fails_a_bf16_running_sum_over_many_declared_chunks(chunked_report):
+    """A decorator-declared chunked impl (chunk_rows=64) keeping its grad_weight running sum in bf16 fails the quick
+    report on its many-chunk cases, 513 chunks of the declared 64 rows in bf16 (named in the record and in premerge's
+    report line), and premerge's report line; its fp32-sum twin passes every case, each many-chunk case included."""
+    bad = _by_impl(chunked_report, user_chunked.bf16_sum_c64.name)
+    failing = [c for c in bad if c["status"] != "pass"]
+    assert failing and all(c["group"] == "many_chunks" and c["mode"] == "bfloat16" for c in failing), failing
+    assert all(not c["outputs"]["grad_weight"]["verdicts"]["analytic"] for c in failing), failing
+    assert {c["chunks"] for c in failing} == {"32769 rows in 513 chunks of 64 (the declared chunk_rows)"}, failing
+    line = premerge.check_report(chunked_report, "quick")
+    assert not line.ok and any("513 chunks of 64" in d for d in line.details), line.details
+    good = _by_impl(chunked_report, user_chunked.fp32_sum_c64.name)
+    assert good and all(c["status"] == "pass" for c in good), [c["label"] for c in good if c["status"] != "pass"]
+    ran = {(c["mode"], c["label"].split("-")[2]) for c in good if c["group"] == "many_chunks"}
+    assert ran == {(d, r) for d in ("bfloat16", "float16") for r in ("mean", "sum", "none")}, ran
+
+
+def test_many_chunk_cases_the_declaration_excludes_are_named(chunked_report):
+    """The bf16-sum impl declares no float16: its float16 many-chunk cases are named as not run, with the reason."""
+    info = next(i for i in chunked_report["impls"] if i["name"] == user_chunked.bf16_sum_c64.name)
+    named = [c for c in info["not_run"] if c["group"] == "many_chunks"]
+    assert {c["mode"] for c in named} == {"float16"} and len(named) == 3, named
+    assert all("float16 not declared" in c["reason"] for c in named), named
+
+
+def test_many_chunk_cases_follow_the_suites_layout():
+    """The many-chunk cases take the suite's chunk counts from the declaration alone: 2/u + 1 chunks of a declared
+    chunk size or rule in each dtype (at most MANY_CHUNK_MAX_ROWS rows), past UNDECLARED_CHUNK_ROWS rows where no
+    chunk size is declared; a slow impl runs MANY_CHUNKS chunks in its coarsest dtype and first reduction only, the
+    others named with the reason."""
+    impls = {
+        "rows": user_chunked.fp32_sum_c64,
+        "rule": user_chunked.fp32_sum_rule,
+        "undeclared": next(e.impl for e in discover(["eager"])),
+    }
+    for how, impl in impls.items():
+        cases, not_run = many_chunk_cases(QUICK, impl)
+        assert len(cases) == 6 and not not_run, (how, not_run.named)
+        for run_as, gc in cases:
+            p = gc.case
+            assert run_as is impl and p.regime == "post_norm" and p.upstream != "per_row", (how, p)
+            if how == "undeclared":
+                assert p.N > chunks.UNDECLARED_CHUNK_ROWS, p
+                continue
+            k = chunks.chunk_count(impl.support, p.N, p.H, p.V)
+            assert f"in {k} chunks of" in gc.chunks, gc.chunks
+            if how == "rows":
+                assert k == chunks.many_chunks(p.dtype, 64) >= chunks.MANY_CHUNKS, (p, k)
+            else:  # the suite's cheapest shape giving the most chunks the rule gives up to many_chunks(dtype)
+                want = chunks.rule_shapes(
+                    user_chunked.about_v_over_h_chunks,
+                    chunks.many_chunks(p.dtype),
+                    chunks.MANY_CHUNK_MIN_H,
+                    chunks.MANY_CHUNK_MIN_V,
+                )[0]
+                assert (p.N, p.H, p.V) == want and k >= chunks.MANY_CHUNKS, (p, want, k)
+    slow = dataclasses.replace(impls["rows"], support=dataclasses.replace(impls["rows"].support, slow=True))
+    cases, not_run = many_chunk_cases(QUICK, slow)
+    assert [(gc.mode, gc.case.reduction) for _, gc in cases] == [("bfloat16", "mean")]
+    assert chunks.chunk_count(slow.support, cases[0][1].case.N, 2, 4) == chunks.MANY_CHUNKS
+    assert len(not_run.named) == 5 and all("declared slow" in c["reason"] for c in not_run.named), not_run.named
 
 
 # -- distributed: uneven shards, each declared option and reduction -------------------------------------------
