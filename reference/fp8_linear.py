@@ -66,19 +66,16 @@ def _f64(t: torch.Tensor) -> torch.Tensor:
     return round_to_fp32(t.detach().to("cpu", F64))
 
 
-def quantized_linear(
+def _check_operands(
     x: torch.Tensor,
     weight: torch.Tensor,
     dy: torch.Tensor,
     bias: torch.Tensor | None,
     recipe: Fp8Recipe,
-    *,
-    delayed_scales: dict[str, float] | None = None,
-) -> QuantLinearReference:
-    """Forward and backward of the quantized linear in float64 (see the module docstring).
-
-    ``delayed_scales`` (``{"x": s, "w": s, "dy": s}``) is required for delayed scaling and ignored otherwise.
-    """
+    delayed_scales: dict[str, float] | None,
+) -> None:
+    """Raises ``ValueError`` unless the operands of :func:`quantized_linear` have matching 2-D shapes (bias [N])
+    and a delayed recipe comes with its three stored scales."""
     if x.dim() != 2 or weight.dim() != 2 or dy.dim() != 2:
         raise ValueError(f"x, weight, dy must be 2-D; got {tuple(x.shape)}, {tuple(weight.shape)}, {tuple(dy.shape)}")
     M, K = x.shape
@@ -92,13 +89,39 @@ def quantized_linear(
     if recipe.kind == "delayed":
         if delayed_scales is None or set(delayed_scales) != {"x", "w", "dy"}:
             raise ValueError(f"delayed scaling needs delayed_scales for x, w and dy, got {delayed_scales!r}")
-    src = {"x": x, "w": weight, "dy": dy}
+
+
+def _quantized_operands(
+    src: dict[str, torch.Tensor], recipe: Fp8Recipe, delayed_scales: dict[str, float] | None
+) -> dict[tuple[str, str], Quantized]:
+    """Each (role, usage) the three GEMMs read, quantized once (a delayed recipe with its stored scale)."""
     operands: dict[tuple[str, str], Quantized] = {}
     for a, b in GEMMS.values():
         for role, usage in (a, b):
             if (role, usage) not in operands:
                 stored = delayed_scales[role] if recipe.kind == "delayed" else None  # type: ignore[index]
                 operands[(role, usage)] = quantize_operand(src[role], recipe, role, usage, stored_scale=stored)
+    return operands
+
+
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dy: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Fp8Recipe,
+    *,
+    delayed_scales: dict[str, float] | None = None,
+) -> QuantLinearReference:
+    """Forward and backward of the quantized linear in float64 (see the module docstring).
+
+    ``delayed_scales`` (``{"x": s, "w": s, "dy": s}``) is required for delayed scaling and ignored otherwise.
+    """
+    _check_operands(x, weight, dy, bias, recipe, delayed_scales)
+    M, K = x.shape
+    N = weight.shape[0]
+    src = {"x": x, "w": weight, "dy": dy}
+    operands = _quantized_operands(src, recipe, delayed_scales)
     deq = {k: q.dequantized for k, q in operands.items()}
     ab = {k: v.abs() for k, v in deq.items()}
     x64, w64, dy64 = _f64(x), _f64(weight), _f64(dy)

@@ -214,11 +214,8 @@ def _rate_samples(res: dict[str, Any]) -> str:
     return "best of the measurements " + "; ".join(parts) if parts else "one measurement"
 
 
-def write_results(res: dict[str, Any], out: Path) -> None:
-    """``bench.json`` and ``bench.md`` from what has been measured so far (called after every section, so a
-    run cut short by a time limit still leaves its figures)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(res, indent=1))
+def _cases_md(res: dict[str, Any]) -> list[str]:
+    """The title, the matmul rate every share of the floor uses, and one row per timed linear+CE case."""
     lines = [
         f"# numcheck bench — {res['device']}, torch {res['torch']}",
         "",
@@ -234,53 +231,81 @@ def write_results(res: dict[str, Any], out: Path) -> None:
             f"| {c['impl']} | {BT} | {H} | {V} | {c['ms']:.2f} | {c['share_of_floor']:.2f} | "
             f"{c['extra_peak_mib']:.0f} | {c['held_mib']:.1f} |"
         )
-    if res.get("grad_weight_paths"):
-        lines += [
-            "",
-            "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
-            "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:",
-            "",
-            "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
-            f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |"
-            for r in res["grad_weight_paths"]
-        ]
-    if res.get("chunk_anatomy"):
-        lines += [
-            "",
-            f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):",
-            "",
-            "| step | ms | TFLOP/s |",
-            "|---|---|---|",
-        ]
-        lines += [
-            f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |"
-            if r["tflops"]
-            else f"| {r['step']} | {r['ms']:.3f} | — |"
-            for r in res["chunk_anatomy"]
-        ]
+    return lines
+
+
+def _grad_weight_paths_md(res: dict[str, Any]) -> list[str]:
+    """One row per grad_weight accumulation path over one chunk (none when not measured)."""
+    if not res.get("grad_weight_paths"):
+        return []
+    lines = [
+        "",
+        "One chunk of grad_weight accumulation (V=131072, H=4096, bf16 operands; C=2048 is the seed's "
+        "measurement): time, extra peak of the step, and what the accumulator holds beyond the bf16 gradient:",
+        "",
+        "| path | runs | C | ms | TFLOP/s | extra peak MiB | held beyond gradient MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['path']} | {r['resolved']} | {r['C']} | {r['ms']:.2f} | {r['tflops']:.0f} | "
+        f"{r['extra_peak_mib']:.0f} | {r['held_beyond_grad_mib']:.0f} |"
+        for r in res["grad_weight_paths"]
+    ]
+    return lines
+
+
+def _chunk_anatomy_md(res: dict[str, Any]) -> list[str]:
+    """One row per step of one chunk of the chunked FLCE (none when not measured)."""
+    if not res.get("chunk_anatomy"):
+        return []
+    lines = [
+        "",
+        f"One chunk of the chunked FLCE, step by step (V=131072, H=4096, C={res['chunk_anatomy'][0]['C']}, bf16):",
+        "",
+        "| step | ms | TFLOP/s |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['step']} | {r['ms']:.3f} | {r['tflops']:.0f} |"
+        if r["tflops"]
+        else f"| {r['step']} | {r['ms']:.3f} | — |"
+        for r in res["chunk_anatomy"]
+    ]
+    return lines
+
+
+def _quant_linear_md(res: dict[str, Any]) -> list[str]:
+    """One row per quantized linear impl, recipe and save_original_input (none when not measured)."""
+    if not res.get("quant_linear"):
+        return []
+    M, K, N = next((r["shape"] for r in res["quant_linear"] if "shape" in r), ["?"] * 3)
+    lines = [
+        "",
+        f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:",
+        "",
+        "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in res["quant_linear"]:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
+        else:
+            lines.append(
+                f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | {r['ms']:.2f} | "
+                f"{r['extra_peak_mib']:.0f} | {r['held_mib']:.1f} |"
+            )
+    return lines
+
+
+def write_results(res: dict[str, Any], out: Path) -> None:
+    """``bench.json`` and ``bench.md`` from what has been measured so far (called after every section, so a
+    run cut short by a time limit still leaves its figures)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    lines = _cases_md(res) + _grad_weight_paths_md(res) + _chunk_anatomy_md(res)
     if res.get("split_gemm_configs"):
         lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
-    if res.get("quant_linear"):
-        M, K, N = next((r["shape"] for r in res["quant_linear"] if "shape" in r), ["?"] * 3)
-        lines += [
-            "",
-            f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:",
-            "",
-            "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in res["quant_linear"]:
-            if "error" in r:
-                lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
-            else:
-                lines.append(
-                    f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | {r['ms']:.2f} | "
-                    f"{r['extra_peak_mib']:.0f} | {r['held_mib']:.1f} |"
-                )
+    lines += _quant_linear_md(res)
     if res["skipped"]:
         lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
     (out / "bench.md").write_text("\n".join(lines) + "\n")

@@ -72,14 +72,12 @@ def _mib(b: int) -> str:
     return f"{b / memory.MiB:10.1f}"
 
 
-def run(args: argparse.Namespace) -> int:
-    N, H, V = args.shape
-    C = args.chunk
-    dtype = getattr(torch, args.dtype)
-    dev = torch.device(args.device)
+def _print_chunk_table(V: int, H: int, C: int, dtype_name: str, dev: torch.device) -> None:
+    """The extra memory of each grad_weight accumulation path over one chunk (:func:`memory.one_chunk_table`)."""
+    dtype = getattr(torch, dtype_name)
     print(
-        f"one chunk of grad_weight accumulation: V={V}, H={H}, C={C}, {args.dtype} operands, "
-        f"accumulator fp32 (lowp_accum: {args.dtype}), on {dev.type}"
+        f"one chunk of grad_weight accumulation: V={V}, H={H}, C={C}, {dtype_name} operands, "
+        f"accumulator fp32 (lowp_accum: {dtype_name}), on {dev.type}"
     )
     print(f"  {'path':18s} {'runs as':18s} {'extra MiB':>10s}  formula")
     for r in memory.one_chunk_table(V, H, C, dtype=dtype, device=dev):
@@ -96,6 +94,36 @@ def run(args: argparse.Namespace) -> int:
                 "  (this torch cannot trace addmm(out_dtype=) on meta, so addmm_out_dtype runs as its "
                 "fp32_operands fallback here; measure it on CUDA)"
             )
+
+
+def _print_impl_table(impls: list, problem: Problem, dev: torch.device) -> None:
+    """One line per linear+CE impl: its forward, held and backward memory on ``problem`` (:func:`memory_table`)."""
+    print(
+        f"  {'impl':38s} {'fwd peak':>10s} {'held':>10s} {'held B/tok':>10s} {'bwd peak':>10s} {'total':>10s}"
+        "  (MiB above the inputs)"
+    )
+    for m in memory_table(impls, problem, dev):
+        if m.error:
+            print(f"  {m.name:38s} cannot run on {dev.type}: {m.error}")
+            continue
+        line = (
+            f"  {m.name:38s} {_mib(m.forward_peak)} {_mib(m.held)} {m.held / problem.N:10.1f} "
+            f"{_mib(m.backward_peak)} {_mib(m.total_peak)}"
+        )
+        if m.cuda_peak is not None:
+            line += f"  cuda max_memory_allocated: {m.cuda_peak / memory.MiB:.1f}"
+            if m.cuda_peak > m.total_peak + memory.MiB:
+                line += " (more: temporaries inside single ops, invisible to the tracker)"
+        if m.opaque:
+            line += f"  [opaque ops, insides not counted: {', '.join(sorted(m.opaque))}]"
+        print(line)
+
+
+def run(args: argparse.Namespace) -> int:
+    N, H, V = args.shape
+    C = args.chunk
+    dev = torch.device(args.device)
+    _print_chunk_table(V, H, C, args.dtype, dev)
 
     problem = Problem(
         N=N,
@@ -115,25 +143,7 @@ def run(args: argparse.Namespace) -> int:
         f"\nlinear+CE impls: N={N}, H={H}, V={V}, {args.dtype}, reduction={args.reduction}"
         f"{', bias' if args.bias else ''}, on {dev.type}; V·H·4 = {vh4 / memory.MiB:.1f} MiB"
     )
-    print(
-        f"  {'impl':38s} {'fwd peak':>10s} {'held':>10s} {'held B/tok':>10s} {'bwd peak':>10s} {'total':>10s}"
-        "  (MiB above the inputs)"
-    )
-    for m in memory_table(impls, problem, dev):
-        if m.error:
-            print(f"  {m.name:38s} cannot run on {dev.type}: {m.error}")
-            continue
-        line = (
-            f"  {m.name:38s} {_mib(m.forward_peak)} {_mib(m.held)} {m.held / N:10.1f} "
-            f"{_mib(m.backward_peak)} {_mib(m.total_peak)}"
-        )
-        if m.cuda_peak is not None:
-            line += f"  cuda max_memory_allocated: {m.cuda_peak / memory.MiB:.1f}"
-            if m.cuda_peak > m.total_peak + memory.MiB:
-                line += " (more: temporaries inside single ops, invisible to the tracker)"
-        if m.opaque:
-            line += f"  [opaque ops, insides not counted: {', '.join(sorted(m.opaque))}]"
-        print(line)
+    _print_impl_table(impls, problem, dev)
     print(
         "  held: bytes kept from forward to backward that do not alias the inputs (O(N) for recompute; "
         "≥ V·H·4 where an fp32 grad_weight is precomputed in forward)"

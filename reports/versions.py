@@ -173,6 +173,64 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
 
+def _environment_rows(cmp: DeviceComparison, root: Path) -> list[str]:
+    """The rows saying what made each release's report (file, torch, triton, liger-kernel, grid, commit), and a
+    warning when the commits differ."""
+    out: list[str] = []
+    env_rows = [
+        ("report", [_shown(r.path, root) for r in cmp.releases]),
+        ("torch", [r.torch for r in cmp.releases]),
+        ("triton", [str(r.report["environment"].get("triton")) for r in cmp.releases]),
+        ("liger-kernel", [str(r.report["environment"].get("liger_kernel")) for r in cmp.releases]),
+        ("grid", [str(r.report.get("grid", {}).get("name")) for r in cmp.releases]),
+        ("git commit", [str(r.report["environment"].get("git_commit", ""))[:10] for r in cmp.releases]),
+    ]
+    for name, cells in env_rows:
+        out.append(_row([name, *cells]))
+    commits = {r.report["environment"].get("git_commit") for r in cmp.releases}
+    if len(commits) > 1:
+        out += [
+            "",
+            "The reports were made from different commits: a difference below may come from the code as "
+            "well as from the torch release (regenerate them from one commit to separate the two).",
+        ]
+    return out
+
+
+def _differences(cmp: DeviceComparison, heads: list[str]) -> list[str]:
+    """What differs between the releases on one device: capabilities, impls available, verdicts, cases run."""
+    out = ["", "### Capabilities that differ", ""]
+    if cmp.capabilities:
+        out += [_row(["probe", *heads]), _row(["---"] * (len(heads) + 1))]
+        for probe, vals in cmp.capabilities.items():
+            out.append(_row([f"`{probe}`", *["—" if v is None else ("yes" if v else "no") for v in vals]]))
+    else:
+        out.append("None: every probe answers the same under every release.")
+    out += ["", "### Impls", "", _row(["impl", *heads]), _row(["---"] * (len(heads) + 1))]
+    for name, cells in cmp.impls.items():
+        out.append(_row([f"`{name}`", *cells]))
+    out += ["", "### Cases whose verdicts differ", ""]
+    if cmp.verdict_diffs:
+        out += [_row(["impl", "case", *heads]), _row(["---"] * (len(heads) + 2))]
+        for impl, label, cells in cmp.verdict_diffs:
+            out.append(_row([f"`{impl}`", f"`{label}`", *cells]))
+    else:
+        ran_both = len(cmp.releases) > 1
+        out.append(
+            "None: every case run under more than one release got the same verdicts under each."
+            if ran_both
+            else "Only one release reported on this device: nothing to compare."
+        )
+    if len(cmp.releases) > 1:
+        out += [
+            "",
+            "Cases run under one release but not all: "
+            + ", ".join(f"{h}: {n}" for h, n in zip(heads, cmp.only_in))
+            + " (impls unavailable under a release, or cases outside a capability-dependent declaration).",
+        ]
+    return out
+
+
 def to_markdown(comparisons: list[DeviceComparison], *, root: Path = REPO) -> str:
     """The comparison as Markdown: one section per device."""
     out = [
@@ -186,52 +244,8 @@ def to_markdown(comparisons: list[DeviceComparison], *, root: Path = REPO) -> st
         heads = [r.label for r in cmp.releases]
         out += [f"## {cmp.device}", ""]
         out += [_row(["", *heads]), _row(["---"] * (len(heads) + 1))]
-        env_rows = [
-            ("report", [_shown(r.path, root) for r in cmp.releases]),
-            ("torch", [r.torch for r in cmp.releases]),
-            ("triton", [str(r.report["environment"].get("triton")) for r in cmp.releases]),
-            ("liger-kernel", [str(r.report["environment"].get("liger_kernel")) for r in cmp.releases]),
-            ("grid", [str(r.report.get("grid", {}).get("name")) for r in cmp.releases]),
-            ("git commit", [str(r.report["environment"].get("git_commit", ""))[:10] for r in cmp.releases]),
-        ]
-        for name, cells in env_rows:
-            out.append(_row([name, *cells]))
-        commits = {r.report["environment"].get("git_commit") for r in cmp.releases}
-        if len(commits) > 1:
-            out += [
-                "",
-                "The reports were made from different commits: a difference below may come from the code as "
-                "well as from the torch release (regenerate them from one commit to separate the two).",
-            ]
-        out += ["", "### Capabilities that differ", ""]
-        if cmp.capabilities:
-            out += [_row(["probe", *heads]), _row(["---"] * (len(heads) + 1))]
-            for probe, vals in cmp.capabilities.items():
-                out.append(_row([f"`{probe}`", *["—" if v is None else ("yes" if v else "no") for v in vals]]))
-        else:
-            out.append("None: every probe answers the same under every release.")
-        out += ["", "### Impls", "", _row(["impl", *heads]), _row(["---"] * (len(heads) + 1))]
-        for name, cells in cmp.impls.items():
-            out.append(_row([f"`{name}`", *cells]))
-        out += ["", "### Cases whose verdicts differ", ""]
-        if cmp.verdict_diffs:
-            out += [_row(["impl", "case", *heads]), _row(["---"] * (len(heads) + 2))]
-            for impl, label, cells in cmp.verdict_diffs:
-                out.append(_row([f"`{impl}`", f"`{label}`", *cells]))
-        else:
-            ran_both = len(cmp.releases) > 1
-            out.append(
-                "None: every case run under more than one release got the same verdicts under each."
-                if ran_both
-                else "Only one release reported on this device: nothing to compare."
-            )
-        if len(cmp.releases) > 1:
-            out += [
-                "",
-                "Cases run under one release but not all: "
-                + ", ".join(f"{h}: {n}" for h, n in zip(heads, cmp.only_in))
-                + " (impls unavailable under a release, or cases outside a capability-dependent declaration).",
-            ]
+        out += _environment_rows(cmp, root)
+        out += _differences(cmp, heads)
         out.append("")
     return "\n".join(out)
 

@@ -181,28 +181,33 @@ def compare(
     err = torch.where(fin_o & torch.isfinite(a), (a - o).abs(), torch.zeros_like(o))
     ratio = torch.where(err == 0, torch.zeros_like(err), err / b)
     if o.numel() == 0:
-        return Comparison(
-            output=output,
-            ok=True,
-            ratio=0.0,
-            max_abs=0.0,
-            max_rel=0.0,
-            rmse=0.0,
-            max_ulp=0.0,
-            worst=(),
-            impl_value=0.0,
-            oracle_value=0.0,
-            bound_value=0.0,
-            n_bad=0,
-            numel=0,
-            impl_shape=tuple(impl.shape),
-            oracle_shape=tuple(o.shape),
-            dtype=str(dt),
-        )
+        return _empty(output, impl, o)
     extra: dict = {"overflowed": int(overflow.sum())} if bool(overflow.any()) else {}
     if overflow_upstream and bool(overflow.any()):
         extra["overflow_upstream"] = overflow_upstream
     return _measured(output, impl, a, o, b, err, ratio, extra)
+
+
+def _empty(output: str, impl: torch.Tensor, o: torch.Tensor) -> Comparison:
+    """The comparison of an empty output: nothing to be wrong, every measure 0."""
+    return Comparison(
+        output=output,
+        ok=True,
+        ratio=0.0,
+        max_abs=0.0,
+        max_rel=0.0,
+        rmse=0.0,
+        max_ulp=0.0,
+        worst=(),
+        impl_value=0.0,
+        oracle_value=0.0,
+        bound_value=0.0,
+        n_bad=0,
+        numel=0,
+        impl_shape=tuple(impl.shape),
+        oracle_shape=tuple(o.shape),
+        dtype=str(impl.dtype),
+    )
 
 
 def _nonfinite_mismatch(

@@ -125,21 +125,9 @@ def frozen_x(impl: Any, p: Problem) -> Metrics:
     return _frozen(impl, p, "x")
 
 
-def two_calls(impl: Any, p: Problem) -> Metrics:
-    """Two calls in one autograd graph (two heads, or micro-batches summed before one backward): the two halves
-    of a batch, as two calls sharing W and bias whose losses are added, give what the halves' oracles add up to
-    (under ``mean`` each half with its own normalizer), within the sum of their bounds plus one rounding of the
-    accumulated gradients. An impl that keeps one call's gradients, or its token count, in state the next call
-    reuses fails. Applies to ``sum`` and ``mean`` with an even N ≥ 2 (``mean``: neither half all-ignored unless
-    the impl declares that convention)."""
-    if p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2:
-        return NOT_JUDGED
-    t = build(p)
-    k = p.N // 2
-    parts = [slice(0, k), slice(k, p.N)]
-    valid = t.target != t.options.ignore_index
-    if p.reduction == "mean" and impl.support.all_ignored is None and any(not bool(valid[s].any()) for s in parts):
-        return NOT_JUDGED
+def _two_calls_graph(impl: Any, p: Problem, t: Tensors, parts: list[slice]) -> dict[str, torch.Tensor | None]:
+    """The loss and gradients of :func:`two_calls`'s graph: one call of the impl per part of the batch, sharing W
+    and bias, the losses added and backpropagated once."""
     x = t.x.detach().clone().requires_grad_(True)
     w = t.weight.detach().clone().requires_grad_(True)
     b = t.bias.detach().clone().requires_grad_(True) if t.bias is not None else None
@@ -149,12 +137,20 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
     losses = [o[0] if impl.support.returns_z_loss else o for o in outs]
     total = losses[0] + losses[1]
     total.backward(t.upstream.to(total.dtype) if t.upstream is not None else torch.ones_like(total))
-    got = {
+    return {
         "loss": total.detach(),
         "grad_x": x.grad,
         "grad_weight": w.grad,
         "grad_bias": b.grad if b is not None else None,
     }
+
+
+def _two_calls_judged(
+    impl: Any, p: Problem, t: Tensors, parts: list[slice], got: dict[str, torch.Tensor | None]
+) -> tuple[list[str], float]:
+    """``(failure lines, worst error/bound)`` of :func:`two_calls`'s outputs ``got`` against the parts' oracles
+    added (grad_x: concatenated), within the sum of their bounds plus one rounding of the accumulated gradients."""
+    k = p.N // 2
     dtypes = {n: v.dtype for n, v in got.items() if v is not None}
     halves = []
     for s in parts:
@@ -184,6 +180,26 @@ def two_calls(impl: Any, p: Problem) -> Metrics:
         worst = max(worst, c.ratio)
         if not c.ok:
             lines.append(c.describe())
+    return lines, worst
+
+
+def two_calls(impl: Any, p: Problem) -> Metrics:
+    """Two calls in one autograd graph (two heads, or micro-batches summed before one backward): the two halves
+    of a batch, as two calls sharing W and bias whose losses are added, give what the halves' oracles add up to
+    (under ``mean`` each half with its own normalizer), within the sum of their bounds plus one rounding of the
+    accumulated gradients. An impl that keeps one call's gradients, or its token count, in state the next call
+    reuses fails. Applies to ``sum`` and ``mean`` with an even N ≥ 2 (``mean``: neither half all-ignored unless
+    the impl declares that convention)."""
+    if p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2:
+        return NOT_JUDGED
+    t = build(p)
+    k = p.N // 2
+    parts = [slice(0, k), slice(k, p.N)]
+    valid = t.target != t.options.ignore_index
+    if p.reduction == "mean" and impl.support.all_ignored is None and any(not bool(valid[s].any()) for s in parts):
+        return NOT_JUDGED
+    got = _two_calls_graph(impl, p, t, parts)
+    lines, worst = _two_calls_judged(impl, p, t, parts, got)
     if lines:
         counts = ", ".join(str(int(valid[s].sum())) for s in parts)
         fail(
@@ -601,21 +617,13 @@ def loss_dtype(impl: Any, p: Problem) -> Metrics:
     return {}
 
 
-def reduction_consistency(impl: Any, p: Problem) -> Metrics:
-    """``sum`` = ``mean`` × normalizer (no z-loss), the ``none`` rows add up to ``sum``, a scalar upstream
-    gradient scales every gradient linearly, and a per-row one scales grad_x rows — each within the runs' bounds."""
-    need = {"mean", "sum", "none"}
-    if not need <= set(impl.support.reductions) or p.all_ignored:
-        return NOT_JUDGED
-    base = p.replace(upstream="one")
-    runs: dict[str, tuple[ImplOutputs, dict, Any, Tensors]] = {}
-    for red in ("mean", "sum", "none"):
-        q = base.replace(reduction=red)
-        t = build(q)
-        out = run_impl(impl, q, t)
-        ref, b = _bounds(impl, q, t, out)
-        runs[red] = (out, b, ref, t)
-    worst = 0.0
+#: One reduction's run in :func:`reduction_consistency`: the impl's outputs, their bounds, the oracle, the tensors.
+_ReductionRun = tuple[ImplOutputs, dict, Any, Tensors]
+
+
+def _reductions_agree(impl: Any, p: Problem, runs: dict[str, _ReductionRun], worst: float) -> float:
+    """The ``none`` rows add up to ``sum``, and (no z-loss) ``sum`` = ``mean`` × normalizer: fails the property
+    otherwise; ``worst`` raised to the comparisons' worst error/bound."""
     s_out, s_b, s_ref, _ = runs["sum"]
     n_out, n_b, _, _ = runs["none"]
     c = compare("loss", s_out.loss, n_out.loss.double().sum(), s_b["loss"] + n_b["loss"].sum())
@@ -635,6 +643,14 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
                 f"'mean' × normalizer {D:.6g} vs 'sum': " + c.describe(),
                 ratio=c.ratio,
             )
+    return worst
+
+
+def _upstream_scales_linearly(
+    impl: Any, p: Problem, base: Problem, runs: dict[str, _ReductionRun], worst: float
+) -> float:
+    """A scalar upstream gradient (``sum``) scales every gradient, a per-row one (``none``) each row of grad_x, as
+    the unscaled runs of ``runs`` give them: fails the property otherwise; ``worst`` raised as above."""
     for red, kind in (("sum", "scalar"), ("none", "per_row")):
         q1 = base.replace(reduction=red)
         qu = q1.replace(upstream=kind)
@@ -669,6 +685,25 @@ def reduction_consistency(impl: Any, p: Problem) -> Metrics:
                     f"{kind} upstream gradient with reduction={red!r} does not scale {name} linearly: " + c.describe(),
                     ratio=c.ratio,
                 )
+    return worst
+
+
+def reduction_consistency(impl: Any, p: Problem) -> Metrics:
+    """``sum`` = ``mean`` × normalizer (no z-loss), the ``none`` rows add up to ``sum``, a scalar upstream
+    gradient scales every gradient linearly, and a per-row one scales grad_x rows — each within the runs' bounds."""
+    need = {"mean", "sum", "none"}
+    if not need <= set(impl.support.reductions) or p.all_ignored:
+        return NOT_JUDGED
+    base = p.replace(upstream="one")
+    runs: dict[str, _ReductionRun] = {}
+    for red in ("mean", "sum", "none"):
+        q = base.replace(reduction=red)
+        t = build(q)
+        out = run_impl(impl, q, t)
+        ref, b = _bounds(impl, q, t, out)
+        runs[red] = (out, b, ref, t)
+    worst = _reductions_agree(impl, p, runs, 0.0)
+    worst = _upstream_scales_linearly(impl, p, base, runs, worst)
     return {"error/bound": worst}
 
 

@@ -209,6 +209,19 @@ def pinned_row(row: Any) -> Iterator[None]:
         _ROW.reset(token)
 
 
+def _pins(force: dict[str, Any] | None, require: frozenset[str]) -> tuple[dict[str, Any], frozenset[str]]:
+    """:func:`problems`'s ``force`` and ``require``, checked, with those of the :func:`pinned_row` being drawn
+    (the call's own pins win over the row's)."""
+    force = dict(force or {})
+    _check_names("force", force, FORCEABLE)
+    _check_names("require", require, LINEAR_CE_OPTIONS)
+    row = _ROW.get()
+    if row is not None:
+        force = {**row.force, **force}
+        require = frozenset(require) | row.require
+    return force, require
+
+
 @st.composite
 def problems(
     draw: st.DrawFn,
@@ -229,13 +242,7 @@ def problems(
     declared option at once", where interaction bugs live. An unknown key of either raises ``ValueError``.
     Inside :func:`pinned_row` the row's fields are pinned too.
     """
-    force = dict(force or {})
-    _check_names("force", force, FORCEABLE)
-    _check_names("require", require, LINEAR_CE_OPTIONS)
-    row = _ROW.get()
-    if row is not None:
-        force = {**row.force, **force}
-        require = frozenset(require) | row.require
+    force, require = _pins(force, require)
     s = support if support is not None else LinearCESupport()
     device = device or DEVICE
     f = _Fields(draw, frozenset(s.options), force, frozenset(require))

@@ -247,14 +247,22 @@ def _upstream_max(p: Problem) -> float:
     return float(u.abs().max()) if u is not None and u.numel() else 1.0
 
 
-def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: Level = "hard") -> ErrorModel:
-    """The :class:`ErrorModel` for an impl's declaration ``support`` on problem ``p``.
+def _bf16_store(support) -> float:
+    """The declared excess of a bf16 store over round-to-nearest, in ulps (0 when undeclared).
 
-    ``out_dtypes`` maps each output name to the dtype the impl returned it in (its last rounding).
-    """
+    A bf16 store that is not rounded to nearest (Triton's interpreter truncates: elementary_error.bf16_store)
+    errs by up to 2·(1/2 + bf16_store)·u: it applies to every bf16 output and to G held in bf16."""
+    return getattr(getattr(support, "elementary_error", None), "bf16_store", 0.0)
+
+
+def _last_roundings(
+    support, p: Problem, out_dtypes: dict[str, torch.dtype]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``(u_out, eta_out)`` of :class:`ErrorModel`: the relative (u) and absolute (η) error of each output's last
+    rounding, into the dtype the impl returned it in, widened for autocast, an upstream gradient and a declared
+    bf16 store."""
     c = p.compute_dtype
     u_c = unit_roundoff(c)
-    low = c != torch.float32
     out = {k: unit_roundoff(v) for k, v in out_dtypes.items()}
     # A gradient may be summed from partials (vocabulary or token chunks) each rounded in the output dtype
     # before the last rounding: below the normal range that is η per rounding, so 2η for gradients.
@@ -274,15 +282,25 @@ def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: 
             if k in out:
                 out[k] = 2 * out[k]
                 eta_out[k] = scale * eta_out[k]
-    u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
-    # A bf16 store that is not rounded to nearest (Triton's interpreter truncates: elementary_error.bf16_store)
-    # errs by up to 2·(1/2 + bf16_store)·u: it applies to every bf16 output and to G held in bf16.
-    store = getattr(getattr(support, "elementary_error", None), "bf16_store", 0.0)
+    store = _bf16_store(support)
     if store:
         for k, v in out_dtypes.items():
             if v == torch.bfloat16:
                 out[k] += 2 * store * unit_roundoff(v)
-    u_G_store = 2 * store * u_c if c == torch.bfloat16 else 0.0
+    return out, eta_out
+
+
+def error_model(support, p: Problem, out_dtypes: dict[str, torch.dtype], level: Level = "hard") -> ErrorModel:
+    """The :class:`ErrorModel` for an impl's declaration ``support`` on problem ``p``.
+
+    ``out_dtypes`` maps each output name to the dtype the impl returned it in (its last rounding).
+    """
+    c = p.compute_dtype
+    u_c = unit_roundoff(c)
+    low = c != torch.float32
+    out, eta_out = _last_roundings(support, p, out_dtypes)
+    u_L = u_c if (getattr(support, "logits_dtype", "compute") == "compute") else U_ACC
+    u_G_store = 2 * _bf16_store(support) * u_c if c == torch.bfloat16 else 0.0
     K = chunk_count(support, p.N, p.H, p.V) or p.N  # declared chunk_rows or chunk_rule; one chunk a row if neither
     chunk_cols = getattr(support, "chunk_cols", None)
     K_V = math.ceil(p.V / chunk_cols) if chunk_cols else p.V
@@ -625,27 +643,53 @@ class _Sweep:
         self.dlse = lse_error_bound(self.T_plus, self.T_minus) + R
 
     def block(self, blk: Block, rows: RowStats, sh: _BlockShared | None = None) -> None:
-        m = self.m
-        r = blk.rows
+        """One block of the oracle's sweep: phase 1 adds to the row totals, phase 2 to the gradient bounds."""
         sh = sh if sh is not None else _BlockShared(blk)
         e_z, e_zc = self._logit_error(blk, sh)
         C, q, valid = self._row_terms(blk, rows)
         p = blk.p * valid[:, None]
-        lse = rows.lse[r]
+        lse = rows.lse[blk.rows]
         ecl = e_zc.clamp(max=_EXP_MAX)
         if self.phase == 1:
-            self.T_plus[r] += _p_expm1(p, ecl).sum(dim=1)
-            self.T_minus[r] += _p_expm1(p, -ecl).sum(dim=1)
-            self.entropy[r] += torch.where(p > 0, p * (lse[:, None] - blk.zc), torch.zeros_like(p)).sum(dim=1)
-            zc = torch.where(valid[:, None], blk.zc, torch.full_like(blk.zc, -math.inf))
-            self.zmax[r] = torch.maximum(self.zmax[r], zc.amax(dim=1))
-            self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
-            if self.eps:
-                _, dq = self._smoothing_slope(blk, rows)
-                gap = torch.where(valid[:, None], lse[:, None] - blk.zc, torch.zeros_like(blk.zc))
-                self.S_eps[r] += (dq * gap).sum(dim=1)
+            self._row_totals(blk, rows, p, lse, ecl, e_zc, C, q, valid)
             return
-        R, dlse = self.R[r], self.dlse[r]
+        dp = self._probability_error(blk, p, lse, ecl, e_zc, C)
+        dg, g_abs = self._coefficient_error(blk, rows, sh, p, lse, dp, C, q)
+        dG = self._through_softcap(blk, dg, g_abs, e_z) if blk.dzc_dz is not None else dg
+        self._accumulate_gradients(blk, sh, dG, valid)
+
+    def _row_totals(
+        self,
+        blk: Block,
+        rows: RowStats,
+        p: torch.Tensor,
+        lse: torch.Tensor,
+        ecl: torch.Tensor,
+        e_zc: torch.Tensor,
+        C: torch.Tensor,
+        q: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> None:
+        """Phase 1: the block's share of T⁺_i, T⁻_i, the entropy, the row maximum and the first-order loss sums."""
+        r = blk.rows
+        self.T_plus[r] += _p_expm1(p, ecl).sum(dim=1)
+        self.T_minus[r] += _p_expm1(p, -ecl).sum(dim=1)
+        self.entropy[r] += torch.where(p > 0, p * (lse[:, None] - blk.zc), torch.zeros_like(p)).sum(dim=1)
+        zc = torch.where(valid[:, None], blk.zc, torch.full_like(blk.zc, -math.inf))
+        self.zmax[r] = torch.maximum(self.zmax[r], zc.amax(dim=1))
+        self.S_ce[r] += ((C[:, None] * p - q).abs() * e_zc).sum(dim=1)
+        if self.eps:
+            _, dq = self._smoothing_slope(blk, rows)
+            gap = torch.where(valid[:, None], lse[:, None] - blk.zc, torch.zeros_like(blk.zc))
+            self.S_eps[r] += (dq * gap).sum(dim=1)
+
+    def _probability_error(
+        self, blk: Block, p: torch.Tensor, lse: torch.Tensor, ecl: torch.Tensor, e_zc: torch.Tensor, C: torch.Tensor
+    ) -> torch.Tensor:
+        """Phase 2: |δp| of the block's probabilities from |δ log p|, and the loss's second-order term."""
+        m = self.m
+        r = blk.rows
+        R = self.R[r]
         logp = blk.zc - lse[:, None]
         L = logp_error_bound(p, ecl, self.T_plus[r][:, None], self.T_minus[r][:, None])
         ex = 2 * m.u_ce
@@ -654,6 +698,24 @@ class _Sweep:
         dp = _p_expm1(p, dlogp)  # |δp| ≤ p·(e^{|δ log p|} − 1)
         # Loss (mean value theorem): |C p̃ − q| ≤ |C p − q| + C·|δp| at the intermediate point.
         self.S_2[r] += (C[:, None] * _p_expm1(p, L) * e_zc).sum(dim=1)
+        return dp
+
+    def _coefficient_error(
+        self,
+        blk: Block,
+        rows: RowStats,
+        sh: _BlockShared,
+        p: torch.Tensor,
+        lse: torch.Tensor,
+        dp: torch.Tensor,
+        C: torch.Tensor,
+        q: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phase 2: ``(|δg|, |g|)`` for the gradient of the loss in the (soft-capped) logits, g = c·(C p − q) +
+        c_z·2λ·lse·p, before the softcap's derivative."""
+        m = self.m
+        r = blk.rows
+        dlse = self.dlse[r]
         cc = rows.coef_ce[r].abs()[:, None]
         cz = rows.coef_z[r].abs()[:, None]
         lam2 = 2 * self.lam
@@ -682,7 +744,12 @@ class _Sweep:
         dg = dg + m.eta_ce * (cc * C[:, None] + cz * lam2 * lse.abs()[:, None])
         if m.class_weight_rounding:
             dg = dg + 2 * m.u_c * g_abs
-        dG = self._through_softcap(blk, dg, g_abs, e_z) if blk.dzc_dz is not None else dg
+        return dg, g_abs
+
+    def _accumulate_gradients(self, blk: Block, sh: _BlockShared, dG: torch.Tensor, valid: torch.Tensor) -> None:
+        """Phase 2: |δG| of the stored G, through the three gradient products into every accumulator."""
+        m = self.m
+        r = blk.rows
         G_abs = sh.G_abs
         # Stored G rounds once (u_G|G| + η); with CE arithmetic in the compute dtype p is stored too, a second η.
         # An underflowed G scaled afterwards by the upstream gradient u carries |u|·η, then rounds again.
@@ -820,15 +887,14 @@ def _linear_ce_bounds_two_runs(
     return finish_bounds(p, t, oracle, m, SweepResult(sweep, sweep.accumulator(m)))
 
 
-def finish_bounds(
-    p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel, swept: SweepResult
-) -> dict[str, torch.Tensor]:
-    """The bounds of ``m`` from its sweep (:func:`sweep_bounds`): the loss and z-loss from the row sums, the last
-    roundings of every output."""
+def _row_loss_errors(
+    p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel, sweep: _Sweep
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ce_row, z_row, d_ce, d_z)``: each row's cross-entropy and z-loss terms and their error bounds from the
+    sweep's row sums (0 on ignored rows)."""
     from numcheck.properties.core.harness import oracle_operands
 
     H, V = t.x.shape[1], t.weight.shape[0]
-    sweep, acc = swept.sweep, swept.acc
     st = oracle.stats
     lse = st.lse
     valid = st.valid
@@ -852,7 +918,20 @@ def finish_bounds(
     # ζ = λ·lse²: δζ = λ(2·lse·δlse + δlse²), exactly.
     dlse = sweep.dlse
     d_z = sweep.lam * (2 * lse.abs() * dlse + dlse * dlse) + 4 * U_ACC * z_row.abs()
-    d_ce, d_z = d_ce * valid, d_z * valid
+    return ce_row, z_row, d_ce * valid, d_z * valid
+
+
+def _reduced_loss_bounds(
+    t: Tensors,
+    oracle: LinearCEResult,
+    m: ErrorModel,
+    sweep: _Sweep,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bounds of the returned loss and z-loss: the rows' bounds (:func:`_row_loss_errors`) through the
+    reduction's sum (γ_N) and division, and the outputs' last roundings."""
+    ce_row, z_row, d_ce, d_z = rows
+    st = oracle.stats
     red = t.options.reduction
     u_loss = m.u_out.get("loss", U_ACC)
     u_z = m.u_out.get("z_loss", U_ACC)
@@ -870,6 +949,16 @@ def finish_bounds(
             loss_b = loss_b + m.u_c * (ce_row.sum() / D).abs()
         loss_b = loss_b + u_loss * oracle.loss.abs().nan_to_num(0.0)
         z_b = (d_z.sum() + sweep.g_N * z_row.abs().sum()) / n + u_z * oracle.z_loss.abs().nan_to_num(0.0)
+    return loss_b, z_b
+
+
+def finish_bounds(
+    p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel, swept: SweepResult
+) -> dict[str, torch.Tensor]:
+    """The bounds of ``m`` from its sweep (:func:`sweep_bounds`): the loss and z-loss from the row sums, the last
+    roundings of every output."""
+    sweep, acc = swept.sweep, swept.acc
+    loss_b, z_b = _reduced_loss_bounds(t, oracle, m, sweep, _row_loss_errors(p, t, oracle, m, sweep))
     chunk_eta = {
         "grad_x": m.path_eta(m.grad_x_accumulation, m.chunks_x),
         "grad_weight": m.path_eta(m.grad_accumulation, m.chunks),
@@ -885,6 +974,7 @@ def finish_bounds(
             + chunk_eta.get(name, 0.0)
         )
 
+    red = t.options.reduction
     out = {
         "loss": loss_b + m.eta_out.get("loss", 0.0) + (m.eta_c if red != "mean" else 0.0),
         "z_loss": z_b + m.eta_out.get("z_loss", 0.0),

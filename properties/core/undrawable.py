@@ -33,6 +33,46 @@ _ON: dict[str, tuple[str, Any]] = {
 }
 
 
+def _witness_fields(
+    support: LinearCESupport,
+    dev_type: str,
+    force: dict[str, Any],
+    require: Iterable[str],
+    reductions: Iterable[str] | None,
+) -> tuple[dict[str, Any], str | None]:
+    """The :class:`Problem` fields of the smallest case :func:`undrawable_reason` tries: the pinned ones, the first
+    drawable reduction, the smallest declared dtype, the required options on; with why no case can be drawn
+    when that shows before any problem is made (``None`` otherwise)."""
+    fields: dict[str, Any] = {_FORCE_FIELD.get(k, k): v for k, v in force.items()}
+    reds = [r for r in (reductions or ("mean", "sum", "none")) if r in support.reductions]
+    if "reduction" not in fields:
+        if not reds:
+            return fields, (
+                f"this test draws reductions {sorted(reductions or ())} and the impl declares "
+                f"{sorted(support.reductions)}"
+            )
+        fields["reduction"] = reds[0]
+    if "dtype" not in fields and "autocast" not in fields:
+        fields["dtype"] = str(min(support.dtypes, key=str)).removeprefix("torch.")
+    elif fields.get("autocast"):
+        fields.setdefault("dtype", "float32")
+        amp = getattr(torch, fields["autocast"])
+        if not capabilities.autocast_dtype(dev_type, amp):
+            return (
+                fields,
+                f"this test draws autocast {fields['autocast']!r}, which torch does not run on {dev_type!r} here",
+            )
+    for option in sorted(set(require) & set(support.options)):
+        name, value = _ON[option]
+        fields.setdefault(name, value)
+    fields.setdefault("N", 2)
+    fields.setdefault("H", 1)
+    fields.setdefault("V", 2)
+    if fields["reduction"] == "none":
+        fields.setdefault("upstream", "per_row")
+    return fields, None
+
+
 def undrawable_reason(
     support: LinearCESupport,
     device: str | None = None,
@@ -62,30 +102,9 @@ def undrawable_reason(
             f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(support.devices)[0]}"
         )
     force = dict(force or {})
-    fields: dict[str, Any] = {_FORCE_FIELD.get(k, k): v for k, v in force.items()}
-    reds = [r for r in (reductions or ("mean", "sum", "none")) if r in support.reductions]
-    if "reduction" not in fields:
-        if not reds:
-            return (
-                f"this test draws reductions {sorted(reductions or ())} and the impl declares "
-                f"{sorted(support.reductions)}"
-            )
-        fields["reduction"] = reds[0]
-    if "dtype" not in fields and "autocast" not in fields:
-        fields["dtype"] = str(min(support.dtypes, key=str)).removeprefix("torch.")
-    elif fields.get("autocast"):
-        fields.setdefault("dtype", "float32")
-        amp = getattr(torch, fields["autocast"])
-        if not capabilities.autocast_dtype(dev_type, amp):
-            return f"this test draws autocast {fields['autocast']!r}, which torch does not run on {dev_type!r} here"
-    for option in sorted(set(require) & set(support.options)):
-        name, value = _ON[option]
-        fields.setdefault(name, value)
-    fields.setdefault("N", 2)
-    fields.setdefault("H", 1)
-    fields.setdefault("V", 2)
-    if fields["reduction"] == "none":
-        fields.setdefault("upstream", "per_row")
+    fields, why = _witness_fields(support, dev_type, force, require, reductions)
+    if why is not None:
+        return why
     pinned = ", ".join(f"{k}={v!r}" for k, v in force.items())
     try:
         p = Problem(**{k: v for k, v in fields.items() if k in Problem.__dataclass_fields__}, device=device)

@@ -675,64 +675,96 @@ def quantizer(
             state.set_scale(r, delayed_scale)
     for role in ROLES:
         for usage in USAGES:
-            got = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
-            ref = quantize_operand(t.cpu(), recipe, role, usage, stored_scale=delayed_scale if state else None)
-            fmt = ref.fmt
-            where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
-            grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))
-            if tuple(got.data.shape) != tuple(t.shape):
-                fail(
-                    impl,
-                    "quantizer",
-                    case,
-                    f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}",
-                )
-            codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
-            ok = same_codes(codes.cpu(), ref.codes, fmt)
-            if not bool(ok.all()):
-                idx = tuple(int(i) for i in (~ok).nonzero()[0])
-                fail(
-                    impl,
-                    "quantizer",
-                    case,
-                    f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
-                    f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
-                    f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
-                    f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
-                    f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}",
-                )
-            si = got.scale_inv.detach().to("cpu", F64)
-            if tuple(si.shape) != grid:
-                fail(impl, "quantizer", case, f"{where}: scale_inv has shape {tuple(si.shape)}, expected {grid}")
-            same = (si == ref.scale_inv) | (torch.isnan(si) & torch.isnan(ref.scale_inv))
-            if not bool(same.all()):
-                idx = tuple(int(i) for i in (~same).nonzero()[0])
-                fail(
-                    impl,
-                    "quantizer",
-                    case,
-                    f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
-                    f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})",
-                )
-            if ref.scale_code is not None:
-                if got.scale_code is None or not torch.equal(got.scale_code.cpu().to(torch.int64), ref.scale_code):
-                    fail(
-                        impl,
-                        "quantizer",
-                        case,
-                        f"{where}: E8M0 scale codes differ from the oracle "
-                        f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
-                        f"oracle {ref.scale_code.flatten()[:8].tolist()})",
-                    )
-        col = impl.quantize(t, recipe=recipe, role=role, usage="columnwise", scaling_state=state)
-        row_t = impl.quantize(t.t().contiguous(), recipe=recipe, role=role, usage="rowwise", scaling_state=state)
-        ca = col.data.view(torch.uint8) if col.data.dtype != torch.uint8 else col.data
-        rb = row_t.data.view(torch.uint8) if row_t.data.dtype != torch.uint8 else row_t.data
-        if not (
-            torch.equal(ca.cpu(), rb.t().cpu())
-            and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))
-        ):
-            fail(impl, "quantizer", case, f"{what}, role {role!r}: columnwise(t) differs from rowwise(tᵀ)ᵀ")
+            _quantized_as_oracle(impl, recipe, t, role, usage, state, delayed_scale, what, case)
+        _columnwise_is_rowwise_transposed(impl, recipe, t, role, state, what, case)
+
+
+def _quantized_as_oracle(
+    impl: Any,
+    recipe: Fp8Recipe,
+    t: torch.Tensor,
+    role: str,
+    usage: str,
+    state: DelayedScalingState | None,
+    delayed_scale: float,
+    what: str,
+    case: Any,
+) -> None:
+    """:func:`quantizer` for one role and usage: the data's shape and codes equal the oracle's, and its scales
+    (:func:`_scales_as_oracle`)."""
+    __tracebackhide__ = True
+    got = impl.quantize(t, recipe=recipe, role=role, usage=usage, scaling_state=state)
+    ref = quantize_operand(t.cpu(), recipe, role, usage, stored_scale=delayed_scale if state else None)
+    fmt = ref.fmt
+    where = f"{what}, role {role!r}, usage {usage!r}, format {fmt.name}"
+    grid = block_grid(tuple(t.shape), recipe.block_of(role, usage))
+    if tuple(got.data.shape) != tuple(t.shape):
+        fail(
+            impl,
+            "quantizer",
+            case,
+            f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}",
+        )
+    codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
+    ok = same_codes(codes.cpu(), ref.codes, fmt)
+    if not bool(ok.all()):
+        idx = tuple(int(i) for i in (~ok).nonzero()[0])
+        fail(
+            impl,
+            "quantizer",
+            case,
+            f"{where}: {int((~ok).sum())} / {ok.numel()} codes differ from the oracle",
+            f"first at {list(idx)}: input {float(t[idx]):.9g}, impl code 0x{int(codes[idx]):02x} "
+            f"({float(decode_fp8(codes[idx].reshape(1), fmt)):.6g}), oracle code 0x{int(ref.codes[idx]):02x} "
+            f"({float(decode_fp8(ref.codes[idx].reshape(1), fmt)):.6g}); block scale_inv impl/oracle "
+            f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}",
+        )
+    _scales_as_oracle(impl, case, where, got, ref, grid)
+
+
+def _scales_as_oracle(impl: Any, case: Any, where: str, got: Any, ref: Any, grid: tuple[int, ...]) -> None:
+    """The scales of one quantization ``got`` equal the oracle's ``ref``: the scale_inv grid's shape and values and
+    (MXFP8) the E8M0 scale codes."""
+    __tracebackhide__ = True
+    si = got.scale_inv.detach().to("cpu", F64)
+    if tuple(si.shape) != grid:
+        fail(impl, "quantizer", case, f"{where}: scale_inv has shape {tuple(si.shape)}, expected {grid}")
+    same = (si == ref.scale_inv) | (torch.isnan(si) & torch.isnan(ref.scale_inv))
+    if not bool(same.all()):
+        idx = tuple(int(i) for i in (~same).nonzero()[0])
+        fail(
+            impl,
+            "quantizer",
+            case,
+            f"{where}: scale_inv of block {list(idx)} is {float(si[idx]):.9g}, "
+            f"oracle {float(ref.scale_inv[idx]):.9g} (block amax {float(ref.amax[idx]):.9g})",
+        )
+    if ref.scale_code is not None:
+        if got.scale_code is None or not torch.equal(got.scale_code.cpu().to(torch.int64), ref.scale_code):
+            fail(
+                impl,
+                "quantizer",
+                case,
+                f"{where}: E8M0 scale codes differ from the oracle "
+                f"(impl {None if got.scale_code is None else got.scale_code.flatten()[:8].tolist()}, "
+                f"oracle {ref.scale_code.flatten()[:8].tolist()})",
+            )
+
+
+def _columnwise_is_rowwise_transposed(
+    impl: Any, recipe: Fp8Recipe, t: torch.Tensor, role: str, state: DelayedScalingState | None, what: str, case: Any
+) -> None:
+    """:func:`quantizer`'s layout identity for one role: columnwise(t) equals rowwise(tᵀ)ᵀ, codes and scales."""
+    __tracebackhide__ = True
+    col = impl.quantize(t, recipe=recipe, role=role, usage="columnwise", scaling_state=state)
+    row_t = impl.quantize(t.t().contiguous(), recipe=recipe, role=role, usage="rowwise", scaling_state=state)
+    ca = col.data.view(torch.uint8) if col.data.dtype != torch.uint8 else col.data
+    rb = row_t.data.view(torch.uint8) if row_t.data.dtype != torch.uint8 else row_t.data
+    if not (
+        torch.equal(ca.cpu(), rb.t().cpu())
+        and torch.equal(_bits(col.scale_inv.float()), _bits(row_t.scale_inv.float().t()))
+    ):
+        fail(impl, "quantizer", case, f"{what}, role {role!r}: columnwise(t) differs from rowwise(tᵀ)ᵀ")
 
 
 def _scale_at(s: torch.Tensor, idx: tuple[int, ...], block: tuple[int, int]) -> float:

@@ -128,9 +128,10 @@ def _write(out: Path, results: dict[str, Any], text: str) -> list[str]:
     return []
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the convergence run per dtype (module docstring); the exit status."""
-    entries = discover(args.impl)
+def _linear_ce_impls(specs: list[str]) -> tuple[list, list[BrokenImpl]]:
+    """The linear_ce impls of ``specs`` (all registered when empty) and the broken ones; says which are broken and
+    which are left out as another kind."""
+    entries = discover(specs)
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     for b in broken:
         print(f"numcheck converge: impl {b.spec!r} ({b.origin}) is broken: {b.error}")
@@ -138,6 +139,30 @@ def run(args: argparse.Namespace) -> int:
     others = [e.name for e in entries if not isinstance(e, BrokenImpl) and e.kind != "linear_ce"]
     if others:
         print(f"numcheck converge: not linear_ce impls, left out: {', '.join(others)}")
+    return impls, broken
+
+
+def _outside_parts(r: Any, name: str) -> list[str]:
+    """One paragraph per impl of the run ``r`` (dtype ``name``) outside its envelope: why, and its repro line."""
+    out: list[str] = []
+    for rec in r.judged:
+        if not rec.inside:
+            out.append(
+                "\n".join(
+                    [
+                        f"`{rec.impl}` outside ({name}):",
+                        *(f"- {x}" for x in r.failure_lines(rec.label)),
+                        f"- reproduce: `{convergence.repro_command(r.impls[rec.label], r.config)}`",
+                    ]
+                )
+                + "\n"
+            )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the convergence run per dtype (module docstring); the exit status."""
+    impls, broken = _linear_ce_impls(args.impl)
     if not impls:
         print("numcheck converge: no linear_ce impl to run")
         return 2
@@ -163,18 +188,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         results[name] = r
         parts.append(convergence_text.markdown(r) + ("\n" + "\n".join(left) + "\n" if left else ""))
-        for rec in r.judged:
-            if not rec.inside:
-                parts.append(
-                    "\n".join(
-                        [
-                            f"`{rec.impl}` outside ({name}):",
-                            *(f"- {x}" for x in r.failure_lines(rec.label)),
-                            f"- reproduce: `{convergence.repro_command(r.impls[rec.label], r.config)}`",
-                        ]
-                    )
-                    + "\n"
-                )
+        parts += _outside_parts(r, name)
     text = "\n".join(parts)
     print(text)
     if not results:

@@ -409,16 +409,12 @@ def render(env: dict, specs: list[str], checks: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args: argparse.Namespace) -> int:
-    from numcheck.impls.registry import discover
-    from numcheck.reports.report.command import build_report, check_writable_here, write_report
+def _bad_input(args: argparse.Namespace) -> bool:
+    """Whether ``--baseline`` does not load or ``--out`` cannot be written (said on stderr): checked first, so bad
+    input costs no run."""
+    from numcheck.reports.report.command import check_writable_here
 
-    if args.base:
-        from numcheck.reports.premerge.ab_run import run_ab
-
-        return run_ab(args)
-    t0 = time.monotonic()
-    try:  # bad input first, before minutes of work
+    try:
         if args.baseline is not None:
             report_schema.load(args.baseline)
         if args.out is not None:
@@ -426,6 +422,36 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"numcheck premerge: {exc}", file=sys.stderr)
         print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+        return True
+    return False
+
+
+def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str], checks: list[Check]) -> None:
+    """Appends the check against ``--baseline``, or else the shipped baseline of the device (a shipped one that
+    does not load fails the check: a broken install)."""
+    if args.baseline is not None:
+        baseline, label = args.baseline, str(args.baseline)
+    else:
+        try:
+            baseline = baselines.baseline_for(args.device)
+        except ValueError as exc:  # a shipped baseline that does not load: a broken install, said as such
+            baseline = None
+            checks.append(Check("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
+        label = shipped_label(baseline) if baseline is not None else None
+    if not any(c.title == "vs committed baseline" for c in checks):
+        checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
+
+
+def run(args: argparse.Namespace) -> int:
+    from numcheck.impls.registry import discover
+    from numcheck.reports.report.command import build_report, write_report
+
+    if args.base:
+        from numcheck.reports.premerge.ab_run import run_ab
+
+        return run_ab(args)
+    t0 = time.monotonic()
+    if _bad_input(args):  # before minutes of work
         return 2
     specs = list(args.impl)
     entries = discover(specs)
@@ -445,17 +471,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"numcheck premerge: running the {args.grid} report…", file=sys.stderr)
     report = build_report(GRIDS[args.grid], specs, args.device, progress=True)
     checks.append(check_report(report, args.grid, suite_failed=suite_failed))
-    if args.baseline is not None:
-        baseline, label = args.baseline, str(args.baseline)
-    else:
-        try:
-            baseline = baselines.baseline_for(args.device)
-        except ValueError as exc:  # a shipped baseline that does not load: a broken install, said as such
-            baseline = None
-            checks.append(Check("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
-        label = shipped_label(baseline) if baseline is not None else None
-    if not any(c.title == "vs committed baseline" for c in checks):
-        checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
+    _add_baseline_check(args, report, specs, checks)
     checks.append(check_memory(report))
     if args.out is not None:
         try:

@@ -50,7 +50,8 @@ ACCUMULATION_CHUNKS = {"quick": 64, "full": 256, "smoke": 8}
 DEFAULT_ROOT = "numcheck-report"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def _grid_arguments(p: argparse.ArgumentParser) -> None:
+    """Which grid runs, and where its report is written."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--quick",
@@ -75,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="maintainers, in numcheck's checkout: write the committed baseline reports/<device>-torch<version>/ "
         "(refused by an installed numcheck)",
     )
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    """--compare against a baseline report, and what counts as a regression."""
     p.add_argument(
         "--compare", type=Path, metavar="BASE.json", help="list regressions against this report; exit 1 if any"
     )
@@ -96,6 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=report_compare.DEFAULT_FLOOR,
         help=f"--compare: growth counts only once error/bound exceeds this (default {report_compare.DEFAULT_FLOOR:g})",
     )
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """Which impls run where (with --render: none), and what is written beside the report (plots, progress, the
+    production tier)."""
     p.add_argument(
         "--impl",
         action="append",
@@ -119,6 +129,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SCALE.json",
         help="append the production-shape tier of this numcheck production run (its scale.json) to report.md",
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``numcheck report``, in --help order."""
+    _grid_arguments(p)
+    _compare_arguments(p)
+    _run_arguments(p)
 
 
 def default_out_dir(device: str) -> Path:

@@ -112,7 +112,9 @@ def compare_reports(
     return diff
 
 
-def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
+def _newly_failing(bc: dict, nc: dict, diff: ReportDiff) -> bool:
+    """Records a case that passed or ran in the baseline and now raises or fails a judgement (a regression);
+    whether it did, so nothing more is said of that case."""
     impl, label = nc["impl"], nc["label"]
     flipped = [j for j, ok in bc.get("verdicts", {}).items() if ok and not nc.get("verdicts", {}).get(j, False)]
     if nc["status"] == "error" and bc["status"] != "error":
@@ -125,7 +127,7 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
                 f"now raises: {nc.get('error', '')}" + (f" — reproduce: {nc['repro']}" if nc.get("repro") else ""),
             )
         )
-        return
+        return True
     if flipped:
         worst = max(nc.get("outputs", {}).items(), key=lambda kv: kv[1].get("ratio_hard", 0.0), default=(None, {}))
         diff.findings.append(
@@ -140,19 +142,14 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
                 nc.get("ratio_hard", math.nan),
             )
         )
-        return
-    if bc["status"] != "pass" and nc["status"] == "pass":
-        diff.findings.append(
-            Finding(
-                "improvement",
-                impl,
-                label,
-                "",
-                "verdict flipped fail → pass",
-                bc.get("ratio_hard", math.nan),
-                nc.get("ratio_hard", math.nan),
-            )
-        )
+        return True
+    return False
+
+
+def _ratio_growth(bc: dict, nc: dict, diff: ReportDiff) -> None:
+    """Records each output whose error/bound grew past the floor by more than the factor (a regression), and each
+    output the new report lacks (a note)."""
+    impl, label = nc["impl"], nc["label"]
     for out, bo in bc.get("outputs", {}).items():
         no = nc.get("outputs", {}).get(out)
         if no is None:
@@ -173,6 +170,26 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
                     n,
                 )
             )
+
+
+def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
+    """The findings of one case present in both reports (baseline ``bc``, new ``nc``) into ``diff``."""
+    if _newly_failing(bc, nc, diff):
+        return
+    impl, label = nc["impl"], nc["label"]
+    if bc["status"] != "pass" and nc["status"] == "pass":
+        diff.findings.append(
+            Finding(
+                "improvement",
+                impl,
+                label,
+                "",
+                "verdict flipped fail → pass",
+                bc.get("ratio_hard", math.nan),
+                nc.get("ratio_hard", math.nan),
+            )
+        )
+    _ratio_growth(bc, nc, diff)
 
 
 def to_markdown(diff: ReportDiff) -> str:

@@ -275,7 +275,8 @@ def _overview_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def _summary_tables(report: dict) -> list[str]:
+def _linear_ce_table(report: dict) -> list[str]:
+    """The linear+CE summary: one row per impl, dtype mode and output (none without such cases)."""
     out: list[str] = []
     lin = output_summary(report, "linear_ce")
     if lin:
@@ -303,6 +304,12 @@ def _summary_tables(report: dict) -> list[str]:
                 f"`{r['worst_case']}` |"
             )
         out.append("")
+    return out
+
+
+def _dist_table(report: dict) -> list[str]:
+    """The distributed linear+CE summary: one row per impl, world size and dtype, and output."""
+    out: list[str] = []
     dist = output_summary(report, "dist_linear_ce")
     if dist:
         out += [
@@ -324,6 +331,12 @@ def _summary_tables(report: dict) -> list[str]:
                 f"{_g(r['median'])} | {_g(r['max_ulp'])} | `{r['worst_case']}` |"
             )
         out.append("")
+    return out
+
+
+def _tp_table(report: dict) -> list[str]:
+    """The tensor-parallel FP8 summary: one row per impl, recipe, world size and dtype, and output."""
+    out: list[str] = []
     tp = output_summary(report, "tp_quant_linear")
     if tp:
         out += [
@@ -352,6 +365,11 @@ def _summary_tables(report: dict) -> list[str]:
                 f"{_g(r['median_true'])} | `{r['worst_case']}` |"
             )
         out.append("")
+    return out
+
+
+def _summary_tables(report: dict) -> list[str]:
+    out = [*_linear_ce_table(report), *_dist_table(report), *_tp_table(report)]
     out += _quant_table(report, "quant_linear", "### FP8 quantized linear: per impl × recipe × dtype × output", "")
     out += _quant_table(
         report,

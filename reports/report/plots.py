@@ -113,28 +113,94 @@ def _impl_legend(fig: Any, styles: dict[str, Style], names: list[str], level_han
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
 
 
+@dataclass(frozen=True)
+class _LengthPlot:
+    """What :func:`error_vs_length` draws for one kind: each output against the ladder of its own reduction axis
+    (plus the shared base point), the two ratios (filled, hollow) and the words for them."""
+
+    outputs: dict[str, str]
+    first: str
+    second: str
+    filled_means: str
+    hollow_means: str
+    title: str
+    file: str
+
+
+def _length_plot(kind: str) -> _LengthPlot:
+    """The :class:`_LengthPlot` of ``kind`` (``linear_ce``, or the FP8 quantized linear for any other)."""
+    if kind == "linear_ce":
+        return _LengthPlot(
+            outputs={"loss": "N", "grad_x": "V", "grad_weight": "N"},
+            first="ratio_hard",
+            second="ratio_expected",
+            filled_means="filled, solid: error / hard bound (γₙ; the verdict)",
+            hollow_means="hollow, dashed: error / expected level (√n·u; informative)",
+            title="Linear + cross-entropy: error / bound against reduction length",
+            file="error_vs_length.png",
+        )
+    return _LengthPlot(
+        outputs={"y": "K", "dgrad": "N", "wgrad": "M"},
+        first="ratio_dq",
+        second="ratio_true",
+        filled_means="filled, solid: error / bound vs the dequantized operands (accumulation)",
+        hollow_means="hollow, dashed: error / bound vs the original operands (total)",
+        title="FP8 quantized linear: error / bound against reduction length",
+        file="fp8_error_vs_length.png",
+    )
+
+
+def _length_panel(
+    ax: Any, cases: list[dict], mode: str, out: str, axis: str, styles: dict[str, Style], plot: _LengthPlot
+) -> int:
+    """One panel of :func:`error_vs_length` (``out`` in ``mode`` against reduction length ``axis``); the number of
+    finite points it holds."""
+    pts: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for c in cases:
+        if c["mode"] != mode or c["group"] not in (f"ladder:{axis}", "ladder:base"):
+            continue
+        for name, o in c["outputs"].items():
+            if name.split("@")[0] == out:
+                pts[c["impl"]].append(
+                    (o["reduction_length"], _positive(o.get(plot.first)), _positive(o.get(plot.second)))
+                )
+    finite = sum(not math.isnan(v) for p in pts.values() for _, b, c in p for v in (b, c))
+    for impl, p in pts.items():
+        p.sort()
+        st = styles[impl]
+        xs = [a for a, _, _ in p]
+        ax.plot(xs, [b for _, b, _ in p], "-", marker=st.marker, color=st.color, ms=4, lw=0.8)
+        ax.plot(xs, [c for _, _, c in p], "--", marker=st.marker, mfc="none", color=st.color, ms=5, lw=0.6)
+    ax.axhline(1.0, color="k", lw=1.2)
+    ax.set_xscale("log")
+    if finite:
+        ax.set_yscale("log")
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            NOTHING_FINITE.replace(" (", "\n("),
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="0.4",
+        )
+    ax.set_title(f"{out} — {mode}", fontsize=9)
+    ax.set_xlabel(f"reduction length ({axis})", fontsize=8)
+    ax.set_ylabel("error / bound", fontsize=8)
+    ax.tick_params(labelsize=7)
+    return finite
+
+
 def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str | None:
     """error/bound against each output's reduction length, one panel per (dtype mode, output); every impl its own
     colour (shades of one map per family) and marker; filled marks: the verdict's level, hollow: the other."""
     from matplotlib.lines import Line2D
 
     plt = _plt()
-    # Each output against the ladder of its own reduction axis (plus the shared base point).
-    outputs = (
-        {"loss": "N", "grad_x": "V", "grad_weight": "N"}
-        if kind == "linear_ce"
-        else {"y": "K", "dgrad": "N", "wgrad": "M"}
-    )
-    second = "ratio_expected" if kind == "linear_ce" else "ratio_true"
-    first = "ratio_hard" if kind == "linear_ce" else "ratio_dq"
-    if kind == "linear_ce":
-        filled_means = "filled, solid: error / hard bound (γₙ; the verdict)"
-        hollow_means = "hollow, dashed: error / expected level (√n·u; informative)"
-        title = "Linear + cross-entropy: error / bound against reduction length"
-    else:
-        filled_means = "filled, solid: error / bound vs the dequantized operands (accumulation)"
-        hollow_means = "hollow, dashed: error / bound vs the original operands (total)"
-        title = "FP8 quantized linear: error / bound against reduction length"
+    plot = _length_plot(kind)
+    outputs = plot.outputs
     cases = [c for c in report["cases"] if c["kind"] == kind and c.get("outputs") and c["group"].startswith("ladder")]
     if not cases:
         return None
@@ -149,46 +215,10 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
     drawn = 0
     for i, mode in enumerate(modes):
         for j, (out, axis) in enumerate(outputs.items()):
-            ax = axes[i][j]
-            pts: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-            for c in cases:
-                if c["mode"] != mode or c["group"] not in (f"ladder:{axis}", "ladder:base"):
-                    continue
-                for name, o in c["outputs"].items():
-                    if name.split("@")[0] == out:
-                        pts[c["impl"]].append(
-                            (o["reduction_length"], _positive(o.get(first)), _positive(o.get(second)))
-                        )
-            finite = sum(not math.isnan(v) for p in pts.values() for _, b, c in p for v in (b, c))
-            drawn += finite
-            for impl, p in pts.items():
-                p.sort()
-                st = styles[impl]
-                xs = [a for a, _, _ in p]
-                ax.plot(xs, [b for _, b, _ in p], "-", marker=st.marker, color=st.color, ms=4, lw=0.8)
-                ax.plot(xs, [c for _, _, c in p], "--", marker=st.marker, mfc="none", color=st.color, ms=5, lw=0.6)
-            ax.axhline(1.0, color="k", lw=1.2)
-            ax.set_xscale("log")
-            if finite:
-                ax.set_yscale("log")
-            else:
-                ax.text(
-                    0.5,
-                    0.5,
-                    NOTHING_FINITE.replace(" (", "\n("),
-                    transform=ax.transAxes,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="0.4",
-                )
-            ax.set_title(f"{out} — {mode}", fontsize=9)
-            ax.set_xlabel(f"reduction length ({axis})", fontsize=8)
-            ax.set_ylabel("error / bound", fontsize=8)
-            ax.tick_params(labelsize=7)
+            drawn += _length_panel(axes[i][j], cases, mode, out, axis, styles, plot)
     levels = [
-        Line2D([], [], color="0.3", marker="o", lw=0.8, ms=5, label=filled_means),
-        Line2D([], [], color="0.3", marker="o", mfc="none", ls="--", lw=0.6, ms=5, label=hollow_means),
+        Line2D([], [], color="0.3", marker="o", lw=0.8, ms=5, label=plot.filled_means),
+        Line2D([], [], color="0.3", marker="o", mfc="none", ls="--", lw=0.6, ms=5, label=plot.hollow_means),
         Line2D([], [], color="k", lw=1.2, label="black line: the bound (error / bound = 1; above it fails)"),
     ]
     if not drawn:
@@ -196,15 +226,14 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
         raise NotDrawable(f"its {len(cases)} ladder case(s) hold {NOTHING_FINITE}")
     _impl_legend(fig, styles, impls, levels, ncol=ncol)
     fig.suptitle(
-        f"{title}\n{_where(report)} — one colour per impl (shades of one colour per family), "
+        f"{plot.title}\n{_where(report)} — one colour per impl (shades of one colour per family), "
         f"one marker per family member",
         fontsize=10,
     )
     fig.tight_layout(rect=(0, legend_in / height, 1, 1 - title_in / height))
-    name = "error_vs_length.png" if kind == "linear_ce" else "fp8_error_vs_length.png"
-    fig.savefig(out_dir / name, dpi=90)
+    fig.savefig(out_dir / plot.file, dpi=90)
     plt.close(fig)
-    return name
+    return plot.file
 
 
 #: The facets of :func:`ratio_distribution`: per kind, its outputs in column order.
@@ -230,13 +259,14 @@ def _mode_rank(mode: str) -> tuple[int, str]:
     return (order.index(mode) if mode in order else len(order), mode)
 
 
-def ratio_distribution(report: dict, out_dir: Path) -> str | None:
-    """Box plots of error/bound (hard) per impl, faceted: one row per (kind, dtype mode), one column per output."""
-    plt = _plt()
-    # (kind, mode) -> output -> impl -> ratios
-    data: dict[tuple[str, str], dict[str, dict[str, list[float]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(list))
-    )
+#: Ratios by facet of :func:`ratio_distribution`: (kind, mode) → output → impl → error/bound (hard) values.
+_Facets = dict[tuple[str, str], dict[str, dict[str, list[float]]]]
+
+
+def _ratios_by_facet(report: dict) -> tuple[_Facets, int]:
+    """The finite positive error/bound (hard) values of every judged output of a kind with facets, by facet; and
+    how many outputs were judged in all (finite or not)."""
+    data: _Facets = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     judged = 0
     for c in report["cases"]:
         if c.get("kind") not in DISTRIBUTION_OUTPUTS:
@@ -246,6 +276,41 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
             v = _positive(o.get("ratio_hard", math.nan))
             if not math.isnan(v) and name.split("@", 1)[0] in DISTRIBUTION_OUTPUTS[c["kind"]]:
                 data[(c["kind"], c["mode"])][name.split("@", 1)[0]][c["impl"]].append(v)
+    return data, judged
+
+
+def _boxes(ax: Any, per: dict[str, list[float]], names: list[str], styles: dict[str, Style], empty: str) -> None:
+    """One panel's horizontal box plots, impl ``names[k-1]`` at height k (from ``per``: impl → ratios), each in its
+    impl's colour; the words ``empty`` where no impl has a value."""
+    present = [(k, n) for k, n in enumerate(names, start=1) if per.get(n)]
+    if present:
+        kw = dict(positions=[k for k, _ in present], whis=(0, 100), widths=0.6, patch_artist=True, manage_ticks=False)
+        try:
+            bp = ax.boxplot([per[n] for _, n in present], orientation="horizontal", **kw)
+        except TypeError:  # matplotlib < 3.10 has no `orientation`
+            bp = ax.boxplot([per[n] for _, n in present], vert=False, **kw)
+        for box, (_, n) in zip(bp["boxes"], present):
+            box.set_facecolor(styles[n].color)
+            box.set_alpha(0.8)
+        for med in bp["medians"]:
+            med.set_color("k")
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            empty,
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="0.4",
+        )
+
+
+def ratio_distribution(report: dict, out_dir: Path) -> str | None:
+    """Box plots of error/bound (hard) per impl, faceted: one row per (kind, dtype mode), one column per output."""
+    plt = _plt()
+    data, judged = _ratios_by_facet(report)
     if not data:
         if judged:
             raise NotDrawable(f"its {judged} judged output(s) hold {NOTHING_FINITE}")
@@ -279,32 +344,7 @@ def ratio_distribution(report: dict, out_dir: Path) -> str | None:
                 ax.set_visible(False)
                 continue
             out = cols[kind][j]
-            per = data[r].get(out, {})
-            present = [(k, n) for k, n in enumerate(names, start=1) if per.get(n)]
-            if present:
-                kw = dict(
-                    positions=[k for k, _ in present], whis=(0, 100), widths=0.6, patch_artist=True, manage_ticks=False
-                )
-                try:
-                    bp = ax.boxplot([per[n] for _, n in present], orientation="horizontal", **kw)
-                except TypeError:  # matplotlib < 3.10 has no `orientation`
-                    bp = ax.boxplot([per[n] for _, n in present], vert=False, **kw)
-                for box, (_, n) in zip(bp["boxes"], present):
-                    box.set_facecolor(styles[n].color)
-                    box.set_alpha(0.8)
-                for med in bp["medians"]:
-                    med.set_color("k")
-            else:
-                ax.text(
-                    0.5,
-                    0.5,
-                    f"no {mode} case has {out}",
-                    transform=ax.transAxes,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="0.4",
-                )
+            _boxes(ax, data[r].get(out, {}), names, styles, f"no {mode} case has {out}")
             ax.set_ylim(0.4, len(names) + 0.6)
             ax.set_yticks(range(1, len(names) + 1))
             ax.set_yticklabels(names if j == 0 else [], fontsize=6)

@@ -310,40 +310,48 @@ def _names(dtypes) -> list[str]:
     return sorted(str(d).replace("torch.", "") for d in dtypes)
 
 
-def declaration(impl: Any) -> dict[str, Any]:
-    """The parts of an impl's support declaration that explain its numbers."""
+def _linear_ce_declaration(s: Any) -> dict[str, Any]:
+    """A linear+CE declaration: its domain and the accumulation and precision paths the bounds follow."""
+    return {
+        "dtypes": _names(s.dtypes),
+        "autocast": _names(s.autocast),
+        "devices": sorted(s.devices),
+        "options": sorted(s.options),
+        "reductions": sorted(s.reductions),
+        "all_ignored": s.all_ignored,
+        "grad_accumulation": s.grad_accumulation,
+        "chunk_rows": s.chunk_rows,
+        "grad_x_accumulation": s.grad_x_accumulation,
+        "chunk_cols": s.chunk_cols,
+        "logits_dtype": s.logits_dtype,
+        "ce_dtype": s.ce_dtype,
+    }
+
+
+def _dist_declaration(impl: Any) -> dict[str, Any]:
+    """A distributed linear+CE declaration: the linear+CE domain and how it is distributed (world sizes, backends,
+    uneven vocabularies, smoothing, the dtype grad_x is reduced in)."""
     s = impl.support
-    if impl.kind == "linear_ce":
-        return {
-            "dtypes": _names(s.dtypes),
-            "autocast": _names(s.autocast),
-            "devices": sorted(s.devices),
-            "options": sorted(s.options),
-            "reductions": sorted(s.reductions),
-            "all_ignored": s.all_ignored,
-            "grad_accumulation": s.grad_accumulation,
-            "chunk_rows": s.chunk_rows,
-            "grad_x_accumulation": s.grad_x_accumulation,
-            "chunk_cols": s.chunk_cols,
-            "logits_dtype": s.logits_dtype,
-            "ce_dtype": s.ce_dtype,
-        }
-    if impl.kind == "dist_linear_ce":
-        d = impl.dist
-        return {
-            "dtypes": _names(s.dtypes),
-            "devices": sorted(s.devices),
-            "options": sorted(s.options),
-            "reductions": sorted(s.reductions),
-            "all_ignored": s.all_ignored,
-            "logits_dtype": s.logits_dtype,
-            "ce_dtype": s.ce_dtype,
-            "world_sizes": list(d.world_sizes),
-            "backends": list(d.backends),
-            "uneven_vocab": d.uneven_vocab,
-            "smoothing": d.smoothing,
-            "grad_x_reduce_dtype": d.grad_x_reduce_dtype,
-        }
+    d = impl.dist
+    return {
+        "dtypes": _names(s.dtypes),
+        "devices": sorted(s.devices),
+        "options": sorted(s.options),
+        "reductions": sorted(s.reductions),
+        "all_ignored": s.all_ignored,
+        "logits_dtype": s.logits_dtype,
+        "ce_dtype": s.ce_dtype,
+        "world_sizes": list(d.world_sizes),
+        "backends": list(d.backends),
+        "uneven_vocab": d.uneven_vocab,
+        "smoothing": d.smoothing,
+        "grad_x_reduce_dtype": d.grad_x_reduce_dtype,
+    }
+
+
+def _quant_declaration(impl: Any) -> dict[str, Any]:
+    """An FP8 linear declaration (single-device, tensor-parallel or grouped): recipes, layouts, accumulation."""
+    s = impl.support
     accum = s.accum_unit_roundoff
     if impl.kind == "tp_quant_linear":
         return {
@@ -373,6 +381,15 @@ def declaration(impl: Any) -> dict[str, Any]:
             bitwise_per_expert=s.bitwise_per_expert,
         )
     return out
+
+
+def declaration(impl: Any) -> dict[str, Any]:
+    """The parts of an impl's support declaration that explain its numbers."""
+    if impl.kind == "linear_ce":
+        return _linear_ce_declaration(impl.support)
+    if impl.kind == "dist_linear_ce":
+        return _dist_declaration(impl)
+    return _quant_declaration(impl)
 
 
 # -- case records ---------------------------------------------------------------------------------------

@@ -533,8 +533,8 @@ def _table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
     return lines + ["| " + " | ".join(_num(r[c]) for c in cols) + " |" for r in rows]
 
 
-def render_md(summary: dict[str, Any], per_impl: bool) -> str:
-    """``sweep.md``: the selection, per seed its counts and failures, the total, the tightness table(s)."""
+def _seeds_section(summary: dict[str, Any]) -> list[str]:
+    """What was swept (selection, environment, code) and one row per seed, with its stale or mixed commits."""
     sel, env = summary["selection"], summary["environment"]
     code = (summary.get("code") or {}).get("code")
     out = [
@@ -575,7 +575,12 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
             f"The seeds ran on {len(commits)} different commits with the same numcheck code and torch: the "
             f"sweep is assembled from runs kept in seeds/.",
         ]
-    out += [
+    return out
+
+
+def _failures_section(summary: dict[str, Any]) -> list[str]:
+    """The failure count over the seeds, then each failure with its case, detail and repro line."""
+    out = [
         "",
         f"**failures: {summary['failures']}** over {len(summary['seeds'])} seed(s) (on correct impls, each "
         f"is a false alarm of the model)",
@@ -587,24 +592,36 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
             for part in ("case", "detail", "reproduce"):
                 if f.get(part):
                     out.append(f"  - {part}: `{f[part]}`")
+    return out
+
+
+def _p90_section(cmp: dict[str, Any]) -> list[str]:
+    """Each output and dtype's 90th percentile against the baseline sweep's (``--compare``)."""
+    out = [
+        "",
+        f"### 90th percentile vs {cmp['baseline']} (may fall at most {cmp['limit']:g}×)",
+        "",
+        "| output | dtype | baseline p90 | p90 | baseline/now | |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    out += [
+        f"| {r['output']} | {r['dtype']} | {_num(r['base_p90'])} | {_num(r['p90'])} | {_num(r['fall'])} | "
+        f"{'❌ fell' if r['too_loose'] else '✅'} |"
+        for r in cmp["rows"]
+    ]
+    return out
+
+
+def render_md(summary: dict[str, Any], per_impl: bool) -> str:
+    """``sweep.md``: the selection, per seed its counts and failures, the total, the tightness table(s)."""
+    out = _seeds_section(summary) + _failures_section(summary)
     out += ["", "### Tightness: error/bound under the hard bound, every accuracy and strided-inputs judgement", ""]
     out += _table(summary["tightness"], ("output", "dtype"))
     if per_impl:
         out += ["", "### Tightness per impl", ""] + _table(summary["tightness_per_impl"], ("impl", "output", "dtype"))
     cmp = summary.get("compare")
     if cmp:
-        out += [
-            "",
-            f"### 90th percentile vs {cmp['baseline']} (may fall at most {cmp['limit']:g}×)",
-            "",
-            "| output | dtype | baseline p90 | p90 | baseline/now | |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        out += [
-            f"| {r['output']} | {r['dtype']} | {_num(r['base_p90'])} | {_num(r['p90'])} | {_num(r['fall'])} | "
-            f"{'❌ fell' if r['too_loose'] else '✅'} |"
-            for r in cmp["rows"]
-        ]
+        out += _p90_section(cmp)
     return "\n".join(out) + "\n"
 
 

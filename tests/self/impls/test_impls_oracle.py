@@ -70,6 +70,50 @@ def device_of(impl: Any) -> str:
     return "cpu" if "cpu" in devices else "cuda"
 
 
+def _loss_bounds(
+    o: Any, ref: LinearCEResult, C: torch.Tensor, q: torch.Tensor, zc: torch.Tensor, e: torch.Tensor, N: int
+) -> dict[str, torch.Tensor]:
+    """The loss and z-loss part of :func:`fp32_bounds`: each row's bound from the logits' error ``e``, then the
+    reduction's sum (γ_N) and last rounding."""
+    f = torch.float64
+    dev = e.device
+    V = q.shape[1]
+    st = ref.stats
+    lse = st.lse
+    lam = float(o.z_loss_scale)
+    out: dict[str, torch.Tensor] = {}
+    valid = st.valid.to(f)
+    d_ce = (C * e + gamma(V + 4) * (C * lse.abs() + (q * zc.abs()).sum(1))) * valid
+    zeta = lam * lse * lse * valid
+    d_z = 2 * lam * lse.abs() * e * valid + 3 * U * zeta
+    ce_abs = ref.per_row.abs() - zeta  # ℓ_i ≥ 0, so |per_row| − ζ = ℓ_i
+    if o.reduction == "none":
+        out["loss"] = d_ce + d_z + U * ref.loss.abs()
+        out["z_loss"] = d_z + U * zeta
+    elif o.reduction == "sum":
+        zsum = float(zeta.sum())
+        out["z_loss"] = torch.tensor(float(d_z.sum()) + gamma(N) * zsum + U * zsum, dtype=f, device=dev)
+        out["loss"] = torch.tensor(
+            float((d_ce + d_z).sum()) + gamma(N) * float(ref.per_row.abs().sum()) + U * float(ref.loss.abs()),
+            dtype=f,
+            device=dev,
+        )
+    else:
+        D, M = float(st.w_target.sum()), float(st.valid.sum())
+        if M == 0:  # all ignored: the result is NaN by convention, compared exactly
+            out["loss"] = out["z_loss"] = torch.zeros((), dtype=f, device=dev)
+        else:
+            zl = float(zeta.sum()) / M
+            dz = float(d_z.sum()) / M + 2 * gamma(N) * zl + U * zl
+            out["z_loss"] = torch.tensor(dz, dtype=f, device=dev)
+            out["loss"] = torch.tensor(
+                float(d_ce.sum()) / D + 2 * gamma(N) * float(ce_abs.sum()) / D + dz + U * float(ref.loss.abs()),
+                dtype=f,
+                device=dev,
+            )
+    return out
+
+
 def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.Tensor]:
     """Element-wise fp32 error bounds of every output (the derivation is in the module docstring)."""
     f = torch.float64
@@ -106,35 +150,7 @@ def fp32_bounds(p: Problem, t: Tensors, ref: LinearCEResult) -> dict[str, torch.
     }
     if b is not None:
         out["grad_bias"] = dG.sum(0) + gamma(N) * Gabs.sum(0) + U * ref.grad_bias.abs()
-    valid = st.valid.to(f)
-    d_ce = (C * e + gamma(V + 4) * (C * lse.abs() + (q * zc.abs()).sum(1))) * valid
-    zeta = lam * lse * lse * valid
-    d_z = 2 * lam * lse.abs() * e * valid + 3 * U * zeta
-    ce_abs = ref.per_row.abs() - zeta  # ℓ_i ≥ 0, so |per_row| − ζ = ℓ_i
-    if o.reduction == "none":
-        out["loss"] = d_ce + d_z + U * ref.loss.abs()
-        out["z_loss"] = d_z + U * zeta
-    elif o.reduction == "sum":
-        zsum = float(zeta.sum())
-        out["z_loss"] = torch.tensor(float(d_z.sum()) + gamma(N) * zsum + U * zsum, dtype=f, device=dev)
-        out["loss"] = torch.tensor(
-            float((d_ce + d_z).sum()) + gamma(N) * float(ref.per_row.abs().sum()) + U * float(ref.loss.abs()),
-            dtype=f,
-            device=dev,
-        )
-    else:
-        D, M = float(st.w_target.sum()), float(st.valid.sum())
-        if M == 0:  # all ignored: the result is NaN by convention, compared exactly
-            out["loss"] = out["z_loss"] = torch.zeros((), dtype=f, device=dev)
-        else:
-            zl = float(zeta.sum()) / M
-            dz = float(d_z.sum()) / M + 2 * gamma(N) * zl + U * zl
-            out["z_loss"] = torch.tensor(dz, dtype=f, device=dev)
-            out["loss"] = torch.tensor(
-                float(d_ce.sum()) / D + 2 * gamma(N) * float(ce_abs.sum()) / D + dz + U * float(ref.loss.abs()),
-                dtype=f,
-                device=dev,
-            )
+    out.update(_loss_bounds(o, ref, C, q, zc, e, N))
     return {k: SAFETY * v for k, v in out.items()}
 
 
