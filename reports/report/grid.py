@@ -70,7 +70,7 @@ import random
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -603,6 +603,33 @@ def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[li
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, QuantCase]]:
+    """The size ladder of one recipe and dtype: each of M, K, N walked over ``spec.quant_ladder`` from the base."""
+    m0, k0, n0 = spec.quant_base
+    for axis in ("M", "K", "N"):
+        for size in spec.quant_ladder:
+            shape = {"M": m0, "K": k0, "N": n0, axis: size}
+            base = (shape["M"], shape["K"], shape["N"]) == spec.quant_base
+            case = QuantCase(
+                recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias, seed=100 + size, device=device
+            )
+            yield ("ladder:base" if base else f"ladder:{axis}"), case
+
+
+def _quant_extras(
+    support: Any, recipe: Any, base: tuple[int, int, int], dtype: str, bias: bool, device: str
+) -> Iterator[tuple[str, QuantCase]]:
+    """The declared extras of one recipe and dtype: save_original_input, and three steps of delayed scaling."""
+    m0, k0, n0 = base
+    if recipe.allows_save_original_input and True in support.save_original_input:
+        yield (
+            "save_original_input",
+            QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300, save_original_input=True, device=device),
+        )
+    if recipe.kind == "delayed":
+        yield "delayed_steps", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device)
+
+
 def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
     """Every quantized-linear case of ``spec`` for an impl declaring ``support``, in a fixed order."""
     declared = [name for d, name in _DT.items() if d in support.dtypes]
@@ -622,27 +649,8 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
     for r_i, recipe in enumerate(support.recipes):
         for dtype in dtypes:
             if spec.quant_all_recipes_ladder or r_i == 0:
-                for axis in ("M", "K", "N"):
-                    for size in spec.quant_ladder:
-                        shape = {"M": m0, "K": k0, "N": n0, axis: size}
-                        group = (
-                            "ladder:base"
-                            if (shape["M"], shape["K"], shape["N"]) == spec.quant_base
-                            else f"ladder:{axis}"
-                        )
-                        add(
-                            group,
-                            QuantCase(
-                                recipe,
-                                shape["M"],
-                                shape["K"],
-                                shape["N"],
-                                dtype=dtype,
-                                bias=bias,
-                                seed=100 + size,
-                                device=device,
-                            ),
-                        )
+                for group, case in _quant_ladder(spec, recipe, dtype, bias, device):
+                    add(group, case)
             else:
                 add("base", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
             for regime in spec.quant_regimes:
@@ -653,26 +661,8 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
                     ),
                 )
             if spec.quant_extras:
-                if recipe.allows_save_original_input and True in support.save_original_input:
-                    add(
-                        "save_original_input",
-                        QuantCase(
-                            recipe,
-                            m0,
-                            k0,
-                            n0,
-                            dtype=dtype,
-                            bias=bias,
-                            seed=300,
-                            save_original_input=True,
-                            device=device,
-                        ),
-                    )
-                if recipe.kind == "delayed":
-                    add(
-                        "delayed_steps",
-                        QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device),
-                    )
+                for group, case in _quant_extras(support, recipe, spec.quant_base, dtype, bias, device):
+                    add(group, case)
     return out
 
 

@@ -138,6 +138,36 @@ def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase]
     return cases, not_run
 
 
+def _linear_ce_plan(impl: Any, lin: list[GridCase], spec: GridSpec, device: str, info: dict) -> list:
+    """A linear+CE impl's (impl, case) pairs: the fixed grid and its declared cases in the reduction it declares, less
+    refused, repeated and known-divergent cases (counted and named in ``info``), then its many-chunk cases."""
+    from numcheck.properties.core.known import known
+    from numcheck.properties.core.strategies import refusal
+
+    mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
+    not_run = NotRun()
+    fixed = {gc.case for gc in lin}
+    seen: set[Any] = set()
+    for gc in lin + [d for d in declared_cases(spec, impl, device) if d.case not in fixed]:
+        case = in_declared_reduction(gc.case, impl.support.reductions)
+        divergence = known(impl.name, "accuracy", case)
+        why = (
+            refusal(impl.support, case)
+            or ("the same case in the declared reduction" if case in seen else None)
+            or (divergence and f"known divergence: {divergence.reason}")
+        )
+        seen.add(case)
+        if why:
+            not_run.add(gc.group, gc.mode, gc.case.short(), why)
+        else:
+            mine.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
+    many, left_out = many_chunk_cases(spec, impl, device)
+    mine += many
+    not_run.merge(left_out)
+    info["not_declared"], info["not_run"] = dict(not_run), not_run.named
+    return mine
+
+
 def plan(
     entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
@@ -146,9 +176,6 @@ def plan(
     reason (``not_declared``) and named (``not_run``). A linear+CE impl's many-chunk cases
     (:func:`~reports.report.grid.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
     name and declaration)."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
-
     infos, work = [], []
     lin = linear_ce_cases(spec, device)
     for entry in entries:
@@ -157,28 +184,9 @@ def plan(
         if not runs:
             continue
         impl = entry.impl
-        mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
+        mine: list[tuple[Any, GridCase]] = []
         if impl.kind == "linear_ce":
-            not_run = NotRun()
-            fixed = {gc.case for gc in lin}
-            seen: set[Any] = set()
-            for gc in lin + [d for d in declared_cases(spec, impl, device) if d.case not in fixed]:
-                case = in_declared_reduction(gc.case, impl.support.reductions)
-                divergence = known(impl.name, "accuracy", case)
-                why = (
-                    refusal(impl.support, case)
-                    or ("the same case in the declared reduction" if case in seen else None)
-                    or (divergence and f"known divergence: {divergence.reason}")
-                )
-                seen.add(case)
-                if why:
-                    not_run.add(gc.group, gc.mode, gc.case.short(), why)
-                else:
-                    mine.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
-            many, left_out = many_chunk_cases(spec, impl, device)
-            mine += many
-            not_run.merge(left_out)
-            info["not_declared"], info["not_run"] = dict(not_run), not_run.named
+            mine = _linear_ce_plan(impl, lin, spec, device, info)
         elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
             by_kind = {
                 "dist_linear_ce": lambda: dist_cases(spec, impl, device),
