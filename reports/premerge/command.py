@@ -61,7 +61,7 @@ HELP = (
 
 
 @dataclass
-class Check:
+class ChecklistItem:
     """One checklist line: ``ok``, a title, its key figure, and details (failures with repro commands).
     ``unmeasured``: the check could not measure everything it reports on (the figure says what and why); it is
     neither ✅ nor a failure: ⚠️, unticked, and named in the result line."""
@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # -- checks -----------------------------------------------------------------------------------------------
-def check_impls(entries: list[Any]) -> Check:
+def check_impls(entries: list[Any]) -> ChecklistItem:
     from numcheck.impls.registry import BrokenImpl
 
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
@@ -130,10 +130,12 @@ def check_impls(entries: list[Any]) -> Check:
         f"{len(good)} loaded ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}), "
         f"{len(broken)} broken, {len(unavailable)} unavailable here"
     )
-    return Check("impls load", not broken and bool(good), figure if good else figure + " — nothing to check", details)
+    return ChecklistItem(
+        "impls load", not broken and bool(good), figure if good else figure + " — nothing to check", details
+    )
 
 
-def stopped_line(loaded: Check) -> str:
+def stopped_line(loaded: ChecklistItem) -> str:
     """The one line premerge prints when its impls do not load: each broken spec with its cause (or that nothing
     was selected), and that nothing else ran."""
     why = "; ".join(d.split("\n")[0] for d in loaded.details if "cannot run here" not in d) or loaded.figure
@@ -143,16 +145,16 @@ def stopped_line(loaded: Check) -> str:
     )
 
 
-def check_probes(device: str) -> Check:
+def check_probes(device: str) -> ChecklistItem:
     from numcheck.impls.measure import capabilities
 
     try:
         caps = capabilities.summary(device)
     except Exception as exc:  # noqa: BLE001 - the probe machinery itself broke
-        return Check("capability probes", False, f"probes raised {type(exc).__name__}: {exc}")
+        return ChecklistItem("capability probes", False, f"probes raised {type(exc).__name__}: {exc}")
     yes = [k for k, v in caps.items() if v]
     no = [k for k, v in caps.items() if not v]
-    return Check(
+    return ChecklistItem(
         "capability probes",
         True,
         f"{len(yes)}/{len(caps)} available on {device}",
@@ -211,11 +213,11 @@ def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     return cmd
 
 
-def check_property_suite(specs: list[str], jobs: int) -> Check:
+def check_property_suite(specs: list[str], jobs: int) -> ChecklistItem:
     title = "property suite (ci profile)"
     missing = [m for m in SUITE_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        return Check(
+        return ChecklistItem(
             title,
             False,
             f"the installed numcheck has no suite module {', '.join(missing)} (a broken install: reinstall numcheck)",
@@ -230,7 +232,7 @@ def check_property_suite(specs: list[str], jobs: int) -> Check:
         secs = time.monotonic() - t0
         if not junit.exists():
             tail = [t for t in lines if t.strip()][-5:]
-            return Check(
+            return ChecklistItem(
                 title,
                 False,
                 f"pytest exited {rc} without results",
@@ -244,7 +246,7 @@ def check_property_suite(specs: list[str], jobs: int) -> Check:
     )
     if counts["passed"] == 0 and not details:
         figure += " — no test ran for these impls"
-    return Check(title, ok, figure, details)
+    return ChecklistItem(title, ok, figure, details)
 
 
 def unreached_note(report: dict, grid: str) -> str:
@@ -266,7 +268,7 @@ def unreached_note(report: dict, grid: str) -> str:
     )
 
 
-def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Check:
+def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> ChecklistItem:
     """The report's line; ``suite_failed`` (the property suite ran and failed): a passing report says which
     declared behaviours its grid did not reach, so the two lines never disagree unexplained."""
     from numcheck.reports.report.md import failures, impl_overview
@@ -295,7 +297,7 @@ def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Chec
         for i in report["impls"]
         if i["status"] == "ran" and i.get("unreached")
     ]
-    return Check("report", ok, figure if n else figure + " — no case ran", details + not_run)
+    return ChecklistItem("report", ok, figure if n else figure + " — no case ran", details + not_run)
 
 
 def check_baseline(
@@ -306,13 +308,13 @@ def check_baseline(
     *,
     restricted: bool = False,
     label: str | None = None,
-) -> Check:
+) -> ChecklistItem:
     """The report against the baseline; ``restricted`` (``--impl`` given) compares only the impls of this run.
     ``baseline`` None: there is none for this device, which is information, not a failure."""
     title = "vs committed baseline"
     if baseline is None:
         env = report.get("environment", {})
-        return Check(
+        return ChecklistItem(
             title,
             True,
             f"no baseline for this device ({env.get('device', '?')}, torch "
@@ -330,7 +332,7 @@ def check_baseline(
             )
         diff = report_compare.compare_reports(base, report, factor=factor, floor=floor, base_label=label)
     except ValueError as exc:
-        return Check(title, False, str(exc))
+        return ChecklistItem(title, False, str(exc))
     regs = diff.regressions
     figure = (
         f"{len(regs)} regression(s) against {label} (factor {factor:g}, floor {floor:g}); "
@@ -338,7 +340,7 @@ def check_baseline(
     )
     details = [f"`{f.impl}` `{f.case}` {f.output}: {f.message}" for f in regs]
     details += [f"note: `{f.impl}`: {f.message}" for f in diff.of("note")][:10]
-    return Check(title, not regs, figure, details)
+    return ChecklistItem(title, not regs, figure, details)
 
 
 def shipped_label(resource: Traversable) -> str:
@@ -355,15 +357,15 @@ MEMORY_ADVICE = (
 )
 
 
-def check_memory(report: dict) -> Check:
+def check_memory(report: dict) -> ChecklistItem:
     """The memory line: each impl's held bytes and peak at the seed's shapes on ``meta``. An impl that cannot run
     on ``meta`` (a backward that reads values: ``torch.equal(grad_output, 1)``, ``.item()``) is not measured:
     the line says so, with the reason and what to do, and is not ✅."""
     mem = report.get("memory")
     if mem is None:
-        return Check("memory", True, "no linear+CE impl ran, nothing to measure")
+        return ChecklistItem("memory", True, "no linear+CE impl ran, nothing to measure")
     if mem.get("error"):
-        return Check("memory", False, f"the measurement failed: {mem['error']}")
+        return ChecklistItem("memory", False, f"the measurement failed: {mem['error']}")
     from numcheck.impls.measure.memory import MiB
 
     N, H, V = mem["impl_shape"]
@@ -377,11 +379,11 @@ def check_memory(report: dict) -> Check:
         names = ", ".join(f"`{r['name']}`" for r in unmeasured)
         figure = f"not measured for {names} (cannot run on meta); " + figure
     details = [f"`{r['name']}` not measured: it cannot run on meta ({r['error']}); {MEMORY_ADVICE}" for r in unmeasured]
-    return Check("memory", True, figure, details, unmeasured=bool(unmeasured))
+    return ChecklistItem("memory", True, figure, details, unmeasured=bool(unmeasured))
 
 
 # -- output -----------------------------------------------------------------------------------------------
-def render(env: dict, specs: list[str], checks: list[Check]) -> str:
+def render(env: dict, specs: list[str], checks: list[ChecklistItem]) -> str:
     """The Markdown checklist."""
     ok = all(c.ok for c in checks)
     result = "✅ all checks pass" if ok else f"❌ {sum(not c.ok for c in checks)} check(s) fail"
@@ -426,7 +428,7 @@ def _bad_input(args: argparse.Namespace) -> bool:
     return False
 
 
-def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str], checks: list[Check]) -> None:
+def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str], checks: list[ChecklistItem]) -> None:
     """Appends the check against ``--baseline``, or else the shipped baseline of the device (a shipped one that
     does not load fails the check: a broken install)."""
     if args.baseline is not None:
@@ -436,7 +438,7 @@ def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str]
             baseline = baselines.baseline_for(args.device)
         except ValueError as exc:  # a shipped baseline that does not load: a broken install, said as such
             baseline = None
-            checks.append(Check("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
+            checks.append(ChecklistItem("vs committed baseline", False, f"a shipped baseline does not load: {exc}"))
         label = shipped_label(baseline) if baseline is not None else None
     if not any(c.title == "vs committed baseline" for c in checks):
         checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
@@ -463,7 +465,9 @@ def run(args: argparse.Namespace) -> int:
     checks = [loaded, check_probes(args.device)]
     if args.skip_tests:
         checks.append(
-            Check("property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review")
+            ChecklistItem(
+                "property suite (ci profile)", False, "skipped (--skip-tests): run it before asking for review"
+            )
         )
     else:
         checks.append(check_property_suite(specs, args.jobs))
