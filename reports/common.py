@@ -25,6 +25,7 @@ SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 __all__ = [
     "BadInput",
     "SUITE_MODULES",
+    "suite_command",
     "code_hash",
     "code_identity",
     "execute",
@@ -33,6 +34,16 @@ __all__ = [
     "stream",
     "write_atomically",
 ]
+
+
+def suite_command(junit: Path, impls: list[str], jobs: int, *options: str) -> list[str]:
+    """``python -m pytest`` on the installed suite (:data:`SUITE_MODULES`) as a user runs it, quiet, no cache, JUnit
+    XML to ``junit`` (without captured output), then ``options``, one ``--impl`` per spec and ``-n jobs`` above 1."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", *SUITE_MODULES, "-q", "-p", "no:cacheprovider"]
+    cmd += [f"--junitxml={junit}", "-o", "junit_logging=no", *options]
+    for spec in impls:
+        cmd += ["--impl", spec]
+    return cmd + (["-n", str(jobs)] if jobs > 1 else [])
 
 
 def prepare() -> None:

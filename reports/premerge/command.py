@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from numcheck.reports import baselines
+from numcheck.reports import common
 from numcheck.reports.common import SUITE_MODULES, stream
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
@@ -193,24 +194,7 @@ def _junit_failures(path: Path) -> tuple[dict[str, int], list[str]]:
 
 def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     """The pytest command line of the property-suite check: the installed suite, the impls, JUnit XML out."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        *SUITE_MODULES,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_logging=no",
-    ]
-    for s in specs:
-        cmd += ["--impl", s]
-    if jobs > 1:
-        cmd += ["-n", str(jobs)]
-    return cmd
+    return common.suite_command(junit, specs, jobs)
 
 
 def check_property_suite(specs: list[str], jobs: int) -> ChecklistItem:

@@ -69,7 +69,7 @@ import numpy as np
 from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
-from numcheck.reports.common import SUITE_MODULES, code_identity, stream, write_atomically
+from numcheck.reports.common import SUITE_MODULES, code_identity, stream, suite_command, write_atomically
 from numcheck.reports.report import schema as report_schema
 
 HELP = (
@@ -183,29 +183,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- running one seed -------------------------------------------------------------------------------------
 def sweep_command(seed: int, args: argparse.Namespace, profile: str, junit: Path, record_dir: Path) -> list[str]:
     """The pytest command line of one seed: the installed suite under ``profile`` and ``seed``, recorded."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        *SUITE_MODULES,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={junit}",
-        "-o",
-        "junit_logging=no",
-        f"--hypothesis-profile={profile}",
-        f"--hypothesis-seed={seed}",
-        f"--numcheck-record={record_dir}",
-    ]
-    for spec in args.impl:
-        cmd += ["--impl", spec]
+    options = [f"--hypothesis-profile={profile}", f"--hypothesis-seed={seed}", f"--numcheck-record={record_dir}"]
     if args.keyword:
-        cmd += ["-k", args.keyword]
-    if args.jobs > 1:
-        cmd += ["-n", str(args.jobs)]
-    return cmd
+        options += ["-k", args.keyword]
+    return suite_command(junit, args.impl, args.jobs, *options)
 
 
 @dataclass
