@@ -78,45 +78,41 @@ def _ratio(value: float) -> float | str:
 
 def note(impl: Any, prop: str, p: Problem, result: Any) -> None:
     """Record every analytic comparison of ``result`` (an :class:`properties.core.accuracy.AccuracyResult`) of
-    ``impl`` under property ``prop`` on ``p``; nothing when not recording."""
+    ``impl`` under property ``prop`` on ``p``, and its judgements (b); nothing when not recording."""
+
+    # A z-loss output of a problem without z-loss is identically zero: it says nothing about a bound's tightness.
+    def kept(judgements: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in judgements.items() if not (k == "z_loss" and not p.z_loss_scale)}
+
+    note_judgements(impl.name, prop, dtype_label(p), repr(p), kept(result.analytic), kept(result.relative))
+
+
+def note_judgements(
+    impl_name: str, prop: str, label: str, case: str, analytic: dict[str, Any], relative: dict[str, Any]
+) -> None:
+    """Record one case's judgements: each analytic comparison (``output -> Comparison``) and each judgement (b)
+    (``output -> RelativeJudgement``, as ``<output> (b)``) under the dtype ``label``, for any kind of case
+    (``case``: its repr); nothing when not recording."""
     global _sink
     if _path is None:
         return
     if _sink is None:
         _path.parent.mkdir(parents=True, exist_ok=True)
         _sink = _path.open("a", encoding="utf-8")
-    label, case = dtype_label(p), repr(p)
-    for output, c in result.analytic.items():
-        if output == "z_loss" and not p.z_loss_scale:
-            continue  # identically zero without z-loss: says nothing about a bound's tightness
-        row = dict(
-            _test,
-            impl=impl.name,
-            property=prop,
-            dtype=label,
-            output=output,
-            output_dtype=c.dtype,
-            ratio=_ratio(c.ratio),
-            ok=c.ok,
-            state=c.state,
-            problem=case,
-        )
+    common = dict(_test, impl=impl_name, property=prop, dtype=label, problem=case)
+    for output, c in analytic.items():
+        row = dict(common, output=output, output_dtype=c.dtype, ratio=_ratio(c.ratio), ok=c.ok, state=c.state)
         _sink.write(json.dumps({k: row[k] for k in FIELDS}) + "\n")
-    for output, r in result.relative.items():
+    for output, r in relative.items():
         if not r.judged or not r.allowed > 0:
             continue  # not judged by (b) (too few elements, a known divergence): no ratio to record
-        analytic = result.analytic.get(output)
         row = dict(
-            _test,
-            impl=impl.name,
-            property=prop,
-            dtype=label,
+            common,
             output=f"{output} (b)",
-            output_dtype=analytic.dtype if analytic is not None else "",
+            output_dtype=analytic[output].dtype if output in analytic else "",
             ratio=_ratio(r.rmse_impl / r.allowed),
             ok=r.ok,
             state=f"(b) relative to {r.yardstick}",
-            problem=case,
         )
         _sink.write(json.dumps({k: row[k] for k in FIELDS}) + "\n")
     _sink.flush()

@@ -25,6 +25,7 @@ import torch
 
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog
+from numcheck.properties.core import records
 from numcheck.properties.core.compare import compare
 from numcheck.properties.distributed.tp_fp8.cases import (
     TPQuantCase,
@@ -310,6 +311,17 @@ def dist_accuracy(impl: Any, case: TPQuantCase, results: list[list[dict]] | None
     relative: dict[str, Any] = {}
     judged = judged_steps(impl, case, results, "dist_accuracy", relative)
     metrics = {f"{label} error/bound (dequantized reference)": min(cdq.ratio, 1e6) for label, cdq, _ in judged}
+    # For the seed sweep's tables: each output's comparison with the dequantized reference and its judgement (b),
+    # apart per world size as the vocab-parallel family's are.
+    at = f" (P={case.world})"
+    records.note_judgements(
+        impl.name,
+        "dist_accuracy",
+        case.dtype,
+        repr(case),
+        {label + at: cdq for label, cdq, _ in judged},
+        {label + at: r for label, r in relative.items()},
+    )
     lines = beyond_bound_lines(judged) + _amax_notes(case, results)
     if not lines:
         lines = [f"(b) relative to the declared path: {r.describe()}" for r in relative.values() if not r.ok]
