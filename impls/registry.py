@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from importlib import metadata
@@ -174,6 +175,12 @@ def load_spec(spec: str, origin: str) -> list[ImplEntry | BrokenImpl]:
     if not spec:
         return [BrokenImpl(spec, origin, "empty impl spec")]
     module_name, _, attr = spec.partition(":")
+    # The user's repository is where they run from: `pytest --pyargs numcheck.tests.suite --impl mypkg.flce:impl`
+    # imports mypkg from the current directory as `numcheck report` does (at the end of the path: an installed
+    # package of the same name wins), whether or not their package is installed.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

@@ -111,6 +111,16 @@ def user_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def test_impl_in_the_directory_run_from_loads_without_configuration(tmp_path, monkeypatch):
+    """A user's repository with no pytest configuration and their package not installed: the README's command,
+    run from its root, imports the impl from there (as ``numcheck report`` does) instead of failing to load it."""
+    monkeypatch.delitem(sys.modules, "myflce", raising=False)
+    (tmp_path / "myflce.py").write_text(LOSS_OFF)
+    r = _pytest(tmp_path, "-q", "--pyargs", "numcheck.tests.suite", "--impl", "myflce:impl", "-k", "protocol_structure")
+    out = r.stdout + r.stderr
+    assert "could not be loaded" not in out and "1 passed" in out, out
+
+
 def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
     """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
     wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
