@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.impls.registry import spec_of
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, shard_bounds
+from numcheck.impls.registry import ImplEntry, load_spec, spec_of
 from numcheck.properties.core import matmul_precision, records
 from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
@@ -415,7 +415,15 @@ def load_impl(spec: str) -> Any:
     mod_name, _, name = spec.partition(":")
     if not name:
         raise ValueError(f"--impl {spec!r}: give module:name (e.g. numcheck.impls.registry:vocab_parallel[nan])")
-    mod = importlib.import_module(mod_name)
+    # A module:attr spec (a user's decorated function) loads as --impl loads it, so the registry knows the spec and
+    # this run's own reproduce line names it again; a name among the module's dist_impls() is looked up below.
+    loaded = [e.impl for e in load_spec(spec, "--impl") if isinstance(e, ImplEntry) and e.kind == DIST_KIND]
+    if len(loaded) == 1:
+        return loaded[0]
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ValueError(f"--impl {spec!r}: cannot import {mod_name!r} ({exc})") from exc
     for impl in getattr(mod, "dist_impls", lambda: [])():
         if impl.name == name:
             return impl
@@ -432,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--property", required=True, choices=sorted(PROPERTIES))
     ap.add_argument("--case", required=True)
     a = ap.parse_args(argv)
-    impl = load_impl(a.impl)
+    try:
+        impl = load_impl(a.impl)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     case = eval(a.case, {"DistCase": DistCase, "Problem": Problem, "inf": math.inf, "nan": math.nan})  # noqa: S307
     try:
         with matmul_precision.pinned():

@@ -99,3 +99,31 @@ def test_relative_judgement_follows_the_declaration():
     off = ref.grad_x + noise * (2 * gx.allowed / math.sqrt(float(noise.square().mean())))
     bad = dist_relative(impl, case.problem, 2, t, ref, [("grad_x", off.to(torch.bfloat16))], {})["grad_x"]
     assert bad.judged and not bad.ok, bad.describe()
+
+
+def test_repro_run_names_the_user_spec_again():
+    """The repro command loads a decorated function by its ``module:attr`` spec as ``--impl`` does, so the
+    reproduce line it prints names that spec again (it named ``numcheck.impls.registry:<impl name>``, which
+    cannot load a user's impl); a spec that names nothing exits 2 with one line, not a traceback."""
+    import subprocess
+    import sys
+
+    spec = "numcheck.tests.self.helpers.dist_reduce:bf16_reduce_declared_fp32"
+    code = (
+        "from numcheck.properties.distributed.linear_ce import props as p\n"
+        f"impl = p.load_impl({spec!r})\n"
+        "case = p.DistCase(problem=p.Problem(N=4, H=3, V=5, dtype='bfloat16', seed=0), world_size=2, backend='gloo')\n"
+        "print(p.repro_command(impl, 'dist_world_size_invariance', case))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f'--impl "{spec}"' in out.stdout, out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "numcheck.properties.distributed.linear_ce.props", "--impl", "no_such_mod_xyz:f"]
+        + ["--property", "dist_accuracy", "--case", "None"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert "no_such_mod_xyz" in bad.stderr
