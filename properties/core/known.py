@@ -360,7 +360,9 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
     upstream of exactly 1). Each store rounds as a Triton kernel's does here (:func:`_kernel_store`: to nearest,
     truncated under the interpreter). The loss is the float64 oracle's (these stores do not touch it); the GEMM's
     backward is exact and rounded once, as the model allows. ``n`` is the non-ignored count (2.12's normalizer;
-    before 2.12 a case with ignored rows is :func:`te_ignored_rows_counted`'s)."""
+    before 2.12 a case with ignored rows is :func:`te_ignored_rows_counted`'s); for ``none`` before 2.5 it is N,
+    as those releases divide ``reduce_loss=False``'s gradient by the rows too (their entry in :data:`KNOWN`, which
+    leaves V = 1 to this one: there the division is all that reaches the outputs, through these stores)."""
     import torch.nn.functional as F
 
     from numcheck.properties.core.harness import ImplOutputs, run_oracle
@@ -372,7 +374,7 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
     z = F.linear(t.x, t.weight, b).double()
     valid = t.target != p.ignore_index
     mean = p.reduction == "mean"
-    n = max(int(valid.sum()), 1) if mean else 1
+    n = max(int(valid.sum()), 1) if mean else (p.N if _te_divides_none_by_rows() else 1)
     eps = p.label_smoothing
     g = _kernel_store(((torch.softmax(z, dim=-1) - eps / p.V) / n).float(), low).double()
     rows = torch.arange(p.N, device=z.device)
@@ -391,6 +393,13 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
         grad_weight=(g.T @ t.x.double()).to(low),
         grad_bias=g.sum(0).to(low).to(t.bias.dtype) if t.bias is not None else None,
     )
+
+
+def _te_divides_none_by_rows() -> bool:
+    """Whether the loaded TransformerEngine release divides ``reduce_loss=False``'s gradient by the row count
+    (before 2.5)."""
+    release = te_release()
+    return release is not None and Version(release) < Version("2.5")
 
 
 def te_prerounded_gradient_fails(p: Problem, t: Tensors | None = None) -> bool:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles run_property names
 from numcheck.properties.core.draw_isolation import isolated_draws
@@ -19,6 +20,20 @@ from numcheck.properties.distributed.linear_ce.props import DistCase, dist_world
 from numcheck.properties.distributed.linear_ce.strategies import draw_case
 from numcheck.properties.core.drawn_log import recorded
 from numcheck.properties.distributed.linear_ce.known import whole_case_divergence
+
+
+class EveryDrawKnown(Exception):
+    """No case was judged: every draw hypothesis kept was covered by a known divergence (``reasons``, the entries
+    of :data:`~numcheck.properties.distributed.linear_ce.known.DIST_KNOWN` that rejected them); the suite skips
+    the test with them, as the single-device suite skips a test every draw of which is a known divergence."""
+
+    def __init__(self, impl_name: str, world_size: int, reasons: list[str]) -> None:
+        self.reasons = reasons
+        listed = "; ".join(reasons)
+        super().__init__(
+            f"every case drawn for {impl_name} at world size {world_size} is a known divergence "
+            f"(numcheck.properties.distributed.linear_ce.known): {listed}"
+        )
 
 
 def known_divergence(impl: Any, case: DistCase) -> str | None:
@@ -37,9 +52,11 @@ def run_property(
 ) -> None:
     """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size`` (for
     world-size invariance: the layout its targets follow); raises the first failure (a latched one after
-    hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs.
-    ``shrink=False`` leaves out hypothesis' shrink phase (a self test that only asserts a failure is found)."""
+    hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs; when
+    no draw was judged and known divergences rejected them, raises :class:`EveryDrawKnown`. ``shrink=False`` leaves out hypothesis' shrink phase (a self test that only asserts a failure is found)."""
     latch = FailureLatch()
+    reasons: dict[str, None] = {}  # the known divergences that rejected draws, in order
+    judged: list[bool] = []
     base = settings.get_profile(profile)
     phases = base.phases if shrink else tuple(p for p in base.phases if p is not Phase.shrink)
 
@@ -49,7 +66,11 @@ def run_property(
         with recorded(data, f"{prop.__name__}[world_size={world_size}]", impl) as drawing:
             case = draw_case(impl, drawing, world_size, cancelling=prop is dist_world_size_invariance)
         runs = invariance_cases(impl, case) if prop is dist_world_size_invariance else [case]
-        assume(all(known_divergence(impl, c) is None for c in runs))
+        covered = [r for c in runs if (r := known_divergence(impl, c)) is not None]
+        if covered:
+            reasons.setdefault(covered[0], None)
+        assume(not covered)
+        judged.append(True)
         prop(impl, case, latch)
 
     # One derandomized seed per (property, impl, world size), as numcheck.check keys its runs: every property
@@ -59,5 +80,10 @@ def run_property(
         f"numcheck.dist|{prop.__name__}|{impl.name}|{world_size}".encode()
     )
     with isolated_draws():
-        body()
+        try:
+            body()
+        except Unsatisfiable:
+            if judged or not reasons:
+                raise
+            raise EveryDrawKnown(impl.name, world_size, list(reasons)) from None
     latch.raise_if_failed()
