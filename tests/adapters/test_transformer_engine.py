@@ -534,8 +534,9 @@ def test_uneven_shards_are_refused():
 @needs_te
 def test_report_judges_both_faces(tmp_path):
     """``numcheck report`` (the smoke grid) runs every available TE impl, both faces, and every case passes; an
-    impl whose every case is a recorded known divergence on the installed release (2.4-2.6, whose backward always
-    raises) has them listed as not run for that reason instead."""
+    impl none of whose cases ran because each it could run is a recorded known divergence on the installed release
+    (2.4-2.6, whose backward always raises; reduce_loss=False before 2.5, whose gradient is divided by the rows) has
+    them listed as not run for that reason instead."""
     from numcheck.reports import cli
 
     names = [n for n in [*te.VARIANTS, *te.DIST_VARIANTS] if not _impl_or_dist(n).support.unavailable_reason()]
@@ -547,7 +548,7 @@ def test_report_judges_both_faces(tmp_path):
     all_known = {
         e["name"]
         for e in report["impls"]
-        if e.get("not_run") and all(n["reason"].startswith("known divergence:") for n in e["not_run"])
+        if any(n["reason"].startswith("known divergence:") for n in e.get("not_run") or [])
     }
     assert set(names) <= judged | (all_known - judged), f"not in the report: {set(names) - judged - all_known}"
 
