@@ -632,11 +632,12 @@ KNOWN: list[KnownDivergence] = [
         applies=lambda p: True,
         reason=(
             "TransformerEngine 2.4.0-2.6.0.post1: CrossEntropyFunction.forward takes six inputs (ignore_idx was "
-            "added in 2.4) but its backward still returns five gradients, so every backward raises 'function "
-            "CrossEntropyFunctionBackward returned an incorrect number of gradients (expected 6, got 5)': the "
-            "fused CE cannot be trained through. 2.7 returns one per input. Measured on 2.4.0, 2.5.0, 2.6.0 and "
-            "2.6.0.post1 (docs/evidence/te_releases.txt); the same holds with TE's core installed (autograd "
-            "raises it)."
+            "added in 2.4) but its backward still returns five gradients, so the backward of every call that "
+            "passes ignore_idx raises 'function CrossEntropyFunctionBackward returned an incorrect number of "
+            "gradients (expected 6, got 5)' (a call leaving it at its default passes five inputs and runs; the "
+            "adapter passes it, as the declared ignore_index option needs): the documented ignore_idx cannot be "
+            "trained through. 2.7 returns one per input. Measured on 2.4.0, 2.5.0, 2.6.0 and 2.6.0.post1 "
+            "(docs/evidence/te_releases.txt); the same holds with TE's core installed (autograd raises it)."
         ),
         example=Problem(N=4, H=8, V=13, seed=0),
         releases=Releases("transformer-engine", ">=2.4,<2.7", te_release),

@@ -535,7 +535,7 @@ def test_uneven_shards_are_refused():
 def test_report_judges_both_faces(tmp_path):
     """``numcheck report`` (the smoke grid) runs every available TE impl, both faces, and every case passes; an
     impl none of whose cases ran because each it could run is a recorded known divergence on the installed release
-    (2.4-2.6, whose backward always raises; reduce_loss=False before 2.5, whose gradient is divided by the rows) has
+    (2.4-2.6, whose backward raises when ignore_idx is passed; reduce_loss=False before 2.5, whose gradient is divided by the rows) has
     them listed as not run for that reason instead."""
     from numcheck.reports import cli
 

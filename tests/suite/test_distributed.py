@@ -32,7 +32,7 @@ def _profile() -> str:
 
 def _run(prop, impl, world_size: int, **kwargs) -> None:
     """``run_property`` for the suite: a test none of whose draws could be judged because each was a recorded
-    known divergence of the impl (e.g. a release whose backward always raises) is skipped with those reasons."""
+    known divergence of the impl (e.g. a release whose backward raises on every call the adapter makes) is skipped with those reasons."""
     try:
         run_property(prop, impl, world_size, _profile(), **kwargs)
     except EveryDrawKnown as exc:

@@ -166,7 +166,8 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         _te(
             red,
             "TransformerEngine 2.4.0-2.6.0.post1's CrossEntropyFunction backward returns five gradients for "
-            "six inputs: every backward raises (the te_parallel_ce entry of properties/core/known.py).",
+            "six inputs: every backward of a call passing ignore_idx, as the adapter does, raises (the "
+            "te_parallel_ce entry of properties/core/known.py).",
             lambda c: True,
             Problem(N=7, H=8, V=16, seed=3),
             ">=2.4,<2.7",

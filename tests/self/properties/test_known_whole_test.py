@@ -1,7 +1,7 @@
 """Known divergences that cover a whole test, and the TransformerEngine store emulation of releases before 2.5.
 
 Judging TE 2.2-2.6 for the versions table (docs/evidence/te_releases.py) found three gaps: on 2.4-2.6, whose
-backward always raises (a recorded entry of every case), the distributed tests failed with hypothesis'
+backward raises on every call numcheck makes (a recorded entry of every case), the distributed tests failed with hypothesis'
 ``Unsatisfiable`` and ``test_protocol_structure`` judged the covered cases anyway; on 2.2, a V = 1 ``none`` case
 failed because the emulation of TE's bf16 gradient stores left out the division by the rows those releases make.
 """
