@@ -30,6 +30,7 @@ from numcheck.properties.core.known import (
     te_release,
 )
 from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.distributed.linear_ce.placement import place_targets
 from numcheck.properties.core.tolerance import ErrorModel, unit_roundoff
 
 
@@ -59,8 +60,6 @@ def _te_stores_fail(case: Any) -> bool:
     """:func:`te_prerounded_gradient_fails` on ``case``'s own tensors: its targets placed as the case places them
     (on shard boundaries, on one rank), not as ``build`` draws them; the stores' rounding depends on which class
     is the target."""
-    from numcheck.properties.distributed.linear_ce.props import place_targets  # props imports this module
-
     return te_prerounded_gradient_fails(case.problem, place_targets(build(case.problem), case))
 
 

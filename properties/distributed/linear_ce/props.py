@@ -33,6 +33,7 @@ from numcheck.properties.core.compare import compare
 from numcheck.properties.distributed.pool import zygote
 from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
 from numcheck.properties.distributed.linear_ce.known import output_divergences
+from numcheck.properties.distributed.linear_ce.placement import place_targets
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import run_oracle, same_bits
 from numcheck.properties.core.problems import Problem, Tensors, build
@@ -87,24 +88,6 @@ class DistCase:
             raise ValueError(f"DistCase.owner={self.owner} is outside world size {self.layout_world_size}")
         shard_bounds(self.problem.V, self.world_size, 0)  # V >= world size
         shard_bounds(self.problem.V, self.layout_world_size, 0)
-
-
-def place_targets(t: Tensors, case: DistCase) -> Tensors:
-    """``t`` with its non-ignored targets moved as ``case.placement`` says (the pad class, an ``ignore_index`` in
-    [0, V), is never chosen)."""
-    if case.placement == "as_built":
-        return t
-    V, P = case.problem.V, case.layout_world_size
-    ii = t.options.ignore_index
-    if case.placement == "boundary":
-        cand = sorted({c for r in range(P) for c in (shard_bounds(V, P, r)[0], shard_bounds(V, P, r)[1] - 1)})
-    else:
-        lo, hi = shard_bounds(V, P, case.owner)
-        cand = list(range(lo, hi))
-    cand = [c for c in cand if c != ii] or [c for c in range(V) if c != ii]
-    valid = t.target != ii
-    pick = torch.tensor(cand, dtype=t.target.dtype)[torch.arange(t.target.numel()) % len(cand)]
-    return t._replace(target=torch.where(valid, pick.to(t.target.device), t.target))
 
 
 def oracle_tensors(impl: Any, case: DistCase) -> Tensors:
