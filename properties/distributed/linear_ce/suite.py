@@ -53,7 +53,8 @@ def run_property(
     """``prop`` on ``share`` of hypothesis profile ``profile``'s examples (at least 2) at ``world_size`` (for
     world-size invariance: the layout its targets follow); raises the first failure (a latched one after
     hypothesis' loop). A draw is rejected where a known divergence covers any world size the property runs; when
-    no draw was judged and known divergences rejected them, raises :class:`EveryDrawKnown`. ``shrink=False`` leaves out hypothesis' shrink phase (a self test that only asserts a failure is found)."""
+    no draw was judged and known divergences rejected them, raises :class:`EveryDrawKnown`. ``shrink=False`` leaves
+    out hypothesis' shrink phase (a self test that only asserts a failure is found)."""
     latch = FailureLatch()
     reasons: dict[str, None] = {}  # the known divergences that rejected draws, in order
     judged: list[bool] = []
