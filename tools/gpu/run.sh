@@ -59,8 +59,9 @@ case "$what" in
   sweep)
     # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
     # so pytest loads the plugin from PYTEST_PLUGINS. SWEEP_FROM: a committed sweep folder whose kept seeds
-    # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls;
-    # KEEP_STALE=1 keeps those that ran on other code too (marked stale in sweep.md with their code hash).
+    # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls (each
+    # call packs its folder as sweep.tgz: unpack it into the folder the next call takes); KEEP_STALE=1 keeps those that ran on other code too
+    # (marked stale in sweep.md with their code hash).
     if [ -n "${SWEEP_FROM:-}" ]; then mkdir -p "$out/sweep" && cp -r "$SWEEP_FROM"/. "$out/sweep"/; fi
     # SWEEP_DEVICE=cpu runs it on the host's CPUs with the GPU hidden (Triton's interpreter for the Triton impls),
     # NUMCHECK_TE_DIR (e.g. .te/2.20.2, carried) adds TransformerEngine's impls.
@@ -68,7 +69,9 @@ case "$what" in
     PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
       --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device "${SWEEP_DEVICE:-cuda}" --out "$out/sweep" --per-impl ${KEEP_STALE:+--keep-stale} > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"
-    tail -60 "$out/sweep.txt"; tail -5 "$out/sweep-progress.txt"
+    # The device returns at most 8 files a call: the folder (one record per seed) travels as one archive.
+    tar czf "$out/sweep.tgz" -C "$out" sweep && rm -rf "$out/sweep"
+    tail -60 "$out/sweep.txt"; grep "numcheck sweep: seed" "$out/sweep-progress.txt" | tail -12
     ;;
   scale)
     # The production-shape tier: every registered linear+CE impl plus the int32-offset mutant, at the
