@@ -40,6 +40,7 @@ from numcheck.impls.protocols.fp8_linear import (
     held_for_backward,
     predicted_columnwise_x_bytes,
 )
+from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
@@ -312,11 +313,23 @@ def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:
     return result
 
 
+def note_result(impl: Any, prop: str, case: Any, result: Fp8CaseResult) -> None:
+    """Record each output's error/bound against the dequantized-operand reference (under its label) and against the
+    original operands (``<label> (original operands)``) for the seed sweep's tightness tables and margins; nothing
+    when not recording. Shared by the single and the grouped linear. Judgement (b) does not exist for this family on
+    one device (both references are exact), so none is recorded."""
+    analytic: dict[str, Comparison] = {}
+    for label, m in result.outputs.items():
+        analytic[label], analytic[f"{label} (original operands)"] = m.dq, m.true
+    records.note_judgements(impl.name, prop, case.dtype, repr(case), analytic, {})
+
+
 # -- properties ---------------------------------------------------------------------------------------
 def accuracy(impl: Any, case: QuantCase) -> Fp8CaseResult:
     """Property: every output within both bounds (and exact amax records for delayed scaling)."""
     __tracebackhide__ = True
     r = measure_case(impl, case)
+    note_result(impl, "accuracy", case, r)
     if not r.ok:
         bad = [m for m in r.outputs.values() if not m.ok]
         lines = list(r.notes)

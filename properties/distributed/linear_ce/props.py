@@ -151,6 +151,28 @@ class DistRun:
         }
 
 
+def other_ranks_grad_x(run: DistRun) -> tuple[list[tuple[int, torch.Tensor | None]], str]:
+    """The grad_x of each rank after rank 0 that holds other bits than rank 0's (judged on its own), and the note
+    for rank 0's grad_x line naming the ranks that hold its bits (judged once with it: one cause, one line)."""
+    g0 = run.ranks[0]["grad_x"]
+    differ, same = [], []
+    for i, r in enumerate(run.ranks[1:], 1):
+        g = r["grad_x"]
+        if g is not None and g0 is not None and same_bits(g, g0):
+            same.append(i)
+        else:
+            differ.append((i, g))
+    if not same:
+        return differ, ""
+    who = f"rank {same[0]} holds" if len(same) == 1 else f"ranks {', '.join(map(str, same))} hold"
+    return differ, f" ({who} the same bits)"
+
+
+def _noted(line: str, name: str, note: str) -> str:
+    """``line`` (a comparison of ``name``) with ``note`` when ``name`` is rank 0's grad_x."""
+    return line + note if name == "grad_x" else line
+
+
 def run_case(
     impl: Any, case: DistCase, latch: FailureLatch | None = None, timeout_s: float | None = None
 ) -> DistRun | None:
@@ -244,9 +266,8 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
     ref, bounds = _bounds(impl, case, out)
     known = {k: d for d in output_divergences(impl, case) for k in d.outputs}
     lines, worst, recorded = [], 0.0, {}
-    pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [
-        (f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)
-    ]
+    others, note = other_ranks_grad_x(run)
+    pairs = [(n, out[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", g) for i, g in others]
     for name, value in pairs:
         key = name.split("[")[0]
         oracle = _oracle_value(ref, key)
@@ -258,7 +279,7 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
             recorded[f"{name} (P={case.world_size})"] = c
         if not c.ok:
             why = f" (bound of the known divergence: {known[key].reason})" if key in known else ""
-            lines.append(c.describe() + why)
+            lines.append(_noted(c.describe(), name, note) + why)
     relative = {}
     if not lines and not (case.problem.all_ignored and case.problem.reduction == "mean"):
         relative = dist_relative(
@@ -270,7 +291,11 @@ def judge(impl: Any, case: DistCase, run: DistRun, prop: str = "dist_accuracy") 
             pairs,
             {k: d.reason for k, d in known.items()},
         )
-        lines += [f"(b) relative to the declared path: {r.describe()}" for r in relative.values() if not r.ok]
+        lines += [
+            _noted(f"(b) relative to the declared path: {r.describe()}", n, note)
+            for n, r in relative.items()
+            if not r.ok
+        ]
     # For the seed sweep's tightness table: the assembled outputs, apart per world size (the sharded model's terms
     # grow with P) and from the single-device suite's outputs.
     judged_b = {f"{name} (P={case.world_size})": r for name, r in relative.items()}
@@ -300,13 +325,15 @@ def measure(impl: Any, case: DistCase) -> tuple[dict[str, Any], list[str]]:
     pairs = [(n, n, out[n]) for n in OUTPUT_NAMES] + [
         (f"grad_x@rank{i}", "grad_x", r["grad_x"]) for i, r in enumerate(run.ranks[1:], 1)
     ]
+    others, note = other_ranks_grad_x(run)
+    differ = {f"grad_x@rank{i}" for i, _ in others}
     for name, key, value in pairs:
         oracle = _oracle_value(ref, key)
         if oracle is None and value is None:
             continue
         comps[name] = c = compare(name, value, oracle, bounds[key])
-        if not c.ok:
-            lines.append(c.describe())
+        if not c.ok and (name in OUTPUT_NAMES or name in differ):  # every rank's comparison, one line per cause
+            lines.append(_noted(c.describe(), name, note))
     return comps, lines
 
 
@@ -344,8 +371,8 @@ def relation_lines(impl: Any, runs: list[tuple[DistCase, DistRun]]) -> list[str]
         model = d.model
     bounds = relation_bounds(impl, cb.problem, t, ref, dtypes, (ca.world_size, cb.world_size), model)
     lines = []
-    pairs = [(n, vb[n]) for n in OUTPUT_NAMES]
-    pairs += [(f"grad_x[rank {i}]", r["grad_x"]) for i, r in enumerate(rb.ranks[1:], 1)]
+    others, note = other_ranks_grad_x(rb)
+    pairs = [(n, vb[n]) for n in OUTPUT_NAMES] + [(f"grad_x[rank {i}]", g) for i, g in others]
     for name, value in pairs:
         key = name.split("[")[0]
         if value is None or va[key] is None:
@@ -354,7 +381,7 @@ def relation_lines(impl: Any, runs: list[tuple[DistCase, DistRun]]) -> list[str]
         if not c.ok:
             lines.append(
                 f"world-size relation (what P may change under the declaration: "
-                f"grad_x reduced in {impl.dist.grad_x_reduce_dtype}): " + c.describe()
+                f"grad_x reduced in {impl.dist.grad_x_reduce_dtype}): " + _noted(c.describe(), name, note)
             )
     return lines
 

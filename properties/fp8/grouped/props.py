@@ -42,7 +42,14 @@ from numcheck.properties.core.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
 from numcheck.properties.fp8.cases import QuantCase, QuantTensors
-from numcheck.properties.fp8.props import Fp8CaseResult, _bits, _masked, output_metrics, run_quant_impl
+from numcheck.properties.fp8.props import (
+    Fp8CaseResult,
+    _bits,
+    _masked,
+    note_result,
+    output_metrics,
+    run_quant_impl,
+)
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_recipes import ROLES
 from numcheck.reference.grouped_fp8_linear import (
@@ -289,6 +296,7 @@ def accuracy(impl: Any, case: GroupedCase) -> Fp8CaseResult:
     """Property: every output of every expert within both bounds (and exact amax records per expert)."""
     __tracebackhide__ = True
     r = measure_case(impl, case)
+    note_result(impl, "accuracy", case, r)
     if not r.ok:
         lines = list(r.notes)
         for label, m in r.outputs.items():

@@ -17,8 +17,10 @@ from numcheck.properties.core.accuracy import eager_errors
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.distributed.linear_ce.props import (
     DistCase,
+    DistRun,
     dist_world_size_invariance,
     oracle_tensors,
+    other_ranks_grad_x,
     run_case,
 )
 from numcheck.properties.distributed.linear_ce.suite import run_property
@@ -46,7 +48,20 @@ def test_relation_fails_bf16_reduce_declared_fp32(p, P):
     _needs(P)
     with matmul_precision.pinned(), pytest.raises(PropertyFailure) as info:
         dist_world_size_invariance(dist_reduce.bf16_reduce_declared_fp32, DistCase(p, P))
-    assert f"grad_x (P={P} against P=1)" in str(info.value) and "reduced in float32" in str(info.value)
+    msg = str(info.value)
+    assert f"grad_x (P={P} against P=1)" in msg and "reduced in float32" in msg
+    # Every rank holds the all-reduced grad_x's bits: one line names them all, not one line per rank.
+    assert msg.count(f"grad_x (P={P} against P=1)") == 1 and "grad_x[rank" not in msg, msg
+    assert ("rank 1 holds" if P == 2 else "ranks 1, 2, 3 hold") + " the same bits" in msg, msg
+
+
+def test_a_rank_with_other_bits_keeps_its_own_line():
+    """Only ranks holding rank 0's grad_x bits fold into its line; a rank whose grad_x differs is judged alone."""
+    g = torch.ones(2, 3, dtype=torch.bfloat16)
+    run = DistRun([{"grad_x": g}, {"grad_x": g.clone()}, {"grad_x": g + 1}, {"grad_x": None}])
+    others, note = other_ranks_grad_x(run)
+    assert [i for i, _ in others] == [2, 3] and note == " (rank 1 holds the same bits)"
+    assert other_ranks_grad_x(DistRun([{"grad_x": g}, {"grad_x": g * 2}]))[1] == ""
 
 
 @pytest.mark.parametrize(
