@@ -60,8 +60,8 @@ case "$what" in
     # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
     # so pytest loads the plugin from PYTEST_PLUGINS. SWEEP_FROM: a committed sweep folder whose kept seeds
     # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls (each
-    # call packs its folder as sweep.tgz: unpack it into the folder the next call takes); KEEP_STALE=1 keeps those that ran on other code too
-    # (marked stale in sweep.md with their code hash).
+    # call packs its folder as sweep.tgz: unpack it into the folder the next call takes); KEEP_STALE=1 keeps those
+    # that ran on other code too (marked stale in sweep.md with their code hash).
     if [ -n "${SWEEP_FROM:-}" ]; then mkdir -p "$out/sweep" && cp -r "$SWEEP_FROM"/. "$out/sweep"/; fi
     # SWEEP_DEVICE=cpu runs it on the host's CPUs with the GPU hidden (Triton's interpreter for the Triton impls),
     # NUMCHECK_TE_DIR (e.g. .te/2.20.2, carried) adds TransformerEngine's impls.
