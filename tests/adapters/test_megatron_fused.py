@@ -18,6 +18,8 @@ from numcheck.properties.distributed.linear_ce.props import OUTPUT_NAMES, DistCa
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
 from numcheck.properties.core.failures import PropertyFailure
 
+pytestmark = pytest.mark.torch_versions(reason="megatron-core imported and run under this torch")
+
 #: Megatron's entries: those off in some outputs, judged under their model, and those off in every output, left
 #: out of the draws.
 MEGATRON_KNOWN = [d for d in DIST_KNOWN if d.impls.startswith("megatron_")]

@@ -30,6 +30,15 @@ from numcheck.properties.core.suite import PINNED, SUITE
 from numcheck.properties.core.strategies import DEVICE, refusal
 from numcheck.tests.suite.drawn import run_drawn
 
+pytestmark = pytest.mark.torch_versions_impls(
+    "chunked[addmm_out_dtype]",
+    "eager",
+    "chunked_triton",
+    "torch_native[reference]",
+    "liger[accum=fp32]",
+    reason="one impl per torch-switched path: the addmm_out_dtype probe, autocast (eager), the Triton torch pins, F.linear_cross_entropy, Liger's import",
+)
+
 #: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
 NUMCHECK_SUITE = SUITE
 
