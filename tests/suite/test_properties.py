@@ -69,6 +69,9 @@ def test_all_options_combined(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(
+    reason="many-chunk draws (at least MANY_CHUNKS chunks of the declared size) on every impl; slowest under Triton's interpreter (split_fp32 kernels, Liger, TE)"
+)
 def test_many_chunks(linear_ce_impl, data):
     """With many chunks, from the declaration alone (numcheck.properties.core.chunks: 2/u + 1 chunks of the
     declared chunk_rows in bf16 and fp16, at least 257, or a declared chunk_rule's shapes giving as many; past 8192
@@ -87,6 +90,7 @@ def test_large_vocab(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(reason="long-batch draws on every impl; Liger and TE run them under Triton's interpreter")
 def test_long_batch(linear_ce_impl, data):
     """With N past 256 (bf16's exact integers) or 2048 (fp16's), in a declared low-precision dtype or AMP mode and
     with a bias, every output is within bounds (each such mode and reduction on post-norm rows): a token count,
@@ -169,6 +173,7 @@ def test_option_identities(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(reason="three reductions per draw on every impl; Liger under Triton's interpreter")
 def test_reduction_consistency(linear_ce_impl, data):
     """sum = mean × normalizer, 'none' rows add to 'sum', upstream gradients scale gradients linearly."""
     _run("reduction_consistency", linear_ce_impl, data)
