@@ -39,6 +39,10 @@ from numcheck.properties.distributed.linear_ce.suite import known_divergence
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
 from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
 
+pytestmark = pytest.mark.torch_versions(
+    reason="TE's fused CE loaded and run under this torch's Triton interpreter (3.2 with torch 2.6); the suite on TE runs on the newest torch only"
+)
+
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 INFO = te.load()
 needs_te = pytest.mark.skipif(isinstance(INFO, str), reason=f"TransformerEngine unavailable here: {INFO}")
