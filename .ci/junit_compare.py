@@ -26,17 +26,22 @@ def _key(classname: str, name: str) -> Key:
     return parts[at], ".".join(parts[at + 1 :] + [re.sub(r"\[.*$", "", name)])
 
 
+def cases(path: str) -> list[ET.Element]:
+    """The ``<testcase>`` elements of one JUnit file; a clear exit when it cannot be read or holds none."""
+    try:
+        found = list(ET.parse(path).iter("testcase"))
+    except (OSError, ET.ParseError) as e:
+        raise SystemExit(f"junit: cannot read {path!r} as JUnit XML: {e}") from None
+    if not found:
+        raise SystemExit(f"junit: {path!r} holds no test cases (a --collect-only run, or pytest exit 5?)")
+    return found
+
+
 def load(path: str) -> tuple[collections.Counter[Key], set[Key]]:
     """Seconds per (module, function), summed over parametrizations, and the functions with a failing case."""
-    try:
-        cases = list(ET.parse(path).iter("testcase"))
-    except (OSError, ET.ParseError) as e:
-        raise SystemExit(f"junit_compare: cannot read {path!r} as JUnit XML: {e}") from None
-    if not cases:
-        raise SystemExit(f"junit_compare: {path!r} holds no test cases (a --collect-only run, or pytest exit 5?)")
     times: collections.Counter[Key] = collections.Counter()
     failed: set[Key] = set()
-    for tc in cases:
+    for tc in cases(path):
         k = _key(tc.get("classname", ""), tc.get("name", ""))
         times[k] += float(tc.get("time") or 0.0)
         if tc.find("failure") is not None or tc.find("error") is not None:

@@ -70,6 +70,8 @@ _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
     "numcheck_impl": ("linear_ce", "quant_linear"),
 }
 _NO_IMPL_MARK = "numcheck_no_impl"
+#: The marker naming the impls a suite test runs on in CI's oldest-torch leg (:func:`_params`).
+_TORCH_IMPLS_MARK = "torch_versions_impls"
 _NOT_COLLECTED_KEY = pytest.StashKey[dict]()
 #: The key under which an xdist worker hands its not-collected counts to the controller (``workeroutput``).
 _WORKER_OUTPUT = "numcheck_not_collected"
@@ -203,12 +205,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if fixture in metafunc.fixturenames:
             entries = impl_entries(metafunc.config, kinds)
             if entries:
-                metafunc.parametrize(fixture, entries, ids=[e.name for e in entries], indirect=True)
+                metafunc.parametrize(fixture, _params(metafunc, entries), indirect=True)
             else:
                 mark = getattr(pytest.mark, _NO_IMPL_MARK)(" or ".join(kinds))
                 metafunc.parametrize(
                     fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"], indirect=True
                 )
+
+
+def _params(metafunc: pytest.Metafunc, entries: list[Any]) -> list[Any]:
+    """One parameter per impl; under a ``torch_versions_impls(*names, reason=...)`` marker the named impls' carry
+    ``torch_versions(reason=...)``: CI's oldest-torch leg (``-m torch_versions``) runs the test on those only."""
+    mark = metafunc.definition.get_closest_marker(_TORCH_IMPLS_MARK)
+    chosen = set(mark.args) if mark is not None else set()
+    reason = mark.kwargs.get("reason", "") if mark is not None else ""
+    unknown = chosen - {e.name for e in impl_entries(metafunc.config, None)}
+    if unknown and not metafunc.config.getoption("--impl"):  # every built-in is loaded: a name none has is a typo
+        pytest.fail(
+            f"{metafunc.definition.nodeid}: {_TORCH_IMPLS_MARK} names {sorted(unknown)}, which no loaded impl is "
+            f"called (`numcheck list` names them)",
+            pytrace=False,
+        )
+    return [
+        pytest.param(e, id=e.name, marks=[pytest.mark.torch_versions(reason=reason)] if e.name in chosen else [])
+        for e in entries
+    ]
 
 
 class ImplLoadError(pytest.Item):
@@ -575,6 +596,14 @@ def one_thread_per_module() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
+#: numcheck's CI markers, also registered here so the shipped suite runs under a user's ``--strict-markers``.
+_CI_MARKERS = (
+    "costly(reason): a test over 20 s in CI's cost table (results/ci-costs.md), with why it costs that",
+    "torch_versions(reason): runs on every torch release CI tests (the oldest-torch leg runs only these)",
+    f"{_TORCH_IMPLS_MARK}(*impls, reason): the impls a suite test runs on in CI's oldest-torch leg",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """numcheck's hypothesis profiles registered before hypothesis' plugin loads the one ``--hypothesis-profile``
@@ -590,6 +619,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has (deselected by numcheck's plugin)",
     )
+    for line in _CI_MARKERS:
+        config.addinivalue_line("markers", line)
     folder = config.getoption("--numcheck-record", None)
     config.stash[_RECORDING_KEY] = folder is not None
     if folder is not None:

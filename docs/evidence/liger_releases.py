@@ -14,6 +14,11 @@ Usage: python docs/evidence/liger_releases.py [DIR ...]
   literal ``installed`` runs the release installed in this environment. liger-kernel 0.2.1's wheel has no
   liger_kernel/__init__.py (a namespace package), which a regular package later on the path shadows: give its
   folder an empty liger_kernel/__init__.py to run it (the adapter names the release whose files it imported).
+
+The first line printed names the numcheck code the rows are judged by: the content hash of the adapter's module and
+its known-divergence module (:data:`ADAPTER_CODE`; contents only, so a move leaves it alone). A CI test
+(``tests/self/test_ci_evidence.py``) fails when the committed table's hash differs from the checkout's: rerun this
+script then and commit its output as ``liger_releases.txt``.
 """
 
 from __future__ import annotations
@@ -25,12 +30,22 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from te_releases import adapter_code_hash  # noqa: E402 - the one content hash both release tables record
+
+#: The numcheck code a row is judged by: the adapter and the known-divergence module keyed on Liger's release.
+ADAPTER_CODE = ("impls/adapters/liger.py", "properties/core/known.py")
 PROBLEM = "Problem(N=11, H=16, V=37, upstream={!r}, seed=4)"
 
 
 def per_release(script: str, folders: list[str]) -> int:
     """Run ``script --here`` once per release folder (``installed``: none added), that folder first on the path."""
     rc = 0
+    print(
+        f"# python docs/evidence/liger_releases.py {' '.join(folders)}   (adapter code "
+        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)})",
+        flush=True,
+    )
     for folder in folders:
         extra = [] if folder == "installed" else [folder]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *extra, os.environ.get("PYTHONPATH", "")]))

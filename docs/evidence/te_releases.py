@@ -19,8 +19,10 @@ on falls between such groups, and steps 1 and 3 run for each release and show it
 one: ~10 minutes a release on 2 cores) runs once per distinct set of files and the others carry its verdict, marked
 with the release it ran on; ``--every`` runs it for each release anyway.
 
-Each release's results are kept as JSON in ``--work`` (default ``/tmp/numcheck-te-releases``) with the hash of this
-checkout's ``.py`` files, so a run cut short resumes and a changed checkout reruns. The table is printed and, with
+Each release's results are kept as JSON in ``--work`` (default ``/tmp/numcheck-te-releases``) with the content hash
+of the adapter's code (:data:`ADAPTER_CODE`: the adapter and its known-divergence modules), so a run cut short
+resumes and a changed adapter reruns; the table's first line carries that hash, and a CI test
+(``tests/self/test_ci_evidence.py``) fails when the committed table's differs from the checkout's. The table is printed and, with
 ``--out``, written.
 
 Usage:
@@ -28,7 +30,7 @@ Usage:
   python docs/evidence/te_releases.py DIR [--only 2.8.0,2.20.2] [-n 2] [--parallel 1] [--report] [--keep-stale]
                                         [--out docs/evidence/te_releases.txt]
 ``--parallel K`` judges K releases at once (on a many-core machine); ``--keep-stale`` renders records kept from an
-earlier run by other numcheck code (the table names their code and the machine each ran on). The GPU machine's CPUs
+earlier run by other adapter code (the table names their code and the machine each ran on). The GPU machine's CPUs
 cannot stand in for this machine's: under its Triton 3.6 interpreter every TE release's kernels fail to run
 ("TypeError: only 0-dimensional arrays can be converted to Python scalars", measured on all 23 releases), so the
 adapter reports them unavailable there.
@@ -64,15 +66,30 @@ KNOWN_TESTS = (
 )
 
 
-def code_hash() -> str:
-    """SHA-256 over this checkout's .py files (what a kept result was judged by)."""
+#: The numcheck code a row of the table is judged by: the adapter's module and the known-divergence modules keyed on
+#: TE's release. :func:`adapter_code_hash` hashes their contents, in this order, not their paths: a move leaves it
+#: alone, an edit changes it (``tests/self/test_ci_evidence.py`` then asks for this tool to be rerun).
+ADAPTER_CODE = (
+    "impls/adapters/transformer_engine.py",
+    "properties/core/known.py",
+    "properties/distributed/linear_ce/known.py",
+)
+
+
+def content_hash(contents: list[bytes]) -> str:
+    """SHA-256 over the SHA-256 of each content in order (the files' bytes alone: no path, no timestamp)."""
     h = hashlib.sha256()
-    for p in sorted(ROOT.rglob("*.py")):
-        if ".venv" in p.parts or ".git" in p.parts:
-            continue
-        h.update(p.relative_to(ROOT).as_posix().encode())
-        h.update(p.read_bytes())
+    for data in contents:
+        h.update(hashlib.sha256(data).digest())
     return h.hexdigest()[:16]
+
+
+def adapter_code_hash(files: tuple[str, ...] = ADAPTER_CODE, root: Path = ROOT) -> str:
+    """:func:`content_hash` of ``files`` (paths relative to ``root``); a missing one is named."""
+    missing = [f for f in files if not (root / f).is_file()]
+    if missing:
+        raise SystemExit(f"adapter code hash: {', '.join(missing)} not found under {root} (moved? update the list)")
+    return content_hash([(root / f).read_bytes() for f in files])
 
 
 def available_releases() -> list[str]:
@@ -260,11 +277,12 @@ def render(results: dict[str, dict[str, object]], code: str) -> str:
     codes = sorted({str(r.get("code", "?")) for r in results.values()})
     stale = [c for c in codes if c != code]
     lines = [
-        f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; numcheck code {code})",
+        f"# python docs/evidence/te_releases.py DIR   (CPU, Triton interpreter; adapter code {code}: "
+        f"{', '.join(ADAPTER_CODE)})",
         "",
         "Judged on: " + "; ".join(machines) + ".",
         "",
-        *([f"Records judged by other numcheck code (--keep-stale): {', '.join(stale)}.", ""] if stale else []),
+        *([f"Records judged by other adapter code (--keep-stale): {', '.join(stale)}.", ""] if stale else []),
         "| release | fused-CE files (sha256) | loaded | writes into the logits | ignore_index | overwrite_input "
         "| suite (passed/failed/skipped) | known-divergence checks | report |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -388,7 +406,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--keep-stale",
         action="store_true",
-        help="reuse kept records judged by other numcheck code (the table names each record's code)",
+        help="reuse kept records judged by other adapter code (the table names each record's code)",
     )
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "numcheck-te-releases")
     ap.add_argument("--out", type=Path, help="write the table here too")
@@ -399,7 +417,7 @@ def main(argv: list[str]) -> int:
     releases = [v for v in releases if _is_version(v) and Version(v) >= OLDEST]
     if args.only:
         releases = [v for v in releases if v in set(args.only.split(","))]
-    code = code_hash()
+    code = adapter_code_hash()
     args.work.mkdir(parents=True, exist_ok=True)
     results = judge_all(releases, args, code)
     text = render(results, code)

@@ -18,6 +18,10 @@ from numcheck.properties.core.harness import run_impl
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import why_not_run
 
+pytestmark = pytest.mark.torch_versions(
+    reason="F.linear_cross_entropy: absent before torch 2.13, its impls then unavailable with the reason"
+)
+
 NAMES = ["torch_native[reference]"] + [f"torch_native[chunked,acc={p}]" for p in tn.ACC_POLICIES]
 
 #: Hand-picked cases: each reduction, bias, ignore_index, label smoothing and class weights (alone and

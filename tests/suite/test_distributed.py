@@ -15,6 +15,10 @@ from numcheck.properties.distributed.linear_ce.props import dist_accuracy, dist_
 from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
 from numcheck.tests.plugin import profile_name
 
+pytestmark = pytest.mark.torch_versions_impls(
+    "vocab_parallel[nan]", reason="torch.distributed (gloo) of this torch, on one built-in"
+)
+
 
 def _usable(impl, world_size: int) -> None:
     """Skip where the impl does not declare this world size or backend, or the backend cannot run that many ranks

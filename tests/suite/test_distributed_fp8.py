@@ -34,6 +34,12 @@ def _pinned(tp_impl) -> dict:
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+pytestmark = [
+    pytestmark,
+    pytest.mark.torch_versions_impls(
+        "tp_fp8_linear[current]", reason="torch.distributed (gloo) of this torch with FP8, on one recipe"
+    ),
+]
 
 
 def test_dist_accuracy_and_same_scale(tp_quant_impl):

@@ -32,6 +32,15 @@ EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier"
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+pytestmark = [
+    pytestmark,
+    pytest.mark.torch_versions_impls(
+        "fp8_linear[current]",
+        "fp8_linear[blockwise]",
+        "fp8_linear[mxfp8]",
+        reason="one recipe per torch-switched path: scaled_mm per scaling mode, eager FP8 casts (saturating or not), float8_e8m0fnu",
+    ),
+]
 
 
 def _first_dtype(impl) -> str:

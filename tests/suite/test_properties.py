@@ -30,6 +30,15 @@ from numcheck.properties.core.suite import PINNED, SUITE
 from numcheck.properties.core.strategies import DEVICE, refusal
 from numcheck.tests.suite.drawn import run_drawn
 
+pytestmark = pytest.mark.torch_versions_impls(
+    "chunked[addmm_out_dtype]",
+    "eager",
+    "chunked_triton",
+    "torch_native[reference]",
+    "liger[accum=fp32]",
+    reason="one impl per torch-switched path: the addmm_out_dtype probe, autocast (eager), the Triton torch pins, F.linear_cross_entropy, Liger's import",
+)
+
 #: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
 NUMCHECK_SUITE = SUITE
 
@@ -60,6 +69,9 @@ def test_all_options_combined(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(
+    reason="many-chunk draws (at least MANY_CHUNKS chunks of the declared size) on every impl; slowest under Triton's interpreter (split_fp32 kernels, Liger, TE)"
+)
 def test_many_chunks(linear_ce_impl, data):
     """With many chunks, from the declaration alone (numcheck.properties.core.chunks: 2/u + 1 chunks of the
     declared chunk_rows in bf16 and fp16, at least 257, or a declared chunk_rule's shapes giving as many; past 8192
@@ -78,6 +90,7 @@ def test_large_vocab(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(reason="long-batch draws on every impl; Liger and TE run them under Triton's interpreter")
 def test_long_batch(linear_ce_impl, data):
     """With N past 256 (bf16's exact integers) or 2048 (fp16's), in a declared low-precision dtype or AMP mode and
     with a bias, every output is within bounds (each such mode and reduction on post-norm rows): a token count,
@@ -160,6 +173,7 @@ def test_option_identities(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(reason="three reductions per draw on every impl; Liger under Triton's interpreter")
 def test_reduction_consistency(linear_ce_impl, data):
     """sum = mean × normalizer, 'none' rows add to 'sum', upstream gradients scale gradients linearly."""
     _run("reduction_consistency", linear_ce_impl, data)

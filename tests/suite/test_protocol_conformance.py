@@ -18,6 +18,15 @@ from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
 
+pytestmark = pytest.mark.torch_versions_impls(
+    "chunked[addmm_out_dtype]",
+    "eager",
+    "chunked_triton",
+    "torch_native[reference]",
+    "liger[accum=fp32]",
+    reason="one impl per torch-switched path: the addmm_out_dtype probe, autocast (eager), the Triton torch pins, F.linear_cross_entropy, Liger's import",
+)
+
 #: Options this tiny case turns on when declared, with values that make each one matter.
 _OPTION_VALUES = {"label_smoothing": 0.1, "softcap": 8.0, "z_loss_scale": 1e-3}
 

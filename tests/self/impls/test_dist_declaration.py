@@ -108,6 +108,7 @@ def test_loaded_through_impl_and_picklable_only_at_module_level(monkeypatch):
     assert isinstance(bad, BrokenImpl) and "does not pickle" in bad.error and "module level" in bad.error
 
 
+@pytest.mark.costly(reason="the distributed suite in a pytest subprocess (gloo process groups per world size)")
 def test_suite_runs_the_declared_impl_only():
     """``--impl`` naming two declared vocabulary-parallel impls runs the distributed accuracy test on them alone (no
     built-in): the correct one passes, the one whose ranks raise fails with its own message. (A rank's error is

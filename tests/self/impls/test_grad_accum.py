@@ -24,6 +24,10 @@ import torch
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.measure import capabilities
 
+pytestmark = pytest.mark.torch_versions(
+    reason="grad_weight accumulation through addmm(out_dtype=) or its fallback, as the addmm_out_dtype probe says"
+)
+
 U32, UB = 2.0**-24, 2.0**-8
 K, C, V, H = 64, 16, 48, 24
 

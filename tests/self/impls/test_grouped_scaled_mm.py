@@ -14,6 +14,10 @@ from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
+pytestmark = pytest.mark.torch_versions(
+    reason="torch._scaled_grouped_mm, taken or not as the scaled_grouped_mm probe says"
+)
+
 
 def _emulated(
     mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False

@@ -139,6 +139,9 @@ def test_held_across_backward_sees_ctx_and_saved(monkeypatch: pytest.MonkeyPatch
     assert m.saved_hook_bytes == p.N * F32, m
 
 
+@pytest.mark.torch_versions(
+    reason="the addmm_out_dtype_meta probe: whether this torch traces addmm(out_dtype=) on meta"
+)
 def test_seed_one_chunk_on_meta() -> None:
     """One chunk at V=131072, H=4096, C=2048, bf16 operands, fp32 accumulator: fallback 6·V·H = 3072 MiB,
     fp32_operands 4·(V·C + C·H) = 1056 MiB, addmm_out_dtype 0 (measured as where supported)."""
@@ -164,6 +167,7 @@ def test_meta_without_out_dtype_tracing_says_so() -> None:
     assert rows["addmm_out_dtype"].extra_bytes == 4 * (V * C + C * H)
 
 
+@pytest.mark.torch_versions(reason="the addmm_out_dtype probe: the path chunked[addmm_out_dtype] takes on this torch")
 def test_one_chunk_on_cpu_follows_the_probe() -> None:
     """On CPU (real allocations, small shapes) the same formulas hold; addmm_out_dtype runs as fp32_operands
     where the probe says no, and allocates nothing where it is forced on... only on meta (CPU would raise)."""

@@ -193,6 +193,7 @@ def _scale(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.costly(reason="isolated subprocess runs of the production tier, one crashing and one hanging past its cap")
 def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
     """With --isolate, an impl that kills its process and one that hangs past its cap are recorded (crashed,
     timeout) and every other item still runs; scale.json and scale.md say so; exit 1."""
@@ -228,6 +229,7 @@ def test_bad_precision_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "fp8" in r.stderr
 
 
+@pytest.mark.costly(reason="two runs of the production tier in subprocesses")
 def test_resume_reruns_only_what_did_not_finish(tmp_path):
     """A second run on the same --out keeps the finished items and runs the ones recorded not_run."""
     r = _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager", "--budget-s", "0")
@@ -296,6 +298,7 @@ impl = FunctionImpl("wrong_grad_x", _wrong, eager_impls()[0].support)
 """
 
 
+@pytest.mark.costly(reason="the production tier, then its printed repro line, in subprocesses")
 def test_repro_line_reruns_the_one_case_afresh(tmp_path, monkeypatch):
     """The repro line of a failure names the single shape as NAME=NxHxV, its precision, device and a fresh --out
     with --force; run where that folder already holds a result for the item, it runs the item again (fail)

@@ -84,6 +84,9 @@ def _failing_case(out: str) -> tuple[Problem, int]:
 
 
 @pytest.mark.parametrize("name", NARROW)
+@pytest.mark.costly(
+    reason="a pytest subprocess running test_many_chunks at many-chunk shapes until the narrow running sum fails"
+)
 def test_narrow_running_sum_fails_many_chunks(name: str, tmp_path: Path) -> None:
     """A running sum across chunks kept in bf16 or fp16 fails test_many_chunks on a case of at least MANY_CHUNKS
     chunks of the declared size (or rule), which its message states."""
@@ -98,6 +101,9 @@ def test_narrow_running_sum_fails_many_chunks(name: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("name", TWINS)
+@pytest.mark.costly(
+    reason="a pytest subprocess running four chunk tests on a user's chunked twin at many-chunk shapes (at least MANY_CHUNKS chunks of its declared size or rule)"
+)
 def test_fp32_running_sum_passes(name: str, tmp_path: Path) -> None:
     """The twin keeping its running sum in fp32 passes every test its declared chunking reaches, chunk invariance
     included (run, not skipped: the rows are moved across its declared chunk boundaries)."""

@@ -115,6 +115,7 @@ def test_env_var_impls_are_listed_with_their_origin(capsys, outside, monkeypatch
     assert "eager" in blocks
 
 
+@pytest.mark.torch_versions(reason="the capability probes this torch answers, as `numcheck list --probes` prints them")
 def test_probes_are_printed(capsys, monkeypatch):
     """--probes adds every capability probe of the device with yes/no."""
     from numcheck.impls.measure import capabilities

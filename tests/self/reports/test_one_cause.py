@@ -12,6 +12,7 @@ with few hypothesis examples; the impls are tests/self/helpers/user_impls.py's u
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import re
@@ -79,6 +80,7 @@ RAISING_SELECTION = (
 )
 
 
+@pytest.mark.costly(reason="a pytest subprocess running every selected suite test on a raising impl")
 def test_impl_that_raises_fails_each_property_once_with_numchecks_message(tmp_path):
     """Every selected test fails (none passes), each once, with numcheck's message (the exception, where it was
     raised, the case, the repro line) and without pytest's traceback, argument dumps or hypothesis' blob."""
@@ -173,6 +175,7 @@ def _eager(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100)
     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
 
 
+@pytest.mark.costly(reason="a pytest subprocess to the failure, then its printed repro line in another")
 def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path):
     """A quantizer that flushes NaN inputs to code 0 fails on a drawn tensor holding a NaN; the printed repro line,
     run as printed elsewhere, rebuilds that tensor and fails too (it used to run a case without it: PASS)."""
@@ -193,6 +196,7 @@ def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path)
     assert "user_fp8_nan_flushed" in rerun.stdout and "codes differ from the oracle" in rerun.stdout, rerun.stdout
 
 
+@pytest.mark.costly(reason="a pytest subprocess on two xdist workers, a distributed test included")
 def test_statistics_and_drawn_log_cover_rows_and_distributed_tests_under_xdist(tmp_path):
     """Under ``-n 2``, ``--hypothesis-show-statistics`` counts a test's covering rows and shows a distributed test
     (whose ``@given`` runs inside it), and ``NUMCHECK_DRAWN_LOG`` records the distributed test's draws."""

@@ -214,6 +214,7 @@ def test_cases_only_one_side_declares_are_listed():
 
 
 # -- memory and paths -------------------------------------------------------------------------------------
+@pytest.mark.torch_versions(reason="the addmm_out_dtype probe: the path chunked[addmm_out_dtype] takes on this torch")
 def test_meta_memory_takes_the_path_of_this_device():
     """On CPU, chunked[addmm_out_dtype] runs as its fp32-operand fallback, so at the seed's shapes on meta its peak is
     the fallback's step difference below chunked[fallback]'s: V·H·(2+4) − (V·C + C·H)·4 bytes = 3072 − 1056 MiB."""
@@ -265,6 +266,9 @@ def test_step_claim_is_false_on_the_fallback_path():
     assert v.value == 131072 * 4096 * 6 / MiB == 3072.0, v
 
 
+@pytest.mark.torch_versions(
+    reason="the addmm_out_dtype_meta probe: whether this torch traces addmm(out_dtype=) on meta"
+)
 def test_step_claim_is_true_with_the_probe_live():
     """With addmm(out_dtype=) forced live (as on CUDA with torch ≥ 2.8), the example's NEW step writes into gw:
     0 MiB extra, and the claim is true; OLD's step is still 3072 MiB (step_change_mib -3072)."""
@@ -308,6 +312,7 @@ def _other_venv() -> Path | None:
     return py if py.exists() else None
 
 
+@pytest.mark.costly(reason="premerge's A/B memory and step measurements of the example pair at the seed's shapes")
 def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     """The example's "extra peak 3072 MiB → 0 MiB" claim, stated for every device, is measured false here: on CPU
     NEW's grad_weight step takes mm(...).float() as OLD's does (3072 MiB each), and the whole call's peak changes
