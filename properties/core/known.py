@@ -867,10 +867,7 @@ ARTIFACTS: tuple[KnownDivergence, ...] = (
         devices=("cpu",),
         applies=lambda p: p.dtype == "bfloat16" and interpreter_bf16_constant_wrong(),
         library="transformer-engine",
-        summary=(
-            "bf16 not judged here: Triton's interpreter gets a bf16 value plus a Python float constant wrong, and "
-            "reduce_loss=False's kernel adds one to its bf16 gradient (compiled on CUDA the release is judged)"
-        ),
+        summary="bf16 not judged: Triton's interpreter adds a float constant to a bf16 value wrongly, as this kernel does",
         reason=(
             "Interpreter artifact, not a TE defect (impls/adapters/transformer_engine.py, interpreter_limits): under "
             "Triton's interpreter a bf16 value plus a Python float constant comes back as garbage (0.25 + 1.5 gives "
