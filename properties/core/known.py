@@ -205,7 +205,7 @@ class KnownDivergence:
         """Whether ``support`` (``None``: not known) declares the example's dtype, options and autocast on
         ``device``, in any reduction it declares (an entry whose examples all lie outside the declaration here, a
         dtype the impl leaves out on this device, covers nothing here)."""
-        if support is None:
+        if support is None or not hasattr(support, "reductions"):  # not a linear+CE declaration: not checked
             return True
         p = self.example
         return (
@@ -898,16 +898,3 @@ def adapter_library(impl_name: str) -> tuple[str, str | None] | None:
         if fnmatch.fnmatchcase(impl_name, pattern):
             return library, release()
     return None
-
-
-def applicable(impl_name: str, device: str, support: Any = None) -> list[KnownDivergence]:
-    """Every recorded known divergence and environment artifact about impl ``impl_name`` (declared as ``support``)
-    on ``device``'s type and the installed release (:meth:`KnownDivergence.applies_here`): single-device,
-    distributed and :data:`ARTIFACTS` entries, in that order.
-
-    >>> [k.summary for k in applicable("eager", "cuda")][:1]  # doctest: +ELLIPSIS
-    ['F.cross_entropy with label smoothing on fp16 logits sums the smoothing term in fp16: inf loss']
-    """
-    from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
-
-    return [k for k in (*KNOWN, *DIST_KNOWN, *ARTIFACTS) if k.applies_here(impl_name, device, support)]

@@ -466,6 +466,20 @@ def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str]
         checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
 
 
+def _strict_with_base(args: argparse.Namespace) -> bool:
+    """Whether ``--strict`` was given with ``--base`` (said on stderr with the fix): the A/B mode has no
+    known-divergence check to make strict."""
+    if not args.strict:
+        return False
+    print(
+        "numcheck premerge: --strict fails the checklist on known divergences, but --base runs the A/B "
+        "comparison, which has no such check; drop --strict, or drop --base to run the checklist",
+        file=sys.stderr,
+    )
+    print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from numcheck.impls.registry import discover
     from numcheck.reports.report.command import build_report, write_report
@@ -473,13 +487,7 @@ def run(args: argparse.Namespace) -> int:
     if args.base:
         from numcheck.reports.premerge.ab_run import run_ab
 
-        if args.strict:
-            print(
-                "numcheck premerge: --strict fails the checklist on known divergences, but --base runs the A/B "
-                "comparison, which has no such check; drop --strict, or drop --base to run the checklist",
-                file=sys.stderr,
-            )
-            print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+        if _strict_with_base(args):
             return 2
 
         return run_ab(args)

@@ -31,7 +31,7 @@ def _left_out(info: dict[str, Any], entry: Any) -> list[dict[str, str]]:
 def known_divergences(impls: list[dict[str, Any]], supports: dict[str, Any], device: str) -> list[dict[str, Any]]:
     """The ``known_divergences`` records of the impls that ran (module docstring); ``supports``: each impl's
     declaration by name (an entry reaching nothing the impl declares here does not apply)."""
-    from numcheck.properties.core.known import applicable
+    from numcheck.properties.distributed.linear_ce.known import applicable
 
     out = []
     for info in impls:

@@ -277,7 +277,7 @@ def test_applicable_follows_the_release_and_the_declaration(monkeypatch):
 
     from numcheck.impls.adapters import transformer_engine
     from numcheck.impls.protocols.linear_ce import LinearCESupport
-    from numcheck.properties.core.known import applicable
+    from numcheck.properties.distributed.linear_ce.known import applicable
 
     def support(red, dtypes):
         return LinearCESupport(dtypes=frozenset(dtypes), options=frozenset({"bias", "ignore_index"}), reductions={red})

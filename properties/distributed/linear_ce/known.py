@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 
 from numcheck.properties.core.known import (
+    ARTIFACTS,
+    KNOWN,
     KnownDivergence,
     Releases,
     te_ignored_rows_counted,
@@ -239,3 +241,16 @@ def whole_case_divergence(impl: Any, case: Any) -> KnownDivergence | None:
 def output_divergences(impl: Any, case: Any) -> list[KnownDivergence]:
     """The entries off in some outputs that cover ``case`` for ``impl`` on the installed release."""
     return [d for d in DIST_KNOWN if not d.every_output and d.covers_case(impl.name, case)]
+
+
+def applicable(impl_name: str, device: str, support: Any = None) -> list[KnownDivergence]:
+    """Every recorded known divergence and environment artifact about impl ``impl_name`` (declared as ``support``)
+    on ``device``'s type and the installed release (:meth:`KnownDivergence.applies_here`): single-device,
+    distributed and :data:`ARTIFACTS` entries, in that order.
+
+    In this module (not :mod:`properties.core.known`) because it reads both tables.
+
+    >>> [k.summary for k in applicable("eager", "cuda")][:1]
+    ['F.cross_entropy with label smoothing on fp16 logits sums the smoothing term in fp16: inf loss']
+    """
+    return [k for k in (*KNOWN, *DIST_KNOWN, *ARTIFACTS) if k.applies_here(impl_name, device, support)]
