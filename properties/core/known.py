@@ -68,6 +68,8 @@ def library_release(library: str) -> str | None:
     installed."""
     if library == "torch":
         return torch.__version__
+    if not library:
+        return None
     from importlib import metadata
 
     try:
@@ -158,7 +160,9 @@ class KnownDivergence:
                 f"known divergence {self.impls!r}: a distributed impl's entry covers every property "
                 f"(properties=('*',)), got {self.properties!r}"
             )
-        if "\n" in self.summary or (self.releases is not None and self.library != self.releases.package):
+        if "\n" in self.summary or (
+            self.library and self.releases is not None and self.library != self.releases.package
+        ):
             raise ValueError(
                 f"known divergence {self.impls!r}: summary is one line and library names the package of its "
                 f"releases; got library={self.library!r}, summary={self.summary!r}"
