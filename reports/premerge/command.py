@@ -62,7 +62,8 @@ from numcheck.reports.report.schema import Traversable
 HELP = (
     "pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
     "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
-    "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input"
+    "judged against OLD and its --claims checked; known divergences named as findings (--strict: failures); Markdown "
+    "on stdout, exit 1 if any check fails, 2 on bad input"
 )
 
 

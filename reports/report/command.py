@@ -52,7 +52,8 @@ __all__ = ["add_arguments", "build_report", "run", "verdict", "write_report"]
 HELP = (
     "sweep every impl over a documented grid and write report.json, report.md and plots under "
     "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
-    "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input"
+    "--compare BASE.json: list regressions); known divergences are named, not passed; exit 1 if a case fails or an "
+    "impl is broken (--strict: or a known divergence applies), 2 on bad input"
 )
 
 #: Max chunks of the accumulation comparison per grid.
