@@ -57,16 +57,34 @@ def describe(d: dict) -> str:
     return f"{d['impl']}: {d['library']} {d['release']} — {d['summary']} ({left})"
 
 
+def grouped(found: list[dict]) -> list[dict]:
+    """``found`` with the records of one divergence (library, release, summary) merged: their impls joined with
+    ", ", their cases left out summed (one divergence of several variants of an impl is named once)."""
+    merged: dict[tuple, dict] = {}
+    for d in found:
+        key = (d["library"], d["release"], d["summary"])
+        if key in merged:
+            m = merged[key]
+            m["impl"] += f", {d['impl']}"
+            m["cases_left_out"] = m.get("cases_left_out", 0) + d.get("cases_left_out", 0)
+        else:
+            merged[key] = dict(d)
+    return list(merged.values())
+
+
 def known_clause(report: dict) -> str:
-    """The known divergences and artifacts of the last line (``""`` when none applied)."""
+    """The known divergences and artifacts of the last line, each divergence once (:func:`grouped`; ``""`` when
+    none applied)."""
     defects, artifacts = divergences(report)
     parts = []
     if defects:
-        parts.append(f"{len(defects)} known divergence(s) apply, not passes: " + "; ".join(map(describe, defects)))
+        parts.append(
+            f"{len(defects)} known divergence(s) apply, not passes: " + "; ".join(map(describe, grouped(defects)))
+        )
     if artifacts:
         parts.append(
             "not judged here (environment artifact, not the library's divergence): "
-            + "; ".join(map(describe, artifacts))
+            + "; ".join(map(describe, grouped(artifacts)))
         )
     return "; ".join(parts)
 

@@ -158,6 +158,9 @@ def test_verdict_reads_the_judgements():
     status, line = verdict(_judged(["pass"], [KNOWN]))
     assert status == 0 and "m: lib 1.0 — what is wrong (2 case(s) of this grid left out)" in line, line
     assert verdict(_judged(["pass"], [KNOWN]), strict=True)[0] == 1
+    twice = [KNOWN, {**KNOWN, "impl": "m2", "cases_left_out": 1}]
+    line = verdict(_judged(["pass"], twice))[1]
+    assert line.count("what is wrong") == 1 and "m, m2: lib 1.0 — what is wrong (3 case(s)" in line, line
     artifact = {**KNOWN, "artifact": True}
     status, line = verdict(_judged(["pass"], [artifact]), strict=True)
     assert status == 0 and "not judged here" in line and "known divergence(s) apply" not in line, line
