@@ -24,6 +24,11 @@ Run the suite against your impl from any directory::
   distributed tests' draws (whose ``@given`` runs inside the test).
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
   ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`; ``numcheck sweep`` reads them).
+- Known divergences are findings: after a run of numcheck's suite the summary names every recorded known
+  divergence that applied to a selected impl here (:func:`numcheck.properties.core.known.applicable`: library,
+  release, what is wrong; the same records as report.json's ``known_divergences``), and environment artifacts as
+  "not judged here". ``--numcheck-strict`` (for gating a release upgrade) makes them failures: a test skipped as a
+  known divergence fails, and the session exits 1 when a library's known divergence applied (an artifact never).
 - ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
   ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
 - Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
@@ -96,6 +101,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write the observed error/bound of every accuracy judgement to DIR/records-<worker>.jsonl "
         "(one file per xdist worker; numcheck sweep reads them)",
+    )
+    group.addoption(
+        "--numcheck-strict",
+        action="store_true",
+        default=False,
+        help="fail on recorded known divergences (for gating a release upgrade): a test skipped as one fails, and "
+        "the session exits 1 when a library's known divergence applies to a selected impl",
     )
     group.addoption(
         "--numcheck-scale",
@@ -303,9 +315,60 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[_NOT_COLLECTED_KEY] = left
 
 
+def _suite_ran(config: pytest.Config, stats: dict[str, list[Any]]) -> bool:
+    """Whether a test of numcheck's suite was reported in this session (on the controller under xdist too)."""
+    for reports in stats.values():
+        for r in reports:
+            where = getattr(r, "location", None)
+            if where and (config.rootpath / where[0]).resolve().is_relative_to(_SUITE_DIR):
+                return True
+    return False
+
+
+def known_findings(config: pytest.Config, stats: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The known divergences that applied to the session's impls on the suite's device, as report.json's
+    ``known_divergences`` records (none when numcheck's suite did not run)."""
+    if not _suite_ran(config, stats):
+        return []
+    from numcheck.properties.distributed.linear_ce.known import applicable
+    from numcheck.properties.core.strategies import DEVICE_TYPE
+
+    return [
+        k.finding(e.name)
+        for e in impl_entries(config, None)
+        if e.impl.support.unavailable_reason() is None
+        for k in applicable(e.name, DEVICE_TYPE, e.impl.support)
+    ]
+
+
+def _known_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The known divergences of the session, one line each (module docstring)."""
+    found = known_findings(config, terminalreporter.stats)
+    strict = config.getoption("--numcheck-strict")
+    for d in found:
+        what = f"{d['impl']}: {d['library']} {d['release']} — {d['summary']}"
+        if d["artifact"]:
+            terminalreporter.write_line(f"numcheck: not judged here (environment artifact, not the library's): {what}")
+        else:
+            terminalreporter.write_line(
+                f"numcheck: known divergence, not a pass{' (--numcheck-strict: a failure)' if strict else ''}: {what}"
+            )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``--numcheck-strict``: exit 1 when a library's known divergence applied to a selected impl."""
+    if not session.config.getoption("--numcheck-strict") or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {}) if reporter is not None else {}
+    if any(not d["artifact"] for d in known_findings(session.config, stats)):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """One line per impl kind whose tests were left out because no selected impl has it (and one for numcheck's
-    own protocol tests under ``--impl``)."""
+    own protocol tests under ``--impl``), and one per known divergence that applied (:func:`_known_summary`)."""
+    _known_summary(terminalreporter, config)
     for kind, n in sorted(config.stash.get(_NOT_COLLECTED_KEY, {}).items()):
         if kind == _OWN_TESTS:
             terminalreporter.write_line(
@@ -472,6 +535,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     case, what failed or what the impl raised where, and the repro line; pytest's traceback would add the
     suite's frames and dumps of the tensors."""
     report = yield
+    if report.skipped and item.config.getoption("--numcheck-strict") and _is_numcheck(item.path):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "known divergence" in reason:
+            report.outcome = "failed"
+            report.longrepr = f"--numcheck-strict: a known divergence is a failure here: {reason}"
     if call.excinfo is not None and report.failed and _is_numcheck(item.path):
         text = _verdict_text(call.excinfo.value)
         if text is not None:

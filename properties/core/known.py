@@ -63,6 +63,21 @@ class Releases:
         return f"{self.package}{self.specifier} (installed: {self.installed() or 'unknown'})"
 
 
+def library_release(library: str) -> str | None:
+    """The installed release of distribution ``library`` (torch's own version for ``"torch"``), ``None`` when not
+    installed."""
+    if library == "torch":
+        return torch.__version__
+    if not library:
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def liger_release() -> str | None:
     """The liger-kernel release the adapter imported (:func:`numcheck.impls.adapters.liger.release`)."""
     from numcheck.impls.adapters import liger
@@ -113,6 +128,15 @@ class KnownDivergence:
     #: For a distributed impl's entry: where its example's targets lie
     #: (:attr:`~numcheck.properties.distributed.linear_ce.props.DistCase.placement`).
     example_placement: str = "as_built"
+    #: The distribution whose code diverges ("torch", "liger-kernel", "transformer-engine", ...): the report names
+    #: it with its installed release (:meth:`release`). Every entry of the tables gives it.
+    library: str = ""
+    #: What is wrong, in one line (the report's headline and last line; :attr:`reason` is the evidence).
+    summary: str = ""
+    #: An artifact of this environment (Triton's interpreter), not the library's divergence: the report lists it as
+    #: "not judged here" and ``--strict`` does not fail on it. Such an entry holds only where its example is covered
+    #: (``applies(example)``: the environment shows the artifact).
+    artifact: bool = False
 
     def __post_init__(self) -> None:
         bad = set(self.devices) - {"cpu", "cuda"}
@@ -136,6 +160,13 @@ class KnownDivergence:
                 f"known divergence {self.impls!r}: a distributed impl's entry covers every property "
                 f"(properties=('*',)), got {self.properties!r}"
             )
+        if "\n" in self.summary or (
+            self.library and self.releases is not None and self.library != self.releases.package
+        ):
+            raise ValueError(
+                f"known divergence {self.impls!r}: summary is one line and library names the package of its "
+                f"releases; got library={self.library!r}, summary={self.summary!r}"
+            )
         if self.example_world_size is None and self.example_placement != "as_built":
             raise ValueError(
                 f"known divergence {self.impls!r}: example_placement is a distributed example's "
@@ -157,6 +188,53 @@ class KnownDivergence:
             and on_device
             and (self.releases is None or self.releases.hold())
         )
+
+    def release(self) -> str | None:
+        """The installed release of :attr:`library` this entry is judged against (``None`` when unknown)."""
+        return self.releases.installed() if self.releases is not None else library_release(self.library)
+
+    def applies_here(self, impl_name: str, device: str, support: Any = None) -> bool:
+        """Whether the entry is about impl ``impl_name`` under some property on ``device``'s type and the installed
+        release, and can be reached here: its example's dtype, options and autocast declared by ``support`` (the
+        impl's declaration; not checked when ``None``). An artifact's cases are out of the declaration by design:
+        it applies where this environment shows it (:attr:`artifact`)."""
+        return (
+            fnmatch.fnmatchcase(impl_name, self.impls)
+            and torch.device(device).type in self.devices
+            and (self.releases is None or self.releases.hold())
+            and (bool(self.applies(self.example)) if self.artifact else self.declared_by(support, device))
+        )
+
+    def declared_by(self, support: Any, device: str) -> bool:
+        """Whether ``support`` (``None``: not known) declares the example's dtype, options and autocast on
+        ``device``, in any reduction it declares (an entry whose examples all lie outside the declaration here, a
+        dtype the impl leaves out on this device, covers nothing here)."""
+        if support is None or not hasattr(support, "reductions"):  # not a linear+CE declaration: not checked
+            return True
+        p = self.example
+        return (
+            support.refuses(
+                dtype=p.param_dtype,
+                device=torch.device(device).type,
+                options=p.features,
+                reduction=p.reduction if p.reduction in support.reductions else next(iter(support.reductions)),
+                autocast=p.compute_dtype if p.autocast else None,
+            )
+            is None
+        )
+
+    def finding(self, impl_name: str) -> dict[str, Any]:
+        """The entry as a report names it for ``impl_name`` (JSON-ready): impl, library, release, summary, artifact,
+        the outputs it is off in and the full reason."""
+        return {
+            "impl": impl_name,
+            "library": self.library,
+            "release": self.release() or "unknown",
+            "summary": self.summary,
+            "artifact": self.artifact,
+            "outputs": list(self.outputs),
+            "reason": self.reason,
+        }
 
     def matches(self, impl_name: str, prop: str, p: Problem) -> bool:
         return self._about(impl_name, prop, p.device) and self.applies(p)
@@ -436,6 +514,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),  # every property that judges gradients (strided and frozen inputs showed it too)
         devices=("cpu",),
         applies=lambda p: p.all_ignored and p.reduction == "mean",
+        library="torch",
+        summary="chunked F.linear_cross_entropy gives NaN gradients for an all-ignored 'mean' batch",
         reason=(
             "PyTorch's chunked F.linear_cross_entropy (2.13) gives NaN gradients for an all-ignored 'mean' "
             "batch, where its reference path and F.cross_entropy give zero gradients (NaN loss)."
@@ -447,6 +527,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("two_calls",),
         devices=("cpu",),
         applies=half_all_ignored_mean,
+        library="torch",
+        summary="chunked F.linear_cross_entropy's NaN gradients reach W's when one of two calls is all-ignored 'mean'",
         reason=(
             "The same NaN gradients of an all-ignored 'mean' call (PyTorch's chunked F.linear_cross_entropy, "
             "2.13) when one of two_calls' halves is all-ignored: its NaN reaches the shared W's gradient."
@@ -459,6 +541,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("accuracy",),
         devices=("cpu",),
         applies=lambda p: p.regime == "confident" and p.N >= 1024,
+        library="torch",
+        summary="chunked F.linear_cross_entropy loses grad_weight on confident rows over long fp32 batches",
         reason=(
             "PyTorch's chunked F.linear_cross_entropy (2.13, every acc_policy) loses grad_weight on confident "
             "rows over long batches (fp32, V=2, p_target > 0.9996): at N=2049 a 23% error, 1.6x the hard "
@@ -478,6 +562,8 @@ KNOWN: list[KnownDivergence] = [
         # measured worst loss error/bound at H=1, V=65 (acc=accurate, 4 seeds): N=32 0.71, N=64 1.34, N=96 1.05;
         # (acc=balanced, 8 seeds): N=32 0.55, N=64 1.13; fp16 ≤ 0.19. Seed 4 at N=64 fails every acc policy.
         applies=lambda p: p.dtype == "bfloat16" and p.autocast is None and p.N >= 32,
+        library="torch",
+        summary="chunked F.linear_cross_entropy's bf16 loss is up to 2.2% off (row losses summed in bf16)",
         reason=(
             "PyTorch's chunked F.linear_cross_entropy (2.13, bf16, mean and sum, every acc_policy) returns a "
             "loss up to 2.2% off: the example (N=64) gives 5.8125 for 5.9426, 1.34x a bound that allows one "
@@ -491,6 +577,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("frozen_x",),
         devices=("cpu", "cuda"),
         applies=lambda p: True,
+        library="liger-kernel",
+        summary="with x frozen and the weight trainable, weight.grad stays None (no gradient at all)",
         reason=(
             "Liger-Kernel's fused linear cross-entropy (0.6.3 on, since its #906 'Filter out redundant "
             "ops/allocations in no_grad mode') computes every gradient only when the input requires grad "
@@ -507,6 +595,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=liger_z_loss_buffer_diverges,
+        library="liger-kernel",
+        summary="the returned z-loss is kept in the input dtype: fp16/bf16 rows rounded before the sum, inf under 'sum'",
         reason=(
             "Liger-Kernel (0.5.3 on, since return_z_loss was added) keeps the returned z-loss in the input "
             "dtype: each row's lse_square_scale*lse^2 (divided by the non-ignored count under 'mean') is "
@@ -531,6 +621,8 @@ KNOWN: list[KnownDivergence] = [
             properties=("*",),
             devices=("cpu", "cuda"),
             applies=lambda p: p.dtype == "float16" and p.autocast is None and p.label_smoothing > 0,
+            library="torch",
+            summary="F.cross_entropy with label smoothing on fp16 logits sums the smoothing term in fp16: inf loss",
             reason=(
                 "F.cross_entropy with label smoothing on fp16 logits sums the smoothing term Σ_j −log p_ij over "
                 "rows and classes in fp16: once N·V·|log p| passes fp16's 65504 (N=96, V=127 with ordinary logits "
@@ -547,6 +639,8 @@ KNOWN: list[KnownDivergence] = [
             devices=("cpu",),
             # whether the row losses sum past 65504 depends on the draw; every fp16 'mean' over >= 1024 rows may
             applies=lambda p: p.dtype == "float16" and p.autocast is None and p.reduction == "mean" and p.N >= 1024,
+            library="torch",
+            summary="F.cross_entropy on CPU fp16 'mean' returns inf once the row losses sum past 65504",
             reason=(
                 "F.cross_entropy on CPU fp16 logits with reduction='mean' returns inf once the sum of the row "
                 "losses passes fp16's 65504, though the mean is representable: 2049 rows of loss 43 give inf "
@@ -561,6 +655,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=liger_unit_upstream_overflow,
+        library="liger-kernel",
+        summary="unit-upstream gradients are stored in fp16 before the upstream multiply: inf where the gradient fits",
         reason=(
             "Liger-Kernel computes the gradients for an upstream gradient of 1 in its forward and stores them in "
             "the parameters' dtype, multiplying by the real upstream u only in backward: with accum_dtype=fp32 "
@@ -581,6 +677,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.softcap is not None,
+        library="cut-cross-entropy",
+        summary="softcap lets the padded vocabulary lanes into the log-sum-exp: wrong loss unless V is a multiple of 128",
         reason=(
             "cut-cross-entropy 25.1.1's kernels with softcap let the padded vocabulary lanes of a 128-class "
             "block, capped at s·tanh(-inf/s) = -s, into the log-sum-exp: the example (N=H=V=1, softcap=1; "
@@ -596,6 +694,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=cce_filtering_may_skip,
+        library="cut-cross-entropy",
+        summary="default gradient filtering zeroes grad_x/grad_weight entries below finfo(dtype).eps/32 (inexact by design)",
         reason=(
             "cut-cross-entropy's default gradient filtering (filter_eps='high' = finfo(dtype).eps/32) skips "
             "every backward block whose |softmax - onehot| are all below it, so those grad_x / grad_weight "
@@ -613,6 +713,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cuda",),
         applies=lambda p: p.autocast is not None,
+        library="cut-cross-entropy",
+        summary="impl='torch_compile' reuses the graph compiled under the other autocast dtype",
         reason=(
             "cut-cross-entropy's impl='torch_compile' (a torch.compile'd F.linear + F.cross_entropy) reuses "
             "the graph compiled under one autocast dtype when the same process calls it under the other: on "
@@ -630,6 +732,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=lambda p: True,
+        library="transformer-engine",
+        summary="the backward of every call passing ignore_idx raises (5 gradients for 6 inputs)",
         reason=(
             "TransformerEngine 2.4.0-2.6.0.post1: CrossEntropyFunction.forward takes six inputs (ignore_idx was "
             "added in 2.4) but its backward still returns five gradients, so the backward of every call that "
@@ -647,6 +751,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=lambda p: p.reduction == "none" and p.N > 1 and p.V > 1,
+        library="transformer-engine",
+        summary="reduce_loss=False's gradient is divided by the row count (every gradient 1/N of the right one)",
         reason=(
             "TransformerEngine before 2.5 divides the gradient of reduce_loss=False (per-row losses) by the "
             "number of rows, as if the loss were their mean (cross_entropy_kernel: the softmax and the target's "
@@ -663,6 +769,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_per_row_upstream_dropped,
+        library="transformer-engine",
+        summary="reduce_loss=False scales every row's gradient by the first row's upstream gradient",
         reason=(
             "TransformerEngine before 2.8 scales the gradient of reduce_loss=False by the first row's upstream "
             "gradient for every row (element_mul_kernel loads grad_output_ptr without a row offset): a weighted "
@@ -680,6 +788,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_ignored_rows_counted,
+        library="transformer-engine",
+        summary="reduce_loss=True divides the loss and its gradient by all rows, ignored ones included",
         reason=(
             "TransformerEngine 2.4-2.11's reduce_loss=True divides the loss and its gradient by all N rows, "
             "ignored ones included (its docstring: 'averaged across the B*SQ dimension'), not by the non-ignored "
@@ -697,6 +807,8 @@ KNOWN: list[KnownDivergence] = [
         properties=("*",),
         devices=("cpu", "cuda"),
         applies=te_prerounded_gradient_fails,
+        library="transformer-engine",
+        summary="the gradient is kept in the bf16 logits buffer: confident rows lose the target's gradient",
         reason=(
             "TransformerEngine before 2.18 keeps the gradient in the bf16 logits buffer from forward on: it "
             "stores p_j/n rounded to bf16, reads the target's entry back and subtracts (1-eps)/n, and backward "
@@ -736,4 +848,57 @@ def known_on_tensors(impl_name: str, prop: str, p: Problem, t: Tensors) -> Known
     for k in KNOWN:
         if k.matches_tensors(impl_name, prop, p, t):
             return k
+    return None
+
+
+def interpreter_bf16_constant_wrong() -> bool:
+    """Whether Triton's interpreter runs the kernels here and gets a bf16 value plus a Python float constant wrong
+    (:func:`numcheck.impls.adapters.transformer_engine.interpreter_bf16_constant`)."""
+    from numcheck.impls.adapters import transformer_engine
+
+    got = transformer_engine.interpreter_bf16_constant()
+    return got is not None and got != 1.75
+
+
+#: Environment artifacts: what cannot be judged here because of the environment, not the library (the report lists
+#: them as "not judged here"; ``--strict`` does not fail on them). Their cases are already out of the impl's
+#: declaration here (the adapter leaves the dtype out with the reason), so the suite never draws them; these entries
+#: name them beside the library's divergences.
+ARTIFACTS: tuple[KnownDivergence, ...] = (
+    KnownDivergence(
+        impls="te_*[[]none*",
+        properties=("*",),
+        devices=("cpu",),
+        applies=lambda p: p.dtype == "bfloat16" and interpreter_bf16_constant_wrong(),
+        library="transformer-engine",
+        summary="bf16 not judged: Triton's interpreter adds a float constant to a bf16 value wrongly, as this kernel does",
+        reason=(
+            "Interpreter artifact, not a TE defect (impls/adapters/transformer_engine.py, interpreter_limits): under "
+            "Triton's interpreter a bf16 value plus a Python float constant comes back as garbage (0.25 + 1.5 gives "
+            "6.4e37 with triton 3.9), and TE 2.5-2.17's reduce_loss=False kernel adds -(1 - label_smoothing) to the "
+            "bf16 gradient it keeps in the logits buffer, so its bf16 gradients are ~1e37 here; compiled on an H200 "
+            "the same releases are within 2e-3 of float64. The adapter leaves bf16 out of the declaration here."
+        ),
+        example=Problem(N=7, H=8, V=13, dtype="bfloat16", reduction="none", seed=0),
+        releases=Releases("transformer-engine", ">=2.5,<2.18", te_release),
+        artifact=True,
+    ),
+)
+
+#: The libraries numcheck's adapters call, by impl name (fnmatch pattern): whose release a report judged.
+ADAPTER_LIBRARIES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
+    ("te_*", "transformer-engine", te_release),
+    ("liger[[]*", "liger-kernel", liger_release),
+    ("cce[[]*", "cut-cross-entropy", lambda: library_release("cut-cross-entropy")),
+    ("megatron_*", "megatron-core", lambda: library_release("megatron-core")),
+    ("torch_native[[]*", "torch", lambda: library_release("torch")),
+)
+
+
+def adapter_library(impl_name: str) -> tuple[str, str | None] | None:
+    """``(library, installed release)`` of the third-party library numcheck's adapter ``impl_name`` calls, or
+    ``None`` for an impl that is no adapter of one."""
+    for pattern, library, release in ADAPTER_LIBRARIES:
+        if fnmatch.fnmatchcase(impl_name, pattern):
+            return library, release()
     return None

@@ -21,9 +21,14 @@ Checks, each ✅ or ❌ with its key figure:
 6. **memory** — the memory table at the seed's shapes on ``meta`` (informative: ❌ only if the measurement
    itself breaks). An impl that cannot run on ``meta`` is "not measured", with the reason and what to do, and the
    line is ⚠️, not ✅.
+7. **known divergences** — every recorded known divergence of a library that applied to a selected impl (the
+   report's ``known_divergences``: library, release, what is wrong, the cases left out), a finding, not a pass:
+   ⚠️ and named in the result line; ❌ with ``--strict`` (for gating a release upgrade). Environment artifacts are
+   listed as "not judged here" and never fail it.
 
 It prints a Markdown checklist (environment first) and exits 1 if any check fails, 2 on bad input (an unreadable
-or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package).
+or incomplete ``--baseline``, an ``--out`` that would overwrite a report or lies inside the package, ``--strict``
+with ``--base``).
 
 With ``--base SPEC`` (one per ``--impl``, in the same order) it runs the A/B mode instead: each change judged
 against the impl it replaces on the same problems, its memory, time and code paths side by side, and the claims
@@ -57,7 +62,8 @@ from numcheck.reports.report.schema import Traversable
 HELP = (
     "pre-merge checklist for a pull request: the installed property suite (ci profile), quick report vs the "
     "baseline shipped for this device, memory table, capability probes; with --base OLD, the change --impl NEW "
-    "judged against OLD and its --claims checked; Markdown on stdout, exit 1 if any check fails, 2 on bad input"
+    "judged against OLD and its --claims checked; known divergences named as findings (--strict: failures); Markdown "
+    "on stdout, exit 1 if any check fails, 2 on bad input"
 )
 
 
@@ -72,10 +78,14 @@ class ChecklistItem:
     figure: str
     details: list[str] = field(default_factory=list)
     unmeasured: bool = False
+    #: Findings that are not passes but do not fail the check (known divergences without ``--strict``): ⚠️,
+    #: unticked, named in the result line.
+    findings: bool = False
 
     def line(self) -> str:
-        mark = "⚠️" if self.ok and self.unmeasured else "✅" if self.ok else "❌"
-        return f"- [{'x' if self.ok and not self.unmeasured else ' '}] {mark} **{self.title}** — {self.figure}"
+        warn = self.ok and (self.unmeasured or self.findings)
+        mark = "⚠️" if warn else "✅" if self.ok else "❌"
+        return f"- [{'x' if self.ok and not warn else ' '}] {mark} **{self.title}** — {self.figure}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,6 +120,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also write the report (report.json, report.md) here (a new folder, or one without a report)",
     )
     p.add_argument("--skip-tests", action="store_true", help="leave out the property suite (the checklist says so)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail the checklist (exit 1) when a recorded known divergence of a library applies to a selected impl "
+        "(for gating a release upgrade); without it such a divergence is ⚠️, named, and passes",
+    )
     from numcheck.reports.premerge import ab_run as premerge_ab_run
 
     premerge_ab_run.add_arguments(p)
@@ -284,6 +300,26 @@ def check_report(report: dict, grid: str, *, suite_failed: bool = False) -> Chec
     return ChecklistItem("report", ok, figure if n else figure + " — no case ran", details + not_run)
 
 
+def check_known(report: dict, *, strict: bool = False) -> ChecklistItem:
+    """The known divergences that applied (:func:`reports.report.verdict.divergences`): none ✅; some ⚠️ (named, a
+    finding, not a pass), ❌ with ``strict``; environment artifacts listed as not judged here."""
+    from numcheck.reports.report.verdict import describe, divergences
+
+    defects, artifacts = divergences(report)
+    figure = (
+        f"{len(defects)} known divergence(s) of a library apply — findings, not passes"
+        + (" (--strict: a failure)" if strict else " (--strict makes them a failure)")
+        if defects
+        else "none applies to the selected impls here"
+    )
+    if artifacts:
+        figure += f"; {len(artifacts)} environment artifact(s): not judged here"
+    details = [describe(d) for d in defects] + [
+        f"not judged here (environment artifact): {describe(d)}" for d in artifacts
+    ]
+    return ChecklistItem("known divergences", not (strict and defects), figure, details, findings=bool(defects))
+
+
 def check_baseline(
     report: dict,
     baseline: Path | Traversable | None,
@@ -374,6 +410,9 @@ def render(env: dict, specs: list[str], checks: list[ChecklistItem]) -> str:
     unmeasured = [c.title for c in checks if c.ok and c.unmeasured]
     if unmeasured:
         result += f" (⚠️ not measured in full: {', '.join(unmeasured)})"
+    found = [d for c in checks if c.ok and c.findings for d in c.details if not d.startswith("not judged here")]
+    if found:
+        result += f" (⚠️ {len(found)} known divergence(s) apply, not passes: {'; '.join(found)})"
     lines = [
         "## numcheck pre-merge checklist",
         "",
@@ -428,12 +467,29 @@ def _add_baseline_check(args: argparse.Namespace, report: dict, specs: list[str]
         checks.append(check_baseline(report, baseline, args.factor, args.floor, restricted=bool(specs), label=label))
 
 
+def _strict_with_base(args: argparse.Namespace) -> bool:
+    """Whether ``--strict`` was given with ``--base`` (said on stderr with the fix): the A/B mode has no
+    known-divergence check to make strict."""
+    if not args.strict:
+        return False
+    print(
+        "numcheck premerge: --strict fails the checklist on known divergences, but --base runs the A/B "
+        "comparison, which has no such check; drop --strict, or drop --base to run the checklist",
+        file=sys.stderr,
+    )
+    print("numcheck premerge: bad input (exit 2) — nothing was run", file=sys.stderr)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from numcheck.impls.registry import discover
     from numcheck.reports.report.command import build_report, write_report
 
     if args.base:
         from numcheck.reports.premerge.ab_run import run_ab
+
+        if _strict_with_base(args):
+            return 2
 
         return run_ab(args)
     t0 = time.monotonic()
@@ -461,6 +517,7 @@ def run(args: argparse.Namespace) -> int:
     checks.append(check_report(report, args.grid, suite_failed=suite_failed))
     _add_baseline_check(args, report, specs, checks)
     checks.append(check_memory(report))
+    checks.append(check_known(report, strict=args.strict))
     if args.out is not None:
         try:
             write_report(report, args.out, plots=True)
@@ -471,7 +528,12 @@ def run(args: argparse.Namespace) -> int:
     failed = [c.title for c in checks if not c.ok]
     print(
         f"numcheck premerge: {time.monotonic() - t0:.0f} s; "
-        + (f"FAIL (exit 1): {', '.join(failed)}" if failed else "PASS (exit 0): every check passes"),
+        + (
+            f"FAIL (exit 1): {', '.join(failed)}"
+            if failed
+            else "PASS (exit 0): every check passes"
+            + ("; known divergences apply (named above; --strict fails them)" if checks[-1].findings else "")
+        ),
         file=sys.stderr,
     )
     return 1 if failed else 0

@@ -15,8 +15,15 @@ by an installed numcheck.
 ``--compare BASE.json`` lists regressions against a baseline (:mod:`reports.report.compare`); with ``--current
 NEW.json`` it compares two existing reports without running anything.
 
+Known divergences. Every recorded known divergence of a library that applied to an impl judged here (its release,
+this device) is a finding, not a pass: report.json's ``known_divergences`` (:mod:`reports.report.findings`), the
+headline of report.md and the last line name each (library, release, what is wrong, the cases left out); an
+environment artifact (Triton's interpreter) is named as "not judged here". They leave the exit status at 0 unless
+``--strict`` is given (for gating a release upgrade), which makes any known divergence of a library exit 1.
+
 Exit status: 0 when every declared case of every impl passes; 1 when a case fails or raises, an impl is broken
-(fails to load or breaks the protocol), or ``--compare`` finds a regression; 2 on bad input (an unreadable,
+(fails to load or breaks the protocol), ``--compare`` finds a regression, or (``--strict``) a known divergence
+applied; 2 on bad input (an unreadable,
 corrupt or incomplete report or baseline — the message names the file and what is missing —, an output folder
 that would be overwritten or lies inside the package). An impl merely unavailable here (its declared requirement
 unmet, e.g. cut-cross-entropy without CUDA) is listed, not a failure. The last line says which.
@@ -34,14 +41,19 @@ from numcheck.errors import BadInput
 from numcheck.reports import baselines
 from numcheck.reports.common import write_atomically
 
-from numcheck.reports.report import compare as report_compare, schema as report_schema
+from numcheck.reports.report import compare as report_compare, findings, schema as report_schema
 from numcheck.reports.report.grid import GRIDS, GridSpec
 from numcheck.reports.report.schema import SCHEMA
+from numcheck.reports.report import verdict as report_verdict
+from numcheck.reports.report.verdict import verdict
+
+__all__ = ["add_arguments", "build_report", "run", "verdict", "write_report"]
 
 HELP = (
     "sweep every impl over a documented grid and write report.json, report.md and plots under "
     "./numcheck-report/<device>-torch<version>/ (--out DIR elsewhere; --quick: the small grid; "
-    "--compare BASE.json: list regressions); exit 1 if a case fails or an impl is broken, 2 on bad input"
+    "--compare BASE.json: list regressions); known divergences are named, not passed; exit 1 if a case fails or an "
+    "impl is broken (--strict: or a known divergence applies), 2 on bad input"
 )
 
 #: Max chunks of the accumulation comparison per grid.
@@ -70,6 +82,12 @@ def _grid_arguments(p: argparse.ArgumentParser) -> None:
         help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/ under the current directory)",
     )
     p.add_argument("--force", action="store_true", help="replace a report already in the output directory")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a recorded known divergence of a library applies here (for gating a release upgrade); "
+        "without it such a divergence is named in the last line and the exit status stays 0",
+    )
     p.add_argument(
         "--update-baseline",
         action="store_true",
@@ -236,18 +254,22 @@ def build_report(
     """Run the sweep, the accumulation comparison and the memory table; the report dictionary.
 
     ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
-    from numcheck.impls.registry import by_kind, discover
+    from numcheck.impls.registry import ImplEntry, by_kind, discover
     from numcheck.impls.measure.accumulation import accumulation_table
     from numcheck.reports.report.run import one_thread, sweep
 
     t0 = time.monotonic()
     entries = discover(specs)
     env = report_schema.environment(device)
+    notes = findings.release_notes()
+    if notes:
+        env["release_notes"] = notes
     result = sweep(entries, spec, device, progress=progress)
     acc = None
     if accumulation:
         with one_thread():
             acc = accumulation_table(max_chunks=ACCUMULATION_CHUNKS.get(spec.name, 64), device=device).to_json()
+    findings.libraries(result.impls)
     ran = {i["name"] for i in result.impls if i["status"] == "ran"}
     lin = [e.impl for e in by_kind(entries, "linear_ce") if e.name in ran]
     mem = memory_section(lin) if (lin and memory) else None
@@ -262,6 +284,9 @@ def build_report(
         },
         "impls": result.impls,
         "cases": result.cases,
+        "known_divergences": findings.known_divergences(
+            result.impls, {e.name: e.impl.support for e in entries if isinstance(e, ImplEntry)}, device
+        ),
         "accumulation": acc,
         "memory": mem,
     }
@@ -329,40 +354,11 @@ def print_summary(report: dict, out: Path | None) -> None:
     for r in rows:
         if r["status"] != "ran":
             print(f"  {r['status'].upper()} {r['name']}: {r['reason']}")
-
-
-def verdict(report: dict, regressions: int = 0) -> tuple[int, str]:
-    """The exit status of a report (module docstring) and the last line that says why.
-
-    1 when a case fails or raises, an impl is broken, or there are ``regressions``; else 0. Impls unavailable
-    here are named in the line as not a failure."""
-    from numcheck.reports.report.md import impl_overview
-
-    rows = impl_overview(report)
-    ran = [r for r in rows if r["status"] == "ran"]
-    failing = [r for r in ran if r["fail"] or r["error"]]
-    broken = [r["name"] for r in rows if r["status"] == "broken"]
-    unavailable = [r["name"] for r in rows if r["status"] == "unavailable"]
-    n, ok = sum(r["n"] for r in ran), sum(r["pass"] for r in ran)
-    problems = []
-    if failing:
-        problems.append(
-            f"{n - ok} of {n} case(s) fail or raise in {len(failing)} impl(s) ({', '.join(r['name'] for r in failing)})"
-        )
-    if broken:
-        problems.append(f"{len(broken)} impl(s) broken — fail to load or break the protocol ({', '.join(broken)})")
-    if regressions:
-        problems.append(f"{regressions} regression(s) against the baseline")
-    tail = (
-        f"; {len(unavailable)} impl(s) unavailable here, listed above, not a failure ({', '.join(unavailable)})"
-        if unavailable
-        else ""
-    )
-    if problems:
-        return 1, "numcheck report: FAIL (exit 1) — " + "; ".join(problems) + tail
-    if not n:
-        return 0, f"numcheck report: PASS (exit 0) — no case ran: nothing was checked here{tail}"
-    return 0, f"numcheck report: PASS (exit 0) — all {n} case(s) of {len(ran)} impl(s) pass both verdicts{tail}"
+    defects, artifacts = report_verdict.divergences(report)
+    for d in defects:
+        print(f"  KNOWN DIVERGENCE {report_verdict.describe(d)}")
+    for d in artifacts:
+        print(f"  NOT JUDGED HERE {report_verdict.describe(d)}")
 
 
 def _scale_section(path: Path | None) -> str:
@@ -427,6 +423,22 @@ def _load_or_exit(path: Path) -> dict:
         raise BadInput(str(exc)) from None
 
 
+def check_strict(args: argparse.Namespace) -> None:
+    """:class:`BadInput` when ``--strict`` is given where nothing is judged: with ``--render`` (writes report.md,
+    exit 0) or ``--current`` (compares two reports)."""
+    if not getattr(args, "strict", False):
+        return
+    for flag, given, what in (
+        ("--render", args.render, "writes report.md of an existing report and judges nothing"),
+        ("--current", args.current, "compares two existing reports"),
+    ):
+        if given is not None:
+            raise BadInput(
+                f"--strict fails a run on the known divergences it finds, but {flag} {what}; drop --strict, or "
+                f"run the report (without {flag}) with --strict"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -439,6 +451,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     spec = GRIDS[args.grid or "full"]
     scale_section = _scale_section(getattr(args, "include_scale", None))
+    check_strict(args)
     if args.render is not None:
         return render(args.render, args.out, plots=not args.no_plots, scale_section=scale_section)
     if not (args.factor >= 1.0 and args.floor >= 0.0):
@@ -472,6 +485,6 @@ def _run(args: argparse.Namespace) -> int:
     print_summary(report, out)
     if comparison_md:
         print(comparison_md)
-    status, line = verdict(report, regressions)
+    status, line = verdict(report, regressions, strict=args.strict)
     print(line)
     return status

@@ -6,6 +6,7 @@ be re-rendered from its JSON: :func:`render`.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import statistics
 from collections import defaultdict
@@ -196,20 +197,62 @@ def all_judged_pass(row: dict[str, Any]) -> bool:
     return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
 
 
+def _library_of(info: dict) -> tuple[str, str] | None:
+    """``(library, release)`` of an impl entry that is numcheck's adapter of a third-party library: as recorded in
+    the report (``library``), or, in a report that predates that key, from the impl's name with the release not
+    recorded."""
+    from numcheck.properties.core.known import ADAPTER_LIBRARIES
+
+    lib = info.get("library")
+    if lib:
+        return lib["name"], lib.get("release") or "unknown"
+    name = next((n for pattern, n, _ in ADAPTER_LIBRARIES if fnmatch.fnmatchcase(info["name"], pattern)), None)
+    return (name, "(release not recorded in this report)") if name else None
+
+
 def builtins_only_note(report: dict) -> str:
-    """A sentence saying that no impl of the user's was judged, only numcheck's built-ins; ``""`` when one was."""
+    """When no impl of the user's was judged: which third-party libraries and releases numcheck's adapters judged,
+    and that numcheck's own built-ins are no impl of the user's; ``""`` when an impl of the user's was judged."""
     impls = report.get("impls") or []
     if not impls or any(i.get("origin") != "built-in" for i in impls):
         return ""
-    how = (
-        "the --impl names given are numcheck's built-ins"
-        if (report.get("grid") or {}).get("impl_specs")
-        else "none was named with --impl, NUMCHECK_IMPLS or a numcheck.impls entry point"
-    )
-    return (
-        f"No impl of yours was judged ({how}): only numcheck's built-in impls ran. Name yours with "
-        f"`--impl mypkg.module:impl`."
-    )
+    libs: dict[tuple[str, str], list[str]] = defaultdict(list)
+    plain = []
+    for i in impls:
+        lib = _library_of(i)
+        if lib:
+            libs[lib].append(f"`{i['name']}`")
+        else:
+            plain.append(i)
+    parts = [
+        f"Judged: {lib} {release} (a third-party library, through numcheck's adapter(s) {', '.join(names)}): "
+        f"that release's code, not code of yours"
+        for (lib, release), names in libs.items()
+    ]
+    if plain:
+        how = (
+            "the --impl names given are numcheck's built-ins"
+            if (report.get("grid") or {}).get("impl_specs")
+            else "none was named with --impl, NUMCHECK_IMPLS or a numcheck.impls entry point"
+        )
+        parts.append(f"No impl of yours was judged ({how}): only numcheck's built-in impls ran")
+    return ". ".join(parts) + ". Name yours with `--impl mypkg.module:impl`."
+
+
+def known_divergence_lines(report: dict) -> list[str]:
+    """The headline's list of the known divergences that applied (findings, not passes) and of what was not judged
+    here (environment artifacts); none when none applied."""
+    from numcheck.reports.report.verdict import describe, divergences
+
+    defects, artifacts = divergences(report)
+    out: list[str] = []
+    if defects:
+        out += [f"**Known divergences that apply here — findings, not passes ({len(defects)}):**", ""]
+        out += [f"- ⚠️ {describe(d)}" for d in defects] + [""]
+    if artifacts:
+        out += ["**Not judged here (environment artifacts, not the library's divergence):**", ""]
+        out += [f"- {describe(d)}" for d in artifacts] + [""]
+    return out
 
 
 def failures(report: dict) -> list[dict]:
@@ -504,6 +547,7 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
     ]
     note = builtins_only_note(report)
     lines += [f"**{note}**", ""] if note else []
+    lines += _section("known divergences", known_divergence_lines, report)
     lines += ["| environment | |", "| --- | --- |"]
     for k in (
         "device_name",
@@ -525,6 +569,8 @@ def render(report: dict, *, plots: list[str] | None = None, plot_note: str = "",
         yes = [k for k, v in caps.items() if v is True]
         no = [k for k, v in caps.items() if v is not True]
         lines.append(f"| capabilities here | yes: {', '.join(yes) or '—'}; no: {', '.join(no) or '—'} |")
+    for lib, text in (env.get("release_notes") or {}).items():
+        lines.append(f"| release of {lib} | {text} |")
     lines.append(f"| grid | {grid.get('description', '')} ({grid.get('seconds', 0):.0f} s) |")
     lines += ["", HOW_TO_READ, "## Verdict per impl", ""] + _section("verdict table", _overview_table, rows) + [""]
     lines += _section("failures", _failures_section, fails)

@@ -21,7 +21,14 @@ so the file is strict JSON; :func:`load` turns them back)::
                                    "max_ulp", "ratio_hard", "ratio_expected", "worst_index", "impl_value",
                                    "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
                                    ... kind-specific fields}}}],
-     "accumulation": {...} (see impls.measure.accumulation), "memory": {...}}
+     "accumulation": {...} (see impls.measure.accumulation), "memory": {...},
+     "known_divergences": [{"impl", "library", "release", "summary", "artifact": bool, "outputs", "reason",
+                            "cases_left_out": int, "cases": [str]}] (optional: a report made before it has none)}
+
+``known_divergences`` (:mod:`reports.report.findings`) lists every recorded known divergence that applied to an impl
+that ran (its release and this device), with the grid cases it left out; ``artifact`` marks an environment artifact
+("not judged here"). An impl entry of numcheck's adapter of a third-party library carries ``library``: ``{"name",
+"release"}``; ``environment`` may carry ``release_notes`` (library → why its release could not be told).
 
 ``not_run`` names every grid case the impl's declaration excludes (``not_declared`` counts them per reason);
 ``unreached`` lists the behaviours it declares that no case run for it has (:mod:`reports.report.coverage`).
@@ -206,6 +213,26 @@ def validate(data: Any, source: str) -> None:
                     raise ValueError(
                         f"{source!r}: {where}: 'outputs' must map each output to an object with 'ratio_hard'"
                     )
+    _validate_known(data, source)
+
+
+#: The keys of every ``known_divergences`` record.
+REQUIRED_KNOWN_KEYS = ("impl", "library", "release", "summary", "artifact", "cases_left_out")
+
+
+def _validate_known(data: dict, source: str) -> None:
+    """ValueError naming ``source`` when the optional ``known_divergences`` section is not a list of records with
+    :data:`REQUIRED_KNOWN_KEYS`."""
+    known = data.get("known_divergences", [])
+    if not isinstance(known, list):
+        raise ValueError(f"{source!r}: 'known_divergences' must be a JSON array, got {type(known).__name__}")
+    for i, item in enumerate(known):
+        missing = [k for k in REQUIRED_KNOWN_KEYS if not isinstance(item, dict) or k not in item]
+        if missing:
+            raise ValueError(
+                f"{source!r}: known_divergences[{i}] lacks the key(s) {', '.join(map(repr, missing))} "
+                f"(every record has {', '.join(REQUIRED_KNOWN_KEYS)})"
+            )
 
 
 def load(path: str | os.PathLike | Traversable) -> dict:

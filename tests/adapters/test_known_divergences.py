@@ -248,3 +248,50 @@ def test_release_range_follows_installed_release(installed, holds):
     )
     assert entry.releases.hold() is holds
     assert entry.matches("liger[accum=None]", "frozen_x", Problem(N=1, H=1, V=1)) is holds
+
+
+def _every_record():
+    from numcheck.properties.core.known import ARTIFACTS
+    from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
+
+    return [*KNOWN, *DIST_KNOWN, *ARTIFACTS]
+
+
+@pytest.mark.parametrize("entry", _every_record(), ids=_ids(_every_record()))
+def test_entry_names_library_summary_and_kind(entry):
+    """Every record names the library that diverges (the package of its releases where it has a range), says what
+    is wrong in one short line, and says whether it is the library's divergence or an environment artifact
+    (only :data:`ARTIFACTS` are artifacts): the report names each from these fields."""
+    from numcheck.properties.core.known import ARTIFACTS
+
+    assert entry.library, f"{entry.impls!r}: no library"
+    assert entry.releases is None or entry.releases.package == entry.library
+    assert entry.summary and "\n" not in entry.summary and len(entry.summary) <= 160, entry.summary
+    assert entry.artifact == any(entry is a for a in ARTIFACTS)
+
+
+def test_applicable_follows_the_release_and_the_declaration(monkeypatch):
+    """TE 2.7.0 has its three divergences on the CPU for the impls that can reach them (the bf16 store's not for an
+    impl declaring fp32 only); 2.20.2 none; the interpreter's bf16 constant is an artifact only where it shows."""
+    import torch
+
+    from numcheck.impls.adapters import transformer_engine
+    from numcheck.impls.protocols.linear_ce import LinearCESupport
+    from numcheck.properties.distributed.linear_ce.known import applicable
+
+    def support(red, dtypes):
+        return LinearCESupport(dtypes=frozenset(dtypes), options=frozenset({"bias", "ignore_index"}), reductions={red})
+
+    fp32, both = {torch.float32}, {torch.float32, torch.bfloat16}
+    monkeypatch.setattr(transformer_engine, "interpreter_bf16_constant", lambda: 6.4e37)
+    monkeypatch.setattr(transformer_engine, "release", lambda: "2.7.0")
+    mean = applicable("te_parallel_ce[mean]", "cpu", support("mean", both))
+    none = applicable("te_parallel_ce[none]", "cpu", support("none", fp32))
+    assert [k.summary.split(":")[0][:30] for k in mean] == [
+        "reduce_loss=True divides the l",
+        "the gradient is kept in the bf",
+    ]
+    assert [k.artifact for k in none] == [False, True] and "first row's upstream" in none[0].summary
+    monkeypatch.setattr(transformer_engine, "release", lambda: "2.20.2")
+    assert applicable("te_parallel_ce[mean]", "cpu", support("mean", both)) == []
+    assert applicable("te_parallel_ce[none]", "cpu", support("none", fp32)) == []

@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 
 from numcheck.properties.core.known import (
+    ARTIFACTS,
+    KNOWN,
     KnownDivergence,
     Releases,
     te_ignored_rows_counted,
@@ -73,6 +75,7 @@ def _te(
     applies: Callable[[Any], bool],
     example: Problem,
     specifier: str,
+    summary: str,
     world_size: int = 2,
     by_data: bool = False,
 ) -> KnownDivergence:
@@ -90,6 +93,8 @@ def _te(
         example_world_size=world_size,
         by_data=by_data,
         releases=Releases("transformer-engine", specifier, te_release),
+        library="transformer-engine",
+        summary=summary,
     )
 
 
@@ -112,6 +117,8 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         example=Problem(N=7, H=5, V=16, bias=True, ignored=0.3, label_smoothing=0.1, seed=3),
         example_world_size=2,
         example_placement="boundary",
+        library="megatron-core",
+        summary="label smoothing uses the local shard's size and mean: at world size > 1 each rank returns a different loss",
     ),
     KnownDivergence(
         impls="megatron_vocab_parallel",
@@ -126,6 +133,8 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         example=Problem(N=1, H=1, V=2, dtype="bfloat16", label_smoothing=0.1, regime="large", seed=0),
         example_world_size=1,
         by_data=True,
+        library="megatron-core",
+        summary="label smoothing takes log of the fp32 softmax: an underflowing class gives an infinite loss",
     ),
     KnownDivergence(
         impls="megatron_fused_vocab_parallel",
@@ -145,6 +154,8 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         releases=Releases("megatron-core", ">=0.8.0", megatron_release),
         outputs=("grad_x", "grad_weight", "grad_bias"),
         model=_grad_logits_in_bf16,
+        library="megatron-core",
+        summary="the gradient of fp32 logits is rounded to bf16 (judged under that extra rounding)",
     ),
     *(
         _te(
@@ -158,6 +169,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
             lambda c: c.world_size > 1 and c.problem.label_smoothing > 0,
             Problem(N=7, H=8, V=16, label_smoothing=0.1, seed=3),
             ">=2.2,<2.19",
+            "label smoothing's sum of logits is taken over the rank's own shard only: each rank returns a wrong loss",
         )
         for red in ("mean", "none")
     ),
@@ -170,6 +182,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
             lambda c: True,
             Problem(N=7, H=8, V=16, seed=3),
             ">=2.4,<2.7",
+            "the backward of every call passing ignore_idx raises (5 gradients for 6 inputs)",
         )
         for red in ("mean", "none")
     ),
@@ -180,6 +193,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         lambda c: c.problem.N > 1,
         Problem(N=7, H=8, V=16, seed=3),
         ">=2.2,<2.5",
+        "reduce_loss=False's gradient is divided by the row count (every gradient 1/N of the right one)",
     ),
     _te(
         "none",
@@ -188,6 +202,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         lambda c: te_per_row_upstream_dropped(c.problem),
         Problem(N=7, H=8, V=16, reduction="none", upstream="per_row", seed=3),
         ">=2.2,<2.8",
+        "reduce_loss=False scales every row's gradient by the first row's upstream gradient",
         by_data=True,
     ),
     _te(
@@ -197,6 +212,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         lambda c: te_ignored_rows_counted(c.problem),
         Problem(N=7, H=8, V=16, ignored=0.4, seed=2),
         ">=2.4,<2.12",
+        "reduce_loss=True divides the loss and its gradient by all rows, ignored ones included",
         by_data=True,
     ),
     *(
@@ -209,6 +225,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
             _te_stores_fail,
             Problem(N=7, H=8, V=16, dtype="bfloat16", regime="confident", seed=4),
             ">=2.2,<2.18",
+            "the gradient is kept in the bf16 logits buffer: confident rows lose the target's gradient",
             by_data=True,
         )
         for red in ("mean", "none")
@@ -224,3 +241,16 @@ def whole_case_divergence(impl: Any, case: Any) -> KnownDivergence | None:
 def output_divergences(impl: Any, case: Any) -> list[KnownDivergence]:
     """The entries off in some outputs that cover ``case`` for ``impl`` on the installed release."""
     return [d for d in DIST_KNOWN if not d.every_output and d.covers_case(impl.name, case)]
+
+
+def applicable(impl_name: str, device: str, support: Any = None) -> list[KnownDivergence]:
+    """Every recorded known divergence and environment artifact about impl ``impl_name`` (declared as ``support``)
+    on ``device``'s type and the installed release (:meth:`KnownDivergence.applies_here`): single-device,
+    distributed and :data:`ARTIFACTS` entries, in that order.
+
+    In this module (not :mod:`properties.core.known`) because it reads both tables.
+
+    >>> [k.summary for k in applicable("eager", "cuda")][:1]
+    ['F.cross_entropy with label smoothing on fp16 logits sums the smoothing term in fp16: inf loss']
+    """
+    return [k for k in (*KNOWN, *DIST_KNOWN, *ARTIFACTS) if k.applies_here(impl_name, device, support)]

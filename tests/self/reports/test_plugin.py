@@ -263,3 +263,64 @@ def test_check_runs_the_quantized_linear_suite():
     assert bad.verdicts[name].status == "failed" and "mutant_saves_copy_of_x" in bad.verdicts[name].message, bad
     with pytest.raises(ValueError, match="unknown properties.*for a quant_linear impl"):
         numcheck.check("fp8_linear[current]", ["pinned_cases"])
+
+
+#: Correct impls named as numcheck's ``eager`` (F.cross_entropy's recorded fp16 divergences apply to that name on
+#: the CPU, whatever the release) and as a Liger variant (its frozen-x divergence covers every draw of
+#: ``frozen_inputs[x]`` on an installed liger-kernel >= 0.6.3).
+NAMED_AS_KNOWN = """
+import torch
+import torch.nn.functional as F
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
+
+def ce(x, w, t, b=None, *, reduction="mean", ignore_index=-100):
+    return F.cross_entropy(F.linear(x, w, b), t, reduction=reduction, ignore_index=ignore_index)
+
+def _support(*dtypes):
+    return LinearCESupport(dtypes=frozenset(dtypes), options=frozenset({"bias", "ignore_index"}), autocast=frozenset())
+
+eager = FunctionImpl(name="eager", fn=ce, support=_support(torch.float32, torch.float16))
+liger = FunctionImpl(name="liger[user]", fn=ce, support=_support(torch.float32))
+"""
+
+
+@pytest.fixture
+def named_as_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delitem(sys.modules, "named_as_known", raising=False)
+    (tmp_path / "named_as_known.py").write_text(NAMED_AS_KNOWN)
+    (tmp_path / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    return tmp_path
+
+
+def _this_numcheck() -> str:
+    """The folder holding the numcheck under test (a checkout's root, or site-packages), for PYTHONPATH."""
+    return str(Path(numcheck.__file__).resolve().parents[1])
+
+
+def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_known):
+    """After the suite, the summary names each known divergence that applied (library, release, what is wrong) and
+    the run passes; with --numcheck-strict the session exits 1 though every test passed."""
+    args = ("-q", "--pyargs", "numcheck.tests.suite", "--impl", "named_as_known:eager", "-k", "protocol_structure")
+    r = _pytest(named_as_known, *args, PYTHONPATH=_this_numcheck())
+    out = r.stdout + r.stderr
+    line = "numcheck: known divergence, not a pass: eager: torch "
+    assert r.returncode == 0 and line in out and "F.cross_entropy on CPU fp16 'mean' returns inf" in out, out
+    r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and " passed" in out and "(--numcheck-strict: a failure)" in out, out
+
+
+def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
+    """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
+    from packaging.version import Version
+
+    from numcheck.properties.core.known import liger_release
+
+    if Version(liger_release() or "0") < Version("0.6.3"):
+        pytest.skip("needs liger-kernel >= 0.6.3 installed (its frozen-x divergence)")
+    args = ("-q", "--pyargs", "numcheck.tests.suite", "--impl", "named_as_known:liger", "-k", "frozen_inputs and x")
+    r = _pytest(named_as_known, *args, PYTHONPATH=_this_numcheck())
+    assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
+    r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "1 failed" in out and "--numcheck-strict: a known divergence is a failure" in out, out

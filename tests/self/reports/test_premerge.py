@@ -169,3 +169,39 @@ def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path)
     flipped = dict(same, cases=[case("fail", 1.5)])
     c = premerge.check_baseline(flipped, p, 2.0, 0.25, restricted=True)
     assert not c.ok and "1 regression" in c.figure and any("pass → fail" in d for d in c.details)
+
+
+KNOWN_DIVERGENCE = {
+    "impl": "te_parallel_ce[mean]",
+    "library": "transformer-engine",
+    "release": "2.7.0",
+    "summary": "reduce_loss=True divides by all rows, ignored ones included",
+    "artifact": False,
+    "cases_left_out": 3,
+}
+ENV = {"device_name": "cpu", "device": "cpu", "torch": "t", "python": "p"}
+
+
+def test_known_divergences_are_a_checklist_finding_and_fail_under_strict():
+    """A known divergence that applied is ⚠️, named (library, release, what is wrong, cases left out) in its line
+    and in the result line, and does not fail the checklist; --strict makes it ❌. An environment artifact alone is
+    "not judged here" and never fails."""
+    rep = {"impls": [], "cases": [], "known_divergences": [KNOWN_DIVERGENCE]}
+    item = premerge.check_known(rep)
+    assert item.ok and "⚠️" in item.line() and "[ ]" in item.line(), item.line()
+    text = premerge.render(ENV, [], [item])
+    named = "te_parallel_ce[mean]: transformer-engine 2.7.0 — reduce_loss=True divides by all rows"
+    assert named in text.split("\n- ")[0] and named in item.details[0], text
+    assert not premerge.check_known(rep, strict=True).ok
+    artifact = {"impls": [], "cases": [], "known_divergences": [{**KNOWN_DIVERGENCE, "artifact": True}]}
+    only = premerge.check_known(artifact, strict=True)
+    assert only.ok and "✅" in only.line() and "not judged here" in only.details[0], only
+    assert premerge.check_known({"impls": [], "cases": []}, strict=True).line().startswith("- [x] ✅")
+
+
+def test_strict_with_base_is_bad_input(capsys):
+    """--strict has no meaning in the A/B mode: exit 2 with a fix-it message before anything runs."""
+    from numcheck.reports import cli
+
+    assert cli.main(["premerge", "--impl", "eager", "--base", "eager", "--strict"]) == 2
+    assert "drop --strict" in capsys.readouterr().err
