@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.adapters import releases
+from numcheck.impls.adapters.unavailable import unavailable_support
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 from numcheck.reference.options import options_from_kwargs
@@ -90,6 +91,14 @@ class MegatronVocabParallel:
         self.fused = fused
         self.name = "megatron_fused_vocab_parallel" if fused else "megatron_vocab_parallel"
         options = ("bias", "ignore_index") if fused else ("bias", "ignore_index", "label_smoothing")
+        self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
+        entry = f"{'fused_' if fused else ''}vocab_parallel_cross_entropy"
+        got = release_info()
+        if got is None:
+            why = megatron_missing() or "megatron-core is not installed"
+            self.support = unavailable_support(why, ("mean", "sum", "none"))
+            self.description = f"Megatron-core {entry} — unavailable: {why}"
+            return
         self.support = LinearCESupport(
             options=frozenset(options),
             autocast=frozenset(),
@@ -100,12 +109,7 @@ class MegatronVocabParallel:
             ce_dtype="float32",
             requires=megatron_missing,
         )
-        self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
-        entry = f"{'fused_' if fused else ''}vocab_parallel_cross_entropy"
-        got = release_info()
-        if got is None:
-            self.description = f"Megatron-core {entry} — unavailable: {megatron_missing()}"
-        elif got.unknown:
+        if got.unknown:
             self.description = f"Megatron-core {entry} [release unknown: {got.note}]"
         else:
             self.description = f"Megatron-core {got.version} {entry}"
