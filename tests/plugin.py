@@ -592,11 +592,13 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     folder = config.getoption("--numcheck-record", None)
     config.stash[_RECORDING_KEY] = folder is not None
-    from numcheck.properties.core import drawn_log, records
+    from numcheck.properties.core import drawn_log  # imports neither torch nor hypothesis
 
     try:  # output folders created when missing, or refused here with one error before any test runs
         drawn_log.log_folder()
         if folder is not None:
+            from numcheck.properties.core import records
+
             records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None

@@ -77,3 +77,34 @@ def test_a_bad_output_folder_stops_pytest_before_any_test(tmp_path, how):
     assert text.count("cannot create that folder") == 1 and str(afile) in text and "1 passed" not in text, text
     good = run(tmp_path / "new" / "log")
     assert good.returncode == 0 and (tmp_path / "new" / "log").is_dir(), good.stdout + good.stderr
+
+
+def _parsed(module, argv: list[str]):
+    """``argv`` parsed by ``module``'s own arguments (the command line as ``numcheck`` would give it)."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_command_out_folders_are_created_or_refused_before_running(tmp_path, capsys):
+    """``--out`` of ``bench``, ``converge`` and ``sweep``: a missing folder is created at once; one under a file is
+    refused (exit 2, or BadInput) naming ``--out`` and the folder, before anything runs (bench would need CUDA,
+    converge would load and train every impl first)."""
+    from numcheck.errors import BadInput
+    from numcheck.reports import bench
+    from numcheck.reports.common import prepare_out_dir
+    from numcheck.reports.convergence import command as converge
+    from numcheck.reports.sweep import command as sweep
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert prepare_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    for module in (bench, converge):
+        assert module.run(_parsed(module, ["--impl", "eager", "--out", str(afile / "x")])) == 2
+        said = capsys.readouterr()
+        assert f"--out {afile / 'x'}: cannot create that folder" in said.out + said.err, said
+    with pytest.raises(BadInput, match=f"--out {afile / 'x'}: cannot create"):
+        sweep._out_dir(_parsed(sweep, ["--out", str(afile / "x")]))
+    assert sweep._out_dir(_parsed(sweep, ["--out", str(tmp_path / "s" / "t")])).is_dir()
