@@ -81,9 +81,9 @@ TRITON_MODES = {
 
 def print_release_notes() -> None:
     """One line per installed third-party library whose release is unknown
-    (:func:`numcheck.impls.adapters.releases.release_notes`): its impls run, but no known divergence keyed on a
+    (:func:`numcheck.impls.adapters.release_notes.release_notes`): its impls run, but no known divergence keyed on a
     release can apply to them, so say so rather than leave it silent."""
-    from numcheck.impls.adapters.releases import release_notes
+    from numcheck.impls.adapters.release_notes import release_notes
 
     for library, note in release_notes().items():
         print(f"# {library}: release unknown, so none of its known divergences can apply — {note}")

@@ -11,7 +11,7 @@ symlinked ``lib64``, ``PYTHONPATH`` may repeat a folder. :func:`distributions` c
 whatever path reached it (compared by ``os.path.realpath``), and :func:`owning_release` takes owners that agree on
 the version as that version. Only owners that name *different* versions make the release unknown: then the
 reason names each ``version at folder`` and the adapter's known divergences, keyed on a release, cannot apply —
-which :func:`release_notes` reports instead of leaving it silent.
+which :func:`numcheck.impls.adapters.release_notes.release_notes` reports instead of leaving it silent.
 """
 
 from __future__ import annotations
@@ -109,33 +109,3 @@ def owning_release(library: str, module_file: Path, dists: list[metadata.Distrib
             + ", ".join(where(d) for d in owners),
         )
     return Release(None, f"no installed {library} distribution lists {module_file}{also}")
-
-
-def release_notes() -> dict[str, str]:
-    """For the report header and ``numcheck list``: each third-party library that is installed here but whose
-    release numcheck cannot tell, mapped to why (distribution name -> one line), e.g.
-    ``{"liger-kernel": "…/fused_linear_cross_entropy.py is listed by liger-kernel distributions of different
-    releases: 0.8.4 at /venv/site-packages, 0.8.5 at /venv/site-packages"}``.
-
-    A library in this mapping is judged, but none of its known divergences (keyed on a release range) can apply: a
-    divergence the suite records as known for that release is reported as a failure instead. A library that is not
-    installed, or whose release is known, is absent; the mapping is empty in the usual case. Reads each adapter's
-    cached loader, so it is cheap once the impls were discovered.
-
-    >>> isinstance(release_notes(), dict)
-    True
-    """
-    from numcheck.impls.adapters import cce, liger, megatron, transformer_engine
-
-    readers: dict[str, Callable[[], Release | None]] = {
-        liger.DISTRIBUTION: liger.release_info,
-        transformer_engine.DISTRIBUTION: transformer_engine.release_info,
-        cce.DISTRIBUTION: cce.release_info,
-        megatron.DISTRIBUTION: megatron.release_info,
-    }
-    notes: dict[str, str] = {}
-    for library, read in readers.items():
-        got = read()
-        if got is not None and got.unknown:
-            notes[library] = got.note or "its release is unknown"
-    return notes

@@ -1,7 +1,7 @@
 """Release detection that survives real environments (``numcheck.impls.adapters.releases``): one ``.dist-info``
 reached through two ``sys.path`` entries or a symlinked folder is one release (pytest's prepend import mode puts
 ``site-packages`` on the path twice for ``--pyargs``); only distributions of different releases listing the imported
-module make it unknown, and that is reported (:func:`releases.release_notes`, ``numcheck list``), never silent.
+module make it unknown, and that is reported (:func:`release_notes.release_notes`, ``numcheck list``), never silent.
 Fake distributions only: nothing here needs a third-party library."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from numcheck.impls.adapters import cce, liger, megatron, releases, transformer_engine
+from numcheck.impls.adapters import cce, liger, megatron, release_notes, releases, transformer_engine
 from numcheck.reports import list_impls
 
 OP = "liger_kernel/ops/fused_linear_cross_entropy.py"
@@ -86,14 +86,14 @@ def test_megatron_release_is_the_imported_ones(tmp_path, monkeypatch):
 
 
 def test_an_unknown_release_is_reported_by_release_notes_and_list(monkeypatch, capsys):
-    """An installed library whose release is unknown is in :func:`releases.release_notes` (what the report header
+    """An installed library whose release is unknown is in :func:`release_notes.release_notes` (what the report header
     reads) and printed by ``numcheck list``; absent and known releases are not."""
     why = "x.py is listed by liger-kernel distributions of different releases: 0.8.4 at /a, 0.8.5 at /a"
     monkeypatch.setattr(liger, "release_info", lambda: releases.Release(None, why))
     monkeypatch.setattr(transformer_engine, "release_info", lambda: None)
     monkeypatch.setattr(cce, "release_info", lambda: releases.Release("25.1.1"))
     monkeypatch.setattr(megatron, "release_info", lambda: None)
-    assert releases.release_notes() == {"liger-kernel": why}
+    assert release_notes.release_notes() == {"liger-kernel": why}
     list_impls.print_release_notes()
     out = capsys.readouterr().out
     assert "liger-kernel" in out and why in out and "release unknown" in out, out
