@@ -204,12 +204,12 @@ class TELoadError(RuntimeError):
 def _dist_version_at(folder: Path) -> tuple[str | None, str | None]:
     """The ``transformer-engine`` release whose ``.dist-info`` in ``folder`` lists the fused CE's Triton module, and
     why not when none or several of different releases do (:func:`numcheck.impls.adapters.releases.owning_release`)."""
-    got = releases.owning_release(
-        DISTRIBUTION, folder / FILES["triton"], releases.distributions(DISTRIBUTION, [str(folder)])
-    )
+    module_file = folder / FILES["triton"]
+    dists = releases.distributions(DISTRIBUTION, [str(folder)])
+    got = releases.owning_release(DISTRIBUTION, module_file, dists)
     if got.version is not None:
         return got.version, None
-    if "different releases" in (got.note or ""):
+    if any(releases.owns(d, module_file) for d in dists):  # owners of different releases
         return None, got.note
     return None, (
         f"no {DISTRIBUTION} .dist-info in {folder} lists {FILES['triton']}, so its release (and with it the "
