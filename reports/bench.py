@@ -27,6 +27,8 @@ from numcheck.impls.builtin.ce_block import reduction_coefficients, row_weights
 from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
+from numcheck.errors import BadInput
+from numcheck.reports.common import prepare_out_dir
 from numcheck.impls.builtin.triton_ce import ce_block_triton_
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
@@ -321,6 +323,12 @@ def _split_config() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        try:
+            prepare_out_dir(args.out)
+        except BadInput as exc:
+            print(f"numcheck bench: {exc}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("numcheck bench needs a CUDA device; none is available here", file=sys.stderr)
         return 2

@@ -84,6 +84,26 @@ def int_at_least(least: int, message: str) -> Callable[[str], int]:
     return parse
 
 
+def prepare_out_dir(out: Path | str, flag: str = "--out") -> Path:
+    """The output folder ``out`` given as ``flag``, created now (with its parents) when missing, so a command refuses
+    a folder it cannot create with one clear :class:`BadInput` before it runs anything, not after.
+
+    >>> import tempfile
+    >>> prepare_out_dir(Path(tempfile.mkdtemp()) / "new" / "dir").is_dir()
+    True
+    """
+    out = Path(out).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(
+            f"{flag} {out}: cannot create that folder ({type(exc).__name__}: {exc.strerror or exc})"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {out}: the folder is not writable")
+    return out
+
+
 def write_atomically(
     out: Path, files: dict[str, str | bytes], extra: Any = None, owned: frozenset[str] = frozenset()
 ) -> None:

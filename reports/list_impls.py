@@ -79,6 +79,16 @@ TRITON_MODES = {
 }
 
 
+def print_release_notes() -> None:
+    """One line per installed third-party library whose release is unknown
+    (:func:`numcheck.impls.adapters.release_notes.release_notes`): its impls run, but no known divergence keyed on a
+    release can apply to them, so say so rather than leave it silent."""
+    from numcheck.impls.adapters.release_notes import release_notes
+
+    for library, note in release_notes().items():
+        print(f"# {library}: release unknown, so none of its known divergences can apply — {note}")
+
+
 def run(args: argparse.Namespace) -> int:
     entries = discover(args.impl)
     broken = 0
@@ -92,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{e.name}  [{e.kind}, from {e.origin}]" + (f"\n    {desc}" if desc else ""))
         for line in describe_support(e.impl, args.device):
             print(line)
+    print_release_notes()
     if args.probes:
         print(f"\ncapability probes on {args.device}:")
         for k, v in capabilities.summary(args.device).items():

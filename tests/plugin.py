@@ -691,10 +691,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     folder = config.getoption("--numcheck-record", None)
     config.stash[_RECORDING_KEY] = folder is not None
-    if folder is not None:
-        from numcheck.properties.core import records
+    from numcheck.properties.core import drawn_log  # imports neither torch nor hypothesis
 
-        records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
+    try:  # output folders created when missing, or refused here with one error before any test runs
+        drawn_log.log_folder()
+        if folder is not None:
+            from numcheck.properties.core import records
+
+            records.start(Path(folder) / f"records-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -61,20 +61,24 @@ interpreter (once per process); when it fails the variant is unavailable with th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import inspect
 import traceback
 from dataclasses import dataclass, field
-from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters import releases
+from numcheck.impls.adapters.unavailable import unavailable_support
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
 
+DISTRIBUTION = "cut-cross-entropy"
 NOT_INSTALLED = "cut-cross-entropy is not installed"
 #: The release whose source the declarations were read from.
 SOURCE_READ = "25.1.1"
@@ -125,6 +129,8 @@ class CCEInfo:
     backward_block_rows: int | None = None
     backward_block_cols: int | None = None
     function: Callable[..., Any] | None = field(default=None, compare=False)
+    #: Why the release is unknown, or which other releases are on the path (:mod:`.releases`).
+    release_note: str | None = field(default=None, compare=False)
 
     def has(self, param: str) -> bool:
         """Whether ``linear_cross_entropy`` has parameter ``param``."""
@@ -170,19 +176,29 @@ def _backward_blocks() -> tuple[int | None, int | None]:
 @functools.lru_cache(maxsize=None)
 def load() -> CCEInfo | str:
     """Import ``cut_cross_entropy.linear_cross_entropy``; the :class:`CCEInfo`, or why it cannot be used."""
-    if importlib.util.find_spec("cut_cross_entropy") is None:
+    spec = importlib.util.find_spec("cut_cross_entropy")
+    if spec is None:
         return NOT_INSTALLED
-    try:
-        version = metadata.version("cut-cross-entropy")
-    except Exception:  # a source tree without metadata
-        version = "unknown"
+    # the distribution whose record lists the package imported (a source tree without metadata: unknown)
+    got = releases.owning_release(DISTRIBUTION, Path(spec.origin)) if spec.origin else releases.Release(None)
+    version = got.version or "unknown"
     try:
         import cut_cross_entropy as cce
     except Exception as exc:
         return f"cut-cross-entropy {version} failed to import: {type(exc).__name__}: {exc}"
     enum = getattr(cce, "LinearCrossEntropyImpl", None)
     names = frozenset(m.name.lower() for m in enum) if enum is not None else frozenset({"cce"})
-    return info_from(cce.linear_cross_entropy, version, names, *_backward_blocks())
+    info = info_from(cce.linear_cross_entropy, version, names, *_backward_blocks())
+    return dataclasses.replace(info, release_note=got.note)
+
+
+def release_info() -> releases.Release | None:
+    """The imported release as :mod:`numcheck.impls.adapters.releases` reads it, or ``None`` when
+    cut-cross-entropy is not installed or does not import."""
+    info = load()
+    if isinstance(info, str):
+        return None
+    return releases.Release(None if info.version == "unknown" else info.version, info.release_note)
 
 
 def call_cce(
@@ -419,9 +435,7 @@ def build_impl(
             name=variant.name,
             fn=unavailable_fn("cce adapter", reason),
             description=f"cut-cross-entropy — unavailable: {reason}",
-            support=make_support(
-                options=(), reductions=("mean",), autocast=(), all_ignored=None, requires=lambda r=reason: r
-            ),
+            support=unavailable_support(reason),
         )
     assert isinstance(info, CCEInfo)
     if variant.kernels and probe:

@@ -50,18 +50,20 @@ import functools
 import importlib.util
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
+from numcheck.impls.adapters.unavailable import unavailable_support
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
 
+DISTRIBUTION = "liger-kernel"
 #: Our option name -> the Liger ``forward`` parameter that carries it.
 OPTION_PARAMS: dict[str, str] = {
     "bias": "bias",
@@ -123,42 +125,27 @@ def load() -> LigerInfo | str:
     )
 
 
-def _owns(dist: metadata.Distribution, module_file: Path) -> bool:
-    """Whether ``dist``'s installed-files record lists ``module_file``."""
-    root = Path(str(dist.locate_file(""))).resolve()
-    try:
-        rel = module_file.resolve().relative_to(root).as_posix()
-    except ValueError:
-        return False
-    return any(f.as_posix() == rel for f in (dist.files or ()))
-
-
-def _where(dist: metadata.Distribution) -> str:
-    return f"{dist.version} at {Path(str(dist.locate_file(''))).resolve()}"
-
-
 def imported_release(module_file: Path) -> tuple[str, str | None]:
     """The version of the liger-kernel distribution whose files hold ``module_file`` (the imported FLCE module),
     and a note naming the other liger-kernel distributions on the path, if any; ``"unknown"`` with the reason
-    when none or several own it.
+    when none own it, or owners of different releases do (:func:`numcheck.impls.adapters.releases.owning_release`:
+    one ``.dist-info`` reached through two ``sys.path`` entries or a symlink is one release).
 
     Metadata alone can name the wrong release: ``metadata.version`` reads the first ``.dist-info`` on
     ``sys.path``, while the import system prefers a regular package anywhere on the path over an earlier
     namespace portion (liger-kernel 0.2.1's wheel has no ``liger_kernel/__init__.py``), so 0.2.1 first on the
     path reports 0.2.1 while a later 0.8.5 is imported."""
-    dists = [
-        d for d in metadata.distributions() if (d.metadata["Name"] or "").lower().replace("_", "-") == "liger-kernel"
-    ]
-    owners = [d for d in dists if _owns(d, module_file)]
-    others = [d for d in dists if d not in owners]
-    also = ("; also on the path, not imported: " + ", ".join(_where(d) for d in others)) if others else ""
-    if len(owners) == 1:
-        return owners[0].version, (f"imported from {module_file}{also}" if others else None)
-    if owners:
-        return "unknown", f"{module_file} is listed by several liger-kernel distributions: " + ", ".join(
-            _where(d) for d in owners
-        )
-    return "unknown", f"no installed liger-kernel distribution lists the imported {module_file}{also}"
+    got = releases.owning_release(DISTRIBUTION, module_file)
+    return (got.version or "unknown"), got.note
+
+
+def release_info() -> releases.Release | None:
+    """The imported release as :mod:`numcheck.impls.adapters.releases` reads it, or ``None`` when Liger is not
+    usable here (not installed, or its kernels cannot run)."""
+    info = load()
+    if isinstance(info, str):
+        return None
+    return releases.Release(None if info.version == "unknown" else info.version, info.release_note)
 
 
 def release() -> str | None:
@@ -322,10 +309,6 @@ def _grad_accumulation(info: LigerInfo, accum_dtype: torch.dtype | None) -> str:
     return "per_chunk_rounding"
 
 
-def _not_installed_support(reason: str) -> LinearCESupport:
-    return LinearCESupport(requires=lambda: reason, all_ignored="zero")
-
-
 def signature_gaps(info: LigerInfo) -> dict[str, str]:
     """Each feature the installed release's ``forward`` has no parameter for (an option, ``reduction=sum`` /
     ``reduction=none``, the separate z-loss), with the reason, e.g. ``"liger-kernel 0.5.8's forward has no
@@ -409,7 +392,7 @@ def build_impl(
         return FunctionImpl(
             name=name,
             fn=unavailable_fn("liger adapter", reason),
-            support=_not_installed_support(reason),
+            support=unavailable_support(reason),
             description=f"Liger-Kernel FLCE, accum_dtype={accum_dtype} — unavailable: {reason}",
         )
     support, notes = declare(info, accum_dtype, probe=probe)

@@ -36,30 +36,49 @@ vocabulary evenly (``VocabUtility``): declared ``uneven_vocab=False``.
 from __future__ import annotations
 
 import importlib.util
-from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from numcheck.impls.adapters import releases
+from numcheck.impls.adapters.unavailable import unavailable_support
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 from numcheck.reference.options import options_from_kwargs
 
 DISTRIBUTION = "megatron-core"
+INSTALL = "pip install --no-deps megatron-core==0.16.1"
+
+
+def _core_file() -> Path | None:
+    """``megatron/core/__init__.py`` as ``import megatron.core`` would find it (the first portion of the
+    ``megatron`` namespace holding ``core/``), without importing it; ``None`` when there is none."""
+    spec = importlib.util.find_spec("megatron")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidate = Path(folder) / "core" / "__init__.py"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def release_info() -> releases.Release | None:
+    """The release of the megatron-core whose files ``import megatron.core`` finds (:mod:`.releases`), or ``None``
+    when megatron-core is not installed."""
+    core = _core_file()
+    return None if core is None else releases.owning_release(DISTRIBUTION, core)
 
 
 def megatron_version() -> str | None:
-    """The installed megatron-core release, or ``None``."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return None
+    """The installed megatron-core release, or ``None`` (not installed, or its release unknown)."""
+    got = release_info()
+    return None if got is None else got.version
 
 
 def megatron_missing() -> str | None:
     """Why the adapter cannot run here, or ``None``."""
-    if importlib.util.find_spec("megatron") is None or megatron_version() is None:
-        return "megatron-core is not installed (pip install --no-deps megatron-core==0.16.1)"
+    if release_info() is None:
+        return f"megatron-core is not installed ({INSTALL})"
     return None
 
 
@@ -72,6 +91,14 @@ class MegatronVocabParallel:
         self.fused = fused
         self.name = "megatron_fused_vocab_parallel" if fused else "megatron_vocab_parallel"
         options = ("bias", "ignore_index") if fused else ("bias", "ignore_index", "label_smoothing")
+        self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
+        entry = f"{'fused_' if fused else ''}vocab_parallel_cross_entropy"
+        got = release_info()
+        if got is None:
+            why = megatron_missing() or "megatron-core is not installed"
+            self.support = unavailable_support(why, ("mean", "sum", "none"))
+            self.description = f"Megatron-core {entry} — unavailable: {why}"
+            return
         self.support = LinearCESupport(
             options=frozenset(options),
             autocast=frozenset(),
@@ -82,11 +109,10 @@ class MegatronVocabParallel:
             ce_dtype="float32",
             requires=megatron_missing,
         )
-        self.dist = DistSupport(uneven_vocab=False, smoothing="megatron", deterministic=True)
-        self.description = (
-            f"Megatron-core {megatron_version() or '(not installed)'} "
-            f"{'fused_' if fused else ''}vocab_parallel_cross_entropy"
-        )
+        if got.unknown:
+            self.description = f"Megatron-core {entry} [release unknown: {got.note}]"
+        else:
+            self.description = f"Megatron-core {got.version} {entry}"
 
     def __repr__(self) -> str:
         return f"MegatronVocabParallel(fused={self.fused})"

@@ -84,7 +84,6 @@ import sys
 import types
 import zlib
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -94,7 +93,9 @@ import torch.nn.functional as F
 from packaging.version import InvalidVersion, Version
 
 from numcheck.impls import interpreter
+from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
+from numcheck.impls.adapters.unavailable import unavailable_support
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
@@ -202,37 +203,30 @@ class TELoadError(RuntimeError):
 
 def _dist_version_at(folder: Path) -> tuple[str | None, str | None]:
     """The ``transformer-engine`` release whose ``.dist-info`` in ``folder`` lists the fused CE's Triton module, and
-    why not when none or several do."""
-    target = FILES["triton"]
-    owners = []
-    for d in metadata.distributions(path=[str(folder)]):
-        if (d.metadata["Name"] or "").lower().replace("_", "-") != DISTRIBUTION:
-            continue
-        if any(f.as_posix() == target for f in (d.files or ())):
-            owners.append(d.version)
-    if len(owners) == 1:
-        return owners[0], None
-    if not owners:
-        return None, (
-            f"no {DISTRIBUTION} .dist-info in {folder} lists {target}, so its release (and with it the "
-            f"declaration) is unknown: {install_hint(folder)}"
-        )
-    return None, f"several {DISTRIBUTION} .dist-info in {folder} list {target}: {', '.join(owners)}"
+    why not when none or several of different releases do (:func:`numcheck.impls.adapters.releases.owning_release`)."""
+    module_file = folder / FILES["triton"]
+    dists = releases.distributions(DISTRIBUTION, [str(folder)])
+    got = releases.owning_release(DISTRIBUTION, module_file, dists)
+    if got.version is not None:
+        return got.version, None
+    if any(releases.owns(d, module_file) for d in dists):  # owners of different releases
+        return None, got.note
+    return None, (
+        f"no {DISTRIBUTION} .dist-info in {folder} lists {FILES['triton']}, so its release (and with it the "
+        f"declaration) is unknown: {install_hint(folder)}"
+    )
 
 
-def _owning_version(module_file: Path) -> str | None:
-    """The release of the installed distribution whose record lists ``module_file`` (an imported TE)."""
-    for d in metadata.distributions():
-        if not (d.metadata["Name"] or "").lower().replace("_", "-").startswith("transformer-engine"):
-            continue
-        root = Path(str(d.locate_file(""))).resolve()
-        try:
-            rel = module_file.resolve().relative_to(root).as_posix()
-        except ValueError:
-            continue
-        if any(f.as_posix() == rel for f in (d.files or ())):
-            return d.version
-    return None
+def _owning_version(module_file: Path) -> releases.Release:
+    """The release of the installed distribution whose record lists ``module_file`` (an imported TE; its wheel may
+    be ``transformer-engine`` or a ``transformer-engine-cu12``-style one)."""
+    dists = releases.distributions(lambda n: n.startswith(DISTRIBUTION))
+    got = releases.owning_release(DISTRIBUTION, module_file, dists)
+    installed = {d.version for d in dists}
+    if got.version is None and len(installed) == 1 and not any(releases.owns(d, module_file) for d in dists):
+        # A build whose record does not list its files (an editable TE): the one release installed is its own.
+        return releases.Release(installed.pop(), f"{module_file} is in no record; the one {DISTRIBUTION} installed")
+    return got
 
 
 def _private_import(owner: str, provided: dict[str, Any], package: str) -> Callable[..., Any]:
@@ -362,11 +356,10 @@ def load_from(source: Source) -> TEInfo | str:
             from transformer_engine.pytorch.cross_entropy import CrossEntropyFunction as function
 
             module_file = Path(sys.modules[function.__module__].__file__ or "")
-            version = _owning_version(module_file) or _installed_version()
+            owner = _owning_version(module_file)
+            version = owner.version
             if version is None:
-                return (
-                    f"TransformerEngine imported from {source.folder}, but no installed distribution names its release"
-                )
+                return f"TransformerEngine imported from {source.folder}, but its release is unknown: {owner.note}"
         else:
             function, version = load_files(Path(source.folder))
     except Exception as exc:  # noqa: BLE001 - one reason, whatever the release raises
@@ -380,13 +373,6 @@ def load_from(source: Source) -> TEInfo | str:
     return TEInfo(version=version, source=source, params=names, defaults=defaults, function=function)
 
 
-def _installed_version() -> str | None:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def load() -> TEInfo | str:
     """TE's fused CE as this process finds it (:func:`locate`), or the reason it is unavailable."""
     source, notes = locate()
@@ -396,6 +382,22 @@ def load() -> TEInfo | str:
     if isinstance(info, str) and notes:
         return info + " (" + "; ".join(notes) + ")"
     return info
+
+
+def release_info() -> releases.Release | None:
+    """The release of the fused CE this process finds, as :mod:`numcheck.impls.adapters.releases` reads it:
+    ``None`` when no TE files or module are found; an unknown release (with the reason) when files are there but no
+    single release lists them."""
+    source, _ = locate()
+    if source is None:
+        return None
+    info = load_from(source)
+    if not isinstance(info, str):
+        return releases.Release(info.version)
+    if source.how == "files" and (Path(source.folder) / FILES["triton"]).is_file():
+        version, why = _dist_version_at(Path(source.folder))
+        return releases.Release(version, why)
+    return None
 
 
 def release() -> str | None:
@@ -715,7 +717,7 @@ def _unavailable(name: str, reason: str) -> FunctionImpl:
     return FunctionImpl(
         name=name,
         fn=unavailable_fn(name, reason),
-        support=LinearCESupport(requires=functools.partial(_reason, reason), all_ignored="zero"),
+        support=unavailable_support(reason, ["mean" if VARIANTS[name][0] else "none"]),
         description=f"TransformerEngine fused CE — unavailable: {reason}",
     )
 
@@ -762,7 +764,7 @@ class TEVocabParallel:
         if isinstance(info, str):
             self.source: Source | None = None
             self.writes: Writes = None
-            self.support = LinearCESupport(requires=functools.partial(_reason, info), all_ignored="zero")
+            self.support = unavailable_support(info, ["mean" if reduce_loss else "none"])
             self.description = f"TransformerEngine fused CE, dist_process_group — unavailable: {info}"
             return
         decl = declare(info, reduce_loss)

@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
 #: The environment variable naming the folder drawn cases are recorded in (unset: nothing is recorded).
 DRAWN_LOG_ENV = "NUMCHECK_DRAWN_LOG"
 
@@ -25,6 +23,8 @@ DRAWN_LOG_ENV = "NUMCHECK_DRAWN_LOG"
 def fingerprint(value: Any) -> str:
     """A drawn value as text that is equal exactly when the values are: ``repr``, tensors (also inside a tuple)
     by shape, dtype and a hash of their bytes (a tensor's ``repr`` elides elements)."""
+    import torch  # here, not at the top: the plugin reads log_folder() in every pytest run
+
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         digest = hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
@@ -48,13 +48,45 @@ class Recording:
         return value
 
 
+class DrawnLogError(ValueError):
+    """``NUMCHECK_DRAWN_LOG`` names a folder that cannot be created or written."""
+
+
+def log_folder() -> Path | None:
+    """The folder ``NUMCHECK_DRAWN_LOG`` names, created (with its parents) when missing; ``None`` when the log is
+    off. Raises :class:`DrawnLogError` naming the variable and the path when it is not a folder numcheck can write
+    (the plugin calls this before any test runs, so a bad value is one error, not one per drawn test).
+
+    >>> import os, tempfile
+    >>> os.environ[DRAWN_LOG_ENV] = os.path.join(tempfile.mkdtemp(), "not", "yet")
+    >>> log_folder().is_dir()
+    True
+    >>> del os.environ[DRAWN_LOG_ENV]
+    """
+    value = os.environ.get(DRAWN_LOG_ENV)
+    if not value:
+        return None
+    folder = Path(value).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DrawnLogError(
+            f"{DRAWN_LOG_ENV}={value}: cannot create that folder for the drawn-case log "
+            f"({type(exc).__name__}: {exc.strerror or exc}); set it to a folder, or unset it"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DrawnLogError(f"{DRAWN_LOG_ENV}={value}: the folder is not writable; set it to one that is, or unset it")
+    return folder
+
+
 def log_example(test: str, impl: Any, drawn: list[str]) -> None:
-    """Append one example's draws to this process's file in the log folder (nothing when the log is off)."""
-    folder = os.environ.get(DRAWN_LOG_ENV)
-    if not folder:
+    """Append one example's draws to this process's file in the log folder (nothing when the log is off); the
+    folder is created when missing (:func:`log_folder`)."""
+    folder = log_folder()
+    if folder is None:
         return
     line = json.dumps({"test": test, "impl": impl.name, "drawn": drawn})
-    with open(Path(folder) / f"drawn-{os.getpid()}.jsonl", "a") as f:
+    with open(folder / f"drawn-{os.getpid()}.jsonl", "a") as f:
         f.write(line + "\n")
 
 

@@ -41,10 +41,19 @@ _test: dict[str, str] = {"nodeid": "", "test": ""}
 
 
 def start(path: Path) -> None:
-    """Record into ``path`` (a JSON-lines file, created on the first record, appended to after)."""
+    """Record into ``path`` (a JSON-lines file, created on the first record, appended to after). Its folder is
+    created now when missing; ``ValueError`` naming it when that cannot be done (before any test runs)."""
     global _path
     stop()
     _path = Path(path)
+    try:
+        _path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _path = None
+        raise ValueError(
+            f"--numcheck-record {path.parent}: cannot create that folder for the records "
+            f"({type(exc).__name__}: {exc.strerror or exc}); give a folder"
+        ) from None
 
 
 def stop() -> None:

@@ -21,7 +21,8 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
 from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
-from numcheck.reports.common import int_at_least
+from numcheck.errors import BadInput
+from numcheck.reports.common import int_at_least, prepare_out_dir
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
 
@@ -162,6 +163,12 @@ def _outside_parts(r: Any, name: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the convergence run per dtype (module docstring); the exit status."""
+    if args.out is not None:
+        try:
+            prepare_out_dir(args.out)
+        except BadInput as exc:
+            print(f"numcheck converge: {exc}")
+            return 2
     impls, broken = _linear_ce_impls(args.impl)
     if not impls:
         print("numcheck converge: no linear_ce impl to run")

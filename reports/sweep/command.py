@@ -69,7 +69,14 @@ import numpy as np
 from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
-from numcheck.reports.common import SUITE_MODULES, code_identity, stream, suite_command, write_atomically
+from numcheck.reports.common import (
+    SUITE_MODULES,
+    code_identity,
+    prepare_out_dir,
+    stream,
+    suite_command,
+    write_atomically,
+)
 from numcheck.reports.report import schema as report_schema
 
 HELP = (
@@ -608,11 +615,11 @@ def render_md(summary: dict[str, Any], per_impl: bool) -> str:
 
 # -- the command ------------------------------------------------------------------------------------------
 def _out_dir(args: argparse.Namespace) -> Path:
-    """Where to write; BadInput when it is not a directory."""
+    """Where to write, created now when missing; BadInput when it is not a folder that can be created or written."""
     out = args.out if args.out is not None else Path.cwd() / DEFAULT_ROOT / baselines.report_dir_name(args.device)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} exists and is not a directory")
-    return out
+    return prepare_out_dir(out)
 
 
 def _baseline(path: Path | None) -> dict[str, Any] | None:

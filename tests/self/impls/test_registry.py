@@ -99,6 +99,62 @@ def test_builtins_load():
         registry.validate(e.impl, f"built-in {e.name}")
 
 
+#: Each third-party adapter's impl names (every kind: linear+CE and distributed) and how a test makes its library
+#: missing (``monkeypatch, tmp_path``): the state of a machine with numcheck's wheel and without that library.
+def _missing_liger(mp, tmp):
+    from numcheck.impls.adapters import liger
+
+    mp.setattr(liger, "load", lambda: "liger-kernel not installed")
+
+
+def _missing_cce(mp, tmp):
+    from numcheck.impls.adapters import cce
+
+    mp.setattr(cce, "load", lambda: cce.NOT_INSTALLED)
+
+
+def _missing_te(mp, tmp):
+    from numcheck.impls.adapters import transformer_engine
+
+    mp.setenv(transformer_engine.ENV_DIR, str(tmp))  # a folder without TE's files
+
+
+def _missing_megatron(mp, tmp):
+    from numcheck.impls.adapters import megatron
+
+    mp.setattr(megatron, "_core_file", lambda: None)
+
+
+MISSING = {
+    "liger": (_missing_liger, ("liger[",)),
+    "cce": (_missing_cce, ("cce[",)),
+    "transformer_engine": (_missing_te, ("te_parallel_ce[", "te_vocab_parallel[")),
+    "megatron": (_missing_megatron, ("megatron_",)),
+}
+
+
+@pytest.mark.parametrize("missing", [tuple(MISSING), *((name,) for name in MISSING)], ids=lambda m: "+".join(m))
+def test_adapters_of_missing_libraries_are_unavailable_never_broken(missing, monkeypatch, tmp_path):
+    """With every optional library missing (and with each one alone missing), every built-in still loads (no
+    BrokenImpl, under every kind: te_vocab_parallel's fallback once declared options its rank_call cannot take), and
+    each impl of a missing library is unavailable, its reason naming the library, on a declaration that passes no
+    option (nothing guessed from the library that is not there)."""
+    for name in missing:
+        MISSING[name][0](monkeypatch, tmp_path)
+    entries = builtin_impls()  # the distributed impls too (registry.dist_impls is a built-in factory)
+    broken = [(e.spec, e.error) for e in entries if isinstance(e, BrokenImpl)]
+    assert not broken, broken
+    for name in missing:
+        prefixes = MISSING[name][1]
+        impls = [e.impl for e in entries if isinstance(e, ImplEntry) and e.name.startswith(prefixes)]
+        assert impls, f"no impl of {name}"
+        for impl in impls:
+            why = impl.support.unavailable_reason()
+            assert why and ("not installed" in why or str(tmp_path) in why), (impl.name, why)
+            assert not impl.support.options, (impl.name, impl.support.options)
+            assert f"unavailable: {why}" in impl.description, (impl.name, impl.description)
+
+
 def test_builtin_factory_that_raises_is_broken_not_fatal(monkeypatch):
     """A raising built-in factory becomes a BrokenImpl naming the factory; the other built-ins still load."""
 
