@@ -61,9 +61,8 @@ def libraries(impls: list[dict[str, Any]]) -> None:
 
 
 def release_notes() -> dict[str, str]:
-    """Library → note for a release that could not be told (ambiguous or unknown), shown in the report header.
+    """Library → note for a release that could not be told (ambiguous or unknown), shown in the report header: the
+    adapters' own reading (:func:`numcheck.impls.adapters.release_notes.release_notes`); empty in the usual case."""
+    from numcheck.impls.adapters.release_notes import release_notes as adapter_notes
 
-    INTEGRATION POINT (issue 44 item 4): ``numcheck.impls.adapters.releases.release_notes()`` lands with that
-    branch; this returns it then (``return releases.release_notes()``). Until it does, no adapter says more than
-    ``release: unknown`` (:func:`libraries`)."""
-    return {}
+    return adapter_notes()

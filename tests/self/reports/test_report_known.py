@@ -193,3 +193,17 @@ def test_strict_where_nothing_is_judged_is_bad_input(tmp_path, capsys):
     status = cli.main(["report", "--render", str(tmp_path / "x.json"), "--strict"])
     err = capsys.readouterr().err
     assert status == 2 and "--strict" in err and "drop --strict" in err, err
+
+
+def test_unknown_release_is_named_in_the_report_header(tmp_path, capsys, monkeypatch):
+    """A library whose release numcheck cannot tell (two different releases own its module) is named in report.md's
+    header with why, so "no known divergence applies" is never read off an unknown release silently (item 4)."""
+    from numcheck.impls.adapters import release_notes
+
+    note = "fused_linear_cross_entropy.py is listed by liger-kernel distributions of different releases: 0.8.4, 0.8.5"
+    monkeypatch.setattr(release_notes, "release_notes", lambda: {"liger-kernel": note})
+    out = tmp_path / "r"
+    rc, _ = _run(["--impl", "eager", "--out", str(out)], capsys)
+    assert rc == 0
+    assert report_schema.load(out / "report.json")["environment"]["release_notes"] == {"liger-kernel": note}
+    assert f"| release of liger-kernel | {note} |" in (out / "report.md").read_text()
