@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from numcheck.reports.report.grid import MODES, GridCase, GridSpec, NotRun
+from numcheck.reports.report.grid import MODES, GridCase, GridSpec, NotRun, in_declared_reduction
 
 #: (label, case) pairs a row builds for one impl.
 Built = Iterable[tuple[str, Any]]
@@ -130,6 +130,14 @@ def _quantizer_codes(impl: Any, spec: GridSpec, device: str) -> Built:
                 yield f"{r.name} {fmt}{'ᵀ' if transposed else ''}", case
 
 
+def _round_trip(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.cases import FormatCodes, QuantizerCase
+
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        if r.kind == "current" and not r.power_of_2_scales:
+            yield r.name, QuantizerCase(r, FormatCodes(r.format_of("x").name), device=device)
+
+
 def _layer(impl: Any, spec: GridSpec, device: str) -> Built:
     for soi in sorted(impl.support.save_original_input):
         for r in _recipes(impl, spec.quant_all_recipes_ladder):
@@ -158,6 +166,7 @@ def _quant_rows() -> tuple[PropertyRow, ...]:
         PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_soi),
         PropertyRow("saved_tensors", "saved_tensor_aliasing_and_bytes", _saved_tensors),
         PropertyRow("quantizer", "quantizer_bitwise_on_all_256_codes", _quantizer_codes, _no_quantize),
+        PropertyRow("unit_scale_round_trip", "fp8_values_round_trip_under_unit_scale", _round_trip, _no_quantize),
         *layer,
     )
 
@@ -384,7 +393,8 @@ def _modes(impl: Any) -> list[str]:
 
 def _problem(impl: Any, spec: GridSpec, device: str, prefer: tuple[str, ...] = (), **fields: Any) -> Any:
     """A problem at the grid's declared shape in the first of ``prefer`` the impl declares (else its first mode), with
-    each option of ``fields`` kept only where the impl declares it (``bias``, ``ignored``)."""
+    each option of ``fields`` kept only where the impl declares it (``bias``, ``ignored``), in a declared reduction
+    (:func:`~reports.report.grid.in_declared_reduction`)."""
     from numcheck.properties.core.problems import Problem
 
     modes = _modes(impl)
@@ -397,7 +407,8 @@ def _problem(impl: Any, spec: GridSpec, device: str, prefer: tuple[str, ...] = (
         fields.pop("ignored", None)
     N, H, V = spec.declared_shape
     shape = {"N": N, "H": H, "V": V, **{k: fields.pop(k) for k in ("N", "H", "V") if k in fields}}
-    return Problem(**shape, dtype=dtype, autocast=autocast, seed=fields.pop("seed", 4300), device=device, **fields)
+    p = Problem(**shape, dtype=dtype, autocast=autocast, seed=fields.pop("seed", 4300), device=device, **fields)
+    return in_declared_reduction(p, impl.support.reductions)
 
 
 _AMP = ("amp-bfloat16", "amp-float16")

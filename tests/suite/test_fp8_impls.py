@@ -20,7 +20,7 @@ from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES, LARGE_CASES, Forma
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
-from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
+from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 
 #: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
@@ -200,17 +200,8 @@ def test_fp8_values_round_trip_under_unit_scale(quant_impl):
     if not cur:
         pytest.skip(f"{quant_impl.name} declares no current-scaling recipe with fp32 scales")
     for recipe in cur:
-        for role in ("x", "dy"):
-            fmt = recipe.format_of(role)
-            codes = all_codes()
-            v = decode_fp8(codes, fmt)
-            keep = torch.isfinite(v)
-            q = quant_impl.quantize(
-                v[keep].to(DEVICE, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise"
-            )
-            got = q.data.view(torch.uint8).reshape(-1).cpu()
-            assert torch.equal(got, codes[keep]), f"{quant_impl.name} {recipe.name} {fmt.name}: codes do not round-trip"
-            assert float(q.scale_inv.reshape(-1)[0]) == 1.0
+        case = QuantizerCase(recipe, FormatCodes(recipe.format_of("x").name), device=DEVICE)
+        judge(checks.unit_scale_round_trip, quant_impl, case)
 
 
 def test_emulated_gemms_match_native(quant_impl):

@@ -3,8 +3,8 @@ runs (:mod:`reports.report.property_grid`): each has exactly one defect that onl
 accuracy on the old quick grid shows, and is written apart from the mutant tables (none of them is in
 ``fp8_mutants``, ``grouped_fp8_mutants`` or ``mutants``, so the grid cannot have been fitted to them).
 
-* :data:`soi_backward_from_quantized` — save_original_input=True quantizes x for dgrad/wgrad from the forward's
-  rowwise FP8 x, dequantized and rounded back to x's dtype, instead of x itself;
+* :data:`soi_backward_from_quantized` — save_original_input=True quantizes x for wgrad from the forward's rowwise
+  FP8 x (MXFP8), dequantized and rounded back to x's dtype, instead of x itself;
 * :data:`zero_amax_nan` — current scaling's scale is fp8_max / amax with no amax = 0 rule (an all-zero tensor gets an
   infinite scale, 0·inf = NaN);
 * :data:`delayed_scale_not_carried` — delayed scaling records each amax but quantizes every step with the initial
@@ -67,8 +67,10 @@ class _DelayedScaleNotCarried(Fp8Linear):
         return super().quantize_per_tensor(t32, amax, recipe, role, state, record=record)
 
 
+#: Declared for MXFP8, whose rowwise (1×32) and columnwise (32×1) blocks differ: under per-tensor scaling the
+#: dequantized x has x's amax and requantizes to the same codes, so the defect would be invisible there.
 soi_backward_from_quantized = _SoiFromQuantized(
-    "heldout_soi_backward_from_quantized", (Fp8Recipe("current"),), "save_original_input=True requantizes FP8 x"
+    "heldout_soi_backward_from_quantized", (Fp8Recipe("mxfp8"),), "save_original_input=True requantizes FP8 x"
 )
 zero_amax_nan = _ZeroAmaxNan("heldout_zero_amax_nan", (Fp8Recipe("current"),), "amax 0 gives an infinite scale")
 delayed_scale_not_carried = _DelayedScaleNotCarried(
@@ -114,18 +116,16 @@ class _FlippingSum(torch.autograd.Function):
     calls = 0
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, weight, target)
-        ctx.ignore_index = ignore_index
-        z = x.float() @ weight.float().t()
-        return F.cross_entropy(z, target, reduction="sum", ignore_index=ignore_index)
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Any, ignore: int) -> Any:
+        ctx.save_for_backward(x, weight, target, bias)
+        ctx.ignore_index = ignore
+        z = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        return F.cross_entropy(z, target, reduction="sum", ignore_index=ignore)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
-        x, weight, target = ctx.saved_tensors
-        z = x.float() @ weight.float().t()
+        x, weight, target, bias = ctx.saved_tensors
+        z = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
         valid = target != ctx.ignore_index
         safe = torch.where(valid, target, torch.zeros_like(target))
         G = (torch.softmax(z, dim=1) - F.one_hot(safe, z.shape[1]).float()) * valid[:, None] * g.float()
@@ -136,10 +136,11 @@ class _FlippingSum(torch.autograd.Function):
         gw = torch.zeros_like(weight, dtype=torch.float32)
         for r in rows:
             gw += torch.outer(G[r], x[r].float())
-        return (G @ weight.float()).to(x.dtype), gw.to(weight.dtype), None, None
+        gb = None if bias is None else G.sum(0).to(bias.dtype)
+        return (G @ weight.float()).to(x.dtype), gw.to(weight.dtype), None, gb, None
 
 
 @numcheck.linear_ce_impl(name="heldout_nondeterministic_ce", dtypes=("float32",), autocast=(), reductions=("sum",))
 def nondeterministic_ce(x, weight, target, bias=None, *, reduction="sum", ignore_index=-100):
     """fp32 CE whose grad_weight's summation order flips between calls (declared deterministic)."""
-    return _FlippingSum.apply(x, weight, target, ignore_index)
+    return _FlippingSum.apply(x, weight, target, bias, ignore_index)
