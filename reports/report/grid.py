@@ -59,7 +59,11 @@ it; experts of different binades with fused wgrad accumulation where declared) f
 the quick grid and every recipe in the full one, each moved into the impl's split rules; what the declaration still
 leaves out is counted with the reason. About 0.3 s a case.
 
-Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
+**Property cases**, per impl (:mod:`reports.report.property_grid`, where :attr:`GridSpec.properties`): every
+property the impl's kind's suite runs, on the cases reaching its regime from the declaration, judged by the property
+library's own function (pass/fail records with the property's message; accuracy ones as above).
+
+Presets: :data:`QUICK` (``--quick``: ≤ 8 minutes on a 2-core CPU with every built-in, results/reports/quick-budget.md), :data:`FULL` (the default) and
 :data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
 """
 
@@ -273,6 +277,18 @@ class GridSpec:
                 f" Per linear+CE impl, many chunks as it declares them: {', '.join(MANY_CHUNK_DTYPES)}, each declared "
                 "reduction, post-norm rows (the coarsest dtype and first reduction only for a slow impl)."
                 if self.many_chunks
+                else ""
+            )
+            + (
+                " Per impl, every other property its kind's suite runs (bitwise modes, held bytes, quantizer codes, "
+                "refusals, layer use over several calls, micro-batch accumulation, empty experts after a call with "
+                "rows, permutations, invariances, determinism by a second call) and the suite's fixed accuracy "
+                "regimes (FP8 edge inputs, multi-tile blocks"
+                + (f" up to {self.property_max_macs:,} multiply-adds" if self.property_max_macs else "")
+                + ", 6 delayed steps, save_original_input; grouped edge splits; linear+CE pinned cases, large V, "
+                "wide H, long N, loss scale), each on a case built from the declaration "
+                "(reports/report/property_grid.py): pass/fail records with the property's message."
+                if self.properties
                 else ""
             )
         )
