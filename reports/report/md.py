@@ -598,7 +598,7 @@ NAMED_NOT_RUN = 8
 
 def _named(cases: list[dict]) -> str:
     """Some not-run cases as ``group`` (mode, label), at most :data:`NAMED_NOT_RUN` of them and how many more."""
-    text = ", ".join(f"`{c['group']}` ({c['mode']}, `{c['case']}`)" for c in cases[:NAMED_NOT_RUN])
+    text = ", ".join(f"`{c['group']}` ({c.get('mode', '')}, `{c['case']}`)" for c in cases[:NAMED_NOT_RUN])
     more = len(cases) - NAMED_NOT_RUN
     return text + (f" and {more} more (all named in report.json's `not_run`)" if more > 0 else "")
 
