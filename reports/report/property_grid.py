@@ -121,7 +121,16 @@ def _saved_tensors(impl: Any, spec: GridSpec, device: str) -> Built:
 
 
 def _quantizer_codes(impl: Any, spec: GridSpec, device: str) -> Built:
-    from numcheck.properties.fp8.cases import FormatCodes, QuantizerCase
+    """Every code of both formats (plain and transposed), and a tensor whose every 32-element block has its amax a few
+    ulps beside format_max·2^k of each format (the drawn property's planted edges, where a scale's log2 lands beside
+    an integer), in the first declared dtype."""
+    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantizerCase
+
+    dtype = _first_dtype(impl.support)
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        for fmt_max in (448.0, 57344.0):
+            t = DrawnTensor(64, 96, 29, 20, 0, (), "every block", fmt_max, None, dtype)
+            yield f"{r.name} block amaxes at {fmt_max:g}·2^k", QuantizerCase(r, t, dtype=dtype, device=device)
 
     for r in _recipes(impl, spec.quant_all_recipes_ladder):
         for fmt in ("e4m3", "e5m2"):
