@@ -136,3 +136,16 @@ def _written(report: dict, tmp_path) -> str:
     path = tmp_path / "new.json"
     path.write_text(json.dumps(report_schema._encode(report)))
     return str(path)
+
+
+def test_quantizer_cases_reach_block_amaxes_at_scale_edges():
+    """The quantizer property's report cases include a tensor whose every block's amax sits beside format_max·2^k:
+    a power-of-2 scale computed through a rounded log2 (the in-repo mutant the all-codes cases pass) fails there."""
+    interpreter.arrange()
+    spec = "numcheck.tests.self.helpers.fp8_mutants:pow2_scale_log2_current"
+    _, work = plan(discover([spec]), QUICK, "cpu")
+    cases = [(impl, gc) for impl, gc in work if gc.prop == "quantizer"]
+    records = [run_case(impl, gc) for impl, gc in cases]
+    failing = [r for r in records if r["status"] == "fail"]
+    assert failing and all("block amaxes" in r["group"] or "DrawnTensor" in r["case"] for r in failing)
+    assert any("FormatCodes" in r["case"] and r["status"] == "pass" for r in records)
