@@ -646,11 +646,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="leave out the report column")
     p.add_argument("--no-suite", action="store_true", help="leave out the suite column (run the report column alone)")
     for flag, what in (
-        ("--suite-from", "the suite column: this earlier run's (nothing run for it)"),
-        ("--report-from", "the report column: this earlier run's (nothing run for it)"),
-        ("--report-before", "a 'report before' column: this earlier run's report column (e.g. before a change)"),
+        ("--suite-from", "the suite column: these earlier runs' (nothing run for it)"),
+        ("--report-from", "the report column: these earlier runs' (nothing run for it; a mutant none has: not run)"),
+        ("--report-before", "a 'report before' column: these earlier runs' report column (e.g. before a change)"),
     ):
-        p.add_argument(flag, type=Path, metavar="DETECTION.json", help=what)
+        p.add_argument(
+            flag,
+            type=Path,
+            action="append",
+            default=[],
+            metavar="DETECTION.json",
+            help=f"{what}; repeatable, a later file's row replacing an earlier one's",
+        )
     p.add_argument(
         "--out",
         type=Path,
@@ -680,28 +687,29 @@ def _select_rows(args: argparse.Namespace) -> list[Row] | str:
     return [known[m] for m in args.mutant] if args.mutant else list(ROWS)
 
 
-def _earlier(path: Path | None) -> dict[str, Detection]:
-    """The rows of an earlier run's detection.json by spec (none without ``path``)."""
-    if path is None:
-        return {}
-    return {d["spec"]: _from_json(d) for d in json.loads(path.read_text())["mutants"]}
+def _earlier(paths: list[Path]) -> dict[str, Detection]:
+    """The rows of earlier runs' detection.json files by spec, a later file's replacing an earlier one's."""
+    rows: dict[str, Detection] = {}
+    for path in paths:
+        rows.update({d["spec"]: _from_json(d) for d in json.loads(path.read_text())["mutants"]})
+    return rows
 
 
 def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, Detection]]) -> Detection:
-    """One mutant's suite column and report column, each run or taken from an earlier run (:func:`add_arguments`)."""
-    for key, where in earlier.items():
-        if where and row.spec not in where:
-            raise SystemExit(f"detection: {getattr(args, key)} has no row for {row.spec}")
-    if earlier["suite_from"]:
+    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`)."""
+    if args.suite_from and row.spec not in earlier["suite_from"]:
+        raise SystemExit(f"detection: {args.suite_from} have no row for {row.spec}")
+    if args.suite_from:
         d = earlier["suite_from"][row.spec]
     elif args.no_suite:
         name = row.spec.rsplit(":", 1)[1]
         d = Detection(name, row.bug_class, row.change, row.spec, [], False, note="suite not run", family=family_of(row))
     else:
         d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
-    d.report_before = earlier["report_before"][row.spec].report if earlier["report_before"] else None
-    if earlier["report_from"]:
-        d.report = earlier["report_from"][row.spec].report
+    before = earlier["report_before"].get(row.spec)
+    d.report_before = before.report if before else None
+    if args.report_from:
+        d.report = earlier["report_from"][row.spec].report if row.spec in earlier["report_from"] else None
     elif not args.no_report:
         d.report = run_report(row.spec, args.out / "reports" / row.spec.rsplit(":", 1)[1], args.timeout)
     else:
