@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from numcheck.reports.baselines import shipped_baselines
-from numcheck.reports.report.schema import REPO, SCHEMA, load
+from numcheck.reports.report.schema import READS, REPO, SCHEMA, load
 
 HELP = (
     "compare the verdicts of reports made under different torch releases (default: the baselines shipped with "
@@ -127,7 +127,10 @@ def compare(releases: list[Release]) -> DeviceComparison:
                 ok = sum(1 for c in cases if c.get("status") == "pass")
                 cells.append(f"ran: {ok}/{len(cases)} pass")
         cmp.impls[name] = cells
-    by_release = [{(c.get("impl"), c.get("case")): c for c in r.report.get("cases", [])} for r in rels]
+    by_release = [
+        {(c.get("impl"), c.get("case"), c.get("property", "accuracy")): c for c in r.report.get("cases", [])}
+        for r in rels
+    ]
     keys: list[tuple] = []
     seen: set[tuple] = set()
     for cases in by_release:
@@ -140,6 +143,7 @@ def compare(releases: list[Release]) -> DeviceComparison:
         ran = [c for c in present if c is not None]
         if len(ran) >= 2 and len({_outcome(c) for c in ran}) > 1:
             label = next(c.get("label") or c.get("case") for c in ran)
+            label = label if k[2] == "accuracy" else f"{k[2]}: {label}"
             cmp.verdict_diffs.append((str(k[0]), str(label), [_case_cell(c) for c in present]))
     cmp.only_in = [sum(1 for k in cases if any(k not in other for other in by_release)) for cases in by_release]
     return cmp
@@ -150,8 +154,8 @@ def compare_paths(paths: list[Path]) -> list[DeviceComparison]:
     groups: dict[str, list[Release]] = {}
     for p in paths:
         report = load(p)
-        if report.get("schema") != SCHEMA:
-            raise ValueError(f"{p}: schema {report.get('schema')!r}, expected {SCHEMA!r}")
+        if str(report.get("schema")).rsplit("/", 1)[-1] not in READS:
+            raise ValueError(f"{p}: schema {report.get('schema')!r}, expected {SCHEMA!r} (or numcheck-report/1)")
         torch_v = report.get("environment", {}).get("torch")
         if not torch_v:
             raise ValueError(f"{p}: environment.torch is missing: the report does not say which torch made it")

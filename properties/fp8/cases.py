@@ -32,6 +32,30 @@ QUANT_REGIMES: tuple[str, ...] = (
 )
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
+#: The input regimes of the suite's fixed edge-input cases (``test_edge_inputs_every_recipe``, and the report's cases
+#: for it): all-zero (amax 0), outlier-per-block, NaN, inf, tiny and wide inputs, an amax in the tail, zero tiles and
+#: scales at their floor.
+EDGE_INPUT_REGIMES: tuple[str, ...] = (
+    "zeros",
+    "outlier",
+    "nan",
+    "inf",
+    "tiny",
+    "wide",
+    "tail_outlier",
+    "pruned",
+    "scale_floor",
+)
+#: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes of the suite's
+#: ``test_multi_tile_and_long_reduction_every_recipe`` (and the report's cases for it).
+LARGE_CASES: tuple[tuple[int, int, int, str, str], ...] = (
+    (16, 264, 257, "first", "wide"),  # a 3×3 grid of 128×128 W tiles, tile scales apart
+    (16, 264, 257, "first", "pruned"),  # three all-zero 128×128 W tiles
+    (8, 1040, 24, "low", "normal"),  # K = 1040: partial sums must stay fp32
+    (16, 4096, 32, "low", "normal"),  # y reduces over K = 4096: past a 2048 split-K
+    (2304, 64, 32, "low", "normal"),  # wgrad reduces over M = 2304: past a 2048 split
+    (300, 256, 64, "first", "tail_outlier"),  # x of 76800 elements, W and dy too, the amax in the last element
+)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Stored mantissa bits of each input dtype (its ulp at 2^e is 2^(e − bits)).
 MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}

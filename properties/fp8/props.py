@@ -20,6 +20,8 @@ bound, worst element and a repro command; :data:`FP8_PROPERTIES` names them):
   FP8 copy); held(False) − held(True) equals the predicted columnwise copy of x (data + scales).
 * ``quantizer`` — the impl's ``quantize`` equals the oracle bitwise (codes, scales) for every role and
   usage, and columnwise(t) equals rowwise(tᵀ)ᵀ.
+* ``unit_scale_round_trip`` — under current scaling with fp32 scales every finite value of a format quantizes
+  to its own code with scale 1.
 * as a layer in training (:data:`LAYER_PROPERTIES`): ``accumulate`` — micro-batches accumulate into
   ``weight.grad``; ``optimizer_step`` — a weight changed in place is seen by the next call; ``two_layers`` —
   two layers of one shape keep their own gradients; ``strided`` — non-contiguous operands (a transposed
@@ -46,7 +48,7 @@ from numcheck.properties.core.failures import PropertyFailure, failure_message
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.properties.core.harness import strided_copy
-from numcheck.reference.fp8_formats import F64, decode_fp8, same_codes
+from numcheck.reference.fp8_formats import F64, all_codes, decode_fp8, same_codes
 from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
 from numcheck.reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
 from numcheck.reference.fp8_scaling import block_grid, quantize_operand
@@ -803,6 +805,34 @@ def _quantizer_of(impl: Any, case: Any) -> None:
         quantizer(impl, case.recipe, build_quant(case).x, case=case)
 
 
+def unit_scale_round_trip(impl: Any, case: QuantizerCase) -> None:
+    """Property: under current scaling with fp32 scales (``case.recipe``; other recipes: nothing to judge), a tensor
+    holding every finite value of a role's format (amax = fp8_max, scale 1) quantizes rowwise to exactly those codes
+    with ``scale_inv`` 1, for x and dy (``case.tensor`` only names the case: each role's own format is built)."""
+    __tracebackhide__ = True
+    recipe = case.recipe
+    if recipe.kind != "current" or recipe.power_of_2_scales:
+        return
+    for role in ("x", "dy"):
+        fmt = recipe.format_of(role)
+        codes = all_codes()
+        v = decode_fp8(codes, fmt)
+        keep = torch.isfinite(v)
+        q = impl.quantize(
+            v[keep].to(case.device, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise"
+        )
+        got = q.data.view(torch.uint8).reshape(-1).cpu()
+        if not torch.equal(got, codes[keep]):
+            fail(impl, "unit_scale_round_trip", case, f"{impl.name} {recipe.name} {fmt.name}: codes do not round-trip")
+        if float(q.scale_inv.reshape(-1)[0]) != 1.0:
+            fail(
+                impl,
+                "unit_scale_round_trip",
+                case,
+                f"{impl.name} {recipe.name} {fmt.name}: scale_inv {float(q.scale_inv.reshape(-1)[0])!r}, expected 1.0",
+            )
+
+
 class _AdHoc:
     """The stand-in case of a tensor no printable case describes (a test's own): shown as that shape's
     ``QuantCase``, with a repro line that says so instead of one that would rerun a different tensor."""
@@ -820,6 +850,7 @@ FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
     "save_original_input": save_original_input,
     "saved_tensors": saved_tensors,
     "quantizer": _quantizer_of,
+    "unit_scale_round_trip": unit_scale_round_trip,
     "accumulate": accumulate,
     "optimizer_step": optimizer_step,
     "two_layers": two_layers,

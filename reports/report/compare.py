@@ -1,6 +1,7 @@
 """``--compare``: what changed between a baseline report and a new one, and which changes are regressions.
 
-A change is a **regression** when, for an impl present and run in both reports, on the same case:
+A change is a **regression** when, for an impl present and run in both reports, on the same case and property (a
+``numcheck-report/1`` report's records all judge accuracy):
 
 * a verdict flipped from pass to fail (either judgement, or the case now raises), or
 * an output's error/bound (hard) grew by more than ``factor`` *and* now exceeds ``floor``;
@@ -93,8 +94,8 @@ def compare_reports(
     for name in n_impls:
         if name not in b_impls:
             add(Finding("note", name, "", "", "impl has no baseline (new)"))
-    b_cases = {(c["impl"], c["case"]): c for c in base["cases"] if c["impl"] in both}
-    n_cases = {(c["impl"], c["case"]): c for c in new["cases"] if c["impl"] in both}
+    b_cases = {_key(c): c for c in base["cases"] if c["impl"] in both}
+    n_cases = {_key(c): c for c in new["cases"] if c["impl"] in both}
     missing = [k for k in b_cases if k not in n_cases]
     extra = [k for k in n_cases if k not in b_cases]
     for impl in both:
@@ -112,10 +113,21 @@ def compare_reports(
     return diff
 
 
+def _key(rec: dict) -> tuple[str, str, str]:
+    """What a record is matched on: impl, property (``accuracy`` for a ``/1`` report's records) and case."""
+    return rec["impl"], rec.get("property", "accuracy"), rec["case"]
+
+
+def _label(rec: dict) -> str:
+    """A record's case label in a finding, prefixed by its property where that is not accuracy."""
+    prop = rec.get("property", "accuracy")
+    return rec["label"] if prop == "accuracy" else f"{prop}: {rec['label']}"
+
+
 def _newly_failing(bc: dict, nc: dict, diff: ReportDiff) -> bool:
     """Records a case that passed or ran in the baseline and now raises or fails a judgement (a regression);
     whether it did, so nothing more is said of that case."""
-    impl, label = nc["impl"], nc["label"]
+    impl, label = nc["impl"], _label(nc)
     flipped = [j for j, ok in bc.get("verdicts", {}).items() if ok and not nc.get("verdicts", {}).get(j, False)]
     if nc["status"] == "error" and bc["status"] != "error":
         diff.findings.append(
@@ -149,7 +161,7 @@ def _newly_failing(bc: dict, nc: dict, diff: ReportDiff) -> bool:
 def _ratio_growth(bc: dict, nc: dict, diff: ReportDiff) -> None:
     """Records each output whose error/bound grew past the floor by more than the factor (a regression), and each
     output the new report lacks (a note)."""
-    impl, label = nc["impl"], nc["label"]
+    impl, label = nc["impl"], _label(nc)
     for out, bo in bc.get("outputs", {}).items():
         no = nc.get("outputs", {}).get(out)
         if no is None:
@@ -176,7 +188,7 @@ def _compare_case(bc: dict, nc: dict, diff: ReportDiff) -> None:
     """The findings of one case present in both reports (baseline ``bc``, new ``nc``) into ``diff``."""
     if _newly_failing(bc, nc, diff):
         return
-    impl, label = nc["impl"], nc["label"]
+    impl, label = nc["impl"], _label(nc)
     if bc["status"] != "pass" and nc["status"] == "pass":
         diff.findings.append(
             Finding(

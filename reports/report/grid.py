@@ -59,7 +59,11 @@ it; experts of different binades with fused wgrad accumulation where declared) f
 the quick grid and every recipe in the full one, each moved into the impl's split rules; what the declaration still
 leaves out is counted with the reason. About 0.3 s a case.
 
-Presets: :data:`QUICK` (``--quick``: ≤ 3 minutes on a 2-core CPU), :data:`FULL` (the default) and
+**Property cases**, per impl (:mod:`reports.report.property_grid`, where :attr:`GridSpec.properties`): every
+property the impl's kind's suite runs, on the cases reaching its regime from the declaration, judged by the property
+library's own function (pass/fail records with the property's message; accuracy ones as above).
+
+Presets: :data:`QUICK` (``--quick``: ≤ 8 minutes on a 2-core CPU with every built-in, results/reports/quick-budget.md), :data:`FULL` (the default) and
 :data:`SMOKE` (a tiny grid for tests and trying things out; ladders still span two decades).
 """
 
@@ -188,6 +192,12 @@ class GridSpec:
         many_chunks: add each linear+CE impl's many-chunk cases (:func:`many_chunk_cases`).
         grouped_cases: labels of :data:`GROUPED_CASES` to run.
         grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
+        properties: add each impl's property cases (:mod:`reports.report.property_grid`: every property its kind's
+            suite runs, on cases reaching that property's regime from the declaration).
+        property_max_macs: leave out the suite's fixed FP8 shapes of more than this many multiply-adds (M·K·N)
+            from the property cases (0: none left out). The quick grid keeps the multi-tile block layouts and the
+            K = 1040 reduction, ~1 s each on a loaded 2-core CPU, and leaves the 2–5 M ones (5–15 s each) to the
+            full grid and the suite.
         seed: seed of the random cases.
     """
 
@@ -213,6 +223,8 @@ class GridSpec:
     many_chunks: bool = False
     grouped_cases: tuple[str, ...] = tuple(GROUPED_CASES)
     grouped_all_recipes: bool = False
+    properties: bool = True
+    property_max_macs: int = 0
     seed: int = 20250601
     notes: str = field(default="", compare=False)
 
@@ -267,6 +279,18 @@ class GridSpec:
                 if self.many_chunks
                 else ""
             )
+            + (
+                " Per impl, every other property its kind's suite runs (bitwise modes, held bytes, quantizer codes, "
+                "refusals, layer use over several calls, micro-batch accumulation, empty experts after a call with "
+                "rows, permutations, invariances, determinism by a second call) and the suite's fixed accuracy "
+                "regimes (FP8 edge inputs, multi-tile blocks"
+                + (f" up to {self.property_max_macs:,} multiply-adds" if self.property_max_macs else "")
+                + ", 6 delayed steps, save_original_input; grouped edge splits; linear+CE pinned cases, large V, "
+                "wide H, long N, loss scale), each on a case built from the declaration "
+                "(reports/report/property_grid.py): pass/fail records with the property's message."
+                if self.properties
+                else ""
+            )
         )
 
 
@@ -291,6 +315,7 @@ QUICK = GridSpec(
     quant_regimes=("wide", "outlier"),
     quant_extras=False,
     many_chunks=True,
+    property_max_macs=1_100_000,
 )
 FULL = GridSpec(
     name="full",
@@ -330,6 +355,7 @@ SMOKE = GridSpec(
     tp_cases=("sp+bias",),
     declared=False,
     grouped_cases=("empty+bias",),
+    properties=False,
 )
 GRIDS: dict[str, GridSpec] = {g.name: g for g in (QUICK, FULL, SMOKE)}
 
@@ -343,6 +369,9 @@ class GridCase:
     case: Any  # Problem or QuantCase
     #: What the case's rows make of the impl's chunks, where the case is built from them (a many-chunk case).
     chunks: str = field(default="", compare=False)
+    #: The property the case is judged by (as ``numcheck repro`` names it): ``accuracy`` (an error/bound record), or
+    #: another property of the kind's suite (:mod:`reports.report.property_grid`, a pass/fail record).
+    prop: str = "accuracy"
 
 
 def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields: Any) -> Problem:

@@ -99,7 +99,7 @@ def impl_overview(report: dict) -> list[dict[str, Any]]:
         cases = by_impl.get(info["name"], [])
         # The worst judged case: one the impl raised on has no error/bound (its inf is no output's), it is counted
         # under "error".
-        judged = [c for c in cases if c["status"] != "error"]
+        judged = [c for c in cases if c["status"] != "error" and not math.isnan(c.get("ratio_hard", 0.0))]
         worst = max(judged, key=lambda c: c.get("ratio_hard", 0.0), default=None)
         worst_out = ""
         if worst is not None and worst.get("outputs"):
@@ -557,7 +557,8 @@ def _failures_section(fails: list[dict]) -> list[str]:
     lines = ["## Failures", "", "Each line is one failing (impl, case), with the command that reproduces it.", ""]
     for c in fails:
         detail = c.get("error") or "; ".join(c.get("failures", [])[:2])
-        lines.append(f"- ❌ `{c['impl']}` on `{c['label']}` ({c['status']}): {detail[:400]}")
+        prop = "" if c.get("property", "accuracy") == "accuracy" else f" [property {c['property']}]"
+        lines.append(f"- ❌ `{c['impl']}` on `{c['label']}`{prop} ({c['status']}): {detail[:400]}")
         if c.get("chunks"):
             lines.append(f"  - chunks: {c['chunks']}")
         if c.get("repro"):
@@ -597,7 +598,7 @@ NAMED_NOT_RUN = 8
 
 def _named(cases: list[dict]) -> str:
     """Some not-run cases as ``group`` (mode, label), at most :data:`NAMED_NOT_RUN` of them and how many more."""
-    text = ", ".join(f"`{c['group']}` ({c['mode']}, `{c['case']}`)" for c in cases[:NAMED_NOT_RUN])
+    text = ", ".join(f"`{c['group']}` ({c.get('mode', '')}, `{c['case']}`)" for c in cases[:NAMED_NOT_RUN])
     more = len(cases) - NAMED_NOT_RUN
     return text + (f" and {more} more (all named in report.json's `not_run`)" if more > 0 else "")
 

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
 
@@ -40,12 +41,14 @@ from numcheck.reports.report.grid import (
     quant_cases,
     tp_cases,
 )
+from numcheck.reports.report.property_grid import PROPERTY_KINDS, property_cases
 from numcheck.reports.report.schema import (
     case_text,
     declaration,
     dist_record,
     error_record,
     linear_ce_record,
+    property_record,
     quant_record,
     tp_record,
 )
@@ -168,6 +171,23 @@ def _linear_ce_plan(impl: Any, lin: list[GridCase], spec: GridSpec, device: str,
     return mine
 
 
+def _with_properties(spec: GridSpec, impl: Any, device: str, mine: list, info: dict) -> list:
+    """The impl's property cases (:func:`~reports.report.property_grid.property_cases`) not already among its accuracy
+    cases ``mine``; the rows and cases its declaration leaves out are added to ``info``'s counts and names."""
+    extra, left_out = property_cases(spec, impl, device)
+    have = {(gc.prop, gc.case) for _, gc in mine}
+    fresh = []
+    for runner, gc in extra:
+        if (gc.prop, gc.case) not in have:
+            have.add((gc.prop, gc.case))
+            fresh.append((runner, gc))
+    counts = Counter(info.get("not_declared") or {})
+    counts.update(dict(left_out))
+    info["not_declared"] = dict(counts)
+    info["not_run"] = list(info.get("not_run") or []) + left_out.named
+    return fresh
+
+
 def plan(
     entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
@@ -207,6 +227,8 @@ def plan(
                 info["status"], info["reason"] = "unavailable", str(exc)
                 continue
             mine += [(impl, gc) for gc in cases]
+        if spec.properties and impl.kind in PROPERTY_KINDS:
+            mine += _with_properties(spec, impl, device, mine, info)
         work += mine
         info["unreached"] = unreached(impl, [gc.case for _, gc in mine])
     return infos, work
@@ -215,6 +237,8 @@ def plan(
 def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
     """One (impl, case) record; an exception from the impl becomes an ``error`` record."""
     t0 = time.perf_counter()
+    if gc.prop != "accuracy":
+        return _property_case(impl, gc, t0)
     try:
         if impl.kind == "linear_ce":
             from numcheck.properties.core.accuracy import check_accuracy
@@ -242,6 +266,38 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
         return error_record(impl, gc, exc, time.perf_counter() - t0)
 
 
+def property_table(kind: str) -> dict[str, Any]:
+    """The property library's table of ``kind``'s properties by name (the functions the suite runs, and
+    ``numcheck repro``)."""
+    if kind == "linear_ce":
+        from numcheck.properties.core.props import PROPERTIES
+    elif kind == "quant_linear":
+        from numcheck.properties.fp8.props import FP8_PROPERTIES as PROPERTIES
+    elif kind == "grouped_quant_linear":
+        from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES as PROPERTIES
+    elif kind == "tp_quant_linear":
+        from numcheck.properties.distributed.tp_fp8.props import DIST_FP8_PROPERTIES as PROPERTIES
+    else:
+        from numcheck.properties.distributed.linear_ce.props import PROPERTIES
+    return PROPERTIES
+
+
+def _property_case(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
+    """One property case's record: the property's own function judges it, as the suite's ``judge`` runs it (an
+    exception of the impl is the property's failure, ``error``); an exception of the harness is an ``error`` record."""
+    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.properties.core.runner import judge
+
+    try:
+        check = property_table(impl.kind)[gc.prop]
+        metrics = judge(check, impl, gc.case, name=gc.prop)
+    except PropertyFailure as exc:
+        return property_record(impl, gc, None, exc, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - recorded with its message, never stops the sweep
+        return error_record(impl, gc, exc, time.perf_counter() - t0)
+    return property_record(impl, gc, metrics, None, time.perf_counter() - t0)
+
+
 def sweep(
     entries: list[ImplEntry | BrokenImpl],
     spec: GridSpec,
@@ -253,10 +309,10 @@ def sweep(
     """Run every runnable impl on every case of ``spec`` it declares (module docstring)."""
     infos, work = plan(entries, spec, device)
     # Cases in the outer loop (eager's error on each problem is computed once, shared by every impl).
-    order: dict[str, int] = {}
+    order: dict[tuple[str, str], int] = {}
     for i, (_, gc) in enumerate(work):
-        order.setdefault(case_text(gc.case), i)
-    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[case_text(w[1].case)]))
+        order.setdefault((gc.prop, case_text(gc.case)), i)
+    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[(w[1].prop, case_text(w[1].case))]))
     bar = Progress(len(work), stream, label=f"numcheck report ({spec.name})", enabled=progress)
     records = []
     with one_thread():
@@ -265,5 +321,5 @@ def sweep(
             records.append(rec)
             bar.step(f"{impl.name} {gc.case.short()}")
     rank = {info["name"]: i for i, info in enumerate(infos)}
-    records.sort(key=lambda r: (rank.get(r["impl"], 0), order.get(r["case"], 0)))
+    records.sort(key=lambda r: (rank.get(r["impl"], 0), order.get((r["property"], r["case"]), 0)))
     return SweepResult(infos, records)

@@ -2,10 +2,11 @@
 property library's own results (:class:`~properties.core.accuracy.AccuracyResult`,
 :class:`~properties.fp8.props.Fp8CaseResult`) — no metric is recomputed here.
 
-Schema ``numcheck-report/1`` (non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``
-so the file is strict JSON; :func:`load` turns them back)::
+Schema ``numcheck-report/2`` (non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``
+so the file is strict JSON; :func:`load` turns them back, and reads ``/1`` reports too, whose records all judge
+accuracy)::
 
-    {"schema": "numcheck-report/1",
+    {"schema": "numcheck-report/2",
      "environment": {"device", "device_name", "torch", "triton", "python", "numcheck", "git_commit",
                      "git_dirty", "liger_kernel", "platform", "torch_threads", "matmul_precision",
                      "capabilities": {probe: bool}},
@@ -13,7 +14,7 @@ so the file is strict JSON; :func:`load` turns them back)::
      "impls": [{"name", "kind", "origin", "status": "ran" | "unavailable" | "broken", "reason",
                 "description", "declaration", "not_declared": {reason: count},
                 "not_run": [{"group", "mode", "case", "reason"}], "unreached": [declared behaviour]}],
-     "cases": [{"impl", "kind", "case" (repr: valid Python), "label", "group", "mode", "status":
+     "cases": [{"impl", "kind", "case" (repr: valid Python), "label", "group", "mode", "property", "status":
                 "pass" | "fail" | "error", "error", "verdicts": {judgement: bool}, "ratio_hard",
                 "ratio_expected", "seconds", "failures": [str], "repro", "chunks" (a many-chunk case: what its
                 rows make of the impl's chunks),
@@ -22,6 +23,12 @@ so the file is strict JSON; :func:`load` turns them back)::
                                    "oracle_value", "bound_at_worst", "state", "nonfinite", "verdicts": {judgement: bool},
                                    ... kind-specific fields}}}],
      "accumulation": {...} (see impls.measure.accumulation), "memory": {...}}
+
+``property`` (new in ``/2``) is the property a record judges, as ``numcheck repro`` names it: ``accuracy`` (every
+record of ``/1``), or another property of the kind's suite (:mod:`reports.report.property_grid`; group
+``suite:<test>``), recorded by :func:`property_record` as pass/fail with the property's message, its
+``verdicts`` ``{property: bool}``, no ``outputs``, and ``ratio_hard`` the property's largest error/bound or NaN where it
+has no bound (bitwise, held bytes, refusals, determinism).
 
 ``not_run`` names every grid case the impl's declaration excludes (``not_declared`` counts them per reason);
 ``unreached`` lists the behaviours it declares that no case run for it has (:mod:`reports.report.coverage`).
@@ -74,7 +81,10 @@ else:  # Python 3.10
 
 from numcheck.reports.report.grid import reduction_length
 
-SCHEMA = "numcheck-report/1"
+SCHEMA = "numcheck-report/2"
+#: The schemas :func:`load` reads (a ``/1`` report's records are all accuracy records: :func:`load` gives each
+#: ``property`` = ``"accuracy"``, so ``--compare``/``--baseline`` read reports made before ``/2``).
+READS: tuple[str, ...] = ("1", "2")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -168,8 +178,9 @@ def validate(data: Any, source: str) -> None:
     schema = data.get("schema") if isinstance(data, dict) else None
     if not isinstance(schema, str) or not schema.startswith("numcheck-report/"):
         raise ValueError(f"{source!r} is not a numcheck report (schema {schema!r}, expected {SCHEMA!r})")
-    if schema.split("/")[1].split(".")[0] != SCHEMA.split("/")[1]:
-        raise ValueError(f"{source!r} has schema {schema!r}; this numcheck reads {SCHEMA!r}")
+    if schema.split("/")[1].split(".")[0] not in READS:
+        known = ", ".join(f"numcheck-report/{v}" for v in READS)
+        raise ValueError(f"{source!r} has schema {schema!r}; this numcheck reads {known}")
     for key, kind in (("environment", dict), ("impls", list), ("cases", list)):
         if key not in data:
             raise ValueError(f"{source!r} lacks the {key!r} section of schema {SCHEMA}")
@@ -221,6 +232,8 @@ def load(path: str | os.PathLike | Traversable) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"report file {str(p)!r} cannot be read: {exc}") from None
     validate(data, str(p))
+    for case in data["cases"]:
+        case.setdefault("property", "accuracy")
     return _decode(data)
 
 
@@ -595,6 +608,38 @@ def tp_record(impl: Any, grid_case: Any, m: Any, seconds: float) -> dict[str, An
     return rec
 
 
+def property_record(impl: Any, grid_case: Any, metrics: Any, failure: Any, seconds: float) -> dict[str, Any]:
+    """The record of one case of a property other than accuracy (:mod:`reports.report.property_grid`), judged by the
+    property library's function for it: ``pass`` with its ``metrics`` (``ratio_hard`` the largest ``error/bound``
+    among them, NaN where the property has no bound: bitwise, held bytes, refusals, determinism), or, from the
+    :class:`~properties.core.failures.PropertyFailure` ``failure``, ``fail`` (``error`` where the impl raised) with
+    the property's message as ``failures`` and its repro line as ``repro``."""
+    from numcheck.properties.core.failures import judged
+
+    items = metrics.items() if isinstance(metrics, dict) else ()
+    ratios = [float(v) for k, v in items if "error/bound" in str(k)]
+    rec = _base(impl, grid_case, "pass" if failure is None else ("error" if failure.raised else "fail"), seconds)
+    rec.update(
+        verdicts={grid_case.prop: failure is None},
+        outputs={},
+        ratio_hard=max(ratios) if ratios else math.nan,
+        ratio_expected=math.nan,
+    )
+    if failure is None and isinstance(metrics, dict) and not judged(metrics):
+        rec["notes"] = ["not judged: the case's drawn values do not meet the property's condition"]
+    if failure is not None:
+        text = str(failure)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        repro = [ln.removeprefix("reproduce:").strip() for ln in lines if ln.startswith("reproduce:")]
+        rec["failures"] = [ln for ln in lines if not ln.startswith("reproduce:")]
+        rec["repro"] = repro[-1] if repro else ""
+        if failure.ratio is not None:
+            rec["ratio_hard"] = float(failure.ratio)
+        if failure.raised:
+            rec["error"] = rec["failures"][-1] if rec["failures"] else text
+    return rec
+
+
 def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) -> dict[str, Any]:
     """The record of a case on which the impl (or the harness on its output) raised: a failure with the error."""
     rec = _base(impl, grid_case, "error", seconds)
@@ -611,18 +656,22 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
         ratio_expected=math.inf,
         failures=[f"raised {type(exc).__name__}: {exc}"],
     )
+    prop = getattr(grid_case, "prop", "accuracy")
+    if prop != "accuracy":
+        rec["verdicts"] = {prop: False}
     if impl.kind == "dist_linear_ce":
         from numcheck.properties.distributed.linear_ce.props import repro_command as dist_repro
 
-        rec["repro"] = dist_repro(impl, "dist_accuracy", grid_case.case)
+        rec["repro"] = dist_repro(impl, "dist_accuracy" if prop == "accuracy" else prop, grid_case.case)
     elif impl.kind == "linear_ce":
         from numcheck.properties.core.failures import repro_command
 
-        rec["repro"] = repro_command(impl, "accuracy", grid_case.case)
+        rec["repro"] = repro_command(impl, prop, grid_case.case)
     else:
         from numcheck.properties.core.failures import repro_command as quant_repro
 
-        prop = "dist_accuracy" if impl.kind == "tp_quant_linear" else "accuracy"
+        if prop == "accuracy" and impl.kind == "tp_quant_linear":
+            prop = "dist_accuracy"
         rec["repro"] = quant_repro(impl, prop, grid_case.case)
     return rec
 
@@ -653,6 +702,7 @@ def _base(impl: Any, grid_case: Any, status: str, seconds: float) -> dict[str, A
         "label": c.short(),
         "group": grid_case.group,
         "mode": grid_case.mode,
+        "property": getattr(grid_case, "prop", "accuracy"),
         "status": status,
         "seconds": round(seconds, 3),
     }

@@ -16,18 +16,18 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import FormatCodes, QuantCase, QuantizerCase
+from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES, LARGE_CASES, FormatCodes, QuantCase, QuantizerCase
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
-from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8
+from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 
 #: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
 NUMCHECK_SUITE = QUANT_SUITE
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
+EDGE_REGIMES = EDGE_INPUT_REGIMES
 
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
@@ -68,17 +68,6 @@ def test_edge_inputs_every_recipe(quant_impl):
                 device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
-
-
-#: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes in test_multi_tile_and_long_reduction_every_recipe.
-LARGE_CASES = (
-    (16, 264, 257, "first", "wide"),  # a 3×3 grid of 128×128 W tiles, tile scales apart
-    (16, 264, 257, "first", "pruned"),  # three all-zero 128×128 W tiles
-    (8, 1040, 24, "low", "normal"),  # K = 1040: partial sums must stay fp32
-    (16, 4096, 32, "low", "normal"),  # y reduces over K = 4096: past a 2048 split-K
-    (2304, 64, 32, "low", "normal"),  # wgrad reduces over M = 2304: past a 2048 split
-    (300, 256, 64, "first", "tail_outlier"),  # x of 76800 elements, W and dy too, the amax in the last element
-)
 
 
 def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
@@ -211,17 +200,8 @@ def test_fp8_values_round_trip_under_unit_scale(quant_impl):
     if not cur:
         pytest.skip(f"{quant_impl.name} declares no current-scaling recipe with fp32 scales")
     for recipe in cur:
-        for role in ("x", "dy"):
-            fmt = recipe.format_of(role)
-            codes = all_codes()
-            v = decode_fp8(codes, fmt)
-            keep = torch.isfinite(v)
-            q = quant_impl.quantize(
-                v[keep].to(DEVICE, torch.float32).reshape(1, -1), recipe=recipe, role=role, usage="rowwise"
-            )
-            got = q.data.view(torch.uint8).reshape(-1).cpu()
-            assert torch.equal(got, codes[keep]), f"{quant_impl.name} {recipe.name} {fmt.name}: codes do not round-trip"
-            assert float(q.scale_inv.reshape(-1)[0]) == 1.0
+        case = QuantizerCase(recipe, FormatCodes(recipe.format_of("x").name), device=DEVICE)
+        judge(checks.unit_scale_round_trip, quant_impl, case)
 
 
 def test_emulated_gemms_match_native(quant_impl):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.properties.fp8.grouped import props as checks
-from numcheck.properties.fp8.grouped.cases import GroupedCase, fitted, refusal
+from numcheck.properties.fp8.grouped.cases import EDGE_SPLIT_CASES, GroupedCase, fitted, refusal
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 from numcheck.tests.suite.drawn import run_drawn
 
@@ -99,14 +99,8 @@ def _fit(impl, case: GroupedCase) -> GroupedCase | None:
     return None if refusal(impl.support, case) else case
 
 
-#: (m_splits, K, N, regime) of the fixed cases: unaligned splits straddling 32- and 128-row blocks with empty experts
-#: first and between, one block row past 128, eight one-row experts, and the regimes local to one expert.
-EDGE_CASES = (
-    ((0, 33, 1, 0, 130), 40, 24, "outlier"),
-    ((129, 0, 31), 72, 17, "tail_outlier"),
-    ((1, 1, 1, 1, 1, 1, 1, 1), 16, 8, "zero_expert"),
-    ((5, 37, 16), 40, 24, "nan_expert"),
-)
+#: The fixed cases (:data:`~properties.fp8.grouped.cases.EDGE_SPLIT_CASES`).
+EDGE_CASES = EDGE_SPLIT_CASES
 
 
 def test_grouped_edge_splits_every_recipe(grouped_quant_impl):

@@ -39,6 +39,15 @@ GROUPED_REGIMES: tuple[str, ...] = (
 MAGNITUDE_REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "zero_expert", "nan_expert", "pruned")
 NONFINITE_GROUPED_REGIMES: tuple[str, ...] = ("nan_expert", "inf")
 WEIGHT_FORMS: tuple[str, ...] = ("grouped", "list")
+#: (m_splits, K, N, regime) of the suite's fixed cases (``test_grouped_edge_splits_every_recipe``, and the report's
+#: cases for it): unaligned splits straddling 32- and 128-row blocks with empty experts first and between, one block
+#: row past 128, eight one-row experts, and the regimes local to one expert.
+EDGE_SPLIT_CASES: tuple[tuple[tuple[int, ...], int, int, str], ...] = (
+    ((0, 33, 1, 0, 130), 40, 24, "outlier"),
+    ((129, 0, 31), 72, 17, "tail_outlier"),
+    ((1, 1, 1, 1, 1, 1, 1, 1), 16, 8, "zero_expert"),
+    ((5, 37, 16), 40, 24, "nan_expert"),
+)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

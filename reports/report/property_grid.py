@@ -1,0 +1,599 @@
+"""The report's property cases: for every property the shipped suite runs on a kind, the cases that reach its
+regime from an impl's declaration alone, judged by the property library's own function for that property (the
+suite's). One table, :data:`PROPERTY_ROWS` (kind → rows); each :class:`PropertyRow` names the property as
+``numcheck repro`` does, says how to build its cases from a declaration, and why an impl's declaration leaves it
+out. The rows follow the suite's tests (``tests/suite/*.py``) and their regimes (``properties/**/suite.py``):
+
+* accuracy in the regimes the suite's fixed tests pin (FP8 edge inputs: zero, non-finite, tiny and wide amax;
+  multi-tile blocks whose scales differ; six delayed-scaling steps; ``save_original_input=True``; grouped edge splits;
+  linear+CE's pinned cases, a large vocabulary, a wide hidden size, a long batch, the loss scale): accuracy records;
+* every other property (bitwise mode equality, held bytes, quantizer codes, refusals, several calls sharing state or
+  accumulation, empty experts after a call with rows, permutations, invariances, determinism by a second call):
+  property records, pass/fail with the property's message (:func:`reports.report.schema.property_record`).
+
+Nothing here knows any defect: a row is a property and the regime its suite test reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from numcheck.reports.report.grid import MODES, GridCase, GridSpec, NotRun, in_declared_reduction
+
+#: (label, case) pairs a row builds for one impl.
+Built = Iterable[tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class PropertyRow:
+    """One property of a kind's suite in the report.
+
+    Attributes:
+        prop: the property as ``numcheck repro`` names it (its key in the kind's property table), ``accuracy`` for
+            the accuracy rows.
+        test: the suite test whose regime the row reaches (the group of its cases: ``suite:<test>``).
+        build: ``(impl, spec, device)`` → the (label, case) pairs in the impl's declaration (may be empty).
+        skip: ``impl`` → why its declaration leaves the property out (``None``: it runs).
+    """
+
+    prop: str
+    test: str
+    build: Callable[[Any, GridSpec, str], Built]
+    skip: Callable[[Any], str | None] = lambda impl: None
+
+
+# -- quantized linear (tests/suite/test_fp8_impls.py) -----------------------------------------------------------
+def _first_dtype(support: Any, order: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> str:
+    names = {str(d).removeprefix("torch.") for d in support.dtypes}
+    return next(n for n in order if n in names)
+
+
+def _quant(impl: Any, recipe: Any, M: int, K: int, N: int, device: str, **kw: Any) -> Any:
+    from numcheck.properties.fp8.cases import QuantCase
+
+    kw.setdefault("dtype", _first_dtype(impl.support))
+    kw.setdefault("bias", bool(impl.support.bias))
+    kw.setdefault("steps", 2 if recipe.kind == "delayed" else 1)
+    return QuantCase(recipe, M, K, N, device=device, **kw)
+
+
+def _recipes(impl: Any, every: bool) -> list[Any]:
+    """The impl's declared recipes: all of them (``every``), else the first of each recipe kind (the quick grid's)."""
+    recipes = list(impl.support.recipes)
+    if every:
+        return recipes
+    return [next(r for r in recipes if r.kind == k) for k in dict.fromkeys(r.kind for r in recipes)]
+
+
+def _edge_inputs(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES
+
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        for regime in EDGE_INPUT_REGIMES:
+            yield f"{r.name} {regime}", _quant(impl, r, 33, 40, 24, device, regime=regime, seed=11)
+
+
+def _multi_tile(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.cases import LARGE_CASES
+
+    low = "bfloat16" if torch.bfloat16 in impl.support.dtypes else _first_dtype(impl.support)
+    cap = spec.property_max_macs or float("inf")
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        for M, K, N, which, regime in (c for c in LARGE_CASES if c[0] * c[1] * c[2] <= cap):
+            dtype = low if which == "low" else _first_dtype(impl.support)
+            yield (
+                f"{r.name} M{M}K{K}N{N} {regime}",
+                _quant(impl, r, M, K, N, device, dtype=dtype, regime=regime, seed=12),
+            )
+
+
+def _delayed_steps(impl: Any, spec: GridSpec, device: str) -> Built:
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        if r.kind == "delayed":
+            yield f"{r.name} 6 steps", _quant(impl, r, 48, 64, 40, device, bias=False, steps=6, seed=2)
+
+
+def _soi_recipes(impl: Any) -> list[Any]:
+    if True not in impl.support.save_original_input:
+        return []
+    return [r for r in impl.support.recipes if r.allows_save_original_input]
+
+
+def _soi_accuracy(impl: Any, spec: GridSpec, device: str) -> Built:
+    for r in (r for r in _recipes(impl, spec.quant_all_recipes_ladder) if r in _soi_recipes(impl)):
+        yield f"{r.name} soi", _quant(impl, r, 33, 40, 24, device, save_original_input=True, seed=300)
+
+
+def _soi_bitwise(impl: Any, spec: GridSpec, device: str) -> Built:
+    for r in _recipes(
+        impl, spec.quant_all_recipes_ladder
+    ):  # a delayed recipe: the property checks that True is refused
+        for regime in ("wide", "outlier", "zeros", "inf", "nan") if r.allows_save_original_input else ("normal",):
+            yield f"{r.name} {regime}", _quant(impl, r, 64, 72, 40, device, regime=regime, seed=5, steps=1)
+
+
+def _saved_tensors(impl: Any, spec: GridSpec, device: str) -> Built:
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        yield r.name, _quant(impl, r, 33, 40, 24, device, seed=13, steps=1)
+
+
+def _quantizer_codes(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.cases import FormatCodes, QuantizerCase
+
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        for fmt in ("e4m3", "e5m2"):
+            for transposed in (False, True):
+                case = QuantizerCase(r, FormatCodes(fmt, transposed), device=device)
+                yield f"{r.name} {fmt}{'ᵀ' if transposed else ''}", case
+
+
+def _round_trip(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.cases import FormatCodes, QuantizerCase
+
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        if r.kind == "current" and not r.power_of_2_scales:
+            yield r.name, QuantizerCase(r, FormatCodes(r.format_of("x").name), device=device)
+
+
+def _layer(impl: Any, spec: GridSpec, device: str) -> Built:
+    for soi in sorted(impl.support.save_original_input):
+        for r in _recipes(impl, spec.quant_all_recipes_ladder):
+            if r.kind != "delayed" and (r.allows_save_original_input or not soi):
+                case = _quant(impl, r, 33, 40, 24, device, seed=13, save_original_input=soi, steps=1)
+                yield f"{r.name} {'original' if soi else 'copy'}", case
+
+
+def _no_soi(impl: Any) -> str | None:
+    return (
+        None if True in impl.support.save_original_input else f"{impl.name} does not declare save_original_input=True"
+    )
+
+
+def _no_quantize(impl: Any) -> str | None:
+    return None if impl.support.exposes_quantize else f"{impl.name} does not expose quantize"
+
+
+def _quant_rows() -> tuple[PropertyRow, ...]:
+    layer = tuple(PropertyRow(p, f"usage_as_a_layer_every_recipe[{p}]", _layer) for p in _LAYER)
+    return (
+        PropertyRow("accuracy", "edge_inputs_every_recipe", _edge_inputs),
+        PropertyRow("accuracy", "multi_tile_and_long_reduction_every_recipe", _multi_tile),
+        PropertyRow("accuracy", "delayed_scaling_over_steps", _delayed_steps),
+        PropertyRow("accuracy", "accuracy_against_both_references[save_original_input]", _soi_accuracy),
+        PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_soi),
+        PropertyRow("saved_tensors", "saved_tensor_aliasing_and_bytes", _saved_tensors),
+        PropertyRow("quantizer", "quantizer_bitwise_on_all_256_codes", _quantizer_codes, _no_quantize),
+        PropertyRow("unit_scale_round_trip", "fp8_values_round_trip_under_unit_scale", _round_trip, _no_quantize),
+        *layer,
+    )
+
+
+_LAYER = ("accumulate", "optimizer_step", "two_layers", "strided")
+
+
+# -- grouped FP8 linear (tests/suite/test_grouped_fp8.py) -------------------------------------------------------
+def _grouped(impl: Any, recipe: Any, splits: tuple[int, ...], K: int, N: int, device: str, **kw: Any) -> Any:
+    """The grouped case moved into the impl's split rules, or ``None`` where its declaration still excludes it."""
+    from numcheck.properties.fp8.grouped.cases import GroupedCase, fitted, refusal
+
+    kw.setdefault("dtype", _first_dtype(impl.support, ("bfloat16", "float32", "float16")))
+    kw.setdefault("steps", 2 if recipe.kind == "delayed" else 1)
+    case = fitted(impl.support, GroupedCase(recipe, splits, K, N, device=device, **kw))
+    return None if refusal(impl.support, case) else case
+
+
+def _fitted(pairs: Iterable[tuple[str, Any]]) -> Built:
+    return ((label, c) for label, c in pairs if c is not None)
+
+
+def _grouped_edge(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.fp8.grouped.cases import EDGE_SPLIT_CASES
+
+    return _fitted(
+        (f"{r.name} {regime}", _grouped(impl, r, splits, K, N, device, bias=True, regime=regime, seed=17))
+        for r in _recipes(impl, spec.grouped_all_recipes)
+        for splits, K, N, regime in EDGE_SPLIT_CASES
+    )
+
+
+def _grouped_delayed(impl: Any, spec: GridSpec, device: str) -> Built:
+    return _fitted(
+        (f"{r.name} 6 steps", _grouped(impl, r, (48, 0, 17, 64), 64, 40, device, steps=6, seed=2))
+        for r in _recipes(impl, spec.grouped_all_recipes)
+        if r.kind == "delayed"
+    )
+
+
+def _grouped_uneven(regime: str, **kw: Any) -> Callable[[Any, GridSpec, str], Built]:
+    def build(impl: Any, spec: GridSpec, device: str) -> Built:
+        return _fitted(
+            (f"{r.name} {regime}", _grouped(impl, r, (5, 37, 16, 64), 40, 48, device, regime=regime, seed=21, **kw))
+            for r in _recipes(impl, spec.grouped_all_recipes)
+        )
+
+    return build
+
+
+def _grouped_empty(impl: Any, spec: GridSpec, device: str) -> Built:
+    return _fitted(
+        (
+            f"{r.name} outlier",
+            _grouped(impl, r, (0, 33, 1, 0, 130), 40, 24, device, bias=True, regime="outlier", seed=17),
+        )
+        for r in _recipes(impl, spec.grouped_all_recipes)
+    )
+
+
+def _grouped_soi(impl: Any, spec: GridSpec, device: str) -> Built:
+    return _fitted(
+        (f"{r.name} {regime}", _grouped(impl, r, (32, 64, 0, 32), 64, 32, device, regime=regime, seed=23, steps=1))
+        for r in _recipes(impl, spec.grouped_all_recipes)
+        for regime in (("wide", "outlier", "nan_expert") if r.allows_save_original_input else ("normal",))
+    )
+
+
+def _grouped_accumulation(impl: Any, spec: GridSpec, device: str) -> Built:
+    fused = sorted(impl.support.fused_wgrad_accumulation)
+    return _fitted(
+        (
+            f"{r.name} {'main_grad' if mg else 'weight.grad'}",
+            _grouped(impl, r, (17, 40, 3), 72, 40, device, regime="wide", main_grad=mg, seed=25),
+        )
+        for r in _recipes(impl, spec.grouped_all_recipes)
+        if r.kind != "delayed"
+        for mg in fused
+    )
+
+
+def _no_empty(impl: Any) -> str | None:
+    return None if impl.support.empty_splits else f"{impl.name} does not declare empty splits (empty_splits=False)"
+
+
+def _grouped_rows() -> tuple[PropertyRow, ...]:
+    return (
+        PropertyRow("accuracy", "grouped_edge_splits_every_recipe", _grouped_edge),
+        PropertyRow("accuracy", "grouped_delayed_scaling_per_gemm_histories", _grouped_delayed),
+        PropertyRow("per_expert_linear", "grouped_equals_the_linear_per_expert", _grouped_uneven("outlier")),
+        PropertyRow("empty_experts", "grouped_empty_experts_exact_zero", _grouped_empty, _no_empty),
+        PropertyRow("split_rules", "grouped_split_rules_refused_outside", _grouped_uneven("normal")),
+        PropertyRow("expert_permutation", "grouped_expert_permutation", _grouped_uneven("wide")),
+        PropertyRow("save_original_input", "grouped_save_original_input_is_bitwise_identical", _grouped_soi, _no_soi),
+        PropertyRow("saved_bytes", "grouped_saved_bytes_measured", _grouped_uneven("normal", steps=1), _no_soi),
+        PropertyRow("wgrad_accumulation", "grouped_wgrad_accumulation_over_micro_batches", _grouped_accumulation),
+    )
+
+
+# -- tensor-parallel FP8 linear (tests/suite/test_distributed_fp8.py) --------------------------------------------
+def _tp_worlds(impl: Any) -> list[int]:
+    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+
+    return [p for p in impl.support.world_sizes if world_size_unavailable(p, default_backend()) is None]
+
+
+def _tp_case(impl: Any, recipe: Any, parallel: str, P: int, **kw: Any) -> Any:
+    """The suite's determinism shape (``test_determinism``) for ``parallel`` at ``P`` ranks, or ``None`` where the
+    declaration or the shape excludes it."""
+    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_refusal
+
+    s = impl.support
+    edge = 4 * SHARD_EDGE[recipe.kind]
+    split = edge * 3 if edge == 4 else edge
+    K, N = (40, split) if parallel == "column" else (split, 24)
+    dtype = "bfloat16" if torch.bfloat16 in s.dtypes else _first_dtype(s)
+    kw.setdefault("sequence_parallel", True in s.sequence_parallel)
+    kw.setdefault("save_original_input", False)
+    try:
+        case = TPQuantCase(
+            recipe, 36, K, N, dtype=dtype, bias=s.bias, regime="normal", seed=7,
+            steps=2 if recipe.kind == "delayed" else 1, world=P, parallel=parallel, **kw,
+        )  # fmt: skip
+    except ValueError:
+        return None
+    return None if tp_refusal(s, case) else case
+
+
+def _tp_recipes(impl: Any, spec: GridSpec) -> list[Any]:
+    return list(impl.support.recipes) if spec.tp_all_recipes else list(impl.support.recipes[:1])
+
+
+def _tp_build(**kw: Any) -> Callable[[Any, GridSpec, str], Built]:
+    parallels = kw.pop("parallels", ("column", "row"))
+
+    def build(impl: Any, spec: GridSpec, device: str) -> Built:
+        worlds = [p for p in _tp_worlds(impl) if p > 1]
+        if not worlds:
+            return []
+        P = max(worlds)
+        recipes = [
+            r for r in _tp_recipes(impl, spec) if r.allows_save_original_input or not kw.get("save_original_input")
+        ]
+        pairs = ((f"{r.name} P={P} {par}", _tp_case(impl, r, par, P, **kw)) for r in recipes for par in parallels)
+        return [(label, c) for label, c in pairs if c is not None and par_declared(impl, c)]
+
+    return build
+
+
+def par_declared(impl: Any, case: Any) -> bool:
+    return case.parallel in impl.support.parallel
+
+
+def _tp_two_worlds(impl: Any) -> str | None:
+    return None if len(_tp_worlds(impl)) >= 2 else f"fewer than two of world sizes {impl.support.world_sizes} run here"
+
+
+def _tp_deterministic(impl: Any) -> str | None:
+    return None if impl.support.deterministic else f"{impl.name} does not declare deterministic"
+
+
+def _tp_soi(impl: Any) -> str | None:
+    if True in impl.support.save_original_input and any(r.allows_save_original_input for r in impl.support.recipes):
+        return None
+    return f"{impl.name} declares no recipe with save_original_input=True"
+
+
+def _tp_rows() -> tuple[PropertyRow, ...]:
+    return (
+        PropertyRow("world_size_invariance", "world_size_invariance", _tp_build(), _tp_two_worlds),
+        PropertyRow(
+            "dist_save_original_input",
+            "save_original_input_bitwise_under_sp",
+            _tp_build(parallels=("column",), sequence_parallel=True, save_original_input=True),
+            _tp_soi,
+        ),
+        PropertyRow("dist_determinism", "determinism", _tp_build(), _tp_deterministic),
+    )
+
+
+# -- distributed linear+CE (tests/suite/test_distributed.py) -----------------------------------------------------
+def _dist_build(worlds: tuple[int, ...]) -> Callable[[Any, GridSpec, str], Built]:
+    def build(impl: Any, spec: GridSpec, device: str) -> Built:
+        from numcheck.properties.core.problems import Problem
+        from numcheck.properties.distributed.linear_ce.props import DistCase
+        from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+        from numcheck.reports.report.grid import DIST_SHAPE, in_declared_reduction
+
+        backend = default_backend()
+        N, H, V = DIST_SHAPE
+        dtype = "float32" if torch.float32 in impl.support.dtypes else _first_dtype(impl.support)
+        p = in_declared_reduction(
+            Problem(N=N, H=H, V=V, dtype=dtype, seed=4200, device=device), impl.support.reductions
+        )
+        for P in worlds:
+            if P in impl.dist.world_sizes and backend in impl.dist.backends and not world_size_unavailable(P, backend):
+                yield f"P={P} {dtype}", DistCase(p, P, backend, "boundary")
+
+    return build
+
+
+def _dist_deterministic(impl: Any) -> str | None:
+    return None if impl.dist.deterministic else f"{impl.name} does not declare deterministic"
+
+
+def _dist_rows() -> tuple[PropertyRow, ...]:
+    return (
+        PropertyRow("dist_world_size_invariance", "dist_world_size_invariance", _dist_build((2, 4))),
+        PropertyRow("dist_determinism", "dist_determinism", _dist_build((4,)), _dist_deterministic),
+    )
+
+
+# -- linear + cross-entropy (tests/suite/test_properties.py) -----------------------------------------------------
+def _modes(impl: Any) -> list[str]:
+    """The grid's dtype modes the impl declares, coarsest first (the order of the grid's declared cases)."""
+    from numcheck.reports.report.grid import DECLARED_MODE_ORDER
+
+    s = impl.support
+    names = {str(d).removeprefix("torch.") for d in s.dtypes}
+    amp = {str(d).removeprefix("torch.") for d in s.autocast}
+    return [m for m in DECLARED_MODE_ORDER if MODES[m][0] in names and (MODES[m][1] is None or MODES[m][1] in amp)]
+
+
+def _problem(impl: Any, spec: GridSpec, device: str, prefer: tuple[str, ...] = (), **fields: Any) -> Any:
+    """A problem at the grid's declared shape in the first of ``prefer`` the impl declares (else its first mode), with
+    each option of ``fields`` kept only where the impl declares it (``bias``, ``ignored``), in a declared reduction
+    (:func:`~reports.report.grid.in_declared_reduction`)."""
+    from numcheck.properties.core.problems import Problem
+
+    modes = _modes(impl)
+    mode = next((m for m in prefer if m in modes), modes[0] if modes else "float32")
+    dtype, autocast = MODES[mode]
+    opts = impl.support.options
+    if "bias" not in opts:
+        fields.pop("bias", None)
+    if "ignore_index" not in opts:
+        fields.pop("ignored", None)
+    N, H, V = spec.declared_shape
+    shape = {"N": N, "H": H, "V": V, **{k: fields.pop(k) for k in ("N", "H", "V") if k in fields}}
+    p = Problem(**shape, dtype=dtype, autocast=autocast, seed=fields.pop("seed", 4300), device=device, **fields)
+    return in_declared_reduction(p, impl.support.reductions)
+
+
+_AMP = ("amp-bfloat16", "amp-float16")
+
+
+def _one(prefer: tuple[str, ...] = (), **fields: Any) -> Callable[[Any, GridSpec, str], Built]:
+    def build(impl: Any, spec: GridSpec, device: str) -> Built:
+        p = _problem(impl, spec, device, prefer, **dict(fields))
+        return [(p.short(), p)]
+
+    return build
+
+
+def _two_calls(impl: Any, spec: GridSpec, device: str) -> Built:
+    s = impl.support
+    red = "mean" if "mean" in s.reductions else "sum"
+    p = _problem(impl, spec, device, N=16, reduction=red, ignored=0.25 if red == "mean" else 0.0, bias=True)
+    return [(p.short(), p)]
+
+
+def _chunked_shape(layout: Any, min_v: int = 1) -> dict[str, int]:
+    """N, H, V spanning :data:`properties.core.chunks.SEVERAL_CHUNKS` chunks of ``layout`` (a declared rule's
+    cheapest shape, else the fewest rows that make that many chunks), V ≥ ``min_v``."""
+    from numcheck.properties.core import chunks
+
+    if layout is None:
+        return {"V": max(24, min_v)}
+    if layout.rule is not None:
+        N, H, V = chunks.rule_shapes(layout.rule, chunks.SEVERAL_CHUNKS, min_v=max(2, min_v))[0]
+        return {"N": N, "H": H, "V": V}
+    return {"N": layout.n_range(chunks.SEVERAL_CHUNKS)[0], "H": 16, "V": max(24, min_v)}
+
+
+def _determinism(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.core.strategies import determinism_layout
+
+    variant, layout, min_v = determinism_layout(impl)
+    p = _problem(impl, spec, device, ("float32",), **_chunked_shape(layout, min_v))
+    return [(p.short(), p, variant)]
+
+
+def _chunk_invariance(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.core.chunks import layout
+
+    shape = {} if hasattr(impl, "with_chunk_rows") else _chunked_shape(layout(impl))
+    p = _problem(impl, spec, device, ignored=0.25, **shape)
+    return [(p.short(), p)]
+
+
+def _pinned(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.core.suite import PINNED
+
+    return [(key, p.replace(device=device)) for key, p in PINNED.items()]
+
+
+def _loss_scale(impl: Any, spec: GridSpec, device: str) -> Built:
+    from numcheck.properties.core.strategies import loss_scale_available
+
+    if not loss_scale_available(impl.support):
+        return []
+    p = _problem(impl, spec, device, ("amp-float16",), N=16, reduction="mean", upstream="loss_scale", ignored=0.1)
+    return [(p.short(), p)] if p.autocast == "float16" else []
+
+
+def _unless(cond: Callable[[Any], bool], why: str) -> Callable[[Any], str | None]:
+    return lambda impl: None if cond(impl) else why.format(name=impl.name)
+
+
+def _linear_ce_rows() -> tuple[PropertyRow, ...]:
+    from numcheck.properties.core.chunks import declares_chunks
+
+    opts = lambda *o: _unless(lambda i: set(o) <= set(i.support.options), "{name} declares no " + "/".join(o))  # noqa: E731
+    return (
+        PropertyRow("accuracy", "pinned_cases", _pinned),
+        PropertyRow("accuracy", "large_vocab", _one(N=12, V=1025, regime="outlier_rows")),
+        PropertyRow("accuracy", "wide_hidden", _one(N=8, H=257, bias=True)),
+        PropertyRow(
+            "accuracy",
+            "long_batch",
+            _one(("bfloat16", "amp-bfloat16", "float16"), N=257, H=8, bias=True, regime="post_norm"),
+        ),
+        PropertyRow("accuracy", "loss_scale", _loss_scale),
+        PropertyRow("strided_inputs", "strided_inputs", _one(bias=True, ignored=0.25, upstream="scalar")),
+        PropertyRow("frozen_weight", "frozen_inputs[weight]", _one(bias=True)),
+        PropertyRow("frozen_x", "frozen_inputs[x]", _one(bias=True)),
+        PropertyRow(
+            "two_calls",
+            "two_calls",
+            _two_calls,
+            _unless(lambda i: {"sum", "mean"} & set(i.support.reductions), "{name} declares neither 'sum' nor 'mean'"),
+        ),
+        PropertyRow("earlier_calls", "earlier_calls", _one(_AMP)),
+        PropertyRow("ignored_rows", "ignored_rows", _one(ignored=0.5), opts("ignore_index")),
+        PropertyRow("permutation", "permutation", _one(ignored=0.25)),
+        PropertyRow("shift_invariance", "shift_invariance", _one(bias=True), opts("bias")),
+        PropertyRow("option_identities", "option_identities", _one()),
+        PropertyRow(
+            "reduction_consistency",
+            "reduction_consistency",
+            _one(),
+            _unless(
+                lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
+                "{name} does not declare all three reductions",
+            ),
+        ),
+        PropertyRow(
+            "determinism",
+            "determinism",
+            _determinism,
+            _unless(lambda i: i.support.deterministic, "{name} declares deterministic=False"),
+        ),
+        PropertyRow(
+            "chunk_invariance",
+            "chunk_invariance",
+            _chunk_invariance,
+            _unless(declares_chunks, "{name} declares no chunking"),
+        ),
+        PropertyRow("grad_dtypes", "grad_dtypes", _one(_AMP)),
+        PropertyRow("loss_dtype", "loss_dtype", _one(_AMP)),
+    )
+
+
+def property_rows(kind: str) -> tuple[PropertyRow, ...]:
+    """The rows of ``kind`` (:data:`PROPERTY_ROWS`)."""
+    return {
+        "linear_ce": _linear_ce_rows,
+        "quant_linear": _quant_rows,
+        "grouped_quant_linear": _grouped_rows,
+        "tp_quant_linear": _tp_rows,
+        "dist_linear_ce": _dist_rows,
+    }[kind]()
+
+
+#: The kinds with property rows (:func:`property_rows`).
+PROPERTY_KINDS: tuple[str, ...] = (
+    "linear_ce",
+    "quant_linear",
+    "grouped_quant_linear",
+    "tp_quant_linear",
+    "dist_linear_ce",
+)
+
+
+def _refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why the impl's declaration (or a recorded known divergence of the impl, as the suite leaves it out of its
+    draws) excludes a linear+CE or distributed case; ``None`` for the FP8 kinds (their builders fit the declaration)."""
+    if impl.kind == "linear_ce":
+        from numcheck.properties.core.known import known
+        from numcheck.properties.core.strategies import refusal
+
+        divergence = known(impl.name, prop, case)
+        return refusal(impl.support, case) or (divergence and f"known divergence: {divergence.reason}")
+    if impl.kind == "dist_linear_ce":
+        from numcheck.properties.core.strategies import refusal
+        from numcheck.properties.distributed.linear_ce.suite import known_divergence
+
+        known = known_divergence(impl, case)
+        return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")
+    return None
+
+
+def property_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
+    """The (impl or its chunk variant, case) pairs of every row of the impl's kind its declaration admits, each a
+    :class:`GridCase` with its ``property`` and the group ``suite:<test>``; a row its declaration leaves out, and a
+    case it refuses, are counted and named with the reason."""
+    out: list[tuple[Any, GridCase]] = []
+    not_run = NotRun()
+    for row in property_rows(impl.kind):
+        group = f"suite:{row.test}"
+        why = row.skip(impl)
+        if why:
+            not_run.add(group, "", row.prop, why)
+            continue
+        for built in row.build(impl, spec, device):
+            label, case, runner = (*built, impl) if len(built) == 2 else built
+            refused = _refused(impl, row.prop, case)
+            if refused:
+                not_run.add(group, "", label, refused)
+            else:
+                out.append((runner, GridCase(group, _mode(case), case, prop=row.prop)))
+    return out, not_run
+
+
+def _mode(case: Any) -> str:
+    problem = getattr(case, "problem", case)
+    if getattr(problem, "autocast", None):
+        return f"amp-{problem.autocast}"
+    return str(getattr(problem, "dtype", ""))
