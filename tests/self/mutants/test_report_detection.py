@@ -3,8 +3,9 @@
 in process; the accumulation and memory sections, which judge no impl, left out), must give exit status 1 with the
 expected property among the mutant's failing cases. The full column is docs/detection.md's (tools/detection.py).
 
-Classes the report cannot catch yet (it judges accuracy only, one call per case; issue 44 item 5) are strict xfails,
-so each flips to a failure, to be unmarked, when the report runs the suite's properties for them.
+The FP8 quantizer-edge and grouped state-across-calls classes were strict xfails while the report judged accuracy
+only, one call per case; they passed once the report ran every property of the kind's suite (issue 44 item 5), by the
+``quantizer`` and ``empty_experts`` properties.
 """
 
 from __future__ import annotations
@@ -25,10 +26,6 @@ sys.modules[_spec.name] = detection  # its dataclasses look their module up by n
 _spec.loader.exec_module(detection)
 
 _H = "numcheck.tests.self.helpers"
-_PENDING = (
-    "the quick report judges accuracy only, one call per case: {what} needs the suite's {prop} property in the "
-    "report (issue 44 item 5)"
-)
 
 #: (regime class, mutant spec, the property the report must name among its failing cases).
 CASES = [
@@ -37,18 +34,11 @@ CASES = [
         f"{_H}.fp8_mutants:mx_rceil_nonstrict",
         "quantizer",
         id="fp8-quantizer-edge",
-        marks=pytest.mark.xfail(
-            strict=True, reason=_PENDING.format(what="an E8M0 code off at exact powers of two", prop="quantizer")
-        ),
     ),
     pytest.param(
         f"{_H}.grouped_fp8_mutants:stale_wgrad_workspace",
         "empty_experts",
         id="grouped-state-across-calls",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason=_PENDING.format(what="an expert empty after a call that gave it rows", prop="empty_experts"),
-        ),
     ),
     pytest.param(f"{_H}.dist_mutants:no_grad_x_all_reduce", "accuracy", id="vocab-parallel-collective"),
 ]
