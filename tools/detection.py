@@ -536,8 +536,9 @@ def report_catches(cases: list[dict[str, Any]]) -> list[ReportCatch]:
         rc.failing += 1
         output, ratio = _worst_output(c)
         if rc.failing == 1 or (ratio is not None and (rc.ratio is None or ratio > rc.ratio)):
-            why = c.get("error") or next(iter(c.get("failures") or []), "")
-            rc.case, rc.output, rc.ratio, rc.message = c.get("label", ""), output, ratio, _first_line(str(why))
+            why = c.get("error") or "\n".join(str(f) for f in c.get("failures") or [])
+            why = _failure_kind(str(why)) if "case:" in str(why) else _first_line(str(why))
+            rc.case, rc.output, rc.ratio, rc.message = c.get("label", ""), output, ratio, why
     return [rc for rc in by.values() if rc.failing]
 
 
