@@ -37,6 +37,10 @@ HELP = "run every in-repo mutant through the suite under the ci profile and tabu
 
 _LINEAR = "numcheck.tests.self.helpers.mutants"
 _FP8 = "numcheck.tests.self.helpers.fp8_mutants"
+_GROUPED = "numcheck.tests.self.helpers.grouped_fp8_mutants"
+_DIST = "numcheck.tests.self.helpers.dist_mutants"
+_DIST_REDUCE = "numcheck.tests.self.helpers.dist_reduce"
+_TP = "numcheck.tests.self.helpers.dist_fp8_mutants"
 
 #: The suite properties (names of numcheck.check) that judge what each bug class breaks.
 #: (Kept to the two or three that matter per class: the whole run stays near 20 minutes on a loaded 2-core machine.)
@@ -45,6 +49,29 @@ _LOWP_ONLY = ("accuracy", "many_chunks", "large_vocab")
 _NONDETERMINISM = ("determinism", "ignored_rows", "chunk_invariance")
 _NARROW = ("accuracy", "accuracy_fp32_sharp")
 _QUANTIZER = ("quantizer_bitwise_on_random_tensors", "accuracy_against_both_references")
+#: The grouped suite's drawn tests (properties/fp8/grouped/suite.py).
+_G_ACC = "grouped_accuracy_against_both_references"
+_G_ACCUM = "grouped_wgrad_accumulation_over_micro_batches"
+_G_EMPTY = "grouped_empty_experts_exact_zero"
+_G_SOI = "grouped_save_original_input_is_bitwise_identical"
+_G_BYTES = "grouped_saved_bytes_measured"
+#: The distributed suites' tests: vocabulary-parallel ``PROPERTY[world_size=P]`` (tests/suite/test_distributed.py,
+#: run at that world size under gloo), TP/SP FP8 by their drawn test (properties/distributed/tp_fp8/suite.py, at
+#: every declared world size the backend runs here, as tests/suite/test_distributed_fp8.py runs them).
+_VP = ("dist_accuracy[world_size=4]",)
+_VP_RELATION = ("dist_world_size_invariance[world_size=2]", "dist_accuracy[world_size=2]")
+_TP_ACC = ("dist_accuracy_and_same_scale",)
+_TP_SOI = ("dist_accuracy_and_same_scale", "dist_save_original_input")
+
+#: The family of each mutant module, as the table names it.
+FAMILIES = {
+    _LINEAR: "linear+CE",
+    _FP8: "FP8 linear",
+    _GROUPED: "grouped FP8",
+    _DIST: "vocab-parallel",
+    _DIST_REDUCE: "vocab-parallel",
+    _TP: "TP/SP FP8",
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,100 @@ class Row:
     change: str
     select: tuple[str, ...]
 
+
+#: The grouped FP8 mutants (tests/self/helpers/grouped_fp8_mutants.py), each run through the grouped test that holds
+#: its bug's regime (the one tests/self/mutants/test_grouped_fp8_mutants.py names for it; accuracy for four of them).
+GROUPED_ROWS: tuple[Row, ...] = (
+    Row("split", f"{_GROUPED}:shared_scale", "per-tensor scales from one amax over every expert's rows", (_G_ACC,)),
+    Row(
+        "split",
+        f"{_GROUPED}:offsets_off_by_one",
+        "each expert's first row taken as the previous expert's last",
+        (_G_ACC,),
+    ),
+    Row("quantizer edge", f"{_GROUPED}:zero_amax_inf_scale", "fp8_max / amax without the amax = 0 case", (_G_ACC,)),
+    Row(
+        "state across calls",
+        f"{_GROUPED}:wrong_expert_dy_quantizer",
+        "backward quantizes expert i's dy with expert i+1's delayed quantizer",
+        (_G_ACC,),
+    ),
+    Row(
+        "narrow accumulator",
+        f"{_GROUPED}:bf16_main_grad",
+        "fused wgrad accumulation into main_grad rounded through bf16",
+        (_G_ACCUM,),
+    ),
+    Row(
+        "state across calls",
+        f"{_GROUPED}:stale_wgrad_workspace",
+        "wgrad workspace kept per shape, not cleared: an empty expert returns the previous call's slot",
+        (_G_EMPTY,),
+    ),
+    Row(
+        "save_original_input",
+        f"{_GROUPED}:soi_whole_input",
+        "save_original_input: backward re-quantizes the saved x as one tensor, forgetting the split",
+        (_G_SOI,),
+    ),
+    Row(
+        "held bytes",
+        f"{_GROUPED}:saves_copy_of_x",
+        "save_original_input keeps a private copy of x (no memory saved)",
+        (_G_BYTES,),
+    ),
+)
+
+#: The distributed mutants: vocabulary-parallel (tests/self/helpers/dist_mutants.py, dist_reduce.py) and TP/SP FP8
+#: (tests/self/helpers/dist_fp8_mutants.py), under gloo.
+DIST_ROWS: tuple[Row, ...] = (
+    Row("normalisation", f"{_DIST}:local_vocab_smoothing", "label smoothing ε/V_r (the shard's) for ε/V", _VP),
+    Row("collective", f"{_DIST}:no_grad_x_all_reduce", "grad_x left as the rank's partial (no all-reduce)", _VP),
+    Row(
+        "shard offset", f"{_DIST}:target_offset_off_by_one", "a target on the next shard's first class counted too", _VP
+    ),
+    Row("collective", f"{_DIST}:local_lse_z_loss", "z-loss from the rank's local lse, not the global one", _VP),
+    Row(
+        "declared reduce dtype",
+        f"{_DIST_REDUCE}:bf16_reduce_declared_fp32",
+        "grad_x partials all-reduced in bf16, declaring float32",
+        _VP_RELATION,
+    ),
+    Row("collective", f"{_TP}:amax_not_reduced", "per-tensor scales from each rank's own amax (current)", _TP_ACC),
+    Row(
+        "collective",
+        f"{_TP}:amax_not_reduced_delayed",
+        "per-tensor scales from each rank's own amax (delayed)",
+        _TP_ACC,
+    ),
+    Row(
+        "collective",
+        f"{_TP}:sp_gather_local_scale",
+        "column SP: x_r quantized with its own amax before the gather",
+        _TP_ACC,
+    ),
+    Row(
+        "save_original_input",
+        f"{_TP}:soi_local_shard",
+        "column SP, save_original_input: backward quantizes the local shard, not the gathered x (current)",
+        _TP_SOI,
+    ),
+    Row(
+        "save_original_input",
+        f"{_TP}:soi_local_shard_mxfp8",
+        "as soi_local_shard, MXFP8 (its own 32-blocks)",
+        _TP_SOI,
+    ),
+    Row(
+        "collective", f"{_TP}:row_output_not_reduced", "row-parallel partial y returned without the all-reduce", _TP_ACC
+    ),
+    Row(
+        "declared reduce dtype",
+        f"{_TP}:partials_in_output_declared_fp32",
+        "partials of sharded reductions reduced in the output dtype, declaring float32",
+        _TP_ACC,
+    ),
+)
 
 ROWS: tuple[Row, ...] = (
     Row(
@@ -121,6 +242,8 @@ ROWS: tuple[Row, ...] = (
         "quantizer edge", f"{_FP8}:no_saturation_mxfp8", "no saturation at the format maximum (MXFP8 FLOOR)", _QUANTIZER
     ),
     Row("quantizer edge", f"{_FP8}:no_saturation_delayed", "no saturation at the format maximum (delayed)", _QUANTIZER),
+    *GROUPED_ROWS,
+    *DIST_ROWS,
 )
 
 _RATIO = re.compile(r"error/bound (inf|nan|[0-9.]+(?:e[+-]?\d+)?)", re.IGNORECASE)
@@ -137,8 +260,37 @@ class Catch:
 
 
 @dataclass
+class ReportCatch:
+    """The report's failing cases of one property: how many of how many, and the worst (the failing case's output
+    with the largest error/bound, or the failure's first line where the property states none)."""
+
+    property: str
+    failing: int
+    cases: int
+    case: str = ""
+    output: str = ""
+    ratio: float | None = None
+    message: str = ""
+
+
+@dataclass
+class ReportRun:
+    """What ``numcheck report --quick --impl SPEC`` did for one mutant: its exit status, the properties whose
+    cases failed or raised (read from its report.json), its case count and seconds; ``caught`` when it exited 1 with
+    a failing case of the mutant."""
+
+    exit_status: int | None
+    caught: bool
+    catches: list[ReportCatch] = field(default_factory=list)
+    cases: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass
 class Detection:
-    """What the run of one mutant found."""
+    """What the run of one mutant found: the suite's properties of its class (``catches``, ``passed``) and the
+    quick report (``report``; ``report_before``: the report column of an earlier run, ``--report-before``)."""
 
     mutant: str
     bug_class: str
@@ -152,6 +304,9 @@ class Detection:
     skipped: int = 0
     seconds: float = 0.0
     note: str = ""
+    family: str = ""
+    report: ReportRun | None = None
+    report_before: ReportRun | None = None
 
 
 def _cell(text: str) -> str:
@@ -175,25 +330,106 @@ def _margin(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+_WORLD = re.compile(r"^(\w+)\[world_size=(\d+)\]$")
+
+
+def _run_vocab_parallel(impl: Any, name: str) -> tuple[str, str]:
+    """``PROPERTY[world_size=P]`` of the vocabulary-parallel suite on ``impl`` under the ci profile without
+    shrinking (tests/suite/test_distributed.py's run): its status and message."""
+    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.properties.distributed.linear_ce.props import PROPERTIES
+    from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
+    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
+
+    m = _WORLD.match(name)
+    if m is None or m.group(1) not in PROPERTIES:
+        raise ValueError(f"detection: {name!r} is no PROPERTY[world_size=P] of {sorted(PROPERTIES)}")
+    P = int(m.group(2))
+    why = world_size_unavailable(P, default_backend())
+    if why or P not in impl.dist.world_sizes:
+        return "skipped", why or f"{impl.name} declares world sizes {impl.dist.world_sizes}"
+    try:
+        run_property(PROPERTIES[m.group(1)], impl, P, "numcheck-ci", shrink=False)
+    except (PropertyFailure, RankFailure) as exc:
+        return "failed", str(exc)
+    except EveryDrawKnown as exc:
+        return "skipped", str(exc)
+    return "passed", ""
+
+
+def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
+    """The TP/SP FP8 suite's drawn test ``name`` on ``impl`` under ``base`` at its declared world sizes the backend
+    runs here (pinned to the largest where some cannot run, as tests/suite/test_distributed_fp8.py does)."""
+    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
+    from numcheck.properties.distributed.tp_fp8.suite import run_drawn
+
+    declared = list(impl.support.world_sizes)
+    sizes = [p for p in declared if world_size_unavailable(p, default_backend()) is None]
+    if not sizes:
+        return "skipped", str(world_size_unavailable(min(declared), default_backend()))
+    try:
+        run_drawn(impl, name, base=base, **({} if sizes == declared else {"world": max(sizes)}))
+    except (PropertyFailure, RankFailure) as exc:
+        return "failed", str(exc)
+    return "passed", ""
+
+
+def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
+    """One property ``name`` of ``impl``'s kind through the suite's own runner for that kind: status, message."""
+    if impl.kind == "dist_linear_ce":
+        return _run_vocab_parallel(impl, name)
+    if impl.kind == "tp_quant_linear":
+        return _run_tp(impl, name, base)
+    from numcheck.properties.check import _TABLES, _run_drawn
+    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+
+    table = {**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind]
+    v = _run_drawn(table[name], impl, base)
+    return v.status, v.message
+
+
+def _all_properties(impl: Any) -> list[str]:
+    """Every drawn property of ``impl``'s kind (``--all-properties``)."""
+    from numcheck.properties.check import _TABLES
+    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+
+    if impl.kind == "dist_linear_ce":
+        return [
+            "dist_accuracy[world_size=2]",
+            "dist_accuracy[world_size=4]",
+            "dist_world_size_invariance[world_size=2]",
+            "dist_world_size_invariance[world_size=4]",
+        ]
+    if impl.kind == "tp_quant_linear":
+        from numcheck.properties.distributed.tp_fp8.suite import DRAWN
+
+        return list(DRAWN)
+    return list({**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind])
+
+
 def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:
     """Run ``properties`` (all of the impl's kind when ``None``) on the one impl ``spec`` loads, under the ci
-    profile without shrinking; the raw findings as a dict (``name``, per property status, message, seconds)."""
+    profile without shrinking, each through the suite's runner of its kind (:func:`_run_one`); the raw findings as
+    a dict (``name``, ``kind``, per property status, message, seconds)."""
     from hypothesis import Phase, settings
 
-    from numcheck.properties.check import _TABLES, _load, _run_drawn
+    from numcheck.properties.check import _load
 
     impl = _load(spec)
-    table = _TABLES[impl.kind]
-    names = list(properties) if properties is not None else list(table)
+    names = list(properties) if properties is not None else _all_properties(impl)
     base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
     out = []
     for name in names:
         t0 = time.monotonic()
-        v = _run_drawn(table[name], impl, base)
-        out.append(
-            {"property": name, "status": v.status, "message": v.message, "seconds": round(time.monotonic() - t0, 2)}
-        )
-    return {"name": impl.name, "results": out}
+        status, message = _run_one(impl, name, base)
+        out.append({"property": name, "status": status, "message": message, "seconds": round(time.monotonic() - t0, 2)})
+    return {"name": impl.name, "kind": impl.kind, "results": out}
+
+
+def family_of(row: Row) -> str:
+    """The family of ``row``'s mutant (its module's, :data:`FAMILIES`)."""
+    return FAMILIES[row.spec.split(":", 1)[0]]
 
 
 def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str]) -> Detection:
@@ -206,6 +442,7 @@ def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str])
         select=select,
         caught=False,
         seconds=round(seconds, 1),
+        family=family_of(row),
     )
     elapsed = 0.0
     for r in raw["results"]:
@@ -240,6 +477,7 @@ def run_mutant(row: Row, *, all_properties: bool, timeout: float) -> Detection:
             caught=False,
             seconds=round(time.monotonic() - t0, 1),
             note=f"timed out after {timeout:.0f} s",
+            family=family_of(row),
         )
     seconds = time.monotonic() - t0
     lines = proc.stdout.strip().splitlines()
@@ -254,39 +492,142 @@ def run_mutant(row: Row, *, all_properties: bool, timeout: float) -> Detection:
             caught=False,
             seconds=round(seconds, 1),
             note=f"exit {proc.returncode}: {tail}"[:300],
+            family=family_of(row),
         )
     return _detection(row, json.loads(lines[-1]), seconds, select or ["(all)"])
+
+
+def report_command(spec: str, out: Path) -> list[str]:
+    """``numcheck report --quick --impl SPEC`` as a user runs it (the console script's entry point), written to
+    ``out`` (replaced), without plots or progress bar."""
+    cli = "import sys; from numcheck.reports.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", cli, "report", "--quick", "--impl", spec, "--out", str(out), "--force"] + [
+        "--no-plots",
+        "--no-progress",
+    ]
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty line of ``text``, shortened for a table cell."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:200]
+
+
+def _worst_output(case: dict[str, Any]) -> tuple[str, float | None]:
+    """The output of a report case with the largest error/bound (``ratio_hard``), and that ratio; ``("", None)``
+    where no output states one (a pass/fail property record, an impl that raised)."""
+    best: tuple[str, float | None] = ("", None)
+    for name, rec in (case.get("outputs") or {}).items():
+        r = rec.get("ratio_hard") if isinstance(rec, dict) else None
+        if isinstance(r, (int, float)) and r == r and (best[1] is None or r > best[1]):
+            best = (name, float(r))
+    return best
+
+
+def report_catches(cases: list[dict[str, Any]]) -> list[ReportCatch]:
+    """Per property (``property`` of schema /2; accuracy for /1's records), in the report's order: how many of its
+    cases failed or raised, and the worst failing case (largest error/bound, else the first failing one)."""
+    by: dict[str, ReportCatch] = {}
+    for c in cases:
+        prop = c.get("property", "accuracy")
+        rc = by.setdefault(prop, ReportCatch(prop, 0, 0))
+        rc.cases += 1
+        if c.get("status") not in ("fail", "error"):
+            continue
+        rc.failing += 1
+        output, ratio = _worst_output(c)
+        if rc.failing == 1 or (ratio is not None and (rc.ratio is None or ratio > rc.ratio)):
+            why = c.get("error") or "\n".join(str(f) for f in c.get("failures") or [])
+            why = _failure_kind(str(why)) if "case:" in str(why) else _first_line(str(why))
+            rc.case, rc.output, rc.ratio, rc.message = c.get("label", ""), output, ratio, why
+    return [rc for rc in by.values() if rc.failing]
+
+
+def run_report(spec: str, out: Path, timeout: float) -> ReportRun:
+    """The quick report of one mutant in its own process (:func:`report_command`), read back from its
+    report.json through the report's own loader."""
+    from numcheck.reports.report import schema
+
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(report_command(spec, out), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return ReportRun(None, False, seconds=round(time.monotonic() - t0, 1), note=f"timed out after {timeout:.0f} s")
+    seconds = round(time.monotonic() - t0, 1)
+    last = (proc.stdout.strip().splitlines() or proc.stderr.strip().splitlines() or [""])[-1][:300]
+    if not (out / "report.json").exists():
+        return ReportRun(proc.returncode, False, seconds=seconds, note=f"no report.json: {last}")
+    cases = schema.load(out / "report.json")["cases"]
+    catches = report_catches(cases)
+    caught = proc.returncode == 1 and bool(catches)
+    return ReportRun(proc.returncode, caught, catches, len(cases), seconds, "" if caught else last)
 
 
 def _fmt_ratio(r: float | None) -> str:
     return "—" if r is None else (f"{r:.3g}" if r < 1e6 else f"{r:.2e}")
 
 
+def _suite_cell(d: Detection) -> str:
+    """The suite's catches of one mutant: each failing property with its margin (or the failure)."""
+    return "<br>".join(
+        f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({_cell(c.kind)})")
+        for c in d.catches
+    ) or ("**NO**" + (f" ({_cell(d.note)})" if d.note else ""))
+
+
+def report_cell(r: ReportRun | None) -> str:
+    """The quick report's column for one mutant: exit status, then each property whose cases failed (how many of
+    its cases) with the worst failing case's output and error/bound, or the failure's first line."""
+    if r is None:
+        return "not run"
+    if not r.caught:
+        return f"exit {r.exit_status}: **not caught** ({r.cases} cases)" + (f"; {_cell(r.note)}" if r.note else "")
+    parts = []
+    for c in r.catches:
+        worst = f"{c.output} {_fmt_ratio(c.ratio)}" if c.ratio is not None else _cell(c.message)
+        parts.append(f"`{c.property}` {c.failing}/{c.cases} ({worst})")
+    return f"exit {r.exit_status}: " + "<br>".join(parts)
+
+
+def _short_report(r: ReportRun | None) -> str:
+    """The earlier report column of a mutant, in one word."""
+    if r is None:
+        return "—"
+    return f"caught (exit {r.exit_status})" if r.caught else f"**not caught** (exit {r.exit_status})"
+
+
+def summary_lines(dets: list[Detection]) -> list[str]:
+    """Per family and overall: mutants, caught by the suite, caught by the report (and before, where kept)."""
+    before = any(d.report_before is not None for d in dets)
+    head = "| family | mutants | caught by the suite | caught by `report --quick` |" + (" before |" if before else "")
+    out = [head, "|" + " --- |" * (5 if before else 4)]
+    for fam in [*dict.fromkeys(d.family for d in dets), "all"]:
+        ds = [d for d in dets if fam in ("all", d.family)]
+        row = f"| {fam} | {len(ds)} | {sum(d.caught for d in ds)} | {sum(bool(d.report and d.report.caught) for d in ds)} |"
+        out.append(row + (f" {sum(bool(d.report_before and d.report_before.caught) for d in ds)} |" if before else ""))
+    return out
+
+
 def to_markdown(dets: list[Detection], header: str) -> str:
-    """The detection table: one row per mutant."""
+    """The detection table: one row per mutant, the suite's column and the quick report's, then the summary."""
+    before = any(d.report_before is not None for d in dets)
     lines = [
         header,
         "",
-        "| class | mutant | change | caught | caught by (margin: error/bound of the first failing draw, or the "
-        "failure) | s to first failure | passed (ran, did not catch it) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| family | class | mutant | change | suite: caught by (margin: error/bound of the first failing draw, or "
+        "the failure) | s to first failure | passed (ran, did not catch it) | `report --quick`: exit, failing "
+        "property cases/all (worst output error/bound) |" + (" report before |" if before else ""),
+        "|" + " --- |" * (9 if before else 8),
     ]
     for d in dets:
-        by = (
-            "<br>".join(
-                f"`{c.property}` {_fmt_ratio(c.ratio)}" + ("" if c.ratio is not None else f" ({_cell(c.kind)})")
-                for c in d.catches
-            )
-            or "—"
-        )
         first = "—" if d.seconds_to_first_failure is None else f"{d.seconds_to_first_failure:.1f}"
         lines.append(
-            f"| {d.bug_class} | `{d.mutant}` | {d.change} | {'yes' if d.caught else '**NO**'} | {by} | "
-            f"{first} | {', '.join(f'`{p}`' for p in d.passed) or '—'} |"
+            f"| {d.family} | {d.bug_class} | `{d.mutant}` | {d.change} | {_suite_cell(d)} | {first} | "
+            f"{', '.join(f'`{p}`' for p in d.passed) or '—'} | {report_cell(d.report)} |"
+            + (f" {_short_report(d.report_before)} |" if before else "")
         )
     missed = [d for d in dets if not d.caught]
-    lines += ["", f"{len(dets) - len(missed)} of {len(dets)} mutants caught by the ci profile."]
-    return "\n".join(lines)
+    lines += ["", f"{len(dets) - len(missed)} of {len(dets)} mutants caught by the ci profile.", ""]
+    return "\n".join(lines + summary_lines(dets))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -303,13 +644,100 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run every drawn property of the suite per mutant, not only its class's",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's run (default 600)")
+    p.add_argument("--no-report", action="store_true", help="leave out the report column")
+    p.add_argument("--no-suite", action="store_true", help="leave out the suite column (run the report column alone)")
+    for flag, what in (
+        ("--suite-from", "the suite column: these earlier runs' (nothing run for it)"),
+        ("--report-from", "the report column: these earlier runs' (nothing run for it; a mutant none has: not run)"),
+        ("--report-before", "a 'report before' column: these earlier runs' report column (e.g. before a change)"),
+    ):
+        p.add_argument(
+            flag,
+            type=Path,
+            action="append",
+            default=[],
+            metavar="DETECTION.json",
+            help=f"{what}; repeatable, a later file's row replacing an earlier one's",
+        )
     p.add_argument(
         "--out",
         type=Path,
         default=Path("numcheck-detection"),
         metavar="DIR",
-        help="where detection.json and detection.md go (default ./numcheck-detection)",
+        help="where detection.json and detection.md go, and each mutant's report under reports/ "
+        "(default ./numcheck-detection)",
     )
+
+
+def _from_json(d: dict[str, Any]) -> Detection:
+    """A :class:`Detection` as :func:`run` wrote it into detection.json."""
+
+    def report(r: dict[str, Any] | None) -> ReportRun | None:
+        return None if r is None else ReportRun(**{**r, "catches": [ReportCatch(**c) for c in r["catches"]]})
+
+    d = {**d, "catches": [Catch(**c) for c in d["catches"]]}
+    return Detection(**{**d, "report": report(d.get("report")), "report_before": report(d.get("report_before"))})
+
+
+def _select_rows(args: argparse.Namespace) -> list[Row] | str:
+    """The rows ``--mutant`` names (all without it), or the error naming the unknown ones."""
+    known = {r.spec.rsplit(":", 1)[1]: r for r in ROWS}
+    unknown = [m for m in args.mutant if m not in known]
+    if unknown:
+        return f"detection: unknown mutant(s) {unknown}; known: {sorted(known)}"
+    return [known[m] for m in args.mutant] if args.mutant else list(ROWS)
+
+
+def _earlier(paths: list[Path]) -> dict[str, Detection]:
+    """The rows of earlier runs' detection.json files by spec, a later file's replacing an earlier one's."""
+    rows: dict[str, Detection] = {}
+    for path in paths:
+        rows.update({d["spec"]: _from_json(d) for d in json.loads(path.read_text())["mutants"]})
+    return rows
+
+
+def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, Detection]]) -> Detection:
+    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`)."""
+    if args.suite_from and row.spec not in earlier["suite_from"]:
+        raise SystemExit(f"detection: {args.suite_from} have no row for {row.spec}")
+    if args.suite_from:
+        d = earlier["suite_from"][row.spec]
+    elif args.no_suite:
+        name = row.spec.rsplit(":", 1)[1]
+        d = Detection(name, row.bug_class, row.change, row.spec, [], False, note="suite not run", family=family_of(row))
+    else:
+        d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
+    before = earlier["report_before"].get(row.spec)
+    d.report_before = before.report if before else None
+    if args.report_from:
+        d.report = earlier["report_from"][row.spec].report if row.spec in earlier["report_from"] else None
+    elif not args.no_report:
+        d.report = run_report(row.spec, args.out / "reports" / row.spec.rsplit(":", 1)[1], args.timeout)
+    else:
+        d.report = None
+    rep = "" if d.report is None else f"; report {'caught' if d.report.caught else 'NOT caught'}"
+    suite = "caught by " + ", ".join(c.property for c in d.catches) if d.caught else "NOT caught"
+    print(f"{d.mutant}: suite {suite}{rep} ({d.seconds:.0f} s)", file=sys.stderr, flush=True)
+    return d
+
+
+def _write(dets: list[Detection], out: Path) -> str:
+    """detection.md and detection.json under ``out``; the Markdown."""
+    import torch
+
+    header = (
+        f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
+        f"shrink phase left out), torch {torch.__version__}, "
+        f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
+        "running the properties of its class, then `numcheck report --quick --impl SPEC` in its own process "
+        "(`python tools/detection.py`)."
+    )
+    md = to_markdown(dets, header)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "detection.md").write_text(md + "\n")
+    payload = {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}
+    (out / "detection.json").write_text(json.dumps(payload, indent=1) + "\n")
+    return md
 
 
 def run(args: argparse.Namespace) -> int:
@@ -320,41 +748,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    known = {r.spec.rsplit(":", 1)[1]: r for r in ROWS}
-    unknown = [m for m in args.mutant if m not in known]
-    if unknown:
-        print(f"detection: unknown mutant(s) {unknown}; known: {sorted(known)}", file=sys.stderr)
+    rows = _select_rows(args)
+    if isinstance(rows, str):
+        print(rows, file=sys.stderr)
         return 2
-    rows = [known[m] for m in args.mutant] if args.mutant else list(ROWS)
-    import torch
-
-    dets: list[Detection] = []
-    for row in rows:
-        d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
-        print(
-            f"{d.mutant}: {'caught by ' + ', '.join(c.property for c in d.catches) if d.caught else 'NOT caught'} "
-            f"({d.seconds:.0f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        dets.append(d)
-    header = (
-        f"Detection under the ci profile (numcheck-ci: derandomized, 12 examples, numcheck.check's draws; the "
-        f"shrink phase left out), torch {torch.__version__}, "
-        f"{'CUDA' if os.environ.get('NUMCHECK_DEVICE') == 'cuda' else 'CPU'}; one process per mutant, each "
-        "running the properties of its class (`python tools/detection.py`)."
-    )
-    md = to_markdown(dets, header)
-    print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "detection.md").write_text(md + "\n")
-    (args.out / "detection.json").write_text(
-        json.dumps(
-            {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}, indent=1
-        )
-        + "\n"
-    )
-    return 0 if all(d.caught for d in dets) else 1
+    earlier = {k: _earlier(getattr(args, k)) for k in ("suite_from", "report_from", "report_before")}
+    dets = [_one_row(row, args, earlier) for row in rows]
+    print(_write(dets, args.out))
+    caught = all(d.caught and (d.report is None or d.report.caught) for d in dets)
+    return 0 if caught else 1
 
 
 def main(argv: list[str]) -> int:

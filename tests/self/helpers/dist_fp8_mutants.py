@@ -92,3 +92,15 @@ DTYPE_MUTANTS, DTYPE_CAUGHT_BY = caught_by_table(
         ),
     ]
 )
+
+#: Each mutant alone, in the tables' order, so ``--impl numcheck.tests.self.helpers.dist_fp8_mutants:ATTR`` loads one
+#: of them (the detection table's specs, tools/detection.py).
+(
+    amax_not_reduced,
+    amax_not_reduced_delayed,
+    sp_gather_local_scale,
+    soi_local_shard,
+    soi_local_shard_mxfp8,
+    row_output_not_reduced,
+) = MUTANTS
+(partials_in_output_declared_fp32,) = DTYPE_MUTANTS

@@ -50,3 +50,8 @@ def dist_impls() -> list[VocabParallelCE]:
         m.spec_module = _Mutant.spec_module
         out.append(m)
     return out
+
+
+#: Each mutant alone, in :func:`dist_impls`' order, so ``--impl numcheck.tests.self.helpers.dist_mutants:ATTR`` loads
+#: one of them (the detection table's specs, tools/detection.py).
+local_vocab_smoothing, no_grad_x_all_reduce, target_offset_off_by_one, local_lse_z_loss = dist_impls()

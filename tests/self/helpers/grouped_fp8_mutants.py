@@ -152,3 +152,16 @@ MUTANTS, CAUGHT_BY = caught_by_table(
         (_fused(SavesCopyOfInput, "mutant_grouped_saves_copy_of_x", _current), "saved_bytes"),
     ]
 )
+
+#: Each mutant alone, in :data:`MUTANTS`' order, so ``--impl numcheck.tests.self.helpers.grouped_fp8_mutants:ATTR``
+#: loads one of them (the detection table's specs, tools/detection.py).
+(
+    shared_scale,
+    offsets_off_by_one,
+    zero_amax_inf_scale,
+    wrong_expert_dy_quantizer,
+    bf16_main_grad,
+    stale_wgrad_workspace,
+    soi_whole_input,
+    saves_copy_of_x,
+) = MUTANTS
