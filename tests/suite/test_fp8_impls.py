@@ -34,6 +34,17 @@ EDGE_REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier"
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
+def _declared_mode(impl) -> bool:
+    """The save_original_input value the fixed cases run with: False where declared, else True (an impl declaring
+    only True, such as torchao's Float8Linear, which always saves x itself)."""
+    return False not in impl.support.save_original_input
+
+
+def _both_modes(impl) -> bool:
+    """Whether the impl declares both save_original_input values (the mode comparison needs both)."""
+    return {False, True} <= set(impl.support.save_original_input)
+
+
 def _first_dtype(impl) -> str:
     for d, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
         if d in impl.support.dtypes:
@@ -65,6 +76,7 @@ def test_edge_inputs_every_recipe(quant_impl):
                 regime=regime,
                 seed=11,
                 steps=steps,
+                save_original_input=_declared_mode(quant_impl),
                 device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
@@ -102,6 +114,7 @@ def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
                 regime=regime,
                 seed=12,
                 steps=steps,
+                save_original_input=_declared_mode(quant_impl),
                 device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
@@ -145,8 +158,8 @@ def test_save_original_input_is_bitwise_identical(quant_impl, data):
 def test_save_original_input_on_edge_regimes(quant_impl):
     """Bitwise identical modes also where FP8 subnormals and outliers make double quantization visible
     (wide and outlier inputs), for every recipe that allows save_original_input."""
-    if True not in quant_impl.support.save_original_input:
-        pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
+    if not _both_modes(quant_impl):
+        pytest.skip(f"{quant_impl.name} does not declare both save_original_input values")
     for recipe in quant_impl.support.recipes:
         for regime in ("wide", "outlier", "zeros", "inf"):
             case = QuantCase(
@@ -229,10 +242,18 @@ def test_emulated_gemms_match_native(quant_impl):
     with capabilities.forced(scaled_mm=False):
         for recipe in quant_impl.support.recipes:
             case = QuantCase(
-                recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4, device=DEVICE
+                recipe,
+                32,
+                128,
+                48,
+                dtype=_first_dtype(quant_impl),
+                bias=quant_impl.support.bias,
+                seed=4,
+                save_original_input=_declared_mode(quant_impl),
+                device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
-            if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
+            if recipe.allows_save_original_input and _both_modes(quant_impl):
                 judge(checks.save_original_input, quant_impl, case)
 
 
