@@ -22,7 +22,8 @@ Semantics, read from torchao 0.18.0 (``float8/config.py``, ``float8_linear.py``,
 - Saved for backward: ``matmul_with_hp_or_float8_args.forward`` saves ``input_hp`` (x itself) and the weight and
   quantizes both again in backward: ``save_original_input=True`` only.
 - Output: the emulated GEMM is ``mm(data.float() / scale, ...)`` in fp32, cast to x's dtype; the bias is added
-  after, in x's dtype (``Float8Linear.forward``).
+  after, in x's dtype (``Float8Linear.forward``): ``bias_after_output_rounding=True``
+  (``docs/evidence/torchao_bias_rounding.py`` shows y equal to ``bf16(bf16(S) + b)`` bit for bit).
 
 On CUDA torchao runs ``torch._scaled_mm`` (not declared here yet: the H200 path is separate work).
 """
@@ -193,7 +194,12 @@ def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunct
     if isinstance(recipe, str):
         return _unavailable(name, f"torchao {info.version} recipe {name!r}: {recipe}")
     support = QuantLinearSupport(
-        recipes=(recipe,), dtypes=DTYPES, devices=("cpu",), save_original_input=(True,), bias=True
+        recipes=(recipe,),
+        dtypes=DTYPES,
+        devices=("cpu",),
+        save_original_input=(True,),
+        bias=True,
+        bias_after_output_rounding=True,  # Float8Linear.forward: output + bias.to(output.dtype), after the GEMM's cast
     )
     desc = (
         f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), emulate=True: "
