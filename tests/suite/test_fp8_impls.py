@@ -17,6 +17,7 @@ from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import FormatCodes, QuantCase, QuantizerCase
+from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
@@ -61,7 +62,8 @@ def test_accuracy_against_both_references(quant_impl, data):
 
 def test_edge_inputs_every_recipe(quant_impl):
     """All-zero, outlier-per-block, NaN, inf, tiny and wide inputs follow the oracle's defined behaviour, K = 40
-    (not a multiple of 16, 32 or 128), for every declared recipe."""
+    (not a multiple of 16, 32 or 128), for every declared recipe; a case a known divergence of the installed release
+    covers (:mod:`numcheck.properties.fp8.known_torchao`) is left to that entry's strict example."""
     bias = quant_impl.support.bias
     for recipe in quant_impl.support.recipes:
         for regime in EDGE_REGIMES:
@@ -79,7 +81,8 @@ def test_edge_inputs_every_recipe(quant_impl):
                 save_original_input=_declared_mode(quant_impl),
                 device=DEVICE,
             )
-            judge(checks.accuracy, quant_impl, case)
+            if known_fp8_divergence(quant_impl.name, "accuracy", case) is None:  # else its strict example runs
+                judge(checks.accuracy, quant_impl, case)
 
 
 #: (M, K, N, dtype ("first" or "low"), regime) of the fixed shapes in test_multi_tile_and_long_reduction_every_recipe.
