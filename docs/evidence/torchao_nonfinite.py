@@ -64,9 +64,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, torchao {getattr(info, 'version', info)}, CPU (emulate=True)")
     impl = torchao_impl("tensorwise")
     recipe = impl.support.recipes[0]
-    print(f"{impl.name} as {recipe.name}; accuracy on the suite's edge case (M=33, K=40, N=24, float32, bias, seed 11):")
+    print(
+        f"{impl.name} as {recipe.name}; accuracy on the suite's edge case (M=33, K=40, N=24, float32, bias, seed 11):"
+    )
     for regime in REGIMES:
-        case = QuantCase(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
+        case = QuantCase(
+            recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True
+        )
         print(f"  {regime}: {verdict(impl, case)}")
     print("torchao's scale of a tensor with one non-finite element:")
     scales()
