@@ -85,6 +85,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.cce import cce_impls
     from numcheck.impls.adapters.liger import liger_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
+    from numcheck.impls.adapters.torchao import torchao_impls
     from numcheck.impls.adapters.transformer_engine import te_impls
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
@@ -103,6 +104,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         torch_native_impls,
         triton_impls,
         quant_linear_impls,
+        torchao_impls,
         grouped_fp8_linear_impls,
         dist_impls,
         tp_fp8_linear_impls,

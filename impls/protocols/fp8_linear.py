@@ -226,6 +226,9 @@ class QuantLinearSupport:
             reduction runs at ``accum_unit_roundoff``. A scalar or ``{device_type: int | None}``.
             Together they set the accuracy bound (:mod:`properties.fp8.tolerance`).
         exposes_quantize: it has a ``quantize`` method (enables the bitwise quantizer properties).
+        bias_after_output_rounding: ``y`` is ``fl(fl(x·Wᵀ) + b)``: the product is rounded to the output dtype and
+            the bias added after, in the output dtype (torchao's ``Float8Linear``), instead of inside the
+            accumulation; the bound of ``y`` then counts that rounding of the bias-free product.
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
 
@@ -237,6 +240,7 @@ class QuantLinearSupport:
     accum_unit_roundoff: float | Mapping[str, float] = 2.0**-24
     accum_chunk: int | None | Mapping[str, int | None] = None
     exposes_quantize: bool = False
+    bias_after_output_rounding: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -246,7 +250,7 @@ class QuantLinearSupport:
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
         set_("save_original_input", _declared_save_original_input(own, self.save_original_input))
-        decl.bools(own, self, ("bias", "exposes_quantize"))
+        decl.bools(own, self, ("bias", "exposes_quantize", "bias_after_output_rounding"))
         decl.requirement(own, self.requires)
         for name in _PER_DEVICE:
             set_(name, _declared_per_device(own, name, getattr(self, name), self.devices))
@@ -299,7 +303,8 @@ class QuantLinearSupport:
         dts = ",".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
         soi = ",".join(str(v) for v in sorted(self.save_original_input))
         lines = [
-            f"dtypes: {dts}; devices: {','.join(sorted(self.devices))}; bias: {'yes' if self.bias else 'no'}",
+            f"dtypes: {dts}; devices: {','.join(sorted(self.devices))}; bias: {'yes' if self.bias else 'no'}"
+            + (", added after y is rounded to the output dtype" if self.bias_after_output_rounding else ""),
             f"save_original_input: {soi}; accumulation unit roundoff: {self._accum_text()}; "
             f"quantize exposed: {'yes' if self.exposes_quantize else 'no'}",
             "recipes: " + ", ".join(r.name for r in self.recipes),

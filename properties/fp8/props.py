@@ -288,7 +288,16 @@ def _measure_step(
         if got is not None:
             u_a, chunk = impl.support.accumulation(case.device)
             bnd = output_bounds(
-                ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk
+                ref,
+                name,
+                t.x,
+                t.weight,
+                t.dy,
+                t.bias,
+                out_dtype=got.dtype,
+                accum_u=u_a,
+                accum_chunk=chunk,
+                bias_after_output_rounding=impl.support.bias_after_output_rounding,
             )
         result.outputs[label] = output_metrics(label, got, ref.dq[name], ref.true[name], bnd)
 
@@ -400,7 +409,18 @@ def _judge_sum(
     dq = true = bdq = btrue = None
     skip = None
     for ref, t in parts:
-        bnd = output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=got.dtype, accum_u=u_a, accum_chunk=chunk)
+        bnd = output_bounds(
+            ref,
+            name,
+            t.x,
+            t.weight,
+            t.dy,
+            t.bias,
+            out_dtype=got.dtype,
+            accum_u=u_a,
+            accum_chunk=chunk,
+            bias_after_output_rounding=impl.support.bias_after_output_rounding,
+        )
         un = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
         dq = ref.dq[name] if dq is None else dq + ref.dq[name]
         true = ref.true[name] if true is None else true + ref.true[name]

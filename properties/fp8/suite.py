@@ -58,9 +58,12 @@ def _quantizer_case(impl: Any, data: Any) -> QuantizerCase:
 
 
 def _declares_soi(impl: Any) -> str | None:
-    """Why save_original_input=True says nothing about ``impl`` (it does not declare it)."""
+    """Why the mode comparison says nothing about ``impl``: it does not declare save_original_input=True, or declares
+    only True (nothing to compare with: torchao's Float8Linear always saves x itself)."""
     if True not in impl.support.save_original_input:
         return f"{impl.name} does not declare save_original_input=True"
+    if False not in impl.support.save_original_input:
+        return f"{impl.name} declares only save_original_input=True: no False run to compare with"
     return None
 
 

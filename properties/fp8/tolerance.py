@@ -38,6 +38,12 @@ and ``|o_dq − o_true| ≤ Q := Σ_k (ρ(a_k)|b_k| + |a_k|ρ(b_k) + ρ(a_k)ρ(b
 ``≈ (2u_q + u_q²)·Σ|a||b|``: the FP8 unit roundoff per operand. Saturation (MXFP8 FLOOR clips blocks
 whose amax mantissa exceeds 1.75) and FP8 subnormals enter through ``ρ`` exactly as they occur.
 
+**Bias after the output rounding** (``bias_after_output_rounding``: ``y = fl_o(fl_o(Ŝ) + b)``, torchao's
+``Float8Linear``): the bias-free product ``S`` is rounded to the output dtype first, erring by at most
+``R := u_o·(|S| + E) + η_o`` (|Ŝ − S| ≤ E), and the final rounding is of a value within ``E + R`` of ``o``; so
+``B_dq := E + R_dq + u_o·(|o_dq| + E + R_dq) + η_o`` with ``S_dq = o_dq − b``, and likewise ``B_true`` with
+``E + Q`` for ``E`` and ``S_true = o_true − b``. Under cancellation (``|S| ≫ |o|``) ``R`` is many ulps of ``o``.
+
 ``bgrad = Σ_i dy_i`` is summed from the unquantized dy in fp32: ``B = γ_M(2⁻²⁴)·Σ|dy_i| + u_o·(|o| + ·) + η_o``
 against both references.
 
@@ -181,9 +187,11 @@ def output_bounds(
     out_dtype: torch.dtype,
     accum_u: float,
     accum_chunk: int | None = None,
+    bias_after_output_rounding: bool = False,
 ) -> OutputBounds:
     """The bounds of ``output`` for an impl accumulating at ``accum_u`` (promoted to fp32 every
-    ``accum_chunk`` products, if given) and returning ``out_dtype``."""
+    ``accum_chunk`` products, if given) and returning ``out_dtype``; ``bias_after_output_rounding``: ``y``'s
+    product is rounded to ``out_dtype`` before the bias is added (module docstring)."""
     u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
     out_max = float(torch.finfo(out_dtype).max)
     ref_dq, ref_true = ref.dq[output], ref.true[output]
@@ -200,11 +208,16 @@ def output_bounds(
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
     m = n + EXTRA_ROUNDINGS
     E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
-    bdq = E + u_o * (_nan0(ref_dq.abs()) + E) + eta_o
     oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
-    btrue = E + Q + u_o * (_nan0(ref_true.abs()) + E + Q) + eta_o
+    R_dq = R_true = 0.0
+    if output == "y" and bias is not None and bias_after_output_rounding:
+        b64 = round_to_fp32(bias.detach().to("cpu", F64))
+        R_dq = u_o * (_nan0((ref_dq - b64).abs()) + E) + eta_o
+        R_true = u_o * (_nan0((ref_true - b64).abs()) + E + Q) + eta_o
+    bdq = E + R_dq + u_o * (_nan0(ref_dq.abs()) + E + R_dq) + eta_o
+    btrue = E + Q + R_true + u_o * (_nan0(ref_true.abs()) + E + Q + R_true) + eta_o
     unspec = ops.free_A.any(dim=1)[:, None] | ops.free_B.any(dim=1)[None, :]
     unspec = (
         unspec

@@ -17,6 +17,7 @@ from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES, LARGE_CASES, FormatCodes, QuantCase, QuantizerCase
+from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.strategies import DEVICE
@@ -43,6 +44,17 @@ pytestmark = [
 ]
 
 
+def _declared_mode(impl) -> bool:
+    """The save_original_input value the fixed cases run with: False where declared, else True (an impl declaring
+    only True, such as torchao's Float8Linear, which always saves x itself)."""
+    return False not in impl.support.save_original_input
+
+
+def _both_modes(impl) -> bool:
+    """Whether the impl declares both save_original_input values (the mode comparison needs both)."""
+    return {False, True} <= set(impl.support.save_original_input)
+
+
 def _first_dtype(impl) -> str:
     for d, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
         if d in impl.support.dtypes:
@@ -59,7 +71,8 @@ def test_accuracy_against_both_references(quant_impl, data):
 
 def test_edge_inputs_every_recipe(quant_impl):
     """All-zero, outlier-per-block, NaN, inf, tiny and wide inputs follow the oracle's defined behaviour, K = 40
-    (not a multiple of 16, 32 or 128), for every declared recipe."""
+    (not a multiple of 16, 32 or 128), for every declared recipe; a case a known divergence of the installed release
+    covers (:mod:`numcheck.properties.fp8.known_torchao`) is left to that entry's strict example."""
     bias = quant_impl.support.bias
     for recipe in quant_impl.support.recipes:
         for regime in EDGE_REGIMES:
@@ -74,9 +87,11 @@ def test_edge_inputs_every_recipe(quant_impl):
                 regime=regime,
                 seed=11,
                 steps=steps,
+                save_original_input=_declared_mode(quant_impl),
                 device=DEVICE,
             )
-            judge(checks.accuracy, quant_impl, case)
+            if known_fp8_divergence(quant_impl.name, "accuracy", case) is None:  # else its strict example runs
+                judge(checks.accuracy, quant_impl, case)
 
 
 def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
@@ -100,6 +115,7 @@ def test_multi_tile_and_long_reduction_every_recipe(quant_impl):
                 regime=regime,
                 seed=12,
                 steps=steps,
+                save_original_input=_declared_mode(quant_impl),
                 device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
@@ -143,8 +159,8 @@ def test_save_original_input_is_bitwise_identical(quant_impl, data):
 def test_save_original_input_on_edge_regimes(quant_impl):
     """Bitwise identical modes also where FP8 subnormals and outliers make double quantization visible
     (wide and outlier inputs), for every recipe that allows save_original_input."""
-    if True not in quant_impl.support.save_original_input:
-        pytest.skip(f"{quant_impl.name} does not declare save_original_input=True")
+    if not _both_modes(quant_impl):
+        pytest.skip(f"{quant_impl.name} does not declare both save_original_input values")
     for recipe in quant_impl.support.recipes:
         for regime in ("wide", "outlier", "zeros", "inf"):
             case = QuantCase(
@@ -218,10 +234,18 @@ def test_emulated_gemms_match_native(quant_impl):
     with capabilities.forced(scaled_mm=False):
         for recipe in quant_impl.support.recipes:
             case = QuantCase(
-                recipe, 32, 128, 48, dtype=_first_dtype(quant_impl), bias=quant_impl.support.bias, seed=4, device=DEVICE
+                recipe,
+                32,
+                128,
+                48,
+                dtype=_first_dtype(quant_impl),
+                bias=quant_impl.support.bias,
+                seed=4,
+                save_original_input=_declared_mode(quant_impl),
+                device=DEVICE,
             )
             judge(checks.accuracy, quant_impl, case)
-            if recipe.allows_save_original_input and True in quant_impl.support.save_original_input:
+            if recipe.allows_save_original_input and _both_modes(quant_impl):
                 judge(checks.save_original_input, quant_impl, case)
 
 

@@ -1,0 +1,215 @@
+"""``torchao_float8[<recipe>]``: adapters for torchao's ``Float8Linear`` (``torchao.float8``), one per recipe of
+``Float8LinearConfig.from_recipe_name`` in the installed release, each declared from that release's config.
+
+Each call builds a real ``Float8Linear`` (``Float8Linear.from_float`` of an ``nn.Linear`` on the meta device, with
+``from_recipe_name(recipe)`` and ``emulate=True`` on the CPU) and runs it with ``torch.func.functional_call`` on
+the case's own ``weight`` and ``bias``, so autograd fills the caller's ``weight.grad`` and ``bias.grad``.
+
+Semantics, read from torchao 0.18.0 (``float8/config.py``, ``float8_linear.py``, ``float8_utils.py``,
+``float8_training_tensor.py``, ``float8_ops.py``):
+
+- Scaling: ``amax_to_scale``: ``scale = fp32(fp8_max / max(amax, EPS))`` in float64, ``EPS = 1e-12``
+  (``float8_utils.EPS``), and with ``round_scales_to_power_of_2`` ``2^floor(log2 scale)``. The cast is
+  ``fp8(clamp(fp32(x) · scale, ±fp8_max))`` (``_ToFloat8ConstrFunc``, ``to_fp8_saturated``): numcheck's current
+  scaling with ``amax_epsilon = EPS`` (:func:`reference.fp8_scaling.scale_from_amax`).
+- Formats: ``CastConfig.target_dtype``, defaulting to E4M3 for input and weight, E5M2 for grad_output
+  (``Float8LinearConfig.__post_init__``): ``"HYBRID"`` when grad_output is E5M2, ``"E4M3"`` when it is E4M3.
+- Granularity per operand and GEMM: the six ``cast_config_*`` of the config. Every one ``TENSORWISE`` and
+  ``DYNAMIC`` is numcheck's ``current`` kind. ``AXISWISE`` (one scale per row over the whole reduction
+  dimension: ``rowwise``) and ``ScalingType.DISABLED`` (the grad_weight GEMM of ``rowwise_with_gw_hp`` in high
+  precision, with a tensorwise weight for grad_input) have no numcheck recipe kind: those variants register as
+  unavailable with that reason rather than being judged against a recipe torchao does not run.
+- Saved for backward: ``matmul_with_hp_or_float8_args.forward`` saves ``input_hp`` (x itself) and the weight and
+  quantizes both again in backward: ``save_original_input=True`` only.
+- Output: the emulated GEMM is ``mm(data.float() / scale, ...)`` in fp32, cast to x's dtype; the bias is added
+  after, in x's dtype (``Float8Linear.forward``): ``bias_after_output_rounding=True``
+  (``docs/evidence/torchao_bias_rounding.py`` shows y equal to ``bf16(bf16(S) + b)`` bit for bit).
+
+On CUDA torchao runs ``torch._scaled_mm`` (not declared here yet: the H200 path is separate work).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl, QuantLinearSupport
+from numcheck.reference.fp8_recipes import Fp8Recipe
+
+#: The recipe names the adapter registers (``Float8LinearRecipeName`` values of 0.18.0); a release without one
+#: registers it as unavailable with the reason.
+RECIPE_NAMES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+#: Input dtypes torchao's Float8Linear training path is tested in (its ``test/float8`` runs fp32 and bf16).
+DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16})
+
+
+@dataclass(frozen=True)
+class TorchaoInfo:
+    """The installed torchao: its version, ``float8_utils.EPS``, the recipe names of ``Float8LinearRecipeName``,
+    and the classes the adapter calls."""
+
+    version: str
+    eps: float
+    recipe_names: tuple[str, ...]
+    config_cls: Any = field(compare=False)
+    linear_cls: Any = field(compare=False)
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> TorchaoInfo | str:
+    """Import ``torchao.float8``; the :class:`TorchaoInfo`, or the reason it cannot be used."""
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao not installed"
+    try:
+        import torchao
+        from torchao.float8 import Float8LinearConfig
+        from torchao.float8.config import Float8LinearRecipeName
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.float8_utils import EPS
+    except Exception as exc:
+        return f"torchao failed to import torchao.float8: {type(exc).__name__}: {exc}"
+    version = str(getattr(torchao, "__version__", "unknown"))
+    if not hasattr(Float8LinearConfig, "from_recipe_name"):
+        return f"torchao {version} has no Float8LinearConfig.from_recipe_name (added in a later release)"
+    return TorchaoInfo(
+        version=version,
+        eps=float(EPS),
+        recipe_names=tuple(n.value for n in Float8LinearRecipeName),
+        config_cls=Float8LinearConfig,
+        linear_cls=Float8Linear,
+    )
+
+
+def release() -> str | None:
+    """The imported torchao release's version, or ``None`` when torchao is unusable here."""
+    info = load()
+    return None if isinstance(info, str) else info.version
+
+
+def recipe_config(info: TorchaoInfo, name: str) -> Any:
+    """``Float8LinearConfig.from_recipe_name(name)`` with ``emulate=True`` (the CPU path)."""
+    return dataclasses.replace(info.config_cls.from_recipe_name(name), emulate=True)
+
+
+_CAST_CONFIGS = (
+    ("input", "cast_config_input"),
+    ("weight", "cast_config_weight"),
+    ("grad_output", "cast_config_grad_output"),
+    ("input for grad_weight", "cast_config_input_for_grad_weight"),
+    ("weight for grad_input", "cast_config_weight_for_grad_input"),
+    ("grad_output for grad_weight", "cast_config_grad_output_for_grad_weight"),
+)
+
+
+def numcheck_recipe(config: Any, eps: float) -> Fp8Recipe | str:
+    """The numcheck recipe torchao's ``config`` runs, or why no numcheck recipe kind expresses it."""
+    from torchao.float8.config import ScalingGranularity, ScalingType, e4m3_dtype, e5m2_dtype
+
+    axiswise, hp = [], []
+    for label, attr in _CAST_CONFIGS:
+        cc = getattr(config, attr)
+        if cc.scaling_type is ScalingType.DISABLED:
+            hp.append(label)
+        elif cc.scaling_granularity is not ScalingGranularity.TENSORWISE:
+            axiswise.append(label)
+    gaps = ([f"per-row (axiswise) scales over the whole reduction for {', '.join(axiswise)}"] if axiswise else []) + (
+        [f"no quantization (a high-precision GEMM) for {', '.join(hp)}"] if hp else []
+    )
+    if gaps:
+        return "no numcheck recipe kind (per-tensor, blockwise, MXFP8; every GEMM quantized) has " + "; ".join(gaps)
+    fmts = [getattr(config, attr).target_dtype for _, attr in _CAST_CONFIGS]
+    if fmts[0] != e4m3_dtype or fmts[1] != e4m3_dtype or fmts[2] not in (e4m3_dtype, e5m2_dtype):
+        return f"its FP8 dtypes {fmts} are not numcheck's E4M3 or HYBRID (E4M3 x and W, E5M2 or E4M3 grad_output)"
+    fmt = "HYBRID" if fmts[2] == e5m2_dtype else "E4M3"
+    return Fp8Recipe(
+        "current", fp8_format=fmt, power_of_2_scales=bool(config.round_scales_to_power_of_2), amax_epsilon=eps
+    )
+
+
+def _module(info: TorchaoInfo, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """A ``Float8Linear`` of ``weight``'s shape for recipe ``name``, its parameters on the meta device (the call
+    substitutes the caller's tensors)."""
+    out_features, in_features = weight.shape
+    with torch.device("meta"):
+        base = torch.nn.Linear(in_features, out_features, bias=bias is not None, dtype=weight.dtype)
+    return info.linear_cls.from_float(base, config=recipe_config(info, name))
+
+
+def torchao_fn(info: TorchaoInfo, name: str, declared: Fp8Recipe) -> Any:
+    """The protocol call of ``torchao_float8[name]``: ``Float8Linear(x)`` with the caller's weight and bias."""
+    label = f"torchao_float8[{name}]"
+
+    def fn(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        """``y = Float8Linear(x)`` on the caller's ``weight`` and ``bias`` (torchao's recipe ``name``)."""
+        if recipe != declared:
+            raise ValueError(f"{label} runs torchao's recipe {name!r} = {declared.name}; cannot run {recipe.name}")
+        if not save_original_input:
+            raise ValueError(
+                f"{label}: save_original_input=False is not available: torchao's Float8Linear always saves x "
+                "itself and quantizes it again in backward"
+            )
+        params = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
+        return torch.func.functional_call(_module(info, name, weight, bias), params, (x,))
+
+    return fn
+
+
+def _unavailable(name: str, reason: str) -> QuantFunctionImpl:
+    """``torchao_float8[name]`` registered as unavailable: its ``requires`` gives ``reason``, its call raises it."""
+    label = f"torchao_float8[{name}]"
+
+    def fn(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        """Raise: the impl cannot run here."""
+        raise RuntimeError(f"{label} unavailable: {reason}")
+
+    support = QuantLinearSupport(  # not in force: requires says why the suite never calls it
+        recipes=(Fp8Recipe("current"),),
+        dtypes=DTYPES,
+        devices=("cpu",),
+        save_original_input=(True,),
+        requires=functools.partial(_reason, reason),
+    )
+    return QuantFunctionImpl(
+        name=label, fn=fn, support=support, description=f"torchao Float8Linear recipe {name!r}: not judged (see 'here')"
+    )
+
+
+def _reason(reason: str) -> str:
+    return reason
+
+
+def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunctionImpl:
+    """``torchao_float8[name]``, declared from ``info`` (default: the installed release, :func:`load`)."""
+    info = load() if info is None else info
+    if isinstance(info, str):
+        return _unavailable(name, info)
+    if name not in info.recipe_names:
+        return _unavailable(name, f"torchao {info.version} has no recipe {name!r} (it has {list(info.recipe_names)})")
+    recipe = numcheck_recipe(recipe_config(info, name), info.eps)
+    if isinstance(recipe, str):
+        return _unavailable(name, f"torchao {info.version} recipe {name!r}: {recipe}")
+    support = QuantLinearSupport(
+        recipes=(recipe,),
+        dtypes=DTYPES,
+        devices=("cpu",),
+        save_original_input=(True,),
+        bias=True,
+        bias_after_output_rounding=True,  # Float8Linear.forward: output + bias.to(output.dtype), after the GEMM's cast
+    )
+    desc = (
+        f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), emulate=True: "
+        f"scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
+    )
+    return QuantFunctionImpl(
+        name=f"torchao_float8[{name}]", fn=torchao_fn(info, name, recipe), support=support, description=desc
+    )
+
+
+def torchao_impls() -> list[QuantFunctionImpl]:
+    """One impl per recipe of :data:`RECIPE_NAMES` (each unavailable, with the reason, where it cannot run)."""
+    return [torchao_impl(name) for name in RECIPE_NAMES]

@@ -1,0 +1,152 @@
+"""The ``torchao_float8[...]`` adapters (torchao's ``Float8Linear``): the declaration read from the installed
+release's ``Float8LinearConfig``, the behaviour without torchao and with a release too old for
+``from_recipe_name``, the suite's accuracy property on the recipe numcheck can judge, and mutants of the wrapper
+that the property must catch.
+
+Cost: without torchao, well under a second; with it on a CPU, the import (~3 s) and a few small cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+import numcheck.impls.adapters.torchao as tao
+from numcheck.errors import PropertyFailure
+from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
+from numcheck.properties.core.runner import judge
+from numcheck.properties.fp8 import props as checks
+from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.known_torchao import TORCHAO_KNOWN, known_fp8_divergence
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
+
+INFO = tao.load()
+SKIP_REASON = INFO if isinstance(INFO, str) else None
+needs_torchao = pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
+
+
+def _case(recipe: Fp8Recipe, dtype: str = "bfloat16", seed: int = 3, **kw: Any) -> QuantCase:
+    fields = dict(M=8, K=40, N=16, dtype=dtype, bias=True, regime="normal", seed=seed, save_original_input=True)
+    return QuantCase(recipe, **{**fields, **kw})
+
+
+def test_absent_package_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torchao every recipe registers, unavailable with "torchao not installed", and its call says so."""
+    impls = impls_while_uninstalled(monkeypatch, "torchao", tao.torchao_impls, (tao.load,))
+    assert [i.name for i in impls] == [f"torchao_float8[{n}]" for n in tao.RECIPE_NAMES]
+    for impl in impls:
+        assert impl.support.unavailable_reason() == "torchao not installed"
+        with pytest.raises(RuntimeError, match="not installed"):
+            impl(torch.zeros(1, 1), torch.zeros(1, 1), recipe=impl.support.recipes[0], save_original_input=True)
+
+
+@needs_torchao
+def test_release_without_from_recipe_name_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release whose Float8LinearConfig has no from_recipe_name makes every recipe unavailable, naming why."""
+    monkeypatch.delattr(INFO.config_cls, "from_recipe_name")
+    tao.load.cache_clear()
+    try:
+        impls = tao.torchao_impls()
+    finally:
+        monkeypatch.undo()
+        tao.load.cache_clear()
+    for impl in impls:
+        assert "has no Float8LinearConfig.from_recipe_name" in (impl.support.unavailable_reason() or "")
+
+
+@needs_torchao
+def test_declaration_is_read_from_the_release() -> None:
+    """tensorwise is current scaling, E4M3 x and W, E5M2 dy, fp32 scales floored at the release's EPS, x saved and
+    the bias added after the output rounding; rowwise and rowwise_with_gw_hp are unavailable, naming the per-row
+    scales (and the high-precision grad_weight GEMM) numcheck has no recipe kind for."""
+    import torchao
+    from torchao.float8.float8_utils import EPS
+
+    assert INFO.version == torchao.__version__
+    impls = {i.name: i for i in tao.torchao_impls()}
+    tw = impls["torchao_float8[tensorwise]"].support
+    assert tw.unavailable_reason() is None
+    assert tw.recipes == (Fp8Recipe("current", fp8_format="HYBRID", power_of_2_scales=False, amax_epsilon=EPS),)
+    assert tw.save_original_input == frozenset({True}) and tw.bias_after_output_rounding
+    assert tw.dtypes == frozenset({torch.float32, torch.bfloat16}) and tw.devices == frozenset({"cpu"})
+    rw = impls["torchao_float8[rowwise]"].support.unavailable_reason() or ""
+    hp = impls["torchao_float8[rowwise_with_gw_hp]"].support.unavailable_reason() or ""
+    assert f"torchao {INFO.version}" in rw and "per-row (axiswise) scales" in rw
+    assert "per-row (axiswise) scales" in hp and "no quantization (a high-precision GEMM)" in hp
+
+
+@needs_torchao
+def test_recipe_follows_the_config() -> None:
+    """The mapping reads the config's fields: power-of-2 scales and an E4M3 grad_output change the recipe."""
+    from torchao.float8.config import CastConfig, e4m3_dtype
+
+    cfg = dataclasses.replace(
+        tao.recipe_config(INFO, "tensorwise"),
+        round_scales_to_power_of_2=True,
+        cast_config_grad_output=CastConfig(target_dtype=e4m3_dtype),
+        cast_config_grad_output_for_grad_weight=None,
+    )
+    want = Fp8Recipe("current", fp8_format="E4M3", power_of_2_scales=True, amax_epsilon=INFO.eps)
+    assert tao.numcheck_recipe(cfg, INFO.eps) == want
+
+
+@needs_torchao
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_accuracy_on_a_small_case(dtype: str) -> None:
+    """The suite's accuracy property (both references, y, dgrad, wgrad, bgrad) passes on a small case."""
+    impl = tao.torchao_impl("tensorwise")
+    judge(checks.accuracy, impl, _case(impl.support.recipes[0], dtype))
+
+
+def _mutant(name: str, fn: Any, support: Any) -> QuantFunctionImpl:
+    return QuantFunctionImpl(name=name, fn=fn, support=support)
+
+
+@needs_torchao
+def test_mutants_are_caught() -> None:
+    """A wrapper that drops the bias, or runs torchao's rowwise recipe while declaring tensorwise, fails accuracy."""
+    impl = tao.torchao_impl("tensorwise")
+    recipe = impl.support.recipes[0]
+
+    def no_bias(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        return impl(x, weight, None, recipe=recipe, save_original_input=save_original_input)
+
+    def rowwise(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+        params = {"weight": weight, "bias": bias}
+        return torch.func.functional_call(tao._module(INFO, "rowwise", weight, bias), params, (x,))
+
+    for mutant in (_mutant("no_bias", no_bias, impl.support), _mutant("rowwise", rowwise, impl.support)):
+        with pytest.raises(PropertyFailure, match="beyond bound"):
+            judge(checks.accuracy, mutant, _case(recipe))
+
+
+@needs_torchao
+def test_bias_after_rounding_is_a_needed_term() -> None:
+    """Where the bias cancels most of x·Wᵀ (seed 0, one output), torchao's y is many ulps off the single rounding:
+    within the bound of the declared rounding order, beyond the bound without it
+    (``docs/evidence/torchao_bias_rounding.py``)."""
+    impl = tao.torchao_impl("tensorwise")
+    case = _case(impl.support.recipes[0], seed=0, M=1, K=8, N=1)
+    judge(checks.accuracy, impl, case)
+    fused = dataclasses.replace(impl.support, bias_after_output_rounding=False)
+    with pytest.raises(PropertyFailure, match="beyond bound"):
+        judge(checks.accuracy, _mutant("fused_bias_declared", impl.fn, fused), case)
+
+
+@needs_torchao
+@pytest.mark.parametrize("entry", TORCHAO_KNOWN, ids=lambda e: e.example.regime)
+def test_known_divergence_examples_still_diverge(entry: Any) -> None:
+    """Each known divergence's example fails the property on the releases it holds for (strict: a fixed release
+    turns this red until the entry goes) and the entry covers it; outside them the example passes."""
+    impl = tao.torchao_impl("tensorwise")
+    assert entry.example.recipe in impl.support.recipes, "the example must be a case the impl declares"
+    if not entry.releases.hold():
+        judge(checks.accuracy, impl, entry.example)
+        return
+    assert known_fp8_divergence(impl.name, "accuracy", entry.example) is entry
+    with pytest.raises(PropertyFailure, match="non-finite mismatch"):
+        judge(checks.accuracy, impl, entry.example)
