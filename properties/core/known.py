@@ -892,7 +892,15 @@ ADAPTER_LIBRARIES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("cce[[]*", "cut-cross-entropy", lambda: library_release("cut-cross-entropy")),
     ("megatron_*", "megatron-core", lambda: library_release("megatron-core")),
     ("torch_native[[]*", "torch", lambda: library_release("torch")),
+    ("torchao_float8[[]*", "torchao", lambda: _torchao_release()),
 )
+
+
+def _torchao_release() -> str | None:
+    """The torchao release the adapter imported (:func:`numcheck.impls.adapters.torchao.release`)."""
+    from numcheck.impls.adapters import torchao
+
+    return torchao.release()
 
 
 def adapter_library(impl_name: str) -> tuple[str, str | None] | None:

@@ -101,6 +101,19 @@ class QuantCaseFields:
         return replace(self, **changes)
 
 
+def declared_mode(support: Any) -> bool:
+    """The ``save_original_input`` value a case runs with where the property does not set it: False where
+    ``support`` declares it, else True (an impl declaring only True, such as torchao's Float8Linear, which always
+    saves x itself, is never called in a mode it did not declare).
+
+    >>> from types import SimpleNamespace
+    >>> both, only_true = SimpleNamespace(save_original_input=(False, True)), SimpleNamespace(save_original_input=(True,))
+    >>> declared_mode(both), declared_mode(only_true)
+    (False, True)
+    """
+    return False not in support.save_original_input
+
+
 @dataclass(frozen=True)
 class QuantCase(QuantCaseFields):
     """One quantized-linear case: the fields of :class:`QuantCaseFields`, and ``device``, where the tensors live."""

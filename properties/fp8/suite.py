@@ -57,7 +57,7 @@ def _quantizer_case(impl: Any, data: Any) -> QuantizerCase:
     return QuantizerCase(recipe, t, dtype=dtype, delayed_scale=scale, device=DEVICE)
 
 
-def _declares_soi(impl: Any) -> str | None:
+def mode_comparison_refusal(impl: Any) -> str | None:
     """Why the mode comparison says nothing about ``impl``: it does not declare save_original_input=True, or declares
     only True (nothing to compare with: torchao's Float8Linear always saves x itself)."""
     if True not in impl.support.save_original_input:
@@ -88,7 +88,7 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
         "save_original_input_is_bitwise_identical",
         save_original_input,
         _cases("normal", "wide", "outlier", "nan"),
-        skip=_declares_soi,
+        skip=mode_comparison_refusal,
         budget_scale=10,
     ),
     SuiteProperty("saved_tensor_aliasing_and_bytes", saved_tensors, _cases("normal"), budget_scale=5),

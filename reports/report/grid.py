@@ -79,7 +79,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
-from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields
+from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields, declared_mode
 from numcheck.properties.core.problems import Problem, dtype_of
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
@@ -669,7 +669,10 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
     out: list[GridCase] = []
     seen: set[QuantCase] = set()
 
+    only_original = declared_mode(support)  # an impl declaring only save_original_input=True runs in that mode
+
     def add(group: str, c: QuantCase) -> None:
+        c = c.replace(save_original_input=True) if only_original else c
         if c not in seen:
             seen.add(c)
             out.append(GridCase(group, c.dtype, c))

@@ -52,11 +52,12 @@ def _first_dtype(support: Any, order: tuple[str, ...] = ("float32", "bfloat16", 
 
 
 def _quant(impl: Any, recipe: Any, M: int, K: int, N: int, device: str, **kw: Any) -> Any:
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import QuantCase, declared_mode
 
     kw.setdefault("dtype", _first_dtype(impl.support))
     kw.setdefault("bias", bool(impl.support.bias))
     kw.setdefault("steps", 2 if recipe.kind == "delayed" else 1)
+    kw.setdefault("save_original_input", declared_mode(impl.support))
     return QuantCase(recipe, M, K, N, device=device, **kw)
 
 
@@ -161,6 +162,13 @@ def _no_soi(impl: Any) -> str | None:
     )
 
 
+def _no_mode_pair(impl: Any) -> str | None:
+    """Why the save_original_input mode comparison says nothing about ``impl`` (the suite's own skip)."""
+    from numcheck.properties.fp8.suite import mode_comparison_refusal
+
+    return mode_comparison_refusal(impl)
+
+
 def _no_quantize(impl: Any) -> str | None:
     return None if impl.support.exposes_quantize else f"{impl.name} does not expose quantize"
 
@@ -172,7 +180,7 @@ def _quant_rows() -> tuple[PropertyRow, ...]:
         PropertyRow("accuracy", "multi_tile_and_long_reduction_every_recipe", _multi_tile),
         PropertyRow("accuracy", "delayed_scaling_over_steps", _delayed_steps),
         PropertyRow("accuracy", "accuracy_against_both_references[save_original_input]", _soi_accuracy),
-        PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_soi),
+        PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_mode_pair),
         PropertyRow("saved_tensors", "saved_tensor_aliasing_and_bytes", _saved_tensors),
         PropertyRow("quantizer", "quantizer_bitwise_on_all_256_codes", _quantizer_codes, _no_quantize),
         PropertyRow("unit_scale_round_trip", "fp8_values_round_trip_under_unit_scale", _round_trip, _no_quantize),
@@ -563,7 +571,8 @@ PROPERTY_KINDS: tuple[str, ...] = (
 
 def _refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why the impl's declaration (or a recorded known divergence of the impl, as the suite leaves it out of its
-    draws) excludes a linear+CE or distributed case; ``None`` for the FP8 kinds (their builders fit the declaration)."""
+    draws) excludes a linear+CE, distributed or FP8 linear case; ``None`` for the other FP8 kinds (their builders fit
+    the declaration, and no known divergence of theirs is recorded)."""
     if impl.kind == "linear_ce":
         from numcheck.properties.core.known import known
         from numcheck.properties.core.strategies import refusal
@@ -576,6 +585,11 @@ def _refused(impl: Any, prop: str, case: Any) -> str | None:
 
         known = known_divergence(impl, case)
         return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")
+    if impl.kind == "quant_linear":
+        from numcheck.properties.fp8.known_torchao import known_fp8_divergence
+
+        divergence = known_fp8_divergence(impl.name, prop, case)
+        return divergence and f"known divergence: {divergence.reason}"
     return None
 
 

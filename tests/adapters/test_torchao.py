@@ -150,3 +150,22 @@ def test_known_divergence_examples_still_diverge(entry: Any) -> None:
     assert known_fp8_divergence(impl.name, "accuracy", entry.example) is entry
     with pytest.raises(PropertyFailure, match="non-finite mismatch"):
         judge(checks.accuracy, impl, entry.example)
+
+
+@needs_torchao
+def test_report_judges_it_in_its_declared_mode_and_names_its_divergences(tmp_path: Any, capsys: Any) -> None:
+    """``numcheck report --quick`` runs every FP8 property case of torchao's tensorwise impl in the mode it declares
+    (save_original_input=True only: a case built with False raised on every call), leaves out the cases its known
+    divergences cover and names them on the last line, exit 0; ``--strict`` fails them."""
+    import json
+
+    from numcheck.reports import cli
+
+    args = ["report", "--quick", "--no-progress", "--no-plots", "--impl", "torchao_float8[tensorwise]"]
+    assert cli.main([*args, "--out", str(tmp_path / "r")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "PASS with known divergences" in last and last.count("torchao 0.18.0") == 2, last
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["cases"] and all(c["status"] == "pass" for c in report["cases"])
+    assert {k["summary"] for k in report["known_divergences"]} == {k.summary for k in TORCHAO_KNOWN}
+    assert cli.main([*args, "--strict", "--out", str(tmp_path / "s")]) == 1

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES, LARGE_CASES, FormatCodes, QuantCase, QuantizerCase
+from numcheck.properties.fp8.cases import (
+    EDGE_INPUT_REGIMES,
+    LARGE_CASES,
+    FormatCodes,
+    QuantCase,
+    QuantizerCase,
+    declared_mode,
+)
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
@@ -45,9 +52,8 @@ pytestmark = [
 
 
 def _declared_mode(impl) -> bool:
-    """The save_original_input value the fixed cases run with: False where declared, else True (an impl declaring
-    only True, such as torchao's Float8Linear, which always saves x itself)."""
-    return False not in impl.support.save_original_input
+    """The save_original_input value the fixed cases run with (:func:`properties.fp8.cases.declared_mode`)."""
+    return declared_mode(impl.support)
 
 
 def _both_modes(impl) -> bool:
