@@ -276,6 +276,24 @@ def output_metrics(
     )
 
 
+def declared_bounds(impl: Any, case: QuantCase, ref: Any, name: str, t: QuantTensors, out_dtype: torch.dtype) -> Any:
+    """The element-wise bound of output ``name`` (:func:`properties.fp8.tolerance.output_bounds`) under what ``impl``
+    declares: its accumulation on ``case``'s device and where it adds the bias."""
+    u_a, chunk = impl.support.accumulation(case.device)
+    return output_bounds(
+        ref,
+        name,
+        t.x,
+        t.weight,
+        t.dy,
+        t.bias,
+        out_dtype=out_dtype,
+        accum_u=u_a,
+        accum_chunk=chunk,
+        bias_after_output_rounding=impl.support.bias_after_output_rounding,
+    )
+
+
 def _measure_step(
     impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str, result: Fp8CaseResult
 ) -> None:
@@ -286,19 +304,7 @@ def _measure_step(
         label = name + suffix
         bnd = None
         if got is not None:
-            u_a, chunk = impl.support.accumulation(case.device)
-            bnd = output_bounds(
-                ref,
-                name,
-                t.x,
-                t.weight,
-                t.dy,
-                t.bias,
-                out_dtype=got.dtype,
-                accum_u=u_a,
-                accum_chunk=chunk,
-                bias_after_output_rounding=impl.support.bias_after_output_rounding,
-            )
+            bnd = declared_bounds(impl, case, ref, name, t, got.dtype)
         result.outputs[label] = output_metrics(label, got, ref.dq[name], ref.true[name], bnd)
 
 
@@ -405,22 +411,10 @@ def _judge_sum(
     __tracebackhide__ = True
     if got is None:
         fail(impl, prop, case, f"{prop}: {name} is missing (None)")
-    u_a, chunk = impl.support.accumulation(case.device)
     dq = true = bdq = btrue = None
     skip = None
     for ref, t in parts:
-        bnd = output_bounds(
-            ref,
-            name,
-            t.x,
-            t.weight,
-            t.dy,
-            t.bias,
-            out_dtype=got.dtype,
-            accum_u=u_a,
-            accum_chunk=chunk,
-            bias_after_output_rounding=impl.support.bias_after_output_rounding,
-        )
+        bnd = declared_bounds(impl, case, ref, name, t, got.dtype)
         un = bnd.unspecified | ~torch.isfinite(ref.true[name]) | torch.isnan(ref.dq[name])
         dq = ref.dq[name] if dq is None else dq + ref.dq[name]
         true = ref.true[name] if true is None else true + ref.true[name]
