@@ -704,12 +704,15 @@ def _seed(
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep (module docstring); the exit status."""
+    made: Path | None = None  # the output folder when this run created it (removed again if it stays empty)
     try:
         seeds = parse_seeds(args.seeds)
         profile = profile_name(args.profile)
         if args.jobs < 1:
             raise BadInput(f"-n {args.jobs}: the number of workers must be at least 1")
+        missing = args.out is not None and not args.out.exists()
         out, base = _out_dir(args), _baseline(args.compare)
+        made = out if missing else None
         if args.force and (args.keep_stale or args.assemble):
             raise BadInput(
                 f"--force runs every seed afresh and {'--assemble runs none' if args.assemble else '--keep-stale reuses stale kept seeds'}: pass one"
@@ -732,6 +735,8 @@ def run(args: argparse.Namespace) -> int:
             )
             runs.append(r)
     except BadInput as exc:
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()  # bad input writes nothing: the folder created up front goes again
         print(f"numcheck sweep: bad input (exit 2) — {exc}", file=sys.stderr)
         return 2
     summary = summarize(runs, args, profile, env, base, code)
