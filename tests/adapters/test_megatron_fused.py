@@ -97,9 +97,6 @@ def test_bf16_is_not_covered():
 
 
 @pytest.mark.parametrize("entry", OUTPUT_KNOWN, ids=IDS)
-@pytest.mark.costly(
-    reason="each known divergence's example run at P = 2 (gloo processes) through megatron-core (slowest on torch 2.6)"
-)
 def test_divergence_still_present(entry, monkeypatch):
     """On a release inside the entry's range its example fails the impl's own model in exactly the covered outputs
     (strict: a fixed release turns this red), and holds as the suite judges it."""

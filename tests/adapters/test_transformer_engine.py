@@ -217,7 +217,6 @@ def test_ci_installs_the_release_the_adapter_names():
 
 
 @needs_te
-@pytest.mark.costly(reason="`numcheck list` in a subprocess over every TE variant (slowest on torch 2.6)")
 def test_list_shows_release_and_loading_path():
     """``numcheck list`` names the release, how it was loaded and where TE writes into the logits."""
     folder = INFO.source.folder
@@ -230,9 +229,6 @@ def test_list_shows_release_and_loading_path():
 
 
 @needs_te
-@pytest.mark.costly(
-    reason="`numcheck list` in a subprocess (torch and TE's files imported afresh; slowest on torch 2.6)"
-)
 def test_complete_te_is_imported(tmp_path):
     """Where ``import transformer_engine.pytorch`` works the Function comes from there (here a package made of the
     release's own fused CE files with empty package ``__init__`` files, standing in for TE's core-backed ones)."""
@@ -256,9 +252,6 @@ def test_complete_te_is_imported(tmp_path):
 
 
 @needs_te
-@pytest.mark.costly(
-    reason="`numcheck list` in a subprocess (torch and TE's files imported afresh; slowest on torch 2.6)"
-)
 def test_incomplete_te_on_the_path_is_read_from_its_files(tmp_path):
     """An importable ``transformer_engine`` whose import fails (the wheel without TE's core) is loaded from its files,
     and ``numcheck list`` says why the import was not used."""
@@ -504,9 +497,6 @@ def test_matches_oracle(name, p):
 
 @needs_te
 @pytest.mark.parametrize("name", list(te.DIST_VARIANTS))
-@pytest.mark.costly(
-    reason="TE's distributed face at P = 2 (gloo processes) under Triton's interpreter (slowest on torch 2.6)"
-)
 def test_distributed_face_matches_oracle(name):
     """Each distributed variant at P = 2 (gloo) on a case with every option it declares and targets on shard edges."""
     impl = next(i for i in dist_impls() if i.name == name)

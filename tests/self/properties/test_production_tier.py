@@ -229,7 +229,6 @@ def test_bad_precision_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "fp8" in r.stderr
 
 
-@pytest.mark.costly(reason="two runs of the production tier in subprocesses")
 def test_resume_reruns_only_what_did_not_finish(tmp_path):
     """A second run on the same --out keeps the finished items and runs the ones recorded not_run."""
     r = _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager", "--budget-s", "0")
@@ -298,7 +297,6 @@ impl = FunctionImpl("wrong_grad_x", _wrong, eager_impls()[0].support)
 """
 
 
-@pytest.mark.costly(reason="the production tier, then its printed repro line, in subprocesses")
 def test_repro_line_reruns_the_one_case_afresh(tmp_path, monkeypatch):
     """The repro line of a failure names the single shape as NAME=NxHxV, its precision, device and a fresh --out
     with --force; run where that folder already holds a result for the item, it runs the item again (fail)

@@ -55,6 +55,7 @@ def _summary(out: str) -> str:
     return [line for line in out.splitlines() if line.strip()][-1]
 
 
+@pytest.mark.costly(reason="a pytest subprocess under xdist (two workers start, each imports numcheck and torch)")
 def test_unloadable_impl_is_one_error_under_xdist(tmp_path):
     """An impl whose module cannot be imported is exactly one error, naming the spec and the import error; no
     test (linear+CE, FP8, distributed) is collected for it, and the summary says so under ``-n 2``."""

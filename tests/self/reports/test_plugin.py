@@ -121,6 +121,7 @@ def test_impl_in_the_directory_run_from_loads_without_configuration(tmp_path, mo
     assert "could not be loaded" not in out and "1 passed" in out, out
 
 
+@pytest.mark.costly(reason="a user's pytest run, then its printed repro line, each in a subprocess")
 def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
     """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
     wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
@@ -297,6 +298,9 @@ def _this_numcheck() -> str:
     return str(Path(numcheck.__file__).resolve().parents[1])
 
 
+@pytest.mark.costly(
+    reason="the shipped suite on Liger in pytest subprocesses under xdist, with and without --numcheck-strict"
+)
 def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_known):
     """After the suite, the summary names each known divergence that applied (library, release, what is wrong) and
     the run passes; with --numcheck-strict the session exits 1 though every test passed."""
@@ -310,6 +314,7 @@ def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_k
     assert r.returncode == 1 and " passed" in out and "(--numcheck-strict: a failure)" in out, out
 
 
+@pytest.mark.costly(reason="the shipped suite on Liger in a pytest subprocess, with and without --numcheck-strict")
 def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
     from packaging.version import Version

@@ -312,7 +312,6 @@ def _other_venv() -> Path | None:
     return py if py.exists() else None
 
 
-@pytest.mark.costly(reason="premerge's A/B memory and step measurements of the example pair at the seed's shapes")
 def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     """The example's "extra peak 3072 MiB → 0 MiB" claim, stated for every device, is measured false here: on CPU
     NEW's grad_weight step takes mm(...).float() as OLD's does (3072 MiB each), and the whole call's peak changes

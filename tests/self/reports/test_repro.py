@@ -131,7 +131,6 @@ def test_undeclared_case_names_the_reason_and_runs_only_on_request(mutant, capsy
     assert capsys.readouterr().out.startswith(("PASS", "FAIL"))
 
 
-@pytest.mark.costly(reason="numcheck repro run in subprocesses from a user's directory")
 def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
     """`numcheck repro --impl mymod:impl` run in the user's directory (no checkout, the console script's sys.path:
     the current directory not on it) finds mymod and reproduces the failure (exit 1); so does the printed form
