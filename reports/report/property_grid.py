@@ -446,24 +446,32 @@ def _two_calls(impl: Any, spec: GridSpec, device: str) -> Built:
     return [(p.short(), p)]
 
 
-def _chunked_shape(layout: Any, min_v: int = 1) -> dict[str, int]:
-    """N, H, V spanning :data:`properties.core.chunks.SEVERAL_CHUNKS` chunks of ``layout`` (a declared rule's
-    cheapest shape, else the fewest rows that make that many chunks), V ≥ ``min_v``."""
+#: Chunks the report's determinism case spans: an order of chunks that changes between calls shows only where at
+#: least three full chunks' partial sums are added in some order (two addends commute exactly, so the suite's least
+#: draw of :data:`properties.core.chunks.SEVERAL_CHUNKS` chunks, two full and one ragged, cannot show it; its draws
+#: reach more rows, the report's one case must).
+DETERMINISM_CHUNKS = 6
+
+
+def _chunked_shape(layout: Any, min_v: int = 1, count: int | None = None) -> dict[str, int]:
+    """N, H, V spanning ``count`` (default :data:`properties.core.chunks.SEVERAL_CHUNKS`) chunks of ``layout`` (a
+    declared rule's cheapest shape, else the fewest rows that make that many chunks), V ≥ ``min_v``."""
     from numcheck.properties.core import chunks
 
+    count = count or chunks.SEVERAL_CHUNKS
     if layout is None:
         return {"V": max(24, min_v)}
     if layout.rule is not None:
-        N, H, V = chunks.rule_shapes(layout.rule, chunks.SEVERAL_CHUNKS, min_v=max(2, min_v))[0]
+        N, H, V = chunks.rule_shapes(layout.rule, count, min_v=max(2, min_v))[0]
         return {"N": N, "H": H, "V": V}
-    return {"N": layout.n_range(chunks.SEVERAL_CHUNKS)[0], "H": 16, "V": max(24, min_v)}
+    return {"N": layout.n_range(count)[0], "H": 16, "V": max(24, min_v)}
 
 
 def _determinism(impl: Any, spec: GridSpec, device: str) -> Built:
     from numcheck.properties.core.strategies import determinism_layout
 
     variant, layout, min_v = determinism_layout(impl)
-    p = _problem(impl, spec, device, ("float32",), **_chunked_shape(layout, min_v))
+    p = _problem(impl, spec, device, ("float32",), **_chunked_shape(layout, min_v, DETERMINISM_CHUNKS))
     return [(p.short(), p, variant)]
 
 

@@ -41,6 +41,7 @@ CASES = [
         id="grouped-state-across-calls",
     ),
     pytest.param(f"{_H}.dist_mutants:no_grad_x_all_reduce", "accuracy", id="vocab-parallel-collective"),
+    pytest.param(f"{_H}.mutants:chunk_order_per_call", "determinism", id="linear_ce-nondeterminism"),
 ]
 
 
