@@ -286,7 +286,8 @@ class GridSpec:
                 "regimes (FP8 edge inputs, multi-tile blocks"
                 + (f" up to {self.property_max_macs:,} multiply-adds" if self.property_max_macs else "")
                 + ", 6 delayed steps, save_original_input; grouped edge splits; linear+CE pinned cases, large V, "
-                "wide H, long N, loss scale), each on a case built from the declaration "
+                "a trained head's V=151936 in bf16, wide H, long N, loss scale; distributed world-size relation on "
+                "a cancelling head in the narrowest declared dtype), each on a case built from the declaration "
                 "(reports/report/property_grid.py): pass/fail records with the property's message."
                 if self.properties
                 else ""

@@ -366,9 +366,21 @@ def _tp_rows() -> tuple[PropertyRow, ...]:
 
 
 # -- distributed linear+CE (tests/suite/test_distributed.py) -----------------------------------------------------
-def _dist_build(worlds: tuple[int, ...]) -> Callable[[Any, GridSpec, str], Built]:
+#: Rows of the cancelling world-size case (:func:`_dist_build`): fewer than DIST_SHAPE's H, as ``anisotropic_head``
+#: needs.
+DIST_HEAD_N = 8
+
+
+def _dist_build(worlds: tuple[int, ...], cancelling: bool = False) -> Callable[[Any, GridSpec, str], Built]:
+    """Cases at :data:`~reports.report.grid.DIST_SHAPE` in float32 where declared (else the first declared dtype),
+    one per world size of ``worlds`` that runs here. ``cancelling`` adds, per world size, the world-size relation's
+    cancelling draw (``properties.distributed.linear_ce.strategies.draw_case``): the ``anisotropic_head`` regime in
+    the narrowest declared dtype, whose shards' grad_x partials carry the head's mean direction that their sum
+    cancels, so partials reduced in a dtype narrower than ``grad_x_reduce_dtype`` declares show (in float32, or on
+    uncorrelated partials, rounding them changes nothing the bound sees)."""
+
     def build(impl: Any, spec: GridSpec, device: str) -> Built:
-        from numcheck.properties.core.problems import Problem
+        from numcheck.properties.core.problems import HEAD_REGIME, Problem
         from numcheck.properties.distributed.linear_ce.props import DistCase
         from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
         from numcheck.reports.report.grid import DIST_SHAPE, in_declared_reduction
@@ -376,12 +388,16 @@ def _dist_build(worlds: tuple[int, ...]) -> Callable[[Any, GridSpec, str], Built
         backend = default_backend()
         N, H, V = DIST_SHAPE
         dtype = "float32" if torch.float32 in impl.support.dtypes else _first_dtype(impl.support)
-        p = in_declared_reduction(
-            Problem(N=N, H=H, V=V, dtype=dtype, seed=4200, device=device), impl.support.reductions
-        )
+        narrow = _first_dtype(impl.support, ("bfloat16", "float16", "float32"))
+        problems = [(dtype, Problem(N=N, H=H, V=V, dtype=dtype, seed=4200, device=device))]
+        if cancelling:
+            head = Problem(N=DIST_HEAD_N, H=H, V=V, dtype=narrow, regime=HEAD_REGIME, seed=4201, device=device)
+            problems.append((f"{narrow} cancelling", head))
         for P in worlds:
             if P in impl.dist.world_sizes and backend in impl.dist.backends and not world_size_unavailable(P, backend):
-                yield f"P={P} {dtype}", DistCase(p, P, backend, "boundary")
+                for label, p in problems:
+                    p = in_declared_reduction(p, impl.support.reductions)
+                    yield f"P={P} {label}", DistCase(p, P, backend, "boundary")
 
     return build
 
@@ -392,7 +408,7 @@ def _dist_deterministic(impl: Any) -> str | None:
 
 def _dist_rows() -> tuple[PropertyRow, ...]:
     return (
-        PropertyRow("dist_world_size_invariance", "dist_world_size_invariance", _dist_build((2, 4))),
+        PropertyRow("dist_world_size_invariance", "dist_world_size_invariance", _dist_build((2, 4), cancelling=True)),
         PropertyRow("dist_determinism", "dist_determinism", _dist_build((4,)), _dist_deterministic),
     )
 
@@ -498,6 +514,20 @@ def _loss_scale(impl: Any, spec: GridSpec, device: str) -> Built:
     return [(p.short(), p)] if p.autocast == "float16" else []
 
 
+def _head(impl: Any, spec: GridSpec, device: str) -> Built:
+    """The suite's trained-head row (coverage dimension ``head``): V = the largest of
+    :data:`properties.core.strategies.HEAD_V` in the ``anisotropic_head`` regime, in bf16 where declared. Over its
+    ~1200 blocks of 128 classes a bf16 running sum of grad_x = Σ_c G_ic·W_c stalls (each late block's share falls
+    under half an ulp of the sum; docs/detection.md derives it), which no smaller vocabulary shows. N < H as the
+    regime needs; the float64 oracle costs O(N·V·H)."""
+    from numcheck.properties.core.problems import HEAD_REGIME
+    from numcheck.properties.core.strategies import HEAD_H, HEAD_N, HEAD_V
+
+    fields = dict(N=HEAD_N[-1], H=HEAD_H[-1], V=max(HEAD_V), bias=True, regime=HEAD_REGIME)
+    p = _problem(impl, spec, device, ("bfloat16", "amp-bfloat16"), **fields)
+    return [(p.short(), p)]
+
+
 def _unless(cond: Callable[[Any], bool], why: str) -> Callable[[Any], str | None]:
     return lambda impl: None if cond(impl) else why.format(name=impl.name)
 
@@ -509,6 +539,7 @@ def _linear_ce_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("accuracy", "pinned_cases", _pinned),
         PropertyRow("accuracy", "large_vocab", _one(N=12, V=1025, regime="outlier_rows")),
+        PropertyRow("accuracy", "large_vocab_head", _head),
         PropertyRow("accuracy", "wide_hidden", _one(N=8, H=257, bias=True)),
         PropertyRow(
             "accuracy",
