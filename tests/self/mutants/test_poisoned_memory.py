@@ -73,3 +73,21 @@ def test_without_poisoning_the_mutant_passes_on_fresh_pages(monkeypatch):
     verdict = _ci_verdict()
     assert verdict.status == "passed", verdict
     assert [s for s in SEEDS if _seeded(s) is not None] == []
+
+
+@pytest.mark.parametrize("prop", ["accuracy", "empty_experts"])
+def test_report_judges_the_grouped_rows_poisoned(monkeypatch, prop):
+    """``numcheck report``'s grouped rows (its accuracy grid and its property cases) run poisoned by default: the
+    mutant's record fails on a case with an empty expert; with ``NUMCHECK_POISON=off`` the same record passes."""
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+    from numcheck.reports.report.grid import GridCase
+    from numcheck.reports.report.run import run_case
+
+    gc = GridCase(
+        "suite:grouped", "bfloat16", GroupedCase(Fp8Recipe("current"), (16, 0, 24), 32, 16, seed=2), prop=prop
+    )
+    monkeypatch.delenv(poison.ENV, raising=False)
+    assert run_case(uninitialised_empty_wgrad, gc)["status"] == "fail"
+    monkeypatch.setenv(poison.ENV, "off")
+    assert run_case(uninitialised_empty_wgrad, gc)["status"] == "pass"
