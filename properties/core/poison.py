@@ -24,7 +24,7 @@ small ones hold leftovers and the 64 MiB one holds zeros (fresh pages).
 
 Where: :func:`numcheck.properties.core.runner.judge` runs every property of the suite (drawn and fixed cases, the
 plugin and :func:`numcheck.check`) and every property case of ``numcheck report`` under :func:`judging`; the
-report's accuracy grid does too. A property is the smallest unit that holds each forward *and* backward the impl
+report's accuracy grid, ``numcheck repro`` and the public assertions (``numcheck.assert_quant_linear``, ...) do too. A property is the smallest unit that holds each forward *and* backward the impl
 runs (its backward runs inside the property's ``loss.backward()``, not inside the impl's call), so the block spans
 the property: the float64 oracles run inside it too, which is harmless (they write every element they allocate)
 and is counted in the measured cost (``results/poison-cost.md``). The determinism properties (:data:`OUTSIDE`) run

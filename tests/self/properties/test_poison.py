@@ -10,9 +10,14 @@ import pytest
 import torch
 import torch.utils.deterministic
 
+import numcheck
+from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.properties.core import poison
+from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.runner import judge
+from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.tests import plugin
+from numcheck.tests.self.helpers.grouped_fp8_mutants import FRESH_PAGES_BYTES
 
 
 def _settings() -> tuple[bool, bool, bool]:
@@ -104,3 +109,24 @@ def test_plugin_option_sets_the_variable(monkeypatch):
         assert poison.setting() is {"on": True, "off": False, "default": None}[value]
         plugin.pytest_unconfigure(config)
         assert poison.setting() is None
+
+
+class _UnwrittenTimesZero(Fp8Linear):
+    """Adds ``0 ·`` a buffer it never wrote to y: zeros from fresh pages (a view into a 64 MiB ``torch.empty``),
+    NaN once memory is poisoned."""
+
+    def __call__(self, x, weight, bias=None, **kw):
+        y = super().__call__(x, weight, bias, **kw)
+        fresh = torch.empty(max(y.numel(), FRESH_PAGES_BYTES // 4))[: y.numel()].view(y.shape)
+        return y + fresh.to(y.dtype) * 0
+
+
+def test_public_assertion_judges_poisoned(monkeypatch):
+    """``numcheck.assert_quant_linear`` (a user's own tests) poisons as the suite does: an output that read memory
+    it never wrote fails by default, and passes with ``NUMCHECK_POISON=off``."""
+    impl = _UnwrittenTimesZero("unwritten", (Fp8Recipe("current"),))
+    monkeypatch.delenv(poison.ENV, raising=False)
+    with pytest.raises(PropertyFailure):
+        numcheck.assert_quant_linear(impl, recipe="current", M=16, K=32, N=8)
+    monkeypatch.setenv(poison.ENV, "off")
+    assert numcheck.assert_quant_linear(impl, recipe="current", M=16, K=32, N=8).ok
