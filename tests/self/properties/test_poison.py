@@ -54,14 +54,14 @@ def test_filled_restores_the_callers_settings_also_on_raise():
     det = torch.utils.deterministic
     saved = _settings()
     try:
-        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch._C._set_deterministic_algorithms(True, warn_only=False)  # the public call imports torch._inductor
         det.fill_uninitialized_memory = False
         with pytest.raises(ZeroDivisionError), poison.filled():
             assert _settings() == (True, True, True)
             raise ZeroDivisionError
         assert _settings() == (True, False, False)
     finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch._C._set_deterministic_algorithms(saved[0], warn_only=saved[1])
         det.fill_uninitialized_memory = saved[2]
     assert not torch.are_deterministic_algorithms_enabled()
 
