@@ -19,7 +19,7 @@ import torch
 from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
 from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
-from numcheck.properties.core import matmul_precision
+from numcheck.properties.core import matmul_precision, poison
 from numcheck.properties.core.chunks import declares_chunks
 from numcheck.properties.core.props import PROPERTIES, Metrics
 from numcheck.properties.fp8.cases import QuantCase
@@ -155,7 +155,8 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     why = inapplicable(prop.split("[", 1)[0], impl, p)
     if why:
         raise InvalidAssertion(f"{call}: property {prop!r} says nothing about this case: {why}\n  case: {p!r}")
-    with matmul_precision.pinned():  # the GEMM precision the model assumes (properties.core.matmul_precision)
+    # the GEMM precision the model assumes (properties.core.matmul_precision); memory poisoned as the suite poisons it
+    with matmul_precision.pinned(), poison.judging(impl, prop.split("[", 1)[0]):
         return fn(impl, p)
 
 
@@ -218,5 +219,5 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
             f"{call}: property 'save_original_input' says nothing about {impl.name!r}: it "
             f"declares save_original_input={sorted(impl.support.save_original_input)} only"
         )
-    with matmul_precision.pinned():
+    with matmul_precision.pinned(), poison.judging(impl, prop):
         return fn(impl, c)

@@ -29,6 +29,11 @@ Run the suite against your impl from any directory::
   release, what is wrong; the same records as report.json's ``known_divergences``), and environment artifacts as
   "not judged here". ``--numcheck-strict`` (for gating a release upgrade) makes them failures: a test skipped as a
   known divergence fails, and the session exits 1 when a library's known divergence applied (an artifact never).
+- ``--numcheck-poison`` / ``--no-numcheck-poison``: judge every impl kind with uninitialised memory filled (NaN),
+  or none; without either, the FP8 and grouped FP8 suites run with it and the others without (the distributed
+  suites' ranks never)
+  (:mod:`numcheck.properties.core.poison`: why, what it costs per family; the option sets ``NUMCHECK_POISON``, which
+  :func:`numcheck.check`, ``numcheck report`` and xdist workers read too).
 - ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
   ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
 - Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
@@ -46,6 +51,7 @@ for one of the fixtures. ``tools/bench_plugin_overhead.py`` measures what it cos
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import time
@@ -108,6 +114,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="fail on recorded known divergences (for gating a release upgrade): a test skipped as one fails, and "
         "the session exits 1 when a library's known divergence applies to a selected impl",
+    )
+    group.addoption(
+        "--numcheck-poison",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="judge every impl kind with uninitialised memory filled (torch.empty returns NaN), or with "
+        "--no-numcheck-poison none; default: the FP8 and grouped FP8 suites (NUMCHECK_POISON=on|off|default)",
     )
     group.addoption(
         "--numcheck-scale",
@@ -689,6 +702,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     for line in _CI_MARKERS:
         config.addinivalue_line("markers", line)
+    _set_poison(config)
     folder = config.getoption("--numcheck-record", None)
     config.stash[_RECORDING_KEY] = folder is not None
     from numcheck.properties.core import drawn_log  # imports neither torch nor hypothesis
@@ -703,8 +717,28 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
+_POISON_ENV = "NUMCHECK_POISON"  # numcheck.properties.core.poison.ENV (not imported here: it imports torch)
+_POISON_SAVED_KEY = pytest.StashKey[tuple]()
+
+
+def _set_poison(config: pytest.Config) -> None:
+    """``--numcheck-poison`` / ``--no-numcheck-poison`` as ``NUMCHECK_POISON`` for this process (the judging code,
+    distributed ranks started from it, and xdist workers read it); the caller's value kept for unconfigure."""
+    on = config.getoption("--numcheck-poison", None)
+    if on is None:
+        return
+    config.stash[_POISON_SAVED_KEY] = (os.environ.get(_POISON_ENV),)
+    os.environ[_POISON_ENV] = "on" if on else "off"
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The record file closed at the end of the session."""
+    """The record file closed at the end of the session; ``NUMCHECK_POISON`` as it was before the session."""
+    saved = config.stash.get(_POISON_SAVED_KEY, None)
+    if saved is not None:
+        if saved[0] is None:
+            os.environ.pop(_POISON_ENV, None)
+        else:
+            os.environ[_POISON_ENV] = saved[0]
     if config.stash.get(_RECORDING_KEY, False):
         from numcheck.properties.core import records
 

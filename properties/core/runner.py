@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from hypothesis import assume, reject
 from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
-from numcheck.properties.core import matmul_precision
+from numcheck.properties.core import matmul_precision, poison
 from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
@@ -236,11 +236,13 @@ def _judged(prop: SuiteProperty, impl: Any, p: Any) -> Metrics:
 def judge(check: Callable[[Any, Any], Any], impl: Any, p: Any, *, name: str | None = None) -> Any:
     """``check(impl, p)`` (a property function) under numcheck's GEMM precision, with an impl's exception turned
     into the suite's failure (see :func:`run_example`); used for the drawn tests and the fixed cases alike.
-    ``name``: the property as ``numcheck repro`` names it, where that is not ``check.__name__``."""
+    ``name``: the property as ``numcheck repro`` names it, where that is not ``check.__name__``. Every
+    uninitialised allocation is filled while it runs where :mod:`~numcheck.properties.core.poison` says so for the
+    impl's kind and the property."""
     __tracebackhide__ = True
     prop = name or check.__name__
     try:
-        with matmul_precision.pinned():
+        with matmul_precision.pinned(), poison.judging(impl, prop):
             return check(impl, p)
     except HypothesisException:
         raise

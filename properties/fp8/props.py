@@ -734,6 +734,7 @@ def _quantized_as_oracle(
             case,
             f"{where}: data has shape {tuple(got.data.shape)}, expected {tuple(t.shape)}",
         )
+    _data_dtype_is_format(impl, case, where, got.data.dtype, fmt)
     codes = got.data.view(torch.uint8) if got.data.dtype != torch.uint8 else got.data
     ok = same_codes(codes.cpu(), ref.codes, fmt)
     if not bool(ok.all()):
@@ -749,6 +750,21 @@ def _quantized_as_oracle(
             f"{_scale_at(got.scale_inv, idx, ref.block):.9g}/{_scale_at(ref.scale_inv, idx, ref.block):.9g}",
         )
     _scales_as_oracle(impl, case, where, got, ref, grid)
+
+
+def _data_dtype_is_format(impl: Any, case: Any, where: str, dtype: torch.dtype, fmt: Any) -> None:
+    """The codes come as ``uint8`` or as the role's own FP8 dtype: codes tagged with the other format (HYBRID's
+    E5M2 gradient as ``float8_e4m3fn``) are read as that format by whatever consumes them (TE #3342), though every
+    byte equals the oracle's."""
+    __tracebackhide__ = True
+    if dtype != torch.uint8 and dtype != getattr(torch, fmt.torch_dtype_name):
+        fail(
+            impl,
+            "quantizer",
+            case,
+            f"{where}: data is {dtype}, expected torch.uint8 or torch.{fmt.torch_dtype_name} (the role's format): "
+            f"its codes would be read as another format",
+        )
 
 
 def _scales_as_oracle(impl: Any, case: Any, where: str, got: Any, ref: Any, grid: tuple[int, ...]) -> None:

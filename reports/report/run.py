@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from numcheck.impls.registry import BrokenImpl, ImplEntry
+from numcheck.properties.core import poison
 from numcheck.reports.report.coverage import unreached
 from numcheck.reports.report.grid import (
     GridCase,
@@ -235,33 +236,35 @@ def plan(
 
 
 def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
-    """One (impl, case) record; an exception from the impl becomes an ``error`` record."""
+    """One (impl, case) record; an exception from the impl becomes an ``error`` record. The impl runs with
+    uninitialised memory filled where :mod:`numcheck.properties.core.poison` says so for its kind."""
     t0 = time.perf_counter()
     if gc.prop != "accuracy":
         return _property_case(impl, gc, t0)
     try:
-        if impl.kind == "linear_ce":
-            from numcheck.properties.core.accuracy import check_accuracy
+        with poison.judging(impl, gc.prop):  # the property cases get it through judge
+            if impl.kind == "linear_ce":
+                from numcheck.properties.core.accuracy import check_accuracy
 
-            res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
-            return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
-        if impl.kind == "dist_linear_ce":
-            from numcheck.properties.distributed.linear_ce.props import measure
+                res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
+                return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
+            if impl.kind == "dist_linear_ce":
+                from numcheck.properties.distributed.linear_ce.props import measure
 
-            comps, lines = measure(impl, gc.case)
-            return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
-        if impl.kind == "grouped_quant_linear":
-            from numcheck.properties.fp8.grouped.props import measure_case as grouped_measure
+                comps, lines = measure(impl, gc.case)
+                return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
+            if impl.kind == "grouped_quant_linear":
+                from numcheck.properties.fp8.grouped.props import measure_case as grouped_measure
 
-            return quant_record(impl, gc, grouped_measure(impl, gc.case), time.perf_counter() - t0)
-        if impl.kind == "tp_quant_linear":
-            from numcheck.properties.distributed.tp_fp8.props import measure as tp_measure
+                return quant_record(impl, gc, grouped_measure(impl, gc.case), time.perf_counter() - t0)
+            if impl.kind == "tp_quant_linear":
+                from numcheck.properties.distributed.tp_fp8.props import measure as tp_measure
 
-            return tp_record(impl, gc, tp_measure(impl, gc.case), time.perf_counter() - t0)
-        from numcheck.properties.fp8.props import measure_case
+                return tp_record(impl, gc, tp_measure(impl, gc.case), time.perf_counter() - t0)
+            from numcheck.properties.fp8.props import measure_case
 
-        res = measure_case(impl, gc.case)
-        return quant_record(impl, gc, res, time.perf_counter() - t0)
+            res = measure_case(impl, gc.case)
+            return quant_record(impl, gc, res, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - any exception is the impl's failure, recorded with its message
         return error_record(impl, gc, exc, time.perf_counter() - t0)
 

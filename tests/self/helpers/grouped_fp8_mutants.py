@@ -80,6 +80,25 @@ class StaleWgradWorkspace(GroupedFusedLinear):
         return ws[key]
 
 
+#: Bytes of the allocation :class:`UninitialisedEmptyExpertWgrad` takes its buffer from: above glibc's largest
+#: mmap threshold (32 MiB on 64-bit), so every call's buffer is a fresh mapping the OS hands over zeroed.
+FRESH_PAGES_BYTES = 64 << 20
+
+
+class UninitialisedEmptyExpertWgrad(GroupedFusedLinear):
+    """The [G, N, K] weight-gradient buffer allocated with ``torch.empty`` and written only by the experts that got
+    rows: an empty expert's gradient is whatever the memory held (MSLK PR #158; pytorch #172439, #193633). The
+    buffer is a view into a :data:`FRESH_PAGES_BYTES` ``torch.empty``: on the CPU that memory is fresh pages, zeros —
+    exactly the right gradient of an empty expert — unless uninitialised memory is poisoned
+    (:mod:`numcheck.properties.core.poison`), when it is NaN. Built so, the contrast does not depend on what the
+    allocator recycled: a small ``torch.empty`` would hold leftovers of earlier tensors, sometimes zeros."""
+
+    def wgrad_buffer(self, c: Call, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        n = c.G * shape[0] * shape[1]
+        fresh = torch.empty(max(n, FRESH_PAGES_BYTES // dtype.itemsize), dtype=dtype, device=device)
+        return fresh[:n].view(c.G, *shape)
+
+
 @dataclass
 class _PerElement(SplitQuantized):
     """A columnwise quantization whose blocks ignore the experts: each expert's part carries its elements' scales."""
@@ -165,3 +184,14 @@ MUTANTS, CAUGHT_BY = caught_by_table(
     soi_whole_input,
     saves_copy_of_x,
 ) = MUTANTS
+
+#: Not in :data:`MUTANTS`: caught only with poisoned memory, which the direct property calls of
+#: tests/self/mutants/test_grouped_fp8_mutants.py do not set up (tests/self/mutants/test_poisoned_memory.py judges it).
+#: No fused wgrad accumulation declared: with ``main_grad`` the buffer is not returned, so every draw shows it.
+uninitialised_empty_wgrad = UninitialisedEmptyExpertWgrad(
+    "mutant_grouped_uninitialised_empty_wgrad",
+    UninitialisedEmptyExpertWgrad.__doc__.split("\n")[0],
+    recipes=_current,
+    bitwise_per_expert=True,
+    fused_wgrad_accumulation=frozenset({False}),
+)

@@ -1,0 +1,98 @@
+"""What poisoned memory (:mod:`numcheck.properties.core.poison`) costs each family's suite: a few of its drawn tests
+on built-ins, through the suite's own runner (:func:`numcheck.check`'s, the one the pytest plugin runs) under the
+``numcheck-ci`` profile (derandomized: both modes judge the same cases), with ``NUMCHECK_POISON=off`` and ``on``
+alternated ``--repeats`` times in one process (imports and first-call warm-up paid by an untimed first pass).
+
+The figure is CPU seconds of this process (``time.process_time``, one intra-op thread), so load from other
+processes on a shared machine changes it little; per family: the median of the paired on/off ratios (each pair ran
+back to back). Run from a checkout::
+
+    PYTHONPATH=. python tools/bench_poison.py --repeats 3 [--family grouped]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+#: family -> (suite table module, the tests timed, the built-ins they run on).
+FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "linear_ce": (
+        "numcheck.properties.core.suite:SUITE",
+        ("accuracy", "two_calls", "strided_inputs"),
+        ("eager", "chunked[fallback]"),
+    ),
+    "fp8": (
+        "numcheck.properties.fp8.suite:QUANT_SUITE",
+        (
+            "accuracy_against_both_references",
+            "save_original_input_is_bitwise_identical",
+            "saved_tensor_aliasing_and_bytes",
+        ),
+        ("fp8_linear[current]", "fp8_linear[mxfp8]"),
+    ),
+    "grouped": (
+        "numcheck.properties.fp8.grouped.suite:GROUPED_SUITE",
+        (
+            "grouped_accuracy_against_both_references",
+            "grouped_empty_experts_exact_zero",
+            "grouped_equals_the_linear_per_expert",
+        ),
+        ("grouped_fp8_linear[fused]",),
+    ),
+}
+
+
+def _pass(family: str, mode: str) -> float:
+    """CPU seconds of one pass over ``family``'s tests and impls with ``NUMCHECK_POISON=mode``."""
+    import importlib
+
+    from hypothesis import Phase, settings
+
+    import numcheck.properties.core.profiles  # noqa: F401 - registers numcheck-ci
+    from numcheck.impls.registry import builtin
+    from numcheck.properties.check import _run_drawn
+
+    spec, tests, impls = FAMILIES[family]
+    mod, attr = spec.split(":")
+    table = getattr(importlib.import_module(mod), attr)
+    base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    os.environ["NUMCHECK_POISON"] = mode
+    t0 = time.process_time()
+    for name in tests:
+        for impl in impls:
+            verdict = _run_drawn(table[name], builtin(impl), base)
+            if verdict.status != "passed":
+                raise SystemExit(f"{family} {name} {impl} poison={mode}: {verdict}")
+    return time.process_time() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--family", choices=sorted(FAMILIES), action="append")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, CPU seconds (time.process_time)")
+    for family in args.family or list(FAMILIES):
+        _pass(family, "off")  # warm-up: imports, first calls
+        off, on = [], []
+        for _ in range(args.repeats):
+            off.append(_pass(family, "off"))
+            on.append(_pass(family, "on"))
+        ratios = [b / a for a, b in zip(off, on)]
+        print(
+            f"{family:10s} off {' '.join(f'{v:6.2f}' for v in off)} | on {' '.join(f'{v:6.2f}' for v in on)} | "
+            f"on/off median {statistics.median(ratios):.3f} (pairs {' '.join(f'{r:.3f}' for r in ratios)})",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
