@@ -125,6 +125,12 @@ GROUPED_ROWS: tuple[Row, ...] = (
         "save_original_input keeps a private copy of x (no memory saved)",
         (_G_BYTES,),
     ),
+    Row(
+        "uninitialised memory",
+        f"{_GROUPED}:uninitialised_empty_wgrad",
+        "wgrad buffer from torch.empty, written only by experts with rows (caught with memory poisoned)",
+        (_G_EMPTY,),
+    ),
 )
 
 #: The distributed mutants: vocabulary-parallel (tests/self/helpers/dist_mutants.py, dist_reduce.py) and TP/SP FP8
