@@ -18,8 +18,13 @@ from numcheck.properties.core.strategies import DEVICE
 
 
 def _cases(*regimes: str) -> Draw:
-    """A draw of a :class:`QuantCase` inside the impl's declaration, in one of ``regimes``."""
-    return lambda impl, data: data.draw(quant_cases(impl.support, regimes=regimes), label="case")
+    """A draw of a :class:`QuantCase` inside the impl's declaration, in one of ``regimes`` (its ``regimes``)."""
+
+    def draw(impl: Any, data: Any) -> Any:
+        return data.draw(quant_cases(impl.support, regimes=regimes), label="case")
+
+    draw.regimes = regimes  # type: ignore[attr-defined]
+    return draw
 
 
 def accuracy(impl: Any, case: Any) -> Metrics:
@@ -82,7 +87,9 @@ def _exposes_quantize(impl: Any) -> str | None:
 # three, every block's amax at an edge in one of three) come in every ci run.
 _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty(
-        "accuracy_against_both_references", accuracy, _cases("normal", "wide", "outlier", "growing", "scale_edge")
+        "accuracy_against_both_references",
+        accuracy,
+        _cases("normal", "wide", "outlier", "growing", "scale_edge", "block_exponents"),
     ),
     SuiteProperty(
         "save_original_input_is_bitwise_identical",

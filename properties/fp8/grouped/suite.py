@@ -75,7 +75,7 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty(
         "grouped_accuracy_against_both_references",
         accuracy,
-        _cases("normal", "wide", "outlier", "zero_expert", "nan_expert", "scale_edge"),
+        _cases("normal", "wide", "outlier", "zero_expert", "nan_expert", "scale_edge", "block_exponents"),
     ),
     SuiteProperty(
         "grouped_equals_the_linear_per_expert",
