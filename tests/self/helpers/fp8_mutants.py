@@ -274,7 +274,16 @@ class DgradTileScalesUntransposed(Fp8Linear):
     ``[nN, nK]`` buffer read as ``[nK, nN]`` (a transpose missing where the scales are laid out for the GEMM): tile
     (k, n) gets the scale of tile (n, k) on square grids; the codes are cast with the right scales."""
 
-    def quantize_operand(self, t, recipe, role, usage, state, *, record):
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         q = super().quantize_operand(t, recipe, role, usage, state, record=record)
         if role != "w" or usage != "columnwise" or q.per_tensor:
             return q
@@ -286,7 +295,16 @@ class WeightKTailTakesPreviousScale(Fp8Linear):
     the partial last K-tile is cast and dequantized with the scale of the full tile before it (its own where there
     is none). Where the two tiles' amaxes share an exponent (power-of-2 scales) nothing changes."""
 
-    def quantize_operand(self, t, recipe, role, usage, state, *, record):
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         q = super().quantize_operand(t, recipe, role, usage, state, record=record)
         if role != "w" or usage != "rowwise" or q.per_tensor or q.scale_inv.shape[1] < 2 or t.shape[1] % 128 == 0:
             return q
@@ -301,7 +319,16 @@ class WeightKBlockScaleShifted(Fp8Linear):
     """fprop's W scale of K-block b read from block b + 1 (mod the blocks of the row): an off-by-one in the scale
     layout's K index; the codes are cast with the right scales."""
 
-    def quantize_operand(self, t, recipe, role, usage, state, *, record):
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
         q = super().quantize_operand(t, recipe, role, usage, state, record=record)
         if role != "w" or usage != "rowwise" or q.per_tensor:
             return q

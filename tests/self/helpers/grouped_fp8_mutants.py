@@ -174,7 +174,9 @@ class HybridBackwardQuantizesDyAsE4M3(GroupedFusedLinear):
     from 448, not 57344) in both usages, as a grouped backward that takes the forward's format for the gradients
     (TE #3342); forward, x and W stay right."""
 
-    def quantize_split(self, t, c, role, usage, *, record, experts=None):
+    def quantize_split(
+        self, t: torch.Tensor, c: Call, role: str, usage: str, *, record: bool, experts: Sequence[int] | None = None
+    ) -> SplitQuantized:
         if role == "dy" and c.recipe.fp8_format == "HYBRID":
             c = dataclasses.replace(c, recipe=c.recipe.replace(fp8_format="E4M3"))
         return super().quantize_split(t, c, role, usage, record=record, experts=experts)
