@@ -49,12 +49,14 @@ _LOWP_ONLY = ("accuracy", "many_chunks", "large_vocab")
 _NONDETERMINISM = ("determinism", "ignored_rows", "chunk_invariance")
 _NARROW = ("accuracy", "accuracy_fp32_sharp")
 _QUANTIZER = ("quantizer_bitwise_on_random_tensors", "accuracy_against_both_references")
+_FP8_GRID = ("accuracy_against_both_references", "accuracy_on_scale_block_grids")
 #: The grouped suite's drawn tests (properties/fp8/grouped/suite.py).
 _G_ACC = "grouped_accuracy_against_both_references"
 _G_ACCUM = "grouped_wgrad_accumulation_over_micro_batches"
 _G_EMPTY = "grouped_empty_experts_exact_zero"
 _G_SOI = "grouped_save_original_input_is_bitwise_identical"
 _G_BYTES = "grouped_saved_bytes_measured"
+_G_GRID = "grouped_accuracy_on_scale_block_grids"
 #: The distributed suites' tests: vocabulary-parallel ``PROPERTY[world_size=P]`` (tests/suite/test_distributed.py,
 #: run at that world size under gloo), TP/SP FP8 by their drawn test (properties/distributed/tp_fp8/suite.py, at
 #: every declared world size the backend runs here, as tests/suite/test_distributed_fp8.py runs them).
@@ -130,6 +132,18 @@ GROUPED_ROWS: tuple[Row, ...] = (
         f"{_GROUPED}:uninitialised_empty_wgrad",
         "wgrad buffer from torch.empty, written only by experts with rows (caught with memory poisoned)",
         (_G_EMPTY,),
+    ),
+    Row(
+        "format",
+        f"{_GROUPED}:hybrid_dy_e4m3",
+        "HYBRID backward quantizes dy as E4M3, not E5M2 (TE #3342)",
+        (_G_ACC, _G_GRID),
+    ),
+    Row(
+        "scale layout",
+        f"{_GROUPED}:expert_dgrad_tile_scales_untransposed",
+        "each expert's dgrad W tile scales read at the transposed tile index",
+        (_G_ACC, _G_GRID),
     ),
 )
 
@@ -248,6 +262,19 @@ ROWS: tuple[Row, ...] = (
         "quantizer edge", f"{_FP8}:no_saturation_mxfp8", "no saturation at the format maximum (MXFP8 FLOOR)", _QUANTIZER
     ),
     Row("quantizer edge", f"{_FP8}:no_saturation_delayed", "no saturation at the format maximum (delayed)", _QUANTIZER),
+    Row(
+        "scale layout",
+        f"{_FP8}:dgrad_tile_scales_untransposed",
+        "dgrad's W tile scales read at the transposed tile index (power-of-2 blockwise)",
+        _FP8_GRID,
+    ),
+    Row(
+        "scale layout",
+        f"{_FP8}:w_k_tail_previous_scale",
+        "W's partial last K-tile takes the previous tile's scale (K assumed a multiple of 128)",
+        _FP8_GRID,
+    ),
+    Row("scale layout", f"{_FP8}:w_k_block_scale_shifted", "fprop's W scale of K-block b read from b + 1", _FP8_GRID),
     *GROUPED_ROWS,
     *DIST_ROWS,
 )

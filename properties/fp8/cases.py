@@ -29,6 +29,7 @@ QUANT_REGIMES: tuple[str, ...] = (
     "pruned",
     "scale_floor",
     "scale_edge",
+    "block_exponents",
 )
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
@@ -64,6 +65,11 @@ MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
 EDGE_RUN = 32
 #: The ulps (of the input dtype) an edge value sits from fp8_max·2^k.
 EDGE_ULPS = (-2, -1, 0, 1, 2)
+#: ``block_exponents``: the exponents the K-blocks of a row take (a permutation of them per tensor, repeating past
+#: seven blocks), and the step between row blocks' exponents (−step, 0, +step, rotated), larger than the K-blocks'
+#: span, so the exponent λ_q + κ_g of block (q, g) differs from those of (q, g ± 1) and of the transposed (g, q).
+BLOCK_EXPONENTS: tuple[int, ...] = (-3, -2, -1, 0, 1, 2, 3)
+ROW_BLOCK_STEP = 7
 
 
 _Case = TypeVar("_Case", bound="QuantCaseFields")
@@ -196,6 +202,35 @@ def plant_scale_edges(t: torch.Tensor, g: torch.Generator, fmt_max: float, dtype
     return out
 
 
+def scale_block(recipe: Fp8Recipe) -> int:
+    """The edge of ``recipe``'s scaling blocks along K (128 blockwise, 32 MXFP8; 32 for the per-tensor recipes,
+    where the ``block_exponents`` regime's structure changes nothing)."""
+    return 128 if recipe.kind == "blockwise" else 32
+
+
+def plant_block_exponents(t: torch.Tensor, g: torch.Generator, block: int) -> torch.Tensor:
+    """``t`` (float64, 2-D) remade as ±(1 + u)·2^(e_ij + c): the signs of ``t``, u drawn on a grid of 2^−7 (exact in
+    every input dtype, below 1: each element's binade is its e), c = ⌊log2 rms(t)⌋ (the role's magnitude), and
+    e_ij = λ_q + κ_g − δ_i for q = i // ``block`` its row block, g = j // ``block`` its K-block: κ a permutation of
+    :data:`BLOCK_EXPONENTS` (each K-block of a row its own exponent), λ_q = :data:`ROW_BLOCK_STEP` · (−1, 0, 1)
+    rotated (each row block its own), δ_i = (i + s) mod 3 (neighbouring rows apart; every block of ≥ 3 rows holds
+    a δ = 0 row). Every block's amax — a 1×b or b×1 block, a b×b tile — is then 2^e·m, m in [1, 2), with e distinct
+    from its neighbours' along K, along the rows and from the transposed block's, so a scale read from the wrong
+    block, or transposed, lands on another exponent (random data repeats exponents and hides that: flashinfer
+    #4087/#4093; TIRx PR #5's fix tests give each row and K-block its own exponent)."""
+    R, C = t.shape
+    kappa = torch.tensor(BLOCK_EXPONENTS)[torch.randperm(len(BLOCK_EXPONENTS), generator=g)]
+    s = int(torch.randint(0, 3, (1,), generator=g))
+    rows, cols = torch.arange(R), torch.arange(C)
+    lam = ROW_BLOCK_STEP * (((rows // block + s) % 3) - 1) - (rows + s) % 3
+    e = lam[:, None] + kappa[(cols // block) % len(BLOCK_EXPONENTS)][None, :]
+    rms = float(t.square().mean().sqrt()) if t.numel() else 1.0
+    c = math.floor(math.log2(rms)) if rms > 0 else 0
+    u = torch.floor(torch.rand(R, C, generator=g, dtype=torch.float64) * 128) / 128
+    sign = torch.where(t < 0, -1.0, 1.0).to(torch.float64)
+    return sign * (1 + u) * torch.exp2((e + c).to(torch.float64))
+
+
 def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
     """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
 
@@ -213,7 +248,9 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
         sit near 2^−118 and an MXFP8 E8M0 scale at the bottom of its range, where a descale flushed to zero
         (fast-math FTZ) moves the code; ``scale_edge``: x, W and dy with every block's amax a few ulps beside
         fp8_max·2^k of the role's format (:func:`plant_scale_edges`): E8M0 and power-of-2 scale rounding,
-        saturation at the format maximum.
+        saturation at the format maximum; ``block_exponents``: x, W and dy with each row and each K-block (blocks of
+        the recipe's edge, :func:`scale_block`) its own exponent (:func:`plant_block_exponents`): a block scale
+        misplaced along K, across rows or transposed lands on a different one.
     Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
     ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
     cast must saturate (a gradient spike).
@@ -269,6 +306,9 @@ def _regime_values(
         x = plant_scale_edges(x, g, case.recipe.format_of("x").max_finite, case.dtype)
         w = plant_scale_edges(w, g, case.recipe.format_of("w").max_finite, case.dtype)
         dy = plant_scale_edges(dy, g, case.recipe.format_of("dy").max_finite, case.dtype)
+    elif r == "block_exponents":
+        b = scale_block(case.recipe)
+        x, w, dy = (plant_block_exponents(t, g, b) for t in (x, w, dy))
     elif r == "inf":
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")

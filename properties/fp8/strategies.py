@@ -11,7 +11,7 @@ import os
 import torch
 from hypothesis import strategies as st
 
-from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase
+from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase, scale_block
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import FP32_MAX
 
@@ -24,6 +24,13 @@ _M_EDGES = (1, 3, 16, 31, 32, 33, 64, 127, 128, 130, 160)
 _K_EDGES = (8, 16, 24, 32, 40, 48, 72, 96, 128, 136, 160, 200)
 _N_EDGES = (1, 8, 16, 17, 32, 48, 96, 128, 129, 144)
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: The ``block_exponents`` regime's sizes, by the recipe's scale block b (:func:`~properties.fp8.cases.scale_block`):
+#: rows (M, N) of two or three blocks, so block grids are at least 2×2 and a transposed scale index is another
+#: block; K = b × odd (96, 160; 384 = 3 × 128) and K = m·2^j with m odd and 2^j < b (48, 80, 112; 144, 160, 192,
+#: 208: a multiple of every split below the block, not of the block: FBGEMM #6159). A few blocks each, past
+#: ``NUMCHECK_FP8_MAX_DIM`` only for 384 (three 128-blocks), so the oracle stays cheap.
+SCALE_ROWS: dict[int, tuple[int, ...]] = {32: (40, 65, 95), 128: (136, 200)}
+SCALE_K: dict[int, tuple[int, ...]] = {32: (48, 80, 96, 112, 160), 128: (144, 160, 192, 208, 384)}
 
 
 def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
@@ -57,6 +64,10 @@ def quant_cases(
     N = draw(_dims(_N_EDGES), label="N")
     bias = draw(st.booleans(), label="bias") if support.bias else False
     regime = draw(st.sampled_from(regimes), label="regime")
+    if regime == "block_exponents":  # a grid of a few blocks each way, K = b × odd or m·2^j (SCALE_K)
+        b = scale_block(recipe)
+        M, N = (draw(st.sampled_from(SCALE_ROWS[b]), label=f"{d}_blocks") for d in "MN")
+        K = draw(st.sampled_from(SCALE_K[b]), label="K_blocks")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:
         modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]

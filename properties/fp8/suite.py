@@ -80,10 +80,15 @@ def _exposes_quantize(impl: Any) -> str | None:
 # 10× and 5× (120 and 60 examples in ci, 1–7 s per impl); the quantizer on one tensor 100–130 ms (impl and
 # oracle quantizers, both usages): 10× (120 examples, 12–16 s per impl), so its edges (planted in two draws of
 # three, every block's amax at an edge in one of three) come in every ci run.
+# The scale-block grids (``block_exponents``: every row and K-block its own exponent on grids of a few blocks each
+# way, :data:`~properties.fp8.strategies.SCALE_K`) are a test of their own, so every example reaches them (a block
+# scale misplaced, transposed or shared with the partial last K-block shows only there) and the accuracy test's
+# draws stay as they were: the profile's examples, 0.1–0.7 s each.
 _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty(
         "accuracy_against_both_references", accuracy, _cases("normal", "wide", "outlier", "growing", "scale_edge")
     ),
+    SuiteProperty("accuracy_on_scale_block_grids", accuracy, _cases("block_exponents")),
     SuiteProperty(
         "save_original_input_is_bitwise_identical",
         save_original_input,

@@ -75,6 +75,15 @@ def test_accuracy_against_both_references(quant_impl, data):
     run_drawn(QUANT_SUITE["accuracy_against_both_references"], quant_impl, data)
 
 
+@_FIXTURE_OK
+@given(data=st.data())
+def test_accuracy_on_scale_block_grids(quant_impl, data):
+    """Accuracy on grids of a few scale blocks each way whose every row and K-block has its own exponent, K = block ×
+    odd or m·2^j below the block: a block scale read from another block, transposed, or the partial last K-block's
+    taken from the block before, lands on another exponent (random data repeats exponents and hides it)."""
+    run_drawn(QUANT_SUITE["accuracy_on_scale_block_grids"], quant_impl, data)
+
+
 def test_edge_inputs_every_recipe(quant_impl):
     """All-zero, outlier-per-block, NaN, inf, tiny and wide inputs follow the oracle's defined behaviour, K = 40
     (not a multiple of 16, 32 or 128), for every declared recipe; a case a known divergence of the installed release

@@ -44,6 +44,14 @@ def test_grouped_accuracy_against_both_references(grouped_quant_impl, data):
 
 @_FIXTURE_OK
 @given(data=st.data())
+def test_grouped_accuracy_on_scale_block_grids(grouped_quant_impl, data):
+    """Accuracy on grids of a few scale blocks each way whose every row, K-block and expert has its own exponent,
+    with experts of exactly one block of tokens: a block scale read for the wrong block or expert shows."""
+    run_drawn(GROUPED_SUITE["grouped_accuracy_on_scale_block_grids"], grouped_quant_impl, data)
+
+
+@_FIXTURE_OK
+@given(data=st.data())
 def test_grouped_equals_the_linear_per_expert(grouped_quant_impl, data):
     """The grouped call equals the single FP8 linear built-in per expert (bitwise where declared)."""
     run_drawn(GROUPED_SUITE["grouped_equals_the_linear_per_expert"], grouped_quant_impl, data)

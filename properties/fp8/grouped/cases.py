@@ -33,6 +33,7 @@ GROUPED_REGIMES: tuple[str, ...] = (
     "pruned",
     "tiny",
     "scale_edge",
+    "block_exponents",
 )
 #: Regimes under which every expert's operands are also scaled by its own power of two (the others set magnitudes
 #: that must stay as they are: tiny values, planted scale edges, non-finite ones).
@@ -157,10 +158,15 @@ def _expert_regimes(case: GroupedCase) -> list[str]:
 
 def _magnitudes(case: GroupedCase, micro: int) -> torch.Tensor:
     """``[G, 3]`` powers of two for each expert's x, W and dy (all ones outside :data:`MAGNITUDE_REGIMES`): 2^e with
-    e in [−3, 3] (fp16: [−3, 0], which keeps the ``wide`` regime's 2^12-scaled values finite)."""
+    e in [−3, 3] (fp16: [−3, 0], which keeps the ``wide`` regime's 2^12-scaled values finite); under
+    ``block_exponents`` e distinct across experts (a permutation of up to five values per operand), so an expert's
+    block scale read for another's lands on another exponent."""
+    g = torch.Generator().manual_seed(case.seed * 7 + 3 + 104729 * micro)
+    if case.regime == "block_exponents":  # each expert its own exponent per operand: a permutation of −2 … 2
+        perms = [torch.randperm(case.G, generator=g) % 5 - min(case.G, 5) // 2 for _ in range(3)]
+        return torch.exp2(torch.stack(perms, dim=1).to(torch.float64))
     if case.regime not in MAGNITUDE_REGIMES:
         return torch.ones(case.G, 3, dtype=torch.float64)
-    g = torch.Generator().manual_seed(case.seed * 7 + 3 + 104729 * micro)
     hi = 0 if case.dtype == "float16" else 3
     return torch.exp2(torch.randint(-3, hi + 1, (case.G, 3), generator=g).to(torch.float64))
 

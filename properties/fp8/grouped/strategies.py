@@ -13,10 +13,14 @@ from hypothesis import strategies as st
 
 from numcheck.properties.core.strategies import DEVICE
 from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
-from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM
+from numcheck.properties.fp8.cases import scale_block
+from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM, SCALE_K, SCALE_ROWS
 
 #: Per-expert row counts before alignment: around the 32- and 128-row columnwise blocks, and small odd ones.
 SPLIT_EDGES: tuple[int, ...] = (1, 3, 16, 31, 32, 33, 64, 127, 128, 129)
+#: The ``block_exponents`` regime's expert sizes by the recipe's scale block b: exactly one block of tokens (an
+#: expert of exactly 128 rows: DeepGEMM #365) and a block and a bit.
+SCALE_SPLITS: dict[int, tuple[int, ...]] = {32: (32, 40), 128: (128, 136)}
 MAX_EXPERTS = 5
 #: The most rows a drawn case has in all.
 MAX_ROWS = 320
@@ -30,14 +34,22 @@ def _aligned(edges: tuple[int, ...], a: int, cap: int) -> tuple[int, ...]:
 
 
 @st.composite
-def split_sizes(draw: st.DrawFn, support, *, empty: bool | None = None, max_rows: int = MAX_ROWS) -> tuple[int, ...]:
-    """``m_splits`` inside ``support``'s rules, at most ``max_rows`` in all (about: each size is capped at
-    ``max_rows // G``); ``empty``: ``True`` at least one empty expert (only where declared), ``False`` none,
-    ``None`` drawn."""
+def split_sizes(
+    draw: st.DrawFn,
+    support,
+    *,
+    empty: bool | None = None,
+    max_rows: int = MAX_ROWS,
+    edges: tuple[int, ...] = SPLIT_EDGES,
+) -> tuple[int, ...]:
+    """``m_splits`` inside ``support``'s rules from ``edges``, at most ``max_rows`` in all (about: each size is
+    capped at ``max_rows // G``, G at most ``max_rows // min(edges)``); ``empty``: ``True`` at least one empty expert
+    (only where declared), ``False`` none, ``None`` drawn."""
     a = support.split_alignment
-    g_max = min(MAX_EXPERTS, support.max_experts or MAX_EXPERTS)
+    g_max = min(MAX_EXPERTS, support.max_experts or MAX_EXPERTS, max(1, max_rows // min(edges)))
     G = draw(st.integers(1 if empty is not True else 2, max(g_max, 2 if empty else 1)), label="G")
-    sizes = _aligned(SPLIT_EDGES, a, min(MAX_DIM, max(a, max_rows // G)))
+    cap = max(a, max_rows // G) if edges == SPLIT_EDGES else max(a, max_rows // G, min(edges))
+    sizes = _aligned(edges, a, min(MAX_DIM, cap) if edges == SPLIT_EDGES else cap)
     allow_empty = support.empty_splits and empty is not False
     choices = ((0,) if allow_empty else ()) + sizes
     splits = [draw(st.sampled_from(choices), label=f"m_{i}") for i in range(G)]
@@ -75,6 +87,11 @@ def grouped_cases(
     N = draw(st.sampled_from(_aligned(_N_EDGES, fa, MAX_DIM)), label="N")
     bias = draw(st.booleans(), label="bias") if support.bias else False
     regime = draw(st.sampled_from(regimes), label="regime")
+    if regime == "block_exponents":  # experts of one block of tokens, a few blocks each way (strategies.SCALE_K)
+        b = scale_block(recipe)
+        m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows, edges=SCALE_SPLITS[b]), label="m_blocks")
+        K = draw(st.sampled_from(_aligned(SCALE_K[b], fa, max(SCALE_K[b]))), label="K_blocks")
+        N = draw(st.sampled_from(_aligned(SCALE_ROWS[b], fa, max(SCALE_ROWS[b]))), label="N_blocks")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:
         modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]

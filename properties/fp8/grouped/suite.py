@@ -71,12 +71,15 @@ def _has_non_delayed(impl: Any) -> str | None:
 # (the float64 oracle per expert and the bounds: the profile's examples); the per-expert comparison and the
 # permutation 0.5–4 s (two calls and an oracle); the mode comparison and the held bytes 0.3–1.5 s; the refusals a
 # few ms (no oracle: 3× the examples); the three-micro-batch accumulation 1–7 s (three oracles).
+# The scale-block grids: accuracy on ``block_exponents`` cases only (every row, K-block and expert its own exponent,
+# experts of one block of tokens), a test of its own so every example reaches them: 0.3–2 s each.
 _ENTRIES: tuple[SuiteProperty, ...] = (
     SuiteProperty(
         "grouped_accuracy_against_both_references",
         accuracy,
         _cases("normal", "wide", "outlier", "zero_expert", "nan_expert", "scale_edge"),
     ),
+    SuiteProperty("grouped_accuracy_on_scale_block_grids", accuracy, _cases("block_exponents")),
     SuiteProperty(
         "grouped_equals_the_linear_per_expert",
         _metricless(checks.per_expert_linear),

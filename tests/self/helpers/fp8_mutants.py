@@ -262,3 +262,90 @@ mx_scale_wrong_way = MUTANTS[2]
     no_saturation_mxfp8,
     no_saturation_delayed,
 ) = EDGE_MUTANTS
+
+
+# -- block-scale layout: a block scale read from the wrong block, hidden where neighbouring blocks share an exponent
+# (random data, and today's regimes, which vary x's and dy's blocks but leave W's alike); the ``block_exponents``
+# regime gives each row and K-block its own exponent -----------------------------------------------------------
+
+
+class DgradTileScalesUntransposed(Fp8Linear):
+    """dgrad's W (quantized columnwise, K-major ``Wᵀ [K, N]``) takes its 128×128 tile scales from the rowwise
+    ``[nN, nK]`` buffer read as ``[nK, nN]`` (a transpose missing where the scales are laid out for the GEMM): tile
+    (k, n) gets the scale of tile (n, k) on square grids; the codes are cast with the right scales."""
+
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
+        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        if role != "w" or usage != "columnwise" or q.per_tensor:
+            return q
+        return QTensor(q.data, q.scale_inv.t().contiguous().view(q.scale_inv.shape), q.code, q.block, q.fmt)
+
+
+class WeightKTailTakesPreviousScale(Fp8Linear):
+    """W's scales along K computed for K // 128 blocks, as if K were a multiple of the block (it is one of 32 or 16):
+    the partial last K-tile is cast and dequantized with the scale of the full tile before it (its own where there
+    is none). Where the two tiles' amaxes share an exponent (power-of-2 scales) nothing changes."""
+
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
+        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        if role != "w" or usage != "rowwise" or q.per_tensor or q.scale_inv.shape[1] < 2 or t.shape[1] % 128 == 0:
+            return q
+        si = q.scale_inv.clone()
+        si[:, -1] = si[:, -2]
+        t32 = t.detach().to(torch.float32)
+        data = self.cast(t32, _ql._expand(torch.ones_like(si) / si, tuple(t32.shape), q.block), q.fmt)
+        return QTensor(data, si, q.code, q.block, q.fmt)
+
+
+class WeightKBlockScaleShifted(Fp8Linear):
+    """fprop's W scale of K-block b read from block b + 1 (mod the blocks of the row): an off-by-one in the scale
+    layout's K index; the codes are cast with the right scales."""
+
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
+        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        if role != "w" or usage != "rowwise" or q.per_tensor:
+            return q
+        code = None if q.code is None else q.code.roll(-1, dims=1)
+        return QTensor(q.data, q.scale_inv.roll(-1, dims=1).contiguous(), code, q.block, q.fmt)
+
+
+_pow2_blockwise = tuple(r for r in _recipes("blockwise") if r.power_of_2_scales)
+#: The block-scale layout mutants, declared for power-of-2 block scales (where equal exponents give equal scales).
+#: The transposed dgrad tiles and the K-tail pass the ci profile's accuracy draws and fail its scale-block grids
+#: (``accuracy_on_scale_block_grids``); the K-block shift fails both (MXFP8's 1×32 codes differ on random data).
+LAYOUT_MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (DgradTileScalesUntransposed("mutant_dgrad_tile_scales_untransposed", _pow2_blockwise), "accuracy"),
+        (WeightKTailTakesPreviousScale("mutant_w_k_tail_previous_scale", _pow2_blockwise), "accuracy"),
+        (WeightKBlockScaleShifted("mutant_w_k_block_scale_shifted", _recipes("mxfp8")), "accuracy"),
+    ],
+    after=CAUGHT_BY,
+)
+dgrad_tile_scales_untransposed, w_k_tail_previous_scale, w_k_block_scale_shifted = LAYOUT_MUTANTS

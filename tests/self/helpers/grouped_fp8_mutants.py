@@ -8,6 +8,7 @@ impl (``--impl numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS``). :data
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -195,3 +196,55 @@ uninitialised_empty_wgrad = UninitialisedEmptyExpertWgrad(
     bitwise_per_expert=True,
     fused_wgrad_accumulation=frozenset({False}),
 )
+
+
+# -- HYBRID backward: E5M2 gradients (TE #3342) --------------------------------------------------------------------
+class HybridBackwardQuantizesDyAsE4M3(GroupedFusedLinear):
+    """Under a HYBRID recipe (E4M3 forward, E5M2 gradients), backward quantizes every expert's dy as E4M3 (its scale
+    from 448, not 57344) in both usages, as a grouped backward that takes the forward's format for the gradients
+    (TE #3342); forward, x and W stay right."""
+
+    def quantize_split(
+        self, t: torch.Tensor, c: Call, role: str, usage: str, *, record: bool, experts: Sequence[int] | None = None
+    ) -> SplitQuantized:
+        if role == "dy" and c.recipe.fp8_format == "HYBRID":
+            c = dataclasses.replace(c, recipe=c.recipe.replace(fp8_format="E4M3"))
+        return super().quantize_split(t, c, role, usage, record=record, experts=experts)
+
+
+# -- block-scale layout per expert ----------------------------------------------------------------------------------
+class ExpertDgradTileScalesUntransposed(GroupedFusedLinear):
+    """Each expert's dgrad W (columnwise, ``W_iᵀ [K, N]``) takes its 128×128 tile scales from the rowwise
+    ``[nN, nK]`` buffer read as ``[nK, nN]`` (the single linear's ``DgradTileScalesUntransposed``, per expert):
+    invisible where the tiles of a W share an exponent, as random weights' do."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        from numcheck.tests.self.helpers.fp8_mutants import DgradTileScalesUntransposed
+
+        super().__init__(*args, **kw)
+        self.single = {k: DgradTileScalesUntransposed(v.name, v.support.recipes) for k, v in self.single.items()}
+
+
+#: The HYBRID mutant on each kind with a HYBRID standard recipe (per-tensor delayed and current, MXFP8).
+HYBRID_MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (
+            _fused(
+                HybridBackwardQuantizesDyAsE4M3,
+                "mutant_grouped_hybrid_dy_e4m3",
+                tuple(r for r in _recipes("current", "mxfp8") if r.fp8_format == "HYBRID"),
+            ),
+            "accuracy",
+        ),
+        (
+            _fused(
+                ExpertDgradTileScalesUntransposed,
+                "mutant_grouped_dgrad_tile_scales_untransposed",
+                tuple(r for r in _recipes("blockwise") if r.power_of_2_scales),
+            ),
+            "accuracy",
+        ),
+    ],
+    after=CAUGHT_BY,
+)
+hybrid_dy_e4m3, expert_dgrad_tile_scales_untransposed = HYBRID_MUTANTS

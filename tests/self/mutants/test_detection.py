@@ -31,6 +31,7 @@ def test_rows_cover_every_mutant_and_load():
     assert all(len(load_spec(r.spec, "test")) == 1 for r in detection.ROWS)
     wanted = {m.name for ms in mutants.CLASSES.values() for m in ms}
     wanted |= {m.name for m in fp8_mutants.EDGE_MUTANTS} | {fp8_mutants.mx_scale_wrong_way.name}
+    wanted |= {m.name for m in fp8_mutants.LAYOUT_MUTANTS} | {m.name for m in grouped_fp8_mutants.HYBRID_MUTANTS}
     wanted |= {m.name for m in grouped_fp8_mutants.MUTANTS} | {m.name for m in dist_mutants.dist_impls()}
     wanted |= {m.name for m in dist_fp8_mutants.MUTANTS + dist_fp8_mutants.DTYPE_MUTANTS}
     wanted |= {dist_reduce.bf16_reduce_declared_fp32.name}

@@ -123,3 +123,34 @@ def test_mutant_table_rejects_a_name_given_twice():
     _, first = caught_by_table([(a, "accuracy")])
     with pytest.raises(ValueError, match="'mutant_twice' is named twice"):
         caught_by_table([(b, "strided")], after=first)
+
+
+# -- block-scale layout ------------------------------------------------------------------------------------------
+def _ci_verdict(mutant, test: str):
+    """The ci profile's verdict of the drawn suite test ``test`` on ``mutant`` (numcheck.check's draws, unshrunk)."""
+    from hypothesis import settings as hsettings
+
+    from numcheck.properties.check import _run_drawn
+    from numcheck.properties.fp8.suite import QUANT_SUITE
+
+    base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    return _run_drawn(QUANT_SUITE[test], mutant, base)
+
+
+#: The layout mutants the accuracy test's ci draws miss and the scale-block grids catch: dgrad's W tile scales read
+#: at the transposed tile index (random weights' 128×128 tiles share an exponent, a 2×2 tile grid is seldom drawn),
+#: and W's partial last K-tile scaled with the tile before it (K = 3·64, 5·32, 9·16, 13·16 on the grids).
+GRID_ONLY = ("mutant_dgrad_tile_scales_untransposed", "mutant_w_k_tail_previous_scale")
+
+
+@pytest.mark.parametrize("name", GRID_ONLY)
+def test_scale_block_grids_catch_what_the_accuracy_draws_miss(name):
+    """Under the ci profile, the mutant passes the accuracy test's draws and fails the scale-block grids' (a few
+    blocks each way, each row and K-block its own exponent)."""
+    from numcheck.tests.self.helpers.fp8_mutants import LAYOUT_MUTANTS
+
+    mutant = next(m for m in LAYOUT_MUTANTS if m.name == name)
+    before = _ci_verdict(mutant, "accuracy_against_both_references")
+    assert before.status == "passed", before
+    after = _ci_verdict(mutant, "accuracy_on_scale_block_grids")
+    assert after.status == "failed" and "block_exponents" in after.message, after

@@ -121,3 +121,18 @@ def test_per_expert_equality_holds_up_to_the_sign_of_zero():
 
     case = GroupedCase(Fp8Recipe("delayed"), (0, 3, 1), 8, 1, dtype="bfloat16", seed=779, weights="grouped")
     GROUPED_PROPERTIES["per_expert_linear"](builtin("grouped_fp8_linear[loop]"), case)
+
+
+def test_ci_profile_catches_hybrid_backward_dy_as_e4m3():
+    """A grouped backward quantizing dy as E4M3 under a HYBRID recipe (TE #3342; forward right) fails the grouped
+    accuracy test's ci draws, which already hold HYBRID recipes where declared: dgrad against the dequantized
+    reference (error/bound 25.6 on the first draw here)."""
+    from hypothesis import settings as hsettings
+
+    from numcheck.properties.check import _run_drawn
+    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+    from numcheck.tests.self.helpers.grouped_fp8_mutants import hybrid_dy_e4m3
+
+    base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
+    verdict = _run_drawn(GROUPED_SUITE[SUITE_TEST[CAUGHT_BY[hybrid_dy_e4m3.name]]], hybrid_dy_e4m3, base)
+    assert verdict.status == "failed" and "dgrad" in verdict.message, verdict

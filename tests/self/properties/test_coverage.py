@@ -254,3 +254,28 @@ def test_scale_edges_sit_beside_fp8_max_times_a_power_of_two(dtype, fmt_max):
     row_max = t.abs().amax(dim=1, keepdim=True)
     near = t.abs() > 0.51 * row_max
     assert int(near.sum()) == 9 * 3  # one edge value per 32-run, every other element at most half of the row amax
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_block_exponents_give_every_block_its_own_exponent(block):
+    """plant_block_exponents: every block's amax (1×b along K, b×1 along the rows, b×b tiles) is 2^e·m with m in
+    [1, 2): e differs between K-neighbours (the last and the first too), between row-block neighbours, and between a
+    tile and its transpose; neighbouring rows differ; exact in bf16."""
+    from numcheck.properties.fp8.cases import plant_block_exponents
+
+    g = torch.Generator().manual_seed(3)
+    R, C = 3 * block, 3 * block + 8  # a 3×4 grid, the last K-block partial
+    t = plant_block_exponents(torch.randn(R, C, generator=g, dtype=torch.float64), g, block)
+    assert torch.equal(t.to(torch.bfloat16).double(), t)
+
+    def exps(rb: int, cb: int) -> torch.Tensor:
+        a = F.pad(t.abs(), (0, -C % cb, 0, -R % rb)).view(-(-R // rb), rb, -(-C // cb), cb).amax(dim=(1, 3))
+        return torch.floor(torch.log2(a))
+
+    row_blocks, col_blocks, tiles = exps(1, block), exps(block, 1), exps(block, block)
+    assert bool((row_blocks != row_blocks.roll(1, dims=1)).all())  # along K, cyclically
+    assert bool((row_blocks[1:] != row_blocks[:-1]).all())  # neighbouring rows
+    assert bool((col_blocks[1:] != col_blocks[:-1]).all())  # b×1 blocks down the rows
+    assert bool((tiles != tiles.roll(1, dims=1)).all()) and bool((tiles[1:] != tiles[:-1]).all())
+    square = tiles[:3, :3]
+    assert bool((square != square.t()).fill_diagonal_(True).all())  # a transposed tile index lands elsewhere
