@@ -91,6 +91,33 @@ def _multi_tile(impl: Any, spec: GridSpec, device: str) -> Built:
             )
 
 
+def _grid_ks(b: int) -> tuple[int, ...]:
+    """Two K of the suite's scale-block grids (:data:`properties.fp8.strategies.SCALE_K`) for a scale block of
+    ``b``: the first that is m·2^j below the block (a ragged last block) and the first that is ``b`` × odd (whole
+    blocks, more than two)."""
+    from numcheck.properties.fp8.strategies import SCALE_K
+
+    return (next(k for k in SCALE_K[b] if k % b), next(k for k in SCALE_K[b] if not k % b and k // b > 2))
+
+
+def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
+    """The suite's ``accuracy_on_scale_block_grids``: the ``block_exponents`` regime (every row, K-block and tile
+    its own exponent, so a block scale read from the wrong block, the transposed tile or the previous K-block lands
+    on a different exponent) on a grid of at least two blocks each way (:data:`properties.fp8.strategies.SCALE_ROWS`)
+    at both K forms of :func:`_grid_ks`, per recipe kind."""
+    from numcheck.properties.fp8.cases import scale_block
+    from numcheck.properties.fp8.strategies import SCALE_ROWS
+
+    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        b = scale_block(r)
+        M = N = next(m for m in SCALE_ROWS[b] if m > b)
+        for K in _grid_ks(b):
+            yield (
+                f"{r.name} M{M}K{K}N{N} block_exponents",
+                _quant(impl, r, M, K, N, device, regime="block_exponents", seed=31),
+            )
+
+
 def _delayed_steps(impl: Any, spec: GridSpec, device: str) -> Built:
     for r in _recipes(impl, spec.quant_all_recipes_ladder):
         if r.kind == "delayed":
@@ -178,6 +205,7 @@ def _quant_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("accuracy", "edge_inputs_every_recipe", _edge_inputs),
         PropertyRow("accuracy", "multi_tile_and_long_reduction_every_recipe", _multi_tile),
+        PropertyRow("accuracy", "accuracy_on_scale_block_grids", _scale_grids),
         PropertyRow("accuracy", "delayed_scaling_over_steps", _delayed_steps),
         PropertyRow("accuracy", "accuracy_against_both_references[save_original_input]", _soi_accuracy),
         PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_mode_pair),
@@ -252,6 +280,23 @@ def _grouped_soi(impl: Any, spec: GridSpec, device: str) -> Built:
     )
 
 
+def _grouped_scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
+    """The suite's ``grouped_accuracy_on_scale_block_grids``: ``block_exponents`` (each expert, row and K-block its
+    own exponent) with an expert of exactly one scale block of tokens beside one of a block and a bit
+    (:data:`properties.fp8.grouped.strategies.SCALE_SPLITS`), at both K forms of :func:`_grid_ks`, per recipe kind."""
+    from numcheck.properties.fp8.cases import scale_block
+    from numcheck.properties.fp8.grouped.strategies import SCALE_SPLITS
+    from numcheck.properties.fp8.strategies import SCALE_ROWS
+
+    for r in _recipes(impl, spec.grouped_all_recipes):
+        b = scale_block(r)
+        N = next(m for m in SCALE_ROWS[b] if m > b)
+        for K in _grid_ks(b):
+            case = _grouped(impl, r, SCALE_SPLITS[b], K, N, device, regime="block_exponents", seed=31)
+            if case is not None:
+                yield f"{r.name} K{K}N{N} block_exponents", case
+
+
 def _grouped_accumulation(impl: Any, spec: GridSpec, device: str) -> Built:
     fused = sorted(impl.support.fused_wgrad_accumulation)
     return _fitted(
@@ -273,6 +318,7 @@ def _grouped_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("accuracy", "grouped_edge_splits_every_recipe", _grouped_edge),
         PropertyRow("accuracy", "grouped_delayed_scaling_per_gemm_histories", _grouped_delayed),
+        PropertyRow("accuracy", "grouped_accuracy_on_scale_block_grids", _grouped_scale_grids),
         PropertyRow("per_expert_linear", "grouped_equals_the_linear_per_expert", _grouped_uneven("outlier")),
         PropertyRow("empty_experts", "grouped_empty_experts_exact_zero", _grouped_empty, _no_empty),
         PropertyRow("split_rules", "grouped_split_rules_refused_outside", _grouped_uneven("normal")),
