@@ -313,6 +313,14 @@ LARGE_V: tuple[int, ...] = (1025, 2047, 2049, 3001, 4097, 4099)
 #: Token counts past the integers bf16 holds exactly (256) and fp16 (2048): a token count or normalizer
 #: kept in the compute dtype rounds there.
 LONG_N: tuple[int, ...] = (257, 259, 513, 2049, 2051)
+#: The long-batch token counts of a draw by its compute dtype (the plain dtype, or the autocast one): the
+#: cheapest of :data:`LONG_N` that pass that dtype's exact integers, each rounding another way there. bf16
+#: (8 bits, integers exact to 256): 257 rounds down to 256 (a tie, to even), 259 up to 260, 513 down to 512 (its
+#: ulp is 4 there). fp16 (11 bits, exact to 2048): 2049 down to 2048, 2051 up to 2052; its draws below 2049 met
+#: only exact counts, so they never reached the regime. A bf16 draw of 2049 rows crossed no boundary that 257 did
+#: not, at 8× the rows: under Triton's interpreter (TransformerEngine's CE: a program per row) that was most of
+#: the property's cost. Any other compute dtype (an impl declaring fp32 only) keeps every count of LONG_N.
+LONG_N_BY_COMPUTE: dict[str, tuple[int, ...]] = {"bfloat16": (257, 259, 513), "float16": (2049, 2051)}
 #: Hidden sizes past the draws' cap, where kernels switch to a split or tiled reduction over H.
 WIDE_H: tuple[int, ...] = (256, 257, 512, 1031)
 
@@ -374,9 +382,11 @@ def wide_hidden_problems(draw: st.DrawFn, support) -> Problem:
 
 @st.composite
 def long_batch_problems(draw: st.DrawFn, support) -> Problem:
-    """Problems with N in :data:`LONG_N`, small H ≤ 8 and V ≤ 24, in a low-precision dtype or an AMP mode where
-    declared (else as drawn; a covering row's where in one), with a bias where declared: token counts,
-    normalizers and the running sums of grad_weight and grad_bias must not be kept in the compute dtype."""
+    """Problems with N past the compute dtype's exact integers (:data:`LONG_N_BY_COMPUTE`: 257 to 513 rows in bf16,
+    2049 or 2051 in fp16; any of :data:`LONG_N` where no narrow one is declared), small H ≤ 8 and V ≤ 24, in a
+    low-precision dtype or an AMP mode where declared (else as drawn; a covering row's where in one), with a bias
+    where declared: token counts, normalizers and the running sums of grad_weight and grad_bias must not be kept
+    in the compute dtype."""
     modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
     if torch.float32 in support.dtypes:
         modes += [
@@ -384,18 +394,23 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
             for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
             if d in support.autocast and capabilities.autocast_dtype(DEVICE_TYPE, d)
         ]
-    force: dict[str, Any] = {
-        "N": draw(st.sampled_from(LONG_N), label="N"),
-        "H": draw(st.integers(1, 8), label="H"),
-        "V": draw(st.integers(2, 24), label="V"),
-    }
+    force: dict[str, Any] = {}
     row = _ROW.get()
-    if modes and (row is None or "dtype" not in row.force):  # a covering row's precision, where in one
-        kind, name = draw(st.sampled_from(modes), label="precision")
+    if row is not None and "dtype" in row.force:  # a covering row's precision
+        compute = row.force.get("autocast") or row.force["dtype"]
+    elif modes:
+        kind, compute = draw(st.sampled_from(modes), label="precision")
         if kind == "plain":
-            force.update(dtype=name, autocast=None)
+            force.update(dtype=compute, autocast=None)
         else:
-            force.update(dtype="float32", autocast=name)
+            force.update(dtype="float32", autocast=compute)
+    else:
+        compute = None
+    force.update(
+        N=draw(st.sampled_from(LONG_N_BY_COMPUTE.get(compute, LONG_N)), label="N"),
+        H=draw(st.integers(1, 8), label="H"),
+        V=draw(st.integers(2, 24), label="V"),
+    )
     return draw(problems(support, force=force, require=frozenset({"bias"})), label="problem")
 
 

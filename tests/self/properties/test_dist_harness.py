@@ -1,7 +1,7 @@
 """The distributed harness (numcheck.properties.distributed.pool.pool): persistent gloo ranks, results per rank on the CPU,
 a raising, hung or killed rank failing its call within its timeout with the rank named, the pool rebuilt after
 it, no process group outliving its call, the latch that fails a timed-out case once outside hypothesis, and the
-ranks' two start methods (forked from the zygote, or programs)."""
+ranks' two start methods (forked from the zygote, or programs); numcheck's plugin closes the pools after a module."""
 
 from __future__ import annotations
 
@@ -39,6 +39,25 @@ def test_pool_persists_across_calls():
         pool.run(dist_fns.allreduce_rank, None)
     again = DistPool.get(2, "gloo")
     assert again is pool and [r.process.pid for r in again.ranks] == pids
+
+
+def test_the_plugin_closes_the_pools_after_a_modules_last_test():
+    """numcheck's plugin keeps this process's rank pools between tests of one module and closes them when the next
+    test is in another module, or there is none (an idle rank's gloo loop threads wake 100 times a second)."""
+    from types import SimpleNamespace
+
+    from numcheck.tests import plugin
+
+    module, other = object(), object()
+    pool = DistPool.get(2, "gloo")
+    plugin._close_rank_pools(SimpleNamespace(module=module), SimpleNamespace(module=module))
+    assert DistPool.get(2, "gloo") is pool and pool.alive()
+    plugin._close_rank_pools(SimpleNamespace(module=module), SimpleNamespace(module=other))
+    assert not pool.ranks and not pool.alive()
+    pool = DistPool.get(2, "gloo")
+    assert pool.run(dist_fns.allreduce_rank, None)[0].tolist() == [3.0]  # a module that uses one again starts one
+    plugin._close_rank_pools(SimpleNamespace(module=module), None)
+    assert not pool.ranks and not DistPool._pools
 
 
 def test_raising_rank_is_named_with_its_traceback_and_pool_kept():

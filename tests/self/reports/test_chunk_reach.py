@@ -2,7 +2,8 @@
 
 Each impl of tests/self/helpers/user_chunked.py is declared as the README shows (the decorator, ``chunk_rows`` or
 ``chunk_rule``, no ``with_chunk_rows``). The suite runs as a user runs it (``pytest --pyargs numcheck.tests.suite
---impl module:name``, default profile) in a subprocess: the impls whose grad_weight running sum across chunks is
+--impl module:name ...``, default profile) in a subprocess (one for all the narrow impls, one per twin): the impls
+whose grad_weight running sum across chunks is
 kept in bf16 or fp16 fail ``test_many_chunks``, on a case of at least MANY_CHUNKS chunks named in the message;
 their fp32-sum twins pass every test their chunking reaches (many chunks, rows moved across chunk boundaries,
 determinism over several chunks, long batches).
@@ -46,31 +47,28 @@ SLOW = pytest.mark.skipif(
     not os.environ.get("NUMCHECK_SLOW_SELF_TESTS"),
     reason="about 200 s; set NUMCHECK_SLOW_SELF_TESTS=1 to run it (its last result: docs/evidence/chunk_reach.md)",
 )
+#: The twins run one process each (each takes 40-130 s in CI, so xdist spreads them; one process for all would be
+#: the leg's longest test).
 TWINS = ["fp32_sum_c7", "fp32_sum_c64", pytest.param("fp32_sum_c1024", marks=SLOW), "fp32_sum_rule"]
 #: The tests whose draws depend on the declared chunking.
 CHUNKED_TESTS = "test_many_chunks or test_chunk_invariance or test_determinism or test_long_batch"
 
 
-def _suite(cwd: Path, name: str, select: str) -> subprocess.CompletedProcess:
-    """The README's plugin command on ``MODULE:name``, ``-k select``, in ``cwd``, with this environment less
-    numcheck's, pytest's and hypothesis' own settings (so the default profile runs)."""
+def _suite(cwd: Path, names: list[str], select: str) -> subprocess.CompletedProcess:
+    """The README's plugin command on ``MODULE:name`` for each of ``names`` (one ``--impl`` each, one process:
+    its start and the suite's collection, about 9 s of CPU, are paid once), ``-k select``, in ``cwd``, with this
+    environment less numcheck's, pytest's and hypothesis' own settings (so the default profile runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--pyargs",
-        "numcheck.tests.suite",
-        "--impl",
-        f"{MODULE}:{name}",
-        "-k",
-        select,
-    ]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    impls = [a for name in names for a in ("--impl", f"{MODULE}:{name}")]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "numcheck.tests.suite"]
+    return subprocess.run([*cmd, *impls, "-k", select], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def _sections(out: str) -> dict[str, str]:
+    """Each failed test's report in pytest's output (its ``____ test ____`` header to the next), by test id."""
+    parts = re.split(r"^_{3,} (test_\S+) _{3,}$", out, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
 def _failing_case(out: str) -> tuple[Problem, int]:
@@ -83,21 +81,24 @@ def _failing_case(out: str) -> tuple[Problem, int]:
     return p, int(stated.group(2))
 
 
-@pytest.mark.parametrize("name", NARROW)
 @pytest.mark.costly(
-    reason="a pytest subprocess running test_many_chunks at many-chunk shapes until the narrow running sum fails"
+    reason="a pytest subprocess running test_many_chunks on seven narrow running sums at many-chunk shapes until each fails"
 )
-def test_narrow_running_sum_fails_many_chunks(name: str, tmp_path: Path) -> None:
-    """A running sum across chunks kept in bf16 or fp16 fails test_many_chunks on a case of at least MANY_CHUNKS
-    chunks of the declared size (or rule), which its message states."""
-    impl = getattr(user_chunked, name)
-    r = _suite(tmp_path, name, "test_many_chunks")
+def test_narrow_running_sum_fails_many_chunks(tmp_path: Path) -> None:
+    """Each running sum across chunks kept in bf16 or fp16 (:data:`NARROW`, all in one pytest process) fails
+    test_many_chunks on grad_weight, on a case of at least MANY_CHUNKS chunks of the declared size (or rule),
+    which its message states."""
+    r = _suite(tmp_path, NARROW, "test_many_chunks")
     out = r.stdout + r.stderr
-    assert r.returncode == 1 and f"test_many_chunks[{impl.name}]" in out and "1 failed" in out, out
-    assert "grad_weight" in out, out
-    p, stated = _failing_case(out)
-    declared = math.ceil(p.N / rows_per_chunk(impl.support, p.N, p.H, p.V))
-    assert stated == declared >= MANY_CHUNKS and p.dtype in ("bfloat16", "float16"), (stated, declared, p)
+    assert r.returncode == 1 and f"{len(NARROW)} failed" in out, out
+    sections = _sections(out)
+    for name in NARROW:
+        impl = getattr(user_chunked, name)
+        section = sections.get(f"test_many_chunks[{impl.name}]")
+        assert section is not None and "grad_weight" in section, (name, out)
+        p, stated = _failing_case(section)
+        declared = math.ceil(p.N / rows_per_chunk(impl.support, p.N, p.H, p.V))
+        assert stated == declared >= MANY_CHUNKS and p.dtype in ("bfloat16", "float16"), (name, stated, declared, p)
 
 
 @pytest.mark.parametrize("name", TWINS)
@@ -107,6 +108,6 @@ def test_narrow_running_sum_fails_many_chunks(name: str, tmp_path: Path) -> None
 def test_fp32_running_sum_passes(name: str, tmp_path: Path) -> None:
     """The twin keeping its running sum in fp32 passes every test its declared chunking reaches, chunk invariance
     included (run, not skipped: the rows are moved across its declared chunk boundaries)."""
-    r = _suite(tmp_path, name, CHUNKED_TESTS)
+    r = _suite(tmp_path, [name], CHUNKED_TESTS)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "4 passed" in out and "skipped" not in out, out
