@@ -338,6 +338,16 @@ def test_no_top_level_folder_is_imported_by_its_bare_name() -> None:
     )
 
 
+def test_package_is_one_tree() -> None:
+    """numcheck and its subpackages come from one tree: numcheck/<folder>/ of a wheel, or the folders beside
+    numcheck/ of one checkout. A checkout's numcheck/ put on ``PYTHONPATH`` in an environment with another
+    checkout installed editable would take every subpackage from that other checkout."""
+    folders = package_folders()
+    top = folders.pop("numcheck")
+    strays = {n: str(f) for n, f in folders.items() if f not in (top / n.split(".")[1], top.parent / n.split(".")[1])}
+    assert not strays, f"numcheck is {top}, but its subpackages come from elsewhere: {strays}"
+
+
 def test_one_copy_of_every_module() -> None:
     """pytest imports numcheck's test modules by their numcheck names (the plugin's ``NumcheckModule``), not by
     their folders (``tests.self.test_layers``): no file of the package is loaded as two modules."""
