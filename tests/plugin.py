@@ -165,16 +165,26 @@ def module_name(path: Path) -> str:
     return ".".join((_TESTS_PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
+def _import_frame(entry: Any) -> bool:
+    """Whether a traceback entry is the import machinery's (importlib, pytest's assertion rewriting, this plugin)."""
+    path = str(entry.path)
+    return path.startswith("<frozen ") or path == __file__ or bool({"importlib", "_pytest"} & set(Path(path).parts))
+
+
 def _import(collector: pytest.Collector, path: Path) -> Any:
     """The module at ``path`` imported by its numcheck name (:func:`module_name`), as pytest imports a test module:
-    an import error is the module's collection error."""
+    an import error is the module's collection error, its traceback without the import machinery's frames (all of
+    them with ``-vv``)."""
     name = module_name(path)
     try:
         return importlib.import_module(name)
     except (ImportError, SyntaxError) as exc:
+        info = pytest.ExceptionInfo.from_current()
+        if collector.config.get_verbosity() < 2:
+            info.traceback = info.traceback.filter(lambda entry: not _import_frame(entry))
+        shown = info.getrepr(style="short") if info.traceback else info.exconly()
         raise collector.CollectError(
-            f"ImportError while importing test module '{path}' as {name}.\nTraceback:\n"
-            f"{pytest.ExceptionInfo.from_current().getrepr(style='short')}"
+            f"{type(exc).__name__} while importing test module '{path}' as {name}.\nTraceback:\n{shown}"
         ) from exc
 
 
