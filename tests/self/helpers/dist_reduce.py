@@ -1,5 +1,5 @@
-"""Vocabulary-parallel linear+CE impls declared as the README tells a user to (``numcheck.dist_linear_ce_impl`` on
-module-level functions), differing only in the dtype grad_x's rank partials are all-reduced in and in what they
+"""Vocabulary-parallel linear+CE impls declared as docs/distributed.md tells a user to (``numcheck.dist_linear_ce_impl``
+on module-level functions), differing only in the dtype grad_x's rank partials are all-reduced in and in what they
 declare about it: the world-size relation's and judgement (b)'s self tests run the distributed suite on them.
 
 Each rank: fp32 logits of its shard (x, W and b upcast first: ``logits_dtype="float32"``), the row maximum, the
