@@ -6,13 +6,6 @@
 - :mod:`impls.measure`: capability probes and measurement (memory, timing, accumulation error).
 """
 
-if __name__ != "numcheck.impls":  # one copy of every module: the folder impls/ is importable only as numcheck.impls
-    raise ImportError(
-        f"{__name__!r} is numcheck's impls/ folder imported under the wrong name; import "
-        f"numcheck.impls instead (install numcheck, e.g. `pip install -e .` in its checkout)"
-    )
-
-
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
 
 __all__ = ["FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"]

@@ -8,15 +8,6 @@
 - :mod:`reference.fp8_linear`: quantized linear forward/backward against dequantized and original operands.
 """
 
-if (
-    __name__ != "numcheck.reference"
-):  # one copy of every module: the folder reference/ is importable only as numcheck.reference
-    raise ImportError(
-        f"{__name__!r} is numcheck's reference/ folder imported under the wrong name; import "
-        f"numcheck.reference instead (install numcheck, e.g. `pip install -e .` in its checkout)"
-    )
-
-
 from numcheck.reference.linear_ce import LinearCEResult, linear_ce
 from numcheck.reference.options import CEOptions
 

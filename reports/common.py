@@ -28,6 +28,8 @@ __all__ = [
     "suite_command",
     "code_hash",
     "code_identity",
+    "package_files",
+    "package_folders",
     "execute",
     "int_at_least",
     "prepare",
@@ -173,24 +175,53 @@ def stream(
     return proc.returncode, "".join(chunks).splitlines()
 
 
-def _package_root() -> Path:
-    """The folder of the imported numcheck package (a checkout's or a wheel's)."""
+def package_folders() -> dict[str, Path]:
+    """The folder of the imported numcheck package and of each of its subpackages, by name: one tree in a wheel
+    (site-packages/numcheck/impls/), the top-level folders in a checkout (impls/: setup.py's ``package_dir``)."""
+    import importlib.util
+
     import numcheck
 
-    return Path(numcheck.__file__).parent
+    folders = {"numcheck": Path(numcheck.__file__).parent}
+    for sub in numcheck._SUBPACKAGES:
+        spec = importlib.util.find_spec(f"numcheck.{sub}")
+        if spec is None or spec.origin is None:
+            raise ImportError(f"numcheck.{sub} cannot be found: reinstall numcheck (`pip install -e .` in a checkout)")
+        folders[f"numcheck.{sub}"] = Path(spec.origin).parent
+    return folders
+
+
+def _files_under(folder: Path, suffix: str) -> dict[str, Path]:
+    """Every file below ``folder`` ending in ``suffix``, by its path relative to ``folder``; ``__pycache__`` and
+    hidden folders are skipped."""
+    files: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        files.update(
+            (Path(dirpath, f).relative_to(folder).as_posix(), Path(dirpath, f)) for f in filenames if f.endswith(suffix)
+        )
+    return files
+
+
+def package_files(suffix: str = ".py") -> dict[str, Path]:
+    """Every file of the imported numcheck package ending in ``suffix``, by its path inside the package as a wheel
+    installs it (``__init__.py``, ``impls/registry.py``; ``tests/self/test_layers.py`` in a checkout), whichever
+    folder holds it (:func:`package_folders`), in path order; ``__pycache__`` and hidden folders are skipped."""
+    files: dict[str, Path] = {}
+    for name, folder in package_folders().items():
+        prefix = "/".join(name.split(".")[1:])
+        for rel, path in _files_under(folder, suffix).items():
+            files.setdefault(f"{prefix}/{rel}" if prefix else rel, path)  # a wheel's tree is walked twice
+    return dict(sorted(files.items()))
 
 
 def code_hash(root: Path | None = None) -> str:
-    """SHA-256 over every ``.py`` file under ``root`` (default: the imported numcheck package): each file's path
-    relative to ``root`` and its bytes, length-prefixed, in path order. Symlinked folders are followed (a checkout
-    links its top-level folders into the package); ``__pycache__`` and hidden folders are skipped. Needs no git."""
-    root = root or _package_root()
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
-        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    """SHA-256 over every ``.py`` file under ``root`` (default: the imported numcheck package, in whichever folders
+    hold it: :func:`package_files`): each file's path relative to ``root`` (in the package) and its bytes,
+    length-prefixed, in path order; ``__pycache__`` and hidden folders are skipped. Needs no git."""
+    files = package_files() if root is None else _files_under(root, ".py")
     digest = hashlib.sha256()
-    for rel, path in sorted((f.relative_to(root).as_posix(), f) for f in files):
+    for rel, path in sorted(files.items()):
         data = path.read_bytes()
         digest.update(len(rel).to_bytes(8, "little") + rel.encode() + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import time
@@ -71,6 +72,8 @@ _ENTRIES_KEY = pytest.StashKey[list]()
 _ARRANGED_KEY = pytest.StashKey[bool]()
 _RECORDING_KEY = pytest.StashKey[bool]()
 _TESTS_DIR = Path(__file__).resolve().parent
+#: The package the folder tests/ is (this module is numcheck.tests.plugin).
+_TESTS_PACKAGE = __name__.rpartition(".")[0]
 _SUITE_DIR = _TESTS_DIR / "suite"
 #: Each impl fixture and the kinds it is parametrized over.
 _IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
@@ -165,8 +168,72 @@ def numcheck_profile() -> Iterator[None]:
 
 
 def _is_numcheck(path: Path) -> bool:
-    """Whether ``path`` is inside numcheck's tests/ (through any link)."""
+    """Whether ``path`` is inside numcheck's tests/ (the folder tests/ of a checkout, numcheck/tests/ of a wheel)."""
     return path.resolve().is_relative_to(_TESTS_DIR)
+
+
+def module_name(path: Path) -> str:
+    """The name a module or package (``__init__.py``) inside numcheck's tests/ has everywhere else:
+    ``numcheck.tests.self.test_layers`` for tests/self/test_layers.py."""
+    parts = path.resolve().relative_to(_TESTS_DIR).with_suffix("").parts
+    return ".".join((_TESTS_PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _import_frame(entry: Any) -> bool:
+    """Whether a traceback entry is the import machinery's (importlib, pytest's assertion rewriting, this plugin)."""
+    path = str(entry.path)
+    return path.startswith("<frozen ") or path == __file__ or bool({"importlib", "_pytest"} & set(Path(path).parts))
+
+
+def _import(collector: pytest.Collector, path: Path) -> Any:
+    """The module at ``path`` imported by its numcheck name (:func:`module_name`), as pytest imports a test module:
+    an import error is the module's collection error, its traceback without the import machinery's frames (all of
+    them with ``-vv``)."""
+    name = module_name(path)
+    try:
+        return importlib.import_module(name)
+    except (ImportError, SyntaxError) as exc:
+        info = pytest.ExceptionInfo.from_current()
+        if collector.config.get_verbosity() < 2:
+            info.traceback = info.traceback.filter(lambda entry: not _import_frame(entry))
+        shown = info.getrepr(style="short") if info.traceback else info.exconly()
+        raise collector.CollectError(
+            f"{type(exc).__name__} while importing test module '{path}' as {name}.\nTraceback:\n{shown}"
+        ) from exc
+
+
+class NumcheckModule(pytest.Module):
+    """A test module of numcheck's tests/, imported by its numcheck name. pytest names a module after its folders:
+    in a checkout tests/ is the package ``numcheck.tests`` through setup.py's package_dir, so pytest's name would be
+    ``tests.self.test_layers``, a second copy of the module beside the ``numcheck.tests.self.test_layers`` that
+    specs and imports name (and of everything it defines: impls registered twice)."""
+
+    def _getobj(self) -> Any:
+        module = _import(self, self.path)
+        self.config.pluginmanager.consider_module(module)
+        return module
+
+
+class NumcheckPackage(pytest.Package):
+    """A package of numcheck's tests/, set up by importing its ``__init__.py`` by its numcheck name (pytest's own
+    set-up would import it under the folder's name; numcheck's packages define no ``setup_module``)."""
+
+    def setup(self) -> None:
+        _import(self, self.path / "__init__.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """numcheck's test modules as :class:`NumcheckModule`; pytest's own for every other file."""
+    return NumcheckModule.from_parent(parent, path=module_path) if _is_numcheck(module_path) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """numcheck's test packages as :class:`NumcheckPackage`; pytest's own for every other folder."""
+    if _is_numcheck(path) and (path / "__init__.py").is_file():
+        return NumcheckPackage.from_parent(parent, path=path)
+    return None
 
 
 def _arrange(config: pytest.Config) -> None:

@@ -12,8 +12,8 @@ outside impl at most 60 s on a 2-core machine).
    on a copy of ``examples/outside_impl.py`` in a temporary folder (found through ``PYTHONPATH``, as a user's
    module), from that folder: wall time and pytest's summary line. ``--skip-suite`` leaves it out.
 
-Run from a checkout with this interpreter's numcheck (``PYTHONPATH`` is passed on, so a checkout on it is what the
-subprocesses load)::
+Run from a checkout with this interpreter's numcheck (an editable install of the checkout; ``PYTHONPATH`` is passed
+on to the subprocesses)::
 
     python tools/bench_plugin_overhead.py --repeats 7
 

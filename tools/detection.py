@@ -777,7 +777,7 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec(_LINEAR) is None:
         print(
             f"detection: {_LINEAR} is not importable: the mutants are numcheck's own tests, shipped only "
-            "in a checkout (run from one, with it on PYTHONPATH)",
+            "in a checkout (run from one with numcheck installed from it: pip install -e .)",
             file=sys.stderr,
         )
         return 2

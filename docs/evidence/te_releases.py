@@ -61,8 +61,8 @@ LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,o
 DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
 IMPLS = LINEAR + DIST
 KNOWN_TESTS = (
-    "numcheck/tests/adapters/test_known_divergences.py",
-    "numcheck/tests/adapters/test_transformer_engine.py",
+    "tests/adapters/test_known_divergences.py",
+    "tests/adapters/test_transformer_engine.py",
 )
 
 

@@ -12,7 +12,7 @@ function of the global statistic, so ∂L/∂(rank r's partial) = ∂L/∂(globa
 backward all-reduces the rank's grad_x partial, in x's dtype (``grad_x_reduce_dtype="input"``). grad_W and grad_b
 of the shard come out of the shard's own matmul.
 
-Each step is a method, so that a mutant (numcheck/tests/self/helpers/dist_mutants.py) differs from this impl in exactly
+Each step is a method, so that a mutant (tests/self/helpers/dist_mutants.py) differs from this impl in exactly
 one of them. Two registrations differ only in the all-ignored ``mean`` convention: ``vocab_parallel[nan]``
 (PyTorch's 0/0) and ``vocab_parallel[zero]`` (loss 0).
 """

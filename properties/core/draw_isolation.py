@@ -98,7 +98,7 @@ def draw_key(rel_path: str, nodeid: str) -> bytes:
     """The key a numcheck test's derandomized seed and example-database entry take under pytest: the test
     module's path inside numcheck's tests/ and the node id's part after the module (test name and parameter ids,
     the impl's among them). hypothesis' own plugin keys parametrized tests by the whole node id, which carries
-    the path relative to the rootdir (``numcheck/tests/suite/...`` in a checkout, nothing from elsewhere), and
+    the path relative to the rootdir (``tests/suite/...`` in a checkout, nothing from elsewhere), and
     keys tests parametrized only through an indirect fixture not at all."""
     within = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
     return f"numcheck|{rel_path}::{within}".encode()

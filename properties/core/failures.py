@@ -29,13 +29,14 @@ def judged(metrics: Mapping[str, float]) -> bool:
 
 
 def _module_root(module: ModuleType) -> Path | None:
-    """The ``sys.path`` entry ``module`` was imported from (the folder holding its top-level package)."""
-    file = getattr(module, "__file__", None)
+    """The ``sys.path`` entry ``module`` was imported from: the folder holding its top-level package (found from
+    that package, not from ``module``'s file: numcheck.tests.self.helpers is tests/self/helpers/ in a checkout,
+    beside numcheck/, through setup.py's package_dir)."""
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    file = getattr(top, "__file__", None)
     if not file:
         return None
-    depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
-    # Not resolved: a package reached through a link (numcheck/tests -> ../tests) has its root above the link.
-    return Path(file).absolute().parents[depth]
+    return Path(file).absolute().parents[1 if Path(file).name == "__init__.py" else 0]
 
 
 def _installed(root: Path) -> bool:

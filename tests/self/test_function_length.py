@@ -3,16 +3,14 @@ functions counted in the function that holds them and on their own), so each rea
 names. Triton kernels (decorated with ``triton.jit``) are exempt: a kernel is compiled as one unit, and splitting it
 into ``@triton.jit`` helpers only moves its body around.
 
-The package's folders are links (``numcheck/impls -> ../impls``); the walk follows them.
+The walk covers every folder of the package (numcheck/ and, in a checkout, the top-level folders it maps).
 """
 
 from __future__ import annotations
 
 import ast
-import os
-from pathlib import Path
 
-import numcheck
+from numcheck.reports.common import package_files
 
 #: The most lines a function may span, ``def`` line to last line.
 MAX_LINES = 60
@@ -67,21 +65,11 @@ def long_functions(source: str, path: str, max_lines: int = MAX_LINES) -> list[s
     return out
 
 
-def package_files(root: Path) -> list[Path]:
-    """Every ``.py`` file below ``root``, links to folders followed."""
-    files = []
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files.extend(Path(folder) / n for n in sorted(names) if n.endswith(".py"))
-    return files
-
-
 def test_no_function_is_longer_than_max_lines() -> None:
     """Each function of the package, Triton kernels aside, spans at most :data:`MAX_LINES` lines."""
-    root = Path(numcheck.__file__).parent
-    files = package_files(root)
-    assert any(f.parts[-3:-1] == ("impls", "builtin") for f in files), "the walk did not follow the linked folders"
-    found = [hit for f in files for hit in long_functions(f.read_text(encoding="utf-8"), str(f.relative_to(root)))]
+    files = package_files()
+    assert any(rel.startswith("impls/builtin/") for rel in files), "the walk missed the top-level folders"
+    found = [hit for rel, f in files.items() for hit in long_functions(f.read_text(encoding="utf-8"), str(f))]
     assert not found, (
         f"{len(found)} function(s) longer than {MAX_LINES} lines; split each into named steps:\n"
         + "\n".join(f"  {h}" for h in found)

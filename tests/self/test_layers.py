@@ -18,10 +18,12 @@ import ast
 import importlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numcheck
+from numcheck.reports.common import package_folders
 
 #: The layers, lowest first: a module may import its own layer and the ones before it.
 LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests", "reports")
@@ -56,10 +58,10 @@ class Edge:
 
 
 def package_modules(root: Path, package: str = "numcheck") -> dict[str, Path]:
-    """Every module of ``package`` below ``root`` (its folder; links followed), by dotted name. Folders without an
-    ``__init__.py`` are not packages and are skipped, with everything under them."""
+    """Every module of ``package`` below ``root`` (its folder), by dotted name. Folders without an ``__init__.py``
+    are not packages and are skipped, with everything under them."""
     modules: dict[str, Path] = {}
-    for folder, dirs, files in os.walk(root, followlinks=True):
+    for folder, dirs, files in os.walk(root):
         here = Path(folder)
         if "__init__.py" not in files:
             dirs[:] = []
@@ -115,9 +117,18 @@ def imports_of(module: str, path: Path, source: str, known: set[str]) -> list[Ed
     return edges
 
 
-def import_graph(root: Path) -> list[Edge]:
-    """Every import between numcheck's modules (the package folder ``root``)."""
-    modules = package_modules(root)
+def tree_modules() -> dict[str, Path]:
+    """Every module of the imported numcheck, by dotted name, from each folder that holds a part of it (in a checkout
+    numcheck/ and the top-level folders: :func:`numcheck.reports.common.package_folders`)."""
+    modules: dict[str, Path] = {}
+    for package, folder in package_folders().items():
+        for name, path in package_modules(folder, package).items():
+            modules.setdefault(name, path)  # a wheel's numcheck/ holds its subpackages' folders too
+    return modules
+
+
+def import_graph(modules: dict[str, Path]) -> list[Edge]:
+    """Every import between ``modules`` (dotted name: file)."""
     known = set(modules)
     edges: list[Edge] = []
     for name, path in modules.items():
@@ -216,7 +227,7 @@ def _cycle_in(group: set[str], succ: dict[str, list[Edge]]) -> list[Edge]:
 
 
 def _tree_edges() -> list[Edge]:
-    return import_graph(Path(numcheck.__file__).parent)
+    return import_graph(tree_modules())
 
 
 def test_no_import_cycles() -> None:
@@ -278,9 +289,10 @@ def test_families_import_only_their_bases() -> None:
 
 def test_module_strings_name_modules() -> None:
     """Every module or ``module:attr`` named in a string (``-m`` command lines, preload lists, specs) exists."""
-    modules = set(package_modules(Path(numcheck.__file__).parent))
+    tree = tree_modules()
+    modules = set(tree)
     dangling = []
-    for name, path in package_modules(Path(numcheck.__file__).parent).items():
+    for name, path in tree.items():
         if layer(name) == len(LAYERS):  # numcheck's own tests name made-up modules in their fixtures
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -298,6 +310,58 @@ def test_module_strings_name_modules() -> None:
     assert not dangling, "strings naming no numcheck module or attribute:\n" + "\n".join(f"  {d}" for d in dangling)
 
 
+def bare_imports(modules: dict[str, Path]) -> list[str]:
+    """``path:line: name`` of each import of a top-level folder by its bare name (``import impls.registry``, ``from
+    tests.self import x``). The folders are numcheck's subpackages (numcheck.impls is impls/), so such an import
+    works wherever a checkout's root is on ``sys.path`` (``python -m`` run from it, ``PYTHONPATH``) and gives a
+    second copy of every module it reaches: a second impl registry, a second set of exception classes."""
+    bare = set(numcheck._SUBPACKAGES)
+    out = []
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            out += [f"{path}:{node.lineno}: {name}" for name in names if name.split(".")[0] in bare]
+    return out
+
+
+def test_no_top_level_folder_is_imported_by_its_bare_name() -> None:
+    """Every import of numcheck's folders names them through numcheck (``numcheck.impls``, never ``impls``)."""
+    found = bare_imports(tree_modules())
+    assert not found, (
+        f"{len(found)} import(s) of a top-level folder by its bare name; write numcheck.<folder>... (the folders "
+        "are numcheck's subpackages):\n" + "\n".join(f"  {f}" for f in found)
+    )
+
+
+def test_package_is_one_tree() -> None:
+    """numcheck and its subpackages come from one tree: numcheck/<folder>/ of a wheel, or the folders beside
+    numcheck/ of one checkout. A checkout's numcheck/ put on ``PYTHONPATH`` in an environment with another
+    checkout installed editable would take every subpackage from that other checkout."""
+    folders = package_folders()
+    top = folders.pop("numcheck")
+    strays = {n: str(f) for n, f in folders.items() if f not in (top / n.split(".")[1], top.parent / n.split(".")[1])}
+    assert not strays, f"numcheck is {top}, but its subpackages come from elsewhere: {strays}"
+
+
+def test_one_copy_of_every_module() -> None:
+    """pytest imports numcheck's test modules by their numcheck names (the plugin's ``NumcheckModule``), not by
+    their folders (``tests.self.test_layers``): no file of the package is loaded as two modules."""
+    assert __name__ == "numcheck.tests.self.test_layers", __name__
+    ours = {path.resolve() for path in tree_modules().values()}
+    names: dict[Path, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve() in ours:
+            names.setdefault(Path(file).resolve(), []).append(name)
+    twice = {str(f): sorted(n) for f, n in names.items() if len(n) > 1}
+    assert not twice, f"files of numcheck loaded as two modules: {twice}"
+
+
 def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     """A cycle closed by an import inside a function, and an upward import, are found (the checks can fail)."""
     pkg = tmp_path / "numcheck"
@@ -309,13 +373,14 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     (pkg / "impls" / "c.py").write_text("from . import a\nfrom ..properties.p import h\n")
     (pkg / "properties" / "p.py").write_text("import numcheck.impls.c\n")
     (pkg / "impls" / "d.py").write_text('SPEC = "numcheck.properties.p:thing"\n')
+    (pkg / "impls" / "e.py").write_text("import impls.a\nfrom properties import p\nfrom .a import g\n")
     (pkg / "properties" / "fp8").mkdir()
     (pkg / "properties" / "fp8" / "__init__.py").write_text("")
     (pkg / "properties" / "fp8" / "f.py").write_text("CMD = ['-m', 'numcheck.properties.convergence.run']\n")
     (pkg / "properties" / "convergence").mkdir()
     (pkg / "properties" / "convergence" / "__init__.py").write_text("")
     (pkg / "properties" / "convergence" / "run.py").write_text("")
-    edges = import_graph(pkg)
+    edges = import_graph(package_modules(pkg))
     found = cycles(edges)
     assert sorted(group for group, _ in found) == [
         ["numcheck.impls.a", "numcheck.impls.b"],
@@ -328,3 +393,4 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     assert [(e.importer, e.imported) for e in across_families(edges)] == [
         ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")
     ]
+    assert [f.split(": ")[1] for f in bare_imports(package_modules(pkg))] == ["impls.a", "properties"]

@@ -1,5 +1,0 @@
-if __name__ != "numcheck.tests.suite":  # one copy of every module (see numcheck/tests/__init__.py)
-    raise ImportError(
-        f"{__name__!r} is numcheck's tests/suite/ folder imported under the wrong name; import "
-        f"numcheck.tests.suite instead (install numcheck, e.g. `pip install -e .` in its checkout)"
-    )

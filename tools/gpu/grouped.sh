@@ -10,6 +10,7 @@ set -uo pipefail
 out="${1:?output dir}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source tools/gpu/install.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt" 2>&1
 impls=(--impl 'grouped_fp8_linear[loop]' --impl 'grouped_fp8_linear[fused]'
@@ -50,10 +51,9 @@ echo "direct exit $?" >> "$out/direct.txt"
 cat "$out/direct.txt"
 
 # 3. the grouped suite on CUDA (the three built-ins) and the grouped mutants; -v so a run cut short names what ran.
-#    numcheck is not installed there, so its pytest11 entry point is not either: -p loads the plugin by module.
-NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-330}" python3 -m pytest numcheck/tests/suite/test_grouped_fp8.py \
-  numcheck/tests/self/mutants/test_grouped_fp8_mutants.py -v -n 8 -p no:cacheprovider -p no:benchmark \
-  -p numcheck.tests.plugin "${impls[@]}" --junitxml="$out/junit.xml" --maxfail=100 > "$out/suite.txt" 2>&1
+NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-330}" python3 -m pytest tests/suite/test_grouped_fp8.py \
+  tests/self/mutants/test_grouped_fp8_mutants.py -v -n 8 -p no:cacheprovider -p no:benchmark \
+  "${impls[@]}" --junitxml="$out/junit.xml" --maxfail=100 > "$out/suite.txt" 2>&1
 echo "pytest exit $?" >> "$out/suite.txt"
 grep -E "PASSED|FAILED|ERROR|SKIPPED" "$out/suite.txt" | sed 's/ \[ *[0-9]*%\]//' | sort | uniq -c | sort -rn | head -60
 tail -3 "$out/suite.txt"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing installable there):
+# The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing can be fetched there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
-# carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried.
+# carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried; numcheck
+# itself is installed editable from the checkout (tools/gpu/install.sh).
 # Usage (from the repo root on the device): bash tools/gpu/run.sh suite|report|numerics|evidence|sweep|dist|bench|premerge|scale|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
 # and 400 s, and packs the report folder into report.tgz (the device tool returns files, not folders).
 # "all" fits suite, report and bench in one 10-minute call: suite capped at 250 s, report at 110 s, bench 180 s.
-# bench is timed: run it alone. The suite is every test module under numcheck/tests (the shipped suite, numcheck's own
-# tests and the adapter tests: all of them take NUMCHECK_DEVICE); SUITE_TESTS="numcheck/tests/suite ..." runs part of it.
+# bench is timed: run it alone. The suite is every test module under tests (the shipped suite, numcheck's own
+# tests and the adapter tests: all of them take NUMCHECK_DEVICE); SUITE_TESTS="tests/suite ..." runs part of it.
 # The report is written without plots (no matplotlib there); render them afterwards on a machine that has it:
 #   numcheck report --render results/reports/h200-torch2.11/report.json
 set -uo pipefail
@@ -15,6 +16,7 @@ what="${1:?suite, report, bench or all}"
 out="${2:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
 if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then  # once per call, not once per mode (numerics runs two at once)
+  source tools/gpu/install.sh
   if ls .wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
   fi
@@ -30,8 +32,7 @@ case "$what" in
   suite)
     python3 -m numcheck.reports.cli list --device cuda --probes > "$out/list.txt" 2>&1
     # -v: each result is printed as it finishes, so a run cut short by the time limit still names its failures.
-    # numcheck is not installed there, so its pytest11 entry point is not either: -p loads the plugin by module.
-    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-numcheck/tests} -v -n 8 -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
+    NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-540}" python3 -m pytest ${SUITE_TESTS:-tests} -v -n 8 -p no:cacheprovider -p no:benchmark \
       --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
     echo "pytest exit $?" >> "$out/suite.txt"
     tail -40 "$out/suite.txt"
@@ -57,8 +58,8 @@ case "$what" in
     done
     ;;
   sweep)
-    # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed; numcheck is not installed there,
-    # so pytest loads the plugin from PYTEST_PLUGINS. SWEEP_FROM: a committed sweep folder whose kept seeds
+    # numcheck sweep on CUDA: SEEDS (default 0-9), WORKERS xdist workers per seed (pytest loads the plugin through
+    # numcheck's entry point: tools/gpu/install.sh). SWEEP_FROM: a committed sweep folder whose kept seeds
     # (seeds/seed-<S>.json.gz) are taken instead of run again, so one sweep is assembled over several calls (each
     # call packs its folder as sweep.tgz: unpack it into the folder the next call takes); KEEP_STALE=1 keeps those
     # that ran on other code too (marked stale in sweep.md with their code hash).
@@ -66,7 +67,7 @@ case "$what" in
     # SWEEP_DEVICE=cpu runs it on the host's CPUs with the GPU hidden (Triton's interpreter for the Triton impls),
     # NUMCHECK_TE_DIR (e.g. .te/2.20.2, carried) adds TransformerEngine's impls.
     if [ "${SWEEP_DEVICE:-cuda}" = cpu ]; then export CUDA_VISIBLE_DEVICES=""; fi
-    PYTEST_PLUGINS=numcheck.tests.plugin timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
+    timeout -s INT -k 15 "${SWEEP_S:-560}" python3 -m numcheck.reports.cli sweep \
       --seeds "${SEEDS:-0-9}" -n "${WORKERS:-12}" --device "${SWEEP_DEVICE:-cuda}" --out "$out/sweep" --per-impl ${KEEP_STALE:+--keep-stale} > "$out/sweep.txt" 2>"$out/sweep-progress.txt"
     echo "numcheck sweep exit $?" >> "$out/sweep.txt"
     # The device returns at most 8 files a call: the folder (one record per seed) travels as one archive.
@@ -96,9 +97,9 @@ case "$what" in
     # summary line and the wall time end the log.
     start=$(date +%s)
     NUMCHECK_DEVICE=cuda NUMCHECK_DIST_BACKEND=nccl timeout -s INT -k 15 "${DIST_S:-540}" python3 -m pytest \
-      numcheck/tests/suite/test_distributed.py numcheck/tests/suite/test_distributed_fp8.py \
-      numcheck/tests/self/mutants/test_dist_mutants.py numcheck/tests/self/mutants/test_dist_fp8_mutants.py \
-      numcheck/tests/self/properties/test_dist_harness.py -v -rs -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
+      tests/suite/test_distributed.py tests/suite/test_distributed_fp8.py \
+      tests/self/mutants/test_dist_mutants.py tests/self/mutants/test_dist_fp8_mutants.py \
+      tests/self/properties/test_dist_harness.py -v -rs -p no:cacheprovider -p no:benchmark \
       --hypothesis-profile=numcheck-ci --junitxml="$out/junit-dist.xml" > "$out/dist.txt" 2>&1
     echo "pytest exit $? after $(( $(date +%s) - start )) s on $(nvidia-smi -L | wc -l) GPU(s)" >> "$out/dist.txt"
     grep -E "PASSED|FAILED|ERROR|SKIPPED" "$out/dist.txt" | tail -60; tail -3 "$out/dist.txt"

@@ -23,6 +23,7 @@ out="${1:?output dir}"
 release="${2:-2.20.2}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
+source tools/gpu/install.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.triton-cache}"
 wheel=$(ls .wheels/te/transformer_engine-"$release"-py3-none-any.whl 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
@@ -42,12 +43,11 @@ impls=(--impl "te_parallel_ce[mean]" --impl "te_parallel_ce[none]" --impl "te_pa
        --impl "te_vocab_parallel[mean]" --impl "te_vocab_parallel[none]")
 python3 -m numcheck.reports.cli list --device cuda "${impls[@]}" > "$out/list.txt" 2>&1
 start=$(date +%s)
-# -v: each verdict as it finishes, so a run cut short still names its failures. numcheck is not installed there:
-# -p loads its plugin by module.
+# -v: each verdict as it finishes, so a run cut short still names its failures.
 NUMCHECK_DEVICE=cuda NUMCHECK_DIST_BACKEND=nccl timeout -s INT -k 15 "${SUITE_S:-480}" python3 -m pytest \
-  numcheck/tests/suite numcheck/tests/adapters/test_transformer_engine.py \
-  numcheck/tests/adapters/test_known_divergences.py -k "te_parallel_ce or te_vocab_parallel or transformer_engine" \
-  "${impls[@]}" -v -rs -n "${WORKERS:-8}" -p no:cacheprovider -p no:benchmark -p numcheck.tests.plugin \
+  tests/suite tests/adapters/test_transformer_engine.py \
+  tests/adapters/test_known_divergences.py -k "te_parallel_ce or te_vocab_parallel or transformer_engine" \
+  "${impls[@]}" -v -rs -n "${WORKERS:-8}" -p no:cacheprovider -p no:benchmark \
   --junitxml="$out/junit.xml" > "$out/suite.txt" 2>&1
 echo "pytest exit $? after $(( $(date +%s) - start )) s on $(nvidia-smi -L | wc -l) GPU(s)" >> "$out/suite.txt"
 head -3 "$out/list.txt"; grep -E "FAILED|ERROR" "$out/suite.txt" | tail -30; tail -3 "$out/suite.txt"

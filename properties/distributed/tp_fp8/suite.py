@@ -1,5 +1,5 @@
 """The drawn tensor-parallel FP8 tests, as data: cases inside a declaration, and one runner shared by the suite
-(``numcheck/tests/suite/test_distributed_fp8.py``) and the mutant self tests.
+(``tests/suite/test_distributed_fp8.py``) and the mutant self tests.
 
 Shapes: every global dimension a rank shards is a multiple of 4·edge (edge: the recipe's block edge on a sharded
 weight dimension, 1 for per-tensor recipes), so one case runs at P = 1, 2 and 4; the sequence M is a multiple of 4

@@ -459,7 +459,7 @@ def outside_dir(tmp_path) -> Path:
     return tmp_path
 
 
-CONFORMANCE = "numcheck/tests/suite/test_protocol_conformance.py"
+CONFORMANCE = "tests/suite/test_protocol_conformance.py"
 
 
 def test_outside_module_runs_under_pytest_impl(outside_dir):

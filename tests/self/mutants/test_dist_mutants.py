@@ -1,4 +1,4 @@
-"""Every distributed mutant (one vocabulary-parallel bug each, numcheck/tests/self/helpers/dist_mutants.py) is caught by
+"""Every distributed mutant (one vocabulary-parallel bug each, tests/self/helpers/dist_mutants.py) is caught by
 the ci profile's dist_accuracy at world size 4 with a house-format failure naming the impl, world size and
 backend, and a repro line that runs as printed; a deadlocking impl fails one case within its timeout without
 stopping the run."""

@@ -1,5 +1,5 @@
 """A vocabulary-parallel impl declaring ``grad_x_reduce_dtype="float32"`` that rounds each rank's grad_x partial to
-bf16 and all-reduces it in bf16 (numcheck/tests/self/helpers/dist_reduce.py) fails the world-size relation at world
+bf16 and all-reduces it in bf16 (tests/self/helpers/dist_reduce.py) fails the world-size relation at world
 sizes 2 and 4, while its correct twin and the same code declaring ``"input"`` pass; judgement (b) measures every
 sharded output against the declared path, which keeps fp32 where the declaration does."""
 
