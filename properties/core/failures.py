@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import os
 import shlex
+import subprocess
 import sys
 import sysconfig
+import tempfile
 import traceback
 from pathlib import Path
 from types import MappingProxyType, ModuleType
@@ -45,6 +49,32 @@ def _installed(root: Path) -> bool:
     return any(root.resolve() == Path(paths[k]).resolve() for k in ("purelib", "platlib", "stdlib") if k in paths)
 
 
+@functools.lru_cache(maxsize=None)
+def _fresh_origin(top: str) -> str | None:
+    """The file a fresh interpreter of this environment imports the top-level package ``top`` from, run as a console
+    script is (no ``PYTHONPATH``, another directory), or None: an editable install (``pip install -e .``) is found
+    there through its finder although its folder is not a ``sys.path`` entry, and ``PYTHONPATH`` pointing at such a
+    checkout would shadow it with the bare folder (numcheck's own checkout holds only ``numcheck/__init__.py`` under
+    ``numcheck/``: its subpackages come through setup.py's ``package_dir``)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = f"import importlib.util as u; s = u.find_spec({top!r}); print(s.origin if s and s.origin else '')"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return run.stdout.strip() or None
+
+
+def _found_fresh(module: ModuleType) -> bool:
+    """Whether a fresh ``numcheck`` process imports ``module``'s top-level package from the same file as this one."""
+    name = module.__name__.partition(".")[0]
+    file = getattr(sys.modules.get(name), "__file__", None)
+    origin = _fresh_origin(name)
+    return bool(file and origin) and Path(origin).resolve() == Path(file).resolve()
+
+
 def _spec_in_module(impl: Any) -> str | None:
     """``module:attr`` of a module-level name bound to ``impl`` (an impl passed as an object, not by spec)."""
     fn = getattr(impl, "fn", None)
@@ -62,8 +92,9 @@ def impl_invocation(impl: Any) -> tuple[str, str]:
     """``(environment prefix, --impl argument)`` with which a fresh ``numcheck`` process in any directory loads
     ``impl``: its name for a built-in; else the spec it was loaded by (or a module-level name bound to it),
     directly when the spec names this impl alone, through ``NUMCHECK_IMPLS`` (and its name) when the spec names
-    several; ``PYTHONPATH`` names the module's folder when it is not installed (pytest's ``pythonpath``, a
-    conftest's folder, the current directory of ``python -m pytest``: none of them is on a console script's path)."""
+    several; ``PYTHONPATH`` names the module's folder when a fresh interpreter does not import it from there
+    (pytest's ``pythonpath``, a conftest's folder, the current directory of ``python -m pytest``: none of them is on a
+    console script's path; an editable install is, through its finder: :func:`_fresh_origin`)."""
     spec = spec_of(impl.name) or _spec_in_module(impl)
     if not spec or spec == impl.name:
         return "", impl.name
@@ -71,7 +102,7 @@ def impl_invocation(impl: Any) -> tuple[str, str]:
     module = sys.modules.get(module_name)
     env = ""
     root = _module_root(module) if module is not None else None
-    if root is not None and not _installed(root):
+    if root is not None and not _installed(root) and not _found_fresh(module):
         env = f"PYTHONPATH={shlex.quote(str(root))} "
     target: Any = module
     for part in (attr or "IMPLS").split("."):

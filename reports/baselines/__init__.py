@@ -75,12 +75,12 @@ def _parent_name(resource: Traversable) -> str:
 
 
 def package_dirs() -> list[Path]:
-    """The installed package's folders (``numcheck/`` and each subpackage's, links resolved): nothing is written
-    under them except by ``--update-baseline`` in a checkout."""
-    root = Path(str(resources.files("numcheck")))
-    dirs = {root.resolve()}
-    dirs.update(child.resolve() for child in root.iterdir() if child.is_dir() and (child / "__init__.py").exists())
-    return sorted(dirs)
+    """The installed package's folders (``numcheck/`` and each subpackage's, wherever its files are: one tree in a
+    wheel, the checkout's top-level folders in an editable install): nothing is written under them except by
+    ``--update-baseline`` in a checkout."""
+    from numcheck.reports.common import package_folders
+
+    return sorted({d.resolve() for d in package_folders().values()})
 
 
 def inside_package(path: Path) -> Path | None:
