@@ -152,7 +152,14 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     bad = [c for c in rep["cases"] if c["impl"] == "mutant_tp_amax_not_reduced"]
     assert any(c["status"] == "fail" and not c["verdicts"]["same_scale"] for c in bad)
     failing = next(c for c in bad if c["status"] == "fail")
-    assert "NUMCHECK_IMPLS=" in failing["repro"] and "numcheck repro" in failing["repro"]
+    line = failing["repro"]
+    # The mutant as loaded in this process: through NUMCHECK_IMPLS and its name (this report's spec names several),
+    # or by the module-level name bound to it where an earlier test of this worker loaded it by that spec
+    # (registry.spec_of keeps the first). No PYTHONPATH: the editable numcheck is found without it, and
+    # PYTHONPATH=<checkout> would shadow it with the bare numcheck/ folder.
+    direct = "--impl numcheck.tests.self.helpers.dist_fp8_mutants:amax_not_reduced "
+    assert line.startswith(("NUMCHECK_IMPLS=", "numcheck repro")) and "numcheck repro" in line, line
+    assert "NUMCHECK_IMPLS=" in line or direct in line, line
     assert "TPQuantCase(" in failing["repro"] and failing["failures"]
     monkeypatch.setenv("NUMCHECK_IMPLS", "numcheck.tests.self.helpers.dist_fp8_mutants:MUTANTS")
     assert find_tp_impl("mutant_tp_amax_not_reduced").name == "mutant_tp_amax_not_reduced"
