@@ -55,7 +55,6 @@ def _summary(out: str) -> str:
     return [line for line in out.splitlines() if line.strip()][-1]
 
 
-@pytest.mark.costly(reason="a pytest subprocess under xdist (two workers start, each imports numcheck and torch)")
 def test_unloadable_impl_is_one_error_under_xdist(tmp_path):
     """An impl whose module cannot be imported is exactly one error, naming the spec and the import error; no
     test (linear+CE, FP8, distributed) is collected for it, and the summary says so under ``-n 2``."""
@@ -81,7 +80,6 @@ RAISING_SELECTION = (
 )
 
 
-@pytest.mark.costly(reason="a pytest subprocess running every selected suite test on a raising impl")
 def test_impl_that_raises_fails_each_property_once_with_numchecks_message(tmp_path):
     """Every selected test fails (none passes), each once, with numcheck's message (the exception, where it was
     raised, the case, the repro line) and without pytest's traceback, argument dumps or hypothesis' blob."""

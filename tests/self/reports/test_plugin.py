@@ -121,7 +121,6 @@ def test_impl_in_the_directory_run_from_loads_without_configuration(tmp_path, mo
     assert "could not be loaded" not in out and "1 passed" in out, out
 
 
-@pytest.mark.costly(reason="a user's pytest run, then its printed repro line, each in a subprocess")
 def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
     """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
     wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
@@ -164,7 +163,6 @@ def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
     assert len((tmp_path / "decorated_calls.txt").read_text()) == 7, out
 
 
-@pytest.mark.costly(reason="a user's repository run through the plugin in a pytest subprocess")
 def test_user_fixtures_run_the_users_own_property(user_repo):
     """A user's own test taking ``numcheck_impl`` and ``numcheck_problems`` runs once per ``--impl`` impl and
     fails the wrong one with the suite's failure message."""
@@ -189,7 +187,6 @@ def test_user_fixtures_run_the_users_own_property(user_repo):
     assert "property 'accuracy' fails for impl 'plugin_loss_off'" in out, out
 
 
-@pytest.mark.costly(reason="numcheck.check and the plugin's suite, each on three properties")
 def test_check_agrees_with_the_plugin(user_repo, monkeypatch):
     """numcheck.check gives the verdicts the plugin's suite gives: a correct impl passes what the suite passes,
     the wrong impl fails accuracy with the suite's message, and a property that does not apply is skipped."""
