@@ -269,44 +269,49 @@ mx_scale_wrong_way = MUTANTS[2]
 # regime gives each row and K-block its own exponent -----------------------------------------------------------
 
 
-class DgradTileScalesUntransposed(Fp8Linear):
+class _WrongScaleLayout(Fp8Linear):
+    """The built-in's quantization, then :meth:`misplace` on W's block-scaled operand of :attr:`usage` (the
+    seam every block-scale layout mutant below overrides)."""
+
+    usage = "rowwise"
+
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
+        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
+        if role != "w" or usage != self.usage or q.per_tensor:
+            return q
+        return self.misplace(q, t)
+
+    def misplace(self, q: QTensor, t: torch.Tensor) -> QTensor:
+        raise NotImplementedError
+
+
+class DgradTileScalesUntransposed(_WrongScaleLayout):
     """dgrad's W (quantized columnwise, K-major ``Wᵀ [K, N]``) takes its 128×128 tile scales from the rowwise
     ``[nN, nK]`` buffer read as ``[nK, nN]`` (a transpose missing where the scales are laid out for the GEMM): tile
     (k, n) gets the scale of tile (n, k) on square grids; the codes are cast with the right scales."""
 
-    def quantize_operand(
-        self,
-        t: torch.Tensor,
-        recipe: Fp8Recipe,
-        role: str,
-        usage: str,
-        state: DelayedScalingState | None,
-        *,
-        record: bool,
-    ) -> QTensor:
-        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
-        if role != "w" or usage != "columnwise" or q.per_tensor:
-            return q
+    usage = "columnwise"
+
+    def misplace(self, q: QTensor, t: torch.Tensor) -> QTensor:
         return QTensor(q.data, q.scale_inv.t().contiguous().view(q.scale_inv.shape), q.code, q.block, q.fmt)
 
 
-class WeightKTailTakesPreviousScale(Fp8Linear):
+class WeightKTailTakesPreviousScale(_WrongScaleLayout):
     """W's scales along K computed for K // 128 blocks, as if K were a multiple of the block (it is one of 32 or 16):
     the partial last K-tile is cast and dequantized with the scale of the full tile before it (its own where there
     is none). Where the two tiles' amaxes share an exponent (power-of-2 scales) nothing changes."""
 
-    def quantize_operand(
-        self,
-        t: torch.Tensor,
-        recipe: Fp8Recipe,
-        role: str,
-        usage: str,
-        state: DelayedScalingState | None,
-        *,
-        record: bool,
-    ) -> QTensor:
-        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
-        if role != "w" or usage != "rowwise" or q.per_tensor or q.scale_inv.shape[1] < 2 or t.shape[1] % 128 == 0:
+    def misplace(self, q: QTensor, t: torch.Tensor) -> QTensor:
+        if q.scale_inv.shape[1] < 2 or t.shape[1] % 128 == 0:
             return q
         si = q.scale_inv.clone()
         si[:, -1] = si[:, -2]
@@ -315,23 +320,11 @@ class WeightKTailTakesPreviousScale(Fp8Linear):
         return QTensor(data, si, q.code, q.block, q.fmt)
 
 
-class WeightKBlockScaleShifted(Fp8Linear):
+class WeightKBlockScaleShifted(_WrongScaleLayout):
     """fprop's W scale of K-block b read from block b + 1 (mod the blocks of the row): an off-by-one in the scale
     layout's K index; the codes are cast with the right scales."""
 
-    def quantize_operand(
-        self,
-        t: torch.Tensor,
-        recipe: Fp8Recipe,
-        role: str,
-        usage: str,
-        state: DelayedScalingState | None,
-        *,
-        record: bool,
-    ) -> QTensor:
-        q = super().quantize_operand(t, recipe, role, usage, state, record=record)
-        if role != "w" or usage != "rowwise" or q.per_tensor:
-            return q
+    def misplace(self, q: QTensor, t: torch.Tensor) -> QTensor:
         code = None if q.code is None else q.code.roll(-1, dims=1)
         return QTensor(q.data, q.scale_inv.roll(-1, dims=1).contiguous(), code, q.block, q.fmt)
 
