@@ -12,6 +12,10 @@ and ``Q_role,usage`` the recipe's quantizers (:mod:`reference.fp8_recipes`, :mod
       wgrad = deq(Q_dy,col(dy))ᵀ · deq(Q_x,col(x))
       bgrad = Σ_i dy_i            (from the unquantized dy, as TE's fused cast + dbias does)
 
+  A GEMM the recipe leaves in high precision (``Fp8Recipe.high_precision_gemms``: the wgrad of ``rowwise_gw_hp``)
+  reads the original operands here too (``wgrad = dyᵀ · x``): its only error is the accumulation and the output
+  rounding of the plain GEMM in the input dtype.
+
 * **original reference** — the same with the original operands (``x·Wᵀ + b``, ``dy·W``, ``dyᵀ·x``); its
   difference from an implementation adds the quantization error (the total error an FP8 user sees).
 
@@ -41,7 +45,8 @@ class QuantLinearReference:
 
     Attributes:
         recipe: the recipe.
-        operands: ``{(role, usage): Quantized}`` for the six quantizations the three GEMMs use.
+        operands: ``{(role, usage): Quantized}`` for the quantizations the quantized GEMMs use (six; four when the
+            wgrad runs in high precision).
         dq: ``{output: tensor}`` — the dequantized reference.
         true: ``{output: tensor}`` — the original reference.
         abs_products: ``{output: Σ_k |a_k||b_k|}`` of the dequantized operands (the magnitude the
@@ -96,7 +101,9 @@ def _quantized_operands(
 ) -> dict[tuple[str, str], Quantized]:
     """Each (role, usage) the three GEMMs read, quantized once (a delayed recipe with its stored scale)."""
     operands: dict[tuple[str, str], Quantized] = {}
-    for a, b in GEMMS.values():
+    for gemm, (a, b) in GEMMS.items():
+        if not recipe.quantizes(gemm):
+            continue
         for role, usage in (a, b):
             if (role, usage) not in operands:
                 stored = delayed_scales[role] if recipe.kind == "delayed" else None  # type: ignore[index]
@@ -122,9 +129,12 @@ def quantized_linear(
     N = weight.shape[0]
     src = {"x": x, "w": weight, "dy": dy}
     operands = _quantized_operands(src, recipe, delayed_scales)
-    deq = {k: q.dequantized for k, q in operands.items()}
-    ab = {k: v.abs() for k, v in deq.items()}
     x64, w64, dy64 = _f64(x), _f64(weight), _f64(dy)
+    deq = {k: q.dequantized for k, q in operands.items()}
+    for gemm in recipe.high_precision_gemms:  # a GEMM in high precision reads the original operands
+        for role, usage in GEMMS[gemm]:
+            deq[(role, usage)] = {"x": x64, "w": w64, "dy": dy64}[role]
+    ab = {k: v.abs() for k, v in deq.items()}
     b64 = _f64(bias) if bias is not None else None
 
     dq = {

@@ -24,10 +24,23 @@ current      one per tensor              one per tensor          fp8_max / amax 
 blockwise    1×128 / 128×1               128×128 tiles (both)    fp8_max / amax of the block, fp32,
                                                                   power of 2 by default
 mxfp8        1×32 / 32×1                 1×32 / 32×1             E8M0 2^k, RCEIL (TE) or FLOOR (OCP)
+rowwise      1×K / M×1 (x), 1×N / M×1    1×K / N×1               fp8_max / amax of the row (column),
+             (dy): whole reduction       (whole reduction)       fp32, power of 2 by default
+rowwise_     fprop and dgrad as rowwise  1×K (fprop); one per    as rowwise; wgrad in high precision
+gw_hp        (x 1×K, dy 1×N); wgrad:     tensor (dgrad)          (no quantization)
+             not quantized
 ===========  ==========================  ======================  ==================================
 
+**rowwise** and **rowwise_gw_hp** are torchao's ``Float8Linear`` recipes ``rowwise`` and ``rowwise_with_gw_hp``
+(``Float8LinearConfig.from_recipe_name``; ``ScalingGranularity.AXISWISE``): one scale per row of each GEMM operand
+in its K-major form, taken over the *whole* reduction dimension — a block ``(1, None)`` rowwise, ``(None, 1)``
+columnwise, ``None`` on a side meaning that whole dimension. ``rowwise_gw_hp`` ("lw's recipe") keeps the wgrad GEMM
+in the input precision (``ScalingType.DISABLED``: ``dW = dyᵀ · x`` of the original operands, the plain GEMM of the
+input dtype) and scales W for dgrad with one scale per tensor; its x and dy are quantized rowwise only. Both default
+to E4M3 for every operand (gradients included) and to power-of-2 scales, as torchao's recipes do.
+
 Formats: ``"E4M3"`` everywhere, or ``"HYBRID"`` — E4M3 for x and W, E5M2 for dy (TransformerEngine's
-default for delayed and current scaling; blockwise and MXFP8 default to E4M3).
+default for delayed and current scaling; blockwise, MXFP8 and the rowwise kinds default to E4M3).
 
 ``save_original_input`` (TransformerEngine PR #1865) is allowed for every kind except ``delayed``: its
 scale comes from an amax history that changes between forward and backward, so requantizing x in the
@@ -41,8 +54,13 @@ from typing import Any, Literal
 
 from numcheck.reference.fp8_formats import E4M3, E5M2, Fp8Format
 
-RecipeKind = Literal["delayed", "current", "blockwise", "mxfp8"]
-RECIPE_KINDS: tuple[str, ...] = ("delayed", "current", "blockwise", "mxfp8")
+RecipeKind = Literal["delayed", "current", "blockwise", "mxfp8", "rowwise", "rowwise_gw_hp"]
+RECIPE_KINDS: tuple[str, ...] = ("delayed", "current", "blockwise", "mxfp8", "rowwise", "rowwise_gw_hp")
+#: Kinds with one scale per row (or column) over the whole reduction dimension (torchao's AXISWISE granularity).
+ROWWISE_KINDS: tuple[str, ...] = ("rowwise", "rowwise_gw_hp")
+#: Kinds whose scale comes from the amax of the tensor or block being quantized (``power_of_2_scales`` and
+#: ``amax_epsilon`` apply).
+_AMAX_KINDS: tuple[str, ...] = ("current", "blockwise", "rowwise", "rowwise_gw_hp")
 Role = Literal["x", "w", "dy"]
 ROLES: tuple[str, ...] = ("x", "w", "dy")
 Usage = Literal["rowwise", "columnwise"]
@@ -62,7 +80,18 @@ GEMMS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
     "wgrad": (("dy", "columnwise"), ("x", "columnwise")),
 }
 
-_DEFAULT_FORMAT = {"delayed": "HYBRID", "current": "HYBRID", "blockwise": "E4M3", "mxfp8": "E4M3"}
+_DEFAULT_FORMAT = {
+    "delayed": "HYBRID",
+    "current": "HYBRID",
+    "blockwise": "E4M3",
+    "mxfp8": "E4M3",
+    "rowwise": "E4M3",
+    "rowwise_gw_hp": "E4M3",
+}
+#: The GEMMs each kind leaves unquantized (run on the original operands in the input precision).
+_HIGH_PRECISION_GEMMS: dict[str, tuple[str, ...]] = {"rowwise_gw_hp": ("wgrad",)}
+#: A block side ``None``: the whole dimension (one scale per row, or per column, over the whole reduction).
+Block = tuple[int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -70,11 +99,12 @@ class Fp8Recipe:
     """One FP8 recipe with all its parameters (the fields that do not apply to ``kind`` must keep defaults).
 
     Attributes:
-        kind: ``"delayed" | "current" | "blockwise" | "mxfp8"``.
+        kind: ``"delayed" | "current" | "blockwise" | "mxfp8" | "rowwise" | "rowwise_gw_hp"``.
         fp8_format: ``"E4M3"`` or ``"HYBRID"``; ``None`` picks the kind's default.
-        power_of_2_scales: round scales down to a power of two (current, blockwise); ``None`` picks the
-            default (False for current, True for blockwise).
-        amax_epsilon: floor for amax before the scale is computed (current, blockwise); TE's default 0.
+        power_of_2_scales: round scales down to a power of two (current, blockwise, the rowwise kinds); ``None``
+            picks the default (False for current, True for blockwise and the rowwise kinds).
+        amax_epsilon: floor for amax before the scale is computed (current, blockwise, the rowwise kinds); TE's
+            default 0, torchao's 1e-12.
         margin: delayed scaling's margin: scale = (fp8_max / amax) / 2^margin.
         amax_history_len: delayed scaling's window length.
         amax_compute_algo: ``"max"`` over the window, or ``"most_recent"``.
@@ -99,16 +129,14 @@ class Fp8Recipe:
         object.__setattr__(self, "fp8_format", fmt)
         p2 = self.power_of_2_scales
         if p2 is None:
-            p2 = self.kind == "blockwise"
-        if p2 and self.kind not in ("current", "blockwise"):
-            raise ValueError(
-                f"Fp8Recipe.power_of_2_scales=True applies to 'current' and 'blockwise', not {self.kind!r}"
-            )
+            p2 = self.kind in ("blockwise",) + ROWWISE_KINDS
+        if p2 and self.kind not in _AMAX_KINDS:
+            raise ValueError(f"Fp8Recipe.power_of_2_scales=True applies to {_AMAX_KINDS}, not {self.kind!r}")
         object.__setattr__(self, "power_of_2_scales", bool(p2))
         if not (self.amax_epsilon >= 0.0):
             raise ValueError(f"Fp8Recipe.amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
-        if self.amax_epsilon and self.kind not in ("current", "blockwise"):
-            raise ValueError(f"Fp8Recipe.amax_epsilon applies to 'current' and 'blockwise', not {self.kind!r}")
+        if self.amax_epsilon and self.kind not in _AMAX_KINDS:
+            raise ValueError(f"Fp8Recipe.amax_epsilon applies to {_AMAX_KINDS}, not {self.kind!r}")
         if self.kind != "delayed" and (
             self.margin != 0 or self.amax_history_len != 1024 or self.amax_compute_algo != "max"
         ):
@@ -132,13 +160,24 @@ class Fp8Recipe:
         _check_role(role)
         return E5M2 if (self.fp8_format == "HYBRID" and role == "dy") else E4M3
 
-    def block_of(self, role: str, usage: str) -> tuple[int, int] | None:
-        """The scaling block ``(rows, cols)`` of ``role`` quantized for ``usage``; ``None`` = one per tensor."""
+    def block_of(self, role: str, usage: str) -> Block | None:
+        """The scaling block ``(rows, cols)`` of ``role`` quantized for ``usage``; ``None`` = one per tensor, a side
+        ``None`` = that whole dimension. ``ValueError`` for a (role, usage) no quantized GEMM of the recipe reads
+        (x and dy columnwise under ``rowwise_gw_hp``: its wgrad is not quantized)."""
         _check_role(role)
         if usage not in USAGES:
             raise ValueError(f"usage={usage!r} is not one of {USAGES}")
+        if usage not in self.usages_of(role):
+            raise ValueError(
+                f"recipe {self.name}: {role} is not quantized {usage} (it reads {role} only {self.usages_of(role)}: "
+                f"its {'/'.join(self.high_precision_gemms)} GEMM runs in high precision)"
+            )
         if self.kind in ("delayed", "current"):
             return None
+        if self.kind in ROWWISE_KINDS:
+            if self.kind == "rowwise_gw_hp" and (role, usage) == ("w", "columnwise"):
+                return None
+            return (1, None) if usage == "rowwise" else (None, 1)
         if self.kind == "blockwise":
             b = BLOCKWISE_BLOCK
             if role == "w":
@@ -146,6 +185,23 @@ class Fp8Recipe:
             return (1, b) if usage == "rowwise" else (b, 1)
         b = MX_BLOCK
         return (1, b) if usage == "rowwise" else (b, 1)
+
+    @property
+    def high_precision_gemms(self) -> tuple[str, ...]:
+        """The GEMMs (names of :data:`GEMMS`) the recipe leaves unquantized: ``("wgrad",)`` for ``rowwise_gw_hp``."""
+        return _HIGH_PRECISION_GEMMS.get(self.kind, ())
+
+    def quantizes(self, gemm: str) -> bool:
+        """Whether GEMM ``gemm`` (``"fprop" | "dgrad" | "wgrad"``) reads quantized operands."""
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm={gemm!r} is not one of {tuple(GEMMS)}")
+        return gemm not in self.high_precision_gemms
+
+    def usages_of(self, role: str) -> tuple[str, ...]:
+        """The usages ``role`` is quantized for by the recipe's quantized GEMMs, in :data:`USAGES` order."""
+        _check_role(role)
+        used = {u for g, ops in GEMMS.items() if self.quantizes(g) for r, u in ops if r == role}
+        return tuple(u for u in USAGES if u in used)
 
     @property
     def allows_save_original_input(self) -> bool:
@@ -162,7 +218,7 @@ class Fp8Recipe:
         parts = [self.kind, str(self.fp8_format).lower()]
         if self.kind == "current" and self.power_of_2_scales:
             parts.append("pow2")
-        if self.kind == "blockwise":
+        if self.kind in ("blockwise",) + ROWWISE_KINDS:
             parts.append("pow2" if self.power_of_2_scales else "fp32")
         if self.amax_epsilon:
             parts.append(f"eps{self.amax_epsilon:g}")
@@ -215,4 +271,16 @@ def standard_recipes() -> tuple[Fp8Recipe, ...]:
         Fp8Recipe("mxfp8"),
         Fp8Recipe("mxfp8", mx_scale_rounding="floor"),
         Fp8Recipe("mxfp8", fp8_format="HYBRID"),
+    )
+
+
+def rowwise_recipes() -> tuple[Fp8Recipe, ...]:
+    """The variants of the rowwise kinds numcheck's single-device built-in declares (kept out of
+    :func:`standard_recipes`, which the grouped and tensor-parallel built-ins declare): torchao's two recipes
+    (E4M3, power-of-2 scales, amax floored at 1e-12), and rowwise with HYBRID formats and fp32 scales (a scale that
+    is not a power of two: the dequantization rounds)."""
+    return (
+        Fp8Recipe("rowwise", amax_epsilon=1e-12),
+        Fp8Recipe("rowwise", fp8_format="HYBRID", power_of_2_scales=False),
+        Fp8Recipe("rowwise_gw_hp", amax_epsilon=1e-12),
     )

@@ -59,25 +59,29 @@ from numcheck.reference.fp8_formats import (
     get_format,
     round_to_fp32,
 )
-from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
+from numcheck.reference.fp8_recipes import Block as RecipeBlock
 
+#: A concrete block (:func:`effective_block`): ``(rows, cols)`` of one scale.
 Block = tuple[int, int]
 
 
 # -- blocks -------------------------------------------------------------------------------------------
-def effective_block(shape: tuple[int, int], block: Block | None) -> Block:
-    """``block`` or, for one scale per tensor (``None``), the whole tensor; validates the shape."""
+def effective_block(shape: tuple[int, int], block: RecipeBlock | None) -> Block:
+    """``block`` with its sides made concrete: ``None`` (one scale per tensor) is the whole tensor, a ``None`` side
+    (the rowwise kinds: one scale per row or column over the whole reduction) that whole dimension; validates the
+    shape."""
     if len(shape) != 2:
         raise ValueError(f"quantization works on 2-D tensors, got shape {tuple(shape)}")
     if block is None:
-        return (max(1, shape[0]), max(1, shape[1]))
-    br, bc = block
+        block = (None, None)
+    br, bc = (max(1, n) if b is None else b for b, n in zip(block, shape))
     if br < 1 or bc < 1:
         raise ValueError(f"block={block!r} must have positive sides")
     return (br, bc)
 
 
-def block_grid(shape: tuple[int, int], block: Block | None) -> tuple[int, int]:
+def block_grid(shape: tuple[int, int], block: RecipeBlock | None) -> tuple[int, int]:
     """Number of blocks along each dimension, ``(ceil(R/br), ceil(C/bc))``."""
     br, bc = effective_block(shape, block)
     return (-(-shape[0] // br), -(-shape[1] // bc))
@@ -93,7 +97,7 @@ def _padded_blocks(t: torch.Tensor, block: Block) -> torch.Tensor:
     return p.view(nr, br, nc, bc)
 
 
-def block_amax(x: torch.Tensor, block: Block | None) -> torch.Tensor:
+def block_amax(x: torch.Tensor, block: RecipeBlock | None) -> torch.Tensor:
     """float64 ``[nbR, nbC]``: max |x| per block, NaN elements ignored (an all-NaN block gives 0)."""
     x = x.to(F64)
     eb = effective_block(tuple(x.shape), block)
@@ -102,7 +106,7 @@ def block_amax(x: torch.Tensor, block: Block | None) -> torch.Tensor:
     return _padded_blocks(a, eb).amax(dim=(1, 3))
 
 
-def expand_blocks(s: torch.Tensor, shape: tuple[int, int], block: Block | None) -> torch.Tensor:
+def expand_blocks(s: torch.Tensor, shape: tuple[int, int], block: RecipeBlock | None) -> torch.Tensor:
     """A per-block tensor ``[nbR, nbC]`` broadcast back to ``shape`` (partial blocks cropped)."""
     br, bc = effective_block(shape, block)
     return s.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)[: shape[0], : shape[1]]
@@ -265,7 +269,7 @@ def cast_with_scale(x: torch.Tensor, scale_full: torch.Tensor, fmt: str | Fp8For
 def quantize(
     x: torch.Tensor,
     fmt: str | Fp8Format,
-    block: Block | None,
+    block: RecipeBlock | None,
     *,
     scaling: str = "amax",
     power_of_2: bool = False,
@@ -313,7 +317,10 @@ def quantize_operand(
     """Quantize operand ``role`` (``"x" | "w" | "dy"``) for ``usage`` as ``recipe`` prescribes.
 
     ``t``'s dtype sets blockwise scaling's ``value_for_inf`` (its largest finite value). Delayed scaling
-    needs ``stored_scale``.
+    needs ``stored_scale``. The rowwise kinds scale each row (``usage="rowwise"``) or column (``"columnwise"``) over
+    the whole other dimension with current scaling's rule (torchao's ``amax_to_scale``: ``fp32(fp8_max /
+    max(amax, eps))``, power-of-2 scales rounded *down*: ``2^floor(log2 s)`` of the exact binary32 ``s``); a
+    (role, usage) the recipe does not quantize raises ``ValueError`` (:meth:`Fp8Recipe.block_of`).
     """
     fmt = recipe.format_of(role)
     block = recipe.block_of(role, usage)
@@ -321,7 +328,8 @@ def quantize_operand(
         return quantize(t, fmt, block, scaling="stored", stored_scale=stored_scale)
     if recipe.kind == "mxfp8":
         return quantize(t, fmt, block, scaling="mx", mx_rounding=recipe.mx_scale_rounding)
-    vfi = FP32_MAX if recipe.kind == "current" else DTYPE_MAX.get(t.dtype, FP32_MAX)
+    # an fp32 scale that overflows: FLT_MAX for the per-tensor and per-row scales, blockwise (TE) the dtype's max
+    vfi = FP32_MAX if recipe.kind in ("current",) + ROWWISE_KINDS else DTYPE_MAX.get(t.dtype, FP32_MAX)
     return quantize(
         t,
         fmt,

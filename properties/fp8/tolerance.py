@@ -38,6 +38,21 @@ and ``|o_dq − o_true| ≤ Q := Σ_k (ρ(a_k)|b_k| + |a_k|ρ(b_k) + ρ(a_k)ρ(b
 ``≈ (2u_q + u_q²)·Σ|a||b|``: the FP8 unit roundoff per operand. Saturation (MXFP8 FLOOR clips blocks
 whose amax mantissa exceeds 1.75) and FP8 subnormals enter through ``ρ`` exactly as they occur.
 
+**Rowwise scales** (the ``rowwise`` kinds, torchao's ``AXISWISE``: one scale per row of each K-major operand over
+the whole reduction). Neither term changes its form. ``E`` bounds the rounding of the *accumulation* of the terms
+``â_k·b̂_k``, whatever scale each operand row carries: a per-row scale multiplies every term of one output by the
+same ``s_inv(a_i)·s_inv(b_j)`` (dequantizing first, or scaling the fp32 sum after as ``_scaled_mm`` rowwise does,
+costs the same ≤ 4 extra roundings per term counted above). Only ``ρ`` moves: each element is quantized with *its
+own row's* (column's) scale ``s``, so ``ρ(a_ik)`` is taken with ``s(row i)`` — :func:`quantization_error_bound`
+expands the per-block scales to the element, and a row's amax sits at ``fp8_max/s`` of its own row, not the
+tensor's: a row of small values keeps the FP8 relative error ``u_q`` instead of losing bits to a larger row. The
+normal-range total stays ``≈ (2u_q + u_q²)·Σ|a||b|`` per output, with each row's own ``u_q·|a|``.
+
+**A GEMM left in high precision** (``rowwise_gw_hp``'s wgrad, ``ScalingType.DISABLED``): its operands are the
+original ones, ``ρ = 0`` and nothing is free, so ``B_dq = B_true = E + u_o·(|o| + E) + η_o``: the plain GEMM of
+the input dtype, accumulated at the declared ``u_a`` (fp32 on the CPU, including a bf16 GEMM's fp32 accumulator)
+and rounded once to the output dtype.
+
 **Bias after the output rounding** (``bias_after_output_rounding``: ``y = fl_o(fl_o(Ŝ) + b)``, torchao's
 ``Float8Linear``): the bias-free product ``S`` is rounded to the output dtype first, erring by at most
 ``R := u_o·(|S| + E) + η_o`` (|Ŝ − S| ≤ E), and the final rounding is of a value within ``E + R`` of ``o``; so
@@ -61,7 +76,7 @@ from dataclasses import dataclass
 import torch
 
 from numcheck.reference.fp8_formats import F64, FP32_MAX
-from numcheck.reference.fp8_linear import QuantLinearReference
+from numcheck.reference.fp8_linear import OUTPUT_GEMM, QuantLinearReference
 from numcheck.reference.fp8_scaling import Quantized, expand_blocks, round_to_fp32
 
 U32 = 2.0**-24
@@ -131,9 +146,15 @@ def gemm_operands(
     def f64(t: torch.Tensor) -> torch.Tensor:
         return round_to_fp32(t.detach().to("cpu", F64))
 
+    high_precision = output in OUTPUT_GEMM and not ref.recipe.quantizes(OUTPUT_GEMM[output])
+
     def parts(role: str, usage: str, src: torch.Tensor, transpose: bool):
-        q = ref.operand(role, usage)
-        d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
+        if high_precision:  # the operand as given: no quantization error, nothing free
+            o = f64(src)
+            d, r, fr = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool)
+        else:
+            q = ref.operand(role, usage)
+            d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
         return (d.t(), o.t(), r.t(), fr.t()) if transpose else (d, o, r, fr)
 
     if output == "y":
