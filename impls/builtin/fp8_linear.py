@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState, QuantizedTensor, QuantLinearSupport
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
-from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe, rowwise_recipes, standard_recipes
 
 _Impl = TypeVar("_Impl")
 
@@ -226,19 +226,24 @@ class _QuantLinearFunction(torch.autograd.Function):
         weight = saved[0]
         dy = dy.contiguous()
         if ctx.save_original_input:
-            x = saved[1]
-            qxc = impl.quantize_operand(
-                impl.columnwise_x_source(x, recipe, state), recipe, "x", "columnwise", state, record=False
+            x = impl.columnwise_x_source(saved[1], recipe, state)
+            qxc = (
+                impl.quantize_operand(x, recipe, "x", "columnwise", state, record=False)
+                if recipe.quantizes("wgrad")
+                else x
             )
         else:
             block, fmt, is_mx = ctx.qxc_meta
             data, s = saved[1], saved[2]
             qxc = QTensor(data, _e8m0_scale_inv(s) if is_mx else s, s if is_mx else None, block, fmt)
         qdy = impl.quantize_operand(dy, recipe, "dy", "rowwise", state, record=True)
-        qdyc = impl.quantize_operand(dy, recipe, "dy", "columnwise", state, record=False)
         qwc = impl.quantize_operand(weight, recipe, "w", "columnwise", state, record=False)
         dgrad = impl.gemm_nt(qdy, qwc).to(ctx.x_dtype)
-        wgrad = impl.gemm_nt(qdyc, qxc).to(weight.dtype)
+        if recipe.quantizes("wgrad"):
+            qdyc = impl.quantize_operand(dy, recipe, "dy", "columnwise", state, record=False)
+            wgrad = impl.gemm_nt(qdyc, qxc).to(weight.dtype)
+        else:  # high precision (rowwise_gw_hp): dyᵀ·x of the caller's tensors, accumulated in fp32
+            wgrad = (dy.to(torch.float32).t() @ qxc.to(torch.float32)).to(weight.dtype)
         bgrad = dy.to(torch.float32).sum(dim=0).to(ctx.bias_dtype) if ctx.has_bias else None
         return dgrad, wgrad, bgrad, None, None, None, None
 
@@ -259,8 +264,24 @@ class _MXFP8Linear(_QuantLinearFunction):
     recipe_kind = "mxfp8"
 
 
+class _RowwiseLinear(_QuantLinearFunction):
+    recipe_kind = "rowwise"
+
+
+class _RowwiseGwHpLinear(_QuantLinearFunction):
+    recipe_kind = "rowwise_gw_hp"
+
+
 FUNCTIONS: dict[str, type[_QuantLinearFunction]] = {
-    f.recipe_kind: f for f in (_DelayedScalingLinear, _CurrentScalingLinear, _BlockwiseLinear, _MXFP8Linear)
+    f.recipe_kind: f
+    for f in (
+        _DelayedScalingLinear,
+        _CurrentScalingLinear,
+        _BlockwiseLinear,
+        _MXFP8Linear,
+        _RowwiseLinear,
+        _RowwiseGwHpLinear,
+    )
 }
 
 
@@ -274,10 +295,12 @@ class Fp8Linear:
         self.recipe_kind = recipes_kind(recipes, f"Fp8Linear {name!r}")
         self.function = FUNCTIONS[self.recipe_kind]
         self.description = description
+        # a recipe whose wgrad runs in high precision reads x itself in backward: no FP8 copy of x to save instead
+        hp_wgrad = any(not r.quantizes("wgrad") for r in recipes)
         self.support = QuantLinearSupport(
             recipes=recipes,
             dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
-            save_original_input=frozenset({False, True}),
+            save_original_input=frozenset({True} if hp_wgrad else {False, True}),
             bias=True,
             exposes_quantize=True,
             **accumulation_declaration(self.recipe_kind),
@@ -298,6 +321,11 @@ class Fp8Linear:
         scaling_state: DelayedScalingState | None = None,
     ) -> torch.Tensor:
         check_recipe_call(self.name, self.recipe_kind, recipe, save_original_input, scaling_state)
+        if not save_original_input and not recipe.quantizes("wgrad"):
+            raise ValueError(
+                f"{self.name}: save_original_input=False is not available with {recipe.name}: its wgrad GEMM reads x "
+                "in high precision, so x itself is saved (there is no FP8 copy of x to save instead)"
+            )
         if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
             raise ValueError(
                 f"{self.name}: x must be [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}"
@@ -392,17 +420,17 @@ class Fp8Linear:
     ) -> QTensor:
         """K-major quantization of ``t`` for (role, usage); records the amax for delayed scaling if asked."""
         t32 = k_major_fp32(t, usage)
-        if recipe.kind in ("delayed", "current"):
+        block = recipe.block_of(role, usage)
+        if block is None:  # one scale per tensor: delayed, current, rowwise_gw_hp's W for dgrad
             return self.quantize_per_tensor(t32, tensor_amax(t32), recipe, role, state, record=record)
         fmt = recipe.format_of(role)
-        block = recipe.block_of(role, usage)
-        assert block is not None
         if usage == "columnwise":
             block = (block[1], block[0])
-        amax = _block_amax(t32, block)
         shape = (t32.shape[0], t32.shape[1])
-        if recipe.kind == "blockwise":
-            vfi = DTYPE_MAX.get(t.dtype, FP32_MAX)
+        block = tuple(max(1, n) if b is None else b for b, n in zip(block, shape))  # None: the whole row
+        amax = _block_amax(t32, block)
+        if recipe.kind != "mxfp8":
+            vfi = FP32_MAX if recipe.kind in ROWWISE_KINDS else DTYPE_MAX.get(t.dtype, FP32_MAX)
             scale = self.scale_from_amax(
                 amax,
                 fmt.max_finite,
@@ -472,7 +500,7 @@ def accumulation_declaration(kind: str) -> dict[str, dict[str, Any]]:
     GEMMs (both at the smallest K with outliers), falling to 0.02 at K = 32768; a single fp32 level (2⁻²⁴)
     is exceeded up to 276× at K = 128.
     """
-    if kind == "mxfp8":
+    if kind == "mxfp8" or kind in ROWWISE_KINDS:  # emulated on every device (no rowwise _scaled_mm mode probed)
         return {"accum_unit_roundoff": {"cpu": 2.0**-24, "cuda": 2.0**-24}, "accum_chunk": {"cpu": None, "cuda": None}}
     return {"accum_unit_roundoff": {"cpu": 2.0**-24, "cuda": 2.0**-13}, "accum_chunk": {"cpu": None, "cuda": 128}}
 
@@ -482,20 +510,28 @@ _DESCRIPTIONS = {
     "current": "per-tensor current scaling; columnwise copy = transposed bits",
     "blockwise": "1x128 activations/gradients, 128x128 weight tiles, fp32 or power-of-2 scales",
     "mxfp8": "MXFP8 1x32/32x1 blocks, E8M0 scales (RCEIL or FLOOR), emulated GEMMs",
+    "rowwise": "one scale per row over the whole reduction (torchao's rowwise), emulated GEMMs",
+    "rowwise_gw_hp": "rowwise fprop/dgrad, per-tensor W for dgrad, wgrad in high precision (torchao's "
+    "rowwise_with_gw_hp); x saved itself",
 }
 
 
 def one_per_recipe_kind(
     make: Callable[[str, tuple[Fp8Recipe, ...], str], _Impl], family: str, descriptions: dict[str, str]
 ) -> list[_Impl]:
-    """One built-in per recipe kind, ``make("family[kind]", the kind's standard recipes, descriptions[kind])``,
-    in :data:`RECIPE_KINDS`' order."""
+    """One built-in per recipe kind of :func:`standard_recipes`, ``make("family[kind]", the kind's standard recipes,
+    descriptions[kind])``, in their order."""
     return [
         make(f"{family}[{k}]", tuple(r for r in standard_recipes() if r.kind == k), descriptions[k])
-        for k in RECIPE_KINDS
+        for k in dict.fromkeys(r.kind for r in standard_recipes())
     ]
 
 
 def quant_linear_impls() -> list[Fp8Linear]:
-    """One built-in per recipe kind, each declaring that kind's standard variants."""
-    return one_per_recipe_kind(Fp8Linear, "fp8_linear", _DESCRIPTIONS)
+    """One built-in per recipe kind, each declaring that kind's standard variants (the rowwise kinds: those of
+    :func:`reference.fp8_recipes.rowwise_recipes`)."""
+    rowwise = [
+        Fp8Linear(f"fp8_linear[{k}]", tuple(r for r in rowwise_recipes() if r.kind == k), _DESCRIPTIONS[k])
+        for k in ROWWISE_KINDS
+    ]
+    return one_per_recipe_kind(Fp8Linear, "fp8_linear", _DESCRIPTIONS) + rowwise

@@ -204,7 +204,10 @@ def plant_scale_edges(t: torch.Tensor, g: torch.Generator, fmt_max: float, dtype
 
 def scale_block(recipe: Fp8Recipe) -> int:
     """The edge of ``recipe``'s scaling blocks along K (128 blockwise, 32 MXFP8; 32 for the per-tensor recipes,
-    where the ``block_exponents`` regime's structure changes nothing)."""
+    where the ``block_exponents`` regime's structure changes nothing, and for the rowwise kinds, whose one scale per
+    row or column it makes diverse: every row its own exponent (δ_i, λ_q of :func:`plant_block_exponents`), every
+    column's amax the exponent of its K-block (κ_g), so a row scale applied to another row, or along the wrong axis,
+    or one scale for all rows, lands on another exponent)."""
     return 128 if recipe.kind == "blockwise" else 32
 
 
