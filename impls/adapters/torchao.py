@@ -14,11 +14,21 @@ Semantics, read from torchao 0.18.0 (``float8/config.py``, ``float8_linear.py``,
   scaling with ``amax_epsilon = EPS`` (:func:`reference.fp8_scaling.scale_from_amax`).
 - Formats: ``CastConfig.target_dtype``, defaulting to E4M3 for input and weight, E5M2 for grad_output
   (``Float8LinearConfig.__post_init__``): ``"HYBRID"`` when grad_output is E5M2, ``"E4M3"`` when it is E4M3.
-- Granularity per operand and GEMM: the six ``cast_config_*`` of the config. Every one ``TENSORWISE`` and
-  ``DYNAMIC`` is numcheck's ``current`` kind. ``AXISWISE`` (one scale per row over the whole reduction
-  dimension: ``rowwise``) and ``ScalingType.DISABLED`` (the grad_weight GEMM of ``rowwise_with_gw_hp`` in high
-  precision, with a tensorwise weight for grad_input) have no numcheck recipe kind: those variants register as
-  unavailable with that reason rather than being judged against a recipe torchao does not run.
+- Granularity per operand and GEMM: the six ``cast_config_*`` of the config (``config.py:335-378``,
+  ``from_recipe_name``). Every one ``TENSORWISE`` and ``DYNAMIC`` is numcheck's ``current`` kind. ``rowwise``: all
+  six ``AXISWISE``, E4M3 for every operand (grad_output too), ``round_scales_to_power_of_2=True``: numcheck's
+  ``rowwise`` kind. ``rowwise_with_gw_hp``: x, W and grad_output ``AXISWISE`` (E4M3), W for grad_input
+  ``TENSORWISE``, x and grad_output for grad_weight ``ScalingType.DISABLED`` (that GEMM in high precision),
+  power-of-2 scales: numcheck's ``rowwise_gw_hp``. The axis of each axiswise cast is fixed in
+  ``float8_linear.py`` (``matmul_with_hp_or_float8_args``): x ``axiswise_dim=-1`` (a scale per row of x over K,
+  l. 62), Wᵀ ``0`` (per row of W over K, l. 79), grad_output ``-1`` for grad_input (per row of dy over N, l. 119),
+  Wᵀ ``-1`` for grad_input (per column of W over N, l. 137), grad_output ``0`` and x ``0`` for grad_weight (per
+  column over M, l. 174, 192): every operand scaled along its GEMM's reduction dimension, numcheck's
+  rowwise/columnwise usages. The amax is ``torch.amax(abs(t), dim=axiswise_dim, keepdim=True)``
+  (``float8_utils.py:69``) and the scale ``amax_to_scale`` (``float8_utils.py:45-53``) as for tensorwise; power-of-2
+  rounding is ``exp2(floor(log2(scale)))`` of the fp32 scale (``float8_utils.py:244-246``). A high-precision GEMM
+  is ``torch.mm`` of the saved x and the incoming grad_output in their dtype (``float8_linear.py:197``).
+  Other combinations register as unavailable, naming their granularities.
 - Saved for backward: ``matmul_with_hp_or_float8_args.forward`` saves ``input_hp`` (x itself) and the weight and
   quantizes both again in backward: ``save_original_input=True`` only.
 - Output: the emulated GEMM is ``mm(data.float() / scale, ...)`` in fp32, cast to x's dtype; the bias is added
@@ -106,29 +116,51 @@ _CAST_CONFIGS = (
 )
 
 
-def numcheck_recipe(config: Any, eps: float) -> Fp8Recipe | str:
-    """The numcheck recipe torchao's ``config`` runs, or why no numcheck recipe kind expresses it."""
-    from torchao.float8.config import ScalingGranularity, ScalingType, e4m3_dtype, e5m2_dtype
+#: Each numcheck recipe kind by the six cast configs' (scaling type, granularity), in :data:`_CAST_CONFIGS` order:
+#: "T" tensorwise, "A" axiswise, "-" disabled (``ScalingType.DISABLED``: the GEMM in high precision). The axis of each
+#: axiswise operand is fixed by ``float8_linear.py`` (``matmul_with_hp_or_float8_args``): the reduction dimension of
+#: its GEMM, numcheck's rowwise / columnwise usage of :data:`numcheck.reference.fp8_recipes.GEMMS`.
+_KIND_OF_GRANULARITIES: dict[str, str] = {
+    "TTTTTT": "current",
+    "AAAAAA": "rowwise",
+    "AAA-T-": "rowwise_gw_hp",
+}
 
-    axiswise, hp = [], []
-    for label, attr in _CAST_CONFIGS:
+
+def _granularities(config: Any) -> str:
+    """The six cast configs of ``config`` as a :data:`_KIND_OF_GRANULARITIES` key."""
+    from torchao.float8.config import ScalingGranularity, ScalingType
+
+    out = ""
+    for _, attr in _CAST_CONFIGS:
         cc = getattr(config, attr)
-        if cc.scaling_type is ScalingType.DISABLED:
-            hp.append(label)
-        elif cc.scaling_granularity is not ScalingGranularity.TENSORWISE:
-            axiswise.append(label)
-    gaps = ([f"per-row (axiswise) scales over the whole reduction for {', '.join(axiswise)}"] if axiswise else []) + (
-        [f"no quantization (a high-precision GEMM) for {', '.join(hp)}"] if hp else []
-    )
-    if gaps:
-        return "no numcheck recipe kind (per-tensor, blockwise, MXFP8; every GEMM quantized) has " + "; ".join(gaps)
-    fmts = [getattr(config, attr).target_dtype for _, attr in _CAST_CONFIGS]
-    if fmts[0] != e4m3_dtype or fmts[1] != e4m3_dtype or fmts[2] not in (e4m3_dtype, e5m2_dtype):
+        disabled = cc.scaling_type is ScalingType.DISABLED
+        out += "-" if disabled else ("T" if cc.scaling_granularity is ScalingGranularity.TENSORWISE else "A")
+    return out
+
+
+def numcheck_recipe(config: Any, eps: float) -> Fp8Recipe | str:
+    """The numcheck recipe torchao's ``config`` runs, or why no numcheck recipe kind expresses it: every cast
+    tensorwise is ``current``, every one axiswise ``rowwise``, and torchao's ``rowwise_with_gw_hp`` pattern (x, W,
+    dy axiswise, W for grad_input tensorwise, the grad_weight GEMM disabled) ``rowwise_gw_hp``."""
+    from torchao.float8.config import e4m3_dtype, e5m2_dtype
+
+    sig = _granularities(config)
+    kind = _KIND_OF_GRANULARITIES.get(sig)
+    if kind is None:
+        described = ", ".join(f"{label} {code}" for (label, _), code in zip(_CAST_CONFIGS, sig))
+        return (
+            f"no numcheck recipe kind has its scaling granularities ({described}; T tensorwise, A axiswise, "
+            f"- high precision): the kinds are {', '.join(f'{k} {v}' for v, k in _KIND_OF_GRANULARITIES.items())}"
+        )
+    quantized = [(attr, getattr(config, attr).target_dtype) for (_, attr), c in zip(_CAST_CONFIGS, sig) if c != "-"]
+    x_w = {d for attr, d in quantized if "grad_output" not in attr}
+    dy = {d for attr, d in quantized if "grad_output" in attr}
+    if x_w != {e4m3_dtype} or dy not in ({e4m3_dtype}, {e5m2_dtype}):
+        fmts = [str(d).removeprefix("torch.") for _, d in quantized]
         return f"its FP8 dtypes {fmts} are not numcheck's E4M3 or HYBRID (E4M3 x and W, E5M2 or E4M3 grad_output)"
-    fmt = "HYBRID" if fmts[2] == e5m2_dtype else "E4M3"
-    return Fp8Recipe(
-        "current", fp8_format=fmt, power_of_2_scales=bool(config.round_scales_to_power_of_2), amax_epsilon=eps
-    )
+    fmt = "HYBRID" if dy == {e5m2_dtype} else "E4M3"
+    return Fp8Recipe(kind, fp8_format=fmt, power_of_2_scales=bool(config.round_scales_to_power_of_2), amax_epsilon=eps)
 
 
 def _module(info: TorchaoInfo, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
@@ -203,7 +235,7 @@ def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunct
     )
     desc = (
         f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), emulate=True: "
-        f"scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
+        f"{recipe.name}: scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
     )
     return QuantFunctionImpl(
         name=f"torchao_float8[{name}]", fn=torchao_fn(info, name, recipe), support=support, description=desc
