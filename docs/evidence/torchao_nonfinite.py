@@ -8,9 +8,17 @@ to ±max; only outputs whose reduction meets a NaN operand are NaN. torchao 0.18
 makes the scale fp8_max/inf = 0, so finite elements quantize to 0 and the inf to inf·0 = NaN. With one scale per
 tensor, one non-finite element of x, W or dy makes every output that tensor feeds NaN or zero.
 
-The script prints, for each of numcheck's edge regimes (the suite's ``test_edge_inputs_every_recipe`` case,
-33×40×24, seed 11), whether the suite's accuracy property passes, and for a NaN and an inf input torchao's own
-scale (``tensor_to_scale``) and how many elements of y are NaN, beside what the contract asks.
+Per row (``rowwise``, AXISWISE: ``torch.amax(abs(t), dim, keepdim=True)``, float8_utils.py:69) the same rules act on
+one row or column: a NaN makes its row's scale NaN, and every output that row feeds is NaN — which the contract
+asks anyway, since each of those outputs' reductions meets the NaN (the rowwise recipe passes the NaN case); an inf
+makes its row's scale 0 and that row NaN, where the contract saturates it (every output the row or column feeds is
+NaN instead of finite). ``rowwise_with_gw_hp`` scales W for grad_input with one scale per tensor
+(``cast_config_weight_for_grad_input`` TENSORWISE): one NaN or inf in W makes every element of dgrad NaN.
+
+The script prints, for each torchao recipe and each of numcheck's edge regimes (the suite's
+``test_edge_inputs_every_recipe`` case, 33×40×24, seed 11), whether the suite's accuracy property passes, how many
+elements of y, dgrad and wgrad are NaN in the nan and inf cases beside what the contract asks, and for a NaN and an
+inf input torchao's own tensorwise scale (``tensor_to_scale``).
 ``torchao_nonfinite.txt`` beside this file is its output.
 
 Usage: PYTHONPATH=. python docs/evidence/torchao_nonfinite.py
@@ -51,32 +59,39 @@ def counts(impl, regime: str) -> None:
     recipe = impl.support.recipes[0]
     case = QuantCase(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
     t = build_quant(case)
-    y = impl(t.x, t.weight, t.bias, recipe=recipe, save_original_input=True).detach()
+    x, w = t.x.clone().requires_grad_(True), t.weight.clone().requires_grad_(True)
+    y = impl(x, w, t.bias, recipe=recipe, save_original_input=True)
+    y.backward(t.dy)
     ref = quantized_linear(t.x, t.weight, t.dy, t.bias, recipe)
+    got = {"y": y.detach(), "dgrad": x.grad, "wgrad": w.grad}
     print(
-        f"  {regime}: y NaN in {int(torch.isnan(y).sum())} of {y.numel()} (contract: "
-        f"{int(torch.isnan(ref.dq['y']).sum())}), zero in {int((y == 0).sum())} (contract: {int((ref.dq['y'] == 0).sum())})"
+        f"  {regime}: "
+        + "; ".join(
+            f"{k} NaN in {int(torch.isnan(v).sum())} of {v.numel()} (contract: {int(torch.isnan(ref.dq[k]).sum())})"
+            for k, v in got.items()
+        )
     )
 
 
 def main() -> None:
     info = load()
     print(f"torch {torch.__version__}, torchao {getattr(info, 'version', info)}, CPU (emulate=True)")
-    impl = torchao_impl("tensorwise")
-    recipe = impl.support.recipes[0]
-    print(
-        f"{impl.name} as {recipe.name}; accuracy on the suite's edge case (M=33, K=40, N=24, float32, bias, seed 11):"
-    )
-    for regime in REGIMES:
-        case = QuantCase(
-            recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True
+    for name in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        impl = torchao_impl(name)
+        recipe = impl.support.recipes[0]
+        print(
+            f"{impl.name} as {recipe.name}; accuracy on the suite's edge case (M=33, K=40, N=24, float32, bias, seed 11):"
         )
-        print(f"  {regime}: {verdict(impl, case)}")
+        for regime in REGIMES:
+            case = QuantCase(
+                recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True
+            )
+            print(f"  {regime}: {verdict(impl, case)}")
+        print("outputs of the nan and inf cases:")
+        for regime in ("nan", "inf"):
+            counts(impl, regime)
     print("torchao's scale of a tensor with one non-finite element:")
     scales()
-    print("outputs of the nan and inf cases:")
-    for regime in ("nan", "inf"):
-        counts(impl, regime)
 
 
 if __name__ == "__main__":

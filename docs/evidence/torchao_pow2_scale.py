@@ -9,9 +9,16 @@ saturates. Only fp32 inputs reach it: a bf16 or fp16 amax gives fp8_max/amax eit
 2^−11 away from it.
 
 The script prints, for a few k, the amax of an fp32 tensor one ulp above fp8_max·2^−k, torchao's scale
-(``tensor_to_scale`` with rounding on), the floor, and ``amax·scale`` against fp8_max (E4M3);
-``torchao_pow2_scale.txt`` beside this file is its output. No registered torchao recipe is judged with these scales
-yet (numcheck has no rowwise recipe kind): this is recorded for when one is.
+(``tensor_to_scale`` with rounding on), the floor, and ``amax·scale`` against fp8_max (E4M3). Then the suite's
+accuracy property on ``torchao_float8[rowwise]`` and ``[rowwise_with_gw_hp]`` (numcheck's ``rowwise`` and
+``rowwise_gw_hp`` kinds) in the ``scale_edge`` regime (every row's amax a few ulps beside fp8_max·2^k; the edge case's
+shape 33×40×24, fp32, seeds 11–18), as released and with torchao's rounding replaced by an exact floor
+(``frexp``: the exponent bits): the failures go with it, so the scale rule is their one cause. A scale twice the
+floor's leaves every normal FP8 value's dequantization unchanged (a power of 2 commutes with the rounding); what
+differs is the amax element, saturated by ≤ 2 ulps, and every element in the FP8 subnormal range, quantized on a
+grid twice as fine as the contract's: against the dequantized reference those are far beyond the accumulation
+bound (hundreds of dgrad elements where W has one scale, under rowwise_with_gw_hp). bf16 inputs never reach it.
+``torchao_pow2_scale.txt`` beside this file is its output.
 
 Usage: PYTHONPATH=. python docs/evidence/torchao_pow2_scale.py
 """
@@ -39,5 +46,52 @@ def main() -> None:
         )
 
 
+def exact_floor(scale: torch.Tensor) -> torch.Tensor:
+    """2^floor(log2 s) from the exponent bits (what the recipe documents)."""
+    _, e = torch.frexp(scale)
+    return torch.ldexp(torch.ones_like(scale), e - 1)
+
+
+def verdicts(seeds: range) -> list[str]:
+    """The accuracy verdict of each torchao rowwise recipe on the scale_edge cases of ``seeds``."""
+    from numcheck.errors import PropertyFailure
+    from numcheck.impls.adapters.torchao import torchao_impl
+    from numcheck.properties.core.runner import judge
+    from numcheck.properties.fp8 import props as checks
+    from numcheck.properties.fp8.cases import QuantCase
+
+    out = []
+    for name in ("rowwise", "rowwise_with_gw_hp"):
+        impl = torchao_impl(name)
+        failed = []
+        for seed in seeds:
+            case = QuantCase(impl.support.recipes[0], 33, 40, 24, regime="scale_edge", seed=seed, bias=True)
+            try:
+                judge(checks.accuracy, impl, case.replace(save_original_input=True))
+            except PropertyFailure as exc:
+                found = [ln.strip() for ln in str(exc).splitlines() if "beyond bound" in ln]
+                failed.append(
+                    f"seed {seed}: " + "; ".join(ln.split("error): ", 1)[-1].split("; worst")[0] for ln in found)
+                )
+        out.append(f"  {name}: {len(failed)} of {len(seeds)} fail" + "".join(f"\n    {f}" for f in failed))
+    return out
+
+
+def suite_cases() -> None:
+    import torchao.float8.float8_utils as fu
+
+    seeds = range(11, 19)
+    print("accuracy on scale_edge (33x40x24, float32, bias), as released:")
+    print("\n".join(verdicts(seeds)))
+    released = fu._round_scale_down_to_power_of_2
+    fu._round_scale_down_to_power_of_2 = exact_floor
+    try:
+        print("with _round_scale_down_to_power_of_2 replaced by the exact floor:")
+        print("\n".join(verdicts(seeds)))
+    finally:
+        fu._round_scale_down_to_power_of_2 = released
+
+
 if __name__ == "__main__":
     main()
+    suite_cases()
