@@ -14,7 +14,7 @@ from numcheck.impls.builtin import fp8_linear as _ql
 from numcheck.impls.builtin.fp8_linear import Fp8Linear, QTensor
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_formats import Fp8Format
-from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe, rowwise_recipes
 from numcheck.tests.self.helpers.mutant_table import caught_by_table
 from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
 
@@ -342,3 +342,57 @@ LAYOUT_MUTANTS, CAUGHT_BY = caught_by_table(
     after=CAUGHT_BY,
 )
 dgrad_tile_scales_untransposed, w_k_tail_previous_scale, w_k_block_scale_shifted = LAYOUT_MUTANTS
+
+
+# -- rowwise scales (torchao's AXISWISE): a per-row scale applied along the wrong axis, or one scale for every row;
+# random rows share a power-of-2 scale's exponent often, the ``block_exponents`` grids give each row its own -------
+
+
+class _RowwiseXScales(Fp8Linear):
+    """The built-in, but fprop's x (rowwise usage of a rowwise kind) quantized by :meth:`wrong` instead."""
+
+    def quantize_operand(
+        self,
+        t: torch.Tensor,
+        recipe: Fp8Recipe,
+        role: str,
+        usage: str,
+        state: DelayedScalingState | None,
+        *,
+        record: bool,
+    ) -> QTensor:
+        if recipe.kind not in ROWWISE_KINDS or (role, usage) != ("x", "rowwise"):
+            return super().quantize_operand(t, recipe, role, usage, state, record=record)
+        return self.wrong(t, recipe, state)
+
+    def wrong(self, t: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> QTensor:
+        raise NotImplementedError
+
+
+class RowwiseScalesAlongWrongAxis(_RowwiseXScales):
+    """fprop's x scaled per *column* (over M) instead of per row (over K): the scales of the wgrad usage, applied
+    to the fprop operand (an axiswise_dim of 0 where −1 belongs); codes cast and dequantized with those scales."""
+
+    def wrong(self, t: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> QTensor:
+        q = super().quantize_operand(t, recipe, "x", "columnwise", state, record=False)  # K-major xᵀ, a scale per row
+        return QTensor(q.data.t().contiguous(), q.scale_inv.t().contiguous(), None, (q.block[1], q.block[0]), q.fmt)
+
+
+class RowwiseOneScaleForAllRows(_RowwiseXScales):
+    """fprop's x scaled with one scale for the whole tensor (tensorwise granularity where rowwise is declared)."""
+
+    def wrong(self, t: torch.Tensor, recipe: Fp8Recipe, state: DelayedScalingState | None) -> QTensor:
+        t32 = _ql.k_major_fp32(t, "rowwise")
+        return self.quantize_per_tensor(t32, _ql.tensor_amax(t32), recipe, "x", state, record=False)
+
+
+_rowwise = tuple(r for r in rowwise_recipes() if r.kind == "rowwise")
+#: The rowwise-scale mutants, declared for the rowwise kind's built-in variants (power-of-2 and fp32 scales).
+ROWWISE_MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (RowwiseScalesAlongWrongAxis("mutant_rowwise_scales_wrong_axis", _rowwise), "accuracy"),
+        (RowwiseOneScaleForAllRows("mutant_rowwise_one_scale", _rowwise), "accuracy"),
+    ],
+    after=CAUGHT_BY,
+)
+rowwise_scales_wrong_axis, rowwise_one_scale = ROWWISE_MUTANTS

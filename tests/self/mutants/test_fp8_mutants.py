@@ -154,3 +154,17 @@ def test_scale_block_grids_catch_what_the_accuracy_draws_miss(name):
     assert before.status == "passed", before
     after = _ci_verdict(mutant, "accuracy_on_scale_block_grids")
     assert after.status == "failed" and "block_exponents" in after.message, after
+
+
+# -- rowwise scales ----------------------------------------------------------------------------------------------
+from numcheck.tests.self.helpers.fp8_mutants import ROWWISE_MUTANTS  # noqa: E402
+
+
+@pytest.mark.parametrize("mutant", ROWWISE_MUTANTS, ids=[m.name for m in ROWWISE_MUTANTS])
+def test_rowwise_scale_mutants_fail_the_scale_block_grids(mutant):
+    """fprop's x scaled per column (the wrong axis) or with one scale for every row fails the ci profile's
+    scale-block grids (every row its own exponent, so no two rows share a scale). Today's accuracy draws catch both
+    too (measured: the first failing draw is a scale_edge, wide or normal case), so the grids are not their only
+    net."""
+    v = _ci_verdict(mutant, "accuracy_on_scale_block_grids")
+    assert v.status == "failed" and "block_exponents" in v.message and "rowwise" in v.message, v

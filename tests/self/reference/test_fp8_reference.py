@@ -369,3 +369,50 @@ def test_accumulation_bound_model():
     assert math.isfinite(big) and big < 0.02 and gamma((1 << 20) + 4, 2.0**-13) == math.inf
     g = gamma(132, 2.0**-13)
     assert accumulation_gamma(4096, 2.0**-13, 128) == g + (1 + g) * gamma(32, U32)
+
+
+def test_rowwise_recipe_table():
+    """The rowwise kinds (torchao's AXISWISE recipes): one scale per row (rowwise usage) or column (columnwise) over
+    the whole other dimension; rowwise_gw_hp scales W for dgrad per tensor and quantizes x and dy rowwise only (its
+    wgrad runs in high precision); both E4M3 with power-of-2 scales by default."""
+    rw, hp = Fp8Recipe("rowwise"), Fp8Recipe("rowwise_gw_hp")
+    for role in ("x", "w", "dy"):
+        assert rw.block_of(role, "rowwise") == hp.block_of(role, "rowwise") == (1, None)
+        assert rw.block_of(role, "columnwise") == (None, 1) and rw.usages_of(role) == ("rowwise", "columnwise")
+        assert rw.format_of(role) is E4M3 and hp.format_of(role) is E4M3
+    assert hp.block_of("w", "columnwise") is None and hp.usages_of("x") == hp.usages_of("dy") == ("rowwise",)
+    for role in ("x", "dy"):
+        with pytest.raises(ValueError, match="not quantized columnwise.*wgrad GEMM runs in high precision"):
+            hp.block_of(role, "columnwise")
+    assert rw.power_of_2_scales and hp.power_of_2_scales and rw.high_precision_gemms == ()
+    assert hp.high_precision_gemms == ("wgrad",) and not hp.quantizes("wgrad") and hp.quantizes("dgrad")
+    assert rw.name == "rowwise-e4m3-pow2" and Fp8Recipe("rowwise", power_of_2_scales=False).name == "rowwise-e4m3-fp32"
+
+
+def test_rowwise_quantization_scales_each_row_over_the_whole_row():
+    """A rowwise quantization of [R, C] has R scales, each fp8_max / amax of its own row rounded down to a power of
+    2 (torchao: ``amax_to_scale`` of ``amax(abs(t), dim=-1)``), and columnwise C scales of the columns; rows of
+    different magnitude keep their own FP8 precision."""
+    t = torch.tensor([[1.0, -3.0, 0.5], [1e-3, 2e-3, -4e-3], [100.0, 0.0, 7.0]])
+    recipe = Fp8Recipe("rowwise", amax_epsilon=1e-12)
+    q = quantize_operand(t, recipe, "x", "rowwise")
+    assert q.block == (1, 3) and q.scale.shape == (3, 1)
+    want = [2.0 ** math.floor(math.log2(448.0 / a)) for a in (3.0, float(torch.tensor(4e-3)), 100.0)]
+    assert q.scale.flatten().tolist() == want
+    c = quantize_operand(t, recipe, "x", "columnwise")
+    assert c.block == (3, 1) and c.scale.shape == (1, 3)
+    assert c.scale.flatten().tolist() == [2.0 ** math.floor(math.log2(448.0 / a)) for a in (100.0, 3.0, 7.0)]
+    assert torch.allclose(q.dequantized[1], t[1].double(), rtol=2.0**-4)  # the small row keeps 3 mantissa bits
+
+
+def test_high_precision_wgrad_reads_the_original_operands():
+    """rowwise_gw_hp's wgrad reference is dyᵀ·x of the original operands (dequantized and original references
+    agree); fprop and dgrad are quantized, dgrad's W with one scale for the tensor."""
+    g = torch.Generator().manual_seed(3)
+    x, w, dy = (torch.randn(*s, generator=g) for s in ((9, 20), (7, 20), (9, 7)))
+    ref = quantized_linear(x, w, dy, None, Fp8Recipe("rowwise_gw_hp"))
+    assert torch.equal(ref.dq["wgrad"], ref.true["wgrad"])
+    assert torch.equal(ref.dq["wgrad"], dy.double().t() @ x.double())
+    assert set(ref.operands) == {("x", "rowwise"), ("w", "rowwise"), ("dy", "rowwise"), ("w", "columnwise")}
+    assert ref.operand("w", "columnwise").scale.shape == (1, 1) and ref.operand("w", "rowwise").scale.shape == (7, 1)
+    assert not torch.equal(ref.dq["dgrad"], ref.true["dgrad"])
