@@ -384,9 +384,12 @@ class DelayedScalingState:
 
 
 def predicted_columnwise_x_bytes(recipe: Fp8Recipe, M: int, K: int) -> int:
-    """Bytes of the columnwise FP8 copy of ``x`` ``[M, K]``: data plus unpadded scales (protocol docstring)."""
+    """Bytes of the columnwise FP8 copy of ``x`` ``[M, K]``: data plus unpadded scales (protocol docstring); 0 for a
+    recipe whose wgrad reads x in high precision (``rowwise_gw_hp``: there is no FP8 copy of x)."""
     if M < 1 or K < 1:
         raise ValueError(f"M and K must be positive, got M={M}, K={K}")
+    if "columnwise" not in recipe.usages_of("x"):
+        return 0
     block = recipe.block_of("x", "columnwise")
     nr, nc = block_grid((M, K), block)
     per_scale = 1 if recipe.scale_is_e8m0 else 4
