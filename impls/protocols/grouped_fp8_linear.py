@@ -65,7 +65,7 @@ from numcheck.impls.protocols.fp8_linear import (
     call_refusal,
     predicted_columnwise_x_bytes,
 )
-from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
 GROUPED_KIND = "grouped_quant_linear"
@@ -104,6 +104,13 @@ class GroupedQuantSupport(QuantLinearSupport):
         super().__post_init__()
         own = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
+        rowwise = [r.name for r in self.recipes if r.kind in ROWWISE_KINDS]
+        if rowwise:
+            raise invalid(
+                f"{own}.recipes declares {rowwise}: the grouped oracle and draws have no rowwise kind yet",
+                "Declare rowwise recipes on a single-device QuantLinearSupport; grouped impls take the kinds of "
+                "standard_recipes().",
+            )
         if self.exposes_quantize:
             raise invalid(
                 f"{own}.exposes_quantize=True: a grouped impl's quantizer is checked through its outputs",

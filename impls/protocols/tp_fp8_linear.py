@@ -59,7 +59,7 @@ import torch
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
-from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, USAGES, Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, ROWWISE_KINDS, USAGES, Fp8Recipe, standard_recipes
 
 TP_KIND = "tp_quant_linear"
 PARALLEL_MODES: tuple[str, ...] = ("column", "row")
@@ -118,6 +118,13 @@ class TPQuantSupport:
             raise invalid(
                 f"{own}.recipes={self.recipes!r} must be a non-empty collection of Fp8Recipe (or kind names)",
                 f"e.g. recipes=(Fp8Recipe('current'),); kinds: {RECIPE_KINDS}.",
+            )
+        rowwise = [r.name for r in recipes if r.kind in ROWWISE_KINDS]
+        if rowwise:
+            raise invalid(
+                f"{own}.recipes declares {rowwise}: the tensor-parallel oracle has no rowwise kind yet",
+                "Declare rowwise recipes on a single-device QuantLinearSupport; TP impls take the kinds of "
+                "standard_recipes().",
             )
         set_("recipes", recipes)
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
