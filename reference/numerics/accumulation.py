@@ -28,16 +28,16 @@ an fp32 ``gw``, V=131072, H=4096, C=2048):
     running sum is rounded to that dtype after every chunk (grad_accumulation ``"param_dtype"``). Operands
     are aligned to ``gw``'s dtype.
 ``split_fp32``
-    Not a step on a buffer: an :class:`Accumulator` holding the exact fp32 sum as
-    the bf16 gradient's storage plus an int16 lower half, added to by one Triton GEMM per chunk
-    (:mod:`impls.builtin.split_accum`); extra V·H·2 bytes in all = 1024 MiB, instead of an fp32 buffer's 2048 MiB.
-    Declares ``"fp32"``. For parameters that are not bf16, and for biases, it is the ``addmm_out_dtype``
-    buffer. Being a Triton kernel, it stays with the built-ins (:func:`impls.builtin.grad_accum.make_accumulator`).
+    Not a step on a buffer: an :class:`Accumulator` holding the exact fp32 sum as the bf16 gradient's storage
+    plus an int16 lower half, added to by one Triton GEMM per chunk (:mod:`impls.builtin.split_accum`); extra
+    V·H·2 bytes in all = 1024 MiB, instead of an fp32 buffer's 2048 MiB. Declares ``"fp32"``. For parameters that
+    are not bf16, and for biases, it is the ``addmm_out_dtype`` buffer. Being a Triton kernel, it stays with the
+    built-ins (:func:`impls.builtin.grad_accum.make_accumulator`).
 
 The chunked impls hold their gradients in :class:`Accumulator` objects
-(:func:`impls.builtin.grad_accum.make_accumulator`), which pair a buffer with its step (:class:`BufferAccumulator`) and finish it into the gradient (:func:`scaled_`, one
-rounding); numcheck's evaluation of a declared path (:mod:`numcheck.properties.core.declared_path`) uses the same
-buffers and steps.
+(:func:`impls.builtin.grad_accum.make_accumulator`), which pair a buffer with its step (:class:`BufferAccumulator`)
+and finish it into the gradient (:func:`scaled_`, one rounding); numcheck's evaluation of a declared path
+(:mod:`numcheck.properties.core.declared_path`) uses the same buffers and steps.
 
 The steps that need no capability probe are module functions; :func:`path_steps` binds the probe of the
 ``addmm_out_dtype`` step and gives all four by name (the built-ins' :data:`impls.builtin.grad_accum.PATHS`).
