@@ -123,6 +123,19 @@ def dist_impls() -> list[Any]:
     return [*vocab_parallel_impls(), *megatron_impls(), *te_dist_impls()]
 
 
+#: The modules the vocabulary-parallel impls of :func:`dist_impls` run on a rank: the built-in's, the Megatron
+#: adapter's and the Megatron modules that adapter calls. The distributed linear+CE family's rank zygote imports them
+#: before it forks (an optimisation, ``properties/distributed/linear_ce/props.py``); they are listed here, with the
+#: other names of impl modules, so that the judge names none of them.
+DIST_RANK_MODULES: tuple[str, ...] = (
+    "numcheck.impls.builtin.vocab_parallel",
+    "numcheck.impls.adapters.megatron",
+    "megatron.core.tensor_parallel.cross_entropy",
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.fusions.fused_cross_entropy",
+)
+
+
 def builtin_impls() -> list[ImplEntry | BrokenImpl]:
     """Every built-in impl, in the order of :func:`builtin_factories`, each factory called once."""
     out: list[ImplEntry | BrokenImpl] = []

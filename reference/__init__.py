@@ -6,6 +6,9 @@
 - :mod:`reference.fp8_recipes`: FP8 recipes (delayed, current, blockwise, MXFP8; E4M3 or HYBRID).
 - :mod:`reference.fp8_scaling`: scales, blocks and quantization for every recipe.
 - :mod:`reference.fp8_linear`: quantized linear forward/backward against dequantized and original operands.
+- :mod:`reference.numerics`: the low-precision numerics the built-ins and the judge share (accumulation paths, chunk
+  loop, CE block, and the yardsticks eager linear + CE and the single FP8 linear), so the judge never imports
+  what it judges.
 """
 
 from numcheck.reference.linear_ce import LinearCEResult, linear_ce

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from numcheck.impls.builtin import grad_accum, split_accum
-from numcheck.impls.builtin.ce_block import reduction_coefficients, row_weights
+from numcheck.reference.numerics.ce_block import reduction_coefficients, row_weights
 from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.registry import BrokenImpl, by_kind, discover

@@ -2,8 +2,8 @@
 
 Forward loops over chunks of ``chunk_rows`` tokens. For each chunk it computes the logits ``x_c·Wᵀ + b`` in
 the compute dtype (the autocast dtype under AMP, else the inputs' dtype), runs cross-entropy on them in fp32
-math (:func:`impls.builtin.ce_block.ce_block_`, or the Triton kernel of :mod:`impls.builtin.triton_ce`), which overwrites
-the chunk with the gradient G, and then at once computes ``grad_x_c = G·W`` and accumulates
+math (:func:`reference.numerics.ce_block.ce_block_`, or the Triton kernel of :mod:`impls.builtin.triton_ce`),
+which overwrites the chunk with the gradient G, and then at once computes ``grad_x_c = G·W`` and accumulates
 ``grad_W += Gᵀ·x_c``, ``grad_b += Σ G`` through the chosen step of :mod:`impls.builtin.grad_accum`. The [N, V] logits
 never exist; the [V, H] grad_W accumulator is held from forward to backward, and backward only multiplies
 the stored gradients by the scalar ``grad_output`` (``mean``/``sum``).
@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin import grad_accum
-from numcheck.impls.builtin.ce_block import CEKernel, ce_block_
-from numcheck.impls.builtin.chunk_sweep import Plan, autocast_off, reduce_rows, run_sweep
+from numcheck.reference.numerics import accumulation
+from numcheck.reference.numerics.ce_block import CEKernel, ce_block_
+from numcheck.impls.builtin.chunk_sweep import run_sweep
+from numcheck.reference.numerics.sweep import Plan, autocast_off, reduce_rows
 from numcheck.impls.protocols.linear_ce import FLOAT_DTYPES, LinearCESupport
 from numcheck.impls.builtin.recompute import RecomputeFunction
 from numcheck.reference.options import CEOptions, options_from_kwargs
@@ -137,7 +138,7 @@ class FusedFunction(torch.autograd.Function):
         g = grad_loss.to(torch.float32)
         with autocast_off(grad_loss.device.type):
             return (
-                grad_accum.scaled_(gx, g, dx) if gx is not None else None,
+                accumulation.scaled_(gx, g, dx) if gx is not None else None,
                 gw.finish(g, dw) if gw is not None else None,
                 gb.finish(g, db) if gb is not None else None,
                 None,
@@ -151,9 +152,9 @@ class ChunkedLinearCE:
 
     Args:
         name: registered name.
-        path: grad_weight accumulation path, a key of :data:`impls.builtin.grad_accum.PATHS`.
+        path: grad_weight accumulation path, a key of :data:`numcheck.reference.numerics.accumulation.ALL_PATHS`.
         chunk_rows: tokens per chunk (>= 1).
-        kernel: the per-chunk CE (:func:`impls.builtin.ce_block.ce_block_` or the Triton one).
+        kernel: the per-chunk CE (:func:`reference.numerics.ce_block.ce_block_` or the Triton one).
         recompute: defer every gradient to backward for every reduction (the ``recompute`` impl); otherwise
             only ``none`` is deferred.
         support: the declaration (``chunk_rows`` and ``grad_accumulation`` are filled in here).
@@ -173,8 +174,8 @@ class ChunkedLinearCE:
         support: LinearCESupport | None = None,
         description: str = "",
     ) -> None:
-        if path not in grad_accum.ALL_PATHS:
-            raise ValueError(f"path must be one of {sorted(grad_accum.ALL_PATHS)}, got {path!r}")
+        if path not in accumulation.ALL_PATHS:
+            raise ValueError(f"path must be one of {sorted(accumulation.ALL_PATHS)}, got {path!r}")
         if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
         base = support if support is not None else LinearCESupport(returns_z_loss=True, all_ignored="nan")
@@ -185,7 +186,7 @@ class ChunkedLinearCE:
         self.recompute = recompute
         self.description = description
         self.support = dataclasses.replace(
-            base, chunk_rows=chunk_rows, grad_accumulation=grad_accum.GRAD_ACCUMULATION[path]
+            base, chunk_rows=chunk_rows, grad_accumulation=accumulation.GRAD_ACCUMULATION[path]
         )  # type: ignore[arg-type]
 
     def with_chunk_rows(self, n: int) -> "ChunkedLinearCE":

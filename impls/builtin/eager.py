@@ -1,64 +1,22 @@
-"""``eager``: the plain PyTorch composition every optimized impl is measured beside.
+"""``eager``: the plain PyTorch composition every optimized impl is measured beside, as a built-in impl.
 
-Logits are computed by ``F.linear`` in the input (or autocast) dtype — the [N, V] tensor the optimized impls
-avoid — then softcap, ``F.cross_entropy`` and the z-loss are applied with ordinary differentiable ops.
-This is the "same dtype eager" baseline of the relative judgement in :mod:`properties.core.tolerance`.
+The function and its declaration are :mod:`numcheck.reference.numerics.eager`'s, where the judge takes its
+yardstick from too (:func:`numcheck.properties.core.harness.eager_yardstick`).
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
-
-
-def eager_linear_ce(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    reduction: str = "mean",
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    class_weights: torch.Tensor | None = None,
-    softcap: float | None = None,
-    z_loss_scale: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager linear + CE; returns ``(loss, z_loss)`` with the z-loss already included in ``loss``."""
-    if bias is not None and bias.dtype != weight.dtype:
-        bias = bias.to(weight.dtype)  # F.linear wants one dtype; autocast then casts all three alike
-    logits = F.linear(x, weight, bias)
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    cw = class_weights.to(logits.dtype) if class_weights is not None else None
-    loss = F.cross_entropy(
-        logits, target, weight=cw, reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing
-    )
-    valid = target != ignore_index
-    lse = torch.logsumexp(logits.float(), dim=-1)
-    z_row = torch.where(valid, z_loss_scale * lse * lse, torch.zeros_like(lse))
-    if reduction == "mean":
-        z = z_row.sum() / valid.sum()
-    elif reduction == "sum":
-        z = z_row.sum()
-    else:
-        z = z_row
-    if z_loss_scale:
-        loss = loss + z.to(loss.dtype)
-    return loss, z
+from numcheck.reference.numerics import eager
 
 
 def eager_impls() -> list[FunctionImpl]:
     """The eager baseline, declared for everything."""
     return [
         FunctionImpl(
-            name="eager",
-            fn=eager_linear_ce,
-            support=LinearCESupport(
-                returns_z_loss=True, all_ignored="nan", grad_accumulation="fp32", ce_dtype="compute"
-            ),
-            description="F.linear in the input/autocast dtype, then F.cross_entropy (materializes [N, V])",
+            name=eager.NAME,
+            fn=eager.eager_linear_ce,
+            support=LinearCESupport(**eager.DECLARATION),
+            description=eager.DESCRIPTION,
         )
     ]

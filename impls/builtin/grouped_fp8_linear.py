@@ -30,14 +30,13 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
-from numcheck.impls.builtin.fp8_linear import (
-    Fp8Linear,
+from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call
+from numcheck.reference.numerics.fp8_linear import (
     QTensor,
-    _e8m0_scale_inv,
-    _pow2_f32,
     accumulation_declaration,
-    check_recipe_call,
+    e8m0_scale_inv,
     k_major_fp32,
+    pow2_f32,
     tensor_amax,
 )
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
@@ -400,8 +399,8 @@ class GroupedFusedLinear(GroupedBase):
             scale_inv = torch.ones_like(scale) / scale
         else:
             code = lin.mx_scale_code(amax, fmt, recipe.mx_scale_rounding)
-            scale = torch.where(code == 255, torch.full_like(amax, float("nan")), _pow2_f32(127 - code))
-            scale_inv = _e8m0_scale_inv(code)
+            scale = torch.where(code == 255, torch.full_like(amax, float("nan")), pow2_f32(127 - code))
+            scale_inv = e8m0_scale_inv(code)
             code = code.to(torch.uint8)
         data = lin.cast(t32, scale[ids], fmt)
         return SplitQuantized(data, scale_inv, code, "columnwise", False, (b, 1), starts, fmt)
@@ -443,7 +442,7 @@ class _FusedFunction(torch.autograd.Function):
             s = saved[1]
             qxc = SplitQuantized(
                 saved[0],
-                _e8m0_scale_inv(s) if is_mx else s,
+                e8m0_scale_inv(s) if is_mx else s,
                 s if is_mx else None,
                 usage,
                 per_tensor,

@@ -32,15 +32,8 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin.fp8_linear import (
-    Fp8Linear,
-    QTensor,
-    check_recipe_call,
-    k_major_fp32,
-    one_per_recipe_kind,
-    recipes_kind,
-    tensor_amax,
-)
+from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call, one_per_recipe_kind
+from numcheck.reference.numerics.fp8_linear import QTensor, k_major_fp32, recipes_kind, tensor_amax
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog, TPQuantSupport, collectives
 from numcheck.reference.fp8_recipes import Fp8Recipe

@@ -1,12 +1,12 @@
 """A Triton cross-entropy kernel for one logits chunk, and the ``chunked_triton`` impl that uses it.
 
-:func:`ce_block_triton_` has exactly the contract of :func:`impls.builtin.ce_block.ce_block_` (same options, same
+:func:`ce_block_triton_` has exactly the contract of :func:`reference.numerics.ce_block.ce_block_` (same options, same
 per-row outputs, gradient G written in place of the logits chunk in its dtype) and every option: ignore_index,
 per-row coefficients (so every reduction and a per-row upstream), label smoothing, class weights, softcap,
 z-loss, and known row statistics (recompute). Each program takes ``ROWS`` rows and sweeps the vocabulary in blocks of
 ``BLOCK_V`` twice: pass 1 is an online softmax (running max m and rescaled sum s) that also gathers the target
 logit and Σ_j w_j (m − z'_ij) (re-based as m grows); pass 2 forms G in fp32 and stores it over the logits.
-Every quantity is formed from non-negative parts exactly as in the torch block (see :mod:`impls.builtin.ce_block`):
+Every quantity is formed from non-negative parts exactly as in the torch block (see :mod:`reference.numerics.ce_block`):
 loss (m − z'_y) + log s, softmax exp((z' − m) − log s), true-class term p_y − 1 before it is scaled. Padded vocabulary lanes are
 set to −inf *after* the softcap (s·tanh(−inf/s) = −s would otherwise leak into the softmax).
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin.ce_block import BlockResult, SoftmaxStats, _check_block
+from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.protocols.linear_ce import ElementaryError, LinearCESupport
 from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
@@ -156,7 +156,7 @@ if triton is not None:
                     z = softcap * t
                 p = tl.exp((z - m[:, None]) - log_s[:, None])
                 # a·(p − δ_y) + b·p: at the target a·(p_y − 1) + b·p_y, p_y − 1 exact before it is scaled and b·p_y
-                # its own term ((a + b)·(p_y − 1) + b leaves u·b, large under a z-loss: see impls/builtin/ce_block.py)
+                # its own term ((a + b)·(p_y − 1) + b leaves u·b, large under a z-loss: see reference/numerics/ce_block.py)
                 is_y = cols[None, :] == ys[:, None]
                 g = a[:, None] * (p - tl.where(is_y, 1.0, 0.0)) + b[:, None] * p
                 if HAS_EPS:
@@ -269,13 +269,13 @@ def ce_block_triton_(
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
-    """The Triton equivalent of :func:`impls.builtin.ce_block.ce_block_` (same arguments and result; G replaces
+    """The Triton equivalent of :func:`reference.numerics.ce_block.ce_block_` (same arguments and result; G replaces
     ``logits``, which must have unit stride along the vocabulary; without ``want_grad`` the logits are left
     untouched)."""
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"ce_block_triton_: {reason}")
-    _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
+    check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     if logits.stride(1) != 1:
         raise ValueError(f"logits must have unit stride along V, got strides {logits.stride()}")
     result = _empty_result(logits.shape[0], logits.device, want_loss)

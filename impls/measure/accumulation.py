@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin import grad_accum
+from numcheck.impls.measure import capabilities
+from numcheck.reference.numerics.accumulation import accumulator_dtype, path_steps, resolved_path
 
 _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -86,8 +87,9 @@ def accumulation_table(
         k *= 2
     if checkpoints[-1] != max_chunks:
         checkpoints.append(max_chunks)
-    paths = list(grad_accum.PATHS)
-    gws = {p: torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(p, dt), device=dev) for p in paths}
+    steps = path_steps(capabilities.addmm_out_dtype)  # the built-ins' steps (impls.builtin.grad_accum.PATHS)
+    paths = list(steps)
+    gws = {p: torch.zeros(V, H, dtype=accumulator_dtype(p, dt), device=dev) for p in paths}
     exact = torch.zeros(V, H, dtype=torch.float64, device=dev)
     errors: dict[str, list[float]] = {p: [] for p in paths}
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -96,10 +98,10 @@ def accumulation_table(
         x = torch.randn(C, H, generator=g).to(dt).to(dev)
         exact += G.double().T @ x.double()
         for p in paths:
-            grad_accum.PATHS[p](gws[p], G, x)
+            steps[p](gws[p], G, x)
         if k in checkpoints:
             norm = float(exact.norm())
             for p in paths:
                 errors[p].append(float((gws[p].double() - exact).norm()) / norm if norm > 0 else 0.0)
-    runs_as = {p: grad_accum.resolved_path(p, dev, dt) for p in paths}
+    runs_as = {p: resolved_path(p, dev, dt, capabilities.addmm_out_dtype) for p in paths}
     return AccumulationTable(V, H, C, dtype, dev.type, tuple(checkpoints), errors, runs_as)

@@ -49,8 +49,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from numcheck.impls.builtin import grad_accum
 from numcheck.impls.measure import capabilities
+from numcheck.reference.numerics.accumulation import accumulator_dtype, path_steps, resolved_path
 
 MiB = 2**20
 #: The CUDA caching allocator rounds every block up to a multiple of this many bytes.
@@ -256,15 +256,16 @@ def meta_capabilities() -> contextlib.AbstractContextManager[None]:
 
 
 def _one_chunk_operands(path: str, V: int, H: int, C: int, dtype: torch.dtype, dev: torch.device):
-    if path not in grad_accum.PATHS:
-        raise ValueError(f"unknown path {path!r}; known: {sorted(grad_accum.PATHS)}")
+    steps = path_steps(capabilities.addmm_out_dtype)  # the built-ins' steps (impls.builtin.grad_accum.PATHS)
+    if path not in steps:
+        raise ValueError(f"unknown path {path!r}; known: {sorted(steps)}")
     for name, v in (("V", V), ("H", H), ("C", C)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(path, dtype), device=dev)
+    gw = torch.zeros(V, H, dtype=accumulator_dtype(path, dtype), device=dev)
     G = torch.empty(C, V, dtype=dtype, device=dev)
     x = torch.empty(C, H, dtype=dtype, device=dev)
-    return grad_accum.PATHS[path], gw, G, x
+    return steps[path], gw, G, x
 
 
 def one_chunk_extra(
@@ -315,9 +316,9 @@ def one_chunk_table(
     """Every grad_weight path's one-chunk extra peak (see :func:`one_chunk_extra`)."""
     rows = []
     dev = torch.device(device)
-    for path in grad_accum.PATHS:
+    for path in path_steps(capabilities.addmm_out_dtype):
         with meta_capabilities() if dev.type == "meta" else contextlib.nullcontext():
-            runs_as = grad_accum.resolved_path(path, dev, dtype)
+            runs_as = resolved_path(path, dev, dtype, capabilities.addmm_out_dtype)
         if dev.type == "cuda":
             tracked, cuda = one_chunk_cuda(path, V, H, C, dtype=dtype)
             rows.append(ChunkRow(path, runs_as, tracked, _FORMULAS.get(path, ""), cuda))

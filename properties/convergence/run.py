@@ -29,13 +29,13 @@ from typing import Any, Mapping
 import torch
 
 from numcheck.impls.protocols.declaration import did_you_mean
-from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.properties.convergence import envelope as env_
 from numcheck.errors import InvalidAssertion
 from numcheck.properties.convergence.data import MarkovSource
 from numcheck.properties.convergence.model import ModelShape, float64_head, impl_head, initial_parameters, train
 from numcheck.properties.core.failures import PropertyFailure, exception_lines, impl_invocation
+from numcheck.properties.core.harness import eager_yardstick
 from numcheck.properties.core.problems import dtype_of
 
 #: Training steps of the default run: the float64 loss falls from 4.8–5.3 to 2.1–2.8 on seeds 0–4 (the random
@@ -276,7 +276,7 @@ def _run(impls: Mapping[str, Any], s: dict[str, Any]) -> ConvergenceResult:
     """:func:`run` after its arguments were checked."""
     start = time.perf_counter()
     shape, dtype, device = s["shape"], s["dtype"], s["device"]
-    eager = eager_impls()[0]
+    eager = eager_yardstick()
     seeds = tuple(s["seed"] + i for i in range(s["envelope_seeds"] + 1))
     eager_units, records = [], {}
     for i, seed in enumerate(seeds):

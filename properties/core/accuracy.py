@@ -49,7 +49,7 @@ import torch
 from scipy import optimize, stats
 
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
+from numcheck.properties.core.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, eager_yardstick, run_impl, run_oracle
 from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.reference.linear_ce import LinearCEResult
 from numcheck.properties.core.tolerance import (
@@ -189,17 +189,16 @@ def _out_dtypes(out: ImplOutputs) -> dict[str, torch.dtype]:
 
 @functools.lru_cache(maxsize=64)
 def _eager_errors(p: Problem) -> EagerErrors:
-    """RMSE of the eager built-in against the oracle per output, with eager's output dtype (cached)."""
+    """RMSE of eager (judgement (b)'s yardstick) against the oracle per output, with its output dtype (cached)."""
     t = build(p)
     return eager_errors(p, t, run_oracle(p, t, all_ignored="nan"))
 
 
 def eager_errors(p: Problem, t: Tensors, ref: LinearCEResult) -> EagerErrors:
-    """Run the eager built-in on ``t`` and return its RMSE against the oracle ``ref`` per output, with eager's
-    output dtype: judgement (b)'s yardstick for tensors that are not ``build(p)``'s."""
-    from numcheck.impls.builtin.eager import eager_impls
-
-    out = run_impl(eager_impls()[0], p, t)
+    """Run eager (:func:`numcheck.properties.core.harness.eager_yardstick`) on ``t`` and return its RMSE against
+    the oracle ``ref`` per output, with eager's output dtype: judgement (b)'s yardstick for tensors that are not
+    ``build(p)``'s."""
+    out = run_impl(eager_yardstick(), p, t)
     res = {}
     for name, o in _oracle_outputs(ref).items():
         v = out.get(name)

@@ -256,8 +256,8 @@ def paths_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
     """The gating probes on ``device``, and per side its declared accumulation, resolved built-in path and ops."""
     import torch
 
-    from numcheck.impls.builtin import grad_accum
     from numcheck.impls.measure import capabilities
+    from numcheck.reference.numerics import accumulation
 
     probes = {
         f"addmm_out_dtype[{d}]": capabilities.addmm_out_dtype(device, getattr(torch, d))
@@ -267,8 +267,9 @@ def paths_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
     for side, impl in (("base", base), ("new", new)):
         row: dict[str, Any] = {"declared": impl.support.grad_accumulation}
         path = getattr(impl, "path", None)
-        if path in grad_accum.PATHS:
-            row["resolved"] = f"{path} runs as {grad_accum.resolved_path(path, device, torch.bfloat16)} (bf16)"
+        if path in accumulation.PATH_NAMES:
+            runs = accumulation.resolved_path(path, device, torch.bfloat16, capabilities.addmm_out_dtype)
+            row["resolved"] = f"{path} runs as {runs} (bf16)"
         try:
             row["ops"] = matmul_ops(impl, device)
         except Exception as exc:  # noqa: BLE001 - the trace is information; its failure is shown, not fatal

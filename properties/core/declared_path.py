@@ -3,13 +3,13 @@ an output an impl declares coarser than eager keeps it (:mod:`numcheck.propertie
 output of a vocabulary-parallel impl (:mod:`numcheck.properties.distributed.linear_ce.yardstick`).
 
 An honest implementation of a declaration rounds where the declaration says it may, and nowhere else. This module
-is one, built from the chunked built-ins' own parts (:mod:`numcheck.impls.builtin.chunk_sweep`,
-:mod:`numcheck.impls.builtin.ce_block`, :mod:`numcheck.impls.builtin.grad_accum`):
+is one, built from the numerics the chunked built-ins are made of (:mod:`numcheck.reference.numerics.sweep`,
+:mod:`numcheck.reference.numerics.ce_block`, :mod:`numcheck.reference.numerics.accumulation`):
 
 * logits ``x·Wᵀ + b`` in the compute dtype (``logits_dtype="compute"``: one rounding, as a low-precision matmul
   stores them) or in fp32 (``"float32"``: the operands' values multiplied and kept in fp32);
 * the softmax, the loss and the gradient G of the logits in fp32 math
-  (:func:`~numcheck.impls.builtin.ce_block.ce_block_`), G written back in the logits' dtype (the chunked
+  (:func:`~numcheck.reference.numerics.ce_block.ce_block_`), G written back in the logits' dtype (the chunked
   built-ins' contract), with the reduction's coefficients and the upstream gradient;
 * grad_W and grad_b over ``chunk_rows`` row chunks through the accumulator of the declared ``grad_accumulation``
   (``fp32``: an fp32 buffer; ``per_chunk_rounding``: each chunk's product rounded to the operands' dtype, then
@@ -35,8 +35,8 @@ import torch
 
 from numcheck.properties.core.problems import Problem, Tensors
 
-#: The chunked built-ins' path (:data:`numcheck.impls.builtin.grad_accum.PATHS`) that implements each declared
-#: accumulation.
+#: The accumulation path (:data:`numcheck.reference.numerics.accumulation.PATH_NAMES`) that implements each declared
+#: accumulation (none of them asks a capability probe).
 PATH_OF: dict[str, str] = {"fp32": "fp32_operands", "per_chunk_rounding": "fallback", "param_dtype": "lowp_accum"}
 
 
@@ -94,7 +94,7 @@ def single_device_path(support: Any, p: Problem) -> DeclaredPath:
 
 
 class _Capture:
-    """A stand-in grad_W accumulator for :func:`~numcheck.impls.builtin.chunk_sweep.sweep`: it keeps each chunk's
+    """A stand-in grad_W accumulator for :func:`~numcheck.reference.numerics.sweep.sweep`: it keeps each chunk's
     G (the logits chunk after the CE kernel) instead of adding it up."""
 
     def __init__(self) -> None:
@@ -112,11 +112,12 @@ def _accumulate(
     device: torch.device,
     scale: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Σ of ``Gᵀ·x`` over ``pieces`` through the built-in accumulator of ``path``, finished (times ``scale``, in
-    fp32, when given) in ``dtype``."""
-    from numcheck.impls.builtin import grad_accum
+    """Σ of ``Gᵀ·x`` over ``pieces`` through the accumulator of ``path`` (the built-ins' buffer and step), finished
+    (times ``scale``, in fp32, when given) in ``dtype``."""
+    from numcheck.reference.numerics import accumulation
 
-    acc = grad_accum.make_accumulator(PATH_OF[path], shape, dtype, device)
+    name = PATH_OF[path]
+    acc = accumulation.BufferAccumulator(name, accumulation.PROBE_FREE_STEPS[name], shape, dtype, device)
     for G, x in pieces:
         acc.add_(G, x)
     return acc.finish(scale, dtype)
@@ -126,11 +127,11 @@ def _grad_x(
     path: DeclaredPath, G: torch.Tensor, wc: torch.Tensor, x_dtype: torch.dtype, scale: torch.Tensor | None
 ) -> torch.Tensor:
     """grad_x = G·W along ``path`` (module docstring), in x's dtype (times ``scale`` afterwards, when given)."""
-    from numcheck.impls.builtin import grad_accum
+    from numcheck.reference.numerics.accumulation import scaled_
 
     if path.grad_x_parts is None:
         gx = torch.mm(G, wc.to(G.dtype))
-        return grad_accum.scaled_(gx, scale, x_dtype) if scale is not None else gx.to(x_dtype)
+        return scaled_(gx, scale, x_dtype) if scale is not None else gx.to(x_dtype)
     if path.reduce_dtype is None:  # single device: vocabulary chunks through the declared accumulator
         pieces = [(G[:, a:b].t(), wc[a:b]) for a, b in path.grad_x_parts]
         return _accumulate(
@@ -142,14 +143,14 @@ def _grad_x(
         part = torch.mm(G[:, a:b].to(form), wc[a:b].to(form)).to(path.reduce_dtype)
         total = part if total is None else total + part
     assert total is not None
-    return grad_accum.scaled_(total, scale, x_dtype) if scale is not None else total.to(x_dtype)
+    return scaled_(total, scale, x_dtype) if scale is not None else total.to(x_dtype)
 
 
 def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[str, torch.Tensor]:
     """``loss`` (and ``z_loss``), ``grad_x``, ``grad_weight`` and ``grad_bias`` of ``p``'s tensors ``t`` evaluated along
     ``path`` (module docstring), each in the dtype that path returns it in."""
-    from numcheck.impls.builtin.ce_block import ce_block_, reduction_coefficients, row_weights
-    from numcheck.impls.builtin.chunk_sweep import Plan, autocast_off, reduce_rows, sweep
+    from numcheck.reference.numerics.ce_block import ce_block_, reduction_coefficients, row_weights
+    from numcheck.reference.numerics.sweep import Plan, autocast_off, reduce_rows, sweep
     from numcheck.properties.core.harness import oracle_operands
 
     x, w, b = oracle_operands(p, t)  # the values the matmuls see (rounded to the autocast dtype under AMP)

@@ -15,8 +15,10 @@ from typing import Any, NamedTuple
 import torch
 
 from numcheck.errors import ProtocolViolation
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
 from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, BlockObserver, LinearCEResult, linear_ce
+from numcheck.reference.numerics import eager
 
 
 @dataclass
@@ -220,6 +222,21 @@ def run_impl(
         grad_x=x.grad,
         grad_weight=w.grad,
         grad_bias=b.grad if b is not None else None,
+    )
+
+
+def eager_yardstick() -> FunctionImpl:
+    """Eager linear + CE as the judge runs it: judgement (b)'s yardstick and the convergence envelope's baseline.
+
+    The function and declaration of :mod:`numcheck.reference.numerics.eager`, the ones the built-in ``eager``
+    impl is made of, so the yardstick is that impl bit for bit without the judge importing the built-ins
+    (``tests/self/reference/test_numerics_yardsticks.py`` compares the two).
+    """
+    return FunctionImpl(
+        name=eager.NAME,
+        fn=eager.eager_linear_ce,
+        support=LinearCESupport(**eager.DECLARATION),
+        description=eager.DESCRIPTION,
     )
 
 

@@ -1,6 +1,8 @@
 """The package reads as its architecture: ``errors → reference → impls → properties → tests → reports``, imports
-only go down, no module takes part in an import cycle, and inside properties/ each feature family imports only the
-core and the families it is built on (:data:`FAMILY_BASES`).
+only go down, no module takes part in an import cycle, inside properties/ each feature family imports only the
+core and the families it is built on (:data:`FAMILY_BASES`), and the judge imports nothing it judges: properties/
+never imports the built-in impls, nor the adapters except through a family's declared adapter registry
+(:data:`JUDGED`, :data:`ADAPTER_REGISTRY`).
 
 A module name given as a string (``python -m numcheck...`` command lines, preload lists, ``module:attr`` specs)
 counts as an import of that module, and must name one that exists.
@@ -38,6 +40,13 @@ FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "convergence": ("core",),
     "production": ("core",),
 }
+#: The implementations numcheck judges: properties/ imports none of them (a bug in a helper both sides shared would be
+#: reproduced on both sides of the comparison); what the judge and the built-ins both need is in
+#: numcheck.reference.numerics, and the names of impl modules are the registry's (numcheck.impls.registry).
+JUDGED: tuple[str, ...] = ("numcheck.impls.builtin", "numcheck.impls.adapters")
+#: A family's declared adapter registry, the one way from properties/ into numcheck.impls.adapters: its known-divergence
+#: modules (``known`` or ``known_<vendor>``), which read the release of the adapter whose divergences they record.
+ADAPTER_REGISTRY = re.compile(r"^numcheck\.properties\.([a-z0-9_]+\.)*known(_[a-z0-9_]+)?$")
 #: A string naming a numcheck module, optionally with ``:attr`` (a spec) — counted as an import of that module.
 MODULE_STRING = re.compile(r"^numcheck(\.[A-Za-z_][A-Za-z0-9_]*)+(:[^\s]+)?$")
 #: Subpackages of numcheck.tests that hold numcheck's own tests (never imported by the product).
@@ -287,6 +296,34 @@ def test_families_import_only_their_bases() -> None:
     )
 
 
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def judge_imports_judged(edges: list[Edge]) -> list[Edge]:
+    """Imports (module names in strings included) of :data:`JUDGED` packages by numcheck.properties, but for
+    an adapter import by a family's declared adapter registry (:data:`ADAPTER_REGISTRY`)."""
+    out = []
+    for e in edges:
+        if not _under(e.importer, "numcheck.properties"):
+            continue
+        if _under(e.imported, "numcheck.impls.builtin"):
+            out.append(e)
+        elif _under(e.imported, "numcheck.impls.adapters") and not ADAPTER_REGISTRY.match(e.importer):
+            out.append(e)
+    return out
+
+
+def test_judge_imports_nothing_it_judges() -> None:
+    """properties/ imports no built-in impl and no adapter (but through a family's declared adapter registry)."""
+    bad = judge_imports_judged(_tree_edges())
+    assert not bad, (
+        f"{len(bad)} import(s) of judged code by the judge; take shared numerics from numcheck.reference.numerics, "
+        "impl modules from numcheck.impls.registry, and an adapter's release only in a family's known module "
+        "(known.py or known_<vendor>.py):\n" + "\n".join(f"  {e}" for e in bad)
+    )
+
+
 def test_module_strings_name_modules() -> None:
     """Every module or ``module:attr`` named in a string (``-m`` command lines, preload lists, specs) exists."""
     tree = tree_modules()
@@ -394,3 +431,24 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
         ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")
     ]
     assert [f.split(": ")[1] for f in bare_imports(package_modules(pkg))] == ["impls.a", "properties"]
+
+
+def test_judge_importing_judged_code_is_found(tmp_path: Path) -> None:
+    """A property module importing a built-in (also inside a function, or named in a string) or an adapter is
+    found; a family's known module reading an adapter is not."""
+    pkg = tmp_path / "numcheck"
+    for sub in ("", "impls", "impls/builtin", "impls/adapters", "properties", "properties/fam"):
+        (pkg / sub).mkdir(exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "impls" / "builtin" / "b.py").write_text("")
+    (pkg / "impls" / "adapters" / "v.py").write_text("")
+    (pkg / "properties" / "p.py").write_text("def f():\n    from numcheck.impls.builtin import b\n")
+    (pkg / "properties" / "q.py").write_text('WARM = ("numcheck.impls.adapters.v",)\n')
+    (pkg / "properties" / "fam" / "known_v.py").write_text("from numcheck.impls.adapters import v\n")
+    (pkg / "properties" / "fam" / "props.py").write_text('SPEC = "numcheck.impls.builtin.b:impl"\n')
+    edges = import_graph(package_modules(pkg))
+    assert sorted((e.importer, e.imported) for e in judge_imports_judged(edges)) == [
+        ("numcheck.properties.fam.props", "numcheck.impls.builtin.b"),
+        ("numcheck.properties.p", "numcheck.impls.builtin.b"),
+        ("numcheck.properties.q", "numcheck.impls.adapters.v"),
+    ]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, shard_bounds
-from numcheck.impls.registry import ImplEntry, load_spec, spec_of
+from numcheck.impls.registry import DIST_RANK_MODULES, ImplEntry, load_spec, spec_of
 from numcheck.properties.core import matmul_precision, records
 from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
@@ -42,16 +42,9 @@ from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
 from numcheck.properties.core.tolerance import linear_ce_bounds
 from numcheck.reference.smoothing import oracle_smoothing
 
-# Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules.
-zygote.warm(
-    __name__,
-    "numcheck.impls.registry",
-    "numcheck.impls.builtin.vocab_parallel",
-    "numcheck.impls.adapters.megatron",
-    "megatron.core.tensor_parallel.cross_entropy",
-    "megatron.core.tensor_parallel.mappings",
-    "megatron.core.fusions.fused_cross_entropy",
-)
+# Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules (the
+# registry names those: the judge names no impl module).
+zygote.warm(__name__, "numcheck.impls.registry", *DIST_RANK_MODULES)
 
 PLACEMENTS: tuple[str, ...] = ("as_built", "boundary", "one_rank")
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")

@@ -51,6 +51,7 @@ from numcheck.properties.fp8.props import (
     run_quant_impl,
 )
 from numcheck.properties.fp8.tolerance import output_bounds
+from numcheck.properties.fp8.yardstick import SingleFp8Linear
 from numcheck.reference.fp8_recipes import ROLES
 from numcheck.reference.grouped_fp8_linear import (
     GROUPED_OUTPUTS,
@@ -364,23 +365,18 @@ def _same(
         fail(impl, prop, case, f"{what}: " + c.describe())
 
 
-def _single_builtin(kind: str) -> Any:
-    from numcheck.impls.builtin.fp8_linear import quant_linear_impls
-
-    return next(i for i in quant_linear_impls() if i.recipe_kind == kind)
-
-
 def per_expert_linear(impl: Any, case: GroupedCase) -> None:
-    """Property: the grouped call equals the single FP8 linear built-in (:mod:`impls.builtin.fp8_linear`) called
-    once per expert on its rows: bitwise where ``bitwise_per_expert`` is declared, else within the sum of both
-    calls' bounds against the dequantized reference. Delayed scaling compares the first step (fresh states)."""
+    """Property: the grouped call equals the single FP8 linear called once per expert on its rows
+    (:class:`numcheck.properties.fp8.yardstick.SingleFp8Linear`, the numerics of the built-in ``fp8_linear[<kind>]``):
+    bitwise where ``bitwise_per_expert`` is declared, else within the sum of both calls' bounds against the
+    dequantized reference. Delayed scaling compares the first step (fresh states)."""
     __tracebackhide__ = True
     case = case.replace(steps=1, main_grad=case.main_grad and False not in impl.support.fused_wgrad_accumulation)
     t = build_grouped(case)
     ref = oracle(case, t, delayed_states(case.recipe, case.G) if case.recipe.kind == "delayed" else None)
     start = torch.zeros(case.G, case.N, case.K, device=case.device) if case.main_grad else None
     g = run_grouped(impl, case, t, main_grad=start)
-    single = _single_builtin(case.recipe.kind)
+    single = SingleFp8Linear(case.recipe.kind)
     bitwise = impl.support.bitwise_per_expert and not case.main_grad
     u_g, c_g = impl.support.accumulation(case.device)
     u_s, c_s = single.support.accumulation(case.device)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.builtin.fp8_linear import tensor_amax
+from numcheck.reference.numerics.fp8_linear import tensor_amax
 from numcheck.impls.builtin.tp_fp8_linear import CallConfig, Dequantized, TPFp8Linear, _logged
 from numcheck.tests.self.helpers.mutant_table import caught_by_table
 from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes

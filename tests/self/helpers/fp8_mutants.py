@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from numcheck.impls.builtin import fp8_linear as _ql
-from numcheck.impls.builtin.fp8_linear import Fp8Linear, QTensor
+from numcheck.impls.builtin.fp8_linear import Fp8Linear
+from numcheck.reference.numerics import fp8_linear as _ql
+from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_formats import Fp8Format
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe, rowwise_recipes
@@ -165,7 +166,7 @@ class Pow2ScaleThroughLog2(Fp8Linear):
             return s
         ok = torch.isfinite(s) & (s > 0)
         e = torch.floor(torch.log2(torch.where(ok, s, torch.ones_like(s)))).clamp(-126, 127)
-        return torch.where(ok, _ql._pow2_f32(e), s)
+        return torch.where(ok, _ql.pow2_f32(e), s)
 
 
 class MXRceilThroughLog2(Fp8Linear):
@@ -316,7 +317,7 @@ class WeightKTailTakesPreviousScale(_WrongScaleLayout):
         si = q.scale_inv.clone()
         si[:, -1] = si[:, -2]
         t32 = t.detach().to(torch.float32)
-        data = self.cast(t32, _ql._expand(torch.ones_like(si) / si, tuple(t32.shape), q.block), q.fmt)
+        data = self.cast(t32, _ql.expand_blocks(torch.ones_like(si) / si, tuple(t32.shape), q.block), q.fmt)
         return QTensor(data, si, q.code, q.block, q.fmt)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from numcheck.impls.builtin.fp8_linear import QTensor
+from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.builtin.grouped_fp8_linear import Call, GroupedFusedLinear, SplitQuantized
 from numcheck.reference.fp8_formats import Fp8Format
 from numcheck.reference.fp8_recipes import Fp8Recipe

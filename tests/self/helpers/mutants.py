@@ -422,10 +422,12 @@ import dataclasses as _dc
 import itertools as _it
 from typing import Any as _Any
 
-from numcheck.impls.builtin import chunk_sweep as _sweep
+from numcheck.impls.builtin.chunk_sweep import run_sweep as _run_sweep
+from numcheck.reference.numerics import sweep as _sweep
 from numcheck.impls.builtin import grad_accum as _acc
-from numcheck.impls.builtin.ce_block import reduction_coefficients as _coefficients
-from numcheck.impls.builtin.ce_block import row_weights as _row_weights
+from numcheck.reference.numerics.accumulation import scaled_ as _scaled
+from numcheck.reference.numerics.ce_block import reduction_coefficients as _coefficients
+from numcheck.reference.numerics.ce_block import row_weights as _row_weights
 from numcheck.impls.builtin.chunked import ChunkedLinearCE, FusedFunction, check_call, compute_dtype
 from numcheck.impls.builtin.chunked import recompute as _builtin_recompute
 from numcheck.impls.builtin.recompute import RecomputeFunction
@@ -458,7 +460,7 @@ class Mutation:
 
 
 class NarrowSum:
-    """An accumulator (:class:`impls.builtin.grad_accum.Accumulator`) whose running sum is held in ``dtype``: each chunk's
+    """An accumulator (:class:`reference.numerics.accumulation.Accumulator`) whose running sum is held in ``dtype``: each chunk's
     fp32 product Gᵀ·x is added in fp32 and the sum rounded back to ``dtype`` (a bias: x is the ones column)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
@@ -472,7 +474,7 @@ class NarrowSum:
 
     def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """The gradient in ``dtype``: the sum times ``scale``, multiplied in fp32 (as the built-in's)."""
-        return _acc.scaled_(self.buf, scale, dtype) if scale is not None else self.buf.to(dtype)
+        return _scaled(self.buf, scale, dtype) if scale is not None else self.buf.to(dtype)
 
 
 class _BlockedGradX:
@@ -506,7 +508,7 @@ def _gradient(m: Mutation, which: str, plan: _Any, shape: tuple[int, ...], dtype
 def _reduce(
     m: Mutation, plan: _Any, ce: torch.Tensor, z: torch.Tensor, coef: _Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The built-in's :func:`impls.builtin.chunk_sweep.reduce_rows`, with the chunks' loss sums added in ``m.loss``."""
+    """The built-in's :func:`reference.numerics.sweep.reduce_rows`, with the chunks' loss sums added in ``m.loss``."""
     if m.row_loss is not None:
         ce = ce.to(m.row_loss).float()
     if m.loss is None:
@@ -569,7 +571,7 @@ class _NarrowStatsRecompute(RecomputeFunction):
         ctx: _Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, plan: _Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with _sweep.autocast_off(x.device.type):
-            res = _sweep.run_sweep(plan, x, weight, bias, target)
+            res = _run_sweep(plan, x, weight, bias, target)
             loss, z_loss = _sweep.reduce_rows(plan.options.reduction, res.ce, res.z, res.coef)
         narrow = _NarrowStatsRecompute.dtype
         ctx.save_for_backward(

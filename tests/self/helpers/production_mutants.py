@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from numcheck.impls.builtin.ce_block import BlockResult, SoftmaxStats, _check_block
+from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.builtin.triton_ce import _launch_shape, triton_support
 from numcheck.impls.triton_lang import tl, triton, unavailable_reason
@@ -112,7 +112,7 @@ def ce_block_int32_(
     want_loss: bool = True,
     want_grad: bool = True,
 ) -> BlockResult:
-    """The :class:`impls.builtin.ce_block.CEKernel` contract for plain CE (ignore_index and per-row coefficients; the
+    """The :class:`reference.numerics.ce_block.CEKernel` contract for plain CE (ignore_index and per-row coefficients; the
     options it does not declare raise), with the int32 kernel. ``stats`` are recomputed, not read (the same
     kernel on the same logits gives them bit for bit)."""
     reason = unavailable_reason()
@@ -120,7 +120,7 @@ def ce_block_int32_(
         raise RuntimeError(f"ce_block_int32_: {reason}")
     if label_smoothing or class_weights is not None or softcap is not None or z_loss_scale:
         raise ValueError("ce_block_int32_: only plain CE (no smoothing, class weights, softcap or z-loss)")
-    _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
+    check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     C, V = logits.shape
     dev, f32 = logits.device, torch.float32
     ce, lse, m, log_s = (torch.empty(C, dtype=f32, device=dev) for _ in range(4))

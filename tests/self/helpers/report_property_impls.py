@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import numcheck
-from numcheck.impls.builtin.fp8_linear import Fp8Linear, QTensor
+from numcheck.impls.builtin.fp8_linear import Fp8Linear
+from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedFusedLinear
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_recipes import Fp8Recipe

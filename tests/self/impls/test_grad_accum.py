@@ -1,4 +1,5 @@
-"""The four grad_weight accumulation steps of impls/builtin/grad_accum.py: accuracy against float64 with the expected
+"""The four grad_weight accumulation steps (reference/numerics/accumulation.py, as the built-ins bind them in
+impls/builtin/grad_accum.py): accuracy against float64 with the expected
 ordering, probe-driven path choice, fp32 and meta behaviour, AMP-style mixed operands, bad input.
 
 Accuracy case: K = 64 chunks of C = 16 rows, bf16 G_k [C, V] and x_k [C, H] (V = 48, H = 24), fp32 accumulator
@@ -23,6 +24,7 @@ import torch
 
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.measure import capabilities
+from numcheck.reference.numerics import accumulation
 
 pytestmark = pytest.mark.torch_versions(
     reason="grad_weight accumulation through addmm(out_dtype=) or its fallback, as the addmm_out_dtype probe says"
@@ -50,7 +52,7 @@ def _chunks(
 
 
 def _accumulate(path: str, Gs: list[torch.Tensor], xs: list[torch.Tensor], param_dtype: torch.dtype) -> torch.Tensor:
-    gw = torch.zeros(V, H, dtype=grad_accum.accumulator_dtype(path, param_dtype), device=Gs[0].device)
+    gw = torch.zeros(V, H, dtype=accumulation.accumulator_dtype(path, param_dtype), device=Gs[0].device)
     for G, x in zip(Gs, xs):
         grad_accum.PATHS[path](gw, G, x)
     return gw
@@ -114,16 +116,16 @@ def test_addmm_out_dtype_follows_the_probe():
     with capabilities.forced(addmm_out_dtype=False):
         assert grad_accum.resolved_path("addmm_out_dtype", "cpu", torch.bfloat16) == "fp32_operands"
         a = torch.zeros(V, H)
-        grad_accum.addmm_out_dtype(a, G, x)
+        grad_accum.PATHS["addmm_out_dtype"](a, G, x)
     b = torch.zeros(V, H)
-    grad_accum.fp32_operands(b, G, x)
+    accumulation.fp32_operands(b, G, x)
     assert torch.equal(a, b), "the probe-off path must be the fp32-operand addmm"
     with capabilities.forced(addmm_out_dtype=True):
         assert grad_accum.resolved_path("addmm_out_dtype", "cpu", torch.bfloat16) == "addmm_out_dtype"
         if not probe:  # CPU: the out_dtype call itself is what runs, and it raises there
             # (NotImplementedError from 2.8 on; TypeError before, where addmm has no out_dtype keyword)
             with pytest.raises((NotImplementedError, RuntimeError, TypeError)):
-                grad_accum.addmm_out_dtype(torch.zeros(V, H), G, x)
+                grad_accum.PATHS["addmm_out_dtype"](torch.zeros(V, H), G, x)
     assert grad_accum.resolved_path("addmm_out_dtype", "cpu", torch.bfloat16) == (
         "addmm_out_dtype" if probe else "fp32_operands"
     )
@@ -147,14 +149,14 @@ def test_meta_device(path):
                 f"this torch ({torch.__version__}) cannot run addmm(out_dtype=) on meta: {type(exc).__name__}: {exc}"
             )
     with capabilities.forced(addmm_out_dtype=True):
-        gw = torch.zeros(V, H, device="meta", dtype=grad_accum.accumulator_dtype(path, torch.bfloat16))
+        gw = torch.zeros(V, H, device="meta", dtype=accumulation.accumulator_dtype(path, torch.bfloat16))
         grad_accum.PATHS[path](
             gw,
             torch.empty(C, V, device="meta", dtype=torch.bfloat16),
             torch.empty(C, H, device="meta", dtype=torch.bfloat16),
         )
         gb = torch.zeros(V, device="meta", dtype=gw.dtype)
-        grad_accum.accumulate_bias(grad_accum.PATHS[path], gb, torch.empty(C, V, device="meta", dtype=torch.bfloat16))
+        accumulation.accumulate_bias(grad_accum.PATHS[path], gb, torch.empty(C, V, device="meta", dtype=torch.bfloat16))
     assert gw.shape == (V, H) and gb.shape == (V,)
 
 
@@ -167,7 +169,7 @@ def test_mixed_operands_under_amp(path):
     G, x32 = Gs[0], xs[0].float() + 1e-3  # not exactly bf16
     xr = x32 if path in ("fp32_operands", "lowp_accum") else x32.bfloat16()
     for ctx in (torch.autocast("cpu", dtype=torch.bfloat16), torch.autocast("cpu", enabled=False)):
-        gw_dtype = grad_accum.accumulator_dtype(path, torch.float32)
+        gw_dtype = accumulation.accumulator_dtype(path, torch.float32)
         a, b = torch.zeros(V, H, dtype=gw_dtype), torch.zeros(V, H, dtype=gw_dtype)
         with ctx:
             grad_accum.PATHS[path](a, G, x32)
@@ -179,7 +181,7 @@ def test_bias_accumulation_is_column_sum():
     """accumulate_bias adds Σ_rows G through the step (fp32 path: equals the fp32 column sum to γ_C)."""
     G = _chunks(seed=4)[0][0]
     gb = torch.zeros(V)
-    grad_accum.accumulate_bias(grad_accum.fp32_operands, gb, G)
+    accumulation.accumulate_bias(accumulation.fp32_operands, gb, G)
     exact = G.double().sum(0)
     assert ((gb.double() - exact).abs() <= gamma(C) * G.double().abs().sum(0)).all()
 
@@ -188,11 +190,11 @@ def test_bad_input_names_argument():
     """Wrong accumulator dtype, shapes or path names raise ValueError naming the argument."""
     G, x = torch.zeros(C, V, dtype=torch.bfloat16), torch.zeros(C, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="gw must be float32"):
-        grad_accum.fallback(torch.zeros(V, H, dtype=torch.bfloat16), G, x)
+        accumulation.fallback(torch.zeros(V, H, dtype=torch.bfloat16), G, x)
     with pytest.raises(ValueError, match="gw has shape"):
-        grad_accum.fp32_operands(torch.zeros(H, V), G, x)
+        accumulation.fp32_operands(torch.zeros(H, V), G, x)
     with pytest.raises(ValueError, match="x_chunk"):
-        grad_accum.lowp_accum(torch.zeros(V, H), G, x[:-1])
+        accumulation.lowp_accum(torch.zeros(V, H), G, x[:-1])
     with pytest.raises(ValueError, match="path"):
         grad_accum.resolved_path("nope", "cpu", torch.bfloat16)
 
@@ -207,5 +209,5 @@ def test_scaling_multiplies_in_fp32(dtype):
     buf = torch.tensor([[0.0, 1e-3, -(2.0**-20)], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
     for g in (2.0**17, 1.0 + 2.0**-10):
         want = (buf.double() * g).to(dtype)
-        got = grad_accum.scaled_(buf.clone(), torch.tensor(g, dtype=torch.float32, device=DEVICE), dtype)
+        got = accumulation.scaled_(buf.clone(), torch.tensor(g, dtype=torch.float32, device=DEVICE), dtype)
         assert got.dtype == dtype and torch.equal(got, want), f"{dtype}, g={g}: {got.tolist()} != {want.tolist()}"

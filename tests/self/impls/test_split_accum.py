@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from numcheck.impls.builtin import grad_accum, split_accum
+from numcheck.reference.numerics import accumulation
 from numcheck.impls.measure import memory
 
 pytestmark = pytest.mark.skipif(
@@ -196,9 +197,9 @@ def test_non_bf16_parameters_use_the_fp32_buffer() -> None:
     """split_fp32 with fp32/fp16 parameters, and for a bias, is the fp32 addmm_out_dtype buffer."""
     for dt in (torch.float32, torch.float16):
         acc = grad_accum.make_accumulator("split_fp32", (4, 3), dt, "cpu")
-        assert isinstance(acc, grad_accum.BufferAccumulator) and acc.path == "addmm_out_dtype"
+        assert isinstance(acc, accumulation.BufferAccumulator) and acc.path == "addmm_out_dtype"
     acc = grad_accum.make_accumulator("split_fp32", (4,), torch.bfloat16, "cpu")
-    assert isinstance(acc, grad_accum.BufferAccumulator) and acc.buf.dtype == torch.float32
+    assert isinstance(acc, accumulation.BufferAccumulator) and acc.buf.dtype == torch.float32
 
 
 def test_bad_input_names_the_argument() -> None:

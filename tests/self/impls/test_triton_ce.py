@@ -1,4 +1,4 @@
-"""The Triton CE kernel (impls/builtin/triton_ce.py) equals the torch CE block (impls/builtin/ce_block.py) on small chunks, for
+"""The Triton CE kernel (impls/builtin/triton_ce.py) equals the torch CE block (reference/numerics/ce_block.py) on small chunks, for
 every option, both dtypes, ragged rows and vocabulary (padded lanes), one and several vocabulary blocks.
 
 Bound on the difference (both read the same stored logits z; u = 2⁻²⁴, γ_n = n·u/(1−n·u), u_b = 2⁻⁸):
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from numcheck.impls.builtin import triton_ce
-from numcheck.impls.builtin.ce_block import SoftmaxStats, ce_block_, reduction_coefficients, row_weights
+from numcheck.reference.numerics.ce_block import SoftmaxStats, ce_block_, reduction_coefficients, row_weights
 
 U, UB = 2.0**-24, 2.0**-8
 SAFETY = 2.0

@@ -116,7 +116,7 @@ def reduction_coefficients(
     return Coefficients(ce, z, D, n_valid)
 
 
-def _check_block(
+def check_block(
     logits: torch.Tensor,
     target: torch.Tensor,
     coef_ce: torch.Tensor,
@@ -124,6 +124,8 @@ def _check_block(
     class_weights: torch.Tensor | None,
     stats: SoftmaxStats | None,
 ) -> None:
+    """The shapes of one block's arguments (the torch block's and the Triton kernel's contract): ``ValueError``
+    naming the argument that does not fit the logits chunk ``[C, V]``."""
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"logits must be a 2-D floating chunk [C, V], got {tuple(logits.shape)} {logits.dtype}")
     C, V = logits.shape
@@ -167,7 +169,7 @@ def ce_block_(
         want_loss: compute ``ce`` and ``z`` of the result.
         want_grad: write G into ``logits``.
     """
-    _check_block(logits, target, coef_ce, coef_z, class_weights, stats)
+    check_block(logits, target, coef_ce, coef_z, class_weights, stats)
     eps = float(label_smoothing)
     lam = float(z_loss_scale)
     t, d, stats = _centred(logits, softcap, stats)
