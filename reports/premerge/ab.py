@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
@@ -102,7 +103,7 @@ def load_one(spec: str) -> Any:
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     if broken:
         raise ValueError(f"{spec}: {broken[0].error}")
-    lin = [e for e in entries if e.kind == "linear_ce"]
+    lin = [e for e in entries if e.kind == LINEAR_CE_KIND]
     if len(lin) != 1:
         raise ValueError(
             f"{spec} names {len(lin)} linear+CE impls ({', '.join(e.name for e in lin) or 'none'}); an "
