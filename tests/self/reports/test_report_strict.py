@@ -28,10 +28,10 @@ from numcheck.reports.report.grid import (
     QUICK,
     SMOKE,
     declared_cases,
-    dist_cases,
     many_chunk_cases,
     option_groups,
 )
+from numcheck.reports.report.families.dist_linear_ce import dist_cases
 from numcheck.reports.report.run import plan
 from numcheck.tests.self.helpers import report_strict_impls as helpers
 from numcheck.tests.self.helpers import user_chunked
