@@ -28,8 +28,8 @@ from numcheck.properties.core import poison
 from numcheck.reports.report.coverage import unreached
 from numcheck.reports.report.families import FAMILIES
 from numcheck.reports.report.grid import GridCase, GridSpec
-from numcheck.reports.report.property_grid import PROPERTY_KINDS, property_cases
-from numcheck.reports.report.schema import case_text, declaration, error_record, property_record
+from numcheck.reports.report.property_grid import property_cases
+from numcheck.reports.report.schema import case_text, error_record, property_record
 
 
 class Progress:
@@ -103,7 +103,7 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
         "status": "unavailable" if reason else "ran",
         "reason": reason or "",
         "description": getattr(impl, "description", "") or "",
-        "declaration": declaration(impl),
+        "declaration": FAMILIES[impl.kind].declaration(impl),
         "not_declared": {},
     }
     return info, reason is None
@@ -112,7 +112,8 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
 def _with_properties(spec: GridSpec, impl: Any, device: str, mine: list, info: dict) -> list:
     """The impl's property cases (:func:`~reports.report.property_grid.property_cases`) not already among its accuracy
     cases ``mine``; the rows and cases its declaration leaves out are added to ``info``'s counts and names."""
-    extra, left_out = property_cases(spec, impl, device)
+    family = FAMILIES[impl.kind]
+    extra, left_out = property_cases(spec, impl, family.property_rows(), family.refused, device)
     have = {(gc.prop, gc.case) for _, gc in mine}
     fresh = []
     for runner, gc in extra:
@@ -146,7 +147,7 @@ def plan(
         except ValueError as exc:  # no case of its kind can be built from its declaration here
             info["status"], info["reason"] = "unavailable", str(exc)
             continue
-        if spec.properties and impl.kind in PROPERTY_KINDS:
+        if spec.properties:
             mine += _with_properties(spec, impl, device, mine, info)
         work += mine
         info["unreached"] = unreached(impl, [gc.case for _, gc in mine])
@@ -163,7 +164,13 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
         with poison.judging(impl, gc.prop):  # the property cases get it through judge
             return FAMILIES[impl.kind].measure(impl, gc, t0)
     except Exception as exc:  # noqa: BLE001 - any exception is the impl's failure, recorded with its message
-        return error_record(impl, gc, exc, time.perf_counter() - t0)
+        return _error_record(impl, gc, exc, t0)
+
+
+def _error_record(impl: Any, gc: GridCase, exc: BaseException, t0: float) -> dict[str, Any]:
+    """The record of a case the impl raised on, with its family's judgements and repro command."""
+    family = FAMILIES[impl.kind]
+    return error_record(impl, gc, exc, time.perf_counter() - t0, family.judgements, family.repro)
 
 
 def property_table(kind: str) -> dict[str, Any]:
@@ -184,7 +191,7 @@ def _property_case(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     except PropertyFailure as exc:
         return property_record(impl, gc, None, exc, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - recorded with its message, never stops the sweep
-        return error_record(impl, gc, exc, time.perf_counter() - t0)
+        return _error_record(impl, gc, exc, t0)
     return property_record(impl, gc, metrics, None, time.perf_counter() - t0)
 
 

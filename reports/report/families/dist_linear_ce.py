@@ -36,7 +36,8 @@ from numcheck.reports.report.grid import (
     option_groups,
 )
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
-from numcheck.reports.report.schema import dist_record
+from numcheck.reports.report.property_grid import dist_refused, dist_rows
+from numcheck.reports.report.schema import dtype_names, dist_record
 
 
 def dist_declared(spec: GridSpec, impl: Any) -> list[tuple[str, dict[str, Any], str, int, int]]:
@@ -143,6 +144,34 @@ def properties() -> dict[str, Any]:
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
 
 
+def declaration(impl: Any) -> dict[str, Any]:
+    """A distributed linear+CE declaration: the linear+CE domain and how it is distributed (world sizes, backends,
+    uneven vocabularies, smoothing, the dtype grad_x is reduced in)."""
+    s = impl.support
+    d = impl.dist
+    return {
+        "dtypes": dtype_names(s.dtypes),
+        "devices": sorted(s.devices),
+        "options": sorted(s.options),
+        "reductions": sorted(s.reductions),
+        "all_ignored": s.all_ignored,
+        "logits_dtype": s.logits_dtype,
+        "ce_dtype": s.ce_dtype,
+        "world_sizes": list(d.world_sizes),
+        "backends": list(d.backends),
+        "uneven_vocab": d.uneven_vocab,
+        "smoothing": d.smoothing,
+        "grad_x_reduce_dtype": d.grad_x_reduce_dtype,
+    }
+
+
+def repro(impl: Any, prop: str, case: Any) -> str:
+    """The repro command of one case on its ranks (an accuracy case reruns ``dist_accuracy``)."""
+    from numcheck.properties.distributed.linear_ce.props import repro_command
+
+    return repro_command(impl, "dist_accuracy" if prop == "accuracy" else prop, case)
+
+
 def why(d: dict[str, Any]) -> str:
     """What in a distributed declaration (report.json's ``declaration``) sets its error (one line)."""
     return (
@@ -197,6 +226,11 @@ FAMILY = ReportFamily(
     measure=measure,
     properties=properties,
     case_types=case_types,
+    declaration=declaration,
+    judgements=("analytic",),
+    repro=repro,
+    property_rows=dist_rows,
+    refused=dist_refused,
     why=why,
     summary=summary,
     table=table,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from numcheck.reports.report.grid import GridCase, GridSpec
+from numcheck.reports.report.property_grid import PropertyRow, Refused
 
 #: ``plan(spec, impl, device, info)``: the (impl, case) pairs one impl runs; what its declaration leaves out is
 #: counted and named in ``info`` (``not_declared``, ``not_run``); ``ValueError`` when it cannot run any here.
@@ -33,6 +34,13 @@ class ReportFamily:
             suite's modules import hypothesis).
         case_types: the case classes of the kind (``numcheck repro --problem`` finds the kind of a case by them;
             imported when called).
+        declaration: the parts of an impl's declaration that explain its numbers (report.json's ``declaration``).
+        judgements: the judgements of an accuracy case of the kind (all failed in the record of a case that raised).
+        repro: ``repro(impl, property, case)``, the command that reruns one case of the kind
+            (``property``: ``accuracy`` or another property of its suite).
+        property_rows: the rows of the kind's other properties (:mod:`reports.report.property_grid`).
+        refused: ``refused(impl, property, case)``, why an impl of the kind does not run a built property case (its
+            declaration, a recorded known divergence), or ``None`` where the builders fit the declaration.
         why: what in a declaration (report.json's ``declaration``) sets the kind's error, one line of report.md.
         summary: report.md's rows of the kind (:func:`reports.report.md_rows.summarize`).
         table: report.md's section of the kind (its summary table; no lines without cases of the kind).
@@ -45,6 +53,11 @@ class ReportFamily:
     measure: Measure
     properties: Callable[[], dict[str, Any]]
     case_types: Callable[[], tuple[type, ...]]
+    declaration: Callable[[Any], dict[str, Any]]
+    judgements: tuple[str, ...]
+    repro: Callable[[Any, str, Any], str]
+    property_rows: Callable[[], tuple[PropertyRow, ...]]
+    refused: Refused | None
     why: Callable[[dict[str, Any]], str]
     summary: Callable[[dict], list[dict[str, Any]]]
     table: Callable[[dict], list[str]]

@@ -17,7 +17,8 @@ from numcheck.properties.fp8.cases import QuantCase, declared_mode
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, median, plain_mode, quant_extras, summarize
-from numcheck.reports.report.schema import quant_record
+from numcheck.reports.report.property_grid import quant_refused, quant_rows
+from numcheck.reports.report.schema import dtype_names, quant_record
 
 
 def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, QuantCase]]:
@@ -110,6 +111,27 @@ def properties() -> dict[str, Any]:
 OUTPUTS: tuple[str, ...] = ("y", "dgrad", "wgrad", "bgrad")
 
 
+def declaration(impl: Any) -> dict[str, Any]:
+    """A single-device FP8 linear declaration (the grouped one adds its own): recipes, layouts, accumulation."""
+    s = impl.support
+    accum = s.accum_unit_roundoff
+    return {
+        "dtypes": dtype_names(s.dtypes),
+        "devices": sorted(s.devices),
+        "recipes": [r.name for r in s.recipes],
+        "save_original_input": sorted(s.save_original_input),
+        "bias": s.bias,
+        "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum,
+    }
+
+
+def repro(impl: Any, prop: str, case: Any) -> str:
+    """The ``numcheck repro`` command of one case (:func:`properties.core.failures.repro_command`)."""
+    from numcheck.properties.core.failures import repro_command
+
+    return repro_command(impl, prop, case)
+
+
 def why(d: dict[str, Any]) -> str:
     """What in a quantized-linear declaration (report.json's ``declaration``) sets its error (one line); the grouped
     and tensor-parallel families say theirs before it."""
@@ -182,6 +204,11 @@ FAMILY = ReportFamily(
     measure=measure,
     properties=properties,
     case_types=case_types,
+    declaration=declaration,
+    judgements=("accumulation", "total"),
+    repro=repro,
+    property_rows=quant_rows,
+    refused=quant_refused,
     why=why,
     summary=summary,
     table=table,

@@ -17,6 +17,7 @@ from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GROUPED_CASES, DTYPE_NAMES, GridCase, GridSpec, NotRun
 from numcheck.reports.report.md_rows import plain_mode, summarize
+from numcheck.reports.report.property_grid import grouped_rows
 from numcheck.reports.report.schema import quant_record
 
 
@@ -92,6 +93,21 @@ def properties() -> dict[str, Any]:
     return GROUPED_PROPERTIES
 
 
+def declaration(impl: Any) -> dict[str, Any]:
+    """A grouped declaration: the single FP8 linear's, and how the experts are split and laid out."""
+    s = impl.support
+    out = fp8_linear.declaration(impl)
+    out.update(
+        split_alignment=s.split_alignment,
+        empty_splits=s.empty_splits,
+        feature_alignment=s.feature_alignment,
+        weight_layouts=sorted(s.weight_layouts),
+        fused_wgrad_accumulation=sorted(s.fused_wgrad_accumulation),
+        bitwise_per_expert=s.bitwise_per_expert,
+    )
+    return out
+
+
 def why(d: dict[str, Any]) -> str:
     """What in a grouped declaration (report.json's ``declaration``) sets its error (one line)."""
     return (
@@ -131,6 +147,11 @@ FAMILY = ReportFamily(
     measure=measure,
     properties=properties,
     case_types=case_types,
+    declaration=declaration,
+    judgements=("accumulation", "total"),
+    repro=fp8_linear.repro,
+    property_rows=grouped_rows,
+    refused=None,
     why=why,
     summary=summary,
     table=table,

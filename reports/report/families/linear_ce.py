@@ -21,7 +21,8 @@ from numcheck.reports.report.grid import (
     many_chunk_cases,
 )
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, median, plain_mode, summarize
-from numcheck.reports.report.schema import linear_ce_record
+from numcheck.reports.report.property_grid import linear_ce_refused, linear_ce_rows
+from numcheck.reports.report.schema import dtype_names, linear_ce_record
 
 
 def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, GridCase]]:
@@ -72,6 +73,32 @@ def properties() -> dict[str, Any]:
 
 #: The outputs of a linear+CE case, in table and plot column order.
 OUTPUTS: tuple[str, ...] = ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
+
+
+def declaration(impl: Any) -> dict[str, Any]:
+    """A linear+CE declaration: its domain and the accumulation and precision paths the bounds follow."""
+    s = impl.support
+    return {
+        "dtypes": dtype_names(s.dtypes),
+        "autocast": dtype_names(s.autocast),
+        "devices": sorted(s.devices),
+        "options": sorted(s.options),
+        "reductions": sorted(s.reductions),
+        "all_ignored": s.all_ignored,
+        "grad_accumulation": s.grad_accumulation,
+        "chunk_rows": s.chunk_rows,
+        "grad_x_accumulation": s.grad_x_accumulation,
+        "chunk_cols": s.chunk_cols,
+        "logits_dtype": s.logits_dtype,
+        "ce_dtype": s.ce_dtype,
+    }
+
+
+def repro(impl: Any, prop: str, case: Any) -> str:
+    """The ``numcheck repro`` command of one case (:func:`properties.core.failures.repro_command`)."""
+    from numcheck.properties.core.failures import repro_command
+
+    return repro_command(impl, prop, case)
 
 
 def why(d: dict[str, Any]) -> str:
@@ -150,6 +177,11 @@ FAMILY = ReportFamily(
     measure=measure,
     properties=properties,
     case_types=case_types,
+    declaration=declaration,
+    judgements=("analytic", "relative"),
+    repro=repro,
+    property_rows=linear_ce_rows,
+    refused=linear_ce_refused,
     why=why,
     summary=summary,
     table=table,

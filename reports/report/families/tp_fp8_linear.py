@@ -29,7 +29,8 @@ from numcheck.reports.report.grid import (
     NotRun,
 )
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, quant_extras, summarize
-from numcheck.reports.report.schema import tp_record
+from numcheck.reports.report.property_grid import tp_rows
+from numcheck.reports.report.schema import dtype_names, tp_record
 
 
 def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
@@ -107,6 +108,27 @@ def properties() -> dict[str, Any]:
     return DIST_FP8_PROPERTIES
 
 
+def declaration(impl: Any) -> dict[str, Any]:
+    """A tensor-parallel FP8 declaration: recipes, parallel layouts, world sizes and accumulation."""
+    s = impl.support
+    return {
+        "dtypes": dtype_names(s.dtypes),
+        "recipes": [r.name for r in s.recipes],
+        "parallel": sorted(s.parallel),
+        "sequence_parallel": sorted(s.sequence_parallel),
+        "world_sizes": list(s.world_sizes),
+        "partial_dtype": s.partial_dtype,
+        "accum_unit_roundoff": s.accum_unit_roundoff,
+    }
+
+
+def repro(impl: Any, prop: str, case: Any) -> str:
+    """The repro command of one case on its ranks (an accuracy case reruns ``dist_accuracy``)."""
+    from numcheck.properties.core.failures import repro_command
+
+    return repro_command(impl, "dist_accuracy" if prop == "accuracy" else prop, case)
+
+
 def why(d: dict[str, Any]) -> str:
     """What in a tensor-parallel declaration (report.json's ``declaration``) sets its error (one line)."""
     sp = "with and without SP" if len(d.get("sequence_parallel", [])) > 1 else f"SP {d.get('sequence_parallel')}"
@@ -180,6 +202,11 @@ FAMILY = ReportFamily(
     measure=measure,
     properties=properties,
     case_types=case_types,
+    declaration=declaration,
+    judgements=("accumulation", "total", "same_scale"),
+    repro=repro,
+    property_rows=tp_rows,
+    refused=None,
     why=why,
     summary=summary,
     table=table,
