@@ -208,7 +208,8 @@ def compare_output(name: str, wn: dict[str, Any], wb: dict[str, Any], headroom: 
 def accuracy_ab(new: Any, base: Any, grid: str, device: str, headroom: float | None, floor: float) -> dict[str, Any]:
     """Both impls on the grid's cases both declare; per output the worst error/bound of each side, growth, headroom
     taken, flags (:func:`compare_output`)."""
-    from numcheck.reports.report.grid import GRIDS, linear_ce_cases
+    from numcheck.reports.report.grid import GRIDS
+    from numcheck.reports.report.families.linear_ce import linear_ce_cases
     from numcheck.reports.report.run import one_thread, run_case
 
     t0 = time.monotonic()

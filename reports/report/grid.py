@@ -11,7 +11,7 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
 * **Random cases** drawn by a seeded :class:`random.Random` (not hypothesis: the report must be the same on
   every run) over the same axes: edge-leaning N/H/V, dtype mode, bias, ignored fraction, reduction,
   label smoothing, class weights, softcap, z-loss, regime and upstream.
-* **Declared cases**, per impl, from its declaration (:func:`declared_cases`): each declared option on its own
+* **Declared cases**, per impl, from its declaration (:func:`~reports.report.families.linear_ce.declared_cases`): each declared option on its own
   (:data:`OPTION_VALUES`), each declared reduction on its own, all declared options together at every declared
   reduction (options a declaration excludes together go into further combined cases), and an all-ignored batch
   where declared; at :attr:`GridSpec.declared_shape`, in the option modes the impl declares (else the first mode of
@@ -20,7 +20,7 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
   otherwise never run the others (label smoothing only beside class weights); the quick grid keeps only the fixed
   regime cases (:data:`QUICK_OPTIONS`).
 
-* **Many-chunk cases**, per impl, from its declared chunking (:func:`many_chunk_cases`, the layout of the suite's
+* **Many-chunk cases**, per impl, from its declared chunking (:func:`~reports.report.families.linear_ce.many_chunk_cases`, the layout of the suite's
   ``test_many_chunks``, :mod:`properties.core.chunks`): in each low-precision plain dtype and each declared reduction,
   post-norm rows whose count makes 2/u + 1 chunks of its declared ``chunk_rows`` or ``chunk_rule`` (257 for a
   ``slow`` impl, which runs them in its coarsest dtype and first reduction only, as the suite's draws do), or rows
@@ -44,7 +44,6 @@ Presets: :data:`QUICK` (``--quick``: ≤ 8 minutes on a 2-core CPU with every bu
 from __future__ import annotations
 
 import math
-import random
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,9 +51,8 @@ from typing import Any, Iterable
 
 import torch
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
 from numcheck.properties.fp8.cases import QuantCaseFields
-from numcheck.properties.core.problems import Problem, dtype_of
+from numcheck.properties.core.problems import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {
@@ -98,7 +96,7 @@ DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 #: The vocabulary of the uneven-shard cases: prime, so no world size from 2 to 52 divides it (shards differ by one).
 DIST_UNEVEN_V = 53
 
-#: The value each declared option takes in the declared cases (:func:`declared_cases`, :func:`dist_declared`).
+#: The value each declared option takes in the declared cases (:func:`~reports.report.families.linear_ce.declared_cases`, :func:`~reports.report.families.dist_linear_ce.dist_declared`).
 OPTION_VALUES: dict[str, dict[str, Any]] = {
     "bias": dict(bias=True),
     "ignore_index": dict(ignored=0.25),
@@ -160,10 +158,10 @@ class GridSpec:
         dist_cases: labels of :data:`DIST_CASES` to run.
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
-        declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
+        declared: add each impl's declared cases (:func:`~reports.report.families.linear_ce.declared_cases`, :func:`~reports.report.families.dist_linear_ce.dist_declared`).
         declared_shape: (N, H, V) of the linear+CE declared cases (small: an interpreted kernel's time grows with
             the rows, and the options' semantics show at any size).
-        many_chunks: add each linear+CE impl's many-chunk cases (:func:`many_chunk_cases`).
+        many_chunks: add each linear+CE impl's many-chunk cases (:func:`~reports.report.families.linear_ce.many_chunk_cases`).
         grouped_cases: labels of :data:`GROUPED_CASES` to run.
         grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
         properties: add each impl's property cases (:mod:`reports.report.property_grid`: every property its kind's
@@ -349,11 +347,6 @@ class GridCase:
     prop: str = "accuracy"
 
 
-def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields: Any) -> Problem:
-    dtype, autocast = MODES[mode]
-    return Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, seed=seed, device=device, **fields)
-
-
 #: The order in which a case's reduction is replaced by one the impl declares (:func:`in_declared_reduction`).
 REDUCTION_ORDER: tuple[str, ...] = ("mean", "sum", "none")
 
@@ -371,56 +364,6 @@ def in_declared_reduction(p: Problem, reductions: Any) -> Problem:
     if upstream == "loss_scale" and red != "mean":
         upstream = "one"
     return p.replace(reduction=red, upstream=upstream)
-
-
-def linear_ce_cases(spec: GridSpec, device: str = "cpu") -> list[GridCase]:
-    """Every linear+CE case of ``spec`` (before any impl's declaration filters them), in a fixed order."""
-    out: list[GridCase] = []
-    seen: set[Problem] = set()
-
-    def add(group: str, mode: str, p: Problem) -> None:
-        if p not in seen:
-            seen.add(p)
-            out.append(GridCase(group, mode, p))
-
-    n0, h0, v0 = spec.base
-    for mode in spec.ladder_modes:
-        for axis in ("N", "H", "V"):
-            for size in spec.ladder:
-                shape = {"N": n0, "H": h0, "V": v0, axis: size}
-                group = "ladder:base" if (shape["N"], shape["H"], shape["V"]) == spec.base else f"ladder:{axis}"
-                add(group, mode, _problem(shape["N"], shape["H"], shape["V"], mode, 1000 + size, device))
-    n, h, v = spec.option_shape
-    for mode in spec.option_modes:
-        for i, label in enumerate(spec.options):
-            add(f"options:{label}", mode, _problem(n, h, v, mode, 2000 + i, device, **OPTION_CASES[label]))
-    for mode, p in random_problems(spec.n_random, spec.seed, device):
-        add("random", mode, p)
-    return out
-
-
-def random_problems(n: int, seed: int, device: str = "cpu") -> list[tuple[str, Problem]]:
-    """The first ``n`` problems of the seeded random sequence (mode, problem)."""
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        mode = rng.choice(tuple(MODES))
-        N, H, V = (rng.choice(RANDOM_SIZES[a]) for a in ("N", "H", "V"))
-        reduction = rng.choice(("mean", "sum", "none"))
-        upstream = rng.choice(("one", "per_row")) if reduction == "none" else rng.choice(("one", "scalar"))
-        fields = dict(
-            bias=rng.random() < 0.5,
-            ignored=rng.choice(RANDOM_IGNORED),
-            reduction=reduction,
-            label_smoothing=rng.choice((0.0, 0.0, 0.1, 0.5)),
-            class_weights=rng.random() < 0.3,
-            softcap=rng.choice((None, None, 5.0, 30.0)),
-            z_loss_scale=rng.choice((0.0, 0.0, 1e-4, 1e-2)),
-            upstream=upstream,
-            regime=rng.choice(RANDOM_REGIMES),
-        )
-        out.append((mode, _problem(N, H, V, mode, 3000 + len(out), device, **fields)))
-    return out
 
 
 class NotRun(Counter):
@@ -442,166 +385,15 @@ class NotRun(Counter):
         self.named.extend(other.named)
 
 
-def option_groups(support: Any) -> list[tuple[str, ...]]:
-    """The declared options in combined groups: as many together as ``option_combinations_excluded`` allows,
-    every declared option in at least one group (one group unless the declaration excludes a combination)."""
-    declared = [o for o in LINEAR_CE_OPTIONS if o in support.options]
-    excluded = support.option_combinations_excluded
-    groups: list[tuple[str, ...]] = []
-    left = list(declared)
-    while left:
-        group: list[str] = []
-        for o in [*left, *(d for d in declared if d not in left)]:
-            if not any(combo <= {*group, o} for combo in excluded):
-                group.append(o)
-        if not set(group) & set(left):  # left[0] is excluded on its own: no case can hold it
-            left = left[1:]
-            continue
-        groups.append(tuple(o for o in declared if o in group))
-        left = [o for o in left if o not in group]
-    return groups
-
-
-def declared_option_cases(support: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(label, Problem fields) of the declared cases of a linear+CE declaration (module docstring): each declared
-    option alone (at the first declared reduction), each other declared reduction alone, every combined group of
-    :func:`option_groups` of two or more options at every declared reduction, and an all-ignored batch where
-    declared."""
-    reductions = [r for r in REDUCTIONS if r in support.reductions]
-    base = reductions[0]
-
-    def at(r: str) -> dict[str, Any]:
-        return dict(reduction=r, upstream=REDUCTION_UPSTREAM[r])
-
-    out = [(o, {**OPTION_VALUES[o], **at(base)}) for o in LINEAR_CE_OPTIONS if o in support.options]
-    out += [(f"reduction={r}", at(r)) for r in reductions if r != base]
-    for group in option_groups(support):
-        if len(group) > 1:
-            fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
-            out += [(f"{'+'.join(group)}+{r}", {**fields, **at(r)}) for r in reductions]
-    if support.all_ignored is not None and "ignore_index" in support.options:
-        out.append(("all_ignored", dict(ignored=1.0, **at(base))))
-    return out
-
-
 def label_seed(base: int, label: str) -> int:
     """A seed fixed by a declared case's label (the same case for every impl that declares it)."""
     return base + zlib.crc32(label.encode()) % 1000
 
 
-def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
-    """The dtype modes a declared case ``p`` runs in for ``impl``: the grid's option modes in which the declaration
-    admits it and no recorded known divergence of the impl covers it (:mod:`properties.core.known`, left out of the
-    suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
-    else the option modes (in those two the plan names it as not run, with the reason)."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
-
-    def declared(mode: str) -> bool:
-        return refusal(impl.support, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])) is None
-
-    def runs(mode: str) -> bool:
-        q = p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])
-        return declared(mode) and known(impl.name, "accuracy", q) is None
-
-    modes = tuple(m for m in spec.option_modes if runs(m))
-    order = (*spec.option_modes, *DECLARED_MODE_ORDER)
-    return modes or next(((m,) for f in (runs, declared) for m in order if f(m)), spec.option_modes)
-
-
-def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridCase]:
-    """An impl's declared linear+CE cases (module docstring), at the grid's declared shape, each in
-    :func:`_declared_modes`."""
-    if not spec.declared:
-        return []
-    n, h, v = spec.declared_shape
-    out = []
-    for label, fields in declared_option_cases(impl.support):
-        p = _problem(n, h, v, "float32", label_seed(6000, label), device, **fields)
-        out += [
-            GridCase(f"declared:{label}", mode, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1]))
-            for mode in _declared_modes(spec, impl, p)
-        ]
-    return out
-
-
-#: The dtypes of the many-chunk cases (:func:`many_chunk_cases`): those whose running sum across chunks, kept in
+#: The dtypes of the many-chunk cases (:func:`~reports.report.families.linear_ce.many_chunk_cases`): those whose running sum across chunks, kept in
 #: the compute dtype, drops increments within a draw (bf16 after about 128–256 chunks, fp16 2048–4096:
 #: :data:`properties.core.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
 MANY_CHUNK_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-#: The upstream gradient of a many-chunk case at each reduction: one that reaches every chunk alike, so the chunks'
-#: partial sums of grad_weight share a sign on post-norm rows and a narrow running sum's roundings add up (a per-row
-#: upstream gives partials of either sign, where one can pass: properties.core.suite's covering rows).
-MANY_CHUNK_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "one"}
-
-
-def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
-    """(N, H, V) of a many-chunk case of ``chunks_wanted`` chunks of ``layout``
-    (:class:`properties.core.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.core.chunks.
-    rule_shapes`), else the fewest rows of :meth:`~properties.core.chunks.Layout.n_range` with the largest V and H the
-    suite's draws take at that N (:func:`~properties.core.chunks.v_cap`, at least
-    :data:`~properties.core.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.core.chunks.MANY_CHUNK_MIN_H`): few
-    classes and hidden features, so grad_weight's error comes from the sum across chunks."""
-    from numcheck.properties.core import chunks
-
-    if layout.rule is not None:
-        return chunks.rule_shapes(layout.rule, chunks_wanted, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)[0]
-    N = layout.n_range(chunks_wanted)[0]
-    V = max(chunks.MANY_CHUNK_MIN_V, chunks.v_cap(N))
-    return N, max(chunks.MANY_CHUNK_MIN_H, min(chunks.MAX_H, V // 3)), V
-
-
-def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
-    """A linear+CE impl's many-chunk cases (module docstring) as ``(impl to run, case)``: the impl's
-    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.core.strategies.many_chunk_layout`, as
-    the suite's ``test_many_chunks``), else the impl; and the cases it does not run, named with the reason (a dtype or
-    reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
-    dtype past its coarsest or a reduction past its first)."""
-    from numcheck.properties.core import chunks
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import many_chunk_layout, refusal
-
-    not_run = NotRun()
-    if not spec.many_chunks:
-        return [], not_run
-    s = impl.support
-    lay = many_chunk_layout(impl)
-    slow = bool(s.slow)
-    coarsest = next((d for d in MANY_CHUNK_DTYPES if dtype_of(d) in s.dtypes), None)
-    first = next((r for r in REDUCTION_ORDER if r in s.reductions), None)
-    out: list[tuple[Any, GridCase]] = []
-    for dtype in MANY_CHUNK_DTYPES:
-        k = chunks.many_chunks(dtype, lay.rows, slow)
-        N, H, V = many_chunk_shape(lay, k)
-        for red in [r for r in REDUCTION_ORDER if r in s.reductions]:
-            p = Problem(
-                N=N,
-                H=H,
-                V=V,
-                dtype=dtype,
-                reduction=red,
-                upstream=MANY_CHUNK_UPSTREAM[red],
-                regime="post_norm",
-                seed=label_seed(7000, f"{dtype}+{red}"),
-                device=device,
-            )
-            divergence = known(lay.impl.name, "many_chunks", p)
-            why = (
-                refusal(s, p)
-                or (divergence and f"known divergence: {divergence.reason}")
-                or (
-                    f"declared slow: its many-chunk cases run in {coarsest} and {first!r} only, {k} chunks "
-                    "(numcheck.properties.core.chunks.many_chunks), as the suite's draws"
-                    if slow and (dtype, red) != (coarsest, first)
-                    else None
-                )
-            )
-            gc = GridCase("many_chunks", dtype, p, chunks=lay.describe(N, H, V))
-            if why:
-                not_run.add(gc.group, gc.mode, p.short(), why)
-            else:
-                out.append((lay.impl, gc))
-    return out, not_run
 
 
 #: The dtypes a quantized case is built in, by name (the declared ones of an impl, in this order).

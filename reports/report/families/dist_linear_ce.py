@@ -30,11 +30,10 @@ from numcheck.reports.report.grid import (
     GridCase,
     GridSpec,
     NotRun,
-    declared_option_cases,
     in_declared_reduction,
     label_seed,
-    option_groups,
 )
+from numcheck.reports.report.families.linear_ce import declared_option_cases, option_groups
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
 from numcheck.reports.report.property_grid import dist_refused, dist_rows
 from numcheck.reports.report.schema import dtype_names, dist_record

@@ -18,18 +18,8 @@ from numcheck.reports import cli
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.command import build_report, resolve_out_dir, write_atomically, write_report
-from numcheck.reports.report.grid import (
-    FULL,
-    GRIDS,
-    QUICK,
-    SMOKE,
-    GridSpec,
-    declared_cases,
-    linear_ce_cases,
-    random_problems,
-    reduction_length,
-    span_decades,
-)
+from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, reduction_length, span_decades
+from numcheck.reports.report.families.linear_ce import declared_cases, linear_ce_cases, random_problems
 from numcheck.reports.report.families.fp8_linear import quant_cases
 
 OUTPUT_FIELDS = (
