@@ -32,8 +32,6 @@ PENDING: dict[str, int] = {
     "properties/convergence/run.py": 1,
     "properties/core/poison.py": 2,
     "properties/core/runner.py": 2,
-    "tests/suite/test_fp8_impls.py": 1,
-    "tests/suite/test_production.py": 1,
 }
 
 
