@@ -1,9 +1,7 @@
 """Where implementations come from: built-ins, ``--impl`` specs, ``NUMCHECK_IMPLS``, entry points.
 
-Every kind loads the same way and is checked against its own protocol (:func:`validate`):
-``linear_ce``, ``quant_linear``, the grouped ``grouped_quant_linear`` (:mod:`impls.protocols.grouped_fp8_linear`),
-and the distributed ``dist_linear_ce`` (:mod:`impls.protocols.dist_linear_ce`) and ``tp_quant_linear``
-(:mod:`impls.protocols.tp_fp8_linear`).
+Every kind loads the same way and is checked against its own protocol (:func:`validate`), each kind of
+:data:`impls.protocols.kinds.KINDS` by the validator its descriptor names.
 
 An outside implementation is named by a spec ``package.module:attr``. ``attr`` may be an impl object,
 a list/tuple of impls, or a zero-argument callable returning either. Built-in impls may be named by their
@@ -24,11 +22,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
+from numcheck.impls.protocols import linear_ce
 from numcheck.impls.protocols.declaration import InvalidDeclaration
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, validate_dist_impl
-from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, validate_grouped_impl
-from numcheck.impls.protocols.linear_ce import validate_impl
-from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, validate_tp_quant_impl
+from numcheck.impls.protocols.kinds import BY_NAME
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
@@ -160,19 +156,12 @@ def _describe(exc: BaseException) -> str:
 
 
 def validate(impl: Any, origin: str) -> None:
-    """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the distributed ones
-    (:func:`impls.protocols.dist_linear_ce.validate_dist_impl`, :func:`impls.protocols.tp_fp8_linear.validate_tp_quant_impl`), the
-    grouped one (:func:`impls.protocols.grouped_fp8_linear.validate_grouped_impl`), else
-    :func:`impls.protocols.linear_ce.validate_impl` (linear+CE, quantized linear, and the error for an unknown kind)."""
+    """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the validator of its
+    kind's descriptor (:data:`impls.protocols.kinds.BY_NAME`), else :func:`impls.protocols.linear_ce.validate_impl`
+    (the error for an unknown kind, naming the kinds a plain impl may have)."""
     kind = getattr(impl, "kind", None)
-    if kind == DIST_KIND:
-        validate_dist_impl(impl, origin)
-    elif kind == TP_KIND:
-        validate_tp_quant_impl(impl, origin)
-    elif kind == GROUPED_KIND:
-        validate_grouped_impl(impl, origin)
-    else:
-        validate_impl(impl, origin)
+    found = BY_NAME.get(kind) if isinstance(kind, str) else None
+    (found or linear_ce.KIND).validate(impl, origin)
 
 
 def _checked(impl: Any, spec: str, origin: str) -> ImplEntry | BrokenImpl:
@@ -285,6 +274,5 @@ def builtin(name: str) -> Any:
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:
-    """The loaded entries of one kind (``"linear_ce"``, ``"quant_linear"``, ``"grouped_quant_linear"``,
-    ``"dist_linear_ce"``, ``"tp_quant_linear"``)."""
+    """The loaded entries of one kind (a name of :data:`impls.protocols.kinds.NAMES`)."""
     return [e for e in entries if isinstance(e, ImplEntry) and e.kind == kind]

@@ -50,27 +50,14 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
     from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
-#: Each public name and the module it is defined in. Imported when first used, not with ``numcheck``: the
-#: modules import torch and scipy (seconds), and ``numcheck.tests.plugin``, which pytest loads in every run of an
-#: environment where numcheck is installed, imports this package first.
+#: Each public name outside the kinds' protocol modules and the module it is defined in. Imported when first used,
+#: not with ``numcheck``: the modules import torch and scipy (seconds), and ``numcheck.tests.plugin``, which pytest
+#: loads in every run of an environment where numcheck is installed, imports this package first. The protocol
+#: modules' public names come from each kind's descriptor (:func:`_kind_public`).
 _PUBLIC: dict[str, str] = {
     **dict.fromkeys(
         ("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure", "ProtocolViolation"),
         "numcheck.errors",
-    ),
-    **dict.fromkeys(
-        ("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"), "numcheck.impls.protocols.dist_linear_ce"
-    ),
-    **dict.fromkeys(
-        ("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"), "numcheck.impls.protocols.linear_ce"
-    ),
-    **dict.fromkeys(
-        ("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
-        "numcheck.impls.protocols.fp8_linear",
-    ),
-    **dict.fromkeys(
-        ("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
-        "numcheck.impls.protocols.grouped_fp8_linear",
     ),
     **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
@@ -78,19 +65,26 @@ _PUBLIC: dict[str, str] = {
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
     "Problem": "numcheck.properties.core.problems",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
-    **dict.fromkeys(
-        ("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"), "numcheck.impls.protocols.tp_fp8_linear"
-    ),
     "Fp8Recipe": "numcheck.reference.fp8_recipes",
 }
 #: The subpackages, reachable as attributes (``numcheck.impls``) after a plain ``import numcheck``.
 _SUBPACKAGES: tuple[str, ...] = ("impls", "properties", "reference", "reports", "tests")
 
 
+def _kind_public() -> dict[str, str]:
+    """Each kind's public names (:attr:`~numcheck.impls.protocols.kind.Kind.public`) and its protocol module, one
+    entry per kind of :data:`numcheck.impls.protocols.kinds.KINDS` (imported on the first use of one: torch)."""
+    from numcheck.impls.protocols.kinds import KINDS
+
+    return {name: kind.module for kind in KINDS for name in kind.public}
+
+
 def __getattr__(name: str) -> Any:
     """A public name (or subpackage), imported on first use and kept as a module attribute."""
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in __all__ and name in (kinds := _kind_public()):
+        value = getattr(importlib.import_module(kinds[name]), name)
     elif name in _SUBPACKAGES:
         value = importlib.import_module(f"numcheck.{name}")
     else:
@@ -100,7 +94,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC, *_SUBPACKAGES})
+    return sorted({*globals(), *_PUBLIC, *__all__, *_SUBPACKAGES})
 
 
 __version__ = "0.1.0"

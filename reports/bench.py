@@ -30,6 +30,8 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.errors import BadInput
 from numcheck.reports.common import prepare_out_dir
 from numcheck.impls.builtin.triton_ce import ce_block_triton_
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
 
@@ -176,7 +178,7 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
         return {"impl": name, "recipe": recipe, "save_original_input": soi, "shape": [M, K, N], **r}
 
     rows = [measure("F.linear (bf16)", "-", "-", lambda: F.linear(x, w), lambda: None)]
-    for impl in by_kind(discover([]), "quant_linear"):
+    for impl in by_kind(discover([]), QUANT_KIND):
         q = impl.impl
         s = q.support
         if s.unavailable_reason() or "cuda" not in s.devices or torch.bfloat16 not in s.dtypes:
@@ -278,9 +280,9 @@ def _chunk_anatomy_md(res: dict[str, Any]) -> list[str]:
 
 def _quant_linear_md(res: dict[str, Any]) -> list[str]:
     """One row per quantized linear impl, recipe and save_original_input (none when not measured)."""
-    if not res.get("quant_linear"):
+    if not res.get(QUANT_KIND):
         return []
-    M, K, N = next((r["shape"] for r in res["quant_linear"] if "shape" in r), ["?"] * 3)
+    M, K, N = next((r["shape"] for r in res[QUANT_KIND] if "shape" in r), ["?"] * 3)
     lines = [
         "",
         f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:",
@@ -288,7 +290,7 @@ def _quant_linear_md(res: dict[str, Any]) -> list[str]:
         "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
         "|---|---|---|---|---|---|",
     ]
-    for r in res["quant_linear"]:
+    for r in res[QUANT_KIND]:
         if "error" in r:
             lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
         else:
@@ -338,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
         if len(s) != 3:
             raise SystemExit(f"--shape wants BT,H,V, got {s}")
     entries = discover(args.impl)
-    impls = [e.impl for e in by_kind(entries, "linear_ce")]
+    impls = [e.impl for e in by_kind(entries, LINEAR_CE_KIND)]
     res: dict[str, Any] = {
         "device": torch.cuda.get_device_name(dev),
         "torch": torch.__version__,
@@ -399,8 +401,8 @@ def _bench_one_chunk(res: dict[str, Any], dev: torch.device, rep_ms: float, out:
 
 def _bench_quant(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Path | None) -> None:
     """The quantized-linear section of ``res``, printed, and written to ``out`` when given."""
-    res["quant_linear"] = bench_quant_linear(dev, rep_ms)
-    for row in res["quant_linear"]:
+    res[QUANT_KIND] = bench_quant_linear(dev, rep_ms)
+    for row in res[QUANT_KIND]:
         if "error" in row:
             print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")
         else:

@@ -9,6 +9,8 @@ import torch
 from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import BrokenImpl, discover
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points, --impl) and what it supports here"
 
@@ -38,7 +40,7 @@ def describe_support(impl, device: str) -> list[str]:
     if reason is None and hasattr(s, "devices") and dev_type not in s.devices:
         reason = f"device {dev_type} not declared"
     lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
-    if impl.kind == "dist_linear_ce":
+    if impl.kind == DIST_KIND:
         d = impl.dist
         lines.append(
             f"    distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
@@ -46,7 +48,7 @@ def describe_support(impl, device: str) -> list[str]:
             f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
             f"grad_x all-reduce in: {d.grad_x_reduce_dtype}"
         )
-    if impl.kind in ("linear_ce", "dist_linear_ce"):
+    if impl.kind in (LINEAR_CE_KIND, DIST_KIND):
         lines.append(
             f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}"
         )

@@ -13,6 +13,7 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.core.memory import memory_table
 from numcheck.properties.core.problems import Problem
 from numcheck.reports.common import int_at_least
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 HELP = (
     "memory per linear+CE impl (extra peak, bytes held from forward to backward) and the one-chunk "
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     )
     entries = discover(args.impl)
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
-    impls = [e.impl for e in by_kind(entries, "linear_ce")]
+    impls = [e.impl for e in by_kind(entries, LINEAR_CE_KIND)]
     vh4 = V * H * 4
     print(
         f"\nlinear+CE impls: N={N}, H={H}, V={V}, {args.dtype}, reduction={args.reduction}"

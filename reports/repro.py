@@ -149,7 +149,9 @@ def find_tp_impl(name: str) -> Any:
         raise ValueError(
             f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}; {exc}"
         ) from None
-    if impl.kind != "tp_quant_linear":
+    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+
+    if impl.kind != TP_KIND:
         raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPQuantCase")
     return impl
 
@@ -174,40 +176,22 @@ def find_dist_impl(name: str) -> Any:
 
 
 def _table(case: Any) -> tuple[str, dict[str, Any]]:
-    """The impl kind a case is for and its property table."""
-    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
+    """The impl kind a case is for and its property table: the family whose case types it is an instance of
+    (:data:`reports.report.families.FAMILIES`), else linear+CE's."""
+    from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+    from numcheck.reports.report.families import FAMILIES
 
-    if isinstance(case, DistCase):
-        from numcheck.properties.distributed.linear_ce.props import PROPERTIES as dist_table
-
-        return "dist_linear_ce", dist_table
-    if isinstance(case, TPQuantCase):
-        from numcheck.properties.distributed.tp_fp8.props import DIST_FP8_PROPERTIES
-
-        return "tp_quant_linear", DIST_FP8_PROPERTIES
-    from numcheck.properties.fp8.grouped.cases import GroupedCase
-
-    if isinstance(case, GroupedCase):
-        from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
-
-        return "grouped_quant_linear", GROUPED_PROPERTIES
-    if isinstance(case, (QuantCase, QuantizerCase)):
-        from numcheck.properties.fp8.props import FP8_PROPERTIES
-
-        return "quant_linear", FP8_PROPERTIES
-    from numcheck.properties.core.props import PROPERTIES
-
-    return "linear_ce", PROPERTIES
+    family = next((f for f in FAMILIES.values() if isinstance(case, f.case_types())), FAMILIES[LINEAR_CE_KIND])
+    return family.kind, family.properties()
 
 
 def _undeclared(impl: Any, case: Any) -> str | None:
     """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.core.strategies.refusal`), or ``None``."""
+    from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
     from numcheck.properties.core.problems import Problem
     from numcheck.properties.core.strategies import refusal
 
-    return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == "linear_ce" else None
+    return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == LINEAR_CE_KIND else None
 
 
 def run(args: argparse.Namespace) -> int:

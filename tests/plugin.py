@@ -75,15 +75,18 @@ _TESTS_DIR = Path(__file__).resolve().parent
 #: The package the folder tests/ is (this module is numcheck.tests.plugin).
 _TESTS_PACKAGE = __name__.rpartition(".")[0]
 _SUITE_DIR = _TESTS_DIR / "suite"
-#: Each impl fixture and the kinds it is parametrized over.
-_IMPL_FIXTURES: dict[str, tuple[str, ...]] = {
-    "linear_ce_impl": ("linear_ce",),
-    "quant_impl": ("quant_linear",),
-    "dist_linear_ce_impl": ("dist_linear_ce",),
-    "tp_quant_impl": ("tp_quant_linear",),
-    "grouped_quant_impl": ("grouped_quant_linear",),
-    "numcheck_impl": ("linear_ce", "quant_linear"),
-}
+#: The impl fixtures this plugin defines (below): one per kind (its descriptor's ``fixture``) and ``numcheck_impl``
+#: over the kinds marked ``generic``. The kinds each is parametrized over: :func:`_fixture_kinds`.
+_IMPL_FIXTURES: tuple[str, ...] = (
+    "linear_ce_impl",
+    "quant_impl",
+    "dist_linear_ce_impl",
+    "tp_quant_impl",
+    "grouped_quant_impl",
+    "numcheck_impl",
+)
+#: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
+_GENERIC_FIXTURE = "numcheck_impl"
 _NO_IMPL_MARK = "numcheck_no_impl"
 #: The marker naming the impls a suite test runs on in CI's oldest-torch leg (:func:`_params`).
 _TORCH_IMPLS_MARK = "torch_versions_impls"
@@ -294,8 +297,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Each impl fixture over the loaded impls of its kinds. Where none is loaded (``--impl`` named only impls of
     other kinds, or only impls that failed to load) the test gets one placeholder marked :data:`_NO_IMPL_MARK`,
     which :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
-    for fixture, kinds in _IMPL_FIXTURES.items():
+    for fixture in _IMPL_FIXTURES:
         if fixture in metafunc.fixturenames:
+            kinds = _fixture_kinds(fixture)
             entries = impl_entries(metafunc.config, kinds)
             if entries:
                 metafunc.parametrize(fixture, _params(metafunc, entries), indirect=True)
@@ -304,6 +308,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 metafunc.parametrize(
                     fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"], indirect=True
                 )
+
+
+def _fixture_kinds(fixture: str) -> tuple[str, ...]:
+    """The kinds (:data:`numcheck.impls.protocols.kinds.KINDS`, in their order) ``fixture`` is parametrized over:
+    the kind whose descriptor names it, or for :data:`_GENERIC_FIXTURE` every kind marked ``generic``. Imported
+    here, not with the plugin: the protocol modules import torch, and only a test taking an impl fixture needs it."""
+    from numcheck.impls.protocols.kinds import KINDS
+
+    return tuple(k.name for k in KINDS if (k.generic if fixture == _GENERIC_FIXTURE else k.fixture == fixture))
 
 
 def _params(metafunc: pytest.Metafunc, entries: list[Any]) -> list[Any]:
@@ -724,7 +737,9 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     (:func:`numcheck.properties.core.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
-    if numcheck_impl.kind == "quant_linear":
+    from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+
+    if numcheck_impl.kind == QUANT_KIND:
         from numcheck.properties.fp8.strategies import quant_cases
 
         return quant_cases(numcheck_impl.support)

@@ -109,7 +109,8 @@ def load_impls(specs: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
 def collect(impls: dict[str, Any], seeds: int, grid: str) -> dict[str, list[list[CaseRatios]]]:
     """``{impl: [per seed: case_ratios]}`` over ``seeds`` reseedings of ``grid``'s linear+CE cases (seed 0: the
     grid as is)."""
-    from numcheck.reports.report.grid import GRIDS, linear_ce_cases
+    from numcheck.reports.report.grid import GRIDS
+    from numcheck.reports.report.families.linear_ce import linear_ce_cases
     from numcheck.reports.report.run import one_thread
 
     base = linear_ce_cases(GRIDS[grid])

@@ -29,6 +29,7 @@ from typing import Any, Callable, Literal
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
+from numcheck.impls.protocols.kind import Kind
 from numcheck.impls.protocols.linear_ce import (
     SUPPORT_FIELDS,
     LinearCESupport,
@@ -272,3 +273,14 @@ def validate_dist_impl(obj: Any, origin: str) -> None:
         pickled=True,
         decorator="dist_linear_ce_impl",
     )
+
+
+#: The vocabulary-parallel linear + cross-entropy kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
+KIND = Kind(
+    name=DIST_KIND,
+    protocol=DistFunctionImpl,
+    decorator=dist_linear_ce_impl,
+    validate=validate_dist_impl,
+    public=("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"),
+    fixture="dist_linear_ce_impl",
+)

@@ -84,6 +84,7 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import InvalidDeclaration, invalid
+from numcheck.impls.protocols.kind import Kind
 from numcheck.reference.fp8_formats import FP32_MAX, F64, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
@@ -111,6 +112,9 @@ _RECIPE_ALIASES: dict[str, str] = {
     "blockwise_fp8": "blockwise",
     "block": "blockwise",
 }
+
+#: The ``kind`` of a quantized linear impl (the only place that spells it).
+QUANT_KIND = "quant_linear"
 
 
 @dataclass(frozen=True)
@@ -530,7 +534,7 @@ class QuantFunctionImpl:
     fn: Callable[..., torch.Tensor] = field(repr=False)
     support: QuantLinearSupport = field(default_factory=QuantLinearSupport)
     quantize_fn: Callable[..., QuantizedTensor] | None = field(default=None, repr=False)
-    kind: str = "quant_linear"
+    kind: str = QUANT_KIND
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -635,8 +639,8 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol (including a call or
     ``quantize`` signature that cannot take the suite's calls: :func:`call_refusal`)."""
     name = getattr(obj, "name", None)
-    if isinstance(name, str) and name and getattr(obj, "kind", None) != "quant_linear":
-        raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected 'quant_linear'")
+    if isinstance(name, str) and name and getattr(obj, "kind", None) != QUANT_KIND:
+        raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected {QUANT_KIND!r}")
     sup = getattr(obj, "support", None)
     typed = isinstance(sup, QuantLinearSupport)
     checks = [
@@ -659,8 +663,20 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     decl.conformance(
         obj,
         origin,
-        "quant_linear",
+        QUANT_KIND,
         checks,
         _calls(obj.fn if own else obj, quantize, ": its call", ": its quantize"),
         "the calls the suite makes",
     )
+
+
+#: The quantized-linear kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
+KIND = Kind(
+    name=QUANT_KIND,
+    protocol=QuantFunctionImpl,
+    decorator=quant_linear_impl,
+    validate=validate_quant_impl,
+    public=("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
+    fixture="quant_impl",
+    generic=True,
+)

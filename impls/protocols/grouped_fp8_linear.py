@@ -59,6 +59,7 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
+from numcheck.impls.protocols.kind import Kind
 from numcheck.impls.protocols.fp8_linear import (
     DelayedScalingState,
     QuantLinearSupport,
@@ -271,7 +272,7 @@ def validate_grouped_impl(obj: Any, origin: str) -> None:
     decl.conformance(
         obj,
         origin,
-        "grouped_quant_linear",
+        GROUPED_KIND,
         [
             (
                 isinstance(support, GroupedQuantSupport),
@@ -284,3 +285,14 @@ def validate_grouped_impl(obj: Any, origin: str) -> None:
         [("", obj.fn if isinstance(obj, GroupedFunctionImpl) else obj, _refusal)],
         "the calls the suite makes",
     )
+
+
+#: The grouped (mixture-of-experts) quantized-linear kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
+KIND = Kind(
+    name=GROUPED_KIND,
+    protocol=GroupedFunctionImpl,
+    decorator=grouped_quant_linear_impl,
+    validate=validate_grouped_impl,
+    public=("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
+    fixture="grouped_quant_impl",
+)

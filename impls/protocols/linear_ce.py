@@ -57,8 +57,11 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import defined_at, invalid
-from numcheck.impls.protocols.fp8_linear import validate_quant_impl
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND, validate_quant_impl
+from numcheck.impls.protocols.kind import Kind
 
+#: The ``kind`` of a linear + cross-entropy impl (the only place that spells it).
+LINEAR_CE_KIND = "linear_ce"
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
 LINEAR_CE_OPTIONS: tuple[str, ...] = (
     "bias",  # a bias vector is passed
@@ -451,7 +454,7 @@ class FunctionImpl:
     name: str
     fn: Callable[..., Any] = field(repr=False)
     support: LinearCESupport = field(default_factory=LinearCESupport)
-    kind: str = "linear_ce"
+    kind: str = LINEAR_CE_KIND
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -552,18 +555,18 @@ def validate_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow the protocol of its kind (for a linear+CE
     impl, including a call its declared options lead to that its signature cannot take: :func:`call_refusal`)."""
     kind = getattr(obj, "kind", None)
-    if kind == "quant_linear":
+    if kind == QUANT_KIND:
         validate_quant_impl(obj, origin)
         return
     name = getattr(obj, "name", None)
-    if kind != "linear_ce" and isinstance(name, str) and name:
-        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected 'linear_ce' or 'quant_linear'")
+    if kind != LINEAR_CE_KIND and isinstance(name, str) and name:
+        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected {LINEAR_CE_KIND!r} or {QUANT_KIND!r}")
     support = getattr(obj, "support", None)
     fn = obj.fn if isinstance(obj, FunctionImpl) else obj
     decl.conformance(
         obj,
         origin,
-        "linear_ce",
+        LINEAR_CE_KIND,
         [
             (isinstance(support, LinearCESupport), "needs 'support' of type impls.protocols.linear_ce.LinearCESupport"),
             (callable(obj), "is not callable"),
@@ -571,3 +574,15 @@ def validate_impl(obj: Any, origin: str) -> None:
         [("", fn, lambda f: call_refusal(f, support.options))],
         "the calls its declaration leads to",
     )
+
+
+#: The linear + cross-entropy kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
+KIND = Kind(
+    name=LINEAR_CE_KIND,
+    protocol=FunctionImpl,
+    decorator=linear_ce_impl,
+    validate=validate_impl,
+    public=("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"),
+    fixture="linear_ce_impl",
+    generic=True,
+)

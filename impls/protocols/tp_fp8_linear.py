@@ -58,6 +58,7 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
+from numcheck.impls.protocols.kind import Kind
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, ROWWISE_KINDS, USAGES, Fp8Recipe, standard_recipes
 
@@ -332,7 +333,7 @@ def validate_tp_quant_impl(obj: Any, origin: str) -> None:
     decl.conformance(
         obj,
         origin,
-        "tp_quant_linear",
+        TP_KIND,
         [
             (
                 isinstance(support, TPQuantSupport),
@@ -345,3 +346,14 @@ def validate_tp_quant_impl(obj: Any, origin: str) -> None:
         pickled=True,
         decorator="tp_quant_linear_impl",
     )
+
+
+#: The tensor/sequence-parallel quantized-linear kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
+KIND = Kind(
+    name=TP_KIND,
+    protocol=TPQuantFunctionImpl,
+    decorator=tp_quant_linear_impl,
+    validate=validate_tp_quant_impl,
+    public=("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"),
+    fixture="tp_quant_impl",
+)

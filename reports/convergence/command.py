@@ -25,6 +25,7 @@ from numcheck.errors import BadInput
 from numcheck.reports.common import int_at_least, prepare_out_dir
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 HELP = (
     "tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "
@@ -136,8 +137,8 @@ def _linear_ce_impls(specs: list[str]) -> tuple[list, list[BrokenImpl]]:
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     for b in broken:
         print(f"numcheck converge: impl {b.spec!r} ({b.origin}) is broken: {b.error}")
-    impls = [e.impl for e in by_kind(entries, "linear_ce")]
-    others = [e.name for e in entries if not isinstance(e, BrokenImpl) and e.kind != "linear_ce"]
+    impls = [e.impl for e in by_kind(entries, LINEAR_CE_KIND)]
+    others = [e.name for e in entries if not isinstance(e, BrokenImpl) and e.kind != LINEAR_CE_KIND]
     if others:
         print(f"numcheck converge: not linear_ce impls, left out: {', '.join(others)}")
     return impls, broken

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
@@ -102,7 +103,7 @@ def load_one(spec: str) -> Any:
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
     if broken:
         raise ValueError(f"{spec}: {broken[0].error}")
-    lin = [e for e in entries if e.kind == "linear_ce"]
+    lin = [e for e in entries if e.kind == LINEAR_CE_KIND]
     if len(lin) != 1:
         raise ValueError(
             f"{spec} names {len(lin)} linear+CE impls ({', '.join(e.name for e in lin) or 'none'}); an "
@@ -207,7 +208,8 @@ def compare_output(name: str, wn: dict[str, Any], wb: dict[str, Any], headroom: 
 def accuracy_ab(new: Any, base: Any, grid: str, device: str, headroom: float | None, floor: float) -> dict[str, Any]:
     """Both impls on the grid's cases both declare; per output the worst error/bound of each side, growth, headroom
     taken, flags (:func:`compare_output`)."""
-    from numcheck.reports.report.grid import GRIDS, linear_ce_cases
+    from numcheck.reports.report.grid import GRIDS
+    from numcheck.reports.report.families.linear_ce import linear_ce_cases
     from numcheck.reports.report.run import one_thread, run_case
 
     t0 = time.monotonic()

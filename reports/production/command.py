@@ -126,6 +126,7 @@ def _shapes_arg(args: argparse.Namespace, device: str) -> str:
 def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
     """``(cases, impls, broken)``: the cases in run order (every shape at bf16, then at AMP) and the impls."""
     from numcheck.impls.registry import BrokenImpl, by_kind, discover
+    from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
     from numcheck.properties.production.tier import DTYPES, Case, parse_shapes
 
     device = _device(args)
@@ -137,7 +138,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
     cases = [Case(s, prec, device) for prec in precisions for s in shapes]
     entries = discover(args.impl)
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
-    impls = [e.impl for e in by_kind(entries, "linear_ce")]
+    impls = [e.impl for e in by_kind(entries, LINEAR_CE_KIND)]
     return cases, impls, broken
 
 

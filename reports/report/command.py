@@ -46,6 +46,7 @@ from numcheck.reports.report.grid import GRIDS, GridSpec
 from numcheck.reports.report.schema import SCHEMA
 from numcheck.reports.report import verdict as report_verdict
 from numcheck.reports.report.verdict import verdict
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 __all__ = ["add_arguments", "build_report", "run", "verdict", "write_report"]
 
@@ -271,7 +272,7 @@ def build_report(
             acc = accumulation_table(max_chunks=ACCUMULATION_CHUNKS.get(spec.name, 64), device=device).to_json()
     findings.libraries(result.impls)
     ran = {i["name"] for i in result.impls if i["status"] == "ran"}
-    lin = [e.impl for e in by_kind(entries, "linear_ce") if e.name in ran]
+    lin = [e.impl for e in by_kind(entries, LINEAR_CE_KIND) if e.name in ran]
     mem = memory_section(lin) if (lin and memory) else None
     return {
         "schema": SCHEMA,

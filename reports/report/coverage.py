@@ -13,7 +13,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS, REDUCTIONS
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -77,11 +79,11 @@ def _quant(support: Any, tp: bool) -> list[Behaviour]:
 
 def behaviours(impl: Any) -> list[Behaviour]:
     """(description, predicate on a case of the impl's kind) of every behaviour ``impl`` declares."""
-    if impl.kind == "linear_ce":
+    if impl.kind == LINEAR_CE_KIND:
         return _linear_ce(impl.support)
-    if impl.kind == "dist_linear_ce":
+    if impl.kind == DIST_KIND:
         return _dist(impl)
-    return _quant(impl.support, tp=impl.kind == "tp_quant_linear")
+    return _quant(impl.support, tp=impl.kind == TP_KIND)
 
 
 def unreached(impl: Any, cases: Iterable[Any]) -> list[str]:

@@ -11,7 +11,7 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
 * **Random cases** drawn by a seeded :class:`random.Random` (not hypothesis: the report must be the same on
   every run) over the same axes: edge-leaning N/H/V, dtype mode, bias, ignored fraction, reduction,
   label smoothing, class weights, softcap, z-loss, regime and upstream.
-* **Declared cases**, per impl, from its declaration (:func:`declared_cases`): each declared option on its own
+* **Declared cases**, per impl, from its declaration (:func:`~reports.report.families.linear_ce.declared_cases`): each declared option on its own
   (:data:`OPTION_VALUES`), each declared reduction on its own, all declared options together at every declared
   reduction (options a declaration excludes together go into further combined cases), and an all-ignored batch
   where declared; at :attr:`GridSpec.declared_shape`, in the option modes the impl declares (else the first mode of
@@ -20,7 +20,7 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
   otherwise never run the others (label smoothing only beside class weights); the quick grid keeps only the fixed
   regime cases (:data:`QUICK_OPTIONS`).
 
-* **Many-chunk cases**, per impl, from its declared chunking (:func:`many_chunk_cases`, the layout of the suite's
+* **Many-chunk cases**, per impl, from its declared chunking (:func:`~reports.report.families.linear_ce.many_chunk_cases`, the layout of the suite's
   ``test_many_chunks``, :mod:`properties.core.chunks`): in each low-precision plain dtype and each declared reduction,
   post-norm rows whose count makes 2/u + 1 chunks of its declared ``chunk_rows`` or ``chunk_rule`` (257 for a
   ``slow`` impl, which runs them in its coarsest dtype and first reduction only, as the suite's draws do), or rows
@@ -30,34 +30,8 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
 Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
 counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
 
-Quantized linear (:class:`~properties.fp8.cases.QuantCase`), per impl and recipe it declares: an (M, K, N)
-ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regimes ``wide`` and
-``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
-``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
-
-Distributed linear+CE (:class:`~properties.distributed.linear_ce.props.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
-plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
-world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; then the declared
-cases (:func:`dist_declared`): each declared option and reduction on its own and all declared options together at
-every declared reduction, at the largest of those world sizes the impl declares, and where it declares
-``uneven_vocab`` all its declared options with targets on shard boundaries at V = :data:`DIST_UNEVEN_V` (uneven
-shards at every world size above 1) at every declared world size above 1. The world sizes it does not declare or
-the backend cannot run here are counted and named with the reason. About 0.1 s a case.
-
-Tensor-parallel FP8 linear (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`), per impl and recipe it declares (the
-first recipe of each impl in the quick grid, every recipe in the full one): the cases of :data:`TP_CASES` (plain;
-bias; sequence parallel with bias; and that with ``save_original_input=True``) in both parallel modes, at world sizes
-1, 2 and 4 on the default backend, M = 64 (M/P a multiple of MXFP8's 32-row blocks at P = 2, blocks straddling
-ranks at P = 4) and a sharded dimension of 4·edge, times 6 for per-tensor recipes (whole blocks in every shard at
-P = 4); delayed recipes run two steps. What a declaration leaves out (dtype, parallel mode, SP,
-``save_original_input``, bias, world size) or the backend cannot run here is counted with the reason; the distributed
-FP8 suite records no known divergence to leave out. About 0.2 s a case.
-
-Grouped FP8 linear (mixture-of-experts, :class:`~properties.fp8.grouped.cases.GroupedCase`), per impl: the cases of
-:data:`GROUPED_CASES` (uneven splits; empty experts with a bias; ``save_original_input=True`` where the recipe allows
-it; experts of different binades with fused wgrad accumulation where declared) for the first recipe of each kind in
-the quick grid and every recipe in the full one, each moved into the impl's split rules; what the declaration still
-leaves out is counted with the reason. About 0.3 s a case.
+Each other family's cases are built in its module of :mod:`reports.report.families` from the case tables
+below (:data:`DIST_CASES`, :data:`TP_CASES`, :data:`GROUPED_CASES`, the quantized ladder of :class:`GridSpec`).
 
 **Property cases**, per impl (:mod:`reports.report.property_grid`, where :attr:`GridSpec.properties`): every
 property the impl's kind's suite runs, on the cases reaching its regime from the declaration, judged by the property
@@ -70,17 +44,15 @@ Presets: :data:`QUICK` (``--quick``: ≤ 8 minutes on a 2-core CPU with every bu
 from __future__ import annotations
 
 import math
-import random
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
-from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields, declared_mode
-from numcheck.properties.core.problems import Problem, dtype_of
+from numcheck.properties.fp8.cases import QuantCaseFields
+from numcheck.properties.core.problems import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {
@@ -124,7 +96,7 @@ DIST_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 #: The vocabulary of the uneven-shard cases: prime, so no world size from 2 to 52 divides it (shards differ by one).
 DIST_UNEVEN_V = 53
 
-#: The value each declared option takes in the declared cases (:func:`declared_cases`, :func:`dist_declared`).
+#: The value each declared option takes in the declared cases (:func:`~reports.report.families.linear_ce.declared_cases`, :func:`~reports.report.families.dist_linear_ce.dist_declared`).
 OPTION_VALUES: dict[str, dict[str, Any]] = {
     "bias": dict(bias=True),
     "ignore_index": dict(ignored=0.25),
@@ -138,7 +110,7 @@ REDUCTION_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "p
 #: The dtype mode of an impl's declared cases when it declares none of the grid's option modes: the first it declares.
 DECLARED_MODE_ORDER: tuple[str, ...] = ("bfloat16", "amp-bfloat16", "float16", "amp-float16", "float32")
 
-#: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`tp_cases`).
+#: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`reports.report.families.tp_fp8_linear.tp_cases`).
 TP_CASES: dict[str, dict[str, Any]] = {
     "plain": dict(bias=False, sequence_parallel=False, save_original_input=False),
     "bias": dict(bias=True, sequence_parallel=False, save_original_input=False),
@@ -150,7 +122,7 @@ TP_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 TP_M = 64
 TP_FREE: dict[str, int] = {"column": 40, "row": 24}
 
-#: Grouped FP8 cases: label → (m_splits, K, N, GroupedCase fields) (:func:`grouped_cases`), each moved into the impl's
+#: Grouped FP8 cases: label → (m_splits, K, N, GroupedCase fields) (:func:`reports.report.families.grouped_fp8_linear.grouped_cases`), each moved into the impl's
 #: split rules (:func:`properties.fp8.grouped.cases.fitted`): uneven splits around the 32-row blocks, empty experts
 #: first and between with a 130-row one, save_original_input (where the recipe allows it) on 32-row multiples, and
 #: experts of different binades.
@@ -186,10 +158,10 @@ class GridSpec:
         dist_cases: labels of :data:`DIST_CASES` to run.
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
-        declared: add each impl's declared cases (:func:`declared_cases`, :func:`dist_declared`).
+        declared: add each impl's declared cases (:func:`~reports.report.families.linear_ce.declared_cases`, :func:`~reports.report.families.dist_linear_ce.dist_declared`).
         declared_shape: (N, H, V) of the linear+CE declared cases (small: an interpreted kernel's time grows with
             the rows, and the options' semantics show at any size).
-        many_chunks: add each linear+CE impl's many-chunk cases (:func:`many_chunk_cases`).
+        many_chunks: add each linear+CE impl's many-chunk cases (:func:`~reports.report.families.linear_ce.many_chunk_cases`).
         grouped_cases: labels of :data:`GROUPED_CASES` to run.
         grouped_all_recipes: grouped cases for every declared recipe (else the first of each recipe kind).
         properties: add each impl's property cases (:mod:`reports.report.property_grid`: every property its kind's
@@ -375,11 +347,6 @@ class GridCase:
     prop: str = "accuracy"
 
 
-def _problem(N: int, H: int, V: int, mode: str, seed: int, device: str, **fields: Any) -> Problem:
-    dtype, autocast = MODES[mode]
-    return Problem(N=N, H=H, V=V, dtype=dtype, autocast=autocast, seed=seed, device=device, **fields)
-
-
 #: The order in which a case's reduction is replaced by one the impl declares (:func:`in_declared_reduction`).
 REDUCTION_ORDER: tuple[str, ...] = ("mean", "sum", "none")
 
@@ -397,56 +364,6 @@ def in_declared_reduction(p: Problem, reductions: Any) -> Problem:
     if upstream == "loss_scale" and red != "mean":
         upstream = "one"
     return p.replace(reduction=red, upstream=upstream)
-
-
-def linear_ce_cases(spec: GridSpec, device: str = "cpu") -> list[GridCase]:
-    """Every linear+CE case of ``spec`` (before any impl's declaration filters them), in a fixed order."""
-    out: list[GridCase] = []
-    seen: set[Problem] = set()
-
-    def add(group: str, mode: str, p: Problem) -> None:
-        if p not in seen:
-            seen.add(p)
-            out.append(GridCase(group, mode, p))
-
-    n0, h0, v0 = spec.base
-    for mode in spec.ladder_modes:
-        for axis in ("N", "H", "V"):
-            for size in spec.ladder:
-                shape = {"N": n0, "H": h0, "V": v0, axis: size}
-                group = "ladder:base" if (shape["N"], shape["H"], shape["V"]) == spec.base else f"ladder:{axis}"
-                add(group, mode, _problem(shape["N"], shape["H"], shape["V"], mode, 1000 + size, device))
-    n, h, v = spec.option_shape
-    for mode in spec.option_modes:
-        for i, label in enumerate(spec.options):
-            add(f"options:{label}", mode, _problem(n, h, v, mode, 2000 + i, device, **OPTION_CASES[label]))
-    for mode, p in random_problems(spec.n_random, spec.seed, device):
-        add("random", mode, p)
-    return out
-
-
-def random_problems(n: int, seed: int, device: str = "cpu") -> list[tuple[str, Problem]]:
-    """The first ``n`` problems of the seeded random sequence (mode, problem)."""
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        mode = rng.choice(tuple(MODES))
-        N, H, V = (rng.choice(RANDOM_SIZES[a]) for a in ("N", "H", "V"))
-        reduction = rng.choice(("mean", "sum", "none"))
-        upstream = rng.choice(("one", "per_row")) if reduction == "none" else rng.choice(("one", "scalar"))
-        fields = dict(
-            bias=rng.random() < 0.5,
-            ignored=rng.choice(RANDOM_IGNORED),
-            reduction=reduction,
-            label_smoothing=rng.choice((0.0, 0.0, 0.1, 0.5)),
-            class_weights=rng.random() < 0.3,
-            softcap=rng.choice((None, None, 5.0, 30.0)),
-            z_loss_scale=rng.choice((0.0, 0.0, 1e-4, 1e-2)),
-            upstream=upstream,
-            regime=rng.choice(RANDOM_REGIMES),
-        )
-        out.append((mode, _problem(N, H, V, mode, 3000 + len(out), device, **fields)))
-    return out
 
 
 class NotRun(Counter):
@@ -468,413 +385,19 @@ class NotRun(Counter):
         self.named.extend(other.named)
 
 
-def option_groups(support: Any) -> list[tuple[str, ...]]:
-    """The declared options in combined groups: as many together as ``option_combinations_excluded`` allows,
-    every declared option in at least one group (one group unless the declaration excludes a combination)."""
-    declared = [o for o in LINEAR_CE_OPTIONS if o in support.options]
-    excluded = support.option_combinations_excluded
-    groups: list[tuple[str, ...]] = []
-    left = list(declared)
-    while left:
-        group: list[str] = []
-        for o in [*left, *(d for d in declared if d not in left)]:
-            if not any(combo <= {*group, o} for combo in excluded):
-                group.append(o)
-        if not set(group) & set(left):  # left[0] is excluded on its own: no case can hold it
-            left = left[1:]
-            continue
-        groups.append(tuple(o for o in declared if o in group))
-        left = [o for o in left if o not in group]
-    return groups
-
-
-def declared_option_cases(support: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(label, Problem fields) of the declared cases of a linear+CE declaration (module docstring): each declared
-    option alone (at the first declared reduction), each other declared reduction alone, every combined group of
-    :func:`option_groups` of two or more options at every declared reduction, and an all-ignored batch where
-    declared."""
-    reductions = [r for r in REDUCTIONS if r in support.reductions]
-    base = reductions[0]
-
-    def at(r: str) -> dict[str, Any]:
-        return dict(reduction=r, upstream=REDUCTION_UPSTREAM[r])
-
-    out = [(o, {**OPTION_VALUES[o], **at(base)}) for o in LINEAR_CE_OPTIONS if o in support.options]
-    out += [(f"reduction={r}", at(r)) for r in reductions if r != base]
-    for group in option_groups(support):
-        if len(group) > 1:
-            fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
-            out += [(f"{'+'.join(group)}+{r}", {**fields, **at(r)}) for r in reductions]
-    if support.all_ignored is not None and "ignore_index" in support.options:
-        out.append(("all_ignored", dict(ignored=1.0, **at(base))))
-    return out
-
-
-def _label_seed(base: int, label: str) -> int:
+def label_seed(base: int, label: str) -> int:
     """A seed fixed by a declared case's label (the same case for every impl that declares it)."""
     return base + zlib.crc32(label.encode()) % 1000
 
 
-def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
-    """The dtype modes a declared case ``p`` runs in for ``impl``: the grid's option modes in which the declaration
-    admits it and no recorded known divergence of the impl covers it (:mod:`properties.core.known`, left out of the
-    suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
-    else the option modes (in those two the plan names it as not run, with the reason)."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
-
-    def declared(mode: str) -> bool:
-        return refusal(impl.support, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])) is None
-
-    def runs(mode: str) -> bool:
-        q = p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])
-        return declared(mode) and known(impl.name, "accuracy", q) is None
-
-    modes = tuple(m for m in spec.option_modes if runs(m))
-    order = (*spec.option_modes, *DECLARED_MODE_ORDER)
-    return modes or next(((m,) for f in (runs, declared) for m in order if f(m)), spec.option_modes)
-
-
-def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridCase]:
-    """An impl's declared linear+CE cases (module docstring), at the grid's declared shape, each in
-    :func:`_declared_modes`."""
-    if not spec.declared:
-        return []
-    n, h, v = spec.declared_shape
-    out = []
-    for label, fields in declared_option_cases(impl.support):
-        p = _problem(n, h, v, "float32", _label_seed(6000, label), device, **fields)
-        out += [
-            GridCase(f"declared:{label}", mode, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1]))
-            for mode in _declared_modes(spec, impl, p)
-        ]
-    return out
-
-
-#: The dtypes of the many-chunk cases (:func:`many_chunk_cases`): those whose running sum across chunks, kept in
+#: The dtypes of the many-chunk cases (:func:`~reports.report.families.linear_ce.many_chunk_cases`): those whose running sum across chunks, kept in
 #: the compute dtype, drops increments within a draw (bf16 after about 128–256 chunks, fp16 2048–4096:
 #: :data:`properties.core.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
 MANY_CHUNK_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-#: The upstream gradient of a many-chunk case at each reduction: one that reaches every chunk alike, so the chunks'
-#: partial sums of grad_weight share a sign on post-norm rows and a narrow running sum's roundings add up (a per-row
-#: upstream gives partials of either sign, where one can pass: properties.core.suite's covering rows).
-MANY_CHUNK_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "one"}
 
 
-def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
-    """(N, H, V) of a many-chunk case of ``chunks_wanted`` chunks of ``layout``
-    (:class:`properties.core.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.core.chunks.
-    rule_shapes`), else the fewest rows of :meth:`~properties.core.chunks.Layout.n_range` with the largest V and H the
-    suite's draws take at that N (:func:`~properties.core.chunks.v_cap`, at least
-    :data:`~properties.core.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.core.chunks.MANY_CHUNK_MIN_H`): few
-    classes and hidden features, so grad_weight's error comes from the sum across chunks."""
-    from numcheck.properties.core import chunks
-
-    if layout.rule is not None:
-        return chunks.rule_shapes(layout.rule, chunks_wanted, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)[0]
-    N = layout.n_range(chunks_wanted)[0]
-    V = max(chunks.MANY_CHUNK_MIN_V, chunks.v_cap(N))
-    return N, max(chunks.MANY_CHUNK_MIN_H, min(chunks.MAX_H, V // 3)), V
-
-
-def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
-    """A linear+CE impl's many-chunk cases (module docstring) as ``(impl to run, case)``: the impl's
-    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.core.strategies.many_chunk_layout`, as
-    the suite's ``test_many_chunks``), else the impl; and the cases it does not run, named with the reason (a dtype or
-    reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
-    dtype past its coarsest or a reduction past its first)."""
-    from numcheck.properties.core import chunks
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import many_chunk_layout, refusal
-
-    not_run = NotRun()
-    if not spec.many_chunks:
-        return [], not_run
-    s = impl.support
-    lay = many_chunk_layout(impl)
-    slow = bool(s.slow)
-    coarsest = next((d for d in MANY_CHUNK_DTYPES if dtype_of(d) in s.dtypes), None)
-    first = next((r for r in REDUCTION_ORDER if r in s.reductions), None)
-    out: list[tuple[Any, GridCase]] = []
-    for dtype in MANY_CHUNK_DTYPES:
-        k = chunks.many_chunks(dtype, lay.rows, slow)
-        N, H, V = many_chunk_shape(lay, k)
-        for red in [r for r in REDUCTION_ORDER if r in s.reductions]:
-            p = Problem(
-                N=N,
-                H=H,
-                V=V,
-                dtype=dtype,
-                reduction=red,
-                upstream=MANY_CHUNK_UPSTREAM[red],
-                regime="post_norm",
-                seed=_label_seed(7000, f"{dtype}+{red}"),
-                device=device,
-            )
-            divergence = known(lay.impl.name, "many_chunks", p)
-            why = (
-                refusal(s, p)
-                or (divergence and f"known divergence: {divergence.reason}")
-                or (
-                    f"declared slow: its many-chunk cases run in {coarsest} and {first!r} only, {k} chunks "
-                    "(numcheck.properties.core.chunks.many_chunks), as the suite's draws"
-                    if slow and (dtype, red) != (coarsest, first)
-                    else None
-                )
-            )
-            gc = GridCase("many_chunks", dtype, p, chunks=lay.describe(N, H, V))
-            if why:
-                not_run.add(gc.group, gc.mode, p.short(), why)
-            else:
-                out.append((lay.impl, gc))
-    return out, not_run
-
-
-_DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, QuantCase]]:
-    """The size ladder of one recipe and dtype: each of M, K, N walked over ``spec.quant_ladder`` from the base."""
-    m0, k0, n0 = spec.quant_base
-    for axis in ("M", "K", "N"):
-        for size in spec.quant_ladder:
-            shape = {"M": m0, "K": k0, "N": n0, axis: size}
-            base = (shape["M"], shape["K"], shape["N"]) == spec.quant_base
-            case = QuantCase(
-                recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias, seed=100 + size, device=device
-            )
-            yield ("ladder:base" if base else f"ladder:{axis}"), case
-
-
-def _quant_extras(
-    support: Any, recipe: Any, base: tuple[int, int, int], dtype: str, bias: bool, device: str
-) -> Iterator[tuple[str, QuantCase]]:
-    """The declared extras of one recipe and dtype: save_original_input, and three steps of delayed scaling."""
-    m0, k0, n0 = base
-    if recipe.allows_save_original_input and True in support.save_original_input:
-        yield (
-            "save_original_input",
-            QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300, save_original_input=True, device=device),
-        )
-    if recipe.kind == "delayed":
-        yield "delayed_steps", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device)
-
-
-def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
-    """Every quantized-linear case of ``spec`` for an impl declaring ``support``, in a fixed order."""
-    declared = [name for d, name in _DT.items() if d in support.dtypes]
-    if not declared:
-        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
-    bias = bool(support.bias)
-    out: list[GridCase] = []
-    seen: set[QuantCase] = set()
-
-    only_original = declared_mode(support)  # an impl declaring only save_original_input=True runs in that mode
-
-    def add(group: str, c: QuantCase) -> None:
-        c = c.replace(save_original_input=True) if only_original else c
-        if c not in seen:
-            seen.add(c)
-            out.append(GridCase(group, c.dtype, c))
-
-    m0, k0, n0 = spec.quant_base
-    for r_i, recipe in enumerate(support.recipes):
-        for dtype in dtypes:
-            if spec.quant_all_recipes_ladder or r_i == 0:
-                for group, case in _quant_ladder(spec, recipe, dtype, bias, device):
-                    add(group, case)
-            else:
-                add("base", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
-            for regime in spec.quant_regimes:
-                add(
-                    f"regime:{regime}",
-                    QuantCase(
-                        recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime, seed=200, device=device
-                    ),
-                )
-            if spec.quant_extras:
-                for group, case in _quant_extras(support, recipe, spec.quant_base, dtype, bias, device):
-                    add(group, case)
-    return out
-
-
-def dist_declared(spec: GridSpec, impl: Any) -> list[tuple[str, dict[str, Any], str, int, int]]:
-    """(group, Problem fields, placement, V, world size) of a distributed impl's declared cases (module docstring):
-    its declared options and reductions alone and combined at the largest world size of :data:`DIST_WORLD_SIZES` it
-    declares, and each combined group with targets on shard boundaries at V = :data:`DIST_UNEVEN_V` at every world
-    size above 1 (refused, with the reason, where ``uneven_vocab`` or the world size is not declared)."""
-    s = impl.support
-    dtype = next((d for d in ("float32", "bfloat16", "float16") if dtype_of(d) in s.dtypes), None)
-    if not spec.declared or dtype is None:
-        return []
-    top = max((P for P in DIST_WORLD_SIZES if P in impl.dist.world_sizes), default=max(DIST_WORLD_SIZES))
-    V = DIST_SHAPE[2]
-    out = [
-        (f"dist:declared:{label}", dict(dtype=dtype, **fields), "as_built", V, top)
-        for label, fields in declared_option_cases(s)
-    ]
-    base = [r for r in REDUCTIONS if r in s.reductions][0]
-    for group in option_groups(s) or [()]:
-        fields = {k: v for o in group for k, v in OPTION_VALUES[o].items()}
-        label = f"dist:uneven:{'+'.join(group) or 'plain'}+{base}"
-        out += [
-            (
-                label,
-                dict(dtype=dtype, reduction=base, upstream=REDUCTION_UPSTREAM[base], **fields),
-                "boundary",
-                DIST_UNEVEN_V,
-                P,
-            )
-            for P in DIST_WORLD_SIZES
-            if P > 1
-        ]
-    return out
-
-
-def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], NotRun]:
-    """The distributed cases of ``spec`` an impl's declaration admits at each of :data:`DIST_WORLD_SIZES` and its
-    declared cases (:func:`dist_declared`), and the others counted and named per reason (an undeclared option or
-    dtype, world size, backend or uneven shards, ranks the backend cannot run here, or a recorded known divergence
-    of the impl, :data:`properties.distributed.linear_ce.known.DIST_KNOWN`)."""
-    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-    from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.distributed.linear_ce.suite import known_divergence
-    from numcheck.properties.core.strategies import refusal
-
-    backend = default_backend()
-    out: list[GridCase] = []
-    not_run = NotRun()
-    N, H, V0 = DIST_SHAPE
-    planned = [
-        (f"dist:{label}", DIST_CASES[label][0], DIST_CASES[label][1], V0, P, 4000 + i)
-        for P in DIST_WORLD_SIZES
-        for i, label in enumerate(spec.dist_cases)
-    ]
-    planned += [(g, f, pl, V, P, _label_seed(4100, g)) for g, f, pl, V, P in dist_declared(spec, impl)]
-    for group, fields, placement, V, P, seed in planned:
-        p = in_declared_reduction(Problem(N=N, H=H, V=V, seed=seed, device=device, **fields), impl.support.reductions)
-        why = (
-            refusal(impl.support, p)
-            or (f"world size {P} not declared" if P not in impl.dist.world_sizes else None)
-            or (f"backend {backend} not declared" if backend not in impl.dist.backends else None)
-            or (
-                f"uneven shards (V={V} over {P} ranks) not declared (uneven_vocab=False)"
-                if V % P and not impl.dist.uneven_vocab
-                else None
-            )
-            or world_size_unavailable(P, backend)
-        )
-        case = None if why else DistCase(p, P, backend, placement)
-        known = known_divergence(impl, case) if case is not None else None
-        mode = f"P={P} {p.dtype}"
-        if why:
-            not_run.add(group, mode, p.short(), why)
-        elif known:  # a recorded defect of the impl, as the suite leaves it out of its draws: counted, not run
-            not_run.add(group, mode, p.short(), f"known divergence: {known}")
-        else:
-            out.append(GridCase(group, mode, case))
-    return out, not_run
-
-
-def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
-    declared = [name for d, name in _DT.items() if d in support.dtypes]
-    if not declared:
-        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    return declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
-
-
-def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
-    """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
-    counted and named per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend
-    cannot run here, a shape the recipe's blocks do not fit)."""
-    from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
-
-    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
-    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-
-    backend = default_backend()
-    support = impl.support
-    out: list[GridCase] = []
-    not_run = NotRun()
-    for recipe in support.recipes if spec.tp_all_recipes else support.recipes[:1]:
-        split = 4 * SHARD_EDGE[recipe.kind] * (6 if SHARD_EDGE[recipe.kind] == 1 else 1)
-        for dtype in _tp_dtypes(spec, support):
-            for P in TP_WORLD_SIZES:
-                for parallel in ("column", "row"):
-                    K, N = (TP_FREE["column"], split) if parallel == "column" else (split, TP_FREE["row"])
-                    for i, label in enumerate(spec.tp_cases):
-                        try:
-                            case = TPQuantCase(
-                                recipe,
-                                TP_M,
-                                K,
-                                N,
-                                dtype=dtype,
-                                regime="normal",
-                                seed=5000 + i,
-                                steps=2 if recipe.kind == "delayed" else 1,
-                                world=P,
-                                parallel=parallel,
-                                **TP_CASES[label],
-                            )
-                        except ValueError as exc:
-                            why: str | None = f"shape not buildable: {exc}"
-                        else:
-                            why = tp_case_refusal(support, case) or world_size_unavailable(P, backend)
-                        sp = " SP" if TP_CASES[label]["sequence_parallel"] else ""
-                        mode = f"P={P} {parallel}{sp} {dtype}"
-                        if why:
-                            not_run.add(f"tp:{label}", mode, f"{recipe.name} M{TP_M}K{K}N{N}", why)
-                        else:
-                            out.append(GridCase(f"tp:{label}", mode, case))
-    return out, not_run
-
-
-def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
-    """The grouped cases of ``spec`` (:data:`GROUPED_CASES`, module docstring) an impl's declaration admits, for each
-    recipe (the first of each kind in the quick grid) and dtype, and the others counted per reason
-    (:func:`properties.fp8.grouped.cases.refusal`)."""
-    from numcheck.properties.fp8.grouped.cases import GroupedCase, fitted, refusal
-
-    support = impl.support
-    declared = [name for d, name in _DT.items() if d in support.dtypes]
-    if not declared:
-        raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
-    recipes = (
-        list(support.recipes)
-        if spec.grouped_all_recipes
-        else [next(r for r in support.recipes if r.kind == k) for k in dict.fromkeys(r.kind for r in support.recipes)]
-    )
-    out: list[GridCase] = []
-    skipped: dict[str, int] = {}
-    for recipe in recipes:
-        for dtype in dtypes:
-            for i, label in enumerate(spec.grouped_cases):
-                splits, K, N, fields = GROUPED_CASES[label]
-                if fields.get("save_original_input") and not recipe.allows_save_original_input:
-                    fields = {**fields, "save_original_input": False}
-                case = fitted(
-                    support,
-                    GroupedCase(
-                        recipe,
-                        splits,
-                        K,
-                        N,
-                        dtype=dtype,
-                        seed=6000 + i,
-                        device=device,
-                        steps=2 if recipe.kind == "delayed" else 1,
-                        **fields,
-                    ),
-                )
-                why = refusal(support, case)
-                if why:
-                    skipped[why] = skipped.get(why, 0) + 1
-                else:
-                    out.append(GridCase(f"grouped:{label}", dtype, case))
-    return out, skipped
+#: The dtypes a quantized case is built in, by name (the declared ones of an impl, in this order).
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def reduction_length(output: str, case: Any) -> int:

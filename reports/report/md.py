@@ -8,86 +8,18 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import statistics
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any
 
 from numcheck.impls.measure.memory import MiB
-
-LINEAR_OUTPUTS = ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias")
-QUANT_OUTPUTS = ("y", "dgrad", "wgrad", "bgrad")
-
-
-def _g(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "—"
-        if math.isinf(v):
-            return "∞"
-    return f"{v:.{digits}g}"
-
-
-def _median(vals: Iterable[float]) -> float:
-    v = [x for x in vals if isinstance(x, (int, float)) and not math.isnan(x)]
-    return statistics.median(v) if v else math.nan
-
-
-def _base_output(name: str) -> str:
-    return name.split("@", 1)[0]
+from numcheck.reports.report.families import FAMILIES
+from numcheck.reports.report.md_rows import fmt, median
 
 
 def why(info: dict) -> str:
-    """What in an impl's declaration sets its error (one line)."""
-    d = info.get("declaration") or {}
-    if info.get("kind") == "linear_ce":
-        acc = {
-            "fp32": "grad_W accumulated in fp32",
-            "per_chunk_rounding": "each chunk's grad_W product rounded to the compute dtype (bound + u_c)",
-            "param_dtype": "grad_W running sum kept in the parameter dtype (bound + K·u_p)",
-        }.get(d.get("grad_accumulation"), "")
-        if d.get("grad_accumulation") == "param_dtype" and d.get("chunk_rows") is None:
-            acc += ", chunk count undeclared (K = N assumed)"
-        if d.get("grad_x_accumulation", "fp32") != "fp32":
-            acc += f"; grad_x summed over vocabulary chunks ({d['grad_x_accumulation']}, " + (
-                f"{d['chunk_cols']} classes each)" if d.get("chunk_cols") else "one per class assumed)"
-            )
-        logits = "logits in fp32" if d.get("logits_dtype") == "float32" else "logits in the compute dtype"
-        ce = "; softmax/gradient arithmetic in the compute dtype" if d.get("ce_dtype") == "compute" else ""
-        return f"{acc}; {logits}{ce}"
-    if info.get("kind") == "dist_linear_ce":
-        return (
-            f"vocabulary sharded over world sizes {d.get('world_sizes')} on {', '.join(d.get('backends', []))}; "
-            f"grad_x all-reduced in {d.get('grad_x_reduce_dtype')}; smoothing convention {d.get('smoothing')}; "
-            f"logits in {'fp32' if d.get('logits_dtype') == 'float32' else 'the compute dtype'}"
-        )
-    if info.get("kind") in ("quant_linear", "tp_quant_linear", "grouped_quant_linear"):
-        u = d.get("accum_unit_roundoff")
-
-        def p2(v: Any) -> str:
-            return f"2^{math.log2(v):.0f}" if isinstance(v, float) and v > 0 else str(v)
-
-        us = ", ".join(f"{k}: {p2(v)}" for k, v in sorted(u.items())) if isinstance(u, dict) else p2(u)
-        text = f"FP8 operands (E4M3 u = 2^-4, E5M2 u = 2^-3) per recipe; GEMM accumulation u = {us}"
-        if info.get("kind") == "grouped_quant_linear":
-            text = (
-                f"experts' rows in multiples of {d.get('split_alignment')}"
-                f"{', empty experts' if d.get('empty_splits') else ''}; every scale per expert; "
-                f"{'wgrad fused into fp32 main_grad; ' if True in d.get('fused_wgrad_accumulation', []) else ''}"
-                f"{text}"
-            )
-        if info.get("kind") == "tp_quant_linear":
-            sp = (
-                "with and without SP" if len(d.get("sequence_parallel", [])) > 1 else f"SP {d.get('sequence_parallel')}"
-            )
-            text = (
-                f"{'/'.join(d.get('parallel', []))}-parallel {sp} over world sizes {d.get('world_sizes')}, "
-                f"amaxes reduced over the group; partials of a sharded reduction in "
-                f"{'the output dtype' if d.get('partial_dtype') == 'output' else 'fp32'}; {text}"
-            )
-        return text
-    return ""
+    """What in an impl's declaration sets its error (one line): its family's sentence, none for a broken impl."""
+    family = FAMILIES.get(info.get("kind"))
+    return family.why(info.get("declaration") or {}) if family else ""
 
 
 def impl_overview(report: dict) -> list[dict[str, Any]]:
@@ -125,8 +57,8 @@ def impl_overview(report: dict) -> list[dict[str, Any]]:
                 "worst_ratio": worst.get("ratio_hard") if worst else math.nan,
                 "worst_case": worst["label"] if worst else "",
                 "worst_output": worst_out,
-                "median_ratio": _median(c.get("ratio_hard", math.nan) for c in cases),
-                "gw_vs_eager": _median(gw),
+                "median_ratio": median(c.get("ratio_hard", math.nan) for c in cases),
+                "gw_vs_eager": median(gw),
                 "why": why(info),
             }
         )
@@ -134,67 +66,9 @@ def impl_overview(report: dict) -> list[dict[str, Any]]:
 
 
 def output_summary(report: dict, kind: str) -> list[dict[str, Any]]:
-    """Rows per impl × dtype mode (× recipe for FP8) × output: counts, worst/median error/bound, more."""
-    groups: dict[tuple, list[tuple[dict, dict]]] = defaultdict(list)
-    for c in report["cases"]:
-        if c["kind"] != kind:
-            continue
-        # Tensor-parallel rows: the layouts of one world size and dtype together (the worst case names its layout).
-        mode = f"P={c.get('world_size')} {c['mode'].split()[-1]}" if kind == "tp_quant_linear" else c["mode"]
-        for name, o in c.get("outputs", {}).items():
-            key = (c["impl"], c.get("recipe", ""), mode, _base_output(name))
-            groups[key].append((c, o))
-    order = LINEAR_OUTPUTS if kind in ("linear_ce", "dist_linear_ce") else QUANT_OUTPUTS
-    rows = []
-    for (impl, recipe, mode, out), items in groups.items():
-        judgements = sorted({j for _, o in items for j in o["verdicts"]})
-        worst_c, worst_o = max(items, key=lambda it: it[1]["ratio_hard"])
-        row = {
-            "impl": impl,
-            "recipe": recipe,
-            "mode": mode,
-            "output": out,
-            "n": len(items),
-            # An output not judged on j (relative, where declared less accurate) is neither a pass nor a fail of j.
-            "passes": {j: sum(1 for _, o in items if o["verdicts"].get(j) is True) for j in judgements},
-            "judged": {j: sum(1 for _, o in items if j in o["verdicts"]) for j in judgements},
-            "worst": worst_o["ratio_hard"],
-            "worst_case": worst_c["label"],
-            "median": _median(o["ratio_hard"] for _, o in items),
-            "median_expected": _median(o["ratio_expected"] for _, o in items),
-            "max_ulp": max(o["max_ulp"] for _, o in items),
-        }
-        if kind == "linear_ce":
-            row["rmse_vs_eager"] = _median(
-                o["relative"]["rmse_impl"] / o["relative"]["rmse_eager"]
-                for _, o in items
-                if "relative" in o and o["relative"]["rmse_eager"] > 0
-            )
-        if kind == "tp_quant_linear":
-            cases = {id(c): c for c, _ in items}.values()
-            row["same_scale"] = (sum(bool(c.get("same_scale")) for c in cases), len(cases))
-        if kind in ("quant_linear", "tp_quant_linear", "grouped_quant_linear"):
-            row["median_dq"] = _median(o["ratio_dq"] for _, o in items)
-            row["median_true"] = _median(o["ratio_true"] for _, o in items)
-        if kind in ("quant_linear", "grouped_quant_linear"):
-            row["sqnr_db"] = _median(o["sqnr_db"] for _, o in items if math.isfinite(o["sqnr_db"]))
-            row["rel_fro_true"] = _median(o["rel_fro_true"] for _, o in items)
-        rows.append(row)
-    impl_rank = {i["name"]: k for k, i in enumerate(report["impls"])}
-    rows.sort(
-        key=lambda r: (
-            impl_rank.get(r["impl"], 0),
-            r["recipe"],
-            r["mode"],
-            order.index(r["output"]) if r["output"] in order else 99,
-        )
-    )
-    return rows
-
-
-def all_judged_pass(row: dict[str, Any]) -> bool:
-    """Whether every judged output of an :func:`output_summary` row passes every judgement made on it."""
-    return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
+    """Rows per impl × dtype mode (× recipe for FP8) × output: counts, worst/median error/bound, more (its family's
+    :attr:`~reports.report.families.family.ReportFamily.summary`)."""
+    return FAMILIES[kind].summary(report)
 
 
 def _library_of(info: dict) -> tuple[str, str] | None:
@@ -310,150 +184,17 @@ def _overview_table(rows: list[dict]) -> list[str]:
             )
             continue
         mark = "✅" if r["fail"] == r["error"] == 0 else "❌"
-        worst = f"{_g(r['worst_ratio'])} ({r['worst_output']}, `{r['worst_case']}`)" if r["worst_case"] else "—"
+        worst = f"{fmt(r['worst_ratio'])} ({r['worst_output']}, `{r['worst_case']}`)" if r["worst_case"] else "—"
         out.append(
             f"| `{r['name']}` | {r['kind']} | {mark} {r['pass']} / {r['fail']} / {r['error']} | {r['not_declared']} | "
-            f"{worst} | {_g(r['median_ratio'])} | {_g(r['gw_vs_eager'])} | {r['why']} |"
+            f"{worst} | {fmt(r['median_ratio'])} | {fmt(r['gw_vs_eager'])} | {r['why']} |"
         )
     return out
 
 
-def _linear_ce_table(report: dict) -> list[str]:
-    """The linear+CE summary: one row per impl, dtype mode and output (none without such cases)."""
-    out: list[str] = []
-    lin = output_summary(report, "linear_ce")
-    if lin:
-        out += [
-            "### Linear + cross-entropy: per impl × dtype × output",
-            "",
-            "Pass counts are *analytic* / *relative* (relative counts only judged outputs). Error/bound at the "
-            "hard level; *expected* is the median at the √n level.",
-            "",
-            "| impl | dtype | output | cases | analytic pass | relative pass | worst error/bound | median | median (expected) | "
-            "max ULP | RMSE vs eager (median) | worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in lin:
-            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
-            rel = (
-                f"{r['passes'].get('relative', 0)}/{r['judged'].get('relative', 0)}"
-                if r["judged"].get("relative")
-                else "not judged"
-            )
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {rel} | {_g(r['worst'])} | "
-                f"{_g(r['median'])} | {_g(r['median_expected'])} | {_g(r['max_ulp'])} | {_g(r['rmse_vs_eager'])} | "
-                f"`{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
-
-
-def _dist_table(report: dict) -> list[str]:
-    """The distributed linear+CE summary: one row per impl, world size and dtype, and output."""
-    out: list[str] = []
-    dist = output_summary(report, "dist_linear_ce")
-    if dist:
-        out += [
-            "### Distributed linear + cross-entropy: per impl × world size × dtype × output",
-            "",
-            "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
-            "against the unsharded float64 oracle under the sharded model's bound (`properties/distributed/linear_ce/tolerance.py`); "
-            "every rank's loss must also be bitwise rank 0's.",
-            "",
-            "| impl | world size, dtype | output | cases | analytic pass | worst error/bound | median | max ULP | "
-            "worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in dist:
-            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {_g(r['worst'])} | "
-                f"{_g(r['median'])} | {_g(r['max_ulp'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
-
-
-def _tp_table(report: dict) -> list[str]:
-    """The tensor-parallel FP8 summary: one row per impl, recipe, world size and dtype, and output."""
-    out: list[str] = []
-    tp = output_summary(report, "tp_quant_linear")
-    if tp:
-        out += [
-            "### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output",
-            "",
-            "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
-            "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
-            "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
-            "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
-            "all quantized with the unsharded tensor's scales (`properties/distributed/tp_fp8/props.py`). One row holds every "
-            "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
-            "output over cases and ranks.",
-            "",
-            "| impl | recipe | world size, dtype | output | outputs judged | accumulation pass | total pass | "
-            "same scale | worst error/bound | median vs dequantized | median vs original | worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in tp:
-            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
-            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            same, n_same = r["same_scale"]
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
-                f"{same}/{n_same}{'' if same == n_same else ' ❌'} | {_g(r['worst'])} | {_g(r['median_dq'])} | "
-                f"{_g(r['median_true'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
-
-
 def _summary_tables(report: dict) -> list[str]:
-    out = [*_linear_ce_table(report), *_dist_table(report), *_tp_table(report)]
-    out += _quant_table(report, "quant_linear", "### FP8 quantized linear: per impl × recipe × dtype × output", "")
-    out += _quant_table(
-        report,
-        "grouped_quant_linear",
-        "### Grouped FP8 linear (mixture-of-experts): per impl × recipe × dtype × output",
-        "Each case split among its experts (uneven and unaligned sizes, "
-        "empty experts), every element judged under its own expert's bounds "
-        "(`properties/fp8/grouped/tolerance.py`); wgrad and bgrad stacked over the experts. ",
-    )
-    return out
-
-
-def _quant_table(report: dict, kind: str, title: str, intro: str) -> list[str]:
-    """The per impl × recipe × dtype × output table of the single or the grouped FP8 linear (none without rows)."""
-    out: list[str] = []
-    q = output_summary(report, kind)
-    if q:
-        out += [
-            title,
-            "",
-            intro
-            + "*accumulation*: within the bound against the dequantized operands; *total*: within the bound against "
-            "the original operands. The expected column is the error against the dequantized operands over the expected "
-            "level (√n accumulation error plus the output's own rounding; informative only).",
-            "",
-            "| impl | recipe | dtype | output | cases | accumulation pass | total pass | worst error/bound | "
-            "median vs dequantized | median vs original | median (expected) | SQNR dB (median) | "
-            "rel. Frobenius error (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in q:
-            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
-            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
-                f"{_g(r['worst'])} | {_g(r['median_dq'])} | {_g(r['median_true'])} | {_g(r['median_expected'])} | "
-                f"{_g(r['sqnr_db'])} | {_g(r['rel_fro_true'])} |"
-            )
-        out.append("")
-    return out
+    """Each family's table (:data:`reports.report.families.FAMILIES`, in its order)."""
+    return [line for family in FAMILIES.values() for line in family.table(report)]
 
 
 def _accumulation_section(acc: dict | None) -> list[str]:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.reports.report.families import FAMILIES
 from numcheck.reports.report.grid import MODES
 
 #: Every file name the plots below may write (a rewritten report replaces or removes exactly these).
@@ -129,7 +132,7 @@ class _LengthPlot:
 
 def _length_plot(kind: str) -> _LengthPlot:
     """The :class:`_LengthPlot` of ``kind`` (``linear_ce``, or the FP8 quantized linear for any other)."""
-    if kind == "linear_ce":
+    if kind == LINEAR_CE_KIND:
         return _LengthPlot(
             outputs={"loss": "N", "grad_x": "V", "grad_weight": "N"},
             first="ratio_hard",
@@ -193,7 +196,7 @@ def _length_panel(
     return finite
 
 
-def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str | None:
+def error_vs_length(report: dict, out_dir: Path, kind: str = LINEAR_CE_KIND) -> str | None:
     """error/bound against each output's reduction length, one panel per (dtype mode, output); every impl its own
     colour (shades of one map per family) and marker; filled marks: the verdict's level, hollow: the other."""
     from matplotlib.lines import Line2D
@@ -236,22 +239,10 @@ def error_vs_length(report: dict, out_dir: Path, kind: str = "linear_ce") -> str
     return plot.file
 
 
-#: The facets of :func:`ratio_distribution`: per kind, its outputs in column order.
-DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "linear_ce": ("loss", "z_loss", "grad_x", "grad_weight", "grad_bias"),
-    "quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
-    "dist_linear_ce": ("loss", "grad_x", "grad_weight", "grad_bias"),
-    "tp_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
-    "grouped_quant_linear": ("y", "dgrad", "wgrad", "bgrad"),
-}
-#: How a row of :func:`ratio_distribution` names its kind.
-KIND_LABELS: dict[str, str] = {
-    "linear_ce": "",
-    "quant_linear": "FP8 ",
-    "dist_linear_ce": "distributed ",
-    "tp_quant_linear": "TP FP8 ",
-    "grouped_quant_linear": "grouped FP8 ",
-}
+#: The facets of :func:`ratio_distribution`: per kind, its outputs in column order (its family's ``outputs``).
+DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {kind: f.outputs for kind, f in FAMILIES.items()}
+#: How a row of :func:`ratio_distribution` names its kind (its family's ``label``).
+KIND_LABELS: dict[str, str] = {kind: f.label for kind, f in FAMILIES.items()}
 
 
 def _mode_rank(mode: str) -> tuple[int, str]:
@@ -404,8 +395,8 @@ def write_plots(report: dict, out_dir: Path) -> tuple[list[str], str]:
     except ImportError:
         return [], MISSING_MESSAGE
     plots = (
-        ("error_vs_length.png", lambda: error_vs_length(report, out_dir, "linear_ce")),
-        ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, "quant_linear")),
+        ("error_vs_length.png", lambda: error_vs_length(report, out_dir, LINEAR_CE_KIND)),
+        ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, QUANT_KIND)),
         ("ratio_distribution.png", lambda: ratio_distribution(report, out_dir)),
         ("accumulation.png", lambda: accumulation(report, out_dir)),
     )

@@ -1,6 +1,7 @@
 """The report's property cases: for every property the shipped suite runs on a kind, the cases that reach its
 regime from an impl's declaration alone, judged by the property library's own function for that property (the
-suite's). One table, :data:`PROPERTY_ROWS` (kind → rows); each :class:`PropertyRow` names the property as
+suite's). Each kind's rows (``linear_ce_rows``, ``quant_rows``, ...; its family names them, :mod:`reports.report.families`);
+each :class:`PropertyRow` names the property as
 ``numcheck repro`` does, says how to build its cases from a declaration, and why an impl's declaration leaves it
 out. The rows follow the suite's tests (``tests/suite/*.py``) and their regimes (``properties/**/suite.py``):
 
@@ -200,7 +201,7 @@ def _no_quantize(impl: Any) -> str | None:
     return None if impl.support.exposes_quantize else f"{impl.name} does not expose quantize"
 
 
-def _quant_rows() -> tuple[PropertyRow, ...]:
+def quant_rows() -> tuple[PropertyRow, ...]:
     layer = tuple(PropertyRow(p, f"usage_as_a_layer_every_recipe[{p}]", _layer) for p in _LAYER)
     return (
         PropertyRow("accuracy", "edge_inputs_every_recipe", _edge_inputs),
@@ -314,7 +315,7 @@ def _no_empty(impl: Any) -> str | None:
     return None if impl.support.empty_splits else f"{impl.name} does not declare empty splits (empty_splits=False)"
 
 
-def _grouped_rows() -> tuple[PropertyRow, ...]:
+def grouped_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("accuracy", "grouped_edge_splits_every_recipe", _grouped_edge),
         PropertyRow("accuracy", "grouped_delayed_scaling_per_gemm_histories", _grouped_delayed),
@@ -398,7 +399,7 @@ def _tp_soi(impl: Any) -> str | None:
     return f"{impl.name} declares no recipe with save_original_input=True"
 
 
-def _tp_rows() -> tuple[PropertyRow, ...]:
+def tp_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("world_size_invariance", "world_size_invariance", _tp_build(), _tp_two_worlds),
         PropertyRow(
@@ -452,7 +453,7 @@ def _dist_deterministic(impl: Any) -> str | None:
     return None if impl.dist.deterministic else f"{impl.name} does not declare deterministic"
 
 
-def _dist_rows() -> tuple[PropertyRow, ...]:
+def dist_rows() -> tuple[PropertyRow, ...]:
     return (
         PropertyRow("dist_world_size_invariance", "dist_world_size_invariance", _dist_build((2, 4), cancelling=True)),
         PropertyRow("dist_determinism", "dist_determinism", _dist_build((4,)), _dist_deterministic),
@@ -592,7 +593,7 @@ def _unless(cond: Callable[[Any], bool], why: str) -> Callable[[Any], str | None
     return lambda impl: None if cond(impl) else why.format(name=impl.name)
 
 
-def _linear_ce_rows() -> tuple[PropertyRow, ...]:
+def linear_ce_rows() -> tuple[PropertyRow, ...]:
     from numcheck.properties.core.chunks import declares_chunks
 
     opts = lambda *o: _unless(lambda i: set(o) <= set(i.support.options), "{name} declares no " + "/".join(o))  # noqa: E731
@@ -643,58 +644,47 @@ def _linear_ce_rows() -> tuple[PropertyRow, ...]:
     )
 
 
-def property_rows(kind: str) -> tuple[PropertyRow, ...]:
-    """The rows of ``kind`` (:data:`PROPERTY_ROWS`)."""
-    return {
-        "linear_ce": _linear_ce_rows,
-        "quant_linear": _quant_rows,
-        "grouped_quant_linear": _grouped_rows,
-        "tp_quant_linear": _tp_rows,
-        "dist_linear_ce": _dist_rows,
-    }[kind]()
+def linear_ce_refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why a linear+CE impl's declaration, or a recorded known divergence of the impl (as the suite leaves it out of
+    its draws), excludes ``case``."""
+    from numcheck.properties.core.known import known
+    from numcheck.properties.core.strategies import refusal
+
+    divergence = known(impl.name, prop, case)
+    return refusal(impl.support, case) or (divergence and f"known divergence: {divergence.reason}")
 
 
-#: The kinds with property rows (:func:`property_rows`).
-PROPERTY_KINDS: tuple[str, ...] = (
-    "linear_ce",
-    "quant_linear",
-    "grouped_quant_linear",
-    "tp_quant_linear",
-    "dist_linear_ce",
-)
+def dist_refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why a distributed impl's declaration, or a recorded known divergence of the impl, excludes ``case``."""
+    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.distributed.linear_ce.suite import known_divergence
+
+    known = known_divergence(impl, case)
+    return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")
 
 
-def _refused(impl: Any, prop: str, case: Any) -> str | None:
-    """Why the impl's declaration (or a recorded known divergence of the impl, as the suite leaves it out of its
-    draws) excludes a linear+CE, distributed or FP8 linear case; ``None`` for the other FP8 kinds (their builders fit
-    the declaration, and no known divergence of theirs is recorded)."""
-    if impl.kind == "linear_ce":
-        from numcheck.properties.core.known import known
-        from numcheck.properties.core.strategies import refusal
+def quant_refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why a recorded known divergence of a quantized linear excludes ``case`` (the builders fit the declaration)."""
+    from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 
-        divergence = known(impl.name, prop, case)
-        return refusal(impl.support, case) or (divergence and f"known divergence: {divergence.reason}")
-    if impl.kind == "dist_linear_ce":
-        from numcheck.properties.core.strategies import refusal
-        from numcheck.properties.distributed.linear_ce.suite import known_divergence
-
-        known = known_divergence(impl, case)
-        return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")
-    if impl.kind == "quant_linear":
-        from numcheck.properties.fp8.known_torchao import known_fp8_divergence
-
-        divergence = known_fp8_divergence(impl.name, prop, case)
-        return divergence and f"known divergence: {divergence.reason}"
-    return None
+    divergence = known_fp8_divergence(impl.name, prop, case)
+    return divergence and f"known divergence: {divergence.reason}"
 
 
-def property_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
-    """The (impl or its chunk variant, case) pairs of every row of the impl's kind its declaration admits, each a
-    :class:`GridCase` with its ``property`` and the group ``suite:<test>``; a row its declaration leaves out, and a
-    case it refuses, are counted and named with the reason."""
+#: ``refused(impl, property, case)``: why a kind's impl does not run a built case, or ``None``.
+Refused = Callable[[Any, str, Any], "str | None"]
+
+
+def property_cases(
+    spec: GridSpec, impl: Any, rows: tuple[PropertyRow, ...], refused: Refused | None, device: str = "cpu"
+) -> tuple[list[tuple[Any, GridCase]], NotRun]:
+    """The (impl or its chunk variant, case) pairs of every row of ``rows`` (its kind's, from its family) the impl's
+    declaration admits, each a :class:`GridCase` with its ``property`` and the group ``suite:<test>``; a row its
+    declaration leaves out, and a case it refuses (``refused``: none for the kinds whose builders fit the
+    declaration and record no known divergence), are counted and named with the reason."""
     out: list[tuple[Any, GridCase]] = []
     not_run = NotRun()
-    for row in property_rows(impl.kind):
+    for row in rows:
         group = f"suite:{row.test}"
         why = row.skip(impl)
         if why:
@@ -702,9 +692,9 @@ def property_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list
             continue
         for built in row.build(impl, spec, device):
             label, case, runner = (*built, impl) if len(built) == 2 else built
-            refused = _refused(impl, row.prop, case)
-            if refused:
-                not_run.add(group, "", label, refused)
+            why_not = refused(impl, row.prop, case) if refused else None
+            if why_not:
+                not_run.add(group, "", label, why_not)
             else:
                 out.append((runner, GridCase(group, _mode(case), case, prop=row.prop)))
     return out, not_run

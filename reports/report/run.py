@@ -1,8 +1,5 @@
-"""Running every loaded impl over the report grid, through the property library's judgements
-(:func:`properties.core.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8.props.measure_case` for
-quantized linear, :func:`properties.fp8.grouped.props.measure_case` for grouped (mixture-of-experts) FP8 linears,
-:func:`properties.distributed.linear_ce.props.measure` for distributed linear+CE and
-:func:`properties.distributed.tp_fp8.props.measure` for tensor-parallel FP8 linears on their ranks), with a plain-text progress
+"""Running every loaded impl over the report grid, through the property library's judgements (each kind's
+cases, judgement and record from its family, :data:`reports.report.families.FAMILIES`), with a plain-text progress
 bar on stderr.
 
 Nothing is dropped: an impl that failed to load is listed as ``broken`` with its error, one that cannot run
@@ -16,7 +13,6 @@ and the report must not (it is compared with a committed baseline).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 from collections import Counter
@@ -26,33 +22,14 @@ from typing import Any, Iterator, TextIO
 import torch
 from tqdm import tqdm
 
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, ImplEntry
 from numcheck.properties.core import poison
 from numcheck.reports.report.coverage import unreached
-from numcheck.reports.report.grid import (
-    GridCase,
-    GridSpec,
-    NotRun,
-    declared_cases,
-    dist_cases,
-    grouped_cases,
-    in_declared_reduction,
-    linear_ce_cases,
-    many_chunk_cases,
-    quant_cases,
-    tp_cases,
-)
-from numcheck.reports.report.property_grid import PROPERTY_KINDS, property_cases
-from numcheck.reports.report.schema import (
-    case_text,
-    declaration,
-    dist_record,
-    error_record,
-    linear_ce_record,
-    property_record,
-    quant_record,
-    tp_record,
-)
+from numcheck.reports.report.families import FAMILIES
+from numcheck.reports.report.grid import GridCase, GridSpec
+from numcheck.reports.report.property_grid import property_cases
+from numcheck.reports.report.schema import case_text, error_record, property_record
 
 
 class Progress:
@@ -126,56 +103,17 @@ def _impl_entry(entry: ImplEntry | BrokenImpl, device: str) -> tuple[dict[str, A
         "status": "unavailable" if reason else "ran",
         "reason": reason or "",
         "description": getattr(impl, "description", "") or "",
-        "declaration": declaration(impl),
+        "declaration": FAMILIES[impl.kind].declaration(impl),
         "not_declared": {},
     }
     return info, reason is None
 
 
-def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase], NotRun]:
-    """Cases and refusals counted per reason (the grouped grid's) as :class:`NotRun`, each reason named once."""
-    cases, counts = found
-    not_run = NotRun()
-    for why, n in counts.items():
-        not_run.add("grouped", "", f"{n} case(s)", why)
-        not_run[why] += n - 1
-    return cases, not_run
-
-
-def _linear_ce_plan(impl: Any, lin: list[GridCase], spec: GridSpec, device: str, info: dict) -> list:
-    """A linear+CE impl's (impl, case) pairs: the fixed grid and its declared cases in the reduction it declares, less
-    refused, repeated and known-divergent cases (counted and named in ``info``), then its many-chunk cases."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
-
-    mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
-    not_run = NotRun()
-    fixed = {gc.case for gc in lin}
-    seen: set[Any] = set()
-    for gc in lin + [d for d in declared_cases(spec, impl, device) if d.case not in fixed]:
-        case = in_declared_reduction(gc.case, impl.support.reductions)
-        divergence = known(impl.name, "accuracy", case)
-        why = (
-            refusal(impl.support, case)
-            or ("the same case in the declared reduction" if case in seen else None)
-            or (divergence and f"known divergence: {divergence.reason}")
-        )
-        seen.add(case)
-        if why:
-            not_run.add(gc.group, gc.mode, gc.case.short(), why)
-        else:
-            mine.append((impl, gc if case is gc.case else dataclasses.replace(gc, case=case)))
-    many, left_out = many_chunk_cases(spec, impl, device)
-    mine += many
-    not_run.merge(left_out)
-    info["not_declared"], info["not_run"] = dict(not_run), not_run.named
-    return mine
-
-
 def _with_properties(spec: GridSpec, impl: Any, device: str, mine: list, info: dict) -> list:
     """The impl's property cases (:func:`~reports.report.property_grid.property_cases`) not already among its accuracy
     cases ``mine``; the rows and cases its declaration leaves out are added to ``info``'s counts and names."""
-    extra, left_out = property_cases(spec, impl, device)
+    family = FAMILIES[impl.kind]
+    extra, left_out = property_cases(spec, impl, family.property_rows(), family.refused, device)
     have = {(gc.prop, gc.case) for _, gc in mine}
     fresh = []
     for runner, gc in extra:
@@ -195,40 +133,21 @@ def plan(
     """The impl entries and the (impl, case) pairs to run, in order; refused cases, and cases a recorded known
     divergence of the impl covers (:mod:`properties.core.known`, left out of the suite's draws too), are counted per
     reason (``not_declared``) and named (``not_run``). A linear+CE impl's many-chunk cases
-    (:func:`~reports.report.grid.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
+    (:func:`~reports.report.families.linear_ce.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
     name and declaration)."""
     infos, work = [], []
-    lin = linear_ce_cases(spec, device)
     for entry in entries:
         info, runs = _impl_entry(entry, device)
         infos.append(info)
         if not runs:
             continue
         impl = entry.impl
-        mine: list[tuple[Any, GridCase]] = []
-        if impl.kind == "linear_ce":
-            mine = _linear_ce_plan(impl, lin, spec, device, info)
-        elif impl.kind in ("dist_linear_ce", "tp_quant_linear", "grouped_quant_linear"):
-            by_kind = {
-                "dist_linear_ce": lambda: dist_cases(spec, impl, device),
-                "tp_quant_linear": lambda: tp_cases(spec, impl),
-                "grouped_quant_linear": lambda: _named(grouped_cases(spec, impl, device)),
-            }
-            try:
-                cases, refused = by_kind[impl.kind]()
-            except ValueError as exc:
-                info["status"], info["reason"] = "unavailable", str(exc)
-                continue
-            mine += [(impl, gc) for gc in cases]
-            info["not_declared"], info["not_run"] = dict(refused), refused.named
-        else:
-            try:
-                cases = quant_cases(spec, impl.support, device)
-            except ValueError as exc:
-                info["status"], info["reason"] = "unavailable", str(exc)
-                continue
-            mine += [(impl, gc) for gc in cases]
-        if spec.properties and impl.kind in PROPERTY_KINDS:
+        try:
+            mine = FAMILIES[impl.kind].plan(spec, impl, device, info)
+        except ValueError as exc:  # no case of its kind can be built from its declaration here
+            info["status"], info["reason"] = "unavailable", str(exc)
+            continue
+        if spec.properties:
             mine += _with_properties(spec, impl, device, mine, info)
         work += mine
         info["unreached"] = unreached(impl, [gc.case for _, gc in mine])
@@ -243,46 +162,21 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
         return _property_case(impl, gc, t0)
     try:
         with poison.judging(impl, gc.prop):  # the property cases get it through judge
-            if impl.kind == "linear_ce":
-                from numcheck.properties.core.accuracy import check_accuracy
-
-                res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
-                return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
-            if impl.kind == "dist_linear_ce":
-                from numcheck.properties.distributed.linear_ce.props import measure
-
-                comps, lines = measure(impl, gc.case)
-                return dist_record(impl, gc, comps, lines, time.perf_counter() - t0)
-            if impl.kind == "grouped_quant_linear":
-                from numcheck.properties.fp8.grouped.props import measure_case as grouped_measure
-
-                return quant_record(impl, gc, grouped_measure(impl, gc.case), time.perf_counter() - t0)
-            if impl.kind == "tp_quant_linear":
-                from numcheck.properties.distributed.tp_fp8.props import measure as tp_measure
-
-                return tp_record(impl, gc, tp_measure(impl, gc.case), time.perf_counter() - t0)
-            from numcheck.properties.fp8.props import measure_case
-
-            res = measure_case(impl, gc.case)
-            return quant_record(impl, gc, res, time.perf_counter() - t0)
+            return FAMILIES[impl.kind].measure(impl, gc, t0)
     except Exception as exc:  # noqa: BLE001 - any exception is the impl's failure, recorded with its message
-        return error_record(impl, gc, exc, time.perf_counter() - t0)
+        return _error_record(impl, gc, exc, t0)
+
+
+def _error_record(impl: Any, gc: GridCase, exc: BaseException, t0: float) -> dict[str, Any]:
+    """The record of a case the impl raised on, with its family's judgements and repro command."""
+    family = FAMILIES[impl.kind]
+    return error_record(impl, gc, exc, time.perf_counter() - t0, family.judgements, family.repro)
 
 
 def property_table(kind: str) -> dict[str, Any]:
     """The property library's table of ``kind``'s properties by name (the functions the suite runs, and
-    ``numcheck repro``)."""
-    if kind == "linear_ce":
-        from numcheck.properties.core.props import PROPERTIES
-    elif kind == "quant_linear":
-        from numcheck.properties.fp8.props import FP8_PROPERTIES as PROPERTIES
-    elif kind == "grouped_quant_linear":
-        from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES as PROPERTIES
-    elif kind == "tp_quant_linear":
-        from numcheck.properties.distributed.tp_fp8.props import DIST_FP8_PROPERTIES as PROPERTIES
-    else:
-        from numcheck.properties.distributed.linear_ce.props import PROPERTIES
-    return PROPERTIES
+    ``numcheck repro``), from its family (:data:`reports.report.families.FAMILIES`)."""
+    return FAMILIES[kind].properties()
 
 
 def _property_case(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
@@ -297,7 +191,7 @@ def _property_case(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     except PropertyFailure as exc:
         return property_record(impl, gc, None, exc, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - recorded with its message, never stops the sweep
-        return error_record(impl, gc, exc, time.perf_counter() - t0)
+        return _error_record(impl, gc, exc, t0)
     return property_record(impl, gc, metrics, None, time.perf_counter() - t0)
 
 
@@ -315,7 +209,7 @@ def sweep(
     order: dict[tuple[str, str], int] = {}
     for i, (_, gc) in enumerate(work):
         order.setdefault((gc.prop, case_text(gc.case)), i)
-    work = sorted(work, key=lambda w: (w[0].kind != "linear_ce", order[(w[1].prop, case_text(w[1].case))]))
+    work = sorted(work, key=lambda w: (w[0].kind != LINEAR_CE_KIND, order[(w[1].prop, case_text(w[1].case))]))
     bar = Progress(len(work), stream, label=f"numcheck report ({spec.name})", enabled=progress)
     records = []
     with one_thread():

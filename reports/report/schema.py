@@ -77,7 +77,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -346,90 +346,9 @@ def environment(device: str) -> dict[str, Any]:
 
 
 # -- impl entries ---------------------------------------------------------------------------------------
-def _names(dtypes) -> list[str]:
+def dtype_names(dtypes) -> list[str]:
+    """Dtypes by their names (``float32``), sorted: how a declaration's dtypes are recorded."""
     return sorted(str(d).replace("torch.", "") for d in dtypes)
-
-
-def _linear_ce_declaration(s: Any) -> dict[str, Any]:
-    """A linear+CE declaration: its domain and the accumulation and precision paths the bounds follow."""
-    return {
-        "dtypes": _names(s.dtypes),
-        "autocast": _names(s.autocast),
-        "devices": sorted(s.devices),
-        "options": sorted(s.options),
-        "reductions": sorted(s.reductions),
-        "all_ignored": s.all_ignored,
-        "grad_accumulation": s.grad_accumulation,
-        "chunk_rows": s.chunk_rows,
-        "grad_x_accumulation": s.grad_x_accumulation,
-        "chunk_cols": s.chunk_cols,
-        "logits_dtype": s.logits_dtype,
-        "ce_dtype": s.ce_dtype,
-    }
-
-
-def _dist_declaration(impl: Any) -> dict[str, Any]:
-    """A distributed linear+CE declaration: the linear+CE domain and how it is distributed (world sizes, backends,
-    uneven vocabularies, smoothing, the dtype grad_x is reduced in)."""
-    s = impl.support
-    d = impl.dist
-    return {
-        "dtypes": _names(s.dtypes),
-        "devices": sorted(s.devices),
-        "options": sorted(s.options),
-        "reductions": sorted(s.reductions),
-        "all_ignored": s.all_ignored,
-        "logits_dtype": s.logits_dtype,
-        "ce_dtype": s.ce_dtype,
-        "world_sizes": list(d.world_sizes),
-        "backends": list(d.backends),
-        "uneven_vocab": d.uneven_vocab,
-        "smoothing": d.smoothing,
-        "grad_x_reduce_dtype": d.grad_x_reduce_dtype,
-    }
-
-
-def _quant_declaration(impl: Any) -> dict[str, Any]:
-    """An FP8 linear declaration (single-device, tensor-parallel or grouped): recipes, layouts, accumulation."""
-    s = impl.support
-    accum = s.accum_unit_roundoff
-    if impl.kind == "tp_quant_linear":
-        return {
-            "dtypes": _names(s.dtypes),
-            "recipes": [r.name for r in s.recipes],
-            "parallel": sorted(s.parallel),
-            "sequence_parallel": sorted(s.sequence_parallel),
-            "world_sizes": list(s.world_sizes),
-            "partial_dtype": s.partial_dtype,
-            "accum_unit_roundoff": accum,
-        }
-    out = {
-        "dtypes": _names(s.dtypes),
-        "devices": sorted(s.devices),
-        "recipes": [r.name for r in s.recipes],
-        "save_original_input": sorted(s.save_original_input),
-        "bias": s.bias,
-        "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum,
-    }
-    if impl.kind == "grouped_quant_linear":
-        out.update(
-            split_alignment=s.split_alignment,
-            empty_splits=s.empty_splits,
-            feature_alignment=s.feature_alignment,
-            weight_layouts=sorted(s.weight_layouts),
-            fused_wgrad_accumulation=sorted(s.fused_wgrad_accumulation),
-            bitwise_per_expert=s.bitwise_per_expert,
-        )
-    return out
-
-
-def declaration(impl: Any) -> dict[str, Any]:
-    """The parts of an impl's support declaration that explain its numbers."""
-    if impl.kind == "linear_ce":
-        return _linear_ce_declaration(impl.support)
-    if impl.kind == "dist_linear_ce":
-        return _dist_declaration(impl)
-    return _quant_declaration(impl)
 
 
 # -- case records ---------------------------------------------------------------------------------------
@@ -667,14 +586,18 @@ def property_record(impl: Any, grid_case: Any, metrics: Any, failure: Any, secon
     return rec
 
 
-def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) -> dict[str, Any]:
-    """The record of a case on which the impl (or the harness on its output) raised: a failure with the error."""
+def error_record(
+    impl: Any,
+    grid_case: Any,
+    exc: BaseException,
+    seconds: float,
+    judgements: tuple[str, ...],
+    repro: Callable[[Any, str, Any], str],
+) -> dict[str, Any]:
+    """The record of a case on which the impl (or the harness on its output) raised: a failure with the error, every
+    judgement of its kind (``judgements``; the property's own for a property case) failed, and its kind's repro
+    command (``repro(impl, property, case)``)."""
     rec = _base(impl, grid_case, "error", seconds)
-    judgements = {
-        "linear_ce": ("analytic", "relative"),
-        "dist_linear_ce": ("analytic",),
-        "tp_quant_linear": ("accumulation", "total", "same_scale"),
-    }.get(impl.kind, ("accumulation", "total"))
     rec.update(
         error=f"{type(exc).__name__}: {exc}".strip(),
         verdicts={j: False for j in judgements},
@@ -686,20 +609,7 @@ def error_record(impl: Any, grid_case: Any, exc: BaseException, seconds: float) 
     prop = getattr(grid_case, "prop", "accuracy")
     if prop != "accuracy":
         rec["verdicts"] = {prop: False}
-    if impl.kind == "dist_linear_ce":
-        from numcheck.properties.distributed.linear_ce.props import repro_command as dist_repro
-
-        rec["repro"] = dist_repro(impl, "dist_accuracy" if prop == "accuracy" else prop, grid_case.case)
-    elif impl.kind == "linear_ce":
-        from numcheck.properties.core.failures import repro_command
-
-        rec["repro"] = repro_command(impl, prop, grid_case.case)
-    else:
-        from numcheck.properties.core.failures import repro_command as quant_repro
-
-        if prop == "accuracy" and impl.kind == "tp_quant_linear":
-            prop = "dist_accuracy"
-        rec["repro"] = quant_repro(impl, prop, grid_case.case)
+    rec["repro"] = repro(impl, prop, grid_case.case)
     return rec
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, validate_quant_impl
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND, QuantLinearSupport, validate_quant_impl
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import (
     EDGE_INPUT_REGIMES,
@@ -269,7 +269,7 @@ def test_protocol_rejects_malformed_impls():
     """validate_quant_impl names the origin and the problem for objects that break the protocol."""
 
     class NoSupport:
-        name, kind = "bad", "quant_linear"
+        name, kind = "bad", QUANT_KIND
 
         def __call__(self, *a, **k):
             return None

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import by_kind, discover
 from numcheck.properties.production.tier import DTYPES, Case, CaseContext, judge_impl, parse_shapes
 
@@ -37,7 +38,7 @@ def scale_case(request: pytest.FixtureRequest) -> Iterator[CaseContext]:
             "runs its logic on CPU"
         )
     ctx = CaseContext.build(request.param)
-    ctx.bounds.plan([e.impl for e in by_kind(discover([]), "linear_ce")])  # a hint: what shares bound sweeps
+    ctx.bounds.plan([e.impl for e in by_kind(discover([]), LINEAR_CE_KIND)])  # a hint: what shares bound sweeps
     yield ctx
     del ctx
     torch.cuda.empty_cache()

@@ -18,19 +18,9 @@ from numcheck.reports import cli
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.command import build_report, resolve_out_dir, write_atomically, write_report
-from numcheck.reports.report.grid import (
-    FULL,
-    GRIDS,
-    QUICK,
-    SMOKE,
-    GridSpec,
-    declared_cases,
-    linear_ce_cases,
-    quant_cases,
-    random_problems,
-    reduction_length,
-    span_decades,
-)
+from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, reduction_length, span_decades
+from numcheck.reports.report.families.linear_ce import declared_cases, linear_ce_cases, random_problems
+from numcheck.reports.report.families.fp8_linear import quant_cases
 
 OUTPUT_FIELDS = (
     "max_abs",
@@ -440,7 +430,8 @@ def test_dist_grid_counts_known_divergences_instead_of_running_them():
     counted with that reason and not run, as the suite leaves it out of its draws; every case run is uncovered."""
     from numcheck.impls.adapters.megatron import megatron_impls
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
-    from numcheck.reports.report.grid import QUICK, dist_cases
+    from numcheck.reports.report.families.dist_linear_ce import dist_cases
+    from numcheck.reports.report.grid import QUICK
 
     impl = next(m for m in megatron_impls() if not m.fused)
     if impl.support.unavailable_reason():

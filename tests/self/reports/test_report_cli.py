@@ -19,7 +19,7 @@ import pytest
 from numcheck.reports import baselines, cli, versions
 
 from numcheck.reports.premerge import command as premerge
-from numcheck.reports.report import md as report_md, schema as report_schema
+from numcheck.reports.report import md as report_md, md_rows, schema as report_schema
 from numcheck.reports.report.command import verdict
 
 SMOKE = ["--grid", "smoke", "--no-progress", "--no-plots"]
@@ -272,7 +272,7 @@ def test_summary_counts_only_judged_outputs_as_relative_passes():
     rep = {"impls": [{"name": "m"}], "cases": [case("a", True), case("b", None)]}
     (row,) = report_md.output_summary(rep, "linear_ce")
     assert row["passes"] == {"analytic": 2, "relative": 1} and row["judged"] == {"analytic": 2, "relative": 1}
-    assert report_md.all_judged_pass(row)
+    assert md_rows.all_judged_pass(row)
     table = "\n".join(report_md._summary_tables(rep))
     assert "❌" not in table and "| 2/2 | 1/1 |" in table
 

@@ -20,7 +20,7 @@ from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report
 from numcheck.reports.report.compare import compare_reports
 from numcheck.reports.report.grid import QUICK
-from numcheck.reports.report.property_grid import PROPERTY_KINDS, property_rows
+from numcheck.reports.report.families import FAMILIES
 from numcheck.reports.report.run import plan, property_table, run_case
 
 MOD = "numcheck.tests.self.helpers.report_property_impls"
@@ -46,12 +46,12 @@ def _suite_properties(kind: str) -> set[str]:
     return set(property_table(kind)) - {"dist_accuracy", "dist_same_scale"}
 
 
-@pytest.mark.parametrize("kind", PROPERTY_KINDS)
+@pytest.mark.parametrize("kind", tuple(FAMILIES))
 def test_every_suite_property_of_a_kind_has_a_row(kind):
     """Each property the suite runs on the kind is a row of the table, named as its property table names it."""
-    rows = {r.prop for r in property_rows(kind)} | {"accuracy"}
+    rows = {r.prop for r in FAMILIES[kind].property_rows()} | {"accuracy"}
     assert _suite_properties(kind) <= rows, sorted(_suite_properties(kind) - rows)
-    assert {r.prop for r in property_rows(kind)} <= set(property_table(kind)) | {"accuracy"}
+    assert {r.prop for r in FAMILIES[kind].property_rows()} <= set(property_table(kind)) | {"accuracy"}
 
 
 def _report(specs: list[str]) -> dict:

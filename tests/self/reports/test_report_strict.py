@@ -23,15 +23,9 @@ from numcheck.reports.premerge import command as premerge
 from numcheck.reports.report import md as report_md, schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
 from numcheck.properties.core import chunks
-from numcheck.reports.report.grid import (
-    DIST_UNEVEN_V,
-    QUICK,
-    SMOKE,
-    declared_cases,
-    dist_cases,
-    many_chunk_cases,
-    option_groups,
-)
+from numcheck.reports.report.grid import DIST_UNEVEN_V, QUICK, SMOKE
+from numcheck.reports.report.families.linear_ce import declared_cases, many_chunk_cases, option_groups
+from numcheck.reports.report.families.dist_linear_ce import dist_cases
 from numcheck.reports.report.run import plan
 from numcheck.tests.self.helpers import report_strict_impls as helpers
 from numcheck.tests.self.helpers import user_chunked
