@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
-from numcheck.impls.protocols.declaration import InvalidDeclaration
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, validate_dist_impl
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, validate_grouped_impl
 from numcheck.impls.protocols.linear_ce import validate_impl

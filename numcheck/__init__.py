@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         ClaimsError,
         InvalidAssertion,
         InvalidDeclaration,
+        NumcheckError,
         PropertyFailure,
         ProtocolViolation,
     )
@@ -55,7 +56,15 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
 #: environment where numcheck is installed, imports this package first.
 _PUBLIC: dict[str, str] = {
     **dict.fromkeys(
-        ("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure", "ProtocolViolation"),
+        (
+            "BadInput",
+            "ClaimsError",
+            "InvalidAssertion",
+            "InvalidDeclaration",
+            "NumcheckError",
+            "PropertyFailure",
+            "ProtocolViolation",
+        ),
         "numcheck.errors",
     ),
     **dict.fromkeys(
@@ -120,6 +129,7 @@ __all__ = [
     "InvalidAssertion",
     "InvalidDeclaration",
     "LinearCESupport",
+    "NumcheckError",
     "Problem",
     "PropertyFailure",
     "ProtocolViolation",

@@ -213,7 +213,7 @@ def _undeclared(impl: Any, case: Any) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
     from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
 
     prop = args.property.split("[", 1)[0]
     try:

@@ -44,7 +44,8 @@ from numcheck.impls.protocols.fp8_linear import (
 )
 from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.failures import PropertyFailure, failure_message
+from numcheck.properties.core.failures import failure_message
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.properties.core.harness import strided_copy

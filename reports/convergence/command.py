@@ -21,7 +21,7 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
 from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
-from numcheck.errors import BadInput
+from numcheck.errors import BadInput, InvalidAssertion
 from numcheck.reports.common import int_at_least, prepare_out_dir
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 ignored=args.ignored,
                 device=args.device,
             )
-        except convergence.InvalidAssertion as exc:
+        except InvalidAssertion as exc:
             print(f"numcheck converge: {exc}")
             return 2
         results[name] = r

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.reports import cli
 
 PLAIN = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
