@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.reports.common import ImplSpec, add_impl_arguments
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
@@ -375,9 +376,8 @@ def main(argv: list[str] | None = None) -> int:
 
     interpreter.arrange()
     p = argparse.ArgumentParser(prog="python -m numcheck.reports.premerge.ab", description=main.__doc__)
-    p.add_argument("--impl", action="append", default=[])
-    p.add_argument("--base", action="append", default=[])
-    p.add_argument("--device", default="cpu")
+    add_impl_arguments(p, impls="the change of each pair", default="")
+    p.add_argument("--base", action="append", default=[], type=ImplSpec(), metavar="SPEC")
     p.add_argument("--grid", default="quick")
     p.add_argument("--headroom", type=float, default=None)
     p.add_argument("--growth-floor", type=float, default=DEFAULT_GROWTH_FLOOR)
