@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         ClaimsError,
         InvalidAssertion,
         InvalidDeclaration,
+        NumcheckError,
         PropertyFailure,
         ProtocolViolation,
     )
@@ -56,7 +57,15 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
 #: modules' public names come from each kind's descriptor (:func:`_kind_public`).
 _PUBLIC: dict[str, str] = {
     **dict.fromkeys(
-        ("BadInput", "ClaimsError", "InvalidAssertion", "InvalidDeclaration", "PropertyFailure", "ProtocolViolation"),
+        (
+            "BadInput",
+            "ClaimsError",
+            "InvalidAssertion",
+            "InvalidDeclaration",
+            "NumcheckError",
+            "PropertyFailure",
+            "ProtocolViolation",
+        ),
         "numcheck.errors",
     ),
     **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
@@ -114,6 +123,7 @@ __all__ = [
     "InvalidAssertion",
     "InvalidDeclaration",
     "LinearCESupport",
+    "NumcheckError",
     "Problem",
     "PropertyFailure",
     "ProtocolViolation",

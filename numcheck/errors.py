@@ -1,10 +1,13 @@
-"""Every exception a numcheck user meets, in one place (each is re-exported by ``import numcheck`` too).
+"""Every exception a numcheck user meets, in one place (each is re-exported by ``import numcheck`` too), all
+subclasses of :class:`NumcheckError`. numcheck's own modules import them from here, never through another module.
 
 This module imports nothing of numcheck, so every layer can raise these.
 
 >>> import numcheck
 >>> issubclass(numcheck.InvalidDeclaration, ValueError), issubclass(numcheck.PropertyFailure, AssertionError)
 (True, True)
+>>> issubclass(numcheck.BadInput, numcheck.NumcheckError)
+True
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 
-class InvalidDeclaration(ValueError, TypeError):
+class NumcheckError(Exception):
+    """The base of every exception numcheck raises for its user: ``except numcheck.NumcheckError`` catches them all.
+    Each also derives from the built-in exception its callers already catch (``ValueError``, ``AssertionError``,
+    ...)."""
+
+
+class InvalidDeclaration(NumcheckError, ValueError, TypeError):
     """A declaration of what an impl supports is malformed. Its message names the declaring ``file:line``.
 
     It is a ``ValueError`` (a bad value) and a ``TypeError`` (a bad keyword, a call the impl cannot take), so
@@ -20,12 +29,12 @@ class InvalidDeclaration(ValueError, TypeError):
     """
 
 
-class InvalidAssertion(ValueError, TypeError):
+class InvalidAssertion(NumcheckError, ValueError, TypeError):
     """A bad argument to :func:`numcheck.assert_linear_ce` or :func:`numcheck.assert_quant_linear` (a
     ``ValueError`` and a ``TypeError``, as hypothesis' ``InvalidArgument`` is one kind of error for every misuse)."""
 
 
-class PropertyFailure(AssertionError):
+class PropertyFailure(NumcheckError, AssertionError):
     """A property does not hold for an impl on a problem; the message carries everything to act on it.
 
     ``case``: the failing problem (or case), when known. ``ratio``: the failing judgement's own error/bound, for a
@@ -39,11 +48,11 @@ class PropertyFailure(AssertionError):
         self.case, self.ratio, self.raised = case, ratio, raised
 
 
-class ProtocolViolation(AssertionError):
+class ProtocolViolation(NumcheckError, AssertionError):
     """The impl returned something the protocol forbids (wrong shape, no autograd graph, ...)."""
 
 
-class BadInput(ValueError):
+class BadInput(NumcheckError, ValueError):
     """Bad input to a ``numcheck`` command (a flag's value, a file it reads): printed as one line naming what and
     where, exit 2."""
 

@@ -24,7 +24,7 @@ from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties.core import props as checks, profiles
 from numcheck.properties.core.draw_isolation import isolated_draws
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.suite import PINNED, SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE

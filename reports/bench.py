@@ -28,7 +28,7 @@ from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.errors import BadInput
-from numcheck.reports.common import prepare_out_dir
+from numcheck.reports.common import add_impl_arguments, prepare_out_dir
 from numcheck.impls.builtin.triton_ce import ce_block_triton_
 from numcheck.impls.protocols.fp8_linear import QUANT_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
@@ -37,7 +37,7 @@ HELP = "time and measure memory of every linear+CE impl on a CUDA device (figure
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", action="append", default=[], metavar="SPEC", help="only these impls (repeatable)")
+    add_impl_arguments(p, default="default: every linear+CE impl", device_help=None)
     p.add_argument(
         "--shape",
         action="append",

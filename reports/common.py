@@ -1,6 +1,7 @@
-"""The floor every ``numcheck`` command stands on: how a command is run (:func:`prepare`, :func:`execute`),
-streaming a child process's output, writing a folder atomically, and the identity of numcheck's code. Commands
-import this and the layers below, never each other.
+"""The floor every ``numcheck`` command stands on: how a command is run (:func:`prepare`, :func:`execute`), the
+``--impl``/``--device`` options every command that runs impls takes (:func:`add_impl_arguments`), streaming a child
+process's output, writing a folder atomically, and the identity of numcheck's code. Commands import this and the
+layers below, never each other.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ SUITE_MODULES: tuple[str, ...] = ("numcheck.tests.suite",)
 
 __all__ = [
     "BadInput",
+    "ImplSpec",
     "SUITE_MODULES",
+    "add_impl_arguments",
+    "check_impl_spec",
+    "device_name",
     "suite_command",
     "code_hash",
     "code_identity",
@@ -46,6 +51,133 @@ def suite_command(junit: Path, impls: list[str], jobs: int, *options: str) -> li
     for spec in impls:
         cmd += ["--impl", spec]
     return cmd + (["-n", str(jobs)] if jobs > 1 else [])
+
+
+#: What ``--impl`` takes, in every command.
+IMPL_SPEC_HELP = "a built-in name or package.module:attr"
+
+
+def well_formed_spec(spec: str, attr_is_name: bool = False) -> bool:
+    """Whether ``spec`` reads as ``package.module[:attr]``: dotted Python names, with a ``.`` or one ``:``.
+    ``attr_is_name``: the part after ``:`` may also be an impl's name (``module:vocab_parallel[nan]``, as a
+    distributed failure's repro line names its impl)."""
+    module, colon, attr = spec.strip().partition(":")
+    if not all(n.isidentifier() for n in module.split(".")):
+        return False
+    if attr_is_name and colon:
+        return bool(attr) and not any(c.isspace() for c in attr)
+    return bool(colon or "." in module) and all(n.isidentifier() for n in (attr.split(".") if colon else []))
+
+
+def check_impl_spec(
+    spec: str, names: Callable[[], list[str]], named: str = "a built-in impl's name", attr_is_name: bool = False
+) -> str:
+    """``spec`` when it can name an impl: one of ``names()`` (read only when needed) or ``package.module[:attr]``
+    (:func:`well_formed_spec`). Else :class:`BadInput` naming it, what it is not and what to give instead. (A
+    well-formed spec whose module fails to import is a broken impl, reported as such where it loads.)
+
+    >>> check_impl_spec("mypkg.flce:impl", list)
+    'mypkg.flce:impl'
+    >>> check_impl_spec("eager", lambda: ["eager"])
+    'eager'
+    """
+    if not spec.strip():
+        raise BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
+    if well_formed_spec(spec, attr_is_name):
+        return spec
+    known = names()
+    if spec in known:
+        return spec
+    raise BadInput(
+        f"--impl {spec!r} is neither {named} ({', '.join(known)}) nor "
+        f"package.module:attr (dotted Python names around one ':')"
+    )
+
+
+def builtin_names() -> list[str]:
+    """The names of numcheck's built-in impls, sorted: the names ``--impl`` selects (a ``module:attr`` aside)."""
+    from numcheck.impls.registry import ImplEntry, builtin_impls
+
+    return sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
+
+
+class ImplSpec:
+    """The argparse ``type`` of ``--impl``: :func:`check_impl_spec`, the impl names read once per parser.
+    ``loaded`` (``numcheck repro``): a name may be any impl's numcheck loads (built-in, ``NUMCHECK_IMPLS``, entry
+    points), and ``module:NAME`` names one of the module's impls; an unknown name lists the specs that failed to
+    load (one may have been meant to provide it)."""
+
+    def __init__(self, loaded: bool = False) -> None:
+        self.loaded = loaded
+        self.known: list[str] | None = None
+        self.broken: list[str] = []
+
+    def names(self) -> list[str]:
+        if self.known is None:
+            from numcheck.impls.registry import BrokenImpl, discover
+
+            if not self.loaded:
+                self.known = builtin_names()
+                return self.known
+            entries = discover()
+            self.known = sorted(e.name for e in entries if not isinstance(e, BrokenImpl))
+            self.broken = [f"{e.spec!r} ({e.origin}): {e.error}" for e in entries if isinstance(e, BrokenImpl)]
+        return self.known
+
+    def __call__(self, text: str) -> str:
+        named = "the name of an impl numcheck loads" if self.loaded else "a built-in impl's name"
+        try:
+            return check_impl_spec(text, self.names, named, attr_is_name=self.loaded)
+        except BadInput as exc:
+            failed = f"; these specs failed to load, one may be it: {'; '.join(self.broken)}" if self.broken else ""
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--impl ") + failed) from None
+
+
+def device_name(text: str) -> str:
+    """The argparse ``type`` of ``--device``: ``text`` when torch reads it as a device (``cpu``, ``cuda``,
+    ``cuda:1``, ``meta``; whether one is present here is each command's to say), else a fix-it error."""
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; give cpu, cuda, cuda:N or meta") from None
+    return text
+
+
+def add_impl_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    impls: str = "only these impls",
+    default: str = "default: all",
+    repeatable: bool = True,
+    required: bool = False,
+    loaded: bool = False,
+    device: str | None = "cpu",
+    device_help: str | None = "device to run on (default cpu)",
+) -> None:
+    """The ``--impl`` and ``--device`` options, the same in every command: each ``--impl`` value checked as it is
+    parsed (:class:`ImplSpec`; a bad one is one error naming it and what to give, exit 2, before anything runs),
+    ``--device`` read as a torch device (:func:`device_name`). ``impls`` and ``default`` say what the impls are
+    for and which run without ``--impl``; ``device_help=None``: no ``--device`` (the command picks its own).
+
+    >>> p = argparse.ArgumentParser()
+    >>> add_impl_arguments(p)
+    >>> p.parse_args(["--impl", "mypkg.flce:impl", "--device", "cuda:1"])
+    Namespace(impl=['mypkg.flce:impl'], device='cuda:1')
+    """
+    tail = f"{'repeatable; ' if repeatable else ''}{default}" if default else ("repeatable" if repeatable else "")
+    p.add_argument(
+        "--impl",
+        action="append" if repeatable else "store",
+        default=[] if repeatable else None,
+        type=ImplSpec(loaded),
+        required=required,
+        metavar="SPEC",
+        help=f"{impls}: {IMPL_SPEC_HELP}" + (f" ({tail})" if tail else ""),
+    )
+    if device_help is not None:
+        p.add_argument("--device", type=device_name, default=device, help=device_help)
 
 
 def prepare() -> None:

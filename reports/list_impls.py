@@ -5,25 +5,20 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
-from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.registry import BrokenImpl, discover
+from numcheck.reports.common import add_impl_arguments
 
 HELP = "list every implementation found (built-in, NUMCHECK_IMPLS, entry points, --impl) and what it supports here"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="only these impls: a built-in name or package.module:attr (repeatable)",
+    add_impl_arguments(
+        p, default="default: every impl found", device_help="device to report support for (default: cpu)"
     )
-    p.add_argument("--device", default="cpu", help="device to report support for (default: cpu)")
     p.add_argument("--probes", action="store_true", help="also print the capability probes for the device")
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from numcheck.impls.measure import capabilities, memory
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.core.memory import memory_table
 from numcheck.properties.core.problems import Problem
-from numcheck.reports.common import int_at_least
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.reports.common import add_impl_arguments, int_at_least
 
 HELP = (
     "memory per linear+CE impl (extra peak, bytes held from forward to backward) and the one-chunk "
@@ -51,12 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="C",
         help=f"token chunk of the one-chunk table (default {memory.SEED_CHUNK})",
     )
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="only these impls: a built-in name or package.module:attr (repeatable)",
+    add_impl_arguments(
+        p,
+        default="default: every linear+CE impl",
+        device="meta",
+        device_help="where to measure (default meta: no memory is allocated)",
     )
     p.add_argument(
         "--dtype",
@@ -64,7 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("float32", "bfloat16", "float16"),
         help="dtype of x and weight (default bfloat16)",
     )
-    p.add_argument("--device", default="meta", help="where to measure (default meta: no memory is allocated)")
     p.add_argument("--bias", action="store_true", help="pass a bias")
     p.add_argument("--reduction", default="mean", choices=("mean", "sum", "none"))
 

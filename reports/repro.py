@@ -22,18 +22,23 @@ import argparse
 import sys
 from typing import Any
 
+from numcheck.reports.common import add_impl_arguments
+
 HELP = (
     "rerun one property on one case for one impl: numcheck repro --impl NAME --property PROP --problem 'Problem(...)'"
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--impl",
+    add_impl_arguments(
+        p,
+        impls="the impl (package.module:attr is imported with the current directory on the path; a name may be "
+        "any impl loaded, through NUMCHECK_IMPLS or entry points too)",
+        default="",
+        repeatable=False,
         required=True,
-        metavar="NAME|SPEC",
-        help="package.module:attr (imported with the current directory on the path), or an impl name "
-        "(built-in, or loaded through NUMCHECK_IMPLS / entry points)",
+        loaded=True,
+        device_help=None,
     )
     p.add_argument(
         "--property",
@@ -197,7 +202,7 @@ def _undeclared(impl: Any, case: Any) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
     from numcheck.properties.distributed.linear_ce.props import DistCase
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
 
     prop = args.property.split("[", 1)[0]
     try:

@@ -662,7 +662,7 @@ def _verdict_text(exc: BaseException) -> str | None:
 def _value_repr(text: str) -> Any:
     """A report's ``longrepr`` showing ``text`` alone (pytest's ``value`` style, as for ``pytest.fail(...,
     pytrace=False)``), with ``text``'s first line as the short summary's message."""
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
 
     try:
         raise PropertyFailure(text)

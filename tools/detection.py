@@ -369,7 +369,7 @@ _WORLD = re.compile(r"^(\w+)\[world_size=(\d+)\]$")
 def _run_vocab_parallel(impl: Any, name: str) -> tuple[str, str]:
     """``PROPERTY[world_size=P]`` of the vocabulary-parallel suite on ``impl`` under the ci profile without
     shrinking (tests/suite/test_distributed.py's run): its status and message."""
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
     from numcheck.properties.distributed.linear_ce.props import PROPERTIES
     from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
     from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
@@ -393,7 +393,7 @@ def _run_vocab_parallel(impl: Any, name: str) -> tuple[str, str]:
 def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
     """The TP/SP FP8 suite's drawn test ``name`` on ``impl`` under ``base`` at its declared world sizes the backend
     runs here (pinned to the largest where some cannot run, as tests/suite/test_distributed_fp8.py does)."""
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
     from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
     from numcheck.properties.distributed.tp_fp8.suite import run_drawn
 

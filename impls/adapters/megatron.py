@@ -43,9 +43,9 @@ import torch
 
 from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.unavailable import unavailable_support
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport, VocabShardImpl
 from numcheck.impls.protocols.linear_ce import LinearCESupport
-from numcheck.reference.options import options_from_kwargs
+from numcheck.reference.options import CEOptions
 
 DISTRIBUTION = "megatron-core"
 INSTALL = "pip install --no-deps megatron-core==0.16.1"
@@ -82,7 +82,7 @@ def megatron_missing() -> str | None:
     return None
 
 
-class MegatronVocabParallel:
+class MegatronVocabParallel(VocabShardImpl):
     """One Megatron-core entry point behind the distributed protocol (``fused`` picks the fused one)."""
 
     kind = DIST_KIND
@@ -117,25 +117,18 @@ class MegatronVocabParallel:
     def __repr__(self) -> str:
         return f"MegatronVocabParallel(fused={self.fused})"
 
-    def rank_call(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        target: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        *,
-        group: Any,
-        vocab_start: int,
-        vocab_size: int,
-        **options: Any,
-    ) -> torch.Tensor:
-        """This rank's part through Megatron-core (module docstring)."""
-        from megatron.core import parallel_state as ps
+    def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
+        """x through Megatron's own ``copy_to_tensor_model_parallel_region`` (grad_x all-reduced in x's dtype)."""
         from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
-        o = options_from_kwargs(**options)
-        xin = copy_to_tensor_model_parallel_region(x, group=group)
-        logits = torch.nn.functional.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None).float()
+        return copy_to_tensor_model_parallel_region(x, group=group)
+
+    def shard_loss(
+        self, logits: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
+    ) -> torch.Tensor:
+        """This rank's part through Megatron-core, from its fp32 logits shard (module docstring)."""
+        from megatron.core import parallel_state as ps
+
         valid = target != o.ignore_index
         tgt = torch.where(valid, target, torch.zeros_like(target))
         if self.fused:

@@ -96,10 +96,11 @@ from numcheck.impls import interpreter
 from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.adapters.unavailable import unavailable_support
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport, VocabShardImpl
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
 from numcheck.impls.builtin.vocab_parallel import CopyToRanks
+from numcheck.reference.options import CEOptions
 
 DISTRIBUTION = "transformer-engine"
 #: A folder holding an installed ``transformer-engine`` wheel's files (``pip install --no-deps --target DIR
@@ -743,11 +744,13 @@ def te_impls() -> list[FunctionImpl]:
 # ----------------------------------------------------------------------------------------- distributed face
 
 
-class TEVocabParallel:
+class TEVocabParallel(VocabShardImpl):
     """TE's fused CE with ``dist_process_group`` behind the distributed protocol (module docstring). Pickled to the
     ranks by its fields; each rank loads the fused CE from the same :class:`Source` (cached per process)."""
 
     kind = DIST_KIND
+    takes = frozenset({"label_smoothing"})
+    upcast = False
 
     def __init__(self, name: str, reduce_loss: bool, info: TEInfo | str | None = None) -> None:
         info = load() if info is None else info
@@ -778,43 +781,35 @@ class TEVocabParallel:
     def __repr__(self) -> str:
         return f"TEVocabParallel({self.name!r})"
 
-    def rank_call(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        target: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        *,
-        group: Any,
-        vocab_start: int,
-        vocab_size: int,
-        reduction: str = "mean",
-        ignore_index: int = -100,
-        label_smoothing: float = 0.0,
+    def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
+        """x as the built-in's ranks take it (:class:`CopyToRanks`: grad_x all-reduced in x's dtype)."""
+        return CopyToRanks.apply(x, group)
+
+    def shard_loss(
+        self, logits: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
     ) -> torch.Tensor:
-        """This rank's part: its shard's logits, then TE's Function over ``group`` (the loss is every rank's)."""
-        _check_reduction(self.name, self.reduce_loss, reduction)
+        """TE's Function over ``group`` on this rank's logits shard, in the inputs' dtype (the loss is every
+        rank's)."""
+        _check_reduction(self.name, self.reduce_loss, o.reduction)
         if self.source is None:
             raise RuntimeError(f"{self.name} unavailable: {self.support.unavailable_reason()}")
         info = load_from(self.source)
         if isinstance(info, str):
             raise RuntimeError(f"{self.name} unavailable in this rank: {info}")
-        P, r = dist.get_world_size(group), dist.get_rank(group)
-        if weight.shape[0] * P != vocab_size or vocab_start != r * weight.shape[0]:
+        P, r, rows = dist.get_world_size(group), dist.get_rank(group), logits.shape[1]
+        if rows * P != vocab_size or vocab_start != r * rows:
             raise ValueError(
                 f"{self.name}: TE needs equal, rank-ordered vocabulary shards; rank {r} of {P} got "
-                f"classes {vocab_start}..{vocab_start + weight.shape[0] - 1} of {vocab_size}"
+                f"classes {vocab_start}..{vocab_start + rows - 1} of {vocab_size}"
             )
-        xin = CopyToRanks.apply(x, group)
-        logits = F.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None)
         return te_cross_entropy(
             info,
             self.writes,
             logits,
             target,
             reduce_loss=self.reduce_loss,
-            ignore_index=ignore_index,
-            label_smoothing=label_smoothing,
+            ignore_index=o.ignore_index,
+            label_smoothing=o.label_smoothing,
             group=group,
             label=self.name,
         )

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport, VocabShardImpl
 from numcheck.impls.protocols.linear_ce import LinearCESupport
-from numcheck.reference.options import options_from_kwargs
+from numcheck.reference.options import CEOptions
 
 
 class _SumAcrossRanks(torch.autograd.Function):
@@ -59,7 +59,7 @@ class CopyToRanks(torch.autograd.Function):
         return g, None
 
 
-class VocabParallelCE:
+class VocabParallelCE(VocabShardImpl):
     """The built-in vocabulary-parallel impl; ``all_ignored`` picks the all-ignored ``mean`` convention."""
 
     kind = DIST_KIND
@@ -100,25 +100,13 @@ class VocabParallelCE:
         """The lse the z-loss squares: the global one."""
         return lse
 
-    # -- the call --------------------------------------------------------------------------------------
-    def rank_call(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        target: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        *,
-        group: Any,
-        vocab_start: int,
-        vocab_size: int,
-        **options: Any,
+    # -- the loss (rank_call: VocabShardImpl's) ----------------------------------------------------------
+    def shard_loss(
+        self, z: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
     ) -> torch.Tensor:
-        """This rank's part of linear+CE; the loss is the same on every rank (module docstring)."""
-        o = options_from_kwargs(**options)
-        size = weight.shape[0]
-        xin = self.input_for_shard(x, group)
-        b = bias.to(weight.dtype) if bias is not None else None
-        z = torch.nn.functional.linear(xin, weight, b).float()
+        """This rank's part of linear+CE from its fp32 logits shard; the loss is the same on every rank (module
+        docstring)."""
+        size = z.shape[1]
         if o.softcap is not None:
             z = o.softcap * torch.tanh(z / o.softcap)
         valid = target != o.ignore_index

@@ -27,6 +27,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+import torch
+
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.kind import Kind
@@ -37,6 +39,7 @@ from numcheck.impls.protocols.linear_ce import (
     inferred_options,
     make_support,
 )
+from numcheck.reference.options import CEOptions, options_from_kwargs
 
 DIST_KIND = "dist_linear_ce"
 #: The torch.distributed backends a declaration may name.
@@ -148,6 +151,60 @@ def rank_call_refusal(fn: Callable[..., Any], options: frozenset[str]) -> str | 
     probe.__signature__ = stripped  # type: ignore[attr-defined]
     probe.__name__ = getattr(fn, "__name__", type(fn).__name__)
     return call_refusal(probe, options)
+
+
+class VocabShardImpl:
+    """The ``rank_call`` of numcheck's vocabulary-parallel impls (the built-in, the Megatron-core and
+    TransformerEngine adapters), one body: the options read (:attr:`takes`: the option keywords the loss takes,
+    ``None`` for every linear+CE option; another keyword is a ``TypeError``, as for a function without it), the
+    rank's logits shard ``F.linear(input_for_shard(x), weight_shard, bias_shard)`` in the inputs' dtype (the bias
+    cast to the weight's), upcast to fp32 where :attr:`upcast` says so, then :meth:`shard_loss`.
+
+    A subclass gives :meth:`input_for_shard` (x as the shard's matmul sees it: its backward all-reduces grad_x) and
+    :meth:`shard_loss` (the loss from the shard's logits, the same on every rank)."""
+
+    #: The option keywords :meth:`shard_loss` takes besides ``reduction``/``ignore_index`` (``None``: every one).
+    takes: frozenset[str] | None = None
+    #: Whether the logits shard is upcast to fp32 before :meth:`shard_loss` (as Megatron's GPT loss does).
+    upcast: bool = True
+
+    def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
+        """x as this rank's matmul sees it; its gradient is all-reduced across ranks."""
+        raise NotImplementedError
+
+    def shard_loss(
+        self, logits: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
+    ) -> torch.Tensor:
+        """The loss from this rank's logits shard [N, V_r] (classes ``vocab_start …`` of ``vocab_size``)."""
+        raise NotImplementedError
+
+    def rank_call(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        target: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        group: Any,
+        vocab_start: int,
+        vocab_size: int,
+        **options: Any,
+    ) -> torch.Tensor:
+        """This rank's part of linear+CE (the module docstring's call): its logits shard, then the loss."""
+        extra = sorted(set(options) - {"reduction", "ignore_index"} - self.takes) if self.takes is not None else []
+        if extra:
+            raise TypeError(f"{type(self).__name__}.rank_call() got an unexpected keyword argument {extra[0]!r}")
+        o = options_from_kwargs(**options)
+        xin = self.input_for_shard(x, group)
+        logits = torch.nn.functional.linear(xin, weight, bias.to(weight.dtype) if bias is not None else None)
+        return self.shard_loss(
+            logits.float() if self.upcast else logits,
+            target,
+            o,
+            group=group,
+            vocab_start=vocab_start,
+            vocab_size=vocab_size,
+        )
 
 
 @dataclass(frozen=True)

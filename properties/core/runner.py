@@ -18,8 +18,8 @@ from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 from numcheck.properties.core import matmul_precision, poison
 from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.core.failures import context as failure_context
-from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
-from numcheck.properties.core.harness import ProtocolViolation
+from numcheck.properties.core.failures import failure_message, impl_raised, judged, raised_by_suite
+from numcheck.errors import PropertyFailure, ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import DEVICE, pinned_row

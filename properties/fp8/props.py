@@ -44,7 +44,8 @@ from numcheck.impls.protocols.fp8_linear import (
 )
 from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.failures import PropertyFailure, failure_message
+from numcheck.properties.core.failures import failure_message
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.properties.core.harness import strided_copy
@@ -584,16 +585,24 @@ def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
 
 @dataclass(frozen=True)
 class HeldBytes:
-    """Bytes held across backward per mode (``None`` where the mode was not run) and the prediction."""
+    """What an FP8 linear (single or grouped) holds across backward with ``save_original_input`` False and True
+    (``None`` where that mode was not run): the bytes, whether x's own storage is among them, each mode's held
+    tensors described, and the prediction of held(False) − held(True), the columnwise FP8 copy of x, as the range
+    ``predicted`` (widened by ``slack`` both ways: the allocator's rounding). ``fp8_copy_false``: whether False holds
+    a 1-byte tensor of M·K elements (``None``: not looked for). ``measured``: the bytes are the allocator's (not the
+    held tensors' sizes); ``scales``: what scales the copy carries, as the failure says it."""
 
     false_bytes: int | None
     true_bytes: int | None
-    predicted_difference: int
+    predicted: tuple[int, int]
     x_aliased_false: bool | None
     x_aliased_true: bool | None
     held_false: list[str]
     held_true: list[str]
     fp8_copy_false: bool | None = None
+    slack: int = 0
+    measured: bool = False
+    scales: str = "scales"
 
 
 def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
@@ -612,7 +621,7 @@ def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
     return HeldBytes(
         false_bytes=f.held_new_bytes if f else None,
         true_bytes=tr.held_new_bytes if tr else None,
-        predicted_difference=pred,
+        predicted=(pred, pred),
         x_aliased_false=f.x_aliased if f else None,
         x_aliased_true=tr.x_aliased if tr else None,
         held_false=desc(f),
@@ -621,56 +630,68 @@ def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
     )
 
 
-def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
-    """Property: True holds x itself, False does not, and held(False) − held(True) is the predicted copy."""
+def check_held(impl: Any, prop: str, case: Any, h: HeldBytes, fail: Callable[..., None]) -> None:
+    """The held-bytes judgement of the single and grouped FP8 families (``prop``: the property, ``fail`` the family's
+    failure): True holds x itself, False does not (and holds the FP8 copy, where looked for), and held(False) −
+    held(True) lies in the predicted range; with False alone, it holds at least the copy."""
     __tracebackhide__ = True
-    h = held_bytes(impl, case)
     if h.x_aliased_true is False:
         fail(
             impl,
-            "saved_tensors",
+            prop,
             case,
-            "save_original_input=True: the tensors held for backward do not include x's storage",
+            "save_original_input=True: x's storage is not among the tensors held for backward",
             "held: " + "; ".join(h.held_true),
         )
     if h.x_aliased_false:
         fail(
             impl,
-            "saved_tensors",
+            prop,
             case,
             "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
             "held: " + "; ".join(h.held_false),
         )
-    if h.false_bytes is not None and not h.fp8_copy_false:
+    if h.false_bytes is not None and h.fp8_copy_false is False:
         fail(
             impl,
-            "saved_tensors",
+            prop,
             case,
             f"save_original_input=False holds no 1-byte tensor of M·K = {case.M * case.K} "
             "elements (the columnwise FP8 copy of x)",
             "held: " + "; ".join(h.held_false),
         )
+    lo, hi = h.predicted[0] - h.slack, h.predicted[1] + h.slack
     if h.false_bytes is not None and h.true_bytes is not None:
         diff = h.false_bytes - h.true_bytes
-        if diff != h.predicted_difference:
+        if not lo <= diff <= hi:
             fail(
                 impl,
-                "saved_tensors",
+                prop,
                 case,
-                f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes; the recipe predicts "
-                f"{h.predicted_difference} (columnwise x: {case.M}·{case.K} FP8 bytes + scales)",
+                f"held(False) − held(True) = {h.false_bytes} − {h.true_bytes} = {diff} bytes"
+                + (" (measured)" if h.measured else "")
+                + f"; the recipe predicts {lo}"
+                + (f"…{hi}" if hi > lo else "")
+                + f" (columnwise x: {case.M}·{case.K} FP8 bytes + {h.scales})",
                 "held with False: " + "; ".join(h.held_false),
                 "held with True: " + "; ".join(h.held_true),
             )
-    elif h.false_bytes is not None and h.false_bytes < h.predicted_difference:
+    elif h.false_bytes is not None and h.false_bytes < lo:
         fail(
             impl,
-            "saved_tensors",
+            prop,
             case,
-            f"save_original_input=False holds {h.false_bytes} new bytes, less than the "
-            f"columnwise copy of x ({h.predicted_difference})",
+            f"save_original_input=False holds {h.false_bytes} new bytes, less than the columnwise copy of x ({lo})",
             "held: " + "; ".join(h.held_false),
         )
+
+
+def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
+    """Property: True holds x itself, False does not, and held(False) − held(True) is the predicted copy
+    (:func:`check_held`)."""
+    __tracebackhide__ = True
+    h = held_bytes(impl, case)
+    check_held(impl, "saved_tensors", case, h, fail)
     return h
 
 

@@ -21,8 +21,8 @@ from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
 from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
-from numcheck.errors import BadInput
-from numcheck.reports.common import int_at_least, prepare_out_dir
+from numcheck.errors import BadInput, InvalidAssertion
+from numcheck.reports.common import add_impl_arguments, int_at_least, prepare_out_dir
 from numcheck.reports.convergence.plot import MISSING
 from numcheck.properties.core.problems import dtype_of
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
@@ -47,14 +47,7 @@ def _shape(text: str) -> ModelShape:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``numcheck converge``: the impls, dtypes, and every setting of the run."""
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        required=True,
-        help="impl under test: a built-in name or package.module:attr (repeatable)",
-    )
+    add_impl_arguments(p, impls="impl under test", default="", required=True, device_help="device (default cpu)")
     p.add_argument(
         "--dtype",
         action="append",
@@ -81,7 +74,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=convergence.DEFAULT_IGNORED,
         help=f"padded fraction of each batch (default {convergence.DEFAULT_IGNORED}; 0 for impls without ignore_index)",
     )
-    p.add_argument("--device", default="cpu", help="device (default cpu)")
     p.add_argument(
         "--shape",
         type=_shape,
@@ -191,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 ignored=args.ignored,
                 device=args.device,
             )
-        except convergence.InvalidAssertion as exc:
+        except InvalidAssertion as exc:
             print(f"numcheck converge: {exc}")
             return 2
         results[name] = r

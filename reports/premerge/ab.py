@@ -57,8 +57,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.reports.common import ImplSpec, add_impl_arguments
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
@@ -119,7 +120,6 @@ def load_one(spec: str) -> Any:
 def environment(device: str) -> dict[str, Any]:
     """What a claim's ``device`` and ``torch`` are matched against, and how the run is named."""
     import torch
-
     from numcheck.reports.report.schema import device_name
 
     return {
@@ -208,8 +208,8 @@ def compare_output(name: str, wn: dict[str, Any], wb: dict[str, Any], headroom: 
 def accuracy_ab(new: Any, base: Any, grid: str, device: str, headroom: float | None, floor: float) -> dict[str, Any]:
     """Both impls on the grid's cases both declare; per output the worst error/bound of each side, growth, headroom
     taken, flags (:func:`compare_output`)."""
-    from numcheck.reports.report.grid import GRIDS
     from numcheck.reports.report.families.linear_ce import linear_ce_cases
+    from numcheck.reports.report.grid import GRIDS
     from numcheck.reports.report.run import one_thread, run_case
 
     t0 = time.monotonic()
@@ -377,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 
     interpreter.arrange()
     p = argparse.ArgumentParser(prog="python -m numcheck.reports.premerge.ab", description=main.__doc__)
-    p.add_argument("--impl", action="append", default=[])
-    p.add_argument("--base", action="append", default=[])
-    p.add_argument("--device", default="cpu")
+    add_impl_arguments(p, impls="the change of each pair", default="")
+    p.add_argument("--base", action="append", default=[], type=ImplSpec(), metavar="SPEC")
     p.add_argument("--grid", default="quick")
     p.add_argument("--headroom", type=float, default=None)
     p.add_argument("--growth-floor", type=float, default=DEFAULT_GROWTH_FLOOR)

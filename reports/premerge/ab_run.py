@@ -23,6 +23,7 @@ from typing import Any
 from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
 from numcheck.reports.premerge import claims as claims_mod
 from numcheck.reports.premerge import ab
+from numcheck.reports.common import ImplSpec
 from numcheck.reports.premerge import ab_md as md
 
 
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--base",
         action="append",
         default=[],
+        type=ImplSpec(),
         metavar="SPEC",
         help="A/B mode: the impl the --impl in the same position replaces (repeatable: several pairs)",
     )

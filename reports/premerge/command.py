@@ -53,7 +53,7 @@ from typing import Any
 
 from numcheck.reports import baselines
 from numcheck.reports import common
-from numcheck.reports.common import SUITE_MODULES, stream
+from numcheck.reports.common import SUITE_MODULES, add_impl_arguments, stream
 
 from numcheck.reports.report import compare as report_compare, schema as report_schema
 from numcheck.reports.report.grid import GRIDS
@@ -89,14 +89,7 @@ class ChecklistItem:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
-    )
-    p.add_argument("--device", default="cpu", help="device (default cpu)")
+    add_impl_arguments(p, device_help="device (default cpu)")
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick", help="report grid (default quick)")
     p.add_argument(
         "--baseline",

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from numcheck.reports import common
+from numcheck.reports.common import add_impl_arguments
 
 HELP = (
     "the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
@@ -48,12 +49,11 @@ GRACE_S = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="impl name or module:attr spec (repeatable; default: every registered linear+CE impl)",
+    add_impl_arguments(
+        p,
+        default="default: every registered linear+CE impl",
+        device=None,
+        device_help="cuda (default when available) or cpu",
     )
     p.add_argument(
         "--shapes",
@@ -61,7 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="preset 'production' (default on CUDA) or 'smoke' (default elsewhere), or NAME=NxHxV,...",
     )
     p.add_argument("--precisions", default="bf16,amp", help="comma-separated of bf16, amp (default both)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument(
         "--out",
         type=Path,

@@ -39,7 +39,7 @@ from typing import Any
 
 from numcheck.errors import BadInput
 from numcheck.reports import baselines
-from numcheck.reports.common import write_atomically
+from numcheck.reports.common import add_impl_arguments, write_atomically
 
 from numcheck.reports.report import compare as report_compare, findings, schema as report_schema
 from numcheck.reports.report.grid import GRIDS, GridSpec
@@ -125,14 +125,7 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     """Which impls run where (with --render: none), and what is written beside the report (plots, progress, the
     production tier)."""
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
-    )
-    p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    add_impl_arguments(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--render",
@@ -393,29 +386,6 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
     return 0
 
 
-def check_impl_specs(specs: list[str]) -> None:
-    """:class:`BadInput` naming the first ``--impl`` value that can name no impl: empty, neither a built-in's name
-    nor ``package.module[:attr]`` of dotted Python names. (A well-formed spec whose module fails to import is a
-    broken impl, reported as such.)"""
-    from numcheck.impls.registry import ImplEntry, builtin_impls
-
-    builtins: list[str] = []
-    for spec in specs:
-        if not spec.strip():
-            raise BadInput(f"--impl {spec!r} is empty; give a built-in name (numcheck list) or package.module:attr")
-        builtins = builtins or sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
-        module, colon, attr = spec.strip().partition(":")
-        if spec in builtins or (
-            (colon or "." in module)
-            and all(n.isidentifier() for n in module.split(".") + (attr.split(".") if colon else []))
-        ):
-            continue
-        raise BadInput(
-            f"--impl {spec!r} is neither a built-in impl's name ({', '.join(builtins)}) nor "
-            f"package.module:attr (dotted Python names around one ':')"
-        )
-
-
 def _load_or_exit(path: Path) -> dict:
     """The report at ``path``, or :class:`BadInput` naming the file and what is wrong with it."""
     try:
@@ -466,7 +436,6 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(report_compare.to_markdown(diff))
         return 1 if diff.regressions else 0
-    check_impl_specs(list(args.impl))
     base = _load_or_exit(args.compare) if args.compare is not None else None
     try:
         out, message = resolve_out_dir(args)

@@ -182,7 +182,7 @@ def property_table(kind: str) -> dict[str, Any]:
 def _property_case(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     """One property case's record: the property's own function judges it, as the suite's ``judge`` runs it (an
     exception of the impl is the property's failure, ``error``); an exception of the harness is an ``error`` record."""
-    from numcheck.properties.core.failures import PropertyFailure
+    from numcheck.errors import PropertyFailure
     from numcheck.properties.core.runner import judge
 
     try:

@@ -70,6 +70,7 @@ from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
 from numcheck.reports.common import (
+    add_impl_arguments,
     SUITE_MODULES,
     code_identity,
     prepare_out_dir,
@@ -139,13 +140,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seeds", default="0-9", help="hypothesis seeds: A-B, a comma-separated list, or both (default 0-9)"
     )
-    p.add_argument(
-        "--impl",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="only these impls: a built-in name or package.module:attr (repeatable; default: all)",
-    )
+    add_impl_arguments(p, device_help="device the suite draws problems on (NUMCHECK_DEVICE; default cpu)")
     p.add_argument(
         "--profile",
         default="ci-seeded",
@@ -155,7 +150,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-n", dest="jobs", type=int, default=1, metavar="N", help="pytest-xdist workers per seed (default 1)"
     )
-    p.add_argument("--device", default="cpu", help="device the suite draws problems on (NUMCHECK_DEVICE; default cpu)")
     p.add_argument(
         "--out", type=Path, metavar="DIR", help=f"output directory (default ./{DEFAULT_ROOT}/<device>-torch<version>/)"
     )

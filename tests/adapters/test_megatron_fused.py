@@ -16,7 +16,7 @@ from numcheck.properties.distributed.linear_ce import known as dist_known
 from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
 from numcheck.properties.distributed.linear_ce.props import OUTPUT_NAMES, DistCase, dist_accuracy
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 
 pytestmark = pytest.mark.torch_versions(reason="megatron-core imported and run under this torch")
 

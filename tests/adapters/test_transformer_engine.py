@@ -30,7 +30,8 @@ import numcheck.impls.adapters.transformer_engine as te
 from numcheck.impls.registry import builtin as _impl
 from numcheck.impls.registry import dist_impls
 from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.failures import PropertyFailure, fail, impl_raised, raised_by_suite
+from numcheck.properties.core.failures import fail, impl_raised, raised_by_suite
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import why_not_run

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numcheck.properties.core import props as checks
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.suite import PINNED, SUITE

@@ -12,7 +12,7 @@ import pytest
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
 from numcheck.properties.core import props as checks
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.runner import judge

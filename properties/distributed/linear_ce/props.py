@@ -34,7 +34,7 @@ from numcheck.properties.distributed.pool import zygote
 from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
 from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.distributed.linear_ce.placement import place_targets
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.harness import run_oracle, same_bits
 from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model, relation_bounds

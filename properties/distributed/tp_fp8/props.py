@@ -46,7 +46,8 @@ from numcheck.properties.distributed.pool.pool import (
     rank_device,
     world_size_unavailable,
 )
-from numcheck.properties.core.failures import PropertyFailure, failure_message
+from numcheck.properties.core.failures import failure_message
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.props import _bits, _masked
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear

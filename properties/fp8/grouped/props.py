@@ -38,14 +38,17 @@ from numcheck.impls.measure import memory
 from numcheck.impls.protocols.fp8_linear import held_for_backward
 from numcheck.impls.protocols.grouped_fp8_linear import delayed_states, predicted_grouped_columnwise_x_bytes
 from numcheck.properties.core.compare import compare, overflow_threshold
-from numcheck.properties.core.failures import PropertyFailure, failure_message
+from numcheck.properties.core.failures import failure_message
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
 from numcheck.properties.fp8.cases import QuantCase, QuantTensors
 from numcheck.properties.fp8.props import (
     Fp8CaseResult,
+    HeldBytes,
     _bits,
     _masked,
+    check_held,
     note_result,
     output_metrics,
     run_quant_impl,
@@ -648,21 +651,7 @@ def save_original_input(impl: Any, case: GroupedCase) -> None:
         )
 
 
-@dataclass(frozen=True)
-class GroupedHeld:
-    """Bytes held across backward per mode (measured; ``None`` where the mode does not apply) and the prediction."""
-
-    off_bytes: int | None
-    on_bytes: int | None
-    predicted: tuple[int, int]
-    x_aliased_off: bool | None
-    x_aliased_on: bool | None
-    held_off: list[str]
-    held_on: list[str]
-    slack: int = 0
-
-
-def held_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
+def held_bytes(impl: Any, case: GroupedCase) -> HeldBytes:
     """Measure what each declared (and allowed) save_original_input mode holds for backward."""
     case = (
         case.replace(steps=1, main_grad=False)
@@ -680,62 +669,27 @@ def held_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
     # the allocator's granule (CUDA rounds every block up to 512 bytes): up to g − 1 bytes per storage held
     g = memory.CUDA_BLOCK if torch.device(case.device).type == "cuda" else 1
     slack = (g - 1) * max(f.held_storages if f else 0, o.held_storages if o else 0)
-    return GroupedHeld(
-        f.held_bytes if f else None,
-        o.held_bytes if o else None,
-        pred,
-        f.x_aliased if f else None,
-        o.x_aliased if o else None,
-        (f.held or []) if f else [],
-        (o.held or []) if o else [],
-        slack,
+    return HeldBytes(
+        false_bytes=f.held_bytes if f else None,
+        true_bytes=o.held_bytes if o else None,
+        predicted=pred,
+        x_aliased_false=f.x_aliased if f else None,
+        x_aliased_true=o.x_aliased if o else None,
+        held_false=(f.held or []) if f else [],
+        held_true=(o.held or []) if o else [],
+        slack=slack,
+        measured=True,
+        scales="each expert's scales",
     )
 
 
-def saved_bytes(impl: Any, case: GroupedCase) -> GroupedHeld:
+def saved_bytes(impl: Any, case: GroupedCase) -> HeldBytes:
     """Property: save_original_input=True holds x itself and False does not; held(False) − held(True), measured, is
     the columnwise FP8 copy of x (every expert's data and scales; 4 bytes of latitude per empty expert under a
-    per-tensor recipe; on CUDA the allocator's rounding of each held storage up to 512 bytes)."""
+    per-tensor recipe; on CUDA the allocator's rounding of each held storage up to 512 bytes): :func:`check_held`."""
     __tracebackhide__ = True
     h = held_bytes(impl, case)
-    if h.x_aliased_on is False:
-        fail(
-            impl,
-            "saved_bytes",
-            case,
-            "save_original_input=True: x's storage is not among the tensors held for backward",
-            "held: " + "; ".join(h.held_on),
-        )
-    if h.x_aliased_off:
-        fail(
-            impl,
-            "saved_bytes",
-            case,
-            "save_original_input=False holds x itself; it must hold the columnwise FP8 copy",
-            "held: " + "; ".join(h.held_off),
-        )
-    lo, hi = h.predicted
-    lo, hi = lo - h.slack, hi + h.slack
-    if h.off_bytes is not None and h.on_bytes is not None:
-        diff = h.off_bytes - h.on_bytes
-        if not lo <= diff <= hi:
-            fail(
-                impl,
-                "saved_bytes",
-                case,
-                f"held(False) − held(True) = {h.off_bytes} − {h.on_bytes} = {diff} bytes "
-                f"(measured); the recipe predicts {lo}" + (f"…{hi}" if hi > lo else "") + f" (columnwise x: "
-                f"{case.M}·{case.K} FP8 bytes + each expert's scales)",
-                "held with False: " + "; ".join(h.held_off),
-                "held with True: " + "; ".join(h.held_on),
-            )
-    elif h.off_bytes is not None and h.off_bytes < lo:
-        fail(
-            impl,
-            "saved_bytes",
-            case,
-            f"save_original_input=False holds {h.off_bytes} new bytes, less than the columnwise copy of x ({lo})",
-        )
+    check_held(impl, "saved_bytes", case, h, fail)
     return h
 
 

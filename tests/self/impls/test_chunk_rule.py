@@ -10,7 +10,8 @@ from typing import Any, Callable
 import pytest
 import torch.nn.functional as F
 
-from numcheck import InvalidDeclaration, LinearCESupport, linear_ce_impl, make_support
+from numcheck import LinearCESupport, linear_ce_impl, make_support
+from numcheck.errors import InvalidDeclaration
 from numcheck.properties.core import chunks
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.tolerance import error_model

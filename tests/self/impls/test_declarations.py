@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from numcheck import (
     FunctionImpl,
-    InvalidDeclaration,
     LinearCESupport,
     QuantLinearSupport,
     linear_ce_impl,
@@ -21,6 +20,7 @@ from numcheck import (
     make_support,
     quant_linear_impl,
 )
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.registry import BrokenImpl, load_spec
 from numcheck.properties.core.undrawable import undrawable_reason

@@ -154,3 +154,18 @@ def test_suite_runs_the_declared_impl_only():
     from numcheck.tests.self.helpers.dist_declared import RAISED
 
     assert RAISED in out and "declared_raises" in out
+
+
+def test_the_vocabulary_parallel_impls_share_one_rank_call():
+    """The built-in and the Megatron-core and TransformerEngine adapters differ only in how x reaches the shard's
+    matmul and in the loss from the logits shard: one ``rank_call`` body (the protocol's ``VocabShardImpl``), and
+    an option TE's loss does not take is refused as a keyword it has no parameter for."""
+    from numcheck.impls.adapters.megatron import MegatronVocabParallel
+    from numcheck.impls.adapters.transformer_engine import TEVocabParallel
+    from numcheck.impls.builtin.vocab_parallel import VocabParallelCE
+
+    classes = (VocabParallelCE, MegatronVocabParallel, TEVocabParallel)
+    assert len({cls.rank_call for cls in classes}) == 1, [cls.rank_call.__qualname__ for cls in classes]
+    te = TEVocabParallel("te_probe", reduce_loss=True, info="not installed here")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'softcap'"):
+        te.rank_call(None, None, None, group=None, vocab_start=0, vocab_size=4, softcap=30.0)

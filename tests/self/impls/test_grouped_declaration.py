@@ -12,7 +12,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from numcheck import GroupedQuantSupport, InvalidDeclaration, grouped_quant_linear_impl
+from numcheck import GroupedQuantSupport, grouped_quant_linear_impl
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.grouped_fp8_linear import (
     GROUPED_KIND,
     predicted_grouped_columnwise_x_bytes,

@@ -16,7 +16,7 @@ from numcheck.reference.fp8_linear import quantized_linear
 
 from numcheck.properties.distributed.tp_fp8.suite import run_drawn
 from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.tests.self.helpers.dist_fp8_mutants import CAUGHT_BY, DTYPE_CAUGHT_BY, DTYPE_MUTANTS, MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from numcheck.properties.core import matmul_precision
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.core.accuracy import eager_errors
 from numcheck.properties.core.problems import Problem

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, Phase, find, settings
 
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.strategies import quant_cases
 from numcheck.tests.self.helpers.fp8_mutants import CAUGHT_BY, MUTANTS

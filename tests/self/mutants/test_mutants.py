@@ -7,8 +7,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 
 from numcheck.properties.core.props import accuracy
-from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.harness import ProtocolViolation
+from numcheck.errors import PropertyFailure, ProtocolViolation
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.strategies import DEVICE, problems
 from numcheck.tests.self.helpers.mutants import DIRECTED, MUTANTS

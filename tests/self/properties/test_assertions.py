@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import numcheck
-from numcheck import InvalidAssertion, Problem, PropertyFailure, QuantCase, assert_linear_ce, assert_quant_linear
+from numcheck import Problem, QuantCase, assert_linear_ce, assert_quant_linear
+from numcheck.errors import InvalidAssertion, PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
 from numcheck.properties import assertions

@@ -14,7 +14,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
 from numcheck.properties.core.coverage import EVERY_DIMENSION, covering_rows, seeded_data, uncovered_pairs
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.suite import SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import MIN_RANDOM, SuiteProperty, budget, rows, run_rows

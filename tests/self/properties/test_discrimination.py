@@ -17,7 +17,7 @@ import pytest
 
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedLoopLinear
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES

@@ -13,7 +13,8 @@ import re
 import pytest
 
 import numcheck
-from numcheck.properties.core.failures import NOT_JUDGED, PropertyFailure
+from numcheck.properties.core.failures import NOT_JUDGED
+from numcheck.errors import PropertyFailure
 from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.runner import SuiteProperty, judge, run_rows
 from numcheck.tests.self.helpers import user_impls

@@ -76,7 +76,7 @@ def test_correct_impls_pass_where_logit_errors_are_order_one(name: str) -> None:
 @pytest.mark.parametrize("field,value", [("exp", -1), ("tanh", float("nan")), ("log", "2"), ("expo", 2)])
 def test_bad_elementary_error_is_named(field: str, value: object) -> None:
     """An elementary_error entry that is not a number of ulps >= 0, or an unknown function, is refused by name."""
-    from numcheck.impls.protocols.declaration import InvalidDeclaration
+    from numcheck.errors import InvalidDeclaration
     from numcheck.impls.protocols.linear_ce import make_support
 
     with pytest.raises(InvalidDeclaration, match=field):

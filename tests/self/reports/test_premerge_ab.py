@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from numcheck.reports.premerge import claims, ab as premerge_ab
-from numcheck.reports.premerge.claims import ClaimsError
+from numcheck.errors import ClaimsError
 from numcheck.tests.self.helpers import mutants
 
 REPO = Path(__file__).resolve().parents[3]

@@ -315,8 +315,11 @@ def test_relative_error_where_the_oracle_is_zero_is_shown_as_absolute():
 
 @pytest.mark.parametrize("spec", ["", "  ", "eagr", "mod:", "a b:c"])
 def test_bad_impl_value_exits_2_with_one_message(spec, tmp_path, capsys):
-    """An --impl value that names no impl is bad input: exit 2, one line naming it, nothing run."""
-    rc = cli.main(["report", "--grid", "smoke", "--no-progress", "--impl", spec, "--out", str(tmp_path / "r")])
+    """An --impl value that names no impl is bad input: exit 2 as the arguments are read (every command's --impl is
+    checked alike: tests/self/reports/test_impl_args.py), one line naming it, nothing run."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["report", "--grid", "smoke", "--no-progress", "--impl", spec, "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert rc == 2 and f"--impl {spec!r}" in err and "Traceback" not in err
+    assert exc.value.code == 2 and f"argument --impl: {spec!r}" in err and "Traceback" not in err
+    assert err.count("error:") == 1, err
     assert not (tmp_path / "r").exists()

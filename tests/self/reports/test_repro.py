@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from numcheck.properties.core.failures import PropertyFailure
+from numcheck.errors import PropertyFailure
 from numcheck.reports import cli
 
 PLAIN = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
@@ -110,7 +110,6 @@ def test_quant_case_reruns_an_fp8_property(capsys):
         ),
         (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
         (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
-        (["--impl", "no_such_impl", "--property", "accuracy", "--problem", PLAIN], "no impl named 'no_such_impl'"),
         (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
         (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
     ],
@@ -119,6 +118,16 @@ def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
     """Bad expressions (no builtins reachable), unknown impls or properties, or a kind mismatch exit 2 and say why."""
     assert cli.main(["repro", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_impl_name_nothing_loads_is_refused_as_the_arguments_are_read(capsys):
+    """An --impl that names no loaded impl (built-in, NUMCHECK_IMPLS, entry point) and is no module:attr spec is the
+    argument error every command gives (tests/self/reports/test_impl_args.py), naming the spec and the names."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["repro", "--impl", "no_such_impl", "--property", "accuracy", "--problem", PLAIN])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "argument --impl: 'no_such_impl' is neither the name of an impl numcheck" in err
+    assert "eager" in err and "package.module:attr" in err
 
 
 def test_undeclared_case_names_the_reason_and_runs_only_on_request(mutant, capsys):
