@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
     from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
     from numcheck.properties.fp8.cases import QuantCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.properties.check import CheckResult, Verdict, check
     from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
     from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -76,7 +76,7 @@ _PUBLIC: dict[str, str] = {
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
     "QuantCase": "numcheck.properties.fp8.cases",
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
-    "Problem": "numcheck.properties.core.problems",
+    "Problem": "numcheck.properties.linear_ce.cases",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
     **dict.fromkeys(
         ("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"), "numcheck.impls.protocols.tp_fp8_linear"

@@ -20,12 +20,12 @@ from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
 from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision, poison
-from numcheck.properties.core.chunks import declares_chunks
-from numcheck.properties.core.props import PROPERTIES, Metrics
+from numcheck.properties.linear_ce.chunks import declares_chunks
+from numcheck.properties.linear_ce.props import PROPERTIES, Metrics
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.props import FP8_PROPERTIES
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import refusal
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import refusal
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -89,7 +89,7 @@ def _impl(call: str, impl: Any, kind: str) -> None:
 
 def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
     """Why linear+CE property ``prop`` says nothing about ``impl`` on ``p`` (it would return without judging),
-    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.core.props`."""
+    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.linear_ce.props`."""
     s: LinearCESupport = impl.support
     if prop == "two_calls" and (p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2):
         return "it needs reduction 'sum' or 'mean' and an even N >= 2 (two halves)"
@@ -116,9 +116,9 @@ def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
 def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "accuracy", **fields: Any) -> Metrics:
     """Assert that linear+CE property ``prop`` holds for ``impl`` on one problem; return its metrics.
 
-    ``problem`` is a :class:`~numcheck.properties.core.problems.Problem`, or its fields are given as keywords
+    ``problem`` is a :class:`~numcheck.properties.linear_ce.cases.Problem`, or its fields are given as keywords
     (``N=8, H=16, V=32, dtype="bfloat16"``). ``prop`` is a name of
-    :data:`numcheck.properties.core.props.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
+    :data:`numcheck.properties.linear_ce.props.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
     the float64 oracle and within k× eager's error). Raises
     :class:`~numcheck.properties.core.failures.PropertyFailure` (an ``AssertionError``) with the suite's message when
     the property fails, :class:`InvalidAssertion` before running when an argument is wrong: not a linear+CE

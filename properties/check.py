@@ -1,7 +1,7 @@
 """The property suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
 :class:`CheckResult` it returns.
 
-Each drawn test of :data:`numcheck.properties.core.suite.SUITE` (linear+CE impls) or
+Each drawn test of :data:`numcheck.properties.linear_ce.suite.SUITE` (linear+CE impls) or
 :data:`numcheck.properties.fp8.suite.QUANT_SUITE` (quantized-linear impls) runs through the same runner
 as the pytest suite (:mod:`numcheck.properties.core.runner`: the impl's example budget, the skips, the known divergences' rejection),
 under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
@@ -22,11 +22,12 @@ from hypothesis.errors import Unsatisfiable
 from numcheck.errors import grouped
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, discover
-from numcheck.properties.core import props as checks, profiles
+from numcheck.properties.core import profiles
+from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
-from numcheck.properties.core.suite import PINNED, SUITE
+from numcheck.properties.linear_ce.suite import PINNED, SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import (
     SuiteProperty,
@@ -38,7 +39,7 @@ from numcheck.properties.core.runner import (
     target_scores,
     unsatisfiable_reason,
 )
-from numcheck.properties.core.strategies import DEVICE, refusal
+from numcheck.properties.linear_ce.strategies import DEVICE, refusal
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"

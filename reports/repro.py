@@ -1,7 +1,7 @@
 """``numcheck repro``: rerun one property on one case for one impl — the command every failure message prints.
 
-``--problem`` is the ``repr`` of a :class:`~properties.core.problems.Problem` (linear+CE; the property is looked up
-in :data:`properties.core.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
+``--problem`` is the ``repr`` of a :class:`~properties.linear_ce.cases.Problem` (linear+CE; the property is looked up
+in :data:`properties.linear_ce.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
 :data:`properties.fp8.props.FP8_PROPERTIES`; a quantizer failure's case is a
 :class:`~properties.fp8.cases.QuantizerCase`, its tensor by the values it was drawn from) or a
 :class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8 linear;
@@ -60,7 +60,7 @@ def parse_case(text: str) -> Any:
     from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantCase, QuantizerCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     names = {
@@ -197,15 +197,15 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
         from numcheck.properties.fp8.props import FP8_PROPERTIES
 
         return "quant_linear", FP8_PROPERTIES
-    from numcheck.properties.core.props import PROPERTIES
+    from numcheck.properties.linear_ce.props import PROPERTIES
 
     return "linear_ce", PROPERTIES
 
 
 def _undeclared(impl: Any, case: Any) -> str | None:
-    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.core.strategies.refusal`), or ``None``."""
-    from numcheck.properties.core.problems import Problem
-    from numcheck.properties.core.strategies import refusal
+    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.linear_ce.strategies.refusal`), or ``None``."""
+    from numcheck.properties.linear_ce.cases import Problem
+    from numcheck.properties.linear_ce.strategies import refusal
 
     return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == "linear_ce" else None
 

@@ -412,7 +412,7 @@ def known_findings(config: pytest.Config, stats: dict[str, list[Any]]) -> list[d
     if not _suite_ran(config, stats):
         return []
     from numcheck.properties.distributed.linear_ce.known import applicable
-    from numcheck.properties.core.strategies import DEVICE_TYPE
+    from numcheck.properties.linear_ce.strategies import DEVICE_TYPE
 
     return [
         k.finding(e.name)
@@ -721,14 +721,14 @@ def numcheck_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
-    (:func:`numcheck.properties.core.strategies.problems` for linear+CE impls,
+    (:func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
     if numcheck_impl.kind == "quant_linear":
         from numcheck.properties.fp8.strategies import quant_cases
 
         return quant_cases(numcheck_impl.support)
-    from numcheck.properties.core.strategies import problems
+    from numcheck.properties.linear_ce.strategies import problems
 
     return problems(numcheck_impl.support)
 

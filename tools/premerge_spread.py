@@ -48,7 +48,7 @@ CaseRatios = dict[str, float] | None
 
 def case_ratios(impl: Any, cases: list[Any]) -> list[CaseRatios]:
     """Each grid case's hard error/bound per output for ``impl`` (``None`` for a case it does not declare)."""
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
     from numcheck.reports.report.run import run_case
 
     out: list[CaseRatios] = []

@@ -17,8 +17,8 @@ import platform
 import torch
 
 from numcheck.impls.registry import builtin_impls
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
 
 
 def cpu_flags() -> str:

@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.harness import autocast_context, run_impl
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.reports.repro import find_impl
 
 MATMUL = torch.backends.cuda.matmul

@@ -40,7 +40,7 @@ def here() -> None:
 
     from numcheck.impls.registry import builtin
     from numcheck.properties.core.known import liger_z_loss_buffer, liger_z_loss_buffer_diverges
-    from numcheck.properties.core.problems import Problem, build
+    from numcheck.properties.linear_ce.cases import Problem, build
 
     print(release_line())
     impl = builtin("liger[accum=None]")

@@ -4,7 +4,7 @@ release that has it and passes on the release that fixed it.
 The bug: with the weight stored transposed (an lm_head kept as [H, V], passed as its ``.t()``) and an upstream
 gradient other than 1, grad_weight comes back wrong (0.2.1 through 0.8.2; fixed in 0.8.5). For each release the
 script runs, in a fresh process with that release first on ``PYTHONPATH`` (after this checkout), the suite's
-``strided_inputs`` property (:func:`numcheck.properties.core.props.strided_inputs`) on one problem with a scalar
+``strided_inputs`` property (:func:`numcheck.properties.linear_ce.props.strided_inputs`) on one problem with a scalar
 upstream gradient, and on the same problem with upstream 1 as the control, for every Liger variant the release
 offers, and prints the verdict with the worst error/bound. ``liger_releases.txt`` beside this file is its output
 on CPU (Triton interpreter, torch 2.13).
@@ -88,8 +88,8 @@ def here() -> None:
     interpreter.arrange()
     from numcheck.impls.adapters import liger
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core import props as checks
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce import props as checks
+    from numcheck.properties.linear_ce.cases import Problem
 
     print(release_line())
     for name in liger.VARIANTS:

@@ -14,8 +14,8 @@ import sys
 import torch
 
 from numcheck.reports.repro import find_impl
-from numcheck.properties.core.problems import Problem  # noqa: F401 - the case is eval-ed
-from numcheck.properties.core import props as checks
+from numcheck.properties.linear_ce.cases import Problem  # noqa: F401 - the case is eval-ed
+from numcheck.properties.linear_ce import props as checks
 
 LOG2E = 1.4426950408889634
 

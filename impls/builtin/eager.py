@@ -2,7 +2,7 @@
 
 Logits are computed by ``F.linear`` in the input (or autocast) dtype — the [N, V] tensor the optimized impls
 avoid — then softcap, ``F.cross_entropy`` and the z-loss are applied with ordinary differentiable ops.
-This is the "same dtype eager" baseline of the relative judgement in :mod:`properties.core.tolerance`.
+This is the "same dtype eager" baseline of the relative judgement in :mod:`properties.linear_ce.tolerance`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from numcheck.errors import InvalidAssertion
 from numcheck.properties.convergence.data import MarkovSource
 from numcheck.properties.convergence.model import ModelShape, float64_head, impl_head, initial_parameters, train
 from numcheck.properties.core.failures import PropertyFailure, exception_lines, impl_invocation
-from numcheck.properties.core.problems import dtype_of
+from numcheck.properties.linear_ce.cases import dtype_of
 
 #: Training steps of the default run: the float64 loss falls from 4.8–5.3 to 2.1–2.8 on seeds 0–4 (the random
 #: initial head starts above log V = 4.16; the source's entropy is 1.5–2.0 nats).

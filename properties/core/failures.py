@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import spec_of
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 
 
 #: What a property returns for a case it cannot judge (a condition on the drawn values that the draw did not

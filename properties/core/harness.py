@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from numcheck.errors import ProtocolViolation
-from numcheck.properties.core.problems import Problem, Tensors, build
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, BlockObserver, LinearCEResult, linear_ce
 
 

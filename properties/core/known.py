@@ -27,10 +27,10 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from numcheck.properties.core.problems import Problem, Tensors
+from numcheck.properties.linear_ce.cases import Problem, Tensors
 
 if TYPE_CHECKING:
-    from numcheck.properties.core.tolerance import ErrorModel
+    from numcheck.properties.linear_ce.tolerance import ErrorModel
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class KnownDivergence:
     #: For a divergence of a third-party release: the releases it holds for (``None``: every release).
     releases: Releases | None = None
     #: For a ``by_data`` entry: the same predicate on given tensors (``applies`` reads those
-    #: :func:`properties.core.problems.build` draws), for callers whose tensors are not ``build(p)``'s (the
+    #: :func:`properties.linear_ce.cases.build` draws), for callers whose tensors are not ``build(p)``'s (the
     #: production-shape tier's, :mod:`properties.production.inputs`). ``None``: decidable on ``build(p)`` only.
     applies_to_tensors: Callable[[Problem, Tensors], bool] | None = None
     #: The outputs the release is off in: :data:`EVERY_OUTPUT`, or the names of some outputs.
@@ -272,7 +272,7 @@ def cce_filtering_may_skip(p: Problem, block_cols: int | None = None, t: Tensors
     (one block for every drawn problem of the suite; a production shape never forms [N, V] in float64), and
     the answer is the first block's that has such a row."""
     from numcheck.impls.adapters import cce
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     cols = block_cols or getattr(cce.load(), "backward_block_cols", None) or 1
     t = build(p) if t is None else t
@@ -306,7 +306,7 @@ def liger_z_loss_buffer(p: Problem) -> tuple[float, float]:
     (each row rounded to the dtype, their sum taken in fp32 and rounded to the dtype, as ``torch.sum`` of an fp16
     or bf16 tensor does). The buffered value equals Liger's output bit for bit on the measured fp16 cases
     (docs/evidence/liger_fp16_z_loss.py)."""
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     t = build(p)
     low = p.compute_dtype
@@ -375,7 +375,7 @@ def liger_unit_upstream_overflow(p: Problem, t: Tensors | None = None) -> bool:
     range; under AMP the parameters, and so the stored gradients, are fp32)."""
     from numcheck.properties.core.compare import overflow_threshold
     from numcheck.properties.core.harness import run_oracle
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     if p.dtype != "float16" or p.autocast is not None or p.upstream == "one" or p.reduction == "none" or p.N == 0:
         return False
@@ -390,9 +390,9 @@ def liger_unit_upstream_overflow(p: Problem, t: Tensors | None = None) -> bool:
 
 
 def half_all_ignored_mean(p: Problem) -> bool:
-    """Whether one of the two halves :func:`properties.core.props.two_calls` splits ``p`` into (rows [0, N/2) and
+    """Whether one of the two halves :func:`properties.linear_ce.props.two_calls` splits ``p`` into (rows [0, N/2) and
     [N/2, N)) is an all-ignored ``mean`` call."""
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     if p.reduction != "mean" or p.N < 2 or p.N % 2 or p.ignored == 0:
         return False
@@ -413,7 +413,7 @@ def te_ignored_rows_counted(p: Problem) -> bool:
     0, whatever the normalizer): there TransformerEngine 2.4–2.11 divides by all N rows, not the non-ignored ones."""
     if p.reduction != "mean" or p.V < 2 or p.ignored == 0 or p.ignored >= 1.0:
         return False
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     n_valid = int((build(p).target != p.ignore_index).sum())
     return 0 < n_valid < p.N
@@ -424,7 +424,7 @@ def te_per_row_upstream_dropped(p: Problem) -> bool:
     scales every row's gradient by the first row's upstream."""
     if p.reduction != "none" or p.upstream != "per_row" or p.N < 2 or p.V < 2:
         return False
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     up = build(p).upstream
     return up is not None and bool((up != up.reshape(-1)[0]).any())
@@ -444,7 +444,7 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
     import torch.nn.functional as F
 
     from numcheck.properties.core.harness import ImplOutputs, run_oracle
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     t = t if t is not None else build(p)
     low = t.weight.dtype
@@ -486,14 +486,14 @@ def te_prerounded_gradient_fails(p: Problem, t: Tensors | None = None) -> bool:
     if p.dtype != "bfloat16" or p.autocast is not None or p.N == 0:
         return False
     from numcheck.impls.adapters import transformer_engine
-    from numcheck.properties.core.accuracy import check_accuracy
+    from numcheck.properties.linear_ce.accuracy import check_accuracy
 
     info = transformer_engine.load()
     if isinstance(info, str):
         return False
     mean = p.reduction == "mean"
     impl = transformer_engine.build_impl("te_parallel_ce[mean]" if mean else "te_parallel_ce[none]", mean, False, info)
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     t = t if t is not None else build(p)
     return not check_accuracy(impl, p, t=t, out=te_gradient_stored_in_logits(p, t)).ok

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 
 #: The fields of one record, in order (the sweep reads these).
 FIELDS: tuple[str, ...] = (
@@ -86,7 +86,7 @@ def _ratio(value: float) -> float | str:
 
 
 def note(impl: Any, prop: str, p: Problem, result: Any) -> None:
-    """Record every analytic comparison of ``result`` (an :class:`properties.core.accuracy.AccuracyResult`) of
+    """Record every analytic comparison of ``result`` (an :class:`properties.linear_ce.accuracy.AccuracyResult`) of
     ``impl`` under property ``prop`` on ``p``, and its judgements (b); nothing when not recording."""
 
     # A z-loss output of a problem without z-loss is identically zero: it says nothing about a bound's tightness.

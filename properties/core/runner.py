@@ -3,7 +3,7 @@
 (draw the problems, reject the known divergences, run the property, hand back its metrics).
 
 A :class:`SuiteProperty` is one test of the suite: the property function it judges with, how it draws its
-problems for an impl, and when it does not apply. The table of them is :data:`numcheck.properties.core.suite.SUITE`.
+problems for an impl, and when it does not apply. The table of them is :data:`numcheck.properties.linear_ce.suite.SUITE`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from hypothesis import assume, reject
 from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
 from numcheck.properties.core import matmul_precision, poison
-from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
+from numcheck.properties.linear_ce.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
 from numcheck.properties.core.harness import ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE, pinned_row
-from numcheck.properties.core.undrawable import undrawable_reason
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import DEVICE, pinned_row
+from numcheck.properties.linear_ce.undrawable import undrawable_reason
 
 Metrics = dict[str, float]
 #: ``draw(impl, data) -> case``: one case for ``impl`` (a linear+CE :class:`Problem`, a ``QuantCase``, ...) from a
@@ -54,8 +54,8 @@ class SuiteProperty:
     example (each with its own draw), ``impl -> [(impl variant, draw)]``, in place of ``draw``; by default
     ``[(impl, draw)]``.
 
-    ``dimensions``: the dimensions of :data:`numcheck.properties.core.coverage.DIMENSIONS` the property varies through
-    :func:`~numcheck.properties.core.strategies.problems` (and does not pin itself): a pairwise covering design over
+    ``dimensions``: the dimensions of :data:`numcheck.properties.linear_ce.coverage.DIMENSIONS` the property varies through
+    :func:`~numcheck.properties.linear_ce.strategies.problems` (and does not pin itself): a pairwise covering design over
     them (:func:`rows`) runs before the random draws, so a small budget still meets every pair of their values.
     ``slow_dimensions``: the dimensions of its rows for impls that declare ``slow`` (each of their examples costs
     seconds under an interpreter): ``None`` (the default) runs no rows for them, only their random share.
@@ -120,7 +120,7 @@ def budget(impl: Any, max_examples: int, prop: SuiteProperty | None = None) -> i
 def rows(prop: SuiteProperty, impl: Any) -> tuple[Row, ...]:
     """``prop``'s covering rows for ``impl`` on the suite's device: a pairwise design over ``prop.dimensions``
     (``prop.slow_dimensions`` for a slow impl) as the impl declares them
-    (:func:`numcheck.properties.core.coverage.covering_rows`); none where those name no dimension, or for an impl that
+    (:func:`numcheck.properties.linear_ce.coverage.covering_rows`); none where those name no dimension, or for an impl that
     is not linear+CE."""
     if getattr(impl, "kind", None) != "linear_ce":
         return ()
@@ -151,7 +151,7 @@ class RowsRun:
 
 def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
     """``prop``'s covering rows on ``impl``, in order, each one example through :func:`run_example` with its
-    other fields drawn by ``prop``'s own draw from :func:`~numcheck.properties.core.coverage.seeded_data` (keyed by
+    other fields drawn by ``prop``'s own draw from :func:`~numcheck.properties.linear_ce.coverage.seeded_data` (keyed by
     property, impl, row and attempt: the same draws in every process). Call it only where :func:`skip_reason`
     gave none. Raises what the property raises, with a note naming the row."""
     run = RowsRun()
@@ -167,7 +167,7 @@ def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
             except BaseException as exc:
                 exc.add_note(
                     f"numcheck: covering row {i + 1} of {len(design)} of {prop.name} for {impl.name} "
-                    f"({row.label()}; numcheck.properties.core.coverage)"
+                    f"({row.label()}; numcheck.properties.linear_ce.coverage)"
                 )
                 raise
             break

@@ -24,7 +24,7 @@ from numcheck.reports.convergence import plot as convergence_plot, text as conve
 from numcheck.errors import BadInput
 from numcheck.reports.common import int_at_least, prepare_out_dir
 from numcheck.reports.convergence.plot import MISSING
-from numcheck.properties.core.problems import dtype_of
+from numcheck.properties.linear_ce.cases import dtype_of
 
 HELP = (
     "tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "

@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.properties.linear_ce.costs import memory_ab, paths_ab, step_ab, time_ab
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
 #: bound (:func:`headroom_taken`): 1.5 × the largest share a correct change took, over ordered pairs of correct
@@ -135,7 +135,7 @@ def environment(device: str) -> dict[str, Any]:
 def split_cases(new: Any, base: Any, cases: list[Any]) -> tuple[list[Any], list[dict], list[dict]]:
     """(cases both declare, cases only NEW declares, cases only BASE declares); one-sided ones as
     ``{"case", "label", "why"}`` with the other side's refusal."""
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
     from numcheck.reports.report.schema import case_text
 
     both, only_new, only_base = [], [], []

@@ -94,7 +94,7 @@ def convergence_case(new: Any, base: Any, device: str) -> tuple[dict[str, Any] |
     import torch
 
     from numcheck.properties.convergence import run as conv
-    from numcheck.properties.core.problems import dtype_of
+    from numcheck.properties.linear_ce.cases import dtype_of
 
     dev = torch.device(device).type
     reasons = []

@@ -204,12 +204,12 @@ REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.m
 
 
 def memory_section(impls: list[Any]) -> dict[str, Any]:
-    """The memory table of :mod:`properties.core.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
+    """The memory table of :mod:`properties.linear_ce.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
     import torch
 
     from numcheck.impls.measure import memory
-    from numcheck.properties.core.memory import memory_table
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.memory import memory_table
+    from numcheck.properties.linear_ce.cases import Problem
 
     try:
         N, H, V = memory.SEED_SHAPE

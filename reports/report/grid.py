@@ -1,6 +1,6 @@
 """The cases ``numcheck report`` sweeps: a documented grid plus seeded random draws over the same axes.
 
-Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of the grid:
+Linear+CE (:class:`~properties.linear_ce.cases.Problem`), for every dtype mode of the grid:
 
 * **Size ladders** — one axis at a time around a base shape, so every output's reduction length spans at
   least two decades: N (the reduction of grad_weight, grad_bias and a reduced loss), H (the logits' dot
@@ -21,13 +21,13 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
   regime cases (:data:`QUICK_OPTIONS`).
 
 * **Many-chunk cases**, per impl, from its declared chunking (:func:`many_chunk_cases`, the layout of the suite's
-  ``test_many_chunks``, :mod:`properties.core.chunks`): in each low-precision plain dtype and each declared reduction,
+  ``test_many_chunks``, :mod:`properties.linear_ce.chunks`): in each low-precision plain dtype and each declared reduction,
   post-norm rows whose count makes 2/u + 1 chunks of its declared ``chunk_rows`` or ``chunk_rule`` (257 for a
   ``slow`` impl, which runs them in its coarsest dtype and first reduction only, as the suite's draws do), or rows
   past any chunk size it may use undeclared; one row a chunk of its ``with_chunk_rows`` variant where it has one. A
   running sum across chunks kept in the compute dtype shows only there: the other cases span a few chunks at most.
 
-Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
+Each impl runs every case its declaration admits (:func:`properties.linear_ce.strategies.refusal`); the others are
 counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
 
 Quantized linear (:class:`~properties.fp8.cases.QuantCase`), per impl and recipe it declares: an (M, K, N)
@@ -80,7 +80,7 @@ import torch
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
 from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields, declared_mode
-from numcheck.properties.core.problems import Problem, dtype_of
+from numcheck.properties.linear_ce.cases import Problem, dtype_of
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {
@@ -521,7 +521,7 @@ def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
     suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
     else the option modes (in those two the plan names it as not run, with the reason)."""
     from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
 
     def declared(mode: str) -> bool:
         return refusal(impl.support, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])) is None
@@ -553,22 +553,22 @@ def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridC
 
 #: The dtypes of the many-chunk cases (:func:`many_chunk_cases`): those whose running sum across chunks, kept in
 #: the compute dtype, drops increments within a draw (bf16 after about 128–256 chunks, fp16 2048–4096:
-#: :data:`properties.core.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
+#: :data:`properties.linear_ce.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
 MANY_CHUNK_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 #: The upstream gradient of a many-chunk case at each reduction: one that reaches every chunk alike, so the chunks'
 #: partial sums of grad_weight share a sign on post-norm rows and a narrow running sum's roundings add up (a per-row
-#: upstream gives partials of either sign, where one can pass: properties.core.suite's covering rows).
+#: upstream gives partials of either sign, where one can pass: properties.linear_ce.suite's covering rows).
 MANY_CHUNK_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "one"}
 
 
 def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
     """(N, H, V) of a many-chunk case of ``chunks_wanted`` chunks of ``layout``
-    (:class:`properties.core.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.core.chunks.
-    rule_shapes`), else the fewest rows of :meth:`~properties.core.chunks.Layout.n_range` with the largest V and H the
-    suite's draws take at that N (:func:`~properties.core.chunks.v_cap`, at least
-    :data:`~properties.core.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.core.chunks.MANY_CHUNK_MIN_H`): few
+    (:class:`properties.linear_ce.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.linear_ce.chunks.
+    rule_shapes`), else the fewest rows of :meth:`~properties.linear_ce.chunks.Layout.n_range` with the largest V and H the
+    suite's draws take at that N (:func:`~properties.linear_ce.chunks.v_cap`, at least
+    :data:`~properties.linear_ce.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.linear_ce.chunks.MANY_CHUNK_MIN_H`): few
     classes and hidden features, so grad_weight's error comes from the sum across chunks."""
-    from numcheck.properties.core import chunks
+    from numcheck.properties.linear_ce import chunks
 
     if layout.rule is not None:
         return chunks.rule_shapes(layout.rule, chunks_wanted, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)[0]
@@ -579,13 +579,13 @@ def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
 
 def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
     """A linear+CE impl's many-chunk cases (module docstring) as ``(impl to run, case)``: the impl's
-    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.core.strategies.many_chunk_layout`, as
+    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.linear_ce.strategies.many_chunk_layout`, as
     the suite's ``test_many_chunks``), else the impl; and the cases it does not run, named with the reason (a dtype or
     reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
     dtype past its coarsest or a reduction past its first)."""
-    from numcheck.properties.core import chunks
+    from numcheck.properties.linear_ce import chunks
     from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import many_chunk_layout, refusal
+    from numcheck.properties.linear_ce.strategies import many_chunk_layout, refusal
 
     not_run = NotRun()
     if not spec.many_chunks:
@@ -617,7 +617,7 @@ def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[li
                 or (divergence and f"known divergence: {divergence.reason}")
                 or (
                     f"declared slow: its many-chunk cases run in {coarsest} and {first!r} only, {k} chunks "
-                    "(numcheck.properties.core.chunks.many_chunks), as the suite's draws"
+                    "(numcheck.properties.linear_ce.chunks.many_chunks), as the suite's draws"
                     if slow and (dtype, red) != (coarsest, first)
                     else None
                 )
@@ -740,7 +740,7 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
     from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
 
     backend = default_backend()
     out: list[GridCase] = []

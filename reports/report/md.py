@@ -265,7 +265,7 @@ HOW_TO_READ = """\
 the very operands the impl's matmuls see. For each element numcheck derives how far a correct
 implementation may be off — a first-order floating-point error bound built from the unit roundoff of every
 dtype involved, the length of each reduction, and what the impl *declares* (its grad_weight accumulation
-path, the dtype it keeps logits in). The derivation is in `properties/core/tolerance.py` (linear+CE) and
+path, the dtype it keeps logits in). The derivation is in `properties/linear_ce/tolerance.py` (linear+CE) and
 `properties/fp8/tolerance.py` (FP8).
 
 * **error/bound** is the largest |impl − oracle| / bound over an output's elements. ≤ 1 everywhere is the
@@ -493,7 +493,7 @@ def _memory_section(mem: dict | None) -> list[str]:
         return ["## Memory", "", f"Memory measurement failed: {mem['error']}", ""]
     V, H, C = mem["one_chunk_shape"]
     out = [
-        "## Memory (measured by `properties/core/memory.py` on the `meta` device: no allocation, exact byte counts)",
+        "## Memory (measured by `properties/linear_ce/memory.py` on the `meta` device: no allocation, exact byte counts)",
         "",
         f"One chunk of grad_weight accumulation, V={V}, H={H}, C={C}, {mem['dtype']} operands:",
         "",

@@ -1,5 +1,5 @@
 """Running every loaded impl over the report grid, through the property library's judgements
-(:func:`properties.core.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8.props.measure_case` for
+(:func:`properties.linear_ce.accuracy.check_accuracy` for linear+CE, :func:`properties.fp8.props.measure_case` for
 quantized linear, :func:`properties.fp8.grouped.props.measure_case` for grouped (mixture-of-experts) FP8 linears,
 :func:`properties.distributed.linear_ce.props.measure` for distributed linear+CE and
 :func:`properties.distributed.tp_fp8.props.measure` for tensor-parallel FP8 linears on their ranks), with a plain-text progress
@@ -146,7 +146,7 @@ def _linear_ce_plan(impl: Any, lin: list[GridCase], spec: GridSpec, device: str,
     """A linear+CE impl's (impl, case) pairs: the fixed grid and its declared cases in the reduction it declares, less
     refused, repeated and known-divergent cases (counted and named in ``info``), then its many-chunk cases."""
     from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
 
     mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
     not_run = NotRun()
@@ -244,7 +244,7 @@ def run_case(impl: Any, gc: GridCase) -> dict[str, Any]:
     try:
         with poison.judging(impl, gc.prop):  # the property cases get it through judge
             if impl.kind == "linear_ce":
-                from numcheck.properties.core.accuracy import check_accuracy
+                from numcheck.properties.linear_ce.accuracy import check_accuracy
 
                 res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
                 return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
@@ -273,7 +273,7 @@ def property_table(kind: str) -> dict[str, Any]:
     """The property library's table of ``kind``'s properties by name (the functions the suite runs, and
     ``numcheck repro``)."""
     if kind == "linear_ce":
-        from numcheck.properties.core.props import PROPERTIES
+        from numcheck.properties.linear_ce.props import PROPERTIES
     elif kind == "quant_linear":
         from numcheck.properties.fp8.props import FP8_PROPERTIES as PROPERTIES
     elif kind == "grouped_quant_linear":

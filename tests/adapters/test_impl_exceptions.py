@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 from numcheck.impls.registry import discover
-from numcheck.properties.core import props as checks
+from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure, raised_by_suite
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import SuiteProperty, run_example
 from numcheck.reports import cli
 

@@ -9,8 +9,8 @@ import fnmatch
 import pytest
 
 from numcheck.impls.registry import ImplEntry, builtin_impls
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.strategies import DEVICE_TYPE as DEVICE
+from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce.strategies import DEVICE_TYPE as DEVICE
 from numcheck.properties.core.known import KNOWN
 
 
@@ -134,7 +134,7 @@ def _unshadowed(entry, impls, example) -> list:
 @pytest.mark.parametrize("devices", [(), ("gpu",), ("cpu", "tpu")])
 def test_entry_rejects_unknown_devices(devices):
     """A known-divergence entry must name the device types it was seen on, from cpu and cuda only."""
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.properties.core.known import KnownDivergence
 
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
@@ -170,7 +170,7 @@ def test_entry_rejects_unknown_devices(devices):
 def test_entry_rejects_an_inconsistent_kind(fields, words):
     """An entry of some outputs names the model they are judged under (one of every output names none), and a
     distributed impl's entry covers every property and places its example's targets only with its world size."""
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.properties.core.known import KnownDivergence
 
     with pytest.raises(ValueError, match=words):
@@ -217,7 +217,7 @@ def test_history_dependent_entries_name_a_shown_place():
 def test_data_predicates_do_not_cover_a_whole_test():
     """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
     rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.properties.core.known import covers_every
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
@@ -235,7 +235,7 @@ def test_data_predicates_do_not_cover_a_whole_test():
 def test_release_range_follows_installed_release(installed, holds):
     """An entry keyed on a release range matches only when the installed release is known and inside the range."""
     from numcheck.properties.core.known import KnownDivergence, Releases
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
 
     entry = KnownDivergence(
         impls="liger[[]*",

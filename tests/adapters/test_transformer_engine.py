@@ -29,11 +29,11 @@ import torch
 import numcheck.impls.adapters.transformer_engine as te
 from numcheck.impls.registry import builtin as _impl
 from numcheck.impls.registry import dist_impls
-from numcheck.properties.core.accuracy import check_accuracy
+from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.failures import PropertyFailure, fail, impl_raised, raised_by_suite
 from numcheck.properties.core.known import known
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import why_not_run
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
 from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy

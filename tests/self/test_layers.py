@@ -30,13 +30,14 @@ LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests"
 #: The feature families of numcheck.properties and the families each may import (its bases). ``assertions`` and
 #: ``check`` (the public front of the property library) may import every family.
 FAMILY_BASES: dict[str, tuple[str, ...]] = {
-    "core": (),
-    "fp8": ("core",),
+    "core": ("linear_ce",),  # until the mixed modules (harness, runner, known) are split
+    "linear_ce": ("core",),
+    "fp8": ("core", "linear_ce"),  # until strategies' DEVICE is split
     "distributed.pool": ("core",),
-    "distributed.linear_ce": ("core", "distributed.pool"),
-    "distributed.tp_fp8": ("core", "distributed.pool", "fp8"),
-    "convergence": ("core",),
-    "production": ("core",),
+    "distributed.linear_ce": ("core", "linear_ce", "distributed.pool"),
+    "distributed.tp_fp8": ("core", "linear_ce", "distributed.pool", "fp8"),
+    "convergence": ("core", "linear_ce"),
+    "production": ("core", "linear_ce"),
 }
 #: A string naming a numcheck module, optionally with ``:attr`` (a spec) — counted as an import of that module.
 MODULE_STRING = re.compile(r"^numcheck(\.[A-Za-z_][A-Za-z0-9_]*)+(:[^\s]+)?$")

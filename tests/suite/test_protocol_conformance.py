@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core import props as checks
+from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import judge
-from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.linear_ce.strategies import DEVICE
 
 pytestmark = pytest.mark.torch_versions_impls(
     "chunked[addmm_out_dtype]",
@@ -62,7 +62,7 @@ def _problem(support, reduction: str) -> Problem:
 
 def test_protocol_structure(linear_ce_impl):
     """For each reduction the impl declares, it returns a loss of that reduction's shape with an autograd graph, and
-    gradients reach x, W, bias (:func:`numcheck.properties.core.props.protocol_structure`). One test per impl: its
+    gradients reach x, W, bias (:func:`numcheck.properties.linear_ce.props.protocol_structure`). One test per impl: its
     failure names each reduction that fails, or the exception an impl raised."""
     s = linear_ce_impl.support
     assert set(s.options) <= set(LINEAR_CE_OPTIONS)

@@ -31,9 +31,9 @@ from numcheck.properties.core.known import (
     te_prerounded_gradient_fails,
     te_release,
 )
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.distributed.linear_ce.placement import place_targets
-from numcheck.properties.core.tolerance import ErrorModel, unit_roundoff
+from numcheck.properties.linear_ce.tolerance import ErrorModel, unit_roundoff
 
 
 def megatron_release() -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.properties.core.problems import Tensors
+from numcheck.properties.linear_ce.cases import Tensors
 
 
 def place_targets(t: Tensors, case: Any) -> Tensors:

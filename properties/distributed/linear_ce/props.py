@@ -28,7 +28,7 @@ import torch
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, shard_bounds
 from numcheck.impls.registry import ImplEntry, load_spec, spec_of
 from numcheck.properties.core import matmul_precision, records
-from numcheck.properties.core.accuracy import AccuracyResult
+from numcheck.properties.linear_ce.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
 from numcheck.properties.distributed.pool import zygote
 from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
@@ -36,10 +36,10 @@ from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.distributed.linear_ce.placement import place_targets
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import run_oracle, same_bits
-from numcheck.properties.core.problems import Problem, Tensors, build
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model, relation_bounds
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
-from numcheck.properties.core.tolerance import linear_ce_bounds
+from numcheck.properties.linear_ce.tolerance import linear_ce_bounds
 from numcheck.reference.smoothing import oracle_smoothing
 
 # Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules.

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties.distributed.pool.pool import default_backend
 from numcheck.properties.distributed.linear_ce.props import PLACEMENTS, DistCase
-from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem
+from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES, Problem
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -1,4 +1,4 @@
-"""The ``anisotropic_head`` regime (properties.core.problems.head_mean): a mean direction shared by the head's rows that
+"""The ``anisotropic_head`` regime (properties.linear_ce.cases.head_mean): a mean direction shared by the head's rows that
 the softmax cannot see, because it is orthogonal to every row of x as the impl's matmul reads it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.properties.core.problems import (
+from numcheck.properties.linear_ce.cases import (
     HEAD_MEAN_RATIO,
     HEAD_REGIME,
     HEAD_SIGMA,

@@ -19,7 +19,7 @@ from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties.convergence import run as convergence
 from numcheck.reports.convergence import text as convergence_text
 from numcheck.properties.convergence.model import ModelShape
-from numcheck.properties.core.problems import dtype_of
+from numcheck.properties.linear_ce.cases import dtype_of
 from numcheck.tests.self.helpers import mutants
 
 DTYPES = ("float32", "bfloat16")

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.core import props as checks
+from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.harness import run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import DEVICE, problems
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.strategies import DEVICE, problems
 
 #: False-alarm rate of the accumulation-order decision: the probability of declaring "addmm_out_dtype is less
 #: accurate" when its errors are in fact distributed like the fallback's or better (one-sided Wilcoxon

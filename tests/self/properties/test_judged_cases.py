@@ -14,7 +14,7 @@ import pytest
 
 import numcheck
 from numcheck.properties.core.failures import NOT_JUDGED, PropertyFailure
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import SuiteProperty, judge, run_rows
 from numcheck.tests.self.helpers import user_impls
 
@@ -80,7 +80,7 @@ def test_a_case_the_property_cannot_judge_is_rejected_not_counted():
 
 def test_an_impl_raising_in_a_judge_is_the_suites_failure():
     """What the impl raises inside a property becomes a PropertyFailure marked ``raised``, with the case."""
-    from numcheck.properties.core import props
+    from numcheck.properties.linear_ce import props
 
     p = Problem(N=4, H=3, V=5, bias=True)
     with pytest.raises(PropertyFailure) as info:

@@ -15,7 +15,7 @@ import torch
 
 from numcheck.impls.registry import builtin, dist_impls
 from numcheck.properties.core import known as core_known
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.distributed.linear_ce import suite as dist_suite
 from numcheck.properties.distributed.linear_ce.props import dist_accuracy
 from numcheck.tests.suite import test_protocol_conformance

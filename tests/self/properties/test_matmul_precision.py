@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import numcheck
 from numcheck.properties.core import matmul_precision as mp
 from numcheck.properties.core import runner
-from numcheck.properties.core.props import accuracy
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.props import accuracy
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import SuiteProperty
 
 MATMUL = torch.backends.cuda.matmul

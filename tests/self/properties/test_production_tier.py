@@ -22,9 +22,9 @@ import torch
 
 from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.protocols.linear_ce import FunctionImpl
-from numcheck.properties.core.accuracy import AccuracyResult
+from numcheck.properties.linear_ce.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.production.inputs import IGNORED_RUN, LOGIT_SCALE, logit_profile, scale_tensors
 from numcheck.properties.production.tier import (
     INT32_LIMIT,
@@ -417,7 +417,7 @@ def test_bound_cache_shares_sweeps_within_its_budget():
     bounds alive, counted in bytes (siblings reachable through a kept entry's sweep included)."""
     from numcheck.impls.registry import by_kind, discover
     from numcheck.properties.production.tier import BoundCache
-    from numcheck.properties.core.tolerance import linear_ce_bounds
+    from numcheck.properties.linear_ce.tolerance import linear_ce_bounds
 
     ctx = _case(SMOKE[1])
     p = ctx.case.problem

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from numcheck.impls.protocols.linear_ce import FunctionImpl
-from numcheck.properties.core import props as checks
+from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import PAD, strided_copy
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.tests.self.helpers.mutants import PLAIN_FP32
 
 

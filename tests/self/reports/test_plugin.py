@@ -64,7 +64,7 @@ def test_decorated_at_import(n):
 """
 USER_FIXTURE_TEST = """
 from hypothesis import given, strategies as st
-from numcheck.properties.core.props import accuracy
+from numcheck.properties.linear_ce.props import accuracy
 
 @given(data=st.data())
 def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):

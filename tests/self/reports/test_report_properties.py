@@ -29,7 +29,7 @@ MOD = "numcheck.tests.self.helpers.report_property_impls"
 def _suite_properties(kind: str) -> set[str]:
     """The properties (by the property library's names) the shipped suite runs on ``kind``, from its own tables."""
     if kind == "linear_ce":
-        from numcheck.properties.core.suite import SUITE
+        from numcheck.properties.linear_ce.suite import SUITE
 
         return {p.check.__name__ for p in SUITE.values()}
     if kind == "quant_linear":

@@ -22,7 +22,7 @@ from numcheck.reports import cli
 from numcheck.reports.premerge import command as premerge
 from numcheck.reports.report import md as report_md, schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
-from numcheck.properties.core import chunks
+from numcheck.properties.linear_ce import chunks
 from numcheck.reports.report.grid import (
     DIST_UNEVEN_V,
     QUICK,

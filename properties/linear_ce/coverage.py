@@ -5,7 +5,7 @@ reduction × dtype × options leave most pairs of values untried (a transposed w
 gradient, Liger 0.2.1–0.8.2's grad_weight bug, never came in three draws on 0.5.8 and 0.7.0). So each property
 names the dimensions it varies (:data:`DIMENSIONS`), and :func:`covering_rows` builds, per impl, a pairwise
 covering design (allpairspy) over the values its declaration admits: every pair of values of any two dimensions
-appears in some row, under the constraints of :class:`~numcheck.properties.core.problems.Problem` (``per_row`` only
+appears in some row, under the constraints of :class:`~numcheck.properties.linear_ce.cases.Problem` (``per_row`` only
 with ``none``, a loss scale only under AMP fp16 ``mean`` without a softcap, excluded option pairs). A row pins
 some :class:`Problem` fields (``force``) and turns some options on (``require``); every other field (shapes,
 seed, option values, the regime unless the property names ``regime``) is drawn as usual, from hypothesis' engine seeded per (property, impl, row)
@@ -32,7 +32,7 @@ from hypothesis.internal.conjecture.providers import HypothesisProvider
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core.problems import HEAD_REGIME, REGIMES
+from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES
 
 _NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -158,7 +158,7 @@ DIMENSIONS: dict[str, Dimension] = {
         o: Dimension(lambda s, d, o=o: ["off", "on"] if o in s.options else [], _option_fields(o))
         for o in LINEAR_CE_OPTIONS
     },
-    # The inputs' regime (properties.core.problems.REGIMES): a property whose bug shows only on some inputs (partial
+    # The inputs' regime (properties.linear_ce.cases.REGIMES): a property whose bug shows only on some inputs (partial
     # sums that grow on post-norm activations) names it to meet each regime once.
     "regime": Dimension(lambda s, d: list(REGIMES), lambda v: ({"regime": v}, frozenset())),
     # A trained head's shape (large_vocab): bf16, where declared, with the anisotropic head (HEAD_PRECISIONS),

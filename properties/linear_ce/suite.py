@@ -14,13 +14,13 @@ import torch
 from hypothesis import strategies as st
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.coverage import EVERY_DIMENSION
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import Draw, SuiteProperty
-from numcheck.properties.core.chunks import declares_chunks
-from numcheck.properties.core.chunks import layout as chunk_layout
-from numcheck.properties.core.strategies import (
+from numcheck.properties.linear_ce.chunks import declares_chunks
+from numcheck.properties.linear_ce.chunks import layout as chunk_layout
+from numcheck.properties.linear_ce.strategies import (
     DEVICE,
     chunk_invariance_problems,
     determinism_layout,
@@ -61,8 +61,8 @@ def _all_options(impl: Any, data: Any) -> Problem:
 
 
 def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
-    """Many chunks of the impl (:func:`~numcheck.properties.core.chunks.many_chunks` of the drawn dtype) from its
-    declaration alone (:func:`~numcheck.properties.core.strategies.many_chunk_layout`)."""
+    """Many chunks of the impl (:func:`~numcheck.properties.linear_ce.chunks.many_chunks` of the drawn dtype) from its
+    declaration alone (:func:`~numcheck.properties.linear_ce.strategies.many_chunk_layout`)."""
     lay = many_chunk_layout(impl)
     return [(lay.impl, drawn(many_chunk_problems, layout=lay))]
 
@@ -75,7 +75,7 @@ def _determinism_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
 
 def _chunk_invariance_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
     """Where the impl exposes with_chunk_rows, any problem (its chunk sizes are set); else problems spanning
-    several of its chunks as declared (:func:`~numcheck.properties.core.strategies.chunk_invariance_problems`)."""
+    several of its chunks as declared (:func:`~numcheck.properties.linear_ce.strategies.chunk_invariance_problems`)."""
     if hasattr(impl, "with_chunk_rows"):
         return [(impl, drawn(problems))]
     return [(impl, drawn(chunk_invariance_problems, layout=chunk_layout(impl)))]
@@ -124,7 +124,7 @@ def _unless(cond: Any, why: str) -> Any:
 
 _TINY = dict(N=1, H=1, V=1, device=DEVICE)
 
-# Dimensions of the covering rows (numcheck.properties.core.coverage) of the tests whose draws vary them.
+# Dimensions of the covering rows (numcheck.properties.linear_ce.coverage) of the tests whose draws vary them.
 #: accuracy_fp32_sharp pins fp32: everything else.
 _IN_FP32 = tuple(d for d in EVERY_DIMENSION if d != "precision")
 #: strided_inputs: the upstream gradient meets the transposed weight (Liger 0.2.1–0.8.2's grad_weight was wrong
