@@ -39,7 +39,8 @@ from numcheck.properties.core.runner import (
     target_scores,
     unsatisfiable_reason,
 )
-from numcheck.properties.linear_ce.strategies import DEVICE, refusal
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.core.device import DEVICE
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"

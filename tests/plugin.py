@@ -412,7 +412,7 @@ def known_findings(config: pytest.Config, stats: dict[str, list[Any]]) -> list[d
     if not _suite_ran(config, stats):
         return []
     from numcheck.properties.distributed.linear_ce.known import applicable
-    from numcheck.properties.linear_ce.strategies import DEVICE_TYPE
+    from numcheck.properties.core.device import DEVICE_TYPE
 
     return [
         k.finding(e.name)

@@ -22,7 +22,8 @@ from numcheck.properties.core.failures import PropertyFailure, failure_message, 
 from numcheck.properties.core.harness import ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
 from numcheck.properties.linear_ce.cases import Problem
-from numcheck.properties.linear_ce.strategies import DEVICE, pinned_row
+from numcheck.properties.linear_ce.strategies import pinned_row
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_ce.undrawable import undrawable_reason
 
 Metrics = dict[str, float]

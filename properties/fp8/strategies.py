@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase, scale_block
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))

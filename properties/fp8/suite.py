@@ -14,7 +14,7 @@ from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import QuantizerCase
 from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
 from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 
 
 def _cases(*regimes: str) -> Draw:

@@ -4,7 +4,7 @@ Shapes lean to the edges (N = 1, N not a multiple of a chunk, V of 1, 2, odd, pr
 multiple of 16/32/128); dtypes fp32/bf16/fp16 and AMP; bias on/off and its dtype; ignored fraction from none to
 all; every option alone and combined; value regimes ordinary, confident, large, tiny, outlier rows.
 Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V`` (defaults 96 / 80 / 160);
-``NUMCHECK_DEVICE`` (default ``cpu``) picks the device problems live on.
+``NUMCHECK_DEVICE`` (default ``cpu``, :mod:`numcheck.properties.core.device`) picks the device problems live on.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from numcheck.impls.measure import capabilities
 from numcheck.properties.linear_ce import chunks
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, LinearCESupport
+from numcheck.properties.core.device import DEVICE, DEVICE_TYPE
 from numcheck.properties.core.harness import run_oracle
 from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES, Problem
 
@@ -39,11 +40,6 @@ def _cap(name: str, default: int) -> int:
         raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return v
 
-
-#: Device the property suite draws problems on (``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU).
-DEVICE = os.environ.get("NUMCHECK_DEVICE", "cpu")
-#: Its type ("cpu", "cuda"), for comparing with declared devices.
-DEVICE_TYPE = torch.device(DEVICE).type
 
 MAX_N = _cap("NUMCHECK_MAX_N", 96)
 MAX_H = _cap("NUMCHECK_MAX_H", 80)

@@ -21,7 +21,6 @@ from numcheck.properties.core.runner import Draw, SuiteProperty
 from numcheck.properties.linear_ce.chunks import declares_chunks
 from numcheck.properties.linear_ce.chunks import layout as chunk_layout
 from numcheck.properties.linear_ce.strategies import (
-    DEVICE,
     chunk_invariance_problems,
     determinism_layout,
     determinism_problems,
@@ -34,6 +33,7 @@ from numcheck.properties.linear_ce.strategies import (
     problems,
     wide_hidden_problems,
 )
+from numcheck.properties.core.device import DEVICE
 
 
 def _dtype_names(support: Any) -> set[str]:

@@ -18,7 +18,8 @@ import torch
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 from numcheck.properties.linear_ce.cases import Problem
-from numcheck.properties.linear_ce.strategies import DEVICE, refusal
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.core.device import DEVICE
 
 #: Keys of ``problems(force=...)`` that name an option rather than a :class:`Problem` field.
 _FORCE_FIELD = {"z_loss": "z_loss_scale"}

@@ -10,7 +10,7 @@ import pytest
 
 from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties.linear_ce import props as checks
-from numcheck.properties.linear_ce.strategies import DEVICE_TYPE as DEVICE
+from numcheck.properties.core.device import DEVICE_TYPE as DEVICE
 from numcheck.properties.core.known import KNOWN
 
 

@@ -32,7 +32,7 @@ LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests"
 FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "core": ("linear_ce",),  # until the mixed modules (harness, runner, known) are split
     "linear_ce": ("core",),
-    "fp8": ("core", "linear_ce"),  # until strategies' DEVICE is split
+    "fp8": ("core",),
     "distributed.pool": ("core",),
     "distributed.linear_ce": ("core", "linear_ce", "distributed.pool"),
     "distributed.tp_fp8": ("core", "linear_ce", "distributed.pool", "fp8"),

@@ -27,7 +27,7 @@ from numcheck.properties.fp8.cases import (
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import judge
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 

@@ -27,7 +27,8 @@ from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.core.runner import judge
 from numcheck.properties.linear_ce.suite import PINNED, SUITE
-from numcheck.properties.linear_ce.strategies import DEVICE, refusal
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.core.device import DEVICE
 from numcheck.tests.suite.drawn import run_drawn
 
 pytestmark = pytest.mark.torch_versions_impls(

@@ -16,7 +16,7 @@ from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.known import known
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import judge
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 
 pytestmark = pytest.mark.torch_versions_impls(
     "chunked[addmm_out_dtype]",

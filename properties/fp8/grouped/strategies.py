@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
 from numcheck.properties.fp8.cases import scale_block
 from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM, SCALE_K, SCALE_ROWS

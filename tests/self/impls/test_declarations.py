@@ -259,7 +259,7 @@ def test_undeclared_device_is_skipped_with_its_reason_not_as_a_known_divergence(
     """A test that can draw no case for an impl (here: it declares only CUDA and the run draws on CPU) is skipped
     with that real reason, never reported as "every case drawn is a known divergence"."""
     import numcheck
-    from numcheck.properties.linear_ce.strategies import DEVICE
+    from numcheck.properties.core.device import DEVICE
 
     if DEVICE != "cpu":
         pytest.skip("the run draws on the impl's device")

@@ -37,7 +37,7 @@ from numcheck.impls.builtin.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from numcheck.properties.core.compare import compare
 from numcheck.properties.core.harness import oracle_operands, run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build
-from numcheck.properties.linear_ce.strategies import DEVICE_TYPE
+from numcheck.properties.core.device import DEVICE_TYPE
 from numcheck.reference.linear_ce import LinearCEResult
 
 U = 2.0**-24

@@ -10,7 +10,8 @@ from numcheck.properties.linear_ce.props import accuracy
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.harness import ProtocolViolation
 from numcheck.properties.linear_ce.cases import Problem
-from numcheck.properties.linear_ce.strategies import DEVICE, problems
+from numcheck.properties.linear_ce.strategies import problems
+from numcheck.properties.core.device import DEVICE
 from numcheck.tests.self.helpers.mutants import DIRECTED, MUTANTS
 
 

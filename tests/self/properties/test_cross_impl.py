@@ -12,7 +12,8 @@ from numcheck.impls.registry import builtin as _impl
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.harness import run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
-from numcheck.properties.linear_ce.strategies import DEVICE, problems
+from numcheck.properties.linear_ce.strategies import problems
+from numcheck.properties.core.device import DEVICE
 
 #: False-alarm rate of the accumulation-order decision: the probability of declaring "addmm_out_dtype is less
 #: accurate" when its errors are in fact distributed like the fallback's or better (one-sided Wilcoxon

@@ -22,7 +22,7 @@ from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.props import reduction_consistency
 from numcheck.properties.core.harness import run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_ce.tolerance import upstream_overflow
 
 #: Liger's CUDA false alarm : 87 of its 2049 rows have |z/s| > 18.7 for both classes.

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.cases import Problem
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 
 #: Classes per chunk of the test impl's grad_x sum: 1025 classes make 129 roundings in the input dtype.
 CHUNK_COLS = 8

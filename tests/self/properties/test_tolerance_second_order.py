@@ -13,7 +13,7 @@ import torch
 from numcheck.impls.registry import builtin
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.cases import Problem
-from numcheck.properties.linear_ce.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_ce.tolerance import _p_expm1, logp_error_bound, lse_error_bound
 
 f64 = torch.float64
