@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from numcheck.properties.core.harness import autocast_context
+from numcheck.properties.linear_ce.harness import autocast_context
 from numcheck.properties.linear_ce.cases import Problem, build
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

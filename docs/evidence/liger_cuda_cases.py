@@ -16,7 +16,7 @@ import torch
 
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.linear_ce.accuracy import check_accuracy
-from numcheck.properties.core.harness import autocast_context, run_impl
+from numcheck.properties.linear_ce.harness import autocast_context, run_impl
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.reports.repro import find_impl
 

@@ -374,7 +374,7 @@ def liger_unit_upstream_overflow(p: Problem, t: Tensors | None = None) -> bool:
     has a per-row upstream Liger does not pre-multiply in the same way); fp16 parameters only (bf16 has fp32's
     range; under AMP the parameters, and so the stored gradients, are fp32)."""
     from numcheck.properties.core.compare import overflow_threshold
-    from numcheck.properties.core.harness import run_oracle
+    from numcheck.properties.linear_ce.harness import run_oracle
     from numcheck.properties.linear_ce.cases import build
 
     if p.dtype != "float16" or p.autocast is not None or p.upstream == "one" or p.reduction == "none" or p.N == 0:
@@ -443,7 +443,7 @@ def te_gradient_stored_in_logits(p: Problem, t: Tensors | None = None) -> Any:
     leaves V = 1 to this one: there the division is all that reaches the outputs, through these stores)."""
     import torch.nn.functional as F
 
-    from numcheck.properties.core.harness import ImplOutputs, run_oracle
+    from numcheck.properties.linear_ce.harness import ImplOutputs, run_oracle
     from numcheck.properties.linear_ce.cases import build
 
     t = t if t is not None else build(p)

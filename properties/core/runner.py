@@ -19,7 +19,7 @@ from numcheck.properties.core import matmul_precision, poison
 from numcheck.properties.linear_ce.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.failures import PropertyFailure, failure_message, impl_raised, judged, raised_by_suite
-from numcheck.properties.core.harness import ProtocolViolation
+from numcheck.errors import ProtocolViolation
 from numcheck.properties.core.known import covers_every, known
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import pinned_row

@@ -49,7 +49,7 @@ import torch
 from scipy import optimize, stats
 
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
+from numcheck.properties.linear_ce.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.reference.linear_ce import LinearCEResult
 from numcheck.properties.linear_ce.tolerance import (
@@ -381,8 +381,8 @@ def check_accuracy(
     eager_err: EagerErrors | None = None,
     bounds: BoundsFn | None = None,
 ) -> AccuracyResult:
-    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.core.harness.strided_copy`; the inputs
-    in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.core.harness.run_impl`) and the
+    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.core.tensors.strided_copy`; the inputs
+    in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.linear_ce.harness.run_impl`) and the
     oracle on ``p`` and judge every output (see the module docstring); the gradients of frozen inputs are not
     judged.
 

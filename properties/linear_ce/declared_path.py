@@ -150,7 +150,7 @@ def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[st
     ``path`` (module docstring), each in the dtype that path returns it in."""
     from numcheck.impls.builtin.ce_block import ce_block_, reduction_coefficients, row_weights
     from numcheck.impls.builtin.chunk_sweep import Plan, autocast_off, reduce_rows, sweep
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.linear_ce.harness import oracle_operands
 
     x, w, b = oracle_operands(p, t)  # the values the matmuls see (rounded to the autocast dtype under AMP)
     logits_dtype = torch.float32 if path.logits_fp32 else p.compute_dtype

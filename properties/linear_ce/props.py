@@ -34,7 +34,7 @@ from numcheck.properties.linear_ce.accuracy import check_accuracy, declared_loss
 from numcheck.properties.core.compare import compare, legitimate_overflow
 from numcheck.properties.core.failures import NOT_JUDGED, fail
 from numcheck.properties.core.failures import context as failure_context
-from numcheck.properties.core.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
+from numcheck.properties.linear_ce.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build, dtype_of
 from numcheck.properties.linear_ce.tolerance import error_model, linear_ce_bounds, range_dtypes, upstream_overflow
 
@@ -74,7 +74,7 @@ def accuracy(impl: Any, p: Problem) -> Metrics:
 
 def strided_inputs(impl: Any, p: Problem) -> Metrics:
     """Inputs passed as non-contiguous tensors of the same values (a column slice of x, a transposed weight,
-    every other element of bias and target; :func:`properties.core.harness.strided_copy`) give every output within
+    every other element of bias and target; :func:`properties.core.tensors.strided_copy`) give every output within
     the analytic bound of the oracle. Refusing them with an exception is allowed (loud, not wrong); reading
     the wrong elements is not."""
     try:

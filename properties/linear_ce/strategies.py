@@ -24,7 +24,7 @@ from numcheck.impls.measure import capabilities
 from numcheck.properties.linear_ce import chunks
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, LinearCESupport
 from numcheck.properties.core.device import DEVICE, DEVICE_TYPE
-from numcheck.properties.core.harness import run_oracle
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES, Problem
 
 

@@ -812,7 +812,7 @@ def sweep_bounds(
     re-accumulating the oracle's gradients, the model-independent products of each block formed once
     (:class:`_BlockShared`), |δG| and its two products once per gradient key. Every figure is the one a sweep of
     that model alone gives, bit for bit (tests/self/properties/test_tolerance_paths.py)."""
-    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
+    from numcheck.properties.linear_ce.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -844,7 +844,7 @@ def sweep_bounds(
 def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
     """Element-wise absolute error bounds for ``loss``, ``z_loss``, ``grad_x``, ``grad_weight``, ``grad_bias``.
 
-    ``oracle`` must be the oracle on the same operands (:func:`properties.core.harness.run_oracle`); the sweep
+    ``oracle`` must be the oracle on the same operands (:func:`properties.linear_ce.harness.run_oracle`); the sweep
     walks its blocks twice (:func:`sweep_bounds`).
     """
     return linear_ce_bounds_many(p, t, oracle, [m])[0]
@@ -863,7 +863,7 @@ def _linear_ce_bounds_two_runs(
 ) -> dict[str, torch.Tensor]:
     """The straightforward evaluation :func:`sweep_bounds` is tested against: the whole oracle run twice with
     one model's sweep as its observer, every product of a block formed for that model alone."""
-    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
+    from numcheck.properties.linear_ce.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -892,7 +892,7 @@ def _row_loss_errors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ce_row, z_row, d_ce, d_z)``: each row's cross-entropy and z-loss terms and their error bounds from the
     sweep's row sums (0 on ignored rows)."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.linear_ce.harness import oracle_operands
 
     H, V = t.x.shape[1], t.weight.shape[0]
     st = oracle.stats

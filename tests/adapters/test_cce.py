@@ -21,7 +21,7 @@ import numcheck.impls.adapters.cce as cce
 from numcheck.impls.registry import builtin as _impl
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
+from numcheck.properties.linear_ce.harness import run_impl
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.properties.core.known import known

@@ -14,7 +14,7 @@ import numcheck.impls.adapters.torch_native as tn
 from numcheck.impls.registry import builtin as _impl
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
+from numcheck.properties.linear_ce.harness import run_impl
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import why_not_run
 

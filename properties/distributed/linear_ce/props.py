@@ -35,7 +35,8 @@ from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPoo
 from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.distributed.linear_ce.placement import place_targets
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.harness import run_oracle, same_bits
+from numcheck.properties.linear_ce.harness import run_oracle
+from numcheck.properties.core.tensors import same_bits
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model, relation_bounds
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative

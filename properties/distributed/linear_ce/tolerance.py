@@ -128,7 +128,7 @@ class _Partials:
 
 def partial_magnitudes(p: Problem, t, sizes: tuple[int, ...]) -> dict[int, torch.Tensor]:
     """Σ_r |q_r| (module docstring, item 7) for each world size in ``sizes``: [N, H] float64."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.linear_ce.harness import oracle_operands
     from numcheck.reference.linear_ce import block_walker
 
     x, w, b = oracle_operands(p, t)

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numcheck.impls.builtin.chunked import DEFAULT_CHUNK_ROWS, chunked, recompute
 from numcheck.impls.builtin.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from numcheck.properties.core.compare import compare
-from numcheck.properties.core.harness import oracle_operands, run_impl, run_oracle
+from numcheck.properties.linear_ce.harness import oracle_operands, run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.properties.core.device import DEVICE_TYPE
 from numcheck.reference.linear_ce import LinearCEResult

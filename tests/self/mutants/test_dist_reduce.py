@@ -12,7 +12,7 @@ import torch
 
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.harness import run_oracle
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.accuracy import eager_errors
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.distributed.linear_ce.props import (

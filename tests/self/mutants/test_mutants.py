@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties.linear_ce.props import accuracy
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.harness import ProtocolViolation
+from numcheck.errors import ProtocolViolation
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import problems
 from numcheck.properties.core.device import DEVICE
@@ -121,7 +121,7 @@ def test_directed_mutant_fails_its_property(mutant, prop, case):
 def test_input_modified_in_place_is_named():
     """run_impl names an input that forward + backward changed in place (here the mutant's target), whatever
     the outputs: the caller's tensors must come back as given."""
-    from numcheck.properties.core.harness import run_impl
+    from numcheck.properties.linear_ce.harness import run_impl
 
     mutant = next(m for m in MUTANTS if m.name == "mutant_target_clamped_in_place")
     with pytest.raises(ProtocolViolation, match="modified its input 'target' in place"):
@@ -131,7 +131,7 @@ def test_input_modified_in_place_is_named():
 def test_upstream_gradient_modified_in_place_is_named():
     """run_impl names an upstream gradient that backward changed in place, though every output is right for the
     call (a caller reusing that tensor, as a loss scaler does, gets a wrong one)."""
-    from numcheck.properties.core.harness import run_impl
+    from numcheck.properties.linear_ce.harness import run_impl
     from numcheck.tests.self.helpers.mutants import upstream_divided_in_place
 
     p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
@@ -200,7 +200,7 @@ def test_unmutated_twin_is_the_builtin(reduction, dtype):
     import torch
 
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core.harness import OUTPUTS, run_impl
+    from numcheck.properties.linear_ce.harness import OUTPUTS, run_impl
 
     p = Problem(
         N=10,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from numcheck.impls.registry import by_kind, discover
-from numcheck.properties.core.harness import run_oracle
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.strategies import refusal
 from numcheck.properties.linear_ce.tolerance import (

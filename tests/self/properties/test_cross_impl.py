@@ -10,7 +10,7 @@ from scipy import stats
 
 from numcheck.impls.registry import builtin as _impl
 from numcheck.properties.linear_ce import props as checks
-from numcheck.properties.core.harness import run_impl, run_oracle
+from numcheck.properties.linear_ce.harness import run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.strategies import problems
 from numcheck.properties.core.device import DEVICE

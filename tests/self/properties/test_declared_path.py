@@ -11,7 +11,7 @@ from numcheck.impls.protocols.linear_ce import LinearCESupport
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.declared_path import DeclaredPath, declared_path_outputs, single_device_path
-from numcheck.properties.core.harness import run_impl
+from numcheck.properties.linear_ce.harness import run_impl
 from numcheck.properties.linear_ce.cases import Problem, build
 
 CASE = Problem(N=40, H=8, V=24, dtype="bfloat16", bias=True, reduction="sum", regime="post_norm", seed=3)

@@ -20,7 +20,7 @@ from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
 from numcheck.impls.registry import builtin
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.props import reduction_consistency
-from numcheck.properties.core.harness import run_impl, run_oracle
+from numcheck.properties.linear_ce.harness import run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_ce.tolerance import upstream_overflow

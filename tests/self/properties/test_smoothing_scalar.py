@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from numcheck.impls.protocols.linear_ce import make_support
-from numcheck.properties.core.harness import run_oracle
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_ce.tolerance import error_model, linear_ce_bounds

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from numcheck.impls.protocols.linear_ce import FunctionImpl
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.harness import PAD, strided_copy
+from numcheck.properties.core.tensors import PAD, strided_copy
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.tests.self.helpers.mutants import PLAIN_FP32
 

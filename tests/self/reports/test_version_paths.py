@@ -43,7 +43,7 @@ from numcheck.impls.registry import builtin_impls
 from numcheck.properties.fp8 import props as fp8_checks
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
+from numcheck.properties.linear_ce.harness import run_impl
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.strategies import problems
