@@ -189,7 +189,7 @@ def _upstream(f: _Fields, reduction: str, autocast: str | None, softcap: float |
     return f.pinned_or("upstream", st.sampled_from(ups))
 
 
-#: The covering row (:class:`numcheck.properties.linear_ce.coverage.Row`) the draws are inside, if any (see :func:`pinned_row`).
+#: The covering row (:class:`numcheck.properties.core.rows.Row`) the draws are inside, if any (see :func:`pinned_row`).
 _ROW: contextvars.ContextVar[Any] = contextvars.ContextVar("numcheck_covering_row", default=None)
 
 

@@ -20,7 +20,7 @@ from hypothesis import Phase, settings
 import numcheck.properties.core.profiles  # noqa: F401 - registers numcheck-ci
 from numcheck.properties.check import _run_drawn
 from numcheck.properties.core import poison
-from numcheck.properties.linear_ce.coverage import seeded_data
+from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.core.runner import run_example
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from hypothesis.errors import UnsatisfiedAssumption
 
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
-from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows, seeded_data, uncovered_pairs
+from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows, uncovered_pairs
+from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.linear_ce.suite import SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
@@ -76,7 +77,8 @@ def test_a_property_own_force_wins_over_the_row():
 
 _SCRIPT = """
 import sys
-from numcheck.properties.linear_ce.coverage import covering_rows, EVERY_DIMENSION, seeded_data
+from numcheck.properties.linear_ce.coverage import covering_rows, EVERY_DIMENSION
+from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.linear_ce.strategies import pinned_row, problems
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 s = LinearCESupport()
