@@ -26,7 +26,7 @@ from numcheck.properties.core import profiles
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.known import known
+from numcheck.properties.linear_ce.known import known
 from numcheck.properties.linear_ce.suite import PINNED, SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import (

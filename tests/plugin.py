@@ -25,7 +25,7 @@ Run the suite against your impl from any directory::
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
   ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`; ``numcheck sweep`` reads them).
 - Known divergences are findings: after a run of numcheck's suite the summary names every recorded known
-  divergence that applied to a selected impl here (:func:`numcheck.properties.core.known.applicable`: library,
+  divergence that applied to a selected impl here (:func:`numcheck.properties.distributed.linear_ce.known.applicable`: library,
   release, what is wrong; the same records as report.json's ``known_divergences``), and environment artifacts as
   "not judged here". ``--numcheck-strict`` (for gating a release upgrade) makes them failures: a test skipped as a
   known divergence fails, and the session exits 1 when a library's known divergence applied (an artifact never).

@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from te_releases import adapter_code_hash  # noqa: E402 - the one content hash both release tables record
 
-#: The numcheck code a row is judged by: the adapter and the known-divergence module keyed on Liger's release.
-ADAPTER_CODE = ("impls/adapters/liger.py", "properties/core/known.py")
+#: The numcheck code a row is judged by: the adapter, the known-divergence module keyed on Liger's release, and the
+#: emulation of a kernel's store its z-loss predicate uses (``kernel_store``).
+ADAPTER_CODE = ("impls/adapters/liger.py", "properties/linear_ce/known_liger.py", "properties/core/tensors.py")
 PROBLEM = "Problem(N=11, H=16, V=37, upstream={!r}, seed=4)"
 
 

@@ -69,7 +69,7 @@ changed without a signature change, from the release; the source they were read 
   compiled.
 
 What numcheck finds in the releases themselves is recorded as known divergences keyed on the release range
-(:mod:`numcheck.properties.core.known`, :mod:`numcheck.properties.distributed.linear_ce.suite`), with the evidence in
+(:mod:`numcheck.properties.linear_ce.known_te`, :mod:`numcheck.properties.distributed.linear_ce.suite`), with the evidence in
 ``docs/evidence/te_releases.txt`` (``docs/evidence/te_releases.py`` judges every release).
 """
 

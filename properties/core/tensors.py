@@ -1,5 +1,6 @@
-"""Tensor helpers every family's harness shares: :func:`strided_copy` (inputs as non-contiguous views of padded
-buffers, :data:`PAD` in the unused elements) and :func:`same_bits` (bitwise equality, NaN equal to NaN)."""
+"""Tensor helpers every family shares: :func:`strided_copy` (inputs as non-contiguous views of padded
+buffers, :data:`PAD` in the unused elements), :func:`same_bits` (bitwise equality, NaN equal to NaN) and
+:func:`kernel_store` (a Triton kernel's store into a low-precision buffer)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,15 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` hold bitwise the same elements (shape and dtype included)."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a.detach()), bits(b.detach()))
+
+
+def kernel_store(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 values ``v`` as a Triton kernel's ``tl.store`` into a ``dtype`` buffer leaves them: rounded to nearest,
+    except bf16 under Triton's interpreter, which truncates toward zero (measured with Triton 3.9: 526 of 1024
+    uniform values differ from round-to-nearest, every one below it; fp16 stores round to nearest). The emulations
+    of vendors' stores in their known divergences use it (Liger's z-loss buffer, TransformerEngine's gradient)."""
+    from numcheck.impls import interpreter
+
+    if dtype == torch.bfloat16 and interpreter.active():
+        return (v.contiguous().view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    return v.to(dtype)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
 from numcheck.properties.linear_ce import props
-from numcheck.properties.core import known
+from numcheck.properties.linear_ce import known
 from numcheck.properties.core.rows import Row
 from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows
 from numcheck.properties.linear_ce.cases import Problem
@@ -48,7 +48,7 @@ class LinearCEProperty(SuiteProperty):
     (:func:`~numcheck.properties.linear_ce.strategies.pinned_row`), the undrawable declarations
     (:mod:`numcheck.properties.linear_ce.undrawable`) and its known divergences, for linear+CE impls."""
 
-    known_module = "numcheck.properties.core.known"
+    known_module = "numcheck.properties.linear_ce.known"
     design_module = "numcheck.properties.linear_ce.coverage"
 
     def design(self, impl: Any, dimensions: Sequence[str]) -> tuple[Row, ...]:

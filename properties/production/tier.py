@@ -44,7 +44,7 @@ import torch
 from numcheck.properties.linear_ce.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
 from numcheck.properties.core.failures import exception_lines, impl_invocation
 from numcheck.properties.linear_ce.harness import ImplOutputs, run_impl, run_oracle
-from numcheck.properties.core.known import known_on_tensors
+from numcheck.properties.linear_ce.known import known_on_tensors
 from numcheck.properties.linear_ce.cases import Problem, Tensors
 from numcheck.properties.production.inputs import scale_tensors
 from numcheck.properties.linear_ce.strategies import refusal

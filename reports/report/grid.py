@@ -517,10 +517,10 @@ def _label_seed(base: int, label: str) -> int:
 
 def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
     """The dtype modes a declared case ``p`` runs in for ``impl``: the grid's option modes in which the declaration
-    admits it and no recorded known divergence of the impl covers it (:mod:`properties.core.known`, left out of the
+    admits it and no recorded known divergence of the impl covers it (:mod:`properties.linear_ce.known`, left out of the
     suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
     else the option modes (in those two the plan names it as not run, with the reason)."""
-    from numcheck.properties.core.known import known
+    from numcheck.properties.linear_ce.known import known
     from numcheck.properties.linear_ce.strategies import refusal
 
     def declared(mode: str) -> bool:
@@ -584,7 +584,7 @@ def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[li
     reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
     dtype past its coarsest or a reduction past its first)."""
     from numcheck.properties.linear_ce import chunks
-    from numcheck.properties.core.known import known
+    from numcheck.properties.linear_ce.known import known
     from numcheck.properties.linear_ce.strategies import many_chunk_layout, refusal
 
     not_run = NotRun()

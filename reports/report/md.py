@@ -201,7 +201,7 @@ def _library_of(info: dict) -> tuple[str, str] | None:
     """``(library, release)`` of an impl entry that is numcheck's adapter of a third-party library: as recorded in
     the report (``library``), or, in a report that predates that key, from the impl's name with the release not
     recorded."""
-    from numcheck.properties.core.known import ADAPTER_LIBRARIES
+    from numcheck.properties.libraries import ADAPTER_LIBRARIES
 
     lib = info.get("library")
     if lib:

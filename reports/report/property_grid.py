@@ -669,7 +669,7 @@ def _refused(impl: Any, prop: str, case: Any) -> str | None:
     draws) excludes a linear+CE, distributed or FP8 linear case; ``None`` for the other FP8 kinds (their builders fit
     the declaration, and no known divergence of theirs is recorded)."""
     if impl.kind == "linear_ce":
-        from numcheck.properties.core.known import known
+        from numcheck.properties.linear_ce.known import known
         from numcheck.properties.linear_ce.strategies import refusal
 
         divergence = known(impl.name, prop, case)

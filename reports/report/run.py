@@ -145,7 +145,7 @@ def _named(found: tuple[list[GridCase], dict[str, int]]) -> tuple[list[GridCase]
 def _linear_ce_plan(impl: Any, lin: list[GridCase], spec: GridSpec, device: str, info: dict) -> list:
     """A linear+CE impl's (impl, case) pairs: the fixed grid and its declared cases in the reduction it declares, less
     refused, repeated and known-divergent cases (counted and named in ``info``), then its many-chunk cases."""
-    from numcheck.properties.core.known import known
+    from numcheck.properties.linear_ce.known import known
     from numcheck.properties.linear_ce.strategies import refusal
 
     mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
@@ -193,7 +193,7 @@ def plan(
     entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases, and cases a recorded known
-    divergence of the impl covers (:mod:`properties.core.known`, left out of the suite's draws too), are counted per
+    divergence of the impl covers (:mod:`properties.linear_ce.known`, left out of the suite's draws too), are counted per
     reason (``not_declared``) and named (``not_run``). A linear+CE impl's many-chunk cases
     (:func:`~reports.report.grid.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
     name and declaration)."""

@@ -11,7 +11,7 @@ import pytest
 from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.device import DEVICE_TYPE as DEVICE
-from numcheck.properties.core.known import KNOWN
+from numcheck.properties.linear_ce.known import KNOWN
 
 
 def _ids(entries) -> list[str]:
@@ -218,7 +218,7 @@ def test_data_predicates_do_not_cover_a_whole_test():
     """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
     rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
     from numcheck.properties.linear_ce.cases import Problem
-    from numcheck.properties.core.known import covers_every
+    from numcheck.properties.linear_ce.known import covers_every
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
@@ -251,7 +251,7 @@ def test_release_range_follows_installed_release(installed, holds):
 
 
 def _every_record():
-    from numcheck.properties.core.known import ARTIFACTS
+    from numcheck.properties.linear_ce.known import ARTIFACTS
     from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
 
     return [*KNOWN, *DIST_KNOWN, *ARTIFACTS]
@@ -262,7 +262,7 @@ def test_entry_names_library_summary_and_kind(entry):
     """Every record names the library that diverges (the package of its releases where it has a range), says what
     is wrong in one short line, and says whether it is the library's divergence or an environment artifact
     (only :data:`ARTIFACTS` are artifacts): the report names each from these fields."""
-    from numcheck.properties.core.known import ARTIFACTS
+    from numcheck.properties.linear_ce.known import ARTIFACTS
 
     assert entry.library, f"{entry.impls!r}: no library"
     assert entry.releases is None or entry.releases.package == entry.library

@@ -31,7 +31,7 @@ from numcheck.impls.registry import builtin as _impl
 from numcheck.impls.registry import dist_impls
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.core.failures import PropertyFailure, fail, impl_raised, raised_by_suite
-from numcheck.properties.core.known import known
+from numcheck.properties.linear_ce.known import known
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.known import known
+from numcheck.properties.linear_ce.known import known
 from numcheck.properties.core.runner import judge
 from numcheck.properties.linear_ce.suite import PINNED, SUITE
 from numcheck.properties.linear_ce.strategies import refusal
@@ -223,7 +223,7 @@ def test_pinned_cases(linear_ce_impl):
     if not ran:
         pytest.skip(
             f"{linear_ce_impl.name} declares none of the {len(PINNED)} pinned cases (or a known divergence "
-            f"covers them: numcheck.properties.core.known)"
+            f"covers them: numcheck.properties.linear_ce.known)"
         )
     if failures:
         first = failures[0]

@@ -13,7 +13,7 @@ import pytest
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
 from numcheck.properties.linear_ce import props as checks
 from numcheck.properties.core.failures import PropertyFailure
-from numcheck.properties.core.known import known
+from numcheck.properties.linear_ce.known import known
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.core.runner import judge
 from numcheck.properties.core.device import DEVICE
@@ -82,7 +82,7 @@ def test_protocol_structure(linear_ce_impl):
     if not cases:
         pytest.skip(
             f"every case of this test is a known divergence of {linear_ce_impl.name} "
-            f"(numcheck.properties.core.known): {next(iter(covered.values())).reason}"
+            f"(numcheck.properties.linear_ce.known): {next(iter(covered.values())).reason}"
         )
     failures = []
     for p in cases:

@@ -316,7 +316,7 @@ def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
     from packaging.version import Version
 
-    from numcheck.properties.core.known import liger_release
+    from numcheck.properties.linear_ce.known_liger import liger_release
 
     if Version(liger_release() or "0") < Version("0.6.3"):
         pytest.skip("needs liger-kernel >= 0.6.3 installed (its frozen-x divergence)")

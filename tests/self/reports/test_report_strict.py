@@ -126,7 +126,7 @@ def test_linear_ce_grid_leaves_known_divergences_out_and_names_them():
     """As the suite does, the grid runs no case a recorded known divergence of the impl covers (PyTorch's chunked
     linear_cross_entropy: bf16 from N = 32, all-ignored mean): each is named as not run with that reason, and the
     declared cases move to a declared mode the divergence leaves alone."""
-    from numcheck.properties.core.known import known
+    from numcheck.properties.linear_ce.known import known
 
     name = "torch_native[chunked,acc=auto]"
     entries = discover([name])
