@@ -23,7 +23,7 @@ from numcheck.errors import grouped
 from numcheck.impls import interpreter
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties.core import profiles
-from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce import props
 from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.linear_ce.known import known
@@ -202,7 +202,7 @@ def _run_pinned(impl: Any) -> Verdict:
         if refusal(impl.support, p) or known(impl.name, "accuracy", p):
             continue
         try:
-            worst.add(p, judge(checks.accuracy, impl, p))
+            worst.add(p, judge(props.accuracy, impl, p))
         except Exception as exc:  # noqa: BLE001 - as in _run_drawn
             return _failure(PINNED_CASES, impl, worst, exc)
     if not worst.examples:

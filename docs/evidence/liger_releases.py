@@ -89,7 +89,7 @@ def here() -> None:
     interpreter.arrange()
     from numcheck.impls.adapters import liger
     from numcheck.impls.registry import builtin
-    from numcheck.properties.linear_ce import props as checks
+    from numcheck.properties.linear_ce import props
     from numcheck.properties.linear_ce.cases import Problem
 
     print(release_line())
@@ -101,7 +101,7 @@ def here() -> None:
         for upstream in ("scalar", "one"):
             p = eval(PROBLEM.format(upstream), {"Problem": Problem})  # noqa: S307 - our own literal
             print(
-                f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(checks.strided_inputs, impl, p)}",
+                f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(props.strided_inputs, impl, p)}",
                 flush=True,
             )
 

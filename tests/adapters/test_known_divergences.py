@@ -9,7 +9,7 @@ import fnmatch
 import pytest
 
 from numcheck.impls.registry import ImplEntry, builtin_impls
-from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce import props
 from numcheck.properties.core.device import DEVICE_TYPE as DEVICE
 from numcheck.properties.linear_ce.known import KNOWN
 
@@ -91,7 +91,7 @@ def test_divergence_still_present(entry):
             # A property's verdict (AssertionError), or the impl's own exception, which the suite's runner reports
             # as that property's failure (failures.impl_raised): a release whose backward raises.
             with pytest.raises(Exception):  # noqa: B017 - either kind, as the comment above says
-                checks.PROPERTIES[prop](impl, example)
+                props.PROPERTIES[prop](impl, example)
 
 
 RELEASE_KEYED = [k for k in KNOWN if k.releases is not None]
@@ -110,7 +110,7 @@ def test_divergence_absent_outside_its_releases(entry):
     impls = _unshadowed(entry, impls, example)
     for prop in _properties(entry):
         for impl in impls:
-            checks.PROPERTIES[prop](impl, example)
+            props.PROPERTIES[prop](impl, example)
 
 
 def _unshadowed(entry, impls, example) -> list:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce import props
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.linear_ce.known import known
 from numcheck.properties.core.runner import judge
@@ -215,7 +215,7 @@ def test_pinned_cases(linear_ce_impl):
             continue
         ran += 1
         try:
-            judge(checks.accuracy, linear_ce_impl, p)
+            judge(props.accuracy, linear_ce_impl, p)
         except PropertyFailure as exc:
             failures.append(exc)
             if exc.raised:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce import props
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.linear_ce.known import known
 from numcheck.properties.linear_ce.cases import Problem
@@ -87,7 +87,7 @@ def test_protocol_structure(linear_ce_impl):
     failures = []
     for p in cases:
         try:
-            judge(checks.protocol_structure, linear_ce_impl, p)
+            judge(props.protocol_structure, linear_ce_impl, p)
         except PropertyFailure as exc:
             failures.append(exc)
             if exc.raised:  # the impl raises: one failure says it

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.linear_ce import props as checks
+from numcheck.properties.linear_ce import props
 from numcheck.properties.linear_ce.harness import run_impl, run_oracle
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.strategies import problems
@@ -30,9 +30,9 @@ def test_recompute_matches_chunked(data):
     p = data.draw(problems(rec.support, allow_all_ignored=False), label="problem")
     t = build(p)
     a, b = run_impl(rec, p, t), run_impl(chk, p, t)
-    _, ba = checks._bounds(rec, p, t, a)
-    _, bb = checks._bounds(chk, p, t, b)
-    checks._pair_check(rec, "recompute_matches_chunked", p, a, ba, b, bb)
+    _, ba = props._bounds(rec, p, t, a)
+    _, bb = props._bounds(chk, p, t, b)
+    props._pair_check(rec, "recompute_matches_chunked", p, a, ba, b, bb)
 
 
 def _grad_weight_error(impl, p: Problem) -> float:

@@ -56,12 +56,12 @@ def test_failing_case_prints_the_failure_and_exits_1(mutant, monkeypatch, capsys
 def test_printed_repro_command_round_trips(mutant, monkeypatch, capsys):
     """The command in a property failure, run as printed (env prefix included), reproduces the failure."""
     from numcheck.impls.registry import discover
-    from numcheck.properties.linear_ce import props as checks
+    from numcheck.properties.linear_ce import props
     from numcheck.properties.linear_ce.cases import Problem
 
     impl = [e.impl for e in discover([mutant])][0]
     with pytest.raises(PropertyFailure) as info:
-        checks.accuracy(impl, Problem(N=6, H=3, V=5, seed=11))
+        props.accuracy(impl, Problem(N=6, H=3, V=5, seed=11))
     line = str(info.value).split("reproduce: ", 1)[1].strip()
     words = shlex.split(line)
     env = {}
