@@ -8,7 +8,7 @@ in :data:`properties.linear_ce.props.PROPERTIES`) or of a :class:`~properties.fp
 :data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
 ``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a
 tensor-parallel FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a
-:class:`~properties.distributed.linear_ce.props.DistCase` a distributed linear+CE one
+:class:`~properties.distributed.linear_ce.cases.DistCase` a distributed linear+CE one
 (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]``
 suffix, as failure messages print for sub-checks (``option_identities[softcap]``), runs the whole property.
 
@@ -57,7 +57,7 @@ def parse_case(text: str) -> Any:
     import math
 
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantCase, QuantizerCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
     from numcheck.properties.linear_ce.cases import Problem
@@ -176,7 +176,7 @@ def find_dist_impl(name: str) -> Any:
 def _table(case: Any) -> tuple[str, dict[str, Any]]:
     """The impl kind a case is for and its property table."""
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
 
     if isinstance(case, DistCase):
@@ -212,7 +212,7 @@ def _undeclared(impl: Any, case: Any) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.core.failures import PropertyFailure
 
     prop = args.property.split("[", 1)[0]

@@ -17,12 +17,12 @@ from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.distributed.linear_ce.props import (
     OUTPUT_NAMES,
-    DistCase,
     _bounds,
     invariance_cases,
     oracle_tensors,
     run_case,
 )
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.tolerance import relation_bounds
 from numcheck.tests.self.helpers import dist_mutants, dist_reduce
 from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls

@@ -22,7 +22,8 @@ from numcheck.impls.adapters.megatron import MegatronVocabParallel, megatron_ver
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
 from numcheck.properties.distributed.linear_ce import known as dist_known
 from numcheck.properties.distributed.pool.pool import DistPool
-from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.core.failures import PropertyFailure
 from numcheck.properties.linear_ce.cases import Problem, build
 

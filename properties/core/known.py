@@ -86,7 +86,7 @@ class KnownDivergence:
     """One known divergence, of any kind: of a single-device impl (``applies`` takes its case: a linear+CE
     :class:`~numcheck.properties.linear_ce.cases.Problem`, an FP8 ``QuantCase``) or of a
     distributed one (``applies`` takes its case, a
-    :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`, and :attr:`example_world_size` is set);
+    :class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`, and :attr:`example_world_size` is set);
     off in every output (a covered case is left out of the draws) or in some (:attr:`outputs`, judged under
     :attr:`model` while the case's other outputs keep the impl's own model, so a second defect hiding behind the
     first is still caught)."""
@@ -120,7 +120,7 @@ class KnownDivergence:
     #: property (they judge the outputs of one run).
     example_world_size: int | None = None
     #: For a distributed impl's entry: where its example's targets lie
-    #: (:attr:`~numcheck.properties.distributed.linear_ce.props.DistCase.placement`).
+    #: (:attr:`~numcheck.properties.distributed.linear_ce.cases.DistCase.placement`).
     example_placement: str = "as_built"
     #: The distribution whose code diverges ("torch", "liger-kernel", "transformer-engine", ...): the report names
     #: it with its installed release (:meth:`release`). Every entry of the tables gives it.

@@ -35,7 +35,7 @@ ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regime
 ``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
 ``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
 
-Distributed linear+CE (:class:`~properties.distributed.linear_ce.props.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
+Distributed linear+CE (:class:`~properties.distributed.linear_ce.cases.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
 plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
 world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; then the declared
 cases (:func:`dist_declared`): each declared option and reduction on its own and all declared options together at
@@ -738,7 +738,7 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     dtype, world size, backend or uneven shards, ranks the backend cannot run here, or a recorded known divergence
     of the impl, :data:`properties.distributed.linear_ce.known.DIST_KNOWN`)."""
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
     from numcheck.properties.linear_ce.strategies import refusal
 

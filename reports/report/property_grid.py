@@ -427,7 +427,7 @@ def _dist_build(worlds: tuple[int, ...], cancelling: bool = False) -> Callable[[
 
     def build(impl: Any, spec: GridSpec, device: str) -> Built:
         from numcheck.properties.linear_ce.cases import HEAD_REGIME, Problem
-        from numcheck.properties.distributed.linear_ce.props import DistCase
+        from numcheck.properties.distributed.linear_ce.cases import DistCase
         from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
         from numcheck.reports.report.grid import DIST_SHAPE, in_declared_reduction
 

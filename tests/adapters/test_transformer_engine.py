@@ -36,7 +36,8 @@ from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
-from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
 
 pytestmark = pytest.mark.torch_versions(
@@ -617,7 +618,7 @@ def test_case_divergence_holds_exactly_in_its_releases(entry):
 
 def _example_case(entry):
     """A case divergence's example as a DistCase on this run's default backend (gloo on the CPU, nccl on CUDA)."""
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.distributed.pool.pool import default_backend
 
     return DistCase(

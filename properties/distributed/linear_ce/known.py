@@ -1,6 +1,6 @@
 """Known divergences of distributed impls (:data:`DIST_KNOWN`), each a
 :class:`~numcheck.properties.core.known.KnownDivergence` whose ``applies`` takes the case (a
-:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`) and whose example runs at its
+:class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`) and whose example runs at its
 ``example_world_size`` (targets placed as ``example_placement`` says). An entry off in every output covers cases
 the suite leaves out of its draws (:func:`whole_case_divergence`); one off in some outputs leaves the case in: the
 suite still judges every other output of a covered case under the impl's own model, and judges the covered

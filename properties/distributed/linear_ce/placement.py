@@ -1,4 +1,4 @@
-"""Where a distributed case puts its targets (:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`'s
+"""Where a distributed case puts its targets (:class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`'s
 ``placement``): below both the properties and the known divergences, which decide on the placed tensors."""
 
 from __future__ import annotations

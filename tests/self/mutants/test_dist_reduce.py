@@ -16,13 +16,13 @@ from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.properties.linear_ce.accuracy import eager_errors
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.distributed.linear_ce.props import (
-    DistCase,
     DistRun,
     dist_world_size_invariance,
     oracle_tensors,
     other_ranks_grad_x,
     run_case,
 )
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.suite import run_property
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
 from numcheck.properties.distributed.pool import pool as dh

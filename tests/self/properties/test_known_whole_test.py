@@ -72,7 +72,7 @@ def test_te_dist_store_entry_reads_the_case_tensors():
     if isinstance(transformer_engine.load(), str):
         pytest.skip(f"TransformerEngine's fused CE is not loadable here: {transformer_engine.load()}")
     from numcheck.properties.distributed.linear_ce import known as dist_known
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
 
     p = Problem(N=1, H=7, V=2, dtype="bfloat16", reduction="none", seed=1)
     assert not known_te.te_prerounded_gradient_fails(p)

@@ -171,7 +171,8 @@ def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
 def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
     """A distributed mutant's failure (grad_x not all-reduced, P = 2) gives impl spec and DistCase; ``numcheck repro``
     with them prints FAIL and the same failure (exit 1), and on the built-in it replaces, PASS (exit 0)."""
-    from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
+    from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.linear_ce.cases import Problem
     from numcheck.tests.self.helpers.dist_mutants import dist_impls
 
