@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterable, Sequence
 
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import linear_ce
 from numcheck.impls.protocols.kinds import BY_NAME
-
-from numcheck.errors import InvalidDeclaration
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"

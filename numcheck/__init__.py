@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         ProtocolViolation,
     )
     from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
-    from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
     from numcheck.impls.protocols.fp8_linear import (
         QuantFunctionImpl,
         QuantLinearSupport,
@@ -42,13 +41,14 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         GroupedQuantSupport,
         grouped_quant_linear_impl,
     )
+    from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
+    from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
     from numcheck.properties.assertions import assert_linear_ce, assert_quant_linear
+    from numcheck.properties.check import CheckResult, Verdict, check
     from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
     from numcheck.properties.fp8.cases import QuantCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
-    from numcheck.properties.core.problems import Problem
-    from numcheck.properties.check import CheckResult, Verdict, check
-    from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
 #: Each public name outside the kinds' protocol modules and the module it is defined in. Imported when first used,
@@ -72,7 +72,7 @@ _PUBLIC: dict[str, str] = {
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
     "QuantCase": "numcheck.properties.fp8.cases",
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
-    "Problem": "numcheck.properties.core.problems",
+    "Problem": "numcheck.properties.linear_ce.cases",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
     "Fp8Recipe": "numcheck.reference.fp8_recipes",
 }

@@ -18,14 +18,15 @@ import torch
 
 from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
-from numcheck.impls.protocols.linear_ce import LinearCESupport, validate_impl
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision, poison
-from numcheck.properties.core.chunks import declares_chunks
-from numcheck.properties.core.props import PROPERTIES, Metrics
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.props import FP8_PROPERTIES
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import refusal
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.chunks import declares_chunks
+from numcheck.properties.linear_ce.props import PROPERTIES, Metrics
+from numcheck.properties.linear_ce.strategies import refusal
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -77,7 +78,7 @@ def _impl(call: str, impl: Any, kind: str) -> None:
             f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or numcheck.quant_linear_impl)."
         ) from None
     if impl.kind != kind:
-        other = "assert_quant_linear" if kind == "linear_ce" else "assert_linear_ce"
+        other = "assert_quant_linear" if kind == LINEAR_CE_KIND else "assert_linear_ce"
         raise InvalidAssertion(f"{call}: impl {impl.name!r} is a {impl.kind} impl\n  Use numcheck.{other} for it.")
     reason = impl.support.unavailable_reason()
     if reason:
@@ -89,7 +90,7 @@ def _impl(call: str, impl: Any, kind: str) -> None:
 
 def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
     """Why linear+CE property ``prop`` says nothing about ``impl`` on ``p`` (it would return without judging),
-    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.core.props`."""
+    or ``None``. The conditions are the early returns of :mod:`numcheck.properties.linear_ce.props`."""
     s: LinearCESupport = impl.support
     if prop == "two_calls" and (p.reduction not in ("sum", "mean") or p.N < 2 or p.N % 2):
         return "it needs reduction 'sum' or 'mean' and an even N >= 2 (two halves)"
@@ -116,9 +117,9 @@ def inapplicable(prop: str, impl: Any, p: Problem) -> str | None:
 def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "accuracy", **fields: Any) -> Metrics:
     """Assert that linear+CE property ``prop`` holds for ``impl`` on one problem; return its metrics.
 
-    ``problem`` is a :class:`~numcheck.properties.core.problems.Problem`, or its fields are given as keywords
+    ``problem`` is a :class:`~numcheck.properties.linear_ce.cases.Problem`, or its fields are given as keywords
     (``N=8, H=16, V=32, dtype="bfloat16"``). ``prop`` is a name of
-    :data:`numcheck.properties.core.props.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
+    :data:`numcheck.properties.linear_ce.props.PROPERTIES` (``"accuracy"``: every output within the analytic bound of
     the float64 oracle and within k× eager's error). Raises
     :class:`~numcheck.properties.core.failures.PropertyFailure` (an ``AssertionError``) with the suite's message when
     the property fails, :class:`InvalidAssertion` before running when an argument is wrong: not a linear+CE
@@ -142,7 +143,7 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     numcheck.errors.ProtocolViolation: impl 'doc_sum_for_none' returned loss of shape () for reduction='none'; expected (8,)
     """
     call = "assert_linear_ce"
-    _impl(call, impl, "linear_ce")
+    _impl(call, impl, LINEAR_CE_KIND)
     fn = _prop(call, prop, PROPERTIES)
     p = _case(Problem, call, problem, fields, "Problem(N=8, H=16, V=32, dtype='float32')")
     why = refusal(impl.support, p)
@@ -190,7 +191,7 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
     True
     """
     call = "assert_quant_linear"
-    _impl(call, impl, "quant_linear")
+    _impl(call, impl, QUANT_KIND)
     fn = _prop(call, prop, FP8_PROPERTIES)
     if "recipe" in fields:
         fields = {**fields, "recipe": _recipe(call, fields["recipe"])}

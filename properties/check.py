@@ -1,7 +1,7 @@
 """The property suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
 :class:`CheckResult` it returns.
 
-Each drawn test of :data:`numcheck.properties.core.suite.SUITE` (linear+CE impls) or
+Each drawn test of :data:`numcheck.properties.linear_ce.suite.SUITE` (linear+CE impls) or
 :data:`numcheck.properties.fp8.suite.QUANT_SUITE` (quantized-linear impls) runs through the same runner
 as the pytest suite (:mod:`numcheck.properties.core.runner`: the impl's example budget, the skips, the known divergences' rejection),
 under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
@@ -19,15 +19,14 @@ from hypothesis import given, settings, target
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from numcheck.errors import grouped
+from numcheck.errors import PropertyFailure, grouped
 from numcheck.impls import interpreter
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, discover
-from numcheck.properties.core import props as checks, profiles
+from numcheck.properties.core import profiles
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.draw_isolation import isolated_draws
-from numcheck.errors import PropertyFailure
-from numcheck.properties.core.known import known
-from numcheck.properties.core.suite import PINNED, SUITE
-from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.core.runner import (
     SuiteProperty,
     budget,
@@ -38,13 +37,17 @@ from numcheck.properties.core.runner import (
     target_scores,
     unsatisfiable_reason,
 )
-from numcheck.properties.core.strategies import DEVICE, refusal
+from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.known import known
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.linear_ce.suite import PINNED, SUITE
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"
 #: Every property :func:`check` knows for each kind of impl, in the suite's order.
-PROPERTY_NAMES: dict[str, tuple[str, ...]] = {"linear_ce": (*SUITE, PINNED_CASES), "quant_linear": tuple(QUANT_SUITE)}
-_TABLES: dict[str, dict[str, SuiteProperty]] = {"linear_ce": SUITE, "quant_linear": QUANT_SUITE}
+PROPERTY_NAMES: dict[str, tuple[str, ...]] = {LINEAR_CE_KIND: (*SUITE, PINNED_CASES), QUANT_KIND: tuple(QUANT_SUITE)}
+_TABLES: dict[str, dict[str, SuiteProperty]] = {LINEAR_CE_KIND: SUITE, QUANT_KIND: QUANT_SUITE}
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -200,7 +203,7 @@ def _run_pinned(impl: Any) -> Verdict:
         if refusal(impl.support, p) or known(impl.name, "accuracy", p):
             continue
         try:
-            worst.add(p, judge(checks.accuracy, impl, p))
+            worst.add(p, judge(props.accuracy, impl, p))
         except Exception as exc:  # noqa: BLE001 - as in _run_drawn
             return _failure(PINNED_CASES, impl, worst, exc)
     if not worst.examples:

@@ -22,16 +22,15 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls.builtin import grad_accum, split_accum
-from numcheck.reference.numerics.ce_block import reduction_coefficients, row_weights
-from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
-from numcheck.impls.protocols.fp8_linear import DelayedScalingState
-from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.errors import BadInput
-from numcheck.reports.common import add_impl_arguments, prepare_out_dir
+from numcheck.impls.builtin import grad_accum, split_accum
 from numcheck.impls.builtin.triton_ce import ce_block_triton_
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND, DelayedScalingState
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.registry import BrokenImpl, by_kind, discover
+from numcheck.reference.numerics.ce_block import reduction_coefficients, row_weights
+from numcheck.reports.common import add_impl_arguments, prepare_out_dir
 
 HELP = "time and measure memory of every linear+CE impl on a CUDA device (figures, not tests)"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+
 from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND

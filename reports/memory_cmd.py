@@ -1,17 +1,18 @@
 """``numcheck memory``: extra peak and bytes held across backward per linear+CE impl, and the one-chunk table
 of the grad_weight accumulation paths — measured by :mod:`impls.measure.memory` (the impls on a Problem
-through :mod:`properties.core.memory`), on ``meta`` by default so the seed's shapes cost nothing."""
+through :mod:`properties.linear_ce.memory`), on ``meta`` by default so the seed's shapes cost nothing."""
 
 from __future__ import annotations
 
 import argparse
 
 import torch
+
 from numcheck.impls.measure import capabilities, memory
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
-from numcheck.properties.core.memory import memory_table
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.memory import memory_table
 from numcheck.reports.common import add_impl_arguments, int_at_least
 
 HELP = (

@@ -1,14 +1,14 @@
 """``numcheck repro``: rerun one property on one case for one impl — the command every failure message prints.
 
-``--problem`` is the ``repr`` of a :class:`~properties.core.problems.Problem` (linear+CE; the property is looked up
-in :data:`properties.core.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
+``--problem`` is the ``repr`` of a :class:`~properties.linear_ce.cases.Problem` (linear+CE; the property is looked up
+in :data:`properties.linear_ce.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
 :data:`properties.fp8.props.FP8_PROPERTIES`; a quantizer failure's case is a
 :class:`~properties.fp8.cases.QuantizerCase`, its tensor by the values it was drawn from) or a
 :class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8 linear;
 :data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
 ``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a
 tensor-parallel FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a
-:class:`~properties.distributed.linear_ce.props.DistCase` a distributed linear+CE one
+:class:`~properties.distributed.linear_ce.cases.DistCase` a distributed linear+CE one
 (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]``
 suffix, as failure messages print for sub-checks (``option_identities[softcap]``), runs the whole property.
 
@@ -61,11 +61,11 @@ def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
     import math
 
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantCase, QuantizerCase
     from numcheck.properties.fp8.grouped.cases import GroupedCase
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     names = {
@@ -191,18 +191,18 @@ def _table(case: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _undeclared(impl: Any, case: Any) -> str | None:
-    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.core.strategies.refusal`), or ``None``."""
+    """Why a linear+CE impl's declaration excludes ``case`` (:func:`properties.linear_ce.strategies.refusal`), or ``None``."""
     from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
-    from numcheck.properties.core.problems import Problem
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.cases import Problem
+    from numcheck.properties.linear_ce.strategies import refusal
 
     return refusal(impl.support, case) if isinstance(case, Problem) and impl.kind == LINEAR_CE_KIND else None
 
 
 def run(args: argparse.Namespace) -> int:
-    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.distributed.linear_ce.props import DistCase
     from numcheck.errors import PropertyFailure
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
+    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
 
     prop = args.property.split("[", 1)[0]
     try:

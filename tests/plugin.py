@@ -25,7 +25,7 @@ Run the suite against your impl from any directory::
 - ``--numcheck-record=DIR``: every accuracy and strided-inputs judgement's error/bound per output is written to
   ``DIR/records-<worker>.jsonl`` (:mod:`numcheck.properties.core.records`; ``numcheck sweep`` reads them).
 - Known divergences are findings: after a run of numcheck's suite the summary names every recorded known
-  divergence that applied to a selected impl here (:func:`numcheck.properties.core.known.applicable`: library,
+  divergence that applied to a selected impl here (:func:`numcheck.properties.distributed.linear_ce.known.applicable`: library,
   release, what is wrong; the same records as report.json's ``known_divergences``), and environment artifacts as
   "not judged here". ``--numcheck-strict`` (for gating a release upgrade) makes them failures: a test skipped as a
   known divergence fails, and the session exits 1 when a library's known divergence applied (an artifact never).
@@ -424,8 +424,8 @@ def known_findings(config: pytest.Config, stats: dict[str, list[Any]]) -> list[d
     ``known_divergences`` records (none when numcheck's suite did not run)."""
     if not _suite_ran(config, stats):
         return []
+    from numcheck.properties.core.device import DEVICE_TYPE
     from numcheck.properties.distributed.linear_ce.known import applicable
-    from numcheck.properties.core.strategies import DEVICE_TYPE
 
     return [
         k.finding(e.name)
@@ -734,7 +734,7 @@ def numcheck_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
-    (:func:`numcheck.properties.core.strategies.problems` for linear+CE impls,
+    (:func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
     from numcheck.impls.protocols.fp8_linear import QUANT_KIND
@@ -743,7 +743,7 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
         from numcheck.properties.fp8.strategies import quant_cases
 
         return quant_cases(numcheck_impl.support)
-    from numcheck.properties.core.strategies import problems
+    from numcheck.properties.linear_ce.strategies import problems
 
     return problems(numcheck_impl.support)
 

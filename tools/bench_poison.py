@@ -21,7 +21,7 @@ import time
 #: family -> (suite table module, the tests timed, the built-ins they run on).
 FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "linear_ce": (
-        "numcheck.properties.core.suite:SUITE",
+        "numcheck.properties.linear_ce.suite:SUITE",
         ("accuracy", "two_calls", "strided_inputs"),
         ("eager", "chunked[fallback]"),
     ),

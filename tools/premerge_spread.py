@@ -48,7 +48,7 @@ CaseRatios = dict[str, float] | None
 
 def case_ratios(impl: Any, cases: list[Any]) -> list[CaseRatios]:
     """Each grid case's hard error/bound per output for ``impl`` (``None`` for a case it does not declare)."""
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
     from numcheck.reports.report.run import run_case
 
     out: list[CaseRatios] = []
@@ -109,8 +109,8 @@ def load_impls(specs: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
 def collect(impls: dict[str, Any], seeds: int, grid: str) -> dict[str, list[list[CaseRatios]]]:
     """``{impl: [per seed: case_ratios]}`` over ``seeds`` reseedings of ``grid``'s linear+CE cases (seed 0: the
     grid as is)."""
-    from numcheck.reports.report.grid import GRIDS
     from numcheck.reports.report.families.linear_ce import linear_ce_cases
+    from numcheck.reports.report.grid import GRIDS
     from numcheck.reports.report.run import one_thread
 
     base = linear_ce_cases(GRIDS[grid])

@@ -2,7 +2,7 @@
 
 ``Problem(N=1, H=16, V=44, float32, autocast='float16', bias, class_weights, upstream='loss_scale',
 regime='confident', seed=305)``: the exact scaled gradients fit fp16 with 4x headroom
-(:func:`properties.core.strategies.scaled_gradients_fit`), eager passes on CPU, and on the H200 every element of
+(:func:`properties.linear_ce.strategies.scaled_gradients_fit`), eager passes on CPU, and on the H200 every element of
 grad_x, grad_weight and grad_bias came back non-finite. This prints, on the device it runs on, the dtype and the
 largest magnitude of each gradient eager's autograd graph forms (the logits' gradient G, and the one entering
 cross_entropy), so the step that overflows is named. Run: ``PYTHONPATH=. python docs/evidence/amp_loss_scale.py``.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from numcheck.properties.core.harness import autocast_context
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import autocast_context
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASE = Problem(

@@ -4,7 +4,7 @@
    NaN in the product with NaN padding, and the error against float64 with finite padding. On CPUs whose torch
    runs oneDNN's AMX / AVX512-BF16 kernels the padding's NaN leaks while finite padding gives the contiguous
    operand's product bit for bit (the elements past the row are loaded and multiplied by zero), which is why
-   ``properties.core.harness.strided_copy`` pads with a finite ``PAD``, not NaN.
+   ``properties.core.tensors.strided_copy`` pads with a finite ``PAD``, not NaN.
 2. grad_weight of torch's chunked ``F.linear_cross_entropy`` on confident rows (the known divergence's
    cases), error/bound by N and seed, beside eager: how far past the bound depends on the CPU's fp32 GEMM.
 
@@ -17,8 +17,8 @@ import platform
 import torch
 
 from numcheck.impls.registry import builtin_impls
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
 
 
 def cpu_flags() -> str:

@@ -17,8 +17,8 @@ arrange()  # before anything imports triton: the interpreter on a machine withou
 import torch  # noqa: E402
 
 from numcheck.impls.registry import builtin  # noqa: E402
-from numcheck.properties.core.accuracy import check_accuracy  # noqa: E402
-from numcheck.properties.core.problems import Problem  # noqa: E402
+from numcheck.properties.linear_ce.accuracy import check_accuracy  # noqa: E402
+from numcheck.properties.linear_ce.cases import Problem  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 IMPLS = ("chunked_triton", "chunked_triton[split_fp32]", "recompute_triton[split_fp32]")

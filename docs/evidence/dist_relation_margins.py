@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import torch
 
+from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.core.compare import compare
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.props import (
     OUTPUT_NAMES,
-    DistCase,
     _bounds,
     invariance_cases,
     oracle_tensors,
     run_case,
 )
 from numcheck.properties.distributed.linear_ce.tolerance import relation_bounds
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.tests.self.helpers import dist_mutants, dist_reduce
-from numcheck.impls.builtin.vocab_parallel import vocab_parallel_impls
 
 CASES = [
     Problem(N=24, H=16, V=37, dtype="bfloat16", bias=True, reduction="mean", seed=0),

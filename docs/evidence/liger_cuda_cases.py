@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.harness import autocast_context, run_impl
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import autocast_context, run_impl
 from numcheck.reports.repro import find_impl
 
 MATMUL = torch.backends.cuda.matmul
@@ -109,7 +109,7 @@ def case_a() -> None:
     t = build(A)
     k = A.N // 2
     for allow in (True, False):
-        verdict(f"two_calls, reduced_precision={allow}", with_flag(allow, lambda: checks.two_calls(impl, A)))
+        verdict(f"two_calls, reduced_precision={allow}", with_flag(allow, lambda: props.two_calls(impl, A)))
     verdict("accuracy, whole batch", lambda: check_accuracy(impl, A, t=t).worst_ratio)
     for i, s in enumerate((slice(0, k), slice(k, A.N))):
         ph, th = A.replace(N=k), t._replace(x=t.x[s], target=t.target[s])
@@ -138,9 +138,7 @@ def case_b() -> None:
         t = build(B)
         verdict("accuracy, lone call first in the process", lambda: check_accuracy(impl, B, t=t).worst_ratio)
         for allow in (True, False):
-            verdict(
-                f"earlier_calls, reduced_precision={allow}", with_flag(allow, lambda: checks.earlier_calls(impl, B))
-            )
+            verdict(f"earlier_calls, reduced_precision={allow}", with_flag(allow, lambda: props.earlier_calls(impl, B)))
         verdict("accuracy, lone call again", lambda: check_accuracy(impl, B, t=t).worst_ratio)
         verdict(
             "accuracy, lone call, reduced_precision=False",

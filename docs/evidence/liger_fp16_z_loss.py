@@ -9,7 +9,7 @@ it; the result is ``torch.sum(z_loss_1d)``, an fp16 tensor. ``loss_1d`` is fp32.
 
 For each case the script prints Liger's returned z-loss and loss, the float64 z-loss on the exact logits (the
 oracle's), the emulation of the buffer on Liger's fp16 logits
-(:func:`numcheck.properties.core.known.liger_z_loss_buffer`: rows rounded to fp16, summed in fp32,
+(:func:`numcheck.properties.linear_ce.known_liger.liger_z_loss_buffer`: rows rounded to fp16, summed in fp32,
 rounded to fp16), whether Liger equals the emulation bit for bit, how many rows are fp16 subnormals, and whether
 the known divergence's predicate covers the case. ``liger_fp16_z_loss.txt`` beside this file is its output for
 0.5.8, 0.7.0, 0.8.2 and 0.8.5 on CPU (Triton interpreter).
@@ -39,8 +39,8 @@ def here() -> None:
     import torch
 
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core.known import liger_z_loss_buffer, liger_z_loss_buffer_diverges
-    from numcheck.properties.core.problems import Problem, build
+    from numcheck.properties.linear_ce.cases import Problem, build
+    from numcheck.properties.linear_ce.known_liger import liger_z_loss_buffer, liger_z_loss_buffer_diverges
 
     print(release_line())
     impl = builtin("liger[accum=None]")

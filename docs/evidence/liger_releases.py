@@ -4,7 +4,7 @@ release that has it and passes on the release that fixed it.
 The bug: with the weight stored transposed (an lm_head kept as [H, V], passed as its ``.t()``) and an upstream
 gradient other than 1, grad_weight comes back wrong (0.2.1 through 0.8.2; fixed in 0.8.5). For each release the
 script runs, in a fresh process with that release first on ``PYTHONPATH`` (after this checkout), the suite's
-``strided_inputs`` property (:func:`numcheck.properties.core.props.strided_inputs`) on one problem with a scalar
+``strided_inputs`` property (:func:`numcheck.properties.linear_ce.props.strided_inputs`) on one problem with a scalar
 upstream gradient, and on the same problem with upstream 1 as the control, for every Liger variant the release
 offers, and prints the verdict with the worst error/bound. ``liger_releases.txt`` beside this file is its output
 on CPU (Triton interpreter, torch 2.13).
@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from te_releases import adapter_code_hash  # noqa: E402 - the one content hash both release tables record
 
-#: The numcheck code a row is judged by: the adapter and the known-divergence module keyed on Liger's release.
-ADAPTER_CODE = ("impls/adapters/liger.py", "properties/core/known.py")
+#: The numcheck code a row is judged by: the adapter, the known-divergence module keyed on Liger's release, and the
+#: emulation of a kernel's store its z-loss predicate uses (``kernel_store``).
+ADAPTER_CODE = ("impls/adapters/liger.py", "properties/linear_ce/known_liger.py", "properties/core/tensors.py")
 PROBLEM = "Problem(N=11, H=16, V=37, upstream={!r}, seed=4)"
 
 
@@ -88,8 +89,8 @@ def here() -> None:
     interpreter.arrange()
     from numcheck.impls.adapters import liger
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core import props as checks
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce import props
+    from numcheck.properties.linear_ce.cases import Problem
 
     print(release_line())
     for name in liger.VARIANTS:
@@ -100,7 +101,7 @@ def here() -> None:
         for upstream in ("scalar", "one"):
             p = eval(PROBLEM.format(upstream), {"Problem": Problem})  # noqa: S307 - our own literal
             print(
-                f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(checks.strided_inputs, impl, p)}",
+                f"  {name} strided_inputs {PROBLEM.format(upstream)}: {verdict(props.strided_inputs, impl, p)}",
                 flush=True,
             )
 

@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.adapters.megatron import MegatronVocabParallel, megatron_version
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
 from numcheck.properties.distributed.linear_ce import known as dist_known
+from numcheck.properties.distributed.linear_ce.cases import DistCase
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy
 from numcheck.properties.distributed.pool.pool import DistPool
-from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
-from numcheck.errors import PropertyFailure
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
 
 PROBLEM = Problem(N=7, H=5, V=16, bias=True, ignored=0.3, seed=3)
 TIMEOUT_S = 300.0

@@ -17,11 +17,11 @@ import sys
 
 import torch
 
-import numcheck.properties.core.tolerance as T
+import numcheck.properties.linear_ce.tolerance as T
 from numcheck.impls.builtin import triton_ce
 from numcheck.impls.registry import builtin
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_oracle
 
 #: (problem as recorded on CUDA, output, recorded error/bound) for chunked_triton, seed 9 at 1f58b2b.
 RECORDED = (

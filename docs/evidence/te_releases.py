@@ -66,13 +66,15 @@ KNOWN_TESTS = (
 )
 
 
-#: The numcheck code a row of the table is judged by: the adapter's module and the known-divergence modules keyed on
-#: TE's release. :func:`adapter_code_hash` hashes their contents, in this order, not their paths: a move leaves it
-#: alone, an edit changes it (``tests/self/test_ci_evidence.py`` then asks for this tool to be rerun).
+#: The numcheck code a row of the table is judged by: the adapter's module, the known-divergence modules keyed on
+#: TE's release, and the emulation of a kernel's store their predicates use (``kernel_store``).
+#: :func:`adapter_code_hash` hashes their contents, in this order, not their paths: a move leaves it alone, an edit
+#: changes it (``tests/self/test_ci_evidence.py`` then asks for this tool to be rerun).
 ADAPTER_CODE = (
     "impls/adapters/transformer_engine.py",
-    "properties/core/known.py",
+    "properties/linear_ce/known_te.py",
     "properties/distributed/linear_ce/known.py",
+    "properties/core/tensors.py",
 )
 
 

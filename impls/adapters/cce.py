@@ -75,8 +75,8 @@ import torch
 from numcheck.impls import interpreter
 from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.unavailable import unavailable_support
-from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 
 DISTRIBUTION = "cut-cross-entropy"
 NOT_INSTALLED = "cut-cross-entropy is not installed"

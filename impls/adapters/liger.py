@@ -59,9 +59,9 @@ from numcheck.impls import interpreter
 from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.adapters.unavailable import unavailable_support
+from numcheck.impls.builtin.triton_ce import triton_library_elementary
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
-from numcheck.impls.builtin.triton_ce import triton_library_elementary
 
 DISTRIBUTION = "liger-kernel"
 #: Our option name -> the Liger ``forward`` parameter that carries it.

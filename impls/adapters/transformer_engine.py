@@ -69,7 +69,7 @@ changed without a signature change, from the release; the source they were read 
   compiled.
 
 What numcheck finds in the releases themselves is recorded as known divergences keyed on the release range
-(:mod:`numcheck.properties.core.known`, :mod:`numcheck.properties.distributed.linear_ce.suite`), with the evidence in
+(:mod:`numcheck.properties.linear_ce.known_te`, :mod:`numcheck.properties.distributed.linear_ce.suite`), with the evidence in
 ``docs/evidence/te_releases.txt`` (``docs/evidence/te_releases.py`` judges every release).
 """
 
@@ -96,10 +96,10 @@ from numcheck.impls import interpreter
 from numcheck.impls.adapters import releases
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.adapters.unavailable import unavailable_support
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport, VocabShardImpl
-from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.impls.builtin.triton_ce import triton_library_elementary
 from numcheck.impls.builtin.vocab_parallel import CopyToRanks
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, DistSupport, VocabShardImpl
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support, unavailable_fn
 from numcheck.reference.options import CEOptions
 
 DISTRIBUTION = "transformer-engine"

@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
+from numcheck.impls.builtin.chunk_sweep import run_sweep
+from numcheck.impls.builtin.recompute import RecomputeFunction
+from numcheck.impls.protocols.linear_ce import FLOAT_DTYPES, LINEAR_CE_KIND, LinearCESupport
 from numcheck.reference.numerics import accumulation
 from numcheck.reference.numerics.ce_block import CEKernel, ce_block_
-from numcheck.impls.builtin.chunk_sweep import run_sweep
 from numcheck.reference.numerics.sweep import Plan, autocast_off, reduce_rows
-from numcheck.impls.protocols.linear_ce import FLOAT_DTYPES, LinearCESupport
-from numcheck.impls.builtin.recompute import RecomputeFunction
 from numcheck.reference.options import CEOptions, options_from_kwargs
 
 DEFAULT_CHUNK_ROWS = 2048
@@ -161,7 +161,7 @@ class ChunkedLinearCE:
         description: one line for listings.
     """
 
-    kind = "linear_ce"
+    kind = LINEAR_CE_KIND
 
     def __init__(
         self,

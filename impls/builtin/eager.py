@@ -1,7 +1,7 @@
 """``eager``: the plain PyTorch composition every optimized impl is measured beside, as a built-in impl.
 
 The function and its declaration are :mod:`numcheck.reference.numerics.eager`'s, where the judge takes its
-yardstick from too (:func:`numcheck.properties.core.harness.eager_yardstick`).
+yardstick from too (:func:`numcheck.properties.linear_ce.harness.eager_yardstick`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ device's capability probe, and the split fp32 accumulator (a Triton kernel, :mod
 
 The steps, the buffers they fill, the declarations (``GRAD_ACCUMULATION``) and their derivations live in
 :mod:`numcheck.reference.numerics.accumulation`, where numcheck's own evaluation of a declared path
-(:mod:`numcheck.properties.core.declared_path`) takes them from too; here the ``addmm_out_dtype`` step is bound to
+(:mod:`numcheck.properties.linear_ce.declared_path`) takes them from too; here the ``addmm_out_dtype`` step is bound to
 :func:`impls.measure.capabilities.addmm_out_dtype`, the probe that says where ``addmm(out_dtype=float32)`` works.
 """
 

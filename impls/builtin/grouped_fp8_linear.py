@@ -28,9 +28,13 @@ from typing import Any, Sequence
 
 import torch
 
-from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
 from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call
+from numcheck.impls.measure import capabilities
+from numcheck.impls.protocols.fp8_linear import DelayedScalingState
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, GroupedQuantSupport
+from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+from numcheck.reference.grouped_fp8_linear import expert_list, split_offsets
 from numcheck.reference.numerics.fp8_linear import (
     QTensor,
     accumulation_declaration,
@@ -39,10 +43,6 @@ from numcheck.reference.numerics.fp8_linear import (
     pow2_f32,
     tensor_amax,
 )
-from numcheck.impls.protocols.fp8_linear import DelayedScalingState
-from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
-from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
-from numcheck.reference.grouped_fp8_linear import expert_list, split_offsets
 
 _ALL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
@@ -75,7 +75,7 @@ class Call:
 class GroupedBase:
     """What the built-ins share: the declaration, the single linears per recipe kind, the call's checks."""
 
-    kind = "grouped_quant_linear"
+    kind = GROUPED_KIND
 
     def __init__(self, name: str, description: str = "", **support: Any) -> None:
         self.name = name

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from numcheck.reference.numerics.ce_block import SoftmaxStats
 from numcheck.impls.builtin.chunk_sweep import run_sweep
+from numcheck.reference.numerics.ce_block import SoftmaxStats
 from numcheck.reference.numerics.sweep import Plan, autocast_off, reduce_rows
 
 

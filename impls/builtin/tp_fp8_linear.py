@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call, one_per_recipe_kind
-from numcheck.reference.numerics.fp8_linear import QTensor, k_major_fp32, recipes_kind, tensor_amax
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
-from numcheck.impls.protocols.tp_fp8_linear import ScaleLog, TPQuantSupport, collectives
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, ScaleLog, TPQuantSupport, collectives
 from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.numerics.fp8_linear import QTensor, k_major_fp32, recipes_kind, tensor_amax
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class _TPFunction(torch.autograd.Function):
 class TPFp8Linear:
     """A tensor-parallel quantized linear for the recipes of one kind (module docstring)."""
 
-    kind = "tp_quant_linear"
+    kind = TP_KIND
 
     def __init__(self, name: str, recipes: tuple[Fp8Recipe, ...], description: str = "") -> None:
         self.name, self.description = name, description

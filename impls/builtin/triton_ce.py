@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.protocols.linear_ce import ElementaryError, LinearCESupport
 from numcheck.impls.triton_lang import INTERPRET, tl, triton, unavailable_reason
+from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 
 if triton is not None:
 
@@ -234,7 +234,7 @@ def elementary_error(interpreted: bool) -> ElementaryError:
 def triton_library_elementary(interpreted: bool, *, softmax_divides: bool) -> ElementaryError:
     """The accuracy of a third-party Triton CE kernel built from tl.exp/tl.exp2 of an fp32 product, tl.log and
     libdevice's tanh of x/softcap (Liger-Kernel, cut-cross-entropy); interpreted, bf16 stores truncate
-    (``bf16_store``, measured: :func:`properties.core.known._kernel_store`). On CUDA: exp 2 ulps plus
+    (``bf16_store``, measured: :func:`properties.core.tensors.kernel_store`). On CUDA: exp 2 ulps plus
     :func:`exp2_arg_ulps` per |x| (also when the kernel multiplies by log2 e itself for tl.exp2), + 2 where the
     softmax is exp(…)/d (div.full.f32, 2 ulps); log 2 (as :func:`elementary_error`); tanh libdevice's tanhf 2 ulps
     + 2 for div.full in x/softcap. Interpreted: numpy's float32 exp 3, log 4, tanh 2 (measured 1.37 here), IEEE

@@ -8,7 +8,6 @@ does.
 """
 
 from __future__ import annotations
-from numcheck.errors import InvalidDeclaration
 
 import dataclasses
 import difflib
@@ -19,6 +18,8 @@ import sys
 from typing import Callable, Iterable
 
 import torch
+
+from numcheck.errors import InvalidDeclaration
 
 #: Modules whose frames are the declaration machinery, never the place a declaration was written: this package's
 #: modules, and ``dataclasses`` (a dataclass's generated ``__init__`` runs with its defining module's globals).

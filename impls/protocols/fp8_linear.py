@@ -81,14 +81,14 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
+
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.kind import Kind
 from numcheck.reference.fp8_formats import F64, FP32_MAX, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
-
-from numcheck.errors import InvalidDeclaration
 
 __all__ = [
     "DelayedScalingState",

@@ -59,13 +59,13 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
-from numcheck.impls.protocols.kind import Kind
 from numcheck.impls.protocols.fp8_linear import (
     DelayedScalingState,
     QuantLinearSupport,
     call_refusal,
     predicted_columnwise_x_bytes,
 )
+from numcheck.impls.protocols.kind import Kind
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 

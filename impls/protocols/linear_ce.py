@@ -199,13 +199,13 @@ class LinearCESupport:
         autocast: autocast dtypes it supports with fp32 parameters (empty: no AMP).
         grad_accumulation: the grad_weight accumulation path, see :data:`GradAccumulation`.
         chunk_rows: rows per chunk for a chunked impl (sets the chunk count of the grad_weight bound, and the
-            length of the suite's many-chunk draws: :data:`~numcheck.properties.core.chunks.MANY_CHUNKS` chunks of
+            length of the suite's many-chunk draws: :data:`~numcheck.properties.linear_ce.chunks.MANY_CHUNKS` chunks of
             it, whatever its size); ``None`` for one pass over all rows, or when ``chunk_rule`` gives the size.
         chunk_rule: for a chunked impl whose chunk size follows from the shapes, that rule: a function
             ``(N, H, V) -> rows per chunk`` (an int >= 1; N or more means one chunk). Liger-Kernel's is
             ``min(N, next_pow2(ceil(N / ceil(V / H))))``, so about ceil(V/H) chunks. It sets the chunk count
             as ``chunk_rows`` does, and the suite draws the shapes that give many chunks
-            (:mod:`numcheck.properties.core.chunks`). Declare one of ``chunk_rows`` and ``chunk_rule``; it is
+            (:mod:`numcheck.properties.linear_ce.chunks`). Declare one of ``chunk_rows`` and ``chunk_rule``; it is
             called on a few shapes when declared, and must return an int >= 1 on each.
         grad_x_accumulation: the same paths for grad_x = G·W when it is summed over vocabulary chunks
             (cut-cross-entropy's kernels add each 128-class block's product into a grad_x of the input dtype):

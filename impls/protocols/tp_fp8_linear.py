@@ -58,8 +58,8 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
-from numcheck.impls.protocols.kind import Kind
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
+from numcheck.impls.protocols.kind import Kind
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, ROWWISE_KINDS, USAGES, Fp8Recipe, standard_recipes
 
 TP_KIND = "tp_quant_linear"

@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
+
+from numcheck.errors import InvalidAssertion, PropertyFailure
 from numcheck.impls.protocols.declaration import did_you_mean
-from numcheck.impls.protocols.linear_ce import validate_impl
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, validate_impl
 from numcheck.properties.convergence import envelope as env_
 from numcheck.properties.convergence.data import MarkovSource
 from numcheck.properties.convergence.model import ModelShape, float64_head, impl_head, initial_parameters, train
 from numcheck.properties.core.failures import exception_lines, impl_invocation
-from numcheck.properties.core.harness import eager_yardstick
-from numcheck.properties.core.problems import dtype_of
-
-from numcheck.errors import InvalidAssertion, PropertyFailure
+from numcheck.properties.linear_ce.cases import dtype_of
+from numcheck.properties.linear_ce.harness import eager_yardstick
 
 #: Training steps of the default run: the float64 loss falls from 4.8–5.3 to 2.1–2.8 on seeds 0–4 (the random
 #: initial head starts above log V = 4.16; the source's entropy is 1.5–2.0 nats).
@@ -224,7 +224,7 @@ def _check_impl(call: str, label: Any, impl: Any, s: dict[str, Any]) -> None:
         validate_impl(impl, f"{call} [{label!r}]")
     except TypeError as exc:
         raise _fail(call, str(exc), "Pass an impl object (e.g. one made with numcheck.linear_ce_impl).") from None
-    if impl.kind != "linear_ce":
+    if impl.kind != LINEAR_CE_KIND:
         raise _fail(
             call, f"impl {impl.name!r} is a {impl.kind} impl", "The convergence run needs a linear_ce impl as the head."
         )

@@ -1,1 +1,2 @@
-"""The linear+CE core of the property library, and the machinery every family shares: problems, strategies, harness, tolerance, accuracy, properties, failures, runner, coverage, profiles."""
+"""The machinery every family of the property library shares: comparisons, failures, runner, known-divergence
+entries, records, profiles, draw isolation, poisoned memory, matmul precision."""

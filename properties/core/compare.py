@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 #: What a :class:`Comparison` compared: ``"compared"`` (element-wise, under the bound), ``"missing"`` (the impl
 #: produced no value), ``"shape_differs"`` (no element-wise comparison possible) or ``"nonfinite_mismatch"``
 #: (NaN/inf where the oracle has none, or the other way round).
@@ -157,7 +156,7 @@ def compare(
     ``extra["overflowed"]`` counts the elements so accepted.
 
     ``overflow_upstream``: why an intermediate of the backward legitimately overflows on this problem (see
-    :func:`properties.core.tolerance.upstream_overflow`; "" where none does): then every non-finite element of
+    :func:`properties.linear_ce.tolerance.upstream_overflow`; "" where none does): then every non-finite element of
     ``impl`` where the oracle is finite is accepted too (an inf formed upstream propagates as ±inf and NaN), and
     counted in ``extra["overflowed"]``; finite elements are judged as always."""
     if impl is None:

@@ -18,8 +18,6 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import spec_of
-from numcheck.properties.core.problems import Problem
-
 
 #: What a property returns for a case it cannot judge (a condition on the drawn values that the draw did not
 #: meet: no row ignored, a bias shift the bias dtype cannot hold exactly). The runner rejects such a case like a
@@ -113,8 +111,9 @@ def impl_invocation(impl: Any) -> tuple[str, str]:
 
 
 def repro_command(impl: Any, prop: str, problem: Any) -> str:
-    """One shell line that re-runs exactly this property on exactly this problem (a :class:`Problem` or a
-    ``QuantCase``) for this impl, as printed, from any directory: ``numcheck repro``."""
+    """One shell line that re-runs exactly this property on exactly this problem (a case of any family, a
+    linear+CE ``Problem`` or a ``QuantCase``, whose ``repr`` rebuilds it) for this impl, as printed, from any
+    directory: ``numcheck repro``."""
     env, name = impl_invocation(impl)
     return f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} --problem {shlex.quote(repr(problem))}"
 
@@ -136,9 +135,9 @@ def context(*lines: str | None) -> Iterator[None]:
 
 
 def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *, reproduce: str | None = None) -> str:
-    """The full text of a :class:`PropertyFailure` (``problem``: a :class:`Problem` or a ``QuantCase``), with the
-    lines of the enclosing :func:`context`; ``reproduce`` in place of the repro command, for a case no command can
-    rebuild."""
+    """The full text of a :class:`PropertyFailure` (``problem``: a case of any family, a ``Problem`` or a
+    ``QuantCase``), with the lines of the enclosing :func:`context`; ``reproduce`` in place of the repro command,
+    for a case no command can rebuild."""
     body = "\n".join(f"  {line}" for line in (*_CONTEXT.get(), *lines))
     return (
         f"property {prop!r} fails for impl {impl.name!r}\n"
@@ -148,7 +147,7 @@ def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *,
     )
 
 
-def fail(impl: Any, prop: str, problem: Problem, *lines: str, ratio: float | None = None) -> None:
+def fail(impl: Any, prop: str, problem: Any, *lines: str, ratio: float | None = None) -> None:
     """Raise :class:`PropertyFailure` with :func:`failure_message` (``ratio``: the failing judgement's
     error/bound, where it has one)."""
     __tracebackhide__ = True

@@ -1,7 +1,7 @@
 """The matmul precision every impl runs under while numcheck judges it.
 
 The tolerance model takes a GEMM an impl calls through torch (``torch.mm``, ``@``, ``F.linear``, ``addmm``) to
-accumulate each output in fp32 and round it once to the output dtype (``properties.core.tolerance``: γ_H at fp32's unit
+accumulate each output in fp32 and round it once to the output dtype (``properties.linear_ce.tolerance``: γ_H at fp32's unit
 roundoff plus one rounding). On CUDA, torch's defaults let cuBLAS break that: with
 ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction`` (and its fp16 twin) ``True``, the default,
 cuBLAS may pick a split-K kernel that rounds each slice's partial sum to bf16/fp16 and adds the partials in that

@@ -56,10 +56,13 @@ from typing import Any, Iterator
 import torch
 import torch.utils.deterministic
 
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+
 #: The environment variable that turns poisoning on or off for every family (``on``, ``off``, ``default``).
 ENV = "NUMCHECK_POISON"
 #: Impl kinds judged with poisoned memory unless :data:`ENV` says otherwise (cost ≤ 10%: results/poison-cost.md).
-DEFAULT_ON: frozenset[str] = frozenset({"quant_linear", "grouped_quant_linear"})
+DEFAULT_ON: frozenset[str] = frozenset({QUANT_KIND, GROUPED_KIND})
 #: Properties that run outside the block: deterministic algorithms would change what they measure.
 OUTSIDE: frozenset[str] = frozenset({"determinism", "dist_determinism"})
 _VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "default": None, "": None}

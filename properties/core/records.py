@@ -18,8 +18,6 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
-from numcheck.properties.core.problems import Problem
-
 #: The fields of one record, in order (the sweep reads these).
 FIELDS: tuple[str, ...] = (
     "nodeid",
@@ -74,8 +72,8 @@ def set_test(nodeid: str = "", test: str = "") -> None:
     _test.update(nodeid=nodeid, test=test)
 
 
-def dtype_label(p: Problem) -> str:
-    """The dtype a problem's tightness is grouped under: its dtype, with the autocast dtype where there is one
+def dtype_label(p: Any) -> str:
+    """The dtype a problem (any case with ``dtype`` and ``autocast``, a linear+CE ``Problem``)'s tightness is grouped under: its dtype, with the autocast dtype where there is one
     (``float32+autocast_float16``): an AMP run's bounds are those of its compute dtype, not of its parameters'."""
     return f"{p.dtype}+autocast_{p.autocast}" if p.autocast else p.dtype
 
@@ -85,8 +83,8 @@ def _ratio(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def note(impl: Any, prop: str, p: Problem, result: Any) -> None:
-    """Record every analytic comparison of ``result`` (an :class:`properties.core.accuracy.AccuracyResult`) of
+def note(impl: Any, prop: str, p: Any, result: Any) -> None:
+    """Record every analytic comparison of ``result`` (an :class:`properties.linear_ce.accuracy.AccuracyResult`) of
     ``impl`` under property ``prop`` on ``p``, and its judgements (b); nothing when not recording."""
 
     # A z-loss output of a problem without z-loss is identically zero: it says nothing about a bound's tightness.

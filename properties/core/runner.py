@@ -3,27 +3,25 @@
 (draw the problems, reject the known divergences, run the property, hand back its metrics).
 
 A :class:`SuiteProperty` is one test of the suite: the property function it judges with, how it draws its
-problems for an impl, and when it does not apply. The table of them is :data:`numcheck.properties.core.suite.SUITE`.
+problems for an impl, and when it does not apply. Each family's suite is a table of them (linear+CE's
+:data:`numcheck.properties.linear_ce.suite.SUITE`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Sequence
 
 from hypothesis import assume, reject
 from hypothesis.errors import HypothesisException, UnsatisfiedAssumption
 
+from numcheck.errors import PropertyFailure, ProtocolViolation
 from numcheck.properties.core import matmul_precision, poison
-from numcheck.properties.core.coverage import Row, covering_rows, seeded_data
 from numcheck.properties.core.failures import context as failure_context
 from numcheck.properties.core.failures import failure_message, impl_raised, judged, raised_by_suite
-from numcheck.errors import PropertyFailure, ProtocolViolation
-from numcheck.properties.core.known import covers_every, known
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE, pinned_row
-from numcheck.properties.core.undrawable import undrawable_reason
+from numcheck.properties.core.rows import Row, seeded_data
 
 Metrics = dict[str, float]
 #: ``draw(impl, data) -> case``: one case for ``impl`` (a linear+CE :class:`Problem`, a ``QuantCase``, ...) from a
@@ -36,7 +34,7 @@ def _never(impl: Any) -> str | None:
     return None
 
 
-def _no_fields(impl: Any) -> Problem | None:
+def _no_fields(impl: Any) -> Any:
     """No field forced on every draw."""
     return None
 
@@ -54,8 +52,8 @@ class SuiteProperty:
     example (each with its own draw), ``impl -> [(impl variant, draw)]``, in place of ``draw``; by default
     ``[(impl, draw)]``.
 
-    ``dimensions``: the dimensions of :data:`numcheck.properties.core.coverage.DIMENSIONS` the property varies through
-    :func:`~numcheck.properties.core.strategies.problems` (and does not pin itself): a pairwise covering design over
+    ``dimensions``: the dimensions of its family's covering design the property varies through its draws (and does
+    not pin itself; linear+CE's :data:`numcheck.properties.linear_ce.coverage.DIMENSIONS`): a pairwise covering design over
     them (:func:`rows`) runs before the random draws, so a small budget still meets every pair of their values.
     ``slow_dimensions``: the dimensions of its rows for impls that declare ``slow`` (each of their examples costs
     seconds under an interpreter): ``None`` (the default) runs no rows for them, only their random share.
@@ -64,13 +62,21 @@ class SuiteProperty:
     the rest. See :func:`budget`.
     ``row_pins``: fields every covering row pins besides its dimensions' (e.g. the regime a property's defect class
     shows in), listed in the row's label. ``describe``: ``(impl, case) -> line`` saying what a case means for the
-    impl (how many chunks its rows make), put into every failure message of that case (``None``: nothing)."""
+    impl (how many chunks its rows make), put into every failure message of that case (``None``: nothing).
+
+    What a family adds to these steps (its covering design, how a row pins its draws, why an impl declares no case
+    to draw, its known divergences) are the methods below, which add nothing here; a family's suite overrides them
+    in a subclass (linear+CE's: :class:`numcheck.properties.linear_ce.suite.LinearCEProperty`)."""
+
+    #: The module of the family's known divergences and of its covering design, as messages name them.
+    known_module: ClassVar[str] = ""
+    design_module: ClassVar[str] = ""
 
     name: str
     check: Callable[[Any, Any], Metrics]
     draw: Draw | None
     skip: Callable[[Any], str | None] = _never
-    every: Callable[[Any], Problem | None] = _no_fields
+    every: Callable[[Any], Any] = _no_fields
     cases: Callable[[Any], Sequence[tuple[Any, Draw]]] | None = field(default=None)
     dimensions: tuple[str, ...] = ()
     slow_dimensions: tuple[str, ...] | None = None
@@ -98,6 +104,27 @@ class SuiteProperty:
         assert self.draw is not None  # __post_init__
         return [(impl, self.draw)]
 
+    # -- what a family adds (nothing here) ---------------------------------------------------------------------
+    def design(self, impl: Any, dimensions: Sequence[str]) -> tuple[Row, ...]:
+        """The covering rows over ``dimensions`` for ``impl`` on the suite's device (:func:`rows`): none."""
+        return ()
+
+    def pinned(self, row: Row) -> ContextManager[None]:
+        """A block inside which the property's draws pin ``row``'s fields (:func:`run_rows`)."""
+        return contextlib.nullcontext()
+
+    def undrawable(self, impl: Any) -> str | None:
+        """Why ``impl`` declares no case this property can draw on the suite's device (``None``: it does)."""
+        return None
+
+    def known_for_every(self, impl: Any, fields: Any) -> Any:
+        """The known divergence that covers every draw carrying ``fields`` (:attr:`every`'s), or ``None``."""
+        return None
+
+    def known_case(self, impl: Any, case: Any) -> Any:
+        """The known divergence that covers ``case`` of ``impl`` (left out of the draws), or ``None``."""
+        return None
+
 
 #: Random draws every (property, impl) keeps after its covering rows, however many rows it has.
 MIN_RANDOM = 2
@@ -120,12 +147,10 @@ def budget(impl: Any, max_examples: int, prop: SuiteProperty | None = None) -> i
 def rows(prop: SuiteProperty, impl: Any) -> tuple[Row, ...]:
     """``prop``'s covering rows for ``impl`` on the suite's device: a pairwise design over ``prop.dimensions``
     (``prop.slow_dimensions`` for a slow impl) as the impl declares them
-    (:func:`numcheck.properties.core.coverage.covering_rows`); none where those name no dimension, or for an impl that
-    is not linear+CE."""
-    if getattr(impl, "kind", None) != "linear_ce":
-        return ()
+    (:meth:`SuiteProperty.design`: linear+CE's :func:`numcheck.properties.linear_ce.coverage.covering_rows`); none
+    where those name no dimension, or for an impl its family designs no rows for."""
     dims = prop.slow_dimensions if getattr(impl.support, "slow", False) else prop.dimensions
-    design = covering_rows(dims, impl.support, DEVICE) if dims else ()
+    design = prop.design(impl, dims) if dims else ()
     if not prop.row_pins:
         return design
     pins = dict(prop.row_pins)
@@ -151,7 +176,7 @@ class RowsRun:
 
 def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
     """``prop``'s covering rows on ``impl``, in order, each one example through :func:`run_example` with its
-    other fields drawn by ``prop``'s own draw from :func:`~numcheck.properties.core.coverage.seeded_data` (keyed by
+    other fields drawn by ``prop``'s own draw from :func:`~numcheck.properties.core.rows.seeded_data` (keyed by
     property, impl, row and attempt: the same draws in every process). Call it only where :func:`skip_reason`
     gave none. Raises what the property raises, with a note naming the row."""
     run = RowsRun()
@@ -160,14 +185,14 @@ def run_rows(prop: SuiteProperty, impl: Any) -> RowsRun:
         for attempt in range(ROW_ATTEMPTS):
             key = f"{prop.name}|{impl.name}|row {i}|attempt {attempt}"
             try:
-                with pinned_row(row), seeded_data(key) as data:
+                with prop.pinned(row), seeded_data(key) as data:
                     run.results.extend(run_example(prop, impl, data))
             except UnsatisfiedAssumption:
                 continue
             except BaseException as exc:
                 exc.add_note(
                     f"numcheck: covering row {i + 1} of {len(design)} of {prop.name} for {impl.name} "
-                    f"({row.label()}; numcheck.properties.core.coverage)"
+                    f"({row.label()}; {prop.design_module})"
                 )
                 raise
             break
@@ -182,11 +207,11 @@ def skip_reason(prop: SuiteProperty, impl: Any) -> str | None:
     why = prop.skip(impl)
     if why:
         return why
-    if getattr(impl, "kind", None) == "linear_ce" and (why := undrawable_reason(impl.support, DEVICE)):
+    if why := prop.undrawable(impl):
         return f"no case this test draws is declared by {impl.name}: {why}"
     every = prop.every(impl)
-    if every is not None and (k := covers_every(impl.name, prop.property_name, every)) is not None:
-        return f"every case this test draws is a known divergence (numcheck.properties.core.known): {k.reason}"
+    if every is not None and (k := prop.known_for_every(impl, every)) is not None:
+        return f"every case this test draws is a known divergence ({prop.known_module}): {k.reason}"
     return None
 
 
@@ -195,7 +220,8 @@ def unsatisfiable_reason(impl: Any) -> str:
     rejected by a data-dependent filter (a known divergence decided by the data, or the test's own filter)."""
     return (
         f"every case drawn for {impl.name} was rejected by a data-dependent filter: a known divergence decided "
-        f"by the data (numcheck.properties.core.known) or this test's own condition on the drawn values"
+        f"by the data (its family's, e.g. numcheck.properties.linear_ce.known) or this test's own condition on the "
+        f"drawn values"
     )
 
 
@@ -214,10 +240,7 @@ def run_example(prop: SuiteProperty, impl: Any, data: Any) -> list[tuple[Any, Me
     out: list[tuple[Any, Metrics]] = []
     for variant, draw in prop.variants(impl):
         p = draw(variant, data)
-        if isinstance(p, Problem):  # known divergences are of linear+CE impls
-            assume(
-                known(variant.name, prop.property_name, p) is None
-            )  # covered by tests/adapters/test_known_divergences.py
+        assume(prop.known_case(variant, p) is None)  # covered by tests/adapters/test_known_divergences.py
         with failure_context(prop.describe(variant, p) if prop.describe is not None else None):
             metrics = _judged(prop, variant, p)
         if judged(metrics):

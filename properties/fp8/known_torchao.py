@@ -147,3 +147,7 @@ TORCHAO_KNOWN: tuple[KnownDivergence, ...] = (
 def known_fp8_divergence(impl_name: str, prop: str, case: QuantCase) -> KnownDivergence | None:
     """The FP8 known divergence covering ``case`` of impl ``impl_name`` under property ``prop``, or ``None``."""
     return next((e for e in TORCHAO_KNOWN if e.matches(impl_name, prop, case)), None)
+
+
+#: The library numcheck's torchao adapter calls (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`).
+LIBRARIES = (("torchao_float8[[]*", "torchao", torchao_release),)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.fp8_linear import (
     DelayedScalingState,
     HeldTensors,
@@ -45,10 +46,9 @@ from numcheck.impls.protocols.fp8_linear import (
 from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import failure_message
-from numcheck.errors import PropertyFailure
+from numcheck.properties.core.tensors import strided_copy
 from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
-from numcheck.properties.core.harness import strided_copy
 from numcheck.reference.fp8_formats import F64, all_codes, decode_fp8, same_codes
 from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
 from numcheck.reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
@@ -534,7 +534,7 @@ def two_layers(impl: Any, case: QuantCase) -> None:
 
 
 def strided(impl: Any, case: QuantCase) -> None:
-    """Property: x and dy as column slices of wider padded buffers (:data:`properties.core.harness.PAD`), the weight
+    """Property: x and dy as column slices of wider padded buffers (:data:`properties.core.tensors.PAD`), the weight
     the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other element of a
     longer buffer give the single-call outputs, the weight's gradient landing on the leaf; refusing them with an
     exception is allowed (loud, not wrong). Delayed scaling is not covered."""

@@ -11,8 +11,8 @@ import os
 import torch
 from hypothesis import strategies as st
 
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase, scale_block
-from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))

@@ -11,12 +11,12 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
-from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
-from numcheck.properties.core.strategies import DEVICE
 
 
 def _cases(*regimes: str, prop: str = "accuracy") -> Draw:

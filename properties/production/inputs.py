@@ -1,6 +1,6 @@
 """Inputs of the production-shape tier: what a language model's head sees mid-training, at full size.
 
-The property suite's :func:`properties.core.problems.build` draws in float64 on the CPU, and two of its regimes need
+The property suite's :func:`properties.linear_ce.cases.build` draws in float64 on the CPU, and two of its regimes need
 [N, V] or [V, V] work (``post_norm``'s per-row multinomial, ``confident``'s class-overlap matrix): at
 N·V ≈ 2.5·10⁹ that is minutes and tens of GiB. :func:`scale_tensors` draws the same kind of values directly on
 the device in float32 from a seeded device generator, in O(N·H + V·H) work, so the tensors of a case are the
@@ -9,7 +9,7 @@ same on every run on one device type (not across device types: a CUDA generator 
 What is drawn (each part a property of trained heads that i.i.d. normals lack):
 
 * **Activations after the final norm** (as ``post_norm``, with its constants
-  :data:`properties.core.problems.POST_NORM_OUTLIER_FRACTION` and ``POST_NORM_OUTLIER_GAIN``): noise plus a
+  :data:`properties.linear_ce.cases.POST_NORM_OUTLIER_FRACTION` and ``POST_NORM_OUTLIER_GAIN``): noise plus a
   per-feature mean shared by every row, rows RMS-normalised, then a few outlier channels scaled by gains
   10–100. Every column of x then has one sign in most rows, so grad_weight's sums over N grow with N.
 * **Logits with a trained model's spread**: a unigram prior, W's rows given a component along the shared mean
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from numcheck.properties.core.problems import POST_NORM_OUTLIER_FRACTION, POST_NORM_OUTLIER_GAIN, Problem, Tensors
+from numcheck.properties.linear_ce.cases import POST_NORM_OUTLIER_FRACTION, POST_NORM_OUTLIER_GAIN, Problem, Tensors
 from numcheck.reference.options import CEOptions
 
 #: Typical |logit| of the bulk of a row (the ``post_norm`` regime's σ).

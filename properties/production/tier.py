@@ -3,8 +3,8 @@
 The property suite draws small problems; bugs of scale are never drawn there: int32 offsets that wrap once
 N·V passes 2³¹, chunk and block tails at vocabularies that are not powers of two, an allocator blow-up at real
 sizes. This module runs one impl on one production-shape case and judges it with the suite's own accuracy
-property (:func:`properties.core.accuracy.check_accuracy`: judgements (a) and (b), the same bounds of
-:mod:`properties.core.tolerance`, the same :class:`properties.core.compare.Comparison` lines), on realistic inputs
+property (:func:`properties.linear_ce.accuracy.check_accuracy`: judgements (a) and (b), the same bounds of
+:mod:`properties.linear_ce.tolerance`, the same :class:`properties.core.compare.Comparison` lines), on realistic inputs
 (:mod:`properties.production.inputs`). What it adds is what a size makes necessary:
 
 * work shared between the impls of one case (:class:`CaseContext`): the inputs, the float64 oracle (chunked over
@@ -21,7 +21,7 @@ property (:func:`properties.core.accuracy.check_accuracy`: judgements (a) and (b
 Cost, in float64 GEMMs of 2·N·H·V flops (8.8e12 at the first shape, 0.16 s at the H200's measured 56 TFLOP/s):
 the oracle 4 per case (pass 1 recomputes the logits; pass 2 the logits, grad_x and grad_W); eager's errors
 reuse it. The bounds (:class:`BoundCache`) are swept for many error models at once
-(:func:`properties.core.tolerance.sweep_bounds`): 7 per sweep (pass 1, the logits of two walks, |x||W|ᵀ in each,
+(:func:`properties.linear_ce.tolerance.sweep_bounds`): 7 per sweep (pass 1, the logits of two walks, |x||W|ᵀ in each,
 |G||W| and |G|ᵀ|x|) plus 2 per gradient key (|δG||W|, |δG|ᵀ|x|), where one model alone costs 14. A sweep holds
 each model's float64 grad_x and grad_W bounds, so a case's models are swept in groups that fit
 :data:`BOUND_MEMORY_FRACTION` of the device: 3–4 groups a case at the production shapes instead of one sweep
@@ -29,7 +29,7 @@ per model (28 at the first shape on the H200: 68 s of its 75 s in the first run)
 
 A case's reproduction is ``numcheck production`` restricted to it (:func:`repro_command`: its one shape, precision and
 impl, into a folder of its own started afresh): its tensors are drawn on the device, not by
-:func:`properties.core.problems.build`, so ``numcheck repro`` does not rebuild them.
+:func:`properties.linear_ce.cases.build`, so ``numcheck repro`` does not rebuild them.
 """
 
 from __future__ import annotations
@@ -41,14 +41,13 @@ from typing import Any
 
 import torch
 
-from numcheck.properties.core.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
 from numcheck.properties.core.failures import exception_lines, impl_invocation
-from numcheck.properties.core.harness import ImplOutputs, run_impl, run_oracle
-from numcheck.properties.core.known import known_on_tensors
-from numcheck.properties.core.problems import Problem, Tensors
-from numcheck.properties.production.inputs import scale_tensors
-from numcheck.properties.core.strategies import refusal
-from numcheck.properties.core.tolerance import (
+from numcheck.properties.linear_ce.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
+from numcheck.properties.linear_ce.cases import Problem, Tensors
+from numcheck.properties.linear_ce.harness import ImplOutputs, run_impl, run_oracle
+from numcheck.properties.linear_ce.known import known_on_tensors
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.linear_ce.tolerance import (
     ErrorModel,
     SweepResult,
     error_model,
@@ -56,6 +55,7 @@ from numcheck.properties.core.tolerance import (
     sweep_bounds,
     sweep_key,
 )
+from numcheck.properties.production.inputs import scale_tensors
 from numcheck.reference.linear_ce import LinearCEResult
 
 #: Elements an int32 offset can address: an element offset row·V + col wraps from 2³¹ on.
@@ -199,12 +199,12 @@ def _bound_budget(device: str) -> int:
 
 
 class BoundCache:
-    """Bounds per error model on one case. What costs is the block sweep (:func:`properties.core.tolerance.sweep_bounds`):
+    """Bounds per error model on one case. What costs is the block sweep (:func:`properties.linear_ce.tolerance.sweep_bounds`):
     given the case's plan (:meth:`plan`: the models each impl's judgement will ask for, in run order), a miss sweeps
     the missing model together with the next planned ones that fit in ``budget`` bytes, sharing each block's
     products between them, and drops sweeps no later impl needs; a model's bounds are then finished from its sweep
-    (:func:`properties.core.tolerance.finish_bounds`: cheap). The bounds are those of
-    :func:`properties.core.tolerance.linear_ce_bounds`, bit for bit. ``spent`` is the time spent on bounds since
+    (:func:`properties.linear_ce.tolerance.finish_bounds`: cheap). The bounds are those of
+    :func:`properties.linear_ce.tolerance.linear_ce_bounds`, bit for bit. ``spent`` is the time spent on bounds since
     :meth:`start` (an impl whose miss sweeps a group carries the group's time); ``hits`` the calls whose sweep
     was there."""
 
@@ -219,7 +219,7 @@ class BoundCache:
 
     def plan(self, impls: list[Any]) -> None:
         """The models the judgement of each of ``impls`` (in run order) asks for: its declaration at the hard and
-        the expected level (the returned dtypes do not change a sweep, :func:`properties.core.tolerance.sweep_key`)."""
+        the expected level (the returned dtypes do not change a sweep, :func:`properties.linear_ce.tolerance.sweep_key`)."""
         p = self.p
         self.planned = []
         for impl in impls:
@@ -263,7 +263,7 @@ class BoundCache:
         _release(self.p)
 
     def __call__(self, model: ErrorModel) -> dict[str, torch.Tensor]:
-        """The bounds of ``model`` (:func:`properties.core.tolerance.linear_ce_bounds`'), from its sweep (swept now on a
+        """The bounds of ``model`` (:func:`properties.linear_ce.tolerance.linear_ce_bounds`'), from its sweep (swept now on a
         miss); its time is added to ``spent``."""
         t0 = time.perf_counter()
         key = repr(sweep_key(model))

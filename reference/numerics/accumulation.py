@@ -37,7 +37,7 @@ an fp32 ``gw``, V=131072, H=4096, C=2048):
 The chunked impls hold their gradients in :class:`Accumulator` objects
 (:func:`impls.builtin.grad_accum.make_accumulator`), which pair a buffer with its step (:class:`BufferAccumulator`)
 and finish it into the gradient (:func:`scaled_`, one rounding); numcheck's evaluation of a declared path
-(:mod:`numcheck.properties.core.declared_path`) uses the same buffers and steps.
+(:mod:`numcheck.properties.linear_ce.declared_path`) uses the same buffers and steps.
 
 The steps that need no capability probe are module functions; :func:`path_steps` binds the probe of the
 ``addmm_out_dtype`` step and gives all four by name (the built-ins' :data:`impls.builtin.grad_accum.PATHS`).
@@ -160,7 +160,7 @@ def path_steps(out_dtype_works: OutDtypeProbe) -> dict[str, Step]:
 
 
 #: The steps that ask no capability probe, by name: what numcheck's evaluation of a declared path uses
-#: (:mod:`numcheck.properties.core.declared_path`).
+#: (:mod:`numcheck.properties.linear_ce.declared_path`).
 PROBE_FREE_STEPS: dict[str, Step] = {"fallback": fallback, "fp32_operands": fp32_operands, "lowp_accum": lowp_accum}
 
 #: The accumulator that is not a buffer plus a step: an exact fp32 sum held as the bf16 gradient plus a

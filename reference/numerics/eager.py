@@ -2,8 +2,8 @@
 
 Logits are computed by ``F.linear`` in the input (or autocast) dtype — the [N, V] tensor the optimized impls
 avoid — then softcap, ``F.cross_entropy`` and the z-loss are applied with ordinary differentiable ops.
-This is the "same dtype eager" baseline of the relative judgement in :mod:`properties.core.tolerance`: the judge
-runs it as judgement (b)'s yardstick (:func:`numcheck.properties.core.harness.eager_yardstick`), and the built-in
+This is the "same dtype eager" baseline of the relative judgement in :mod:`properties.linear_ce.tolerance`: the judge
+runs it as judgement (b)'s yardstick (:func:`numcheck.properties.linear_ce.harness.eager_yardstick`), and the built-in
 impl ``eager`` (:mod:`impls.builtin.eager`) is the same function under the same declaration (:data:`DECLARATION`).
 """
 

@@ -7,7 +7,7 @@ A chunked impl (:mod:`impls.builtin.chunked`) never forms the [N, V] logits: :fu
 chunk (now holding G) into ``grad_x`` rows and ``grad_W``/``grad_b`` contributions through the accumulators it is
 given (:class:`reference.numerics.accumulation.Accumulator`). :func:`reduce_rows` turns the per-row parts into the
 reduction's loss. The built-ins' whole pass, with their accumulators, is :func:`impls.builtin.chunk_sweep.run_sweep`;
-numcheck's evaluation of a declared path (:mod:`numcheck.properties.core.declared_path`) runs :func:`sweep` itself.
+numcheck's evaluation of a declared path (:mod:`numcheck.properties.linear_ce.declared_path`) runs :func:`sweep` itself.
 """
 
 from __future__ import annotations

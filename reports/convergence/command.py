@@ -17,15 +17,16 @@ from typing import Any
 
 import torch
 
+from numcheck.errors import BadInput, InvalidAssertion
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.properties.convergence import run as convergence
 from numcheck.properties.convergence.model import ModelShape
-from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
-from numcheck.errors import BadInput, InvalidAssertion
+from numcheck.properties.linear_ce.cases import dtype_of
 from numcheck.reports.common import add_impl_arguments, int_at_least, prepare_out_dir
+from numcheck.reports.convergence import plot as convergence_plot
+from numcheck.reports.convergence import text as convergence_text
 from numcheck.reports.convergence.plot import MISSING
-from numcheck.properties.core.problems import dtype_of
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 HELP = (
     "tiny language-model convergence run: each impl as the linear+CE head, its loss curve and per-step distance "

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
-from numcheck.properties.core.costs import memory_ab, paths_ab, step_ab, time_ab
+from numcheck.properties.linear_ce.costs import memory_ab, paths_ab, step_ab, time_ab
 from numcheck.reports.common import ImplSpec, add_impl_arguments
 
 #: Flag an output when NEW takes more than this share of the headroom BASE's worst error/bound leaves below its
@@ -120,6 +120,7 @@ def load_one(spec: str) -> Any:
 def environment(device: str) -> dict[str, Any]:
     """What a claim's ``device`` and ``torch`` are matched against, and how the run is named."""
     import torch
+
     from numcheck.reports.report.schema import device_name
 
     return {
@@ -136,7 +137,7 @@ def environment(device: str) -> dict[str, Any]:
 def split_cases(new: Any, base: Any, cases: list[Any]) -> tuple[list[Any], list[dict], list[dict]]:
     """(cases both declare, cases only NEW declares, cases only BASE declares); one-sided ones as
     ``{"case", "label", "why"}`` with the other side's refusal."""
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.strategies import refusal
     from numcheck.reports.report.schema import case_text
 
     both, only_new, only_base = [], [], []

@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from numcheck.reports.convergence import plot as convergence_plot, text as convergence_text
-from numcheck.reports.premerge import claims as claims_mod
-from numcheck.reports.premerge import ab
 from numcheck.reports.common import ImplSpec
+from numcheck.reports.convergence import plot as convergence_plot
+from numcheck.reports.convergence import text as convergence_text
+from numcheck.reports.premerge import ab
 from numcheck.reports.premerge import ab_md as md
+from numcheck.reports.premerge import claims as claims_mod
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,7 +97,7 @@ def convergence_case(new: Any, base: Any, device: str) -> tuple[dict[str, Any] |
     import torch
 
     from numcheck.properties.convergence import run as conv
-    from numcheck.properties.core.problems import dtype_of
+    from numcheck.properties.linear_ce.cases import dtype_of
 
     dev = torch.device(device).type
     reasons = []

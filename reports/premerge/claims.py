@@ -40,7 +40,6 @@ line and the table (:class:`ClaimsError`; premerge exits 2).
 """
 
 from __future__ import annotations
-from numcheck.errors import ClaimsError
 
 import math
 import re
@@ -51,6 +50,8 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from numcheck.errors import ClaimsError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -51,11 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from numcheck.reports import baselines
-from numcheck.reports import common
+from numcheck.reports import baselines, common
 from numcheck.reports.common import SUITE_MODULES, add_impl_arguments, stream
-
-from numcheck.reports.report import compare as report_compare, schema as report_schema
+from numcheck.reports.report import compare as report_compare
+from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.grid import GRIDS
 from numcheck.reports.report.schema import Traversable
 

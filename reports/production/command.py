@@ -124,8 +124,8 @@ def _shapes_arg(args: argparse.Namespace, device: str) -> str:
 
 def _plan(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
     """``(cases, impls, broken)``: the cases in run order (every shape at bf16, then at AMP) and the impls."""
-    from numcheck.impls.registry import BrokenImpl, by_kind, discover
     from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+    from numcheck.impls.registry import BrokenImpl, by_kind, discover
     from numcheck.properties.production.tier import DTYPES, Case, parse_shapes
 
     device = _device(args)

@@ -60,7 +60,7 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
         f"Device {meta.get('device', '?')}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}; "
         f"shapes `{meta.get('shapes', '?')}`, precisions {', '.join(meta.get('precisions', []))}; "
         f"wall {_g(meta.get('wall_s'))} s. Each impl is judged by the property suite's accuracy property "
-        "(judgements (a) and (b), the bounds of properties/core/tolerance.py) against the chunked float64 oracle; "
+        "(judgements (a) and (b), the bounds of properties/linear_ce/tolerance.py) against the chunked float64 oracle; "
         "times in seconds (bound: time spent on bounds while judging this impl; the impl whose bounds were "
         "missing carries the shared sweep of every planned declaration that fit beside them, the others "
         "only their finishing), extra peak = torch.cuda.max_memory_allocated over forward + backward "

@@ -38,15 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from numcheck.errors import BadInput
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.reports import baselines
 from numcheck.reports.common import add_impl_arguments, write_atomically
-
-from numcheck.reports.report import compare as report_compare, findings, schema as report_schema
+from numcheck.reports.report import compare as report_compare
+from numcheck.reports.report import findings
+from numcheck.reports.report import schema as report_schema
+from numcheck.reports.report import verdict as report_verdict
 from numcheck.reports.report.grid import GRIDS, GridSpec
 from numcheck.reports.report.schema import SCHEMA
-from numcheck.reports.report import verdict as report_verdict
 from numcheck.reports.report.verdict import verdict
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 
 __all__ = ["add_arguments", "build_report", "run", "verdict", "write_report"]
 
@@ -198,12 +199,12 @@ REPORT_FILES: frozenset[str] = frozenset({"report.json", "report.md", "compare.m
 
 
 def memory_section(impls: list[Any]) -> dict[str, Any]:
-    """The memory table of :mod:`properties.core.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
+    """The memory table of :mod:`properties.linear_ce.memory` at the seed's shapes on ``meta`` (JSON-ready)."""
     import torch
 
     from numcheck.impls.measure import memory
-    from numcheck.properties.core.memory import memory_table
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
+    from numcheck.properties.linear_ce.memory import memory_table
 
     try:
         N, H, V = memory.SEED_SHAPE
@@ -248,8 +249,8 @@ def build_report(
     """Run the sweep, the accumulation comparison and the memory table; the report dictionary.
 
     ``memory`` / ``accumulation`` False leave those sections out (``None``), for tests."""
-    from numcheck.impls.registry import ImplEntry, by_kind, discover
     from numcheck.impls.measure.accumulation import accumulation_table
+    from numcheck.impls.registry import ImplEntry, by_kind, discover
     from numcheck.reports.report.run import one_thread, sweep
 
     t0 = time.monotonic()

@@ -1,5 +1,5 @@
 """report.json's ``known_divergences``: every recorded known divergence (and environment artifact) that applied to
-an impl the report judged — :func:`numcheck.properties.core.known.applicable` on the report's device and the
+an impl the report judged — :func:`numcheck.properties.distributed.linear_ce.known.applicable` on the report's device and the
 installed releases — with the grid cases it left out. The verdict (:mod:`reports.report.verdict`), report.md,
 premerge's checklist and the pytest plugin's summary all read these records; a divergence is a finding, never a pass.
 
@@ -55,7 +55,7 @@ def known_divergences(impls: list[dict[str, Any]], supports: dict[str, Any], dev
 def libraries(impls: list[dict[str, Any]]) -> None:
     """Give each impl entry that is numcheck's adapter of a third-party library ``library`` = ``{"name",
     "release"}`` (the release judged; ``"unknown"`` when it cannot be read)."""
-    from numcheck.properties.core.known import adapter_library
+    from numcheck.properties.libraries import adapter_library
 
     for info in impls:
         found = adapter_library(info["name"]) if info.get("status") != "broken" else None

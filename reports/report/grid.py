@@ -1,6 +1,6 @@
 """The cases ``numcheck report`` sweeps: a documented grid plus seeded random draws over the same axes.
 
-Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of the grid:
+Linear+CE (:class:`~properties.linear_ce.cases.Problem`), for every dtype mode of the grid:
 
 * **Size ladders** — one axis at a time around a base shape, so every output's reduction length spans at
   least two decades: N (the reduction of grad_weight, grad_bias and a reduced loss), H (the logits' dot
@@ -21,13 +21,13 @@ Linear+CE (:class:`~properties.core.problems.Problem`), for every dtype mode of 
   regime cases (:data:`QUICK_OPTIONS`).
 
 * **Many-chunk cases**, per impl, from its declared chunking (:func:`~reports.report.families.linear_ce.many_chunk_cases`, the layout of the suite's
-  ``test_many_chunks``, :mod:`properties.core.chunks`): in each low-precision plain dtype and each declared reduction,
+  ``test_many_chunks``, :mod:`properties.linear_ce.chunks`): in each low-precision plain dtype and each declared reduction,
   post-norm rows whose count makes 2/u + 1 chunks of its declared ``chunk_rows`` or ``chunk_rule`` (257 for a
   ``slow`` impl, which runs them in its coarsest dtype and first reduction only, as the suite's draws do), or rows
   past any chunk size it may use undeclared; one row a chunk of its ``with_chunk_rows`` variant where it has one. A
   running sum across chunks kept in the compute dtype shows only there: the other cases span a few chunks at most.
 
-Each impl runs every case its declaration admits (:func:`properties.core.strategies.refusal`); the others are
+Each impl runs every case its declaration admits (:func:`properties.linear_ce.strategies.refusal`); the others are
 counted per impl with the reason and named (:class:`NotRun`), never dropped silently.
 
 Each other family's cases are built in its module of :mod:`reports.report.families` from the case tables
@@ -52,7 +52,7 @@ from typing import Any, Iterable
 import torch
 
 from numcheck.properties.fp8.cases import QuantCaseFields
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
 MODES: dict[str, tuple[str, str | None]] = {
@@ -392,7 +392,7 @@ def label_seed(base: int, label: str) -> int:
 
 #: The dtypes of the many-chunk cases (:func:`~reports.report.families.linear_ce.many_chunk_cases`): those whose running sum across chunks, kept in
 #: the compute dtype, drops increments within a draw (bf16 after about 128–256 chunks, fp16 2048–4096:
-#: :data:`properties.core.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
+#: :data:`properties.linear_ce.chunks.MANY_CHUNKS_BY_DTYPE`); fp32 needs 2^24 of them.
 MANY_CHUNK_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 
 

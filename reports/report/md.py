@@ -75,7 +75,7 @@ def _library_of(info: dict) -> tuple[str, str] | None:
     """``(library, release)`` of an impl entry that is numcheck's adapter of a third-party library: as recorded in
     the report (``library``), or, in a report that predates that key, from the impl's name with the release not
     recorded."""
-    from numcheck.properties.core.known import ADAPTER_LIBRARIES
+    from numcheck.properties.libraries import ADAPTER_LIBRARIES
 
     lib = info.get("library")
     if lib:
@@ -139,7 +139,7 @@ HOW_TO_READ = """\
 the very operands the impl's matmuls see. For each element numcheck derives how far a correct
 implementation may be off — a first-order floating-point error bound built from the unit roundoff of every
 dtype involved, the length of each reduction, and what the impl *declares* (its grad_weight accumulation
-path, the dtype it keeps logits in). The derivation is in `properties/core/tolerance.py` (linear+CE) and
+path, the dtype it keeps logits in). The derivation is in `properties/linear_ce/tolerance.py` (linear+CE) and
 `properties/fp8/tolerance.py` (FP8).
 
 * **error/bound** is the largest |impl − oracle| / bound over an output's elements. ≤ 1 everywhere is the
@@ -234,7 +234,7 @@ def _memory_section(mem: dict | None) -> list[str]:
         return ["## Memory", "", f"Memory measurement failed: {mem['error']}", ""]
     V, H, C = mem["one_chunk_shape"]
     out = [
-        "## Memory (measured by `properties/core/memory.py` on the `meta` device: no allocation, exact byte counts)",
+        "## Memory (measured by `properties/linear_ce/memory.py` on the `meta` device: no allocation, exact byte counts)",
         "",
         f"One chunk of grad_weight accumulation, V={V}, H={H}, C={C}, {mem['dtype']} operands:",
         "",

@@ -427,9 +427,9 @@ def _dist_build(worlds: tuple[int, ...], cancelling: bool = False) -> Callable[[
     uncorrelated partials, rounding them changes nothing the bound sees)."""
 
     def build(impl: Any, spec: GridSpec, device: str) -> Built:
-        from numcheck.properties.core.problems import HEAD_REGIME, Problem
-        from numcheck.properties.distributed.linear_ce.props import DistCase
+        from numcheck.properties.distributed.linear_ce.cases import DistCase
         from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+        from numcheck.properties.linear_ce.cases import HEAD_REGIME, Problem
         from numcheck.reports.report.grid import DIST_SHAPE, in_declared_reduction
 
         backend = default_backend()
@@ -475,7 +475,7 @@ def _problem(impl: Any, spec: GridSpec, device: str, prefer: tuple[str, ...] = (
     """A problem at the grid's declared shape in the first of ``prefer`` the impl declares (else its first mode), with
     each option of ``fields`` kept only where the impl declares it (``bias``, ``ignored``), in a declared reduction
     (:func:`~reports.report.grid.in_declared_reduction`)."""
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
 
     modes = _modes(impl)
     mode = next((m for m in prefer if m in modes), modes[0] if modes else "float32")
@@ -504,9 +504,9 @@ def _one(prefer: tuple[str, ...] = (), **fields: Any) -> Callable[[Any, GridSpec
 
 def _long_batch(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's long-batch row: in bf16 where declared (plain, then under autocast), else fp16, the fewest rows
-    past the compute dtype's exact integers (:data:`properties.core.strategies.LONG_N_BY_COMPUTE`: 257 in bf16,
+    past the compute dtype's exact integers (:data:`properties.linear_ce.strategies.LONG_N_BY_COMPUTE`: 257 in bf16,
     2049 in fp16; 257 where neither is declared), post-norm rows with a bias where declared."""
-    from numcheck.properties.core.strategies import LONG_N_BY_COMPUTE
+    from numcheck.properties.linear_ce.strategies import LONG_N_BY_COMPUTE
 
     modes = _modes(impl)
     mode = next((m for m in ("bfloat16", "amp-bfloat16", "float16") if m in modes), modes[0] if modes else "float32")
@@ -525,15 +525,15 @@ def _two_calls(impl: Any, spec: GridSpec, device: str) -> Built:
 
 #: Chunks the report's determinism case spans: an order of chunks that changes between calls shows only where at
 #: least three full chunks' partial sums are added in some order (two addends commute exactly, so the suite's least
-#: draw of :data:`properties.core.chunks.SEVERAL_CHUNKS` chunks, two full and one ragged, cannot show it; its draws
+#: draw of :data:`properties.linear_ce.chunks.SEVERAL_CHUNKS` chunks, two full and one ragged, cannot show it; its draws
 #: reach more rows, the report's one case must).
 DETERMINISM_CHUNKS = 6
 
 
 def _chunked_shape(layout: Any, min_v: int = 1, count: int | None = None) -> dict[str, int]:
-    """N, H, V spanning ``count`` (default :data:`properties.core.chunks.SEVERAL_CHUNKS`) chunks of ``layout`` (a
+    """N, H, V spanning ``count`` (default :data:`properties.linear_ce.chunks.SEVERAL_CHUNKS`) chunks of ``layout`` (a
     declared rule's cheapest shape, else the fewest rows that make that many chunks), V ≥ ``min_v``."""
-    from numcheck.properties.core import chunks
+    from numcheck.properties.linear_ce import chunks
 
     count = count or chunks.SEVERAL_CHUNKS
     if layout is None:
@@ -545,7 +545,7 @@ def _chunked_shape(layout: Any, min_v: int = 1, count: int | None = None) -> dic
 
 
 def _determinism(impl: Any, spec: GridSpec, device: str) -> Built:
-    from numcheck.properties.core.strategies import determinism_layout
+    from numcheck.properties.linear_ce.strategies import determinism_layout
 
     variant, layout, min_v = determinism_layout(impl)
     p = _problem(impl, spec, device, ("float32",), **_chunked_shape(layout, min_v, DETERMINISM_CHUNKS))
@@ -553,7 +553,7 @@ def _determinism(impl: Any, spec: GridSpec, device: str) -> Built:
 
 
 def _chunk_invariance(impl: Any, spec: GridSpec, device: str) -> Built:
-    from numcheck.properties.core.chunks import layout
+    from numcheck.properties.linear_ce.chunks import layout
 
     shape = {} if hasattr(impl, "with_chunk_rows") else _chunked_shape(layout(impl))
     p = _problem(impl, spec, device, ignored=0.25, **shape)
@@ -561,13 +561,13 @@ def _chunk_invariance(impl: Any, spec: GridSpec, device: str) -> Built:
 
 
 def _pinned(impl: Any, spec: GridSpec, device: str) -> Built:
-    from numcheck.properties.core.suite import PINNED
+    from numcheck.properties.linear_ce.suite import PINNED
 
     return [(key, p.replace(device=device)) for key, p in PINNED.items()]
 
 
 def _loss_scale(impl: Any, spec: GridSpec, device: str) -> Built:
-    from numcheck.properties.core.strategies import loss_scale_available
+    from numcheck.properties.linear_ce.strategies import loss_scale_available
 
     if not loss_scale_available(impl.support):
         return []
@@ -577,12 +577,12 @@ def _loss_scale(impl: Any, spec: GridSpec, device: str) -> Built:
 
 def _head(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's trained-head row (coverage dimension ``head``): V = the largest of
-    :data:`properties.core.strategies.HEAD_V` in the ``anisotropic_head`` regime, in bf16 where declared. Over its
+    :data:`properties.linear_ce.strategies.HEAD_V` in the ``anisotropic_head`` regime, in bf16 where declared. Over its
     ~1200 blocks of 128 classes a bf16 running sum of grad_x = Σ_c G_ic·W_c stalls (each late block's share falls
     under half an ulp of the sum; docs/detection.md derives it), which no smaller vocabulary shows. N < H as the
     regime needs; the float64 oracle costs O(N·V·H)."""
-    from numcheck.properties.core.problems import HEAD_REGIME
-    from numcheck.properties.core.strategies import HEAD_H, HEAD_N, HEAD_V
+    from numcheck.properties.linear_ce.cases import HEAD_REGIME
+    from numcheck.properties.linear_ce.strategies import HEAD_H, HEAD_N, HEAD_V
 
     fields = dict(N=HEAD_N[-1], H=HEAD_H[-1], V=max(HEAD_V), bias=True, regime=HEAD_REGIME)
     p = _problem(impl, spec, device, ("bfloat16", "amp-bfloat16"), **fields)
@@ -594,7 +594,7 @@ def _unless(cond: Callable[[Any], bool], why: str) -> Callable[[Any], str | None
 
 
 def linear_ce_rows() -> tuple[PropertyRow, ...]:
-    from numcheck.properties.core.chunks import declares_chunks
+    from numcheck.properties.linear_ce.chunks import declares_chunks
 
     opts = lambda *o: _unless(lambda i: set(o) <= set(i.support.options), "{name} declares no " + "/".join(o))  # noqa: E731
     return (
@@ -647,8 +647,8 @@ def linear_ce_rows() -> tuple[PropertyRow, ...]:
 def linear_ce_refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why a linear+CE impl's declaration, or a recorded known divergence of the impl (as the suite leaves it out of
     its draws), excludes ``case``."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.known import known
+    from numcheck.properties.linear_ce.strategies import refusal
 
     divergence = known(impl.name, prop, case)
     return refusal(impl.support, case) or (divergence and f"known divergence: {divergence.reason}")
@@ -656,8 +656,8 @@ def linear_ce_refused(impl: Any, prop: str, case: Any) -> str | None:
 
 def dist_refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why a distributed impl's declaration, or a recorded known divergence of the impl, excludes ``case``."""
-    from numcheck.properties.core.strategies import refusal
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
+    from numcheck.properties.linear_ce.strategies import refusal
 
     known = known_divergence(impl, case)
     return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")

@@ -131,7 +131,7 @@ def plan(
     entries: list[ImplEntry | BrokenImpl], spec: GridSpec, device: str
 ) -> tuple[list[dict], list[tuple[Any, GridCase]]]:
     """The impl entries and the (impl, case) pairs to run, in order; refused cases, and cases a recorded known
-    divergence of the impl covers (:mod:`properties.core.known`, left out of the suite's draws too), are counted per
+    divergence of the impl covers (:mod:`properties.linear_ce.known`, left out of the suite's draws too), are counted per
     reason (``not_declared``) and named (``not_run``). A linear+CE impl's many-chunk cases
     (:func:`~reports.report.families.linear_ce.many_chunk_cases`) run on its ``with_chunk_rows`` variant where it has one (the same
     name and declaration)."""

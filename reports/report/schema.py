@@ -1,5 +1,5 @@
 """The ``report.json`` schema: environment, impl entries and one record per (impl, case), built from the
-property library's own results (:class:`~properties.core.accuracy.AccuracyResult`,
+property library's own results (:class:`~properties.linear_ce.accuracy.AccuracyResult`,
 :class:`~properties.fp8.props.Fp8CaseResult`) — no metric is recomputed here.
 
 Schema ``numcheck-report/2`` (non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``
@@ -43,7 +43,7 @@ has no bound (bitwise, held bytes, refusals, determinism).
 largest |error| where it is 0.
 
 Judgements. linear+CE: ``analytic`` (every element within the hard first-order bound of
-:mod:`properties.core.tolerance`) and ``relative`` (RMSE within k× eager's, :mod:`properties.core.accuracy`; absent
+:mod:`properties.linear_ce.tolerance`) and ``relative`` (RMSE within k× eager's, :mod:`properties.linear_ce.accuracy`; absent
 where not judged). ``ratio_hard`` / ``ratio_expected`` are max |error| / bound at the hard ceiling (γ_n)
 and at the expected level (√n·u). Quantized linear: ``accumulation`` (within the bound against the
 dequantized-operand reference) and ``total`` (within the bound against the original operands);
@@ -377,7 +377,7 @@ def _comparison_fields(c: Any) -> dict[str, Any]:
 
 
 def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
-    """The record of one linear+CE case from :func:`properties.core.accuracy.check_accuracy`'s result."""
+    """The record of one linear+CE case from :func:`properties.linear_ce.accuracy.check_accuracy`'s result."""
     from numcheck.properties.core.failures import repro_command
 
     p = grid_case.case

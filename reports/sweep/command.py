@@ -70,8 +70,8 @@ from numcheck.errors import BadInput
 from numcheck.properties.core import records
 from numcheck.reports import baselines
 from numcheck.reports.common import (
-    add_impl_arguments,
     SUITE_MODULES,
+    add_impl_arguments,
     code_identity,
     prepare_out_dir,
     stream,

@@ -19,12 +19,12 @@ import torch
 
 import numcheck.impls.adapters.cce as cce
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import why_not_run
-from numcheck.properties.core.known import known
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_impl
+from numcheck.properties.linear_ce.known import known
+from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
 INFO = cce.load()
@@ -297,7 +297,7 @@ def test_target_logit_is_summed_from_rounded_products(dtype: torch.dtype) -> Non
 def test_filtering_predicate(p: Problem, skips: bool) -> None:
     """The known divergence's data predicate says a 128-class block may be skipped where some valid row has as
     many |softmax − onehot| below eps/32 as the smallest block has classes (cases seen on the H200 either way)."""
-    from numcheck.properties.core.known import cce_filtering_may_skip
+    from numcheck.properties.linear_ce.known_cce import cce_filtering_may_skip
 
     assert cce_filtering_may_skip(p, block_cols=128) is skips
 

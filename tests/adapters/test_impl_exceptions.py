@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
-from numcheck.impls.registry import discover
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.failures import raised_by_suite
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.runner import SuiteProperty, run_example
+from numcheck.impls.registry import discover
+from numcheck.properties.core.failures import raised_by_suite
+from numcheck.properties.core.runner import run_example
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.suite import LinearCEProperty
 from numcheck.reports import cli
 
 #: Right on every batch with a non-ignored row; divides by their count in Python, as liger-kernel 0.2.1's
@@ -64,7 +65,7 @@ def _draw(impl, data) -> Problem:
     )
 
 
-ACCURACY = SuiteProperty(name="accuracy", check=checks.accuracy, draw=_draw)
+ACCURACY = LinearCEProperty(name="accuracy", check=props.accuracy, draw=_draw)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_a_verdict_and_a_rejected_draw_are_not_wrapped():
         @settings(max_examples=5, database=None, derandomize=True, deadline=None)
         @given(st.data())
         def run(data):
-            run_example(SuiteProperty(name="accuracy", check=check, draw=draw), impl, data)
+            run_example(LinearCEProperty(name="accuracy", check=check, draw=draw), impl, data)
 
         run()
 

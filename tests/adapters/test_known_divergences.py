@@ -9,9 +9,9 @@ import fnmatch
 import pytest
 
 from numcheck.impls.registry import ImplEntry, builtin_impls
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.strategies import DEVICE_TYPE as DEVICE
-from numcheck.properties.core.known import KNOWN
+from numcheck.properties.core.device import DEVICE_TYPE as DEVICE
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.known import KNOWN
 
 
 def _ids(entries) -> list[str]:
@@ -91,7 +91,7 @@ def test_divergence_still_present(entry):
             # A property's verdict (AssertionError), or the impl's own exception, which the suite's runner reports
             # as that property's failure (failures.impl_raised): a release whose backward raises.
             with pytest.raises(Exception):  # noqa: B017 - either kind, as the comment above says
-                checks.PROPERTIES[prop](impl, example)
+                props.PROPERTIES[prop](impl, example)
 
 
 RELEASE_KEYED = [k for k in KNOWN if k.releases is not None]
@@ -110,7 +110,7 @@ def test_divergence_absent_outside_its_releases(entry):
     impls = _unshadowed(entry, impls, example)
     for prop in _properties(entry):
         for impl in impls:
-            checks.PROPERTIES[prop](impl, example)
+            props.PROPERTIES[prop](impl, example)
 
 
 def _unshadowed(entry, impls, example) -> list:
@@ -134,8 +134,8 @@ def _unshadowed(entry, impls, example) -> list:
 @pytest.mark.parametrize("devices", [(), ("gpu",), ("cpu", "tpu")])
 def test_entry_rejects_unknown_devices(devices):
     """A known-divergence entry must name the device types it was seen on, from cpu and cuda only."""
-    from numcheck.properties.core.problems import Problem
     from numcheck.properties.core.known import KnownDivergence
+    from numcheck.properties.linear_ce.cases import Problem
 
     with pytest.raises(ValueError, match="devices must be a non-empty subset"):
         KnownDivergence(
@@ -170,8 +170,8 @@ def test_entry_rejects_unknown_devices(devices):
 def test_entry_rejects_an_inconsistent_kind(fields, words):
     """An entry of some outputs names the model they are judged under (one of every output names none), and a
     distributed impl's entry covers every property and places its example's targets only with its world size."""
-    from numcheck.properties.core.problems import Problem
     from numcheck.properties.core.known import KnownDivergence
+    from numcheck.properties.linear_ce.cases import Problem
 
     with pytest.raises(ValueError, match=words):
         KnownDivergence(
@@ -217,8 +217,8 @@ def test_history_dependent_entries_name_a_shown_place():
 def test_data_predicates_do_not_cover_a_whole_test():
     """An entry decided by the data never excuses a whole test from its forced fields (frozen inputs, confident
     rows still draw for cce[filter_eps=default]); one decided by fields does (Liger's frozen_x)."""
-    from numcheck.properties.core.problems import Problem
-    from numcheck.properties.core.known import covers_every
+    from numcheck.properties.linear_ce.cases import Problem
+    from numcheck.properties.linear_ce.known import covers_every
 
     fields = Problem(N=1, H=1, V=1, regime="confident", device="cuda")
     assert covers_every("cce[filter_eps=default]", "accuracy", fields) is None
@@ -235,7 +235,7 @@ def test_data_predicates_do_not_cover_a_whole_test():
 def test_release_range_follows_installed_release(installed, holds):
     """An entry keyed on a release range matches only when the installed release is known and inside the range."""
     from numcheck.properties.core.known import KnownDivergence, Releases
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
 
     entry = KnownDivergence(
         impls="liger[[]*",
@@ -251,8 +251,8 @@ def test_release_range_follows_installed_release(installed, holds):
 
 
 def _every_record():
-    from numcheck.properties.core.known import ARTIFACTS
     from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
+    from numcheck.properties.linear_ce.known import ARTIFACTS
 
     return [*KNOWN, *DIST_KNOWN, *ARTIFACTS]
 
@@ -262,7 +262,7 @@ def test_entry_names_library_summary_and_kind(entry):
     """Every record names the library that diverges (the package of its releases where it has a range), says what
     is wrong in one short line, and says whether it is the library's divergence or an environment artifact
     (only :data:`ARTIFACTS` are artifacts): the report names each from these fields."""
-    from numcheck.properties.core.known import ARTIFACTS
+    from numcheck.properties.linear_ce.known import ARTIFACTS
 
     assert entry.library, f"{entry.impls!r}: no library"
     assert entry.releases is None or entry.releases.package == entry.library

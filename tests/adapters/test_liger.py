@@ -13,10 +13,10 @@ import torch
 
 import numcheck.impls.adapters.liger as liger
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail, impl_raised, raised_by_suite
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import why_not_run
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import why_not_run
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
 pytestmark = pytest.mark.torch_versions(

@@ -10,13 +10,14 @@ import fnmatch
 
 import pytest
 
-from numcheck.impls.registry import dist_impls
-from numcheck.impls.adapters.megatron import MegatronVocabParallel
-from numcheck.properties.distributed.linear_ce import known as dist_known
-from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
-from numcheck.properties.distributed.linear_ce.props import OUTPUT_NAMES, DistCase, dist_accuracy
-from numcheck.properties.distributed.linear_ce.suite import known_divergence
 from numcheck.errors import PropertyFailure
+from numcheck.impls.adapters.megatron import MegatronVocabParallel
+from numcheck.impls.registry import dist_impls
+from numcheck.properties.distributed.linear_ce import known as dist_known
+from numcheck.properties.distributed.linear_ce.cases import DistCase
+from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
+from numcheck.properties.distributed.linear_ce.props import OUTPUT_NAMES, dist_accuracy
+from numcheck.properties.distributed.linear_ce.suite import known_divergence
 
 pytestmark = pytest.mark.torch_versions(reason="megatron-core imported and run under this torch")
 

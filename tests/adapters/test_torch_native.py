@@ -12,11 +12,11 @@ import torch
 
 import numcheck.impls.adapters.torch_native as tn
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import why_not_run
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.harness import run_impl
+from numcheck.properties.linear_ce.strategies import why_not_run
 
 pytestmark = pytest.mark.torch_versions(
     reason="F.linear_cross_entropy: absent before torch 2.13, its impls then unavailable with the reason"

@@ -27,18 +27,19 @@ import pytest
 import torch
 
 import numcheck.impls.adapters.transformer_engine as te
+from numcheck.errors import PropertyFailure
 from numcheck.impls.registry import builtin as _impl
 from numcheck.impls.registry import dist_impls
-from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail, impl_raised, raised_by_suite
-from numcheck.errors import PropertyFailure
-from numcheck.properties.core.known import known
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import why_not_run
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.known import DIST_KNOWN
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy
 from numcheck.properties.distributed.linear_ce.suite import known_divergence
-from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
 from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.known import known
+from numcheck.properties.linear_ce.strategies import why_not_run
 
 pytestmark = pytest.mark.torch_versions(
     reason="TE's fused CE loaded and run under this torch's Triton interpreter (3.2 with torch 2.6); the suite on TE runs on the newest torch only"
@@ -618,7 +619,7 @@ def test_case_divergence_holds_exactly_in_its_releases(entry):
 
 def _example_case(entry):
     """A case divergence's example as a DistCase on this run's default backend (gloo on the CPU, nccl on CUDA)."""
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.distributed.pool.pool import default_backend
 
     return DistCase(

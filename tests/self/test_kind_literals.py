@@ -22,17 +22,7 @@ OWN_TESTS: tuple[str, ...] = ("tests/self/", "tests/adapters/")
 #: The modules that list the kinds (each entry imported from its kind's slice, never spelled).
 REGISTRIES: frozenset[str] = frozenset({"impls/protocols/kinds.py", "reports/report/families/__init__.py"})
 #: Modules still switching on kind literals, and how many each holds (issue 45 item 1, left to do); only shrinks.
-PENDING: dict[str, int] = {
-    "impls/builtin/chunked.py": 1,
-    "impls/builtin/fp8_linear.py": 1,
-    "impls/builtin/grouped_fp8_linear.py": 1,
-    "impls/builtin/tp_fp8_linear.py": 1,
-    "properties/assertions.py": 3,
-    "properties/check.py": 4,
-    "properties/convergence/run.py": 1,
-    "properties/core/poison.py": 2,
-    "properties/core/runner.py": 2,
-}
+PENDING: dict[str, int] = {}
 
 
 def _slices() -> dict[str, str]:

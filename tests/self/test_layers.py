@@ -30,15 +30,17 @@ from numcheck.reports.common import package_folders
 #: The layers, lowest first: a module may import its own layer and the ones before it.
 LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests", "reports")
 #: The feature families of numcheck.properties and the families each may import (its bases). ``assertions`` and
-#: ``check`` (the public front of the property library) may import every family.
+#: ``check`` (the public front of the property library) and ``libraries`` (the registry of the adapters' libraries,
+#: one line per family's vendor module) may import every family.
 FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "core": (),
+    "linear_ce": ("core",),
     "fp8": ("core",),
     "distributed.pool": ("core",),
-    "distributed.linear_ce": ("core", "distributed.pool"),
-    "distributed.tp_fp8": ("core", "distributed.pool", "fp8"),
-    "convergence": ("core",),
-    "production": ("core",),
+    "distributed.linear_ce": ("core", "linear_ce", "distributed.pool"),
+    "distributed.tp_fp8": ("core", "linear_ce", "distributed.pool", "fp8"),
+    "convergence": ("core", "linear_ce"),
+    "production": ("core", "linear_ce"),
 }
 #: The implementations numcheck judges: properties/ imports none of them (a bug in a helper both sides shared would be
 #: reproduced on both sides of the comparison); what the judge and the built-ins both need is in
@@ -47,6 +49,11 @@ JUDGED: tuple[str, ...] = ("numcheck.impls.builtin", "numcheck.impls.adapters")
 #: A family's declared adapter registry, the one way from properties/ into numcheck.impls.adapters: its known-divergence
 #: modules (``known`` or ``known_<vendor>``), which read the release of the adapter whose divergences they record.
 ADAPTER_REGISTRY = re.compile(r"^numcheck\.properties\.([a-z0-9_]+\.)*known(_[a-z0-9_]+)?$")
+#: The modules of numcheck.properties outside the families that may import every family.
+EVERY_FAMILY: tuple[str, ...] = ("assertions", "check", "libraries")
+#: Packages no module of ``properties/core`` (the machinery every family shares) may import: what is judged (the
+#: third-party adapters) is named by the families beside their own entries, never by the core.
+CORE_FORBIDDEN: tuple[str, ...] = ("numcheck.impls.adapters",)
 #: A string naming a numcheck module, optionally with ``:attr`` (a spec) — counted as an import of that module.
 MODULE_STRING = re.compile(r"^numcheck(\.[A-Za-z_][A-Za-z0-9_]*)+(:[^\s]+)?$")
 #: Subpackages of numcheck.tests that hold numcheck's own tests (never imported by the product).
@@ -267,7 +274,7 @@ def test_imports_only_go_down() -> None:
 
 
 def family(module: str) -> str | None:
-    """The properties family of ``module`` (a key of :data:`FAMILY_BASES`, or ``assertions``/``check``), or None
+    """The properties family of ``module`` (a key of :data:`FAMILY_BASES`, or one of :data:`EVERY_FAMILY`), or None
     outside numcheck.properties."""
     parts = module.split(".")
     if parts[:2] != ["numcheck", "properties"] or len(parts) < 3:
@@ -280,7 +287,7 @@ def across_families(edges: list[Edge]) -> list[Edge]:
     out = []
     for e in edges:
         a, b = family(e.importer), family(e.imported)
-        if a is None or b is None or a == b or a in ("assertions", "check"):
+        if a is None or b is None or a == b or a in EVERY_FAMILY:
             continue
         if b not in FAMILY_BASES.get(a, ()):
             out.append(e)
@@ -321,6 +328,27 @@ def test_judge_imports_nothing_it_judges() -> None:
         f"{len(bad)} import(s) of judged code by the judge; take shared numerics from numcheck.reference.numerics, "
         "impl modules from numcheck.impls.registry, and an adapter's release only in a family's known module "
         "(known.py or known_<vendor>.py):\n" + "\n".join(f"  {e}" for e in bad)
+    )
+
+
+def core_imports_forbidden(edges: list[Edge]) -> list[Edge]:
+    """Imports by a module of ``numcheck.properties.core`` of a package of :data:`CORE_FORBIDDEN` (or a module in
+    it)."""
+    return [
+        e
+        for e in edges
+        if e.importer.startswith("numcheck.properties.core.")
+        and any(e.imported == p or e.imported.startswith(p + ".") for p in CORE_FORBIDDEN)
+    ]
+
+
+def test_core_imports_no_adapter() -> None:
+    """properties/core (the machinery every family shares) imports no third-party adapter: each vendor's known
+    divergences, which read its adapter, live beside their family (``properties/linear_ce/known_te.py``, ...)."""
+    bad = core_imports_forbidden(_tree_edges())
+    assert not bad, (
+        f"{len(bad)} import(s) of {CORE_FORBIDDEN} by properties/core; move the vendor's code into a module beside "
+        "its family (properties/<family>/known_<vendor>.py):\n" + "\n".join(f"  {e}" for e in bad)
     )
 
 
@@ -417,6 +445,12 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
     (pkg / "properties" / "convergence").mkdir()
     (pkg / "properties" / "convergence" / "__init__.py").write_text("")
     (pkg / "properties" / "convergence" / "run.py").write_text("")
+    (pkg / "impls" / "adapters").mkdir()
+    (pkg / "impls" / "adapters" / "__init__.py").write_text("")
+    (pkg / "impls" / "adapters" / "te.py").write_text("")
+    (pkg / "properties" / "core").mkdir()
+    (pkg / "properties" / "core" / "__init__.py").write_text("")
+    (pkg / "properties" / "core" / "k.py").write_text("def f():\n    from numcheck.impls.adapters import te\n")
     edges = import_graph(package_modules(pkg))
     found = cycles(edges)
     assert sorted(group for group, _ in found) == [
@@ -431,6 +465,9 @@ def test_function_level_import_closes_a_cycle(tmp_path: Path) -> None:
         ("numcheck.properties.fp8.f", "numcheck.properties.convergence.run")
     ]
     assert [f.split(": ")[1] for f in bare_imports(package_modules(pkg))] == ["impls.a", "properties"]
+    assert [(e.importer, e.imported) for e in core_imports_forbidden(edges)] == [
+        ("numcheck.properties.core.k", "numcheck.impls.adapters.te")
+    ]
 
 
 def test_judge_importing_judged_code_is_found(tmp_path: Path) -> None:

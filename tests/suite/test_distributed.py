@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.properties.distributed.linear_ce.props import dist_accuracy, dist_determinism, dist_world_size_invariance
 from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
+from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.tests.plugin import profile_name
 
 pytestmark = pytest.mark.torch_versions_impls(

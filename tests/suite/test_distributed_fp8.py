@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.properties.distributed.tp_fp8 import props as checks
 from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
 from numcheck.properties.distributed.tp_fp8.suite import run_drawn
-from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 
 
 def _sizes(tp_impl) -> list[int]:

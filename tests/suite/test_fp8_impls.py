@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import QUANT_KIND, QuantLinearSupport, validate_quant_impl
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import (
     EDGE_INPUT_REGIMES,
@@ -26,8 +28,6 @@ from numcheck.properties.fp8.cases import (
 )
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.suite import QUANT_SUITE
-from numcheck.properties.core.runner import judge
-from numcheck.properties.core.strategies import DEVICE
 from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 

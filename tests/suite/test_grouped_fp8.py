@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
-from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.grouped import props as checks
 from numcheck.properties.fp8.grouped.cases import EDGE_SPLIT_CASES, GroupedCase, fitted, refusal
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE

@@ -3,13 +3,13 @@
 One ``@given`` per test, at test level, so hypothesis' statistics, ``@reproduce_failure`` advice and example
 database work as for any hypothesis test (one key per (test, impl), free of the path the module was collected by:
 numcheck's plugin sets it, numcheck.properties.core.draw_isolation.draw_key). What each test draws and when it is skipped is data,
-:data:`numcheck.properties.core.suite.SUITE`, run by :mod:`numcheck.properties.core.runner`, the same runner
+:data:`numcheck.properties.linear_ce.suite.SUITE`, run by :mod:`numcheck.properties.core.runner`, the same runner
 :func:`numcheck.check` uses. Problems are drawn only inside what each impl declares; a property that needs a
 feature the impl does not declare is skipped with the reason; a draw a known divergence covers is rejected
 (``assume``), and a test all of whose draws are covered is skipped (numcheck's plugin turns hypothesis'
 ``Unsatisfiable`` into that skip). Failures carry the impl, the case, the output, error, bound, worst element and
 a one-line repro command (see properties/core/failures.py). Before its random draws each test runs its covering rows
-(:mod:`numcheck.properties.core.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
+(:mod:`numcheck.properties.linear_ce.coverage`: a pairwise design over the dimensions the test varies, per impl); impls
 declaring ``slow`` get a quarter of the profile's examples (at least 2), less the rows, at least 2 random draws
 left: numcheck's plugin runs the rows and sets that budget per call (:func:`numcheck.properties.core.runner.budget`).
 """
@@ -22,12 +22,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numcheck.properties.core import props as checks
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.known import known
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.runner import judge
-from numcheck.properties.core.suite import PINNED, SUITE
-from numcheck.properties.core.strategies import DEVICE, refusal
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.known import known
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.linear_ce.suite import PINNED, SUITE
 from numcheck.tests.suite.drawn import run_drawn
 
 pytestmark = pytest.mark.torch_versions_impls(
@@ -73,7 +74,7 @@ def test_all_options_combined(linear_ce_impl, data):
     reason="many-chunk draws (at least MANY_CHUNKS chunks of the declared size) on every impl; slowest under Triton's interpreter (split_fp32 kernels, Liger, TE)"
 )
 def test_many_chunks(linear_ce_impl, data):
-    """With many chunks, from the declaration alone (numcheck.properties.core.chunks: 2/u + 1 chunks of the
+    """With many chunks, from the declaration alone (numcheck.properties.linear_ce.chunks: 2/u + 1 chunks of the
     declared chunk_rows in bf16 and fp16, at least 257, or a declared chunk_rule's shapes giving as many; past 8192
     rows when no chunk size is declared; with_chunk_rows, where an impl has it, only makes them cheaper), every
     output is within bounds in a declared plain dtype (the coarsest only for slow impls), each dtype and reduction
@@ -214,7 +215,7 @@ def test_pinned_cases(linear_ce_impl):
             continue
         ran += 1
         try:
-            judge(checks.accuracy, linear_ce_impl, p)
+            judge(props.accuracy, linear_ce_impl, p)
         except PropertyFailure as exc:
             failures.append(exc)
             if exc.raised:
@@ -222,7 +223,7 @@ def test_pinned_cases(linear_ce_impl):
     if not ran:
         pytest.skip(
             f"{linear_ce_impl.name} declares none of the {len(PINNED)} pinned cases (or a known divergence "
-            f"covers them: numcheck.properties.core.known)"
+            f"covers them: numcheck.properties.linear_ce.known)"
         )
     if failures:
         first = failures[0]

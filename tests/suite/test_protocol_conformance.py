@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core import props as checks
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.known import known
-from numcheck.properties.core.problems import Problem
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.runner import judge
-from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.known import known
 
 pytestmark = pytest.mark.torch_versions_impls(
     "chunked[addmm_out_dtype]",
@@ -62,7 +62,7 @@ def _problem(support, reduction: str) -> Problem:
 
 def test_protocol_structure(linear_ce_impl):
     """For each reduction the impl declares, it returns a loss of that reduction's shape with an autograd graph, and
-    gradients reach x, W, bias (:func:`numcheck.properties.core.props.protocol_structure`). One test per impl: its
+    gradients reach x, W, bias (:func:`numcheck.properties.linear_ce.props.protocol_structure`). One test per impl: its
     failure names each reduction that fails, or the exception an impl raised."""
     s = linear_ce_impl.support
     assert set(s.options) <= set(LINEAR_CE_OPTIONS)
@@ -82,12 +82,12 @@ def test_protocol_structure(linear_ce_impl):
     if not cases:
         pytest.skip(
             f"every case of this test is a known divergence of {linear_ce_impl.name} "
-            f"(numcheck.properties.core.known): {next(iter(covered.values())).reason}"
+            f"(numcheck.properties.linear_ce.known): {next(iter(covered.values())).reason}"
         )
     failures = []
     for p in cases:
         try:
-            judge(checks.protocol_structure, linear_ce_impl, p)
+            judge(props.protocol_structure, linear_ce_impl, p)
         except PropertyFailure as exc:
             failures.append(exc)
             if exc.raised:  # the impl raises: one failure says it

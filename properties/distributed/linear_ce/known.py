@@ -1,6 +1,6 @@
 """Known divergences of distributed impls (:data:`DIST_KNOWN`), each a
 :class:`~numcheck.properties.core.known.KnownDivergence` whose ``applies`` takes the case (a
-:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`) and whose example runs at its
+:class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`) and whose example runs at its
 ``example_world_size`` (targets placed as ``example_placement`` says). An entry off in every output covers cases
 the suite leaves out of its draws (:func:`whole_case_divergence`); one off in some outputs leaves the case in: the
 suite still judges every other output of a covered case under the impl's own model, and judges the covered
@@ -21,19 +21,17 @@ from typing import Any, Callable
 
 import torch
 
-from numcheck.properties.core.known import (
-    ARTIFACTS,
-    KNOWN,
-    KnownDivergence,
-    Releases,
+from numcheck.properties.core.known import KnownDivergence, Releases, library_release
+from numcheck.properties.distributed.linear_ce.placement import place_targets
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.known import ARTIFACTS, KNOWN
+from numcheck.properties.linear_ce.known_te import (
     te_ignored_rows_counted,
     te_per_row_upstream_dropped,
     te_prerounded_gradient_fails,
     te_release,
 )
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.distributed.linear_ce.placement import place_targets
-from numcheck.properties.core.tolerance import ErrorModel, unit_roundoff
+from numcheck.properties.linear_ce.tolerance import ErrorModel, unit_roundoff
 
 
 def megatron_release() -> str | None:
@@ -101,7 +99,7 @@ def _te(
 #: Known divergences of distributed impls. Megatron's: its unfused CE's two smoothing defects (every output, the
 #: examples of their evidence) and its fused CE's bf16 gradient of fp32 logits (some outputs). TransformerEngine's
 #: fused CE with ``dist_process_group``: the release defects its linear+CE face shows
-#: (:data:`numcheck.properties.core.known.KNOWN`, the ``te_parallel_ce`` entries), here on the vocabulary-parallel
+#: (:data:`numcheck.properties.linear_ce.known_te.KNOWN`, the ``te_parallel_ce`` entries), here on the vocabulary-parallel
 #: path too, and the smoothing of the sharded path before 2.19.
 DIST_KNOWN: tuple[KnownDivergence, ...] = (
     KnownDivergence(
@@ -178,7 +176,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
             red,
             "TransformerEngine 2.4.0-2.6.0.post1's CrossEntropyFunction backward returns five gradients for "
             "six inputs: every backward of a call passing ignore_idx, as the adapter does, raises (the "
-            "te_parallel_ce entry of properties/core/known.py).",
+            "te_parallel_ce entry of properties/linear_ce/known_te.py).",
             lambda c: True,
             Problem(N=7, H=8, V=16, seed=3),
             ">=2.4,<2.7",
@@ -189,7 +187,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
     _te(
         "none",
         "TransformerEngine before 2.5 divides reduce_loss=False's gradient by the number of rows (the "
-        "te_parallel_ce[none] entry of properties/core/known.py).",
+        "te_parallel_ce[none] entry of properties/linear_ce/known_te.py).",
         lambda c: c.problem.N > 1,
         Problem(N=7, H=8, V=16, seed=3),
         ">=2.2,<2.5",
@@ -198,7 +196,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
     _te(
         "none",
         "TransformerEngine before 2.8 scales reduce_loss=False's gradient by the first row's upstream for "
-        "every row (TE pull request #2139; the te_parallel_ce[none] entry of properties/core/known.py).",
+        "every row (TE pull request #2139; the te_parallel_ce[none] entry of properties/linear_ce/known_te.py).",
         lambda c: te_per_row_upstream_dropped(c.problem),
         Problem(N=7, H=8, V=16, reduction="none", upstream="per_row", seed=3),
         ">=2.2,<2.8",
@@ -208,7 +206,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
     _te(
         "mean",
         "TransformerEngine 2.4-2.11's reduce_loss=True divides by all rows, ignored ones included (TE pull "
-        "request #2476; the te_parallel_ce[mean] entry of properties/core/known.py).",
+        "request #2476; the te_parallel_ce[mean] entry of properties/linear_ce/known_te.py).",
         lambda c: te_ignored_rows_counted(c.problem),
         Problem(N=7, H=8, V=16, ignored=0.4, seed=2),
         ">=2.4,<2.12",
@@ -219,7 +217,7 @@ DIST_KNOWN: tuple[KnownDivergence, ...] = (
         _te(
             red,
             "TransformerEngine before 2.18 keeps the gradient in the bf16 logits buffer from forward on, losing "
-            "the target's gradient on confident rows (the te_parallel_ce entry of properties/core/known.py). "
+            "the target's gradient on confident rows (the te_parallel_ce entry of properties/linear_ce/known_te.py). "
             "Covered where the emulated stores fail the single-device judgement, which the sharded model only "
             "widens.",
             _te_stores_fail,
@@ -248,9 +246,13 @@ def applicable(impl_name: str, device: str, support: Any = None) -> list[KnownDi
     on ``device``'s type and the installed release (:meth:`KnownDivergence.applies_here`): single-device,
     distributed and :data:`ARTIFACTS` entries, in that order.
 
-    In this module (not :mod:`properties.core.known`) because it reads both tables.
+    In this module (not :mod:`properties.linear_ce.known`) because it reads both tables.
 
     >>> [k.summary for k in applicable("eager", "cuda")][:1]
     ['F.cross_entropy with label smoothing on fp16 logits sums the smoothing term in fp16: inf loss']
     """
     return [k for k in (*KNOWN, *DIST_KNOWN, *ARTIFACTS) if k.applies_here(impl_name, device, support)]
+
+
+#: The library numcheck's Megatron adapters call (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`).
+LIBRARIES = (("megatron_*", "megatron-core", lambda: library_release("megatron-core")),)

@@ -1,4 +1,4 @@
-"""Where a distributed case puts its targets (:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`'s
+"""Where a distributed case puts its targets (:class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`'s
 ``placement``): below both the properties and the known divergences, which decide on the placed tensors."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.properties.core.problems import Tensors
+from numcheck.properties.linear_ce.cases import Tensors
 
 
 def place_targets(t: Tensors, case: Any) -> Tensors:

@@ -2,9 +2,8 @@
 assembled (loss from rank 0, every rank's grad_x, the shards of grad_W and grad_b concatenated) and judged
 against the float64 oracle run unsharded here, under :mod:`numcheck.properties.distributed.linear_ce.tolerance`.
 
-A :class:`DistCase` is a single-device :class:`Problem`, a world size, a backend and a target placement:
-``"as_built"`` (the problem's own targets), ``"boundary"`` (every non-ignored target on the first or last class of
-some shard) or ``"one_rank"`` (every target in one rank's shard: the others own none). The smoothing the oracle
+A case is a :class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`: a single-device :class:`Problem`,
+a world size, a backend and a target placement. The smoothing the oracle
 sees is the impl's declared convention's (:mod:`numcheck.reference.smoothing`).
 
 Properties (each raising :class:`~numcheck.properties.core.failures.PropertyFailure` in the house format, whose repro
@@ -25,62 +24,30 @@ from typing import Any
 
 import torch
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, shard_bounds
 from numcheck.impls.registry import DIST_RANK_MODULES, ImplEntry, load_spec, spec_of
 from numcheck.properties.core import matmul_precision, records
-from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
-from numcheck.properties.distributed.pool import zygote
-from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
+from numcheck.properties.core.tensors import same_bits
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.known import output_divergences
 from numcheck.properties.distributed.linear_ce.placement import place_targets
-from numcheck.errors import PropertyFailure
-from numcheck.properties.core.harness import run_oracle, same_bits
-from numcheck.properties.core.problems import Problem, Tensors, build
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model, relation_bounds
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
-from numcheck.properties.core.tolerance import linear_ce_bounds
+from numcheck.properties.distributed.pool import zygote
+from numcheck.properties.distributed.pool.pool import DEFAULT_TIMEOUT_S, DistPool, FailureLatch, rank_device
+from numcheck.properties.linear_ce.accuracy import AccuracyResult
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
+from numcheck.properties.linear_ce.harness import run_oracle
+from numcheck.properties.linear_ce.tolerance import linear_ce_bounds
 from numcheck.reference.smoothing import oracle_smoothing
 
 # Warm the rank zygote with this family's rank-side modules and the vocabulary-parallel impls' modules (the
 # registry names those: the judge names no impl module).
 zygote.warm(__name__, "numcheck.impls.registry", *DIST_RANK_MODULES)
 
-PLACEMENTS: tuple[str, ...] = ("as_built", "boundary", "one_rank")
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
-
-
-@dataclass(frozen=True)
-class DistCase:
-    """One distributed case: ``problem`` run at ``world_size`` on ``backend`` with the targets ``placement``
-    (:data:`PLACEMENTS`) puts them at; ``owner``: the rank owning every target under ``"one_rank"``;
-    ``placement_world_size``: the world size whose shard layout the placement follows (``None``: ``world_size``;
-    world-size invariance runs one case at P = 1, 2, 4 with the targets of the largest P's layout, so that every
-    P sees the same problem)."""
-
-    problem: Problem
-    world_size: int
-    backend: str = "gloo"
-    placement: str = "as_built"
-    owner: int = 0
-    placement_world_size: int | None = None
-
-    @property
-    def layout_world_size(self) -> int:
-        """The world size whose shards ``placement`` and ``owner`` refer to."""
-        return self.placement_world_size or self.world_size
-
-    def short(self) -> str:
-        """Compact label for tables: world size, backend, placement and the problem's label."""
-        return f"P{self.world_size}-{self.backend}-{self.placement}-{self.problem.short()}"
-
-    def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"DistCase.placement={self.placement!r} is not one of {PLACEMENTS}")
-        if not 0 <= self.owner < self.layout_world_size:
-            raise ValueError(f"DistCase.owner={self.owner} is outside world size {self.layout_world_size}")
-        shard_bounds(self.problem.V, self.world_size, 0)  # V >= world size
-        shard_bounds(self.problem.V, self.layout_world_size, 0)
 
 
 def oracle_tensors(impl: Any, case: DistCase) -> Tensors:

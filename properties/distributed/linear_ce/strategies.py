@@ -1,4 +1,4 @@
-"""Hypothesis strategies of distributed linear+CE cases (:class:`~numcheck.properties.distributed.linear_ce.props.DistCase`),
+"""Hypothesis strategies of distributed linear+CE cases (:class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`),
 inside what a distributed impl declares: small problems (each call runs on up to 4 ranks on a 2-core machine),
 the target placements drawn on purpose (shard boundaries, one rank owning every target), ignored rows (every
 rank sees every row), and V divisible by the world size only for impls that need it."""
@@ -11,9 +11,9 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from numcheck.properties.distributed.linear_ce.cases import PLACEMENTS, DistCase
 from numcheck.properties.distributed.pool.pool import default_backend
-from numcheck.properties.distributed.linear_ce.props import PLACEMENTS, DistCase
-from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem
+from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES, Problem
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -1,5 +1,5 @@
 """Running one distributed property under hypothesis for an impl, as the suite and the mutant self tests do:
-the impl's budget of examples, each one :class:`~numcheck.properties.distributed.linear_ce.props.DistCase`, a timeout or a
+the impl's budget of examples, each one :class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`, a timeout or a
 killed rank latched (:class:`~numcheck.properties.distributed.pool.pool.FailureLatch`) and raised once after hypothesis'
 loop, so hypothesis never shrinks through timeouts. Draws a known divergence of every output covers are rejected
 (:data:`~numcheck.properties.distributed.linear_ce.known.DIST_KNOWN`). Every draw is logged under ``NUMCHECK_DRAWN_LOG``
@@ -15,11 +15,12 @@ from hypothesis.errors import Unsatisfiable
 
 import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles run_property names
 from numcheck.properties.core.draw_isolation import isolated_draws
-from numcheck.properties.distributed.pool.pool import FailureLatch
-from numcheck.properties.distributed.linear_ce.props import DistCase, dist_world_size_invariance, invariance_cases
-from numcheck.properties.distributed.linear_ce.strategies import draw_case
 from numcheck.properties.core.drawn_log import recorded
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.known import whole_case_divergence
+from numcheck.properties.distributed.linear_ce.props import dist_world_size_invariance, invariance_cases
+from numcheck.properties.distributed.linear_ce.strategies import draw_case
+from numcheck.properties.distributed.pool.pool import FailureLatch
 
 
 class EveryDrawKnown(Exception):

@@ -1,5 +1,5 @@
 """The tolerance model for vocabulary-parallel linear+CE: the single-device model
-(:mod:`numcheck.properties.core.tolerance`) with the terms the sharded reductions add.
+(:mod:`numcheck.properties.linear_ce.tolerance`) with the terms the sharded reductions add.
 
 A rank r of P holds classes V_r (Σ_r V_r = V) and reduces across ranks:
 
@@ -66,8 +66,8 @@ import dataclasses
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.properties.core.problems import Problem, dtype_of
-from numcheck.properties.core.tolerance import (
+from numcheck.properties.linear_ce.cases import Problem, dtype_of
+from numcheck.properties.linear_ce.tolerance import (
     U_ACC,
     UNDERFLOW,
     ErrorModel,
@@ -128,7 +128,7 @@ class _Partials:
 
 def partial_magnitudes(p: Problem, t, sizes: tuple[int, ...]) -> dict[int, torch.Tensor]:
     """Σ_r |q_r| (module docstring, item 7) for each world size in ``sizes``: [N, H] float64."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.linear_ce.harness import oracle_operands
     from numcheck.reference.linear_ce import block_walker
 
     x, w, b = oracle_operands(p, t)

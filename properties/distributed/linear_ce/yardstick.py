@@ -1,8 +1,8 @@
 """Judgement (b) for a vocabulary-parallel impl: every assembled output and every rank's grad_x judged as on one
-device (:func:`numcheck.properties.core.accuracy.relative_judgement`: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(yardstick −
+device (:func:`numcheck.properties.linear_ce.accuracy.relative_judgement`: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(yardstick −
 oracle) + λ(α)·RMS(E), the same k, λ and α), against a yardstick that follows the declaration.
 
-The yardstick is numcheck's evaluation of the declared path (:mod:`numcheck.properties.core.declared_path`) at the
+The yardstick is numcheck's evaluation of the declared path (:mod:`numcheck.properties.linear_ce.declared_path`) at the
 case's world size: logits in the declared dtype (fp32 where ``logits_dtype="float32"``, where eager would round them
 to the compute dtype), the softmax and G in fp32 math, the rank partials of grad_x formed in the logits' dtype
 (in fp32 where the reduction is declared in fp32), rounded to the declared ``grad_x_reduce_dtype`` and summed in it
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
-from numcheck.properties.core.accuracy import RelativeJudgement, relative_judgement
-from numcheck.properties.core.declared_path import DeclaredPath, path_errors
-from numcheck.properties.core.problems import Problem, Tensors
-from numcheck.properties.core.tolerance import linear_ce_bounds, unit_roundoff
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model
+from numcheck.properties.linear_ce.accuracy import RelativeJudgement, relative_judgement
+from numcheck.properties.linear_ce.cases import Problem, Tensors
+from numcheck.properties.linear_ce.declared_path import DeclaredPath, path_errors
+from numcheck.properties.linear_ce.tolerance import linear_ce_bounds, unit_roundoff
 
 
 def dist_path(impl: Any, p: Problem, world_size: int, x_dtype: torch.dtype) -> DeclaredPath:

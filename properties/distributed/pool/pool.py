@@ -50,10 +50,10 @@ import os
 import pickle
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
-import socket
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, deliver_challenge, wait

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import sys
 import traceback
 from datetime import timedelta
-import socket
 from multiprocessing.connection import Connection, answer_challenge
 from typing import Any, Callable
 

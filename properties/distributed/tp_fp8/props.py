@@ -23,10 +23,20 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog
 from numcheck.properties.core import records
 from numcheck.properties.core.compare import compare
+from numcheck.properties.core.failures import failure_message
+from numcheck.properties.distributed.pool.pool import (
+    DistPool,
+    FailureLatch,
+    RankFailure,
+    default_backend,
+    rank_device,
+    world_size_unavailable,
+)
 from numcheck.properties.distributed.tp_fp8.cases import (
     TPQuantCase,
     operand_slices,
@@ -38,16 +48,6 @@ from numcheck.properties.distributed.tp_fp8.cases import (
 )
 from numcheck.properties.distributed.tp_fp8.tolerance import partial_bias_grad_bound, sharded_reduction_bounds
 from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
-from numcheck.properties.distributed.pool.pool import (
-    DistPool,
-    FailureLatch,
-    RankFailure,
-    default_backend,
-    rank_device,
-    world_size_unavailable,
-)
-from numcheck.properties.core.failures import failure_message
-from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.props import _bits, _masked
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear

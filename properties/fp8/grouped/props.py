@@ -34,15 +34,15 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.measure import memory
 from numcheck.impls.protocols.fp8_linear import held_for_backward
 from numcheck.impls.protocols.grouped_fp8_linear import delayed_states, predicted_grouped_columnwise_x_bytes
 from numcheck.properties.core.compare import compare, overflow_threshold
 from numcheck.properties.core.failures import failure_message
-from numcheck.errors import PropertyFailure
+from numcheck.properties.fp8.cases import QuantCase, QuantTensors
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
-from numcheck.properties.fp8.cases import QuantCase, QuantTensors
 from numcheck.properties.fp8.props import (
     Fp8CaseResult,
     HeldBytes,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from numcheck.properties.core.strategies import DEVICE
-from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.cases import scale_block
+from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
 from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM, SCALE_K, SCALE_ROWS
 
 #: Per-expert row counts before alignment: around the 32- and 128-row columnwise blocks, and small odd ones.

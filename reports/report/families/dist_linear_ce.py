@@ -1,4 +1,4 @@
-"""Distributed linear+CE (:class:`~properties.distributed.linear_ce.props.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
+"""Distributed linear+CE (:class:`~properties.distributed.linear_ce.cases.DistCase`), per impl: the cases of :data:`DIST_CASES` (a
 plain fp32 one, bf16 with bias, ignored rows and ``sum``, and label smoothing with targets on shard boundaries) at
 world sizes 1, 2 and 4 on the default backend (gloo on CPU), each inside the impl's declaration; then the declared
 cases (:func:`dist_declared`): each declared option and reduction on its own and all declared options together at
@@ -17,9 +17,10 @@ from typing import Any
 
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.linear_ce import REDUCTIONS
-from numcheck.properties.core.problems import Problem, dtype_of
+from numcheck.properties.linear_ce.cases import Problem, dtype_of
 from numcheck.reports.report.families import linear_ce
 from numcheck.reports.report.families.family import ReportFamily
+from numcheck.reports.report.families.linear_ce import declared_option_cases, option_groups
 from numcheck.reports.report.grid import (
     DIST_CASES,
     DIST_SHAPE,
@@ -33,10 +34,9 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.families.linear_ce import declared_option_cases, option_groups
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
 from numcheck.reports.report.property_grid import dist_refused, dist_rows
-from numcheck.reports.report.schema import dtype_names, dist_record
+from numcheck.reports.report.schema import dist_record, dtype_names
 
 
 def dist_declared(spec: GridSpec, impl: Any) -> list[tuple[str, dict[str, Any], str, int, int]]:
@@ -77,10 +77,10 @@ def dist_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[Gri
     declared cases (:func:`dist_declared`), and the others counted and named per reason (an undeclared option or
     dtype, world size, backend or uneven shards, ranks the backend cannot run here, or a recorded known divergence
     of the impl, :data:`properties.distributed.linear_ce.known.DIST_KNOWN`)."""
-    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
     from numcheck.properties.distributed.linear_ce.suite import known_divergence
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+    from numcheck.properties.linear_ce.strategies import refusal
 
     backend = default_backend()
     out: list[GridCase] = []
@@ -214,7 +214,7 @@ def table(report: dict) -> list[str]:
 
 def case_types() -> tuple[type, ...]:
     """A distributed linear+CE case."""
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
 
     return (DistCase,)
 

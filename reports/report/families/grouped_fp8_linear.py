@@ -15,7 +15,7 @@ from typing import Any
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
-from numcheck.reports.report.grid import GROUPED_CASES, DTYPE_NAMES, GridCase, GridSpec, NotRun
+from numcheck.reports.report.grid import DTYPE_NAMES, GROUPED_CASES, GridCase, GridSpec, NotRun
 from numcheck.reports.report.md_rows import plain_mode, summarize
 from numcheck.reports.report.property_grid import grouped_rows
 from numcheck.reports.report.schema import quant_record

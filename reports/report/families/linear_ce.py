@@ -1,7 +1,7 @@
 """The report's part of the linear + cross-entropy family (:class:`~reports.report.families.family.ReportFamily`):
 the fixed grid of the preset (:func:`linear_ce_cases`: size ladders, option cases and seeded random draws, from the
 tables of :mod:`reports.report.grid`), each impl's declared cases (:func:`declared_cases`) and many-chunk cases
-(:func:`many_chunk_cases`), in the reduction it declares, judged by :func:`properties.core.accuracy.check_accuracy`.
+(:func:`many_chunk_cases`), in the reduction it declares, judged by :func:`properties.linear_ce.accuracy.check_accuracy`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import random
 import time
 from typing import Any
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS, REDUCTIONS
+from numcheck.properties.linear_ce.cases import Problem, dtype_of
 from numcheck.reports.report.families.family import ReportFamily
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
-from numcheck.properties.core.problems import Problem, dtype_of
 from numcheck.reports.report.grid import (
     DECLARED_MODE_ORDER,
     MANY_CHUNK_DTYPES,
@@ -139,8 +138,8 @@ def _declared_modes(spec: GridSpec, impl: Any, p: Problem) -> tuple[str, ...]:
     admits it and no recorded known divergence of the impl covers it (:mod:`properties.core.known`, left out of the
     suite's draws too), else the first such mode of :data:`DECLARED_MODE_ORDER`, else the first mode it declares,
     else the option modes (in those two the plan names it as not run, with the reason)."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.known import known
+    from numcheck.properties.linear_ce.strategies import refusal
 
     def declared(mode: str) -> bool:
         return refusal(impl.support, p.replace(dtype=MODES[mode][0], autocast=MODES[mode][1])) is None
@@ -172,18 +171,18 @@ def declared_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> list[GridC
 
 #: The upstream gradient of a many-chunk case at each reduction: one that reaches every chunk alike, so the chunks'
 #: partial sums of grad_weight share a sign on post-norm rows and a narrow running sum's roundings add up (a per-row
-#: upstream gives partials of either sign, where one can pass: properties.core.suite's covering rows).
+#: upstream gives partials of either sign, where one can pass: properties.linear_ce.suite's covering rows).
 MANY_CHUNK_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "one"}
 
 
 def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
     """(N, H, V) of a many-chunk case of ``chunks_wanted`` chunks of ``layout``
-    (:class:`properties.core.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.core.chunks.
-    rule_shapes`), else the fewest rows of :meth:`~properties.core.chunks.Layout.n_range` with the largest V and H the
-    suite's draws take at that N (:func:`~properties.core.chunks.v_cap`, at least
-    :data:`~properties.core.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.core.chunks.MANY_CHUNK_MIN_H`): few
+    (:class:`properties.linear_ce.chunks.Layout`): a declared rule's cheapest shape (:func:`~properties.linear_ce.chunks.
+    rule_shapes`), else the fewest rows of :meth:`~properties.linear_ce.chunks.Layout.n_range` with the largest V and H the
+    suite's draws take at that N (:func:`~properties.linear_ce.chunks.v_cap`, at least
+    :data:`~properties.linear_ce.chunks.MANY_CHUNK_MIN_V` and :data:`~properties.linear_ce.chunks.MANY_CHUNK_MIN_H`): few
     classes and hidden features, so grad_weight's error comes from the sum across chunks."""
-    from numcheck.properties.core import chunks
+    from numcheck.properties.linear_ce import chunks
 
     if layout.rule is not None:
         return chunks.rule_shapes(layout.rule, chunks_wanted, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)[0]
@@ -194,13 +193,13 @@ def many_chunk_shape(layout: Any, chunks_wanted: int) -> tuple[int, int, int]:
 
 def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[tuple[Any, GridCase]], NotRun]:
     """A linear+CE impl's many-chunk cases (module docstring) as ``(impl to run, case)``: the impl's
-    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.core.strategies.many_chunk_layout`, as
+    ``with_chunk_rows`` variant where the layout takes it (:func:`properties.linear_ce.strategies.many_chunk_layout`, as
     the suite's ``test_many_chunks``), else the impl; and the cases it does not run, named with the reason (a dtype or
     reduction it does not declare, a recorded known divergence of its ``many_chunks`` draws, or, for a slow impl, a
     dtype past its coarsest or a reduction past its first)."""
-    from numcheck.properties.core import chunks
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import many_chunk_layout, refusal
+    from numcheck.properties.linear_ce import chunks
+    from numcheck.properties.linear_ce.known import known
+    from numcheck.properties.linear_ce.strategies import many_chunk_layout, refusal
 
     not_run = NotRun()
     if not spec.many_chunks:
@@ -232,7 +231,7 @@ def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[li
                 or (divergence and f"known divergence: {divergence.reason}")
                 or (
                     f"declared slow: its many-chunk cases run in {coarsest} and {first!r} only, {k} chunks "
-                    "(numcheck.properties.core.chunks.many_chunks), as the suite's draws"
+                    "(numcheck.properties.linear_ce.chunks.many_chunks), as the suite's draws"
                     if slow and (dtype, red) != (coarsest, first)
                     else None
                 )
@@ -248,8 +247,8 @@ def many_chunk_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[li
 def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, GridCase]]:
     """A linear+CE impl's (impl, case) pairs: the fixed grid and its declared cases in the reduction it declares, less
     refused, repeated and known-divergent cases (counted and named in ``info``), then its many-chunk cases."""
-    from numcheck.properties.core.known import known
-    from numcheck.properties.core.strategies import refusal
+    from numcheck.properties.linear_ce.known import known
+    from numcheck.properties.linear_ce.strategies import refusal
 
     lin = linear_ce_cases(spec, device)  # the fixed grid (a few ms)
     mine: list[tuple[Any, GridCase]] = []  # (impl or its with_chunk_rows variant, case)
@@ -277,8 +276,8 @@ def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, 
 
 
 def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
-    """One case judged by :func:`properties.core.accuracy.check_accuracy` (hard and expected bounds, relative)."""
-    from numcheck.properties.core.accuracy import check_accuracy
+    """One case judged by :func:`properties.linear_ce.accuracy.check_accuracy` (hard and expected bounds, relative)."""
+    from numcheck.properties.linear_ce.accuracy import check_accuracy
 
     res = check_accuracy(impl, gc.case, levels=("hard", "expected"), relative=True)
     return linear_ce_record(impl, gc, res, time.perf_counter() - t0)
@@ -286,7 +285,7 @@ def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
 
 def properties() -> dict[str, Any]:
     """The linear+CE suite's properties by name."""
-    from numcheck.properties.core.props import PROPERTIES
+    from numcheck.properties.linear_ce.props import PROPERTIES
 
     return PROPERTIES
 
@@ -385,8 +384,8 @@ def table(report: dict) -> list[str]:
 
 
 def case_types() -> tuple[type, ...]:
-    """A linear+CE case: a :class:`~properties.core.problems.Problem`."""
-    from numcheck.properties.core.problems import Problem
+    """A linear+CE case: a :class:`~properties.linear_ce.cases.Problem`."""
+    from numcheck.properties.linear_ce.cases import Problem
 
     return (Problem,)
 

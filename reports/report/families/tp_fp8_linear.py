@@ -19,11 +19,11 @@ from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import (
+    DTYPE_NAMES,
     TP_CASES,
     TP_FREE,
     TP_M,
     TP_WORLD_SIZES,
-    DTYPE_NAMES,
     GridCase,
     GridSpec,
     NotRun,
@@ -44,10 +44,9 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
     """The tensor-parallel cases of ``spec`` an impl's declaration admits (module docstring), and the others
     counted and named per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend
     cannot run here, a shape the recipe's blocks do not fit)."""
-    from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
-
-    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
 
     backend = default_backend()
     support = impl.support

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from numcheck.reference.numerics.fp8_linear import tensor_amax
 from numcheck.impls.builtin.tp_fp8_linear import CallConfig, Dequantized, TPFp8Linear, _logged
+from numcheck.reference.numerics.fp8_linear import tensor_amax
 from numcheck.tests.self.helpers.mutant_table import caught_by_table
 from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
-from numcheck.reference.numerics import fp8_linear as _ql
-from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_formats import Fp8Format
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe, rowwise_recipes
+from numcheck.reference.numerics import fp8_linear as _ql
+from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.tests.self.helpers.mutant_table import caught_by_table
 from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
 

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import torch
 
-from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.builtin.grouped_fp8_linear import Call, GroupedFusedLinear, SplitQuantized
 from numcheck.reference.fp8_formats import Fp8Format
 from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.tests.self.helpers.mutant_table import caught_by_table
 from numcheck.tests.self.helpers.mutant_table import recipes_of as _recipes
 

@@ -422,15 +422,15 @@ import dataclasses as _dc
 import itertools as _it
 from typing import Any as _Any
 
-from numcheck.impls.builtin.chunk_sweep import run_sweep as _run_sweep
-from numcheck.reference.numerics import sweep as _sweep
 from numcheck.impls.builtin import grad_accum as _acc
-from numcheck.reference.numerics.accumulation import scaled_ as _scaled
-from numcheck.reference.numerics.ce_block import reduction_coefficients as _coefficients
-from numcheck.reference.numerics.ce_block import row_weights as _row_weights
+from numcheck.impls.builtin.chunk_sweep import run_sweep as _run_sweep
 from numcheck.impls.builtin.chunked import ChunkedLinearCE, FusedFunction, check_call, compute_dtype
 from numcheck.impls.builtin.chunked import recompute as _builtin_recompute
 from numcheck.impls.builtin.recompute import RecomputeFunction
+from numcheck.reference.numerics import sweep as _sweep
+from numcheck.reference.numerics.accumulation import scaled_ as _scaled
+from numcheck.reference.numerics.ce_block import reduction_coefficients as _coefficients
+from numcheck.reference.numerics.ce_block import row_weights as _row_weights
 from numcheck.reference.options import options_from_kwargs
 
 #: Classes per block of the vocabulary-blocked grad_x sum (a Triton kernel's BLOCK_V).

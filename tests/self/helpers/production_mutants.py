@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.builtin.triton_ce import _launch_shape, triton_support
 from numcheck.impls.triton_lang import tl, triton, unavailable_reason
+from numcheck.reference.numerics.ce_block import BlockResult, SoftmaxStats, check_block
 
 #: Elements an int32 offset addresses before it wraps; the guard in front of the logits (see the module docstring).
 GUARD = 2**31

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 import numcheck
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
-from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedFusedLinear
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.numerics.fp8_linear import QTensor
 
 
 class _SoiFromQuantized(Fp8Linear):

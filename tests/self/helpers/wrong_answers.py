@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
-from numcheck.reference.numerics.fp8_linear import QTensor
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedLoopLinear
 from numcheck.reference.fp8_formats import E4M3
 from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.reference.numerics.fp8_linear import QTensor
 
 WRONG: tuple[str, ...] = (
     "zeros",

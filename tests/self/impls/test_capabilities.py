@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls.measure import capabilities as cap
 from numcheck.impls.builtin import grad_accum
+from numcheck.impls.measure import capabilities as cap
 
 pytestmark = pytest.mark.torch_versions(
     reason="the capability probes: what they answer is what differs between torch releases"

@@ -1,6 +1,6 @@
 """A chunked impl's chunk size as a declaration: ``chunk_rows`` or ``chunk_rule`` (a function of N, H, V),
 checked where it is declared, read by the tolerance model (the chunk count of a narrow running sum) and by the
-draws (:mod:`numcheck.properties.core.chunks`)."""
+draws (:mod:`numcheck.properties.linear_ce.chunks`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from numcheck import LinearCESupport, linear_ce_impl, make_support
 from numcheck.errors import InvalidDeclaration
-from numcheck.properties.core import chunks
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.tolerance import error_model
+from numcheck.properties.linear_ce import chunks
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.tolerance import error_model
 
 
 def _ce(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):

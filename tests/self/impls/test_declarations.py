@@ -23,7 +23,7 @@ from numcheck import (
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.registry import BrokenImpl, load_spec
-from numcheck.properties.core.undrawable import undrawable_reason
+from numcheck.properties.linear_ce.undrawable import undrawable_reason
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -259,7 +259,7 @@ def test_undeclared_device_is_skipped_with_its_reason_not_as_a_known_divergence(
     """A test that can draw no case for an impl (here: it declares only CUDA and the run draws on CPU) is skipped
     with that real reason, never reported as "every case drawn is a known divergence"."""
     import numcheck
-    from numcheck.properties.core.strategies import DEVICE
+    from numcheck.properties.core.device import DEVICE
 
     if DEVICE != "cpu":
         pytest.skip("the run draws on the impl's device")
@@ -276,7 +276,7 @@ def test_undeclared_device_is_skipped_with_its_reason_not_as_a_known_divergence(
 
 def test_nondeterministic_declaration_skips_only_the_determinism_property() -> None:
     """An impl declaring deterministic=False is skipped by the determinism test with that reason, and by no other."""
-    from numcheck.properties.core.suite import SUITE
+    from numcheck.properties.linear_ce.suite import SUITE
 
     nondet = linear_ce_impl(name="nd", options=("ignore_index",), deterministic=False)(_ce)
     det = linear_ce_impl(name="d", options=("ignore_index",))(_ce)

@@ -204,7 +204,7 @@ def test_scaling_multiplies_in_fp32(dtype):
     """A stored gradient times the upstream gradient is computed in fp32 and rounded once, whatever the buffer's
     dtype: a loss scale of 2^17 must not round to inf in fp16 first (0·inf = NaN: seen on the H200, where a
     bf16/fp16 tensor's in-place mul rounds an fp32 scalar to its own dtype), nor 1 + 2^-10 to 1 in bf16."""
-    from numcheck.properties.core.strategies import DEVICE
+    from numcheck.properties.core.device import DEVICE
 
     buf = torch.tensor([[0.0, 1e-3, -(2.0**-20)], [3.0, -1e-4, 0.5]], dtype=dtype, device=DEVICE)
     for g in (2.0**17, 1.0 + 2.0**-10):

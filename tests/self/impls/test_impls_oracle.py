@@ -35,9 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from numcheck.impls.builtin.chunked import DEFAULT_CHUNK_ROWS, chunked, recompute
 from numcheck.impls.builtin.triton_ce import SPLIT_CHUNK_ROWS, triton_impls
 from numcheck.properties.core.compare import compare
-from numcheck.properties.core.harness import oracle_operands, run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, Tensors, build
-from numcheck.properties.core.strategies import DEVICE_TYPE
+from numcheck.properties.core.device import DEVICE_TYPE
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
+from numcheck.properties.linear_ce.harness import oracle_operands, run_impl, run_oracle
 from numcheck.reference.linear_ce import LinearCEResult
 
 U = 2.0**-24
@@ -299,7 +299,7 @@ def test_recompute_holds_o_n(reduction):
     """recompute (and chunked for `none`) keeps nothing but inputs and O(N) fp32 across backward; chunked for
     `mean` keeps its [V, H] grad_W accumulator (fp32 buffer, or bf16 gradient plus int16 lower half)."""
     from numcheck.impls.measure import memory
-    from numcheck.properties.core.memory import held_across_backward
+    from numcheck.properties.linear_ce.memory import held_across_backward
 
     p = Problem(N=24, H=16, V=40, bias=True, reduction=reduction, dtype="bfloat16")
     by_name = {i.name: i for i in IMPLS}

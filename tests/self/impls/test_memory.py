@@ -1,4 +1,4 @@
-"""Memory accounting (impls/measure/memory.py, and properties/core/memory.py for impls on a Problem): exact on hand-countable callables on CPU, meta and under
+"""Memory accounting (impls/measure/memory.py, and properties/linear_ce/memory.py for impls on a Problem): exact on hand-countable callables on CPU, meta and under
 FakeTensorMode; the seed's one-chunk arithmetic (3072 / 1056 / 0 MiB) on meta; O(N) bytes held across
 backward by recompute against ≥ V·H·4 for the chunked impls; ``numcheck memory``.
 
@@ -13,8 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from numcheck.impls.measure import capabilities, memory
 from numcheck.impls.registry import builtin_impls
-from numcheck.properties.core import memory as problem_memory
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce import memory as problem_memory
+from numcheck.properties.linear_ce.cases import Problem
 
 F32 = 4
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from numcheck.errors import InvalidDeclaration
 from numcheck.impls.builtin.fp8_linear import quant_linear_impls
 from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, predicted_columnwise_x_bytes
 from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
 from numcheck.impls.protocols.tp_fp8_linear import TPQuantSupport
 from numcheck.reference.fp8_recipes import Fp8Recipe
-
-from numcheck.errors import InvalidDeclaration
 
 
 def test_single_device_support_takes_the_rowwise_kinds_by_name():

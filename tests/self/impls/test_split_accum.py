@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from numcheck.impls.builtin import grad_accum, split_accum
-from numcheck.reference.numerics import accumulation
 from numcheck.impls.measure import memory
+from numcheck.reference.numerics import accumulation
 
 pytestmark = pytest.mark.skipif(
     split_accum.unavailable_reason() is not None,

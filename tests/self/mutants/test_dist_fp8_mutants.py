@@ -7,16 +7,15 @@ import pytest
 import torch
 from hypothesis import Phase, settings
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
 from numcheck.properties.core import matmul_precision
+from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.properties.distributed.tp_fp8 import props as checks
 from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase, steps_tensors
+from numcheck.properties.distributed.tp_fp8.suite import run_drawn
 from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
 from numcheck.reference.fp8_linear import quantized_linear
-
-from numcheck.properties.distributed.tp_fp8.suite import run_drawn
-from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-from numcheck.errors import PropertyFailure
 from numcheck.tests.self.helpers.dist_fp8_mutants import CAUGHT_BY, DTYPE_CAUGHT_BY, DTYPE_MUTANTS, MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.builtin.vocab_parallel import VocabParallelCE
-from numcheck.properties.distributed.pool import pool as dh
-from numcheck.properties.distributed.pool.pool import RankFailure
 from numcheck.properties.distributed.linear_ce.props import dist_accuracy
 from numcheck.properties.distributed.linear_ce.suite import run_property
-from numcheck.errors import PropertyFailure
+from numcheck.properties.distributed.pool import pool as dh
+from numcheck.properties.distributed.pool.pool import RankFailure
 from numcheck.tests.self.helpers.dist_mutants import dist_impls
 
 MUTANTS = dist_impls()

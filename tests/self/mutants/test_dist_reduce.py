@@ -10,13 +10,10 @@ import math
 import pytest
 import torch
 
-from numcheck.properties.core import matmul_precision
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.accuracy import eager_errors
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.core import matmul_precision
+from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.props import (
-    DistCase,
     DistRun,
     dist_world_size_invariance,
     oracle_tensors,
@@ -26,6 +23,9 @@ from numcheck.properties.distributed.linear_ce.props import (
 from numcheck.properties.distributed.linear_ce.suite import run_property
 from numcheck.properties.distributed.linear_ce.yardstick import dist_relative
 from numcheck.properties.distributed.pool import pool as dh
+from numcheck.properties.linear_ce.accuracy import eager_errors
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.harness import run_oracle
 from numcheck.tests.self.helpers import dist_reduce
 
 #: bf16 cases whose grad_x partials cancel somewhere (the relation's failing elements at P = 2 and 4: 5–27 of 384).

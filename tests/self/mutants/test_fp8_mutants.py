@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, settings
 
-from numcheck.properties.fp8 import props as checks
 from numcheck.errors import PropertyFailure
+from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.strategies import quant_cases
 from numcheck.tests.self.helpers.fp8_mutants import CAUGHT_BY, MUTANTS
@@ -84,7 +84,6 @@ def test_mutants_load_as_outside_impls():
 # -- quantizer edges ---------------------------------------------------------------------------------
 from numcheck.tests.self.helpers.fp8_mutants import EDGE_MUTANTS  # noqa: E402
 
-
 #: Findings: edge mutants the ci profile's 12 quantizer draws miss today, and why.
 #: Findings: FP8 mutants the ci profile does not catch (strict xfail). Empty since the quantizer's budget is sized
 #: by its cost (120 examples) and its draws plant scale edges: mutant_pow2_scale_log2[blockwise] is caught.
@@ -95,8 +94,8 @@ def _quantizer_verdict(mutant):
     """The ci profile's verdict of the drawn quantizer property on ``mutant`` (numcheck.check's draws), unshrunk."""
     from hypothesis import settings as hsettings
 
-    from numcheck.properties.fp8.suite import QUANT_SUITE
     from numcheck.properties.check import _run_drawn
+    from numcheck.properties.fp8.suite import QUANT_SUITE
 
     base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
     return _run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], mutant, base)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
-from numcheck.impls.builtin.grouped_fp8_linear import GroupedFusedLinear
 from numcheck.errors import PropertyFailure
+from numcheck.impls.builtin.grouped_fp8_linear import GroupedFusedLinear
 from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
 from numcheck.properties.fp8.grouped.strategies import grouped_cases

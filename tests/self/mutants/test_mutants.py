@@ -6,10 +6,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 
-from numcheck.properties.core.props import accuracy
 from numcheck.errors import PropertyFailure, ProtocolViolation
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE, problems
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.props import accuracy
+from numcheck.properties.linear_ce.strategies import problems
 from numcheck.tests.self.helpers.mutants import DIRECTED, MUTANTS
 
 
@@ -41,7 +42,7 @@ def test_mutant_is_caught(mutant):
 def test_upstream_before_mean_is_caught_by_loss_scale_draws():
     """The loss-scale draws find where scaling p − y by 2^17 before dividing by N overflows fp16 (the scaled
     gradient itself fits): a held-out bug that every other draw passes."""
-    from numcheck.properties.core.strategies import loss_scale_problems
+    from numcheck.properties.linear_ce.strategies import loss_scale_problems
     from numcheck.tests.self.helpers.mutants import upstream_before_mean
 
     found = find(
@@ -64,8 +65,8 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     still declares fp32 accumulation) fails the many-chunks accuracy property on its first bf16 draws."""
     from numcheck.impls.builtin import split_accum
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core.chunks import many_chunks
-    from numcheck.properties.core.strategies import many_chunk_layout, many_chunk_problems, why_not_run
+    from numcheck.properties.linear_ce.chunks import many_chunks
+    from numcheck.properties.linear_ce.strategies import many_chunk_layout, many_chunk_problems, why_not_run
 
     layout = many_chunk_layout(builtin(name))
     impl, N = layout.impl, many_chunks("bfloat16", layout.rows)
@@ -108,7 +109,7 @@ def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
 def test_directed_mutant_fails_its_property(mutant, prop, case):
     """A bug plain accuracy cannot see (it passes accuracy on the case) fails the property written for its
     class: a contiguity assumption, a wrong needs_input_grad index, a workspace shared across calls."""
-    from numcheck.properties.core.props import PROPERTIES
+    from numcheck.properties.linear_ce.props import PROPERTIES
 
     p = eval(case, {"__builtins__": {}}, {"Problem": Problem}).replace(device="cpu")  # noqa: S307 - a literal
     accuracy(mutant, p)
@@ -119,7 +120,7 @@ def test_directed_mutant_fails_its_property(mutant, prop, case):
 def test_input_modified_in_place_is_named():
     """run_impl names an input that forward + backward changed in place (here the mutant's target), whatever
     the outputs: the caller's tensors must come back as given."""
-    from numcheck.properties.core.harness import run_impl
+    from numcheck.properties.linear_ce.harness import run_impl
 
     mutant = next(m for m in MUTANTS if m.name == "mutant_target_clamped_in_place")
     with pytest.raises(ProtocolViolation, match="modified its input 'target' in place"):
@@ -129,7 +130,7 @@ def test_input_modified_in_place_is_named():
 def test_upstream_gradient_modified_in_place_is_named():
     """run_impl names an upstream gradient that backward changed in place, though every output is right for the
     call (a caller reusing that tensor, as a loss scaler does, gets a wrong one)."""
-    from numcheck.properties.core.harness import run_impl
+    from numcheck.properties.linear_ce.harness import run_impl
     from numcheck.tests.self.helpers.mutants import upstream_divided_in_place
 
     p = Problem(N=8, H=16, V=24, ignored=0.25, upstream="scalar", seed=6)
@@ -146,8 +147,8 @@ def ci_verdict(mutant, prop: str):
     budget), without the shrink phase: the first failing draw decides, and shrinking it only costs time."""
     from hypothesis import settings
 
-    from numcheck.properties.core.suite import SUITE
     from numcheck.properties.check import _run_drawn
+    from numcheck.properties.linear_ce.suite import SUITE
 
     base = settings(settings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
     return _run_drawn(SUITE[prop], mutant, base)
@@ -182,7 +183,7 @@ def test_ci_profile_catches_issue19_mutant(mutant):
 
 def test_chunk_order_per_call_is_caught_on_several_chunks():
     """What would catch the per-call chunk order: determinism on a layout of several chunks (4 rows a chunk)."""
-    from numcheck.properties.core.props import determinism
+    from numcheck.properties.linear_ce.props import determinism
 
     p = Problem(N=64, H=16, V=24, seed=1)  # 16 chunks: two calls share an order with probability 1/16!
     mutant = _m.chunk_order_per_call.with_chunk_rows(4)
@@ -198,7 +199,7 @@ def test_unmutated_twin_is_the_builtin(reduction, dtype):
     import torch
 
     from numcheck.impls.registry import builtin
-    from numcheck.properties.core.harness import OUTPUTS, run_impl
+    from numcheck.properties.linear_ce.harness import OUTPUTS, run_impl
 
     p = Problem(
         N=10,

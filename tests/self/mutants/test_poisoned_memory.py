@@ -18,10 +18,10 @@ import torch
 from hypothesis import Phase, settings
 
 import numcheck.properties.core.profiles  # noqa: F401 - registers numcheck-ci
+from numcheck.errors import PropertyFailure
 from numcheck.properties.check import _run_drawn
 from numcheck.properties.core import poison
-from numcheck.properties.core.coverage import seeded_data
-from numcheck.errors import PropertyFailure
+from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.runner import run_example
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 from numcheck.tests.self.helpers.grouped_fp8_mutants import FRESH_PAGES_BYTES, uninitialised_empty_wgrad

@@ -1,4 +1,4 @@
-"""The ``anisotropic_head`` regime (properties.core.problems.head_mean): a mean direction shared by the head's rows that
+"""The ``anisotropic_head`` regime (properties.linear_ce.cases.head_mean): a mean direction shared by the head's rows that
 the softmax cannot see, because it is orthogonal to every row of x as the impl's matmul reads it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numcheck.properties.core.problems import (
+from numcheck.properties.linear_ce.cases import (
     HEAD_MEAN_RATIO,
     HEAD_REGIME,
     HEAD_SIGMA,
@@ -61,7 +61,7 @@ def test_built_head_logits_are_the_isotropic_draws():
     head, post = build(p), build(p.replace(regime="post_norm"))
     assert torch.equal(head.x, post.x) and torch.equal(head.target, post.target)
     x = head.x.double()
-    w_iso = post.weight.double() * (HEAD_SIGMA / 3.0)  # post_norm's σ = 3 (problems.build)
+    w_iso = post.weight.double() * (HEAD_SIGMA / 3.0)  # post_norm's σ = 3 (cases.build)
     z_head, z_iso = x @ head.weight.double().T, x @ w_iso.T
     # each weight element rounded once to fp32 (relative 2^-24) in both draws, plus the scaling's rounding
     bound = 2.0**-23 * (x.abs() @ (head.weight.double().abs() + w_iso.abs()).T)

@@ -14,7 +14,7 @@ from numcheck.errors import InvalidAssertion, PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
 from numcheck.properties import assertions
-from numcheck.properties.core.props import accuracy
+from numcheck.properties.linear_ce.props import accuracy
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 

@@ -1,4 +1,4 @@
-"""The shared bound sweep (:func:`properties.core.tolerance.sweep_bounds`: the oracle's pass 1 once, its blocks walked
+"""The shared bound sweep (:func:`properties.linear_ce.tolerance.sweep_bounds`: the oracle's pass 1 once, its blocks walked
 without re-accumulating the oracle's gradients, each block's model-independent products formed once for many
 error models) gives the bounds of the one-model evaluation bit for bit, for every declaration of the registry at
 both levels, on a spread of small problems (options, dtypes, reductions, upstreams, several oracle blocks)."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from numcheck.impls.registry import by_kind, discover
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import refusal
-from numcheck.properties.core.tolerance import (
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_oracle
+from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.linear_ce.tolerance import (
     _linear_ce_bounds_two_runs,
     error_model,
     linear_ce_bounds,

@@ -17,9 +17,9 @@ import pytest
 import numcheck
 from numcheck.impls.registry import ImplEntry, builtin_impls
 from numcheck.properties.convergence import run as convergence
-from numcheck.reports.convergence import text as convergence_text
 from numcheck.properties.convergence.model import ModelShape
-from numcheck.properties.core.problems import dtype_of
+from numcheck.properties.linear_ce.cases import dtype_of
+from numcheck.reports.convergence import text as convergence_text
 from numcheck.tests.self.helpers import mutants
 
 DTYPES = ("float32", "bfloat16")

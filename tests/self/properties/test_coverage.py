@@ -1,4 +1,4 @@
-"""The covering rows (properties/core/coverage.py) and the example budgets (properties/core/runner.py): every pair of values
+"""The covering rows (properties/linear_ce/coverage.py) and the example budgets (properties/core/runner.py): every pair of values
 covered, the same rows and draws in every process, a small budget that still meets the pair a bug needs."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from hypothesis.errors import UnsatisfiedAssumption
 
-from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
-from numcheck.properties.core.coverage import EVERY_DIMENSION, covering_rows, seeded_data, uncovered_pairs
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.suite import SUITE
-from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
+from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.runner import MIN_RANDOM, SuiteProperty, budget, rows, run_rows
-from numcheck.properties.core.strategies import determinism_layout, pinned_row, problems
+from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows, uncovered_pairs
+from numcheck.properties.linear_ce.strategies import determinism_layout, pinned_row, problems
+from numcheck.properties.linear_ce.suite import SUITE
 
 _SUPPORTS = {
     "everything": LinearCESupport(),
@@ -76,8 +77,9 @@ def test_a_property_own_force_wins_over_the_row():
 
 _SCRIPT = """
 import sys
-from numcheck.properties.core.coverage import covering_rows, EVERY_DIMENSION, seeded_data
-from numcheck.properties.core.strategies import pinned_row, problems
+from numcheck.properties.linear_ce.coverage import covering_rows, EVERY_DIMENSION
+from numcheck.properties.core.rows import seeded_data
+from numcheck.properties.linear_ce.strategies import pinned_row, problems
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 s = LinearCESupport()
 rows = covering_rows(EVERY_DIMENSION, s, "cpu")
@@ -214,7 +216,7 @@ def test_determinism_draws_span_several_chunks():
     """The determinism draws run a chunked impl as 7-row chunks on N past two of them (SEVERAL_CHUNKS: a first, an
     interior and a last chunk), and span as many of a declared chunk size."""
     from numcheck.impls.registry import discover
-    from numcheck.properties.core.chunks import SEVERAL_CHUNKS
+    from numcheck.properties.linear_ce.chunks import SEVERAL_CHUNKS
 
     impls = {e.name: e.impl for e in discover([]) if e.kind == "linear_ce"}
     variant, layout, _ = determinism_layout(impls["recompute"])

@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from numcheck.impls.registry import builtin as _impl
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.harness import run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import DEVICE, problems
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_impl, run_oracle
+from numcheck.properties.linear_ce.strategies import problems
 
 #: False-alarm rate of the accumulation-order decision: the probability of declaring "addmm_out_dtype is less
 #: accurate" when its errors are in fact distributed like the fallback's or better (one-sided Wilcoxon
@@ -29,9 +30,9 @@ def test_recompute_matches_chunked(data):
     p = data.draw(problems(rec.support, allow_all_ignored=False), label="problem")
     t = build(p)
     a, b = run_impl(rec, p, t), run_impl(chk, p, t)
-    _, ba = checks._bounds(rec, p, t, a)
-    _, bb = checks._bounds(chk, p, t, b)
-    checks._pair_check(rec, "recompute_matches_chunked", p, a, ba, b, bb)
+    _, ba = props._bounds(rec, p, t, a)
+    _, bb = props._bounds(chk, p, t, b)
+    props._pair_check(rec, "recompute_matches_chunked", p, a, ba, b, bb)
 
 
 def _grad_weight_error(impl, p: Problem) -> float:

@@ -1,4 +1,4 @@
-"""numcheck's evaluation of a declared path (properties/core/declared_path.py) is an honest implementation of the
+"""numcheck's evaluation of a declared path (properties/linear_ce/declared_path.py) is an honest implementation of the
 declaration: the chunked built-in that implements a path gives its gradients bit for bit; and judgement (b) now
 measures an output declared coarser than eager against it instead of leaving it unjudged."""
 
@@ -9,10 +9,10 @@ import torch
 from numcheck.impls.builtin.chunked import ChunkedLinearCE
 from numcheck.impls.protocols.linear_ce import LinearCESupport
 from numcheck.properties.core import matmul_precision
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.declared_path import DeclaredPath, declared_path_outputs, single_device_path
-from numcheck.properties.core.harness import run_impl
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.declared_path import DeclaredPath, declared_path_outputs, single_device_path
+from numcheck.properties.linear_ce.harness import run_impl
 
 CASE = Problem(N=40, H=8, V=24, dtype="bfloat16", bias=True, reduction="sum", regime="post_norm", seed=3)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
+from numcheck.errors import PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedLoopLinear
-from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8.cases import QuantCase
 from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
 from numcheck.impls.registry import builtin
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.props import reduction_consistency
-from numcheck.properties.core.harness import run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import DEVICE
-from numcheck.properties.core.tolerance import upstream_overflow
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_impl, run_oracle
+from numcheck.properties.linear_ce.props import reduction_consistency
+from numcheck.properties.linear_ce.tolerance import upstream_overflow
 
 #: Liger's CUDA false alarm : 87 of its 2049 rows have |z/s| > 18.7 for both classes.
 SATURATED = Problem(N=2049, H=1, V=2, dtype="float32", ignored=0.1, softcap=3.96, regime="large", seed=0, device=DEVICE)

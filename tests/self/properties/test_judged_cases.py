@@ -13,10 +13,11 @@ import re
 import pytest
 
 import numcheck
-from numcheck.properties.core.failures import NOT_JUDGED
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.runner import SuiteProperty, judge, run_rows
+from numcheck.properties.core.failures import NOT_JUDGED
+from numcheck.properties.core.runner import judge, run_rows
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.suite import LinearCEProperty
 from numcheck.tests.self.helpers import user_impls
 
 #: Properties whose early returns (a case they cannot judge) or refusal path an impl that raises once slipped
@@ -73,7 +74,9 @@ def test_a_case_the_property_cannot_judge_is_rejected_not_counted():
         calls.append(p)
         return NOT_JUDGED
 
-    prop = SuiteProperty("accuracy", never_judges, lambda impl, data: Problem(N=2, H=2, V=3), dimensions=("reduction",))
+    prop = LinearCEProperty(
+        "accuracy", never_judges, lambda impl, data: Problem(N=2, H=2, V=3), dimensions=("reduction",)
+    )
     run = run_rows(prop, user_impls.counted)
     assert not run.results and run.rejected and calls, run
     assert judge(never_judges, user_impls.counted, Problem(N=2, H=2, V=3)) is NOT_JUDGED
@@ -81,7 +84,7 @@ def test_a_case_the_property_cannot_judge_is_rejected_not_counted():
 
 def test_an_impl_raising_in_a_judge_is_the_suites_failure():
     """What the impl raises inside a property becomes a PropertyFailure marked ``raised``, with the case."""
-    from numcheck.properties.core import props
+    from numcheck.properties.linear_ce import props
 
     p = Problem(N=4, H=3, V=5, bias=True)
     with pytest.raises(PropertyFailure) as info:

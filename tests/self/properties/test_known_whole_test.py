@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from numcheck.impls.registry import builtin, dist_impls
-from numcheck.properties.core import known as core_known
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.core.tensors import kernel_store
 from numcheck.properties.distributed.linear_ce import suite as dist_suite
 from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+from numcheck.properties.linear_ce import known_te
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.tests.suite import test_protocol_conformance
 
 _ENTRY = types.SimpleNamespace(reason="a release whose backward always raises (test entry)")
@@ -48,15 +49,15 @@ def test_te_store_emulation_divides_none_by_rows_before_2_5(monkeypatch, release
     """At V = 1 every exact gradient is 0; TE before 2.5 stores p/N = 1/N in the bf16 logits and subtracts 1/N
     from it, leaving bf16(bf16(1/N) - 1/N) on every row (the grad_W of 0.0135 measured on TE 2.2.0 for this case, past
     its bound). The emulation divides ``none`` by the rows only on those releases."""
-    monkeypatch.setattr(core_known, "te_release", lambda: release)
+    monkeypatch.setattr(known_te, "te_release", lambda: release)
     p = Problem(N=63, H=1, V=1, dtype="bfloat16", reduction="none", regime="post_norm", seed=2097150)
     t = build(p)
-    out = core_known.te_gradient_stored_in_logits(p, t)
+    out = known_te.te_gradient_stored_in_logits(p, t)
     if not divided:
         assert not out.grad_weight.any()
         return
-    stored = core_known._kernel_store(torch.full((p.N, 1), 1.0 / p.N), torch.bfloat16).double()
-    g = core_known._kernel_store((stored - 1.0 / p.N).float(), torch.bfloat16).double()  # the target's second store
+    stored = kernel_store(torch.full((p.N, 1), 1.0 / p.N), torch.bfloat16).double()
+    g = kernel_store((stored - 1.0 / p.N).float(), torch.bfloat16).double()  # the target's second store
     expected = (g.T @ t.x.double()).to(torch.bfloat16)
     assert out.grad_weight.any() and torch.equal(out.grad_weight, expected)
 
@@ -71,8 +72,8 @@ def test_te_dist_store_entry_reads_the_case_tensors():
     if isinstance(transformer_engine.load(), str):
         pytest.skip(f"TransformerEngine's fused CE is not loadable here: {transformer_engine.load()}")
     from numcheck.properties.distributed.linear_ce import known as dist_known
-    from numcheck.properties.distributed.linear_ce.props import DistCase
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
 
     p = Problem(N=1, H=7, V=2, dtype="bfloat16", reduction="none", seed=1)
-    assert not core_known.te_prerounded_gradient_fails(p)
+    assert not known_te.te_prerounded_gradient_fails(p)
     assert dist_known._te_stores_fail(DistCase(problem=p, world_size=1, placement="boundary"))

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 import numcheck
 from numcheck.properties.core import matmul_precision as mp
 from numcheck.properties.core import runner
-from numcheck.properties.core.props import accuracy
-from numcheck.properties.core.problems import Problem
 from numcheck.properties.core.runner import SuiteProperty
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.props import accuracy
 
 MATMUL = torch.backends.cuda.matmul
 

@@ -11,9 +11,9 @@ import torch
 import torch.utils.deterministic
 
 import numcheck
+from numcheck.errors import PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.properties.core import poison
-from numcheck.errors import PropertyFailure
 from numcheck.properties.core.runner import judge
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.tests import plugin

@@ -1,4 +1,4 @@
-"""``properties.core.problems``: a Problem is validated, printable as Python, and builds the tensors it describes,
+"""``properties.linear_ce.cases``: a Problem is validated, printable as Python, and builds the tensors it describes,
 deterministically, in the value regime it names."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import find, settings
 
-from numcheck.properties.core.problems import REGIMES, Problem, build, dtype_of
-from numcheck.properties.core.strategies import problems
+from numcheck.properties.linear_ce.cases import REGIMES, Problem, build, dtype_of
+from numcheck.properties.linear_ce.strategies import problems
 
 F64 = torch.float64
 

@@ -22,9 +22,9 @@ import torch
 
 from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.protocols.linear_ce import FunctionImpl
-from numcheck.properties.core.accuracy import AccuracyResult
 from numcheck.properties.core.compare import compare
-from numcheck.properties.core.problems import Problem, build
+from numcheck.properties.linear_ce.accuracy import AccuracyResult
+from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.production.inputs import IGNORED_RUN, LOGIT_SCALE, logit_profile, scale_tensors
 from numcheck.properties.production.tier import (
     INT32_LIMIT,
@@ -358,7 +358,8 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
     """A failure covered by a data-decided known divergence is 'known' when the entry's predicate holds on the
     tier's own tensors (not build(p)'s), keeping its numbers; an entry that cannot read given tensors covers
     nothing, so the failure stays a failure."""
-    from numcheck.properties.core import known as kd
+    from numcheck.properties.core.known import KnownDivergence
+    from numcheck.properties.linear_ce import known
 
     ctx = _case(SMOKE[0])
     seen = []
@@ -367,7 +368,7 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
         seen.append(t)
         return True
 
-    entry = kd.KnownDivergence(
+    entry = KnownDivergence(
         impls="rows_from_37",
         properties=("accuracy",),
         devices=("cpu",),
@@ -378,12 +379,12 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
         applies_to_tensors=on_tensors,
     )
     bad = FunctionImpl("rows_from_37", _rows_from(37), eager_impls()[0].support)
-    monkeypatch.setattr(kd, "KNOWN", [entry])
+    monkeypatch.setattr(known, "KNOWN", [entry])
     rec = judge_impl(bad, ctx)
     assert rec["status"] == "known" and rec["known_divergence"] == "a test entry"
     assert seen and seen[0] is ctx.t
     assert rec["outputs"]["grad_x"]["ratio"] > 1 and "first wrong row 37" in rec["failure"]
-    monkeypatch.setattr(kd, "KNOWN", [dataclasses.replace(entry, applies_to_tensors=None)])
+    monkeypatch.setattr(known, "KNOWN", [dataclasses.replace(entry, applies_to_tensors=None)])
     assert judge_impl(bad, ctx)["status"] == "fail"
 
 
@@ -398,17 +399,17 @@ def test_known_divergence_is_decided_on_the_tiers_tensors(monkeypatch):
 def test_cce_filtering_predicate_on_given_tensors(p, monkeypatch):
     """CCE's filtering predicate on build(p)'s tensors passed in equals its answer on p; taking the rows a few at a
     time (as at a production shape) changes nothing; other tensors give their own answer."""
-    from numcheck.properties.core import known as kd
+    from numcheck.properties.linear_ce import known_cce
 
-    want = kd.cce_filtering_may_skip(p, block_cols=128)
-    assert kd.cce_filtering_may_skip(p, block_cols=128, t=build(p)) is want
-    monkeypatch.setattr(kd, "FILTER_ROW_ELEMENTS", 3 * p.V)
-    assert kd.cce_filtering_may_skip(p, block_cols=128) is want
+    want = known_cce.cce_filtering_may_skip(p, block_cols=128)
+    assert known_cce.cce_filtering_may_skip(p, block_cols=128, t=build(p)) is want
+    monkeypatch.setattr(known_cce, "FILTER_ROW_ELEMENTS", 3 * p.V)
+    assert known_cce.cce_filtering_may_skip(p, block_cols=128) is want
     t = build(p)
     x = t.x.double() * 1e3  # every row confident in its own argmax: every |softmax − onehot| tiny
     top = (x @ t.weight.double().T).argmax(dim=1)
     confident = t._replace(x=x.to(t.x.dtype), target=torch.where(t.target == p.ignore_index, t.target, top))
-    assert kd.cce_filtering_may_skip(p, block_cols=128, t=confident) is True
+    assert known_cce.cce_filtering_may_skip(p, block_cols=128, t=confident) is True
 
 
 def test_bound_cache_shares_sweeps_within_its_budget():
@@ -416,8 +417,8 @@ def test_bound_cache_shares_sweeps_within_its_budget():
     planned model's bounds bit for bit as linear_ce_bounds does, and never keeps more than three sweeps' gradient
     bounds alive, counted in bytes (siblings reachable through a kept entry's sweep included)."""
     from numcheck.impls.registry import by_kind, discover
+    from numcheck.properties.linear_ce.tolerance import linear_ce_bounds
     from numcheck.properties.production.tier import BoundCache
-    from numcheck.properties.core.tolerance import linear_ce_bounds
 
     ctx = _case(SMOKE[1])
     p = ctx.case.problem

@@ -1,4 +1,4 @@
-"""Judgement (b), relative to eager (properties/core/accuracy.py): its two halves, its false-alarm rate, its tiny tensors.
+"""Judgement (b), relative to eager (properties/linear_ce/accuracy.py): its two halves, its false-alarm rate, its tiny tensors.
 
 allowed = k(n_eff)·RMSE(eager − oracle) + λ(α)·RMS(expected-level bound). The ratio half's k is the F(n_eff,
 n_eff) quantile at α; the order half's λ is the Chernoff root for an RMS of sub-Gaussian errors. The exact values
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.registry import builtin
-from numcheck.properties.core.accuracy import (
+from numcheck.properties.linear_ce.accuracy import (
     RELATIVE_ALPHA,
     RELATIVE_K,
     check_accuracy,
@@ -33,8 +33,8 @@ from numcheck.properties.core.accuracy import (
     relative_judgement,
     rms_lambda,
 )
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import large_vocab_problems, problems, why_not_run
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import large_vocab_problems, problems, why_not_run
 from numcheck.tests.self.helpers.mutants import MUTANTS
 
 ALPHA_MC = 1e-2

@@ -1,4 +1,4 @@
-"""The tolerance model with the label-smoothing factor held in fp32 (properties/core/tolerance.py, steps 3-4).
+"""The tolerance model with the label-smoothing factor held in fp32 (properties/linear_ce/tolerance.py, steps 3-4).
 
 A Triton kernel receives a Python float as an fp32 argument, so it computes with fl(ε) = ε(1 + θ), |θ| ≤ u, and
 1 − fl(ε) is exact: (1 − ε) errs relatively by u·ε/(1 − ε), 211u at ε = 0.9953. CUDA sweep seed 9 drew that
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from numcheck.impls.protocols.linear_ce import make_support
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import DEVICE
-from numcheck.properties.core.tolerance import error_model, linear_ce_bounds
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_oracle
+from numcheck.properties.linear_ce.tolerance import error_model, linear_ce_bounds
 
 OUTS = ("loss", "grad_x", "grad_weight")
 SEED9 = dict(N=1, H=1, V=1025, dtype="float32", regime="outlier_rows", seed=0)

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from numcheck.impls.protocols.linear_ce import FunctionImpl
-from numcheck.properties.core import props as checks
 from numcheck.errors import PropertyFailure
-from numcheck.properties.core.harness import PAD, strided_copy
-from numcheck.properties.core.problems import Problem
+from numcheck.impls.protocols.linear_ce import FunctionImpl
+from numcheck.properties.core.tensors import PAD, strided_copy
+from numcheck.properties.linear_ce import props
+from numcheck.properties.linear_ce.cases import Problem
 from numcheck.tests.self.helpers.mutants import PLAIN_FP32
 
 
@@ -58,11 +58,11 @@ def test_padding_is_finite_in_every_float_format():
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
 def test_zero_weighted_reads_past_a_row_pass(p):
     """An impl that reads the padding only to multiply it by zero is within every bound (a NaN fill failed it)."""
-    checks.strided_inputs(FunctionImpl("zero_weighted_padding", _zero_weighted, PLAIN_FP32), p)
+    props.strided_inputs(FunctionImpl("zero_weighted_padding", _zero_weighted, PLAIN_FP32), p)
 
 
 @pytest.mark.parametrize("p", CASES, ids=[p.short() for p in CASES])
 def test_padding_read_as_data_fails(p):
     """An impl that lets the padding into its arithmetic, even at a weight of 1e-3, fails strided_inputs."""
     with pytest.raises(PropertyFailure, match="strided_inputs"):
-        checks.strided_inputs(FunctionImpl("padding_as_data", _padding_as_data, PLAIN_FP32), p)
+        props.strided_inputs(FunctionImpl("padding_as_data", _padding_as_data, PLAIN_FP32), p)

@@ -1,4 +1,4 @@
-"""Declared accumulation paths of grad_x in the tolerance model (properties/core/tolerance.py, step 5).
+"""Declared accumulation paths of grad_x in the tolerance model (properties/linear_ce/tolerance.py, step 5).
 
 An impl that sums grad_x = G·W over vocabulary chunks in the input dtype (as cut-cross-entropy's backward kernel
 does over 128-class blocks) is within the bound when it declares that path, and outside it when it declares the
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, make_support
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
 
 #: Classes per chunk of the test impl's grad_x sum: 1025 classes make 129 roundings in the input dtype.
 CHUNK_COLS = 8
@@ -134,7 +134,7 @@ FP16_BIAS_CASE = Problem(
 def test_param_dtype_path_sums_grad_bias_in_the_bias_dtype():
     """On the ``param_dtype`` path grad_b's running sum is charged the bias's own u (K·u_fp16 for an fp16 bias beside
     fp32 weights), grad_W's the weight's; with no separate bias dtype both are K·u_p."""
-    from numcheck.properties.core.tolerance import error_model
+    from numcheck.properties.linear_ce.tolerance import error_model
 
     support = make_support(
         dtypes=("float32",), options=("bias",), autocast=("float16",), grad_accumulation="param_dtype"

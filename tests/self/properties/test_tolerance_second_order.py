@@ -1,4 +1,4 @@
-"""The tolerance model beyond first order in the logits' errors (properties/core/tolerance.py, steps 2-4).
+"""The tolerance model beyond first order in the logits' errors (properties/linear_ce/tolerance.py, steps 2-4).
 
 bf16 logits of a few hundred carry an error near 1, where a bound linear in the error is not one: p moves by
 e^δ. The row-statistic bounds are exact for any errors in the box |δ_j| ≤ e_j (they are attained at its
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from numcheck.impls.registry import builtin
-from numcheck.properties.core.accuracy import check_accuracy
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE
-from numcheck.properties.core.tolerance import _p_expm1, logp_error_bound, lse_error_bound
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.tolerance import _p_expm1, logp_error_bound, lse_error_bound
 
 f64 = torch.float64
 
@@ -85,10 +85,10 @@ def test_bad_elementary_error_is_named(field: str, value: object) -> None:
 
 def test_declared_elementary_error_widens_only_its_terms() -> None:
     """Declaring exp/log/tanh ulps never narrows a bound and widens each output's bound of a softcap problem."""
-    from numcheck.properties.core.harness import run_oracle
-    from numcheck.properties.core.problems import build
-    from numcheck.properties.core.tolerance import error_model, linear_ce_bounds
     from numcheck.impls.protocols.linear_ce import make_support
+    from numcheck.properties.linear_ce.cases import build
+    from numcheck.properties.linear_ce.harness import run_oracle
+    from numcheck.properties.linear_ce.tolerance import error_model, linear_ce_bounds
 
     plain, declared = (
         make_support(),

@@ -18,11 +18,11 @@ import torch
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.builtin.fp8_linear import quant_linear_impls
-from numcheck.properties.core.harness import eager_yardstick, run_impl, same_bits
-from numcheck.properties.core.problems import Problem, build
 from numcheck.properties.fp8.cases import QuantCase, build_quant
 from numcheck.properties.fp8.props import run_quant_impl
 from numcheck.properties.fp8.yardstick import SingleFp8Linear
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import eager_yardstick, run_impl, same_bits
 from numcheck.reference.fp8_recipes import standard_recipes
 from numcheck.reference.numerics import accumulation
 

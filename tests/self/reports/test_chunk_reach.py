@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import numcheck
-from numcheck.properties.core.chunks import MANY_CHUNKS, rows_per_chunk
-from numcheck.properties.core.problems import Problem
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.chunks import MANY_CHUNKS, rows_per_chunk
 from numcheck.tests.self.helpers import user_chunked
 
 MODULE = "numcheck.tests.self.helpers.user_chunked"

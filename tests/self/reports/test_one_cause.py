@@ -12,13 +12,14 @@ with few hypothesis examples; the impls are tests/self/helpers/user_impls.py's u
 
 from __future__ import annotations
 
-import pytest
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import numcheck
 from numcheck.tests.self.helpers import user_impls

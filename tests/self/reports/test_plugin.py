@@ -64,7 +64,7 @@ def test_decorated_at_import(n):
 """
 USER_FIXTURE_TEST = """
 from hypothesis import given, strategies as st
-from numcheck.properties.core.props import accuracy
+from numcheck.properties.linear_ce.props import accuracy
 
 @given(data=st.data())
 def test_my_impl_is_accurate(numcheck_impl, numcheck_problems, data):
@@ -316,7 +316,7 @@ def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
     from packaging.version import Version
 
-    from numcheck.properties.core.known import liger_release
+    from numcheck.properties.linear_ce.known_liger import liger_release
 
     if Version(liger_release() or "0") < Version("0.6.3"):
         pytest.skip("needs liger-kernel >= 0.6.3 installed (its frozen-x divergence)")

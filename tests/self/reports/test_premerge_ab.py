@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from numcheck.reports.premerge import claims, ab as premerge_ab
 from numcheck.errors import ClaimsError
+from numcheck.reports.premerge import ab as premerge_ab
+from numcheck.reports.premerge import claims
 from numcheck.tests.self.helpers import mutants
 
 REPO = Path(__file__).resolve().parents[3]

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from numcheck.reports import cli
-
-from numcheck.reports.report import compare as report_compare, schema as report_schema
+from numcheck.reports.report import compare as report_compare
+from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report, resolve_out_dir, write_atomically, write_report
-from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, reduction_length, span_decades
-from numcheck.reports.report.families.linear_ce import declared_cases, linear_ce_cases, random_problems
 from numcheck.reports.report.families.fp8_linear import quant_cases
+from numcheck.reports.report.families.linear_ce import declared_cases, linear_ce_cases, random_problems
+from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, reduction_length, span_decades
 
 OUTPUT_FIELDS = (
     "max_abs",
@@ -118,8 +118,8 @@ def test_every_output_reduction_length_spans_two_decades(name):
     for out in ("loss", "grad_x", "grad_weight"):
         span = span_decades(reduction_length(out, p) for p in cases)
         assert span >= 2.0, f"grid {name}: {out} reduction lengths span only {span:.2f} decades"
-    from numcheck.reference.fp8_recipes import Fp8Recipe
     from numcheck.impls.protocols.fp8_linear import QuantLinearSupport
+    from numcheck.reference.fp8_recipes import Fp8Recipe
 
     support = QuantLinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
     q = [gc.case for gc in quant_cases(spec, support)]
@@ -216,8 +216,8 @@ def test_render_in_place_keeps_the_folders_other_files(smoke_dir, tmp_path):
     (a GPU run's README, bench results and logs live beside its report)."""
     import shutil
 
-    from numcheck.reports.report.plots import PLOT_FILES
     from numcheck.reports.report.command import REPORT_FILES
+    from numcheck.reports.report.plots import PLOT_FILES
 
     folder = tmp_path / "gpu-run"
     folder.mkdir()

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from numcheck.reports import baselines, cli, versions
-
 from numcheck.reports.premerge import command as premerge
-from numcheck.reports.report import md as report_md, md_rows, schema as report_schema
+from numcheck.reports.report import md as report_md
+from numcheck.reports.report import md_rows
+from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import verdict
 
 SMOKE = ["--grid", "smoke", "--no-progress", "--no-plots"]

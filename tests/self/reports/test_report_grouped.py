@@ -10,8 +10,8 @@ from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
 from numcheck.properties.fp8.grouped.cases import refusal
 from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
-from numcheck.reports.report.grid import FULL, QUICK, SMOKE, reduction_length
 from numcheck.reports.report.families.grouped_fp8_linear import grouped_cases
+from numcheck.reports.report.grid import FULL, QUICK, SMOKE, reduction_length
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 

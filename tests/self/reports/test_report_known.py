@@ -18,7 +18,8 @@ import pytest
 
 from numcheck.impls.adapters import transformer_engine
 from numcheck.reports import cli
-from numcheck.reports.report import md as report_md, schema as report_schema
+from numcheck.reports.report import md as report_md
+from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.verdict import verdict
 
 SMOKE = ["--grid", "smoke", "--no-progress", "--no-plots"]

@@ -19,8 +19,8 @@ from numcheck.impls.registry import discover
 from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report
 from numcheck.reports.report.compare import compare_reports
-from numcheck.reports.report.grid import QUICK
 from numcheck.reports.report.families import FAMILIES
+from numcheck.reports.report.grid import QUICK
 from numcheck.reports.report.run import plan, property_table, run_case
 
 MOD = "numcheck.tests.self.helpers.report_property_impls"
@@ -29,7 +29,7 @@ MOD = "numcheck.tests.self.helpers.report_property_impls"
 def _suite_properties(kind: str) -> set[str]:
     """The properties (by the property library's names) the shipped suite runs on ``kind``, from its own tables."""
     if kind == "linear_ce":
-        from numcheck.properties.core.suite import SUITE
+        from numcheck.properties.linear_ce.suite import SUITE
 
         return {p.check.__name__ for p in SUITE.values()}
     if kind == "quant_linear":

@@ -18,14 +18,15 @@ import pytest
 import torch
 
 from numcheck.impls.registry import discover
+from numcheck.properties.linear_ce import chunks
 from numcheck.reports import cli
 from numcheck.reports.premerge import command as premerge
-from numcheck.reports.report import md as report_md, schema as report_schema
+from numcheck.reports.report import md as report_md
+from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
-from numcheck.properties.core import chunks
-from numcheck.reports.report.grid import DIST_UNEVEN_V, QUICK, SMOKE
-from numcheck.reports.report.families.linear_ce import declared_cases, many_chunk_cases, option_groups
 from numcheck.reports.report.families.dist_linear_ce import dist_cases
+from numcheck.reports.report.families.linear_ce import declared_cases, many_chunk_cases, option_groups
+from numcheck.reports.report.grid import DIST_UNEVEN_V, QUICK, SMOKE
 from numcheck.reports.report.run import plan
 from numcheck.tests.self.helpers import report_strict_impls as helpers
 from numcheck.tests.self.helpers import user_chunked
@@ -120,7 +121,7 @@ def test_linear_ce_grid_leaves_known_divergences_out_and_names_them():
     """As the suite does, the grid runs no case a recorded known divergence of the impl covers (PyTorch's chunked
     linear_cross_entropy: bf16 from N = 32, all-ignored mean): each is named as not run with that reason, and the
     declared cases move to a declared mode the divergence leaves alone."""
-    from numcheck.properties.core.known import known
+    from numcheck.properties.linear_ce.known import known
 
     name = "torch_native[chunked,acc=auto]"
     entries = discover([name])

@@ -10,14 +10,14 @@ import pytest
 
 import numcheck
 from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-from numcheck.properties.distributed.tp_fp8.props import measure
 from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
+from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_refusal
+from numcheck.properties.distributed.tp_fp8.props import measure
 from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report, write_report
-from numcheck.reports.report.grid import FULL, QUICK, SMOKE, TP_CASES, TP_WORLD_SIZES
 from numcheck.reports.report.families.tp_fp8_linear import tp_cases
-from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_refusal
+from numcheck.reports.report.grid import FULL, QUICK, SMOKE, TP_CASES, TP_WORLD_SIZES
 from numcheck.tests.self.helpers.dist_declared import declared_tp_fp8
 from numcheck.tests.self.helpers.dist_fp8_mutants import AmaxNotReduced, RowOutputNotReduced
 from numcheck.tests.self.helpers.mutant_table import recipes_of

@@ -56,12 +56,12 @@ def test_failing_case_prints_the_failure_and_exits_1(mutant, monkeypatch, capsys
 def test_printed_repro_command_round_trips(mutant, monkeypatch, capsys):
     """The command in a property failure, run as printed (env prefix included), reproduces the failure."""
     from numcheck.impls.registry import discover
-    from numcheck.properties.core import props as checks
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce import props
+    from numcheck.properties.linear_ce.cases import Problem
 
     impl = [e.impl for e in discover([mutant])][0]
     with pytest.raises(PropertyFailure) as info:
-        checks.accuracy(impl, Problem(N=6, H=3, V=5, seed=11))
+        props.accuracy(impl, Problem(N=6, H=3, V=5, seed=11))
     line = str(info.value).split("reproduce: ", 1)[1].strip()
     words = shlex.split(line)
     env = {}
@@ -180,8 +180,9 @@ def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
 def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
     """A distributed mutant's failure (grad_x not all-reduced, P = 2) gives impl spec and DistCase; ``numcheck repro``
     with them prints FAIL and the same failure (exit 1), and on the built-in it replaces, PASS (exit 0)."""
-    from numcheck.properties.distributed.linear_ce.props import DistCase, dist_accuracy
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.distributed.linear_ce.cases import DistCase
+    from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+    from numcheck.properties.linear_ce.cases import Problem
     from numcheck.tests.self.helpers.dist_mutants import dist_impls
 
     (mutant,) = [m for m in dist_impls() if "NoGradXAllReduce" in m.name]

@@ -40,13 +40,13 @@ from torch.utils._pytree import tree_flatten
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import builtin_impls
-from numcheck.properties.fp8 import props as fp8_checks
-from numcheck.properties.core.accuracy import check_accuracy
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.harness import run_impl
+from numcheck.properties.fp8 import props as fp8_checks
 from numcheck.properties.fp8.cases import QuantCase
-from numcheck.properties.core.problems import Problem, build
-from numcheck.properties.core.strategies import problems
+from numcheck.properties.linear_ce.accuracy import check_accuracy
+from numcheck.properties.linear_ce.cases import Problem, build
+from numcheck.properties.linear_ce.harness import run_impl
+from numcheck.properties.linear_ce.strategies import problems
 from numcheck.reference.fp8_formats import E4M3, E5M2, all_codes, decode_fp8, encode_fp8, same_codes
 
 pytestmark = pytest.mark.torch_versions(

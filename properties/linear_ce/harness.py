@@ -1,4 +1,4 @@
-"""Running an impl on a problem, and the oracle on the same problem, the same way every time.
+"""Running a linear+CE impl on a problem, and the oracle on the same problem, the same way every time.
 
 :func:`run_impl` calls the impl (inside autocast when the problem asks for AMP), checks what it returned
 against the protocol, back-propagates the problem's upstream gradient and collects every output.
@@ -16,7 +16,8 @@ import torch
 
 from numcheck.errors import ProtocolViolation
 from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
-from numcheck.properties.core.problems import Problem, Tensors, build
+from numcheck.properties.core.tensors import bits, same_bits, strided_copy
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.reference.linear_ce import DEFAULT_ROW_CHUNK, BlockObserver, LinearCEResult, linear_ce
 from numcheck.reference.numerics import eager
 
@@ -47,49 +48,6 @@ def autocast_context(p: Problem) -> contextlib.AbstractContextManager[Any]:
 
 #: How the input tensors are laid out in memory (:func:`strided_copy`).
 LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
-
-
-#: What the unused elements of :func:`strided_copy`'s buffers hold: 2**15, finite in every float format the
-#: suite draws (fp16's largest is 65504) and far above any drawn input, so an element read in place of one of the
-#: tensor's own moves an output by orders of magnitude past its bound. Not NaN: oneDNN's bf16 GEMM on CPUs with
-#: AMX / AVX512-BF16 (torch 2.13 and 2.6, measured on a Xeon with amx_bf16) loads a strided operand's row past
-#: its end and multiplies those elements by zero, which gives the exact product for any finite memory but NaN
-#: from NaN padding (0 * NaN), so a NaN fill failed every correct impl there. What the property asks is that
-#: the outputs depend on the tensor's own elements only; multiplying memory outside it by zero does not.
-PAD = 2.0**15
-
-
-def strided_copy(t: torch.Tensor, role: str) -> torch.Tensor:
-    """A non-contiguous tensor with ``t``'s values, as real callers pass them.
-
-    ``x``: a column slice of a wider buffer (a sliced hidden state: row stride H + 3). ``weight``: the
-    transpose of a contiguous [H, V] buffer (an lm_head kept as [H, V]). ``bias``: every other element of a
-    longer buffer. ``target``: every other element, the skipped ones class 0. The float buffers' unused
-    elements hold :data:`PAD`, so a kernel that reads them as if the tensor were contiguous cannot go unnoticed."""
-    if role == "weight":
-        return t.detach().t().contiguous().t()
-    if role == "x":
-        buf = torch.full((t.shape[0], t.shape[1] + 3), PAD, dtype=t.dtype, device=t.device)
-        buf[:, : t.shape[1]] = t.detach()
-        return buf[:, : t.shape[1]]
-    if role in ("bias", "target"):
-        fill = 0 if role == "target" else PAD
-        buf = torch.full((2 * t.shape[0],), fill, dtype=t.dtype, device=t.device)
-        buf[::2] = t.detach()
-        return buf[::2]
-    raise ValueError(f"strided_copy: role must be 'x', 'weight', 'bias' or 'target', got {role!r}")
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as integers of the same width (floats by their bit patterns: NaN equals NaN)."""
-    if t.is_floating_point():
-        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-    return t
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` hold bitwise the same elements (shape and dtype included)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a.detach()), _bits(b.detach()))
 
 
 #: The inputs that may be frozen (``requires_grad=False``), and the gradient each one then lacks.
@@ -170,7 +128,7 @@ def _check_unmodified(impl: Any, inputs: dict[str, Any], before: dict[str, torch
     """:class:`ProtocolViolation` naming the first input whose bits differ from its copy taken before the call."""
     for k, v in before.items():
         if not same_bits(inputs[k], v):
-            changed = int((_bits(inputs[k].detach()) != _bits(v)).sum())
+            changed = int((bits(inputs[k].detach()) != bits(v)).sum())
             raise ProtocolViolation(
                 f"impl {impl.name!r} modified its input {k!r} in place ({changed} of {v.numel()} "
                 f"elements changed by forward + backward); the caller's tensors must be left as given"

@@ -4,7 +4,7 @@ Shapes lean to the edges (N = 1, N not a multiple of a chunk, V of 1, 2, odd, pr
 multiple of 16/32/128); dtypes fp32/bf16/fp16 and AMP; bias on/off and its dtype; ignored fraction from none to
 all; every option alone and combined; value regimes ordinary, confident, large, tiny, outlier rows.
 Sizes are capped by ``NUMCHECK_MAX_N`` / ``NUMCHECK_MAX_H`` / ``NUMCHECK_MAX_V`` (defaults 96 / 80 / 160);
-``NUMCHECK_DEVICE`` (default ``cpu``) picks the device problems live on.
+``NUMCHECK_DEVICE`` (default ``cpu``, :mod:`numcheck.properties.core.device`) picks the device problems live on.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
-from numcheck.properties.core import chunks
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, LinearCESupport
-from numcheck.properties.core.harness import run_oracle
-from numcheck.properties.core.problems import HEAD_REGIME, REGIMES, Problem
+from numcheck.properties.core.device import DEVICE, DEVICE_TYPE
+from numcheck.properties.linear_ce import chunks
+from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES, Problem
+from numcheck.properties.linear_ce.harness import run_oracle
 
 
 def _cap(name: str, default: int) -> int:
@@ -39,11 +40,6 @@ def _cap(name: str, default: int) -> int:
         raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return v
 
-
-#: Device the property suite draws problems on (``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU).
-DEVICE = os.environ.get("NUMCHECK_DEVICE", "cpu")
-#: Its type ("cpu", "cuda"), for comparing with declared devices.
-DEVICE_TYPE = torch.device(DEVICE).type
 
 MAX_N = _cap("NUMCHECK_MAX_N", 96)
 MAX_H = _cap("NUMCHECK_MAX_H", 80)
@@ -193,7 +189,7 @@ def _upstream(f: _Fields, reduction: str, autocast: str | None, softcap: float |
     return f.pinned_or("upstream", st.sampled_from(ups))
 
 
-#: The covering row (:class:`numcheck.properties.core.coverage.Row`) the draws are inside, if any (see :func:`pinned_row`).
+#: The covering row (:class:`numcheck.properties.core.rows.Row`) the draws are inside, if any (see :func:`pinned_row`).
 _ROW: contextvars.ContextVar[Any] = contextvars.ContextVar("numcheck_covering_row", default=None)
 
 
@@ -426,7 +422,7 @@ def loss_scale_available(support) -> bool:
 
 @st.composite
 def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
-    """AMP fp16 ``mean`` problems under the loss scale :data:`properties.core.problems.LOSS_SCALE`, with N ≥ 16 and
+    """AMP fp16 ``mean`` problems under the loss scale :data:`properties.linear_ce.cases.LOSS_SCALE`, with N ≥ 16 and
     at most a quarter of the rows ignored, so the scaled gradients fit fp16 (:func:`scaled_gradients_fit`) and
     |p − y|·2^17 passes 65504 on some element of most draws: an impl that applies the scale before it
     normalizes overflows there."""
@@ -444,7 +440,7 @@ def loss_scale_problems(draw: st.DrawFn, support) -> Problem:
 
 def many_chunk_layout(impl: Any) -> chunks.Layout:
     """Where the many-chunk draws put ``impl``'s chunk boundaries, from its declaration alone
-    (:func:`numcheck.properties.core.chunks.layout`; ``with_chunk_rows``, where the impl has it, only makes the
+    (:func:`numcheck.properties.linear_ce.chunks.layout`; ``with_chunk_rows``, where the impl has it, only makes the
     draws cheaper: one row a chunk)."""
     return chunks.layout(impl)
 
@@ -524,7 +520,7 @@ def determinism_problems(draw: st.DrawFn, support, layout: chunks.Layout | None 
 def chunk_invariance_problems(draw: st.DrawFn, support, layout: chunks.Layout) -> Problem:
     """Problems spanning :data:`chunks.SEVERAL_CHUNKS` chunks of ``layout`` (a rule's shapes, else its rows with
     H ≤ 16 and V ≤ 24 where N is large), not all rows ignored: rows moved across their boundaries must not
-    change the outputs beyond the runs' bounds (:func:`numcheck.properties.core.props.chunk_invariance`)."""
+    change the outputs beyond the runs' bounds (:func:`numcheck.properties.linear_ce.props.chunk_invariance`)."""
     N, H, V = draw(layout.shape_strategy(chunks.SEVERAL_CHUNKS, max_h=16), label="shape")
     return draw(problems(support, force={"N": N, "H": H, "V": V}, allow_all_ignored=False), label="problem")
 

@@ -1,10 +1,10 @@
 """Why the problem strategies can draw no case for an impl: the real reason behind an ``Unsatisfiable``.
 
-:func:`~numcheck.properties.core.strategies.problems` rejects every draw its support refuses. When a test's pinned
+:func:`~numcheck.properties.linear_ce.strategies.problems` rejects every draw its support refuses. When a test's pinned
 fields (``force``), required options (``require``) or reductions leave nothing the impl declares — or the run's
 device is not one it declares — hypothesis ends with ``Unsatisfiable``, which says nothing of why.
 :func:`undrawable_reason` finds that reason without drawing: it builds the least demanding problem the same
-arguments allow and asks the declaration (:func:`~numcheck.properties.core.strategies.refusal`) why it is refused,
+arguments allow and asks the declaration (:func:`~numcheck.properties.linear_ce.strategies.refusal`) why it is refused,
 so the words are the declaration's own. ``None`` means some draws are declared: an ``Unsatisfiable`` then comes
 from a data-dependent filter (a known divergence decided by the data, a loss scale whose gradients do not fit).
 """
@@ -17,8 +17,9 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import LinearCESupport
-from numcheck.properties.core.problems import Problem
-from numcheck.properties.core.strategies import DEVICE, refusal
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.strategies import refusal
 
 #: Keys of ``problems(force=...)`` that name an option rather than a :class:`Problem` field.
 _FORCE_FIELD = {"z_loss": "z_loss_scale"}

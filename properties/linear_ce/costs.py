@@ -39,7 +39,7 @@ def pinned_probes(device: str) -> contextlib.AbstractContextManager[None]:
 
 def _seed_problem() -> Any:
     from numcheck.impls.measure.memory import SEED_SHAPE
-    from numcheck.properties.core.problems import Problem
+    from numcheck.properties.linear_ce.cases import Problem
 
     N, H, V = SEED_SHAPE
     return Problem(N=N, H=H, V=V, dtype="bfloat16", device="cpu")
@@ -64,7 +64,7 @@ def memory_ab(new: Any, base: Any, device: str) -> dict[str, Any]:
     import torch
 
     from numcheck.impls.measure.memory import SEED_SHAPE, call_memory, fresh
-    from numcheck.properties.core.memory import make_inputs
+    from numcheck.properties.linear_ce.memory import make_inputs
 
     dev = torch.device(device).type
     rows = {}

@@ -1,10 +1,10 @@
 """Accuracy of every output against the float64 oracle, under two judgements.
 
-(a) *Analytic*: every element within the bound of :mod:`properties.core.tolerance` (the hard ceiling gates; the
+(a) *Analytic*: every element within the bound of :mod:`properties.linear_ce.tolerance` (the hard ceiling gates; the
     expected level is recorded for reports).
 (b) *Relative to eager*: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(eager − oracle) + λ(α)·RMS(E), eager being the
     ``eager`` built-in on the same problem, E the expected-level bound (√n·u per reduction) of
-    :mod:`properties.core.tolerance` for the impl's declaration with each output's last rounding at the finer of the
+    :mod:`properties.linear_ce.tolerance` for the impl's declaration with each output's last rounding at the finer of the
     impl's and eager's dtypes (the loss and z-loss at the returned one where the impl declares it: ``loss_dtype``).
     A correct impl fails it with probability at most α = :data:`RELATIVE_ALPHA` per
     output, under either of the two ways it can be correct:
@@ -27,7 +27,7 @@
     An output an impl declares less accurate than eager keeps it (grad_weight and grad_bias under
     ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
     gradient under a loss-scale upstream: :func:`declared_coarser`) has its yardstick follow the declaration:
-    numcheck's own evaluation of the declared path (:mod:`numcheck.properties.core.declared_path`: the declared
+    numcheck's own evaluation of the declared path (:mod:`numcheck.properties.linear_ce.declared_path`: the declared
     chunk rows and columns, accumulation dtype, gradients formed before the scale), an honest implementation of
     what the impl declares, with the same k and λ; the last rounding at the finer of the impl's and that
     yardstick's dtypes. Only the loss under ``target_logit="rounded_products"`` is recorded but not judged by (b),
@@ -49,10 +49,16 @@ import torch
 from scipy import optimize, stats
 
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.harness import FROZEN_GRADS, OUTPUTS, ImplOutputs, eager_yardstick, run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, Tensors, build
-from numcheck.reference.linear_ce import LinearCEResult
-from numcheck.properties.core.tolerance import (
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build
+from numcheck.properties.linear_ce.harness import (
+    FROZEN_GRADS,
+    OUTPUTS,
+    ImplOutputs,
+    eager_yardstick,
+    run_impl,
+    run_oracle,
+)
+from numcheck.properties.linear_ce.tolerance import (
     ErrorModel,
     Level,
     error_model,
@@ -61,9 +67,10 @@ from numcheck.properties.core.tolerance import (
     unit_roundoff,
     upstream_overflow,
 )
+from numcheck.reference.linear_ce import LinearCEResult
 
 #: How the element-wise bounds of one error model are evaluated on the problem at hand (the default is
-#: :func:`properties.core.tolerance.linear_ce_bounds`; the production-shape tier passes a cached, timed one).
+#: :func:`properties.linear_ce.tolerance.linear_ce_bounds`; the production-shape tier passes a cached, timed one).
 BoundsFn = Callable[[ErrorModel], dict[str, torch.Tensor]]
 #: Eager's RMSE against the oracle and its dtype, per output (what judgement (b) divides by).
 EagerErrors = dict[str, tuple[float, torch.dtype]]
@@ -136,7 +143,7 @@ class RelativeJudgement:
     rms_expected: float = math.nan
     lam: float = math.nan
     #: What ``rmse_eager`` was measured on: ``"eager"``, or numcheck's evaluation of the path the impl declares
-    #: (:mod:`numcheck.properties.core.declared_path`) for an output declared coarser than eager keeps it.
+    #: (:mod:`numcheck.properties.linear_ce.declared_path`) for an output declared coarser than eager keeps it.
     yardstick: str = "eager"
 
     @property
@@ -195,7 +202,7 @@ def _eager_errors(p: Problem) -> EagerErrors:
 
 
 def eager_errors(p: Problem, t: Tensors, ref: LinearCEResult) -> EagerErrors:
-    """Run eager (:func:`numcheck.properties.core.harness.eager_yardstick`) on ``t`` and return its RMSE against
+    """Run eager (:func:`numcheck.properties.linear_ce.harness.eager_yardstick`) on ``t`` and return its RMSE against
     the oracle ``ref`` per output, with eager's output dtype: judgement (b)'s yardstick for tensors that are not
     ``build(p)``'s."""
     out = run_impl(eager_yardstick(), p, t)
@@ -248,7 +255,7 @@ def declared_coarser(impl: Any, p: Problem, n: str) -> bool:
     """Whether the impl declares output ``n`` of ``p`` coarser than eager keeps it: grad_weight and grad_bias under
     a ``per_chunk_rounding`` or ``param_dtype`` accumulation, grad_x under such a ``grad_x_accumulation``, every
     gradient under a loss-scale upstream (formed before the scale is known, η·(1+|u|) in the bound). Its
-    yardstick is then numcheck's evaluation of the declared path (:mod:`numcheck.properties.core.declared_path`),
+    yardstick is then numcheck's evaluation of the declared path (:mod:`numcheck.properties.linear_ce.declared_path`),
     not eager."""
     s = impl.support
     if n in ("grad_weight", "grad_bias") and s.grad_accumulation != "fp32":
@@ -260,8 +267,8 @@ def declared_coarser(impl: Any, p: Problem, n: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _cached_path_errors(path: Any, p: Problem) -> EagerErrors:
-    """:func:`~numcheck.properties.core.declared_path.path_errors` on ``build(p)`` (cached)."""
-    from numcheck.properties.core.declared_path import path_errors
+    """:func:`~numcheck.properties.linear_ce.declared_path.path_errors` on ``build(p)`` (cached)."""
+    from numcheck.properties.linear_ce.declared_path import path_errors
 
     t = build(p)
     return path_errors(path, p, t, run_oracle(p, t, all_ignored="nan"))
@@ -324,7 +331,7 @@ def _judge_relative(
     """Judgement (b) of every output in ``names`` (see the module docstring); ``eager_err`` and ``bounds`` as in
     :func:`check_accuracy`. An output the impl declares coarser (:func:`declared_coarser`) is measured against
     numcheck's evaluation of the declared path instead of eager."""
-    from numcheck.properties.core.declared_path import path_errors, single_device_path
+    from numcheck.properties.linear_ce.declared_path import path_errors, single_device_path
 
     shared = eager_err is not None
     eager_err = eager_err if eager_err is not None else _eager_errors(p)
@@ -380,8 +387,8 @@ def check_accuracy(
     eager_err: EagerErrors | None = None,
     bounds: BoundsFn | None = None,
 ) -> AccuracyResult:
-    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.core.harness.strided_copy`; the inputs
-    in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.core.harness.run_impl`) and the
+    """Run ``impl`` (its inputs laid out as ``layout``, see :func:`properties.core.tensors.strided_copy`; the inputs
+    in ``frozen`` without gradients; the caller's ``leaves``, see :func:`properties.linear_ce.harness.run_impl`) and the
     oracle on ``p`` and judge every output (see the module docstring); the gradients of frozen inputs are not
     judged.
 
@@ -389,7 +396,7 @@ def check_accuracy(
     production-shape tier, :mod:`properties.production.tier`): ``out`` is the impl's outputs already run on ``t``;
     ``oracle`` the oracle on ``t`` (one with live rows: the all-ignored convention then does not matter);
     ``eager_err`` eager's errors on ``t`` (:func:`eager_errors`); ``bounds`` evaluates an error model's bounds on
-    ``t`` (default :func:`properties.core.tolerance.linear_ce_bounds`)."""
+    ``t`` (default :func:`properties.linear_ce.tolerance.linear_ce_bounds`)."""
     t = t if t is not None else build(p)
     out = out if out is not None else run_impl(impl, p, t, layout=layout, frozen=frozen, leaves=leaves)
     conv = impl.support.all_ignored or "nan"

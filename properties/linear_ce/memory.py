@@ -1,4 +1,4 @@
-"""Memory of a linear+CE impl on a :class:`properties.core.problems.Problem`: the problem's tensors, and the
+"""Memory of a linear+CE impl on a :class:`properties.linear_ce.cases.Problem`: the problem's tensors, and the
 measurement of :mod:`impls.measure.memory` (extra peaks, bytes held from forward to backward) on them.
 
 On ``meta`` (the default of :func:`memory_table`) the inputs are empty tensors of the problem's shapes, so
@@ -13,15 +13,15 @@ from typing import Any, Iterable
 import torch
 
 from numcheck.impls.measure.memory import ImplMemory, Inputs, call_memory, fresh, meta_capabilities
-from numcheck.properties.core.problems import build, dtype_of
+from numcheck.properties.linear_ce.cases import build, dtype_of
 
 
 def make_inputs(problem: Any, device: str | torch.device | None = None) -> Inputs:
-    """Inputs for ``problem`` (a :class:`properties.core.problems.Problem`).
+    """Inputs for ``problem`` (a :class:`properties.linear_ce.cases.Problem`).
 
     On ``meta`` (the default for ``device="meta"``) the tensors are empty (shapes and dtypes only), so any
     shape is affordable; ``ignored`` and the option values do not change what is allocated. Elsewhere the
-    problem is built with :func:`properties.core.problems.build` (real values) and moved to ``device``.
+    problem is built with :func:`properties.linear_ce.cases.build` (real values) and moved to ``device``.
     """
     dev = torch.device(device if device is not None else problem.device)
     if dev.type == "meta":

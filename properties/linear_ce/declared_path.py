@@ -1,5 +1,5 @@
 """numcheck's own evaluation of linear+CE along the path a declaration states: the yardstick of judgement (b) for
-an output an impl declares coarser than eager keeps it (:mod:`numcheck.properties.core.accuracy`), and for every
+an output an impl declares coarser than eager keeps it (:mod:`numcheck.properties.linear_ce.accuracy`), and for every
 output of a vocabulary-parallel impl (:mod:`numcheck.properties.distributed.linear_ce.yardstick`).
 
 An honest implementation of a declaration rounds where the declaration says it may, and nowhere else. This module
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
-from numcheck.properties.core.problems import Problem, Tensors
+from numcheck.properties.linear_ce.cases import Problem, Tensors
 
 #: The accumulation path (:data:`numcheck.reference.numerics.accumulation.PATH_NAMES`) that implements each declared
 #: accumulation (none of them asks a capability probe).
@@ -81,7 +81,7 @@ def single_device_path(support: Any, p: Problem) -> DeclaredPath:
         cols = getattr(support, "chunk_cols", None) or 1
         parts = tuple((s, min(p.V, s + cols)) for s in range(0, p.V, cols))
     # Under autocast the gradient matmuls return the compute dtype: at least one rounding per chunk, whatever the
-    # declared path (the tolerance model's reading, :func:`numcheck.properties.core.tolerance.error_model`).
+    # declared path (the tolerance model's reading, :func:`numcheck.properties.linear_ce.tolerance.error_model`).
     amp_rounds = p.autocast is not None and support.grad_accumulation == "fp32"
     return DeclaredPath(
         logits_fp32=getattr(support, "logits_dtype", "compute") == "float32",
@@ -149,9 +149,9 @@ def _grad_x(
 def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[str, torch.Tensor]:
     """``loss`` (and ``z_loss``), ``grad_x``, ``grad_weight`` and ``grad_bias`` of ``p``'s tensors ``t`` evaluated along
     ``path`` (module docstring), each in the dtype that path returns it in."""
+    from numcheck.properties.linear_ce.harness import oracle_operands
     from numcheck.reference.numerics.ce_block import ce_block_, reduction_coefficients, row_weights
     from numcheck.reference.numerics.sweep import Plan, autocast_off, reduce_rows, sweep
-    from numcheck.properties.core.harness import oracle_operands
 
     x, w, b = oracle_operands(p, t)  # the values the matmuls see (rounded to the autocast dtype under AMP)
     logits_dtype = torch.float32 if path.logits_fp32 else p.compute_dtype
@@ -196,7 +196,7 @@ def declared_path_outputs(path: DeclaredPath, p: Problem, t: Tensors) -> dict[st
 
 def path_errors(path: DeclaredPath, p: Problem, t: Tensors, oracle: Any) -> dict[str, tuple[float, torch.dtype]]:
     """RMSE of :func:`declared_path_outputs` against ``oracle`` per output, with the dtype it comes back in (the
-    yardstick's errors, as :func:`numcheck.properties.core.accuracy.eager_errors` gives eager's)."""
+    yardstick's errors, as :func:`numcheck.properties.linear_ce.accuracy.eager_errors` gives eager's)."""
     got = declared_path_outputs(path, p, t)
     res = {}
     for name, v in got.items():

@@ -28,14 +28,15 @@ from typing import Any, Callable
 
 import torch
 
-from numcheck.properties.core import chunks, records
-from numcheck.properties.core.accuracy import check_accuracy, declared_loss_dtype
+from numcheck.properties.core import records
 from numcheck.properties.core.compare import compare, legitimate_overflow
 from numcheck.properties.core.failures import NOT_JUDGED, fail
 from numcheck.properties.core.failures import context as failure_context
-from numcheck.properties.core.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
-from numcheck.properties.core.problems import Problem, Tensors, build, dtype_of
-from numcheck.properties.core.tolerance import error_model, linear_ce_bounds, range_dtypes, upstream_overflow
+from numcheck.properties.linear_ce import chunks
+from numcheck.properties.linear_ce.accuracy import check_accuracy, declared_loss_dtype
+from numcheck.properties.linear_ce.cases import Problem, Tensors, build, dtype_of
+from numcheck.properties.linear_ce.harness import OUTPUTS, ImplOutputs, autocast_context, run_impl, run_oracle
+from numcheck.properties.linear_ce.tolerance import error_model, linear_ce_bounds, range_dtypes, upstream_overflow
 
 Metrics = dict[str, float]
 
@@ -73,7 +74,7 @@ def accuracy(impl: Any, p: Problem) -> Metrics:
 
 def strided_inputs(impl: Any, p: Problem) -> Metrics:
     """Inputs passed as non-contiguous tensors of the same values (a column slice of x, a transposed weight,
-    every other element of bias and target; :func:`properties.core.harness.strided_copy`) give every output within
+    every other element of bias and target; :func:`properties.core.tensors.strided_copy`) give every output within
     the analytic bound of the oracle. Refusing them with an exception is allowed (loud, not wrong); reading
     the wrong elements is not."""
     try:
@@ -290,7 +291,7 @@ def earlier_calls(impl: Any, p: Problem) -> Metrics:
             "earlier_calls",
             p,
             "after the weight and bias were changed in place since the previous call "
-            "(classes rotated by one, targets following: properties.core.props.class_rotation)",
+            "(classes rotated by one, targets following: properties.linear_ce.props.class_rotation)",
             *res.failure_lines(),
             ratio=res.worst_ratio,
         )
@@ -498,7 +499,7 @@ def determinism(impl: Any, p: Problem) -> Metrics:
 def chunk_invariance(impl: Any, p: Problem) -> Metrics:
     """What falls in which chunk changes no output beyond the runs' bounds. Where the impl exposes
     ``with_chunk_rows``: chunk sizes 1, 3 and N+1 on the same rows. Otherwise (its chunk size declared,
-    ``chunk_rows`` or ``chunk_rule``, or not: :func:`numcheck.properties.core.chunks.declares_chunks`) the chunks
+    ``chunk_rows`` or ``chunk_rule``, or not: :func:`numcheck.properties.linear_ce.chunks.declares_chunks`) the chunks
     are moved instead: the rows rotated by s (:func:`_boundary_shift`, not a multiple of the declared chunk size),
     so every row sits elsewhere relative to the boundaries, and, where ``ignore_index`` is declared, k ignored rows
     prepended, which moves every boundary by k and changes no output (the rows after them compared)."""

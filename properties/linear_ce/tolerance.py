@@ -75,28 +75,28 @@ scaled in backward round twice (2·u_out).
    where the declared accumulation path adds a_path: ``fp32`` 0; ``per_chunk_rounding`` u_c (each chunk's
    partial product P_k is rounded once: Σ_k u_c|P_k| ≤ u_c|G|ᵀ|x|); ``param_dtype`` K·u_p (the running sum is
    rounded after each of K chunks: Σ_k u_p|S_k| ≤ K·u_p|G|ᵀ|x|; K = ⌈N/rows per chunk⌉ with the rows declared
-   (``chunk_rows``, or ``chunk_rule`` at the problem's shape: :func:`properties.core.chunks.chunk_count`), N when
+   (``chunk_rows``, or ``chunk_rule`` at the problem's shape: :func:`properties.linear_ce.chunks.chunk_count`), N when
    neither is; grad_b's running sum lives in the bias's own dtype, K·u_pb, which differs from u_p for an fp16
    bias beside fp32 weights).
 
 These are worst-case bounds, first order in the roundings: second-order terms in u are O(u²) relative and far
 below the slack of the γ constants at the sizes the suite draws. In the logits' errors e' they are exact (steps
-2–4), and reduce to the first-order terms as e' → 0, so small errors are bounded as tightly as before. The relative judgement (b) lives in :mod:`properties.core.accuracy`.
+2–4), and reduce to the first-order terms as e' → 0, so small errors are bounded as tightly as before. The relative judgement (b) lives in :mod:`properties.linear_ce.accuracy`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 import torch
 
-from numcheck.properties.core.chunks import chunk_count
 from numcheck.properties.core.compare import overflow_threshold
-from numcheck.properties.core.problems import Problem, Tensors, dtype_of
+from numcheck.properties.linear_ce.cases import Problem, Tensors, dtype_of
+from numcheck.properties.linear_ce.chunks import chunk_count
 from numcheck.reference.linear_ce import Block, LinearCEResult, RowStats, block_walker, linear_ce
 
 Level = Literal["hard", "expected"]
@@ -241,7 +241,7 @@ class ErrorModel:
 def _upstream_max(p: Problem) -> float:
     """max |u| of ``p``'s upstream gradient (1 when it has none), from its tensors built once per problem:
     :func:`error_model` asks twice a call, and callers ask per level and output dtypes."""
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     u = build(p).upstream
     return float(u.abs().max()) if u is not None and u.numel() else 1.0
@@ -352,7 +352,7 @@ def upstream_overflow(p: Problem, t: Tensors | None = None) -> str:
     after it came back NaN though each exact gradient fits fp16 with 4× headroom (CPU autocast keeps it in fp32
     and stays finite: ``docs/evidence/amp_loss_scale.txt``). A correct evaluation may hold it in the compute dtype; one whose exact
     value overflows that format overflows legitimately, as a GradScaler expects."""
-    from numcheck.properties.core.problems import build
+    from numcheck.properties.linear_ce.cases import build
 
     c = p.compute_dtype
     if c == torch.float32 or p.upstream != "loss_scale" or p.N == 0:
@@ -812,7 +812,7 @@ def sweep_bounds(
     re-accumulating the oracle's gradients, the model-independent products of each block formed once
     (:class:`_BlockShared`), |δG| and its two products once per gradient key. Every figure is the one a sweep of
     that model alone gives, bit for bit (tests/self/properties/test_tolerance_paths.py)."""
-    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
+    from numcheck.properties.linear_ce.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -844,7 +844,7 @@ def sweep_bounds(
 def linear_ce_bounds(p: Problem, t: Tensors, oracle: LinearCEResult, m: ErrorModel) -> dict[str, torch.Tensor]:
     """Element-wise absolute error bounds for ``loss``, ``z_loss``, ``grad_x``, ``grad_weight``, ``grad_bias``.
 
-    ``oracle`` must be the oracle on the same operands (:func:`properties.core.harness.run_oracle`); the sweep
+    ``oracle`` must be the oracle on the same operands (:func:`properties.linear_ce.harness.run_oracle`); the sweep
     walks its blocks twice (:func:`sweep_bounds`).
     """
     return linear_ce_bounds_many(p, t, oracle, [m])[0]
@@ -863,7 +863,7 @@ def _linear_ce_bounds_two_runs(
 ) -> dict[str, torch.Tensor]:
     """The straightforward evaluation :func:`sweep_bounds` is tested against: the whole oracle run twice with
     one model's sweep as its observer, every product of a block formed for that model alone."""
-    from numcheck.properties.core.harness import oracle_operands, oracle_row_chunk
+    from numcheck.properties.linear_ce.harness import oracle_operands, oracle_row_chunk
 
     x, w, b = oracle_operands(p, t)
     N, H = x.shape
@@ -892,7 +892,7 @@ def _row_loss_errors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ce_row, z_row, d_ce, d_z)``: each row's cross-entropy and z-loss terms and their error bounds from the
     sweep's row sums (0 on ignored rows)."""
-    from numcheck.properties.core.harness import oracle_operands
+    from numcheck.properties.linear_ce.harness import oracle_operands
 
     H, V = t.x.shape[1], t.weight.shape[0]
     st = oracle.stats

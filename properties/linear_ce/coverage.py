@@ -5,50 +5,30 @@ reduction × dtype × options leave most pairs of values untried (a transposed w
 gradient, Liger 0.2.1–0.8.2's grad_weight bug, never came in three draws on 0.5.8 and 0.7.0). So each property
 names the dimensions it varies (:data:`DIMENSIONS`), and :func:`covering_rows` builds, per impl, a pairwise
 covering design (allpairspy) over the values its declaration admits: every pair of values of any two dimensions
-appears in some row, under the constraints of :class:`~numcheck.properties.core.problems.Problem` (``per_row`` only
+appears in some row, under the constraints of :class:`~numcheck.properties.linear_ce.cases.Problem` (``per_row`` only
 with ``none``, a loss scale only under AMP fp16 ``mean`` without a softcap, excluded option pairs). A row pins
 some :class:`Problem` fields (``force``) and turns some options on (``require``); every other field (shapes,
 seed, option values, the regime unless the property names ``regime``) is drawn as usual, from hypothesis' engine seeded per (property, impl, row)
-(:func:`seeded_data`). The design is a function of the declaration and the device only: the same rows in every
+(:func:`numcheck.properties.core.rows.seeded_data`). The design is a function of the declaration and the device only: the same rows in every
 scope, process and xdist worker.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from random import Random
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from allpairspy import AllPairs
-from hypothesis import strategies as st
-from hypothesis.control import BuildContext
-from hypothesis.internal.conjecture.data import ConjectureData
-from hypothesis.internal.conjecture.providers import HypothesisProvider
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core.problems import HEAD_REGIME, REGIMES
+from numcheck.properties.core.rows import Row
+from numcheck.properties.linear_ce.cases import HEAD_REGIME, REGIMES
 
 _NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-@dataclass(frozen=True)
-class Row:
-    """One row of a covering design: ``values`` (dimension → value label, for messages), the :class:`Problem`
-    fields it pins (``force``) and the options it turns on where declared (``require``)."""
-
-    values: tuple[tuple[str, str], ...]
-    force: dict[str, Any] = field(default_factory=dict, hash=False)
-    require: frozenset[str] = frozenset()
-
-    def label(self) -> str:
-        """``dim=value, ...``: what the row pins."""
-        return ", ".join(f"{d}={v}" for d, v in self.values)
 
 
 # -- the dimensions: values a support admits, and the fields each value pins ------------------------------
@@ -158,7 +138,7 @@ DIMENSIONS: dict[str, Dimension] = {
         o: Dimension(lambda s, d, o=o: ["off", "on"] if o in s.options else [], _option_fields(o))
         for o in LINEAR_CE_OPTIONS
     },
-    # The inputs' regime (properties.core.problems.REGIMES): a property whose bug shows only on some inputs (partial
+    # The inputs' regime (properties.linear_ce.cases.REGIMES): a property whose bug shows only on some inputs (partial
     # sums that grow on post-norm activations) names it to meet each regime once.
     "regime": Dimension(lambda s, d: list(REGIMES), lambda v: ({"regime": v}, frozenset())),
     # A trained head's shape (large_vocab): bf16, where declared, with the anisotropic head (HEAD_PRECISIONS),
@@ -270,26 +250,3 @@ def uncovered_pairs(
     for row in rows:
         have |= set(itertools.combinations(row.values, 2))
     return sorted(valid_pairs - have)
-
-
-# -- the draws of a row's other fields --------------------------------------------------------------------
-class _NoConstants(HypothesisProvider):
-    """hypothesis' own provider without its pool of constants collected from loaded modules: a row's draws must
-    not depend on which modules are imported."""
-
-    def _maybe_draw_constant(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def seeded_data(key: str) -> Iterator[st.DataObject]:
-    """A hypothesis ``st.data()`` object outside ``@given``, for one example: each draw generated as hypothesis'
-    engine generates a fresh example, from a ``Random`` seeded by ``key`` (sha256, so the same in every
-    process), inside a build context as for a test's example (``assume`` rejects, ``note`` is quiet): the other
-    fields of a covering row, drawn by the property's own strategy. (hypothesis has no public API for a seeded
-    draw outside ``@given``; this is its engine's ``ConjectureData``, provider and build context, which
-    tests/self/properties/test_coverage.py pins.)"""
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    data = ConjectureData(random=Random(seed), provider=_NoConstants)
-    with BuildContext(data, is_final=False, wrapped_test=seeded_data):
-        yield st.DataObject(data)

@@ -1,4 +1,4 @@
-"""The drawn linear+CE tests of the suite, as data: :data:`SUITE` (name → :class:`SuiteProperty`) and the
+"""The drawn linear+CE tests of the suite, as data: :data:`SUITE` (name → :class:`LinearCEProperty`) and the
 pinned cases :data:`PINNED`. ``numcheck.tests.suite.test_properties`` runs one pytest test per entry and
 :func:`numcheck.check` runs the same entries without pytest, through :mod:`numcheck.properties.core.runner`.
 
@@ -8,20 +8,22 @@ with the reason. Each test's docstring (in the suite module) states its property
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, ContextManager, Sequence
 
 import torch
 from hypothesis import strategies as st
 
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS
-from numcheck.properties.core import props as checks
-from numcheck.properties.core.coverage import EVERY_DIMENSION
-from numcheck.properties.core.problems import Problem
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.rows import Row
 from numcheck.properties.core.runner import Draw, SuiteProperty
-from numcheck.properties.core.chunks import declares_chunks
-from numcheck.properties.core.chunks import layout as chunk_layout
-from numcheck.properties.core.strategies import (
-    DEVICE,
+from numcheck.properties.linear_ce import known, props
+from numcheck.properties.linear_ce.cases import Problem
+from numcheck.properties.linear_ce.chunks import declares_chunks
+from numcheck.properties.linear_ce.chunks import layout as chunk_layout
+from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows
+from numcheck.properties.linear_ce.strategies import (
     chunk_invariance_problems,
     determinism_layout,
     determinism_problems,
@@ -31,9 +33,39 @@ from numcheck.properties.core.strategies import (
     loss_scale_problems,
     many_chunk_layout,
     many_chunk_problems,
+    pinned_row,
     problems,
     wide_hidden_problems,
 )
+from numcheck.properties.linear_ce.undrawable import undrawable_reason
+
+
+@dataclass(frozen=True)
+class LinearCEProperty(SuiteProperty):
+    """A drawn linear+CE test: a :class:`~numcheck.properties.core.runner.SuiteProperty` with the family's covering
+    design (:mod:`numcheck.properties.linear_ce.coverage`), rows pinned through its strategies
+    (:func:`~numcheck.properties.linear_ce.strategies.pinned_row`), the undrawable declarations
+    (:mod:`numcheck.properties.linear_ce.undrawable`) and its known divergences, for linear+CE impls."""
+
+    known_module = "numcheck.properties.linear_ce.known"
+    design_module = "numcheck.properties.linear_ce.coverage"
+
+    def design(self, impl: Any, dimensions: Sequence[str]) -> tuple[Row, ...]:
+        if getattr(impl, "kind", None) != LINEAR_CE_KIND:
+            return ()
+        return covering_rows(dimensions, impl.support, DEVICE)
+
+    def pinned(self, row: Row) -> ContextManager[None]:
+        return pinned_row(row)
+
+    def undrawable(self, impl: Any) -> str | None:
+        return undrawable_reason(impl.support, DEVICE) if getattr(impl, "kind", None) == LINEAR_CE_KIND else None
+
+    def known_for_every(self, impl: Any, fields: Any) -> Any:
+        return known.covers_every(impl.name, self.property_name, fields)
+
+    def known_case(self, impl: Any, case: Any) -> Any:
+        return known.known(impl.name, self.property_name, case) if isinstance(case, Problem) else None
 
 
 def _dtype_names(support: Any) -> set[str]:
@@ -61,8 +93,8 @@ def _all_options(impl: Any, data: Any) -> Problem:
 
 
 def _many_chunk_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
-    """Many chunks of the impl (:func:`~numcheck.properties.core.chunks.many_chunks` of the drawn dtype) from its
-    declaration alone (:func:`~numcheck.properties.core.strategies.many_chunk_layout`)."""
+    """Many chunks of the impl (:func:`~numcheck.properties.linear_ce.chunks.many_chunks` of the drawn dtype) from its
+    declaration alone (:func:`~numcheck.properties.linear_ce.strategies.many_chunk_layout`)."""
     lay = many_chunk_layout(impl)
     return [(lay.impl, drawn(many_chunk_problems, layout=lay))]
 
@@ -75,7 +107,7 @@ def _determinism_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
 
 def _chunk_invariance_cases(impl: Any) -> Sequence[tuple[Any, Draw]]:
     """Where the impl exposes with_chunk_rows, any problem (its chunk sizes are set); else problems spanning
-    several of its chunks as declared (:func:`~numcheck.properties.core.strategies.chunk_invariance_problems`)."""
+    several of its chunks as declared (:func:`~numcheck.properties.linear_ce.strategies.chunk_invariance_problems`)."""
     if hasattr(impl, "with_chunk_rows"):
         return [(impl, drawn(problems))]
     return [(impl, drawn(chunk_invariance_problems, layout=chunk_layout(impl)))]
@@ -124,7 +156,7 @@ def _unless(cond: Any, why: str) -> Any:
 
 _TINY = dict(N=1, H=1, V=1, device=DEVICE)
 
-# Dimensions of the covering rows (numcheck.properties.core.coverage) of the tests whose draws vary them.
+# Dimensions of the covering rows (numcheck.properties.linear_ce.coverage) of the tests whose draws vary them.
 #: accuracy_fp32_sharp pins fp32: everything else.
 _IN_FP32 = tuple(d for d in EVERY_DIMENSION if d != "precision")
 #: strided_inputs: the upstream gradient meets the transposed weight (Liger 0.2.1–0.8.2's grad_weight was wrong
@@ -144,107 +176,107 @@ _SUMS_ACROSS_CHUNKS = (("regime", "post_norm"),)
 #: frozen_inputs: each gradient that is still formed, under each reduction and upstream, with and without bias.
 _GRADIENT_SCALE = ("reduction", "upstream", "bias")
 
-_ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty(
-        "accuracy", checks.accuracy, drawn(problems), dimensions=EVERY_DIMENSION, slow_dimensions=EVERY_DIMENSION
+_ENTRIES: tuple[LinearCEProperty, ...] = (
+    LinearCEProperty(
+        "accuracy", props.accuracy, drawn(problems), dimensions=EVERY_DIMENSION, slow_dimensions=EVERY_DIMENSION
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "accuracy_fp32_sharp",
-        checks.accuracy,
+        props.accuracy,
         _fp32_sharp,
         dimensions=_IN_FP32,
         skip=_unless(lambda i: "float32" in _dtype_names(i.support), "{name} declares no float32"),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "all_options_combined",
-        checks.accuracy,
+        props.accuracy,
         _all_options,
         every=lambda i: Problem(**_TINY, softcap=1.0) if "softcap" in i.support.options else None,
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "many_chunks",
-        checks.accuracy,
+        props.accuracy,
         None,
         cases=_many_chunk_cases,
         dimensions=("dtype", "reduction"),
         row_pins=_SUMS_ACROSS_CHUNKS,
         describe=_describe_chunks,
     ),
-    SuiteProperty("large_vocab", checks.accuracy, drawn(large_vocab_problems), dimensions=("head",)),
-    SuiteProperty(
+    LinearCEProperty("large_vocab", props.accuracy, drawn(large_vocab_problems), dimensions=("head",)),
+    LinearCEProperty(
         "long_batch",
-        checks.accuracy,
+        props.accuracy,
         drawn(long_batch_problems),
         dimensions=("low_precision", "reduction"),
         row_pins=_SUMS_ACROSS_CHUNKS,
     ),
-    SuiteProperty("wide_hidden", checks.accuracy, drawn(wide_hidden_problems)),
-    SuiteProperty(
+    LinearCEProperty("wide_hidden", props.accuracy, drawn(wide_hidden_problems)),
+    LinearCEProperty(
         "loss_scale",
-        checks.accuracy,
+        props.accuracy,
         drawn(loss_scale_problems),
         skip=_unless(lambda i: loss_scale_available(i.support), "{name} declares no AMP fp16 with 'mean' here"),
     ),
-    SuiteProperty(
-        "strided_inputs", checks.strided_inputs, drawn(problems), dimensions=_STRIDED, slow_dimensions=_STRIDED_SLOW
+    LinearCEProperty(
+        "strided_inputs", props.strided_inputs, drawn(problems), dimensions=_STRIDED, slow_dimensions=_STRIDED_SLOW
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "frozen_inputs[weight]",
-        checks.frozen_weight,
+        props.frozen_weight,
         drawn(problems),
         every=lambda i: Problem(**_TINY),
         dimensions=_GRADIENT_SCALE,
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "frozen_inputs[x]",
-        checks.frozen_x,
+        props.frozen_x,
         drawn(problems),
         every=lambda i: Problem(**_TINY),
         dimensions=_GRADIENT_SCALE,
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "two_calls",
-        checks.two_calls,
+        props.two_calls,
         _two_calls,
         skip=_unless(lambda i: {"sum", "mean"} & set(i.support.reductions), "{name} declares neither 'sum' nor 'mean'"),
     ),
-    SuiteProperty("earlier_calls", checks.earlier_calls, _earlier_calls),
-    SuiteProperty(
+    LinearCEProperty("earlier_calls", props.earlier_calls, _earlier_calls),
+    LinearCEProperty(
         "confident_rows",
-        checks.accuracy,
+        props.accuracy,
         drawn(problems, regimes=("confident",)),
         every=lambda i: Problem(**_TINY, regime="confident"),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "ignored_rows",
-        checks.ignored_rows,
+        props.ignored_rows,
         _ignored_rows,
         skip=_unless(lambda i: "ignore_index" in i.support.options, "{name} declares no ignore_index"),
     ),
-    SuiteProperty("permutation", checks.permutation, drawn(problems, allow_all_ignored=False)),
-    SuiteProperty(
+    LinearCEProperty("permutation", props.permutation, drawn(problems, allow_all_ignored=False)),
+    LinearCEProperty(
         "shift_invariance",
-        checks.shift_invariance,
+        props.shift_invariance,
         drawn(problems, force={"bias": True, "softcap": None, "z_loss_scale": 0.0}),
         skip=_unless(lambda i: "bias" in i.support.options, "{name} declares no bias"),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "option_identities",
-        checks.option_identities,
+        props.option_identities,
         drawn(problems, force={"label_smoothing": 0.0, "class_weights": False, "z_loss_scale": 0.0, "softcap": None}),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "reduction_consistency",
-        checks.reduction_consistency,
+        props.reduction_consistency,
         drawn(problems, allow_all_ignored=False),
         skip=_unless(
             lambda i: {"mean", "sum", "none"} <= set(i.support.reductions),
             "{name} does not declare all three reductions",
         ),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "determinism",
-        checks.determinism,
+        props.determinism,
         None,
         cases=_determinism_cases,
         dimensions=("reduction",),
@@ -253,9 +285,9 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
             "{name} declares deterministic=False (reductions whose order changes between runs)",
         ),
     ),
-    SuiteProperty(
+    LinearCEProperty(
         "chunk_invariance",
-        checks.chunk_invariance,
+        props.chunk_invariance,
         None,
         cases=_chunk_invariance_cases,
         describe=lambda i, p: None if hasattr(i, "with_chunk_rows") else _describe_chunks(i, p),
@@ -264,12 +296,12 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
             "{name} declares no chunking (chunk_rows, chunk_rule, or a grad_accumulation other than 'fp32')",
         ),
     ),
-    SuiteProperty("grad_dtypes", checks.grad_dtypes, drawn(problems)),
-    SuiteProperty("loss_dtype", checks.loss_dtype, drawn(problems)),
+    LinearCEProperty("grad_dtypes", props.grad_dtypes, drawn(problems)),
+    LinearCEProperty("loss_dtype", props.loss_dtype, drawn(problems)),
 )
 
 #: Every drawn linear+CE test of the suite by verdict name.
-SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
+SUITE: dict[str, LinearCEProperty] = {p.name: p for p in _ENTRIES}
 
 #: Cases the suite once judged wrongly or that exposed a real bug: each stays pinned (hypothesis' @example role,
 #: here across every impl that declares the case), with what it taught; run on the suite's device, all of an impl's

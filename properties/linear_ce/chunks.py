@@ -238,13 +238,13 @@ class Layout:
         if self.source == "undeclared" and self.slow:
             return (
                 f"{N} rows: no chunk size declared (chunk_rows, chunk_rule) by a slow impl, so "
-                f"{SLOW_UNDECLARED_ROWS} rows or a few more (numcheck.properties.core.chunks.SLOW_UNDECLARED_ROWS)"
+                f"{SLOW_UNDECLARED_ROWS} rows or a few more (numcheck.properties.linear_ce.chunks.SLOW_UNDECLARED_ROWS)"
             )
         if self.source == "undeclared":
             return (
                 f"{N} rows: no chunk size declared (chunk_rows, chunk_rule), so N is past "
                 f"{UNDECLARED_CHUNK_ROWS}, the largest chunk size assumed of such an impl "
-                f"(numcheck.properties.core.chunks.UNDECLARED_CHUNK_ROWS)"
+                f"(numcheck.properties.linear_ce.chunks.UNDECLARED_CHUNK_ROWS)"
             )
         how = {
             "with_chunk_rows": "its with_chunk_rows variant",
