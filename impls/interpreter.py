@@ -12,8 +12,11 @@ True
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
+from typing import Any, Callable
 
 import torch
 
@@ -58,3 +61,102 @@ def mode() -> str:
     if torch.cuda.is_available():
         return "compiled"
     return "interpreter" if active() else "none"
+
+
+class _SharedPatches:
+    """The two replacements :func:`share_language_patches` installs into Triton's interpreter module ``ti``: a
+    launch that counts how deep in launches the interpreter is (``GridExecutor.__call__``), and a ``_patch_lang``
+    that does nothing for a nested call whose builtins are all swapped already."""
+
+    def __init__(self, ti: Any, tl: Any) -> None:
+        self.ti, self.tl = ti, tl
+        self.original, self.launch = ti._patch_lang, ti.GridExecutor.__call__
+        # Each object _patch_lang swaps builtins on, with the names that are builtins there now (unswapped).
+        self.names = {id(p): self._builtin_names(p) for lang in (tl, tl.core) for p in self.reached(lang)}
+        self.depth = 0
+        self.seen: set[int] = set()  # objects found swapped in this launch: they stay so until it restores them
+
+    def _builtin_names(self, pkg: Any) -> tuple[str, ...]:
+        return tuple(n for n, m in inspect.getmembers(pkg) if self.tl.core.is_builtin(m))
+
+    def reached(self, lang: Any) -> tuple[Any, ...]:
+        """The objects ``_patch_lang`` swaps builtins on for ``lang`` (tl also has tl.math)."""
+        tl = self.tl
+        return (lang, lang.tensor, *((lang.math,) if lang is tl else ()), tl.core.tensor_descriptor_base)
+
+    def swapped(self, pkg: Any) -> bool:
+        """Whether none of ``pkg``'s builtin names is a builtin now."""
+        if id(pkg) not in self.seen and not any(
+            self.tl.core.is_builtin(getattr(pkg, n, None)) for n in self.names[id(pkg)]
+        ):
+            self.seen.add(id(pkg))
+        return id(pkg) in self.seen
+
+    def patch_lang(self, fn: Any) -> Any:
+        """``_patch_lang``, skipped (an empty scope) for a nested call that would swap nothing."""
+        tl = self.tl
+        langs = [v for v in fn.__globals__.values() if v is tl or v is tl.core]
+        if self.depth and langs and all(self.swapped(p) for lang in langs for p in self.reached(lang)):
+            return self.ti._LangPatchScope()
+        return self.original(fn)
+
+    def counted_launch(self) -> Callable[..., Any]:
+        """``GridExecutor.__call__``, counting the launches under way."""
+        shared, launch = self, self.launch
+
+        @functools.wraps(launch)
+        def call(executor: Any, *args: Any, **kwargs: Any) -> Any:
+            shared.depth += 1
+            shared.seen.clear()
+            try:
+                return launch(executor, *args, **kwargs)
+            finally:
+                shared.depth -= 1
+                shared.seen.clear()
+
+        return call
+
+
+#: The installed :class:`_SharedPatches` (empty where :func:`share_language_patches` has not installed one).
+_SHARED: dict[str, _SharedPatches] = {}
+
+
+def share_language_patches() -> bool:
+    """Make Triton's interpreter patch ``triton.language`` once per launch instead of once per device-function call.
+
+    Under ``TRITON_INTERPRET=1`` a launch swaps ``triton.language``'s builtins for interpreted ones and restores
+    them afterwards; Triton 3.9 also redoes that swap (``_patch_lang``: ``inspect.getmembers`` over ``tl``,
+    ``tl.core``, ``tl.tensor``, ``tl.math``) at every call of a nested ``@triton.jit`` function, in every program
+    instance, and then finds every builtin already swapped: a no-op that took about a third of the CPU time of
+    numcheck's split_fp32 kernels on many one-row chunks (their CE kernel calls helpers per vocabulary block).
+    Here a nested call made during a launch skips it when every builtin it would swap (the names
+    ``triton.language`` held as builtins when this was installed, on each object the function's globals reach) is
+    already swapped, which is exactly when it would change nothing; otherwise, and for every launch, the
+    interpreter's own ``_patch_lang`` runs. What a kernel computes is unchanged
+    (tests/self/impls/test_interpreter.py).
+
+    Installed by :mod:`impls.triton_lang` when it imports triton under the interpreter. Returns whether it is
+    installed: ``False`` for a Triton without this structure (3.2's interpreter patches once and never
+    restores), where triton cannot be imported, or where the language is swapped already (mid-launch)."""
+    if _SHARED:
+        return True
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+    except Exception:  # noqa: BLE001 - no triton: nothing to speed up
+        return False
+    if not all(hasattr(ti, n) for n in ("_patch_lang", "_LangPatchScope", "GridExecutor", "InterpretedFunction")):
+        return False
+    shared = _SharedPatches(ti, tl)
+    if not all(shared.names.values()):  # already swapped: leave it alone
+        return False
+    ti._patch_lang, ti.GridExecutor.__call__ = shared.patch_lang, shared.counted_launch()
+    _SHARED["installed"] = shared
+    return True
+
+
+def unshare_language_patches() -> None:
+    """Undo :func:`share_language_patches` (Triton's interpreter as shipped again); a no-op where not installed."""
+    shared = _SHARED.pop("installed", None)
+    if shared is not None:
+        shared.ti._patch_lang, shared.ti.GridExecutor.__call__ = shared.original, shared.launch

@@ -228,7 +228,11 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
     Duplicate names are reported as broken entries rather than silently shadowed.
     """
     if cli_specs:
-        builtins = {e.name: e for e in builtin_impls() if isinstance(e, ImplEntry)}
+        # Built-ins only where some spec may name one: no built-in name holds ":" (test_registry checks), so a
+        # run of module:attr specs alone skips importing every adapter's library (torch._dynamo through Liger and
+        # torchao, TransformerEngine's files, triton), seconds of every subprocess that runs a user's impl.
+        named = any(":" not in spec for spec in cli_specs)
+        builtins = {e.name: e for e in builtin_impls() if isinstance(e, ImplEntry)} if named else {}
         found: list[ImplEntry | BrokenImpl] = []
         for spec in cli_specs:
             if spec in builtins:

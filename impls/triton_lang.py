@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from numcheck.impls.interpreter import share_language_patches
+
 try:
     import triton
     import triton.language as tl
@@ -24,6 +26,10 @@ except Exception as exc:  # pragma: no cover - depends on the installation
 
 #: Whether numcheck's Triton kernels run in Triton's interpreter (decided when this module was imported).
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+if INTERPRET and _IMPORT_ERROR is None:
+    # nested @triton.jit calls stop redoing the launch's language swap (half of an interpreted kernel's time)
+    share_language_patches()
 
 
 def unavailable_reason() -> str | None:

@@ -93,11 +93,13 @@ SEVERAL_CHUNKS = 3
 UNDECLARED_CHUNK_ROWS = 8192
 
 #: The rows of a many-chunk draw of an impl that declares no chunk size and declares ``slow`` (Triton's
-#: interpreter on a CPU: TransformerEngine's fused CE there, about 30 s a draw at 2049 rows and a program per
-#: row, so past :data:`UNDECLARED_CHUNK_ROWS` a draw would cost minutes). Its rows cannot cross a chunk size
-#: it does not declare anyway; compiled on a GPU the same impl declares ``slow=False`` and takes
-#: :data:`UNDECLARED_CHUNK_ROWS` + 1 rows and more.
-SLOW_UNDECLARED_ROWS = 513
+#: interpreter on a CPU: TransformerEngine's fused CE there, a program per row, 4.2 s of CPU per call at 513 rows,
+#: 2.1 s at 257; past :data:`UNDECLARED_CHUNK_ROWS` a draw would cost minutes): :data:`MANY_CHUNKS`, the chunks
+#: every other slow impl's many-chunk draws take (:func:`many_chunks`), as one-row chunks, enough for a bf16
+#: running sum over rows to fail (MANY_CHUNKS' measurement); 513 before, bf16's 2/u + 1, which no other slow
+#: impl's draws take. Its rows cannot cross a chunk size it does not declare anyway; compiled on a GPU the same
+#: impl declares ``slow=False`` and takes :data:`UNDECLARED_CHUNK_ROWS` + 1 rows and more.
+SLOW_UNDECLARED_ROWS = MANY_CHUNKS
 
 #: Extra rows (past the minimum) a draw of a fixed chunk layout may add, so the last chunk's raggedness varies.
 RAGGED_ROWS = 64

@@ -331,6 +331,18 @@ def test_cli_specs_restrict_the_run(modules, monkeypatch, tmp_path):
     assert isinstance(e, BrokenImpl) and "no built-in impl named 'no_such_builtin'" in e.error and "eager" in e.error
 
 
+def test_module_specs_alone_load_no_builtin(modules, monkeypatch):
+    """--impl given only module:attr specs builds no built-in (no adapter's library is imported for a user's own
+    impl): exact, since no built-in name holds ':' and such a spec can name no built-in."""
+    m1, n1 = good(modules)
+    assert not [e.name for e in builtin_impls() if ":" in e.name]
+    built: list[int] = []
+    real = registry.builtin_impls
+    monkeypatch.setattr(registry, "builtin_impls", lambda: built.append(1) or real())
+    assert [e.name for e in discover([f"{m1}:impl"])] == [n1] and not built
+    assert [e.name for e in discover(["eager", f"{m1}:impl"])] == ["eager", n1] and built
+
+
 def test_duplicate_names_are_broken_not_shadowed(modules, monkeypatch):
     """A second impl with a name already taken (built-in or outside) is a BrokenImpl saying 'duplicate'."""
     m1, _ = good(modules, name="eager")

@@ -1,0 +1,96 @@
+"""Triton's interpreter with :func:`numcheck.impls.interpreter.share_language_patches` installed (as
+:mod:`numcheck.impls.triton_lang` installs it under ``TRITON_INTERPRET=1``): a kernel calling nested
+``@triton.jit`` helpers computes bitwise what the shipped interpreter computes, redoes the language swap once per
+launch instead of once per helper call, and leaves ``triton.language`` as it found it after the launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from numcheck.impls import interpreter
+from numcheck.impls.triton_lang import INTERPRET, tl, triton
+
+pytestmark = pytest.mark.skipif(not INTERPRET or triton is None, reason="needs Triton's interpreter (no CUDA here)")
+
+if INTERPRET and triton is not None:
+
+    @triton.jit
+    def _softplus(x):
+        return tl.log(1.0 + tl.exp(x))
+
+    @triton.jit
+    def _scaled(x, s):
+        return _softplus(x) * s
+
+    @triton.jit
+    def _rows_kernel(X, Y, N, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for k in range(0, 4):  # four nested calls per program
+            x = tl.load(X + row * N + cols, mask=cols < N, other=0.0)
+            acc += _scaled(x + k, 0.5)
+        tl.store(Y + row * N + cols, acc, mask=cols < N)
+
+
+def _run() -> torch.Tensor:
+    x = torch.linspace(-3.0, 3.0, 6 * 5, dtype=torch.float32).reshape(6, 5)
+    y = torch.empty_like(x)
+    _rows_kernel[(6,)](x, y, 5, BLOCK=8)
+    return y
+
+
+def _count_swaps(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The calls that reach the interpreter's own ``_patch_lang`` (through the shared one where installed)."""
+    from triton.runtime import interpreter as ti
+
+    calls: list[object] = []
+    shared = interpreter._SHARED.get("installed")
+    own = shared.original if shared is not None else ti._patch_lang
+
+    def counted(fn: object) -> object:
+        if getattr(fn, "__name__", "") in ("_rows_kernel", "_softplus", "_scaled"):  # not a library function's
+            calls.append(fn)
+        return own(fn)
+
+    if shared is not None:
+        monkeypatch.setattr(shared, "original", counted)
+    else:
+        monkeypatch.setattr(ti, "_patch_lang", counted)
+    return calls
+
+
+def test_installed_under_the_interpreter():
+    """Importing numcheck's Triton module under the interpreter installs it (Triton 3.9's interpreter)."""
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti, "_LangPatchScope"):
+        pytest.skip("this Triton's interpreter patches the language once and never restores it: nothing to share")
+    assert interpreter.share_language_patches() and "installed" in interpreter._SHARED
+
+
+def test_nested_calls_swap_once_per_launch_and_compute_the_same_bits(monkeypatch):
+    """One swap per launch with sharing (the launch's own), one per launch plus one per nested call without it
+    (6 programs × 4 loop turns × 2 helpers); the outputs are bitwise equal, and after each launch every builtin of
+    ``triton.language`` is the original again."""
+    from triton.runtime import interpreter as ti
+
+    if not interpreter.share_language_patches():
+        pytest.skip("this Triton's interpreter has nothing to share")
+    before = {n: getattr(tl, n) for n in ("exp", "log", "load", "program_id")}
+    calls = _count_swaps(monkeypatch)
+    shared_out = _run()
+    assert len(calls) == 1, len(calls)
+    assert {n: getattr(tl, n) for n in before} == before
+    try:
+        interpreter.unshare_language_patches()
+        calls = _count_swaps(monkeypatch)
+        own_out = _run()
+        assert len(calls) == 1 + 6 * 4 * 2, len(calls)
+    finally:
+        monkeypatch.undo()
+        interpreter.share_language_patches()
+    assert ti._patch_lang.__self__ is interpreter._SHARED["installed"]
+    assert torch.equal(shared_out, own_out)
+    assert {n: getattr(tl, n) for n in before} == before
