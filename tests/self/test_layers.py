@@ -38,7 +38,7 @@ FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "fp8": ("core",),
     "distributed.pool": ("core",),
     "distributed.linear_ce": ("core", "linear_ce", "distributed.pool"),
-    "distributed.tp_fp8": ("core", "linear_ce", "distributed.pool", "fp8"),
+    "distributed.tp_fp8": ("core", "distributed.pool", "fp8"),
     "convergence": ("core", "linear_ce"),
     "production": ("core", "linear_ce"),
 }
