@@ -480,16 +480,19 @@ def _impl_of(item: pytest.Item) -> Any:
     return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
 
 
-def _suite_property(item: pytest.Item) -> SuiteProperty | None:
-    """The suite entry a drawn test runs: in its module's ``NUMCHECK_SUITE`` table, the test's name without
-    ``test_``, with ``[value]`` of its parameter other than the impl's (``frozen_inputs[x]``)."""
-    suite = getattr(getattr(item, "module", None), "NUMCHECK_SUITE", None)
-    if suite is None:
+def _suite_property(item: pytest.Item, impl: Any) -> SuiteProperty | None:
+    """The suite entry a drawn test runs: in the table of ``impl``'s family
+    (:data:`numcheck.properties.suites.SUITES`), the test's name without ``test_``, with ``[value]`` of its parameter
+    other than the impl's (``frozen_inputs[x]``)."""
+    from numcheck.properties.suites import SUITES
+
+    family = SUITES.get(impl.kind)
+    if family is None:
         return None
     callspec = getattr(item, "callspec", None)
     params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _IMPL_FIXTURES]
     base = getattr(item, "originalname", item.name).removeprefix("test_")
-    return suite.get(f"{base}[{'-'.join(params)}]" if params else base)
+    return family.table.get(f"{base}[{'-'.join(params)}]" if params else base)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -522,7 +525,7 @@ def _suite_call(item: pytest.Item) -> Any:
 
     from numcheck.properties.core.runner import budget, skip_reason, unsatisfiable_reason
 
-    prop = _suite_property(item)
+    prop = _suite_property(item, impl)
     # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).
     fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples, prop))
     rows = _RowsStatistics()
@@ -734,18 +737,13 @@ def numcheck_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
-    (:func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
+    (its family's ``strategy`` in :data:`numcheck.properties.suites.SUITES`:
+    :func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
-    from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+    from numcheck.properties.suites import SUITES
 
-    if numcheck_impl.kind == QUANT_KIND:
-        from numcheck.properties.fp8.strategies import quant_cases
-
-        return quant_cases(numcheck_impl.support)
-    from numcheck.properties.linear_ce.strategies import problems
-
-    return problems(numcheck_impl.support)
+    return SUITES[numcheck_impl.kind].strategy(numcheck_impl.support)
 
 
 @pytest.fixture(scope="module")
