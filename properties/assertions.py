@@ -22,11 +22,11 @@ from numcheck.impls.protocols.fp8_linear import QUANT_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision, poison
 from numcheck.properties.fp8.cases import QuantCase
-from numcheck.properties.fp8.props import FP8_PROPERTIES
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.chunks import declares_chunks
-from numcheck.properties.linear_ce.props import PROPERTIES, Metrics
+from numcheck.properties.linear_ce.props import Metrics
 from numcheck.properties.linear_ce.strategies import refusal
+from numcheck.properties.suites import SUITES
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -78,8 +78,14 @@ def _impl(call: str, impl: Any, kind: str) -> None:
             f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or numcheck.quant_linear_impl)."
         ) from None
     if impl.kind != kind:
-        other = "assert_quant_linear" if kind == LINEAR_CE_KIND else "assert_linear_ce"
-        raise InvalidAssertion(f"{call}: impl {impl.name!r} is a {impl.kind} impl\n  Use numcheck.{other} for it.")
+        family = SUITES.get(impl.kind)
+        other = family.assertion if family is not None and family.assertion else ""
+        fix = (
+            f"Use numcheck.{other} for it."
+            if other
+            else "numcheck has no assertion for its kind: run numcheck.check or the suite on it."
+        )
+        raise InvalidAssertion(f"{call}: impl {impl.name!r} is a {impl.kind} impl\n  {fix}")
     reason = impl.support.unavailable_reason()
     if reason:
         raise InvalidAssertion(
@@ -144,8 +150,9 @@ def assert_linear_ce(impl: Any, problem: Problem | None = None, *, prop: str = "
     """
     call = "assert_linear_ce"
     _impl(call, impl, LINEAR_CE_KIND)
-    fn = _prop(call, prop, PROPERTIES)
-    p = _case(Problem, call, problem, fields, "Problem(N=8, H=16, V=32, dtype='float32')")
+    family = SUITES[LINEAR_CE_KIND]
+    fn = _prop(call, prop, family.properties)
+    p = _case(family.case_type, call, problem, fields, "Problem(N=8, H=16, V=32, dtype='float32')")
     why = refusal(impl.support, p)
     if why:
         raise InvalidAssertion(
@@ -192,10 +199,11 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
     """
     call = "assert_quant_linear"
     _impl(call, impl, QUANT_KIND)
-    fn = _prop(call, prop, FP8_PROPERTIES)
+    family = SUITES[QUANT_KIND]
+    fn = _prop(call, prop, family.properties)
     if "recipe" in fields:
         fields = {**fields, "recipe": _recipe(call, fields["recipe"])}
-    c = _case(QuantCase, call, case, fields, "QuantCase(Fp8Recipe('current'), M=32, K=64, N=16)")
+    c = _case(family.case_type, call, case, fields, "QuantCase(Fp8Recipe('current'), M=32, K=64, N=16)")
     why = impl.support.refuses(
         recipe=c.recipe,
         dtype=c.torch_dtype,

@@ -1,12 +1,12 @@
 """The property suite in-process, without pytest: :func:`check` (exported as :func:`numcheck.check`) and the
 :class:`CheckResult` it returns.
 
-Each drawn test of :data:`numcheck.properties.linear_ce.suite.SUITE` (linear+CE impls) or
-:data:`numcheck.properties.fp8.suite.QUANT_SUITE` (quantized-linear impls) runs through the same runner
+Each drawn test of the impl's family's suite (its table in :data:`numcheck.properties.suites.SUITES`: linear+CE,
+quantized linear, grouped quantized linear) runs through the same runner
 as the pytest suite (:mod:`numcheck.properties.core.runner`: the impl's example budget, the skips, the known divergences' rejection),
 under one of numcheck's hypothesis profiles, so its verdict is the suite's verdict on the same draws;
-``pinned_cases`` runs every pinned linear+CE case the impl declares. (The FP8 suite's fixed-case tests run
-under pytest only.)
+``pinned_cases`` runs every pinned case of its family the impl declares (linear+CE has them). (The FP8 suites'
+fixed-case tests run under pytest only.)
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from hypothesis.errors import Unsatisfiable
 
 from numcheck.errors import PropertyFailure, grouped
 from numcheck.impls import interpreter
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties.core import profiles
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.draw_isolation import isolated_draws
+from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import (
     SuiteProperty,
     budget,
@@ -37,17 +36,15 @@ from numcheck.properties.core.runner import (
     target_scores,
     unsatisfiable_reason,
 )
-from numcheck.properties.fp8.suite import QUANT_SUITE
-from numcheck.properties.linear_ce import props
-from numcheck.properties.linear_ce.known import known
-from numcheck.properties.linear_ce.strategies import refusal
-from numcheck.properties.linear_ce.suite import PINNED, SUITE
+from numcheck.properties.suites import SUITES
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"
-#: Every property :func:`check` knows for each kind of impl, in the suite's order.
-PROPERTY_NAMES: dict[str, tuple[str, ...]] = {LINEAR_CE_KIND: (*SUITE, PINNED_CASES), QUANT_KIND: tuple(QUANT_SUITE)}
-_TABLES: dict[str, dict[str, SuiteProperty]] = {LINEAR_CE_KIND: SUITE, QUANT_KIND: QUANT_SUITE}
+#: Every property :func:`check` knows for each kind of impl, in the suite's order (``pinned_cases`` last, for a
+#: family with pinned cases).
+PROPERTY_NAMES: dict[str, tuple[str, ...]] = {
+    kind: (*family.table, *((PINNED_CASES,) if family.pinned else ())) for kind, family in SUITES.items()
+}
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -195,15 +192,16 @@ def _run_drawn(prop: SuiteProperty, impl: Any, base: settings) -> Verdict:
     return _verdict(prop.name, worst, "passed")
 
 
-def _run_pinned(impl: Any) -> Verdict:
-    """Every pinned case ``impl`` declares, under the accuracy property (the suite's ``test_pinned_cases``)."""
+def _run_pinned(family: SuiteFamily, impl: Any) -> Verdict:
+    """Every pinned case of ``family`` ``impl`` declares, under its pinned property (linear+CE's accuracy: the suite's
+    ``test_pinned_cases``)."""
     worst = _Worst()
-    for case in PINNED.values():
+    for case in family.pinned.values():
         p = case.replace(device=DEVICE)
-        if refusal(impl.support, p) or known(impl.name, "accuracy", p):
+        if family.pinned_refusal(impl, p):
             continue
         try:
-            worst.add(p, judge(props.accuracy, impl, p))
+            worst.add(p, judge(family.pinned_property, impl, p))
         except Exception as exc:  # noqa: BLE001 - as in _run_drawn
             return _failure(PINNED_CASES, impl, worst, exc)
     if not worst.examples:
@@ -266,7 +264,7 @@ def check(
     interpreter.arrange()
     loaded = _load(impl)
     kind = getattr(loaded, "kind", None)
-    if kind not in _TABLES:
+    if kind not in SUITES:
         raise ValueError(
             f"numcheck.check: {getattr(loaded, 'name', loaded)!r} is not an impl (kind {kind!r}); "
             f"make one with numcheck.linear_ce_impl or the quantized-linear protocol"
@@ -282,7 +280,7 @@ def check(
         if reason:
             verdicts[n] = Verdict(n, "skipped", message=f"impl {loaded.name!r} unavailable here: {reason}")
         elif n == PINNED_CASES:
-            verdicts[n] = _run_pinned(loaded)
+            verdicts[n] = _run_pinned(SUITES[kind], loaded)
         else:
-            verdicts[n] = _run_drawn(_TABLES[kind][n], loaded, base)
+            verdicts[n] = _run_drawn(SUITES[kind].table[n], loaded, base)
     return CheckResult(loaded.name, name, verdicts)

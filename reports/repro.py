@@ -58,26 +58,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_case(text: str) -> Any:
-    """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only those names in scope."""
+    """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only the case types of the registered families
+    (:data:`reports.report.families.FAMILIES`, in the kinds' order) and the constructors their ``repr`` uses in scope."""
     import math
 
-    from numcheck.properties.distributed.linear_ce.cases import DistCase
-    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
-    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantCase, QuantizerCase
-    from numcheck.properties.fp8.grouped.cases import GroupedCase
-    from numcheck.properties.linear_ce.cases import Problem
+    from numcheck.impls.protocols.kinds import NAMES
+    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes
     from numcheck.reference.fp8_recipes import Fp8Recipe
+    from numcheck.reports.report.families import FAMILIES
 
+    types = tuple(t for kind in NAMES if kind in FAMILIES for t in FAMILIES[kind].case_types())
     names = {
-        "Problem": Problem,
-        "QuantCase": QuantCase,
+        **{t.__name__: t for t in types},
         "Fp8Recipe": Fp8Recipe,
-        "TPQuantCase": TPQuantCase,
-        "DistCase": DistCase,
-        "QuantizerCase": QuantizerCase,
         "DrawnTensor": DrawnTensor,
         "FormatCodes": FormatCodes,
-        "GroupedCase": GroupedCase,
         "inf": math.inf,
         "nan": math.nan,
     }
@@ -88,10 +83,10 @@ def parse_case(text: str) -> Any:
             f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
             f"QuantCase(...) as printed in a failure message"
         ) from None
-    if not isinstance(case, (Problem, QuantCase, QuantizerCase, TPQuantCase, DistCase, GroupedCase)):
+    if not isinstance(case, types):
+        listed = [t.__name__ for t in types]
         raise ValueError(
-            f"--problem must evaluate to a Problem, QuantCase, QuantizerCase, GroupedCase, TPQuantCase or DistCase, "
-            f"got {type(case).__name__}"
+            f"--problem must evaluate to a {', '.join(listed[:-1])} or {listed[-1]}, got {type(case).__name__}"
         )
     return case
 

@@ -85,6 +85,9 @@ _IMPL_FIXTURES: tuple[str, ...] = (
     "grouped_quant_impl",
     "numcheck_impl",
 )
+#: How the fixture of every kind ends (:class:`numcheck.impls.protocols.kind.Kind` checks it): a test asking for an
+#: argument named so may take a kind registered after the plugin's own (:func:`pytest_generate_tests`).
+_KIND_FIXTURE_SUFFIX = "_impl"
 #: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
 _GENERIC_FIXTURE = "numcheck_impl"
 _NO_IMPL_MARK = "numcheck_no_impl"
@@ -296,18 +299,27 @@ def _discovered(config: pytest.Config) -> list[Any]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Each impl fixture over the loaded impls of its kinds. Where none is loaded (``--impl`` named only impls of
     other kinds, or only impls that failed to load) the test gets one placeholder marked :data:`_NO_IMPL_MARK`,
-    which :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
-    for fixture in _IMPL_FIXTURES:
-        if fixture in metafunc.fixturenames:
-            kinds = _fixture_kinds(fixture)
-            entries = impl_entries(metafunc.config, kinds)
-            if entries:
-                metafunc.parametrize(fixture, _params(metafunc, entries), indirect=True)
-            else:
-                mark = getattr(pytest.mark, _NO_IMPL_MARK)(" or ".join(kinds))
-                metafunc.parametrize(
-                    fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"], indirect=True
-                )
+    which :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place).
+
+    The fixtures this plugin defines (:data:`_IMPL_FIXTURES`) are parametrized indirectly (the fixture skips an impl
+    that cannot run here); a kind registered after them (:data:`numcheck.impls.protocols.kinds.KINDS`, its
+    descriptor's ``fixture``, a name ending in ``_impl``) has its argument parametrized directly with the impls, an
+    impl that cannot run here marked skipped. The registry (torch) is imported only for a test asking for an
+    argument whose name ends in ``_impl``."""
+    requested = [f for f in metafunc.fixturenames if f in _IMPL_FIXTURES or f.endswith(_KIND_FIXTURE_SUFFIX)]
+    for fixture in requested:
+        kinds = _fixture_kinds(fixture)
+        if not kinds:  # an argument of the user's own named like a kind's fixture
+            continue
+        direct = fixture not in _IMPL_FIXTURES
+        entries = impl_entries(metafunc.config, kinds)
+        if entries:
+            metafunc.parametrize(fixture, _params(metafunc, entries, direct), indirect=not direct)
+        else:
+            mark = getattr(pytest.mark, _NO_IMPL_MARK)(" or ".join(kinds))
+            metafunc.parametrize(
+                fixture, [pytest.param(None, marks=mark)], ids=[f"no-{kinds[0]}-impl"], indirect=not direct
+            )
 
 
 def _fixture_kinds(fixture: str) -> tuple[str, ...]:
@@ -319,8 +331,9 @@ def _fixture_kinds(fixture: str) -> tuple[str, ...]:
     return tuple(k.name for k in KINDS if (k.generic if fixture == _GENERIC_FIXTURE else k.fixture == fixture))
 
 
-def _params(metafunc: pytest.Metafunc, entries: list[Any]) -> list[Any]:
-    """One parameter per impl; under a ``torch_versions_impls(*names, reason=...)`` marker the named impls' carry
+def _params(metafunc: pytest.Metafunc, entries: list[Any], direct: bool = False) -> list[Any]:
+    """One parameter per impl (its entry, or for a ``direct`` parametrization the impl itself, skipped when it
+    cannot run here); under a ``torch_versions_impls(*names, reason=...)`` marker the named impls' carry
     ``torch_versions(reason=...)``: CI's oldest-torch leg (``-m torch_versions``) runs the test on those only."""
     mark = metafunc.definition.get_closest_marker(_TORCH_IMPLS_MARK)
     chosen = set(mark.args) if mark is not None else set()
@@ -333,9 +346,21 @@ def _params(metafunc: pytest.Metafunc, entries: list[Any]) -> list[Any]:
             pytrace=False,
         )
     return [
-        pytest.param(e, id=e.name, marks=[pytest.mark.torch_versions(reason=reason)] if e.name in chosen else [])
+        pytest.param(
+            e.impl if direct else e,
+            id=e.name,
+            marks=[
+                *([pytest.mark.torch_versions(reason=reason)] if e.name in chosen else []),
+                *([_unavailable(e)] if direct and e.impl.support.unavailable_reason() else []),
+            ],
+        )
         for e in entries
     ]
+
+
+def _unavailable(entry: Any) -> pytest.MarkDecorator:
+    """The skip of an impl that cannot run here (as :func:`_unwrap` skips it)."""
+    return pytest.mark.skip(reason=f"impl {entry.name!r} unavailable here: {entry.impl.support.unavailable_reason()}")
 
 
 class ImplLoadError(pytest.Item):
@@ -480,16 +505,19 @@ def _impl_of(item: pytest.Item) -> Any:
     return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
 
 
-def _suite_property(item: pytest.Item) -> SuiteProperty | None:
-    """The suite entry a drawn test runs: in its module's ``NUMCHECK_SUITE`` table, the test's name without
-    ``test_``, with ``[value]`` of its parameter other than the impl's (``frozen_inputs[x]``)."""
-    suite = getattr(getattr(item, "module", None), "NUMCHECK_SUITE", None)
-    if suite is None:
+def _suite_property(item: pytest.Item, impl: Any) -> SuiteProperty | None:
+    """The suite entry a drawn test runs: in the table of ``impl``'s family
+    (:data:`numcheck.properties.suites.SUITES`), the test's name without ``test_``, with ``[value]`` of its parameter
+    other than the impl's (``frozen_inputs[x]``)."""
+    from numcheck.properties.suites import SUITES
+
+    family = SUITES.get(impl.kind)
+    if family is None:
         return None
     callspec = getattr(item, "callspec", None)
     params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _IMPL_FIXTURES]
     base = getattr(item, "originalname", item.name).removeprefix("test_")
-    return suite.get(f"{base}[{'-'.join(params)}]" if params else base)
+    return family.table.get(f"{base}[{'-'.join(params)}]" if params else base)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -522,7 +550,7 @@ def _suite_call(item: pytest.Item) -> Any:
 
     from numcheck.properties.core.runner import budget, skip_reason, unsatisfiable_reason
 
-    prop = _suite_property(item)
+    prop = _suite_property(item, impl)
     # The same attribute hypothesis' own plugin sets per parametrized call (its differing_executors override).
     fn._hypothesis_internal_use_settings = settings(own, max_examples=budget(impl, own.max_examples, prop))
     rows = _RowsStatistics()
@@ -734,18 +762,13 @@ def numcheck_impl(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
-    (:func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
+    (its family's ``strategy`` in :data:`numcheck.properties.suites.SUITES`:
+    :func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
-    from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+    from numcheck.properties.suites import SUITES
 
-    if numcheck_impl.kind == QUANT_KIND:
-        from numcheck.properties.fp8.strategies import quant_cases
-
-        return quant_cases(numcheck_impl.support)
-    from numcheck.properties.linear_ce.strategies import problems
-
-    return problems(numcheck_impl.support)
+    return SUITES[numcheck_impl.kind].strategy(numcheck_impl.support)
 
 
 @pytest.fixture(scope="module")

@@ -414,18 +414,16 @@ def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
         return _run_vocab_parallel(impl, name)
     if impl.kind == "tp_quant_linear":
         return _run_tp(impl, name, base)
-    from numcheck.properties.check import _TABLES, _run_drawn
-    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+    from numcheck.properties.check import _run_drawn
+    from numcheck.properties.suites import SUITES
 
-    table = {**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind]
-    v = _run_drawn(table[name], impl, base)
+    v = _run_drawn(SUITES[impl.kind].table[name], impl, base)
     return v.status, v.message
 
 
 def _all_properties(impl: Any) -> list[str]:
     """Every drawn property of ``impl``'s kind (``--all-properties``)."""
-    from numcheck.properties.check import _TABLES
-    from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+    from numcheck.properties.suites import SUITES
 
     if impl.kind == "dist_linear_ce":
         return [
@@ -438,7 +436,7 @@ def _all_properties(impl: Any) -> list[str]:
         from numcheck.properties.distributed.tp_fp8.suite import DRAWN
 
         return list(DRAWN)
-    return list({**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind])
+    return list(SUITES[impl.kind].table)
 
 
 def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:

@@ -28,7 +28,8 @@ class Kind:
         decorator: the public decorator that declares one (``numcheck.<decorator.__name__>``).
         validate: ``validate(impl, origin)`` raises ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol.
         public: the names ``import numcheck`` exports from the protocol module.
-        fixture: the pytest fixture of :mod:`numcheck.tests.plugin` parametrized over the loaded impls of this kind.
+        fixture: the pytest fixture of :mod:`numcheck.tests.plugin` parametrized over the loaded impls of this kind
+            (its name ends in ``_impl``: the plugin looks for a kind's fixture among the arguments named so).
         generic: whether the plugin's ``numcheck_impl`` fixture (one test over several kinds) also covers it.
     """
 
@@ -39,6 +40,10 @@ class Kind:
     public: tuple[str, ...]
     fixture: str
     generic: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.fixture.endswith("_impl"):
+            raise ValueError(f"kind {self.name!r}: its fixture's name must end in '_impl', got {self.fixture!r}")
 
     @property
     def module(self) -> str:

@@ -14,7 +14,7 @@ all of them) — with the multiplier and the floor derived instead of fixed:
 * **Multiplier** k = K·s, two factors:
 
   - K, how much more a correct *head* may err than eager's: the multiplier of the suite's per-call relative
-    judgement (b) (:func:`numcheck.properties.linear_ce.accuracy.ratio_multiplier`) at the head gradients' element count
+    judgement (b) (:func:`numcheck.properties.core.relative.ratio_multiplier`) at the head gradients' element count
     (n_eff = min(N·H, V·H) for a flat error profile; thousands here, so K is Inductor's 2 for fp32, 3 for
     bf16/fp16). To first order a run's deviation is the body's rounding and the head's, independent, so
     d_impl² = d_body² + d_head² ≤ d_body² + K²·d_head,eager² ≤ K²·d_eager² for K ≥ 1.
@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import torch
 
 from numcheck.properties.convergence.model import Trajectory
-from numcheck.properties.linear_ce.accuracy import ratio_multiplier
+from numcheck.properties.core.relative import ratio_multiplier
 from numcheck.properties.linear_ce.tolerance import unit_roundoff
 
 #: The distances judged, in the order they are reported.

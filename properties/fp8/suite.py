@@ -11,10 +11,12 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
 from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantizerCase
+from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
 
@@ -116,3 +118,13 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
 
 #: Every drawn quantized-linear test of the suite by verdict name.
 QUANT_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
+
+#: The family's suite, registered in :data:`numcheck.properties.suites.SUITES`.
+FAMILY = SuiteFamily(
+    kind=QUANT_KIND,
+    table=QUANT_SUITE,
+    properties=checks.FP8_PROPERTIES,
+    case_type=QuantCase,
+    strategy=quant_cases,
+    assertion="assert_quant_linear",
+)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS
 from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.rows import Row
 from numcheck.properties.core.runner import Draw, SuiteProperty
 from numcheck.properties.linear_ce import known, props
@@ -35,6 +36,7 @@ from numcheck.properties.linear_ce.strategies import (
     many_chunk_problems,
     pinned_row,
     problems,
+    refusal,
     wide_hidden_problems,
 )
 from numcheck.properties.linear_ce.undrawable import undrawable_reason
@@ -374,3 +376,22 @@ PINNED: dict[str, Problem] = {
         N=8, H=16, V=24, ignored=0.5, ignore_index=-1, bias=True, seed=1
     ),
 }
+
+
+def _pinned_refusal(impl: Any, p: Problem) -> Any:
+    """Why ``impl`` is not judged on pinned case ``p``: its declaration excludes it, or a known divergence covers it."""
+    return refusal(impl.support, p) or known.known(impl.name, "accuracy", p)
+
+
+#: The family's suite, registered in :data:`numcheck.properties.suites.SUITES`.
+FAMILY = SuiteFamily(
+    kind=LINEAR_CE_KIND,
+    table=SUITE,
+    properties=props.PROPERTIES,
+    case_type=Problem,
+    strategy=problems,
+    pinned=PINNED,
+    pinned_property=props.accuracy,
+    pinned_refusal=_pinned_refusal,
+    assertion="assert_linear_ce",
+)

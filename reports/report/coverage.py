@@ -4,7 +4,9 @@ distributed impl each declared world size and uneven shards; for FP8 linears eac
 declared flags) that no case the grid runs for it has. ``report.json`` records them per impl (``unreached``),
 ``report.md`` lists them, and premerge names them when the suite fails where the report passed.
 
-A behaviour counts as reached when a case having it was run for the impl, whatever its verdict.
+A behaviour counts as reached when a case having it was run for the impl, whatever its verdict. Each family names
+its kind's behaviours (``behaviours`` of its :class:`~reports.report.families.family.ReportFamily`, one of the
+functions here or its own).
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS, REDUCTIONS
-from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_OPTIONS, REDUCTIONS
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -27,7 +27,9 @@ def _dtypes(dtypes: Iterable[torch.dtype]) -> list[str]:
 Behaviour = tuple[str, Callable[[Any], bool]]
 
 
-def _linear_ce(support: Any) -> list[Behaviour]:
+def linear_ce_behaviours(impl: Any) -> list[Behaviour]:
+    """A linear+CE impl's declared behaviours."""
+    support = impl.support
     out: list[Behaviour] = [
         (f"option {o}", lambda p, o=o: o in p.features) for o in LINEAR_CE_OPTIONS if o in support.options
     ]
@@ -45,7 +47,8 @@ def _linear_ce(support: Any) -> list[Behaviour]:
     return out
 
 
-def _dist(impl: Any) -> list[Behaviour]:
+def dist_behaviours(impl: Any) -> list[Behaviour]:
+    """A distributed linear+CE impl's declared behaviours."""
     s, d = impl.support, impl.dist
     out: list[Behaviour] = [
         (f"option {o}", lambda c, o=o: o in c.problem.features) for o in LINEAR_CE_OPTIONS if o in s.options
@@ -77,20 +80,21 @@ def _quant(support: Any, tp: bool) -> list[Behaviour]:
     return out
 
 
-def behaviours(impl: Any) -> list[Behaviour]:
-    """(description, predicate on a case of the impl's kind) of every behaviour ``impl`` declares."""
-    if impl.kind == LINEAR_CE_KIND:
-        return _linear_ce(impl.support)
-    if impl.kind == DIST_KIND:
-        return _dist(impl)
-    return _quant(impl.support, tp=impl.kind == TP_KIND)
+def quant_behaviours(impl: Any) -> list[Behaviour]:
+    """A single-device FP8 linear's declared behaviours (single or grouped)."""
+    return _quant(impl.support, tp=False)
 
 
-def unreached(impl: Any, cases: Iterable[Any]) -> list[str]:
-    """The declared behaviours of ``impl`` (:func:`behaviours`) that none of ``cases`` (the grid cases run for it)
-    has, in declaration order."""
+def tp_quant_behaviours(impl: Any) -> list[Behaviour]:
+    """A tensor-parallel FP8 linear's declared behaviours."""
+    return _quant(impl.support, tp=True)
+
+
+def unreached(behaviours: list[Behaviour], cases: Iterable[Any]) -> list[str]:
+    """The declared ``behaviours`` of an impl (description, predicate on a case of its kind; its family's
+    ``behaviours``) that none of ``cases`` (the grid cases run for it) has, in declaration order."""
     cases = list(cases)
-    return [name for name, has in behaviours(impl) if not any(_holds(has, c) for c in cases)]
+    return [name for name, has in behaviours if not any(_holds(has, c) for c in cases)]
 
 
 def _holds(has: Any, case: Any) -> bool:

@@ -150,7 +150,7 @@ def plan(
         if spec.properties:
             mine += _with_properties(spec, impl, device, mine, info)
         work += mine
-        info["unreached"] = unreached(impl, [gc.case for _, gc in mine])
+        info["unreached"] = unreached(FAMILIES[impl.kind].behaviours(impl), [gc.case for _, gc in mine])
     return infos, work
 
 

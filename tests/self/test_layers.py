@@ -30,15 +30,16 @@ from numcheck.reports.common import package_folders
 #: The layers, lowest first: a module may import its own layer and the ones before it.
 LAYERS: tuple[str, ...] = ("errors", "reference", "impls", "properties", "tests", "reports")
 #: The feature families of numcheck.properties and the families each may import (its bases). ``assertions`` and
-#: ``check`` (the public front of the property library) and ``libraries`` (the registry of the adapters' libraries,
-#: one line per family's vendor module) may import every family.
+#: ``check`` (the public front of the property library), ``libraries`` (the registry of the adapters' libraries,
+#: one line per family's vendor module) and ``suites`` (the registry of the families' suites, one line per family)
+#: may import every family.
 FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "core": (),
     "linear_ce": ("core",),
     "fp8": ("core",),
     "distributed.pool": ("core",),
     "distributed.linear_ce": ("core", "linear_ce", "distributed.pool"),
-    "distributed.tp_fp8": ("core", "linear_ce", "distributed.pool", "fp8"),
+    "distributed.tp_fp8": ("core", "distributed.pool", "fp8"),
     "convergence": ("core", "linear_ce"),
     "production": ("core", "linear_ce"),
 }
@@ -50,7 +51,7 @@ JUDGED: tuple[str, ...] = ("numcheck.impls.builtin", "numcheck.impls.adapters")
 #: modules (``known`` or ``known_<vendor>``), which read the release of the adapter whose divergences they record.
 ADAPTER_REGISTRY = re.compile(r"^numcheck\.properties\.([a-z0-9_]+\.)*known(_[a-z0-9_]+)?$")
 #: The modules of numcheck.properties outside the families that may import every family.
-EVERY_FAMILY: tuple[str, ...] = ("assertions", "check", "libraries")
+EVERY_FAMILY: tuple[str, ...] = ("assertions", "check", "libraries", "suites")
 #: Packages no module of ``properties/core`` (the machinery every family shares) may import: what is judged (the
 #: third-party adapters) is named by the families beside their own entries, never by the core.
 CORE_FORBIDDEN: tuple[str, ...] = ("numcheck.impls.adapters",)

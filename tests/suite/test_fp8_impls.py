@@ -31,9 +31,6 @@ from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 
-#: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
-NUMCHECK_SUITE = QUANT_SUITE
-
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 EDGE_REGIMES = EDGE_INPUT_REGIMES
 

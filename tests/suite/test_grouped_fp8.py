@@ -18,9 +18,6 @@ from numcheck.properties.fp8.grouped.cases import EDGE_SPLIT_CASES, GroupedCase,
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 from numcheck.tests.suite.drawn import run_drawn
 
-#: The suite table numcheck's plugin reads each test's entry from (its example budget).
-NUMCHECK_SUITE = GROUPED_SUITE
-
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).

@@ -40,9 +40,6 @@ pytestmark = pytest.mark.torch_versions_impls(
     reason="one impl per torch-switched path: the addmm_out_dtype probe, autocast (eager), the Triton torch pins, F.linear_cross_entropy, Liger's import",
 )
 
-#: The suite table numcheck's plugin reads each test's entry from (its covering rows and example budget).
-NUMCHECK_SUITE = SUITE
-
 
 def _run(name: str, impl: Any, data: Any) -> None:
     """One example of the suite's test ``name`` on ``impl``."""

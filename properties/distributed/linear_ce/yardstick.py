@@ -1,5 +1,5 @@
 """Judgement (b) for a vocabulary-parallel impl: every assembled output and every rank's grad_x judged as on one
-device (:func:`numcheck.properties.linear_ce.accuracy.relative_judgement`: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(yardstick −
+device (:func:`numcheck.properties.core.relative.relative_judgement`: RMSE(impl − oracle) ≤ k(n_eff)·RMSE(yardstick −
 oracle) + λ(α)·RMS(E), the same k, λ and α), against a yardstick that follows the declaration.
 
 The yardstick is numcheck's evaluation of the declared path (:mod:`numcheck.properties.linear_ce.declared_path`) at the
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from numcheck.impls.protocols.dist_linear_ce import shard_bounds
+from numcheck.properties.core.relative import RelativeJudgement, relative_judgement
 from numcheck.properties.distributed.linear_ce.tolerance import dist_error_model
-from numcheck.properties.linear_ce.accuracy import RelativeJudgement, relative_judgement
 from numcheck.properties.linear_ce.cases import Problem, Tensors
 from numcheck.properties.linear_ce.declared_path import DeclaredPath, path_errors
 from numcheck.properties.linear_ce.tolerance import linear_ce_bounds, unit_roundoff

@@ -1,6 +1,6 @@
 """Judgement (b) for a tensor/sequence-parallel FP8 linear: every assembled output (and each rank's partial bias
 gradient under row-parallel SP) judged as on one device, against the dequantized-operand reference, with the
-relative judgement of :mod:`numcheck.properties.linear_ce.accuracy` (RMSE(impl − o_dq) ≤ k(n_eff)·RMSE(yardstick − o_dq) +
+relative judgement of :mod:`numcheck.properties.core.relative` (RMSE(impl − o_dq) ≤ k(n_eff)·RMSE(yardstick − o_dq) +
 λ(α)·RMS(E): the same k, λ and α).
 
 The yardstick is numcheck's evaluation of the path the declaration states, on the oracle's dequantized operands
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from numcheck.properties.core.relative import RelativeJudgement, relative_judgement
 from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase, reduction_parts, row_parts
 from numcheck.properties.fp8.tolerance import EXTRA_ROUNDINGS, OUT_U, U32, _nan0, gemm_operands, output_bounds
-from numcheck.properties.linear_ce.accuracy import RelativeJudgement, relative_judgement
 from numcheck.reference.fp8_formats import F64, round_to_fp32
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8.grouped import props as checks
+from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.strategies import grouped_cases
 
 #: Rows in all of the properties that run several calls and oracles per example (per-expert, permutation,
@@ -118,3 +121,12 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
 
 #: Every drawn grouped-linear test of the suite by verdict name.
 GROUPED_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
+
+#: The family's suite, registered in :data:`numcheck.properties.suites.SUITES`.
+FAMILY = SuiteFamily(
+    kind=GROUPED_KIND,
+    table=GROUPED_SUITE,
+    properties=checks.GROUPED_PROPERTIES,
+    case_type=GroupedCase,
+    strategy=grouped_cases,
+)

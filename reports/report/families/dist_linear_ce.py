@@ -18,6 +18,7 @@ from typing import Any
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.linear_ce import REDUCTIONS
 from numcheck.properties.linear_ce.cases import Problem, dtype_of
+from numcheck.reports.report.coverage import dist_behaviours
 from numcheck.reports.report.families import linear_ce
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.families.linear_ce import declared_option_cases, option_groups
@@ -235,4 +236,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=OUTPUTS,
     label="distributed ",
+    behaviours=dist_behaviours,
 )

@@ -46,6 +46,9 @@ class ReportFamily:
         table: report.md's section of the kind (its summary table; no lines without cases of the kind).
         outputs: the kind's outputs in column order (the facets of ``ratio_distribution.png``).
         label: how a row of ``ratio_distribution.png`` names the kind (before the dtype mode).
+        behaviours: ``behaviours(impl)``, the behaviours an impl of the kind declares, each a (description,
+            predicate on a case) pair: report.json's ``unreached`` names those no case run for it has
+            (:mod:`reports.report.coverage`).
     """
 
     kind: str
@@ -63,3 +66,4 @@ class ReportFamily:
     table: Callable[[dict], list[str]]
     outputs: tuple[str, ...]
     label: str
+    behaviours: Callable[[Any], list[tuple[str, Callable[[Any], bool]]]]

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from numcheck.impls.protocols.fp8_linear import QUANT_KIND
 from numcheck.properties.fp8.cases import QuantCase, declared_mode
+from numcheck.reports.report.coverage import quant_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, median, plain_mode, quant_extras, summarize
@@ -214,4 +215,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=OUTPUTS,
     label="FP8 ",
+    behaviours=quant_behaviours,
 )

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+from numcheck.reports.report.coverage import quant_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GROUPED_CASES, GridCase, GridSpec, NotRun
@@ -157,4 +158,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=fp8_linear.OUTPUTS,
     label="grouped FP8 ",
+    behaviours=quant_behaviours,
 )

@@ -13,6 +13,7 @@ from typing import Any
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LINEAR_CE_OPTIONS, REDUCTIONS
 from numcheck.properties.linear_ce.cases import Problem, dtype_of
+from numcheck.reports.report.coverage import linear_ce_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import (
     DECLARED_MODE_ORDER,
@@ -406,4 +407,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=OUTPUTS,
     label="",
+    behaviours=linear_ce_behaviours,
 )

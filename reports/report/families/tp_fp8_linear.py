@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+from numcheck.reports.report.coverage import tp_quant_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import (
@@ -211,4 +212,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=fp8_linear.OUTPUTS,
     label="TP FP8 ",
+    behaviours=tp_quant_behaviours,
 )

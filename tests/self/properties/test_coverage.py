@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from hypothesis.errors import UnsatisfiedAssumption
 
 from numcheck.errors import PropertyFailure
-from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport
+from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, FunctionImpl, LinearCESupport
 from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.runner import MIN_RANDOM, SuiteProperty, budget, rows, run_rows
+from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 from numcheck.properties.fp8.suite import QUANT_SUITE
 from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows, uncovered_pairs
 from numcheck.properties.linear_ce.strategies import determinism_layout, pinned_row, problems
@@ -191,16 +194,22 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
 
 
 @pytest.mark.parametrize(
-    "module,table",
-    [("numcheck.tests.suite.test_properties", SUITE), ("numcheck.tests.suite.test_fp8_impls", QUANT_SUITE)],
+    "module,kind,table",
+    [
+        ("numcheck.tests.suite.test_properties", LINEAR_CE_KIND, SUITE),
+        ("numcheck.tests.suite.test_fp8_impls", QUANT_KIND, QUANT_SUITE),
+        ("numcheck.tests.suite.test_grouped_fp8", GROUPED_KIND, GROUPED_SUITE),
+    ],
 )
-def test_every_drawn_suite_test_names_its_entry(module, table):
-    """Each @given test of a suite module is an entry of the NUMCHECK_SUITE table numcheck's plugin reads (its
-    name without test_, [param] for a parametrized one), so its rows and budget apply."""
+def test_every_drawn_suite_test_names_its_entry(module, kind, table):
+    """Each @given test of a suite module is an entry of its kind's table in the properties registry, which numcheck's
+    plugin reads (its name without test_, [param] for a parametrized one), so its rows and budget apply."""
     import importlib
 
+    from numcheck.properties.suites import SUITES
+
     mod = importlib.import_module(module)
-    assert mod.NUMCHECK_SUITE is table
+    assert SUITES[kind].table is table
     names = {n.split("[")[0] for n in table}
     given = [
         name

@@ -24,15 +24,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.registry import builtin
-from numcheck.properties.linear_ce.accuracy import (
+from numcheck.properties.core.relative import (
     RELATIVE_ALPHA,
     RELATIVE_K,
-    check_accuracy,
     effective_count,
     ratio_multiplier,
     relative_judgement,
     rms_lambda,
 )
+from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import large_vocab_problems, problems, why_not_run
 from numcheck.tests.self.helpers.mutants import MUTANTS

@@ -1,0 +1,31 @@
+"""The property library's families: one :class:`~numcheck.properties.core.family.SuiteFamily` per kind whose suite
+runs drawn tests in one process, one line each, keyed by the kind's name (imported from its protocol module through
+the family's ``suite``).
+
+:func:`numcheck.check` runs the kinds registered here, the assertions (:mod:`numcheck.properties.assertions`) find a
+kind's property table and assertion here, and the pytest plugin finds the suite entry a drawn test of the shipped
+suite runs and the strategy of the ``numcheck_problems`` fixture. A new family adds its ``suite`` module's
+``FAMILY`` and one line here. (The distributed families run their draws inside their tests, on their ranks: they
+have no entry.)
+
+>>> from numcheck.properties.suites import SUITES
+>>> [s.case_type.__name__ for s in SUITES.values()]
+['Problem', 'QuantCase', 'GroupedCase']
+"""
+
+from __future__ import annotations
+
+import numcheck.properties.fp8.grouped.suite
+import numcheck.properties.fp8.suite
+import numcheck.properties.linear_ce.suite
+from numcheck.properties.core.family import SuiteFamily
+
+#: Each family's suite by its kind's name, in the kinds' listing order.
+SUITES: dict[str, SuiteFamily] = {
+    s.kind: s
+    for s in (
+        numcheck.properties.linear_ce.suite.FAMILY,
+        numcheck.properties.fp8.suite.FAMILY,
+        numcheck.properties.fp8.grouped.suite.FAMILY,
+    )
+}

@@ -1,0 +1,1 @@
+"""The toy family's properties: its case, draws, bounds, properties and suite."""
