@@ -31,22 +31,22 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
     )
     from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
     from numcheck.impls.protocols.fp8_linear import (
-        QuantFunctionImpl,
-        QuantLinearSupport,
-        make_quant_support,
-        quant_linear_impl,
+        Fp8FunctionImpl,
+        Fp8LinearSupport,
+        fp8_linear_impl,
+        make_fp8_support,
     )
     from numcheck.impls.protocols.grouped_fp8_linear import (
+        GroupedFp8Support,
         GroupedFunctionImpl,
-        GroupedQuantSupport,
-        grouped_quant_linear_impl,
+        grouped_fp8_linear_impl,
     )
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-    from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
-    from numcheck.properties.assertions import assert_linear_ce, assert_quant_linear
+    from numcheck.impls.protocols.tp_fp8_linear import TPFp8FunctionImpl, TPFp8Support, tp_fp8_linear_impl
+    from numcheck.properties.assertions import assert_fp8_linear, assert_linear_ce
     from numcheck.properties.check import CheckResult, Verdict, check
     from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import Fp8Case
     from numcheck.properties.fp8.grouped.cases import GroupedCase
     from numcheck.properties.linear_ce.cases import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -68,9 +68,9 @@ _PUBLIC: dict[str, str] = {
         ),
         "numcheck.errors",
     ),
-    **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
+    **dict.fromkeys(("assert_linear_ce", "assert_fp8_linear"), "numcheck.properties.assertions"),
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
-    "QuantCase": "numcheck.properties.fp8.cases",
+    "Fp8Case": "numcheck.properties.fp8.cases",
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
     "Problem": "numcheck.properties.linear_ce.cases",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
@@ -119,7 +119,7 @@ __all__ = [
     "FunctionImpl",
     "GroupedCase",
     "GroupedFunctionImpl",
-    "GroupedQuantSupport",
+    "GroupedFp8Support",
     "InvalidAssertion",
     "InvalidDeclaration",
     "LinearCESupport",
@@ -127,21 +127,21 @@ __all__ = [
     "Problem",
     "PropertyFailure",
     "ProtocolViolation",
-    "QuantCase",
-    "QuantFunctionImpl",
-    "QuantLinearSupport",
-    "TPQuantFunctionImpl",
-    "TPQuantSupport",
+    "Fp8Case",
+    "Fp8FunctionImpl",
+    "Fp8LinearSupport",
+    "TPFp8FunctionImpl",
+    "TPFp8Support",
     "Verdict",
     "assert_converges",
     "assert_linear_ce",
-    "assert_quant_linear",
+    "assert_fp8_linear",
     "check",
     "dist_linear_ce_impl",
-    "grouped_quant_linear_impl",
+    "grouped_fp8_linear_impl",
     "linear_ce_impl",
-    "make_quant_support",
+    "make_fp8_support",
     "make_support",
-    "quant_linear_impl",
-    "tp_quant_linear_impl",
+    "fp8_linear_impl",
+    "tp_fp8_linear_impl",
 ]

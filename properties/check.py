@@ -21,7 +21,7 @@ from hypothesis.errors import Unsatisfiable
 
 from numcheck.errors import PropertyFailure, grouped
 from numcheck.impls import interpreter
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.properties.core import profiles
@@ -46,8 +46,8 @@ from numcheck.properties.linear_ce.suite import PINNED, SUITE
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"
 #: Every property :func:`check` knows for each kind of impl, in the suite's order.
-PROPERTY_NAMES: dict[str, tuple[str, ...]] = {LINEAR_CE_KIND: (*SUITE, PINNED_CASES), QUANT_KIND: tuple(QUANT_SUITE)}
-_TABLES: dict[str, dict[str, SuiteProperty]] = {LINEAR_CE_KIND: SUITE, QUANT_KIND: QUANT_SUITE}
+PROPERTY_NAMES: dict[str, tuple[str, ...]] = {LINEAR_CE_KIND: (*SUITE, PINNED_CASES), FP8_KIND: tuple(QUANT_SUITE)}
+_TABLES: dict[str, dict[str, SuiteProperty]] = {LINEAR_CE_KIND: SUITE, FP8_KIND: QUANT_SUITE}
 
 Status = Literal["passed", "failed", "skipped"]
 

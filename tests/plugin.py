@@ -7,8 +7,8 @@ Run the suite against your impl from any directory::
 
 - ``--impl SPEC`` (repeatable) restricts the run to those impls: built-in names or ``package.module:attr``.
   Without it: every built-in, plus ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
-- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``grouped_quant_impl``, ``dist_linear_ce_impl``,
-  ``tp_quant_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
+- Every test that takes ``linear_ce_impl`` (or ``fp8_linear_impl``, ``grouped_fp8_linear_impl``, ``dist_linear_ce_impl``,
+  ``tp_fp8_linear_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
   collection is identical on every xdist worker (discovery is deterministic). A test of a kind that no selected
   impl has is not collected (deselected; the summary says so, under xdist too): ``--impl`` naming only linear+CE
   impls runs no FP8 or distributed test, never the built-ins in their place. numcheck's own protocol tests (the
@@ -79,10 +79,10 @@ _SUITE_DIR = _TESTS_DIR / "suite"
 #: over the kinds marked ``generic``. The kinds each is parametrized over: :func:`_fixture_kinds`.
 _IMPL_FIXTURES: tuple[str, ...] = (
     "linear_ce_impl",
-    "quant_impl",
+    "fp8_linear_impl",
     "dist_linear_ce_impl",
-    "tp_quant_impl",
-    "grouped_quant_impl",
+    "tp_fp8_linear_impl",
+    "grouped_fp8_linear_impl",
     "numcheck_impl",
 )
 #: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
@@ -697,13 +697,13 @@ def linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def quant_impl(request: pytest.FixtureRequest) -> Any:
+def fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded quantized-linear impl (skipped when it cannot run here)."""
     return _unwrap(request)
 
 
 @pytest.fixture
-def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
+def grouped_fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded grouped quantized linear (mixture-of-experts, :mod:`numcheck.impls.protocols.grouped_fp8_linear`;
     skipped when it cannot run here, failed when it could not be loaded)."""
     return _unwrap(request)
@@ -717,7 +717,7 @@ def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
+def tp_fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.protocols.tp_fp8_linear`; skipped when it cannot
     run here)."""
     return _unwrap(request)
@@ -737,9 +737,9 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     (:func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
     :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
-    from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+    from numcheck.impls.protocols.fp8_linear import FP8_KIND
 
-    if numcheck_impl.kind == QUANT_KIND:
+    if numcheck_impl.kind == FP8_KIND:
         from numcheck.properties.fp8.strategies import quant_cases
 
         return quant_cases(numcheck_impl.support)

@@ -410,35 +410,42 @@ def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
 
 def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
     """One property ``name`` of ``impl``'s kind through the suite's own runner for that kind: status, message."""
-    if impl.kind == "dist_linear_ce":
+    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+    from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+
+    if impl.kind == DIST_KIND:
         return _run_vocab_parallel(impl, name)
-    if impl.kind == "tp_quant_linear":
+    if impl.kind == TP_KIND:
         return _run_tp(impl, name, base)
     from numcheck.properties.check import _TABLES, _run_drawn
     from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 
-    table = {**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind]
+    table = {**_TABLES, GROUPED_KIND: GROUPED_SUITE}[impl.kind]
     v = _run_drawn(table[name], impl, base)
     return v.status, v.message
 
 
 def _all_properties(impl: Any) -> list[str]:
     """Every drawn property of ``impl``'s kind (``--all-properties``)."""
+    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+    from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
     from numcheck.properties.check import _TABLES
     from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 
-    if impl.kind == "dist_linear_ce":
+    if impl.kind == DIST_KIND:
         return [
             "dist_accuracy[world_size=2]",
             "dist_accuracy[world_size=4]",
             "dist_world_size_invariance[world_size=2]",
             "dist_world_size_invariance[world_size=4]",
         ]
-    if impl.kind == "tp_quant_linear":
+    if impl.kind == TP_KIND:
         from numcheck.properties.distributed.tp_fp8.suite import DRAWN
 
         return list(DRAWN)
-    return list({**_TABLES, "grouped_quant_linear": GROUPED_SUITE}[impl.kind])
+    return list({**_TABLES, GROUPED_KIND: GROUPED_SUITE}[impl.kind])
 
 
 def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:

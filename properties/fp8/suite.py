@@ -20,7 +20,7 @@ from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
 
 
 def _cases(*regimes: str, prop: str = "accuracy") -> Draw:
-    """A draw of a :class:`QuantCase` inside the impl's declaration, in one of ``regimes``; a case a known divergence
+    """A draw of a :class:`Fp8Case` inside the impl's declaration, in one of ``regimes``; a case a known divergence
     of the installed release covers under property ``prop`` (:mod:`~numcheck.properties.fp8.known_torchao`, whose
     strict examples show it) is rejected, as the runner rejects linear+CE ones."""
 

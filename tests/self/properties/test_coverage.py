@@ -151,7 +151,7 @@ def test_strided_rows_meet_a_scalar_upstream_for_every_liger_impl():
     passes) for each Liger impl, in each reduction that takes one."""
     from numcheck.impls.registry import discover
 
-    ligers = [e.impl for e in discover([]) if e.kind == "linear_ce" and e.name.startswith("liger")]
+    ligers = [e.impl for e in discover([]) if e.kind == "linear-ce" and e.name.startswith("liger")]
     if not ligers:
         pytest.skip("no Liger impl registered here")
     for impl in ligers:
@@ -183,7 +183,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     cheap = QUANT_SUITE["save_original_input_is_bitwise_identical"]
     assert cheap.budget_scale > 1
     assert (
-        budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "quant_linear"})(), 12, cheap)
+        budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "fp8-linear"})(), 12, cheap)
         == 12 * cheap.budget_scale
     )
     with pytest.raises(ValueError, match="budget_scale"):
@@ -218,7 +218,7 @@ def test_determinism_draws_span_several_chunks():
     from numcheck.impls.registry import discover
     from numcheck.properties.linear_ce.chunks import SEVERAL_CHUNKS
 
-    impls = {e.name: e.impl for e in discover([]) if e.kind == "linear_ce"}
+    impls = {e.name: e.impl for e in discover([]) if e.kind == "linear-ce"}
     variant, layout, _ = determinism_layout(impls["recompute"])
     assert variant.support.chunk_rows == 7 and layout.n_range(SEVERAL_CHUNKS)[0] == (SEVERAL_CHUNKS - 1) * 7 + 1
     declared = FunctionImpl("chunky", _transposed_bug, LinearCESupport(chunk_rows=16, chunk_cols=32))

@@ -422,7 +422,7 @@ def test_bound_cache_shares_sweeps_within_its_budget():
 
     ctx = _case(SMOKE[1])
     p = ctx.case.problem
-    impls = [e.impl for e in by_kind(discover([]), "linear_ce")]
+    impls = [e.impl for e in by_kind(discover([]), "linear-ce")]
     per = 8 * (p.N * p.H + p.V * p.H + p.V)
     cache = BoundCache(p, ctx.t, ctx.oracle, budget=3 * per)
     cache.plan(impls)
