@@ -17,6 +17,7 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imported on first use (__getattr__)
@@ -76,6 +77,10 @@ _PUBLIC: dict[str, str] = {
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
     "Fp8Recipe": "numcheck.reference.fp8_recipes",
 }
+#: Public names renamed in numcheck 0.2.0 outside the kinds' protocol modules, old → new (each kind's own are its
+#: descriptor's :attr:`~numcheck.impls.protocols.kind.Kind.renamed`). ``numcheck.<old>`` still gives the new one,
+#: with a :class:`~numcheck.errors.RenamedWarning` once per process, until 0.3.0 (CHANGELOG.md).
+_RENAMED: dict[str, str] = {"assert_quant_linear": "assert_fp8_linear", "QuantCase": "Fp8Case"}
 #: The subpackages, reachable as attributes (``numcheck.impls``) after a plain ``import numcheck``.
 _SUBPACKAGES: tuple[str, ...] = ("impls", "properties", "reference", "reports", "tests")
 
@@ -88,8 +93,23 @@ def _kind_public() -> dict[str, str]:
     return {name: kind.module for kind in KINDS for name in kind.public}
 
 
+def _renamed() -> dict[str, str]:
+    """Every public name renamed in 0.2.0, old → new: :data:`_RENAMED` and each kind's (imports torch)."""
+    from numcheck.impls.protocols.kinds import KINDS
+
+    return {**_RENAMED, **{old: new for kind in KINDS for old, new in kind.renamed}}
+
+
 def __getattr__(name: str) -> Any:
-    """A public name (or subpackage), imported on first use and kept as a module attribute."""
+    """A public name (or subpackage), imported on first use and kept as a module attribute; a name renamed in
+    0.2.0 gives the new one, warning once per process (not kept: ``dir(numcheck)`` lists today's names only)."""
+    if not name.startswith("_") and name not in _PUBLIC and name not in __all__ and name not in _SUBPACKAGES:
+        new = _renamed().get(name)
+        if new is not None:
+            from numcheck.errors import warn_renamed
+
+            warn_renamed("numcheck attribute", name, new)
+            return getattr(sys.modules[__name__], new)
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
     elif name in __all__ and name in (kinds := _kind_public()):
@@ -106,7 +126,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC, *__all__, *_SUBPACKAGES})
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BadInput",

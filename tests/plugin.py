@@ -85,6 +85,16 @@ _IMPL_FIXTURES: tuple[str, ...] = (
     "grouped_fp8_linear_impl",
     "numcheck_impl",
 )
+#: The impl fixtures' names before numcheck 0.2.0 (each kind's descriptor's ``former_fixture``), old → new: still
+#: parametrized as the new one, with a :class:`~numcheck.errors.RenamedWarning` once per process; a test taking both
+#: is one collection error naming both (:func:`_former_fixtures`). Spelled here (the plugin imports no torch).
+_FORMER_FIXTURES: dict[str, str] = {
+    "quant_impl": "fp8_linear_impl",
+    "grouped_quant_impl": "grouped_fp8_linear_impl",
+    "tp_quant_impl": "tp_fp8_linear_impl",
+}
+#: Every name an impl fixture goes by: today's and the old ones.
+_ALL_IMPL_FIXTURES: tuple[str, ...] = (*_IMPL_FIXTURES, *_FORMER_FIXTURES)
 #: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
 _GENERIC_FIXTURE = "numcheck_impl"
 _NO_IMPL_MARK = "numcheck_no_impl"
@@ -297,7 +307,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Each impl fixture over the loaded impls of its kinds. Where none is loaded (``--impl`` named only impls of
     other kinds, or only impls that failed to load) the test gets one placeholder marked :data:`_NO_IMPL_MARK`,
     which :func:`pytest_collection_modifyitems` leaves out of the run (never the built-ins in their place)."""
-    for fixture in _IMPL_FIXTURES:
+    _former_fixtures(metafunc)
+    for fixture in _ALL_IMPL_FIXTURES:
         if fixture in metafunc.fixturenames:
             kinds = _fixture_kinds(fixture)
             entries = impl_entries(metafunc.config, kinds)
@@ -310,12 +321,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 )
 
 
+def _former_fixtures(metafunc: pytest.Metafunc) -> None:
+    """Warn once per process for each impl fixture ``metafunc``'s test takes by its name before 0.2.0; a test taking
+    one by both names fails to collect, with one error naming both."""
+    from numcheck.errors import both_names, warn_renamed
+
+    for old, new in _FORMER_FIXTURES.items():
+        if old in metafunc.fixturenames:
+            if new in metafunc.fixturenames:
+                pytest.fail(f"{metafunc.definition.nodeid}: {both_names('pytest fixture', old, new)}", pytrace=False)
+            warn_renamed("pytest fixture", old, new, stacklevel=2)
+
+
 def _fixture_kinds(fixture: str) -> tuple[str, ...]:
     """The kinds (:data:`numcheck.impls.protocols.kinds.KINDS`, in their order) ``fixture`` is parametrized over:
     the kind whose descriptor names it, or for :data:`_GENERIC_FIXTURE` every kind marked ``generic``. Imported
     here, not with the plugin: the protocol modules import torch, and only a test taking an impl fixture needs it."""
     from numcheck.impls.protocols.kinds import KINDS
 
+    fixture = _FORMER_FIXTURES.get(fixture, fixture)
     return tuple(k.name for k in KINDS if (k.generic if fixture == _GENERIC_FIXTURE else k.fixture == fixture))
 
 
@@ -366,7 +390,7 @@ def _own_protocol_test(item: pytest.Item) -> bool:
     """Whether ``item`` is one of the shipped suite's tests that take no impl (numcheck checking its own
     protocol code)."""
     names = getattr(item, "fixturenames", ())
-    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(f in names for f in _IMPL_FIXTURES)
+    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(f in names for f in _ALL_IMPL_FIXTURES)
 
 
 @pytest.hookimpl(trylast=True)
@@ -477,7 +501,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def _impl_of(item: pytest.Item) -> Any:
     """The impl an item was parametrized with through one of the impl fixtures, or ``None``."""
     funcargs = getattr(item, "funcargs", {})
-    return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
+    return next((funcargs[f] for f in _ALL_IMPL_FIXTURES if f in funcargs), None)
 
 
 def _suite_property(item: pytest.Item) -> SuiteProperty | None:
@@ -487,7 +511,7 @@ def _suite_property(item: pytest.Item) -> SuiteProperty | None:
     if suite is None:
         return None
     callspec = getattr(item, "callspec", None)
-    params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _IMPL_FIXTURES]
+    params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _ALL_IMPL_FIXTURES]
     base = getattr(item, "originalname", item.name).removeprefix("test_")
     return suite.get(f"{base}[{'-'.join(params)}]" if params else base)
 
@@ -720,6 +744,24 @@ def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 def tp_fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.protocols.tp_fp8_linear`; skipped when it cannot
     run here)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``grouped_fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``tp_fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
     return _unwrap(request)
 
 

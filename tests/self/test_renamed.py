@@ -1,0 +1,183 @@
+"""Names renamed in numcheck 0.2.0 (issue 45 item 6; CHANGELOG.md) still work until 0.3.0 and warn once per process
+naming the new one: ``numcheck.<old>`` attributes, hand-built impls' and old reports' kind names, the plugin's old
+fixtures; an old and a new name given together are one error naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import numcheck
+from numcheck import errors
+from numcheck.impls.protocols.kinds import FORMER, KINDS, NAMES
+from numcheck.impls.registry import BrokenImpl, ImplEntry, validate
+from numcheck.reports.report import schema
+from numcheck.tests import plugin
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """A process in which no old name has warned yet."""
+    monkeypatch.setattr(errors, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield seen
+
+
+def _renamed_messages(seen) -> list[str]:
+    return [str(w.message) for w in seen if issubclass(w.category, errors.RenamedWarning)]
+
+
+def test_no_kind_is_a_module_fixture_or_builtin_name():
+    """A kind's name is never a Python identifier (so never a module, fixture or attribute name), nor a built-in
+    impl's name."""
+    from numcheck.impls.registry import discover
+
+    builtins = {e.name for e in discover([]) if isinstance(e, ImplEntry)}
+    for name in NAMES:
+        assert not name.isidentifier() and name not in builtins, name
+
+
+def test_old_public_names_resolve_and_warn_once(fresh_warnings):
+    """Every public name renamed in 0.2.0 is the new object under its old name, with one warning per name naming
+    both, and is not listed by ``dir(numcheck)``."""
+    renamed = {**numcheck._RENAMED, **{o: n for k in KINDS for o, n in k.renamed}}
+    assert {"quant_linear_impl", "QuantLinearSupport", "assert_quant_linear", "QuantCase"} <= set(renamed)
+    for old, new in renamed.items():
+        assert getattr(numcheck, old) is getattr(numcheck, new), old
+        assert getattr(numcheck, old) is getattr(numcheck, new), old
+        assert old not in dir(numcheck) and new in numcheck.__all__
+    msgs = _renamed_messages(fresh_warnings)
+    assert len(msgs) == len(renamed), msgs
+    assert "'quant_linear_impl' was renamed 'fp8_linear_impl'" in "\n".join(msgs)
+
+
+def test_hand_built_impl_with_an_old_kind_loads_and_warns(fresh_warnings):
+    """An impl object written against 0.1 (``kind = "quant_linear"``) validates as today's kind, warning once."""
+    good = numcheck.fp8_linear_impl(name="renamed_probe", recipes=("current",))(lambda x, w, b=None, **k: x @ w.T)
+    old = type(
+        "Old",
+        (),
+        {
+            "name": "old_probe",
+            "kind": "quant_linear",
+            "support": good.support,
+            "__call__": lambda self, x, w, b=None, **k: x @ w.T,
+        },
+    )()
+    validate(old, "--impl old")
+    assert old.kind == "fp8-linear"
+    assert _renamed_messages(fresh_warnings) == [
+        "numcheck: the impl kind 'quant_linear' was renamed 'fp8-linear' in numcheck 0.2.0; the old name works "
+        "until 0.3.0"
+    ]
+    assert not isinstance(old, BrokenImpl)
+
+
+def _old_report(tmp_path: Path, version: str) -> Path:
+    case = "QuantCase(Fp8Recipe('current'), M=4, K=8, N=8, dtype='bfloat16', bias=True, seed=1)"
+    data = {
+        "schema": f"numcheck-report/{version}",
+        "environment": {},
+        "impls": [{"name": "q", "kind": "quant_linear", "status": "ran"}],
+        "cases": [
+            {
+                "impl": "q",
+                "kind": "quant_linear",
+                "case": case,
+                "label": "l",
+                "status": "pass",
+                "verdicts": {},
+                "repro": f'numcheck repro --impl q --problem "{case}"',
+            },
+            {
+                "impl": "q",
+                "kind": "tp_quant_linear",
+                "case": "TPQuantCase(1)",
+                "label": "t",
+                "status": "pass",
+                "verdicts": {},
+            },
+        ],
+    }
+    path = tmp_path / f"report-{version}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_old_report_gets_todays_kind_and_case_names(tmp_path, fresh_warnings):
+    """A ``/2`` report (before 0.2.0) loads with today's kind names and case types, so ``--compare`` keys its cases
+    as today's report; a ``/3`` report is read as written."""
+    rep = schema.load(_old_report(tmp_path, "2"))
+    assert [c["kind"] for c in rep["cases"]] == ["fp8-linear", "tp-fp8-linear"] and rep["impls"][0][
+        "kind"
+    ] == "fp8-linear"
+    assert rep["cases"][0]["case"].startswith("Fp8Case(Fp8Recipe('current')") and "Fp8Case(" in rep["cases"][0]["repro"]
+    assert rep["cases"][1]["case"] == "TPFp8Case(1)"
+    assert len(_renamed_messages(fresh_warnings)) == 2  # one per old kind name, not per record
+    assert schema.SCHEMA == "numcheck-report/3"
+    new = schema.load(_old_report(tmp_path, "3"))
+    assert new["cases"][0]["kind"] == "quant_linear"  # unknown to /3: left as written
+
+
+def test_plugin_former_fixtures_match_the_kinds():
+    """The plugin's table of old fixture names (spelled there: it imports no torch) is the kinds' descriptors'."""
+    assert plugin._FORMER_FIXTURES == {k.former_fixture: k.fixture for k in KINDS if k.former_fixture}
+    assert set(FORMER.values()) == set(NAMES)
+
+
+OLD_FIXTURE_TEST = """
+def test_old(quant_impl):
+    assert quant_impl.kind == "fp8-linear"
+"""
+BOTH_FIXTURES_TEST = """
+def test_both(quant_impl, fp8_linear_impl):
+    pass
+"""
+
+
+def _pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_user.py").write_text(source)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "test_user.py",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-q",
+            "--impl",
+            "fp8_linear[current]",
+            "-W",
+            "always::FutureWarning",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_old_fixture_is_parametrized_and_warns(tmp_path):
+    """A user's test taking ``quant_impl`` runs on the FP8 impls as ``fp8_linear_impl`` does, with the warning."""
+    r = _pytest(tmp_path, OLD_FIXTURE_TEST)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "1 passed" in out, out
+    assert "'quant_impl' was renamed 'fp8_linear_impl'" in out, out
+
+
+def test_old_and_new_fixture_together_is_one_error(tmp_path):
+    """A test taking the same impl fixture by both names is one collection error naming both."""
+    r = _pytest(tmp_path, BOTH_FIXTURES_TEST)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "1 error" in out, out
+    assert out.count("both the pytest fixture 'fp8_linear_impl' and its old name 'quant_impl' are given") == 1, out
