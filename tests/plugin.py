@@ -34,8 +34,9 @@ Run the suite against your impl from any directory::
   suites' ranks never)
   (:mod:`numcheck.properties.core.poison`: why, what it costs per family; the option sets ``NUMCHECK_POISON``, which
   :func:`numcheck.check`, ``numcheck report`` and xdist workers read too).
-- ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
-  ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
+- ``--numcheck-production``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
+  ``numcheck_production``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default. Its
+  name before 0.2.0, ``--numcheck-scale``, still works with a warning; giving both is one usage error.
 - Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
   ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile
@@ -95,6 +96,8 @@ _FORMER_FIXTURES: dict[str, str] = {
 }
 #: Every name an impl fixture goes by: today's and the old ones.
 _ALL_IMPL_FIXTURES: tuple[str, ...] = (*_IMPL_FIXTURES, *_FORMER_FIXTURES)
+#: The production-shape tier's option before 0.2.0 (now ``--numcheck-production``).
+_FORMER_PRODUCTION = "--numcheck-scale"
 #: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
 _GENERIC_FIXTURE = "numcheck_impl"
 _NO_IMPL_MARK = "numcheck_no_impl"
@@ -140,11 +143,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--no-numcheck-poison none; default: the FP8 and grouped FP8 suites (NUMCHECK_POISON=on|off|default)",
     )
     group.addoption(
-        "--numcheck-scale",
+        "--numcheck-production",
         action="store_true",
         default=False,
-        help="also run the production-shape tier (tests marked numcheck_scale; CUDA only, minutes)",
+        help="also run the production-shape tier (tests marked numcheck_production; CUDA only, minutes)",
     )
+    group.addoption(
+        _FORMER_PRODUCTION,
+        action="store_true",
+        default=False,
+        help="old name of --numcheck-production (renamed in 0.2.0; goes in 0.3.0)",
+    )
+
+
+def _former_production(config: pytest.Config) -> None:
+    """``--numcheck-scale`` (before 0.2.0) sets ``--numcheck-production``, warning once; both given is one usage
+    error naming both."""
+    if not config.getoption(_FORMER_PRODUCTION):
+        return
+    from numcheck.errors import both_names, warn_renamed
+
+    if config.getoption("--numcheck-production"):
+        raise pytest.UsageError(both_names("option", _FORMER_PRODUCTION, "--numcheck-production"))
+    warn_renamed("option", _FORMER_PRODUCTION, "--numcheck-production", stacklevel=2)
+    config.option.numcheck_production = True
 
 
 def profile_name() -> str:
@@ -819,8 +841,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if str(config.getoption("--hypothesis-profile", None) or "").startswith("numcheck-"):
         import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles
     config.addinivalue_line(
-        "markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, on CUDA)"
+        "markers", "numcheck_production: the production-shape tier (runs only with --numcheck-production, on CUDA)"
     )
+    _former_production(config)
     config.addinivalue_line(
         "markers",
         f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has (deselected by numcheck's plugin)",
@@ -872,10 +895,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A ``numcheck_scale`` test is skipped without ``--numcheck-scale``; while recording, the records that follow
-    belong to ``item``."""
-    if item.get_closest_marker("numcheck_scale") is not None and not item.config.getoption("--numcheck-scale"):
-        pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
+    """A ``numcheck_production`` test is skipped without ``--numcheck-production``; while recording, the records that
+    follow belong to ``item``."""
+    if item.get_closest_marker("numcheck_production") is not None and not item.config.getoption(
+        "--numcheck-production"
+    ):
+        pytest.skip("the production-shape tier runs only with --numcheck-production (CUDA, minutes)")
     if item.config.stash.get(_RECORDING_KEY, False):
         from numcheck.properties.core import records
 

@@ -15,7 +15,7 @@ import pytest
 
 import numcheck
 from numcheck import errors
-from numcheck.impls.protocols.kinds import FORMER, KINDS, NAMES
+from numcheck.impls.protocols.kinds import KINDS, NAMES
 from numcheck.impls.registry import BrokenImpl, ImplEntry, validate
 from numcheck.reports.report import schema
 from numcheck.tests import plugin
@@ -24,7 +24,7 @@ from numcheck.tests import plugin
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     """A process in which no old name has warned yet."""
-    monkeypatch.setattr(errors, "_WARNED", set())
+    monkeypatch.setattr(errors, "_WARNED", set(), raising=False)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         yield seen
@@ -128,6 +128,8 @@ def test_old_report_gets_todays_kind_and_case_names(tmp_path, fresh_warnings):
 
 def test_plugin_former_fixtures_match_the_kinds():
     """The plugin's table of old fixture names (spelled there: it imports no torch) is the kinds' descriptors'."""
+    from numcheck.impls.protocols.kinds import FORMER
+
     assert plugin._FORMER_FIXTURES == {k.former_fixture: k.fixture for k in KINDS if k.former_fixture}
     assert set(FORMER.values()) == set(NAMES)
 
@@ -181,3 +183,72 @@ def test_old_and_new_fixture_together_is_one_error(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "1 error" in out, out
     assert out.count("both the pytest fixture 'fp8_linear_impl' and its old name 'quant_impl' are given") == 1, out
+
+
+def test_production_shapes_env_old_name_warns_and_both_is_one_error(fresh_warnings):
+    """``NUMCHECK_SCALE_SHAPES`` (before 0.2.0) still picks the tier's shapes, warning; with
+    ``NUMCHECK_PRODUCTION_SHAPES`` too it is one error naming both."""
+    from numcheck.properties.production.tier import env_shapes
+
+    assert env_shapes({}) == "production" and env_shapes({"NUMCHECK_PRODUCTION_SHAPES": "smoke"}) == "smoke"
+    assert env_shapes({"NUMCHECK_SCALE_SHAPES": "smoke"}) == "smoke"
+    assert _renamed_messages(fresh_warnings) == [
+        "numcheck: the environment variable 'NUMCHECK_SCALE_SHAPES' was renamed 'NUMCHECK_PRODUCTION_SHAPES' in "
+        "numcheck 0.2.0; the old name works until 0.3.0"
+    ]
+    with pytest.raises(errors.BadInput, match="'NUMCHECK_PRODUCTION_SHAPES' and its old name 'NUMCHECK_SCALE_SHAPES'"):
+        env_shapes({"NUMCHECK_SCALE_SHAPES": "smoke", "NUMCHECK_PRODUCTION_SHAPES": "smoke"})
+
+
+def _production_json(path: Path) -> Path:
+    path.write_text(json.dumps({"meta": {}, "cases": [], "records": []}))
+    return path
+
+
+def test_include_scale_and_scale_json_still_read(tmp_path, fresh_warnings):
+    """``numcheck report --include-scale scale.json`` (0.1's option and output name) includes the tier as
+    ``--include-production production.json`` does, warning for each old name; both options is one error."""
+    import argparse
+
+    from numcheck.reports.report.command import _production_section
+
+    new = _production_section(argparse.Namespace(include_production=_production_json(tmp_path / "production.json")))
+    old = _production_section(
+        argparse.Namespace(include_production=None, include_scale=_production_json(tmp_path / "scale.json"))
+    )
+    assert new == old and "Totals" in new
+    msgs = "\n".join(_renamed_messages(fresh_warnings))
+    assert "'--include-scale' was renamed '--include-production'" in msgs and "'scale.json' was renamed" in msgs
+    both = argparse.Namespace(include_production=tmp_path / "production.json", include_scale=tmp_path / "scale.json")
+    with pytest.raises(errors.BadInput, match="'--include-production' and its old name '--include-scale'"):
+        _production_section(both)
+
+
+def test_scale_command_warns(monkeypatch, fresh_warnings):
+    """The ``scale`` command (the tier's name before ``production``) runs the tier, warning."""
+    from numcheck.reports import cli
+
+    ran = []
+    monkeypatch.setattr(cli.common, "execute", lambda mod, args, measuring: ran.append(mod.__name__) or 0)
+    assert cli.main(["scale", "--shapes", "smoke"]) == 0 and ran == ["numcheck.reports.production.command"]
+    assert "'scale' was renamed 'production'" in "\n".join(_renamed_messages(fresh_warnings))
+
+
+OPTION_TEST = """
+def test_option(request):
+    assert request.config.getoption("--numcheck-production")
+"""
+
+
+def test_numcheck_scale_option_sets_production_and_warns(tmp_path):
+    """``--numcheck-scale`` (before 0.2.0) turns the production tier on, warning; with ``--numcheck-production`` it
+    is one usage error naming both."""
+    (tmp_path / "test_opt.py").write_text(OPTION_TEST)
+    base = [sys.executable, "-m", "pytest", "test_opt.py", "-p", "no:cacheprovider", "-n", "0", "-q"]
+    r = subprocess.run([*base, "--numcheck-scale"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "1 passed" in out and "'--numcheck-scale' was renamed" in out, out
+    both = [*base, "--numcheck-scale", "--numcheck-production"]
+    r = subprocess.run(both, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and out.count("'--numcheck-production' and its old name '--numcheck-scale'") == 1, out
