@@ -74,9 +74,10 @@ def grouped(exc: BaseException) -> list[BaseException]:
 
 
 # -- names renamed in 0.2.0 ------------------------------------------------------------------------------------------
-class RenamedWarning(FutureWarning):
+class RenamedWarning(NumcheckError, FutureWarning):
     """An old name (renamed in numcheck 0.2.0: "fp8" for "quant", "production" for "scale", kind names that are no
-    module's) was used; it still works until 0.3.0. A ``FutureWarning``, so it is shown by default. Each old name
+    module's) was used; it still works until 0.3.0. A ``FutureWarning``, so it is shown by default (and a
+    :class:`NumcheckError`, as every warning or exception numcheck gives its user). Each old name
     warns once per process (:func:`warn_renamed`)."""
 
 
