@@ -118,7 +118,7 @@ def test_a_property_without_a_bound_is_a_pass_fail_record(held_out_report):
 def test_compare_reads_a_schema_1_report(held_out_report, tmp_path):
     """A ``numcheck-report/1`` baseline (no ``property`` field) is read, its records matched as accuracy records;
     the property records of the new report are listed as cases without a baseline, never matched to them."""
-    assert report_schema.SCHEMA == "numcheck-report/2"
+    assert report_schema.SCHEMA == "numcheck-report/3"
     new = held_out_report
     old = {**new, "schema": "numcheck-report/1"}
     old["cases"] = [
