@@ -1,4 +1,4 @@
-"""Every FP8 quantized-linear property against every registered quant_linear impl (built-in and plugged in).
+"""Every FP8 quantized-linear property against every registered fp8-linear impl (built-in and plugged in).
 
 Cases are drawn inside each impl's declaration (properties/fp8/strategies.py); the drawn tests are
 :data:`numcheck.properties.fp8.suite.QUANT_SUITE`, run by the runner :func:`numcheck.check` uses too

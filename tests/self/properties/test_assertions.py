@@ -95,7 +95,7 @@ def test_quant_linear_holds_and_fails():
             ("says nothing about this case", "bias=True"),
         ),
         (lambda: assert_linear_ce(fp32, prop="ignored_rows", N=8, H=16, V=32), ("says nothing", "ignored rows")),
-        (lambda: assert_linear_ce(FP8, **CASE), ("quant_linear impl", "numcheck.assert_fp8_linear")),
+        (lambda: assert_linear_ce(FP8, **CASE), ("fp8-linear impl", "numcheck.assert_fp8_linear")),
         (lambda: assert_linear_ce(object(), **CASE), ("non-empty string attribute 'name'",)),
         (
             lambda: assert_linear_ce(fp32.with_support(requires=lambda: "needs fastce"), **CASE),
@@ -103,7 +103,7 @@ def test_quant_linear_holds_and_fails():
         ),
         (
             lambda: assert_fp8_linear(fp32, recipe="current", M=4, K=8, N=4),
-            ("linear_ce impl", "numcheck.assert_linear_ce"),
+            ("linear-ce impl", "numcheck.assert_linear_ce"),
         ),
         (
             lambda: assert_fp8_linear(FP8, recipe="mxfp8", M=4, K=32, N=4),

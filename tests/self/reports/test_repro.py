@@ -111,7 +111,7 @@ def test_quant_case_reruns_an_fp8_property(capsys):
         (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
         (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
         (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
-        (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
+        (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a fp8-linear impl"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):
