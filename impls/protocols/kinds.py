@@ -30,11 +30,12 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 FORMER: dict[str, str] = {k.former: k.name for k in KINDS if k.former}
 
 
-def current_name(kind: str) -> str:
+def current_name(kind: str, warn: bool = True) -> str:
     """``kind``, or the name now of a kind's name before 0.2.0 (a report made before, a hand-built impl), warning
-    once per process (:class:`~numcheck.errors.RenamedWarning`); any other string unchanged."""
+    once per process (:class:`~numcheck.errors.RenamedWarning`) unless ``warn`` is false; any other string
+    unchanged."""
     new = FORMER.get(kind) if isinstance(kind, str) else None
-    if new is None:
-        return kind
+    if new is None or not warn:
+        return kind if new is None else new
     warn_renamed("impl kind", kind, new, stacklevel=4)
     return new

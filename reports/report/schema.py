@@ -269,21 +269,31 @@ def load(path: str | os.PathLike | Traversable) -> dict:
     for case in data["cases"]:
         case.setdefault("property", "accuracy")
     if data["schema"].split("/")[1].split(".")[0] in BEFORE_RENAMES:
-        renamed(data)
+        renamed(data, warn=not _shipped(p))
     return _decode(data)
 
 
-def renamed(data: dict) -> None:
+def _shipped(p: Path | Traversable) -> bool:
+    """Whether ``p`` is one of numcheck's shipped baselines (``reports/baselines/``): made before 0.2.0 and read
+    through the renames, but nothing its user could rename, so read without a warning."""
+    baselines = Path(__file__).resolve().parents[1] / "baselines"
+    try:
+        return Path(str(p)).resolve().is_relative_to(baselines)
+    except (OSError, ValueError):
+        return False
+
+
+def renamed(data: dict, warn: bool = True) -> None:
     """Give a report made before numcheck 0.2.0 (schema ``/1``, ``/2``) today's names, in place: each impl's and
     case's ``kind`` (:data:`impls.protocols.kinds.FORMER`; one :class:`~numcheck.errors.RenamedWarning` per old
-    name and process) and the case type a case's ``case`` and ``repro`` start with (:data:`CASE_TYPES_RENAMED`), so
+    name and process, unless ``warn`` is false) and the case type a case's ``case`` and ``repro`` start with (:data:`CASE_TYPES_RENAMED`), so
     ``--compare``/``--baseline`` key its cases as a report made today."""
     from numcheck.impls.protocols.kinds import current_name
 
     old_types = re.compile(r"\b(" + "|".join(CASE_TYPES_RENAMED) + r")\(")
     for item in (*data["impls"], *data["cases"]):
         if isinstance(item.get("kind"), str):
-            item["kind"] = current_name(item["kind"])
+            item["kind"] = current_name(item["kind"], warn=warn)
         for key in ("case", "repro"):
             if isinstance(item.get(key), str):
                 item[key] = old_types.sub(lambda m: CASE_TYPES_RENAMED[m.group(1)] + "(", item[key])

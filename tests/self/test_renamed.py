@@ -252,3 +252,15 @@ def test_numcheck_scale_option_sets_production_and_warns(tmp_path):
     r = subprocess.run(both, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 4 and out.count("'--numcheck-production' and its old name '--numcheck-scale'") == 1, out
+
+
+def test_shipped_baselines_read_through_the_renames_without_a_warning(fresh_warnings):
+    """numcheck's own baselines (``/2``, made before 0.2.0, not regenerated) load with today's kind names and case
+    types, and without a warning: nothing a user could rename."""
+    from numcheck.reports.baselines import shipped_baselines
+
+    for path in shipped_baselines():
+        rep = schema.load(path)
+        assert {c["kind"] for c in rep["cases"]} <= set(NAMES), path
+        assert not any(c["case"].startswith(("QuantCase(", "TPQuantCase(")) for c in rep["cases"]), path
+    assert _renamed_messages(fresh_warnings) == []
