@@ -85,7 +85,7 @@ import torch
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_formats import F64, FP32_MAX, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
@@ -687,3 +687,6 @@ KIND = Kind(
         ("quant_linear_impl", "fp8_linear_impl"),
     ),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

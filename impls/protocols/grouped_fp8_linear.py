@@ -65,7 +65,7 @@ from numcheck.impls.protocols.fp8_linear import (
     call_refusal,
     predicted_columnwise_x_bytes,
 )
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
@@ -299,3 +299,6 @@ KIND = Kind(
     former_fixture="grouped_quant_impl",
     renamed=(("GroupedQuantSupport", "GroupedFp8Support"), ("grouped_quant_linear_impl", "grouped_fp8_linear_impl")),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

@@ -57,3 +57,22 @@ class Kind:
     def module(self) -> str:
         """The protocol module's dotted name (where :attr:`name` is defined)."""
         return self.protocol.__module__
+
+
+def renamed_attributes(module: str, renamed: tuple[tuple[str, str], ...]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a protocol module: each old public name of ``renamed`` (``(old, new)``, a kind's
+    :attr:`Kind.renamed`) gives the new object, warning once per process (:func:`numcheck.errors.warn_renamed`), so
+    ``from numcheck.impls.protocols.fp8_linear import QuantLinearSupport`` works until 0.3.0."""
+    import sys
+
+    from numcheck.errors import warn_renamed
+
+    table = dict(renamed)
+
+    def __getattr__(name: str) -> Any:
+        if name in table:
+            warn_renamed(f"{module} attribute", name, table[name])
+            return getattr(sys.modules[module], table[name])
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -59,7 +59,7 @@ import torch
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, ROWWISE_KINDS, USAGES, Fp8Recipe, standard_recipes
 
 TP_KIND = "tp-fp8-linear"
@@ -364,3 +364,6 @@ KIND = Kind(
         ("tp_quant_linear_impl", "tp_fp8_linear_impl"),
     ),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

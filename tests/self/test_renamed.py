@@ -264,3 +264,17 @@ def test_shipped_baselines_read_through_the_renames_without_a_warning(fresh_warn
         assert {c["kind"] for c in rep["cases"]} <= set(NAMES), path
         assert not any(c["case"].startswith(("QuantCase(", "TPQuantCase(")) for c in rep["cases"]), path
     assert _renamed_messages(fresh_warnings) == []
+
+
+def test_old_names_import_from_their_protocol_module(fresh_warnings):
+    """``from numcheck.impls.protocols.fp8_linear import QuantLinearSupport`` (0.1's import) gives the new class,
+    warning once; a name that never existed is still an ImportError."""
+    from numcheck.impls.protocols import fp8_linear, grouped_fp8_linear, tp_fp8_linear
+    from numcheck.impls.protocols.fp8_linear import QuantLinearSupport
+
+    assert QuantLinearSupport is fp8_linear.Fp8LinearSupport
+    assert grouped_fp8_linear.grouped_quant_linear_impl is grouped_fp8_linear.grouped_fp8_linear_impl
+    assert tp_fp8_linear.TPQuantSupport is tp_fp8_linear.TPFp8Support
+    assert len(_renamed_messages(fresh_warnings)) == 3
+    with pytest.raises(ImportError):
+        from numcheck.impls.protocols.fp8_linear import NoSuchName  # noqa: F401
