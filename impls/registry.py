@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import linear_ce
-from numcheck.impls.protocols.kinds import BY_NAME
+from numcheck.impls.protocols.kinds import BY_NAME, FORMER, current_name
 
 ENV_VAR = "NUMCHECK_IMPLS"
 ENTRY_POINT_GROUP = "numcheck.impls"
@@ -158,8 +158,16 @@ def _describe(exc: BaseException) -> str:
 def validate(impl: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``impl`` breaks the protocol of its kind: the validator of its
     kind's descriptor (:data:`impls.protocols.kinds.BY_NAME`), else :func:`impls.protocols.linear_ce.validate_impl`
-    (the error for an unknown kind, naming the kinds a plain impl may have)."""
+    (the error for an unknown kind, naming the kinds a plain impl may have). A hand-built impl whose ``kind`` is a
+    kind's name before numcheck 0.2.0 (``"quant_linear"``: :data:`impls.protocols.kinds.FORMER`) gets today's name,
+    with a :class:`~numcheck.errors.RenamedWarning` once per process."""
     kind = getattr(impl, "kind", None)
+    if isinstance(kind, str) and kind in FORMER:
+        kind = current_name(kind)
+        try:
+            object.__setattr__(impl, "kind", kind)
+        except (AttributeError, TypeError):
+            raise TypeError(f"{origin}: impl kind {impl.kind!r} was renamed {kind!r}; give kind = {kind!r}") from None
     found = BY_NAME.get(kind) if isinstance(kind, str) else None
     (found or linear_ce.KIND).validate(impl, origin)
 

@@ -17,6 +17,7 @@ properties), :mod:`numcheck.tests` (the suite, a pytest plugin) and :mod:`numche
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imported on first use (__getattr__)
@@ -28,25 +29,26 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         NumcheckError,
         PropertyFailure,
         ProtocolViolation,
+        RenamedWarning,
     )
     from numcheck.impls.protocols.dist_linear_ce import DistFunctionImpl, DistSupport, dist_linear_ce_impl
     from numcheck.impls.protocols.fp8_linear import (
-        QuantFunctionImpl,
-        QuantLinearSupport,
-        make_quant_support,
-        quant_linear_impl,
+        Fp8FunctionImpl,
+        Fp8LinearSupport,
+        fp8_linear_impl,
+        make_fp8_support,
     )
     from numcheck.impls.protocols.grouped_fp8_linear import (
+        GroupedFp8Support,
         GroupedFunctionImpl,
-        GroupedQuantSupport,
-        grouped_quant_linear_impl,
+        grouped_fp8_linear_impl,
     )
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
-    from numcheck.impls.protocols.tp_fp8_linear import TPQuantFunctionImpl, TPQuantSupport, tp_quant_linear_impl
-    from numcheck.properties.assertions import assert_linear_ce, assert_quant_linear
+    from numcheck.impls.protocols.tp_fp8_linear import TPFp8FunctionImpl, TPFp8Support, tp_fp8_linear_impl
+    from numcheck.properties.assertions import assert_fp8_linear, assert_linear_ce
     from numcheck.properties.check import CheckResult, Verdict, check
     from numcheck.properties.convergence.run import ConvergenceResult, assert_converges
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import Fp8Case
     from numcheck.properties.fp8.grouped.cases import GroupedCase
     from numcheck.properties.linear_ce.cases import Problem
     from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -65,17 +67,22 @@ _PUBLIC: dict[str, str] = {
             "NumcheckError",
             "PropertyFailure",
             "ProtocolViolation",
+            "RenamedWarning",
         ),
         "numcheck.errors",
     ),
-    **dict.fromkeys(("assert_linear_ce", "assert_quant_linear"), "numcheck.properties.assertions"),
+    **dict.fromkeys(("assert_linear_ce", "assert_fp8_linear"), "numcheck.properties.assertions"),
     **dict.fromkeys(("ConvergenceResult", "assert_converges"), "numcheck.properties.convergence.run"),
-    "QuantCase": "numcheck.properties.fp8.cases",
+    "Fp8Case": "numcheck.properties.fp8.cases",
     "GroupedCase": "numcheck.properties.fp8.grouped.cases",
     "Problem": "numcheck.properties.linear_ce.cases",
     **dict.fromkeys(("CheckResult", "Verdict", "check"), "numcheck.properties.check"),
     "Fp8Recipe": "numcheck.reference.fp8_recipes",
 }
+#: Public names renamed in numcheck 0.2.0 outside the kinds' protocol modules, old → new (each kind's own are its
+#: descriptor's :attr:`~numcheck.impls.protocols.kind.Kind.renamed`). ``numcheck.<old>`` still gives the new one,
+#: with a :class:`~numcheck.errors.RenamedWarning` once per process, until 0.3.0 (CHANGELOG.md).
+_RENAMED: dict[str, str] = {"assert_quant_linear": "assert_fp8_linear", "QuantCase": "Fp8Case"}
 #: The subpackages, reachable as attributes (``numcheck.impls``) after a plain ``import numcheck``.
 _SUBPACKAGES: tuple[str, ...] = ("impls", "properties", "reference", "reports", "tests")
 
@@ -88,8 +95,23 @@ def _kind_public() -> dict[str, str]:
     return {name: kind.module for kind in KINDS for name in kind.public}
 
 
+def _renamed() -> dict[str, str]:
+    """Every public name renamed in 0.2.0, old → new: :data:`_RENAMED` and each kind's (imports torch)."""
+    from numcheck.impls.protocols.kinds import KINDS
+
+    return {**_RENAMED, **{old: new for kind in KINDS for old, new in kind.renamed}}
+
+
 def __getattr__(name: str) -> Any:
-    """A public name (or subpackage), imported on first use and kept as a module attribute."""
+    """A public name (or subpackage), imported on first use and kept as a module attribute; a name renamed in
+    0.2.0 gives the new one, warning once per process (not kept: ``dir(numcheck)`` lists today's names only)."""
+    if not name.startswith("_") and name not in _PUBLIC and name not in __all__ and name not in _SUBPACKAGES:
+        new = _renamed().get(name)
+        if new is not None:
+            from numcheck.errors import warn_renamed
+
+            warn_renamed("numcheck attribute", name, new)
+            return getattr(sys.modules[__name__], new)
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
     elif name in __all__ and name in (kinds := _kind_public()):
@@ -106,7 +128,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC, *__all__, *_SUBPACKAGES})
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BadInput",
@@ -115,11 +137,14 @@ __all__ = [
     "ConvergenceResult",
     "DistFunctionImpl",
     "DistSupport",
+    "Fp8Case",
+    "Fp8FunctionImpl",
+    "Fp8LinearSupport",
     "Fp8Recipe",
     "FunctionImpl",
     "GroupedCase",
+    "GroupedFp8Support",
     "GroupedFunctionImpl",
-    "GroupedQuantSupport",
     "InvalidAssertion",
     "InvalidDeclaration",
     "LinearCESupport",
@@ -127,21 +152,19 @@ __all__ = [
     "Problem",
     "PropertyFailure",
     "ProtocolViolation",
-    "QuantCase",
-    "QuantFunctionImpl",
-    "QuantLinearSupport",
-    "TPQuantFunctionImpl",
-    "TPQuantSupport",
+    "RenamedWarning",
+    "TPFp8FunctionImpl",
+    "TPFp8Support",
     "Verdict",
     "assert_converges",
+    "assert_fp8_linear",
     "assert_linear_ce",
-    "assert_quant_linear",
     "check",
     "dist_linear_ce_impl",
-    "grouped_quant_linear_impl",
+    "fp8_linear_impl",
+    "grouped_fp8_linear_impl",
     "linear_ce_impl",
-    "make_quant_support",
+    "make_fp8_support",
     "make_support",
-    "quant_linear_impl",
-    "tp_quant_linear_impl",
+    "tp_fp8_linear_impl",
 ]

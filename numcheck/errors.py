@@ -30,7 +30,7 @@ class InvalidDeclaration(NumcheckError, ValueError, TypeError):
 
 
 class InvalidAssertion(NumcheckError, ValueError, TypeError):
-    """A bad argument to :func:`numcheck.assert_linear_ce` or :func:`numcheck.assert_quant_linear` (a
+    """A bad argument to :func:`numcheck.assert_linear_ce` or :func:`numcheck.assert_fp8_linear` (a
     ``ValueError`` and a ``TypeError``, as hypothesis' ``InvalidArgument`` is one kind of error for every misuse)."""
 
 
@@ -71,3 +71,43 @@ except NameError:  # Python 3.10: hypothesis depends on the exceptiongroup backp
 def grouped(exc: BaseException) -> list[BaseException]:
     """The exceptions of ``exc``: its members when it is an exception group, else ``[exc]``."""
     return list(exc.exceptions) if isinstance(exc, _GROUP) else [exc]
+
+
+# -- names renamed in 0.2.0 ------------------------------------------------------------------------------------------
+class RenamedWarning(NumcheckError, FutureWarning):
+    """An old name (renamed in numcheck 0.2.0: "fp8" for "quant", "production" for "scale", kind names that are no
+    module's) was used; it still works until 0.3.0. A ``FutureWarning``, so it is shown by default (and a
+    :class:`NumcheckError`, as every warning or exception numcheck gives its user). Each old name
+    warns once per process (:func:`warn_renamed`)."""
+
+
+#: The old names that have warned in this process, as ``(what, old)``.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_renamed(what: str, old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn once per process that ``old`` (a ``what``: "numcheck attribute", "pytest fixture", ...) is now ``new``;
+    see CHANGELOG.md (the old names go in 0.3.0).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     warn_renamed("doc example", "old_x", "new_x"); warn_renamed("doc example", "old_x", "new_x")
+    >>> [str(w.message) for w in seen]  # doctest: +NORMALIZE_WHITESPACE
+    ["numcheck: the doc example 'old_x' was renamed 'new_x' in numcheck 0.2.0; the old name works until 0.3.0"]
+    """
+    if (what, old) in _WARNED:
+        return
+    _WARNED.add((what, old))
+    import warnings
+
+    warnings.warn(
+        f"numcheck: the {what} {old!r} was renamed {new!r} in numcheck 0.2.0; the old name works until 0.3.0",
+        RenamedWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def both_names(what: str, old: str, new: str) -> str:
+    """The one error message for an old name and its new one given together (``old`` is ``new``'s old name)."""
+    return f"both the {what} {new!r} and its old name {old!r} are given; {old!r} was renamed {new!r}: give only {new!r}"

@@ -1,4 +1,4 @@
-"""One property on one case, as an assertion any test can call: :func:`assert_linear_ce`, :func:`assert_quant_linear`.
+"""One property on one case, as an assertion any test can call: :func:`assert_linear_ce`, :func:`assert_fp8_linear`.
 
 Like ``torch.testing.assert_close``, they return quietly when the property holds and raise
 :class:`~numcheck.properties.core.failures.PropertyFailure` (an ``AssertionError``) with the suite's own failure
@@ -18,10 +18,10 @@ import torch
 
 from numcheck.errors import InvalidAssertion
 from numcheck.impls.protocols.declaration import did_you_mean
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, LinearCESupport, validate_impl
 from numcheck.properties.core import matmul_precision, poison
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.chunks import declares_chunks
 from numcheck.properties.linear_ce.props import Metrics
@@ -75,7 +75,7 @@ def _impl(call: str, impl: Any, kind: str) -> None:
         validate_impl(impl, call)
     except TypeError as exc:
         raise InvalidAssertion(
-            f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or numcheck.quant_linear_impl)."
+            f"{exc}\n  Pass an impl object (e.g. one made with numcheck.linear_ce_impl or numcheck.fp8_linear_impl)."
         ) from None
     if impl.kind != kind:
         family = SUITES.get(impl.kind)
@@ -178,10 +178,10 @@ def _recipe(call: str, value: Any) -> Any:
     return value
 
 
-def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str = "accuracy", **fields: Any) -> Any:
+def assert_fp8_linear(impl: Any, case: Fp8Case | None = None, *, prop: str = "accuracy", **fields: Any) -> Any:
     """Assert that quantized-linear property ``prop`` holds for ``impl`` on one case; return its result.
 
-    ``case`` is a :class:`~numcheck.properties.fp8.cases.QuantCase`, or its fields are given as keywords
+    ``case`` is a :class:`~numcheck.properties.fp8.cases.Fp8Case`, or its fields are given as keywords
     (``recipe="current", M=32, K=64, N=16``; ``recipe`` an :class:`Fp8Recipe` or a recipe kind name). ``prop``
     is a name of :data:`numcheck.properties.fp8.props.FP8_PROPERTIES` (``"accuracy"``: every output within the
     bounds against both references; it returns the measurement, an ``Fp8CaseResult``). Raises
@@ -193,17 +193,17 @@ def assert_quant_linear(impl: Any, case: QuantCase | None = None, *, prop: str =
     >>> from numcheck.impls.builtin.fp8_linear import Fp8Linear
     >>> from numcheck.reference.fp8_recipes import Fp8Recipe
     >>> impl = Fp8Linear("doc_fp8", (Fp8Recipe("current"),))
-    >>> result = numcheck.assert_quant_linear(impl, recipe=impl.support.recipes[0], M=16, K=32, N=8)
+    >>> result = numcheck.assert_fp8_linear(impl, recipe=impl.support.recipes[0], M=16, K=32, N=8)
     >>> result.ok
     True
     """
-    call = "assert_quant_linear"
-    _impl(call, impl, QUANT_KIND)
-    family = SUITES[QUANT_KIND]
+    call = "assert_fp8_linear"
+    _impl(call, impl, FP8_KIND)
+    family = SUITES[FP8_KIND]
     fn = _prop(call, prop, family.properties)
     if "recipe" in fields:
         fields = {**fields, "recipe": _recipe(call, fields["recipe"])}
-    c = _case(family.case_type, call, case, fields, "QuantCase(Fp8Recipe('current'), M=32, K=64, N=16)")
+    c = _case(family.case_type, call, case, fields, "Fp8Case(Fp8Recipe('current'), M=32, K=64, N=16)")
     why = impl.support.refuses(
         recipe=c.recipe,
         dtype=c.torch_dtype,

@@ -10,7 +10,7 @@ have no entry.)
 
 >>> from numcheck.properties.suites import SUITES
 >>> [s.case_type.__name__ for s in SUITES.values()]
-['Problem', 'QuantCase', 'GroupedCase']
+['Problem', 'Fp8Case', 'GroupedCase']
 """
 
 from __future__ import annotations

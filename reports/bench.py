@@ -26,7 +26,7 @@ from numcheck.errors import BadInput
 from numcheck.impls.builtin import grad_accum, split_accum
 from numcheck.impls.builtin.triton_ce import ce_block_triton_
 from numcheck.impls.measure.timing import matmul_rates, measure_fwd_bwd, median_ms
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND, DelayedScalingState
+from numcheck.impls.protocols.fp8_linear import FP8_KIND, DelayedScalingState
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import BrokenImpl, by_kind, discover
 from numcheck.reference.numerics.ce_block import reduction_coefficients, row_weights
@@ -177,7 +177,7 @@ def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int =
         return {"impl": name, "recipe": recipe, "save_original_input": soi, "shape": [M, K, N], **r}
 
     rows = [measure("F.linear (bf16)", "-", "-", lambda: F.linear(x, w), lambda: None)]
-    for impl in by_kind(discover([]), QUANT_KIND):
+    for impl in by_kind(discover([]), FP8_KIND):
         q = impl.impl
         s = q.support
         if s.unavailable_reason() or "cuda" not in s.devices or torch.bfloat16 not in s.dtypes:
@@ -279,9 +279,9 @@ def _chunk_anatomy_md(res: dict[str, Any]) -> list[str]:
 
 def _quant_linear_md(res: dict[str, Any]) -> list[str]:
     """One row per quantized linear impl, recipe and save_original_input (none when not measured)."""
-    if not res.get(QUANT_KIND):
+    if not res.get(FP8_KIND):
         return []
-    M, K, N = next((r["shape"] for r in res[QUANT_KIND] if "shape" in r), ["?"] * 3)
+    M, K, N = next((r["shape"] for r in res[FP8_KIND] if "shape" in r), ["?"] * 3)
     lines = [
         "",
         f"Quantized linear, fwd+bwd, x [{M}, {K}] and W [{N}, {K}] in bf16, against a bf16 F.linear:",
@@ -289,7 +289,7 @@ def _quant_linear_md(res: dict[str, Any]) -> list[str]:
         "| impl | recipe | save_original_input | median ms | extra peak MiB | held across backward MiB |",
         "|---|---|---|---|---|---|",
     ]
-    for r in res[QUANT_KIND]:
+    for r in res[FP8_KIND]:
         if "error" in r:
             lines.append(f"| {r['impl']} | {r['recipe']} | {r['save_original_input']} | error: {r['error']} | | |")
         else:
@@ -400,8 +400,8 @@ def _bench_one_chunk(res: dict[str, Any], dev: torch.device, rep_ms: float, out:
 
 def _bench_quant(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Path | None) -> None:
     """The quantized-linear section of ``res``, printed, and written to ``out`` when given."""
-    res[QUANT_KIND] = bench_quant_linear(dev, rep_ms)
-    for row in res[QUANT_KIND]:
+    res[FP8_KIND] = bench_quant_linear(dev, rep_ms)
+    for row in res[FP8_KIND]:
         if "error" in row:
             print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")
         else:

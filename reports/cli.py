@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         for alias in ALIASES.get(name, ()):
             modules[alias] = mod
     args = parser.parse_args(argv)
+    for name, olds in ALIASES.items():
+        if args.command in olds:
+            from numcheck.errors import warn_renamed
+
+            warn_renamed("numcheck command", args.command, name, stacklevel=2)
     return common.execute(modules[args.command], args, measuring=args.command in MEASURING)
 
 

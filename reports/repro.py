@@ -1,12 +1,12 @@
 """``numcheck repro``: rerun one property on one case for one impl — the command every failure message prints.
 
 ``--problem`` is the ``repr`` of a :class:`~properties.linear_ce.cases.Problem` (linear+CE; the property is looked up
-in :data:`properties.linear_ce.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.QuantCase` (quantized linear;
+in :data:`properties.linear_ce.props.PROPERTIES`) or of a :class:`~properties.fp8.cases.Fp8Case` (quantized linear;
 :data:`properties.fp8.props.FP8_PROPERTIES`; a quantizer failure's case is a
 :class:`~properties.fp8.cases.QuantizerCase`, its tensor by the values it was drawn from) or a
 :class:`~properties.fp8.grouped.cases.GroupedCase` (grouped FP8 linear;
 :data:`properties.fp8.grouped.props.GROUPED_PROPERTIES`). It is evaluated with only those constructors (and
-``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPQuantCase` runs a
+``Fp8Recipe``) in scope and no builtins. A :class:`~properties.distributed.tp_fp8.cases.TPFp8Case` runs a
 tensor-parallel FP8 property (:data:`properties.distributed.tp_fp8.props.DIST_FP8_PROPERTIES`), a
 :class:`~properties.distributed.linear_ce.cases.DistCase` a distributed linear+CE one
 (:data:`properties.distributed.linear_ce.props.PROPERTIES`) on that case's ranks. A property label with a ``[...]``
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="property name as printed in the failure, e.g. accuracy or option_identities[softcap]",
     )
     p.add_argument(
-        "--problem", required=True, metavar="EXPR", help="Problem(...) or QuantCase(...) as printed in the failure"
+        "--problem", required=True, metavar="EXPR", help="Problem(...) or Fp8Case(...) as printed in the failure"
     )
     p.add_argument(
         "--undeclared",
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_case(text: str) -> Any:
-    """Evaluate a ``Problem(...)`` / ``QuantCase(...)`` expression with only the case types of the registered families
+    """Evaluate a ``Problem(...)`` / ``Fp8Case(...)`` expression with only the case types of the registered families
     (:data:`reports.report.families.FAMILIES`, in the kinds' order) and the constructors their ``repr`` uses in scope."""
     import math
 
@@ -81,7 +81,7 @@ def parse_case(text: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(
             f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
-            f"QuantCase(...) as printed in a failure message"
+            f"Fp8Case(...) as printed in a failure message"
         ) from None
     if not isinstance(case, types):
         listed = [t.__name__ for t in types]
@@ -152,7 +152,7 @@ def find_tp_impl(name: str) -> Any:
     from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 
     if impl.kind != TP_KIND:
-        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPQuantCase")
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPFp8Case")
     return impl
 
 
@@ -197,17 +197,13 @@ def _undeclared(impl: Any, case: Any) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from numcheck.errors import PropertyFailure
     from numcheck.properties.distributed.linear_ce.cases import DistCase
-    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 
     prop = args.property.split("[", 1)[0]
     try:
         case = parse_case(args.problem)
         finder = (
-            find_tp_impl
-            if isinstance(case, TPQuantCase)
-            else find_dist_impl
-            if isinstance(case, DistCase)
-            else find_impl
+            find_tp_impl if isinstance(case, TPFp8Case) else find_dist_impl if isinstance(case, DistCase) else find_impl
         )
         impl = finder(args.impl)
     except ValueError as exc:

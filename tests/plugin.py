@@ -7,8 +7,8 @@ Run the suite against your impl from any directory::
 
 - ``--impl SPEC`` (repeatable) restricts the run to those impls: built-in names or ``package.module:attr``.
   Without it: every built-in, plus ``NUMCHECK_IMPLS`` and the ``numcheck.impls`` entry points.
-- Every test that takes ``linear_ce_impl`` (or ``quant_impl``, ``grouped_quant_impl``, ``dist_linear_ce_impl``,
-  ``tp_quant_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
+- Every test that takes ``linear_ce_impl`` (or ``fp8_linear_impl``, ``grouped_fp8_linear_impl``, ``dist_linear_ce_impl``,
+  ``tp_fp8_linear_impl``, or a user's ``numcheck_impl``) is parametrized over every loaded impl of that kind, ids are the impl names, and
   collection is identical on every xdist worker (discovery is deterministic). A test of a kind that no selected
   impl has is not collected (deselected; the summary says so, under xdist too): ``--impl`` naming only linear+CE
   impls runs no FP8 or distributed test, never the built-ins in their place. numcheck's own protocol tests (the
@@ -34,8 +34,9 @@ Run the suite against your impl from any directory::
   suites' ranks never)
   (:mod:`numcheck.properties.core.poison`: why, what it costs per family; the option sets ``NUMCHECK_POISON``, which
   :func:`numcheck.check`, ``numcheck report`` and xdist workers read too).
-- ``--numcheck-scale``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
-  ``numcheck_scale``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default.
+- ``--numcheck-production``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
+  ``numcheck_production``; CUDA only, minutes: :mod:`numcheck.properties.production.tier`). Off by default. Its
+  name before 0.2.0, ``--numcheck-scale``, still works with a warning; giving both is one usage error.
 - Hypothesis profiles (:mod:`numcheck.properties.core.profiles`) ``numcheck-ci`` (derandomized, bounded;
   ``NUMCHECK_CI_EXAMPLES`` examples, default 12), ``numcheck-ci-seeded`` (the same, not derandomized: for
   ``--hypothesis-seed``), ``numcheck-dev`` and ``numcheck-thorough``. numcheck's own test modules take the profile
@@ -79,15 +80,27 @@ _SUITE_DIR = _TESTS_DIR / "suite"
 #: over the kinds marked ``generic``. The kinds each is parametrized over: :func:`_fixture_kinds`.
 _IMPL_FIXTURES: tuple[str, ...] = (
     "linear_ce_impl",
-    "quant_impl",
+    "fp8_linear_impl",
     "dist_linear_ce_impl",
-    "tp_quant_impl",
-    "grouped_quant_impl",
+    "tp_fp8_linear_impl",
+    "grouped_fp8_linear_impl",
     "numcheck_impl",
 )
 #: How the fixture of every kind ends (:class:`numcheck.impls.protocols.kind.Kind` checks it): a test asking for an
 #: argument named so may take a kind registered after the plugin's own (:func:`pytest_generate_tests`).
 _KIND_FIXTURE_SUFFIX = "_impl"
+#: The impl fixtures' names before numcheck 0.2.0 (each kind's descriptor's ``former_fixture``), old → new: still
+#: parametrized as the new one, with a :class:`~numcheck.errors.RenamedWarning` once per process; a test taking both
+#: is one collection error naming both (:func:`_former_fixtures`). Spelled here (the plugin imports no torch).
+_FORMER_FIXTURES: dict[str, str] = {
+    "quant_impl": "fp8_linear_impl",
+    "grouped_quant_impl": "grouped_fp8_linear_impl",
+    "tp_quant_impl": "tp_fp8_linear_impl",
+}
+#: Every name an impl fixture goes by: today's and the old ones.
+_ALL_IMPL_FIXTURES: tuple[str, ...] = (*_IMPL_FIXTURES, *_FORMER_FIXTURES)
+#: The production-shape tier's option before 0.2.0 (now ``--numcheck-production``).
+_FORMER_PRODUCTION = "--numcheck-scale"
 #: The fixture that runs one test over every kind marked ``generic`` (users' own tests, the suite's shared ones).
 _GENERIC_FIXTURE = "numcheck_impl"
 _NO_IMPL_MARK = "numcheck_no_impl"
@@ -133,11 +146,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--no-numcheck-poison none; default: the FP8 and grouped FP8 suites (NUMCHECK_POISON=on|off|default)",
     )
     group.addoption(
-        "--numcheck-scale",
+        "--numcheck-production",
         action="store_true",
         default=False,
-        help="also run the production-shape tier (tests marked numcheck_scale; CUDA only, minutes)",
+        help="also run the production-shape tier (tests marked numcheck_production; CUDA only, minutes)",
     )
+    group.addoption(
+        _FORMER_PRODUCTION,
+        action="store_true",
+        default=False,
+        help="old name of --numcheck-production (renamed in 0.2.0; goes in 0.3.0)",
+    )
+
+
+def _former_production(config: pytest.Config) -> None:
+    """``--numcheck-scale`` (before 0.2.0) sets ``--numcheck-production``, warning once; both given is one usage
+    error naming both."""
+    if not config.getoption(_FORMER_PRODUCTION):
+        return
+    from numcheck.errors import both_names, warn_renamed
+
+    if config.getoption("--numcheck-production"):
+        raise pytest.UsageError(both_names("option", _FORMER_PRODUCTION, "--numcheck-production"))
+    warn_renamed("option", _FORMER_PRODUCTION, "--numcheck-production", stacklevel=2)
+    config.option.numcheck_production = True
 
 
 def profile_name() -> str:
@@ -306,12 +338,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     descriptor's ``fixture``, a name ending in ``_impl``) has its argument parametrized directly with the impls, an
     impl that cannot run here marked skipped. The registry (torch) is imported only for a test asking for an
     argument whose name ends in ``_impl``."""
-    requested = [f for f in metafunc.fixturenames if f in _IMPL_FIXTURES or f.endswith(_KIND_FIXTURE_SUFFIX)]
+    _former_fixtures(metafunc)
+    requested = [f for f in metafunc.fixturenames if f in _ALL_IMPL_FIXTURES or f.endswith(_KIND_FIXTURE_SUFFIX)]
     for fixture in requested:
         kinds = _fixture_kinds(fixture)
         if not kinds:  # an argument of the user's own named like a kind's fixture
             continue
-        direct = fixture not in _IMPL_FIXTURES
+        direct = fixture not in _ALL_IMPL_FIXTURES
         entries = impl_entries(metafunc.config, kinds)
         if entries:
             metafunc.parametrize(fixture, _params(metafunc, entries, direct), indirect=not direct)
@@ -322,12 +355,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             )
 
 
+def _former_fixtures(metafunc: pytest.Metafunc) -> None:
+    """Warn once per process for each impl fixture ``metafunc``'s test takes by its name before 0.2.0; a test taking
+    one by both names fails to collect, with one error naming both."""
+    from numcheck.errors import both_names, warn_renamed
+
+    for old, new in _FORMER_FIXTURES.items():
+        if old in metafunc.fixturenames:
+            if new in metafunc.fixturenames:
+                pytest.fail(f"{metafunc.definition.nodeid}: {both_names('pytest fixture', old, new)}", pytrace=False)
+            warn_renamed("pytest fixture", old, new, stacklevel=2)
+
+
 def _fixture_kinds(fixture: str) -> tuple[str, ...]:
     """The kinds (:data:`numcheck.impls.protocols.kinds.KINDS`, in their order) ``fixture`` is parametrized over:
     the kind whose descriptor names it, or for :data:`_GENERIC_FIXTURE` every kind marked ``generic``. Imported
     here, not with the plugin: the protocol modules import torch, and only a test taking an impl fixture needs it."""
     from numcheck.impls.protocols.kinds import KINDS
 
+    fixture = _FORMER_FIXTURES.get(fixture, fixture)
     return tuple(k.name for k in KINDS if (k.generic if fixture == _GENERIC_FIXTURE else k.fixture == fixture))
 
 
@@ -391,7 +437,7 @@ def _own_protocol_test(item: pytest.Item) -> bool:
     """Whether ``item`` is one of the shipped suite's tests that take no impl (numcheck checking its own
     protocol code)."""
     names = getattr(item, "fixturenames", ())
-    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(f in names for f in _IMPL_FIXTURES)
+    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(f in names for f in _ALL_IMPL_FIXTURES)
 
 
 @pytest.hookimpl(trylast=True)
@@ -502,7 +548,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def _impl_of(item: pytest.Item) -> Any:
     """The impl an item was parametrized with through one of the impl fixtures, or ``None``."""
     funcargs = getattr(item, "funcargs", {})
-    return next((funcargs[f] for f in _IMPL_FIXTURES if f in funcargs), None)
+    return next((funcargs[f] for f in _ALL_IMPL_FIXTURES if f in funcargs), None)
 
 
 def _suite_property(item: pytest.Item, impl: Any) -> SuiteProperty | None:
@@ -515,7 +561,7 @@ def _suite_property(item: pytest.Item, impl: Any) -> SuiteProperty | None:
     if family is None:
         return None
     callspec = getattr(item, "callspec", None)
-    params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _IMPL_FIXTURES]
+    params = [str(v) for k, v in (callspec.params.items() if callspec else ()) if k not in _ALL_IMPL_FIXTURES]
     base = getattr(item, "originalname", item.name).removeprefix("test_")
     return family.table.get(f"{base}[{'-'.join(params)}]" if params else base)
 
@@ -725,13 +771,13 @@ def linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def quant_impl(request: pytest.FixtureRequest) -> Any:
+def fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded quantized-linear impl (skipped when it cannot run here)."""
     return _unwrap(request)
 
 
 @pytest.fixture
-def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
+def grouped_fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded grouped quantized linear (mixture-of-experts, :mod:`numcheck.impls.protocols.grouped_fp8_linear`;
     skipped when it cannot run here, failed when it could not be loaded)."""
     return _unwrap(request)
@@ -745,9 +791,27 @@ def dist_linear_ce_impl(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
+def tp_fp8_linear_impl(request: pytest.FixtureRequest) -> Any:
     """A loaded tensor-parallel quantized linear (:mod:`numcheck.impls.protocols.tp_fp8_linear`; skipped when it cannot
     run here)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def grouped_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``grouped_fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
+    return _unwrap(request)
+
+
+@pytest.fixture
+def tp_quant_impl(request: pytest.FixtureRequest) -> Any:
+    """``tp_fp8_linear_impl`` by its name before numcheck 0.2.0 (warns; goes in 0.3.0)."""
     return _unwrap(request)
 
 
@@ -800,8 +864,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if str(config.getoption("--hypothesis-profile", None) or "").startswith("numcheck-"):
         import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles
     config.addinivalue_line(
-        "markers", "numcheck_scale: the production-shape tier (runs only with --numcheck-scale, on CUDA)"
+        "markers", "numcheck_production: the production-shape tier (runs only with --numcheck-production, on CUDA)"
     )
+    _former_production(config)
     config.addinivalue_line(
         "markers",
         f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has (deselected by numcheck's plugin)",
@@ -853,10 +918,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A ``numcheck_scale`` test is skipped without ``--numcheck-scale``; while recording, the records that follow
-    belong to ``item``."""
-    if item.get_closest_marker("numcheck_scale") is not None and not item.config.getoption("--numcheck-scale"):
-        pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
+    """A ``numcheck_production`` test is skipped without ``--numcheck-production``; while recording, the records that
+    follow belong to ``item``."""
+    if item.get_closest_marker("numcheck_production") is not None and not item.config.getoption(
+        "--numcheck-production"
+    ):
+        pytest.skip("the production-shape tier runs only with --numcheck-production (CUDA, minutes)")
     if item.config.stash.get(_RECORDING_KEY, False):
         from numcheck.properties.core import records
 

@@ -410,9 +410,12 @@ def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
 
 def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
     """One property ``name`` of ``impl``'s kind through the suite's own runner for that kind: status, message."""
-    if impl.kind == "dist_linear_ce":
+    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+
+    if impl.kind == DIST_KIND:
         return _run_vocab_parallel(impl, name)
-    if impl.kind == "tp_quant_linear":
+    if impl.kind == TP_KIND:
         return _run_tp(impl, name, base)
     from numcheck.properties.check import _run_drawn
     from numcheck.properties.suites import SUITES
@@ -423,16 +426,18 @@ def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
 
 def _all_properties(impl: Any) -> list[str]:
     """Every drawn property of ``impl``'s kind (``--all-properties``)."""
+    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
+    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
     from numcheck.properties.suites import SUITES
 
-    if impl.kind == "dist_linear_ce":
+    if impl.kind == DIST_KIND:
         return [
             "dist_accuracy[world_size=2]",
             "dist_accuracy[world_size=4]",
             "dist_world_size_invariance[world_size=2]",
             "dist_world_size_invariance[world_size=4]",
         ]
-    if impl.kind == "tp_quant_linear":
+    if impl.kind == TP_KIND:
         from numcheck.properties.distributed.tp_fp8.suite import DRAWN
 
         return list(DRAWN)

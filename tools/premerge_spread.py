@@ -86,6 +86,7 @@ def reseeded(cases: list[Any], seed: int) -> list[Any]:
 def load_impls(specs: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
     """``({name: impl}, {name: why left out})`` for the linear+CE impls ``specs`` name. Raises ValueError naming a
     spec that does not load (a mistyped name is bad input, not something to skip)."""
+    from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
     from numcheck.impls.registry import BrokenImpl, discover
 
     impls, left_out = {}, {}
@@ -94,7 +95,7 @@ def load_impls(specs: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
         broken = [e for e in entries if isinstance(e, BrokenImpl)]
         if broken:
             raise ValueError(f"--impl {spec}: {broken[0].error}")
-        lin = [e for e in entries if e.kind == "linear_ce"]
+        lin = [e for e in entries if e.kind == LINEAR_CE_KIND]
         if not lin:
             raise ValueError(f"--impl {spec} names no linear+CE impl ({', '.join(e.name for e in entries) or 'none'})")
         for e in lin:

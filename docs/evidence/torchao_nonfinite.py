@@ -32,13 +32,13 @@ from numcheck.errors import PropertyFailure
 from numcheck.impls.adapters.torchao import load, torchao_impl
 from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantCase, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_quant
 from numcheck.reference.fp8_linear import quantized_linear
 
 REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
 
 
-def verdict(impl, case: QuantCase) -> str:
+def verdict(impl, case: Fp8Case) -> str:
     try:
         judge(checks.accuracy, impl, case)
     except PropertyFailure as exc:
@@ -57,7 +57,7 @@ def scales() -> None:
 
 def counts(impl, regime: str) -> None:
     recipe = impl.support.recipes[0]
-    case = QuantCase(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
+    case = Fp8Case(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
     t = build_quant(case)
     x, w = t.x.clone().requires_grad_(True), t.weight.clone().requires_grad_(True)
     y = impl(x, w, t.bias, recipe=recipe, save_original_input=True)
@@ -83,7 +83,7 @@ def main() -> None:
             f"{impl.name} as {recipe.name}; accuracy on the suite's edge case (M=33, K=40, N=24, float32, bias, seed 11):"
         )
         for regime in REGIMES:
-            case = QuantCase(
+            case = Fp8Case(
                 recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True
             )
             print(f"  {regime}: {verdict(impl, case)}")

@@ -58,14 +58,14 @@ def verdicts(seeds: range) -> list[str]:
     from numcheck.impls.adapters.torchao import torchao_impl
     from numcheck.properties.core.runner import judge
     from numcheck.properties.fp8 import props as checks
-    from numcheck.properties.fp8.cases import QuantCase
+    from numcheck.properties.fp8.cases import Fp8Case
 
     out = []
     for name in ("rowwise", "rowwise_with_gw_hp"):
         impl = torchao_impl(name)
         failed = []
         for seed in seeds:
-            case = QuantCase(impl.support.recipes[0], 33, 40, 24, regime="scale_edge", seed=seed, bias=True)
+            case = Fp8Case(impl.support.recipes[0], 33, 40, 24, regime="scale_edge", seed=seed, bias=True)
             try:
                 judge(checks.accuracy, impl, case.replace(save_original_input=True))
             except PropertyFailure as exc:

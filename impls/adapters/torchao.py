@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl, QuantLinearSupport
+from numcheck.impls.protocols.fp8_linear import Fp8FunctionImpl, Fp8LinearSupport
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 #: The recipe names the adapter registers (``Float8LinearRecipeName`` values of 0.18.0); a release without one
@@ -191,7 +191,7 @@ def torchao_fn(info: TorchaoInfo, name: str, declared: Fp8Recipe) -> Any:
     return fn
 
 
-def _unavailable(name: str, reason: str) -> QuantFunctionImpl:
+def _unavailable(name: str, reason: str) -> Fp8FunctionImpl:
     """``torchao_float8[name]`` registered as unavailable: its ``requires`` gives ``reason``, its call raises it."""
     label = f"torchao_float8[{name}]"
 
@@ -199,14 +199,14 @@ def _unavailable(name: str, reason: str) -> QuantFunctionImpl:
         """Raise: the impl cannot run here."""
         raise RuntimeError(f"{label} unavailable: {reason}")
 
-    support = QuantLinearSupport(  # not in force: requires says why the suite never calls it
+    support = Fp8LinearSupport(  # not in force: requires says why the suite never calls it
         recipes=(Fp8Recipe("current"),),
         dtypes=DTYPES,
         devices=("cpu",),
         save_original_input=(True,),
         requires=functools.partial(_reason, reason),
     )
-    return QuantFunctionImpl(
+    return Fp8FunctionImpl(
         name=label, fn=fn, support=support, description=f"torchao Float8Linear recipe {name!r}: not judged (see 'here')"
     )
 
@@ -215,7 +215,7 @@ def _reason(reason: str) -> str:
     return reason
 
 
-def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunctionImpl:
+def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> Fp8FunctionImpl:
     """``torchao_float8[name]``, declared from ``info`` (default: the installed release, :func:`load`)."""
     info = load() if info is None else info
     if isinstance(info, str):
@@ -225,7 +225,7 @@ def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunct
     recipe = numcheck_recipe(recipe_config(info, name), info.eps)
     if isinstance(recipe, str):
         return _unavailable(name, f"torchao {info.version} recipe {name!r}: {recipe}")
-    support = QuantLinearSupport(
+    support = Fp8LinearSupport(
         recipes=(recipe,),
         dtypes=DTYPES,
         devices=("cpu",),
@@ -237,11 +237,11 @@ def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> QuantFunct
         f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), emulate=True: "
         f"{recipe.name}: scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
     )
-    return QuantFunctionImpl(
+    return Fp8FunctionImpl(
         name=f"torchao_float8[{name}]", fn=torchao_fn(info, name, recipe), support=support, description=desc
     )
 
 
-def torchao_impls() -> list[QuantFunctionImpl]:
+def torchao_impls() -> list[Fp8FunctionImpl]:
     """One impl per recipe of :data:`RECIPE_NAMES` (each unavailable, with the reason, where it cannot run)."""
     return [torchao_impl(name) for name in RECIPE_NAMES]

@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND, DelayedScalingState, QuantizedTensor, QuantLinearSupport
+from numcheck.impls.protocols.fp8_linear import FP8_KIND, DelayedScalingState, Fp8LinearSupport, QuantizedTensor
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe, rowwise_recipes, standard_recipes
 from numcheck.reference.numerics.fp8_linear import NAME, Fp8LinearNumerics, declaration, recipes_kind
 
@@ -45,13 +45,13 @@ def check_recipe_call(
 class Fp8Linear(Fp8LinearNumerics):
     """A quantized-linear impl for the recipes of one kind (see the module docstring)."""
 
-    kind = QUANT_KIND
+    kind = FP8_KIND
 
     def __init__(self, name: str, recipes: tuple[Fp8Recipe, ...], description: str = "") -> None:
         super().__init__(recipes_kind(recipes, f"Fp8Linear {name!r}"), capabilities.scaled_mm)
         self.name = name
         self.description = description
-        self.support = QuantLinearSupport(**declaration(recipes, self.recipe_kind))
+        self.support = Fp8LinearSupport(**declaration(recipes, self.recipe_kind))
 
     def __repr__(self) -> str:
         return f"Fp8Linear({self.name!r})"

@@ -31,7 +31,7 @@ import torch
 from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
-from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, GroupedQuantSupport
+from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND, GroupedFp8Support
 from numcheck.reference.fp8_formats import DTYPE_MAX, FP32_MAX, Fp8Format
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 from numcheck.reference.grouped_fp8_linear import expert_list, split_offsets
@@ -88,7 +88,7 @@ class GroupedBase:
             **accumulation_declaration("current"),
         )
         fields.update(support)
-        self.support = GroupedQuantSupport(**fields)
+        self.support = GroupedFp8Support(**fields)
         kinds = sorted({r.kind for r in self.support.recipes}, key=RECIPE_KINDS.index)
         self.single = {
             k: Fp8Linear(f"{name}/{k}", tuple(r for r in self.support.recipes if r.kind == k)) for k in kinds

@@ -34,7 +34,7 @@ import torch
 
 from numcheck.impls.builtin.fp8_linear import Fp8Linear, check_recipe_call, one_per_recipe_kind
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
-from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, ScaleLog, TPQuantSupport, collectives
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND, ScaleLog, TPFp8Support, collectives
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.numerics.fp8_linear import QTensor, k_major_fp32, recipes_kind, tensor_amax
 
@@ -147,7 +147,7 @@ class TPFp8Linear:
         self.name, self.description = name, description
         self.recipe_kind = recipes_kind(recipes, f"TPFp8Linear {name!r}")
         self.base = Fp8Linear(f"{name}/local", recipes)
-        self.support = TPQuantSupport(
+        self.support = TPFp8Support(
             recipes=recipes,
             dtypes=frozenset({torch.float32, torch.bfloat16}),
             world_sizes=(1, 2, 4),

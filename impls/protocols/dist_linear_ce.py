@@ -1,6 +1,6 @@
 """The protocol of a distributed (vocabulary-parallel) linear+CE implementation.
 
-A distributed impl is an object with ``name``, ``kind = "dist_linear_ce"``, ``support`` (a
+A distributed impl is an object with ``name``, ``kind = "dist-linear-ce"``, ``support`` (a
 :class:`~numcheck.impls.protocols.linear_ce.LinearCESupport`: the numerics of one rank's part, read by the tolerance
 model exactly as for a single-device impl), ``dist`` (a :class:`DistSupport`: what is sharded, the world sizes
 and backends, the label-smoothing convention, determinism) and
@@ -41,7 +41,7 @@ from numcheck.impls.protocols.linear_ce import (
 )
 from numcheck.reference.options import CEOptions, options_from_kwargs
 
-DIST_KIND = "dist_linear_ce"
+DIST_KIND = "dist-linear-ce"
 #: The torch.distributed backends a declaration may name.
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 #: The keywords every ``rank_call`` passes besides the single-device protocol's.
@@ -340,4 +340,5 @@ KIND = Kind(
     validate=validate_dist_impl,
     public=("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"),
     fixture="dist_linear_ce_impl",
+    former="dist_linear_ce",
 )

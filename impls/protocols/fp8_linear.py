@@ -5,8 +5,8 @@ A quantized-linear implementation is any object with
 ``name: str``
     Unique, short, printable (``"fp8_linear[mxfp8]"``, ``"mymod_fp8"``).
 ``kind: str``
-    ``"quant_linear"``.
-``support: QuantLinearSupport``
+    ``"fp8-linear"``.
+``support: Fp8LinearSupport``
     What it claims to handle: the recipes (each an :class:`~reference.fp8_recipes.Fp8Recipe` with all its
     parameters), input dtypes, devices, ``save_original_input`` values, bias, and the unit roundoff of its
     GEMM accumulation. The suite checks everything declared and nothing else.
@@ -58,12 +58,12 @@ dequantized value lies beyond binary32's range (only an MXFP8 block with an inf,
 or a nonzero element of an MXFP8 block whose E8M0 code is 0 (amax below about 2^−118, where TE, torchao
 and the OCP rule differ), are unspecified. Every other output is compared with the oracle as usual.
 
-The simplest way to write one is :func:`quant_linear_impl` (or :class:`QuantFunctionImpl` directly); the
+The simplest way to write one is :func:`fp8_linear_impl` (or :class:`Fp8FunctionImpl` directly); the
 declaration is checked where it is written (:class:`~numcheck.impls.protocols.declaration.InvalidDeclaration`)::
 
-    from numcheck import quant_linear_impl
+    from numcheck import fp8_linear_impl
 
-    @quant_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",))
+    @fp8_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",))
     def mine(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
         ...
 
@@ -85,7 +85,7 @@ import torch
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_formats import F64, FP32_MAX, round_to_fp32
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import block_grid, delayed_scale_update
@@ -94,13 +94,13 @@ __all__ = [
     "DelayedScalingState",
     "Fp8Recipe",
     "InvalidDeclaration",
-    "QuantFunctionImpl",
-    "QuantLinearSupport",
+    "Fp8FunctionImpl",
+    "Fp8LinearSupport",
     "QuantizedTensor",
     "held_for_backward",
-    "make_quant_support",
+    "make_fp8_support",
     "predicted_columnwise_x_bytes",
-    "quant_linear_impl",
+    "fp8_linear_impl",
     "standard_recipes",
     "validate_quant_impl",
 ]
@@ -115,7 +115,7 @@ _RECIPE_ALIASES: dict[str, str] = {
 }
 
 #: The ``kind`` of a quantized linear impl (the only place that spells it).
-QUANT_KIND = "quant_linear"
+FP8_KIND = "fp8-linear"
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def _declared_per_device(own: str, name: str, value: object, devices: frozenset[
 
 
 @dataclass(frozen=True)
-class QuantLinearSupport:
+class Fp8LinearSupport:
     """What a quantized-linear implementation declares.
 
     Attributes:
@@ -524,7 +524,7 @@ def call_refusal(fn: Callable[..., Any], positional: int, keywords: tuple[str, .
 
 
 @dataclass(frozen=True)
-class QuantFunctionImpl:
+class Fp8FunctionImpl:
     """A quantized-linear impl made from a plain function (and optionally a quantizer).
 
     Built, it has checked that ``fn`` takes ``(x, weight, bias, *, recipe, save_original_input, scaling_state)``,
@@ -533,16 +533,16 @@ class QuantFunctionImpl:
 
     name: str
     fn: Callable[..., torch.Tensor] = field(repr=False)
-    support: QuantLinearSupport = field(default_factory=QuantLinearSupport)
+    support: Fp8LinearSupport = field(default_factory=Fp8LinearSupport)
     quantize_fn: Callable[..., QuantizedTensor] | None = field(default=None, repr=False)
-    kind: str = QUANT_KIND
+    kind: str = FP8_KIND
     description: str = ""
 
     def __post_init__(self) -> None:
         decl.built(
             self,
-            QuantLinearSupport,
-            "Build it with numcheck.make_quant_support(...) or QuantLinearSupport(...).",
+            Fp8LinearSupport,
+            "Build it with numcheck.make_fp8_support(...) or Fp8LinearSupport(...).",
             "mymod_fp8",
             _calls(self.fn, self.quantize_fn, "fn", "quantize_fn"),
             "the calls the suite makes",
@@ -550,7 +550,7 @@ class QuantFunctionImpl:
         if self.support.exposes_quantize and self.quantize_fn is None:
             raise invalid(
                 f"impl {self.name!r} declares exposes_quantize=True but has no quantize_fn",
-                "Pass quantize_fn=... (quantize= to quant_linear_impl), or declare exposes_quantize=False.",
+                "Pass quantize_fn=... (quantize= to fp8_linear_impl), or declare exposes_quantize=False.",
             )
 
     def __call__(self, x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):  # noqa: D102
@@ -564,50 +564,50 @@ class QuantFunctionImpl:
         return self.quantize_fn(t, recipe=recipe, role=role, usage=usage, scaling_state=scaling_state)
 
 
-#: The keywords :func:`make_quant_support` and :func:`quant_linear_impl` take for the declaration.
-SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(QuantLinearSupport))
+#: The keywords :func:`make_fp8_support` and :func:`fp8_linear_impl` take for the declaration.
+SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Fp8LinearSupport))
 
 
-def make_quant_support(**fields: Any) -> QuantLinearSupport:
-    """Build a :class:`QuantLinearSupport` from its field names; omitted fields keep their defaults.
+def make_fp8_support(**fields: Any) -> Fp8LinearSupport:
+    """Build a :class:`Fp8LinearSupport` from its field names; omitted fields keep their defaults.
 
     ``recipes`` may hold :class:`Fp8Recipe` objects or recipe kind names (``"current"``: that kind's default
     parameters), ``dtypes`` ``torch.dtype`` objects or their names. Every value is checked here and an
     :class:`InvalidDeclaration` names the calling line, what is wrong and how to fix it.
 
-    >>> sorted(r.name for r in make_quant_support(recipes=("current", "mxfp8"), dtypes=("bfloat16",)).recipes)
+    >>> sorted(r.name for r in make_fp8_support(recipes=("current", "mxfp8"), dtypes=("bfloat16",)).recipes)
     ['current-hybrid', 'mxfp8-e4m3-rceil']
     """
-    decl.unknown_keywords("make_quant_support()", fields, SUPPORT_FIELDS)
-    return QuantLinearSupport(**fields)
+    decl.unknown_keywords("make_fp8_support()", fields, SUPPORT_FIELDS)
+    return Fp8LinearSupport(**fields)
 
 
-def quant_linear_impl(
+def fp8_linear_impl(
     *, name: str, description: str = "", quantize: Callable[..., QuantizedTensor] | None = None, **support: Any
-) -> Callable[[Callable[..., torch.Tensor]], QuantFunctionImpl]:
+) -> Callable[[Callable[..., torch.Tensor]], Fp8FunctionImpl]:
     """Decorator turning a function into a quantized-linear impl the suite can load (the counterpart of
     :func:`numcheck.impls.protocols.linear_ce.linear_ce_impl`).
 
     The function is called ``fn(x, weight, bias, *, recipe, save_original_input, scaling_state)``; ``quantize``,
     when given, is the impl's own quantizer ``(t, *, recipe, role, usage, scaling_state)`` and sets
     ``exposes_quantize`` unless that is declared. ``support`` keywords are the fields of
-    :class:`QuantLinearSupport` (:func:`make_quant_support`). The declaration is checked where it is written: a
+    :class:`Fp8LinearSupport` (:func:`make_fp8_support`). The declaration is checked where it is written: a
     bad keyword, recipe, device type or dtype name, an empty ``recipes``/``dtypes``/``devices``, or a function
     that cannot take the suite's calls raise :class:`InvalidDeclaration` naming the decorator's ``file:line``.
 
     >>> import torch.nn.functional as F
-    >>> @quant_linear_impl(name="doc_unquantized", recipes=("current",), dtypes=("float32",))
+    >>> @fp8_linear_impl(name="doc_unquantized", recipes=("current",), dtypes=("float32",))
     ... def unquantized(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
     ...     return F.linear(x, weight, bias)
     >>> unquantized.kind, [r.name for r in unquantized.support.recipes]
     ('quant_linear', ['current-hybrid'])
     """
-    site, owner = decl.opening("quant_linear_impl", name, support, SUPPORT_FIELDS, "mymod_fp8")
+    site, owner = decl.opening("fp8_linear_impl", name, support, SUPPORT_FIELDS, "mymod_fp8")
     if quantize is not None and "exposes_quantize" not in support:
         support = {**support, "exposes_quantize": True}
-    declared = make_quant_support(**support)
+    declared = make_fp8_support(**support)
 
-    def wrap(fn: Callable[..., torch.Tensor]) -> QuantFunctionImpl:
+    def wrap(fn: Callable[..., torch.Tensor]) -> Fp8FunctionImpl:
         doc = decl.decorated(
             owner,
             site,
@@ -623,7 +623,7 @@ def quant_linear_impl(
                 "Pass quantize=my_quantizer, or leave exposes_quantize out.",
                 site=site,
             )
-        return QuantFunctionImpl(name=name, fn=fn, support=declared, quantize_fn=quantize, description=doc)
+        return Fp8FunctionImpl(name=name, fn=fn, support=declared, quantize_fn=quantize, description=doc)
 
     return wrap
 
@@ -640,13 +640,11 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol (including a call or
     ``quantize`` signature that cannot take the suite's calls: :func:`call_refusal`)."""
     name = getattr(obj, "name", None)
-    if isinstance(name, str) and name and getattr(obj, "kind", None) != QUANT_KIND:
-        raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected {QUANT_KIND!r}")
+    if isinstance(name, str) and name and getattr(obj, "kind", None) != FP8_KIND:
+        raise TypeError(f"{origin}: impl {name!r} has kind {getattr(obj, 'kind', None)!r}, expected {FP8_KIND!r}")
     sup = getattr(obj, "support", None)
-    typed = isinstance(sup, QuantLinearSupport)
-    checks = [
-        (typed, f"needs 'support' of type impls.protocols.fp8_linear.QuantLinearSupport, got {type(sup).__name__}")
-    ]
+    typed = isinstance(sup, Fp8LinearSupport)
+    checks = [(typed, f"needs 'support' of type impls.protocols.fp8_linear.Fp8LinearSupport, got {type(sup).__name__}")]
     checks += [(callable(getattr(sup, a, None)), f"support lacks {a}()") for a in ("unavailable_reason", "describe")]
     checks += [
         (callable(obj), "is not callable"),
@@ -659,12 +657,12 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
             f"declares unknown recipes {[r for r in getattr(sup, 'recipes', ()) if r.kind not in RECIPE_KINDS]!r}",
         ),
     ]
-    own = isinstance(obj, QuantFunctionImpl)
+    own = isinstance(obj, Fp8FunctionImpl)
     quantize = (obj.quantize_fn if own else getattr(obj, "quantize", None)) if typed and sup.exposes_quantize else None
     decl.conformance(
         obj,
         origin,
-        QUANT_KIND,
+        FP8_KIND,
         checks,
         _calls(obj.fn if own else obj, quantize, ": its call", ": its quantize"),
         "the calls the suite makes",
@@ -673,11 +671,22 @@ def validate_quant_impl(obj: Any, origin: str) -> None:
 
 #: The quantized-linear kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
 KIND = Kind(
-    name=QUANT_KIND,
-    protocol=QuantFunctionImpl,
-    decorator=quant_linear_impl,
+    name=FP8_KIND,
+    protocol=Fp8FunctionImpl,
+    decorator=fp8_linear_impl,
     validate=validate_quant_impl,
-    public=("QuantFunctionImpl", "QuantLinearSupport", "make_quant_support", "quant_linear_impl"),
-    fixture="quant_impl",
+    public=("Fp8FunctionImpl", "Fp8LinearSupport", "make_fp8_support", "fp8_linear_impl"),
+    fixture="fp8_linear_impl",
     generic=True,
+    former="quant_linear",
+    former_fixture="quant_impl",
+    renamed=(
+        ("QuantFunctionImpl", "Fp8FunctionImpl"),
+        ("QuantLinearSupport", "Fp8LinearSupport"),
+        ("make_quant_support", "make_fp8_support"),
+        ("quant_linear_impl", "fp8_linear_impl"),
+    ),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

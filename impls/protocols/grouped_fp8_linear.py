@@ -2,8 +2,8 @@
 
 A grouped quantized-linear implementation is any object with
 
-``name: str``, ``kind: str`` = ``"grouped_quant_linear"``, ``support: GroupedQuantSupport``
-    As for a quantized linear (:mod:`impls.protocols.fp8_linear`); :class:`GroupedQuantSupport` adds the split
+``name: str``, ``kind: str`` = ``"grouped-fp8-linear"``, ``support: GroupedFp8Support``
+    As for a quantized linear (:mod:`impls.protocols.fp8_linear`); :class:`GroupedFp8Support` adds the split
     rules.
 ``__call__(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None, main_grad=None)``
     ``x`` ``[M, K]`` (``requires_grad``); ``weights`` one grouped tensor ``[G, N, K]`` or a list of ``G`` tensors
@@ -38,12 +38,12 @@ weights' form (``[G, N, K]`` or ``G`` × ``[N, K]``); backward *adds* each ``wgr
 fp32 accumulation (the GEMM accumulating onto it, or an fp32 add of its fp32 result: never through the weight
 dtype) and leaves every weight's ``.grad`` ``None``; an empty expert's ``main_grad[i]`` is left bitwise as given.
 
-Write one with :func:`grouped_quant_linear_impl`; its declaration is checked where it is written
+Write one with :func:`grouped_fp8_linear_impl`; its declaration is checked where it is written
 (:class:`~numcheck.impls.protocols.declaration.InvalidDeclaration`), with the machinery of the other protocols::
 
-    from numcheck import grouped_quant_linear_impl
+    from numcheck import grouped_fp8_linear_impl
 
-    @grouped_quant_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
+    @grouped_fp8_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
     def mine(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None,
              main_grad=None):
         ...
@@ -61,24 +61,24 @@ from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import (
     DelayedScalingState,
-    QuantLinearSupport,
+    Fp8LinearSupport,
     call_refusal,
     predicted_columnwise_x_bytes,
 )
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
-GROUPED_KIND = "grouped_quant_linear"
+GROUPED_KIND = "grouped-fp8-linear"
 WEIGHT_LAYOUTS: tuple[str, ...] = ("grouped", "list")
 #: The keywords every call passes after ``x, weights, biases``.
 GROUPED_CALL_KEYWORDS: tuple[str, ...] = ("m_splits", "recipe", "save_original_input", "scaling_state", "main_grad")
 
 
 @dataclass(frozen=True)
-class GroupedQuantSupport(QuantLinearSupport):
+class GroupedFp8Support(Fp8LinearSupport):
     """What a grouped quantized linear declares: every field of
-    :class:`~impls.protocols.fp8_linear.QuantLinearSupport` (recipes, dtypes, devices, save_original_input, bias,
+    :class:`~impls.protocols.fp8_linear.Fp8LinearSupport` (recipes, dtypes, devices, save_original_input, bias,
     the accumulation's unit roundoff and promotion chunk, requires; checked by it), and:
 
     Attributes:
@@ -109,7 +109,7 @@ class GroupedQuantSupport(QuantLinearSupport):
         if rowwise:
             raise invalid(
                 f"{own}.recipes declares {rowwise}: the grouped oracle and draws have no rowwise kind yet",
-                "Declare rowwise recipes on a single-device QuantLinearSupport; grouped impls take the kinds of "
+                "Declare rowwise recipes on a single-device Fp8LinearSupport; grouped impls take the kinds of "
                 "standard_recipes().",
             )
         if self.exposes_quantize:
@@ -203,15 +203,15 @@ class GroupedFunctionImpl:
 
     name: str
     fn: Callable[..., torch.Tensor] = field(repr=False)
-    support: GroupedQuantSupport = field(default_factory=GroupedQuantSupport)
+    support: GroupedFp8Support = field(default_factory=GroupedFp8Support)
     description: str = ""
     kind: str = GROUPED_KIND
 
     def __post_init__(self) -> None:
         decl.built(
             self,
-            GroupedQuantSupport,
-            "Build it with GroupedQuantSupport(recipes=..., split_alignment=...).",
+            GroupedFp8Support,
+            "Build it with GroupedFp8Support(recipes=..., split_alignment=...).",
             "mymod_grouped_fp8",
             [("function", self.fn, _refusal)],
             "the calls the suite makes",
@@ -221,30 +221,30 @@ class GroupedFunctionImpl:
         return self.fn(x, weights, biases, **kwargs)
 
 
-#: The keywords :func:`grouped_quant_linear_impl` takes for the declaration.
-GROUPED_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GroupedQuantSupport))
+#: The keywords :func:`grouped_fp8_linear_impl` takes for the declaration.
+GROUPED_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GroupedFp8Support))
 
 
-def grouped_quant_linear_impl(
+def grouped_fp8_linear_impl(
     *, name: str, description: str = "", **support: Any
 ) -> Callable[[Callable[..., torch.Tensor]], GroupedFunctionImpl]:
     """Decorator turning a function into a grouped quantized linear the suite runs
     (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
 
     The function is called ``fn(x, weights, biases, *, m_splits, recipe, save_original_input, scaling_state,
-    main_grad)`` (module docstring). ``support`` keywords are the fields of :class:`GroupedQuantSupport`
+    main_grad)`` (module docstring). ``support`` keywords are the fields of :class:`GroupedFp8Support`
     (``recipes`` may be kind names). A bad keyword or value, or a function that cannot take the calls, raises
     :class:`~numcheck.impls.protocols.declaration.InvalidDeclaration` naming the decorator's ``file:line``.
 
-    >>> @grouped_quant_linear_impl(name="doc_grouped", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
+    >>> @grouped_fp8_linear_impl(name="doc_grouped", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
     ... def doc_grouped(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None,
     ...                 main_grad=None):
     ...     ...
     >>> doc_grouped.kind, doc_grouped.support.split_alignment
     ('grouped_quant_linear', 16)
     """
-    site, owner = decl.opening("grouped_quant_linear_impl", name, support, GROUPED_SUPPORT_FIELDS, "mymod_grouped_fp8")
-    declared = GroupedQuantSupport(**support)
+    site, owner = decl.opening("grouped_fp8_linear_impl", name, support, GROUPED_SUPPORT_FIELDS, "mymod_grouped_fp8")
+    declared = GroupedFp8Support(**support)
 
     def wrap(fn: Callable[..., torch.Tensor]) -> GroupedFunctionImpl:
         doc = decl.decorated(
@@ -275,9 +275,9 @@ def validate_grouped_impl(obj: Any, origin: str) -> None:
         GROUPED_KIND,
         [
             (
-                isinstance(support, GroupedQuantSupport),
+                isinstance(support, GroupedFp8Support),
                 f"needs 'support' of type "
-                f"impls.protocols.grouped_fp8_linear.GroupedQuantSupport, got "
+                f"impls.protocols.grouped_fp8_linear.GroupedFp8Support, got "
                 f"{type(support).__name__}",
             ),
             (callable(obj), "is not callable"),
@@ -291,8 +291,14 @@ def validate_grouped_impl(obj: Any, origin: str) -> None:
 KIND = Kind(
     name=GROUPED_KIND,
     protocol=GroupedFunctionImpl,
-    decorator=grouped_quant_linear_impl,
+    decorator=grouped_fp8_linear_impl,
     validate=validate_grouped_impl,
-    public=("GroupedFunctionImpl", "GroupedQuantSupport", "grouped_quant_linear_impl"),
-    fixture="grouped_quant_impl",
+    public=("GroupedFunctionImpl", "GroupedFp8Support", "grouped_fp8_linear_impl"),
+    fixture="grouped_fp8_linear_impl",
+    former="grouped_quant_linear",
+    former_fixture="grouped_quant_impl",
+    renamed=(("GroupedQuantSupport", "GroupedFp8Support"), ("grouped_quant_linear_impl", "grouped_fp8_linear_impl")),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

@@ -7,9 +7,14 @@ built from it; :mod:`impls.protocols.kinds` lists the descriptors (the only list
 the registry's validation, ``import numcheck``, the plugin's fixtures, the report — iterates that list or imports
 the name constant.
 
+A kind's name is its family's words joined by hyphens (``linear-ce``, ``fp8-linear``, ``grouped-fp8-linear``,
+``dist-linear-ce``, ``tp-fp8-linear``): the same words as its modules, fixtures and decorators, never a Python
+identifier, so no kind is also a module, package, fixture or attribute name, nor a built-in impl name
+(``fp8_linear[current]``, ``eager``). Names before 0.2.0 are each descriptor's :attr:`Kind.former`.
+
 >>> from numcheck.impls.protocols.kinds import KINDS
 >>> [k.name for k in KINDS][:2]
-['linear_ce', 'quant_linear']
+['linear-ce', 'fp8-linear']
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ class Kind:
         fixture: the pytest fixture of :mod:`numcheck.tests.plugin` parametrized over the loaded impls of this kind
             (its name ends in ``_impl``: the plugin looks for a kind's fixture among the arguments named so).
         generic: whether the plugin's ``numcheck_impl`` fixture (one test over several kinds) also covers it.
+        former: the kind's name before numcheck 0.2.0 (read in older reports and from hand-built impls, with a
+            :class:`~numcheck.errors.RenamedWarning`); ``""`` when it kept its name.
+        former_fixture: the fixture's name before 0.2.0 (still parametrized, with a warning); ``""`` when unchanged.
+        renamed: ``(old, new)`` for each public name (:attr:`public`) renamed in 0.2.0: ``numcheck.<old>`` still
+            resolves to ``numcheck.<new>``, with a warning, until 0.3.0.
     """
 
     name: str
@@ -40,6 +50,9 @@ class Kind:
     public: tuple[str, ...]
     fixture: str
     generic: bool = False
+    former: str = ""
+    former_fixture: str = ""
+    renamed: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.fixture.endswith("_impl"):
@@ -49,3 +62,22 @@ class Kind:
     def module(self) -> str:
         """The protocol module's dotted name (where :attr:`name` is defined)."""
         return self.protocol.__module__
+
+
+def renamed_attributes(module: str, renamed: tuple[tuple[str, str], ...]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a protocol module: each old public name of ``renamed`` (``(old, new)``, a kind's
+    :attr:`Kind.renamed`) gives the new object, warning once per process (:func:`numcheck.errors.warn_renamed`), so
+    ``from numcheck.impls.protocols.fp8_linear import QuantLinearSupport`` works until 0.3.0."""
+    import sys
+
+    from numcheck.errors import warn_renamed
+
+    table = dict(renamed)
+
+    def __getattr__(name: str) -> Any:
+        if name in table:
+            warn_renamed(f"{module} attribute", name, table[name])
+            return getattr(sys.modules[module], table[name])
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -2,15 +2,15 @@
 
 numcheck knows two kinds of implementation, and one registry holds both:
 
-* ``"linear_ce"`` — linear + cross-entropy: ``loss = CE(x @ weight.T + bias, target)``.
-* ``"quant_linear"`` — an FP8-quantized linear layer (protocol in :mod:`impls.protocols.fp8_linear`).
+* ``"linear-ce"`` — linear + cross-entropy: ``loss = CE(x @ weight.T + bias, target)``.
+* ``"fp8-linear"`` — an FP8-quantized linear layer (protocol in :mod:`impls.protocols.fp8_linear`).
 
 A linear+CE implementation is any object with
 
 ``name: str``
     Unique, short, printable (``"chunked[addmm_out_dtype]"``, ``"mymod_flce"``).
 ``kind: str``
-    ``"linear_ce"``.
+    ``"linear-ce"``.
 ``support: LinearCESupport``
     What it claims to handle. The suite only checks what is declared, and checks *all* of it:
     a declared option that is silently ignored is a bug the suite will report.
@@ -57,11 +57,11 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import defined_at, invalid
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND, validate_quant_impl
+from numcheck.impls.protocols.fp8_linear import FP8_KIND, validate_quant_impl
 from numcheck.impls.protocols.kind import Kind
 
 #: The ``kind`` of a linear + cross-entropy impl (the only place that spells it).
-LINEAR_CE_KIND = "linear_ce"
+LINEAR_CE_KIND = "linear-ce"
 #: Every optional feature of the linear+CE call, named as the support declaration names them.
 LINEAR_CE_OPTIONS: tuple[str, ...] = (
     "bias",  # a bias vector is passed
@@ -555,12 +555,12 @@ def validate_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow the protocol of its kind (for a linear+CE
     impl, including a call its declared options lead to that its signature cannot take: :func:`call_refusal`)."""
     kind = getattr(obj, "kind", None)
-    if kind == QUANT_KIND:
+    if kind == FP8_KIND:
         validate_quant_impl(obj, origin)
         return
     name = getattr(obj, "name", None)
     if kind != LINEAR_CE_KIND and isinstance(name, str) and name:
-        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected {LINEAR_CE_KIND!r} or {QUANT_KIND!r}")
+        raise TypeError(f"{origin}: impl {name!r} has kind {kind!r}; expected {LINEAR_CE_KIND!r} or {FP8_KIND!r}")
     support = getattr(obj, "support", None)
     fn = obj.fn if isinstance(obj, FunctionImpl) else obj
     decl.conformance(
@@ -585,4 +585,5 @@ KIND = Kind(
     public=("FunctionImpl", "LinearCESupport", "linear_ce_impl", "make_support"),
     fixture="linear_ce_impl",
     generic=True,
+    former="linear_ce",
 )

@@ -59,10 +59,10 @@ import torch
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import QUANT_DTYPES, call_refusal
-from numcheck.impls.protocols.kind import Kind
+from numcheck.impls.protocols.kind import Kind, renamed_attributes
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, ROLES, ROWWISE_KINDS, USAGES, Fp8Recipe, standard_recipes
 
-TP_KIND = "tp_quant_linear"
+TP_KIND = "tp-fp8-linear"
 PARALLEL_MODES: tuple[str, ...] = ("column", "row")
 PARTIAL_DTYPES: tuple[str, ...] = ("output", "float32")
 #: The keywords every call passes after ``x, weight, bias``.
@@ -78,7 +78,7 @@ TP_CALL_KEYWORDS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class TPQuantSupport:
+class TPFp8Support:
     """What a tensor-parallel quantized linear declares.
 
     Attributes:
@@ -109,7 +109,7 @@ class TPQuantSupport:
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        own = "TPQuantSupport"
+        own = "TPFp8Support"
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
         recipes = tuple(
             Fp8Recipe(r) if isinstance(r, str) and r in RECIPE_KINDS else r
@@ -124,7 +124,7 @@ class TPQuantSupport:
         if rowwise:
             raise invalid(
                 f"{own}.recipes declares {rowwise}: the tensor-parallel oracle has no rowwise kind yet",
-                "Declare rowwise recipes on a single-device QuantLinearSupport; TP impls take the kinds of "
+                "Declare rowwise recipes on a single-device Fp8LinearSupport; TP impls take the kinds of "
                 "standard_recipes().",
             )
         set_("recipes", recipes)
@@ -255,22 +255,22 @@ def collectives(group: Any) -> Collectives:
 
 
 @dataclass(frozen=True)
-class TPQuantFunctionImpl(decl.PickledByReference):
+class TPFp8FunctionImpl(decl.PickledByReference):
     """A tensor-parallel quantized linear from a module-level function with the call's signature (module
     docstring). Built, it has checked that the function takes ``(x, weight, bias, *,`` :data:`TP_CALL_KEYWORDS`
     ``)``; the ranks receive it pickled, as its module-level name where it is bound to one."""
 
     name: str
     fn: Callable[..., torch.Tensor] = field(repr=False)
-    support: TPQuantSupport = field(default_factory=TPQuantSupport)
+    support: TPFp8Support = field(default_factory=TPFp8Support)
     description: str = ""
     kind: str = TP_KIND
 
     def __post_init__(self) -> None:
         decl.built(
             self,
-            TPQuantSupport,
-            "Build it with TPQuantSupport(recipes=..., parallel=..., world_sizes=...).",
+            TPFp8Support,
+            "Build it with TPFp8Support(recipes=..., parallel=..., world_sizes=...).",
             "mymod_tp_fp8",
             [("function", self.fn, _refusal)],
             "the calls the suite makes",
@@ -280,34 +280,34 @@ class TPQuantFunctionImpl(decl.PickledByReference):
         return self.fn(x, weight, bias, **kwargs)
 
 
-#: The keywords :func:`tp_quant_linear_impl` takes for the declaration.
-TP_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TPQuantSupport))
+#: The keywords :func:`tp_fp8_linear_impl` takes for the declaration.
+TP_SUPPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TPFp8Support))
 
 
-def tp_quant_linear_impl(
+def tp_fp8_linear_impl(
     *, name: str, description: str = "", **support: Any
-) -> Callable[[Callable[..., torch.Tensor]], TPQuantFunctionImpl]:
+) -> Callable[[Callable[..., torch.Tensor]], TPFp8FunctionImpl]:
     """Decorator turning a module-level function into a tensor/sequence-parallel quantized linear the distributed
     FP8 suite runs (``pytest --pyargs numcheck.tests.suite --impl mymod:impl``).
 
     Every rank calls ``fn(x, weight, bias, *, recipe, parallel, sequence_parallel, save_original_input, group,
     scale_log, scaling_state)`` with its shards (module docstring: the layouts, the quantization semantics, what
-    it reports to ``scale_log``). ``support`` keywords are the fields of :class:`TPQuantSupport` (``recipes``
+    it reports to ``scale_log``). ``support`` keywords are the fields of :class:`TPFp8Support` (``recipes``
     may be kind names). A bad keyword or value, or a function that cannot take the calls, raises
     :class:`~numcheck.impls.protocols.declaration.InvalidDeclaration` naming the decorator's ``file:line``. Bind the
     result at module level: the ranks unpickle it by that name.
 
-    >>> @tp_quant_linear_impl(name="doc_tp", recipes=("current",), parallel=("column",), world_sizes=(1, 2))
+    >>> @tp_fp8_linear_impl(name="doc_tp", recipes=("current",), parallel=("column",), world_sizes=(1, 2))
     ... def doc_tp(x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group,
     ...            scale_log, scaling_state=None):
     ...     ...
     >>> doc_tp.kind, sorted(doc_tp.support.parallel)
     ('tp_quant_linear', ['column'])
     """
-    site, owner = decl.opening("tp_quant_linear_impl", name, support, TP_SUPPORT_FIELDS, "mymod_tp_fp8")
-    declared = TPQuantSupport(**support)
+    site, owner = decl.opening("tp_fp8_linear_impl", name, support, TP_SUPPORT_FIELDS, "mymod_tp_fp8")
+    declared = TPFp8Support(**support)
 
-    def wrap(fn: Callable[..., torch.Tensor]) -> TPQuantFunctionImpl:
+    def wrap(fn: Callable[..., torch.Tensor]) -> TPFp8FunctionImpl:
         doc = decl.decorated(
             owner,
             site,
@@ -317,7 +317,7 @@ def tp_quant_linear_impl(
             "the calls the suite makes",
             description,
         )
-        return TPQuantFunctionImpl(name=name, fn=fn, support=declared, description=doc)
+        return TPFp8FunctionImpl(name=name, fn=fn, support=declared, description=doc)
 
     return wrap
 
@@ -336,24 +336,34 @@ def validate_tp_quant_impl(obj: Any, origin: str) -> None:
         TP_KIND,
         [
             (
-                isinstance(support, TPQuantSupport),
-                f"needs 'support' of type impls.protocols.tp_fp8_linear.TPQuantSupport, got {type(support).__name__}",
+                isinstance(support, TPFp8Support),
+                f"needs 'support' of type impls.protocols.tp_fp8_linear.TPFp8Support, got {type(support).__name__}",
             ),
             (callable(obj), "is not callable"),
         ],
-        [("", obj.fn if isinstance(obj, TPQuantFunctionImpl) else obj, _refusal)],
+        [("", obj.fn if isinstance(obj, TPFp8FunctionImpl) else obj, _refusal)],
         "the calls the suite makes",
         pickled=True,
-        decorator="tp_quant_linear_impl",
+        decorator="tp_fp8_linear_impl",
     )
 
 
 #: The tensor/sequence-parallel quantized-linear kind, as every layer iterates it (:mod:`impls.protocols.kinds`).
 KIND = Kind(
     name=TP_KIND,
-    protocol=TPQuantFunctionImpl,
-    decorator=tp_quant_linear_impl,
+    protocol=TPFp8FunctionImpl,
+    decorator=tp_fp8_linear_impl,
     validate=validate_tp_quant_impl,
-    public=("TPQuantFunctionImpl", "TPQuantSupport", "tp_quant_linear_impl"),
-    fixture="tp_quant_impl",
+    public=("TPFp8FunctionImpl", "TPFp8Support", "tp_fp8_linear_impl"),
+    fixture="tp_fp8_linear_impl",
+    former="tp_quant_linear",
+    former_fixture="tp_quant_impl",
+    renamed=(
+        ("TPQuantFunctionImpl", "TPFp8FunctionImpl"),
+        ("TPQuantSupport", "TPFp8Support"),
+        ("tp_quant_linear_impl", "tp_fp8_linear_impl"),
+    ),
 )
+
+#: The public names before 0.2.0 (``KIND.renamed``), still importable from here with a warning until 0.3.0.
+__getattr__ = renamed_attributes(__name__, KIND.renamed)

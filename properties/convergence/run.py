@@ -226,7 +226,7 @@ def _check_impl(call: str, label: Any, impl: Any, s: dict[str, Any]) -> None:
         raise _fail(call, str(exc), "Pass an impl object (e.g. one made with numcheck.linear_ce_impl).") from None
     if impl.kind != LINEAR_CE_KIND:
         raise _fail(
-            call, f"impl {impl.name!r} is a {impl.kind} impl", "The convergence run needs a linear_ce impl as the head."
+            call, f"impl {impl.name!r} is a {impl.kind} impl", "The convergence run needs a linear-ce impl as the head."
         )
     reason = impl.support.unavailable_reason()
     if reason:

@@ -112,7 +112,7 @@ def impl_invocation(impl: Any) -> tuple[str, str]:
 
 def repro_command(impl: Any, prop: str, problem: Any) -> str:
     """One shell line that re-runs exactly this property on exactly this problem (a case of any family, a
-    linear+CE ``Problem`` or a ``QuantCase``, whose ``repr`` rebuilds it) for this impl, as printed, from any
+    linear+CE ``Problem`` or a ``Fp8Case``, whose ``repr`` rebuilds it) for this impl, as printed, from any
     directory: ``numcheck repro``."""
     env, name = impl_invocation(impl)
     return f"{env}numcheck repro --impl {shlex.quote(name)} --property {prop} --problem {shlex.quote(repr(problem))}"
@@ -136,7 +136,7 @@ def context(*lines: str | None) -> Iterator[None]:
 
 def failure_message(impl: Any, prop: str, problem: Any, lines: Iterable[str], *, reproduce: str | None = None) -> str:
     """The full text of a :class:`PropertyFailure` (``problem``: a case of any family, a ``Problem`` or a
-    ``QuantCase``), with the lines of the enclosing :func:`context`; ``reproduce`` in place of the repro command,
+    ``Fp8Case``), with the lines of the enclosing :func:`context`; ``reproduce`` in place of the repro command,
     for a case no command can rebuild."""
     body = "\n".join(f"  {line}" for line in (*_CONTEXT.get(), *lines))
     return (

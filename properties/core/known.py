@@ -84,7 +84,7 @@ EVERY_OUTPUT: tuple[str, ...] = ("*",)
 @dataclass(frozen=True)
 class KnownDivergence:
     """One known divergence, of any kind: of a single-device impl (``applies`` takes its case: a linear+CE
-    :class:`~numcheck.properties.linear_ce.cases.Problem`, an FP8 ``QuantCase``) or of a
+    :class:`~numcheck.properties.linear_ce.cases.Problem`, an FP8 ``Fp8Case``) or of a
     distributed one (``applies`` takes its case, a
     :class:`~numcheck.properties.distributed.linear_ce.cases.DistCase`, and :attr:`example_world_size` is set);
     off in every output (a covered case is left out of the draws) or in some (:attr:`outputs`, judged under
@@ -96,7 +96,7 @@ class KnownDivergence:
     devices: tuple[str, ...]  # device types it was seen on ("cpu", "cuda")
     applies: Callable[[Any], bool]  # the cases it covers: a Problem (a DistCase for a distributed impl's entry)
     reason: str
-    example: Any  # a case of the entry's family (a linear+CE Problem, a QuantCase, a DistCase's Problem)
+    example: Any  # a case of the entry's family (a linear+CE Problem, a Fp8Case, a DistCase's Problem)
     #: ``applies`` reads the problem's data (its tensors), not only its fields: a problem carrying some fields
     #: then says nothing about every draw with those fields (see :func:`covers_every`).
     by_data: bool = False

@@ -14,7 +14,7 @@ matmul precision ``high``/``medium``) rounds fp32 operands to 10 mantissa bits: 
 conftest may turn it on.
 
 So numcheck verifies the impl's own arithmetic under full-precision GEMM reductions: :func:`pinned` sets the flags
-below for the duration of a judgement (each numcheck test, ``assert_linear_ce`` / ``assert_quant_linear``, every
+below for the duration of a judgement (each numcheck test, ``assert_linear_ce`` / ``assert_fp8_linear``, every
 judging subcommand of the command line, every distributed rank; ``bench`` and ``memory`` measure under the caller's
 settings) and restores the caller's afterwards. A kernel that accumulates in bf16 itself
 (its own Triton or CUDA code, or a ``torch.mm`` on bf16 partials) is judged as before: the flags only stop cuBLAS

@@ -24,7 +24,7 @@ small ones hold leftovers and the 64 MiB one holds zeros (fresh pages).
 
 Where: :func:`numcheck.properties.core.runner.judge` runs every property of the suite (drawn and fixed cases, the
 plugin and :func:`numcheck.check`) and every property case of ``numcheck report`` under :func:`judging`; the
-report's accuracy grid, ``numcheck repro`` and the public assertions (``numcheck.assert_quant_linear``, ...) do too. A property is the smallest unit that holds each forward *and* backward the impl
+report's accuracy grid, ``numcheck repro`` and the public assertions (``numcheck.assert_fp8_linear``, ...) do too. A property is the smallest unit that holds each forward *and* backward the impl
 runs (its backward runs inside the property's ``loss.backward()``, not inside the impl's call), so the block spans
 the property: the float64 oracles run inside it too, which is harmless (they write every element they allocate)
 and is counted in the measured cost (``results/poison-cost.md``). The determinism properties (:data:`OUTSIDE`) run
@@ -56,13 +56,13 @@ from typing import Any, Iterator
 import torch
 import torch.utils.deterministic
 
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
 
 #: The environment variable that turns poisoning on or off for every family (``on``, ``off``, ``default``).
 ENV = "NUMCHECK_POISON"
 #: Impl kinds judged with poisoned memory unless :data:`ENV` says otherwise (cost ≤ 10%: results/poison-cost.md).
-DEFAULT_ON: frozenset[str] = frozenset({QUANT_KIND, GROUPED_KIND})
+DEFAULT_ON: frozenset[str] = frozenset({FP8_KIND, GROUPED_KIND})
 #: Properties that run outside the block: deterministic algorithms would change what they measure.
 OUTSIDE: frozenset[str] = frozenset({"determinism", "dist_determinism"})
 _VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "default": None, "": None}

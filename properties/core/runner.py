@@ -24,7 +24,7 @@ from numcheck.properties.core.failures import failure_message, impl_raised, judg
 from numcheck.properties.core.rows import Row, seeded_data
 
 Metrics = dict[str, float]
-#: ``draw(impl, data) -> case``: one case for ``impl`` (a linear+CE :class:`Problem`, a ``QuantCase``, ...) from a
+#: ``draw(impl, data) -> case``: one case for ``impl`` (a linear+CE :class:`Problem`, a ``Fp8Case``, ...) from a
 #: hypothesis ``st.data()`` object.
 Draw = Callable[[Any, Any], Any]
 

@@ -1,6 +1,6 @@
 """A quantized-linear case as one printable value, and the tensors it stands for.
 
-:class:`QuantCase`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope),
+:class:`Fp8Case`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope),
 which is what reproduction commands carry. :func:`build_quant` makes the tensors deterministically from a
 CPU ``torch.Generator`` seeded with ``(seed, step)``, in float64, then rounds them to the case's dtype and
 moves them to its device — so a case means the same tensors everywhere.
@@ -77,8 +77,8 @@ _Case = TypeVar("_Case", bound="QuantCaseFields")
 
 @dataclass(frozen=True)
 class QuantCaseFields:
-    """What a single-device :class:`QuantCase` and a tensor-parallel case
-    (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`) share: the recipe, the global tensors and the mode.
+    """What a single-device :class:`Fp8Case` and a tensor-parallel case
+    (:class:`~properties.distributed.tp_fp8.cases.TPFp8Case`) share: the recipe, the global tensors and the mode.
 
     Attributes:
         recipe: the FP8 recipe.
@@ -121,24 +121,24 @@ def declared_mode(support: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class QuantCase(QuantCaseFields):
+class Fp8Case(QuantCaseFields):
     """One quantized-linear case: the fields of :class:`QuantCaseFields`, and ``device``, where the tensors live."""
 
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         if not isinstance(self.recipe, Fp8Recipe):
-            raise ValueError(f"QuantCase.recipe must be an Fp8Recipe, got {self.recipe!r}")
+            raise ValueError(f"Fp8Case.recipe must be an Fp8Recipe, got {self.recipe!r}")
         for name in ("M", "K", "N", "steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"QuantCase.{name} must be a positive int, got {v!r}")
+                raise ValueError(f"Fp8Case.{name} must be a positive int, got {v!r}")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"QuantCase.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+            raise ValueError(f"Fp8Case.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
         if self.regime not in QUANT_REGIMES:
-            raise ValueError(f"QuantCase.regime={self.regime!r} is not one of {QUANT_REGIMES}")
+            raise ValueError(f"Fp8Case.regime={self.regime!r} is not one of {QUANT_REGIMES}")
         if self.steps > 1 and self.recipe.kind != "delayed":
-            raise ValueError("QuantCase.steps > 1 applies to delayed scaling only")
+            raise ValueError("Fp8Case.steps > 1 applies to delayed scaling only")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -234,7 +234,7 @@ def plant_block_exponents(t: torch.Tensor, g: torch.Generator, block: int) -> to
     return sign * (1 + u) * torch.exp2((e + c).to(torch.float64))
 
 
-def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
+def build_quant(case: Fp8Case, step: int = 0) -> QuantTensors:
     """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
 
     Regimes (x, W and dy are N(0,1) scaled by 1, 1/√K and 1/√N unless said otherwise):
@@ -277,7 +277,7 @@ def build_quant(case: QuantCase, step: int = 0) -> QuantTensors:
 
 
 def _regime_values(
-    case: QuantCase, g: torch.Generator, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+    case: Fp8Case, g: torch.Generator, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, w, dy)`` (float64, as drawn) changed as ``case.regime`` says (:func:`build_quant`), drawing from ``g``."""
     M, K, N = case.M, case.K, case.N

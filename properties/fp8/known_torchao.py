@@ -1,6 +1,6 @@
 """Known divergences of torchao's FP8 linears (``torchao_float8[...]``, :mod:`numcheck.impls.adapters.torchao`) from
 numcheck's FP8 contract, as :class:`~numcheck.properties.core.known.KnownDivergence` entries whose ``applies`` and
-``example`` take a :class:`~numcheck.properties.fp8.cases.QuantCase`.
+``example`` take a :class:`~numcheck.properties.fp8.cases.Fp8Case`.
 
 The suite's fixed FP8 cases leave a case an entry covers unjudged (:func:`known_fp8_divergence`,
 ``tests/suite/test_fp8_impls.py``); ``tests/adapters/test_torchao.py`` runs every entry's example as a strict
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from numcheck.properties.core.known import KnownDivergence, Releases
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
@@ -41,9 +41,9 @@ ROWWISE = Fp8Recipe("rowwise", amax_epsilon=1e-12)
 ROWWISE_GW_HP = Fp8Recipe("rowwise_gw_hp", amax_epsilon=1e-12)
 
 
-def _edge_case(regime: str, recipe: Fp8Recipe = TENSORWISE) -> QuantCase:
+def _edge_case(regime: str, recipe: Fp8Recipe = TENSORWISE) -> Fp8Case:
     """The suite's edge case (``test_edge_inputs_every_recipe``) in ``regime``, with x saved as torchao does."""
-    return QuantCase(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
+    return Fp8Case(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
 
 
 def _regime(name: str) -> Any:
@@ -90,7 +90,7 @@ _POW2 = (
 )
 
 
-def _entry(impls: str, applies: Any, reason: str, summary: str, example: QuantCase) -> KnownDivergence:
+def _entry(impls: str, applies: Any, reason: str, summary: str, example: Fp8Case) -> KnownDivergence:
     """An accuracy divergence of ``impls`` on the CPU, measured on :data:`MEASURED`."""
     return KnownDivergence(
         impls=impls,
@@ -144,7 +144,7 @@ TORCHAO_KNOWN: tuple[KnownDivergence, ...] = (
 )
 
 
-def known_fp8_divergence(impl_name: str, prop: str, case: QuantCase) -> KnownDivergence | None:
+def known_fp8_divergence(impl_name: str, prop: str, case: Fp8Case) -> KnownDivergence | None:
     """The FP8 known divergence covering ``case`` of impl ``impl_name`` under property ``prop``, or ``None``."""
     return next((e for e in TORCHAO_KNOWN if e.matches(impl_name, prop, case)), None)
 

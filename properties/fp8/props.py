@@ -47,7 +47,7 @@ from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import failure_message
 from numcheck.properties.core.tensors import strided_copy
-from numcheck.properties.fp8.cases import QuantCase, QuantizerCase, QuantTensors, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase, QuantTensors, build_quant
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_formats import F64, all_codes, decode_fp8, same_codes
 from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
@@ -94,7 +94,7 @@ class QuantRunOutputs:
 
 def run_quant_impl(
     impl: Any,
-    case: QuantCase,
+    case: Fp8Case,
     t: QuantTensors | None = None,
     *,
     save_original_input: bool | None = None,
@@ -179,7 +179,7 @@ class Fp8CaseResult:
     """The measurement of one case: per-output metrics, protocol notes, and the verdict."""
 
     impl: str
-    case: QuantCase
+    case: Fp8Case
     outputs: dict[str, OutputMetrics] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -232,7 +232,7 @@ def _sqnr(a: torch.Tensor, o: torch.Tensor) -> float:
     return 10 * math.log10(sig / noise) if sig > 0 else -math.inf
 
 
-def _out_dtypes(case: QuantCase) -> dict[str, torch.dtype]:
+def _out_dtypes(case: Fp8Case) -> dict[str, torch.dtype]:
     return {k: case.torch_dtype for k in QUANT_OUTPUTS}
 
 
@@ -277,7 +277,7 @@ def output_metrics(
     )
 
 
-def declared_bounds(impl: Any, case: QuantCase, ref: Any, name: str, t: QuantTensors, out_dtype: torch.dtype) -> Any:
+def declared_bounds(impl: Any, case: Fp8Case, ref: Any, name: str, t: QuantTensors, out_dtype: torch.dtype) -> Any:
     """The element-wise bound of output ``name`` (:func:`properties.fp8.tolerance.output_bounds`) under what ``impl``
     declares: its accumulation on ``case``'s device and where it adds the bias."""
     u_a, chunk = impl.support.accumulation(case.device)
@@ -296,7 +296,7 @@ def declared_bounds(impl: Any, case: QuantCase, ref: Any, name: str, t: QuantTen
 
 
 def _measure_step(
-    impl: Any, case: QuantCase, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str, result: Fp8CaseResult
+    impl: Any, case: Fp8Case, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str, result: Fp8CaseResult
 ) -> None:
     for name in QUANT_OUTPUTS:
         if name not in ref.dq:
@@ -309,7 +309,7 @@ def _measure_step(
         result.outputs[label] = output_metrics(label, got, ref.dq[name], ref.true[name], bnd)
 
 
-def measure_case(impl: Any, case: QuantCase) -> Fp8CaseResult:
+def measure_case(impl: Any, case: Fp8Case) -> Fp8CaseResult:
     """Run ``case`` (all its delayed-scaling steps) and measure every output against both references."""
     result = Fp8CaseResult(impl=impl.name, case=case)
     state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
@@ -343,7 +343,7 @@ def note_result(impl: Any, prop: str, case: Any, result: Fp8CaseResult) -> None:
 
 
 # -- properties ---------------------------------------------------------------------------------------
-def accuracy(impl: Any, case: QuantCase) -> Fp8CaseResult:
+def accuracy(impl: Any, case: Fp8Case) -> Fp8CaseResult:
     """Property: every output within both bounds (and exact amax records for delayed scaling)."""
     __tracebackhide__ = True
     r = measure_case(impl, case)
@@ -368,7 +368,7 @@ def _bits(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
 
 
-def save_original_input(impl: Any, case: QuantCase) -> None:
+def save_original_input(impl: Any, case: Fp8Case) -> None:
     """Property: save_original_input True and False give bitwise identical outputs; delayed + True raises."""
     __tracebackhide__ = True
     if True not in impl.support.save_original_input:
@@ -405,7 +405,7 @@ LAYER_PROPERTIES: tuple[str, ...] = ("accumulate", "optimizer_step", "two_layers
 
 
 def _judge_sum(
-    impl: Any, prop: str, case: QuantCase, name: str, got: torch.Tensor | None, parts: list[tuple[Any, QuantTensors]]
+    impl: Any, prop: str, case: Fp8Case, name: str, got: torch.Tensor | None, parts: list[tuple[Any, QuantTensors]]
 ) -> None:
     """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
     sum of their bounds plus one rounding of the sum in the output dtype; a failure names property ``prop``."""
@@ -447,12 +447,12 @@ class _LayerSetup:
     tB: QuantTensors
     tB_on_A: QuantTensors
 
-    def ref(self, t: QuantTensors, case: QuantCase) -> Any:
+    def ref(self, t: QuantTensors, case: Fp8Case) -> Any:
         """The two references of one call on ``t``."""
         return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
 
 
-def _layer_setup(case: QuantCase) -> _LayerSetup:
+def _layer_setup(case: Fp8Case) -> _LayerSetup:
     """Draws A and B (seed + 1) of ``case`` and the keywords of a current-scaling call."""
     tA = build_quant(case)
     tB = build_quant(case.replace(seed=case.seed + 1))
@@ -472,7 +472,7 @@ def _two_micro_batches(impl: Any, su: _LayerSetup) -> tuple[torch.Tensor, torch.
     return w, b, xs
 
 
-def accumulate(impl: Any, case: QuantCase) -> None:
+def accumulate(impl: Any, case: Fp8Case) -> None:
     """Property: two micro-batches on one weight and bias, a backward after each, add up in ``weight.grad`` /
     ``bias.grad`` (an impl writing the gradient instead of adding it fails); each x gets its own dgrad.
     Delayed scaling is not covered (its state is per call and the caller's to update)."""
@@ -489,7 +489,7 @@ def accumulate(impl: Any, case: QuantCase) -> None:
         _judge_sum(impl, "accumulate", case, "dgrad", x.grad, [part])
 
 
-def optimizer_step(impl: Any, case: QuantCase) -> None:
+def optimizer_step(impl: Any, case: Fp8Case) -> None:
     """Property: after two micro-batches, the weight and bias tensors are changed in place to another draw's
     values (an optimizer step) and the next micro-batch must see them (a quantized weight cached per tensor,
     blind to its version, fails). Delayed scaling is not covered."""
@@ -516,7 +516,7 @@ def optimizer_step(impl: Any, case: QuantCase) -> None:
         _judge_sum(impl, "optimizer_step", case, "bgrad", b.grad, part)
 
 
-def two_layers(impl: Any, case: QuantCase) -> None:
+def two_layers(impl: Any, case: Fp8Case) -> None:
     """Property: two layers of one shape, forward, forward, then one backward, each get their own gradients
     (per-shape workspaces shared between calls fail). Delayed scaling is not covered."""
     __tracebackhide__ = True
@@ -533,7 +533,7 @@ def two_layers(impl: Any, case: QuantCase) -> None:
                 _judge_sum(impl, "two_layers", case, name, got, part)
 
 
-def strided(impl: Any, case: QuantCase) -> None:
+def strided(impl: Any, case: Fp8Case) -> None:
     """Property: x and dy as column slices of wider padded buffers (:data:`properties.core.tensors.PAD`), the weight
     the transpose of a contiguous [K, N] leaf (a tied or transposed weight) and the bias every other element of a
     longer buffer give the single-call outputs, the weight's gradient landing on the leaf; refusing them with an
@@ -561,7 +561,7 @@ def strided(impl: Any, case: QuantCase) -> None:
         _judge_sum(impl, "strided", case, "bgrad", b.grad, part)
 
 
-def delayed_rejects_save_original_input(impl: Any, case: QuantCase) -> None:
+def delayed_rejects_save_original_input(impl: Any, case: Fp8Case) -> None:
     """Property: a delayed recipe with save_original_input=True raises ValueError naming the option."""
     __tracebackhide__ = True
     t = build_quant(case)
@@ -605,7 +605,7 @@ class HeldBytes:
     scales: str = "scales"
 
 
-def held_bytes(impl: Any, case: QuantCase) -> HeldBytes:
+def held_bytes(impl: Any, case: Fp8Case) -> HeldBytes:
     """Measure what each declared (and allowed) save_original_input mode holds for backward."""
     t = build_quant(case)
     res: dict[bool, QuantRunOutputs] = {}
@@ -686,7 +686,7 @@ def check_held(impl: Any, prop: str, case: Any, h: HeldBytes, fail: Callable[...
         )
 
 
-def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
+def saved_tensors(impl: Any, case: Fp8Case) -> HeldBytes:
     """Property: True holds x itself, False does not, and held(False) − held(True) is the predicted copy
     (:func:`check_held`)."""
     __tracebackhide__ = True
@@ -695,9 +695,9 @@ def saved_tensors(impl: Any, case: QuantCase) -> HeldBytes:
     return h
 
 
-def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> QuantCase:
+def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> Fp8Case:
     R, C = t.shape
-    return QuantCase(
+    return Fp8Case(
         recipe,
         R,
         C,
@@ -712,7 +712,7 @@ def quantizer(
 ) -> None:
     """Property: ``impl.quantize`` equals the oracle bitwise for every role and usage ``recipe`` quantizes on ``t``
     (2-D), and columnwise(t) equals rowwise(tᵀ)ᵀ where the recipe's blocks are transposes of each other. ``case``: the printable case ``t`` was built from (a
-    :class:`~numcheck.properties.fp8.cases.QuantizerCase`, or the ``QuantCase`` whose x it is), which a failure
+    :class:`~numcheck.properties.fp8.cases.QuantizerCase`, or the ``Fp8Case`` whose x it is), which a failure
     names and its repro line reruns; without one a failure says that no repro case describes ``t``."""
     __tracebackhide__ = True
     if case is None:
@@ -859,7 +859,7 @@ def quantizer_case(impl: Any, case: QuantizerCase) -> None:
 
 
 def _quantizer_of(impl: Any, case: Any) -> None:
-    """The repro table's quantizer: a ``QuantizerCase`` as drawn, or a ``QuantCase``'s x."""
+    """The repro table's quantizer: a ``QuantizerCase`` as drawn, or a ``Fp8Case``'s x."""
     if isinstance(case, QuantizerCase):
         quantizer_case(impl, case)
     else:
@@ -896,9 +896,9 @@ def unit_scale_round_trip(impl: Any, case: QuantizerCase) -> None:
 
 class _AdHoc:
     """The stand-in case of a tensor no printable case describes (a test's own): shown as that shape's
-    ``QuantCase``, with a repro line that says so instead of one that would rerun a different tensor."""
+    ``Fp8Case``, with a repro line that says so instead of one that would rerun a different tensor."""
 
-    def __init__(self, shown: QuantCase) -> None:
+    def __init__(self, shown: Fp8Case) -> None:
         self.shown = shown
 
     def __repr__(self) -> str:
@@ -906,7 +906,7 @@ class _AdHoc:
 
 
 #: The properties a repro command can name; each takes (impl, case).
-FP8_PROPERTIES: dict[str, Callable[[Any, QuantCase], Any]] = {
+FP8_PROPERTIES: dict[str, Callable[[Any, Fp8Case], Any]] = {
     "accuracy": accuracy,
     "save_original_input": save_original_input,
     "saved_tensors": saved_tensors,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from numcheck.properties.core.device import DEVICE
-from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, QuantCase, scale_block
+from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, Fp8Case, scale_block
 from numcheck.reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))
@@ -46,8 +46,8 @@ def quant_cases(
     device: str | None = None,
     save_original_input: bool | None = None,
     require_soi: bool = False,
-) -> QuantCase:
-    """A :class:`QuantCase` inside ``support`` (recipe, dtype, bias, mode all declared).
+) -> Fp8Case:
+    """A :class:`Fp8Case` inside ``support`` (recipe, dtype, bias, mode all declared).
 
     ``require_soi`` draws only recipes that allow save_original_input (for the mode-comparison properties).
     ``device``: where the case's tensors live; the suite's device (``NUMCHECK_DEVICE``) when not given.
@@ -75,7 +75,7 @@ def quant_cases(
     else:
         soi = save_original_input
     steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
-    return QuantCase(
+    return Fp8Case(
         recipe,
         M,
         K,

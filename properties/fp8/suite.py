@@ -11,18 +11,18 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
+from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
 
 
 def _cases(*regimes: str, prop: str = "accuracy") -> Draw:
-    """A draw of a :class:`QuantCase` inside the impl's declaration, in one of ``regimes``; a case a known divergence
+    """A draw of a :class:`Fp8Case` inside the impl's declaration, in one of ``regimes``; a case a known divergence
     of the installed release covers under property ``prop`` (:mod:`~numcheck.properties.fp8.known_torchao`, whose
     strict examples show it) is rejected, as the runner rejects linear+CE ones."""
 
@@ -121,10 +121,10 @@ QUANT_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
 
 #: The family's suite, registered in :data:`numcheck.properties.suites.SUITES`.
 FAMILY = SuiteFamily(
-    kind=QUANT_KIND,
+    kind=FP8_KIND,
     table=QUANT_SUITE,
     properties=checks.FP8_PROPERTIES,
-    case_type=QuantCase,
+    case_type=Fp8Case,
     strategy=quant_cases,
-    assertion="assert_quant_linear",
+    assertion="assert_fp8_linear",
 )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.fp8_linear import QuantLinearSupport
+from numcheck.impls.protocols.fp8_linear import Fp8LinearSupport
 from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
 from numcheck.reference.numerics.fp8_linear import NAME, Fp8LinearNumerics, declaration
 
@@ -29,7 +29,7 @@ class SingleFp8Linear(Fp8LinearNumerics):
             raise ValueError(f"recipe kind must be one of {RECIPE_KINDS}, got {kind!r}")
         super().__init__(kind, capabilities.scaled_mm)
         self.name = f"{NAME}[{kind}]"
-        self.support = QuantLinearSupport(**declaration(tuple(r for r in standard_recipes() if r.kind == kind), kind))
+        self.support = Fp8LinearSupport(**declaration(tuple(r for r in standard_recipes() if r.kind == kind), kind))
 
     def __repr__(self) -> str:
         return f"SingleFp8Linear({self.recipe_kind!r})"

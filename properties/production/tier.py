@@ -37,10 +37,11 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
+from numcheck.errors import BadInput, both_names, warn_renamed
 from numcheck.properties.core.failures import exception_lines, impl_invocation
 from numcheck.properties.linear_ce.accuracy import AccuracyResult, EagerErrors, check_accuracy, eager_errors
 from numcheck.properties.linear_ce.cases import Problem, Tensors
@@ -61,7 +62,7 @@ from numcheck.reference.linear_ce import LinearCEResult
 #: Elements an int32 offset can address: an element offset row·V + col wraps from 2³¹ on.
 INT32_LIMIT = 2**31
 #: The property name the tier's verdicts carry (its judgement is the suite's ``accuracy``).
-PROPERTY = "scale_accuracy"
+PROPERTY = "production_accuracy"
 #: Fraction of ignored rows in every case (in runs, :func:`properties.production.inputs._ignored_runs`).
 IGNORED = 0.1
 
@@ -105,6 +106,23 @@ DTYPES: dict[str, dict[str, Any]] = {
     "bf16": {"dtype": "bfloat16", "autocast": None},
     "amp": {"dtype": "float32", "autocast": "bfloat16"},
 }
+
+
+#: The environment variable that picks the tier's shapes in the suite (``numcheck.tests.suite.test_production``), and
+#: its name before numcheck 0.2.0 (still read, with a warning, until 0.3.0).
+SHAPES_ENV, FORMER_SHAPES_ENV = "NUMCHECK_PRODUCTION_SHAPES", "NUMCHECK_SCALE_SHAPES"
+
+
+def env_shapes(environ: Mapping[str, str]) -> str:
+    """The shapes :data:`SHAPES_ENV` names (``"production"`` without it); :data:`FORMER_SHAPES_ENV` alone is read
+    with a :class:`~numcheck.errors.RenamedWarning`, both set is one :class:`~numcheck.errors.BadInput` naming both."""
+    new, old = environ.get(SHAPES_ENV), environ.get(FORMER_SHAPES_ENV)
+    if old is not None:
+        if new is not None:
+            raise BadInput(both_names("environment variable", FORMER_SHAPES_ENV, SHAPES_ENV))
+        warn_renamed("environment variable", FORMER_SHAPES_ENV, SHAPES_ENV)
+        return old
+    return new if new is not None else "production"
 
 
 def parse_shapes(text: str) -> tuple[Shape, ...]:
@@ -317,7 +335,7 @@ class CaseContext:
 
 
 #: The folder :func:`repro_command`'s line writes into (started afresh by its ``--force``).
-REPRO_OUT = "numcheck-scale-repro"
+REPRO_OUT = "numcheck-production-repro"
 
 
 def repro_command(impl: Any, case: Case) -> str:

@@ -442,7 +442,7 @@ def _native_scales(mode: str, a: QTensor, b: QTensor) -> tuple[torch.Tensor, tor
 
 def declaration(recipes: tuple[Fp8Recipe, ...], kind: str) -> dict[str, Any]:
     """What the single FP8 linear declares for ``recipes`` (all of ``kind``): the fields of
-    ``impls.protocols.fp8_linear.QuantLinearSupport`` — fp32, bf16 and fp16 inputs, ``save_original_input`` both
+    ``impls.protocols.fp8_linear.Fp8LinearSupport`` — fp32, bf16 and fp16 inputs, ``save_original_input`` both
     ways, a bias, the protocol's quantizer, and the GEMM accumulation of :func:`accumulation_declaration`."""
     return {
         "recipes": recipes,

@@ -124,7 +124,7 @@ def _write(out: Path, results: dict[str, Any], text: str) -> list[str]:
 
 
 def _linear_ce_impls(specs: list[str]) -> tuple[list, list[BrokenImpl]]:
-    """The linear_ce impls of ``specs`` (all registered when empty) and the broken ones; says which are broken and
+    """The linear-ce impls of ``specs`` (all registered when empty) and the broken ones; says which are broken and
     which are left out as another kind."""
     entries = discover(specs)
     broken = [e for e in entries if isinstance(e, BrokenImpl)]
@@ -133,7 +133,7 @@ def _linear_ce_impls(specs: list[str]) -> tuple[list, list[BrokenImpl]]:
     impls = [e.impl for e in by_kind(entries, LINEAR_CE_KIND)]
     others = [e.name for e in entries if not isinstance(e, BrokenImpl) and e.kind != LINEAR_CE_KIND]
     if others:
-        print(f"numcheck converge: not linear_ce impls, left out: {', '.join(others)}")
+        print(f"numcheck converge: not linear-ce impls, left out: {', '.join(others)}")
     return impls, broken
 
 
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     impls, broken = _linear_ce_impls(args.impl)
     if not impls:
-        print("numcheck converge: no linear_ce impl to run")
+        print("numcheck converge: no linear-ce impl to run")
         return 2
     results, parts = {}, []
     for name in args.dtype or ["float32"]:

@@ -8,7 +8,8 @@ it restarts the worker when it dies (a CUDA fault is sticky: it ends every later
 process) or when an item outlives its cap by :data:`GRACE_S` (a kernel that hangs cannot be interrupted from
 Python), records that item as ``crashed`` or ``timeout``, and goes on with the rest. Inside the worker an item
 past ``--time-cap-s`` is interrupted between kernel launches (``timeout``); an impl that raises, an OOM included,
-is an ``error`` record. At the end ``scale.json`` and ``scale.md`` are written from the progress file.
+is an ``error`` record. At the end ``production.json`` and ``production.md`` are written from the progress file
+(``scale.json``/``scale.md`` before numcheck 0.2.0).
 
 A run into an ``--out`` that holds an earlier run's progress resumes it: the items that passed, were unavailable,
 unsupported or a known divergence are kept; those that failed, erred, timed out, crashed or were not run are run
@@ -35,10 +36,11 @@ from typing import Any
 
 from numcheck.reports import common
 from numcheck.reports.common import add_impl_arguments
+from numcheck.reports.production.md import FORMER_STEM, STEM
 
 HELP = (
     "the production-shape tier: every linear+CE impl at BT=8192/H=4096/V=131072, a ragged vocabulary and "
-    "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes scale.json and scale.md"
+    "N·V > 2^31, bf16 and AMP, judged against the float64 oracle; writes production.json and production.md"
 )
 
 PROGRESS = "progress.jsonl"
@@ -64,9 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         type=Path,
-        default=Path("numcheck-scale"),
+        default=Path("numcheck-production"),
         metavar="DIR",
-        help="output folder (default ./numcheck-scale); an existing progress.jsonl there is resumed: "
+        help="output folder (default ./numcheck-production); an existing progress.jsonl there is resumed: "
         "its failed, erred, timed-out, crashed and not-run items run again",
     )
     p.add_argument(
@@ -101,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--assemble",
         action="store_true",
-        help="run nothing: write scale.json and scale.md from the progress.jsonl in --out (a run cut short)",
+        help="run nothing: write production.json and production.md from the progress.jsonl in --out (a run cut short)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
@@ -218,8 +220,10 @@ def _retry_unsettled(out: Path, keep_stale: bool = False) -> tuple[int, int]:
 
 
 def _start_afresh(out: Path) -> None:
-    """``--force``: remove what an earlier run left in ``out`` (progress, worker logs, scale.json/md)."""
-    for path in [out / PROGRESS, out / "scale.json", out / "scale.md", *out.glob("worker-*.log")]:
+    """``--force``: remove what an earlier run left in ``out`` (progress, worker logs, production.json/md, and the
+    scale.json/md a run before 0.2.0 wrote)."""
+    olds = [out / f"{FORMER_STEM}.json", out / f"{FORMER_STEM}.md"]
+    for path in [out / PROGRESS, out / f"{STEM}.json", out / f"{STEM}.md", *olds, *out.glob("worker-*.log")]:
         path.unlink(missing_ok=True)
 
 
@@ -461,10 +465,10 @@ def _assemble(args: argparse.Namespace, broken: list[Any], wall: float) -> dict[
 
 
 def _write(args: argparse.Namespace, data: dict[str, Any]) -> None:
-    from numcheck.reports.production import md as scale_md
+    from numcheck.reports.production import md as production_md
 
-    (args.out / "scale.json").write_text(json.dumps(_clean(data), indent=1) + "\n")
-    (args.out / "scale.md").write_text(scale_md.render(data))
+    (args.out / f"{STEM}.json").write_text(json.dumps(_clean(data), indent=1) + "\n")
+    (args.out / f"{STEM}.md").write_text(production_md.render(data))
 
 
 def _worker_argv(args: argparse.Namespace) -> list[str]:
@@ -530,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for r in data["records"]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    print(f"numcheck production: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; {args.out / 'scale.md'}")
+    print(f"numcheck production: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; {args.out / f'{STEM}.md'}")
     for r in bad:
         print(f"  {r['status']}: {r['impl']} on {r['case']}: {r.get('reason') or r.get('failure', '').splitlines()[0]}")
     for r in (r for r in data["records"] if r["status"] == "known"):

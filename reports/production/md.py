@@ -1,5 +1,5 @@
-"""The Markdown of a production-shape tier run (``scale.json`` of ``numcheck production``), also included by
-``numcheck report --include-scale``."""
+"""The Markdown of a production-shape tier run (``production.json`` of ``numcheck production``), also included by
+``numcheck report --include-production``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+#: The name of a run's JSON and Markdown outputs (``production.json``, ``production.md``), and before numcheck 0.2.0
+#: (``scale.json``: still read, with a warning, until 0.3.0).
+STEM, FORMER_STEM = "production", "scale"
 #: Statuses that are a verdict against the impl (``known``: a recorded known divergence; ``unavailable`` (the
 #: impl's ``support.requires`` unmet here), ``unsupported`` and ``not_run`` judge nothing).
 FAILING = ("fail", "error", "timeout", "crashed")
@@ -107,13 +110,18 @@ def render(data: dict[str, Any], heading: str = "#") -> str:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A ``scale.json``, or ValueError naming the file and what is wrong with it."""
+    """A ``production.json``, or ValueError naming the file and what is wrong with it. A run's ``scale.json`` (its
+    name before 0.2.0) is read the same, with a :class:`~numcheck.errors.RenamedWarning` once per process."""
+    if Path(path).name == f"{FORMER_STEM}.json":
+        from numcheck.errors import warn_renamed
+
+        warn_renamed("numcheck production output", f"{FORMER_STEM}.json", f"{STEM}.json")
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable scale.json ({exc})") from None
+        raise ValueError(f"{path}: not a readable production.json ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list) or "meta" not in data:
-        raise ValueError(f"{path}: not a scale.json of numcheck production (needs 'meta' and a 'records' list)")
+        raise ValueError(f"{path}: not a production.json of numcheck production (needs 'meta' and a 'records' list)")
     for i, r in enumerate(data["records"]):
         if not isinstance(r, dict) or not {"case", "impl", "status"} <= set(r):
             raise ValueError(f"{path}: record {i} lacks case, impl or status")

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from numcheck.errors import BadInput
+from numcheck.errors import BadInput, both_names, warn_renamed
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.reports import baselines
 from numcheck.reports.common import add_impl_arguments, write_atomically
@@ -62,6 +62,8 @@ HELP = (
 ACCUMULATION_CHUNKS = {"quick": 64, "full": 256, "smoke": 8}
 #: The folder under the current directory that ``numcheck report`` writes into by default.
 DEFAULT_ROOT = "numcheck-report"
+#: ``--include-production`` before numcheck 0.2.0 (still read, with a warning, until 0.3.0).
+FORMER_INCLUDE = "--include-scale"
 
 
 def _grid_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,10 +139,16 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument(
-        "--include-scale",
+        "--include-production",
+        type=Path,
+        metavar="PRODUCTION.json",
+        help="append the production-shape tier of this numcheck production run (its production.json) to report.md",
+    )
+    p.add_argument(
+        FORMER_INCLUDE,
         type=Path,
         metavar="SCALE.json",
-        help="append the production-shape tier of this numcheck production run (its scale.json) to report.md",
+        help="old name of --include-production (renamed in 0.2.0; goes in 0.3.0)",
     )
 
 
@@ -288,9 +296,9 @@ def build_report(
 
 
 def write_report(
-    report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", scale_md: str = ""
+    report: dict, out: Path, *, plots: bool = True, comparison_md: str = "", production_md: str = ""
 ) -> list[str]:
-    """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names. ``scale_md``
+    """Write ``report.json``, ``report.md`` and the plots atomically into ``out``; the plot names. ``production_md``
     (the production-shape tier's section, :mod:`reports.production.md`) is appended to report.md."""
     from numcheck.reports.report import md as report_md
 
@@ -314,7 +322,7 @@ def write_report(
                 f"({type(exc).__name__}: {exc}); the data is in report.json.\n"
             )
             print(f"numcheck report: {text.splitlines()[-1]}", file=sys.stderr)
-        (tmp / "report.md").write_text(text + (f"\n{scale_md}" if scale_md else ""))
+        (tmp / "report.md").write_text(text + (f"\n{production_md}" if production_md else ""))
 
     files = {"report.json": report_schema.dumps(report)}
     if comparison_md:
@@ -356,20 +364,27 @@ def print_summary(report: dict, out: Path | None) -> None:
         print(f"  NOT JUDGED HERE {report_verdict.describe(d)}")
 
 
-def _scale_section(path: Path | None) -> str:
-    """The Markdown of a ``numcheck production`` run's scale.json, or ``""`` without one; :class:`BadInput` naming the
-    file when it is not one."""
+def _production_section(args: argparse.Namespace) -> str:
+    """The Markdown of the ``numcheck production`` run's production.json ``--include-production`` names, or ``""``
+    without one; :class:`BadInput` naming the file when it is not one. ``--include-scale`` (its name before 0.2.0)
+    works with a warning; both given is one :class:`BadInput` naming both."""
+    path, old = getattr(args, "include_production", None), getattr(args, "include_scale", None)
+    if old is not None:
+        if path is not None:
+            raise BadInput(both_names("option", FORMER_INCLUDE, "--include-production"))
+        warn_renamed("option", FORMER_INCLUDE, "--include-production")
+        path = old
     if path is None:
         return ""
-    from numcheck.reports.production import md as scale_md
+    from numcheck.reports.production import md as production_md
 
     try:
-        return scale_md.render(scale_md.load(path), heading="##")
+        return production_md.render(production_md.load(path), heading="##")
     except ValueError as exc:
-        raise BadInput(f"--include-scale: {exc}") from None
+        raise BadInput(f"--include-production: {exc}") from None
 
 
-def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: str = "") -> int:
+def render(path: Path, out: Path | None, *, plots: bool = True, production_section: str = "") -> int:
     """Write ``report.md`` and the plots of an existing ``report.json`` (validated on load) into ``out``.
 
     Exit 0 once written (rendering judges nothing; the summary says what the report holds), 2 when the JSON is
@@ -382,7 +397,7 @@ def render(path: Path, out: Path | None, *, plots: bool = True, scale_section: s
     except (OSError, ValueError) as exc:
         print(f"numcheck report --render: {exc}", file=sys.stderr)
         return 2
-    write_report(report, dest, plots=plots, scale_md=scale_section)
+    write_report(report, dest, plots=plots, production_md=production_section)
     print_summary(report, dest)
     return 0
 
@@ -422,10 +437,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     spec = GRIDS[args.grid or "full"]
-    scale_section = _scale_section(getattr(args, "include_scale", None))
+    production_section = _production_section(args)
     check_strict(args)
     if args.render is not None:
-        return render(args.render, args.out, plots=not args.no_plots, scale_section=scale_section)
+        return render(args.render, args.out, plots=not args.no_plots, production_section=production_section)
     if not (args.factor >= 1.0 and args.floor >= 0.0):
         raise BadInput(f"--factor must be >= 1 and --floor >= 0 (got {args.factor!r}, {args.floor!r})")
     if args.current is not None:
@@ -452,7 +467,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         comparison_md = report_compare.to_markdown(diff)
         regressions = len(diff.regressions)
-    write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md, scale_md=scale_section)
+    write_report(report, out, plots=not args.no_plots, comparison_md=comparison_md, production_md=production_section)
     print_summary(report, out)
     if comparison_md:
         print(comparison_md)

@@ -110,7 +110,7 @@ REDUCTION_UPSTREAM: dict[str, str] = {"mean": "one", "sum": "scalar", "none": "p
 #: The dtype mode of an impl's declared cases when it declares none of the grid's option modes: the first it declares.
 DECLARED_MODE_ORDER: tuple[str, ...] = ("bfloat16", "amp-bfloat16", "float16", "amp-float16", "float32")
 
-#: Tensor-parallel FP8 cases: label → TPQuantCase fields (:func:`reports.report.families.tp_fp8_linear.tp_cases`).
+#: Tensor-parallel FP8 cases: label → TPFp8Case fields (:func:`reports.report.families.tp_fp8_linear.tp_cases`).
 TP_CASES: dict[str, dict[str, Any]] = {
     "plain": dict(bias=False, sequence_parallel=False, save_original_input=False),
     "bias": dict(bias=True, sequence_parallel=False, save_original_input=False),
@@ -339,7 +339,7 @@ class GridCase:
 
     group: str
     mode: str
-    case: Any  # Problem or QuantCase
+    case: Any  # Problem or Fp8Case
     #: What the case's rows make of the impl's chunks, where the case is built from them (a many-chunk case).
     chunks: str = field(default="", compare=False)
     #: The property the case is judged by (as ``numcheck repro`` names it): ``accuracy`` (an error/bound record), or
@@ -415,7 +415,7 @@ def reduction_length(output: str, case: Any) -> int:
         if base not in lengths:
             raise ValueError(f"unknown grouped-linear output {output!r}")
         return int(lengths[base])
-    if isinstance(case, QuantCaseFields):  # a QuantCase, or a TPQuantCase: its global lengths
+    if isinstance(case, QuantCaseFields):  # a Fp8Case, or a TPFp8Case: its global lengths
         try:
             return int(getattr(case, QUANT_REDUCTION_AXIS[base]))
         except KeyError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.reports.report.families import FAMILIES
 from numcheck.reports.report.grid import MODES
@@ -396,7 +396,7 @@ def write_plots(report: dict, out_dir: Path) -> tuple[list[str], str]:
         return [], MISSING_MESSAGE
     plots = (
         ("error_vs_length.png", lambda: error_vs_length(report, out_dir, LINEAR_CE_KIND)),
-        ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, QUANT_KIND)),
+        ("fp8_error_vs_length.png", lambda: error_vs_length(report, out_dir, FP8_KIND)),
         ("ratio_distribution.png", lambda: ratio_distribution(report, out_dir)),
         ("accumulation.png", lambda: accumulation(report, out_dir)),
     )

@@ -53,13 +53,13 @@ def _first_dtype(support: Any, order: tuple[str, ...] = ("float32", "bfloat16", 
 
 
 def _quant(impl: Any, recipe: Any, M: int, K: int, N: int, device: str, **kw: Any) -> Any:
-    from numcheck.properties.fp8.cases import QuantCase, declared_mode
+    from numcheck.properties.fp8.cases import Fp8Case, declared_mode
 
     kw.setdefault("dtype", _first_dtype(impl.support))
     kw.setdefault("bias", bool(impl.support.bias))
     kw.setdefault("steps", 2 if recipe.kind == "delayed" else 1)
     kw.setdefault("save_original_input", declared_mode(impl.support))
-    return QuantCase(recipe, M, K, N, device=device, **kw)
+    return Fp8Case(recipe, M, K, N, device=device, **kw)
 
 
 def _recipes(impl: Any, every: bool) -> list[Any]:
@@ -340,7 +340,7 @@ def _tp_worlds(impl: Any) -> list[int]:
 def _tp_case(impl: Any, recipe: Any, parallel: str, P: int, **kw: Any) -> Any:
     """The suite's determinism shape (``test_determinism``) for ``parallel`` at ``P`` ranks, or ``None`` where the
     declaration or the shape excludes it."""
-    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPFp8Case
     from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_refusal
 
     s = impl.support
@@ -351,7 +351,7 @@ def _tp_case(impl: Any, recipe: Any, parallel: str, P: int, **kw: Any) -> Any:
     kw.setdefault("sequence_parallel", True in s.sequence_parallel)
     kw.setdefault("save_original_input", False)
     try:
-        case = TPQuantCase(
+        case = TPFp8Case(
             recipe, 36, K, N, dtype=dtype, bias=s.bias, regime="normal", seed=7,
             steps=2 if recipe.kind == "delayed" else 1, world=P, parallel=parallel, **kw,
         )  # fmt: skip

@@ -2,11 +2,12 @@
 property library's own results (:class:`~properties.linear_ce.accuracy.AccuracyResult`,
 :class:`~properties.fp8.props.Fp8CaseResult`) — no metric is recomputed here.
 
-Schema ``numcheck-report/2`` (non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``
+Schema ``numcheck-report/3`` (non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"``
 so the file is strict JSON; :func:`load` turns them back, and reads ``/1`` reports too, whose records all judge
-accuracy)::
+accuracy, and ``/1``-``/2`` reports, whose kinds and case types have their names before numcheck 0.2.0:
+:func:`load` gives them today's, :func:`renamed`)::
 
-    {"schema": "numcheck-report/2",
+    {"schema": "numcheck-report/3",
      "environment": {"device", "device_name", "torch", "triton", "python", "numcheck", "git_commit",
                      "git_dirty", "liger_kernel", "platform", "torch_threads", "matmul_precision",
                      "capabilities": {probe: bool}},
@@ -73,6 +74,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -88,10 +90,15 @@ else:  # Python 3.10
 
 from numcheck.reports.report.grid import reduction_length
 
-SCHEMA = "numcheck-report/2"
+SCHEMA = "numcheck-report/3"
 #: The schemas :func:`load` reads (a ``/1`` report's records are all accuracy records: :func:`load` gives each
-#: ``property`` = ``"accuracy"``, so ``--compare``/``--baseline`` read reports made before ``/2``).
-READS: tuple[str, ...] = ("1", "2")
+#: ``property`` = ``"accuracy"``; a ``/1`` or ``/2`` report names kinds and case types by their names before 0.2.0:
+#: :func:`renamed`), so ``--compare``/``--baseline`` read reports made before ``/3``.
+READS: tuple[str, ...] = ("1", "2", "3")
+#: The schemas whose kinds and case reprs have their names before numcheck 0.2.0 (:func:`renamed`).
+BEFORE_RENAMES: tuple[str, ...] = ("1", "2")
+#: Case types renamed in 0.2.0, old → new, as they start a case's repr (``"case"``, ``"repro"``).
+CASE_TYPES_RENAMED: dict[str, str] = {"QuantCase": "Fp8Case", "TPQuantCase": "TPFp8Case"}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -261,7 +268,35 @@ def load(path: str | os.PathLike | Traversable) -> dict:
     validate(data, str(p))
     for case in data["cases"]:
         case.setdefault("property", "accuracy")
+    if data["schema"].split("/")[1].split(".")[0] in BEFORE_RENAMES:
+        renamed(data, warn=not _shipped(p))
     return _decode(data)
+
+
+def _shipped(p: Path | Traversable) -> bool:
+    """Whether ``p`` is one of numcheck's shipped baselines (``reports/baselines/``): made before 0.2.0 and read
+    through the renames, but nothing its user could rename, so read without a warning."""
+    baselines = Path(__file__).resolve().parents[1] / "baselines"
+    try:
+        return Path(str(p)).resolve().is_relative_to(baselines)
+    except (OSError, ValueError):
+        return False
+
+
+def renamed(data: dict, warn: bool = True) -> None:
+    """Give a report made before numcheck 0.2.0 (schema ``/1``, ``/2``) today's names, in place: each impl's and
+    case's ``kind`` (:data:`impls.protocols.kinds.FORMER`; one :class:`~numcheck.errors.RenamedWarning` per old
+    name and process, unless ``warn`` is false) and the case type a case's ``case`` and ``repro`` start with (:data:`CASE_TYPES_RENAMED`), so
+    ``--compare``/``--baseline`` key its cases as a report made today."""
+    from numcheck.impls.protocols.kinds import current_name
+
+    old_types = re.compile(r"\b(" + "|".join(CASE_TYPES_RENAMED) + r")\(")
+    for item in (*data["impls"], *data["cases"]):
+        if isinstance(item.get("kind"), str):
+            item["kind"] = current_name(item["kind"], warn=warn)
+        for key in ("case", "repro"):
+            if isinstance(item.get(key), str):
+                item[key] = old_types.sub(lambda m: CASE_TYPES_RENAMED[m.group(1)] + "(", item[key])
 
 
 # -- environment ----------------------------------------------------------------------------------------

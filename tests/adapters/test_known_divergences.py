@@ -22,7 +22,7 @@ def _builtin(pattern: str):
     return [
         e.impl
         for e in builtin_impls()
-        if isinstance(e, ImplEntry) and e.kind == "linear_ce" and fnmatch.fnmatchcase(e.name, pattern)
+        if isinstance(e, ImplEntry) and e.kind == "linear-ce" and fnmatch.fnmatchcase(e.name, pattern)
     ]
 
 

@@ -17,10 +17,10 @@ import torch
 
 import numcheck.impls.adapters.torchao as tao
 from numcheck.errors import PropertyFailure
-from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
+from numcheck.impls.protocols.fp8_linear import Fp8FunctionImpl
 from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.fp8.known_torchao import TORCHAO_KNOWN, known_fp8_divergence
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
@@ -30,9 +30,9 @@ SKIP_REASON = INFO if isinstance(INFO, str) else None
 needs_torchao = pytest.mark.skipif(SKIP_REASON is not None, reason=f"{SKIP_REASON}")
 
 
-def _case(recipe: Fp8Recipe, dtype: str = "bfloat16", seed: int = 3, **kw: Any) -> QuantCase:
+def _case(recipe: Fp8Recipe, dtype: str = "bfloat16", seed: int = 3, **kw: Any) -> Fp8Case:
     fields = dict(M=8, K=40, N=16, dtype=dtype, bias=True, regime="normal", seed=seed, save_original_input=True)
-    return QuantCase(recipe, **{**fields, **kw})
+    return Fp8Case(recipe, **{**fields, **kw})
 
 
 def test_absent_package_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,8 +124,8 @@ def test_accuracy_on_a_small_case(dtype: str, name: str) -> None:
         judge(checks.accuracy, impl, _case(impl.support.recipes[0], dtype, M=40, K=48, N=65, regime="block_exponents"))
 
 
-def _mutant(name: str, fn: Any, support: Any) -> QuantFunctionImpl:
-    return QuantFunctionImpl(name=name, fn=fn, support=support)
+def _mutant(name: str, fn: Any, support: Any) -> Fp8FunctionImpl:
+    return Fp8FunctionImpl(name=name, fn=fn, support=support)
 
 
 @needs_torchao

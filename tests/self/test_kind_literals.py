@@ -99,3 +99,21 @@ def test_no_kind_literal_outside_its_slice_and_the_registries():
         "\n".join(wrong)
     )
     assert not stale, "PENDING is out of date (lower or drop these entries):\n" + "\n".join(stale)
+
+
+def test_former_kind_names_only_in_their_own_descriptor():
+    """A kind's name before 0.2.0 (``Kind.former``, read from old reports and hand-built impls through
+    :func:`numcheck.impls.protocols.kinds.current_name`) is spelled once, in its own protocol module's descriptor:
+    no product module switches on an old name."""
+    formers = tuple(k.former for k in KINDS if k.former)
+    own = {"/".join(k.module.split(".")[1:]) + ".py": k.former for k in KINDS}
+    found = {}
+    for rel, path in package_files().items():
+        if rel.startswith(OWN_TESTS):
+            continue
+        source = path.read_text(encoding="utf-8")
+        hits = [(line, name) for line, name in kind_literals(source, rel, formers) if own.get(rel) != name]
+        if hits:
+            found[rel] = hits
+    assert not found, f"old kind names spelled outside their descriptor: {found}"
+    assert sorted(formers) == sorted({*formers}) and len(formers) == len(KINDS)

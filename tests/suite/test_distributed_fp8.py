@@ -1,6 +1,6 @@
 """Tensor/sequence-parallel FP8 linears on gloo ranks, judged against the unsharded float64 oracle.
 
-Parametrized over every loaded impl of kind ``tp_quant_linear`` (the plugin's ``tp_quant_impl`` fixture: the built-ins
+Parametrized over every loaded impl of kind ``tp_quant_linear`` (the plugin's ``tp_fp8_linear_impl`` fixture: the built-ins
 of :func:`numcheck.impls.builtin.tp_fp8_linear.tp_fp8_linear_impls`, or those ``--impl`` names); cases are
 drawn inside each declaration (:mod:`numcheck.properties.distributed.tp_fp8.suite`), the ranks are the harness's persistent
 pools (:mod:`numcheck.properties.distributed.pool.pool`). Failures name impl, case, output, error, bound, worst element and
@@ -14,7 +14,7 @@ import torch
 
 from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.properties.distributed.tp_fp8 import props as checks
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 from numcheck.properties.distributed.tp_fp8.suite import run_drawn
 
 
@@ -42,16 +42,16 @@ pytestmark = [
 ]
 
 
-def test_dist_accuracy_and_same_scale(tp_quant_impl):
+def test_dist_accuracy_and_same_scale(tp_fp8_linear_impl):
     """At P = 2 and 4 the assembled outputs are within the sharded bounds of both references, replicated outputs
     agree on every rank, and every rank quantizes each operand with the oracle's global scale (or its blocks)."""
-    tp_impl = tp_quant_impl
+    tp_impl = tp_fp8_linear_impl
     run_drawn(tp_impl, "dist_accuracy_and_same_scale", **_pinned(tp_impl))
 
 
-def test_world_size_invariance(tp_quant_impl):
+def test_world_size_invariance(tp_fp8_linear_impl):
     """The outputs at P = 1, 2 and 4 agree within the sum of their bounds against the dequantized reference."""
-    tp_impl = tp_quant_impl
+    tp_impl = tp_fp8_linear_impl
     if len(_sizes(tp_impl)) < 2:
         pytest.skip(
             f"fewer than two of world sizes {tp_impl.support.world_sizes} can run here: "
@@ -60,10 +60,10 @@ def test_world_size_invariance(tp_quant_impl):
     run_drawn(tp_impl, "world_size_invariance")
 
 
-def test_save_original_input_bitwise_under_sp(tp_quant_impl):
+def test_save_original_input_bitwise_under_sp(tp_fp8_linear_impl):
     """Column-parallel with SP: save_original_input True (the gathered original requantized in backward) and False
     give bitwise identical outputs on every rank."""
-    tp_impl = tp_quant_impl
+    tp_impl = tp_fp8_linear_impl
     if True not in tp_impl.support.save_original_input or not any(
         r.allows_save_original_input for r in tp_impl.support.recipes
     ):
@@ -72,10 +72,10 @@ def test_save_original_input_bitwise_under_sp(tp_quant_impl):
 
 
 @pytest.mark.parametrize("parallel", ["column", "row"])
-def test_determinism(tp_quant_impl, parallel):
+def test_determinism(tp_fp8_linear_impl, parallel):
     """Declared deterministic: two runs of one case (sequence-parallel where declared, bfloat16 where declared) at
     P = 4 (the most ranks the backend runs here) agree bitwise on every rank."""
-    tp_impl = tp_quant_impl
+    tp_impl = tp_fp8_linear_impl
     if not tp_impl.support.deterministic:
         pytest.skip(f"{tp_impl.name} does not declare deterministic")
     P = max([p for p in _sizes(tp_impl) if p > 1], default=None)
@@ -93,7 +93,7 @@ def test_determinism(tp_quant_impl, parallel):
     )
     checks.dist_determinism(
         tp_impl,
-        TPQuantCase(
+        TPFp8Case(
             r,
             M,
             K,

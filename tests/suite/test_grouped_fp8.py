@@ -33,68 +33,68 @@ pytestmark = [
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_accuracy_against_both_references(grouped_quant_impl, data):
+def test_grouped_accuracy_against_both_references(grouped_fp8_linear_impl, data):
     """Every expert's outputs within the accumulation bound of the dequantized reference and the FP8 bound of the
     original; delayed scaling's per-expert amax records exact."""
-    run_drawn(GROUPED_SUITE["grouped_accuracy_against_both_references"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_accuracy_against_both_references"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_accuracy_on_scale_block_grids(grouped_quant_impl, data):
+def test_grouped_accuracy_on_scale_block_grids(grouped_fp8_linear_impl, data):
     """Accuracy on grids of a few scale blocks each way whose every row, K-block and expert has its own exponent,
     with experts of exactly one block of tokens: a block scale read for the wrong block or expert shows."""
-    run_drawn(GROUPED_SUITE["grouped_accuracy_on_scale_block_grids"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_accuracy_on_scale_block_grids"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_equals_the_linear_per_expert(grouped_quant_impl, data):
+def test_grouped_equals_the_linear_per_expert(grouped_fp8_linear_impl, data):
     """The grouped call equals the single FP8 linear built-in per expert (bitwise where declared)."""
-    run_drawn(GROUPED_SUITE["grouped_equals_the_linear_per_expert"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_equals_the_linear_per_expert"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_empty_experts_exact_zero(grouped_quant_impl, data):
+def test_grouped_empty_experts_exact_zero(grouped_fp8_linear_impl, data):
     """Experts without rows get exact-zero weight and bias gradients (after a call that gave them rows), and no
     output holds NaN or inf."""
-    run_drawn(GROUPED_SUITE["grouped_empty_experts_exact_zero"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_empty_experts_exact_zero"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_split_rules_refused_outside(grouped_quant_impl, data):
+def test_grouped_split_rules_refused_outside(grouped_fp8_linear_impl, data):
     """m_splits outside the declared rules raise ValueError naming m_splits."""
-    run_drawn(GROUPED_SUITE["grouped_split_rules_refused_outside"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_split_rules_refused_outside"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_expert_permutation(grouped_quant_impl, data):
+def test_grouped_expert_permutation(grouped_fp8_linear_impl, data):
     """Permuting the experts permutes every output."""
-    run_drawn(GROUPED_SUITE["grouped_expert_permutation"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_expert_permutation"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_save_original_input_is_bitwise_identical(grouped_quant_impl, data):
+def test_grouped_save_original_input_is_bitwise_identical(grouped_fp8_linear_impl, data):
     """save_original_input on and off give bitwise identical outputs (delayed scaling: on raises)."""
-    run_drawn(GROUPED_SUITE["grouped_save_original_input_is_bitwise_identical"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_save_original_input_is_bitwise_identical"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_saved_bytes_measured(grouped_quant_impl, data):
+def test_grouped_saved_bytes_measured(grouped_fp8_linear_impl, data):
     """Measured: on holds x itself, off the columnwise FP8 copy, and their difference is the predicted copy."""
-    run_drawn(GROUPED_SUITE["grouped_saved_bytes_measured"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_saved_bytes_measured"], grouped_fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
 @given(data=st.data())
-def test_grouped_wgrad_accumulation_over_micro_batches(grouped_quant_impl, data):
+def test_grouped_wgrad_accumulation_over_micro_batches(grouped_fp8_linear_impl, data):
     """Three micro-batches accumulate wgrad into fp32 main_grad (fused) or weight.grad within the accumulated bound."""
-    run_drawn(GROUPED_SUITE["grouped_wgrad_accumulation_over_micro_batches"], grouped_quant_impl, data)
+    run_drawn(GROUPED_SUITE["grouped_wgrad_accumulation_over_micro_batches"], grouped_fp8_linear_impl, data)
 
 
 def _first_dtype(impl) -> str:
@@ -115,14 +115,14 @@ def _fit(impl, case: GroupedCase) -> GroupedCase | None:
 EDGE_CASES = EDGE_SPLIT_CASES
 
 
-def test_grouped_edge_splits_every_recipe(grouped_quant_impl):
+def test_grouped_edge_splits_every_recipe(grouped_fp8_linear_impl):
     """Fixed split patterns the draws seldom combine (:data:`EDGE_CASES`), for every declared recipe: accuracy of
     every expert, and the empty experts' exact zeros."""
-    dtype = _first_dtype(grouped_quant_impl)
-    for recipe in grouped_quant_impl.support.recipes:
+    dtype = _first_dtype(grouped_fp8_linear_impl)
+    for recipe in grouped_fp8_linear_impl.support.recipes:
         for m_splits, K, N, regime in EDGE_CASES:
             case = _fit(
-                grouped_quant_impl,
+                grouped_fp8_linear_impl,
                 GroupedCase(
                     recipe,
                     m_splits,
@@ -137,45 +137,52 @@ def test_grouped_edge_splits_every_recipe(grouped_quant_impl):
                 ),
             )
             if case is not None:
-                checks.accuracy(grouped_quant_impl, case)
+                checks.accuracy(grouped_fp8_linear_impl, case)
                 if regime == "outlier":  # its empty experts first and between, after a call that gave them rows
-                    checks.empty_experts(grouped_quant_impl, case)
+                    checks.empty_experts(grouped_fp8_linear_impl, case)
 
 
-def test_grouped_delayed_scaling_per_gemm_histories(grouped_quant_impl):
+def test_grouped_delayed_scaling_per_gemm_histories(grouped_fp8_linear_impl):
     """Delayed scaling over six steps with experts of different magnitudes: each expert quantizes with its own
     stored scales and records its own amaxes (an empty expert's x and dy amax 0), exactly."""
-    delayed = [r for r in grouped_quant_impl.support.recipes if r.kind == "delayed"]
+    delayed = [r for r in grouped_fp8_linear_impl.support.recipes if r.kind == "delayed"]
     if not delayed:
-        pytest.skip(f"{grouped_quant_impl.name} declares no delayed recipe")
+        pytest.skip(f"{grouped_fp8_linear_impl.name} declares no delayed recipe")
     for recipe in delayed:
         case = _fit(
-            grouped_quant_impl,
+            grouped_fp8_linear_impl,
             GroupedCase(
-                recipe, (48, 0, 17, 64), 64, 40, dtype=_first_dtype(grouped_quant_impl), steps=6, seed=2, device=DEVICE
+                recipe,
+                (48, 0, 17, 64),
+                64,
+                40,
+                dtype=_first_dtype(grouped_fp8_linear_impl),
+                steps=6,
+                seed=2,
+                device=DEVICE,
             ),
         )
         if case is not None:
-            checks.accuracy(grouped_quant_impl, case)
+            checks.accuracy(grouped_fp8_linear_impl, case)
 
 
-def test_grouped_emulated_gemms(grouped_quant_impl):
+def test_grouped_emulated_gemms(grouped_fp8_linear_impl):
     """With torch._scaled_mm forced off (exact emulation), outputs stay within bounds and bitwise per expert."""
     with capabilities.forced(scaled_mm=False):
-        for recipe in grouped_quant_impl.support.recipes:
+        for recipe in grouped_fp8_linear_impl.support.recipes:
             case = _fit(
-                grouped_quant_impl,
+                grouped_fp8_linear_impl,
                 GroupedCase(
                     recipe,
                     (32, 0, 16),
                     128,
                     48,
-                    dtype=_first_dtype(grouped_quant_impl),
+                    dtype=_first_dtype(grouped_fp8_linear_impl),
                     bias=True,
                     seed=4,
                     device=DEVICE,
                 ),
             )
             if case is not None:
-                checks.accuracy(grouped_quant_impl, case)
-                checks.per_expert_linear(grouped_quant_impl, case)
+                checks.accuracy(grouped_fp8_linear_impl, case)
+                checks.per_expert_linear(grouped_fp8_linear_impl, case)

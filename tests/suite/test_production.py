@@ -2,8 +2,8 @@
 (``production``), bf16 and AMP, judged as ``numcheck production`` judges it (:func:`properties.production.tier.judge_impl`:
 the suite's accuracy property against the chunked float64 oracle, on realistic inputs).
 
-Off by default: marked ``numcheck_scale`` and run only with ``--numcheck-scale``, on CUDA (each case is GiBs of
-float64 and about a minute of an H200). ``NUMCHECK_SCALE_SHAPES`` picks another preset or shapes
+Off by default: marked ``numcheck_production`` and run only with ``--numcheck-production``, on CUDA (each case is GiBs
+of float64 and about a minute of an H200). ``NUMCHECK_PRODUCTION_SHAPES`` picks another preset or shapes
 (``smoke``, or ``NAME=NxHxV,...``). The tests of one case share its inputs, oracle, eager's errors and bounds
 (a module-scoped fixture, so pytest runs them case by case); ``numcheck production`` is the same tier with crash
 isolation and a JSON + Markdown record.
@@ -19,19 +19,19 @@ import torch
 
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
 from numcheck.impls.registry import by_kind, discover
-from numcheck.properties.production.tier import DTYPES, Case, CaseContext, judge_impl, parse_shapes
+from numcheck.properties.production.tier import DTYPES, Case, CaseContext, env_shapes, judge_impl, parse_shapes
 
-pytestmark = pytest.mark.numcheck_scale
+pytestmark = pytest.mark.numcheck_production
 
-_SHAPES = os.environ.get("NUMCHECK_SCALE_SHAPES", "production")
+_SHAPES = env_shapes(os.environ)
 _CASES = [Case(s, prec, "cuda") for prec in DTYPES for s in parse_shapes(_SHAPES)]
 
 
 @pytest.fixture(scope="module", params=_CASES, ids=[c.label for c in _CASES])
-def scale_case(request: pytest.FixtureRequest) -> Iterator[CaseContext]:
+def production_case(request: pytest.FixtureRequest) -> Iterator[CaseContext]:
     """The shared work of one case (built once for every impl of it), on CUDA."""
-    if not request.config.getoption("--numcheck-scale"):
-        pytest.skip("the production-shape tier runs only with --numcheck-scale (CUDA, minutes)")
+    if not request.config.getoption("--numcheck-production"):
+        pytest.skip("the production-shape tier runs only with --numcheck-production (CUDA, minutes)")
     if not torch.cuda.is_available():
         pytest.skip(
             "the production-shape tier needs CUDA (GiBs of float64 per case); numcheck production --shapes smoke "
@@ -44,9 +44,9 @@ def scale_case(request: pytest.FixtureRequest) -> Iterator[CaseContext]:
     torch.cuda.empty_cache()
 
 
-def test_scale_accuracy(linear_ce_impl: Any, scale_case: CaseContext) -> None:
+def test_production_accuracy(linear_ce_impl: Any, production_case: CaseContext) -> None:
     """At a production shape the impl's loss and gradients are within the suite's bounds of the float64 oracle."""
-    rec = judge_impl(linear_ce_impl, scale_case)
+    rec = judge_impl(linear_ce_impl, production_case)
     if rec["status"] == "unavailable":
         pytest.skip(f"unavailable here: {rec['reason']}")
     if rec["status"] == "unsupported":

@@ -77,7 +77,7 @@ case "$what" in
   scale)
     # The production-shape tier: every registered linear+CE impl plus the int32-offset mutant, at the
     # three production shapes, bf16 then AMP. numcheck production runs the items in a worker it restarts after a crash
-    # or hang, writes progress.jsonl as it goes and scale.json/scale.md at the end; SCALE_BUDGET_S stops starting
+    # or hang, writes progress.jsonl as it goes and production.json/production.md at the end; SCALE_BUDGET_S stops starting
     # new items (those left are recorded not_run), SCALE_CAP_S caps one (case, impl) item, and the outer timeout
     # is the last resort (progress.jsonl still holds what finished: numcheck production --assemble --out DIR writes the report from it).
     # SCALE_RESUME=path/to/progress.jsonl (a committed earlier run) resumes it: its finished items of the same numcheck
@@ -85,10 +85,10 @@ case "$what" in
     mkdir -p "$out/scale"
     [ -n "${SCALE_RESUME:-}" ] && cp "$SCALE_RESUME" "$out/scale/progress.jsonl"
     NUMCHECK_IMPLS="${NUMCHECK_IMPLS:+$NUMCHECK_IMPLS,}numcheck.tests.self.helpers.production_mutants:int32_offsets" \
-      timeout -s KILL "${SCALE_S:-315}" python3 -m numcheck.reports.cli scale --device cuda --out "$out/scale" \
+      timeout -s KILL "${SCALE_S:-315}" python3 -m numcheck.reports.cli production --device cuda --out "$out/scale" \
       --budget-s "${SCALE_BUDGET_S:-240}" --time-cap-s "${SCALE_CAP_S:-90}" ${SCALE_ARGS:-} > "$out/scale.txt" 2>&1
     echo "numcheck production exit $?" >> "$out/scale.txt"
-    tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/scale.md" 2>/dev/null | head -80
+    tail -30 "$out/scale.txt"; grep -E "^\| " "$out/scale/production.md" 2>/dev/null | head -80
     ;;
   dist)
     # the distributed tier under nccl (one GPU per rank: world sizes above the visible GPU count are

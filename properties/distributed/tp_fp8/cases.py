@@ -1,6 +1,6 @@
 """A tensor-parallel FP8 case as one printable value, its shards per rank, and the assembly of the ranks' outputs.
 
-The global tensors are those of the single-device :class:`~properties.fp8.cases.QuantCase` of the same shape
+The global tensors are those of the single-device :class:`~properties.fp8.cases.Fp8Case` of the same shape
 (:func:`~properties.fp8.cases.build_quant`), so the unsharded float64 oracle judges them unchanged. Shards are
 contiguous, rank-ordered slices (the layouts of :mod:`impls.protocols.tp_fp8_linear`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numcheck.properties.fp8.cases import QuantCase, QuantCaseFields, QuantTensors, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, QuantCaseFields, QuantTensors, build_quant
 
 #: The block edge a sharded weight dimension's local size must be a multiple of, per recipe kind (a shard never
 #: splits a 128×128 tile, a 1×128 or a 1×32 block).
@@ -18,7 +18,7 @@ SHARD_EDGE: dict[str, int] = {"delayed": 1, "current": 1, "blockwise": 128, "mxf
 
 
 @dataclass(frozen=True, kw_only=True)
-class TPQuantCase(QuantCaseFields):
+class TPFp8Case(QuantCaseFields):
     """One tensor-parallel quantized-linear case: the global shape and values (:class:`QuantCaseFields`), and,
     by keyword, the world size and the layout.
 
@@ -32,24 +32,24 @@ class TPQuantCase(QuantCaseFields):
 
     def __post_init__(self) -> None:
         if self.parallel not in ("column", "row"):
-            raise ValueError(f"TPQuantCase.parallel={self.parallel!r} must be 'column' or 'row'")
+            raise ValueError(f"TPFp8Case.parallel={self.parallel!r} must be 'column' or 'row'")
         if not isinstance(self.world, int) or self.world < 1:
-            raise ValueError(f"TPQuantCase.world must be a positive int, got {self.world!r}")
+            raise ValueError(f"TPFp8Case.world must be a positive int, got {self.world!r}")
         edge = SHARD_EDGE[self.recipe.kind]
         split = self.N if self.parallel == "column" else self.K
         what = "N" if self.parallel == "column" else "K"
         if split % (self.world * edge):
             raise ValueError(
-                f"TPQuantCase: {what}={split} is not a multiple of world·{edge} = {self.world * edge} "
+                f"TPFp8Case: {what}={split} is not a multiple of world·{edge} = {self.world * edge} "
                 f"({self.recipe.kind} blocks must not cross a {self.parallel}-parallel shard)"
             )
         if self.sequence_parallel and self.M % self.world:
-            raise ValueError(f"TPQuantCase: M={self.M} is not a multiple of world={self.world} (sequence parallel)")
+            raise ValueError(f"TPFp8Case: M={self.M} is not a multiple of world={self.world} (sequence parallel)")
         self.single()  # validates the rest
 
-    def single(self) -> QuantCase:
+    def single(self) -> Fp8Case:
         """The single-device case of the same global tensors."""
-        return QuantCase(
+        return Fp8Case(
             self.recipe,
             self.M,
             self.K,
@@ -71,7 +71,7 @@ def _part(n: int, world: int, rank: int) -> slice:
     return slice(rank * s, (rank + 1) * s)
 
 
-def shard(case: TPQuantCase, t: QuantTensors, rank: int) -> QuantTensors:
+def shard(case: TPFp8Case, t: QuantTensors, rank: int) -> QuantTensors:
     """Rank ``rank``'s x, weight, bias and upstream gradient (its share of dy in y's layout)."""
     P = case.world
     if case.parallel == "column":
@@ -89,7 +89,7 @@ def shard(case: TPQuantCase, t: QuantTensors, rank: int) -> QuantTensors:
     return QuantTensors(x=t.x[:, k].contiguous(), weight=t.weight[:, k].contiguous(), dy=dy.contiguous(), bias=t.bias)
 
 
-def steps_tensors(case: TPQuantCase) -> list[QuantTensors]:
+def steps_tensors(case: TPFp8Case) -> list[QuantTensors]:
     """The global tensors of every step."""
     return [build_quant(case.single(), step) for step in range(case.steps)]
 
@@ -97,7 +97,7 @@ def steps_tensors(case: TPQuantCase) -> list[QuantTensors]:
 #: How each output of each rank is placed in the global one: ``("cat", dim)`` concatenated in rank order, or
 #: ``"same"`` (every rank holds the whole output; they must agree bitwise), or ``"partial"`` (every rank holds a
 #: partial sum over its rows: row-parallel SP's bias gradient).
-def placement(case: TPQuantCase, output: str) -> Any:
+def placement(case: TPFp8Case, output: str) -> Any:
     """Where ``output`` of each rank goes (see above)."""
     sp = case.sequence_parallel
     if case.parallel == "column":
@@ -112,7 +112,7 @@ def placement(case: TPQuantCase, output: str) -> Any:
     }[output]
 
 
-def operand_slices(case: TPQuantCase, role: str, rank: int) -> tuple[slice, slice]:
+def operand_slices(case: TPFp8Case, role: str, rank: int) -> tuple[slice, slice]:
     """The rows and columns of the global tensor ``role`` (source orientation) that rank ``rank``'s GEMM operand
     covers: its shard, or everything for a gathered or replicated operand."""
     full = slice(None)
@@ -124,12 +124,12 @@ def operand_slices(case: TPQuantCase, role: str, rank: int) -> tuple[slice, slic
     return {"x": (full, k), "w": (full, k), "dy": (full, full)}[role]
 
 
-def row_parts(case: TPQuantCase) -> list[slice]:
+def row_parts(case: TPFp8Case) -> list[slice]:
     """The rows of dy each rank sums for a partial bias gradient (row-parallel SP)."""
     return [_part(case.M, case.world, r) for r in range(case.world)]
 
 
-def reduction_parts(case: TPQuantCase, output: str) -> list[slice] | None:
+def reduction_parts(case: TPFp8Case, output: str) -> list[slice] | None:
     """The slices of the reduction dimension the ranks' partial sums cover, for an output whose reduction is
     sharded (column-parallel dgrad over N, row-parallel y over K); ``None`` for the others."""
     if case.parallel == "column" and output == "dgrad":
@@ -139,8 +139,8 @@ def reduction_parts(case: TPQuantCase, output: str) -> list[slice] | None:
     return None
 
 
-def refusal(support: Any, case: TPQuantCase) -> str | None:
-    """Why a :class:`~impls.protocols.tp_fp8_linear.TPQuantSupport` leaves out a tensor-parallel case (its fields
+def refusal(support: Any, case: TPFp8Case) -> str | None:
+    """Why a :class:`~impls.protocols.tp_fp8_linear.TPFp8Support` leaves out a tensor-parallel case (its fields
     against the declaration), or ``None``."""
     dtypes = {str(d).replace("torch.", "") for d in support.dtypes}
     checks = (

@@ -38,7 +38,7 @@ from numcheck.properties.distributed.pool.pool import (
     world_size_unavailable,
 )
 from numcheck.properties.distributed.tp_fp8.cases import (
-    TPQuantCase,
+    TPFp8Case,
     operand_slices,
     placement,
     reduction_parts,
@@ -57,14 +57,14 @@ from numcheck.reference.fp8_recipes import ROLES, USAGES
 CASE_TIMEOUT_S = 120.0
 
 
-def fail(impl: Any, prop: str, case: TPQuantCase, *lines: str) -> None:
+def fail(impl: Any, prop: str, case: TPFp8Case, *lines: str) -> None:
     """Raise :class:`PropertyFailure` naming impl, property, case, the details and the repro command."""
     __tracebackhide__ = True
     raise PropertyFailure(failure_message(impl, prop, case, lines))
 
 
 # -- on every rank --------------------------------------------------------------------------------------------
-def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPQuantCase, list[Any]]) -> list[dict[str, Any]]:
+def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPFp8Case, list[Any]]) -> list[dict[str, Any]]:
     """Rank ``rank``: its shards of every step through ``impl``, forward then ``backward(dy_local)``; per step its
     outputs, the scales it reported and (delayed) the amaxes it recorded."""
     import torch.distributed as dist
@@ -105,7 +105,7 @@ def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPQuantCase, lis
     return out
 
 
-def run_case(impl: Any, case: TPQuantCase, prop: str, latch: FailureLatch | None = None) -> list[list[dict]] | None:
+def run_case(impl: Any, case: TPFp8Case, prop: str, latch: FailureLatch | None = None) -> list[list[dict]] | None:
     """Every rank's per-step results for ``case``; ``None`` when ``latch`` holds a pool-killing failure."""
     __tracebackhide__ = True
     glob = steps_tensors(case)
@@ -132,7 +132,7 @@ def run_case(impl: Any, case: TPQuantCase, prop: str, latch: FailureLatch | None
 
 
 # -- assembling and judging ---------------------------------------------------------------------------------------
-def assembly(case: TPQuantCase, ranks: list[dict], output: str) -> tuple[Any, str | None]:
+def assembly(case: TPFp8Case, ranks: list[dict], output: str) -> tuple[Any, str | None]:
     """The global ``output`` from every rank's (concatenated, or rank 0's copy of a replicated one; a list of the
     ranks' partials for ``"partial"``) and, without raising, why the ranks' values do not assemble (missing on some
     ranks, a replicated output whose copies differ), or ``None``."""
@@ -162,7 +162,7 @@ def assembly(case: TPQuantCase, ranks: list[dict], output: str) -> tuple[Any, st
     return torch.cat(vals, dim=where[1]), None
 
 
-def assemble(impl: Any, prop: str, case: TPQuantCase, ranks: list[dict], output: str) -> Any:
+def assemble(impl: Any, prop: str, case: TPFp8Case, ranks: list[dict], output: str) -> Any:
     """:func:`assembly`'s global ``output``; a house-format failure of ``prop`` where the ranks' values do not
     assemble."""
     __tracebackhide__ = True
@@ -173,7 +173,7 @@ def assemble(impl: Any, prop: str, case: TPQuantCase, ranks: list[dict], output:
 
 
 def output_judgement(
-    impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any, label: str | None = None
+    impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str, got: Any, label: str | None = None
 ) -> list[Any]:
     """``[(rank or None, Comparison vs dq, Comparison vs true)]`` of one assembled output (bgrad partials: one per
     rank, each Comparison named for its rank; the others named ``label``, default ``name``)."""
@@ -204,7 +204,7 @@ def output_judgement(
 
 def step_judgements(
     impl: Any,
-    case: TPQuantCase,
+    case: TPFp8Case,
     results: list[list[dict]],
     *,
     strict: bool,
@@ -260,7 +260,7 @@ def step_judgements(
     return out, problems
 
 
-def _unspecified(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
+def _unspecified(impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str) -> torch.Tensor:
     """The elements of ``name`` the contract leaves free (the single-device rule)."""
     u_a, _ = impl.support.accumulation("cpu")
     return output_bounds(
@@ -269,7 +269,7 @@ def _unspecified(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> t
 
 
 def judged_steps(
-    impl: Any, case: TPQuantCase, results: list[list[dict]], prop: str, relative: dict[str, Any] | None = None
+    impl: Any, case: TPFp8Case, results: list[list[dict]], prop: str, relative: dict[str, Any] | None = None
 ) -> list[tuple[str, Any, Any]]:
     """Every step's outputs assembled and compared with both references: ``[(label, dq, true)]``; a house-format
     failure of ``prop`` at the first output whose ranks' values do not assemble. ``relative``: as
@@ -292,7 +292,7 @@ def beyond_bound_lines(judged: list[tuple[str, Any, Any]]) -> list[str]:
     return lines
 
 
-def _next_delayed_scales(case: TPQuantCase, ref: Any, scales: dict[str, float]) -> dict[str, float]:
+def _next_delayed_scales(case: TPFp8Case, ref: Any, scales: dict[str, float]) -> dict[str, float]:
     """The stored scales after one step whose global amaxes the oracle recorded (every rank's state must match)."""
     st = DelayedScalingState(case.recipe)
     for r in ROLES:
@@ -302,7 +302,7 @@ def _next_delayed_scales(case: TPQuantCase, ref: Any, scales: dict[str, float]) 
     return {r: st.scale(r) for r in ROLES}
 
 
-def dist_accuracy(impl: Any, case: TPQuantCase, results: list[list[dict]] | None = None) -> dict[str, float]:
+def dist_accuracy(impl: Any, case: TPFp8Case, results: list[list[dict]] | None = None) -> dict[str, float]:
     """Property: the assembled outputs are within both bounds, replicated outputs agree on every rank, and a
     delayed recipe's ranks record the group's amax; the error/bound per output as metrics."""
     __tracebackhide__ = True
@@ -331,7 +331,7 @@ def dist_accuracy(impl: Any, case: TPQuantCase, results: list[list[dict]] | None
     return metrics
 
 
-def _amax_notes(case: TPQuantCase, results: list[list[dict]]) -> list[str]:
+def _amax_notes(case: TPFp8Case, results: list[list[dict]]) -> list[str]:
     """Delayed scaling: every rank must record the global amax of x, W and dy (the oracle's) in every step."""
     if case.recipe.kind != "delayed":
         return []
@@ -349,7 +349,7 @@ def _amax_notes(case: TPQuantCase, results: list[list[dict]]) -> list[str]:
     return notes
 
 
-def scale_problems(case: TPQuantCase, results: list[list[dict]], *, strict: bool) -> list[str]:
+def scale_problems(case: TPFp8Case, results: list[list[dict]], *, strict: bool) -> list[str]:
     """Without raising, one line per (step, operand) whose ranks did not quantize with the oracle's scales (the
     judgement of :func:`dist_same_scale`); ``strict``: stop at the first."""
     scales = {r: 1.0 for r in ROLES}
@@ -372,7 +372,7 @@ def scale_problems(case: TPQuantCase, results: list[list[dict]], *, strict: bool
     return problems
 
 
-def dist_same_scale(impl: Any, case: TPQuantCase, results: list[list[dict]] | None = None) -> dict[str, float]:
+def dist_same_scale(impl: Any, case: TPFp8Case, results: list[list[dict]] | None = None) -> dict[str, float]:
     """Property: every rank reports, for every GEMM operand, the oracle's scale_inv of the unsharded tensor —
     one value, the same on every rank, for per-tensor recipes; the oracle's blocks over the rank's operand for
     block recipes."""
@@ -386,7 +386,7 @@ def dist_same_scale(impl: Any, case: TPQuantCase, results: list[list[dict]] | No
     return {}
 
 
-def _scale_problem(case: TPQuantCase, step: int, role: str, usage: str, ref: Any, got: list[Any]) -> str | None:
+def _scale_problem(case: TPFp8Case, step: int, role: str, usage: str, ref: Any, got: list[Any]) -> str | None:
     """Why the ranks' reported scales ``got`` of operand (role, usage) are not the oracle's (the first rank that
     differs), or ``None``."""
     q = ref.operand(role, usage)
@@ -453,7 +453,7 @@ class TPMeasurement:
         return not self.scale_lines
 
 
-def measure(impl: Any, case: TPQuantCase) -> TPMeasurement:
+def measure(impl: Any, case: TPFp8Case) -> TPMeasurement:
     """``case`` run once on its ranks and judged as :func:`dist_accuracy` and :func:`dist_same_scale` judge it,
     without failing (:class:`TPMeasurement`); a rank that raises or times out still raises the house-format
     :class:`PropertyFailure`."""
@@ -466,7 +466,7 @@ def measure(impl: Any, case: TPQuantCase) -> TPMeasurement:
     )
 
 
-def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:
+def world_size_invariance(impl: Any, case: TPFp8Case) -> dict[str, float]:
     """Property: the assembled outputs at every declared world size dividing the case agree pairwise within the
     sum of their bounds against the dequantized reference (both are within their bound of the same o_dq)."""
     __tracebackhide__ = True
@@ -521,7 +521,7 @@ def world_size_invariance(impl: Any, case: TPQuantCase) -> dict[str, float]:
     return {}
 
 
-def _output_dq_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
+def _output_dq_bound(impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str) -> torch.Tensor:
     """The bound against the dequantized reference of one output at ``case.world``."""
     u_a, _ = impl.support.accumulation("cpu")
     dt = case.single().torch_dtype
@@ -534,7 +534,7 @@ def _output_dq_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) 
     return output_bounds(ref, name, t.x, t.weight, t.dy, t.bias, out_dtype=dt, accum_u=u_a).dq
 
 
-def _bitwise(impl: Any, prop: str, case: TPQuantCase, a: list[list[dict]], b: list[list[dict]], what: str) -> None:
+def _bitwise(impl: Any, prop: str, case: TPFp8Case, a: list[list[dict]], b: list[list[dict]], what: str) -> None:
     __tracebackhide__ = True
     for step in range(len(a[0])):
         for rank in range(len(a)):
@@ -556,7 +556,7 @@ def _bitwise(impl: Any, prop: str, case: TPQuantCase, a: list[list[dict]], b: li
                     )
 
 
-def dist_save_original_input(impl: Any, case: TPQuantCase) -> dict[str, float]:
+def dist_save_original_input(impl: Any, case: TPFp8Case) -> dict[str, float]:
     """Property: save_original_input True and False give bitwise identical outputs on every rank."""
     __tracebackhide__ = True
     a = run_case(impl, case.replace(save_original_input=False), "dist_save_original_input")
@@ -566,7 +566,7 @@ def dist_save_original_input(impl: Any, case: TPQuantCase) -> dict[str, float]:
     return {}
 
 
-def dist_determinism(impl: Any, case: TPQuantCase) -> dict[str, float]:
+def dist_determinism(impl: Any, case: TPFp8Case) -> dict[str, float]:
     """Property (declared ``deterministic``): two runs of one case at one world size agree bitwise on every rank."""
     __tracebackhide__ = True
     a = run_case(impl, case, "dist_determinism")
@@ -577,7 +577,7 @@ def dist_determinism(impl: Any, case: TPQuantCase) -> dict[str, float]:
 
 
 #: The properties a repro command can name; each takes ``(impl, case)``.
-DIST_FP8_PROPERTIES: dict[str, Callable[[Any, TPQuantCase], Any]] = {
+DIST_FP8_PROPERTIES: dict[str, Callable[[Any, TPFp8Case], Any]] = {
     "dist_accuracy": dist_accuracy,
     "dist_same_scale": dist_same_scale,
     "world_size_invariance": world_size_invariance,

@@ -1,4 +1,4 @@
-"""Hypothesis strategies of tensor-parallel FP8 cases (:class:`~numcheck.properties.distributed.tp_fp8.cases.TPQuantCase`),
+"""Hypothesis strategies of tensor-parallel FP8 cases (:class:`~numcheck.properties.distributed.tp_fp8.cases.TPFp8Case`),
 drawn inside a declaration.
 
 Shapes: every global dimension a rank shards is a multiple of 4·edge (edge: the recipe's block edge on a sharded
@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPFp8Case
 
 _M = (4, 12, 36, 64, 132)
 _FREE = (16, 40, 72, 128)
@@ -32,8 +32,8 @@ def tp_quant_cases(
     sequence_parallel: bool | None = None,
     save_original_input: bool | None = None,
     kinds: tuple[str, ...] | None = None,
-) -> TPQuantCase:
-    """A :class:`TPQuantCase` inside ``support`` (the keywords pin a field)."""
+) -> TPFp8Case:
+    """A :class:`TPFp8Case` inside ``support`` (the keywords pin a field)."""
     recipes = [
         r
         for r in support.recipes
@@ -58,7 +58,7 @@ def tp_quant_cases(
     K, N = (free, split) if par == "column" else (split, free)
     dtype = draw(st.sampled_from(sorted(_DTYPES[str(d)] for d in support.dtypes)), label="dtype")
     bias = draw(st.booleans(), label="bias") if support.bias else False
-    return TPQuantCase(
+    return TPFp8Case(
         recipe,
         M,
         K,

@@ -13,11 +13,11 @@ from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.drawn_log import fingerprint, log_example
 from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.tp_fp8 import props
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 from numcheck.properties.distributed.tp_fp8.strategies import tp_quant_cases
 
 
-def accuracy_and_scale(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:
+def accuracy_and_scale(impl: Any, case: TPFp8Case, latch: FailureLatch) -> None:
     """One run judged twice: :func:`~properties.distributed.tp_fp8.props.dist_accuracy` and ``dist_same_scale``."""
     res = props.run_case(impl, case, "dist_accuracy", latch)
     if res is not None:
@@ -25,17 +25,17 @@ def accuracy_and_scale(impl: Any, case: TPQuantCase, latch: FailureLatch) -> Non
         props.dist_same_scale(impl, case, res)
 
 
-def _invariance(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:
+def _invariance(impl: Any, case: TPFp8Case, latch: FailureLatch) -> None:
     props.world_size_invariance(impl, case)
 
 
-def _soi(impl: Any, case: TPQuantCase, latch: FailureLatch) -> None:
+def _soi(impl: Any, case: TPFp8Case, latch: FailureLatch) -> None:
     props.dist_save_original_input(impl, case)
 
 
 #: name → (the strategy's pinned fields, the example body, examples in the ci profile). Examples are few: a case
 #: costs 0.3–1.5 s of rank time at P = 4 on the loaded 2-core machine (blockwise's 512-wide shards the most).
-DRAWN: dict[str, tuple[dict[str, Any], Callable[[Any, TPQuantCase, FailureLatch], None], int]] = {
+DRAWN: dict[str, tuple[dict[str, Any], Callable[[Any, TPFp8Case, FailureLatch], None], int]] = {
     "dist_accuracy_and_same_scale": ({}, accuracy_and_scale, 8),
     "world_size_invariance": ({}, _invariance, 3),
     "dist_save_original_input": (
@@ -59,7 +59,7 @@ def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: A
 
     @settings(base or settings(), max_examples=n, deadline=None)
     @given(case=strategy)
-    def inner(case: TPQuantCase) -> None:
+    def inner(case: TPFp8Case) -> None:
         log_example(name, impl, [fingerprint(case)])
         body(impl, case, latch)
 

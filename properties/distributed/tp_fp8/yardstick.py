@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from numcheck.properties.core.relative import RelativeJudgement, relative_judgement
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase, reduction_parts, row_parts
+from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case, reduction_parts, row_parts
 from numcheck.properties.fp8.tolerance import EXTRA_ROUNDINGS, OUT_U, U32, _nan0, gemm_operands, output_bounds
 from numcheck.reference.fp8_formats import F64, round_to_fp32
 
@@ -36,7 +36,7 @@ def _partial_dtype(impl: Any, out_dtype: torch.dtype) -> torch.dtype:
     return out_dtype if impl.support.partial_dtype == "output" else torch.float32
 
 
-def yardstick(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
+def yardstick(impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str) -> torch.Tensor:
     """``name`` evaluated along the declared path (module docstring), in the output dtype."""
     dt = case.single().torch_dtype
     bias = round_to_fp32(t.bias.detach().to("cpu", F64)).float() if t.bias is not None else None
@@ -59,7 +59,7 @@ def yardstick(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torc
     return total.to(dt)
 
 
-def expected_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) -> torch.Tensor:
+def expected_bound(impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str) -> torch.Tensor:
     """E of ``name`` (module docstring): the expected level of its bound against the dequantized reference."""
     dt = case.single().torch_dtype
     u_a, chunk = impl.support.accumulation("cpu")
@@ -85,7 +85,7 @@ def expected_bound(impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str) ->
     return E
 
 
-def _partial_bias_judgements(case: TPQuantCase, t: Any, got: list[torch.Tensor]) -> dict[str, RelativeJudgement]:
+def _partial_bias_judgements(case: TPFp8Case, t: Any, got: list[torch.Tensor]) -> dict[str, RelativeJudgement]:
     """(b) of each rank's partial bias gradient (row-parallel SP): the fp32 sum of its rows, rounded once."""
     dt = case.single().torch_dtype
     d = round_to_fp32(t.dy.detach().to("cpu", F64))
@@ -113,7 +113,7 @@ def _rmse(v: torch.Tensor, o: torch.Tensor) -> float:
 
 
 def tp_relative(
-    impl: Any, case: TPQuantCase, t: Any, ref: Any, name: str, got: Any, unspecified: torch.Tensor | None
+    impl: Any, case: TPFp8Case, t: Any, ref: Any, name: str, got: Any, unspecified: torch.Tensor | None
 ) -> dict[str, RelativeJudgement]:
     """Judgement (b) of one assembled output ``name`` of one step (module docstring); ``unspecified``: the elements
     the contract leaves free (left out)."""

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from numcheck.properties.fp8.cases import QuantCase, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_quant
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
@@ -178,7 +178,7 @@ def build_grouped(case: GroupedCase, step: int = 0, micro: int = 0) -> GroupedTe
     mags = _magnitudes(case, micro)
     xs, ws, dys, bs = [], [], [], []
     for i, m in enumerate(case.m_splits):
-        sub = QuantCase(
+        sub = Fp8Case(
             case.recipe,
             max(m, 1),
             case.K,
@@ -204,7 +204,7 @@ def build_grouped(case: GroupedCase, step: int = 0, micro: int = 0) -> GroupedTe
 
 
 def refusal(support: Any, case: GroupedCase) -> str | None:
-    """Why ``support`` (a :class:`~impls.protocols.grouped_fp8_linear.GroupedQuantSupport`) excludes ``case``, or
+    """Why ``support`` (a :class:`~impls.protocols.grouped_fp8_linear.GroupedFp8Support`) excludes ``case``, or
     ``None`` when the impl declares it."""
     why = support.refuses(
         recipe=case.recipe,

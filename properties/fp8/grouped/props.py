@@ -40,7 +40,7 @@ from numcheck.impls.protocols.fp8_linear import held_for_backward
 from numcheck.impls.protocols.grouped_fp8_linear import delayed_states, predicted_grouped_columnwise_x_bytes
 from numcheck.properties.core.compare import compare, overflow_threshold
 from numcheck.properties.core.failures import failure_message
-from numcheck.properties.fp8.cases import QuantCase, QuantTensors
+from numcheck.properties.fp8.cases import Fp8Case, QuantTensors
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
 from numcheck.properties.fp8.props import (
@@ -387,7 +387,7 @@ def per_expert_linear(impl: Any, case: GroupedCase) -> None:
         if not case.m_splits[i]:
             continue
         rows = ref.rows(i)
-        sub = QuantCase(
+        sub = Fp8Case(
             case.recipe,
             case.m_splits[i],
             case.K,

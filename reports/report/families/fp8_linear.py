@@ -1,4 +1,4 @@
-"""Quantized linear (:class:`~properties.fp8.cases.QuantCase`), per impl and recipe it declares: an (M, K, N)
+"""Quantized linear (:class:`~properties.fp8.cases.Fp8Case`), per impl and recipe it declares: an (M, K, N)
 ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regimes ``wide`` and
 ``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
 ``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
@@ -12,8 +12,8 @@ import math
 import time
 from typing import Any, Iterator
 
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
-from numcheck.properties.fp8.cases import QuantCase, declared_mode
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
+from numcheck.properties.fp8.cases import Fp8Case, declared_mode
 from numcheck.reports.report.coverage import quant_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
@@ -22,14 +22,14 @@ from numcheck.reports.report.property_grid import quant_refused, quant_rows
 from numcheck.reports.report.schema import dtype_names, quant_record
 
 
-def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, QuantCase]]:
+def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, Fp8Case]]:
     """The size ladder of one recipe and dtype: each of M, K, N walked over ``spec.quant_ladder`` from the base."""
     m0, k0, n0 = spec.quant_base
     for axis in ("M", "K", "N"):
         for size in spec.quant_ladder:
             shape = {"M": m0, "K": k0, "N": n0, axis: size}
             base = (shape["M"], shape["K"], shape["N"]) == spec.quant_base
-            case = QuantCase(
+            case = Fp8Case(
                 recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias, seed=100 + size, device=device
             )
             yield ("ladder:base" if base else f"ladder:{axis}"), case
@@ -37,16 +37,16 @@ def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: s
 
 def _quant_extras(
     support: Any, recipe: Any, base: tuple[int, int, int], dtype: str, bias: bool, device: str
-) -> Iterator[tuple[str, QuantCase]]:
+) -> Iterator[tuple[str, Fp8Case]]:
     """The declared extras of one recipe and dtype: save_original_input, and three steps of delayed scaling."""
     m0, k0, n0 = base
     if recipe.allows_save_original_input and True in support.save_original_input:
         yield (
             "save_original_input",
-            QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300, save_original_input=True, device=device),
+            Fp8Case(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=300, save_original_input=True, device=device),
         )
     if recipe.kind == "delayed":
-        yield "delayed_steps", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device)
+        yield "delayed_steps", Fp8Case(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device)
 
 
 def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
@@ -57,11 +57,11 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
     dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
     bias = bool(support.bias)
     out: list[GridCase] = []
-    seen: set[QuantCase] = set()
+    seen: set[Fp8Case] = set()
 
     only_original = declared_mode(support)  # an impl declaring only save_original_input=True runs in that mode
 
-    def add(group: str, c: QuantCase) -> None:
+    def add(group: str, c: Fp8Case) -> None:
         c = c.replace(save_original_input=True) if only_original else c
         if c not in seen:
             seen.add(c)
@@ -74,13 +74,11 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
                 for group, case in _quant_ladder(spec, recipe, dtype, bias, device):
                     add(group, case)
             else:
-                add("base", QuantCase(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
+                add("base", Fp8Case(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
             for regime in spec.quant_regimes:
                 add(
                     f"regime:{regime}",
-                    QuantCase(
-                        recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime, seed=200, device=device
-                    ),
+                    Fp8Case(recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime, seed=200, device=device),
                 )
             if spec.quant_extras:
                 for group, case in _quant_extras(support, recipe, spec.quant_base, dtype, bias, device):
@@ -154,7 +152,7 @@ def single_extras(row: dict[str, Any], items: list[tuple[dict, dict]]) -> None:
 
 def summary(report: dict) -> list[dict[str, Any]]:
     """The quantized-linear rows of report.md: per impl × recipe × dtype × output."""
-    return summarize(report, QUANT_KIND, OUTPUTS, plain_mode, single_extras)
+    return summarize(report, FP8_KIND, OUTPUTS, plain_mode, single_extras)
 
 
 def quant_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]:
@@ -194,13 +192,13 @@ def table(report: dict) -> list[str]:
 
 def case_types() -> tuple[type, ...]:
     """A quantized-linear case, or a quantizer's."""
-    from numcheck.properties.fp8.cases import QuantCase, QuantizerCase
+    from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 
-    return (QuantCase, QuantizerCase)
+    return (Fp8Case, QuantizerCase)
 
 
 FAMILY = ReportFamily(
-    kind=QUANT_KIND,
+    kind=FP8_KIND,
     plan=plan,
     measure=measure,
     properties=properties,

@@ -1,4 +1,4 @@
-"""Tensor-parallel FP8 linear (:class:`~properties.distributed.tp_fp8.cases.TPQuantCase`), per impl and recipe it declares (the
+"""Tensor-parallel FP8 linear (:class:`~properties.distributed.tp_fp8.cases.TPFp8Case`), per impl and recipe it declares (the
 first recipe of each impl in the quick grid, every recipe in the full one): the cases of :data:`TP_CASES` (plain;
 bias; sequence parallel with bias; and that with ``save_original_input=True``) in both parallel modes, at world sizes
 1, 2 and 4 on the default backend, M = 64 (M/P a multiple of MXFP8's 32-row blocks at P = 2, blocks straddling
@@ -46,7 +46,7 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
     counted and named per reason (:func:`properties.distributed.tp_fp8.cases.refusal`, a world size the backend
     cannot run here, a shape the recipe's blocks do not fit)."""
     from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import SHARD_EDGE, TPFp8Case
     from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_case_refusal
 
     backend = default_backend()
@@ -61,7 +61,7 @@ def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
                     K, N = (TP_FREE["column"], split) if parallel == "column" else (split, TP_FREE["row"])
                     for i, label in enumerate(spec.tp_cases):
                         try:
-                            case = TPQuantCase(
+                            case = TPFp8Case(
                                 recipe,
                                 TP_M,
                                 K,
@@ -191,9 +191,9 @@ def table(report: dict) -> list[str]:
 
 def case_types() -> tuple[type, ...]:
     """A tensor-parallel case."""
-    from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+    from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 
-    return (TPQuantCase,)
+    return (TPFp8Case,)
 
 
 FAMILY = ReportFamily(

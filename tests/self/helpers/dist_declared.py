@@ -1,5 +1,5 @@
 """Distributed impls declared as a user declares them (``numcheck.dist_linear_ce_impl``,
-``numcheck.tp_quant_linear_impl`` on module-level functions), for the self tests that run the distributed suites
+``numcheck.tp_fp8_linear_impl`` on module-level functions), for the self tests that run the distributed suites
 on them through ``--impl``: a correct vocabulary-parallel one, the same with grad_x left unreduced, one whose ranks
 raise (the suite's failure must carry its message: it ran this impl, not a built-in), and a tensor-parallel FP8
 linear."""
@@ -74,7 +74,7 @@ def declared_raises(
     raise RuntimeError(RAISED)
 
 
-@numcheck.tp_quant_linear_impl(
+@numcheck.tp_fp8_linear_impl(
     name="declared_tp_fp8", recipes=_TP.support.recipes, world_sizes=(1, 2), dtypes=("float32",), parallel=("column",)
 )
 def declared_tp_fp8(

@@ -1,4 +1,4 @@
-"""Impls declared as a user declares them (``numcheck.linear_ce_impl`` / ``numcheck.quant_linear_impl`` on a
+"""Impls declared as a user declares them (``numcheck.linear_ce_impl`` / ``numcheck.fp8_linear_impl`` on a
 module-level function, as the README shows), each exercising one way numcheck must report a single cause once and
 clearly:
 
@@ -121,7 +121,7 @@ def _quantize_nan_flushed(t, *, recipe, role, usage, scaling_state=None):
     return dataclasses.replace(q, data=codes.view(q.data.dtype))
 
 
-@numcheck.quant_linear_impl(
+@numcheck.fp8_linear_impl(
     name="user_fp8_nan_flushed", recipes=("current",), dtypes=("float32",), quantize=_quantize_nan_flushed
 )
 def fp8_nan_flushed(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):

@@ -83,7 +83,7 @@ class _Impl:
     """A minimal impl object: a name, a kind and a support (the layouts read nothing else)."""
 
     def __init__(self, support: LinearCESupport) -> None:
-        self.name, self.kind, self.support = "layout_probe", "linear_ce", support
+        self.name, self.kind, self.support = "layout_probe", "linear-ce", support
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

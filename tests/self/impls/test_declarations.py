@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from numcheck import (
+    Fp8LinearSupport,
     FunctionImpl,
     LinearCESupport,
-    QuantLinearSupport,
+    fp8_linear_impl,
     linear_ce_impl,
-    make_quant_support,
+    make_fp8_support,
     make_support,
-    quant_linear_impl,
 )
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.linear_ce import validate_impl
@@ -97,27 +97,27 @@ BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
         ("impl 'm'", "label_smoothing=...", "z_loss_scale=..."),
     ),
     "empty_name": (lambda: linear_ce_impl(name="", dtypes=("float32",)), ("non-empty string",)),
-    "quant_empty_recipes": (lambda: quant_linear_impl(name="q", recipes=())(_fp8), ("recipes is empty",)),
+    "quant_empty_recipes": (lambda: fp8_linear_impl(name="q", recipes=())(_fp8), ("recipes is empty",)),
     "quant_recipe_alias": (
-        lambda: quant_linear_impl(name="q", recipes=("mx",))(_fp8),
+        lambda: fp8_linear_impl(name="q", recipes=("mx",))(_fp8),
         ("'mx'", "Did you mean 'mxfp8'?"),
     ),
     "quant_gpu_device": (
-        lambda: quant_linear_impl(name="q", devices=("gpu",))(_fp8),
+        lambda: fp8_linear_impl(name="q", devices=("gpu",))(_fp8),
         ("unknown device type 'gpu'", "Did you mean 'cuda'?"),
     ),
-    "quant_dtype_alias": (lambda: make_quant_support(dtypes=("fp16",)), ("'fp16'", "Did you mean 'float16'?")),
-    "quant_empty_dtypes": (lambda: QuantLinearSupport(dtypes=()), ("QuantLinearSupport.dtypes is empty",)),
+    "quant_dtype_alias": (lambda: make_fp8_support(dtypes=("fp16",)), ("'fp16'", "Did you mean 'float16'?")),
+    "quant_empty_dtypes": (lambda: Fp8LinearSupport(dtypes=()), ("Fp8LinearSupport.dtypes is empty",)),
     "quant_keyword": (
-        lambda: quant_linear_impl(name="q", recipe=("current",))(_fp8),
+        lambda: fp8_linear_impl(name="q", recipe=("current",))(_fp8),
         ("unknown keyword argument 'recipe'", "Did you mean 'recipes'?"),
     ),
     "quant_signature": (
-        lambda: quant_linear_impl(name="q", recipes=("current",))(_fp8),
+        lambda: fp8_linear_impl(name="q", recipes=("current",))(_fp8),
         ("takes no keyword scaling_state",),
     ),
     "quant_exposes_without_quantize": (
-        lambda: quant_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x),
+        lambda: fp8_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x),
         ("exposes_quantize=True", "quantize="),
     ),
 }
@@ -182,7 +182,7 @@ def test_class_impl_whose_call_cannot_take_a_declared_option_is_broken() -> None
     """A class-based impl declaring z_loss whose __call__ lacks z_loss_scale fails the protocol check, naming origin and definition."""
 
     class NoZLoss:
-        name, kind = "no_zloss", "linear_ce"
+        name, kind = "no_zloss", "linear-ce"
         support = LinearCESupport(options=frozenset({"bias", "ignore_index", "z_loss"}))
 
         def __call__(self, x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
@@ -205,7 +205,7 @@ def test_well_formed_declarations_pass() -> None:
     def quantize(t, *, recipe, role, usage, scaling_state=None):
         raise NotImplementedError
 
-    q = quant_linear_impl(name="q", recipes=("current", Fp8Recipe("mxfp8")), quantize=quantize)(fp8)
+    q = fp8_linear_impl(name="q", recipes=("current", Fp8Recipe("mxfp8")), quantize=quantize)(fp8)
     assert q.support.exposes_quantize and [r.kind for r in q.support.recipes] == ["current", "mxfp8"]
     validate_impl(q, "test")
 

@@ -1,4 +1,4 @@
-"""Declaring a distributed impl as a user does: ``numcheck.dist_linear_ce_impl`` and ``numcheck.tp_quant_linear_impl``
+"""Declaring a distributed impl as a user does: ``numcheck.dist_linear_ce_impl`` and ``numcheck.tp_fp8_linear_impl``
 check the declaration where it is written, the registry loads the result through ``--impl``, and the distributed
 suite runs the user's impl (and only it) under that ``--impl``."""
 
@@ -41,7 +41,7 @@ def test_declaration_splits_rank_numerics_from_distribution():
     impl = numcheck.dist_linear_ce_impl(
         name="d", world_sizes=[2, 4], backends=("gloo",), smoothing="megatron", dtypes=("float32",), autocast=()
     )(_rank)
-    assert impl.kind == "dist_linear_ce" and impl.dist.world_sizes == (2, 4) and impl.dist.smoothing == "megatron"
+    assert impl.kind == "dist-linear-ce" and impl.dist.world_sizes == (2, 4) and impl.dist.smoothing == "megatron"
     assert sorted(impl.support.options) == ["bias", "ignore_index", "label_smoothing"]
 
 
@@ -77,7 +77,7 @@ def test_function_without_rank_keywords_is_refused():
 
 
 def test_tp_declaration_is_checked():
-    """``tp_quant_linear_impl`` refuses an unknown parallel mode and a function lacking a keyword every call passes."""
+    """``tp_fp8_linear_impl`` refuses an unknown parallel mode and a function lacking a keyword every call passes."""
 
     def tp(
         x, weight, bias=None, *, recipe, parallel, sequence_parallel, save_original_input, group, scaling_state=None
@@ -85,9 +85,9 @@ def test_tp_declaration_is_checked():
         return None
 
     with pytest.raises(numcheck.InvalidDeclaration, match="parallel"):
-        numcheck.tp_quant_linear_impl(name="t", parallel=("diagonal",))
+        numcheck.tp_fp8_linear_impl(name="t", parallel=("diagonal",))
     with pytest.raises(numcheck.InvalidDeclaration, match="scale_log"):
-        numcheck.tp_quant_linear_impl(name="t")(tp)
+        numcheck.tp_fp8_linear_impl(name="t")(tp)
 
 
 def test_loaded_through_impl_and_picklable_only_at_module_level(monkeypatch):
@@ -95,8 +95,8 @@ def test_loaded_through_impl_and_picklable_only_at_module_level(monkeypatch):
     (so the ranks cannot unpickle it) is a broken entry saying so."""
     entries = discover([f"{SPEC}:declared_vocab_parallel", f"{SPEC}:declared_tp_fp8"])
     assert [(e.name, e.kind) for e in entries if isinstance(e, ImplEntry)] == [
-        ("declared_vocab_parallel", "dist_linear_ce"),
-        ("declared_tp_fp8", "tp_quant_linear"),
+        ("declared_vocab_parallel", "dist-linear-ce"),
+        ("declared_tp_fp8", "tp-fp8-linear"),
     ]
     from numcheck.tests.self.helpers import dist_declared
 

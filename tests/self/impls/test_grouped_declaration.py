@@ -1,5 +1,5 @@
 """The grouped FP8 linear's declaration (impls/protocols/grouped_fp8_linear.py): checked where it is written, with
-the machinery the other protocols share (its common fields by QuantLinearSupport's own checks), and loaded like
+the machinery the other protocols share (its common fields by Fp8LinearSupport's own checks), and loaded like
 every other kind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from numcheck import GroupedQuantSupport, grouped_quant_linear_impl
+from numcheck import GroupedFp8Support, grouped_fp8_linear_impl
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols.grouped_fp8_linear import (
     GROUPED_KIND,
@@ -39,36 +39,36 @@ def _raise_site(excinfo: pytest.ExceptionInfo) -> str:
 #: (declaration, words its message must hold). Each lambda is the user's declaring line.
 BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
     "recipe_alias": (
-        lambda: grouped_quant_linear_impl(name="g", recipes=("mx",))(_grouped),
-        ("GroupedQuantSupport.recipes", "Did you mean 'mxfp8'?"),
+        lambda: grouped_fp8_linear_impl(name="g", recipes=("mx",))(_grouped),
+        ("GroupedFp8Support.recipes", "Did you mean 'mxfp8'?"),
     ),
     "empty_dtypes": (
-        lambda: grouped_quant_linear_impl(name="g", dtypes=())(_grouped),
-        ("GroupedQuantSupport.dtypes is empty",),
+        lambda: grouped_fp8_linear_impl(name="g", dtypes=())(_grouped),
+        ("GroupedFp8Support.dtypes is empty",),
     ),
-    "gpu_device": (lambda: grouped_quant_linear_impl(name="g", devices=("gpu",))(_grouped), ("Did you mean 'cuda'?",)),
+    "gpu_device": (lambda: grouped_fp8_linear_impl(name="g", devices=("gpu",))(_grouped), ("Did you mean 'cuda'?",)),
     "alignment_zero": (
-        lambda: grouped_quant_linear_impl(name="g", split_alignment=0)(_grouped),
+        lambda: grouped_fp8_linear_impl(name="g", split_alignment=0)(_grouped),
         ("split_alignment=0", "int >= 1"),
     ),
-    "feature_alignment_bool": (lambda: GroupedQuantSupport(feature_alignment=True), ("feature_alignment=True",)),
+    "feature_alignment_bool": (lambda: GroupedFp8Support(feature_alignment=True), ("feature_alignment=True",)),
     "layout_typo": (
-        lambda: grouped_quant_linear_impl(name="g", weight_layouts=("stacked",))(_grouped),
+        lambda: grouped_fp8_linear_impl(name="g", weight_layouts=("stacked",))(_grouped),
         ("weight_layouts", "['stacked']", "'grouped'"),
     ),
     "main_grad_not_bool": (
-        lambda: GroupedQuantSupport(fused_wgrad_accumulation=("yes",)),
+        lambda: GroupedFp8Support(fused_wgrad_accumulation=("yes",)),
         ("fused_wgrad_accumulation",),
     ),
-    "empty_splits_not_bool": (lambda: GroupedQuantSupport(empty_splits="no"), ("empty_splits must be True or False",)),
-    "max_experts": (lambda: GroupedQuantSupport(max_experts=0), ("max_experts=0",)),
-    "exposes_quantize": (lambda: GroupedQuantSupport(exposes_quantize=True), ("exposes_quantize=True",)),
+    "empty_splits_not_bool": (lambda: GroupedFp8Support(empty_splits="no"), ("empty_splits must be True or False",)),
+    "max_experts": (lambda: GroupedFp8Support(max_experts=0), ("max_experts=0",)),
+    "exposes_quantize": (lambda: GroupedFp8Support(exposes_quantize=True), ("exposes_quantize=True",)),
     "keyword_typo": (
-        lambda: grouped_quant_linear_impl(name="g", split_alignments=16)(_grouped),
+        lambda: grouped_fp8_linear_impl(name="g", split_alignments=16)(_grouped),
         ("unknown keyword argument 'split_alignments'", "Did you mean 'split_alignment'?"),
     ),
-    "signature": (lambda: grouped_quant_linear_impl(name="g")(_no_main_grad), ("takes no keyword main_grad",)),
-    "empty_name": (lambda: grouped_quant_linear_impl(name=" "), ("non-empty string",)),
+    "signature": (lambda: grouped_fp8_linear_impl(name="g")(_no_main_grad), ("takes no keyword main_grad",)),
+    "empty_name": (lambda: grouped_fp8_linear_impl(name=" "), ("non-empty string",)),
 }
 
 
@@ -86,7 +86,7 @@ def test_bad_grouped_declaration_is_refused_at_the_users_line(case: str) -> None
 
 def test_split_rules_say_why() -> None:
     """split_refusal names the rule a split list breaks, and accepts those inside the declaration."""
-    sup = GroupedQuantSupport(split_alignment=16, empty_splits=False, feature_alignment=16, max_experts=4)
+    sup = GroupedFp8Support(split_alignment=16, empty_splits=False, feature_alignment=16, max_experts=4)
     assert sup.split_refusal((16, 32), 48, K=32, N=16) is None
     assert "multiples of split_alignment=16" in sup.split_refusal((17, 31), 48)
     assert "empty expert" in sup.split_refusal((0, 48), 48)
@@ -113,15 +113,15 @@ def test_grouped_impls_load_like_every_kind(tmp_path, monkeypatch) -> None:
     path = tmp_path / f"{name}.py"
     path.write_text(
         textwrap.dedent("""\
-        from numcheck import grouped_quant_linear_impl
+        from numcheck import grouped_fp8_linear_impl
 
-        @grouped_quant_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
+        @grouped_fp8_linear_impl(name="mine", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
         def good(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None,
                  main_grad=None):
             return x
 
         def bad():
-            @grouped_quant_linear_impl(name="bad", weight_layouts=("stacked",))
+            @grouped_fp8_linear_impl(name="bad", weight_layouts=("stacked",))
             def f(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None,
                   main_grad=None):
                 return x
@@ -144,7 +144,7 @@ def test_grouped_impls_load_like_every_kind(tmp_path, monkeypatch) -> None:
         def __call__(self, *a, **k):
             return None
 
-    with pytest.raises(TypeError, match="GroupedQuantSupport"):
+    with pytest.raises(TypeError, match="GroupedFp8Support"):
         validate_grouped_impl(WrongSupport(), "origin-z")
 
 

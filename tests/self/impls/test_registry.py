@@ -178,7 +178,7 @@ def test_spec_loads_an_impl(modules):
     """``module:attr`` naming an impl object loads it, with the origin given."""
     mod, name = good(modules)
     e = _only(load_spec(f"{mod}:impl", "--impl"))
-    assert isinstance(e, ImplEntry) and e.name == name and e.kind == "linear_ce" and e.origin == "--impl"
+    assert isinstance(e, ImplEntry) and e.name == name and e.kind == "linear-ce" and e.origin == "--impl"
 
 
 def test_spec_loads_a_list_a_factory_and_the_default_attr(modules):
@@ -221,7 +221,7 @@ BROKEN_MODULES = {
     "raises_on_import": ("raise RuntimeError('GPU on fire')\n", "impl", "GPU on fire"),
     "syntax_error": ("def (:\n", "impl", "SyntaxError"),
     "missing_attr": ("x = 1\n", "impl", "has no attribute 'impl'"),
-    "no_name": ("class I:\n    kind = 'linear_ce'\nimpl = I()\n", "impl", "'name'"),
+    "no_name": ("class I:\n    kind = 'linear-ce'\nimpl = I()\n", "impl", "'name'"),
     "wrong_kind": (
         "from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'k'\n    kind = 'softmax'\n"
         "    support = LinearCESupport()\n    def __call__(self, *a, **k): pass\nimpl = I()\n",
@@ -229,13 +229,13 @@ BROKEN_MODULES = {
         "kind 'softmax'",
     ),
     "bad_support": (
-        "class I:\n    name = 's'\n    kind = 'linear_ce'\n    support = {'dtypes': ()}\n"
+        "class I:\n    name = 's'\n    kind = 'linear-ce'\n    support = {'dtypes': ()}\n"
         "    def __call__(self, *a, **k): pass\nimpl = I()\n",
         "impl",
         "LinearCESupport",
     ),
     "not_callable": (
-        "from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear_ce'\n"
+        "from numcheck.impls.protocols.linear_ce import LinearCESupport\nclass I:\n    name = 'c'\n    kind = 'linear-ce'\n"
         "    support = LinearCESupport()\nimpl = I()\n",
         "impl",
         "not callable",
@@ -243,7 +243,7 @@ BROKEN_MODULES = {
     "factory_raises": ("def impl():\n    raise ValueError('needs CUDA 12.9')\n", "impl", "needs CUDA 12.9"),
     "empty_list": ("impl = []\n", "impl", "yielded no impls"),
     "quant_without_support": (
-        "class Q:\n    name = 'q'\n    kind = 'quant_linear'\n    def __call__(self, *a, **k): pass\nimpl = Q()\n",
+        "class Q:\n    name = 'q'\n    kind = 'fp8-linear'\n    def __call__(self, *a, **k): pass\nimpl = Q()\n",
         "impl",
         "q",
     ),
@@ -378,7 +378,7 @@ def test_linear_ce_impl_decorator_builds_a_function_impl():
         More."""
         return kw
 
-    assert isinstance(f, FunctionImpl) and f.kind == "linear_ce" and f.name == "dec"
+    assert isinstance(f, FunctionImpl) and f.kind == "linear-ce" and f.name == "dec"
     assert f.support.dtypes == frozenset({torch.float32, torch.bfloat16})
     assert f.support.autocast == frozenset({torch.bfloat16})
     assert f.description == "First line."
@@ -508,9 +508,9 @@ def test_outside_module_appears_in_numcheck_list(outside_dir):
     r = _run(["-m", "numcheck.reports.cli", "list"], outside_dir, env_impls="mymod:impl")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert f"{EXAMPLE_NAME}  [linear_ce, from ${ENV_VAR}]" in out, out
+    assert f"{EXAMPLE_NAME}  [linear-ce, from ${ENV_VAR}]" in out, out
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"{EXAMPLE_NAME}  ["))
     block = list(itertools.takewhile(lambda line: line.startswith(" "), lines[start + 1 :]))
     assert "    here: runs" in block, block
-    assert "eager  [linear_ce, from built-in]" in out
+    assert "eager  [linear-ce, from built-in]" in out

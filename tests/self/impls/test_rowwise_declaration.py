@@ -10,19 +10,19 @@ import torch
 
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.builtin.fp8_linear import quant_linear_impls
-from numcheck.impls.protocols.fp8_linear import QuantLinearSupport, predicted_columnwise_x_bytes
-from numcheck.impls.protocols.grouped_fp8_linear import GroupedQuantSupport
-from numcheck.impls.protocols.tp_fp8_linear import TPQuantSupport
+from numcheck.impls.protocols.fp8_linear import Fp8LinearSupport, predicted_columnwise_x_bytes
+from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
+from numcheck.impls.protocols.tp_fp8_linear import TPFp8Support
 from numcheck.reference.fp8_recipes import Fp8Recipe
 
 
 def test_single_device_support_takes_the_rowwise_kinds_by_name():
     """``recipes=("rowwise", "rowwise_gw_hp")`` declares both kinds with their defaults (E4M3, power-of-2 scales)."""
-    s = QuantLinearSupport(recipes=("rowwise", "rowwise_gw_hp"), save_original_input=(True,))
+    s = Fp8LinearSupport(recipes=("rowwise", "rowwise_gw_hp"), save_original_input=(True,))
     assert s.recipes == (Fp8Recipe("rowwise"), Fp8Recipe("rowwise_gw_hp"))
 
 
-@pytest.mark.parametrize("support", [GroupedQuantSupport, TPQuantSupport])
+@pytest.mark.parametrize("support", [GroupedFp8Support, TPFp8Support])
 def test_grouped_and_tp_supports_refuse_the_rowwise_kinds(support):
     """The grouped and tensor-parallel oracles have no rowwise kind: declaring one is refused, naming the recipe and
     where to declare it."""

@@ -12,7 +12,7 @@ from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
 from numcheck.properties.core import matmul_precision
 from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
 from numcheck.properties.distributed.tp_fp8 import props as checks
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase, steps_tensors
+from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case, steps_tensors
 from numcheck.properties.distributed.tp_fp8.suite import run_drawn
 from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
 from numcheck.reference.fp8_linear import quantized_linear
@@ -51,7 +51,7 @@ def test_relative_judgement_of_every_assembled_output():
     if world_size_unavailable(2, default_backend()):
         pytest.skip(world_size_unavailable(2, default_backend()))
     impl = tp_fp8_linear_impls()[1]
-    case = TPQuantCase(
+    case = TPFp8Case(
         impl.support.recipes[0],
         36,
         24,

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 
 from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.fp8.strategies import quant_cases
 from numcheck.tests.self.helpers.fp8_mutants import CAUGHT_BY, MUTANTS
 
@@ -27,7 +27,7 @@ _FIND = settings(
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
-def _fails(prop, impl, case: QuantCase) -> bool:
+def _fails(prop, impl, case: Fp8Case) -> bool:
     try:
         prop(impl, case)
     except PropertyFailure:
@@ -67,7 +67,7 @@ def test_colwise_from_rowwise_mutant_is_invisible_to_per_tensor_scaling():
     per_tensor = ColumnwiseFromRowwiseQuantized(
         "per_tensor_variant", (Fp8Recipe("current", power_of_2_scales=True, fp8_format="E4M3"),)
     )
-    case = QuantCase(per_tensor.support.recipes[0], 32, 64, 16, seed=1)
+    case = Fp8Case(per_tensor.support.recipes[0], 32, 64, 16, seed=1)
     checks.save_original_input(per_tensor, case)  # passes: pow2 per-tensor requantization is idempotent
     assert isinstance(per_tensor, Fp8Linear)
 

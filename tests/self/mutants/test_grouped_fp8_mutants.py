@@ -86,7 +86,7 @@ def test_grouped_mutants_load_as_outside_impls():
     from numcheck.impls.registry import ImplEntry, load_spec
 
     entries = load_spec("numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS", "--impl")
-    assert entries and all(isinstance(e, ImplEntry) and e.kind == "grouped_quant_linear" for e in entries), entries
+    assert entries and all(isinstance(e, ImplEntry) and e.kind == "grouped-fp8-linear" for e in entries), entries
 
 
 #: The drawn suite test of each property a mutant must fail.

@@ -1,4 +1,4 @@
-"""numcheck.assert_linear_ce / assert_quant_linear: one property on one case, the suite's message, arguments checked first."""
+"""numcheck.assert_linear_ce / assert_fp8_linear: one property on one case, the suite's message, arguments checked first."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import numcheck
-from numcheck import Problem, QuantCase, assert_linear_ce, assert_quant_linear
+from numcheck import Fp8Case, Problem, assert_fp8_linear, assert_linear_ce
 from numcheck.errors import InvalidAssertion, PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
-from numcheck.impls.protocols.fp8_linear import QuantFunctionImpl
+from numcheck.impls.protocols.fp8_linear import Fp8FunctionImpl
 from numcheck.properties import assertions
 from numcheck.properties.linear_ce.props import accuracy
 from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -41,7 +41,7 @@ def _y_off(x, weight, bias=None, *, recipe, save_original_input, scaling_state=N
     )
 
 
-FP8_OFF = QuantFunctionImpl(
+FP8_OFF = Fp8FunctionImpl(
     name="assert_fp8_y_off",
     fn=_y_off,
     support=FP8.support.__class__(
@@ -69,9 +69,9 @@ def test_failing_property_raises_the_suites_message():
 
 def test_quant_linear_holds_and_fails():
     """The built-in current-scaling FP8 linear passes on one case (a recipe kind name accepted); y 1% off fails it."""
-    assert assert_quant_linear(FP8, recipe="current", M=16, K=32, N=8, bias=True).ok
+    assert assert_fp8_linear(FP8, recipe="current", M=16, K=32, N=8, bias=True).ok
     with pytest.raises(PropertyFailure, match="property 'accuracy' fails for impl 'assert_fp8_y_off'"):
-        assert_quant_linear(FP8_OFF, QuantCase(CURRENT, 16, 32, 8))
+        assert_fp8_linear(FP8_OFF, Fp8Case(CURRENT, 16, 32, 8))
 
 
 @pytest.mark.parametrize(
@@ -95,23 +95,23 @@ def test_quant_linear_holds_and_fails():
             ("says nothing about this case", "bias=True"),
         ),
         (lambda: assert_linear_ce(fp32, prop="ignored_rows", N=8, H=16, V=32), ("says nothing", "ignored rows")),
-        (lambda: assert_linear_ce(FP8, **CASE), ("quant_linear impl", "numcheck.assert_quant_linear")),
+        (lambda: assert_linear_ce(FP8, **CASE), ("fp8-linear impl", "numcheck.assert_fp8_linear")),
         (lambda: assert_linear_ce(object(), **CASE), ("non-empty string attribute 'name'",)),
         (
             lambda: assert_linear_ce(fp32.with_support(requires=lambda: "needs fastce"), **CASE),
             ("cannot run here: needs fastce",),
         ),
         (
-            lambda: assert_quant_linear(fp32, recipe="current", M=4, K=8, N=4),
-            ("linear_ce impl", "numcheck.assert_linear_ce"),
+            lambda: assert_fp8_linear(fp32, recipe="current", M=4, K=8, N=4),
+            ("linear-ce impl", "numcheck.assert_linear_ce"),
         ),
         (
-            lambda: assert_quant_linear(FP8, recipe="mxfp8", M=4, K=32, N=4),
+            lambda: assert_fp8_linear(FP8, recipe="mxfp8", M=4, K=32, N=4),
             ("does not declare this case", "recipe mxfp8"),
         ),
-        (lambda: assert_quant_linear(FP8, recipe="mx", M=4, K=32, N=4), ("Fp8Recipe.kind='mx'",)),
+        (lambda: assert_fp8_linear(FP8, recipe="mx", M=4, K=32, N=4), ("Fp8Recipe.kind='mx'",)),
         (
-            lambda: assert_quant_linear(FP8_OFF, prop="quantizer", recipe="current", M=4, K=32, N=4),
+            lambda: assert_fp8_linear(FP8_OFF, prop="quantizer", recipe="current", M=4, K=32, N=4),
             ("exposes_quantize=False",),
         ),
     ],
@@ -125,7 +125,7 @@ def test_quant_linear_holds_and_fails():
         "undeclared",
         "inapplicable",
         "inapplicable_ignored",
-        "quant_impl",
+        "fp8_linear_impl",
         "not_an_impl",
         "unavailable",
         "linear_impl",

@@ -52,7 +52,7 @@ def _models(p: Problem) -> list:
         "grad_weight": p.param_dtype,
         "grad_bias": p.param_dtype,
     }
-    impls = [e.impl for e in by_kind(discover([]), "linear_ce")]
+    impls = [e.impl for e in by_kind(discover([]), "linear-ce")]
     models = [
         error_model(i.support, p, dtypes, level)
         for i in impls

@@ -29,7 +29,7 @@ def _builtins(dtype: str, slow: bool) -> dict[str, object]:
     """Every available built-in linear+CE impl but eager (the reference itself) that declares ``dtype`` with ignore_index."""
     out = {}
     for e in builtin_impls():
-        if not isinstance(e, ImplEntry) or e.kind != "linear_ce" or e.name == "eager":
+        if not isinstance(e, ImplEntry) or e.kind != "linear-ce" or e.name == "eager":
             continue
         s = e.impl.support
         if (

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis.errors import UnsatisfiedAssumption
 
 from numcheck.errors import PropertyFailure
-from numcheck.impls.protocols.fp8_linear import QUANT_KIND
+from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
 from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, FunctionImpl, LinearCESupport
 from numcheck.properties.core.rows import seeded_data
@@ -154,7 +154,7 @@ def test_strided_rows_meet_a_scalar_upstream_for_every_liger_impl():
     passes) for each Liger impl, in each reduction that takes one."""
     from numcheck.impls.registry import discover
 
-    ligers = [e.impl for e in discover([]) if e.kind == "linear_ce" and e.name.startswith("liger")]
+    ligers = [e.impl for e in discover([]) if e.kind == "linear-ce" and e.name.startswith("liger")]
     if not ligers:
         pytest.skip("no Liger impl registered here")
     for impl in ligers:
@@ -186,7 +186,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     cheap = QUANT_SUITE["save_original_input_is_bitwise_identical"]
     assert cheap.budget_scale > 1
     assert (
-        budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "quant_linear"})(), 12, cheap)
+        budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "fp8-linear"})(), 12, cheap)
         == 12 * cheap.budget_scale
     )
     with pytest.raises(ValueError, match="budget_scale"):
@@ -197,7 +197,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     "module,kind,table",
     [
         ("numcheck.tests.suite.test_properties", LINEAR_CE_KIND, SUITE),
-        ("numcheck.tests.suite.test_fp8_impls", QUANT_KIND, QUANT_SUITE),
+        ("numcheck.tests.suite.test_fp8_impls", FP8_KIND, QUANT_SUITE),
         ("numcheck.tests.suite.test_grouped_fp8", GROUPED_KIND, GROUPED_SUITE),
     ],
 )
@@ -227,7 +227,7 @@ def test_determinism_draws_span_several_chunks():
     from numcheck.impls.registry import discover
     from numcheck.properties.linear_ce.chunks import SEVERAL_CHUNKS
 
-    impls = {e.name: e.impl for e in discover([]) if e.kind == "linear_ce"}
+    impls = {e.name: e.impl for e in discover([]) if e.kind == "linear-ce"}
     variant, layout, _ = determinism_layout(impls["recompute"])
     assert variant.support.chunk_rows == 7 and layout.n_range(SEVERAL_CHUNKS)[0] == (SEVERAL_CHUNKS - 1) * 7 + 1
     declared = FunctionImpl("chunky", _transposed_bug, LinearCESupport(chunk_rows=16, chunk_cols=32))

@@ -18,7 +18,7 @@ import pytest
 from numcheck.errors import PropertyFailure
 from numcheck.impls.builtin.fp8_linear import Fp8Linear
 from numcheck.impls.builtin.grouped_fp8_linear import GroupedLoopLinear
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.properties.fp8.grouped.props import GROUPED_PROPERTIES
 from numcheck.properties.fp8.props import FP8_PROPERTIES
@@ -33,9 +33,9 @@ BLOCKWISE, MXFP8 = Fp8Recipe("blockwise"), Fp8Recipe("mxfp8")
 MX_HYBRID = Fp8Recipe("mxfp8", fp8_format="HYBRID")
 
 
-def _q(recipe: Fp8Recipe, regime: str = "normal") -> QuantCase:
+def _q(recipe: Fp8Recipe, regime: str = "normal") -> Fp8Case:
     """M = 32, K = 256 (two 128-blocks, eight 32-blocks along K), N = 128."""
-    return QuantCase(recipe, 32, 256, 128, regime=regime, seed=1)
+    return Fp8Case(recipe, 32, 256, 128, regime=regime, seed=1)
 
 
 def _g(recipe: Fp8Recipe, regime: str = "normal") -> GroupedCase:

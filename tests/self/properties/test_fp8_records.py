@@ -9,7 +9,7 @@ import json
 from numcheck.impls.registry import builtin
 from numcheck.properties.core import records
 from numcheck.properties.fp8 import props as fp8
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.fp8.grouped import props as grouped
 from numcheck.properties.fp8.grouped.cases import GroupedCase
 from numcheck.reference.fp8_recipes import Fp8Recipe
@@ -27,7 +27,7 @@ def _recorded(tmp_path, run) -> list[dict]:
 
 def test_single_linear_accuracy_records_both_references(tmp_path):
     impl = builtin("fp8_linear[current]")
-    case = QuantCase(Fp8Recipe("current"), 32, 64, 16, dtype="bfloat16", seed=1)
+    case = Fp8Case(Fp8Recipe("current"), 32, 64, 16, dtype="bfloat16", seed=1)
     rows = _recorded(tmp_path, lambda: fp8.accuracy(impl, case))
     outputs = {r["output"] for r in rows}
     assert {"y", "dgrad", "wgrad", "y (original operands)"} <= outputs, outputs

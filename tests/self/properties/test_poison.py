@@ -70,16 +70,16 @@ def test_families_and_the_variable(monkeypatch):
     """Default: the kinds of DEFAULT_ON; ``on`` / ``off`` for every kind; the determinism properties never; a bad
     value is one error naming the variable."""
     monkeypatch.delenv(poison.ENV, raising=False)
-    assert poison.enabled("grouped_quant_linear") and poison.enabled("quant_linear")
-    assert not poison.enabled("linear_ce") and not poison.enabled("dist_linear_ce")
+    assert poison.enabled("grouped-fp8-linear") and poison.enabled("fp8-linear")
+    assert not poison.enabled("linear-ce") and not poison.enabled("dist-linear-ce")
     monkeypatch.setenv(poison.ENV, "on")
-    assert poison.enabled("linear_ce") and not poison.enabled("linear_ce", "determinism")
-    assert not poison.enabled("tp_quant_linear", "dist_determinism")
+    assert poison.enabled("linear-ce") and not poison.enabled("linear-ce", "determinism")
+    assert not poison.enabled("tp-fp8-linear", "dist_determinism")
     monkeypatch.setenv(poison.ENV, "off")
-    assert not poison.enabled("grouped_quant_linear")
+    assert not poison.enabled("grouped-fp8-linear")
     monkeypatch.setenv(poison.ENV, "sometimes")
     with pytest.raises(ValueError, match="NUMCHECK_POISON must be on, off or default"):
-        poison.enabled("quant_linear")
+        poison.enabled("fp8-linear")
 
 
 def _empty_is_nan(impl, case) -> bool:
@@ -88,7 +88,7 @@ def _empty_is_nan(impl, case) -> bool:
 
 @pytest.mark.parametrize(
     "kind, prop, expected",
-    [("grouped_quant_linear", None, True), ("quant_linear", None, True), ("quant_linear", "determinism", False)],
+    [("grouped-fp8-linear", None, True), ("fp8-linear", None, True), ("fp8-linear", "determinism", False)],
 )
 def test_judge_runs_the_property_poisoned(monkeypatch, kind, prop, expected):
     """The suite's runner (every drawn and fixed test, numcheck.check, the report's property cases) judges inside
@@ -122,11 +122,11 @@ class _UnwrittenTimesZero(Fp8Linear):
 
 
 def test_public_assertion_judges_poisoned(monkeypatch):
-    """``numcheck.assert_quant_linear`` (a user's own tests) poisons as the suite does: an output that read memory
+    """``numcheck.assert_fp8_linear`` (a user's own tests) poisons as the suite does: an output that read memory
     it never wrote fails by default, and passes with ``NUMCHECK_POISON=off``."""
     impl = _UnwrittenTimesZero("unwritten", (Fp8Recipe("current"),))
     monkeypatch.delenv(poison.ENV, raising=False)
     with pytest.raises(PropertyFailure):
-        numcheck.assert_quant_linear(impl, recipe="current", M=16, K=32, N=8)
+        numcheck.assert_fp8_linear(impl, recipe="current", M=16, K=32, N=8)
     monkeypatch.setenv(poison.ENV, "off")
-    assert numcheck.assert_quant_linear(impl, recipe="current", M=16, K=32, N=8).ok
+    assert numcheck.assert_fp8_linear(impl, recipe="current", M=16, K=32, N=8).ok

@@ -177,7 +177,7 @@ def test_wrong_rows_fail_with_the_first_named():
     assert rec["status"] == "fail"
     assert rec["outputs"]["grad_x"]["first_row_beyond"] == k
     text = rec["failure"]
-    assert text.startswith("property 'scale_accuracy' fails for impl 'rows_from_37'")
+    assert text.startswith("property 'production_accuracy' fails for impl 'rows_from_37'")
     assert f"grad_x: first wrong row {k} of 64" in text and "reproduce: " in text and "numcheck production" in text
 
 
@@ -196,7 +196,7 @@ def _scale(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.costly(reason="isolated subprocess runs of the production tier, one crashing and one hanging past its cap")
 def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
     """With --isolate, an impl that kills its process and one that hangs past its cap are recorded (crashed,
-    timeout) and every other item still runs; scale.json and scale.md say so; exit 1."""
+    timeout) and every other item still runs; production.json and production.md say so; exit 1."""
     r = _scale(
         tmp_path,
         "--isolate",
@@ -216,10 +216,10 @@ def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
         "chunked[fp32_operands]",
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    data = json.loads((tmp_path / "scale.json").read_text())
+    data = json.loads((tmp_path / "production.json").read_text())
     status = {rec["impl"]: rec["status"] for rec in data["records"]}
     assert status == {"eager": "pass", "crashes": "crashed", "hangs": "timeout", "chunked[fp32_operands]": "pass"}
-    md = (tmp_path / "scale.md").read_text()
+    md = (tmp_path / "production.md").read_text()
     assert "| `crashes` | crashed" in md and "| `eager` | pass" in md
 
 
@@ -232,10 +232,10 @@ def test_bad_precision_is_a_clear_error(tmp_path):
 def test_resume_reruns_only_what_did_not_finish(tmp_path):
     """A second run on the same --out keeps the finished items and runs the ones recorded not_run."""
     r = _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager", "--budget-s", "0")
-    data = json.loads((tmp_path / "scale.json").read_text())
+    data = json.loads((tmp_path / "production.json").read_text())
     assert [rec["status"] for rec in data["records"]] == ["not_run"], r.stdout + r.stderr
     _scale(tmp_path, "--shapes", "a=16x8x40", "--precisions", "bf16", "--impl", "eager")
-    data = json.loads((tmp_path / "scale.json").read_text())
+    data = json.loads((tmp_path / "production.json").read_text())
     assert [rec["status"] for rec in data["records"]] == ["pass"]
 
 
@@ -326,7 +326,7 @@ def test_repro_line_reruns_the_one_case_afresh(tmp_path, monkeypatch):
         timeout=400,
         cwd=tmp_path,
     )
-    recs = json.loads((out / "scale.json").read_text())["records"]
+    recs = json.loads((out / "production.json").read_text())["records"]
     assert [(x["case"], x["status"]) for x in recs] == [(case.label, "fail")], r.stdout + r.stderr
     assert r.returncode == 1
 
@@ -422,7 +422,7 @@ def test_bound_cache_shares_sweeps_within_its_budget():
 
     ctx = _case(SMOKE[1])
     p = ctx.case.problem
-    impls = [e.impl for e in by_kind(discover([]), "linear_ce")]
+    impls = [e.impl for e in by_kind(discover([]), "linear-ce")]
     per = 8 * (p.N * p.H + p.V * p.H + p.V)
     cache = BoundCache(p, ctx.t, ctx.oracle, budget=3 * per)
     cache.plan(impls)

@@ -18,7 +18,7 @@ import torch
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.builtin.eager import eager_impls
 from numcheck.impls.builtin.fp8_linear import quant_linear_impls
-from numcheck.properties.fp8.cases import QuantCase, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_quant
 from numcheck.properties.fp8.props import run_quant_impl
 from numcheck.properties.fp8.yardstick import SingleFp8Linear
 from numcheck.properties.linear_ce.cases import Problem, build
@@ -74,17 +74,17 @@ def test_eager_yardstick_is_the_eager_builtin(p: Problem) -> None:
     assert not _differing(old, new), f"{p}: eager yardstick differs from the built-in in {_differing(old, new)}"
 
 
-def _fp8_cases() -> list[QuantCase]:
+def _fp8_cases() -> list[Fp8Case]:
     cases = []
     for r in standard_recipes():
         for dtype in ("bfloat16", "float32"):
             for soi in (False, True) if r.allows_save_original_input else (False,):
-                cases.append(QuantCase(r, 32, 256, 64, dtype=dtype, bias=True, save_original_input=soi))
+                cases.append(Fp8Case(r, 32, 256, 64, dtype=dtype, bias=True, save_original_input=soi))
     return cases
 
 
 @pytest.mark.parametrize("case", _fp8_cases(), ids=lambda c: f"{c.recipe}-{c.dtype}-soi{int(c.save_original_input)}")
-def test_per_expert_yardstick_is_the_single_fp8_builtin(case: QuantCase) -> None:
+def test_per_expert_yardstick_is_the_single_fp8_builtin(case: Fp8Case) -> None:
     """``per_expert_linear``'s single FP8 linear equals the built-in ``fp8_linear[<kind>]`` in y and every
     gradient, and in name and declaration (its accumulation bounds the comparison)."""
     builtin = next(i for i in quant_linear_impls() if i.recipe_kind == case.recipe.kind)

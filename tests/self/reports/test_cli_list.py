@@ -81,7 +81,7 @@ def test_impl_option_restricts_and_shows_support(capsys, outside):
     assert rc == 0, out
     assert list(blocks) == ["plain_outside", "eager"]
     text = "\n".join(blocks["plain_outside"])
-    assert "[linear_ce, from --impl]" in text and "here: runs" in text
+    assert "[linear-ce, from --impl]" in text and "here: runs" in text
     assert "dtypes: float32;" in text and "options: bias;" in text and "reductions: mean,sum" in text
     assert "all-ignored mean: None" in text and "excluded combinations: bias+softcap" in text
 
@@ -111,7 +111,7 @@ def test_env_var_impls_are_listed_with_their_origin(capsys, outside, monkeypatch
     monkeypatch.setenv(ENV_VAR, f"{outside}:plain")
     rc, out, blocks = _list(capsys)
     assert rc == 0, out
-    assert blocks["plain_outside"][0] == f"plain_outside  [linear_ce, from ${ENV_VAR}]"
+    assert blocks["plain_outside"][0] == f"plain_outside  [linear-ce, from ${ENV_VAR}]"
     assert "eager" in blocks
 
 

@@ -12,7 +12,7 @@ def test_list_shows_distributed_backends_and_world_sizes(capsys):
     cli.main(["list"])
     out = capsys.readouterr().out
     for impl in dist_impls():
-        assert f"{impl.name}  [dist_linear_ce, from " in out
+        assert f"{impl.name}  [dist-linear-ce, from " in out
         d = impl.dist
         assert (
             f"backends: {','.join(d.backends)}; world sizes: {','.join(map(str, d.world_sizes))}; "
@@ -26,7 +26,7 @@ def test_list_one_distributed_impl_by_name(capsys):
     assert cli.main(["list", "--impl", name]) == 0
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line and not line.startswith((" ", "#"))]
-    assert headers == [f"{name}  [dist_linear_ce, from built-in]"]
+    assert headers == [f"{name}  [dist-linear-ce, from built-in]"]
 
 
 def test_list_shows_tensor_parallel_world_sizes(capsys):
@@ -36,5 +36,5 @@ def test_list_shows_tensor_parallel_world_sizes(capsys):
     cli.main(["list"])
     out = capsys.readouterr().out
     for impl in tp_fp8_linear_impls():
-        assert out.count(f"{impl.name}  [tp_quant_linear, from built-in]") == 1
+        assert out.count(f"{impl.name}  [tp-fp8-linear, from built-in]") == 1
         assert f"world sizes: {','.join(map(str, impl.support.world_sizes))}; backend: torch.distributed" in out

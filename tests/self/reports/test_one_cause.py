@@ -68,7 +68,7 @@ def test_unloadable_impl_is_one_error_under_xdist(tmp_path):
     assert out.count("ERROR numcheck::load[broken_mod:impl]") == 1, out
     assert "could not be loaded" in out and "no_such_dependency_of_this_impl" in out, out
     assert not re.search(r"test_\w+\[broken_mod:impl", out), out
-    for kind in ("linear_ce", "quant_linear", "dist_linear_ce", "tp_quant_linear"):
+    for kind in ("linear-ce", "fp8-linear", "dist-linear-ce", "tp-fp8-linear"):
         assert re.search(rf"numcheck: \d+ test\(s\) for {kind} impls not collected", out), out
 
 

@@ -259,7 +259,7 @@ def test_check_runs_the_quantized_linear_suite():
     mutant = next(m for m in MUTANTS if m.name == "mutant_saves_copy_of_x")
     bad = numcheck.check(mutant, [name], max_examples=4)
     assert bad.verdicts[name].status == "failed" and "mutant_saves_copy_of_x" in bad.verdicts[name].message, bad
-    with pytest.raises(ValueError, match="unknown properties.*for a quant_linear impl"):
+    with pytest.raises(ValueError, match="unknown properties.*for a fp8-linear impl"):
         numcheck.check("fp8_linear[current]", ["pinned_cases"])
 
 

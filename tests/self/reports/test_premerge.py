@@ -113,7 +113,7 @@ def test_checklist_marks_failures_and_regressions():
     """A report with a failing case is ❌ with its repro; a baseline regression is ❌; no baseline is ✅ and says so."""
     case = {
         "impl": "m",
-        "kind": "linear_ce",
+        "kind": "linear-ce",
         "case": "P",
         "label": "L",
         "group": "g",
@@ -128,7 +128,7 @@ def test_checklist_marks_failures_and_regressions():
     }
     rep = {
         "grid": {"seconds": 1.0},
-        "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": "", "declaration": {}}],
+        "impls": [{"name": "m", "kind": "linear-ce", "status": "ran", "reason": "", "declaration": {}}],
         "cases": [case],
     }
     c = premerge.check_report(rep, "smoke")
@@ -144,7 +144,7 @@ def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path)
     def case(status, ratio):
         return {
             "impl": "m",
-            "kind": "linear_ce",
+            "kind": "linear-ce",
             "case": "P",
             "label": "L",
             "group": "g",
@@ -156,8 +156,8 @@ def test_baseline_check_flags_regressions_and_ignores_unselected_impls(tmp_path)
         }
 
     impls = [
-        {"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""},
-        {"name": "other", "kind": "linear_ce", "status": "ran", "reason": ""},
+        {"name": "m", "kind": "linear-ce", "status": "ran", "reason": ""},
+        {"name": "other", "kind": "linear-ce", "status": "ran", "reason": ""},
     ]
     base = {"schema": report_schema.SCHEMA, "environment": {}, "impls": impls, "cases": [case("pass", 0.1)]}
     p = tmp_path / "base.json"

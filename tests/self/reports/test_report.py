@@ -118,10 +118,10 @@ def test_every_output_reduction_length_spans_two_decades(name):
     for out in ("loss", "grad_x", "grad_weight"):
         span = span_decades(reduction_length(out, p) for p in cases)
         assert span >= 2.0, f"grid {name}: {out} reduction lengths span only {span:.2f} decades"
-    from numcheck.impls.protocols.fp8_linear import QuantLinearSupport
+    from numcheck.impls.protocols.fp8_linear import Fp8LinearSupport
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
-    support = QuantLinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
+    support = Fp8LinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
     q = [gc.case for gc in quant_cases(spec, support)]
     for out in ("y", "dgrad", "wgrad", "bgrad"):
         span = span_decades(reduction_length(out, c) for c in q if c.recipe == support.recipes[0])
@@ -171,11 +171,11 @@ def test_report_json_has_environment_and_every_metric(smoke_dir):
         assert key in env, f"environment lacks {key}"
     assert env["torch"] and env["python"]
     kinds = {c["kind"] for c in rep["cases"]}
-    assert kinds == {"linear_ce", "quant_linear"}, f"expected both kinds of case, got {kinds}"
+    assert kinds == {"linear-ce", "fp8-linear"}, f"expected both kinds of case, got {kinds}"
     for c in rep["cases"]:
         assert c["status"] == "pass", f"{c['impl']} on {c['label']}: {c.get('failures')}"
         assert c["outputs"], f"{c['impl']} on {c['label']} recorded no outputs"
-        want = {"analytic", "relative"} if c["kind"] == "linear_ce" else {"accumulation", "total"}
+        want = {"analytic", "relative"} if c["kind"] == "linear-ce" else {"accumulation", "total"}
         assert set(c["verdicts"]) == want, f"{c['label']}: verdicts {c['verdicts']}"
         for name, o in c["outputs"].items():
             missing = [f for f in OUTPUT_FIELDS if f not in o]
@@ -321,7 +321,7 @@ def test_compare_lists_coverage_differences_as_notes(accumulation_reports):
     base = report_schema.load(accumulation_reports[0])
     new = json.loads(json.dumps(report_schema._encode(base)))
     new["cases"] = new["cases"][1:]
-    new["impls"].append({"name": "newcomer", "kind": "linear_ce", "status": "ran", "reason": ""})
+    new["impls"].append({"name": "newcomer", "kind": "linear-ce", "status": "ran", "reason": ""})
     diff = report_compare.compare_reports(base, report_schema._decode(new))
     assert not diff.regressions
     notes = " ".join(f.message for f in diff.of("note"))

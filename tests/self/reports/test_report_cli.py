@@ -132,7 +132,7 @@ def test_unavailable_impl_is_listed_not_a_failure(outside, tmp_path, capsys):
 
 def test_verdict_counts_regressions():
     """--compare regressions alone make the verdict exit 1."""
-    rep = {"impls": [{"name": "m", "kind": "linear_ce", "status": "ran"}], "cases": []}
+    rep = {"impls": [{"name": "m", "kind": "linear-ce", "status": "ran"}], "cases": []}
     assert verdict(rep)[0] == 0
     status, line = verdict(rep, regressions=2)
     assert status == 1 and "2 regression(s)" in line
@@ -142,7 +142,7 @@ def test_verdict_counts_regressions():
 def _small_report(tmp_path: Path) -> Path:
     case = {
         "impl": "m",
-        "kind": "linear_ce",
+        "kind": "linear-ce",
         "case": "P()",
         "label": "L",
         "group": "g",
@@ -155,7 +155,7 @@ def _small_report(tmp_path: Path) -> Path:
     rep = {
         "schema": report_schema.SCHEMA,
         "environment": {"device": "cpu", "torch": "2.0"},
-        "impls": [{"name": "m", "kind": "linear_ce", "status": "ran", "reason": ""}],
+        "impls": [{"name": "m", "kind": "linear-ce", "status": "ran", "reason": ""}],
         "cases": [case],
     }
     p = tmp_path / "good.json"
@@ -261,7 +261,7 @@ def test_summary_counts_only_judged_outputs_as_relative_passes():
         o = {"ratio_hard": 0.1, "ratio_expected": 0.2, "max_ulp": 1.0, "verdicts": verdicts}
         return {
             "impl": "m",
-            "kind": "linear_ce",
+            "kind": "linear-ce",
             "case": label,
             "label": label,
             "mode": "bfloat16",
@@ -271,7 +271,7 @@ def test_summary_counts_only_judged_outputs_as_relative_passes():
         }
 
     rep = {"impls": [{"name": "m"}], "cases": [case("a", True), case("b", None)]}
-    (row,) = report_md.output_summary(rep, "linear_ce")
+    (row,) = report_md.output_summary(rep, "linear-ce")
     assert row["passes"] == {"analytic": 2, "relative": 1} and row["judged"] == {"analytic": 2, "relative": 1}
     assert md_rows.all_judged_pass(row)
     table = "\n".join(report_md._summary_tables(rep))
@@ -296,7 +296,7 @@ def test_plots_are_titled_and_explain_every_mark(tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "savefig", record)
     monkeypatch.setattr(plots._plt(), "close", lambda fig=None: None)
     full = report_schema.load(baselines.shipped_baselines()[0])
-    keep = {i["name"] for i in full["impls"][:8]} | {i["name"] for i in full["impls"] if i["kind"] == "quant_linear"}
+    keep = {i["name"] for i in full["impls"][:8]} | {i["name"] for i in full["impls"] if i["kind"] == "fp8-linear"}
     rep = dict(
         full,
         impls=[i for i in full["impls"] if i["name"] in keep],
@@ -311,7 +311,7 @@ def test_plots_are_titled_and_explain_every_mark(tmp_path, monkeypatch):
     legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
     assert any(t.startswith("filled") for t in legend) and any(t.startswith("hollow") for t in legend)
     drawn = list(
-        dict.fromkeys(c["impl"] for c in rep["cases"] if c["kind"] == "linear_ce" and c["group"].startswith("ladder"))
+        dict.fromkeys(c["impl"] for c in rep["cases"] if c["kind"] == "linear-ce" and c["group"].startswith("ladder"))
     )
     assert set(drawn) <= set(legend), set(drawn) - set(legend)
     styles = plots.impl_styles([i["name"] for i in rep["impls"]])

@@ -44,7 +44,7 @@ def test_report_has_grouped_rows_and_mutant_failures(tmp_path):
     specs = ["grouped_fp8_linear[fused]", "numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS"]
     rep = build_report(SMOKE, specs, "cpu", progress=False, memory=False, accumulation=False)
     good = [c for c in rep["cases"] if c["impl"] == "grouped_fp8_linear[fused]"]
-    assert good and all(c["status"] == "pass" and c["kind"] == "grouped_quant_linear" for c in good)
+    assert good and all(c["status"] == "pass" and c["kind"] == "grouped-fp8-linear" for c in good)
     assert all(set(c["outputs"]) == {"y", "dgrad", "wgrad", "bgrad"} for c in good if "@" not in "".join(c["outputs"]))
     bad = [c for c in rep["cases"] if c["impl"] == "mutant_grouped_shared_scale"]
     assert bad and any(c["status"] == "fail" for c in bad)
@@ -56,7 +56,7 @@ def test_report_has_grouped_rows_and_mutant_failures(tmp_path):
     assert any("mutant_grouped_shared_scale" in d and "numcheck repro" in d for d in chk.details)
     write_report(rep, tmp_path / "r", plots=False)
     back = report_schema.load(tmp_path / "r" / "report.json")
-    assert any(c["kind"] == "grouped_quant_linear" for c in back["cases"])
+    assert any(c["kind"] == "grouped-fp8-linear" for c in back["cases"])
     md = (tmp_path / "r" / "report.md").read_text()
     assert "### Grouped FP8 linear (mixture-of-experts)" in md and "`mutant_grouped_shared_scale`" in md
     assert "every scale per expert" in md

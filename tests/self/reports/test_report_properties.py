@@ -28,17 +28,17 @@ MOD = "numcheck.tests.self.helpers.report_property_impls"
 
 def _suite_properties(kind: str) -> set[str]:
     """The properties (by the property library's names) the shipped suite runs on ``kind``, from its own tables."""
-    if kind == "linear_ce":
+    if kind == "linear-ce":
         from numcheck.properties.linear_ce.suite import SUITE
 
         return {p.check.__name__ for p in SUITE.values()}
-    if kind == "quant_linear":
+    if kind == "fp8-linear":
         from numcheck.properties.fp8.props import LAYER_PROPERTIES
         from numcheck.properties.fp8.suite import QUANT_SUITE
 
         fixed = {"unit_scale_round_trip"}  # test_fp8_values_round_trip_under_unit_scale's judgement
         return {p.check.__name__ for p in QUANT_SUITE.values()} | set(LAYER_PROPERTIES) | fixed
-    if kind == "grouped_quant_linear":
+    if kind == "grouped-fp8-linear":
         from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 
         return {p.check.__name__ for p in GROUPED_SUITE.values()}
@@ -100,7 +100,7 @@ def test_builtins_pass_their_property_cases():
     interpreter.arrange()
     infos, work = plan(discover(list(BUILTINS)), QUICK, "cpu")
     cases = [(impl, gc) for impl, gc in work if gc.group.startswith("suite:")]
-    assert {impl.kind for impl, _ in cases} == {"linear_ce", "quant_linear", "grouped_quant_linear"}
+    assert {impl.kind for impl, _ in cases} == {"linear-ce", "fp8-linear", "grouped-fp8-linear"}
     bad = [r for r in (run_case(impl, gc) for impl, gc in cases) if r["status"] != "pass"]
     assert not bad, [(r["impl"], r["property"], r["label"], r.get("failures")) for r in bad]
 
@@ -118,7 +118,7 @@ def test_a_property_without_a_bound_is_a_pass_fail_record(held_out_report):
 def test_compare_reads_a_schema_1_report(held_out_report, tmp_path):
     """A ``numcheck-report/1`` baseline (no ``property`` field) is read, its records matched as accuracy records;
     the property records of the new report are listed as cases without a baseline, never matched to them."""
-    assert report_schema.SCHEMA == "numcheck-report/2"
+    assert report_schema.SCHEMA == "numcheck-report/3"
     new = held_out_report
     old = {**new, "schema": "numcheck-report/1"}
     old["cases"] = [

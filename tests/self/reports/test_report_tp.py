@@ -11,7 +11,7 @@ import pytest
 import numcheck
 from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
 from numcheck.properties.distributed.pool.pool import default_backend, world_size_unavailable
-from numcheck.properties.distributed.tp_fp8.cases import TPQuantCase
+from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 from numcheck.properties.distributed.tp_fp8.cases import refusal as tp_refusal
 from numcheck.properties.distributed.tp_fp8.props import measure
 from numcheck.reports.report import schema as report_schema
@@ -34,7 +34,7 @@ CURRENT = tp_fp8_linear_impls()[1]
 RAISED = "tp_raises ran on this rank"
 
 
-@numcheck.tp_quant_linear_impl(
+@numcheck.tp_fp8_linear_impl(
     name="tp_raises", recipes=CURRENT.support.recipes, world_sizes=(2,), dtypes=("bfloat16",), parallel=("column",)
 )
 def tp_raises(
@@ -54,13 +54,13 @@ def tp_raises(
     raise RuntimeError(RAISED)
 
 
-def _case(recipe_kind: str = "current", **fields) -> TPQuantCase:
-    """A P = 2 case of the grid's shapes for the built-in of ``recipe_kind`` (keywords: TPQuantCase fields)."""
+def _case(recipe_kind: str = "current", **fields) -> TPFp8Case:
+    """A P = 2 case of the grid's shapes for the built-in of ``recipe_kind`` (keywords: TPFp8Case fields)."""
     impl = next(i for i in tp_fp8_linear_impls() if i.recipe_kind == recipe_kind)
     kw = dict(world=2, parallel="column", sequence_parallel=False, bias=True, dtype="bfloat16", seed=5)
     kw.update(fields)
     K, N = (40, 24) if kw["parallel"] == "column" else (24, 24)
-    return TPQuantCase(impl.support.recipes[0], 64, K, N, **kw)
+    return TPFp8Case(impl.support.recipes[0], 64, K, N, **kw)
 
 
 @pytest.mark.parametrize("spec", [QUICK, FULL, SMOKE], ids=lambda s: s.name)
@@ -161,7 +161,7 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     direct = "--impl numcheck.tests.self.helpers.dist_fp8_mutants:amax_not_reduced "
     assert line.startswith(("NUMCHECK_IMPLS=", "numcheck repro")) and "numcheck repro" in line, line
     assert "NUMCHECK_IMPLS=" in line or direct in line, line
-    assert "TPQuantCase(" in failing["repro"] and failing["failures"]
+    assert "TPFp8Case(" in failing["repro"] and failing["failures"]
     monkeypatch.setenv("NUMCHECK_IMPLS", "numcheck.tests.self.helpers.dist_fp8_mutants:MUTANTS")
     assert find_tp_impl("mutant_tp_amax_not_reduced").name == "mutant_tp_amax_not_reduced"
     raised = [c for c in rep["cases"] if c["impl"] == "tp_raises"]
@@ -170,13 +170,13 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     info = next(i for i in rep["impls"] if i["name"] == "tp_raises")
     assert info["status"] == "ran" and sum(info["not_declared"].values()) == 6 - len(raised)
     chk = check_report(rep, "smoke")  # numcheck premerge's report line: the TP rows counted, the failures listed
-    assert not chk.ok and sum(c["kind"] == "tp_quant_linear" for c in rep["cases"]) == int(
+    assert not chk.ok and sum(c["kind"] == "tp-fp8-linear" for c in rep["cases"]) == int(
         chk.figure.split("/")[1].split()[0]
     )
     assert any("mutant_tp_amax_not_reduced" in d and "numcheck repro" in d for d in chk.details)
     write_report(rep, tmp_path / "r", plots=False)
     back = report_schema.load(tmp_path / "r" / "report.json")
-    assert any(c["kind"] == "tp_quant_linear" and math.isnan(c["ratio_expected"]) for c in back["cases"])
+    assert any(c["kind"] == "tp-fp8-linear" and math.isnan(c["ratio_expected"]) for c in back["cases"])
     md = (tmp_path / "r" / "report.md").read_text()
     assert "### Tensor-parallel FP8 linear" in md and "`mutant_tp_amax_not_reduced`" in md
 

@@ -95,8 +95,8 @@ def test_property_suffix_is_stripped():
 
 
 def test_quant_case_reruns_an_fp8_property(capsys):
-    """A QuantCase(...) problem runs the FP8 property table."""
-    case = "QuantCase(Fp8Recipe('current'), 8, 40, 16, dtype='bfloat16', bias=True, seed=1)"
+    """A Fp8Case(...) problem runs the FP8 property table."""
+    case = "Fp8Case(Fp8Recipe('current'), 8, 40, 16, dtype='bfloat16', bias=True, seed=1)"
     assert cli.main(["repro", "--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", case]) == 0
     assert "PASS" in capsys.readouterr().out
 
@@ -111,7 +111,7 @@ def test_quant_case_reruns_an_fp8_property(capsys):
         (["--impl", "eager", "--property", "accuracy", "--problem", "Problem(N=0, H=1, V=1)"], "Problem.N"),
         (["--impl", "eager", "--property", "accuracy", "--problem", "(1, 2)"], "must evaluate to a Problem"),
         (["--impl", "eager", "--property", "nonsense", "--problem", PLAIN], "unknown property 'nonsense'"),
-        (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a quant_linear impl"),
+        (["--impl", "fp8_linear[current]", "--property", "accuracy", "--problem", PLAIN], "is a fp8-linear impl"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_problem(argv, needle, capsys):

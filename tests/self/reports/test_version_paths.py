@@ -42,7 +42,7 @@ from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import builtin_impls
 from numcheck.properties.core.failures import fail
 from numcheck.properties.fp8 import props as fp8_checks
-from numcheck.properties.fp8.cases import QuantCase
+from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.harness import run_impl
@@ -336,23 +336,25 @@ def _overflowing(recipe, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     return vals.reshape(16, 32).to(dtype), 2.0**20 if recipe.kind == "delayed" else 1.0
 
 
-def test_quantizers_exact_without_saturating_casts(quant_impl) -> None:
+def test_quantizers_exact_without_saturating_casts(fp8_linear_impl) -> None:
     """With eager FP8 casts emulated as non-saturating (torch 2.6) and the probe off, every recipe's quantizer
     still equals the oracle bitwise on overflowing inputs, and a quantized linear stays within bounds."""
-    if not quant_impl.support.exposes_quantize:
-        pytest.skip(f"{quant_impl.name} exposes no quantize()")
-    for recipe in quant_impl.support.recipes:
+    if not fp8_linear_impl.support.exposes_quantize:
+        pytest.skip(f"{fp8_linear_impl.name} exposes no quantize()")
+    for recipe in fp8_linear_impl.support.recipes:
         dtype = (
             torch.float32
-            if torch.float32 in quant_impl.support.dtypes
-            else sorted(quant_impl.support.dtypes, key=str)[0]
+            if torch.float32 in fp8_linear_impl.support.dtypes
+            else sorted(fp8_linear_impl.support.dtypes, key=str)[0]
         )
         t, scale = _overflowing(recipe, dtype)
         with nonsaturating_fp8_casts() as mode:
-            fp8_checks.quantizer(quant_impl, recipe, t, delayed_scale=scale, label="overflowing, non-saturating casts")
+            fp8_checks.quantizer(
+                fp8_linear_impl, recipe, t, delayed_scale=scale, label="overflowing, non-saturating casts"
+            )
             fp8_checks.accuracy(
-                quant_impl,
-                QuantCase(
+                fp8_linear_impl,
+                Fp8Case(
                     recipe,
                     32,
                     64,
@@ -363,14 +365,16 @@ def test_quantizers_exact_without_saturating_casts(quant_impl) -> None:
                     steps=2 if recipe.kind == "delayed" else 1,
                 ),
             )
-        assert mode.conversions > 0, f"{quant_impl.name} {recipe.name}: no float -> FP8 cast went through the emulation"
+        assert mode.conversions > 0, (
+            f"{fp8_linear_impl.name} {recipe.name}: no float -> FP8 cast went through the emulation"
+        )
 
 
 # -- float8_e8m0fnu absent (torch 2.6) ---------------------------------------------------------------------
 def test_mxfp8_without_e8m0_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     """With torch.float8_e8m0fnu removed, dtype_exists says so, the capability summary still builds, and every
     MXFP8 recipe of every built-in quant impl still quantizes bitwise like the oracle and stays within bounds."""
-    impls = [e.impl for e in builtin_impls() if e.kind == "quant_linear"]
+    impls = [e.impl for e in builtin_impls() if e.kind == "fp8-linear"]
     mx = [(i, r) for i in impls for r in i.support.recipes if r.scale_is_e8m0]
     assert mx, "no built-in declares an MXFP8 recipe"
     with without_attribute(monkeypatch, torch, "float8_e8m0fnu", capabilities.dtype_exists):
@@ -382,7 +386,7 @@ def test_mxfp8_without_e8m0_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
         t = torch.randn(32, 96, generator=g) * torch.exp2(torch.randint(-12, 12, (32, 96), generator=g).float())
         for impl, recipe in mx:
             fp8_checks.quantizer(impl, recipe, t, label="random, no float8_e8m0fnu")
-            fp8_checks.accuracy(impl, QuantCase(recipe, 32, 64, 48, seed=6))
+            fp8_checks.accuracy(impl, Fp8Case(recipe, 32, 64, 48, seed=6))
 
 
 # -- F.linear_cross_entropy absent (before 2.13) ------------------------------------------------------------
