@@ -42,7 +42,7 @@ from numcheck.impls.measure import capabilities
 from numcheck.impls.registry import builtin_impls
 from numcheck.properties.core.failures import fail
 from numcheck.properties.fp8 import props as fp8_checks
-from numcheck.properties.fp8.cases import Fp8Case
+from numcheck.properties.fp8.cases import Fp8Case, declared_mode
 from numcheck.properties.linear_ce.accuracy import check_accuracy
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.harness import run_impl
@@ -363,6 +363,7 @@ def test_quantizers_exact_without_saturating_casts(fp8_linear_impl) -> None:
                     regime="outlier",
                     seed=3,
                     steps=2 if recipe.kind == "delayed" else 1,
+                    save_original_input=declared_mode(fp8_linear_impl.support),
                 ),
             )
         assert mode.conversions > 0, (
