@@ -40,11 +40,15 @@ from numcheck.properties.suites import SUITES
 
 #: The verdict name of the pinned cases (the suite's ``test_pinned_cases``).
 PINNED_CASES = "pinned_cases"
-#: Every property :func:`check` knows for each kind of impl, in the suite's order (``pinned_cases`` last, for a
-#: family with pinned cases).
-PROPERTY_NAMES: dict[str, tuple[str, ...]] = {
-    kind: (*family.table, *((PINNED_CASES,) if family.pinned else ())) for kind, family in SUITES.items()
-}
+
+
+def property_names(kind: str) -> tuple[str, ...]:
+    """Every property :func:`check` knows for an impl of ``kind``, in the suite's order (``pinned_cases`` last, for
+    a family with pinned cases), read from :data:`numcheck.properties.suites.SUITES` when asked (a family registered
+    after this module was imported counts)."""
+    family = SUITES[kind]
+    return (*family.table, *((PINNED_CASES,) if family.pinned else ()))
+
 
 Status = Literal["passed", "failed", "skipped"]
 
@@ -227,7 +231,7 @@ def _load(impl: Any) -> Any:
 
 def _selected(properties: Iterable[str] | str | None, kind: str) -> list[str]:
     """The property names to run for an impl of ``kind``; ValueError naming unknown ones."""
-    known_names = PROPERTY_NAMES[kind]
+    known_names = property_names(kind)
     if properties is None:
         return list(known_names)
     names = [properties] if isinstance(properties, str) else list(properties)
@@ -247,7 +251,7 @@ def check(
     """Run the property suite on ``impl`` in this process, without pytest, and return the verdicts.
 
     ``impl``: a linear+CE impl (e.g. made with :func:`numcheck.linear_ce_impl`) or a quantized-linear one, or its
-    spec, a built-in name or ``package.module:attr``. ``properties``: names from :data:`PROPERTY_NAMES` for its
+    spec, a built-in name or ``package.module:attr``. ``properties``: names from :func:`property_names` for its
     kind (the suite's drawn tests without ``test_``, e.g. ``"accuracy"``, ``"frozen_inputs[x]"``,
     ``"pinned_cases"``; ``"accuracy_against_both_references"`` for quantized linear); ``None`` runs them all.
     ``profile``: one of numcheck's hypothesis profiles (``numcheck-ci``, ``numcheck-dev``, ... or ``ci``,
