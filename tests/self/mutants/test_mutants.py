@@ -57,9 +57,6 @@ def test_upstream_before_mean_is_caught_by_loss_scale_draws():
 
 
 @pytest.mark.parametrize("name", ["chunked_triton[split_fp32]", "recompute_triton[split_fp32]"])
-@pytest.mark.costly(
-    reason="the split fp32 accumulator's Triton kernels under Triton's interpreter, on many-chunk draws"
-)
 def test_split_accumulator_dropping_its_low_half_is_caught(name, monkeypatch):
     """The split fp32 accumulator with its int16 lower half zeroed after every chunk (a bf16 running sum that
     still declares fp32 accumulation) fails the many-chunks accuracy property on its first bf16 draws."""

@@ -295,9 +295,6 @@ def _this_numcheck() -> str:
     return str(Path(numcheck.__file__).resolve().parents[1])
 
 
-@pytest.mark.costly(
-    reason="the shipped suite on Liger in pytest subprocesses under xdist, with and without --numcheck-strict"
-)
 def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_known):
     """After the suite, the summary names each known divergence that applied (library, release, what is wrong) and
     the run passes; with --numcheck-strict the session exits 1 though every test passed."""
@@ -311,7 +308,6 @@ def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_k
     assert r.returncode == 1 and " passed" in out and "(--numcheck-strict: a failure)" in out, out
 
 
-@pytest.mark.costly(reason="the shipped suite on Liger in a pytest subprocess, with and without --numcheck-strict")
 def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
     from packaging.version import Version

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from numcheck.reports.premerge import command as premerge
 
 GOOD = '''
@@ -60,7 +58,6 @@ def _premerge(tmp_path: Path, module: str, source: str, *extra: str) -> subproce
     )
 
 
-@pytest.mark.costly(reason="numcheck premerge in a subprocess: the property suite and the report on an outside impl")
 def test_outside_impl_gets_a_passing_checklist(tmp_path):
     """A correct outside impl named by --impl mymod:impl gets every check ✅, the environment, and exit 0."""
     proc = _premerge(tmp_path, "mymod", GOOD)
@@ -80,7 +77,6 @@ def test_outside_impl_gets_a_passing_checklist(tmp_path):
     assert "❌" not in out
 
 
-@pytest.mark.costly(reason="numcheck premerge in a subprocess: the property suite and the report on an outside impl")
 def test_wrong_outside_impl_fails_with_repro_commands(tmp_path):
     """An outside impl that ignores its declared bias gets ❌ for the property suite and the report, the repro
     command of each failure, and exit 1."""

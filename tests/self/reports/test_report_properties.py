@@ -94,7 +94,6 @@ def test_quick_report_fails_each_held_out_defect_by_its_property(held_out_report
 BUILTINS = ("eager", "chunked[lowp_accum]", "fp8_linear[current]", "fp8_linear[delayed]", "grouped_fp8_linear[fused]")
 
 
-@pytest.mark.costly(reason="every built-in's property cases of the quick grid, Triton impls under the interpreter")
 def test_builtins_pass_their_property_cases():
     """The built-ins of each single-device family pass every property case of the quick grid."""
     interpreter.arrange()
