@@ -172,6 +172,34 @@ def _former_production(config: pytest.Config) -> None:
     config.option.numcheck_production = True
 
 
+#: The production-shape tier's marker before 0.2.0 (now ``numcheck_production``).
+_FORMER_PRODUCTION_MARK = "numcheck_scale"
+
+
+def _former_marker(config: pytest.Config) -> bool:
+    """``-m`` naming ``numcheck_scale`` (before 0.2.0) selects the ``numcheck_production`` tests, warning once (it
+    would otherwise silently select nothing); naming both is one usage error naming both. True when the old name is
+    in use (:func:`pytest_itemcollected` then marks each production test with it too)."""
+    import re
+
+    expr = str(getattr(config.option, "markexpr", "") or "")
+    if not re.search(rf"\b{_FORMER_PRODUCTION_MARK}\b", expr):
+        return False
+    from numcheck.errors import both_names, warn_renamed
+
+    if re.search(r"\bnumcheck_production\b", expr):
+        raise pytest.UsageError(both_names("pytest marker", _FORMER_PRODUCTION_MARK, "numcheck_production"))
+    warn_renamed("pytest marker", _FORMER_PRODUCTION_MARK, "numcheck_production", stacklevel=2)
+    return True
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under ``-m numcheck_scale`` (:func:`_former_marker`) a ``numcheck_production`` test carries the old marker too,
+    so pytest's own ``-m`` selection keeps it."""
+    if getattr(item.config, "_numcheck_former_mark", False) and item.get_closest_marker("numcheck_production"):
+        item.add_marker(_FORMER_PRODUCTION_MARK)
+
+
 def profile_name() -> str:
     """The numcheck profile numcheck's tests run under: the loaded hypothesis profile if it is a numcheck one
     (``--hypothesis-profile numcheck-dev``), else ``NUMCHECK_HYPOTHESIS_PROFILE``'s, else ``numcheck-ci``."""
@@ -867,6 +895,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "numcheck_production: the production-shape tier (runs only with --numcheck-production, on CUDA)"
     )
     _former_production(config)
+    config._numcheck_former_mark = _former_marker(config)  # type: ignore[attr-defined]
+    if config._numcheck_former_mark:  # type: ignore[attr-defined]
+        config.addinivalue_line("markers", f"{_FORMER_PRODUCTION_MARK}: numcheck_production's name before 0.2.0")
     config.addinivalue_line(
         "markers",
         f"{_NO_IMPL_MARK}(kind): a test of an impl kind no selected impl has (deselected by numcheck's plugin)",

@@ -144,7 +144,7 @@ def test_both(quant_impl, fp8_linear_impl):
 """
 
 
-def _pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+def _pytest(tmp_path: Path, source: str, *extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_user.py").write_text(source)
     return subprocess.run(
         [
@@ -161,6 +161,7 @@ def _pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
             "fp8_linear[current]",
             "-W",
             "always::FutureWarning",
+            *extra,
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -185,6 +186,33 @@ def test_old_and_new_fixture_together_is_one_error(tmp_path):
     # one collection error naming both (pytest's short summary, with -r, repeats that error's line: not a second cause)
     assert out.count("ERROR collecting") == 1, out
     assert "both the pytest fixture 'fp8_linear_impl' and its old name 'quant_impl' are given" in out, out
+
+
+PRODUCTION_MARKED_TEST = """
+import pytest
+
+
+@pytest.mark.numcheck_production
+def test_tier():
+    pass
+
+
+def test_other():
+    pass
+"""
+
+
+def test_old_production_marker_selects_the_tier_and_warns(tmp_path):
+    """``-m numcheck_scale`` (the marker before 0.2.0) selects the production tests, not nothing, with the warning;
+    naming it with its new name is one usage error naming both."""
+    r = _pytest(tmp_path, PRODUCTION_MARKED_TEST, "-m", "numcheck_scale")
+    out = r.stdout + r.stderr
+    assert "1 deselected" in out and "1 skipped" in out, out  # test_tier kept (skipped: no --numcheck-production)
+    assert "'numcheck_scale' was renamed 'numcheck_production'" in out, out
+    r = _pytest(tmp_path, PRODUCTION_MARKED_TEST, "-m", "numcheck_scale or numcheck_production")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "both the pytest marker 'numcheck_production' and its old name 'numcheck_scale' are given" in out, out
 
 
 def test_production_shapes_env_old_name_warns_and_both_is_one_error(fresh_warnings):
