@@ -170,13 +170,13 @@ class VocabShardImpl:
 
     def input_for_shard(self, x: torch.Tensor, group: Any) -> torch.Tensor:
         """x as this rank's matmul sees it; its gradient is all-reduced across ranks."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define input_for_shard (a VocabShardImpl's part)")
 
     def shard_loss(
         self, logits: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
     ) -> torch.Tensor:
         """The loss from this rank's logits shard [N, V_r] (classes ``vocab_start …`` of ``vocab_size``)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define shard_loss (a VocabShardImpl's part)")
 
     def rank_call(
         self,
