@@ -85,7 +85,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.transformer_engine import te_impls
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
-    from numcheck.impls.builtin.fp8_linear import quant_linear_impls
+    from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
     from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
@@ -99,7 +99,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         recompute_impls,
         torch_native_impls,
         triton_impls,
-        quant_linear_impls,
+        fp8_linear_impls,
         torchao_impls,
         grouped_fp8_linear_impls,
         dist_impls,

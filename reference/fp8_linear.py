@@ -34,13 +34,13 @@ from numcheck.reference.fp8_recipes import GEMMS, Fp8Recipe
 from numcheck.reference.fp8_scaling import Quantized, quantize_operand, tensor_amax
 
 #: The outputs of a quantized linear, in the order reports list them.
-QUANT_OUTPUTS: tuple[str, ...] = ("y", "dgrad", "wgrad", "bgrad")
+FP8_OUTPUTS: tuple[str, ...] = ("y", "dgrad", "wgrad", "bgrad")
 #: The GEMM behind each matmul output.
 OUTPUT_GEMM: dict[str, str] = {"y": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
 
 
 @dataclass(frozen=True)
-class QuantLinearReference:
+class Fp8LinearReference:
     """The oracle's result for one case (all tensors float64 on the CPU).
 
     Attributes:
@@ -119,7 +119,7 @@ def quantized_linear(
     recipe: Fp8Recipe,
     *,
     delayed_scales: dict[str, float] | None = None,
-) -> QuantLinearReference:
+) -> Fp8LinearReference:
     """Forward and backward of the quantized linear in float64 (see the module docstring).
 
     ``delayed_scales`` (``{"x": s, "w": s, "dy": s}``) is required for delayed scaling and ignored otherwise.
@@ -159,4 +159,4 @@ def quantized_linear(
         absp["bgrad"] = dy64.abs().sum(dim=0)
         red["bgrad"] = M
     amax = {r: tensor_amax(src[r]) for r in ("x", "w", "dy")}
-    return QuantLinearReference(recipe, operands, dq, true, absp, red, amax)
+    return Fp8LinearReference(recipe, operands, dq, true, absp, red, amax)

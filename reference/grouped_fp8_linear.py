@@ -43,7 +43,7 @@ from typing import Sequence
 import torch
 
 from numcheck.reference.fp8_formats import F64, round_to_fp32
-from numcheck.reference.fp8_linear import QuantLinearReference, quantized_linear
+from numcheck.reference.fp8_linear import Fp8LinearReference, quantized_linear
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.fp8_scaling import tensor_amax
 
@@ -89,13 +89,13 @@ def expert_list(
 
 
 @dataclass(frozen=True)
-class GroupedQuantLinearReference:
+class GroupedFp8LinearReference:
     """The oracle's result for one grouped case (float64, CPU).
 
     Attributes:
         recipe: the recipe.
         m_splits: the split sizes; ``offsets`` their starts (``offsets[G]`` = M).
-        experts: each expert's :class:`~reference.fp8_linear.QuantLinearReference` (``None`` for an empty one).
+        experts: each expert's :class:`~reference.fp8_linear.Fp8LinearReference` (``None`` for an empty one).
         dq, true: ``{output: tensor}`` assembled (module docstring's shapes), dequantized and original reference.
         abs_products: ``{output: Σ|a||b|}`` of the dequantized operands, assembled the same way.
         amax: per expert ``{role: max |t|}`` of its x, W and dy (0 for an empty expert's x and dy).
@@ -105,7 +105,7 @@ class GroupedQuantLinearReference:
     recipe: Fp8Recipe
     m_splits: tuple[int, ...]
     offsets: tuple[int, ...]
-    experts: tuple[QuantLinearReference | None, ...]
+    experts: tuple[Fp8LinearReference | None, ...]
     dq: dict[str, torch.Tensor]
     true: dict[str, torch.Tensor]
     abs_products: dict[str, torch.Tensor]
@@ -168,7 +168,7 @@ def grouped_quantized_linear(
     *,
     delayed_scales: Sequence[dict[str, float]] | None = None,
     save_original_input: bool = False,
-) -> GroupedQuantLinearReference:
+) -> GroupedFp8LinearReference:
     """Forward and backward of the grouped quantized linear in float64 (see the module docstring).
 
     ``weights``: ``[G, N, K]`` or ``G`` tensors ``[N, K]``; ``biases``: ``[G, N]``, ``G`` tensors ``[N]`` or
@@ -188,7 +188,7 @@ def grouped_quantized_linear(
         )
     if recipe.kind == "delayed" and (delayed_scales is None or len(delayed_scales) != G):
         raise ValueError(f"delayed scaling needs one delayed_scales dict per expert ({G}), got {delayed_scales!r}")
-    experts: list[QuantLinearReference | None] = []
+    experts: list[Fp8LinearReference | None] = []
     parts: dict[str, list[dict]] = {"dq": [], "true": [], "abs": []}
     amax: list[dict[str, float]] = []
     for i in range(G):
@@ -208,7 +208,7 @@ def grouped_quantized_linear(
         parts["abs"].append(ref.abs_products)
         amax.append(dict(ref.amax))
     dq, true, absp = (_assemble(parts[k]) for k in ("dq", "true", "abs"))
-    return GroupedQuantLinearReference(
+    return GroupedFp8LinearReference(
         recipe, splits, offsets, tuple(experts), dq, true, absp, tuple(amax), bool(save_original_input)
     )
 

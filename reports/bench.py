@@ -158,7 +158,7 @@ def bench_chunk_anatomy(dev: torch.device, rep_ms: float, V: int = 131072, H: in
     return rows
 
 
-def bench_quant_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int = 4096, N: int = 4096) -> list[dict]:
+def bench_fp8_linear(dev: torch.device, rep_ms: float, M: int = 8192, K: int = 4096, N: int = 4096) -> list[dict]:
     """Each registered quantized linear, per declared recipe and ``save_original_input`` value, against a bf16
     ``F.linear``: median fwd+bwd time (``y.backward(dy)``), extra peak, and bytes held from forward to backward
     (allocated when forward has returned, above just before it, less ``y``)."""
@@ -277,7 +277,7 @@ def _chunk_anatomy_md(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _quant_linear_md(res: dict[str, Any]) -> list[str]:
+def _fp8_linear_md(res: dict[str, Any]) -> list[str]:
     """One row per quantized linear impl, recipe and save_original_input (none when not measured)."""
     if not res.get(FP8_KIND):
         return []
@@ -308,7 +308,7 @@ def write_results(res: dict[str, Any], out: Path) -> None:
     lines = _cases_md(res) + _grad_weight_paths_md(res) + _chunk_anatomy_md(res)
     if res.get("split_gemm_configs"):
         lines += ["", f"Split-accumulator GEMM configs chosen by Triton's autotuner: {res['split_gemm_configs']}"]
-    lines += _quant_linear_md(res)
+    lines += _fp8_linear_md(res)
     if res["skipped"]:
         lines += ["", "Not timed:", ""] + [f"- {s['impl']} {s.get('shape', '')}: {s['reason']}" for s in res["skipped"]]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
@@ -400,7 +400,7 @@ def _bench_one_chunk(res: dict[str, Any], dev: torch.device, rep_ms: float, out:
 
 def _bench_quant(res: dict[str, Any], dev: torch.device, rep_ms: float, out: Path | None) -> None:
     """The quantized-linear section of ``res``, printed, and written to ``out`` when given."""
-    res[FP8_KIND] = bench_quant_linear(dev, rep_ms)
+    res[FP8_KIND] = bench_fp8_linear(dev, rep_ms)
     for row in res[FP8_KIND]:
         if "error" in row:
             print(f"quant {row['impl']} {row['recipe']} soi={row['save_original_input']}: {row['error']}")

@@ -856,7 +856,7 @@ def numcheck_problems(numcheck_impl: Any) -> st.SearchStrategy[Any]:
     """For users' own hypothesis tests: the suite's strategy of problems inside ``numcheck_impl``'s declaration
     (its family's ``strategy`` in :data:`numcheck.properties.suites.SUITES`:
     :func:`numcheck.properties.linear_ce.strategies.problems` for linear+CE impls,
-    :func:`numcheck.properties.fp8.strategies.quant_cases` for quantized-linear ones); draw it with
+    :func:`numcheck.properties.fp8.strategies.fp8_cases` for quantized-linear ones); draw it with
     ``data.draw(numcheck_problems)``."""
     from numcheck.properties.suites import SUITES
 

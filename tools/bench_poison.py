@@ -26,7 +26,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("eager", "chunked[fallback]"),
     ),
     "fp8": (
-        "numcheck.properties.fp8.suite:QUANT_SUITE",
+        "numcheck.properties.fp8.suite:FP8_SUITE",
         (
             "accuracy_against_both_references",
             "save_original_input_is_bitwise_identical",

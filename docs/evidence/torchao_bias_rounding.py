@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from numcheck.impls.adapters.torchao import load, torchao_impl
-from numcheck.properties.fp8.cases import Fp8Case, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_fp8
 from numcheck.reference.fp8_linear import quantized_linear
 
 SEEDS = range(8)
@@ -30,7 +30,7 @@ SEEDS = range(8)
 def one(impl, seed: int) -> str:
     recipe = impl.support.recipes[0]
     case = Fp8Case(recipe, 1, 8, 1, dtype="bfloat16", bias=True, regime="normal", seed=seed, save_original_input=True)
-    t = build_quant(case)
+    t = build_fp8(case)
     x, w, b = (v.clone().requires_grad_(True) for v in (t.x, t.weight, t.bias))
     kw = dict(recipe=recipe, save_original_input=True)
     y = impl(x, w, b, **kw).detach().double()

@@ -32,7 +32,7 @@ from numcheck.errors import PropertyFailure
 from numcheck.impls.adapters.torchao import load, torchao_impl
 from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
-from numcheck.properties.fp8.cases import Fp8Case, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_fp8
 from numcheck.reference.fp8_linear import quantized_linear
 
 REGIMES = ("zeros", "outlier", "nan", "inf", "tiny", "wide", "tail_outlier", "pruned", "scale_floor")
@@ -58,7 +58,7 @@ def scales() -> None:
 def counts(impl, regime: str) -> None:
     recipe = impl.support.recipes[0]
     case = Fp8Case(recipe, 33, 40, 24, dtype="float32", bias=True, regime=regime, seed=11, save_original_input=True)
-    t = build_quant(case)
+    t = build_fp8(case)
     x, w = t.x.clone().requires_grad_(True), t.weight.clone().requires_grad_(True)
     y = impl(x, w, t.bias, recipe=recipe, save_original_input=True)
     y.backward(t.dy)

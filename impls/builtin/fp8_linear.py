@@ -121,7 +121,7 @@ def one_per_recipe_kind(
     ]
 
 
-def quant_linear_impls() -> list[Fp8Linear]:
+def fp8_linear_impls() -> list[Fp8Linear]:
     """One built-in per recipe kind, each declaring that kind's standard variants (the rowwise kinds: those of
     :func:`reference.fp8_recipes.rowwise_recipes`)."""
     rowwise = [

@@ -102,7 +102,7 @@ __all__ = [
     "predicted_columnwise_x_bytes",
     "fp8_linear_impl",
     "standard_recipes",
-    "validate_quant_impl",
+    "validate_fp8_linear_impl",
 ]
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -636,7 +636,7 @@ def _calls(fn: object, quantize: object, fn_label: str, quantize_label: str) -> 
     ]
 
 
-def validate_quant_impl(obj: Any, origin: str) -> None:
+def validate_fp8_linear_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` does not follow this protocol (including a call or
     ``quantize`` signature that cannot take the suite's calls: :func:`call_refusal`)."""
     name = getattr(obj, "name", None)
@@ -674,7 +674,7 @@ KIND = Kind(
     name=FP8_KIND,
     protocol=Fp8FunctionImpl,
     decorator=fp8_linear_impl,
-    validate=validate_quant_impl,
+    validate=validate_fp8_linear_impl,
     public=("Fp8FunctionImpl", "Fp8LinearSupport", "make_fp8_support", "fp8_linear_impl"),
     fixture="fp8_linear_impl",
     generic=True,

@@ -57,7 +57,7 @@ import torch
 
 from numcheck.impls.protocols import declaration as decl
 from numcheck.impls.protocols.declaration import defined_at, invalid
-from numcheck.impls.protocols.fp8_linear import FP8_KIND, validate_quant_impl
+from numcheck.impls.protocols.fp8_linear import FP8_KIND, validate_fp8_linear_impl
 from numcheck.impls.protocols.kind import Kind
 
 #: The ``kind`` of a linear + cross-entropy impl (the only place that spells it).
@@ -556,7 +556,7 @@ def validate_impl(obj: Any, origin: str) -> None:
     impl, including a call its declared options lead to that its signature cannot take: :func:`call_refusal`)."""
     kind = getattr(obj, "kind", None)
     if kind == FP8_KIND:
-        validate_quant_impl(obj, origin)
+        validate_fp8_linear_impl(obj, origin)
         return
     name = getattr(obj, "name", None)
     if kind != LINEAR_CE_KIND and isinstance(name, str) and name:

@@ -327,7 +327,7 @@ def _refusal(fn: Callable[..., Any]) -> str | None:
     return call_refusal(fn, 3, TP_CALL_KEYWORDS)
 
 
-def validate_tp_quant_impl(obj: Any, origin: str) -> None:
+def validate_tp_fp8_linear_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol."""
     support = getattr(obj, "support", None)
     decl.conformance(
@@ -353,7 +353,7 @@ KIND = Kind(
     name=TP_KIND,
     protocol=TPFp8FunctionImpl,
     decorator=tp_fp8_linear_impl,
-    validate=validate_tp_quant_impl,
+    validate=validate_tp_fp8_linear_impl,
     public=("TPFp8FunctionImpl", "TPFp8Support", "tp_fp8_linear_impl"),
     fixture="tp_fp8_linear_impl",
     former="tp_quant_linear",

@@ -1,7 +1,7 @@
 """A quantized-linear case as one printable value, and the tensors it stands for.
 
 :class:`Fp8Case`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope),
-which is what reproduction commands carry. :func:`build_quant` makes the tensors deterministically from a
+which is what reproduction commands carry. :func:`build_fp8` makes the tensors deterministically from a
 CPU ``torch.Generator`` seeded with ``(seed, step)``, in float64, then rounds them to the case's dtype and
 moves them to its device — so a case means the same tensors everywhere.
 """
@@ -72,11 +72,11 @@ BLOCK_EXPONENTS: tuple[int, ...] = (-3, -2, -1, 0, 1, 2, 3)
 ROW_BLOCK_STEP = 7
 
 
-_Case = TypeVar("_Case", bound="QuantCaseFields")
+_Case = TypeVar("_Case", bound="Fp8CaseFields")
 
 
 @dataclass(frozen=True)
-class QuantCaseFields:
+class Fp8CaseFields:
     """What a single-device :class:`Fp8Case` and a tensor-parallel case
     (:class:`~properties.distributed.tp_fp8.cases.TPFp8Case`) share: the recipe, the global tensors and the mode.
 
@@ -85,7 +85,7 @@ class QuantCaseFields:
         M, K, N: tokens, input features, output features (x ``[M, K]``, W ``[N, K]``, dy ``[M, N]``).
         dtype: name of the dtype of x, W, dy and bias.
         bias: whether a bias is passed.
-        regime: how values are drawn (:func:`build_quant`).
+        regime: how values are drawn (:func:`build_fp8`).
         seed: generator seed.
         save_original_input: the mode to run (properties that compare modes run both).
         steps: delayed scaling: how many steps to run with one state (each with its own inputs).
@@ -121,8 +121,8 @@ def declared_mode(support: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Fp8Case(QuantCaseFields):
-    """One quantized-linear case: the fields of :class:`QuantCaseFields`, and ``device``, where the tensors live."""
+class Fp8Case(Fp8CaseFields):
+    """One quantized-linear case: the fields of :class:`Fp8CaseFields`, and ``device``, where the tensors live."""
 
     device: str = "cpu"
 
@@ -151,7 +151,7 @@ class Fp8Case(QuantCaseFields):
         return f"{self.recipe.name}-M{self.M}K{self.K}N{self.N}-{self.dtype}{b}-{self.regime}{soi}-s{self.seed}"
 
 
-class QuantTensors(NamedTuple):
+class Fp8Tensors(NamedTuple):
     """The tensors of one step of a case, in the case's dtype and device."""
 
     x: torch.Tensor
@@ -234,7 +234,7 @@ def plant_block_exponents(t: torch.Tensor, g: torch.Generator, block: int) -> to
     return sign * (1 + u) * torch.exp2((e + c).to(torch.float64))
 
 
-def build_quant(case: Fp8Case, step: int = 0) -> QuantTensors:
+def build_fp8(case: Fp8Case, step: int = 0) -> Fp8Tensors:
     """Materialize the tensors of ``case`` (for delayed scaling, of step ``step``).
 
     Regimes (x, W and dy are N(0,1) scaled by 1, 1/√K and 1/√N unless said otherwise):
@@ -271,7 +271,7 @@ def build_quant(case: Fp8Case, step: int = 0) -> QuantTensors:
         x = x * 2.0 ** (gx * step)
         dy = dy * 2.0 ** (gdy * step)
     dt, dev = case.torch_dtype, torch.device(case.device)
-    return QuantTensors(
+    return Fp8Tensors(
         x.to(dt).to(dev), w.to(dt).to(dev), dy.to(dt).to(dev), b.to(dt).to(dev) if b is not None else None
     )
 
@@ -279,7 +279,7 @@ def build_quant(case: Fp8Case, step: int = 0) -> QuantTensors:
 def _regime_values(
     case: Fp8Case, g: torch.Generator, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x, w, dy)`` (float64, as drawn) changed as ``case.regime`` says (:func:`build_quant`), drawing from ``g``."""
+    """``(x, w, dy)`` (float64, as drawn) changed as ``case.regime`` says (:func:`build_fp8`), drawing from ``g``."""
     M, K, N = case.M, case.K, case.N
     r = case.regime
     if r == "wide":

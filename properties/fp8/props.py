@@ -2,7 +2,7 @@
 
 Library API:
 
-* :func:`run_quant_impl` — forward + backward of an impl on a case; outputs, and what it held for backward.
+* :func:`run_fp8_impl` — forward + backward of an impl on a case; outputs, and what it held for backward.
 * :func:`measure_case` — one recipe case: per output (y, dgrad, wgrad, bgrad) the comparison with both
   references under the bounds of :mod:`properties.fp8.tolerance` (max error, error/bound, worst element),
   relative Frobenius errors, SQNR against the original reference, and a verdict
@@ -47,10 +47,10 @@ from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import failure_message
 from numcheck.properties.core.tensors import strided_copy
-from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase, QuantTensors, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, Fp8Tensors, QuantizerCase, build_fp8
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.reference.fp8_formats import F64, all_codes, decode_fp8, same_codes
-from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
+from numcheck.reference.fp8_linear import FP8_OUTPUTS, quantized_linear
 from numcheck.reference.fp8_recipes import ROLES, USAGES, Fp8Recipe
 from numcheck.reference.fp8_scaling import block_grid, quantize_operand
 
@@ -77,7 +77,7 @@ def fail(impl: Any, prop: str, case: Any, *lines: str, ratio: float | None = Non
 
 # -- running an impl ----------------------------------------------------------------------------------
 @dataclass
-class QuantRunOutputs:
+class Fp8RunOutputs:
     """What one forward + backward produced (detached), and what the forward held for backward."""
 
     y: torch.Tensor
@@ -92,20 +92,20 @@ class QuantRunOutputs:
         return getattr(self, name)
 
 
-def run_quant_impl(
+def run_fp8_impl(
     impl: Any,
     case: Fp8Case,
-    t: QuantTensors | None = None,
+    t: Fp8Tensors | None = None,
     *,
     save_original_input: bool | None = None,
     state: DelayedScalingState | None = None,
     track_saved: bool = False,
-) -> QuantRunOutputs:
-    """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_quant(case)``).
+) -> Fp8RunOutputs:
+    """Forward and backward of ``impl`` on ``case`` (tensors ``t``, default ``build_fp8(case)``).
 
     Protocol violations (wrong shape, dtype, no autograd graph) raise :class:`PropertyFailure`.
     """
-    t = t if t is not None else build_quant(case)
+    t = t if t is not None else build_fp8(case)
     soi = case.save_original_input if save_original_input is None else save_original_input
     x = t.x.detach().clone().requires_grad_(True)
     w = t.weight.detach().clone().requires_grad_(True)
@@ -134,7 +134,7 @@ def run_quant_impl(
     new_bytes = held.new_bytes([x, w, b]) if held is not None else None
     aliased = held.holds_storage_of(x) if held is not None else None
     y.backward(t.dy)
-    return QuantRunOutputs(
+    return Fp8RunOutputs(
         y=y.detach(),
         dgrad=x.grad,
         wgrad=w.grad,
@@ -233,7 +233,7 @@ def _sqnr(a: torch.Tensor, o: torch.Tensor) -> float:
 
 
 def _out_dtypes(case: Fp8Case) -> dict[str, torch.dtype]:
-    return {k: case.torch_dtype for k in QUANT_OUTPUTS}
+    return {k: case.torch_dtype for k in FP8_OUTPUTS}
 
 
 def output_metrics(
@@ -277,7 +277,7 @@ def output_metrics(
     )
 
 
-def declared_bounds(impl: Any, case: Fp8Case, ref: Any, name: str, t: QuantTensors, out_dtype: torch.dtype) -> Any:
+def declared_bounds(impl: Any, case: Fp8Case, ref: Any, name: str, t: Fp8Tensors, out_dtype: torch.dtype) -> Any:
     """The element-wise bound of output ``name`` (:func:`properties.fp8.tolerance.output_bounds`) under what ``impl``
     declares: its accumulation on ``case``'s device and where it adds the bias."""
     u_a, chunk = impl.support.accumulation(case.device)
@@ -296,9 +296,9 @@ def declared_bounds(impl: Any, case: Fp8Case, ref: Any, name: str, t: QuantTenso
 
 
 def _measure_step(
-    impl: Any, case: Fp8Case, t: QuantTensors, out: QuantRunOutputs, ref, suffix: str, result: Fp8CaseResult
+    impl: Any, case: Fp8Case, t: Fp8Tensors, out: Fp8RunOutputs, ref, suffix: str, result: Fp8CaseResult
 ) -> None:
-    for name in QUANT_OUTPUTS:
+    for name in FP8_OUTPUTS:
         if name not in ref.dq:
             continue
         got = out.get(name)
@@ -314,9 +314,9 @@ def measure_case(impl: Any, case: Fp8Case) -> Fp8CaseResult:
     result = Fp8CaseResult(impl=impl.name, case=case)
     state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
     for step in range(case.steps):
-        t = build_quant(case, step)
+        t = build_fp8(case, step)
         scales = {r: state.scale(r) for r in ROLES} if state is not None else None
-        out = run_quant_impl(impl, case, t, state=state)
+        out = run_fp8_impl(impl, case, t, state=state)
         ref = quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales)
         _measure_step(impl, case, t, out, ref, f"@step{step}" if step else "", result)
         if state is not None:
@@ -376,10 +376,10 @@ def save_original_input(impl: Any, case: Fp8Case) -> None:
     if not case.recipe.allows_save_original_input:
         delayed_rejects_save_original_input(impl, case)
         return
-    t = build_quant(case)
-    a = run_quant_impl(impl, case, t, save_original_input=False)
-    b = run_quant_impl(impl, case, t, save_original_input=True)
-    for name in QUANT_OUTPUTS:
+    t = build_fp8(case)
+    a = run_fp8_impl(impl, case, t, save_original_input=False)
+    b = run_fp8_impl(impl, case, t, save_original_input=True)
+    for name in FP8_OUTPUTS:
         ba, bb = _bits(a.get(name)), _bits(b.get(name))
         if ba is None and bb is None:
             continue
@@ -405,7 +405,7 @@ LAYER_PROPERTIES: tuple[str, ...] = ("accumulate", "optimizer_step", "two_layers
 
 
 def _judge_sum(
-    impl: Any, prop: str, case: Fp8Case, name: str, got: torch.Tensor | None, parts: list[tuple[Any, QuantTensors]]
+    impl: Any, prop: str, case: Fp8Case, name: str, got: torch.Tensor | None, parts: list[tuple[Any, Fp8Tensors]]
 ) -> None:
     """``got`` (output ``name``) against the sum of ``parts``' references (one part: a single call), within the
     sum of their bounds plus one rounding of the sum in the output dtype; a failure names property ``prop``."""
@@ -443,19 +443,19 @@ class _LayerSetup:
     """What the layer properties share: the call keywords, draw A, draw B and B's inputs on A's weight and bias."""
 
     kw: dict[str, Any]
-    tA: QuantTensors
-    tB: QuantTensors
-    tB_on_A: QuantTensors
+    tA: Fp8Tensors
+    tB: Fp8Tensors
+    tB_on_A: Fp8Tensors
 
-    def ref(self, t: QuantTensors, case: Fp8Case) -> Any:
+    def ref(self, t: Fp8Tensors, case: Fp8Case) -> Any:
         """The two references of one call on ``t``."""
         return quantized_linear(t.x, t.weight, t.dy, t.bias, case.recipe)
 
 
 def _layer_setup(case: Fp8Case) -> _LayerSetup:
     """Draws A and B (seed + 1) of ``case`` and the keywords of a current-scaling call."""
-    tA = build_quant(case)
-    tB = build_quant(case.replace(seed=case.seed + 1))
+    tA = build_fp8(case)
+    tB = build_fp8(case.replace(seed=case.seed + 1))
     kw = dict(recipe=case.recipe, save_original_input=case.save_original_input, scaling_state=None)
     return _LayerSetup(kw=kw, tA=tA, tB=tB, tB_on_A=tB._replace(weight=tA.weight, bias=tA.bias))
 
@@ -564,7 +564,7 @@ def strided(impl: Any, case: Fp8Case) -> None:
 def delayed_rejects_save_original_input(impl: Any, case: Fp8Case) -> None:
     """Property: a delayed recipe with save_original_input=True raises ValueError naming the option."""
     __tracebackhide__ = True
-    t = build_quant(case)
+    t = build_fp8(case)
     x = t.x.detach().clone().requires_grad_(True)
     w = t.weight.detach().clone().requires_grad_(True)
     try:
@@ -607,11 +607,11 @@ class HeldBytes:
 
 def held_bytes(impl: Any, case: Fp8Case) -> HeldBytes:
     """Measure what each declared (and allowed) save_original_input mode holds for backward."""
-    t = build_quant(case)
-    res: dict[bool, QuantRunOutputs] = {}
+    t = build_fp8(case)
+    res: dict[bool, Fp8RunOutputs] = {}
     for soi in (False, True):
         if soi in impl.support.save_original_input and (not soi or case.recipe.allows_save_original_input):
-            res[soi] = run_quant_impl(impl, case, t, save_original_input=soi, track_saved=True)
+            res[soi] = run_fp8_impl(impl, case, t, save_original_input=soi, track_saved=True)
     pred = predicted_columnwise_x_bytes(case.recipe, case.M, case.K)
     f, tr = res.get(False), res.get(True)
     desc = lambda r: [d for d, _ in r.held.tensors] if r is not None and r.held is not None else []  # noqa: E731
@@ -695,7 +695,7 @@ def saved_tensors(impl: Any, case: Fp8Case) -> HeldBytes:
     return h
 
 
-def _quant_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> Fp8Case:
+def _fp8_case_for(recipe: Fp8Recipe, t: torch.Tensor) -> Fp8Case:
     R, C = t.shape
     return Fp8Case(
         recipe,
@@ -716,7 +716,7 @@ def quantizer(
     names and its repro line reruns; without one a failure says that no repro case describes ``t``."""
     __tracebackhide__ = True
     if case is None:
-        case = _AdHoc(_quant_case_for(recipe, t))
+        case = _AdHoc(_fp8_case_for(recipe, t))
     what = f"input {label or 'tensor'} {tuple(t.shape)} {t.dtype}"
     state = None
     if recipe.kind == "delayed":
@@ -863,7 +863,7 @@ def _quantizer_of(impl: Any, case: Any) -> None:
     if isinstance(case, QuantizerCase):
         quantizer_case(impl, case)
     else:
-        quantizer(impl, case.recipe, build_quant(case).x, case=case)
+        quantizer(impl, case.recipe, build_fp8(case).x, case=case)
 
 
 def unit_scale_round_trip(impl: Any, case: QuantizerCase) -> None:

@@ -38,7 +38,7 @@ def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def quant_cases(
+def fp8_cases(
     draw: st.DrawFn,
     support,
     *,
@@ -55,7 +55,7 @@ def quant_cases(
     device = device or DEVICE
     recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
     if not recipes:
-        raise ValueError("quant_cases: the support declares no recipe that allows save_original_input")
+        raise ValueError("fp8_cases: the support declares no recipe that allows save_original_input")
     recipe = draw(st.sampled_from(recipes), label="recipe")
     dtypes = sorted((d for d in support.dtypes if d in _DTYPE_NAMES), key=str)
     dtype = draw(st.sampled_from([_DTYPE_NAMES[d] for d in dtypes]), label="dtype")

@@ -1,4 +1,4 @@
-"""The drawn quantized-linear tests of the suite, as data: :data:`QUANT_SUITE` (name → :class:`SuiteProperty`).
+"""The drawn quantized-linear tests of the suite, as data: :data:`FP8_SUITE` (name → :class:`SuiteProperty`).
 ``numcheck.tests.suite.test_fp8_impls`` runs one pytest test per entry and :func:`numcheck.check` runs the same
 entries without pytest, through :mod:`numcheck.properties.core.runner`. (The suite's fixed-case FP8 tests, edge
 inputs, large shapes, all 256 codes and so on, run under pytest only.)
@@ -18,7 +18,7 @@ from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
-from numcheck.properties.fp8.strategies import fp8_tensor_specs, quant_cases
+from numcheck.properties.fp8.strategies import fp8_cases, fp8_tensor_specs
 
 
 def _cases(*regimes: str, prop: str = "accuracy") -> Draw:
@@ -27,7 +27,7 @@ def _cases(*regimes: str, prop: str = "accuracy") -> Draw:
     strict examples show it) is rejected, as the runner rejects linear+CE ones."""
 
     def draw(impl: Any, data: Any) -> Any:
-        case = data.draw(quant_cases(impl.support, regimes=regimes), label="case")
+        case = data.draw(fp8_cases(impl.support, regimes=regimes), label="case")
         assume(known_fp8_divergence(impl.name, prop, case) is None)
         return case
 
@@ -117,14 +117,14 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
 )
 
 #: Every drawn quantized-linear test of the suite by verdict name.
-QUANT_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
+FP8_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
 
 #: The family's suite, registered in :data:`numcheck.properties.suites.SUITES`.
 FAMILY = SuiteFamily(
     kind=FP8_KIND,
-    table=QUANT_SUITE,
+    table=FP8_SUITE,
     properties=checks.FP8_PROPERTIES,
     case_type=Fp8Case,
-    strategy=quant_cases,
+    strategy=fp8_cases,
     assertion="assert_fp8_linear",
 )

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 import torch
 
 from numcheck.reference.fp8_formats import F64, FP32_MAX
-from numcheck.reference.fp8_linear import OUTPUT_GEMM, QuantLinearReference
+from numcheck.reference.fp8_linear import OUTPUT_GEMM, Fp8LinearReference
 from numcheck.reference.fp8_scaling import Quantized, expand_blocks, round_to_fp32
 
 U32 = 2.0**-24
@@ -139,7 +139,7 @@ def free_elements(q: Quantized) -> torch.Tensor:
 
 
 def gemm_operands(
-    ref: QuantLinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor
+    ref: Fp8LinearReference, output: str, x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor
 ) -> GemmOperands:
     """The K-major operands behind ``output`` (``"y"``, ``"dgrad"`` or ``"wgrad"``)."""
 
@@ -198,7 +198,7 @@ def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
 
 
 def output_bounds(
-    ref: QuantLinearReference,
+    ref: Fp8LinearReference,
     output: str,
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -80,12 +80,12 @@ def _quant(support: Any, tp: bool) -> list[Behaviour]:
     return out
 
 
-def quant_behaviours(impl: Any) -> list[Behaviour]:
+def fp8_behaviours(impl: Any) -> list[Behaviour]:
     """A single-device FP8 linear's declared behaviours (single or grouped)."""
     return _quant(impl.support, tp=False)
 
 
-def tp_quant_behaviours(impl: Any) -> list[Behaviour]:
+def tp_fp8_behaviours(impl: Any) -> list[Behaviour]:
     """A tensor-parallel FP8 linear's declared behaviours."""
     return _quant(impl.support, tp=True)
 

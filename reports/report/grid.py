@@ -51,7 +51,7 @@ from typing import Any, Iterable
 
 import torch
 
-from numcheck.properties.fp8.cases import QuantCaseFields
+from numcheck.properties.fp8.cases import Fp8CaseFields
 from numcheck.properties.linear_ce.cases import Problem
 
 #: dtype modes: (parameter dtype, autocast dtype or None).
@@ -150,11 +150,11 @@ class GridSpec:
         option_modes: dtype modes of the option cases.
         options: labels of :data:`OPTION_CASES` to run.
         n_random: random cases (the first ``n_random`` of one seeded sequence: quick ⊂ full).
-        quant_ladder: (M, K, N) values of the quantized ladder; ``quant_base`` its base.
-        quant_all_recipes_ladder: run the ladder for every recipe (else the first recipe of each impl).
-        quant_all_dtypes: every declared dtype (else bfloat16, or the first declared).
-        quant_regimes: regimes at the base shape for every recipe.
-        quant_extras: add ``save_original_input=True`` and 3-step delayed cases.
+        fp8_ladder: (M, K, N) values of the quantized ladder; ``fp8_base`` its base.
+        fp8_all_recipes_ladder: run the ladder for every recipe (else the first recipe of each impl).
+        fp8_all_dtypes: every declared dtype (else bfloat16, or the first declared).
+        fp8_regimes: regimes at the base shape for every recipe.
+        fp8_extras: add ``save_original_input=True`` and 3-step delayed cases.
         dist_cases: labels of :data:`DIST_CASES` to run.
         tp_cases: labels of :data:`TP_CASES` to run.
         tp_all_recipes: tensor-parallel cases for every recipe (else the first recipe of each impl).
@@ -181,12 +181,12 @@ class GridSpec:
     option_modes: tuple[str, ...]
     options: tuple[str, ...]
     n_random: int
-    quant_ladder: tuple[int, ...]
-    quant_base: tuple[int, int, int]
-    quant_all_recipes_ladder: bool
-    quant_all_dtypes: bool
-    quant_regimes: tuple[str, ...]
-    quant_extras: bool
+    fp8_ladder: tuple[int, ...]
+    fp8_base: tuple[int, int, int]
+    fp8_all_recipes_ladder: bool
+    fp8_all_dtypes: bool
+    fp8_regimes: tuple[str, ...]
+    fp8_extras: bool
     dist_cases: tuple[str, ...] = tuple(DIST_CASES)
     tp_cases: tuple[str, ...] = tuple(TP_CASES)
     tp_all_recipes: bool = False
@@ -201,7 +201,7 @@ class GridSpec:
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        for label, values in (("ladder", self.ladder), ("quant_ladder", self.quant_ladder)):
+        for label, values in (("ladder", self.ladder), ("fp8_ladder", self.fp8_ladder)):
             if not values or min(values) < 1 or max(values) / min(values) < 100:
                 raise ValueError(f"GridSpec.{label}={values} must span at least two decades (max/min ≥ 100)")
         bad = [m for m in self.ladder_modes + self.option_modes if m not in MODES]
@@ -227,11 +227,11 @@ class GridSpec:
             f"`{self.name}` grid — size ladders N, H, V ∈ {list(self.ladder)} (one axis at a time around "
             f"N={n}, H={h}, V={v}) in {', '.join(self.ladder_modes)}; option cases {', '.join(self.options)} at "
             f"N,H,V={self.option_shape} in {', '.join(self.option_modes)}; {self.n_random} seeded random cases "
-            f"(seed {self.seed}). Quantized linear: (M, K, N) ladder {list(self.quant_ladder)} around "
-            f"{self.quant_base} for {'every recipe' if self.quant_all_recipes_ladder else 'the first recipe of each impl'}"
-            f", regimes {', '.join(self.quant_regimes)} for every recipe"
-            f"{', every declared dtype' if self.quant_all_dtypes else ', bfloat16'}"
-            f"{', save_original_input=True and 3-step delayed cases' if self.quant_extras else ''}. Distributed "
+            f"(seed {self.seed}). Quantized linear: (M, K, N) ladder {list(self.fp8_ladder)} around "
+            f"{self.fp8_base} for {'every recipe' if self.fp8_all_recipes_ladder else 'the first recipe of each impl'}"
+            f", regimes {', '.join(self.fp8_regimes)} for every recipe"
+            f"{', every declared dtype' if self.fp8_all_dtypes else ', bfloat16'}"
+            f"{', save_original_input=True and 3-step delayed cases' if self.fp8_extras else ''}. Distributed "
             f"linear+CE: {', '.join(self.dist_cases)} at N,H,V={DIST_SHAPE}, world sizes "
             f"{', '.join(map(str, DIST_WORLD_SIZES))}. Tensor-parallel FP8: {', '.join(self.tp_cases)} for "
             f"{'every recipe' if self.tp_all_recipes else 'the first recipe of each impl'}, column- and "
@@ -281,12 +281,12 @@ QUICK = GridSpec(
     option_modes=("amp-bfloat16",),
     options=QUICK_OPTIONS,
     n_random=4,
-    quant_ladder=(4, 40, 400),
-    quant_base=(40, 40, 40),
-    quant_all_recipes_ladder=False,
-    quant_all_dtypes=False,
-    quant_regimes=("wide", "outlier"),
-    quant_extras=False,
+    fp8_ladder=(4, 40, 400),
+    fp8_base=(40, 40, 40),
+    fp8_all_recipes_ladder=False,
+    fp8_all_dtypes=False,
+    fp8_regimes=("wide", "outlier"),
+    fp8_extras=False,
     many_chunks=True,
     property_max_macs=1_100_000,
 )
@@ -299,12 +299,12 @@ FULL = GridSpec(
     option_modes=tuple(MODES),
     options=tuple(OPTION_CASES),
     n_random=40,
-    quant_ladder=(4, 16, 64, 256, 1024),
-    quant_base=(40, 40, 40),
-    quant_all_recipes_ladder=True,
-    quant_all_dtypes=True,
-    quant_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"),
-    quant_extras=True,
+    fp8_ladder=(4, 16, 64, 256, 1024),
+    fp8_base=(40, 40, 40),
+    fp8_all_recipes_ladder=True,
+    fp8_all_dtypes=True,
+    fp8_regimes=("normal", "wide", "outlier", "zeros", "tiny", "nan", "inf"),
+    fp8_extras=True,
     tp_all_recipes=True,
     grouped_all_recipes=True,
     many_chunks=True,
@@ -318,12 +318,12 @@ SMOKE = GridSpec(
     option_modes=("bfloat16",),
     options=("bias+ignored+sum",),
     n_random=1,
-    quant_ladder=(2, 200),
-    quant_base=(8, 8, 8),
-    quant_all_recipes_ladder=False,
-    quant_all_dtypes=False,
-    quant_regimes=(),
-    quant_extras=False,
+    fp8_ladder=(2, 200),
+    fp8_base=(8, 8, 8),
+    fp8_all_recipes_ladder=False,
+    fp8_all_dtypes=False,
+    fp8_regimes=(),
+    fp8_extras=False,
     dist_cases=("plain",),
     tp_cases=("sp+bias",),
     declared=False,
@@ -415,7 +415,7 @@ def reduction_length(output: str, case: Any) -> int:
         if base not in lengths:
             raise ValueError(f"unknown grouped-linear output {output!r}")
         return int(lengths[base])
-    if isinstance(case, QuantCaseFields):  # a Fp8Case, or a TPFp8Case: its global lengths
+    if isinstance(case, Fp8CaseFields):  # a Fp8Case, or a TPFp8Case: its global lengths
         try:
             return int(getattr(case, QUANT_REDUCTION_AXIS[base]))
         except KeyError:

@@ -98,7 +98,7 @@ def plain_mode(case: dict) -> str:
     return case["mode"]
 
 
-def quant_extras(row: dict[str, Any], items: list[tuple[dict, dict]]) -> None:
+def fp8_extras(row: dict[str, Any], items: list[tuple[dict, dict]]) -> None:
     """The FP8 columns every quantized kind's rows carry: the median ratios against the dequantized and the
     original operands."""
     row["median_dq"] = median(o["ratio_dq"] for _, o in items)

@@ -1,6 +1,6 @@
 """The report's property cases: for every property the shipped suite runs on a kind, the cases that reach its
 regime from an impl's declaration alone, judged by the property library's own function for that property (the
-suite's). Each kind's rows (``linear_ce_rows``, ``quant_rows``, ...; its family names them, :mod:`reports.report.families`);
+suite's). Each kind's rows (``linear_ce_rows``, ``fp8_rows``, ...; its family names them, :mod:`reports.report.families`);
 each :class:`PropertyRow` names the property as
 ``numcheck repro`` does, says how to build its cases from a declaration, and why an impl's declaration leaves it
 out. The rows follow the suite's tests (``tests/suite/*.py``) and their regimes (``properties/**/suite.py``):
@@ -73,7 +73,7 @@ def _recipes(impl: Any, every: bool) -> list[Any]:
 def _edge_inputs(impl: Any, spec: GridSpec, device: str) -> Built:
     from numcheck.properties.fp8.cases import EDGE_INPUT_REGIMES
 
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         for regime in EDGE_INPUT_REGIMES:
             yield f"{r.name} {regime}", _quant(impl, r, 33, 40, 24, device, regime=regime, seed=11)
 
@@ -83,7 +83,7 @@ def _multi_tile(impl: Any, spec: GridSpec, device: str) -> Built:
 
     low = "bfloat16" if torch.bfloat16 in impl.support.dtypes else _first_dtype(impl.support)
     cap = spec.property_max_macs or float("inf")
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         for M, K, N, which, regime in (c for c in LARGE_CASES if c[0] * c[1] * c[2] <= cap):
             dtype = low if which == "low" else _first_dtype(impl.support)
             yield (
@@ -109,7 +109,7 @@ def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
     from numcheck.properties.fp8.cases import scale_block
     from numcheck.properties.fp8.strategies import SCALE_ROWS
 
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         b = scale_block(r)
         M = N = next(m for m in SCALE_ROWS[b] if m > b)
         for K in _grid_ks(b):
@@ -120,7 +120,7 @@ def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
 
 
 def _delayed_steps(impl: Any, spec: GridSpec, device: str) -> Built:
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         if r.kind == "delayed":
             yield f"{r.name} 6 steps", _quant(impl, r, 48, 64, 40, device, bias=False, steps=6, seed=2)
 
@@ -132,20 +132,18 @@ def _soi_recipes(impl: Any) -> list[Any]:
 
 
 def _soi_accuracy(impl: Any, spec: GridSpec, device: str) -> Built:
-    for r in (r for r in _recipes(impl, spec.quant_all_recipes_ladder) if r in _soi_recipes(impl)):
+    for r in (r for r in _recipes(impl, spec.fp8_all_recipes_ladder) if r in _soi_recipes(impl)):
         yield f"{r.name} soi", _quant(impl, r, 33, 40, 24, device, save_original_input=True, seed=300)
 
 
 def _soi_bitwise(impl: Any, spec: GridSpec, device: str) -> Built:
-    for r in _recipes(
-        impl, spec.quant_all_recipes_ladder
-    ):  # a delayed recipe: the property checks that True is refused
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):  # a delayed recipe: the property checks that True is refused
         for regime in ("wide", "outlier", "zeros", "inf", "nan") if r.allows_save_original_input else ("normal",):
             yield f"{r.name} {regime}", _quant(impl, r, 64, 72, 40, device, regime=regime, seed=5, steps=1)
 
 
 def _saved_tensors(impl: Any, spec: GridSpec, device: str) -> Built:
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         yield r.name, _quant(impl, r, 33, 40, 24, device, seed=13, steps=1)
 
 
@@ -156,12 +154,12 @@ def _quantizer_codes(impl: Any, spec: GridSpec, device: str) -> Built:
     from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes, QuantizerCase
 
     dtype = _first_dtype(impl.support)
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         for fmt_max in (448.0, 57344.0):
             t = DrawnTensor(64, 96, 29, 20, 0, (), "every block", fmt_max, None, dtype)
             yield f"{r.name} block amaxes at {fmt_max:g}·2^k", QuantizerCase(r, t, dtype=dtype, device=device)
 
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         for fmt in ("e4m3", "e5m2"):
             for transposed in (False, True):
                 case = QuantizerCase(r, FormatCodes(fmt, transposed), device=device)
@@ -171,14 +169,14 @@ def _quantizer_codes(impl: Any, spec: GridSpec, device: str) -> Built:
 def _round_trip(impl: Any, spec: GridSpec, device: str) -> Built:
     from numcheck.properties.fp8.cases import FormatCodes, QuantizerCase
 
-    for r in _recipes(impl, spec.quant_all_recipes_ladder):
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         if r.kind == "current" and not r.power_of_2_scales:
             yield r.name, QuantizerCase(r, FormatCodes(r.format_of("x").name), device=device)
 
 
 def _layer(impl: Any, spec: GridSpec, device: str) -> Built:
     for soi in sorted(impl.support.save_original_input):
-        for r in _recipes(impl, spec.quant_all_recipes_ladder):
+        for r in _recipes(impl, spec.fp8_all_recipes_ladder):
             if r.kind != "delayed" and (r.allows_save_original_input or not soi):
                 case = _quant(impl, r, 33, 40, 24, device, seed=13, save_original_input=soi, steps=1)
                 yield f"{r.name} {'original' if soi else 'copy'}", case
@@ -201,7 +199,7 @@ def _no_quantize(impl: Any) -> str | None:
     return None if impl.support.exposes_quantize else f"{impl.name} does not expose quantize"
 
 
-def quant_rows() -> tuple[PropertyRow, ...]:
+def fp8_rows() -> tuple[PropertyRow, ...]:
     layer = tuple(PropertyRow(p, f"usage_as_a_layer_every_recipe[{p}]", _layer) for p in _LAYER)
     return (
         PropertyRow("accuracy", "edge_inputs_every_recipe", _edge_inputs),
@@ -663,7 +661,7 @@ def dist_refused(impl: Any, prop: str, case: Any) -> str | None:
     return refusal(impl.support, case.problem) or (known and f"known divergence: {known}")
 
 
-def quant_refused(impl: Any, prop: str, case: Any) -> str | None:
+def fp8_refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why a recorded known divergence of a quantized linear excludes ``case`` (the builders fit the declaration)."""
     from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 

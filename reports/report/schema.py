@@ -62,7 +62,7 @@ element of the larger (``worst_vs``: ``dequantized`` or ``original``); judged ``
 quantized linear) and ``same_scale`` (every rank quantized with the unsharded tensor's scales);
 ``ratio_expected`` is NaN (no expected level is derived for the sharded reduction).
 
-Grouped FP8 records (``grouped_quant_linear``, :func:`quant_record` on
+Grouped FP8 records (``grouped_quant_linear``, :func:`fp8_record` on
 :func:`properties.fp8.grouped.props.measure_case`): as the quantized linear's, the case a ``GroupedCase``; outputs
 ``y`` and ``dgrad`` assembled over the experts' rows, ``wgrad`` ``[G, N, K]`` and ``bgrad`` ``[G, N]`` stacked, each
 element under its own expert's bound; ``reduction_length`` of wgrad and bgrad is the largest expert's rows.
@@ -458,7 +458,7 @@ def linear_ce_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dic
     return rec
 
 
-def quant_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
+def fp8_record(impl: Any, grid_case: Any, res: Any, seconds: float) -> dict[str, Any]:
     """The record of one quantized-linear case from :func:`properties.fp8.props.measure_case`'s result (or a grouped
     case's, from :func:`properties.fp8.grouped.props.measure_case`: the same fields)."""
     from numcheck.properties.core.failures import repro_command

@@ -1,7 +1,7 @@
 """Every FP8 quantized-linear property against every registered fp8-linear impl (built-in and plugged in).
 
 Cases are drawn inside each impl's declaration (properties/fp8/strategies.py); the drawn tests are
-:data:`numcheck.properties.fp8.suite.QUANT_SUITE`, run by the runner :func:`numcheck.check` uses too
+:data:`numcheck.properties.fp8.suite.FP8_SUITE`, run by the runner :func:`numcheck.check` uses too
 (one ``@given`` per test, at test level). Failures carry the impl,
 the case, the output, error, bound, worst element and a repro command (properties/fp8/props.py).
 """
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.fp8_linear import FP8_KIND, Fp8LinearSupport, validate_quant_impl
+from numcheck.impls.protocols.fp8_linear import FP8_KIND, Fp8LinearSupport, validate_fp8_linear_impl
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
@@ -27,7 +27,7 @@ from numcheck.properties.fp8.cases import (
     declared_mode,
 )
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
-from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.fp8.suite import FP8_SUITE
 from numcheck.reference.fp8_formats import E4M3, E5M2
 from numcheck.tests.suite.drawn import run_drawn
 
@@ -69,7 +69,7 @@ def _first_dtype(impl) -> str:
 @given(data=st.data())
 def test_accuracy_against_both_references(fp8_linear_impl, data):
     """Every output is within the accumulation bound of the dequantized reference and the fp8 bound of the original."""
-    run_drawn(QUANT_SUITE["accuracy_against_both_references"], fp8_linear_impl, data)
+    run_drawn(FP8_SUITE["accuracy_against_both_references"], fp8_linear_impl, data)
 
 
 @_FIXTURE_OK
@@ -78,7 +78,7 @@ def test_accuracy_on_scale_block_grids(fp8_linear_impl, data):
     """Accuracy on grids of a few scale blocks each way whose every row and K-block has its own exponent, K = block ×
     odd or m·2^j below the block: a block scale read from another block, transposed, or the partial last K-block's
     taken from the block before, lands on another exponent (random data repeats exponents and hides it)."""
-    run_drawn(QUANT_SUITE["accuracy_on_scale_block_grids"], fp8_linear_impl, data)
+    run_drawn(FP8_SUITE["accuracy_on_scale_block_grids"], fp8_linear_impl, data)
 
 
 def test_edge_inputs_every_recipe(fp8_linear_impl):
@@ -165,7 +165,7 @@ def test_usage_as_a_layer_every_recipe(fp8_linear_impl, soi, prop):
 @given(data=st.data())
 def test_save_original_input_is_bitwise_identical(fp8_linear_impl, data):
     """save_original_input True and False give bitwise identical y, dgrad, wgrad and bgrad (delayed: True raises)."""
-    run_drawn(QUANT_SUITE["save_original_input_is_bitwise_identical"], fp8_linear_impl, data)
+    run_drawn(FP8_SUITE["save_original_input_is_bitwise_identical"], fp8_linear_impl, data)
 
 
 def test_save_original_input_on_edge_regimes(fp8_linear_impl):
@@ -193,7 +193,7 @@ def test_save_original_input_on_edge_regimes(fp8_linear_impl):
 @given(data=st.data())
 def test_saved_tensor_aliasing_and_bytes(fp8_linear_impl, data):
     """True holds x itself, False holds the FP8 copy instead, and held(False) − held(True) is the predicted copy."""
-    run_drawn(QUANT_SUITE["saved_tensor_aliasing_and_bytes"], fp8_linear_impl, data)
+    run_drawn(FP8_SUITE["saved_tensor_aliasing_and_bytes"], fp8_linear_impl, data)
 
 
 def test_delayed_scaling_over_steps(fp8_linear_impl):
@@ -216,7 +216,7 @@ def _needs_quantize(impl) -> None:
 @given(data=st.data())
 def test_quantizer_bitwise_on_random_tensors(fp8_linear_impl, data):
     """The impl's quantizer equals the oracle bitwise on random tensors (codes, scales, E8M0), columnwise = rowwise(ᵀ)ᵀ."""
-    run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], fp8_linear_impl, data)
+    run_drawn(FP8_SUITE["quantizer_bitwise_on_random_tensors"], fp8_linear_impl, data)
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
@@ -263,7 +263,7 @@ def test_emulated_gemms_match_native(fp8_linear_impl):
 
 # -- protocol ------------------------------------------------------------------------------------------
 def test_protocol_rejects_malformed_impls():
-    """validate_quant_impl names the origin and the problem for objects that break the protocol."""
+    """validate_fp8_linear_impl names the origin and the problem for objects that break the protocol."""
 
     class NoSupport:
         name, kind = "bad", FP8_KIND
@@ -272,12 +272,12 @@ def test_protocol_rejects_malformed_impls():
             return None
 
     with pytest.raises(TypeError, match="origin-x.*support"):
-        validate_quant_impl(NoSupport(), "origin-x")
+        validate_fp8_linear_impl(NoSupport(), "origin-x")
 
     class NoQuantize(NoSupport):
         support = Fp8LinearSupport(exposes_quantize=True)
 
     with pytest.raises(TypeError, match="exposes_quantize"):
-        validate_quant_impl(NoQuantize(), "origin-y")
+        validate_fp8_linear_impl(NoQuantize(), "origin-y")
     with pytest.raises(ValueError, match="recipes"):
         Fp8LinearSupport(recipes=())

@@ -1,7 +1,7 @@
 """A tensor-parallel FP8 case as one printable value, its shards per rank, and the assembly of the ranks' outputs.
 
 The global tensors are those of the single-device :class:`~properties.fp8.cases.Fp8Case` of the same shape
-(:func:`~properties.fp8.cases.build_quant`), so the unsharded float64 oracle judges them unchanged. Shards are
+(:func:`~properties.fp8.cases.build_fp8`), so the unsharded float64 oracle judges them unchanged. Shards are
 contiguous, rank-ordered slices (the layouts of :mod:`impls.protocols.tp_fp8_linear`).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from numcheck.properties.fp8.cases import Fp8Case, QuantCaseFields, QuantTensors, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, Fp8CaseFields, Fp8Tensors, build_fp8
 
 #: The block edge a sharded weight dimension's local size must be a multiple of, per recipe kind (a shard never
 #: splits a 128×128 tile, a 1×128 or a 1×32 block).
@@ -18,8 +18,8 @@ SHARD_EDGE: dict[str, int] = {"delayed": 1, "current": 1, "blockwise": 128, "mxf
 
 
 @dataclass(frozen=True, kw_only=True)
-class TPFp8Case(QuantCaseFields):
-    """One tensor-parallel quantized-linear case: the global shape and values (:class:`QuantCaseFields`), and,
+class TPFp8Case(Fp8CaseFields):
+    """One tensor-parallel quantized-linear case: the global shape and values (:class:`Fp8CaseFields`), and,
     by keyword, the world size and the layout.
 
     ``steps``: delayed scaling runs this many steps with one state per rank (the drawn suite runs 2, so the second
@@ -71,14 +71,14 @@ def _part(n: int, world: int, rank: int) -> slice:
     return slice(rank * s, (rank + 1) * s)
 
 
-def shard(case: TPFp8Case, t: QuantTensors, rank: int) -> QuantTensors:
+def shard(case: TPFp8Case, t: Fp8Tensors, rank: int) -> Fp8Tensors:
     """Rank ``rank``'s x, weight, bias and upstream gradient (its share of dy in y's layout)."""
     P = case.world
     if case.parallel == "column":
         n = _part(case.N, P, rank)
         x = t.x[_part(case.M, P, rank)] if case.sequence_parallel else t.x
         b = t.bias[n] if t.bias is not None else None
-        return QuantTensors(
+        return Fp8Tensors(
             x=x.contiguous(),
             weight=t.weight[n].contiguous(),
             dy=t.dy[:, n].contiguous(),
@@ -86,12 +86,12 @@ def shard(case: TPFp8Case, t: QuantTensors, rank: int) -> QuantTensors:
         )
     k = _part(case.K, P, rank)
     dy = t.dy[_part(case.M, P, rank)] if case.sequence_parallel else t.dy
-    return QuantTensors(x=t.x[:, k].contiguous(), weight=t.weight[:, k].contiguous(), dy=dy.contiguous(), bias=t.bias)
+    return Fp8Tensors(x=t.x[:, k].contiguous(), weight=t.weight[:, k].contiguous(), dy=dy.contiguous(), bias=t.bias)
 
 
-def steps_tensors(case: TPFp8Case) -> list[QuantTensors]:
+def steps_tensors(case: TPFp8Case) -> list[Fp8Tensors]:
     """The global tensors of every step."""
-    return [build_quant(case.single(), step) for step in range(case.steps)]
+    return [build_fp8(case.single(), step) for step in range(case.steps)]
 
 
 #: How each output of each rank is placed in the global one: ``("cat", dim)`` concatenated in rank order, or

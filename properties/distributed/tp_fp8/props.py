@@ -50,7 +50,7 @@ from numcheck.properties.distributed.tp_fp8.tolerance import partial_bias_grad_b
 from numcheck.properties.distributed.tp_fp8.yardstick import tp_relative
 from numcheck.properties.fp8.props import _bits, _masked
 from numcheck.properties.fp8.tolerance import output_bounds
-from numcheck.reference.fp8_linear import QUANT_OUTPUTS, quantized_linear
+from numcheck.reference.fp8_linear import FP8_OUTPUTS, quantized_linear
 from numcheck.reference.fp8_recipes import ROLES, USAGES
 
 #: Seconds one case may take on its ranks (the harness's default; measured cases take well under 2 s at P = 4).
@@ -226,7 +226,7 @@ def step_judgements(
             t.x, t.weight, t.dy, t.bias, case.recipe, delayed_scales=scales if case.recipe.kind == "delayed" else None
         )
         suffix = f"@step{step}" if step else ""
-        for name in QUANT_OUTPUTS:
+        for name in FP8_OUTPUTS:
             if name not in ref.dq:
                 continue
             got, why = assembly(case, ranks, name)
@@ -488,7 +488,7 @@ def world_size_invariance(impl: Any, case: TPFp8Case) -> dict[str, float]:
             ref = quantized_linear(
                 t.x, t.weight, t.dy, t.bias, c.recipe, delayed_scales=scales if c.recipe.kind == "delayed" else None
             )
-            for name in QUANT_OUTPUTS:
+            for name in FP8_OUTPUTS:
                 if name in ref.dq and not (name == "bgrad" and placement(c, name) == "partial"):
                     got = assemble(impl, "world_size_invariance", c, [rr[step] for rr in res], name)
                     outs[(name, step)] = (got, ref, t)
@@ -538,7 +538,7 @@ def _bitwise(impl: Any, prop: str, case: TPFp8Case, a: list[list[dict]], b: list
     __tracebackhide__ = True
     for step in range(len(a[0])):
         for rank in range(len(a)):
-            for name in QUANT_OUTPUTS:
+            for name in FP8_OUTPUTS:
                 va, vb = a[rank][step][name], b[rank][step][name]
                 if va is None and vb is None:
                     continue

@@ -23,7 +23,7 @@ REGIMES: tuple[str, ...] = ("normal", "wide", "outlier", "scale_edge")
 
 
 @st.composite
-def tp_quant_cases(
+def tp_fp8_cases(
     draw: st.DrawFn,
     support: Any,
     *,

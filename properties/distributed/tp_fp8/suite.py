@@ -14,7 +14,7 @@ from numcheck.properties.core.drawn_log import fingerprint, log_example
 from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.tp_fp8 import props
 from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
-from numcheck.properties.distributed.tp_fp8.strategies import tp_quant_cases
+from numcheck.properties.distributed.tp_fp8.strategies import tp_fp8_cases
 
 
 def accuracy_and_scale(impl: Any, case: TPFp8Case, latch: FailureLatch) -> None:
@@ -55,7 +55,7 @@ def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: A
     if name == "dist_save_original_input" and True not in impl.support.save_original_input:
         return
     latch = FailureLatch()
-    strategy = tp_quant_cases(impl.support, **kw)
+    strategy = tp_fp8_cases(impl.support, **kw)
 
     @settings(base or settings(), max_examples=n, deadline=None)
     @given(case=strategy)

@@ -70,7 +70,7 @@ from numcheck.properties.fp8.tolerance import (
     output_bounds,
 )
 from numcheck.reference.fp8_formats import F64, round_to_fp32
-from numcheck.reference.fp8_linear import QuantLinearReference
+from numcheck.reference.fp8_linear import Fp8LinearReference
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def partial_terms(
 
 
 def sharded_reduction_bounds(
-    ref: QuantLinearReference,
+    ref: Fp8LinearReference,
     output: str,
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -2,7 +2,7 @@
 
 :class:`GroupedCase`'s ``repr`` is valid Python (with :class:`~reference.fp8_recipes.Fp8Recipe` in scope): what
 reproduction commands carry. :func:`build_grouped` makes each expert's tensors with the single linear's builder
-(:func:`properties.fp8.cases.build_quant`, so every value regime of it is available per expert) from a seed of its
+(:func:`properties.fp8.cases.build_fp8`, so every value regime of it is available per expert) from a seed of its
 own, scales them by a power of two drawn per expert and operand (so the experts' amaxes, and with them their scales,
 differ: a scale shared across experts or one expert's quantizer used for another changes the codes), and stacks
 them: x and dy by rows, the weights and biases by expert. A case means the same tensors everywhere.
@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from numcheck.properties.fp8.cases import Fp8Case, build_quant
+from numcheck.properties.fp8.cases import Fp8Case, build_fp8
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
@@ -190,9 +190,9 @@ def build_grouped(case: GroupedCase, step: int = 0, micro: int = 0) -> GroupedTe
             steps=case.steps,
             device=case.device,
         )
-        t = build_quant(sub, step)
+        t = build_fp8(sub, step)
         if micro:
-            tm = build_quant(sub.replace(seed=sub.seed + 7919 * micro), step)
+            tm = build_fp8(sub.replace(seed=sub.seed + 7919 * micro), step)
             t = t._replace(x=tm.x, dy=tm.dy)
         mx, mw, mdy = (float(v) for v in mags[i])
         xs.append(t.x[:m] * mx)

@@ -40,7 +40,7 @@ from numcheck.impls.protocols.fp8_linear import held_for_backward
 from numcheck.impls.protocols.grouped_fp8_linear import delayed_states, predicted_grouped_columnwise_x_bytes
 from numcheck.properties.core.compare import compare, overflow_threshold
 from numcheck.properties.core.failures import failure_message
-from numcheck.properties.fp8.cases import Fp8Case, QuantTensors
+from numcheck.properties.fp8.cases import Fp8Case, Fp8Tensors
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
 from numcheck.properties.fp8.props import (
@@ -51,7 +51,7 @@ from numcheck.properties.fp8.props import (
     check_held,
     note_result,
     output_metrics,
-    run_quant_impl,
+    run_fp8_impl,
 )
 from numcheck.properties.fp8.tolerance import output_bounds
 from numcheck.properties.fp8.yardstick import SingleFp8Linear
@@ -59,7 +59,7 @@ from numcheck.reference.fp8_recipes import ROLES
 from numcheck.reference.grouped_fp8_linear import (
     GROUPED_OUTPUTS,
     ROW_OUTPUTS,
-    GroupedQuantLinearReference,
+    GroupedFp8LinearReference,
     grouped_quantized_linear,
 )
 
@@ -221,7 +221,7 @@ def run_grouped(
     )
 
 
-def oracle(case: GroupedCase, t: GroupedTensors, states: Any = None) -> GroupedQuantLinearReference:
+def oracle(case: GroupedCase, t: GroupedTensors, states: Any = None) -> GroupedFp8LinearReference:
     """The float64 oracle of ``case`` on ``t`` (delayed scaling: with the states' stored scales)."""
     scales = [{r: s.scale(r) for r in ROLES} for s in states] if states is not None else None
     return grouped_quantized_linear(
@@ -242,7 +242,7 @@ def _measure_step(
     case: GroupedCase,
     t: GroupedTensors,
     out: GroupedRun,
-    ref: GroupedQuantLinearReference,
+    ref: GroupedFp8LinearReference,
     suffix: str,
     result: Fp8CaseResult,
 ) -> None:
@@ -257,7 +257,7 @@ def _measure_step(
         result.outputs[name + suffix] = output_metrics(name + suffix, got, ref.dq[name], ref.true[name], bnd)
 
 
-def _check_records(states: tuple, ref: GroupedQuantLinearReference, step: int, notes: list[str]) -> None:
+def _check_records(states: tuple, ref: GroupedFp8LinearReference, step: int, notes: list[str]) -> None:
     """Each expert's recorded amaxes of this step against the oracle's (exact), then each state's update."""
     for i, st in enumerate(states):
         for role in ROLES:
@@ -397,8 +397,8 @@ def per_expert_linear(impl: Any, case: GroupedCase) -> None:
             save_original_input=case.save_original_input,
             device=case.device,
         )
-        ti = QuantTensors(t.x[rows], t.weights[i], t.dy[rows], t.biases[i] if t.biases is not None else None)
-        s = run_quant_impl(single, sub, ti)
+        ti = Fp8Tensors(t.x[rows], t.weights[i], t.dy[rows], t.biases[i] if t.biases is not None else None)
+        s = run_fp8_impl(single, sub, ti)
         got = {
             "y": g.y[rows],
             "dgrad": g.dgrad[rows] if g.dgrad is not None else None,
@@ -425,7 +425,7 @@ def per_expert_linear(impl: Any, case: GroupedCase) -> None:
             )
 
 
-def _non_finite(run: GroupedRun, ref: GroupedQuantLinearReference) -> list[str]:
+def _non_finite(run: GroupedRun, ref: GroupedFp8LinearReference) -> list[str]:
     """Outputs holding NaN or inf where the oracle's value is finite and within the output dtype's range (an
     overflow the correctly rounded value also has is no defect)."""
     bad = []

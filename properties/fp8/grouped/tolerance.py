@@ -46,17 +46,17 @@ from numcheck.properties.fp8.tolerance import (
     output_bounds,
 )
 from numcheck.reference.fp8_formats import F64
-from numcheck.reference.grouped_fp8_linear import ROW_OUTPUTS, GroupedQuantLinearReference
+from numcheck.reference.grouped_fp8_linear import ROW_OUTPUTS, GroupedFp8LinearReference
 
 
-def expert_tensors(t, ref: GroupedQuantLinearReference, i: int):
+def expert_tensors(t, ref: GroupedFp8LinearReference, i: int):
     """Expert ``i``'s ``(x_i, W_i, dy_i, b_i)`` of the grouped tensors ``t`` (a ``GroupedTensors``)."""
     rows = ref.rows(i)
     return t.x[rows], t.weights[i], t.dy[rows], (t.biases[i] if t.biases is not None else None)
 
 
 def grouped_bounds(
-    ref: GroupedQuantLinearReference,
+    ref: GroupedFp8LinearReference,
     output: str,
     t,
     *,
@@ -102,7 +102,7 @@ def _nan0(t: torch.Tensor) -> torch.Tensor:
 
 
 def accumulated_bounds(
-    refs: list[GroupedQuantLinearReference],
+    refs: list[GroupedFp8LinearReference],
     steps: list,
     start: torch.Tensor | None,
     *,
@@ -151,13 +151,13 @@ def accumulated_bounds(
     return AccumulatedBounds(c_dq, c_true, e, e + q_sum, unspec)
 
 
-def _empty(ref: GroupedQuantLinearReference) -> torch.Tensor:
+def _empty(ref: GroupedFp8LinearReference) -> torch.Tensor:
     """``[G, 1, 1]``: whether each expert has no rows."""
     return torch.tensor([m == 0 for m in ref.m_splits])[:, None, None]
 
 
 def _accumulation_terms(
-    ref: GroupedQuantLinearReference, accum_u: float, accum_chunk: int | None
+    ref: GroupedFp8LinearReference, accum_u: float, accum_chunk: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(E, A)`` per element of wgrad: the single linear's accumulation error of the fp32 GEMM result and
     ``Σ|â||b̂|`` (both 0 for an empty expert)."""
@@ -167,12 +167,12 @@ def _accumulation_terms(
     return g[:, None, None] * A + eta[:, None, None], A
 
 
-def _fused_step(ref: GroupedQuantLinearReference, accum_u: float, accum_chunk: int | None) -> torch.Tensor:
+def _fused_step(ref: GroupedFp8LinearReference, accum_u: float, accum_chunk: int | None) -> torch.Tensor:
     """Per expert the accumulation factor of ``n + 1`` terms (``C_{t−1}`` and the n products); 0 for an empty
     expert, whose ``main_grad`` must not change."""
     g = [accumulation_gamma(m + 1, accum_u, accum_chunk) if m else 0.0 for m in ref.m_splits]
     return torch.tensor(g, dtype=F64)[:, None, None]
 
 
-def _eta_terms(ref: GroupedQuantLinearReference) -> torch.Tensor:
+def _eta_terms(ref: GroupedFp8LinearReference) -> torch.Tensor:
     return torch.tensor([(m + 5) * ETA32 if m else 0.0 for m in ref.m_splits], dtype=F64)[:, None, None]

@@ -14,28 +14,28 @@ from typing import Any, Iterator
 
 from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.properties.fp8.cases import Fp8Case, declared_mode
-from numcheck.reports.report.coverage import quant_behaviours
+from numcheck.reports.report.coverage import fp8_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, median, plain_mode, quant_extras, summarize
-from numcheck.reports.report.property_grid import quant_refused, quant_rows
-from numcheck.reports.report.schema import dtype_names, quant_record
+from numcheck.reports.report.md_rows import all_judged_pass, fmt, fp8_extras, median, plain_mode, summarize
+from numcheck.reports.report.property_grid import fp8_refused, fp8_rows
+from numcheck.reports.report.schema import dtype_names, fp8_record
 
 
-def _quant_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, Fp8Case]]:
-    """The size ladder of one recipe and dtype: each of M, K, N walked over ``spec.quant_ladder`` from the base."""
-    m0, k0, n0 = spec.quant_base
+def _fp8_ladder(spec: GridSpec, recipe: Any, dtype: str, bias: bool, device: str) -> Iterator[tuple[str, Fp8Case]]:
+    """The size ladder of one recipe and dtype: each of M, K, N walked over ``spec.fp8_ladder`` from the base."""
+    m0, k0, n0 = spec.fp8_base
     for axis in ("M", "K", "N"):
-        for size in spec.quant_ladder:
+        for size in spec.fp8_ladder:
             shape = {"M": m0, "K": k0, "N": n0, axis: size}
-            base = (shape["M"], shape["K"], shape["N"]) == spec.quant_base
+            base = (shape["M"], shape["K"], shape["N"]) == spec.fp8_base
             case = Fp8Case(
                 recipe, shape["M"], shape["K"], shape["N"], dtype=dtype, bias=bias, seed=100 + size, device=device
             )
             yield ("ladder:base" if base else f"ladder:{axis}"), case
 
 
-def _quant_extras(
+def _fp8_extras(
     support: Any, recipe: Any, base: tuple[int, int, int], dtype: str, bias: bool, device: str
 ) -> Iterator[tuple[str, Fp8Case]]:
     """The declared extras of one recipe and dtype: save_original_input, and three steps of delayed scaling."""
@@ -49,12 +49,12 @@ def _quant_extras(
         yield "delayed_steps", Fp8Case(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=301, steps=3, device=device)
 
 
-def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
+def fp8_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCase]:
     """Every quantized-linear case of ``spec`` for an impl declaring ``support``, in a fixed order."""
     declared = [name for d, name in DTYPE_NAMES.items() if d in support.dtypes]
     if not declared:
         raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+    dtypes = declared if spec.fp8_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
     bias = bool(support.bias)
     out: list[GridCase] = []
     seen: set[Fp8Case] = set()
@@ -67,28 +67,28 @@ def quant_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridC
             seen.add(c)
             out.append(GridCase(group, c.dtype, c))
 
-    m0, k0, n0 = spec.quant_base
+    m0, k0, n0 = spec.fp8_base
     for r_i, recipe in enumerate(support.recipes):
         for dtype in dtypes:
-            if spec.quant_all_recipes_ladder or r_i == 0:
-                for group, case in _quant_ladder(spec, recipe, dtype, bias, device):
+            if spec.fp8_all_recipes_ladder or r_i == 0:
+                for group, case in _fp8_ladder(spec, recipe, dtype, bias, device):
                     add(group, case)
             else:
                 add("base", Fp8Case(recipe, m0, k0, n0, dtype=dtype, bias=bias, seed=100 + k0, device=device))
-            for regime in spec.quant_regimes:
+            for regime in spec.fp8_regimes:
                 add(
                     f"regime:{regime}",
                     Fp8Case(recipe, m0 - 7, k0, n0 - 8, dtype=dtype, bias=bias, regime=regime, seed=200, device=device),
                 )
-            if spec.quant_extras:
-                for group, case in _quant_extras(support, recipe, spec.quant_base, dtype, bias, device):
+            if spec.fp8_extras:
+                for group, case in _fp8_extras(support, recipe, spec.fp8_base, dtype, bias, device):
                     add(group, case)
     return out
 
 
 def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, GridCase]]:
-    """A quantized linear's cases (:func:`quant_cases`); ``ValueError`` when it declares no buildable dtype."""
-    return [(impl, gc) for gc in quant_cases(spec, impl.support, device)]
+    """A quantized linear's cases (:func:`fp8_cases`); ``ValueError`` when it declares no buildable dtype."""
+    return [(impl, gc) for gc in fp8_cases(spec, impl.support, device)]
 
 
 def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     from numcheck.properties.fp8.props import measure_case
 
     res = measure_case(impl, gc.case)
-    return quant_record(impl, gc, res, time.perf_counter() - t0)
+    return fp8_record(impl, gc, res, time.perf_counter() - t0)
 
 
 def properties() -> dict[str, Any]:
@@ -145,7 +145,7 @@ def why(d: dict[str, Any]) -> str:
 
 def single_extras(row: dict[str, Any], items: list[tuple[dict, dict]]) -> None:
     """The columns of a single-device FP8 row (single and grouped): ratios, SQNR and relative Frobenius error."""
-    quant_extras(row, items)
+    fp8_extras(row, items)
     row["sqnr_db"] = median(o["sqnr_db"] for _, o in items if math.isfinite(o["sqnr_db"]))
     row["rel_fro_true"] = median(o["rel_fro_true"] for _, o in items)
 
@@ -155,7 +155,7 @@ def summary(report: dict) -> list[dict[str, Any]]:
     return summarize(report, FP8_KIND, OUTPUTS, plain_mode, single_extras)
 
 
-def quant_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]:
+def fp8_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]:
     """The per impl × recipe × dtype × output table of the single or the grouped FP8 linear (none without rows)."""
     out: list[str] = []
     if rows:
@@ -187,7 +187,7 @@ def quant_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]
 
 def table(report: dict) -> list[str]:
     """The FP8 quantized linear summary (none without such cases)."""
-    return quant_table(summary(report), "### FP8 quantized linear: per impl × recipe × dtype × output", "")
+    return fp8_table(summary(report), "### FP8 quantized linear: per impl × recipe × dtype × output", "")
 
 
 def case_types() -> tuple[type, ...]:
@@ -206,12 +206,12 @@ FAMILY = ReportFamily(
     declaration=declaration,
     judgements=("accumulation", "total"),
     repro=repro,
-    property_rows=quant_rows,
-    refused=quant_refused,
+    property_rows=fp8_rows,
+    refused=fp8_refused,
     why=why,
     summary=summary,
     table=table,
     outputs=OUTPUTS,
     label="FP8 ",
-    behaviours=quant_behaviours,
+    behaviours=fp8_behaviours,
 )

@@ -13,13 +13,13 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
-from numcheck.reports.report.coverage import quant_behaviours
+from numcheck.reports.report.coverage import fp8_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GROUPED_CASES, GridCase, GridSpec, NotRun
 from numcheck.reports.report.md_rows import plain_mode, summarize
 from numcheck.reports.report.property_grid import grouped_rows
-from numcheck.reports.report.schema import quant_record
+from numcheck.reports.report.schema import fp8_record
 
 
 def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[GridCase], dict[str, int]]:
@@ -32,7 +32,7 @@ def grouped_cases(spec: GridSpec, impl: Any, device: str = "cpu") -> tuple[list[
     declared = [name for d, name in DTYPE_NAMES.items() if d in support.dtypes]
     if not declared:
         raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    dtypes = declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+    dtypes = declared if spec.fp8_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
     recipes = (
         list(support.recipes)
         if spec.grouped_all_recipes
@@ -84,7 +84,7 @@ def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     """One case judged by :func:`properties.fp8.grouped.props.measure_case`."""
     from numcheck.properties.fp8.grouped.props import measure_case
 
-    return quant_record(impl, gc, measure_case(impl, gc.case), time.perf_counter() - t0)
+    return fp8_record(impl, gc, measure_case(impl, gc.case), time.perf_counter() - t0)
 
 
 def properties() -> dict[str, Any]:
@@ -126,7 +126,7 @@ def summary(report: dict) -> list[dict[str, Any]]:
 
 def table(report: dict) -> list[str]:
     """The grouped FP8 linear summary (none without such cases)."""
-    return fp8_linear.quant_table(
+    return fp8_linear.fp8_table(
         summary(report),
         "### Grouped FP8 linear (mixture-of-experts): per impl × recipe × dtype × output",
         "Each case split among its experts (uneven and unaligned sizes, "
@@ -158,5 +158,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=fp8_linear.OUTPUTS,
     label="grouped FP8 ",
-    behaviours=quant_behaviours,
+    behaviours=fp8_behaviours,
 )

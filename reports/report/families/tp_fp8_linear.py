@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
-from numcheck.reports.report.coverage import tp_quant_behaviours
+from numcheck.reports.report.coverage import tp_fp8_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import (
@@ -29,7 +29,7 @@ from numcheck.reports.report.grid import (
     GridSpec,
     NotRun,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, quant_extras, summarize
+from numcheck.reports.report.md_rows import all_judged_pass, fmt, fp8_extras, summarize
 from numcheck.reports.report.property_grid import tp_rows
 from numcheck.reports.report.schema import dtype_names, tp_record
 
@@ -38,7 +38,7 @@ def _tp_dtypes(spec: GridSpec, support: Any) -> list[str]:
     declared = [name for d, name in DTYPE_NAMES.items() if d in support.dtypes]
     if not declared:
         raise ValueError(f"support declares no dtype numcheck can build: {support.dtypes}")
-    return declared if spec.quant_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
+    return declared if spec.fp8_all_dtypes else (["bfloat16"] if "bfloat16" in declared else declared[:1])
 
 
 def tp_cases(spec: GridSpec, impl: Any) -> tuple[list[GridCase], NotRun]:
@@ -147,7 +147,7 @@ def _mode(case: dict) -> str:
 def _extras(row: dict[str, Any], items: list[tuple[dict, dict]]) -> None:
     cases = {id(c): c for c, _ in items}.values()
     row["same_scale"] = (sum(bool(c.get("same_scale")) for c in cases), len(cases))
-    quant_extras(row, items)
+    fp8_extras(row, items)
 
 
 def summary(report: dict) -> list[dict[str, Any]]:
@@ -212,5 +212,5 @@ FAMILY = ReportFamily(
     table=table,
     outputs=fp8_linear.OUTPUTS,
     label="TP FP8 ",
-    behaviours=tp_quant_behaviours,
+    behaviours=tp_fp8_behaviours,
 )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from numcheck.errors import InvalidDeclaration
-from numcheck.impls.builtin.fp8_linear import quant_linear_impls
+from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
 from numcheck.impls.protocols.fp8_linear import Fp8LinearSupport, predicted_columnwise_x_bytes
 from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
 from numcheck.impls.protocols.tp_fp8_linear import TPFp8Support
@@ -33,7 +33,7 @@ def test_grouped_and_tp_supports_refuse_the_rowwise_kinds(support):
 def test_rowwise_gw_hp_has_no_fp8_copy_of_x():
     """rowwise_gw_hp's wgrad reads x in high precision: the built-in declares only save_original_input=True, refuses
     False naming why, and the predicted columnwise copy of x is 0 bytes (rowwise: M·K codes + K fp32 scales)."""
-    impl = next(i for i in quant_linear_impls() if i.name == "fp8_linear[rowwise_gw_hp]")
+    impl = next(i for i in fp8_linear_impls() if i.name == "fp8_linear[rowwise_gw_hp]")
     assert impl.support.save_original_input == frozenset({True})
     recipe = impl.support.recipes[0]
     x, w = torch.randn(4, 8), torch.randn(3, 8)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from numcheck.errors import PropertyFailure
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import Fp8Case
-from numcheck.properties.fp8.strategies import quant_cases
+from numcheck.properties.fp8.strategies import fp8_cases
 from numcheck.tests.self.helpers.fp8_mutants import CAUGHT_BY, MUTANTS
 
 # No shrinking: the first failing case is enough to show the mutant is caught (shrinking only costs time).
@@ -41,7 +41,7 @@ def test_mutant_is_caught(mutant):
     prop = checks.FP8_PROPERTIES[CAUGHT_BY[mutant.name]]
     soi = CAUGHT_BY[mutant.name] == "save_original_input" and mutant.recipe_kind != "delayed"
     mode = True if mutant.name == "mutant_shared_saved_x_workspace" else None  # its workspace holds the original x
-    strategy = quant_cases(
+    strategy = fp8_cases(
         mutant.support, regimes=("normal", "wide", "outlier"), require_soi=soi, save_original_input=mode
     )
     found = find(strategy, lambda c: _fails(prop, mutant, c), settings=_FIND)
@@ -95,10 +95,10 @@ def _quantizer_verdict(mutant):
     from hypothesis import settings as hsettings
 
     from numcheck.properties.check import _run_drawn
-    from numcheck.properties.fp8.suite import QUANT_SUITE
+    from numcheck.properties.fp8.suite import FP8_SUITE
 
     base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
-    return _run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], mutant, base)
+    return _run_drawn(FP8_SUITE["quantizer_bitwise_on_random_tensors"], mutant, base)
 
 
 @pytest.mark.parametrize("mutant", EDGE_MUTANTS, ids=[m.name for m in EDGE_MUTANTS])
@@ -130,10 +130,10 @@ def _ci_verdict(mutant, test: str):
     from hypothesis import settings as hsettings
 
     from numcheck.properties.check import _run_drawn
-    from numcheck.properties.fp8.suite import QUANT_SUITE
+    from numcheck.properties.fp8.suite import FP8_SUITE
 
     base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
-    return _run_drawn(QUANT_SUITE[test], mutant, base)
+    return _run_drawn(FP8_SUITE[test], mutant, base)
 
 
 #: The layout mutants the accuracy test's ci draws miss and the scale-block grids catch: dgrad's W tile scales read

@@ -19,7 +19,7 @@ from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND, FunctionImpl, Lin
 from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.runner import MIN_RANDOM, SuiteProperty, budget, rows, run_rows
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
-from numcheck.properties.fp8.suite import QUANT_SUITE
+from numcheck.properties.fp8.suite import FP8_SUITE
 from numcheck.properties.linear_ce.coverage import EVERY_DIMENSION, covering_rows, uncovered_pairs
 from numcheck.properties.linear_ce.strategies import determinism_layout, pinned_row, problems
 from numcheck.properties.linear_ce.suite import SUITE
@@ -183,7 +183,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     assert budget(_TRANSPOSED_BUG, 1000, prop) == 250 - n_rows
     assert budget(_TRANSPOSED_BUG, 12, SUITE["grad_dtypes"]) == 3
     assert not rows(SUITE["determinism"], _TRANSPOSED_BUG) and budget(_TRANSPOSED_BUG, 12, SUITE["determinism"]) == 3
-    cheap = QUANT_SUITE["save_original_input_is_bitwise_identical"]
+    cheap = FP8_SUITE["save_original_input_is_bitwise_identical"]
     assert cheap.budget_scale > 1
     assert (
         budget(type("Q", (), {"support": type("S", (), {"slow": False})(), "kind": "fp8-linear"})(), 12, cheap)
@@ -197,7 +197,7 @@ def test_budget_takes_rows_out_of_the_share_and_keeps_random_draws():
     "module,kind,table",
     [
         ("numcheck.tests.suite.test_properties", LINEAR_CE_KIND, SUITE),
-        ("numcheck.tests.suite.test_fp8_impls", FP8_KIND, QUANT_SUITE),
+        ("numcheck.tests.suite.test_fp8_impls", FP8_KIND, FP8_SUITE),
         ("numcheck.tests.suite.test_grouped_fp8", GROUPED_KIND, GROUPED_SUITE),
     ],
 )

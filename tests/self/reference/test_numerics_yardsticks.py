@@ -17,9 +17,9 @@ import torch
 
 from numcheck.impls.builtin import grad_accum
 from numcheck.impls.builtin.eager import eager_impls
-from numcheck.impls.builtin.fp8_linear import quant_linear_impls
-from numcheck.properties.fp8.cases import Fp8Case, build_quant
-from numcheck.properties.fp8.props import run_quant_impl
+from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
+from numcheck.properties.fp8.cases import Fp8Case, build_fp8
+from numcheck.properties.fp8.props import run_fp8_impl
 from numcheck.properties.fp8.yardstick import SingleFp8Linear
 from numcheck.properties.linear_ce.cases import Problem, build
 from numcheck.properties.linear_ce.harness import eager_yardstick, run_impl, same_bits
@@ -87,11 +87,11 @@ def _fp8_cases() -> list[Fp8Case]:
 def test_per_expert_yardstick_is_the_single_fp8_builtin(case: Fp8Case) -> None:
     """``per_expert_linear``'s single FP8 linear equals the built-in ``fp8_linear[<kind>]`` in y and every
     gradient, and in name and declaration (its accumulation bounds the comparison)."""
-    builtin = next(i for i in quant_linear_impls() if i.recipe_kind == case.recipe.kind)
+    builtin = next(i for i in fp8_linear_impls() if i.recipe_kind == case.recipe.kind)
     yardstick = SingleFp8Linear(case.recipe.kind)
     assert (yardstick.name, yardstick.support) == (builtin.name, builtin.support)
-    t = build_quant(case)
-    runs = [run_quant_impl(impl, case, t) for impl in (builtin, yardstick)]
+    t = build_fp8(case)
+    runs = [run_fp8_impl(impl, case, t) for impl in (builtin, yardstick)]
     old, new = ({k: getattr(r, k) for k in ("y", "dgrad", "wgrad", "bgrad")} for r in runs)
     assert not _differing(old, new), f"{case}: yardstick differs from {builtin.name} in {_differing(old, new)}"
 

@@ -185,11 +185,11 @@ def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path)
     from hypothesis import Phase, settings
 
     from numcheck.properties.check import _run_drawn
-    from numcheck.properties.fp8.suite import QUANT_SUITE
+    from numcheck.properties.fp8.suite import FP8_SUITE
 
     # numcheck.check's run of the property, unshrunk (the case as first found: a larger tensor than the shrunk one)
     base = settings(settings.get_profile("numcheck-ci"), max_examples=4, phases=[p for p in Phase if p != Phase.shrink])
-    v = _run_drawn(QUANT_SUITE["quantizer_bitwise_on_random_tensors"], user_impls.fp8_nan_flushed, base)
+    v = _run_drawn(FP8_SUITE["quantizer_bitwise_on_random_tensors"], user_impls.fp8_nan_flushed, base)
     assert v.status == "failed" and "QuantizerCase(" in v.message and "DrawnTensor(" in v.message, v
     line = re.search(r"reproduce: (.+)", v.message).group(1).strip()
     rerun = subprocess.run(

@@ -18,7 +18,7 @@ from numcheck.reports import cli
 from numcheck.reports.report import compare as report_compare
 from numcheck.reports.report import schema as report_schema
 from numcheck.reports.report.command import build_report, resolve_out_dir, write_atomically, write_report
-from numcheck.reports.report.families.fp8_linear import quant_cases
+from numcheck.reports.report.families.fp8_linear import fp8_cases
 from numcheck.reports.report.families.linear_ce import declared_cases, linear_ce_cases, random_problems
 from numcheck.reports.report.grid import FULL, GRIDS, QUICK, SMOKE, GridSpec, reduction_length, span_decades
 
@@ -43,12 +43,12 @@ TINY_BF16 = GridSpec(
     option_modes=(),
     options=(),
     n_random=0,
-    quant_ladder=(2, 200),
-    quant_base=(8, 8, 8),
-    quant_all_recipes_ladder=False,
-    quant_all_dtypes=False,
-    quant_regimes=(),
-    quant_extras=False,
+    fp8_ladder=(2, 200),
+    fp8_base=(8, 8, 8),
+    fp8_all_recipes_ladder=False,
+    fp8_all_dtypes=False,
+    fp8_regimes=(),
+    fp8_extras=False,
     properties=False,  # accuracy records only: the compare tests edit and match their outputs' error/bound
 )
 
@@ -122,7 +122,7 @@ def test_every_output_reduction_length_spans_two_decades(name):
     from numcheck.reference.fp8_recipes import Fp8Recipe
 
     support = Fp8LinearSupport(recipes=(Fp8Recipe("current"), Fp8Recipe("mxfp8")))
-    q = [gc.case for gc in quant_cases(spec, support)]
+    q = [gc.case for gc in fp8_cases(spec, support)]
     for out in ("y", "dgrad", "wgrad", "bgrad"):
         span = span_decades(reduction_length(out, c) for c in q if c.recipe == support.recipes[0])
         assert span >= 2.0, f"grid {name}: FP8 {out} reduction lengths span only {span:.2f} decades"
@@ -150,12 +150,12 @@ def test_grid_spec_rejects_a_ladder_under_two_decades():
             option_modes=(),
             options=(),
             n_random=0,
-            quant_ladder=(2, 200),
-            quant_base=(8, 8, 8),
-            quant_all_recipes_ladder=False,
-            quant_all_dtypes=False,
-            quant_regimes=(),
-            quant_extras=False,
+            fp8_ladder=(2, 200),
+            fp8_base=(8, 8, 8),
+            fp8_all_recipes_ladder=False,
+            fp8_all_dtypes=False,
+            fp8_regimes=(),
+            fp8_extras=False,
         )
 
 

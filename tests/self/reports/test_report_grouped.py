@@ -25,7 +25,7 @@ def test_grouped_grid_runs_declared_cases_and_counts_the_others(spec):
         s = impl.support
         kinds = len({r.kind for r in s.recipes})
         recipes = len(s.recipes) if spec.grouped_all_recipes else kinds
-        dtypes = len(s.dtypes) if spec.quant_all_dtypes else 1
+        dtypes = len(s.dtypes) if spec.fp8_all_dtypes else 1
         assert len(cases) + sum(skipped.values()) == recipes * dtypes * len(spec.grouped_cases)
         if "cpu" not in s.devices:  # the CUDA-only built-in: every CPU case refused, for the device
             assert not cases and all("device cpu not declared" in why for why in skipped)

@@ -34,10 +34,10 @@ def _suite_properties(kind: str) -> set[str]:
         return {p.check.__name__ for p in SUITE.values()}
     if kind == "fp8-linear":
         from numcheck.properties.fp8.props import LAYER_PROPERTIES
-        from numcheck.properties.fp8.suite import QUANT_SUITE
+        from numcheck.properties.fp8.suite import FP8_SUITE
 
         fixed = {"unit_scale_round_trip"}  # test_fp8_values_round_trip_under_unit_scale's judgement
-        return {p.check.__name__ for p in QUANT_SUITE.values()} | set(LAYER_PROPERTIES) | fixed
+        return {p.check.__name__ for p in FP8_SUITE.values()} | set(LAYER_PROPERTIES) | fixed
     if kind == "grouped-fp8-linear":
         from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
 

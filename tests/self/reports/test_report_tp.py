@@ -71,7 +71,7 @@ def test_tp_grid_runs_declared_cases_and_counts_the_others(spec):
         cases, skipped = tp_cases(spec, impl)
         s = impl.support
         recipes = len(s.recipes) if spec.tp_all_recipes else 1
-        dtypes = len(s.dtypes) if spec.quant_all_dtypes else 1
+        dtypes = len(s.dtypes) if spec.fp8_all_dtypes else 1
         assert len(cases) + sum(skipped.values()) == recipes * dtypes * len(TP_WORLD_SIZES) * 2 * len(spec.tp_cases)
         assert cases and all(tp_refusal(s, gc.case) is None for gc in cases)
         assert all(gc.case.world in s.world_sizes and gc.case.parallel in s.parallel for gc in cases)
