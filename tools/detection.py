@@ -275,6 +275,18 @@ ROWS: tuple[Row, ...] = (
         _FP8_GRID,
     ),
     Row("scale layout", f"{_FP8}:w_k_block_scale_shifted", "fprop's W scale of K-block b read from b + 1", _FP8_GRID),
+    Row(
+        "scale layout",
+        f"{_FP8}:rowwise_scales_wrong_axis",
+        "rowwise recipes: fprop's x scaled per column (over M), not per row (over K)",
+        _FP8_GRID,
+    ),
+    Row(
+        "scale layout",
+        f"{_FP8}:rowwise_one_scale",
+        "rowwise recipes: fprop's x scaled with one scale for the whole tensor",
+        _FP8_GRID,
+    ),
     *GROUPED_ROWS,
     *DIST_ROWS,
 )
@@ -318,6 +330,7 @@ class ReportRun:
     cases: int = 0
     seconds: float = 0.0
     note: str = ""
+    commit: str = ""
 
 
 @dataclass
@@ -340,6 +353,7 @@ class Detection:
     family: str = ""
     report: ReportRun | None = None
     report_before: ReportRun | None = None
+    commit: str = ""
 
 
 def _cell(text: str) -> str:
@@ -732,6 +746,26 @@ def _earlier(paths: list[Path]) -> dict[str, Detection]:
     return rows
 
 
+def checkout_commit() -> str:
+    """The commit of the checkout numcheck runs from (short hash, ``+dirty`` where tracked files differ from it),
+    recorded with each column a run makes; ``""`` outside a git checkout."""
+    import numcheck
+
+    root = Path(numcheck.__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except OSError:
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, Detection]]) -> Detection:
     """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`)."""
     if args.suite_from and row.spec not in earlier["suite_from"]:
@@ -743,12 +777,14 @@ def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, De
         d = Detection(name, row.bug_class, row.change, row.spec, [], False, note="suite not run", family=family_of(row))
     else:
         d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
+        d.commit = args.commit
     before = earlier["report_before"].get(row.spec)
     d.report_before = before.report if before else None
     if args.report_from:
         d.report = earlier["report_from"][row.spec].report if row.spec in earlier["report_from"] else None
     elif not args.no_report:
         d.report = run_report(row.spec, args.out / "reports" / row.spec.rsplit(":", 1)[1], args.timeout)
+        d.report.commit = args.commit
     else:
         d.report = None
     rep = "" if d.report is None else f"; report {'caught' if d.report.caught else 'NOT caught'}"
@@ -789,6 +825,7 @@ def run(args: argparse.Namespace) -> int:
         print(rows, file=sys.stderr)
         return 2
     earlier = {k: _earlier(getattr(args, k)) for k in ("suite_from", "report_from", "report_before")}
+    args.commit = checkout_commit()
     dets = [_one_row(row, args, earlier) for row in rows]
     print(_write(dets, args.out))
     caught = all(d.caught and (d.report is None or d.report.caught) for d in dets)
