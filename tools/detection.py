@@ -14,6 +14,14 @@ between two identical runs", "codes differ from the oracle", ...), the seconds f
 end of the first failing property, and whether it was caught at all; it prints a Markdown table and writes
 ``detection.json`` and ``detection.md``.
 
+Each column of a row records the commit it ran at (``ran at``). ``--mutant NAME ... --update DIR`` runs only the
+named mutants and replaces their rows in ``DIR/detection.json`` and ``DIR/detection.md``, keeping the others' rows
+(and, with ``--no-suite`` or ``--no-report``, the updated rows' column not run); ``--doc PAGE.md`` writes the table
+into the page's generated block (between :data:`TABLE_BEGIN` and :data:`TABLE_END`). A new family's mutants join
+the committed table so, without a full rerun::
+
+    python tools/detection.py --mutant NAME ... --update results/detection --doc docs/detection.md
+
 The mutants are numcheck's own tests, which a wheel does not ship: the command needs a checkout (it names them
 by spec and never imports them itself). ``--all-properties`` runs every drawn property of the suite per mutant
 instead of its class's (much slower).
@@ -29,7 +37,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -638,6 +646,11 @@ def report_cell(r: ReportRun | None) -> str:
     return f"exit {r.exit_status}: " + "<br>".join(parts)
 
 
+def ran_at(d: Detection) -> str:
+    """The commits the row's suite and report columns ran at (``—`` where a run recorded none)."""
+    return f"{d.commit or '—'} / {(d.report.commit if d.report else '') or '—'}"
+
+
 def _short_report(r: ReportRun | None) -> str:
     """The earlier report column of a mutant, in one word."""
     if r is None:
@@ -665,14 +678,15 @@ def to_markdown(dets: list[Detection], header: str) -> str:
         "",
         "| family | class | mutant | change | suite: caught by (margin: error/bound of the first failing draw, or "
         "the failure) | s to first failure | passed (ran, did not catch it) | `report --quick`: exit, failing "
-        "property cases/all (worst output error/bound) |" + (" report before |" if before else ""),
-        "|" + " --- |" * (9 if before else 8),
+        "property cases/all (worst output error/bound) | ran at (suite / report) |"
+        + (" report before |" if before else ""),
+        "|" + " --- |" * (10 if before else 9),
     ]
     for d in dets:
         first = "—" if d.seconds_to_first_failure is None else f"{d.seconds_to_first_failure:.1f}"
         lines.append(
             f"| {d.family} | {d.bug_class} | `{d.mutant}` | {d.change} | {_suite_cell(d)} | {first} | "
-            f"{', '.join(f'`{p}`' for p in d.passed) or '—'} | {report_cell(d.report)} |"
+            f"{', '.join(f'`{p}`' for p in d.passed) or '—'} | {report_cell(d.report)} | {ran_at(d)} |"
             + (f" {_short_report(d.report_before)} |" if before else "")
         )
     missed = [d for d in dets if not d.caught]
@@ -710,6 +724,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"{what}; repeatable, a later file's row replacing an earlier one's",
         )
     p.add_argument(
+        "--update",
+        type=Path,
+        metavar="DIR",
+        help="replace the rows of the mutants run (--mutant) in DIR/detection.json and DIR/detection.md, keeping "
+        "the other rows (e.g. results/detection); a column not run (--no-suite, --no-report) keeps its cells",
+    )
+    p.add_argument(
+        "--doc",
+        type=Path,
+        metavar="PAGE.md",
+        help="also write the table into PAGE.md between its generated-table markers (e.g. docs/detection.md)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=Path("numcheck-detection"),
@@ -746,6 +773,58 @@ def _earlier(paths: list[Path]) -> dict[str, Detection]:
     return rows
 
 
+#: The markers of a page's generated table (``--doc``): what lies between them is replaced, the prose kept.
+TABLE_BEGIN = "<!-- tools/detection.py: table begins -->"
+TABLE_END = "<!-- tools/detection.py: table ends -->"
+
+
+def with_table(page: str, md: str, where: str) -> str:
+    """``page`` with the text between :data:`TABLE_BEGIN` and :data:`TABLE_END` replaced by ``md``; ``SystemExit``
+    naming ``where`` and the markers when it lacks them (or has them out of order)."""
+    i, j = page.find(TABLE_BEGIN), page.find(TABLE_END)
+    if i < 0 or j < i:
+        raise SystemExit(
+            f"detection: {where} has no generated table to replace: put the lines {TABLE_BEGIN!r} and "
+            f"{TABLE_END!r} around it"
+        )
+    return page[: i + len(TABLE_BEGIN)] + "\n\n" + md.strip() + "\n\n" + page[j:]
+
+
+def _updated_rows(out: Path) -> dict[str, Detection] | str:
+    """The rows of ``out``/detection.json by spec (``--update``), or the error naming why they cannot be updated:
+    no such file, or a run on another torch than this one (a table's rows come from one torch)."""
+    import torch
+
+    path = out / "detection.json"
+    if not path.exists():
+        return f"detection: --update {out}: no {path} to update (a first run writes it: --out {out})"
+    payload = json.loads(path.read_text())
+    if payload.get("torch") != torch.__version__:
+        return (
+            f"detection: --update {out}: {path} ran on torch {payload.get('torch')}, this is torch "
+            f"{torch.__version__}: rerun every mutant here (--out, no --update) or update it from that torch"
+        )
+    return {d["spec"]: _from_json(d) for d in payload["mutants"]}
+
+
+def merged(ran: list[Detection], kept: dict[str, Detection]) -> list[Detection]:
+    """The updated table: in :data:`ROWS`' order, each row this run made, else the kept one (a mutant neither
+    ran nor kept has no row yet, a kept row no longer in :data:`ROWS` goes; both said on stderr)."""
+    new = {d.spec: d for d in ran}
+    out = []
+    for row in ROWS:
+        d = new.get(row.spec) or kept.get(row.spec)
+        if d is None:
+            name = row.spec.rsplit(":", 1)[1]
+            print(f"detection: {name} has no row yet (run it: --mutant {name})", file=sys.stderr)
+        else:
+            out.append(d)
+    gone = sorted(set(kept) - {r.spec for r in ROWS})
+    if gone:
+        print(f"detection: rows no longer in ROWS dropped: {gone}", file=sys.stderr)
+    return out
+
+
 def checkout_commit() -> str:
     """The commit of the checkout numcheck runs from (short hash, ``+dirty`` where tracked files differ from it),
     recorded with each column a run makes; ``""`` outside a git checkout."""
@@ -767,7 +846,9 @@ def checkout_commit() -> str:
 
 
 def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, Detection]]) -> Detection:
-    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`)."""
+    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`);
+    with ``--update``, a column not run (``--no-suite``, ``--no-report``) is the updated table's."""
+    prev = earlier["update"].get(row.spec)
     if args.suite_from and row.spec not in earlier["suite_from"]:
         raise SystemExit(f"detection: {args.suite_from} have no row for {row.spec}")
     if args.suite_from:
@@ -775,26 +856,29 @@ def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, De
     elif args.no_suite:
         name = row.spec.rsplit(":", 1)[1]
         d = Detection(name, row.bug_class, row.change, row.spec, [], False, note="suite not run", family=family_of(row))
+        d = replace(prev, report=None, report_before=None) if prev else d
     else:
         d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
         d.commit = args.commit
     before = earlier["report_before"].get(row.spec)
     d.report_before = before.report if before else None
+    if prev and not args.report_before:
+        d.report_before = prev.report_before
     if args.report_from:
         d.report = earlier["report_from"][row.spec].report if row.spec in earlier["report_from"] else None
     elif not args.no_report:
         d.report = run_report(row.spec, args.out / "reports" / row.spec.rsplit(":", 1)[1], args.timeout)
         d.report.commit = args.commit
     else:
-        d.report = None
+        d.report = prev.report if prev else None
     rep = "" if d.report is None else f"; report {'caught' if d.report.caught else 'NOT caught'}"
     suite = "caught by " + ", ".join(c.property for c in d.catches) if d.caught else "NOT caught"
     print(f"{d.mutant}: suite {suite}{rep} ({d.seconds:.0f} s)", file=sys.stderr, flush=True)
     return d
 
 
-def _write(dets: list[Detection], out: Path) -> str:
-    """detection.md and detection.json under ``out``; the Markdown."""
+def _write(dets: list[Detection], out: Path, doc: Path | None = None) -> str:
+    """detection.md and detection.json under ``out`` (and the table into ``doc``'s generated block); the Markdown."""
     import torch
 
     header = (
@@ -807,6 +891,8 @@ def _write(dets: list[Detection], out: Path) -> str:
     md = to_markdown(dets, header)
     out.mkdir(parents=True, exist_ok=True)
     (out / "detection.md").write_text(md + "\n")
+    if doc is not None:
+        doc.write_text(with_table(doc.read_text(), md, str(doc)))
     payload = {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}
     (out / "detection.json").write_text(json.dumps(payload, indent=1) + "\n")
     return md
@@ -825,9 +911,16 @@ def run(args: argparse.Namespace) -> int:
         print(rows, file=sys.stderr)
         return 2
     earlier = {k: _earlier(getattr(args, k)) for k in ("suite_from", "report_from", "report_before")}
+    kept = _updated_rows(args.update) if args.update else {}
+    if isinstance(kept, str):
+        print(kept, file=sys.stderr)
+        return 2
+    if args.doc and args.doc.exists():
+        with_table(args.doc.read_text(), "", str(args.doc))  # its markers checked before anything runs
+    earlier["update"] = kept
     args.commit = checkout_commit()
     dets = [_one_row(row, args, earlier) for row in rows]
-    print(_write(dets, args.out))
+    print(_write(merged(dets, kept) if args.update else dets, args.update or args.out, args.doc))
     caught = all(d.caught and (d.report is None or d.report.caught) for d in dets)
     return 0 if caught else 1
 

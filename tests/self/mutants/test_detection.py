@@ -203,3 +203,72 @@ def test_committed_table_covers_every_row_and_catches_no_less():
     by_name = {d["mutant"]: {c["property"] for c in d["catches"]} for d in rows.values()}
     less = {m: sorted(set(props) - by_name.get(m, set())) for m, props in BEFORE.items()}
     assert not {m: p for m, p in less.items() if p}, less
+
+
+def _table(path: Path, rows: list, torch_version: str | None = None) -> Path:
+    """A detection.json under ``path`` holding ``rows``, as a run on this torch (or ``torch_version``) writes it."""
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "torch": torch_version or torch.__version__,
+        "profile": "numcheck-ci",
+        "mutants": [asdict(d) for d in rows],
+    }
+    (path / "detection.json").write_text(json.dumps(payload))
+    return path / "detection.json"
+
+
+def _row(i: int, commit: str, prop: str) -> "detection.Detection":
+    r = detection.ROWS[i]
+    report = detection.ReportRun(1, True, [detection.ReportCatch(prop, 1, 2)], 2, commit=commit)
+    name = r.spec.rsplit(":", 1)[1]
+    catch = [detection.Catch(prop, 2.0, "")]
+    return detection.Detection(name, r.bug_class, r.change, r.spec, [prop], True, catch, commit=commit, report=report)
+
+
+def test_update_replaces_the_named_rows_and_keeps_the_others(tmp_path):
+    """``--mutant NAME --update DIR`` replaces that mutant's row in DIR's detection.json and detection.md and keeps
+    every other row as it was, each with the commit it ran at; ``--doc`` rewrites only the page's generated block."""
+    import json
+
+    kept = _table(tmp_path / "committed", [_row(0, "aaaaaaa", "accuracy"), _row(1, "aaaaaaa", "accuracy")])
+    new = _table(tmp_path / "new", [_row(1, "bbbbbbb", "many_chunks")])
+    page = tmp_path / "page.md"
+    page.write_text(f"prose before\n{detection.TABLE_BEGIN}\nold table\n{detection.TABLE_END}\nprose after\n")
+    name = detection.ROWS[1].spec.rsplit(":", 1)[1]
+    status = detection.main(
+        ["--mutant", name, "--update", str(kept.parent), "--suite-from", str(new), "--report-from", str(new)]
+        + ["--out", str(tmp_path / "runs"), "--doc", str(page)]
+    )
+    assert status == 0
+    rows = json.loads(kept.read_text())["mutants"]
+    assert [(d["spec"], d["commit"], d["report"]["commit"]) for d in rows] == [
+        (detection.ROWS[0].spec, "aaaaaaa", "aaaaaaa"),
+        (detection.ROWS[1].spec, "bbbbbbb", "bbbbbbb"),
+    ]
+    assert [c["property"] for c in rows[1]["catches"]] == ["many_chunks"]
+    md = (kept.parent / "detection.md").read_text()
+    assert "| aaaaaaa / aaaaaaa |" in md and "| bbbbbbb / bbbbbbb |" in md and "2 of 2 mutants caught" in md
+    text = page.read_text()
+    assert text.startswith("prose before\n") and text.endswith("prose after\n") and "old table" not in text
+    assert "bbbbbbb / bbbbbbb" in text
+
+
+def test_update_refuses_another_torch_and_a_page_without_markers(tmp_path, capsys):
+    """A table of another torch is not updated (its rows would mix two torches), and a page without the generated
+    block's markers is refused before anything runs, naming the page and the markers."""
+    import pytest
+
+    kept = _table(tmp_path / "old", [_row(0, "aaaaaaa", "accuracy")], torch_version="1.0.0")
+    name = detection.ROWS[0].spec.rsplit(":", 1)[1]
+    args = ["--mutant", name, "--suite-from", str(kept), "--report-from", str(kept), "--out", str(tmp_path / "r")]
+    assert detection.main([*args, "--update", str(kept.parent)]) == 2
+    assert "ran on torch 1.0.0" in capsys.readouterr().err
+    page = tmp_path / "page.md"
+    page.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="page.md has no generated table"):
+        detection.main([*args, "--doc", str(page)])
