@@ -86,12 +86,15 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Row:
-    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the properties run."""
+    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the drawn tests run (by
+    their names in its family's registry entry, :data:`~numcheck.properties.suites.SUITES` or ``RANKED``); its
+    family as the table names it (``family``, else its module's in :data:`FAMILIES`, else the module's name)."""
 
     bug_class: str
     spec: str
     change: str
     select: tuple[str, ...]
+    family: str = ""
 
 
 #: The grouped FP8 mutants (tests/self/helpers/grouped_fp8_mutants.py), each run through the grouped test that holds
@@ -385,85 +388,37 @@ def _margin(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-_WORLD = re.compile(r"^(\w+)\[world_size=(\d+)\]$")
-
-
-def _run_vocab_parallel(impl: Any, name: str) -> tuple[str, str]:
-    """``PROPERTY[world_size=P]`` of the vocabulary-parallel suite on ``impl`` under the ci profile without
-    shrinking (tests/suite/test_distributed.py's run): its status and message."""
-    from numcheck.errors import PropertyFailure
-    from numcheck.properties.distributed.linear_ce.props import PROPERTIES
-    from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
-    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
-
-    m = _WORLD.match(name)
-    if m is None or m.group(1) not in PROPERTIES:
-        raise ValueError(f"detection: {name!r} is no PROPERTY[world_size=P] of {sorted(PROPERTIES)}")
-    P = int(m.group(2))
-    why = world_size_unavailable(P, default_backend())
-    if why or P not in impl.dist.world_sizes:
-        return "skipped", why or f"{impl.name} declares world sizes {impl.dist.world_sizes}"
-    try:
-        run_property(PROPERTIES[m.group(1)], impl, P, "numcheck-ci", shrink=False)
-    except (PropertyFailure, RankFailure) as exc:
-        return "failed", str(exc)
-    except EveryDrawKnown as exc:
-        return "skipped", str(exc)
-    return "passed", ""
-
-
-def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
-    """The TP/SP FP8 suite's drawn test ``name`` on ``impl`` under ``base`` at its declared world sizes the backend
-    runs here (pinned to the largest where some cannot run, as tests/suite/test_distributed_fp8.py does)."""
-    from numcheck.errors import PropertyFailure
-    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
-    from numcheck.properties.distributed.tp_fp8.suite import run_drawn
-
-    declared = list(impl.support.world_sizes)
-    sizes = [p for p in declared if world_size_unavailable(p, default_backend()) is None]
-    if not sizes:
-        return "skipped", str(world_size_unavailable(min(declared), default_backend()))
-    try:
-        run_drawn(impl, name, base=base, **({} if sizes == declared else {"world": max(sizes)}))
-    except (PropertyFailure, RankFailure) as exc:
-        return "failed", str(exc)
-    return "passed", ""
-
-
 def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
-    """One property ``name`` of ``impl``'s kind through the suite's own runner for that kind: status, message."""
-    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
-
-    if impl.kind == DIST_KIND:
-        return _run_vocab_parallel(impl, name)
-    if impl.kind == TP_KIND:
-        return _run_tp(impl, name, base)
+    """One drawn test ``name`` of ``impl``'s kind through its family's own runner (a suite of
+    :data:`~numcheck.properties.suites.SUITES` by its table's entry, a family whose draws run on ranks by its
+    :data:`~numcheck.properties.suites.RANKED` entry, under the ci profile without shrinking): status, message."""
     from numcheck.properties.check import _run_drawn
-    from numcheck.properties.suites import SUITES
+    from numcheck.properties.suites import RANKED
 
-    v = _run_drawn(SUITES[impl.kind].table[name], impl, base)
+    if impl.kind in RANKED:
+        return RANKED[impl.kind].run(impl, name, "numcheck-ci", False)
+    v = _run_drawn(_suite(impl).table[name], impl, base)
     return v.status, v.message
 
 
+def _suite(impl: Any) -> Any:
+    """The :class:`~numcheck.properties.core.family.SuiteFamily` of ``impl``'s kind; ``ValueError`` naming the kind
+    where no registry has its drawn tests."""
+    from numcheck.properties.suites import RANKED, SUITES
+
+    if impl.kind not in SUITES:
+        raise ValueError(
+            f"detection: {impl.name}'s kind {impl.kind!r} has no drawn tests in numcheck.properties.suites "
+            f"(SUITES: {sorted(SUITES)}; RANKED: {sorted(RANKED)})"
+        )
+    return SUITES[impl.kind]
+
+
 def _all_properties(impl: Any) -> list[str]:
-    """Every drawn property of ``impl``'s kind (``--all-properties``)."""
-    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
-    from numcheck.properties.suites import SUITES
+    """Every drawn test of ``impl``'s kind (``--all-properties``)."""
+    from numcheck.properties.suites import RANKED
 
-    if impl.kind == DIST_KIND:
-        return [
-            "dist_accuracy[world_size=2]",
-            "dist_accuracy[world_size=4]",
-            "dist_world_size_invariance[world_size=2]",
-            "dist_world_size_invariance[world_size=4]",
-        ]
-    if impl.kind == TP_KIND:
-        from numcheck.properties.distributed.tp_fp8.suite import DRAWN
-
-        return list(DRAWN)
-    return list(SUITES[impl.kind].table)
+    return RANKED[impl.kind].names(impl) if impl.kind in RANKED else list(_suite(impl).table)
 
 
 def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:
@@ -486,8 +441,9 @@ def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str
 
 
 def family_of(row: Row) -> str:
-    """The family of ``row``'s mutant (its module's, :data:`FAMILIES`)."""
-    return FAMILIES[row.spec.split(":", 1)[0]]
+    """The family of ``row``'s mutant: its own, else its module's (:data:`FAMILIES`), else the module's name."""
+    module = row.spec.split(":", 1)[0]
+    return row.family or FAMILIES.get(module) or module.rsplit(".", 1)[-1]
 
 
 def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str]) -> Detection:

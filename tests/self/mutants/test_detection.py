@@ -64,6 +64,25 @@ def test_rows_cover_every_mutant_and_load():
     assert {detection.family_of(r) for r in detection.ROWS} == set(detection.FAMILIES.values())
 
 
+def test_every_kind_has_drawn_tests_a_row_can_name():
+    """Every kind of the registry has its drawn tests in one registry of numcheck.properties.suites (SUITES, or
+    RANKED for a family whose draws run on ranks), which the tool runs a row's tests through; each row names
+    drawn tests of its mutant's kind, and a row's family defaults to its module's, then to the module's name."""
+    from numcheck.impls.protocols.kinds import NAMES
+    from numcheck.impls.registry import load_spec
+    from numcheck.properties.suites import RANKED, SUITES
+
+    assert not set(SUITES) & set(RANKED) and set(SUITES) | set(RANKED) == set(NAMES)
+    for r in detection.ROWS:
+        (entry,) = load_spec(r.spec, "test")
+        impl = entry.impl
+        names = RANKED[impl.kind].names(impl) if impl.kind in RANKED else list(SUITES[impl.kind].table)
+        assert set(r.select) <= set(names), (r.spec, sorted(set(r.select) - set(names)))
+    row = detection.Row("k", "numcheck.tests.self.helpers.distill_mutants:x", "c", ())
+    assert detection.family_of(row) == "distill_mutants"
+    assert detection.family_of(detection.Row("k", row.spec, "c", (), family="linear distill")) == "linear distill"
+
+
 def test_findings_give_properties_margins_and_time():
     """Failed properties give their margin (the first error/bound of the message, else the failure's line) and
     the seconds to the end of the first failed property in run order; passed and skipped ones are kept apart."""
