@@ -6,7 +6,7 @@ the family's ``suite``).
 kind's property table and assertion here, and the pytest plugin finds the suite entry a drawn test of the shipped
 suite runs and the strategy of the ``numcheck_problems`` fixture. A new family adds its ``suite`` module's
 ``FAMILY`` and one line here. (The distributed families run their draws inside their tests, on their ranks: they
-have no entry.)
+have no entry there, but one in :data:`RANKED`, their drawn tests by name.)
 
 >>> from numcheck.properties.suites import SUITES
 >>> [s.case_type.__name__ for s in SUITES.values()]
@@ -15,10 +15,12 @@ have no entry.)
 
 from __future__ import annotations
 
+import numcheck.properties.distributed.linear_ce.suite
+import numcheck.properties.distributed.tp_fp8.suite
 import numcheck.properties.fp8.grouped.suite
 import numcheck.properties.fp8.suite
 import numcheck.properties.linear_ce.suite
-from numcheck.properties.core.family import SuiteFamily
+from numcheck.properties.core.family import RankedSuite, SuiteFamily
 
 #: Each family's suite by its kind's name, in the kinds' listing order.
 SUITES: dict[str, SuiteFamily] = {
@@ -27,5 +29,15 @@ SUITES: dict[str, SuiteFamily] = {
         numcheck.properties.linear_ce.suite.FAMILY,
         numcheck.properties.fp8.suite.FAMILY,
         numcheck.properties.fp8.grouped.suite.FAMILY,
+    )
+}
+
+#: The families whose drawn tests run on ranks (none in :data:`SUITES`), by kind: each one's drawn tests by name,
+#: as a tool runs them outside pytest (``tools/detection.py``). A distributed family adds its suite's ``RANKED``.
+RANKED: dict[str, RankedSuite] = {
+    s.kind: s
+    for s in (
+        numcheck.properties.distributed.linear_ce.suite.RANKED,
+        numcheck.properties.distributed.tp_fp8.suite.RANKED,
     )
 }

@@ -8,8 +8,7 @@ import torch
 
 from numcheck.impls import interpreter
 from numcheck.impls.measure import capabilities
-from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.protocols.kinds import BY_NAME, current_name
 from numcheck.impls.registry import BrokenImpl, discover
 from numcheck.reports.common import add_impl_arguments
 
@@ -23,12 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probes", action="store_true", help="also print the capability probes for the device")
 
 
-def _names(dtypes) -> str:
-    return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "-"
-
-
 def describe_support(impl, device: str) -> list[str]:
-    """Lines describing an impl's declaration and whether it can run on ``device``."""
+    """Lines describing an impl's declaration (its kind's :meth:`~numcheck.impls.protocols.kind.Kind.describe_impl`,
+    from the kinds registry) and whether it can run on ``device``."""
     s = impl.support
     lines = []
     reason = s.unavailable_reason() if hasattr(s, "unavailable_reason") else None
@@ -36,35 +32,9 @@ def describe_support(impl, device: str) -> list[str]:
     if reason is None and hasattr(s, "devices") and dev_type not in s.devices:
         reason = f"device {dev_type} not declared"
     lines.append("    here: " + ("runs" if reason is None else f"unsupported — {reason}"))
-    if impl.kind == DIST_KIND:
-        d = impl.dist
-        lines.append(
-            f"    distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
-            f"{','.join(map(str, d.world_sizes))}; uneven vocab: {'yes' if d.uneven_vocab else 'no'}; "
-            f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
-            f"grad_x all-reduce in: {d.grad_x_reduce_dtype}"
-        )
-    if impl.kind in (LINEAR_CE_KIND, DIST_KIND):
-        lines.append(
-            f"    dtypes: {_names(s.dtypes)}; autocast: {_names(s.autocast)}; devices: {','.join(sorted(s.devices))}"
-        )
-        lines.append(f"    options: {','.join(sorted(s.options)) or '-'}; reductions: {','.join(sorted(s.reductions))}")
-        lines.append(
-            f"    all-ignored mean: {s.all_ignored}; grad_weight accumulation: {s.grad_accumulation}"
-            + (f" (chunk rows {s.chunk_rows})" if s.chunk_rows else "")
-            + (
-                f"; grad_x accumulation: {s.grad_x_accumulation}"
-                + (f" (chunk classes {s.chunk_cols})" if s.chunk_cols else "")
-                if s.grad_x_accumulation != "fp32"
-                else ""
-            )
-        )
-        if s.option_combinations_excluded:
-            lines.append(
-                "    excluded combinations: " + "; ".join("+".join(sorted(c)) for c in s.option_combinations_excluded)
-            )
-    else:
-        lines.extend("    " + line for line in s.describe().splitlines())
+    kind = BY_NAME.get(current_name(impl.kind, warn=False))
+    described = kind.describe_impl(impl) if kind is not None else s.describe()
+    lines.extend("    " + line for line in described.splitlines())
     return lines
 
 

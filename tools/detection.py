@@ -14,6 +14,14 @@ between two identical runs", "codes differ from the oracle", ...), the seconds f
 end of the first failing property, and whether it was caught at all; it prints a Markdown table and writes
 ``detection.json`` and ``detection.md``.
 
+Each column of a row records the commit it ran at (``ran at``). ``--mutant NAME ... --update DIR`` runs only the
+named mutants and replaces their rows in ``DIR/detection.json`` and ``DIR/detection.md``, keeping the others' rows
+(and, with ``--no-suite`` or ``--no-report``, the updated rows' column not run); ``--doc PAGE.md`` writes the table
+into the page's generated block (between :data:`TABLE_BEGIN` and :data:`TABLE_END`). A new family's mutants join
+the committed table so, without a full rerun::
+
+    python tools/detection.py --mutant NAME ... --update results/detection --doc docs/detection.md
+
 The mutants are numcheck's own tests, which a wheel does not ship: the command needs a checkout (it names them
 by spec and never imports them itself). ``--all-properties`` runs every drawn property of the suite per mutant
 instead of its class's (much slower).
@@ -29,7 +37,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +86,15 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Row:
-    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the properties run."""
+    """One mutant of the table: its bug class, its ``--impl`` spec, what it changes and the drawn tests run (by
+    their names in its family's registry entry, :data:`~numcheck.properties.suites.SUITES` or ``RANKED``); its
+    family as the table names it (``family``, else its module's in :data:`FAMILIES`, else the module's name)."""
 
     bug_class: str
     spec: str
     change: str
     select: tuple[str, ...]
+    family: str = ""
 
 
 #: The grouped FP8 mutants (tests/self/helpers/grouped_fp8_mutants.py), each run through the grouped test that holds
@@ -275,6 +286,18 @@ ROWS: tuple[Row, ...] = (
         _FP8_GRID,
     ),
     Row("scale layout", f"{_FP8}:w_k_block_scale_shifted", "fprop's W scale of K-block b read from b + 1", _FP8_GRID),
+    Row(
+        "scale layout",
+        f"{_FP8}:rowwise_scales_wrong_axis",
+        "rowwise recipes: fprop's x scaled per column (over M), not per row (over K)",
+        _FP8_GRID,
+    ),
+    Row(
+        "scale layout",
+        f"{_FP8}:rowwise_one_scale",
+        "rowwise recipes: fprop's x scaled with one scale for the whole tensor",
+        _FP8_GRID,
+    ),
     *GROUPED_ROWS,
     *DIST_ROWS,
 )
@@ -318,6 +341,7 @@ class ReportRun:
     cases: int = 0
     seconds: float = 0.0
     note: str = ""
+    commit: str = ""
 
 
 @dataclass
@@ -340,6 +364,7 @@ class Detection:
     family: str = ""
     report: ReportRun | None = None
     report_before: ReportRun | None = None
+    commit: str = ""
 
 
 def _cell(text: str) -> str:
@@ -363,85 +388,37 @@ def _margin(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-_WORLD = re.compile(r"^(\w+)\[world_size=(\d+)\]$")
-
-
-def _run_vocab_parallel(impl: Any, name: str) -> tuple[str, str]:
-    """``PROPERTY[world_size=P]`` of the vocabulary-parallel suite on ``impl`` under the ci profile without
-    shrinking (tests/suite/test_distributed.py's run): its status and message."""
-    from numcheck.errors import PropertyFailure
-    from numcheck.properties.distributed.linear_ce.props import PROPERTIES
-    from numcheck.properties.distributed.linear_ce.suite import EveryDrawKnown, run_property
-    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
-
-    m = _WORLD.match(name)
-    if m is None or m.group(1) not in PROPERTIES:
-        raise ValueError(f"detection: {name!r} is no PROPERTY[world_size=P] of {sorted(PROPERTIES)}")
-    P = int(m.group(2))
-    why = world_size_unavailable(P, default_backend())
-    if why or P not in impl.dist.world_sizes:
-        return "skipped", why or f"{impl.name} declares world sizes {impl.dist.world_sizes}"
-    try:
-        run_property(PROPERTIES[m.group(1)], impl, P, "numcheck-ci", shrink=False)
-    except (PropertyFailure, RankFailure) as exc:
-        return "failed", str(exc)
-    except EveryDrawKnown as exc:
-        return "skipped", str(exc)
-    return "passed", ""
-
-
-def _run_tp(impl: Any, name: str, base: Any) -> tuple[str, str]:
-    """The TP/SP FP8 suite's drawn test ``name`` on ``impl`` under ``base`` at its declared world sizes the backend
-    runs here (pinned to the largest where some cannot run, as tests/suite/test_distributed_fp8.py does)."""
-    from numcheck.errors import PropertyFailure
-    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
-    from numcheck.properties.distributed.tp_fp8.suite import run_drawn
-
-    declared = list(impl.support.world_sizes)
-    sizes = [p for p in declared if world_size_unavailable(p, default_backend()) is None]
-    if not sizes:
-        return "skipped", str(world_size_unavailable(min(declared), default_backend()))
-    try:
-        run_drawn(impl, name, base=base, **({} if sizes == declared else {"world": max(sizes)}))
-    except (PropertyFailure, RankFailure) as exc:
-        return "failed", str(exc)
-    return "passed", ""
-
-
 def _run_one(impl: Any, name: str, base: Any) -> tuple[str, str]:
-    """One property ``name`` of ``impl``'s kind through the suite's own runner for that kind: status, message."""
-    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
-
-    if impl.kind == DIST_KIND:
-        return _run_vocab_parallel(impl, name)
-    if impl.kind == TP_KIND:
-        return _run_tp(impl, name, base)
+    """One drawn test ``name`` of ``impl``'s kind through its family's own runner (a suite of
+    :data:`~numcheck.properties.suites.SUITES` by its table's entry, a family whose draws run on ranks by its
+    :data:`~numcheck.properties.suites.RANKED` entry, under the ci profile without shrinking): status, message."""
     from numcheck.properties.check import _run_drawn
-    from numcheck.properties.suites import SUITES
+    from numcheck.properties.suites import RANKED
 
-    v = _run_drawn(SUITES[impl.kind].table[name], impl, base)
+    if impl.kind in RANKED:
+        return RANKED[impl.kind].run(impl, name, "numcheck-ci", False)
+    v = _run_drawn(_suite(impl).table[name], impl, base)
     return v.status, v.message
 
 
+def _suite(impl: Any) -> Any:
+    """The :class:`~numcheck.properties.core.family.SuiteFamily` of ``impl``'s kind; ``ValueError`` naming the kind
+    where no registry has its drawn tests."""
+    from numcheck.properties.suites import RANKED, SUITES
+
+    if impl.kind not in SUITES:
+        raise ValueError(
+            f"detection: {impl.name}'s kind {impl.kind!r} has no drawn tests in numcheck.properties.suites "
+            f"(SUITES: {sorted(SUITES)}; RANKED: {sorted(RANKED)})"
+        )
+    return SUITES[impl.kind]
+
+
 def _all_properties(impl: Any) -> list[str]:
-    """Every drawn property of ``impl``'s kind (``--all-properties``)."""
-    from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
-    from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
-    from numcheck.properties.suites import SUITES
+    """Every drawn test of ``impl``'s kind (``--all-properties``)."""
+    from numcheck.properties.suites import RANKED
 
-    if impl.kind == DIST_KIND:
-        return [
-            "dist_accuracy[world_size=2]",
-            "dist_accuracy[world_size=4]",
-            "dist_world_size_invariance[world_size=2]",
-            "dist_world_size_invariance[world_size=4]",
-        ]
-    if impl.kind == TP_KIND:
-        from numcheck.properties.distributed.tp_fp8.suite import DRAWN
-
-        return list(DRAWN)
-    return list(SUITES[impl.kind].table)
+    return RANKED[impl.kind].names(impl) if impl.kind in RANKED else list(_suite(impl).table)
 
 
 def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str, Any]:
@@ -464,8 +441,9 @@ def detect_in_process(spec: str, properties: tuple[str, ...] | None) -> dict[str
 
 
 def family_of(row: Row) -> str:
-    """The family of ``row``'s mutant (its module's, :data:`FAMILIES`)."""
-    return FAMILIES[row.spec.split(":", 1)[0]]
+    """The family of ``row``'s mutant: its own, else its module's (:data:`FAMILIES`), else the module's name."""
+    module = row.spec.split(":", 1)[0]
+    return row.family or FAMILIES.get(module) or module.rsplit(".", 1)[-1]
 
 
 def _detection(row: Row, raw: dict[str, Any], seconds: float, select: list[str]) -> Detection:
@@ -624,6 +602,11 @@ def report_cell(r: ReportRun | None) -> str:
     return f"exit {r.exit_status}: " + "<br>".join(parts)
 
 
+def ran_at(d: Detection) -> str:
+    """The commits the row's suite and report columns ran at (``—`` where a run recorded none)."""
+    return f"{d.commit or '—'} / {(d.report.commit if d.report else '') or '—'}"
+
+
 def _short_report(r: ReportRun | None) -> str:
     """The earlier report column of a mutant, in one word."""
     if r is None:
@@ -651,14 +634,15 @@ def to_markdown(dets: list[Detection], header: str) -> str:
         "",
         "| family | class | mutant | change | suite: caught by (margin: error/bound of the first failing draw, or "
         "the failure) | s to first failure | passed (ran, did not catch it) | `report --quick`: exit, failing "
-        "property cases/all (worst output error/bound) |" + (" report before |" if before else ""),
-        "|" + " --- |" * (9 if before else 8),
+        "property cases/all (worst output error/bound) | ran at (suite / report) |"
+        + (" report before |" if before else ""),
+        "|" + " --- |" * (10 if before else 9),
     ]
     for d in dets:
         first = "—" if d.seconds_to_first_failure is None else f"{d.seconds_to_first_failure:.1f}"
         lines.append(
             f"| {d.family} | {d.bug_class} | `{d.mutant}` | {d.change} | {_suite_cell(d)} | {first} | "
-            f"{', '.join(f'`{p}`' for p in d.passed) or '—'} | {report_cell(d.report)} |"
+            f"{', '.join(f'`{p}`' for p in d.passed) or '—'} | {report_cell(d.report)} | {ran_at(d)} |"
             + (f" {_short_report(d.report_before)} |" if before else "")
         )
     missed = [d for d in dets if not d.caught]
@@ -696,6 +680,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"{what}; repeatable, a later file's row replacing an earlier one's",
         )
     p.add_argument(
+        "--update",
+        type=Path,
+        metavar="DIR",
+        help="replace the rows of the mutants run (--mutant) in DIR/detection.json and DIR/detection.md, keeping "
+        "the other rows (e.g. results/detection); a column not run (--no-suite, --no-report) keeps its cells",
+    )
+    p.add_argument(
+        "--doc",
+        type=Path,
+        metavar="PAGE.md",
+        help="also write the table into PAGE.md between its generated-table markers (e.g. docs/detection.md)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=Path("numcheck-detection"),
@@ -732,8 +729,82 @@ def _earlier(paths: list[Path]) -> dict[str, Detection]:
     return rows
 
 
+#: The markers of a page's generated table (``--doc``): what lies between them is replaced, the prose kept.
+TABLE_BEGIN = "<!-- tools/detection.py: table begins -->"
+TABLE_END = "<!-- tools/detection.py: table ends -->"
+
+
+def with_table(page: str, md: str, where: str) -> str:
+    """``page`` with the text between :data:`TABLE_BEGIN` and :data:`TABLE_END` replaced by ``md``; ``SystemExit``
+    naming ``where`` and the markers when it lacks them (or has them out of order)."""
+    i, j = page.find(TABLE_BEGIN), page.find(TABLE_END)
+    if i < 0 or j < i:
+        raise SystemExit(
+            f"detection: {where} has no generated table to replace: put the lines {TABLE_BEGIN!r} and "
+            f"{TABLE_END!r} around it"
+        )
+    return page[: i + len(TABLE_BEGIN)] + "\n\n" + md.strip() + "\n\n" + page[j:]
+
+
+def _updated_rows(out: Path) -> dict[str, Detection] | str:
+    """The rows of ``out``/detection.json by spec (``--update``), or the error naming why they cannot be updated:
+    no such file, or a run on another torch than this one (a table's rows come from one torch)."""
+    import torch
+
+    path = out / "detection.json"
+    if not path.exists():
+        return f"detection: --update {out}: no {path} to update (a first run writes it: --out {out})"
+    payload = json.loads(path.read_text())
+    if payload.get("torch") != torch.__version__:
+        return (
+            f"detection: --update {out}: {path} ran on torch {payload.get('torch')}, this is torch "
+            f"{torch.__version__}: rerun every mutant here (--out, no --update) or update it from that torch"
+        )
+    return {d["spec"]: _from_json(d) for d in payload["mutants"]}
+
+
+def merged(ran: list[Detection], kept: dict[str, Detection]) -> list[Detection]:
+    """The updated table: in :data:`ROWS`' order, each row this run made, else the kept one (a mutant neither
+    ran nor kept has no row yet, a kept row no longer in :data:`ROWS` goes; both said on stderr)."""
+    new = {d.spec: d for d in ran}
+    out = []
+    for row in ROWS:
+        d = new.get(row.spec) or kept.get(row.spec)
+        if d is None:
+            name = row.spec.rsplit(":", 1)[1]
+            print(f"detection: {name} has no row yet (run it: --mutant {name})", file=sys.stderr)
+        else:
+            out.append(d)
+    gone = sorted(set(kept) - {r.spec for r in ROWS})
+    if gone:
+        print(f"detection: rows no longer in ROWS dropped: {gone}", file=sys.stderr)
+    return out
+
+
+def checkout_commit() -> str:
+    """The commit of the checkout numcheck runs from (short hash, ``+dirty`` where tracked files differ from it),
+    recorded with each column a run makes; ``""`` outside a git checkout."""
+    import numcheck
+
+    root = Path(numcheck.__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except OSError:
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, Detection]]) -> Detection:
-    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`)."""
+    """One mutant's suite column and report column, each run or taken from earlier runs (:func:`add_arguments`);
+    with ``--update``, a column not run (``--no-suite``, ``--no-report``) is the updated table's."""
+    prev = earlier["update"].get(row.spec)
     if args.suite_from and row.spec not in earlier["suite_from"]:
         raise SystemExit(f"detection: {args.suite_from} have no row for {row.spec}")
     if args.suite_from:
@@ -741,24 +812,29 @@ def _one_row(row: Row, args: argparse.Namespace, earlier: dict[str, dict[str, De
     elif args.no_suite:
         name = row.spec.rsplit(":", 1)[1]
         d = Detection(name, row.bug_class, row.change, row.spec, [], False, note="suite not run", family=family_of(row))
+        d = replace(prev, report=None, report_before=None) if prev else d
     else:
         d = run_mutant(row, all_properties=args.all_properties, timeout=args.timeout)
+        d.commit = args.commit
     before = earlier["report_before"].get(row.spec)
     d.report_before = before.report if before else None
+    if prev and not args.report_before:
+        d.report_before = prev.report_before
     if args.report_from:
         d.report = earlier["report_from"][row.spec].report if row.spec in earlier["report_from"] else None
     elif not args.no_report:
         d.report = run_report(row.spec, args.out / "reports" / row.spec.rsplit(":", 1)[1], args.timeout)
+        d.report.commit = args.commit
     else:
-        d.report = None
+        d.report = prev.report if prev else None
     rep = "" if d.report is None else f"; report {'caught' if d.report.caught else 'NOT caught'}"
     suite = "caught by " + ", ".join(c.property for c in d.catches) if d.caught else "NOT caught"
     print(f"{d.mutant}: suite {suite}{rep} ({d.seconds:.0f} s)", file=sys.stderr, flush=True)
     return d
 
 
-def _write(dets: list[Detection], out: Path) -> str:
-    """detection.md and detection.json under ``out``; the Markdown."""
+def _write(dets: list[Detection], out: Path, doc: Path | None = None) -> str:
+    """detection.md and detection.json under ``out`` (and the table into ``doc``'s generated block); the Markdown."""
     import torch
 
     header = (
@@ -771,6 +847,8 @@ def _write(dets: list[Detection], out: Path) -> str:
     md = to_markdown(dets, header)
     out.mkdir(parents=True, exist_ok=True)
     (out / "detection.md").write_text(md + "\n")
+    if doc is not None:
+        doc.write_text(with_table(doc.read_text(), md, str(doc)))
     payload = {"torch": torch.__version__, "profile": "numcheck-ci", "mutants": [asdict(d) for d in dets]}
     (out / "detection.json").write_text(json.dumps(payload, indent=1) + "\n")
     return md
@@ -789,8 +867,16 @@ def run(args: argparse.Namespace) -> int:
         print(rows, file=sys.stderr)
         return 2
     earlier = {k: _earlier(getattr(args, k)) for k in ("suite_from", "report_from", "report_before")}
+    kept = _updated_rows(args.update) if args.update else {}
+    if isinstance(kept, str):
+        print(kept, file=sys.stderr)
+        return 2
+    if args.doc and args.doc.exists():
+        with_table(args.doc.read_text(), "", str(args.doc))  # its markers checked before anything runs
+    earlier["update"] = kept
+    args.commit = checkout_commit()
     dets = [_one_row(row, args, earlier) for row in rows]
-    print(_write(dets, args.out))
+    print(_write(merged(dets, kept) if args.update else dets, args.update or args.out, args.doc))
     caught = all(d.caught and (d.report is None or d.report.caught) for d in dets)
     return 0 if caught else 1
 

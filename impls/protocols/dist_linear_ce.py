@@ -304,6 +304,18 @@ def dist_linear_ce_impl(
     return wrap
 
 
+def describe_dist_impl(impl: Any) -> str:
+    """A distributed impl's declaration in a few lines (``numcheck list``): what :class:`DistSupport` declares, then
+    one rank's numerics (:meth:`LinearCESupport.describe`)."""
+    d = impl.dist
+    return (
+        f"distributed: sharded {d.sharded}; backends: {','.join(d.backends)}; world sizes: "
+        f"{','.join(map(str, d.world_sizes))}; uneven vocab: {'yes' if d.uneven_vocab else 'no'}; "
+        f"smoothing convention: {d.smoothing}; deterministic: {'yes' if d.deterministic else 'no'}; "
+        f"grad_x all-reduce in: {d.grad_x_reduce_dtype}\n" + impl.support.describe()
+    )
+
+
 def validate_dist_impl(obj: Any, origin: str) -> None:
     """Raise ``TypeError`` naming ``origin`` when ``obj`` breaks this protocol: its name, ``support``
     (:class:`LinearCESupport`), ``dist`` (:class:`DistSupport`), a ``rank_call`` that cannot take the ranks' calls,
@@ -341,4 +353,5 @@ KIND = Kind(
     public=("DistFunctionImpl", "DistSupport", "dist_linear_ce_impl"),
     fixture="dist_linear_ce_impl",
     former="dist_linear_ce",
+    describe=describe_dist_impl,
 )

@@ -41,6 +41,8 @@ class Kind:
         former_fixture: the fixture's name before 0.2.0 (still parametrized, with a warning); ``""`` when unchanged.
         renamed: ``(old, new)`` for each public name (:attr:`public`) renamed in 0.2.0: ``numcheck.<old>`` still
             resolves to ``numcheck.<new>``, with a warning, until 0.3.0.
+        describe: ``describe(impl)``, its declaration in a few lines (``numcheck list``); ``None``: its support's
+            ``describe()``.
     """
 
     name: str
@@ -53,10 +55,15 @@ class Kind:
     former: str = ""
     former_fixture: str = ""
     renamed: tuple[tuple[str, str], ...] = ()
+    describe: Callable[[Any], str] | None = None
 
     def __post_init__(self) -> None:
         if not self.fixture.endswith("_impl"):
             raise ValueError(f"kind {self.name!r}: its fixture's name must end in '_impl', got {self.fixture!r}")
+
+    def describe_impl(self, impl: Any) -> str:
+        """``impl``'s declaration in a few lines: :attr:`describe`'s, else its support's ``describe()``."""
+        return self.describe(impl) if self.describe is not None else impl.support.describe()
 
     @property
     def module(self) -> str:

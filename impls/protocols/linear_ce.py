@@ -308,6 +308,30 @@ class LinearCESupport:
         """Why the impl cannot run on this machine at all, or ``None``."""
         return decl.requirement_unmet(self.requires)
 
+    def describe(self) -> str:
+        """The declaration in a few lines (``numcheck list``): dtypes, options, accumulation paths, exclusions."""
+
+        def names(dtypes: Iterable[torch.dtype]) -> str:
+            return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "-"
+
+        grad_x = (
+            f"; grad_x accumulation: {self.grad_x_accumulation}"
+            + (f" (chunk classes {self.chunk_cols})" if self.chunk_cols else "")
+            if self.grad_x_accumulation != "fp32"
+            else ""
+        )
+        lines = [
+            f"dtypes: {names(self.dtypes)}; autocast: {names(self.autocast)}; devices: {','.join(sorted(self.devices))}",
+            f"options: {','.join(sorted(self.options)) or '-'}; reductions: {','.join(sorted(self.reductions))}",
+            f"all-ignored mean: {self.all_ignored}; grad_weight accumulation: {self.grad_accumulation}"
+            + (f" (chunk rows {self.chunk_rows})" if self.chunk_rows else "")
+            + grad_x,
+        ]
+        if self.option_combinations_excluded:
+            excluded = "; ".join("+".join(sorted(c)) for c in self.option_combinations_excluded)
+            lines.append(f"excluded combinations: {excluded}")
+        return "\n".join(lines)
+
     def refuses(
         self,
         *,

@@ -49,3 +49,22 @@ class SuiteFamily:
     pinned_property: Callable[..., Any] | None = None
     pinned_refusal: Callable[[Any, Any], str | None] = _declares_every_case
     assertion: str = ""
+
+
+@dataclass(frozen=True)
+class RankedSuite:
+    """A family whose drawn tests run on ranks, their draws inside the tests (no :class:`SuiteFamily`): each drawn
+    test by name, as a tool runs one outside pytest (``tools/detection.py``), registered with one line in
+    :data:`numcheck.properties.suites.RANKED`.
+
+    Attributes:
+        kind: the kind's name (imported from its protocol module).
+        names: ``names(impl)``, the names of the family's drawn tests for ``impl`` (with the world size where a
+            test runs at one: ``dist_accuracy[world_size=4]``).
+        run: ``run(impl, name, profile, shrink)``, the drawn test ``name`` on ``impl`` under the hypothesis profile
+            ``profile`` (without the shrink phase unless ``shrink``): ``("passed" | "failed" | "skipped", message)``.
+    """
+
+    kind: str
+    names: Callable[[Any], list[str]]
+    run: Callable[[Any, str, str, bool], tuple[str, str]]

@@ -7,6 +7,7 @@ loop, so hypothesis never shrinks through timeouts. Draws a known divergence of 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from hypothesis import Phase, assume, given, settings
@@ -14,8 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 import numcheck.properties.core.profiles  # noqa: F401 - registers the profiles run_property names
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.drawn_log import recorded
+from numcheck.properties.core.family import RankedSuite
 from numcheck.properties.distributed.linear_ce.cases import DistCase
 from numcheck.properties.distributed.linear_ce.known import whole_case_divergence
 from numcheck.properties.distributed.linear_ce.props import dist_world_size_invariance, invariance_cases
@@ -89,3 +92,35 @@ def run_property(
                 raise
             raise EveryDrawKnown(impl.name, world_size, list(reasons)) from None
     latch.raise_if_failed()
+
+
+_WORLD = re.compile(r"^(\w+)\[world_size=(\d+)\]$")
+#: The drawn tests a tool runs by name (:data:`RANKED`): each property at the world sizes the suite runs it.
+NAMED = tuple(f"{p}[world_size={P}]" for p in ("dist_accuracy", "dist_world_size_invariance") for P in (2, 4))
+
+
+def run_named(impl: Any, name: str, profile: str, shrink: bool) -> tuple[str, str]:
+    """``PROPERTY[world_size=P]`` on ``impl`` under ``profile`` (tests/suite/test_distributed.py's run): its status
+    and message; skipped where P cannot run here or ``impl`` does not declare it, or every draw is known."""
+    from numcheck.errors import PropertyFailure
+    from numcheck.properties.distributed.linear_ce.props import PROPERTIES
+    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
+
+    m = _WORLD.match(name)
+    if m is None or m.group(1) not in PROPERTIES:
+        raise ValueError(f"{name!r} is no PROPERTY[world_size=P] of {sorted(PROPERTIES)}")
+    P = int(m.group(2))
+    why = world_size_unavailable(P, default_backend())
+    if why or P not in impl.dist.world_sizes:
+        return "skipped", why or f"{impl.name} declares world sizes {impl.dist.world_sizes}"
+    try:
+        run_property(PROPERTIES[m.group(1)], impl, P, profile, shrink=shrink)
+    except (PropertyFailure, RankFailure) as exc:
+        return "failed", str(exc)
+    except EveryDrawKnown as exc:
+        return "skipped", str(exc)
+    return "passed", ""
+
+
+#: The family's drawn tests by name, registered in :data:`numcheck.properties.suites.RANKED`.
+RANKED = RankedSuite(DIST_KIND, lambda impl: list(NAMED), run_named)

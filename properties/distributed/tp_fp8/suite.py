@@ -9,8 +9,10 @@ from typing import Any, Callable
 
 from hypothesis import given, settings
 
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 from numcheck.properties.core.draw_isolation import isolated_draws
 from numcheck.properties.core.drawn_log import fingerprint, log_example
+from numcheck.properties.core.family import RankedSuite
 from numcheck.properties.distributed.pool.pool import FailureLatch
 from numcheck.properties.distributed.tp_fp8 import props
 from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
@@ -69,3 +71,28 @@ def run_drawn(impl: Any, name: str, *, base: settings | None = None, **pinned: A
     with isolated_draws():
         inner()
     latch.raise_if_failed()
+
+
+def run_named(impl: Any, name: str, profile: str, shrink: bool) -> tuple[str, str]:
+    """The drawn test ``name`` on ``impl`` under ``profile`` at its declared world sizes the backend runs here
+    (pinned to the largest where some cannot run, as tests/suite/test_distributed_fp8.py does): status, message."""
+    from hypothesis import Phase
+
+    from numcheck.errors import PropertyFailure
+    from numcheck.properties.distributed.pool.pool import RankFailure, default_backend, world_size_unavailable
+
+    declared = list(impl.support.world_sizes)
+    sizes = [p for p in declared if world_size_unavailable(p, default_backend()) is None]
+    if not sizes:
+        return "skipped", str(world_size_unavailable(min(declared), default_backend()))
+    base = settings.get_profile(profile)
+    base = base if shrink else settings(base, phases=[p for p in base.phases if p is not Phase.shrink])
+    try:
+        run_drawn(impl, name, base=base, **({} if sizes == declared else {"world": max(sizes)}))
+    except (PropertyFailure, RankFailure) as exc:
+        return "failed", str(exc)
+    return "passed", ""
+
+
+#: The family's drawn tests by name, registered in :data:`numcheck.properties.suites.RANKED`.
+RANKED = RankedSuite(TP_KIND, lambda impl: list(DRAWN), run_named)

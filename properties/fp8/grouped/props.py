@@ -65,9 +65,10 @@ from numcheck.reference.grouped_fp8_linear import (
 
 
 def fail(impl: Any, prop: str, case: GroupedCase, *lines: str) -> None:
-    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command."""
+    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command, carrying the
+    case as the other families' failures do (:func:`numcheck.check`'s verdict reports it as the failing case)."""
     __tracebackhide__ = True
-    raise PropertyFailure(failure_message(impl, prop, case, lines))
+    raise PropertyFailure(failure_message(impl, prop, case, lines), case=case)
 
 
 # -- running an impl -------------------------------------------------------------------------------------------

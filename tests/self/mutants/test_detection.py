@@ -14,9 +14,32 @@ sys.modules[_spec.name] = detection  # its dataclasses look their module up by n
 _spec.loader.exec_module(detection)
 
 
+#: Impls of the mutant modules outside the table, and why: each is judged by its own self test, not by a suite
+#: property of its bug class under the ci profile.
+NOT_IN_TABLE = {
+    "mutant_upstream_before_mean": "found by hypothesis over the loss-scale draws (tests/self/mutants/test_mutants.py)",
+    "mutant_upstream_divided_in_place": "named by run_impl's in-place check on any call, no property's regime",
+    "vp_fp32_reduce": "a correct twin (float32 partials, declaring float32)",
+    "vp_bf16_reduce_declared_input": "a correct twin (bf16 partials, declaring the input dtype)",
+}
+
+
+def _module_impls(module) -> dict[str, str]:
+    """The impls a mutant module binds at module level (each loadable alone by ``MODULE:ATTR``): name → attribute."""
+    return {
+        v.name: k
+        for k, v in vars(module).items()
+        if not k.startswith("_") and hasattr(v, "kind") and hasattr(v, "name")
+    }
+
+
 def test_rows_cover_every_mutant_and_load():
-    """Every mutant of every family (linear+CE, FP8 edges, grouped FP8, vocab-parallel, TP/SP FP8) has a row, and
-    each row's spec loads that one impl."""
+    """Every mutant of every family (linear+CE, FP8 edges, layouts and rowwise scales, grouped FP8, vocab-parallel,
+    TP/SP FP8) has a row, and each row's spec loads that one impl; so does every impl a mutant module of the table
+    (of :data:`FAMILIES`, or named by a row) binds at module level (a mutant added there without a row fails here),
+    but those :data:`NOT_IN_TABLE` names."""
+    import importlib
+
     from numcheck.impls.registry import ImplEntry, load_spec
     from numcheck.tests.self.helpers import (
         dist_fp8_mutants,
@@ -31,12 +54,34 @@ def test_rows_cover_every_mutant_and_load():
     assert all(len(load_spec(r.spec, "test")) == 1 for r in detection.ROWS)
     wanted = {m.name for ms in mutants.CLASSES.values() for m in ms}
     wanted |= {m.name for m in fp8_mutants.EDGE_MUTANTS} | {fp8_mutants.mx_scale_wrong_way.name}
-    wanted |= {m.name for m in fp8_mutants.LAYOUT_MUTANTS} | {m.name for m in grouped_fp8_mutants.HYBRID_MUTANTS}
+    wanted |= {m.name for m in fp8_mutants.LAYOUT_MUTANTS} | {m.name for m in fp8_mutants.ROWWISE_MUTANTS}
+    wanted |= {m.name for m in grouped_fp8_mutants.HYBRID_MUTANTS}
     wanted |= {m.name for m in grouped_fp8_mutants.MUTANTS} | {m.name for m in dist_mutants.dist_impls()}
     wanted |= {m.name for m in dist_fp8_mutants.MUTANTS + dist_fp8_mutants.DTYPE_MUTANTS}
     wanted |= {dist_reduce.bf16_reduce_declared_fp32.name}
+    for module in {*detection.FAMILIES, *(r.spec.split(":", 1)[0] for r in detection.ROWS)}:
+        wanted |= set(_module_impls(importlib.import_module(module))) - set(NOT_IN_TABLE)
     assert wanted <= names, sorted(wanted - names)
-    assert {detection.family_of(r) for r in detection.ROWS} == set(detection.FAMILIES.values())
+    assert {detection.family_of(r) for r in detection.ROWS} >= set(detection.FAMILIES.values())
+
+
+def test_every_kind_has_drawn_tests_a_row_can_name():
+    """Every kind of the registry has its drawn tests in one registry of numcheck.properties.suites (SUITES, or
+    RANKED for a family whose draws run on ranks), which the tool runs a row's tests through; each row names
+    drawn tests of its mutant's kind, and a row's family defaults to its module's, then to the module's name."""
+    from numcheck.impls.protocols.kinds import NAMES
+    from numcheck.impls.registry import load_spec
+    from numcheck.properties.suites import RANKED, SUITES
+
+    assert not set(SUITES) & set(RANKED) and set(SUITES) | set(RANKED) == set(NAMES)
+    for r in detection.ROWS:
+        (entry,) = load_spec(r.spec, "test")
+        impl = entry.impl
+        names = RANKED[impl.kind].names(impl) if impl.kind in RANKED else list(SUITES[impl.kind].table)
+        assert set(r.select) <= set(names), (r.spec, sorted(set(r.select) - set(names)))
+    row = detection.Row("k", "numcheck.tests.self.helpers.distill_mutants:x", "c", ())
+    assert detection.family_of(row) == "distill_mutants"
+    assert detection.family_of(detection.Row("k", row.spec, "c", (), family="linear distill")) == "linear distill"
 
 
 def test_findings_give_properties_margins_and_time():
@@ -178,3 +223,72 @@ def test_committed_table_covers_every_row_and_catches_no_less():
     by_name = {d["mutant"]: {c["property"] for c in d["catches"]} for d in rows.values()}
     less = {m: sorted(set(props) - by_name.get(m, set())) for m, props in BEFORE.items()}
     assert not {m: p for m, p in less.items() if p}, less
+
+
+def _table(path: Path, rows: list, torch_version: str | None = None) -> Path:
+    """A detection.json under ``path`` holding ``rows``, as a run on this torch (or ``torch_version``) writes it."""
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "torch": torch_version or torch.__version__,
+        "profile": "numcheck-ci",
+        "mutants": [asdict(d) for d in rows],
+    }
+    (path / "detection.json").write_text(json.dumps(payload))
+    return path / "detection.json"
+
+
+def _row(i: int, commit: str, prop: str) -> "detection.Detection":
+    r = detection.ROWS[i]
+    report = detection.ReportRun(1, True, [detection.ReportCatch(prop, 1, 2)], 2, commit=commit)
+    name = r.spec.rsplit(":", 1)[1]
+    catch = [detection.Catch(prop, 2.0, "")]
+    return detection.Detection(name, r.bug_class, r.change, r.spec, [prop], True, catch, commit=commit, report=report)
+
+
+def test_update_replaces_the_named_rows_and_keeps_the_others(tmp_path):
+    """``--mutant NAME --update DIR`` replaces that mutant's row in DIR's detection.json and detection.md and keeps
+    every other row as it was, each with the commit it ran at; ``--doc`` rewrites only the page's generated block."""
+    import json
+
+    kept = _table(tmp_path / "committed", [_row(0, "aaaaaaa", "accuracy"), _row(1, "aaaaaaa", "accuracy")])
+    new = _table(tmp_path / "new", [_row(1, "bbbbbbb", "many_chunks")])
+    page = tmp_path / "page.md"
+    page.write_text(f"prose before\n{detection.TABLE_BEGIN}\nold table\n{detection.TABLE_END}\nprose after\n")
+    name = detection.ROWS[1].spec.rsplit(":", 1)[1]
+    status = detection.main(
+        ["--mutant", name, "--update", str(kept.parent), "--suite-from", str(new), "--report-from", str(new)]
+        + ["--out", str(tmp_path / "runs"), "--doc", str(page)]
+    )
+    assert status == 0
+    rows = json.loads(kept.read_text())["mutants"]
+    assert [(d["spec"], d["commit"], d["report"]["commit"]) for d in rows] == [
+        (detection.ROWS[0].spec, "aaaaaaa", "aaaaaaa"),
+        (detection.ROWS[1].spec, "bbbbbbb", "bbbbbbb"),
+    ]
+    assert [c["property"] for c in rows[1]["catches"]] == ["many_chunks"]
+    md = (kept.parent / "detection.md").read_text()
+    assert "| aaaaaaa / aaaaaaa |" in md and "| bbbbbbb / bbbbbbb |" in md and "2 of 2 mutants caught" in md
+    text = page.read_text()
+    assert text.startswith("prose before\n") and text.endswith("prose after\n") and "old table" not in text
+    assert "bbbbbbb / bbbbbbb" in text
+
+
+def test_update_refuses_another_torch_and_a_page_without_markers(tmp_path, capsys):
+    """A table of another torch is not updated (its rows would mix two torches), and a page without the generated
+    block's markers is refused before anything runs, naming the page and the markers."""
+    import pytest
+
+    kept = _table(tmp_path / "old", [_row(0, "aaaaaaa", "accuracy")], torch_version="1.0.0")
+    name = detection.ROWS[0].spec.rsplit(":", 1)[1]
+    args = ["--mutant", name, "--suite-from", str(kept), "--report-from", str(kept), "--out", str(tmp_path / "r")]
+    assert detection.main([*args, "--update", str(kept.parent)]) == 2
+    assert "ran on torch 1.0.0" in capsys.readouterr().err
+    page = tmp_path / "page.md"
+    page.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="page.md has no generated table"):
+        detection.main([*args, "--doc", str(page)])

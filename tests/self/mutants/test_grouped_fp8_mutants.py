@@ -136,3 +136,29 @@ def test_ci_profile_catches_hybrid_backward_dy_as_e4m3():
     base = hsettings(hsettings.get_profile("numcheck-ci"), phases=[p for p in Phase if p is not Phase.shrink])
     verdict = _run_drawn(GROUPED_SUITE[SUITE_TEST[CAUGHT_BY[hybrid_dy_e4m3.name]]], hybrid_dy_e4m3, base)
     assert verdict.status == "failed" and "dgrad" in verdict.message, verdict
+
+
+def test_numcheck_check_judges_a_grouped_impl(capsys):
+    """``numcheck.check`` runs the grouped family's drawn tests (its SUITES entry): the fused built-in passes the
+    empty-expert test on 2 draws, the stale-workspace mutant fails it with one verdict naming the impl, the case,
+    the output, where and by how much, and a ``numcheck repro`` line that reruns the failure as printed."""
+    import shlex
+
+    import numcheck
+    from numcheck.reports import cli
+
+    name = "grouped_empty_experts_exact_zero"
+    ok = numcheck.check("grouped_fp8_linear[fused]", [name], profile="ci", max_examples=2)
+    assert ok.ok and ok.verdicts[name].status == "passed" and ok.verdicts[name].examples == 2, ok
+    spec = "numcheck.tests.self.helpers.grouped_fp8_mutants:stale_wgrad_workspace"
+    bad = numcheck.check(spec, [name], profile="ci", max_examples=2)
+    v = bad.verdicts[name]
+    assert not bad.ok and v.status == "failed" and isinstance(v.worst_case, GroupedCase), bad
+    assert "for impl 'mutant_grouped_stale_wgrad_workspace'" in v.message and "case: GroupedCase(" in v.message
+    assert "wgrad of empty expert" in v.message and "at [" in v.message and "bound 0" in v.message, v.message
+    line = next(ln.strip() for ln in v.message.splitlines() if ln.strip().startswith("reproduce: "))
+    words = shlex.split(line.removeprefix("reproduce: "))
+    assert words[:2] == ["numcheck", "repro"], line
+    capsys.readouterr()
+    assert cli.main(words[1:]) == 1
+    assert capsys.readouterr().out.startswith("FAIL")
