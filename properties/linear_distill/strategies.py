@@ -1,0 +1,67 @@
+"""The linear-distill draws: a :class:`~properties.linear_distill.cases.DistillCase` inside a declaration.
+
+Sizes are the smallest that reach each regime (CPU CI): N ≤ 24 rows, H ≤ 16, V ≤ 48; ``chunks`` draws N to make
+at least three chunks of the impl's declared rows, the last one ragged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from numcheck.properties.core.device import DEVICE
+from numcheck.properties.linear_distill.cases import DistillCase
+
+#: β inside (0, 1): a few values exact in binary and a few not.
+INNER_BETAS: tuple[float, ...] = (0.5, 0.25, 0.1, 0.7, 0.9)
+#: Temperatures ≠ 1 (exact in binary and not).
+TEMPERATURES: tuple[float, ...] = (0.5, 2.0, 3.0, 0.7)
+UPSTREAMS: tuple[float, ...] = (1.0, 0.75, 2.0)
+
+
+def _n_rows(draw: st.DrawFn, support: Any, H: int, V: int, chunks: bool) -> int:
+    if not chunks:
+        return draw(st.integers(1, 24), label="N")
+    rows = support.rows_per_chunk(64, H, V)
+    if rows >= 64:
+        return draw(st.integers(8, 24), label="N")
+    return min(3 * rows + draw(st.integers(1, max(rows - 1, 1)), label="ragged"), 96)
+
+
+@st.composite
+def distill_cases(
+    draw: st.DrawFn,
+    support: Any,
+    *,
+    beta: float | None = None,
+    temperature: float | None = None,
+    chunks: bool = False,
+    ignored: bool | None = None,
+) -> DistillCase:
+    """A case in one of ``support``'s dtypes using only its declared options; ``beta``, ``temperature`` pin those,
+    ``ignored`` forces (True) or forbids (False) ignored rows."""
+    H, V = draw(st.integers(2, 16), label="H"), draw(st.integers(2, 48), label="V")
+    N = _n_rows(draw, support, H, V, chunks)
+    betas = INNER_BETAS + ((0.0, 1.0) if support.beta_endpoints else ())
+    b = beta if beta is not None else draw(st.sampled_from(betas), label="beta")
+    if temperature is None:
+        temperature = draw(st.sampled_from(TEMPERATURES), label="T") if "temperature" in support.options else 1.0
+    can_ignore = "ignore_index" in support.options and N > 1
+    ign = 0
+    if can_ignore and ignored is not False:
+        ign = draw(st.integers(1 if ignored else 0, N - 1), label="ignored")
+    return DistillCase(
+        N=N,
+        H=H,
+        V=V,
+        dtype=str(draw(st.sampled_from(sorted(support.dtypes, key=str)), label="dtype")).removeprefix("torch."),
+        beta=b,
+        temperature=temperature,
+        ignored=ign,
+        ignore_index=draw(st.sampled_from((-100, -1)), label="ignore_index"),
+        scale=draw(st.sampled_from((1.0, 2.0, 6.0)), label="scale"),
+        teacher_scale=draw(st.sampled_from((1.0, 3.0, 8.0)), label="teacher_scale"),
+        upstream=draw(st.sampled_from(UPSTREAMS), label="upstream"),
+        seed=draw(st.integers(0, 2**16), label="seed"),
+        device=DEVICE,
+    )

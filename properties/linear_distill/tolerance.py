@@ -1,0 +1,174 @@
+"""The tolerance model for linear + generalised JSD: an element-wise bound for the loss, grad_x and grad_weight of
+the student, evaluated in float64 beside the oracle (:func:`reference.linear_distill.linear_distill`). Derivation
+in ``docs/linear-distill.md``; it reuses linear+CE's softmax analysis (``docs/error-analysis.md``,
+:mod:`properties.linear_ce.tolerance`, steps 1–2) for each of the two heads, and adds the divergence's terms.
+
+Notation as linear+CE's: u_c the compute dtype's unit roundoff, u_a = 2⁻²⁴, u_L = u_c where the logits are
+materialised in the compute dtype (``logits_dtype="compute"``) else u_a, u_d = u_a for a divergence evaluated in
+fp32 (``divergence_dtype="float32"``) else u_c, u_out the returned output's, γ_n(u) = nu/(1−nu) (hard) or √n·u
+(expected level, judgement (b)'s slack).
+
+1. Logits, per head: e_z = γ_H(u_a)·|x||W|ᵀ + (u_L + 2u_a)|z|; scaled by the head's temperature T_h:
+   e' = e_z/T_h + u_L|z'| (the division rounds at the logits' precision).
+2. Log-probabilities, exact in e' (linear+CE step 2, :func:`~properties.linear_ce.tolerance.logp_error_bound`):
+   Λ_ij = L_ij + R_i + u_d|log p_ij| + 2u_d with R_i = γ_V(u_d) + 3u_d + u_d(1 + 3|lse_i|), for the student's
+   (Λq) and the teacher's (Λp) rows; |δp| ≤ p·expm1(Λ). The mixture M = αA + (1−α)B moves by at most
+   max(ΛA, ΛB) in log (a convex combination of relative moves), plus 2u_d(1 + |log M|) for its own evaluation.
+3. The row loss ℓ = Σ_t c_t Σ_j a_j d_j, d_j = log a_j − log o_j (terms of
+   :func:`reference.linear_distill.jsd_terms`): |δ(a d)| ≤ |δa|(|d| + |δd|) + a|δd|, |δd| ≤ Λa + Λo (exact, not first
+   order), plus the evaluation's roundings, whichever form the impl evaluates (the KL form a·(log a − log o), or
+   Liger's entropy form βP·Y + (1−β)Q·X − M log M whose terms cancel):
+   (γ_{3V}(u_d) + 3u_d)·Σ_t c_t Σ_j a_j(|log a_j| + |log o_j|).
+   The loss: (T² or 1)/D·Σ_i [bound_i + γ_N(u_a)|ℓ_i|] + (3u_a + u_out)|L|.
+4. The student's logit gradient G_z = q ⊙ (g − ⟨q, g⟩), g = w·r, r = log q − log o: with |δr| ≤ Λq + Λo,
+   δr̄ ≤ Σ_k(|δq_k|(|r_k| + |δr_k|) + q_k|δr_k|), r̄ ≤ Σ_k q_k|r_k|:
+   |δG_z| ≤ w[|δq|(|r| + r̄ + |δr| + δr̄) + q(|δr| + δr̄)] + (5u_d + γ_V(u_d))·w·q(|r| + r̄); forward KL's
+   G_z = q − p: |δq| + |δp| + 2u_d(q + p). Then G = c·G_z/T_s (2u_d more) stored in the compute dtype and scaled
+   by the upstream gradient in it: + 2u_c|G| + η_c.
+5. grad_x = G·W_s: |δG||W| + γ_V(u_a)|G||W| + u_out|gx|; grad_W = Gᵀx_s: |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x|
+   + 2u_out|gW| (rounded when accumulated, again when the upstream scales it), a_path as linear+CE's: ``fp32`` 0,
+   ``per_chunk_rounding`` u_c, ``param_dtype`` K·u_p over K row chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from numcheck.properties.linear_ce.tolerance import (
+    U_ACC,
+    UNDERFLOW,
+    Level,
+    gamma,
+    logp_error_bound,
+    unit_roundoff,
+)
+from numcheck.properties.linear_distill.cases import DistillCase, DistillTensors
+from numcheck.reference.linear_distill import DistillResult, jsd_terms, log_mixture
+
+OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight")
+
+
+def _logit_error(x: torch.Tensor, w: torch.Tensor, z_scaled: torch.Tensor, T: float, u_L: float, level: Level):
+    """Step 1: e' of one head's scaled logits."""
+    H = x.shape[1]
+    z = z_scaled * T
+    e = gamma(H, U_ACC, level) * (x.abs() @ w.abs().T) + (u_L + 2 * U_ACC) * z.abs()
+    return e / T + (u_L * z_scaled.abs() if T != 1.0 else 0.0)
+
+
+def _logp_error(log_p: torch.Tensor, z: torch.Tensor, e: torch.Tensor, u_d: float, level: Level) -> torch.Tensor:
+    """Step 2: Λ, the bound on |δ log p| of one head."""
+    p = log_p.exp()
+    T_plus = (p * torch.expm1(e)).sum(-1, keepdim=True)
+    T_minus = (p * torch.expm1(-e)).sum(-1, keepdim=True)
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    V = log_p.shape[-1]
+    R = gamma(V, u_d, level) + 3 * u_d + u_d * (1 + 3 * lse.abs())
+    return logp_error_bound(p, e, T_plus, T_minus) + R + u_d * log_p.abs() + 2 * u_d
+
+
+def _terms_with_errors(o: DistillResult, beta: float, beta_zero: str, lam_q, lam_p, u_d: float):
+    """Each term (c, log a, log o, Λa, Λo) of the row loss, with its Λ's (the mixture's per step 2)."""
+    by_id = {id(o.log_q): lam_q, id(o.log_p): lam_p}
+    out = []
+    for c, la, lo in jsd_terms(o.log_q, o.log_p, beta, beta_zero):
+        lam_o = by_id.get(id(lo))
+        if lam_o is None:  # the mixture
+            lam_o = torch.maximum(lam_q, lam_p) + 2 * u_d * (1 + lo.abs())
+        out.append((c, la, lo, by_id[id(la)], lam_o))
+    return out
+
+
+def _row_loss_bound(terms, V: int, u_d: float, level: Level) -> torch.Tensor:
+    """Step 3, per row."""
+    total, magnitude = 0.0, 0.0
+    for c, la, lo, lam_a, lam_o in terms:
+        a = la.exp()
+        d = (la - lo).abs()
+        dd = lam_a + lam_o
+        da = a * torch.expm1(lam_a)
+        total = total + c * (da * (d + dd) + a * dd).sum(-1)
+        magnitude = magnitude + c * (a * (la.abs() + lo.abs())).sum(-1)
+    return total + (gamma(3 * V, u_d, level) + 3 * u_d) * magnitude
+
+
+def _student_grad_bound(o: DistillResult, beta: float, beta_zero: str, lam_q, lam_p, u_d: float, level: Level):
+    """Step 4: the bound on |δG_z| per element."""
+    q, p = o.log_q.exp(), o.log_p.exp()
+    dq, dp = q * torch.expm1(lam_q), p * torch.expm1(lam_p)
+    student_first = beta_zero == "reverse_kl"
+    if beta in (0.0, 1.0) and (beta == 0.0) != student_first:
+        return dq + dp + 2 * u_d * (q + p)
+    if beta in (0.0, 1.0):
+        w, log_o, lam_o = 1.0, o.log_p, lam_p
+    else:
+        w = beta if student_first else 1.0 - beta
+        pair = (o.log_q, o.log_p) if student_first else (o.log_p, o.log_q)
+        log_o = log_mixture(*pair, beta)
+        lam_o = torch.maximum(lam_q, lam_p) + 2 * u_d * (1 + log_o.abs())
+    r = (o.log_q - log_o).abs()
+    dr = lam_q + lam_o
+    rbar = (q * r).sum(-1, keepdim=True)
+    drbar = (dq * (r + dr) + q * dr).sum(-1, keepdim=True)
+    V = q.shape[-1]
+    return w * (dq * (r + rbar + dr + drbar) + q * (dr + drbar)) + (5 * u_d + gamma(V, u_d, level)) * w * q * (r + rbar)
+
+
+def _path_term(support: Any, case: DistillCase, u_c: float, u_p: float) -> float:
+    """a_path of step 5 for the declared grad_weight accumulation."""
+    if support.grad_accumulation == "fp32":
+        return 0.0
+    if support.grad_accumulation == "per_chunk_rounding":
+        return u_c
+    K = math.ceil(case.N / support.rows_per_chunk(case.N, case.H, case.V))
+    return K * u_p
+
+
+def distill_bounds(
+    support: Any,
+    case: DistillCase,
+    t: DistillTensors,
+    o: DistillResult,
+    out_dtypes: dict[str, torch.dtype],
+    level: Level = "hard",
+) -> dict[str, torch.Tensor]:
+    """The element-wise bound of each output (module docstring), float64, for ``support``'s declaration."""
+    f64 = torch.float64
+    dt = case.torch_dtype
+    u_c = unit_roundoff(dt)
+    u_L = u_c if support.logits_dtype == "compute" else U_ACC
+    u_d = U_ACC if support.divergence_dtype == "float32" else u_c
+    conv = support.convention
+    Ts, Tt = conv.temperatures(case.temperature)
+    sx, sw, tx, tw = (v.detach().to(f64) for v in (t.sx, t.sw, t.tx, t.tw))
+    lam_q = _logp_error(o.log_q, o.z_s, _logit_error(sx, sw, o.z_s, Ts, u_L, level), u_d, level)
+    lam_p = _logp_error(o.log_p, o.z_t, _logit_error(tx, tw, o.z_t, Tt, u_L, level), u_d, level)
+    terms = _terms_with_errors(o, case.beta, conv.beta_zero, lam_q, lam_p, u_d)
+    row = torch.where(o.kept, _row_loss_bound(terms, case.V, u_d, level), torch.zeros((), dtype=f64))
+    D = {"tokens": float(o.kept.sum()), "rows": float(case.N), "sum": 1.0}[conv.denominator]
+    scale = conv.scale(case.temperature)
+    u_loss = unit_roundoff(out_dtypes["loss"])
+    loss = (
+        scale / D * (row.sum() + gamma(case.N, U_ACC, level) * o.row_loss.abs().sum())
+        + (3 * U_ACC + u_loss) * o.loss.abs()
+        + UNDERFLOW[out_dtypes["loss"]]
+    )
+    dGz = _student_grad_bound(o, case.beta, conv.beta_zero, lam_q, lam_p, u_d, level)
+    c = o.c[:, None].abs() / Ts
+    G = (c * o.G_z).abs()
+    eta = UNDERFLOW[dt] * (1 + abs(case.upstream))
+    dG = c * dGz + (2 * u_d + 2 * u_c) * G + eta * (o.c[:, None] != 0)
+    gx_out, gw_out = unit_roundoff(out_dtypes["grad_x"]), unit_roundoff(out_dtypes["grad_weight"])
+    u_p = unit_roundoff(t.sw.dtype)
+    gx = dG @ sw.abs() + gamma(case.V, U_ACC, level) * (G @ sw.abs()) + gx_out * o.grad_x.abs() + UNDERFLOW[dt]
+    a_path = _path_term(support, case, u_c, u_p)
+    gw = (
+        dG.T @ sx.abs()
+        + (gamma(case.N, U_ACC, level) + a_path) * (G.T @ sx.abs())
+        + 2 * gw_out * o.grad_weight.abs()
+        + UNDERFLOW[dt]
+    )
+    return {"loss": loss, "grad_x": gx, "grad_weight": gw}
