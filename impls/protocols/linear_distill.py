@@ -51,7 +51,7 @@ FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.fl
 #: ``per_chunk_rounding`` (each chunk's product rounded to the compute dtype, then added in fp32), ``param_dtype``
 #: (the running sum itself in the weight's dtype).
 GRAD_ACCUMULATIONS: tuple[str, ...] = ("fp32", "per_chunk_rounding", "param_dtype")
-OPTION_ALIASES: dict[str, str] = {"T": "temperature", "temp": "temperature", "shift_labels": "ignore_index"}
+OPTION_ALIASES: dict[str, str] = {"t": "temperature", "temp": "temperature", "shift_labels": "ignore_index"}
 DENOMINATOR_ALIASES: dict[str, str] = {"mean": "tokens", "batchmean": "rows", "none": "sum"}
 
 _CHOICES: tuple[tuple[str, tuple[Any, ...], dict[str, str]], ...] = (

@@ -1,7 +1,8 @@
 """The linear-distill draws: a :class:`~properties.linear_distill.cases.DistillCase` inside a declaration.
 
 Sizes are the smallest that reach each regime (CPU CI): N ≤ 24 rows, H ≤ 16, V ≤ 48; ``chunks`` draws N to make
-at least three chunks of the impl's declared rows, the last one ragged."""
+3 to 16+ chunks of the impl's declared rows (at most :data:`MAX_CHUNKED_ROWS` rows), the last one ragged: an
+accumulator across chunks errs with their count."""
 
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ INNER_BETAS: tuple[float, ...] = (0.5, 0.25, 0.1, 0.7, 0.9)
 #: Temperatures ≠ 1 (exact in binary and not).
 TEMPERATURES: tuple[float, ...] = (0.5, 2.0, 3.0, 0.7)
 UPSTREAMS: tuple[float, ...] = (1.0, 0.75, 2.0)
+#: The most rows a many-chunk draw takes (16 chunks of the chunked built-in's 8 rows).
+MAX_CHUNKED_ROWS = 128
 
 
 def _n_rows(draw: st.DrawFn, support: Any, H: int, V: int, chunks: bool) -> int:
     if not chunks:
         return draw(st.integers(1, 24), label="N")
-    rows = support.rows_per_chunk(64, H, V)
-    if rows >= 64:
+    rows = support.rows_per_chunk(MAX_CHUNKED_ROWS, H, V)
+    if rows >= MAX_CHUNKED_ROWS:
         return draw(st.integers(8, 24), label="N")
-    return min(3 * rows + draw(st.integers(1, max(rows - 1, 1)), label="ragged"), 96)
+    chunks = draw(st.integers(3, max(3, (MAX_CHUNKED_ROWS - 1) // rows)), label="chunks")
+    return min(chunks * rows + draw(st.integers(1, max(rows - 1, 1)), label="ragged"), MAX_CHUNKED_ROWS)
 
 
 @st.composite

@@ -14,11 +14,16 @@ fp32 (``divergence_dtype="float32"``) else u_c, u_out the returned output's, γ_
    Λ_ij = L_ij + R_i + u_d|log p_ij| + 2u_d with R_i = γ_V(u_d) + 3u_d + u_d(1 + 3|lse_i|), for the student's
    (Λq) and the teacher's (Λp) rows; |δp| ≤ p·expm1(Λ). The mixture M = αA + (1−α)B moves by at most
    max(ΛA, ΛB) in log (a convex combination of relative moves), plus 2u_d(1 + |log M|) for its own evaluation.
-3. The row loss ℓ = Σ_t c_t Σ_j a_j d_j, d_j = log a_j − log o_j (terms of
-   :func:`reference.linear_distill.jsd_terms`): |δ(a d)| ≤ |δa|(|d| + |δd|) + a|δd|, |δd| ≤ Λa + Λo (exact, not first
-   order), plus the evaluation's roundings, whichever form the impl evaluates (the KL form a·(log a − log o), or
-   Liger's entropy form βP·Y + (1−β)Q·X − M log M whose terms cancel):
-   (γ_{3V}(u_d) + 3u_d)·Σ_t c_t Σ_j a_j(|log a_j| + |log o_j|).
+3. The row loss ℓ(z'_s, z'_t). Through the logits' errors, by the mean value theorem: δℓ = Σ_j G̃_s,j δz'_s,j +
+   G̃_t,j δz'_t,j with G̃ the gradients w.r.t. each head's scaled logits at an intermediate point, each within step
+   4's bound dG of the exact one (step 4 holds for any logit error within e'); the teacher's gradient is the
+   student's formula with the heads swapped and β ↔ 1 − β (the divergence's symmetry): so
+   Σ_j (|G_s,j| + dG_s,j)·e'_s,j + (|G_t,j| + dG_t,j)·e'_t,j. The evaluation (log-probabilities off by ρ = R +
+   u_d|log p| + 2u_d at that point, whose probabilities are within e^Λ of the exact ones), with ℓ = Σ_t c_t Σ_j
+   a_j d_j (terms of :func:`reference.linear_distill.jsd_terms`, d_j = log a_j − log o_j): |δ(a d)| ≤
+   |δa|(|d| + |δd|) + a|δd| with |δa| ≤ a·e^Λ·expm1(ρ), |δd| ≤ ρ_a + ρ_o; plus the sums' roundings, whichever
+   form the impl evaluates (the KL form a·(log a − log o), or Liger's entropy form βP·Y + (1−β)Q·X − M log M whose
+   terms cancel): (γ_{3V}(u_d) + 3u_d)·Σ_t c_t Σ_j a_j e^Λ (|log a_j| + |log o_j|).
    The loss: (T² or 1)/D·Σ_i [bound_i + γ_N(u_a)|ℓ_i|] + (3u_a + u_out)|L|.
 4. The student's logit gradient G_z = q ⊙ (g − ⟨q, g⟩), g = w·r, r = log q − log o: with |δr| ≤ Λq + Λo,
    δr̄ ≤ Σ_k(|δq_k|(|r_k| + |δr_k|) + q_k|δr_k|), r̄ ≤ Σ_k q_k|r_k|:
@@ -46,7 +51,7 @@ from numcheck.properties.linear_ce.tolerance import (
     unit_roundoff,
 )
 from numcheck.properties.linear_distill.cases import DistillCase, DistillTensors
-from numcheck.reference.linear_distill import DistillResult, jsd_terms, log_mixture
+from numcheck.reference.linear_distill import DistillResult, jsd_terms, log_mixture, student_logit_grad
 
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight")
 
@@ -59,62 +64,77 @@ def _logit_error(x: torch.Tensor, w: torch.Tensor, z_scaled: torch.Tensor, T: fl
     return e / T + (u_L * z_scaled.abs() if T != 1.0 else 0.0)
 
 
-def _logp_error(log_p: torch.Tensor, z: torch.Tensor, e: torch.Tensor, u_d: float, level: Level) -> torch.Tensor:
-    """Step 2: Λ, the bound on |δ log p| of one head."""
+def _logp_error(log_p: torch.Tensor, z: torch.Tensor, e: torch.Tensor, u_d: float, level: Level):
+    """Step 2: ``(Λ, ρ)``, the bounds on |δ log p| of one head from its logits' errors and its evaluation, and on
+    the evaluation's part alone (ρ = R + u_d|log p| + 2u_d)."""
     p = log_p.exp()
     T_plus = (p * torch.expm1(e)).sum(-1, keepdim=True)
     T_minus = (p * torch.expm1(-e)).sum(-1, keepdim=True)
     lse = torch.logsumexp(z, -1, keepdim=True)
     V = log_p.shape[-1]
-    R = gamma(V, u_d, level) + 3 * u_d + u_d * (1 + 3 * lse.abs())
-    return logp_error_bound(p, e, T_plus, T_minus) + R + u_d * log_p.abs() + 2 * u_d
+    rho = gamma(V, u_d, level) + 3 * u_d + u_d * (1 + 3 * lse.abs()) + u_d * log_p.abs() + 2 * u_d
+    return logp_error_bound(p, e, T_plus, T_minus) + rho, rho
 
 
-def _terms_with_errors(o: DistillResult, beta: float, beta_zero: str, lam_q, lam_p, u_d: float):
-    """Each term (c, log a, log o, Λa, Λo) of the row loss, with its Λ's (the mixture's per step 2)."""
-    by_id = {id(o.log_q): lam_q, id(o.log_p): lam_p}
-    out = []
-    for c, la, lo in jsd_terms(o.log_q, o.log_p, beta, beta_zero):
-        lam_o = by_id.get(id(lo))
-        if lam_o is None:  # the mixture
-            lam_o = torch.maximum(lam_q, lam_p) + 2 * u_d * (1 + lo.abs())
-        out.append((c, la, lo, by_id[id(la)], lam_o))
-    return out
+def _mixture_error(lam_a: torch.Tensor, lam_b: torch.Tensor, log_m: torch.Tensor, u_d: float) -> torch.Tensor:
+    """|δ log M| for M = αA + (1−α)B: the larger relative move of the two, plus M's own evaluation."""
+    return torch.maximum(lam_a, lam_b) + 2 * u_d * (1 + log_m.abs())
 
 
-def _row_loss_bound(terms, V: int, u_d: float, level: Level) -> torch.Tensor:
-    """Step 3, per row."""
+def _evaluation_bound(
+    log_q, log_p, lam_q, lam_p, rho_q, rho_p, beta: float, beta_zero: str, V: int, u_d: float, level: Level
+):
+    """Step 3's evaluation part, per row: log-probabilities off by ρ (at a point whose probabilities are within
+    e^Λ of the exact ones) and the sums' roundings."""
+    by_id = {id(log_q): (rho_q, lam_q), id(log_p): (rho_p, lam_p)}
     total, magnitude = 0.0, 0.0
-    for c, la, lo, lam_a, lam_o in terms:
-        a = la.exp()
-        d = (la - lo).abs()
-        dd = lam_a + lam_o
-        da = a * torch.expm1(lam_a)
-        total = total + c * (da * (d + dd) + a * dd).sum(-1)
+    for c, la, lo in jsd_terms(log_q, log_p, beta, beta_zero):
+        rho_a, lam_a = by_id[id(la)]
+        if id(lo) in by_id:
+            rho_o = by_id[id(lo)][0]
+        else:  # the mixture
+            rho_o = _mixture_error(rho_q, rho_p, lo, u_d)
+        a = la.exp() * torch.exp(lam_a)
+        lam_o = by_id[id(lo)][1] if id(lo) in by_id else _mixture_error(lam_q, lam_p, lo, u_d)
+        d = (la - lo).abs() + lam_a + lam_o
+        total = total + c * (a * torch.expm1(rho_a) * (d + rho_a + rho_o) + a * (rho_a + rho_o)).sum(-1)
         magnitude = magnitude + c * (a * (la.abs() + lo.abs())).sum(-1)
     return total + (gamma(3 * V, u_d, level) + 3 * u_d) * magnitude
 
 
-def _student_grad_bound(o: DistillResult, beta: float, beta_zero: str, lam_q, lam_p, u_d: float, level: Level):
-    """Step 4: the bound on |δG_z| per element."""
-    q, p = o.log_q.exp(), o.log_p.exp()
-    dq, dp = q * torch.expm1(lam_q), p * torch.expm1(lam_p)
+def logit_grad_bound(log_s, log_t, lam_s, lam_t, beta: float, beta_zero: str, u_d: float, level: Level):
+    """Step 4: the bound on |δG_z| per element of the gradient w.r.t. the logits of the head ``log_s`` (the
+    student's; the teacher's with the heads swapped and β ↔ 1 − β)."""
+    q, p = log_s.exp(), log_t.exp()
+    dq, dp = q * torch.expm1(lam_s), p * torch.expm1(lam_t)
     student_first = beta_zero == "reverse_kl"
     if beta in (0.0, 1.0) and (beta == 0.0) != student_first:
         return dq + dp + 2 * u_d * (q + p)
     if beta in (0.0, 1.0):
-        w, log_o, lam_o = 1.0, o.log_p, lam_p
+        w, log_o, lam_o = 1.0, log_t, lam_t
     else:
         w = beta if student_first else 1.0 - beta
-        pair = (o.log_q, o.log_p) if student_first else (o.log_p, o.log_q)
-        log_o = log_mixture(*pair, beta)
-        lam_o = torch.maximum(lam_q, lam_p) + 2 * u_d * (1 + log_o.abs())
-    r = (o.log_q - log_o).abs()
-    dr = lam_q + lam_o
+        log_o = log_mixture(*((log_s, log_t) if student_first else (log_t, log_s)), beta)
+        lam_o = _mixture_error(lam_s, lam_t, log_o, u_d)
+    r = (log_s - log_o).abs()
+    dr = lam_s + lam_o
     rbar = (q * r).sum(-1, keepdim=True)
     drbar = (dq * (r + dr) + q * dr).sum(-1, keepdim=True)
     V = q.shape[-1]
     return w * (dq * (r + rbar + dr + drbar) + q * (dr + drbar)) + (5 * u_d + gamma(V, u_d, level)) * w * q * (r + rbar)
+
+
+def _row_loss_bound(o: DistillResult, heads, beta: float, beta_zero: str, V: int, u_d: float, level: Level):
+    """Step 3, per row: the logits' errors through the mean value theorem (the gradient w.r.t. each head's logits
+    at an intermediate point, within step 4's bound of the exact one), plus the evaluation's part."""
+    (e_s, lam_s, rho_s), (e_t, lam_t, rho_t) = heads
+    G_s = o.G_z.abs()
+    G_t = student_logit_grad(o.log_p, o.log_q, 1.0 - beta, beta_zero).abs()
+    dG_s = logit_grad_bound(o.log_q, o.log_p, lam_s, lam_t, beta, beta_zero, u_d, level)
+    dG_t = logit_grad_bound(o.log_p, o.log_q, lam_t, lam_s, 1.0 - beta, beta_zero, u_d, level)
+    through_logits = ((G_s + dG_s) * e_s + (G_t + dG_t) * e_t).sum(-1)
+    evaluation = _evaluation_bound(o.log_q, o.log_p, lam_s, lam_t, rho_s, rho_t, beta, beta_zero, V, u_d, level)
+    return through_logits + evaluation, dG_s
 
 
 def _path_term(support: Any, case: DistillCase, u_c: float, u_p: float) -> float:
@@ -144,10 +164,13 @@ def distill_bounds(
     conv = support.convention
     Ts, Tt = conv.temperatures(case.temperature)
     sx, sw, tx, tw = (v.detach().to(f64) for v in (t.sx, t.sw, t.tx, t.tw))
-    lam_q = _logp_error(o.log_q, o.z_s, _logit_error(sx, sw, o.z_s, Ts, u_L, level), u_d, level)
-    lam_p = _logp_error(o.log_p, o.z_t, _logit_error(tx, tw, o.z_t, Tt, u_L, level), u_d, level)
-    terms = _terms_with_errors(o, case.beta, conv.beta_zero, lam_q, lam_p, u_d)
-    row = torch.where(o.kept, _row_loss_bound(terms, case.V, u_d, level), torch.zeros((), dtype=f64))
+    e_s = _logit_error(sx, sw, o.z_s, Ts, u_L, level)
+    e_t = _logit_error(tx, tw, o.z_t, Tt, u_L, level)
+    lam_s, rho_s = _logp_error(o.log_q, o.z_s, e_s, u_d, level)
+    lam_t, rho_t = _logp_error(o.log_p, o.z_t, e_t, u_d, level)
+    heads = ((e_s, lam_s, rho_s), (e_t, lam_t, rho_t))
+    row_b, dGz = _row_loss_bound(o, heads, case.beta, conv.beta_zero, case.V, u_d, level)
+    row = torch.where(o.kept, row_b, torch.zeros((), dtype=f64))
     D = {"tokens": float(o.kept.sum()), "rows": float(case.N), "sum": 1.0}[conv.denominator]
     scale = conv.scale(case.temperature)
     u_loss = unit_roundoff(out_dtypes["loss"])
@@ -156,7 +179,6 @@ def distill_bounds(
         + (3 * U_ACC + u_loss) * o.loss.abs()
         + UNDERFLOW[out_dtypes["loss"]]
     )
-    dGz = _student_grad_bound(o, case.beta, conv.beta_zero, lam_q, lam_p, u_d, level)
     c = o.c[:, None].abs() / Ts
     G = (c * o.G_z).abs()
     eta = UNDERFLOW[dt] * (1 + abs(case.upstream))

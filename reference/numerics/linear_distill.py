@@ -43,11 +43,11 @@ class _Chunked(torch.autograd.Function):
     """Forward in row chunks, each chunk's student gradients formed there; backward scales them."""
 
     @staticmethod
-    def forward(ctx, sx, sw, tx, tw, target, beta, temperature, ignore_index, convention, rows, accumulate):
+    def forward(ctx, sx, sw, tx, tw, target, beta, temperature, ignore_index, convention, rows, accumulate, loss_sum):
         Ts, Tt = convention.temperatures(temperature)
         kept = target != ignore_index
         c = convention.scale(temperature) / _denominator(kept, convention)
-        loss = torch.zeros((), dtype=torch.float32, device=sx.device)
+        loss = torch.zeros((), dtype=loss_sum, device=sx.device)
         gx = torch.empty_like(sx)
         gw = torch.zeros(sw.shape, dtype=torch.float32 if accumulate == "fp32" else sw.dtype, device=sw.device)
         for lo in range(0, sx.shape[0], rows):
@@ -57,7 +57,7 @@ class _Chunked(torch.autograd.Function):
                 log_p = _log_probs(tx[sl], tw, Tt)
             k = kept[sl]
             row = terms_sum(jsd_terms(log_q, log_p, float(beta), convention.beta_zero))
-            loss = loss + torch.where(k, row, torch.zeros_like(row)).sum()
+            loss = loss + torch.where(k, row, torch.zeros_like(row)).sum().to(loss_sum)
             G = student_logit_grad(log_q, log_p, float(beta), convention.beta_zero) * (c / Ts)
             G = torch.where(k[:, None], G, torch.zeros_like(G)).to(sx.dtype)
             gx[sl] = G @ sw
@@ -66,13 +66,13 @@ class _Chunked(torch.autograd.Function):
             else:
                 gw += G.t() @ sx[sl]
         ctx.save_for_backward(gx, gw.to(sw.dtype))
-        return (loss * c).to(sx.dtype)
+        return (loss.float() * c).to(sx.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         gx, gw = ctx.saved_tensors
         g = grad_out.to(gx.dtype)
-        return (gx * g, gw * g, *([None] * 9))
+        return (gx * g, gw * g, *([None] * 10))
 
 
 def chunked_loss(
@@ -88,10 +88,13 @@ def chunked_loss(
     convention=DistillConvention(),
     rows=8,
     accumulate="fp32",
+    loss_sum=torch.float32,
 ):
     """The loss in chunks of ``rows`` rows, grad_weight summed over chunks in fp32 (``accumulate="fp32"``) or in
-    the weight's dtype (``"param_dtype"``)."""
-    return _Chunked.apply(sx, sw, tx, tw, target, beta, temperature, ignore_index, convention, rows, accumulate)
+    the weight's dtype (``"param_dtype"``), the chunks' loss sums added in ``loss_sum``."""
+    return _Chunked.apply(
+        sx, sw, tx, tw, target, beta, temperature, ignore_index, convention, rows, accumulate, loss_sum
+    )
 
 
 def declared_path(support: Any) -> Callable[..., torch.Tensor]:

@@ -10,6 +10,10 @@ import torch
 
 from numcheck.reference.linear_distill import DistillConvention, linear_distill
 
+pytestmark = pytest.mark.torch_versions(
+    reason="an oracle: torch ops (and what it compares them with) a torch release can change"
+)
+
 
 def _tensors(N=6, H=5, V=7, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -51,7 +55,7 @@ CONVENTIONS = [
 @pytest.mark.parametrize("beta", [0.0, 0.3, 0.5, 1.0])
 def test_analytic_backward_equals_autograd(beta):
     t = _tensors()
-    for conv, T in itertools.product(CONVENTIONS, (1.0, 2.5)):
+    for conv, T in itertools.product(CONVENTIONS, (2.5,)):
         r = linear_distill(*t, beta=beta, temperature=T, ignore_index=-100, convention=conv, upstream=0.75)
         loss, gx, gw = _autograd(*t, beta, T, conv, 0.75)
         torch.testing.assert_close(r.loss, loss, rtol=1e-12, atol=1e-14, msg=f"{conv} T={T}")
