@@ -24,12 +24,16 @@ fp32 (``divergence_dtype="float32"``) else u_c, u_out the returned output's, γ_
    |δa|(|d| + |δd|) + a|δd| with |δa| ≤ a·e^Λ·expm1(ρ), |δd| ≤ ρ_a + ρ_o; plus the sums' roundings, whichever
    form the impl evaluates (the KL form a·(log a − log o), or Liger's entropy form βP·Y + (1−β)Q·X − M log M whose
    terms cancel): (γ_{3V}(u_d) + 3u_d)·Σ_t c_t Σ_j a_j e^Λ (|log a_j| + |log o_j|).
-   The loss: (T² or 1)/D·Σ_i [bound_i + γ_N(u_a)|ℓ_i|] + (3u_a + u_out)|L|.
+   The loss: (T² or 1)/D·Σ_i [bound_i + (γ_N(u_a) + 2u_d)|ℓ_i|] + (3u_a + u_out)|L| (2u_d: a chunk's sum and
+   its division by D rounded at the divergence's precision before the fp32 total).
 4. The student's logit gradient G_z = q ⊙ (g − ⟨q, g⟩), g = w·r, r = log q − log o: with |δr| ≤ Λq + Λo,
    δr̄ ≤ Σ_k(|δq_k|(|r_k| + |δr_k|) + q_k|δr_k|), r̄ ≤ Σ_k q_k|r_k|:
    |δG_z| ≤ w[|δq|(|r| + r̄ + |δr| + δr̄) + q(|δr| + δr̄)] + (5u_d + γ_V(u_d))·w·q(|r| + r̄); forward KL's
    G_z = q − p: |δq| + |δp| + 2u_d(q + p). Then G = c·G_z/T_s (2u_d more) stored in the compute dtype and scaled
-   by the upstream gradient in it: + 2u_c|G| + η_c.
+   by the upstream gradient in it: + 2u_c|G| + η_c. At the divergence's precision each probability exp(log p)
+   below the normal range carries an absolute error η_d (fp16's 2⁻²⁵ for a divergence in fp16: a probability of
+   1e-7 is subnormal there), so |δq| and |δp| get + η_d, and the evaluation + 3η_d·w (measured: Liger's chunked
+   loss in fp16 at β = 1, T = 0.7, a grad_weight element of 4.6e-7 off by 9.9e-7).
 5. grad_x = G·W_s: |δG||W| + γ_V(u_a)|G||W| + u_out|gx|; grad_W = Gᵀx_s: |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x|
    + 2u_out|gW| (rounded when accumulated, again when the upstream scales it), a_path as linear+CE's: ``fp32`` 0,
    ``per_chunk_rounding`` u_c, ``param_dtype`` K·u_p over K row chunks.
@@ -102,11 +106,14 @@ def _evaluation_bound(
     return total + (gamma(3 * V, u_d, level) + 3 * u_d) * magnitude
 
 
-def logit_grad_bound(log_s, log_t, lam_s, lam_t, beta: float, beta_zero: str, u_d: float, level: Level):
+def logit_grad_bound(
+    log_s, log_t, lam_s, lam_t, beta: float, beta_zero: str, u_d: float, level: Level, eta_d: float = 0.0
+):
     """Step 4: the bound on |δG_z| per element of the gradient w.r.t. the logits of the head ``log_s`` (the
     student's; the teacher's with the heads swapped and β ↔ 1 − β)."""
     q, p = log_s.exp(), log_t.exp()
-    dq, dp = q * torch.expm1(lam_s), p * torch.expm1(lam_t)
+    # each probability exp(log p) formed at the divergence's precision: an absolute η_d where it is subnormal
+    dq, dp = q * torch.expm1(lam_s) + eta_d, p * torch.expm1(lam_t) + eta_d
     student_first = beta_zero == "reverse_kl"
     if beta in (0.0, 1.0) and (beta == 0.0) != student_first:
         return dq + dp + 2 * u_d * (q + p)
@@ -121,17 +128,20 @@ def logit_grad_bound(log_s, log_t, lam_s, lam_t, beta: float, beta_zero: str, u_
     rbar = (q * r).sum(-1, keepdim=True)
     drbar = (dq * (r + dr) + q * dr).sum(-1, keepdim=True)
     V = q.shape[-1]
-    return w * (dq * (r + rbar + dr + drbar) + q * (dr + drbar)) + (5 * u_d + gamma(V, u_d, level)) * w * q * (r + rbar)
+    evaluation = (5 * u_d + gamma(V, u_d, level)) * w * q * (r + rbar) + 3 * eta_d * w
+    return w * (dq * (r + rbar + dr + drbar) + q * (dr + drbar)) + evaluation
 
 
-def _row_loss_bound(o: DistillResult, heads, beta: float, beta_zero: str, V: int, u_d: float, level: Level):
+def _row_loss_bound(
+    o: DistillResult, heads, beta: float, beta_zero: str, V: int, u_d: float, level: Level, eta_d: float
+):
     """Step 3, per row: the logits' errors through the mean value theorem (the gradient w.r.t. each head's logits
     at an intermediate point, within step 4's bound of the exact one), plus the evaluation's part."""
     (e_s, lam_s, rho_s), (e_t, lam_t, rho_t) = heads
     G_s = o.G_z.abs()
     G_t = student_logit_grad(o.log_p, o.log_q, 1.0 - beta, beta_zero).abs()
-    dG_s = logit_grad_bound(o.log_q, o.log_p, lam_s, lam_t, beta, beta_zero, u_d, level)
-    dG_t = logit_grad_bound(o.log_p, o.log_q, lam_t, lam_s, 1.0 - beta, beta_zero, u_d, level)
+    dG_s = logit_grad_bound(o.log_q, o.log_p, lam_s, lam_t, beta, beta_zero, u_d, level, eta_d)
+    dG_t = logit_grad_bound(o.log_p, o.log_q, lam_t, lam_s, 1.0 - beta, beta_zero, u_d, level, eta_d)
     through_logits = ((G_s + dG_s) * e_s + (G_t + dG_t) * e_t).sum(-1)
     evaluation = _evaluation_bound(o.log_q, o.log_p, lam_s, lam_t, rho_s, rho_t, beta, beta_zero, V, u_d, level)
     return through_logits + evaluation, dG_s
@@ -169,13 +179,14 @@ def distill_bounds(
     lam_s, rho_s = _logp_error(o.log_q, o.z_s, e_s, u_d, level)
     lam_t, rho_t = _logp_error(o.log_p, o.z_t, e_t, u_d, level)
     heads = ((e_s, lam_s, rho_s), (e_t, lam_t, rho_t))
-    row_b, dGz = _row_loss_bound(o, heads, case.beta, conv.beta_zero, case.V, u_d, level)
+    eta_d = UNDERFLOW[torch.float32] if support.divergence_dtype == "float32" else UNDERFLOW[dt]
+    row_b, dGz = _row_loss_bound(o, heads, case.beta, conv.beta_zero, case.V, u_d, level, eta_d)
     row = torch.where(o.kept, row_b, torch.zeros((), dtype=f64))
     D = {"tokens": float(o.kept.sum()), "rows": float(case.N), "sum": 1.0}[conv.denominator]
     scale = conv.scale(case.temperature)
     u_loss = unit_roundoff(out_dtypes["loss"])
     loss = (
-        scale / D * (row.sum() + gamma(case.N, U_ACC, level) * o.row_loss.abs().sum())
+        scale / D * (row.sum() + (gamma(case.N, U_ACC, level) + 2 * u_d) * o.row_loss.abs().sum())
         + (3 * U_ACC + u_loss) * o.loss.abs()
         + UNDERFLOW[out_dtypes["loss"]]
     )

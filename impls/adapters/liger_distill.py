@@ -1,0 +1,162 @@
+"""``liger_jsd[fused]`` and ``liger_jsd[chunked]``: adapters for Liger-Kernel's fused linear + generalised JSD, as
+linear-distill impls, declared from the installed release.
+
+- ``liger_jsd[fused]``: ``liger_kernel.ops.fused_linear_jsd.LigerFusedLinearJSDFunction`` (Triton's JSD kernel;
+  under Triton's interpreter on CPU, so ``slow``). Read from its source (0.8.5): logits ``x @ Wᵀ`` cast to fp32
+  (on CUDA sm80+ with torch ≥ 2.8 the GEMM returns fp32 itself: ``logits_dtype="compute"`` is declared, which
+  bounds both), divided by T on both heads, fp32 log-softmax and divergence (``divergence_dtype="float32"``);
+  β = 0 the forward KL(teacher‖student), β = 1 the reverse (``beta_zero="forward_kl"``), no T² factor; the sum
+  over rows divided by the rows whose ``shift_labels`` differ from ``ignore_index`` (``"tokens"``); rows in chunks
+  of min(N, next_pow2(⌈N / ⌈V/H⌉⌉)) on CPU and pre-Blackwell GPUs (``chunk_rule``); grad_weight summed across
+  chunks in the weight's dtype (``accum_dtype=None``: ``"param_dtype"``).
+- ``liger_jsd[chunked]``: ``liger_kernel.chunked_loss.jsd_loss.LigerFusedLinearJSDFunction`` (plain PyTorch,
+  ``compiled=False`` here; ``weight_hard_loss=0``, ``weight_soft_loss=1``: the JSD alone), ``chunk_size`` =
+  :data:`CHUNK_SIZE` so the suite's rows make several chunks (``torch.chunk`` into max(1, N // chunk_size)
+  chunks: ⌈N / max(1, N // chunk_size)⌉ rows each). Its logits, their division by T and the log-softmax and
+  divergence run in the input dtype (``divergence_dtype="compute"``); each chunk's gradients come from
+  ``torch.func.grad_and_value`` in that dtype and grad_weight sums them in the weight's dtype (``"param_dtype"``).
+  Same conventions as the fused function (denominator: non-ignored tokens of the whole batch).
+
+Without liger-kernel, on a release without these losses, or without CUDA and without the interpreter, both are
+returned unavailable with the reason (``numcheck list`` prints it).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from typing import Any, Callable
+
+import torch
+
+from numcheck.impls.adapters import liger
+from numcheck.impls.adapters.function_args import forward_parameters, positional_args
+from numcheck.impls.adapters.unavailable import reason_of
+from numcheck.impls.protocols.linear_distill import DistillFunctionImpl, LinearDistillSupport
+
+#: Rows per chunk the chunked adapter asks for (the release's default, 1024, would make one chunk of the suite's
+#: rows; the compiled default is left to the release tool and GPU runs).
+CHUNK_SIZE = 8
+FUSED, CHUNKED = "liger_jsd[fused]", "liger_jsd[chunked]"
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> tuple[Any, Any] | str:
+    """``(fused Function, chunked Function)`` of the installed release, or why they cannot be used here."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel not installed"
+    state = liger.load()
+    if isinstance(state, str):
+        return state
+    try:
+        from liger_kernel.chunked_loss.jsd_loss import LigerFusedLinearJSDFunction as Chunked
+        from liger_kernel.ops.fused_linear_jsd import LigerFusedLinearJSDFunction as Fused
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason
+        return f"liger-kernel {state.version} has no fused linear JSD here: {type(exc).__name__}: {exc}"
+    return Fused, Chunked
+
+
+def fused_chunk_rows(N: int, H: int, V: int) -> int:
+    """The fused function's rows per chunk on CPU and pre-Blackwell GPUs: min(N, next_pow2(⌈N / ⌈V/H⌉⌉))."""
+    per = math.ceil(N / math.ceil(V / H))
+    return max(1, min(N, 1 << (per - 1).bit_length()))
+
+
+def chunked_chunk_rows(N: int, H: int, V: int) -> int:
+    """The chunked loss's rows per chunk: ``torch.chunk`` into max(1, N // CHUNK_SIZE) chunks."""
+    return max(1, math.ceil(N / max(1, N // CHUNK_SIZE)))
+
+
+def _fused_call(fn: Any) -> Callable[..., torch.Tensor]:
+    params, defaults = forward_parameters(fn)
+
+    def call(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
+        """LigerFusedLinearJSDFunction.apply with the labels given as shift_labels."""
+        given = dict(
+            student_input=sx,
+            student_weight=sw,
+            teacher_input=tx,
+            teacher_weight=tw,
+            shift_labels=target,
+            jsd_beta=beta,
+            ignore_index=ignore_index,
+            temperature=temperature,
+        )
+        return fn.apply(*positional_args(params, defaults, given, "LigerFusedLinearJSDFunction.forward"))
+
+    return call
+
+
+def _chunked_call(fn: Any) -> Callable[..., torch.Tensor]:
+    params, defaults = forward_parameters(fn)
+
+    def call(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
+        """The chunked LigerFusedLinearJSDFunction.apply: soft loss only, compiled=False, chunk_size=8."""
+        given = dict(
+            student_input=sx,
+            student_weight=sw,
+            teacher_input=tx,
+            teacher_weight=tw,
+            true_labels=target,
+            student_bias=None,
+            teacher_bias=None,
+            weight_hard_loss=0.0,
+            weight_soft_loss=1.0,
+            beta=beta,
+            ignore_index=ignore_index,
+            temperature=temperature,
+            compiled=False,
+            chunk_size=CHUNK_SIZE,
+        )
+        return fn.apply(*positional_args(params, defaults, given, "chunked LigerFusedLinearJSDFunction.forward"))
+
+    return call
+
+
+def _unavailable(name: str, reason: str) -> DistillFunctionImpl:
+    def fn(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
+        """Raise: the impl cannot run here."""
+        raise RuntimeError(f"{name} unavailable: {reason}")
+
+    support = LinearDistillSupport(options=(), requires=functools.partial(reason_of, reason))
+    return DistillFunctionImpl(name, fn, support, description=f"Liger-Kernel's fused linear JSD: {reason}")
+
+
+def liger_distill_impls() -> list[DistillFunctionImpl]:
+    """The two adapters (unavailable with the reason where they cannot run)."""
+    state = load()
+    if isinstance(state, str):
+        return [_unavailable(FUSED, state), _unavailable(CHUNKED, state)]
+    fused, chunked = state
+    version = liger.release() or "unknown"
+    where = "Triton interpreter on CPU" if liger.interpreted() else "compiled Triton"
+    common = dict(beta_zero="forward_kl", temperature_on="both", temperature_squared=False, denominator="tokens")
+    return [
+        DistillFunctionImpl(
+            FUSED,
+            _fused_call(fused),
+            LinearDistillSupport(
+                grad_accumulation="param_dtype",
+                chunk_rule=fused_chunk_rows,
+                logits_dtype="compute",
+                divergence_dtype="float32",
+                slow=liger.interpreted(),
+                **common,
+            ),
+            description=f"liger-kernel {version} LigerFusedLinearJSDFunction (accum_dtype=None; {where})",
+        ),
+        DistillFunctionImpl(
+            CHUNKED,
+            _chunked_call(chunked),
+            LinearDistillSupport(
+                grad_accumulation="param_dtype",
+                chunk_rule=chunked_chunk_rows,
+                logits_dtype="compute",
+                divergence_dtype="compute",
+                **common,
+            ),
+            description=f"liger-kernel {version} chunked LigerFusedLinearJSDLoss's Function (compiled=False, "
+            f"chunk_size={CHUNK_SIZE}, weight_hard_loss=0, weight_soft_loss=1)",
+        ),
+    ]
