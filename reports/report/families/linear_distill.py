@@ -15,6 +15,7 @@ from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.property_grid import PropertyRow
 from numcheck.reports.report.schema import case_text
 
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight")
@@ -166,6 +167,60 @@ def behaviours(impl: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def _property_case(**fields: Any):
+    """A row's builder: one case of the impl's first declared dtype with ``fields``, fitted to its options."""
+
+    def build(impl: Any, spec: GridSpec, device: str) -> list[tuple[str, Any]]:
+        from numcheck.properties.linear_distill.cases import DistillCase
+
+        sup = impl.support
+        dtype = sorted(str(d).removeprefix("torch.") for d in sup.dtypes)[-1]  # float32 where declared
+        kw = dict(fields)
+        if "ignore_index" not in sup.options:
+            kw["ignored"] = 0
+        if "temperature" not in sup.options:
+            kw["temperature"] = 1.0
+        N = kw.pop("N", 24)
+        case = DistillCase(N=N, H=16, V=48, dtype=dtype, seed=21, device=device, **kw)
+        return [(case.short(), case)]
+
+    return build
+
+
+def _needs(option: str):
+    return lambda impl: None if option in impl.support.options else f"does not declare {option!r}"
+
+
+def property_rows() -> tuple[PropertyRow, ...]:
+    """One row per property of the suite beyond accuracy (tests/suite/test_linear_distill.py)."""
+    chunked = lambda impl: (  # noqa: E731
+        None if impl.support.chunk_rows or impl.support.chunk_rule else "declares no chunks"
+    )
+    return (
+        PropertyRow("chunk_invariance", "distill_chunk_invariance", _property_case(N=61), chunked),
+        PropertyRow(
+            "ignored_rows_change_nothing",
+            "distill_ignored_rows_change_nothing",
+            _property_case(ignored=9),
+            _needs("ignore_index"),
+        ),
+        PropertyRow("beta_symmetry", "distill_beta_symmetry", _property_case(beta=0.25)),
+        PropertyRow("temperature_scaling", "distill_temperature_scaling", _property_case(), _needs("temperature")),
+        PropertyRow(
+            "declared_options_take_effect",
+            "distill_declared_options_take_effect",
+            _property_case(temperature=2.0, ignored=6),
+        ),
+        PropertyRow("teacher_frozen", "distill_teacher_frozen", _property_case()),
+        PropertyRow(
+            "determinism",
+            "distill_determinism",
+            _property_case(),
+            lambda impl: None if impl.support.deterministic else "declares deterministic=False",
+        ),
+    )
+
+
 FAMILY = ReportFamily(
     kind=LINEAR_DISTILL_KIND,
     plan=plan,
@@ -175,7 +230,7 @@ FAMILY = ReportFamily(
     declaration=declaration,
     judgements=("analytic",),
     repro=repro_command,
-    property_rows=lambda: (),
+    property_rows=property_rows,
     refused=None,
     why=why,
     summary=summary,
