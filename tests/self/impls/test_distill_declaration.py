@@ -62,3 +62,16 @@ def test_decorated_function_conforms_and_states_its_conventions():
     )
     with pytest.raises(TypeError, match="needs 'support'"):
         validate_linear_distill_impl(type("Bare", (), {"name": "bare", "support": None, "__call__": _fn})(), "here")
+
+
+def test_plugin_runs_the_kinds_suite_tests_under_impl():
+    """Under ``--impl``, the plugin leaves out the shipped suite's tests that take no impl; a test taking the
+    linear-distill fixture (a kind whose fixture the plugin does not define) takes impls and must stay."""
+    from types import SimpleNamespace
+
+    from numcheck.impls.protocols.linear_distill import KIND
+    from numcheck.tests import plugin
+
+    path = plugin._SUITE_DIR / "test_linear_distill.py"
+    assert not plugin._own_protocol_test(SimpleNamespace(path=path, fixturenames=[KIND.fixture, "data"]))
+    assert plugin._own_protocol_test(SimpleNamespace(path=path, fixturenames=["data"]))
