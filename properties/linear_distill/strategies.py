@@ -2,7 +2,8 @@
 
 Sizes are the smallest that reach each regime (CPU CI): N ≤ 24 rows, H ≤ 16, V ≤ 48; ``chunks`` draws N to make
 3 to 16+ chunks of the impl's declared rows (at most :data:`MAX_CHUNKED_ROWS` rows), the last one ragged: an
-accumulator across chunks errs with their count."""
+accumulator across chunks errs with their count; for a ``chunk_rule`` (chunks from the shape, as Liger's ⌈V/H⌉)
+it draws V ≫ H on 9 to 40 rows instead, which keeps an interpreted kernel cheap."""
 
 from __future__ import annotations
 
@@ -44,8 +45,12 @@ def distill_cases(
 ) -> DistillCase:
     """A case in one of ``support``'s dtypes using only its declared options; ``beta``, ``temperature`` pin those,
     ``ignored`` forces (True) or forbids (False) ignored rows."""
-    H, V = draw(st.integers(2, 16), label="H"), draw(st.integers(2, 48), label="V")
-    N = _n_rows(draw, support, H, V, chunks)
+    if chunks and support.chunk_rule is not None:  # chunks from the shape (Liger's ⌈V/H⌉): V ≫ H, N small
+        H, V = draw(st.integers(2, 6), label="H"), draw(st.integers(24, 48), label="V")
+        N = draw(st.integers(9, 40), label="N")
+    else:
+        H, V = draw(st.integers(2, 16), label="H"), draw(st.integers(2, 48), label="V")
+        N = _n_rows(draw, support, H, V, chunks)
     betas = INNER_BETAS + ((0.0, 1.0) if support.beta_endpoints else ())
     b = beta if beta is not None else draw(st.sampled_from(betas), label="beta")
     if temperature is None:
