@@ -17,7 +17,7 @@ Usage: python docs/evidence/liger_distill_releases.py [DIR ...]
   empty liger_kernel/__init__.py (the first line of each row names the release the adapter imported).
 
 The first line printed names the numcheck code the rows are judged by: the content hash of the adapter's module
-(:data:`ADAPTER_CODE`); ``tests/self/test_ci_evidence.py`` fails when the committed table's hash differs from the
+and its known divergences (:data:`ADAPTER_CODE`); ``tests/self/test_ci_evidence.py`` fails when the committed table's hash differs from the
 checkout's: rerun this script then and commit its output as ``liger_distill_releases.txt``.
 """
 
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from te_releases import adapter_code_hash  # noqa: E402 - the one content hash the release tables record
 
-#: The numcheck code a row is judged by: the adapter (it has no known divergence).
-ADAPTER_CODE = ("impls/adapters/liger_distill.py",)
+#: The numcheck code a row is judged by: the adapter and its known-divergence module.
+ADAPTER_CODE = ("impls/adapters/liger_distill.py", "properties/linear_distill/known_liger.py")
 #: (property, case) pairs, the cases as ``DistillCase`` keyword arguments.
 CHECKS: tuple[tuple[str, dict], ...] = (
     ("accuracy", dict(N=19, H=16, V=48, beta=0.5, temperature=2.0, ignored=5, seed=1)),

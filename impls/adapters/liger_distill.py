@@ -24,6 +24,7 @@ returned unavailable with the reason (``numcheck list`` prints it).
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import math
 from typing import Any, Callable
@@ -43,18 +44,25 @@ FUSED, CHUNKED = "liger_jsd[fused]", "liger_jsd[chunked]"
 
 @functools.lru_cache(maxsize=None)
 def load() -> tuple[Any, Any] | str:
-    """``(fused Function, chunked Function)`` of the installed release, or why they cannot be used here."""
+    """``(fused, chunked)``: each Function of the installed release, or why it cannot be used here (a string), or
+    one string when Liger itself cannot be used (0.4 has the fused function only: the chunked loss came in 0.5)."""
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel not installed"
     state = liger.load()
     if isinstance(state, str):
         return state
+    return (
+        _imported("liger_kernel.ops.fused_linear_jsd", state.version),
+        _imported("liger_kernel.chunked_loss.jsd_loss", state.version),
+    )
+
+
+def _imported(module: str, version: str) -> Any:
+    """``module``'s ``LigerFusedLinearJSDFunction``, or the reason it cannot be imported (a string)."""
     try:
-        from liger_kernel.chunked_loss.jsd_loss import LigerFusedLinearJSDFunction as Chunked
-        from liger_kernel.ops.fused_linear_jsd import LigerFusedLinearJSDFunction as Fused
+        return importlib.import_module(module).LigerFusedLinearJSDFunction
     except Exception as exc:  # noqa: BLE001 - any import failure is the reason
-        return f"liger-kernel {state.version} has no fused linear JSD here: {type(exc).__name__}: {exc}"
-    return Fused, Chunked
+        return f"liger-kernel {version} has no {module}.LigerFusedLinearJSDFunction here: {type(exc).__name__}: {exc}"
 
 
 def fused_chunk_rows(N: int, H: int, V: int) -> int:
@@ -123,40 +131,46 @@ def _unavailable(name: str, reason: str) -> DistillFunctionImpl:
     return DistillFunctionImpl(name, fn, support, description=f"Liger-Kernel's fused linear JSD: {reason}")
 
 
+_COMMON = dict(beta_zero="forward_kl", temperature_on="both", temperature_squared=False, denominator="tokens")
+
+
+def _fused_impl(fn: Any, version: str) -> DistillFunctionImpl:
+    where = "Triton interpreter on CPU" if liger.interpreted() else "compiled Triton"
+    support = LinearDistillSupport(
+        grad_accumulation="param_dtype",
+        chunk_rule=fused_chunk_rows,
+        logits_dtype="compute",
+        divergence_dtype="float32",
+        slow=liger.interpreted(),
+        **_COMMON,
+    )
+    desc = f"liger-kernel {version} LigerFusedLinearJSDFunction (accum_dtype=None; {where})"
+    return DistillFunctionImpl(FUSED, _fused_call(fn), support, description=desc)
+
+
+def _chunked_impl(fn: Any, version: str) -> DistillFunctionImpl:
+    support = LinearDistillSupport(
+        grad_accumulation="param_dtype",
+        chunk_rule=chunked_chunk_rows,
+        logits_dtype="compute",
+        divergence_dtype="compute",
+        **_COMMON,
+    )
+    desc = (
+        f"liger-kernel {version} chunked LigerFusedLinearJSDLoss's Function (compiled=False, chunk_size={CHUNK_SIZE}, "
+        f"weight_hard_loss=0, weight_soft_loss=1)"
+    )
+    return DistillFunctionImpl(CHUNKED, _chunked_call(fn), support, description=desc)
+
+
 def liger_distill_impls() -> list[DistillFunctionImpl]:
-    """The two adapters (unavailable with the reason where they cannot run)."""
+    """The two adapters (each unavailable with the reason where it cannot run)."""
     state = load()
     if isinstance(state, str):
         return [_unavailable(FUSED, state), _unavailable(CHUNKED, state)]
-    fused, chunked = state
     version = liger.release() or "unknown"
-    where = "Triton interpreter on CPU" if liger.interpreted() else "compiled Triton"
-    common = dict(beta_zero="forward_kl", temperature_on="both", temperature_squared=False, denominator="tokens")
+    fused, chunked = state
     return [
-        DistillFunctionImpl(
-            FUSED,
-            _fused_call(fused),
-            LinearDistillSupport(
-                grad_accumulation="param_dtype",
-                chunk_rule=fused_chunk_rows,
-                logits_dtype="compute",
-                divergence_dtype="float32",
-                slow=liger.interpreted(),
-                **common,
-            ),
-            description=f"liger-kernel {version} LigerFusedLinearJSDFunction (accum_dtype=None; {where})",
-        ),
-        DistillFunctionImpl(
-            CHUNKED,
-            _chunked_call(chunked),
-            LinearDistillSupport(
-                grad_accumulation="param_dtype",
-                chunk_rule=chunked_chunk_rows,
-                logits_dtype="compute",
-                divergence_dtype="compute",
-                **common,
-            ),
-            description=f"liger-kernel {version} chunked LigerFusedLinearJSDLoss's Function (compiled=False, "
-            f"chunk_size={CHUNK_SIZE}, weight_hard_loss=0, weight_soft_loss=1)",
-        ),
+        _unavailable(FUSED, fused) if isinstance(fused, str) else _fused_impl(fused, version),
+        _unavailable(CHUNKED, chunked) if isinstance(chunked, str) else _chunked_impl(chunked, version),
     ]

@@ -12,11 +12,24 @@ from typing import Any
 from hypothesis import strategies as st
 
 from numcheck.impls.protocols.linear_distill import LINEAR_DISTILL_KIND
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import Draw, SuiteProperty
-from numcheck.properties.linear_distill import props
+from numcheck.properties.linear_distill import known_liger, props
 from numcheck.properties.linear_distill.cases import DistillCase
 from numcheck.properties.linear_distill.strategies import distill_cases
+
+
+class DistillProperty(SuiteProperty):
+    """A drawn linear-distill test: its known divergences are :mod:`~properties.linear_distill.known_liger`'s."""
+
+    known_module = "numcheck.properties.linear_distill.known_liger"
+
+    def known_for_every(self, impl: Any, fields: Any) -> Any:
+        return self.known_case(impl, fields)
+
+    def known_case(self, impl: Any, case: Any) -> Any:
+        return known_liger.known(impl.name, self.property_name, case) if isinstance(case, DistillCase) else None
 
 
 def _cases(**fixed: Any) -> Draw:
@@ -55,22 +68,23 @@ def _deterministic(impl: Any) -> str | None:
 
 
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("distill_accuracy", props.accuracy, _cases()),
-    SuiteProperty("distill_beta_endpoints", props.accuracy, _endpoint, skip=_endpoints),
-    SuiteProperty("distill_chunk_invariance", props.chunk_invariance, _cases(chunks=True), skip=_chunked),
-    SuiteProperty(
+    DistillProperty("distill_accuracy", props.accuracy, _cases()),
+    DistillProperty("distill_beta_endpoints", props.accuracy, _endpoint, skip=_endpoints),
+    DistillProperty("distill_chunk_invariance", props.chunk_invariance, _cases(chunks=True), skip=_chunked),
+    DistillProperty(
         "distill_ignored_rows_change_nothing",
         props.ignored_rows_change_nothing,
         _cases(ignored=True),
         skip=_needs("ignore_index"),
+        every=lambda impl: DistillCase(N=2, H=2, V=2, ignored=1, device=DEVICE),
     ),
-    SuiteProperty("distill_beta_symmetry", props.beta_symmetry, _cases()),
-    SuiteProperty("distill_temperature_scaling", props.temperature_scaling, _cases(), skip=_needs("temperature")),
-    SuiteProperty(
+    DistillProperty("distill_beta_symmetry", props.beta_symmetry, _cases()),
+    DistillProperty("distill_temperature_scaling", props.temperature_scaling, _cases(), skip=_needs("temperature")),
+    DistillProperty(
         "distill_declared_options_take_effect", props.declared_options_take_effect, _cases(), skip=_any_option
     ),
-    SuiteProperty("distill_teacher_frozen", props.teacher_frozen, _cases()),
-    SuiteProperty("distill_determinism", props.determinism, _cases(), skip=_deterministic),
+    DistillProperty("distill_teacher_frozen", props.teacher_frozen, _cases()),
+    DistillProperty("distill_determinism", props.determinism, _cases(), skip=_deterministic),
 )
 DISTILL_SUITE: dict[str, SuiteProperty] = {p.name: p for p in _ENTRIES}
 

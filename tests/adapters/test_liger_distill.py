@@ -77,3 +77,19 @@ def test_absent_liger_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> 
                 temperature=1.0,
                 ignore_index=-100,
             )
+
+
+def test_known_divergence_example_passes_outside_its_releases() -> None:
+    """Each recorded divergence's example passes on the installed release where it is outside the entry's range
+    (0.8.5 in CI: the ignored rows were fixed in 0.7.0), so the entry cannot outlive a fix unnoticed; inside the
+    range the example fails (docs/evidence/liger_distill_releases.txt shows 0.5.8 and 0.6.4)."""
+    from numcheck.properties.linear_distill.known_liger import KNOWN
+    from numcheck.properties.linear_distill.props import PROPERTIES
+
+    impls = {i.name: i for i in liger_distill.liger_distill_impls()}
+    for entry in KNOWN:
+        impl = impls[entry.impls.replace("[[]", "[")]
+        if impl.support.unavailable_reason() or entry.releases.hold():
+            continue
+        PROPERTIES["ignored_rows_change_nothing"](impl, entry.example)
+        accuracy(impl, entry.example)
