@@ -49,9 +49,14 @@ CHECKS: tuple[tuple[str, dict], ...] = (
 def per_release(script: str, folders: list[str]) -> int:
     """Run ``script --here`` once per release folder (``installed``: none added), that folder first on the path."""
     rc = 0
+    from importlib import metadata
+
+    names = " ".join(Path(f).name for f in folders)
     print(
-        f"# python docs/evidence/liger_distill_releases.py {' '.join(folders)}   (adapter code "
-        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)}; CPU, Triton interpreter)",
+        f"# python docs/evidence/liger_distill_releases.py {names}   (adapter code "
+        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)}; run from DIR, each release folder made by "
+        f"pip install --no-deps --target DIR/X liger-kernel==X; CPU, Triton interpreter; 'installed' = "
+        f"{metadata.version('liger-kernel')})",
         flush=True,
     )
     for folder in folders:
