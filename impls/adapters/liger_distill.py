@@ -8,7 +8,9 @@ linear-distill impls, declared from the installed release.
   β = 0 the forward KL(teacher‖student), β = 1 the reverse (``beta_zero="forward_kl"``), no T² factor; the sum
   over rows divided by the rows whose ``shift_labels`` differ from ``ignore_index`` (``"tokens"``); rows in chunks
   of min(N, next_pow2(⌈N / ⌈V/H⌉⌉)) on CPU and pre-Blackwell GPUs (``chunk_rule``); grad_weight summed across
-  chunks in the weight's dtype (``accum_dtype=None``: ``"param_dtype"``).
+  chunks in the weight's dtype (``accum_dtype=None``: ``"param_dtype"``). β = 0 and 1 are declared where the
+  release documents them (0.5 on; 0.4 documents the open interval (0, 1) and computes the mixture formula there,
+  0 at the endpoints: :func:`documents_endpoints`).
 - ``liger_jsd[chunked]``: ``liger_kernel.chunked_loss.jsd_loss.LigerFusedLinearJSDFunction`` (plain PyTorch,
   ``compiled=False`` here; ``weight_hard_loss=0``, ``weight_soft_loss=1``: the JSD alone), ``chunk_size`` =
   :data:`CHUNK_SIZE` so the suite's rows make several chunks (``torch.chunk`` into max(1, N // chunk_size)
@@ -134,6 +136,12 @@ def _unavailable(name: str, reason: str) -> DistillFunctionImpl:
 _COMMON = dict(beta_zero="forward_kl", temperature_on="both", temperature_squared=False, denominator="tokens")
 
 
+def documents_endpoints(fn: Any) -> bool:
+    """Whether the release's ``forward`` documents β = 0 and 1 (0.5 on: "in the interval [0, 1]. It implements
+    forward/reverse KL"); 0.4 documents "the open interval (0, 1)", and its kernel has no endpoint case."""
+    return "open interval (0, 1)" not in (getattr(fn.forward, "__doc__", None) or "")
+
+
 def _fused_impl(fn: Any, version: str) -> DistillFunctionImpl:
     where = "Triton interpreter on CPU" if liger.interpreted() else "compiled Triton"
     support = LinearDistillSupport(
@@ -141,6 +149,7 @@ def _fused_impl(fn: Any, version: str) -> DistillFunctionImpl:
         chunk_rule=fused_chunk_rows,
         logits_dtype="compute",
         divergence_dtype="float32",
+        beta_endpoints=documents_endpoints(fn),
         slow=liger.interpreted(),
         **_COMMON,
     )
@@ -154,6 +163,7 @@ def _chunked_impl(fn: Any, version: str) -> DistillFunctionImpl:
         chunk_rule=chunked_chunk_rows,
         logits_dtype="compute",
         divergence_dtype="compute",
+        beta_endpoints=documents_endpoints(fn),
         **_COMMON,
     )
     desc = (
