@@ -95,6 +95,7 @@ def here() -> None:
 
     from numcheck.impls.adapters import liger, liger_distill
     from numcheck.properties.linear_distill.cases import DistillCase
+    from numcheck.properties.linear_distill.known_liger import known
     from numcheck.properties.linear_distill.props import PROPERTIES
 
     torch.set_num_threads(1)
@@ -109,9 +110,11 @@ def here() -> None:
             if why := impl.support.refuses(dtype=case.torch_dtype, device="cpu", options=case.options, beta=case.beta):
                 print(f"  {impl.name} {prop} {case.short()} {case.dtype}: not declared ({why})", flush=True)
                 continue
-            print(
-                f"  {impl.name} {prop} {case.short()} {case.dtype}: {verdict(PROPERTIES[prop], impl, case)}", flush=True
-            )
+            line = verdict(PROPERTIES[prop], impl, case)
+            entry = known(impl.name, prop, case)
+            if entry is not None and line.startswith("FAIL"):
+                line += f" — known divergence of {entry.releases.describe()}: {entry.summary}"
+            print(f"  {impl.name} {prop} {case.short()} {case.dtype}: {line}", flush=True)
 
 
 if __name__ == "__main__":
