@@ -36,7 +36,10 @@ fp32 (``divergence_dtype="float32"``) else u_c, u_out the returned output's, γ_
    loss in fp16 at β = 1, T = 0.7, a grad_weight element of 4.6e-7 off by 9.9e-7).
 5. grad_x = G·W_s: |δG||W| + γ_V(u_a)|G||W| + u_out|gx|; grad_W = Gᵀx_s: |δG|ᵀ|x| + (γ_N(u_a) + a_path)|G|ᵀ|x|
    + 2u_out|gW| (rounded when accumulated, again when the upstream scales it), a_path as linear+CE's: ``fp32`` 0,
-   ``per_chunk_rounding`` u_c, ``param_dtype`` K·u_p over K row chunks.
+   ``per_chunk_rounding`` u_c, ``param_dtype`` K·u_p over K row chunks. Each rounding of a returned gradient
+   (the store, the upstream gradient's multiply when it is not 1, each of the path's K or 1 roundings) adds an
+   absolute η of its dtype where the value is subnormal (fp16's 2⁻²⁵: measured, Liger's chunked fp16 grad_weight
+   element of 7.4e-8 two subnormal roundings off).
 """
 
 from __future__ import annotations
@@ -147,14 +150,15 @@ def _row_loss_bound(
     return through_logits + evaluation, dG_s
 
 
-def _path_term(support: Any, case: DistillCase, u_c: float, u_p: float) -> float:
-    """a_path of step 5 for the declared grad_weight accumulation."""
+def _path_term(support: Any, case: DistillCase, u_c: float, u_p: float) -> tuple[float, int]:
+    """a_path of step 5 for the declared grad_weight accumulation, and the roundings it adds (each an absolute
+    η more where the running sum is subnormal)."""
     if support.grad_accumulation == "fp32":
-        return 0.0
+        return 0.0, 0
     if support.grad_accumulation == "per_chunk_rounding":
-        return u_c
+        return u_c, 1
     K = math.ceil(case.N / support.rows_per_chunk(case.N, case.H, case.V))
-    return K * u_p
+    return K * u_p, K
 
 
 def distill_bounds(
@@ -196,12 +200,16 @@ def distill_bounds(
     dG = c * dGz + (2 * u_d + 2 * u_c) * G + eta * (o.c[:, None] != 0)
     gx_out, gw_out = unit_roundoff(out_dtypes["grad_x"]), unit_roundoff(out_dtypes["grad_weight"])
     u_p = unit_roundoff(t.sw.dtype)
-    gx = dG @ sw.abs() + gamma(case.V, U_ACC, level) * (G @ sw.abs()) + gx_out * o.grad_x.abs() + UNDERFLOW[dt]
-    a_path = _path_term(support, case, u_c, u_p)
+    # the returned gradients' last roundings, each an absolute η where subnormal: the store, and the upstream
+    # gradient's multiply when it is not 1 (measured: Liger's chunked fp16 grad_weight of 7.4e-8, two fp16
+    # subnormal roundings off)
+    last = 1 + (case.upstream != 1.0)
+    gx = dG @ sw.abs() + gamma(case.V, U_ACC, level) * (G @ sw.abs()) + gx_out * o.grad_x.abs() + last * UNDERFLOW[dt]
+    a_path, path_roundings = _path_term(support, case, u_c, u_p)
     gw = (
         dG.T @ sx.abs()
         + (gamma(case.N, U_ACC, level) + a_path) * (G.T @ sx.abs())
         + 2 * gw_out * o.grad_weight.abs()
-        + UNDERFLOW[dt]
+        + (last + path_roundings) * UNDERFLOW[dt]
     )
     return {"loss": loss, "grad_x": gx, "grad_weight": gw}
