@@ -80,6 +80,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     # deferred for the interpreter's sake (see above)
     from numcheck.impls.adapters.cce import cce_impls
     from numcheck.impls.adapters.liger import liger_impls
+    from numcheck.impls.adapters.liger_distill import liger_distill_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
     from numcheck.impls.adapters.torchao import torchao_impls
     from numcheck.impls.adapters.transformer_engine import te_impls
@@ -87,6 +88,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.eager import eager_impls
     from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
     from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
+    from numcheck.impls.builtin.linear_distill import linear_distill_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
@@ -104,6 +106,8 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         grouped_fp8_linear_impls,
         dist_impls,
         tp_fp8_linear_impls,
+        linear_distill_impls,
+        liger_distill_impls,
     )
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         grouped_fp8_linear_impl,
     )
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
+    from numcheck.impls.protocols.linear_distill import DistillFunctionImpl, LinearDistillSupport, linear_distill_impl
     from numcheck.impls.protocols.tp_fp8_linear import TPFp8FunctionImpl, TPFp8Support, tp_fp8_linear_impl
     from numcheck.properties.assertions import assert_fp8_linear, assert_linear_ce
     from numcheck.properties.check import CheckResult, Verdict, check
@@ -137,6 +138,7 @@ __all__ = [
     "ConvergenceResult",
     "DistFunctionImpl",
     "DistSupport",
+    "DistillFunctionImpl",
     "Fp8Case",
     "Fp8FunctionImpl",
     "Fp8LinearSupport",
@@ -148,6 +150,7 @@ __all__ = [
     "InvalidAssertion",
     "InvalidDeclaration",
     "LinearCESupport",
+    "LinearDistillSupport",
     "NumcheckError",
     "Problem",
     "PropertyFailure",
@@ -164,6 +167,7 @@ __all__ = [
     "fp8_linear_impl",
     "grouped_fp8_linear_impl",
     "linear_ce_impl",
+    "linear_distill_impl",
     "make_fp8_support",
     "make_support",
     "tp_fp8_linear_impl",

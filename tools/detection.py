@@ -49,6 +49,7 @@ _GROUPED = "numcheck.tests.self.helpers.grouped_fp8_mutants"
 _DIST = "numcheck.tests.self.helpers.dist_mutants"
 _DIST_REDUCE = "numcheck.tests.self.helpers.dist_reduce"
 _TP = "numcheck.tests.self.helpers.dist_fp8_mutants"
+_DISTILL = "numcheck.tests.self.helpers.distill_mutants"
 
 #: The suite properties (names of numcheck.check) that judge what each bug class breaks.
 #: (Kept to the two or three that matter per class: the whole run stays near 20 minutes on a loaded 2-core machine.)
@@ -81,6 +82,7 @@ FAMILIES = {
     _DIST: "vocab-parallel",
     _DIST_REDUCE: "vocab-parallel",
     _TP: "TP/SP FP8",
+    _DISTILL: "linear+JSD",
 }
 
 
@@ -96,6 +98,53 @@ class Row:
     select: tuple[str, ...]
     family: str = ""
 
+
+#: The linear-distill mutants (tests/self/helpers/distill_mutants.py), each run through the drawn test that catches
+#: it in tests/self/mutants/test_distill_mutants.py (its CAUGHT_BY), with accuracy beside it.
+DISTILL_ROWS: tuple[Row, ...] = (
+    Row(
+        "narrow accumulator",
+        f"{_DISTILL}:loss_bf16_sum",
+        "the chunks' loss sums added in bf16",
+        ("distill_chunk_invariance", "distill_accuracy"),
+    ),
+    Row(
+        "narrow intermediate",
+        f"{_DISTILL}:rounded_logits",
+        "logits rounded to bf16 before the fp32 cast, declaring fp32 logits",
+        ("distill_accuracy",),
+    ),
+    Row(
+        "convention",
+        f"{_DISTILL}:counts_ignored",
+        "ignored rows counted in the denominator",
+        ("distill_accuracy", "distill_ignored_rows_change_nothing"),
+    ),
+    Row(
+        "convention",
+        f"{_DISTILL}:student_temperature",
+        "the temperature divides the student's logits only",
+        ("distill_temperature_scaling", "distill_accuracy"),
+    ),
+    Row(
+        "dropped option",
+        f"{_DISTILL}:drops_temperature",
+        "a wrapper that never passes the temperature on",
+        ("distill_declared_options_take_effect", "distill_accuracy"),
+    ),
+    Row(
+        "frozen input",
+        f"{_DISTILL}:teacher_gets_grad",
+        "the teacher's logits left in the graph",
+        ("distill_teacher_frozen",),
+    ),
+    Row(
+        "convention",
+        f"{_DISTILL}:reverse_at_zero",
+        "beta = 0 computes the reverse KL, declaring forward_kl",
+        ("distill_beta_endpoints", "distill_accuracy"),
+    ),
+)
 
 #: The grouped FP8 mutants (tests/self/helpers/grouped_fp8_mutants.py), each run through the grouped test that holds
 #: its bug's regime (the one tests/self/mutants/test_grouped_fp8_mutants.py names for it; accuracy for four of them).
@@ -300,6 +349,7 @@ ROWS: tuple[Row, ...] = (
     ),
     *GROUPED_ROWS,
     *DIST_ROWS,
+    *DISTILL_ROWS,
 )
 
 _RATIO = re.compile(r"error/bound (inf|nan|[0-9.]+(?:e[+-]?\d+)?)", re.IGNORECASE)

@@ -23,6 +23,9 @@ EVIDENCE = ROOT / "docs" / "evidence"
 TABLES = {
     "te_releases": "python docs/evidence/te_releases.py DIR --out docs/evidence/te_releases.txt (see its docstring)",
     "liger_releases": "python docs/evidence/liger_releases.py DIR ... installed > docs/evidence/liger_releases.txt",
+    "liger_distill_releases": (
+        "python docs/evidence/liger_distill_releases.py DIR ... installed > docs/evidence/liger_distill_releases.txt"
+    ),
 }
 
 pytestmark = pytest.mark.skipif(not EVIDENCE.is_dir(), reason="docs/evidence/ is in the checkout, not in the wheel")

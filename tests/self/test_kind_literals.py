@@ -116,4 +116,5 @@ def test_former_kind_names_only_in_their_own_descriptor():
         if hits:
             found[rel] = hits
     assert not found, f"old kind names spelled outside their descriptor: {found}"
-    assert sorted(formers) == sorted({*formers}) and len(formers) == len(KINDS)
+    # every kind named before 0.2.0 has its own former name (kinds added since, linear-distill's, have none)
+    assert len(formers) == len({*formers})

@@ -1,0 +1,1 @@
+"""The linear-distill family's properties: its case, draws, bounds, properties and suite."""
