@@ -87,6 +87,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.eager import eager_impls
     from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
     from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
+    from numcheck.impls.builtin.linear_preference import linear_preference_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
@@ -104,6 +105,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         grouped_fp8_linear_impls,
         dist_impls,
         tp_fp8_linear_impls,
+        linear_preference_impls,
     )
 
 

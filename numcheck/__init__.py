@@ -44,6 +44,12 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
         grouped_fp8_linear_impl,
     )
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
+    from numcheck.impls.protocols.linear_preference import (
+        PreferenceFunctionImpl,
+        PreferenceParams,
+        PreferenceSupport,
+        linear_preference_impl,
+    )
     from numcheck.impls.protocols.tp_fp8_linear import TPFp8FunctionImpl, TPFp8Support, tp_fp8_linear_impl
     from numcheck.properties.assertions import assert_fp8_linear, assert_linear_ce
     from numcheck.properties.check import CheckResult, Verdict, check
@@ -65,6 +71,9 @@ _PUBLIC: dict[str, str] = {
             "InvalidAssertion",
             "InvalidDeclaration",
             "NumcheckError",
+            "PreferenceFunctionImpl",
+            "PreferenceParams",
+            "PreferenceSupport",
             "PropertyFailure",
             "ProtocolViolation",
             "RenamedWarning",
@@ -164,6 +173,7 @@ __all__ = [
     "fp8_linear_impl",
     "grouped_fp8_linear_impl",
     "linear_ce_impl",
+    "linear_preference_impl",
     "make_fp8_support",
     "make_support",
     "tp_fp8_linear_impl",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from numcheck.errors import warn_renamed
 from numcheck.impls.protocols import dist_linear_ce, fp8_linear, grouped_fp8_linear, linear_ce, tp_fp8_linear
+from numcheck.impls.protocols import linear_preference
 from numcheck.impls.protocols.kind import Kind
 
 KINDS: tuple[Kind, ...] = (
@@ -21,6 +22,7 @@ KINDS: tuple[Kind, ...] = (
     grouped_fp8_linear.KIND,
     dist_linear_ce.KIND,
     tp_fp8_linear.KIND,
+    linear_preference.KIND,
 )
 #: Each kind by its name.
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
