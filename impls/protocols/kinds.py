@@ -12,8 +12,14 @@ linear+CE, tensor-parallel FP8 linear).
 from __future__ import annotations
 
 from numcheck.errors import warn_renamed
-from numcheck.impls.protocols import dist_linear_ce, fp8_linear, grouped_fp8_linear, linear_ce, tp_fp8_linear
-from numcheck.impls.protocols import linear_preference
+from numcheck.impls.protocols import (
+    dist_linear_ce,
+    fp8_linear,
+    grouped_fp8_linear,
+    linear_ce,
+    linear_preference,
+    tp_fp8_linear,
+)
 from numcheck.impls.protocols.kind import Kind
 
 KINDS: tuple[Kind, ...] = (
