@@ -10,7 +10,7 @@ have no entry.)
 
 >>> from numcheck.properties.suites import SUITES
 >>> [s.case_type.__name__ for s in SUITES.values()]
-['Problem', 'Fp8Case', 'GroupedCase']
+['Problem', 'Fp8Case', 'GroupedCase', 'PreferenceCase']
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numcheck.properties.fp8.grouped.suite
 import numcheck.properties.fp8.suite
 import numcheck.properties.linear_ce.suite
+import numcheck.properties.linear_preference.suite
 from numcheck.properties.core.family import SuiteFamily
 
 #: Each family's suite by its kind's name, in the kinds' listing order.
@@ -27,5 +28,6 @@ SUITES: dict[str, SuiteFamily] = {
         numcheck.properties.linear_ce.suite.FAMILY,
         numcheck.properties.fp8.suite.FAMILY,
         numcheck.properties.fp8.grouped.suite.FAMILY,
+        numcheck.properties.linear_preference.suite.FAMILY,
     )
 }
