@@ -121,4 +121,4 @@ def test_former_kind_names_only_in_their_own_descriptor():
             found[rel] = hits
     assert not found, f"old kind names spelled outside their descriptor: {found}"
     # Each former name distinct; the kinds of 0.2.0 had one each, a kind added since has none.
-    assert sorted(formers) == sorted({*formers}) and len(formers) == len(KINDS_BEFORE_0_2)
+    assert sorted(formers) == sorted({*formers}) and len(formers) == KINDS_BEFORE_0_2
