@@ -9,8 +9,8 @@ chunked per loss:
   (each in the weight's dtype, as autograd returns it) into fp32 buffers (the fused-linear-head design of Liger-Kernel's chunked losses); backward scales them by the
   upstream gradient. The chunks use the whole batch's denominators, so the loss is the sum of the chunks' losses.
 
-:class:`ChunkedPreference`'s :meth:`~ChunkedPreference.accumulate` and :meth:`~ChunkedPreference.chunks` are the
-seams the mutants of ``tests/self/helpers/preference_mutants.py`` override.
+:class:`ChunkedPreference`'s :meth:`~ChunkedPreference.accumulate`, :meth:`~ChunkedPreference.adding`,
+:meth:`~ChunkedPreference.sequence_logps` and ``__call__`` are the seams the mutants of ``tests/self/helpers/preference_mutants.py`` override.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from numcheck.reference.linear_preference import (
     denominators,
     pair_rows,
 )
-from numcheck.reference.numerics.linear_preference import chunk_loss
+from numcheck.reference.numerics.linear_preference import chunk_loss, sequence_logps
 
 DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
@@ -66,6 +66,15 @@ class ChunkedPreference:
         size = params.chunk_pairs or 1
         return list(torch.arange(P).split(size))
 
+    def sequence_logps(self, x, weight, target, bias, averaged: bool, ignore: int):
+        """Each row's per-sequence log-probability and NLL sum
+        (:func:`reference.numerics.linear_preference.sequence_logps`)."""
+        return sequence_logps(x, weight, target, bias, averaged, ignore)
+
+    def adding(self, total: torch.Tensor, part: torch.Tensor) -> None:
+        """Add one chunk's loss into the fp32 total."""
+        total += part
+
     def accumulate(self, buf: torch.Tensor, part: torch.Tensor) -> None:
         """Add one chunk's grad_weight (or grad_bias) into its fp32 running sum."""
         buf.add_(part.float())
@@ -95,9 +104,10 @@ class ChunkedPreference:
                     self.conv,
                     params,
                     dens,
+                    seq=self.sequence_logps,
                 )
                 grads = torch.autograd.grad(part, [xs, w] + ([b] if b is not None else []))
-            loss += part.detach()
+            self.adding(loss, part.detach())
             gx[rows] = grads[0]
             self.accumulate(gw, grads[1])
             if gb is not None:

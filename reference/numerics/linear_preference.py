@@ -9,6 +9,8 @@ in fp32 (Liger-Kernel's ``log_softmax(logits.float())``); the formulas are those
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -54,14 +56,16 @@ def chunk_loss(
     conv: Conventions,
     params: PreferenceParams,
     denominators: tuple[float, float],
+    seq: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sequence_logps,
 ) -> torch.Tensor:
     """The loss of some pairs (``chosen``, ``rejected``: ``(x rows, target rows, ref_logps rows or None)``) with the
     whole batch's denominators ``(D, D_nll)`` (:func:`reference.linear_preference.denominators`), in fp32: the
-    batch's loss is the sum of its chunks' losses."""
+    batch's loss is the sum of its chunks' losses. ``seq``: how the per-sequence log-probabilities are formed
+    (:func:`sequence_logps`; a seam for the built-in's mutants)."""
     averaged = conv.averaged(params)
     (xc, tc, rc), (xr, tr, rr) = chosen, rejected
     x, t = torch.cat([xc, xr]), torch.cat([tc, tr])
-    a, nll = sequence_logps(x, weight, t, bias, averaged, params.ignore_index)
+    a, nll = seq(x, weight, t, bias, averaged, params.ignore_index)
     P = xc.shape[0]
     f = pair_losses(conv, params, a[:P], a[P:], rc, rr)
     D, D_nll = denominators

@@ -12,12 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numcheck.properties.linear_preference.suite import PREFERENCE_SUITE
+from numcheck.properties.linear_preference.suite import PREFERENCE_SUITE, suite_examples
 from numcheck.tests.suite.drawn import run_drawn
 
-#: A third of the profile's examples (at least 3): every example runs several calls, oracles and bounds, and the
-#: family's ten built-ins share the module's budget (about 60 test-seconds under the ci profile on a loaded CPU).
-_EXAMPLES = max(3, settings().max_examples // 3)
+#: The profile's examples scaled down for the family's cost (properties/linear_preference/suite.py).
+_EXAMPLES = suite_examples(settings().max_examples)
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=_EXAMPLES)
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
