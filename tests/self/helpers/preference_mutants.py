@@ -93,25 +93,25 @@ def _mutant(name: str, cls: type, loss: str) -> PreferenceFunctionImpl:
     )
 
 
-gw_bf16_sum = _mutant("gw_bf16_sum", _Bf16RunningSum, "dpo")
-loss_bf16_sum = _mutant("loss_bf16_sum", _LossBf16Sum, "cpo")
-counts_ignored = _mutant("counts_ignored", _CountsIgnored, "orpo")
-no_length_norm = _mutant("no_length_norm", _NoLengthNormalisation, "simpo")
-swapped_halves = _mutant("swapped_halves", _SwappedHalves, "cpo")
-beta_dropped = _mutant("beta_dropped", _DropsBeta, "dpo")
-smoothing_dropped = _mutant("smoothing_dropped", _DropsSmoothing, "simpo")
-ref_ignored = _mutant("ref_ignored", _RefIgnored, "dpo_robust")
+pref_gw_bf16_sum = _mutant("gw_bf16_sum", _Bf16RunningSum, "dpo")
+pref_loss_bf16_sum = _mutant("loss_bf16_sum", _LossBf16Sum, "cpo")
+pref_counts_ignored = _mutant("counts_ignored", _CountsIgnored, "orpo")
+pref_no_length_norm = _mutant("no_length_norm", _NoLengthNormalisation, "simpo")
+pref_swapped_halves = _mutant("swapped_halves", _SwappedHalves, "cpo")
+pref_beta_dropped = _mutant("beta_dropped", _DropsBeta, "dpo")
+pref_smoothing_dropped = _mutant("smoothing_dropped", _DropsSmoothing, "simpo")
+pref_ref_ignored = _mutant("ref_ignored", _RefIgnored, "dpo_robust")
 
 #: Every mutant and the property (of props.PROPERTIES) whose drawn test must catch it.
 MUTANTS, CAUGHT_BY = caught_by_table(
     [
-        (gw_bf16_sum, "chunk_invariance"),
-        (loss_bf16_sum, "chunk_invariance"),
-        (counts_ignored, "accuracy"),
-        (no_length_norm, "accuracy"),
-        (swapped_halves, "accuracy"),
-        (beta_dropped, "options_honoured"),
-        (smoothing_dropped, "options_honoured"),
-        (ref_ignored, "accuracy"),
+        (pref_gw_bf16_sum, "chunk_invariance"),
+        (pref_loss_bf16_sum, "chunk_invariance"),
+        (pref_counts_ignored, "accuracy"),
+        (pref_no_length_norm, "accuracy"),
+        (pref_swapped_halves, "accuracy"),
+        (pref_beta_dropped, "options_honoured"),
+        (pref_smoothing_dropped, "options_honoured"),
+        (pref_ref_ignored, "accuracy"),
     ]
 )
