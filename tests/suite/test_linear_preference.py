@@ -20,7 +20,12 @@ _EXAMPLES = suite_examples(settings().max_examples)
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=_EXAMPLES)
 
 #: One intra-op thread while this module runs (the fixture is in tests/plugin.py).
-pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread_per_module"),
+    pytest.mark.torch_versions_impls(
+        "linear_preference[dpo:chunked]", reason="the torch ops every built-in of the family uses, on one impl"
+    ),
+]
 
 
 @_FIXTURE_OK
