@@ -105,7 +105,9 @@ def _where(c: Comparison) -> str:
     return f"  (row {c.worst[0]}, position {c.worst[1]}, feature {c.worst[2]})"
 
 
-def _relative(impl: Any, case: PreferenceCase, t: PreferenceTensors, got: Outputs, o: PreferenceReference) -> list:
+def relative_judgements(
+    impl: Any, case: PreferenceCase, t: PreferenceTensors, got: Outputs, o: PreferenceReference
+) -> list:
     """Judgement (b) for each output: against eager in the same dtype, slack at the expected-level bound."""
     conv = impl.support.conventions
     eager = yardstick(case, conv, t)
@@ -135,7 +137,7 @@ def accuracy(impl: Any, case: PreferenceCase) -> dict[str, float]:
     bad = [c for c in comps if not c.ok]
     if bad:
         fail(impl, "accuracy", case, *(c.describe() + _where(c) for c in bad), ratio=max(c.ratio for c in bad))
-    rel = [j for j in _relative(impl, case, t, got, o) if not j.ok]
+    rel = [j for j in relative_judgements(impl, case, t, got, o) if not j.ok]
     if rel:
         fail(
             impl, "accuracy", case, "judgement (b), relative to eager in the same dtype:", *(j.describe() for j in rel)

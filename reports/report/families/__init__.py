@@ -9,7 +9,14 @@ protocol module through the family). Its order is report.md's order of the famil
 
 from __future__ import annotations
 
-from numcheck.reports.report.families import dist_linear_ce, fp8_linear, grouped_fp8_linear, linear_ce, tp_fp8_linear
+from numcheck.reports.report.families import (
+    dist_linear_ce,
+    fp8_linear,
+    grouped_fp8_linear,
+    linear_ce,
+    linear_preference,
+    tp_fp8_linear,
+)
 from numcheck.reports.report.families.family import ReportFamily
 
 FAMILIES: dict[str, ReportFamily] = {
@@ -20,5 +27,6 @@ FAMILIES: dict[str, ReportFamily] = {
         tp_fp8_linear.FAMILY,
         fp8_linear.FAMILY,
         grouped_fp8_linear.FAMILY,
+        linear_preference.FAMILY,
     )
 }
