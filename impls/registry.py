@@ -80,6 +80,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     # deferred for the interpreter's sake (see above)
     from numcheck.impls.adapters.cce import cce_impls
     from numcheck.impls.adapters.liger import liger_impls
+    from numcheck.impls.adapters.liger_preference import liger_preference_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
     from numcheck.impls.adapters.torchao import torchao_impls
     from numcheck.impls.adapters.transformer_engine import te_impls
@@ -106,6 +107,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         dist_impls,
         tp_fp8_linear_impls,
         linear_preference_impls,
+        liger_preference_impls,
     )
 
 
