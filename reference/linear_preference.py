@@ -1,4 +1,4 @@
-"""Float64 oracle of a linear head + preference loss (DPO, ORPO, CPO, SimPO), with its analytic backward.
+"""Float64 oracle of a linear head + preference loss (DPO, ORPO, CPO, SimPO, KTO), with its analytic backward.
 
 A batch of ``B = 2P`` completions of ``T`` positions each: ``x`` ``[B, T, H]`` (the hidden states), ``weight``
 ``[V, H]``, ``bias`` ``[V]`` or ``None``, ``target`` ``[B, T]`` (int64; ``ignore_index`` marks ignored positions).
@@ -23,16 +23,21 @@ way; no gradient flows to them), the per-pair loss ``f_i`` is
 * ``simpo``: ``u = β(c − r) − γ`` with length-normalised ``a`` (SimPO always averages), ``f`` as ``dpo`` (Meng et
   al. 2024);
 * ``orpo``: log-odds ``o(a) = a − log(1 − e^a)`` of the length-normalised ``a`` (ORPO always averages),
-  ``f = −β·log σ(o(c) − o(r))`` (Hong et al. 2024; β multiplies the odds-ratio term as in Liger-Kernel).
+  ``f = −β·log σ(o(c) − o(r))`` (Hong et al. 2024; β multiplies the odds-ratio term as in Liger-Kernel);
+* ``kto``: unpaired: the chosen completion is desirable, the rejected undesirable, each a term of its own,
+  ``f = (1 − σ(β(c − ref_c − κ))) + (1 − σ(−β(r − ref_r − κ)))`` with the reference point ``κ = params.kl``
+  (Ethayarajh et al. 2024, with Liger-Kernel's unit weights).
 
-The loss is ``L = Σ_i f_i / D + α·NLL``: ``D = P`` for ``reduction="mean"`` (Liger-Kernel's, the number of pairs),
+The loss is ``L = Σ_i f_i / D + α·NLL``: ``D = P`` for ``reduction="mean"`` (Liger-Kernel's, the number of pairs;
+for KTO, whose terms are per completion, the number of completions ``2P``, as Liger-Kernel's),
 ``1`` for ``"sum"``; ``NLL = −Σ_{chosen s, t} m_{s,t}·ℓ_{s,t} / D_nll`` with ``D_nll`` the number of non-ignored
 positions of the chosen completions (``nll_reduction="tokens"``, Liger-Kernel's) or ``P`` (``"sequences"``);
 ``α = nll_weight`` (0: no NLL term).
 
 **Backward** (analytic; everything in float64): ``∂L/∂a`` of each sequence from the per-pair derivatives
 ``f'(u)`` (``dpo``/``cpo``/``simpo``: ``−(1−ε)σ(−u) + εσ(u)``; robust: ``(−(1−ε)σ(−u) − εσ(u))/(1−2ε)``;
-``orpo``: ``∂f/∂c = −βσ(−v)/(1 − e^c)`` with ``v = o(c) − o(r)``, and its negative with ``e^r`` for r), ``÷ D``;
+``orpo``: ``∂f/∂c = −βσ(−v)/(1 − e^c)`` with ``v = o(c) − o(r)``, and its negative with ``e^r`` for r; ``kto``:
+``∂f/∂c = −βσ(z_c)σ(−z_c)``, ``∂f/∂r = +βσ(z_r)σ(−z_r)``), ``÷ D``;
 then ``k_{s,t} = m_{s,t}·(∂L/∂a_s / (n_s if averaged else 1) − [s chosen]·α/D_nll)``, the gradient w.r.t. the
 logits ``G_{s,t} = k_{s,t}·(e_{target} − p_{s,t})``, and ``grad_x = G·W``, ``grad_W = Gᵀ·x``, ``grad_b = Σ G``.
 """
@@ -44,14 +49,17 @@ from dataclasses import dataclass
 import torch
 
 #: The preference losses of the family.
-LOSSES: tuple[str, ...] = ("dpo", "dpo_robust", "orpo", "cpo", "simpo")
+LOSSES: tuple[str, ...] = ("dpo", "dpo_robust", "orpo", "cpo", "simpo", "kto")
 #: Losses whose margin subtracts the reference model's log-probabilities (``ref_logps`` required).
-REFERENCE_LOSSES: tuple[str, ...] = ("dpo", "dpo_robust")
+REFERENCE_LOSSES: tuple[str, ...] = ("dpo", "dpo_robust", "kto")
 #: Losses defined on length-normalised log-probabilities (``average_log_prob`` is always true for them).
 AVERAGED_LOSSES: tuple[str, ...] = ("orpo", "simpo")
 #: Losses with label smoothing ε, and the one with the margin γ.
 SMOOTHED_LOSSES: tuple[str, ...] = ("dpo", "dpo_robust", "cpo", "simpo")
 MARGIN_LOSSES: tuple[str, ...] = ("simpo",)
+#: Losses with a reference point κ (``params.kl``), and those whose terms are per completion (unpaired).
+REFERENCE_POINT_LOSSES: tuple[str, ...] = ("kto",)
+UNPAIRED_LOSSES: tuple[str, ...] = ("kto",)
 LAYOUTS: tuple[str, ...] = ("halves", "interleaved")
 REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 NLL_REDUCTIONS: tuple[str, ...] = ("tokens", "sequences")
@@ -59,7 +67,8 @@ NLL_REDUCTIONS: tuple[str, ...] = ("tokens", "sequences")
 
 @dataclass(frozen=True)
 class PreferenceParams:
-    """The numbers of one call: β, γ (SimPO's margin), ε (label smoothing), α (the NLL term's weight), whether the
+    """The numbers of one call: β, γ (SimPO's margin), ε (label smoothing), α (the NLL term's weight), κ (KTO's
+    reference point ``kl``), whether the
     per-sequence log-probability is the mean over non-ignored positions (``average_log_prob``), the ignored target
     value, and how many pairs one chunk holds (``chunk_pairs``; ``None``: the impl's own choice)."""
 
@@ -70,6 +79,7 @@ class PreferenceParams:
     average_log_prob: bool = False
     ignore_index: int = -100
     chunk_pairs: int | None = None
+    kl: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,10 @@ def pair_loss_and_slopes(conv: Conventions, params: PreferenceParams, c, r, ref_
     """Per pair: ``(f, ∂f/∂c, ∂f/∂r)`` in float64 (module docstring)."""
     ls = torch.nn.functional.logsigmoid
     eps = params.label_smoothing
+    if conv.loss == "kto":
+        zc, zr = params.beta * (c - ref_c - params.kl), -params.beta * (r - ref_r - params.kl)
+        sc, sr = torch.sigmoid(zc), torch.sigmoid(zr)
+        return (1 - sc) + (1 - sr), -params.beta * sc * (1 - sc), params.beta * sr * (1 - sr)
     if conv.loss == "orpo":
         v = log_odds(c) - log_odds(r)
         s = torch.sigmoid(-v)
@@ -153,7 +167,7 @@ def pair_loss_and_slopes(conv: Conventions, params: PreferenceParams, c, r, ref_
 
 def denominators(conv: Conventions, P: int, chosen_tokens: float) -> tuple[float, float]:
     """``(D, D_nll)``: what the summed pair losses and the NLL are divided by."""
-    D = float(P) if conv.reduction == "mean" else 1.0
+    D = float(P * (2 if conv.loss in UNPAIRED_LOSSES else 1)) if conv.reduction == "mean" else 1.0
     D_nll = float(chosen_tokens) if conv.nll_reduction == "tokens" else float(P)
     return D, D_nll
 

@@ -229,7 +229,10 @@ PREFERENCE_ROWS: tuple[Row, ...] = (
     Row("convention", f"{_PREF}:pref_swapped_halves", "first half taken as rejected, second as chosen", _P_ACC),
     Row("option dropped", f"{_PREF}:pref_beta_dropped", "a wrapper that drops beta (its default 0.1 used)", _P_OPTIONS),
     Row("option dropped", f"{_PREF}:pref_smoothing_dropped", "a wrapper that drops label smoothing", _P_OPTIONS),
-    Row("convention", f"{_PREF}:pref_ref_ignored", "robust DPO with the reference log-probabilities taken as 0", _P_ACC),
+    Row(
+        "convention", f"{_PREF}:pref_ref_ignored", "robust DPO with the reference log-probabilities taken as 0", _P_ACC
+    ),
+    Row("option dropped", f"{_PREF}:pref_kto_kl_dropped", "KTO's reference point kl dropped by a wrapper", _P_OPTIONS),
 )
 
 ROWS: tuple[Row, ...] = (

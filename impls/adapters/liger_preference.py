@@ -1,5 +1,5 @@
 """``liger_preference[<loss>]``: adapters for Liger-Kernel's chunked preference losses
-(``liger_kernel.chunked_loss``: ``LigerFusedLinear{DPO,ORPO,CPO,SimPO}Function``), for whatever release is
+(``liger_kernel.chunked_loss``: ``LigerFusedLinear{DPO,ORPO,CPO,SimPO,KTO}Function``), for whatever release is
 installed, as impls of the linear+preference kind (:mod:`impls.protocols.linear_preference`).
 
 Each release's ``forward`` signature is read (:mod:`impls.adapters.function_args`) and every call laid out by
@@ -17,6 +17,9 @@ against :mod:`reference.linear_preference` by ``tests/adapters/test_liger_prefer
 - ORPO and SimPO average the log-probabilities over each completion (no ``average_log_prob`` parameter);
 - chunks of ``chunk_size`` pairs (``torch.chunk`` into ``B // (2·chunk_size)`` pieces), grad_weight and grad_bias
   summed into buffers of the parameter's dtype (``param_dtype``);
+- KTO (Liger's unpaired base): the chosen completions are passed as desirable (``preference_labels`` true), the
+  rejected as undesirable, the reference point as ``kl``; its terms summed and divided by the number of completions;
+  its chunks are ``chunk_size`` completions, so the adapter passes twice the protocol's ``chunk_pairs``;
 - ``compiled=False`` (``torch.compile`` of each chunk is Liger's default; CI's CPU judges the eager path).
 
 The reference model: the protocol passes its log-probabilities, Liger takes a reference head (``ref_input``,
@@ -46,6 +49,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "orpo": ("orpo_loss", "LigerFusedLinearORPOFunction"),
     "cpo": ("cpo_loss", "LigerFusedLinearCPOFunction"),
     "simpo": ("simpo_loss", "LigerFusedLinearSimPOFunction"),
+    "kto": ("kto_loss", "LigerFusedLinearKTOFunction"),
 }
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
@@ -70,33 +74,32 @@ def _dpo_loss_types(fn: Any) -> set[str]:
     return set(getattr(getattr(module, "LigerFusedLinearDPOLoss", None), "_SUPPORTED_LOSS_TYPES", ()) or ())
 
 
-def _with_reference(fn: Any) -> Any:
-    """A subclass of Liger's DPO Function whose loss function takes the reference log-probabilities from
-    :attr:`queue` (one ``(chosen, rejected)`` pair of tensors per chunk, in Liger's chunk order)."""
+def _with_reference(fn: Any, unpaired: bool) -> Any:
+    """A subclass of Liger's Function whose loss function takes the reference log-probabilities from
+    :attr:`queue` (per chunk, in Liger's chunk order: a ``(chosen, rejected)`` pair of tensors, or one tensor of
+    the chunk's completions for the unpaired base)."""
 
     class WithReference(fn):
         queue: list = []
 
         @staticmethod
-        def preference_loss_fn(chosen_logps, rejected_logps, full_target, beta=0.1, **kwargs):
-            rc, rr = WithReference.queue.pop(0)
-            return fn.preference_loss_fn(
-                chosen_logps,
-                rejected_logps,
-                full_target,
-                ref_chosen_logps=rc,
-                ref_rejected_logps=rr,
-                beta=beta,
-                **kwargs,
-            )
+        def preference_loss_fn(first, second, full_target, beta=0.1, **kwargs):
+            if unpaired:
+                kwargs["ref_log_prob_chunk"] = WithReference.queue.pop(0)
+            else:
+                kwargs["ref_chosen_logps"], kwargs["ref_rejected_logps"] = WithReference.queue.pop(0)
+            return fn.preference_loss_fn(first, second, full_target, beta=beta, **kwargs)
 
     return WithReference
 
 
-def _reference_chunks(ref: torch.Tensor, chunk_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The reference log-probabilities split as Liger splits the batch (``fused_linear_preference.py``)."""
+def _reference_chunks(ref: torch.Tensor, chunk_pairs: int, unpaired: bool) -> list[Any]:
+    """The reference log-probabilities split as Liger splits the batch (``fused_linear_preference.py``; the
+    unpaired base chunks the whole batch in order)."""
     B = ref.shape[0]
-    chunks = max(1, B // (2 * chunk_size))
+    chunks = max(1, B // (2 * chunk_pairs))
+    if unpaired:
+        return list(torch.chunk(ref, chunks))
     return list(zip(torch.chunk(ref[: B // 2], chunks), torch.chunk(ref[B // 2 :], chunks)))
 
 
@@ -121,6 +124,11 @@ def _arguments(loss: str, params: tuple[str, ...], p: Any, x, weight, target, bi
         average_log_prob=p.average_log_prob,
         loss_type="robust" if loss == "dpo_robust" else "sigmoid",
     )
+    if loss == "kto":
+        P = x.shape[0] // 2
+        optional["preference_labels"] = torch.arange(2 * P, device=x.device) < P
+        optional["kl"] = p.kl
+        given["chunk_size"] = 2 * chunk
     given.update({k: v for k, v in optional.items() if k in params})
     return given
 
@@ -136,8 +144,8 @@ class LigerPreference:
         given = _arguments(self.loss, self.params, params, x, weight, target, bias)
         fn = self.fn
         if ref_logps is not None:
-            fn = _with_reference(self.fn)
-            fn.queue = _reference_chunks(ref_logps, params.chunk_pairs or 1)
+            fn = _with_reference(self.fn, self.loss == "kto")
+            fn.queue = _reference_chunks(ref_logps, params.chunk_pairs or 1, self.loss == "kto")
         out = fn.apply(*positional_args(self.params, self.defaults, given, self.fn.__name__))
         return out[0] if isinstance(out, tuple) else out
 
@@ -147,11 +155,13 @@ def declare(loss: str, params: tuple[str, ...]) -> tuple[PreferenceSupport, list
     has = set(params)
     notes = []
     nll = {"alpha", "compute_nll_loss"} <= has
-    if not nll:
+    if not nll and loss != "kto":
         notes.append("no alpha parameter (the NLL weight is 1 or 0): declared without the NLL option")
     smoothing = "label_smoothing" in has and loss != "dpo"
     if loss == "dpo":
         notes.append("loss_type='sigmoid' ignores label_smoothing: declared without it")
+    if loss == "kto":
+        notes.append("no NLL term")
     averaged = loss in AVERAGED_LOSSES or "average_log_prob" not in has
     support = PreferenceSupport(
         loss=loss,
@@ -160,6 +170,7 @@ def declare(loss: str, params: tuple[str, ...]) -> tuple[PreferenceSupport, list
         label_smoothing=smoothing,
         margin=loss == "simpo" and "gamma" in has,
         nll=nll,
+        reference_point=loss == "kto" and "kl" in has,
         average_log_prob=frozenset({True}) if averaged else frozenset({False, True}),
         chunking="chunk_size" in has,
         grad_weight_accumulation="param_dtype",

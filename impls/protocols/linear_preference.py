@@ -1,4 +1,4 @@
-"""The protocol of a fused linear head + preference loss (DPO, robust DPO, ORPO, CPO, SimPO).
+"""The protocol of a fused linear head + preference loss (DPO, robust DPO, ORPO, CPO, SimPO, KTO).
 
 A linear+preference implementation is any object with
 
@@ -45,6 +45,7 @@ from numcheck.reference.linear_preference import (
     NLL_REDUCTIONS,
     REDUCTIONS,
     REFERENCE_LOSSES,
+    REFERENCE_POINT_LOSSES,
     SMOOTHED_LOSSES,
     Conventions,
     PreferenceParams,
@@ -78,6 +79,7 @@ class PreferenceSupport:
         label_smoothing: whether it honours ε ≠ 0 (losses of ``SMOOTHED_LOSSES``).
         margin: whether it honours γ ≠ 0 (SimPO).
         nll: whether it honours α ≠ 0 (adds the chosen completions' NLL).
+        reference_point: whether it honours KTO's reference point κ ≠ 0 (``params.kl``).
         average_log_prob: the per-sequence reductions it takes: ``False`` (sum) and/or ``True`` (mean); ORPO and
             SimPO are defined on the mean, so they declare ``(True,)``.
         chunking: whether it honours ``params.chunk_pairs`` (the suite then checks chunk invariance).
@@ -95,6 +97,7 @@ class PreferenceSupport:
     label_smoothing: bool = False
     margin: bool = False
     nll: bool = False
+    reference_point: bool = False
     average_log_prob: frozenset[bool] = frozenset({False})
     chunking: bool = False
     grad_weight_accumulation: str = "fp32"
@@ -113,7 +116,7 @@ class PreferenceSupport:
             _one_of(own, name, getattr(self, name), known, aliases)
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, PREFERENCE_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
-        decl.bools(own, self, ("bias", "label_smoothing", "margin", "nll", "chunking"))
+        decl.bools(own, self, ("bias", "label_smoothing", "margin", "nll", "reference_point", "chunking"))
         decl.requirement(own, self.requires)
         set_("average_log_prob", _modes(own, self.average_log_prob, self.loss))
         _options_fit(own, self)
@@ -143,6 +146,7 @@ class PreferenceSupport:
             (params.label_smoothing != 0 and not self.label_smoothing, "label smoothing ε ≠ 0"),
             (params.gamma != 0 and not self.margin, "a margin γ ≠ 0"),
             (params.nll_weight != 0 and not self.nll, "an NLL term α ≠ 0"),
+            (params.kl != 0 and not self.reference_point, "a reference point κ ≠ 0"),
             (params.average_log_prob not in self.average_log_prob, f"average_log_prob={params.average_log_prob}"),
             (params.chunk_pairs is not None and not self.chunking, "chunk_pairs"),
         )
@@ -150,7 +154,9 @@ class PreferenceSupport:
 
     def describe(self) -> str:
         """Multi-line description for ``numcheck list``."""
-        opts = [n for n in ("bias", "label_smoothing", "margin", "nll", "chunking") if getattr(self, n)]
+        opts = [
+            n for n in ("bias", "label_smoothing", "margin", "nll", "reference_point", "chunking") if getattr(self, n)
+        ]
         modes = ",".join("mean" if m else "sum" for m in sorted(self.average_log_prob))
         return (
             f"loss: {self.loss}; layout: {self.layout}; reduction: {self.reduction}; NLL ÷ {self.nll_reduction}; "
@@ -188,6 +194,11 @@ def _options_fit(owner: str, s: PreferenceSupport) -> None:
         raise invalid(
             f"{owner}.label_smoothing=True: {s.loss} has no label smoothing",
             f"Leave it out; the losses with ε are {SMOOTHED_LOSSES}.",
+        )
+    if s.reference_point and s.loss not in REFERENCE_POINT_LOSSES:
+        raise invalid(
+            f"{owner}.reference_point=True: {s.loss} has no reference point κ",
+            f"Leave it out; the losses with κ are {REFERENCE_POINT_LOSSES}.",
         )
     if s.margin and s.loss not in MARGIN_LOSSES:
         raise invalid(

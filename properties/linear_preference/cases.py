@@ -25,7 +25,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 @dataclass(frozen=True)
 class PreferenceCase:
     """One linear+preference case: ``P`` pairs of ``T`` positions, ``H`` features, ``V`` classes, the call's
-    numbers (β, γ, ε, α, ``average_log_prob``, ``chunk_pairs``) and how its values are drawn (module docstring)."""
+    numbers (β, γ, ε, α, ``average_log_prob``, ``chunk_pairs``, κ) and how its values are drawn (module docstring)."""
 
     P: int
     T: int
@@ -39,6 +39,7 @@ class PreferenceCase:
     nll_weight: float = 0.0
     average_log_prob: bool = False
     chunk_pairs: int | None = None
+    kl: float = 0.0
     ignored: float = 0.0
     logit_scale: float = 1.0
     ref_spread: float = 2.0
@@ -59,6 +60,7 @@ class PreferenceCase:
             nll_weight=self.nll_weight,
             average_log_prob=self.average_log_prob,
             chunk_pairs=self.chunk_pairs,
+            kl=self.kl,
         )
 
     def replace(self, **changes: Any) -> PreferenceCase:

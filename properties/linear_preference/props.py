@@ -12,7 +12,7 @@ repro command:
 * ``chunk_invariance``: (impls declaring ``chunking``) accurate with one pair per chunk and with all pairs in one;
 * ``pair_permutation``: the pairs permuted (chosen and rejected together, with their reference log-probabilities):
   the loss and grad_weight within the two runs' bounds of each other, grad_x permuted likewise;
-* ``options_honoured``: each declared option (β, γ, ε, α, the per-sequence mean) changed in turn: the impl follows
+* ``options_honoured``: each declared option (β, γ, ε, α, κ, the per-sequence mean) changed in turn: the impl follows
   the oracle with the new value, and a loss bitwise unchanged by the change (an option a wrapper dropped) is named
   as such in the failure.
 """
@@ -234,6 +234,8 @@ def _variants(impl: Any, case: PreferenceCase) -> list[tuple[str, PreferenceCase
         out.append(("label_smoothing", case.replace(label_smoothing=0.0 if case.label_smoothing else 0.25)))
     if s.nll:
         out.append(("nll_weight", case.replace(nll_weight=0.0 if case.nll_weight else 1.0)))
+    if s.reference_point:
+        out.append(("kl", case.replace(kl=0.0 if case.kl else 1.0)))
     if len(s.average_log_prob) > 1:
         out.append(("average_log_prob", case.replace(average_log_prob=not case.average_log_prob)))
     return out

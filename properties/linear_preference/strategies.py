@@ -20,6 +20,7 @@ BETAS: tuple[float, ...] = (0.1, 0.5, 1.0, 2.5)
 GAMMAS: tuple[float, ...] = (0.3, 1.0)
 SMOOTHINGS: tuple[float, ...] = (0.1, 0.3)
 NLL_WEIGHTS: tuple[float, ...] = (0.5, 1.0)
+REFERENCE_POINTS: tuple[float, ...] = (0.5, 2.0)
 _DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 
@@ -40,6 +41,8 @@ def _options(draw: st.DrawFn, support, on: bool | None) -> dict:
         out["label_smoothing"] = pick("label_smoothing", SMOOTHINGS)
     if support.nll:
         out["nll_weight"] = pick("nll_weight", NLL_WEIGHTS)
+    if support.reference_point:
+        out["kl"] = pick("kl", REFERENCE_POINTS)
     out["average_log_prob"] = draw(st.sampled_from(sorted(support.average_log_prob)), label="average_log_prob")
     return out
 

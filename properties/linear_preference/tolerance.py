@@ -20,6 +20,10 @@ ceiling) or √n·u (expected level). All |·| element-wise, every quantity from
      w_u = β(E_c + E_r) + 3u_a·β(|c| + |ref_c| + |r| + |ref_r|) + u_a(|u| + γ) (the subtractions and the products
      with β and γ in fp32). Terms: −(1−ε)log σ(u) and −ε log σ(−u) (robust: −(1−ε)log σ(u)/(1−2ε) and
      +ε log σ(−u)/(1−2ε)); each term's error ≤ max|t(u ± w_u) − t(u)| + 4u_a|t(u)| (log σ and its products in fp32).
+   * KTO: each completion a term of its own, 1 − σ(z) with z = ±β(a − ref − κ) (decreasing), moved by
+     w = β·E + 3u_a·β(|a| + |ref| + κ) + u_a|z|; its slope σ(z)σ(−z) peaks at z = 0, so its range over
+     [z − w, z + w] is its ends' values, with ¼ where the interval holds 0; evaluated in fp32 it forms 1 − σ̂ from
+     σ̂ rounded at 2u_a, an absolute 3u_a·max(σ(z), σ(−z)) however small the slope.
    * ORPO: log-odds o(a) = a − log1p(−e^a), increasing, so v = o(c) − o(r) lies in [o(c − E_c) − o(r + E_r),
      o(c + E_c) − o(r − E_r)], widened by 3u_a(|c| + |r| + |l_c| + |l_r|) + u_a(e^c/(1 − e^c) + e^r/(1 − e^r))
      (l = log1p(−e^a); e^a and log1p each round once); f = −β log σ(v), decreasing. An interval reaching a ≥ 0
@@ -130,6 +134,34 @@ def _sigmoid_pairs(conv: Conventions, case: PreferenceCase, a, E, ref, ci, ri):
     return err_f, abs_f, err_d, err_d
 
 
+def _kto_term(case: PreferenceCase, z: torch.Tensor, w: torch.Tensor):
+    """One completion's KTO term 1 − σ(z) (decreasing) and its slope σ(z)σ(−z) (peaked at 0) over [z − w, z + w]:
+    ``(err term, err slope)``."""
+    t = lambda v: 1 - _sig(v)  # noqa: E731
+    s = lambda v: _sig(v) * _sig(-v)  # noqa: E731
+    err_t = torch.maximum(t(z - w) - t(z), t(z) - t(z + w)) + 4 * U_A
+    lo, hi = s(z - w), s(z + w)
+    top = torch.where((z - w < 0) & (z + w > 0), torch.full_like(z, 0.25), torch.maximum(lo, hi))
+    mid = s(z)
+    # σ(z)(1 − σ(z)) in fp32 forms 1 − σ̂ from a σ̂ rounded at 2u_a: an absolute 3u_a·max(σ(z), σ(−z)), however
+    # small the slope (a saturated completion's slope is all rounding).
+    err_s = torch.maximum(top - mid, mid - torch.minimum(lo, hi)) + 4 * U_A * mid + 3 * U_A * _sig(z.abs())
+    return err_t, case.beta * err_s
+
+
+def _kto_pairs(case: PreferenceCase, a, E, ref, ci, ri):
+    """Steps 3–4 for KTO, whose two completions of a pair are terms of their own: z = ±β(a − ref − κ) moves by
+    β·E + 3u_a·β(|a| + |ref| + κ) + u_a|z|; per pair ``(err f, |f| terms, err κ_c, err κ_r)``."""
+    out = []
+    for rows, sign in ((ci, 1.0), (ri, -1.0)):
+        x, r = a[rows], ref[rows]
+        z = sign * case.beta * ((x - r) - case.kl)
+        w = case.beta * E[rows] + 3 * U_A * case.beta * (x.abs() + r.abs() + abs(case.kl)) + U_A * z.abs()
+        out.append(_kto_term(case, z, w))
+    (ft_c, k_c), (ft_r, k_r) = out
+    return ft_c + ft_r, torch.full_like(ft_c, 2.0), k_c, k_r
+
+
 def _orpo_pairs(case: PreferenceCase, a, E, ci, ri):
     """Steps 3–4 for ORPO: per pair ``(err f, |f|, err κ_c, err κ_r)``."""
     beta, c, r, Ec, Er = case.beta, a[ci], a[ri], E[ci], E[ri]
@@ -164,6 +196,8 @@ def preference_bounds(
     ref = t.ref_logps.double().cpu() if t.ref_logps is not None else torch.zeros_like(o.seq_logp)
     if conv.loss == "orpo":
         err_f, abs_f, err_kc, err_kr = _orpo_pairs(case, o.seq_logp, E, ci, ri)
+    elif conv.loss == "kto":
+        err_f, abs_f, err_kc, err_kr = _kto_pairs(case, o.seq_logp, E, ref, ci, ri)
     else:
         err_f, abs_f, err_kc, err_kr = _sigmoid_pairs(conv, case, o.seq_logp, E, ref, ci, ri)
     D, D_nll = denominators(conv, len(ci), float(o.mask[ci].sum()))

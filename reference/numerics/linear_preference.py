@@ -37,11 +37,14 @@ def pair_losses(
 ) -> torch.Tensor:
     """Each pair's loss ``f_i`` in fp32 from the chosen and rejected per-sequence log-probabilities."""
     eps = params.label_smoothing
+    if conv.loss in REFERENCE_LOSSES and ref_c is None:
+        raise ValueError(f"loss {conv.loss!r} needs the reference model's log-probabilities (ref_logps)")
+    if conv.loss == "kto":
+        zc, zr = params.beta * ((c - ref_c) - params.kl), -params.beta * ((r - ref_r) - params.kl)
+        return (1 - torch.sigmoid(zc)) + (1 - torch.sigmoid(zr))
     if conv.loss == "orpo":
         v = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
         return -params.beta * F.logsigmoid(v)
-    if conv.loss in REFERENCE_LOSSES and ref_c is None:
-        raise ValueError(f"loss {conv.loss!r} needs the reference model's log-probabilities (ref_logps)")
     u = margin(conv, params, c, r, ref_c, ref_r)
     if conv.loss == "dpo_robust":
         return (-(1 - eps) * F.logsigmoid(u) + eps * F.logsigmoid(-u)) / (1 - 2 * eps)

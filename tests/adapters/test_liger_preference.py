@@ -23,7 +23,8 @@ def _impls():
 
 
 def test_declared_from_the_release():
-    """DPO (sigmoid) without label smoothing, ORPO without the NLL weight, SimPO with its margin; every loss
+    """DPO (sigmoid) without label smoothing, ORPO without the NLL weight, SimPO with its margin, KTO with its
+    reference point and no NLL; every loss
     chunked with a parameter-dtype grad_weight sum."""
     impls = _impls()
     assert all(i.support.unavailable_reason() is None for i in impls.values()), impls
@@ -32,6 +33,7 @@ def test_declared_from_the_release():
     assert not impls["liger_preference[orpo]"].support.nll and "alpha" in impls["liger_preference[orpo]"].description
     assert impls["liger_preference[simpo]"].support.margin
     assert impls["liger_preference[cpo]"].support.average_log_prob == {False, True}
+    assert impls["liger_preference[kto]"].support.reference_point and not impls["liger_preference[kto]"].support.nll
     assert all(i.support.chunking and i.support.grad_weight_accumulation == "param_dtype" for i in impls.values())
 
 
@@ -50,6 +52,7 @@ def test_conventions_match_the_oracle(loss):
         gamma=0.7 if s.margin else 0.0,
         label_smoothing=0.2 if s.label_smoothing else 0.0,
         nll_weight=0.5 if s.nll else 0.0,
+        kl=0.7 if s.reference_point else 0.0,
         average_log_prob=max(s.average_log_prob),
         chunk_pairs=2,
         ignored=0.3,

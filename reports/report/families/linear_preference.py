@@ -23,7 +23,7 @@ from numcheck.reports.report.schema import case_text
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
 #: The grid's cases by label: the shape and the fields set where the declaration allows them.
 CASES: dict[str, dict[str, Any]] = {
-    "options": dict(P=3, T=5, H=16, V=24, beta=0.5, gamma=0.5, label_smoothing=0.1, nll_weight=0.5),
+    "options": dict(P=3, T=5, H=16, V=24, beta=0.5, gamma=0.5, label_smoothing=0.1, nll_weight=0.5, kl=0.5),
     "ignored+chunks": dict(P=4, T=6, H=12, V=40, beta=2.0, ignored=0.4, bias=True, chunk_pairs=1, logit_scale=4.0),
 }
 _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
@@ -36,6 +36,7 @@ def _fitted(support: Any, fields: dict[str, Any]) -> dict[str, Any]:
         ("gamma", support.margin),
         ("label_smoothing", support.label_smoothing),
         ("nll_weight", support.nll),
+        ("kl", support.reference_point),
         ("bias", support.bias),
         ("chunk_pairs", support.chunking),
     ):
@@ -133,7 +134,7 @@ def table(report: dict) -> list[str]:
     if not rows:
         return []
     out = [
-        "### Linear + preference loss (DPO, ORPO, CPO, SimPO): per impl × dtype × output",
+        "### Linear + preference loss (DPO, ORPO, CPO, SimPO, KTO): per impl × dtype × output",
         "",
         "Every output against the float64 oracle under the bound of `properties/linear_preference/tolerance.py` (a) "
         "and against eager in the same dtype (b).",

@@ -63,7 +63,7 @@ class _Dropping(ChunkedPreference):
     dropped: str = ""
 
     def __call__(self, x, weight, target, bias=None, *, ref_logps=None, params):
-        default = {"beta": 0.1, "label_smoothing": 0.0, "nll_weight": 0.0}[self.dropped]
+        default = {"beta": 0.1, "label_smoothing": 0.0, "nll_weight": 0.0, "kl": 0.0}[self.dropped]
         return super().__call__(
             x, weight, target, bias, ref_logps=ref_logps, params=dataclasses.replace(params, **{self.dropped: default})
         )
@@ -77,6 +77,11 @@ class _DropsBeta(_Dropping):
 @dataclasses.dataclass(frozen=True)
 class _DropsSmoothing(_Dropping):
     dropped: str = "label_smoothing"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DropsReferencePoint(_Dropping):
+    dropped: str = "kl"
 
 
 class _RefIgnored(ChunkedPreference):
@@ -101,6 +106,7 @@ pref_swapped_halves = _mutant("swapped_halves", _SwappedHalves, "cpo")
 pref_beta_dropped = _mutant("beta_dropped", _DropsBeta, "dpo")
 pref_smoothing_dropped = _mutant("smoothing_dropped", _DropsSmoothing, "simpo")
 pref_ref_ignored = _mutant("ref_ignored", _RefIgnored, "dpo_robust")
+pref_kto_kl_dropped = _mutant("kto_kl_dropped", _DropsReferencePoint, "kto")
 
 #: Every mutant and the property (of props.PROPERTIES) whose drawn test must catch it.
 MUTANTS, CAUGHT_BY = caught_by_table(
@@ -113,5 +119,6 @@ MUTANTS, CAUGHT_BY = caught_by_table(
         (pref_beta_dropped, "options_honoured"),
         (pref_smoothing_dropped, "options_honoured"),
         (pref_ref_ignored, "accuracy"),
+        (pref_kto_kl_dropped, "options_honoured"),
     ]
 )

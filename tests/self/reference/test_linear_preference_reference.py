@@ -49,7 +49,7 @@ def _autograd(x, w, b, target, ref, conv, params):
     for i, j in zip(ci.tolist(), ri.tolist()):
         losses.append(_one_pair(conv, params, a[i], a[j], ref[i], ref[j]))
     P = len(ci)
-    D = P if conv.reduction == "mean" else 1
+    D = (2 * P if conv.loss == "kto" else P) if conv.reduction == "mean" else 1
     D_nll = m[ci].sum() if conv.nll_reduction == "tokens" else P
     loss = torch.stack(losses).sum() / D - params.nll_weight * tok[ci].sum() / D_nll
     loss.backward()
@@ -59,6 +59,8 @@ def _autograd(x, w, b, target, ref, conv, params):
 def _one_pair(conv, params, c, r, rc, rr):
     """One pair's loss from its paper's formula."""
     ls, beta, eps = torch.nn.functional.logsigmoid, params.beta, params.label_smoothing
+    if conv.loss == "kto":
+        return (1 - torch.sigmoid(beta * (c - rc - params.kl))) + (1 - torch.sigmoid(-beta * (r - rr - params.kl)))
     if conv.loss == "orpo":
         odds = lambda a: torch.exp(a) / (1 - torch.exp(a))  # noqa: E731
         return -beta * ls(torch.log(odds(c) / odds(r)))
@@ -75,7 +77,7 @@ def _one_pair(conv, params, c, r, rc, rr):
 
 PARAMS = (
     PreferenceParams(beta=0.5),
-    PreferenceParams(beta=2.0, gamma=0.7, label_smoothing=0.2, nll_weight=0.6, average_log_prob=True),
+    PreferenceParams(beta=2.0, gamma=0.7, label_smoothing=0.2, nll_weight=0.6, average_log_prob=True, kl=0.4),
 )
 
 
