@@ -12,7 +12,8 @@ repro command:
 * ``chunk_invariance``: (impls declaring ``chunking``) accurate with one pair per chunk and with all pairs in one;
 * ``pair_permutation``: the pairs permuted (chosen and rejected together, with their reference log-probabilities):
   the loss and grad_weight within the two runs' bounds of each other, grad_x permuted likewise;
-* ``options_honoured``: each declared option (β, γ, ε, α, κ, the per-sequence mean) changed in turn: the impl follows
+* ``options_honoured``: β and one other declared option (γ, ε, α, κ, the per-sequence mean; the case's seed picks
+  it) changed in turn: the impl follows
   the oracle with the new value, and a loss bitwise unchanged by the change (an option a wrapper dropped) is named
   as such in the failure.
 """
@@ -242,12 +243,16 @@ def _variants(impl: Any, case: PreferenceCase) -> list[tuple[str, PreferenceCase
 
 
 def options_honoured(impl: Any, case: PreferenceCase) -> dict[str, float]:
-    """Each declared option changed in turn: the impl follows the oracle with the new value; an impl whose loss
-    stays bitwise the same when the option changes is named as dropping it."""
+    """β and one other declared option changed in turn: the impl follows the oracle with the new value; an impl
+    whose loss stays bitwise the same when the option changes is named as dropping it."""
     worst = 0.0
     conv = impl.support.conventions
     before = run(impl, case, build(case, conv))
-    for option, changed in _variants(impl, case):
+    variants = _variants(impl, case)
+    # β and one other declared option per case (the case's seed picks which): every option is met across the draws,
+    # at a third of the cost of all of them on each.
+    chosen = variants[:1] + variants[1:][case.seed % max(1, len(variants) - 1) :][:1]
+    for option, changed in chosen:
         t = build(changed, conv)
         got = run(impl, changed, t)
         _, comps = judged(impl, changed, t, got)

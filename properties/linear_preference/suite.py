@@ -19,10 +19,10 @@ from numcheck.properties.linear_preference.strategies import preference_cases
 
 
 def suite_examples(max_examples: int) -> int:
-    """The examples each drawn test runs out of a profile's ``max_examples``: a third (at least 3). Every example
-    runs several calls, oracles and bounds, and the family's ten built-ins share the budget (about 15
-    test-seconds for the shipped module under the ci profile on a loaded CPU)."""
-    return max(3, max_examples // 3)
+    """The examples each drawn test runs out of a profile's ``max_examples``: a quarter (at least 3). Every
+    example runs several calls, oracles and bounds, and the family's twelve built-ins and six Liger adapters share
+    the budget (about 25 test-seconds for the shipped module under the ci profile on CI's CPU)."""
+    return max(3, max_examples // 4)
 
 
 def _cases(**fixed: Any) -> Draw:
