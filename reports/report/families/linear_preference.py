@@ -18,6 +18,7 @@ from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
 from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.property_grid import PropertyRow
 from numcheck.reports.report.schema import case_text
 
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
@@ -64,6 +65,33 @@ def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, 
         for i, (label, fields) in enumerate(CASES.items())
         for dtype in dtypes
     ]
+
+
+def _row_case(name: str, label: str, **fields: Any):
+    """A property row's builder: the grid case ``label`` in the impl's first declared dtype, with ``fields``."""
+
+    def build(impl: Any, spec: GridSpec, device: str) -> list[tuple[str, Any]]:
+        from numcheck.properties.linear_preference.cases import PreferenceCase
+
+        s = impl.support
+        dtype = sorted(_DTYPES[str(d)] for d in s.dtypes)[0]
+        case = PreferenceCase(**{**_fitted(s, CASES[label]), **fields}, dtype=dtype, seed=7100, device=device)
+        return [(f"{name}:{label}", case)]
+
+    return build
+
+
+def property_rows() -> tuple[PropertyRow, ...]:
+    """One case per property of the suite besides accuracy, named by its suite test."""
+    no_chunks = lambda impl: None if impl.support.chunking else "no chunking declared"  # noqa: E731
+    return (
+        PropertyRow("ignored_positions", "preference_ignored_positions", _row_case("ignored", "ignored+chunks")),
+        PropertyRow(
+            "chunk_invariance", "preference_chunk_invariance", _row_case("chunks", "ignored+chunks"), no_chunks
+        ),
+        PropertyRow("pair_permutation", "preference_pair_permutation", _row_case("permutation", "options")),
+        PropertyRow("options_honoured", "preference_options_honoured", _row_case("options", "options")),
+    )
 
 
 def _f(v: float) -> float | None:
@@ -198,7 +226,7 @@ FAMILY = ReportFamily(
     declaration=declaration,
     judgements=("analytic", "relative"),
     repro=repro_command,
-    property_rows=lambda: (),
+    property_rows=property_rows,
     refused=None,
     why=why,
     summary=summary,
