@@ -1,9 +1,9 @@
 """Built-in linear+preference impls (the protocol is :mod:`impls.protocols.linear_preference`), one eager and one
 chunked per loss:
 
-* ``linear_preference[<loss>,eager]`` materialises the ``[B, T, V]`` logits in the inputs' dtype and lets
+* ``linear_preference_eager[<loss>]`` materialises the ``[B, T, V]`` logits in the inputs' dtype and lets
   torch.autograd differentiate :func:`reference.numerics.linear_preference.chunk_loss` over the whole batch.
-* ``linear_preference[<loss>,chunked]`` never holds more than one chunk's logits: for each chunk of
+* ``linear_preference_chunked[<loss>]`` never holds more than one chunk's logits: for each chunk of
   ``params.chunk_pairs`` pairs (default 1) it computes the chunk's loss and, at once, its gradients
   (``torch.autograd.grad`` on the chunk), writes the chunk's rows of grad_x and adds its grad_weight and grad_bias
   (each in the weight's dtype, as autograd returns it) into fp32 buffers (the fused-linear-head design of Liger-Kernel's chunked losses); backward scales them by the
@@ -169,7 +169,7 @@ def linear_preference_impls() -> list[PreferenceFunctionImpl]:
     for loss in LOSSES:
         out.append(
             PreferenceFunctionImpl(
-                f"linear_preference[{loss},eager]",
+                f"linear_preference_eager[{loss}]",
                 eager_fn(loss),
                 _support(loss, chunking=False),
                 "whole-batch logits in the inputs' dtype, log-softmax and loss in fp32, torch.autograd",
@@ -177,7 +177,7 @@ def linear_preference_impls() -> list[PreferenceFunctionImpl]:
         )
         out.append(
             PreferenceFunctionImpl(
-                f"linear_preference[{loss},chunked]",
+                f"linear_preference_chunked[{loss}]",
                 ChunkedPreference(Conventions(loss)),
                 _support(loss, chunking=True),
                 "chunks of pairs, gradients formed in forward, each chunk's grad_weight rounded to the weight's dtype, summed in fp32",

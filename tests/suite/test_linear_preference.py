@@ -23,7 +23,7 @@ _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixtur
 pytestmark = [
     pytest.mark.usefixtures("one_thread_per_module"),
     pytest.mark.torch_versions_impls(
-        "linear_preference[dpo,chunked]", reason="the torch ops every built-in of the family uses, on one impl"
+        "linear_preference_chunked[dpo]", reason="the torch ops every built-in of the family uses, on one impl"
     ),
 ]
 

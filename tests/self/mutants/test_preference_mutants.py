@@ -39,7 +39,7 @@ def test_ci_profile_catches_preference_mutant(mutant):
     assert verdict.status == "failed" and not verdict.impl_raised, verdict
     ratios = [float(r) for r in _RATIO.findall(verdict.message)]
     assert not ratios or max(ratios) >= 2, verdict.message
-    twin = next(i for i in linear_preference_impls() if i.name == f"linear_preference[{mutant.support.loss},chunked]")
+    twin = next(i for i in linear_preference_impls() if i.name == f"linear_preference_chunked[{mutant.support.loss}]")
     assert _run_drawn(prop, twin, _ci()).status == "passed"
 
 

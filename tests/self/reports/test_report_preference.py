@@ -22,7 +22,7 @@ def test_grid_passes_on_builtins_and_fails_a_mutant():
     """Two built-ins pass every case of the quick grid; the swapped-halves mutant fails its first, with a repro."""
     fam = FAMILIES[PREFERENCE_KIND]
     impls = {i.name: i for i in linear_preference_impls()}
-    for name in ("linear_preference[simpo,chunked]", "linear_preference[dpo_robust,eager]"):
+    for name in ("linear_preference_chunked[simpo]", "linear_preference_eager[dpo_robust]"):
         info: dict = {}
         planned = fam.plan(_spec(), impls[name], "cpu", info)
         assert len(planned) == 6, planned  # two cases in each of three dtypes
