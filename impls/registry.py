@@ -81,6 +81,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.cce import cce_impls
     from numcheck.impls.adapters.liger import liger_impls
     from numcheck.impls.adapters.liger_distill import liger_distill_impls
+    from numcheck.impls.adapters.liger_preference import liger_preference_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
     from numcheck.impls.adapters.torchao import torchao_impls
     from numcheck.impls.adapters.transformer_engine import te_impls
@@ -89,6 +90,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
     from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
     from numcheck.impls.builtin.linear_distill import linear_distill_impls
+    from numcheck.impls.builtin.linear_preference import linear_preference_impls
     from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
     from numcheck.impls.builtin.triton_ce import triton_impls
 
@@ -108,6 +110,8 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         tp_fp8_linear_impls,
         linear_distill_impls,
         liger_distill_impls,
+        linear_preference_impls,
+        liger_preference_impls,
     )
 
 

@@ -45,6 +45,12 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time each is imp
     )
     from numcheck.impls.protocols.linear_ce import FunctionImpl, LinearCESupport, linear_ce_impl, make_support
     from numcheck.impls.protocols.linear_distill import DistillFunctionImpl, LinearDistillSupport, linear_distill_impl
+    from numcheck.impls.protocols.linear_preference import (
+        PreferenceFunctionImpl,
+        PreferenceParams,
+        PreferenceSupport,
+        linear_preference_impl,
+    )
     from numcheck.impls.protocols.tp_fp8_linear import TPFp8FunctionImpl, TPFp8Support, tp_fp8_linear_impl
     from numcheck.properties.assertions import assert_fp8_linear, assert_linear_ce
     from numcheck.properties.check import CheckResult, Verdict, check
@@ -152,6 +158,9 @@ __all__ = [
     "LinearCESupport",
     "LinearDistillSupport",
     "NumcheckError",
+    "PreferenceFunctionImpl",
+    "PreferenceParams",
+    "PreferenceSupport",
     "Problem",
     "PropertyFailure",
     "ProtocolViolation",
@@ -168,6 +177,7 @@ __all__ = [
     "grouped_fp8_linear_impl",
     "linear_ce_impl",
     "linear_distill_impl",
+    "linear_preference_impl",
     "make_fp8_support",
     "make_support",
     "tp_fp8_linear_impl",

@@ -10,7 +10,7 @@ have no entry there, but one in :data:`RANKED`, their drawn tests by name.)
 
 >>> from numcheck.properties.suites import SUITES
 >>> [s.case_type.__name__ for s in SUITES.values()]
-['Problem', 'Fp8Case', 'GroupedCase', 'DistillCase']
+['Problem', 'Fp8Case', 'GroupedCase', 'DistillCase', 'PreferenceCase']
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numcheck.properties.fp8.grouped.suite
 import numcheck.properties.fp8.suite
 import numcheck.properties.linear_ce.suite
 import numcheck.properties.linear_distill.suite
+import numcheck.properties.linear_preference.suite
 from numcheck.properties.core.family import RankedSuite, SuiteFamily
 
 #: Each family's suite by its kind's name, in the kinds' listing order.
@@ -31,6 +32,7 @@ SUITES: dict[str, SuiteFamily] = {
         numcheck.properties.fp8.suite.FAMILY,
         numcheck.properties.fp8.grouped.suite.FAMILY,
         numcheck.properties.linear_distill.suite.FAMILY,
+        numcheck.properties.linear_preference.suite.FAMILY,
     )
 }
 

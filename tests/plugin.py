@@ -461,13 +461,17 @@ class ImplLoadError(pytest.Item):
         return self.path, None, f"numcheck: impl {self.entry.spec!r} could not be loaded"
 
 
+def _impl_fixture(name: str) -> bool:
+    """Whether ``name`` is an impl fixture: one this plugin defines, or a kind's registered after them
+    (:func:`_fixture_kinds`; only names ending in ``_impl`` are looked up, which imports the kinds)."""
+    return name in _ALL_IMPL_FIXTURES or (name.endswith(_KIND_FIXTURE_SUFFIX) and bool(_fixture_kinds(name)))
+
+
 def _own_protocol_test(item: pytest.Item) -> bool:
     """Whether ``item`` is one of the shipped suite's tests that take no impl (numcheck checking its own
     protocol code)."""
     names = getattr(item, "fixturenames", ())
-    # a kind's fixture this plugin does not define (a family registered in KINDS since) takes impls as well
-    takes_impl = any(f in _ALL_IMPL_FIXTURES or (f.endswith(_KIND_FIXTURE_SUFFIX) and _fixture_kinds(f)) for f in names)
-    return item.path.resolve().is_relative_to(_SUITE_DIR) and not takes_impl
+    return item.path.resolve().is_relative_to(_SUITE_DIR) and not any(_impl_fixture(f) for f in names)
 
 
 @pytest.hookimpl(trylast=True)
@@ -578,7 +582,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def _impl_of(item: pytest.Item) -> Any:
     """The impl an item was parametrized with through one of the impl fixtures, or ``None``."""
     funcargs = getattr(item, "funcargs", {})
-    return next((funcargs[f] for f in _ALL_IMPL_FIXTURES if f in funcargs), None)
+    return next((funcargs[f] for f in funcargs if _impl_fixture(f)), None)
 
 
 def _suite_property(item: pytest.Item, impl: Any) -> SuiteProperty | None:

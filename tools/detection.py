@@ -50,6 +50,7 @@ _DIST = "numcheck.tests.self.helpers.dist_mutants"
 _DIST_REDUCE = "numcheck.tests.self.helpers.dist_reduce"
 _TP = "numcheck.tests.self.helpers.dist_fp8_mutants"
 _DISTILL = "numcheck.tests.self.helpers.distill_mutants"
+_PREF = "numcheck.tests.self.helpers.preference_mutants"
 
 #: The suite properties (names of numcheck.check) that judge what each bug class breaks.
 #: (Kept to the two or three that matter per class: the whole run stays near 20 minutes on a loaded 2-core machine.)
@@ -66,6 +67,10 @@ _G_EMPTY = "grouped_empty_experts_exact_zero"
 _G_SOI = "grouped_save_original_input_is_bitwise_identical"
 _G_BYTES = "grouped_saved_bytes_measured"
 _G_GRID = "grouped_accuracy_on_scale_block_grids"
+#: The linear+preference suite's drawn tests (properties/linear_preference/suite.py).
+_P_ACC = ("preference_accuracy",)
+_P_CHUNKS = ("preference_chunk_invariance", "preference_accuracy")
+_P_OPTIONS = ("preference_options_honoured", "preference_accuracy")
 #: The distributed suites' tests: vocabulary-parallel ``PROPERTY[world_size=P]`` (tests/suite/test_distributed.py,
 #: run at that world size under gloo), TP/SP FP8 by their drawn test (properties/distributed/tp_fp8/suite.py, at
 #: every declared world size the backend runs here, as tests/suite/test_distributed_fp8.py runs them).
@@ -83,6 +88,7 @@ FAMILIES = {
     _DIST_REDUCE: "vocab-parallel",
     _TP: "TP/SP FP8",
     _DISTILL: "linear+JSD",
+    _PREF: "linear+preference",
 }
 
 
@@ -258,6 +264,37 @@ DIST_ROWS: tuple[Row, ...] = (
     ),
 )
 
+#: The linear+preference mutants (tests/self/helpers/preference_mutants.py), each through the drawn test
+#: tests/self/mutants/test_preference_mutants.py names for it (and accuracy beside the metamorphic ones).
+PREFERENCE_ROWS: tuple[Row, ...] = (
+    Row(
+        "narrow accumulator",
+        f"{_PREF}:pref_gw_bf16_sum",
+        "grad_weight's running sum over chunks of pairs in bf16",
+        _P_CHUNKS,
+    ),
+    Row("narrow accumulator", f"{_PREF}:pref_loss_bf16_sum", "the chunks' losses added in bf16", _P_CHUNKS),
+    Row(
+        "ignored positions",
+        f"{_PREF}:pref_counts_ignored",
+        "ORPO's per-sequence mean divides by ignored positions too",
+        _P_ACC,
+    ),
+    Row(
+        "convention",
+        f"{_PREF}:pref_no_length_norm",
+        "SimPO on summed log-probabilities (length normalisation missing)",
+        _P_ACC,
+    ),
+    Row("convention", f"{_PREF}:pref_swapped_halves", "first half taken as rejected, second as chosen", _P_ACC),
+    Row("option dropped", f"{_PREF}:pref_beta_dropped", "a wrapper that drops beta (its default 0.1 used)", _P_OPTIONS),
+    Row("option dropped", f"{_PREF}:pref_smoothing_dropped", "a wrapper that drops label smoothing", _P_OPTIONS),
+    Row(
+        "convention", f"{_PREF}:pref_ref_ignored", "robust DPO with the reference log-probabilities taken as 0", _P_ACC
+    ),
+    Row("option dropped", f"{_PREF}:pref_kto_kl_dropped", "KTO's reference point kl dropped by a wrapper", _P_OPTIONS),
+)
+
 ROWS: tuple[Row, ...] = (
     Row(
         "narrow accumulator", f"{_LINEAR}:gw_bf16_sum", "grad_weight's running sum across chunks in bf16", _ACCUMULATOR
@@ -350,6 +387,7 @@ ROWS: tuple[Row, ...] = (
     *GROUPED_ROWS,
     *DIST_ROWS,
     *DISTILL_ROWS,
+    *PREFERENCE_ROWS,
 )
 
 _RATIO = re.compile(r"error/bound (inf|nan|[0-9.]+(?:e[+-]?\d+)?)", re.IGNORECASE)

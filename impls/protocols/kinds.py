@@ -18,6 +18,7 @@ from numcheck.impls.protocols import (
     grouped_fp8_linear,
     linear_ce,
     linear_distill,
+    linear_preference,
     tp_fp8_linear,
 )
 from numcheck.impls.protocols.kind import Kind
@@ -29,6 +30,7 @@ KINDS: tuple[Kind, ...] = (
     dist_linear_ce.KIND,
     tp_fp8_linear.KIND,
     linear_distill.KIND,
+    linear_preference.KIND,
 )
 #: Each kind by its name.
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

@@ -43,6 +43,7 @@ FAMILY_BASES: dict[str, tuple[str, ...]] = {
     "convergence": ("core", "linear_ce"),
     "production": ("core", "linear_ce"),
     "linear_distill": ("core", "linear_ce"),
+    "linear_preference": ("core", "linear_ce"),
 }
 #: The implementations numcheck judges: properties/ imports none of them (a bug in a helper both sides shared would be
 #: reproduced on both sides of the comparison); what the judge and the built-ins both need is in

@@ -131,7 +131,8 @@ def test_plugin_former_fixtures_match_the_kinds():
     from numcheck.impls.protocols.kinds import FORMER
 
     assert plugin._FORMER_FIXTURES == {k.former_fixture: k.fixture for k in KINDS if k.former_fixture}
-    assert set(FORMER.values()) <= set(NAMES)  # kinds added after 0.2.0 (linear-distill) have no former name
+    # Every renamed kind is a kind; a kind added after 0.2.0 (linear-distill, linear-preference) has no former name.
+    assert set(FORMER.values()) <= set(NAMES) and len(FORMER) == 5
 
 
 OLD_FIXTURE_TEST = """

@@ -15,6 +15,7 @@ from numcheck.reports.report.families import (
     grouped_fp8_linear,
     linear_ce,
     linear_distill,
+    linear_preference,
     tp_fp8_linear,
 )
 from numcheck.reports.report.families.family import ReportFamily
@@ -28,5 +29,6 @@ FAMILIES: dict[str, ReportFamily] = {
         fp8_linear.FAMILY,
         grouped_fp8_linear.FAMILY,
         linear_distill.FAMILY,
+        linear_preference.FAMILY,
     )
 }
