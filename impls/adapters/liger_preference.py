@@ -30,6 +30,7 @@ Liger's loss formula, chunking and gradients are judged on exact reference value
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -103,7 +104,9 @@ def _reference_chunks(ref: torch.Tensor, chunk_pairs: int, unpaired: bool) -> li
     return list(zip(torch.chunk(ref[: B // 2], chunks), torch.chunk(ref[B // 2 :], chunks)))
 
 
-def _arguments(loss: str, params: tuple[str, ...], p: Any, x, weight, target, bias) -> dict[str, Any]:
+def _arguments(
+    loss: str, params: tuple[str, ...], p: Any, x, weight, target, bias, compiled: bool = False
+) -> dict[str, Any]:
     chunk = p.chunk_pairs or 1
     given: dict[str, Any] = dict(
         _input=x,
@@ -113,7 +116,7 @@ def _arguments(loss: str, params: tuple[str, ...], p: Any, x, weight, target, bi
         ignore_index=p.ignore_index,
         beta=p.beta,
         compute_nll_loss=p.nll_weight != 0,
-        compiled=False,
+        compiled=compiled,
         chunk_size=chunk,
         use_ref_model=False,
     )
@@ -136,12 +139,12 @@ def _arguments(loss: str, params: tuple[str, ...], p: Any, x, weight, target, bi
 class LigerPreference:
     """One loss of the installed release, callable with the protocol's call."""
 
-    def __init__(self, loss: str, fn: Any) -> None:
-        self.loss, self.fn = loss, fn
+    def __init__(self, loss: str, fn: Any, compiled: bool = False) -> None:
+        self.loss, self.fn, self.compiled = loss, fn, compiled
         self.params, self.defaults = forward_parameters(fn)
 
     def __call__(self, x, weight, target, bias=None, *, ref_logps=None, params):
-        given = _arguments(self.loss, self.params, params, x, weight, target, bias)
+        given = _arguments(self.loss, self.params, params, x, weight, target, bias, self.compiled)
         fn = self.fn
         if ref_logps is not None:
             fn = _with_reference(self.fn, self.loss == "kto")
@@ -194,7 +197,24 @@ def liger_preference_impls() -> list[PreferenceFunctionImpl]:
         support, notes = declare(loss, call.params)
         desc = f"Liger-Kernel's {fn.__name__} (compiled=False)" + "".join(f"; {n}" for n in notes)
         out.append(PreferenceFunctionImpl(name, call, support, desc))
+        if "compiled" in call.params:
+            out.append(_compiled(loss, fn, support, notes))
     return out
+
+
+def needs_cuda() -> str | None:
+    """Why a compiled variant cannot run here, or ``None`` where CUDA is available."""
+    if torch.cuda.is_available():
+        return None
+    return "compiled=True (Liger's default: torch.compile of each chunk) is judged on CUDA; this machine has none"
+
+
+def _compiled(loss: str, fn: Any, support: PreferenceSupport, notes: list[str]) -> PreferenceFunctionImpl:
+    """The loss as Liger runs it by default (``compiled=True``), declared as the eager path is, on CUDA only: on a
+    CPU the compile of every drawn shape costs minutes, and CI's CPU judges the eager path."""
+    support = dataclasses.replace(support, devices=frozenset({"cuda"}), requires=needs_cuda)
+    desc = f"Liger-Kernel's {fn.__name__} (compiled=True, its default)" + "".join(f"; {n}" for n in notes)
+    return PreferenceFunctionImpl(f"liger_preference[{loss}_compiled]", LigerPreference(loss, fn, True), support, desc)
 
 
 def _modes(loss: str) -> frozenset[bool]:

@@ -92,7 +92,7 @@ class PreferenceSupport:
     reduction: str = "mean"
     nll_reduction: str = "tokens"
     dtypes: frozenset[torch.dtype] = frozenset({torch.float32})
-    devices: frozenset[str] = frozenset({"cpu"})
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
     bias: bool = True
     label_smoothing: bool = False
     margin: bool = False

@@ -93,3 +93,31 @@ def test_known_divergence_example_passes_outside_its_releases() -> None:
             continue
         PROPERTIES["ignored_rows_change_nothing"](impl, entry.example)
         accuracy(impl, entry.example)
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=str(SKIP_REASON))
+def test_compiled_chunked_variant_runs_liger_default_on_cuda_only():
+    """``liger_jsd[chunked_compiled]`` hands ``compiled=True`` (Liger's default) to the chunked Function, the plain
+    one ``False``; the compiled one declares CUDA only and, without it, says why it cannot run."""
+    impls = {i.name: i for i in liger_distill.liger_distill_impls()}
+    compiled = impls[liger_distill.CHUNKED_COMPILED]
+    assert compiled.support.devices == {"cuda"}
+    if not torch.cuda.is_available():
+        assert "judged on CUDA" in compiled.support.unavailable_reason()
+    chunked_fn = STATE[1]
+    for flag in (False, True):
+        seen = {}
+
+        class Recording:
+            forward = chunked_fn.forward
+
+            @staticmethod
+            def apply(*args):
+                params, _ = liger_distill.forward_parameters(Recording)
+                seen.update(zip(params, args))
+                return torch.zeros(())
+
+        call = liger_distill._chunked_call(Recording, compiled=flag)
+        x, w = torch.randn(4, 8), torch.randn(16, 8)
+        call(x, w, x, w, torch.zeros(4, dtype=torch.long), beta=0.5, temperature=1.0, ignore_index=-100)
+        assert seen["compiled"] is flag

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from numcheck.impls.adapters import liger_preference
+from numcheck.impls.protocols.linear_preference import PreferenceParams
 from numcheck.properties.linear_preference import props
 from numcheck.properties.linear_preference.cases import PreferenceCase
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
@@ -71,3 +72,33 @@ def test_unavailable_without_liger(monkeypatch):
     assert all(i.support.unavailable_reason() == "liger-kernel not installed" for i in got)
     with pytest.raises(RuntimeError, match="unavailable"):
         got[0](torch.zeros(2, 1, 1), torch.zeros(1, 1), torch.zeros(2, 1, dtype=torch.long), params=None)
+
+
+class _Recording:
+    """A stand-in for one of Liger's Functions: its real ``forward`` signature, an ``apply`` that records what the
+    adapter hands it."""
+
+    def __init__(self, fn):
+        self.forward, self.__name__, self.seen = fn.forward, fn.__name__, {}
+
+    def apply(self, *args):
+        params, _ = liger_preference.forward_parameters(self)
+        self.seen = dict(zip(params, args))
+        return torch.zeros(())
+
+
+def test_compiled_variant_runs_liger_default_on_cuda_only():
+    """Each loss's ``_compiled`` twin hands ``compiled=True`` (Liger's default) to the Function and the plain one
+    ``False``; the twin declares CUDA only, and says why it cannot run on a machine without it."""
+    impls = _impls()
+    for loss in ("dpo", "simpo"):
+        plain, compiled = impls[f"liger_preference[{loss}]"], impls[f"liger_preference[{loss}_compiled]"]
+        assert compiled.support.devices == {"cuda"} and plain.support.devices >= {"cpu", "cuda"}
+        if not torch.cuda.is_available():
+            assert "judged on CUDA" in compiled.support.unavailable_reason()
+        for impl, want in ((plain, False), (compiled, True)):
+            rec = _Recording(impl.fn.fn)
+            call = liger_preference.LigerPreference(loss, rec, impl.fn.compiled)
+            x, w, t = torch.randn(4, 8), torch.randn(16, 8), torch.randint(0, 16, (4, 3))
+            call(x, w, t, params=PreferenceParams(beta=0.5))
+            assert rec.seen["compiled"] is want, (impl.name, rec.seen.get("compiled"))
