@@ -32,8 +32,10 @@ def torchao_release() -> str | None:
     return torchao.release()
 
 
-#: Measured on (docs/evidence/torchao_nonfinite.txt, docs/evidence/torchao_pow2_scale.txt).
-MEASURED = Releases("torchao", "==0.18.0", torchao_release)
+#: Measured on 0.18.0 (docs/evidence/torchao_nonfinite.txt, docs/evidence/torchao_pow2_scale.txt); every example
+#: diverges on every release from 0.9.0 (the first with Float8LinearConfig.from_recipe_name) to 0.18.0 that imports
+#: beside torch 2.13 (0.12.0 does not), docs/evidence/torchao_releases.txt.
+MEASURED = Releases("torchao", ">=0.9.0,<=0.18.0", torchao_release)
 #: The declared recipes on 0.18.0: torchao_float8[tensorwise] (current scaling, HYBRID, amax floored at EPS = 1e-12),
 #: [rowwise] and [rowwise_with_gw_hp] (E4M3, power-of-2 scales, the same floor).
 TENSORWISE = Fp8Recipe("current", fp8_format="HYBRID", amax_epsilon=1e-12)
