@@ -73,7 +73,7 @@ def test_declaration_is_read_from_the_release() -> None:
     assert tw.unavailable_reason() is None
     assert tw.recipes == (Fp8Recipe("current", fp8_format="HYBRID", power_of_2_scales=False, amax_epsilon=EPS),)
     assert tw.save_original_input == frozenset({True}) and tw.bias_after_output_rounding
-    assert tw.dtypes == frozenset({torch.float32, torch.bfloat16}) and tw.devices == frozenset({"cpu"})
+    assert tw.dtypes == frozenset({torch.float32, torch.bfloat16}) and tw.devices == {tao.placement()[0]}
     rw = impls["torchao_float8[rowwise]"].support
     hp = impls["torchao_float8[rowwise_with_gw_hp]"].support
     assert rw.unavailable_reason() is None and hp.unavailable_reason() is None
