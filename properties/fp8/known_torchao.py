@@ -151,5 +151,10 @@ def known_fp8_divergence(impl_name: str, prop: str, case: Fp8Case) -> KnownDiver
     return next((e for e in TORCHAO_KNOWN if e.matches(impl_name, prop, case)), None)
 
 
-#: The library numcheck's torchao adapter calls (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`).
-LIBRARIES = (("torchao_float8[[]*", "torchao", torchao_release),)
+#: The library numcheck's torchao adapters call (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`): its
+#: Float8Linear, MXFP8 linear and MoE FP8 grouped GEMM (``impls/adapters/torchao_prototype.py``).
+LIBRARIES = (
+    ("torchao_float8[[]*", "torchao", torchao_release),
+    ("torchao_mxfp8[[]*", "torchao", torchao_release),
+    ("torchao_grouped_fp8[[]*", "torchao", torchao_release),
+)

@@ -249,3 +249,18 @@ def _forcing_bf16(fn: Any) -> Any:
         return fn(*args, **kw)
 
     return wrapped
+
+
+@needs_torchao
+def test_saved_fp8_wrapper_tensors_are_measured_by_their_parts() -> None:
+    """torchao 0.9.0-0.11.0's tensorwise Float8Linear saves W's FP8 cast, a wrapper tensor subclass with no storage
+    of its own (docs/evidence/torchao_releases.txt): what is held for backward counts its data and scale instead of
+    raising on the wrapper's storage."""
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+
+    from numcheck.impls.protocols.fp8_linear import HeldTensors
+
+    fp8 = hp_tensor_and_scale_to_float8(torch.ones(4, 8), torch.tensor(2.0), torch.float8_e4m3fn)
+    held = HeldTensors()
+    held.add("w", fp8)
+    assert sorted(held.storages.values()) == [4, 32] and len(held.tensors) == 2
