@@ -84,6 +84,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.liger_preference import liger_preference_impls
     from numcheck.impls.adapters.torch_native import torch_native_impls
     from numcheck.impls.adapters.torchao import torchao_impls
+    from numcheck.impls.adapters.torchao_prototype import torchao_grouped_impls, torchao_mx_impls
     from numcheck.impls.adapters.transformer_engine import te_impls
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
@@ -105,7 +106,9 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         triton_impls,
         fp8_linear_impls,
         torchao_impls,
+        torchao_mx_impls,
         grouped_fp8_linear_impls,
+        torchao_grouped_impls,
         dist_impls,
         tp_fp8_linear_impls,
         linear_distill_impls,

@@ -177,6 +177,12 @@ GROUPED_ROWS: tuple[Row, ...] = (
     ),
     Row(
         "state across calls",
+        f"{_GROUPED}:first_micro_batch_main_grad",
+        "only the first micro-batch's wgrad reaches main_grad (Primus PR #1046)",
+        (_G_ACCUM,),
+    ),
+    Row(
+        "state across calls",
         f"{_GROUPED}:stale_wgrad_workspace",
         "wgrad workspace kept per shape, not cleared: an empty expert returns the previous call's slot",
         (_G_EMPTY,),

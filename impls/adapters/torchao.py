@@ -35,7 +35,17 @@ Semantics, read from torchao 0.18.0 (``float8/config.py``, ``float8_linear.py``,
   after, in x's dtype (``Float8Linear.forward``): ``bias_after_output_rounding=True``
   (``docs/evidence/torchao_bias_rounding.py`` shows y equal to ``bf16(bf16(S) + b)`` bit for bit).
 
-On CUDA torchao runs ``torch._scaled_mm`` (not declared here yet: the H200 path is separate work).
+Device (:func:`placement`): on a CUDA device of compute capability 8.9 or more the impls run torchao's real path
+(``emulate=False``: ``torch._scaled_mm``) and declare that device alone; elsewhere they run emulated and declare the
+CPU. What the real path does is read from the loaded release, not written here (:func:`real_path`): its
+``Float8Linear`` runs forward and backward once on the CPU with ``torch._scaled_mm`` replaced by a recorder, which
+notes each GEMM's ``out_dtype`` and ``use_fast_accum``. An input dtype whose GEMMs the release asks for in another
+output dtype (from 0.13.0 the rowwise recipes' fp32 input: ``out_dtype=bfloat16``, then cast back,
+``addmm_float8_unwrapped``'s workaround of ``_scaled_mm`` lacking fp32 rowwise output) rounds y and the gradients
+through that dtype, which the protocol's declaration cannot express: that dtype is not declared on CUDA, and the
+description says why. The real GEMMs accumulate on Hopper's FP8 tensor cores (``accum_unit_roundoff`` 2⁻¹³); with
+fast accumulation in any GEMM (the output GEMM's ``Float8GemmConfig(use_fast_accum=True)``) the whole reduction is
+declared one chain (``accum_chunk=None``), otherwise promoted every :data:`HOPPER_PROMOTION` products.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import threading
+import unittest.mock
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +68,12 @@ from numcheck.reference.fp8_recipes import Fp8Recipe
 RECIPE_NAMES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 #: Input dtypes torchao's Float8Linear training path is tested in (its ``test/float8`` runs fp32 and bf16).
 DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16})
+#: Unit roundoff of Hopper's FP8 tensor-core accumulation (about 14 bits kept), the real path's GEMMs.
+HOPPER_ACCUM_UNIT_ROUNDOFF = 2.0**-13
+#: Products a Hopper FP8 GEMM without fast accumulation sums before promoting to fp32.
+HOPPER_PROMOTION = 128
+#: Compute capability from which torch._scaled_mm runs FP8 GEMMs (Ada, Hopper and later).
+REAL_PATH_CAPABILITY = (8, 9)
 
 
 @dataclass(frozen=True)
@@ -101,9 +119,59 @@ def release() -> str | None:
     return None if isinstance(info, str) else info.version
 
 
-def recipe_config(info: TorchaoInfo, name: str) -> Any:
-    """``Float8LinearConfig.from_recipe_name(name)`` with ``emulate=True`` (the CPU path)."""
-    return dataclasses.replace(info.config_cls.from_recipe_name(name), emulate=True)
+def recipe_config(info: TorchaoInfo, name: str, emulate: bool = True) -> Any:
+    """``Float8LinearConfig.from_recipe_name(name)`` with ``emulate`` (True: the CPU path; False: ``_scaled_mm``)."""
+    return dataclasses.replace(info.config_cls.from_recipe_name(name), emulate=emulate)
+
+
+def placement() -> tuple[str, bool]:
+    """Where the impls run here and whether emulated: ``("cuda", False)`` on a CUDA device of capability
+    :data:`REAL_PATH_CAPABILITY` or more, ``("cuda", True)`` on an older one, else ``("cpu", True)``."""
+    if not torch.cuda.is_available():
+        return "cpu", True
+    return "cuda", torch.cuda.get_device_capability() < REAL_PATH_CAPABILITY
+
+
+@dataclass(frozen=True)
+class RealPath:
+    """What the release's real (``_scaled_mm``) path asks of its GEMMs for one recipe: per input dtype, the
+    ``out_dtype`` of every ``_scaled_mm`` call of a forward and backward; whether any uses fast accumulation."""
+
+    out_dtypes: tuple[tuple[torch.dtype, frozenset[torch.dtype]], ...]
+    fast_accum: bool
+
+    def rounded_through(self, dtype: torch.dtype) -> frozenset[torch.dtype]:
+        """The output dtypes other than ``dtype`` its GEMMs produce for input ``dtype``."""
+        return dict(self.out_dtypes)[dtype] - {dtype}
+
+
+_PROBE_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def real_path(info: TorchaoInfo, name: str) -> RealPath:
+    """Run the release's ``Float8Linear`` (recipe ``name``, ``emulate=False``) forward and backward on a small CPU
+    problem per dtype of :data:`DTYPES` with ``torch._scaled_mm`` replaced by a recorder (which returns the
+    dequantized product in the asked ``out_dtype``), and read what it asked for."""
+    seen: list[tuple[torch.dtype, bool]] = []
+
+    def recorder(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+        seen.append((out_dtype, bool(use_fast_accum)))
+        out = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
+        return out.to(out_dtype or torch.float32) if bias is None else (out + bias.float()).to(out_dtype)
+
+    out: list[tuple[torch.dtype, frozenset[torch.dtype]]] = []
+    fast = False
+    with _PROBE_LOCK, unittest.mock.patch.object(torch, "_scaled_mm", recorder):
+        for dtype in sorted(DTYPES, key=str):
+            seen.clear()
+            base = torch.nn.Linear(32, 16, bias=False, dtype=dtype)
+            module = info.linear_cls.from_float(base, config=recipe_config(info, name, emulate=False))
+            x = torch.randn(16, 32, dtype=dtype, requires_grad=True, generator=torch.Generator().manual_seed(0))
+            module(x).sum().backward()
+            out.append((dtype, frozenset(d for d, _ in seen)))
+            fast = fast or any(f for _, f in seen)
+    return RealPath(tuple(out), fast)
 
 
 _CAST_CONFIGS = (
@@ -163,13 +231,13 @@ def numcheck_recipe(config: Any, eps: float) -> Fp8Recipe | str:
     return Fp8Recipe(kind, fp8_format=fmt, power_of_2_scales=bool(config.round_scales_to_power_of_2), amax_epsilon=eps)
 
 
-def _module(info: TorchaoInfo, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+def _module(info: TorchaoInfo, name: str, weight: torch.Tensor, bias: torch.Tensor | None, emulate: bool = True) -> Any:
     """A ``Float8Linear`` of ``weight``'s shape for recipe ``name``, its parameters on the meta device (the call
     substitutes the caller's tensors)."""
     out_features, in_features = weight.shape
     with torch.device("meta"):
         base = torch.nn.Linear(in_features, out_features, bias=bias is not None, dtype=weight.dtype)
-    return info.linear_cls.from_float(base, config=recipe_config(info, name))
+    return info.linear_cls.from_float(base, config=recipe_config(info, name, emulate))
 
 
 def torchao_fn(info: TorchaoInfo, name: str, declared: Fp8Recipe) -> Any:
@@ -186,7 +254,8 @@ def torchao_fn(info: TorchaoInfo, name: str, declared: Fp8Recipe) -> Any:
                 "itself and quantizes it again in backward"
             )
         params = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
-        return torch.func.functional_call(_module(info, name, weight, bias), params, (x,))
+        emulate = x.device.type != "cuda" or placement()[1]
+        return torch.func.functional_call(_module(info, name, weight, bias, emulate), params, (x,))
 
     return fn
 
@@ -215,8 +284,11 @@ def _reason(reason: str) -> str:
     return reason
 
 
-def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> Fp8FunctionImpl:
-    """``torchao_float8[name]``, declared from ``info`` (default: the installed release, :func:`load`)."""
+def torchao_impl(
+    name: str, info: TorchaoInfo | str | None = None, where: tuple[str, bool] | None = None
+) -> Fp8FunctionImpl:
+    """``torchao_float8[name]``, declared from ``info`` (default: the installed release, :func:`load`) for the
+    ``(device, emulated)`` ``where`` (default: :func:`placement`)."""
     info = load() if info is None else info
     if isinstance(info, str):
         return _unavailable(name, info)
@@ -225,21 +297,38 @@ def torchao_impl(name: str, info: TorchaoInfo | str | None = None) -> Fp8Functio
     recipe = numcheck_recipe(recipe_config(info, name), info.eps)
     if isinstance(recipe, str):
         return _unavailable(name, f"torchao {info.version} recipe {name!r}: {recipe}")
+    device, emulate = placement() if where is None else where
+    dtypes, accum, chunk, path = DTYPES, 2.0**-24, None, "emulate=True"
+    if not emulate:
+        real = real_path(info, name)
+        through = {d: real.rounded_through(d) for d in DTYPES}
+        dtypes = frozenset(d for d in DTYPES if not through[d])
+        accum, chunk = HOPPER_ACCUM_UNIT_ROUNDOFF, (None if real.fast_accum else HOPPER_PROMOTION)
+        left = "; ".join(
+            f"{_dt(d)} left out: its GEMMs output {', '.join(map(_dt, o))}" for d, o in through.items() if o
+        )
+        path = f"torch._scaled_mm on {device}" + (f" ({left})" if left else "")
     support = Fp8LinearSupport(
         recipes=(recipe,),
-        dtypes=DTYPES,
-        devices=("cpu",),
+        dtypes=dtypes,
+        devices=(device,),
         save_original_input=(True,),
         bias=True,
         bias_after_output_rounding=True,  # Float8Linear.forward: output + bias.to(output.dtype), after the GEMM's cast
+        accum_unit_roundoff={device: accum},
+        accum_chunk={device: chunk},
     )
     desc = (
-        f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), emulate=True: "
+        f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), {path}: "
         f"{recipe.name}: scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
     )
     return Fp8FunctionImpl(
         name=f"torchao_float8[{name}]", fn=torchao_fn(info, name, recipe), support=support, description=desc
     )
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def torchao_impls() -> list[Fp8FunctionImpl]:

@@ -81,6 +81,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from numcheck.errors import InvalidDeclaration
 from numcheck.impls.protocols import declaration as decl
@@ -415,6 +416,10 @@ class HeldTensors:
 
     def add(self, desc: str, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.is_meta:
+            return
+        if is_traceable_wrapper_subclass(t):  # a wrapper (torchao's Float8Tensor) has no storage: count its parts
+            for attr in t.__tensor_flatten__()[0]:
+                self.add(f"{desc}.{attr}", getattr(t, attr))
             return
         st = t.untyped_storage()
         self.storages.setdefault(st.data_ptr(), st.nbytes())

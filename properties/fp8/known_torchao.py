@@ -32,8 +32,10 @@ def torchao_release() -> str | None:
     return torchao.release()
 
 
-#: Measured on (docs/evidence/torchao_nonfinite.txt, docs/evidence/torchao_pow2_scale.txt).
-MEASURED = Releases("torchao", "==0.18.0", torchao_release)
+#: Measured on 0.18.0 (docs/evidence/torchao_nonfinite.txt, docs/evidence/torchao_pow2_scale.txt); every example
+#: diverges on every release from 0.9.0 (the first with Float8LinearConfig.from_recipe_name) to 0.18.0 that imports
+#: beside torch 2.13 (0.12.0 does not), docs/evidence/torchao_releases.txt.
+MEASURED = Releases("torchao", ">=0.9.0,<=0.18.0", torchao_release)
 #: The declared recipes on 0.18.0: torchao_float8[tensorwise] (current scaling, HYBRID, amax floored at EPS = 1e-12),
 #: [rowwise] and [rowwise_with_gw_hp] (E4M3, power-of-2 scales, the same floor).
 TENSORWISE = Fp8Recipe("current", fp8_format="HYBRID", amax_epsilon=1e-12)
@@ -149,5 +151,10 @@ def known_fp8_divergence(impl_name: str, prop: str, case: Fp8Case) -> KnownDiver
     return next((e for e in TORCHAO_KNOWN if e.matches(impl_name, prop, case)), None)
 
 
-#: The library numcheck's torchao adapter calls (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`).
-LIBRARIES = (("torchao_float8[[]*", "torchao", torchao_release),)
+#: The library numcheck's torchao adapters call (:data:`numcheck.properties.libraries.ADAPTER_LIBRARIES`): its
+#: Float8Linear, MXFP8 linear and MoE FP8 grouped GEMM (``impls/adapters/torchao_prototype.py``).
+LIBRARIES = (
+    ("torchao_float8[[]*", "torchao", torchao_release),
+    ("torchao_mxfp8[[]*", "torchao", torchao_release),
+    ("torchao_grouped_fp8[[]*", "torchao", torchao_release),
+)

@@ -73,7 +73,7 @@ def test_declaration_is_read_from_the_release() -> None:
     assert tw.unavailable_reason() is None
     assert tw.recipes == (Fp8Recipe("current", fp8_format="HYBRID", power_of_2_scales=False, amax_epsilon=EPS),)
     assert tw.save_original_input == frozenset({True}) and tw.bias_after_output_rounding
-    assert tw.dtypes == frozenset({torch.float32, torch.bfloat16}) and tw.devices == frozenset({"cpu"})
+    assert tw.dtypes == frozenset({torch.float32, torch.bfloat16}) and tw.devices == {tao.placement()[0]}
     rw = impls["torchao_float8[rowwise]"].support
     hp = impls["torchao_float8[rowwise_with_gw_hp]"].support
     assert rw.unavailable_reason() is None and hp.unavailable_reason() is None
@@ -196,3 +196,71 @@ def test_report_judges_it_in_its_declared_mode_and_names_its_divergences(tmp_pat
     tensorwise = {k.summary for k in TORCHAO_KNOWN if fnmatch("torchao_float8[tensorwise]", k.impls)}
     assert {k["summary"] for k in report["known_divergences"]} == tensorwise
     assert cli.main([*args, "--strict", "--out", str(tmp_path / "s")]) == 1
+
+
+@needs_torchao
+def test_cuda_declaration_is_read_from_the_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device of capability 8.9+ each recipe declares that device alone with Hopper's FP8 accumulation,
+    one chain (the output GEMM's fast accumulation), and leaves out an input dtype whose GEMMs the release runs in
+    another output dtype: from 0.13.0 the rowwise recipes ask ``_scaled_mm`` for bfloat16 with fp32 input. Read from
+    the release (its Float8Linear run with a recording ``_scaled_mm``), not written in the adapter: a release whose
+    tensorwise GEMMs asked for bfloat16 too, or that used no fast accumulation, declares accordingly. On the CPU the
+    emulated path keeps both dtypes and fp32 accumulation."""
+    from torchao.float8.config import Float8GemmConfig
+
+    cpu = tao.torchao_impl("rowwise", where=("cpu", True)).support
+    assert cpu.devices == frozenset({"cpu"}) and cpu.dtypes == tao.DTYPES
+    assert cpu.accum_unit_roundoff == {"cpu": 2.0**-24}
+    tw = tao.torchao_impl("tensorwise", where=("cuda", False))
+    rw = tao.torchao_impl("rowwise", where=("cuda", False))
+    assert tw.support.devices == rw.support.devices == frozenset({"cuda"})
+    assert tw.support.dtypes == tao.DTYPES and rw.support.dtypes == frozenset({torch.bfloat16})
+    assert "float32 left out: its GEMMs output bfloat16" in rw.description
+    assert rw.support.accum_unit_roundoff == {"cuda": 2.0**-13} and rw.support.accum_chunk == {"cuda": None}
+
+    tao.real_path.cache_clear()
+    try:
+        with monkeypatch.context() as m:  # the release's GEMM wrapper asking for bf16 output
+            import torchao.float8.float8_ops as ops
+
+            m.setattr(ops, "addmm_float8_unwrapped", _forcing_bf16(ops.addmm_float8_unwrapped))
+            assert tao.torchao_impl("tensorwise", where=("cuda", False)).support.dtypes == {torch.bfloat16}
+        tao.real_path.cache_clear()
+        slow = dataclasses.replace(
+            INFO.config_cls.from_recipe_name("tensorwise"), gemm_config_output=Float8GemmConfig()
+        )
+        monkeypatch.setattr(INFO.config_cls, "from_recipe_name", lambda name: slow)
+        assert tao.torchao_impl("tensorwise", where=("cuda", False)).support.accum_chunk == {
+            "cuda": tao.HOPPER_PROMOTION
+        }
+    finally:
+        monkeypatch.undo()
+        tao.real_path.cache_clear()
+
+
+def _forcing_bf16(fn: Any) -> Any:
+    """``addmm_float8_unwrapped`` asking every GEMM for bfloat16 output."""
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        if "output_dtype" in kw:
+            kw["output_dtype"] = torch.bfloat16
+        else:
+            args = (*args[:4], torch.bfloat16, *args[5:])
+        return fn(*args, **kw)
+
+    return wrapped
+
+
+@needs_torchao
+def test_saved_fp8_wrapper_tensors_are_measured_by_their_parts() -> None:
+    """torchao 0.9.0-0.11.0's tensorwise Float8Linear saves W's FP8 cast, a wrapper tensor subclass with no storage
+    of its own (docs/evidence/torchao_releases.txt): what is held for backward counts its data and scale instead of
+    raising on the wrapper's storage."""
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+
+    from numcheck.impls.protocols.fp8_linear import HeldTensors
+
+    fp8 = hp_tensor_and_scale_to_float8(torch.ones(4, 8), torch.tensor(2.0), torch.float8_e4m3fn)
+    held = HeldTensors()
+    held.add("w", fp8)
+    assert sorted(held.storages.values()) == [4, 32] and len(held.tensors) == 2

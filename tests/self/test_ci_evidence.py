@@ -4,7 +4,8 @@ adapter's module and its known-divergence module(s), on the table's first line. 
 is stale, and this test says which tool to rerun. The hash is of the files' contents only (a move leaves it alone).
 
 CI judges one pinned release of each library; Liger's pin is pyproject.toml's (its extras), and the release its
-table's ``installed`` rows ran on is that pin.
+table's ``installed`` rows ran on is that pin; torchao's pin is pyproject.toml's too, and its table has that
+release's row, judged with no failure.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ TABLES = {
     "liger_distill_releases": (
         "python docs/evidence/liger_distill_releases.py DIR ... installed > docs/evidence/liger_distill_releases.txt"
     ),
+    "torchao_releases": "python docs/evidence/torchao_releases.py DIR > docs/evidence/torchao_releases.txt (see its docstring)",
 }
 
 pytestmark = pytest.mark.skipif(not EVIDENCE.is_dir(), reason="docs/evidence/ is in the checkout, not in the wheel")
@@ -86,4 +88,20 @@ def test_liger_is_pinned_to_the_release_its_table_judged() -> None:
     assert f"'installed' = {pin}" in table, (
         f"pyproject.toml pins liger-kernel {pin} but docs/evidence/liger_releases.txt's 'installed' rows ran on "
         f"another release: rerun {TABLES['liger_releases']}"
+    )
+
+
+def test_torchao_is_pinned_to_a_release_its_table_judged() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    pins = re.findall(r'"torchao([^"]*)"', text)
+    assert pins and all(p.startswith("==") for p in pins), (
+        f"pyproject.toml: every torchao requirement must pin one release (==X), found {pins}; CI judges one release"
+    )
+    (pin,) = {p[2:] for p in pins}
+    rows = [ln for ln in (EVIDENCE / "torchao_releases.txt").read_text().splitlines() if ln.startswith(f"| {pin} |")]
+    assert rows, (
+        f"pyproject.toml pins torchao {pin}, a release docs/evidence/torchao_releases.txt has no row of: rerun {TABLES['torchao_releases']}"
+    )
+    assert "unavailable" not in rows[0] and "/0/" in rows[0] and "range wrong" not in rows[0], (
+        f"docs/evidence/torchao_releases.txt's row of the pinned torchao {pin} is not a clean verdict: {rows[0]}"
     )

@@ -9,6 +9,7 @@ impl (``--impl numcheck.tests.self.helpers.grouped_fp8_mutants:MUTANTS``). :data
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -67,6 +68,24 @@ class Bf16MainGradAccumulation(GroupedFusedLinear):
 
     def accumulate_main_grad(self, main_grad: torch.Tensor, wgrad32: torch.Tensor) -> None:
         main_grad.copy_((main_grad + wgrad32).to(torch.bfloat16).to(torch.float32))
+
+
+class FirstMicroBatchOnlyMainGrad(GroupedFusedLinear):
+    """Fused wgrad accumulation that reaches main_grad only on the first micro-batch (Primus PR #1046): an expert's
+    slice of a main_grad it has already added into is left alone, so the step's gradient is the first
+    micro-batch's alone. Kept per main_grad buffer (weakly: a new buffer is a new step)."""
+
+    def accumulate_main_grad(self, main_grad: torch.Tensor, wgrad32: torch.Tensor) -> None:
+        reached = self.__dict__.setdefault("_reached", {})
+        base = main_grad if main_grad._base is None else main_grad._base
+        ref, slices = reached.get(id(base), (None, set()))
+        if ref is None or ref() is not base:  # a buffer not seen before (or a new one at a reused id): a new step
+            slices = set()
+            reached[id(base)] = (weakref.ref(base), slices)
+        if main_grad.storage_offset() in slices:
+            return
+        slices.add(main_grad.storage_offset())
+        super().accumulate_main_grad(main_grad, wgrad32)
 
 
 class StaleWgradWorkspace(GroupedFusedLinear):
@@ -160,6 +179,10 @@ MUTANTS, CAUGHT_BY = caught_by_table(
             "accuracy",
         ),
         (_fused(Bf16MainGradAccumulation, "mutant_grouped_bf16_main_grad", _current), "wgrad_accumulation"),
+        (
+            _fused(FirstMicroBatchOnlyMainGrad, "mutant_grouped_first_micro_batch_main_grad", _current),
+            "wgrad_accumulation",
+        ),
         (_fused(StaleWgradWorkspace, "mutant_grouped_stale_wgrad_workspace", _current), "empty_experts"),
         (
             _fused(
@@ -181,6 +204,7 @@ MUTANTS, CAUGHT_BY = caught_by_table(
     zero_amax_inf_scale,
     wrong_expert_dy_quantizer,
     bf16_main_grad,
+    first_micro_batch_main_grad,
     stale_wgrad_workspace,
     soi_whole_input,
     saves_copy_of_x,

@@ -35,6 +35,7 @@ DRAWS: dict[str, dict] = {
     "mutant_grouped_zero_amax_inf_scale": dict(regimes=("zero_expert",)),
     "mutant_grouped_wrong_expert_dy_quantizer": dict(regimes=("normal", "wide")),
     "mutant_grouped_bf16_main_grad": dict(regimes=("normal", "wide"), main_grad=True),
+    "mutant_grouped_first_micro_batch_main_grad": dict(regimes=("normal",), main_grad=True),
     "mutant_grouped_stale_wgrad_workspace": dict(regimes=("normal",), empty=True, main_grad=False),
     "mutant_grouped_soi_whole_input": dict(regimes=("normal", "outlier"), require_soi=True),
     "mutant_grouped_saves_copy_of_x": dict(regimes=("normal",), require_soi=True),

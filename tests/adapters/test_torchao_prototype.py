@@ -1,0 +1,96 @@
+"""torchao's prototype FP8 training paths (:mod:`numcheck.impls.adapters.torchao_prototype`): the emulated MXFP8
+linear, declared from the release and judged here on block multiples (the shapes the release accepts), and MoE
+training's FP8 rowwise grouped GEMM, unavailable on the CPU with the reasons read from the release and from numcheck's
+grouped declaration.
+
+Cost: without torchao, well under a second; with it, the import (~3 s) and four small MXFP8 cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+import numcheck.impls.adapters.torchao as tao
+import numcheck.impls.adapters.torchao_prototype as proto
+from numcheck.errors import PropertyFailure
+from numcheck.impls.protocols.fp8_linear import Fp8FunctionImpl
+from numcheck.properties.core.runner import judge
+from numcheck.properties.fp8 import props as checks
+from numcheck.properties.fp8.cases import Fp8Case
+from numcheck.reference.fp8_recipes import Fp8Recipe
+from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
+
+MX = proto.mx_module()
+needs_mx = pytest.mark.skipif(isinstance(MX, str), reason=f"{MX}")
+CACHES = (tao.load, proto.mx_module, proto.mx_shape_refusal, proto.grouped_module, proto.grouped_refusal)
+
+
+def _both() -> list[Any]:
+    return proto.torchao_mx_impls() + proto.torchao_grouped_impls()
+
+
+def test_absent_package_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torchao every impl registers, unavailable with "torchao not installed", and its call says so."""
+    impls = impls_while_uninstalled(monkeypatch, "torchao", _both, CACHES)
+    assert [i.name for i in impls] == ["torchao_mxfp8[rceil]", "torchao_mxfp8[floor]", "torchao_grouped_fp8[rowwise]"]
+    for impl in impls:
+        assert impl.support.unavailable_reason() == "torchao not installed"
+    with pytest.raises(RuntimeError, match="not installed"):
+        impls[0](torch.zeros(1, 1), torch.zeros(1, 1), recipe=impls[0].support.recipes[0], save_original_input=True)
+
+
+@needs_mx
+def test_mx_declaration_and_its_reason_are_read_from_the_release() -> None:
+    """One impl per ScaleCalculationMode numcheck has (RCEIL, FLOOR) with the matching mxfp8 recipe, x saved, the
+    bias after the output's rounding; unavailable because the release itself refuses a partial block (its
+    assertion is quoted), not because the adapter says so."""
+    rceil, floor = proto.torchao_mx_impls()
+    assert rceil.support.recipes == (Fp8Recipe("mxfp8", mx_scale_rounding="rceil"),)
+    assert floor.support.recipes == (Fp8Recipe("mxfp8", mx_scale_rounding="floor"),)
+    assert rceil.support.save_original_input == frozenset({True}) and rceil.support.bias_after_output_rounding
+    reason = rceil.support.unavailable_reason() or ""
+    assert "must be divisible by block_size 32" in reason and "torchao " + tao.release() in reason, reason
+
+
+def _mx_case(impl: Fp8FunctionImpl, dtype: str, regime: str, seed: int) -> Fp8Case:
+    kw = dict(dtype=dtype, bias=True, regime=regime, seed=seed, save_original_input=True)
+    return Fp8Case(impl.support.recipes[0], 64, 96, 32, **kw)
+
+
+@needs_mx
+@pytest.mark.parametrize("dtype,regime", [("float32", "block_exponents"), ("bfloat16", "normal")])
+def test_mx_accuracy_on_block_multiples(dtype: str, regime: str) -> None:
+    """Both roundings pass the suite's accuracy property (both references, y, dgrad, wgrad, bgrad) on shapes the
+    release accepts (M, K, N multiples of 32), on random data and on grids giving every row and K-block its own
+    exponent."""
+    for impl in proto.torchao_mx_impls():
+        judge(checks.accuracy, impl, _mx_case(impl, dtype, regime, seed=1))
+
+
+@needs_mx
+def test_mx_rounding_is_a_needed_term() -> None:
+    """torchao's RCEIL impl declared as FLOOR (the other E8M0 rounding) fails accuracy on the block-exponent grid:
+    the declared rounding is checked, not passed by a wide bound."""
+    rceil, floor = proto.torchao_mx_impls()
+    fn = proto.mx_fn(MX, "RCEIL", floor.support.recipes[0])
+    mislabelled = Fp8FunctionImpl(name="rceil_as_floor", fn=fn, support=dataclasses.replace(floor.support))
+    with pytest.raises(PropertyFailure, match="beyond bound"):
+        judge(checks.accuracy, mislabelled, _mx_case(floor, "float32", "block_exponents", seed=1))
+
+
+def test_grouped_is_unavailable_on_the_cpu_with_its_reasons() -> None:
+    """torchao's FP8 rowwise grouped GEMM is registered; on the CPU it is unavailable, naming numcheck's grouped
+    declaration refusing the rowwise kind and the release's own error on the CPU (its Triton kernels)."""
+    (impl,) = proto.torchao_grouped_impls()
+    assert impl.name == "torchao_grouped_fp8[rowwise]"
+    reason = impl.support.unavailable_reason() or ""
+    if isinstance(proto.grouped_module(), str):
+        assert reason == proto.grouped_module()
+        return
+    assert "no rowwise kind yet" in reason and "does not run on cpu" in reason, reason
+    with pytest.raises(RuntimeError, match="unavailable"):
+        impl(torch.zeros(16, 16), torch.zeros(1, 16, 16), m_splits=(16,), recipe=None, save_original_input=True)

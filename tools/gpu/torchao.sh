@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# torchao's FP8 training paths on CUDA, as run on the device machine (one H200, the torch installed there): its
+# Float8Linear recipes on the real path (torch._scaled_mm, emulate=False: the adapter picks it on capability 8.9+),
+# judged by the FP8 suite and the quick report; what the adapter declares there (read from the release: the output
+# dtypes of its GEMMs, fast accumulation); and whether MoE training's FP8 rowwise grouped GEMM and the emulated
+# MXFP8 linear run there. Nothing is installed from the network: torchao's wheels are carried in .wheels/torchao/
+# (ignored; a subfolder, so tools/gpu/run.sh's .wheels/*.whl never picks them up), the newest that imports beside
+# the device's torch is used, and every try is written down. torchao 0.18.0's wheel is 3.4 MB (0.17.0 3.2 MB,
+# 0.16.0 3.2 MB). Fetch them on a machine with the index:
+#   pip download --no-deps -d .wheels/torchao torchao==0.18.0 torchao==0.17.0 torchao==0.16.0
+# Usage (repo root, on the device, one 10-minute call): bash tools/gpu/torchao.sh "$OUT"
+# Time caps (seconds): SUITE_S (default 300) for the FP8 suite, REPORT_S (default 150) for the report.
+# Everything goes to OUT; it exits 0 whatever the verdicts (read the files).
+set -uo pipefail
+out="${1:?output dir}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source tools/gpu/install.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+
+# 1. the newest carried torchao whose torchao.float8 imports here, unpacked into a folder put first on the path
+work=$(mktemp -d)
+chosen=""
+for wheel in $(ls .wheels/torchao/torchao-*.whl 2>/dev/null | sort -t- -k2 -V -r); do
+  rel=$(basename "$wheel" | cut -d- -f2)
+  python3 -m pip install -q --no-deps --no-index --target "$work/$rel" "$wheel" > "$out/install-$rel.txt" 2>&1
+  if PYTHONPATH="$work/$rel:$PYTHONPATH" python3 -c \
+      "import torchao.float8 as f; f.Float8LinearConfig.from_recipe_name" >> "$out/install-$rel.txt" 2>&1; then
+    echo "torchao $rel: imports" | tee -a "$out/import.txt"
+    chosen="$work/$rel"
+    break
+  fi
+  echo "torchao $rel: does not import ($(tail -1 "$out/install-$rel.txt"))" | tee -a "$out/import.txt"
+done
+if [ -z "$chosen" ]; then
+  echo "no carried torchao wheel imports here (.wheels/torchao/: $(ls .wheels/torchao 2>/dev/null | tr '\n' ' '))" \
+    | tee -a "$out/import.txt"
+  exit 0
+fi
+export PYTHONPATH="$chosen:$PYTHONPATH"
+impls=(--impl 'torchao_float8[tensorwise]' --impl 'torchao_float8[rowwise]' --impl 'torchao_float8[rowwise_with_gw_hp]')
+
+# 2. what the adapters declare here (the real path's dtypes and accumulation; why MXFP8 and the grouped GEMM are
+#    unavailable, or that they run)
+timeout 180 python3 - > "$out/declared.txt" 2>&1 <<'EOF'
+from numcheck.impls.adapters import torchao, torchao_prototype
+
+print("placement", torchao.placement())
+for impl in torchao.torchao_impls() + torchao_prototype.torchao_mx_impls() + torchao_prototype.torchao_grouped_impls():
+    s = impl.support
+    print(f"{impl.name}: {s.unavailable_reason() or 'runs'}\n  {impl.description}\n  devices {sorted(s.devices)} "
+          f"dtypes {sorted(map(str, s.dtypes))} accum {s.accum_unit_roundoff} chunk {s.accum_chunk}")
+print("grouped GEMM on cuda:", torchao_prototype.grouped_refusal("cuda") or "runs")
+EOF
+echo "exit $?" >> "$out/declared.txt"
+cat "$out/declared.txt"
+
+# 3. the FP8 suite on the real path; -v so a run cut short names what ran
+NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-300}" python3 -m pytest tests/suite/test_fp8_impls.py -v -n 8 \
+  -p no:cacheprovider -p no:benchmark "${impls[@]}" --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
+echo "pytest exit $?" >> "$out/suite.txt"
+grep -E "FAILED|ERROR" "$out/suite.txt" | head -40
+tail -3 "$out/suite.txt"
+
+# 4. the quick report on the real path
+timeout "${REPORT_S:-150}" python3 -m numcheck.reports.cli report --quick --device cuda --no-plots --no-progress \
+  "${impls[@]}" --out "$out/report" > "$out/report.txt" 2>&1
+echo "numcheck report exit $?" >> "$out/report.txt"
+tail -6 "$out/report.txt"
+rm -rf "$work"
+exit 0
