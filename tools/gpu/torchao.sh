@@ -15,7 +15,7 @@ set -uo pipefail
 out="${1:?output dir}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-source tools/gpu/install.sh
+[ -n "${NUMCHECK_SETUP_DONE:-}" ] || source tools/gpu/install.sh  # once per call (run.sh sets it likewise)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
