@@ -8,11 +8,14 @@ Cost: about 12 Liger calls, the fused ones under the Triton interpreter (0.1–0
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import numcheck.impls.adapters.liger as liger
 import numcheck.impls.adapters.liger_distill as liger_distill
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_distill.cases import DistillCase
 from numcheck.properties.linear_distill.props import accuracy
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
@@ -39,15 +42,15 @@ CASES: list[DistillCase] = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-beta{c.beta}-seed{c.seed}")
 def test_matches_oracle(name: str, case: DistillCase) -> None:
     impl = {i.name: i for i in liger_distill.liger_distill_impls()}[name]
-    accuracy(impl, case)
+    accuracy(impl, dataclasses.replace(case, device=DEVICE))
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=str(SKIP_REASON))
 def test_declaration_follows_installed_release() -> None:
     """Both declare Liger's conventions (forward KL at β = 0, T on both heads, no T², non-ignored tokens), the
     release's chunking and grad_weight path, and name the release in their description."""
-    fused, chunked = liger_distill.liger_distill_impls()
-    for impl in (fused, chunked):
+    fused, chunked, compiled = liger_distill.liger_distill_impls()
+    for impl in (fused, chunked, compiled):
         s = impl.support
         assert (s.beta_zero, s.temperature_on, s.temperature_squared, s.denominator) == (
             "forward_kl",
@@ -58,7 +61,7 @@ def test_declaration_follows_installed_release() -> None:
         assert s.grad_accumulation == "param_dtype" and liger.release() in impl.description
     assert fused.support.rows_per_chunk(19, 16, 48) == 8 and chunked.support.rows_per_chunk(19, 16, 48) == 10
     assert (fused.support.divergence_dtype, chunked.support.divergence_dtype) == ("float32", "compute")
-    assert "compiled=False" in chunked.description
+    assert "compiled=False" in chunked.description and "compiled=True" in compiled.description
 
 
 def test_absent_liger_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +69,7 @@ def test_absent_liger_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -> 
     impls = impls_while_uninstalled(
         monkeypatch, "liger_kernel", liger_distill.liger_distill_impls, (liger.load, liger_distill.load)
     )
-    assert [i.name for i in impls] == [liger_distill.FUSED, liger_distill.CHUNKED]
+    assert [i.name for i in impls] == [liger_distill.FUSED, liger_distill.CHUNKED, liger_distill.CHUNKED_COMPILED]
     for impl in impls:
         assert impl.support.unavailable_reason() == "liger-kernel not installed"
         with pytest.raises(RuntimeError, match="not installed"):

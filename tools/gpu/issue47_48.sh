@@ -2,13 +2,16 @@
 # One device call for issues 47 and 48: torchao's FP8 paths (tools/gpu/torchao.sh) and the distillation and
 # preference families with Liger compiled (tools/gpu/families.sh), side by side (16 cores, one GPU), numcheck
 # installed once; everything packed into OUT/gpu-47-48.tgz (the device returns files, not folders).
-# Usage (repo root, on the device, carry .wheels): bash tools/gpu/issue47_48.sh "$OUT"
+# Usage (repo root, on the device, carry .wheels: liger-kernel, cut-cross-entropy, allpairspy, torchao/):
+#   bash tools/gpu/issue47_48.sh "$OUT"
 set -uo pipefail
 out="${1:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 source tools/gpu/install.sh
 python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
 export NUMCHECK_SETUP_DONE=1
+# allpairspy (a dependency of numcheck's, pure Python) is not on the device: carried with the rest
+export PYTHONPATH="$PYTHONPATH:/tmp/carried"
 mkdir -p "$out/ao" "$out/fam"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/fam/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/fam/gpu.txt"

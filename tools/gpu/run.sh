@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tier, as run on the device machine (H200, torch 2.11, triton 3.6; nothing can be fetched there):
 # the property suite on CUDA, the tolerance report on CUDA, then the benchmark. Third-party impls come as
-# carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy), installed --no-deps into /tmp/carried; numcheck
+# carried wheels (.wheels/: Liger-Kernel, cut-cross-entropy, allpairspy — a dependency the device lacks), installed --no-deps into /tmp/carried; numcheck
 # itself is installed editable from the checkout (tools/gpu/install.sh).
 # Usage (from the repo root on the device): bash tools/gpu/run.sh suite|report|numerics|evidence|sweep|dist|bench|premerge|scale|all "$OUT"
 # "numerics" runs the suite and the report side by side (neither is timed; 16 cores, one GPU), capped at 480 s
