@@ -12,6 +12,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -160,3 +161,50 @@ def unshare_language_patches() -> None:
     shared = _SHARED.pop("installed", None)
     if shared is not None:
         shared.ti._patch_lang, shared.ti.GridExecutor.__call__ = shared.original, shared.launch
+
+
+def skip_unasserted_overflow_checks() -> bool:
+    """Make Triton's interpreter stop building integer-overflow checks that it then discards.
+
+    Under ``TRITON_INTERPRET=1`` every integer add, subtract and multiply of a kernel (its index and pointer
+    arithmetic) first recomputes itself in int64 and compares the result with the int32 range
+    (``binary_op_sanitize_overflow_impl``, on because the interpreter's options say ``sanitize_overflow=True``),
+    then hands the comparison to ``device_assert``, which returns without asserting anything unless the options say
+    ``debug=True`` — and the interpreter's options never do. So the check is computed and dropped on every such
+    operation of every program instance: about a sixth of the CPU time of numcheck's split_fp32 kernels on one-row
+    chunks. Here the interpreter's options say ``sanitize_overflow=False`` where they say ``debug=False``, which
+    skips the computing of a check that could not fire; nothing a kernel computes or raises changes
+    (tests/self/impls/test_interpreter.py). Compiled Triton drops these asserts alike unless ``debug`` is on.
+
+    Installed by :mod:`impls.triton_lang` when it imports triton under the interpreter, beside
+    :func:`share_language_patches`. Returns whether the interpreter's options now skip the check: ``False`` where
+    triton or its interpreter's options cannot be found, or where they say ``debug=True`` (the asserts then fire,
+    and the check stays)."""
+    try:
+        from triton.runtime import interpreter as ti
+    except Exception:  # noqa: BLE001 - no triton: nothing to speed up
+        return False
+    builder = getattr(ti, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not dataclasses.is_dataclass(options) or not hasattr(options, "sanitize_overflow"):
+        return False
+    if getattr(options, "debug", True):
+        return False
+    if options.sanitize_overflow:
+        _SKIPPED_CHECKS["options"] = options
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+#: The interpreter's options before :func:`skip_unasserted_overflow_checks` replaced them (empty where it has not).
+_SKIPPED_CHECKS: dict[str, Any] = {}
+
+
+def restore_overflow_checks() -> None:
+    """Undo :func:`skip_unasserted_overflow_checks` (the interpreter's own options again); a no-op where not
+    installed."""
+    options = _SKIPPED_CHECKS.pop("options", None)
+    if options is not None:
+        from triton.runtime import interpreter as ti
+
+        ti.interpreter_builder.options = options
