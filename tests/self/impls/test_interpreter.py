@@ -1,9 +1,10 @@
-"""Triton's interpreter with :func:`numcheck.impls.interpreter.share_language_patches` and
-:func:`~numcheck.impls.interpreter.skip_unasserted_overflow_checks` installed (as :mod:`numcheck.impls.triton_lang`
-installs them under ``TRITON_INTERPRET=1``): a kernel calling nested ``@triton.jit`` helpers computes bitwise what
-the shipped interpreter computes, redoes the language swap once per launch instead of once per helper call, and
-leaves ``triton.language`` as it found it after the launch; its integer ops build no overflow check that the
-interpreter would drop unasserted."""
+"""Triton's interpreter with :func:`numcheck.impls.interpreter.share_language_patches`,
+:func:`~numcheck.impls.interpreter.skip_unasserted_overflow_checks` and
+:func:`~numcheck.impls.interpreter.tabulate_np_dtypes` installed (as :mod:`numcheck.impls.triton_lang` installs
+them under ``TRITON_INTERPRET=1``): a kernel calling nested ``@triton.jit`` helpers computes bitwise what the
+shipped interpreter computes, redoes the language swap once per launch instead of once per helper call, and leaves
+``triton.language`` as it found it after the launch; its integer ops build no overflow check that the interpreter
+would drop unasserted; a dtype's numpy type comes from a table built once, with the same answers."""
 
 from __future__ import annotations
 
@@ -156,3 +157,27 @@ def test_overflow_checks_stay_where_the_interpreter_asserts(monkeypatch):
     finally:
         monkeypatch.undo()
         interpreter.skip_unasserted_overflow_checks()
+
+
+def test_np_dtype_table_answers_as_the_interpreter_and_computes_the_same_bits():
+    """The table answers every Triton dtype (and pointers, and blocks of either) as the interpreter's own
+    function does, and is installed in its place; a kernel's outputs are bitwise equal with and without it."""
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti, "_get_np_dtype"):
+        pytest.skip("this Triton's interpreter has no _get_np_dtype")
+    assert "own" in interpreter._TABLE, "importing impls.triton_lang installs it"
+    assert interpreter.tabulate_np_dtypes() and ti._get_np_dtype is not interpreter._TABLE["own"]
+    own = interpreter._TABLE["own"]
+    kinds = [getattr(tl, n) for n in ("int1", "float16", "float32", "bfloat16", "int32", "uint64", "float8e4nv")]
+    kinds += [tl.pointer_type(tl.float32), tl.block_type(tl.float32, [4]), tl.block_type(tl.pointer_type(tl.int8), [2])]
+    for k in kinds:
+        assert ti._get_np_dtype(k) == own(k), k
+    tabled_out = _run()
+    try:
+        interpreter.untabulate_np_dtypes()
+        assert ti._get_np_dtype is own
+        own_out = _run()
+    finally:
+        interpreter.tabulate_np_dtypes()
+    assert torch.equal(tabled_out, own_out)
