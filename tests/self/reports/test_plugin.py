@@ -327,3 +327,16 @@ def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "1 failed" in out and "--numcheck-strict: a known divergence is a failure" in out, out
+
+
+def test_an_xdist_worker_starts_its_subprocesses_with_one_thread():
+    """In an xdist worker the plugin sets ``OMP_NUM_THREADS=1`` for the processes its tests start (as it sets the
+    worker's own torch to one thread), unless the user set it; outside a worker it sets nothing."""
+    from numcheck.tests.plugin import one_thread_per_worker
+
+    worker = {"PYTEST_XDIST_WORKER": "gw0"}
+    assert one_thread_per_worker(worker) and worker["OMP_NUM_THREADS"] == "1"
+    users = {"PYTEST_XDIST_WORKER": "gw1", "OMP_NUM_THREADS": "4"}
+    assert one_thread_per_worker(users) and users["OMP_NUM_THREADS"] == "4"
+    alone: dict[str, str] = {}
+    assert not one_thread_per_worker(alone) and alone == {}
