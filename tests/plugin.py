@@ -59,7 +59,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, MutableMapping
 
 import pytest
 
@@ -304,18 +304,32 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
 
 def _arrange(config: pytest.Config) -> None:
     """What numcheck's tests need before anything imports triton: Triton's interpreter where there is no CUDA,
-    and one intra-op thread per xdist worker (the workers already fill the cores; small tensor ops were measured
-    up to 40x slower with two threads contending on a loaded 2-core machine). Once per session."""
+    and one intra-op thread per xdist worker and the processes its tests start (:func:`one_thread_per_worker`:
+    the workers already fill the cores; small tensor ops were measured up to 40x slower with two threads
+    contending on a loaded 2-core machine). Once per session."""
     if config.stash.get(_ARRANGED_KEY, False):
         return
     config.stash[_ARRANGED_KEY] = True
     from numcheck.impls import interpreter
 
     interpreter.arrange()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if one_thread_per_worker(os.environ):
         import torch
 
         torch.set_num_threads(1)
+
+
+def one_thread_per_worker(environ: MutableMapping[str, str]) -> bool:
+    """In an xdist worker (``PYTEST_XDIST_WORKER`` set), ``OMP_NUM_THREADS=1`` in ``environ`` unless set already,
+    so the processes its tests start (a suite run as a user runs it, a printed repro line, ``numcheck sweep``)
+    take one intra-op thread too: beside the other workers, torch's default of one per core made such a
+    subprocess 2-5× slower (test_chunk_reach's fp32_sum_c7 twin beside one other busy process on 2 cores, two
+    alternations: 29.2 and 50.8 s CPU, 24.9 and 81.2 s wall with two threads; 10.9 and 12.4 s CPU, 11.2 and
+    16.0 s wall with one). Returns whether this is a worker (whose own torch the caller sets to one thread)."""
+    if not environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    environ.setdefault("OMP_NUM_THREADS", "1")
+    return True
 
 
 @pytest.hookimpl(wrapper=True)

@@ -376,13 +376,14 @@ def wide_hidden_problems(draw: st.DrawFn, support) -> Problem:
     return draw(problems(support, force=force), label="problem")
 
 
-@st.composite
-def long_batch_problems(draw: st.DrawFn, support) -> Problem:
-    """Problems with N past the compute dtype's exact integers (:data:`LONG_N_BY_COMPUTE`: 257 to 513 rows in bf16,
-    2049 or 2051 in fp16; any of :data:`LONG_N` where no narrow one is declared), small H ≤ 8 and V ≤ 24, in a
-    low-precision dtype or an AMP mode where declared (else as drawn; a covering row's where in one), with a bias
-    where declared: token counts, normalizers and the running sums of grad_weight and grad_bias must not be kept
-    in the compute dtype."""
+def long_batch_modes(support: Any) -> list[tuple[str, str]]:
+    """The long-batch draws' precisions, ``(kind, compute dtype)`` with kind ``plain`` or ``amp``: each declared
+    plain bf16 or fp16 dtype and, where fp32 is declared, each AMP mode the device runs; for an impl that declares
+    ``slow``, those of the coarsest compute dtype only (bf16 where any mode computes in it), as its many-chunk
+    draws take the coarsest dtype only. Its regime (a count or running sum past the compute dtype's exact
+    integers) is the same in either dtype, and an fp16 draw takes 2049 rows to reach it where bf16 takes 257:
+    under Triton's interpreter (Liger: a program per row) 8× the cost, most of the property's. Compiled on a GPU
+    the same impls declare ``slow=False`` and draw every mode."""
     modes = [("plain", n) for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if d in support.dtypes]
     if torch.float32 in support.dtypes:
         modes += [
@@ -390,6 +391,21 @@ def long_batch_problems(draw: st.DrawFn, support) -> Problem:
             for d, n in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))
             if d in support.autocast and capabilities.autocast_dtype(DEVICE_TYPE, d)
         ]
+    if getattr(support, "slow", False) and modes:
+        coarsest = "bfloat16" if any(c == "bfloat16" for _, c in modes) else "float16"
+        modes = [m for m in modes if m[1] == coarsest]
+    return modes
+
+
+@st.composite
+def long_batch_problems(draw: st.DrawFn, support) -> Problem:
+    """Problems with N past the compute dtype's exact integers (:data:`LONG_N_BY_COMPUTE`: 257 to 513 rows in bf16,
+    2049 or 2051 in fp16; any of :data:`LONG_N` where no narrow one is declared), small H ≤ 8 and V ≤ 24, in a
+    low-precision dtype or an AMP mode where declared (:func:`long_batch_modes`: of the coarsest compute dtype
+    only for a slow impl; else as drawn; a covering row's where in one), with a bias
+    where declared: token counts, normalizers and the running sums of grad_weight and grad_bias must not be kept
+    in the compute dtype."""
+    modes = long_batch_modes(support)
     force: dict[str, Any] = {}
     row = _ROW.get()
     if row is not None and "dtype" in row.force:  # a covering row's precision

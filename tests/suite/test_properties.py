@@ -93,7 +93,8 @@ def test_long_batch(linear_ce_impl, data):
     """With N just past the compute dtype's exact integers (257 to 513 rows in bf16, past 256; 2049 or 2051 in fp16,
     past 2048), in a declared low-precision dtype or AMP mode and with a bias, every output is within bounds (each
     such mode and reduction on post-norm rows): a token count, normalizer or running gradient sum kept in the
-    compute dtype fails."""
+    compute dtype fails. A slow impl draws its coarsest compute dtype only (bf16 where declared), as in
+    test_many_chunks."""
     _run("long_batch", linear_ce_impl, data)
 
 

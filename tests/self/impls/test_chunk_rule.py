@@ -140,3 +140,30 @@ def test_slow_impls_draw_fewer_rows_and_chunks() -> None:
     assert lo == chunks.SLOW_UNDECLARED_ROWS < hi < chunks.UNDECLARED_CHUNK_ROWS
     assert "SLOW_UNDECLARED_ROWS" in slow.describe(lo, 2, 4)
     assert chunks.layout(_Impl(make_support(slow=False))).n_range(chunks.MANY_CHUNKS)[0] > chunks.UNDECLARED_CHUNK_ROWS
+
+
+def test_slow_impls_draw_long_batches_in_the_coarsest_compute_dtype_only() -> None:
+    """A slow impl's long-batch draws take the coarsest compute dtype it declares (bf16: 257-513 rows, plain and
+    AMP), never fp16's 2049 rows; fp16 where it is the only narrow one; the same impl not slow draws every mode;
+    every draw still passes its compute dtype's exact integers."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from numcheck.properties.linear_ce.strategies import LONG_N_BY_COMPUTE, long_batch_modes, long_batch_problems
+
+    every = dict(dtypes=("float32", "bfloat16", "float16"), autocast=("bfloat16", "float16"))
+    slow, fast = make_support(slow=True, **every), make_support(slow=False, **every)
+    assert {c for _, c in long_batch_modes(slow)} == {"bfloat16"}
+    assert {k for k, _ in long_batch_modes(slow)} == {"plain", "amp"}
+    assert {c for _, c in long_batch_modes(fast)} == {"bfloat16", "float16"}
+    only_fp16 = make_support(slow=True, dtypes=("float32", "float16"), autocast=("float16",))
+    assert {c for _, c in long_batch_modes(only_fp16)} == {"float16"}
+
+    @settings(max_examples=20, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draws(data):
+        p = data.draw(long_batch_problems(slow))
+        compute = p.autocast or p.dtype
+        assert compute == "bfloat16" and p.N in LONG_N_BY_COMPUTE["bfloat16"], p
+
+    draws()

@@ -1,7 +1,10 @@
-"""Triton's interpreter with :func:`numcheck.impls.interpreter.share_language_patches` installed (as
-:mod:`numcheck.impls.triton_lang` installs it under ``TRITON_INTERPRET=1``): a kernel calling nested
-``@triton.jit`` helpers computes bitwise what the shipped interpreter computes, redoes the language swap once per
-launch instead of once per helper call, and leaves ``triton.language`` as it found it after the launch."""
+"""Triton's interpreter with :func:`numcheck.impls.interpreter.share_language_patches`,
+:func:`~numcheck.impls.interpreter.skip_unasserted_overflow_checks` and
+:func:`~numcheck.impls.interpreter.tabulate_np_dtypes` installed (as :mod:`numcheck.impls.triton_lang` installs
+them under ``TRITON_INTERPRET=1``): a kernel calling nested ``@triton.jit`` helpers computes bitwise what the
+shipped interpreter computes, redoes the language swap once per launch instead of once per helper call, and leaves
+``triton.language`` as it found it after the launch; its integer ops build no overflow check that the interpreter
+would drop unasserted; a dtype's numpy type comes from a table built once, with the same answers."""
 
 from __future__ import annotations
 
@@ -94,3 +97,87 @@ def test_nested_calls_swap_once_per_launch_and_compute_the_same_bits(monkeypatch
     assert ti._patch_lang.__self__ is interpreter._SHARED["installed"]
     assert torch.equal(shared_out, own_out)
     assert {n: getattr(tl, n) for n in before} == before
+
+
+def _count_overflow_asserts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """What each ``device_assert`` the interpreter's integer ops make returns (the kernel asserts nothing itself)."""
+    from triton.runtime import interpreter as ti
+
+    sem = ti.interpreter_semantic
+    own = sem.device_assert
+    returned: list[object] = []
+
+    def counted(cond, msg, mask):
+        returned.append(own(cond, msg, mask))
+        return returned[-1]
+
+    monkeypatch.setattr(sem, "device_assert", counted)
+    return returned
+
+
+def test_overflow_checks_that_cannot_fire_are_skipped_and_compute_the_same_bits(monkeypatch):
+    """Installed under the interpreter (its options say debug=False): the kernel's integer ops build no overflow
+    check; with the interpreter's own options each builds one, which ``device_assert`` drops unasserted (returns
+    None); the outputs are bitwise equal either way."""
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti.interpreter_builder.options, "sanitize_overflow"):
+        pytest.skip("this Triton's interpreter has no overflow checks")
+    assert not ti.interpreter_builder.options.sanitize_overflow, "importing impls.triton_lang installs it"
+    assert interpreter.skip_unasserted_overflow_checks()
+    assert not ti.interpreter_builder.options.sanitize_overflow and not ti.interpreter_builder.options.debug
+    returned = _count_overflow_asserts(monkeypatch)
+    skipped_out = _run()
+    assert returned == []
+    try:
+        interpreter.restore_overflow_checks()
+        assert ti.interpreter_builder.options.sanitize_overflow
+        own_out = _run()
+        assert returned and all(r is None for r in returned), returned
+    finally:
+        monkeypatch.undo()
+        interpreter.skip_unasserted_overflow_checks()
+    assert torch.equal(skipped_out, own_out)
+
+
+def test_overflow_checks_stay_where_the_interpreter_asserts(monkeypatch):
+    """With options that say debug=True (its asserts fire), nothing is skipped."""
+    import dataclasses
+
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti.interpreter_builder.options, "sanitize_overflow"):
+        pytest.skip("this Triton's interpreter has no overflow checks")
+    interpreter.restore_overflow_checks()
+    try:
+        debug = dataclasses.replace(ti.interpreter_builder.options, debug=True, sanitize_overflow=True)
+        monkeypatch.setattr(ti.interpreter_builder, "options", debug)
+        assert not interpreter.skip_unasserted_overflow_checks()
+        assert ti.interpreter_builder.options is debug
+    finally:
+        monkeypatch.undo()
+        interpreter.skip_unasserted_overflow_checks()
+
+
+def test_np_dtype_table_answers_as_the_interpreter_and_computes_the_same_bits():
+    """The table answers every Triton dtype (and pointers, and blocks of either) as the interpreter's own
+    function does, and is installed in its place; a kernel's outputs are bitwise equal with and without it."""
+    from triton.runtime import interpreter as ti
+
+    if not hasattr(ti, "_get_np_dtype"):
+        pytest.skip("this Triton's interpreter has no _get_np_dtype")
+    assert "own" in interpreter._TABLE, "importing impls.triton_lang installs it"
+    assert interpreter.tabulate_np_dtypes() and ti._get_np_dtype is not interpreter._TABLE["own"]
+    own = interpreter._TABLE["own"]
+    kinds = [getattr(tl, n) for n in ("int1", "float16", "float32", "bfloat16", "int32", "uint64", "float8e4nv")]
+    kinds += [tl.pointer_type(tl.float32), tl.block_type(tl.float32, [4]), tl.block_type(tl.pointer_type(tl.int8), [2])]
+    for k in kinds:
+        assert ti._get_np_dtype(k) == own(k), k
+    tabled_out = _run()
+    try:
+        interpreter.untabulate_np_dtypes()
+        assert ti._get_np_dtype is own
+        own_out = _run()
+    finally:
+        interpreter.tabulate_np_dtypes()
+    assert torch.equal(tabled_out, own_out)

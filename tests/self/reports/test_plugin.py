@@ -3,7 +3,8 @@ prints rerunning the failure as printed, a user's own hypothesis tests and ``ci`
 user fixtures; and :func:`numcheck.check` agreeing with the plugin's verdicts.
 
 Each plugin run is a pytest subprocess in a temporary directory (the installed entry point, an outside module
-found only through the user's ``pythonpath`` ini setting), one or two hypothesis examples per test.
+found only through the user's ``pythonpath`` ini setting), one or two hypothesis examples per test; the tests that
+read different things of the same run share it (:func:`suite_on_user_repo`).
 """
 
 from __future__ import annotations
@@ -106,9 +107,32 @@ def user_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A user's repository: an outside impl module found through pytest's ``pythonpath`` ini setting only (and
     not yet imported in this process)."""
     monkeypatch.delitem(sys.modules, "myflce", raising=False)
-    (tmp_path / "myflce.py").write_text(LOSS_OFF)
-    (tmp_path / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-    return tmp_path
+    return _write_user_repo(tmp_path)
+
+
+def _write_user_repo(folder: Path) -> Path:
+    """The files of :func:`user_repo` in ``folder``."""
+    (folder / "myflce.py").write_text(LOSS_OFF)
+    (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    return folder
+
+
+#: The suite tests the shared run (:func:`suite_on_user_repo`) selects: the accuracy test, where the wrong impl
+#: fails on a covering row, and two that numcheck.check must agree with (one passes, one does not apply).
+SHARED_SELECTION = "test_accuracy and not sharp or test_determinism or test_chunk_invariance"
+
+
+@pytest.fixture(scope="module")
+def suite_on_user_repo(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """One run of the suite as a user runs it from their repository (``--pyargs numcheck.tests.suite``, the
+    outside impl ``myflce:impl`` beside the built-in ``eager``, :data:`SHARED_SELECTION`, two examples a test),
+    shared by the tests that read different things of it (the repro line it prints; the verdicts numcheck.check
+    must agree with): one pytest start, collection and run instead of one per test."""
+    repo = _write_user_repo(tmp_path_factory.mktemp("user_repo"))
+    impls = ("--impl", "eager", "--impl", "myflce:impl")
+    return _pytest(
+        repo, "-v", "--pyargs", "numcheck.tests.suite", *impls, "-k", SHARED_SELECTION, NUMCHECK_CI_EXAMPLES="2"
+    )
 
 
 def test_impl_in_the_directory_run_from_loads_without_configuration(tmp_path, monkeypatch):
@@ -121,27 +145,20 @@ def test_impl_in_the_directory_run_from_loads_without_configuration(tmp_path, mo
     assert "could not be loaded" not in out and "1 passed" in out, out
 
 
-def test_printed_repro_line_reruns_the_failure(user_repo, tmp_path_factory):
+def test_printed_repro_line_reruns_the_failure(suite_on_user_repo, tmp_path_factory):
     """The suite run outside the checkout with ``--pyargs numcheck.tests.suite --impl myflce:impl`` fails the
     wrong impl and prints a repro line that, run as printed in a shell elsewhere, reproduces the failure."""
-    r = _pytest(
-        user_repo,
-        "-q",
-        "--pyargs",
-        "numcheck.tests.suite",
-        "--impl",
-        "myflce:impl",
-        "-k",
-        "test_accuracy and not sharp",
-        NUMCHECK_CI_EXAMPLES="2",
-    )
+    r = suite_on_user_repo
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     # The failing case is a covering row (run before hypothesis' draws, so no @reproduce_failure blob): the
     # suite's repro line is what reruns it.
-    assert "test_accuracy[plugin_loss_off]" in out and "covering row" in out, out
-    lines = re.findall(r"reproduce: (.+)", out)
-    assert lines, out
+    section = re.split(r"^_{3,} test_accuracy\[plugin_loss_off\] _{3,}$", r.stdout, flags=re.M)
+    assert len(section) == 2, out
+    failure = re.split(r"^_{3,} ", section[1], flags=re.M)[0]
+    assert "covering row" in failure, failure
+    lines = re.findall(r"reproduce: (.+)", failure)
+    assert lines, failure
     line = lines[0].strip()
     assert "numcheck repro --impl myflce:impl --property accuracy" in line, line
     elsewhere = tmp_path_factory.mktemp("elsewhere")
@@ -187,7 +204,7 @@ def test_user_fixtures_run_the_users_own_property(user_repo):
     assert "property 'accuracy' fails for impl 'plugin_loss_off'" in out, out
 
 
-def test_check_agrees_with_the_plugin(user_repo, monkeypatch):
+def test_check_agrees_with_the_plugin(user_repo, suite_on_user_repo, monkeypatch):
     """numcheck.check gives the verdicts the plugin's suite gives: a correct impl passes what the suite passes,
     the wrong impl fails accuracy with the suite's message, and a property that does not apply is skipped."""
     monkeypatch.syspath_prepend(str(user_repo))
@@ -198,19 +215,7 @@ def test_check_agrees_with_the_plugin(user_repo, monkeypatch):
     assert good.verdicts["accuracy"].worst_ratio is not None and good.verdicts["accuracy"].worst_ratio <= 1, good
     assert not bad.ok and bad.verdicts["accuracy"].status == "failed", bad
     assert "property 'accuracy' fails for impl 'plugin_loss_off'" in bad.verdicts["accuracy"].message, bad
-    r = _pytest(
-        user_repo,
-        "-v",
-        "--pyargs",
-        "numcheck.tests.suite",
-        "--impl",
-        "eager",
-        "--impl",
-        "myflce:impl",
-        "-k",
-        "test_accuracy and not sharp or test_determinism or test_chunk_invariance",
-        NUMCHECK_CI_EXAMPLES="2",
-    )
+    r = suite_on_user_repo
     out = r.stdout + r.stderr
     for result in (good, bad):
         for n in names:
@@ -322,3 +327,16 @@ def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
     r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "1 failed" in out and "--numcheck-strict: a known divergence is a failure" in out, out
+
+
+def test_an_xdist_worker_starts_its_subprocesses_with_one_thread():
+    """In an xdist worker the plugin sets ``OMP_NUM_THREADS=1`` for the processes its tests start (as it sets the
+    worker's own torch to one thread), unless the user set it; outside a worker it sets nothing."""
+    from numcheck.tests.plugin import one_thread_per_worker
+
+    worker = {"PYTEST_XDIST_WORKER": "gw0"}
+    assert one_thread_per_worker(worker) and worker["OMP_NUM_THREADS"] == "1"
+    users = {"PYTEST_XDIST_WORKER": "gw1", "OMP_NUM_THREADS": "4"}
+    assert one_thread_per_worker(users) and users["OMP_NUM_THREADS"] == "4"
+    alone: dict[str, str] = {}
+    assert not one_thread_per_worker(alone) and alone == {}
