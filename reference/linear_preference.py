@@ -194,7 +194,11 @@ def linear_preference(
     params: PreferenceParams,
 ) -> PreferenceReference:
     """The loss and its gradients in float64 (module docstring). ``ref_logps`` ``[B]`` (row order of ``x``) is
-    required by the losses of :data:`REFERENCE_LOSSES` and ignored by the others."""
+    required by the losses of :data:`REFERENCE_LOSSES` and ignored by the others. Computed on the CPU whatever
+    device the inputs are on (its own index and zero tensors are made there; a comparison moves the impl's outputs
+    to the oracle's device)."""
+    x, weight, target = x.cpu(), weight.cpu(), target.cpu()
+    bias = None if bias is None else bias.cpu()
     B = x.shape[0]
     z, logp, tok, mask, safe = _per_position(x, weight, bias, target, params.ignore_index)
     n = mask.sum(-1)
