@@ -28,7 +28,8 @@ def test_declared_from_the_release():
     reference point and no NLL; every loss
     chunked with a parameter-dtype grad_weight sum."""
     impls = _impls()
-    assert all(i.support.unavailable_reason() is None for i in impls.values()), impls
+    eager = {n: i for n, i in impls.items() if not n.endswith("_compiled]")}
+    assert all(i.support.unavailable_reason() is None for i in eager.values()), eager
     assert not impls["liger_preference[dpo]"].support.label_smoothing
     assert impls["liger_preference[dpo_robust]"].support.label_smoothing
     assert not impls["liger_preference[orpo]"].support.nll and "alpha" in impls["liger_preference[orpo]"].description
