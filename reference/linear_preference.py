@@ -44,7 +44,6 @@ logits ``G_{s,t} = k_{s,t}·(e_{target} − p_{s,t})``, and ``grad_x = G·W``, `
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -195,10 +194,9 @@ def linear_preference(
     params: PreferenceParams,
 ) -> PreferenceReference:
     """The loss and its gradients in float64 (module docstring). ``ref_logps`` ``[B]`` (row order of ``x``) is
-    required by the losses of :data:`REFERENCE_LOSSES` and ignored by the others. Computed on the CPU whatever
-    device the inputs are on (its own index and zero tensors are made there), every output returned on ``x``'s
-    device, as the other families' oracles return theirs."""
-    device = x.device
+    required by the losses of :data:`REFERENCE_LOSSES` and ignored by the others. Computed, and returned, on the CPU
+    whatever device the inputs are on (its own index and zero tensors are made there; the bounds are computed there
+    too, and a comparison moves the impl's outputs to the oracle's device)."""
     x, weight, target = x.cpu(), weight.cpu(), target.cpu()
     bias = None if bias is None else bias.cpu()
     B = x.shape[0]
@@ -225,7 +223,7 @@ def linear_preference(
     onehot = torch.nn.functional.one_hot(safe, z.shape[-1]).to(torch.float64)
     G = k.unsqueeze(-1) * (onehot - logp.exp())
     x64, w64 = x.to(torch.float64), weight.to(torch.float64)
-    out = PreferenceReference(
+    return PreferenceReference(
         loss=loss,
         grad_x=G @ w64,
         grad_weight=G.reshape(-1, G.shape[-1]).T @ x64.reshape(-1, x64.shape[-1]),
@@ -240,5 +238,3 @@ def linear_preference(
         pair_losses=f,
         nll=nll,
     )
-    moved = {f.name: getattr(out, f.name) for f in dataclasses.fields(out) if getattr(out, f.name) is not None}
-    return dataclasses.replace(out, **{n: v.to(device) for n, v in moved.items()})

@@ -125,7 +125,8 @@ def relative_judgements(
             if coarser and name != "grad_x" and name != "loss"
             else ""
         )
-        e = (yard.double() - exp).abs() if yard is not None else exp * 0
+        # the yardstick ran on the case's device, the oracle (and the bounds) on the CPU
+        e = (yard.double().to(exp.device) - exp).abs() if yard is not None else exp * 0
         out.append(relative_judgement(name, value, exp.double(), (rms(e), yard.dtype), expected[name], note=note))
     return out
 
