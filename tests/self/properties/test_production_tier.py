@@ -193,7 +193,6 @@ def _scale(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.costly(reason="isolated subprocess runs of the production tier, one crashing and one hanging past its cap")
 def test_isolated_run_survives_a_crash_and_a_hang(tmp_path):
     """With --isolate, an impl that kills its process and one that hangs past its cap are recorded (crashed,
     timeout) and every other item still runs; production.json and production.md say so; exit 1."""

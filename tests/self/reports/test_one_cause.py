@@ -81,9 +81,6 @@ RAISING_SELECTION = (
 )
 
 
-@pytest.mark.costly(
-    reason="the shipped suite in a pytest subprocess on an impl that raises: every selected property fails once"
-)
 def test_impl_that_raises_fails_each_property_once_with_numchecks_message(tmp_path):
     """Every selected test fails (none passes), each once, with numcheck's message (the exception, where it was
     raised, the case, the repro line) and without pytest's traceback, argument dumps or hypothesis' blob."""
