@@ -18,6 +18,7 @@ from typing import Any
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.linear_ce import REDUCTIONS
 from numcheck.properties.linear_ce.cases import Problem, dtype_of
+from numcheck.reports.common import find_impl
 from numcheck.reports.report.coverage import dist_behaviours
 from numcheck.reports.report.families import linear_ce
 from numcheck.reports.report.families.family import ReportFamily
@@ -220,6 +221,23 @@ def case_types() -> tuple[type, ...]:
     return (DistCase,)
 
 
+def find_dist_impl(name: str) -> Any:
+    """``numcheck repro``'s impl of a distributed linear+CE case: ``module:NAME`` as its failure's own repro line
+    names it (one of the module's ``dist_impls()``, or the attribute), or the name of a built-in or of one loaded
+    through ``NUMCHECK_IMPLS`` / entry points. ValueError saying what was found otherwise."""
+    if ":" in name:
+        from numcheck.properties.distributed.linear_ce.props import load_impl
+
+        try:
+            return load_impl(name)
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+    impl = find_impl(name)
+    if impl.kind != DIST_KIND:
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a DistCase")
+    return impl
+
+
 FAMILY = ReportFamily(
     kind=DIST_KIND,
     plan=plan,
@@ -237,4 +255,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="distributed ",
     behaviours=dist_behaviours,
+    find_impl=find_dist_impl,
 )

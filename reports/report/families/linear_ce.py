@@ -391,6 +391,14 @@ def case_types() -> tuple[type, ...]:
     return (Problem,)
 
 
+def undeclared(impl: Any, case: Problem) -> str | None:
+    """Why ``impl``'s declaration excludes ``case`` (:func:`properties.linear_ce.strategies.refusal`: the suite never
+    draws it), or ``None``."""
+    from numcheck.properties.linear_ce.strategies import refusal
+
+    return refusal(impl.support, case)
+
+
 FAMILY = ReportFamily(
     kind=LINEAR_CE_KIND,
     plan=plan,
@@ -408,4 +416,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="",
     behaviours=linear_ce_behaviours,
+    undeclared=undeclared,
 )

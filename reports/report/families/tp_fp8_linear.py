@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+from numcheck.reports.common import find_impl
 from numcheck.reports.report.coverage import tp_fp8_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
@@ -196,6 +197,35 @@ def case_types() -> tuple[type, ...]:
     return (TPFp8Case,)
 
 
+def find_tp_impl(name: str) -> Any:
+    """``numcheck repro``'s impl of a tensor-parallel FP8 case (:mod:`impls.builtin.tp_fp8_linear`): a built-in by
+    name, ``module:attr`` naming one impl, or the name of one loaded through ``NUMCHECK_IMPLS`` / entry points.
+    ValueError naming the built-ins otherwise."""
+    import importlib
+
+    from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
+
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+        return obj
+    for impl in tp_fp8_linear_impls():
+        if impl.name == name:
+            return impl
+    try:  # one loaded through NUMCHECK_IMPLS or an entry point (the repro line of a spec naming several impls)
+        impl = find_impl(name)
+    except ValueError as exc:
+        raise ValueError(
+            f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}; {exc}"
+        ) from None
+    if impl.kind != TP_KIND:
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPFp8Case")
+    return impl
+
+
 FAMILY = ReportFamily(
     kind=TP_KIND,
     plan=plan,
@@ -213,4 +243,5 @@ FAMILY = ReportFamily(
     outputs=fp8_linear.OUTPUTS,
     label="TP FP8 ",
     behaviours=tp_fp8_behaviours,
+    find_impl=find_tp_impl,
 )
