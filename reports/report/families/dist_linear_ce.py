@@ -36,7 +36,7 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.md_rows import fmt, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import dist_refused, dist_rows
 from numcheck.reports.report.schema import dist_record, dtype_names
 
@@ -189,29 +189,35 @@ def summary(report: dict) -> list[dict[str, Any]]:
 
 def table(report: dict) -> list[str]:
     """The distributed linear+CE summary: one row per impl, world size and dtype, and output."""
-    out: list[str] = []
-    dist = summary(report)
-    if dist:
-        out += [
-            "### Distributed linear + cross-entropy: per impl × world size × dtype × output",
-            "",
-            "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
-            "against the unsharded float64 oracle under the sharded model's bound (`properties/distributed/linear_ce/tolerance.py`); "
-            "every rank's loss must also be bitwise rank 0's.",
-            "",
-            "| impl | world size, dtype | output | cases | analytic pass | worst error/bound | median | max ULP | "
-            "worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in dist:
-            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {fmt(r['worst'])} | "
-                f"{fmt(r['median'])} | {fmt(r['max_ulp'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
+    return section(
+        "### Distributed linear + cross-entropy: per impl × world size × dtype × output",
+        "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
+        "against the unsharded float64 oracle under the sharded model's bound "
+        "(`properties/distributed/linear_ce/tolerance.py`); every rank's loss must also be bitwise rank 0's.",
+        (
+            "impl",
+            "world size, dtype",
+            "output",
+            "cases",
+            "analytic pass",
+            "worst error/bound",
+            "median",
+            "max ULP",
+            "worst case",
+        ),
+        summary(report),
+        lambda r: [
+            f"`{r['impl']}`",
+            r["mode"],
+            r["output"],
+            str(r["n"]),
+            pass_cell(r, "analytic", flagged=True),
+            fmt(r["worst"]),
+            fmt(r["median"]),
+            fmt(r["max_ulp"]),
+            f"`{r['worst_case']}`",
+        ],
+    )
 
 
 def case_types() -> tuple[type, ...]:

@@ -30,7 +30,7 @@ from numcheck.reports.report.grid import (
     GridSpec,
     NotRun,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, fp8_extras, summarize
+from numcheck.reports.report.md_rows import fmt, fp8_extras, pass_cell, section, summarize
 from numcheck.reports.report.property_grid import tp_rows
 from numcheck.reports.report.schema import dtype_names, tp_record
 
@@ -156,38 +156,56 @@ def summary(report: dict) -> list[dict[str, Any]]:
     return summarize(report, TP_KIND, fp8_linear.OUTPUTS, _mode, _extras)
 
 
+#: The columns of :func:`table`.
+TABLE_COLUMNS: tuple[str, ...] = (
+    "impl",
+    "recipe",
+    "world size, dtype",
+    "output",
+    "outputs judged",
+    "accumulation pass",
+    "total pass",
+    "same scale",
+    "worst error/bound",
+    "median vs dequantized",
+    "median vs original",
+    "worst case",
+)
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    same, n_same = r["same_scale"]
+    return [
+        f"`{r['impl']}`",
+        r["recipe"],
+        r["mode"],
+        r["output"],
+        str(r["n"]),
+        pass_cell(r, "accumulation", flagged=True),
+        pass_cell(r, "total"),
+        f"{same}/{n_same}{'' if same == n_same else ' ❌'}",
+        fmt(r["worst"]),
+        fmt(r["median_dq"]),
+        fmt(r["median_true"]),
+        f"`{r['worst_case']}`",
+    ]
+
+
 def table(report: dict) -> list[str]:
     """The tensor-parallel FP8 summary: one row per impl, recipe, world size and dtype, and output."""
-    out: list[str] = []
-    tp = summary(report)
-    if tp:
-        out += [
-            "### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output",
-            "",
-            "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
-            "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
-            "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
-            "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
-            "all quantized with the unsharded tensor's scales (`properties/distributed/tp_fp8/props.py`). One row holds every "
-            "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
-            "output over cases and ranks.",
-            "",
-            "| impl | recipe | world size, dtype | output | outputs judged | accumulation pass | total pass | "
-            "same scale | worst error/bound | median vs dequantized | median vs original | worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in tp:
-            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
-            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            same, n_same = r["same_scale"]
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
-                f"{same}/{n_same}{'' if same == n_same else ' ❌'} | {fmt(r['worst'])} | {fmt(r['median_dq'])} | "
-                f"{fmt(r['median_true'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
+    return section(
+        "### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output",
+        "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
+        "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
+        "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
+        "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
+        "all quantized with the unsharded tensor's scales (`properties/distributed/tp_fp8/props.py`). One row holds every "
+        "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
+        "output over cases and ranks.",
+        TABLE_COLUMNS,
+        summary(report),
+        _cells,
+    )
 
 
 def case_types() -> tuple[type, ...]:
