@@ -43,6 +43,12 @@ def all_judged_pass(row: dict[str, Any]) -> bool:
     return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
 
 
+def lead_cells(row: dict[str, Any], *, recipe: bool = False) -> list[str]:
+    """The cells every family's table starts a :func:`summarize` row with: the impl, its recipe (an FP8 kind's,
+    where ``recipe``), the dtype mode, the output and the count of cases."""
+    return [f"`{row['impl']}`", *([row["recipe"]] if recipe else []), row["mode"], row["output"], str(row["n"])]
+
+
 def pass_cell(row: dict[str, Any], judgement: str, flagged: bool = False) -> str:
     """A pass-count cell of a :func:`summarize` row: how many of its outputs judged on ``judgement`` pass it, of how
     many (``passed/judged``), marked `` ❌`` where ``flagged`` and the row fails any judgement (:func:`all_judged_pass`)."""

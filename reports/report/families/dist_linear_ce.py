@@ -36,7 +36,7 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.md_rows import fmt, pass_cell, plain_mode, section, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import dist_refused, dist_rows
 from numcheck.reports.report.schema import dist_record, dtype_names
 
@@ -207,10 +207,7 @@ def table(report: dict) -> list[str]:
         ),
         summary(report),
         lambda r: [
-            f"`{r['impl']}`",
-            r["mode"],
-            r["output"],
-            str(r["n"]),
+            *lead_cells(r),
             pass_cell(r, "analytic", flagged=True),
             fmt(r["worst"]),
             fmt(r["median"]),

@@ -17,7 +17,16 @@ from numcheck.properties.fp8.cases import Fp8Case, declared_mode
 from numcheck.reports.report.coverage import fp8_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
-from numcheck.reports.report.md_rows import fmt, fp8_extras, median, pass_cell, plain_mode, section, summarize
+from numcheck.reports.report.md_rows import (
+    fmt,
+    fp8_extras,
+    lead_cells,
+    median,
+    pass_cell,
+    plain_mode,
+    section,
+    summarize,
+)
 from numcheck.reports.report.property_grid import fp8_refused, fp8_rows
 from numcheck.reports.report.schema import dtype_names, fp8_record
 
@@ -183,11 +192,7 @@ def fp8_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]:
         TABLE_COLUMNS,
         rows,
         lambda r: [
-            f"`{r['impl']}`",
-            r["recipe"],
-            r["mode"],
-            r["output"],
-            str(r["n"]),
+            *lead_cells(r, recipe=True),
             pass_cell(r, "accumulation", flagged=True),
             pass_cell(r, "total"),
             fmt(r["worst"]),

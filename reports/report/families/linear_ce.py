@@ -32,7 +32,7 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.md_rows import fmt, median, pass_cell, plain_mode, section, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, median, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import linear_ce_refused, linear_ce_rows
 from numcheck.reports.report.schema import dtype_names, linear_ce_record
 
@@ -378,10 +378,7 @@ def table(report: dict) -> list[str]:
         TABLE_COLUMNS,
         summary(report),
         lambda r: [
-            f"`{r['impl']}`",
-            r["mode"],
-            r["output"],
-            str(r["n"]),
+            *lead_cells(r),
             pass_cell(r, "analytic", flagged=True),
             pass_cell(r, "relative") if r["judged"].get("relative") else "not judged",
             fmt(r["worst"]),

@@ -13,7 +13,7 @@ from numcheck.impls.protocols.linear_distill import LINEAR_DISTILL_KIND
 from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
-from numcheck.reports.report.md_rows import fmt, pass_cell, plain_mode, section, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import PropertyRow
 from numcheck.reports.report.schema import oracle_record
 
@@ -71,10 +71,7 @@ def table(report: dict) -> list[str]:
         ("impl", "dtype", "output", "cases", "pass", "worst error/bound", "worst case"),
         summary(report),
         lambda r: [
-            f"`{r['impl']}`",
-            r["mode"],
-            r["output"],
-            str(r["n"]),
+            *lead_cells(r),
             pass_cell(r, "analytic", flagged=True),
             fmt(r["worst"]),
             r["worst_case"],

@@ -16,7 +16,7 @@ from numcheck.impls.protocols.linear_preference import PREFERENCE_KIND
 from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
-from numcheck.reports.report.md_rows import fmt, pass_cell, plain_mode, section, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import PropertyRow
 from numcheck.reports.report.schema import oracle_record
 
@@ -125,10 +125,7 @@ def table(report: dict) -> list[str]:
         ("impl", "dtype", "output", "cases", "pass (a)", "pass (b)", "worst error/bound"),
         summary(report),
         lambda r: [
-            f"`{r['impl']}`",
-            r["mode"],
-            r["output"],
-            str(r["n"]),
+            *lead_cells(r),
             pass_cell(r, "analytic", flagged=True),
             pass_cell(r, "relative"),
             fmt(r["worst"]),

@@ -30,7 +30,7 @@ from numcheck.reports.report.grid import (
     GridSpec,
     NotRun,
 )
-from numcheck.reports.report.md_rows import fmt, fp8_extras, pass_cell, section, summarize
+from numcheck.reports.report.md_rows import fmt, fp8_extras, lead_cells, pass_cell, section, summarize
 from numcheck.reports.report.property_grid import tp_rows
 from numcheck.reports.report.schema import dtype_names, tp_record
 
@@ -176,11 +176,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
 def _cells(r: dict[str, Any]) -> list[str]:
     same, n_same = r["same_scale"]
     return [
-        f"`{r['impl']}`",
-        r["recipe"],
-        r["mode"],
-        r["output"],
-        str(r["n"]),
+        *lead_cells(r, recipe=True),
         pass_cell(r, "accumulation", flagged=True),
         pass_cell(r, "total"),
         f"{same}/{n_same}{'' if same == n_same else ' ❌'}",
