@@ -58,23 +58,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_case(text: str) -> Any:
     """Evaluate a ``Problem(...)`` / ``Fp8Case(...)`` expression with only the case types of the registered families
-    (:data:`reports.report.families.FAMILIES`, in the kinds' order) and the constructors their ``repr`` uses in scope."""
+    (:data:`reports.report.families.FAMILIES`, in the kinds' order) and the names their ``repr`` uses (each
+    family's ``repr_names``) in scope."""
     import math
 
     from numcheck.impls.protocols.kinds import NAMES
-    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes
-    from numcheck.reference.fp8_recipes import Fp8Recipe
     from numcheck.reports.report.families import FAMILIES
 
-    types = tuple(t for kind in NAMES if kind in FAMILIES for t in FAMILIES[kind].case_types())
-    names = {
-        **{t.__name__: t for t in types},
-        "Fp8Recipe": Fp8Recipe,
-        "DrawnTensor": DrawnTensor,
-        "FormatCodes": FormatCodes,
-        "inf": math.inf,
-        "nan": math.nan,
-    }
+    families = [FAMILIES[kind] for kind in NAMES if kind in FAMILIES]
+    types = tuple(t for f in families for t in f.case_types())
+    names = {t.__name__: t for t in types}
+    for f in families:
+        names.update(f.repr_names() if f.repr_names else {})
+    names.update(inf=math.inf, nan=math.nan)
     try:
         case = eval(text, {"__builtins__": {}}, names)  # noqa: S307
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument

@@ -217,6 +217,14 @@ def case_types() -> tuple[type, ...]:
     return (Fp8Case, QuantizerCase)
 
 
+def repr_names() -> dict[str, Any]:
+    """What an FP8 case's ``repr`` names besides its case type: its recipe, a quantizer case's drawn tensor."""
+    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+
+    return {"Fp8Recipe": Fp8Recipe, "DrawnTensor": DrawnTensor, "FormatCodes": FormatCodes}
+
+
 FAMILY = ReportFamily(
     kind=FP8_KIND,
     plan=plan,
@@ -234,4 +242,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="FP8 ",
     behaviours=fp8_behaviours,
+    repr_names=repr_names,
 )

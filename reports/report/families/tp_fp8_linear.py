@@ -258,4 +258,5 @@ FAMILY = ReportFamily(
     label="TP FP8 ",
     behaviours=tp_fp8_behaviours,
     find_impl=find_tp_impl,
+    repr_names=fp8_linear.repr_names,
 )
