@@ -6,6 +6,7 @@ table was judged by, are here.
 * :func:`adapter_code_hash`: the content hash a table's first line records (``tests/self/test_ci_evidence.py``
   compares it with the checkout's);
 * :func:`available_releases` and :func:`install`: a package's releases from the index, each into ``DIR/<version>``;
+  :func:`sweep_parser` and :func:`releases_in`: the arguments every sweep takes and the release folders it judges;
 * :func:`release_env`, :func:`run`, :func:`junit`, :func:`machine`: a release judged in a fresh process, a pytest
   run's JUnit counts, where it ran;
 * :func:`per_release` and :func:`per_release_main`: a script that judges in-process (``script --here``) run once per release
@@ -16,6 +17,7 @@ Not a script: the release scripts import it from their own folder (``docs/eviden
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import platform
@@ -76,6 +78,18 @@ def install(folder: Path, package: str, oldest: Version) -> int:
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
         rc |= subprocess.run([*pip, "--target", str(target), f"{package}=={v}"]).returncode
     return rc
+
+
+def sweep_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every release sweep takes (its description the first paragraph of ``doc``): the folder of
+    per-release folders, ``--install`` (:func:`install`), ``--only`` (:func:`releases_in`) and ``-n`` (the
+    suite's pytest-xdist workers)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="folder of per-release folders")
+    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
+    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
+    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    return ap
 
 
 def releases_in(folder: Path, oldest: Version, only: str = "") -> list[str]:

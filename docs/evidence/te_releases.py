@@ -60,6 +60,7 @@ from _releases import (  # noqa: E402 - the release tables' shared mechanics (do
     release_env,
     releases_in,
     run,
+    sweep_parser,
 )
 
 OLDEST = Version("2.2.0")
@@ -289,11 +290,7 @@ def judge_all(releases: list[str], args: argparse.Namespace, code: str) -> dict[
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path, help="folder of per-release folders")
-    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
-    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
-    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap = sweep_parser(__doc__)
     ap.add_argument("--parallel", type=int, default=1, help="releases judged at once (each with -n workers)")
     ap.add_argument("--report", action="store_true", help="also run numcheck report --grid quick")
     ap.add_argument("--every", action="store_true", help="run the suite for every release, identical files or not")

@@ -32,7 +32,6 @@ DIR holds one folder per release, named by its version (about 50 MB each unpacke
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -52,6 +51,7 @@ from _releases import (  # noqa: E402 - the release tables' shared mechanics (do
     release_env,
     releases_in,
     run,
+    sweep_parser,
 )
 
 OLDEST = Version("0.9.0")
@@ -212,11 +212,7 @@ def render(results: dict[str, dict[str, object]], code: str, argv: list[str]) ->
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path, help="folder of per-release folders")
-    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
-    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
-    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap = sweep_parser(__doc__)
     args = ap.parse_args(argv)
     if args.install:
         return install(args.dir, "torchao", OLDEST)
