@@ -365,3 +365,37 @@ def code_identity() -> dict[str, Any]:
     import torch
 
     return {"code": code_hash(), "torch": torch.__version__}
+
+
+def find_impl(name: str) -> Any:
+    """The impl named ``name``: a ``module:attr`` spec (loaded as ``--impl`` loads it, the current directory on
+    the path), a built-in, or one loaded through ``NUMCHECK_IMPLS`` / entry points. ValueError saying what was
+    found otherwise, including why a ``NUMCHECK_IMPLS`` spec that should have provided it failed to load."""
+    from numcheck.impls.registry import BrokenImpl, discover
+
+    if ":" in name:
+        loaded = discover([name])
+        good = [e for e in loaded if not isinstance(e, BrokenImpl)]
+        bad = [e for e in loaded if isinstance(e, BrokenImpl)]
+        if bad:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {bad[0].error}")
+        if len(good) == 1:
+            return good[0].impl
+        raise ValueError(
+            f"impl spec {name!r} yields {len(good)} impls ({[e.name for e in good]}); rerun with "
+            f"NUMCHECK_IMPLS={name} and --impl NAME, one of them"
+        )
+    entries = discover()
+    for e in entries:
+        if e.name == name:
+            if isinstance(e, BrokenImpl):
+                raise ValueError(f"impl {name!r} could not be loaded ({e.origin}): {e.error}")
+            return e.impl
+    names = sorted(e.name for e in entries if not isinstance(e, BrokenImpl))
+    broken = [f"{e.spec!r} ({e.origin}): {e.error}" for e in entries if isinstance(e, BrokenImpl)]
+    hint = (
+        f"; these specs failed to load, one may be it: {'; '.join(broken)}"
+        if broken
+        else " (an outside impl: --impl module:attr, or NUMCHECK_IMPLS=module:attr)"
+    )
+    raise ValueError(f"no impl named {name!r}; loaded: {names}{hint}")

@@ -23,14 +23,11 @@ checkout's: rerun this script then and commit its output as ``liger_distill_rele
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from te_releases import adapter_code_hash  # noqa: E402 - the one content hash the release tables record
+from _releases import adapter_code_hash, per_release_main  # noqa: E402 - the release tables' shared mechanics
 
 #: The numcheck code a row is judged by: the adapter and its known-divergence module.
 ADAPTER_CODE = ("impls/adapters/liger_distill.py", "properties/linear_distill/known_liger.py")
@@ -46,29 +43,18 @@ CHECKS: tuple[tuple[str, dict], ...] = (
 )
 
 
-def per_release(script: str, folders: list[str]) -> int:
-    """Run ``script --here`` once per release folder (``installed``: none added), that folder first on the path."""
-    rc = 0
+def header(folders: list[str]) -> str:
+    """The table's first line: the release folders judged (by name), the numcheck code the rows are judged by and
+    the installed release."""
     from importlib import metadata
 
     names = " ".join(Path(f).name for f in folders)
-    print(
+    return (
         f"# python docs/evidence/liger_distill_releases.py {names}   (adapter code "
-        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)}; run from DIR, each release folder made by "
-        f"pip install --no-deps --target DIR/X liger-kernel==X; CPU, Triton interpreter; 'installed' = "
-        f"{metadata.version('liger-kernel')})",
-        flush=True,
+        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)}; run from DIR, each release folder "
+        f"made by pip install --no-deps --target DIR/X liger-kernel==X; CPU, Triton interpreter; 'installed' = "
+        f"{metadata.version('liger-kernel')})"
     )
-    for folder in folders:
-        extra = [] if folder == "installed" else [folder]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *extra, os.environ.get("PYTHONPATH", "")]))
-        print(f"== {Path(folder).name}", flush=True)
-        proc = subprocess.run([sys.executable, script, "--here"], env=env, capture_output=True, text=True, timeout=900)
-        print(proc.stdout, end="", flush=True)
-        if proc.returncode:
-            print(proc.stderr[-3000:])
-            rc = 1
-    return rc
 
 
 def verdict(check, impl, case) -> str:
@@ -118,7 +104,4 @@ def here() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--here"]:
-        here()
-    else:
-        sys.exit(per_release(__file__, sys.argv[1:] or ["installed"]))
+    per_release_main(__file__, here, header)

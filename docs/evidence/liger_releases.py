@@ -23,15 +23,12 @@ script then and commit its output as ``liger_releases.txt``.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from te_releases import adapter_code_hash  # noqa: E402 - the one content hash both release tables record
+from _releases import adapter_code_hash, per_release_main  # noqa: E402 - the release tables' shared mechanics
 
 #: The numcheck code a row is judged by: the adapter, the known-divergence module keyed on Liger's release, and the
 #: emulation of a kernel's store its z-loss predicate uses (``kernel_store``).
@@ -39,24 +36,12 @@ ADAPTER_CODE = ("impls/adapters/liger.py", "properties/linear_ce/known_liger.py"
 PROBLEM = "Problem(N=11, H=16, V=37, upstream={!r}, seed=4)"
 
 
-def per_release(script: str, folders: list[str]) -> int:
-    """Run ``script --here`` once per release folder (``installed``: none added), that folder first on the path."""
-    rc = 0
-    print(
+def header(folders: list[str]) -> str:
+    """The table's first line: the folders judged and the numcheck code the rows are judged by."""
+    return (
         f"# python docs/evidence/liger_releases.py {' '.join(folders)}   (adapter code "
-        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)})",
-        flush=True,
+        f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)})"
     )
-    for folder in folders:
-        extra = [] if folder == "installed" else [folder]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *extra, os.environ.get("PYTHONPATH", "")]))
-        print(f"== {folder}", flush=True)
-        proc = subprocess.run([sys.executable, script, "--here"], env=env, capture_output=True, text=True, timeout=900)
-        print(proc.stdout, end="", flush=True)
-        if proc.returncode:
-            print(proc.stderr[-3000:])
-            rc = 1
-    return rc
 
 
 def release_line() -> str:
@@ -107,7 +92,4 @@ def here() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--here"]:
-        here()
-    else:
-        sys.exit(per_release(__file__, sys.argv[1:] or ["installed"]))
+    per_release_main(__file__, here, header)

@@ -43,19 +43,26 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 import tempfile
-import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _releases import (  # noqa: E402 - the release tables' shared mechanics (docs/evidence/ is no package)
+    ROOT,
+    adapter_code_hash,
+    install,
+    junit,
+    machine,
+    release_env,
+    releases_in,
+    run,
+    sweep_parser,
+)
+
 OLDEST = Version("2.2.0")
 LINEAR = ("te_parallel_ce[mean]", "te_parallel_ce[none]", "te_parallel_ce[mean,overwrite_input]")
 DIST = ("te_vocab_parallel[mean]", "te_vocab_parallel[none]")
@@ -78,102 +85,8 @@ ADAPTER_CODE = (
 )
 
 
-def content_hash(contents: list[bytes]) -> str:
-    """SHA-256 over the SHA-256 of each content in order (the files' bytes alone: no path, no timestamp)."""
-    h = hashlib.sha256()
-    for data in contents:
-        h.update(hashlib.sha256(data).digest())
-    return h.hexdigest()[:16]
-
-
-def adapter_code_hash(files: tuple[str, ...] = ADAPTER_CODE, root: Path = ROOT) -> str:
-    """:func:`content_hash` of ``files`` (paths relative to ``root``); a missing one is named."""
-    missing = [f for f in files if not (root / f).is_file()]
-    if missing:
-        raise SystemExit(f"adapter code hash: {', '.join(missing)} not found under {root} (moved? update the list)")
-    return content_hash([(root / f).read_bytes() for f in files])
-
-
-def available_releases() -> list[str]:
-    """The transformer-engine releases the package index lists, from :data:`OLDEST` on."""
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "transformer-engine"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    line = next(ln for ln in out.splitlines() if ln.startswith("Available versions:"))
-    found = []
-    for v in line.split(":", 1)[1].split(","):
-        try:
-            if Version(v.strip()) >= OLDEST:
-                found.append(v.strip())
-        except InvalidVersion:
-            continue
-    return sorted(found, key=Version)
-
-
-def install(folder: Path) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    rc = 0
-    for v in available_releases():
-        target = folder / v
-        if target.is_dir():
-            print(f"{v}: {target} exists", flush=True)
-            continue
-        print(f"{v}: installing into {target}", flush=True)
-        rc |= subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--target",
-                str(target),
-                f"transformer-engine=={v}",
-            ]
-        ).returncode
-    return rc
-
-
 def _env(folder: Path) -> dict[str, str]:
-    env = dict(os.environ, NUMCHECK_TE_DIR=str(folder), PYTHONPATH=str(ROOT))
-    env.pop("NUMCHECK_IMPLS", None)
-    return env
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return 124, out + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - start
-
-
-def _junit(path: Path) -> dict[str, object]:
-    """Counts and, per failing test, the first line of its message, from a JUnit XML file."""
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    failures: list[str] = []
-    if not path.is_file():
-        return {**counts, "failures": ["(no JUnit file: pytest did not finish)"]}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "?")
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if bad is not None:
-            counts["failed"] += 1
-            text = (bad.get("message") or bad.text or "").strip()
-            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-            failures.append(f"{name}: {first[:300]}")
-        elif case.find("skipped") is not None:
-            counts["skipped"] += 1
-        else:
-            counts["passed"] += 1
-    return {**counts, "failures": failures}
+    return release_env(ROOT, NUMCHECK_TE_DIR=str(folder))
 
 
 def files_hash(folder: Path) -> str:
@@ -201,8 +114,8 @@ def _suite(env: dict[str, str], jobs: int, tmp: Path, release: str) -> dict[str,
     """Step 2: the property suite on the TE impls, both faces."""
     xml = tmp / "suite.xml"
     cmd = [sys.executable, *_PYTEST, "-n", str(jobs), "--pyargs", "numcheck.tests.suite", *_impl_args()]
-    rc, out, s = _run([*cmd, f"--junitxml={xml}"], env, 5400)
-    return {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:], "release": release}
+    rc, out, s = run([*cmd, f"--junitxml={xml}"], env, 5400)
+    return {"rc": rc, "seconds": round(s), **junit(xml), "tail": out.strip().splitlines()[-3:], "release": release}
 
 
 def _known(env: dict[str, str], tmp: Path) -> dict[str, object]:
@@ -210,36 +123,16 @@ def _known(env: dict[str, str], tmp: Path) -> dict[str, object]:
     xml = tmp / "known.xml"
     keyword = "te_parallel_ce or te_vocab_parallel or transformer_engine"
     cmd = [sys.executable, *_PYTEST, "-n", "0", *KNOWN_TESTS, "-k", keyword, f"--junitxml={xml}"]
-    rc, out, s = _run(cmd, env, 3600)
-    return {"rc": rc, "seconds": round(s), **_junit(xml), "tail": out.strip().splitlines()[-3:]}
+    rc, out, s = run(cmd, env, 3600)
+    return {"rc": rc, "seconds": round(s), **junit(xml), "tail": out.strip().splitlines()[-3:]}
 
 
 def _report(env: dict[str, str], tmp: Path) -> dict[str, object]:
     """Step 4: ``numcheck report --grid quick`` on the TE impls: its verdict lines."""
     out_dir = str(tmp / "report")
     cmd = [sys.executable, "-m", "numcheck.reports.cli", "report", "--grid", "quick", "--out", out_dir, *_impl_args()]
-    rc, out, s = _run(cmd, env, 5400)
+    rc, out, s = run(cmd, env, 5400)
     return {"rc": rc, "seconds": round(s), "tail": out.strip().splitlines()[-4:]}
-
-
-def machine() -> str:
-    """Where a release was judged: CPU model, core count, torch and triton (a table may gather several machines)."""
-    probe = "import torch, triton; print(torch.__version__, triton.__version__)"
-    versions = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
-    cpu = (
-        next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in ln
-            ),
-            platform.processor() or platform.machine(),
-        )
-        if Path("/proc/cpuinfo").is_file()
-        else platform.machine()
-    )
-    torch_v, triton_v = (versions + ["?", "?"])[:2]
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch_v}, triton {triton_v}, Python {platform.python_version()}"
 
 
 def judge(folder: Path, jobs: int, report: bool, suite_of: dict[str, object] | None = None) -> dict[str, object]:
@@ -247,7 +140,7 @@ def judge(folder: Path, jobs: int, report: bool, suite_of: dict[str, object] | N
     with byte-identical files, carried instead of running step 2."""
     env = _env(folder)
     rec: dict[str, object] = {"folder": str(folder), "files": files_hash(folder), "machine": machine()}
-    rc, out, _ = _run([sys.executable, "-m", "numcheck.reports.cli", "list", *_impl_args()], env, 600)
+    rc, out, _ = run([sys.executable, "-m", "numcheck.reports.cli", "list", *_impl_args()], env, 600)
     rec["list"] = out.strip().splitlines()
     rec["list_rc"] = rc
     with tempfile.TemporaryDirectory() as tmp:
@@ -397,11 +290,7 @@ def judge_all(releases: list[str], args: argparse.Namespace, code: str) -> dict[
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path, help="folder of per-release folders")
-    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
-    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
-    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap = sweep_parser(__doc__)
     ap.add_argument("--parallel", type=int, default=1, help="releases judged at once (each with -n workers)")
     ap.add_argument("--report", action="store_true", help="also run numcheck report --grid quick")
     ap.add_argument("--every", action="store_true", help="run the suite for every release, identical files or not")
@@ -414,12 +303,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, help="write the table here too")
     args = ap.parse_args(argv)
     if args.install:
-        return install(args.dir)
-    releases = [p.name for p in args.dir.iterdir() if p.is_dir()]
-    releases = [v for v in releases if _is_version(v) and Version(v) >= OLDEST]
-    if args.only:
-        releases = [v for v in releases if v in set(args.only.split(","))]
-    code = adapter_code_hash()
+        return install(args.dir, "transformer-engine", OLDEST)
+    releases = releases_in(args.dir, OLDEST, args.only)
+    code = adapter_code_hash(ADAPTER_CODE)
     args.work.mkdir(parents=True, exist_ok=True)
     results = judge_all(releases, args, code)
     text = render(results, code)
@@ -428,14 +314,6 @@ def main(argv: list[str]) -> int:
         args.out.write_text(text + "\n")
     bad = any(r["suite"]["failed"] or r["known"]["failed"] for r in results.values())  # type: ignore[index]
     return 1 if bad else 0
-
-
-def _is_version(text: str) -> bool:
-    try:
-        Version(text)
-        return True
-    except InvalidVersion:
-        return False
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Releases whose ``torchao/float8`` files are byte-identical (0.14.0/0.14.1, 0.16.
 and share the verdict (marked with the release it ran on); steps 1 and 2 run for each.
 
 The first line printed names the numcheck code the rows are judged by: the content hash of the adapter's module and
-its known-divergence module (:data:`ADAPTER_CODE`, hashed as ``te_releases.py`` does). A CI test
+its known-divergence module (:data:`ADAPTER_CODE`, hashed by ``_releases.py`` as every release table is). A CI test
 (``tests/self/test_ci_evidence.py``) fails when the committed table's hash differs from the checkout's: rerun this
 script then and commit its output.
 
@@ -32,55 +32,33 @@ DIR holds one folder per release, named by its version (about 50 MB each unpacke
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from te_releases import _junit, adapter_code_hash, machine  # noqa: E402 - shared by the release tables
+from _releases import (  # noqa: E402 - the release tables' shared mechanics (docs/evidence/ is no package)
+    ROOT,
+    adapter_code_hash,
+    install,
+    junit,
+    machine,
+    release_env,
+    releases_in,
+    run,
+    sweep_parser,
+)
 
 OLDEST = Version("0.9.0")
 #: The numcheck code a row is judged by: the adapter and its known-divergence module.
 ADAPTER_CODE = ("impls/adapters/torchao.py", "properties/fp8/known_torchao.py")
 IMPLS = ("torchao_float8[tensorwise]", "torchao_float8[rowwise]", "torchao_float8[rowwise_with_gw_hp]")
 _NOISE = ("Failed to load", "register_constant", "Skipping import of cpp extensions", "is an Enum subclass")
-
-
-def available_releases() -> list[str]:
-    """The torchao releases the package index lists, from :data:`OLDEST` on."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", "torchao"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in out.splitlines() if ln.startswith("Available versions:"))
-    return sorted((v.strip() for v in line.split(":", 1)[1].split(",") if _at_least_oldest(v.strip())), key=Version)
-
-
-def _at_least_oldest(text: str) -> bool:
-    try:
-        return Version(text) >= OLDEST
-    except InvalidVersion:
-        return False
-
-
-def install(folder: Path) -> int:
-    rc = 0
-    for v in available_releases():
-        target = folder / v
-        if target.is_dir():
-            continue
-        print(f"{v}: installing into {target}", flush=True)
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
-        rc |= subprocess.run([*pip, "--target", str(target), f"torchao=={v}"]).returncode
-    return rc
 
 
 def files_hash(folder: Path) -> str:
@@ -93,19 +71,7 @@ def files_hash(folder: Path) -> str:
 
 
 def _env(folder: Path) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(folder)]))
-    env.pop("NUMCHECK_IMPLS", None)
-    return env
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        out = proc.stdout + proc.stderr
-        return proc.returncode, out, time.monotonic() - start
-    except subprocess.TimeoutExpired:
-        return 124, f"(timed out after {timeout:.0f} s)", time.monotonic() - start
+    return release_env(ROOT, folder)
 
 
 def _clean(text: str) -> list[str]:
@@ -168,17 +134,17 @@ def _suite(env: dict[str, str], jobs: int, tmp: Path, release: str) -> dict[str,
     impl_args = [a for name in IMPLS for a in ("--impl", name)]
     xml = tmp / "suite.xml"
     pytest = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", "-n", str(jobs)]
-    rc, out, s = _run([*pytest, "--pyargs", "numcheck.tests.suite", *impl_args, f"--junitxml={xml}"], env, 3600)
-    suite = {"rc": rc, "seconds": round(s), **_junit(xml), "release": release}
+    rc, out, s = run([*pytest, "--pyargs", "numcheck.tests.suite", *impl_args, f"--junitxml={xml}"], env, 3600)
+    suite = {"rc": rc, "seconds": round(s), **junit(xml), "release": release}
     report = [sys.executable, "-m", "numcheck.reports.cli", "report", "--quick", "--no-progress", "--no-plots"]
-    rc, out, s = _run([*report, *impl_args, "--out", str(tmp / "report")], env, 3600)
+    rc, out, s = run([*report, *impl_args, "--out", str(tmp / "report")], env, 3600)
     suite["report"] = {"rc": rc, "seconds": round(s), "last": (_clean(out) or ["(no output)"])[-1]}
     return suite
 
 
 def judge_release(folder: Path, jobs: int, carried: dict[str, object] | None) -> dict[str, object]:
     env = _env(folder)
-    rc, out, _ = _run([sys.executable, __file__, "--here"], env, 900)
+    rc, out, _ = run([sys.executable, __file__, "--here"], env, 900)
     lines = _clean(out)
     rec: dict[str, object] = {"files": files_hash(folder)}
     try:
@@ -246,17 +212,11 @@ def render(results: dict[str, dict[str, object]], code: str, argv: list[str]) ->
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path, help="folder of per-release folders")
-    ap.add_argument("--install", action="store_true", help="install every release into DIR, then stop")
-    ap.add_argument("--only", default="", help="comma-separated releases (default: every folder in DIR)")
-    ap.add_argument("-n", "--jobs", type=int, default=2, help="pytest-xdist workers for the suite")
+    ap = sweep_parser(__doc__)
     args = ap.parse_args(argv)
     if args.install:
-        return install(args.dir)
-    releases = sorted((p.name for p in args.dir.iterdir() if _at_least_oldest(p.name)), key=Version)
-    if args.only:
-        releases = [v for v in releases if v in set(args.only.split(","))]
+        return install(args.dir, "torchao", OLDEST)
+    releases = releases_in(args.dir, OLDEST, args.only)
     code = adapter_code_hash(ADAPTER_CODE)
     suites: dict[str, dict[str, object]] = {}
     results: dict[str, dict[str, object]] = {}

@@ -88,50 +88,53 @@ def chunked_chunk_rows(N: int, H: int, V: int) -> int:
     return max(1, math.ceil(N / max(1, N // CHUNK_SIZE)))
 
 
-def _fused_call(fn: Any) -> Callable[..., torch.Tensor]:
+def _call(fn: Any, what: str, doc: str, labels_as: str, beta_as: str, **fixed: Any) -> Callable[..., torch.Tensor]:
+    """``fn.apply`` taking the distill call (its docstring ``doc``): the student's and teacher's inputs and weights by
+    Liger's names, the labels as ``labels_as``, β as ``beta_as``, and ``fixed``; the release's positional order read
+    from ``fn`` (``what`` names its forward in an error)."""
     params, defaults = forward_parameters(fn)
 
     def call(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
-        """LigerFusedLinearJSDFunction.apply with the labels given as shift_labels."""
         given = dict(
             student_input=sx,
             student_weight=sw,
             teacher_input=tx,
             teacher_weight=tw,
-            shift_labels=target,
-            jsd_beta=beta,
+            **{labels_as: target, beta_as: beta},
             ignore_index=ignore_index,
             temperature=temperature,
+            **fixed,
         )
-        return fn.apply(*positional_args(params, defaults, given, "LigerFusedLinearJSDFunction.forward"))
+        return fn.apply(*positional_args(params, defaults, given, what))
 
+    call.__doc__ = doc
     return call
+
+
+def _fused_call(fn: Any) -> Callable[..., torch.Tensor]:
+    return _call(
+        fn,
+        "LigerFusedLinearJSDFunction.forward",
+        "LigerFusedLinearJSDFunction.apply with the labels given as shift_labels.",
+        labels_as="shift_labels",
+        beta_as="jsd_beta",
+    )
 
 
 def _chunked_call(fn: Any, compiled: bool = False) -> Callable[..., torch.Tensor]:
-    params, defaults = forward_parameters(fn)
-
-    def call(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
-        """The chunked LigerFusedLinearJSDFunction.apply: soft loss only, chunk_size=8, compiled as declared."""
-        given = dict(
-            student_input=sx,
-            student_weight=sw,
-            teacher_input=tx,
-            teacher_weight=tw,
-            true_labels=target,
-            student_bias=None,
-            teacher_bias=None,
-            weight_hard_loss=0.0,
-            weight_soft_loss=1.0,
-            beta=beta,
-            ignore_index=ignore_index,
-            temperature=temperature,
-            compiled=compiled,
-            chunk_size=CHUNK_SIZE,
-        )
-        return fn.apply(*positional_args(params, defaults, given, "chunked LigerFusedLinearJSDFunction.forward"))
-
-    return call
+    return _call(
+        fn,
+        "chunked LigerFusedLinearJSDFunction.forward",
+        "The chunked LigerFusedLinearJSDFunction.apply: soft loss only, chunk_size=8, compiled as declared.",
+        labels_as="true_labels",
+        beta_as="beta",
+        student_bias=None,
+        teacher_bias=None,
+        weight_hard_loss=0.0,
+        weight_soft_loss=1.0,
+        compiled=compiled,
+        chunk_size=CHUNK_SIZE,
+    )
 
 
 def _unavailable(name: str, reason: str) -> DistillFunctionImpl:

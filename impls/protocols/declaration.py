@@ -56,6 +56,52 @@ def invalid(what: str, fix: str, *, site: str | None = None) -> InvalidDeclarati
     return InvalidDeclaration(f"{site or declaration_site()}: {what}\n  {fix}")
 
 
+def chunk_size(owner: str, name: str, value: object) -> None:
+    """Raise :class:`InvalidDeclaration` unless ``value`` (a chunked impl's ``name``: rows or classes per chunk) is
+    an int >= 1 or ``None``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise invalid(
+            f"{owner}.{name} must be an int >= 1 or None, got {value!r}",
+            "Give the rows (classes) per chunk, or None for one pass.",
+        )
+
+
+#: Shapes ``(N, H, V)`` a declared ``chunk_rule`` is called on when declared: one row, the suite's draws, and a
+#: production shape (BT=8192, H=4096, Llama 3's V=128256).
+CHUNK_RULE_PROBES: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (257, 8, 24), (8192, 4096, 128256))
+
+
+def chunk_rule(owner: str, rule: object, chunk_rows: int | None) -> None:
+    """Raise :class:`InvalidDeclaration` unless ``rule`` is ``None`` or a function ``(N, H, V) -> int >= 1`` on
+    every shape of :data:`CHUNK_RULE_PROBES`, declared without ``chunk_rows``."""
+    if rule is None:
+        return
+    if not callable(rule):
+        raise invalid(
+            f"{owner}.chunk_rule={rule!r} is not callable",
+            "Give a function (N, H, V) -> rows per chunk, e.g. chunk_rule=lambda N, H, V: 64.",
+        )
+    if chunk_rows is not None:
+        raise invalid(
+            f"{owner} declares both chunk_rows={chunk_rows!r} and chunk_rule",
+            "Declare chunk_rows for a fixed chunk size, chunk_rule when it follows from the shapes.",
+        )
+    label = f"{owner}.chunk_rule {getattr(rule, '__name__', type(rule).__name__)} (defined at {defined_at(rule)})"
+    for N, H, V in CHUNK_RULE_PROBES:
+        try:
+            rows = rule(N, H, V)
+        except Exception as exc:  # noqa: BLE001 - the user's rule: any exception is a bad declaration
+            raise invalid(
+                f"{label} raised {type(exc).__name__}: {exc} on N={N}, H={H}, V={V}",
+                "It is called with three positive ints and must return the rows per chunk.",
+            ) from exc
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise invalid(
+                f"{label} returned {rows!r} on N={N}, H={H}, V={V}",
+                "It must return the rows per chunk as an int >= 1 (N or more: one chunk).",
+            )
+
+
 def did_you_mean(word: str, known: Iterable[str], aliases: dict[str, str] | None = None) -> str:
     """``" Did you mean 'x'?"`` for the closest of ``known`` (an ``aliases`` entry first), or ``""``."""
     known = list(known)

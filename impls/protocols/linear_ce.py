@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 
 from numcheck.impls.protocols import declaration as decl
-from numcheck.impls.protocols.declaration import defined_at, invalid
+from numcheck.impls.protocols.declaration import invalid
 from numcheck.impls.protocols.fp8_linear import FP8_KIND, validate_fp8_linear_impl
 from numcheck.impls.protocols.kind import Kind
 
@@ -174,17 +174,6 @@ def _check_choices(own: str, support: object) -> None:
             )
 
 
-def _check_chunk_sizes(own: str, support: object) -> None:
-    """``chunk_rows`` and ``chunk_cols`` are each an int >= 1 or ``None``."""
-    for name in ("chunk_rows", "chunk_cols"):
-        value = getattr(support, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise invalid(
-                f"{own}.{name} must be an int >= 1 or None, got {value!r}",
-                "Give the rows (classes) per chunk, or None for one pass.",
-            )
-
-
 @dataclass(frozen=True)
 class LinearCESupport:
     """What a linear+CE implementation declares it supports.
@@ -298,8 +287,9 @@ class LinearCESupport:
             ),
         )
         _check_choices(own, self)
-        _check_chunk_sizes(own, self)
-        _check_chunk_rule(own, self.chunk_rule, self.chunk_rows)
+        for name in ("chunk_rows", "chunk_cols"):
+            decl.chunk_size(own, name, getattr(self, name))
+        decl.chunk_rule(own, self.chunk_rule, self.chunk_rows)
         set_("elementary_error", _elementary(own, self.elementary_error))
         decl.bools(own, self, ("returns_z_loss", "slow", "deterministic"))
         decl.requirement(own, self.requires)
@@ -361,42 +351,6 @@ class LinearCESupport:
         if all_ignored and self.all_ignored is None:
             return "all-ignored batches not declared"
         return None
-
-
-#: Shapes ``(N, H, V)`` a declared ``chunk_rule`` is called on when declared: one row, the suite's draws, and a
-#: production shape (BT=8192, H=4096, Llama 3's V=128256).
-CHUNK_RULE_PROBES: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (257, 8, 24), (8192, 4096, 128256))
-
-
-def _check_chunk_rule(owner: str, rule: object, chunk_rows: int | None) -> None:
-    """Raise :class:`InvalidDeclaration` unless ``rule`` is ``None`` or a function ``(N, H, V) -> int >= 1`` on
-    every shape of :data:`CHUNK_RULE_PROBES`, declared without ``chunk_rows``."""
-    if rule is None:
-        return
-    if not callable(rule):
-        raise invalid(
-            f"{owner}.chunk_rule={rule!r} is not callable",
-            "Give a function (N, H, V) -> rows per chunk, e.g. chunk_rule=lambda N, H, V: 64.",
-        )
-    if chunk_rows is not None:
-        raise invalid(
-            f"{owner} declares both chunk_rows={chunk_rows!r} and chunk_rule",
-            "Declare chunk_rows for a fixed chunk size, chunk_rule when it follows from the shapes.",
-        )
-    label = f"{owner}.chunk_rule {getattr(rule, '__name__', type(rule).__name__)} (defined at {defined_at(rule)})"
-    for N, H, V in CHUNK_RULE_PROBES:
-        try:
-            rows = rule(N, H, V)
-        except Exception as exc:  # noqa: BLE001 - the user's rule: any exception is a bad declaration
-            raise invalid(
-                f"{label} raised {type(exc).__name__}: {exc} on N={N}, H={H}, V={V}",
-                "It is called with three positive ints and must return the rows per chunk.",
-            ) from exc
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise invalid(
-                f"{label} returned {rows!r} on N={N}, H={H}, V={V}",
-                "It must return the rows per chunk as an int >= 1 (N or more: one chunk).",
-            )
 
 
 def _elementary(owner: str, value: object) -> ElementaryError:

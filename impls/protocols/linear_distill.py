@@ -124,10 +124,8 @@ class LinearDistillSupport:
                     f"{own}.{name}={value!r} is not one of {allowed}",
                     f"See LinearDistillSupport's docstring for what each value means.{hint}",
                 )
-        rows = self.chunk_rows
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-            raise invalid(f"{own}.chunk_rows must be an int >= 1 or None, got {rows!r}", "e.g. chunk_rows=64.")
-        _check_rule(own, self.chunk_rule, rows)
+        decl.chunk_size(own, "chunk_rows", self.chunk_rows)
+        decl.chunk_rule(own, self.chunk_rule, self.chunk_rows)
         decl.bools(own, self, ("beta_endpoints", "temperature_squared", "deterministic", "slow"))
         decl.requirement(own, self.requires)
 
@@ -170,27 +168,6 @@ class LinearDistillSupport:
             f"denominator: {self.denominator}\n"
             f"logits: {self.logits_dtype}; divergence: {self.divergence_dtype}; grad_weight accumulation: {self.grad_accumulation}; chunk rows: {chunk}"
         )
-
-
-def _check_rule(owner: str, rule: object, chunk_rows: int | None) -> None:
-    """``rule`` is ``None`` or a function ``(N, H, V) -> int >= 1``, declared without ``chunk_rows``."""
-    if rule is None:
-        return
-    if not callable(rule) or chunk_rows is not None:
-        raise invalid(
-            f"{owner}.chunk_rule={rule!r} must be a function (N, H, V) -> rows, declared without chunk_rows",
-            "Declare chunk_rows for a fixed chunk size, chunk_rule when it follows from the shapes.",
-        )
-    for N, H, V in ((1, 1, 1), (33, 8, 24), (8192, 4096, 128256)):
-        try:
-            rows = rule(N, H, V)
-        except Exception as exc:  # noqa: BLE001 - the user's rule: any exception is a bad declaration
-            raise invalid(
-                f"{owner}.chunk_rule raised {type(exc).__name__}: {exc} on N={N}, H={H}, V={V}",
-                "Return the rows per chunk.",
-            ) from exc
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise invalid(f"{owner}.chunk_rule returned {rows!r} on N={N}, H={H}, V={V}", "Return an int >= 1.")
 
 
 def call_refusal(fn: Callable[..., Any]) -> str | None:

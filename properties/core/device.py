@@ -1,5 +1,13 @@
 """The device the property suite draws its cases on, for every family: ``NUMCHECK_DEVICE`` (default ``cpu``;
-``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU)."""
+``NUMCHECK_DEVICE=cuda`` runs the suite on the GPU).
+
+Where the judge runs is each family's oracle's choice, and one rule for all: the float64 oracle and the bounds
+derived from it run on one device — the inputs' for linear+CE and linear-distill (blocked float64 matmuls sized for
+production shapes), the CPU for the FP8 families and linear-preference (its oracle and bounds are built there) —
+and every output judged against them, the impl's and judgement (b)'s yardstick's, is moved to the oracle's device
+to be compared (:func:`~numcheck.properties.core.compare.compare`,
+:func:`~numcheck.properties.core.relative.relative_judgement`, :func:`~numcheck.properties.core.relative.yardstick_error`).
+"""
 
 from __future__ import annotations
 

@@ -128,6 +128,16 @@ def rms(v: torch.Tensor) -> float:
     return float(v.to(torch.float64).nan_to_num(0.0).square().mean().sqrt())
 
 
+def yardstick_error(yard: torch.Tensor, oracle: torch.Tensor) -> tuple[float, torch.dtype]:
+    """Judgement (b)'s ``yard`` for one output: the yardstick's RMSE against the float64 ``oracle`` and its dtype.
+
+    Measured on the oracle's device, as :func:`relative_judgement` measures the impl and
+    :func:`~numcheck.properties.core.compare.compare` judges (a): a family's oracle and its bounds run where the
+    family computes them (:mod:`numcheck.properties.core.device`), and every output judged against them is moved
+    there."""
+    return rms(yard.to(device=oracle.device, dtype=torch.float64) - oracle), yard.dtype
+
+
 def relative_judgement(
     output: str,
     value: torch.Tensor,

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from numcheck.properties.core.compare import Comparison, compare
-from numcheck.properties.core.relative import RelativeJudgement, relative_judgement, rms
+from numcheck.properties.core.relative import RelativeJudgement, relative_judgement, yardstick_error
 from numcheck.properties.linear_ce.cases import Problem, Tensors, build
 from numcheck.properties.linear_ce.harness import (
     FROZEN_GRADS,
@@ -114,7 +114,7 @@ def eager_errors(p: Problem, t: Tensors, ref: LinearCEResult) -> EagerErrors:
         v = out.get(name)
         if v is None or o is None:
             continue
-        res[name] = (rms(v.to(torch.float64) - o), v.dtype)
+        res[name] = yardstick_error(v, o)
     return res
 
 

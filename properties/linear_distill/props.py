@@ -25,7 +25,7 @@ import torch
 
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.relative import relative_judgement, rms
+from numcheck.properties.core.relative import relative_judgement, yardstick_error
 from numcheck.properties.linear_distill.cases import DistillCase, DistillTensors, build
 from numcheck.properties.linear_distill.tolerance import OUTPUTS, distill_bounds
 from numcheck.reference.linear_distill import DistillResult, linear_distill
@@ -103,9 +103,8 @@ def _relative(impl: Any, case: DistillCase, r: Run, o: DistillResult, t: Distill
         value = r.outputs[k]
         if value is None:
             continue
-        y = yard.outputs[k]
-        rmse_yard = rms(y.to(torch.float64) - exact[k])
-        j = relative_judgement(k, value, exact[k], (rmse_yard, y.dtype), expected[k], yardstick="declared path")
+        y = yardstick_error(yard.outputs[k], exact[k])
+        j = relative_judgement(k, value, exact[k], y, expected[k], yardstick="declared path")
         if not j.ok:
             lines.append(j.describe())
     if lines:

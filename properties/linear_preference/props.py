@@ -27,7 +27,7 @@ import torch
 
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import fail
-from numcheck.properties.core.relative import relative_judgement, rms
+from numcheck.properties.core.relative import relative_judgement, yardstick_error
 from numcheck.properties.linear_preference.cases import PreferenceCase, PreferenceTensors, build
 from numcheck.properties.linear_preference.tolerance import preference_bounds
 from numcheck.reference.linear_preference import PreferenceReference, linear_preference, pair_rows
@@ -119,15 +119,13 @@ def relative_judgements(
         exp, value = (o.loss if name == "loss" else getattr(o, name)), got.get(name)
         if exp is None or value is None or value.shape != exp.shape:
             continue
-        yard = eager.get(name)
         note = (
             "declared coarser than eager (grad_weight_accumulation)"
             if coarser and name != "grad_x" and name != "loss"
             else ""
         )
-        # the yardstick ran on the case's device, the oracle (and the bounds) on the CPU
-        e = (yard.double().to(exp.device) - exp).abs() if yard is not None else exp * 0
-        out.append(relative_judgement(name, value, exp.double(), (rms(e), yard.dtype), expected[name], note=note))
+        yard = yardstick_error(eager.get(name), exp.double())
+        out.append(relative_judgement(name, value, exp.double(), yard, expected[name], note=note))
     return out
 
 

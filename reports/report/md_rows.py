@@ -43,6 +43,36 @@ def all_judged_pass(row: dict[str, Any]) -> bool:
     return all(row["passes"].get(j, 0) == n for j, n in row["judged"].items())
 
 
+def lead_cells(row: dict[str, Any], *, recipe: bool = False) -> list[str]:
+    """The cells every family's table starts a :func:`summarize` row with: the impl, its recipe (an FP8 kind's,
+    where ``recipe``), the dtype mode, the output and the count of cases."""
+    return [f"`{row['impl']}`", *([row["recipe"]] if recipe else []), row["mode"], row["output"], str(row["n"])]
+
+
+def pass_cell(row: dict[str, Any], judgement: str, flagged: bool = False) -> str:
+    """A pass-count cell of a :func:`summarize` row: how many of its outputs judged on ``judgement`` pass it, of how
+    many (``passed/judged``), marked `` ❌`` where ``flagged`` and the row fails any judgement (:func:`all_judged_pass`)."""
+    flag = " ❌" if flagged and not all_judged_pass(row) else ""
+    return f"{row['passes'].get(judgement, 0)}/{row['judged'].get(judgement, 0)}{flag}"
+
+
+def section(
+    title: str, note: str, columns: tuple[str, ...], rows: list[dict[str, Any]], cells: Callable[[dict], list[str]]
+) -> list[str]:
+    """A family's table in report.md: the heading ``title``, the paragraph ``note`` (none where empty), a header of
+    ``columns``, one line per :func:`summarize` row of ``rows`` (``cells(row)``: its cells in column order) and a
+    blank line; no lines without rows."""
+    if not rows:
+        return []
+    head = [title, "", *([note, ""] if note else []), "| " + " | ".join(columns) + " |"]
+    return [
+        *head,
+        "| " + " | ".join("---" for _ in columns) + " |",
+        *("| " + " | ".join(cells(r)) + " |" for r in rows),
+        "",
+    ]
+
+
 def _grouped(report: dict, kind: str, mode_of: Callable[[dict], str]) -> dict[tuple, list[tuple[dict, dict]]]:
     groups: dict[tuple, list[tuple[dict, dict]]] = defaultdict(list)
     for c in report["cases"]:

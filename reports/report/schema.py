@@ -79,7 +79,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -538,6 +538,52 @@ def dist_record(impl: Any, grid_case: Any, comps: dict[str, Any], lines: list[st
     if not ok:
         rec["failures"] = list(lines)
         rec["repro"] = repro_command(impl, "dist_accuracy", case)
+    return rec
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if math.isfinite(v) else None
+
+
+def oracle_record(
+    impl: Any,
+    grid_case: Any,
+    comps: Iterable[Any],
+    verdicts_of: Callable[[Any], dict[str, bool]],
+    judgements: tuple[str, ...],
+    failures: list[str],
+    seconds: float,
+) -> dict[str, Any]:
+    """The record of one case of a family that judges each output against its float64 oracle with no expected
+    level (linear-distill, linear-preference): per output of ``comps`` (:class:`~properties.core.compare.Comparison`,
+    keyed by its ``output``) its error/bound, ``max_abs``, ``max_ulp`` (non-finite ones as ``None``) and
+    ``verdicts_of(comparison)``; the case's verdict per judgement of ``judgements`` (every output's), ``ratio_hard``
+    the largest error/bound; a failing case's ``failures`` lines and repro command."""
+    from numcheck.properties.core.failures import repro_command
+
+    comps = list(comps)
+    outputs = {
+        c.output: {
+            "ratio_hard": _finite(c.ratio),
+            "ratio_expected": math.nan,
+            "max_abs": _finite(c.max_abs),
+            "max_ulp": _finite(c.max_ulp),
+            "verdicts": verdicts_of(c),
+        }
+        for c in comps
+    }
+    verdicts = {j: all(o["verdicts"][j] for o in outputs.values()) for j in judgements}
+    ok = all(verdicts.values())
+    rec = _base(impl, grid_case, "pass" if ok else "fail", seconds)
+    rec.update(
+        verdicts=verdicts,
+        outputs=outputs,
+        ratio_hard=_finite(max((c.ratio for c in comps), default=0.0)),
+        ratio_expected=math.nan,
+    )
+    if not ok:
+        rec["failures"] = list(failures)
+        rec["repro"] = repro_command(impl, "accuracy", grid_case.case)
     return rec
 
 

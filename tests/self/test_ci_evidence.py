@@ -70,10 +70,10 @@ def test_adapter_code_hash_is_of_contents_only(tmp_path: Path) -> None:
         dest.parent.mkdir()
         shutil.copyfile(ROOT / rel, dest)
         moved.append(dest.relative_to(tmp_path).as_posix())
-    assert tool.adapter_code_hash(tuple(moved), tmp_path) == tool.adapter_code_hash()
+    assert tool.adapter_code_hash(tuple(moved), tmp_path) == tool.adapter_code_hash(tool.ADAPTER_CODE)
     edited = tmp_path / moved[0]
     edited.write_bytes(edited.read_bytes() + b"\n")
-    assert tool.adapter_code_hash(tuple(moved), tmp_path) != tool.adapter_code_hash()
+    assert tool.adapter_code_hash(tuple(moved), tmp_path) != tool.adapter_code_hash(tool.ADAPTER_CODE)
 
 
 def test_liger_is_pinned_to_the_release_its_table_judged() -> None:

@@ -34,12 +34,10 @@ from typing import Any, Callable
 
 import torch
 
-from numcheck.errors import PropertyFailure
 from numcheck.impls.measure import memory
 from numcheck.impls.protocols.fp8_linear import held_for_backward
 from numcheck.impls.protocols.grouped_fp8_linear import delayed_states, predicted_grouped_columnwise_x_bytes
 from numcheck.properties.core.compare import compare, overflow_threshold
-from numcheck.properties.core.failures import failure_message
 from numcheck.properties.fp8.cases import Fp8Case, Fp8Tensors
 from numcheck.properties.fp8.grouped.cases import GroupedCase, GroupedTensors, build_grouped
 from numcheck.properties.fp8.grouped.tolerance import accumulated_bounds, grouped_bounds
@@ -49,6 +47,7 @@ from numcheck.properties.fp8.props import (
     _bits,
     _masked,
     check_held,
+    fail,
     note_result,
     output_metrics,
     run_fp8_impl,
@@ -62,13 +61,6 @@ from numcheck.reference.grouped_fp8_linear import (
     GroupedFp8LinearReference,
     grouped_quantized_linear,
 )
-
-
-def fail(impl: Any, prop: str, case: GroupedCase, *lines: str) -> None:
-    """Raise :class:`PropertyFailure` naming impl, property, case, the details and a repro command, carrying the
-    case as the other families' failures do (:func:`numcheck.check`'s verdict reports it as the failing case)."""
-    __tracebackhide__ = True
-    raise PropertyFailure(failure_message(impl, prop, case, lines), case=case)
 
 
 # -- running an impl -------------------------------------------------------------------------------------------
@@ -317,7 +309,8 @@ def accuracy(impl: Any, case: GroupedCase) -> Fp8CaseResult:
                     + m.true.describe()
                     + _where(r, case, label, m.true.worst)
                 )
-        fail(impl, "accuracy", case, *lines)
+        worst = max((max(m.dq.ratio, m.true.ratio) for m in r.outputs.values() if not m.ok), default=None)
+        fail(impl, "accuracy", case, *lines, ratio=worst)
     return r
 
 

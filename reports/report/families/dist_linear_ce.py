@@ -18,6 +18,7 @@ from typing import Any
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.linear_ce import REDUCTIONS
 from numcheck.properties.linear_ce.cases import Problem, dtype_of
+from numcheck.reports.common import find_impl
 from numcheck.reports.report.coverage import dist_behaviours
 from numcheck.reports.report.families import linear_ce
 from numcheck.reports.report.families.family import ReportFamily
@@ -35,7 +36,7 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import dist_refused, dist_rows
 from numcheck.reports.report.schema import dist_record, dtype_names
 
@@ -188,29 +189,32 @@ def summary(report: dict) -> list[dict[str, Any]]:
 
 def table(report: dict) -> list[str]:
     """The distributed linear+CE summary: one row per impl, world size and dtype, and output."""
-    out: list[str] = []
-    dist = summary(report)
-    if dist:
-        out += [
-            "### Distributed linear + cross-entropy: per impl × world size × dtype × output",
-            "",
-            "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
-            "against the unsharded float64 oracle under the sharded model's bound (`properties/distributed/linear_ce/tolerance.py`); "
-            "every rank's loss must also be bitwise rank 0's.",
-            "",
-            "| impl | world size, dtype | output | cases | analytic pass | worst error/bound | median | max ULP | "
-            "worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in dist:
-            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {fmt(r['worst'])} | "
-                f"{fmt(r['median'])} | {fmt(r['max_ulp'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
+    return section(
+        "### Distributed linear + cross-entropy: per impl × world size × dtype × output",
+        "Each case run on P gloo ranks, the assembled outputs (and every other rank's grad_x, `grad_x@rankR`) "
+        "against the unsharded float64 oracle under the sharded model's bound "
+        "(`properties/distributed/linear_ce/tolerance.py`); every rank's loss must also be bitwise rank 0's.",
+        (
+            "impl",
+            "world size, dtype",
+            "output",
+            "cases",
+            "analytic pass",
+            "worst error/bound",
+            "median",
+            "max ULP",
+            "worst case",
+        ),
+        summary(report),
+        lambda r: [
+            *lead_cells(r),
+            pass_cell(r, "analytic", flagged=True),
+            fmt(r["worst"]),
+            fmt(r["median"]),
+            fmt(r["max_ulp"]),
+            f"`{r['worst_case']}`",
+        ],
+    )
 
 
 def case_types() -> tuple[type, ...]:
@@ -218,6 +222,23 @@ def case_types() -> tuple[type, ...]:
     from numcheck.properties.distributed.linear_ce.cases import DistCase
 
     return (DistCase,)
+
+
+def find_dist_impl(name: str) -> Any:
+    """``numcheck repro``'s impl of a distributed linear+CE case: ``module:NAME`` as its failure's own repro line
+    names it (one of the module's ``dist_impls()``, or the attribute), or the name of a built-in or of one loaded
+    through ``NUMCHECK_IMPLS`` / entry points. ValueError saying what was found otherwise."""
+    if ":" in name:
+        from numcheck.properties.distributed.linear_ce.props import load_impl
+
+        try:
+            return load_impl(name)
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+    impl = find_impl(name)
+    if impl.kind != DIST_KIND:
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a DistCase")
+    return impl
 
 
 FAMILY = ReportFamily(
@@ -237,4 +258,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="distributed ",
     behaviours=dist_behaviours,
+    find_impl=find_dist_impl,
 )

@@ -49,6 +49,13 @@ class ReportFamily:
         behaviours: ``behaviours(impl)``, the behaviours an impl of the kind declares, each a (description,
             predicate on a case) pair: report.json's ``unreached`` names those no case run for it has
             (:mod:`reports.report.coverage`).
+        find_impl: ``find_impl(name)``, the impl ``numcheck repro --impl NAME`` runs a case of the kind on (a
+            family whose impls load otherwise than the registry's: a built-in list of its own, a spec naming a
+            function that builds one on its ranks); ``None``: :func:`reports.common.find_impl`.
+        repr_names: ``repr_names()``, the names besides its case types that a case's ``repr`` uses (a recipe, a drawn
+            tensor), which ``numcheck repro --problem`` evaluates with; ``None``: none (imported when called).
+        undeclared: ``undeclared(impl, case)``, why the impl's declaration excludes a case of the kind (``numcheck
+            repro`` runs it only with ``--undeclared``), or ``None`` where every case it is given is declared.
     """
 
     kind: str
@@ -67,3 +74,6 @@ class ReportFamily:
     outputs: tuple[str, ...]
     label: str
     behaviours: Callable[[Any], list[tuple[str, Callable[[Any], bool]]]]
+    find_impl: Callable[[str], Any] | None = None
+    repr_names: Callable[[], dict[str, Any]] | None = None
+    undeclared: Callable[[Any, Any], str | None] | None = None

@@ -17,7 +17,16 @@ from numcheck.properties.fp8.cases import Fp8Case, declared_mode
 from numcheck.reports.report.coverage import fp8_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, fp8_extras, median, plain_mode, summarize
+from numcheck.reports.report.md_rows import (
+    fmt,
+    fp8_extras,
+    lead_cells,
+    median,
+    pass_cell,
+    plain_mode,
+    section,
+    summarize,
+)
 from numcheck.reports.report.property_grid import fp8_refused, fp8_rows
 from numcheck.reports.report.schema import dtype_names, fp8_record
 
@@ -155,34 +164,45 @@ def summary(report: dict) -> list[dict[str, Any]]:
     return summarize(report, FP8_KIND, OUTPUTS, plain_mode, single_extras)
 
 
+#: The columns of :func:`fp8_table`.
+TABLE_COLUMNS: tuple[str, ...] = (
+    "impl",
+    "recipe",
+    "dtype",
+    "output",
+    "cases",
+    "accumulation pass",
+    "total pass",
+    "worst error/bound",
+    "median vs dequantized",
+    "median vs original",
+    "median (expected)",
+    "SQNR dB (median)",
+    "rel. Frobenius error (median)",
+)
+
+
 def fp8_table(rows: list[dict[str, Any]], title: str, intro: str) -> list[str]:
     """The per impl × recipe × dtype × output table of the single or the grouped FP8 linear (none without rows)."""
-    out: list[str] = []
-    if rows:
-        out += [
-            title,
-            "",
-            intro
-            + "*accumulation*: within the bound against the dequantized operands; *total*: within the bound against "
-            "the original operands. The expected column is the error against the dequantized operands over the expected "
-            "level (√n accumulation error plus the output's own rounding; informative only).",
-            "",
-            "| impl | recipe | dtype | output | cases | accumulation pass | total pass | worst error/bound | "
-            "median vs dequantized | median vs original | median (expected) | SQNR dB (median) | "
-            "rel. Frobenius error (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in rows:
-            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
-            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
-                f"{fmt(r['worst'])} | {fmt(r['median_dq'])} | {fmt(r['median_true'])} | {fmt(r['median_expected'])} | "
-                f"{fmt(r['sqnr_db'])} | {fmt(r['rel_fro_true'])} |"
-            )
-        out.append("")
-    return out
+    return section(
+        title,
+        intro + "*accumulation*: within the bound against the dequantized operands; *total*: within the bound against "
+        "the original operands. The expected column is the error against the dequantized operands over the expected "
+        "level (√n accumulation error plus the output's own rounding; informative only).",
+        TABLE_COLUMNS,
+        rows,
+        lambda r: [
+            *lead_cells(r, recipe=True),
+            pass_cell(r, "accumulation", flagged=True),
+            pass_cell(r, "total"),
+            fmt(r["worst"]),
+            fmt(r["median_dq"]),
+            fmt(r["median_true"]),
+            fmt(r["median_expected"]),
+            fmt(r["sqnr_db"]),
+            fmt(r["rel_fro_true"]),
+        ],
+    )
 
 
 def table(report: dict) -> list[str]:
@@ -195,6 +215,14 @@ def case_types() -> tuple[type, ...]:
     from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 
     return (Fp8Case, QuantizerCase)
+
+
+def repr_names() -> dict[str, Any]:
+    """What an FP8 case's ``repr`` names besides its case type: its recipe, a quantizer case's drawn tensor."""
+    from numcheck.properties.fp8.cases import DrawnTensor, FormatCodes
+    from numcheck.reference.fp8_recipes import Fp8Recipe
+
+    return {"Fp8Recipe": Fp8Recipe, "DrawnTensor": DrawnTensor, "FormatCodes": FormatCodes}
 
 
 FAMILY = ReportFamily(
@@ -214,4 +242,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="FP8 ",
     behaviours=fp8_behaviours,
+    repr_names=repr_names,
 )

@@ -159,4 +159,5 @@ FAMILY = ReportFamily(
     outputs=fp8_linear.OUTPUTS,
     label="grouped FP8 ",
     behaviours=fp8_behaviours,
+    repr_names=fp8_linear.repr_names,
 )

@@ -32,7 +32,7 @@ from numcheck.reports.report.grid import (
     in_declared_reduction,
     label_seed,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, median, plain_mode, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, median, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import linear_ce_refused, linear_ce_rows
 from numcheck.reports.report.schema import dtype_names, linear_ce_record
 
@@ -352,36 +352,43 @@ def summary(report: dict) -> list[dict[str, Any]]:
     return summarize(report, LINEAR_CE_KIND, OUTPUTS, plain_mode, _extras)
 
 
+#: The columns of :func:`table`.
+TABLE_COLUMNS: tuple[str, ...] = (
+    "impl",
+    "dtype",
+    "output",
+    "cases",
+    "analytic pass",
+    "relative pass",
+    "worst error/bound",
+    "median",
+    "median (expected)",
+    "max ULP",
+    "RMSE vs eager (median)",
+    "worst case",
+)
+
+
 def table(report: dict) -> list[str]:
     """The linear+CE summary: one row per impl, dtype mode and output (none without such cases)."""
-    out: list[str] = []
-    lin = summary(report)
-    if lin:
-        out += [
-            "### Linear + cross-entropy: per impl × dtype × output",
-            "",
-            "Pass counts are *analytic* / *relative* (relative counts only judged outputs). Error/bound at the "
-            "hard level; *expected* is the median at the √n level.",
-            "",
-            "| impl | dtype | output | cases | analytic pass | relative pass | worst error/bound | median | median (expected) | "
-            "max ULP | RMSE vs eager (median) | worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in lin:
-            a = f"{r['passes'].get('analytic', 0)}/{r['judged'].get('analytic', 0)}"
-            rel = (
-                f"{r['passes'].get('relative', 0)}/{r['judged'].get('relative', 0)}"
-                if r["judged"].get("relative")
-                else "not judged"
-            )
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {a}{flag} | {rel} | {fmt(r['worst'])} | "
-                f"{fmt(r['median'])} | {fmt(r['median_expected'])} | {fmt(r['max_ulp'])} | {fmt(r['rmse_vs_eager'])} | "
-                f"`{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
+    return section(
+        "### Linear + cross-entropy: per impl × dtype × output",
+        "Pass counts are *analytic* / *relative* (relative counts only judged outputs). Error/bound at the "
+        "hard level; *expected* is the median at the √n level.",
+        TABLE_COLUMNS,
+        summary(report),
+        lambda r: [
+            *lead_cells(r),
+            pass_cell(r, "analytic", flagged=True),
+            pass_cell(r, "relative") if r["judged"].get("relative") else "not judged",
+            fmt(r["worst"]),
+            fmt(r["median"]),
+            fmt(r["median_expected"]),
+            fmt(r["max_ulp"]),
+            fmt(r["rmse_vs_eager"]),
+            f"`{r['worst_case']}`",
+        ],
+    )
 
 
 def case_types() -> tuple[type, ...]:
@@ -389,6 +396,14 @@ def case_types() -> tuple[type, ...]:
     from numcheck.properties.linear_ce.cases import Problem
 
     return (Problem,)
+
+
+def undeclared(impl: Any, case: Problem) -> str | None:
+    """Why ``impl``'s declaration excludes ``case`` (:func:`properties.linear_ce.strategies.refusal`: the suite never
+    draws it), or ``None``."""
+    from numcheck.properties.linear_ce.strategies import refusal
+
+    return refusal(impl.support, case)
 
 
 FAMILY = ReportFamily(
@@ -408,4 +423,5 @@ FAMILY = ReportFamily(
     outputs=OUTPUTS,
     label="",
     behaviours=linear_ce_behaviours,
+    undeclared=undeclared,
 )

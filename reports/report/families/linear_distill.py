@@ -6,7 +6,6 @@ under Triton's interpreter."""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -14,9 +13,9 @@ from numcheck.impls.protocols.linear_distill import LINEAR_DISTILL_KIND
 from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import PropertyRow
-from numcheck.reports.report.schema import case_text
+from numcheck.reports.report.schema import oracle_record
 
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight")
 
@@ -49,46 +48,14 @@ def plan(spec: GridSpec, impl: Any, device: str, info: dict) -> list[tuple[Any, 
     ]
 
 
-def _f(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None
-
-
 def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     """One case's record: each output's error/bound and the analytic verdict."""
     from numcheck.properties.linear_distill.props import judge
 
     comps, *_ = judge(impl, gc.case)
-    outputs = {
-        k: {
-            "ratio_hard": _f(c.ratio),
-            "ratio_expected": math.nan,
-            "max_abs": _f(c.max_abs),
-            "max_ulp": _f(c.max_ulp),
-            "verdicts": {"analytic": bool(c.ok)},
-        }
-        for k, c in comps.items()
-    }
-    ok = all(c.ok for c in comps.values())
-    worst = max((c.ratio for c in comps.values()), default=0.0)
-    rec = {
-        "impl": impl.name,
-        "kind": impl.kind,
-        "case": case_text(gc.case),
-        "label": gc.case.short(),
-        "group": gc.group,
-        "mode": gc.mode,
-        "property": "accuracy",
-        "status": "pass" if ok else "fail",
-        "seconds": round(time.perf_counter() - t0, 3),
-        "verdicts": {"analytic": ok},
-        "outputs": outputs,
-        "ratio_hard": _f(worst),
-        "ratio_expected": math.nan,
-    }
-    if not ok:
-        rec["failures"] = [c.describe() for c in comps.values() if not c.ok]
-        rec["repro"] = repro_command(impl, "accuracy", gc.case)
-    return rec
+    failures = [c.describe() for c in comps.values() if not c.ok]
+    verdicts = lambda c: {"analytic": bool(c.ok)}  # noqa: E731
+    return oracle_record(impl, gc, comps.values(), verdicts, FAMILY.judgements, failures, time.perf_counter() - t0)
 
 
 def summary(report: dict) -> list[dict[str, Any]]:
@@ -98,23 +65,18 @@ def summary(report: dict) -> list[dict[str, Any]]:
 
 def table(report: dict) -> list[str]:
     """report.md's linear-distill section (none without its cases)."""
-    rows = summary(report)
-    if not rows:
-        return []
-    out = [
+    return section(
         "### Linear + generalised JSD (distillation): per impl × dtype × output",
         "",
-        "| impl | dtype | output | cases | pass | worst error/bound | worst case |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        flag = "" if all_judged_pass(r) else " ❌"
-        passed = r["passes"].get("analytic", 0)
-        out.append(
-            f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {passed}/{r['n']}{flag} | "
-            f"{fmt(r['worst'])} | {r['worst_case']} |"
-        )
-    return [*out, ""]
+        ("impl", "dtype", "output", "cases", "pass", "worst error/bound", "worst case"),
+        summary(report),
+        lambda r: [
+            *lead_cells(r),
+            pass_cell(r, "analytic", flagged=True),
+            fmt(r["worst"]),
+            r["worst_case"],
+        ],
+    )
 
 
 def _properties() -> dict[str, Any]:

@@ -9,7 +9,6 @@ The report's part of the linear+preference family (:class:`~reports.report.famil
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -17,9 +16,9 @@ from numcheck.impls.protocols.linear_preference import PREFERENCE_KIND
 from numcheck.properties.core.failures import repro_command
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import GridCase, GridSpec
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, plain_mode, summarize
+from numcheck.reports.report.md_rows import fmt, lead_cells, pass_cell, plain_mode, section, summarize
 from numcheck.reports.report.property_grid import PropertyRow
-from numcheck.reports.report.schema import case_text
+from numcheck.reports.report.schema import oracle_record
 
 OUTPUTS: tuple[str, ...] = ("loss", "grad_x", "grad_weight", "grad_bias")
 #: The grid's cases by label: the shape and the fields set where the declaration allows them.
@@ -94,26 +93,6 @@ def property_rows() -> tuple[PropertyRow, ...]:
     )
 
 
-def _f(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None
-
-
-def _outputs(comps: list, rel: list) -> dict[str, dict[str, Any]]:
-    by = {j.output: j for j in rel}
-    out = {}
-    for c in comps:
-        j = by.get(c.output)
-        verdicts = {"analytic": bool(c.ok), "relative": bool(j.ok) if j is not None else True}
-        out[c.output] = {
-            "ratio_hard": _f(c.ratio),
-            "ratio_expected": math.nan,
-            "max_abs": _f(c.max_abs),
-            "max_ulp": _f(c.max_ulp),
-            "verdicts": verdicts,
-        }
-    return out
-
-
 def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     """One case's record: every output's error/bound and the two judgements."""
     from numcheck.properties.linear_preference import props
@@ -122,33 +101,14 @@ def measure(impl: Any, gc: GridCase, t0: float) -> dict[str, Any]:
     t = props.build(case, impl.support.conventions)
     got = props.run(impl, case, t)
     o, comps = props.judged(impl, case, t, got)
-    rel = props.relative_judgements(impl, case, t, got, o)
-    outputs = _outputs(comps, rel)
-    verdicts = {
-        "analytic": all(v["verdicts"]["analytic"] for v in outputs.values()),
-        "relative": all(v["verdicts"]["relative"] for v in outputs.values()),
-    }
-    ok = all(verdicts.values())
-    ratio = max((c.ratio for c in comps), default=0.0)
-    rec = {
-        "impl": impl.name,
-        "kind": impl.kind,
-        "case": case_text(case),
-        "label": case.short(),
-        "group": gc.group,
-        "mode": gc.mode,
-        "property": "accuracy",
-        "status": "pass" if ok else "fail",
-        "seconds": round(time.perf_counter() - t0, 3),
-        "verdicts": verdicts,
-        "outputs": outputs,
-        "ratio_hard": _f(ratio),
-        "ratio_expected": math.nan,
-    }
-    if not ok:
-        rec["failures"] = [c.describe() for c in comps if not c.ok] + [j.describe() for j in rel if not j.ok]
-        rec["repro"] = repro_command(impl, "accuracy", case)
-    return rec
+    rel = {j.output: j for j in props.relative_judgements(impl, case, t, got, o)}
+    failures = [c.describe() for c in comps if not c.ok] + [j.describe() for j in rel.values() if not j.ok]
+
+    def verdicts(c: Any) -> dict[str, bool]:
+        j = rel.get(c.output)
+        return {"analytic": bool(c.ok), "relative": bool(j.ok) if j is not None else True}
+
+    return oracle_record(impl, gc, comps, verdicts, FAMILY.judgements, failures, time.perf_counter() - t0)
 
 
 def summary(report: dict) -> list[dict[str, Any]]:
@@ -158,26 +118,19 @@ def summary(report: dict) -> list[dict[str, Any]]:
 
 def table(report: dict) -> list[str]:
     """report.md's linear+preference section (none without such cases)."""
-    rows = summary(report)
-    if not rows:
-        return []
-    out = [
+    return section(
         "### Linear + preference loss (DPO, ORPO, CPO, SimPO, KTO): per impl × dtype × output",
-        "",
         "Every output against the float64 oracle under the bound of `properties/linear_preference/tolerance.py` (a) "
         "and against eager in the same dtype (b).",
-        "",
-        "| impl | dtype | output | cases | pass (a) | pass (b) | worst error/bound |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        flag = "" if all_judged_pass(r) else " ❌"
-        p = r["passes"]
-        out.append(
-            f"| `{r['impl']}` | {r['mode']} | {r['output']} | {r['n']} | {p.get('analytic', 0)}/{r['n']}{flag} | "
-            f"{p.get('relative', 0)}/{r['n']} | {fmt(r['worst'])} |"
-        )
-    return [*out, ""]
+        ("impl", "dtype", "output", "cases", "pass (a)", "pass (b)", "worst error/bound"),
+        summary(report),
+        lambda r: [
+            *lead_cells(r),
+            pass_cell(r, "analytic", flagged=True),
+            pass_cell(r, "relative"),
+            fmt(r["worst"]),
+        ],
+    )
 
 
 def properties() -> dict[str, Any]:

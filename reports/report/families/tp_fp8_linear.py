@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
+from numcheck.reports.common import find_impl
 from numcheck.reports.report.coverage import tp_fp8_behaviours
 from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
@@ -29,7 +30,7 @@ from numcheck.reports.report.grid import (
     GridSpec,
     NotRun,
 )
-from numcheck.reports.report.md_rows import all_judged_pass, fmt, fp8_extras, summarize
+from numcheck.reports.report.md_rows import fmt, fp8_extras, lead_cells, pass_cell, section, summarize
 from numcheck.reports.report.property_grid import tp_rows
 from numcheck.reports.report.schema import dtype_names, tp_record
 
@@ -155,38 +156,52 @@ def summary(report: dict) -> list[dict[str, Any]]:
     return summarize(report, TP_KIND, fp8_linear.OUTPUTS, _mode, _extras)
 
 
+#: The columns of :func:`table`.
+TABLE_COLUMNS: tuple[str, ...] = (
+    "impl",
+    "recipe",
+    "world size, dtype",
+    "output",
+    "outputs judged",
+    "accumulation pass",
+    "total pass",
+    "same scale",
+    "worst error/bound",
+    "median vs dequantized",
+    "median vs original",
+    "worst case",
+)
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    same, n_same = r["same_scale"]
+    return [
+        *lead_cells(r, recipe=True),
+        pass_cell(r, "accumulation", flagged=True),
+        pass_cell(r, "total"),
+        f"{same}/{n_same}{'' if same == n_same else ' ❌'}",
+        fmt(r["worst"]),
+        fmt(r["median_dq"]),
+        fmt(r["median_true"]),
+        f"`{r['worst_case']}`",
+    ]
+
+
 def table(report: dict) -> list[str]:
     """The tensor-parallel FP8 summary: one row per impl, recipe, world size and dtype, and output."""
-    out: list[str] = []
-    tp = summary(report)
-    if tp:
-        out += [
-            "### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output",
-            "",
-            "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
-            "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
-            "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
-            "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
-            "all quantized with the unsharded tensor's scales (`properties/distributed/tp_fp8/props.py`). One row holds every "
-            "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
-            "output over cases and ranks.",
-            "",
-            "| impl | recipe | world size, dtype | output | outputs judged | accumulation pass | total pass | "
-            "same scale | worst error/bound | median vs dequantized | median vs original | worst case |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in tp:
-            acc = f"{r['passes'].get('accumulation', 0)}/{r['judged'].get('accumulation', 0)}"
-            tot = f"{r['passes'].get('total', 0)}/{r['judged'].get('total', 0)}"
-            same, n_same = r["same_scale"]
-            flag = "" if all_judged_pass(r) else " ❌"
-            out.append(
-                f"| `{r['impl']}` | {r['recipe']} | {r['mode']} | {r['output']} | {r['n']} | {acc}{flag} | {tot} | "
-                f"{same}/{n_same}{'' if same == n_same else ' ❌'} | {fmt(r['worst'])} | {fmt(r['median_dq'])} | "
-                f"{fmt(r['median_true'])} | `{r['worst_case']}` |"
-            )
-        out.append("")
-    return out
+    return section(
+        "### Tensor-parallel FP8 linear: per impl × recipe × world size, dtype × output",
+        "Each case run on P ranks, the outputs assembled (and every other rank's copy of a replicated output, "
+        "`NAME@rankR`) against the unsharded float64 oracle: *accumulation* within the sharded bound against "
+        "the dequantized operands (the ranks' outputs must also assemble: replicated copies bitwise equal, "
+        "delayed amaxes the group's), *total* against the original operands, *same scale*: cases whose ranks "
+        "all quantized with the unsharded tensor's scales (`properties/distributed/tp_fp8/props.py`). One row holds every "
+        "layout (column/row-parallel, with and without SP) of a world size; *outputs judged* counts the "
+        "output over cases and ranks.",
+        TABLE_COLUMNS,
+        summary(report),
+        _cells,
+    )
 
 
 def case_types() -> tuple[type, ...]:
@@ -194,6 +209,35 @@ def case_types() -> tuple[type, ...]:
     from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
 
     return (TPFp8Case,)
+
+
+def find_tp_impl(name: str) -> Any:
+    """``numcheck repro``'s impl of a tensor-parallel FP8 case (:mod:`impls.builtin.tp_fp8_linear`): a built-in by
+    name, ``module:attr`` naming one impl, or the name of one loaded through ``NUMCHECK_IMPLS`` / entry points.
+    ValueError naming the built-ins otherwise."""
+    import importlib
+
+    from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
+
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"impl spec {name!r} could not be loaded: {exc}") from None
+        return obj
+    for impl in tp_fp8_linear_impls():
+        if impl.name == name:
+            return impl
+    try:  # one loaded through NUMCHECK_IMPLS or an entry point (the repro line of a spec naming several impls)
+        impl = find_impl(name)
+    except ValueError as exc:
+        raise ValueError(
+            f"no tensor-parallel impl named {name!r}; built-ins: {[i.name for i in tp_fp8_linear_impls()]}; {exc}"
+        ) from None
+    if impl.kind != TP_KIND:
+        raise ValueError(f"impl {name!r} is a {impl.kind} impl but --problem is a TPFp8Case")
+    return impl
 
 
 FAMILY = ReportFamily(
@@ -213,4 +257,6 @@ FAMILY = ReportFamily(
     outputs=fp8_linear.OUTPUTS,
     label="TP FP8 ",
     behaviours=tp_fp8_behaviours,
+    find_impl=find_tp_impl,
+    repr_names=fp8_linear.repr_names,
 )

@@ -28,7 +28,7 @@ def _fn(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
         ({"dtypes": ("bf16",)}, r"Did you mean 'bfloat16'"),
         ({"devices": ("gpu",)}, r"Did you mean 'cuda'"),
         ({"chunk_rows": 0}, r"chunk_rows must be an int >= 1"),
-        ({"chunk_rows": 8, "chunk_rule": lambda N, H, V: 8}, r"declared without chunk_rows"),
+        ({"chunk_rows": 8, "chunk_rule": lambda N, H, V: 8}, r"both chunk_rows=8 and chunk_rule"),
         ({"temperature_squared": "yes"}, r"temperature_squared must be True or False"),
         ({"divergence_dtype": "bf16"}, r"divergence_dtype='bf16' is not one of"),
     ],

@@ -139,7 +139,7 @@ def test_ci_profile_catches_hybrid_backward_dy_as_e4m3():
     assert verdict.status == "failed" and "dgrad" in verdict.message, verdict
 
 
-def test_numcheck_check_judges_a_grouped_impl(capsys):
+def test_numcheck_check_judges_a_grouped_impl(capsys, monkeypatch):
     """``numcheck.check`` runs the grouped family's drawn tests (its SUITES entry): the fused built-in passes the
     empty-expert test on 2 draws, the stale-workspace mutant fails it with one verdict naming the impl, the case,
     the output, where and by how much, and a ``numcheck repro`` line that reruns the failure as printed."""
@@ -159,7 +159,29 @@ def test_numcheck_check_judges_a_grouped_impl(capsys):
     assert "wgrad of empty expert" in v.message and "at [" in v.message and "bound 0" in v.message, v.message
     line = next(ln.strip() for ln in v.message.splitlines() if ln.strip().startswith("reproduce: "))
     words = shlex.split(line.removeprefix("reproduce: "))
+    # NUMCHECK_IMPLS=<spec> first where an earlier test of this worker loaded the mutant by a spec naming several
+    # (registry.spec_of keeps the first: test_report_grouped's MUTANTS); the line sets it as a shell would.
+    while words and "=" in words[0] and words[0] != "numcheck":
+        monkeypatch.setenv(*words.pop(0).split("=", 1))
     assert words[:2] == ["numcheck", "repro"], line
     capsys.readouterr()
     assert cli.main(words[1:]) == 1
     assert capsys.readouterr().out.startswith("FAIL")
+
+
+def test_numcheck_check_verdict_of_a_grouped_accuracy_failure_carries_its_error_bound():
+    """A grouped accuracy failure fills ``numcheck.check``'s verdict as the single FP8 family's does: the failing
+    case and its error/bound (the largest over the failing outputs and both references, above 1), one its message
+    prints."""
+    import re
+
+    import numcheck
+
+    name = "grouped_accuracy_against_both_references"
+    spec = "numcheck.tests.self.helpers.grouped_fp8_mutants:shared_scale"
+    v = numcheck.check(spec, [name], profile="ci", max_examples=2).verdicts[name]
+    assert v.status == "failed" and not v.impl_raised and isinstance(v.worst_case, GroupedCase), v
+    shown = [float(x) for x in re.findall(r"error/bound ([0-9.e+]+)", v.message)]
+    assert v.worst_ratio is not None and v.worst_ratio > 1, v
+    assert any(v.worst_ratio == pytest.approx(x, rel=1e-2) for x in shown), (v.worst_ratio, shown)
+    assert f"the failing case's error/bound {v.worst_ratio:.3g}" in str(v), v

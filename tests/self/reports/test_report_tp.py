@@ -136,7 +136,7 @@ def test_report_has_tp_rows_mutant_failures_and_error_rows(tmp_path, monkeypatch
     raising impl's rows are error rows and the others still ran; the report writes, reloads under the schema check
     and renders the TP table; numcheck premerge's report check counts and lists them."""
     from numcheck.reports.premerge.command import check_report
-    from numcheck.reports.repro import find_tp_impl
+    from numcheck.reports.report.families.tp_fp8_linear import find_tp_impl
 
     specs = [
         "tp_fp8_linear[current]",
