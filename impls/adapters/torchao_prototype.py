@@ -9,9 +9,9 @@ x and W ``dim0`` for y, dy ``dim0`` and Wᵀ for dgrad, dyᵀ and xᵀ for wgrad
 (``MXTensor.to_mx``), x and W saved in high precision and quantized again in backward (``save_for_backward(input_hp,
 weight_hp)``: ``save_original_input=True`` only), the bias added after the GEMM's output in its dtype
 (``MXFP8Linear.forward``). Every dimension must be a multiple of the block (``to_mx`` asserts "the last dimension
-... must be divisible by block_size 32"), which the fp8-linear declaration cannot express while the suite draws
-partial blocks on purpose: :func:`mx_shape_refusal` runs the release once on a K of 40 and, where it refuses, the
-impls are unavailable with its message. ``tests/adapters/test_torchao_prototype.py`` judges them on block multiples.
+... must be divisible by block_size 32", and backward quantizes along M and N too): :func:`mx_shapes` runs the release
+on x [64, 32], W [96, 32] and then with each dimension in turn at 40, and declares ``dim_multiple`` 32 for each one it
+refuses, so the suite draws only those shapes (and skips the partial-block regimes, naming the field).
 
 ``torchao_grouped_fp8[rowwise]`` (grouped-fp8-linear): ``torchao.prototype.moe_training.fp8_grouped_mm.
 _to_fp8_rowwise_then_scaled_grouped_mm`` (MoE training's FP8 rowwise grouped GEMM, torchtitan's path): x per row,
@@ -89,24 +89,37 @@ def _mx_module(found: tuple[Any, Any, Any], mode: str, weight: torch.Tensor, bia
     )
 
 
-@functools.lru_cache(maxsize=None)
-def mx_shape_refusal() -> str | None:
-    """Run the release's emulated MXFP8Linear on x [32, 40]: the reason it refuses a partial block, or ``None``."""
-    found = mx_module()
-    if isinstance(found, str):
-        return found
-    w = torch.zeros(32, 40)
-    x = torch.ones(32, 40, requires_grad=True)
+#: The MX block; the base shape of :func:`mx_shapes` (every dimension a multiple of it, each its own size).
+MX_BLOCK = 32
+_MX_PROBE = {"M": 64, "K": 32, "N": 96}
+
+
+def _mx_run(found: tuple[Any, Any, Any], M: int, K: int, N: int) -> str | None:
+    """Run the release's emulated MXFP8Linear (RCEIL) forward and backward on x [M, K], W [N, K]: what it raised."""
+    w = torch.zeros(N, K)
+    x = torch.ones(M, K, requires_grad=True)
     try:
         torch.func.functional_call(_mx_module(found, "RCEIL", w, None), {"weight": w}, (x,)).sum().backward()
     except Exception as exc:  # noqa: BLE001 - whatever it raises is the reason
-        version = load().version  # type: ignore[union-attr]
-        return (
-            f"torchao {version}'s MXFP8Linear (emulated) refuses a dimension that is not a multiple of its block 32 "
-            f"({type(exc).__name__}: {exc}); the fp8-linear declaration cannot restrict shapes and the suite draws "
-            "partial blocks on purpose (tests/adapters/test_torchao_prototype.py judges it on block multiples)"
-        )
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def mx_shapes() -> tuple[dict[str, int], str] | str:
+    """The shapes the release's emulated MXFP8Linear takes, read by running it: ``({dim: MX_BLOCK}, message)`` for
+    each dimension it refuses at 40 (the others multiples of 32), with the first refusal's message; or why it does not
+    run even where every dimension is a multiple of the block."""
+    found = mx_module()
+    if isinstance(found, str):
+        return found
+    version = load().version  # type: ignore[union-attr]
+    broken = _mx_run(found, *_MX_PROBE.values())
+    if broken:
+        return f"torchao {version}'s MXFP8Linear (emulated) fails on x [64, 32], W [96, 32]: {broken}"
+    refused = {d: _mx_run(found, *{**_MX_PROBE, d: 40}.values()) for d in _MX_PROBE}
+    dims = {d: MX_BLOCK for d, why in refused.items() if why}
+    return dims, next((f"{d}=40: {why}" for d, why in refused.items() if why), "")
 
 
 def mx_fn(found: tuple[Any, Any, Any], mode: str, declared: Fp8Recipe) -> Any:
@@ -132,21 +145,26 @@ def mx_impl(mode: str) -> Fp8FunctionImpl:
     reason = found if isinstance(found, str) else None
     if reason is None and not hasattr(found[2], mode):
         reason = f"torchao {load().version}'s ScaleCalculationMode has no {mode}"  # type: ignore[union-attr]
-    device = placement()[0]
+    shapes = mx_shapes() if reason is None else reason
+    if isinstance(shapes, str):
+        reason = shapes
+    dims, refusal = ({}, "") if isinstance(shapes, str) else shapes
     support = Fp8LinearSupport(
         recipes=(recipe,),
         dtypes=MX_DTYPES,
-        devices=(device,),
+        devices=(placement()[0],),
         save_original_input=(True,),
         bias=True,
         bias_after_output_rounding=True,  # MXFP8Linear.forward: output + bias.to(output.dtype)
-        requires=_why(reason) if reason else mx_shape_refusal,
+        dim_multiple=dims or 1,  # the dimensions the release refuses off the block (mx_shapes)
+        requires=_why(reason) if reason else None,
     )
     if reason:
         return Fp8FunctionImpl(name=label, fn=_raising(label, reason), support=support, description=reason)
+    shape_text = f"; {', '.join(dims)} multiples of {MX_BLOCK} (it refuses {refusal})" if dims else ""
     desc = (
         f"torchao {load().version} MXFP8Linear, kernel_preference=EMULATED, ScaleCalculationMode.{mode}: "  # type: ignore[union-attr]
-        f"{recipe.name}, E4M3 in 1x32 blocks with E8M0 scales, x saved and quantized again in backward"
+        f"{recipe.name}, E4M3 in 1x32 blocks with E8M0 scales, x saved and quantized again in backward{shape_text}"
     )
     return Fp8FunctionImpl(name=label, fn=mx_fn(found, mode, recipe), support=support, description=desc)
 

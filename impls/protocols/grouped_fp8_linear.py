@@ -112,6 +112,12 @@ class GroupedFp8Support(Fp8LinearSupport):
                 "Declare rowwise recipes on a single-device Fp8LinearSupport; grouped impls take the kinds of "
                 "standard_recipes().",
             )
+        if any(m > 1 for m in self.dim_multiples.values()):
+            raise invalid(
+                f"{own}.dim_multiple={self.dim_multiple!r}: a grouped impl declares its shapes per expert",
+                "Declare split_alignment (each expert's rows, M_i) and feature_alignment (K and N) instead, e.g. "
+                "split_alignment=16, feature_alignment=16.",
+            )
         if self.exposes_quantize:
             raise invalid(
                 f"{own}.exposes_quantize=True: a grouped impl's quantizer is checked through its outputs",
