@@ -106,11 +106,23 @@ SHAPE_REGIMES: dict[str, ShapeRegime] = {
 }
 
 
-def regime_refusal(support: Any, regime: str, shapes: Callable[[Any, Fp8Recipe], Any]) -> str | None:
-    """Why the declared recipes and shapes of ``support`` reach no shape of :data:`SHAPE_REGIMES` ``[regime]`` among
-    ``shapes(support, recipe)`` (the ``(M, K, N)`` the suite draws for it), naming ``dim_multiple``; ``None`` when
-    one recipe reaches it."""
-    rule = SHAPE_REGIMES[regime]
+def declared_multiples(support: Any) -> dict[str, tuple[str, int]]:
+    """Each dimension's declared multiple with the declaration field that sets it (the single linear's
+    ``dim_multiple``)."""
+    return {d: ("dim_multiple", m) for d, m in multiples(support).items()}
+
+
+def regime_refusal(
+    support: Any,
+    regime: str,
+    shapes: Callable[[Any, Fp8Recipe], Any],
+    regimes: dict[str, ShapeRegime] = SHAPE_REGIMES,
+    fields: Callable[[Any], dict[str, tuple[str, int]]] = declared_multiples,
+) -> str | None:
+    """Why the declared recipes and shapes of ``support`` reach no shape of ``regimes[regime]`` among
+    ``shapes(support, recipe)`` (the ``(M, K, N)`` the suite draws for it), naming the declaration fields
+    (``fields(support)``: each dimension's field and multiple); ``None`` when one recipe reaches it."""
+    rule = regimes[regime]
     recipes = [r for r in support.recipes if rule.applies(r)]
     if not recipes:
         return (
@@ -119,10 +131,10 @@ def regime_refusal(support: Any, regime: str, shapes: Callable[[Any, Fp8Recipe],
     for r in recipes:
         if any(rule.holds(r, *s) for s in shapes(support, r)):
             return None
-    m = multiples(support)
-    named = ", ".join(f"{d} multiple of {m[d]}" for d in rule.dims if m[d] > 1) or "the declared shapes"
+    declared = fields(support)
+    named = ", ".join(f"{declared[d][0]}: {d} multiple of {declared[d][1]}" for d in rule.dims if declared[d][1] > 1)
     blocks = ", ".join(sorted({str(scale_block(r)) for r in recipes}))
     return (
-        f"{regime} ({rule.description}) cannot be reached: the declaration's dim_multiple ({named}) leaves no such "
+        f"{regime} ({rule.description}) cannot be reached: the declaration ({named or 'its shapes'}) leaves no such "
         f"shape for scale block {blocks}"
     )

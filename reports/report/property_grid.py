@@ -114,15 +114,6 @@ def _grid_shapes(support: Any, recipe: Any) -> Iterator[tuple[int, int, int, boo
         yield (M, K, N, True) if K is not None else (M, next(k for k in SCALE_K[b] if holds(recipe, M, k, N)), N, False)
 
 
-def _grid_ks(b: int) -> tuple[int, ...]:
-    """Two K of the suite's scale-block grids (:data:`properties.fp8.strategies.SCALE_K`) for a scale block of
-    ``b``: the first that is m·2^j below the block (a ragged last block) and the first that is ``b`` × odd (whole
-    blocks, more than two)."""
-    from numcheck.properties.fp8.strategies import SCALE_K
-
-    return (next(k for k in SCALE_K[b] if k % b), next(k for k in SCALE_K[b] if not k % b and k // b > 2))
-
-
 def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's ``accuracy_on_scale_block_grids``: the ``block_exponents`` regime (every row, K-block and tile
     its own exponent, so a block scale read from the wrong block, the transposed tile or the previous K-block lands
@@ -299,18 +290,37 @@ def _grouped_soi(impl: Any, spec: GridSpec, device: str) -> Built:
 def _grouped_scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's ``grouped_accuracy_on_scale_block_grids``: ``block_exponents`` (each expert, row and K-block its
     own exponent) with an expert of exactly one scale block of tokens beside one of a block and a bit
-    (:data:`properties.fp8.grouped.strategies.SCALE_SPLITS`), at both K forms of :func:`_grid_ks`, per recipe kind."""
+    (:data:`properties.fp8.grouped.strategies.SCALE_SPLITS`), at both K forms (m·2^j below the block, block × odd)
+    inside the declared ``feature_alignment`` (:func:`properties.fp8.grouped.strategies.grid_ks`), per recipe kind;
+    a form the alignment rules out comes unfitted, refused with the reason (:func:`grouped_refused`)."""
     from numcheck.properties.fp8.cases import scale_block
-    from numcheck.properties.fp8.grouped.strategies import SCALE_SPLITS
-    from numcheck.properties.fp8.strategies import SCALE_ROWS
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
+    from numcheck.properties.fp8.grouped.strategies import SCALE_SPLITS, grid_ks
+    from numcheck.properties.fp8.shapes import SHAPE_REGIMES
+    from numcheck.properties.fp8.strategies import SCALE_K, SCALE_ROWS
 
     for r in _recipes(impl, spec.grouped_all_recipes):
         b = scale_block(r)
         N = next(m for m in SCALE_ROWS[b] if m > b)
-        for K in _grid_ks(b):
+        for form in ("K_below_block", "K_block_times_odd"):
+            holds = SHAPE_REGIMES[form].holds
+            K = next((k for k in grid_ks(impl.support, r) if holds(r, b, k, N)), None)
+            if K is None:  # refused, named (grouped_refused)
+                k0 = next(k for k in SCALE_K[b] if holds(r, b, k, N))
+                yield f"{r.name} K{k0}N{N} block_exponents", GroupedCase(r, SCALE_SPLITS[b], k0, N, device=device)
+                continue
             case = _grouped(impl, r, SCALE_SPLITS[b], K, N, device, regime="block_exponents", seed=31)
             if case is not None:
                 yield f"{r.name} K{K}N{N} block_exponents", case
+
+
+def grouped_refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why a grouped impl does not run a built case: its declaration excludes it (only a scale-grid K form its
+    ``feature_alignment`` rules out reaches here; the other builders fit the declaration)."""
+    from numcheck.properties.fp8.grouped.cases import refusal
+
+    why = refusal(impl.support, case)
+    return why and f"a shape regime its declaration leaves out: {why}"
 
 
 def _grouped_accumulation(impl: Any, spec: GridSpec, device: str) -> Built:

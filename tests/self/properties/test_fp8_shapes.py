@@ -113,3 +113,25 @@ def test_an_assert_refusing_a_strided_operand_is_a_loud_refusal():
 
     with pytest.raises(PropertyFailure):
         judge(checks.strided, WrongRows("wrong_rows", (CURRENT,)), case)
+
+
+def test_grouped_grids_keep_their_k_forms_and_name_the_alignments():
+    """The grouped scale-block grids keep K's form under a feature alignment (K = 32·odd stays, K = 48 is not
+    rounded into whole blocks), an expert of exactly one block of tokens stays under a split alignment of 32, and a
+    K form the alignment rules out is named with ``feature_alignment``."""
+    from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
+    from numcheck.properties.fp8.grouped.strategies import (
+        GROUPED_SHAPE_REGIMES,
+        grid_ks,
+        grouped_drawn_shapes,
+        grouped_multiples,
+    )
+
+    support = GroupedFp8Support(recipes=(MX,), split_alignment=32, feature_alignment=32)
+    assert grid_ks(support, MX) == (96, 160) and grid_ks(GroupedFp8Support(recipes=(MX,)), MX) == (48, 80, 96, 112, 160)
+    refusal = lambda regime: regime_refusal(  # noqa: E731
+        support, regime, grouped_drawn_shapes, GROUPED_SHAPE_REGIMES, grouped_multiples
+    )
+    assert refusal("expert_of_one_block") is None and refusal("K_block_times_odd") is None
+    assert "feature_alignment: K multiple of 32" in (refusal("K_below_block") or "")
+    assert "split_alignment: M multiple of 32" in (refusal("partial_row_block") or "")
