@@ -23,9 +23,12 @@ precision, no bias; K, N and every group a multiple of 16 (its asserts; groups u
 ``pad_token_groups_for_grouped_mm=False``). Its Triton kernels and ``torch._scaled_grouped_mm`` need CUDA:
 :func:`grouped_refusal` runs it once on a tiny problem on the device and, where it raises, the impl is unavailable
 with that error (on the CPU: "requires triton installed" and no CPU kernel of ``aten::_scaled_grouped_mm``).
-No numcheck-written emulation stands in for torchao's code. numcheck's grouped declaration refuses the rowwise
-kinds (its grouped draws and tolerances have none yet), so the impl is unavailable with that reason on every
-device until they do; ``tools/gpu/torchao.sh`` runs it on an H200 to show whether it runs there.
+No numcheck-written emulation stands in for torchao's code. Its scaling is numcheck's ``rowwise`` kind per expert
+(read from 0.18.0's ``_Float8GroupedMM``: forward ``triton_fp8_rowwise_2d_scale_and_cast`` of x and
+``triton_fp8_colwise_3d_scale_and_cast`` of B_t, each W row over K; dgrad dy per row and
+``triton_fp8_rowwise_3d_transpose_rhs``, each W column over N; wgrad ``triton_fp8_per_group_colwise_scales_dual``,
+dy and x per expert column over its rows; power-of-2 scales), which the grouped declaration takes, so on CUDA the
+grouped suite judges it (``tools/gpu/torchao.sh``).
 """
 
 from __future__ import annotations
@@ -254,8 +257,8 @@ def grouped_impl() -> GroupedFunctionImpl:
         run = grouped_refusal(device)
         return _unavailable_grouped(
             label,
-            f"torchao {load().version}'s FP8 grouped GEMM scales {recipe.name} (x per row, W per column, dy per row "  # type: ignore[union-attr]
-            f"and per expert column): numcheck's grouped declaration refuses it ({first})"
+            f"torchao {load().version}'s FP8 grouped GEMM ({recipe.name}: x per row, W per column, dy per row "  # type: ignore[union-attr]
+            f"and per expert column): numcheck's grouped declaration refuses its declaration ({first})"
             + (f"; and {run}" if run else ""),
         )
 

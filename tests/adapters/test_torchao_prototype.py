@@ -96,15 +96,21 @@ def test_mx_rounding_is_a_needed_term() -> None:
         judge(checks.accuracy, mislabelled, _mx_case(floor, "float32", "block_exponents", seed=1))
 
 
-def test_grouped_is_unavailable_on_the_cpu_with_its_reasons() -> None:
-    """torchao's FP8 rowwise grouped GEMM is registered; on the CPU it is unavailable, naming numcheck's grouped
-    declaration refusing the rowwise kind and the release's own error on the CPU (its Triton kernels)."""
+def test_grouped_is_declared_rowwise_and_unavailable_on_the_cpu_with_its_reason() -> None:
+    """torchao's FP8 rowwise grouped GEMM is registered and declared from the release: numcheck's rowwise kind (E4M3,
+    power-of-2 scales, the kernels' EPS), bf16 (its output dtype), K, N and every group a multiple of 16, Hopper's
+    fast accumulation, no bias; on the CPU it is unavailable with the release's own error (its Triton kernels)."""
     (impl,) = proto.torchao_grouped_impls()
     assert impl.name == "torchao_grouped_fp8[rowwise]"
     reason = impl.support.unavailable_reason() or ""
-    if isinstance(proto.grouped_module(), str):
-        assert reason == proto.grouped_module()
+    found = proto.grouped_module()
+    if isinstance(found, str):
+        assert reason == found
         return
-    assert "no rowwise kind yet" in reason and "does not run on cpu" in reason, reason
-    with pytest.raises(RuntimeError, match="unavailable"):
-        impl(torch.zeros(16, 16), torch.zeros(1, 16, 16), m_splits=(16,), recipe=None, save_original_input=True)
+    s = impl.support
+    assert s.recipes == (Fp8Recipe("rowwise", fp8_format="E4M3", power_of_2_scales=True, amax_epsilon=found[2]),)
+    assert s.dtypes == frozenset({torch.bfloat16}) and not s.bias and s.save_original_input == frozenset({True})
+    assert s.split_alignment == s.feature_alignment == 16
+    assert "does not run on cpu" in reason and "triton" in reason, reason
+    with pytest.raises(ValueError, match="multiples of 16"):
+        impl(torch.zeros(8, 16), torch.zeros(1, 16, 16), m_splits=(8,), recipe=s.recipes[0], save_original_input=True)
