@@ -135,3 +135,17 @@ def test_grouped_grids_keep_their_k_forms_and_name_the_alignments():
     assert refusal("expert_of_one_block") is None and refusal("K_block_times_odd") is None
     assert "feature_alignment: K multiple of 32" in (refusal("K_below_block") or "")
     assert "split_alignment: M multiple of 32" in (refusal("partial_row_block") or "")
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_quantizer_tensors_follow_the_declared_shapes(data):
+    """The quantizer property's drawn tensor has rows and columns that are multiples of every declared multiple (a
+    tensor any role's declared shape admits)."""
+    from numcheck.properties.fp8.suite import FP8_SUITE
+
+    stub = type(
+        "Stub", (), {"name": "q16", "support": make_fp8_support(recipes=(MX,), dim_multiple={"K": 32, "N": 16})}
+    )
+    case = FP8_SUITE["quantizer_bitwise_on_random_tensors"].draw(stub(), data)
+    assert case.tensor.rows % 32 == 0 and case.tensor.cols % 32 == 0, case.tensor
