@@ -210,6 +210,7 @@ def assert_fp8_linear(impl: Any, case: Fp8Case | None = None, *, prop: str = "ac
         device=torch.device(c.device).type,
         save_original_input=c.save_original_input,
         bias=c.bias,
+        shape=(c.M, c.K, c.N),
     )
     if why:
         declared = ", ".join(r.name for r in impl.support.recipes)

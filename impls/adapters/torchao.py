@@ -46,6 +46,10 @@ through that dtype, which the protocol's declaration cannot express: that dtype 
 description says why. The real GEMMs accumulate on Hopper's FP8 tensor cores (``accum_unit_roundoff`` 2⁻¹³); with
 fast accumulation in any GEMM (the output GEMM's ``Float8GemmConfig(use_fast_accum=True)``) the whole reduction is
 declared one chain (``accum_chunk=None``), otherwise promoted every :data:`HOPPER_PROMOTION` products.
+``torch._scaled_mm`` needs each operand's trailing dimension a multiple of 16: the recorder notes which problem
+dimensions reach one (its probe's M, K and N differ: every one for tensorwise and rowwise, whose backward GEMMs reduce
+over N and M; K and N for rowwise_with_gw_hp, whose wgrad is a high-precision ``mm``), and those are declared
+``dim_multiple`` 16 on CUDA, so the suite draws only such shapes there; the CPU's emulated path takes every shape.
 """
 
 from __future__ import annotations
@@ -135,10 +139,13 @@ def placement() -> tuple[str, bool]:
 @dataclass(frozen=True)
 class RealPath:
     """What the release's real (``_scaled_mm``) path asks of its GEMMs for one recipe: per input dtype, the
-    ``out_dtype`` of every ``_scaled_mm`` call of a forward and backward; whether any uses fast accumulation."""
+    ``out_dtype`` of every ``_scaled_mm`` call of a forward and backward; whether any uses fast accumulation; and
+    the problem dimensions (``"M"``, ``"K"``, ``"N"``) that reach a ``_scaled_mm`` operand's trailing dimension,
+    which ``_scaled_mm`` needs a multiple of :data:`SCALED_MM_MULTIPLE`."""
 
     out_dtypes: tuple[tuple[torch.dtype, frozenset[torch.dtype]], ...]
     fast_accum: bool
+    trailing_dims: frozenset[str] = frozenset()
 
     def rounded_through(self, dtype: torch.dtype) -> frozenset[torch.dtype]:
         """The output dtypes other than ``dtype`` its GEMMs produce for input ``dtype``."""
@@ -146,6 +153,12 @@ class RealPath:
 
 
 _PROBE_LOCK = threading.Lock()
+#: ``torch._scaled_mm`` needs both operands' trailing dimensions multiples of 16 ("Expected trailing dimension of
+#: mat1 to be divisible by 16", ``aten/src/ATen/native/cuda/Blas.cpp``; an H100 run refused every other shape).
+SCALED_MM_MULTIPLE = 16
+#: The probe problem of :func:`real_path`: x [M, K], W [N, K] with M, K, N distinct, so an operand's trailing size
+#: names its problem dimension.
+_PROBE_DIMS = {"M": 48, "K": 32, "N": 16}
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,24 +167,28 @@ def real_path(info: TorchaoInfo, name: str) -> RealPath:
     problem per dtype of :data:`DTYPES` with ``torch._scaled_mm`` replaced by a recorder (which returns the
     dequantized product in the asked ``out_dtype``), and read what it asked for."""
     seen: list[tuple[torch.dtype, bool]] = []
+    size_dim = {v: d for d, v in _PROBE_DIMS.items()}
+    trailing: set[str] = set()
 
     def recorder(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
         seen.append((out_dtype, bool(use_fast_accum)))
+        trailing.update(size_dim[s] for s in (a.shape[-1], b.shape[-1]))
         out = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
         return out.to(out_dtype or torch.float32) if bias is None else (out + bias.float()).to(out_dtype)
 
     out: list[tuple[torch.dtype, frozenset[torch.dtype]]] = []
     fast = False
+    M, K, N = _PROBE_DIMS.values()
     with _PROBE_LOCK, unittest.mock.patch.object(torch, "_scaled_mm", recorder):
         for dtype in sorted(DTYPES, key=str):
             seen.clear()
-            base = torch.nn.Linear(32, 16, bias=False, dtype=dtype)
+            base = torch.nn.Linear(K, N, bias=False, dtype=dtype)
             module = info.linear_cls.from_float(base, config=recipe_config(info, name, emulate=False))
-            x = torch.randn(16, 32, dtype=dtype, requires_grad=True, generator=torch.Generator().manual_seed(0))
+            x = torch.randn(M, K, dtype=dtype, requires_grad=True, generator=torch.Generator().manual_seed(0))
             module(x).sum().backward()
             out.append((dtype, frozenset(d for d, _ in seen)))
             fast = fast or any(f for _, f in seen)
-    return RealPath(tuple(out), fast)
+    return RealPath(tuple(out), fast, frozenset(trailing))
 
 
 _CAST_CONFIGS = (
@@ -298,7 +315,7 @@ def torchao_impl(
     if isinstance(recipe, str):
         return _unavailable(name, f"torchao {info.version} recipe {name!r}: {recipe}")
     device, emulate = placement() if where is None else where
-    dtypes, accum, chunk, path, refused = DTYPES, 2.0**-24, None, "emulate=True", None
+    dtypes, accum, chunk, path, dims = DTYPES, 2.0**-24, None, "emulate=True", {}
     if not emulate:
         real = real_path(info, name)
         through = {d: real.rounded_through(d) for d in DTYPES}
@@ -308,7 +325,7 @@ def torchao_impl(
             f"{_dt(d)} left out: its GEMMs output {', '.join(map(_dt, o))}" for d, o in through.items() if o
         )
         path = f"torch._scaled_mm on {device}" + (f" ({left})" if left else "")
-        refused = SCALED_MM_SHAPES.format(version=info.version, path=path)
+        dims = {d: SCALED_MM_MULTIPLE for d in _PROBE_DIMS if d in real.trailing_dims}  # torch._scaled_mm's operands
     support = Fp8LinearSupport(
         recipes=(recipe,),
         dtypes=dtypes,
@@ -318,24 +335,16 @@ def torchao_impl(
         bias_after_output_rounding=True,  # Float8Linear.forward: output + bias.to(output.dtype), after the GEMM's cast
         accum_unit_roundoff={device: accum},
         accum_chunk={device: chunk},
-        requires=None if refused is None else functools.partial(_reason, refused),
+        dim_multiple=dims or 1,
     )
+    shapes = f", {', '.join(dims)} multiples of {SCALED_MM_MULTIPLE}" if dims else ""
     desc = (
-        f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), {path}: "
+        f"torchao {info.version} Float8Linear, Float8LinearConfig.from_recipe_name({name!r}), {path}{shapes}: "
         f"{recipe.name}: scales fp8_max/max(amax, {info.eps:g}), x saved and quantized again in backward"
     )
     return Fp8FunctionImpl(
         name=f"torchao_float8[{name}]", fn=torchao_fn(info, name, recipe), support=support, description=desc
     )
-
-
-#: Why the real path is not judged (measured on an H100, torch 2.11, torchao 0.18.0: results/gpu/issue47-48/): its
-#: GEMMs refuse shapes numcheck draws on purpose, and the fp8-linear declaration cannot restrict shapes yet.
-SCALED_MM_SHAPES = (
-    "torchao {version} Float8Linear's real path ({path}) refuses K or N not a multiple of 16 (torch._scaled_mm: "
-    "'Expected trailing dimension of mat1 to be divisible by 16'); the fp8-linear declaration cannot restrict "
-    "shapes and the suite draws partial tiles on purpose, so it is not judged there (on the CPU its emulated path is)"
-)
 
 
 def _dt(dtype: torch.dtype) -> str:

@@ -9,9 +9,9 @@ x and W ``dim0`` for y, dy ``dim0`` and Wᵀ for dgrad, dyᵀ and xᵀ for wgrad
 (``MXTensor.to_mx``), x and W saved in high precision and quantized again in backward (``save_for_backward(input_hp,
 weight_hp)``: ``save_original_input=True`` only), the bias added after the GEMM's output in its dtype
 (``MXFP8Linear.forward``). Every dimension must be a multiple of the block (``to_mx`` asserts "the last dimension
-... must be divisible by block_size 32"), which the fp8-linear declaration cannot express while the suite draws
-partial blocks on purpose: :func:`mx_shape_refusal` runs the release once on a K of 40 and, where it refuses, the
-impls are unavailable with its message. ``tests/adapters/test_torchao_prototype.py`` judges them on block multiples.
+... must be divisible by block_size 32", and backward quantizes along M and N too): :func:`mx_shapes` runs the release
+on x [64, 32], W [96, 32] and then with each dimension in turn at 40, and declares ``dim_multiple`` 32 for each one it
+refuses, so the suite draws only those shapes (and skips the partial-block regimes, naming the field).
 
 ``torchao_grouped_fp8[rowwise]`` (grouped-fp8-linear): ``torchao.prototype.moe_training.fp8_grouped_mm.
 _to_fp8_rowwise_then_scaled_grouped_mm`` (MoE training's FP8 rowwise grouped GEMM, torchtitan's path): x per row,
@@ -23,9 +23,12 @@ precision, no bias; K, N and every group a multiple of 16 (its asserts; groups u
 ``pad_token_groups_for_grouped_mm=False``). Its Triton kernels and ``torch._scaled_grouped_mm`` need CUDA:
 :func:`grouped_refusal` runs it once on a tiny problem on the device and, where it raises, the impl is unavailable
 with that error (on the CPU: "requires triton installed" and no CPU kernel of ``aten::_scaled_grouped_mm``).
-No numcheck-written emulation stands in for torchao's code. numcheck's grouped declaration refuses the rowwise
-kinds (its grouped draws and tolerances have none yet), so the impl is unavailable with that reason on every
-device until they do; ``tools/gpu/torchao.sh`` runs it on an H200 to show whether it runs there.
+No numcheck-written emulation stands in for torchao's code. Its scaling is numcheck's ``rowwise`` kind per expert
+(read from 0.18.0's ``_Float8GroupedMM``: forward ``triton_fp8_rowwise_2d_scale_and_cast`` of x and
+``triton_fp8_colwise_3d_scale_and_cast`` of B_t, each W row over K; dgrad dy per row and
+``triton_fp8_rowwise_3d_transpose_rhs``, each W column over N; wgrad ``triton_fp8_per_group_colwise_scales_dual``,
+dy and x per expert column over its rows; power-of-2 scales), which the grouped declaration takes, so on CUDA the
+grouped suite judges it (``tools/gpu/torchao.sh``).
 """
 
 from __future__ import annotations
@@ -89,24 +92,37 @@ def _mx_module(found: tuple[Any, Any, Any], mode: str, weight: torch.Tensor, bia
     )
 
 
-@functools.lru_cache(maxsize=None)
-def mx_shape_refusal() -> str | None:
-    """Run the release's emulated MXFP8Linear on x [32, 40]: the reason it refuses a partial block, or ``None``."""
-    found = mx_module()
-    if isinstance(found, str):
-        return found
-    w = torch.zeros(32, 40)
-    x = torch.ones(32, 40, requires_grad=True)
+#: The MX block; the base shape of :func:`mx_shapes` (every dimension a multiple of it, each its own size).
+MX_BLOCK = 32
+_MX_PROBE = {"M": 64, "K": 32, "N": 96}
+
+
+def _mx_run(found: tuple[Any, Any, Any], M: int, K: int, N: int) -> str | None:
+    """Run the release's emulated MXFP8Linear (RCEIL) forward and backward on x [M, K], W [N, K]: what it raised."""
+    w = torch.zeros(N, K)
+    x = torch.ones(M, K, requires_grad=True)
     try:
         torch.func.functional_call(_mx_module(found, "RCEIL", w, None), {"weight": w}, (x,)).sum().backward()
     except Exception as exc:  # noqa: BLE001 - whatever it raises is the reason
-        version = load().version  # type: ignore[union-attr]
-        return (
-            f"torchao {version}'s MXFP8Linear (emulated) refuses a dimension that is not a multiple of its block 32 "
-            f"({type(exc).__name__}: {exc}); the fp8-linear declaration cannot restrict shapes and the suite draws "
-            "partial blocks on purpose (tests/adapters/test_torchao_prototype.py judges it on block multiples)"
-        )
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def mx_shapes() -> tuple[dict[str, int], str] | str:
+    """The shapes the release's emulated MXFP8Linear takes, read by running it: ``({dim: MX_BLOCK}, message)`` for
+    each dimension it refuses at 40 (the others multiples of 32), with the first refusal's message; or why it does not
+    run even where every dimension is a multiple of the block."""
+    found = mx_module()
+    if isinstance(found, str):
+        return found
+    version = load().version  # type: ignore[union-attr]
+    broken = _mx_run(found, *_MX_PROBE.values())
+    if broken:
+        return f"torchao {version}'s MXFP8Linear (emulated) fails on x [64, 32], W [96, 32]: {broken}"
+    refused = {d: _mx_run(found, *{**_MX_PROBE, d: 40}.values()) for d in _MX_PROBE}
+    dims = {d: MX_BLOCK for d, why in refused.items() if why}
+    return dims, next((f"{d}=40: {why}" for d, why in refused.items() if why), "")
 
 
 def mx_fn(found: tuple[Any, Any, Any], mode: str, declared: Fp8Recipe) -> Any:
@@ -132,21 +148,26 @@ def mx_impl(mode: str) -> Fp8FunctionImpl:
     reason = found if isinstance(found, str) else None
     if reason is None and not hasattr(found[2], mode):
         reason = f"torchao {load().version}'s ScaleCalculationMode has no {mode}"  # type: ignore[union-attr]
-    device = placement()[0]
+    shapes = mx_shapes() if reason is None else reason
+    if isinstance(shapes, str):
+        reason = shapes
+    dims, refusal = ({}, "") if isinstance(shapes, str) else shapes
     support = Fp8LinearSupport(
         recipes=(recipe,),
         dtypes=MX_DTYPES,
-        devices=(device,),
+        devices=(placement()[0],),
         save_original_input=(True,),
         bias=True,
         bias_after_output_rounding=True,  # MXFP8Linear.forward: output + bias.to(output.dtype)
-        requires=_why(reason) if reason else mx_shape_refusal,
+        dim_multiple=dims or 1,  # the dimensions the release refuses off the block (mx_shapes)
+        requires=_why(reason) if reason else None,
     )
     if reason:
         return Fp8FunctionImpl(name=label, fn=_raising(label, reason), support=support, description=reason)
+    shape_text = f"; {', '.join(dims)} multiples of {MX_BLOCK} (it refuses {refusal})" if dims else ""
     desc = (
         f"torchao {load().version} MXFP8Linear, kernel_preference=EMULATED, ScaleCalculationMode.{mode}: "  # type: ignore[union-attr]
-        f"{recipe.name}, E4M3 in 1x32 blocks with E8M0 scales, x saved and quantized again in backward"
+        f"{recipe.name}, E4M3 in 1x32 blocks with E8M0 scales, x saved and quantized again in backward{shape_text}"
     )
     return Fp8FunctionImpl(name=label, fn=mx_fn(found, mode, recipe), support=support, description=desc)
 
@@ -236,8 +257,8 @@ def grouped_impl() -> GroupedFunctionImpl:
         run = grouped_refusal(device)
         return _unavailable_grouped(
             label,
-            f"torchao {load().version}'s FP8 grouped GEMM scales {recipe.name} (x per row, W per column, dy per row "  # type: ignore[union-attr]
-            f"and per expert column): numcheck's grouped declaration refuses it ({first})"
+            f"torchao {load().version}'s FP8 grouped GEMM ({recipe.name}: x per row, W per column, dy per row "  # type: ignore[union-attr]
+            f"and per expert column): numcheck's grouped declaration refuses its declaration ({first})"
             + (f"; and {run}" if run else ""),
         )
 

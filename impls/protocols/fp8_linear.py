@@ -198,6 +198,48 @@ _PER_DEVICE: dict[str, _PerDevice] = {
 }
 
 
+#: The dimensions ``dim_multiple`` names: x ``[M, K]``, W ``[N, K]``.
+SHAPE_DIMS: tuple[str, ...] = ("M", "K", "N")
+
+
+def _declared_dim_multiple(own: str, value: object) -> object:
+    """``dim_multiple`` as stored: an int >= 1, or a read-only mapping of some of ``M``, ``K``, ``N`` to ints >= 1."""
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(SHAPE_DIMS), key=str)
+        if unknown:
+            raise invalid(
+                f"{own}.dim_multiple names {unknown}, which are not dimensions of x [M, K] and W [N, K]",
+                f"Name some of {list(SHAPE_DIMS)}, e.g. dim_multiple={{'K': 16, 'N': 16}}.{_dim_hint(unknown)}",
+            )
+        if not all(ok(v) for v in value.values()):
+            raise invalid(
+                f"{own}.dim_multiple={dict(value)!r} must map each dimension to an int >= 1",
+                "e.g. dim_multiple={'M': 16, 'K': 16, 'N': 16} (1 or left out: any size).",
+            )
+        return MappingProxyType(dict(value))
+    if not ok(value):
+        raise invalid(
+            f"{own}.dim_multiple={value!r} must be an int >= 1 or a mapping of 'M', 'K', 'N' to ints >= 1",
+            "e.g. dim_multiple=16 (M, K and N multiples of 16), or dim_multiple={'K': 32} (1: any shape).",
+        )
+    return value
+
+
+def _dim_hint(unknown: list[Any]) -> str:
+    lower = [u for u in unknown if isinstance(u, str) and u.upper() in SHAPE_DIMS]
+    return f" The dimensions are upper case: {[u.upper() for u in lower]}." if lower else ""
+
+
+def _multiples_text(multiples: Mapping[str, int]) -> str:
+    """``"M, K, N multiples of 16"`` or ``"K multiple of 32, N multiple of 16"``: the dimensions with a multiple."""
+    by: dict[int, list[str]] = {}
+    for d, m in multiples.items():
+        if m > 1:
+            by.setdefault(m, []).append(d)
+    return ", ".join(f"{', '.join(ds)} multiple{'s' if len(ds) > 1 else ''} of {m}" for m, ds in by.items()) or "any"
+
+
 def _declared_per_device(own: str, name: str, value: object, devices: frozenset[str]) -> object:
     """``value`` of the :data:`_PER_DEVICE` field ``name`` as stored: a mapping, read-only, must name every declared
     device; each value (or the one value) must pass the field's test."""
@@ -235,6 +277,13 @@ class Fp8LinearSupport:
         bias_after_output_rounding: ``y`` is ``fl(fl(x·Wᵀ) + b)``: the product is rounded to the output dtype and
             the bias added after, in the output dtype (torchao's ``Float8Linear``), instead of inside the
             accumulation; the bound of ``y`` then counts that rounding of the bias-free product.
+        dim_multiple: the shapes it takes: M, K and N (x ``[M, K]``, W ``[N, K]``) each a multiple of this int, or
+            ``{"M": m, "K": k, "N": n}`` per dimension (a dimension left out: any size). 1 (the default): any
+            shape. ``torch._scaled_mm`` needs K and N multiples of 16 in every GEMM, and backward reduces over M
+            and N too, so an impl running all three GEMMs on it declares ``dim_multiple=16``; an MXFP8 kernel
+            without partial blocks ``dim_multiple=32``. The suite draws only such shapes; a regime no such shape
+            reaches (a partial scale block when every dimension is a multiple of the block) is skipped with the
+            reason.
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
 
@@ -247,6 +296,7 @@ class Fp8LinearSupport:
     accum_chunk: int | None | Mapping[str, int | None] = None
     exposes_quantize: bool = False
     bias_after_output_rounding: bool = False
+    dim_multiple: int | Mapping[str, int] = 1
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -260,6 +310,20 @@ class Fp8LinearSupport:
         decl.requirement(own, self.requires)
         for name in _PER_DEVICE:
             set_(name, _declared_per_device(own, name, getattr(self, name), self.devices))
+        set_("dim_multiple", _declared_dim_multiple(own, self.dim_multiple))
+
+    @property
+    def dim_multiples(self) -> dict[str, int]:
+        """``{"M": m, "K": k, "N": n}``: the multiple each dimension must be (1: any size), from ``dim_multiple``."""
+        v = self.dim_multiple
+        return {d: (v.get(d, 1) if isinstance(v, Mapping) else v) for d in SHAPE_DIMS}
+
+    def shape_refusal(self, M: int, K: int, N: int) -> str | None:
+        """Why x ``[M, K]`` and W ``[N, K]`` are outside ``dim_multiple``, or ``None``."""
+        bad = [f"{d}={v}" for (d, m), v in zip(self.dim_multiples.items(), (M, K, N)) if v % m]
+        if not bad:
+            return None
+        return f"{', '.join(bad)} not a multiple of the declared dim_multiple ({_multiples_text(self.dim_multiples)})"
 
     def unavailable_reason(self) -> str | None:
         """Why the impl cannot run on this machine at all, or ``None``."""
@@ -286,8 +350,10 @@ class Fp8LinearSupport:
         device: str,
         save_original_input: bool = False,
         bias: bool = False,
+        shape: tuple[int, int, int] | None = None,
     ) -> str | None:
         """The reason this declaration excludes a case, or ``None`` when the case is declared supported.
+        ``shape``: the case's ``(M, K, N)``, checked against ``dim_multiple`` when given.
 
         Delayed scaling with ``save_original_input=True`` is *not* refused here: the impl must raise
         ``ValueError`` for it (a property checks that).
@@ -302,7 +368,7 @@ class Fp8LinearSupport:
             return f"save_original_input={save_original_input} not declared"
         if bias and not self.bias:
             return "bias not declared"
-        return None
+        return None if shape is None else self.shape_refusal(*shape)
 
     def describe(self) -> str:
         """Multi-line description for ``numcheck list``."""
@@ -315,6 +381,8 @@ class Fp8LinearSupport:
             f"quantize exposed: {'yes' if self.exposes_quantize else 'no'}",
             "recipes: " + ", ".join(r.name for r in self.recipes),
         ]
+        if any(m > 1 for m in self.dim_multiples.values()):
+            lines[0] += f"; shapes: {_multiples_text(self.dim_multiples)}"
         return "\n".join(lines)
 
     def _accum_text(self) -> str:
@@ -606,6 +674,16 @@ def fp8_linear_impl(
     ...     return F.linear(x, weight, bias)
     >>> unquantized.kind, [r.name for r in unquantized.support.recipes]
     ('quant_linear', ['current-hybrid'])
+
+    An impl that takes only some shapes declares them with ``dim_multiple`` (one int for M, K and N, or per
+    dimension), and the suite draws only those shapes: here all three GEMMs run on ``torch._scaled_mm``, whose
+    operands need K and N multiples of 16 (backward reduces over M and N):
+
+    >>> @fp8_linear_impl(name="doc_scaled_mm", recipes=("current",), devices=("cuda",), dim_multiple=16)
+    ... def on_scaled_mm(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+    ...     ...
+    >>> on_scaled_mm.support.dim_multiples, on_scaled_mm.support.shape_refusal(M=33, K=48, N=16)
+    ({'M': 16, 'K': 16, 'N': 16}, 'M=33 not a multiple of the declared dim_multiple (M, K, N multiples of 16)')
     """
     site, owner = decl.opening("fp8_linear_impl", name, support, SUPPORT_FIELDS, "mymod_fp8")
     if quantize is not None and "exposes_quantize" not in support:

@@ -66,7 +66,7 @@ from numcheck.impls.protocols.fp8_linear import (
     predicted_columnwise_x_bytes,
 )
 from numcheck.impls.protocols.kind import Kind, renamed_attributes
-from numcheck.reference.fp8_recipes import ROWWISE_KINDS, Fp8Recipe
+from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.reference.grouped_fp8_linear import split_offsets
 
 GROUPED_KIND = "grouped-fp8-linear"
@@ -105,12 +105,11 @@ class GroupedFp8Support(Fp8LinearSupport):
         super().__post_init__()
         own = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
-        rowwise = [r.name for r in self.recipes if r.kind in ROWWISE_KINDS]
-        if rowwise:
+        if any(m > 1 for m in self.dim_multiples.values()):
             raise invalid(
-                f"{own}.recipes declares {rowwise}: the grouped oracle and draws have no rowwise kind yet",
-                "Declare rowwise recipes on a single-device Fp8LinearSupport; grouped impls take the kinds of "
-                "standard_recipes().",
+                f"{own}.dim_multiple={self.dim_multiple!r}: a grouped impl declares its shapes per expert",
+                "Declare split_alignment (each expert's rows, M_i) and feature_alignment (K and N) instead, e.g. "
+                "split_alignment=16, feature_alignment=16.",
             )
         if self.exposes_quantize:
             raise invalid(
@@ -191,6 +190,8 @@ def predicted_grouped_columnwise_x_bytes(recipe: Fp8Recipe, m_splits: Sequence[i
     :func:`~impls.protocols.fp8_linear.predicted_columnwise_x_bytes`). An empty expert has no data and no block; under a
     per-tensor recipe an impl may keep its one fp32 scale (4 bytes) or not, so ``hi − lo`` is 4 per empty expert."""
     lo = sum(predicted_columnwise_x_bytes(recipe, m, K) for m in m_splits if m > 0)
+    if "columnwise" not in recipe.usages_of("x"):  # wgrad reads x in high precision (rowwise_gw_hp): no copy
+        return lo, lo
     empty = sum(1 for m in m_splits if m == 0)
     per_tensor = recipe.block_of("x", "columnwise") is None
     return lo, lo + (4 * empty if per_tensor else 0)

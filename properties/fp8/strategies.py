@@ -1,7 +1,9 @@
 """Hypothesis strategies for the FP8 properties: cases inside an impl's declaration, tensors, amaxes.
 
 Sizes are drawn from edge-heavy lists (K not a multiple of 16, 32 or 128, partial blocks in every
-dimension) capped by ``NUMCHECK_FP8_MAX_DIM`` (default 208) to keep the float64 oracle cheap.
+dimension) capped by ``NUMCHECK_FP8_MAX_DIM`` (default 208) to keep the float64 oracle cheap, each rounded up to the
+multiple the impl declares for its dimension (``dim_multiple``, :mod:`~numcheck.properties.fp8.shapes`): the
+draws keep every edge the multiple allows (33 rows stay a partial 32-block under 16, not under 32).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.cases import QUANT_REGIMES, DrawnTensor, Fp8Case, scale_block
+from numcheck.properties.fp8.shapes import fitted_sizes, multiples
 from numcheck.reference.fp8_formats import FP32_MAX
 
 MAX_DIM = int(os.environ.get("NUMCHECK_FP8_MAX_DIM", "208"))
@@ -33,8 +36,31 @@ SCALE_ROWS: dict[int, tuple[int, ...]] = {32: (40, 65, 95), 128: (136, 200)}
 SCALE_K: dict[int, tuple[int, ...]] = {32: (48, 80, 96, 112, 160), 128: (144, 160, 192, 208, 384)}
 
 
-def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
-    return st.sampled_from(tuple(e for e in edges if e <= MAX_DIM) or (MAX_DIM,))
+def _sizes(edges: tuple[int, ...], m: int) -> tuple[int, ...]:
+    """The edges at most ``NUMCHECK_FP8_MAX_DIM``, rounded up to multiples of ``m`` (the declared ``dim_multiple``)."""
+    return fitted_sizes(tuple(e for e in edges if e <= MAX_DIM) or (MAX_DIM,), m, MAX_DIM)
+
+
+def grid_sizes(support, recipe) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The ``(M, K, N)`` sizes the ``block_exponents`` regime draws for ``recipe`` inside ``support``'s shapes: rows of
+    :data:`SCALE_ROWS` rounded up to the declared multiples, K of :data:`SCALE_K` that are multiples of the declared
+    one (each K keeps its form, b × odd or m·2^j below b), or, where none is, rounded up."""
+    m, b = multiples(support), scale_block(recipe)
+    ks = tuple(k for k in SCALE_K[b] if k % m["K"] == 0) or fitted_sizes(SCALE_K[b], m["K"])
+    return fitted_sizes(SCALE_ROWS[b], m["M"]), ks, fitted_sizes(SCALE_ROWS[b], m["N"])
+
+
+def drawn_shapes(support, recipe) -> list[tuple[int, int, int]]:
+    """Every ``(M, K, N)`` :func:`fp8_cases` can draw for ``recipe`` inside ``support``'s shapes."""
+    m = multiples(support)
+    edges = (_sizes(_M_EDGES, m["M"]), _sizes(_K_EDGES, m["K"]), _sizes(_N_EDGES, m["N"]))
+    return [
+        (a, b, c)
+        for sizes in (edges, grid_sizes(support, recipe))
+        for a in sizes[0]
+        for b in sizes[1]
+        for c in sizes[2]
+    ]
 
 
 @st.composite
@@ -59,15 +85,16 @@ def fp8_cases(
     recipe = draw(st.sampled_from(recipes), label="recipe")
     dtypes = sorted((d for d in support.dtypes if d in _DTYPE_NAMES), key=str)
     dtype = draw(st.sampled_from([_DTYPE_NAMES[d] for d in dtypes]), label="dtype")
-    M = draw(_dims(_M_EDGES), label="M")
-    K = draw(_dims(_K_EDGES), label="K")
-    N = draw(_dims(_N_EDGES), label="N")
+    m = multiples(support)
+    M = draw(st.sampled_from(_sizes(_M_EDGES, m["M"])), label="M")
+    K = draw(st.sampled_from(_sizes(_K_EDGES, m["K"])), label="K")
+    N = draw(st.sampled_from(_sizes(_N_EDGES, m["N"])), label="N")
     bias = draw(st.booleans(), label="bias") if support.bias else False
     regime = draw(st.sampled_from(regimes), label="regime")
     if regime == "block_exponents":  # a grid of a few blocks each way, K = b × odd or m·2^j (SCALE_K)
-        b = scale_block(recipe)
-        M, N = (draw(st.sampled_from(SCALE_ROWS[b]), label=f"{d}_blocks") for d in "MN")
-        K = draw(st.sampled_from(SCALE_K[b]), label="K_blocks")
+        rows, ks, cols = grid_sizes(support, recipe)
+        M, N = draw(st.sampled_from(rows), label="M_blocks"), draw(st.sampled_from(cols), label="N_blocks")
+        K = draw(st.sampled_from(ks), label="K_blocks")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:
         modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]

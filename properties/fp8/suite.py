@@ -6,6 +6,8 @@ inputs, large shapes, all 256 codes and so on, run under pytest only.)
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 from hypothesis import assume
@@ -18,6 +20,7 @@ from numcheck.properties.core.runner import Draw, Metrics, SuiteProperty
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
+from numcheck.properties.fp8.shapes import multiples, round_up
 from numcheck.properties.fp8.strategies import fp8_cases, fp8_tensor_specs
 
 
@@ -61,10 +64,14 @@ def quantizer(impl: Any, case: QuantizerCase) -> Metrics:
 
 def _quantizer_case(impl: Any, data: Any) -> QuantizerCase:
     """A declared recipe, a random tensor in a declared dtype on the suite's device, and a delayed scale, as one
-    printable case (the tensor by the values it was drawn from: a failure's repro line rebuilds it)."""
+    printable case (the tensor by the values it was drawn from: a failure's repro line rebuilds it); its rows and
+    columns rounded up to a multiple of every declared ``dim_multiple``."""
     recipe = data.draw(st.sampled_from(impl.support.recipes), label="recipe")
     dtype = str(data.draw(st.sampled_from(sorted(impl.support.dtypes, key=str)), label="dtype")).removeprefix("torch.")
     t = data.draw(fp8_tensor_specs(dtype=dtype), label="t")
+    step = math.lcm(*multiples(impl.support).values())  # a tensor every role's declared shape admits
+    if step > 1:
+        t = dataclasses.replace(t, rows=round_up(t.rows, step), cols=round_up(t.cols, step))
     scale = data.draw(st.sampled_from([1.0, 0.375, 2.0**20, 3e-7]), label="delayed_scale")
     return QuantizerCase(recipe, t, dtype=dtype, delayed_scale=scale, device=DEVICE)
 

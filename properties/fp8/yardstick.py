@@ -16,12 +16,12 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.fp8_linear import Fp8LinearSupport
-from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, standard_recipes
+from numcheck.reference.fp8_recipes import RECIPE_KINDS, Fp8Recipe, rowwise_recipes, standard_recipes
 from numcheck.reference.numerics.fp8_linear import NAME, Fp8LinearNumerics, declaration
 
 
 class SingleFp8Linear(Fp8LinearNumerics):
-    """The single FP8 linear of one recipe kind, declared for that kind's standard recipes; called as the
+    """The single FP8 linear of one recipe kind, declared for that kind's standard (or rowwise) recipes; called as the
     protocol calls an impl (the judge's own arguments, not checked again)."""
 
     def __init__(self, kind: str) -> None:
@@ -29,7 +29,8 @@ class SingleFp8Linear(Fp8LinearNumerics):
             raise ValueError(f"recipe kind must be one of {RECIPE_KINDS}, got {kind!r}")
         super().__init__(kind, capabilities.scaled_mm)
         self.name = f"{NAME}[{kind}]"
-        self.support = Fp8LinearSupport(**declaration(tuple(r for r in standard_recipes() if r.kind == kind), kind))
+        recipes = tuple(r for r in standard_recipes() + rowwise_recipes() if r.kind == kind)
+        self.support = Fp8LinearSupport(**declaration(recipes, kind))
 
     def __repr__(self) -> str:
         return f"SingleFp8Linear({self.recipe_kind!r})"

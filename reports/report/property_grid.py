@@ -18,7 +18,7 @@ Nothing here knows any defect: a row is a property and the regime its suite test
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -52,14 +52,18 @@ def _first_dtype(support: Any, order: tuple[str, ...] = ("float32", "bfloat16", 
     return next(n for n in order if n in names)
 
 
-def _quant(impl: Any, recipe: Any, M: int, K: int, N: int, device: str, **kw: Any) -> Any:
+def _quant(impl: Any, recipe: Any, M: int, K: int, N: int, device: str, fit: bool = True, **kw: Any) -> Any:
+    """The case, moved into the impl's declared shapes (``dim_multiple``: each dimension rounded up) unless ``fit`` is
+    off (a shape regime it cannot reach: :func:`fp8_refused` names why)."""
     from numcheck.properties.fp8.cases import Fp8Case, declared_mode
+    from numcheck.properties.fp8.shapes import fitted
 
     kw.setdefault("dtype", _first_dtype(impl.support))
     kw.setdefault("bias", bool(impl.support.bias))
     kw.setdefault("steps", 2 if recipe.kind == "delayed" else 1)
     kw.setdefault("save_original_input", declared_mode(impl.support))
-    return Fp8Case(recipe, M, K, N, device=device, **kw)
+    case = Fp8Case(recipe, M, K, N, device=device, **kw)
+    return fitted(impl.support, case) if fit else case
 
 
 def _recipes(impl: Any, every: bool) -> list[Any]:
@@ -92,30 +96,34 @@ def _multi_tile(impl: Any, spec: GridSpec, device: str) -> Built:
             )
 
 
-def _grid_ks(b: int) -> tuple[int, ...]:
-    """Two K of the suite's scale-block grids (:data:`properties.fp8.strategies.SCALE_K`) for a scale block of
-    ``b``: the first that is m·2^j below the block (a ragged last block) and the first that is ``b`` × odd (whole
-    blocks, more than two)."""
-    from numcheck.properties.fp8.strategies import SCALE_K
+def _grid_shapes(support: Any, recipe: Any) -> Iterator[tuple[int, int, int, bool]]:
+    """``(M, K, N, fits)`` of the suite's scale-block grids for ``recipe`` in ``support``'s declared shapes
+    (:func:`properties.fp8.strategies.grid_sizes`): rows of more than one block, and two K: the first that is m·2^j
+    below the block (a ragged last block) and the first that is block × odd (whole blocks, more than two). A form the
+    declared ``dim_multiple`` leaves no K of comes as the suite's own K, ``fits`` false (refused, with the reason)."""
+    from numcheck.properties.fp8.cases import scale_block
+    from numcheck.properties.fp8.shapes import SHAPE_REGIMES
+    from numcheck.properties.fp8.strategies import SCALE_K, grid_sizes
 
-    return (next(k for k in SCALE_K[b] if k % b), next(k for k in SCALE_K[b] if not k % b and k // b > 2))
+    b = scale_block(recipe)
+    rows, ks, cols = grid_sizes(support, recipe)
+    M, N = next((m for m in rows if m > b), rows[-1]), next((n for n in cols if n > b), cols[-1])
+    for form in ("K_below_block", "K_block_times_odd"):
+        holds = SHAPE_REGIMES[form].holds
+        K = next((k for k in ks if holds(recipe, M, k, N)), None)
+        yield (M, K, N, True) if K is not None else (M, next(k for k in SCALE_K[b] if holds(recipe, M, k, N)), N, False)
 
 
 def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's ``accuracy_on_scale_block_grids``: the ``block_exponents`` regime (every row, K-block and tile
     its own exponent, so a block scale read from the wrong block, the transposed tile or the previous K-block lands
     on a different exponent) on a grid of at least two blocks each way (:data:`properties.fp8.strategies.SCALE_ROWS`)
-    at both K forms of :func:`_grid_ks`, per recipe kind."""
-    from numcheck.properties.fp8.cases import scale_block
-    from numcheck.properties.fp8.strategies import SCALE_ROWS
-
+    at both K forms of :func:`_grid_shapes`, per recipe kind."""
     for r in _recipes(impl, spec.fp8_all_recipes_ladder):
-        b = scale_block(r)
-        M = N = next(m for m in SCALE_ROWS[b] if m > b)
-        for K in _grid_ks(b):
+        for M, K, N, fits in _grid_shapes(impl.support, r):
             yield (
                 f"{r.name} M{M}K{K}N{N} block_exponents",
-                _quant(impl, r, M, K, N, device, regime="block_exponents", seed=31),
+                _quant(impl, r, M, K, N, device, fit=fits, regime="block_exponents", seed=31),
             )
 
 
@@ -282,18 +290,37 @@ def _grouped_soi(impl: Any, spec: GridSpec, device: str) -> Built:
 def _grouped_scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
     """The suite's ``grouped_accuracy_on_scale_block_grids``: ``block_exponents`` (each expert, row and K-block its
     own exponent) with an expert of exactly one scale block of tokens beside one of a block and a bit
-    (:data:`properties.fp8.grouped.strategies.SCALE_SPLITS`), at both K forms of :func:`_grid_ks`, per recipe kind."""
+    (:data:`properties.fp8.grouped.strategies.SCALE_SPLITS`), at both K forms (m·2^j below the block, block × odd)
+    inside the declared ``feature_alignment`` (:func:`properties.fp8.grouped.strategies.grid_ks`), per recipe kind;
+    a form the alignment rules out comes unfitted, refused with the reason (:func:`grouped_refused`)."""
     from numcheck.properties.fp8.cases import scale_block
-    from numcheck.properties.fp8.grouped.strategies import SCALE_SPLITS
-    from numcheck.properties.fp8.strategies import SCALE_ROWS
+    from numcheck.properties.fp8.grouped.cases import GroupedCase
+    from numcheck.properties.fp8.grouped.strategies import SCALE_SPLITS, grid_ks
+    from numcheck.properties.fp8.shapes import SHAPE_REGIMES
+    from numcheck.properties.fp8.strategies import SCALE_K, SCALE_ROWS
 
     for r in _recipes(impl, spec.grouped_all_recipes):
         b = scale_block(r)
         N = next(m for m in SCALE_ROWS[b] if m > b)
-        for K in _grid_ks(b):
+        for form in ("K_below_block", "K_block_times_odd"):
+            holds = SHAPE_REGIMES[form].holds
+            K = next((k for k in grid_ks(impl.support, r) if holds(r, b, k, N)), None)
+            if K is None:  # refused, named (grouped_refused)
+                k0 = next(k for k in SCALE_K[b] if holds(r, b, k, N))
+                yield f"{r.name} K{k0}N{N} block_exponents", GroupedCase(r, SCALE_SPLITS[b], k0, N, device=device)
+                continue
             case = _grouped(impl, r, SCALE_SPLITS[b], K, N, device, regime="block_exponents", seed=31)
             if case is not None:
                 yield f"{r.name} K{K}N{N} block_exponents", case
+
+
+def grouped_refused(impl: Any, prop: str, case: Any) -> str | None:
+    """Why a grouped impl does not run a built case: its declaration excludes it (only a scale-grid K form its
+    ``feature_alignment`` rules out reaches here; the other builders fit the declaration)."""
+    from numcheck.properties.fp8.grouped.cases import refusal
+
+    why = refusal(impl.support, case)
+    return why and f"a shape regime its declaration leaves out: {why}"
 
 
 def _grouped_accumulation(impl: Any, spec: GridSpec, device: str) -> Built:
@@ -665,6 +692,9 @@ def fp8_refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why a recorded known divergence of a quantized linear excludes ``case`` (the builders fit the declaration)."""
     from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 
+    shape = impl.support.shape_refusal(case.M, case.K, case.N) if hasattr(case, "M") else None
+    if shape:
+        return f"a shape regime its declaration leaves out: {shape}"
     divergence = known_fp8_divergence(impl.name, prop, case)
     return divergence and f"known divergence: {divergence.reason}"
 

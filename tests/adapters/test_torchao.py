@@ -18,10 +18,12 @@ import torch
 import numcheck.impls.adapters.torchao as tao
 from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.fp8_linear import Fp8FunctionImpl
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.core.runner import judge
 from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import Fp8Case
 from numcheck.properties.fp8.known_torchao import TORCHAO_KNOWN, known_fp8_divergence
+from numcheck.properties.fp8.shapes import fitted
 from numcheck.reference.fp8_recipes import Fp8Recipe
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
@@ -166,16 +168,17 @@ def test_bias_after_rounding_is_a_needed_term() -> None:
 def test_known_divergence_examples_still_diverge(entry: Any) -> None:
     """Each known divergence's example fails the property on the releases it holds for (strict: a fixed release
     turns this red until the entry goes) and the entry covers it; outside them the example passes. The example runs
-    on the impl of the entry's pattern that declares its recipe."""
+    on the impl of the entry's pattern that declares its recipe, on the suite's device, in its declared shapes."""
     impl = next(
         i for i in tao.torchao_impls() if fnmatch(i.name, entry.impls) and entry.example.recipe in i.support.recipes
     )
+    example = fitted(impl.support, entry.example.replace(device=DEVICE))  # the real path's shapes on CUDA
     if not entry.releases.hold():
-        judge(checks.accuracy, impl, entry.example)
+        judge(checks.accuracy, impl, example)
         return
-    assert known_fp8_divergence(impl.name, "accuracy", entry.example) is entry
+    assert known_fp8_divergence(impl.name, "accuracy", example) is entry
     with pytest.raises(PropertyFailure, match="non-finite mismatch|beyond bound"):
-        judge(checks.accuracy, impl, entry.example)
+        judge(checks.accuracy, impl, example)
 
 
 @needs_torchao
@@ -205,7 +208,7 @@ def test_cuda_declaration_is_read_from_the_release(monkeypatch: pytest.MonkeyPat
     another output dtype: from 0.13.0 the rowwise recipes ask ``_scaled_mm`` for bfloat16 with fp32 input. Read from
     the release (its Float8Linear run with a recording ``_scaled_mm``), not written in the adapter: a release whose
     tensorwise GEMMs asked for bfloat16 too, or that used no fast accumulation, declares accordingly. On the CPU the
-    emulated path keeps both dtypes and fp32 accumulation."""
+    emulated path keeps both dtypes, fp32 accumulation and every shape."""
     from torchao.float8.config import Float8GemmConfig
 
     cpu = tao.torchao_impl("rowwise", where=("cpu", True)).support
@@ -217,8 +220,12 @@ def test_cuda_declaration_is_read_from_the_release(monkeypatch: pytest.MonkeyPat
     assert tw.support.dtypes == tao.DTYPES and rw.support.dtypes == frozenset({torch.bfloat16})
     assert "float32 left out: its GEMMs output bfloat16" in rw.description
     assert rw.support.accum_unit_roundoff == {"cuda": 2.0**-13} and rw.support.accum_chunk == {"cuda": None}
-    # declared, but not judged: _scaled_mm refuses the partial tiles the suite draws (an H100 run raised on 28 of 28)
-    assert "not a multiple of 16" in tw.support.unavailable_reason() and cpu.unavailable_reason() is None
+    # judged in the shapes torch._scaled_mm takes: every dimension reaching an operand's trailing one a multiple of
+    # 16 (rowwise_with_gw_hp's wgrad is a high-precision mm: M free); the CPU's emulated path takes every shape
+    hp = tao.torchao_impl("rowwise_with_gw_hp", where=("cuda", False)).support
+    assert tw.support.dim_multiples == rw.support.dim_multiples == {"M": 16, "K": 16, "N": 16}
+    assert hp.dim_multiples == {"M": 1, "K": 16, "N": 16} and cpu.dim_multiples == {"M": 1, "K": 1, "N": 1}
+    assert tw.support.unavailable_reason() is None and "M, K, N multiples of 16" in tw.description
 
     tao.real_path.cache_clear()
     try:

@@ -1,5 +1,6 @@
 """torchao's prototype FP8 training paths (:mod:`numcheck.impls.adapters.torchao_prototype`): the emulated MXFP8
-linear, declared from the release and judged here on block multiples (the shapes the release accepts), and MoE
+linear, declared from the release (its shapes too: block multiples, the ones the release accepts) and judged here
+and by the suite, and MoE
 training's FP8 rowwise grouped GEMM, unavailable on the CPU with the reasons read from the release and from numcheck's
 grouped declaration.
 
@@ -26,7 +27,7 @@ from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
 
 MX = proto.mx_module()
 needs_mx = pytest.mark.skipif(isinstance(MX, str), reason=f"{MX}")
-CACHES = (tao.load, proto.mx_module, proto.mx_shape_refusal, proto.grouped_module, proto.grouped_refusal)
+CACHES = (tao.load, proto.mx_module, proto.mx_shapes, proto.grouped_module, proto.grouped_refusal)
 
 
 def _both() -> list[Any]:
@@ -44,16 +45,29 @@ def test_absent_package_registers_with_reason(monkeypatch: pytest.MonkeyPatch) -
 
 
 @needs_mx
-def test_mx_declaration_and_its_reason_are_read_from_the_release() -> None:
+def test_mx_declaration_is_read_from_the_release(monkeypatch: pytest.MonkeyPatch) -> None:
     """One impl per ScaleCalculationMode numcheck has (RCEIL, FLOOR) with the matching mxfp8 recipe, x saved, the
-    bias after the output's rounding; unavailable because the release itself refuses a partial block (its
-    assertion is quoted), not because the adapter says so."""
+    bias after the output's rounding, available, and its shapes read by running the release: it refuses M, K and N
+    off the block (its assertion is quoted), so each is declared a multiple of 32; a release taking partial blocks
+    would declare none, not because the adapter says so."""
     rceil, floor = proto.torchao_mx_impls()
     assert rceil.support.recipes == (Fp8Recipe("mxfp8", mx_scale_rounding="rceil"),)
     assert floor.support.recipes == (Fp8Recipe("mxfp8", mx_scale_rounding="floor"),)
     assert rceil.support.save_original_input == frozenset({True}) and rceil.support.bias_after_output_rounding
-    reason = rceil.support.unavailable_reason() or ""
-    assert "must be divisible by block_size 32" in reason and "torchao " + tao.release() in reason, reason
+    assert rceil.support.unavailable_reason() is None
+    assert rceil.support.dim_multiples == {"M": 32, "K": 32, "N": 32}
+    assert "must be divisible by block_size 32" in rceil.description, rceil.description
+    proto.mx_shapes.cache_clear()
+    try:
+        monkeypatch.setattr(proto, "_mx_run", lambda found, M, K, N: None)
+        assert proto.torchao_mx_impls()[0].support.dim_multiples == {"M": 1, "K": 1, "N": 1}
+        proto.mx_shapes.cache_clear()
+        monkeypatch.setattr(proto, "_mx_run", lambda found, M, K, N: "RuntimeError: no kernel")
+        broken = proto.torchao_mx_impls()[0].support.unavailable_reason() or ""
+        assert "fails on x [64, 32], W [96, 32]: RuntimeError: no kernel" in broken, broken
+    finally:
+        monkeypatch.undo()
+        proto.mx_shapes.cache_clear()
 
 
 def _mx_case(impl: Fp8FunctionImpl, dtype: str, regime: str, seed: int) -> Fp8Case:
@@ -82,15 +96,21 @@ def test_mx_rounding_is_a_needed_term() -> None:
         judge(checks.accuracy, mislabelled, _mx_case(floor, "float32", "block_exponents", seed=1))
 
 
-def test_grouped_is_unavailable_on_the_cpu_with_its_reasons() -> None:
-    """torchao's FP8 rowwise grouped GEMM is registered; on the CPU it is unavailable, naming numcheck's grouped
-    declaration refusing the rowwise kind and the release's own error on the CPU (its Triton kernels)."""
+def test_grouped_is_declared_rowwise_and_unavailable_on_the_cpu_with_its_reason() -> None:
+    """torchao's FP8 rowwise grouped GEMM is registered and declared from the release: numcheck's rowwise kind (E4M3,
+    power-of-2 scales, the kernels' EPS), bf16 (its output dtype), K, N and every group a multiple of 16, Hopper's
+    fast accumulation, no bias; on the CPU it is unavailable with the release's own error (its Triton kernels)."""
     (impl,) = proto.torchao_grouped_impls()
     assert impl.name == "torchao_grouped_fp8[rowwise]"
     reason = impl.support.unavailable_reason() or ""
-    if isinstance(proto.grouped_module(), str):
-        assert reason == proto.grouped_module()
+    found = proto.grouped_module()
+    if isinstance(found, str):
+        assert reason == found
         return
-    assert "no rowwise kind yet" in reason and "does not run on cpu" in reason, reason
-    with pytest.raises(RuntimeError, match="unavailable"):
-        impl(torch.zeros(16, 16), torch.zeros(1, 16, 16), m_splits=(16,), recipe=None, save_original_input=True)
+    s = impl.support
+    assert s.recipes == (Fp8Recipe("rowwise", fp8_format="E4M3", power_of_2_scales=True, amax_epsilon=found[2]),)
+    assert s.dtypes == frozenset({torch.bfloat16}) and not s.bias and s.save_original_input == frozenset({True})
+    assert s.split_alignment == s.feature_alignment == 16
+    assert "does not run on cpu" in reason and "triton" in reason, reason
+    with pytest.raises(ValueError, match="multiples of 16"):
+        impl(torch.zeros(8, 16), torch.zeros(1, 16, 16), m_splits=(8,), recipe=s.recipes[0], save_original_input=True)

@@ -15,7 +15,9 @@ from numcheck.impls.measure import capabilities
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.grouped import props as checks
 from numcheck.properties.fp8.grouped.cases import EDGE_SPLIT_CASES, GroupedCase, fitted, refusal
+from numcheck.properties.fp8.grouped.strategies import GROUPED_SHAPE_REGIMES, grouped_drawn_shapes, grouped_multiples
 from numcheck.properties.fp8.grouped.suite import GROUPED_SUITE
+from numcheck.properties.fp8.shapes import regime_refusal
 from numcheck.tests.suite.drawn import run_drawn
 
 _FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -186,3 +188,18 @@ def test_grouped_emulated_gemms(grouped_fp8_linear_impl):
             if case is not None:
                 checks.accuracy(grouped_fp8_linear_impl, case)
                 checks.per_expert_linear(grouped_fp8_linear_impl, case)
+
+
+@pytest.mark.parametrize("regime", sorted(GROUPED_SHAPE_REGIMES))
+def test_grouped_shape_regimes_in_the_declared_shapes(grouped_fp8_linear_impl, regime):
+    """Every expert shape the suite draws lies in the impl's split and feature alignments, and a regime that is a
+    property of the shape (a partial scale block along K or an expert's rows, the scale-block grids' K forms, an
+    expert of exactly one block of tokens) is among them wherever the declaration allows it; where it does not,
+    this test is skipped naming the field (``split_alignment``, ``feature_alignment``)."""
+    support = grouped_fp8_linear_impl.support
+    shapes = {(r.name, s) for r in support.recipes for s in grouped_drawn_shapes(support, r)}
+    outside = {(name, (m, K, N)) for name, (m, K, N) in shapes if support.split_refusal((m,), m, K=K, N=N)}
+    assert not outside, f"{grouped_fp8_linear_impl.name}: expert shapes outside its alignments: {sorted(outside)[:5]}"
+    why = regime_refusal(support, regime, grouped_drawn_shapes, GROUPED_SHAPE_REGIMES, grouped_multiples)
+    if why:
+        pytest.skip(f"{grouped_fp8_linear_impl.name}: {why}")

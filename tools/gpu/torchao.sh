@@ -8,11 +8,20 @@
 # the device's torch is used, and every try is written down. torchao 0.18.0's wheel is 3.4 MB (0.17.0 3.2 MB,
 # 0.16.0 3.2 MB). Fetch them on a machine with the index:
 #   pip download --no-deps -d .wheels/torchao torchao==0.18.0 torchao==0.17.0 torchao==0.16.0
-# Usage (repo root, on the device, one 10-minute call): bash tools/gpu/torchao.sh "$OUT"
-# Time caps (seconds): SUITE_S (default 300) for the FP8 suite, REPORT_S (default 150) for the report.
-# Everything goes to OUT; it exits 0 whatever the verdicts (read the files).
+# Usage (repo root, on the device): bash tools/gpu/torchao.sh "$OUT" [STAGE ...], STAGE one of declared, suite,
+# grouped, report, premerge (default: all five, over 10 minutes: run it as two calls, "declared suite grouped" and
+# "report premerge", each within one 10-minute call). suite: the FP8 suite (tests/suite/test_fp8_impls.py) with
+# NUMCHECK_DEVICE=cuda on Float8Linear's real path and the emulated MXFP8 linear, each in the shapes it declares there
+# (dim_multiple: 16 for torch._scaled_mm's operands, 32 for MXFP8's blocks); grouped: the grouped suite
+# (tests/suite/test_grouped_fp8.py) on MoE training's FP8 rowwise grouped GEMM; report: numcheck report --quick on all
+# of them; premerge: numcheck premerge on them (--skip-tests: the suites are the stages above; its quick report,
+# memory table and known divergences; PREMERGE_TESTS=1 runs the suite inside it too).
+# Time caps (seconds): SUITE_S (default 270), GROUPED_S (default 200), REPORT_S (default 200), PREMERGE_S (default 300).
 set -uo pipefail
 out="${1:?output dir}"
+shift
+stages="${*:-declared suite grouped report premerge}"
+has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -n "${NUMCHECK_SETUP_DONE:-}" ] || source tools/gpu/install.sh  # once per call (run.sh sets it likewise)
@@ -40,10 +49,13 @@ if [ -z "$chosen" ]; then
   exit 0
 fi
 export PYTHONPATH="$chosen:$PYTHONPATH"
-impls=(--impl 'torchao_float8[tensorwise]' --impl 'torchao_float8[rowwise]' --impl 'torchao_float8[rowwise_with_gw_hp]')
+impls=(--impl 'torchao_float8[tensorwise]' --impl 'torchao_float8[rowwise]' --impl 'torchao_float8[rowwise_with_gw_hp]'
+  --impl 'torchao_mxfp8[rceil]' --impl 'torchao_mxfp8[floor]')
+grouped=(--impl 'torchao_grouped_fp8[rowwise]')
 
-# 2. what the adapters declare here (the real path's dtypes and accumulation; why MXFP8 and the grouped GEMM are
-#    unavailable, or that they run)
+# 2. what the adapters declare here (the real path's dtypes, accumulation and shapes; why the grouped GEMM is
+#    unavailable, or that it runs)
+if has declared; then
 timeout 180 python3 - > "$out/declared.txt" 2>&1 <<'EOF'
 from numcheck.impls.adapters import torchao, torchao_prototype
 
@@ -51,23 +63,51 @@ print("placement", torchao.placement())
 for impl in torchao.torchao_impls() + torchao_prototype.torchao_mx_impls() + torchao_prototype.torchao_grouped_impls():
     s = impl.support
     print(f"{impl.name}: {s.unavailable_reason() or 'runs'}\n  {impl.description}\n  devices {sorted(s.devices)} "
-          f"dtypes {sorted(map(str, s.dtypes))} accum {s.accum_unit_roundoff} chunk {s.accum_chunk}")
+          f"dtypes {sorted(map(str, s.dtypes))} accum {s.accum_unit_roundoff} chunk {s.accum_chunk} "
+          f"dim_multiple {dict(getattr(s, 'dim_multiples', {}))}")
 print("grouped GEMM on cuda:", torchao_prototype.grouped_refusal("cuda") or "runs")
 EOF
 echo "exit $?" >> "$out/declared.txt"
 cat "$out/declared.txt"
+fi
 
-# 3. the FP8 suite on the real path; -v so a run cut short names what ran
-NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-300}" python3 -m pytest tests/suite/test_fp8_impls.py -v -n 8 \
+# 3. the FP8 suite on the real path (and MXFP8 emulated); -v -rs so a run cut short names what ran and every skip
+#    says why (a shape regime the declared dim_multiple rules out among them)
+if has suite; then
+NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-270}" python3 -m pytest tests/suite/test_fp8_impls.py -v -rs -n 8 \
   -p no:cacheprovider -p no:benchmark "${impls[@]}" --junitxml="$out/junit.xml" --maxfail=200 > "$out/suite.txt" 2>&1
 echo "pytest exit $?" >> "$out/suite.txt"
 grep -E "FAILED|ERROR" "$out/suite.txt" | head -40
 tail -3 "$out/suite.txt"
+fi
+
+# 3b. the grouped suite on MoE training's FP8 rowwise grouped GEMM
+if has grouped; then
+NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${GROUPED_S:-200}" python3 -m pytest tests/suite/test_grouped_fp8.py -v -rs \
+  -n 8 -p no:cacheprovider -p no:benchmark "${grouped[@]}" --junitxml="$out/grouped-junit.xml" --maxfail=200 \
+  > "$out/grouped.txt" 2>&1
+echo "pytest exit $?" >> "$out/grouped.txt"
+grep -E "FAILED|ERROR" "$out/grouped.txt" | head -40
+tail -3 "$out/grouped.txt"
+fi
 
 # 4. the quick report on the real path
-timeout "${REPORT_S:-150}" python3 -m numcheck.reports.cli report --quick --device cuda --no-plots --no-progress \
-  "${impls[@]}" --out "$out/report" > "$out/report.txt" 2>&1
+if has report; then
+timeout "${REPORT_S:-200}" python3 -m numcheck.reports.cli report --quick --device cuda --no-plots --no-progress \
+  "${impls[@]}" "${grouped[@]}" --out "$out/report" > "$out/report.txt" 2>&1
 echo "numcheck report exit $?" >> "$out/report.txt"
 tail -6 "$out/report.txt"
+fi
+
+# 5. premerge on the same impls (its quick report, memory table, known divergences; the suite only with
+#    PREMERGE_TESTS=1, else stage "suite" is it)
+if has premerge; then
+skip=(--skip-tests)
+[ -n "${PREMERGE_TESTS:-}" ] && skip=(--jobs 8)
+timeout "${PREMERGE_S:-300}" python3 -m numcheck.reports.cli premerge --device cuda "${skip[@]}" "${impls[@]}" "${grouped[@]}" \
+  --out "$out/premerge" > "$out/premerge.txt" 2>&1
+echo "numcheck premerge exit $?" >> "$out/premerge.txt"
+tail -25 "$out/premerge.txt"
+fi
 rm -rf "$work"
 exit 0

@@ -4,7 +4,8 @@ Split sizes are drawn one expert at a time from edge-heavy lists (1, block edges
 columnwise blocks, odd sizes) rounded up to the declared ``split_alignment``, with empty experts where declared, so
 uneven and unaligned splits meet every recipe; G from 1 to :data:`MAX_EXPERTS` (and the declared
 ``max_experts``); K and N from the single linear's edges, multiples of ``feature_alignment``. The total rows stay
-at most :data:`MAX_ROWS` so the float64 oracle stays cheap (``NUMCHECK_FP8_MAX_DIM`` caps the single sizes).
+at most :data:`MAX_ROWS` so the float64 oracle stays cheap (``NUMCHECK_FP8_MAX_DIM`` caps the single sizes). A shape
+regime the alignments rule out (:data:`GROUPED_SHAPE_REGIMES`) is skipped by the suite naming the field.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 from numcheck.properties.core.device import DEVICE
 from numcheck.properties.fp8.cases import scale_block
 from numcheck.properties.fp8.grouped.cases import GROUPED_REGIMES, GroupedCase
+from numcheck.properties.fp8.shapes import SHAPE_REGIMES, ShapeRegime
 from numcheck.properties.fp8.strategies import _K_EDGES, _N_EDGES, MAX_DIM, SCALE_K, SCALE_ROWS
+from numcheck.reference.fp8_recipes import Fp8Recipe
 
 #: Per-expert row counts before alignment: around the 32- and 128-row columnwise blocks, and small odd ones.
 SPLIT_EDGES: tuple[int, ...] = (1, 3, 16, 31, 32, 33, 64, 127, 128, 129)
@@ -31,6 +34,47 @@ def _aligned(edges: tuple[int, ...], a: int, cap: int) -> tuple[int, ...]:
     """``edges`` rounded up to multiples of ``a``, at most ``cap`` (at least one: ``a`` itself)."""
     out = sorted({-(-e // a) * a for e in edges if -(-e // a) * a <= cap})
     return tuple(out) or (a,)
+
+
+def grid_ks(support, recipe: Fp8Recipe) -> tuple[int, ...]:
+    """The ``block_exponents`` regime's K for ``recipe``: those of :data:`SCALE_K` that are multiples of the declared
+    ``feature_alignment`` (each keeps its form, block × odd or m·2^j below the block), or, where none is, rounded up."""
+    b, fa = scale_block(recipe), support.feature_alignment
+    return tuple(k for k in SCALE_K[b] if k % fa == 0) or _aligned(SCALE_K[b], fa, max(SCALE_K[b]))
+
+
+def grouped_drawn_shapes(support, recipe: Fp8Recipe) -> list[tuple[int, int, int]]:
+    """Every ``(m_i, K, N)`` :func:`grouped_cases` can draw for one expert under ``recipe`` inside ``support``'s rules
+    (an expert's rows as M; empty experts left out)."""
+    a, fa, b = support.split_alignment, support.feature_alignment, scale_block(recipe)
+    ks, ns = _aligned(_K_EDGES, fa, MAX_DIM), _aligned(_N_EDGES, fa, MAX_DIM)
+    grid = (_aligned(SCALE_SPLITS[b], a, MAX_ROWS), grid_ks(support, recipe), _aligned(SCALE_ROWS[b], fa, MAX_DIM))
+    return [
+        (m, k, n)
+        for ms, kk, nn in ((_aligned(SPLIT_EDGES, a, MAX_DIM), ks, ns), grid)
+        for m in ms
+        for k in kk
+        for n in nn
+    ]
+
+
+def grouped_multiples(support) -> dict[str, tuple[str, int]]:
+    """Each dimension's declared multiple with the grouped declaration field that sets it (an expert's rows as M)."""
+    fa = ("feature_alignment", support.feature_alignment)
+    return {"M": ("split_alignment", support.split_alignment), "K": fa, "N": fa}
+
+
+#: The grouped family's shape regimes: the single linear's, an expert's rows as M, and an expert of exactly one
+#: scale block of tokens (DeepGEMM #365) on the scale-block grids.
+GROUPED_SHAPE_REGIMES: dict[str, ShapeRegime] = {
+    **SHAPE_REGIMES,
+    "expert_of_one_block": ShapeRegime(
+        "an expert of exactly one scale block of tokens on the scale-block grids (DeepGEMM #365)",
+        lambda r: True,
+        lambda r, M, K, N: M == scale_block(r),
+        ("M",),
+    ),
+}
 
 
 @st.composite
@@ -90,7 +134,7 @@ def grouped_cases(
     if regime == "block_exponents":  # experts of one block of tokens, a few blocks each way (strategies.SCALE_K)
         b = scale_block(recipe)
         m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows, edges=SCALE_SPLITS[b]), label="m_blocks")
-        K = draw(st.sampled_from(_aligned(SCALE_K[b], fa, max(SCALE_K[b]))), label="K_blocks")
+        K = draw(st.sampled_from(grid_ks(support, recipe)), label="K_blocks")
         N = draw(st.sampled_from(_aligned(SCALE_ROWS[b], fa, max(SCALE_ROWS[b]))), label="N_blocks")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:

@@ -1,7 +1,8 @@
 """Quantized linear (:class:`~properties.fp8.cases.Fp8Case`), per impl and recipe it declares: an (M, K, N)
 ladder with the same span (K: y, N: dgrad, M: wgrad and bgrad), the input regimes ``wide`` and
 ``outlier`` at the base shape, and in the full grid every declared dtype, the edge regimes (``zeros``,
-``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps.
+``tiny``, ``nan``, ``inf``), ``save_original_input=True`` and three delayed-scaling steps; each shape rounded up into
+the impl's declared ``dim_multiple``.
 
 The report's part of the quantized-linear family (:class:`~reports.report.families.family.ReportFamily`).
 """
@@ -14,6 +15,7 @@ from typing import Any, Iterator
 
 from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.properties.fp8.cases import Fp8Case, declared_mode
+from numcheck.properties.fp8.shapes import fitted
 from numcheck.reports.report.coverage import fp8_behaviours
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GridCase, GridSpec
@@ -71,7 +73,7 @@ def fp8_cases(spec: GridSpec, support: Any, device: str = "cpu") -> list[GridCas
     only_original = declared_mode(support)  # an impl declaring only save_original_input=True runs in that mode
 
     def add(group: str, c: Fp8Case) -> None:
-        c = c.replace(save_original_input=True) if only_original else c
+        c = fitted(support, c.replace(save_original_input=True) if only_original else c)  # in its dim_multiple
         if c not in seen:
             seen.add(c)
             out.append(GridCase(group, c.dtype, c))
@@ -130,6 +132,7 @@ def declaration(impl: Any) -> dict[str, Any]:
         "save_original_input": sorted(s.save_original_input),
         "bias": s.bias,
         "accum_unit_roundoff": dict(accum) if hasattr(accum, "items") else accum,
+        **({"dim_multiple": s.dim_multiples} if any(m > 1 for m in s.dim_multiples.values()) else {}),
     }
 
 

@@ -18,7 +18,7 @@ from numcheck.reports.report.families import fp8_linear
 from numcheck.reports.report.families.family import ReportFamily
 from numcheck.reports.report.grid import DTYPE_NAMES, GROUPED_CASES, GridCase, GridSpec, NotRun
 from numcheck.reports.report.md_rows import plain_mode, summarize
-from numcheck.reports.report.property_grid import grouped_rows
+from numcheck.reports.report.property_grid import grouped_refused, grouped_rows
 from numcheck.reports.report.schema import fp8_record
 
 
@@ -152,7 +152,7 @@ FAMILY = ReportFamily(
     judgements=("accumulation", "total"),
     repro=fp8_linear.repro,
     property_rows=grouped_rows,
-    refused=None,
+    refused=grouped_refused,
     why=why,
     summary=summary,
     table=table,

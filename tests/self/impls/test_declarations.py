@@ -21,6 +21,7 @@ from numcheck import (
     make_support,
 )
 from numcheck.errors import InvalidDeclaration
+from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
 from numcheck.impls.protocols.linear_ce import validate_impl
 from numcheck.impls.registry import BrokenImpl, load_spec
 from numcheck.properties.linear_ce.undrawable import undrawable_reason
@@ -116,6 +117,22 @@ BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
         lambda: fp8_linear_impl(name="q", recipes=("current",))(_fp8),
         ("takes no keyword scaling_state",),
     ),
+    "quant_dim_multiple_zero": (
+        lambda: fp8_linear_impl(name="q", dim_multiple=0)(_fp8),
+        ("dim_multiple=0 must be an int >= 1", "dim_multiple=16"),
+    ),
+    "quant_dim_multiple_lower_case": (
+        lambda: make_fp8_support(dim_multiple={"k": 16}),
+        ("names ['k']", "The dimensions are upper case: ['K']"),
+    ),
+    "quant_dim_multiple_value": (
+        lambda: Fp8LinearSupport(dim_multiple={"K": 16.0}),
+        ("must map each dimension to an int >= 1",),
+    ),
+    "grouped_dim_multiple": (
+        lambda: GroupedFp8Support(dim_multiple=16),
+        ("declares its shapes per expert", "split_alignment", "feature_alignment"),
+    ),
     "quant_exposes_without_quantize": (
         lambda: fp8_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x),
         ("exposes_quantize=True", "quantize="),
@@ -208,6 +225,20 @@ def test_well_formed_declarations_pass() -> None:
     q = fp8_linear_impl(name="q", recipes=("current", Fp8Recipe("mxfp8")), quantize=quantize)(fp8)
     assert q.support.exposes_quantize and [r.kind for r in q.support.recipes] == ["current", "mxfp8"]
     validate_impl(q, "test")
+
+
+def test_dim_multiple_declares_shapes() -> None:
+    """``dim_multiple`` as one int or per dimension: read back per dimension, refusing a shape off it with the
+    dimension and the declaration named, shown by ``numcheck list``; the default takes every shape."""
+    every = make_fp8_support(dim_multiple=16)
+    some = make_fp8_support(dim_multiple={"K": 32})
+    assert every.dim_multiples == {"M": 16, "K": 16, "N": 16} and some.dim_multiples == {"M": 1, "K": 32, "N": 1}
+    assert every.shape_refusal(48, 64, 16) is None and some.shape_refusal(33, 64, 17) is None
+    assert every.refuses(recipe=every.recipes[0], dtype=torch.float32, device="cpu", shape=(40, 64, 24)) == (
+        "M=40, N=24 not a multiple of the declared dim_multiple (M, K, N multiples of 16)"
+    )
+    assert "shapes: K multiple of 32" in some.describe() and "shapes" not in make_fp8_support().describe()
+    assert make_fp8_support().shape_refusal(1, 1, 1) is None
 
 
 @pytest.mark.parametrize(
