@@ -126,7 +126,7 @@ def relative_judgements(
             else ""
         )
         # the yardstick ran on the case's device, the oracle (and the bounds) on the CPU
-        e = (yard.double().to(exp.device) - exp).abs() if yard is not None else exp * 0
+        e = (yard.to(exp.device).double() - exp).abs() if yard is not None else exp * 0
         out.append(relative_judgement(name, value, exp.double(), (rms(e), yard.dtype), expected[name], note=note))
     return out
 
@@ -211,7 +211,7 @@ def pair_permutation(impl: Any, case: PreferenceCase) -> dict[str, float]:
             continue
         if name == "grad_x":
             vb = torch.empty_like(vb).index_copy_(0, rows.to(vb.device), vb)
-        c = compare(name, vb, va.double(), 2 * bounds[name])
+        c = compare(name, vb, va.cpu().double(), 2 * bounds[name])  # float64 on the CPU, as the bounds
         if not c.ok:
             bad.append(c)
     if bad:
