@@ -10,6 +10,7 @@ import torch
 
 from numcheck.impls.adapters import liger_preference
 from numcheck.impls.protocols.linear_preference import PreferenceParams
+from numcheck.properties.core.device import DEVICE
 from numcheck.properties.linear_preference import props
 from numcheck.properties.linear_preference.cases import PreferenceCase
 from numcheck.tests.adapters.uninstalled import impls_while_uninstalled
@@ -61,6 +62,7 @@ def test_conventions_match_the_oracle(loss):
         chunk_pairs=2,
         ignored=0.3,
         seed=11,
+        device=DEVICE,  # the suite's device: on a GPU run the adapter is judged on CUDA
     )
     metrics = props.accuracy(impl, case)
     assert max(metrics.values()) <= 1
@@ -119,7 +121,7 @@ def test_known_divergence_examples_pass_outside_their_releases():
         impl = impls[entry.impls.replace("[[]", "[")]
         if impl.support.unavailable_reason() or entry.releases.hold():
             continue
-        props.PROPERTIES[entry.properties[0]](impl, entry.example)
+        props.PROPERTIES[entry.properties[0]](impl, entry.example.replace(device=DEVICE))
         ran += 1
     assert ran or all(k.releases.hold() for k in KNOWN)
 
