@@ -29,7 +29,7 @@ if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then
 fi
 [ -d /tmp/carried ] && export PYTHONPATH="$PYTHONPATH:/tmp/carried"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.triton-cache}"
-export NUMCHECK_DEVICE=cuda
+export NUMCHECK_DEVICE="${NUMCHECK_DEVICE:-cuda}"  # cpu: a dry run of the plumbing off the device
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt" 2>&1
 python3 -c "import liger_kernel, importlib.metadata as m; print('liger-kernel', m.version('liger-kernel'))" >> "$out/gpu.txt" 2>&1
