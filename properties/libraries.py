@@ -11,6 +11,7 @@ from numcheck.properties.distributed.linear_ce import known as dist_known
 from numcheck.properties.fp8 import known_torchao
 from numcheck.properties.linear_ce import known_cce, known_liger, known_te, known_torch
 from numcheck.properties.linear_distill import known_liger as known_liger_distill
+from numcheck.properties.linear_preference import known_liger as known_liger_preference
 
 #: The libraries numcheck's adapters call, by impl name (fnmatch pattern): whose release a report judged.
 ADAPTER_LIBRARIES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
@@ -21,6 +22,7 @@ ADAPTER_LIBRARIES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     *known_torch.LIBRARIES,
     *known_torchao.LIBRARIES,
     *known_liger_distill.LIBRARIES,
+    *known_liger_preference.LIBRARIES,
 )
 
 

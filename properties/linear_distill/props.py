@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import fail
 from numcheck.properties.core.relative import relative_judgement, yardstick_error
@@ -93,29 +94,33 @@ def _fail_comparisons(impl: Any, prop: str, case: DistillCase, comps: dict[str, 
         fail(impl, prop, case, *(c.describe() for c in bad), ratio=max(c.ratio for c in bad))
 
 
-def _relative(impl: Any, case: DistillCase, r: Run, o: DistillResult, t: DistillTensors) -> None:
-    """Judgement (b) against numcheck's evaluation of the declared path in the same dtype."""
+def _relative(impl: Any, case: DistillCase, r: Run, o: DistillResult, t: DistillTensors) -> dict[str, Any]:
+    """Judgement (b) of each output against numcheck's evaluation of the declared path in the same dtype."""
     yard = run(declared_path(impl.support), case, t)
     expected = distill_bounds(impl.support, case, t, o, _dtypes(yard, case), level="expected")
     exact = _exact(o)
-    lines = []
+    out = {}
     for k in OUTPUTS:
         value = r.outputs[k]
         if value is None:
             continue
-        y = yardstick_error(yard.outputs[k], exact[k])
-        j = relative_judgement(k, value, exact[k], y, expected[k], yardstick="declared path")
-        if not j.ok:
-            lines.append(j.describe())
-    if lines:
-        fail(impl, "accuracy", case, "judgement (b), relative to numcheck's evaluation of the declared path:", *lines)
+        out[k] = relative_judgement(
+            k, value, exact[k], yardstick_error(yard.outputs[k], exact[k]), expected[k], yardstick="declared path"
+        )
+    return out
 
 
 def accuracy(impl: Any, case: DistillCase) -> dict[str, float]:
-    """(a) every output within its bound of the oracle; (b) relative to the declared path in the same dtype."""
+    """(a) every output within its bound of the oracle; (b) relative to the declared path in the same dtype. Each
+    judgement is recorded for the seed sweep (:mod:`numcheck.properties.core.records`), a failing one before the
+    failure is raised."""
     comps, r, o, t = judge(impl, case)
+    rel = _relative(impl, case, r, o, t) if all(c.ok for c in comps.values()) else {}
+    records.note_judgements(impl.name, "accuracy", case.dtype, repr(case), comps, rel)
     _fail_comparisons(impl, "accuracy", case, comps)
-    _relative(impl, case, r, o, t)
+    lines = [j.describe() for j in rel.values() if not j.ok]
+    if lines:
+        fail(impl, "accuracy", case, "judgement (b), relative to numcheck's evaluation of the declared path:", *lines)
     return {f"{k} error/bound": min(c.ratio, 1e6) for k, c in comps.items()}
 
 

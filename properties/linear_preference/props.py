@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from numcheck.properties.core import records
 from numcheck.properties.core.compare import Comparison, compare
 from numcheck.properties.core.failures import fail
 from numcheck.properties.core.relative import relative_judgement, yardstick_error
@@ -130,17 +131,27 @@ def relative_judgements(
 
 
 def accuracy(impl: Any, case: PreferenceCase) -> dict[str, float]:
-    """Every output within its bound of the float64 oracle (a), and no further from it than eager allows (b)."""
+    """Every output within its bound of the float64 oracle (a), and no further from it than eager allows (b). Each
+    judgement is recorded for the seed sweep (:mod:`numcheck.properties.core.records`), a failing one before the
+    failure is raised."""
     t = build(case, impl.support.conventions)
     got = run(impl, case, t)
     o, comps = judged(impl, case, t, got)
     bad = [c for c in comps if not c.ok]
+    rel = [] if bad else relative_judgements(impl, case, t, got, o)
+    records.note_judgements(
+        impl.name, "accuracy", case.dtype, repr(case), {c.output: c for c in comps}, {j.output: j for j in rel}
+    )
     if bad:
         fail(impl, "accuracy", case, *(c.describe() + _where(c) for c in bad), ratio=max(c.ratio for c in bad))
-    rel = [j for j in relative_judgements(impl, case, t, got, o) if not j.ok]
-    if rel:
+    rel_bad = [j for j in rel if not j.ok]
+    if rel_bad:
         fail(
-            impl, "accuracy", case, "judgement (b), relative to eager in the same dtype:", *(j.describe() for j in rel)
+            impl,
+            "accuracy",
+            case,
+            "judgement (b), relative to eager in the same dtype:",
+            *(j.describe() for j in rel_bad),
         )
     return {f"{c.output} error/bound": c.ratio for c in comps}
 
@@ -209,7 +220,7 @@ def pair_permutation(impl: Any, case: PreferenceCase) -> dict[str, float]:
             continue
         if name == "grad_x":
             vb = torch.empty_like(vb).index_copy_(0, rows.to(vb.device), vb)
-        c = compare(name, vb, va.double(), 2 * bounds[name])
+        c = compare(name, vb, va.cpu().double(), 2 * bounds[name])  # float64 on the CPU, as the bounds
         if not c.ok:
             bad.append(c)
     if bad:

@@ -13,6 +13,7 @@ from typing import Any
 from numcheck.impls.protocols.linear_preference import PREFERENCE_KIND
 from numcheck.properties.core.family import SuiteFamily
 from numcheck.properties.core.runner import Draw, SuiteProperty
+from numcheck.properties.linear_preference import known_liger
 from numcheck.properties.linear_preference import props as checks
 from numcheck.properties.linear_preference.cases import PreferenceCase
 from numcheck.properties.linear_preference.strategies import preference_cases
@@ -31,16 +32,31 @@ def _cases(**fixed: Any) -> Draw:
     return lambda impl, data: data.draw(preference_cases(impl.support, **fixed), label="case")
 
 
+class PreferenceProperty(SuiteProperty):
+    """A drawn linear-preference test: its known divergences are :mod:`~properties.linear_preference.known_liger`'s
+    (a covered case is left out of the draws)."""
+
+    known_module = "numcheck.properties.linear_preference.known_liger"
+
+    def known_for_every(self, impl: Any, fields: Any) -> Any:
+        return self.known_case(impl, fields)
+
+    def known_case(self, impl: Any, case: Any) -> Any:
+        return known_liger.known(impl.name, self.property_name, case) if isinstance(case, PreferenceCase) else None
+
+
 def _declares_chunking(impl: Any) -> str | None:
     return None if impl.support.chunking else f"{impl.name} does not declare chunking (chunk_pairs)"
 
 
 _ENTRIES: tuple[SuiteProperty, ...] = (
-    SuiteProperty("preference_accuracy", checks.accuracy, _cases()),
-    SuiteProperty("preference_ignored_positions", checks.ignored_positions, _cases(ignored=True)),
-    SuiteProperty("preference_chunk_invariance", checks.chunk_invariance, _cases(min_pairs=2), skip=_declares_chunking),
-    SuiteProperty("preference_pair_permutation", checks.pair_permutation, _cases(min_pairs=2)),
-    SuiteProperty("preference_options_honoured", checks.options_honoured, _cases(options_on=True)),
+    PreferenceProperty("preference_accuracy", checks.accuracy, _cases()),
+    PreferenceProperty("preference_ignored_positions", checks.ignored_positions, _cases(ignored=True)),
+    PreferenceProperty(
+        "preference_chunk_invariance", checks.chunk_invariance, _cases(min_pairs=2), skip=_declares_chunking
+    ),
+    PreferenceProperty("preference_pair_permutation", checks.pair_permutation, _cases(min_pairs=2)),
+    PreferenceProperty("preference_options_honoured", checks.options_honoured, _cases(options_on=True)),
 )
 
 #: Every drawn linear+preference test of the suite by verdict name.

@@ -66,13 +66,13 @@ _ls, _sig = torch.nn.functional.logsigmoid, torch.sigmoid
 
 def _position_errors(t: PreferenceTensors, o: PreferenceReference, u_c: float, level: Level) -> torch.Tensor:
     """λ_j of step 1: the bound on |δ log p_j| at every position and class ``[B, T, V]``."""
-    x, w = t.x.double().cpu(), t.weight.double().cpu()
+    x, w = t.x.cpu().double(), t.weight.cpu().double()
     H, V = w.shape[1], w.shape[0]
     mag = x.abs() @ w.abs().T
     z = o.logits
     e = (u_c + 2 * U_A) * z.abs()
     if t.bias is not None:
-        b = t.bias.double().cpu().abs()
+        b = t.bias.cpu().double().abs()
         mag = mag + b
         e = e + u_c * (z.abs() + b)
     e = e + gamma(H + 1, U_A, level) * mag
@@ -193,7 +193,7 @@ def preference_bounds(
     lam = _position_errors(t, o, u_c, level)
     E, E_S = _sequence_errors(o, lam, t.target, averaged, level)
     ci, ri = pair_rows(conv.layout, t.x.shape[0])
-    ref = t.ref_logps.double().cpu() if t.ref_logps is not None else torch.zeros_like(o.seq_logp)
+    ref = t.ref_logps.cpu().double() if t.ref_logps is not None else torch.zeros_like(o.seq_logp)
     if conv.loss == "orpo":
         err_f, abs_f, err_kc, err_kr = _orpo_pairs(case, o.seq_logp, E, ci, ri)
     elif conv.loss == "kto":
@@ -224,7 +224,7 @@ def _gradient_bounds(case, path, t, o, lam, dk, u_c, level) -> dict[str, torch.T
     G = k * (onehot - p).abs()
     eta = UNDERFLOW[case.torch_dtype]
     dG = dk * (onehot - p).abs() + k * p * torch.expm1(lam) + 3 * U_A * k * (onehot + p) + u_c * G + eta
-    x, w = t.x.double().cpu().abs(), t.weight.double().cpu().abs()
+    x, w = t.x.cpu().double().abs(), t.weight.cpu().double().abs()
     B, T, V = G.shape
     N = B * T
     K = -(-case.P // case.chunk_pairs) if case.chunk_pairs else case.P

@@ -27,6 +27,10 @@ TABLES = {
     "liger_distill_releases": (
         "python docs/evidence/liger_distill_releases.py DIR ... installed > docs/evidence/liger_distill_releases.txt"
     ),
+    "liger_preference_releases": (
+        "python docs/evidence/liger_preference_releases.py DIR/0.5.0 ... DIR/0.8.4 installed "
+        "> docs/evidence/liger_preference_releases.txt (see its docstring)"
+    ),
     "torchao_releases": "python docs/evidence/torchao_releases.py DIR > docs/evidence/torchao_releases.txt (see its docstring)",
 }
 

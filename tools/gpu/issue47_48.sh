@@ -16,7 +16,7 @@ mkdir -p "$out/ao" "$out/fam"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/fam/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/fam/gpu.txt"
 SUITE_S="${AO_SUITE_S:-280}" REPORT_S="${AO_REPORT_S:-120}" bash tools/gpu/torchao.sh "$out/ao" > "$out/ao/log.txt" 2>&1 &
-SUITE_S="${FAM_SUITE_S:-400}" bash tools/gpu/families.sh "$out/fam" > "$out/fam/log.txt" 2>&1
+SUITE_S="${FAM_SUITE_S:-300}" bash tools/gpu/families.sh "$out/fam" > "$out/fam/log.txt" 2>&1
 wait
 tar czf "$out/gpu-47-48.tgz" -C "$out" ao fam
 echo "=== torchao"; tail -25 "$out/ao/log.txt"
