@@ -123,6 +123,20 @@ class GemmOperands:
     rho_B: torch.Tensor
     free_A: torch.Tensor
     free_B: torch.Tensor
+    step_A: torch.Tensor | None = None
+    step_B: torch.Tensor | None = None
+    codes_A: torch.Tensor | None = None
+    codes_B: torch.Tensor | None = None
+
+
+def step_magnitudes(q: Quantized) -> torch.Tensor:
+    """``2^ε``-bounds of the exponents a truncating block step aligns to, per element (float64, dequantized units):
+    ``max(|v|, 2^emin)`` of each nonzero FP8 value ``v`` times its ``s_inv`` (a subnormal's exponent is clamped to
+    emin, so its alignment can sit above its magnitude), 0 for zeros. A product's alignment exponent ``ε_a + ε_b``
+    then satisfies ``2^(ε_a+ε_b) ≤`` the product of the two (module docstring, *Truncating block steps*)."""
+    v = q.values.abs()
+    clamped = torch.where(v != 0, v.clamp_min(2.0**q.fmt.emin), torch.zeros_like(v))
+    return _nan0(clamped) * expand_blocks(q.scale_inv, tuple(q.codes.shape), q.block)
 
 
 def free_elements(q: Quantized) -> torch.Tensor:
@@ -151,11 +165,13 @@ def gemm_operands(
     def parts(role: str, usage: str, src: torch.Tensor, transpose: bool):
         if high_precision:  # the operand as given: no quantization error, nothing free
             o = f64(src)
-            d, r, fr = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool)
+            d, r, fr, m = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool), _nan0(o.abs())
+            v = m
         else:
             q = ref.operand(role, usage)
             d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
-        return (d.t(), o.t(), r.t(), fr.t()) if transpose else (d, o, r, fr)
+            m, v = step_magnitudes(q), _nan0(q.values.abs())
+        return tuple(p.t() for p in (d, o, r, fr, m, v)) if transpose else (d, o, r, fr, m, v)
 
     if output == "y":
         a, b = parts("x", "rowwise", x, False), parts("w", "rowwise", weight, False)
@@ -165,7 +181,7 @@ def gemm_operands(
         a, b = parts("dy", "columnwise", dy, True), parts("x", "columnwise", x, True)
     else:
         raise ValueError(f"output={output!r} must be 'y', 'dgrad' or 'wgrad'")
-    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3])
+    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4], a[5], b[5])
 
 
 @dataclass(frozen=True)
@@ -197,6 +213,27 @@ def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
     return g_in + (1 + g_in) * gamma(-(-n // chunk), U32)
 
 
+def block_step_error(
+    absA: torch.Tensor, absB: torch.Tensor, stepA: torch.Tensor, stepB: torch.Tensor, u: float, block: int, chain: int
+) -> torch.Tensor:
+    """``T``: the summed bound of every truncating block step's error (module docstring, *Truncating block steps*) for
+    ``o = A·Bᵀ`` reduced along dim 1, steps of ``block`` products at unit roundoff ``u``, chains restarting every
+    ``chain`` products. ``absA``, ``absB``: |dequantized operands|; ``stepA``, ``stepB``: :func:`step_magnitudes`."""
+    n = absA.shape[1]
+    T = torch.zeros(absA.shape[0], absB.shape[0], dtype=F64)
+    for c0 in range(0, n, chain):
+        P = torch.zeros_like(T)  # P_{b−1}: |products| of the chain so far, which bounds the running sum |c_b|
+        for k0 in range(c0, min(c0 + chain, n), block):
+            k1 = min(k0 + block, c0 + chain, n)
+            D = absA[:, k0:k1] @ absB[:, k0:k1].t()
+            D_step = stepA[:, k0:k1] @ stepB[:, k0:k1].t()
+            grid = u * torch.maximum(P, D_step)  # 2^(E_b − f) ≤ u·max(|c_b|, max 2^(ε_a+ε_b))
+            T += torch.minimum(D, (k1 - k0) * grid) + u * torch.minimum(D_step, P)
+            P = P + D
+            T += u * P  # the step's sum truncated to u of itself: |s_b| ≤ P_b
+    return T
+
+
 def output_bounds(
     ref: Fp8LinearReference,
     output: str,
@@ -208,11 +245,13 @@ def output_bounds(
     out_dtype: torch.dtype,
     accum_u: float,
     accum_chunk: int | None = None,
+    accum_block: int | None = None,
     bias_after_output_rounding: bool = False,
 ) -> OutputBounds:
     """The bounds of ``output`` for an impl accumulating at ``accum_u`` (promoted to fp32 every
-    ``accum_chunk`` products, if given) and returning ``out_dtype``; ``bias_after_output_rounding``: ``y``'s
-    product is rounded to ``out_dtype`` before the bias is added (module docstring)."""
+    ``accum_chunk`` products, if given; in truncating steps of ``accum_block`` products, if given) and returning
+    ``out_dtype``; ``bias_after_output_rounding``: ``y``'s product is rounded to ``out_dtype`` before the bias is
+    added (module docstring)."""
     u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
     out_max = float(torch.finfo(out_dtype).max)
     ref_dq, ref_true = ref.dq[output], ref.true[output]
@@ -228,7 +267,15 @@ def output_bounds(
     if output == "y" and bias is not None:
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
     m = n + EXTRA_ROUNDINGS
-    E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
+    if accum_block is None or ops.step_A is None:
+        E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
+    else:  # truncating block steps in chains, the chains' results and the epilogue in fp32
+        chain = accum_chunk or max(n, 1)
+        T = block_step_error(absA, absB, _nan0(ops.step_A), _nan0(ops.step_B), accum_u, accum_block, chain)
+        g32 = gamma(-(-n // chain) + EXTRA_ROUNDINGS, U32)
+        # alpha = fp32(s_a·s_b) may be subnormal: 2⁻¹⁵⁰ absolute on alpha, times |acc| ≤ Σ|codes| (truncation shrinks)
+        alpha = ETA32 * (1 + g32) * (ops.codes_A @ ops.codes_B.t())
+        E = T + g32 * (A_abs + T) + alpha + m * ETA32
     oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
@@ -245,5 +292,9 @@ def output_bounds(
         | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max)
         | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
     )
-    expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
+    if accum_block is None:
+        expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs
+    else:  # truncation: one-signed errors, on average half of each grid: linear, not √n
+        expected = 0.5 * E
+    expected = expected + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)
