@@ -280,6 +280,8 @@ class Fp8LinearSupport:
         bias_after_output_rounding: ``y`` is ``fl(fl(x·Wᵀ) + b)``: the product is rounded to the output dtype and
             the bias added after, in the output dtype (torchao's ``Float8Linear``), instead of inside the
             accumulation; the bound of ``y`` then counts that rounding of the bias-free product.
+        slow: costly here (a GEMM modelled in Python, an interpreter): the drawn tests run a quarter of the
+            profile's examples on it (:func:`properties.core.runner.budget`).
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
 
@@ -293,6 +295,7 @@ class Fp8LinearSupport:
     accum_block: int | None | Mapping[str, int | None] = None
     exposes_quantize: bool = False
     bias_after_output_rounding: bool = False
+    slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -302,7 +305,7 @@ class Fp8LinearSupport:
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
         set_("save_original_input", _declared_save_original_input(own, self.save_original_input))
-        decl.bools(own, self, ("bias", "exposes_quantize", "bias_after_output_rounding"))
+        decl.bools(own, self, ("bias", "exposes_quantize", "bias_after_output_rounding", "slow"))
         decl.requirement(own, self.requires)
         for name in _PER_DEVICE:
             set_(name, _declared_per_device(own, name, getattr(self, name), self.devices))

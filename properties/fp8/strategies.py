@@ -33,6 +33,27 @@ SCALE_ROWS: dict[int, tuple[int, ...]] = {32: (40, 65, 95), 128: (136, 200)}
 SCALE_K: dict[int, tuple[int, ...]] = {32: (48, 80, 96, 112, 160), 128: (144, 160, 192, 208, 384)}
 
 
+#: The ``same_sign`` regime's sizes where the impl declares a truncating or promoted accumulation on the device:
+#: K spans five and six chains of its ``accum_chunk`` (of 128 where it declares one chain: a chain that long), each
+#: K with a partial last step (40 and 8 past a multiple of 32), so a chain restart dropped shows on y: Hopper's
+#: fast-accumulation chain run where 128-long chains are declared errs 1.3–2.9× their bound at K = 680 (1.1–1.8× at
+#: 520); M and N small (the oracle and a pure-Python GEMM model stay cheap), so dgrad and wgrad reduce briefly.
+CHAIN_ROWS, CHAIN_COLS = (3, 16, 31), (8, 17)
+
+
+def chain_k(support, device: str) -> tuple[int, ...]:
+    """The ``same_sign`` regime's K for ``support`` on ``device`` (:data:`CHAIN_ROWS`)."""
+    _, chunk = support.accumulation(device)
+    c = chunk or 128
+    return (5 * c + 40, 6 * c + 8)
+
+
+def declares_chain(support, device: str) -> bool:
+    """Whether ``support`` declares on ``device`` an accumulation whose chains the ``same_sign`` sizes test: truncating
+    block steps (``accum_block``) or promotion to fp32 every ``accum_chunk`` products."""
+    return support.accumulation_block(device) is not None or support.accumulation(device)[1] is not None
+
+
 def _dims(edges: tuple[int, ...]) -> st.SearchStrategy[int]:
     return st.sampled_from(tuple(e for e in edges if e <= MAX_DIM) or (MAX_DIM,))
 
@@ -68,6 +89,10 @@ def fp8_cases(
         b = scale_block(recipe)
         M, N = (draw(st.sampled_from(SCALE_ROWS[b]), label=f"{d}_blocks") for d in "MN")
         K = draw(st.sampled_from(SCALE_K[b]), label="K_blocks")
+    if regime == "same_sign" and declares_chain(support, device):  # several chains along K (CHAIN_ROWS)
+        M = draw(st.sampled_from(CHAIN_ROWS), label="M_chain")
+        N = draw(st.sampled_from(CHAIN_COLS), label="N_chain")
+        K = draw(st.sampled_from(chain_k(support, device)), label="K_chains")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:
         modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]

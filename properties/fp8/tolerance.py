@@ -123,20 +123,24 @@ class GemmOperands:
     rho_B: torch.Tensor
     free_A: torch.Tensor
     free_B: torch.Tensor
-    step_A: torch.Tensor | None = None
-    step_B: torch.Tensor | None = None
+    top_A: torch.Tensor | None = None
+    top_B: torch.Tensor | None = None
+    last_A: torch.Tensor | None = None
+    last_B: torch.Tensor | None = None
     codes_A: torch.Tensor | None = None
     codes_B: torch.Tensor | None = None
 
 
-def step_magnitudes(q: Quantized) -> torch.Tensor:
-    """``2^ε``-bounds of the exponents a truncating block step aligns to, per element (float64, dequantized units):
-    ``max(|v|, 2^emin)`` of each nonzero FP8 value ``v`` times its ``s_inv`` (a subnormal's exponent is clamped to
-    emin, so its alignment can sit above its magnitude), 0 for zeros. A product's alignment exponent ``ε_a + ε_b``
-    then satisfies ``2^(ε_a+ε_b) ≤`` the product of the two (module docstring, *Truncating block steps*)."""
-    v = q.values.abs()
-    clamped = torch.where(v != 0, v.clamp_min(2.0**q.fmt.emin), torch.zeros_like(v))
-    return _nan0(clamped) * expand_blocks(q.scale_inv, tuple(q.codes.shape), q.block)
+def step_exponents(q: Quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(2^ε, 2^(ε − mbits))`` per element, in dequantized units (times its ``s_inv``; 0 for zeros and non-finite
+    codes): ε = max(⌊log2 |v|⌋, emin) is the exponent a truncating block step aligns an FP8 value ``v`` by (a subnormal's
+    clamped to emin), and ``v`` is a multiple of 2^(ε − mbits), its last bit (module docstring, *Truncating block
+    steps*)."""
+    v = _nan0(q.values.abs())
+    e = torch.floor(torch.log2(v.clamp_min(2.0**q.fmt.emin)))
+    s_inv = expand_blocks(q.scale_inv, tuple(q.codes.shape), q.block)
+    top = torch.where(v != 0, torch.exp2(e), torch.zeros_like(v)) * s_inv
+    return top, top * 2.0**-q.fmt.mbits
 
 
 def free_elements(q: Quantized) -> torch.Tensor:
@@ -165,13 +169,14 @@ def gemm_operands(
     def parts(role: str, usage: str, src: torch.Tensor, transpose: bool):
         if high_precision:  # the operand as given: no quantization error, nothing free
             o = f64(src)
-            d, r, fr, m = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool), _nan0(o.abs())
-            v = m
+            d, r, fr = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool)
+            top, last, v = 2 * _nan0(o.abs()), torch.zeros_like(o), _nan0(o.abs())  # never truncated blocks: safe
         else:
             q = ref.operand(role, usage)
             d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
-            m, v = step_magnitudes(q), _nan0(q.values.abs())
-        return tuple(p.t() for p in (d, o, r, fr, m, v)) if transpose else (d, o, r, fr, m, v)
+            (top, last), v = step_exponents(q), _nan0(q.values.abs())
+        parts = (d, o, r, fr, top, last, v)
+        return tuple(p.t() for p in parts) if transpose else parts
 
     if output == "y":
         a, b = parts("x", "rowwise", x, False), parts("w", "rowwise", weight, False)
@@ -181,7 +186,7 @@ def gemm_operands(
         a, b = parts("dy", "columnwise", dy, True), parts("x", "columnwise", x, True)
     else:
         raise ValueError(f"output={output!r} must be 'y', 'dgrad' or 'wgrad'")
-    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3], a[4], b[4], a[5], b[5])
+    return GemmOperands(*(t for pair in zip(a, b) for t in pair))
 
 
 @dataclass(frozen=True)
@@ -213,24 +218,27 @@ def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
     return g_in + (1 + g_in) * gamma(-(-n // chunk), U32)
 
 
-def block_step_error(
-    absA: torch.Tensor, absB: torch.Tensor, stepA: torch.Tensor, stepB: torch.Tensor, u: float, block: int, chain: int
-) -> torch.Tensor:
+def block_step_error(ops: GemmOperands, u: float, block: int, chain: int) -> torch.Tensor:
     """``T``: the summed bound of every truncating block step's error (module docstring, *Truncating block steps*) for
-    ``o = A·Bᵀ`` reduced along dim 1, steps of ``block`` products at unit roundoff ``u``, chains restarting every
-    ``chain`` products. ``absA``, ``absB``: |dequantized operands|; ``stepA``, ``stepB``: :func:`step_magnitudes`."""
+    ``o = A·Bᵀ`` of ``ops`` reduced along dim 1, steps of ``block`` products at unit roundoff ``u``, chains restarting
+    every ``chain`` products. Per step, its products as ``[rows, cols, block]`` (never the whole reduction at once)."""
+    absA, absB = _nan0(ops.A_dq.abs()), _nan0(ops.B_dq.abs())
     n = absA.shape[1]
     T = torch.zeros(absA.shape[0], absB.shape[0], dtype=F64)
     for c0 in range(0, n, chain):
-        P = torch.zeros_like(T)  # P_{b−1}: |products| of the chain so far, which bounds the running sum |c_b|
+        P = torch.zeros_like(T)  # P_{b−1}: Σ|products| of the chain so far, which bounds the running sum |c_b|
         for k0 in range(c0, min(c0 + chain, n), block):
-            k1 = min(k0 + block, c0 + chain, n)
-            D = absA[:, k0:k1] @ absB[:, k0:k1].t()
-            D_step = stepA[:, k0:k1] @ stepB[:, k0:k1].t()
-            grid = u * torch.maximum(P, D_step)  # 2^(E_b − f) ≤ u·max(|c_b|, max 2^(ε_a+ε_b))
-            T += torch.minimum(D, (k1 - k0) * grid) + u * torch.minimum(D_step, P)
-            P = P + D
-            T += u * P  # the step's sum truncated to u of itself: |s_b| ≤ P_b
+            k = slice(k0, min(k0 + block, c0 + chain, n))
+            p = absA[:, None, k] * absB[None, :, k]
+            top = ops.top_A[:, None, k] * ops.top_B[None, :, k]  # 2^(ε_a+ε_b): the products' alignment exponents
+            last = ops.last_A[:, None, k] * ops.last_B[None, :, k]  # each product a multiple of this
+            M = top.amax(dim=2) if top.shape[2] else torch.zeros_like(T)
+            grid = u * torch.maximum(P, M)  # ≥ 2^(E_b − f): E_b = max(e_c, ε_a+ε_b), 2^e_c ≤ |c_b| ≤ P_{b−1}
+            lossy = last < grid[..., None]  # a product whose last bit is on or above the grid is kept exactly
+            T += torch.where(lossy, torch.minimum(p, grid[..., None]), torch.zeros_like(p)).sum(dim=2)
+            T += u * torch.minimum(M, P)  # c_b realigned to a product's larger exponent: below the grid, ≤ |c_b|
+            P = P + p.sum(dim=2)
+            T += u * P  # the step's sum truncated to u of itself: |s_b| ≤ P_b (truncation never grows a magnitude)
     return T
 
 
@@ -267,11 +275,11 @@ def output_bounds(
     if output == "y" and bias is not None:
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
     m = n + EXTRA_ROUNDINGS
-    if accum_block is None or ops.step_A is None:
+    if accum_block is None:
         E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
     else:  # truncating block steps in chains, the chains' results and the epilogue in fp32
         chain = accum_chunk or max(n, 1)
-        T = block_step_error(absA, absB, _nan0(ops.step_A), _nan0(ops.step_B), accum_u, accum_block, chain)
+        T = block_step_error(ops, accum_u, accum_block, chain)
         g32 = gamma(-(-n // chain) + EXTRA_ROUNDINGS, U32)
         # alpha = fp32(s_a·s_b) may be subnormal: 2⁻¹⁵⁰ absolute on alpha, times |acc| ≤ Σ|codes| (truncation shrinks)
         alpha = ETA32 * (1 + g32) * (ops.codes_A @ ops.codes_B.t())
