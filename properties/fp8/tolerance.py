@@ -62,6 +62,48 @@ and rounded once to the output dtype.
 ``bgrad = Σ_i dy_i`` is summed from the unquantized dy in fp32: ``B = γ_M(2⁻²⁴)·Σ|dy_i| + u_o·(|o| + ·) + η_o``
 against both references.
 
+**Truncating block steps** (``accum_block``: Hopper's FP8 tensor cores as mmaemu models them, 32 products per step,
+``u_a = 2⁻¹³`` for 13 fraction bits; Fasi et al. 2021, Khattak & Mikaitis 2026). A chain starts at ``c_1 = 0``; step
+``b`` takes its ``m ≤ 32`` products ``p_i`` and the running sum ``c_b``, aligns all of them to the largest exponent
+``E_b = max(e(c_b), max_i (ε_a + ε_b))`` (ε: an FP8 value's exponent, clamped to the format's emin, so a subnormal's
+can sit above its magnitude), truncates each toward zero to a multiple of the grid ``2^(E_b)·u_a``, adds them
+exactly, and truncates the sum ``s_b`` toward zero to ``u_a`` of its own exponent: ``c_{b+1}``. Slow accumulation
+restarts the chain every ``accum_chunk`` products and adds the chains' results in fp32; fast accumulation is one
+chain. Three facts give a bound without γ factors:
+
+1. truncation toward zero never increases a magnitude, so by induction ``|c_b| ≤ P_{b−1} := Σ_{steps < b} Σ|p_i|``
+   (exactly, no ``1 + u`` factors) and ``|s_b| ≤ P_b``; and ``2^e(c_b) ≤ |c_b|``, so the grid is at most
+   ``g_b := u_a·max(P_{b−1}, max_i 2^(ε_a+ε_b))``;
+2. a product of two FP8 values is a multiple of its last bit ``2^(ε_a − m_a)·2^(ε_b − m_b)`` (m: mantissa bits), so
+   it is kept exactly where that last bit is on or above the grid; otherwise it loses less than ``min(|p_i|, g_b)``;
+3. ``c_b`` is realigned only when a product's exponent exceeds its own: it loses less than
+   ``u_a·max_i 2^(ε_a+ε_b)``, and never more than ``|c_b| ≤ P_{b−1}``; the step's sum loses less than
+   ``u_a·|s_b| ≤ u_a·P_b``.
+
+Summed over every step of every chain (:func:`block_step_error`)::
+
+    T := Σ_b [ Σ_{i: last bit of p_i < g_b} min(|p_i|, g_b) + u_a·min(max_i 2^(ε_a+ε_b), P_{b−1}) + u_a·P_b ]
+    E := T + γ_{⌈n/c⌉+4}(2⁻²⁴)·(Σ|â||b̂| + T) + 2⁻¹⁵⁰·(1 + γ)·Σ|codes_a||codes_b| + (n + 4)·2⁻¹⁵⁰
+
+in dequantized units (a per-tensor scale multiplies every term of a chain alike). The γ term is the fp32 additions
+of the chains' results (``⌈n/c⌉`` of them, 1 for one chain) and the epilogue's ``fl(fl(s_a·s_b)·acc)``, the bias add
+and a spare, each a rounding of a sum at most ``Σ|â||b̂| + T``; the third term is the epilogue's ``α = fl(s_a·s_b)``
+when it lands among fp32's subnormals (an absolute error of 2⁻¹⁵⁰ times the code-space accumulator, whose magnitude
+is at most ``Σ|codes|`` by fact 1: seen on the ``tiny`` regime's wgrad, 2.6× the bound before this term).
+
+Why it grows linearly: with operands of one sign the running sum is the prefix sum, ``|c_b| ≈ P_{b−1}``, so every
+step's grid grows with the chain and each step's alignment loses up to ``m·u_a·P_{b−1}`` — all with one sign, so the
+losses add: ``T ≈ m·u_a·Σ_b P_{b−1} ≈ u_a·n²·|p|/2 = (n/2)·u_a·Σ|p|`` for one chain of ``n`` equal products, linear
+in ``n`` relative to the sum, where independent round-to-nearest errors would give ``√n·u_a``. A restart every ``c``
+products caps it at ``(c/2)·u_a`` per chain. So the expected level reported for block steps is ``E/2`` (a truncation
+loses on average half a grid), not the √n level. Until the running sum is about 2⁷ times a product (E4M3 × E4M3:
+7 bits between a product's 8 significant bits and 14 of the sum's), fact 2 keeps the products exact and only the
+sums' truncation counts, which is why a chain of 128 stays far below a long one. Measured on ``fp8_linear[hopper]``
+(mmaemu's model, HYBRID current scaling, same-sign operands, K = 520–776): y at 0.09–0.16 of this bound with chains
+of 128, 0.2–0.25 with one chain (``fp8_linear[hopper_fast]``, judged against its own bound), and the one chain run
+where chains of 128 are declared at 1.3–2.9× (``mutant_hopper_restart_dropped``); one-step sums (dgrad and wgrad
+over N, M ≤ 32) reach 0.9: a sum just above a power of two truncated by almost a grid.
+
 **Unspecified outputs** (the protocol's contract): outputs whose reduction meets a *free* operand element
 (:func:`free_elements`: dequantized beyond binary32's range — an MXFP8 block holding inf, at 2^127 — or
 nonzero in an MXFP8 block of E8M0 code 0) are unspecified; so are outputs whose reference magnitude
