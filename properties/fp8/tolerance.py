@@ -284,6 +284,24 @@ def block_step_error(ops: GemmOperands, u: float, block: int, chain: int) -> tor
     return T
 
 
+def _accumulation_bound(
+    ops: GemmOperands, n: int, A_abs: torch.Tensor, accum_u: float, chunk: int | None, block: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(E, its expected level)`` of a length-``n`` reduction whose Σ|terms| is ``A_abs`` (module docstring)."""
+    m = n + EXTRA_ROUNDINGS
+    if block is None:
+        E = accumulation_gamma(n, accum_u, chunk) * A_abs + m * ETA32
+        return E, math.sqrt(min(m, (chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs
+    # truncating block steps in chains, the chains' results and the epilogue in fp32
+    chain = chunk or max(n, 1)
+    T = block_step_error(ops, accum_u, block, chain)
+    g32 = gamma(-(-n // chain) + EXTRA_ROUNDINGS, U32)
+    # alpha = fp32(s_a·s_b) may be subnormal: 2⁻¹⁵⁰ absolute on alpha, times |acc| ≤ Σ|codes| (truncation shrinks)
+    alpha = ETA32 * (1 + g32) * (ops.codes_A @ ops.codes_B.t())
+    E = T + g32 * (A_abs + T) + alpha + m * ETA32
+    return E, 0.5 * E  # truncation: one-signed errors, on average half of each grid: linear, not √n
+
+
 def output_bounds(
     ref: Fp8LinearReference,
     output: str,
@@ -316,16 +334,7 @@ def output_bounds(
     A_abs = absA @ absB.t()
     if output == "y" and bias is not None:
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
-    m = n + EXTRA_ROUNDINGS
-    if accum_block is None:
-        E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
-    else:  # truncating block steps in chains, the chains' results and the epilogue in fp32
-        chain = accum_chunk or max(n, 1)
-        T = block_step_error(ops, accum_u, accum_block, chain)
-        g32 = gamma(-(-n // chain) + EXTRA_ROUNDINGS, U32)
-        # alpha = fp32(s_a·s_b) may be subnormal: 2⁻¹⁵⁰ absolute on alpha, times |acc| ≤ Σ|codes| (truncation shrinks)
-        alpha = ETA32 * (1 + g32) * (ops.codes_A @ ops.codes_B.t())
-        E = T + g32 * (A_abs + T) + alpha + m * ETA32
+    E, expected = _accumulation_bound(ops, n, A_abs, accum_u, accum_chunk, accum_block)
     oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
@@ -342,9 +351,5 @@ def output_bounds(
         | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max)
         | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
     )
-    if accum_block is None:
-        expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs
-    else:  # truncation: one-signed errors, on average half of each grid: linear, not √n
-        expected = 0.5 * E
     expected = expected + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)
