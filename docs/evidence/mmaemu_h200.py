@@ -153,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-selftest", action="store_true", help="no GPU: mmaemu's splitk=1 result stands in for it")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    import mmaemu
+    try:
+        import mmaemu
+    except ImportError as exc:  # numpy too: mmaemu's split-K tables need it on every call
+        print(f"mmaemu 0.1.0 is not importable ({exc}): put the unpacked wheel on PYTHONPATH", file=sys.stderr)
+        return 2
 
     if not args.cpu_selftest and not torch.cuda.is_available():
         print("no CUDA device: run on a GPU machine, or pass --cpu-selftest", file=sys.stderr)
