@@ -6,6 +6,7 @@ inputs, large shapes, all 256 codes and so on, run under pytest only.)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hypothesis import assume
@@ -78,6 +79,19 @@ def chain_refusal(impl: Any) -> str | None:
     return f"{impl.name} declares on {DEVICE} neither accum_block nor accum_chunk: one fp32 level, no chain to test"
 
 
+def chain_description(impl: Any, case: Fp8Case) -> str | None:
+    """What a long same-sign case means for ``impl``'s declared accumulation (put into its failure messages)."""
+    u, chunk = impl.support.accumulation(case.device)
+    block = impl.support.accumulation_block(case.device)
+    chains = "one chain" if chunk is None else f"{-(-case.K // chunk)} chains of {chunk} added in fp32"
+    u_text = f"2^{math.log2(u):g}"
+    steps = f"truncating steps of {block} products at u = {u_text}" if block else f"unit roundoff {u_text}"
+    return (
+        f"y reduces K = {case.K} as declared: {chains}, {steps}; the operands have one sign, so each chain's "
+        "truncation errors add up (a chain longer than declared exceeds the bound)"
+    )
+
+
 def mode_comparison_refusal(impl: Any) -> str | None:
     """Why the mode comparison says nothing about ``impl``: it does not declare save_original_input=True, or declares
     only True (nothing to compare with: torchao's Float8Linear always saves x itself)."""
@@ -110,7 +124,13 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
         "accuracy_against_both_references", accuracy, _cases("normal", "wide", "outlier", "growing", "scale_edge")
     ),
     SuiteProperty("accuracy_on_scale_block_grids", accuracy, _cases("block_exponents")),
-    SuiteProperty("accuracy_on_long_same_sign_chains", accuracy, _cases("same_sign"), skip=chain_refusal),
+    SuiteProperty(
+        "accuracy_on_long_same_sign_chains",
+        accuracy,
+        _cases("same_sign"),
+        skip=chain_refusal,
+        describe=chain_description,
+    ),
     SuiteProperty(
         "save_original_input_is_bitwise_identical",
         save_original_input,
