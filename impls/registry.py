@@ -88,6 +88,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
     from numcheck.impls.adapters.transformer_engine import te_impls
     from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
     from numcheck.impls.builtin.eager import eager_impls
+    from numcheck.impls.builtin.fp8_hopper import fp8_hopper_impls
     from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
     from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
     from numcheck.impls.builtin.linear_distill import linear_distill_impls
@@ -105,6 +106,7 @@ def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
         torch_native_impls,
         triton_impls,
         fp8_linear_impls,
+        fp8_hopper_impls,
         torchao_impls,
         torchao_mx_impls,
         grouped_fp8_linear_impls,

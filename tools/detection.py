@@ -390,6 +390,12 @@ ROWS: tuple[Row, ...] = (
         "rowwise recipes: fprop's x scaled with one scale for the whole tensor",
         _FP8_GRID,
     ),
+    Row(
+        "accumulation",
+        f"{_FP8}:hopper_restart_dropped",
+        "Hopper's fast-accumulation chain where 128-long chains are declared (use_fast_accum=True meant False)",
+        ("accuracy_against_both_references", "accuracy_on_long_same_sign_chains"),
+    ),
     *GROUPED_ROWS,
     *DIST_ROWS,
     *DISTILL_ROWS,

@@ -195,6 +195,13 @@ _PER_DEVICE: dict[str, _PerDevice] = {
         "Give one entry per declared device (an int, or None for no promotion).",
         "Give the promotion interval in products, or None when the whole reduction runs at accum_unit_roundoff.",
     ),
+    "accum_block": _PerDevice(
+        "positive ints or None",
+        lambda c: c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 1),
+        "Give one entry per declared device (an int, or None where each addition is rounded on its own).",
+        "Give the products one truncating accumulator step adds (32 for Hopper's FP8 tensor cores), or None where "
+        "each addition is rounded on its own (IEEE fp32).",
+    ),
 }
 
 
@@ -256,6 +263,37 @@ def _declared_per_device(own: str, name: str, value: object, devices: frozenset[
     return stored
 
 
+def _on_device(support: Any, name: str, device: str | torch.device) -> Any:
+    """The value of the per-device field ``name`` of ``support`` for ``device``'s type."""
+    dev = torch.device(device).type
+    v = getattr(support, name)
+    if isinstance(v, Mapping):
+        if dev not in v:
+            raise ValueError(f"{name} declares no entry for device {dev!r} (has {sorted(v)})")
+        v = v[dev]
+    return v
+
+
+def _check_accum_block(own: str, support: Any) -> None:
+    """``accum_block``: only on the single linear (the grouped and tensor-parallel bounds do not model it), and where
+    both are declared on a device, ``accum_chunk`` a multiple of it (a chain restarts at a step's boundary)."""
+    if all(_on_device(support, "accum_block", d) is None for d in support.devices):
+        return
+    if own != "Fp8LinearSupport":
+        raise invalid(
+            f"{own}.accum_block={support.accum_block!r}: the {own} bound does not model truncating block steps",
+            "Leave accum_block out and declare accum_unit_roundoff (and accum_chunk) only.",
+        )
+    for d in sorted(support.devices):
+        block, chunk = _on_device(support, "accum_block", d), _on_device(support, "accum_chunk", d)
+        if block is not None and chunk is not None and chunk % block:
+            raise invalid(
+                f"{own}.accum_chunk={chunk} on {d!r} is not a multiple of accum_block={block}",
+                "A chain restarts at a step's boundary: declare accum_chunk as a multiple of accum_block "
+                "(Hopper: accum_block=32, accum_chunk=128).",
+            )
+
+
 @dataclass(frozen=True)
 class Fp8LinearSupport:
     """What a quantized-linear implementation declares.
@@ -273,6 +311,13 @@ class Fp8LinearSupport:
             ``accum_unit_roundoff`` and then added in fp32 (promotion interval); ``None`` when the whole
             reduction runs at ``accum_unit_roundoff``. A scalar or ``{device_type: int | None}``.
             Together they set the accuracy bound (:mod:`properties.fp8.tolerance`).
+        accum_block: the accumulator adds this many products per step, each aligned to the step's largest exponent
+            (the running sum's included) and truncated toward zero to ``accum_unit_roundoff`` of it, then the step's
+            sum truncated to ``accum_unit_roundoff`` of itself (Hopper's FP8 tensor cores: 32 products, 2⁻¹³); a chain
+            of such steps restarts every ``accum_chunk`` products (``None``: one chain, ``use_fast_accum=True``).
+            ``None`` (the default): every addition rounds on its own. A scalar or ``{device_type: int | None}``;
+            ``accum_chunk`` must be a multiple of it. Its bound grows linearly in the chain's length on same-sign
+            data (truncation errors all have one sign), :mod:`properties.fp8.tolerance`.
         exposes_quantize: it has a ``quantize`` method (enables the bitwise quantizer properties).
         bias_after_output_rounding: ``y`` is ``fl(fl(x·Wᵀ) + b)``: the product is rounded to the output dtype and
             the bias added after, in the output dtype (torchao's ``Float8Linear``), instead of inside the
@@ -284,6 +329,8 @@ class Fp8LinearSupport:
             without partial blocks ``dim_multiple=32``. The suite draws only such shapes; a regime no such shape
             reaches (a partial scale block when every dimension is a multiple of the block) is skipped with the
             reason.
+        slow: costly here (a GEMM modelled in Python, an interpreter): the drawn tests run a quarter of the
+            profile's examples on it (:func:`properties.core.runner.budget`).
         requires: returns ``None`` when it can run here, else the reason (checked before every use).
     """
 
@@ -294,9 +341,11 @@ class Fp8LinearSupport:
     bias: bool = True
     accum_unit_roundoff: float | Mapping[str, float] = 2.0**-24
     accum_chunk: int | None | Mapping[str, int | None] = None
+    accum_block: int | None | Mapping[str, int | None] = None
     exposes_quantize: bool = False
     bias_after_output_rounding: bool = False
     dim_multiple: int | Mapping[str, int] = 1
+    slow: bool = False
     requires: Callable[[], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -306,11 +355,12 @@ class Fp8LinearSupport:
         set_("dtypes", decl.dtypes(own, "dtypes", self.dtypes, QUANT_DTYPES, empty_ok=False))
         set_("devices", decl.device_types(own, self.devices))
         set_("save_original_input", _declared_save_original_input(own, self.save_original_input))
-        decl.bools(own, self, ("bias", "exposes_quantize", "bias_after_output_rounding"))
+        decl.bools(own, self, ("bias", "exposes_quantize", "bias_after_output_rounding", "slow"))
         decl.requirement(own, self.requires)
         for name in _PER_DEVICE:
             set_(name, _declared_per_device(own, name, getattr(self, name), self.devices))
         set_("dim_multiple", _declared_dim_multiple(own, self.dim_multiple))
+        _check_accum_block(own, self)
 
     @property
     def dim_multiples(self) -> dict[str, int]:
@@ -331,16 +381,12 @@ class Fp8LinearSupport:
 
     def accumulation(self, device: str | torch.device) -> tuple[float, int | None]:
         """``(unit roundoff, promotion chunk or None)`` of the GEMM accumulation declared for ``device``."""
-        dev = torch.device(device).type
-        out = []
-        for name in ("accum_unit_roundoff", "accum_chunk"):
-            v = getattr(self, name)
-            if isinstance(v, Mapping):
-                if dev not in v:
-                    raise ValueError(f"{name} declares no entry for device {dev!r} (has {sorted(v)})")
-                v = v[dev]
-            out.append(v)
-        return float(out[0]), out[1]
+        u, chunk = (_on_device(self, name, device) for name in ("accum_unit_roundoff", "accum_chunk"))
+        return float(u), chunk
+
+    def accumulation_block(self, device: str | torch.device) -> int | None:
+        """``accum_block`` declared for ``device``: products per truncating accumulator step, or ``None``."""
+        return _on_device(self, "accum_block", device)
 
     def refuses(
         self,
@@ -392,7 +438,12 @@ class Fp8LinearSupport:
                 u, c = self.accumulation(d)
             except ValueError:
                 continue
-            parts.append(f"{d} 2^{_log2(u)}" + (f" promoted to fp32 every {c}" if c else ""))
+            b = self.accumulation_block(d)
+            if b:
+                chain = f"chains of {c} added in fp32" if c else "one chain"
+                parts.append(f"{d} 2^{_log2(u)} truncated every {b} products, {chain}")
+            else:
+                parts.append(f"{d} 2^{_log2(u)}" + (f" promoted to fp32 every {c}" if c else ""))
         return ", ".join(parts)
 
 

@@ -30,6 +30,7 @@ QUANT_REGIMES: tuple[str, ...] = (
     "scale_floor",
     "scale_edge",
     "block_exponents",
+    "same_sign",
 )
 #: Regimes whose inputs hold NaN or inf (outputs are compared under the non-finite contract).
 NONFINITE_REGIMES: tuple[str, ...] = ("nan", "inf")
@@ -253,7 +254,9 @@ def build_fp8(case: Fp8Case, step: int = 0) -> Fp8Tensors:
         fp8_max·2^k of the role's format (:func:`plant_scale_edges`): E8M0 and power-of-2 scale rounding,
         saturation at the format maximum; ``block_exponents``: x, W and dy with each row and each K-block (blocks of
         the recipe's edge, :func:`scale_block`) its own exponent (:func:`plant_block_exponents`): a block scale
-        misplaced along K, across rows or transposed lands on a different one.
+        misplaced along K, across rows or transposed lands on a different one; ``same_sign``: |x|, |W| and |dy|,
+        so every output sums terms of one sign and a running sum grows linearly along the reduction (where a
+        truncating accumulator's errors, all of one sign, add up: :mod:`properties.fp8.tolerance`).
     Delayed-scaling steps multiply x by 2^(3·step) and dy by 2^(−2·step) so stored scales lag the data; under
     ``growing`` x by 2^(−2·step) and dy by 2^(4·step), so dy outgrows its stored scale 16× a step and its
     cast must saturate (a gradient spike).
@@ -312,6 +315,8 @@ def _regime_values(
     elif r == "block_exponents":
         b = scale_block(case.recipe)
         x, w, dy = (plant_block_exponents(t, g, b) for t in (x, w, dy))
+    elif r == "same_sign":
+        x, w, dy = x.abs(), w.abs(), dy.abs()
     elif r == "inf":
         x.view(-1)[torch.randint(0, M * K, (1,), generator=g)] = float("inf")
         dy.view(-1)[torch.randint(0, M * N, (1,), generator=g)] = float("-inf")

@@ -291,6 +291,7 @@ def declared_bounds(impl: Any, case: Fp8Case, ref: Any, name: str, t: Fp8Tensors
         out_dtype=out_dtype,
         accum_u=u_a,
         accum_chunk=chunk,
+        accum_block=impl.support.accumulation_block(case.device),
         bias_after_output_rounding=impl.support.bias_after_output_rounding,
     )
 

@@ -63,6 +63,27 @@ def drawn_shapes(support, recipe) -> list[tuple[int, int, int]]:
     ]
 
 
+#: The ``same_sign`` regime's sizes where the impl declares a truncating or promoted accumulation on the device:
+#: K spans five and six chains of its ``accum_chunk`` (of 128 where it declares one chain: a chain that long), each
+#: K with a partial last step (40 and 8 past a multiple of 32), so a chain restart dropped shows on y: Hopper's
+#: fast-accumulation chain run where 128-long chains are declared errs 1.3–2.9× their bound at K = 680 (1.1–1.8× at
+#: 520); M and N small (the oracle and a pure-Python GEMM model stay cheap), so dgrad and wgrad reduce briefly.
+CHAIN_ROWS, CHAIN_COLS = (3, 16, 31), (8, 17)
+
+
+def chain_k(support, device: str) -> tuple[int, ...]:
+    """The ``same_sign`` regime's K for ``support`` on ``device`` (:data:`CHAIN_ROWS`)."""
+    _, chunk = support.accumulation(device)
+    c = chunk or 128
+    return (5 * c + 40, 6 * c + 8)
+
+
+def declares_chain(support, device: str) -> bool:
+    """Whether ``support`` declares on ``device`` an accumulation whose chains the ``same_sign`` sizes test: truncating
+    block steps (``accum_block``) or promotion to fp32 every ``accum_chunk`` products."""
+    return support.accumulation_block(device) is not None or support.accumulation(device)[1] is not None
+
+
 @st.composite
 def fp8_cases(
     draw: st.DrawFn,
@@ -95,6 +116,10 @@ def fp8_cases(
         rows, ks, cols = grid_sizes(support, recipe)
         M, N = draw(st.sampled_from(rows), label="M_blocks"), draw(st.sampled_from(cols), label="N_blocks")
         K = draw(st.sampled_from(ks), label="K_blocks")
+    if regime == "same_sign" and declares_chain(support, device):  # several chains along K (CHAIN_ROWS)
+        M = draw(st.sampled_from(fitted_sizes(CHAIN_ROWS, m["M"])), label="M_chain")
+        N = draw(st.sampled_from(fitted_sizes(CHAIN_COLS, m["N"])), label="N_chain")
+        K = draw(st.sampled_from(fitted_sizes(chain_k(support, device), m["K"])), label="K_chains")
     seed = draw(st.integers(0, 2**16), label="seed")
     if save_original_input is None:
         modes = [m for m in sorted(support.save_original_input) if not m or recipe.allows_save_original_input]

@@ -21,7 +21,7 @@ from numcheck.properties.fp8 import props as checks
 from numcheck.properties.fp8.cases import Fp8Case, QuantizerCase
 from numcheck.properties.fp8.known_torchao import known_fp8_divergence
 from numcheck.properties.fp8.shapes import multiples, round_up
-from numcheck.properties.fp8.strategies import fp8_cases, fp8_tensor_specs
+from numcheck.properties.fp8.strategies import declares_chain, fp8_cases, fp8_tensor_specs
 
 
 def _cases(*regimes: str, prop: str = "accuracy") -> Draw:
@@ -76,6 +76,28 @@ def _quantizer_case(impl: Any, data: Any) -> QuantizerCase:
     return QuantizerCase(recipe, t, dtype=dtype, delayed_scale=scale, device=DEVICE)
 
 
+def chain_refusal(impl: Any) -> str | None:
+    """Why the long same-sign chains say nothing about ``impl`` on the suite's device: it declares there neither
+    truncating block steps (``accum_block``) nor promotion (``accum_chunk``), so its bound is the plain γ_n of one
+    fp32 level, which the accuracy test's draws already judge."""
+    if declares_chain(impl.support, DEVICE):
+        return None
+    return f"{impl.name} declares on {DEVICE} neither accum_block nor accum_chunk: one fp32 level, no chain to test"
+
+
+def chain_description(impl: Any, case: Fp8Case) -> str | None:
+    """What a long same-sign case means for ``impl``'s declared accumulation (put into its failure messages)."""
+    u, chunk = impl.support.accumulation(case.device)
+    block = impl.support.accumulation_block(case.device)
+    chains = "one chain" if chunk is None else f"{-(-case.K // chunk)} chains of {chunk} added in fp32"
+    u_text = f"2^{math.log2(u):g}"
+    steps = f"truncating steps of {block} products at u = {u_text}" if block else f"unit roundoff {u_text}"
+    return (
+        f"y reduces K = {case.K} as declared: {chains}, {steps}; the operands have one sign, so each chain's "
+        "truncation errors add up (a chain longer than declared exceeds the bound)"
+    )
+
+
 def mode_comparison_refusal(impl: Any) -> str | None:
     """Why the mode comparison says nothing about ``impl``: it does not declare save_original_input=True, or declares
     only True (nothing to compare with: torchao's Float8Linear always saves x itself)."""
@@ -108,6 +130,13 @@ _ENTRIES: tuple[SuiteProperty, ...] = (
         "accuracy_against_both_references", accuracy, _cases("normal", "wide", "outlier", "growing", "scale_edge")
     ),
     SuiteProperty("accuracy_on_scale_block_grids", accuracy, _cases("block_exponents")),
+    SuiteProperty(
+        "accuracy_on_long_same_sign_chains",
+        accuracy,
+        _cases("same_sign"),
+        skip=chain_refusal,
+        describe=chain_description,
+    ),
     SuiteProperty(
         "save_original_input_is_bitwise_identical",
         save_original_input,

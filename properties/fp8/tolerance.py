@@ -62,6 +62,48 @@ and rounded once to the output dtype.
 ``bgrad = Σ_i dy_i`` is summed from the unquantized dy in fp32: ``B = γ_M(2⁻²⁴)·Σ|dy_i| + u_o·(|o| + ·) + η_o``
 against both references.
 
+**Truncating block steps** (``accum_block``: Hopper's FP8 tensor cores as mmaemu models them, 32 products per step,
+``u_a = 2⁻¹³`` for 13 fraction bits; Fasi et al. 2021, Khattak & Mikaitis 2026). A chain starts at ``c_1 = 0``; step
+``b`` takes its ``m ≤ 32`` products ``p_i`` and the running sum ``c_b``, aligns all of them to the largest exponent
+``E_b = max(e(c_b), max_i (ε_a + ε_b))`` (ε: an FP8 value's exponent, clamped to the format's emin, so a subnormal's
+can sit above its magnitude), truncates each toward zero to a multiple of the grid ``2^(E_b)·u_a``, adds them
+exactly, and truncates the sum ``s_b`` toward zero to ``u_a`` of its own exponent: ``c_{b+1}``. Slow accumulation
+restarts the chain every ``accum_chunk`` products and adds the chains' results in fp32; fast accumulation is one
+chain. Three facts give a bound without γ factors:
+
+1. truncation toward zero never increases a magnitude, so by induction ``|c_b| ≤ P_{b−1} := Σ_{steps < b} Σ|p_i|``
+   (exactly, no ``1 + u`` factors) and ``|s_b| ≤ P_b``; and ``2^e(c_b) ≤ |c_b|``, so the grid is at most
+   ``g_b := u_a·max(P_{b−1}, max_i 2^(ε_a+ε_b))``;
+2. a product of two FP8 values is a multiple of its last bit ``2^(ε_a − m_a)·2^(ε_b − m_b)`` (m: mantissa bits), so
+   it is kept exactly where that last bit is on or above the grid; otherwise it loses less than ``min(|p_i|, g_b)``;
+3. ``c_b`` is realigned only when a product's exponent exceeds its own: it loses less than
+   ``u_a·max_i 2^(ε_a+ε_b)``, and never more than ``|c_b| ≤ P_{b−1}``; the step's sum loses less than
+   ``u_a·|s_b| ≤ u_a·P_b``.
+
+Summed over every step of every chain (:func:`block_step_error`)::
+
+    T := Σ_b [ Σ_{i: last bit of p_i < g_b} min(|p_i|, g_b) + u_a·min(max_i 2^(ε_a+ε_b), P_{b−1}) + u_a·P_b ]
+    E := T + γ_{⌈n/c⌉+4}(2⁻²⁴)·(Σ|â||b̂| + T) + 2⁻¹⁵⁰·(1 + γ)·Σ|codes_a||codes_b| + (n + 4)·2⁻¹⁵⁰
+
+in dequantized units (a per-tensor scale multiplies every term of a chain alike). The γ term is the fp32 additions
+of the chains' results (``⌈n/c⌉`` of them, 1 for one chain) and the epilogue's ``fl(fl(s_a·s_b)·acc)``, the bias add
+and a spare, each a rounding of a sum at most ``Σ|â||b̂| + T``; the third term is the epilogue's ``α = fl(s_a·s_b)``
+when it lands among fp32's subnormals (an absolute error of 2⁻¹⁵⁰ times the code-space accumulator, whose magnitude
+is at most ``Σ|codes|`` by fact 1: seen on the ``tiny`` regime's wgrad, 2.6× the bound before this term).
+
+Why it grows linearly: with operands of one sign the running sum is the prefix sum, ``|c_b| ≈ P_{b−1}``, so every
+step's grid grows with the chain and each step's alignment loses up to ``m·u_a·P_{b−1}`` — all with one sign, so the
+losses add: ``T ≈ m·u_a·Σ_b P_{b−1} ≈ u_a·n²·|p|/2 = (n/2)·u_a·Σ|p|`` for one chain of ``n`` equal products, linear
+in ``n`` relative to the sum, where independent round-to-nearest errors would give ``√n·u_a``. A restart every ``c``
+products caps it at ``(c/2)·u_a`` per chain. So the expected level reported for block steps is ``E/2`` (a truncation
+loses on average half a grid), not the √n level. Until the running sum is about 2⁷ times a product (E4M3 × E4M3:
+7 bits between a product's 8 significant bits and 14 of the sum's), fact 2 keeps the products exact and only the
+sums' truncation counts, which is why a chain of 128 stays far below a long one. Measured on ``fp8_linear[hopper]``
+(mmaemu's model, HYBRID current scaling, same-sign operands, K = 520–776): y at 0.09–0.16 of this bound with chains
+of 128, 0.2–0.25 with one chain (``fp8_linear[hopper_fast]``, judged against its own bound), and the one chain run
+where chains of 128 are declared at 1.3–2.9× (``mutant_hopper_restart_dropped``); one-step sums (dgrad and wgrad
+over N, M ≤ 32) reach 0.9: a sum just above a power of two truncated by almost a grid.
+
 **Unspecified outputs** (the protocol's contract): outputs whose reduction meets a *free* operand element
 (:func:`free_elements`: dequantized beyond binary32's range — an MXFP8 block holding inf, at 2^127 — or
 nonzero in an MXFP8 block of E8M0 code 0) are unspecified; so are outputs whose reference magnitude
@@ -123,6 +165,24 @@ class GemmOperands:
     rho_B: torch.Tensor
     free_A: torch.Tensor
     free_B: torch.Tensor
+    top_A: torch.Tensor | None = None
+    top_B: torch.Tensor | None = None
+    last_A: torch.Tensor | None = None
+    last_B: torch.Tensor | None = None
+    codes_A: torch.Tensor | None = None
+    codes_B: torch.Tensor | None = None
+
+
+def step_exponents(q: Quantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(2^ε, 2^(ε − mbits))`` per element, in dequantized units (times its ``s_inv``; 0 for zeros and non-finite
+    codes): ε = max(⌊log2 |v|⌋, emin) is the exponent a truncating block step aligns an FP8 value ``v`` by (a subnormal's
+    clamped to emin), and ``v`` is a multiple of 2^(ε − mbits), its last bit (module docstring, *Truncating block
+    steps*)."""
+    v = _nan0(q.values.abs())
+    e = torch.floor(torch.log2(v.clamp_min(2.0**q.fmt.emin)))
+    s_inv = expand_blocks(q.scale_inv, tuple(q.codes.shape), q.block)
+    top = torch.where(v != 0, torch.exp2(e), torch.zeros_like(v)) * s_inv
+    return top, top * 2.0**-q.fmt.mbits
 
 
 def free_elements(q: Quantized) -> torch.Tensor:
@@ -152,10 +212,13 @@ def gemm_operands(
         if high_precision:  # the operand as given: no quantization error, nothing free
             o = f64(src)
             d, r, fr = o, torch.zeros_like(o), torch.zeros(o.shape, dtype=torch.bool)
+            top, last, v = 2 * _nan0(o.abs()), torch.zeros_like(o), _nan0(o.abs())  # never truncated blocks: safe
         else:
             q = ref.operand(role, usage)
             d, o, r, fr = q.dequantized, f64(src), quantization_error_bound(q, src), free_elements(q)
-        return (d.t(), o.t(), r.t(), fr.t()) if transpose else (d, o, r, fr)
+            (top, last), v = step_exponents(q), _nan0(q.values.abs())
+        parts = (d, o, r, fr, top, last, v)
+        return tuple(p.t() for p in parts) if transpose else parts
 
     if output == "y":
         a, b = parts("x", "rowwise", x, False), parts("w", "rowwise", weight, False)
@@ -165,7 +228,7 @@ def gemm_operands(
         a, b = parts("dy", "columnwise", dy, True), parts("x", "columnwise", x, True)
     else:
         raise ValueError(f"output={output!r} must be 'y', 'dgrad' or 'wgrad'")
-    return GemmOperands(a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3])
+    return GemmOperands(*(t for pair in zip(a, b) for t in pair))
 
 
 @dataclass(frozen=True)
@@ -197,6 +260,48 @@ def accumulation_gamma(n: int, accum_u: float, chunk: int | None) -> float:
     return g_in + (1 + g_in) * gamma(-(-n // chunk), U32)
 
 
+def block_step_error(ops: GemmOperands, u: float, block: int, chain: int) -> torch.Tensor:
+    """``T``: the summed bound of every truncating block step's error (module docstring, *Truncating block steps*) for
+    ``o = A·Bᵀ`` of ``ops`` reduced along dim 1, steps of ``block`` products at unit roundoff ``u``, chains restarting
+    every ``chain`` products. Per step, its products as ``[rows, cols, block]`` (never the whole reduction at once)."""
+    absA, absB = _nan0(ops.A_dq.abs()), _nan0(ops.B_dq.abs())
+    n = absA.shape[1]
+    T = torch.zeros(absA.shape[0], absB.shape[0], dtype=F64)
+    for c0 in range(0, n, chain):
+        P = torch.zeros_like(T)  # P_{b−1}: Σ|products| of the chain so far, which bounds the running sum |c_b|
+        for k0 in range(c0, min(c0 + chain, n), block):
+            k = slice(k0, min(k0 + block, c0 + chain, n))
+            p = absA[:, None, k] * absB[None, :, k]
+            top = ops.top_A[:, None, k] * ops.top_B[None, :, k]  # 2^(ε_a+ε_b): the products' alignment exponents
+            last = ops.last_A[:, None, k] * ops.last_B[None, :, k]  # each product a multiple of this
+            M = top.amax(dim=2) if top.shape[2] else torch.zeros_like(T)
+            grid = u * torch.maximum(P, M)  # ≥ 2^(E_b − f): E_b = max(e_c, ε_a+ε_b), 2^e_c ≤ |c_b| ≤ P_{b−1}
+            lossy = last < grid[..., None]  # a product whose last bit is on or above the grid is kept exactly
+            T += torch.where(lossy, torch.minimum(p, grid[..., None]), torch.zeros_like(p)).sum(dim=2)
+            T += u * torch.minimum(M, P)  # c_b realigned to a product's larger exponent: below the grid, ≤ |c_b|
+            P = P + p.sum(dim=2)
+            T += u * P  # the step's sum truncated to u of itself: |s_b| ≤ P_b (truncation never grows a magnitude)
+    return T
+
+
+def _accumulation_bound(
+    ops: GemmOperands, n: int, A_abs: torch.Tensor, accum_u: float, chunk: int | None, block: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(E, its expected level)`` of a length-``n`` reduction whose Σ|terms| is ``A_abs`` (module docstring)."""
+    m = n + EXTRA_ROUNDINGS
+    if block is None:
+        E = accumulation_gamma(n, accum_u, chunk) * A_abs + m * ETA32
+        return E, math.sqrt(min(m, (chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs
+    # truncating block steps in chains, the chains' results and the epilogue in fp32
+    chain = chunk or max(n, 1)
+    T = block_step_error(ops, accum_u, block, chain)
+    g32 = gamma(-(-n // chain) + EXTRA_ROUNDINGS, U32)
+    # alpha = fp32(s_a·s_b) may be subnormal: 2⁻¹⁵⁰ absolute on alpha, times |acc| ≤ Σ|codes| (truncation shrinks)
+    alpha = ETA32 * (1 + g32) * (ops.codes_A @ ops.codes_B.t())
+    E = T + g32 * (A_abs + T) + alpha + m * ETA32
+    return E, 0.5 * E  # truncation: one-signed errors, on average half of each grid: linear, not √n
+
+
 def output_bounds(
     ref: Fp8LinearReference,
     output: str,
@@ -208,11 +313,13 @@ def output_bounds(
     out_dtype: torch.dtype,
     accum_u: float,
     accum_chunk: int | None = None,
+    accum_block: int | None = None,
     bias_after_output_rounding: bool = False,
 ) -> OutputBounds:
     """The bounds of ``output`` for an impl accumulating at ``accum_u`` (promoted to fp32 every
-    ``accum_chunk`` products, if given) and returning ``out_dtype``; ``bias_after_output_rounding``: ``y``'s
-    product is rounded to ``out_dtype`` before the bias is added (module docstring)."""
+    ``accum_chunk`` products, if given; in truncating steps of ``accum_block`` products, if given) and returning
+    ``out_dtype``; ``bias_after_output_rounding``: ``y``'s product is rounded to ``out_dtype`` before the bias is
+    added (module docstring)."""
     u_o, eta_o = OUT_U[out_dtype], OUT_ETA[out_dtype]
     out_max = float(torch.finfo(out_dtype).max)
     ref_dq, ref_true = ref.dq[output], ref.true[output]
@@ -227,8 +334,7 @@ def output_bounds(
     A_abs = absA @ absB.t()
     if output == "y" and bias is not None:
         A_abs = A_abs + _nan0(round_to_fp32(bias.detach().to("cpu", F64)).abs())
-    m = n + EXTRA_ROUNDINGS
-    E = accumulation_gamma(n, accum_u, accum_chunk) * A_abs + m * ETA32
+    E, expected = _accumulation_bound(ops, n, A_abs, accum_u, accum_chunk, accum_block)
     oA, oB = _nan0(ops.A.abs()), _nan0(ops.B.abs())
     rA, rB = _nan0(ops.rho_A), _nan0(ops.rho_B)
     Q = rA @ oB.t() + oA @ rB.t() + rA @ rB.t()
@@ -245,5 +351,5 @@ def output_bounds(
         | (_nan0(ref_dq.abs()) * (1 + u_o) + bdq >= out_max)
         | (_nan0(ref_true.abs()) * (1 + u_o) + btrue >= out_max)
     )
-    expected = math.sqrt(min(m, (accum_chunk or m) + EXTRA_ROUNDINGS)) * accum_u * A_abs + u_o * _nan0(ref_dq.abs())
+    expected = expected + u_o * _nan0(ref_dq.abs())
     return OutputBounds(bdq, btrue, unspec, expected)

@@ -83,6 +83,15 @@ def test_accuracy_on_scale_block_grids(fp8_linear_impl, data):
     run_drawn(FP8_SUITE["accuracy_on_scale_block_grids"], fp8_linear_impl, data)
 
 
+@_FIXTURE_OK
+@given(data=st.data())
+def test_accuracy_on_long_same_sign_chains(fp8_linear_impl, data):
+    """Accuracy where the impl declares a truncating or promoted accumulation: same-sign operands over K of four and
+    five declared chains, where a truncating accumulator's one-signed errors add up linearly in K, so a chain that
+    runs longer than declared (a slow-accumulation restart dropped) exceeds the bound."""
+    run_drawn(FP8_SUITE["accuracy_on_long_same_sign_chains"], fp8_linear_impl, data)
+
+
 def test_edge_inputs_every_recipe(fp8_linear_impl):
     """All-zero, outlier-per-block, NaN, inf, tiny and wide inputs follow the oracle's defined behaviour, K = 40
     (not a multiple of 16, 32 or 128; rounded up to the declared dim_multiple), for every declared recipe; a case a known divergence of the installed release

@@ -397,3 +397,32 @@ ROWWISE_MUTANTS, CAUGHT_BY = caught_by_table(
     after=CAUGHT_BY,
 )
 rowwise_scales_wrong_axis, rowwise_one_scale = ROWWISE_MUTANTS
+
+
+# -- Hopper's accumulation (the fp8_linear[hopper] built-in, mmaemu's model): a chain longer than declared -----------
+from numcheck.impls.builtin.fp8_hopper import HopperFp8Linear, fp8_hopper_impls, hopper_gemm  # noqa: E402
+
+
+class HopperRestartDropped(HopperFp8Linear):
+    """Declared without fast accumulation (a new chain every 128 products, chains added in fp32), but every GEMM runs
+    Hopper's fast-accumulation chain over the whole reduction: ``use_fast_accum=True`` where ``False`` was meant (a
+    GEMM configuration shared between fprop and the gradient GEMMs, or a flag dropped on its way to the kernel).
+    Truncation's one-signed errors then add up along K: on same-sign operands the slow-accumulation bound is exceeded
+    from K ≈ 500; random-sign data and the accuracy test's K ≤ 208 hide it."""
+
+    def gemm_nt(self, a: QTensor, b: QTensor) -> torch.Tensor:
+        return hopper_gemm(a, b, fast=True)
+
+
+HOPPER_MUTANTS, CAUGHT_BY = caught_by_table(
+    [
+        (
+            HopperRestartDropped(
+                "mutant_hopper_restart_dropped", fp8_hopper_impls()[0].support.recipes, "", fast=False
+            ),
+            "accuracy",
+        ),
+    ],
+    after=CAUGHT_BY,
+)
+(hopper_restart_dropped,) = HOPPER_MUTANTS

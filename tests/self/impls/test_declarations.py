@@ -133,6 +133,15 @@ BAD: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
         lambda: GroupedFp8Support(dim_multiple=16),
         ("declares its shapes per expert", "split_alignment", "feature_alignment"),
     ),
+    "quant_accum_block_not_int": (
+        lambda: make_fp8_support(accum_block=32.0, accum_unit_roundoff=2.0**-13),
+        ("accum_block must be positive ints or None", "32 for Hopper's FP8 tensor cores"),
+    ),
+    "quant_accum_chunk_not_multiple_of_block": (
+        lambda: make_fp8_support(accum_block=32, accum_chunk=100, accum_unit_roundoff=2.0**-13),
+        ("accum_chunk=100 on 'cpu' is not a multiple of accum_block=32", "accum_block=32, accum_chunk=128"),
+    ),
+    "quant_slow_not_bool": (lambda: make_fp8_support(slow="yes"), ("slow",)),
     "quant_exposes_without_quantize": (
         lambda: fp8_linear_impl(name="q", exposes_quantize=True)(lambda x, w, b=None, **k: x),
         ("exposes_quantize=True", "quantize="),
@@ -314,3 +323,25 @@ def test_nondeterministic_declaration_skips_only_the_determinism_property() -> N
     assert "declares deterministic=False" in (SUITE["determinism"].skip(nondet) or "")
     assert SUITE["determinism"].skip(det) is None
     assert SUITE["accuracy"].skip(nondet) is None
+
+
+def test_grouped_declaration_refuses_truncating_block_steps() -> None:
+    """``accum_block`` is modelled by the single linear's bound only: the grouped declaration refuses it with the fix."""
+    from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
+
+    with pytest.raises(InvalidDeclaration, match="does not model truncating block steps") as excinfo:
+        GroupedFp8Support(recipes=("current",), accum_unit_roundoff=2.0**-13, accum_block=32)
+    assert "Leave accum_block out" in str(excinfo.value)
+
+
+def test_hopper_builtins_without_mmaemu_are_unavailable_with_the_reason(monkeypatch) -> None:
+    """Without mmaemu the Hopper built-ins register and say why they cannot run, and how to get it."""
+    import importlib.util
+
+    from numcheck.impls.builtin import fp8_hopper
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mmaemu" else real(name, *a))
+    for impl in fp8_hopper.fp8_hopper_impls():
+        reason = impl.support.unavailable_reason()
+        assert reason is not None and "pip install 'numcheck[hopper]'" in reason, (impl.name, reason)

@@ -167,3 +167,20 @@ def test_rowwise_scale_mutants_fail_the_scale_block_grids(mutant):
     net."""
     v = _ci_verdict(mutant, "accuracy_on_scale_block_grids")
     assert v.status == "failed" and "block_exponents" in v.message and "rowwise" in v.message, v
+
+
+# -- Hopper's accumulation (needs mmaemu, the extra 'hopper', which CI installs with 'all') ---------------------------
+from numcheck.tests.self.helpers.fp8_mutants import hopper_restart_dropped  # noqa: E402
+
+
+@pytest.mark.skipif(
+    hopper_restart_dropped.support.unavailable_reason() is not None,
+    reason=str(hopper_restart_dropped.support.unavailable_reason()),
+)
+def test_long_same_sign_chains_catch_a_dropped_restart():
+    """Under the ci profile, Hopper's fast-accumulation chain run where chains of 128 are declared passes the
+    accuracy test's draws (K ≤ 208, random signs) and fails the long same-sign chains (K = 680, 776)."""
+    before = _ci_verdict(hopper_restart_dropped, "accuracy_against_both_references")
+    assert before.status == "passed", before
+    after = _ci_verdict(hopper_restart_dropped, "accuracy_on_long_same_sign_chains")
+    assert after.status == "failed" and "same_sign" in after.message, after

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ from numcheck.reference.fp8_formats import (
     E4M3,
     E5M2,
     FP32_MAX,
+    Fp8Format,
     all_codes,
     decode_e8m0,
     decode_fp8,
@@ -27,6 +29,7 @@ from numcheck.reference.fp8_formats import (
 from numcheck.reference.fp8_linear import quantized_linear
 from numcheck.reference.fp8_recipes import Fp8Recipe, standard_recipes
 from numcheck.reference.fp8_scaling import (
+    Quantized,
     block_amax,
     delayed_scale_update,
     mx_scale_code,
@@ -416,3 +419,48 @@ def test_high_precision_wgrad_reads_the_original_operands():
     assert set(ref.operands) == {("x", "rowwise"), ("w", "rowwise"), ("dy", "rowwise"), ("w", "columnwise")}
     assert ref.operand("w", "columnwise").scale.shape == (1, 1) and ref.operand("w", "rowwise").scale.shape == (7, 1)
     assert not torch.equal(ref.dq["dgrad"], ref.true["dgrad"])
+
+
+def _hopper_case(codes_a: torch.Tensor, codes_b: torch.Tensor, fmt_b: Fp8Format = E4M3):
+    """(GemmOperands, exact float64 product, QTensors) of E4M3 codes ``a`` and ``fmt_b`` codes ``b``, unit scales."""
+    from numcheck.properties.fp8.tolerance import GemmOperands, step_exponents
+    from numcheck.reference.numerics.fp8_linear import QTensor
+
+    qa = Quantized(codes_a, E4M3, (1, 1), *(torch.ones(1, 1, dtype=torch.float64),) * 3)
+    qb = Quantized(codes_b, fmt_b, (1, 1), *(torch.ones(1, 1, dtype=torch.float64),) * 3)
+    ops = [qa.dequantized, qb.dequantized, None, None, None, None, None, None]
+    (ta, la), (tb, lb) = step_exponents(qa), step_exponents(qb)
+    ops += [ta, tb, la, lb, qa.values.abs(), qb.values.abs()]
+    one = torch.ones((), dtype=torch.float32)
+    q = [QTensor(c.view(f.torch_dtype), one, None, (1, 1), f) for c, f in ((codes_a, E4M3), (codes_b, fmt_b))]
+    return GemmOperands(*ops), qa.dequantized @ qb.dequantized.t(), q
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mmaemu") is None, reason="mmaemu (the extra 'hopper') not installed")
+def test_block_step_bound_holds_on_hoppers_chain_and_a_longer_chain_breaks_it():
+    """mmaemu's Hopper chain stays within the truncating-block-step bound (module docstring of
+    properties.fp8.tolerance) on same-sign, mixed-sign and subnormal-heavy E4M3 operands (E5M2 for one), with chains
+    of 128 and one chain; on same-sign operands at K = 1024 the one chain exceeds the bound declared for chains of 128
+    (the bound is tight enough to tell the two apart)."""
+    from numcheck.impls.builtin.fp8_hopper import hopper_gemm
+    from numcheck.properties.fp8.tolerance import block_step_error
+
+    g = torch.Generator().manual_seed(5)
+    codes = {  # [2·8, K] uint8 code rows: a's 8 rows then b's 8 rows
+        "same_sign": torch.randint(0x08, 0x7F, (16, 1024), generator=g),
+        "mixed_sign": torch.randint(0, 256, (16, 1024), generator=g),
+        "subnormal_heavy": torch.randint(0x00, 0x10, (16, 1024), generator=g)
+        | (torch.rand(16, 1024, generator=g) < 0.05) * 0x60,
+    }
+    for name, c in codes.items():
+        c = torch.where((c & 0x7F) == 0x7F, c - 1, c).to(torch.uint8)  # no NaN codes
+        for fmt_b in (E4M3, E5M2) if name == "mixed_sign" else (E4M3,):
+            cb = c[8:] if fmt_b is E4M3 else torch.where((c[8:] & 0x7C) == 0x7C, c[8:] & 0x83, c[8:]).to(torch.uint8)
+            ops, exact, (qa, qb) = _hopper_case(c[:8], cb, fmt_b)
+            for fast, chain in ((False, 128), (True, 1024)):
+                err = (hopper_gemm(qa, qb, fast=fast).double() - exact).abs()
+                E = block_step_error(ops, 2.0**-13, 32, chain) * (1 + 2.0**-20) + 2.0**-140
+                assert bool((err <= E).all()), (name, fmt_b.name, fast, float((err / E).max()))
+    ops, exact, (qa, qb) = _hopper_case(codes["same_sign"][:8].to(torch.uint8), codes["same_sign"][8:].to(torch.uint8))
+    err = (hopper_gemm(qa, qb, fast=True).double() - exact).abs()
+    assert float((err / block_step_error(ops, 2.0**-13, 32, 128)).max()) > 1.5
