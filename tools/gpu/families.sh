@@ -21,10 +21,7 @@ out="${1:?output dir}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then
-  source tools/gpu/install.sh
-  if ls .wheels/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
-  fi
+  source tools/gpu/install.sh  # numcheck, and the wheels carried in .wheels/ (into /tmp/carried)
   export NUMCHECK_SETUP_DONE=1
 fi
 [ -d /tmp/carried ] && export PYTHONPATH="$PYTHONPATH:/tmp/carried"

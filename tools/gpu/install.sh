@@ -8,3 +8,10 @@ if ! nc_install_log=$(python3 -m pip install -q --no-deps --no-index --no-build-
   echo "numcheck: the editable install of $PWD failed (see above)"
   exit 2
 fi
+# The wheels carried in .wheels/ (its top level: Liger-Kernel, cut-cross-entropy, allpairspy — a dependency of
+# numcheck's the device lacks; subfolders hold what one script picks itself), installed --no-deps into /tmp/carried,
+# which goes last on PYTHONPATH. Every script that sources this file gets them.
+if ls .wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
+fi
+[ -d /tmp/carried ] && case ":${PYTHONPATH:-}:" in *:/tmp/carried:*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/carried" ;; esac

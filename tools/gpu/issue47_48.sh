@@ -8,10 +8,7 @@ set -uo pipefail
 out="${1:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 source tools/gpu/install.sh
-python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
 export NUMCHECK_SETUP_DONE=1
-# allpairspy (a dependency of numcheck's, pure Python) is not on the device: carried with the rest
-export PYTHONPATH="$PYTHONPATH:/tmp/carried"
 mkdir -p "$out/ao" "$out/fam"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/fam/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/fam/gpu.txt"

@@ -16,10 +16,7 @@ what="${1:?suite, report, bench or all}"
 out="${2:?output dir}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
 if [ -z "${NUMCHECK_SETUP_DONE:-}" ]; then  # once per call, not once per mode (numerics runs two at once)
-  source tools/gpu/install.sh
-  if ls .wheels/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-deps --no-index --target /tmp/carried .wheels/*.whl
-  fi
+  source tools/gpu/install.sh  # numcheck, and the wheels carried in .wheels/ (into /tmp/carried)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
   export NUMCHECK_SETUP_DONE=1
