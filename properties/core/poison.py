@@ -37,7 +37,8 @@ live across cases and were forked with whatever environment they started with, s
 themselves); the rest of the rank's call (copying its shards in, the results out) stays outside.
 
 Which families: :data:`DEFAULT_ON` (where it costs at most 10% of the suite's time, measured per family in
-``results/poison-cost.md``); ``NUMCHECK_POISON`` (:data:`ENV`) overrides it for every family: ``on`` or ``off``
+``results/poison-cost.md``: every kind numcheck ships; a kind added later stays off until its cost is measured and
+it joins the set); ``NUMCHECK_POISON`` (:data:`ENV`) overrides it for every family: ``on`` or ``off``
 (``default``, or unset: :data:`DEFAULT_ON`). numcheck's pytest plugin sets it from ``--numcheck-poison`` /
 ``--no-numcheck-poison``.
 
@@ -64,13 +65,18 @@ import torch.utils.deterministic
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.protocols.linear_distill import LINEAR_DISTILL_KIND
+from numcheck.impls.protocols.linear_preference import PREFERENCE_KIND
 from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 
 #: The environment variable that turns poisoning on or off for every family (``on``, ``off``, ``default``).
 ENV = "NUMCHECK_POISON"
 #: Impl kinds judged with poisoned memory unless :data:`ENV` says otherwise (each measured at most 10%:
 #: results/poison-cost.md).
-DEFAULT_ON: frozenset[str] = frozenset({FP8_KIND, GROUPED_KIND, DIST_KIND, TP_KIND})
+DEFAULT_ON: frozenset[str] = frozenset(
+    {LINEAR_CE_KIND, FP8_KIND, GROUPED_KIND, DIST_KIND, TP_KIND, LINEAR_DISTILL_KIND, PREFERENCE_KIND}
+)
 #: Properties that run outside the block: deterministic algorithms would change what they measure.
 OUTSIDE: frozenset[str] = frozenset({"determinism", "dist_determinism"})
 _VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "default": None, "": None}
