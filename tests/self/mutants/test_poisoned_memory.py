@@ -9,6 +9,12 @@ built on purpose rather than left to whatever a small allocation recycles (a lef
 poisoning (numcheck.properties.core.poison, on by default for the grouped suite) the same memory is NaN, and the
 suite's ``grouped_empty_experts_exact_zero`` test (property ``empty_experts``) fails it: "outputs ['wgrad'] hold
 NaN or inf where the oracle's value is finite".
+
+The distributed suites' ranks are poisoned alike (the judging process decides and tells the ranks): the
+vocabulary-parallel mutant ``unowned_target_logit_uninitialised`` (tests/self/helpers/dist_mutants.py) takes its
+target-logit partial from the same kind of fresh 64 MiB ``torch.empty`` and writes only the rows whose target its
+shard owns (a rank that owns no target writes none): zeros, the right partial, unpoisoned; a NaN loss poisoned. A TP/SP
+FP8 probe adds ``0 ·`` such a buffer to its y.
 """
 
 from __future__ import annotations
