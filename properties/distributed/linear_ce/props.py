@@ -405,7 +405,10 @@ def load_impl(spec: str) -> Any:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ValueError(f"--impl {spec!r}: cannot import {mod_name!r} ({exc})") from exc
-    for impl in getattr(mod, "dist_impls", lambda: [])():
+    # its dist_impls() by name, then a distributed impl the module binds at top level by name (the repro line of
+    # one outside dist_impls() names it so), then the attribute
+    bound = [v for v in vars(mod).values() if getattr(v, "kind", None) == DIST_KIND and not isinstance(v, type)]
+    for impl in [*getattr(mod, "dist_impls", lambda: [])(), *bound]:
         if impl.name == name:
             return impl
     obj = getattr(mod, name, None)

@@ -19,6 +19,8 @@ FP8 probe adds ``0 ·`` such a buffer to its y.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import Phase, settings
@@ -31,7 +33,7 @@ from numcheck.properties.core import poison
 from numcheck.properties.core.rows import seeded_data
 from numcheck.properties.core.runner import run_example
 from numcheck.properties.distributed.linear_ce.cases import DistCase
-from numcheck.properties.distributed.linear_ce.props import dist_accuracy
+from numcheck.properties.distributed.linear_ce.props import dist_accuracy, load_impl
 from numcheck.properties.distributed.linear_ce.props import run_case as dist_run_case
 from numcheck.properties.distributed.linear_ce.suite import run_property
 from numcheck.properties.distributed.tp_fp8.cases import TPFp8Case
@@ -134,8 +136,10 @@ def test_vocab_parallel_ranks_run_poisoned(monkeypatch, mode):
     if mode == "off":
         dist_accuracy(mutant, DIST_CASE)
         return
-    with pytest.raises(PropertyFailure, match=r"(?s)mutant_dist\[UnownedTargetLogitUninitialised\].*loss"):
+    with pytest.raises(PropertyFailure, match=r"(?s)mutant_dist\[UnownedTargetLogitUninitialised\].*loss") as info:
         dist_accuracy(mutant, DIST_CASE)
+    spec = re.search(r'--impl "([^"]+)"', str(info.value)).group(1)
+    assert load_impl(spec).name == mutant.name  # the repro line's spec loads it (it is outside dist_impls())
     outside = dist_run_case(mutant, DIST_CASE, prop="dist_determinism")
     assert bool(outside.assembled()["loss"].isfinite().all())
 
