@@ -30,8 +30,8 @@ Run the suite against your impl from any directory::
   "not judged here". ``--numcheck-strict`` (for gating a release upgrade) makes them failures: a test skipped as a
   known divergence fails, and the session exits 1 when a library's known divergence applied (an artifact never).
 - ``--numcheck-poison`` / ``--no-numcheck-poison``: judge every impl kind with uninitialised memory filled (NaN),
-  or none; without either, the FP8 and grouped FP8 suites run with it and the others without (the distributed
-  suites' ranks never)
+  or none; without either, every kind numcheck ships runs with it (the distributed suites in their ranks) and a
+  kind registered from outside without
   (:mod:`numcheck.properties.core.poison`: why, what it costs per family; the option sets ``NUMCHECK_POISON``, which
   :func:`numcheck.check`, ``numcheck report`` and xdist workers read too).
 - ``--numcheck-production``: also run the production-shape tier (``numcheck.tests.suite.test_production``, marker
@@ -143,7 +143,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="judge every impl kind with uninitialised memory filled (torch.empty returns NaN), or with "
-        "--no-numcheck-poison none; default: the FP8 and grouped FP8 suites (NUMCHECK_POISON=on|off|default)",
+        "--no-numcheck-poison none; default: every kind numcheck ships (NUMCHECK_POISON=on|off|default)",
     )
     group.addoption(
         "--numcheck-production",

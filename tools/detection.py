@@ -229,6 +229,13 @@ DIST_ROWS: tuple[Row, ...] = (
     ),
     Row("collective", f"{_DIST}:local_lse_z_loss", "z-loss from the rank's local lse, not the global one", _VP),
     Row(
+        "uninitialised memory",
+        f"{_DIST}:unowned_target_logit_uninitialised",
+        "target-logit partial from torch.empty, written only at the rows whose target the rank owns "
+        "(caught with the ranks' memory poisoned)",
+        _VP,
+    ),
+    Row(
         "declared reduce dtype",
         f"{_DIST_REDUCE}:bf16_reduce_declared_fp32",
         "grad_x partials all-reduced in bf16, declaring float32",

@@ -100,6 +100,12 @@ class VocabParallelCE(VocabShardImpl):
         """The lse the z-loss squares: the global one."""
         return lse
 
+    def target_logit(self, z: torch.Tensor, local: torch.Tensor, owns: torch.Tensor) -> torch.Tensor:
+        """This rank's part of each row's target logit (summed across ranks): ``z[i, local_i]`` where it owns the
+        row's target, 0 elsewhere."""
+        idx = local.clamp(0, max(z.shape[1] - 1, 0))[:, None]
+        return torch.where(owns, z.gather(1, idx).squeeze(1), z.new_zeros(z.shape[0]))
+
     # -- the loss (rank_call: VocabShardImpl's) ----------------------------------------------------------
     def shard_loss(
         self, z: torch.Tensor, target: torch.Tensor, o: CEOptions, *, group: Any, vocab_start: int, vocab_size: int
@@ -117,8 +123,7 @@ class VocabParallelCE(VocabShardImpl):
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         local_s = torch.exp(z - m[:, None]).sum(dim=1)
         lse = m + torch.log(_SumAcrossRanks.apply(local_s, group))
-        idx = local.clamp(0, max(size - 1, 0))[:, None]
-        z_y = _SumAcrossRanks.apply(torch.where(owns, z.gather(1, idx).squeeze(1), torch.zeros_like(m)), group)
+        z_y = _SumAcrossRanks.apply(self.target_logit(z, local, owns), group)
         cw = o.class_weights
         if cw is not None:
             cw = cw.to(device=z.device, dtype=torch.float32)

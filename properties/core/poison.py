@@ -28,11 +28,17 @@ report's accuracy grid, ``numcheck repro`` and the public assertions (``numcheck
 runs (its backward runs inside the property's ``loss.backward()``, not inside the impl's call), so the block spans
 the property: the float64 oracles run inside it too, which is harmless (they write every element they allocate)
 and is counted in the measured cost (``results/poison-cost.md``). The determinism properties (:data:`OUTSIDE`) run
-outside it: deterministic algorithms change which kernels run on CUDA, which is what they measure. Not covered: the
-distributed suites' ranks (pool worker processes, which do not go through ``judge``).
+outside it: deterministic algorithms change which kernels run on CUDA, which is what they measure. The distributed
+suites' ranks (pool worker processes, which do not go through ``judge``) run the impl's forward and backward inside
+:func:`block` (``rank_run`` of ``properties/distributed/linear_ce/props.py``, ``tp_rank`` of
+``properties/distributed/tp_fp8/props.py``): the process judging the case decides with :func:`enabled` for the
+impl's kind and the property, as ``judge`` does, and sends that decision with the rank's arguments (a pool's ranks
+live across cases and were forked with whatever environment they started with, so they never read :data:`ENV`
+themselves); the rest of the rank's call (copying its shards in, the results out) stays outside.
 
 Which families: :data:`DEFAULT_ON` (where it costs at most 10% of the suite's time, measured per family in
-``results/poison-cost.md``); ``NUMCHECK_POISON`` (:data:`ENV`) overrides it for every family: ``on`` or ``off``
+``results/poison-cost.md``: every kind numcheck ships; a kind added later stays off until its cost is measured and
+it joins the set); ``NUMCHECK_POISON`` (:data:`ENV`) overrides it for every family: ``on`` or ``off``
 (``default``, or unset: :data:`DEFAULT_ON`). numcheck's pytest plugin sets it from ``--numcheck-poison`` /
 ``--no-numcheck-poison``.
 
@@ -56,13 +62,21 @@ from typing import Any, Iterator
 import torch
 import torch.utils.deterministic
 
+from numcheck.impls.protocols.dist_linear_ce import DIST_KIND
 from numcheck.impls.protocols.fp8_linear import FP8_KIND
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
+from numcheck.impls.protocols.linear_ce import LINEAR_CE_KIND
+from numcheck.impls.protocols.linear_distill import LINEAR_DISTILL_KIND
+from numcheck.impls.protocols.linear_preference import PREFERENCE_KIND
+from numcheck.impls.protocols.tp_fp8_linear import TP_KIND
 
 #: The environment variable that turns poisoning on or off for every family (``on``, ``off``, ``default``).
 ENV = "NUMCHECK_POISON"
-#: Impl kinds judged with poisoned memory unless :data:`ENV` says otherwise (cost ≤ 10%: results/poison-cost.md).
-DEFAULT_ON: frozenset[str] = frozenset({FP8_KIND, GROUPED_KIND})
+#: Impl kinds judged with poisoned memory unless :data:`ENV` says otherwise (each measured at most 10%:
+#: results/poison-cost.md).
+DEFAULT_ON: frozenset[str] = frozenset(
+    {LINEAR_CE_KIND, FP8_KIND, GROUPED_KIND, DIST_KIND, TP_KIND, LINEAR_DISTILL_KIND, PREFERENCE_KIND}
+)
 #: Properties that run outside the block: deterministic algorithms would change what they measure.
 OUTSIDE: frozenset[str] = frozenset({"determinism", "dist_determinism"})
 _VALUES = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "default": None, "": None}
@@ -105,6 +119,11 @@ def filled() -> Iterator[None]:
         det.fill_uninitialized_memory = saved_fill
 
 
+def block(on: bool) -> contextlib.AbstractContextManager[None]:
+    """:func:`filled` when ``on`` (a decision :func:`enabled` made, sent to a distributed rank), else nothing."""
+    return filled() if on else contextlib.nullcontext()
+
+
 def judging(impl: Any, prop: str | None = None) -> contextlib.AbstractContextManager[None]:
     """:func:`filled` where :func:`enabled` says so for ``impl`` (its ``kind``) on ``prop``, else nothing."""
-    return filled() if enabled(getattr(impl, "kind", None), prop) else contextlib.nullcontext()
+    return block(enabled(getattr(impl, "kind", None), prop))

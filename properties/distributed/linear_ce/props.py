@@ -27,7 +27,7 @@ import torch
 from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.dist_linear_ce import DIST_KIND, shard_bounds
 from numcheck.impls.registry import DIST_RANK_MODULES, ImplEntry, load_spec, spec_of
-from numcheck.properties.core import matmul_precision, records
+from numcheck.properties.core import matmul_precision, poison, records
 from numcheck.properties.core.compare import compare
 from numcheck.properties.core.tensors import same_bits
 from numcheck.properties.distributed.linear_ce.cases import DistCase
@@ -59,10 +59,11 @@ def oracle_tensors(impl: Any, case: DistCase) -> Tensors:
 
 
 def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, torch.Tensor | None]:
-    """A rank's forward and backward of ``impl.rank_call`` on its shard (run by the pool)."""
+    """A rank's forward and backward of ``impl.rank_call`` on its shard (run by the pool), with uninitialised
+    memory filled where the judging process decided so (``poisoned``: :func:`numcheck.properties.core.poison.block`)."""
     import torch.distributed as dist
 
-    impl, x, w, b, target, kwargs, upstream, start, V = args
+    impl, x, w, b, target, kwargs, upstream, start, V, poisoned = args
     device = rank_device(dist.get_backend(group), rank)  # the CPU for gloo, the rank's GPU for nccl
     x = x.to(device).clone().requires_grad_(True)
     w = w.to(device).clone().requires_grad_(True)
@@ -70,9 +71,10 @@ def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, t
     target = target.to(device)
     upstream = upstream.to(device) if upstream is not None else None
     kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    loss = impl.rank_call(x, w, target, b, group=group, vocab_start=start, vocab_size=V, **kwargs)
-    grad = torch.ones_like(loss) if upstream is None else upstream.to(loss.dtype).expand_as(loss)
-    loss.backward(grad)
+    with poison.block(poisoned):
+        loss = impl.rank_call(x, w, target, b, group=group, vocab_start=start, vocab_size=V, **kwargs)
+        grad = torch.ones_like(loss) if upstream is None else upstream.to(loss.dtype).expand_as(loss)
+        loss.backward(grad)
     return {
         "loss": loss.detach(),
         "grad_x": x.grad,
@@ -81,15 +83,19 @@ def rank_run(rank: int, world_size: int, group: Any, args: tuple) -> dict[str, t
     }
 
 
-def rank_args(impl: Any, case: DistCase, t: Tensors) -> list[tuple]:
+def rank_args(impl: Any, case: DistCase, t: Tensors, prop: str = "dist_accuracy") -> list[tuple]:
     """One :func:`rank_run` argument per rank: the full x and targets, the rank's shards, the call's options
-    (smoothing as the case states it: the impl applies its own convention)."""
+    (smoothing as the case states it: the impl applies its own convention), and whether property ``prop`` runs
+    it with memory poisoned (:func:`numcheck.properties.core.poison.enabled`, decided here, not in the rank)."""
     kwargs = build(case.problem).options.call_kwargs()
+    poisoned = poison.enabled(impl.kind, prop)
     out = []
     for r in range(case.world_size):
         lo, hi = shard_bounds(case.problem.V, case.world_size, r)
         b = t.bias[lo:hi].contiguous() if t.bias is not None else None
-        out.append((impl, t.x, t.weight[lo:hi].contiguous(), b, t.target, kwargs, t.upstream, lo, case.problem.V))
+        out.append(
+            (impl, t.x, t.weight[lo:hi].contiguous(), b, t.target, kwargs, t.upstream, lo, case.problem.V, poisoned)
+        )
     return out
 
 
@@ -134,13 +140,18 @@ def _noted(line: str, name: str, note: str) -> str:
 
 
 def run_case(
-    impl: Any, case: DistCase, latch: FailureLatch | None = None, timeout_s: float | None = None
+    impl: Any,
+    case: DistCase,
+    latch: FailureLatch | None = None,
+    timeout_s: float | None = None,
+    prop: str = "dist_accuracy",
 ) -> DistRun | None:
     """``case`` on every rank (through ``latch`` when given: ``None`` once it holds a failure), within
-    ``timeout_s`` (default :data:`~numcheck.properties.distributed.pool.pool.DEFAULT_TIMEOUT_S`, read at call time)."""
+    ``timeout_s`` (default :data:`~numcheck.properties.distributed.pool.pool.DEFAULT_TIMEOUT_S`, read at call time),
+    its memory poisoned as property ``prop`` judges it (:func:`rank_args`)."""
     timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
     t = place_targets(build(case.problem), case)
-    args = rank_args(impl, case, t)
+    args = rank_args(impl, case, t, prop)
     pool = lambda: DistPool.get(case.world_size, case.backend)  # noqa: E731
     if latch is None:
         return DistRun(pool().run(rank_run, args, timeout_s))
@@ -149,7 +160,7 @@ def run_case(
         rank_run,
         args,
         timeout_s,
-        note=f"case: {case!r}\n  reproduce: {repro_command(impl, 'dist_accuracy', case)}",
+        note=f"case: {case!r}\n  reproduce: {repro_command(impl, prop, case)}",
     )
     return DistRun(res) if res is not None else None
 
@@ -352,7 +363,7 @@ def dist_world_size_invariance(impl: Any, case: DistCase, latch: FailureLatch | 
     world-size relation's bound of the first's (:func:`relation_lines`)."""
     runs = []
     for c in invariance_cases(impl, case):
-        run = run_case(impl, c, latch)
+        run = run_case(impl, c, latch, prop="dist_world_size_invariance")
         if run is None:
             return {}
         judge(impl, c, run, "dist_world_size_invariance")
@@ -366,8 +377,8 @@ def dist_world_size_invariance(impl: Any, case: DistCase, latch: FailureLatch | 
 
 def dist_determinism(impl: Any, case: DistCase, latch: FailureLatch | None = None) -> dict[str, float]:
     """Two calls at one world size give bitwise equal outputs (only for impls declaring ``deterministic``)."""
-    first = run_case(impl, case, latch)
-    second = run_case(impl, case, latch) if first is not None else None
+    first = run_case(impl, case, latch, prop="dist_determinism")  # outside poisoning (poison.OUTSIDE)
+    second = run_case(impl, case, latch, prop="dist_determinism") if first is not None else None
     if second is None:
         return {}
     for n in OUTPUT_NAMES:
@@ -394,7 +405,10 @@ def load_impl(spec: str) -> Any:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ValueError(f"--impl {spec!r}: cannot import {mod_name!r} ({exc})") from exc
-    for impl in getattr(mod, "dist_impls", lambda: [])():
+    # its dist_impls() by name, then a distributed impl the module binds at top level by name (the repro line of
+    # one outside dist_impls() names it so), then the attribute
+    bound = [v for v in vars(mod).values() if getattr(v, "kind", None) == DIST_KIND and not isinstance(v, type)]
+    for impl in [*getattr(mod, "dist_impls", lambda: [])(), *bound]:
         if impl.name == name:
             return impl
     obj = getattr(mod, name, None)

@@ -26,7 +26,7 @@ import torch
 from numcheck.errors import PropertyFailure
 from numcheck.impls.protocols.fp8_linear import DelayedScalingState
 from numcheck.impls.protocols.tp_fp8_linear import ScaleLog
-from numcheck.properties.core import records
+from numcheck.properties.core import poison, records
 from numcheck.properties.core.compare import compare
 from numcheck.properties.core.failures import failure_message
 from numcheck.properties.distributed.pool.pool import (
@@ -64,12 +64,14 @@ def fail(impl: Any, prop: str, case: TPFp8Case, *lines: str) -> None:
 
 
 # -- on every rank --------------------------------------------------------------------------------------------
-def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPFp8Case, list[Any]]) -> list[dict[str, Any]]:
-    """Rank ``rank``: its shards of every step through ``impl``, forward then ``backward(dy_local)``; per step its
-    outputs, the scales it reported and (delayed) the amaxes it recorded."""
+def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPFp8Case, list[Any], bool]) -> list[dict[str, Any]]:
+    """Rank ``rank``: its shards of every step through ``impl``, forward then ``backward(dy_local)``, with
+    uninitialised memory filled where the judging process decided so (``poisoned``:
+    :func:`numcheck.properties.core.poison.block`); per step its outputs, the scales it reported and (delayed) the
+    amaxes it recorded."""
     import torch.distributed as dist
 
-    impl, case, steps = args
+    impl, case, steps, poisoned = args
     device = rank_device(dist.get_backend(group), rank)
     state = DelayedScalingState(case.recipe) if case.recipe.kind == "delayed" else None
     out = []
@@ -77,19 +79,20 @@ def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPFp8Case, list[
         leaf = lambda v: None if v is None else v.detach().to(device).clone().requires_grad_(True)  # noqa: E731
         x, w, b = leaf(t.x), leaf(t.weight), leaf(t.bias)
         log = ScaleLog()
-        y = impl(
-            x,
-            w,
-            b,
-            recipe=case.recipe,
-            parallel=case.parallel,
-            sequence_parallel=case.sequence_parallel,
-            save_original_input=case.save_original_input,
-            group=group,
-            scale_log=log,
-            scaling_state=state,
-        )
-        y.backward(t.dy.to(device))
+        with poison.block(poisoned):
+            y = impl(
+                x,
+                w,
+                b,
+                recipe=case.recipe,
+                parallel=case.parallel,
+                sequence_parallel=case.sequence_parallel,
+                save_original_input=case.save_original_input,
+                group=group,
+                scale_log=log,
+                scaling_state=state,
+            )
+            y.backward(t.dy.to(device))
         out.append(
             {
                 "y": y.detach(),
@@ -106,10 +109,13 @@ def tp_rank(rank: int, world: int, group: Any, args: tuple[Any, TPFp8Case, list[
 
 
 def run_case(impl: Any, case: TPFp8Case, prop: str, latch: FailureLatch | None = None) -> list[list[dict]] | None:
-    """Every rank's per-step results for ``case``; ``None`` when ``latch`` holds a pool-killing failure."""
+    """Every rank's per-step results for ``case``, its memory poisoned as property ``prop`` judges it
+    (:func:`numcheck.properties.core.poison.enabled`, decided here, not in the rank); ``None`` when ``latch`` holds
+    a pool-killing failure."""
     __tracebackhide__ = True
     glob = steps_tensors(case)
-    args = [(impl, case, [shard(case, t, r) for t in glob]) for r in range(case.world)]
+    poisoned = poison.enabled(impl.kind, prop)
+    args = [(impl, case, [shard(case, t, r) for t in glob], poisoned) for r in range(case.world)]
     try:
         if latch is not None:
             return latch.run(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from numcheck.impls.builtin.vocab_parallel import VocabParallelCE
+from numcheck.tests.self.helpers.grouped_fp8_mutants import FRESH_PAGES_BYTES
 
 
 class LocalVocabSmoothing(VocabParallelCE):
@@ -38,6 +39,22 @@ class LocalLseZLoss(VocabParallelCE):
         return local_lse
 
 
+class UnownedTargetLogitUninitialised(VocabParallelCE):
+    """The rank's target-logit partial in a buffer from ``torch.empty``, written only at the rows whose target the
+    rank owns (Megatron's vocab-parallel CE zeroes those rows explicitly): the rows of targets on other shards —
+    every row, on a rank that owns no target — add whatever the memory held to the all-reduced target logit. The
+    buffer is a view into a :data:`FRESH_PAGES_BYTES` ``torch.empty`` (fresh pages the OS zeroes, as the grouped
+    ``uninitialised_empty_wgrad`` builds it): zeros, the right partial, unless uninitialised memory is poisoned
+    (:mod:`numcheck.properties.core.poison`, in the ranks too), when the loss is NaN."""
+
+    def target_logit(self, z: torch.Tensor, local: torch.Tensor, owns: torch.Tensor) -> torch.Tensor:
+        n = owns.numel()
+        buf = torch.empty(max(n, FRESH_PAGES_BYTES // z.dtype.itemsize), dtype=z.dtype, device=z.device)[:n]
+        idx = local.clamp(0, max(z.shape[1] - 1, 0))[:, None]
+        buf[owns] = z.gather(1, idx).squeeze(1)[owns]
+        return buf
+
+
 class _Mutant:
     spec_module = "numcheck.tests.self.helpers.dist_mutants"
 
@@ -55,3 +72,11 @@ def dist_impls() -> list[VocabParallelCE]:
 #: Each mutant alone, in :func:`dist_impls`' order, so ``--impl numcheck.tests.self.helpers.dist_mutants:ATTR`` loads
 #: one of them (the detection table's specs, tools/detection.py).
 local_vocab_smoothing, no_grad_x_all_reduce, target_offset_off_by_one, local_lse_z_loss = dist_impls()
+
+#: Not in :func:`dist_impls`: caught only with poisoned memory (tests/self/mutants/test_poisoned_memory.py judges it).
+unowned_target_logit_uninitialised = UnownedTargetLogitUninitialised(
+    "mutant_dist[UnownedTargetLogitUninitialised]",
+    "nan",
+    "target-logit partial from torch.empty, written only at the rows whose target the rank owns",
+)
+unowned_target_logit_uninitialised.spec_module = _Mutant.spec_module

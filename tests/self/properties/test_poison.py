@@ -67,13 +67,15 @@ def test_filled_restores_the_callers_settings_also_on_raise():
 
 
 def test_families_and_the_variable(monkeypatch):
-    """Default: the kinds of DEFAULT_ON; ``on`` / ``off`` for every kind; the determinism properties never; a bad
-    value is one error naming the variable."""
+    """Default: the kinds of DEFAULT_ON (every registered kind; a kind outside it, a toy's, off); ``on`` / ``off``
+    for every kind; the determinism properties never; a bad value is one error naming the variable."""
+    from numcheck.impls.protocols.kinds import NAMES
+
     monkeypatch.delenv(poison.ENV, raising=False)
-    assert poison.enabled("grouped-fp8-linear") and poison.enabled("fp8-linear")
-    assert not poison.enabled("linear-ce") and not poison.enabled("dist-linear-ce")
+    assert all(poison.enabled(kind) for kind in NAMES) and not poison.enabled("toy-sum")
+    assert not poison.enabled("dist-linear-ce", "dist_determinism")
     monkeypatch.setenv(poison.ENV, "on")
-    assert poison.enabled("linear-ce") and not poison.enabled("linear-ce", "determinism")
+    assert poison.enabled("toy-sum") and not poison.enabled("linear-ce", "determinism")
     assert not poison.enabled("tp-fp8-linear", "dist_determinism")
     monkeypatch.setenv(poison.ENV, "off")
     assert not poison.enabled("grouped-fp8-linear")
