@@ -16,7 +16,8 @@
 # (tests/suite/test_grouped_fp8.py) on MoE training's FP8 rowwise grouped GEMM; report: numcheck report --quick on all
 # of them; premerge: numcheck premerge on them (--skip-tests: the suites are the stages above; its quick report,
 # memory table and known divergences; PREMERGE_TESTS=1 runs the suite inside it too).
-# Time caps (seconds): SUITE_S (default 270), GROUPED_WARM_S (default 90), GROUPED_S (default 200), REPORT_S (default
+# Time caps (seconds): SUITE_S (default 270), KNOWN_S (default 60: the known divergences' strict examples on CUDA,
+# tests/adapters/test_torchao.py, after the suite), GROUPED_WARM_S (default 90), GROUPED_S (default 200), REPORT_S (default
 # 200), PREMERGE_S (default 300).
 # The grouped stage first runs the release's grouped GEMM once in one process (the adapter's probe) so that Triton's
 # compiled kernels and autotune results (TRITON_CACHE_AUTOTUNING=1) are on disk before the 8 pytest workers start:
@@ -24,8 +25,9 @@
 # skipped), and each draw of a new (tokens, K, N, experts) autotunes torchao's jagged-scale kernels again (36
 # configurations each, keyed on M or K and the number of experts), which no cap short of minutes covers.
 # REPORT_BESIDE=1 runs the report stage beside the grouped one (started after the warm-up), so both get their caps
-# in one call. One 10-minute call for the torchao impls (about 540 s):
-#   SUITE_S=150 GROUPED_WARM_S=60 GROUPED_S=310 REPORT_S=300 REPORT_BESIDE=1 bash tools/gpu/torchao.sh OUT suite grouped report
+# in one call. One 10-minute call for the torchao impls (caps 540 s in all, the setup besides):
+#   SUITE_S=140 KNOWN_S=40 GROUPED_WARM_S=60 GROUPED_S=300 REPORT_S=290 REPORT_BESIDE=1 \
+#     bash tools/gpu/torchao.sh OUT suite grouped report
 set -uo pipefail
 out="${1:?output dir}"
 shift
@@ -88,6 +90,11 @@ NUMCHECK_DEVICE=cuda timeout -s INT -k 15 "${SUITE_S:-270}" python3 -m pytest te
 echo "pytest exit $?" >> "$out/suite.txt"
 grep -E "FAILED|ERROR" "$out/suite.txt" | head -40
 tail -3 "$out/suite.txt"
+# the known divergences' strict examples on CUDA (the CUDA entries run, the CPU ones skip naming their device)
+NUMCHECK_DEVICE=cuda timeout -s INT -k 10 "${KNOWN_S:-60}" python3 -m pytest tests/adapters/test_torchao.py -rs -v \
+  -p no:cacheprovider -p no:benchmark -k "known_divergence or h100" > "$out/known.txt" 2>&1
+echo "pytest exit $?" >> "$out/known.txt"
+tail -12 "$out/known.txt"
 fi
 
 # 4. the quick report on the real path (a function: REPORT_BESIDE=1 starts it beside the grouped stage)
