@@ -11,7 +11,8 @@ this checkout and then that folder first on ``PYTHONPATH`` (ahead of any install
    does not import beside torch 2.13 is a row with that reason);
 2. every known divergence's example (:data:`numcheck.properties.fp8.known_torchao.TORCHAO_KNOWN`) run by the
    accuracy property: ``diverges`` or ``passes`` on this release, and whether the entry's release range covers it
-   (the range must cover exactly the releases where it diverges: the last column says ``ok`` or what is wrong);
+   (the range must cover exactly the releases where it diverges: the last column says ``ok`` or what is wrong); a
+   CUDA entry's example (CUDA's real path) is "not run" here;
 3. the FP8 property suite on the three impls (``pytest --pyargs numcheck.tests.suite --impl torchao_float8[...]``):
    passed / failed / skipped and each failure's first line;
 4. ``numcheck report --quick`` on the three impls: its verdict line.
@@ -115,6 +116,8 @@ def _example(entry, info) -> dict[str, str]:
 
     if isinstance(info, str):
         return {"result": "not run"}
+    if "cpu" not in entry.devices:  # a CUDA entry's example needs CUDA's real path
+        return {"result": f"not run (a {', '.join(entry.devices)} entry)"}
     impls = [i for i in tao.torchao_impls() if fnmatch(i.name, entry.impls) and not i.support.unavailable_reason()]
     same = [i for i in impls if entry.example.recipe in i.support.recipes]
     impl = (same or impls or [None])[0]
@@ -174,7 +177,7 @@ def _declared(rec: dict[str, object]) -> tuple[str, str]:
 def _known_cell(rec: dict[str, object]) -> str:
     cells = []
     for i, k in enumerate(rec.get("known") or []):  # type: ignore[union-attr]
-        ok = k["result"].startswith("diverges") == k["covered"] or k["result"] == "not run"
+        ok = k["result"].startswith("diverges") == k["covered"] or k["result"].startswith("not run")
         cells.append(f"K{i + 1} {k['result']}{'' if ok else ' (range wrong)'}")
     return ", ".join(cells) or "—"
 

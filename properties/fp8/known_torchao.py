@@ -14,6 +14,11 @@ W or dy makes that tensor's scale NaN and every output it feeds NaN, and one ±i
 cast inf·0 = NaN and again every output NaN. The contract (TransformerEngine's convention) ignores NaN in amax,
 gives an infinite amax the scale 1 and saturates ±inf to ±max: only the outputs whose reduction meets the NaN are
 NaN (79 of 792 elements of y in the suite's edge case, against torchao's 792; with inf, none against 792).
+
+Each entry names the device it was seen on: the CPU's emulated path (``_CPU_KNOWN``) and CUDA's real
+``torch._scaled_mm`` path (``_CUDA_KNOWN``: the same causes, seen in an H100 run, whose examples are the cases that
+run failed, in the real path's shapes, K and N multiples of 16). An entry's strict example runs on its own device
+only (on the CPU a CUDA entry's check is skipped, naming where it runs).
 """
 
 from __future__ import annotations
@@ -92,12 +97,14 @@ _POW2 = (
 )
 
 
-def _entry(impls: str, applies: Any, reason: str, summary: str, example: Fp8Case) -> KnownDivergence:
-    """An accuracy divergence of ``impls`` on the CPU, measured on :data:`MEASURED`."""
+def _entry(
+    impls: str, applies: Any, reason: str, summary: str, example: Fp8Case, device: str = "cpu"
+) -> KnownDivergence:
+    """An accuracy divergence of ``impls`` on ``device`` (its example's), measured on :data:`MEASURED`."""
     return KnownDivergence(
         impls=impls,
         properties=("accuracy",),
-        devices=("cpu",),
+        devices=(device,),
         applies=applies,
         reason=reason,
         library="torchao",
@@ -107,7 +114,8 @@ def _entry(impls: str, applies: Any, reason: str, summary: str, example: Fp8Case
     )
 
 
-TORCHAO_KNOWN: tuple[KnownDivergence, ...] = (
+#: Seen on the CPU (the emulated path), docs/evidence/torchao_nonfinite.txt and torchao_pow2_scale.txt.
+_CPU_KNOWN: tuple[KnownDivergence, ...] = (
     _entry(
         "torchao_float8[[]tensorwise]",
         _regime("nan"),
@@ -144,6 +152,59 @@ TORCHAO_KNOWN: tuple[KnownDivergence, ...] = (
         _edge_case("scale_edge", ROWWISE),
     ),
 )
+
+
+#: Where the H100 run saw them (results/gpu/h100-torch2.11-torchao-families/: ao1/suite.txt, ao2/report/report.md).
+_H100 = (
+    "; seen on CUDA with the same cause (H100, torch 2.11, torchao 0.18.0, the real torch._scaled_mm path, "
+    "results/gpu/h100-torch2.11-torchao-families/ao1/suite.txt and ao2/report/report.md): {seen}; the CPU's "
+    "emulated path on the same case fails at the same first index with the same counts"
+)
+
+
+def _cuda_case(regime: str, recipe: Fp8Recipe, M: int, dtype: str) -> Fp8Case:
+    """The suite's edge case as the H100 run drew it on CUDA: 33×40×24 fitted to the real path's declared shapes
+    (K and N multiples of 16; M too where its GEMMs take M as a trailing dimension) in the first declared dtype
+    (the rowwise recipes declare no float32 there: their GEMMs output bfloat16)."""
+    return Fp8Case(
+        recipe, M, 48, 32, dtype=dtype, bias=True, regime=regime, seed=11, save_original_input=True, device="cuda"
+    )
+
+
+#: The same causes on CUDA's real path, each with the case the H100 run failed (its element counts: every element
+#: of an output the NaN or zero scale feeds, only the rows and columns holding the inf for a rowwise scale).
+_CUDA_KNOWN: tuple[KnownDivergence, ...] = tuple(
+    _entry(e.impls, e.applies, e.reason + _H100.format(seen=seen), e.summary, example, device="cuda")
+    for e, seen, example in (
+        (
+            _CPU_KNOWN[0],
+            "48×48×32 float32: y all NaN (1426 elements where the contract is finite), dgrad all (2209), "
+            "wgrad all (1426)",
+            _cuda_case("nan", TENSORWISE, 48, "float32"),
+        ),
+        (
+            _CPU_KNOWN[1],
+            "48×48×32 float32: every element of y NaN (1536 of 1536 where the contract is finite)",
+            _cuda_case("inf", TENSORWISE, 48, "float32"),
+        ),
+        (
+            _CPU_KNOWN[2],
+            "rowwise 48×48×32 bfloat16: y 79 of 1536 NaN, dgrad 95 of 2304, wgrad 79 of 1536 (the rows and "
+            "columns holding the inf); rowwise_with_gw_hp 33×48×32: y 64 of 1056, dgrad all 1584 (W's one scale)",
+            _cuda_case("inf", ROWWISE, 48, "bfloat16"),
+        ),
+        (
+            _CPU_KNOWN[3],
+            "33×48×32 bfloat16: dgrad all NaN (1504 elements where the contract is finite, of 1584), y and wgrad "
+            "as the contract",
+            _cuda_case("nan", ROWWISE_GW_HP, 33, "bfloat16"),
+        ),
+    )
+)
+
+#: Every entry: the CPU's, then CUDA's (the power-of-2 rounding of fp32 scales has no CUDA entry: the real path
+#: declares no float32 for the rowwise recipes, so the suite draws no case of it there).
+TORCHAO_KNOWN: tuple[KnownDivergence, ...] = _CPU_KNOWN + _CUDA_KNOWN
 
 
 def known_fp8_divergence(impl_name: str, prop: str, case: Fp8Case) -> KnownDivergence | None:

@@ -5,11 +5,20 @@ For every ``_compiled`` twin registered (``liger_preference[<loss>_compiled]``, 
 runs the family's ``accuracy`` property on the cases below (their shapes differ, so the twin compiles more than
 once), and prints per case the verdict, the worst error/bound and the seconds, then per twin torch._dynamo's
 counters over its cases: frames compiled, graphs, graph breaks and the reasons of any, so a twin that ran eager
-after a graph break or a recompile limit (and so judged nothing compiled) is named as such. The suite's drawn tests
-(tools/gpu/families.sh) judge the twins over many more cases; this gives a verdict for each twin even when the
-suite's time cap cuts its run short.
+(no graph compiled, or a frame dynamo gave up on, e.g. at its recompile limit, after which that function runs eager
+in the process) is named as such. The suite's drawn tests (tools/gpu/families.sh) judge the twins over many more
+cases; this gives a verdict for each twin even when the suite's time cap cuts its run short.
+
+Each twin starts from a reset dynamo (``torch._dynamo.reset()``), as in a process of its own: Liger's paired losses
+(DPO, robust DPO, ORPO, CPO, SimPO) share one code object (``fused_fwd_bwd`` of
+``chunked_loss/fused_linear_preference.py``), whose recompile limit (8) the earlier twins used up in an H100 run
+without it, so ORPO's later cases and all of CPO's and SimPO's ran eager there, while their counters read nothing
+(results/gpu/h100-torch2.11-torchao-families/fam/twins.txt).
 
 Usage (repo root, on the device, numcheck installed): NUMCHECK_DEVICE=cuda python3 tools/gpu/compiled_twins.py
+CPU check of the measurement (no CUDA): python3 tools/gpu/compiled_twins.py --cpu: the preference twins declared on
+the CPU too and torch.compile with the ``eager`` backend (dynamo traces, guards and counts as with inductor; no C++
+compile), ~30 s.
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ def judge(impl) -> bool:
     """Print the twin's verdicts and what torch.compile did; whether every case passed."""
     from numcheck.errors import PropertyFailure
 
+    torch._dynamo.reset()  # a process of its own: no graphs, guards or recompile counts of an earlier twin
     counters.clear()
     ok, ran = True, False
     cases, accuracy = _cases(impl)
@@ -92,18 +102,41 @@ def judge(impl) -> bool:
     if ran and not stats.get("unique_graphs"):
         print("  ⚠ no graph was compiled: the twin ran eager", flush=True)
         ok = False
+    if given_up := frames.get("total", 0) - frames.get("ok", 0):
+        print(
+            f"  ⚠ dynamo gave up on {given_up} frame(s) (a recompile limit or an error: the log above says which); "
+            "that function ran eager from then on",
+            flush=True,
+        )
+        ok = False
     return ok
 
 
-def main() -> int:
+def _on_cpu(impl):
+    """``impl`` declared on the CPU too (the compiled twins declare CUDA alone: inductor's C++ compile of every
+    drawn shape costs minutes on a CPU), and torch.compile given the ``eager`` backend, for ``--cpu``."""
+    import dataclasses
+    import functools
+
+    if not isinstance(torch.compile, functools.partial):
+        torch.compile = functools.partial(torch.compile, backend="eager")
+    support = dataclasses.replace(impl.support, devices=impl.support.devices | {"cpu"}, requires=None)
+    return dataclasses.replace(impl, support=support)
+
+
+def main(argv: list[str]) -> int:
     from numcheck.impls.adapters import liger_distill, liger_preference
 
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA'}")
-    twins = [
-        i
-        for i in [*liger_preference.liger_preference_impls(), *liger_distill.liger_distill_impls()]
-        if i.name.endswith("_compiled]")
-    ]
+    if argv not in ([], ["--cpu"]):
+        print(f"usage: compiled_twins.py [--cpu]; got {argv}")
+        return 2
+    impls = liger_preference.liger_preference_impls()
+    if argv:  # the preference twins (Liger's torch code; the distill twin's JSD needs Triton) on the CPU
+        impls = [_on_cpu(i) for i in impls if i.name.endswith("_compiled]")]
+    else:
+        impls = [*impls, *liger_distill.liger_distill_impls()]
+    twins = [i for i in impls if i.name.endswith("_compiled]")]
     failed = []
     for impl in twins:
         print(impl.name, flush=True)
@@ -121,4 +154,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
