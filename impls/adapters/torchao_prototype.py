@@ -292,6 +292,9 @@ def _checked_grouped(found, label, support, x, weights, biases, m_splits, recipe
         raise ValueError(f"{label}: save_original_input=False is not available: torchao saves x itself")
     if biases is not None:
         raise ValueError(f"{label}: biases are not available (torchao's grouped GEMM has none)")
+    experts = weights.shape[0] if isinstance(weights, torch.Tensor) else len(weights)
+    if len(m_splits) != experts:  # the release takes offsets, one per expert: the count is this translation's to check
+        raise ValueError(f"{label}: m_splits {tuple(m_splits)} names {len(m_splits)} experts, the weights {experts}")
     bad = [m for m in m_splits if not isinstance(m, int) or m < 0 or m % GROUPED_ALIGNMENT]
     if bad or sum(m_splits) != x.shape[0]:
         raise ValueError(f"{label}: m_splits {tuple(m_splits)} must be ints >= 0, multiples of 16, summing to M")

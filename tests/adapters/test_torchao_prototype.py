@@ -114,3 +114,16 @@ def test_grouped_is_declared_rowwise_and_unavailable_on_the_cpu_with_its_reason(
     assert "does not run on cpu" in reason and "triton" in reason, reason
     with pytest.raises(ValueError, match="multiples of 16"):
         impl(torch.zeros(8, 16), torch.zeros(1, 16, 16), m_splits=(8,), recipe=s.recipes[0], save_original_input=True)
+
+
+def test_grouped_refuses_a_split_count_other_than_the_experts_naming_m_splits() -> None:
+    """The release's grouped GEMM takes offsets, so the adapter's m_splits → offsets translation checks the count: a
+    split per expert, else ValueError naming m_splits before the release is called (on CUDA the release raised
+    RuntimeError 'matrix batch sizes have to match', which the grouped suite's split_rules property fails)."""
+    (impl,) = proto.torchao_grouped_impls()
+    s = impl.support
+    if not s.recipes:
+        pytest.skip(f"torchao's grouped GEMM not declared here: {s.unavailable_reason()}")
+    x, w = torch.zeros(16, 16, dtype=torch.bfloat16), torch.zeros(1, 16, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"m_splits \(16, 0\) names 2 experts, the weights 1"):
+        impl(x, w, m_splits=(16, 0), recipe=s.recipes[0], save_original_input=True)
