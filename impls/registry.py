@@ -68,56 +68,66 @@ class BrokenImpl:
         return self.spec
 
 
-def builtin_factories() -> Sequence[Callable[[], Iterable[Any]]]:
-    """The factories of the built-in impls, one per module that defines some, in listing order: linear+CE impls
-    first, then the FP8 linear ones (single, then grouped), then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
-    linear). This list is the only place that names them; no impl module imports the registry.
+#: Every built-in factory, ``module:function``, with the base names of the impls it makes (a name's base is the part
+#: before ``[``: ``liger`` of ``liger[accum=None]``), in listing order: linear+CE impls first, then the FP8 linear
+#: ones (single, then grouped), then the distributed ones (vocabulary-parallel linear+CE, tensor-parallel FP8
+#: linear), then the distillation and preference ones. This table is the only place that names them; no impl module
+#: imports the registry. The bases let a run that names some built-ins import only the modules that make them
+#: (:func:`builtin_factories`): ``--impl eager`` imports neither Liger (torch._dynamo) nor torchao nor
+#: TransformerEngine's files, seconds of every such process. tests/self/impls/test_registry.py checks that each
+#: factory makes only impls of its bases.
+BUILTIN_FACTORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("numcheck.impls.builtin.eager:eager_impls", ("eager",)),
+    ("numcheck.impls.adapters.liger:liger_impls", ("liger",)),
+    ("numcheck.impls.adapters.cce:cce_impls", ("cce",)),
+    ("numcheck.impls.adapters.transformer_engine:te_impls", ("te_parallel_ce",)),
+    ("numcheck.impls.builtin.chunked:chunked_impls", ("chunked",)),
+    ("numcheck.impls.builtin.chunked:recompute_impls", ("recompute",)),
+    ("numcheck.impls.adapters.torch_native:torch_native_impls", ("torch_native",)),
+    ("numcheck.impls.builtin.triton_ce:triton_impls", ("chunked_triton", "recompute_triton")),
+    ("numcheck.impls.builtin.fp8_linear:fp8_linear_impls", ("fp8_linear",)),
+    ("numcheck.impls.builtin.fp8_hopper:fp8_hopper_impls", ("fp8_linear",)),
+    ("numcheck.impls.adapters.torchao:torchao_impls", ("torchao_float8",)),
+    ("numcheck.impls.adapters.torchao_prototype:torchao_mx_impls", ("torchao_mxfp8",)),
+    ("numcheck.impls.builtin.grouped_fp8_linear:grouped_fp8_linear_impls", ("grouped_fp8_linear",)),
+    ("numcheck.impls.adapters.torchao_prototype:torchao_grouped_impls", ("torchao_grouped_fp8",)),
+    (
+        "numcheck.impls.registry:dist_impls",
+        ("vocab_parallel", "megatron_vocab_parallel", "megatron_fused_vocab_parallel", "te_vocab_parallel"),
+    ),
+    ("numcheck.impls.builtin.tp_fp8_linear:tp_fp8_linear_impls", ("tp_fp8_linear",)),
+    ("numcheck.impls.builtin.linear_distill:linear_distill_impls", ("linear_distill",)),
+    ("numcheck.impls.adapters.liger_distill:liger_distill_impls", ("liger_jsd",)),
+    (
+        "numcheck.impls.builtin.linear_preference:linear_preference_impls",
+        ("linear_preference_eager", "linear_preference_chunked"),
+    ),
+    ("numcheck.impls.adapters.liger_preference:liger_preference_impls", ("liger_preference",)),
+)
+
+
+def base_name(name: str) -> str:
+    """An impl name's base, the part before ``[`` (``liger`` of ``liger[accum=None]``)."""
+    return name.split("[", 1)[0]
+
+
+def builtin_factories(names: Iterable[str] | None = None) -> Sequence[Callable[[], Iterable[Any]]]:
+    """The factories of :data:`BUILTIN_FACTORIES` in listing order: every one, or with ``names`` those whose bases
+    hold some name's base (every one where a name's base is no factory's, so that an error can list them all).
 
     Imported when first asked for, not with this module: the built-in modules import triton, which must come
     after :func:`impls.interpreter.arrange`, and the entry points import the registry before they arrange
     (the pytest plugin, for one).
     """
-    # deferred for the interpreter's sake (see above)
-    from numcheck.impls.adapters.cce import cce_impls
-    from numcheck.impls.adapters.liger import liger_impls
-    from numcheck.impls.adapters.liger_distill import liger_distill_impls
-    from numcheck.impls.adapters.liger_preference import liger_preference_impls
-    from numcheck.impls.adapters.torch_native import torch_native_impls
-    from numcheck.impls.adapters.torchao import torchao_impls
-    from numcheck.impls.adapters.torchao_prototype import torchao_grouped_impls, torchao_mx_impls
-    from numcheck.impls.adapters.transformer_engine import te_impls
-    from numcheck.impls.builtin.chunked import chunked_impls, recompute_impls
-    from numcheck.impls.builtin.eager import eager_impls
-    from numcheck.impls.builtin.fp8_hopper import fp8_hopper_impls
-    from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
-    from numcheck.impls.builtin.grouped_fp8_linear import grouped_fp8_linear_impls
-    from numcheck.impls.builtin.linear_distill import linear_distill_impls
-    from numcheck.impls.builtin.linear_preference import linear_preference_impls
-    from numcheck.impls.builtin.tp_fp8_linear import tp_fp8_linear_impls
-    from numcheck.impls.builtin.triton_ce import triton_impls
-
-    return (
-        eager_impls,
-        liger_impls,
-        cce_impls,
-        te_impls,
-        chunked_impls,
-        recompute_impls,
-        torch_native_impls,
-        triton_impls,
-        fp8_linear_impls,
-        fp8_hopper_impls,
-        torchao_impls,
-        torchao_mx_impls,
-        grouped_fp8_linear_impls,
-        torchao_grouped_impls,
-        dist_impls,
-        tp_fp8_linear_impls,
-        linear_distill_impls,
-        liger_distill_impls,
-        linear_preference_impls,
-        liger_preference_impls,
-    )
+    wanted = None if names is None else {base_name(n) for n in names}
+    if wanted is not None and not wanted <= {b for _, bases in BUILTIN_FACTORIES for b in bases}:
+        wanted = None
+    out = []
+    for spec, bases in BUILTIN_FACTORIES:
+        if wanted is None or wanted.intersection(bases):
+            module, attr = spec.split(":")
+            out.append(getattr(importlib.import_module(module), attr))
+    return out
 
 
 def dist_impls() -> list[Any]:
@@ -145,10 +155,11 @@ DIST_RANK_MODULES: tuple[str, ...] = (
 )
 
 
-def builtin_impls() -> list[ImplEntry | BrokenImpl]:
-    """Every built-in impl, in the order of :func:`builtin_factories`, each factory called once."""
+def builtin_impls(names: Iterable[str] | None = None) -> list[ImplEntry | BrokenImpl]:
+    """Every built-in impl, in the order of :func:`builtin_factories`, each factory called once; with ``names``, those
+    of the factories that make impls of their bases (a superset of the named ones)."""
     out: list[ImplEntry | BrokenImpl] = []
-    for factory in builtin_factories():
+    for factory in builtin_factories() if names is None else builtin_factories(names):
         label = f"{factory.__module__}.{factory.__name__}"
         try:
             produced = list(factory())
@@ -249,11 +260,12 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
     Duplicate names are reported as broken entries rather than silently shadowed.
     """
     if cli_specs:
-        # Built-ins only where some spec may name one: no built-in name holds ":" (test_registry checks), so a
-        # run of module:attr specs alone skips importing every adapter's library (torch._dynamo through Liger and
-        # torchao, TransformerEngine's files, triton), seconds of every subprocess that runs a user's impl.
-        named = any(":" not in spec for spec in cli_specs)
-        builtins = {e.name: e for e in builtin_impls() if isinstance(e, ImplEntry)} if named else {}
+        # Built-ins only where some spec may name one (no built-in name holds ":", test_registry checks), and only
+        # those of the factories that make the named bases: a run of module:attr specs, or of `eager`, skips
+        # importing the adapters' libraries (torch._dynamo through Liger and torchao, TransformerEngine's files),
+        # seconds of every subprocess that runs a user's impl or a few built-ins.
+        named = [spec for spec in cli_specs if ":" not in spec]
+        builtins = {e.name: e for e in builtin_impls(named) if isinstance(e, ImplEntry)} if named else {}
         found: list[ImplEntry | BrokenImpl] = []
         for spec in cli_specs:
             if spec in builtins:
@@ -265,7 +277,7 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
                     BrokenImpl(
                         spec,
                         "--impl",
-                        f"no built-in impl named {spec!r} and not a module:attr spec; built-ins: {sorted(builtins)}",
+                        f"no built-in impl named {spec!r} and not a module:attr spec; built-ins: {all_builtin_names()}",
                     )
                 )
     else:
@@ -291,11 +303,16 @@ def discover(cli_specs: Sequence[str] = ()) -> list[ImplEntry | BrokenImpl]:
 
 def builtin(name: str) -> Any:
     """The built-in impl registered under ``name``; LookupError naming the known ones otherwise."""
-    entries = [e for e in builtin_impls() if isinstance(e, ImplEntry)]
+    entries = [e for e in builtin_impls([name]) if isinstance(e, ImplEntry)]
     for e in entries:
         if e.name == name:
             return e.impl
-    raise LookupError(f"no built-in impl named {name!r}; built-ins: {sorted(e.name for e in entries)}")
+    raise LookupError(f"no built-in impl named {name!r}; built-ins: {all_builtin_names()}")
+
+
+def all_builtin_names() -> list[str]:
+    """Every built-in impl's name, sorted (every factory called)."""
+    return sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
 
 
 def by_kind(entries: Iterable[ImplEntry | BrokenImpl], kind: str) -> list[ImplEntry]:

@@ -101,6 +101,15 @@ def builtin_names() -> list[str]:
     return sorted(e.name for e in builtin_impls() if isinstance(e, ImplEntry))
 
 
+def _builtin_named(text: str) -> bool:
+    """Whether ``text`` names a built-in impl, building only the factories that make its base."""
+    from numcheck.impls.registry import BUILTIN_FACTORIES, ImplEntry, base_name, builtin_impls
+
+    if not any(base_name(text) in bases for _, bases in BUILTIN_FACTORIES):
+        return False  # no factory's base: nothing to build (a module:attr spec, a typo)
+    return any(isinstance(e, ImplEntry) and e.name == text for e in builtin_impls([text]))
+
+
 class ImplSpec:
     """The argparse ``type`` of ``--impl``: :func:`check_impl_spec`, the impl names read once per parser.
     ``loaded`` (``numcheck repro``): a name may be any impl's numcheck loads (built-in, ``NUMCHECK_IMPLS``, entry
@@ -126,6 +135,8 @@ class ImplSpec:
 
     def __call__(self, text: str) -> str:
         named = "the name of an impl numcheck loads" if self.loaded else "a built-in impl's name"
+        if not self.loaded and self.known is None and _builtin_named(text):
+            return text  # found among its own factory's impls: the others are not built (registry.builtin_factories)
         try:
             return check_impl_spec(text, self.names, named, attr_is_name=self.loaded)
         except BadInput as exc:

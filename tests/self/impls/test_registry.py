@@ -7,6 +7,7 @@ pytest and ``numcheck list`` in a subprocess on ``examples/outside_impl.py`` cop
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import shutil
@@ -338,9 +339,33 @@ def test_module_specs_alone_load_no_builtin(modules, monkeypatch):
     assert not [e.name for e in builtin_impls() if ":" in e.name]
     built: list[int] = []
     real = registry.builtin_impls
-    monkeypatch.setattr(registry, "builtin_impls", lambda: built.append(1) or real())
+    monkeypatch.setattr(registry, "builtin_impls", lambda *names: built.append(1) or real(*names))
     assert [e.name for e in discover([f"{m1}:impl"])] == [n1] and not built
     assert [e.name for e in discover(["eager", f"{m1}:impl"])] == ["eager", n1] and built
+
+
+def test_each_factory_makes_only_impls_of_its_declared_bases():
+    """BUILTIN_FACTORIES' bases are what each factory makes (every base made, no other), so a run naming a built-in
+    builds exactly the factories that can make it."""
+    for spec, bases in registry.BUILTIN_FACTORIES:
+        module, attr = spec.split(":")
+        made = {registry.base_name(i.name) for i in getattr(importlib.import_module(module), attr)()}
+        assert made == set(bases), (spec, sorted(made), bases)
+    names = [e.name for e in builtin_impls() if isinstance(e, ImplEntry)]
+    assert all(n in {e.name for e in builtin_impls([n])} for n in names)
+
+
+def test_a_named_builtin_imports_no_other_adapter():
+    """`--impl eager` (and a numcheck command given it) imports neither Liger-Kernel nor torchao: only the factories
+    of the named bases are built; an unknown name still lists every built-in."""
+    code = (
+        "import sys; from numcheck.impls.registry import discover, BrokenImpl; from numcheck.reports.common import "
+        "ImplSpec; assert [e.name for e in discover(['eager'])] == ['eager']; assert ImplSpec()('eager') == 'eager'; "
+        "print(sorted(m for m in ('liger_kernel', 'torchao') if m in sys.modules)); "
+        "e = discover(['eager[nope]'])[0]; assert isinstance(e, BrokenImpl) and 'liger[accum=None]' in e.error, e"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 def test_duplicate_names_are_broken_not_shadowed(modules, monkeypatch):
