@@ -99,9 +99,6 @@ def _first_difference(a: list[str], b: list[str]) -> str:
     return f"{len(only)} differ, e.g. {only[0] if only else None}"
 
 
-@pytest.mark.costly(
-    reason="the selected suite tests run twice in pytest subprocesses (one on two xdist workers) to compare draws and verdicts"
-)
 def test_same_draws_and_verdicts_however_invoked(tmp_path):
     """The selected (test, impl) pairs draw the same cases and get the same verdicts run as two files with ``-k``
     in one process from numcheck's own root, and with ``--pyargs`` (the whole suite collected) from another

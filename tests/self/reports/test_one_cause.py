@@ -175,7 +175,6 @@ def _eager(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100)
     return F.cross_entropy(F.linear(x, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
 
 
-@pytest.mark.costly(reason="a pytest subprocess to the failure, then its printed repro line in another")
 def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path):
     """A quantizer that flushes NaN inputs to code 0 fails on a drawn tensor holding a NaN; the printed repro line,
     run as printed elsewhere, rebuilds that tensor and fails too (it used to run a case without it: PASS)."""

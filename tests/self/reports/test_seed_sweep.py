@@ -46,7 +46,6 @@ def _sweep(tmp_path: Path, *extra: str, examples: str = "2") -> subprocess.Compl
     )
 
 
-@pytest.mark.costly(reason="numcheck sweep: the accuracy tests over two seeds in subprocesses")
 def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
     """Two seeds of eager on the accuracy tests: exit 0, both seeds in sweep.json with their (test, impl) counts,
     0 failures, a tightness row per output × dtype whose quantiles are ordered and below 1, and the same table in
