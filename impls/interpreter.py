@@ -302,8 +302,8 @@ def reserve_launch_stack() -> bool:
     Where a launch starts depends on how deep its caller is; where it starts a few hundred bytes short of a
     chunk's end, its hot calls cross that edge every time: a pair of mmap/munmap system calls and fresh,
     zeroed pages per call. Measured on a 2-core CPU under pytest (CPU of the test, ``-n 0``):
-    ``test_many_chunks[recompute_triton[split_fp32]]`` spent 20.8 of its 46.6 s in the kernel (system time:
-    2.5 million mmap/munmap pairs, strace) and took 19.3 s with this. Here each launch goes through a frame of
+    ``test_many_chunks[recompute_triton[split_fp32]]`` spent 20.8 of its 46.6 CPU-s in system time
+    (2.5 million mmap/munmap pairs, strace) and took 19.3 s with this. Here each launch goes through a frame of
     :data:`LAUNCH_STACK_SLOTS` slots, which never fits a chunk's remainder, so it opens a chunk of its own
     (once per launch) and the launch's frames run inside it, wherever the caller stood. What a kernel computes
     is unchanged (tests/self/impls/test_interpreter.py).
