@@ -12,7 +12,12 @@ import os
 
 import torch
 
-from numcheck.impls.interpreter import share_language_patches, skip_unasserted_overflow_checks, tabulate_np_dtypes
+from numcheck.impls.interpreter import (
+    reserve_launch_stack,
+    share_language_patches,
+    skip_unasserted_overflow_checks,
+    tabulate_np_dtypes,
+)
 
 try:
     import triton
@@ -34,6 +39,8 @@ if INTERPRET and _IMPORT_ERROR is None:
     skip_unasserted_overflow_checks()
     # a Triton dtype's numpy type from a table built once, not rebuilt per tensor (Liger's CE: an eighth of its time)
     tabulate_np_dtypes()
+    # each launch runs in a frame-stack chunk of its own, not astride a chunk's edge (mmap/munmap per call)
+    reserve_launch_stack()
 
 
 def unavailable_reason() -> str | None:
