@@ -135,7 +135,7 @@ def _same_sign_chains(impl: Any, spec: GridSpec, device: str) -> Built:
     :func:`~properties.fp8.strategies.chain_k` (five and six declared chains, each with a partial last step), M and N
     of the suite's chain draws (16 × 17: the oracle and a Python GEMM model stay cheap), in the first declared dtype
     (float32 first: there a chain that runs longer than declared errs most against the bound; Hopper's
-    fast-accumulation chain where chains of 128 are declared at 2.4–3.4× on y, the declared impls at ≤ 0.2)."""
+    fast-accumulation chain where chains of 128 are declared at 2.4–3.4× on y, the impls computing as declared at ≤ 0.3)."""
     from numcheck.properties.fp8.strategies import CHAIN_COLS, CHAIN_ROWS, chain_k, declares_chain
 
     if not declares_chain(impl.support, device):
