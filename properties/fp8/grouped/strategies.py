@@ -165,6 +165,14 @@ def split_sizes(
     return tuple(splits)
 
 
+def _recipes(support, require_soi: bool) -> list[Fp8Recipe]:
+    """The declared recipes (those that allow save_original_input where ``require_soi``); none is an error."""
+    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
+    if not recipes:
+        raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
+    return recipes
+
+
 @st.composite
 def grouped_cases(
     draw: st.DrawFn,
@@ -180,16 +188,12 @@ def grouped_cases(
 ) -> GroupedCase:
     """A :class:`GroupedCase` inside ``support`` (recipe, dtype, splits, dimensions, bias, weight form, mode and
     ``main_grad`` all declared). ``require_soi`` draws only recipes that allow save_original_input; ``empty`` as for
-    :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared). On CUDA
-    (``device``, else the suite's) the splits, K and N come from :func:`cuda_shapes` (``max_rows`` does not apply: a
-    GPU runs the oracle of their at most 425 rows quickly) for every regime."""
-    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
-    if not recipes:
-        raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
-    recipe = draw(st.sampled_from(recipes), label="recipe")
+    :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared). On CUDA, splits, K
+    and N of :func:`cuda_shapes` for every regime (``max_rows`` aside: at most 425 rows, a GPU's oracle is quick)."""
+    recipe = draw(st.sampled_from(_recipes(support, require_soi)), label="recipe")
     dtype = draw(st.sampled_from(sorted(_DTYPE_NAMES[str(d)] for d in support.dtypes)), label="dtype")
     fa, cuda = support.feature_alignment, on_cuda(device)
-    if cuda:  # a fixed set of shapes (CUDA_SPLITS): a GPU impl's kernels autotune per new shape
+    if cuda:  # a fixed set (CUDA_SPLITS): a GPU impl's kernels autotune per new shape
         m_splits, K, N = draw(cuda_shapes(support, recipe, empty), label="cuda_shape")
     else:
         m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows), label="m_splits")
@@ -210,9 +214,8 @@ def grouped_cases(
         soi = save_original_input
     steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
     weights = draw(st.sampled_from(sorted(support.weight_layouts)), label="weights")
-    mg_modes = sorted(support.fused_wgrad_accumulation)
-    if main_grad is not None:
-        mg_modes = [main_grad] if main_grad in mg_modes else mg_modes
+    mg_all = sorted(support.fused_wgrad_accumulation)
+    mg_modes = [main_grad] if main_grad in mg_all else mg_all
     mg = draw(st.sampled_from(mg_modes), label="main_grad")
     return GroupedCase(
         recipe,
