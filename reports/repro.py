@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--undeclared",
         action="store_true",
-        help="run a linear+CE case the impl's declaration excludes (the suite never draws it; by default "
-        "repro names the reason and exits 2)",
+        help="run a case the impl's declaration excludes (the suite never draws it; by default repro names the "
+        "reason and exits 2)",
     )
 
 

@@ -753,7 +753,10 @@ def to_markdown(dets: list[Detection], header: str) -> str:
             + (f" {_short_report(d.report_before)} |" if before else "")
         )
     missed = [d for d in dets if not d.caught]
-    lines += ["", f"{len(dets) - len(missed)} of {len(dets)} mutants caught by the ci profile.", ""]
+    ran = [d for d in dets if d.report is not None]
+    by_report = sum(bool(d.report.caught) for d in ran)
+    report = f"; {by_report} of {len(ran)} by `numcheck report --quick`" if ran else ""
+    lines += ["", f"{len(dets) - len(missed)} of {len(dets)} mutants caught by the ci profile{report}.", ""]
     return "\n".join(lines + summary_lines(dets))
 
 

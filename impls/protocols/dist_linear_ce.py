@@ -276,7 +276,7 @@ def dist_linear_ce_impl(
     ...                        reduction="mean", ignore_index=-100):
     ...     ...
     >>> doc_vocab_parallel.kind, doc_vocab_parallel.dist.world_sizes
-    ('dist_linear_ce', (1, 2))
+    ('dist-linear-ce', (1, 2))
     """
     site, owner = decl.opening(
         "dist_linear_ce_impl", name, declared, (*DIST_FIELDS, *SUPPORT_FIELDS), "mymod_vocab_parallel"

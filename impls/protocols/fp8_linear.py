@@ -724,7 +724,7 @@ def fp8_linear_impl(
     ... def unquantized(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
     ...     return F.linear(x, weight, bias)
     >>> unquantized.kind, [r.name for r in unquantized.support.recipes]
-    ('quant_linear', ['current-hybrid'])
+    ('fp8-linear', ['current-hybrid'])
 
     An impl that takes only some shapes declares them with ``dim_multiple`` (one int for M, K and N, or per
     dimension), and the suite draws only those shapes: here all three GEMMs run on ``torch._scaled_mm``, whose

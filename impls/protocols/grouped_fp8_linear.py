@@ -242,7 +242,7 @@ def grouped_fp8_linear_impl(
     ...                 main_grad=None):
     ...     ...
     >>> doc_grouped.kind, doc_grouped.support.split_alignment
-    ('grouped_quant_linear', 16)
+    ('grouped-fp8-linear', 16)
     """
     site, owner = decl.opening("grouped_fp8_linear_impl", name, support, GROUPED_SUPPORT_FIELDS, "mymod_grouped_fp8")
     declared = GroupedFp8Support(**support)

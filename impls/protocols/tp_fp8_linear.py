@@ -302,7 +302,7 @@ def tp_fp8_linear_impl(
     ...            scale_log, scaling_state=None):
     ...     ...
     >>> doc_tp.kind, sorted(doc_tp.support.parallel)
-    ('tp_quant_linear', ['column'])
+    ('tp-fp8-linear', ['column'])
     """
     site, owner = decl.opening("tp_fp8_linear_impl", name, support, TP_SUPPORT_FIELDS, "mymod_tp_fp8")
     declared = TPFp8Support(**support)

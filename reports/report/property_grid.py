@@ -6,7 +6,8 @@ each :class:`PropertyRow` names the property as
 out. The rows follow the suite's tests (``tests/suite/*.py``) and their regimes (``properties/**/suite.py``):
 
 * accuracy in the regimes the suite's fixed tests pin (FP8 edge inputs: zero, non-finite, tiny and wide amax;
-  multi-tile blocks whose scales differ; six delayed-scaling steps; ``save_original_input=True``; grouped edge splits;
+  multi-tile blocks whose scales differ; long same-sign chains where an accumulation with chains is declared; six
+  delayed-scaling steps; ``save_original_input=True``; grouped edge splits;
   linear+CE's pinned cases, a large vocabulary, a wide hidden size, a long batch, the loss scale): accuracy records;
 * every other property (bitwise mode equality, held bytes, quantizer codes, refusals, several calls sharing state or
   accumulation, empty experts after a call with rows, permutations, invariances, determinism by a second call):
@@ -127,6 +128,24 @@ def _scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
             )
 
 
+def _same_sign_chains(impl: Any, spec: GridSpec, device: str) -> Built:
+    """The suite's ``accuracy_on_long_same_sign_chains`` where the impl declares on ``device`` an accumulation with
+    chains (:func:`properties.fp8.strategies.declares_chain`: truncating ``accum_block`` steps or promotion every
+    ``accum_chunk`` products; nothing otherwise, as the suite skips it): the ``same_sign`` regime at both K of
+    :func:`~properties.fp8.strategies.chain_k` (five and six declared chains, each with a partial last step), M and N
+    of the suite's chain draws (16 × 17: the oracle and a Python GEMM model stay cheap), in the first declared dtype
+    (float32 first: there a chain that runs longer than declared errs most against the bound; Hopper's
+    fast-accumulation chain where chains of 128 are declared at 2.4–3.4× on y, the impls computing as declared at ≤ 0.3)."""
+    from numcheck.properties.fp8.strategies import CHAIN_COLS, CHAIN_ROWS, chain_k, declares_chain
+
+    if not declares_chain(impl.support, device):
+        return
+    for r in _recipes(impl, spec.fp8_all_recipes_ladder):
+        for K in chain_k(impl.support, device):
+            case = _quant(impl, r, CHAIN_ROWS[1], K, CHAIN_COLS[-1], device, regime="same_sign", seed=41)
+            yield f"{r.name} M{case.M}K{case.K}N{case.N} same_sign", case
+
+
 def _delayed_steps(impl: Any, spec: GridSpec, device: str) -> Built:
     for r in _recipes(impl, spec.fp8_all_recipes_ladder):
         if r.kind == "delayed":
@@ -213,6 +232,7 @@ def fp8_rows() -> tuple[PropertyRow, ...]:
         PropertyRow("accuracy", "edge_inputs_every_recipe", _edge_inputs),
         PropertyRow("accuracy", "multi_tile_and_long_reduction_every_recipe", _multi_tile),
         PropertyRow("accuracy", "accuracy_on_scale_block_grids", _scale_grids),
+        PropertyRow("accuracy", "accuracy_on_long_same_sign_chains", _same_sign_chains),
         PropertyRow("accuracy", "delayed_scaling_over_steps", _delayed_steps),
         PropertyRow("accuracy", "accuracy_against_both_references[save_original_input]", _soi_accuracy),
         PropertyRow("save_original_input", "save_original_input_on_edge_regimes", _soi_bitwise, _no_mode_pair),

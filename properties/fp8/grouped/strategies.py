@@ -6,6 +6,11 @@ uneven and unaligned splits meet every recipe; G from 1 to :data:`MAX_EXPERTS` (
 ``max_experts``); K and N from the single linear's edges, multiples of ``feature_alignment``. The total rows stay
 at most :data:`MAX_ROWS` so the float64 oracle stays cheap (``NUMCHECK_FP8_MAX_DIM`` caps the single sizes). A shape
 regime the alignments rule out (:data:`GROUPED_SHAPE_REGIMES`) is skipped by the suite naming the field.
+
+On CUDA the shapes come from a small fixed set instead (:data:`CUDA_SPLITS`: per recipe block, two expert multisets of
+five, drawn in any order, and two ``(K, N)``), where every shape regime above still lies, empty experts and experts of
+exactly one block included: a GPU impl's Triton kernels autotune per new token count, expert count, K and N. The CPU
+draws are as before, draw for draw.
 """
 
 from __future__ import annotations
@@ -43,9 +48,65 @@ def grid_ks(support, recipe: Fp8Recipe) -> tuple[int, ...]:
     return tuple(k for k in SCALE_K[b] if k % fa == 0) or _aligned(SCALE_K[b], fa, max(SCALE_K[b]))
 
 
-def grouped_drawn_shapes(support, recipe: Fp8Recipe) -> list[tuple[int, int, int]]:
-    """Every ``(m_i, K, N)`` :func:`grouped_cases` can draw for one expert under ``recipe`` inside ``support``'s rules
-    (an expert's rows as M; empty experts left out)."""
+#: On CUDA the draws take a fixed set of shapes (:func:`cuda_splits`, :func:`cuda_features`): a GPU impl's Triton kernels
+#: (torchao's MoE grouped GEMM) compile and autotune per new token count, expert count, K and N (its kernels' autotune
+#: keys), 105 s for a worker's first call on an H100 and again for each new shape, so the CPU's edge-heavy draws would
+#: spend a GPU run autotuning. Per the recipe's scale block b, two expert multisets of the same G, drawn in any order:
+#: an exactly-one-block expert (b: DeepGEMM #365), a block and a bit (b + 8), a partial block (33), one row, and an
+#: empty expert where declared or b − 1 rows; each size rounded up to ``split_alignment`` (an undeclared empty expert
+#: gets ``split_alignment`` rows), the first ``max_experts`` where declared (the first two hold the one-block expert and
+#: the empty one).
+CUDA_SPLITS: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    b: ((b, 0, 33, b + 8, 1), (b, b - 1, 33, b + 8, 1)) for b in (32, 128)
+}
+
+
+def on_cuda(device: str | None) -> bool:
+    """Whether draws for ``device`` (the suite's device when ``None``) take :data:`CUDA_SPLITS` and
+    :func:`cuda_features`."""
+    return str(device or DEVICE).split(":", 1)[0] == "cuda"
+
+
+def cuda_splits(support, recipe: Fp8Recipe, empty: bool | None) -> tuple[tuple[int, ...], ...]:
+    """The expert multisets CUDA draws take for ``recipe`` inside ``support``'s split rules (:data:`CUDA_SPLITS`):
+    the one with an empty expert where ``empty`` is ``True`` and the rules allow it, the other where ``empty`` is
+    ``False`` or they do not, either one where ``empty`` is ``None``."""
+    a, g = support.split_alignment, support.max_experts or MAX_EXPERTS
+    with_empty, without = (tuple(-(-m // a) * a for m in ms[:g]) for ms in CUDA_SPLITS[scale_block(recipe)])
+    if not support.empty_splits or g < 2 or empty is False:
+        return (without,)
+    return (with_empty,) if empty else (with_empty, without)
+
+
+@st.composite
+def cuda_shapes(draw: st.DrawFn, support, recipe: Fp8Recipe, empty: bool | None) -> tuple[tuple[int, ...], int, int]:
+    """``(m_splits, K, N)`` from the fixed set CUDA draws take (:data:`CUDA_SPLITS` in a drawn order,
+    :func:`cuda_features`)."""
+    splits = draw(st.sampled_from(cuda_splits(support, recipe, empty)), label="cuda_splits")
+    order = draw(st.permutations(range(len(splits))), label="cuda_expert_order")
+    K, N = draw(st.sampled_from(cuda_features(support, recipe)), label="cuda_K_N")
+    return tuple(splits[i] for i in order), K, N
+
+
+def cuda_features(support, recipe: Fp8Recipe) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two ``(K, N)`` CUDA draws take for ``recipe``: K of the ``block_exponents`` regime's two forms
+    (:func:`grid_ks`: m·2^j below the block, then block × odd; the first and last where the declared
+    ``feature_alignment`` leaves a form none), each with another N of its rows (:data:`SCALE_ROWS`, aligned), so
+    K ≠ N and the scale-block grids keep every form."""
+    ks = grid_ks(support, recipe)
+    below = next((k for k in ks if SHAPE_REGIMES["K_below_block"].holds(recipe, 1, k, 1)), ks[0])
+    odd = next((k for k in ks if SHAPE_REGIMES["K_block_times_odd"].holds(recipe, 1, k, 1)), ks[-1])
+    b = scale_block(recipe)
+    ns = _aligned(SCALE_ROWS[b], support.feature_alignment, max(SCALE_ROWS[b]))
+    return (below, ns[-1]), (odd, ns[0])
+
+
+def grouped_drawn_shapes(support, recipe: Fp8Recipe, device: str | None = None) -> list[tuple[int, int, int]]:
+    """Every ``(m_i, K, N)`` :func:`grouped_cases` can draw on ``device`` (the suite's when ``None``) for one expert
+    under ``recipe`` inside ``support``'s rules (an expert's rows as M; empty experts left out)."""
+    if on_cuda(device):
+        sizes = sorted({m for ms in cuda_splits(support, recipe, None) for m in ms if m})
+        return [(m, K, N) for m in sizes for K, N in cuda_features(support, recipe)]
     a, fa, b = support.split_alignment, support.feature_alignment, scale_block(recipe)
     ks, ns = _aligned(_K_EDGES, fa, MAX_DIM), _aligned(_N_EDGES, fa, MAX_DIM)
     grid = (_aligned(SCALE_SPLITS[b], a, MAX_ROWS), grid_ks(support, recipe), _aligned(SCALE_ROWS[b], fa, MAX_DIM))
@@ -104,6 +165,14 @@ def split_sizes(
     return tuple(splits)
 
 
+def _recipes(support, require_soi: bool) -> list[Fp8Recipe]:
+    """The declared recipes (those that allow save_original_input where ``require_soi``); none is an error."""
+    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
+    if not recipes:
+        raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
+    return recipes
+
+
 @st.composite
 def grouped_cases(
     draw: st.DrawFn,
@@ -119,19 +188,20 @@ def grouped_cases(
 ) -> GroupedCase:
     """A :class:`GroupedCase` inside ``support`` (recipe, dtype, splits, dimensions, bias, weight form, mode and
     ``main_grad`` all declared). ``require_soi`` draws only recipes that allow save_original_input; ``empty`` as for
-    :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared)."""
-    recipes = [r for r in support.recipes if not require_soi or r.allows_save_original_input]
-    if not recipes:
-        raise ValueError("grouped_cases: the support declares no recipe that allows save_original_input")
-    recipe = draw(st.sampled_from(recipes), label="recipe")
+    :func:`split_sizes`; ``main_grad`` forces fused wgrad accumulation on or off (where declared). On CUDA, splits, K
+    and N of :func:`cuda_shapes` for every regime (``max_rows`` aside: at most 425 rows, a GPU's oracle is quick)."""
+    recipe = draw(st.sampled_from(_recipes(support, require_soi)), label="recipe")
     dtype = draw(st.sampled_from(sorted(_DTYPE_NAMES[str(d)] for d in support.dtypes)), label="dtype")
-    m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows), label="m_splits")
-    fa = support.feature_alignment
-    K = draw(st.sampled_from(_aligned(_K_EDGES, fa, MAX_DIM)), label="K")
-    N = draw(st.sampled_from(_aligned(_N_EDGES, fa, MAX_DIM)), label="N")
+    fa, cuda = support.feature_alignment, on_cuda(device)
+    if cuda:  # a fixed set (CUDA_SPLITS): a GPU impl's kernels autotune per new shape
+        m_splits, K, N = draw(cuda_shapes(support, recipe, empty), label="cuda_shape")
+    else:
+        m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows), label="m_splits")
+        K = draw(st.sampled_from(_aligned(_K_EDGES, fa, MAX_DIM)), label="K")
+        N = draw(st.sampled_from(_aligned(_N_EDGES, fa, MAX_DIM)), label="N")
     bias = draw(st.booleans(), label="bias") if support.bias else False
     regime = draw(st.sampled_from(regimes), label="regime")
-    if regime == "block_exponents":  # experts of one block of tokens, a few blocks each way (strategies.SCALE_K)
+    if regime == "block_exponents" and not cuda:  # experts of one block of tokens, a few blocks each way (SCALE_K)
         b = scale_block(recipe)
         m_splits = draw(split_sizes(support, empty=empty, max_rows=max_rows, edges=SCALE_SPLITS[b]), label="m_blocks")
         K = draw(st.sampled_from(grid_ks(support, recipe)), label="K_blocks")
@@ -144,9 +214,8 @@ def grouped_cases(
         soi = save_original_input
     steps = draw(st.integers(1, 3), label="steps") if recipe.kind == "delayed" else 1
     weights = draw(st.sampled_from(sorted(support.weight_layouts)), label="weights")
-    mg_modes = sorted(support.fused_wgrad_accumulation)
-    if main_grad is not None:
-        mg_modes = [main_grad] if main_grad in mg_modes else mg_modes
+    mg_all = sorted(support.fused_wgrad_accumulation)
+    mg_modes = [main_grad] if main_grad in mg_all else mg_all
     mg = draw(st.sampled_from(mg_modes), label="main_grad")
     return GroupedCase(
         recipe,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from shlex import quote
 from typing import Any, Iterator
 
 from numcheck.impls.protocols.fp8_linear import FP8_KIND
@@ -228,6 +229,43 @@ def repr_names() -> dict[str, Any]:
     return {"Fp8Recipe": Fp8Recipe, "DrawnTensor": DrawnTensor, "FormatCodes": FormatCodes}
 
 
+def _names(values: Any) -> str:
+    return ", ".join(sorted(str(v).removeprefix("torch.") for v in values))
+
+
+def undeclared(impl: Any, case: Any) -> str | None:
+    """Why ``impl``'s declaration excludes ``case`` (the suite never draws it), naming the field and what it declares,
+    or ``None``. A quantized-linear case: its recipe, dtype, device, ``save_original_input``, bias, and its shape
+    against ``dim_multiple`` (with the case moved into the declared shapes, as the suite's own fixed cases are:
+    :func:`properties.fp8.shapes.fitted`); a quantizer case: its recipe and device."""
+    s = impl.support
+    checks = [
+        (
+            case.recipe in s.recipes,
+            f"recipe {case.recipe.name} is not declared (recipes: {_names(r.name for r in s.recipes)})",
+        ),
+        (
+            str(case.device).split(":", 1)[0] in s.devices,
+            f"device={case.device!r} is not declared (devices: {_names(s.devices)})",
+        ),
+    ]
+    if isinstance(case, Fp8Case):
+        checks += [
+            (case.torch_dtype in s.dtypes, f"dtype={case.dtype!r} is not declared (dtypes: {_names(s.dtypes)})"),
+            (
+                bool(case.save_original_input) in s.save_original_input,
+                f"save_original_input={case.save_original_input} is not declared "
+                f"(save_original_input: {_names(sorted(s.save_original_input))})",
+            ),
+            (not case.bias or s.bias, "bias=True is not declared (the impl declares no bias): pass bias=False"),
+        ]
+        shape = s.shape_refusal(case.M, case.K, case.N)
+        checks.append(
+            (shape is None, f"{shape}; in the declared shapes the case is --problem {quote(repr(fitted(s, case)))}")
+        )
+    return next((why for ok, why in checks if not ok), None)
+
+
 FAMILY = ReportFamily(
     kind=FP8_KIND,
     plan=plan,
@@ -246,4 +284,5 @@ FAMILY = ReportFamily(
     label="FP8 ",
     behaviours=fp8_behaviours,
     repr_names=repr_names,
+    undeclared=undeclared,
 )

@@ -10,6 +10,7 @@ The report's part of the grouped FP8 linear family (:class:`~reports.report.fami
 from __future__ import annotations
 
 import time
+from shlex import quote
 from typing import Any
 
 from numcheck.impls.protocols.grouped_fp8_linear import GROUPED_KIND
@@ -142,6 +143,21 @@ def case_types() -> tuple[type, ...]:
     return (GroupedCase,)
 
 
+def undeclared(impl: Any, case: Any) -> str | None:
+    """Why ``impl``'s declaration excludes a grouped ``case`` (:func:`properties.fp8.grouped.cases.refusal`: the suite
+    never draws it), with the case moved into the split rules where that declares it
+    (:func:`properties.fp8.grouped.cases.fitted`, as the report's own cases are), or ``None``."""
+    from numcheck.properties.fp8.grouped.cases import fitted, refusal
+
+    why = refusal(impl.support, case)
+    if why is None:
+        return None
+    moved = fitted(impl.support, case)
+    if moved == case or refusal(impl.support, moved):
+        return why
+    return f"{why}; inside the declaration the case is --problem {quote(repr(moved))}"
+
+
 FAMILY = ReportFamily(
     kind=GROUPED_KIND,
     plan=plan,
@@ -160,4 +176,5 @@ FAMILY = ReportFamily(
     label="grouped FP8 ",
     behaviours=fp8_behaviours,
     repr_names=fp8_linear.repr_names,
+    undeclared=undeclared,
 )

@@ -184,3 +184,34 @@ def test_long_same_sign_chains_catch_a_dropped_restart():
     assert before.status == "passed", before
     after = _ci_verdict(hopper_restart_dropped, "accuracy_on_long_same_sign_chains")
     assert after.status == "failed" and "same_sign" in after.message, after
+
+
+@pytest.mark.skipif(
+    hopper_restart_dropped.support.unavailable_reason() is not None,
+    reason=str(hopper_restart_dropped.support.unavailable_reason()),
+)
+def test_quick_report_reaches_the_long_same_sign_chains():
+    """The quick report's cases of the long same-sign chains, built from the declaration alone
+    (``reports/report/property_grid.py``): the dropped restart fails each on y, ``fp8_linear[hopper]`` (the same
+    declaration, computed as declared) passes them, and an impl declaring no chain on the device gets none."""
+    from numcheck.impls.builtin.fp8_hopper import fp8_hopper_impls
+    from numcheck.impls.builtin.fp8_linear import fp8_linear_impls
+    from numcheck.impls.protocols.fp8_linear import FP8_KIND
+    from numcheck.reports.report.families import FAMILIES
+    from numcheck.reports.report.grid import QUICK
+    from numcheck.reports.report.property_grid import property_cases
+    from numcheck.reports.report.run import run_case
+
+    (row,) = [r for r in FAMILIES[FP8_KIND].property_rows() if r.test == "accuracy_on_long_same_sign_chains"]
+
+    def records(impl):
+        work, _ = property_cases(QUICK, impl, (row,), None, "cpu")
+        return [run_case(runner, gc) for runner, gc in work]
+
+    mutant = records(hopper_restart_dropped)
+    assert len(mutant) == 2 and all(r["status"] == "fail" for r in mutant), mutant
+    assert all(r["outputs"]["y"]["ratio_dq"] > 1.5 for r in mutant), [r["outputs"]["y"] for r in mutant]
+    declared = records(fp8_hopper_impls()[0])
+    assert len(declared) == 2 and all(r["status"] == "pass" for r in declared), declared
+    plain = next(i for i in fp8_linear_impls() if i.name == "fp8_linear[current]")
+    assert records(plain) == []

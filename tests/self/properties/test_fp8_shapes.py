@@ -137,6 +137,59 @@ def test_grouped_grids_keep_their_k_forms_and_name_the_alignments():
     assert "split_alignment: M multiple of 32" in (refusal("partial_row_block") or "")
 
 
+def _grouped_supports():
+    from numcheck.impls.protocols.grouped_fp8_linear import GroupedFp8Support
+
+    rowwise = Fp8Recipe("rowwise", power_of_2_scales=True)
+    return {  # torchao's MoE grouped GEMM's declaration; the built-ins' recipes; no empty expert and at most 3
+        "ao16": GroupedFp8Support(recipes=(rowwise,), split_alignment=16, feature_alignment=16),
+        "builtin": GroupedFp8Support(recipes=(CURRENT, BLOCK, MX)),
+        "dense3": GroupedFp8Support(recipes=(MX,), split_alignment=32, empty_splits=False, max_experts=3),
+    }
+
+
+@pytest.mark.parametrize("name", ["ao16", "builtin", "dense3"])
+def test_grouped_draws_on_cuda_take_a_fixed_set_that_keeps_every_regime(name):
+    """On CUDA the grouped draws take a fixed set (a GPU impl's Triton kernels autotune per new token count, expert
+    count, K and N): per scale block at most two token counts, one expert count and two (K, N), every size inside the
+    split rules, an expert of exactly one block in every draw, an empty expert where declared (in every draw that
+    asks for one), and every shape regime the CPU draws reach for that declaration."""
+    from numcheck.properties.fp8.cases import scale_block
+    from numcheck.properties.fp8.grouped.strategies import (
+        GROUPED_SHAPE_REGIMES,
+        grouped_cases,
+        grouped_drawn_shapes,
+        grouped_multiples,
+    )
+
+    support, seen = _grouped_supports()[name], {}
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(data=st.data())
+    def draws(data):
+        empty = data.draw(st.sampled_from([None, True]))
+        c = data.draw(grouped_cases(support, device="cuda", empty=empty))
+        b = scale_block(c.recipe)
+        assert support.split_refusal(c.m_splits, K=c.K, N=c.N) is None, c
+        assert b in c.m_splits and (0 in c.m_splits or not (empty and support.empty_splits)), c
+        assert 0 not in c.m_splits or support.empty_splits, c
+        seen.setdefault(b, set()).add((sum(c.m_splits), len(c.m_splits), c.K, c.N))
+
+    draws()
+    for b, keys in seen.items():
+        assert len({k[:2] for k in keys}) <= 2 and len({k[1] for k in keys}) == 1, (b, sorted(keys))
+        assert len({k[2:] for k in keys}) <= 2, (b, sorted(keys))
+
+    def reached(device):
+        def shapes(s, r):
+            return grouped_drawn_shapes(s, r, device)
+
+        regimes = GROUPED_SHAPE_REGIMES
+        return {g for g in regimes if not regime_refusal(support, g, shapes, regimes, grouped_multiples)}
+
+    assert reached("cuda") == reached("cpu")
+
+
 @settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
 def test_quantizer_tensors_follow_the_declared_shapes(data):

@@ -15,6 +15,7 @@ import pytest
 
 from numcheck.errors import PropertyFailure
 from numcheck.reports import cli
+from numcheck.reports.repro import parse_case
 
 PLAIN = "Problem(N=5, H=4, V=7, dtype='float32', seed=3)"
 
@@ -175,6 +176,49 @@ def test_repro_reruns_an_impl_given_by_spec_from_the_users_directory(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+FP8_SHAPED = '''
+import torch.nn.functional as F
+from numcheck.impls.protocols.fp8_linear import fp8_linear_impl
+from numcheck.impls.protocols.grouped_fp8_linear import grouped_fp8_linear_impl
+
+@fp8_linear_impl(name="repro_fp8_shaped", recipes=("current",), dtypes=("float32",), dim_multiple={"K": 16, "N": 16})
+def impl(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+    """Takes only K and N multiples of 16 (unquantized: the property's verdict is not what is tested)."""
+    return F.linear(x, weight, bias)
+
+
+@grouped_fp8_linear_impl(name="repro_grouped_aligned", recipes=("current",), dtypes=("bfloat16",), split_alignment=16)
+def grouped(x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None, main_grad=None):
+    """Takes only expert sizes multiples of 16 (never called here)."""
+    raise AssertionError("a refused case must not run")
+'''
+
+
+def test_an_fp8_case_outside_dim_multiple_is_refused_naming_the_field_and_the_fix(tmp_path, monkeypatch, capsys):
+    """A pasted Fp8Case outside the impl's dim_multiple exits 2 naming dim_multiple and the case moved into the
+    declared shapes (which repro then runs); --undeclared runs the pasted one; a grouped case outside the split rules
+    is refused alike."""
+    (tmp_path / "repro_fp8_shaped.py").write_text(FP8_SHAPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec, case = "repro_fp8_shaped:impl", "Fp8Case(Fp8Recipe('current'), 8, 40, 24, dtype='float32', seed=1)"
+    assert cli.main(["repro", "--impl", spec, "--property", "saved_tensors", "--problem", case]) == 2
+    err = capsys.readouterr().err
+    assert "does not declare this case: K=40, N=24 not a multiple of the declared dim_multiple" in err, err
+    fixed = shlex.split(err.split("in the declared shapes the case is --problem ", 1)[1].split(". The suite", 1)[0])[0]
+    assert parse_case(fixed) == parse_case(case).replace(K=48, N=32), fixed
+    assert cli.main(["repro", "--impl", spec, "--property", "saved_tensors", "--problem", fixed]) in (0, 1)
+    assert cli.main(["repro", "--impl", spec, "--property", "saved_tensors", "--problem", case, "--undeclared"]) in (
+        0,
+        1,
+    )
+    capsys.readouterr()
+    grouped = "GroupedCase(Fp8Recipe('current'), (5, 11), 40, 24, dtype='bfloat16', seed=1)"
+    argv = ["repro", "--impl", "repro_fp8_shaped:grouped", "--property", "accuracy", "--problem", grouped]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "sizes [5, 11] are not multiples of split_alignment=16" in err and "(16, 16)" in err, err
 
 
 def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
