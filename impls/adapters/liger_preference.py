@@ -190,19 +190,16 @@ class LigerPreference:
     def __call__(self, x, weight, target, bias=None, *, ref_logps=None, params):
         given = _arguments(self.loss, self.params, params, x, weight, target, bias, self.compiled)
         args = positional_args(self.params, self.defaults, given, self.fn.__name__)
-        run = functools.partial(self._apply, args, ref_logps)
-        out = (
-            compiled_call(self.name, compiled_function(self.fn), self.fn, "preference_loss_fn", run)
-            if self.compiled
-            else run()
+        handing = (
+            _handing_reference(self.fn, ref_logps, self.loss == "kto")
+            if ref_logps is not None
+            else contextlib.nullcontext()
         )
+        with handing:  # the witness of a compiled call wraps the loss function outermost, around the reference's
+            run = functools.partial(self.fn.apply, *args)
+            what = compiled_function(self.fn)
+            out = compiled_call(self.name, what, self.fn, "preference_loss_fn", run) if self.compiled else run()
         return out[0] if isinstance(out, tuple) else out
-
-    def _apply(self, args: list[Any], ref_logps: torch.Tensor | None) -> Any:
-        if ref_logps is None:
-            return self.fn.apply(*args)
-        with _handing_reference(self.fn, ref_logps, self.loss == "kto"):
-            return self.fn.apply(*args)
 
 
 def fixed_average(fn: Any) -> bool:

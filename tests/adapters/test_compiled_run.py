@@ -118,7 +118,7 @@ def test_liger_dpo_twin_compiles_past_the_limit_or_raises(dynamo, monkeypatch):
         before = _graphs()
         _call(impl, bias=True)
         _call(impl, bias=False)  # a new variant: past the limit of 1
-        assert _graphs() - before == 2
+        assert _graphs() - before >= 2  # the second variant compiled too (a chunk offset may add one)
         monkeypatch.setattr(compiled_run, "RECOMPILE_LIMIT", 1)
         with pytest.raises(RuntimeError, match=r"^liger_preference\[dpo_compiled\]: torch.compile reached .*_limit=1 "):
             _call(impl, bias=False, dtype="bfloat16")
