@@ -7,8 +7,8 @@ torch.compile does not always compile. Dynamo keeps at most ``recompile_limit`` 
 (``cache_size_limit`` up to torch 2.6; 8 by default) and compiles it at most ``accumulated_recompile_limit`` times
 (256); past either it logs a warning and runs that function eagerly from then on, for the rest of the process. Liger's
 paired preference losses (DPO, robust DPO, ORPO, CPO, SimPO) all compile one function (``fused_fwd_bwd`` of
-``chunked_loss/fused_linear_preference.py``), KTO another, and each dtype, bias or none, loss and option the suite
-draws is a variant: in one pytest worker the draws reached the limit, and the twins ran eager from there while judged
+``chunked_loss/fused_linear_preference.py``), KTO another, and each dtype, bias or none, loss, option and β (a
+constant of Liger's closure) the suite draws is a variant: in one pytest worker the draws reached the limit, and the twins ran eager from there while judged
 as compiled (an H100 run: ORPO's later cases, CPO and SimPO, ``results/gpu/h100-torch2.11-torchao-families``; on
 the CPU with the ``eager`` backend, the preference suite's twins under the ci profile in one worker reach it on both
 functions).
@@ -25,6 +25,8 @@ functions).
   function runs compiled, dynamo traces the wrapper (the count is dead code there) or runs a cached graph, which
   holds none of it; so a chunk counted ran eagerly, whatever made it (a limit reached before the limits were raised,
   ``TORCH_COMPILE_DISABLE=1``, ``torch.compiler.set_stance("force_eager")``, a torch without the fail setting).
+  The witness goes on outermost, over any wrapper of the adapter's own (the preference adapter's hand-off of the
+  reference log-probabilities): put under that hand-off, Liger's compiled DPO returned wrong losses on the CPU.
 
 A call that reached a limit or ran a chunk eagerly raises ``RuntimeError`` naming the impl, what dynamo reached or
 did, and what to do. :data:`STATS` counts, per impl, the calls, the graphs dynamo compiled during them and the
