@@ -225,12 +225,15 @@ def _output_figure(m: re.Match) -> str:
     return f"{m['output']} {m['ratio']} ({where}: impl {m['impl']}, oracle {m['oracle']}, bound {m['bound']})"
 
 
-def failure_figures(exc: BaseException, ratio: float | None) -> str:
+def failure_figures(exc: BaseException, ratio: float | None, fallback: str | None = None) -> str:
     """A failing row's text: ``error/bound R`` (``ratio``, the failure's error/bound: the largest of its outputs')
     with the output it is of, then each failing output's own figure and worst element, worst first; a failure with
-    no element-wise output line (a bitwise or metamorphic property) gives ``error/bound R: its first line``."""
+    no element-wise output line (a bitwise or metamorphic property) gives ``error/bound R: <fallback>`` (its first
+    170 characters; default: the message's first line after the case, 160)."""
     found = sorted(_OUTPUT_LINE.finditer(str(exc)), key=lambda m: -float(m["ratio"]))
     figure = "-" if ratio is None else f"{ratio:.3g}"
+    if not found and fallback is not None:
+        return f"error/bound {figure}: {fallback[:170]}"
     if not found:
         lines = [
             ln.strip() for ln in str(exc).splitlines()[2:] if ln.strip() and not ln.strip().startswith("reproduce:")
