@@ -10,7 +10,8 @@ table was judged by, are here.
 * :func:`release_env`, :func:`run`, :func:`junit`, :func:`machine`: a release judged in a fresh process, a pytest
   run's JUnit counts, where it ran;
 * :func:`per_release` and :func:`per_release_main`: a script that judges in-process (``script --here``) run once per release
-  folder, that folder first on ``PYTHONPATH`` after this checkout.
+  folder, that folder first on ``PYTHONPATH`` after this checkout;
+* :func:`failure_figures`: a failure's error/bound as a row prints it, named by the output it is of.
 
 Not a script: the release scripts import it from their own folder (``docs/evidence/`` is no package).
 """
@@ -21,6 +22,7 @@ import argparse
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -188,3 +190,53 @@ def per_release_main(script: str, here: Callable[[], None], header: Callable[[li
         return
     folders = sys.argv[1:] or ["installed"]
     sys.exit(per_release(script, folders, header(folders)))
+
+
+#: One output's line of a failure message (``Comparison.describe`` of ``properties/core/compare.py``).
+_OUTPUT_LINE = re.compile(
+    r"^\s*(?P<output>\w+) \((?P<dtype>torch\.\w+)\): (?P<bad>\d+) / (?P<numel>\d+) elements beyond bound; "
+    r"worst at index (?P<index>\[[^\]]*\]): impl (?P<impl>\S+), oracle (?P<oracle>\S+), \|error\| (?P<error>\S+) > "
+    r"bound (?P<bound>\S+) \(error/bound (?P<ratio>[^)]+)\)",
+    re.MULTILINE,
+)
+
+
+def _at_floor(m: re.Match) -> bool:
+    """Whether the output's worst element is an exact 0 of the oracle whose bound is only its dtype's underflow
+    floor (a few absolute η: the roundings of a value that must come out exactly 0, e.g. an ignored row's
+    gradient), where error/bound is |error| over that floor: a figure of the order of 1/η, not a count of bounds."""
+    import torch
+
+    from numcheck.properties.linear_ce.tolerance import UNDERFLOW
+
+    floor = UNDERFLOW.get(getattr(torch, m["dtype"].removeprefix("torch."), None))
+    return float(m["oracle"]) == 0.0 and floor is not None and float(m["bound"]) <= 8 * floor
+
+
+def _output_figure(m: re.Match) -> str:
+    """One failing output: its error/bound, the worst element, and what an exact-0 oracle's figure means."""
+    where = f"{m['bad']} / {m['numel']} beyond bound, worst at {m['index']}"
+    if _at_floor(m):
+        return (
+            f"{m['output']} {m['ratio']} ({where}: impl {m['impl']} where the oracle is exactly 0, |error| "
+            f"{m['error']} over a bound that is only {m['dtype'].removeprefix('torch.')}'s underflow floor "
+            f"{m['bound']})"
+        )
+    return f"{m['output']} {m['ratio']} ({where}: impl {m['impl']}, oracle {m['oracle']}, bound {m['bound']})"
+
+
+def failure_figures(exc: BaseException, ratio: float | None, fallback: str | None = None) -> str:
+    """A failing row's text: ``error/bound R`` (``ratio``, the failure's error/bound: the largest of its outputs')
+    with the output it is of, then each failing output's own figure and worst element, worst first; a failure with
+    no element-wise output line (a bitwise or metamorphic property) gives ``error/bound R: <fallback>`` (its first
+    170 characters; default: the message's first line after the case, 160)."""
+    found = sorted(_OUTPUT_LINE.finditer(str(exc)), key=lambda m: -float(m["ratio"]))
+    figure = "-" if ratio is None else f"{ratio:.3g}"
+    if not found and fallback is not None:
+        return f"error/bound {figure}: {fallback[:170]}"
+    if not found:
+        lines = [
+            ln.strip() for ln in str(exc).splitlines()[2:] if ln.strip() and not ln.strip().startswith("reproduce:")
+        ]
+        return f"error/bound {figure}: {(lines or [str(exc).splitlines()[0]])[0][:160]}"
+    return f"error/bound {figure} of {found[0]['output']}: " + "; ".join(_output_figure(m) for m in found)

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _releases import adapter_code_hash, per_release_main  # noqa: E402 - the release tables' shared mechanics
+from _releases import adapter_code_hash, failure_figures, per_release_main  # noqa: E402 - the release tables' shared mechanics
 
 #: The numcheck code a row is judged by: the adapter and its known-divergence module.
 ADAPTER_CODE = ("impls/adapters/liger_distill.py", "properties/linear_distill/known_liger.py")
@@ -53,20 +53,23 @@ def header(folders: list[str]) -> str:
         f"# python docs/evidence/liger_distill_releases.py {names}   (adapter code "
         f"{adapter_code_hash(ADAPTER_CODE)}: {', '.join(ADAPTER_CODE)}; run from DIR, each release folder "
         f"made by pip install --no-deps --target DIR/X liger-kernel==X; CPU, Triton interpreter; 'installed' = "
-        f"{metadata.version('liger-kernel')})"
+        f"{metadata.version('liger-kernel')})\n"
+        "# A FAIL row's error/bound is the largest of its outputs', named, then each failing output's own and worst "
+        "element; where the oracle is exactly 0 (an ignored row's gradient) the bound is only the dtype's underflow "
+        "floor (fp32 2^-126, fp16 2^-25), so error/bound there is |error| over that floor (1e+35 for an fp32 error "
+        "of 2e-3): the row says so, and the other outputs' figures count bounds."
     )
 
 
 def verdict(check, impl, case) -> str:
-    """``PASS (error/bound r)``, ``FAIL (error/bound r: first line)`` or ``RAISED (...)`` of one pair."""
+    """``PASS (worst error/bound r)``, ``FAIL (error/bound r of <output>: each failing output's figure)``
+    (:func:`failure_figures`) or ``RAISED (...)`` of one pair."""
     from numcheck.errors import PropertyFailure
 
     try:
         metrics = check(impl, case) or {}
     except PropertyFailure as exc:
-        lines = str(exc).split("\n")
-        ratio = "-" if exc.ratio is None else f"{exc.ratio:.3g}"
-        return f"FAIL (error/bound {ratio}: {lines[2].strip()[:160] if len(lines) > 2 else lines[0]})"
+        return f"FAIL ({failure_figures(exc, exc.ratio)})"
     except Exception as exc:  # noqa: BLE001 - a row says what the release raised
         return f"RAISED ({type(exc).__name__}: {str(exc)[:160]})"
     worst = max(metrics.values(), default=float("nan"))

@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _releases import failure_figures  # noqa: E402 - a failing row's figures, named by output
 from te_releases import adapter_code_hash  # noqa: E402 - the one content hash the release tables record
 
 #: The numcheck code a row is judged by: the adapter and its known-divergence module.
@@ -175,16 +176,16 @@ def short(case) -> str:
 
 
 def verdict(check, impl, case) -> str:
-    """``PASS (worst error/bound r)``, ``FAIL (error/bound r: first line)`` or ``RAISED (...)`` of one pair."""
+    """``PASS (worst error/bound r)``, ``FAIL (error/bound r of <output>: each failing output's figure)``
+    (:func:`failure_figures`) or ``RAISED (...)`` of one pair."""
     from numcheck.errors import PropertyFailure
 
     try:
         metrics = check(impl, case) or {}
     except PropertyFailure as exc:
         lines = [ln.strip() for ln in str(exc).split("\n") if ln.strip()]
-        ratio = "-" if exc.ratio is None else f"{exc.ratio:.3g}"
         what = next((ln for ln in lines[1:] if "beyond bound" in ln or "changed" in ln or "dropped" in ln), lines[0])
-        return f"FAIL (error/bound {ratio}: {what[:170]})"
+        return f"FAIL ({failure_figures(exc, exc.ratio, what)})"
     except Exception as exc:  # noqa: BLE001 - a row says what the release raised
         return f"RAISED ({type(exc).__name__}: {str(exc)[:160]})"
     worst = max(metrics.values(), default=float("nan"))

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from numcheck.impls.adapters import liger
+from numcheck.impls.adapters.compiled_run import compiled_call
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.adapters.unavailable import reason_of
 from numcheck.impls.protocols.linear_distill import DistillFunctionImpl, LinearDistillSupport
@@ -43,7 +44,8 @@ from numcheck.impls.protocols.linear_distill import DistillFunctionImpl, LinearD
 CHUNK_SIZE = 8
 FUSED, CHUNKED = "liger_jsd[fused]", "liger_jsd[chunked]"
 #: The chunked loss as Liger runs it by default (``compiled=True``: ``torch.compile`` of each chunk's step), judged on
-#: CUDA only: on a CPU the compile of every drawn shape costs minutes, and CI's CPU judges the eager path above.
+#: CUDA only: on a CPU the compile of every drawn shape costs minutes, and CI's CPU judges the eager path above. Each
+#: call runs compiled or raises, never silently eager (:mod:`numcheck.impls.adapters.compiled_run`).
 CHUNKED_COMPILED = "liger_jsd[chunked_compiled]"
 
 
@@ -122,6 +124,22 @@ def _fused_call(fn: Any) -> Callable[..., torch.Tensor]:
 
 
 def _chunked_call(fn: Any, compiled: bool = False) -> Callable[..., torch.Tensor]:
+    call = _plain_chunked_call(fn, compiled)
+    if not compiled:
+        return call
+    what = f"Liger's compiled chunk function of {fn.__mro__[1].__module__}.{fn.__mro__[1].__name__}.forward"
+
+    def run_compiled(sx, sw, tx, tw, target, *, beta, temperature, ignore_index):
+        def run():
+            return call(sx, sw, tx, tw, target, beta=beta, temperature=temperature, ignore_index=ignore_index)
+
+        return compiled_call(CHUNKED_COMPILED, what, fn, "distillation_loss_fn", run)
+
+    run_compiled.__doc__ = f"{call.__doc__} Run compiled or raising (numcheck.impls.adapters.compiled_run)."
+    return run_compiled
+
+
+def _plain_chunked_call(fn: Any, compiled: bool) -> Callable[..., torch.Tensor]:
     return _call(
         fn,
         "chunked LigerFusedLinearJSDFunction.forward",

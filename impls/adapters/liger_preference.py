@@ -26,7 +26,8 @@ against :mod:`reference.linear_preference` by ``tests/adapters/test_liger_prefer
   completions; its chunks are ``chunk_size`` completions, so the adapter passes twice the protocol's
   ``chunk_pairs``;
 - ``compiled=False`` (``torch.compile`` of each chunk is Liger's default; CI's CPU judges the eager path, the
-  ``_compiled`` twins, CUDA-only, the default).
+  ``_compiled`` twins, CUDA-only, the default: each call of a twin runs compiled or raises, never silently eager,
+  :mod:`numcheck.impls.adapters.compiled_run`).
 
 The reference model: the protocol passes its log-probabilities, Liger takes a reference head (``ref_input``,
 ``ref_weight``) whose log-softmax it evaluates itself. The adapter hands the given values to Liger's own loss
@@ -53,6 +54,7 @@ from typing import Any
 
 import torch
 
+from numcheck.impls.adapters.compiled_run import compiled_call
 from numcheck.impls.adapters.function_args import forward_parameters, positional_args
 from numcheck.impls.adapters.releases import owning_release
 from numcheck.impls.adapters.unavailable import reason_of
@@ -169,21 +171,34 @@ def _arguments(
     return given
 
 
+def compiled_function(fn: Any) -> str:
+    """What ``compiled=True`` compiles, for an error: the chunk function of ``fn``'s base, shared by every loss on
+    that base (the paired losses' one, KTO's another)."""
+    base = next((k for k in fn.__mro__[1:] if "forward" in k.__dict__ and k is not torch.autograd.Function), fn)
+    return f"Liger's compiled chunk function of {base.__module__}.{base.__name__}.forward, shared by its losses"
+
+
 class LigerPreference:
-    """One loss of the installed release, callable with the protocol's call."""
+    """One loss of the installed release, callable with the protocol's call; ``compiled``: Liger's default
+    ``compiled=True``, each call run compiled or raising (:func:`numcheck.impls.adapters.compiled_run.compiled_call`)."""
 
     def __init__(self, loss: str, fn: Any, compiled: bool = False) -> None:
         self.loss, self.fn, self.compiled = loss, fn, compiled
+        self.name = f"liger_preference[{loss}{'_compiled' if compiled else ''}]"
         self.params, self.defaults = forward_parameters(fn)
 
     def __call__(self, x, weight, target, bias=None, *, ref_logps=None, params):
         given = _arguments(self.loss, self.params, params, x, weight, target, bias, self.compiled)
         args = positional_args(self.params, self.defaults, given, self.fn.__name__)
-        if ref_logps is None:
-            out = self.fn.apply(*args)
-        else:
-            with _handing_reference(self.fn, ref_logps, self.loss == "kto"):
-                out = self.fn.apply(*args)
+        handing = (
+            _handing_reference(self.fn, ref_logps, self.loss == "kto")
+            if ref_logps is not None
+            else contextlib.nullcontext()
+        )
+        with handing:  # the witness of a compiled call wraps the loss function outermost, around the reference's
+            run = functools.partial(self.fn.apply, *args)
+            what = compiled_function(self.fn)
+            out = compiled_call(self.name, what, self.fn, "preference_loss_fn", run) if self.compiled else run()
         return out[0] if isinstance(out, tuple) else out
 
 

@@ -113,6 +113,7 @@ def test_compiled_chunked_variant_runs_liger_default_on_cuda_only():
 
         class Recording:
             forward = chunked_fn.forward
+            distillation_loss_fn = chunked_fn.__dict__["distillation_loss_fn"]
 
             @staticmethod
             def apply(*args):

@@ -81,10 +81,11 @@ def test_unavailable_without_liger(monkeypatch):
 
 class _Recording:
     """A stand-in for one of Liger's Functions: its real ``forward`` signature, an ``apply`` that records what the
-    adapter hands it."""
+    adapter hands it, and the class and the loss function a compiled twin's call looks up."""
 
     def __init__(self, fn):
         self.forward, self.__name__, self.seen = fn.forward, fn.__name__, {}
+        self.__mro__, self.preference_loss_fn = fn.__mro__, fn.__dict__["preference_loss_fn"]
 
     def apply(self, *args):
         params, _ = liger_preference.forward_parameters(self)

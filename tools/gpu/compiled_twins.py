@@ -9,11 +9,14 @@ counters over its cases: frames compiled, graphs, graph breaks and the reasons o
 in the process) is named as such. The suite's drawn tests (tools/gpu/families.sh) judge the twins over many more
 cases; this gives a verdict for each twin even when the suite's time cap cuts its run short.
 
-Each twin starts from a reset dynamo (``torch._dynamo.reset()``), as in a process of its own: Liger's paired losses
-(DPO, robust DPO, ORPO, CPO, SimPO) share one code object (``fused_fwd_bwd`` of
-``chunked_loss/fused_linear_preference.py``), whose recompile limit (8) the earlier twins used up in an H100 run
-without it, so ORPO's later cases and all of CPO's and SimPO's ran eager there, while their counters read nothing
-(results/gpu/h100-torch2.11-torchao-families/fam/twins.txt).
+No reset between twins: every call of a twin runs through :mod:`numcheck.impls.adapters.compiled_run`, which
+raises dynamo's recompile limits for the call (Liger's paired losses share one compiled function, whose default limit
+of 8 the earlier twins used up in an H100 run, so ORPO's later cases and all of CPO's and SimPO's ran eager there
+while their counters read nothing: results/gpu/h100-torch2.11-torchao-families/fam/twins.txt) and raises where a
+chunk ran eagerly anyway; such a case prints RAISED with the reason. Per twin the script prints compiled_run's count
+(calls, graphs dynamo compiled during them, calls refused). Last, the two error paths are checked on the first
+paired twin: a variant past a recompile limit lowered to 1 must raise naming the limit, and a call with
+torch.compile disabled must raise naming the eager chunks.
 
 Usage (repo root, on the device, numcheck installed): NUMCHECK_DEVICE=cuda python3 tools/gpu/compiled_twins.py
 CPU check of the measurement (no CUDA): python3 tools/gpu/compiled_twins.py --cpu: the preference twins declared on
@@ -80,8 +83,8 @@ def _cases(impl):
 def judge(impl) -> bool:
     """Print the twin's verdicts and what torch.compile did; whether every case passed."""
     from numcheck.errors import PropertyFailure
+    from numcheck.impls.adapters.compiled_run import STATS
 
-    torch._dynamo.reset()  # a process of its own: no graphs, guards or recompile counts of an earlier twin
     counters.clear()
     ok, ran = True, False
     cases, accuracy = _cases(impl)
@@ -99,6 +102,7 @@ def judge(impl) -> bool:
     frames, stats = dict(counters["frames"]), dict(counters["stats"])
     breaks = dict(counters["graph_break"])
     print(f"  torch.compile: frames {frames}, graphs {stats.get('unique_graphs', 0)}, graph breaks {breaks or 'none'}")
+    print(f"  compiled_run: {dict(STATS[impl.name])} (refused: calls that reached a limit or ran a chunk eagerly)")
     if ran and not stats.get("unique_graphs"):
         print("  ⚠ no graph was compiled: the twin ran eager", flush=True)
         ok = False
@@ -146,11 +150,46 @@ def main(argv: list[str]) -> int:
             continue
         if not judge(impl):
             failed.append(impl.name)
+    paired = next((i for i in twins if i.name == "liger_preference[dpo_compiled]"), None)
+    paths_ok = paired is None or paired.support.unavailable_reason() or error_paths(paired)
     print(
         f"{len(twins) - len(failed)} of {len(twins)} compiled twins passed every case"
         + (f"; not: {failed}" if failed else "")
+        + ("" if paths_ok else "; the error paths did not raise as they must")
     )
-    return 1 if failed else 0
+    return 1 if failed or not paths_ok else 0
+
+
+def error_paths(impl) -> bool:
+    """A new variant (β = 0.123) past a recompile limit of 1 raises naming the limit; a call with torch.compile
+    disabled raises naming the eager chunks. Whether both did."""
+    from numcheck.impls.adapters import compiled_run
+
+    cases, accuracy = _cases(impl)
+    limit = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(torch._dynamo.config, n))
+    checks = (
+        ("limit", dict(RECOMPILE_LIMIT=1), {limit: 1}, "torch.compile reached"),
+        ("disabled", {}, {"disable": True}, "ran eagerly"),
+    )
+    ok = True
+    for what, module, config, expect in checks:
+        saved = {k: getattr(compiled_run, k) for k in module}
+        try:
+            for k, v in module.items():
+                setattr(compiled_run, k, v)
+            with torch._dynamo.config.patch(config):
+                accuracy(impl, cases[0].replace(beta=0.123))
+            line, good = "no error: the twin was judged though it did not run compiled", False
+        except RuntimeError as exc:
+            line, good = f"raised: {str(exc)[:240]}", str(exc).startswith(f"{impl.name}: ") and expect in str(exc)
+        except Exception as exc:  # noqa: BLE001 - the line says what came instead
+            line, good = f"raised {type(exc).__name__} instead: {str(exc)[:240]}", expect in str(exc)
+        finally:
+            for k, v in saved.items():
+                setattr(compiled_run, k, v)
+        print(f"error path ({what}): {'OK' if good else 'WRONG'}, {line}", flush=True)
+        ok &= good
+    return ok
 
 
 if __name__ == "__main__":
