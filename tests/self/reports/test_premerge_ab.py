@@ -354,30 +354,19 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     assert "1 claim(s) measured false (#1)" in out
 
 
-def test_claims_file_error_is_bad_input(tmp_path):
-    """premerge with a claims file holding an unknown key exits 2 before measuring anything, naming file and line."""
+def test_claims_file_error_is_bad_input(tmp_path, capsys):
+    """premerge with a claims file holding an unknown key exits 2 before measuring anything, naming file and line.
+    (Run in this process, as test_premerge's bad-input tests are: a python start and torch import for an exit 2.)"""
+    from numcheck.reports import cli
+
     bad = tmp_path / "c.toml"
     bad.write_text(GOOD)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "numcheck.reports.cli",
-            "premerge",
-            "--impl",
-            "chunked[fallback]",
-            "--base",
-            "chunked[fp32_operands]",
-            "--claims",
-            str(bad),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    code = cli.main(
+        ["premerge", "--impl", "chunked[fallback]", "--base", "chunked[fp32_operands]", "--claims", str(bad)]
     )
-    assert proc.returncode == 2, proc.stderr
-    assert f"{bad}:11: unknown key 'speed'" in proc.stderr
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{bad}:11: unknown key 'speed'" in err, err
 
 
 def test_failed_python_is_recorded_not_bad_input(tmp_path):
