@@ -118,20 +118,37 @@ def _write_user_repo(folder: Path) -> Path:
 
 
 #: The suite tests the shared run (:func:`suite_on_user_repo`) selects: the accuracy test, where the wrong impl
-#: fails on a covering row, and two that numcheck.check must agree with (one passes, one does not apply).
-SHARED_SELECTION = "test_accuracy and not sharp or test_determinism or test_chunk_invariance"
+#: fails on a covering row, and two that numcheck.check must agree with (one passes, one does not apply); and the
+#: user's own test of :data:`USER_FIXTURE_TEST`.
+SHARED_SELECTION = (
+    "test_accuracy and not sharp or test_determinism or test_chunk_invariance or test_my_impl_is_accurate"
+)
 
 
 @pytest.fixture(scope="module")
 def suite_on_user_repo(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
     """One run of the suite as a user runs it from their repository (``--pyargs numcheck.tests.suite``, the
     outside impl ``myflce:impl`` beside the built-in ``eager``, :data:`SHARED_SELECTION`, two examples a test),
-    shared by the tests that read different things of it (the repro line it prints; the verdicts numcheck.check
-    must agree with): one pytest start, collection and run instead of one per test."""
+    with the user's own test module taking numcheck's fixtures (``test_mine.py``, under the ``numcheck-ci``
+    profile, the one the suite runs under anyway), shared by the tests that read different things of it (the
+    repro line it prints; the verdicts numcheck.check must agree with; the user's test's verdicts): one pytest
+    start, collection and run instead of one per test."""
     repo = _write_user_repo(tmp_path_factory.mktemp("user_repo"))
+    (repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
     impls = ("--impl", "eager", "--impl", "myflce:impl")
     return _pytest(
-        repo, "-v", "--pyargs", "numcheck.tests.suite", *impls, "-k", SHARED_SELECTION, NUMCHECK_CI_EXAMPLES="2"
+        repo,
+        "-v",
+        "-rA",
+        "test_mine.py",
+        "--pyargs",
+        "numcheck.tests.suite",
+        *impls,
+        "-k",
+        SHARED_SELECTION,
+        "--hypothesis-profile",
+        "numcheck-ci",
+        NUMCHECK_CI_EXAMPLES="2",
     )
 
 
@@ -180,28 +197,17 @@ def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
     assert len((tmp_path / "decorated_calls.txt").read_text()) == 7, out
 
 
-def test_user_fixtures_run_the_users_own_property(user_repo):
+def test_user_fixtures_run_the_users_own_property(suite_on_user_repo):
     """A user's own test taking ``numcheck_impl`` and ``numcheck_problems`` runs once per ``--impl`` impl and
     fails the wrong one with the suite's failure message."""
-    (user_repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
-    r = _pytest(
-        user_repo,
-        "-q",
-        "-rA",
-        "test_mine.py",
-        "--impl",
-        "eager",
-        "--impl",
-        "myflce:impl",
-        "--hypothesis-profile",
-        "numcheck-ci",
-        NUMCHECK_CI_EXAMPLES="2",
-    )
+    r = suite_on_user_repo
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "PASSED test_mine.py::test_my_impl_is_accurate[eager]" in out, out
     assert "FAILED test_mine.py::test_my_impl_is_accurate[plugin_loss_off]" in out, out
-    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in out, out
+    mine = re.split(r"^_{3,} test_my_impl_is_accurate\[plugin_loss_off\] _{3,}$", r.stdout, flags=re.M)
+    assert len(mine) == 2, out
+    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in re.split(r"^_{3,} ", mine[1], flags=re.M)[0], out
 
 
 def test_check_agrees_with_the_plugin(user_repo, suite_on_user_repo, monkeypatch):
