@@ -313,7 +313,7 @@ def _other_venv() -> Path | None:
     return py if py.exists() else None
 
 
-def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
+def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path, monkeypatch, capfd):
     """The example's "extra peak 3072 MiB → 0 MiB" claim, stated for every device, is measured false here: on CPU
     NEW's grad_weight step takes mm(...).float() as OLD's does (3072 MiB each), and the whole call's peak changes
     by 0 MiB; the CUDA time claim is not verified here;
@@ -321,23 +321,21 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     exit 1; ab.json holds it all."""
     shutil.copy(EXAMPLE, tmp_path / "accumulation_change.py")
     shutil.copy(CLAIMS, tmp_path / "numcheck-claims.toml")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    cmd = [
-        sys.executable,
-        "-m",
-        "numcheck.reports.cli",
-        "premerge",
-        "--impl",
-        "accumulation_change:new",
-        "--base",
-        "accumulation_change:old",
-        "--out",
-        str(tmp_path / "ab"),
-    ]
+    from numcheck.reports import cli
+
+    monkeypatch.chdir(tmp_path)  # premerge reads ./numcheck-claims.toml
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delitem(sys.modules, "accumulation_change", raising=False)
+    cmd = ["premerge", "--impl", "accumulation_change:new", "--base", "accumulation_change:old"]
+    cmd += ["--out", str(tmp_path / "ab")]
     other = _other_venv()
     if other is not None:
         cmd += ["--python", str(other)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    capfd.readouterr()
+    code = cli.main(cmd)  # in this process; another --python's measurement is a process it starts
+    out, err = capfd.readouterr()
+    proc = subprocess.CompletedProcess(cmd, code, out, err)
     out = proc.stdout
     assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"
     assert "**Memory Benchmark**" in out and "change:" in out and "+0 MiB peak" in out, out
