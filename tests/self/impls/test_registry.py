@@ -528,11 +528,18 @@ def test_outside_modules_under_env_var_good_bad_and_broken(outside_dir):
     assert "could not be loaded" in out and "not_a_real_package_xyz" in out, out
 
 
-def test_outside_module_appears_in_numcheck_list(outside_dir):
-    """``numcheck list`` with NUMCHECK_IMPLS shows the outside impl, its origin and that it runs here."""
-    r = _run(["-m", "numcheck.reports.cli", "list"], outside_dir, env_impls="mymod:impl")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
+def test_outside_module_appears_in_numcheck_list(outside_dir, monkeypatch, capsys):
+    """``numcheck list`` with NUMCHECK_IMPLS shows the outside impl, its origin and that it runs here. (The command
+    runs in this process, as test_cli_list's do: a python start and torch import less.)"""
+    from numcheck.reports import cli
+
+    monkeypatch.syspath_prepend(str(outside_dir))
+    monkeypatch.delitem(sys.modules, "mymod", raising=False)
+    monkeypatch.setenv(ENV_VAR, "mymod:impl")
+    code = cli.main(["list"])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 0, out
     assert f"{EXAMPLE_NAME}  [linear-ce, from ${ENV_VAR}]" in out, out
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"{EXAMPLE_NAME}  ["))

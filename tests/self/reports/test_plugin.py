@@ -118,20 +118,37 @@ def _write_user_repo(folder: Path) -> Path:
 
 
 #: The suite tests the shared run (:func:`suite_on_user_repo`) selects: the accuracy test, where the wrong impl
-#: fails on a covering row, and two that numcheck.check must agree with (one passes, one does not apply).
-SHARED_SELECTION = "test_accuracy and not sharp or test_determinism or test_chunk_invariance"
+#: fails on a covering row, and two that numcheck.check must agree with (one passes, one does not apply); and the
+#: user's own test of :data:`USER_FIXTURE_TEST`.
+SHARED_SELECTION = (
+    "test_accuracy and not sharp or test_determinism or test_chunk_invariance or test_my_impl_is_accurate"
+)
 
 
 @pytest.fixture(scope="module")
 def suite_on_user_repo(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
     """One run of the suite as a user runs it from their repository (``--pyargs numcheck.tests.suite``, the
     outside impl ``myflce:impl`` beside the built-in ``eager``, :data:`SHARED_SELECTION`, two examples a test),
-    shared by the tests that read different things of it (the repro line it prints; the verdicts numcheck.check
-    must agree with): one pytest start, collection and run instead of one per test."""
+    with the user's own test module taking numcheck's fixtures (``test_mine.py``, under the ``numcheck-ci``
+    profile, the one the suite runs under anyway), shared by the tests that read different things of it (the
+    repro line it prints; the verdicts numcheck.check must agree with; the user's test's verdicts): one pytest
+    start, collection and run instead of one per test."""
     repo = _write_user_repo(tmp_path_factory.mktemp("user_repo"))
+    (repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
     impls = ("--impl", "eager", "--impl", "myflce:impl")
     return _pytest(
-        repo, "-v", "--pyargs", "numcheck.tests.suite", *impls, "-k", SHARED_SELECTION, NUMCHECK_CI_EXAMPLES="2"
+        repo,
+        "-v",
+        "-rA",
+        "test_mine.py",
+        "--pyargs",
+        "numcheck.tests.suite",
+        *impls,
+        "-k",
+        SHARED_SELECTION,
+        "--hypothesis-profile",
+        "numcheck-ci",
+        NUMCHECK_CI_EXAMPLES="2",
     )
 
 
@@ -180,28 +197,17 @@ def test_user_profile_and_hypothesis_tests_untouched(tmp_path):
     assert len((tmp_path / "decorated_calls.txt").read_text()) == 7, out
 
 
-def test_user_fixtures_run_the_users_own_property(user_repo):
+def test_user_fixtures_run_the_users_own_property(suite_on_user_repo):
     """A user's own test taking ``numcheck_impl`` and ``numcheck_problems`` runs once per ``--impl`` impl and
     fails the wrong one with the suite's failure message."""
-    (user_repo / "test_mine.py").write_text(USER_FIXTURE_TEST)
-    r = _pytest(
-        user_repo,
-        "-q",
-        "-rA",
-        "test_mine.py",
-        "--impl",
-        "eager",
-        "--impl",
-        "myflce:impl",
-        "--hypothesis-profile",
-        "numcheck-ci",
-        NUMCHECK_CI_EXAMPLES="2",
-    )
+    r = suite_on_user_repo
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "PASSED test_mine.py::test_my_impl_is_accurate[eager]" in out, out
     assert "FAILED test_mine.py::test_my_impl_is_accurate[plugin_loss_off]" in out, out
-    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in out, out
+    mine = re.split(r"^_{3,} test_my_impl_is_accurate\[plugin_loss_off\] _{3,}$", r.stdout, flags=re.M)
+    assert len(mine) == 2, out
+    assert "property 'accuracy' fails for impl 'plugin_loss_off'" in re.split(r"^_{3,} ", mine[1], flags=re.M)[0], out
 
 
 def test_check_agrees_with_the_plugin(user_repo, suite_on_user_repo, monkeypatch):
@@ -287,12 +293,35 @@ liger = FunctionImpl(name="liger[user]", fn=ce, support=_support(torch.float32))
 """
 
 
-@pytest.fixture
-def named_as_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delitem(sys.modules, "named_as_known", raising=False)
-    (tmp_path / "named_as_known.py").write_text(NAMED_AS_KNOWN)
-    (tmp_path / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-    return tmp_path
+@pytest.fixture(scope="module")
+def named_as_known(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's repository holding :data:`NAMED_AS_KNOWN` (never imported in this process: the runs are pytest
+    subprocesses)."""
+    folder = tmp_path_factory.mktemp("named_as_known")
+    (folder / "named_as_known.py").write_text(NAMED_AS_KNOWN)
+    (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    return folder
+
+
+#: The tests the strict tests run, each on its impl: the protocol test on ``eager`` (passes, under a known
+#: divergence that applies to its name) and the frozen-x test on ``liger[user]`` (every draw a known divergence).
+EAGER_KNOWN = "protocol_structure and eager"
+LIGER_KNOWN = "frozen_inputs and x and liger"
+
+
+def _known_run(folder: Path, names: tuple[str, ...], keyword: str, *extra: str) -> subprocess.CompletedProcess:
+    """The suite on :data:`NAMED_AS_KNOWN`'s impls ``names``, ``-k keyword``."""
+    impls = [arg for name in names for arg in ("--impl", f"named_as_known:{name}")]
+    args = ("-q", "--pyargs", "numcheck.tests.suite", *impls, "-k", keyword, *extra)
+    return _pytest(folder, *args, PYTHONPATH=_this_numcheck())
+
+
+@pytest.fixture(scope="module")
+def known_without_strict(named_as_known: Path) -> subprocess.CompletedProcess:
+    """One run without ``--numcheck-strict`` of both strict tests' selections, shared by them (each reads its
+    impl's part): one pytest start instead of two. Each test's ``--numcheck-strict`` run stays its own, on its
+    impl alone, so each shows what alone fails its session."""
+    return _known_run(named_as_known, ("eager", "liger"), f"{EAGER_KNOWN} or {LIGER_KNOWN}")
 
 
 def _this_numcheck() -> str:
@@ -300,20 +329,20 @@ def _this_numcheck() -> str:
     return str(Path(numcheck.__file__).resolve().parents[1])
 
 
-def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_known):
+def test_summary_names_known_divergences_and_strict_fails_the_session(named_as_known, known_without_strict):
     """After the suite, the summary names each known divergence that applied (library, release, what is wrong) and
     the run passes; with --numcheck-strict the session exits 1 though every test passed."""
-    args = ("-q", "--pyargs", "numcheck.tests.suite", "--impl", "named_as_known:eager", "-k", "protocol_structure")
-    r = _pytest(named_as_known, *args, PYTHONPATH=_this_numcheck())
+    r = known_without_strict
     out = r.stdout + r.stderr
     line = "numcheck: known divergence, not a pass: eager: torch "
     assert r.returncode == 0 and line in out and "F.cross_entropy on CPU fp16 'mean' returns inf" in out, out
-    r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
+    r = _known_run(named_as_known, ("eager",), EAGER_KNOWN, "--numcheck-strict")
     out = r.stdout + r.stderr
     assert r.returncode == 1 and " passed" in out and "(--numcheck-strict: a failure)" in out, out
+    assert " failed" not in out and " skipped" not in out, out  # every test passed: the summary alone fails it
 
 
-def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
+def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known, known_without_strict):
     """A test every draw of which is a known divergence is a skip, and a failure under --numcheck-strict."""
     from packaging.version import Version
 
@@ -321,10 +350,9 @@ def test_strict_fails_a_test_skipped_as_a_known_divergence(named_as_known):
 
     if Version(liger_release() or "0") < Version("0.6.3"):
         pytest.skip("needs liger-kernel >= 0.6.3 installed (its frozen-x divergence)")
-    args = ("-q", "--pyargs", "numcheck.tests.suite", "--impl", "named_as_known:liger", "-k", "frozen_inputs and x")
-    r = _pytest(named_as_known, *args, PYTHONPATH=_this_numcheck())
+    r = known_without_strict
     assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
-    r = _pytest(named_as_known, *args, "--numcheck-strict", PYTHONPATH=_this_numcheck())
+    r = _known_run(named_as_known, ("liger",), LIGER_KNOWN, "--numcheck-strict")
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "1 failed" in out and "--numcheck-strict: a known divergence is a failure" in out, out
 

@@ -1,8 +1,9 @@
 """``numcheck premerge``: the checklist for an outside impl named with ``--impl mymod:impl`` — every check ✅ and
 exit 0 for a correct impl, ❌ with the reproduce command and exit 1 for a wrong one.
 
-Each end-to-end run is a subprocess (the real console entry, a PYTHONPATH-only outside module) on the smoke
-grid with 1 hypothesis example per property (``NUMCHECK_CI_EXAMPLES``): about 15 s each on 2 cores.
+Each end-to-end run calls the console entry (``numcheck.reports.cli.main``) in this process, whose suite run is
+its pytest subprocess (a PYTHONPATH-only outside module), on the smoke grid with 1 hypothesis example per property
+(``NUMCHECK_CI_EXAMPLES``): about 15 s each on 2 cores.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from numcheck.reports.premerge import command as premerge
 
@@ -30,37 +33,32 @@ def impl(x, weight, target, bias=None, *, reduction="mean", ignore_index=-100):
 BAD = GOOD.replace("None if bias is None else bias.float()", "None").replace("mymod_fp32_ce", "mymod_no_bias")
 
 
-def _premerge(tmp_path: Path, module: str, source: str, *extra: str) -> subprocess.CompletedProcess:
-    (tmp_path / f"{module}.py").write_text(source)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        NUMCHECK_CI_EXAMPLES="1",
-    )
-    env.pop("NUMCHECK_IMPLS", None)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "numcheck.reports.cli",
-            "premerge",
-            "--impl",
-            f"{module}:impl",
-            "--grid",
-            "smoke",
-            *extra,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+@pytest.fixture
+def premerge_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]):
+    """``numcheck premerge --impl MODULE:impl --grid smoke *extra`` on ``source`` written to ``tmp_path/MODULE.py``
+    (found through ``PYTHONPATH`` alone), the console entry called in this process (its suite run is the pytest
+    subprocess it starts): its exit status and what it and its subprocesses wrote."""
+    from numcheck.reports import cli
+
+    def run(module: str, source: str, *extra: str) -> subprocess.CompletedProcess:
+        (tmp_path / f"{module}.py").write_text(source)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        monkeypatch.setenv("NUMCHECK_CI_EXAMPLES", "1")
+        monkeypatch.delenv("NUMCHECK_IMPLS", raising=False)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+        capfd.readouterr()
+        code = cli.main(["premerge", "--impl", f"{module}:impl", "--grid", "smoke", *extra])
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["numcheck", "premerge"], code, out, err)
+
+    return run
 
 
-def test_outside_impl_gets_a_passing_checklist(tmp_path):
+def test_outside_impl_gets_a_passing_checklist(premerge_run):
     """A correct outside impl named by --impl mymod:impl gets every check ✅, the environment, and exit 0."""
-    proc = _premerge(tmp_path, "mymod", GOOD)
+    proc = premerge_run("mymod", GOOD)
     out = proc.stdout
     assert proc.returncode == 0, f"premerge exited {proc.returncode}\n{out}\n{proc.stderr[-2000:]}"
     assert "## numcheck pre-merge checklist" in out and "`mymod:impl`" in out
@@ -77,10 +75,10 @@ def test_outside_impl_gets_a_passing_checklist(tmp_path):
     assert "❌" not in out
 
 
-def test_wrong_outside_impl_fails_with_repro_commands(tmp_path):
+def test_wrong_outside_impl_fails_with_repro_commands(premerge_run):
     """An outside impl that ignores its declared bias gets ❌ for the property suite and the report, the repro
     command of each failure, and exit 1."""
-    proc = _premerge(tmp_path, "mybad", BAD)
+    proc = premerge_run("mybad", BAD)
     out = proc.stdout
     assert proc.returncode == 1, f"premerge exited {proc.returncode}\n{out}\n{proc.stderr[-2000:]}"
     assert "❌ **property suite (ci profile)**" in out, out

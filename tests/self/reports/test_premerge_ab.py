@@ -313,7 +313,7 @@ def _other_venv() -> Path | None:
     return py if py.exists() else None
 
 
-def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
+def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path, monkeypatch, capfd):
     """The example's "extra peak 3072 MiB → 0 MiB" claim, stated for every device, is measured false here: on CPU
     NEW's grad_weight step takes mm(...).float() as OLD's does (3072 MiB each), and the whole call's peak changes
     by 0 MiB; the CUDA time claim is not verified here;
@@ -321,23 +321,21 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     exit 1; ab.json holds it all."""
     shutil.copy(EXAMPLE, tmp_path / "accumulation_change.py")
     shutil.copy(CLAIMS, tmp_path / "numcheck-claims.toml")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    cmd = [
-        sys.executable,
-        "-m",
-        "numcheck.reports.cli",
-        "premerge",
-        "--impl",
-        "accumulation_change:new",
-        "--base",
-        "accumulation_change:old",
-        "--out",
-        str(tmp_path / "ab"),
-    ]
+    from numcheck.reports import cli
+
+    monkeypatch.chdir(tmp_path)  # premerge reads ./numcheck-claims.toml
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delitem(sys.modules, "accumulation_change", raising=False)
+    cmd = ["premerge", "--impl", "accumulation_change:new", "--base", "accumulation_change:old"]
+    cmd += ["--out", str(tmp_path / "ab")]
     other = _other_venv()
     if other is not None:
         cmd += ["--python", str(other)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    capfd.readouterr()
+    code = cli.main(cmd)  # in this process; another --python's measurement is a process it starts
+    out, err = capfd.readouterr()
+    proc = subprocess.CompletedProcess(cmd, code, out, err)
     out = proc.stdout
     assert proc.returncode == 1, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"
     assert "**Memory Benchmark**" in out and "change:" in out and "+0 MiB peak" in out, out
@@ -354,44 +352,34 @@ def test_example_pair_claim_is_measured_false_on_the_fallback_path(tmp_path):
     assert "1 claim(s) measured false (#1)" in out
 
 
-def test_claims_file_error_is_bad_input(tmp_path):
-    """premerge with a claims file holding an unknown key exits 2 before measuring anything, naming file and line."""
+def test_claims_file_error_is_bad_input(tmp_path, capsys):
+    """premerge with a claims file holding an unknown key exits 2 before measuring anything, naming file and line.
+    (Run in this process, as test_premerge's bad-input tests are: a python start and torch import for an exit 2.)"""
+    from numcheck.reports import cli
+
     bad = tmp_path / "c.toml"
     bad.write_text(GOOD)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "numcheck.reports.cli",
-            "premerge",
-            "--impl",
-            "chunked[fallback]",
-            "--base",
-            "chunked[fp32_operands]",
-            "--claims",
-            str(bad),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    code = cli.main(
+        ["premerge", "--impl", "chunked[fallback]", "--base", "chunked[fp32_operands]", "--claims", str(bad)]
     )
-    assert proc.returncode == 2, proc.stderr
-    assert f"{bad}:11: unknown key 'speed'" in proc.stderr
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{bad}:11: unknown key 'speed'" in err, err
 
 
-def test_failed_python_is_recorded_not_bad_input(tmp_path):
+def test_failed_python_is_recorded_not_bad_input(tmp_path, capsys, monkeypatch):
     """A --python interpreter that fails after the local measurement ran: the run goes on, ab.json records that
-    environment as failed with its stderr's tail, the claim only it could judge is not verified, exit 1 (not 2)."""
+    environment as failed with its stderr's tail, the claim only it could judge is not verified, exit 1 (not 2).
+    (The command runs in this process; the interpreter it starts is the failing one.)"""
+    from numcheck.reports import cli
+
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numcheck'\" >&2\nexit 1\n")
     fake.chmod(0o755)
     (tmp_path / "c.toml").write_text('[[claim]]\nsays = "b"\nmetric = "peak_change_mib"\nmax = 0\ntorch = "<2.0"\n')
-    proc = subprocess.run(
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(
         [
-            sys.executable,
-            "-m",
-            "numcheck.reports.cli",
             "premerge",
             "--impl",
             "chunked[fallback]",
@@ -406,14 +394,11 @@ def test_failed_python_is_recorded_not_bad_input(tmp_path):
             str(fake),
             "--out",
             str(tmp_path / "ab"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ]
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "could not measure" in proc.stdout and "No module named 'numcheck'" in proc.stdout, proc.stdout
+    out, err = capsys.readouterr()
+    assert code == 1, err[-3000:]
+    assert "could not measure" in out and "No module named 'numcheck'" in out, out
     data = json.loads((tmp_path / "ab" / "ab.json").read_text())
     assert "No module named 'numcheck'" in data["runs"][1]["env"]["failed"], data["runs"][1]
     assert data["runs"][0]["pairs"][0]["accuracy"]["n_both"] > 0

@@ -1,7 +1,9 @@
 """``numcheck sweep``: the suite over several hypothesis seeds, its failures and the tightness table.
 
-End-to-end runs are subprocesses of the real console entry on a tiny selection (one fast impl, ``-k`` on the
-accuracy tests, 2 examples per test through ``NUMCHECK_CI_EXAMPLES``): about 15 s per seed on 2 cores.
+End-to-end runs call the console entry (``numcheck.reports.cli.main``) in this process, whose per-seed pytest runs
+are its subprocesses (a python start and torch import less than a subprocess of the command itself), on a tiny
+selection (one fast impl, ``-k`` on the accuracy tests, 2 examples per test through ``NUMCHECK_CI_EXAMPLES``):
+about 15 s per seed on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,29 +31,34 @@ impl = next(m for m in MUTANTS if m.name == "mutant_loss_bf16")
 """
 
 
-def _sweep(tmp_path: Path, *extra: str, examples: str = "2") -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        NUMCHECK_CI_EXAMPLES=examples,
-    )
-    env.pop("NUMCHECK_IMPLS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "numcheck.reports.cli", "sweep", *extra],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+@pytest.fixture
+def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]):
+    """``numcheck sweep *extra`` run as the console entry runs it, in this process (its seeds' pytest runs are
+    the subprocesses it starts), in ``tmp_path`` with that folder on the path (an outside module there) and
+    ``examples`` hypothesis examples per test: its exit status and what it and its subprocesses wrote."""
+    from numcheck.reports import cli
+
+    def run(*extra: str, examples: str = "2") -> subprocess.CompletedProcess:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+        monkeypatch.setenv("NUMCHECK_CI_EXAMPLES", examples)
+        monkeypatch.delenv("NUMCHECK_IMPLS", raising=False)
+        monkeypatch.delitem(sys.modules, "mutmod", raising=False)
+        capfd.readouterr()
+        code = cli.main(["sweep", *extra])
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["numcheck", "sweep", *extra], code, out, err)
+
+    return run
 
 
-def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
+def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path, sweep):
     """Two seeds of eager on the accuracy tests: exit 0, both seeds in sweep.json with their (test, impl) counts,
     0 failures, a tightness row per output × dtype whose quantiles are ordered and below 1, and the same table in
     sweep.md and on stdout."""
     out = tmp_path / "out"
-    proc = _sweep(tmp_path, "--seeds", "0-1", "--impl", "eager", "-k", KEYWORD, "--out", str(out))
+    proc = sweep("--seeds", "0-1", "--impl", "eager", "-k", KEYWORD, "--out", str(out))
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     data = json.loads((out / "sweep.json").read_text())
     assert data["schema"] == seed_sweep.SCHEMA and data["failures"] == 0
@@ -76,13 +83,13 @@ def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path):
     assert "seed 0 (1/2)" in proc.stderr and "seed 1 (2/2)" in proc.stderr
 
 
-def test_sweep_of_a_mutant_counts_its_failures(tmp_path):
+def test_sweep_of_a_mutant_counts_its_failures(tmp_path, sweep):
     """A mutant that rounds the loss through bf16 (tests/self/helpers/mutants.py), named as an outside impl, gets
     failures with its test id, message, case and repro command on stdout and in sweep.json, and exit 1; the
     failing judgements are in the tightness table with error/bound above 1."""
     (tmp_path / "mutmod.py").write_text(MUTANT)
     out = tmp_path / "out"
-    proc = _sweep(tmp_path, "--seeds", "3", "--impl", "mutmod:impl", "-k", KEYWORD, "--out", str(out))
+    proc = sweep("--seeds", "3", "--impl", "mutmod:impl", "-k", KEYWORD, "--out", str(out))
     assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     data = json.loads((out / "sweep.json").read_text())
     fails = data["seeds"][0]["failures"]
@@ -94,11 +101,11 @@ def test_sweep_of_a_mutant_counts_its_failures(tmp_path):
     assert "`test_properties::test_accuracy[mutant_loss_bf16]` (failed)" in proc.stdout
 
 
-def test_sweep_that_selects_nothing_is_bad_input(tmp_path):
+def test_sweep_that_selects_nothing_is_bad_input(tmp_path, sweep):
     """A -k expression no test matches: pytest's exit 5 becomes exit 2 with the selection named, and nothing is
     written."""
     out = tmp_path / "out"
-    proc = _sweep(tmp_path, "--seeds", "0", "--impl", "eager", "-k", "no_such_test_anywhere", "--out", str(out))
+    proc = sweep("--seeds", "0", "--impl", "eager", "-k", "no_such_test_anywhere", "--out", str(out))
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
     assert "collected no test (exit 5)" in proc.stderr and "'no_such_test_anywhere'" in proc.stderr
     assert not out.exists()
