@@ -19,8 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import numcheck
 from numcheck.tests.self.helpers import user_impls
 
@@ -195,7 +193,6 @@ def test_fp8_quantizer_failure_on_a_drawn_tensor_reproduces_as_printed(tmp_path)
     assert "user_fp8_nan_flushed" in rerun.stdout and "codes differ from the oracle" in rerun.stdout, rerun.stdout
 
 
-@pytest.mark.costly(reason="a pytest subprocess on two xdist workers, a distributed test included")
 def test_statistics_and_drawn_log_cover_rows_and_distributed_tests_under_xdist(tmp_path):
     """Under ``-n 2``, ``--hypothesis-show-statistics`` counts a test's covering rows and shows a distributed test
     (whose ``@given`` runs inside it), and ``NUMCHECK_DRAWN_LOG`` records the distributed test's draws."""
