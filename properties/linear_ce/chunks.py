@@ -168,16 +168,13 @@ RULE_COST_CAP = cost(MANY_CHUNK_MAX_ROWS, MANY_CHUNK_MIN_V)
 RULE_SHAPES = 8
 
 
-@functools.lru_cache(maxsize=64)
-def rule_shapes(
-    rule: Callable[[int, int, int], int], chunks: int, min_h: int = 1, min_v: int = 2
-) -> tuple[tuple[int, int, int], ...]:
-    """The :data:`RULE_SHAPES` cheapest shapes ``(N, H, V)`` of the grid (:data:`RULE_H`, :data:`RULE_V` from
-    ``min_h``, ``min_v`` on; N = chunks·2^j or one more) on which ``rule`` gives at least ``chunks`` chunks within
-    :data:`RULE_COST_CAP`, cheapest first; where no shape of the grid does, those that give the most chunks
-    (cheapest first)."""
-    Ns = sorted({chunks * 2**j + d for j in range(RULE_N_DOUBLINGS) for d in (0, 1)})
-    found: list[tuple[int, int, int, int, int]] = []  # (−chunks reached if short, cost, N, H, V)
+def _rule_grid(
+    rule: Callable[[int, int, int], int], target: int, chunks: int, min_h: int, min_v: int
+) -> list[tuple[int, int, int, int, int]]:
+    """Every shape of the grid for a ``target`` chunk count (N = target·2^j or one more) within
+    :data:`RULE_COST_CAP`, as ``(−chunks reached up to chunks, cost, N, H, V)``."""
+    Ns = sorted({target * 2**j + d for j in range(RULE_N_DOUBLINGS) for d in (0, 1)})
+    found: list[tuple[int, int, int, int, int]] = []
     for H in (h for h in RULE_H if h >= min_h):
         for V in (v for v in RULE_V if v >= min_v):
             for N in Ns:
@@ -187,9 +184,26 @@ def rule_shapes(
                 rows = rule(N, H, V)
                 k = math.ceil(N / min(max(int(rows), 1), N))
                 found.append((-min(k, chunks), c, N, H, V))
-    found.sort()
-    best = found[0][0]
-    return tuple((N, H, V) for short, _, N, H, V in found if short == best)[:RULE_SHAPES]
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def rule_shapes(
+    rule: Callable[[int, int, int], int], chunks: int, min_h: int = 1, min_v: int = 2
+) -> tuple[tuple[int, int, int], ...]:
+    """The :data:`RULE_SHAPES` cheapest shapes ``(N, H, V)`` of the grid (:data:`RULE_H`, :data:`RULE_V` from
+    ``min_h``, ``min_v`` on; N = chunks·2^j or one more) on which ``rule`` gives at least ``chunks`` chunks within
+    :data:`RULE_COST_CAP`, cheapest first; where no shape of the grid does, those that give the most chunks
+    (cheapest first), the grid for the count reached searched too: the first grid's N
+    are multiples of a count the rule cannot reach, so its shapes giving the most chunks take more rows than that
+    count needs (fp16's 4097 chunks under Liger's rule: 1025 at best on that grid, at N = 4097, 8.4M cells; on the
+    grid for 1025, 1026 chunks at N = 1026, 4.2M cells)."""
+    found = set(_rule_grid(rule, chunks, chunks, min_h, min_v))
+    if (reached := -min(found)[0]) < chunks:  # short of the target: the grid of the count reached, once
+        found |= set(_rule_grid(rule, reached, chunks, min_h, min_v))
+    ordered = sorted(found)
+    best = ordered[0][0]
+    return tuple((N, H, V) for short, _, N, H, V in ordered if short == best)[:RULE_SHAPES]
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,21 @@ def test_a_rule_that_never_gives_many_chunks_gets_its_most() -> None:
     assert shapes and all(math.ceil(N / max(1, -(-N // 16))) == 16 for N, _, _ in shapes)
 
 
+def test_a_rule_short_of_the_target_gets_the_cheapest_shapes_of_its_most() -> None:
+    """Liger's rule cannot give fp16's many chunks within the cost cap; its draws take the most chunks it gives, at
+    the cheapest shapes that give them, not at the rows of the unreachable target's grid (N = 4097: twice the cost,
+    and the cost is that of every judgement of the draw)."""
+    k = chunks.many_chunks("float16")
+    shapes = chunks.rule_shapes(_v_over_h, k, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)
+    reached = {math.ceil(N / min(_v_over_h(N, H, V), N)) for N, H, V in shapes}
+    assert len(reached) == 1 and chunks.MANY_CHUNKS_BY_DTYPE["bfloat16"] < min(reached) < k, (shapes, reached)
+    first = chunks._rule_grid(_v_over_h, k, k, chunks.MANY_CHUNK_MIN_H, chunks.MANY_CHUNK_MIN_V)
+    most = min(first)[0]
+    cheapest_there = min(c for short, c, *_ in first if short == most)
+    assert -most <= min(reached)
+    assert max(chunks.cost(N, V) for N, _, V in shapes[:2]) * 2 <= cheapest_there, (shapes, cheapest_there)
+
+
 def test_undeclared_draws_cross_every_assumed_chunk_size() -> None:
     """An impl that declares no chunking gets draws past UNDECLARED_CHUNK_ROWS rows, said so in the message."""
     lay = chunks.layout(_Impl(make_support()))
