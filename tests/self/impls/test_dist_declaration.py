@@ -112,7 +112,8 @@ def test_loaded_through_impl_and_picklable_only_at_module_level(monkeypatch):
 def test_suite_runs_the_declared_impl_only():
     """``--impl`` naming two declared vocabulary-parallel impls runs the distributed accuracy test on them alone (no
     built-in): the correct one passes, the one whose ranks raise fails with its own message. (A rank's error is
-    latched, not shrunk: the cheap way to see whose code ran; the mutant tests show numeric bugs caught.)"""
+    not latched, since every rank answered: it propagates, and hypothesis shrinks it as any failure; the mutant tests
+    show numeric bugs caught.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "NUMCHECK_", "HYPOTHESIS"))}
     env.update(NUMCHECK_CI_EXAMPLES="2", NUMCHECK_DIST_PRELOAD="numcheck.properties.distributed.linear_ce.props")
     root = str(Path(numcheck.__file__).resolve().parent.parent)
