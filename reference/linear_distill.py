@@ -169,8 +169,8 @@ def linear_distill(
     >>> xs, ws = torch.randn(3, 4, generator=g), torch.randn(5, 4, generator=g)
     >>> r = linear_distill(xs, ws, xs, ws, torch.zeros(3, dtype=torch.long), beta=0.5, temperature=1.0,
     ...                    ignore_index=-100)
-    >>> float(r.loss), float(r.grad_weight.abs().max())  # a student equal to its teacher
-    (0.0, 0.0)
+    >>> abs(float(r.loss)) < 1e-15, float(r.grad_weight.abs().max()) < 1e-15  # a student equal to its teacher
+    (True, True)
     """
     _check(xs, ws, xt, wt, target, beta, temperature)
     f64 = torch.float64

@@ -10,8 +10,8 @@ every step stated. :func:`assert_converges` is the same as an assertion for a us
 
 >>> import numcheck
 >>> from numcheck.impls.builtin.eager import eager_impls
->>> from numcheck.properties import convergence
->>> result = convergence.run({"mine": eager_impls()[0]}, dtype="float32", steps=4)
+>>> from numcheck.properties.convergence import run
+>>> result = run.run({"mine": eager_impls()[0]}, dtype="float32", steps=4)
 >>> result.ok, sorted(result.runs)
 (True, ['eager', 'float64', 'mine'])
 """
