@@ -71,15 +71,15 @@ def parse_case(text: str) -> Any:
     for f in families:
         names.update(f.repr_names() if f.repr_names else {})
     names.update(inf=math.inf, nan=math.nan)
+    listed = [t.__name__ for t in types]
     try:
         case = eval(text, {"__builtins__": {}}, names)  # noqa: S307
     except Exception as exc:  # noqa: BLE001 - reported as a bad argument
         raise ValueError(
-            f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected Problem(...) or "
-            f"Fp8Case(...) as printed in a failure message"
+            f"--problem could not be evaluated ({type(exc).__name__}: {exc}); expected one of "
+            f"{', '.join(f'{name}(...)' for name in listed)} as printed in a failure message"
         ) from None
     if not isinstance(case, types):
-        listed = [t.__name__ for t in types]
         raise ValueError(
             f"--problem must evaluate to a {', '.join(listed[:-1])} or {listed[-1]}, got {type(case).__name__}"
         )

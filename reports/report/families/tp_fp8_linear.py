@@ -130,6 +130,18 @@ def repro(impl: Any, prop: str, case: Any) -> str:
     return repro_command(impl, "dist_accuracy" if prop == "accuracy" else prop, case)
 
 
+def undeclared(impl: Any, case: Any) -> str | None:
+    """Why ``impl``'s declaration excludes a tensor-parallel ``case`` (the suite never draws it), or ``None``: its
+    recipe, then each field :func:`properties.distributed.tp_fp8.cases.refusal` checks (dtype, parallel mode,
+    sequence parallel, ``save_original_input``, bias, world size)."""
+    from numcheck.properties.distributed.tp_fp8.cases import refusal
+
+    recipes = impl.support.recipes
+    if case.recipe not in recipes:
+        return f"recipe {case.recipe.name} is not declared (recipes: {', '.join(sorted(r.name for r in recipes))})"
+    return refusal(impl.support, case)
+
+
 def why(d: dict[str, Any]) -> str:
     """What in a tensor-parallel declaration (report.json's ``declaration``) sets its error (one line)."""
     sp = "with and without SP" if len(d.get("sequence_parallel", [])) > 1 else f"SP {d.get('sequence_parallel')}"
@@ -259,4 +271,5 @@ FAMILY = ReportFamily(
     behaviours=tp_fp8_behaviours,
     find_impl=find_tp_impl,
     repr_names=fp8_linear.repr_names,
+    undeclared=undeclared,
 )

@@ -241,3 +241,20 @@ def test_dist_case_reruns_a_distributed_property_as_printed(capsys):
     assert "grad_x" in out and f"case: {case}" in out
     assert cli.main(["repro", "--impl", "vocab_parallel[nan]", "--property", "dist_accuracy", "--problem", case]) == 0
     assert capsys.readouterr().out.startswith("PASS: property 'dist_accuracy' holds for impl 'vocab_parallel[nan]'")
+
+
+def test_a_tensor_parallel_fp8_case_outside_the_declaration_is_refused(capsys):
+    """A pasted TPFp8Case whose recipe or world size the impl does not declare exits 2 naming the field and what is
+    declared (the suite never draws it); a case the constructor refuses names every case type repro takes."""
+    case = "TPFp8Case(Fp8Recipe('{}'), 8, 16, 8, 'float32', world={}, parallel='row')"
+    argv = ["repro", "--impl", "tp_fp8_linear[delayed]", "--property", "dist_accuracy", "--problem"]
+    assert cli.main([*argv, case.format("current", 2)]) == 2
+    err = capsys.readouterr().err
+    assert "does not declare this case: recipe current-hybrid is not declared (recipes: delayed-hybrid" in err, err
+    assert "--undeclared" in err
+    assert cli.main([*argv, case.format("delayed", 8)]) == 2
+    err = capsys.readouterr().err
+    assert "does not declare this case: world size 8 not declared" in err, err
+    assert cli.main([*argv, case.format("delayed", 3)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a multiple of world" in err and "TPFp8Case(...)" in err and "Problem(...)" in err, err
