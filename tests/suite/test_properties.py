@@ -67,6 +67,9 @@ def test_all_options_combined(linear_ce_impl, data):
 
 
 @given(data=st.data())
+@pytest.mark.costly(
+    reason="many-chunk draws (at least MANY_CHUNKS chunks of the declared size) on every impl; slowest under Triton's interpreter (split_fp32 kernels, Liger, TE)"
+)
 def test_many_chunks(linear_ce_impl, data):
     """With many chunks, from the declaration alone (numcheck.properties.linear_ce.chunks: 2/u + 1 chunks of the
     declared chunk_rows in bf16 and fp16, at least 257, or a declared chunk_rule's shapes giving as many; past 8192

@@ -53,7 +53,6 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.Capture
     return run
 
 
-@pytest.mark.costly(reason="numcheck sweep over two seeds, each a pytest subprocess running the suite on one impl")
 def test_sweep_of_a_correct_impl_writes_counts_and_tightness(tmp_path, sweep):
     """Two seeds of eager on the accuracy tests: exit 0, both seeds in sweep.json with their (test, impl) counts,
     0 failures, a tightness row per output × dtype whose quantiles are ordered and below 1, and the same table in
