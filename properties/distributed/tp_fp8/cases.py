@@ -141,9 +141,11 @@ def reduction_parts(case: TPFp8Case, output: str) -> list[slice] | None:
 
 def refusal(support: Any, case: TPFp8Case) -> str | None:
     """Why a :class:`~impls.protocols.tp_fp8_linear.TPFp8Support` leaves out a tensor-parallel case (its fields
-    against the declaration), or ``None``."""
+    against the declaration, its recipe first), or ``None``."""
     dtypes = {str(d).replace("torch.", "") for d in support.dtypes}
+    recipes = ", ".join(sorted(r.name for r in support.recipes))
     checks = (
+        (case.recipe in support.recipes, f"recipe {case.recipe.name} is not declared (recipes: {recipes})"),
         (case.dtype in dtypes, f"dtype {case.dtype} not declared"),
         (case.parallel in support.parallel, f"{case.parallel}-parallel not declared"),
         (

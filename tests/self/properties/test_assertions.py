@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,22 +171,11 @@ def _modules_with_examples() -> list[str]:
     found = []
     for sub in ("reference", "impls", "properties", "reports"):
         pkg = importlib.import_module(f"numcheck.{sub}")
-        found += _with_examples(pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."))
+        for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
+            origin = None if info.ispkg else getattr(importlib.util.find_spec(info.name), "origin", None)
+            if origin and origin.endswith(".py") and ">>> " in Path(origin).read_text(encoding="utf-8"):
+                found.append(info.name)
     return sorted(found)
-
-
-def _with_examples(infos) -> list[str]:
-    found = []
-    for info in infos:
-        if info.ispkg:
-            continue
-        spec = importlib.util.find_spec(info.name)
-        origin = getattr(spec, "origin", None)
-        if origin and origin.endswith(".py"):
-            with open(origin, encoding="utf-8") as f:
-                if ">>> " in f.read():
-                    found.append(info.name)
-    return found
 
 
 _EXAMPLED = [m for m in _modules_with_examples() if m not in {d.__name__ for d in _DOCTESTED.values()}]
