@@ -809,7 +809,26 @@ def _unwrap(request: pytest.FixtureRequest) -> Any:
     reason = entry.impl.support.unavailable_reason()
     if reason:
         pytest.skip(f"impl {entry.name!r} unavailable here: {reason}")
+    if why := _device_undeclared(request, entry.impl):
+        pytest.skip(why)
     return entry.impl
+
+
+def _device_undeclared(request: pytest.FixtureRequest, impl: Any) -> str | None:
+    """Why the shipped suite cannot judge ``impl`` on the device it draws on (NUMCHECK_DEVICE): the impl's kind
+    declares devices and this one is not among them (an adapter declaring only CUDA where the real path runs, under
+    a suite drawing on the CPU). ``None`` for users' own tests, which choose their devices themselves."""
+    devices = getattr(impl.support, "devices", None)
+    if devices is None or not Path(str(request.node.path)).resolve().is_relative_to(_SUITE_DIR):
+        return None
+    from numcheck.properties.core.device import DEVICE, DEVICE_TYPE
+
+    if DEVICE_TYPE in devices:
+        return None
+    return (
+        f"{impl.name} declares devices {sorted(devices)} and this run draws problems on {DEVICE!r} "
+        f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(devices)[0]}"
+    )
 
 
 @pytest.fixture

@@ -205,7 +205,9 @@ def suite_command(specs: list[str], jobs: int, junit: Path) -> list[str]:
     return common.suite_command(junit, specs, jobs)
 
 
-def check_property_suite(specs: list[str], jobs: int) -> ChecklistItem:
+def check_property_suite(specs: list[str], jobs: int, device: str = "cpu") -> ChecklistItem:
+    """The shipped suite on ``specs`` in a pytest subprocess drawing its problems on ``device`` (NUMCHECK_DEVICE, as
+    ``numcheck sweep`` sets it): ``--device cuda`` judges the impls on the GPU in the suite as in the report."""
     title = "property suite (ci profile)"
     missing = [m for m in SUITE_MODULES if importlib.util.find_spec(m) is None]
     if missing:
@@ -218,7 +220,10 @@ def check_property_suite(specs: list[str], jobs: int) -> ChecklistItem:
         junit = Path(tmp) / "junit.xml"
         cmd = suite_command(specs, jobs, junit)
         print(f"numcheck premerge: running the property suite: {shlex.join(cmd)}", file=sys.stderr)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NUMCHECK_DEVICE=device)
+        print(
+            f"numcheck premerge: the suite draws its problems on {device} (NUMCHECK_DEVICE={device})", file=sys.stderr
+        )
         t0 = time.monotonic()
         rc, lines = stream(cmd, env=env)
         secs = time.monotonic() - t0
@@ -234,7 +239,7 @@ def check_property_suite(specs: list[str], jobs: int) -> ChecklistItem:
     ok = rc in (0, 5) and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
     figure = (
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, "
-        f"{counts['skipped']} skipped in {secs:.0f} s"
+        f"{counts['skipped']} skipped in {secs:.0f} s, problems drawn on {device}"
     )
     if counts["passed"] == 0 and not details:
         figure += " — no test ran for these impls"
@@ -502,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        checks.append(check_property_suite(specs, args.jobs))
+        checks.append(check_property_suite(specs, args.jobs, args.device))
     suite_failed = not args.skip_tests and not checks[-1].ok
     print(f"numcheck premerge: running the {args.grid} report…", file=sys.stderr)
     report = build_report(GRIDS[args.grid], specs, args.device, progress=True)

@@ -129,3 +129,20 @@ def fp8_nan_flushed(x, weight, bias=None, *, recipe, save_original_input, scalin
     return _builtin_fp8()(
         x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state
     )
+
+
+@numcheck.fp8_linear_impl(
+    name="user_fp8_cuda_only",
+    recipes=("current",),
+    dtypes=("bfloat16",),
+    devices=("cuda",),
+    accum_unit_roundoff={"cuda": 2.0**-13},
+)
+def fp8_cuda_only(x, weight, bias=None, *, recipe, save_original_input, scaling_state=None):
+    """Declared for CUDA only, as an adapter of a real FP8 path declares itself (torchao's on a GPU); its per-device
+    fields have no CPU entry, so nothing may call it with CPU tensors."""
+    if x.device.type != "cuda":
+        raise AssertionError(f"user_fp8_cuda_only called on {x.device}: it declares only cuda")
+    return _builtin_fp8()(
+        x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state
+    )

@@ -368,3 +368,35 @@ def test_an_xdist_worker_starts_its_subprocesses_with_one_thread():
     assert one_thread_per_worker(users) and users["OMP_NUM_THREADS"] == "4"
     alone: dict[str, str] = {}
     assert not one_thread_per_worker(alone) and alone == {}
+
+
+class _Outcomes:
+    """A pytest plugin keeping each test's outcome and skip reason by test name."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, tuple[str, str]] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001 - pytest's TestReport
+        if report.when == "call" or report.outcome != "passed":
+            reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+            self.outcomes[report.nodeid.rpartition("::")[2]] = (report.outcome, reason)
+
+
+def test_suite_skips_an_impl_declared_for_another_device():
+    """An FP8 impl declared for CUDA only (``devices=("cuda",)``, its per-device fields without a CPU entry, as
+    torchao's adapter declares itself on a GPU) is skipped by every test of the shipped suite drawing on the CPU, with
+    the fix (NUMCHECK_DEVICE=cuda), never called on CPU tensors or failed: an H100 run of the suite on the CPU (what
+    ``numcheck premerge --device cuda`` ran) failed every test that reached the declaration's missing CPU entry."""
+    from numcheck.properties.core.device import DEVICE_TYPE
+
+    if DEVICE_TYPE != "cpu":
+        pytest.skip(f"the suite draws on {DEVICE_TYPE} here, where the impl is declared")
+    seen = _Outcomes()
+    impl = "numcheck.tests.self.helpers.user_impls:fp8_cuda_only"
+    args = ["--pyargs", "numcheck.tests.suite.test_fp8_impls", "--impl", impl, "-q", "-p", "no:cacheprovider"]
+    rc = pytest.main([*args, "-p", "no:xdist"], plugins=[seen])
+    mine = {name: v for name, v in seen.outcomes.items() if "user_fp8_cuda_only" in name}
+    assert rc == 0 and len(mine) >= 10, (rc, seen.outcomes)
+    for name, (outcome, reason) in mine.items():
+        assert outcome == "skipped" and "declares devices ['cuda']" in reason, (name, outcome, reason)
+        assert "NUMCHECK_DEVICE=cuda" in reason, (name, reason)

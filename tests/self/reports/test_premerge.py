@@ -199,3 +199,23 @@ def test_strict_with_base_is_bad_input(capsys):
 
     assert cli.main(["premerge", "--impl", "eager", "--base", "eager", "--strict"]) == 2
     assert "drop --strict" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_suite_draws_on_the_premerge_device(monkeypatch, device):
+    """``numcheck premerge --device D`` runs its property suite with NUMCHECK_DEVICE=D, so the suite judges the impls
+    where the report does (an H100 run of ``--device cuda`` drew every suite case on the CPU, where a CUDA-only
+    declaration has no entry), and says so in its figure."""
+    seen = {}
+
+    def fake_stream(cmd, env):
+        seen.update(env)
+        junit = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
+        Path(junit).write_text('<testsuites><testsuite><testcase classname="t" name="ok"/></testsuite></testsuites>')
+        return 0, []
+
+    monkeypatch.setenv("NUMCHECK_DEVICE", "elsewhere")
+    monkeypatch.setattr(premerge, "stream", fake_stream)
+    item = premerge.check_property_suite(["mymod:impl"], 1, device)
+    assert seen["NUMCHECK_DEVICE"] == device and item.ok, (seen.get("NUMCHECK_DEVICE"), item)
+    assert item.figure.endswith(f"problems drawn on {device}"), item.figure
