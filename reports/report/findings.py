@@ -32,6 +32,7 @@ def known_divergences(impls: list[dict[str, Any]], supports: dict[str, Any], dev
     """The ``known_divergences`` records of the impls that ran (module docstring); ``supports``: each impl's
     declaration by name (an entry reaching nothing the impl declares here does not apply)."""
     from numcheck.properties.distributed.linear_ce.known import applicable
+    from numcheck.properties.fp8.grouped.known_torchao import GROUPED_TORCHAO_KNOWN
     from numcheck.properties.fp8.known_torchao import TORCHAO_KNOWN
 
     out = []
@@ -39,7 +40,7 @@ def known_divergences(impls: list[dict[str, Any]], supports: dict[str, Any], dev
         if info.get("status") != "ran":
             continue
         name, support = info["name"], supports.get(info["name"])
-        fp8 = [k for k in TORCHAO_KNOWN if k.applies_here(name, device, support)]
+        fp8 = [k for k in (*TORCHAO_KNOWN, *GROUPED_TORCHAO_KNOWN) if k.applies_here(name, device, support)]
         for entry in (*applicable(name, device, support), *fp8):
             cases = _left_out(info, entry)
             out.append(

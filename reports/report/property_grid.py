@@ -336,11 +336,16 @@ def _grouped_scale_grids(impl: Any, spec: GridSpec, device: str) -> Built:
 
 def grouped_refused(impl: Any, prop: str, case: Any) -> str | None:
     """Why a grouped impl does not run a built case: its declaration excludes it (only a scale-grid K form its
-    ``feature_alignment`` rules out reaches here; the other builders fit the declaration)."""
+    ``feature_alignment`` rules out reaches here; the other builders fit the declaration), or a recorded known
+    divergence of the impl covers it (:mod:`~numcheck.properties.fp8.grouped.known_torchao`)."""
     from numcheck.properties.fp8.grouped.cases import refusal
+    from numcheck.properties.fp8.grouped.known_torchao import known_grouped_divergence
 
     why = refusal(impl.support, case)
-    return why and f"a shape regime its declaration leaves out: {why}"
+    if why:
+        return f"a shape regime its declaration leaves out: {why}"
+    divergence = known_grouped_divergence(impl.name, prop, case)
+    return divergence and f"known divergence: {divergence.reason}"
 
 
 def _grouped_accumulation(impl: Any, spec: GridSpec, device: str) -> Built:

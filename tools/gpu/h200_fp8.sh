@@ -14,13 +14,16 @@
 #                          247 s of one CPU core on the H100), running on through phase 2
 #   phase 2  (b) grouped   the grouped suite (tests/suite/test_grouped_fp8.py) on MoE training's FP8 rowwise grouped GEMM
 #            (d) premerge  numcheck premerge on torchao_float8[tensorwise] (the suite inside it too: as a user runs it)
+#            (f) known     the strict examples of torchao's known divergences on this device (tests/adapters/
+#                          test_torchao.py and test_torchao_prototype.py, -k known)
 # Usage (repo root, on the device; carry .wheels: its top level as for every GPU script, torchao/ and mmaemu/):
 #   bash tools/gpu/h200_fp8.sh "$OUT"
 # Writes OUT/gpu.txt (first: the GPU, torch, triton, what was installed), OUT/summary.txt (one line per stage: exit
 # status, seconds, cap; then each stage's verdict lines), OUT/mmaemu_h200.txt (OUT/mmaemu_selftest.txt without CUDA),
 # and OUT/h200_fp8.tgz (logs/, the JUnit files, report/, premerge/): the device returns a few files, not folders.
 # Caps (seconds; each is cut further to what is left of TOTAL_S, default 540, less RESERVE_S, default 20, for packing):
-# SUITE_S 190, REPORT_S 210, GROUPED_WARM_S 200, MMAEMU_S 420, GROUPED_S 220, PREMERGE_S 220 (setup about 40 s, phase 1
+# SUITE_S 190, REPORT_S 210, GROUPED_WARM_S 200, MMAEMU_S 420 (0: the stage is skipped), GROUPED_S 220, PREMERGE_S 220,
+# KNOWN_S 120 (setup about 40 s, phase 1
 # 210 s, phase 2 220 s: about 480 s); JOBS pytest workers per suite (default 6: two suites or a suite and a report
 # side by side on 16 cores). The wheels as tools/gpu/torchao.sh and
 # tools/gpu/mmaemu.sh take them (.wheels/torchao/torchao-*.whl, the newest that imports; .wheels/mmaemu/mmaemu-0.1.0-*.whl);
@@ -132,7 +135,7 @@ if [ -n "$why" ]; then skipped report "$why"; else
     --no-progress "${fp8[@]}" "${grouped[@]}" --out "$out/report" &
   phase1+=($!)
 fi
-if [ -z "$mm" ]; then skipped mmaemu "no mmaemu"; else
+if [ -z "$mm" ]; then skipped mmaemu "no mmaemu"; elif [ "${MMAEMU_S:-420}" = 0 ]; then skipped mmaemu "MMAEMU_S=0"; else
   mm_path=$([ "$mm" = installed ] && echo "$PYTHONPATH" || echo "$mm:$PYTHONPATH")
   if (( cuda_ok )); then
     PYTHONPATH="$mm_path" stage mmaemu "${MMAEMU_S:-420}" python3 docs/evidence/mmaemu_h200.py &
@@ -187,12 +190,17 @@ if [ -n "$why" ]; then skipped premerge "$why"; else
   stage premerge "${PREMERGE_S:-220}" python3 -m numcheck.reports.cli premerge --device "$device" "${tests[@]}" \
     --impl 'torchao_float8[tensorwise]' --out "$out/premerge" &
 fi
+# (f) the known divergences' strict examples on this device (a CUDA entry's example must still fail there)
+if [ -n "$why" ]; then skipped known "$why"; else
+  NUMCHECK_DEVICE=$device stage known "${KNOWN_S:-120}" python3 -m pytest -v -rs -p no:cacheprovider -p no:benchmark \
+    tests/adapters/test_torchao.py tests/adapters/test_torchao_prototype.py -k known --junitxml="$out/junit-known.xml" &
+fi
 wait
 echo "phase 2 done at $((SECONDS - start)) s" >> "$out/summary.txt"
 
 # what each stage says: pytest's failures and last line, the commands' verdicts
 {
-  for name in suite grouped; do
+  for name in suite grouped known; do
     [ -f "$out/logs/$name.txt" ] || continue
     log="$out/logs/$name.txt"
     echo "== $name"; grep -E "^(FAILED|ERROR|$name: skipped)" "$log" | head -30

@@ -228,13 +228,19 @@ def refusal(support: Any, case: GroupedCase) -> str | None:
 def fitted(support: Any, case: GroupedCase) -> GroupedCase:
     """``case`` moved into ``support``'s rules where it can be: split sizes, K and N rounded up to the declared
     alignments, empty experts given rows where they are not declared, the first declared weight form, fused wgrad
-    accumulation when only that is declared, no bias where none is. (Whatever else it does not declare stays:
-    :func:`refusal` names it.)"""
+    accumulation when only that is declared, the declared ``save_original_input`` when only one is, no bias where none
+    is. (Whatever else it does not declare stays: :func:`refusal` names it.)"""
     a, fa = support.split_alignment, support.feature_alignment
     splits = tuple((0 if support.empty_splits else a) if m == 0 else -(-m // a) * a for m in case.m_splits)
     weights = case.weights if case.weights in support.weight_layouts else sorted(support.weight_layouts)[0]
     main_grad = case.main_grad if case.main_grad in support.fused_wgrad_accumulation else not case.main_grad
+    soi = (
+        case.save_original_input
+        if case.save_original_input in support.save_original_input
+        else not case.save_original_input
+    )
     return case.replace(
+        save_original_input=soi,
         m_splits=splits,
         K=-(-case.K // fa) * fa,
         N=-(-case.N // fa) * fa,
