@@ -374,7 +374,9 @@ def grouped_rows() -> tuple[PropertyRow, ...]:
         PropertyRow("empty_experts", "grouped_empty_experts_exact_zero", _grouped_empty, _no_empty),
         PropertyRow("split_rules", "grouped_split_rules_refused_outside", _grouped_uneven("normal")),
         PropertyRow("expert_permutation", "grouped_expert_permutation", _grouped_uneven("wide")),
-        PropertyRow("save_original_input", "grouped_save_original_input_is_bitwise_identical", _grouped_soi, _no_soi),
+        PropertyRow(
+            "save_original_input", "grouped_save_original_input_is_bitwise_identical", _grouped_soi, _no_mode_pair
+        ),
         PropertyRow("saved_bytes", "grouped_saved_bytes_measured", _grouped_uneven("normal", steps=1), _no_soi),
         PropertyRow("wgrad_accumulation", "grouped_wgrad_accumulation_over_micro_batches", _grouped_accumulation),
     )

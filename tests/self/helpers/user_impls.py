@@ -146,3 +146,27 @@ def fp8_cuda_only(x, weight, bias=None, *, recipe, save_original_input, scaling_
     return _builtin_fp8()(
         x, weight, bias, recipe=recipe, save_original_input=save_original_input, scaling_state=scaling_state
     )
+
+
+@numcheck.grouped_fp8_linear_impl(
+    name="user_grouped_saves_x", recipes=("current",), dtypes=("bfloat16",), save_original_input=(True,), bias=False
+)
+def grouped_saves_x(
+    x, weights, biases=None, *, m_splits, recipe, save_original_input, scaling_state=None, main_grad=None
+):
+    """numcheck's grouped loop, declared as torchao's grouped GEMM declares itself: x is always saved (only
+    ``save_original_input=True``), no bias; a call in the other mode raises, as torchao's adapter does."""
+    from numcheck.impls.registry import builtin
+
+    if not save_original_input:
+        raise ValueError("user_grouped_saves_x: save_original_input=False is not available: it saves x itself")
+    return builtin("grouped_fp8_linear[loop]")(
+        x,
+        weights,
+        biases,
+        m_splits=m_splits,
+        recipe=recipe,
+        save_original_input=True,
+        scaling_state=scaling_state,
+        main_grad=main_grad,
+    )

@@ -60,3 +60,22 @@ def test_report_has_grouped_rows_and_mutant_failures(tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "### Grouped FP8 linear (mixture-of-experts)" in md and "`mutant_grouped_shared_scale`" in md
     assert "every scale per expert" in md
+
+
+def test_an_impl_of_one_mode_runs_the_grid_in_it_and_skips_the_mode_comparison():
+    """A grouped impl declaring only ``save_original_input=True`` (torchao's grouped GEMM; an H100 report had its
+    fixed cases refused for the default False mode, then raised on the mode comparison's False calls): the grid's
+    cases run in the declared mode (the edge splits among them), none raises, and the mode comparison is left out
+    naming why, as the suite skips it."""
+    from numcheck.tests.self.helpers.user_impls import grouped_saves_x
+
+    spec = "numcheck.tests.self.helpers.user_impls:grouped_saves_x"
+    rep = build_report(QUICK, [spec], "cpu", progress=False, memory=False, accumulation=False)
+    mine = [c for c in rep["cases"] if c["impl"] == grouped_saves_x.name]
+    assert mine and all(c["status"] == "pass" for c in mine), [(c["label"], c["status"]) for c in mine]
+    groups = {c["group"] for c in mine}
+    assert "suite:grouped_edge_splits_every_recipe" in groups and "grouped:soi" in groups, groups
+    assert not [g for g in groups if "save_original_input_is_bitwise" in g]
+    (info,) = [i for i in rep["impls"] if i["name"] == grouped_saves_x.name]
+    named = [n for n in info.get("not_run") or [] if "save_original_input_is_bitwise" in n["group"]]
+    assert named and all("declares only save_original_input=True" in n["reason"] for n in named), info.get("not_run")
