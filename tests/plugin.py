@@ -821,14 +821,9 @@ def _device_undeclared(request: pytest.FixtureRequest, impl: Any) -> str | None:
     devices = getattr(impl.support, "devices", None)
     if devices is None or not Path(str(request.node.path)).resolve().is_relative_to(_SUITE_DIR):
         return None
-    from numcheck.properties.core.device import DEVICE, DEVICE_TYPE
+    from numcheck.properties.core.device import undeclared_device
 
-    if DEVICE_TYPE in devices:
-        return None
-    return (
-        f"{impl.name} declares devices {sorted(devices)} and this run draws problems on {DEVICE!r} "
-        f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(devices)[0]}"
-    )
+    return undeclared_device(devices, impl.name)
 
 
 @pytest.fixture

@@ -19,3 +19,22 @@ import torch
 DEVICE = os.environ.get("NUMCHECK_DEVICE", "cpu")
 #: Its type ("cpu", "cuda"), for comparing with declared devices.
 DEVICE_TYPE = torch.device(DEVICE).type
+
+
+def undeclared_device(
+    devices: frozenset[str] | tuple[str, ...], who: str = "the impl", device: str = DEVICE
+) -> str | None:
+    """Why an impl declaring ``devices`` cannot be judged on ``device`` (default: the suite's), with the fix, or
+    ``None`` when it declares that device's type. ``who`` names the impl in the message.
+
+    >>> undeclared_device(("cuda",), "mine", "cpu")
+    "mine declares devices ['cuda'] and this run draws problems on 'cpu' (NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE=cuda"
+    >>> undeclared_device(("cpu", "cuda"), device="cuda:0") is None
+    True
+    """
+    if torch.device(device).type in devices:
+        return None
+    return (
+        f"{who} declares devices {sorted(devices)} and this run draws problems on {device!r} "
+        f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(devices)[0]}"
+    )

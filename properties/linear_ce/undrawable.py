@@ -17,7 +17,7 @@ import torch
 
 from numcheck.impls.measure import capabilities
 from numcheck.impls.protocols.linear_ce import LinearCESupport
-from numcheck.properties.core.device import DEVICE
+from numcheck.properties.core.device import DEVICE, undeclared_device
 from numcheck.properties.linear_ce.cases import Problem
 from numcheck.properties.linear_ce.strategies import refusal
 
@@ -97,11 +97,8 @@ def undrawable_reason(
     """
     device = device or DEVICE
     dev_type = torch.device(device).type
-    if dev_type not in support.devices:
-        return (
-            f"the impl declares devices {sorted(support.devices)} and this run draws problems on {device!r} "
-            f"(NUMCHECK_DEVICE); run it where it is declared, e.g. NUMCHECK_DEVICE={sorted(support.devices)[0]}"
-        )
+    if why := undeclared_device(support.devices, device=device):
+        return why
     force = dict(force or {})
     fields, why = _witness_fields(support, dev_type, force, require, reductions)
     if why is not None:
